@@ -1,0 +1,138 @@
+"""The rlfleet exception hierarchy.
+
+Every error rlfleet raises on purpose derives from :class:`RlfleetError`, so
+a learner can catch one type. Errors that are also misuse of a value derive
+from ``ValueError`` too (garage raises ``ValueError`` for bad batches, and
+users' code catches that). gRPC status codes are mapped to these classes at
+the boundary (``rlfleet.client`` and the worker), never shown raw.
+
+Messages say what was wrong, where, and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class RlfleetError(Exception):
+    """Base class of every error rlfleet raises on purpose."""
+
+
+class InvalidBatchError(RlfleetError, ValueError):
+    """An EpisodeBatch or TimeStepBatch was built from inconsistent arrays."""
+
+
+class WireFormatError(RlfleetError, ValueError):
+    """Bytes from the wire do not form a valid rlfleet message.
+
+    Raised for byte lengths that do not match dtype and shape, unknown
+    dtypes, truncated varints, missing or out-of-order chunks, and the like.
+    """
+
+
+class ConfigError(RlfleetError, ValueError):
+    """A user-supplied setting (env id, kwargs, policy spec, flag) is invalid."""
+
+
+class EnvNotFoundError(ConfigError):
+    """No gymnasium env is registered under the requested id."""
+
+
+class PolicyError(RlfleetError, ValueError):
+    """A policy produced bad actions or was given parameters it cannot take."""
+
+
+class ProtocolError(RlfleetError):
+    """A peer broke the protocol (wrong version, unexpected message, ...)."""
+
+
+class RlfleetTimeoutError(RlfleetError, TimeoutError):
+    """A blocking call ran past its timeout. The message says how many seconds."""
+
+
+class NoWorkersError(RlfleetTimeoutError):
+    """A request waited for workers to join and none (or too few) came."""
+
+
+class UnavailableError(RlfleetError):
+    """The coordinator cannot be reached or went away. Safe to retry."""
+
+    retryable = True
+
+
+class AuthenticationError(RlfleetError):
+    """The call carried no valid credentials (gRPC UNAUTHENTICATED)."""
+
+
+class PermissionDeniedError(RlfleetError):
+    """The credentials are valid but their role may not make this call."""
+
+
+class ResourceExhaustedError(RlfleetError):
+    """A limit was hit: message size, worker count, in-flight bytes, ..."""
+
+
+class WorkerError(RlfleetError):
+    """Something failed on a worker; names the worker, env index and step.
+
+    Attributes:
+        worker: The worker's name (or id) where the error happened.
+        env_index: Index of the env slot on that worker, or None.
+        step: Step number within the episode, or None.
+        remote_traceback: The original traceback text, when the worker sent it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        worker: str | None = None,
+        env_index: int | None = None,
+        step: int | None = None,
+        remote_traceback: str | None = None,
+    ) -> None:
+        self.worker = worker
+        self.env_index = env_index
+        self.step = step
+        self.remote_traceback = remote_traceback
+        where = []
+        if worker is not None:
+            where.append(f"worker {worker!r}")
+        if env_index is not None:
+            where.append(f"env {env_index}")
+        if step is not None:
+            where.append(f"step {step}")
+        text = f"{message} ({', '.join(where)})" if where else message
+        if remote_traceback:
+            text = f"{text}\n--- remote traceback ---\n{remote_traceback.rstrip()}"
+        super().__init__(text)
+
+
+class EnvError(WorkerError):
+    """An environment raised (in reset or step) beyond its restart budget."""
+
+
+class VectorEnvError(RlfleetError):
+    """A vector env's member crashed or hung; names the env index."""
+
+    def __init__(self, message: str, *, env_index: int) -> None:
+        self.env_index = env_index
+        super().__init__(f"env {env_index}: {message}")
+
+
+__all__ = [
+    "AuthenticationError",
+    "ConfigError",
+    "EnvError",
+    "EnvNotFoundError",
+    "InvalidBatchError",
+    "NoWorkersError",
+    "PermissionDeniedError",
+    "PolicyError",
+    "ProtocolError",
+    "ResourceExhaustedError",
+    "RlfleetError",
+    "RlfleetTimeoutError",
+    "UnavailableError",
+    "VectorEnvError",
+    "WireFormatError",
+    "WorkerError",
+]

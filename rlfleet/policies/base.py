@@ -1,0 +1,113 @@
+"""The Policy interface every worker runs.
+
+A policy maps a batch of observations to a batch of actions plus
+``agent_infos`` (a dict of arrays with one row per observation).
+
+Determinism: a worker steps several episodes together with one batched call,
+but each episode must get the same actions whichever slot or worker runs it.
+So ``get_actions`` takes one random generator per row (the episode's own,
+seeded from its policy seed) and must compute each row's distribution with
+arithmetic that does not depend on the other rows (see
+``rlfleet._numeric.row_stable_matmul``).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlfleet.core.env_spec import EnvSpec
+
+AgentInfos = dict[str, np.ndarray]
+ParamDict = dict[str, np.ndarray]
+
+
+class Policy(abc.ABC):
+    """Base class of rlfleet policies.
+
+    Subclasses implement :meth:`get_actions` and, if they have parameters,
+    :meth:`get_param_values` / :meth:`set_param_values`.
+
+    Args:
+        env_spec: The spaces the policy acts in.
+        seed: Seed of the policy's own generator (used when ``get_actions``
+            is called without per-row generators).
+        deterministic: If True, act with the mode of the distribution (argmax
+            for categorical, mean for Gaussian) instead of sampling.
+    """
+
+    def __init__(
+        self, env_spec: EnvSpec, *, seed: int | None = None, deterministic: bool = False
+    ) -> None:
+        self.env_spec = env_spec
+        self.deterministic = deterministic
+        self.rng = np.random.default_rng(seed)
+
+    def seed(self, seed: int | None) -> None:
+        """Reseeds the policy's own generator."""
+        self.rng = np.random.default_rng(seed)
+
+    @abc.abstractmethod
+    def get_actions(
+        self,
+        observations: Any,
+        rngs: Sequence[np.random.Generator] | None = None,
+    ) -> tuple[np.ndarray, AgentInfos]:
+        """Computes actions for a batch of observations.
+
+        Args:
+            observations: Batched observations, leading dimension N.
+            rngs: One generator per row, or None to use ``self.rng`` for all.
+
+        Returns:
+            Actions with leading dimension N, and agent_infos: a dict of
+            arrays with leading dimension N.
+        """
+
+    def get_action(self, observation: Any) -> tuple[np.ndarray, AgentInfos]:
+        """Computes the action for one observation.
+
+        Returns:
+            The action and agent_infos for that single observation (no
+            leading batch dimension).
+        """
+        batched = _add_batch_dim(observation)
+        actions, infos = self.get_actions(batched, [self.rng])
+        return actions[0], {k: v[0] for k, v in infos.items()}
+
+    def reset(self, do_resets: Sequence[bool] | np.ndarray | None = None) -> None:
+        """Resets per-episode state (recurrent policies). Stateless by default.
+
+        Args:
+            do_resets: Which rows to reset; None means all.
+        """
+        del do_resets
+
+    def get_param_values(self) -> ParamDict:
+        """Returns the parameters as named arrays (copies). Empty by default."""
+        return {}
+
+    def set_param_values(self, params: Mapping[str, np.ndarray]) -> None:
+        """Sets the parameters from named arrays.
+
+        Raises:
+            PolicyError: If names, shapes or dtypes do not match; nothing is
+                changed in that case.
+        """
+        from rlfleet.errors import PolicyError
+
+        if params:
+            raise PolicyError(
+                f"{type(self).__name__} has no parameters, got {sorted(params)}"
+            )
+
+
+def _add_batch_dim(observation: Any) -> Any:
+    if isinstance(observation, dict):
+        return {k: _add_batch_dim(v) for k, v in observation.items()}
+    if isinstance(observation, tuple):
+        return tuple(_add_batch_dim(v) for v in observation)
+    return np.asarray(observation)[None]
