@@ -40,6 +40,10 @@ class PolicyError(RlfleetError, ValueError):
     """A policy produced bad actions or was given parameters it cannot take."""
 
 
+class InvalidArgumentError(RlfleetError, ValueError):
+    """The coordinator refused a request as malformed (gRPC INVALID_ARGUMENT)."""
+
+
 class ProtocolError(RlfleetError):
     """A peer broke the protocol (wrong version, unexpected message, ...)."""
 
@@ -123,6 +127,7 @@ __all__ = [
     "ConfigError",
     "EnvError",
     "EnvNotFoundError",
+    "InvalidArgumentError",
     "InvalidBatchError",
     "NoWorkersError",
     "PermissionDeniedError",

@@ -1,0 +1,7 @@
+"""``python -m rlfleet`` runs the command line."""
+
+import sys
+
+from rlfleet.cli import main
+
+sys.exit(main())
