@@ -103,7 +103,9 @@ def plain_deserializer(cls: type[M]) -> Callable[[bytes], M]:
     return deserialize
 
 
-def keepalive_options(*, keepalive_seconds: float, ping_timeout_seconds: float) -> list[tuple[str, int]]:
+def keepalive_options(
+    *, keepalive_seconds: float, ping_timeout_seconds: float
+) -> list[tuple[str, int]]:
     """Options that make either end notice a frozen or vanished peer.
 
     Measured on this project's machines: without keepalive a stream to a
@@ -248,7 +250,9 @@ def error_from_detail(
     return cls(text)
 
 
-def error_from_rpc(exc: grpc.RpcError, *, what: str, timeout: float | None = None) -> errors.RlfleetError:
+def error_from_rpc(
+    exc: grpc.RpcError, *, what: str, timeout: float | None = None
+) -> errors.RlfleetError:
     """Maps a failed call to rlfleet's typed exception.
 
     Args:

@@ -10,7 +10,11 @@ import rlfleet
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rlfleet", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "rlfleet", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

@@ -25,12 +25,11 @@ def test_generated_code_is_in_step_with_protos(tmp_path: Path) -> None:
     committed = ROOT / "rlfleet" / "v1"
     assert fresh, "protoc generated nothing"
     stale = [
-        p.name for p in fresh if not (committed / p.name).exists()
-        or (committed / p.name).read_bytes() != p.read_bytes()
+        p.name
+        for p in fresh
+        if not (committed / p.name).exists() or (committed / p.name).read_bytes() != p.read_bytes()
     ]
-    extra = sorted(
-        {p.name for p in committed.glob("*_pb2.py*")} - {p.name for p in fresh}
-    )
+    extra = sorted({p.name for p in committed.glob("*_pb2.py*")} - {p.name for p in fresh})
     assert not stale and not extra, (
         f"generated code is out of step with protos/ (stale: {stale}, extra: {extra}); "
         "run `python tools/gen_protos.py` and commit the result"
@@ -48,10 +47,19 @@ def test_every_message_is_documented() -> None:
                 above = lines[i - 1].strip() if i else ""
                 name = line.split()[1]
                 # Plain wrapper messages are documented where they are used.
-                if name in {"WorkerMessage", "CoordinatorMessage", "SampleResponse",
-                            "StatusRequest", "UpdateAck", "WorkerStatus", "FleetStatus",
-                            "SampleRequest", "SubscribeRequest", "Heartbeat",
-                            "TensorMap"}:
+                if name in {
+                    "WorkerMessage",
+                    "CoordinatorMessage",
+                    "SampleResponse",
+                    "StatusRequest",
+                    "UpdateAck",
+                    "WorkerStatus",
+                    "FleetStatus",
+                    "SampleRequest",
+                    "SubscribeRequest",
+                    "Heartbeat",
+                    "TensorMap",
+                }:
                     continue
                 assert above.startswith("//"), f"{proto.name}: {name} has no comment above it"
 

@@ -100,9 +100,7 @@ class Policy(abc.ABC):
         from rlfleet.errors import PolicyError
 
         if params:
-            raise PolicyError(
-                f"{type(self).__name__} has no parameters, got {sorted(params)}"
-            )
+            raise PolicyError(f"{type(self).__name__} has no parameters, got {sorted(params)}")
 
 
 def _add_batch_dim(observation: Any) -> Any:

@@ -1,0 +1,257 @@
+"""Shape and type checks shared by the core data types.
+
+Every check raises :class:`~rlfleet.errors.InvalidBatchError` (a
+``ValueError``) with a message of the form ``"<Type>.<field>: expected ...,
+got ..."``. Checks look at shapes and dtypes only, never at every value of
+an observation, so validating a batch costs microseconds whatever its size.
+The one exception is ``step_types``, whose values are range-checked with a
+single vectorised comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from rlfleet.core.env_spec import EnvSpec
+from rlfleet.core.step_type import StepType
+from rlfleet.errors import InvalidBatchError
+
+_MIN_STEP_TYPE = min(StepType)
+_MAX_STEP_TYPE = max(StepType)
+
+
+def check_env_spec(owner: str, env_spec: object) -> None:
+    """Checks that ``env_spec`` is an :class:`EnvSpec`."""
+    if not isinstance(env_spec, EnvSpec):
+        raise InvalidBatchError(
+            f"{owner}.env_spec: expected an rlfleet EnvSpec, got {type(env_spec).__name__}"
+        )
+
+
+def require_array(name: str, value: object) -> np.ndarray:
+    """Returns ``value`` if it is a numpy array, else raises."""
+    if not isinstance(value, np.ndarray):
+        raise InvalidBatchError(
+            f"{name}: expected a numpy array, got {type(value).__name__}; "
+            "convert it with np.asarray"
+        )
+    return value
+
+
+def check_leading_dim(name: str, value: object, expected: int, reason: str) -> np.ndarray:
+    """Checks that ``value`` is an array with ``expected`` rows.
+
+    Args:
+        name: ``"<Type>.<field>"`` for the message.
+        value: The value to check.
+        expected: Required size of axis 0.
+        reason: Where ``expected`` comes from, e.g. ``"sum of lengths"``.
+
+    Returns:
+        The array.
+    """
+    array = require_array(name, value)
+    if array.ndim == 0 or array.shape[0] != expected:
+        raise InvalidBatchError(
+            f"{name}: expected leading dimension {expected} ({reason}), got shape {array.shape}"
+        )
+    return array
+
+
+def check_shape(name: str, value: object, expected: tuple[int, ...], reason: str) -> np.ndarray:
+    """Checks that ``value`` is an array of exactly shape ``expected``."""
+    array = require_array(name, value)
+    if array.shape != expected:
+        raise InvalidBatchError(f"{name}: expected shape {expected} ({reason}), got {array.shape}")
+    return array
+
+
+def accepted_shapes(space: gym.Space) -> tuple[tuple[int, ...], ...] | None:
+    """The shapes one element of ``space`` may have in a batch.
+
+    An element is accepted in the space's own shape (Box, Discrete,
+    MultiDiscrete, MultiBinary) or flattened to ``(flatdim,)`` (one-hot for
+    Discrete and MultiDiscrete, as garage allows). Dict, Tuple and other
+    composite spaces have no array shape of their own, so only their
+    flattened form (``gymnasium.spaces.flatten``) is accepted.
+
+    Returns:
+        The accepted shapes, or None for spaces that cannot be flattened to
+        a fixed size (Graph, Sequence): those are checked with ``contains``.
+    """
+    shapes: list[tuple[int, ...]] = []
+    if space.shape is not None:
+        shapes.append(tuple(space.shape))
+    if space.is_np_flattenable:
+        flat = (int(gym.spaces.flatdim(space)),)
+        if flat not in shapes:
+            shapes.append(flat)
+    return tuple(shapes) or None
+
+
+def check_per_step_space(name: str, array: np.ndarray, space: gym.Space, space_name: str) -> None:
+    """Checks that each row of ``array`` has a shape ``space`` accepts.
+
+    Args:
+        name: ``"<Type>.<field>"`` for the message.
+        array: Array of rows (axis 0 is the batch axis).
+        space: The space each row belongs to.
+        space_name: ``"observation_space"`` or ``"action_space"``.
+    """
+    shapes = accepted_shapes(space)
+    if shapes is None:
+        if len(array) and not space.contains(array[0]):
+            raise InvalidBatchError(f"{name}: row 0 is not in {space_name} {space}")
+        return
+    if array.shape[1:] not in shapes:
+        raise InvalidBatchError(
+            f"{name}: expected per-step shape {_describe(shapes)} for {space_name} {space}, "
+            f"got per-step shape {array.shape[1:]} (array shape {array.shape}). "
+            "Dict and Tuple elements must be flattened with gymnasium.spaces.flatten"
+        )
+
+
+def check_element(name: str, value: Any, space: gym.Space, space_name: str) -> None:
+    """Checks that a single observation or action fits ``space``.
+
+    Accepted: an element of the space's own shape or flattened shape (see
+    :func:`accepted_shapes`), or anything ``space.contains`` accepts (e.g.
+    an unflattened dict for a Dict space).
+    """
+    shapes = accepted_shapes(space)
+    if shapes is not None and np.shape(value) in shapes:
+        return
+    # Spaces with an array shape of their own are settled by the shape;
+    # only composite ones (Dict, Tuple, Graph, ...) take unflattened values.
+    if space.shape is None and space.contains(value):
+        return
+    raise InvalidBatchError(
+        f"{name}: expected an element of {space_name} {space} "
+        f"(shape {_describe(shapes or ())}), got {type(value).__name__} "
+        f"with shape {np.shape(value)}"
+    )
+
+
+def check_reward(name: str, value: Any) -> None:
+    """Checks that a single reward is a real scalar (int, float or numpy)."""
+    if isinstance(value, bool | np.bool_) or np.ndim(value) != 0:
+        raise InvalidBatchError(f"{name}: expected a real scalar, got {value!r}")
+    if np.asarray(value).dtype.kind not in "fiu":
+        raise InvalidBatchError(f"{name}: expected a real scalar, got {value!r}")
+
+
+def check_rewards(name: str, value: object, expected: int, reason: str) -> None:
+    """Checks a rewards array: shape (expected,), integer or float dtype."""
+    rewards = check_shape(name, value, (expected,), reason)
+    if rewards.dtype.kind not in "fiu":
+        raise InvalidBatchError(f"{name}: expected a float or integer dtype, got {rewards.dtype}")
+
+
+def check_step_types(name: str, value: object, expected: int, reason: str) -> np.ndarray:
+    """Checks a step_types array: shape (expected,), integer StepType values.
+
+    Any integer dtype is accepted (the wire may carry uint8) and kept as
+    given. An object array of StepType members, which is what garage's
+    ``np.array(..., dtype=StepType)`` makes under numpy 2, is converted to
+    int64 (a copy).
+
+    Returns:
+        The array to store.
+    """
+    step_types = check_shape(name, value, (expected,), reason)
+    if step_types.dtype == object:
+        try:
+            step_types = step_types.astype(np.int64)
+        except (TypeError, ValueError):
+            raise InvalidBatchError(
+                f"{name}: expected StepType values, got an object array that is not all ints"
+            ) from None
+    if step_types.dtype.kind not in "iu":
+        raise InvalidBatchError(
+            f"{name}: expected an integer dtype holding StepType values, got {step_types.dtype}"
+        )
+    bad = (step_types < _MIN_STEP_TYPE) | (step_types > _MAX_STEP_TYPE)
+    if bad.any():
+        index = int(np.argmax(bad))
+        raise InvalidBatchError(
+            f"{name}: expected StepType values {int(_MIN_STEP_TYPE)}..{int(_MAX_STEP_TYPE)}, "
+            f"got {step_types[index]} at index {index}"
+        )
+    return step_types
+
+
+def check_lengths(name: str, value: object) -> np.ndarray:
+    """Checks episode lengths: a 1-D integer array of values >= 1."""
+    lengths = require_array(name, value)
+    if lengths.ndim != 1:
+        raise InvalidBatchError(f"{name}: expected shape (N,), got {lengths.shape}")
+    if lengths.dtype.kind not in "iu":
+        raise InvalidBatchError(f"{name}: expected an integer dtype, got {lengths.dtype}")
+    if len(lengths) and lengths.min() < 1:
+        index = int(np.argmin(lengths))
+        raise InvalidBatchError(
+            f"{name}: every episode needs at least one step, got length "
+            f"{lengths[index]} at index {index}"
+        )
+    return lengths
+
+
+def check_infos(name: str, value: object, expected: int, reason: str) -> None:
+    """Checks an info dict: arrays or nested dicts of arrays, ``expected`` rows each.
+
+    Args:
+        name: ``"<Type>.<field>"`` for the message; keys are appended.
+        value: The info dict.
+        expected: Required leading dimension of every array.
+        reason: Where ``expected`` comes from.
+    """
+    if not isinstance(value, Mapping):
+        raise InvalidBatchError(f"{name}: expected a dict, got {type(value).__name__}")
+    for key, item in value.items():
+        path = f"{name}[{key!r}]"
+        if isinstance(item, Mapping):
+            check_infos(path, item, expected, reason)
+        elif isinstance(item, np.ndarray):
+            check_leading_dim(path, item, expected, reason)
+        else:
+            raise InvalidBatchError(
+                f"{path}: expected a numpy array or a dict, got {type(item).__name__}"
+            )
+
+
+def check_mapping(name: str, value: object) -> None:
+    """Checks that a single-step info value is a dict."""
+    if not isinstance(value, Mapping):
+        raise InvalidBatchError(f"{name}: expected a dict, got {type(value).__name__}")
+
+
+def _describe(shapes: tuple[tuple[int, ...], ...]) -> str:
+    return " or ".join(str(shape) for shape in shapes) or "unknown"
+
+
+def check_concatenable(owner: str, batches: Sequence[Any]) -> None:
+    """Checks that batches can be concatenated: at least one, same spaces.
+
+    ``max_episode_length`` may differ (an env update can change it between
+    batches); the result keeps the first batch's env spec.
+    """
+    if not batches:
+        raise InvalidBatchError(f"{owner}.concatenate: expected at least one batch, got none")
+    first = batches[0].env_spec
+    for i, batch in enumerate(batches[1:], start=1):
+        spec = batch.env_spec
+        if spec is first:
+            continue
+        if (spec.observation_space, spec.action_space) != (
+            first.observation_space,
+            first.action_space,
+        ):
+            raise InvalidBatchError(
+                f"{owner}.concatenate: batch {i} has spaces ({spec.observation_space}, "
+                f"{spec.action_space}), batch 0 has ({first.observation_space}, "
+                f"{first.action_space}); only batches of the same env can be concatenated"
+            )
