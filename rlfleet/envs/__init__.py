@@ -1,0 +1,22 @@
+"""Environments: env configs (id + JSON kwargs) and local vector envs.
+
+:class:`EnvConfig` is how an env travels to a worker (no code over the wire)
+and, being picklable and callable, the factory the vector envs take.
+:class:`DummyVectorEnv` and :class:`SubprocVectorEnv` follow tianshou's
+``BaseVectorEnv`` API. Small fault-injecting test envs live in
+:mod:`rlfleet.envs.testing` (imported on demand: importing it registers them).
+"""
+
+from rlfleet.envs._base import BaseVectorEnv
+from rlfleet.envs.config import EnvConfig, env_spec_of, make_env
+from rlfleet.envs.dummy import DummyVectorEnv
+from rlfleet.envs.subproc import SubprocVectorEnv
+
+__all__ = [
+    "BaseVectorEnv",
+    "DummyVectorEnv",
+    "EnvConfig",
+    "SubprocVectorEnv",
+    "env_spec_of",
+    "make_env",
+]

@@ -1,0 +1,477 @@
+"""SubprocVectorEnv: one child process per env.
+
+Processes are started with ``spawn`` (or ``forkserver``), never ``fork``:
+gRPC does not survive ``fork()`` once a channel or server exists, and a
+worker or learner has one. So env factories cross to the child by pickle:
+use :class:`~rlfleet.envs.EnvConfig` objects, module-level functions or
+``functools.partial`` (not lambdas or closures), and guard the script's
+entry point with ``if __name__ == "__main__":`` because ``spawn`` re-imports
+the main module in every child.
+
+Each child answers commands on a pipe. A Box observation is written into a
+shared-memory buffer owned by the parent (one per env), so only the small
+rest of a step's result is pickled; the base class copies it out before
+returning it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.context import ForkServerContext, SpawnContext
+from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any, TypeAlias, cast
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from rlfleet.envs._base import (
+    MAKE,
+    RESET,
+    STEP,
+    BaseVectorEnv,
+    EnvFactory,
+    EnvFailure,
+    check_env_fns,
+    make_checked,
+    run_command,
+)
+from rlfleet.errors import ConfigError, VectorEnvError
+
+_START_METHODS = ("spawn", "forkserver")
+_Context: TypeAlias = SpawnContext | ForkServerContext
+_OK, _FAILED = "ok", "failed"
+_CLOSE = "close"
+#: Longest wait between liveness checks of a child that has not answered.
+_POLL_SECONDS = 0.2
+#: How long ``close`` lets the children close their envs and exit.
+_CLOSE_GRACE_SECONDS = 5.0
+#: How long a child gets to exit after SIGTERM before it is killed.
+_TERMINATE_GRACE_SECONDS = 1.0
+#: How often an orphaned child checks whether its parent is gone.
+_ORPHAN_CHECK_SECONDS = 1.0
+
+
+class SubprocVectorEnv(BaseVectorEnv):
+    """Runs each env in its own process (tianshou's name and API).
+
+    The API and its rules are :class:`~rlfleet.envs.BaseVectorEnv`'s. What
+    this class adds is failure handling: an env that raises gives a
+    :class:`~rlfleet.errors.VectorEnvError` naming the env index and carrying
+    the child's traceback text (the env can then be reset); a child that dies
+    or does not answer within ``timeout`` seconds gives a ``VectorEnvError``
+    naming the env index (and the seconds), and that env is unusable from
+    then on. ``close`` (also at garbage collection and interpreter exit)
+    stops every child: it asks them to close their envs, then terminates and
+    kills the ones that do not exit within a few seconds.
+
+    Example::
+
+        if __name__ == "__main__":
+            venv = SubprocVectorEnv([EnvConfig("CartPole-v1")] * 4, timeout=10.0)
+
+    Args:
+        env_fns: One picklable factory per env (see the module docstring).
+        timeout: Seconds a ``reset``/``step``/``render``/attribute call waits
+            for the envs; None waits forever (a dead child is still noticed).
+        start_timeout: Seconds to wait for the children to start and build
+            their envs (interpreter start-up and imports count); None waits
+            forever.
+        context: ``"spawn"`` or ``"forkserver"``.
+        shared_memory: Pass Box observations through shared memory (False
+            sends them through the pipe, like everything else).
+
+    Raises:
+        ConfigError: If an argument is invalid, a factory cannot be pickled,
+            or a factory raised ConfigError.
+        VectorEnvError: If a child failed to build its env, died or timed out.
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[EnvFactory],
+        *,
+        timeout: float | None = 60.0,
+        start_timeout: float | None = 120.0,
+        context: str = "spawn",
+        shared_memory: bool = True,
+    ) -> None:
+        factories = check_env_fns(env_fns)
+        _check_timeout(timeout, "timeout")
+        _check_timeout(start_timeout, "start_timeout")
+        if context not in _START_METHODS:
+            raise ConfigError(
+                f"SubprocVectorEnv(context={context!r}) is not supported; use one of "
+                f"{_START_METHODS} (fork breaks gRPC in the children)"
+            )
+        for index, factory in enumerate(factories):
+            _check_picklable(factory, index, context)
+        mp_context = cast(_Context, multiprocessing.get_context(context))
+        children: list[_EnvProcess] = []
+        try:
+            for index, factory in enumerate(factories):
+                children.append(_EnvProcess(mp_context, index, factory))
+            deadline = _deadline(start_timeout)
+            for child in children:
+                child.connect(deadline, start_timeout, shared_memory=shared_memory)
+        except BaseException:
+            _shutdown(children)
+            raise
+        #: Seconds a call waits for the envs (None: forever); may be changed.
+        self.timeout = timeout
+        self._children = children
+        super().__init__(len(children), functools.partial(_shutdown, children))
+
+    @property
+    def pids(self) -> list[int]:
+        """The process id of each env's child."""
+        return [child.pid for child in self._children]
+
+    def _run(self, ids: list[int], command: str, args: Sequence[Any]) -> list[Any]:
+        children = [self._children[i] for i in ids]
+        for child in children:
+            child.check_usable()
+        deadline = _deadline(self.timeout)
+        sent: list[_EnvProcess] = []
+        error: BaseException | None = None
+        try:
+            for child, arg in zip(children, args, strict=True):
+                child.send(command, arg)
+                sent.append(child)
+        except Exception as exc:  # e.g. an action that cannot be pickled
+            error = exc
+        results = []
+        # Every child that got the command must be heard, or its answer would
+        # be read as the answer to the next command.
+        for position, child in enumerate(sent):
+            try:
+                results.append(child.receive(command, deadline, self.timeout))
+            except VectorEnvError as exc:
+                error = exc if error is None else error
+            except BaseException:
+                for unheard in sent[position:]:
+                    unheard.abandon(f"interrupted while waiting for its {command}()")
+                raise
+        if error is not None:
+            raise error
+        return results
+
+
+class _InSharedMemory:
+    """Stands in a child's answer for the observation it wrote to shared memory."""
+
+
+class _EnvProcess:
+    """The parent's handle on one env's child process."""
+
+    def __init__(self, mp_context: _Context, index: int, factory: EnvFactory) -> None:
+        self.index = index
+        self.conn, child_conn = mp_context.Pipe(duplex=True)
+        self.process: BaseProcess = mp_context.Process(
+            target=_child_main,
+            args=(factory, child_conn),
+            name=f"rlfleet-env-{index}",
+            daemon=True,
+        )
+        try:
+            self.process.start()
+        except BaseException:
+            self.conn.close()
+            raise
+        finally:
+            # Only the child may hold its end, so that its death reads as EOF here.
+            child_conn.close()
+        self.pid = cast(int, self.process.pid)  # start() has set it
+        #: Why the child can no longer be used (None while it can).
+        self.gone: str | None = None
+        self._shm: SharedMemory | None = None
+        self._obs_view: np.ndarray | None = None
+        self._connected = False
+        self._close_sent = False
+
+    def connect(
+        self, deadline: float | None, start_timeout: float | None, *, shared_memory: bool
+    ) -> None:
+        """Waits for the child's env and sets up its observation buffer."""
+        observation_space = self.receive(MAKE, deadline, start_timeout)
+        layout = None
+        if shared_memory:
+            layout = _shared_layout(observation_space)
+        if layout is not None:
+            shape, dtype = layout
+            self._shm = SharedMemory(create=True, size=_nbytes(shape, dtype))
+            self._obs_view = np.ndarray(shape, dtype=dtype, buffer=self._shm.buf)
+            self.conn.send((self._shm.name, shape, dtype.str))
+        else:
+            self.conn.send(None)
+        self._connected = True
+
+    def check_usable(self) -> None:
+        """Raises VectorEnvError if the child died or was killed earlier."""
+        if self.gone is not None:
+            raise VectorEnvError(
+                f"its process is gone ({self.gone}); close this vector env and make a new one",
+                env_index=self.index,
+            )
+
+    def send(self, command: str, arg: Any) -> None:
+        """Sends one command (pickling errors propagate, the pipe stays clean)."""
+        try:
+            self.conn.send((command, arg))
+        except OSError as exc:
+            raise self._lose(
+                f"its process died before {command}() ({self._exit_status()})"
+            ) from exc
+
+    def receive(self, command: str, deadline: float | None, timeout: float | None) -> Any:
+        """Waits for the answer to ``command``; kills the child after ``deadline``."""
+        while True:
+            wait = _POLL_SECONDS
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - time.monotonic()))
+            if self.conn.poll(wait):
+                try:
+                    status, payload = self.conn.recv()
+                except (EOFError, OSError):
+                    raise self._lose(
+                        f"its process died during {command}() ({self._exit_status()})"
+                    ) from None
+                if status == _FAILED:
+                    raise payload.error(self.index, command)
+                return self._resolve(command, payload)
+            # Only the child holds the other end of the pipe, but a grandchild
+            # may have inherited it, so EOF alone does not prove death.
+            if self.process.exitcode is not None and not self.conn.poll(0):
+                raise self._lose(f"its process died during {command}() ({self._exit_status()})")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise self._lose(
+                    f"{command}() did not return within {timeout:g} s, so its process was killed",
+                    advice="make a new vector env, with a larger timeout if the env is that slow",
+                )
+
+    def abandon(self, reason: str) -> None:
+        """Kills the child because its pipe can no longer be trusted."""
+        self._lose(reason)
+
+    def request_close(self) -> None:
+        """Asks a working child to close its env and exit (no wait)."""
+        if self._connected and self.gone is None and not self._close_sent:
+            try:
+                self.conn.send((_CLOSE, None))
+                self._close_sent = True
+            except OSError:
+                pass  # already dead; finish() reaps it
+
+    def finish(self, deadline: float) -> BaseException | None:
+        """Reaps the child and frees its resources.
+
+        A child asked to close gets until ``deadline`` to exit; any other
+        (still starting, or already lost) is stopped at once.
+
+        Returns:
+            The error the env's ``close`` raised, if any.
+        """
+        error = None
+        grace = 0.0
+        if self._close_sent:
+            try:
+                if self.conn.poll(max(0.0, deadline - time.monotonic())):
+                    status, payload = self.conn.recv()
+                    if status == _FAILED:
+                        error = payload.error(self.index, "close")
+            except (EOFError, OSError):
+                pass  # it died while closing; nothing more to learn
+            grace = max(0.0, deadline - time.monotonic())
+        _stop(self.process, grace)
+        self.conn.close()
+        self._release_shared_memory()
+        return error
+
+    def _resolve(self, command: str, answer: Any) -> Any:
+        if command in (RESET, STEP) and isinstance(answer[0], _InSharedMemory):
+            return (self._obs_view, *answer[1:])
+        return answer
+
+    def _lose(
+        self, reason: str, advice: str = "close this vector env and make a new one"
+    ) -> VectorEnvError:
+        self.gone = reason
+        _stop(self.process, 0.0)
+        return VectorEnvError(f"{reason}; {advice}", env_index=self.index)
+
+    def _exit_status(self) -> str:
+        self.process.join(_TERMINATE_GRACE_SECONDS)
+        code = self.process.exitcode
+        if code is None:
+            return "still running"
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exit code {code}"
+
+    def _release_shared_memory(self) -> None:
+        self._obs_view = None
+        if self._shm is None:
+            return
+        # BufferError: something still views the buffer; the mapping dies with the process.
+        with contextlib.suppress(BufferError):
+            self._shm.close()
+        with contextlib.suppress(FileNotFoundError):
+            self._shm.unlink()
+        self._shm = None
+
+
+def _shutdown(children: list[_EnvProcess]) -> list[BaseException]:
+    """Closes every child's env and reaps every child, within a grace period."""
+    deadline = time.monotonic() + _CLOSE_GRACE_SECONDS
+    for child in children:
+        child.request_close()
+    errors = []
+    for child in children:
+        error = child.finish(deadline)
+        if error is not None:
+            errors.append(error)
+    return errors
+
+
+def _stop(process: BaseProcess, grace: float) -> None:
+    """Waits ``grace`` seconds for a process to exit, then terminates, then kills it."""
+    process.join(grace)
+    if process.is_alive():
+        process.terminate()
+        process.join(_TERMINATE_GRACE_SECONDS)
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
+# --- in the child process -------------------------------------------------
+
+
+def _child_main(factory: EnvFactory, conn: Connection) -> None:
+    """Entry point of an env's child process."""
+    # The parent decides when children stop; Ctrl-C in a terminal must not
+    # kill them behind its back.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_when_orphaned()
+    # EOFError/OSError: the parent went away; there is no one left to answer.
+    with contextlib.suppress(EOFError, OSError):
+        _serve(factory, conn)
+
+
+def _serve(factory: EnvFactory, conn: Connection) -> None:
+    try:
+        env = make_checked(factory)
+    except Exception as exc:
+        conn.send((_FAILED, EnvFailure.from_exception(exc)))
+        return
+    conn.send((_OK, env.observation_space))
+    shm, obs_view = _attach_shared_memory(conn.recv())
+    try:
+        while True:
+            command, arg = conn.recv()
+            if command == _CLOSE:
+                _answer(conn, env.close)
+                return
+            _answer(conn, functools.partial(_execute, env, command, arg, obs_view))
+    finally:
+        obs_view = None  # the buffer cannot be unmapped while an array views it
+        if shm is not None:
+            shm.close()
+
+
+def _answer(conn: Connection, call: Callable[[], Any]) -> None:
+    """Runs ``call`` and sends its result, or the exception it raised."""
+    try:
+        conn.send((_OK, call()))
+    except OSError:
+        raise  # the pipe is broken: let _child_main end the process
+    except Exception as exc:
+        conn.send((_FAILED, EnvFailure.from_exception(exc)))
+
+
+def _execute(env: gym.Env, command: str, arg: Any, obs_view: np.ndarray | None) -> Any:
+    answer = run_command(env, command, arg)
+    if obs_view is not None and command in (RESET, STEP):
+        observation = answer[0]
+        # Anything that does not fit the buffer exactly goes through the pipe,
+        # so the parent sees what a DummyVectorEnv would return.
+        if (
+            isinstance(observation, np.ndarray)
+            and observation.shape == obs_view.shape
+            and observation.dtype == obs_view.dtype
+        ):
+            obs_view[...] = observation
+            return (_InSharedMemory(), *answer[1:])
+    return answer
+
+
+def _attach_shared_memory(
+    layout: tuple[str, tuple[int, ...], str] | None,
+) -> tuple[SharedMemory | None, np.ndarray | None]:
+    if layout is None:
+        return None, None
+    name, shape, dtype = layout
+    try:
+        shm = SharedMemory(name=name)
+    except OSError:
+        return None, None  # observations then go through the pipe
+    return shm, np.ndarray(shape, dtype=np.dtype(dtype), buffer=shm.buf)
+
+
+def _exit_when_orphaned() -> None:
+    """Ends this process when its parent dies (e.g. SIGKILL): no orphans."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_ORPHAN_CHECK_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="rlfleet-orphan-watch", daemon=True).start()
+
+
+# --- helpers -----------------------------------------------------------------
+
+
+def _shared_layout(space: gym.Space) -> tuple[tuple[int, ...], np.dtype] | None:
+    """Shape and dtype of a shared observation buffer, or None if the space has none."""
+    if not isinstance(space, spaces.Box) or _nbytes(space.shape, space.dtype) == 0:
+        return None
+    return space.shape, space.dtype
+
+
+def _nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _check_timeout(value: float | None, name: str) -> None:
+    if value is not None and (isinstance(value, bool) or not value > 0):
+        raise ConfigError(f"SubprocVectorEnv({name}={value!r}): give seconds > 0, or None")
+
+
+def _check_picklable(factory: EnvFactory, index: int, context: str) -> None:
+    try:
+        ForkingPickler.dumps(factory)
+    except Exception as exc:
+        raise ConfigError(
+            f"env factory {index} ({factory!r}) cannot be pickled, which the {context!r} "
+            f"start method needs: {exc}. Use an EnvConfig, a module-level function or "
+            "functools.partial instead of a lambda or closure"
+        ) from exc
+
+
+__all__ = ["SubprocVectorEnv"]

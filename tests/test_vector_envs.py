@@ -1,0 +1,391 @@
+"""DummyVectorEnv and SubprocVectorEnv: tianshou's API, seeding, faults, cleanup.
+
+The subprocess tests start real ``spawn`` children (about 0.3 s each), so
+they are few and use two or three envs.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable, Iterator, Sequence
+
+import gymnasium as gym
+import numpy as np
+import psutil
+import pytest
+
+from rlfleet.envs import BaseVectorEnv, DummyVectorEnv, EnvConfig, SubprocVectorEnv
+from rlfleet.envs._base import stack_batch
+from rlfleet.envs.testing import FRAME_SHAPE
+from rlfleet.errors import ConfigError, EnvNotFoundError, VectorEnvError
+
+TESTING = ("rlfleet.envs.testing",)
+CARTPOLE = EnvConfig("CartPole-v1")
+
+
+def counter(length: int = 3, **kwargs: object) -> EnvConfig:
+    return EnvConfig("rlfleet/Counter-v0", {"length": length, **kwargs}, imports=TESTING)
+
+
+def crashing(**kwargs: object) -> EnvConfig:
+    return EnvConfig("rlfleet/Crashing-v0", dict(kwargs), imports=TESTING)
+
+
+def hanging(**kwargs: object) -> EnvConfig:
+    return EnvConfig("rlfleet/Hanging-v0", dict(kwargs), imports=TESTING)
+
+
+MakeVenv = Callable[..., BaseVectorEnv]
+
+
+@pytest.fixture(params=[DummyVectorEnv, SubprocVectorEnv])
+def make_venv(request: pytest.FixtureRequest) -> Iterator[MakeVenv]:
+    """Builds vector envs of the parametrised class and closes them afterwards."""
+    made: list[BaseVectorEnv] = []
+
+    def make(env_fns: Sequence[Callable[[], gym.Env]], **kwargs: object) -> BaseVectorEnv:
+        venv = request.param(env_fns, **kwargs)
+        made.append(venv)
+        return venv
+
+    yield make
+    for venv in made:
+        venv.close()
+
+
+def live_children() -> set[int | None]:
+    """Pids of this process's live multiprocessing children (from any test)."""
+    return {child.pid for child in multiprocessing.active_children()}
+
+
+def assert_no_process_left(pids: Sequence[int], before: set[int | None]) -> None:
+    """Checks that ``pids`` are reaped and no multiprocessing child was added."""
+    assert live_children() <= before
+    for pid in pids:
+        assert not psutil.pid_exists(pid)
+
+
+def reference_cartpole_run(
+    seeds: Sequence[int], actions: np.ndarray
+) -> tuple[np.ndarray, list[tuple[np.ndarray, ...]]]:
+    """What separate gymnasium envs give for the same seeds and actions.
+
+    Returns:
+        The stacked first observations, and per step the stacked
+        (obs, reward, terminated, truncated), up to the first episode end.
+    """
+    envs = [CARTPOLE() for _ in seeds]
+    first = np.stack([env.reset(seed=s)[0] for env, s in zip(envs, seeds, strict=True)])
+    records = []
+    for row in actions:
+        steps = [env.step(int(a))[:4] for env, a in zip(envs, row, strict=True)]
+        records.append(tuple(np.array(column) for column in zip(*steps, strict=True)))
+        if any(terminated or truncated for _, _, terminated, truncated in steps):
+            break  # no autoreset, like the vector envs
+    for env in envs:
+        env.close()
+    return first, records
+
+
+def first_observations(seeds: Sequence[int]) -> np.ndarray:
+    return reference_cartpole_run(seeds, np.zeros((0, len(seeds))))[0]
+
+
+# --- API, both classes -------------------------------------------------------
+
+
+def test_reset_and_step_with_ids(make_venv: MakeVenv) -> None:
+    venv = make_venv([counter(), counter(), counter()])
+    assert len(venv) == venv.env_num == 3
+    assert venv.is_async is False
+    obs, infos = venv.reset()
+    assert obs.dtype == np.float32
+    assert obs.tolist() == [[0.0], [0.0], [0.0]]
+    assert [info["env_id"] for info in infos] == [0, 1, 2]
+    assert infos.dtype == object and infos.shape == (3,)
+
+    obs, rew, term, trunc, infos = venv.step(np.array([0, 1]), id=[2, 0])
+    assert obs.tolist() == [[1.0], [1.0]]
+    assert rew.dtype == np.float64 and rew.tolist() == [1.0, 1.0]
+    assert term.tolist() == [False, False] and trunc.tolist() == [False, False]
+    assert [info["env_id"] for info in infos] == [2, 0]
+
+    venv.step([0], id=0)
+    obs, _, term, _, _ = venv.step([0, 0, 0])
+    assert obs.tolist() == [[3.0], [1.0], [2.0]]
+    assert term.tolist() == [True, False, False]
+
+    obs, infos = venv.reset(np.int64(0))
+    assert obs.shape == (1, 1) and infos[0]["env_id"] == 0
+    assert venv.step([1], id=0)[0].tolist() == [[1.0]]
+
+
+def test_stepping_a_finished_env_raises(make_venv: MakeVenv) -> None:
+    venv = make_venv([counter(length=1), counter(length=2)])
+    with pytest.raises(VectorEnvError, match=r"reset\(id=\[0, 1\]\)") as never_reset:
+        venv.step([0, 0])
+    assert never_reset.value.env_index == 0
+    venv.reset()
+    venv.step([0, 0])
+    with pytest.raises(VectorEnvError, match="episode ended") as ended:
+        venv.step([0, 0])
+    assert ended.value.env_index == 0
+    assert venv.step([0], id=1)[2].tolist() == [True]
+    venv.reset(env_id=[0, 1])  # tianshou 1.x's name for id
+    assert venv.step([0, 0])[0].tolist() == [[1.0], [1.0]]
+
+
+def test_seed_is_applied_at_the_next_reset(make_venv: MakeVenv) -> None:
+    venv = make_venv([CARTPOLE, CARTPOLE, CARTPOLE])
+    assert venv.seed(5) == [5, 6, 7]
+    first, _ = venv.reset()
+    assert np.array_equal(first, first_observations([5, 6, 7]))
+    # Recorded seeds are used once; the next reset continues each env's RNG.
+    env = CARTPOLE()
+    env.reset(seed=6)
+    assert np.array_equal(venv.reset(id=1)[0][0], env.reset()[0])
+    env.close()
+
+    assert venv.seed([1, None, 3]) == [1, None, 3]
+    assert venv.seed(None) == [None, None, None]
+    assert venv.seed([9, 8, 7]) == [9, 8, 7]
+    # A seed given to reset wins; an int counts up along the ids.
+    obs, _ = venv.reset(id=[2, 0], seed=20)
+    assert np.array_equal(obs, first_observations([20, 21]))
+    obs, _ = venv.reset(id=1)
+    assert np.array_equal(obs, first_observations([8]))
+
+
+def test_counter_reset_info_carries_the_seed(make_venv: MakeVenv) -> None:
+    venv = make_venv([counter(), counter()])
+    venv.seed(11)
+    _, infos = venv.reset()
+    assert [info["seed"] for info in infos] == [11, 12]
+    _, infos = venv.reset(seed=[3, 4])
+    assert [info["seed"] for info in infos] == [3, 4]
+
+
+@pytest.mark.parametrize("seed", [-1, True, "7", [1, 2], [1, -2, 3], [1.5, 2, 3]], ids=repr)
+def test_bad_seeds(seed: object) -> None:
+    venv = DummyVectorEnv([counter(), counter(), counter()])
+    with pytest.raises(ValueError, match="seed"):
+        venv.seed(seed)  # type: ignore[arg-type]
+    venv.close()
+
+
+def test_render_returns_one_frame_per_env(make_venv: MakeVenv) -> None:
+    venv = make_venv([counter(render_mode="rgb_array"), counter(render_mode="rgb_array")])
+    venv.reset()
+    venv.step([0], id=1)
+    frames = venv.render()
+    assert [frame.shape for frame in frames] == [FRAME_SHAPE, FRAME_SHAPE]
+    assert frames[0].max() == 0 and frames[1].min() == 1
+
+
+def test_cartpole_renders_headless() -> None:
+    pytest.importorskip("pygame", reason="CartPole's rgb_array rendering needs pygame")
+    venv = DummyVectorEnv([EnvConfig("CartPole-v1", {"render_mode": "rgb_array"})])
+    venv.reset(seed=0)
+    (frame,) = venv.render()
+    assert frame.shape == (400, 600, 3)
+    venv.close()
+
+
+def test_env_attributes(make_venv: MakeVenv) -> None:
+    venv = make_venv([counter(length=3), counter(length=3)])
+    assert venv.get_env_attr("length") == [3, 3]
+    venv.set_env_attr("length", 1, id=1)
+    assert venv.get_env_attr("length", id=[1, 0]) == [1, 3]
+    assert venv.observation_space == [gym.spaces.Box(0.0, 3.0, (1,), np.float32)] * 2
+    assert venv.action_space == [gym.spaces.Discrete(2)] * 2
+    venv.reset()
+    assert venv.step([0, 0])[2].tolist() == [False, True]
+    with pytest.raises(VectorEnvError, match="AttributeError") as missing:
+        venv.get_env_attr("no_such_attribute", id=1)
+    assert missing.value.env_index == 1
+
+
+@pytest.mark.parametrize(
+    ("ids", "error", "message"),
+    [
+        ([0, 0], ValueError, "distinct"),
+        ([2], IndexError, "out of range"),
+        (-1, IndexError, "out of range"),
+        ([], ValueError, "1-D sequence"),
+        ([True], ValueError, "1-D sequence"),
+        ([[0]], ValueError, "1-D sequence"),
+        (0.0, ValueError, "1-D sequence"),
+    ],
+)
+def test_bad_ids(ids: object, error: type[Exception], message: str) -> None:
+    venv = DummyVectorEnv([counter(), counter()])
+    with pytest.raises(error, match=message):
+        venv.reset(ids)  # type: ignore[arg-type]
+    venv.close()
+
+
+def test_action_rows_must_match_ids() -> None:
+    venv = DummyVectorEnv([counter(), counter()])
+    venv.reset()
+    with pytest.raises(ValueError, match="3 rows but 2 envs"):
+        venv.step([0, 0, 0])
+    with pytest.raises(ValueError, match="without rows"):
+        venv.step(0)
+    venv.close()
+
+
+def test_close_is_idempotent_and_final(make_venv: MakeVenv) -> None:
+    venv = make_venv([counter()])
+    venv.close()
+    venv.close()
+    assert venv.closed
+    with pytest.raises(RuntimeError, match="closed"):
+        venv.reset()
+
+
+def test_crash_names_env_and_carries_traceback(make_venv: MakeVenv) -> None:
+    venv = make_venv([counter(), crashing(crash_at_step=2)])
+    venv.reset()
+    venv.step([0, 0])
+    with pytest.raises(VectorEnvError) as crash:
+        venv.step([0, 0])
+    assert crash.value.env_index == 1
+    text = str(crash.value)
+    assert text.startswith("env 1: step() raised RuntimeError: rlfleet/Crashing-v0 crashed")
+    assert "--- traceback in the env ---" in text
+    assert 'testing.py", line' in text and "in _fault" in text
+    # Every env of the failed call must be reset; afterwards they work again.
+    with pytest.raises(VectorEnvError, match="reset first"):
+        venv.step([0], id=0)
+    obs, _ = venv.reset()
+    assert venv.step([0, 0])[0].tolist() == [[1.0], [1.0]]
+    assert obs.tolist() == [[0.0], [0.0]]
+
+
+def test_crash_in_reset(make_venv: MakeVenv) -> None:
+    venv = make_venv([crashing(crash_at_step=0, crash_in="reset")])
+    with pytest.raises(VectorEnvError, match=r"env 0: reset\(\) raised RuntimeError"):
+        venv.reset()
+
+
+def test_factory_errors(make_venv: MakeVenv) -> None:
+    with pytest.raises(EnvNotFoundError, match="Did you mean 'CartPole-v1'"):
+        make_venv([CARTPOLE, EnvConfig("CartPol-v1")])
+    with pytest.raises(VectorEnvError, match=r"env 1: make.*returned int, not a gymnasium\.Env"):
+        make_venv([CARTPOLE, functools.partial(int, 3)])
+    with pytest.raises(ConfigError, match="at least one"):
+        make_venv([])
+    with pytest.raises(ConfigError, match="not a callable"):
+        make_venv(["CartPole-v1"])
+
+
+def test_stack_batch_handles_dicts_tuples_and_ragged_rows() -> None:
+    a = np.zeros(2, dtype=np.float32)
+    batch = stack_batch([{"x": a, "t": (1, a)}, {"x": a + 1, "t": (2, a)}])
+    assert batch["x"].tolist() == [[0.0, 0.0], [1.0, 1.0]]
+    assert batch["t"][0].tolist() == [1, 2]
+    assert batch["t"][1].shape == (2, 2)
+    ragged = stack_batch([np.zeros(1), np.zeros(3)])
+    assert ragged.dtype == object and [row.shape for row in ragged] == [(1,), (3,)]
+    assert not np.shares_memory(stack_batch([a])[0], a)
+
+
+# --- subprocesses ------------------------------------------------------------
+
+
+def test_subproc_matches_dummy_and_gymnasium_on_cartpole() -> None:
+    seeds = [3, 4]
+    actions = np.random.default_rng(0).integers(0, 2, size=(40, 2))
+    expected_first, expected_steps = reference_cartpole_run(seeds, actions)
+    venvs = [
+        DummyVectorEnv([CARTPOLE, CARTPOLE]),
+        SubprocVectorEnv([CARTPOLE, CARTPOLE]),
+        SubprocVectorEnv([CARTPOLE, CARTPOLE], shared_memory=False),
+    ]
+    for venv in venvs:
+        venv.seed(seeds)
+        obs, _ = venv.reset()
+        assert np.array_equal(obs, expected_first)
+        for row, want in zip(actions, expected_steps, strict=False):
+            got = venv.step(row)[:4]
+            for got_column, want_column in zip(got, want, strict=True):
+                assert np.array_equal(got_column, want_column)
+        venv.close()
+    assert len(expected_steps) > 5  # the episodes ran for a while before one ended
+
+
+def test_subproc_observations_do_not_alias_shared_memory() -> None:
+    venv = SubprocVectorEnv([counter(length=5)])
+    first, _ = venv.reset()
+    second = venv.step([0])[0]
+    venv.step([0])
+    assert first.tolist() == [[0.0]] and second.tolist() == [[1.0]]
+    venv.close()
+
+
+def test_subproc_hang_times_out_and_kills_the_child() -> None:
+    before = live_children()
+    venv = SubprocVectorEnv([counter(), hanging()], timeout=1.0)
+    pids = venv.pids
+    venv.reset()
+    with pytest.raises(VectorEnvError, match=r"env 1: step\(\) did not return within 1 s") as hang:
+        venv.step([0, 0])
+    assert hang.value.env_index == 1
+    assert not psutil.pid_exists(pids[1])
+    with pytest.raises(VectorEnvError, match="process is gone") as gone:
+        venv.reset(id=1)
+    assert gone.value.env_index == 1
+    # The healthy env keeps working once reset.
+    assert venv.reset(id=0)[0].tolist() == [[0.0]]
+    assert venv.step([0], id=0)[0].tolist() == [[1.0]]
+    venv.close()
+    assert_no_process_left(pids, before)
+
+
+def test_subproc_killed_child_raises() -> None:
+    before = live_children()
+    venv = SubprocVectorEnv([counter(), counter()])
+    pids = venv.pids
+    venv.reset()
+    os.kill(pids[0], signal.SIGKILL)
+    with pytest.raises(VectorEnvError, match=r"env 0: .*died.*SIGKILL") as died:
+        venv.step([0, 0])
+    assert died.value.env_index == 0
+    venv.close()
+    assert_no_process_left(pids, before)
+
+
+def test_subproc_close_and_garbage_collection_leave_no_process() -> None:
+    before = live_children()
+    venv = SubprocVectorEnv([counter(), counter()])
+    pids = venv.pids
+    assert all(psutil.pid_exists(pid) for pid in pids)
+    venv.close()
+    assert_no_process_left(pids, before)
+
+    venv = SubprocVectorEnv([counter()])
+    pids = venv.pids
+    del venv
+    gc.collect()
+    assert_no_process_left(pids, before)
+
+
+def test_subproc_failed_start_leaves_no_process() -> None:
+    before = live_children()
+    # Env 0 has started, env 1 fails, env 2 may still be starting: all must go.
+    with pytest.raises(VectorEnvError, match=r"env 1: make\(\) raised ValueError: length"):
+        SubprocVectorEnv([counter(), counter(length=0), counter()])
+    assert_no_process_left([], before)
+
+
+def test_subproc_rejects_unpicklable_factories_and_fork() -> None:
+    with pytest.raises(ConfigError, match=r"cannot be pickled.*EnvConfig"):
+        SubprocVectorEnv([lambda: gym.make("CartPole-v1")])
+    with pytest.raises(ConfigError, match="fork"):
+        SubprocVectorEnv([CARTPOLE], context="fork")
+    with pytest.raises(ConfigError, match="timeout"):
+        SubprocVectorEnv([CARTPOLE], timeout=0)
