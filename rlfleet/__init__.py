@@ -1,5 +1,71 @@
-"""rlfleet: collect reinforcement-learning experience on a fleet of workers."""
+"""rlfleet: collect reinforcement-learning experience on a fleet of workers.
+
+The public API, importable from ``rlfleet``:
+
+- Episode data (garage's types): :class:`EpisodeBatch`, :class:`TimeStepBatch`,
+  :class:`TimeStep`, :class:`EnvStep`, :class:`StepType`, :class:`EnvSpec`.
+- Envs and policies: :class:`EnvConfig`, :func:`make_env`, the vector envs,
+  :class:`Policy` and the built-in numpy policies, :class:`PolicySpec`.
+- Local sampling: :class:`DefaultWorker`, :class:`VecWorker`,
+  :class:`LocalSampler`, :func:`rollout`, :func:`truncate_paths`,
+  :func:`obtain_evaluation_episodes`, :func:`log_performance`.
+- The fleet: ``rlfleet.client`` (:class:`~rlfleet.client.RemoteSampler`,
+  :class:`~rlfleet.client.Fleet`) and ``rlfleet.coordinator``.
+- Errors: :class:`RlfleetError` and its subclasses in ``rlfleet.errors``.
+"""
 
 from rlfleet._version import __version__
+from rlfleet.core import (
+    EnvSpec,
+    EnvStep,
+    EpisodeBatch,
+    StepType,
+    TimeStep,
+    TimeStepBatch,
+    pad_to_last,
+    step_type_from_gym,
+)
+from rlfleet.envs import (
+    BaseVectorEnv,
+    DummyVectorEnv,
+    EnvConfig,
+    SubprocVectorEnv,
+    env_spec_of,
+    make_env,
+)
+from rlfleet.errors import RlfleetError
+from rlfleet.policies import (
+    MLPCategoricalPolicy,
+    MLPGaussianPolicy,
+    Policy,
+    PolicySpec,
+    RandomPolicy,
+    default_policy_spec,
+    make_policy,
+)
 
-__all__ = ["__version__"]
+__all__ = [
+    "BaseVectorEnv",
+    "DummyVectorEnv",
+    "EnvConfig",
+    "EnvSpec",
+    "EnvStep",
+    "EpisodeBatch",
+    "MLPCategoricalPolicy",
+    "MLPGaussianPolicy",
+    "Policy",
+    "PolicySpec",
+    "RandomPolicy",
+    "RlfleetError",
+    "StepType",
+    "SubprocVectorEnv",
+    "TimeStep",
+    "TimeStepBatch",
+    "__version__",
+    "default_policy_spec",
+    "env_spec_of",
+    "make_env",
+    "make_policy",
+    "pad_to_last",
+    "step_type_from_gym",
+]

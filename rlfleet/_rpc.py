@@ -141,6 +141,32 @@ def channel_options(
     ]
 
 
+def open_channel(
+    address: str,
+    *,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    reconnect_max_seconds: float = 5.0,
+) -> grpc.Channel:
+    """Opens a client channel (workers and learners): the one place channels are made.
+
+    Plaintext for now; TLS credentials will be chosen here.
+
+    Args:
+        address: ``HOST:PORT`` of the coordinator.
+        max_message_bytes: Largest message sent or accepted.
+        reconnect_max_seconds: Cap of the channel's own reconnect backoff.
+            gRPC's default cap is 120 s: after a coordinator restart, calls
+            would fail fast for up to two minutes although it is back.
+    """
+    options = [
+        *channel_options(max_message_bytes=max_message_bytes),
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", int(reconnect_max_seconds * 1000)),
+    ]
+    return grpc.insecure_channel(address, options=options)
+
+
 def server_options(
     *,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
@@ -167,7 +193,7 @@ def server_options(
 
 # --- errors across the boundary -------------------------------------------
 
-_KIND_TO_ERROR: dict[int, type[errors.RlfleetError]] = {
+_KIND_TO_ERROR: dict[updates_pb2.ErrorKind, type[errors.RlfleetError]] = {
     updates_pb2.ERROR_KIND_ENV_NOT_FOUND: errors.EnvNotFoundError,
     updates_pb2.ERROR_KIND_ENV_CONFIG: errors.ConfigError,
     updates_pb2.ERROR_KIND_ENV_CRASHED: errors.EnvError,
@@ -192,7 +218,7 @@ _CODE_TO_ERROR: dict[grpc.StatusCode, type[errors.RlfleetError]] = {
     grpc.StatusCode.CANCELLED: errors.UnavailableError,
 }
 
-_ERROR_TO_KIND: list[tuple[type[BaseException], int]] = [
+_ERROR_TO_KIND: list[tuple[type[BaseException], updates_pb2.ErrorKind]] = [
     (errors.EnvNotFoundError, updates_pb2.ERROR_KIND_ENV_NOT_FOUND),
     (errors.ConfigError, updates_pb2.ERROR_KIND_ENV_CONFIG),
     (errors.EnvError, updates_pb2.ERROR_KIND_ENV_CRASHED),

@@ -1,0 +1,359 @@
+"""The Node.js worker (clients/node) against Python: same math, real fleets.
+
+* The JS ``mlp-categorical`` policy gives the Python policy's logits (to
+  float32 rounding) and, from the same per-episode seeds, the same actions.
+* The JS CartPole port steps like gymnasium's CartPole-v1 from the same
+  states, and resets to the same states from the same seeds.
+* A Node worker joins a real coordinator and serves every sampling mode;
+  a mixed fleet (one Python worker, one Node worker) trains through pushed
+  parameters, and the Node worker's episodes carry the pushed version.
+
+Everything runs on loopback with real processes. Skipped when ``node`` or
+``clients/node/node_modules`` (``npm ci``) is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+import rlfleet.envs.cartpole_js
+from rlfleet.client import RemoteSampler
+from rlfleet.conformance import run_conformance
+from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
+from rlfleet.core import EnvSpec, EpisodeBatch, StepType
+from rlfleet.envs import EnvConfig
+from rlfleet.errors import EnvNotFoundError, PolicyError
+from rlfleet.learners.vpg import VPG
+from rlfleet.policies import MLPCategoricalPolicy
+
+NODE_DIR = Path(__file__).resolve().parent.parent / "clients" / "node"
+NODE = shutil.which("node")
+
+pytestmark = [
+    pytest.mark.skipif(
+        NODE is None, reason="node is not installed (Node.js >= 20 runs clients/node)"
+    ),
+    pytest.mark.skipif(
+        not (NODE_DIR / "node_modules").is_dir(),
+        reason="clients/node/node_modules is missing: run `cd clients/node && npm ci`",
+    ),
+    pytest.mark.timeout(180),
+]
+
+JS_ENV = rlfleet.envs.cartpole_js.ENV_ID
+JS_SPEC = EnvConfig(JS_ENV).env_spec()
+
+
+def run_node_script(script: str, payload: object) -> dict[str, Any]:
+    """Runs clients/node/scripts/SCRIPT with JSON on stdin; returns its JSON output."""
+    done = subprocess.run(
+        [str(NODE), str(NODE_DIR / "scripts" / script)],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+# --- same math --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("hidden_sizes", "activation"), [((16, 8), "tanh"), ((12,), "relu"), ((), "identity")]
+)
+def test_mlp_categorical_logits_and_actions_match_python(
+    hidden_sizes: tuple[int, ...], activation: str
+) -> None:
+    rng = np.random.default_rng(5)
+    spec = EnvSpec(gym.spaces.Box(-np.inf, np.inf, (6,), np.float32), gym.spaces.Discrete(3), None)
+    policy = MLPCategoricalPolicy(spec, hidden_sizes=hidden_sizes, activation=activation, seed=1)
+    params = {
+        name: rng.normal(0.0, 0.7, value.shape).astype(np.float32)
+        for name, value in policy.get_param_values().items()
+    }
+    policy.set_param_values(params)
+    observations = rng.normal(0.0, 2.0, (40, 6)).astype(np.float32)
+    seeds = rng.integers(0, 2**32, 40).tolist()
+    actions, infos = policy.get_actions(observations, [np.random.default_rng(s) for s in seeds])
+
+    node = run_node_script(
+        "policy-logits.js",
+        {
+            "policy": {
+                "name": "mlp-categorical",
+                "kwargs": {"hidden_sizes": list(hidden_sizes), "activation": activation},
+            },
+            "params": {
+                k: {"shape": list(v.shape), "data": v.ravel().tolist()} for k, v in params.items()
+            },
+            "observations": observations.tolist(),
+            "seeds": seeds,
+            "n_actions": 3,
+        },
+    )
+
+    # The JS side sums each dot product in float64 and rounds once, BLAS in
+    # float32: they agree to float32 rounding (atol for logits near zero).
+    np.testing.assert_allclose(
+        np.array(node["logits"], np.float32), infos["logits"], rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_array_equal(node["actions"], actions)
+    np.testing.assert_allclose(
+        np.array(node["log_prob"], np.float32), infos["log_prob"], rtol=1e-5, atol=1e-6
+    )
+
+
+def test_cartpole_port_steps_and_resets_like_gymnasium() -> None:
+    rng = np.random.default_rng(11)
+    # States inside and around the termination box, so both flags occur.
+    scale = np.array([2.6, 3.0, 0.25, 3.0])
+    states = rng.uniform(-1.0, 1.0, (300, 4)) * scale
+    actions = rng.integers(0, 2, 300)
+    seeds = [0, 1, 123, 2**32 - 1, *rng.integers(0, 2**32, 6).tolist()]
+
+    env = CartPoleEnv()  # gymnasium's CartPole-v1 without its TimeLimit wrapper
+    expected_states, expected_obs, expected_terminated = [], [], []
+    for state, action in zip(states, actions, strict=True):
+        env.reset(seed=0)
+        env.state = state.copy()
+        obs, reward, terminated, _, _ = env.step(int(action))
+        assert reward == 1.0
+        expected_states.append(np.asarray(env.state, np.float64))
+        expected_obs.append(obs)
+        expected_terminated.append(terminated)
+    expected_resets = []
+    for seed in seeds:
+        env.reset(seed=int(seed))
+        expected_resets.append(np.asarray(env.state, np.float64))
+
+    node = run_node_script(
+        "cartpole-steps.js",
+        {"transitions": np.column_stack([states, actions]).tolist(), "seeds": seeds},
+    )
+
+    steps = node["steps"]
+    np.testing.assert_allclose([s["state"] for s in steps], expected_states, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        np.array([s["observation"] for s in steps], np.float32), expected_obs, rtol=1e-6
+    )
+    assert [s["terminated"] for s in steps] == expected_terminated
+    assert 50 < sum(expected_terminated) < 250  # both outcomes were exercised
+    # Same seed, same generator (numpy's PCG64 in JS): the same initial state, bit for bit.
+    np.testing.assert_array_equal(node["resets"], expected_resets)
+
+
+# --- real fleets ------------------------------------------------------------------------
+
+
+def start_node_worker(address: str, *, envs: int, name: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            str(NODE),
+            str(NODE_DIR / "bin" / "rlfleet-node-worker.js"),
+            "--coordinator",
+            address,
+            "--envs",
+            str(envs),
+            "--name",
+            name,
+            "--quiet",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def start_python_worker(address: str, *, envs: int, name: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlfleet",
+            "worker",
+            "--coordinator",
+            address,
+            "--envs",
+            str(envs),
+            "--name",
+            name,
+            "--import",
+            "rlfleet.envs.cartpole_js",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+
+
+def stop(process: subprocess.Popen[bytes]) -> tuple[int, str]:
+    """SIGTERMs a worker; returns its exit code and stderr."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    stderr = process.stderr.read().decode() if process.stderr else ""
+    return process.returncode, stderr
+
+
+def wait_for_workers(sampler: RemoteSampler, count: int, timeout: float = 30.0) -> dict[str, int]:
+    """Waits until ``count`` workers are idle; returns their ids by name."""
+    deadline = time.monotonic() + timeout
+    while True:
+        workers = sampler.status().workers
+        if len(workers) == count and all(w.state == "idle" for w in workers):
+            return {w.name: w.worker_id for w in workers}
+        assert time.monotonic() < deadline, f"workers did not join: {workers}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def coordinator() -> Iterator[CoordinatorServer]:
+    config = CoordinatorConfig(
+        listen="127.0.0.1:0", env=EnvConfig(JS_ENV), wait_for_workers_seconds=30.0
+    )
+    with serve(config) as server:
+        yield server
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        stop(process)
+
+
+def check_batch(batch: EpisodeBatch, *, version: int, worker_ids: set[int]) -> None:
+    """Checks the invariants every answer has, whoever produced it."""
+    n, total = batch.n_episodes, batch.total_steps
+    assert batch.observations.shape == (total, 4) and batch.observations.dtype == np.float32
+    assert batch.last_observations.shape == (n, 4)
+    assert batch.actions.dtype == np.int64 and set(np.unique(batch.actions)) <= {0, 1}
+    assert batch.rewards.dtype == np.float64
+    infos = batch.episode_infos
+    assert set(infos) >= {"agent_version", "env_seed", "policy_seed", "episode_index", "worker"}
+    assert (infos["agent_version"] == version).all()
+    assert set(infos["worker"].tolist()) <= worker_ids
+    assert batch.lengths.min() >= 1 and batch.lengths.max() <= 500
+
+
+def test_node_worker_serves_every_mode(
+    coordinator: CoordinatorServer, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    processes.append(start_node_worker(coordinator.address, envs=3, name="node-a"))
+    with RemoteSampler(coordinator.address, seed=3, timeout=60) as sampler:
+        ids = wait_for_workers(sampler, 1)
+        assert sampler.status().workers[0].implementation.startswith("rlfleet-node/")
+        assert sampler.env_spec == JS_SPEC  # the Node worker's EnvReady, decoded by Python
+
+        episodes = sampler.obtain_episodes(7)
+        check_batch(episodes, version=0, worker_ids=set(ids.values()))
+        assert episodes.episode_infos["episode_index"].tolist() == list(range(7))
+        first = np.concatenate([[0], np.cumsum(episodes.lengths)[:-1]])
+        assert (episodes.step_types[first] == StepType.FIRST).all()
+        assert set(episodes.step_types[np.cumsum(episodes.lengths) - 1]) <= {
+            StepType.TERMINAL,
+            StepType.TIMEOUT,
+        }
+
+        steps = sampler.obtain_samples(1, 300)
+        check_batch(steps, version=0, worker_ids=set(ids.values()))
+        assert steps.total_steps >= 300 > steps.total_steps - steps.lengths[-1]
+
+        fragments = sampler.obtain_fragments(60, 10)
+        check_batch(fragments, version=0, worker_ids=set(ids.values()))
+        assert fragments.total_steps >= 60 and (fragments.lengths <= 10).all()
+        streams = fragments.episode_infos["stream"]
+        for stream in np.unique(streams):
+            assert fragments.lengths[streams == stream].sum() % 10 == 0  # whole windows
+
+        # A pushed MLP reaches the Node worker; a bad parameter is refused by name.
+        policy = MLPCategoricalPolicy(JS_SPEC, hidden_sizes=(8,), seed=0)
+        version = sampler.update_agent(policy)
+        check_batch(sampler.obtain_episodes(4), version=version, worker_ids=set(ids.values()))
+        bad = {"layers.0.weight": np.zeros((3, 8), np.float32)}
+        with pytest.raises(PolicyError, match=r"layers\.0\.weight.*\(4, 8\)"):
+            sampler.update_agent(bad)
+        with pytest.raises(EnvNotFoundError, match="rlfleet/CartPoleJS-v0"):
+            sampler.update_env("CartPole-v1")
+
+
+def test_same_seeds_give_the_same_episodes_in_both_languages(
+    processes: list[subprocess.Popen[bytes]],
+) -> None:
+    """Not a promise of the protocol (libm may round sin/cos differently),
+    but with the same PCG64 draws and float64 dynamics the episodes agree."""
+    batches = []
+    for start in (start_node_worker, start_python_worker):
+        config = CoordinatorConfig(listen="127.0.0.1:0", env=EnvConfig(JS_ENV))
+        with serve(config) as server:
+            worker = start(server.address, envs=2, name=start.__name__)
+            processes.append(worker)
+            with RemoteSampler(server.address, seed=21, timeout=60) as sampler:
+                wait_for_workers(sampler, 1)
+                batches.append(sampler.obtain_episodes(6))
+            stop(worker)
+    node, python = batches
+    np.testing.assert_array_equal(node.lengths, python.lengths)
+    np.testing.assert_array_equal(node.actions, python.actions)
+    np.testing.assert_array_equal(node.step_types, python.step_types)
+    np.testing.assert_allclose(node.observations, python.observations, rtol=1e-6, atol=1e-7)
+    for key in ("env_seed", "policy_seed", "episode_index", "agent_version"):
+        np.testing.assert_array_equal(node.episode_infos[key], python.episode_infos[key])
+
+
+def test_mixed_fleet_trains_with_pushed_parameters(
+    coordinator: CoordinatorServer, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    """A VPG learner trains through one Python and one Node worker."""
+    processes.append(start_python_worker(coordinator.address, envs=2, name="py"))
+    processes.append(start_node_worker(coordinator.address, envs=2, name="node"))
+    vpg = VPG(JS_SPEC, hidden_sizes=(16,), seed=0)
+    with RemoteSampler(coordinator.address, seed=1, timeout=60) as sampler:
+        ids = wait_for_workers(sampler, 2)
+        for itr in range(3):
+            params = vpg.get_params()
+            update = (vpg.policy_spec, params) if itr == 0 else params
+            batch = sampler.obtain_samples(itr, 400, agent_update=update)
+            version = int(batch.episode_infos["agent_version"][0])
+            assert version == sampler.agent_version == itr + 1
+            check_batch(batch, version=version, worker_ids=set(ids.values()))
+            # Both languages took part, each with the pushed version.
+            assert set(batch.episode_infos["worker"].tolist()) == {ids["py"], ids["node"]}
+            stats = vpg.train_step(batch)
+            assert np.isfinite(stats["PolicyLoss"]) and stats["NumSteps"] == batch.total_steps
+            after = vpg.get_params()
+            assert any(not np.array_equal(after[k], params[k]) for k in params)
+    code, stderr = stop(processes.pop())
+    assert code == 0, stderr  # SIGTERM: leave gracefully, exit 0
+
+
+def test_node_worker_passes_the_conformance_kit() -> None:
+    """Every check of rlfleet's conformance kit (docs/protocol.md, section 9)."""
+    worker = NODE_DIR / "bin" / "rlfleet-node-worker.js"
+    command = f"{NODE} {worker} --coordinator {{address}} --envs 2 --quiet"
+    results = run_conformance(command, env_id=JS_ENV)
+    failed = [f"{r.name}: {r.message}" for r in results if not r.passed]
+    assert not failed, failed
+    assert len(results) >= 10
