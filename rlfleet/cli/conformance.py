@@ -1,0 +1,127 @@
+"""``rlfleet conformance``: check that a worker implementation speaks the protocol."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TextIO
+
+from rlfleet.cli.worker import positive_float
+
+if TYPE_CHECKING:
+    from rlfleet.conformance import CheckResult
+
+#: Lines of a failure message shown under its row in the table.
+_MESSAGE_LINES = 40
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds the ``conformance`` subcommand."""
+    from rlfleet.conformance.defaults import DEFAULT_ENV_ID, DEFAULT_TIMEOUT
+
+    parser = subparsers.add_parser(
+        "conformance",
+        help="check that a worker implementation (any language) speaks the protocol",
+        description=(
+            "Start a scripted test coordinator on 127.0.0.1, run the worker command against "
+            "it (as often as the checks need) and check the handshake, sampling modes, "
+            "updates, chunking, errors, heartbeats, cancels and draining. Prints one line "
+            "per check; exits 0 if and only if every check passes. See docs/conformance.md."
+        ),
+    )
+    parser.add_argument(
+        "--worker-cmd",
+        required=True,
+        metavar="CMD",
+        help="command that starts one worker; {address} is replaced by the test "
+        "coordinator's HOST:PORT, e.g. \"node bin/rlfleet-node-worker.js --coordinator "
+        '{address} --envs 2"',
+    )
+    parser.add_argument(
+        "--env-id",
+        default=DEFAULT_ENV_ID,
+        help=f"env id given to the worker (default {DEFAULT_ENV_ID})",
+    )
+    parser.add_argument(
+        "--checks",
+        type=_names,
+        default=None,
+        metavar="A,B,...",
+        help="run only these checks (default: all; docs/conformance.md lists them, and an "
+        "unknown name is answered with the list)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=DEFAULT_TIMEOUT,
+        metavar="S",
+        help=f"longest wait for any one answer from the worker (default {DEFAULT_TIMEOUT:g})",
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the kit; returns 0 if every check passed, else 1."""
+    from rlfleet.conformance import run_conformance
+
+    out = sys.stdout
+    results = run_conformance(
+        args.worker_cmd,
+        env_id=args.env_id,
+        checks=args.checks,
+        timeout=args.timeout,
+        on_result=None if args.json else lambda result: print_row(result, out),
+    )
+    if args.json:
+        json.dump(
+            {
+                "passed": all(r.passed for r in results),
+                "checks": [
+                    {"name": r.name, "passed": r.passed, "message": r.message, "seconds": r.seconds}
+                    for r in results
+                ],
+            },
+            out,
+            indent=2,
+        )
+        out.write("\n")
+    else:
+        print_summary(results, out)
+    return 0 if all(r.passed for r in results) else 1
+
+
+def print_row(result: CheckResult, out: TextIO) -> None:
+    """Prints one check's line, and a failure's whole message indented below it."""
+    verdict = "PASS" if result.passed else "FAIL"
+    first, _, rest = result.message.partition("\n")
+    out.write(f"{verdict}  {result.name:<17} {result.seconds:6.1f}s  {first}\n")
+    if not result.passed and rest:
+        lines = rest.splitlines()[:_MESSAGE_LINES]
+        out.write("".join(f"      {line}\n" for line in lines))
+    out.flush()
+
+
+def print_summary(results: Sequence[CheckResult], out: TextIO) -> None:
+    """Prints the totals line."""
+    failed = [r.name for r in results if not r.passed]
+    seconds = sum(r.seconds for r in results)
+    if failed:
+        out.write(
+            f"{len(results) - len(failed)} of {len(results)} checks passed in {seconds:.1f}s; "
+            f"failed: {', '.join(failed)}\n"
+        )
+    else:
+        out.write(f"all {len(results)} checks passed in {seconds:.1f}s\n")
+
+
+def _names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("name at least one check")
+    return names
+
+
+__all__ = ["print_row", "print_summary", "register", "run"]

@@ -1,0 +1,53 @@
+"""The conformance kit: does a worker, in any language, speak rlfleet's protocol?
+
+``rlfleet conformance --worker-cmd "..."`` runs a worker command against a
+scripted test coordinator and checks the handshake, sampling modes, updates,
+chunking, errors, heartbeats, cancels and draining (docs/conformance.md).
+
+    from rlfleet.conformance import run_conformance
+
+    results = run_conformance("node bin/rlfleet-node-worker.js --coordinator {address}",
+                              env_id="rlfleet/CartPoleJS-v0")
+    assert all(r.passed for r in results)
+
+Names are imported on first use, so that the ``rlfleet`` command line does
+not load gRPC and gymnasium for every subcommand.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from rlfleet.conformance.defaults import DEFAULT_ENV_ID, DEFAULT_TIMEOUT
+
+if TYPE_CHECKING:
+    from rlfleet.conformance.checks import CHECKS, Check, CheckResult
+    from rlfleet.conformance.scripted_coordinator import ScriptedCoordinator
+    from rlfleet.conformance.suite import run_conformance
+
+_LAZY = {
+    "CHECKS": "rlfleet.conformance.checks",
+    "Check": "rlfleet.conformance.checks",
+    "CheckResult": "rlfleet.conformance.checks",
+    "ScriptedCoordinator": "rlfleet.conformance.scripted_coordinator",
+    "run_conformance": "rlfleet.conformance.suite",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = [
+    "CHECKS",
+    "DEFAULT_ENV_ID",
+    "DEFAULT_TIMEOUT",
+    "Check",
+    "CheckResult",
+    "ScriptedCoordinator",
+    "run_conformance",
+]
