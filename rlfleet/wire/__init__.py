@@ -1,0 +1,52 @@
+"""rlfleet's wire codec: numpy arrays, spaces and batches as protocol messages.
+
+This package is the only part of rlfleet that touches protobuf. The batch
+codec, chunking and envelopes read and write the wire format by hand so
+that tensor data is copied once when sending and never when receiving;
+spaces, EnvSpecs and small tensors go through the generated classes.
+Everything is byte-compatible with ``protos/rlfleet/v1``.
+
+Every malformed input raises :class:`rlfleet.errors.WireFormatError`.
+"""
+
+from rlfleet.wire._chunk import Chunk
+from rlfleet.wire.batches import decode_batch, encode_batch
+from rlfleet.wire.chunks import (
+    DEFAULT_CHUNK_BYTES,
+    ChunkAssembler,
+    chunk_payload,
+    decode_batch_chunks,
+    encode_batch_chunks,
+)
+from rlfleet.wire.envelope import parse_chunk, parse_with_chunk, serialize_with_chunk
+from rlfleet.wire.spaces import decode_env_spec, decode_space, encode_env_spec, encode_space
+from rlfleet.wire.tensors import (
+    MAX_ELEMENTS,
+    decode_tensor,
+    decode_tensor_map,
+    encode_tensor,
+    encode_tensor_map,
+)
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "MAX_ELEMENTS",
+    "Chunk",
+    "ChunkAssembler",
+    "chunk_payload",
+    "decode_batch",
+    "decode_batch_chunks",
+    "decode_env_spec",
+    "decode_space",
+    "decode_tensor",
+    "decode_tensor_map",
+    "encode_batch",
+    "encode_batch_chunks",
+    "encode_env_spec",
+    "encode_space",
+    "encode_tensor",
+    "encode_tensor_map",
+    "parse_chunk",
+    "parse_with_chunk",
+    "serialize_with_chunk",
+]

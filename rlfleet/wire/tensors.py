@@ -1,0 +1,644 @@
+"""Tensors and tensor maps on the wire (``rlfleet.v1.Tensor`` / ``TensorMap``).
+
+Two paths share one set of checks:
+
+* :func:`encode_tensor` / :func:`decode_tensor` and the ``*_tensor_map``
+  functions go through protobuf's generated classes. They are for small
+  tensors in control messages (policy parameters, space bounds).
+* :func:`write_tensor` / :func:`read_tensor` and :func:`write_tensor_map` /
+  :func:`read_tensor_map` write and read the wire format by hand, for the
+  batch codec's hot path: writing yields the array's own memory as a part
+  to join (no copy until the single join), reading views the input buffer
+  (no copy at all).
+
+A tensor's data is prod(shape) * itemsize bytes, C order, little-endian
+(tensor.proto). Decoded arrays are read-only numpy views of the bytes they
+were decoded from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any, TypeAlias
+
+import numpy as np
+
+from rlfleet.errors import WireFormatError
+from rlfleet.v1 import tensor_pb2
+from rlfleet.wire._protowire import (
+    LEN,
+    VARINT,
+    ByteSource,
+    encode_varint,
+    iter_fields,
+    len_prefix,
+    read_varint,
+    tag,
+    to_int64,
+    wire_type_error,
+)
+
+#: One piece of a message being written: small headers and array memory.
+Part: TypeAlias = bytes | memoryview
+#: A decoded tensor map: names to arrays or nested maps, in wire order.
+TensorDict: TypeAlias = dict[str, "np.ndarray | TensorDict"]
+
+#: Most elements a decoded tensor may have. Checked before anything is
+#: allocated, so a hostile shape cannot make numpy reserve memory or overflow.
+MAX_ELEMENTS = 1 << 40
+#: Most dimensions a tensor may have (numpy < 2 supports 32).
+MAX_NDIM = 32
+
+_DTYPES: dict[int, np.dtype] = {
+    tensor_pb2.DTYPE_BOOL: np.dtype("?"),
+    tensor_pb2.DTYPE_INT8: np.dtype("i1"),
+    tensor_pb2.DTYPE_INT16: np.dtype("<i2"),
+    tensor_pb2.DTYPE_INT32: np.dtype("<i4"),
+    tensor_pb2.DTYPE_INT64: np.dtype("<i8"),
+    tensor_pb2.DTYPE_UINT8: np.dtype("u1"),
+    tensor_pb2.DTYPE_UINT16: np.dtype("<u2"),
+    tensor_pb2.DTYPE_UINT32: np.dtype("<u4"),
+    tensor_pb2.DTYPE_UINT64: np.dtype("<u8"),
+    tensor_pb2.DTYPE_FLOAT16: np.dtype("<f2"),
+    tensor_pb2.DTYPE_FLOAT32: np.dtype("<f4"),
+    tensor_pb2.DTYPE_FLOAT64: np.dtype("<f8"),
+}
+# Keyed by little-endian dtypes, which on a little-endian host are the
+# native ones, so the usual lookup is one dict hit.
+_CODES: dict[np.dtype, int] = {dtype: code for code, dtype in _DTYPES.items()}
+
+# Field numbers of tensor.proto.
+_TENSOR_DTYPE, _TENSOR_SHAPE, _TENSOR_DATA, _TENSOR_CODEC = 1, 2, 3, 4
+_MAP_ENTRIES = 1
+_ENTRY_KEY, _ENTRY_TENSOR, _ENTRY_MAP = 1, 2, 3
+
+_CODEC_NONE = tensor_pb2.CODEC_NONE
+_DTYPE_BOOL = tensor_pb2.DTYPE_BOOL
+_DTYPE_TAG = tag(_TENSOR_DTYPE, VARINT)
+_DTYPE_KEY = _TENSOR_DTYPE << 3 | VARINT
+_SHAPE_KEY = _TENSOR_SHAPE << 3 | LEN
+_DATA_KEY = _TENSOR_DATA << 3 | LEN
+_KEY_KEY = _ENTRY_KEY << 3 | LEN
+_DATA_TAG = tag(_TENSOR_DATA, LEN)
+_DTYPE_HEADERS = {code: _DTYPE_TAG + encode_varint(code) for code in _DTYPES}
+
+
+def wire_dtype(dtype: np.dtype) -> np.dtype:
+    """The little-endian dtype a tensor of ``dtype`` travels as.
+
+    Raises:
+        WireFormatError: If the DType enum has no such type.
+    """
+    little = dtype.newbyteorder("<")
+    if little not in _CODES:
+        supported = ", ".join(str(d.name) for d in _DTYPES.values())
+        raise WireFormatError(
+            f"dtype {dtype} cannot travel as a tensor; supported: {supported}. "
+            "Convert the array with astype first"
+        )
+    return little
+
+
+def dtype_code(dtype: np.dtype, where: str = "") -> int:
+    """The DType enum value of ``dtype`` (any byte order).
+
+    Raises:
+        WireFormatError: If the DType enum has no such type.
+    """
+    code = _CODES.get(dtype)
+    if code is not None:
+        return code
+    try:
+        return _CODES[wire_dtype(dtype)]
+    except WireFormatError as error:
+        raise WireFormatError(f"{where}: {error}" if where else str(error)) from None
+
+
+def dtype_of_code(code: int, where: str) -> np.dtype:
+    """The little-endian numpy dtype of a DType enum value.
+
+    Raises:
+        WireFormatError: For DTYPE_UNSPECIFIED or a value the enum lacks.
+    """
+    dtype = _DTYPES.get(code)
+    if dtype is None:
+        what = "no dtype (DTYPE_UNSPECIFIED)" if code == 0 else f"unknown dtype {code}"
+        raise WireFormatError(f"{where}: {what}; protocol v1 knows DType values 1..{len(_DTYPES)}")
+    return dtype
+
+
+def wire_array(value: Any, where: str = "tensor") -> np.ndarray:
+    """``value`` as a C-contiguous little-endian array of a wire dtype.
+
+    Returns the array itself when it already is one (the usual case), else a
+    converted copy.
+
+    Args:
+        value: An array, or anything ``np.asarray`` takes.
+        where: Name of the value, for error messages.
+
+    Raises:
+        WireFormatError: If the dtype is not one of tensor.proto's DType enum.
+    """
+    array = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if array.dtype not in _CODES:
+        try:
+            little = wire_dtype(array.dtype)
+        except WireFormatError as error:
+            raise WireFormatError(f"{where}: {error}") from None
+        array = array.astype(little)
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    return array
+
+
+def write_tensor(
+    array: np.ndarray, field_number: int, out: list[Part], where: str = "tensor"
+) -> int:
+    """Appends a Tensor, as field ``field_number`` of its parent, to ``out``.
+
+    Writes exactly the bytes protobuf's ``SerializeToString`` writes for the
+    same Tensor: dtype, packed shape, then data (empty fields omitted). The
+    array's memory is appended as is, so it is copied only by the final join.
+
+    Args:
+        array: The array; converted by :func:`wire_array` if needed.
+        field_number: Field number of the Tensor in the enclosing message.
+        out: The list of parts being built.
+        where: Name of the tensor, for error messages.
+
+    Returns:
+        The number of bytes appended.
+    """
+    array = wire_array(array, where)
+    header = _tensor_header(_CODES[array.dtype], array.shape, array.nbytes)
+    body_size = len(header) + array.nbytes
+    prefix = len_prefix(field_number, body_size)
+    out.append(prefix + header)
+    if array.nbytes:
+        out.append(array.data)
+    return len(prefix) + body_size
+
+
+# Batches of a stream repeat the same few shapes, so headers are cached.
+@lru_cache(maxsize=4096)
+def _tensor_header(code: int, shape: tuple[int, ...], nbytes: int) -> bytes:
+    # The bytes of a Tensor before its data.
+    header = _DTYPE_HEADERS[code]
+    if shape:
+        packed = b"".join([encode_varint(dim) for dim in shape])
+        header += len_prefix(_TENSOR_SHAPE, len(packed)) + packed
+    if nbytes:
+        header += _DATA_TAG + encode_varint(nbytes)
+    return header
+
+
+def read_tensor(buf: ByteSource, pos: int, end: int, where: str) -> np.ndarray:
+    """Decodes the Tensor message in ``buf[pos:end]`` as a read-only view.
+
+    Accepts any valid encoding: fields in any order, shape packed (in one or
+    several runs) or not, unknown fields skipped; a repeated scalar field
+    keeps its last value, as in protobuf.
+
+    Args:
+        buf: Bytes or a read-only byte memoryview.
+        pos: Offset of the Tensor message.
+        end: Offset after it.
+        where: Name of the tensor, for error messages.
+
+    Returns:
+        A read-only array viewing ``buf`` (no copy).
+
+    Raises:
+        WireFormatError: If the tensor is malformed (see :func:`view_tensor`).
+    """
+    canonical = _read_canonical_tensor(buf, pos, end, where)
+    if canonical is not None:
+        dtype_code, shape, data_start = canonical
+        return view_tensor(buf, data_start, end - data_start, dtype_code, shape, where=where)
+    dtype_code = 0
+    codec = 0
+    shape = []
+    data_start = data_end = pos
+    for number, wire_type, value, next_pos in iter_fields(buf, pos, end, where):
+        if number == _TENSOR_DATA:
+            if wire_type != LEN:
+                raise wire_type_error(where, "data", wire_type, "bytes")
+            data_start, data_end = value, next_pos
+        elif number == _TENSOR_DTYPE:
+            if wire_type != VARINT:
+                raise wire_type_error(where, "dtype", wire_type, "varint")
+            dtype_code = value
+        elif number == _TENSOR_SHAPE:
+            if wire_type == LEN:
+                _read_packed_int64(buf, value, next_pos, shape, where)
+            elif wire_type == VARINT:
+                shape.append(to_int64(value))
+            else:
+                raise wire_type_error(where, "shape", wire_type, "varint or packed")
+        elif number == _TENSOR_CODEC:
+            if wire_type != VARINT:
+                raise wire_type_error(where, "codec", wire_type, "varint")
+            codec = value
+    return view_tensor(
+        buf, data_start, data_end - data_start, dtype_code, shape, codec=codec, where=where
+    )
+
+
+def _read_canonical_tensor(
+    buf: ByteSource, pos: int, end: int, where: str
+) -> tuple[int, list[int], int] | None:
+    # The layout protobuf writers produce: dtype (one byte), packed shape
+    # (if any), then data running to the end of the message. Recognising it
+    # costs a few byte comparisons; any other layout returns None and goes
+    # through the general field walker, which gives the same result.
+    if end - pos < 2 or buf[pos] != _DTYPE_KEY or buf[pos + 1] >= 0x80:
+        return None
+    dtype_code = buf[pos + 1]
+    pos += 2
+    shape: list[int] = []
+    if pos + 1 < end and buf[pos] == _SHAPE_KEY and buf[pos + 1] < 0x80:
+        start = pos + 2
+        pos = start + buf[pos + 1]
+        if pos > end:
+            return None
+        dims = bytes(buf[start:pos])
+        if dims.isascii():  # every dimension below 128: one byte each
+            shape = list(dims)
+        else:
+            _read_packed_int64(buf, start, pos, shape, where)
+    if pos == end:
+        return dtype_code, shape, end
+    if buf[pos] != _DATA_KEY:
+        return None
+    length, start = read_varint(buf, pos + 1, end, where)
+    return (dtype_code, shape, start) if start + length == end else None
+
+
+def _read_packed_int64(buf: ByteSource, pos: int, end: int, out: list[int], where: str) -> None:
+    while pos < end:
+        value, pos = read_varint(buf, pos, end, where)
+        out.append(to_int64(value))
+
+
+def view_tensor(
+    buf: ByteSource,
+    offset: int,
+    nbytes: int,
+    dtype_code: int,
+    shape: list[int],
+    *,
+    codec: int = _CODEC_NONE,
+    where: str,
+) -> np.ndarray:
+    """Checks a tensor's fields and views its data in ``buf`` without a copy.
+
+    Args:
+        buf: The buffer holding the data.
+        offset: Offset of the data in ``buf``.
+        nbytes: Length of the data.
+        dtype_code: The DType enum value.
+        shape: The dimensions.
+        codec: The Codec enum value.
+        where: Name of the tensor, for error messages.
+
+    Returns:
+        An array of ``shape`` viewing ``buf[offset:offset + nbytes]``;
+        read-only when ``buf`` is.
+
+    Raises:
+        WireFormatError: For an unknown dtype or codec, a negative or huge
+            shape, a data length other than prod(shape) * itemsize, or a
+            bool tensor holding bytes other than 0 and 1.
+    """
+    dtype = _DTYPES.get(dtype_code) or dtype_of_code(dtype_code, where)
+    if codec != _CODEC_NONE:
+        raise WireFormatError(
+            f"{where}: unknown codec {codec}; protocol v1 only has CODEC_NONE (0)"
+        )
+    count = element_count(shape, where)
+    expected = count * dtype.itemsize
+    if nbytes != expected:
+        raise WireFormatError(
+            f"{where}: {nbytes} bytes of data, expected {expected} for "
+            f"{dtype.name} shape {tuple(shape)}"
+        )
+    array = np.ndarray(shape, dtype, buffer=buf, offset=offset)
+    if dtype_code == _DTYPE_BOOL and count:
+        raw = np.ndarray(count, np.uint8, buffer=buf, offset=offset)
+        if (raw > 1).any():
+            index = int(np.argmax(raw > 1))
+            raise WireFormatError(
+                f"{where}: bool tensor holds byte {raw[index]} at element {index}; "
+                "bools must be 0 or 1"
+            )
+    return array
+
+
+def element_count(shape: list[int], where: str) -> int:
+    """prod(shape), after checking every dimension; nothing is allocated.
+
+    Raises:
+        WireFormatError: For a negative dimension, more than :data:`MAX_NDIM`
+            dimensions, or more than :data:`MAX_ELEMENTS` elements (zero
+            dimensions aside, so that numpy cannot overflow either).
+    """
+    if len(shape) <= MAX_NDIM and (not shape or min(shape) > 0):
+        count = math.prod(shape)
+        if count <= MAX_ELEMENTS:
+            return count
+    if len(shape) > MAX_NDIM:
+        raise WireFormatError(f"{where}: {len(shape)} dimensions, at most {MAX_NDIM} are supported")
+    nonzero = 1
+    for dim in shape:
+        if dim < 0:
+            raise WireFormatError(f"{where}: negative dimension in shape {tuple(shape)}")
+        if dim:
+            nonzero *= dim
+            if nonzero > MAX_ELEMENTS:
+                raise WireFormatError(
+                    f"{where}: shape {tuple(shape)} is too large "
+                    f"(more than {MAX_ELEMENTS} elements)"
+                )
+    return nonzero if all(shape) else 0
+
+
+def write_tensor_map(
+    tree: Mapping[str, Any],
+    field_number: int,
+    out: list[Part],
+    where: str,
+    *,
+    omit_empty: bool = True,
+) -> int:
+    """Appends a TensorMap, as field ``field_number`` of its parent, to ``out``.
+
+    Byte-identical to protobuf's serialization of the same map.
+
+    Args:
+        tree: Names to arrays or nested mappings, in the order to send.
+        field_number: Field number of the TensorMap in the enclosing message.
+        out: The list of parts being built.
+        where: Name of the map, for error messages.
+        omit_empty: Write nothing for an empty map (a batch's info dict:
+            absent reads back as empty). Nested maps are always written,
+            since an entry needs a value.
+
+    Returns:
+        The number of bytes appended.
+
+    Raises:
+        WireFormatError: For a key that is not a non-empty string or an
+            array whose dtype cannot travel.
+    """
+    if omit_empty and not tree:
+        return 0
+    body: list[Part] = []
+    size = 0
+    for key, value in tree.items():
+        path = f"{where}[{key!r}]"
+        key_field = _key_field(key, where)
+        entry: list[Part] = [key_field]
+        if isinstance(value, Mapping):
+            value_size = write_tensor_map(value, _ENTRY_MAP, entry, path, omit_empty=False)
+        else:
+            value_size = write_tensor(value, _ENTRY_TENSOR, entry, path)
+        size += _write_message(_MAP_ENTRIES, entry, len(key_field) + value_size, body)
+    return _write_message(field_number, body, size, out)
+
+
+def _write_message(field_number: int, body: list[Part], size: int, out: list[Part]) -> int:
+    # Appends a message field whose serialized body (`size` bytes) is `body`.
+    prefix = len_prefix(field_number, size)
+    out.append(prefix)
+    out.extend(body)
+    return len(prefix) + size
+
+
+def _key_field(key: object, where: str) -> bytes:
+    if not isinstance(key, str) or not key:
+        raise WireFormatError(
+            f"{where}: keys must be non-empty strings, got {key!r}; rename the entry"
+        )
+    try:
+        return _encoded_key_field(key)
+    except UnicodeEncodeError as error:
+        raise WireFormatError(f"{where}: key {key!r} is not valid UTF-8 text ({error})") from None
+
+
+@lru_cache(maxsize=4096)
+def _encoded_key_field(key: str) -> bytes:
+    encoded = key.encode("utf-8")
+    return len_prefix(_ENTRY_KEY, len(encoded)) + encoded
+
+
+def read_tensor_map(buf: ByteSource, pos: int, end: int, where: str) -> TensorDict:
+    """Decodes the TensorMap in ``buf[pos:end]``; arrays are read-only views.
+
+    Raises:
+        WireFormatError: For a malformed entry, an empty or duplicate key, an
+            entry with no value or with both a tensor and a nested map, or a
+            malformed tensor.
+    """
+    result: TensorDict = {}
+    for number, wire_type, value, next_pos in iter_fields(buf, pos, end, where):
+        if number != _MAP_ENTRIES:
+            continue
+        if wire_type != LEN:
+            raise wire_type_error(where, "entries", wire_type, "message")
+        key, item = _read_entry(buf, value, next_pos, where)
+        if key in result:
+            raise WireFormatError(f"{where}: duplicate key {key!r}; keys must be unique")
+        result[key] = item
+    return result
+
+
+def _read_entry(
+    buf: ByteSource, pos: int, end: int, where: str
+) -> tuple[str, np.ndarray | TensorDict]:
+    fields = _read_canonical_entry(buf, pos, end, where) or _read_any_entry(buf, pos, end, where)
+    key_span, value_field, value_start, value_end = fields
+    key = _decode_key(buf, key_span, where)
+    path = f"{where}[{key!r}]"
+    if value_field == _ENTRY_TENSOR:
+        return key, read_tensor(buf, value_start, value_end, path)
+    if value_field == _ENTRY_MAP:
+        return key, read_tensor_map(buf, value_start, value_end, path)
+    raise WireFormatError(f"{path}: the entry has neither a tensor nor a map")
+
+
+# (key span, value field number or 0, value start, value end)
+_EntryFields: TypeAlias = tuple[tuple[int, int] | None, int, int, int]
+
+
+def _read_canonical_entry(buf: ByteSource, pos: int, end: int, where: str) -> _EntryFields | None:
+    # protobuf's layout: the key (shorter than 128 bytes), then the value
+    # running to the end of the entry. Anything else returns None.
+    if end - pos < 2 or buf[pos] != _KEY_KEY or buf[pos + 1] >= 0x80:
+        return None
+    key_end = pos + 2 + buf[pos + 1]
+    if key_end >= end:
+        return None
+    value_field = buf[key_end] >> 3
+    if buf[key_end] & 7 != LEN or value_field not in (_ENTRY_TENSOR, _ENTRY_MAP):
+        return None
+    length, start = read_varint(buf, key_end + 1, end, where)
+    if start + length != end:
+        return None
+    return (pos + 2, key_end), value_field, start, end
+
+
+def _read_any_entry(buf: ByteSource, pos: int, end: int, where: str) -> _EntryFields:
+    key_span: tuple[int, int] | None = None
+    value_field = value_start = value_end = 0
+    for number, wire_type, value, next_pos in iter_fields(buf, pos, end, where):
+        if number not in _ENTRY_NAMES:
+            continue
+        if wire_type != LEN:
+            raise wire_type_error(where, _ENTRY_NAMES[number], wire_type, "length-delimited")
+        if number == _ENTRY_KEY:
+            key_span = (value, next_pos)
+        elif value_field:
+            # A oneof set twice: protobuf would keep (or merge into) the last
+            # one; no rlfleet sender does that, so it is a corrupt message.
+            raise WireFormatError(
+                f"{where}: an entry sets its value more than once "
+                f"({_ENTRY_NAMES[value_field]} then {_ENTRY_NAMES[number]})"
+            )
+        else:
+            value_field, value_start, value_end = number, value, next_pos
+    return key_span, value_field, value_start, value_end
+
+
+_ENTRY_NAMES = {_ENTRY_KEY: "key", _ENTRY_TENSOR: "tensor", _ENTRY_MAP: "map"}
+
+
+def _decode_key(buf: ByteSource, span: tuple[int, int] | None, where: str) -> str:
+    if span is None or span[0] == span[1]:
+        raise WireFormatError(f"{where}: an entry has an empty key; keys must be non-empty")
+    try:
+        return str(buf[span[0] : span[1]], "utf-8")
+    except UnicodeDecodeError as error:
+        raise WireFormatError(f"{where}: an entry key is not valid UTF-8 ({error})") from None
+
+
+# --- protobuf-object path -------------------------------------------------
+
+
+def encode_tensor(array: np.ndarray) -> tensor_pb2.Tensor:
+    """Builds a ``rlfleet.v1.Tensor`` message from an array.
+
+    For small tensors in control messages; batches use the hand-written
+    codec (:func:`rlfleet.wire.encode_batch`), which does not copy the data
+    through protobuf objects. Non-contiguous arrays are made C-contiguous and
+    big-endian ones little-endian; any shape works, including 0-d and empty.
+
+    Args:
+        array: An array of one of tensor.proto's DType types (bool, int8 to
+            int64, uint8 to uint64, float16, float32, float64).
+
+    Returns:
+        The Tensor message (its data is a copy of the array's bytes).
+
+    Raises:
+        WireFormatError: If the dtype cannot travel.
+    """
+    array = wire_array(array)
+    return tensor_pb2.Tensor(
+        dtype=_CODES[array.dtype],  # type: ignore[arg-type]
+        shape=array.shape,
+        data=array.tobytes(),
+    )
+
+
+def decode_tensor(msg: tensor_pb2.Tensor, *, name: str = "Tensor") -> np.ndarray:
+    """Decodes a ``rlfleet.v1.Tensor`` message into an array.
+
+    The result is a read-only view of the message's data bytes
+    (``np.frombuffer`` semantics, no copy): call ``.copy()`` to modify it.
+
+    Args:
+        msg: The Tensor message.
+        name: What the tensor is, for error messages.
+
+    Returns:
+        A read-only array with the tensor's dtype (little-endian) and shape.
+
+    Raises:
+        WireFormatError: If the tensor is malformed: unknown dtype or codec,
+            negative or huge dimensions, a data length other than
+            prod(shape) * itemsize, or a bool byte other than 0 and 1.
+    """
+    data = msg.data
+    return view_tensor(data, 0, len(data), msg.dtype, list(msg.shape), codec=msg.codec, where=name)
+
+
+def encode_tensor_map(tree: Mapping[str, Any]) -> tensor_pb2.TensorMap:
+    """Builds a ``rlfleet.v1.TensorMap`` from a (nested) dict of arrays.
+
+    Args:
+        tree: Non-empty string keys to arrays or nested mappings; their order
+            is kept.
+
+    Returns:
+        The TensorMap message.
+
+    Raises:
+        WireFormatError: For an empty or non-string key or a dtype that
+            cannot travel.
+    """
+    entries = []
+    for key, value in tree.items():
+        _key_field(key, "TensorMap")
+        if isinstance(value, Mapping):
+            entries.append(tensor_pb2.TensorMapEntry(key=key, map=encode_tensor_map(value)))
+        else:
+            entries.append(tensor_pb2.TensorMapEntry(key=key, tensor=encode_tensor(value)))
+    return tensor_pb2.TensorMap(entries=entries)
+
+
+def decode_tensor_map(msg: tensor_pb2.TensorMap, *, name: str = "TensorMap") -> TensorDict:
+    """Decodes a ``rlfleet.v1.TensorMap`` into a (nested) dict of arrays.
+
+    Keys keep their wire order; arrays are read-only views (see
+    :func:`decode_tensor`).
+
+    Args:
+        msg: The TensorMap message.
+        name: What the map is, for error messages.
+
+    Returns:
+        A dict of arrays and nested dicts.
+
+    Raises:
+        WireFormatError: For an empty or duplicate key, an entry without a
+            value, or a malformed tensor.
+    """
+    result: TensorDict = {}
+    for entry in msg.entries:
+        if not entry.key:
+            raise WireFormatError(f"{name}: an entry has an empty key; keys must be non-empty")
+        if entry.key in result:
+            raise WireFormatError(f"{name}: duplicate key {entry.key!r}; keys must be unique")
+        path = f"{name}[{entry.key!r}]"
+        which = entry.WhichOneof("value")
+        if which == "tensor":
+            result[entry.key] = decode_tensor(entry.tensor, name=path)
+        elif which == "map":
+            result[entry.key] = decode_tensor_map(entry.map, name=path)
+        else:
+            raise WireFormatError(f"{path}: the entry has neither a tensor nor a map")
+    return result
+
+
+__all__ = [
+    "MAX_ELEMENTS",
+    "MAX_NDIM",
+    "TensorDict",
+    "decode_tensor",
+    "decode_tensor_map",
+    "encode_tensor",
+    "encode_tensor_map",
+]
