@@ -1,0 +1,240 @@
+"""``rlfleet coordinator``: run the coordinator workers join and learners call.
+
+SIGINT or SIGTERM stops it cleanly: worker streams and learner calls end
+with UNAVAILABLE (workers reconnect with backoff to its replacement). Flags
+take defaults from ``RLFLEET_*`` environment variables, named in ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rlfleet.cli._env import env_option
+
+logger = logging.getLogger("rlfleet.coordinator")
+
+#: Seconds calls in progress get to finish when the coordinator stops.
+STOP_GRACE_SECONDS = 2.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds the ``coordinator`` subcommand."""
+    parser = subparsers.add_parser(
+        "coordinator",
+        help="run a coordinator: workers join it, learners sample from it",
+        description=(
+            "Serve the worker face (Join) and the learner face (Sample, Subscribe, updates, "
+            "status) on one gRPC port, with standard grpc.health.v1 health checking."
+        ),
+    )
+    option = parser.add_argument
+    option(
+        "--listen",
+        **env_option(
+            "RLFLEET_LISTEN",
+            default="127.0.0.1:50051",
+            help="HOST:PORT to listen on; port 0 picks a free port ([::]:PORT for every interface)",
+        ),
+    )
+    option(
+        "--env",
+        **env_option(
+            "RLFLEET_ENV", default="CartPole-v1", help="gymnasium id of the env workers build"
+        ),
+    )
+    option(
+        "--env-kwargs",
+        **env_option(
+            "RLFLEET_ENV_KWARGS",
+            default={},
+            type=_json_object,
+            help="JSON object of keyword arguments for gymnasium.make",
+        ),
+    )
+    option(
+        "--max-episode-length",
+        **env_option(
+            "RLFLEET_MAX_EPISODE_LENGTH",
+            default=None,
+            type=_positive_int,
+            help="cut episodes after N steps (TIMEOUT); unset: the env's own limit",
+        ),
+    )
+    option(
+        "--seed",
+        **env_option(
+            "RLFLEET_SEED",
+            default=0,
+            type=_non_negative_int,
+            help="base seed of requests that carry none",
+        ),
+    )
+    option(
+        "--heartbeat-interval",
+        **env_option(
+            "RLFLEET_HEARTBEAT_INTERVAL",
+            default=1.0,
+            type=_positive_float,
+            help="seconds between worker heartbeats",
+        ),
+    )
+    option(
+        "--heartbeat-timeout",
+        **env_option(
+            "RLFLEET_HEARTBEAT_TIMEOUT",
+            default=10.0,
+            type=_positive_float,
+            help="seconds of silence after which a worker is declared dead",
+        ),
+    )
+    option(
+        "--wait-for-workers",
+        **env_option(
+            "RLFLEET_WAIT_FOR_WORKERS",
+            default=60.0,
+            type=_positive_float,
+            help="seconds a request waits for a ready worker before failing (UNAVAILABLE)",
+        ),
+    )
+    option(
+        "--update-timeout",
+        **env_option(
+            "RLFLEET_UPDATE_TIMEOUT",
+            default=120.0,
+            type=_positive_float,
+            help="seconds agent and env updates wait for every worker to apply them",
+        ),
+    )
+    option(
+        "--max-message-bytes",
+        **env_option(
+            "RLFLEET_MAX_MESSAGE_BYTES",
+            default=64 * 1024 * 1024,
+            type=_positive_int,
+            help="largest gRPC message either side sends",
+        ),
+    )
+    option(
+        "--max-workers",
+        **env_option(
+            "RLFLEET_MAX_WORKERS",
+            default=256,
+            type=_positive_int,
+            help="workers admitted at once (more are refused with RESOURCE_EXHAUSTED)",
+        ),
+    )
+    option(
+        "--max-queued-requests",
+        type=_positive_int,
+        default=64,
+        help="Sample and update requests waiting for their turn (default: 64)",
+    )
+    option(
+        "--max-subscribers",
+        type=_positive_int,
+        default=8,
+        help="concurrent subscriptions (default: 8)",
+    )
+    option(
+        "--port-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write the bound port to PATH once listening (for scripts and tests)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the coordinator until SIGINT or SIGTERM; returns the exit code."""
+    # Imported here: gRPC and gymnasium load only for the commands that need them.
+    from rlfleet.coordinator import CoordinatorConfig, serve
+    from rlfleet.envs import EnvConfig
+
+    config = CoordinatorConfig(
+        listen=args.listen,
+        env=EnvConfig(args.env, args.env_kwargs, args.max_episode_length),
+        seed=args.seed,
+        heartbeat_interval_seconds=args.heartbeat_interval,
+        heartbeat_timeout_seconds=args.heartbeat_timeout,
+        wait_for_workers_seconds=args.wait_for_workers,
+        update_timeout_seconds=args.update_timeout,
+        max_message_bytes=args.max_message_bytes,
+        max_workers=args.max_workers,
+        max_queued_requests=args.max_queued_requests,
+        max_subscribers=args.max_subscribers,
+    )
+    stop = threading.Event()
+    _install_signal_handlers(stop)
+    server = serve(config)
+    try:
+        if args.port_file is not None:
+            _write_atomically(args.port_file, f"{server.port}\n")
+        # Waits in slices so that signal handlers run promptly in this thread.
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop(grace=STOP_GRACE_SECONDS)
+    return 0
+
+
+def _install_signal_handlers(stop: threading.Event) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        del frame
+        logger.info("got %s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Writes a file so that a reader never sees it half-written."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object like '{{\"a\": 1}}', got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value

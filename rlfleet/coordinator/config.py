@@ -1,0 +1,134 @@
+"""CoordinatorConfig: every knob of the coordinator, checked once."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from rlfleet import _rpc
+from rlfleet.envs import EnvConfig
+from rlfleet.errors import ConfigError
+
+#: Default learner-face address (loopback: exposing it is a deliberate choice).
+DEFAULT_LISTEN = "127.0.0.1:50051"
+DEFAULT_ENV = "CartPole-v1"
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Settings of a coordinator.
+
+    Args:
+        listen: ``HOST:PORT`` to bind; port 0 picks a free port (see
+            :attr:`CoordinatorServer.port`).
+        env: The env workers build when they join, until a learner sends
+            an env update. ``imports`` must be empty: custom envs are
+            imported by each worker's own ``--import`` flag.
+        seed: Base seed of requests that carry none.
+        heartbeat_interval_seconds: How often workers send a Heartbeat.
+        heartbeat_timeout_seconds: Silence after which a worker is declared
+            dead and its units are given to others.
+        wait_for_workers_seconds: How long a request waits for a ready
+            worker (at its start, or after the last one was lost) before
+            failing with UNAVAILABLE; a request may ask for another wait.
+        handshake_timeout_seconds: How long a new stream may take to send
+            its Hello.
+        update_timeout_seconds: How long agent and env updates wait for
+            every worker to apply them.
+        max_message_bytes: Largest gRPC message either side sends.
+        max_workers: Workers admitted at once; more are refused with
+            RESOURCE_EXHAUSTED.
+        max_learner_calls: Learner calls (samples, subscriptions, status)
+            served at once; the thread pool holds these plus max_workers
+            Join streams.
+        max_queued_requests: Sample and update requests waiting for their
+            turn beyond which new ones are refused (RESOURCE_EXHAUSTED).
+        max_subscribers: Concurrent subscriptions.
+        max_buffered_steps: Default per-subscriber buffer (steps sent by
+            workers but not yet taken by the subscriber).
+        max_result_bytes: Largest serialized result accepted from a worker.
+        prefetch_factor: Units a worker holds per env slot beyond the one
+            it runs, so the slot never waits for the next unit.
+    """
+
+    listen: str = DEFAULT_LISTEN
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(DEFAULT_ENV))
+    seed: int = 0
+    heartbeat_interval_seconds: float = 1.0
+    heartbeat_timeout_seconds: float = 10.0
+    wait_for_workers_seconds: float = 60.0
+    handshake_timeout_seconds: float = 10.0
+    update_timeout_seconds: float = 120.0
+    max_message_bytes: int = _rpc.DEFAULT_MAX_MESSAGE_BYTES
+    max_workers: int = 256
+    max_learner_calls: int = 32
+    max_queued_requests: int = 64
+    max_subscribers: int = 8
+    max_buffered_steps: int = 100_000
+    max_result_bytes: int = 1 << 30
+    prefetch_factor: int = 1
+
+    def __post_init__(self) -> None:
+        host, _, port = self.listen.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(
+                f"listen address {self.listen!r} must be HOST:PORT, e.g. 127.0.0.1:50051 "
+                "(port 0 picks a free port; [::]:PORT listens on every interface)"
+            )
+        if not isinstance(self.env, EnvConfig):
+            raise ConfigError(f"CoordinatorConfig.env must be an EnvConfig, got {self.env!r}")
+        if self.env.imports:
+            raise ConfigError(
+                f"the coordinator cannot make workers import {list(self.env.imports)}: start "
+                "each worker with --import MODULE instead"
+            )
+        if ":" in self.env.id:
+            raise ConfigError(
+                f"env id {self.env.id!r} names a module; workers refuse such ids from the "
+                "network. Start workers with --import MODULE and give the plain id"
+            )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
+        for name in (
+            "heartbeat_interval_seconds",
+            "heartbeat_timeout_seconds",
+            "wait_for_workers_seconds",
+            "handshake_timeout_seconds",
+            "update_timeout_seconds",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.heartbeat_timeout_seconds <= self.heartbeat_interval_seconds:
+            raise ConfigError(
+                f"heartbeat_timeout_seconds ({self.heartbeat_timeout_seconds}) must exceed "
+                f"heartbeat_interval_seconds ({self.heartbeat_interval_seconds}), or every "
+                "worker is declared dead between two heartbeats"
+            )
+        for name in (
+            "max_message_bytes",
+            "max_workers",
+            "max_learner_calls",
+            "max_queued_requests",
+            "max_subscribers",
+            "max_buffered_steps",
+            "max_result_bytes",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        if self.max_message_bytes < 64 * 1024:
+            raise ConfigError(
+                f"max_message_bytes={self.max_message_bytes} is too small to carry a chunk "
+                "header and data; use at least 65536"
+            )
+        if isinstance(self.prefetch_factor, bool) or not isinstance(self.prefetch_factor, int):
+            raise ConfigError(f"prefetch_factor must be an int, got {self.prefetch_factor!r}")
+        if self.prefetch_factor < 0:
+            raise ConfigError(f"prefetch_factor must be >= 0, got {self.prefetch_factor}")
+
+    @property
+    def thread_pool_size(self) -> int:
+        """Server threads: every Join stream and learner call holds one while it lasts."""
+        # A few more for health checks and calls refused at the door.
+        return self.max_workers + self.max_learner_calls + 8

@@ -1,0 +1,92 @@
+"""Protobuf in and out of the coordinator: request checks and message builders.
+
+Kept apart from the Coordinator so that its methods read as the rules they
+implement, and so that what goes on the wire is easy to find.
+"""
+
+from __future__ import annotations
+
+from rlfleet.coordinator.failures import invalid
+from rlfleet.coordinator.scheduler import CancelOrder, Footer, Mode, TaskOrder
+from rlfleet.v1 import learner_pb2, worker_pb2
+
+
+def sample_mode(request: learner_pb2.SampleRequest) -> Mode:
+    """The mode of a Sample request, after checking its fields.
+
+    Raises:
+        CallError: INVALID_ARGUMENT naming the bad field.
+    """
+    if int(request.mode) not in tuple(Mode):
+        raise invalid(
+            f"SampleRequest.mode must be SAMPLE_MODE_STEPS (1), SAMPLE_MODE_EPISODES (2) or "
+            f"SAMPLE_MODE_FRAGMENTS (3), got {int(request.mode)}"
+        )
+    mode = Mode(request.mode)
+    if request.amount < 1:
+        raise invalid(f"SampleRequest.amount must be >= 1, got {request.amount}")
+    if mode is Mode.FRAGMENTS and request.fragment_length < 1:
+        raise invalid("SAMPLE_MODE_FRAGMENTS needs fragment_length >= 1")
+    if request.wait_for_workers_seconds < 0:
+        raise invalid(
+            f"wait_for_workers_seconds must be >= 0, got {request.wait_for_workers_seconds}"
+        )
+    return mode
+
+
+def subscription_mode(request: learner_pb2.SubscribeRequest) -> Mode:
+    """The mode of a Subscribe request, after checking its fields.
+
+    Raises:
+        CallError: INVALID_ARGUMENT naming the bad field.
+    """
+    if int(request.mode) not in (Mode.EPISODES, Mode.FRAGMENTS):
+        raise invalid(
+            "SubscribeRequest.mode must be SAMPLE_MODE_EPISODES (2) or SAMPLE_MODE_FRAGMENTS "
+            f"(3), got {int(request.mode)}"
+        )
+    mode = Mode(request.mode)
+    if mode is Mode.FRAGMENTS and request.fragment_length < 1:
+        raise invalid("a FRAGMENTS subscription needs fragment_length >= 1")
+    if request.max_buffered_steps < 0:
+        raise invalid(f"max_buffered_steps must be >= 0, got {request.max_buffered_steps}")
+    return mode
+
+
+def task_message(order: TaskOrder) -> worker_pb2.CoordinatorMessage:
+    """The Task message of a scheduler order."""
+    return worker_pb2.CoordinatorMessage(
+        task=worker_pb2.Task(
+            task_id=order.task_id,
+            request_id=order.request_id,
+            mode=order.mode.value,  # type: ignore[arg-type]
+            agent_version=order.agent_version,
+            env_generation=order.env_generation,
+            units=[
+                worker_pb2.EpisodeUnit(
+                    episode_index=u.episode_index, env_seed=u.env_seed, policy_seed=u.policy_seed
+                )
+                for u in order.units
+            ],
+            fragment_length=order.fragment_length,
+            rounds=order.rounds,
+            base_seed=order.base_seed,
+        )
+    )
+
+
+def cancel_message(order: CancelOrder) -> worker_pb2.CoordinatorMessage:
+    """The Cancel message of a scheduler order."""
+    return worker_pb2.CoordinatorMessage(
+        cancel=worker_pb2.Cancel(task_id=order.task_id, episode_indices=order.episode_indices)
+    )
+
+
+def footer_message(footer: Footer) -> learner_pb2.SampleFooter:
+    """The SampleFooter of a finished request."""
+    return learner_pb2.SampleFooter(
+        num_episodes=footer.num_episodes,
+        total_steps=footer.total_steps,
+        workers_used=footer.workers_used,
+        reassigned_units=footer.reassigned_units,
+    )

@@ -1,0 +1,174 @@
+"""The workers connected to the coordinator: identity, readiness, liveness.
+
+A :class:`WorkerHandle` is one Join stream. Its fields are read and written
+under the coordinator's lock, except the chunk-assembly state, which only
+the stream's reader thread touches, and the outbox, a thread-safe queue the
+stream's handler drains.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from rlfleet.coordinator.failures import CallError
+from rlfleet.v1 import updates_pb2, worker_pb2
+from rlfleet.wire import Chunk, ChunkAssembler
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Put in a worker's outbox: end its call with this status."""
+
+    code: grpc.StatusCode
+    message: str
+    detail: updates_pb2.ErrorDetail | None = None
+
+
+@dataclass
+class PartialResult:
+    """A result whose chunks are still arriving: its metadata and the chunks so far."""
+
+    meta: worker_pb2.EpisodeResult
+    chunks: list[Chunk] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class WorkerHandle:
+    """One connected worker (one Join stream).
+
+    Attributes:
+        worker_id: Unique for the coordinator's lifetime.
+        name: Unique among connected workers.
+        hello: The worker's Hello.
+        peer: Transport address as gRPC reports it.
+        first_stream: Global index of its first env slot (fragment streams).
+        outbox: Messages for the worker, then an :class:`Ending`.
+        last_seen: ``time.monotonic()`` of its last message.
+        alive: False once declared dead or gone; its results are ignored.
+        leaving: It said Leaving: no new work.
+        env_generation: Generation of its last EnvReady (0: none yet).
+        agent_version: Version of its last AgentReady (0: the default policy).
+        heartbeat: Its last Heartbeat.
+        last_error: Its last WorkerError.
+        assembler: Reassembles its result chunks (reader thread only).
+        partial: The result being reassembled (reader thread only).
+    """
+
+    worker_id: int
+    name: str
+    hello: worker_pb2.Hello
+    peer: str
+    first_stream: int
+    outbox: queue.SimpleQueue[worker_pb2.CoordinatorMessage | Ending]
+    last_seen: float
+    alive: bool = True
+    leaving: bool = False
+    env_generation: int = 0
+    agent_version: int = 0
+    heartbeat: worker_pb2.Heartbeat = field(default_factory=worker_pb2.Heartbeat)
+    last_error: updates_pb2.ErrorDetail | None = None
+    assembler: ChunkAssembler = field(default_factory=ChunkAssembler)
+    partial: PartialResult | None = None
+
+    @property
+    def num_envs(self) -> int:
+        """Env slots the worker steps together."""
+        return self.hello.num_envs
+
+    def send(self, message: worker_pb2.CoordinatorMessage) -> None:
+        """Queues a message for the worker (no-op once it is gone)."""
+        if self.alive:
+            self.outbox.put(message)
+
+    def end(
+        self, code: grpc.StatusCode, message: str, detail: updates_pb2.ErrorDetail | None = None
+    ) -> None:
+        """Makes the stream's handler end the call with this status."""
+        self.outbox.put(Ending(code, message, detail))
+
+    def touch(self) -> None:
+        """Records that a message arrived (liveness)."""
+        self.last_seen = time.monotonic()
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since its last message."""
+        return now - self.last_seen
+
+
+class Registry:
+    """Connected workers by id, with unique names and fragment streams.
+
+    Not thread-safe: used under the coordinator's lock.
+
+    Args:
+        max_workers: Workers admitted at once.
+        max_result_bytes: Largest serialized result a worker may send.
+    """
+
+    def __init__(self, max_workers: int, max_result_bytes: int | None = None) -> None:
+        self.max_workers = max_workers
+        self.max_result_bytes = max_result_bytes
+        self._workers: dict[int, WorkerHandle] = {}
+        self._ids = itertools.count(1)
+        self._next_stream = 0
+
+    def admit(self, hello: worker_pb2.Hello, peer: str) -> WorkerHandle:
+        """Adds a worker that said Hello.
+
+        Raises:
+            CallError: RESOURCE_EXHAUSTED when the fleet is full.
+        """
+        if len(self._workers) >= self.max_workers:
+            raise CallError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the fleet is full ({self.max_workers} workers); start the coordinator "
+                "with a larger --max-workers or stop some workers",
+            )
+        worker_id = next(self._ids)
+        # Streams are never reused: a stream's episodes died with its worker,
+        # and reusing the number would repeat its seeds.
+        first_stream = self._next_stream
+        self._next_stream += hello.num_envs
+        handle = WorkerHandle(
+            worker_id=worker_id,
+            name=self._unique_name(hello, worker_id),
+            hello=hello,
+            peer=peer,
+            first_stream=first_stream,
+            outbox=queue.SimpleQueue(),
+            last_seen=time.monotonic(),
+            assembler=ChunkAssembler(max_total_bytes=self.max_result_bytes),
+        )
+        self._workers[worker_id] = handle
+        return handle
+
+    def _unique_name(self, hello: worker_pb2.Hello, worker_id: int) -> str:
+        base = hello.name or (f"{hello.host}:{hello.pid}" if hello.host else f"worker-{worker_id}")
+        taken = {handle.name for handle in self._workers.values()}
+        if base not in taken:
+            return base
+        return next(f"{base}-{n}" for n in itertools.count(2) if f"{base}-{n}" not in taken)
+
+    def remove(self, worker_id: int) -> None:
+        """Forgets a worker (idempotent)."""
+        self._workers.pop(worker_id, None)
+
+    def get(self, worker_id: int) -> WorkerHandle | None:
+        """The worker with this id, if connected."""
+        return self._workers.get(worker_id)
+
+    def __iter__(self) -> Iterator[WorkerHandle]:
+        return iter(list(self._workers.values()))
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def silent(self, now: float, timeout: float) -> list[WorkerHandle]:
+        """Workers whose last message is older than ``timeout`` seconds."""
+        return [w for w in self._workers.values() if w.silent_for(now) > timeout]

@@ -1,0 +1,229 @@
+"""Agent and env updates rolled out to every worker, or not at all.
+
+An update goes to every connected worker and the call waits until each has
+applied it (AgentReady / EnvReady) or refused it (WorkerError). If one
+refuses, some others may already run the new state; sending the previous
+state again, as a newer version, brings everyone back to one state without
+any worker having to undo anything. Workers are not eligible for work
+while they run a state other than the current one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from rlfleet.coordinator.calls import CallScope
+from rlfleet.coordinator.failures import CallError, describe
+from rlfleet.coordinator.registry import WorkerHandle
+from rlfleet.coordinator.state import FleetState, UpdateWait
+from rlfleet.coordinator.updates import (
+    AgentState,
+    EnvState,
+    check_agent_update,
+    check_env_update,
+    delta_update,
+)
+from rlfleet.v1 import learner_pb2, updates_pb2
+
+logger = logging.getLogger("rlfleet.coordinator")
+
+_K = updates_pb2
+#: Status of an update a worker refused, by the ErrorDetail's kind.
+_REFUSAL_CODES = {
+    _K.ERROR_KIND_POLICY: grpc.StatusCode.INVALID_ARGUMENT,
+    _K.ERROR_KIND_ENV_NOT_FOUND: grpc.StatusCode.INVALID_ARGUMENT,
+    _K.ERROR_KIND_ENV_CONFIG: grpc.StatusCode.INVALID_ARGUMENT,
+    _K.ERROR_KIND_PERMISSION: grpc.StatusCode.PERMISSION_DENIED,
+}
+
+
+@dataclass(frozen=True)
+class _Push:
+    """An update sent: the workers that must answer, and how to tell they applied it."""
+
+    targets: set[int]
+    applied: Callable[[WorkerHandle], bool]
+
+
+class Rollouts:
+    """Applies learners' agent and env updates to the fleet.
+
+    The caller holds the request turn (updates never overlap a Sample
+    request), not the lock.
+
+    Args:
+        state: The fleet state.
+    """
+
+    def __init__(self, state: FleetState) -> None:
+        self._state = state
+
+    def update_agent(
+        self, update: updates_pb2.AgentUpdate, scope: CallScope
+    ) -> learner_pb2.UpdateAck:
+        """Makes a new agent version and rolls it out.
+
+        Raises:
+            CallError: INVALID_ARGUMENT (malformed, or refused by a worker:
+                the fleet is then back on the previous agent as a newer
+                version), PERMISSION_DENIED (pickled policy),
+                DEADLINE_EXCEEDED (workers did not answer in time).
+        """
+        check_agent_update(update)
+        state = self._state
+        with state.lock:
+            previous = state.agent
+            version = previous.version + 1
+
+            def push() -> _Push:
+                state.agent = previous.apply(update, version)
+                targets = state.broadcast(delta_update(update, version))
+                return _Push(targets, lambda h: h.agent_version >= version)
+
+            def pull_back() -> _Push:
+                state.agent = AgentState(version + 1, previous.policy, previous.params)
+                targets = state.broadcast(state.agent.full_update())
+                return _Push(targets, lambda h: h.agent_version >= version + 1)
+
+            workers = self._roll_out(
+                push,
+                pull_back,
+                scope,
+                what=f"agent version {version}",
+                refused=f"refused agent version {version}",
+                restored=f"The fleet is back on the previous agent, now version {version + 1}",
+            )
+            return self._ack(workers)
+
+    def update_env(self, update: updates_pb2.EnvUpdate, scope: CallScope) -> learner_pb2.UpdateAck:
+        """Makes a new env generation and rolls it out. See :meth:`update_agent`."""
+        check_env_update(update)
+        state = self._state
+        with state.lock:
+            previous = state.env
+            generation = previous.generation + 1
+            fresh = updates_pb2.EnvUpdate()
+            fresh.CopyFrom(update)
+            fresh.generation = generation
+
+            def push() -> _Push:
+                targets = self._switch_env(EnvState(fresh))
+                return _Push(targets, lambda h: h.env_generation >= generation)
+
+            def pull_back() -> _Push:
+                targets = self._switch_env(previous.renumbered(generation + 1))
+                return _Push(targets, lambda h: h.env_generation >= generation + 1)
+
+            workers = self._roll_out(
+                push,
+                pull_back,
+                scope,
+                what=f"env generation {generation} ({update.env_id})",
+                refused=f"could not build env {update.env_id!r}",
+                restored=f"The fleet is back on {previous.update.env_id!r}, now generation "
+                f"{generation + 1}",
+            )
+            return self._ack(workers)
+
+    def _switch_env(self, env: EnvState) -> set[int]:
+        state = self._state
+        state.env = env
+        # Cancels go out before the EnvUpdate: workers drop old-env work first.
+        state.send_cancels(state.scheduler.set_env_generation(env.generation))
+        return state.broadcast(env.message())
+
+    def _roll_out(
+        self,
+        push: Callable[[], _Push],
+        pull_back: Callable[[], _Push],
+        scope: CallScope,
+        *,
+        what: str,
+        refused: str,
+        restored: str,
+    ) -> int:
+        """Moves every worker to a new state, or, if one refuses, back to the old one.
+
+        Args:
+            push: Installs the new state and sends it; returns who must answer.
+            pull_back: Installs the previous state as a newer one and sends it.
+            scope: The learner call (its cancellation ends the waits).
+            what: The update, for the timeout message.
+            refused: What the refusing worker did, for the error message.
+            restored: What the fleet runs after a refusal (a sentence).
+
+        Returns:
+            How many workers applied the update.
+
+        Raises:
+            CallError: The first refusal, or DEADLINE_EXCEEDED.
+        """
+        pushed = push()
+        refusal = self._await(pushed, scope, what)
+        if refusal is None:
+            logger.info("%s applied by %d workers", what, len(pushed.targets))
+            return len(pushed.targets)
+        self._await(pull_back(), scope, "", quiet=True)
+        worker, detail = refusal
+        raise CallError(
+            _REFUSAL_CODES.get(detail.kind, grpc.StatusCode.FAILED_PRECONDITION),
+            f"worker {worker!r} {refused}: {describe(detail)}. {restored}",
+            detail,
+        )
+
+    def _await(
+        self, pushed: _Push, scope: CallScope, what: str, *, quiet: bool = False
+    ) -> tuple[str, updates_pb2.ErrorDetail] | None:
+        """Waits until every target applied an update or refused it.
+
+        Returns:
+            (worker name, error) of the first refusal, or None.
+
+        Raises:
+            CallError: DEADLINE_EXCEEDED naming the workers that did not
+                answer in time (unless ``quiet``).
+        """
+        state = self._state
+        wait = UpdateWait(set(pushed.targets))
+        state.update_wait = wait
+
+        def pending() -> list[WorkerHandle]:
+            handles = (state.registry.get(worker_id) for worker_id in wait.targets)
+            return [
+                h
+                for h in handles
+                if h is not None
+                and h.alive
+                and h.worker_id not in wait.errors
+                and not pushed.applied(h)
+            ]
+
+        timeout = state.config.update_timeout_seconds
+        try:
+            done = state.wait(lambda: not pending(), timeout, scope)
+        finally:
+            state.update_wait = None
+        if wait.errors:
+            worker_id, detail = next(iter(wait.errors.items()))
+            handle = state.registry.get(worker_id)
+            return (handle.name if handle else detail.worker), detail
+        if not done and not quiet:
+            names = sorted(h.name for h in pending())
+            raise CallError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"workers {names} did not apply {what} within {timeout:g} seconds "
+                "(--update-timeout); they get no work until they do",
+            )
+        return None
+
+    def _ack(self, workers: int) -> learner_pb2.UpdateAck:
+        state = self._state
+        return learner_pb2.UpdateAck(
+            agent_version=state.agent.version,
+            env_generation=state.env.generation,
+            workers_updated=workers,
+        )

@@ -1,0 +1,772 @@
+"""The coordinator's scheduling state machine: pure Python, no gRPC, no threads.
+
+The scheduler decides which worker runs which episode, and when a learner
+request is complete. It knows nothing about sockets, protobuf or clocks: the
+coordinator feeds it events (a worker joined, became ready, was lost; a
+result arrived; a subscriber consumed steps) under its lock and sends the
+orders it returns (:class:`TaskOrder`, :class:`CancelOrder`). That keeps the
+rules below unit-testable and the threading in one place.
+
+The rules, and why:
+
+* Determinism comes from seeds, not from placement. Episode ``k`` of a
+  request always gets ``episode_seeds(seed, request_index, k)``, whichever
+  worker runs it, so units can be handed out dynamically (fast workers take
+  more) and re-run elsewhere after a loss without changing the answer.
+* Units are pulled, not pushed in bulk: a worker holds at most
+  ``num_envs + prefetch`` units. Every env slot is filled before any
+  worker gets prefetch, so no slot idles while another worker hoards.
+* A lost worker's units go back to a min-heap of the request, ahead of new
+  indices; the answer stays the same, only later.
+* STEPS requests end on a *prefix* rule: the answer is episodes ``0..m``
+  with the smallest ``m`` whose lengths reach ``amount``. Units keep being
+  generated while the completed episodes are short of ``amount``, but no
+  more than the running average length says are still needed, so a fast
+  fleet does not run many surplus episodes that are thrown away.
+* Only one Sample request runs at a time (the coordinator queues them) and
+  it has priority: subscriptions get units only while no Sample runs.
+* Every unit completes at most once: a result is accepted only for units
+  still outstanding on the worker that sends it.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from rlfleet.seeding import episode_seeds
+
+#: Default extra units a worker may hold beyond one per env slot: enough
+#: that a slot whose episode ends finds its next unit already on the worker.
+DEFAULT_PREFETCH_FACTOR = 1
+
+#: Fragment windows a subscription keeps outstanding per worker: one being
+#: stepped and one queued behind it.
+SUBSCRIPTION_WINDOWS_PER_WORKER = 2
+
+
+class Mode(enum.IntEnum):
+    """Sampling modes; values are the wire's ``SampleMode`` numbers."""
+
+    STEPS = 1
+    EPISODES = 2
+    FRAGMENTS = 3
+
+
+class Verdict(enum.Enum):
+    """What to do with an arriving result."""
+
+    #: It completes outstanding units of a live request: forward it.
+    ACCEPT = "accept"
+    #: It is late (request finished, units cancelled): drop it quietly.
+    IGNORE = "ignore"
+    #: The worker broke the protocol (units it never got, twice the same).
+    REJECT = "reject"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One episode to run, with its seeds."""
+
+    episode_index: int
+    env_seed: int
+    policy_seed: int
+
+
+@dataclass(frozen=True)
+class TaskOrder:
+    """Work to send to one worker (becomes a ``Task`` message).
+
+    Attributes:
+        task_id: Unique per scheduler.
+        worker_id: The worker that runs it.
+        request_id: The request it serves.
+        mode: The request's mode.
+        agent_version: Version every episode must be produced with (-1:
+            the latest the worker has, for subscriptions).
+        env_generation: Env generation every episode must run in.
+        units: Episodes to run (STEPS, EPISODES).
+        fragment_length: Steps per window (FRAGMENTS).
+        rounds: Windows to run (FRAGMENTS).
+        base_seed: Seed of the episodes fragment streams start (FRAGMENTS).
+    """
+
+    task_id: int
+    worker_id: int
+    request_id: int
+    mode: Mode
+    agent_version: int
+    env_generation: int
+    units: tuple[Unit, ...] = ()
+    fragment_length: int = 0
+    rounds: int = 0
+    base_seed: int = 0
+
+
+@dataclass(frozen=True)
+class CancelOrder:
+    """Units a worker should drop (becomes a ``Cancel`` message).
+
+    Attributes:
+        worker_id: The worker holding them.
+        task_id: Their task.
+        episode_indices: The units; empty means the whole task.
+    """
+
+    worker_id: int
+    task_id: int
+    episode_indices: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """What a learner asked for, with the state it must be served in.
+
+    Attributes:
+        mode: STEPS, EPISODES or FRAGMENTS.
+        amount: Steps (STEPS, FRAGMENTS) or episodes (EPISODES); ignored
+            for subscriptions, which run until cancelled.
+        seed: Base seed of the episode seeds (FRAGMENTS: the stream seed).
+        request_index: Second component of the episode seeds.
+        agent_version: Version the episodes must be produced with; -1 for
+            "the latest" (subscriptions).
+        env_generation: Env generation the episodes must run in.
+        fragment_length: Window length (FRAGMENTS).
+        max_buffered_steps: Subscriptions only: steps accepted but not yet
+            sent to the subscriber beyond which no new work is handed out.
+    """
+
+    mode: Mode
+    amount: int
+    seed: int
+    request_index: int
+    agent_version: int
+    env_generation: int
+    fragment_length: int = 0
+    max_buffered_steps: int = 0
+
+
+@dataclass(frozen=True)
+class Footer:
+    """How a finished Sample request ended (becomes a ``SampleFooter``)."""
+
+    num_episodes: int
+    total_steps: int
+    workers_used: int
+    reassigned_units: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The scheduler's answer to a result.
+
+    Attributes:
+        verdict: Forward, drop or reject the result.
+        request_id: The request it belongs to (0 if unknown).
+        reason: Why it was rejected or ignored, for logs and the error.
+        done: The request is complete now (call :meth:`Scheduler.finish`).
+        subscription: The request is a subscription.
+    """
+
+    verdict: Verdict
+    request_id: int = 0
+    reason: str = ""
+    done: bool = False
+    subscription: bool = False
+
+
+# --- per-worker and per-task bookkeeping ------------------------------------
+
+
+@dataclass
+class _Worker:
+    worker_id: int
+    num_envs: int
+    capacity: int
+    eligible: bool = False
+    units: int = 0  # outstanding episode units, over all its tasks
+    windows: int = 0  # outstanding fragment windows of subscriptions
+    tasks: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Task:
+    task_id: int
+    worker_id: int
+    request_id: int
+    # Episode tasks: every index given, and those not back yet.
+    assigned: frozenset[int] = frozenset()
+    outstanding: set[int] = field(default_factory=set)
+    # Fragment tasks (rounds >= 1): windows asked for and received.
+    rounds: int = 0
+    received: int = 0
+    steps_per_window: int = 0
+
+    @property
+    def is_windows(self) -> bool:
+        return self.rounds > 0
+
+    @property
+    def windows_left(self) -> int:
+        return self.rounds - self.received
+
+
+# --- requests -----------------------------------------------------------------
+
+
+class _Request:
+    """State shared by every kind of request."""
+
+    def __init__(self, request_id: int, spec: RequestSpec, *, subscription: bool) -> None:
+        self.request_id = request_id
+        self.spec = spec
+        self.subscription = subscription
+        self.tasks: set[int] = set()
+        self.workers_used: set[int] = set()
+        self.reassigned_units = 0
+        self.accepted_steps = 0
+        self.buffered_steps = 0  # subscriptions: accepted, not yet sent
+
+    @property
+    def done(self) -> bool:
+        raise NotImplementedError
+
+    def has_buffer_room(self) -> bool:
+        # Backpressure: a subscriber that reads slowly stops the fleet's work
+        # for it instead of growing the coordinator's memory.
+        return not self.subscription or self.buffered_steps < self.spec.max_buffered_steps
+
+    def footer(self) -> Footer:
+        raise NotImplementedError
+
+
+class _EpisodeRequest(_Request):
+    """STEPS and EPISODES requests, and EPISODES subscriptions."""
+
+    def __init__(self, request_id: int, spec: RequestSpec, *, subscription: bool) -> None:
+        super().__init__(request_id, spec, subscription=subscription)
+        self.requeued: list[int] = []  # min-heap: lost units, run before new ones
+        self.next_index = 0
+        self.outstanding = 0  # units handed out and not back (requeued ones excluded)
+        self.completed_count = 0
+        # STEPS: lengths of completed episodes past the contiguous prefix
+        # 0..prefix_end-1, whose total is prefix_steps.
+        self.completed: dict[int, int] = {}
+        self.prefix_end = 0
+        self.prefix_steps = 0
+        self.num_episodes: int | None = None  # the answer, once known
+
+    @property
+    def done(self) -> bool:
+        return self.num_episodes is not None
+
+    def unit(self, index: int) -> Unit:
+        env_seed, policy_seed = episode_seeds(self.spec.seed, self.spec.request_index, index)
+        return Unit(index, env_seed, policy_seed)
+
+    def take(self, fleet_slots: int) -> int | None:
+        """The next episode index to hand out, or None if none is needed now."""
+        if self.done or not self.has_buffer_room():
+            return None
+        if self.requeued:
+            return heapq.heappop(self.requeued)
+        if not self._may_generate(fleet_slots):
+            return None
+        index = self.next_index
+        self.next_index += 1
+        return index
+
+    def _may_generate(self, fleet_slots: int) -> bool:
+        if self.subscription:
+            return True
+        if self.spec.mode is Mode.EPISODES:
+            return self.next_index < self.spec.amount
+        # STEPS: nothing new once the completed episodes reach the amount
+        # (the missing prefix is outstanding or requeued and will come).
+        remaining = self.spec.amount - self.accepted_steps
+        if remaining <= 0:
+            return False
+        if self.completed_count == 0:
+            # No length known yet: one unit per env slot of the fleet.
+            needed = max(fleet_slots, 1)
+        else:
+            average = self.accepted_steps / self.completed_count
+            needed = max(math.ceil(remaining / average), 1)
+        return self.outstanding + len(self.requeued) < needed
+
+    def handed_out(self, count: int) -> None:
+        self.outstanding += count
+
+    def requeue(self, indices: Iterable[int], *, lost: bool) -> None:
+        """Puts units back; ``lost``: their worker died (counted in the footer)."""
+        for index in indices:
+            heapq.heappush(self.requeued, index)
+            self.outstanding -= 1
+            self.reassigned_units += int(lost)
+
+    def complete(self, index: int, length: int) -> None:
+        self.outstanding -= 1
+        self.completed_count += 1
+        self.accepted_steps += length
+        if self.subscription:
+            self.buffered_steps += length
+            return
+        if self.spec.mode is Mode.EPISODES:
+            if self.completed_count == self.spec.amount:
+                self.num_episodes = self.spec.amount
+            return
+        self.completed[index] = length
+        # Walk the contiguous prefix forward; the first index at which it
+        # reaches the amount fixes the answer (smallest m).
+        while self.prefix_end in self.completed and self.num_episodes is None:
+            self.prefix_steps += self.completed.pop(self.prefix_end)
+            self.prefix_end += 1
+            if self.prefix_steps >= self.spec.amount:
+                self.num_episodes = self.prefix_end
+
+    def footer(self) -> Footer:
+        num = self.num_episodes or 0
+        steps = self.prefix_steps if self.spec.mode is Mode.STEPS else self.accepted_steps
+        return Footer(num, steps, len(self.workers_used), self.reassigned_units)
+
+
+class _FragmentRequest(_Request):
+    """FRAGMENTS requests and subscriptions.
+
+    A fragment stream is an env slot that keeps its episode across windows
+    and requests, so fragment work cannot move between workers: a worker
+    gets whole windows of all its slots. A Sample request plans rounds so
+    that the windows of the workers ready at its start total at least
+    ``amount`` steps, and is done when every planned window came back
+    (waiting for all of them, not for the first ``amount`` steps, keeps the
+    answer independent of which worker is faster). A lost worker's missing
+    windows are made up by extra rounds on the others; those come from
+    other streams, so that answer differs from an undisturbed run.
+    """
+
+    def __init__(self, request_id: int, spec: RequestSpec, *, subscription: bool) -> None:
+        super().__init__(request_id, spec, subscription=subscription)
+        self.fragments = 0
+        self.expected_steps = 0  # of windows planned and not received yet
+
+    @property
+    def done(self) -> bool:
+        return (
+            not self.subscription
+            and self.expected_steps == 0
+            and self.accepted_steps >= self.spec.amount
+        )
+
+    def deficit(self) -> int:
+        """Steps that no planned window will deliver."""
+        return self.spec.amount - self.accepted_steps - self.expected_steps
+
+    def footer(self) -> Footer:
+        return Footer(
+            self.fragments, self.accepted_steps, len(self.workers_used), self.reassigned_units
+        )
+
+
+# --- the scheduler -----------------------------------------------------------
+
+
+class Scheduler:
+    """Hands out units to workers and decides when requests are complete.
+
+    Not thread-safe: the coordinator calls it under its lock.
+
+    Args:
+        prefetch_factor: Units a worker may hold beyond its env slots, per
+            slot (capacity = num_envs * (1 + prefetch_factor)).
+    """
+
+    def __init__(self, *, prefetch_factor: int = DEFAULT_PREFETCH_FACTOR) -> None:
+        if prefetch_factor < 0:
+            raise ValueError(f"prefetch_factor must be >= 0, got {prefetch_factor}")
+        self._prefetch_factor = prefetch_factor
+        self._workers: dict[int, _Worker] = {}
+        self._tasks: dict[int, _Task] = {}
+        self._requests: dict[int, _Request] = {}
+        self._sample: _Request | None = None
+        self._subscriptions: list[_Request] = []
+        self._request_ids = itertools.count(1)
+        self._task_ids = itertools.count(1)
+        self._last_task_id = 0
+
+    # --- workers -----------------------------------------------------------
+
+    def add_worker(self, worker_id: int, num_envs: int) -> None:
+        """Registers a worker; it gets no work until :meth:`set_eligible`."""
+        if num_envs < 1:
+            raise ValueError(f"worker {worker_id}: num_envs must be >= 1, got {num_envs}")
+        if worker_id in self._workers:
+            raise ValueError(f"worker {worker_id} is already registered")
+        capacity = num_envs * (1 + self._prefetch_factor)
+        self._workers[worker_id] = _Worker(worker_id, num_envs, capacity)
+
+    def set_eligible(self, worker_id: int, eligible: bool) -> None:
+        """Whether the worker may get new work (ready in the current state, not leaving)."""
+        self._workers[worker_id].eligible = eligible
+
+    def remove_worker(self, worker_id: int) -> int:
+        """Forgets a lost worker; its outstanding units go back to their requests.
+
+        Returns:
+            The number of episode units re-queued.
+        """
+        worker = self._workers.pop(worker_id, None)
+        if worker is None:
+            return 0
+        requeued = 0
+        for task_id in sorted(worker.tasks):
+            task = self._tasks.pop(task_id)
+            request = self._requests.get(task.request_id)
+            if request is None:
+                continue
+            request.tasks.discard(task_id)
+            if isinstance(request, _EpisodeRequest):
+                request.requeue(task.outstanding, lost=True)
+                requeued += len(task.outstanding)
+            elif isinstance(request, _FragmentRequest):
+                # Its streams died with it; dispatch plans replacement windows.
+                request.expected_steps -= task.windows_left * task.steps_per_window
+        return requeued
+
+    def units_in_flight(self, worker_id: int) -> int:
+        """Episode units and fragment windows the worker holds."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return 0
+        return worker.units + sum(self._tasks[t].windows_left for t in worker.tasks)
+
+    @property
+    def eligible_workers(self) -> int:
+        """Workers that may get work now."""
+        return sum(1 for worker in self._workers.values() if worker.eligible)
+
+    # --- requests -----------------------------------------------------------
+
+    def start_sample(self, spec: RequestSpec) -> int:
+        """Starts the (single) Sample request; returns its id.
+
+        Raises:
+            ValueError: If a Sample request is already running (the
+                coordinator serialises them) or the spec is invalid.
+        """
+        if self._sample is not None:
+            raise ValueError(f"request {self._sample.request_id} is still running")
+        _check_spec(spec, subscription=False)
+        request = self._new_request(spec, subscription=False)
+        self._sample = request
+        return request.request_id
+
+    def start_subscription(self, spec: RequestSpec) -> int:
+        """Starts a subscription (EPISODES or FRAGMENTS); returns its id."""
+        _check_spec(spec, subscription=True)
+        request = self._new_request(spec, subscription=True)
+        self._subscriptions.append(request)
+        return request.request_id
+
+    def _new_request(self, spec: RequestSpec, *, subscription: bool) -> _Request:
+        request_id = next(self._request_ids)
+        request: _Request
+        if spec.mode is Mode.FRAGMENTS:
+            request = _FragmentRequest(request_id, spec, subscription=subscription)
+        else:
+            request = _EpisodeRequest(request_id, spec, subscription=subscription)
+        self._requests[request_id] = request
+        return request
+
+    def request_spec(self, request_id: int) -> RequestSpec:
+        """The spec of a live request (its env generation follows env updates)."""
+        return self._requests[request_id].spec
+
+    def request_of_task(self, task_id: int) -> int | None:
+        """The request a live task serves, or None once the task is retired."""
+        task = self._tasks.get(task_id)
+        return None if task is None else task.request_id
+
+    def footer(self, request_id: int) -> Footer:
+        """The footer of a done request."""
+        return self._requests[request_id].footer()
+
+    def finish(self, request_id: int) -> list[CancelOrder]:
+        """Ends a request (done, failed or cancelled by the learner).
+
+        Returns:
+            Cancels for its units still on workers; their late results are
+            ignored from now on.
+        """
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return []
+        if self._sample is request:
+            self._sample = None
+        if request in self._subscriptions:
+            self._subscriptions.remove(request)
+        cancels = [self._cancel(self._tasks[task_id], request) for task_id in sorted(request.tasks)]
+        request.tasks.clear()
+        return cancels
+
+    def set_env_generation(self, generation: int) -> list[CancelOrder]:
+        """Moves subscriptions to a new env generation.
+
+        Their outstanding work was for the old env: it is cancelled and
+        episode units are re-queued, to be run again in the new env.
+
+        Returns:
+            Cancels for the work on workers.
+        """
+        cancels: list[CancelOrder] = []
+        for request in self._subscriptions:
+            request.spec = replace(request.spec, env_generation=generation)
+            for task_id in sorted(request.tasks):
+                task = self._tasks[task_id]
+                if isinstance(request, _EpisodeRequest):
+                    request.requeue(task.outstanding, lost=False)
+                cancels.append(self._cancel(task, request))
+            request.tasks.clear()
+        return cancels
+
+    def _cancel(self, task: _Task, request: _Request) -> CancelOrder:
+        """Drops a task's outstanding work from the books; the order tells its worker."""
+        del self._tasks[task.task_id]
+        if isinstance(request, _FragmentRequest):
+            request.expected_steps -= task.windows_left * task.steps_per_window
+        worker = self._workers.get(task.worker_id)
+        if worker is not None:
+            worker.tasks.discard(task.task_id)
+            worker.units -= len(task.outstanding)
+            if request.subscription and task.is_windows:
+                worker.windows -= task.windows_left
+        if task.is_windows:
+            return CancelOrder(task.worker_id, task.task_id)
+        return CancelOrder(task.worker_id, task.task_id, tuple(sorted(task.outstanding)))
+
+    def consumed(self, request_id: int, steps: int) -> None:
+        """A subscriber was sent ``steps`` buffered steps (frees buffer room)."""
+        request = self._requests.get(request_id)
+        if request is not None:
+            request.buffered_steps -= steps
+
+    # --- dispatch -----------------------------------------------------------
+
+    def dispatch(self) -> list[TaskOrder]:
+        """Hands out work to eligible workers with free capacity.
+
+        Call after every event that may free capacity or create work.
+        """
+        if self._sample is not None:
+            return self._dispatch_request(self._sample)
+        orders: list[TaskOrder] = []
+        # Rotate so that no subscription starves the others of free slots.
+        for request in list(self._subscriptions):
+            orders.extend(self._dispatch_request(request))
+        if self._subscriptions:
+            self._subscriptions.append(self._subscriptions.pop(0))
+        return orders
+
+    def _dispatch_request(self, request: _Request) -> list[TaskOrder]:
+        workers = [w for _, w in sorted(self._workers.items()) if w.eligible]
+        if not workers:
+            return []
+        if isinstance(request, _EpisodeRequest):
+            return self._dispatch_units(request, workers)
+        if isinstance(request, _FragmentRequest):
+            return self._dispatch_windows(request, workers)
+        raise TypeError(f"unknown request type {type(request).__name__}")
+
+    def _dispatch_units(self, request: _EpisodeRequest, workers: list[_Worker]) -> list[TaskOrder]:
+        fleet_slots = sum(w.num_envs for w in workers)
+        picked: dict[int, list[int]] = {}
+        # First a unit for every idle env slot of every worker, then prefetch.
+        for limit in (lambda w: w.num_envs, lambda w: w.capacity):
+            for worker in workers:
+                mine = picked.setdefault(worker.worker_id, [])
+                while worker.units + len(mine) < limit(worker):
+                    index = request.take(fleet_slots)
+                    if index is None:
+                        break
+                    mine.append(index)
+                    request.handed_out(1)
+        orders = []
+        for worker in workers:
+            indices = picked[worker.worker_id]
+            if not indices:
+                continue
+            task = self._new_task(worker, request)
+            task.assigned = frozenset(indices)
+            task.outstanding = set(indices)
+            worker.units += len(indices)
+            units = tuple(request.unit(i) for i in sorted(indices))
+            orders.append(self._order(task, request, units=units))
+        return orders
+
+    def _dispatch_windows(
+        self, request: _FragmentRequest, workers: list[_Worker]
+    ) -> list[TaskOrder]:
+        length = request.spec.fragment_length
+        orders = []
+        if request.subscription:
+            for worker in workers:
+                rounds = SUBSCRIPTION_WINDOWS_PER_WORKER - worker.windows
+                if rounds <= 0 or not request.has_buffer_room():
+                    continue
+                worker.windows += 1  # one window per task: each can be cancelled alone
+                orders.append(self._window_task(request, worker, 1, length))
+            return orders
+        deficit = request.deficit()
+        if deficit <= 0:
+            return []
+        steps_per_round = sum(w.num_envs for w in workers) * length
+        rounds = math.ceil(deficit / steps_per_round)
+        return [self._window_task(request, worker, rounds, length) for worker in workers]
+
+    def _window_task(
+        self, request: _FragmentRequest, worker: _Worker, rounds: int, length: int
+    ) -> TaskOrder:
+        task = self._new_task(worker, request)
+        task.rounds = rounds
+        task.steps_per_window = worker.num_envs * length
+        request.expected_steps += rounds * task.steps_per_window
+        return self._order(task, request, fragment_length=length, rounds=rounds)
+
+    def _new_task(self, worker: _Worker, request: _Request) -> _Task:
+        task_id = next(self._task_ids)
+        self._last_task_id = task_id
+        task = _Task(task_id, worker.worker_id, request.request_id)
+        self._tasks[task_id] = task
+        worker.tasks.add(task_id)
+        request.tasks.add(task_id)
+        return task
+
+    def _order(
+        self,
+        task: _Task,
+        request: _Request,
+        *,
+        units: tuple[Unit, ...] = (),
+        fragment_length: int = 0,
+        rounds: int = 0,
+    ) -> TaskOrder:
+        spec = request.spec
+        return TaskOrder(
+            task_id=task.task_id,
+            worker_id=task.worker_id,
+            request_id=request.request_id,
+            mode=spec.mode,
+            agent_version=spec.agent_version,
+            env_generation=spec.env_generation,
+            units=units,
+            fragment_length=fragment_length,
+            rounds=rounds,
+            base_seed=spec.seed if spec.mode is Mode.FRAGMENTS else 0,
+        )
+
+    # --- results --------------------------------------------------------------
+
+    def classify(self, worker_id: int, task_id: int, episode_indices: Iterable[int]) -> Outcome:
+        """Judges a result without changing any state.
+
+        The coordinator calls this before decoding a result (no need to
+        check a batch it will drop) and :meth:`complete` after.
+        """
+        task = self._tasks.get(task_id)
+        if task is None:
+            if 0 < task_id <= self._last_task_id:
+                # Retired: its request ended or its units were cancelled.
+                return Outcome(Verdict.IGNORE, reason=f"task {task_id} is over")
+            return Outcome(Verdict.REJECT, reason=f"task {task_id} was never sent")
+        request = self._requests[task.request_id]
+
+        def outcome(verdict: Verdict, reason: str = "") -> Outcome:
+            return Outcome(verdict, request.request_id, reason, subscription=request.subscription)
+
+        if task.worker_id != worker_id:
+            return outcome(Verdict.REJECT, f"task {task_id} belongs to another worker")
+        indices = list(episode_indices)
+        if not indices:
+            return outcome(Verdict.REJECT, "a result must hold at least one episode")
+        if task.is_windows:
+            return outcome(Verdict.ACCEPT)  # every window is a new piece of its streams
+        foreign = [i for i in indices if i not in task.assigned]
+        if foreign:
+            return outcome(
+                Verdict.REJECT, f"episodes {foreign[:5]} are not units of task {task_id}"
+            )
+        again = [i for i in indices if i not in task.outstanding]
+        if again or len(set(indices)) != len(indices):
+            return outcome(
+                Verdict.REJECT, f"episodes {(again or indices)[:5]} of task {task_id} came twice"
+            )
+        return outcome(Verdict.ACCEPT)
+
+    def complete(
+        self,
+        worker_id: int,
+        task_id: int,
+        episode_indices: Iterable[int],
+        lengths: Iterable[int],
+    ) -> Outcome:
+        """Records a (validated) result; returns what to do with it.
+
+        Args:
+            worker_id: The sender.
+            task_id: The task it names.
+            episode_indices: Its episodes (fragments: as sent).
+            lengths: Their lengths, one per index.
+        """
+        indices = list(episode_indices)
+        lengths = list(lengths)
+        outcome = self.classify(worker_id, task_id, indices)
+        if outcome.verdict is not Verdict.ACCEPT:
+            return outcome
+        task = self._tasks[task_id]
+        request = self._requests[task.request_id]
+        request.workers_used.add(worker_id)
+        if isinstance(request, _EpisodeRequest):
+            worker = self._workers[worker_id]
+            for index, length in zip(indices, lengths, strict=True):
+                task.outstanding.discard(index)
+                worker.units -= 1
+                request.complete(index, length)
+            if not task.outstanding:
+                self._retire(task)
+        elif isinstance(request, _FragmentRequest):
+            steps = sum(lengths)
+            task.received += 1
+            request.fragments += len(indices)
+            request.accepted_steps += steps
+            request.expected_steps -= task.steps_per_window
+            if request.subscription:
+                request.buffered_steps += steps
+                self._workers[worker_id].windows -= 1
+            if task.windows_left == 0:
+                self._retire(task)
+        return Outcome(
+            Verdict.ACCEPT,
+            request_id=request.request_id,
+            done=request.done,
+            subscription=request.subscription,
+        )
+
+    def _retire(self, task: _Task) -> None:
+        del self._tasks[task.task_id]
+        self._workers[task.worker_id].tasks.discard(task.task_id)
+        self._requests[task.request_id].tasks.discard(task.task_id)
+
+
+def _check_spec(spec: RequestSpec, *, subscription: bool) -> None:
+    if spec.mode is Mode.FRAGMENTS and spec.fragment_length < 1:
+        raise ValueError(f"FRAGMENTS needs fragment_length >= 1, got {spec.fragment_length}")
+    if subscription:
+        if spec.mode is Mode.STEPS:
+            raise ValueError("subscriptions run in EPISODES or FRAGMENTS mode, not STEPS")
+        if spec.max_buffered_steps < 1:
+            raise ValueError(f"max_buffered_steps must be >= 1, got {spec.max_buffered_steps}")
+    elif spec.amount < 1:
+        raise ValueError(f"amount must be >= 1, got {spec.amount}")

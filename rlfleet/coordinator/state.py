@@ -1,0 +1,209 @@
+"""FleetState: everything the coordinator knows, under one lock.
+
+The registry, the scheduler, the agent and env state and the open learner
+calls change together (a worker's EnvReady makes it eligible, which hands
+out units, which sends tasks), so one lock guards them all and one
+condition on it wakes every wait when anything changes. The parts of the
+coordinator (worker events, learner requests, update roll-outs, liveness,
+status) each hold this object; the small moves they share live here.
+
+Every method documented "lock held" must be called inside ``with state.lock``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from rlfleet.coordinator.calls import CallOutbox, CallScope, FifoGate, Header
+from rlfleet.coordinator.config import CoordinatorConfig
+from rlfleet.coordinator.failures import CallError, describe, detail_of
+from rlfleet.coordinator.messages import cancel_message, task_message
+from rlfleet.coordinator.registry import Registry, WorkerHandle
+from rlfleet.coordinator.scheduler import CancelOrder, Scheduler
+from rlfleet.coordinator.updates import AgentState, EnvState, env_update_of
+from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
+
+logger = logging.getLogger("rlfleet.coordinator")
+
+
+@dataclass
+class OpenCall:
+    """A Sample or Subscribe call with work on the fleet.
+
+    Attributes:
+        outbox: Its events.
+        wait_for_workers: Seconds it may go without a ready worker.
+        starved_since: ``time.monotonic()`` since when no worker is ready.
+    """
+
+    outbox: CallOutbox
+    wait_for_workers: float
+    starved_since: float | None = None
+
+
+@dataclass
+class UpdateWait:
+    """An update being applied: who must answer, and who refused it."""
+
+    targets: set[int]
+    errors: dict[int, updates_pb2.ErrorDetail] = field(default_factory=dict)
+
+
+class FleetState:
+    """The coordinator's state and the moves its parts share.
+
+    Args:
+        config: The coordinator's settings.
+
+    Attributes:
+        config: The settings.
+        coordinator_id: Changes when the coordinator restarts.
+        lock: Guards everything below.
+        changed: Notified on every change; every wait waits on it.
+        registry: Connected workers.
+        scheduler: Units, tasks and requests.
+        agent: The agent ready workers run.
+        env: The env ready workers run.
+        gate: Serves Sample and update requests one at a time.
+        calls: Open learner calls by request id.
+        update_wait: The update being rolled out, if any.
+        draining: No new requests or workers.
+        departed_steps: Env steps of workers that left.
+    """
+
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.config = config
+        self.coordinator_id = uuid.uuid4().hex[:16]
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.registry = Registry(config.max_workers, config.max_result_bytes)
+        self.scheduler = Scheduler(prefetch_factor=config.prefetch_factor)
+        self.agent = AgentState()
+        self.env = EnvState(env_update_of(config.env, 1))
+        self.gate = FifoGate(self.changed, config.max_queued_requests)
+        self.calls: dict[int, OpenCall] = {}
+        self.update_wait: UpdateWait | None = None
+        self.draining = False
+        self.departed_steps = 0
+
+    # --- waiting (lock held) -----------------------------------------------------
+
+    def wait(self, predicate: Callable[[], bool], seconds: float, scope: CallScope) -> bool:
+        """Waits on :attr:`changed` until ``predicate()``; False after ``seconds``.
+
+        Raises:
+            CallError: CANCELLED if the learner's call ends meanwhile.
+        """
+        deadline = time.monotonic() + seconds
+        while not predicate():
+            scope.check()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.changed.wait(remaining)
+        return True
+
+    def no_workers(self, seconds: float) -> CallError:
+        """The UNAVAILABLE error of a request that waited ``seconds`` for a worker."""
+        connected = len(self.registry)
+        if connected:
+            errors = [h.last_error for h in self.registry if h.last_error is not None]
+            why = f"; last worker error: {describe(errors[-1])}" if errors else ""
+            message = (
+                f"no worker became ready within {seconds:g} seconds ({connected} connected, "
+                f"none ready for env generation {self.env.generation} and agent version "
+                f"{self.agent.version}){why}"
+            )
+        else:
+            message = (
+                f"no worker joined within {seconds:g} seconds; start workers with "
+                "`rlfleet worker --coordinator ADDR` (ADDR: this coordinator's address)"
+            )
+        detail = detail_of(updates_pb2.ERROR_KIND_NO_WORKERS, message)
+        return CallError(grpc.StatusCode.UNAVAILABLE, message, detail)
+
+    # --- workers (lock held) -----------------------------------------------------
+
+    def is_ready(self, handle: WorkerHandle) -> bool:
+        """Whether a worker runs the current env and agent and takes work."""
+        return (
+            handle.alive
+            and not handle.leaving
+            and handle.env_generation == self.env.generation
+            and handle.agent_version == self.agent.version
+        )
+
+    def refresh(self, handle: WorkerHandle) -> None:
+        """Re-derives whether a worker may get work, and hands some out."""
+        if handle.alive:
+            self.scheduler.set_eligible(handle.worker_id, self.is_ready(handle))
+        self.dispatch()
+        self.changed.notify_all()
+
+    def dispatch(self) -> None:
+        """Sends the work the scheduler hands out now."""
+        for order in self.scheduler.dispatch():
+            handle = self.registry.get(order.worker_id)
+            if handle is not None:
+                handle.send(task_message(order))
+
+    def send_cancels(self, cancels: list[CancelOrder]) -> None:
+        """Tells workers to drop units."""
+        for cancel in cancels:
+            handle = self.registry.get(cancel.worker_id)
+            if handle is not None:
+                handle.send(cancel_message(cancel))
+
+    def broadcast(self, message: worker_pb2.CoordinatorMessage) -> set[int]:
+        """Sends a message to every connected worker; returns their ids."""
+        targets = set()
+        for handle in self.registry:
+            handle.send(message)
+            targets.add(handle.worker_id)
+            self.refresh(handle)
+        return targets
+
+    # --- learner calls (lock held) -----------------------------------------------
+
+    def header(self, request_id: int, agent_version: int) -> Header:
+        """The SampleHeader of a call in the current env."""
+        header = learner_pb2.SampleHeader(
+            request_id=request_id,
+            agent_version=agent_version,
+            env_generation=self.env.generation,
+        )
+        if self.env.spec_proto is not None:
+            header.env_spec.CopyFrom(self.env.spec_proto)
+        return Header(header)
+
+    def announce_env(self) -> None:
+        """Sends subscribers the header of the env generation now known."""
+        for request_id, call in self.calls.items():
+            if call.outbox.subscription:
+                call.outbox.put(self.header(request_id, -1))
+
+    def finish_request(self, request_id: int) -> None:
+        """Closes a request: cancels its units on workers (idempotent)."""
+        self.calls.pop(request_id, None)
+        self.send_cancels(self.scheduler.finish(request_id))
+        self.dispatch()
+        self.changed.notify_all()
+
+    def fail_call(self, request_id: int, failure: CallError) -> None:
+        """Ends a learner call with an error and closes its request."""
+        call = self.calls.get(request_id)
+        if call is not None:
+            call.outbox.put(failure)
+        self.finish_request(request_id)
+
+    @property
+    def subscribers(self) -> int:
+        """Open subscriptions."""
+        return sum(1 for call in self.calls.values() if call.outbox.subscription)

@@ -1,0 +1,271 @@
+"""What the coordinator does when a worker joins, speaks, or goes away.
+
+The worker face calls these from each Join stream's reader thread, in the
+order the worker sent its messages. Results are checked between two short
+critical sections (classify, decode outside the lock, complete), so a large
+batch never holds the lock while it is decoded.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from rlfleet import _rpc
+from rlfleet.coordinator.calls import Finished, Forward
+from rlfleet.coordinator.failures import CallError, describe, detail_of, invalid
+from rlfleet.coordinator.messages import footer_message
+from rlfleet.coordinator.registry import WorkerHandle
+from rlfleet.coordinator.results import ResultError, check_batch, check_metadata, check_versions
+from rlfleet.coordinator.scheduler import Mode, Verdict
+from rlfleet.coordinator.state import FleetState
+from rlfleet.errors import ProtocolError, WireFormatError
+from rlfleet.v1 import updates_pb2, worker_pb2
+from rlfleet.wire import Chunk
+
+logger = logging.getLogger("rlfleet.coordinator")
+
+#: Capabilities this coordinator offers (worker.proto Hello).
+CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments")
+
+
+class WorkerEvents:
+    """Handles the worker side of the protocol against the fleet state.
+
+    Args:
+        state: The fleet state.
+    """
+
+    def __init__(self, state: FleetState) -> None:
+        self._state = state
+
+    def admit(self, hello: worker_pb2.Hello, peer: str) -> WorkerHandle:
+        """Admits a worker that said Hello and queues its Welcome and state.
+
+        Raises:
+            CallError: FAILED_PRECONDITION for another protocol version,
+                INVALID_ARGUMENT for a Hello without env slots,
+                RESOURCE_EXHAUSTED when full, UNAVAILABLE when draining.
+        """
+        if hello.protocol_version != _rpc.PROTOCOL_VERSION:
+            message = (
+                f"the worker speaks rlfleet protocol version {hello.protocol_version}, this "
+                f"coordinator speaks version {_rpc.PROTOCOL_VERSION}; run matching rlfleet "
+                "versions"
+            )
+            detail = detail_of(updates_pb2.ERROR_KIND_VERSION, message, worker=hello.name)
+            raise CallError(grpc.StatusCode.FAILED_PRECONDITION, message, detail)
+        if hello.num_envs < 1:
+            raise invalid(f"Hello.num_envs must be >= 1, got {hello.num_envs}")
+        state = self._state
+        with state.lock:
+            if state.draining:
+                raise CallError(
+                    grpc.StatusCode.UNAVAILABLE, "the coordinator is draining; join another one"
+                )
+            handle = state.registry.admit(hello, peer)
+            state.scheduler.add_worker(handle.worker_id, hello.num_envs)
+            handle.send(self._welcome(handle))
+            # Then the current state, so that it matches every other worker's.
+            handle.send(state.env.message())
+            if state.agent.version > 0:
+                handle.send(state.agent.full_update())
+        logger.info(
+            "worker %r joined (id %d, %d envs, %s, pid %d, from %s)",
+            handle.name,
+            handle.worker_id,
+            hello.num_envs,
+            hello.host or "?",
+            hello.pid,
+            peer,
+        )
+        return handle
+
+    def _welcome(self, handle: WorkerHandle) -> worker_pb2.CoordinatorMessage:
+        config = self._state.config
+        return worker_pb2.CoordinatorMessage(
+            welcome=worker_pb2.Welcome(
+                protocol_version=_rpc.PROTOCOL_VERSION,
+                worker_id=handle.worker_id,
+                name=handle.name,
+                heartbeat_interval_seconds=config.heartbeat_interval_seconds,
+                heartbeat_timeout_seconds=config.heartbeat_timeout_seconds,
+                max_message_bytes=config.max_message_bytes,
+                capabilities=[c for c in CAPABILITIES if c in handle.hello.capabilities],
+                first_stream=handle.first_stream,
+                coordinator_id=self._state.coordinator_id,
+            )
+        )
+
+    def on_env_ready(self, handle: WorkerHandle, ready: worker_pb2.EnvReady) -> None:
+        """A worker built its envs.
+
+        Raises:
+            CallError: FAILED_PRECONDITION if its env spec differs from the
+                fleet's; INVALID_ARGUMENT if the spec cannot be decoded.
+        """
+        state = self._state
+        with state.lock:
+            if not handle.alive or ready.generation != state.env.generation:
+                return  # an older generation: the newer EnvUpdate is on its way
+            if state.env.spec_proto is None:
+                try:
+                    state.env = state.env.with_spec(ready.env_spec)
+                except WireFormatError as exc:
+                    raise invalid(f"EnvReady carries a malformed env spec: {exc}") from None
+                state.announce_env()
+            elif ready.env_spec != state.env.spec_proto:
+                raise CallError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"worker {handle.name!r} built env {state.env.update.env_id!r} with spaces "
+                    "that differ from those the rest of the fleet reported; give every "
+                    "worker the same rlfleet, gymnasium and --import versions",
+                )
+            handle.env_generation = ready.generation
+            state.refresh(handle)
+
+    def on_agent_ready(self, handle: WorkerHandle, ready: worker_pb2.AgentReady) -> None:
+        """A worker applied an agent update.
+
+        Raises:
+            ProtocolError: For a version that was never sent.
+        """
+        state = self._state
+        with state.lock:
+            if not 0 <= ready.version <= state.agent.version:
+                raise ProtocolError(
+                    f"worker {handle.name!r} reports agent version {ready.version}, but the "
+                    f"latest sent is {state.agent.version}"
+                )
+            handle.agent_version = max(handle.agent_version, ready.version)
+            state.refresh(handle)
+
+    def on_heartbeat(self, handle: WorkerHandle, heartbeat: worker_pb2.Heartbeat) -> None:
+        """Records a worker's progress figures (its liveness is its reader's job)."""
+        with self._state.lock:
+            handle.heartbeat = heartbeat
+
+    def on_leaving(self, handle: WorkerHandle, leaving: worker_pb2.Leaving) -> None:
+        """The worker will leave: no new work; its units in flight still count."""
+        with self._state.lock:
+            handle.leaving = True
+            self._state.refresh(handle)
+        logger.info("worker %r is leaving: %s", handle.name, leaving.reason or "no reason given")
+
+    def on_error(self, handle: WorkerHandle, detail: updates_pb2.ErrorDetail) -> None:
+        """A worker reported an error: fail its task's request, or its update."""
+        if not detail.worker:
+            detail.worker = handle.name
+        state = self._state
+        with state.lock:
+            handle.last_error = detail
+            if detail.task_id:
+                request_id = state.scheduler.request_of_task(detail.task_id)
+                if request_id is not None and request_id in state.calls:
+                    logger.warning("task %d failed: %s", detail.task_id, describe(detail))
+                    failure = CallError(
+                        grpc.StatusCode.FAILED_PRECONDITION, describe(detail), detail
+                    )
+                    state.fail_call(request_id, failure)
+                    return
+            wait = state.update_wait
+            if wait is not None and handle.worker_id in wait.targets:
+                wait.errors.setdefault(handle.worker_id, detail)
+                state.changed.notify_all()
+                return
+        logger.warning("worker %r reported: %s", handle.name, describe(detail))
+
+    def on_result(
+        self,
+        handle: WorkerHandle,
+        meta: worker_pb2.EpisodeResult,
+        chunks: list[Chunk],
+        payload: bytes | memoryview,
+    ) -> None:
+        """A worker's result is complete: check it, account it, forward it.
+
+        Raises:
+            ResultError: If the result breaks the protocol (the worker is
+                then dropped by the caller).
+        """
+        state = self._state
+        with state.lock:
+            if not handle.alive:
+                return  # declared dead: its units are someone else's now
+            outcome = state.scheduler.classify(handle.worker_id, meta.task_id, meta.episode_indices)
+            if outcome.verdict is Verdict.IGNORE:
+                logger.debug("ignored a result of task %d: %s", meta.task_id, outcome.reason)
+                return
+            if outcome.verdict is Verdict.REJECT:
+                raise ResultError(outcome.reason)
+            spec = state.scheduler.request_spec(outcome.request_id)
+            check_metadata(meta, fragments=spec.mode is Mode.FRAGMENTS)
+            check_versions(
+                meta,
+                agent_version=spec.agent_version,
+                env_generation=spec.env_generation,
+                current=state.agent.version,
+            )
+            env_spec = state.env.spec
+            streams = None
+            if spec.mode is Mode.FRAGMENTS:
+                streams = range(handle.first_stream, handle.first_stream + handle.num_envs)
+        if env_spec is None:  # cannot happen: results follow an EnvReady
+            raise ResultError("a result arrived before any EnvReady")
+        check_batch(
+            meta, payload, chunks[0].kind, env_spec, worker_id=handle.worker_id, streams=streams
+        )
+        forwarded = worker_pb2.EpisodeResult()
+        forwarded.CopyFrom(meta)
+        forwarded.worker_id = handle.worker_id
+        with state.lock:
+            if not handle.alive:
+                return
+            outcome = state.scheduler.complete(
+                handle.worker_id, meta.task_id, meta.episode_indices, meta.lengths
+            )
+            if outcome.verdict is not Verdict.ACCEPT:
+                return  # the request ended while the batch was being checked
+            call = state.calls.get(outcome.request_id)
+            if call is not None:
+                call.outbox.put(Forward(forwarded, tuple(chunks), sum(meta.lengths)))
+            if outcome.done:
+                footer = state.scheduler.footer(outcome.request_id)
+                state.finish_request(outcome.request_id)
+                if call is not None:
+                    call.outbox.put(Finished(footer_message(footer)))
+            state.dispatch()
+
+    def drop(
+        self,
+        handle: WorkerHandle,
+        code: grpc.StatusCode,
+        message: str,
+        detail: updates_pb2.ErrorDetail | None = None,
+    ) -> None:
+        """Removes a worker (dead, gone or misbehaving) and ends its call.
+
+        Its outstanding units go back to their requests; anything it sends
+        from now on is ignored. Idempotent.
+        """
+        state = self._state
+        with state.lock:
+            if not handle.alive:
+                return
+            handle.alive = False
+            state.registry.remove(handle.worker_id)
+            requeued = state.scheduler.remove_worker(handle.worker_id)
+            state.departed_steps += handle.heartbeat.steps_total
+            state.dispatch()
+            state.changed.notify_all()
+        handle.end(code, message, detail)
+        level = logging.INFO if code is grpc.StatusCode.OK else logging.WARNING
+        logger.log(
+            level,
+            "worker %r removed (%s: %s); %d units re-queued",
+            handle.name,
+            code.name,
+            message,
+            requeued,
+        )

@@ -1,0 +1,225 @@
+"""The worker face: the Join stream, from gRPC to the Coordinator and back.
+
+Each Join call has two threads. The handler (a server pool thread) does the
+handshake and then yields the worker's outbox, so messages to a worker are
+sent in the order they were queued. A reader thread consumes the worker's
+messages and feeds them to the :class:`Coordinator`; anything wrong with
+them ends this worker's call only (INVALID_ARGUMENT), never the coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from rlfleet import _rpc
+from rlfleet.coordinator.coordinator import Coordinator
+from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.registry import Ending, PartialResult, WorkerHandle
+from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
+from rlfleet.v1 import worker_pb2
+from rlfleet.wire import Chunk
+
+logger = logging.getLogger("rlfleet.coordinator")
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A request message that could not be parsed (kept, to end the call cleanly)."""
+
+    error: str
+
+
+def tolerant(
+    deserialize: Callable[[bytes], _rpc.WithChunk],
+) -> Callable[[bytes], _rpc.WithChunk | Malformed]:
+    """Wraps a deserializer so that garbage becomes a :class:`Malformed` value.
+
+    gRPC would end the call with INTERNAL on a raising deserializer; the
+    protocol says a malformed message is the sender's fault (INVALID_ARGUMENT).
+    """
+
+    def wrapped(data: bytes) -> _rpc.WithChunk | Malformed:
+        try:
+            return deserialize(data)
+        except (WireFormatError, DecodeError, ValueError) as exc:
+            return Malformed(f"{type(exc).__name__}: {exc}")
+
+    return wrapped
+
+
+class _Admission:
+    """Hands the admitted worker (or a refusal) from the handler to the reader."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._handle: WorkerHandle | None = None
+
+    def decide(self, handle: WorkerHandle | None) -> None:
+        self._handle = handle
+        self._event.set()
+
+    def wait(self) -> WorkerHandle | None:
+        self._event.wait()
+        return self._handle
+
+
+class WorkerFace:
+    """Serves ``rlfleet.v1.WorkerService/Join``.
+
+    Args:
+        coordinator: The fleet state the streams feed.
+    """
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._coordinator = coordinator
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The generic handler to add to a server."""
+        join = grpc.stream_stream_rpc_method_handler(
+            self.join,
+            request_deserializer=tolerant(_rpc.chunked_deserializer(worker_pb2.WorkerMessage)),
+            response_serializer=_rpc.serialize,
+        )
+        return grpc.method_handlers_generic_handler(_rpc.WORKER_SERVICE, {"Join": join})
+
+    def join(
+        self,
+        requests: Iterator[_rpc.WithChunk | Malformed],
+        context: grpc.ServicerContext,
+    ) -> Iterator[worker_pb2.CoordinatorMessage]:
+        """The Join handler: handshake, then the worker's outbox until its end."""
+        first: queue.SimpleQueue[_rpc.WithChunk | Malformed | None] = queue.SimpleQueue()
+        admission = _Admission()
+        threading.Thread(
+            target=self._read,
+            args=(requests, first, admission),
+            name=f"rlfleet-join-{context.peer()}",
+            daemon=True,
+        ).start()
+        try:
+            handle = self._handshake(first, context)
+        except CallError as exc:
+            admission.decide(None)
+            logger.warning("refused a worker from %s: %s", context.peer(), exc.message)
+            _rpc.abort(context, exc.code, exc.message, exc.detail)
+        admission.decide(handle)
+
+        def broken() -> None:
+            self._coordinator.workers.drop(handle, grpc.StatusCode.CANCELLED, "its stream broke")
+
+        if not context.add_callback(broken):
+            broken()
+        while True:
+            item = handle.outbox.get()
+            if isinstance(item, Ending):
+                if item.code is grpc.StatusCode.OK:
+                    return
+                _rpc.abort(context, item.code, item.message, item.detail)
+            yield item
+
+    def _handshake(
+        self,
+        first: queue.SimpleQueue[_rpc.WithChunk | Malformed | None],
+        context: grpc.ServicerContext,
+    ) -> WorkerHandle:
+        timeout = self._coordinator.config.handshake_timeout_seconds
+        try:
+            item = first.get(timeout=timeout)
+        except queue.Empty:
+            raise CallError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no Hello within {timeout:g} seconds of opening the Join stream; a "
+                "worker's first message must be Hello",
+            ) from None
+        if item is None:
+            raise CallError(grpc.StatusCode.CANCELLED, "the stream ended before its Hello")
+        if isinstance(item, Malformed):
+            raise CallError(grpc.StatusCode.INVALID_ARGUMENT, f"malformed Hello: {item.error}")
+        message = item.message
+        if message.WhichOneof("body") != "hello":
+            raise CallError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the first message of a Join stream must be Hello, got "
+                f"{message.WhichOneof('body') or 'an empty WorkerMessage'}",
+            )
+        return self._coordinator.workers.admit(message.hello, context.peer())
+
+    def _read(
+        self,
+        requests: Iterator[_rpc.WithChunk | Malformed],
+        first: queue.SimpleQueue[_rpc.WithChunk | Malformed | None],
+        admission: _Admission,
+    ) -> None:
+        """The reader thread: the worker's messages, in order, until its stream ends."""
+        try:
+            first.put(next(requests))
+        except Exception:  # StopIteration or the call's end: no Hello will come
+            first.put(None)
+            return
+        handle = admission.wait()
+        if handle is None:
+            return
+        events = self._coordinator.workers
+        try:
+            for item in requests:
+                handle.touch()
+                self._dispatch(handle, item)
+        except CallError as exc:
+            events.drop(handle, exc.code, exc.message, exc.detail)
+        except ResourceExhaustedError as exc:
+            events.drop(handle, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except (ProtocolError, WireFormatError) as exc:
+            events.drop(handle, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except grpc.RpcError:
+            events.drop(handle, grpc.StatusCode.CANCELLED, "its stream broke")
+        except Exception as exc:  # a bug here must not leave a zombie worker
+            logger.exception("internal error on the stream of worker %r", handle.name)
+            events.drop(handle, grpc.StatusCode.INTERNAL, f"coordinator bug: {exc!r}")
+        else:
+            events.drop(handle, grpc.StatusCode.OK, "the worker closed its stream")
+
+    def _dispatch(self, handle: WorkerHandle, item: _rpc.WithChunk | Malformed) -> None:
+        if isinstance(item, Malformed):
+            raise ProtocolError(f"malformed message from worker {handle.name!r}: {item.error}")
+        message: worker_pb2.WorkerMessage = item.message
+        body = message.WhichOneof("body")
+        events = self._coordinator.workers
+        if body == "result":
+            self._on_chunk(handle, message.result, item.chunk)
+        elif body == "heartbeat":
+            events.on_heartbeat(handle, message.heartbeat)
+        elif body == "env_ready":
+            events.on_env_ready(handle, message.env_ready)
+        elif body == "agent_ready":
+            events.on_agent_ready(handle, message.agent_ready)
+        elif body == "error":
+            events.on_error(handle, message.error.detail)
+        elif body == "leaving":
+            events.on_leaving(handle, message.leaving)
+        elif body == "hello":
+            raise ProtocolError(f"worker {handle.name!r} sent a second Hello")
+        else:
+            raise ProtocolError(f"worker {handle.name!r} sent an empty WorkerMessage")
+
+    def _on_chunk(
+        self, handle: WorkerHandle, meta: worker_pb2.EpisodeResult, chunk: Chunk | None
+    ) -> None:
+        if chunk is None:
+            raise ProtocolError(f"worker {handle.name!r} sent an EpisodeResult without its chunk")
+        payload = handle.assembler.add(chunk)  # raises on any disorder
+        if chunk.index == 0:
+            handle.partial = PartialResult(meta)
+        if handle.partial is None:  # the assembler only continues a batch begun at 0
+            raise ProtocolError(f"worker {handle.name!r}: a chunk continues no result")
+        handle.partial.chunks.append(chunk)
+        if payload is None:
+            return
+        result, handle.partial = handle.partial, None
+        self._coordinator.workers.on_result(handle, result.meta, result.chunks, payload)

@@ -1,0 +1,263 @@
+"""The coordinator's scheduling state machine, without gRPC or threads."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlfleet.coordinator.scheduler import (
+    CancelOrder,
+    Mode,
+    Outcome,
+    RequestSpec,
+    Scheduler,
+    TaskOrder,
+    Verdict,
+)
+from rlfleet.seeding import episode_seeds
+
+
+def spec(mode: Mode, amount: int, **kw: int) -> RequestSpec:
+    fields = {"seed": 7, "request_index": 3, "agent_version": 2, "env_generation": 1}
+    fields.update(kw)
+    return RequestSpec(mode=mode, amount=amount, **fields)
+
+
+def fleet(*num_envs: int, prefetch: int = 1) -> Scheduler:
+    scheduler = Scheduler(prefetch_factor=prefetch)
+    for worker_id, n in enumerate(num_envs, start=1):
+        scheduler.add_worker(worker_id, n)
+        scheduler.set_eligible(worker_id, True)
+    return scheduler
+
+
+def indices(order: TaskOrder) -> list[int]:
+    return [unit.episode_index for unit in order.units]
+
+
+def by_worker(orders: list[TaskOrder]) -> dict[int, list[int]]:
+    return {order.worker_id: indices(order) for order in orders}
+
+
+def finish_units(
+    scheduler: Scheduler, order: TaskOrder, lengths: dict[int, int], only: list[int] | None = None
+) -> Outcome:
+    done = only if only is not None else indices(order)
+    return scheduler.complete(order.worker_id, order.task_id, done, [lengths[i] for i in done])
+
+
+def test_every_env_slot_is_filled_before_any_prefetch() -> None:
+    scheduler = fleet(2, 1)  # capacities 4 and 2
+    scheduler.start_sample(spec(Mode.EPISODES, 10))
+    orders = scheduler.dispatch()
+    # Pass 1: a unit per slot (w1: 0, 1; w2: 2); pass 2: prefetch (w1: 3, 4; w2: 5).
+    assert by_worker(orders) == {1: [0, 1, 3, 4], 2: [2, 5]}
+    assert scheduler.dispatch() == []  # everyone is full
+
+
+def test_units_carry_the_request_seeds_and_state() -> None:
+    scheduler = fleet(2)
+    request_id = scheduler.start_sample(spec(Mode.EPISODES, 2))
+    (order,) = scheduler.dispatch()
+    assert (order.request_id, order.mode, order.agent_version, order.env_generation) == (
+        request_id,
+        Mode.EPISODES,
+        2,
+        1,
+    )
+    for unit in order.units:
+        assert (unit.env_seed, unit.policy_seed) == episode_seeds(7, 3, unit.episode_index)
+
+
+def test_steps_limits_units_to_what_the_average_length_says_is_needed() -> None:
+    scheduler = fleet(2)  # capacity 4
+    scheduler.start_sample(spec(Mode.STEPS, 100))
+    (first,) = scheduler.dispatch()
+    assert indices(first) == [0, 1]  # no length known: one per env slot, no prefetch
+    finish_units(scheduler, first, {0: 10}, only=[0])
+    # 10 steps done, 90 to go at 10 per episode: 9 needed, 1 outstanding,
+    # so the worker may fill its capacity: 3 more.
+    assert by_worker(scheduler.dispatch()) == {1: [2, 3, 4]}
+
+
+def test_steps_stops_generating_once_completed_episodes_reach_the_amount() -> None:
+    scheduler = fleet(4, prefetch=0)
+    scheduler.start_sample(spec(Mode.STEPS, 25))
+    (order,) = scheduler.dispatch()
+    assert indices(order) == [0, 1, 2, 3]
+    finish_units(scheduler, order, {1: 20, 2: 10}, only=[1, 2])
+    # 30 >= 25 steps completed, but episode 0 is missing from the prefix:
+    # nothing new is generated, the request waits for episode 0.
+    assert scheduler.dispatch() == []
+
+
+def test_steps_answer_is_the_shortest_prefix_reaching_the_amount() -> None:
+    scheduler = fleet(4, prefetch=0)
+    request_id = scheduler.start_sample(spec(Mode.STEPS, 30))
+    (order,) = scheduler.dispatch()
+    lengths = {0: 10, 1: 20, 2: 10, 3: 5}
+    assert not finish_units(scheduler, order, lengths, only=[1, 2]).done
+    outcome = finish_units(scheduler, order, lengths, only=[0])
+    assert outcome.verdict is Verdict.ACCEPT and outcome.done
+    footer = scheduler.footer(request_id)
+    # Prefix 0..1 holds 10 + 20 = 30, exactly the amount; episode 2 was surplus.
+    assert (footer.num_episodes, footer.total_steps, footer.workers_used) == (2, 30, 1)
+    assert scheduler.finish(request_id) == [CancelOrder(1, order.task_id, (3,))]
+
+
+def test_episodes_mode_ends_after_exactly_amount_episodes() -> None:
+    scheduler = fleet(2, prefetch=0)
+    request_id = scheduler.start_sample(spec(Mode.EPISODES, 3))
+    (first,) = scheduler.dispatch()
+    assert not finish_units(scheduler, first, {0: 4, 1: 6}).done
+    (second,) = scheduler.dispatch()
+    assert indices(second) == [2]
+    assert finish_units(scheduler, second, {2: 5}).done
+    footer = scheduler.footer(request_id)
+    assert (footer.num_episodes, footer.total_steps) == (3, 15)
+    assert scheduler.dispatch() == []
+
+
+def test_lost_units_are_rerun_before_new_ones_with_the_same_seeds() -> None:
+    scheduler = fleet(2, 2, prefetch=0)
+    request_id = scheduler.start_sample(spec(Mode.EPISODES, 6))
+    orders = scheduler.dispatch()
+    assert by_worker(orders) == {1: [0, 1], 2: [2, 3]}
+    lost = orders[0]
+    assert scheduler.remove_worker(1) == 2
+    finish_units(scheduler, orders[1], {2: 1, 3: 1})
+    (rerun,) = scheduler.dispatch()
+    assert rerun.worker_id == 2 and indices(rerun) == [0, 1]
+    assert rerun.units == lost.units  # same seeds
+    assert scheduler.footer(request_id).reassigned_units == 2
+
+
+def test_results_of_a_lost_worker_are_ignored() -> None:
+    scheduler = fleet(1, 1, prefetch=0)
+    scheduler.start_sample(spec(Mode.EPISODES, 2))
+    orders = scheduler.dispatch()
+    scheduler.remove_worker(1)
+    outcome = scheduler.classify(1, orders[0].task_id, indices(orders[0]))
+    assert outcome.verdict is Verdict.IGNORE
+
+
+@pytest.mark.parametrize(
+    ("task_offset", "worker_id", "episodes", "reason"),
+    [
+        (100, 1, [0], "never sent"),
+        (0, 2, [0], "another worker"),
+        (0, 1, [5], "not units"),
+        (0, 1, [], "at least one episode"),
+    ],
+)
+def test_results_that_break_the_protocol_are_rejected(
+    task_offset: int, worker_id: int, episodes: list[int], reason: str
+) -> None:
+    scheduler = fleet(2, 1, prefetch=0)
+    scheduler.start_sample(spec(Mode.EPISODES, 3))
+    order = scheduler.dispatch()[0]
+    outcome = scheduler.classify(worker_id, order.task_id + task_offset, episodes)
+    assert outcome.verdict is Verdict.REJECT
+    assert reason in outcome.reason
+
+
+def test_an_episode_sent_twice_is_rejected() -> None:
+    scheduler = fleet(2, prefetch=0)
+    scheduler.start_sample(spec(Mode.EPISODES, 4))
+    (order,) = scheduler.dispatch()
+    finish_units(scheduler, order, {0: 3}, only=[0])
+    outcome = scheduler.classify(1, order.task_id, [0])
+    assert outcome.verdict is Verdict.REJECT and "came twice" in outcome.reason
+
+
+def test_results_after_the_request_finished_are_ignored() -> None:
+    scheduler = fleet(2, prefetch=0)
+    request_id = scheduler.start_sample(spec(Mode.EPISODES, 2))
+    (order,) = scheduler.dispatch()
+    scheduler.finish(request_id)
+    assert scheduler.classify(1, order.task_id, [0]).verdict is Verdict.IGNORE
+
+
+def test_ineligible_workers_get_no_work_until_ready() -> None:
+    scheduler = fleet(1, 1, prefetch=0)
+    scheduler.set_eligible(1, False)
+    scheduler.start_sample(spec(Mode.EPISODES, 4))
+    assert by_worker(scheduler.dispatch()) == {2: [0]}
+    scheduler.set_eligible(1, True)  # a worker joining mid-request is used at once
+    assert by_worker(scheduler.dispatch()) == {1: [1]}
+
+
+def test_only_one_sample_request_at_a_time() -> None:
+    scheduler = fleet(1)
+    scheduler.start_sample(spec(Mode.EPISODES, 1))
+    with pytest.raises(ValueError, match="still running"):
+        scheduler.start_sample(spec(Mode.EPISODES, 1))
+
+
+def test_fragments_plan_rounds_for_the_amount_and_wait_for_every_window() -> None:
+    scheduler = fleet(2, 1)
+    request_id = scheduler.start_sample(spec(Mode.FRAGMENTS, 40, fragment_length=5))
+    orders = scheduler.dispatch()
+    # 3 slots x 5 steps = 15 steps per round: 3 rounds make 45 >= 40.
+    assert [(o.worker_id, o.rounds, o.fragment_length, o.base_seed) for o in orders] == [
+        (1, 3, 5, 7),
+        (2, 3, 5, 7),
+    ]
+    assert scheduler.dispatch() == []
+    windows = [(orders[0], [5, 5])] * 3 + [(orders[1], [5])] * 2
+    for order, lengths in windows:
+        outcome = scheduler.complete(order.worker_id, order.task_id, [0] * len(lengths), lengths)
+        assert outcome.verdict is Verdict.ACCEPT and not outcome.done
+    # 40 steps are in, but worker 2's last window is not: not done yet.
+    assert scheduler.complete(2, orders[1].task_id, [0], [5]).done
+    footer = scheduler.footer(request_id)
+    assert (footer.num_episodes, footer.total_steps) == (9, 45)
+
+
+def test_fragments_of_a_lost_worker_are_made_up_by_the_others() -> None:
+    scheduler = fleet(2, 2)
+    scheduler.start_sample(spec(Mode.FRAGMENTS, 40, fragment_length=5))
+    first, second = scheduler.dispatch()
+    assert (first.rounds, second.rounds) == (2, 2)  # 20 steps per round
+    scheduler.complete(2, second.task_id, [0, 0], [5, 5])
+    scheduler.remove_worker(2)
+    # 10 received + 20 planned on worker 1 = 30: 10 short, one more round.
+    (extra,) = scheduler.dispatch()
+    assert (extra.worker_id, extra.rounds) == (1, 1)
+
+
+def test_subscription_backpressure_stops_new_units_until_consumed() -> None:
+    scheduler = fleet(1, prefetch=0)
+    sub = scheduler.start_subscription(
+        spec(Mode.EPISODES, 0, agent_version=-1, max_buffered_steps=30)
+    )
+    (order,) = scheduler.dispatch()
+    assert order.agent_version == -1
+    finish_units(scheduler, order, {0: 30})
+    assert scheduler.dispatch() == []  # 30 steps wait for the subscriber
+    scheduler.consumed(sub, 30)
+    assert by_worker(scheduler.dispatch()) == {1: [1]}
+
+
+def test_sample_requests_have_priority_over_subscriptions() -> None:
+    scheduler = fleet(1, prefetch=0)
+    sub = scheduler.start_subscription(spec(Mode.EPISODES, 0, max_buffered_steps=100))
+    (sub_order,) = scheduler.dispatch()
+    request_id = scheduler.start_sample(spec(Mode.EPISODES, 1))
+    assert scheduler.dispatch() == []  # the slot is busy with the subscription's unit
+    finish_units(scheduler, sub_order, {0: 1})
+    (sample_order,) = scheduler.dispatch()
+    assert sample_order.request_id == request_id
+    finish_units(scheduler, sample_order, {0: 1})
+    scheduler.finish(request_id)
+    (resumed,) = scheduler.dispatch()
+    assert resumed.request_id == sub and indices(resumed) == [1]
+
+
+def test_env_change_cancels_and_requeues_subscription_work() -> None:
+    scheduler = fleet(2, prefetch=0)
+    scheduler.start_subscription(spec(Mode.EPISODES, 0, max_buffered_steps=100))
+    (old,) = scheduler.dispatch()
+    assert scheduler.set_env_generation(2) == [CancelOrder(1, old.task_id, (0, 1))]
+    (new,) = scheduler.dispatch()
+    assert new.env_generation == 2 and indices(new) == [0, 1]
+    assert scheduler.classify(1, old.task_id, [0]).verdict is Verdict.IGNORE
