@@ -664,3 +664,17 @@ def test_round_trips_for_any_lengths(lengths: list[int]) -> None:
     np.testing.assert_array_equal(batch.next_observations[ends], batch.last_observations)
     inner = np.setdiff1d(np.arange(total), ends)
     np.testing.assert_array_equal(batch.next_observations[inner], observations[inner + 1])
+
+
+def test_take_episodes_reorders_and_subsets() -> None:
+    batch = make()
+    swapped = batch.take_episodes([1, 0])
+    parts = batch.split()
+    assert_batches_equal(swapped, EpisodeBatch.concatenate(parts[1], parts[0]))
+    assert_batches_equal(batch.take_episodes([1]), parts[1])
+    assert batch.take_episodes([0, 1]) is batch
+
+
+def test_take_episodes_rejects_positions_out_of_range() -> None:
+    with pytest.raises(InvalidBatchError, match=r"take_episodes: positions must be in 0\.\.1"):
+        make().take_episodes([2])

@@ -172,6 +172,44 @@ class EpisodeBatch:
             **concat_fields("EpisodeBatch.concatenate", batches, _ARRAY_FIELDS + _INFO_FIELDS),
         )
 
+    def take_episodes(self, order: Sequence[int] | np.ndarray) -> EpisodeBatch:
+        """Returns the episodes at positions ``order``, in that order.
+
+        Args:
+            order: Episode positions (0..N-1); may repeat or leave some out.
+
+        Returns:
+            A new batch (its arrays are copies), or ``self`` when ``order``
+            is 0..N-1.
+
+        Raises:
+            InvalidBatchError: If a position is out of range.
+        """
+        order = np.asarray(order, dtype=np.int64).reshape(-1)
+        n = len(self.lengths)
+        if order.size and (order.min() < 0 or order.max() >= n):
+            raise InvalidBatchError(
+                f"EpisodeBatch.take_episodes: positions must be in 0..{n - 1}, got {order.tolist()}"
+            )
+        if order.size == n and np.array_equal(order, np.arange(n)):
+            return self
+        lengths = self.lengths[order]
+        old_starts = episode_starts(self.lengths)
+        new_starts = np.cumsum(lengths) - lengths
+        steps = np.arange(int(lengths.sum())) + np.repeat(old_starts[order] - new_starts, lengths)
+        return EpisodeBatch(
+            env_spec=self.env_spec,
+            episode_infos=map_nested(lambda a: a[order], self.episode_infos),
+            observations=self.observations[steps],
+            last_observations=self.last_observations[order],
+            actions=self.actions[steps],
+            rewards=self.rewards[steps],
+            env_infos=map_nested(lambda a: a[steps], self.env_infos),
+            agent_infos=map_nested(lambda a: a[steps], self.agent_infos),
+            step_types=self.step_types[steps],
+            lengths=lengths,
+        )
+
     def split(self) -> list[EpisodeBatch]:
         """Splits into one batch per episode (the inverse of :meth:`concatenate`).
 

@@ -1,0 +1,155 @@
+"""Cheap, vectorised checks of what policies and envs hand a worker.
+
+Actions are checked once per vector step with a handful of calls (never a
+loop over rows): shape, dtype kind, Discrete / MultiDiscrete / MultiBinary
+range, and NaN. Box bounds are deliberately not enforced: garage does not
+clip either, and gymnasium's Box envs clip (or reject) out-of-range actions
+themselves. Observations are checked per finished episode, in one call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from rlfleet.errors import PolicyError
+
+#: Finds the first invalid row of an action batch (None if all are valid).
+RangeCheck = Callable[[np.ndarray], int | None]
+
+
+class ActionChecker:
+    """Validates action batches against an action space and splits them per env.
+
+    The split rows are what gymnasium's own vector envs pass to ``step``:
+    numpy scalars for Discrete spaces, row views otherwise.
+
+    Args:
+        space: The env's action space.
+        enabled: If False, only count and split (for trusted, hot policies).
+    """
+
+    def __init__(self, space: gym.Space, *, enabled: bool = True) -> None:
+        self.space = space
+        self.enabled = enabled
+        self._row_shape = tuple(space.shape) if space.shape is not None else None
+        self._kinds, self._problem, self._range_check = _rules(space)
+
+    def __call__(self, actions: Any, slots: Sequence[int], owner: str) -> list[Any]:
+        """Checks a batch and returns one action per env.
+
+        Args:
+            actions: What the policy returned, one row per entry of ``slots``.
+            slots: The env index of each row (named in errors).
+            owner: The policy's class name (named in errors).
+
+        Returns:
+            The per-env actions, in row order.
+
+        Raises:
+            PolicyError: Naming the env index and the offending action.
+        """
+        if not isinstance(actions, np.ndarray):
+            if self.enabled:
+                raise PolicyError(
+                    f"{owner}.get_actions returned actions of type {type(actions).__name__}; "
+                    "expected a numpy array with one row per observation"
+                )
+            actions = np.asarray(actions)
+        n = len(slots)
+        if actions.ndim == 0 or len(actions) != n:
+            raise PolicyError(
+                f"{owner}.get_actions returned actions of shape {actions.shape} for {n} envs "
+                f"(env indices {list(slots)}); expected one row per observation"
+            )
+        if not self.enabled:
+            return list(actions)
+        if self._row_shape is not None and actions.shape[1:] != self._row_shape:
+            raise PolicyError(
+                f"{owner}.get_actions returned actions of shape {actions.shape} for {n} "
+                f"envs (env indices {list(slots)}); expected {(n, *self._row_shape)} "
+                f"for action space {self.space}"
+            )
+        if self._kinds and actions.dtype.kind not in self._kinds:
+            raise PolicyError(
+                f"{owner}.get_actions returned actions of dtype {actions.dtype} for action "
+                f"space {self.space}; expected a dtype of kind {sorted(self._kinds)}"
+            )
+        if self._range_check is not None:
+            bad_row = self._range_check(actions)
+            if bad_row is not None:
+                action = np.asarray(actions[bad_row]).tolist()
+                raise PolicyError(
+                    f"{owner}.get_actions returned an invalid action for env {slots[bad_row]}: "
+                    f"{action!r} is {self._problem} action space {self.space}; check the "
+                    "policy's parameters and that env's observations"
+                )
+        return list(actions)
+
+
+def _first(mask: np.ndarray) -> int | None:
+    """Row index of the first True in a per-element mask, or None."""
+    rows = mask.reshape(len(mask), -1).any(axis=1)
+    return int(np.argmax(rows)) if rows.any() else None
+
+
+def _rules(space: gym.Space) -> tuple[str, str, RangeCheck | None]:
+    """(allowed dtype kinds, what the range check finds, range check) of a space."""
+    if isinstance(space, gym.spaces.Discrete):
+        low, high = int(space.start), int(space.start + space.n)
+
+        def discrete(actions: np.ndarray) -> int | None:
+            # min/max of a short Python list beat two numpy reductions.
+            values = actions.tolist()
+            if values and (min(values) < low or max(values) >= high):
+                return _first((actions < low) | (actions >= high))
+            return None
+
+        return "iu", "outside", discrete
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        start, stop = space.start, space.start + space.nvec
+        return "iu", "outside", lambda actions: _first((actions < start) | (actions >= stop))
+    if isinstance(space, gym.spaces.MultiBinary):
+        return "biu", "outside", lambda actions: _first((actions != 0) & (actions != 1))
+    if isinstance(space, gym.spaces.Box):
+        if space.dtype.kind != "f":
+            return "iu", "", None
+
+        def box_nan(actions: np.ndarray) -> int | None:
+            # One reduction in the common case: NaN propagates through a sum.
+            if actions.dtype.kind == "f" and np.isnan(actions.sum()):
+                return _first(np.isnan(actions))
+            return None
+
+        return "fiu", "NaN for", box_nan
+    return "", "", None
+
+
+def nonfinite_rows(rows: np.ndarray) -> np.ndarray:
+    """Per row, whether any element is NaN or infinite.
+
+    Args:
+        rows: Array (T, *O).
+
+    Returns:
+        Bool array (T,); all False for integer dtypes.
+    """
+    if rows.dtype.kind not in "fc":
+        return np.zeros(len(rows), dtype=bool)
+    return ~np.isfinite(rows.reshape(len(rows), -1)).all(axis=1)
+
+
+def all_finite(rows: np.ndarray) -> bool:
+    """Whether every element is finite (True for integer dtypes).
+
+    One float64 sum in the common case: it is finite exactly when every
+    element is (float64 does not overflow on float32 data); the exact check
+    runs only when it is not.
+    """
+    if rows.dtype.kind == "f" and math.isfinite(rows.sum(dtype=np.float64)):
+        return True
+    return rows.dtype.kind not in "fc" or bool(np.isfinite(rows).all())

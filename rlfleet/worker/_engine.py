@@ -1,0 +1,583 @@
+"""The stepping engine of a worker: env slots advanced with one policy call.
+
+:class:`SlotEngine` owns the envs, the step ring and the segments in
+flight, and advances every busy slot by one step at a time. What becomes of
+a finished segment (a finished episode, or a fragment piece to park) is
+decided by the caller's :class:`Sink`; which work a slot takes is decided
+by the caller too (:class:`~rlfleet.worker.vec.VecWorker`).
+
+The hot loop does, per env, the ``step`` call, two list appends and a
+test of the info dict (kept only when not empty, which most envs' is);
+everything else is one numpy call per field per vector step, or per
+finished segment.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any, Protocol
+
+import gymnasium as gym
+import numpy as np
+
+from rlfleet.core._arrays import NestedArrays
+from rlfleet.core.env_spec import EnvSpec
+from rlfleet.core.step_type import step_type_from_gym
+from rlfleet.errors import EnvError
+from rlfleet.policies.base import Policy
+from rlfleet.worker._checks import ActionChecker, all_finite, nonfinite_rows
+from rlfleet.worker._episode_buffer import Segment, StepRing, stack_step_infos
+from rlfleet.worker._restarts import RestartLedger
+from rlfleet.worker._updates import EnvSource, check_policy_fits
+from rlfleet.worker.units import EpisodeUnit
+
+logger = logging.getLogger("rlfleet.worker")
+
+#: ``stop_step`` of a segment that only ends when its episode does.
+NEVER = -1
+
+
+class Live:
+    """The in-flight segment (an episode, or a fragment piece) of one slot.
+
+    Attributes:
+        unit: The episode unit, or None for a fragment stream's episode.
+        rng: The episode's action-sampling generator.
+        meta: The episode_infos of the segment (``Segment.infos``).
+        key: Sort key of the segment's record.
+        stream: ``(base_seed, stream)`` of a fragment stream, else None.
+        offset: Steps of the episode taken before this segment.
+        first: Whether the segment starts its episode.
+        seg_start: Vector step of the segment's first step.
+        limit_step: Vector step at which max_episode_length is reached.
+        stop_step: Vector step at which the segment ends at the latest.
+        infos: ``(vector step, info)`` of the steps whose info was not empty
+            (most envs return ``{}``: nothing is stored for them).
+        parked_obs: A parked stream episode's next observation.
+    """
+
+    __slots__ = (
+        "first",
+        "infos",
+        "key",
+        "limit_step",
+        "meta",
+        "offset",
+        "parked_obs",
+        "rng",
+        "seg_start",
+        "stop_step",
+        "stream",
+        "unit",
+    )
+
+    def __init__(
+        self,
+        *,
+        unit: EpisodeUnit | None,
+        rng: np.random.Generator,
+        meta: tuple[int, ...],
+        key: tuple[int, ...],
+        stream: tuple[int, int] | None = None,
+    ) -> None:
+        self.unit = unit
+        self.rng = rng
+        self.meta = meta
+        self.key = key
+        self.stream = stream
+        self.offset = 0
+        self.first = True
+        self.seg_start = 0
+        self.limit_step = NEVER
+        self.stop_step = NEVER
+        self.infos: list[tuple[int, Any]] = []
+        self.parked_obs: np.ndarray | None = None
+
+    def describe(self) -> str:
+        """``episode k of request r`` or ``episode k of stream s``, for messages."""
+        if self.unit is not None:
+            return f"episode {self.unit.episode_index} of request {self.unit.request}"
+        _, _, _, episode, _, stream, _ = self.meta
+        return f"episode {episode} of stream {stream}"
+
+
+class Sink(Protocol):
+    """Receives what the engine produces; implemented per sampling mode."""
+
+    #: Whether a segment interrupted by an env crash is kept (cut) or dropped.
+    keeps_partial: bool
+
+    def on_record(self, slot: int, live: Live, record: Segment, continues: bool) -> None:
+        """A segment ended; ``continues`` if its episode goes on (window cut)."""
+
+    def on_env_failure(self, slot: int, live: Live, restarted: bool) -> None:
+        """The slot's env raised in ``step``; ``restarted`` if it may be rebuilt."""
+
+
+class SlotEngine:
+    """Advances env slots together: one ``get_actions`` call per vector step.
+
+    Args:
+        n_envs: Number of slots.
+        name: Names the worker in errors.
+        nan_mode: ``"error"``, ``"flag"`` or ``"ignore"`` (see VecWorker).
+        check_actions: Validate action batches.
+        ledger: The restart budget, shared by all slots.
+    """
+
+    def __init__(
+        self,
+        n_envs: int,
+        *,
+        name: str,
+        nan_mode: str,
+        check_actions: bool,
+        ledger: RestartLedger,
+    ) -> None:
+        self.n_envs = n_envs
+        self.name = name
+        self.nan_mode = nan_mode
+        self.check_actions = check_actions
+        self.ledger = ledger
+        self.source: EnvSource | None = None
+        self.envs: list[gym.Env | None] = [None] * n_envs
+        self.spec: EnvSpec | None = None
+        self.max_len: int | None = None
+        self.ring: StepRing | None = None
+        self.checker: ActionChecker | None = None
+        self.policy: Policy | None = None
+        self._policy_checked = False
+        self._policy_resets = False
+        self._policy_name = ""
+        self.live: list[Live | None] = [None] * n_envs
+        self.n_live = 0
+        self.step_count = 0
+        self.errors: list[EnvError] = []
+        # The stops each future vector step brings (time limit, window end),
+        # so the hot loop needs no per-env check; stale entries are skipped.
+        self._stops: dict[int, list[int]] = {}
+        # Cache of the live slots, rebuilt when membership changes.
+        self._active: list[int] = []
+        self._position: dict[int, int] = {}  # slot -> its row in the batch
+        self._active_rngs: list[np.random.Generator] = []
+        self._active_envs: list[gym.Env | None] = []
+        self._cols: np.ndarray | None = None
+        self._went_idle: list[int] = []
+        self._membership_changed = False
+        # A lower bound of the first step of the live segments: segments only
+        # start at the current step, so an old value stays a lower bound.
+        self._oldest = 0
+
+    @property
+    def source_name(self) -> str:
+        """The env's name, for messages."""
+        return self.source.name if self.source is not None else "(no env)"
+
+    @property
+    def idle_slots(self) -> list[int]:
+        """Slots without a live segment, in order."""
+        return [slot for slot, live in enumerate(self.live) if live is None]
+
+    # ----------------------------------------------------------- installing
+
+    def install_envs(self, source: EnvSource, envs: list[gym.Env], spec: EnvSpec) -> None:
+        """Replaces the envs (closing the old ones); drops every live segment."""
+        self.drop_all()
+        for old in self.envs:
+            if old is not None and all(old is not new for new in envs):
+                close_quietly(old, self.source_name)
+        self.source, self.envs, self.spec = source, list(envs), spec
+        self.max_len = spec.max_episode_length
+        obs_space = spec.observation_space
+        assert obs_space.shape is not None  # checked by the caller
+        self.ring = StepRing(self.n_envs, tuple(obs_space.shape), np.dtype(obs_space.dtype))
+        self.checker = ActionChecker(spec.action_space, enabled=self.check_actions)
+        self._stops.clear()
+        self._policy_checked = False
+
+    def install_policy(self, policy: Policy) -> None:
+        """Acts with ``policy`` from the next step (the caller drops live work)."""
+        self.policy = policy
+        self._policy_name = type(policy).__name__
+        self._policy_checked = False
+        # Stateless policies keep Policy.reset, a no-op: skip building masks.
+        self._policy_resets = type(policy).reset is not Policy.reset
+        if self.ring is not None:
+            self.ring.reset_policy_outputs()
+
+    def close_envs(self) -> None:
+        """Closes every env."""
+        for env in self.envs:
+            if env is not None:
+                close_quietly(env, self.source_name)
+        self.envs = [None] * self.n_envs
+
+    # ---------------------------------------------------------------- slots
+
+    def begin(self, slot: int, live: Live, env_seed: int, window_end: int = NEVER) -> bool:
+        """Resets the slot's env with ``env_seed`` and makes ``live`` run on it.
+
+        A failing reset is retried with a rebuilt env within the restart
+        budget.
+
+        Returns:
+            False if the env failed past the budget (an EnvError is queued).
+        """
+        ring, source = self.ring, self.source
+        assert ring is not None and source is not None  # the caller checked for an env
+        while True:
+            try:
+                env = self.envs[slot]
+                if env is None:
+                    env = self.envs[slot] = source.rebuild()
+                observation, _ = env.reset(seed=env_seed)
+                ring.obs[self.step_count % ring.capacity, slot] = observation
+                break
+            except Exception as exc:
+                if not self._restart_env(slot, exc, "reset", live, step=0):
+                    return False
+        self._place(slot, live, window_end)
+        return True
+
+    def resume(self, slot: int, live: Live, window_end: int = NEVER) -> None:
+        """Continues a parked episode from its parked observation."""
+        ring = self.ring
+        assert ring is not None and live.parked_obs is not None
+        ring.obs[self.step_count % ring.capacity, slot] = live.parked_obs
+        live.parked_obs = None
+        self._place(slot, live, window_end)
+
+    def reset_policy_rows(self, slots: list[int]) -> None:
+        """Tells a stateful policy that new episodes start on ``slots``."""
+        if slots and self._policy_resets and self.policy is not None:
+            mask = np.zeros(self.n_envs, dtype=bool)
+            mask[slots] = True
+            self.policy.reset(mask)
+
+    def _place(self, slot: int, live: Live, window_end: int) -> None:
+        s = self.step_count
+        live.seg_start = s
+        live.infos = []
+        live.limit_step = s + self.max_len - live.offset - 1 if self.max_len is not None else NEVER
+        stop = live.limit_step
+        if window_end != NEVER and (stop == NEVER or window_end < stop):
+            stop = window_end
+        live.stop_step = stop
+        if stop != NEVER:
+            self._stops.setdefault(stop, []).append(slot)
+        self.live[slot] = live
+        self.n_live += 1
+        position = self._position.get(slot)
+        if position is None:
+            self._membership_changed = True
+        else:  # the slot keeps its row: refresh what may have changed on it
+            self._active_rngs[position] = live.rng
+            self._active_envs[position] = self.envs[slot]
+
+    def drop(self, slot: int) -> Live:
+        """Takes the live segment off a slot (its data is forgotten)."""
+        live = self.live[slot]
+        assert live is not None
+        self.live[slot] = None
+        self.n_live -= 1
+        self._went_idle.append(slot)
+        return live
+
+    def drop_all(self) -> list[Live]:
+        """Drops every live segment; returns them in slot order."""
+        return [self.drop(slot) for slot, live in enumerate(self.live) if live is not None]
+
+    def _refresh_active(self) -> None:
+        if self._went_idle:
+            if any(self.live[slot] is None for slot in self._went_idle):
+                self._membership_changed = True
+            self._went_idle.clear()
+        if self._membership_changed:
+            self._membership_changed = False
+            lives = [(slot, live) for slot, live in enumerate(self.live) if live is not None]
+            self._active = [slot for slot, _ in lives]
+            self._position = {slot: row for row, slot in enumerate(self._active)}
+            self._active_rngs = [live.rng for _, live in lives]
+            self._active_envs = [self.envs[slot] for slot in self._active]
+            everyone = len(self._active) == self.n_envs
+            self._cols = None if everyone else np.array(self._active, dtype=np.intp)
+
+    # -------------------------------------------------------------- stepping
+
+    def advance(self, sink: Sink) -> int:
+        """Steps every live slot once.
+
+        Returns:
+            The number of env steps taken.
+
+        Raises:
+            PolicyError: Or whatever the policy raised; nothing was stepped.
+            EnvError: If the policy failed on a non-finite observation in
+                ``"error"`` mode (that slot's segment is dropped).
+        """
+        if self._went_idle or self._membership_changed:
+            self._refresh_active()
+        active = self._active
+        if not active:
+            return 0
+        ring, policy, checker, spec = self.ring, self.policy, self.checker, self.spec
+        assert ring is not None and policy is not None and checker is not None
+        assert spec is not None
+        if not self._policy_checked:
+            check_policy_fits(policy, spec)
+            self._policy_checked = True
+        s = self.step_count
+        if s + 2 - self._oldest > ring.capacity:  # the ring may be full: look closer
+            starts = [live.seg_start for live in self.live if live is not None]
+            self._oldest = min(starts)
+            ring.ensure(self._oldest, s + 1)
+        row, cols = s % ring.capacity, self._cols
+        observations = ring.obs[row] if cols is None else ring.obs[row, cols]
+        try:
+            actions, agent_infos = policy.get_actions(observations, self._active_rngs)
+            per_env = checker(actions, active, self._policy_name)
+            ring.put_policy_outputs(row, cols, actions, agent_infos)
+        except Exception as exc:
+            self._raise_policy_failure(exc, observations)
+            raise
+
+        live = self.live
+        next_obs: list[Any] = []
+        rewards: list[Any] = []
+        add_obs, add_reward = next_obs.append, rewards.append
+        done: list[tuple[int, bool, bool]] = []
+        failed: list[tuple[int, Exception]] = []
+        # strict=False: the checker matched the lengths already.
+        for slot, env, action in zip(active, self._active_envs, per_env, strict=False):
+            try:
+                observation, reward, terminated, truncated, info = env.step(action)  # type: ignore[union-attr]
+            except Exception as exc:
+                failed.append((slot, exc))
+                # Placeholders keep the rows aligned; the slot's step is discarded.
+                observation, reward, terminated, truncated, info = ring.obs[row, slot], 0.0, 0, 0, 0
+            add_obs(observation)
+            add_reward(reward)
+            if info:
+                live[slot].infos.append((s, info))  # type: ignore[union-attr]
+            if terminated or truncated:
+                done.append((slot, bool(terminated), bool(truncated)))
+        try:
+            ring.put_env_outputs(row, cols, next_obs, rewards)
+        except (ValueError, TypeError):
+            bad = self._find_bad_outputs(row, active, next_obs, rewards, failed)
+            failed.extend(bad)
+            bad_slots = {slot for slot, _ in bad}
+            done = [entry for entry in done if entry[0] not in bad_slots]
+        self.step_count = s + 1
+        stops = self._stops.pop(s, None)
+        if stops:
+            done.extend(self._stopped(stops, s, done, failed))
+        for slot, terminated, truncated in done:
+            self._finish(slot, s, terminated, truncated, sink)
+        for slot, error in failed:
+            self._on_step_failure(slot, error, s, sink)
+        return len(active) - len(failed)
+
+    def _stopped(
+        self,
+        stops: list[int],
+        s: int,
+        done: list[tuple[int, bool, bool]],
+        failed: list[tuple[int, Exception]],
+    ) -> list[tuple[int, bool, bool]]:
+        """The slots whose segment reached its stop step ``s`` (and is still live)."""
+        skip = {slot for slot, _, _ in done} | {slot for slot, _ in failed}
+        stopped = []
+        for slot in stops:
+            live = self.live[slot]
+            # A slot can be listed twice: once by an earlier segment that ended early.
+            if live is not None and live.stop_step == s and slot not in skip:
+                stopped.append((slot, False, False))
+                skip.add(slot)
+        return stopped
+
+    def _find_bad_outputs(
+        self,
+        row: int,
+        active: list[int],
+        next_obs: list[Any],
+        rewards: list[Any],
+        failed: list[tuple[int, Exception]],
+    ) -> list[tuple[int, Exception]]:
+        """Stores outputs one by one; returns the slots whose outputs do not fit."""
+        ring = self.ring
+        assert ring is not None
+        already = {slot for slot, _ in failed}
+        bad: list[tuple[int, Exception]] = []
+        for slot, observation, reward in zip(active, next_obs, rewards, strict=True):
+            if slot in already:
+                continue
+            try:
+                ring.put_env_output(row, slot, observation, reward)
+            except (ValueError, TypeError) as exc:
+                shape = np.shape(observation)
+                bad.append(
+                    (
+                        slot,
+                        type(exc)(
+                            f"step returned an observation of shape {shape} (the space has "
+                            f"{ring.obs.shape[2:]}) or a non-numeric reward {reward!r}: {exc}"
+                        ),
+                    )
+                )
+        return bad
+
+    def _finish(self, slot: int, s: int, terminated: bool, truncated: bool, sink: Sink) -> None:
+        live = self.drop(slot)
+        length = s - live.seg_start + 1
+        ends_episode = terminated or truncated or s == live.limit_step
+        last = (
+            int(step_type_from_gym(live.offset + length, self.max_len, terminated, truncated))
+            if ends_episode
+            else None
+        )
+        record = self._record(slot, live, length, last)
+        if record is not None:
+            sink.on_record(slot, live, record, continues=not ends_episode)
+
+    def _record(self, slot: int, live: Live, length: int, last: int | None) -> Segment | None:
+        """Copies ``length`` steps of a segment out of the ring.
+
+        Returns None (and queues an EnvError) if ``"error"`` mode rejects a
+        non-finite observation.
+        """
+        ring, spec = self.ring, self.spec
+        assert ring is not None and spec is not None
+        observations, actions, rewards, agent_infos = ring.copy_segment(
+            live.seg_start, length, slot
+        )
+        env_infos = self._env_infos(live, length) if live.infos else {}
+        if self.nan_mode == "flag":
+            bad = nonfinite_rows(observations)
+            env_infos["nonfinite_obs"] = bad[:-1] | bad[1:]
+        elif self.nan_mode == "error" and not all_finite(observations):
+            index = int(np.argmax(nonfinite_rows(observations)))
+            self._reject_nonfinite(slot, live, live.offset + index, "")
+            return None
+        return Segment(
+            key=live.key,
+            infos=live.meta,
+            observations=observations[:-1],
+            last_observation=observations[-1],
+            actions=actions,
+            rewards=rewards,
+            agent_infos=agent_infos,
+            env_infos=env_infos,
+            first=live.first,
+            last=last,
+            env_spec=spec,
+        )
+
+    def _env_infos(self, live: Live, length: int) -> NestedArrays:
+        """Stacks the segment's infos (only its non-empty ones were kept)."""
+        per_step: list[Any] = [{}] * length
+        for step, info in live.infos:
+            index = step - live.seg_start
+            if index < length:  # a failed last step's info is not part of the segment
+                per_step[index] = info
+        return stack_step_infos(per_step, self.source_name)
+
+    def _reject_nonfinite(self, slot: int, live: Live, step: int, why: str) -> None:
+        returned_by = "reset" if step == 0 else f"step {step}"
+        self.errors.append(
+            EnvError(
+                f"env {self.source_name} returned a non-finite observation (NaN or inf) "
+                f"from {returned_by} of {live.describe()}{why}; the episode was dropped. "
+                "Fix the env, or create the worker with nan_observations='flag' or 'ignore'",
+                worker=self.name,
+                env_index=slot,
+                step=step,
+            )
+        )
+
+    def _raise_policy_failure(self, exc: Exception, observations: np.ndarray) -> None:
+        """Reports a non-finite observation as the root cause of a policy failure.
+
+        In ``"error"`` mode, the slot's segment is dropped and EnvError raised.
+        """
+        if self.nan_mode != "error":
+            return
+        bad = nonfinite_rows(np.asarray(observations))
+        if not bad.any():
+            return
+        slot = self._active[int(np.argmax(bad))]
+        live = self.drop(slot)
+        step = live.offset + self.step_count - live.seg_start
+        self._reject_nonfinite(
+            slot, live, step, f", and the policy failed on it ({type(exc).__name__}: {exc})"
+        )
+        error = self.errors.pop()
+        raise error from exc
+
+    def _on_step_failure(self, slot: int, exc: Exception, s: int, sink: Sink) -> None:
+        live = self.drop(slot)
+        length = s - live.seg_start
+        if sink.keeps_partial and length:
+            record = self._record(slot, live, length, None)
+            if record is not None:
+                sink.on_record(slot, live, record, continues=False)
+        restarted = self._restart_env(slot, exc, "step", live, step=live.offset + length + 1)
+        sink.on_env_failure(slot, live, restarted)
+
+    def _restart_env(self, slot: int, exc: Exception, call: str, live: Live, *, step: int) -> bool:
+        """Closes a failed env; True if it may be rebuilt, else queues an EnvError."""
+        env = self.envs[slot]
+        self.envs[slot] = None
+        if env is not None:
+            close_quietly(env, self.source_name)
+        assert self.source is not None
+        rebuildable = self.source.rebuildable
+        if rebuildable and self.ledger.try_restart():
+            logger.warning(
+                "worker %s: env %d (%s) raised %s: %s in %s of %s; rebuilding it and "
+                "re-running (%d restarts so far)",
+                self.name,
+                slot,
+                self.source_name,
+                type(exc).__name__,
+                exc,
+                call,
+                live.describe(),
+                self.ledger.total,
+            )
+            return True
+        why = (
+            self.ledger.describe()
+            if rebuildable
+            else "the env was given as an instance and cannot be rebuilt"
+        )
+        self.errors.append(
+            EnvError(
+                f"env {self.source_name} raised {type(exc).__name__}: {exc} in {call} of "
+                f"{live.describe()}; not restarted ({why})",
+                worker=self.name,
+                env_index=slot,
+                step=step,
+                remote_traceback="".join(traceback.format_exception(exc)),
+            )
+        )
+        return False
+
+    def raise_deferred(self) -> None:
+        """Raises the first queued EnvError (noting the others), if any."""
+        if not self.errors:
+            return
+        first, *rest = self.errors
+        self.errors = []
+        for other in rest:
+            first.add_note(f"also in the same step: {str(other).splitlines()[0]}")
+        raise first
+
+
+def close_quietly(env: gym.Env, name: str) -> None:
+    """Closes an env, logging instead of raising: a broken env must not stop the worker."""
+    try:
+        env.close()
+    except Exception as exc:
+        logger.warning("closing env %s raised %s: %s", name, type(exc).__name__, exc)

@@ -1,0 +1,342 @@
+"""Where a worker keeps its steps: a time-major ring, then finished segments.
+
+The hot loop writes each vector step into :class:`StepRing` with one numpy
+assignment per field (like gymnasium's vector envs), never one per env.
+When an episode (or a fragment piece) ends, its rows are copied out of the
+ring into a :class:`Segment`; :func:`build_batch` turns many segments into
+one :class:`~rlfleet.core.EpisodeBatch` with one ``np.concatenate`` per
+field. Nothing is built per step or per episode beyond those copies.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rlfleet.core._arrays import NestedArrays, concat_nested, episode_starts
+from rlfleet.core.env_spec import EnvSpec
+from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.core.step_type import StepType
+from rlfleet.errors import PolicyError
+
+logger = logging.getLogger("rlfleet.worker")
+
+#: Info keys already warned about (warn once per process, not per episode).
+_warned_keys: set[str] = set()
+
+_MID = int(StepType.MID)
+_FIRST = int(StepType.FIRST)
+
+#: episode_infos of every episode, in the order of ``Segment.infos``.
+EPISODE_INFO_KEYS = ("agent_version", "env_seed", "policy_seed", "episode_index", "worker")
+#: episode_infos of fragment pieces (``VecWorker.collect_fragments``).
+FRAGMENT_INFO_KEYS = (*EPISODE_INFO_KEYS, "stream", "fragment_index")
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned_keys:
+        _warned_keys.add(key)
+        logger.warning(message)
+
+
+class StepRing:
+    """Time-major ring of the steps of the segments in flight.
+
+    Row ``step % capacity`` holds vector step ``step`` and column ``slot``
+    holds env slot ``slot``: ``obs[step % capacity, slot]`` is the
+    observation the slot acted on at that step, ``rewards`` what that step
+    returned. Actions and agent_infos get their arrays from
+    the first batch the policy returns. A slot's segment occupies
+    consecutive steps, so copying it out is one strided slice per field.
+    The ring doubles when the oldest live segment would be overwritten.
+
+    ``cols`` arguments select the slots stepped together: None for all
+    slots (a plain slice, the fast path), else an index array.
+
+    Args:
+        n_envs: Number of env slots (columns).
+        obs_shape: Shape of one observation.
+        obs_dtype: Its dtype (observations are cast to it when stored).
+        capacity: Initial number of rows.
+    """
+
+    def __init__(
+        self, n_envs: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype, capacity: int = 64
+    ) -> None:
+        self.n_envs = n_envs
+        self.capacity = capacity
+        self.obs = np.zeros((capacity, n_envs, *obs_shape), dtype=obs_dtype)
+        self.rewards = np.zeros((capacity, n_envs), dtype=np.float64)
+        self.actions: np.ndarray | None = None
+        self.agent_infos: dict[str, np.ndarray] = {}
+
+    def reset_policy_outputs(self) -> None:
+        """Forgets the action and agent_info arrays (the policy changed)."""
+        self.actions = None
+        self.agent_infos = {}
+
+    def put_policy_outputs(
+        self, row: int, cols: np.ndarray | None, actions: np.ndarray, agent_infos: Mapping
+    ) -> None:
+        """Stores one step's actions and agent_infos.
+
+        Raises:
+            PolicyError: If the agent_info keys or trailing shapes change
+                between steps, or an agent_info has the wrong number of rows.
+        """
+        if self.actions is None or agent_infos.keys() != self.agent_infos.keys():
+            self._allocate(actions, agent_infos)
+        where = row if cols is None else (row, cols)
+        try:
+            self.actions[where] = actions  # type: ignore[index]
+            for key, value in agent_infos.items():
+                self.agent_infos[key][where] = value
+        except (ValueError, TypeError) as exc:
+            shapes = {key: np.shape(value) for key, value in agent_infos.items()}
+            raise PolicyError(
+                f"policy outputs changed shape between steps or do not have one row per "
+                f"observation: actions {np.shape(actions)}, agent_infos {shapes} ({exc})"
+            ) from exc
+
+    def put_env_outputs(
+        self, row: int, cols: np.ndarray | None, observations: list[Any], rewards: list[Any]
+    ) -> None:
+        """Stores what one step returned: next observations go to the next row.
+
+        Raises:
+            ValueError, TypeError: If an observation does not fit the space's
+                shape or a reward is not a number (the caller finds which).
+        """
+        next_row = (row + 1) % self.capacity
+        if cols is None:
+            self.obs[next_row] = observations
+            self.rewards[row] = rewards
+        else:
+            self.obs[next_row, cols] = observations
+            self.rewards[row, cols] = rewards
+
+    def put_env_output(self, row: int, slot: int, observation: Any, reward: Any) -> None:
+        """Stores one slot's step results (the slow path that finds bad values)."""
+        self.obs[(row + 1) % self.capacity, slot] = observation
+        self.rewards[row, slot] = reward
+
+    def _allocate(self, actions: np.ndarray, agent_infos: Mapping) -> None:
+        if self.actions is not None:
+            raise PolicyError(
+                f"policy agent_infos keys changed between steps from {sorted(self.agent_infos)} "
+                f"to {sorted(agent_infos)}; a policy must return the same keys every step"
+            )
+        self.actions = self._empty_like_rows(actions, "actions")
+        self.agent_infos = {
+            key: self._empty_like_rows(value, f"agent_infos[{key!r}]")
+            for key, value in agent_infos.items()
+        }
+
+    def _empty_like_rows(self, batch: Any, what: str) -> np.ndarray:
+        if not isinstance(batch, np.ndarray) or batch.ndim == 0:
+            raise PolicyError(
+                f"policy returned {what} of type {type(batch).__name__}; expected a numpy "
+                "array with one row per observation"
+            )
+        return np.zeros((self.capacity, self.n_envs, *batch.shape[1:]), dtype=batch.dtype)
+
+    def ensure(self, oldest_step: int, newest_step: int) -> None:
+        """Grows the ring so that steps ``oldest_step..newest_step`` fit.
+
+        Rows of steps ``oldest_step..newest_step - 1`` keep their content.
+        """
+        needed = newest_step - oldest_step + 1
+        if needed <= self.capacity:
+            return
+        old_capacity = self.capacity
+        self.capacity = max(2 * old_capacity, needed)
+        steps = np.arange(oldest_step, newest_step)
+        old_rows, new_rows = steps % old_capacity, steps % self.capacity
+
+        def regrow(array: np.ndarray) -> np.ndarray:
+            grown = np.zeros((self.capacity, *array.shape[1:]), dtype=array.dtype)
+            grown[new_rows] = array[old_rows]
+            return grown
+
+        self.obs, self.rewards = regrow(self.obs), regrow(self.rewards)
+        if self.actions is not None:
+            self.actions = regrow(self.actions)
+        self.agent_infos = {key: regrow(value) for key, value in self.agent_infos.items()}
+
+    def copy_segment(
+        self, first_step: int, length: int, slot: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """Copies out ``length`` consecutive steps of one slot, from ``first_step``.
+
+        Returns:
+            observations (``length + 1`` rows: the last is the observation
+            after the last step), actions, rewards and agent_infos.
+        """
+        assert self.actions is not None  # a step was taken
+        start = first_step % self.capacity
+        if start + length < self.capacity:  # the common case: no wrap-around
+            stop = start + length
+            return (
+                self.obs[start : stop + 1, slot].copy(),
+                self.actions[start:stop, slot].copy(),
+                self.rewards[start:stop, slot].copy(),
+                {key: value[start:stop, slot].copy() for key, value in self.agent_infos.items()},
+            )
+        steps = np.arange(first_step, first_step + length + 1) % self.capacity
+        rows = steps[:-1]
+        return (
+            self.obs[steps, slot],
+            self.actions[rows, slot],
+            self.rewards[rows, slot],
+            {key: value[rows, slot] for key, value in self.agent_infos.items()},
+        )
+
+
+@dataclass(slots=True)
+class Segment:
+    """A finished episode or fragment piece, copied out of the ring.
+
+    Attributes:
+        key: Sort key; batches list segments in increasing key order.
+        infos: Its episode_infos values, in the order of
+            :data:`EPISODE_INFO_KEYS` (or :data:`FRAGMENT_INFO_KEYS`).
+        observations: (T, *O).
+        last_observation: (*O): the observation after its last step.
+        actions: (T, *A).
+        rewards: (T,) float64.
+        agent_infos: Arrays (T, ...).
+        env_infos: Arrays or nested dicts of arrays (T, ...).
+        first: Whether the segment starts its episode (first step FIRST).
+        last: StepType of its last step if it ends the episode, else None
+            (a piece cut mid-episode ends with MID).
+        env_spec: Spec of the env that produced it.
+    """
+
+    key: tuple[int, ...]
+    infos: tuple[int, ...]
+    observations: np.ndarray
+    last_observation: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+    agent_infos: dict[str, np.ndarray]
+    env_infos: NestedArrays
+    first: bool
+    last: int | None
+    env_spec: EnvSpec
+
+    @property
+    def length(self) -> int:
+        """Number of steps T."""
+        return len(self.rewards)
+
+
+def record_key(record: Segment) -> tuple[int, ...]:
+    """Sort key of segments: (request, index), or (stream, episode, fragment)."""
+    return record.key
+
+
+def stack_step_infos(infos: Sequence[Mapping[str, Any]], where: str) -> NestedArrays:
+    """Stacks per-step info dicts into arrays, one per key present at every step.
+
+    gymnasium envs may add keys on some steps only (e.g. statistics on the
+    last step); such keys cannot form a column and are dropped, with one
+    warning per key.
+
+    Args:
+        infos: One dict per step.
+        where: Names the env in warnings.
+
+    Returns:
+        ``{key: array (T, ...)}``, nested for dict-valued keys.
+    """
+    if not any(infos):
+        return {}
+    common = [key for key in infos[0] if all(key in info for info in infos)]
+    dropped = set().union(*infos) - set(common)
+    for key in dropped:
+        _warn_once(
+            key,
+            f"env {where}: env info {key!r} is missing at some steps of an episode and is "
+            "left out of env_infos (only keys present at every step become columns)",
+        )
+    stacked: NestedArrays = {}
+    for key in common:
+        values = [info[key] for info in infos]
+        if isinstance(values[0], Mapping) and all(isinstance(v, Mapping) for v in values):
+            stacked[key] = stack_step_infos(values, where)
+            continue
+        try:
+            column = np.asarray(values)
+        except ValueError:
+            column = None
+        if column is None or column.dtype == object:
+            _warn_once(
+                key,
+                f"env {where}: env info {key!r} does not stack into a numeric array "
+                "(ragged or mixed values) and is left out of env_infos",
+            )
+            continue
+        stacked[key] = column
+    return stacked
+
+
+def _common_infos(dicts: Sequence[Mapping], what: str) -> list[Mapping]:
+    """The dicts restricted to the keys all of them have (warning about the rest)."""
+    common = set(dicts[0]).intersection(*dicts[1:])
+    if all(len(d) == len(common) for d in dicts):
+        return list(dicts)
+    for key in set().union(*dicts) - common:
+        _warn_once(
+            key,
+            f"{what} {key!r} is present in some episodes of a batch but not all; it is "
+            "left out of the batch",
+        )
+    return [{key: d[key] for key in d if key in common} for d in dicts]
+
+
+def build_batch(
+    env_spec: EnvSpec, segments: Sequence[Segment], info_keys: Sequence[str]
+) -> EpisodeBatch:
+    """Builds one EpisodeBatch from segments, in the given order.
+
+    Args:
+        env_spec: The env's spec.
+        segments: At least one segment.
+        info_keys: Names of the segments' ``infos`` values.
+
+    Returns:
+        The batch: one ``np.concatenate`` per field, step types computed with
+        vectorised writes at each segment's first and last step.
+    """
+    n = len(segments)
+    lengths = np.fromiter((s.length for s in segments), dtype=np.int64, count=n)
+    starts = episode_starts(lengths)
+    step_types = np.full(int(lengths.sum()), _MID, dtype=np.int64)
+    firsts = np.fromiter((s.first for s in segments), dtype=bool, count=n)
+    step_types[starts[firsts]] = _FIRST
+    # The last step's type wins over FIRST for one-step episodes, as in garage.
+    ends = [(i, s.last) for i, s in enumerate(segments) if s.last is not None]
+    if ends:
+        index, types = zip(*ends, strict=True)
+        step_types[starts[list(index)] + lengths[list(index)] - 1] = types
+    table = np.array([s.infos for s in segments], dtype=np.int64).reshape(n, len(info_keys))
+    return EpisodeBatch(
+        env_spec=env_spec,
+        episode_infos={key: table[:, j].copy() for j, key in enumerate(info_keys)},
+        observations=np.concatenate([s.observations for s in segments]),
+        last_observations=np.stack([s.last_observation for s in segments]),
+        actions=np.concatenate([s.actions for s in segments]),
+        rewards=np.concatenate([s.rewards for s in segments]),
+        env_infos=concat_nested(
+            _common_infos([s.env_infos for s in segments], "env info"), "env_infos"
+        ),
+        agent_infos=concat_nested(
+            _common_infos([s.agent_infos for s in segments], "agent info"), "agent_infos"
+        ),
+        step_types=step_types,
+        lengths=lengths,
+    )

@@ -1,0 +1,134 @@
+"""Agent and env updates: what a worker accepts and how it turns them into
+the policy and the envs it runs."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias
+
+import gymnasium as gym
+import numpy as np
+
+from rlfleet.core.env_spec import EnvSpec
+from rlfleet.envs.config import EnvConfig
+from rlfleet.errors import ConfigError, PolicyError
+from rlfleet.policies.base import Policy
+from rlfleet.policies.spec import PolicySpec
+
+#: An agent update: parameters (``Policy.set_param_values``), a whole policy,
+#: a policy spec (or its name / JSON), or None for no change.
+AgentUpdate: TypeAlias = Mapping[str, np.ndarray] | Policy | PolicySpec | str | None
+#: An env update: an EnvConfig or any env factory, a gymnasium Env (garage
+#: style), or None for no change.
+EnvUpdate: TypeAlias = EnvConfig | Callable[[], gym.Env] | gym.Env | None
+
+
+class EnvSource:
+    """Builds the envs of a worker's slots from one env update.
+
+    A factory (an :class:`~rlfleet.envs.config.EnvConfig` is one) is called
+    once per env and again to rebuild an env that crashed. A gymnasium Env
+    instance is used as env 0 and deep-copied for the others, as garage's
+    VecWorker does; an instance cannot be rebuilt, so its crashes are final.
+
+    Args:
+        update: The env update (not None).
+
+    Raises:
+        TypeError: If ``update`` is neither an Env nor callable.
+    """
+
+    def __init__(self, update: EnvConfig | Callable[[], gym.Env] | gym.Env) -> None:
+        self._factory: Callable[[], gym.Env] | None = None
+        self._instance: gym.Env | None = None
+        if isinstance(update, gym.Env):
+            self._instance = update
+            self.name = f"{type(update.unwrapped).__name__} instance"
+        elif callable(update):
+            self._factory = update
+            self.name = repr(update.id) if isinstance(update, EnvConfig) else repr(update)
+        else:
+            raise TypeError(
+                "env update must be an EnvConfig, a callable returning a gymnasium Env, "
+                f"a gymnasium Env, or None; got {type(update).__name__}"
+            )
+        self.max_episode_length = (
+            update.max_episode_length if isinstance(update, EnvConfig) else None
+        )
+
+    @property
+    def rebuildable(self) -> bool:
+        """Whether a crashed env can be replaced by a fresh one."""
+        return self._factory is not None
+
+    def make(self, index: int) -> gym.Env:
+        """Builds the env of slot ``index`` (called once per slot per update).
+
+        Raises:
+            ConfigError: If the factory returns something else than an Env,
+                or an instance cannot be copied for slot ``index`` > 0.
+        """
+        if self._factory is None:
+            assert self._instance is not None  # one of the two is set in __init__
+            if index == 0:
+                return self._instance
+            try:
+                return copy.deepcopy(self._instance)
+            except Exception as exc:  # deepcopy fails in many ways (locks, handles, ...)
+                raise ConfigError(
+                    f"cannot deep-copy the env {self.name} for env slot {index} "
+                    f"({type(exc).__name__}: {exc}); pass an EnvConfig or an env factory "
+                    "instead of an instance"
+                ) from exc
+        env = self._factory()
+        if not isinstance(env, gym.Env):
+            raise ConfigError(
+                f"env factory {self.name} returned {type(env).__name__}, not a gymnasium Env"
+            )
+        return env
+
+    def rebuild(self) -> gym.Env:
+        """Builds a fresh env to replace a crashed one (factories only)."""
+        if self._factory is None:
+            raise ConfigError(
+                f"the env {self.name} was given as an instance and cannot be rebuilt; "
+                "pass an EnvConfig or an env factory to let the worker restart crashed envs"
+            )
+        return self.make(-1)
+
+
+def check_observation_space(space: gym.Space, where: str) -> None:
+    """Rejects observation spaces that have no array shape (Dict, Tuple, ...).
+
+    Raises:
+        ConfigError: Suggesting a flattening wrapper.
+    """
+    if space.shape is None:
+        raise ConfigError(
+            f"{where}: workers store observations as arrays, and {space} has no array "
+            "shape; wrap the env with gymnasium.wrappers.FlattenObservation"
+        )
+
+
+def check_policy_fits(policy: Policy, env_spec: EnvSpec) -> None:
+    """Raises PolicyError if the policy was built for other spaces than the env's."""
+    theirs = getattr(policy, "env_spec", None)
+    if theirs is None:
+        return
+    for name in ("observation_space", "action_space"):
+        mine, its = getattr(env_spec, name), getattr(theirs, name, None)
+        if its is not None and its != mine:
+            raise PolicyError(
+                f"{type(policy).__name__} was built for {name} {its} but the worker's env "
+                f"has {mine}; send an agent update built for this env (or an env update "
+                "matching the policy)"
+            )
+
+
+def describe_update(update: Any) -> str:
+    """A short description of an unsupported agent update, for TypeErrors."""
+    return (
+        "agent update must be a dict of parameter arrays, a Policy, a PolicySpec (or "
+        f"its name or JSON), or None; got {type(update).__name__}"
+    )

@@ -1,0 +1,86 @@
+"""Episode units: the work a sampler hands to a worker, one episode each.
+
+A unit carries the seeds of its episode, derived by the sampler (or the
+coordinator) with :func:`rlfleet.seeding.episode_seeds`. A worker only uses
+the seeds, never derives them: that is what makes episode k the same episode
+whichever worker, env slot or retry runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rlfleet.errors import ConfigError
+from rlfleet.seeding import SEED_BITS, episode_seeds
+
+_SEED_LIMIT = 1 << SEED_BITS
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeUnit:
+    """One episode to run: its index within its request and its two seeds.
+
+    Args:
+        episode_index: Index of the episode within its request (>= 0).
+            Batches are ordered by it.
+        env_seed: Passed to ``env.reset(seed=env_seed)`` at the episode start.
+        policy_seed: Seeds the episode's own action-sampling generator,
+            ``numpy.random.default_rng(policy_seed)``.
+        request: The sampling request the episode belongs to (>= 0); lets a
+            worker cancel or take one request's episodes.
+
+    Raises:
+        ConfigError: If a field is not an int, is negative, or a seed does not
+            fit in 32 bits (the wire carries seeds as uint32).
+    """
+
+    episode_index: int
+    env_seed: int
+    policy_seed: int
+    request: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("episode_index", "env_seed", "policy_seed", "request"):
+            value = getattr(self, name)
+            # bool is an int subclass; a True index is a bug, not episode 1.
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"EpisodeUnit.{name} must be an int >= 0, got {value!r}")
+        for name in ("env_seed", "policy_seed"):
+            if getattr(self, name) >= _SEED_LIMIT:
+                raise ConfigError(
+                    f"EpisodeUnit.{name} must fit in {SEED_BITS} bits, got {getattr(self, name)}; "
+                    "derive seeds with rlfleet.seeding.episode_seeds"
+                )
+
+    @classmethod
+    def seeded(cls, base_seed: int, request: int, episode_index: int) -> EpisodeUnit:
+        """Builds the unit of episode ``episode_index`` of ``request``.
+
+        Args:
+            base_seed: The sampler's seed.
+            request: Index of the sampling request.
+            episode_index: Index of the episode within the request.
+
+        Returns:
+            The unit, with seeds from :func:`rlfleet.seeding.episode_seeds`.
+        """
+        env_seed, policy_seed = episode_seeds(base_seed, request, episode_index)
+        return cls(episode_index, env_seed, policy_seed, request)
+
+
+def make_units(base_seed: int, request: int, episode_indices: Iterable[int]) -> list[EpisodeUnit]:
+    """Builds the units of several episodes of one request.
+
+    Args:
+        base_seed: The sampler's seed.
+        request: Index of the sampling request.
+        episode_indices: The episodes, e.g. ``range(n)``.
+
+    Returns:
+        One :meth:`EpisodeUnit.seeded` unit per index, in the given order.
+    """
+    return [EpisodeUnit.seeded(base_seed, request, index) for index in episode_indices]
+
+
+__all__ = ["EpisodeUnit", "make_units"]

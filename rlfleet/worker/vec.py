@@ -1,0 +1,640 @@
+"""VecWorker: n env copies stepped together with one batched policy call.
+
+This is everything a worker does on one machine. The remote worker runs
+exactly this class and drives it between network messages through the
+incremental API (:meth:`VecWorker.submit`, :meth:`VecWorker.step`,
+:meth:`VecWorker.take_finished`, :meth:`VecWorker.cancel`); samplers on one
+machine use :meth:`VecWorker.run` and :meth:`VecWorker.collect_fragments`.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+
+from rlfleet.core.env_spec import EnvSpec
+from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.errors import ConfigError, PolicyError
+from rlfleet.policies.base import Policy
+from rlfleet.policies.random import RandomPolicy
+from rlfleet.policies.spec import PolicySpec, make_policy
+from rlfleet.worker._engine import Live, SlotEngine, close_quietly
+from rlfleet.worker._episode_buffer import (
+    EPISODE_INFO_KEYS,
+    FRAGMENT_INFO_KEYS,
+    Segment,
+    build_batch,
+    record_key,
+)
+from rlfleet.worker._restarts import EnvRestartBudget, RestartLedger
+from rlfleet.worker._streams import FragmentStreams
+from rlfleet.worker._updates import (
+    AgentUpdate,
+    EnvSource,
+    EnvUpdate,
+    check_observation_space,
+    describe_update,
+)
+from rlfleet.worker.units import EpisodeUnit
+
+NanMode = Literal["error", "flag", "ignore"]
+_NAN_MODES = ("error", "flag", "ignore")
+
+
+class VecWorker:
+    """Runs ``n_envs`` env copies, stepping all busy ones with one policy call.
+
+    **Episodes and determinism.** Work arrives as :class:`EpisodeUnit` s,
+    each carrying its episode index and seeds. A slot starting a unit calls
+    ``env.reset(seed=unit.env_seed)`` and gives the episode its own
+    ``numpy.random.default_rng(unit.policy_seed)``, passed as that row's
+    generator to ``policy.get_actions``. So an episode depends only on its
+    unit and the agent, never on which worker or slot ran it. Finished
+    episodes come out of :meth:`take_finished` ordered by (request, episode
+    index), concatenated into one :class:`~rlfleet.core.EpisodeBatch`.
+
+    **Agent and env updates abort in-flight episodes.** An update applied
+    while episodes run aborts them and re-queues their units (same seeds) at
+    the front of the queue. Every episode is therefore produced by exactly
+    one agent version and one env: an on-policy learner can trust the
+    ``agent_version`` of each episode, and an episode re-run after the
+    update is the same episode the new agent would have produced from the
+    start. Before any policy is given, the worker acts with
+    :class:`~rlfleet.policies.RandomPolicy`.
+
+    **Step types.** gymnasium ``terminated`` gives TERMINAL; ``truncated``
+    or reaching ``max_episode_length`` gives TIMEOUT
+    (:func:`~rlfleet.core.step_type_from_gym`); ``last_observations`` hold
+    the observation returned by the last step.
+
+    **episode_infos** (int64): ``agent_version``, ``env_seed``,
+    ``policy_seed``, ``episode_index``, ``worker`` (the worker number);
+    fragments add ``stream`` and ``fragment_index`` (see
+    :meth:`collect_fragments`). env_infos hold the gymnasium info keys
+    present at every step of an episode.
+
+    **Crashing envs.** An env that raises in ``reset`` or ``step`` is closed,
+    rebuilt, and its episode re-run from the unit's seeds, within
+    ``max_env_restarts``. Past the budget the unit is dropped and
+    :class:`~rlfleet.errors.EnvError` is raised once the current step has
+    finished for every other slot, so the worker stays usable. An env given
+    as an instance cannot be rebuilt, so its crashes always raise.
+
+    **Non-finite observations** (``nan_observations``): ``"error"`` drops the
+    episode and raises EnvError naming the env index and the step that
+    returned it (checked in one vectorised call when the episode ends, or at
+    once if the policy fails on it); ``"flag"`` adds a bool env_info
+    ``nonfinite_obs``, True for steps whose observation or next observation
+    holds NaN or inf (present in every batch in this mode); ``"ignore"``.
+
+    **Bad actions** (``check_actions``): actions of the wrong shape or dtype
+    kind, outside a Discrete / MultiDiscrete / MultiBinary space, or NaN
+    raise :class:`~rlfleet.errors.PolicyError` naming the env index and the
+    action. Box bounds are not enforced (garage does not clip; gymnasium Box
+    envs clip themselves). When the policy fails, in-flight episodes are
+    aborted and re-queued, so an agent update that fixes the policy re-runs
+    them from their seeds.
+
+    Args:
+        n_envs: Number of env copies (slots).
+        seed: Base seed of policies built from specs (initial weights) and of
+            the default RandomPolicy; episode seeds come with the units.
+        max_episode_length: Cut episodes off after this many steps (TIMEOUT);
+            None uses the env update's ``max_episode_length``, else the
+            env's registered limit.
+        worker_number: This worker's number, recorded in episode_infos.
+        env: Initial env update (EnvConfig, env factory or gymnasium Env).
+        policy: Initial policy (Policy, PolicySpec or spec name); None acts
+            randomly.
+        max_env_restarts: An :class:`EnvRestartBudget` (default: at most 5
+            restarts a minute, 50 in the worker's lifetime), or an int n for
+            at most n restarts in the worker's lifetime.
+        nan_observations: ``"error"``, ``"flag"`` or ``"ignore"``.
+        check_actions: Validate each action batch (a few vectorised numpy
+            calls per step).
+        name: Names the worker in errors; defaults to ``str(worker_number)``.
+
+    Raises:
+        ConfigError: If an argument is invalid.
+    """
+
+    def __init__(
+        self,
+        *,
+        n_envs: int,
+        seed: int = 0,
+        max_episode_length: int | None = None,
+        worker_number: int = 0,
+        env: EnvUpdate = None,
+        policy: AgentUpdate = None,
+        max_env_restarts: int | EnvRestartBudget = EnvRestartBudget(),  # noqa: B008 (frozen)
+        nan_observations: NanMode = "error",
+        check_actions: bool = True,
+        name: str | None = None,
+    ) -> None:
+        check_int("n_envs", n_envs, minimum=1)
+        check_int("seed", seed, minimum=0)
+        check_int("worker_number", worker_number, minimum=0)
+        if max_episode_length is not None:
+            check_int("max_episode_length", max_episode_length, minimum=1)
+        if nan_observations not in _NAN_MODES:
+            raise ConfigError(
+                f"nan_observations must be one of {_NAN_MODES}, got {nan_observations!r}"
+            )
+        self.n_envs = n_envs
+        self.worker_number = worker_number
+        self.name = name if name is not None else str(worker_number)
+        self._seed = seed
+        self._max_episode_length = max_episode_length
+        self._engine = SlotEngine(
+            n_envs,
+            name=self.name,
+            nan_mode=nan_observations,
+            check_actions=check_actions,
+            ledger=RestartLedger(EnvRestartBudget.coerce(max_env_restarts)),
+        )
+        self._closed = False
+        self._pending_policy: PolicySpec | str | None = None  # waits for the first env
+        self._policy_is_default = True
+        self._agent_version = 0
+        self._queue: collections.deque[EpisodeUnit] = collections.deque()
+        self._finished: list[Segment] = []
+        self._finished_steps = 0
+        self._units = _UnitSink(self)
+        self._streams = FragmentStreams(
+            self._engine, worker_number=worker_number, agent_version=lambda: self._agent_version
+        )
+        self.update_env(env)
+        self.update_agent(policy, version=0)
+
+    def __repr__(self) -> str:
+        env = self._engine.source_name
+        return (
+            f"VecWorker(name={self.name!r}, n_envs={self.n_envs}, env={env}, "
+            f"agent_version={self._agent_version}, queued={len(self._queue)}, "
+            f"active={self._engine.n_live}, finished={len(self._finished)})"
+        )
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def env_spec(self) -> EnvSpec:
+        """The current env's spec, including the effective max_episode_length.
+
+        Raises:
+            ConfigError: If the worker has no env yet.
+        """
+        spec = self._engine.spec
+        if spec is None:
+            raise self._no_env()
+        return spec
+
+    @property
+    def policy(self) -> Policy | None:
+        """The policy the worker acts with (None until it has an env or a Policy)."""
+        return self._engine.policy
+
+    @property
+    def agent_version(self) -> int:
+        """Version of the current agent (0 initially, +1 per agent update)."""
+        return self._agent_version
+
+    @property
+    def envs(self) -> list[gym.Env | None]:
+        """The env of each slot (None while a crashed env awaits rebuilding)."""
+        return list(self._engine.envs)
+
+    @property
+    def restarts(self) -> int:
+        """Envs rebuilt after a crash, over the worker's lifetime."""
+        return self._engine.ledger.total
+
+    @property
+    def finished_count(self) -> int:
+        """Finished episodes not yet taken."""
+        return len(self._finished)
+
+    @property
+    def finished_steps(self) -> int:
+        """Total steps of the finished episodes not yet taken."""
+        return self._finished_steps
+
+    @property
+    def active_count(self) -> int:
+        """Episodes in flight (one per busy slot)."""
+        return self._engine.n_live
+
+    @property
+    def active_steps(self) -> int:
+        """Steps taken so far by the episodes in flight."""
+        now = self._engine.step_count
+        return sum(now - live.seg_start for live in self._engine.live if live is not None)
+
+    @property
+    def queued_count(self) -> int:
+        """Units waiting for a free slot."""
+        return len(self._queue)
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is queued or in flight (finished ones may wait)."""
+        return not self._queue and not self._engine.n_live
+
+    # --------------------------------------------------------------- updates
+
+    def update_agent(self, agent_update: AgentUpdate, version: int | None = None) -> int:
+        """Applies an agent update; aborts and re-queues in-flight episodes.
+
+        Args:
+            agent_update: A dict of parameter arrays (``set_param_values`` on
+                the current policy), a Policy (replaces it), a PolicySpec or
+                its name (built with ``make_policy``, seeded with the worker's
+                seed), or None (no change).
+            version: The agent version to record; None bumps it by one.
+
+        Returns:
+            The agent version now in force.
+
+        Raises:
+            PolicyError: If the parameters do not fit the policy (nothing
+                changes then).
+            ConfigError: If a spec cannot be built.
+            TypeError: If the update is of another type.
+        """
+        self._require_open()
+        if agent_update is None:
+            return self._agent_version
+        if version is not None:
+            check_int("version", version, minimum=0)
+        engine = self._engine
+        if isinstance(agent_update, Mapping):
+            if engine.policy is None:
+                raise PolicyError(
+                    "got parameters but the worker has no policy to set them on yet; "
+                    "send a Policy or PolicySpec first (and an env update)"
+                )
+            engine.policy.set_param_values(agent_update)
+            new_policy = engine.policy
+        elif isinstance(agent_update, Policy):
+            new_policy, self._pending_policy = agent_update, None
+            self._policy_is_default = False
+        elif isinstance(agent_update, PolicySpec | str):
+            if engine.spec is None:
+                self._pending_policy, new_policy = agent_update, None  # built by update_env
+            else:
+                # Seeded with the worker's seed: workers build the same initial weights.
+                new_policy = make_policy(agent_update, engine.spec, seed=self._seed)
+                self._pending_policy = None
+            self._policy_is_default = False
+        else:
+            raise TypeError(describe_update(agent_update))
+        self._agent_version = self._agent_version + 1 if version is None else version
+        self._abort_in_flight()
+        if new_policy is not None:
+            engine.install_policy(new_policy)
+        return self._agent_version
+
+    def update_env(self, env_update: EnvUpdate) -> None:
+        """Replaces the envs; aborts and re-queues in-flight episodes.
+
+        Args:
+            env_update: An EnvConfig or env factory (called once per slot,
+                and again to rebuild a crashed env), a gymnasium Env (slot 0
+                uses it, the others get deep copies), or None (no change).
+
+        Raises:
+            ConfigError: If the env cannot be built or its observations have
+                no array shape (Dict, Tuple: flatten them).
+            TypeError: If the update is of another type.
+        """
+        self._require_open()
+        if env_update is None:
+            return
+        source = EnvSource(env_update)
+        envs: list[gym.Env] = []
+        try:
+            for index in range(self.n_envs):
+                envs.append(source.make(index))
+            max_len = self._max_episode_length or source.max_episode_length
+            spec = EnvSpec.from_env(envs[0], max_len)
+            check_observation_space(spec.observation_space, f"env {source.name}")
+        except BaseException:
+            for env in envs:
+                if env is not env_update:
+                    close_quietly(env, source.name)
+            raise
+        self._abort_in_flight()
+        self._streams.abandon()
+        self._engine.install_envs(source, envs, spec)
+        if self._pending_policy is not None:
+            self._engine.install_policy(make_policy(self._pending_policy, spec, seed=self._seed))
+            self._pending_policy = None
+        elif self._engine.policy is None or self._policy_is_default:
+            self._engine.install_policy(RandomPolicy(spec, seed=self._seed))
+        else:
+            self._engine.install_policy(self._engine.policy)  # re-checked against the env
+
+    # ------------------------------------------------------ incremental API
+
+    def submit(self, units: Iterable[EpisodeUnit]) -> None:
+        """Queues units (FIFO); idle slots take them at the start of a step.
+
+        Submitting ends any open fragment streams (their envs are reused);
+        each stream continues with its next episode on the next
+        :meth:`collect_fragments`.
+
+        Raises:
+            TypeError: If an item is not an EpisodeUnit.
+        """
+        self._require_open()
+        units = list(units)
+        for unit in units:
+            if not isinstance(unit, EpisodeUnit):
+                raise TypeError(f"submit() takes EpisodeUnit objects, got {type(unit).__name__}")
+        if units:
+            self._streams.abandon()
+        self._queue.extend(units)
+
+    def start_queued(self) -> int:
+        """Starts queued units on idle slots now (``step`` does this itself).
+
+        Returns:
+            The number of episodes started.
+
+        Raises:
+            EnvError: If an env failed past the restart budget.
+        """
+        self._require_open()
+        started = self._start_queued()
+        self._engine.raise_deferred()
+        return started
+
+    def step(self) -> int:
+        """Takes one vector step over the busy slots.
+
+        Idle slots first take queued units (resetting their envs). Finished
+        episodes are kept until :meth:`take_finished`.
+
+        Returns:
+            The number of env steps taken (0 when idle).
+
+        Raises:
+            EnvError: If an env failed past the restart budget, or returned a
+                non-finite observation in ``"error"`` mode; the other slots
+                have completed the step.
+            PolicyError: If the policy's actions are invalid (in-flight
+                episodes are aborted and re-queued).
+        """
+        if self._closed:
+            self._require_open()
+        if self._queue and self._engine.n_live < self.n_envs:
+            self._start_queued()
+        try:
+            taken = self._engine.advance(self._units)
+        except Exception:
+            self._abort_in_flight()
+            raise
+        if self._engine.errors:
+            self._engine.raise_deferred()
+        return taken
+
+    def take_finished(
+        self, max_episodes: int | None = None, *, request: int | None = None
+    ) -> EpisodeBatch | None:
+        """Removes and returns finished episodes as one batch.
+
+        Args:
+            max_episodes: Take at most this many (the lowest-ordered ones).
+            request: Take only this request's episodes.
+
+        Returns:
+            The episodes ordered by (request, episode index), or None if
+            there are none. A batch never mixes envs: after an env update,
+            the old env's episodes come out first.
+        """
+        if max_episodes is not None:
+            check_int("max_episodes", max_episodes, minimum=1)
+        chosen = [r for r in self._finished if request is None or r.key[0] == request]
+        if not chosen:
+            return None
+        chosen.sort(key=record_key)
+        spec = chosen[0].env_spec
+        chosen = [r for r in chosen if r.env_spec is spec][:max_episodes]
+        taken = {id(r) for r in chosen}
+        self._finished = [r for r in self._finished if id(r) not in taken]
+        self._finished_steps -= sum(r.length for r in chosen)
+        return build_batch(spec, chosen, EPISODE_INFO_KEYS)
+
+    def cancel(
+        self, episode_indices: Iterable[int] | None = None, request: int | None = None
+    ) -> list[int]:
+        """Drops queued, in-flight and finished-but-untaken episodes.
+
+        In-flight episodes' partial data is discarded and their slots become
+        idle.
+
+        Args:
+            episode_indices: Which episodes; None for all.
+            request: Only this request's episodes; None for any request.
+
+        Returns:
+            The cancelled episode indices, sorted.
+        """
+        indices = None if episode_indices is None else set(episode_indices)
+
+        def matches(unit_request: int, index: int) -> bool:
+            return (indices is None or index in indices) and (
+                request is None or unit_request == request
+            )
+
+        cancelled = [u.episode_index for u in self._queue if matches(u.request, u.episode_index)]
+        self._queue = collections.deque(
+            u for u in self._queue if not matches(u.request, u.episode_index)
+        )
+        for slot, live in enumerate(self._engine.live):
+            unit = live.unit if live is not None else None
+            if unit is not None and matches(unit.request, unit.episode_index):
+                cancelled.append(unit.episode_index)
+                self._engine.drop(slot)
+        kept = []
+        for record in self._finished:
+            record_request, index = record.key
+            if matches(record_request, index):
+                cancelled.append(index)
+                self._finished_steps -= record.length
+            else:
+                kept.append(record)
+        self._finished = kept
+        return sorted(cancelled)
+
+    def run(self, units: Iterable[EpisodeUnit]) -> EpisodeBatch:
+        """Runs units to completion: submit, step until idle, take.
+
+        Returns:
+            Every finished episode (these and any left from before).
+
+        Raises:
+            ValueError: If there is nothing to return.
+        """
+        self.submit(units)
+        while not self.idle:
+            self.step()
+        batch = self.take_finished()
+        if batch is None:
+            raise ValueError("VecWorker.run: no units were given and none had finished")
+        return batch
+
+    # -------------------------------------------------------------- fragments
+
+    def collect_fragments(
+        self, fragment_length: int, *, base_seed: int, first_stream: int
+    ) -> EpisodeBatch:
+        """Collects exactly ``fragment_length`` steps from every slot.
+
+        RLlib's ``truncate_episodes`` (garage's FragmentWorker): slot i runs
+        the continuous stream ``first_stream + i``, whose episodes continue
+        across calls. The k-th episode of a stream gets its seeds from
+        :func:`rlfleet.seeding.stream_seeds` ``(base_seed, stream, k)``.
+
+        Each call returns, per slot, ``fragment_length`` steps split at
+        episode boundaries: every returned "episode" is a contiguous piece
+        of one episode, never spanning two. A piece's first step is FIRST if
+        it starts its episode, else MID. A piece cut by the window ends with
+        MID (not TIMEOUT) and its last observation is the observation the
+        next piece starts from, so a learner can bootstrap; a piece that ends
+        its episode ends with TERMINAL or TIMEOUT.
+
+        episode_infos: ``stream``, ``episode_index`` (the episode's index
+        within its stream), ``fragment_index`` (the piece's index within its
+        episode), ``agent_version`` (the agent that produced the piece),
+        ``env_seed``, ``policy_seed``, ``worker``. Pieces are ordered by
+        (stream, episode_index, fragment_index). A stream's pieces depend
+        only on its id, the seed, and the agents and fragment lengths of the
+        calls, not on which worker or slot runs it.
+
+        An agent update between calls applies from the next call: episodes
+        continue with the new policy. An env update, :meth:`submit`, calling
+        with another ``base_seed``/``first_stream``, or an error raised by
+        this method abandons each stream's current episode (its pieces
+        already returned stand); the stream continues with its next episode.
+        An env that crashes mid-episode is rebuilt (within the restart
+        budget), the piece so far is returned cut, and the stream moves on
+        to its next episode.
+
+        Args:
+            fragment_length: Steps per slot per call (>= 1).
+            base_seed: The sampler's seed.
+            first_stream: Global stream id of slot 0.
+
+        Returns:
+            ``n_envs * fragment_length`` steps.
+
+        Raises:
+            RuntimeError: If episode units are queued or in flight.
+            EnvError: As :meth:`step`.
+            PolicyError: As :meth:`step`.
+        """
+        self._require_open()
+        check_int("fragment_length", fragment_length, minimum=1)
+        check_int("base_seed", base_seed, minimum=0)
+        check_int("first_stream", first_stream, minimum=0)
+        if not self.idle:
+            raise RuntimeError(
+                f"collect_fragments needs a worker without episode units, but "
+                f"{len(self._queue)} are queued and {self._engine.n_live} running; take or "
+                "cancel them first"
+            )
+        if self._engine.spec is None:
+            raise self._no_env()
+        pieces = self._streams.collect(fragment_length, base_seed, first_stream)
+        return build_batch(self.env_spec, pieces, FRAGMENT_INFO_KEYS)
+
+    # --------------------------------------------------------------- closing
+
+    def shutdown(self) -> None:
+        """Closes every env and drops all work. Safe to call twice."""
+        if self._closed:
+            return
+        self._queue.clear()
+        self._engine.drop_all()
+        self._finished = []
+        self._finished_steps = 0
+        self._streams.abandon()
+        self._engine.close_envs()
+        self._closed = True
+
+    # ------------------------------------------------------------ internals
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"worker {self.name!r} was shut down")
+
+    def _no_env(self) -> ConfigError:
+        return ConfigError(f"worker {self.name!r} has no env: pass env= or call update_env() first")
+
+    def _start_queued(self) -> int:
+        """Starts queued units on idle slots; returns how many started."""
+        engine = self._engine
+        if not self._queue or engine.n_live == self.n_envs:
+            return 0
+        if engine.spec is None:
+            raise self._no_env()
+        started = []
+        for slot in engine.idle_slots:
+            if not self._queue:
+                break
+            unit = self._queue.popleft()
+            live = Live(
+                unit=unit,
+                rng=np.random.default_rng(unit.policy_seed),
+                # EPISODE_INFO_KEYS order.
+                meta=(
+                    self._agent_version,
+                    unit.env_seed,
+                    unit.policy_seed,
+                    unit.episode_index,
+                    self.worker_number,
+                ),
+                key=(unit.request, unit.episode_index),
+            )
+            if engine.begin(slot, live, unit.env_seed):
+                started.append(slot)
+        engine.reset_policy_rows(started)
+        return len(started)
+
+    def _abort_in_flight(self) -> None:
+        """Re-queues in-flight units at the front of the queue, in order."""
+        units = [live.unit for live in self._engine.drop_all() if live.unit is not None]
+        for unit in sorted(units, key=lambda u: (u.request, u.episode_index), reverse=True):
+            self._queue.appendleft(unit)
+
+
+class _UnitSink:
+    """Where episode units' results go: the finished list, or back to the queue."""
+
+    keeps_partial = False
+
+    def __init__(self, worker: VecWorker) -> None:
+        self._worker = worker
+
+    def on_record(self, slot: int, live: Live, record: Segment, continues: bool) -> None:
+        self._worker._finished.append(record)
+        self._worker._finished_steps += record.length
+
+    def on_env_failure(self, slot: int, live: Live, restarted: bool) -> None:
+        if restarted and live.unit is not None:
+            # Re-run from its seeds: the episode stays the same episode.
+            self._worker._queue.appendleft(live.unit)
+
+
+def check_int(name: str, value: Any, *, minimum: int) -> None:
+    """Raises ConfigError unless ``value`` is an int >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+__all__ = ["NanMode", "VecWorker"]
