@@ -40,6 +40,10 @@ class PolicyError(RlfleetError, ValueError):
     """A policy produced bad actions or was given parameters it cannot take."""
 
 
+class UsageError(RlfleetError, RuntimeError):
+    """An object was used out of order (a closed env, a shut-down worker, ...)."""
+
+
 class InvalidArgumentError(RlfleetError, ValueError):
     """The coordinator refused a request as malformed (gRPC INVALID_ARGUMENT)."""
 
@@ -137,6 +141,7 @@ __all__ = [
     "RlfleetError",
     "RlfleetTimeoutError",
     "UnavailableError",
+    "UsageError",
     "VectorEnvError",
     "WireFormatError",
     "WorkerError",

@@ -11,7 +11,7 @@ import pytest
 import rlfleet.envs.testing  # noqa: F401  (registers the test envs)
 from rlfleet.core import EpisodeBatch, StepType
 from rlfleet.envs.config import EnvConfig
-from rlfleet.errors import ConfigError
+from rlfleet.errors import ConfigError, UsageError
 from rlfleet.policies import MLPCategoricalPolicy, RandomPolicy
 from rlfleet.seeding import episode_seeds
 from rlfleet.worker import DefaultWorker
@@ -51,15 +51,15 @@ def test_infinite_max_episode_length_means_the_env_limit():
 
 def test_start_step_collect_contract():
     worker = make_worker(EnvConfig("rlfleet/Counter-v0", {"length": 3}))
-    with pytest.raises(RuntimeError, match="start_episode"):
+    with pytest.raises(UsageError, match="start_episode"):
         worker.step_episode()
     worker.start_episode()
-    with pytest.raises(RuntimeError, match="step_episode"):
+    with pytest.raises(UsageError, match="step_episode"):
         worker.collect_episode()
     assert [worker.step_episode() for _ in range(3)] == [False, False, True]
     batch = worker.collect_episode()
     assert batch.lengths.tolist() == [3]
-    with pytest.raises(RuntimeError):
+    with pytest.raises(UsageError):
         worker.collect_episode()
 
 

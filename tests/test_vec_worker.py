@@ -17,7 +17,7 @@ import rlfleet.envs.testing  # noqa: F401  (registers the test envs)
 from rlfleet.core import EnvSpec, EpisodeBatch, StepType
 from rlfleet.envs.config import EnvConfig
 from rlfleet.envs.testing import CounterEnv
-from rlfleet.errors import ConfigError, EnvError, PolicyError
+from rlfleet.errors import ConfigError, EnvError, PolicyError, UsageError
 from rlfleet.policies import MLPCategoricalPolicy, MLPGaussianPolicy, PolicySpec, RandomPolicy
 from rlfleet.policies.base import Policy
 from rlfleet.seeding import episode_seeds, stream_seeds
@@ -301,7 +301,7 @@ def test_shutdown_closes_envs_and_refuses_work():
     worker.shutdown()
     assert closed == envs
     assert worker.envs == [None, None]
-    with pytest.raises(RuntimeError, match="shut down"):
+    with pytest.raises(UsageError, match="shut down"):
         worker.step()
 
 
@@ -552,7 +552,7 @@ def test_fragments_need_an_idle_worker_and_submit_ends_streams():
     worker = VecWorker(n_envs=1, env=counter(10))
     worker.collect_fragments(3, base_seed=0, first_stream=0)
     worker.submit(make_units(0, 0, [0]))
-    with pytest.raises(RuntimeError, match="queued"):
+    with pytest.raises(UsageError, match="queued"):
         worker.collect_fragments(3, base_seed=0, first_stream=0)
     worker.run([])
     batch = worker.collect_fragments(3, base_seed=0, first_stream=0)

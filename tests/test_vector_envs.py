@@ -21,7 +21,7 @@ import pytest
 from rlfleet.envs import BaseVectorEnv, DummyVectorEnv, EnvConfig, SubprocVectorEnv
 from rlfleet.envs._base import stack_batch
 from rlfleet.envs.testing import FRAME_SHAPE
-from rlfleet.errors import ConfigError, EnvNotFoundError, VectorEnvError
+from rlfleet.errors import ConfigError, EnvNotFoundError, UsageError, VectorEnvError
 
 TESTING = ("rlfleet.envs.testing",)
 CARTPOLE = EnvConfig("CartPole-v1")
@@ -243,7 +243,7 @@ def test_close_is_idempotent_and_final(make_venv: MakeVenv) -> None:
     venv.close()
     venv.close()
     assert venv.closed
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(UsageError, match="closed"):
         venv.reset()
 
 

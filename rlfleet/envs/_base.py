@@ -20,7 +20,7 @@ from typing import Any, TypeAlias
 import gymnasium as gym
 import numpy as np
 
-from rlfleet.errors import ConfigError, VectorEnvError
+from rlfleet.errors import ConfigError, UsageError, VectorEnvError
 
 EnvFactory: TypeAlias = Callable[[], gym.Env]
 #: Which envs a call applies to: None (all), one index, or a sequence of indices.
@@ -349,7 +349,7 @@ class BaseVectorEnv(abc.ABC):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError(f"{type(self).__name__} is closed; make a new one")
+            raise UsageError(f"{type(self).__name__} is closed; make a new one")
 
     def _ids(self, id: EnvIds) -> list[int]:
         """Normalises ``id`` to a list of distinct, valid env indices."""

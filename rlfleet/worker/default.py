@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.errors import ConfigError
+from rlfleet.errors import ConfigError, UsageError
 from rlfleet.policies.base import Policy
 from rlfleet.worker._updates import AgentUpdate, EnvUpdate
 from rlfleet.worker.units import EpisodeUnit
@@ -123,7 +123,7 @@ class DefaultWorker:
             RuntimeError: If no episode was started.
         """
         if self._vec.idle and not self._vec.finished_count:
-            raise RuntimeError("step_episode() called with no episode: call start_episode() first")
+            raise UsageError("step_episode() called with no episode: call start_episode() first")
         self._vec.step()
         return self._vec.finished_count > 0
 
@@ -135,7 +135,7 @@ class DefaultWorker:
         """
         batch = self._vec.take_finished()
         if batch is None:
-            raise RuntimeError(
+            raise UsageError(
                 "collect_episode(): no finished episode; call step_episode() until it returns True"
             )
         return batch

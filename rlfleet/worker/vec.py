@@ -18,7 +18,7 @@ import numpy as np
 
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.errors import ConfigError, PolicyError
+from rlfleet.errors import ConfigError, PolicyError, UsageError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.random import RandomPolicy
 from rlfleet.policies.spec import PolicySpec, make_policy
@@ -543,7 +543,7 @@ class VecWorker:
         check_int("base_seed", base_seed, minimum=0)
         check_int("first_stream", first_stream, minimum=0)
         if not self.idle:
-            raise RuntimeError(
+            raise UsageError(
                 f"collect_fragments needs a worker without episode units, but "
                 f"{len(self._queue)} are queued and {self._engine.n_live} running; take or "
                 "cancel them first"
@@ -571,7 +571,7 @@ class VecWorker:
 
     def _require_open(self) -> None:
         if self._closed:
-            raise RuntimeError(f"worker {self.name!r} was shut down")
+            raise UsageError(f"worker {self.name!r} was shut down")
 
     def _no_env(self) -> ConfigError:
         return ConfigError(f"worker {self.name!r} has no env: pass env= or call update_env() first")
