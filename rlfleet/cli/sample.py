@@ -1,0 +1,195 @@
+"""``rlfleet sample``: collect a batch from a fleet and save it as ``.npz``.
+
+File layout (``numpy.load(FILE)``), one array per key:
+
+* ``observations``, ``last_observations``, ``actions``, ``rewards``,
+  ``step_types`` (uint8 StepType numbers), ``lengths``: the EpisodeBatch
+  fields (garage's layout: episodes laid end to end).
+* ``episode_infos.KEY``, ``env_infos.KEY``, ``agent_infos.KEY``: the info
+  dicts, nested dicts flattened with dots (``env_infos.a.b``).
+* ``env_spec``: the EnvSpec as JSON text (protobuf JSON of
+  ``rlfleet.v1.EnvSpec``: spaces with dtypes, bounds and shapes).
+* ``format``: ``"rlfleet.episode_batch.npz/1"``.
+
+:func:`load_batch` reads such a file back into an EpisodeBatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rlfleet.cli._env import env_option
+from rlfleet.cli.worker import non_negative_int, positive_float, positive_int
+
+if TYPE_CHECKING:
+    from rlfleet.core import EpisodeBatch
+
+#: The ``format`` entry of files this command writes.
+FILE_FORMAT = "rlfleet.episode_batch.npz/1"
+_ARRAYS = ("observations", "last_observations", "actions", "rewards", "step_types", "lengths")
+_INFOS = ("episode_infos", "env_infos", "agent_infos")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds the ``sample`` subcommand."""
+    parser = subparsers.add_parser(
+        "sample",
+        help="collect a batch from a fleet and save it as .npz",
+        description=(
+            "Ask a coordinator for a batch (complete episodes totalling --steps steps, "
+            "exactly --episodes episodes, or fragments) and save it with numpy.savez. "
+            "Shows a progress bar on stderr."
+        ),
+        epilog=(
+            "File layout: observations, last_observations, actions, rewards, step_types, "
+            "lengths; episode_infos.KEY, env_infos.KEY, agent_infos.KEY (nested keys joined "
+            "with dots); env_spec (JSON text); format."
+        ),
+    )
+    parser.add_argument(
+        "--coordinator",
+        **env_option("RLFLEET_COORDINATOR", default=None, help="HOST:PORT of the coordinator"),
+    )
+    parser.add_argument(
+        "--env",
+        default=None,
+        help="switch the fleet to this gymnasium id first (default: the fleet's current env)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("steps", "episodes", "fragments"),
+        default="steps",
+        help="complete episodes of >= --steps steps, exactly --episodes episodes, or "
+        "fragments of --fragment-length steps totalling >= --steps (default: steps)",
+    )
+    parser.add_argument("--steps", type=positive_int, default=None, help="steps to collect")
+    parser.add_argument("--episodes", type=positive_int, default=None, help="episodes to collect")
+    parser.add_argument(
+        "--fragment-length", type=positive_int, default=None, help="steps per fragment"
+    )
+    parser.add_argument(
+        "--seed", type=non_negative_int, default=None, help="base seed (default: the fleet's)"
+    )
+    parser.add_argument(
+        "--timeout", type=positive_float, default=600.0, help="seconds to wait for the batch (600)"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="the .npz file to write")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Collects the batch and writes the file; returns the exit code."""
+    problem = _check_args(args)
+    if problem:
+        print(f"rlfleet sample: {problem}", file=sys.stderr)
+        return 2
+    from tqdm import tqdm
+
+    from rlfleet.client import RemoteSampler
+
+    unit = "episodes" if args.mode == "episodes" else "steps"
+    target = args.episodes if args.mode == "episodes" else args.steps
+    with (
+        RemoteSampler(args.coordinator, seed=args.seed, timeout=args.timeout) as sampler,
+        tqdm(total=target, unit=unit, file=sys.stderr, disable=None) as bar,
+    ):
+        batch = _collect(sampler, args, _progress(bar))
+    save_batch(args.out, batch)
+    print(
+        f"wrote {batch.n_episodes} {'fragments' if args.mode == 'fragments' else 'episodes'} "
+        f"({batch.total_steps} steps) to {args.out}"
+    )
+    return 0
+
+
+def save_batch(path: Path | str, batch: EpisodeBatch) -> None:
+    """Writes a batch in this command's ``.npz`` layout (see the module docstring)."""
+    from google.protobuf import json_format
+
+    from rlfleet.wire import encode_env_spec
+
+    arrays: dict[str, Any] = {name: getattr(batch, name) for name in _ARRAYS}
+    for name in _INFOS:
+        arrays.update(_flatten(getattr(batch, name), name))
+    arrays["env_spec"] = np.array(json_format.MessageToJson(encode_env_spec(batch.env_spec)))
+    arrays["format"] = np.array(FILE_FORMAT)
+    with open(path, "wb") as file:  # a file object: savez would append ".npz" to a str path
+        np.savez(file, **arrays)
+
+
+def load_batch(path: Path | str) -> EpisodeBatch:
+    """Reads a file written by :func:`save_batch`.
+
+    Raises:
+        ConfigError: If the file is not in this layout.
+    """
+    from google.protobuf import json_format
+
+    from rlfleet.core import EpisodeBatch
+    from rlfleet.errors import ConfigError
+    from rlfleet.v1 import spaces_pb2
+    from rlfleet.wire import decode_env_spec
+
+    with np.load(path, allow_pickle=False) as data:
+        if "format" not in data.files or str(data["format"]) != FILE_FORMAT:
+            raise ConfigError(f"{path} is not a {FILE_FORMAT} file (rlfleet sample writes those)")
+        spec = decode_env_spec(json_format.Parse(str(data["env_spec"]), spaces_pb2.EnvSpec()))
+        fields: dict[str, Any] = {name: data[name] for name in _ARRAYS}
+        fields.update({name: {} for name in _INFOS})
+        for key in data.files:
+            group, _, rest = key.partition(".")
+            if group in _INFOS and rest:
+                _insert(fields[group], rest.split("."), data[key])
+        return EpisodeBatch(env_spec=spec, **fields)
+
+
+def _collect(sampler: Any, args: argparse.Namespace, progress: Callable[[int, int], None]) -> Any:
+    update = args.env
+    if args.mode == "episodes":
+        return sampler.obtain_episodes(args.episodes, env_update=update, progress=progress)
+    if args.mode == "fragments":
+        return sampler.obtain_fragments(
+            args.steps, args.fragment_length, env_update=update, progress=progress
+        )
+    return sampler.obtain_samples(0, args.steps, env_update=update, progress=progress)
+
+
+def _check_args(args: argparse.Namespace) -> str | None:
+    if not args.coordinator:
+        return "no coordinator: pass --coordinator HOST:PORT or set RLFLEET_COORDINATOR"
+    if args.mode == "episodes" and args.episodes is None:
+        return "--mode episodes needs --episodes N"
+    if args.mode != "episodes" and args.steps is None:
+        return f"--mode {args.mode} needs --steps N"
+    if args.mode == "fragments" and args.fragment_length is None:
+        return "--mode fragments needs --fragment-length T"
+    return None
+
+
+def _progress(bar: Any) -> Callable[[int, int], None]:
+    def update(done: int, target: int) -> None:
+        del target
+        bar.update(done - bar.n)
+
+    return update
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, np.ndarray]]:
+    for key, value in tree.items():
+        name = f"{prefix}.{key}"
+        if isinstance(value, Mapping):
+            yield from _flatten(value, name)
+        else:
+            yield name, value
+
+
+def _insert(tree: dict[str, Any], path: list[str], value: np.ndarray) -> None:
+    for part in path[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[path[-1]] = value

@@ -1,0 +1,239 @@
+"""``rlfleet worker``: join a coordinator and sample with K envs.
+
+SIGTERM or Ctrl-C makes the worker leave gracefully (it finishes the
+episodes it is running, within ``--drain-grace`` seconds); a second Ctrl-C
+exits at once. Flags take defaults from ``RLFLEET_*`` environment variables
+(Kubernetes ConfigMaps), named in ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from rlfleet.cli._env import env_option
+from rlfleet.worker._restarts import EnvRestartBudget
+
+if TYPE_CHECKING:
+    from rlfleet.cli._health_port import HealthPort
+    from rlfleet.worker.remote import RemoteWorker
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds the ``worker`` subcommand."""
+    parser = subparsers.add_parser(
+        "worker",
+        help="join a coordinator and sample with K envs",
+        description=(
+            "Dial a coordinator, join its fleet and run the episodes it hands out with K "
+            "envs stepped together. Reconnects with backoff when the coordinator goes "
+            "away; leaves gracefully on SIGTERM."
+        ),
+    )
+    parser.add_argument(
+        "--coordinator",
+        **env_option(
+            "RLFLEET_COORDINATOR",
+            default=None,
+            help="HOST:PORT of the coordinator to join",
+        ),
+    )
+    parser.add_argument(
+        "--envs",
+        **env_option(
+            "RLFLEET_ENVS_PER_WORKER",
+            default=1,
+            type=positive_int,
+            help="env slots stepped together (K)",
+        ),
+    )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help=(
+            "import MODULE first (custom envs register on import; policy classes "
+            "'MODULE:Class' are allowed only from these modules); repeatable"
+        ),
+    )
+    parser.add_argument(
+        "--name",
+        **env_option(
+            "RLFLEET_WORKER_NAME",
+            default=None,
+            help="the worker's name in the fleet ($POD_NAME or the host name if unset)",
+        ),
+    )
+    parser.add_argument(
+        "--seed",
+        **env_option(
+            "RLFLEET_SEED",
+            default=0,
+            type=non_negative_int,
+            help="seed of policies built from specs (episode seeds come with the work)",
+        ),
+    )
+    parser.add_argument(
+        "--heartbeat-interval",
+        **env_option(
+            "RLFLEET_HEARTBEAT_INTERVAL",
+            default=None,
+            type=positive_float,
+            help="seconds between heartbeats (the coordinator's setting if unset)",
+        ),
+    )
+    parser.add_argument(
+        "--reconnect-max-seconds",
+        type=positive_float,
+        default=10.0,
+        help="cap of the reconnect backoff (default: 10)",
+    )
+    parser.add_argument(
+        "--keepalive-interval",
+        type=positive_float,
+        default=10.0,
+        help="seconds between keepalive pings to the coordinator (default: 10)",
+    )
+    parser.add_argument(
+        "--keepalive-timeout",
+        type=positive_float,
+        default=5.0,
+        help="seconds a ping may go unanswered before reconnecting (default: 5)",
+    )
+    budget = EnvRestartBudget()
+    parser.add_argument(
+        "--env-restarts",
+        type=non_negative_int,
+        default=budget.max_restarts,
+        help=f"crashed envs rebuilt per --env-restart-window (default: {budget.max_restarts})",
+    )
+    parser.add_argument(
+        "--env-restart-window",
+        type=positive_float,
+        default=budget.window_seconds,
+        help=f"seconds of the restart rate window (default: {budget.window_seconds:g})",
+    )
+    parser.add_argument(
+        "--env-restarts-total",
+        type=non_negative_int,
+        default=budget.max_total,
+        help=f"crashed envs rebuilt over the worker's life (default: {budget.max_total})",
+    )
+    parser.add_argument(
+        "--nonfinite",
+        choices=("error", "flag", "ignore"),
+        default="error",
+        help="a NaN/inf observation fails the request, is flagged in env_infos "
+        "(nonfinite_obs), or is ignored (default: error)",
+    )
+    parser.add_argument(
+        "--drain-grace",
+        **env_option(
+            "RLFLEET_DRAIN_GRACE",
+            default=30.0,
+            type=positive_float,
+            help="seconds to finish in-flight episodes when leaving",
+        ),
+    )
+    parser.add_argument(
+        "--health-listen",
+        **env_option(
+            "RLFLEET_HEALTH_LISTEN",
+            default=None,
+            help=(
+                "HOST:PORT of a plaintext grpc.health.v1 port, SERVING while the worker "
+                "is joined and its loop is alive"
+            ),
+        ),
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the worker until it leaves; returns the exit code."""
+    # Imported here: gRPC and gymnasium load only for the commands that need them.
+    from rlfleet.worker.remote import RemoteWorker, WorkerConfig, default_worker_name
+
+    if not args.coordinator:
+        print(
+            "rlfleet worker: no coordinator: pass --coordinator HOST:PORT or set "
+            "RLFLEET_COORDINATOR",
+            file=sys.stderr,
+        )
+        return 2
+    config = WorkerConfig(
+        coordinator=args.coordinator,
+        envs=args.envs,
+        imports=tuple(args.imports),
+        name=args.name or default_worker_name(),
+        seed=args.seed,
+        heartbeat_interval=args.heartbeat_interval,
+        reconnect_max_seconds=args.reconnect_max_seconds,
+        drain_grace_seconds=args.drain_grace,
+        keepalive_interval=args.keepalive_interval,
+        keepalive_timeout=args.keepalive_timeout,
+        env_restarts=EnvRestartBudget(
+            args.env_restarts, args.env_restart_window, args.env_restarts_total
+        ),
+        nonfinite=args.nonfinite,
+    )
+    worker = RemoteWorker(config)
+    health = _start_health(args.health_listen, worker) if args.health_listen else None
+    _install_signal_handlers(worker)
+    try:
+        return worker.run()
+    finally:
+        if health is not None:
+            health.stop()
+
+
+def _start_health(listen: str, worker: RemoteWorker) -> HealthPort:
+    from rlfleet.cli._health_port import HealthPort, ProbedHealthServicer
+
+    return HealthPort(listen, ProbedHealthServicer(worker.healthy))
+
+
+def _install_signal_handlers(worker: RemoteWorker) -> None:
+    interrupts = 0
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal interrupts
+        del frame
+        name = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            interrupts += 1
+            if interrupts > 1:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        worker.request_leave(f"got {name}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (shared by the fleet commands)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an int >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a float > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value

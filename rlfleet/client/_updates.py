@@ -1,0 +1,186 @@
+"""Turn a learner's ``agent_update`` / ``env_update`` arguments into protos.
+
+The samplers accept the same loose forms as garage and ``LocalSampler``
+(a param dict, a policy, a spec, an env id, ...); this module is the one
+place that decides what each form means on the wire.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, TypeAlias
+
+import numpy as np
+
+from rlfleet.envs import EnvConfig
+from rlfleet.errors import ConfigError
+from rlfleet.policies import BUILTIN_POLICIES, Policy, PolicySpec
+from rlfleet.v1 import updates_pb2
+from rlfleet.wire import encode_tensor_map
+
+#: What ``agent_update`` arguments may be (see :func:`agent_update_proto`).
+AgentUpdateLike: TypeAlias = (
+    Mapping[str, np.ndarray]
+    | PolicySpec
+    | str
+    | tuple[PolicySpec | str, Mapping[str, np.ndarray]]
+    | Policy
+    | updates_pb2.AgentUpdate
+)
+#: What ``env_update`` arguments may be (see :func:`env_update_proto`).
+EnvUpdateLike: TypeAlias = EnvConfig | str | updates_pb2.EnvUpdate
+
+# Constructor arguments that shape a built-in policy's parameters or
+# behaviour; everything else (seed, initial values) is replaced by the
+# params that travel with the spec.
+_SPEC_ATTRIBUTES = ("hidden_sizes", "activation", "deterministic")
+
+
+def agent_update_proto(update: AgentUpdateLike) -> updates_pb2.AgentUpdate:
+    """Builds the AgentUpdate an ``agent_update`` argument stands for.
+
+    Args:
+        update: One of
+
+            * a mapping name -> array: new parameters for the current policy;
+            * a :class:`PolicySpec`, a built-in name (``"mlp-categorical"``),
+              an import path ``"pkg.mod:Class"`` or a spec's JSON text: build
+              this policy (with its default initial weights);
+            * a tuple ``(spec, params)``: build the policy, then set the
+              parameters;
+            * a built-in :class:`Policy` instance: its spec (class and
+              layer sizes) and its current parameters;
+            * an ``AgentUpdate`` proto, sent as is.
+
+    Returns:
+        The proto; its ``version`` is left 0 (the coordinator assigns it).
+
+    Raises:
+        ConfigError: If the argument is none of those forms, or a policy
+            instance is not a built-in (its class cannot be named for the
+            workers: send ``(PolicySpec("pkg.mod:Class", kwargs), params)``).
+        WireFormatError: If a parameter cannot be encoded as a tensor.
+    """
+    if isinstance(update, updates_pb2.AgentUpdate):
+        return update
+    if isinstance(update, Policy):
+        return _proto(policy_spec_of(update), update.get_param_values())
+    if isinstance(update, PolicySpec | str):
+        return _proto(_as_spec(update), None)
+    if isinstance(update, tuple):
+        if len(update) != 2 or not isinstance(update[1], Mapping):
+            raise ConfigError(
+                "an agent_update tuple must be (policy spec, params dict), got a tuple of "
+                f"{len(update)} items: {tuple(type(item).__name__ for item in update)}"
+            )
+        return _proto(_as_spec(update[0]), update[1])
+    if isinstance(update, Mapping):
+        return _proto(None, update)
+    raise ConfigError(
+        "agent_update must be a params dict, a PolicySpec or policy name, a "
+        f"(spec, params) tuple or a built-in Policy, got {type(update).__name__}"
+    )
+
+
+def env_update_proto(update: EnvUpdateLike) -> updates_pb2.EnvUpdate:
+    """Builds the EnvUpdate an ``env_update`` argument stands for.
+
+    ``EnvConfig.imports`` are not sent: a worker imports only the modules
+    its operator named (``rlfleet worker --import MODULE``), never modules
+    named by the network. ``Fleet.local`` starts its workers with them.
+
+    Args:
+        update: An :class:`EnvConfig`, a registered gymnasium id such as
+            ``"CartPole-v1"``, or an ``EnvUpdate`` proto (sent as is).
+
+    Returns:
+        The proto; its ``generation`` is left 0 (the coordinator assigns it).
+
+    Raises:
+        ConfigError: If the argument has another type or the id is invalid.
+    """
+    if isinstance(update, updates_pb2.EnvUpdate):
+        return update
+    config = EnvConfig(update) if isinstance(update, str) else update
+    if not isinstance(config, EnvConfig):
+        raise ConfigError(
+            f"env_update must be an EnvConfig or a gymnasium id string, got {type(update).__name__}"
+        )
+    proto = updates_pb2.EnvUpdate(
+        env_id=config.id, kwargs_json=json.dumps(dict(config.kwargs), separators=(",", ":"))
+    )
+    if config.max_episode_length is not None:
+        proto.max_episode_length = config.max_episode_length
+    return proto
+
+
+def env_config_of(proto: updates_pb2.EnvUpdate) -> EnvConfig:
+    """The EnvConfig an EnvUpdate describes (the inverse of :func:`env_update_proto`).
+
+    Raises:
+        ConfigError: If the kwargs are not a JSON object or a field is invalid.
+    """
+    kwargs = _json_object(proto.kwargs_json, f"env {proto.env_id!r} kwargs")
+    length = proto.max_episode_length if proto.HasField("max_episode_length") else None
+    return EnvConfig(proto.env_id, kwargs, max_episode_length=length)
+
+
+def policy_spec_of(policy: Policy) -> PolicySpec:
+    """The spec of a built-in policy instance (name from its class).
+
+    Raises:
+        ConfigError: If the policy's class is not a built-in.
+    """
+    name = next((n for n, cls in BUILTIN_POLICIES.items() if type(policy) is cls), None)
+    if name is None:
+        raise ConfigError(
+            f"cannot name the class of a {type(policy).__qualname__} for the workers (only "
+            f"built-ins {sorted(BUILTIN_POLICIES)} are named automatically); pass "
+            "agent_update=(PolicySpec('package.module:Class', kwargs), policy.get_param_values())"
+        )
+    kwargs: dict[str, Any] = {}
+    for attribute in _SPEC_ATTRIBUTES:
+        if hasattr(policy, attribute):
+            value = getattr(policy, attribute)
+            kwargs[attribute] = list(value) if isinstance(value, tuple) else value
+    if not kwargs.get("deterministic", True):
+        del kwargs["deterministic"]  # keep specs minimal: False is the default
+    return PolicySpec(name, kwargs)
+
+
+def _as_spec(spec: PolicySpec | str) -> PolicySpec:
+    if isinstance(spec, PolicySpec):
+        return spec
+    if isinstance(spec, str):
+        return PolicySpec.from_json(spec) if spec.lstrip().startswith("{") else PolicySpec(spec)
+    raise ConfigError(
+        f"a policy spec must be a PolicySpec or a policy name, got {type(spec).__name__}"
+    )
+
+
+def _proto(
+    spec: PolicySpec | None, params: Mapping[str, np.ndarray] | None
+) -> updates_pb2.AgentUpdate:
+    proto = updates_pb2.AgentUpdate()
+    if spec is not None:
+        proto.policy.name = spec.name
+        proto.policy.kwargs_json = json.dumps(spec.kwargs, separators=(",", ":"))
+    if params is not None:
+        bad = [name for name in params if not isinstance(name, str)]
+        if bad:
+            raise ConfigError(f"parameter names must be str, got {bad!r}")
+        proto.params.CopyFrom(encode_tensor_map(dict(params)))
+    return proto
+
+
+def _json_object(text: str, what: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{what} is not valid JSON ({exc}): {text[:200]!r}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what} must be a JSON object, got {text[:200]!r}")
+    return value

@@ -1,0 +1,595 @@
+"""RemoteSampler: garage's Sampler contract over a coordinator.
+
+``RemoteSampler(address, seed=s)`` returns, for the same seed, env and agent
+updates, the batches ``LocalSampler(seed=s)`` returns (every field but
+``episode_infos["worker"]``, which names the producer), however many
+workers the fleet has and even if some die mid-request: episode k of the
+n-th call gets its seeds from ``(s, n, k)`` and batches are ordered by
+episode index.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal, TypeVar
+
+import grpc
+
+from rlfleet import _rpc
+from rlfleet.client._assembly import (
+    Result,
+    ResultAssembler,
+    assemble_episodes,
+    assemble_fragments,
+)
+from rlfleet.client._errors import call_error
+from rlfleet.client._restore import PushedState
+from rlfleet.client._updates import (
+    AgentUpdateLike,
+    EnvUpdateLike,
+    agent_update_proto,
+    env_update_proto,
+)
+from rlfleet.client.status import FleetStatus
+from rlfleet.client.stream import SampleStream
+from rlfleet.core import EnvSpec, EpisodeBatch
+from rlfleet.errors import (
+    ConfigError,
+    NoWorkersError,
+    ProtocolError,
+    RlfleetError,
+    UnavailableError,
+)
+from rlfleet.v1 import learner_pb2, spaces_pb2, updates_pb2, worker_pb2
+from rlfleet.wire import decode_env_spec
+
+logger = logging.getLogger("rlfleet.client")
+
+#: ``progress(done, target)``: steps (STEPS, FRAGMENTS) or episodes (EPISODES).
+Progress = Callable[[int, int], None]
+T = TypeVar("T")
+
+_STEPS = worker_pb2.SAMPLE_MODE_STEPS
+_EPISODES = worker_pb2.SAMPLE_MODE_EPISODES
+_FRAGMENTS = worker_pb2.SAMPLE_MODE_FRAGMENTS
+_STREAM_MODES = {"episodes": _EPISODES, "fragments": _FRAGMENTS}
+#: Receive window of a subscription's channel: what the transport may hold
+#: for a reader that stopped reading (see :meth:`RemoteSampler.stream`).
+STREAM_WINDOW_BYTES = 256 * 1024
+#: How often obtain_exact_episodes polls for a first worker.
+_WORKER_POLL_SECONDS = 0.2
+#: The coordinator's default wait for workers, used when none was given.
+_DEFAULT_WAIT_FOR_WORKERS = 60.0
+
+
+@dataclass
+class _Answer:
+    """What one Sample call returned."""
+
+    header: learner_pb2.SampleHeader
+    footer: learner_pb2.SampleFooter
+    results: list[Result]
+
+
+class RemoteSampler:
+    """Samples on a fleet through its coordinator (garage's Sampler API).
+
+    Every call carries a deadline (``timeout``) and failures surface as
+    rlfleet's typed errors: :class:`~rlfleet.errors.EnvError` naming worker,
+    env index and step for a crashing env, :class:`~rlfleet.errors.PolicyError`
+    for refused parameters, :class:`~rlfleet.errors.NoWorkersError`,
+    :class:`~rlfleet.errors.UnavailableError` (retryable) when the
+    coordinator went away, :class:`~rlfleet.errors.RlfleetTimeoutError`
+    naming the seconds. The channel reconnects by itself: after a
+    coordinator restart the next call works again, and the sampler first
+    pushes the env and agent it had established (the new coordinator starts
+    from its defaults), so a retried call returns the batch the failed one
+    would have.
+
+    Args:
+        address: ``HOST:PORT`` of the coordinator.
+        seed: Base seed of every request. With a seed, the n-th successful
+            ``obtain_*`` call (n = 0, 1, ...) sends ``request_index=n``, as
+            LocalSampler numbers its requests, so the batches equal
+            LocalSampler's; a failed call does not advance the counter, so
+            retrying it reproduces the same batch. None: the coordinator's
+            own seed and request counter.
+        timeout: Deadline of each call in seconds; None for no deadline.
+        wait_for_workers: Seconds a request waits for a first ready worker
+            before failing with NoWorkersError; None: the coordinator's
+            default.
+        max_message_bytes: Largest message sent or accepted.
+
+    Raises:
+        ConfigError: If an argument is invalid.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        seed: int | None = None,
+        timeout: float | None = 600.0,
+        wait_for_workers: float | None = None,
+        max_message_bytes: int = _rpc.DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ConfigError(f"seed must be a non-negative int or None, got {seed!r}")
+        for name, value in (("timeout", timeout), ("wait_for_workers", wait_for_workers)):
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be > 0 seconds or None, got {value!r}")
+        self.address = address
+        self.seed = seed
+        self.timeout = timeout
+        self.wait_for_workers = wait_for_workers
+        self._max_message_bytes = max_message_bytes
+        self._channel = _rpc.open_channel(address, max_message_bytes=max_message_bytes)
+        chunked = _rpc.chunked_deserializer(learner_pb2.SampleResponse)
+        plain = _rpc.plain_deserializer
+        self._sample = self._channel.unary_stream(
+            _rpc.SAMPLE, request_serializer=_rpc.serialize, response_deserializer=chunked
+        )
+        self._update_agent = self._channel.unary_unary(
+            _rpc.UPDATE_AGENT,
+            request_serializer=_rpc.serialize,
+            response_deserializer=plain(learner_pb2.UpdateAck),
+        )
+        self._update_env = self._channel.unary_unary(
+            _rpc.UPDATE_ENV,
+            request_serializer=_rpc.serialize,
+            response_deserializer=plain(learner_pb2.UpdateAck),
+        )
+        self._get_status = self._channel.unary_unary(
+            _rpc.GET_STATUS,
+            request_serializer=_rpc.serialize,
+            response_deserializer=plain(learner_pb2.FleetStatus),
+        )
+        self._requests = 0
+        self._pushed = PushedState()
+        self._agent_version: int | None = None
+        self._spec_cache: tuple[bytes, EnvSpec] | None = None
+        self._closed = False
+
+    # --- garage's Sampler API ------------------------------------------------------
+
+    def obtain_samples(
+        self,
+        itr: int,
+        num_samples: int,
+        agent_update: AgentUpdateLike | None = None,
+        env_update: EnvUpdateLike | None = None,
+        *,
+        progress: Progress | None = None,
+    ) -> EpisodeBatch:
+        """Complete episodes totalling at least ``num_samples`` steps.
+
+        The answer is episodes 0..m of the request, m the smallest index
+        whose lengths sum to >= ``num_samples``, ordered by index.
+
+        Args:
+            itr: The learner's iteration (for the coordinator's logs).
+            num_samples: Steps wanted (>= 1).
+            agent_update: Applied on every worker first (see
+                :meth:`update_agent` for the accepted forms).
+            env_update: Applied on every worker first (see :meth:`update_env`).
+            progress: Called as results land with (steps so far, num_samples).
+
+        Returns:
+            One EpisodeBatch.
+        """
+        answer = self._run_sample(
+            _STEPS,
+            num_samples,
+            agent_update=agent_update,
+            env_update=env_update,
+            itr=itr,
+            progress=progress,
+        )
+        return assemble_episodes(answer.results, answer.footer.num_episodes)
+
+    def obtain_episodes(
+        self,
+        n_episodes: int,
+        agent_update: AgentUpdateLike | None = None,
+        env_update: EnvUpdateLike | None = None,
+        *,
+        progress: Progress | None = None,
+    ) -> EpisodeBatch:
+        """Exactly ``n_episodes`` complete episodes, ordered by episode index.
+
+        Args:
+            n_episodes: Episodes wanted (>= 1).
+            agent_update: As in :meth:`obtain_samples`.
+            env_update: As in :meth:`obtain_samples`.
+            progress: Called with (episodes so far, n_episodes).
+        """
+        answer = self._run_sample(
+            _EPISODES,
+            n_episodes,
+            agent_update=agent_update,
+            env_update=env_update,
+            progress=progress,
+        )
+        return assemble_episodes(answer.results, n_episodes)
+
+    def obtain_exact_episodes(
+        self,
+        n_eps_per_worker: int,
+        agent_update: AgentUpdateLike | None = None,
+        env_update: EnvUpdateLike | None = None,
+        *,
+        progress: Progress | None = None,
+    ) -> EpisodeBatch:
+        """``n_eps_per_worker`` episodes per worker (garage's contract).
+
+        The fleet assigns episodes to whichever worker is free, so "per
+        worker" only sets the count: ``n_eps_per_worker`` times the number
+        of workers connected (and not leaving) when the call starts,
+        episodes 0..N-1 of the request, ordered by index. With no worker
+        connected, it waits up to ``wait_for_workers`` seconds for one.
+
+        Raises:
+            NoWorkersError: If no worker is connected in time.
+        """
+        workers = self._count_workers()
+        return self.obtain_episodes(
+            n_eps_per_worker * workers, agent_update, env_update, progress=progress
+        )
+
+    def obtain_fragments(
+        self,
+        num_samples: int,
+        fragment_length: int,
+        agent_update: AgentUpdateLike | None = None,
+        env_update: EnvUpdateLike | None = None,
+        *,
+        progress: Progress | None = None,
+    ) -> EpisodeBatch:
+        """Fixed-length fragments (RLlib ``truncate_episodes``) totalling >= ``num_samples``.
+
+        Every env slot of the fleet is a stream whose episodes continue
+        across calls; each returned "episode" is a piece of at most
+        ``fragment_length`` steps, ordered by (stream, episode, fragment),
+        as LocalSampler orders them.
+
+        Args:
+            num_samples: Steps wanted (>= 1).
+            fragment_length: Steps per slot per window (>= 1).
+            agent_update: As in :meth:`obtain_samples`.
+            env_update: As in :meth:`obtain_samples`.
+            progress: Called with (steps so far, num_samples).
+        """
+        answer = self._run_sample(
+            _FRAGMENTS,
+            num_samples,
+            fragment_length=fragment_length,
+            agent_update=agent_update,
+            env_update=env_update,
+            progress=progress,
+        )
+        return assemble_fragments(answer.results)
+
+    # --- updates, streaming, status --------------------------------------------------
+
+    def update_agent(self, agent_update: AgentUpdateLike) -> int:
+        """Pushes a new agent to every worker; returns its version.
+
+        Args:
+            agent_update: A params dict (set on the current policy; names
+                not given keep their values), a PolicySpec or policy name
+                (built with default weights), a ``(spec, params)`` tuple, or
+                a built-in Policy instance (its spec and params).
+
+        Raises:
+            PolicyError: If a worker refused it (bad names or shapes); the
+                fleet is then back on the previous agent, as a new version.
+        """
+        agent, env = self._restore(agent_update_proto(agent_update), None)
+        if env is not None:
+            self._push_env(env)
+        assert agent is not None  # restoring keeps the caller's update
+        return self._push_agent(agent)
+
+    def update_env(self, env_update: EnvUpdateLike) -> int:
+        """Switches every worker to another env; returns its generation.
+
+        Args:
+            env_update: An EnvConfig or a registered gymnasium id. Its
+                ``imports`` are not sent: workers import only the modules of
+                their own ``--import`` flag.
+
+        Raises:
+            EnvNotFoundError, ConfigError: If a worker could not build it;
+                the fleet is then back on the previous env.
+        """
+        agent, env = self._restore(None, env_update_proto(env_update))
+        assert env is not None  # restoring keeps the caller's update
+        generation = self._push_env(env)
+        if agent is not None:
+            self._push_agent(agent)
+        return generation
+
+    def stream(
+        self,
+        mode: Literal["episodes", "fragments"] = "episodes",
+        *,
+        fragment_length: int | None = None,
+        max_buffered_steps: int | None = None,
+        timeout: float | None = None,
+    ) -> SampleStream:
+        """Subscribes to results as they land (asynchronous learners).
+
+        Workers keep sampling with the latest agent version; each
+        :class:`~rlfleet.client.StreamedBatch` names the version that
+        produced it, and an :meth:`update_agent` during the stream applies
+        at once (episodes in flight are re-run with the new version). A
+        Sample request pauses the stream while it runs. When the reader
+        falls behind by ``max_buffered_steps``, workers get no new work.
+
+        Args:
+            mode: ``"episodes"`` (complete episodes) or ``"fragments"``.
+            fragment_length: Steps per fragment (fragments mode only).
+            max_buffered_steps: Steps the coordinator may hold for this
+                reader; None: the coordinator's default.
+            timeout: Deadline of the whole subscription; None: none.
+
+        Returns:
+            A context-manager iterator of ``StreamedBatch(batch,
+            agent_version)``; leaving the ``with`` block ends the
+            subscription.
+        """
+        if mode not in _STREAM_MODES:
+            raise ConfigError(f"stream mode must be 'episodes' or 'fragments', got {mode!r}")
+        request = learner_pb2.SubscribeRequest(mode=_STREAM_MODES[mode])
+        if mode == "fragments":
+            if fragment_length is None or fragment_length < 1:
+                raise ConfigError(
+                    f"stream(mode='fragments') needs fragment_length >= 1, got {fragment_length!r}"
+                )
+            request.fragment_length = fragment_length
+        if max_buffered_steps is not None:
+            if max_buffered_steps < 1:
+                raise ConfigError(f"max_buffered_steps must be >= 1, got {max_buffered_steps}")
+            request.max_buffered_steps = max_buffered_steps
+        if self.seed is not None:
+            request.seed = self.seed
+        # A channel of its own whose receive window does not grow (no BDP
+        # probing): the transport then holds at most STREAM_WINDOW_BYTES for
+        # a reader that stops, so the coordinator's buffer fills and
+        # backpressure stops the workers within a few hundred KiB.
+        channel = _rpc.open_channel(
+            self.address,
+            max_message_bytes=self._max_message_bytes,
+            receive_window_bytes=STREAM_WINDOW_BYTES,
+        )
+        subscribe = channel.unary_stream(
+            _rpc.SUBSCRIBE,
+            request_serializer=_rpc.serialize,
+            response_deserializer=_rpc.chunked_deserializer(learner_pb2.SampleResponse),
+        )
+        try:
+            call = subscribe(request, timeout=timeout)
+        except BaseException:
+            channel.close()
+            raise
+        return SampleStream(call, self._what("Subscribe"), self._env_spec_of, timeout, channel)
+
+    def status(self) -> FleetStatus:
+        """The fleet's workers, rates, agent version and env."""
+        status = self._unary(
+            "GetStatus", lambda: self._get_status(learner_pb2.StatusRequest(), timeout=self.timeout)
+        )
+        return FleetStatus.from_proto(status)
+
+    @property
+    def agent_version(self) -> int | None:
+        """The agent version of the last answer or update (None before any)."""
+        return self._agent_version
+
+    @property
+    def env_spec(self) -> EnvSpec:
+        """The fleet's env spec (asks the coordinator).
+
+        Raises:
+            NoWorkersError: If no worker has built the env yet.
+        """
+        spec = self.status().env_spec
+        if spec is None:
+            raise NoWorkersError(
+                f"the coordinator at {self.address} knows no env spec yet: no worker has built "
+                "the env; start workers with `rlfleet worker --coordinator ADDR`"
+            )
+        return spec
+
+    @property
+    def requests_made(self) -> int:
+        """Successful ``obtain_*`` calls so far (the next request index)."""
+        return self._requests
+
+    def close(self) -> None:
+        """Closes the channel (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._channel.close()
+
+    def __enter__(self) -> RemoteSampler:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _run_sample(
+        self,
+        mode: int,
+        amount: int,
+        *,
+        fragment_length: int = 0,
+        agent_update: AgentUpdateLike | None,
+        env_update: EnvUpdateLike | None,
+        itr: int = 0,
+        progress: Progress | None,
+    ) -> _Answer:
+        if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
+            raise ConfigError(f"the amount to sample must be an int >= 1, got {amount!r}")
+        if mode == _FRAGMENTS and fragment_length < 1:
+            raise ConfigError(f"fragment_length must be >= 1, got {fragment_length!r}")
+        request = learner_pb2.SampleRequest(
+            mode=mode,  # type: ignore[arg-type]
+            amount=amount,
+            fragment_length=fragment_length,
+            request_index=self._requests,
+            itr=itr,
+        )
+        if self.seed is not None:
+            request.seed = self.seed
+        agent, env = self._restore(
+            None if agent_update is None else agent_update_proto(agent_update),
+            None if env_update is None else env_update_proto(env_update),
+        )
+        if agent is not None:
+            request.agent_update.CopyFrom(agent)
+        if env is not None:
+            request.env_update.CopyFrom(env)
+        if self.wait_for_workers is not None:
+            request.wait_for_workers_seconds = self.wait_for_workers
+        call = self._sample(request, timeout=self.timeout)
+        try:
+            answer = self._collect(call, mode, amount, progress)
+        except grpc.RpcError as exc:
+            raise self._failed(exc, "Sample") from None
+        finally:
+            call.cancel()  # a no-op after a complete answer; frees the call on errors
+        self._requests += 1
+        self._agent_version = answer.header.agent_version
+        if env is not None:
+            self._pushed.env_applied(env)
+        if agent is not None:
+            self._pushed.agent_applied(agent, answer.header.agent_version)
+        self._learn_coordinator()
+        return answer
+
+    def _collect(
+        self, call: Iterable[_rpc.WithChunk], mode: int, amount: int, progress: Progress | None
+    ) -> _Answer:
+        assembler = ResultAssembler()
+        header: learner_pb2.SampleHeader | None = None
+        results: list[Result] = []
+        done = 0
+        for item in call:
+            message = item.message
+            body = message.WhichOneof("body")
+            if body == "result":
+                result = assembler.add(message.result, item.chunk)
+                if result is None:
+                    continue
+                results.append(result)
+                if progress is not None:
+                    batch = result.batch
+                    done += batch.n_episodes if mode == _EPISODES else batch.total_steps
+                    progress(min(done, amount), amount)
+            elif body == "header":
+                header = message.header
+                if header.HasField("env_spec"):
+                    assembler.env_spec = self._env_spec_of(header.env_spec)
+            elif body == "footer":
+                if header is None:
+                    raise ProtocolError(f"{self._what('Sample')}: a footer came before any header")
+                return _Answer(header, message.footer, results)
+            else:
+                raise ProtocolError(f"{self._what('Sample')}: an empty SampleResponse arrived")
+        raise UnavailableError(
+            f"{self._what('Sample')}: the answer ended before its footer (the coordinator went "
+            "away?); retry"
+        )
+
+    def _count_workers(self) -> int:
+        """Connected workers that are not leaving; waits for a first one."""
+        wait = self.wait_for_workers or _DEFAULT_WAIT_FOR_WORKERS
+        deadline = time.monotonic() + wait
+        while True:
+            workers = sum(w.state != "leaving" for w in self.status().workers)
+            if workers:
+                return workers
+            if time.monotonic() >= deadline:
+                raise NoWorkersError(
+                    f"no worker joined within {wait:g} seconds; start workers with "
+                    f"`rlfleet worker --coordinator {self.address}`"
+                )
+            time.sleep(_WORKER_POLL_SECONDS)
+
+    def _env_spec_of(self, proto: spaces_pb2.EnvSpec) -> EnvSpec:
+        """Decodes an EnvSpec, reusing the last one if the bytes are the same."""
+        data = proto.SerializeToString(deterministic=True)
+        if self._spec_cache is None or self._spec_cache[0] != data:
+            self._spec_cache = (data, decode_env_spec(proto))
+        return self._spec_cache[1]
+
+    def _unary(self, name: str, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except grpc.RpcError as exc:
+            raise self._failed(exc, name) from None
+
+    def _failed(self, exc: grpc.RpcError, name: str) -> RlfleetError:
+        """The typed error of a failed call; an UNAVAILABLE one may mean a restart."""
+        error = call_error(exc, what=self._what(name), timeout=self.timeout)
+        if isinstance(error, UnavailableError):
+            self._pushed.suspect_restart = True
+        return error
+
+    def _push_agent(self, agent: updates_pb2.AgentUpdate) -> int:
+        ack = self._unary("UpdateAgent", lambda: self._update_agent(agent, timeout=self.timeout))
+        self._agent_version = ack.agent_version
+        self._pushed.agent_applied(agent, ack.agent_version)
+        self._learn_coordinator()
+        return int(ack.agent_version)
+
+    def _push_env(self, env: updates_pb2.EnvUpdate) -> int:
+        ack = self._unary("UpdateEnv", lambda: self._update_env(env, timeout=self.timeout))
+        self._pushed.env_applied(env)
+        self._learn_coordinator()
+        return int(ack.env_generation)
+
+    def _restore(
+        self, agent: updates_pb2.AgentUpdate | None, env: updates_pb2.EnvUpdate | None
+    ) -> tuple[updates_pb2.AgentUpdate | None, updates_pb2.EnvUpdate | None]:
+        """The updates to send: the caller's, plus this sampler's state on a new coordinator."""
+        pushed = self._pushed
+        if not (pushed.suspect_restart and pushed.pushed_anything):
+            return agent, env
+        status = self._unary(
+            "GetStatus", lambda: self._get_status(learner_pb2.StatusRequest(), timeout=self.timeout)
+        )
+        pushed.suspect_restart = False
+        if not pushed.restarted(status):
+            return agent, env
+        logger.info(
+            "coordinator %s restarted (id %s); restoring the env and agent this sampler pushed",
+            self.address,
+            status.coordinator_id,
+        )
+        pushed.coordinator_id = status.coordinator_id
+        return pushed.restoring(agent, env)
+
+    def _learn_coordinator(self) -> None:
+        """Learns the coordinator's id once something was pushed to it (one call)."""
+        if self._pushed.coordinator_id is None and self._pushed.pushed_anything:
+            status = self._unary(
+                "GetStatus",
+                lambda: self._get_status(learner_pb2.StatusRequest(), timeout=self.timeout),
+            )
+            self._pushed.coordinator_id = status.coordinator_id
+
+    def _what(self, name: str) -> str:
+        return f"{name} on coordinator {self.address}"

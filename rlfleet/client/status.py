@@ -1,0 +1,157 @@
+"""FleetStatus: what ``RemoteSampler.status()`` returns, as plain dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlfleet.client._updates import env_config_of
+from rlfleet.core import EnvSpec
+from rlfleet.envs import EnvConfig
+from rlfleet.errors import ConfigError
+from rlfleet.v1 import learner_pb2
+from rlfleet.wire import decode_env_spec
+
+#: Worker states in which a worker takes work.
+READY_STATES = ("idle", "busy")
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """One connected worker, as the coordinator sees it.
+
+    Attributes:
+        worker_id: Unique for the coordinator's lifetime.
+        name: Unique among connected workers.
+        host: The worker's host name.
+        pid: Its process id.
+        envs: Its env slots.
+        state: ``"starting"`` (applying an update), ``"idle"``, ``"busy"``
+            or ``"leaving"``.
+        steps_per_second: Its recent sampling rate.
+        steps_total: Env steps since it started.
+        agent_version: The agent version it runs.
+        env_generation: The env generation it runs.
+        seconds_since_heartbeat: Silence since its last message.
+        units_in_flight: Episodes handed to it and not yet returned.
+        implementation: E.g. ``"rlfleet-python/0.1.0"``.
+        peer: Its transport address.
+        last_error: Its last reported error, or None.
+    """
+
+    worker_id: int
+    name: str
+    host: str
+    pid: int
+    envs: int
+    state: str
+    steps_per_second: float
+    steps_total: int
+    agent_version: int
+    env_generation: int
+    seconds_since_heartbeat: float
+    units_in_flight: int
+    implementation: str
+    peer: str
+    last_error: str | None
+
+    @property
+    def ready(self) -> bool:
+        """True if the worker takes work now."""
+        return self.state in READY_STATES
+
+
+@dataclass(frozen=True)
+class FleetStatus:
+    """The fleet as the coordinator sees it.
+
+    Attributes:
+        coordinator_id: Changes when the coordinator restarts.
+        implementation: The coordinator's implementation string.
+        workers: Every connected worker.
+        steps_per_second: Sum of the workers' recent rates.
+        steps_total: Env steps of the fleet since the coordinator started.
+        agent_version: The current agent version (0: no update yet).
+        env: The current env, or None if it cannot be expressed as an
+            EnvConfig (malformed kwargs).
+        env_generation: The current env generation.
+        env_spec: Its spaces, once a worker built it; else None.
+        draining: True while the coordinator shuts down.
+        requests_in_flight: Sample and update requests queued or served.
+        subscribers: Open subscriptions.
+    """
+
+    coordinator_id: str
+    implementation: str
+    workers: tuple[WorkerStatus, ...]
+    steps_per_second: float
+    steps_total: int
+    agent_version: int
+    env: EnvConfig | None
+    env_generation: int
+    env_spec: EnvSpec | None
+    draining: bool
+    requests_in_flight: int
+    subscribers: int
+
+    @property
+    def ready_workers(self) -> int:
+        """Workers that take work now."""
+        return sum(worker.ready for worker in self.workers)
+
+    @property
+    def total_envs(self) -> int:
+        """Env slots of all connected workers."""
+        return sum(worker.envs for worker in self.workers)
+
+    @classmethod
+    def from_proto(cls, message: learner_pb2.FleetStatus) -> FleetStatus:
+        """Converts the GetStatus answer.
+
+        Raises:
+            WireFormatError: If the env spec cannot be decoded.
+        """
+        try:
+            env = env_config_of(message.env) if message.env.env_id else None
+        except ConfigError:
+            env = None
+        spec = decode_env_spec(message.env_spec) if message.HasField("env_spec") else None
+        return cls(
+            coordinator_id=message.coordinator_id,
+            implementation=message.implementation,
+            workers=tuple(_worker(w) for w in message.workers),
+            steps_per_second=message.steps_per_second,
+            steps_total=message.steps_total,
+            agent_version=message.agent_version,
+            env=env,
+            env_generation=message.env.generation,
+            env_spec=spec,
+            draining=message.draining,
+            requests_in_flight=message.requests_in_flight,
+            subscribers=message.subscribers,
+        )
+
+
+def _worker(message: learner_pb2.WorkerStatus) -> WorkerStatus:
+    error = None
+    if message.HasField("last_error") and message.last_error.message:
+        error = message.last_error.message
+    return WorkerStatus(
+        worker_id=message.worker_id,
+        name=message.name,
+        host=message.host,
+        pid=message.pid,
+        envs=message.num_envs,
+        state=message.state,
+        steps_per_second=message.steps_per_second,
+        steps_total=message.steps_total,
+        agent_version=message.agent_version,
+        env_generation=message.env_generation,
+        seconds_since_heartbeat=message.seconds_since_heartbeat,
+        units_in_flight=message.units_in_flight,
+        implementation=message.implementation,
+        peer=message.peer,
+        last_error=error,
+    )
+
+
+__all__ = ["READY_STATES", "FleetStatus", "WorkerStatus"]

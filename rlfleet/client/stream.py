@@ -1,0 +1,121 @@
+"""SampleStream: a subscription's batches as they land, each with its agent version."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import NamedTuple
+
+import grpc
+
+from rlfleet import _rpc
+from rlfleet.client._assembly import ResultAssembler, canonical
+from rlfleet.client._errors import call_error
+from rlfleet.core import EnvSpec, EpisodeBatch
+from rlfleet.errors import ProtocolError
+from rlfleet.v1 import spaces_pb2
+
+
+class StreamedBatch(NamedTuple):
+    """One result of a subscription.
+
+    Attributes:
+        batch: Its episodes (or fragments), ordered as the worker sent them.
+        agent_version: The agent version that produced every one of them.
+    """
+
+    batch: EpisodeBatch
+    agent_version: int
+
+
+class SampleStream:
+    """Iterates a subscription's results; cancels the call when closed.
+
+    Use as a context manager (``with sampler.stream() as stream:``) so the
+    subscription ends, and the coordinator stops sampling for it, when the
+    block ends. Iteration raises the typed rlfleet error if the call fails.
+
+    Args:
+        call: The Subscribe call (an iterator of WithChunk responses).
+        what: Names the call in error messages.
+        decode_spec: Decodes a header's EnvSpec (cached by the sampler).
+        timeout: The call's deadline in seconds, for error messages.
+        channel: The subscription's own channel, closed with the stream.
+    """
+
+    def __init__(
+        self,
+        call: grpc.Call,
+        what: str,
+        decode_spec: Callable[[spaces_pb2.EnvSpec], EnvSpec],
+        timeout: float | None,
+        channel: grpc.Channel,
+    ) -> None:
+        self._call = call
+        self._channel = channel
+        self._responses: Iterator[_rpc.WithChunk] = iter(call)  # type: ignore[call-overload]
+        self._what = what
+        self._decode_spec = decode_spec
+        self._timeout = timeout
+        self._assembler = ResultAssembler()
+        self._closed = False
+
+    def __iter__(self) -> SampleStream:
+        return self
+
+    def __next__(self) -> StreamedBatch:
+        """The next result.
+
+        Raises:
+            StopIteration: Once the stream was closed (or the coordinator
+                ended it cleanly).
+            RlfleetError: The typed error of a failed call (e.g.
+                UnavailableError when the coordinator went away).
+        """
+        while not self._closed:
+            try:
+                item = next(self._responses)
+            except StopIteration:
+                self._closed = True
+                break
+            except grpc.RpcError as exc:
+                if self._closed:
+                    break
+                raise call_error(exc, what=self._what, timeout=self._timeout) from None
+            message = item.message
+            body = message.WhichOneof("body")
+            if body == "header":
+                if message.header.HasField("env_spec"):
+                    self._assembler.env_spec = self._decode_spec(message.header.env_spec)
+            elif body == "result":
+                result = self._assembler.add(message.result, item.chunk)
+                if result is not None:
+                    return StreamedBatch(canonical(result.batch), result.meta.agent_version)
+            elif body == "footer":
+                continue  # a subscription has none; tolerated
+            else:
+                raise ProtocolError(f"{self._what}: an empty SampleResponse arrived")
+        raise StopIteration
+
+    def close(self) -> None:
+        """Ends the subscription (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._call.cancel()
+            self._channel.close()
+
+    def __enter__(self) -> SampleStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # An abandoned stream must not keep the coordinator sampling for it.
+        if not getattr(self, "_closed", True):
+            self.close()

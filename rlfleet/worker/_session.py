@@ -1,0 +1,525 @@
+"""One joined Join stream of a remote worker: the main loop that serves it.
+
+Everything here runs on the worker's main thread, which owns the
+VecWorker. Each turn of the loop handles the messages already queued (in
+order: an update applies to every task sent after it), takes one vector
+step if there is work, sends finished episodes in groups, and sends a
+heartbeat when one is due. Network work never blocks a step: the inbox is
+polled without waiting, and sends only queue messages for gRPC's thread.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import queue
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from rlfleet import _rpc
+from rlfleet.core import EpisodeBatch
+from rlfleet.envs import EnvConfig
+from rlfleet.errors import (
+    ConfigError,
+    EnvError,
+    PermissionDeniedError,
+    PolicyError,
+    ProtocolError,
+)
+from rlfleet.policies import Policy, PolicySpec, make_policy
+from rlfleet.v1 import updates_pb2, worker_pb2
+from rlfleet.wire import (
+    DEFAULT_CHUNK_BYTES,
+    decode_tensor_map,
+    encode_batch_chunks,
+    encode_env_spec,
+)
+from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
+from rlfleet.worker._tasks import TaskBook
+from rlfleet.worker.vec import VecWorker
+
+if TYPE_CHECKING:
+    from rlfleet.worker.remote import RemoteWorker
+
+logger = logging.getLogger("rlfleet.worker")
+
+#: Room left in a message for the EpisodeResult envelope around a chunk.
+_ENVELOPE_ALLOWANCE = 64
+
+
+class Outcome(enum.Enum):
+    """How a session ended."""
+
+    LEFT = "left"  # the worker left on purpose: exit
+    DRAINED = "drained"  # the coordinator drained it: reconnect
+    LOST = "lost"  # the stream broke: reconnect
+
+
+class Session:
+    """One joined stream: the main loop that serves the coordinator.
+
+    Each session builds a fresh VecWorker (the coordinator it joined may be
+    a restarted one, at another agent version) and shuts it down when the
+    stream ends.
+
+    Args:
+        worker: The worker process's life (its config, leave flag, health).
+        stream: The Join call, past its handshake.
+        welcome: The coordinator's Welcome.
+    """
+
+    def __init__(
+        self, worker: RemoteWorker, stream: JoinStream, welcome: worker_pb2.Welcome
+    ) -> None:
+        config = worker.config
+        self._worker = worker
+        self._config = config
+        self._stream = stream
+        self._inbox = stream.inbox
+        self._welcome = welcome
+        self.name = welcome.name or config.name
+        self.end_reason = ""
+        self._vec = VecWorker(
+            n_envs=config.envs,
+            seed=config.seed,
+            worker_number=welcome.worker_id,
+            name=self.name,
+            max_env_restarts=config.env_restarts,
+            nan_observations=config.nonfinite,
+        )
+        self._book = TaskBook(self._vec)
+        self._generation = 0
+        self._leaving = False
+        self._leave_deadline = float("inf")
+        self._next_batch_id = 0
+        self._max_message_bytes = min(
+            welcome.max_message_bytes or config.max_message_bytes, config.max_message_bytes
+        )
+        self._heartbeat_interval = (
+            config.heartbeat_interval or welcome.heartbeat_interval_seconds or 1.0
+        )
+        self._steps_total = 0
+        self._beat_steps = 0
+        self._beat_time = time.monotonic()
+        self._next_beat = self._beat_time
+        self._oldest_finished: float | None = None
+        logger.info(
+            "joined coordinator %s as %r (worker id %d, %d envs, streams %d..%d)",
+            config.coordinator,
+            self.name,
+            welcome.worker_id,
+            config.envs,
+            welcome.first_stream,
+            welcome.first_stream + config.envs - 1,
+        )
+
+    # --- the main loop -------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        """Serves the stream until it ends; returns how it ended."""
+        try:
+            return self._loop()
+        except Exception as exc:  # a bug here must not kill the process: rejoin fresh
+            logger.exception("worker %r failed; rejoining with fresh envs", self.name)
+            self._send_error(exc)
+            self.end_reason = f"internal error {type(exc).__name__}: {exc}"
+            self._stream.close_send()
+            return Outcome.LOST
+        finally:
+            # Also unblocks gRPC's thread waiting on the request generator.
+            self._stream.cancel()
+            self._vec.shutdown()
+
+    def _loop(self) -> Outcome:
+        vec, inbox = self._vec, self._inbox
+        while True:
+            if not inbox.empty():
+                outcome = self._handle_queued(None)
+                if outcome is not None:
+                    return outcome
+            if not vec.idle:
+                self._step()
+            elif self._book.fragment_tasks and not self._leaving:
+                self._run_window()
+            else:
+                self._book.feed()  # units left waiting by a cancel or an update
+                if not vec.idle:
+                    continue
+                self._flush()
+                if self._leaving:
+                    return self._close()
+                outcome = self._wait_for_message()
+                if outcome is not None:
+                    return outcome
+            now = time.monotonic()
+            if now >= self._next_beat:
+                self._heartbeat(now)
+                if now >= self._leave_deadline:
+                    self._abandon_in_flight()
+
+    def _step(self) -> None:
+        """One vector step, then top-up and (maybe) a flush. The hot path."""
+        vec = self._vec
+        if self._worker.leave_requested and not self._leaving:
+            # Checked right before units start (a signal may land mid-step).
+            self._start_leaving(self._worker.leave_reason, tell=True)
+        self._book.feed()
+        started = time.monotonic()
+        try:
+            self._steps_total += vec.step()
+        except (EnvError, PolicyError, ConfigError) as exc:
+            self._on_task_error(exc)
+        if vec.finished_count:
+            now = time.monotonic()
+            if self._oldest_finished is None:
+                self._oldest_finished = now
+            wait = self._config.flush_seconds
+            # Unreported episodes count against the units the coordinator lets
+            # this worker hold: report once they are as many as the spare
+            # units left, so refills arrive before the slots run dry. Slow
+            # steps gain nothing from waiting: the flush timer is only seen
+            # between steps.
+            if (
+                vec.finished_count >= self._book.queued_units
+                or now - self._oldest_finished >= wait
+                or now - started >= wait
+                or vec.finished_steps >= self._config.flush_steps
+            ):
+                self._flush()
+
+    def _run_window(self) -> None:
+        """One window of the oldest fragment task, sent as one result."""
+        task = self._book.fragment_tasks[0]
+        try:
+            batch = self._vec.collect_fragments(
+                task.fragment_length,
+                base_seed=task.base_seed,
+                first_stream=self._welcome.first_stream,
+            )
+        except (EnvError, PolicyError, ConfigError) as exc:
+            self._on_task_error(exc)
+            return
+        self._steps_total += batch.total_steps
+        self._send_result(task.task_id, batch)
+        task.rounds_left -= 1
+        if (
+            task.rounds_left <= 0
+            and self._book.fragment_tasks
+            and self._book.fragment_tasks[0] is task
+        ):
+            self._book.fragment_tasks.popleft()
+
+    def _wait_for_message(self) -> Outcome | None:
+        """Blocks for the next message until the next heartbeat is due."""
+        timeout = max(self._next_beat - time.monotonic(), 0.0)
+        try:
+            message = self._inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        return self._handle_queued(message)
+
+    def _handle_queued(self, first: Incoming | None) -> Outcome | None:
+        """Handles ``first`` and every message already queued, in order."""
+        message = first
+        while True:
+            if message is None:
+                try:
+                    message = self._inbox.get_nowait()
+                except queue.Empty:
+                    return None
+            outcome = self._handle(message)
+            if outcome is not None:
+                return outcome
+            message = None
+
+    # --- messages from the coordinator ----------------------------------------------
+
+    def _handle(self, message: Incoming) -> Outcome | None:
+        if isinstance(message, StreamEnded):
+            return self._ended(message)
+        if isinstance(message, Wakeup):
+            if self._worker.leave_requested and not self._leaving:
+                self._start_leaving(self._worker.leave_reason, tell=True)
+            return None
+        body = message.WhichOneof("body")
+        if body == "env_update":
+            self._on_env_update(message.env_update)
+        elif body == "agent_update":
+            self._on_agent_update(message.agent_update)
+        elif body == "task":
+            self._on_task(message.task)
+        elif body == "cancel":
+            self._book.cancel(message.cancel.task_id, message.cancel.episode_indices)
+        elif body == "drain":
+            logger.info("coordinator drains this worker: %s", message.drain.reason or "no reason")
+            self._start_leaving(message.drain.reason, tell=False)
+        else:
+            logger.warning("ignored an unexpected %r message from the coordinator", body)
+        return None
+
+    def _on_env_update(self, update: updates_pb2.EnvUpdate) -> None:
+        self._flush()  # finished episodes belong to the old env
+        try:
+            self._vec.update_env(_env_config(update, self._config.imports))
+        except Exception as exc:  # any failure building an env is the env's config
+            error = (
+                exc
+                if isinstance(exc, ConfigError | PermissionDeniedError)
+                else ConfigError(
+                    f"building env {update.env_id!r} raised {type(exc).__name__}: {exc}"
+                )
+            )
+            logger.warning("env update %d refused: %s", update.generation, error)
+            self._send_error(error, traceback_text=_traceback(exc))
+            return
+        self._generation = update.generation
+        self._book.drop_stale(env_generation=update.generation)
+        self._send(
+            worker_pb2.WorkerMessage(
+                env_ready=worker_pb2.EnvReady(
+                    generation=update.generation, env_spec=encode_env_spec(self._vec.env_spec)
+                )
+            )
+        )
+        logger.info("env generation %d: %s", update.generation, update.env_id)
+
+    def _on_agent_update(self, update: updates_pb2.AgentUpdate) -> None:
+        self._flush()  # finished episodes belong to the old version
+        try:
+            agent = self._agent_of(update)
+            self._vec.update_agent(agent, version=update.version)
+        except Exception as exc:
+            error = (
+                exc
+                if isinstance(exc, PolicyError | PermissionDeniedError)
+                else PolicyError(
+                    f"agent version {update.version} refused: {type(exc).__name__}: {exc}"
+                )
+            )
+            logger.warning("agent update %d refused: %s", update.version, error)
+            self._send_error(error, traceback_text=_traceback(exc))
+            return
+        self._book.drop_stale(agent_version=update.version)
+        self._send(
+            worker_pb2.WorkerMessage(agent_ready=worker_pb2.AgentReady(version=update.version))
+        )
+        logger.debug("agent version %d applied", update.version)
+
+    def _agent_of(self, update: updates_pb2.AgentUpdate) -> Policy | dict[str, Any]:
+        """The Policy (new spec) or merged parameter dict an update stands for.
+
+        Parameters alone replace the same-named ones of the current policy
+        (the coordinator merges updates the same way).
+        """
+        if update.pickled_policy:
+            raise PermissionDeniedError(
+                "pickled policies are not enabled on this worker; send a policy spec and params"
+            )
+        params: dict[str, Any] = decode_tensor_map(update.params, name="AgentUpdate.params")
+        if update.HasField("policy"):
+            spec = PolicySpec(update.policy.name, _json_object(update.policy.kwargs_json))
+            policy = make_policy(
+                spec,
+                self._vec.env_spec,
+                seed=self._config.seed,
+                allowed_modules=self._config.imports,
+            )
+            if params:
+                policy.set_param_values({**policy.get_param_values(), **params})
+            return policy
+        if not params:
+            raise PolicyError("the agent update carries neither a policy spec nor parameters")
+        current = self._vec.policy
+        if current is None:
+            raise PolicyError("parameters arrived before the worker had an env and a policy")
+        return {**current.get_param_values(), **params}
+
+    def _on_task(self, task: worker_pb2.Task) -> None:
+        if self._leaving:
+            return  # sent before our Leaving arrived; the coordinator re-assigns it
+        vec = self._vec
+        problem = None
+        if task.env_generation != self._generation:
+            problem = f"env generation {task.env_generation}, this worker has {self._generation}"
+        elif task.agent_version not in (-1, vec.agent_version):
+            problem = f"agent version {task.agent_version}, this worker has {vec.agent_version}"
+        elif task.mode not in (
+            worker_pb2.SAMPLE_MODE_STEPS,
+            worker_pb2.SAMPLE_MODE_EPISODES,
+            worker_pb2.SAMPLE_MODE_FRAGMENTS,
+        ):
+            problem = f"unknown sample mode {task.mode}"
+        elif task.mode == worker_pb2.SAMPLE_MODE_FRAGMENTS and task.fragment_length < 1:
+            problem = "a FRAGMENTS task needs fragment_length >= 1"
+        if problem is not None:
+            self._send_error(
+                ProtocolError(f"task {task.task_id} asks for {problem}"), task_id=task.task_id
+            )
+            return
+        self._book.add(task)
+
+    def _on_task_error(self, exc: Exception) -> None:
+        """Reports an error that stops a request, once per request, and drops its tasks.
+
+        A policy error concerns every task (the policy is broken); other
+        errors the request whose episodes are running.
+        """
+        book = self._book
+        tasks = book.tasks() if isinstance(exc, PolicyError) else book.running_request()
+        logger.warning("task error: %s", str(exc).splitlines()[0])
+        book.drop(task.task_id for task in tasks)
+        first_of_request: dict[int, int] = {}
+        for task in sorted(tasks, key=lambda t: t.task_id):
+            first_of_request.setdefault(task.request_id, task.task_id)
+        for task_id in first_of_request.values():
+            self._send_error(exc, task_id=task_id)
+        if not tasks:
+            self._send_error(exc)
+
+    # --- messages to the coordinator --------------------------------------------------
+
+    def _flush(self) -> None:
+        """Sends every finished episode, one result per task."""
+        vec = self._vec
+        self._oldest_finished = None
+        if not vec.finished_count:
+            return
+        for task_id in list(self._book.episode_tasks):
+            while (batch := vec.take_finished(request=task_id)) is not None:
+                self._send_result(task_id, batch)
+        leftover = vec.take_finished()
+        if leftover is not None:  # of tasks cancelled meanwhile
+            logger.debug("dropped %d finished episodes of cancelled tasks", leftover.n_episodes)
+
+    def _send_result(self, task_id: int, batch: EpisodeBatch) -> None:
+        """Sends a batch as one EpisodeResult, chunked below the message limit."""
+        infos = batch.episode_infos
+        indices = infos["episode_index"].tolist()
+        meta = worker_pb2.EpisodeResult(
+            task_id=task_id,
+            episode_indices=indices,
+            lengths=batch.lengths.tolist(),
+            # Updates are applied only after a flush, so one version made them all.
+            agent_version=int(infos["agent_version"][0]),
+            env_generation=self._generation,
+        )
+        max_bytes = min(
+            DEFAULT_CHUNK_BYTES, self._max_message_bytes - meta.ByteSize() - _ENVELOPE_ALLOWANCE
+        )
+        chunks = encode_batch_chunks(
+            batch, max_bytes, batch_id=self._next_batch_id, include_env_spec=False
+        )
+        self._next_batch_id += 1
+        for i, chunk in enumerate(chunks):
+            envelope = meta if i == 0 else worker_pb2.EpisodeResult(task_id=task_id)
+            self._stream.send(_rpc.WithChunk(worker_pb2.WorkerMessage(result=envelope), chunk))
+        self._book.reported(task_id, indices)
+
+    def _heartbeat(self, now: float) -> None:
+        elapsed = now - self._beat_time
+        rate = (self._steps_total - self._beat_steps) / elapsed if elapsed > 0 else 0.0
+        self._beat_time, self._beat_steps = now, self._steps_total
+        self._next_beat = now + self._heartbeat_interval
+        self._worker.beat(now, self._heartbeat_interval)
+        self._send(
+            worker_pb2.WorkerMessage(
+                heartbeat=worker_pb2.Heartbeat(
+                    steps_total=self._steps_total,
+                    steps_per_second=rate,
+                    active_envs=self._vec.active_count,
+                    queued_units=self._book.queued_units,
+                )
+            )
+        )
+
+    def _send_error(
+        self, exc: BaseException, *, task_id: int = 0, traceback_text: str = ""
+    ) -> None:
+        detail = _rpc.detail_from_exception(
+            exc,
+            worker=self.name,
+            task_id=task_id,
+            traceback_text=traceback_text
+            or str(getattr(exc, "remote_traceback", "") or "")
+            or _traceback(exc),
+        )
+        self._send(worker_pb2.WorkerMessage(error=worker_pb2.WorkerError(detail=detail)))
+
+    def _send(self, message: worker_pb2.WorkerMessage) -> None:
+        self._stream.send(message)
+
+    # --- leaving ------------------------------------------------------------------------
+
+    def _start_leaving(self, reason: str, *, tell: bool) -> None:
+        """Stops taking work; in-flight episodes finish, unstarted units are dropped."""
+        self._leaving = True
+        self._leave_deadline = time.monotonic() + self._config.drain_grace_seconds
+        if tell:
+            self._send(worker_pb2.WorkerMessage(leaving=worker_pb2.Leaving(reason=reason)))
+        self._book.drop_unstarted()
+        logger.info(
+            "leaving (%s): finishing %d episodes in flight",
+            reason or "drain",
+            self._vec.active_count,
+        )
+
+    def _abandon_in_flight(self) -> None:
+        """Gives up on episodes that did not finish within the drain grace."""
+        logger.warning(
+            "%d episodes did not finish within the drain grace of %g seconds; abandoning "
+            "them (the coordinator re-assigns them)",
+            self._vec.active_count,
+            self._config.drain_grace_seconds,
+        )
+        self._book.drop(task.task_id for task in self._book.tasks())
+        self._vec.cancel()
+        self._leave_deadline = float("inf")
+
+    def _close(self) -> Outcome:
+        """Ends the stream after the last result was queued."""
+        self._stream.close_send()
+        if not self._stream.wait_closed(self._config.close_timeout):
+            self._stream.cancel()
+        self.end_reason = "drained by the coordinator"
+        return Outcome.LEFT if self._worker.leave_requested else Outcome.DRAINED
+
+    def _ended(self, ended: StreamEnded) -> Outcome:
+        self.end_reason = ended.describe()
+        if self._leaving:
+            return Outcome.LEFT if self._worker.leave_requested else Outcome.DRAINED
+        if self._worker.leave_requested:
+            return Outcome.LEFT
+        return Outcome.LOST
+
+
+def _env_config(update: updates_pb2.EnvUpdate, imports: tuple[str, ...]) -> EnvConfig:
+    """The EnvConfig of an EnvUpdate, refusing what must not come from the network."""
+    if update.pickled_env_factory:
+        raise PermissionDeniedError(
+            "pickled env factories are not enabled on this worker; send a gymnasium id"
+        )
+    if ":" in update.env_id:
+        raise ConfigError(
+            f"env id {update.env_id!r} names a module to import, which this worker refuses "
+            "from the network; start the worker with --import MODULE and send the plain id"
+        )
+    length = update.max_episode_length if update.HasField("max_episode_length") else None
+    return EnvConfig(update.env_id, _json_object(update.kwargs_json), length, imports)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"kwargs are not valid JSON ({exc}): {text[:200]!r}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"kwargs must be a JSON object, got {text[:200]!r}")
+    return value
+
+
+def _traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))

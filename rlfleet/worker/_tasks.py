@@ -1,0 +1,196 @@
+"""The tasks a remote worker holds, and the units it has not started yet.
+
+The coordinator may hand a worker more units than it has env slots (the
+prefetch). They wait here, not in the VecWorker: units given to the
+VecWorker start at its next step, while units still here can be dropped at
+once when the worker leaves or a task is cancelled. The VecWorker is topped
+up to one unit per slot after every step, so a slot that finished an
+episode takes the next one on the following step, exactly as with the
+VecWorker's own queue.
+
+Inside the VecWorker a unit's ``request`` is its task id, so the worker can
+take, cancel and report each task's episodes separately.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from rlfleet.v1 import worker_pb2
+from rlfleet.worker.units import EpisodeUnit
+from rlfleet.worker.vec import VecWorker
+
+
+@dataclass
+class EpisodeTask:
+    """A STEPS or EPISODES task: units to run, each reported once.
+
+    Attributes:
+        task_id: The coordinator's task id.
+        request_id: The learner request the task serves.
+        agent_version: The version its episodes must be produced by (-1: latest).
+        env_generation: The env generation its episodes must come from.
+        remaining: Episode indices neither reported nor cancelled.
+    """
+
+    task_id: int
+    request_id: int
+    agent_version: int
+    env_generation: int
+    remaining: set[int] = field(default_factory=set)
+
+
+@dataclass
+class FragmentTask:
+    """A FRAGMENTS task: ``rounds_left`` windows of ``fragment_length`` steps."""
+
+    task_id: int
+    request_id: int
+    agent_version: int
+    env_generation: int
+    fragment_length: int
+    base_seed: int
+    rounds_left: int
+
+
+Task = EpisodeTask | FragmentTask
+
+
+class TaskBook:
+    """The worker's tasks, in arrival order, and their unstarted units.
+
+    Args:
+        vec: The VecWorker the units run on.
+    """
+
+    def __init__(self, vec: VecWorker) -> None:
+        self._vec = vec
+        self.episode_tasks: dict[int, EpisodeTask] = {}
+        self.fragment_tasks: collections.deque[FragmentTask] = collections.deque()
+        self._pending: collections.deque[EpisodeUnit] = collections.deque()
+
+    @property
+    def queued_units(self) -> int:
+        """Units waiting here plus those queued in the VecWorker."""
+        return len(self._pending) + self._vec.queued_count
+
+    def add(self, task: worker_pb2.Task) -> None:
+        """Takes a task (its mode already checked)."""
+        if task.mode == worker_pb2.SAMPLE_MODE_FRAGMENTS:
+            if task.rounds:
+                self.fragment_tasks.append(
+                    FragmentTask(
+                        task.task_id,
+                        task.request_id,
+                        task.agent_version,
+                        task.env_generation,
+                        task.fragment_length,
+                        task.base_seed,
+                        task.rounds,
+                    )
+                )
+            return
+        entry = self.episode_tasks.setdefault(
+            task.task_id,
+            EpisodeTask(task.task_id, task.request_id, task.agent_version, task.env_generation),
+        )
+        for unit in task.units:
+            entry.remaining.add(unit.episode_index)
+            self._pending.append(
+                EpisodeUnit(unit.episode_index, unit.env_seed, unit.policy_seed, task.task_id)
+            )
+        self.feed()
+
+    def feed(self) -> None:
+        """Gives the VecWorker units until it holds one per env slot."""
+        if not self._pending:
+            return
+        vec = self._vec
+        room = vec.n_envs - vec.active_count - vec.queued_count
+        if room > 0:
+            vec.submit([self._pending.popleft() for _ in range(min(room, len(self._pending)))])
+
+    def reported(self, task_id: int, episode_indices: Iterable[int]) -> None:
+        """Marks episodes as sent; forgets the task once all of them are."""
+        entry = self.episode_tasks.get(task_id)
+        if entry is None:
+            return
+        entry.remaining.difference_update(episode_indices)
+        if not entry.remaining:
+            del self.episode_tasks[task_id]
+
+    def cancel(self, task_id: int, episode_indices: Iterable[int] = ()) -> None:
+        """Drops units of a task wherever they are (all of them if none are named)."""
+        indices = set(episode_indices)
+        self.fragment_tasks = collections.deque(
+            t for t in self.fragment_tasks if t.task_id != task_id or indices
+        )
+        entry = self.episode_tasks.get(task_id)
+        if entry is None:
+            return
+        if not indices:
+            self.drop([task_id])
+            return
+        self._pending = collections.deque(
+            u for u in self._pending if u.request != task_id or u.episode_index not in indices
+        )
+        self._vec.cancel(indices, request=task_id)
+        self.reported(task_id, indices)
+
+    def drop(self, task_ids: Iterable[int]) -> None:
+        """Forgets tasks and drops all their units."""
+        ids = set(task_ids)
+        if not ids:
+            return
+        self._pending = collections.deque(u for u in self._pending if u.request not in ids)
+        self.fragment_tasks = collections.deque(
+            t for t in self.fragment_tasks if t.task_id not in ids
+        )
+        for task_id in ids:
+            if self.episode_tasks.pop(task_id, None) is not None:
+                self._vec.cancel(request=task_id)
+
+    def drop_stale(
+        self, *, agent_version: int | None = None, env_generation: int | None = None
+    ) -> list[int]:
+        """Drops tasks an update made impossible to serve; returns their ids.
+
+        A task bound to another agent version (not -1) or env generation can
+        no longer be produced as asked; the coordinator cancels such tasks
+        before it sends an update, so this only catches stragglers.
+        """
+        stale = [
+            task.task_id
+            for task in self.tasks()
+            if (agent_version is not None and task.agent_version not in (-1, agent_version))
+            or (env_generation is not None and task.env_generation != env_generation)
+        ]
+        self.drop(stale)
+        return stale
+
+    def drop_unstarted(self) -> None:
+        """Drops every unit not started yet and every fragment task (leaving).
+
+        Units already handed to the VecWorker run to the end: there are at
+        most one per slot.
+        """
+        self._pending.clear()
+        self.fragment_tasks.clear()
+
+    def tasks(self) -> list[Task]:
+        """Every task held, episode tasks first."""
+        return [*self.episode_tasks.values(), *self.fragment_tasks]
+
+    def running_request(self) -> list[Task]:
+        """The tasks of the request of the oldest task held (for errors).
+
+        A VecWorker error does not say which task its episode belonged to;
+        the coordinator serves one request at a time, so the oldest task's
+        request is the one whose episodes are running.
+        """
+        tasks = sorted(self.tasks(), key=lambda t: t.task_id)
+        if not tasks:
+            return []
+        return [t for t in tasks if t.request_id == tasks[0].request_id]

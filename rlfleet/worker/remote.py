@@ -1,0 +1,342 @@
+"""The remote worker: a VecWorker driven by a coordinator over one Join stream.
+
+``rlfleet worker --coordinator HOST:PORT`` runs :class:`RemoteWorker`. It
+dials the coordinator, says Hello, and then, on the main thread, applies the
+coordinator's messages in order and steps its VecWorker while there is work.
+Network work happens only between steps and never blocks them: a receiver
+thread queues incoming messages, gRPC's own thread drains the outgoing
+ones. Finished episodes are sent in groups (see :class:`WorkerConfig`), each
+group serialized once and cut into chunks that the coordinator forwards to
+the learner untouched.
+
+The main loop of one joined stream is :class:`~rlfleet.worker._session.Session`.
+
+When the stream breaks, the worker reconnects with exponential backoff and
+full jitter and joins again as a new worker, with fresh envs and policy (a
+restarted coordinator may be at another agent version). SIGTERM makes it
+leave gracefully: it says Leaving, finishes the episodes it is running,
+sends them and exits 0; units it never started are re-assigned by the
+coordinator.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import queue
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from rlfleet import _rpc
+from rlfleet._version import __version__
+from rlfleet.errors import ConfigError
+from rlfleet.v1 import worker_pb2
+from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
+from rlfleet.worker._restarts import EnvRestartBudget
+from rlfleet.worker._session import Outcome, Session
+from rlfleet.worker.vec import NanMode
+
+logger = logging.getLogger("rlfleet.worker")
+
+#: Capabilities of this worker (worker.proto Hello).
+CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments")
+IMPLEMENTATION = f"rlfleet-python/{__version__}"
+
+# Statuses at the handshake that retrying cannot fix: the worker exits.
+_FATAL_AT_HANDSHAKE = {
+    grpc.StatusCode.FAILED_PRECONDITION: "protocol version mismatch",
+    grpc.StatusCode.UNAUTHENTICATED: "not authenticated",
+    grpc.StatusCode.PERMISSION_DENIED: "permission denied",
+    grpc.StatusCode.UNIMPLEMENTED: "the address is not an rlfleet coordinator",
+}
+
+
+def default_worker_name() -> str:
+    """``$RLFLEET_WORKER_NAME``, else ``$POD_NAME`` (Kubernetes), else the host name."""
+    return (
+        os.environ.get("RLFLEET_WORKER_NAME") or os.environ.get("POD_NAME") or socket.gethostname()
+    )
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Settings of a remote worker.
+
+    Args:
+        coordinator: ``HOST:PORT`` of the coordinator.
+        envs: Env slots stepped together (K).
+        imports: Modules imported before envs are built (custom envs
+            register on import) and the only modules whose policy classes
+            (``"module:Class"`` specs) the worker may import.
+        name: The worker's name in the fleet (made unique by the coordinator).
+        seed: Seed of policies built from specs (initial weights); episode
+            seeds come with the units.
+        heartbeat_interval: Seconds between heartbeats; None: the
+            coordinator's (Welcome).
+        reconnect_base_seconds: First backoff step after a lost connection.
+        reconnect_max_seconds: Backoff cap.
+        handshake_timeout: Seconds to wait for the Welcome.
+        flush_steps: Send finished episodes once they hold this many steps...
+        flush_seconds: ...or the oldest has waited this long, or they are
+            as many as the units left to start. Grouping episodes
+            saves per-message costs (tens of microseconds each in Python
+            gRPC); reporting before the spare units run out keeps the
+            coordinator's refills ahead of the slots.
+        max_message_bytes: Largest message this side accepts or sends
+            (the coordinator's Welcome may lower the sending limit).
+        drain_grace_seconds: When leaving, how long in-flight episodes may
+            take to finish; past it they are abandoned (the coordinator
+            re-assigns them).
+        close_timeout: After the last result, how long to wait for the
+            coordinator to end the stream.
+        keepalive_interval: Seconds between keepalive pings on the channel.
+        keepalive_timeout: Seconds a ping may go unanswered before the
+            connection counts as dead (and the worker reconnects).
+        env_restarts: How many crashed envs may be rebuilt (the rest is an
+            EnvError for the request).
+        nonfinite: What a NaN or inf observation is: ``"error"`` (the
+            episode is dropped and the request fails), ``"flag"`` (env_info
+            ``nonfinite_obs``) or ``"ignore"``.
+    """
+
+    coordinator: str
+    envs: int = 1
+    imports: tuple[str, ...] = ()
+    name: str = field(default_factory=default_worker_name)
+    seed: int = 0
+    heartbeat_interval: float | None = None
+    reconnect_base_seconds: float = 0.1
+    reconnect_max_seconds: float = 10.0
+    handshake_timeout: float = 30.0
+    flush_steps: int = 4096
+    flush_seconds: float = 0.02
+    max_message_bytes: int = _rpc.DEFAULT_MAX_MESSAGE_BYTES
+    drain_grace_seconds: float = 30.0
+    close_timeout: float = 5.0
+    keepalive_interval: float = 10.0
+    keepalive_timeout: float = 5.0
+    env_restarts: EnvRestartBudget = field(default_factory=EnvRestartBudget)
+    nonfinite: NanMode = "error"
+
+    def __post_init__(self) -> None:
+        host, _, port = self.coordinator.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(
+                f"coordinator address {self.coordinator!r} must be HOST:PORT, e.g. 127.0.0.1:50051"
+            )
+        if isinstance(self.envs, bool) or not isinstance(self.envs, int) or self.envs < 1:
+            raise ConfigError(f"--envs must be a positive int, got {self.envs!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"--seed must be a non-negative int, got {self.seed!r}")
+        for name in (
+            "reconnect_base_seconds",
+            "reconnect_max_seconds",
+            "handshake_timeout",
+            "drain_grace_seconds",
+            "close_timeout",
+            "keepalive_interval",
+            "keepalive_timeout",
+        ):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.nonfinite not in ("error", "flag", "ignore"):
+            raise ConfigError(
+                f"--nonfinite must be 'error', 'flag' or 'ignore', got {self.nonfinite!r}"
+            )
+        if self.heartbeat_interval is not None and not self.heartbeat_interval > 0:
+            raise ConfigError(
+                f"--heartbeat-interval must be > 0 seconds, got {self.heartbeat_interval!r}"
+            )
+
+
+class _HandshakeError(Exception):
+    def __init__(self, message: str, *, fatal: bool) -> None:
+        super().__init__(message)
+        self.fatal = fatal
+
+
+class RemoteWorker:
+    """A worker process's life: connect, work, reconnect, leave.
+
+    Args:
+        config: The worker's settings.
+    """
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self._leave = threading.Event()
+        self._leave_reason = ""
+        self._inbox: queue.SimpleQueue[Incoming] = queue.SimpleQueue()
+        # Written by the main loop, read by health probes (floats: atomic).
+        self._joined = False
+        self._last_beat = 0.0
+        self._beat_interval = 1.0
+
+    def request_leave(self, reason: str = "asked to leave") -> None:
+        """Makes the worker leave gracefully. Safe to call from a signal handler."""
+        self._leave_reason = reason
+        self._leave.set()
+        self._inbox.put(Wakeup())
+
+    @property
+    def leave_requested(self) -> bool:
+        """True once :meth:`request_leave` was called."""
+        return self._leave.is_set()
+
+    @property
+    def leave_reason(self) -> str:
+        """Why the worker was asked to leave ("" if it was not)."""
+        return self._leave_reason
+
+    def healthy(self) -> bool:
+        """True while joined to a coordinator with a main loop that keeps beating.
+
+        Thread-safe; meant for health probes.
+        """
+        silence = time.monotonic() - self._last_beat
+        return self._joined and silence < 3 * self._beat_interval + 5.0
+
+    def beat(self, now: float, interval: float) -> None:
+        """Records that the main loop sent a heartbeat (for :meth:`healthy`)."""
+        self._last_beat, self._beat_interval = now, interval
+
+    def run(self) -> int:
+        """Works until asked to leave; returns the process exit code.
+
+        Returns:
+            0 after leaving gracefully, 1 if the coordinator refused the
+            worker for a reason retrying cannot fix (e.g. protocol version).
+
+        Raises:
+            ConfigError: If a module of ``imports`` cannot be imported
+                (checked before joining: a worker that cannot build its
+                envs should fail at once, not join and refuse every env).
+        """
+        config = self.config
+        import_modules(config.imports)
+        channel = _rpc.open_channel(
+            config.coordinator,
+            max_message_bytes=config.max_message_bytes,
+            reconnect_max_seconds=config.reconnect_max_seconds,
+            keepalive_seconds=config.keepalive_interval,
+            ping_timeout_seconds=config.keepalive_timeout,
+        )
+        attempt = 0
+        try:
+            while not self._leave.is_set():
+                # A fresh inbox per stream: nothing of an old stream leaks in.
+                self._inbox = queue.SimpleQueue()
+                if self._leave.is_set():  # a signal between the check and the swap
+                    break
+                try:
+                    session = self._connect(channel)
+                except _HandshakeError as exc:
+                    if exc.fatal:
+                        logger.error(
+                            "coordinator %s refused this worker: %s", config.coordinator, exc
+                        )
+                        return 1
+                    attempt += 1
+                    self._backoff(attempt, str(exc))
+                    continue
+                attempt = 0
+                self._joined = True
+                try:
+                    outcome = session.run()
+                finally:
+                    self._joined = False
+                if outcome is Outcome.LEFT:
+                    break
+                attempt += 1
+                self._backoff(attempt, session.end_reason)
+        finally:
+            channel.close()
+        logger.info("worker %r left: %s", config.name, self._leave_reason or "done")
+        return 0
+
+    def _backoff(self, attempt: int, why: str) -> None:
+        """Sleeps before reconnecting: exponential backoff with full jitter."""
+        config = self.config
+        cap = min(config.reconnect_max_seconds, config.reconnect_base_seconds * 2 ** (attempt - 1))
+        delay = random.uniform(0, cap)
+        logger.warning(
+            "connection to coordinator %s: %s; reconnecting in %.2f s (attempt %d)",
+            config.coordinator,
+            why,
+            delay,
+            attempt,
+        )
+        self._leave.wait(delay)
+
+    def _connect(self, channel: grpc.Channel) -> Session:
+        """Opens a Join stream and completes the handshake.
+
+        Raises:
+            _HandshakeError: If the stream ends or no Welcome arrives in time.
+        """
+        config = self.config
+        stream = JoinStream(channel, self._inbox)
+        stream.send(
+            worker_pb2.WorkerMessage(
+                hello=worker_pb2.Hello(
+                    protocol_version=_rpc.PROTOCOL_VERSION,
+                    capabilities=list(CAPABILITIES),
+                    num_envs=config.envs,
+                    name=config.name,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    implementation=IMPLEMENTATION,
+                )
+            )
+        )
+        deadline = time.monotonic() + config.handshake_timeout
+        while True:
+            try:
+                message = self._inbox.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                stream.cancel()
+                raise _HandshakeError(
+                    f"no Welcome within {config.handshake_timeout:g} seconds of Hello",
+                    fatal=False,
+                ) from None
+            if isinstance(message, StreamEnded):
+                stream.cancel()  # frees gRPC's thread waiting on the request generator
+                reason = _FATAL_AT_HANDSHAKE.get(message.code)
+                raise _HandshakeError(
+                    f"{reason}: {message.describe()}" if reason else message.describe(),
+                    fatal=reason is not None,
+                )
+            if isinstance(message, Wakeup):
+                if self._leave.is_set():
+                    stream.cancel()
+                    raise _HandshakeError("left before joining", fatal=False)
+                continue
+            if message.WhichOneof("body") != "welcome":
+                stream.cancel()
+                raise _HandshakeError(
+                    f"the coordinator sent {message.WhichOneof('body')} before Welcome",
+                    fatal=False,
+                )
+            return Session(self, stream, message.welcome)
+
+
+def import_modules(modules: tuple[str, ...]) -> None:
+    """Imports the worker's ``--import`` modules (custom envs register on import).
+
+    Raises:
+        ConfigError: Naming the module and the import error.
+    """
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # a module's own code may raise anything at import
+            raise ConfigError(
+                f"--import {module}: {type(exc).__name__}: {exc}. Install the package on this "
+                "machine or fix the module name"
+            ) from exc

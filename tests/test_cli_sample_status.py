@@ -1,0 +1,154 @@
+"""``rlfleet sample`` and ``rlfleet status`` against a local fleet of worker processes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rlfleet.cli import main
+from rlfleet.cli.sample import FILE_FORMAT, load_batch
+from rlfleet.client import Fleet, RemoteSampler
+from rlfleet.envs import EnvConfig
+from rlfleet.local_sampler import LocalSampler
+from tests.test_fleet_equivalence import assert_same_batch
+
+pytestmark = pytest.mark.timeout(120)
+
+CARTPOLE = EnvConfig("CartPole-v1")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    fleet = Fleet.local(2, 2, CARTPOLE)
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+
+
+def test_sample_writes_the_batch_local_sampler_would_give(fleet: Fleet, tmp_path: Path) -> None:
+    out = tmp_path / "batch.npz"
+    command = [sys.executable, "-m", "rlfleet", "--log-level", "WARNING", "sample"]
+    command += ["--coordinator", fleet.address, "--steps", "300", "--seed", "6", "--out", str(out)]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, check=False, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    batch = load_batch(out)
+    assert done.stdout.strip() == (
+        f"wrote {batch.n_episodes} episodes ({batch.total_steps} steps) to {out}"
+    )
+    with LocalSampler(CARTPOLE, n_workers=2, envs_per_worker=2, seed=6) as local:
+        assert_same_batch(
+            local.obtain_samples(0, 300),
+            batch,
+            {w.worker_id for w in fleet.sampler.status().workers},
+        )
+
+
+def test_the_file_layout_is_flat_numpy_arrays(fleet: Fleet, tmp_path: Path) -> None:
+    out = tmp_path / "episodes.npz"
+    code = main(
+        ["sample", "--coordinator", fleet.address, "--mode", "episodes", "--episodes", "4",
+         "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    with np.load(out, allow_pickle=False) as data:
+        assert str(data["format"]) == FILE_FORMAT
+        assert data["lengths"].shape == (4,)
+        assert data["episode_infos.episode_index"].tolist() == [0, 1, 2, 3]
+        assert data["observations"].shape == (int(data["lengths"].sum()), 4)
+        spec = json.loads(str(data["env_spec"]))
+        assert spec["actionSpace"]["discrete"]["n"] == "2"  # protobuf JSON of rlfleet.v1.EnvSpec
+    assert load_batch(out).env_spec == CARTPOLE.env_spec()
+
+
+def test_sample_fragments(fleet: Fleet, tmp_path: Path) -> None:
+    out = tmp_path / "fragments.npz"
+    code = main(
+        ["sample", "--coordinator", fleet.address, "--mode", "fragments", "--steps", "40",
+         "--fragment-length", "5", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    batch = load_batch(out)
+    assert batch.total_steps == 40  # 2 rounds of 4 streams x 5 steps
+    assert batch.lengths.max() <= 5
+    assert set(batch.episode_infos["stream"].tolist()) == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mode", "episodes"], "--mode episodes needs --episodes N"),
+        (["--mode", "fragments", "--steps", "10"], "--mode fragments needs --fragment-length T"),
+        ([], "--mode steps needs --steps N"),
+    ],
+)
+def test_sample_says_which_flag_is_missing(
+    fleet: Fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    out = str(tmp_path / "x.npz")
+    assert main(["sample", "--coordinator", fleet.address, "--out", out, *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not Path(out).exists()
+
+
+def test_status_prints_a_row_per_worker_and_totals(
+    fleet: Fleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "--coordinator", fleet.address]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == [
+        "NAME",
+        "HOST",
+        "PID",
+        "ENVS",
+        "STATE",
+        "STEPS/S",
+        "AGENT",
+        "HEARTBEAT",
+    ]
+    rows = sorted(line.split() for line in lines[1:3])
+    pids = sorted(str(w.process.pid) for w in fleet.workers)
+    assert [row[0] for row in rows] == ["local-0", "local-1"]
+    assert sorted(row[2] for row in rows) == pids
+    assert all(row[1] == socket.gethostname() and row[3] == "2" for row in rows)
+    assert lines[3].startswith("fleet: 2 workers (2 ready), 4 envs, ")
+    assert lines[3].endswith("env CartPole-v1 (generation 1)")
+
+
+def test_status_of_an_absent_coordinator_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    assert main(["status", "--coordinator", f"127.0.0.1:{port}", "--timeout", "5"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"rlfleet: error: GetStatus on coordinator 127.0.0.1:{port}: ")
+    assert "UNAVAILABLE" in err
+
+
+def test_sample_with_env_switches_the_fleet(fleet: Fleet, tmp_path: Path) -> None:
+    out = tmp_path / "pendulum.npz"
+    try:
+        code = main(
+            ["sample", "--coordinator", fleet.address, "--env", "Pendulum-v1", "--steps", "10",
+             "--out", str(out)]
+        )  # fmt: skip
+        assert code == 0
+        batch = load_batch(out)
+        assert isinstance(batch.env_spec.action_space, gym.spaces.Box)
+        assert batch.lengths.tolist() == [200]  # Pendulum's registered limit
+    finally:
+        with RemoteSampler(fleet.address) as sampler:
+            sampler.update_env("CartPole-v1")

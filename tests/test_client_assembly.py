@@ -1,0 +1,168 @@
+"""Reassembly of a response's results into one ordered EpisodeBatch (no processes).
+
+Batches are built by hand from rlfleet/Counter-v0's spaces, whose
+observations count steps, so expected orders can be read off the data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlfleet.client._assembly import (
+    Result,
+    ResultAssembler,
+    assemble_episodes,
+    assemble_fragments,
+)
+from rlfleet.core import EnvSpec, EpisodeBatch, StepType
+from rlfleet.envs import EnvConfig
+from rlfleet.errors import ProtocolError, WireFormatError
+from rlfleet.v1 import worker_pb2
+from rlfleet.wire import encode_batch_chunks
+
+SPEC: EnvSpec = EnvConfig("rlfleet/Counter-v0", imports=("rlfleet.envs.testing",)).env_spec()
+
+
+def batch(lengths: list[int], indices: list[int], **infos: list[int]) -> EpisodeBatch:
+    """Episodes whose observations are (episode index * 100 + step), one per step."""
+    lengths_array = np.asarray(lengths, dtype=np.int64)
+    obs = np.concatenate(
+        [
+            index * 100 + np.arange(n, dtype=np.float32)
+            for index, n in zip(indices, lengths, strict=True)
+        ]
+    )[:, None]
+    step_types = np.full(len(obs), StepType.MID, dtype=np.uint8)
+    ends = np.cumsum(lengths_array) - 1
+    step_types[ends] = StepType.TERMINAL
+    step_types[ends - lengths_array + 1] = StepType.FIRST
+    step_types[ends[lengths_array == 1]] = StepType.TERMINAL
+    episode_infos = {
+        "episode_index": np.asarray(indices, dtype=np.int64),
+        **{key: np.asarray(value, dtype=np.int64) for key, value in infos.items()},
+    }
+    return EpisodeBatch(
+        env_spec=SPEC,
+        episode_infos=episode_infos,
+        observations=obs,
+        last_observations=obs[ends] + 1,
+        actions=np.zeros(len(obs), dtype=np.int64),
+        rewards=np.arange(len(obs), dtype=np.float64),
+        env_infos={},
+        agent_infos={"log_prob": -np.arange(len(obs), dtype=np.float32)},
+        step_types=step_types,
+        lengths=lengths_array,
+    )
+
+
+def result(b: EpisodeBatch, worker: int = 1) -> Result:
+    meta = worker_pb2.EpisodeResult(
+        episode_indices=b.episode_infos["episode_index"].tolist(),
+        lengths=b.lengths.tolist(),
+        worker_id=worker,
+    )
+    return Result(meta, b)
+
+
+def test_step_types_come_out_as_int64_like_local_batches() -> None:
+    b = batch([2], [0])
+    assert b.step_types.dtype == np.uint8  # as the wire carries them
+    answer = assemble_episodes([result(b)], 1)
+    assert answer.step_types.dtype == np.int64
+    assert answer.step_types.tolist() == [StepType.FIRST, StepType.TERMINAL]
+
+
+def test_assemble_episodes_orders_by_index_and_drops_speculative_ones() -> None:
+    # Two workers interleaved; episode 4 ran past the answer (num_episodes=4).
+    results = [result(batch([3, 1], [1, 3]), worker=1), result(batch([2, 2, 5], [0, 2, 4]), 2)]
+    answer = assemble_episodes(results, 4)
+    assert answer.episode_infos["episode_index"].tolist() == [0, 1, 2, 3]
+    assert answer.lengths.tolist() == [2, 3, 2, 1]
+    assert answer.observations[:, 0].tolist() == [0, 1, 100, 101, 102, 200, 201, 300]
+
+
+@pytest.mark.parametrize(
+    ("indices", "message"),
+    [([0, 2], r"missing \[1\], duplicated \[\]"), ([0, 1, 1], r"missing \[\], duplicated \[1\]")],
+)
+def test_assemble_episodes_refuses_gaps_and_duplicates(indices: list[int], message: str) -> None:
+    results = [result(batch([1] * len(indices), indices))]
+    with pytest.raises(ProtocolError, match=message):
+        assemble_episodes(results, 2)
+
+
+def test_assemble_fragments_orders_by_stream_episode_and_fragment() -> None:
+    # Worker 1 holds stream 0, worker 2 stream 1; each sent two windows, and
+    # worker 2's arrived first. Episode 0 of stream 0 spans both windows.
+    w1_round0 = batch([4], [0], stream=[0], fragment_index=[0])
+    w1_round1 = batch([2, 2], [0, 1], stream=[0, 0], fragment_index=[1, 0])
+    w2_round0 = batch([1, 3], [0, 1], stream=[1, 1], fragment_index=[0, 0])
+    w2_round1 = batch([4], [1], stream=[1], fragment_index=[1])
+    results = [
+        result(w2_round0, 2),
+        result(w2_round1, 2),
+        result(w1_round0, 1),
+        result(w1_round1, 1),
+    ]
+    answer = assemble_fragments(results)
+    infos = answer.episode_infos
+    assert infos["stream"].tolist() == [0, 0, 0, 1, 1, 1]
+    assert infos["episode_index"].tolist() == [0, 0, 1, 0, 1, 1]
+    assert infos["fragment_index"].tolist() == [0, 1, 0, 0, 0, 1]
+    assert answer.lengths.tolist() == [4, 2, 2, 1, 3, 4]
+    # Steps travel with their pieces: episode 1 of stream 1 is 3 + 4 steps long.
+    assert answer.observations[-7:, 0].tolist() == [100, 101, 102, 100, 101, 102, 103]
+    assert answer.step_types.dtype == np.int64
+
+
+def test_result_assembler_joins_chunks_of_interleaved_workers() -> None:
+    first, second = batch([30, 40], [0, 1]), batch([25], [2])
+    assembler = ResultAssembler(SPEC)
+    chunks_a = encode_batch_chunks(first, 400, batch_id=0, include_env_spec=False)
+    chunks_b = encode_batch_chunks(second, 400, batch_id=0, include_env_spec=False)
+    assert len(chunks_a) > 2 and len(chunks_b) > 1  # several chunks each: a real test
+    meta_a = worker_pb2.EpisodeResult(
+        task_id=1, episode_indices=[0, 1], lengths=[30, 40], worker_id=7
+    )
+    meta_b = worker_pb2.EpisodeResult(task_id=2, episode_indices=[2], lengths=[25], worker_id=9)
+    done = []
+    # The coordinator sends every envelope with the worker id; chunk 0 has the metadata.
+    for i in range(max(len(chunks_a), len(chunks_b))):
+        for chunks, meta in ((chunks_a, meta_a), (chunks_b, meta_b)):
+            if i < len(chunks):
+                envelope = meta if i == 0 else worker_pb2.EpisodeResult(worker_id=meta.worker_id)
+                out = assembler.add(envelope, chunks[i])
+                if out is not None:
+                    done.append(out)
+    assert [r.meta.task_id for r in done] == [2, 1]
+    assert np.array_equal(done[1].batch.observations, first.observations)
+    assert np.array_equal(done[0].batch.observations, second.observations)
+
+
+def test_result_assembler_checks_metadata_against_the_batch() -> None:
+    b = batch([3], [0])
+    (chunk,) = encode_batch_chunks(b, include_env_spec=False)
+    meta = worker_pb2.EpisodeResult(episode_indices=[0], lengths=[4], worker_id=1)
+    with pytest.raises(
+        ProtocolError, match=r"metadata lengths \[4\] disagree with the batch's \[3\]"
+    ):
+        ResultAssembler(SPEC).add(meta, chunk)
+
+
+def test_result_assembler_needs_the_header_and_a_chunk() -> None:
+    (chunk,) = encode_batch_chunks(batch([3], [0]), include_env_spec=False)
+    meta = worker_pb2.EpisodeResult(episode_indices=[0], lengths=[3], worker_id=1)
+    with pytest.raises(ProtocolError, match="before the header"):
+        ResultAssembler().add(meta, chunk)
+    with pytest.raises(ProtocolError, match="without a batch chunk"):
+        ResultAssembler(SPEC).add(meta, None)
+
+
+def test_result_assembler_refuses_chunks_out_of_order() -> None:
+    chunks = encode_batch_chunks(batch([30, 40], [0, 1]), 400, include_env_spec=False)
+    meta = worker_pb2.EpisodeResult(episode_indices=[0, 1], lengths=[30, 40], worker_id=1)
+    assembler = ResultAssembler(SPEC)
+    assert assembler.add(meta, chunks[0]) is None
+    with pytest.raises(WireFormatError, match="chunk 1 of batch 0 missing"):
+        assembler.add(worker_pb2.EpisodeResult(worker_id=1), chunks[2])
