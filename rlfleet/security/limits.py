@@ -1,0 +1,156 @@
+"""Resource limits: what one peer may make the coordinator hold.
+
+A coordinator on a network must not be exhausted by one client with one
+huge, endless or slow message. Each limit below bounds one resource:
+
+* ``max_message_bytes``: memory per message (gRPC refuses larger ones
+  before they are buffered);
+* ``max_inflight_bytes_per_worker``: memory per worker for a result whose
+  chunks have not all arrived (declared size checked at the first chunk);
+* ``max_tensor_elements``: any one tensor a peer declares, so that a shape
+  cannot make a receiver allocate what was never sent;
+* ``handshake_timeout_seconds``: how long a stream that has not said Hello
+  may hold a server thread;
+* ``max_workers``, ``max_subscribers``, ``max_pending_requests``: threads and
+  queues (more are refused with RESOURCE_EXHAUSTED, never queued without end).
+
+The coordinator's thread pool is sized from these (every Join stream and
+learner call holds a thread), so they also bound its threads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, SupportsInt
+
+import numpy as np
+
+from rlfleet._rpc import DEFAULT_MAX_MESSAGE_BYTES
+from rlfleet.errors import ConfigError, ResourceExhaustedError
+
+#: gRPC cannot carry a message of 2 GiB or more.
+_GRPC_MAX_MESSAGE_BYTES = (1 << 31) - 1
+#: A chunk header and some data must fit in a message.
+_MIN_MESSAGE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The coordinator's resource limits. Defaults suit a few hundred workers.
+
+    Attributes:
+        max_message_bytes: Largest gRPC message sent or accepted (64 MiB).
+        max_workers: Workers admitted at once (256).
+        max_inflight_bytes_per_worker: Largest result a worker may be in the
+            middle of sending (256 MiB); a first chunk announcing more ends
+            that worker's stream with RESOURCE_EXHAUSTED.
+        max_tensor_elements: Most elements of any one tensor a peer sends
+            (2**28: 1 GiB of float32).
+        handshake_timeout_seconds: Seconds a new Join stream may take to say
+            Hello before it is closed (10).
+        max_subscribers: Concurrent Subscribe streams (8).
+        max_pending_requests: Sample and update requests waiting for their
+            turn (64).
+    """
+
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_workers: int = 256
+    max_inflight_bytes_per_worker: int = 256 * 1024 * 1024
+    max_tensor_elements: int = 1 << 28
+    handshake_timeout_seconds: float = 10.0
+    max_subscribers: int = 8
+    max_pending_requests: int = 64
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name.endswith("_seconds"):
+                if not isinstance(value, int | float) or isinstance(value, bool):
+                    raise ConfigError(f"{item.name} must be a number of seconds, got {value!r}")
+                if not (math.isfinite(value) and value > 0):
+                    raise ConfigError(
+                        f"{item.name} must be a positive number of seconds, got {value!r}"
+                    )
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{item.name} must be a positive int, got {value!r}")
+        if not _MIN_MESSAGE_BYTES <= self.max_message_bytes <= _GRPC_MAX_MESSAGE_BYTES:
+            raise ConfigError(
+                f"max_message_bytes={self.max_message_bytes} must be between "
+                f"{_MIN_MESSAGE_BYTES} (a chunk header and some data) and "
+                f"{_GRPC_MAX_MESSAGE_BYTES} (gRPC's own ceiling)"
+            )
+
+    def check_elements(self, shape: Iterable[SupportsInt], where: str) -> int:
+        """The element count of a declared shape, within :attr:`max_tensor_elements`.
+
+        Computed with Python ints, so no shape can overflow the check.
+
+        Raises:
+            ResourceExhaustedError: If the shape holds too many elements or
+                has a negative dimension (an unsigned reading of it is huge).
+        """
+        dims = [int(dim) for dim in shape]
+        if any(dim < 0 for dim in dims):
+            raise ResourceExhaustedError(f"{where}: shape {tuple(dims)} has a negative dimension")
+        count = math.prod(dims)
+        if count > self.max_tensor_elements:
+            raise ResourceExhaustedError(
+                f"{where}: shape {tuple(dims)} has {count} elements, over the limit of "
+                f"{self.max_tensor_elements} (max_tensor_elements); send smaller tensors or "
+                "raise the limit"
+            )
+        return count
+
+    def check_tensor_map(self, tensors: Mapping[str, Any], where: str) -> None:
+        """Checks every array of a (nested) tensor map with :meth:`check_elements`."""
+        for name, value in tensors.items():
+            path = f"{where}[{name!r}]"
+            if isinstance(value, Mapping):
+                self.check_tensor_map(value, path)
+            else:
+                self.check_elements(np.shape(value), path)
+
+
+#: What one received chunk is charged beyond its data: the Python objects,
+#: envelope and list slot that keep it until its batch completes. Without
+#: it, a stream of one-byte chunks would grow the bookkeeping far beyond
+#: the byte limit.
+CHUNK_OVERHEAD_BYTES = 1024
+
+
+class InflightBudget:
+    """The bytes of one worker's unfinished result, held against a limit.
+
+    One per Join stream, used by that stream's reader thread only.
+
+    Args:
+        limit: Most bytes (chunk data plus :data:`CHUNK_OVERHEAD_BYTES`
+            per chunk) a result may hold before it completes.
+        worker: The worker's name, for the message.
+    """
+
+    def __init__(self, limit: int, worker: str) -> None:
+        self.limit = limit
+        self.worker = worker
+        self.used = 0
+
+    def charge(self, nbytes: int) -> None:
+        """Accounts for one more chunk of ``nbytes`` data.
+
+        Raises:
+            ResourceExhaustedError: If the result now holds more than the limit.
+        """
+        self.used += nbytes + CHUNK_OVERHEAD_BYTES
+        if self.used > self.limit:
+            raise ResourceExhaustedError(
+                f"worker {self.worker!r} has {self.used} bytes of an unfinished result in "
+                f"flight (chunk data plus {CHUNK_OVERHEAD_BYTES} bytes per chunk), over the "
+                f"limit of {self.limit} (max_inflight_bytes_per_worker); it was dropped. "
+                "Send fewer, larger chunks, or sample fewer steps per task"
+            )
+
+    def release(self) -> None:
+        """The result completed (or was dropped): nothing is in flight."""
+        self.used = 0
