@@ -1,0 +1,28 @@
+"""The README's commands and example are the ones that work."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    command = 'pip install -e ".[test]" && python -m pytest'
+    assert command in README
+    assert command in (ROOT / ".ci" / "run").read_text()
+
+
+def test_quick_start_runs_the_demo() -> None:
+    assert 'pip install -e ".[plot]" && rlfleet demo' in README
+
+
+def test_python_example_runs(capsys) -> None:
+    match = re.search(r"```python\n(.*?)```", README, re.S)
+    assert match, "README.md has no python example"
+    code = match.group(1).replace("range(30)", "range(1)")
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.split()
+    assert printed[0] == "0" and float(printed[1]) > 0
