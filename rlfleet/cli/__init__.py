@@ -17,7 +17,16 @@ from rlfleet._version import __version__
 from rlfleet.errors import RlfleetError
 
 #: Subcommand modules, in the order ``--help`` lists them.
-COMMANDS = ("demo", "coordinator", "worker", "sample", "status", "bench", "conformance")
+COMMANDS = (
+    "demo",
+    "coordinator",
+    "worker",
+    "sample",
+    "status",
+    "bench",
+    "health",
+    "conformance",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
