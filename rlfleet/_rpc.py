@@ -1,18 +1,18 @@
 """The gRPC boundary shared by the coordinator, the worker and the client.
 
-Only ``rlfleet.coordinator``, ``rlfleet.worker.remote`` and ``rlfleet.client``
-import this module (and gRPC). It holds what both ends of a call must agree
-on: method paths, (de)serializers that keep batch payloads out of protobuf
-objects, channel and server options (keepalive on purpose: gRPC alone never
-notices a frozen peer), and the mapping between gRPC status codes and
-rlfleet's exceptions. No generated stub is used or exposed anywhere.
+Only ``rlfleet.coordinator``, ``rlfleet.worker.remote``, ``rlfleet.client``
+and ``rlfleet.security`` import this module (and gRPC). It holds what both
+ends of a call must agree on: method paths, (de)serializers that keep batch
+payloads out of protobuf objects, channel and server options (keepalive on
+purpose: gRPC alone never notices a frozen peer), and the mapping between
+gRPC status codes and rlfleet's exceptions. No generated stub is used or exposed anywhere.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -20,6 +20,9 @@ from google.protobuf.message import Message
 from rlfleet import errors
 from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import Chunk, parse_with_chunk, serialize_with_chunk
+
+if TYPE_CHECKING:  # rlfleet.security imports this module
+    from rlfleet.security import ClientSecurity
 
 #: Protocol version spoken by this implementation (worker.proto ProtocolVersion).
 PROTOCOL_VERSION = 1
@@ -149,10 +152,9 @@ def open_channel(
     receive_window_bytes: int | None = None,
     keepalive_seconds: float = 10.0,
     ping_timeout_seconds: float = 5.0,
+    security: ClientSecurity | None = None,
 ) -> grpc.Channel:
     """Opens a client channel (workers and learners): the one place channels are made.
-
-    Plaintext for now; TLS credentials will be chosen here.
 
     Args:
         address: ``HOST:PORT`` of the coordinator.
@@ -167,6 +169,8 @@ def open_channel(
             backpressure reached the workers, ~2.5k with a 64 KiB window.
         keepalive_seconds: Keepalive ping interval (see :func:`channel_options`).
         ping_timeout_seconds: How long a ping may go unanswered.
+        security: TLS and the bearer token (rlfleet.security); None: plaintext,
+            no token.
     """
     options = [
         *channel_options(
@@ -183,7 +187,9 @@ def open_channel(
             ("grpc.http2.bdp_probe", 0),
             ("grpc.http2.lookahead_bytes", receive_window_bytes),
         ]
-    return grpc.insecure_channel(address, options=options)
+    if security is None:
+        return grpc.insecure_channel(address, options=options)
+    return security.open_channel(address, options)
 
 
 def server_options(

@@ -39,6 +39,7 @@ from rlfleet.policies import MLPCategoricalPolicy
 from rlfleet.seeding import episode_seeds
 from rlfleet.v1 import updates_pb2, worker_pb2
 from rlfleet.wire import ChunkAssembler, decode_batch, decode_env_spec, encode_tensor_map
+from rlfleet.worker._flush import FlushPolicy
 from tests.test_fleet_equivalence import assert_same_batch
 
 pytestmark = pytest.mark.timeout(120)
@@ -299,6 +300,47 @@ def test_hello_env_ready_results_and_heartbeats(
     while beats.steps_total < 15:
         beats = connection.next("heartbeat").message.heartbeat
     assert beats.steps_total == 15 and beats.active_envs == 0 and beats.queued_units == 0
+
+
+def test_finished_episodes_are_grouped_until_the_queue_runs_out(
+    scripted: ScriptedCoordinator, workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    connection = joined(scripted, workers, tmp_path, envs=2)
+    connection.send(task=episode_task(1, 20))
+    got = connection.results(1)
+    while sum(len(meta.episode_indices) for meta, _, _ in got) < 20:
+        got += connection.results(1)
+    assert sorted(i for meta, _, _ in got for i in meta.episode_indices) == list(range(20))
+    # Two results: the 18 episodes finished when the last units start, then
+    # the last 2. (Only a machine stalled for the 0.1 s timer splits more.)
+    assert len(got) <= 4
+
+
+def test_the_flush_policy_holds_episodes_back_until_a_bound_or_an_empty_queue() -> None:
+    policy = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
+    assert not policy.due(10.0, finished_steps=30, queued_units=5, step_seconds=0.01)
+    assert not policy.due(10.25, finished_steps=99, queued_units=5, step_seconds=0.01)
+    assert policy.due(10.5, finished_steps=99, queued_units=5, step_seconds=0.01)  # timer
+    policy.sent()
+    assert not policy.due(11.0, finished_steps=1, queued_units=5, step_seconds=0.01)
+    assert not policy.due(11.25, finished_steps=99, queued_units=5, step_seconds=0.01)
+    assert policy.due(11.25, finished_steps=100, queued_units=5, step_seconds=0.01)  # steps
+    policy.sent()
+    assert policy.due(12.0, finished_steps=1, queued_units=0, step_seconds=0.01)  # dry
+    policy.sent()
+    assert policy.due(13.0, finished_steps=1, queued_units=5, step_seconds=0.5)  # slow step
+
+
+def test_the_flush_policy_sends_large_steps_sooner() -> None:
+    policy = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
+    policy.expect_step_bytes(50.0)  # 200 steps would fit: the step bound rules
+    assert policy.step_limit == 100
+    policy.expect_step_bytes(400.0)  # 25 steps make 10,000 bytes
+    assert policy.step_limit == 25
+    assert not policy.due(1.0, finished_steps=24, queued_units=5, step_seconds=0.01)
+    assert policy.due(1.0, finished_steps=25, queued_units=5, step_seconds=0.01)
+    policy.expect_step_bytes(1e9)  # one step is too big already: still one per result
+    assert policy.step_limit == 1
 
 
 def test_results_bigger_than_the_message_limit_are_chunked(

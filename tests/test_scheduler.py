@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlfleet.coordinator._seeds import episode_seeds_many
 from rlfleet.coordinator.scheduler import (
     CancelOrder,
     Mode,
@@ -22,8 +23,9 @@ def spec(mode: Mode, amount: int, **kw: int) -> RequestSpec:
     return RequestSpec(mode=mode, amount=amount, **fields)
 
 
-def fleet(*num_envs: int, prefetch: int = 1) -> Scheduler:
-    scheduler = Scheduler(prefetch_factor=prefetch)
+def fleet(*num_envs: int, prefetch: int = 1, capacity_steps: int = 0) -> Scheduler:
+    """Workers of these env counts; capacities in units only unless capacity_steps."""
+    scheduler = Scheduler(prefetch_factor=prefetch, capacity_steps=capacity_steps)
     for worker_id, n in enumerate(num_envs, start=1):
         scheduler.add_worker(worker_id, n)
         scheduler.set_eligible(worker_id, True)
@@ -261,3 +263,144 @@ def test_env_change_cancels_and_requeues_subscription_work() -> None:
     (new,) = scheduler.dispatch()
     assert new.env_generation == 2 and indices(new) == [0, 1]
     assert scheduler.classify(1, old.task_id, [0]).verdict is Verdict.IGNORE
+
+
+# --- capacity in steps, batched refills ---------------------------------------
+
+
+def test_capacity_is_counted_in_expected_steps_and_refills_come_in_batches() -> None:
+    scheduler = fleet(2, capacity_steps=40)  # floor: 2 envs x (1 + 1) = 4 units
+    scheduler.start_sample(spec(Mode.EPISODES, 100))
+    (first,) = scheduler.dispatch()
+    assert indices(first) == [0, 1, 2, 3]  # no length known yet: the floor
+    finish_units(scheduler, first, dict.fromkeys(range(4), 2))
+    assert scheduler.mean_episode_length == 2.0
+    assert scheduler.capacity(1) == 20  # 40 steps / 2 per episode
+    (refill,) = scheduler.dispatch()
+    assert indices(refill) == list(range(4, 24))  # one task up to capacity
+    # Spare units: 20 - 2 slots = 18. No refill until half of them are done...
+    finish_units(scheduler, refill, dict.fromkeys(range(4, 24), 2), only=list(range(4, 12)))
+    assert scheduler.dispatch() == []  # 12 held: 10 spare left
+    finish_units(scheduler, refill, dict.fromkeys(range(4, 24), 2), only=[12])
+    (topped,) = scheduler.dispatch()  # 11 held: 9 spare left, half of 18
+    assert indices(topped) == list(range(24, 33))
+
+
+def test_capacity_never_falls_below_the_prefetch_floor() -> None:
+    scheduler = fleet(2, capacity_steps=40)
+    scheduler.start_sample(spec(Mode.EPISODES, 100))
+    (first,) = scheduler.dispatch()
+    finish_units(scheduler, first, dict.fromkeys(range(4), 500))
+    assert scheduler.capacity(1) == 4  # 40 steps hold not even one 500-step episode
+
+
+def test_spare_units_are_dealt_round_robin_in_slices_of_num_envs() -> None:
+    scheduler = fleet(2, 2, prefetch=2)  # capacities 6
+    scheduler.start_sample(spec(Mode.EPISODES, 100))
+    # Every worker works near the front of the request, which the prefix
+    # rule waits for, instead of one worker holding a block of late indices.
+    assert by_worker(scheduler.dispatch()) == {1: [0, 1, 4, 5, 8, 9], 2: [2, 3, 6, 7, 10, 11]}
+
+
+def test_a_refill_tops_up_every_worker_with_room_for_a_slice() -> None:
+    scheduler = fleet(2, 2, prefetch=3)  # capacities 8: refill at <= 2 + 6 // 2 = 5 held
+    scheduler.start_sample(spec(Mode.EPISODES, 100))
+    first = {order.worker_id: order for order in scheduler.dispatch()}
+    lengths = dict.fromkeys(range(100), 1)
+    finish_units(scheduler, first[1], lengths, only=[0, 1, 4])  # 5 held: asks for a refill
+    finish_units(scheduler, first[2], lengths, only=[2, 3])  # 6 held: has room for 2
+    assert by_worker(scheduler.dispatch()) == {1: [16, 17, 20], 2: [18, 19]}
+    finish_units(scheduler, first[1], lengths, only=[5, 8, 9])  # 5 held: asks again
+    finish_units(scheduler, first[2], lengths, only=[6])  # 7 held: room for 1 < a slice
+    assert by_worker(scheduler.dispatch()) == {1: [21, 22, 23]}
+
+
+def test_a_new_steps_request_sizes_its_first_units_with_the_fleets_mean_length() -> None:
+    scheduler = fleet(2, capacity_steps=1000)
+    earlier = scheduler.start_sample(spec(Mode.EPISODES, 2))
+    (order,) = scheduler.dispatch()
+    finish_units(scheduler, order, {0: 10, 1: 10})
+    scheduler.finish(earlier)
+    scheduler.start_sample(spec(Mode.STEPS, 55, request_index=4))
+    (first,) = scheduler.dispatch()
+    # 55 steps at 10 per episode: 6 units, although the worker has room for 100.
+    assert indices(first) == [0, 1, 2, 3, 4, 5]
+    assert scheduler.capacity(1) == 100
+    assert scheduler.dispatch() == []
+
+
+def test_the_mean_length_follows_recent_episodes() -> None:
+    scheduler = fleet(1, prefetch=0)
+    scheduler.start_sample(spec(Mode.EPISODES, 3))
+    (first,) = scheduler.dispatch()
+    finish_units(scheduler, first, {0: 10})
+    assert scheduler.mean_episode_length == 10.0  # the first episode sets it
+    (second,) = scheduler.dispatch()
+    finish_units(scheduler, second, {1: 266})
+    # One more episode moves it 1/256 of the way: it forgets over ~256 episodes.
+    assert scheduler.mean_episode_length == 11.0
+
+
+def test_an_env_change_forgets_the_mean_length() -> None:
+    scheduler = fleet(2, capacity_steps=100)
+    request_id = scheduler.start_sample(spec(Mode.EPISODES, 2))
+    (order,) = scheduler.dispatch()
+    finish_units(scheduler, order, {0: 10, 1: 10})
+    scheduler.finish(request_id)
+    assert scheduler.capacity(1) == 10
+    scheduler.set_env_generation(2)
+    assert scheduler.mean_episode_length is None
+    assert scheduler.capacity(1) == 4  # back to the floor until new lengths come
+
+
+# --- subscriptions: work in flight counts toward the buffer bound ----------------
+
+
+def test_subscription_units_in_flight_count_toward_max_buffered_steps() -> None:
+    scheduler = fleet(4, capacity_steps=1000)
+    sub = scheduler.start_subscription(
+        spec(Mode.EPISODES, 0, agent_version=-1, max_buffered_steps=50)
+    )
+    (order,) = scheduler.dispatch()
+    assert indices(order) == [0, 1, 2, 3]  # no length known: one unit per env slot
+    finish_units(scheduler, order, {0: 10}, only=[0])
+    # 10 buffered + 3 in flight x 10 = 40 < 50: one more unit, then 50.
+    assert by_worker(scheduler.dispatch()) == {1: [4]}
+    assert scheduler.dispatch() == []
+    scheduler.consumed(sub, 10)  # sent to the subscriber: 40 in flight
+    assert by_worker(scheduler.dispatch()) == {1: [5]}
+
+
+def test_subscription_windows_in_flight_count_toward_max_buffered_steps() -> None:
+    scheduler = fleet(2, 2, prefetch=0)
+    sub = scheduler.start_subscription(
+        spec(Mode.FRAGMENTS, 0, agent_version=-1, fragment_length=5, max_buffered_steps=25)
+    )
+    # Windows of 2 slots x 5 steps: 0 and 10 in flight are below 25, 20 too...
+    assert [o.worker_id for o in scheduler.dispatch()] == [1, 2]
+    (third,) = scheduler.dispatch()
+    assert third.worker_id == 1
+    assert scheduler.dispatch() == []  # ...30 is not
+    first_task = third.task_id - 2
+    scheduler.complete(1, first_task, [0, 0], [5, 5])  # 10 buffered + 20 in flight
+    assert scheduler.dispatch() == []
+    scheduler.consumed(sub, 10)  # 20 in flight: room for one more window
+    (fourth,) = scheduler.dispatch()
+    assert fourth.worker_id == 1
+
+
+# --- seeds --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("base_seed", "request_index"),
+    [(0, 0), (7, 3), (2**32 - 1, 1), (2**32, 5), (2**64 + 5, 2**40)],
+)
+def test_units_get_exactly_the_seeds_of_episode_seeds(base_seed: int, request_index: int) -> None:
+    indices = [*range(40), 2**31, 2**32 - 1]
+    many = episode_seeds_many(base_seed, request_index, indices)
+    assert many == [episode_seeds(base_seed, request_index, i) for i in indices]
+    few = episode_seeds_many(base_seed, request_index, [3, 0])
+    assert few == [episode_seeds(base_seed, request_index, i) for i in (3, 0)]
+    with pytest.raises(ValueError, match="non-negative"):
+        episode_seeds_many(-1, request_index, list(range(40)))

@@ -1,8 +1,11 @@
 """``rlfleet coordinator``: run the coordinator workers join and learners call.
 
-SIGINT or SIGTERM stops it cleanly: worker streams and learner calls end
-with UNAVAILABLE (workers reconnect with backoff to its replacement). Flags
-take defaults from ``RLFLEET_*`` environment variables, named in ``--help``.
+SIGTERM or SIGINT drains it (Kubernetes preemption): health turns
+NOT_SERVING, new requests are refused with UNAVAILABLE, the requests in
+flight get ``--drain-grace`` seconds to finish, then the workers are sent
+Drain (they reconnect with backoff to its replacement) and it exits 0. A
+second signal stops it at once. Flags take defaults from ``RLFLEET_*``
+environment variables, named in ``--help``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 from rlfleet.cli._env import env_option
+from rlfleet.security.flags import add_server_flags, server_security_from_args
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -115,6 +119,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     option(
+        "--handshake-timeout",
+        **env_option(
+            "RLFLEET_HANDSHAKE_TIMEOUT",
+            default=10.0,
+            type=_positive_float,
+            help="seconds a new worker stream may take to send its Hello",
+        ),
+    )
+    option(
+        "--keepalive-interval",
+        **env_option(
+            "RLFLEET_KEEPALIVE_INTERVAL",
+            default=10.0,
+            type=_positive_float,
+            help="seconds between keepalive pings to workers and learners",
+        ),
+    )
+    option(
+        "--keepalive-timeout",
+        **env_option(
+            "RLFLEET_KEEPALIVE_TIMEOUT",
+            default=5.0,
+            type=_positive_float,
+            help="seconds a ping may go unanswered before the peer's calls are ended",
+        ),
+    )
+    option(
+        "--drain-grace",
+        **env_option(
+            "RLFLEET_DRAIN_GRACE",
+            default=30.0,
+            type=_positive_float,
+            help=(
+                "on SIGTERM, seconds the requests in flight get to finish before the "
+                "coordinator exits (keep below Kubernetes' terminationGracePeriodSeconds)"
+            ),
+        ),
+    )
+    option(
         "--max-message-bytes",
         **env_option(
             "RLFLEET_MAX_MESSAGE_BYTES",
@@ -145,12 +188,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="concurrent subscriptions (default: 8)",
     )
     option(
+        "--health-listen",
+        **env_option(
+            "RLFLEET_HEALTH_LISTEN",
+            default=None,
+            help=(
+                "HOST:PORT of a plaintext grpc.health.v1 port reporting what the main port's "
+                "health service reports (Kubernetes probes cannot speak TLS)"
+            ),
+        ),
+    )
+    option(
         "--port-file",
         type=Path,
         default=None,
         metavar="PATH",
         help="write the bound port to PATH once listening (for scripts and tests)",
     )
+    option(
+        "--max-result-bytes",
+        type=_positive_int,
+        default=1 << 30,
+        help=(
+            "bytes of an unfinished result one worker may have in flight; more drops the "
+            "worker with RESOURCE_EXHAUSTED (default: 1 GiB)"
+        ),
+    )
+    add_server_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -168,29 +232,50 @@ def run(args: argparse.Namespace) -> int:
         heartbeat_timeout_seconds=args.heartbeat_timeout,
         wait_for_workers_seconds=args.wait_for_workers,
         update_timeout_seconds=args.update_timeout,
+        handshake_timeout_seconds=args.handshake_timeout,
+        keepalive_seconds=args.keepalive_interval,
+        keepalive_timeout_seconds=args.keepalive_timeout,
         max_message_bytes=args.max_message_bytes,
         max_workers=args.max_workers,
         max_queued_requests=args.max_queued_requests,
         max_subscribers=args.max_subscribers,
+        max_result_bytes=args.max_result_bytes,
+        security=server_security_from_args(args),
     )
     stop = threading.Event()
     _install_signal_handlers(stop)
     server = serve(config)
+    health_port = None
     try:
+        if args.health_listen:
+            from rlfleet.cli._health_port import HealthPort
+
+            health_port = HealthPort(args.health_listen, server.health_servicer)
         if args.port_file is not None:
             _write_atomically(args.port_file, f"{server.port}\n")
         # Waits in slices so that signal handlers run promptly in this thread.
         while not stop.wait(0.5):
             pass
+        server.drain(args.drain_grace)
     finally:
-        server.stop(grace=STOP_GRACE_SECONDS)
+        # The main server first: its health turns NOT_SERVING on both ports.
+        server.stop(
+            grace=STOP_GRACE_SECONDS,
+            reason="the coordinator shut down; retry on its replacement",
+        )
+        if health_port is not None:
+            health_port.stop()
     return 0
 
 
 def _install_signal_handlers(stop: threading.Event) -> None:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         del frame
-        logger.info("got %s: stopping", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            logger.warning("got %s again: stopping now", name)
+            raise KeyboardInterrupt  # unwinds the drain; run()'s finally stops
+        logger.info("got %s: draining", name)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)

@@ -26,6 +26,7 @@ import numpy as np
 
 from rlfleet.cli._env import env_option
 from rlfleet.cli.worker import non_negative_int, positive_float, positive_int
+from rlfleet.security.flags import add_client_flags, learner_options_from_args
 
 if TYPE_CHECKING:
     from rlfleet.core import EpisodeBatch
@@ -80,6 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--timeout", type=positive_float, default=600.0, help="seconds to wait for the batch (600)"
     )
     parser.add_argument("--out", type=Path, required=True, help="the .npz file to write")
+    add_client_flags(parser, worker=False)
     parser.set_defaults(func=run)
 
 
@@ -96,7 +98,12 @@ def run(args: argparse.Namespace) -> int:
     unit = "episodes" if args.mode == "episodes" else "steps"
     target = args.episodes if args.mode == "episodes" else args.steps
     with (
-        RemoteSampler(args.coordinator, seed=args.seed, timeout=args.timeout) as sampler,
+        RemoteSampler(
+            args.coordinator,
+            seed=args.seed,
+            timeout=args.timeout,
+            **learner_options_from_args(args),
+        ) as sampler,
         tqdm(total=target, unit=unit, file=sys.stderr, disable=None) as bar,
     ):
         batch = _collect(sampler, args, _progress(bar))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from rlfleet.cli._env import env_option
 from rlfleet.cli.worker import positive_float
+from rlfleet.security.flags import add_client_flags, learner_options_from_args
 
 if TYPE_CHECKING:
     from rlfleet.client import FleetStatus
@@ -33,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--timeout", type=positive_float, default=10.0, help="seconds to wait for an answer (10)"
     )
+    add_client_flags(parser, worker=False)
     parser.set_defaults(func=run)
 
 
@@ -47,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from rlfleet.client import RemoteSampler
 
-    with RemoteSampler(args.coordinator, timeout=args.timeout) as sampler:
+    options = learner_options_from_args(args)
+    with RemoteSampler(args.coordinator, timeout=args.timeout, **options) as sampler:
         status = sampler.status()
     print(format_status(status))
     return 0

@@ -15,6 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from rlfleet.cli._env import env_option
+from rlfleet.security.flags import add_client_flags, worker_security_from_args
 from rlfleet.worker._restarts import EnvRestartBudget
 
 if TYPE_CHECKING:
@@ -151,6 +152,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             ),
         ),
     )
+    add_client_flags(parser, worker=True)
     parser.set_defaults(func=run)
 
 
@@ -181,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
             args.env_restarts, args.env_restart_window, args.env_restarts_total
         ),
         nonfinite=args.nonfinite,
+        security=worker_security_from_args(args),
+        allow_pickle=args.allow_pickle,
     )
     worker = RemoteWorker(config)
     health = _start_health(args.health_listen, worker) if args.health_listen else None
@@ -193,9 +197,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _start_health(listen: str, worker: RemoteWorker) -> HealthPort:
-    from rlfleet.cli._health_port import HealthPort, ProbedHealthServicer
+    from rlfleet.cli._health_port import LIVENESS_SERVICE, HealthPort, ProbedHealthServicer
 
-    return HealthPort(listen, ProbedHealthServicer(worker.healthy))
+    # "": joined and beating (readiness); LIVENESS_SERVICE: the loop runs,
+    # also while the coordinator is away (liveness must not restart a
+    # worker that waits for a coordinator being replaced).
+    probes = ProbedHealthServicer(worker.healthy, {LIVENESS_SERVICE: worker.alive})
+    return HealthPort(listen, probes)
 
 
 def _install_signal_handlers(worker: RemoteWorker) -> None:

@@ -7,10 +7,14 @@
 
 The coordinator runs in this process (a gRPC server on 127.0.0.1, a free
 port); each worker is ``python -m rlfleet worker`` in its own process
-group. Closing the fleet (leaving the ``with`` block, an exception in it,
-garbage collection or interpreter exit) asks the workers to leave, kills
-whatever is left of their process trees after a grace period, and stops
-the server: no process is left behind.
+group. With ``authenticate=True`` the fleet gets fresh worker and learner
+tokens (a loopback port is open to every user of the machine); workers get
+theirs in their environment, never on their command line.
+
+Closing the fleet (leaving the ``with`` block, an exception in it, garbage
+collection or interpreter exit) asks the workers to leave, kills whatever
+is left of their process trees after a grace period, and stops the
+server: no process is left behind.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -39,6 +44,7 @@ from rlfleet.client.sampler import RemoteSampler
 from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, RlfleetTimeoutError, UnavailableError, WorkerError
+from rlfleet.security import RoleTokens, ServerSecurity, Token
 
 logger = logging.getLogger("rlfleet.client")
 
@@ -81,6 +87,7 @@ def spawn_worker(
     log_path: Path,
     log_level: str = "WARNING",
     extra_args: Sequence[str] = (),
+    token: Token | None = None,
 ) -> WorkerProcess:
     """Starts ``python -m rlfleet worker`` in its own process group.
 
@@ -93,6 +100,8 @@ def spawn_worker(
         log_path: File for its stdout and stderr.
         log_level: Its log level.
         extra_args: More ``rlfleet worker`` flags.
+        token: The worker token, handed over in the child's environment
+            (``RLFLEET_WORKER_TOKEN``), never on its command line.
 
     Returns:
         The started process.
@@ -115,13 +124,16 @@ def spawn_worker(
         *(arg for module in imports for arg in ("--import", module)),
         *extra_args,
     ]
+    environment = _child_environment()
+    if token is not None:
+        environment["RLFLEET_WORKER_TOKEN"] = token.reveal()
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=_child_environment(),
+            env=environment,
             start_new_session=True,  # its own process group: signals reach it alone
         )
     return WorkerProcess(name, process, log_path)
@@ -161,6 +173,8 @@ class Fleet:
         sampler: A :class:`RemoteSampler` connected to the coordinator.
         server: The embedded coordinator server.
         workers: The worker processes.
+        learner_token: The learner token other clients of this fleet need
+            (``authenticate=True``), else None.
     """
 
     def __init__(
@@ -170,11 +184,14 @@ class Fleet:
         workers: list[WorkerProcess],
         log_dir: Path,
         grace: float,
+        *,
+        learner_token: Token | None = None,
     ) -> None:
         self.server = server
         self.sampler = sampler
         self.workers = workers
         self.log_dir = log_dir
+        self.learner_token = learner_token
         self._finalizer = weakref.finalize(
             self, _close, server, sampler, [w.process for w in workers], log_dir, grace
         )
@@ -194,6 +211,7 @@ class Fleet:
         timeout: float | None = 600.0,
         grace: float = 10.0,
         coordinator_options: Mapping[str, Any] | None = None,
+        authenticate: bool = False,
     ) -> Fleet:
         """Starts a coordinator in this process and ``workers`` worker processes.
 
@@ -213,6 +231,9 @@ class Fleet:
             timeout: Deadline of each sampler call.
             grace: Seconds workers get to leave when the fleet closes.
             coordinator_options: More CoordinatorConfig fields.
+            authenticate: Give the fleet fresh random worker and learner
+                tokens, so that other users of this machine cannot join
+                it, sample from it or push updates to it (docs/security.md).
 
         Returns:
             The running fleet; ``with Fleet.local(...) as sampler:`` yields
@@ -228,11 +249,11 @@ class Fleet:
         for name, value in (("workers", workers), ("envs_per_worker", envs_per_worker)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"Fleet.local {name} must be an int >= 1, got {value!r}")
-        fixed = sorted({"listen", "env", "seed"} & set(coordinator_options or {}))
+        fixed = sorted({"listen", "env", "seed", "security"} & set(coordinator_options or {}))
         if fixed:
             raise ConfigError(
                 f"Fleet.local sets {fixed} of the coordinator itself; pass env=, seed= instead "
-                "(it always listens on 127.0.0.1 with a free port)"
+                "(it always listens on 127.0.0.1 with a free port; authenticate=True for tokens)"
             )
         config = EnvConfig(env) if isinstance(env, str) else env
         if not isinstance(config, EnvConfig):
@@ -240,16 +261,21 @@ class Fleet:
         length = max_episode_length if max_episode_length is not None else config.max_episode_length
         modules = tuple(dict.fromkeys([*config.imports, *imports]))
         process_seed = seed if seed is not None else 0
+        tokens = (
+            RoleTokens(_fresh_token("worker"), _fresh_token("learner")) if authenticate else None
+        )
         server = serve(
             CoordinatorConfig(
                 listen="127.0.0.1:0",
                 env=EnvConfig(config.id, config.kwargs, length),
                 seed=process_seed,
+                security=ServerSecurity(tokens=tokens),
                 **dict(coordinator_options or {}),
             )
         )
         log_dir = Path(tempfile.mkdtemp(prefix="rlfleet-fleet-"))
-        sampler = RemoteSampler(server.address, seed=seed, timeout=timeout)
+        learner_token = tokens.learner if tokens else None
+        sampler = RemoteSampler(server.address, seed=seed, timeout=timeout, token=learner_token)
         processes: list[WorkerProcess] = []
         try:
             for i in range(workers):
@@ -263,9 +289,10 @@ class Fleet:
                         seed=process_seed,
                         log_path=log_dir / f"{name}.log",
                         extra_args=("--drain-grace", f"{grace:g}"),
+                        token=tokens.worker if tokens else None,
                     )
                 )
-            fleet = cls(server, sampler, processes, log_dir, grace)
+            fleet = cls(server, sampler, processes, log_dir, grace, learner_token=learner_token)
         except BaseException:
             _close(server, sampler, [w.process for w in processes], log_dir, grace)
             raise
@@ -345,6 +372,10 @@ def _close(
     finally:
         server.stop(grace=1.0)
         shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _fresh_token(role: str) -> Token:
+    return Token(secrets.token_hex(32), source=f"Fleet.local's {role} token")
 
 
 def _describe(worker: WorkerProcess) -> str:

@@ -11,6 +11,7 @@ episode index.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from rlfleet.errors import (
     RlfleetError,
     UnavailableError,
 )
+from rlfleet.security import ClientSecurity, Token
 from rlfleet.v1 import learner_pb2, spaces_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import decode_env_spec
 
@@ -103,6 +105,14 @@ class RemoteSampler:
             before failing with NoWorkersError; None: the coordinator's
             default.
         max_message_bytes: Largest message sent or accepted.
+        tls_ca: PEM CA bundle to verify a TLS coordinator with
+            (docs/security.md); any ``tls_*`` argument turns TLS on.
+        tls_cert: PEM client certificate, for a coordinator requiring mTLS.
+        tls_key: Its PEM private key.
+        tls_server_name: Name the coordinator's certificate must carry, if
+            not the dialled host's (e.g. through ``kubectl port-forward``).
+        token: The learner token; None reads ``RLFLEET_TOKEN``, then
+            ``RLFLEET_LEARNER_TOKEN`` (no token if neither is set).
 
     Raises:
         ConfigError: If an argument is invalid.
@@ -116,6 +126,11 @@ class RemoteSampler:
         timeout: float | None = 600.0,
         wait_for_workers: float | None = None,
         max_message_bytes: int = _rpc.DEFAULT_MAX_MESSAGE_BYTES,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        tls_server_name: str | None = None,
+        token: str | Token | None = None,
     ) -> None:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ConfigError(f"seed must be a non-negative int or None, got {seed!r}")
@@ -127,7 +142,16 @@ class RemoteSampler:
         self.timeout = timeout
         self.wait_for_workers = wait_for_workers
         self._max_message_bytes = max_message_bytes
-        self._channel = _rpc.open_channel(address, max_message_bytes=max_message_bytes)
+        self._security = ClientSecurity.from_options(
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_server_name=tls_server_name,
+            token=token,
+        )
+        self._channel = _rpc.open_channel(
+            address, max_message_bytes=max_message_bytes, security=self._security
+        )
         chunked = _rpc.chunked_deserializer(learner_pb2.SampleResponse)
         plain = _rpc.plain_deserializer
         self._sample = self._channel.unary_stream(
@@ -365,6 +389,7 @@ class RemoteSampler:
             self.address,
             max_message_bytes=self._max_message_bytes,
             receive_window_bytes=STREAM_WINDOW_BYTES,
+            security=self._security,
         )
         subscribe = channel.unary_stream(
             _rpc.SUBSCRIBE,

@@ -6,8 +6,10 @@ import math
 from dataclasses import dataclass, field
 
 from rlfleet import _rpc
+from rlfleet.coordinator.scheduler import DEFAULT_CAPACITY_STEPS
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError
+from rlfleet.security import Limits, ServerSecurity
 
 #: Default learner-face address (loopback: exposing it is a deliberate choice).
 DEFAULT_LISTEN = "127.0.0.1:50051"
@@ -33,6 +35,10 @@ class CoordinatorConfig:
             failing with UNAVAILABLE; a request may ask for another wait.
         handshake_timeout_seconds: How long a new stream may take to send
             its Hello.
+        keepalive_seconds: Interval of the server's keepalive pings to its
+            clients: with ``keepalive_timeout_seconds``, how soon a vanished
+            worker or learner (dead host, partition) is noticed.
+        keepalive_timeout_seconds: How long a ping may go unanswered.
         update_timeout_seconds: How long agent and env updates wait for
             every worker to apply them.
         max_message_bytes: Largest gRPC message either side sends.
@@ -48,7 +54,17 @@ class CoordinatorConfig:
             workers but not yet taken by the subscriber).
         max_result_bytes: Largest serialized result accepted from a worker.
         prefetch_factor: Units a worker holds per env slot beyond the one
-            it runs, so the slot never waits for the next unit.
+            it runs, so the slot never waits for the next unit: the floor
+            of its capacity, whatever the episode length.
+        capacity_steps: Steps of work a worker holds (running, queued, or
+            finished and not yet reported), converted to units with the
+            fleet's mean episode length; 0 holds to ``prefetch_factor``.
+            Large enough that workers report many episodes per message and
+            get their next units before they run dry.
+        security: TLS, the worker and learner tokens, and the pickle
+            opt-in (docs/security.md). The default serves plaintext to
+            anyone who can reach ``listen``, which is why that is loopback
+            unless told otherwise.
     """
 
     listen: str = DEFAULT_LISTEN
@@ -58,6 +74,8 @@ class CoordinatorConfig:
     heartbeat_timeout_seconds: float = 10.0
     wait_for_workers_seconds: float = 60.0
     handshake_timeout_seconds: float = 10.0
+    keepalive_seconds: float = 10.0
+    keepalive_timeout_seconds: float = 5.0
     update_timeout_seconds: float = 120.0
     max_message_bytes: int = _rpc.DEFAULT_MAX_MESSAGE_BYTES
     max_workers: int = 256
@@ -67,6 +85,8 @@ class CoordinatorConfig:
     max_buffered_steps: int = 100_000
     max_result_bytes: int = 1 << 30
     prefetch_factor: int = 1
+    capacity_steps: int = DEFAULT_CAPACITY_STEPS
+    security: ServerSecurity = field(default_factory=ServerSecurity)
 
     def __post_init__(self) -> None:
         host, _, port = self.listen.rpartition(":")
@@ -95,6 +115,8 @@ class CoordinatorConfig:
             "wait_for_workers_seconds",
             "handshake_timeout_seconds",
             "update_timeout_seconds",
+            "keepalive_seconds",
+            "keepalive_timeout_seconds",
         ):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
@@ -126,9 +148,27 @@ class CoordinatorConfig:
             raise ConfigError(f"prefetch_factor must be an int, got {self.prefetch_factor!r}")
         if self.prefetch_factor < 0:
             raise ConfigError(f"prefetch_factor must be >= 0, got {self.prefetch_factor}")
+        if (
+            isinstance(self.capacity_steps, bool)
+            or not isinstance(self.capacity_steps, int)
+            or self.capacity_steps < 0
+        ):
+            raise ConfigError(f"capacity_steps must be an int >= 0, got {self.capacity_steps!r}")
 
     @property
     def thread_pool_size(self) -> int:
         """Server threads: every Join stream and learner call holds one while it lasts."""
         # A few more for health checks and calls refused at the door.
         return self.max_workers + self.max_learner_calls + 8
+
+    @property
+    def limits(self) -> Limits:
+        """What one peer may make the coordinator hold (rlfleet.security.Limits)."""
+        return Limits(
+            max_message_bytes=self.max_message_bytes,
+            max_workers=self.max_workers,
+            max_inflight_bytes_per_worker=self.max_result_bytes,
+            handshake_timeout_seconds=self.handshake_timeout_seconds,
+            max_subscribers=self.max_subscribers,
+            max_pending_requests=self.max_queued_requests,
+        )

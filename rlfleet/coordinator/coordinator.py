@@ -12,6 +12,8 @@ and these parts; nothing here imports a servicer context.
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 
 from rlfleet.coordinator.config import CoordinatorConfig
@@ -22,6 +24,8 @@ from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.status import fleet_status
 from rlfleet.coordinator.worker_events import WorkerEvents
 from rlfleet.v1 import learner_pb2, worker_pb2
+
+logger = logging.getLogger("rlfleet.coordinator")
 
 
 class Coordinator:
@@ -61,20 +65,54 @@ class Coordinator:
         """The fleet as it is now (GetStatus)."""
         return fleet_status(self._state)
 
-    def drain(self, grace_seconds: float, reason: str = "the coordinator is draining") -> None:
-        """Refuses new requests and workers, and tells workers to finish and leave.
+    def drain(self, reason: str = "the coordinator is draining") -> None:
+        """Starts a graceful shutdown: no new requests, workers or subscriptions.
 
-        A first step toward graceful shutdown (a later issue completes it).
+        Requests already running (or queued for their turn) go on: wait for
+        them with :meth:`wait_idle`, then send the workers Drain with
+        :meth:`release_workers`. Open subscriptions end now with UNAVAILABLE,
+        as they would never finish by themselves. Idempotent.
         """
+        state = self._state
+        with state.lock:
+            if not state.draining:
+                logger.info("%s: new requests and workers are refused", reason)
+            state.draining = True
+            for request_id, call in list(state.calls.items()):
+                if call.outbox.subscription:
+                    failure = CallError(
+                        grpc.StatusCode.UNAVAILABLE, f"{reason}; subscribe to its replacement"
+                    )
+                    state.fail_call(request_id, failure)
+            state.changed.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Waits until no Sample or update request runs or waits for its turn.
+
+        Returns:
+            False if some still run after ``timeout`` seconds.
+        """
+        state = self._state
+        with state.lock:
+            return state.changed.wait_for(lambda: not state.gate.waiting, timeout)
+
+    def release_workers(
+        self, grace_seconds: float, reason: str = "the coordinator is shutting down"
+    ) -> None:
+        """Sends every worker Drain: finish the episodes in flight, send them, close."""
         state = self._state
         message = worker_pb2.CoordinatorMessage(
             drain=worker_pb2.Drain(reason=reason, grace_seconds=grace_seconds)
         )
         with state.lock:
-            state.draining = True
             for handle in state.registry:
                 handle.send(message)
-            state.changed.notify_all()
+
+    def wait_workers_gone(self, timeout: float) -> bool:
+        """Waits until every worker closed its stream; False after ``timeout`` seconds."""
+        state = self._state
+        with state.lock:
+            return state.changed.wait_for(lambda: not len(state.registry), timeout)
 
     def close(self, reason: str = "the coordinator is shutting down") -> None:
         """Ends every worker stream and learner call with UNAVAILABLE (idempotent)."""

@@ -13,15 +13,19 @@ from collections.abc import Callable, Generator, Iterator
 from typing import TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from rlfleet import _rpc
 from rlfleet.coordinator.calls import CallScope, Event, Finished, Forward, Header
 from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.worker_face import Malformed, tolerant
 from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
 
 Response = learner_pb2.SampleResponse | _rpc.WithChunk
 T = TypeVar("T")
+M = TypeVar("M", bound=Message)
+R = TypeVar("R")
 
 
 class LearnerFace:
@@ -37,31 +41,34 @@ class LearnerFace:
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a server."""
-        plain = _rpc.plain_deserializer
+
+        def plain(cls: type[M]) -> Callable[[bytes], M | Malformed]:
+            return tolerant(_rpc.plain_deserializer(cls))
+
         out = _rpc.serialize
         methods = {
             "Sample": grpc.unary_stream_rpc_method_handler(
-                self.sample,
+                _parsed(self.sample),
                 request_deserializer=plain(learner_pb2.SampleRequest),
                 response_serializer=out,
             ),
             "Subscribe": grpc.unary_stream_rpc_method_handler(
-                self.subscribe,
+                _parsed(self.subscribe),
                 request_deserializer=plain(learner_pb2.SubscribeRequest),
                 response_serializer=out,
             ),
             "UpdateAgent": grpc.unary_unary_rpc_method_handler(
-                self.update_agent,
+                _parsed(self.update_agent),
                 request_deserializer=plain(updates_pb2.AgentUpdate),
                 response_serializer=out,
             ),
             "UpdateEnv": grpc.unary_unary_rpc_method_handler(
-                self.update_env,
+                _parsed(self.update_env),
                 request_deserializer=plain(updates_pb2.EnvUpdate),
                 response_serializer=out,
             ),
             "GetStatus": grpc.unary_unary_rpc_method_handler(
-                self.get_status,
+                _parsed(self.get_status),
                 request_deserializer=plain(learner_pb2.StatusRequest),
                 response_serializer=out,
             ),
@@ -120,6 +127,25 @@ class LearnerFace:
         finally:
             # Close now, not at garbage collection: it holds the request's turn.
             events.close()
+
+
+def _parsed(
+    behavior: Callable[[M, grpc.ServicerContext], R],
+) -> Callable[[M | Malformed, grpc.ServicerContext], R]:
+    """Wraps a method so that a request that did not parse ends it with INVALID_ARGUMENT.
+
+    gRPC itself would answer a raising deserializer with INTERNAL, which
+    blames the coordinator for the caller's bytes.
+    """
+
+    def handle(request: M | Malformed, context: grpc.ServicerContext) -> R:
+        if isinstance(request, Malformed):
+            _rpc.abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.error}"
+            )
+        return behavior(request, context)
+
+    return handle
 
 
 def _unary(call: Callable[[], T], context: grpc.ServicerContext) -> T:

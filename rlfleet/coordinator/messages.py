@@ -27,7 +27,8 @@ def sample_mode(request: learner_pb2.SampleRequest) -> Mode:
         raise invalid(f"SampleRequest.amount must be >= 1, got {request.amount}")
     if mode is Mode.FRAGMENTS and request.fragment_length < 1:
         raise invalid("SAMPLE_MODE_FRAGMENTS needs fragment_length >= 1")
-    if request.wait_for_workers_seconds < 0:
+    # NaN fails every comparison, so "not >= 0" refuses it too (it would wait forever).
+    if not request.wait_for_workers_seconds >= 0:
         raise invalid(
             f"wait_for_workers_seconds must be >= 0, got {request.wait_for_workers_seconds}"
         )

@@ -10,6 +10,7 @@ while they run a state other than the current one.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,10 +22,10 @@ from rlfleet.coordinator.failures import CallError, describe
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState, UpdateWait
 from rlfleet.coordinator.updates import (
-    AgentState,
     EnvState,
     check_agent_update,
     check_env_update,
+    check_pickles,
     delta_update,
 )
 from rlfleet.v1 import learner_pb2, updates_pb2
@@ -73,9 +74,10 @@ class Rollouts:
                 version), PERMISSION_DENIED (pickled policy),
                 DEADLINE_EXCEEDED (workers did not answer in time).
         """
-        check_agent_update(update)
         state = self._state
+        check_agent_update(update, state.config.limits)
         with state.lock:
+            check_pickles(update, state.config.security.pickle, state.registry)
             previous = state.agent
             version = previous.version + 1
 
@@ -85,7 +87,7 @@ class Rollouts:
                 return _Push(targets, lambda h: h.agent_version >= version)
 
             def pull_back() -> _Push:
-                state.agent = AgentState(version + 1, previous.policy, previous.params)
+                state.agent = dataclasses.replace(previous, version=version + 1)
                 targets = state.broadcast(state.agent.full_update())
                 return _Push(targets, lambda h: h.agent_version >= version + 1)
 
@@ -104,6 +106,7 @@ class Rollouts:
         check_env_update(update)
         state = self._state
         with state.lock:
+            check_pickles(update, state.config.security.pickle, state.registry)
             previous = state.env
             generation = previous.generation + 1
             fresh = updates_pb2.EnvUpdate()

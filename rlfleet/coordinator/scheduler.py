@@ -13,9 +13,20 @@ The rules, and why:
   request always gets ``episode_seeds(seed, request_index, k)``, whichever
   worker runs it, so units can be handed out dynamically (fast workers take
   more) and re-run elsewhere after a loss without changing the answer.
-* Units are pulled, not pushed in bulk: a worker holds at most
-  ``num_envs + prefetch`` units. Every env slot is filled before any
-  worker gets prefetch, so no slot idles while another worker hoards.
+* A worker holds about ``capacity_steps`` steps of work (units running,
+  queued, or finished and not reported yet), sized with the fleet's running
+  mean episode length and never below ``num_envs * (1 + prefetch_factor)``
+  units. Enough that a refill's round trip ends before its queue runs dry,
+  and that it reports many episodes per message (each result costs the
+  coordinator and the learner about a millisecond of CPU: one per episode
+  cost the fleet 3x its throughput).
+* Refills come in batches: a worker is topped up to capacity once its
+  spare units fall to half, so one Task carries many units instead of one
+  per finished episode. Every idle env slot is filled before any worker
+  gets spare units, and spare units are dealt round-robin in slices of
+  ``num_envs``, so that every worker works near the front of the request
+  (the prefix rule below waits for the lowest indices) and no slot idles
+  while another worker hoards.
 * A lost worker's units go back to a min-heap of the request, ahead of new
   indices; the answer stays the same, only later.
 * STEPS requests end on a *prefix* rule: the answer is episodes ``0..m``
@@ -23,8 +34,15 @@ The rules, and why:
   generated while the completed episodes are short of ``amount``, but no
   more than the running average length says are still needed, so a fast
   fleet does not run many surplus episodes that are thrown away.
+  Surplus units are cancelled when the answer is known; as workers run
+  their units in index order, those are mostly units not started yet.
 * Only one Sample request runs at a time (the coordinator queues them) and
   it has priority: subscriptions get units only while no Sample runs.
+* Subscriptions are bounded in steps: the steps accepted and not yet sent
+  to the subscriber, plus the steps the units and windows in flight are
+  expected to bring, stay below ``max_buffered_steps``. Work in flight
+  counts because it is as old as what is buffered: after an agent update,
+  a learner still receives all of it from the previous version.
 * Every unit completes at most once: a result is accepted only for units
   still outstanding on the worker that sends it.
 """
@@ -38,11 +56,23 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from rlfleet.seeding import episode_seeds
+from rlfleet.coordinator._seeds import episode_seeds_many
 
-#: Default extra units a worker may hold beyond one per env slot: enough
-#: that a slot whose episode ends finds its next unit already on the worker.
+#: Default extra units a worker may hold per env slot beyond the one it
+#: runs, whatever the episode length: a slot whose episode ends finds its
+#: next unit already on the worker. The floor of a worker's capacity.
 DEFAULT_PREFETCH_FACTOR = 1
+
+#: Default steps of work a worker holds (see the module docstring). Workers
+#: report every 4096 steps (their default flush_steps), so a refill at half
+#: capacity still leaves them 4096+ steps (~80 ms of CartPole on one core)
+#: to cover its round trip on a loaded machine. Measured with the fleet
+#: benchmark: 8192 and 24576 were within noise of this. Surplus is no
+#: concern: a STEPS request never hands out more than it still needs.
+DEFAULT_CAPACITY_STEPS = 16384
+
+#: Episodes over which the fleet's running mean episode length forgets.
+_MEAN_LENGTH_MEMORY = 256
 
 #: Fragment windows a subscription keeps outstanding per worker: one being
 #: stepped and one queued behind it.
@@ -186,11 +216,46 @@ class Outcome:
 class _Worker:
     worker_id: int
     num_envs: int
-    capacity: int
+    min_capacity: int  # units, whatever the episode length
     eligible: bool = False
     units: int = 0  # outstanding episode units, over all its tasks
     windows: int = 0  # outstanding fragment windows of subscriptions
     tasks: set[int] = field(default_factory=set)
+
+    def wants_refill(self, capacity: int) -> bool:
+        """Whether to top the worker up now (to ``capacity`` units).
+
+        At once when an env slot may be idle; otherwise only once half of
+        its spare units are used, so that refills are few and large.
+        """
+        if self.units < self.num_envs:
+            return True
+        spare = capacity - self.num_envs
+        return self.units < capacity and self.units - self.num_envs <= spare // 2
+
+
+class _MeanLength:
+    """Running mean length of the fleet's recent complete episodes.
+
+    Sizes worker capacities, and estimates the units a request needs before
+    its own first episodes are back (requests of one learner usually run
+    the same env with a slowly changing agent).
+    """
+
+    def __init__(self, memory: int = _MEAN_LENGTH_MEMORY) -> None:
+        self._keep = 1.0 - 1.0 / memory
+        self.value: float | None = None
+
+    def add(self, steps: int, episodes: int) -> None:
+        """Takes ``episodes`` episodes totalling ``steps`` steps."""
+        if episodes < 1:
+            return
+        mean = steps / episodes
+        if self.value is None:
+            self.value = mean
+        else:
+            # As if each of the episodes had been added one by one.
+            self.value += (1.0 - self._keep**episodes) * (mean - self.value)
 
 
 @dataclass
@@ -235,10 +300,20 @@ class _Request:
     def done(self) -> bool:
         raise NotImplementedError
 
-    def has_buffer_room(self) -> bool:
+    def has_buffer_room(self, in_flight_steps: float) -> bool:
+        """Whether a subscription may get more work (always True for Sample requests).
+
+        Args:
+            in_flight_steps: Steps the work handed out and not back yet is
+                expected to bring.
+        """
         # Backpressure: a subscriber that reads slowly stops the fleet's work
-        # for it instead of growing the coordinator's memory.
-        return not self.subscription or self.buffered_steps < self.spec.max_buffered_steps
+        # for it instead of growing the coordinator's memory. Work in flight
+        # counts too, or a reader would receive it all, stale, after an update.
+        return (
+            not self.subscription
+            or self.buffered_steps + in_flight_steps < self.spec.max_buffered_steps
+        )
 
     def footer(self) -> Footer:
         raise NotImplementedError
@@ -264,23 +339,47 @@ class _EpisodeRequest(_Request):
     def done(self) -> bool:
         return self.num_episodes is not None
 
-    def unit(self, index: int) -> Unit:
-        env_seed, policy_seed = episode_seeds(self.spec.seed, self.spec.request_index, index)
-        return Unit(index, env_seed, policy_seed)
+    def units(self, indices: list[int]) -> tuple[Unit, ...]:
+        """The units of these episode indices, with their seeds."""
+        seeds = episode_seeds_many(self.spec.seed, self.spec.request_index, indices)
+        return tuple(Unit(i, env, policy) for i, (env, policy) in zip(indices, seeds, strict=True))
 
-    def take(self, fleet_slots: int) -> int | None:
-        """The next episode index to hand out, or None if none is needed now."""
-        if self.done or not self.has_buffer_room():
+    def take(self, fleet_slots: int, prior_length: float | None) -> int | None:
+        """The next episode index to hand out, or None if none is needed now.
+
+        Args:
+            fleet_slots: Env slots of the eligible workers.
+            prior_length: The fleet's running mean episode length, used
+                until this request's own episodes are back (None: unknown).
+        """
+        if self.done:
+            return None
+        if self.subscription and not self._subscription_room(fleet_slots, prior_length):
             return None
         if self.requeued:
             return heapq.heappop(self.requeued)
-        if not self._may_generate(fleet_slots):
+        if not self._may_generate(fleet_slots, self.average_length(prior_length)):
             return None
         index = self.next_index
         self.next_index += 1
         return index
 
-    def _may_generate(self, fleet_slots: int) -> bool:
+    def average_length(self, prior_length: float | None) -> float | None:
+        """Mean length of this request's episodes, else the prior."""
+        if self.completed_count:
+            return self.accepted_steps / self.completed_count
+        return prior_length
+
+    def _subscription_room(self, fleet_slots: int, recent_length: float | None) -> bool:
+        # The fleet's running mean, not the subscription's own average: a
+        # subscription runs for long while its agent learns, and its lifetime
+        # average lags far behind the episodes it runs now.
+        if recent_length is None:
+            # No length known yet: one unit per env slot of the fleet.
+            return self.outstanding < max(fleet_slots, 1) and self.has_buffer_room(0)
+        return self.has_buffer_room(self.outstanding * recent_length)
+
+    def _may_generate(self, fleet_slots: int, average: float | None) -> bool:
         if self.subscription:
             return True
         if self.spec.mode is Mode.EPISODES:
@@ -290,12 +389,8 @@ class _EpisodeRequest(_Request):
         remaining = self.spec.amount - self.accepted_steps
         if remaining <= 0:
             return False
-        if self.completed_count == 0:
-            # No length known yet: one unit per env slot of the fleet.
-            needed = max(fleet_slots, 1)
-        else:
-            average = self.accepted_steps / self.completed_count
-            needed = max(math.ceil(remaining / average), 1)
+        # No length known yet: one unit per env slot of the fleet.
+        needed = max(fleet_slots if average is None else math.ceil(remaining / average), 1)
         return self.outstanding + len(self.requeued) < needed
 
     def handed_out(self, count: int) -> None:
@@ -381,13 +476,25 @@ class Scheduler:
 
     Args:
         prefetch_factor: Units a worker may hold beyond its env slots, per
-            slot (capacity = num_envs * (1 + prefetch_factor)).
+            slot, whatever the episode length: the floor of its capacity,
+            ``num_envs * (1 + prefetch_factor)`` units.
+        capacity_steps: Steps of work a worker may hold, converted to units
+            with the running mean episode length (0: the floor only).
     """
 
-    def __init__(self, *, prefetch_factor: int = DEFAULT_PREFETCH_FACTOR) -> None:
+    def __init__(
+        self,
+        *,
+        prefetch_factor: int = DEFAULT_PREFETCH_FACTOR,
+        capacity_steps: int = DEFAULT_CAPACITY_STEPS,
+    ) -> None:
         if prefetch_factor < 0:
             raise ValueError(f"prefetch_factor must be >= 0, got {prefetch_factor}")
+        if capacity_steps < 0:
+            raise ValueError(f"capacity_steps must be >= 0, got {capacity_steps}")
         self._prefetch_factor = prefetch_factor
+        self._capacity_steps = capacity_steps
+        self._mean_length = _MeanLength()
         self._workers: dict[int, _Worker] = {}
         self._tasks: dict[int, _Task] = {}
         self._requests: dict[int, _Request] = {}
@@ -405,8 +512,8 @@ class Scheduler:
             raise ValueError(f"worker {worker_id}: num_envs must be >= 1, got {num_envs}")
         if worker_id in self._workers:
             raise ValueError(f"worker {worker_id} is already registered")
-        capacity = num_envs * (1 + self._prefetch_factor)
-        self._workers[worker_id] = _Worker(worker_id, num_envs, capacity)
+        floor = num_envs * (1 + self._prefetch_factor)
+        self._workers[worker_id] = _Worker(worker_id, num_envs, floor)
 
     def set_eligible(self, worker_id: int, eligible: bool) -> None:
         """Whether the worker may get new work (ready in the current state, not leaving)."""
@@ -447,6 +554,21 @@ class Scheduler:
     def eligible_workers(self) -> int:
         """Workers that may get work now."""
         return sum(1 for worker in self._workers.values() if worker.eligible)
+
+    @property
+    def mean_episode_length(self) -> float | None:
+        """The fleet's running mean episode length (None before any episode)."""
+        return self._mean_length.value
+
+    def capacity(self, worker_id: int) -> int:
+        """Episode units the worker may hold now."""
+        return self._capacity(self._workers[worker_id])
+
+    def _capacity(self, worker: _Worker) -> int:
+        mean = self._mean_length.value
+        if mean is None or not self._capacity_steps:
+            return worker.min_capacity
+        return max(worker.min_capacity, math.ceil(self._capacity_steps / max(mean, 1.0)))
 
     # --- requests -----------------------------------------------------------
 
@@ -516,11 +638,13 @@ class Scheduler:
         """Moves subscriptions to a new env generation.
 
         Their outstanding work was for the old env: it is cancelled and
-        episode units are re-queued, to be run again in the new env.
+        episode units are re-queued, to be run again in the new env. The
+        running mean episode length starts over.
 
         Returns:
             Cancels for the work on workers.
         """
+        self._mean_length = _MeanLength()  # the old env's lengths say nothing of the new
         cancels: list[CancelOrder] = []
         for request in self._subscriptions:
             request.spec = replace(request.spec, env_generation=generation)
@@ -581,20 +705,49 @@ class Scheduler:
         raise TypeError(f"unknown request type {type(request).__name__}")
 
     def _dispatch_units(self, request: _EpisodeRequest, workers: list[_Worker]) -> list[TaskOrder]:
+        capacity = {w.worker_id: self._capacity(w) for w in workers}
+        if not any(w.wants_refill(capacity[w.worker_id]) for w in workers):
+            return []  # the common case after a result: nothing to send
+        # Top up every worker with room for a slice, not only the one that
+        # asked: queues stay balanced, so when the request stops generating,
+        # its last units are spread over the fleet instead of one worker
+        # grinding through a block while the others idle.
+        refilled = [
+            w
+            for w in workers
+            if w.wants_refill(capacity[w.worker_id])
+            or capacity[w.worker_id] - w.units >= w.num_envs
+        ]
         fleet_slots = sum(w.num_envs for w in workers)
-        picked: dict[int, list[int]] = {}
-        # First a unit for every idle env slot of every worker, then prefetch.
-        for limit in (lambda w: w.num_envs, lambda w: w.capacity):
-            for worker in workers:
-                mine = picked.setdefault(worker.worker_id, [])
-                while worker.units + len(mine) < limit(worker):
-                    index = request.take(fleet_slots)
-                    if index is None:
-                        break
-                    mine.append(index)
-                    request.handed_out(1)
+        prior = self._mean_length.value
+        picked: dict[int, list[int]] = {w.worker_id: [] for w in refilled}
+
+        def room(worker: _Worker, limit: int) -> int:
+            return limit - worker.units - len(picked[worker.worker_id])
+
+        def give(worker: _Worker, count: int) -> bool:
+            """Hands the worker up to ``count`` units; False once the request has none."""
+            mine = picked[worker.worker_id]
+            for _ in range(count):
+                index = request.take(fleet_slots, prior)
+                if index is None:
+                    return False
+                mine.append(index)
+                request.handed_out(1)
+            return True
+
+        # First a unit for every idle env slot of every worker, then spare
+        # units, a slice of num_envs at a time to each worker in turn.
+        more = all(give(w, room(w, w.num_envs)) for w in refilled)
+        hungry = [w for w in refilled if room(w, capacity[w.worker_id]) > 0]
+        while more and hungry:
+            for worker in hungry:
+                more = give(worker, min(room(worker, capacity[worker.worker_id]), worker.num_envs))
+                if not more:
+                    break
+            hungry = [w for w in hungry if room(w, capacity[w.worker_id]) > 0]
         orders = []
-        for worker in workers:
+        for worker in refilled:
             indices = picked[worker.worker_id]
             if not indices:
                 continue
@@ -602,7 +755,7 @@ class Scheduler:
             task.assigned = frozenset(indices)
             task.outstanding = set(indices)
             worker.units += len(indices)
-            units = tuple(request.unit(i) for i in sorted(indices))
+            units = request.units(sorted(indices))
             orders.append(self._order(task, request, units=units))
         return orders
 
@@ -614,7 +767,7 @@ class Scheduler:
         if request.subscription:
             for worker in workers:
                 rounds = SUBSCRIPTION_WINDOWS_PER_WORKER - worker.windows
-                if rounds <= 0 or not request.has_buffer_room():
+                if rounds <= 0 or not request.has_buffer_room(request.expected_steps):
                     continue
                 worker.windows += 1  # one window per task: each can be cancelled alone
                 orders.append(self._window_task(request, worker, 1, length))
@@ -734,6 +887,7 @@ class Scheduler:
                 task.outstanding.discard(index)
                 worker.units -= 1
                 request.complete(index, length)
+            self._mean_length.add(sum(lengths), len(lengths))
             if not task.outstanding:
                 self._retire(task)
         elif isinstance(request, _FragmentRequest):

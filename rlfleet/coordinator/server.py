@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 
@@ -42,6 +43,8 @@ logger = logging.getLogger("rlfleet.coordinator")
 
 #: Services the health servicer reports on ("" is the server as a whole).
 HEALTH_SERVICES = ("", _rpc.WORKER_SERVICE, _rpc.LEARNER_SERVICE)
+#: Least time drained workers get to send what they run and close.
+RELEASE_SECONDS = 1.0
 
 
 class CoordinatorServer:
@@ -71,6 +74,15 @@ class CoordinatorServer:
         self._stopped = threading.Event()
 
     @property
+    def health_servicer(self) -> health.HealthServicer:
+        """The grpc.health.v1 servicer of the main port.
+
+        Registering it on another server (``--health-listen``, a plaintext
+        port for Kubernetes probes) reports the same statuses there.
+        """
+        return self._health
+
+    @property
     def address(self) -> str:
         """``HOST:PORT`` to give workers and learners (wildcards become loopback)."""
         host = self.host
@@ -78,30 +90,53 @@ class CoordinatorServer:
             host = "127.0.0.1"
         return f"{host}:{self.port}"
 
-    def stop(self, grace: float | None = None) -> None:
+    def stop(
+        self, grace: float | None = None, reason: str = "the coordinator is shutting down"
+    ) -> None:
         """Stops serving: ends worker streams and calls, then the server.
 
         Args:
             grace: Seconds given to calls in progress; None ends them now.
+            reason: Why, in the UNAVAILABLE status of the calls it ends.
         """
         if self._stopped.is_set():
             return
         self._stopped.set()
-        for service in HEALTH_SERVICES:
-            self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.coordinator.close()
+        self._report(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.coordinator.close(reason)
         self._server.stop(grace).wait()
         logger.info("coordinator on %s stopped", self.address)
 
-    def drain(self, grace: float) -> None:
-        """Reports NOT_SERVING and asks workers to finish and leave.
+    def drain(self, grace: float) -> bool:
+        """Winds down gracefully without stopping (SIGTERM, Kubernetes preemption).
 
-        The first step of graceful shutdown (Kubernetes preemption); a later
-        version waits for the workers before :meth:`stop`.
+        At once: health NOT_SERVING, new requests and workers refused with
+        UNAVAILABLE, subscriptions ended. Then the requests in flight get up
+        to ``grace`` seconds to finish; then the workers are sent Drain and
+        get the rest of the grace (at least :data:`RELEASE_SECONDS`) to send
+        what they run and close their streams. Call :meth:`stop` after it.
+
+        Returns:
+            True if every request in flight finished within the grace.
         """
+        deadline = time.monotonic() + grace
+        self._report(health_pb2.HealthCheckResponse.NOT_SERVING)
+        coordinator = self.coordinator
+        coordinator.drain()
+        finished = coordinator.wait_idle(grace)
+        if not finished:
+            logger.warning(
+                "requests still running after the drain grace of %g seconds; ending them", grace
+            )
+        release = max(deadline - time.monotonic(), RELEASE_SECONDS)
+        coordinator.release_workers(release)
+        if not coordinator.wait_workers_gone(release):
+            logger.warning("workers still connected %g seconds after Drain", release)
+        return finished
+
+    def _report(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
         for service in HEALTH_SERVICES:
-            self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.coordinator.drain(grace)
+            self._health.set(service, status)
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         """Blocks until the server stops; returns False if ``timeout`` ran out."""
@@ -137,8 +172,13 @@ def serve(config: CoordinatorConfig | None = None) -> CoordinatorServer:
         ThreadPoolExecutor(
             max_workers=config.thread_pool_size, thread_name_prefix="rlfleet-coordinator"
         ),
-        options=_rpc.server_options(max_message_bytes=config.max_message_bytes),
+        options=_rpc.server_options(
+            max_message_bytes=config.max_message_bytes,
+            keepalive_seconds=config.keepalive_seconds,
+            ping_timeout_seconds=config.keepalive_timeout_seconds,
+        ),
         maximum_concurrent_rpcs=config.thread_pool_size,
+        interceptors=config.security.interceptors(),
     )
     server.add_generic_rpc_handlers(
         (WorkerFace(coordinator).handler(), LearnerFace(coordinator).handler())
@@ -149,7 +189,7 @@ def serve(config: CoordinatorConfig | None = None) -> CoordinatorServer:
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     host, _, _ = config.listen.rpartition(":")
     try:
-        port = server.add_insecure_port(config.listen)
+        port = config.security.add_port(server, config.listen)
     except RuntimeError as exc:
         raise ConfigError(f"cannot listen on {config.listen}: {exc}") from exc
     if port == 0:

@@ -84,7 +84,9 @@ class FleetState:
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.registry = Registry(config.max_workers, config.max_result_bytes)
-        self.scheduler = Scheduler(prefetch_factor=config.prefetch_factor)
+        self.scheduler = Scheduler(
+            prefetch_factor=config.prefetch_factor, capacity_steps=config.capacity_steps
+        )
         self.agent = AgentState()
         self.env = EnvState(env_update_of(config.env, 1))
         self.gate = FifoGate(self.changed, config.max_queued_requests)

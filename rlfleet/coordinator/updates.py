@@ -8,15 +8,23 @@ state the others are in, with the same version numbers.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import grpc
 
-from rlfleet.coordinator.failures import CallError, invalid
+from rlfleet.coordinator.failures import CallError, detail_of, invalid
+from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.core import EnvSpec
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import ConfigError, WireFormatError
+from rlfleet.errors import (
+    ConfigError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    WireFormatError,
+)
 from rlfleet.policies import PolicySpec
+from rlfleet.security import Limits, PickleGate
 from rlfleet.v1 import spaces_pb2, tensor_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import decode_env_spec, decode_tensor_map
 
@@ -32,11 +40,14 @@ class AgentState:
         version: 0 until the first update, then strictly increasing.
         policy: The spec workers build (None: their default random policy).
         params: Every parameter set since the policy was built, by name.
+        pickled_policy: The pickled policy workers run instead of a spec
+            (only with ``--allow-pickle``), or empty.
     """
 
     version: int = 0
     policy: updates_pb2.PolicySpec | None = None
     params: tensor_pb2.TensorMap = field(default_factory=tensor_pb2.TensorMap)
+    pickled_policy: bytes = b""
 
     def apply(self, update: updates_pb2.AgentUpdate, version: int) -> AgentState:
         """The state after ``update``, as ``version``.
@@ -44,19 +55,22 @@ class AgentState:
         A new policy spec starts from the parameters that come with it;
         parameters alone replace the same-named ones of the current state.
         """
-        if update.HasField("policy"):
+        if update.HasField("policy") or update.pickled_policy:
             params = tensor_pb2.TensorMap()
             params.CopyFrom(update.params)
-            return AgentState(version, update.policy, params)
-        return AgentState(version, self.policy, _merged(self.params, update.params))
+            policy = None if update.pickled_policy else update.policy
+            return AgentState(version, policy, params, update.pickled_policy)
+        merged = _merged(self.params, update.params)
+        return AgentState(version, self.policy, merged, self.pickled_policy)
 
     def full_update(self, version: int | None = None) -> worker_pb2.CoordinatorMessage:
         """An AgentUpdate that brings any worker to this state."""
         return _agent_message(
             updates_pb2.AgentUpdate(
                 version=self.version if version is None else version,
-                policy=self.policy or DEFAULT_POLICY,
+                policy=None if self.pickled_policy else self.policy or DEFAULT_POLICY,
                 params=self.params,
+                pickled_policy=self.pickled_policy,
             )
         )
 
@@ -136,15 +150,11 @@ def check_env_update(update: updates_pb2.EnvUpdate) -> None:
     """Refuses env updates no worker should be sent.
 
     Raises:
-        CallError: INVALID_ARGUMENT naming the bad field, or
-            PERMISSION_DENIED for a pickled factory.
+        CallError: INVALID_ARGUMENT naming the bad field. A pickled factory
+            is :func:`check_pickles`' to allow or refuse.
     """
     if update.pickled_env_factory:
-        raise CallError(
-            grpc.StatusCode.PERMISSION_DENIED,
-            "pickled env factories are not enabled on this coordinator; send a gymnasium "
-            "id and kwargs_json",
-        )
+        return  # the factory is the whole env; kwargs and length do not apply
     if not update.env_id:
         raise invalid("EnvUpdate.env_id is empty; give a registered gymnasium id, e.g. CartPole-v1")
     if ":" in update.env_id:
@@ -160,23 +170,18 @@ def check_env_update(update: updates_pb2.EnvUpdate) -> None:
         raise invalid(str(exc)) from None
 
 
-def check_agent_update(update: updates_pb2.AgentUpdate) -> None:
+def check_agent_update(update: updates_pb2.AgentUpdate, limits: Limits) -> None:
     """Refuses agent updates that are malformed before any worker sees them.
 
     Parameter names and shapes are checked by the workers, which hold the
     policy; here only what needs no policy.
 
     Raises:
-        CallError: INVALID_ARGUMENT naming the bad field, or
-            PERMISSION_DENIED for a pickled policy.
+        CallError: INVALID_ARGUMENT naming the bad field, RESOURCE_EXHAUSTED
+            for a tensor over ``limits.max_tensor_elements``. A pickled
+            policy is :func:`check_pickles`' to allow or refuse.
     """
-    if update.pickled_policy:
-        raise CallError(
-            grpc.StatusCode.PERMISSION_DENIED,
-            "pickled policies are not enabled on this coordinator; send a policy spec and "
-            "parameters",
-        )
-    if not update.HasField("policy") and not update.params.entries:
+    if not (update.HasField("policy") or update.pickled_policy or update.params.entries):
         raise invalid("an AgentUpdate needs a policy spec, parameters, or both; it had neither")
     if update.HasField("policy"):
         kwargs = _json_object(update.policy.kwargs_json, "AgentUpdate.policy.kwargs_json")
@@ -185,9 +190,13 @@ def check_agent_update(update: updates_pb2.AgentUpdate) -> None:
         except ConfigError as exc:
             raise invalid(str(exc)) from None
     try:
-        decode_tensor_map(update.params, name="AgentUpdate.params")
+        params = decode_tensor_map(update.params, name="AgentUpdate.params")
     except WireFormatError as exc:
         raise invalid(str(exc)) from None
+    try:
+        limits.check_tensor_map(params, "AgentUpdate.params")
+    except ResourceExhaustedError as exc:
+        raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
 
 
 def _json_object(text: str, where: str) -> dict[str, object]:
@@ -197,6 +206,33 @@ def _json_object(text: str, where: str) -> dict[str, object]:
         value = json.loads(text)
     except ValueError as exc:
         raise invalid(f"{where} is not valid JSON ({exc}): {text[:200]!r}") from None
+    except RecursionError:  # "[[[[..." deeper than Python's stack
+        raise invalid(f"{where} nests too deeply to parse: {text[:200]!r}") from None
     if not isinstance(value, dict):
         raise invalid(f"{where} must be a JSON object, got {text[:200]!r}")
     return value
+
+
+def check_pickles(
+    update: updates_pb2.AgentUpdate | updates_pb2.EnvUpdate,
+    gate: PickleGate,
+    workers: Iterable[WorkerHandle],
+) -> None:
+    """Refuses pickled code unless this coordinator and every worker allow it.
+
+    Raises:
+        CallError: PERMISSION_DENIED (ERROR_KIND_PERMISSION) naming what
+            is not allowed where.
+    """
+    if isinstance(update, updates_pb2.AgentUpdate):
+        field_name, data = "AgentUpdate.pickled_policy", update.pickled_policy
+    else:
+        field_name, data = "EnvUpdate.pickled_env_factory", update.pickled_env_factory
+    if not data:
+        return
+    try:
+        gate.check_peers(field_name, {h.name: h.hello.capabilities for h in workers})
+    except PermissionDeniedError as exc:
+        message = str(exc)
+        detail = detail_of(updates_pb2.ERROR_KIND_PERMISSION, message)
+        raise CallError(grpc.StatusCode.PERMISSION_DENIED, message, detail) from None

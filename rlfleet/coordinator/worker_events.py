@@ -21,6 +21,7 @@ from rlfleet.coordinator.results import ResultError, check_batch, check_metadata
 from rlfleet.coordinator.scheduler import Mode, Verdict
 from rlfleet.coordinator.state import FleetState
 from rlfleet.errors import ProtocolError, WireFormatError
+from rlfleet.security import PICKLE_CAPABILITY
 from rlfleet.v1 import updates_pb2, worker_pb2
 from rlfleet.wire import Chunk
 
@@ -64,6 +65,15 @@ class WorkerEvents:
                 raise CallError(
                     grpc.StatusCode.UNAVAILABLE, "the coordinator is draining; join another one"
                 )
+            pickled = state.agent.pickled_policy or state.env.update.pickled_env_factory
+            if pickled and PICKLE_CAPABILITY not in hello.capabilities:
+                message = (
+                    f"this fleet runs a pickled policy or env factory, which worker "
+                    f"{hello.name!r} would refuse: start it with --allow-pickle (and TLS and "
+                    "a token)"
+                )
+                detail = detail_of(updates_pb2.ERROR_KIND_PERMISSION, message, worker=hello.name)
+                raise CallError(grpc.StatusCode.PERMISSION_DENIED, message, detail)
             handle = state.registry.admit(hello, peer)
             state.scheduler.add_worker(handle.worker_id, hello.num_envs)
             handle.send(self._welcome(handle))
@@ -92,7 +102,11 @@ class WorkerEvents:
                 heartbeat_interval_seconds=config.heartbeat_interval_seconds,
                 heartbeat_timeout_seconds=config.heartbeat_timeout_seconds,
                 max_message_bytes=config.max_message_bytes,
-                capabilities=[c for c in CAPABILITIES if c in handle.hello.capabilities],
+                capabilities=[
+                    c
+                    for c in (*CAPABILITIES, *config.security.pickle.capabilities)
+                    if c in handle.hello.capabilities
+                ],
                 first_stream=handle.first_stream,
                 coordinator_id=self._state.coordinator_id,
             )

@@ -14,6 +14,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -23,10 +24,12 @@ from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.failures import CallError
 from rlfleet.coordinator.registry import Ending, PartialResult, WorkerHandle
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
+from rlfleet.security import InflightBudget
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import Chunk
 
 logger = logging.getLogger("rlfleet.coordinator")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -36,16 +39,14 @@ class Malformed:
     error: str
 
 
-def tolerant(
-    deserialize: Callable[[bytes], _rpc.WithChunk],
-) -> Callable[[bytes], _rpc.WithChunk | Malformed]:
+def tolerant(deserialize: Callable[[bytes], T]) -> Callable[[bytes], T | Malformed]:
     """Wraps a deserializer so that garbage becomes a :class:`Malformed` value.
 
     gRPC would end the call with INTERNAL on a raising deserializer; the
     protocol says a malformed message is the sender's fault (INVALID_ARGUMENT).
     """
 
-    def wrapped(data: bytes) -> _rpc.WithChunk | Malformed:
+    def wrapped(data: bytes) -> T | Malformed:
         try:
             return deserialize(data)
         except (WireFormatError, DecodeError, ValueError) as exc:
@@ -167,10 +168,12 @@ class WorkerFace:
         if handle is None:
             return
         events = self._coordinator.workers
+        limit = self._coordinator.config.limits.max_inflight_bytes_per_worker
+        budget = InflightBudget(limit, handle.name)
         try:
             for item in requests:
                 handle.touch()
-                self._dispatch(handle, item)
+                self._dispatch(handle, item, budget)
         except CallError as exc:
             events.drop(handle, exc.code, exc.message, exc.detail)
         except ResourceExhaustedError as exc:
@@ -183,16 +186,29 @@ class WorkerFace:
             logger.exception("internal error on the stream of worker %r", handle.name)
             events.drop(handle, grpc.StatusCode.INTERNAL, f"coordinator bug: {exc!r}")
         else:
-            events.drop(handle, grpc.StatusCode.OK, "the worker closed its stream")
+            # gRPC often ends the request iterator cleanly, not with an error,
+            # when the peer's connection drops (a killed process): only a
+            # worker that said Leaving or was drained closes on purpose.
+            if handle.leaving or self._coordinator.draining:
+                events.drop(handle, grpc.StatusCode.OK, "the worker closed its stream")
+            else:
+                events.drop(
+                    handle,
+                    grpc.StatusCode.CANCELLED,
+                    "its stream broke (it ended without Leaving: the worker died or lost "
+                    "its connection)",
+                )
 
-    def _dispatch(self, handle: WorkerHandle, item: _rpc.WithChunk | Malformed) -> None:
+    def _dispatch(
+        self, handle: WorkerHandle, item: _rpc.WithChunk | Malformed, budget: InflightBudget
+    ) -> None:
         if isinstance(item, Malformed):
             raise ProtocolError(f"malformed message from worker {handle.name!r}: {item.error}")
         message: worker_pb2.WorkerMessage = item.message
         body = message.WhichOneof("body")
         events = self._coordinator.workers
         if body == "result":
-            self._on_chunk(handle, message.result, item.chunk)
+            self._on_chunk(handle, message.result, item.chunk, budget)
         elif body == "heartbeat":
             events.on_heartbeat(handle, message.heartbeat)
         elif body == "env_ready":
@@ -209,10 +225,15 @@ class WorkerFace:
             raise ProtocolError(f"worker {handle.name!r} sent an empty WorkerMessage")
 
     def _on_chunk(
-        self, handle: WorkerHandle, meta: worker_pb2.EpisodeResult, chunk: Chunk | None
+        self,
+        handle: WorkerHandle,
+        meta: worker_pb2.EpisodeResult,
+        chunk: Chunk | None,
+        budget: InflightBudget,
     ) -> None:
         if chunk is None:
             raise ProtocolError(f"worker {handle.name!r} sent an EpisodeResult without its chunk")
+        budget.charge(len(chunk.data))  # raises past the in-flight limit
         payload = handle.assembler.add(chunk)  # raises on any disorder
         if chunk.index == 0:
             handle.partial = PartialResult(meta)
@@ -221,5 +242,6 @@ class WorkerFace:
         handle.partial.chunks.append(chunk)
         if payload is None:
             return
+        budget.release()
         result, handle.partial = handle.partial, None
         self._coordinator.workers.on_result(handle, result.meta, result.chunks, payload)

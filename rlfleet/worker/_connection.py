@@ -71,9 +71,9 @@ class JoinStream:
 
     def __init__(self, channel: grpc.Channel, inbox: queue.SimpleQueue[Incoming]) -> None:
         self.inbox = inbox
-        # Unbounded on purpose: the coordinator hands a worker at most
-        # num_envs + prefetch units, so the results waiting here are bounded
-        # by the work it was given; gRPC drains the queue under flow control.
+        # Unbounded on purpose: the coordinator hands a worker at most its
+        # capacity of units, so the results waiting here are bounded by the
+        # work it was given; gRPC drains the queue under flow control.
         self._outbox: queue.SimpleQueue[Outgoing | None] = queue.SimpleQueue()
         join = channel.stream_stream(
             _rpc.JOIN,

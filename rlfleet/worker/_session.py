@@ -13,13 +13,17 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import math
 import queue
 import time
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import gymnasium as gym
+
 from rlfleet import _rpc
-from rlfleet.core import EpisodeBatch
+from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import (
     ConfigError,
@@ -29,6 +33,7 @@ from rlfleet.errors import (
     ProtocolError,
 )
 from rlfleet.policies import Policy, PolicySpec, make_policy
+from rlfleet.security import PICKLE_CAPABILITY, PickleGate
 from rlfleet.v1 import updates_pb2, worker_pb2
 from rlfleet.wire import (
     DEFAULT_CHUNK_BYTES,
@@ -37,6 +42,7 @@ from rlfleet.wire import (
     encode_env_spec,
 )
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
+from rlfleet.worker._flush import FlushPolicy
 from rlfleet.worker._tasks import TaskBook
 from rlfleet.worker.vec import VecWorker
 
@@ -80,6 +86,11 @@ class Session:
         self._inbox = stream.inbox
         self._welcome = welcome
         self.name = welcome.name or config.name
+        # Pickles only when both sides opted in: this worker's flag and the
+        # coordinator's grant in Welcome.
+        self._pickle = PickleGate(
+            config.allow_pickle and PICKLE_CAPABILITY in welcome.capabilities, "worker"
+        )
         self.end_reason = ""
         self._vec = VecWorker(
             n_envs=config.envs,
@@ -104,7 +115,9 @@ class Session:
         self._beat_steps = 0
         self._beat_time = time.monotonic()
         self._next_beat = self._beat_time
-        self._oldest_finished: float | None = None
+        self._flush_policy = FlushPolicy(
+            config.flush_steps, config.flush_bytes, config.flush_seconds
+        )
         logger.info(
             "joined coordinator %s as %r (worker id %d, %d envs, streams %d..%d)",
             config.coordinator,
@@ -173,19 +186,11 @@ class Session:
             self._on_task_error(exc)
         if vec.finished_count:
             now = time.monotonic()
-            if self._oldest_finished is None:
-                self._oldest_finished = now
-            wait = self._config.flush_seconds
-            # Unreported episodes count against the units the coordinator lets
-            # this worker hold: report once they are as many as the spare
-            # units left, so refills arrive before the slots run dry. Slow
-            # steps gain nothing from waiting: the flush timer is only seen
-            # between steps.
-            if (
-                vec.finished_count >= self._book.queued_units
-                or now - self._oldest_finished >= wait
-                or now - started >= wait
-                or vec.finished_steps >= self._config.flush_steps
+            if self._flush_policy.due(
+                now,
+                finished_steps=vec.finished_steps,
+                queued_units=self._book.queued_units,
+                step_seconds=now - started,
             ):
                 self._flush()
 
@@ -262,7 +267,7 @@ class Session:
     def _on_env_update(self, update: updates_pb2.EnvUpdate) -> None:
         self._flush()  # finished episodes belong to the old env
         try:
-            self._vec.update_env(_env_config(update, self._config.imports))
+            self._vec.update_env(_env_config(update, self._config.imports, self._pickle))
         except Exception as exc:  # any failure building an env is the env's config
             error = (
                 exc
@@ -275,6 +280,7 @@ class Session:
             self._send_error(error, traceback_text=_traceback(exc))
             return
         self._generation = update.generation
+        self._flush_policy.expect_step_bytes(_observation_bytes(self._vec.env_spec))
         self._book.drop_stale(env_generation=update.generation)
         self._send(
             worker_pb2.WorkerMessage(
@@ -313,11 +319,19 @@ class Session:
         Parameters alone replace the same-named ones of the current policy
         (the coordinator merges updates the same way).
         """
-        if update.pickled_policy:
-            raise PermissionDeniedError(
-                "pickled policies are not enabled on this worker; send a policy spec and params"
-            )
         params: dict[str, Any] = decode_tensor_map(update.params, name="AgentUpdate.params")
+        if update.pickled_policy:
+            policy = self._pickle.loads(
+                update.pickled_policy, "AgentUpdate.pickled_policy", PolicyError
+            )
+            if not isinstance(policy, Policy):
+                raise PolicyError(
+                    f"AgentUpdate.pickled_policy holds a {type(policy).__name__}, not a "
+                    "rlfleet Policy"
+                )
+            if params:
+                policy.set_param_values({**policy.get_param_values(), **params})
+            return policy
         if update.HasField("policy"):
             spec = PolicySpec(update.policy.name, _json_object(update.policy.kwargs_json))
             policy = make_policy(
@@ -383,7 +397,7 @@ class Session:
     def _flush(self) -> None:
         """Sends every finished episode, one result per task."""
         vec = self._vec
-        self._oldest_finished = None
+        self._flush_policy.sent()
         if not vec.finished_count:
             return
         for task_id in list(self._book.episode_tasks):
@@ -412,6 +426,7 @@ class Session:
             batch, max_bytes, batch_id=self._next_batch_id, include_env_spec=False
         )
         self._next_batch_id += 1
+        self._flush_policy.expect_step_bytes(chunks[0].total_bytes / batch.total_steps)
         for i, chunk in enumerate(chunks):
             envelope = meta if i == 0 else worker_pb2.EpisodeResult(task_id=task_id)
             self._stream.send(_rpc.WithChunk(worker_pb2.WorkerMessage(result=envelope), chunk))
@@ -494,12 +509,24 @@ class Session:
         return Outcome.LOST
 
 
-def _env_config(update: updates_pb2.EnvUpdate, imports: tuple[str, ...]) -> EnvConfig:
-    """The EnvConfig of an EnvUpdate, refusing what must not come from the network."""
+def _env_config(
+    update: updates_pb2.EnvUpdate, imports: tuple[str, ...], pickle: PickleGate
+) -> EnvConfig | Callable[[], gym.Env]:
+    """The EnvConfig (or allowed pickled factory) of an EnvUpdate.
+
+    Refuses what must not come from the network: module-naming ids, and
+    pickles unless both sides opted in.
+    """
     if update.pickled_env_factory:
-        raise PermissionDeniedError(
-            "pickled env factories are not enabled on this worker; send a gymnasium id"
+        factory = pickle.loads(
+            update.pickled_env_factory, "EnvUpdate.pickled_env_factory", ConfigError
         )
+        if not callable(factory):
+            raise ConfigError(
+                f"EnvUpdate.pickled_env_factory holds a {type(factory).__name__}, not a "
+                "callable that returns an env"
+            )
+        return factory
     if ":" in update.env_id:
         raise ConfigError(
             f"env id {update.env_id!r} names a module to import, which this worker refuses "
@@ -519,6 +546,14 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"kwargs must be a JSON object, got {text[:200]!r}")
     return value
+
+
+def _observation_bytes(spec: EnvSpec) -> int:
+    """Bytes of one observation: a lower bound of a step's size on the wire."""
+    space = spec.observation_space
+    if space.shape is None or space.dtype is None:
+        return 0
+    return math.prod(space.shape) * space.dtype.itemsize
 
 
 def _traceback(exc: BaseException) -> str:

@@ -36,6 +36,8 @@ import grpc
 from rlfleet import _rpc
 from rlfleet._version import __version__
 from rlfleet.errors import ConfigError
+from rlfleet.security import ClientSecurity, PickleGate
+from rlfleet.security.pickle import check_prerequisites as check_pickle_prerequisites
 from rlfleet.v1 import worker_pb2
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._restarts import EnvRestartBudget
@@ -82,12 +84,15 @@ class WorkerConfig:
         reconnect_base_seconds: First backoff step after a lost connection.
         reconnect_max_seconds: Backoff cap.
         handshake_timeout: Seconds to wait for the Welcome.
-        flush_steps: Send finished episodes once they hold this many steps...
-        flush_seconds: ...or the oldest has waited this long, or they are
-            as many as the units left to start. Grouping episodes
-            saves per-message costs (tens of microseconds each in Python
-            gRPC); reporting before the spare units run out keeps the
-            coordinator's refills ahead of the slots.
+        flush_steps: Send finished episodes once they hold this many steps,
+        flush_bytes: or about this many bytes,
+        flush_seconds: or the oldest has waited this long, or no unit is
+            left to start. Grouping episodes saves per-message costs (about
+            a millisecond of CPU per result between the coordinator and the
+            learner); reporting as the queue runs out gets the next units,
+            or the request's answer, without waiting. Keep ``flush_steps``
+            well under the coordinator's ``capacity_steps``, or the worker
+            runs dry before its refill.
         max_message_bytes: Largest message this side accepts or sends
             (the coordinator's Welcome may lower the sending limit).
         drain_grace_seconds: When leaving, how long in-flight episodes may
@@ -103,6 +108,9 @@ class WorkerConfig:
         nonfinite: What a NaN or inf observation is: ``"error"`` (the
             episode is dropped and the request fails), ``"flag"`` (env_info
             ``nonfinite_obs``) or ``"ignore"``.
+        security: TLS and the worker token to dial with (docs/security.md).
+        allow_pickle: Accept pickled policies and env factories from a
+            coordinator that allows them too; needs TLS and a token.
     """
 
     coordinator: str
@@ -115,7 +123,8 @@ class WorkerConfig:
     reconnect_max_seconds: float = 10.0
     handshake_timeout: float = 30.0
     flush_steps: int = 4096
-    flush_seconds: float = 0.02
+    flush_bytes: int = 4 << 20
+    flush_seconds: float = 0.1
     max_message_bytes: int = _rpc.DEFAULT_MAX_MESSAGE_BYTES
     drain_grace_seconds: float = 30.0
     close_timeout: float = 5.0
@@ -123,6 +132,8 @@ class WorkerConfig:
     keepalive_timeout: float = 5.0
     env_restarts: EnvRestartBudget = field(default_factory=EnvRestartBudget)
     nonfinite: NanMode = "error"
+    security: ClientSecurity = field(default_factory=ClientSecurity)
+    allow_pickle: bool = False
 
     def __post_init__(self) -> None:
         host, _, port = self.coordinator.rpartition(":")
@@ -142,9 +153,14 @@ class WorkerConfig:
             "close_timeout",
             "keepalive_interval",
             "keepalive_timeout",
+            "flush_seconds",
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        for name in ("flush_steps", "flush_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
         if self.nonfinite not in ("error", "flag", "ignore"):
             raise ConfigError(
                 f"--nonfinite must be 'error', 'flag' or 'ignore', got {self.nonfinite!r}"
@@ -153,6 +169,12 @@ class WorkerConfig:
             raise ConfigError(
                 f"--heartbeat-interval must be > 0 seconds, got {self.heartbeat_interval!r}"
             )
+        check_pickle_prerequisites(
+            self.allow_pickle,
+            tls=self.security.tls is not None,
+            authenticated=self.security.token is not None,
+            process="worker",
+        )
 
 
 class _HandshakeError(Exception):
@@ -177,6 +199,7 @@ class RemoteWorker:
         self._joined = False
         self._last_beat = 0.0
         self._beat_interval = 1.0
+        self._last_progress = time.monotonic()
 
     def request_leave(self, reason: str = "asked to leave") -> None:
         """Makes the worker leave gracefully. Safe to call from a signal handler."""
@@ -202,9 +225,25 @@ class RemoteWorker:
         silence = time.monotonic() - self._last_beat
         return self._joined and silence < 3 * self._beat_interval + 5.0
 
+    def alive(self) -> bool:
+        """True while the main loop makes progress, joined or reconnecting.
+
+        For liveness probes: a worker waiting for its coordinator to come
+        back is alive (restarting it would not help); a stuck one is not.
+        Thread-safe.
+        """
+        config = self.config
+        # Joined, the loop beats; reconnecting, it passes the top of the
+        # reconnect loop once per handshake plus backoff sleep.
+        budget = max(
+            3 * self._beat_interval, config.handshake_timeout + config.reconnect_max_seconds
+        )
+        return time.monotonic() - self._last_progress < budget + 5.0
+
     def beat(self, now: float, interval: float) -> None:
         """Records that the main loop sent a heartbeat (for :meth:`healthy`)."""
         self._last_beat, self._beat_interval = now, interval
+        self._last_progress = now
 
     def run(self) -> int:
         """Works until asked to leave; returns the process exit code.
@@ -226,10 +265,12 @@ class RemoteWorker:
             reconnect_max_seconds=config.reconnect_max_seconds,
             keepalive_seconds=config.keepalive_interval,
             ping_timeout_seconds=config.keepalive_timeout,
+            security=config.security,
         )
         attempt = 0
         try:
             while not self._leave.is_set():
+                self._last_progress = time.monotonic()  # for alive()
                 # A fresh inbox per stream: nothing of an old stream leaks in.
                 self._inbox = queue.SimpleQueue()
                 if self._leave.is_set():  # a signal between the check and the swap
@@ -286,7 +327,7 @@ class RemoteWorker:
             worker_pb2.WorkerMessage(
                 hello=worker_pb2.Hello(
                     protocol_version=_rpc.PROTOCOL_VERSION,
-                    capabilities=list(CAPABILITIES),
+                    capabilities=[*CAPABILITIES, *PickleGate(config.allow_pickle).capabilities],
                     num_envs=config.envs,
                     name=config.name,
                     host=socket.gethostname(),
