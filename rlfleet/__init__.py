@@ -34,6 +34,7 @@ from rlfleet.envs import (
     make_env,
 )
 from rlfleet.errors import RlfleetError
+from rlfleet.local_sampler import LocalSampler
 from rlfleet.policies import (
     MLPCategoricalPolicy,
     MLPGaussianPolicy,
@@ -43,14 +44,25 @@ from rlfleet.policies import (
     default_policy_spec,
     make_policy,
 )
+from rlfleet.sampling import (
+    log_performance,
+    obtain_evaluation_episodes,
+    performance_stats,
+    rollout,
+    truncate_paths,
+)
+from rlfleet.worker import DefaultWorker, EpisodeUnit, VecWorker
 
 __all__ = [
     "BaseVectorEnv",
+    "DefaultWorker",
     "DummyVectorEnv",
     "EnvConfig",
     "EnvSpec",
     "EnvStep",
     "EpisodeBatch",
+    "EpisodeUnit",
+    "LocalSampler",
     "MLPCategoricalPolicy",
     "MLPGaussianPolicy",
     "Policy",
@@ -61,11 +73,17 @@ __all__ = [
     "SubprocVectorEnv",
     "TimeStep",
     "TimeStepBatch",
+    "VecWorker",
     "__version__",
     "default_policy_spec",
     "env_spec_of",
+    "log_performance",
     "make_env",
     "make_policy",
+    "obtain_evaluation_episodes",
     "pad_to_last",
+    "performance_stats",
+    "rollout",
     "step_type_from_gym",
+    "truncate_paths",
 ]

@@ -1,0 +1,38 @@
+"""What the issues and the docs promise is importable from ``rlfleet``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import rlfleet
+
+PROMISED = [
+    # garage's data types
+    "EpisodeBatch", "TimeStep", "TimeStepBatch", "StepType", "EnvSpec",
+    # workers and samplers, garage's contract
+    "DefaultWorker", "VecWorker", "LocalSampler",
+    # garage's sampling utilities
+    "rollout", "truncate_paths", "obtain_evaluation_episodes", "log_performance",
+    # envs and policies
+    "EnvConfig", "PolicySpec", "Policy", "RlfleetError",
+]  # fmt: skip
+
+
+def test_promised_names_are_exported() -> None:
+    missing = [name for name in PROMISED if name not in rlfleet.__all__]
+    assert not missing, f"rlfleet.__all__ lacks {missing}"
+    assert all(hasattr(rlfleet, name) for name in rlfleet.__all__)
+
+
+def test_core_types_import_without_grpc() -> None:
+    """The pure data types depend on numpy only: no gRPC or protobuf loaded."""
+    code = (
+        "import sys; import rlfleet.core; "
+        "bad = [m for m in ('grpc', 'google.protobuf') if m in sys.modules]; "
+        "print(','.join(bad))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+    ).stdout.strip()
+    assert out == "", f"importing rlfleet.core loaded {out}"
