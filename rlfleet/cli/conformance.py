@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
-from rlfleet.cli.worker import positive_float
+from rlfleet.cli._args import positive_float
 
 if TYPE_CHECKING:
     from rlfleet.conformance import CheckResult

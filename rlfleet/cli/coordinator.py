@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from rlfleet.cli._args import non_negative_int, positive_float, positive_int
 from rlfleet.cli._env import env_option
 from rlfleet.security.flags import add_server_flags, server_security_from_args
 
@@ -69,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         **env_option(
             "RLFLEET_MAX_EPISODE_LENGTH",
             default=None,
-            type=_positive_int,
+            type=positive_int,
             help="cut episodes after N steps (TIMEOUT); unset: the env's own limit",
         ),
     )
@@ -78,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         **env_option(
             "RLFLEET_SEED",
             default=0,
-            type=_non_negative_int,
+            type=non_negative_int,
             help="base seed of requests that carry none",
         ),
     )
@@ -87,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         **env_option(
             "RLFLEET_HEARTBEAT_INTERVAL",
             default=1.0,
-            type=_positive_float,
+            type=positive_float,
             help="seconds between worker heartbeats",
         ),
     )
@@ -96,7 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         **env_option(
             "RLFLEET_HEARTBEAT_TIMEOUT",
             default=10.0,
-            type=_positive_float,
+            type=positive_float,
             help="seconds of silence after which a worker is declared dead",
         ),
     )
@@ -105,7 +106,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         **env_option(
             "RLFLEET_WAIT_FOR_WORKERS",
             default=60.0,
-            type=_positive_float,
+            type=positive_float,
             help="seconds a request waits for a ready worker before failing (UNAVAILABLE)",
         ),
     )
@@ -114,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         **env_option(
             "RLFLEET_UPDATE_TIMEOUT",
             default=120.0,
-            type=_positive_float,
+            type=positive_float,
             help="seconds agent and env updates wait for every worker to apply them",
         ),
     )
@@ -123,7 +124,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         **env_option(
             "RLFLEET_HANDSHAKE_TIMEOUT",
             default=10.0,
-            type=_positive_float,
+            type=positive_float,
             help="seconds a new worker stream may take to send its Hello",
         ),
     )
@@ -132,7 +133,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         **env_option(
             "RLFLEET_KEEPALIVE_INTERVAL",
             default=10.0,
-            type=_positive_float,
+            type=positive_float,
             help="seconds between keepalive pings to workers and learners",
         ),
     )
@@ -141,7 +142,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         **env_option(
             "RLFLEET_KEEPALIVE_TIMEOUT",
             default=5.0,
-            type=_positive_float,
+            type=positive_float,
             help="seconds a ping may go unanswered before the peer's calls are ended",
         ),
     )
@@ -150,7 +151,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         **env_option(
             "RLFLEET_DRAIN_GRACE",
             default=30.0,
-            type=_positive_float,
+            type=positive_float,
             help=(
                 "on SIGTERM, seconds the requests in flight get to finish before the "
                 "coordinator exits (keep below Kubernetes' terminationGracePeriodSeconds)"
@@ -162,7 +163,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         **env_option(
             "RLFLEET_MAX_MESSAGE_BYTES",
             default=64 * 1024 * 1024,
-            type=_positive_int,
+            type=positive_int,
             help="largest gRPC message either side sends",
         ),
     )
@@ -171,19 +172,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         **env_option(
             "RLFLEET_MAX_WORKERS",
             default=256,
-            type=_positive_int,
+            type=positive_int,
             help="workers admitted at once (more are refused with RESOURCE_EXHAUSTED)",
         ),
     )
     option(
         "--max-queued-requests",
-        type=_positive_int,
+        type=positive_int,
         default=64,
         help="Sample and update requests waiting for their turn (default: 64)",
     )
     option(
         "--max-subscribers",
-        type=_positive_int,
+        type=positive_int,
         default=8,
         help="concurrent subscriptions (default: 8)",
     )
@@ -207,7 +208,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     option(
         "--max-result-bytes",
-        type=_positive_int,
+        type=positive_int,
         default=1 << 30,
         help=(
             "bytes of an unfinished result one worker may have in flight; more drops the "
@@ -301,25 +302,4 @@ def _json_object(text: str) -> dict[str, Any]:
         raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from exc
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"must be a JSON object like '{{\"a\": 1}}', got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
     return value

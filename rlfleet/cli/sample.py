@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlfleet.cli._args import non_negative_int, positive_float, positive_int
 from rlfleet.cli._env import env_option
-from rlfleet.cli.worker import non_negative_int, positive_float, positive_int
 from rlfleet.security.flags import add_client_flags, learner_options_from_args
 
 if TYPE_CHECKING:

@@ -7,8 +7,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from rlfleet.cli._args import positive_float
 from rlfleet.cli._env import env_option
-from rlfleet.cli.worker import positive_float
 from rlfleet.security.flags import add_client_flags, learner_options_from_args
 
 if TYPE_CHECKING:

@@ -14,6 +14,7 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from rlfleet.cli._args import non_negative_int, positive_float, positive_int
 from rlfleet.cli._env import env_option
 from rlfleet.security.flags import add_client_flags, worker_security_from_args
 from rlfleet.worker._restarts import EnvRestartBudget
@@ -221,27 +222,3 @@ def _install_signal_handlers(worker: RemoteWorker) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an int >= 1 (shared by the fleet commands)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an int >= 0."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a float > 0."""
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
