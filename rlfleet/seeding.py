@@ -8,6 +8,8 @@ batch identical whatever the number of workers and after a worker dies.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 #: Seeds are carried on the wire as uint32 so that every language and
@@ -66,3 +68,113 @@ def stream_seeds(base_seed: int, stream: int, episode_in_stream: int) -> tuple[i
         [base_seed, 0x46524147, stream, episode_in_stream]
     ).generate_state(2, dtype=np.uint32)
     return int(env_seed), int(policy_seed)
+
+
+# --- many episodes at once ------------------------------------------------
+# episode_seeds builds one SeedSequence per episode, about 8 microseconds
+# each: at the fleet's rate (thousands of episodes a second, derived under
+# the coordinator's lock) that was the largest single cost of a refill.
+# episode_seeds_many runs SeedSequence's hash on a whole column of episode
+# indices with numpy, bit for bit the same algorithm
+# (numpy/random/bit_generator.pyx: mix_entropy over a 4-word pool, then
+# generate_state(2, uint32)); tests/test_scheduler.py checks it against
+# episode_seeds.
+
+# SeedSequence's constants (numpy/random/bit_generator.pyx).
+_MASK = 0xFFFFFFFF
+_INIT_A = 0x43B0D7E5
+_MULT_A = 0x931E8875
+_INIT_B = 0x8B51F9DD
+_MULT_B = 0x58F38DED
+_MIX_MULT_L = np.uint32(0xCA01F9DD)
+_MIX_MULT_R = np.uint32(0x4973F715)
+_XSHIFT = np.uint32(16)
+_POOL_SIZE = 4
+
+#: Below this many episodes the per-call cost of the ~60 numpy operations
+#: exceeds SeedSequence's own (measured: 8 units 14 us each, 200 units 0.6 us each).
+_MIN_VECTORISED = 32
+
+
+def episode_seeds_many(
+    base_seed: int, request: int, episode_indices: Sequence[int]
+) -> list[tuple[int, int]]:
+    """``[episode_seeds(base_seed, request, i) for i in episode_indices]``, faster.
+
+    Args:
+        base_seed: The sampler's seed (non-negative).
+        request: Index of the sampling request (non-negative).
+        episode_indices: Episode indices (non-negative).
+
+    Returns:
+        (env_seed, policy_seed) per index, in order.
+
+    Raises:
+        ValueError: If an argument is negative.
+    """
+    if (
+        len(episode_indices) < _MIN_VECTORISED
+        or min(episode_indices) < 0
+        or max(episode_indices) > _MASK
+    ):
+        # Few, or out of the one-word range the vector path handles: the
+        # reference (which also raises on negative values).
+        return [episode_seeds(base_seed, request, i) for i in episode_indices]
+    if base_seed < 0 or request < 0:
+        raise ValueError(
+            "seeds are derived from non-negative integers, got "
+            f"base_seed={base_seed}, request={request}"
+        )
+    env, policy = _hash(
+        [*_words(base_seed), *_words(request)], np.asarray(episode_indices, dtype=np.uint32)
+    )
+    return list(zip(env.tolist(), policy.tolist(), strict=True))
+
+
+def _words(value: int) -> list[int]:
+    """numpy's ``_int_to_uint32_array``: little-endian 32-bit words, [0] for 0."""
+    if value == 0:
+        return [0]
+    words = []
+    while value:
+        words.append(value & _MASK)
+        value >>= 32
+    return words
+
+
+def _hash(prefix: list[int], last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """SeedSequence(prefix + [last[k]]).generate_state(2) for every k, as two columns."""
+    n = last.shape[0]
+    entropy = [np.full(n, word, dtype=np.uint32) for word in prefix] + [last]
+    # The hash constant evolves independently of the data, so one Python int
+    # serves every column; uint32 arithmetic wraps exactly as the C code does.
+    hash_const = _INIT_A
+
+    def hashmix(value: np.ndarray) -> np.ndarray:
+        nonlocal hash_const
+        value = value ^ np.uint32(hash_const)
+        hash_const = (hash_const * _MULT_A) & _MASK
+        value = value * np.uint32(hash_const)
+        return value ^ (value >> _XSHIFT)
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        result: np.ndarray = _MIX_MULT_L * x - _MIX_MULT_R * y
+        return result ^ (result >> _XSHIFT)
+
+    zero = np.zeros(n, dtype=np.uint32)
+    mixer = [hashmix(entropy[i] if i < len(entropy) else zero) for i in range(_POOL_SIZE)]
+    for src in range(_POOL_SIZE):
+        for dst in range(_POOL_SIZE):
+            if src != dst:
+                mixer[dst] = mix(mixer[dst], hashmix(mixer[src]))
+    for src in range(_POOL_SIZE, len(entropy)):
+        for dst in range(_POOL_SIZE):
+            mixer[dst] = mix(mixer[dst], hashmix(entropy[src]))
+    hash_const = _INIT_B
+    state = []
+    for i in range(2):
+        value = mixer[i % _POOL_SIZE] ^ np.uint32(hash_const)
+        hash_const = (hash_const * _MULT_B) & _MASK
+        value = value * np.uint32(hash_const)
+        state.append(value ^ (value >> _XSHIFT))
+    return state[0], state[1]

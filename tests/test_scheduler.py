@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from rlfleet.coordinator._seeds import episode_seeds_many
 from rlfleet.coordinator.scheduler import (
     CancelOrder,
     Mode,
@@ -14,7 +13,7 @@ from rlfleet.coordinator.scheduler import (
     TaskOrder,
     Verdict,
 )
-from rlfleet.seeding import episode_seeds
+from rlfleet.seeding import episode_seeds, episode_seeds_many
 
 
 def spec(mode: Mode, amount: int, **kw: int) -> RequestSpec:

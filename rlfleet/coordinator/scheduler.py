@@ -56,7 +56,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from rlfleet.coordinator._seeds import episode_seeds_many
+from rlfleet.seeding import episode_seeds_many
 
 #: Default extra units a worker may hold per env slot beyond the one it
 #: runs, whatever the episode length: a slot whose episode ends finds its

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from rlfleet.errors import ConfigError
-from rlfleet.seeding import SEED_BITS, episode_seeds
+from rlfleet.seeding import SEED_BITS, episode_seeds, episode_seeds_many
 
 _SEED_LIMIT = 1 << SEED_BITS
 
@@ -80,7 +80,12 @@ def make_units(base_seed: int, request: int, episode_indices: Iterable[int]) -> 
     Returns:
         One :meth:`EpisodeUnit.seeded` unit per index, in the given order.
     """
-    return [EpisodeUnit.seeded(base_seed, request, index) for index in episode_indices]
+    indices = list(episode_indices)
+    seeds = episode_seeds_many(base_seed, request, indices)
+    return [
+        EpisodeUnit(index, env_seed, policy_seed, request)
+        for index, (env_seed, policy_seed) in zip(indices, seeds, strict=True)
+    ]
 
 
 __all__ = ["EpisodeUnit", "make_units"]
