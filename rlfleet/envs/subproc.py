@@ -175,6 +175,12 @@ class SubprocVectorEnv(BaseVectorEnv):
         # interrupted wait loses none of those already read.
         pending = {child.conn: child for child in children if not child.held}
         end = _deadline(timeout)
+        if timeout is None and count >= len(children):
+            # Waiting for all (sync mode, the hot path): polling one child at
+            # a time avoids registering every handle again for each answer.
+            for child in pending.values():
+                child.hold(child.wait_answer(self.call_timeout))
+            pending = {}
         while pending:
             enough = len(children) - len(pending) >= count
             # After `count` answers, only collect those already there.
@@ -309,11 +315,21 @@ class _EnvProcess:
             return FailedCall(payload.error(self.index, self._command))
         return self._resolve(self._command, payload)
 
+    def wait_answer(self, call_timeout: float | None) -> Any:
+        """Waits for the answer to the command in flight, or a failure if the child is lost."""
+        while True:
+            if self.conn.poll(self.seconds_left(call_timeout)):
+                return self.read()
+            lost = self.check_alive(call_timeout)
+            if lost is not None:
+                return lost
+
     def seconds_left(self, call_timeout: float | None) -> float:
-        """Seconds until the command in flight passes ``call_timeout``."""
+        """Seconds to wait before checking the child again (its deadline, at most a poll)."""
         if call_timeout is None:
             return _POLL_SECONDS
-        return max(0.0, self._sent_at + call_timeout - time.monotonic())
+        left = self._sent_at + call_timeout - time.monotonic()
+        return min(_POLL_SECONDS, max(0.0, left))
 
     def check_alive(self, call_timeout: float | None) -> FailedCall | None:
         """Returns a failure if the child died, or passed its deadline (then kills it)."""
