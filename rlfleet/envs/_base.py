@@ -275,7 +275,9 @@ class BaseVectorEnv(abc.ABC):
     def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
         """Starts ``command`` with ``args[k]`` on env ``ids[k]`` for every k, without waiting.
 
-        None of ``ids`` has a command in flight. Every env of ``ids`` must
+        None of ``ids`` has a command in flight; other envs may (async mode,
+        or :meth:`step_and_reset`, which sends two commands to disjoint envs
+        before receiving). Every env of ``ids`` must
         then answer exactly once through :meth:`_receive`: a failure to send
         (the env is gone, the argument cannot be encoded) is answered with a
         :class:`FailedCall`, not raised. Only an interruption (e.g.
