@@ -277,12 +277,12 @@ class BaseVectorEnv(abc.ABC):
 
         None of ``ids`` has a command in flight; other envs may (async mode,
         or :meth:`step_and_reset`, which sends two commands to disjoint envs
-        before receiving). Every env of ``ids`` must
-        then answer exactly once through :meth:`_receive`: a failure to send
-        (the env is gone, the argument cannot be encoded) is answered with a
-        :class:`FailedCall`, not raised. Only an interruption (e.g.
-        KeyboardInterrupt) may propagate; the backend then makes sure no env
-        of ``ids`` answers later.
+        before receiving). Every env of ``ids`` must then answer exactly once
+        through :meth:`_receive`: a failure to send (the env is gone, the
+        argument cannot be encoded) is answered with a :class:`FailedCall`,
+        not raised. Only an interruption (e.g. KeyboardInterrupt) may
+        propagate; the backend then makes sure no env of ``ids`` answers
+        later.
         """
 
     @abc.abstractmethod
