@@ -116,6 +116,7 @@ def test_attributes_render_and_refusals() -> None:
         envs.reset(seed=0)
         frames = envs.render()
         assert frames is not None and len(frames) == 2 and frames[0].ndim == 3
+        np.testing.assert_equal(envs.call("render"), frames)
     finally:
         envs.close()
     assert envs.venv.closed

@@ -195,6 +195,11 @@ class FleetVectorEnv(gym.vector.VectorEnv):
         """One frame (or None) per env."""
         return tuple(self.venv.render())
 
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` of every env, like ``SyncVectorEnv.call`` (use
+        :meth:`get_attr` for plain attributes)."""
+        return tuple(self.venv.call_env_method(name, args, kwargs))
+
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """Attribute ``name`` of every env (through wrappers), like ``SyncVectorEnv``."""
         return tuple(self.venv.get_env_attr(name))
