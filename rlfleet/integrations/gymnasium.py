@@ -1,9 +1,8 @@
 """FleetVectorEnv: any rlfleet vector env as a ``gymnasium.vector.VectorEnv``.
 
-CleanRL-style scripts, gymnasium's vector wrappers (``RecordEpisodeStatistics``,
-``NormalizeObservation``, ...) and libraries that take a gymnasium vector env
-(TorchRL's ``GymWrapper``) then run unchanged on local processes or on the
-fleet.
+CleanRL-style scripts and gymnasium's vector wrappers (``RecordEpisodeStatistics``,
+``NormalizeObservation``, ...) then run unchanged on local processes or on
+the fleet.
 
 Example::
 
