@@ -1,0 +1,26 @@
+"""RLlib's RolloutWorker surface on rlfleet: local workers and the fleet.
+
+- :class:`RolloutWorker`: RLlib's names and semantics, local, no Ray, no pickle.
+- :class:`DefaultCallbacks`, :class:`Episode`, :class:`RolloutMetrics`.
+- Filters: :class:`NoFilter`, :class:`MeanStdFilter`.
+- :class:`EnvContext`, :data:`DEFAULT_POLICY_ID`.
+
+docs/rllib.md says how RLlib's arguments and SampleBatch fields map here.
+"""
+
+from rlfleet.rllib._policies import DEFAULT_POLICY_ID
+from rlfleet.rllib.callbacks import DefaultCallbacks, Episode, RolloutMetrics
+from rlfleet.rllib.filters import MeanStdFilter, NoFilter, RunningStat
+from rlfleet.rllib.rollout_worker import EnvContext, RolloutWorker
+
+__all__ = [
+    "DEFAULT_POLICY_ID",
+    "DefaultCallbacks",
+    "EnvContext",
+    "Episode",
+    "MeanStdFilter",
+    "NoFilter",
+    "RolloutMetrics",
+    "RolloutWorker",
+    "RunningStat",
+]
