@@ -122,7 +122,8 @@ def build_entry(
     else:
         if spaces is None:
             raise ConfigError(
-                f"policy {policy_id!r}: no agent maps to it, so its spaces are unknown; give "
+                f"policy {policy_id!r}: no agent maps to it and the agents' spaces differ, so "
+                f"its spaces are unknown; give "
                 "(spec, observation_space, action_space)"
             )
         env_spec = EnvSpec(*spaces)

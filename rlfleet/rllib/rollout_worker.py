@@ -568,12 +568,17 @@ class RolloutWorker:
     def _spaces_of(
         self, policy_id: str, specs: Mapping[str, Any]
     ) -> tuple[gym.Space, gym.Space] | None:
-        """The spaces of the first agent the mapping binds to the policy, if any."""
+        """The spaces of the first agent the mapping binds to the policy.
+
+        If the mapping binds no agent to it (yet), the spaces all agents
+        share, if they share one pair; else None.
+        """
         env = self._envs[0].env
-        for agent in env.agents_seen:
+        pairs = [(env.observation_space(a), env.action_space(a)) for a in env.agents_seen]
+        for agent, pair in zip(env.agents_seen, pairs, strict=True):
             if len(specs) == 1 or self._probe_mapping(agent) == policy_id:
-                return env.observation_space(agent), env.action_space(agent)
-        return None
+                return pair
+        return pairs[0] if all(pair == pairs[0] for pair in pairs) else None
 
     def _probe_mapping(self, agent: str) -> str | None:
         try:
