@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import runpy
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -583,3 +587,21 @@ def test_two_vpg_policies_learn_on_a_multi_agent_batch() -> None:
     info = worker.learn_on_batch(batch)
     assert set(info) == {"agent_0", "agent_1"}
     assert all(stats["NumSteps"] == batch[pid].total_steps for pid, stats in info.items())
+
+
+def test_local_rollout_workers_need_no_grpc() -> None:
+    code = (
+        "import sys; from rlfleet import RolloutWorker, MultiAgentEpisodeBatch; "
+        "import rlfleet.rllib; print('grpc' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+    ).stdout.strip()
+    assert out == "False"
+
+
+def test_multiagent_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    example = runpy.run_path(str(Path(__file__).parent.parent / "examples" / "multiagent.py"))
+    assert example["main"](2) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("itr   0  team return") and "agent_1 2000 steps" in lines[0]

@@ -10,12 +10,13 @@
 docs/rllib.md says how RLlib's arguments and SampleBatch fields map here.
 """
 
+from typing import Any
+
 from rlfleet.rllib._policies import DEFAULT_POLICY_ID
 from rlfleet.rllib.callbacks import DefaultCallbacks, Episode, RolloutMetrics
 from rlfleet.rllib.filtered_policy import FilteredPolicy
 from rlfleet.rllib.filters import MeanStdFilter, NoFilter, RunningStat
 from rlfleet.rllib.rollout_worker import EnvContext, RolloutWorker
-from rlfleet.rllib.worker_group import RolloutWorkerGroup
 
 __all__ = [
     "DEFAULT_POLICY_ID",
@@ -30,3 +31,13 @@ __all__ = [
     "RolloutWorkerGroup",
     "RunningStat",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The group needs the gRPC client; importing it lazily keeps `import rlfleet`
+    # free of gRPC for local-only users.
+    if name == "RolloutWorkerGroup":
+        from rlfleet.rllib.worker_group import RolloutWorkerGroup
+
+        return RolloutWorkerGroup
+    raise AttributeError(f"module 'rlfleet.rllib' has no attribute {name!r}")
