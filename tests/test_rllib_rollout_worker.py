@@ -208,6 +208,37 @@ def test_soft_horizon_cuts_episodes_without_resetting_the_env() -> None:
     assert len(worker.get_metrics()) == 4
 
 
+def test_soft_horizon_still_resets_when_the_env_itself_ends() -> None:
+    resets = []
+
+    def counted(ctx: EnvContext) -> gym.Env:
+        env = gym.make("CartPole-v1")
+        original = env.reset
+
+        def reset(*, seed: int | None = None, options: dict | None = None) -> tuple:
+            resets.append(1)
+            return original(seed=seed, options=options)
+
+        env.reset = reset  # type: ignore[method-assign]
+        return env
+
+    worker = RolloutWorker(
+        env_creator=counted,
+        policy_spec="random",
+        episode_horizon=12,
+        soft_horizon=True,
+        rollout_fragment_length=300,
+        seed=5,
+        disable_env_checking=True,
+    )
+    batch = sample_single(worker)
+    kinds = ends(batch)
+    assert (batch.lengths <= 12).all()
+    # Every TERMINAL (the pole fell) needs a reset; a soft-horizon TIMEOUT does not.
+    assert len(resets) == 1 + int((kinds[:-1] == StepType.TERMINAL).sum())
+    assert (kinds == StepType.TIMEOUT).any() and (kinds == StepType.TERMINAL).any()
+
+
 def test_env_context_validate_env_foreach_env() -> None:
     contexts, validated = [], []
 

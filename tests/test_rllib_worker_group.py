@@ -7,9 +7,11 @@ import pytest
 
 from rlfleet.core import EpisodeBatch
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import ConfigError
+from rlfleet.errors import ConfigError, PolicyError
 from rlfleet.learners import VPG
-from rlfleet.rllib import DEFAULT_POLICY_ID, MeanStdFilter, RolloutWorkerGroup
+from rlfleet.policies import PolicySpec, make_policy
+from rlfleet.rllib import DEFAULT_POLICY_ID, FilteredPolicy, MeanStdFilter, RunningStat
+from rlfleet.rllib.worker_group import RolloutWorkerGroup
 
 CARTPOLE = EnvConfig("CartPole-v1")
 
@@ -99,3 +101,31 @@ def test_a_killed_worker_loses_no_batch_and_multi_agent_is_refused() -> None:
         assert set(ends.tolist()) <= {2, 3}
         with pytest.raises(ConfigError, match="single-agent"):
             RolloutWorkerGroup(group.fleet.sampler, env=CARTPOLE, policy_spec={"a": "random"})
+
+
+def test_filtered_policy_is_row_independent_and_checks_its_parameters() -> None:
+    spec = CARTPOLE.env_spec()
+    policy = make_policy(FilteredPolicy.spec(PolicySpec("mlp-categorical")), spec, seed=0)
+    assert isinstance(policy, FilteredPolicy)
+    rows = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    stat = RunningStat.of(rows)
+    policy.set_param_values(
+        {"filter.n": np.array(stat.n), "filter.mean": stat.mean, "filter.m2": stat.m2}
+    )
+    # Episodes get the same action distribution alone or in any batch (DESIGN.md).
+    together = policy.get_actions(rows)[1]["logits"]
+    alone = np.concatenate([policy.get_actions(rows[i : i + 1])[1]["logits"] for i in range(64)])
+    np.testing.assert_array_equal(together, alone)
+    expected = MeanStdFilter((4,))
+    expected.running = stat
+    inner = policy.inner.get_actions(expected(rows, update=False))[1]["logits"]
+    np.testing.assert_array_equal(together, inner)
+
+    with pytest.raises(PolicyError, match="needs all of"):
+        policy.set_param_values({"filter.n": np.array(3)})
+    with pytest.raises(PolicyError, match="has no parameters"):
+        policy.set_param_values({"weights": np.zeros(3)})
+    with pytest.raises(PolicyError, match="shape"):
+        policy.set_param_values(
+            {"filter.n": np.array(1), "filter.mean": np.zeros(3), "filter.m2": np.zeros(4)}
+        )

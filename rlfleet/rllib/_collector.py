@@ -274,11 +274,14 @@ class RolloutCollector:
             terminated, truncated = bool(terms.get(agent)), bool(truncs.get(agent))
             if self.settings.no_done_at_end and terminated:
                 terminated, truncated = False, True
-            if terminated or truncated or horizon_hit:
+            env_done = terminated or truncated
+            if env_done or horizon_hit:
                 kind = step_type_from_gym(
                     slot.agent_steps[agent], None, terminated, truncated or horizon_hit
                 )
-                self._finish(slot, agent, kind)
+                # Only an agent the env did not end can go on past a soft horizon.
+                carry = self.settings.soft_horizon and not env_done
+                self._finish(slot, agent, kind, carry=carry)
         for agent, observation in observations.items():
             if agent not in slot.live and agent not in slot.agent_steps:
                 self._add_agent(slot, agent, observation)
@@ -287,18 +290,18 @@ class RolloutCollector:
         )
         if not slot.live:
             self._end_episode(slot)
-            if horizon_hit and self.settings.soft_horizon and slot.env.live_agents():
-                carried = {a: slot.observations[a] for a in slot.env.live_agents()}
+            if slot.observations:  # agents carried past a soft horizon
+                carried, slot.observations = slot.observations, {}
                 self._begin_episode(slot, carried, filtered=True)
 
-    def _finish(self, slot: EnvSlot, agent: str, kind: StepType) -> None:
+    def _finish(self, slot: EnvSlot, agent: str, kind: StepType, *, carry: bool) -> None:
         trajectory = slot.live.pop(agent)
         trajectory.last = int(kind)
         trajectory.last_observation = slot.observations[agent]
         slot.held.append(trajectory)
-        if kind == StepType.TIMEOUT and self.settings.soft_horizon:
-            return  # the agent goes on into the next episode from this observation
-        slot.observations.pop(agent, None)
+        if not carry:
+            slot.observations.pop(agent, None)
+        # else the agent goes on into the next episode from this observation
 
     def _end_episode(self, slot: EnvSlot) -> None:
         episode = slot.episode
