@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import runpy
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from pettingzoo.test import parallel_api_test
 from rlfleet import StepType
 from rlfleet.core import EpisodeBatch, MultiAgentEpisodeBatch
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import ConfigError, UsageError
+from rlfleet.errors import ConfigError, InvalidBatchError, PolicyError, UsageError
 from rlfleet.learners import VPG
 from rlfleet.rllib import (
     DEFAULT_POLICY_ID,
@@ -636,3 +637,26 @@ def test_multiagent_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert example["main"](2) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("itr   0  team return") and "agent_1 2000 steps" in lines[0]
+
+
+def test_bad_weights_and_bad_multi_agent_batches_are_refused() -> None:
+    worker = RolloutWorker(env_creator=cartpole, policy_spec=vpg())
+    before = worker.get_weights()
+    with pytest.raises(PolicyError):
+        worker.set_weights({DEFAULT_POLICY_ID: {"layers.0.weight": np.zeros((2, 2))}})
+    with pytest.raises(ConfigError, match="no policy 'other'"):
+        worker.set_weights({"other": {}})
+    for name, value in before[DEFAULT_POLICY_ID].items():
+        np.testing.assert_array_equal(worker.get_weights()[DEFAULT_POLICY_ID][name], value)
+    learner = vpg()
+    with pytest.raises(PolicyError, match="expected parameters"):
+        learner.set_params({"x": np.zeros(1)})
+
+    single = sample_single(worker)
+    plain = dataclasses.replace(single, episode_infos={})
+    with pytest.raises(InvalidBatchError, match="lacks"):
+        MultiAgentEpisodeBatch({"p": plain}, 3)
+    with pytest.raises(InvalidBatchError, match=">= 0"):
+        MultiAgentEpisodeBatch({"p": single}, -1)
+    with pytest.raises(InvalidBatchError, match="at least one"):
+        MultiAgentEpisodeBatch.concatenate()
