@@ -660,3 +660,30 @@ def test_bad_weights_and_bad_multi_agent_batches_are_refused() -> None:
         MultiAgentEpisodeBatch({"p": single}, -1)
     with pytest.raises(InvalidBatchError, match="at least one"):
         MultiAgentEpisodeBatch.concatenate()
+
+
+def test_multi_agent_sampling_is_deterministic_and_add_policy_takes_a_state() -> None:
+    def make() -> RolloutWorker:
+        return RolloutWorker(
+            env_creator=spread,
+            policy_spec={"solo": None, "team": None},
+            policy_mapping_fn="tests.fixtures.rllib_plugins:first_agent_alone",
+            num_envs=2,
+            rollout_fragment_length=30,
+            seed=8,
+        )
+
+    a, b = make(), make()
+    for _ in range(2):
+        left, right = sample_multi(a), sample_multi(b)
+        for policy_id in ("solo", "team"):
+            np.testing.assert_array_equal(
+                left[policy_id].observations, right[policy_id].observations
+            )
+            np.testing.assert_array_equal(left[policy_id].actions, right[policy_id].actions)
+            np.testing.assert_array_equal(left[policy_id].rewards, right[policy_id].rewards)
+
+    state = a.get_weights(["team"])["team"]
+    copy = a.add_policy(policy_id="copy", policy_spec=None, policy_state=state)
+    for name, value in state.items():
+        np.testing.assert_array_equal(copy.get_param_values()[name], value)
