@@ -54,6 +54,8 @@ def test_filters_merge_deltas_and_workers_act_on_the_broadcast_state() -> None:
             second.agent_infos["logits"], local_logits(group, second), rtol=1e-5
         )
         assert np.abs(second.observations).max() <= 10.0
+        finished = group.get_metrics()
+        assert finished and sum(m.episode_length for m in finished) <= 160
 
 
 def test_sync_weights_reaches_every_worker_and_metrics_add_up() -> None:

@@ -358,11 +358,7 @@ class RolloutCollector:
         return action
 
     def _clipped(self, reward: float) -> float:
-        clip = self.settings.clip_rewards
-        if clip is None or clip is False:
-            return reward
-        bound = 1.0 if clip is True else float(clip)
-        return float(np.clip(reward, -bound, bound))
+        return float(clipped_rewards(np.asarray(reward), self.settings.clip_rewards))
 
     def _batches(self, trajectories: list[_Trajectory]) -> dict[str, EpisodeBatch]:
         entries = self._entries()
@@ -405,3 +401,11 @@ class RolloutCollector:
                 lengths=batch.lengths,
             )
         return batches
+
+
+def clipped_rewards(rewards: np.ndarray, clip: bool | float | None) -> np.ndarray:
+    """Applies ``clip_rewards``: True clips to [-1, 1], a float c to [-c, c], None/False not."""
+    if clip is None or clip is False:
+        return rewards
+    bound = 1.0 if clip is True else float(clip)
+    return np.clip(rewards, -bound, bound)

@@ -29,6 +29,8 @@ from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
 from rlfleet.envs import EnvConfig, make_env
 from rlfleet.errors import ConfigError
+from rlfleet.rllib._collector import clipped_rewards
+from rlfleet.rllib._envs import SINGLE_AGENT_ID
 from rlfleet.rllib._policies import DEFAULT_POLICY_ID
 from rlfleet.rllib.callbacks import RolloutMetrics
 from rlfleet.rllib.filtered_policy import FilteredPolicy
@@ -316,7 +318,7 @@ class RolloutWorkerGroup:
                     RolloutMetrics(
                         episode_length=length,
                         episode_reward=total,
-                        agent_rewards={("agent0", DEFAULT_POLICY_ID): total},
+                        agent_rewards={(SINGLE_AGENT_ID, DEFAULT_POLICY_ID): total},
                         custom_metrics={},
                         hist_data={},
                         episode_id=int(batch.episode_infos["episode_index"][row]),
@@ -331,8 +333,6 @@ class RolloutWorkerGroup:
         if isinstance(self._fleet_filter, MeanStdFilter):
             changes["observations"] = self._fleet_filter(batch.observations, update=False)
             changes["last_observations"] = self._fleet_filter(batch.last_observations, update=False)
-        clip = self._clip_rewards
-        if clip is not None and clip is not False:
-            bound = 1.0 if clip is True else float(clip)
-            changes["rewards"] = np.clip(batch.rewards, -bound, bound)
+        if self._clip_rewards not in (None, False):
+            changes["rewards"] = clipped_rewards(batch.rewards, self._clip_rewards)
         return dataclasses.replace(batch, **changes) if changes else batch
