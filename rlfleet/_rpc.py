@@ -220,6 +220,7 @@ def server_options(
 
 _KIND_TO_ERROR: dict[updates_pb2.ErrorKind, type[errors.RlfleetError]] = {
     updates_pb2.ERROR_KIND_ENV_NOT_FOUND: errors.EnvNotFoundError,
+    updates_pb2.ERROR_KIND_COORDINATOR_RESTARTED: errors.CoordinatorRestartedError,
     updates_pb2.ERROR_KIND_ENV_CONFIG: errors.ConfigError,
     updates_pb2.ERROR_KIND_ENV_CRASHED: errors.EnvError,
     updates_pb2.ERROR_KIND_NONFINITE: errors.EnvError,

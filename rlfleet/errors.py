@@ -66,6 +66,14 @@ class UnavailableError(RlfleetError):
     retryable = True
 
 
+class CoordinatorRestartedError(UnavailableError):
+    """The coordinator restarted since the learner pushed its env and agent to it.
+
+    ``RemoteSampler`` handles it itself (it restores the env and agent, then
+    retries); other clients see it when their call names an old coordinator.
+    """
+
+
 class AuthenticationError(RlfleetError):
     """The call carried no valid credentials (gRPC UNAUTHENTICATED)."""
 

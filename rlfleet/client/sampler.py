@@ -40,6 +40,7 @@ from rlfleet.client.stream import SampleStream
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.errors import (
     ConfigError,
+    CoordinatorRestartedError,
     NoWorkersError,
     ProtocolError,
     RlfleetError,
@@ -312,11 +313,16 @@ class RemoteSampler:
             PolicyError: If a worker refused it (bad names or shapes); the
                 fleet is then back on the previous agent, as a new version.
         """
-        agent, env = self._restore(agent_update_proto(agent_update), None)
-        if env is not None:
-            self._push_env(env)
-        assert agent is not None  # restoring keeps the caller's update
-        return self._push_agent(agent)
+        update = agent_update_proto(agent_update)
+
+        def push() -> int:
+            agent, env = self._restore(update, None)
+            if env is not None:
+                self._push_env(env)
+            assert agent is not None  # restoring keeps the caller's update
+            return self._push_agent(agent)
+
+        return self._restoring_on_restart(push)
 
     def update_env(self, env_update: EnvUpdateLike) -> int:
         """Switches every worker to another env; returns its generation.
@@ -330,12 +336,17 @@ class RemoteSampler:
             EnvNotFoundError, ConfigError: If a worker could not build it;
                 the fleet is then back on the previous env.
         """
-        agent, env = self._restore(None, env_update_proto(env_update))
-        assert env is not None  # restoring keeps the caller's update
-        generation = self._push_env(env)
-        if agent is not None:
-            self._push_agent(agent)
-        return generation
+        update = env_update_proto(env_update)
+
+        def push() -> int:
+            agent, env = self._restore(None, update)
+            assert env is not None  # restoring keeps the caller's update
+            generation = self._push_env(env)
+            if agent is not None:
+                self._push_agent(agent)
+            return generation
+
+        return self._restoring_on_restart(push)
 
     def stream(
         self,
@@ -473,24 +484,38 @@ class RemoteSampler:
             mode=mode,  # type: ignore[arg-type]
             amount=amount,
             fragment_length=fragment_length,
-            request_index=self._requests,
             itr=itr,
         )
         if self.seed is not None:
             request.seed = self.seed
-        agent, env = self._restore(
-            None if agent_update is None else agent_update_proto(agent_update),
-            None if env_update is None else env_update_proto(env_update),
+        if self.wait_for_workers is not None:
+            request.wait_for_workers_seconds = self.wait_for_workers
+        agent_proto = None if agent_update is None else agent_update_proto(agent_update)
+        env_proto = None if env_update is None else env_update_proto(env_update)
+        return self._restoring_on_restart(
+            lambda: self._sample_once(request, agent_proto, env_proto, progress)
         )
+
+    def _sample_once(
+        self,
+        request: learner_pb2.SampleRequest,
+        agent_update: updates_pb2.AgentUpdate | None,
+        env_update: updates_pb2.EnvUpdate | None,
+        progress: Progress | None,
+    ) -> _Answer:
+        """One attempt at ``request``, with this sampler's request index and state."""
+        request.request_index = self._requests
+        request.ClearField("agent_update")
+        request.ClearField("env_update")
+        agent, env = self._restore(agent_update, env_update)
+        request.coordinator_id = self._pushed.expected_id
         if agent is not None:
             request.agent_update.CopyFrom(agent)
         if env is not None:
             request.env_update.CopyFrom(env)
-        if self.wait_for_workers is not None:
-            request.wait_for_workers_seconds = self.wait_for_workers
         call = self._sample(request, timeout=self.timeout)
         try:
-            answer = self._collect(call, mode, amount, progress)
+            answer = self._collect(call, request.mode, request.amount, progress)
         except grpc.RpcError as exc:
             raise self._failed(exc, "Sample") from None
         finally:
@@ -501,7 +526,7 @@ class RemoteSampler:
             self._pushed.env_applied(env)
         if agent is not None:
             self._pushed.agent_applied(agent, answer.header.agent_version)
-        self._learn_coordinator()
+        self._pushed.answered_by(answer.header.coordinator_id)
         return answer
 
     def _collect(
@@ -574,17 +599,32 @@ class RemoteSampler:
         return error
 
     def _push_agent(self, agent: updates_pb2.AgentUpdate) -> int:
+        agent.coordinator_id = self._pushed.expected_id
         ack = self._unary("UpdateAgent", lambda: self._update_agent(agent, timeout=self.timeout))
         self._agent_version = ack.agent_version
         self._pushed.agent_applied(agent, ack.agent_version)
-        self._learn_coordinator()
+        self._pushed.answered_by(ack.coordinator_id)
         return int(ack.agent_version)
 
     def _push_env(self, env: updates_pb2.EnvUpdate) -> int:
+        env.coordinator_id = self._pushed.expected_id
         ack = self._unary("UpdateEnv", lambda: self._update_env(env, timeout=self.timeout))
         self._pushed.env_applied(env)
-        self._learn_coordinator()
+        self._pushed.answered_by(ack.coordinator_id)
         return int(ack.env_generation)
+
+    def _restoring_on_restart(self, attempt: Callable[[], T]) -> T:
+        """Runs ``attempt``; once more if the coordinator restarted since the last push.
+
+        The refused attempt changed nothing (the coordinator refuses before
+        applying or sampling anything), and the second one restores this
+        sampler's env and agent first (see :meth:`_restore`).
+        """
+        try:
+            return attempt()
+        except CoordinatorRestartedError:
+            self._pushed.suspect_restart = True
+            return attempt()
 
     def _restore(
         self, agent: updates_pb2.AgentUpdate | None, env: updates_pb2.EnvUpdate | None
@@ -606,15 +646,6 @@ class RemoteSampler:
         )
         pushed.coordinator_id = status.coordinator_id
         return pushed.restoring(agent, env)
-
-    def _learn_coordinator(self) -> None:
-        """Learns the coordinator's id once something was pushed to it (one call)."""
-        if self._pushed.coordinator_id is None and self._pushed.pushed_anything:
-            status = self._unary(
-                "GetStatus",
-                lambda: self._get_status(learner_pb2.StatusRequest(), timeout=self.timeout),
-            )
-            self._pushed.coordinator_id = status.coordinator_id
 
     def _what(self, name: str) -> str:
         return f"{name} on coordinator {self.address}"

@@ -229,4 +229,5 @@ class Rollouts:
             agent_version=state.agent.version,
             env_generation=state.env.generation,
             workers_updated=workers,
+            coordinator_id=state.coordinator_id,
         )

@@ -180,6 +180,7 @@ class FleetState:
             request_id=request_id,
             agent_version=agent_version,
             env_generation=self.env.generation,
+            coordinator_id=self.coordinator_id,
         )
         if self.env.spec_proto is not None:
             header.env_spec.CopyFrom(self.env.spec_proto)
