@@ -50,10 +50,27 @@ class OpenCall:
 
 @dataclass
 class UpdateWait:
-    """An update being applied: who must answer, and who refused it."""
+    """An update being applied: who must answer, and who refused it.
+
+    Attributes:
+        targets: The workers that must answer.
+        env_generation: The generation it creates (an env update), else None.
+        agent_version: The version it creates (an agent update), else None.
+        errors: The refusals, by worker id.
+    """
 
     targets: set[int]
+    env_generation: int | None = None
+    agent_version: int | None = None
     errors: dict[int, updates_pb2.ErrorDetail] = field(default_factory=dict)
+
+    def refused_by(self, detail: updates_pb2.ErrorDetail) -> bool:
+        """Whether ``detail`` refuses this update (and not an earlier one, or a task)."""
+        if detail.HasField("env_generation"):
+            return detail.env_generation == self.env_generation
+        if detail.HasField("agent_version"):
+            return detail.agent_version == self.agent_version
+        return False
 
 
 class FleetState:

@@ -168,7 +168,12 @@ class WorkerEvents:
         logger.info("worker %r is leaving: %s", handle.name, leaving.reason or "no reason given")
 
     def on_error(self, handle: WorkerHandle, detail: updates_pb2.ErrorDetail) -> None:
-        """A worker reported an error: fail its task's request, or its update."""
+        """A worker reported an error: fail the request or update it names, if still open.
+
+        An error is charged only to what it names (its task, or the update's
+        generation or version): the late error of a request that already
+        ended, or of an update already rolled back, is only logged.
+        """
         if not detail.worker:
             detail.worker = handle.name
         state = self._state
@@ -184,11 +189,13 @@ class WorkerEvents:
                     state.fail_call(request_id, failure)
                     return
             wait = state.update_wait
-            if wait is not None and handle.worker_id in wait.targets:
+            if wait is not None and handle.worker_id in wait.targets and wait.refused_by(detail):
                 wait.errors.setdefault(handle.worker_id, detail)
                 state.changed.notify_all()
                 return
-        logger.warning("worker %r reported: %s", handle.name, describe(detail))
+        logger.warning(
+            "worker %r reported (charged to nothing open): %s", handle.name, describe(detail)
+        )
 
     def on_result(
         self,

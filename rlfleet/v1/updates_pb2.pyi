@@ -75,7 +75,7 @@ class EnvUpdate(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., env_id: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., max_episode_length: _Optional[int] = ..., pickled_env_factory: _Optional[bytes] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
-    __slots__ = ("kind", "message", "worker", "env_index", "step", "episode_index", "task_id", "traceback", "exception_type")
+    __slots__ = ("kind", "message", "worker", "env_index", "step", "episode_index", "task_id", "traceback", "exception_type", "env_generation", "agent_version")
     KIND_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,8 @@ class ErrorDetail(_message.Message):
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     EXCEPTION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ENV_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     kind: ErrorKind
     message: str
     worker: str
@@ -94,4 +96,6 @@ class ErrorDetail(_message.Message):
     task_id: int
     traceback: str
     exception_type: str
-    def __init__(self, kind: _Optional[_Union[ErrorKind, str]] = ..., message: _Optional[str] = ..., worker: _Optional[str] = ..., env_index: _Optional[int] = ..., step: _Optional[int] = ..., episode_index: _Optional[int] = ..., task_id: _Optional[int] = ..., traceback: _Optional[str] = ..., exception_type: _Optional[str] = ...) -> None: ...
+    env_generation: int
+    agent_version: int
+    def __init__(self, kind: _Optional[_Union[ErrorKind, str]] = ..., message: _Optional[str] = ..., worker: _Optional[str] = ..., env_index: _Optional[int] = ..., step: _Optional[int] = ..., episode_index: _Optional[int] = ..., task_id: _Optional[int] = ..., traceback: _Optional[str] = ..., exception_type: _Optional[str] = ..., env_generation: _Optional[int] = ..., agent_version: _Optional[int] = ...) -> None: ...

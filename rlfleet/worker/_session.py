@@ -277,7 +277,9 @@ class Session:
                 )
             )
             logger.warning("env update %d refused: %s", update.generation, error)
-            self._send_error(error, traceback_text=_traceback(exc))
+            self._send_error(
+                error, traceback_text=_traceback(exc), env_generation=update.generation
+            )
             return
         self._generation = update.generation
         self._flush_policy.expect_step_bytes(_observation_bytes(self._vec.env_spec))
@@ -305,7 +307,7 @@ class Session:
                 )
             )
             logger.warning("agent update %d refused: %s", update.version, error)
-            self._send_error(error, traceback_text=_traceback(exc))
+            self._send_error(error, traceback_text=_traceback(exc), agent_version=update.version)
             return
         self._book.drop_stale(agent_version=update.version)
         self._send(
@@ -450,8 +452,15 @@ class Session:
         )
 
     def _send_error(
-        self, exc: BaseException, *, task_id: int = 0, traceback_text: str = ""
+        self,
+        exc: BaseException,
+        *,
+        task_id: int = 0,
+        traceback_text: str = "",
+        env_generation: int | None = None,
+        agent_version: int | None = None,
     ) -> None:
+        """Reports an error, naming the task or the update it belongs to."""
         detail = _rpc.detail_from_exception(
             exc,
             worker=self.name,
@@ -460,6 +469,10 @@ class Session:
             or str(getattr(exc, "remote_traceback", "") or "")
             or _traceback(exc),
         )
+        if env_generation is not None:
+            detail.env_generation = env_generation
+        if agent_version is not None:
+            detail.agent_version = agent_version
         self._send(worker_pb2.WorkerMessage(error=worker_pb2.WorkerError(detail=detail)))
 
     def _send(self, message: worker_pb2.WorkerMessage) -> None:
