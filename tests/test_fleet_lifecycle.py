@@ -175,3 +175,29 @@ def test_bad_fleet_arguments_start_nothing(kwargs: dict[str, object], message: s
     with pytest.raises(ConfigError, match=message):
         Fleet.local(**kwargs)  # type: ignore[arg-type]
     assert not children() - before
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda s: s.obtain_episodes(2**63), "amount to sample must be an int <= 2**63-1"),
+        (lambda s: s.obtain_samples(0, 2**63), "amount to sample must be an int <= 2**63-1"),
+        (lambda s: s.obtain_samples(2**63, 10), "itr must be an int <= 2**63-1"),
+        (lambda s: s.obtain_exact_episodes(2**63), "n_eps_per_worker must be an int <= 2**63-1"),
+        (lambda s: s.obtain_fragments(10, 2.5), "fragment_length must be an int >= 1, got 2.5"),
+        (lambda s: s.obtain_fragments(10, 2**32), "fragment_length must be an int <= 2**32-1"),
+        (lambda s: s.stream("fragments", fragment_length=0), "fragment_length must be an int"),
+        (lambda s: RemoteSampler(s.address, seed=2**64), "seed must be an int <= 2**64-1"),
+        (lambda s: RemoteSampler(s.address, seed=-1), "seed must be an int >= 0"),
+        (lambda s: RemoteSampler(s.address, timeout="1"), "timeout must be > 0 seconds"),
+    ],
+)
+def test_out_of_range_client_arguments_are_config_errors(
+    fleet: Fleet, call: object, message: str
+) -> None:
+    # Issue 12.7: protobuf would raise ValueError or TypeError for these.
+    for power, digits in (("2**63-1", 2**63 - 1), ("2**64-1", 2**64 - 1), ("2**32-1", 2**32 - 1)):
+        message = message.replace(power, str(digits))
+    with pytest.raises(ConfigError, match=message):
+        call(fleet.sampler)  # type: ignore[operator]
+    assert fleet.sampler.obtain_episodes(1).n_episodes == 1  # nothing was sent, nothing broke

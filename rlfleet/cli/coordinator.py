@@ -215,6 +215,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "worker with RESOURCE_EXHAUSTED (default: 1 GiB)"
         ),
     )
+    option(
+        "--max-fragment-length",
+        type=positive_int,
+        default=100_000,
+        help=(
+            "longest fragment window, in steps per env slot, a request may ask for: a worker "
+            "holds a whole window in memory (default: 100000)"
+        ),
+    )
     add_server_flags(parser)
     parser.set_defaults(func=run)
 
@@ -241,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
         max_queued_requests=args.max_queued_requests,
         max_subscribers=args.max_subscribers,
         max_result_bytes=args.max_result_bytes,
+        max_fragment_length=args.max_fragment_length,
         security=server_security_from_args(args),
     )
     stop = threading.Event()

@@ -49,8 +49,14 @@ from rlfleet.errors import (
 from rlfleet.security import ClientSecurity, Token
 from rlfleet.v1 import learner_pb2, spaces_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import decode_env_spec
+from rlfleet.worker.vec import check_int
 
 logger = logging.getLogger("rlfleet.client")
+
+#: What the protocol's integer fields hold (learner.proto).
+_UINT32_MAX = 2**32 - 1
+_INT64_MAX = 2**63 - 1
+_UINT64_MAX = 2**64 - 1
 
 #: ``progress(done, target)``: steps (STEPS, FRAGMENTS) or episodes (EPISODES).
 Progress = Callable[[int, int], None]
@@ -133,10 +139,12 @@ class RemoteSampler:
         tls_server_name: str | None = None,
         token: str | Token | None = None,
     ) -> None:
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ConfigError(f"seed must be a non-negative int or None, got {seed!r}")
+        if seed is not None:
+            check_int("seed", seed, minimum=0, maximum=_UINT64_MAX)
         for name, value in (("timeout", timeout), ("wait_for_workers", wait_for_workers)):
-            if value is not None and not value > 0:
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ConfigError(f"{name} must be > 0 seconds or None, got {value!r}")
         self.address = address
         self.seed = seed
@@ -260,6 +268,7 @@ class RemoteSampler:
         Raises:
             NoWorkersError: If no worker is connected in time.
         """
+        check_int("n_eps_per_worker", n_eps_per_worker, minimum=1, maximum=_INT64_MAX)
         workers = self._count_workers()
         return self.obtain_episodes(
             n_eps_per_worker * workers, agent_update, env_update, progress=progress
@@ -381,14 +390,12 @@ class RemoteSampler:
             raise ConfigError(f"stream mode must be 'episodes' or 'fragments', got {mode!r}")
         request = learner_pb2.SubscribeRequest(mode=_STREAM_MODES[mode])
         if mode == "fragments":
-            if fragment_length is None or fragment_length < 1:
-                raise ConfigError(
-                    f"stream(mode='fragments') needs fragment_length >= 1, got {fragment_length!r}"
-                )
+            if fragment_length is None:
+                raise ConfigError("stream(mode='fragments') needs a fragment_length")
+            check_int("fragment_length", fragment_length, minimum=1, maximum=_UINT32_MAX)
             request.fragment_length = fragment_length
         if max_buffered_steps is not None:
-            if max_buffered_steps < 1:
-                raise ConfigError(f"max_buffered_steps must be >= 1, got {max_buffered_steps}")
+            check_int("max_buffered_steps", max_buffered_steps, minimum=1, maximum=_INT64_MAX)
             request.max_buffered_steps = max_buffered_steps
         if self.seed is not None:
             request.seed = self.seed
@@ -476,10 +483,11 @@ class RemoteSampler:
         itr: int = 0,
         progress: Progress | None,
     ) -> _Answer:
-        if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
-            raise ConfigError(f"the amount to sample must be an int >= 1, got {amount!r}")
-        if mode == _FRAGMENTS and fragment_length < 1:
-            raise ConfigError(f"fragment_length must be >= 1, got {fragment_length!r}")
+        # Checked here: protobuf would raise ValueError or TypeError instead.
+        check_int("the amount to sample", amount, minimum=1, maximum=_INT64_MAX)
+        if mode == _FRAGMENTS:
+            check_int("fragment_length", fragment_length, minimum=1, maximum=_UINT32_MAX)
+        check_int("itr", itr, minimum=-_INT64_MAX - 1, maximum=_INT64_MAX)
         request = learner_pb2.SampleRequest(
             mode=mode,  # type: ignore[arg-type]
             amount=amount,

@@ -53,6 +53,8 @@ class CoordinatorConfig:
         max_buffered_steps: Default per-subscriber buffer (steps sent by
             workers but not yet taken by the subscriber).
         max_result_bytes: Largest serialized result accepted from a worker.
+        max_fragment_length: Longest fragment window (steps per env slot)
+            a request may ask for: a worker holds a whole window in memory.
         prefetch_factor: Units a worker holds per env slot beyond the one
             it runs, so the slot never waits for the next unit: the floor
             of its capacity, whatever the episode length.
@@ -84,6 +86,7 @@ class CoordinatorConfig:
     max_subscribers: int = 8
     max_buffered_steps: int = 100_000
     max_result_bytes: int = 1 << 30
+    max_fragment_length: int = 100_000
     prefetch_factor: int = 1
     capacity_steps: int = DEFAULT_CAPACITY_STEPS
     security: ServerSecurity = field(default_factory=ServerSecurity)
@@ -135,6 +138,7 @@ class CoordinatorConfig:
             "max_subscribers",
             "max_buffered_steps",
             "max_result_bytes",
+            "max_fragment_length",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -55,7 +55,7 @@ class LearnerRequests:
             CallError: If the request is invalid, an update in it fails,
                 or no worker is ready in time.
         """
-        mode = sample_mode(request)
+        mode = sample_mode(request, self._state.config.max_fragment_length)
         state = self._state
         with self._turn(scope, f"Sample(itr={request.itr})", request.coordinator_id):
             # The env first: the agent's policy is built for the env's spaces.
@@ -102,7 +102,7 @@ class LearnerRequests:
             A Header (and one more on each env change), Forward events,
             and finally a CallError if it ends from this side.
         """
-        mode = subscription_mode(request)
+        mode = subscription_mode(request, self._state.config.max_fragment_length)
         state = self._state
         config = state.config
         with state.lock:

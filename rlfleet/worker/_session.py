@@ -166,11 +166,16 @@ class Session:
                 outcome = self._wait_for_message()
                 if outcome is not None:
                     return outcome
-            now = time.monotonic()
-            if now >= self._next_beat:
-                self._heartbeat(now)
-                if now >= self._leave_deadline:
-                    self._abandon_in_flight()
+            if self._beat_if_due() and time.monotonic() >= self._leave_deadline:
+                self._abandon_in_flight()
+
+    def _beat_if_due(self) -> bool:
+        """Sends a heartbeat if one is due; returns whether it did."""
+        now = time.monotonic()
+        if now < self._next_beat:
+            return False
+        self._heartbeat(now)
+        return True
 
     def _step(self) -> None:
         """One vector step, then top-up and (maybe) a flush. The hot path."""
@@ -202,6 +207,7 @@ class Session:
                 task.fragment_length,
                 base_seed=task.base_seed,
                 first_stream=self._welcome.first_stream,
+                tick=self._beat_if_due,
             )
         except (EnvError, PolicyError, ConfigError) as exc:
             self._on_task_error(exc)
