@@ -189,7 +189,7 @@ def test_bad_fleet_arguments_start_nothing(kwargs: dict[str, object], message: s
         (lambda s: s.stream("fragments", fragment_length=0), "fragment_length must be an int"),
         (lambda s: RemoteSampler(s.address, seed=2**64), "seed must be an int <= 2**64-1"),
         (lambda s: RemoteSampler(s.address, seed=-1), "seed must be an int >= 0"),
-        (lambda s: RemoteSampler(s.address, timeout="1"), "timeout must be > 0 seconds"),
+        (lambda s: RemoteSampler(s.address, timeout="1"), "timeout must be > 0 seconds"),  # type: ignore[arg-type]
     ],
 )
 def test_out_of_range_client_arguments_are_config_errors(
