@@ -25,6 +25,7 @@ from rlfleet.coordinator.calls import CallOutbox, CallScope, FifoGate, Header
 from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.failures import CallError, describe, detail_of
 from rlfleet.coordinator.messages import cancel_message, task_message
+from rlfleet.coordinator.progress import ProgressWatch
 from rlfleet.coordinator.registry import Registry, WorkerHandle
 from rlfleet.coordinator.scheduler import CancelOrder, Scheduler
 from rlfleet.coordinator.updates import AgentState, EnvState, env_update_of
@@ -91,6 +92,7 @@ class FleetState:
         gate: Serves Sample and update requests one at a time.
         calls: Open learner calls by request id.
         update_wait: The update being rolled out, if any.
+        progress: When busy workers last delivered a result.
         draining: No new requests or workers.
         departed_steps: Env steps of workers that left.
     """
@@ -108,6 +110,7 @@ class FleetState:
         self.env = EnvState(env_update_of(config.env, 1))
         self.gate = FifoGate(self.changed, config.max_queued_requests)
         self.calls: dict[int, OpenCall] = {}
+        self.progress = ProgressWatch(config.progress_deadline_seconds)
         self.update_wait: UpdateWait | None = None
         self.draining = False
         self.departed_steps = 0

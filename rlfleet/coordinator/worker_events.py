@@ -9,6 +9,7 @@ batch never holds the lock while it is decoded.
 from __future__ import annotations
 
 import logging
+import time
 
 import grpc
 
@@ -60,6 +61,13 @@ class WorkerEvents:
         if hello.num_envs < 1:
             raise invalid(f"Hello.num_envs must be >= 1, got {hello.num_envs}")
         state = self._state
+        limit = state.config.max_envs_per_worker
+        if hello.num_envs > limit:
+            raise invalid(
+                f"Hello.num_envs is {hello.num_envs}, above this coordinator's limit of {limit} "
+                "env slots per worker (--max-envs-per-worker); start the worker with fewer "
+                "--envs, or more workers"
+            )
         with state.lock:
             if state.draining:
                 raise CallError(
@@ -248,6 +256,7 @@ class WorkerEvents:
             )
             if outcome.verdict is not Verdict.ACCEPT:
                 return  # the request ended while the batch was being checked
+            state.progress.delivered(handle.worker_id, time.monotonic())
             call = state.calls.get(outcome.request_id)
             if call is not None:
                 call.outbox.put(Forward(forwarded, tuple(chunks), sum(meta.lengths)))
@@ -276,6 +285,7 @@ class WorkerEvents:
                 return
             handle.alive = False
             state.registry.remove(handle.worker_id)
+            state.progress.forget(handle.worker_id)
             requeued = state.scheduler.remove_worker(handle.worker_id)
             state.departed_steps += handle.heartbeat.steps_total
             state.dispatch()

@@ -53,6 +53,7 @@ IMPLEMENTATION = f"rlfleet-python/{__version__}"
 # Statuses at the handshake that retrying cannot fix: the worker exits.
 _FATAL_AT_HANDSHAKE = {
     grpc.StatusCode.FAILED_PRECONDITION: "protocol version mismatch",
+    grpc.StatusCode.INVALID_ARGUMENT: "the coordinator refused this worker's Hello",
     grpc.StatusCode.UNAUTHENTICATED: "not authenticated",
     grpc.StatusCode.PERMISSION_DENIED: "permission denied",
     grpc.StatusCode.UNIMPLEMENTED: "the address is not an rlfleet coordinator",
