@@ -266,7 +266,9 @@ def detail_from_exception(
     )
     detail = updates_pb2.ErrorDetail(
         kind=kind,
-        message=str(exc).split("\n--- remote traceback ---")[0],
+        # The bare message: the location travels in its own fields, and the
+        # receiver's WorkerError adds it back once.
+        message=str(getattr(exc, "bare_message", "") or exc).split("\n--- remote traceback ---")[0],
         worker=worker or str(getattr(exc, "worker", "") or ""),
         task_id=task_id,
         traceback=traceback_text or str(getattr(exc, "remote_traceback", "") or ""),
@@ -274,10 +276,13 @@ def detail_from_exception(
     )
     env_index = getattr(exc, "env_index", None)
     step = getattr(exc, "step", None)
+    episode_index = getattr(exc, "episode_index", None)
     if env_index is not None:
         detail.env_index = int(env_index)
     if step is not None:
         detail.step = int(step)
+    if episode_index is not None:
+        detail.episode_index = int(episode_index)
     return detail
 
 
@@ -292,6 +297,7 @@ def error_from_detail(
             worker=detail.worker or None,
             env_index=detail.env_index if detail.HasField("env_index") else None,
             step=detail.step if detail.HasField("step") else None,
+            episode_index=detail.episode_index if detail.HasField("episode_index") else None,
             remote_traceback=detail.traceback or None,
         )
     text = detail.message

@@ -127,6 +127,12 @@ def test_a_crashing_env_is_an_env_error_naming_worker_env_and_step() -> None:
     assert error.step == 3
     assert error.remote_traceback is not None and "crashed on purpose" in error.remote_traceback
     assert "not restarted" in str(error)
+    # Issue 12.7: the location once, the episode named and set, no task id called a request.
+    message = str(error).split("\n--- remote traceback ---")[0]
+    assert error.episode_index is not None
+    assert message.count("(worker 'local-0'") == 1, message
+    assert message.endswith(f"step 3, episode {error.episode_index})"), message
+    assert "request" not in message, message
 
 
 def test_a_call_past_its_timeout_names_the_seconds() -> None:
