@@ -258,9 +258,24 @@ _ERROR_TO_KIND: list[tuple[type[BaseException], updates_pb2.ErrorKind]] = [
 
 
 def detail_from_exception(
-    exc: BaseException, *, worker: str = "", task_id: int = 0, traceback_text: str = ""
+    exc: BaseException,
+    *,
+    worker: str = "",
+    task_id: int = 0,
+    traceback_text: str = "",
+    env_generation: int | None = None,
+    agent_version: int | None = None,
 ) -> updates_pb2.ErrorDetail:
-    """Describes an exception as an ErrorDetail for the wire."""
+    """Describes an exception as an ErrorDetail for the wire.
+
+    Args:
+        exc: The exception.
+        worker: The worker's name, if not on the exception.
+        task_id: The task the error belongs to (0: none).
+        traceback_text: The traceback, if not on the exception.
+        env_generation: The env update the error refuses, if it does.
+        agent_version: The agent update the error refuses, if it does.
+    """
     kind = next(
         (k for cls, k in _ERROR_TO_KIND if isinstance(exc, cls)), updates_pb2.ERROR_KIND_INTERNAL
     )
@@ -283,6 +298,10 @@ def detail_from_exception(
         detail.step = int(step)
     if episode_index is not None:
         detail.episode_index = int(episode_index)
+    if env_generation is not None:
+        detail.env_generation = env_generation
+    if agent_version is not None:
+        detail.agent_version = agent_version
     return detail
 
 

@@ -39,6 +39,7 @@ from rlfleet.client.status import FleetStatus
 from rlfleet.client.stream import SampleStream
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.errors import (
+    AuthenticationError,
     ConfigError,
     CoordinatorRestartedError,
     NoWorkersError,
@@ -47,6 +48,7 @@ from rlfleet.errors import (
     UnavailableError,
 )
 from rlfleet.security import ClientSecurity, Token
+from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
 from rlfleet.v1 import learner_pb2, spaces_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import decode_env_spec
 from rlfleet.worker.vec import check_int
@@ -600,9 +602,19 @@ class RemoteSampler:
             raise self._failed(exc, name) from None
 
     def _failed(self, exc: grpc.RpcError, name: str) -> RlfleetError:
-        """The typed error of a failed call; an UNAVAILABLE one may mean a restart."""
+        """The typed error of a failed call; an UNAVAILABLE one may mean a restart.
+
+        Or a refused TLS certificate, which gRPC reports as UNAVAILABLE too:
+        that one is an AuthenticationError naming TLS (retrying cannot help).
+        """
         error = call_error(exc, what=self._what(name), timeout=self.timeout)
         if isinstance(error, UnavailableError):
+            tls = self._security.tls
+            reason = None if tls is None else tls_failure(self.address, tls)
+            if tls is not None and reason is not None:
+                return AuthenticationError(
+                    f"{self._what(name)}: {describe_tls_failure(self.address, reason, tls)}"
+                )
             self._pushed.suspect_restart = True
         return error
 

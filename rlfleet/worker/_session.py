@@ -474,11 +474,9 @@ class Session:
             traceback_text=traceback_text
             or str(getattr(exc, "remote_traceback", "") or "")
             or _traceback(exc),
+            env_generation=env_generation,
+            agent_version=agent_version,
         )
-        if env_generation is not None:
-            detail.env_generation = env_generation
-        if agent_version is not None:
-            detail.agent_version = agent_version
         self._send(worker_pb2.WorkerMessage(error=worker_pb2.WorkerError(detail=detail)))
 
     def _send(self, message: worker_pb2.WorkerMessage) -> None:
