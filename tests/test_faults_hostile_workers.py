@@ -1,9 +1,10 @@
-"""Workers that beat but never finish their units; workers that ask for too much.
+"""Workers that beat but never finish their units, ask for too much, or never say Hello.
 
 Issue 12.4: a worker that sends heartbeats but never delivers its units (a
 stuck C extension on a thread of its own, or a hostile worker) used to
 stall every request; ``Hello.num_envs`` had no bound (2**32-1 was admitted
-and handed nearly every unit). A real coordinator and a real worker
+and handed nearly every unit). Issue 12.7: handshake-timeout refusals
+flooded the coordinator's log. A real coordinator and a real worker
 process; the stalling worker is scripted in this process, the only way to
 make one that beats and never delivers.
 """
@@ -112,3 +113,17 @@ def test_the_auto_progress_deadline_follows_the_slowest_wait_for_a_result() -> N
     assert watch.stalled([], now=5000.0) == []  # idle workers are not watched
     assert watch.stalled([1], now=5001.0) == []  # and start afresh when busy again
     assert ProgressWatch(3.0).deadline == 3.0
+
+
+def test_handshake_timeout_refusals_are_rate_limited_in_the_log(fleet: ProcessFleet) -> None:
+    coordinator = fleet.start_coordinator("--handshake-timeout", "1")
+    silent = [ScriptedWorker(fleet.address) for _ in range(6)]  # never say Hello
+    try:
+        for stream in silent:
+            failure = stream.ended(timeout=30)
+            assert failure is not None and failure.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        for stream in silent:
+            stream.close()
+    lines = [line for line in coordinator.log_text().splitlines() if "no Hello within" in line]
+    assert len(lines) == 1, lines  # one line per 10 s, whatever the peer does
