@@ -2,8 +2,8 @@
 
 gRPC keepalive notices a vanished peer; heartbeats notice a worker whose
 process is alive but stuck; progress deadlines (coordinator/progress.py) a
-worker that beats but never finishes its units. A background thread checks both a few times per
-heartbeat interval.
+worker that beats but never finishes its units. A background thread checks
+them a few times per heartbeat interval.
 """
 
 from __future__ import annotations
