@@ -217,6 +217,12 @@ def test_a_client_without_a_certificate_cannot_connect(files: Files, fleet: str)
     assert f"TLS with coordinator {fleet} failed" in message, message
     assert "this client presented none" in message, message
     assert "--tls-cert and --tls-key" in message, message
+    with (
+        RemoteSampler(fleet, tls_ca=files.ca, token=LEARNER_SECRET, timeout=10) as sampler,
+        sampler.stream() as stream,
+        pytest.raises(AuthenticationError, match="this client presented none"),
+    ):
+        next(stream)  # subscriptions too
 
 
 def test_a_client_with_a_certificate_of_another_ca_is_told_so(

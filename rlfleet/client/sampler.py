@@ -421,7 +421,14 @@ class RemoteSampler:
         except BaseException:
             channel.close()
             raise
-        return SampleStream(call, self._what("Subscribe"), self._env_spec_of, timeout, channel)
+        return SampleStream(
+            call,
+            self._what("Subscribe"),
+            self._env_spec_of,
+            timeout,
+            channel,
+            failed=lambda exc: self._failed(exc, "Subscribe", timeout=timeout),
+        )
 
     def status(self) -> FleetStatus:
         """The fleet's workers, rates, agent version and env."""
@@ -527,7 +534,7 @@ class RemoteSampler:
         try:
             answer = self._collect(call, request.mode, request.amount, progress)
         except grpc.RpcError as exc:
-            raise self._failed(exc, "Sample") from None
+            raise self._failed(exc, "Sample", timeout=self.timeout) from None
         finally:
             call.cancel()  # a no-op after a complete answer; frees the call on errors
         self._requests += 1
@@ -599,15 +606,15 @@ class RemoteSampler:
         try:
             return call()
         except grpc.RpcError as exc:
-            raise self._failed(exc, name) from None
+            raise self._failed(exc, name, timeout=self.timeout) from None
 
-    def _failed(self, exc: grpc.RpcError, name: str) -> RlfleetError:
+    def _failed(self, exc: grpc.RpcError, name: str, *, timeout: float | None) -> RlfleetError:
         """The typed error of a failed call; an UNAVAILABLE one may mean a restart.
 
         Or a refused TLS certificate, which gRPC reports as UNAVAILABLE too:
         that one is an AuthenticationError naming TLS (retrying cannot help).
         """
-        error = call_error(exc, what=self._what(name), timeout=self.timeout)
+        error = call_error(exc, what=self._what(name), timeout=timeout)
         if isinstance(error, UnavailableError):
             tls = self._security.tls
             reason = None if tls is None else tls_failure(self.address, tls)
