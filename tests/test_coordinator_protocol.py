@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
 
 import grpc
 import pytest
@@ -276,7 +278,7 @@ def test_calls_naming_another_coordinator_are_refused_before_anything_happens(
     # Issue 12.1, the contract any client can use: a call naming the
     # coordinator it pushed its state to is refused by any other one.
     own = status(server.address).coordinator_id
-    calls = {
+    calls: dict[str, Callable[[str], Any]] = {
         "Sample": lambda cid: sample(server.address, mode=2, amount=1, coordinator_id=cid),
         "UpdateAgent": lambda cid: unary(
             server.address,
@@ -292,7 +294,7 @@ def test_calls_naming_another_coordinator_are_refused_before_anything_happens(
         ),
     }
     for name, call in calls.items():
-        failure = expect_failure(lambda call=call: call("0123456789abcdef"))
+        failure = expect_failure(partial(call, "0123456789abcdef"))
         assert failure.code is grpc.StatusCode.ABORTED, (name, failure)
         assert failure.detail is not None, name
         assert failure.detail.kind == updates_pb2.ERROR_KIND_COORDINATOR_RESTARTED, name
