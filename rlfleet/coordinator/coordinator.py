@@ -18,6 +18,7 @@ import grpc
 
 from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.leases import LeaseManager
 from rlfleet.coordinator.liveness import Liveness
 from rlfleet.coordinator.requests import LearnerRequests
 from rlfleet.coordinator.state import FleetState
@@ -38,6 +39,7 @@ class Coordinator:
         config: The settings.
         workers: What happens when workers join, speak and leave.
         learners: What learner calls do.
+        leases: Step-level env leases.
     """
 
     def __init__(self, config: CoordinatorConfig) -> None:
@@ -46,6 +48,8 @@ class Coordinator:
         self.workers = WorkerEvents(self._state)
         self.learners = LearnerRequests(self._state)
         self._liveness = Liveness(self._state, self.workers)
+        self.leases = LeaseManager(self._state, config.max_envs_per_lease, config.max_leased_envs)
+        self.workers.lost_listeners.append(self.leases.on_worker_lost)
 
     @property
     def coordinator_id(self) -> str:
@@ -85,6 +89,9 @@ class Coordinator:
                     )
                     state.fail_call(request_id, failure)
             state.changed.notify_all()
+        self.leases.fail_all(
+            CallError(grpc.StatusCode.UNAVAILABLE, f"{reason}; lease envs from its replacement")
+        )
 
     def wait_idle(self, timeout: float) -> bool:
         """Waits until no Sample or update request runs or waits for its turn.
@@ -126,3 +133,4 @@ class Coordinator:
         with state.lock:
             for request_id in calls:
                 state.fail_call(request_id, CallError(grpc.StatusCode.UNAVAILABLE, reason))
+        self.leases.fail_all(CallError(grpc.StatusCode.UNAVAILABLE, reason))

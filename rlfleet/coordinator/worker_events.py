@@ -9,12 +9,14 @@ batch never holds the lock while it is decoded.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import grpc
 
 from rlfleet import _rpc
 from rlfleet.coordinator.calls import Finished, Forward
 from rlfleet.coordinator.failures import CallError, describe, detail_of, invalid
+from rlfleet.coordinator.leases import LEASE_CAPABILITY
 from rlfleet.coordinator.messages import footer_message
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.results import ResultError, check_batch, check_metadata, check_versions
@@ -28,7 +30,7 @@ from rlfleet.wire import Chunk
 logger = logging.getLogger("rlfleet.coordinator")
 
 #: Capabilities this coordinator offers (worker.proto Hello).
-CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments")
+CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments", LEASE_CAPABILITY)
 
 
 class WorkerEvents:
@@ -40,6 +42,8 @@ class WorkerEvents:
 
     def __init__(self, state: FleetState) -> None:
         self._state = state
+        #: Called (lock not held) with each worker removed, after its units were re-queued.
+        self.lost_listeners: list[Callable[[WorkerHandle], None]] = []
 
     def admit(self, hello: worker_pb2.Hello, peer: str) -> WorkerHandle:
         """Admits a worker that said Hello and queues its Welcome and state.
@@ -274,6 +278,8 @@ class WorkerEvents:
             state.dispatch()
             state.changed.notify_all()
         handle.end(code, message, detail)
+        for listener in self.lost_listeners:
+            listener(handle)
         level = logging.INFO if code is grpc.StatusCode.OK else logging.WARNING
         logger.log(
             level,

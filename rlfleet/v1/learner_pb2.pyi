@@ -1,3 +1,4 @@
+from rlfleet.v1 import leases_pb2 as _leases_pb2
 from rlfleet.v1 import spaces_pb2 as _spaces_pb2
 from rlfleet.v1 import updates_pb2 as _updates_pb2
 from rlfleet.v1 import worker_pb2 as _worker_pb2
