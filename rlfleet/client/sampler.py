@@ -403,6 +403,16 @@ class RemoteSampler:
             raise
         return SampleStream(call, self._what("Subscribe"), self._env_spec_of, timeout, channel)
 
+    def open_channel(self) -> grpc.Channel:
+        """A new channel to the coordinator with this sampler's address and credentials.
+
+        For other calls that need a stream of their own (e.g.
+        :class:`~rlfleet.client.RemoteVectorEnv`'s lease); the caller closes it.
+        """
+        return _rpc.open_channel(
+            self.address, max_message_bytes=self._max_message_bytes, security=self._security
+        )
+
     def status(self) -> FleetStatus:
         """The fleet's workers, rates, agent version and env."""
         status = self._unary(

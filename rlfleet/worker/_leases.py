@@ -372,10 +372,9 @@ def _run_env(leased: _LeasedEnv, op: int, arg: Any) -> _Outcome:
             remote_traceback="".join(traceback.format_exception(exc)),
         )
         return _Outcome(leased.env_id, error=error)
-    elapsed = time.perf_counter() - started
-    leased.step_seconds = (
-        elapsed if not leased.step_seconds else 0.8 * leased.step_seconds + 0.2 * elapsed
-    )
+    if op == leases_pb2.LEASE_OP_STEP:
+        elapsed = time.perf_counter() - started
+        leased.step_seconds = 0.8 * leased.step_seconds + 0.2 * elapsed
     return outcome
 
 

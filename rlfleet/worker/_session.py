@@ -103,6 +103,7 @@ class Session:
         )
         self._book = TaskBook(self._vec)
         self._leases = LeaseHost(self.name, config.imports, self._send)
+        stream.lease_handler = self._leases.submit
         self._generation = 0
         self._leaving = False
         self._leave_deadline = float("inf")
