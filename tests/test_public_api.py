@@ -16,6 +16,8 @@ PROMISED = [
     "rollout", "truncate_paths", "obtain_evaluation_episodes", "log_performance",
     # envs and policies
     "EnvConfig", "PolicySpec", "Policy", "RlfleetError",
+    # tianshou's vector envs (issue 11): the in-process alias, and what a backend needs
+    "BaseVectorEnv", "DummyVectorEnv", "VectorEnv", "SubprocVectorEnv", "FailedCall",
 ]  # fmt: skip
 
 
