@@ -32,7 +32,7 @@ import numpy as np
 
 from rlfleet import _rpc
 from rlfleet.envs import EnvConfig
-from rlfleet.envs._base import GET_ATTR, RENDER, SET_ATTR, run_command
+from rlfleet.envs._base import CALL, CLASS_NAMES, GET_ATTR, RENDER, SET_ATTR, run_command
 from rlfleet.envs.config import env_spec_of
 from rlfleet.errors import ConfigError, EnvError
 from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
@@ -58,8 +58,8 @@ _COMMANDS: dict[int, str] = {
     leases_pb2.LEASE_OP_RENDER: RENDER,
     leases_pb2.LEASE_OP_GET_ATTR: GET_ATTR,
     leases_pb2.LEASE_OP_SET_ATTR: SET_ATTR,
-    leases_pb2.LEASE_OP_CALL: "call",
-    leases_pb2.LEASE_OP_CLASS_NAMES: "class_names",
+    leases_pb2.LEASE_OP_CALL: CALL,
+    leases_pb2.LEASE_OP_CLASS_NAMES: CLASS_NAMES,
 }
 #: Info key of an env that was lost with its worker and re-created here.
 ENV_LOST_KEY = "rlfleet_env_lost"
