@@ -306,6 +306,9 @@ def _answers(reply: leases_pb2.LeaseReply) -> list[Any]:
     if op in (leases_pb2.LEASE_OP_RESET, leases_pb2.LEASE_OP_STEP):
         obs = decode_tensor(reply.observations, name="LeaseReply.observations")
         infos = [_info(decode_tensor_map(m, name="LeaseReply.infos")) for m in reply.infos]
+        for info, text in zip(infos, reply.infos_json, strict=False):
+            if text:
+                info.update(json.loads(text))
         if obs.shape[:1] != (count,) or len(infos) != count:
             raise ProtocolError(
                 f"a lease reply for {count} envs holds {obs.shape[:1]} observations and "

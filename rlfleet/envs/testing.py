@@ -11,6 +11,8 @@ Importing this module registers:
 * ``rlfleet/Crashing-v0``: a Counter that raises ``RuntimeError``.
 * ``rlfleet/Hanging-v0``: a Counter that sleeps (forever by default).
 * ``rlfleet/NaN-v0``: a Counter whose observation is NaN at one step.
+* ``rlfleet/Sleepy-v0``: a Counter whose every step sleeps (fixed or
+  uniformly drawn seconds): an I/O-bound env for async stepping.
 
 When the faulty envs fire (``at_step`` stands for ``crash_at_step`` /
 ``hang_at_step``):
@@ -202,16 +204,58 @@ class NaNEnv(CounterEnv):
         return super()._observation()
 
 
+class SleepyEnv(CounterEnv):
+    """A Counter whose every step waits, like an env behind a socket (I/O-bound).
+
+    Args:
+        step_seconds: Seconds each step sleeps; with ``max_seconds``, the
+            least of a uniform draw.
+        max_seconds: If set, each step sleeps a uniform draw in
+            ``[step_seconds, max_seconds]`` from the env's own generator
+            (seeded by ``reset(seed=...)``).
+        length: Steps per episode.
+        render_mode: None or ``"rgb_array"``.
+    """
+
+    def __init__(
+        self,
+        step_seconds: float = 0.001,
+        max_seconds: float | None = None,
+        length: int = 500,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(length, render_mode)
+        if not step_seconds >= 0 or (max_seconds is not None and max_seconds < step_seconds):
+            raise ValueError(
+                f"need 0 <= step_seconds <= max_seconds, got {step_seconds!r}, {max_seconds!r}"
+            )
+        self._low = step_seconds
+        self._high = step_seconds if max_seconds is None else max_seconds
+
+    def _before(self, call: str) -> None:
+        if call == "step":
+            time.sleep(float(self.np_random.uniform(self._low, self._high)))
+
+
 #: The ids this module registers, mapped to their env classes.
 TEST_ENVS: dict[str, type[CounterEnv]] = {
     "rlfleet/Counter-v0": CounterEnv,
     "rlfleet/Crashing-v0": CrashingEnv,
     "rlfleet/Hanging-v0": HangingEnv,
     "rlfleet/NaN-v0": NaNEnv,
+    "rlfleet/Sleepy-v0": SleepyEnv,
 }
 
 for _env_id, _env_class in TEST_ENVS.items():
     if _env_id not in gym.registry:
         gym.register(id=_env_id, entry_point=f"{__name__}:{_env_class.__name__}")
 
-__all__ = ["FRAME_SHAPE", "TEST_ENVS", "CounterEnv", "CrashingEnv", "HangingEnv", "NaNEnv"]
+__all__ = [
+    "FRAME_SHAPE",
+    "TEST_ENVS",
+    "CounterEnv",
+    "CrashingEnv",
+    "HangingEnv",
+    "NaNEnv",
+    "SleepyEnv",
+]

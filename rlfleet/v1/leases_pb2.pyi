@@ -94,7 +94,7 @@ class LeaseClose(_message.Message):
     def __init__(self) -> None: ...
 
 class LeaseReply(_message.Message):
-    __slots__ = ("call_id", "op", "env_ids", "observations", "rewards", "terminated", "truncated", "infos", "error", "lease_id", "worker", "env_spec", "values_json", "frames")
+    __slots__ = ("call_id", "op", "env_ids", "observations", "rewards", "terminated", "truncated", "infos", "error", "lease_id", "worker", "env_spec", "values_json", "frames", "infos_json")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     ENV_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,7 @@ class LeaseReply(_message.Message):
     ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
     VALUES_JSON_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
+    INFOS_JSON_FIELD_NUMBER: _ClassVar[int]
     call_id: int
     op: LeaseOp
     env_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -123,7 +124,8 @@ class LeaseReply(_message.Message):
     env_spec: _spaces_pb2.EnvSpec
     values_json: _containers.RepeatedScalarFieldContainer[str]
     frames: _tensor_pb2.Tensor
-    def __init__(self, call_id: _Optional[int] = ..., op: _Optional[_Union[LeaseOp, str]] = ..., env_ids: _Optional[_Iterable[int]] = ..., observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., terminated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., infos: _Optional[_Iterable[_Union[_tensor_pb2.TensorMap, _Mapping]]] = ..., error: _Optional[_Union[_updates_pb2.ErrorDetail, _Mapping]] = ..., lease_id: _Optional[int] = ..., worker: _Optional[str] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., values_json: _Optional[_Iterable[str]] = ..., frames: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    infos_json: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, call_id: _Optional[int] = ..., op: _Optional[_Union[LeaseOp, str]] = ..., env_ids: _Optional[_Iterable[int]] = ..., observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., terminated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., infos: _Optional[_Iterable[_Union[_tensor_pb2.TensorMap, _Mapping]]] = ..., error: _Optional[_Union[_updates_pb2.ErrorDetail, _Mapping]] = ..., lease_id: _Optional[int] = ..., worker: _Optional[str] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., values_json: _Optional[_Iterable[str]] = ..., frames: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., infos_json: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LeaseCommand(_message.Message):
     __slots__ = ("lease_id", "create", "call", "release")

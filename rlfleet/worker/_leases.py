@@ -407,7 +407,10 @@ def _reply(
         reply.rewards.CopyFrom(encode_tensor(np.array([o.reward for o in outcomes], np.float64)))
         reply.terminated.CopyFrom(encode_tensor(np.array([o.terminated for o in outcomes], bool)))
         reply.truncated.CopyFrom(encode_tensor(np.array([o.truncated for o in outcomes], bool)))
-    reply.infos.extend(encode_tensor_map(info_arrays(o.info, f"env {o.env_id}")) for o in outcomes)
+    for outcome in outcomes:
+        arrays, rest = split_info(outcome.info, f"env {outcome.env_id}")
+        reply.infos.append(encode_tensor_map(arrays))
+        reply.infos_json.append(rest)
     return reply
 
 
@@ -421,26 +424,40 @@ def _plain(value: Any) -> Any:
     )
 
 
-def info_arrays(info: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """An info dict as arrays (nested dicts kept), for a TensorMap.
+def split_info(info: Mapping[str, Any], where: str) -> tuple[dict[str, Any], str]:
+    """An info dict as (numeric arrays for a TensorMap, the rest as JSON object text).
+
+    Numbers, bools and their arrays (in nested dicts too) travel as tensors;
+    other plain values (None, strings, lists of them, dicts holding any) as
+    JSON. The JSON text is empty when there is no such value.
 
     Raises:
-        ConfigError: For a value that is not a number, bool, array of them
-            or a dict of those (it would be lost otherwise).
+        ConfigError: For a value that is neither (it would be lost otherwise).
     """
     tree: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
     for key, value in info.items():
         if isinstance(value, Mapping):
-            tree[key] = info_arrays(value, f"{where} info[{key!r}]")
+            nested, rest = split_info(value, f"{where} info[{key!r}]")
+            if rest:
+                extra[key] = value  # a dict mixing kinds travels whole, as JSON
+            else:
+                tree[key] = nested
             continue
-        array = np.asarray(value)
-        if array.dtype.kind not in "biuf":
-            raise ConfigError(
-                f"{where}: info[{key!r}] is a {type(value).__name__}; leased envs' infos "
-                "carry numbers, bools and arrays of them (and dicts of those)"
-            )
-        tree[key] = array
-    return tree
+        array = np.asarray(value) if not isinstance(value, str | type(None)) else None
+        if array is not None and array.dtype.kind in "biuf":
+            tree[key] = array
+        else:
+            extra[key] = value
+    if not extra:
+        return tree, ""
+    try:
+        return tree, json.dumps(extra, default=_plain)
+    except (TypeError, ValueError, ConfigError) as exc:
+        raise ConfigError(
+            f"{where}: info holds a value that is neither numeric nor JSON ({exc}); leased "
+            "envs' infos carry numbers, bools, arrays and plain JSON values"
+        ) from exc
 
 
 def _close_quietly(env: gym.Env) -> None:
