@@ -44,6 +44,10 @@ logger = logging.getLogger("rlfleet.worker")
 LEASE_CAPABILITY = "rlfleet.leases"
 #: Mean step seconds above which an env is stepped on the pool (see the module doc).
 POOL_STEP_SECONDS = 2e-4
+#: How long a pooled call's finished envs wait for the rest before they are
+#: answered alone: one reply per call when its envs take alike, while one slow
+#: env (async stepping, wait_num) does not hold the others back for long.
+COALESCE_SECONDS = 0.001
 #: Pool threads: enough for every leased env of a big worker to wait at once.
 POOL_THREADS = 64
 #: Spaces a lease carries as one tensor per call.
@@ -88,6 +92,16 @@ class _Outcome:
 
 
 @dataclass
+class _PendingCall:
+    """A pooled call: the outcomes not yet sent, and how many envs still run."""
+
+    call: leases_pb2.LeaseCall
+    running: int
+    outcomes: list[_Outcome] = field(default_factory=list)
+    first_done: float | None = None  # time.monotonic() of the first unsent outcome
+
+
+@dataclass
 class _Done:
     """Pool threads put this in the host's queue when an env finished."""
 
@@ -117,8 +131,8 @@ class LeaseHost:
         self._envs: dict[tuple[int, int], _LeasedEnv] = {}
         self._inbox: queue.SimpleQueue[leases_pb2.LeaseCommand | _Done | None] = queue.SimpleQueue()
         self._pool: ThreadPoolExecutor | None = None
-        # Pooled outcomes not yet answered, by (lease, call).
-        self._pending: dict[tuple[int, int], tuple[leases_pb2.LeaseCall, list[_Outcome]]] = {}
+        # Pooled calls not yet fully answered, by (lease, call).
+        self._pending: dict[tuple[int, int], _PendingCall] = {}
         self._thread = threading.Thread(target=self._run, name="rlfleet-leases", daemon=True)
         self._thread.start()
 
@@ -138,7 +152,11 @@ class LeaseHost:
     def _run(self) -> None:
         try:
             while True:
-                item = self._inbox.get()
+                try:
+                    item = self._inbox.get(timeout=self._next_flush())
+                except queue.Empty:
+                    self._flush_pooled()
+                    continue
                 while item is not None:
                     self._handle(item)
                     try:
@@ -157,8 +175,11 @@ class LeaseHost:
 
     def _handle(self, item: leases_pb2.LeaseCommand | _Done) -> None:
         if isinstance(item, _Done):
-            key = (item.lease_id, item.call.call_id)
-            self._pending.setdefault(key, (item.call, []))[1].append(item.outcome)
+            pending = self._pending[(item.lease_id, item.call.call_id)]
+            pending.outcomes.append(item.outcome)
+            pending.running -= 1
+            if pending.first_done is None:
+                pending.first_done = time.monotonic()
             return
         body = item.WhichOneof("body")
         try:
@@ -221,6 +242,7 @@ class LeaseHost:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="rlfleet-lease-env")
+        self._pending[(lease_id, call.call_id)] = _PendingCall(call, running=len(envs))
         for leased, arg in zip(envs, args, strict=True):
             future = self._pool.submit(_run_env, leased, call.op, arg)
             future.add_done_callback(self._on_done(lease_id, call))
@@ -235,10 +257,26 @@ class LeaseHost:
         return done
 
     def _flush_pooled(self) -> None:
-        """Answers what pooled envs finished, one reply per call."""
-        for key, (call, outcomes) in list(self._pending.items()):
-            del self._pending[key]
-            self._send_outcomes(key[0], call, outcomes)
+        """Answers pooled calls whose envs all finished, or whose first finished
+        env waited :data:`COALESCE_SECONDS` (the rest follow in later replies)."""
+        now = time.monotonic()
+        for key, pending in list(self._pending.items()):
+            if pending.first_done is None:
+                continue
+            if pending.running and now - pending.first_done < COALESCE_SECONDS:
+                continue
+            self._send_outcomes(key[0], pending.call, pending.outcomes)
+            if pending.running:
+                pending.outcomes, pending.first_done = [], None
+            else:
+                del self._pending[key]
+
+    def _next_flush(self) -> float | None:
+        """Seconds until a pooled call's partial answer is due; None: none is."""
+        firsts = [p.first_done for p in self._pending.values() if p.first_done is not None]
+        if not firsts:
+            return None
+        return max(min(firsts) + COALESCE_SECONDS - time.monotonic(), 0.0)
 
     # --- replies --------------------------------------------------------------
 
