@@ -10,6 +10,9 @@ Measures env steps per second of a learner that steps a vector env itself
     least as fast as both.
 (b) An I/O-bound env that waits 1 ms per step (rlfleet/Sleepy-v0), 2 workers
     x 16 envs: goal >= 0.8 x the 32,000 steps/s that 32 such envs allow.
+(r) The relay's cost: the median round trip of one env step through the
+    coordinator, against one echo over a direct gRPC stream (what a learner
+    dialling a worker itself would pay at least).
 (c) The same with a step time drawn uniformly from 0.5-5 ms: sync stepping
     against ``wait_num=16``; reports the speedup.
 
@@ -24,11 +27,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import queue
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import grpc
 import gymnasium as gym
 import numpy as np
 
@@ -116,6 +122,52 @@ def run_gymnasium(
     return steps / (time.perf_counter() - start)
 
 
+def echo_round_trip_ms(rounds: int) -> float:
+    """Median round trip of 64-byte messages over one bidi gRPC stream (no relay)."""
+    server = grpc.server(ThreadPoolExecutor(2), options=[("grpc.so_reuseport", 0)])
+
+    def echo(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        yield from requests
+
+    handler = grpc.stream_stream_rpc_method_handler(echo)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("bench.Echo", {"Echo": handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    outgoing: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            echo_call = channel.stream_stream(
+                "/bench.Echo/Echo", request_serializer=None, response_deserializer=None
+            )
+            answers = iter(echo_call(iter(outgoing.get, None)))
+            times = []
+            for _ in range(rounds):
+                start = time.perf_counter()
+                outgoing.put(b"x" * 64)
+                next(answers)
+                times.append(time.perf_counter() - start)
+            outgoing.put(None)
+    finally:
+        server.stop(None)
+    return 1000 * float(np.median(times))
+
+
+def remote_round_trip_ms(fleet: Fleet, rounds: int) -> float:
+    """Median round trip of one CartPole step through the coordinator (the relay)."""
+    with RemoteVectorEnv(fleet, CARTPOLE, 1) as venv:
+        venv.reset(seed=0)
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            _, _, terminated, truncated, _ = venv.step([0])
+            times.append(time.perf_counter() - start)
+            if terminated[0] or truncated[0]:
+                venv.reset(0)
+    return 1000 * float(np.median(times))
+
+
 def measure(make: Callable[[], Any], run: Callable[[Any], float]) -> float:
     env = make()
     try:
@@ -164,6 +216,14 @@ def main(argv: list[str] | None = None) -> int:
             lambda envs: run_gymnasium(envs, policy, seconds, warmup),
         )
         print(f"{name:<44} {figures[name]:>10,.0f} steps/s")
+        rounds = 100 if args.quick else 1000
+        figures["r relay round trip ms"] = remote_round_trip_ms(fleet, rounds)
+        figures["r direct stream echo ms"] = echo_round_trip_ms(rounds)
+        print(
+            f"(r) one step through the relay: {figures['r relay round trip ms']:.2f} ms "
+            f"median; one direct gRPC stream echo: {figures['r direct stream echo ms']:.2f} ms",
+            flush=True,
+        )
         print("(b) 1 ms I/O-bound env, 2 workers x 16 (ideal 32,000 steps/s)", flush=True)
         tianshou("b remote 2x16 sync", lambda: RemoteVectorEnv(fleet, IO_BOUND, 32), idle)
         tianshou(

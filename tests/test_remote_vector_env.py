@@ -7,7 +7,9 @@ tests/test_leases_faults.py.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -168,3 +170,11 @@ def test_caps_and_capacity_give_clear_errors(fleet: Fleet) -> None:
 def test_bad_env_is_refused_with_the_workers_error(fleet: Fleet) -> None:
     with pytest.raises(Exception, match="RlfleetMissing-v0"):
         RemoteVectorEnv(fleet, "RlfleetMissing-v0", 1)
+
+
+def test_readme_example_runs() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Remote vector envs", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, "README.md's remote vector env section has no python example"
+    exec(compile(match.group(1), "README.md", "exec"), {})
