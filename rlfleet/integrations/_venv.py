@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from rlfleet.envs import BaseVectorEnv
+from rlfleet.envs import BaseVectorEnv, DummyVectorEnv, SubprocVectorEnv
 from rlfleet.errors import ConfigError
+
+
+def local_vector_env(
+    env_fns: Sequence[Callable[[], gym.Env]], subprocess: bool, **kwargs: Any
+) -> BaseVectorEnv:
+    """The adapters' ``from_env_fns``: a SubprocVectorEnv, or a DummyVectorEnv."""
+    if subprocess:
+        return SubprocVectorEnv(env_fns, **kwargs)
+    return DummyVectorEnv(env_fns, **kwargs)
 
 
 def common_spaces(venv: BaseVectorEnv, adapter: str) -> tuple[gym.Space, gym.Space]:

@@ -28,13 +28,14 @@ from stable_baselines3.common.vec_env.base_vec_env import (
     VecEnvStepReturn,
 )
 
-from rlfleet.envs import BaseVectorEnv, DummyVectorEnv, SubprocVectorEnv
+from rlfleet.envs import BaseVectorEnv
 from rlfleet.envs._base import stack_batch
 from rlfleet.errors import UsageError
 from rlfleet.integrations._venv import (
     batch_row,
     common_spaces,
     env_indices,
+    local_vector_env,
     plain_info,
     set_batch_rows,
 )
@@ -77,9 +78,9 @@ class FleetVecEnv(VecEnv):
             env_fns: One env factory per env (lambdas are fine).
             subprocess: One process per env (SubprocVectorEnv) or all in
                 this process (DummyVectorEnv).
-            **kwargs: More SubprocVectorEnv arguments (``call_timeout``, ...).
+            **kwargs: More arguments of that class (``call_timeout``, ...).
         """
-        venv = SubprocVectorEnv(env_fns, **kwargs) if subprocess else DummyVectorEnv(env_fns)
+        venv = local_vector_env(env_fns, subprocess, **kwargs)
         return cls(venv)
 
     def reset(self) -> VecEnvObs:
