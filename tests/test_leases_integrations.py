@@ -1,9 +1,11 @@
 """The learners people use, with their envs leased on a real local fleet of 2 workers.
 
 Stable-Baselines3 (PPO, VecNormalize, VecMonitor) over
-``FleetVecEnv(RemoteVectorEnv(...))``. The in-process adapters themselves are
-tested in tests/test_integration_sb3.py; here the envs run on worker
-processes and every step crosses the coordinator.
+``FleetVecEnv(RemoteVectorEnv(...))`` and a CleanRL-style PPO loop (gymnasium
+API only) over ``FleetVectorEnv(RemoteVectorEnv(...))``. The adapters
+themselves are tested in process in tests/test_integration_sb3.py and
+tests/test_integration_gymnasium.py (whose PPO loop is reused); here the
+envs run on worker processes and every step crosses the coordinator.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
+from gymnasium.wrappers.vector import NormalizeObservation, RecordEpisodeStatistics
 from stable_baselines3 import PPO
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv, VecMonitor, VecNormalize
 
 from rlfleet.client import Fleet, RemoteVectorEnv
+from rlfleet.integrations.gymnasium import FleetVectorEnv
 from rlfleet.integrations.sb3 import FleetVecEnv
+from tests.test_integration_gymnasium import train_ppo
 
 LOST = "rlfleet_env_lost"
 
@@ -81,3 +86,31 @@ def test_sb3_wrappers_see_terminal_observations_and_reset_infos(fleet: Fleet) ->
         assert vec.obs_rms.count > 200  # VecNormalize saw every step
     finally:
         vec.close()
+
+
+def test_cleanrl_style_ppo_learns_cartpole_through_the_fleet(fleet: Fleet) -> None:
+    envs = RecordEpisodeStatistics(FleetVectorEnv(RemoteVectorEnv(fleet, "CartPole-v1", 4)))
+    try:
+        returns = train_ppo(envs, iterations=20)
+    finally:
+        envs.close()
+    first, last = float(np.mean(returns[:20])), float(np.mean(returns[-10:]))
+    # The in-process test's bar: random play lasts about 20 steps.
+    assert first < 40 and last >= max(3.0 * first, 75.0), (first, last)
+
+
+def test_gymnasium_vector_wrappers_work_over_the_fleet(fleet: Fleet) -> None:
+    envs = NormalizeObservation(
+        RecordEpisodeStatistics(FleetVectorEnv(RemoteVectorEnv(fleet, "CartPole-v1", 2)))
+    )
+    try:
+        envs.reset(seed=[4, 5])
+        episodes = 0
+        for _ in range(150):
+            _, _, terminated, truncated, infos = envs.step(np.array([0, 0]))
+            episodes += int(np.sum(terminated | truncated))
+            if "episode" in infos:
+                assert np.all(infos["episode"]["l"][infos["_episode"]] > 0)
+        assert episodes >= 2
+    finally:
+        envs.close()
