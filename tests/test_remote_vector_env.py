@@ -19,8 +19,10 @@ import rlfleet.envs.testing  # noqa: F401  (registers the test envs here too)
 from rlfleet.client import Fleet, RemoteVectorEnv
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import (
+    AuthenticationError,
     EnvError,
     NoWorkersError,
+    PolicyError,
     ResourceExhaustedError,
     UsageError,
     VectorEnvError,
@@ -178,3 +180,25 @@ def test_readme_example_runs() -> None:
     match = re.search(r"```python\n(.*?)```", section, re.S)
     assert match, "README.md's remote vector env section has no python example"
     exec(compile(match.group(1), "README.md", "exec"), {})
+
+
+def test_bad_actions_are_refused_with_a_policy_error(fleet: Fleet) -> None:
+    with RemoteVectorEnv(fleet, "CartPole-v1", 2) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(PolicyError, match="do not fit the action space"):
+            venv.step(np.zeros((2, 3)))
+        venv.reset()
+        venv.step([0, 1])
+
+
+def test_an_authenticated_fleet_leases_only_to_its_learner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RLFLEET_TOKEN", raising=False)
+    monkeypatch.delenv("RLFLEET_LEARNER_TOKEN", raising=False)
+    with Fleet.local(workers=1, envs_per_worker=1, authenticate=True) as sampler:
+        with pytest.raises(AuthenticationError):
+            RemoteVectorEnv(sampler.address, "CartPole-v1", 1, open_timeout=5)
+        with RemoteVectorEnv(sampler, "CartPole-v1", 1) as venv:  # the sampler's token
+            venv.reset(seed=0)
+            venv.step([1])

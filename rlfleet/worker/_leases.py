@@ -34,7 +34,7 @@ from rlfleet import _rpc
 from rlfleet.envs import EnvConfig
 from rlfleet.envs._base import CALL, CLASS_NAMES, GET_ATTR, RENDER, SET_ATTR, run_command
 from rlfleet.envs.config import env_spec_of
-from rlfleet.errors import ConfigError, EnvError
+from rlfleet.errors import ConfigError, EnvError, PolicyError
 from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import decode_tensor, encode_env_spec, encode_tensor, encode_tensor_map
 
@@ -234,6 +234,8 @@ class LeaseHost:
                 raise ConfigError(f"env {env_id} of lease {lease_id} is not hosted here")
             envs.append(leased)
         args = _call_args(call)
+        if call.op == leases_pb2.LEASE_OP_STEP and envs:
+            _check_actions(args, envs[0].env.action_space, lease_id)
         pooled = len(envs) > 1 and any(e.step_seconds > POOL_STEP_SECONDS for e in envs)
         if not pooled:
             self._send_outcomes(
@@ -372,6 +374,22 @@ def _call_args(call: leases_pb2.LeaseCall) -> list[Any]:
     if call.op in _COMMANDS:
         return [{}] * count if call.op == leases_pb2.LEASE_OP_RENDER else [None] * count
     raise ConfigError(f"LeaseCall.op {call.op} is not an op a learner may call")
+
+
+def _check_actions(rows: list[Any], space: gym.Space, lease_id: int) -> None:
+    """Refuses actions of the wrong shape or kind before any env sees them.
+
+    Raises:
+        PolicyError: Naming the lease, the shapes and the space.
+    """
+    actions = np.asarray(rows)
+    want = space.shape or ()
+    integral = isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete)
+    if actions.shape[1:] != tuple(want) or (integral and actions.dtype.kind not in "iu"):
+        raise PolicyError(
+            f"lease {lease_id}: actions of shape {actions.shape[1:]} and dtype {actions.dtype} "
+            f"per env do not fit the action space {space}"
+        )
 
 
 def _json(text: str, where: str) -> Any:
