@@ -93,9 +93,11 @@ def test_a_killed_learner_releases_its_leases(fleet: ProcessFleet, tmp_path: Pat
         # Every slot is leased: another lease cannot open now.
         with pytest.raises(NoWorkersError):
             RemoteVectorEnv(fleet.address, "CartPole-v1", 1, open_timeout=0.5)
+        assert (fleet.status().leases, fleet.status().leased_envs) == (1, 2)
         learner.kill()
         learner.wait(30)
         # The coordinator notices the broken stream and releases both envs.
+        fleet.wait_until(lambda: fleet.status().leased_envs == 0, what="the lease released")
         with RemoteVectorEnv(fleet.address, "CartPole-v1", 2, open_timeout=30) as venv:
             venv.reset(seed=0)
             venv.step(np.zeros(2, np.int64))

@@ -67,7 +67,9 @@ class Coordinator:
 
     def status(self) -> learner_pb2.FleetStatus:
         """The fleet as it is now (GetStatus)."""
-        return fleet_status(self._state)
+        status = fleet_status(self._state)
+        self.leases.describe(status)
+        return status
 
     def drain(self, reason: str = "the coordinator is draining") -> None:
         """Starts a graceful shutdown: no new requests, workers or subscriptions.

@@ -31,7 +31,7 @@ from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.updates import check_env_update
 from rlfleet.errors import RlfleetError
-from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
+from rlfleet.v1 import learner_pb2, leases_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import decode_tensor, encode_tensor
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -463,10 +463,13 @@ class LeaseManager:
         lease.hosts = [0] * lease.num_envs
         self._state.changed.notify_all()
 
-    @property
-    def leased_envs(self) -> int:
-        """Envs leased now (lock held)."""
-        return sum(lease.num_envs for lease in self._leases.values())
+    def describe(self, status: learner_pb2.FleetStatus) -> None:
+        """Fills the lease counts of a FleetStatus (GetStatus)."""
+        with self._state.lock:
+            status.leases = len(self._leases)
+            status.leased_envs = sum(lease.num_envs for lease in self._leases.values())
+            for worker in status.workers:
+                worker.leased_envs = self._leased_on(worker.worker_id)
 
 
 def _resend(env_id: int, flight: _InFlight) -> leases_pb2.LeaseCall:
