@@ -17,10 +17,12 @@ import pytest
 
 import rlfleet.envs.testing  # noqa: F401  (registers the test envs here too)
 from rlfleet.client import Fleet, RemoteVectorEnv
+from rlfleet.client.lease_stream import EnvFailure, LeaseStream
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import (
     AuthenticationError,
     EnvError,
+    InvalidArgumentError,
     NoWorkersError,
     PolicyError,
     ResourceExhaustedError,
@@ -202,3 +204,21 @@ def test_an_authenticated_fleet_leases_only_to_its_learner(
         with RemoteVectorEnv(sampler, "CartPole-v1", 1) as venv:  # the sampler's token
             venv.reset(seed=0)
             venv.step([1])
+
+
+def test_the_coordinator_refuses_a_call_that_breaks_the_protocol(fleet: Fleet) -> None:
+    """A raw lease stream: a second call on an env with one in flight ends the lease."""
+    channel = fleet.sampler.open_channel()
+    try:
+        stream = LeaseStream(channel, EnvConfig("CartPole-v1"), 2, open_timeout=30, call_timeout=30)
+        stream.send("reset", [0, 1], [{"seed": 1}, {"seed": 2}])
+        assert set(stream.receive([0, 1], 2, None)) == {0, 1}
+        stream.send("step", [0], [np.int64(0)])
+        stream.send("step", [0, 1], [np.int64(0), np.int64(1)])  # env 0 is busy
+        answers = stream.receive([0, 1], 2, None)
+        errors = [a.error for a in answers.values() if isinstance(a, EnvFailure)]
+        assert errors and all(isinstance(e, InvalidArgumentError) for e in errors)
+        assert "already have a call in flight" in str(errors[0])
+        stream.close()
+    finally:
+        channel.close()
