@@ -194,7 +194,8 @@ class LeaseManager:
         message = (
             f"{count} envs could not be leased within {timeout:g} seconds: {len(hosts)} "
             f"workers host leases with {free} free slots (a worker hosts up to its --envs "
-            "leased envs; workers without the capability 'rlfleet.leases', such as the "
+            "leased envs, Fleet.local its envs_per_worker; workers without the capability "
+            "'rlfleet.leases', such as the "
             "Node worker, host none). Start more workers or give them more --envs"
         )
         detail = detail_of(updates_pb2.ERROR_KIND_NO_WORKERS, message)
