@@ -73,9 +73,9 @@ def test_envs_follow_gym_make_whichever_worker_hosts_them(fleet: Fleet) -> None:
                 episodes += len(done)
                 new_seeds = [100 + episodes + k for k in range(len(done))]
                 obs_done, _ = venv.reset(done, seed=new_seeds)
-                for row, i in enumerate(done):
+                for row, ended in enumerate(done):
                     np.testing.assert_array_equal(
-                        obs_done[row], local[i].reset(seed=new_seeds[row])[0]
+                        obs_done[row], local[ended].reset(seed=new_seeds[row])[0]
                     )
         assert episodes > 0  # the check covered resets mid-run
 
