@@ -27,6 +27,7 @@ import grpc
 import gymnasium as gym
 import numpy as np
 
+from rlfleet import _rpc
 from rlfleet.conformance._failure import CheckFailed
 from rlfleet.conformance._stall import StallMeter
 from rlfleet.conformance.agents import Agent, balancing_agent, pinned_agent
@@ -69,8 +70,6 @@ DRAIN_GRACE_SECONDS = 10.0
 LEASE_SEED = 21
 #: Steps the lease check compares with gymnasium.make's env.
 LEASE_STEPS = 10
-#: Capability of workers that host leased envs.
-LEASE_CAPABILITY = "rlfleet.leases"
 #: How soon after SIGTERM a worker must say Leaving.
 LEAVING_SECONDS = 5.0
 
@@ -652,7 +651,7 @@ def _expect_close(link: WorkerLink, when: str) -> None:
 @_check("leases", "if 'rlfleet.leases' is advertised: leased envs build, reset, step and release")
 def leases(harness: WorkerHarness) -> str:
     link = harness.shared()
-    if not link.grants(LEASE_CAPABILITY):
+    if not link.grants(_rpc.LEASE_CAPABILITY):
         return (
             "'rlfleet.leases' not advertised: coordinators place no leased envs on this "
             "worker, so nothing was tried"

@@ -20,24 +20,22 @@ import json
 import logging
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 import numpy as np
 
+from rlfleet import _rpc
 from rlfleet.coordinator.failures import CallError, detail_of, invalid
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.updates import check_env_update
 from rlfleet.errors import RlfleetError
-from rlfleet.v1 import learner_pb2, leases_pb2, updates_pb2, worker_pb2
+from rlfleet.v1 import learner_pb2, leases_pb2, spaces_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import decode_tensor, encode_tensor
 
 logger = logging.getLogger("rlfleet.coordinator")
-
-#: Capability of workers that host leased envs (worker.proto Hello).
-LEASE_CAPABILITY = "rlfleet.leases"
 
 #: The ops a learner may call (CREATE is the coordinator's).
 _LEARNER_OPS = frozenset(set(leases_pb2.LeaseOp.values()) - {0, leases_pb2.LEASE_OP_CREATE})
@@ -81,7 +79,7 @@ class Lease:
     outbox: queue.SimpleQueue[LeaseEvent] = field(default_factory=queue.SimpleQueue)
     creating: dict[int, set[int]] = field(default_factory=dict)
     in_flight: dict[int, _InFlight] = field(default_factory=dict)
-    spec: Any = None
+    spec: spaces_pb2.EnvSpec | None = None
     failure: CallError | None = None
     closed: bool = False
 
@@ -109,7 +107,7 @@ class LeaseManager:
 
     # --- opening ----------------------------------------------------------------
 
-    def open(self, request: leases_pb2.LeaseOpen, cancelled: Any) -> Lease:
+    def open(self, request: leases_pb2.LeaseOpen, cancelled: Callable[[], bool]) -> Lease:
         """Places and builds the envs of a new lease; returns once all are built.
 
         Args:
@@ -169,7 +167,7 @@ class LeaseManager:
         return lease
 
     def _wait_for_slots(
-        self, count: int, deadline: float, cancelled: Any, timeout: float
+        self, count: int, deadline: float, cancelled: Callable[[], bool], timeout: float
     ) -> list[int]:
         """Waits (lock held) until the fleet has ``count`` free lease slots."""
         state = self._state
@@ -205,7 +203,9 @@ class LeaseManager:
         return [
             handle
             for handle in self._state.registry
-            if handle.alive and not handle.leaving and LEASE_CAPABILITY in handle.hello.capabilities
+            if handle.alive
+            and not handle.leaving
+            and _rpc.LEASE_CAPABILITY in handle.hello.capabilities
         ]
 
     def _leased_on(self, worker_id: int) -> int:

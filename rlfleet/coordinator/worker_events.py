@@ -16,7 +16,6 @@ import grpc
 from rlfleet import _rpc
 from rlfleet.coordinator.calls import Finished, Forward
 from rlfleet.coordinator.failures import CallError, describe, detail_of, invalid
-from rlfleet.coordinator.leases import LEASE_CAPABILITY
 from rlfleet.coordinator.messages import footer_message
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.results import ResultError, check_batch, check_metadata, check_versions
@@ -30,7 +29,7 @@ from rlfleet.wire import Chunk
 logger = logging.getLogger("rlfleet.coordinator")
 
 #: Capabilities this coordinator offers (worker.proto Hello).
-CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments", LEASE_CAPABILITY)
+CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments", _rpc.LEASE_CAPABILITY)
 
 
 class WorkerEvents:

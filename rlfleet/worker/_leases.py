@@ -40,8 +40,6 @@ from rlfleet.wire import decode_tensor, encode_env_spec, encode_tensor, encode_t
 
 logger = logging.getLogger("rlfleet.worker")
 
-#: Capability a worker declares when it hosts leased envs (worker.proto Hello).
-LEASE_CAPABILITY = "rlfleet.leases"
 #: Mean step seconds above which an env is stepped on the pool (see the module doc).
 POOL_STEP_SECONDS = 2e-4
 #: How long a pooled call's finished envs wait for the rest before they are
@@ -464,7 +462,7 @@ def _reply(
         reply.terminated.CopyFrom(encode_tensor(np.array([o.terminated for o in outcomes], bool)))
         reply.truncated.CopyFrom(encode_tensor(np.array([o.truncated for o in outcomes], bool)))
     for outcome in outcomes:
-        arrays, rest = split_info(outcome.info, f"env {outcome.env_id}")
+        arrays, rest = _split_info(outcome.info, f"env {outcome.env_id}")
         reply.infos.append(encode_tensor_map(arrays))
         reply.infos_json.append(rest)
     return reply
@@ -480,7 +478,7 @@ def _plain(value: Any) -> Any:
     )
 
 
-def split_info(info: Mapping[str, Any], where: str) -> tuple[dict[str, Any], str]:
+def _split_info(info: Mapping[str, Any], where: str) -> tuple[dict[str, Any], str]:
     """An info dict as (numeric arrays for a TensorMap, the rest as JSON object text).
 
     Numbers, bools and their arrays (in nested dicts too) travel as tensors;
@@ -494,7 +492,7 @@ def split_info(info: Mapping[str, Any], where: str) -> tuple[dict[str, Any], str
     extra: dict[str, Any] = {}
     for key, value in info.items():
         if isinstance(value, Mapping):
-            nested, rest = split_info(value, f"{where} info[{key!r}]")
+            nested, rest = _split_info(value, f"{where} info[{key!r}]")
             if rest:
                 extra[key] = value  # a dict mixing kinds travels whole, as JSON
             else:

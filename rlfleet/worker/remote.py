@@ -40,7 +40,6 @@ from rlfleet.security import ClientSecurity, PickleGate
 from rlfleet.security.pickle import check_prerequisites as check_pickle_prerequisites
 from rlfleet.v1 import worker_pb2
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
-from rlfleet.worker._leases import LEASE_CAPABILITY
 from rlfleet.worker._restarts import EnvRestartBudget
 from rlfleet.worker._session import Outcome, Session
 from rlfleet.worker.vec import NanMode
@@ -48,7 +47,7 @@ from rlfleet.worker.vec import NanMode
 logger = logging.getLogger("rlfleet.worker")
 
 #: Capabilities of this worker (worker.proto Hello).
-CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments", LEASE_CAPABILITY)
+CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments", _rpc.LEASE_CAPABILITY)
 IMPLEMENTATION = f"rlfleet-python/{__version__}"
 
 # Statuses at the handshake that retrying cannot fix: the worker exits.
