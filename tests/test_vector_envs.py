@@ -540,3 +540,32 @@ def test_a_subclass_gets_the_whole_api_from_two_methods() -> None:
         venv.step([0], id=1)
     assert venv.get_env_attr("length", id=[0, 1]) == [3, 1]
     venv.close()
+
+
+class InterruptedCallError(Exception):
+    """Raised by a SIGALRM handler: stands in for Ctrl-C during a call."""
+
+
+def test_an_interrupted_step_leaves_no_stale_answer_behind() -> None:
+    venv = SubprocVectorEnv([counter(length=10), hanging(length=10, hang_seconds=1.0)])
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise InterruptedCallError
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        venv.reset()
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(InterruptedCallError):
+            venv.step([0, 0])
+        # Env 1's late answer to the interrupted step is discarded, not read
+        # as the answer to reset; both envs must be reset before stepping.
+        with pytest.raises(VectorEnvError, match="must be reset first"):
+            venv.step([0, 0])
+        obs, infos = venv.reset(seed=[1, 2])
+        assert obs.tolist() == [[0.0], [0.0]] and [i["seed"] for i in infos] == [1, 2]
+        assert venv.step([0, 0])[0].tolist() == [[1.0], [1.0]]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        venv.close()

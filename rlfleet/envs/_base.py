@@ -294,6 +294,9 @@ class BaseVectorEnv(abc.ABC):
         died, or passed the backend's own per-call deadline (which must end
         the wait even when ``timeout`` is None).
 
+        It may be interrupted (e.g. KeyboardInterrupt); the answers it had
+        collected by then must come from a later call.
+
         Returns:
             ``{env index: answer}`` for the envs that answered.
         """

@@ -170,33 +170,39 @@ class SubprocVectorEnv(BaseVectorEnv):
             raise
 
     def _receive(self, ids: list[int], count: int, timeout: float | None) -> dict[int, Any]:
-        children = {self._children[i].conn: self._children[i] for i in ids}
-        answers: dict[int, Any] = {}
-        for conn, child in list(children.items()):
-            if child.failure is not None:
-                answers[child.index] = child.take_failure()
-                del children[conn]
+        children = [self._children[i] for i in ids]
+        # Answers are held by each child until returned, so that an
+        # interrupted wait loses none of those already read.
+        pending = {child.conn: child for child in children if not child.held}
         end = _deadline(timeout)
-        while children:
+        if timeout is None and count >= len(children):
+            # Waiting for all (sync mode, the hot path): polling one child at
+            # a time avoids registering every handle again for each answer.
+            for child in pending.values():
+                child.hold(child.wait_answer(self.call_timeout))
+            pending = {}
+        while pending:
+            enough = len(children) - len(pending) >= count
             # After `count` answers, only collect those already there.
-            wait = 0.0 if len(answers) >= count else _POLL_SECONDS
+            wait = 0.0 if enough else _POLL_SECONDS
             if end is not None:
                 wait = min(wait, max(0.0, end - time.monotonic()))
-            for child in children.values():
+            for child in pending.values():
                 wait = min(wait, child.seconds_left(self.call_timeout))
-            for ready in multiprocessing.connection.wait(list(children), wait):
-                child = children.pop(cast(Connection, ready))
-                answers[child.index] = child.read()
-            for conn, child in list(children.items()):
+            ready = multiprocessing.connection.wait(list(pending), wait)
+            for handle in ready:
+                child = pending.pop(cast(Connection, handle))
+                child.hold(child.read())
+            # A dead child's pipe reads as EOF above; this catches the rest
+            # (a grandchild holding the pipe, a deadline) once all is quiet.
+            for conn, child in list(pending.items()) if not ready else []:
                 lost = child.check_alive(self.call_timeout)
                 if lost is not None:
-                    answers[child.index] = lost
-                    del children[conn]
-            if len(answers) >= count and wait == 0.0:
+                    child.hold(lost)
+                    del pending[conn]
+            if (enough and wait == 0.0) or (end is not None and time.monotonic() >= end):
                 break
-            if end is not None and time.monotonic() >= end:
-                break
-        return answers
+        return {child.index: child.take() for child in children if child.held}
 
 
 class _InSharedMemory:
@@ -226,8 +232,8 @@ class _EnvProcess:
         self.pid = cast(int, self.process.pid)  # start() has set it
         #: Why the child can no longer be used (None while it can).
         self.gone: str | None = None
-        #: The answer to the last command when sending it failed.
-        self.failure: FailedCall | None = None
+        #: The answer to the command in flight, once read (at most one).
+        self.held: list[Any] = []
         self._command = MAKE
         self._sent_at = 0.0
         self._unanswered = 0
@@ -254,21 +260,26 @@ class _EnvProcess:
         self._connected = True
 
     def send(self, command: str, arg: Any) -> None:
-        """Sends one command; a failure to send becomes :attr:`failure`."""
+        """Sends one command; a failure to send is held as its answer."""
         self._command = command
         if self.gone is not None:
-            self.failure = FailedCall(
-                VectorEnvError(
-                    f"its process is gone ({self.gone}); close this vector env and make a new one",
-                    env_index=self.index,
+            self.hold(
+                FailedCall(
+                    VectorEnvError(
+                        f"its process is gone ({self.gone}); close this vector env and make "
+                        "a new one",
+                        env_index=self.index,
+                    )
                 )
             )
             return
         try:
             self.conn.send((command, arg))
         except OSError:
-            self.failure = FailedCall(
-                self._lose(f"its process died before {command}() ({self._exit_status()})")
+            self.hold(
+                FailedCall(
+                    self._lose(f"its process died before {command}() ({self._exit_status()})")
+                )
             )
             return
         except Exception as exc:  # pickling failed before anything was written
@@ -278,16 +289,18 @@ class _EnvProcess:
                 env_index=self.index,
             )
             error.__cause__ = exc
-            self.failure = FailedCall(error)
+            self.hold(FailedCall(error))
             return
         self._sent_at = time.monotonic()
         self._unanswered += 1
 
-    def take_failure(self) -> FailedCall:
-        """Returns :attr:`failure` and clears it."""
-        failure = cast(FailedCall, self.failure)
-        self.failure = None
-        return failure
+    def hold(self, answer: Any) -> None:
+        """Keeps the answer to the command in flight until :meth:`take`."""
+        self.held.append(answer)
+
+    def take(self) -> Any:
+        """Returns the held answer and forgets it."""
+        return self.held.pop()
 
     def read(self) -> Any:
         """Reads the answer to the command in flight (the pipe has data or EOF)."""
@@ -302,11 +315,21 @@ class _EnvProcess:
             return FailedCall(payload.error(self.index, self._command))
         return self._resolve(self._command, payload)
 
+    def wait_answer(self, call_timeout: float | None) -> Any:
+        """Waits for the answer to the command in flight, or a failure if the child is lost."""
+        while True:
+            if self.conn.poll(self.seconds_left(call_timeout)):
+                return self.read()
+            lost = self.check_alive(call_timeout)
+            if lost is not None:
+                return lost
+
     def seconds_left(self, call_timeout: float | None) -> float:
-        """Seconds until the command in flight passes ``call_timeout``."""
+        """Seconds to wait before checking the child again (its deadline, at most a poll)."""
         if call_timeout is None:
             return _POLL_SECONDS
-        return max(0.0, self._sent_at + call_timeout - time.monotonic())
+        left = self._sent_at + call_timeout - time.monotonic()
+        return min(_POLL_SECONDS, max(0.0, left))
 
     def check_alive(self, call_timeout: float | None) -> FailedCall | None:
         """Returns a failure if the child died, or passed its deadline (then kills it)."""
