@@ -60,7 +60,7 @@ def test_envs_follow_gym_make_whichever_worker_hosts_them(fleet: Fleet) -> None:
         want = np.stack([env.reset(seed=s)[0] for env, s in zip(local, seeds, strict=True)])
         np.testing.assert_array_equal(obs, want)
         assert [info["env_id"] for info in infos] == [0, 1, 2, 3]
-        episodes = 0
+        episodes = seedless = 0
         for _ in range(80):
             actions = rng.integers(0, 2, size=4)
             obs, rewards, terminated, truncated, _ = venv.step(actions)
@@ -69,15 +69,22 @@ def test_envs_follow_gym_make_whichever_worker_hosts_them(fleet: Fleet) -> None:
                 np.testing.assert_array_equal(obs[i], o)
                 assert (rewards[i], terminated[i], truncated[i]) == (r, term, trunc)
             done = np.flatnonzero(terminated | truncated)
-            if len(done):
-                episodes += len(done)
+            if len(done) and episodes % 2:
+                # Seedless: answered by the reset the worker made when the
+                # episode ended (prefetch_resets), the env's RNG going on.
+                obs_done, _ = venv.reset(done)
+                seedless += len(done)
+                for row, ended in enumerate(done):
+                    np.testing.assert_array_equal(obs_done[row], local[ended].reset()[0])
+            elif len(done):
                 new_seeds = [100 + episodes + k for k in range(len(done))]
                 obs_done, _ = venv.reset(done, seed=new_seeds)
                 for row, ended in enumerate(done):
                     np.testing.assert_array_equal(
                         obs_done[row], local[ended].reset(seed=new_seeds[row])[0]
                     )
-        assert episodes > 0  # the check covered resets mid-run
+            episodes += len(done)
+        assert seedless and episodes > seedless  # both kinds of resets, mid-run
 
 
 def test_tianshou_api(fleet: Fleet) -> None:

@@ -65,6 +65,9 @@ class LeaseStream:
         num_envs: K.
         open_timeout: Seconds to wait for workers to take and build the envs.
         call_timeout: Deadline of each env's answer, in seconds.
+        prefetch_resets: Ask workers to reset an env as soon as its episode
+            ends and send that reset with the step (LeaseCall.prefetch_reset):
+            the learner's next seedless reset of it then costs no round trip.
 
     Raises:
         NoWorkersError, UnavailableError, ResourceExhaustedError, ConfigError,
@@ -80,8 +83,12 @@ class LeaseStream:
         *,
         open_timeout: float,
         call_timeout: float,
+        prefetch_resets: bool = True,
     ) -> None:
         self.num_envs = num_envs
+        self.prefetch_resets = prefetch_resets
+        # Resets workers made when an episode ended, not yet taken: (obs, info).
+        self._prefetched: dict[int, tuple[Any, dict[str, Any]]] = {}
         self.call_timeout = call_timeout
         self.lease_id = 0  # the coordinator's number, once opened
         self._requests: queue.SimpleQueue[leases_pb2.LeaseRequest | None] = queue.SimpleQueue()
@@ -136,7 +143,9 @@ class LeaseStream:
         call_id = next(self._call_ids)
         deadline = time.monotonic() + self.call_timeout
         try:
-            request = leases_pb2.LeaseRequest(call=_call(call_id, op, ids, args))
+            call = _call(call_id, op, ids, args)
+            call.prefetch_reset = op == "step" and self.prefetch_resets
+            request = leases_pb2.LeaseRequest(call=call)
         except RlfleetError as exc:
             with self._lock:
                 for env_id in ids:
@@ -183,6 +192,23 @@ class LeaseStream:
                 self._changed.wait(max(min(waits) - now, 0.0) + 1e-3)
             return {i: self._answers.pop(i) for i in ready}
 
+    def take_prefetched(
+        self, ids: Sequence[int], args: Sequence[Any]
+    ) -> dict[int, tuple[Any, dict[str, Any]]]:
+        """The prefetched resets that answer a reset of ``ids`` without a round trip.
+
+        Only a reset without seed and options (``args[k]``, reset's kwargs)
+        is answered this way; the prefetched resets of every env of ``ids``
+        are used up either way (a seeded reset makes them stale).
+        """
+        with self._lock:
+            found = {i: self._prefetched.pop(i) for i in ids if i in self._prefetched}
+        return {
+            i: found[i]
+            for i, kwargs in zip(ids, args, strict=True)
+            if i in found and all(value is None for value in kwargs.values())
+        }
+
     def close(self, timeout: float = 5.0) -> None:
         """Releases the lease: sends close and waits up to ``timeout`` seconds for the end."""
         self._requests.put(leases_pb2.LeaseRequest(close=leases_pb2.LeaseClose()))
@@ -223,6 +249,7 @@ class LeaseStream:
 
     def _on_reply(self, reply: leases_pb2.LeaseReply) -> None:
         answers = _answers(reply)
+        resets = _prefetched_resets(reply)
         with self._lock:
             for env_id, answer in zip(reply.env_ids, answers, strict=True):
                 waiting = self._waiting.get(env_id)
@@ -230,6 +257,8 @@ class LeaseStream:
                     continue  # the answer of a call that already timed out
                 del self._waiting[env_id]
                 self._answers[env_id] = answer
+                if env_id in resets:
+                    self._prefetched[env_id] = resets[env_id]
             self._changed.notify_all()
 
     def _expire(self, ids: Sequence[int]) -> None:
@@ -305,10 +334,7 @@ def _answers(reply: leases_pb2.LeaseReply) -> list[Any]:
     op = reply.op
     if op in (leases_pb2.LEASE_OP_RESET, leases_pb2.LEASE_OP_STEP):
         obs = decode_tensor(reply.observations, name="LeaseReply.observations")
-        infos = [_info(decode_tensor_map(m, name="LeaseReply.infos")) for m in reply.infos]
-        for info, text in zip(infos, reply.infos_json, strict=False):
-            if text:
-                info.update(json.loads(text))
+        infos = _infos(reply.infos, reply.infos_json, "LeaseReply.infos")
         if obs.shape[:1] != (count,) or len(infos) != count:
             raise ProtocolError(
                 f"a lease reply for {count} envs holds {obs.shape[:1]} observations and "
@@ -331,6 +357,30 @@ def _answers(reply: leases_pb2.LeaseReply) -> list[Any]:
     if op == leases_pb2.LEASE_OP_SET_ATTR:
         return [None] * count
     return [json.loads(text) for text in reply.values_json]
+
+
+def _prefetched_resets(reply: leases_pb2.LeaseReply) -> dict[int, tuple[Any, dict[str, Any]]]:
+    """The resets a STEP reply carries (LeaseCall.prefetch_reset), by env id."""
+    if not reply.reset_env_ids:
+        return {}
+    obs = decode_tensor(reply.reset_observations, name="LeaseReply.reset_observations")
+    count = len(reply.reset_env_ids)
+    if obs.shape[:1] != (count,) or len(reply.reset_infos) != count:
+        raise ProtocolError(
+            f"a lease reply carries {count} prefetched resets with {obs.shape[:1]} "
+            f"observations and {len(reply.reset_infos)} infos"
+        )
+    infos = _infos(reply.reset_infos, reply.reset_infos_json, "LeaseReply.reset_infos")
+    return {int(env_id): (obs[k], infos[k]) for k, env_id in enumerate(reply.reset_env_ids)}
+
+
+def _infos(maps: Sequence[Any], texts: Sequence[str], name: str) -> list[dict[str, Any]]:
+    """Info dicts from their TensorMaps and JSON texts (LeaseReply.infos/_json)."""
+    infos = [_info(decode_tensor_map(m, name=name)) for m in maps]
+    for info, text in zip(infos, texts, strict=False):
+        if text:
+            info.update(json.loads(text))
+    return infos
 
 
 def _info(tree: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from rlfleet.client.lease_stream import EnvFailure, LeaseStream
 from rlfleet.client.sampler import RemoteSampler
 from rlfleet.core import EnvSpec
 from rlfleet.envs import BaseVectorEnv, EnvConfig
-from rlfleet.envs._base import GET_ATTR, FailedCall
+from rlfleet.envs._base import GET_ATTR, RESET, FailedCall
 from rlfleet.errors import ConfigError
 from rlfleet.security import ClientSecurity, Token
 
@@ -64,6 +64,11 @@ class RemoteVectorEnv(BaseVectorEnv):
             call raises :class:`~rlfleet.errors.RlfleetTimeoutError` naming it.
         open_timeout: Seconds to wait for workers with free slots to take
             and build the envs.
+        prefetch_resets: Workers reset an env as soon as its episode ends
+            and send that reset with the step, so a later ``reset(id)``
+            without seed or options costs no round trip (its observation is
+            that of a reset made when the episode ended). A seeded reset
+            resets the env again, as asked.
         token: Learner token when ``fleet`` is an address (None reads
             ``RLFLEET_TOKEN``/``RLFLEET_LEARNER_TOKEN``).
         tls_ca: PEM CA bundle for a TLS coordinator, when ``fleet`` is an address.
@@ -86,6 +91,7 @@ class RemoteVectorEnv(BaseVectorEnv):
         timeout: float | None = None,
         call_timeout: float = 60.0,
         open_timeout: float = 60.0,
+        prefetch_resets: bool = True,
         token: str | Token | None = None,
         tls_ca: str | None = None,
     ) -> None:
@@ -115,6 +121,7 @@ class RemoteVectorEnv(BaseVectorEnv):
                 num_envs,
                 open_timeout=open_timeout,
                 call_timeout=call_timeout,
+                prefetch_resets=prefetch_resets,
             )
         except BaseException:
             channel.close()
@@ -149,6 +156,15 @@ class RemoteVectorEnv(BaseVectorEnv):
         if command == GET_ATTR and args and args[0] in _LOCAL_ATTRIBUTES:
             self._local.update((i, getattr(self.env_spec, args[0])) for i in ids)
             return
+        if command == RESET:
+            # Episode ends were reset by the workers already (prefetch_resets).
+            hits = self._stream.take_prefetched(ids, args)
+            self._local.update(hits)
+            if hits:
+                rest = [k for k, i in enumerate(ids) if i not in hits]
+                if rest:
+                    self._stream.send(command, [ids[k] for k in rest], [args[k] for k in rest])
+                return
         self._stream.send(command, ids, args)
 
     def _receive(self, ids: list[int], count: int, timeout: float | None) -> dict[int, Any]:

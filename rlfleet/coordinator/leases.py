@@ -55,6 +55,7 @@ class _InFlight:
     action: np.ndarray | None = None
     name: str = ""
     value_json: str = ""
+    prefetch_reset: bool = False
 
 
 @dataclass(eq=False)
@@ -301,6 +302,7 @@ class LeaseManager:
                     action=None if actions is None else actions[row],
                     name=call.name,
                     value_json=call.value_json,
+                    prefetch_reset=call.prefetch_reset,
                 )
             groups: dict[int, list[int]] = {}
             for row, env_id in enumerate(ids):
@@ -316,6 +318,7 @@ class LeaseManager:
                     options_json=call.options_json,
                     name=call.name,
                     value_json=call.value_json,
+                    prefetch_reset=call.prefetch_reset,
                 )
                 if seeds:
                     part.seeds.extend(seeds[r] for r in rows)
@@ -480,6 +483,7 @@ def _resend(env_id: int, flight: _InFlight) -> leases_pb2.LeaseCall:
         env_ids=[env_id],
         name=flight.name,
         value_json=flight.value_json,
+        prefetch_reset=flight.prefetch_reset,
     )
     if flight.op == leases_pb2.LEASE_OP_RESET:
         call.seeds.append(flight.seed)

@@ -70,7 +70,7 @@ class LeaseOpened(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., env_workers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LeaseCall(_message.Message):
-    __slots__ = ("call_id", "op", "env_ids", "seeds", "options_json", "actions", "name", "value_json")
+    __slots__ = ("call_id", "op", "env_ids", "seeds", "options_json", "actions", "name", "value_json", "prefetch_reset")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     ENV_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class LeaseCall(_message.Message):
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_RESET_FIELD_NUMBER: _ClassVar[int]
     call_id: int
     op: LeaseOp
     env_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -87,14 +88,15 @@ class LeaseCall(_message.Message):
     actions: _tensor_pb2.Tensor
     name: str
     value_json: str
-    def __init__(self, call_id: _Optional[int] = ..., op: _Optional[_Union[LeaseOp, str]] = ..., env_ids: _Optional[_Iterable[int]] = ..., seeds: _Optional[_Iterable[int]] = ..., options_json: _Optional[str] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., name: _Optional[str] = ..., value_json: _Optional[str] = ...) -> None: ...
+    prefetch_reset: bool
+    def __init__(self, call_id: _Optional[int] = ..., op: _Optional[_Union[LeaseOp, str]] = ..., env_ids: _Optional[_Iterable[int]] = ..., seeds: _Optional[_Iterable[int]] = ..., options_json: _Optional[str] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., name: _Optional[str] = ..., value_json: _Optional[str] = ..., prefetch_reset: _Optional[bool] = ...) -> None: ...
 
 class LeaseClose(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class LeaseReply(_message.Message):
-    __slots__ = ("call_id", "op", "env_ids", "observations", "rewards", "terminated", "truncated", "infos", "error", "lease_id", "worker", "env_spec", "values_json", "frames", "infos_json")
+    __slots__ = ("call_id", "op", "env_ids", "observations", "rewards", "terminated", "truncated", "infos", "error", "lease_id", "worker", "env_spec", "values_json", "frames", "infos_json", "reset_env_ids", "reset_observations", "reset_infos", "reset_infos_json")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     ENV_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +112,10 @@ class LeaseReply(_message.Message):
     VALUES_JSON_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     INFOS_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESET_ENV_IDS_FIELD_NUMBER: _ClassVar[int]
+    RESET_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    RESET_INFOS_FIELD_NUMBER: _ClassVar[int]
+    RESET_INFOS_JSON_FIELD_NUMBER: _ClassVar[int]
     call_id: int
     op: LeaseOp
     env_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -125,7 +131,11 @@ class LeaseReply(_message.Message):
     values_json: _containers.RepeatedScalarFieldContainer[str]
     frames: _tensor_pb2.Tensor
     infos_json: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, call_id: _Optional[int] = ..., op: _Optional[_Union[LeaseOp, str]] = ..., env_ids: _Optional[_Iterable[int]] = ..., observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., terminated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., infos: _Optional[_Iterable[_Union[_tensor_pb2.TensorMap, _Mapping]]] = ..., error: _Optional[_Union[_updates_pb2.ErrorDetail, _Mapping]] = ..., lease_id: _Optional[int] = ..., worker: _Optional[str] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., values_json: _Optional[_Iterable[str]] = ..., frames: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., infos_json: _Optional[_Iterable[str]] = ...) -> None: ...
+    reset_env_ids: _containers.RepeatedScalarFieldContainer[int]
+    reset_observations: _tensor_pb2.Tensor
+    reset_infos: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorMap]
+    reset_infos_json: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, call_id: _Optional[int] = ..., op: _Optional[_Union[LeaseOp, str]] = ..., env_ids: _Optional[_Iterable[int]] = ..., observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., terminated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., infos: _Optional[_Iterable[_Union[_tensor_pb2.TensorMap, _Mapping]]] = ..., error: _Optional[_Union[_updates_pb2.ErrorDetail, _Mapping]] = ..., lease_id: _Optional[int] = ..., worker: _Optional[str] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., values_json: _Optional[_Iterable[str]] = ..., frames: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., infos_json: _Optional[_Iterable[str]] = ..., reset_env_ids: _Optional[_Iterable[int]] = ..., reset_observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., reset_infos: _Optional[_Iterable[_Union[_tensor_pb2.TensorMap, _Mapping]]] = ..., reset_infos_json: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LeaseCommand(_message.Message):
     __slots__ = ("lease_id", "create", "call", "release")

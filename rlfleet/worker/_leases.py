@@ -87,6 +87,7 @@ class _Outcome:
     info: Mapping[str, Any] = field(default_factory=dict)
     error: BaseException | None = None
     value: Any = None  # the answer of RENDER, GET_ATTR, CALL, CLASS_NAMES
+    reset: tuple[Any, dict[str, Any]] | None = None  # a prefetched reset (obs, info)
 
 
 @dataclass
@@ -236,15 +237,15 @@ class LeaseHost:
             _check_actions(args, envs[0].env.action_space, lease_id)
         pooled = len(envs) > 1 and any(e.step_seconds > POOL_STEP_SECONDS for e in envs)
         if not pooled:
-            self._send_outcomes(
-                lease_id, call, [_run_env(e, call.op, a) for e, a in zip(envs, args, strict=True)]
-            )
+            prefetch = call.prefetch_reset
+            outcomes = [_run_env(e, call.op, a, prefetch) for e, a in zip(envs, args, strict=True)]
+            self._send_outcomes(lease_id, call, outcomes)
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="rlfleet-lease-env")
         self._pending[(lease_id, call.call_id)] = _PendingCall(call, running=len(envs))
         for leased, arg in zip(envs, args, strict=True):
-            future = self._pool.submit(_run_env, leased, call.op, arg)
+            future = self._pool.submit(_run_env, leased, call.op, arg, call.prefetch_reset)
             future.add_done_callback(self._on_done(lease_id, call))
 
     def _on_done(
@@ -397,8 +398,12 @@ def _json(text: str, where: str) -> Any:
         raise ConfigError(f"{where} is not JSON: {exc}") from exc
 
 
-def _run_env(leased: _LeasedEnv, op: int, arg: Any) -> _Outcome:
-    """Resets or steps one env; never raises (the outcome holds the error)."""
+def _run_env(leased: _LeasedEnv, op: int, arg: Any, prefetch: bool = False) -> _Outcome:
+    """Runs one op on one env; never raises (the outcome holds the error).
+
+    With ``prefetch``, a step that ends the episode is followed by a reset
+    (no seed, no options) whose result rides along (LeaseCall.prefetch_reset).
+    """
     env = leased.env
     started = time.perf_counter()
     try:
@@ -429,6 +434,11 @@ def _run_env(leased: _LeasedEnv, op: int, arg: Any) -> _Outcome:
     if op == leases_pb2.LEASE_OP_STEP:
         elapsed = time.perf_counter() - started
         leased.step_seconds = 0.8 * leased.step_seconds + 0.2 * elapsed
+        if prefetch and (outcome.terminated or outcome.truncated):
+            try:
+                outcome.reset = env.reset()
+            except Exception:  # the learner's own reset will meet (and report) it
+                logger.debug("prefetched reset of leased env %d failed", leased.env_id)
     return outcome
 
 
@@ -465,6 +475,15 @@ def _reply(
         arrays, rest = _split_info(outcome.info, f"env {outcome.env_id}")
         reply.infos.append(encode_tensor_map(arrays))
         reply.infos_json.append(rest)
+    resets = [(o.env_id, o.reset) for o in outcomes if o.reset is not None]
+    if resets:
+        reply.reset_env_ids.extend(env_id for env_id, _ in resets)
+        rows = np.stack([np.asarray(obs) for _, (obs, _) in resets])
+        reply.reset_observations.CopyFrom(encode_tensor(rows))
+        for env_id, (_, info) in resets:
+            arrays, rest = _split_info(info, f"env {env_id} reset")
+            reply.reset_infos.append(encode_tensor_map(arrays))
+            reply.reset_infos_json.append(rest)
     return reply
 
 
