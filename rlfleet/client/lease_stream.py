@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import gymnasium as gym
 import numpy as np
 
 from rlfleet import _rpc
@@ -248,8 +249,9 @@ class LeaseStream:
         self._opened.set()
 
     def _on_reply(self, reply: leases_pb2.LeaseReply) -> None:
-        answers = _answers(reply)
-        resets = _prefetched_resets(reply)
+        space = self.env_spec.observation_space
+        answers = _answers(reply, space)
+        resets = _prefetched_resets(reply, space)
         with self._lock:
             for env_id, answer in zip(reply.env_ids, answers, strict=True):
                 waiting = self._waiting.get(env_id)
@@ -325,15 +327,20 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-def _answers(reply: leases_pb2.LeaseReply) -> list[Any]:
-    """Each env's answer in a reply, decoded."""
+def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
+    """Each env's answer in a reply, decoded and its observations checked.
+
+    Raises:
+        ProtocolError: If the reply is inconsistent or its observations do
+            not fit the lease's observation space (shape and dtype).
+    """
     count = len(reply.env_ids)
     if reply.HasField("error"):
         error = _rpc.error_from_detail(reply.error)
         return [EnvFailure(error)] * count
     op = reply.op
     if op in (leases_pb2.LEASE_OP_RESET, leases_pb2.LEASE_OP_STEP):
-        obs = decode_tensor(reply.observations, name="LeaseReply.observations")
+        obs = _observations(reply.observations, space, reply.worker)
         infos = _infos(reply.infos, reply.infos_json, "LeaseReply.infos")
         if obs.shape[:1] != (count,) or len(infos) != count:
             raise ProtocolError(
@@ -359,11 +366,13 @@ def _answers(reply: leases_pb2.LeaseReply) -> list[Any]:
     return [json.loads(text) for text in reply.values_json]
 
 
-def _prefetched_resets(reply: leases_pb2.LeaseReply) -> dict[int, tuple[Any, dict[str, Any]]]:
+def _prefetched_resets(
+    reply: leases_pb2.LeaseReply, space: gym.Space
+) -> dict[int, tuple[Any, dict[str, Any]]]:
     """The resets a STEP reply carries (LeaseCall.prefetch_reset), by env id."""
     if not reply.reset_env_ids:
         return {}
-    obs = decode_tensor(reply.reset_observations, name="LeaseReply.reset_observations")
+    obs = _observations(reply.reset_observations, space, reply.worker)
     count = len(reply.reset_env_ids)
     if obs.shape[:1] != (count,) or len(reply.reset_infos) != count:
         raise ProtocolError(
@@ -372,6 +381,17 @@ def _prefetched_resets(reply: leases_pb2.LeaseReply) -> dict[int, tuple[Any, dic
         )
     infos = _infos(reply.reset_infos, reply.reset_infos_json, "LeaseReply.reset_infos")
     return {int(env_id): (obs[k], infos[k]) for k, env_id in enumerate(reply.reset_env_ids)}
+
+
+def _observations(tensor: Any, space: gym.Space, worker: str) -> np.ndarray:
+    """Decodes a reply's observations and checks them against the lease's space."""
+    obs = decode_tensor(tensor, name="LeaseReply.observations")
+    if obs.shape[1:] != (space.shape or ()) or obs.dtype != space.dtype:
+        raise ProtocolError(
+            f"worker {worker!r} sent observations of shape {obs.shape[1:]} and dtype "
+            f"{obs.dtype} per env; the lease's observation space is {space}"
+        )
+    return obs
 
 
 def _infos(maps: Sequence[Any], texts: Sequence[str], name: str) -> list[dict[str, Any]]:

@@ -161,18 +161,25 @@ def run_env(leased: LeasedEnv, op: int, arg: Any, prefetch: bool = False) -> Out
         if op == leases_pb2.LEASE_OP_RESET:
             seed, options = arg
             obs, info = env.reset(seed=seed, options=options)
-            outcome = Outcome(leased.env_id, obs, info=_lost_info(leased, info))
+            outcome = Outcome(leased.env_id, _typed(env, obs), info=_lost_info(leased, info))
         elif op != leases_pb2.LEASE_OP_STEP:
             outcome = Outcome(leased.env_id, value=run_command(env, COMMANDS[op], arg))
         elif leased.lost:
             # The env's episode died with its old worker: answer the step with a
             # fresh episode's first observation, cut (truncated), and say why.
             obs, info = env.reset()
-            outcome = Outcome(leased.env_id, obs, truncated=True, info=_lost_info(leased, info))
+            outcome = Outcome(
+                leased.env_id, _typed(env, obs), truncated=True, info=_lost_info(leased, info)
+            )
         else:
             obs, reward, terminated, truncated, info = env.step(arg)
             outcome = Outcome(
-                leased.env_id, obs, float(reward), bool(terminated), bool(truncated), info
+                leased.env_id,
+                _typed(env, obs),
+                float(reward),
+                bool(terminated),
+                bool(truncated),
+                info,
             )
     except Exception as exc:
         error = EnvError(
@@ -187,10 +194,24 @@ def run_env(leased: LeasedEnv, op: int, arg: Any, prefetch: bool = False) -> Out
         leased.step_seconds = 0.8 * leased.step_seconds + 0.2 * elapsed
         if prefetch and (outcome.terminated or outcome.truncated):
             try:
-                outcome.reset = env.reset()
+                obs, info = env.reset()
+                outcome.reset = (_typed(env, obs), info)
             except Exception:  # the learner's own reset will meet (and report) it
                 logger.debug("prefetched reset of leased env %d failed", leased.env_id)
     return outcome
+
+
+def _typed(env: gym.Env, obs: Any) -> np.ndarray:
+    """The observation in its space's dtype, as gymnasium's vector envs batch it
+    (many envs return float64 arrays for a float32 Box)."""
+    space = env.observation_space
+    array = np.asarray(obs, dtype=space.dtype)
+    if array.shape != (space.shape or ()):
+        raise ValueError(
+            f"the env returned an observation of shape {array.shape}; its observation "
+            f"space {space} has shape {space.shape}"
+        )
+    return array
 
 
 def _lost_info(leased: LeasedEnv, info: Mapping[str, Any]) -> Mapping[str, Any]:
