@@ -1,5 +1,6 @@
 """Env leases under faults, with real processes: killed workers, a killed learner,
-hung envs, and a fleet whose only worker cannot host leases (the Node worker).
+hung envs, a fleet whose only worker cannot host leases (the Node worker), and
+a coordinator that drains or stops.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlfleet.client import RemoteVectorEnv
+from rlfleet.client import Fleet, RemoteVectorEnv
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import NoWorkersError, RlfleetTimeoutError
+from rlfleet.errors import NoWorkersError, RlfleetTimeoutError, UnavailableError
 from tests._coordinator_fakes import ROOT
 from tests.fleet_processes import TEST_ENVS_MODULE, ProcessFleet, env_flags
 
@@ -74,7 +75,7 @@ def test_a_killed_learner_releases_its_leases(fleet: ProcessFleet, tmp_path: Pat
     script = textwrap.dedent(
         f"""
         import time
-        from rlfleet.client import RemoteVectorEnv
+        from rlfleet.client import Fleet, RemoteVectorEnv
         venv = RemoteVectorEnv({fleet.address!r}, "CartPole-v1", 2)
         venv.reset(seed=0)
         print("leased", flush=True)
@@ -152,3 +153,24 @@ def test_no_leases_are_placed_on_a_worker_without_the_capability(fleet: ProcessF
     finally:
         node.kill()
         node.wait(30)
+
+
+def test_a_draining_or_stopped_coordinator_ends_leases_with_unavailable() -> None:
+    fleet = Fleet.local(workers=1, envs_per_worker=2)
+    try:
+        first = RemoteVectorEnv(fleet, "CartPole-v1", 1)
+        second = RemoteVectorEnv(fleet, "CartPole-v1", 1)
+        first.reset(seed=0)
+        second.reset(seed=0)
+        fleet.server.coordinator.drain()
+        with pytest.raises(UnavailableError, match="draining"):
+            first.step([0])
+        with pytest.raises(UnavailableError, match="draining"):
+            RemoteVectorEnv(fleet, "CartPole-v1", 1, open_timeout=5)
+        fleet.server.stop()
+        with pytest.raises(UnavailableError):
+            second.step([0])
+        first.close()
+        second.close()
+    finally:
+        fleet.close()

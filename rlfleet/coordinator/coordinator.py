@@ -126,6 +126,8 @@ class Coordinator:
     def close(self, reason: str = "the coordinator is shutting down") -> None:
         """Ends every worker stream and learner call with UNAVAILABLE (idempotent)."""
         self._liveness.stop()
+        # First, so that dropping the workers below does not move leased envs.
+        self.leases.fail_all(CallError(grpc.StatusCode.UNAVAILABLE, reason))
         state = self._state
         with state.lock:
             workers = list(state.registry)
@@ -135,4 +137,3 @@ class Coordinator:
         with state.lock:
             for request_id in calls:
                 state.fail_call(request_id, CallError(grpc.StatusCode.UNAVAILABLE, reason))
-        self.leases.fail_all(CallError(grpc.StatusCode.UNAVAILABLE, reason))
