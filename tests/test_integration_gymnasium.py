@@ -36,6 +36,25 @@ def counter(length: int = 3, limit: int | None = None) -> EnvConfig:
 ENV_FNS: list[Callable[[], gym.Env]] = [counter(), counter(limit=2), counter(length=3)]
 
 
+def assert_same(actual: Any, desired: Any) -> None:
+    """np.testing.assert_equal that also descends into object arrays of dicts."""
+    if isinstance(desired, dict):
+        assert isinstance(actual, dict) and actual.keys() == desired.keys()
+        for key in desired:
+            assert_same(actual[key], desired[key])
+    elif isinstance(desired, tuple | list):
+        assert len(actual) == len(desired)
+        for a, d in zip(actual, desired, strict=True):
+            assert_same(a, d)
+    elif isinstance(desired, np.ndarray) and desired.dtype == object:
+        assert isinstance(actual, np.ndarray) and actual.shape == desired.shape
+        for a, d in zip(actual.ravel(), desired.ravel(), strict=True):
+            assert_same(a, d)
+    else:
+        np.testing.assert_equal(actual, desired)
+        assert np.asarray(actual).dtype == np.asarray(desired).dtype
+
+
 @pytest.fixture(params=[DummyVectorEnv, SubprocVectorEnv])
 def venv_class(request: pytest.FixtureRequest) -> Any:
     return request.param
@@ -51,10 +70,10 @@ def test_steps_exactly_like_sync_vector_env(venv_class: Any, mode: AutoresetMode
         assert ours.single_observation_space == reference.single_observation_space
         assert ours.observation_space == reference.observation_space
         assert ours.action_space == reference.action_space
-        np.testing.assert_equal(ours.reset(seed=[5, 11, 7]), reference.reset(seed=[5, 11, 7]))
+        assert_same(ours.reset(seed=[5, 11, 7]), reference.reset(seed=[5, 11, 7]))
         actions = np.array([0, 1, 0])
         for _ in range(7):
-            np.testing.assert_equal(ours.step(actions), reference.step(actions))
+            assert_same(ours.step(actions), reference.step(actions))
     finally:
         ours.close()
         reference.close()
@@ -65,16 +84,16 @@ def test_disabled_autoreset_with_reset_mask(venv_class: Any) -> None:
     ours = FleetVectorEnv(venv_class(ENV_FNS), autoreset_mode=mode)
     reference = SyncVectorEnv(ENV_FNS, autoreset_mode=mode)
     try:
-        np.testing.assert_equal(ours.reset(seed=3), reference.reset(seed=3))
+        assert_same(ours.reset(seed=3), reference.reset(seed=3))
         actions = np.array([1, 1, 1])
         for _ in range(2):
-            np.testing.assert_equal(ours.step(actions), reference.step(actions))
+            assert_same(ours.step(actions), reference.step(actions))
         mask = np.array([False, True, False])
-        np.testing.assert_equal(
+        assert_same(
             ours.reset(seed=[0, 9, 0], options={"reset_mask": mask}),
             reference.reset(seed=[0, 9, 0], options={"reset_mask": mask.copy()}),
         )
-        np.testing.assert_equal(ours.step(actions), reference.step(actions))
+        assert_same(ours.step(actions), reference.step(actions))
         with pytest.raises(InvalidArgumentError, match="bool numpy array of shape"):
             ours.reset(options={"reset_mask": [True, False, True]})
         with pytest.raises(InvalidArgumentError, match="no env is selected"):
@@ -116,6 +135,7 @@ def test_attributes_render_and_refusals() -> None:
         envs.reset(seed=0)
         frames = envs.render()
         assert frames is not None and len(frames) == 2 and frames[0].ndim == 3
+        np.testing.assert_equal(envs.call("render"), frames)
     finally:
         envs.close()
     assert envs.venv.closed
@@ -230,3 +250,56 @@ def test_cleanrl_style_ppo_learns_cartpole_through_subprocess_envs() -> None:
     first, last = float(np.mean(returns[:20])), float(np.mean(returns[-10:]))
     # Random play lasts about 20 steps.
     assert first < 40 and last >= max(3.0 * first, 75.0), (first, last)
+
+
+class DictCounter(gym.Env[dict[str, Any], np.int64]):
+    """Dict observations (a count and a seeded random position), ends after 3 steps."""
+
+    observation_space = gym.spaces.Dict(
+        {"count": gym.spaces.Discrete(4), "pos": gym.spaces.Box(-1.0, 1.0, (2,), np.float32)}
+    )
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        super().reset(seed=seed)
+        self.count = 0
+        return self._obs(), {"phase": "reset"}
+
+    def step(self, action: np.int64) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        self.count += 1
+        return self._obs(), float(action), self.count >= 3, False, {"phase": "step"}
+
+    def _obs(self) -> dict[str, Any]:
+        pos = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        return {"count": np.int64(self.count), "pos": pos}
+
+
+DICT_FNS: list[Callable[[], gym.Env]] = [
+    DictCounter,
+    lambda: gym.wrappers.TimeLimit(DictCounter(), max_episode_steps=2),
+]
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+def test_dict_observations_step_like_sync_vector_env(mode: AutoresetMode) -> None:
+    ours = FleetVectorEnv(DummyVectorEnv(DICT_FNS), autoreset_mode=mode)
+    reference = SyncVectorEnv(DICT_FNS, autoreset_mode=mode)
+    try:
+        assert ours.observation_space == reference.observation_space
+        assert_same(ours.reset(seed=4), reference.reset(seed=4))
+        for step in range(6):
+            actions = np.array([step % 2, 1])
+            if mode == AutoresetMode.DISABLED and step == 2:
+                mask = np.array([False, True])
+                assert_same(
+                    ours.reset(options={"reset_mask": mask}),
+                    reference.reset(options={"reset_mask": mask.copy()}),
+                )
+            if mode == AutoresetMode.DISABLED and step == 3:
+                break
+            assert_same(ours.step(actions), reference.step(actions))
+    finally:
+        ours.close()
+        reference.close()

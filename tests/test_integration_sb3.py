@@ -15,11 +15,12 @@ import pytest
 from stable_baselines3 import PPO
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import VecEnv, VecMonitor, VecNormalize
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecMonitor, VecNormalize
 
 from rlfleet.envs import BaseVectorEnv, DummyVectorEnv, EnvConfig, SubprocVectorEnv
 from rlfleet.errors import ConfigError, UsageError
 from rlfleet.integrations.sb3 import FleetVecEnv
+from tests.test_integration_gymnasium import DICT_FNS, assert_same
 
 TESTING = ("rlfleet.envs.testing",)
 
@@ -142,3 +143,22 @@ def test_ppo_learns_cartpole_through_subprocess_envs() -> None:
         assert before < 40 and after >= max(3.0 * before, 75.0), (before, after)
     finally:
         vec.close()
+
+
+@pytest.mark.parametrize("env_fns", [[counter(), counter(limit=2)], DICT_FNS], ids=["box", "dict"])
+def test_steps_exactly_like_sb3_dummy_vec_env(env_fns: list[Callable[[], gym.Env]]) -> None:
+    ours = FleetVecEnv(DummyVectorEnv(env_fns))
+    reference = DummyVecEnv(env_fns)
+    try:
+        assert ours.observation_space == reference.observation_space
+        for vec in (ours, reference):
+            vec.seed(4)
+        assert_same(ours.reset(), reference.reset())
+        assert_same(ours.reset_infos, reference.reset_infos)
+        for step in range(7):
+            actions = np.array([step % 2, 1])
+            assert_same(ours.step(actions), reference.step(actions))
+            assert_same(ours.reset_infos, reference.reset_infos)
+    finally:
+        ours.close()
+        reference.close()

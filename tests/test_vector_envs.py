@@ -569,3 +569,23 @@ def test_an_interrupted_step_leaves_no_stale_answer_behind() -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         venv.close()
+
+
+def test_step_and_reset_in_one_round(make_venv: MakeVenv) -> None:
+    venv = make_venv([counter(length=1), counter(), counter()])
+    venv.reset()
+    _, _, term, _, _ = venv.step([0, 0, 0])
+    assert term.tolist() == [True, False, False]
+    (obs, rew, term, _, infos), (first, reset_infos) = venv.step_and_reset(
+        [0, 0], [2, 1], [0], seed=[9]
+    )
+    assert obs.tolist() == [[2.0], [2.0]] and rew.tolist() == [1.0, 1.0]
+    assert [info["env_id"] for info in infos] == [2, 1]
+    assert first.tolist() == [[0.0]] and reset_infos[0] == {"seed": 9, "env_id": 0}
+    # Either side may be empty.
+    (obs, *_), (first, _) = venv.step_and_reset([0], [0], [])
+    assert obs.tolist() == [[1.0]] and first.size == 0
+    with pytest.raises(ValueError, match=r"envs \[1\] are both stepped and reset"):
+        venv.step_and_reset([0], [1], [1])
+    with pytest.raises(UsageError, match="sync mode"):
+        DummyVectorEnv([counter()] * 2, wait_num=1).step_and_reset([0], [0], [1])

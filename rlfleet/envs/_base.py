@@ -275,12 +275,14 @@ class BaseVectorEnv(abc.ABC):
     def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
         """Starts ``command`` with ``args[k]`` on env ``ids[k]`` for every k, without waiting.
 
-        None of ``ids`` has a command in flight. Every env of ``ids`` must
-        then answer exactly once through :meth:`_receive`: a failure to send
-        (the env is gone, the argument cannot be encoded) is answered with a
-        :class:`FailedCall`, not raised. Only an interruption (e.g.
-        KeyboardInterrupt) may propagate; the backend then makes sure no env
-        of ``ids`` answers later.
+        None of ``ids`` has a command in flight; other envs may (async mode,
+        or :meth:`step_and_reset`, which sends two commands to disjoint envs
+        before receiving). Every env of ``ids`` must then answer exactly once
+        through :meth:`_receive`: a failure to send (the env is gone, the
+        argument cannot be encoded) is answered with a :class:`FailedCall`,
+        not raised. Only an interruption (e.g. KeyboardInterrupt) may
+        propagate; the backend then makes sure no env of ``ids`` answers
+        later.
         """
 
     @abc.abstractmethod
@@ -357,18 +359,9 @@ class BaseVectorEnv(abc.ABC):
         if id is not None and env_id is not None:
             raise TypeError("reset() got both id and env_id; they are the same argument")
         ids = self._ids(env_id if id is None else id)
-        if "seed" in kwargs:
-            seeds = _expand_seeds(kwargs.pop("seed"), len(ids), "reset(seed=...)")
-        else:
-            seeds = [self._pending_seeds[i] for i in ids]
-        self._check_idle(ids, "reset")
-        self._needs_reset[ids] = True
-        results = self._call(ids, RESET, [{**kwargs, "seed": seed} for seed in seeds])
-        self._needs_reset[ids] = False
-        for i in ids:
-            self._pending_seeds[i] = None
-        observations, infos = zip(*results, strict=True)
-        return stack_batch(observations), _info_array(infos, ids)
+        args = self._reset_args(ids, kwargs, "reset")
+        (results,) = self._call_many([(ids, RESET, args)])
+        return self._reset_results(ids, results)
 
     def step(
         self, action: Any, id: EnvIds = None
@@ -395,33 +388,50 @@ class BaseVectorEnv(abc.ABC):
         """
         self._check_open()
         ids = self._ids(id, allow_empty=self.is_async)
-        rows = _action_rows(action, ids)
-        self._check_idle(ids, "step")
-        blocked = [i for i in ids if self._needs_reset[i]]
-        if blocked:
-            raise VectorEnvError(
-                f"cannot step envs {blocked}: each must be reset first (never reset, "
-                f"episode ended, or its last call failed); call reset(id={blocked})",
-                env_index=blocked[0],
-            )
-        self._needs_reset[ids] = True
+        rows = self._step_rows(ids, action)
         if self.is_async:
             if ids:
                 self._start(ids, STEP, rows)
             ids, results = self._collect_ready()
         else:
-            results = self._call(ids, STEP, rows)
-        observations, rewards, terminated, truncated, infos = zip(*results, strict=True)
-        terminated_array = np.asarray(terminated, dtype=bool)
-        truncated_array = np.asarray(truncated, dtype=bool)
-        self._needs_reset[ids] = terminated_array | truncated_array
-        return (
-            stack_batch(observations),
-            np.asarray(rewards, dtype=np.float64),
-            terminated_array,
-            truncated_array,
-            _info_array(infos, ids),
-        )
+            (results,) = self._call_many([(ids, STEP, rows)])
+        return self._step_results(ids, results)
+
+    def step_and_reset(
+        self, action: Any, id: EnvIds, reset_id: EnvIds, **kwargs: Any
+    ) -> tuple[tuple[Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[Any, np.ndarray]]:
+        """Steps envs ``id`` and resets envs ``reset_id`` in one round (sync mode).
+
+        The same as ``step(action, id)`` then ``reset(reset_id, **kwargs)``,
+        but the envs run both at once: one round trip instead of two for
+        remote envs. gymnasium's next-step autoreset uses it.
+
+        Args:
+            action: One action row per env of ``id``.
+            id: Envs to step; may be empty.
+            reset_id: Envs to reset; may be empty; none may be in ``id``.
+            **kwargs: As for :meth:`reset`.
+
+        Returns:
+            ``(step results, reset results)``, as :meth:`step` and
+            :meth:`reset` return them (empty batches for empty ids).
+
+        Raises:
+            UsageError: In async mode.
+            ValueError: If an env is in both ``id`` and ``reset_id``.
+        """
+        self._check_open()
+        if self.is_async:
+            raise UsageError("step_and_reset() is for sync mode; use step() and reset()")
+        ids = self._ids(id, allow_empty=True)
+        reset_ids = self._ids(reset_id, allow_empty=True)
+        both = sorted(set(ids) & set(reset_ids))
+        if both:
+            raise ValueError(f"step_and_reset(): envs {both} are both stepped and reset")
+        rows = self._step_rows(ids, action)
+        args = self._reset_args(reset_ids, kwargs, "step_and_reset")
+        step_results, reset_results = self._call_many([(ids, STEP, rows), (reset_ids, RESET, args)])
+        return self._step_results(ids, step_results), self._reset_results(reset_ids, reset_results)
 
     def seed(self, seed: Seeds = None) -> list[int | None]:
         """Records the seeds that each env's next ``reset`` will use.
@@ -516,6 +526,57 @@ class BaseVectorEnv(abc.ABC):
 
     # --- bookkeeping shared by every backend -------------------------------------
 
+    def _reset_args(self, ids: list[int], kwargs: dict[str, Any], call: str) -> list[Any]:
+        """Checks a reset of ``ids`` and returns each env's reset kwargs."""
+        if "seed" in kwargs:
+            seeds = _expand_seeds(kwargs.pop("seed"), len(ids), f"{call}(seed=...)")
+        else:
+            seeds = [self._pending_seeds[i] for i in ids]
+        self._check_idle(ids, call)
+        self._needs_reset[ids] = True
+        return [{**kwargs, "seed": seed} for seed in seeds]
+
+    def _reset_results(self, ids: list[int], results: list[Any]) -> tuple[Any, np.ndarray]:
+        self._needs_reset[ids] = False
+        for i in ids:
+            self._pending_seeds[i] = None
+        if not ids:
+            return np.empty(0), np.empty(0, dtype=object)
+        observations, infos = zip(*results, strict=True)
+        return stack_batch(observations), _info_array(infos, ids)
+
+    def _step_rows(self, ids: list[int], action: Any) -> list[Any]:
+        """Checks a step of ``ids`` and splits ``action`` into one row per env."""
+        rows = _action_rows(action, ids)
+        self._check_idle(ids, "step")
+        blocked = [i for i in ids if self._needs_reset[i]]
+        if blocked:
+            raise VectorEnvError(
+                f"cannot step envs {blocked}: each must be reset first (never reset, "
+                f"episode ended, or its last call failed); call reset(id={blocked})",
+                env_index=blocked[0],
+            )
+        self._needs_reset[ids] = True
+        return rows
+
+    def _step_results(
+        self, ids: list[int], results: list[Any]
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        if not ids:
+            empty = np.empty(0, dtype=bool)
+            return np.empty(0), np.empty(0), empty, empty, np.empty(0, dtype=object)
+        observations, rewards, terminated, truncated, infos = zip(*results, strict=True)
+        terminated_array = np.asarray(terminated, dtype=bool)
+        truncated_array = np.asarray(truncated, dtype=bool)
+        self._needs_reset[ids] = terminated_array | truncated_array
+        return (
+            stack_batch(observations),
+            np.asarray(rewards, dtype=np.float64),
+            terminated_array,
+            truncated_array,
+            _info_array(infos, ids),
+        )
+
     def _check_open(self) -> None:
         if self._closed:
             raise UsageError(f"{type(self).__name__} is closed; make a new one")
@@ -545,15 +606,32 @@ class BaseVectorEnv(abc.ABC):
         self._in_flight[ids] = True
 
     def _call(self, ids: list[int], command: str, args: Sequence[Any]) -> list[Any]:
-        """Runs ``command`` on ``ids`` and waits for all of them.
+        """Runs ``command`` on ``ids`` and waits for all of them (see :meth:`_call_many`)."""
+        return self._call_many([(ids, command, args)])[0]
+
+    def _call_many(
+        self, batches: Sequence[tuple[list[int], str, Sequence[Any]]]
+    ) -> list[list[Any]]:
+        """Starts every batch (disjoint ids), then waits for every env of all of them.
 
         Returns:
-            The answers in ``ids`` order.
+            Each batch's answers, in its ids' order.
 
         Raises:
-            Exception: The first failure in ``ids`` order, after every env answered.
+            Exception: The first failure (batches and ids in order), after
+                every env answered.
         """
-        self._start(ids, command, args)
+        ids = [i for batch_ids, _, _ in batches for i in batch_ids]
+        started: list[int] = []
+        try:
+            for batch_ids, command, args in batches:
+                if batch_ids:
+                    self._start(batch_ids, command, args)
+                    started += batch_ids
+        except BaseException:
+            # Those already sent answer later; that answer is nobody's.
+            self._stale[started] = True
+            raise
         answers: dict[int, Any] = {}
         try:
             while len(answers) < len(ids):
@@ -568,7 +646,7 @@ class BaseVectorEnv(abc.ABC):
         for i in ids:
             if isinstance(answers[i], FailedCall):
                 raise answers[i].error
-        return [answers[i] for i in ids]
+        return [[answers[i] for i in batch_ids] for batch_ids, _, _ in batches]
 
     def _collect_ready(self) -> tuple[list[int], list[Any]]:
         """Waits for the first ready async steps (tianshou's ``wait_num``/``timeout``).

@@ -1,9 +1,8 @@
 """FleetVectorEnv: any rlfleet vector env as a ``gymnasium.vector.VectorEnv``.
 
-CleanRL-style scripts, gymnasium's vector wrappers (``RecordEpisodeStatistics``,
-``NormalizeObservation``, ...) and libraries that take a gymnasium vector env
-(TorchRL's ``GymWrapper``) then run unchanged on local processes or on the
-fleet.
+CleanRL-style scripts and gymnasium's vector wrappers (``RecordEpisodeStatistics``,
+``NormalizeObservation``, ...) then run unchanged on local processes or on
+the fleet.
 
 Example::
 
@@ -164,26 +163,25 @@ class FleetVectorEnv(gym.vector.VectorEnv):
         else:
             resetting = []
         stepping = [i for i in range(self.num_envs) if i not in resetting]
-        if stepping:
-            obs, step_rewards, step_terminated, step_truncated, raw_infos = self.venv.step(
-                [rows[i] for i in stepping], id=stepping
-            )
-            for k, i in enumerate(stepping):
-                self._env_obs[i] = batch_row(obs, k)
-                rewards[i] = step_rewards[k]
-                terminations[i] = step_terminated[k]
-                truncations[i] = step_truncated[k]
-                env_infos[i] = plain_info(raw_infos[k])
-            if self.autoreset_mode == AutoresetMode.SAME_STEP:
-                ended = [i for i in stepping if terminations[i] or truncations[i]]
-                for i in ended:
-                    final[i] = {"final_obs": self._env_obs[i], "final_info": env_infos[i]}
-                resetting = ended
-        if resetting:
-            obs, raw_infos = self.venv.reset(resetting)
-            for k, i in enumerate(resetting):
-                self._env_obs[i] = batch_row(obs, k)
-                env_infos[i] = plain_info(raw_infos[k])
+        # Next-step autoreset: the ended envs reset while the others step,
+        # in one round.
+        (obs, step_rewards, step_terminated, step_truncated, raw_infos), reset = (
+            self.venv.step_and_reset([rows[i] for i in stepping], stepping, resetting)
+        )
+        for k, i in enumerate(stepping):
+            self._env_obs[i] = batch_row(obs, k)
+            rewards[i] = step_rewards[k]
+            terminations[i] = step_terminated[k]
+            truncations[i] = step_truncated[k]
+            env_infos[i] = plain_info(raw_infos[k])
+        if self.autoreset_mode == AutoresetMode.SAME_STEP:
+            resetting = [i for i in stepping if terminations[i] or truncations[i]]
+            for i in resetting:
+                final[i] = {"final_obs": self._env_obs[i], "final_info": env_infos[i]}
+            reset = self.venv.reset(resetting) if resetting else reset
+        for k, i in enumerate(resetting):
+            self._env_obs[i] = batch_row(reset[0], k)
+            env_infos[i] = plain_info(reset[1][k])
         infos: dict[str, Any] = {}
         for i in range(self.num_envs):
             if i in final:
@@ -195,6 +193,11 @@ class FleetVectorEnv(gym.vector.VectorEnv):
     def render(self) -> tuple[Any, ...] | None:
         """One frame (or None) per env."""
         return tuple(self.venv.render())
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` of every env, like ``SyncVectorEnv.call`` (use
+        :meth:`get_attr` for plain attributes)."""
+        return tuple(self.venv.call_env_method(name, args, kwargs))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """Attribute ``name`` of every env (through wrappers), like ``SyncVectorEnv``."""
