@@ -109,14 +109,24 @@ def test_a_killed_learner_releases_its_leases(fleet: ProcessFleet, tmp_path: Pat
 
 def test_a_hung_env_fails_its_call_at_the_deadline(fleet: ProcessFleet) -> None:
     fleet.start_coordinator()
-    fleet.start_worker(envs=1, imports=[TEST_ENVS_MODULE])
-    fleet.wait_for_workers(1)
-    hanging = EnvConfig("rlfleet/Hanging-v0", {"hang_at_step": 2})
-    with RemoteVectorEnv(fleet.address, hanging, 1, call_timeout=2.0) as venv:
+    for _ in range(2):
+        fleet.start_worker(envs=1, imports=[TEST_ENVS_MODULE])
+    fleet.wait_for_workers(2)
+    hanging = EnvConfig("rlfleet/Hanging-v0", {"hang_at_step": 2})  # every episode's step 2
+    with RemoteVectorEnv(fleet.address, hanging, 2, call_timeout=2.0) as venv:
+        assert sorted(venv.env_workers) == ["w0", "w1"]
         venv.reset()
-        venv.step([0])
+        venv.step([0, 0])
         with pytest.raises(RlfleetTimeoutError, match="within 2 seconds"):
-            venv.step([0])
+            venv.step([0], id=[0])
+        # The lease lives on: env 1, on the other worker, still answers...
+        venv.reset(id=[1])
+        obs, *_ = venv.step([0], id=[1])
+        assert obs.tolist() == [[1.0]]
+        # ...and env 0 may be called again (superseding the lost call); its
+        # worker is still stuck in the hung step, so that fails at the deadline too.
+        with pytest.raises(RlfleetTimeoutError):
+            venv.reset(id=[0])
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")

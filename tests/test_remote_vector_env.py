@@ -214,18 +214,17 @@ def test_an_authenticated_fleet_leases_only_to_its_learner(
 
 
 def test_the_coordinator_refuses_a_call_that_breaks_the_protocol(fleet: Fleet) -> None:
-    """A raw lease stream: a second call on an env with one in flight ends the lease."""
+    """A raw lease stream: a call naming an env the lease does not have ends the lease."""
     channel = fleet.sampler.open_channel()
     try:
         stream = LeaseStream(channel, EnvConfig("CartPole-v1"), 2, open_timeout=30, call_timeout=30)
         stream.send("reset", [0, 1], [{"seed": 1}, {"seed": 2}])
         assert set(stream.receive([0, 1], 2, None)) == {0, 1}
-        stream.send("step", [0], [np.int64(0)])
-        stream.send("step", [0, 1], [np.int64(0), np.int64(1)])  # env 0 is busy
-        answers = stream.receive([0, 1], 2, None)
+        stream.send("step", [0, 5], [np.int64(0), np.int64(1)])  # the lease has envs 0 and 1
+        answers = stream.receive([0, 5], 2, None)
         errors = [a.error for a in answers.values() if isinstance(a, EnvFailure)]
-        assert errors and all(isinstance(e, InvalidArgumentError) for e in errors)
-        assert "already have a call in flight" in str(errors[0])
+        assert len(errors) == 2 and all(isinstance(e, InvalidArgumentError) for e in errors)
+        assert "must be distinct and < 2" in str(errors[0])
         stream.close()
     finally:
         channel.close()

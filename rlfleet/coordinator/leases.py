@@ -287,12 +287,11 @@ class LeaseManager:
         with self._state.lock:
             if lease.closed:
                 return
-            busy = [i for i in ids if i in lease.in_flight]
-            if busy:
-                raise invalid(
-                    f"{where}: envs {busy} already have a call in flight; wait for their "
-                    "answers before calling them again"
-                )
+            superseded = [i for i in ids if i in lease.in_flight]
+            if superseded:
+                # The learner gave up on those calls (its deadline passed): their
+                # late answers no longer match and are dropped.
+                logger.info("%s supersedes the unanswered calls of envs %s", where, superseded)
             for row, env_id in enumerate(ids):
                 lease.in_flight[env_id] = _InFlight(
                     call.call_id,
