@@ -23,6 +23,8 @@ from tests.fleet_processes import TEST_ENVS_MODULE, ProcessFleet, env_flags
 
 LOST = "rlfleet_env_lost"
 COUNTER = EnvConfig("rlfleet/Counter-v0", {"length": 1000})
+#: A Counter slow enough (2 ms a step) that workers step it on their thread pool.
+SLEEPY = EnvConfig("rlfleet/Sleepy-v0", {"step_seconds": 0.002, "length": 1000})
 NODE_DIR = Path(ROOT) / "clients" / "node"
 JS_ENV = "rlfleet/CartPoleJS-v0"  # the env the Node worker implements
 
@@ -33,14 +35,15 @@ def fleet(tmp_path: Path) -> Iterator[ProcessFleet]:
         yield processes
 
 
+@pytest.mark.parametrize("env", [COUNTER, SLEEPY], ids=["inline", "pooled"])
 def test_a_dead_workers_envs_move_and_say_so_then_none_left_is_typed(
-    fleet: ProcessFleet,
+    fleet: ProcessFleet, env: EnvConfig
 ) -> None:
     fleet.start_coordinator()
     for _ in range(2):
         fleet.start_worker(envs=4, imports=[TEST_ENVS_MODULE])
     fleet.wait_for_workers(2)
-    with RemoteVectorEnv(fleet.address, COUNTER, 4, call_timeout=60) as venv:
+    with RemoteVectorEnv(fleet.address, env, 4, call_timeout=60) as venv:
         hosts = venv.env_workers
         assert sorted(set(hosts)) == ["w0", "w1"]
         venv.reset(seed=0)

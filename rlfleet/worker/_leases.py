@@ -16,6 +16,7 @@ the steps.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -57,6 +58,7 @@ POOL_THREADS = 64
 class _PendingCall:
     """A pooled call: the outcomes not yet sent, and how many envs still run."""
 
+    lease_id: int
     call: leases_pb2.LeaseCall
     running: int
     outcomes: list[Outcome] = field(default_factory=list)
@@ -67,8 +69,7 @@ class _PendingCall:
 class _Done:
     """Pool threads put this in the host's queue when an env finished."""
 
-    lease_id: int
-    call: leases_pb2.LeaseCall
+    pending_id: int  # its call's key in LeaseHost._pending
     outcome: Outcome
 
 
@@ -94,7 +95,10 @@ class LeaseHost:
         self._inbox: queue.SimpleQueue[leases_pb2.LeaseCommand | _Done | None] = queue.SimpleQueue()
         self._pool: ThreadPoolExecutor | None = None
         # Pooled calls not yet fully answered, by (lease, call).
-        self._pending: dict[tuple[int, int], _PendingCall] = {}
+        # Keyed by a number of their own: a call resent after a worker loss
+        # reaches this host again with the same call id.
+        self._pending: dict[int, _PendingCall] = {}
+        self._pending_ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="rlfleet-leases", daemon=True)
         self._thread.start()
 
@@ -137,7 +141,7 @@ class LeaseHost:
 
     def _handle(self, item: leases_pb2.LeaseCommand | _Done) -> None:
         if isinstance(item, _Done):
-            pending = self._pending[(item.lease_id, item.call.call_id)]
+            pending = self._pending[item.pending_id]
             pending.outcomes.append(item.outcome)
             pending.running -= 1
             if pending.first_done is None:
@@ -206,17 +210,16 @@ class LeaseHost:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="rlfleet-lease-env")
-        self._pending[(lease_id, call.call_id)] = _PendingCall(call, running=len(envs))
+        pending_id = next(self._pending_ids)
+        self._pending[pending_id] = _PendingCall(lease_id, call, running=len(envs))
         for leased, arg in zip(envs, args, strict=True):
             future = self._pool.submit(run_env, leased, call.op, arg, call.prefetch_reset)
-            future.add_done_callback(self._on_done(lease_id, call))
+            future.add_done_callback(self._on_done(pending_id))
 
-    def _on_done(
-        self, lease_id: int, call: leases_pb2.LeaseCall
-    ) -> Callable[[Future[Outcome]], None]:
+    def _on_done(self, pending_id: int) -> Callable[[Future[Outcome]], None]:
         def done(future: Future[Outcome]) -> None:
             if not future.cancelled():
-                self._inbox.put(_Done(lease_id, call, future.result()))
+                self._inbox.put(_Done(pending_id, future.result()))
 
         return done
 
@@ -229,7 +232,7 @@ class LeaseHost:
                 continue
             if pending.running and now - pending.first_done < COALESCE_SECONDS:
                 continue
-            self._send_outcomes(key[0], pending.call, pending.outcomes)
+            self._send_outcomes(pending.lease_id, pending.call, pending.outcomes)
             if pending.running:
                 pending.outcomes, pending.first_done = [], None
             else:
