@@ -187,3 +187,19 @@ def test_a_draining_or_stopped_coordinator_ends_leases_with_unavailable() -> Non
         second.close()
     finally:
         fleet.close()
+
+
+def test_lease_slots_say_how_many_leased_envs_a_worker_hosts(fleet: ProcessFleet) -> None:
+    fleet.start_coordinator()
+    fleet.start_worker("--lease-slots", "0", envs=2)  # sampling only
+    fleet.start_worker("--lease-slots", "3", envs=1)
+    fleet.wait_for_workers(2)
+    with RemoteVectorEnv(fleet.address, "CartPole-v1", 3) as venv:
+        assert venv.env_workers == ["w1"] * 3
+        with pytest.raises(NoWorkersError, match="0 free slots"):
+            RemoteVectorEnv(fleet.address, "CartPole-v1", 1, open_timeout=0.5)
+        venv.reset(seed=0)
+        venv.step([0, 1, 0])
+        # Sampling goes on beside the leases, on both workers.
+        with fleet.sampler(timeout=60) as sampler:
+            assert sampler.obtain_exact_episodes(1).lengths.shape == (2,)

@@ -192,8 +192,9 @@ class LeaseManager:
         free = sum(self._free(handle) for handle in hosts)
         message = (
             f"{count} envs could not be leased within {timeout:g} seconds: {len(hosts)} "
-            f"workers host leases with {free} free slots (a worker hosts up to its --envs "
-            "leased envs, Fleet.local its envs_per_worker; workers without the capability "
+            f"workers host leases with {free} free slots (a worker hosts up to its "
+            "--lease-slots, by default its --envs, leased envs; Fleet.local up to "
+            "envs_per_worker; workers without the capability "
             "'rlfleet.leases', such as the "
             "Node worker, host none). Start more workers or give them more --envs"
         )
@@ -215,7 +216,8 @@ class LeaseManager:
         )
 
     def _free(self, handle: WorkerHandle) -> int:
-        return max(handle.num_envs - self._leased_on(handle.worker_id), 0)
+        slots = handle.hello.lease_slots or handle.num_envs
+        return max(slots - self._leased_on(handle.worker_id), 0)
 
     def _place(self, count: int) -> list[int] | None:
         """Worker ids for ``count`` envs, most free slots first; None if they do not fit."""

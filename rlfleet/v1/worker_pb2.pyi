@@ -68,7 +68,7 @@ class CoordinatorMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., env_update: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., agent_update: _Optional[_Union[_updates_pb2.AgentUpdate, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., lease: _Optional[_Union[_leases_pb2.LeaseCommand, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol_version", "capabilities", "num_envs", "name", "host", "pid", "implementation")
+    __slots__ = ("protocol_version", "capabilities", "num_envs", "name", "host", "pid", "implementation", "lease_slots")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class Hello(_message.Message):
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     IMPLEMENTATION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SLOTS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     capabilities: _containers.RepeatedScalarFieldContainer[str]
     num_envs: int
@@ -83,7 +84,8 @@ class Hello(_message.Message):
     host: str
     pid: int
     implementation: str
-    def __init__(self, protocol_version: _Optional[int] = ..., capabilities: _Optional[_Iterable[str]] = ..., num_envs: _Optional[int] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., implementation: _Optional[str] = ...) -> None: ...
+    lease_slots: int
+    def __init__(self, protocol_version: _Optional[int] = ..., capabilities: _Optional[_Iterable[str]] = ..., num_envs: _Optional[int] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., implementation: _Optional[str] = ..., lease_slots: _Optional[int] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("protocol_version", "worker_id", "name", "heartbeat_interval_seconds", "heartbeat_timeout_seconds", "max_message_bytes", "capabilities", "first_stream", "coordinator_id")
