@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
@@ -133,8 +134,11 @@ def mean_return(model: PPO, vec: VecEnv) -> float:
 def test_ppo_learns_cartpole_through_subprocess_envs() -> None:
     venv: BaseVectorEnv = SubprocVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
     vec = VecMonitor(FleetVecEnv(venv))
+    threads = torch.get_num_threads()
+    # torch's spinning threads starve the env processes on 2 cores (measured:
+    # this test took 95 s with torch's default threads, 8 s with one).
+    torch.set_num_threads(1)
     try:
-        # About 20 s on a loaded 2-core machine.
         model = PPO("MlpPolicy", vec, n_steps=256, batch_size=64, n_epochs=4, seed=0)
         before = mean_return(model, vec)
         model.learn(total_timesteps=10_240)
@@ -142,6 +146,7 @@ def test_ppo_learns_cartpole_through_subprocess_envs() -> None:
         # Measured: about 20 before, 130-160 after.
         assert before < 40 and after >= max(3.0 * before, 75.0), (before, after)
     finally:
+        torch.set_num_threads(threads)
         vec.close()
 
 

@@ -18,6 +18,8 @@ PROMISED = [
     "EnvConfig", "PolicySpec", "Policy", "RlfleetError",
     # tianshou's vector envs (issue 11): the in-process alias, and what a backend needs
     "BaseVectorEnv", "DummyVectorEnv", "VectorEnv", "SubprocVectorEnv", "FailedCall",
+    # RLlib's RolloutWorker surface (issue 14)
+    "RolloutWorker", "MultiAgentEpisodeBatch",
 ]  # fmt: skip
 
 

@@ -325,6 +325,14 @@ class BaseVectorEnv(abc.ABC):
         return self._closed
 
     @property
+    def waiting_id(self) -> list[int]:
+        """tianshou's name: the envs whose async step has not been returned yet."""
+        return sorted(
+            {int(i) for i in np.flatnonzero(self._in_flight & ~self._stale)}
+            | set(self._undelivered)
+        )
+
+    @property
     def observation_space(self) -> list[gym.Space]:
         """The observation space of each env (a list, as in tianshou)."""
         return self.get_env_attr("observation_space")
@@ -372,8 +380,9 @@ class BaseVectorEnv(abc.ABC):
             action: An array or sequence with one row per env of ``id``:
                 ``action[k]`` goes to env ``id[k]``.
             id: Envs to step: None for all, an index, or a sequence of them.
-                In async mode it may be empty (``step([], id=[])``): that only
-                collects steps in flight.
+                In async mode it may be empty (``step([], id=[])``), or
+                ``action`` None (tianshou's ``step(None, id=venv.waiting_id)``):
+                that only collects steps in flight.
 
         Returns:
             ``(obs, rewards, terminated, truncated, infos)``: one row per env
@@ -387,8 +396,11 @@ class BaseVectorEnv(abc.ABC):
                 timed out.
         """
         self._check_open()
-        ids = self._ids(id, allow_empty=self.is_async)
-        rows = self._step_rows(ids, action)
+        if action is None and self.is_async:
+            ids: list[int] = []  # tianshou's step(None, id): only collect
+        else:
+            ids = self._ids(id, allow_empty=self.is_async)
+        rows = self._step_rows(ids, [] if action is None else action)
         if self.is_async:
             if ids:
                 self._start(ids, STEP, rows)
