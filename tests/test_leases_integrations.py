@@ -1,8 +1,9 @@
 """The learners people use, with their envs leased on a real local fleet of 2 workers.
 
 Stable-Baselines3 (PPO, VecNormalize, VecMonitor) over
-``FleetVecEnv(RemoteVectorEnv(...))`` and a CleanRL-style PPO loop (gymnasium
-API only) over ``FleetVectorEnv(RemoteVectorEnv(...))``. The adapters
+``FleetVecEnv(RemoteVectorEnv(...))``, a CleanRL-style PPO loop (gymnasium
+API only) over ``FleetVectorEnv(RemoteVectorEnv(...))``, and tianshou's own
+Collector over ``RemoteVectorEnv`` (the RayVectorEnv use). The adapters
 themselves are tested in process in tests/test_integration_sb3.py and
 tests/test_integration_gymnasium.py (whose PPO loop is reused); here the
 envs run on worker processes and every step crosses the coordinator.
@@ -21,9 +22,11 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv, VecMonitor, VecNormalize
 
 from rlfleet.client import Fleet, RemoteVectorEnv
+from rlfleet.envs import DummyVectorEnv
 from rlfleet.integrations.gymnasium import FleetVectorEnv
 from rlfleet.integrations.sb3 import FleetVecEnv
 from tests.test_integration_gymnasium import train_ppo
+from tests.test_integration_tianshou import CARTPOLE, collect, consistent_transitions
 
 LOST = "rlfleet_env_lost"
 
@@ -113,3 +116,18 @@ def test_gymnasium_vector_wrappers_work_over_the_fleet(fleet: Fleet) -> None:
         assert episodes >= 2
     finally:
         envs.close()
+
+
+def test_tianshou_collector_gets_the_same_data_from_the_fleet_as_in_process(fleet: Fleet) -> None:
+    """tianshou's Collector on RemoteVectorEnv, as on RayVectorEnv: the same
+    buffer as over DummyVectorEnv, step for step (seeded, then seedless resets)."""
+    buffers = []
+    for venv in (DummyVectorEnv([CARTPOLE] * 3), RemoteVectorEnv(fleet, CARTPOLE, 3)):
+        venv.seed(11)  # applied by the collector's reset
+        buffers.append(collect(venv))
+        assert venv.closed
+    local, remote = buffers
+    assert consistent_transitions(local) == consistent_transitions(remote) > 300
+    np.testing.assert_array_equal(local.obs, remote.obs)
+    np.testing.assert_array_equal(local.act, remote.act)
+    np.testing.assert_array_equal(local.rew, remote.rew)
