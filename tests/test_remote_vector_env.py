@@ -89,9 +89,11 @@ def test_envs_follow_gym_make_whichever_worker_hosts_them(fleet: Fleet) -> None:
 
 def test_tianshou_api(fleet: Fleet) -> None:
     config = EnvConfig("rlfleet/Counter-v0", {"length": 3, "render_mode": "rgb_array"})
-    with RemoteVectorEnv(fleet.sampler, config, 3) as venv:
+    with RemoteVectorEnv(fleet.sampler, config, 3, seed=[1, 2, None]) as venv:
         assert len(venv) == 3
         assert venv.observation_space == [gym.spaces.Box(0.0, 3.0, (1,), np.float32)] * 3
+        _, infos = venv.reset()
+        assert [info.get("seed") for info in infos] == [1, 2, None]
         assert venv.seed([5, None, 7]) == [5, None, 7]
         _, infos = venv.reset()
         assert [info.get("seed") for info in infos] == [5, None, 7]

@@ -27,7 +27,7 @@ from rlfleet.client.lease_stream import EnvFailure, LeaseStream
 from rlfleet.client.sampler import RemoteSampler
 from rlfleet.core import EnvSpec
 from rlfleet.envs import BaseVectorEnv, EnvConfig
-from rlfleet.envs._base import GET_ATTR, RESET, FailedCall
+from rlfleet.envs._base import GET_ATTR, RESET, FailedCall, Seeds
 from rlfleet.errors import ConfigError
 from rlfleet.security import ClientSecurity, Token
 
@@ -56,6 +56,9 @@ class RemoteVectorEnv(BaseVectorEnv):
         env: The env: a gymnasium id or an EnvConfig (registered on the
             workers; custom envs via the workers' ``--import``).
         num_envs: How many envs to lease.
+        seed: Seeds of the envs' first reset, as :meth:`seed` takes them
+            (None, an int ``s`` for ``s + i``, or one per env); they travel
+            with that reset (``LeaseCall.seeds``).
         wait_num: Async mode (tianshou's): :meth:`step` returns once this
             many envs are ready. None: all of them.
         timeout: Async mode: seconds :meth:`step` waits for ``wait_num``
@@ -87,6 +90,7 @@ class RemoteVectorEnv(BaseVectorEnv):
         env: str | EnvConfig,
         num_envs: int,
         *,
+        seed: Seeds = None,
         wait_num: int | None = None,
         timeout: float | None = None,
         call_timeout: float = 60.0,
@@ -130,6 +134,8 @@ class RemoteVectorEnv(BaseVectorEnv):
         self.env_config = config
         # Answers of attribute reads served from the EnvSpec, until received.
         self._local: dict[int, Any] = {}
+        if seed is not None:
+            self.seed(seed)
         super().__init__(num_envs, _Release(stream, channel), wait_num=wait_num, timeout=timeout)
         logger.info(
             "leased %d envs of %s (lease %d) on %s",
