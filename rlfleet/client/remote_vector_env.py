@@ -134,9 +134,9 @@ class RemoteVectorEnv(BaseVectorEnv):
         self.env_config = config
         # Answers of attribute reads served from the EnvSpec, until received.
         self._local: dict[int, Any] = {}
+        super().__init__(num_envs, _Release(stream, channel), wait_num=wait_num, timeout=timeout)
         if seed is not None:
             self.seed(seed)
-        super().__init__(num_envs, _Release(stream, channel), wait_num=wait_num, timeout=timeout)
         logger.info(
             "leased %d envs of %s (lease %d) on %s",
             num_envs,
