@@ -347,25 +347,32 @@ class LeaseManager:
             if reply.op == leases_pb2.LEASE_OP_CREATE:
                 self._on_created(lease, handle, reply)
                 return
-            answered = [
+            foreign = [
                 env_id
                 for env_id in reply.env_ids
-                if env_id < lease.num_envs
-                and lease.hosts[env_id] == handle.worker_id
-                and (flight := lease.in_flight.get(env_id)) is not None
-                and flight.call_id == reply.call_id
+                if env_id >= lease.num_envs or lease.hosts[env_id] != handle.worker_id
             ]
-            if len(answered) != len(reply.env_ids):
+            if foreign:
                 logger.warning(
-                    "worker %r answered lease %d call %d for envs %s it was not asked for; ignored",
+                    "worker %r answered lease %d call %d for envs %s it does not host; ignored",
                     handle.name,
                     lease.lease_id,
                     reply.call_id,
-                    sorted(set(reply.env_ids) - set(answered)),
+                    foreign,
                 )
                 return
-            for env_id in answered:
+            current = [
+                env_id
+                for env_id in reply.env_ids
+                if (flight := lease.in_flight.get(env_id)) is not None
+                and flight.call_id == reply.call_id
+            ]
+            if not current:
+                return  # only answers of superseded calls
+            for env_id in current:
                 del lease.in_flight[env_id]
+            # Rows of superseded calls ride along: the learner tells them
+            # apart by call id, as it does for calls it gave up on.
             reply.worker = handle.name
             lease.outbox.put(leases_pb2.LeaseResponse(reply=reply))
 
