@@ -8,7 +8,7 @@ Measures env steps per second of a learner that steps a vector env itself
     against SubprocVectorEnv(16) and gymnasium's AsyncVectorEnv(16), in sync
     mode and (tianshou's async mode) with ``wait_num=8``. Goal: Remote at
     least as fast as both.
-(b) An I/O-bound env that waits 1 ms per step (rlfleet/Sleepy-v0), 2 workers
+(b) An I/O-bound env that waits 1 ms per step (rlfleet/Slow-v0), 2 workers
     x 16 envs: goal >= 0.8 x the 32,000 steps/s that 32 such envs allow.
 (r) The relay's cost: the median round trip of one env step through the
     coordinator, against one echo over a direct gRPC stream (what a learner
@@ -38,14 +38,14 @@ import grpc
 import gymnasium as gym
 import numpy as np
 
-import rlfleet.envs.testing  # noqa: F401  (registers rlfleet/Sleepy-v0 here too)
+import rlfleet.envs.testing  # noqa: F401  (registers rlfleet/Slow-v0 here too)
 from rlfleet.client import Fleet, RemoteVectorEnv
 from rlfleet.envs import BaseVectorEnv, EnvConfig, SubprocVectorEnv
 
 CARTPOLE = EnvConfig("CartPole-v1")
-IO_BOUND = EnvConfig("rlfleet/Sleepy-v0", {"step_seconds": 0.001, "length": 1000})
+IO_BOUND = EnvConfig("rlfleet/Slow-v0", {"step_seconds": 0.001, "length": 1000})
 VARIABLE = EnvConfig(
-    "rlfleet/Sleepy-v0", {"step_seconds": 0.0005, "max_seconds": 0.005, "length": 1000}
+    "rlfleet/Slow-v0", {"step_seconds": 0.0005, "max_seconds": 0.005, "length": 1000}
 )
 
 

@@ -24,7 +24,7 @@ from tests.fleet_processes import TEST_ENVS_MODULE, ProcessFleet, env_flags
 LOST = "rlfleet_env_lost"
 COUNTER = EnvConfig("rlfleet/Counter-v0", {"length": 1000})
 #: A Counter slow enough (2 ms a step) that workers step it on their thread pool.
-SLEEPY = EnvConfig("rlfleet/Sleepy-v0", {"step_seconds": 0.002, "length": 1000})
+SLOW = EnvConfig("rlfleet/Slow-v0", {"step_seconds": 0.002, "length": 1000})
 NODE_DIR = Path(ROOT) / "clients" / "node"
 JS_ENV = "rlfleet/CartPoleJS-v0"  # the env the Node worker implements
 
@@ -35,7 +35,7 @@ def fleet(tmp_path: Path) -> Iterator[ProcessFleet]:
         yield processes
 
 
-@pytest.mark.parametrize("env", [COUNTER, SLEEPY], ids=["inline", "pooled"])
+@pytest.mark.parametrize("env", [COUNTER, SLOW], ids=["inline", "pooled"])
 def test_a_dead_workers_envs_move_and_say_so_then_none_left_is_typed(
     fleet: ProcessFleet, env: EnvConfig
 ) -> None:

@@ -120,7 +120,9 @@ def test_tianshou_api(fleet: Fleet) -> None:
 
 def test_async_wait_num_returns_ready_envs_and_loses_none(fleet: Fleet) -> None:
     """wait_num: step returns the first ready envs; every step sent comes back once."""
-    config = EnvConfig("rlfleet/Sleepy-v0", {"step_seconds": 0.0005, "max_seconds": 0.005})
+    config = EnvConfig(
+        "rlfleet/Slow-v0", {"step_seconds": 0.0005, "max_seconds": 0.005, "length": 1000}
+    )
     with RemoteVectorEnv(fleet, config, 4, wait_num=2) as venv:
         assert venv.is_async
         venv.reset(seed=[1, 2, 3, 4])

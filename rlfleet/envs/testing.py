@@ -11,8 +11,8 @@ Importing this module registers:
 * ``rlfleet/Crashing-v0``: a Counter that raises ``RuntimeError``.
 * ``rlfleet/Hanging-v0``: a Counter that sleeps (forever by default).
 * ``rlfleet/NaN-v0``: a Counter whose observation is NaN at one step.
-* ``rlfleet/Sleepy-v0``: a Counter whose every step sleeps (fixed or
-  uniformly drawn seconds): an I/O-bound env for async stepping.
+* ``rlfleet/Slow-v0``: a Counter that sleeps ``step_seconds`` in every step
+  (or a uniform draw up to ``max_seconds``): a slow or I/O-bound env.
 
 When the faulty envs fire (``at_step`` stands for ``crash_at_step`` /
 ``hang_at_step``):
@@ -179,6 +179,42 @@ class HangingEnv(_FaultyEnv):
             time.sleep(3600.0)
 
 
+class SlowEnv(CounterEnv):
+    """A Counter that sleeps in every step: a slow simulator (module docstring).
+
+    Args:
+        step_seconds: Seconds each step sleeps (>= 0); with ``max_seconds``,
+            the least of a uniform draw.
+        length: Steps per episode.
+        render_mode: None or ``"rgb_array"``.
+        max_seconds: If set, each step sleeps a uniform draw in
+            ``[step_seconds, max_seconds]`` from the env's own generator
+            (seeded by ``reset(seed=...)``): a step time that varies.
+    """
+
+    def __init__(
+        self,
+        step_seconds: float = 0.01,
+        length: int = 5,
+        render_mode: str | None = None,
+        max_seconds: float | None = None,
+    ) -> None:
+        super().__init__(length, render_mode)
+        if not step_seconds >= 0:
+            raise ValueError(f"step_seconds must be >= 0, got {step_seconds!r}")
+        if max_seconds is not None and not max_seconds >= step_seconds:
+            raise ValueError(f"max_seconds must be >= step_seconds, got {max_seconds!r}")
+        self._step_seconds = step_seconds
+        self._max_seconds = max_seconds
+
+    def _before(self, call: str) -> None:
+        if call == "step":
+            if self._max_seconds is None:
+                time.sleep(self._step_seconds)
+            else:
+                time.sleep(float(self.np_random.uniform(self._step_seconds, self._max_seconds)))
+
+
 class NaNEnv(CounterEnv):
     """A Counter whose observation is NaN right after step ``nan_at_step``.
 
@@ -204,58 +240,17 @@ class NaNEnv(CounterEnv):
         return super()._observation()
 
 
-class SleepyEnv(CounterEnv):
-    """A Counter whose every step waits, like an env behind a socket (I/O-bound).
-
-    Args:
-        step_seconds: Seconds each step sleeps; with ``max_seconds``, the
-            least of a uniform draw.
-        max_seconds: If set, each step sleeps a uniform draw in
-            ``[step_seconds, max_seconds]`` from the env's own generator
-            (seeded by ``reset(seed=...)``).
-        length: Steps per episode.
-        render_mode: None or ``"rgb_array"``.
-    """
-
-    def __init__(
-        self,
-        step_seconds: float = 0.001,
-        max_seconds: float | None = None,
-        length: int = 500,
-        render_mode: str | None = None,
-    ) -> None:
-        super().__init__(length, render_mode)
-        if not step_seconds >= 0 or (max_seconds is not None and max_seconds < step_seconds):
-            raise ValueError(
-                f"need 0 <= step_seconds <= max_seconds, got {step_seconds!r}, {max_seconds!r}"
-            )
-        self._low = step_seconds
-        self._high = step_seconds if max_seconds is None else max_seconds
-
-    def _before(self, call: str) -> None:
-        if call == "step":
-            time.sleep(float(self.np_random.uniform(self._low, self._high)))
-
-
 #: The ids this module registers, mapped to their env classes.
 TEST_ENVS: dict[str, type[CounterEnv]] = {
     "rlfleet/Counter-v0": CounterEnv,
     "rlfleet/Crashing-v0": CrashingEnv,
     "rlfleet/Hanging-v0": HangingEnv,
     "rlfleet/NaN-v0": NaNEnv,
-    "rlfleet/Sleepy-v0": SleepyEnv,
+    "rlfleet/Slow-v0": SlowEnv,
 }
 
 for _env_id, _env_class in TEST_ENVS.items():
     if _env_id not in gym.registry:
         gym.register(id=_env_id, entry_point=f"{__name__}:{_env_class.__name__}")
 
-__all__ = [
-    "FRAME_SHAPE",
-    "TEST_ENVS",
-    "CounterEnv",
-    "CrashingEnv",
-    "HangingEnv",
-    "NaNEnv",
-    "SleepyEnv",
-]
+__all__ = ["FRAME_SHAPE", "TEST_ENVS", "CounterEnv", "CrashingEnv", "HangingEnv", "NaNEnv"]
