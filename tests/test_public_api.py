@@ -40,3 +40,12 @@ def test_core_types_import_without_grpc() -> None:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
     ).stdout.strip()
     assert out == "", f"importing rlfleet.core loaded {out}"
+
+
+def test_the_client_exports_the_fleet_faces() -> None:
+    """gRPC-bound names live in rlfleet.client (importing rlfleet loads no gRPC)."""
+    import rlfleet.client
+
+    promised = ["Fleet", "RemoteSampler", "RemoteVectorEnv", "FleetStatus"]
+    missing = [name for name in promised if name not in rlfleet.client.__all__]
+    assert not missing, f"rlfleet.client.__all__ lacks {missing}"

@@ -189,6 +189,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="concurrent subscriptions (default: 8)",
     )
     option(
+        "--max-envs-per-lease",
+        type=positive_int,
+        default=256,
+        help="envs one lease (one learner's RemoteVectorEnv) may hold (default: 256)",
+    )
+    option(
+        "--max-leased-envs",
+        type=positive_int,
+        default=4096,
+        help="envs all leases together may hold (default: 4096)",
+    )
+    option(
         "--health-listen",
         **env_option(
             "RLFLEET_HEALTH_LISTEN",
@@ -266,6 +278,8 @@ def run(args: argparse.Namespace) -> int:
         max_workers=args.max_workers,
         max_queued_requests=args.max_queued_requests,
         max_subscribers=args.max_subscribers,
+        max_envs_per_lease=args.max_envs_per_lease,
+        max_leased_envs=args.max_leased_envs,
         max_result_bytes=args.max_result_bytes,
         max_fragment_length=args.max_fragment_length,
         progress_deadline_seconds=args.progress_deadline,

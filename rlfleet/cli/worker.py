@@ -53,6 +53,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument(
+        "--lease-slots",
+        **env_option(
+            "RLFLEET_LEASE_SLOTS",
+            default=None,
+            type=non_negative_int,
+            help=(
+                "leased envs (RemoteVectorEnv) this worker hosts at most, besides its --envs "
+                "sampling slots (default: --envs; 0: none)"
+            ),
+        ),
+    )
+    parser.add_argument(
         "--import",
         dest="imports",
         action="append",
@@ -172,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
     config = WorkerConfig(
         coordinator=args.coordinator,
         envs=args.envs,
+        lease_slots=args.lease_slots,
         imports=tuple(args.imports),
         name=args.name or default_worker_name(),
         seed=args.seed,

@@ -430,6 +430,16 @@ class RemoteSampler:
             failed=lambda exc: self._failed(exc, "Subscribe", timeout=timeout),
         )
 
+    def open_channel(self) -> grpc.Channel:
+        """A new channel to the coordinator with this sampler's address and credentials.
+
+        For other calls that need a stream of their own (e.g.
+        :class:`~rlfleet.client.RemoteVectorEnv`'s lease); the caller closes it.
+        """
+        return _rpc.open_channel(
+            self.address, max_message_bytes=self._max_message_bytes, security=self._security
+        )
+
     def status(self) -> FleetStatus:
         """The fleet's workers, rates, agent version and env."""
         status = self._unary(

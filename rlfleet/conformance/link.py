@@ -37,16 +37,18 @@ from rlfleet.conformance.scripted_coordinator import (
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import WireFormatError
 from rlfleet.seeding import episode_seeds
-from rlfleet.v1 import updates_pb2, worker_pb2
+from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import decode_env_spec, encode_tensor_map
 
 if TYPE_CHECKING:
     from rlfleet.conformance.runner import WorkerProcess
 
 #: Capabilities defined by protocol version 1 (worker.proto Hello).
-KNOWN_CAPABILITIES = frozenset({"rlfleet.episodes", "rlfleet.fragments", "rlfleet.pickle"})
+KNOWN_CAPABILITIES = frozenset(
+    {"rlfleet.episodes", "rlfleet.fragments", "rlfleet.pickle", "rlfleet.leases"}
+)
 #: Those the test coordinator grants: never pickle (it needs an opt-in and TLS).
-GRANTED_CAPABILITIES = frozenset({"rlfleet.episodes", "rlfleet.fragments"})
+GRANTED_CAPABILITIES = frozenset({"rlfleet.episodes", "rlfleet.fragments", "rlfleet.leases"})
 
 #: An event of the stream a check waits for: a message or a whole result.
 Event: TypeAlias = Inbound | Result
@@ -356,6 +358,10 @@ class WorkerLink:
         """Sends a Cancel for some units of ``task`` (none given: the whole task)."""
         cancel = worker_pb2.Cancel(task_id=task.task_id, episode_indices=list(episode_indices))
         self._send(worker_pb2.CoordinatorMessage(cancel=cancel))
+
+    def send_lease(self, command: leases_pb2.LeaseCommand) -> None:
+        """Sends a LeaseCommand (step-level env leases, leases.proto)."""
+        self._send(worker_pb2.CoordinatorMessage(lease=command))
 
     def drain(self, reason: str, grace_seconds: float) -> None:
         """Sends a Drain."""

@@ -68,6 +68,9 @@ class CoordinatorConfig:
             fleet's mean episode length; 0 holds to ``prefetch_factor``.
             Large enough that workers report many episodes per message and
             get their next units before they run dry.
+        max_envs_per_lease: Envs one lease (one learner's remote vector
+            env) may hold; more are refused with RESOURCE_EXHAUSTED.
+        max_leased_envs: Envs all leases together may hold.
         security: TLS, the worker and learner tokens, and the pickle
             opt-in (docs/security.md). The default serves plaintext to
             anyone who can reach ``listen``, which is why that is loopback
@@ -97,6 +100,8 @@ class CoordinatorConfig:
     prefetch_factor: int = 1
     capacity_steps: int = DEFAULT_CAPACITY_STEPS
     security: ServerSecurity = field(default_factory=ServerSecurity)
+    max_envs_per_lease: int = 256
+    max_leased_envs: int = 4096
 
     def __post_init__(self) -> None:
         host, _, port = self.listen.rpartition(":")
@@ -158,6 +163,8 @@ class CoordinatorConfig:
             "max_result_bytes",
             "max_fragment_length",
             "max_envs_per_worker",
+            "max_envs_per_lease",
+            "max_leased_envs",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

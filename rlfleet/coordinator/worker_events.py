@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -29,7 +30,7 @@ from rlfleet.wire import Chunk
 logger = logging.getLogger("rlfleet.coordinator")
 
 #: Capabilities this coordinator offers (worker.proto Hello).
-CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments")
+CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments", _rpc.LEASE_CAPABILITY)
 
 
 class WorkerEvents:
@@ -41,6 +42,8 @@ class WorkerEvents:
 
     def __init__(self, state: FleetState) -> None:
         self._state = state
+        #: Called (lock not held) with each worker removed, after its units were re-queued.
+        self.lost_listeners: list[Callable[[WorkerHandle], None]] = []
 
     def admit(self, hello: worker_pb2.Hello, peer: str) -> WorkerHandle:
         """Admits a worker that said Hello and queues its Welcome and state.
@@ -291,6 +294,8 @@ class WorkerEvents:
             state.dispatch()
             state.changed.notify_all()
         handle.end(code, message, detail)
+        for listener in self.lost_listeners:
+            listener(handle)
         level = logging.INFO if code is grpc.StatusCode.OK else logging.WARNING
         logger.log(
             level,

@@ -228,6 +228,8 @@ class WorkerFace:
             events.on_agent_ready(handle, message.agent_ready)
         elif body == "error":
             events.on_error(handle, message.error.detail)
+        elif body == "lease_reply":
+            self._coordinator.leases.on_reply(handle, message.lease_reply)
         elif body == "leaving":
             events.on_leaving(handle, message.leaving)
         elif body == "hello":

@@ -43,6 +43,7 @@ from rlfleet.wire import (
 )
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._flush import FlushPolicy
+from rlfleet.worker._leases import LeaseHost
 from rlfleet.worker._tasks import TaskBook
 from rlfleet.worker.vec import VecWorker
 
@@ -101,6 +102,8 @@ class Session:
             nan_observations=config.nonfinite,
         )
         self._book = TaskBook(self._vec)
+        self._leases = LeaseHost(self.name, config.imports, self._send)
+        stream.lease_handler = self._leases.submit
         self._generation = 0
         self._leaving = False
         self._leave_deadline = float("inf")
@@ -143,6 +146,7 @@ class Session:
         finally:
             # Also unblocks gRPC's thread waiting on the request generator.
             self._stream.cancel()
+            self._leases.shutdown()
             self._vec.shutdown()
 
     def _loop(self) -> Outcome:
@@ -263,6 +267,8 @@ class Session:
             self._on_task(message.task)
         elif body == "cancel":
             self._book.cancel(message.cancel.task_id, message.cancel.episode_indices)
+        elif body == "lease":
+            self._leases.submit(message.lease)
         elif body == "drain":
             logger.info("coordinator drains this worker: %s", message.drain.reason or "no reason")
             self._start_leaving(message.drain.reason, tell=False)

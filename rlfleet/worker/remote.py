@@ -75,6 +75,9 @@ class WorkerConfig:
     Args:
         coordinator: ``HOST:PORT`` of the coordinator.
         envs: Env slots stepped together (K).
+        lease_slots: Leased envs (step-level env leases) the worker hosts at
+            most, besides its sampling slots; None: ``envs``; 0: none (it
+            does not declare the capability "rlfleet.leases").
         imports: Modules imported before envs are built (custom envs
             register on import) and the only modules whose policy classes
             (``"module:Class"`` specs) the worker may import.
@@ -117,6 +120,7 @@ class WorkerConfig:
 
     coordinator: str
     envs: int = 1
+    lease_slots: int | None = None
     imports: tuple[str, ...] = ()
     name: str = field(default_factory=default_worker_name)
     seed: int = 0
@@ -147,6 +151,11 @@ class WorkerConfig:
             raise ConfigError(f"--envs must be a positive int, got {self.envs!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"--seed must be a non-negative int, got {self.seed!r}")
+        slots = self.lease_slots
+        if slots is not None and (
+            isinstance(slots, bool) or not isinstance(slots, int) or slots < 0
+        ):
+            raise ConfigError(f"--lease-slots must be a non-negative int, got {slots!r}")
         for name in (
             "reconnect_base_seconds",
             "reconnect_max_seconds",
@@ -329,8 +338,13 @@ class RemoteWorker:
             worker_pb2.WorkerMessage(
                 hello=worker_pb2.Hello(
                     protocol_version=_rpc.PROTOCOL_VERSION,
-                    capabilities=[*CAPABILITIES, *PickleGate(config.allow_pickle).capabilities],
+                    capabilities=[
+                        *CAPABILITIES,
+                        *([_rpc.LEASE_CAPABILITY] if config.lease_slots != 0 else []),
+                        *PickleGate(config.allow_pickle).capabilities,
+                    ],
                     num_envs=config.envs,
+                    lease_slots=config.lease_slots or 0,
                     name=config.name,
                     host=socket.gethostname(),
                     pid=os.getpid(),
