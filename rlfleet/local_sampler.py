@@ -21,9 +21,9 @@ import numpy as np
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.envs.config import EnvConfig
+from rlfleet.episode_results import sort_fragments
 from rlfleet.policies.base import Policy
 from rlfleet.policies.spec import PolicySpec, make_policy
-from rlfleet.sampling import sort_fragments
 from rlfleet.worker._updates import AgentUpdate, EnvUpdate
 from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker, check_int
@@ -198,7 +198,7 @@ class LocalSampler:
 
         Returns:
             Whole rounds, ordered by stream, then episode, then piece
-            (:func:`rlfleet.sampling.sort_fragments`, the remote client's
+            (:func:`rlfleet.episode_results.sort_fragments`, the remote client's
             order too).
         """
         check_int("num_samples", num_samples, minimum=1)

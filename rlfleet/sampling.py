@@ -388,25 +388,3 @@ __all__ = [
     "stack_tensor_dict_list",
     "truncate_paths",
 ]
-
-
-def sort_fragments(batch: EpisodeBatch) -> EpisodeBatch:
-    """Orders fragment pieces by (stream, episode_index, fragment_index).
-
-    This is the canonical order of fragment batches, used by
-    ``LocalSampler.obtain_fragments`` and the remote client alike, so that
-    the same request gives the same batch whichever sampler ran it.
-
-    Args:
-        batch: Pieces whose episode_infos carry 'stream', 'episode_index'
-            and 'fragment_index'.
-
-    Raises:
-        ConfigError: If one of those infos is missing.
-    """
-    infos = batch.episode_infos
-    missing = [k for k in ("stream", "episode_index", "fragment_index") if k not in infos]
-    if missing:
-        raise ConfigError(f"sort_fragments: the batch's episode_infos lack {missing}")
-    order = np.lexsort((infos["fragment_index"], infos["episode_index"], infos["stream"]))
-    return batch.take_episodes(order)

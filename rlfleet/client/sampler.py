@@ -21,12 +21,6 @@ from typing import Literal, TypeVar
 import grpc
 
 from rlfleet import _rpc
-from rlfleet.client._assembly import (
-    Result,
-    ResultAssembler,
-    assemble_episodes,
-    assemble_fragments,
-)
 from rlfleet.client._errors import call_error
 from rlfleet.client._restore import PushedState
 from rlfleet.client._updates import (
@@ -38,6 +32,12 @@ from rlfleet.client._updates import (
 from rlfleet.client.status import FleetStatus
 from rlfleet.client.stream import SampleStream
 from rlfleet.core import EnvSpec, EpisodeBatch
+from rlfleet.episode_results import (
+    DecodedResult,
+    ResultAssembler,
+    assemble_episodes,
+    assemble_fragments,
+)
 from rlfleet.errors import (
     ConfigError,
     NoWorkersError,
@@ -74,7 +74,7 @@ class _Answer:
 
     header: learner_pb2.SampleHeader
     footer: learner_pb2.SampleFooter
-    results: list[Result]
+    results: list[DecodedResult]
 
 
 class RemoteSampler:
@@ -507,9 +507,9 @@ class RemoteSampler:
     def _collect(
         self, call: Iterable[_rpc.WithChunk], mode: int, amount: int, progress: Progress | None
     ) -> _Answer:
-        assembler = ResultAssembler()
+        assembler = ResultAssembler(per_worker=True)
         header: learner_pb2.SampleHeader | None = None
-        results: list[Result] = []
+        results: list[DecodedResult] = []
         done = 0
         for item in call:
             message = item.message

@@ -9,9 +9,9 @@ from typing import NamedTuple
 import grpc
 
 from rlfleet import _rpc
-from rlfleet.client._assembly import ResultAssembler, canonical
 from rlfleet.client._errors import call_error
 from rlfleet.core import EnvSpec, EpisodeBatch
+from rlfleet.episode_results import ResultAssembler
 from rlfleet.errors import ProtocolError
 from rlfleet.v1 import spaces_pb2
 
@@ -57,7 +57,7 @@ class SampleStream:
         self._what = what
         self._decode_spec = decode_spec
         self._timeout = timeout
-        self._assembler = ResultAssembler()
+        self._assembler = ResultAssembler(per_worker=True)
         self._closed = False
 
     def __iter__(self) -> SampleStream:
@@ -90,7 +90,7 @@ class SampleStream:
             elif body == "result":
                 result = self._assembler.add(message.result, item.chunk)
                 if result is not None:
-                    return StreamedBatch(canonical(result.batch), result.meta.agent_version)
+                    return StreamedBatch(result.batch, result.header.agent_version)
             elif body == "footer":
                 continue  # a subscription has none; tolerated
             else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rlfleet.coordinator.failures import invalid
 from rlfleet.coordinator.scheduler import CancelOrder, Footer, Mode, TaskOrder
+from rlfleet.episode_results import ResultHeader
 from rlfleet.v1 import learner_pb2, worker_pb2
 
 
@@ -80,6 +81,18 @@ def cancel_message(order: CancelOrder) -> worker_pb2.CoordinatorMessage:
     """The Cancel message of a scheduler order."""
     return worker_pb2.CoordinatorMessage(
         cancel=worker_pb2.Cancel(task_id=order.task_id, episode_indices=order.episode_indices)
+    )
+
+
+def forwarded_result(header: ResultHeader, worker_id: int) -> worker_pb2.EpisodeResult:
+    """The EpisodeResult metadata the learner gets: the worker's, with its id."""
+    return worker_pb2.EpisodeResult(
+        task_id=header.task_id,
+        episode_indices=header.episode_indices,
+        lengths=header.lengths,
+        agent_version=header.agent_version,
+        env_generation=header.env_generation,
+        worker_id=worker_id,
     )
 
 

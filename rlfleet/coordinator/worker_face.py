@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 from rlfleet import _rpc
 from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.failures import CallError
-from rlfleet.coordinator.registry import Ending, PartialResult, WorkerHandle
+from rlfleet.coordinator.registry import Ending, WorkerHandle
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
 from rlfleet.security import InflightBudget
 from rlfleet.v1 import worker_pb2
@@ -234,14 +234,8 @@ class WorkerFace:
         if chunk is None:
             raise ProtocolError(f"worker {handle.name!r} sent an EpisodeResult without its chunk")
         budget.charge(len(chunk.data))  # raises past the in-flight limit
-        payload = handle.assembler.add(chunk)  # raises on any disorder
-        if chunk.index == 0:
-            handle.partial = PartialResult(meta)
-        if handle.partial is None:  # the assembler only continues a batch begun at 0
-            raise ProtocolError(f"worker {handle.name!r}: a chunk continues no result")
-        handle.partial.chunks.append(chunk)
-        if payload is None:
+        joined = handle.assembler.join(meta, chunk)  # raises on any disorder
+        if joined is None:
             return
         budget.release()
-        result, handle.partial = handle.partial, None
-        self._coordinator.workers.on_result(handle, result.meta, result.chunks, payload)
+        self._coordinator.workers.on_result(handle, joined)
