@@ -778,7 +778,7 @@ def _space_problem(name: str, array: np.ndarray, space: gym.Space) -> str | None
         return None
     bad = np.argwhere(~inside)[0]
     step = int(bad[0])
-    value = array[tuple(bad)]
+    value = array[tuple(bad)].item()
     return f"{name}[{step}] holds {value!r}, outside the space {space}"
 
 
