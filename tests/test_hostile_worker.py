@@ -45,7 +45,7 @@ SEED = 21
 EPISODES = 4
 
 
-def replaced(batch: EpisodeBatch, **fields: object) -> EpisodeBatch:
+def replaced(batch: EpisodeBatch, **fields: Any) -> EpisodeBatch:
     return dataclasses.replace(batch, **fields)
 
 
