@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 import numpy as np
