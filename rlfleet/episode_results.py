@@ -297,14 +297,22 @@ def decode_result(joined: JoinedResult, env_spec: EnvSpec) -> DecodedResult:
 def assemble_episodes(results: Sequence[DecodedResult], num_episodes: int) -> EpisodeBatch:
     """The episodes 0..num_episodes-1 of the results, in index order.
 
-    Results may hold episodes past ``num_episodes`` (run speculatively);
-    they are dropped.
+    Raises:
+        ResultError: As :func:`first_episodes`.
+    """
+    return first_episodes(_concatenate(results), num_episodes)
+
+
+def first_episodes(batch: EpisodeBatch, num_episodes: int) -> EpisodeBatch:
+    """The episodes 0..num_episodes-1 of a batch, in index order.
+
+    The batch may hold episodes past ``num_episodes`` (run speculatively);
+    they are dropped. LocalSampler and the remote client both answer with it.
 
     Raises:
         ResultError: If an episode below ``num_episodes`` is missing or
             came twice.
     """
-    batch = _concatenate(results)
     indices = np.asarray(batch.episode_infos["episode_index"])
     kept = np.flatnonzero(indices < num_episodes)
     order = kept[np.argsort(indices[kept], kind="stable")]
@@ -484,6 +492,8 @@ def value_problems(batch: EpisodeBatch, env_spec: EnvSpec) -> list[str]:
     dtype for discrete spaces), bounds, and integral values where the space
     is discrete (also inside flattened Dict and Tuple spaces). Actions of a
     float Box need only be finite (policies sample outside it; envs clip).
+    NaN passes the bounds of float values (the worker's ``--nonfinite``
+    setting decides about those), not the integral check.
     Rewards must be finite. Shapes were checked when the batch was built.
 
     Returns:
@@ -770,8 +780,10 @@ def _space_problem(name: str, array: np.ndarray, space: gym.Space) -> str | None
         return f"{name} are {array.dtype}, not numbers"
     if bounds.dtype is None and not flat and array.dtype.kind == "f":
         return f"{name} are {array.dtype}; the discrete space {space} holds integers"
-    # NaN fails both comparisons, as in Box.contains.
-    inside = (array >= bounds.low) & (array <= bounds.high)
+    # NaN passes: whether NaN observations are an error, a flag or let
+    # through is the worker's --nonfinite setting (docs/reliability.md). In
+    # a discrete space it fails the integral check below.
+    inside = ~((array < bounds.low) | (array > bounds.high))
     if array.dtype.kind == "f" and bounds.integral.any():
         inside &= ~bounds.integral | (array == np.floor(array))
     if inside.all():
@@ -811,6 +823,7 @@ __all__ = [
     "check_result",
     "cut_pieces",
     "decode_result",
+    "first_episodes",
     "pieces_by_stream",
     "result_problems",
     "sort_fragments",
