@@ -16,16 +16,17 @@ from types import TracebackType
 
 import gymnasium as gym
 
+from rlfleet._values import check_int
 from rlfleet.coordinator.scheduler import Mode, RequestSpec, Scheduler
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.core.episode_order import first_episodes, sort_fragments
 from rlfleet.envs.config import EnvConfig
-from rlfleet.episode_results import first_episodes, sort_fragments
 from rlfleet.policies.base import Policy
 from rlfleet.policies.spec import PolicySpec, make_policy
 from rlfleet.worker._updates import AgentUpdate, EnvUpdate
 from rlfleet.worker.units import EpisodeUnit
-from rlfleet.worker.vec import VecWorker, check_int
+from rlfleet.worker.vec import VecWorker
 
 #: A worker hands its finished episodes over once they hold this many steps
 #: (or when its queue runs dry), as a remote worker flushes a message.
@@ -203,7 +204,7 @@ class LocalSampler:
 
         Returns:
             Whole rounds, ordered by stream, then episode, then piece
-            (:func:`rlfleet.episode_results.sort_fragments`, the remote client's
+            (:func:`rlfleet.core.episode_order.sort_fragments`, the remote client's
             order too).
         """
         check_int("num_samples", num_samples, minimum=1)

@@ -21,6 +21,7 @@ from typing import Literal, TypeVar
 import grpc
 
 from rlfleet import _rpc
+from rlfleet._values import check_int
 from rlfleet.client._errors import call_error
 from rlfleet.client._restore import PushedState
 from rlfleet.client._updates import (
@@ -376,8 +377,7 @@ class RemoteSampler:
                 )
             request.fragment_length = fragment_length
         if max_buffered_steps is not None:
-            if max_buffered_steps < 1:
-                raise ConfigError(f"max_buffered_steps must be >= 1, got {max_buffered_steps}")
+            check_int("max_buffered_steps", max_buffered_steps)
             request.max_buffered_steps = max_buffered_steps
         if self.seed is not None:
             request.seed = self.seed
@@ -465,10 +465,9 @@ class RemoteSampler:
         itr: int = 0,
         progress: Progress | None,
     ) -> _Answer:
-        if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
-            raise ConfigError(f"the amount to sample must be an int >= 1, got {amount!r}")
-        if mode == _FRAGMENTS and fragment_length < 1:
-            raise ConfigError(f"fragment_length must be >= 1, got {fragment_length!r}")
+        check_int("the amount to sample", amount)
+        if mode == _FRAGMENTS:
+            check_int("fragment_length", fragment_length)
         request = learner_pb2.SampleRequest(
             mode=mode,  # type: ignore[arg-type]
             amount=amount,

@@ -11,7 +11,6 @@ polled without waiting, and sends only queue messages for gRPC's thread.
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import math
 import queue
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 
 from rlfleet import _rpc
+from rlfleet._values import json_object
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import (
@@ -333,7 +333,10 @@ class Session:
                 policy.set_param_values({**policy.get_param_values(), **params})
             return policy
         if update.HasField("policy"):
-            spec = PolicySpec(update.policy.name, _json_object(update.policy.kwargs_json))
+            spec = PolicySpec(
+                update.policy.name,
+                json_object(update.policy.kwargs_json, "AgentUpdate.policy.kwargs_json"),
+            )
             policy = make_policy(
                 spec,
                 self._vec.env_spec,
@@ -533,19 +536,9 @@ def _env_config(
             "from the network; start the worker with --import MODULE and send the plain id"
         )
     length = update.max_episode_length if update.HasField("max_episode_length") else None
-    return EnvConfig(update.env_id, _json_object(update.kwargs_json), length, imports)
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"kwargs are not valid JSON ({exc}): {text[:200]!r}") from exc
-    if not isinstance(value, dict):
-        raise ConfigError(f"kwargs must be a JSON object, got {text[:200]!r}")
-    return value
+    return EnvConfig(
+        update.env_id, json_object(update.kwargs_json, "EnvUpdate.kwargs_json"), length, imports
+    )
 
 
 def _observation_bytes(spec: EnvSpec) -> int:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._values import check_int
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.errors import ConfigError, PolicyError, UsageError
@@ -629,12 +630,6 @@ class _UnitSink:
         if restarted and live.unit is not None:
             # Re-run from its seeds: the episode stays the same episode.
             self._worker._queue.appendleft(live.unit)
-
-
-def check_int(name: str, value: Any, *, minimum: int) -> None:
-    """Raises ConfigError unless ``value`` is an int >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 __all__ = ["NanMode", "VecWorker"]
