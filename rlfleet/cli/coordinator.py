@@ -23,8 +23,8 @@ from typing import Any
 from rlfleet._values import json_object
 from rlfleet.cli._args import non_negative_int, positive_float, positive_int
 from rlfleet.cli._env import env_option
+from rlfleet.cli._security_flags import add_server_flags, server_security_from_args
 from rlfleet.errors import ConfigError
-from rlfleet.security.flags import add_server_flags, server_security_from_args
 
 logger = logging.getLogger("rlfleet.coordinator")
 

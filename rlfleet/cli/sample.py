@@ -26,7 +26,7 @@ import numpy as np
 
 from rlfleet.cli._args import non_negative_int, positive_float, positive_int
 from rlfleet.cli._env import env_option
-from rlfleet.security.flags import add_client_flags, learner_options_from_args
+from rlfleet.cli._security_flags import add_client_flags, learner_options_from_args
 
 if TYPE_CHECKING:
     from rlfleet.core import EpisodeBatch

@@ -43,7 +43,8 @@ from rlfleet.wire import (
 )
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._flush import FlushPolicy
-from rlfleet.worker._tasks import TaskBook
+from rlfleet.worker._tasks import EpisodeTask, FragmentTask, Task, TaskBook
+from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker
 
 if TYPE_CHECKING:
@@ -375,7 +376,7 @@ class Session:
                 ProtocolError(f"task {task.task_id} asks for {problem}"), task_id=task.task_id
             )
             return
-        self._book.add(task)
+        self._book.add(*_task_of(task))
 
     def _on_task_error(self, exc: Exception) -> None:
         """Reports an error that stops a request, once per request, and drops its tasks.
@@ -551,3 +552,23 @@ def _observation_bytes(spec: EnvSpec) -> int:
 
 def _traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc))
+
+
+def _task_of(task: worker_pb2.Task) -> tuple[Task, list[EpisodeUnit]]:
+    """The TaskBook's view of a Task message: the task and its units."""
+    if task.mode == worker_pb2.SAMPLE_MODE_FRAGMENTS:
+        fragments = FragmentTask(
+            task.task_id,
+            task.request_id,
+            task.agent_version,
+            task.env_generation,
+            task.fragment_length,
+            task.base_seed,
+            task.rounds,
+        )
+        return fragments, []
+    episodes = EpisodeTask(task.task_id, task.request_id, task.agent_version, task.env_generation)
+    units = [
+        EpisodeUnit(u.episode_index, u.env_seed, u.policy_seed, task.task_id) for u in task.units
+    ]
+    return episodes, units
