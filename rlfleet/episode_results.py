@@ -49,7 +49,7 @@ FRAGMENT_INFO_KEYS = ("stream", "fragment_index")
 
 #: PayloadKind of an EpisodeBatch: the only kind a result carries.
 _EPISODE_BATCH_KIND = payload_kind(EpisodeBatch)
-_LAST = np.array([StepType.TERMINAL, StepType.TIMEOUT])
+_TERMINAL, _TIMEOUT = int(StepType.TERMINAL), int(StepType.TIMEOUT)
 #: Problems listed per failure; the rest are counted.
 _MAX_LISTED = 5
 
@@ -415,7 +415,7 @@ def step_type_problems(
     ends = np.cumsum(lengths) - 1
     starts = ends - lengths + 1
     last = types[ends]
-    ended = np.isin(last, _LAST)
+    ended = _ends_episode(last)
     expected = np.full(len(types), int(StepType.MID), dtype=types.dtype)
     expected[starts[starts_episode]] = int(StepType.FIRST)
     expected[ends[ended]] = last[ended]
@@ -531,7 +531,8 @@ def _metadata_problems(result: DecodedResult, expect: ResultExpectation) -> list
 def _episode_problems(result: DecodedResult, expect: ResultExpectation) -> list[str]:
     indices = list(result.header.episode_indices)
     problems = []
-    if any(b <= a for a, b in itertools.pairwise(indices)) or min(indices, default=0) < 0:
+    index_array = result.infos("episode_index")
+    if index_array.size and (np.any(np.diff(index_array) <= 0) or index_array[0] < 0):
         problems.append(f"episode_indices {_short(indices)} are not strictly ascending from 0")
     units = expect.units
     if units is not None:
@@ -624,7 +625,12 @@ def _stream_seeds(base_seed: int, stream: int, episode: int) -> tuple[int, int]:
 
 def cut_pieces(batch: EpisodeBatch) -> np.ndarray:
     """(N,) bool: whether each piece ends without ending its episode."""
-    return ~np.isin(batch.step_types[np.cumsum(batch.lengths) - 1], _LAST)
+    return ~_ends_episode(batch.step_types[np.cumsum(batch.lengths) - 1])
+
+
+def _ends_episode(step_types: np.ndarray) -> np.ndarray:
+    # Two comparisons: np.isin sorts, ~10x slower on a result's pieces.
+    return (step_types == _TERMINAL) | (step_types == _TIMEOUT)
 
 
 def pieces_by_stream(result: DecodedResult) -> tuple[list[int], list[np.ndarray]]:
@@ -643,6 +649,16 @@ class _Bounds:
     high: np.ndarray
     integral: np.ndarray  # bool: where values must be whole numbers
     dtype: np.dtype | None  # the dtype the array must have (None: any real dtype)
+
+    @functools.cached_property
+    def check_low(self) -> bool:
+        """Whether some lower bound is finite (else nothing is below it)."""
+        return bool(np.isfinite(self.low).any())
+
+    @functools.cached_property
+    def check_high(self) -> bool:
+        """Whether some upper bound is finite."""
+        return bool(np.isfinite(self.high).any())
 
 
 #: (id(space), flat, actions) -> (space, its bounds): spaces are unhashable,
@@ -735,11 +751,19 @@ def _space_problem(name: str, array: np.ndarray, space: gym.Space) -> str | None
         return f"{name} are {array.dtype}, not numbers"
     if bounds.dtype is None and not flat and array.dtype.kind == "f":
         return f"{name} are {array.dtype}; the discrete space {space} holds integers"
-    # NaN passes: whether NaN observations are an error, a flag or let
-    # through is the worker's --nonfinite setting (docs/reliability.md). In
-    # a discrete space it fails the integral check below.
+    integral = array.dtype.kind == "f" and bool(bounds.integral.any())
+    # Two comparisons and two any(): ~40 us for 4608 CartPole steps, where
+    # per-column min/max reductions took ~500 us. Infinite bounds are skipped.
+    # NaN passes (both comparisons are false): whether NaN observations are
+    # an error, a flag or let through is the worker's --nonfinite setting
+    # (docs/reliability.md). In a discrete space it fails the integral check.
+    below = bounds.check_low and bool(np.any(array < bounds.low))
+    above = bounds.check_high and bool(np.any(array > bounds.high))
+    fractional = integral and not bool(np.all(~bounds.integral | (array == np.floor(array))))
+    if not (below or above or fractional):
+        return None
     inside = ~((array < bounds.low) | (array > bounds.high))
-    if array.dtype.kind == "f" and bounds.integral.any():
+    if integral:
         inside &= ~bounds.integral | (array == np.floor(array))
     if inside.all():
         return None

@@ -266,6 +266,8 @@ class _Task:
     # Episode tasks: every index given, and those not back yet.
     assigned: frozenset[int] = frozenset()
     outstanding: set[int] = field(default_factory=set)
+    # ... and each index's (env_seed, policy_seed), against which results are checked.
+    seeds: dict[int, tuple[int, int]] = field(default_factory=dict)
     # Fragment tasks (rounds >= 1): windows asked for and received.
     rounds: int = 0
     received: int = 0
@@ -612,6 +614,15 @@ class Scheduler:
         task = self._tasks.get(task_id)
         return None if task is None else task.request_id
 
+    def unit_seeds(self, task_id: int) -> dict[int, tuple[int, int]]:
+        """Episode index -> (env_seed, policy_seed) of a live episode task's units.
+
+        Kept from dispatch, so checking a result's seeds derives none again.
+        Empty for fragment tasks and retired tasks.
+        """
+        task = self._tasks.get(task_id)
+        return {} if task is None else task.seeds
+
     def footer(self, request_id: int) -> Footer:
         """The footer of a done request."""
         return self._requests[request_id].footer()
@@ -756,6 +767,7 @@ class Scheduler:
             task.outstanding = set(indices)
             worker.units += len(indices)
             units = request.units(sorted(indices))
+            task.seeds = {u.episode_index: (u.env_seed, u.policy_seed) for u in units}
             orders.append(self._order(task, request, units=units))
         return orders
 

@@ -25,13 +25,11 @@ from rlfleet.episode_results import (
     JoinedResult,
     ResultError,
     ResultExpectation,
-    ResultHeader,
     check_result,
     decode_result,
 )
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.security import PICKLE_CAPABILITY
-from rlfleet.seeding import episode_seeds_many
 from rlfleet.v1 import updates_pb2, worker_pb2
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -224,11 +222,12 @@ class WorkerEvents:
             if outcome.verdict is Verdict.REJECT:
                 raise ResultError(f"{header.where}: {outcome.reason}")
             spec = state.scheduler.request_spec(outcome.request_id)
+            seeds = state.scheduler.unit_seeds(header.task_id)
             latest = state.agent.version
             env_spec = state.env.spec
         if env_spec is None:  # cannot happen: results follow an EnvReady
             raise ResultError(f"{header.where} arrived before any EnvReady")
-        expect = _expectation(handle, spec, header, env_spec, latest)
+        expect = _expectation(handle, spec, seeds, env_spec, latest)
         check_result(decode_result(joined, env_spec), expect)
         with state.lock:
             if not handle.alive:
@@ -286,7 +285,7 @@ class WorkerEvents:
 def _expectation(
     handle: WorkerHandle,
     spec: RequestSpec,
-    header: ResultHeader,
+    seeds: dict[int, tuple[int, int]],
     env_spec: EnvSpec,
     latest_agent_version: int,
 ) -> ResultExpectation:
@@ -300,11 +299,7 @@ def _expectation(
             fragment_length=spec.fragment_length,
         )
     else:
-        # classify() vouched that the indices are the task's units; their
-        # seeds follow from the request, as the scheduler derived them.
-        indices = list(header.episode_indices)
-        seeds = episode_seeds_many(spec.seed, spec.request_index, indices)
-        units = dict(zip(indices, seeds, strict=True))
+        units = seeds  # classify() vouched that the indices are the task's units
     return ResultExpectation(
         env_spec=env_spec,
         worker_id=handle.worker_id,
