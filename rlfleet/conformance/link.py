@@ -1,7 +1,7 @@
 """One worker's Join stream, as a check drives it: the coordinator's script.
 
 :class:`WorkerLink` speaks the coordinator's side of worker.proto over a
-:class:`~rlfleet.conformance.scripted_coordinator.Session`: the handshake,
+:class:`~rlfleet.conformance.scripted_coordinator.ScriptedSession`: the handshake,
 env and agent updates, tasks, cancels and drains, and waiting for what the
 worker must answer. Everything the worker sends on the way is checked as it
 arrives: message sizes against Welcome.max_message_bytes, and every
@@ -32,7 +32,7 @@ from rlfleet.conformance.scripted_coordinator import (
     MALFORMED,
     Inbound,
     ScriptedCoordinator,
-    Session,
+    ScriptedSession,
 )
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.episode_results import (
@@ -49,7 +49,7 @@ from rlfleet.v1 import updates_pb2, worker_pb2
 from rlfleet.wire import decode_env_spec, encode_tensor_map
 
 if TYPE_CHECKING:
-    from rlfleet.conformance.runner import WorkerProcess
+    from rlfleet.conformance.runner import WorkerUnderTest
 
 #: Capabilities defined by protocol version 1 (worker.proto Hello).
 KNOWN_CAPABILITIES = frozenset({"rlfleet.episodes", "rlfleet.fragments", "rlfleet.pickle"})
@@ -104,12 +104,12 @@ class WorkerLink:
 
     def __init__(
         self,
-        session: Session,
+        session: ScriptedSession,
         hello: worker_pb2.Hello,
         welcome: worker_pb2.Welcome,
         *,
         timeout: float,
-        process: WorkerProcess | None,
+        process: WorkerUnderTest | None,
     ) -> None:
         self.session = session
         self.hello = hello
@@ -134,7 +134,7 @@ class WorkerLink:
         *,
         timeout: float,
         join_timeout: float | None = None,
-        process: WorkerProcess | None = None,
+        process: WorkerUnderTest | None = None,
         settings: WelcomeSettings | None = None,
     ) -> WorkerLink:
         """Waits for a worker's Join call and answers its Hello with Welcome.
@@ -590,8 +590,8 @@ class WorkerLink:
 
 
 def _accept(
-    coordinator: ScriptedCoordinator, timeout: float, process: WorkerProcess | None
-) -> Session:
+    coordinator: ScriptedCoordinator, timeout: float, process: WorkerUnderTest | None
+) -> ScriptedSession:
     deadline = time.monotonic() + timeout
     while (remaining := deadline - time.monotonic()) > 0:
         session = coordinator.accept(min(remaining, 0.2))
@@ -609,7 +609,7 @@ def _accept(
 
 
 def _hello_of(
-    first: Inbound | None, timeout: float, process: WorkerProcess | None
+    first: Inbound | None, timeout: float, process: WorkerUnderTest | None
 ) -> worker_pb2.Hello:
     if first is None:
         raise CheckFailed(
@@ -650,7 +650,7 @@ def kind_name(kind: int) -> str:
     return f"error kind {kind}"
 
 
-def _context(process: WorkerProcess | None) -> str:
+def _context(process: WorkerUnderTest | None) -> str:
     return f"\n{process.describe()}" if process is not None else ""
 
 
