@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlfleet.conformance.checks import continuity_problems
 from rlfleet.core import EnvSpec, EpisodeBatch
@@ -26,6 +28,7 @@ from rlfleet.episode_results import (
     ResultHeader,
     check_result,
     step_type_problems,
+    value_problems,
 )
 from rlfleet.errors import WireFormatError
 from rlfleet.seeding import stream_seeds
@@ -315,3 +318,112 @@ def test_metadata_repeated_on_later_chunks_fails() -> None:
     assembler.add(*messages[0])
     with pytest.raises(ResultError, match="chunk 1 repeats episode_indices/lengths"):
         assembler.add(*messages[1])
+
+
+# --- values against the spaces ---------------------------------------------------------------
+
+SPACES = {
+    "box": gym.spaces.Box(
+        np.array([-1.0, -np.inf, 0.0], np.float32), np.array([1.0, np.inf, 5.0], np.float32)
+    ),
+    "discrete": gym.spaces.Discrete(3, start=-1),
+    "multi_discrete": gym.spaces.MultiDiscrete([2, 4]),
+    "multi_binary": gym.spaces.MultiBinary(3),
+    "int_box": gym.spaces.Box(10, 20, (2,), np.uint8),
+}
+
+
+def rows_within(space: gym.Space, rows: np.ndarray) -> list[bool]:
+    """gymnasium's own verdict, one row at a time (the slow reference)."""
+    return [bool(space.contains(row)) for row in rows]
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(sorted(SPACES)), seed=st.integers(0, 2**31 - 1))
+def test_observation_checks_agree_with_space_contains(name: str, seed: int) -> None:
+    # Vectorised bounds, dtypes and integrality give gymnasium's verdict on
+    # every row: values drawn around the bounds, some inside, some outside.
+    space = SPACES[name]
+    rng = np.random.default_rng(seed)
+    rows = np.stack([np.asarray(space.sample()) for _ in range(6)])
+    if rng.random() < 0.6:  # nudge one value of one row, maybe out of the space
+        where = (int(rng.integers(len(rows))), *(int(rng.integers(d)) for d in rows.shape[1:]))
+        nudge = rng.normal(0, 1.5) if rows.dtype.kind == "f" else int(rng.integers(-2, 3))
+        value = np.float64(rows[where]) + nudge  # no wrap-around before the cast
+        rows[where] = np.asarray(value).astype(rows.dtype)
+    spec = EnvSpec(space, gym.spaces.Discrete(2), 10)
+    batch = make_spec_batch(spec, rows)
+    expected_ok = all(rows_within(space, rows)) and all(rows_within(space, batch.last_observations))
+    problems = value_problems(batch, spec)
+    assert (problems == []) == expected_ok, (rows, problems)
+
+
+def make_spec_batch(spec: EnvSpec, observations: np.ndarray) -> EpisodeBatch:
+    n = len(observations)
+    space = spec.action_space
+    actions = np.zeros(n, dtype=np.int64)
+    if isinstance(space, gym.spaces.Box):
+        actions = np.zeros((n, *space.shape), dtype=space.dtype)
+    return EpisodeBatch(
+        env_spec=spec,
+        episode_infos={},
+        observations=observations,
+        last_observations=observations[:1],
+        actions=actions,
+        rewards=np.zeros(n),
+        env_infos={},
+        agent_infos={},
+        step_types=np.array([F, *[M] * (n - 2), TERM], dtype=np.uint8),
+        lengths=np.array([n]),
+    )
+
+
+@pytest.mark.parametrize(
+    ("actions", "message"),
+    [
+        (np.array([0, 1, 2, 0, 1, 0]), "actions[2] holds 2, outside the space Discrete(2)"),
+        (np.array([0, 1, -1, 0, 1, 0]), "actions[2] holds -1"),
+        (np.array([0.0, 1.0, 0.5, 0, 1, 0]), "actions are float64; the discrete space"),
+    ],
+)
+def test_discrete_actions_outside_the_space_are_named(actions: np.ndarray, message: str) -> None:
+    spec = EnvSpec(SPACES["box"], gym.spaces.Discrete(2), 10)
+    batch = dataclasses.replace(
+        make_spec_batch(spec, np.zeros((6, 3), np.float32)), actions=actions
+    )
+    assert any(message in p for p in value_problems(batch, spec)), value_problems(batch, spec)
+
+
+def test_float_box_actions_may_leave_the_box_but_must_be_finite() -> None:
+    # Gaussian policies sample outside the box and the env clips.
+    action_space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+    spec = EnvSpec(SPACES["box"], action_space, 10)
+    batch = make_spec_batch(spec, np.zeros((4, 3), np.float32))
+    outside = dataclasses.replace(batch, actions=np.full((4, 1), 7.5, np.float32))
+    assert value_problems(outside, spec) == []
+    infinite = dataclasses.replace(batch, actions=np.full((4, 1), np.inf, np.float32))
+    assert "actions[0] holds inf" in value_problems(infinite, spec)[0]
+
+
+def test_flattened_dict_observations_are_checked_part_by_part() -> None:
+    space = gym.spaces.Dict(
+        {"pos": gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "mode": gym.spaces.Discrete(3)}
+    )
+    spec = EnvSpec(space, gym.spaces.Discrete(2), 10)
+    good = np.stack([np.asarray(gym.spaces.flatten(space, space.sample())) for _ in range(4)])
+    assert value_problems(make_spec_batch(spec, good.astype(np.float32)), spec) == []
+    bad = good.astype(np.float32)
+    bad[2, 0] = 0.5  # a one-hot entry of the Discrete part (flatten sorts keys: mode first)
+    assert "observations[2] holds 0.5" in value_problems(make_spec_batch(spec, bad), spec)[0]
+
+
+def test_nan_observations_pass_the_bounds_and_nan_rewards_do_not() -> None:
+    spec = EnvSpec(SPACES["box"], gym.spaces.Discrete(2), 10)
+    observations = np.zeros((4, 3), np.float32)
+    observations[1, 0] = np.nan  # the worker's --nonfinite setting decides about these
+    batch = make_spec_batch(spec, observations)
+    assert value_problems(batch, spec) == []
+    rewards = np.array([0.0, np.nan, 0.0, 0.0])
+    assert value_problems(dataclasses.replace(batch, rewards=rewards), spec) == [
+        "rewards hold NaN or inf at step 1"
+    ]
