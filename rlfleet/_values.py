@@ -19,14 +19,20 @@ from rlfleet.errors import ConfigError
 _QUOTED_CHARS = 200
 
 
-def check_int(name: str, value: Any, *, minimum: int = 1) -> int:
-    """Checks that ``value`` is an int (not a bool) >= ``minimum``; returns it.
+def check_int(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """Checks that ``value`` is an int (not a bool) in ``[minimum, maximum]``; returns it.
+
+    ``maximum`` is what the protocol field carrying the value can hold
+    (e.g. ``2**32 - 1`` for a uint32); None for no upper bound.
 
     Raises:
-        ConfigError: ``"<name> must be an int >= <minimum>, got <value>"``.
+        ConfigError: ``"<name> must be an int >= <minimum>, got <value>"``
+            (or ``<= <maximum>``).
     """
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
         raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be an int <= {maximum}, got {value!r}")
     return int(value)
 
 

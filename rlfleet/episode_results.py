@@ -299,7 +299,9 @@ def assemble_episodes(results: Sequence[DecodedResult], num_episodes: int) -> Ep
     """The episodes 0..num_episodes-1 of the results, in index order.
 
     Raises:
-        ResultError: As :func:`first_episodes`.
+        ProtocolError: If an episode below ``num_episodes`` is missing or came
+            twice (:func:`~rlfleet.core.episode_order.first_episodes`), or
+            the results hold none or lack episode indices.
     """
     return first_episodes(_concatenate(results), num_episodes)
 
