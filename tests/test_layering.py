@@ -8,8 +8,7 @@
   module that stops importing ``rlfleet.v1`` must leave it, and none may
   join it, so it only shrinks.
 * ``rlfleet.security`` does not import ``rlfleet.cli``.
-* Public class names are unique across the package (STYLE.md), but for the
-  listed ones still to be renamed (a ratchet too).
+* Public class names are unique across the package (STYLE.md).
 * The local path (LocalSampler, the Scheduler it drives, VecWorker,
   policies, envs, sampling utilities) loads neither gRPC nor protobuf.
 
@@ -91,9 +90,6 @@ PROTOBUF_HOLDERS = {
     "rlfleet.worker.remote",
 }
 
-#: Public class names still defined twice: only ever shrinks.
-DUPLICATE_CLASS_NAMES = {"Outcome"}  # coordinator.scheduler and worker._session
-
 #: The local path: none of these may load gRPC or protobuf.
 LOCAL_MODULES = (
     "rlfleet",
@@ -170,9 +166,8 @@ def test_public_class_names_are_unique() -> None:
         for node in ast.parse(path.read_text(), str(path)).body:
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                 homes.setdefault(node.name, []).append(module_name(path))
-    twice = {name for name, where in homes.items() if len(where) > 1}
-    assert twice <= DUPLICATE_CLASS_NAMES, {n: homes[n] for n in twice - DUPLICATE_CLASS_NAMES}
-    assert twice == DUPLICATE_CLASS_NAMES, "renamed: remove it from DUPLICATE_CLASS_NAMES"
+    twice = {name: where for name, where in homes.items() if len(where) > 1}
+    assert not twice, f"class names defined more than once: {twice}"
 
 
 @pytest.mark.parametrize("module", LOCAL_MODULES)

@@ -7,8 +7,8 @@ import pytest
 from rlfleet.coordinator.scheduler import (
     CancelOrder,
     Mode,
-    Outcome,
     RequestSpec,
+    ResultRuling,
     Scheduler,
     TaskOrder,
     Verdict,
@@ -41,7 +41,7 @@ def by_worker(orders: list[TaskOrder]) -> dict[int, list[int]]:
 
 def finish_units(
     scheduler: Scheduler, order: TaskOrder, lengths: dict[int, int], only: list[int] | None = None
-) -> Outcome:
+) -> ResultRuling:
     done = only if only is not None else indices(order)
     return scheduler.complete(order.worker_id, order.task_id, done, [lengths[i] for i in done])
 

@@ -191,7 +191,7 @@ class Footer:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ResultRuling:
     """The scheduler's answer to a result.
 
     Attributes:
@@ -834,7 +834,9 @@ class Scheduler:
 
     # --- results --------------------------------------------------------------
 
-    def classify(self, worker_id: int, task_id: int, episode_indices: Iterable[int]) -> Outcome:
+    def classify(
+        self, worker_id: int, task_id: int, episode_indices: Iterable[int]
+    ) -> ResultRuling:
         """Judges a result without changing any state.
 
         The coordinator calls this before decoding a result (no need to
@@ -844,12 +846,14 @@ class Scheduler:
         if task is None:
             if 0 < task_id <= self._last_task_id:
                 # Retired: its request ended or its units were cancelled.
-                return Outcome(Verdict.IGNORE, reason=f"task {task_id} is over")
-            return Outcome(Verdict.REJECT, reason=f"task {task_id} was never sent")
+                return ResultRuling(Verdict.IGNORE, reason=f"task {task_id} is over")
+            return ResultRuling(Verdict.REJECT, reason=f"task {task_id} was never sent")
         request = self._requests[task.request_id]
 
-        def outcome(verdict: Verdict, reason: str = "") -> Outcome:
-            return Outcome(verdict, request.request_id, reason, subscription=request.subscription)
+        def outcome(verdict: Verdict, reason: str = "") -> ResultRuling:
+            return ResultRuling(
+                verdict, request.request_id, reason, subscription=request.subscription
+            )
 
         if task.worker_id != worker_id:
             return outcome(Verdict.REJECT, f"task {task_id} belongs to another worker")
@@ -876,7 +880,7 @@ class Scheduler:
         task_id: int,
         episode_indices: Iterable[int],
         lengths: Iterable[int],
-    ) -> Outcome:
+    ) -> ResultRuling:
         """Records a (validated) result; returns what to do with it.
 
         Args:
@@ -913,7 +917,7 @@ class Scheduler:
                 self._workers[worker_id].windows -= 1
             if task.windows_left == 0:
                 self._retire(task)
-        return Outcome(
+        return ResultRuling(
             Verdict.ACCEPT,
             request_id=request.request_id,
             done=request.done,
