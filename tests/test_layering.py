@@ -63,11 +63,11 @@ GRPC_MODULES = {
 PROTOBUF_HOLDERS = {
     "rlfleet._rpc",
     "rlfleet.cli.sample",
+    "rlfleet.client._responses",
     "rlfleet.client._restore",
     "rlfleet.client._updates",
     "rlfleet.client.sampler",
     "rlfleet.client.status",
-    "rlfleet.client.stream",
     "rlfleet.conformance.agents",
     "rlfleet.conformance.checks",
     "rlfleet.conformance.link",
