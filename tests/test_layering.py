@@ -62,13 +62,11 @@ GRPC_MODULES = {
 #: Modules outside rlfleet.wire that hold generated messages (the ratchet).
 PROTOBUF_HOLDERS = {
     "rlfleet._rpc",
-    "rlfleet.cli.sample",
     "rlfleet.client._responses",
     "rlfleet.client._restore",
     "rlfleet.client._updates",
     "rlfleet.client.sampler",
     "rlfleet.client.status",
-    "rlfleet.conformance.agents",
     "rlfleet.conformance.checks",
     "rlfleet.conformance.link",
     "rlfleet.conformance.scripted_coordinator",

@@ -44,6 +44,7 @@ from rlfleet.episode_results import (
     check_result,
 )
 from rlfleet.errors import ResourceExhaustedError, WireFormatError
+from rlfleet.policies.spec import PolicySpec
 from rlfleet.seeding import episode_seeds
 from rlfleet.v1 import updates_pb2, worker_pb2
 from rlfleet.wire import decode_env_spec, encode_tensor_map
@@ -270,7 +271,7 @@ class WorkerLink:
         self,
         params: Mapping[str, np.ndarray] | None,
         *,
-        policy: updates_pb2.PolicySpec | None = None,
+        policy: PolicySpec | None = None,
         version: int | None = None,
     ) -> int:
         """Sends an AgentUpdate and waits for its AgentReady.
@@ -300,7 +301,7 @@ class WorkerLink:
         self,
         params: Mapping[str, np.ndarray] | None,
         *,
-        policy: updates_pb2.PolicySpec | None = None,
+        policy: PolicySpec | None = None,
         version: int | None = None,
     ) -> int:
         """Sends an AgentUpdate (the next version unless given); returns its version."""
@@ -309,7 +310,8 @@ class WorkerLink:
         self._next_version = max(self._next_version, version + 1)
         update = updates_pb2.AgentUpdate(version=version)
         if policy is not None:
-            update.policy.CopyFrom(policy)
+            update.policy.name = policy.name
+            update.policy.kwargs_json = json.dumps(policy.kwargs)
         if params is not None:
             update.params.CopyFrom(encode_tensor_map(params))
         self._send(worker_pb2.CoordinatorMessage(agent_update=update))
