@@ -98,6 +98,7 @@ LOCAL_MODULES = (
     "rlfleet.policies",
     "rlfleet.envs",
     "rlfleet.sampling",
+    "rlfleet.space_checks",
 )
 
 
