@@ -33,8 +33,6 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from rlfleet._values import check_int
-
 _FAULT_CALLS = ("step", "reset")
 #: Frame size of the ``rgb_array`` render mode.
 FRAME_SHAPE = (4, 4, 3)
@@ -51,7 +49,10 @@ class CounterEnv(gym.Env[np.ndarray, np.int64]):
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 30}  # noqa: RUF012
 
     def __init__(self, length: int = 5, render_mode: str | None = None) -> None:
-        check_int("length", length)
+        # A plain ValueError (not rlfleet's check_int), as a third-party env
+        # raises: the vector-env tests see how such an error travels.
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ValueError(f"length must be a positive int, got {length!r}")
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         self.length = length
