@@ -7,6 +7,7 @@ runs its unit for real, spoils one thing (issue 12, item 5), and sends it.
 The coordinator must refuse the result (INVALID_ARGUMENT naming the
 problem), drop the worker, re-run its units on the honest one, and the
 learner must get exactly the batch it gets undisturbed (LocalSampler's).
+A fragment window whose seeds are not its streams' is refused the same way.
 """
 
 from __future__ import annotations
@@ -144,8 +145,16 @@ class Hostile:
             if message.WhichOneof("body") == "task":
                 break
         task = message.task
-        units = [EpisodeUnit(u.episode_index, u.env_seed, u.policy_seed) for u in task.units]
-        batch = spoil(self.vec.run(units))
+        if task.mode == worker_pb2.SAMPLE_MODE_FRAGMENTS:  # its first window
+            batch = self.vec.collect_fragments(
+                task.fragment_length,
+                base_seed=task.base_seed,
+                first_stream=self.welcome.first_stream,
+            )
+        else:
+            units = [EpisodeUnit(u.episode_index, u.env_seed, u.policy_seed) for u in task.units]
+            batch = self.vec.run(units)
+        batch = spoil(batch)
         for item in result_messages(
             batch,
             task_id=task.task_id,
@@ -188,3 +197,31 @@ def test_a_result_that_breaks_the_spaces_or_seeds_drops_the_worker_and_is_rerun(
     finally:
         hostile.close()
     wait_for_workers(fleet, 1)  # only the honest worker is left
+
+
+def test_a_fragment_window_with_seeds_off_its_streams_drops_the_worker(fleet: str) -> None:
+    # Fragment seeds are stream_seeds(base_seed, stream, episode): the window
+    # of the hostile worker's stream claims others. The answer is made up by
+    # the honest worker's streams (docs/reliability.md: fragments after a loss).
+    hostile = Hostile(fleet)
+    try:
+        wait_for_workers(fleet, 2)
+        answer: list[EpisodeBatch] = []
+
+        def learn() -> None:
+            with RemoteSampler(fleet, seed=SEED, timeout=120) as remote:
+                answer.append(remote.obtain_fragments(40, 10))
+
+        learner = threading.Thread(target=learn)
+        learner.start()
+        hostile.answer_one_task(another_env_seed)
+        ending = hostile.worker.ended(timeout=60)
+        learner.join(timeout=120)
+        assert ending is not None and ending.code is grpc.StatusCode.INVALID_ARGUMENT
+        assert "seeds (env, policy) are" in ending.details and "stream_seeds" in ending.details
+        assert answer, "the learner got no answer"
+        assert answer[0].total_steps >= 40
+        assert hostile.welcome.worker_id not in answer[0].episode_infos["worker"].tolist()
+    finally:
+        hostile.close()
+    wait_for_workers(fleet, 1)
