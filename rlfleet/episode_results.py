@@ -123,12 +123,15 @@ class JoinedResult:
         payload: The joined bytes.
         message_sizes: Size of each message that carried a chunk (as given
             to :meth:`ResultAssembler.join`; the chunks' sizes otherwise).
+        meta: The metadata message of chunk 0 as received: the coordinator
+            forwards it whole (with fields this version does not know).
     """
 
     header: ResultHeader
     chunks: tuple[Chunk, ...]
     payload: Payload
     message_sizes: tuple[int, ...]
+    meta: ResultMetadata
 
     @property
     def total_bytes(self) -> int:
@@ -196,7 +199,7 @@ class ResultAssembler:
         self._per_worker = per_worker
         self._max_total_bytes = max_total_bytes
         self._assemblers: dict[int, ChunkAssembler] = {}
-        self._partial: dict[int, tuple[ResultHeader, list[Chunk], list[int]]] = {}
+        self._partial: dict[int, tuple[ResultMetadata, list[Chunk], list[int]]] = {}
         self._last_key = 0
 
     @property
@@ -231,7 +234,7 @@ class ResultAssembler:
             key = meta.worker_id if (chunk.index == 0 or meta.worker_id) else self._last_key
             self._last_key = key
         if chunk.index == 0:
-            self._partial[key] = (ResultHeader.of(meta), [], [])
+            self._partial[key] = (meta, [], [])
         elif meta.episode_indices or meta.lengths:
             raise ResultError(
                 f"{where}: chunk {chunk.index} repeats episode_indices/lengths; the metadata "
@@ -246,13 +249,13 @@ class ResultAssembler:
         except (WireFormatError, ResourceExhaustedError):
             self._partial.pop(key, None)
             raise
-        header, chunks, sizes = self._partial[key]  # chunk 0 came: the assembler says so
+        first, chunks, sizes = self._partial[key]  # chunk 0 came: the assembler says so
         chunks.append(chunk)
         sizes.append(size or len(chunk.data))
         if payload is None:
             return None
         del self._partial[key]
-        return JoinedResult(header, tuple(chunks), payload, tuple(sizes))
+        return JoinedResult(ResultHeader.of(first), tuple(chunks), payload, tuple(sizes), first)
 
     def add(self, meta: ResultMetadata, chunk: Chunk | None, size: int = 0) -> DecodedResult | None:
         """:meth:`join`, then :func:`decode_result` once the result is complete.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rlfleet.coordinator.failures import invalid
 from rlfleet.coordinator.scheduler import CancelOrder, Footer, Mode, TaskOrder
-from rlfleet.episode_results import ResultHeader
+from rlfleet.episode_results import ResultMetadata
 from rlfleet.v1 import learner_pb2, worker_pb2
 
 
@@ -84,16 +84,14 @@ def cancel_message(order: CancelOrder) -> worker_pb2.CoordinatorMessage:
     )
 
 
-def forwarded_result(header: ResultHeader, worker_id: int) -> worker_pb2.EpisodeResult:
-    """The EpisodeResult metadata the learner gets: the worker's, with its id."""
-    return worker_pb2.EpisodeResult(
-        task_id=header.task_id,
-        episode_indices=header.episode_indices,
-        lengths=header.lengths,
-        agent_version=header.agent_version,
-        env_generation=header.env_generation,
-        worker_id=worker_id,
-    )
+def forwarded_result(meta: ResultMetadata, worker_id: int) -> worker_pb2.EpisodeResult:
+    """The EpisodeResult metadata the learner gets: the worker's, whole, with its id."""
+    if not isinstance(meta, worker_pb2.EpisodeResult):  # the worker face's; narrows the type
+        raise TypeError(f"expected the worker's EpisodeResult, got {type(meta).__name__}")
+    forwarded = worker_pb2.EpisodeResult()
+    forwarded.CopyFrom(meta)
+    forwarded.worker_id = worker_id
+    return forwarded
 
 
 def footer_message(footer: Footer) -> learner_pb2.SampleFooter:

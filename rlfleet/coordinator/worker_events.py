@@ -239,7 +239,7 @@ class WorkerEvents:
                 return  # the request ended while the batch was being checked
             call = state.calls.get(outcome.request_id)
             if call is not None:
-                forwarded = forwarded_result(header, handle.worker_id)
+                forwarded = forwarded_result(joined.meta, handle.worker_id)
                 call.outbox.put(Forward(forwarded, joined.chunks, sum(header.lengths)))
             if outcome.done:
                 footer = state.scheduler.footer(outcome.request_id)
