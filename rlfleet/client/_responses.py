@@ -27,10 +27,12 @@ class AnswerHeader:
     Attributes:
         agent_version: The agent version the episodes come from.
         env_spec: The env's spec, when the header carries it.
+        coordinator_id: The answering coordinator's id ("" if not sent).
     """
 
     agent_version: int
     env_spec: EnvSpec | None
+    coordinator_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ class ResponseReader:
             spec = self._decode_spec(header.env_spec) if header.HasField("env_spec") else None
             if spec is not None:
                 self._assembler.env_spec = spec
-            return AnswerHeader(header.agent_version, spec)
+            return AnswerHeader(header.agent_version, spec, header.coordinator_id)
         if body == "footer":
             footer = message.footer
             return AnswerFooter(

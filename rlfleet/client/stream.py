@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import NamedTuple
 
@@ -13,6 +13,7 @@ from rlfleet.client._errors import call_error
 from rlfleet.client._responses import ResponseReader
 from rlfleet.core import EpisodeBatch
 from rlfleet.episode_results import DecodedResult
+from rlfleet.errors import RlfleetError
 
 
 class StreamedBatch(NamedTuple):
@@ -40,6 +41,9 @@ class SampleStream:
         reader: Reads the call's responses.
         timeout: The call's deadline in seconds, for error messages.
         channel: The subscription's own channel, closed with the stream.
+        failed: Turns a failed call into its typed error (the sampler's,
+            which also tells a refused TLS certificate from an outage);
+            None: :func:`call_error`.
     """
 
     def __init__(
@@ -49,6 +53,8 @@ class SampleStream:
         reader: ResponseReader,
         timeout: float | None,
         channel: grpc.Channel,
+        *,
+        failed: Callable[[grpc.RpcError], RlfleetError] | None = None,
     ) -> None:
         self._call = call
         self._channel = channel
@@ -56,6 +62,7 @@ class SampleStream:
         self._what = what
         self._reader = reader
         self._timeout = timeout
+        self._failed = failed
         self._closed = False
 
     def __iter__(self) -> SampleStream:
@@ -79,6 +86,8 @@ class SampleStream:
             except grpc.RpcError as exc:
                 if self._closed:
                     break
+                if self._failed is not None:
+                    raise self._failed(exc) from None
                 raise call_error(exc, what=self._what, timeout=self._timeout) from None
             response = self._reader.read(item)
             if isinstance(response, DecodedResult):

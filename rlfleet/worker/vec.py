@@ -10,7 +10,7 @@ machine use :meth:`VecWorker.run` and :meth:`VecWorker.collect_fragments`.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 import gymnasium as gym
@@ -492,7 +492,12 @@ class VecWorker:
     # -------------------------------------------------------------- fragments
 
     def collect_fragments(
-        self, fragment_length: int, *, base_seed: int, first_stream: int
+        self,
+        fragment_length: int,
+        *,
+        base_seed: int,
+        first_stream: int,
+        tick: Callable[[], object] | None = None,
     ) -> EpisodeBatch:
         """Collects exactly ``fragment_length`` steps from every slot.
 
@@ -530,6 +535,8 @@ class VecWorker:
             fragment_length: Steps per slot per call (>= 1).
             base_seed: The sampler's seed.
             first_stream: Global stream id of slot 0.
+            tick: Called after every vector step (a remote worker
+                heartbeats from it during long windows).
 
         Returns:
             ``n_envs * fragment_length`` steps.
@@ -551,7 +558,7 @@ class VecWorker:
             )
         if self._engine.spec is None:
             raise self._no_env()
-        pieces = self._streams.collect(fragment_length, base_seed, first_stream)
+        pieces = self._streams.collect(fragment_length, base_seed, first_stream, tick)
         return build_batch(self.env_spec, pieces, FRAGMENT_INFO_KEYS)
 
     # --------------------------------------------------------------- closing
