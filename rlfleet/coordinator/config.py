@@ -118,8 +118,7 @@ class CoordinatorConfig:
                 f"env id {self.env.id!r} names a module; workers refuse such ids from the "
                 "network. Start workers with --import MODULE and give the plain id"
             )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
+        check_int("seed", self.seed, minimum=0)
         for name in (
             "heartbeat_interval_seconds",
             "heartbeat_timeout_seconds",
@@ -166,10 +165,7 @@ class CoordinatorConfig:
                 f"max_message_bytes={self.max_message_bytes} is too small to carry a chunk "
                 "header and data; use at least 65536"
             )
-        if isinstance(self.prefetch_factor, bool) or not isinstance(self.prefetch_factor, int):
-            raise ConfigError(f"prefetch_factor must be an int, got {self.prefetch_factor!r}")
-        if self.prefetch_factor < 0:
-            raise ConfigError(f"prefetch_factor must be >= 0, got {self.prefetch_factor}")
+        check_int("prefetch_factor", self.prefetch_factor, minimum=0)
         check_int("capacity_steps", self.capacity_steps, minimum=0)
 
     @property
