@@ -17,10 +17,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._values import check_int
 from rlfleet.core._arrays import episode_starts
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
-from rlfleet.errors import ConfigError
 from rlfleet.policies.base import Policy
 from rlfleet.worker.units import make_units
 from rlfleet.worker.vec import VecWorker
@@ -163,8 +163,7 @@ def truncate_paths(paths: Sequence[Mapping[str, Any]], max_samples: int) -> list
         ValueError: If ``max_samples`` is negative or a path has a key
             outside those above (garage raises for unknown keys too).
     """
-    if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 0:
-        raise ValueError(f"truncate_paths: max_samples must be an int >= 0, got {max_samples!r}")
+    check_int("truncate_paths: max_samples", max_samples, minimum=0)
     kept: list[dict[str, Any]] = []
     remaining = max_samples
     for index, path in enumerate(paths):
@@ -239,8 +238,7 @@ def obtain_evaluation_episodes(
     Raises:
         ConfigError: If ``num_eps`` < 1.
     """
-    if isinstance(num_eps, bool) or not isinstance(num_eps, int) or num_eps < 1:
-        raise ConfigError(f"num_eps must be an int >= 1, got {num_eps!r}")
+    check_int("num_eps", num_eps)
     if seed is None:
         seed = int(np.random.SeedSequence().generate_state(1)[0])
     worker = VecWorker(n_envs=1, max_episode_length=max_episode_length, env=env, policy=policy)
@@ -388,25 +386,3 @@ __all__ = [
     "stack_tensor_dict_list",
     "truncate_paths",
 ]
-
-
-def sort_fragments(batch: EpisodeBatch) -> EpisodeBatch:
-    """Orders fragment pieces by (stream, episode_index, fragment_index).
-
-    This is the canonical order of fragment batches, used by
-    ``LocalSampler.obtain_fragments`` and the remote client alike, so that
-    the same request gives the same batch whichever sampler ran it.
-
-    Args:
-        batch: Pieces whose episode_infos carry 'stream', 'episode_index'
-            and 'fragment_index'.
-
-    Raises:
-        ConfigError: If one of those infos is missing.
-    """
-    infos = batch.episode_infos
-    missing = [k for k in ("stream", "episode_index", "fragment_index") if k not in infos]
-    if missing:
-        raise ConfigError(f"sort_fragments: the batch's episode_infos lack {missing}")
-    order = np.lexsort((infos["fragment_index"], infos["episode_index"], infos["stream"]))
-    return batch.take_episodes(order)

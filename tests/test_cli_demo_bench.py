@@ -104,7 +104,7 @@ def test_demo_rejects_a_non_positive_budget(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit) as exc:
         main(["demo", "--max-steps", "0"])
     assert exc.value.code == 2
-    assert "expected a positive integer, got 0" in capsys.readouterr().err
+    assert "must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_demo_on_the_fleet_matches_the_local_run(

@@ -11,7 +11,6 @@ environment variables, named in ``--help``.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -21,9 +20,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from rlfleet._values import json_object
 from rlfleet.cli._args import non_negative_int, positive_float, positive_int
 from rlfleet.cli._env import env_option
-from rlfleet.security.flags import add_server_flags, server_security_from_args
+from rlfleet.cli._security_flags import add_server_flags, server_security_from_args
+from rlfleet.errors import ConfigError
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -339,10 +340,8 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def _json_object(text: str) -> dict[str, Any]:
+    """argparse type: a JSON object."""
     try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"must be a JSON object like '{{\"a\": 1}}', got {text!r}")
-    return value
+        return json_object(text, "the value")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rlfleet.cli._args import positive_int
 from rlfleet.envs.config import EnvConfig
 from rlfleet.learners import VPG, IterationRecord, TrainingResult, train
 
@@ -42,13 +43,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "step budget runs out first."
         ),
     )
-    parser.add_argument("--workers", type=_positive_int, default=2, help="worker processes (2)")
+    parser.add_argument("--workers", type=positive_int, default=2, help="worker processes (2)")
     parser.add_argument(
-        "--envs-per-worker", type=_positive_int, default=4, help="envs per worker (4)"
+        "--envs-per-worker", type=positive_int, default=4, help="envs per worker (4)"
     )
     parser.add_argument(
         "--steps-per-iteration",
-        type=_positive_int,
+        type=positive_int,
         default=4000,
         help="env steps sampled per iteration, in complete episodes (4000)",
     )
@@ -56,10 +57,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--target-return", type=float, default=475.0, help="average return to reach (475)"
     )
     parser.add_argument(
-        "--max-steps", type=_positive_int, default=1_000_000, help="env step budget (1000000)"
+        "--max-steps", type=positive_int, default=1_000_000, help="env step budget (1000000)"
     )
     parser.add_argument(
-        "--max-iterations", type=_positive_int, default=None, help="iteration budget (none)"
+        "--max-iterations", type=positive_int, default=None, help="iteration budget (none)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds the learner and sampling (0)")
     parser.add_argument(
@@ -75,17 +76,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="sample in this process with LocalSampler instead of the fleet",
     )
     parser.set_defaults(func=run)
-
-
-def _positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

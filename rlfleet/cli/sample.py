@@ -26,7 +26,7 @@ import numpy as np
 
 from rlfleet.cli._args import non_negative_int, positive_float, positive_int
 from rlfleet.cli._env import env_option
-from rlfleet.security.flags import add_client_flags, learner_options_from_args
+from rlfleet.cli._security_flags import add_client_flags, learner_options_from_args
 
 if TYPE_CHECKING:
     from rlfleet.core import EpisodeBatch
@@ -117,14 +117,12 @@ def run(args: argparse.Namespace) -> int:
 
 def save_batch(path: Path | str, batch: EpisodeBatch) -> None:
     """Writes a batch in this command's ``.npz`` layout (see the module docstring)."""
-    from google.protobuf import json_format
-
-    from rlfleet.wire import encode_env_spec
+    from rlfleet.wire.spaces import env_spec_to_json
 
     arrays: dict[str, Any] = {name: getattr(batch, name) for name in _ARRAYS}
     for name in _INFOS:
         arrays.update(_flatten(getattr(batch, name), name))
-    arrays["env_spec"] = np.array(json_format.MessageToJson(encode_env_spec(batch.env_spec)))
+    arrays["env_spec"] = np.array(env_spec_to_json(batch.env_spec))
     arrays["format"] = np.array(FILE_FORMAT)
     with open(path, "wb") as file:  # a file object: savez would append ".npz" to a str path
         np.savez(file, **arrays)
@@ -136,17 +134,14 @@ def load_batch(path: Path | str) -> EpisodeBatch:
     Raises:
         ConfigError: If the file is not in this layout.
     """
-    from google.protobuf import json_format
-
     from rlfleet.core import EpisodeBatch
     from rlfleet.errors import ConfigError
-    from rlfleet.v1 import spaces_pb2
-    from rlfleet.wire import decode_env_spec
+    from rlfleet.wire.spaces import env_spec_from_json
 
     with np.load(path, allow_pickle=False) as data:
         if "format" not in data.files or str(data["format"]) != FILE_FORMAT:
             raise ConfigError(f"{path} is not a {FILE_FORMAT} file (rlfleet sample writes those)")
-        spec = decode_env_spec(json_format.Parse(str(data["env_spec"]), spaces_pb2.EnvSpec()))
+        spec = env_spec_from_json(str(data["env_spec"]))
         fields: dict[str, Any] = {name: data[name] for name in _ARRAYS}
         fields.update({name: {} for name in _INFOS})
         for key in data.files:

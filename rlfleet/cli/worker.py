@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from rlfleet.cli._args import non_negative_int, positive_float, positive_int
 from rlfleet.cli._env import env_option
-from rlfleet.security.flags import add_client_flags, worker_security_from_args
+from rlfleet.cli._security_flags import add_client_flags, worker_security_from_args
 from rlfleet.worker._restarts import EnvRestartBudget
 
 if TYPE_CHECKING:

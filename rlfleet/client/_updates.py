@@ -13,6 +13,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from rlfleet._values import json_object
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError
 from rlfleet.policies import BUILTIN_POLICIES, Policy, PolicySpec
@@ -121,7 +122,7 @@ def env_config_of(proto: updates_pb2.EnvUpdate) -> EnvConfig:
     Raises:
         ConfigError: If the kwargs are not a JSON object or a field is invalid.
     """
-    kwargs = _json_object(proto.kwargs_json, f"env {proto.env_id!r} kwargs")
+    kwargs = json_object(proto.kwargs_json, f"env {proto.env_id!r} kwargs")
     length = proto.max_episode_length if proto.HasField("max_episode_length") else None
     return EnvConfig(proto.env_id, kwargs, max_episode_length=length)
 
@@ -172,15 +173,3 @@ def _proto(
             raise ConfigError(f"parameter names must be str, got {bad!r}")
         proto.params.CopyFrom(encode_tensor_map(dict(params)))
     return proto
-
-
-def _json_object(text: str, what: str) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{what} is not valid JSON ({exc}): {text[:200]!r}") from exc
-    if not isinstance(value, dict):
-        raise ConfigError(f"{what} must be a JSON object, got {text[:200]!r}")
-    return value

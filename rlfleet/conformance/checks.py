@@ -21,7 +21,7 @@ import math
 import signal
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import grpc
 import gymnasium as gym
@@ -38,10 +38,10 @@ from rlfleet.conformance.link import (
     event_kind,
     kind_name,
 )
-from rlfleet.conformance.results import Result, continuity_problems
 from rlfleet.conformance.runner import WorkerHarness
 from rlfleet.conformance.scripted_coordinator import BROKEN, CLOSED, Inbound
 from rlfleet.core.env_spec import EnvSpec
+from rlfleet.episode_results import DecodedResult, cut_pieces, pieces_by_stream
 from rlfleet.errors import ConfigError
 from rlfleet.policies.mlp import weight_name
 from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
@@ -251,7 +251,7 @@ def sampling(harness: WorkerHarness) -> str:
     rounds, length = 3, 16
     fragments = link.send_fragments(length, rounds, base_seed=5)
     windows = link.collect_windows(fragments)
-    previous: dict[int, tuple[Result, int]] = {}
+    previous: dict[int, tuple[DecodedResult, int]] = {}
     for number, window in enumerate(windows):
         problems, previous = continuity_problems(previous, window)
         _fail_if(link, f"window {number} of FRAGMENTS task {fragments.task_id}", problems)
@@ -387,7 +387,7 @@ def chunking(harness: WorkerHarness) -> str:
         count = (2 if agent is not None else 16) * link.num_envs
         task = link.send_episodes(count, seed=19)
         results = link.collect(task)  # every message was checked against the limit
-        chunked = [r for r in results if len(r.chunk_sizes) > 1]
+        chunked = [r for r in results if len(r.message_sizes) > 1]
         if not chunked:
             raise link.failure(
                 f"no batch needed chunking (the largest was "
@@ -398,8 +398,8 @@ def chunking(harness: WorkerHarness) -> str:
         biggest = max(chunked, key=lambda r: r.total_bytes)
         return (
             f"{len(chunked)} of {len(results)} results came in chunks (largest: "
-            f"{biggest.total_bytes} bytes in {len(biggest.chunk_sizes)} messages of at most "
-            f"{max(biggest.chunk_sizes)} bytes), every message <= {CHUNK_LIMIT_BYTES} bytes; "
+            f"{biggest.total_bytes} bytes in {len(biggest.message_sizes)} messages of at most "
+            f"{max(biggest.message_sizes)} bytes), every message <= {CHUNK_LIMIT_BYTES} bytes; "
             "all reassembled and decoded"
         )
 
@@ -552,7 +552,7 @@ def _heartbeat(beat: Inbound) -> worker_pb2.Heartbeat:
 
 
 def _steps_total_problems(
-    beats: list[Inbound], task_sent: float, results: list[Result]
+    beats: list[Inbound], task_sent: float, results: list[DecodedResult]
 ) -> list[str]:
     """steps_total never goes down, and grows by at least a task's steps across it."""
     totals = [_heartbeat(b).steps_total for b in beats]
@@ -588,12 +588,12 @@ def _heartbeat_field_problems(link: WorkerLink, window: list[Inbound]) -> list[s
     return problems
 
 
-def _check_pinned(link: WorkerLink, agent: Agent, results: list[Result], when: str) -> None:
+def _check_pinned(link: WorkerLink, agent: Agent, results: list[DecodedResult], when: str) -> None:
     for result in results:
         step = agent.off_pin(result.batch.actions)
         if step is not None:
             raise link.failure(
-                f"{when}, task {result.task_id} took action {result.batch.actions[step]} at "
+                f"{when}, task {result.header.task_id} took action {result.batch.actions[step]} at "
                 f"step {step} of a batch; the parameters pin every action to {agent.action}, "
                 "so the worker is not acting with them"
             )
@@ -781,6 +781,54 @@ def _expect_rows(
     if len(reply.infos) != len(call.env_ids):
         problems.append(f"{len(reply.infos)} infos for {len(call.env_ids)} envs")
     _fail_if(link, f"the {what} reply breaks leases.proto", problems)
+
+
+def continuity_problems(
+    previous: Mapping[int, tuple[DecodedResult, int]], result: DecodedResult
+) -> tuple[list[str], dict[int, tuple[DecodedResult, int]]]:
+    """Checks that each fragment stream goes on where the last window left it.
+
+    Args:
+        previous: Stream -> (result, piece) of its last piece in the
+            previous window of the same task.
+        result: The next window.
+
+    Returns:
+        The problems, and the last piece of every stream in ``result``.
+    """
+    problems: list[str] = []
+    streams, order = pieces_by_stream(result)
+    starts = np.cumsum(result.batch.lengths) - result.batch.lengths
+    last_pieces: dict[int, tuple[DecodedResult, int]] = {}
+    for stream, pieces in zip(streams, order, strict=True):
+        first, last = int(pieces[0]), int(pieces[-1])
+        last_pieces[stream] = (result, last)
+        if stream not in previous:
+            continue
+        before, piece = previous[stream]
+        episode = int(before.infos("episode_index")[piece])
+        fragment = int(before.infos("fragment_index")[piece])
+        was_cut = cut_pieces(before.batch)[piece]
+        got = (
+            int(result.infos("episode_index")[first]),
+            int(result.infos("fragment_index")[first]),
+        )
+        want = (episode, fragment + 1) if was_cut else (episode + 1, 0)
+        if got != want:
+            problems.append(
+                f"stream {stream} starts the window with episode {got[0]} fragment {got[1]}, "
+                f"expected episode {want[0]} fragment {want[1]} (the previous window "
+                f"{'cut' if was_cut else 'ended'} episode {episode} at fragment {fragment})"
+            )
+        elif was_cut and not np.array_equal(
+            before.batch.last_observations[piece],
+            result.batch.observations[starts[first]],
+        ):
+            problems.append(
+                f"stream {stream}: the fragment continuing episode {episode} does not start "
+                "from the previous fragment's last observation"
+            )
+    return problems, last_pieces
 
 
 __all__ = ["CHECKS", "Check", "CheckResult"]

@@ -51,6 +51,8 @@ class CounterEnv(gym.Env[np.ndarray, np.int64]):
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 30}  # noqa: RUF012
 
     def __init__(self, length: int = 5, render_mode: str | None = None) -> None:
+        # A plain ValueError (not rlfleet's check_int), as a third-party env
+        # raises: the vector-env tests see how such an error travels.
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
             raise ValueError(f"length must be a positive int, got {length!r}")
         if render_mode not in (None, "rgb_array"):

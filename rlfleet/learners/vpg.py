@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from rlfleet._values import check_int
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.errors import ConfigError, PolicyError
@@ -109,8 +110,7 @@ class VPG:
             ("value_epochs", value_epochs),
             ("value_minibatch_size", value_minibatch_size),
         ):
-            if count < 1:
-                raise ConfigError(f"VPG {name} must be >= 1, got {count!r}")
+            check_int(f"VPG {name}", count)
         self.env_spec = env_spec
         self.discount = discount
         self.gae_lambda = gae_lambda

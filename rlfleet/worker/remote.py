@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from rlfleet import _rpc
+from rlfleet._values import check_int
 from rlfleet._version import __version__
 from rlfleet.errors import ConfigError
 from rlfleet.security import ClientSecurity, PickleGate
@@ -147,15 +148,10 @@ class WorkerConfig:
             raise ConfigError(
                 f"coordinator address {self.coordinator!r} must be HOST:PORT, e.g. 127.0.0.1:50051"
             )
-        if isinstance(self.envs, bool) or not isinstance(self.envs, int) or self.envs < 1:
-            raise ConfigError(f"--envs must be a positive int, got {self.envs!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"--seed must be a non-negative int, got {self.seed!r}")
-        slots = self.lease_slots
-        if slots is not None and (
-            isinstance(slots, bool) or not isinstance(slots, int) or slots < 0
-        ):
-            raise ConfigError(f"--lease-slots must be a non-negative int, got {slots!r}")
+        check_int("--envs", self.envs)
+        check_int("--seed", self.seed, minimum=0)
+        if self.lease_slots is not None:
+            check_int("--lease-slots", self.lease_slots, minimum=0)
         for name in (
             "reconnect_base_seconds",
             "reconnect_max_seconds",
@@ -169,9 +165,7 @@ class WorkerConfig:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
         for name in ("flush_steps", "flush_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+            check_int(name, getattr(self, name))
         if self.nonfinite not in ("error", "flag", "ignore"):
             raise ConfigError(
                 f"--nonfinite must be 'error', 'flag' or 'ignore', got {self.nonfinite!r}"
