@@ -80,7 +80,7 @@ def categorical(
     Returns:
         Indices (N,) int64 and their log-probabilities (N,) float32.
     """
-    n, k = logits.shape
+    n = len(logits)
     shifted = logits - logits.max(axis=1, keepdims=True)
     weights = np.exp(shifted)
     # float32 -> float64 is exact, and cumsum adds in index order either way.
