@@ -1,12 +1,13 @@
 """The coordinator's CPU per env step and per result message, from measurements.
 
-Run: ``python benchmarks/coordinator.py [--workers 2] [--envs 8] [--steps 50000]``.
+Run: ``python benchmarks/coordinator.py [--workers 2] [--envs 8] [--steps 10000 50000]``.
 
 A coordinator runs as its own process (``rlfleet coordinator``), so its CPU
 time is its own; W workers run :class:`~rlfleet.worker.remote.RemoteWorker`
 with a given ``flush_steps`` and count the result messages they send; the
 learner (this process) asks for requests of ``--steps`` steps. The same
-requests are made with small and large results (``--flush`` values), and the
+requests are made with small and large results (``--flush`` values) and
+two request sizes (``--steps`` values), and the
 coordinator's CPU per request is fitted as ``a + b * steps + c * messages``
 by least squares over the runs: ``b`` is its CPU per env step, ``c`` per
 result message, ``a`` per request. docs/performance.md explains what the
@@ -124,14 +125,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--envs", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=50_000, help="steps per request")
+    parser.add_argument(
+        "--steps", type=int, nargs="+", default=[10_000, 50_000], help="steps per request"
+    )
     parser.add_argument("--requests", type=int, default=3, help="timed requests per setting")
     parser.add_argument("--flush", type=int, nargs="+", default=[256, 4096])
     args = parser.parse_args()
     rows = []
-    for flush in args.flush:
+    runs = [(flush, steps) for flush in args.flush for steps in args.steps]
+    for flush, request_steps in runs:
         for steps, messages, cpu in measure(
-            args.workers, args.envs, flush, args.steps, args.requests
+            args.workers, args.envs, flush, request_steps, args.requests
         ):
             rows.append((steps, messages, cpu))
             print(

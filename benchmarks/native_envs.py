@@ -34,13 +34,11 @@ from rlfleet.envs.config import EnvConfig
 from rlfleet.policies.mlp import MLPCategoricalPolicy
 
 
-def _rate(vector_env: Any, n_envs: int, steps: int, act: Callable[[Any], np.ndarray]) -> float:
+def _rate(
+    vector_env: Any, n_envs: int, steps: int, act: Callable[[Any], np.ndarray], seeded: bool
+) -> float:
     # envpool takes its seed at creation and warns about reset(seed=...).
-    observations, _ = (
-        vector_env.reset()
-        if "envpool" in type(vector_env).__module__
-        else (vector_env.reset(seed=0))
-    )
+    observations, _ = vector_env.reset(seed=0) if seeded else vector_env.reset()
     vector_steps = -(-steps // n_envs)
     cpu = time.process_time()
     for _ in range(vector_steps):
@@ -64,22 +62,26 @@ def main() -> None:
     def policy_actions(observations: Any) -> np.ndarray:
         return policy.get_actions(observations, rngs)[0]
 
-    envs: dict[str, Callable[[], Any]] = {
-        "gymnasium vector entry point": lambda: gym.make_vec(
-            "CartPole-v1", n, vectorization_mode="vector_entry_point"
+    envs: dict[str, tuple[Callable[[], Any], bool]] = {
+        "gymnasium vector entry point": (
+            lambda: gym.make_vec("CartPole-v1", n, vectorization_mode="vector_entry_point"),
+            True,
         ),
     }
     try:
         import envpool
 
-        envs["envpool"] = lambda: envpool.make_gymnasium("CartPole-v1", num_envs=n, seed=0)
+        envs["envpool"] = (
+            lambda: envpool.make_gymnasium("CartPole-v1", num_envs=n, seed=0),
+            False,
+        )
     except ImportError:
         print("envpool is not installed: skipped (pip install envpool)")
     print(f"CartPole-v1, {n} envs, steps per CPU-second of one process")
-    for name, make in envs.items():
+    for name, (make, seeded) in envs.items():
         for label, act in (("random actions", random_actions), ("mlp-categorical", policy_actions)):
             vector_env = make()
-            rate = _rate(vector_env, n, steps, act)
+            rate = _rate(vector_env, n, steps, act, seeded)
             vector_env.close()
             print(f"  {name + ', ' + label:<52}{rate:>12,.0f}")
     run = plain_loop("CartPole-v1", 8, steps // 4)
