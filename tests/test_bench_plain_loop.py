@@ -8,6 +8,9 @@ import pytest
 
 from rlfleet.bench import plain_loop as plain_loop_module
 from rlfleet.bench.plain_loop import plain_loop
+from rlfleet.bench.report import BenchConfig
+from rlfleet.bench.samplers import plain_processes
+from rlfleet.errors import WorkerError
 
 
 def test_plain_loop_steps_every_env_and_reseeds_each_episode(
@@ -40,3 +43,13 @@ def test_plain_loop_steps_every_env_and_reseeds_each_episode(
 
 def test_plain_loop_rounds_up_to_whole_vector_steps() -> None:
     assert plain_loop("CartPole-v1", 4, 10).steps == 12
+
+
+def test_a_failing_plain_process_is_a_worker_error_with_its_traceback() -> None:
+    config = BenchConfig(workers=1, envs_per_worker=1, env_id="Pendulum-v1")
+    with (
+        plain_processes(config) as sample,
+        pytest.raises(WorkerError, match="plain-loop process 0 failed on Pendulum-v1") as caught,
+    ):
+        sample(10)
+    assert "needs a Discrete action space" in (caught.value.remote_traceback or "")

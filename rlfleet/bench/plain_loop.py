@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
+from rlfleet.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class LoopRun:
@@ -55,10 +57,21 @@ def plain_loop(
 
     Returns:
         The run's steps and times (env construction excluded).
+
+    Raises:
+        ConfigError: If the env's actions are not Discrete.
     """
     envs = [gym.make(env_id) for _ in range(n_envs)]
+    space = envs[0].action_space
+    if not isinstance(space, gym.spaces.Discrete):
+        for env in envs:
+            env.close()
+        raise ConfigError(
+            f"the plain loop samples a categorical policy and needs a Discrete action space; "
+            f"{env_id} has {space}"
+        )
     obs_dim = int(np.prod(envs[0].observation_space.shape or ()))
-    n_actions = int(envs[0].action_space.n)  # type: ignore[attr-defined]
+    n_actions = int(space.n)
     rng = np.random.default_rng(seed)
     sizes = (obs_dim, *hidden_sizes, n_actions)
     layers = [

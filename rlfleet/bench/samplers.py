@@ -13,6 +13,7 @@ import contextlib
 import multiprocessing
 import statistics
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -25,7 +26,7 @@ import psutil
 from rlfleet.bench.plain_loop import LoopRun, plain_loop
 from rlfleet.bench.report import BenchConfig
 from rlfleet.envs.config import EnvConfig
-from rlfleet.errors import RlfleetTimeoutError
+from rlfleet.errors import RlfleetTimeoutError, WorkerError
 from rlfleet.policies.mlp import MLPCategoricalPolicy
 
 #: Seconds a plain-loop process may take to answer one run.
@@ -65,15 +66,17 @@ def _plain_child(conn: Connection, config: BenchConfig, index: int) -> None:
         steps = conn.recv()
         if steps is None:
             return
-        conn.send(
-            plain_loop(
+        try:
+            run: LoopRun | str = plain_loop(
                 config.env_id,
                 config.envs_per_worker,
                 steps,
                 seed=config.seed + index,
                 hidden_sizes=config.hidden_sizes,
             )
-        )
+        except Exception:  # reported to the parent, which raises it
+            run = traceback.format_exc()
+        conn.send(run)
 
 
 @contextlib.contextmanager
@@ -95,12 +98,27 @@ def plain_processes(config: BenchConfig) -> Iterator[SampleFn]:
             for pipe in pipes:
                 pipe.send(each)
             runs: list[LoopRun] = []
-            for pipe in pipes:
+            for index, (pipe, process) in enumerate(zip(pipes, children, strict=True)):
                 if not pipe.poll(_PLAIN_RUN_TIMEOUT):
                     raise RlfleetTimeoutError(
-                        f"a plain-loop process took over {_PLAIN_RUN_TIMEOUT:g} s for {each} steps"
+                        f"plain-loop process {index} took over {_PLAIN_RUN_TIMEOUT:g} s for "
+                        f"{each} steps"
                     )
-                runs.append(pipe.recv())
+                try:
+                    run = pipe.recv()
+                except EOFError:
+                    process.join(timeout=5)
+                    raise WorkerError(
+                        f"plain-loop process {index} exited (code {process.exitcode}) during a run",
+                        worker=f"plain-{index}",
+                    ) from None
+                if isinstance(run, str):
+                    raise WorkerError(
+                        f"plain-loop process {index} failed on {config.env_id}",
+                        worker=f"plain-{index}",
+                        remote_traceback=run,
+                    )
+                runs.append(run)
             steps = sum(run.steps for run in runs)
             cpu = statistics.mean(_per_step_us(run.cpu, run.steps) for run in runs)
             # Started together: the slowest one is the time they took together.
