@@ -9,6 +9,8 @@ The public API, importable from ``rlfleet``:
 - Local sampling: :class:`DefaultWorker`, :class:`VecWorker`,
   :class:`LocalSampler`, :func:`rollout`, :func:`truncate_paths`,
   :func:`obtain_evaluation_episodes`, :func:`log_performance`.
+- RLlib's RolloutWorker surface: :class:`RolloutWorker`,
+  :class:`MultiAgentEpisodeBatch`; more in ``rlfleet.rllib`` (docs/rllib.md).
 - The fleet: ``rlfleet.client`` (:class:`~rlfleet.client.RemoteSampler`,
   :class:`~rlfleet.client.Fleet`) and ``rlfleet.coordinator``.
 - Errors: :class:`RlfleetError` and its subclasses in ``rlfleet.errors``.
@@ -19,6 +21,7 @@ from rlfleet.core import (
     EnvSpec,
     EnvStep,
     EpisodeBatch,
+    MultiAgentEpisodeBatch,
     StepType,
     TimeStep,
     TimeStepBatch,
@@ -44,6 +47,7 @@ from rlfleet.policies import (
     default_policy_spec,
     make_policy,
 )
+from rlfleet.rllib import RolloutWorker
 from rlfleet.sampling import (
     log_performance,
     obtain_evaluation_episodes,
@@ -65,10 +69,12 @@ __all__ = [
     "LocalSampler",
     "MLPCategoricalPolicy",
     "MLPGaussianPolicy",
+    "MultiAgentEpisodeBatch",
     "Policy",
     "PolicySpec",
     "RandomPolicy",
     "RlfleetError",
+    "RolloutWorker",
     "StepType",
     "SubprocVectorEnv",
     "TimeStep",

@@ -16,6 +16,8 @@ PROMISED = [
     "rollout", "truncate_paths", "obtain_evaluation_episodes", "log_performance",
     # envs and policies
     "EnvConfig", "PolicySpec", "Policy", "RlfleetError",
+    # RLlib's RolloutWorker surface (issue 14)
+    "RolloutWorker", "MultiAgentEpisodeBatch",
 ]  # fmt: skip
 
 
