@@ -153,29 +153,43 @@ def _in_process(step: Callable[[], int]) -> SampleFn:
 def vec_worker_sampler(
     config: BenchConfig, env: EnvConfig, policy: MLPCategoricalPolicy
 ) -> Iterator[SampleFn]:
-    """One VecWorker of K envs stepped in this process: a worker's load, no network."""
-    from rlfleet.worker.units import EpisodeUnit
+    """One VecWorker of K envs stepped in this process: a worker's load, no network.
+
+    The episode units (their seeds) are made before the clock starts: on a
+    fleet the coordinator derives them, not the worker.
+    """
+    from rlfleet.worker.units import make_units
     from rlfleet.worker.vec import VecWorker
 
     n_envs = config.envs_per_worker
     worker = VecWorker(n_envs=n_envs, seed=config.seed, env=env, policy=policy)
     next_episode = 0
 
-    def step() -> int:
+    def submit(count: int) -> None:
         nonlocal next_episode
-        # Keep one spare unit per slot queued, and take finished episodes in
-        # groups, as the remote worker does.
-        if worker.queued_count < n_envs:
-            first, next_episode = next_episode, next_episode + n_envs
-            worker.submit(EpisodeUnit.seeded(config.seed, 0, i) for i in range(first, next_episode))
-        worker.step()
-        if worker.finished_count >= n_envs:
-            batch = worker.take_finished()
-            return 0 if batch is None else batch.total_steps
-        return 0
+        first, next_episode = next_episode, next_episode + count
+        worker.submit(make_units(config.seed, 0, range(first, next_episode)))
+
+    def sample(min_steps: int) -> Timed:
+        # Enough units for episodes of 8 steps on average; the rest stays queued.
+        wanted = min_steps // 8 + 2 * n_envs
+        if worker.queued_count < wanted:
+            submit(wanted - worker.queued_count)
+        cpu, wall = time.process_time(), time.perf_counter()
+        steps = 0
+        while steps < min_steps:
+            if worker.idle:  # shorter episodes than planned for
+                submit(n_envs)
+            worker.step()
+            # Take finished episodes in groups, as the remote worker does.
+            if worker.finished_count >= n_envs:
+                batch = worker.take_finished()
+                steps += 0 if batch is None else batch.total_steps
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        return Timed(steps, wall, {"this process": _per_step_us(cpu, steps)})
 
     try:
-        yield _in_process(step)
+        yield sample
     finally:
         worker.shutdown()
 
