@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from rlfleet._values import check_int
 from rlfleet.errors import ConfigError
 from rlfleet.policies.spec import PolicySpec
 
@@ -49,10 +50,7 @@ class BenchConfig:
     def __post_init__(self) -> None:
         for name in ("workers", "envs_per_worker", "steps", "request_steps", "repeats"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"bench {name.replace('_', '-')} must be an int >= 1, got {value!r}"
-                )
+            check_int(f"bench {name.replace('_', '-')}", value)
         if self.seed < 0:
             raise ConfigError(f"bench seed must be >= 0, got {self.seed}")
         if self.prefetch_factor is not None and self.prefetch_factor < 0:
