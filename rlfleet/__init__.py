@@ -9,6 +9,8 @@ The public API, importable from ``rlfleet``:
 - Local sampling: :class:`DefaultWorker`, :class:`VecWorker`,
   :class:`LocalSampler`, :func:`rollout`, :func:`truncate_paths`,
   :func:`obtain_evaluation_episodes`, :func:`log_performance`.
+- Training (garage's): :class:`Trainer`, :class:`SnapshotConfig`,
+  :func:`wrap_experiment`, :class:`ExperimentContext` (``rlfleet.trainer``).
 - The fleet: ``rlfleet.client`` (:class:`~rlfleet.client.RemoteSampler`,
   :class:`~rlfleet.client.Fleet`) and ``rlfleet.coordinator``.
 - Errors: :class:`RlfleetError` and its subclasses in ``rlfleet.errors``.
@@ -33,7 +35,7 @@ from rlfleet.envs import (
     env_spec_of,
     make_env,
 )
-from rlfleet.errors import RlfleetError
+from rlfleet.errors import NotSetupError, RlfleetError
 from rlfleet.local_sampler import LocalSampler
 from rlfleet.policies import (
     MLPCategoricalPolicy,
@@ -51,6 +53,7 @@ from rlfleet.sampling import (
     rollout,
     truncate_paths,
 )
+from rlfleet.trainer import ExperimentContext, SnapshotConfig, Trainer, wrap_experiment
 from rlfleet.worker import DefaultWorker, EpisodeUnit, VecWorker
 
 __all__ = [
@@ -62,17 +65,21 @@ __all__ = [
     "EnvStep",
     "EpisodeBatch",
     "EpisodeUnit",
+    "ExperimentContext",
     "LocalSampler",
     "MLPCategoricalPolicy",
     "MLPGaussianPolicy",
+    "NotSetupError",
     "Policy",
     "PolicySpec",
     "RandomPolicy",
     "RlfleetError",
+    "SnapshotConfig",
     "StepType",
     "SubprocVectorEnv",
     "TimeStep",
     "TimeStepBatch",
+    "Trainer",
     "VecWorker",
     "__version__",
     "default_policy_spec",
@@ -86,4 +93,5 @@ __all__ = [
     "rollout",
     "step_type_from_gym",
     "truncate_paths",
+    "wrap_experiment",
 ]

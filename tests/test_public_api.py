@@ -14,6 +14,8 @@ PROMISED = [
     "DefaultWorker", "VecWorker", "LocalSampler",
     # garage's sampling utilities
     "rollout", "truncate_paths", "obtain_evaluation_episodes", "log_performance",
+    # garage's Trainer
+    "Trainer", "SnapshotConfig", "wrap_experiment", "ExperimentContext", "NotSetupError",
     # envs and policies
     "EnvConfig", "PolicySpec", "Policy", "RlfleetError",
 ]  # fmt: skip

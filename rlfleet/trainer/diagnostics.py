@@ -15,10 +15,12 @@ import math
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-
-from tensorboardX import SummaryWriter
+from typing import TYPE_CHECKING
 
 from rlfleet.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tensorboardX import SummaryWriter
 
 #: File name of the CSV log in the log directory.
 CSV_NAME = "progress.csv"
@@ -93,6 +95,10 @@ class DiagnosticsLog:
             return
         self._append_csv(row)
         if self._writer is None:
+            # Imported on first use: tensorboardX loads protobuf, which
+            # `import rlfleet` (and its numpy-only core types) must not.
+            from tensorboardX import SummaryWriter
+
             self.log_dir.mkdir(parents=True, exist_ok=True)
             self._writer = SummaryWriter(str(self.log_dir), purge_step=self._purge_step)
         for key, value in row.items():

@@ -400,7 +400,8 @@ class Trainer:
             itr: The epoch's iteration.
             batch_size: None: the ``batch_size`` given to :meth:`train`.
             agent_update: None: the parameters of ``algo.exploration_policy``
-                or ``algo.policy`` (``get_param_values()``), as garage does.
+                or ``algo.policy`` (``get_param_values()``), as garage does
+                (nothing is pushed for a policy given as a spec or name).
             env_update: Any ``env_update`` form of the sampler.
 
         Returns:
@@ -425,7 +426,10 @@ class Trainer:
             )
         if agent_update is None:
             policy = getattr(self._algo, "exploration_policy", None) or self._algo.policy
-            agent_update = policy.get_param_values()
+            # A policy given as a spec or name has no parameters to push:
+            # the workers keep the one make_sampler gave them.
+            get_params = getattr(policy, "get_param_values", None)
+            agent_update = get_params() if get_params is not None else None
         episodes: EpisodeBatch = self._sampler.obtain_samples(
             itr, size, agent_update=agent_update, env_update=env_update
         )
