@@ -3,7 +3,8 @@
 The public API, importable from ``rlfleet``:
 
 - Episode data (garage's types): :class:`EpisodeBatch`, :class:`TimeStepBatch`,
-  :class:`TimeStep`, :class:`EnvStep`, :class:`StepType`, :class:`EnvSpec`.
+  :class:`TimeStep`, :class:`EnvStep`, :class:`StepType`, :class:`EnvSpec`,
+  :class:`InOutSpec`.
 - Envs and policies: :class:`EnvConfig`, :func:`make_env`, the vector envs,
   :class:`Policy` and the built-in numpy policies, :class:`PolicySpec`.
 - Local sampling: :class:`DefaultWorker`, :class:`VecWorker`,
@@ -21,6 +22,7 @@ from rlfleet.core import (
     EnvSpec,
     EnvStep,
     EpisodeBatch,
+    InOutSpec,
     StepType,
     TimeStep,
     TimeStepBatch,
@@ -47,6 +49,7 @@ from rlfleet.policies import (
     make_policy,
 )
 from rlfleet.sampling import (
+    log_multitask_performance,
     log_performance,
     obtain_evaluation_episodes,
     performance_stats,
@@ -66,6 +69,7 @@ __all__ = [
     "EpisodeBatch",
     "EpisodeUnit",
     "ExperimentContext",
+    "InOutSpec",
     "LocalSampler",
     "MLPCategoricalPolicy",
     "MLPGaussianPolicy",
@@ -84,6 +88,7 @@ __all__ = [
     "__version__",
     "default_policy_spec",
     "env_spec_of",
+    "log_multitask_performance",
     "log_performance",
     "make_env",
     "make_policy",
