@@ -1,9 +1,11 @@
 """Policy specs: which policy a worker builds, as JSON-able data (no pickle).
 
 A spec is a name plus JSON keyword arguments. The name is a built-in
-(``"random"``, ``"mlp-categorical"``, ``"mlp-gaussian"``) or an import path
-``"package.module:Class"`` of a :class:`Policy` subclass installed on the
-worker, constructed as ``Class(env_spec, **kwargs)``. On the wire a spec is
+(``"random"``, ``"mlp-categorical"``, ``"mlp-gaussian"``), ``"torch"`` (a
+PyTorch ``nn.Module`` named by its import path in the kwargs, see
+:mod:`rlfleet.policies.torch`; needs the ``torch`` extra on the worker) or an
+import path ``"package.module:Class"`` of a :class:`Policy` subclass
+installed on the worker, constructed as ``Class(env_spec, **kwargs)``. On the wire a spec is
 its compact JSON text ``{"name": ..., "kwargs": {...}}``: JSON keeps ints
 as ints, which ``google.protobuf.Struct`` would not.
 """
@@ -37,6 +39,10 @@ BUILTIN_POLICIES: Mapping[str, type[Policy]] = MappingProxyType(
         "mlp-gaussian": MLPGaussianPolicy,
     }
 )
+#: Spec name of :class:`rlfleet.policies.torch.TorchPolicy`. Not a built-in:
+#: it needs torch on the worker and its module's import path is checked
+#: like any import-path policy.
+TORCH_POLICY = "torch"
 
 
 @dataclass(frozen=True)
@@ -61,11 +67,14 @@ class PolicySpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not (
-            self.name in BUILTIN_POLICIES or _split_import_path(self.name) is not None
+            self.name in BUILTIN_POLICIES
+            or self.name == TORCH_POLICY
+            or _split_import_path(self.name) is not None
         ):
             raise ConfigError(
                 f"policy spec name {self.name!r} is neither a built-in policy "
-                f"({', '.join(BUILTIN_POLICIES)}) nor an import path 'package.module:Class'"
+                f"({', '.join(BUILTIN_POLICIES)}), {TORCH_POLICY!r}, nor an import path "
+                "'package.module:Class'"
             )
         object.__setattr__(self, "kwargs", _normalised_kwargs(self.kwargs, self.name))
 
@@ -166,6 +175,8 @@ def make_policy(
             is not a Policy subclass, or the class rejects the kwargs.
     """
     spec = _as_spec(spec)
+    if spec.name == TORCH_POLICY:
+        return _torch_policy(spec, env_spec, seed, allowed_modules)
     cls = _policy_class(spec.name, allowed_modules)
     kwargs = dict(spec.kwargs)
     if spec.is_builtin and seed is not None:
@@ -230,13 +241,35 @@ def _split_import_path(name: str) -> tuple[str, str] | None:
     return module, attribute
 
 
-def _policy_class(name: str, allowed_modules: Collection[str] | None) -> type[Policy]:
-    if name in BUILTIN_POLICIES:
-        return BUILTIN_POLICIES[name]
-    split = _split_import_path(name)
-    if split is None:  # PolicySpec checked the form; this guards direct callers.
-        raise ConfigError(f"policy {name!r} is not an import path 'package.module:Class'")
-    module_name, attribute = split
+def _torch_policy(
+    spec: PolicySpec, env_spec: EnvSpec, seed: int | None, allowed: Collection[str] | None
+) -> Policy:
+    """Builds a TorchPolicy after checking its module's import path like a policy's."""
+    path = spec.kwargs.get("module")
+    split = _split_import_path(path) if isinstance(path, str) else None
+    if split is None:
+        raise ConfigError(
+            f"policy spec {spec.to_json()}: kwargs 'module' must be the import path "
+            "'package.module:Class' of an nn.Module"
+        )
+    _check_allowed(path, split[0], allowed)  # type: ignore[arg-type]
+    try:
+        from rlfleet.policies.torch import TorchPolicy
+    except ImportError as exc:
+        raise ConfigError(
+            f"policy spec {spec.to_json()} needs PyTorch where the policy is built: "
+            f"pip install torch==2.13.0 (the CPU build), then rlfleet[torch] ({exc})"
+        ) from exc
+    kwargs = dict(spec.kwargs)
+    if seed is not None:
+        kwargs["seed"] = seed
+    try:
+        return TorchPolicy(env_spec, **kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"policy spec {spec.to_json()}: TorchPolicy rejected it: {exc}") from exc
+
+
+def _check_allowed(name: str, module_name: str, allowed_modules: Collection[str] | None) -> None:
     if allowed_modules is not None and not any(
         module_name == allowed or module_name.startswith(allowed + ".")
         for allowed in allowed_modules
@@ -245,6 +278,16 @@ def _policy_class(name: str, allowed_modules: Collection[str] | None) -> type[Po
             f"policy {name!r}: module {module_name!r} is not allowed here "
             f"(allowed: {sorted(allowed_modules)}); allow it where the worker is started"
         )
+
+
+def _policy_class(name: str, allowed_modules: Collection[str] | None) -> type[Policy]:
+    if name in BUILTIN_POLICIES:
+        return BUILTIN_POLICIES[name]
+    split = _split_import_path(name)
+    if split is None:  # PolicySpec checked the form; this guards direct callers.
+        raise ConfigError(f"policy {name!r} is not an import path 'package.module:Class'")
+    module_name, attribute = split
+    _check_allowed(name, module_name, allowed_modules)
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:

@@ -694,10 +694,12 @@ def _spec_or_policy(policy: Any) -> Any:
 
 
 def _fleet_agent(policy: Any) -> Any:
-    """The first agent update of a fleet: the policy, or its spec with its parameters."""
-    if isinstance(policy, Policy | PolicySpec | str):
+    """The first agent update of a fleet: a spec or name, else its spec and parameters."""
+    if isinstance(policy, PolicySpec | str):
         return policy
-    return (_spec_or_policy(policy), policy.get_param_values())
+    if isinstance(getattr(policy, "policy_spec", None), PolicySpec):
+        return (policy.policy_spec, policy.get_param_values())
+    return _spec_or_policy(policy)
 
 
 def _episode_tensors(batch: EpisodeBatch | None) -> dict[str, np.ndarray]:
