@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
 
 from rlfleet.errors import ConfigError
 
@@ -122,6 +121,8 @@ class Snapshotter:
             raise ConfigError(
                 f"snapshot metadata of epoch {snapshot.epoch} is not JSON: {exc}"
             ) from exc
+        from safetensors.numpy import save_file  # the `trainer` extra
+
         save_file(_contiguous(snapshot.tensors), str(staging / _TENSORS))
         (staging / _METADATA).write_text(text)
         if final.exists():
@@ -175,6 +176,8 @@ class Snapshotter:
                 f"snapshot {str(path)!r} has format {metadata.get('format')!r}; this rlfleet "
                 f"reads format {SNAPSHOT_FORMAT}"
             )
+        from safetensors.numpy import load_file  # the `trainer` extra
+
         epoch = int(metadata.pop("epoch"))
         metadata.pop("format")
         return Snapshot(epoch, dict(load_file(str(path / _TENSORS))), metadata)

@@ -31,6 +31,7 @@ between epochs and proves batches and final parameters bit-identical.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import logging
 import os
 import time
@@ -53,6 +54,8 @@ from rlfleet.trainer.snapshot import Snapshot, SnapshotConfig, Snapshotter
 
 logger = logging.getLogger("rlfleet.trainer")
 
+#: What the `trainer` extra installs, imported when first used.
+_EXTRA_MODULES = ("safetensors", "tensorboardX")
 #: Prefix of the algorithm's tensors in a snapshot.
 _ALGO = "algo/"
 
@@ -117,6 +120,12 @@ class Trainer:
         *,
         print_table: bool = True,
     ) -> None:
+        missing = [name for name in _EXTRA_MODULES if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ConfigError(
+                f"rlfleet.Trainer needs {missing} for snapshots and TensorBoard files: "
+                'pip install "rlfleet[trainer]"'
+            )
         if isinstance(snapshot_config, ExperimentContext):
             snapshot_config = snapshot_config.snapshot_config()
         config = snapshot_config or SnapshotConfig(
@@ -411,6 +420,8 @@ class Trainer:
             ConfigError: (a ValueError) with garage's message if there is no
                 sampler or no batch size.
         """
+        if self._sampler is None and self._make is not None:
+            self._start_worker()  # train() shut it down; sample on from where it stopped
         if self._sampler is None:
             raise ConfigError(
                 "trainer was not initialized with `sampler_cls`. Either provide `sampler_cls` "
@@ -534,8 +545,12 @@ class Trainer:
         }
         self._algo.restore_state(algo_tensors, meta["algo"])
         self._stats = TrainerStats(**meta["stats"])
-        saved_args = meta["train_args"] or {}
-        self._train_args = TrainArgs(**{**saved_args, "start_epoch": snapshot.epoch + 1})
+        if not meta["train_args"]:
+            raise ConfigError(
+                f"snapshot of epoch {snapshot.epoch} in {str(from_dir)!r} was saved outside "
+                "train() and has no training arguments to resume with"
+            )
+        self._train_args = TrainArgs(**{**meta["train_args"], "start_epoch": snapshot.epoch + 1})
         if meta["seed"] != self._seed:
             self._seed = int(meta["seed"])
             self._shutdown_worker()  # rebuilt with the saved seed by the next epoch
