@@ -263,3 +263,20 @@ def test_wrap_experiment_makes_garages_log_directories(
     trainer = reuse()
     assert not (tmp_path / "data" / "local" / "p" / "reuse_1").exists()
     assert trainer.get_env_copy() is None
+
+
+def test_remote_sampler_trains_on_a_running_coordinator(tmp_path: Path) -> None:
+    from rlfleet.client import Fleet, RemoteSampler
+
+    with Fleet.local(workers=1, env=ENV, seed=0) as running:
+        trainer, algo = _trainer(tmp_path), _vpg()
+        trainer.setup(
+            algo, ENV, sampler_cls=RemoteSampler, sampler_args={"address": running.address}, seed=5
+        )
+        assert trainer.train(n_epochs=2, batch_size=BATCH) > 0
+        # The same seed and requests on a LocalSampler give the same parameters.
+        local_trainer, local_algo = _set_up(tmp_path / "local")
+        local_trainer.train(n_epochs=2, batch_size=BATCH)
+        for name, value in local_algo.get_params().items():
+            np.testing.assert_array_equal(algo.get_params()[name], value)
+        assert running.status().ready_workers == 1  # the trainer closed only its channel

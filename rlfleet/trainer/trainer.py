@@ -284,6 +284,7 @@ class Trainer:
         self._seed = seed
         self._stats = TrainerStats()
         self._train_args = None
+        self._make = None
         if sampler_cls is None:
             sampler_cls = getattr(algo, "sampler_cls", None)
         if sampler_cls is not None:
