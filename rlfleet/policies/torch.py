@@ -120,6 +120,7 @@ class TorchPolicy(Policy):
             )
         self.module.eval()
         self._has_value = callable(getattr(self.module, "get_value", None))
+        self._action_shape = tuple(env_spec.action_space.shape or ())
 
     @property
     def policy_spec(self) -> PolicySpec:
@@ -159,16 +160,22 @@ class TorchPolicy(Policy):
         """Actions and ``log_prob`` (and ``value``) for a batch of observations."""
         obs = np.asarray(observations, dtype=np.float32)
         n = len(obs)
-        obs = obs.reshape(n, -1)
+        obs = obs.reshape(n, int(np.prod(obs.shape[1:])))
         rows = list(rngs) if rngs is not None else [self.rng] * n
         if len(rows) != n:
             raise PolicyError(f"TorchPolicy got {n} observations but {len(rows)} generators")
+        if n == 0:
+            empty = np.zeros(0, np.float32)
+            infos: AgentInfos = {"log_prob": empty, **({"value": empty} if self._has_value else {})}
+            shape = (0,) if self.distribution == "categorical" else (0, *self._action_shape)
+            dtype = np.int64 if self.distribution == "categorical" else np.float32
+            return np.zeros(shape, dtype), infos
         with torch.inference_mode():
             inputs = torch.from_numpy(obs)
             if self.batch_invariant:
                 pieces = [self._forward(inputs[i : i + 1]) for i in range(n)]
-                outputs = np.concatenate([p[0] for p in pieces]) if n else np.zeros((0, 0))
-                values = np.concatenate([p[1] for p in pieces]) if self._has_value and n else None
+                outputs = np.concatenate([p[0] for p in pieces])
+                values = np.concatenate([p[1] for p in pieces]) if self._has_value else None
             else:
                 outputs, values = self._forward(inputs)
         if self.distribution == "categorical":
@@ -177,7 +184,7 @@ class TorchPolicy(Policy):
         else:
             log_std = self.module.log_std.detach().cpu().numpy().astype(np.float64)  # type: ignore[operator]
             actions, log_probs = _gaussian(outputs, log_std, rows, self.deterministic)
-        infos: AgentInfos = {"log_prob": log_probs.astype(np.float32)}
+        infos = {"log_prob": log_probs.astype(np.float32)}
         if values is not None:
             infos["value"] = values.astype(np.float32)
         return actions, infos
