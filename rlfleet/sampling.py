@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import gymnasium as gym
@@ -368,13 +369,45 @@ def discounted_returns(batch: EpisodeBatch, discount: float) -> np.ndarray:
     return np.add.reduceat(batch.rewards.astype(np.float64, copy=False) * weights, starts)
 
 
+#: Where the log_* functions also record their values: the tabular of the
+#: Trainer whose epoch is running (garage records them in its global tabular).
+_RECORDER: ContextVar[Callable[[str, float], None] | None] = ContextVar(
+    "rlfleet_tabular", default=None
+)
+
+
+@contextmanager
+def recording_to(record: Callable[[str, float], None]) -> Iterator[None]:
+    """Makes :func:`log_performance` and :func:`log_multitask_performance` also call ``record``.
+
+    ``rlfleet.Trainer`` wraps each epoch in it, so an algorithm written for
+    garage, which calls ``log_performance(itr, episodes, discount)``, gets
+    its values in the epoch's diagnostics.
+    """
+    previous = _RECORDER.get()
+    _RECORDER.set(record)
+    try:
+        yield
+    finally:
+        _RECORDER.set(previous)
+
+
+def _log(prefix: str, key: str, value: float) -> None:
+    logger.info("%s/%s %s", prefix, key, value)
+    record = _RECORDER.get()
+    if record is not None:
+        record(f"{prefix}/{key}", value)
+
+
 def log_performance(
     itr: int, batch: EpisodeBatch, discount: float, prefix: str = "Evaluation"
 ) -> np.ndarray:
     """Logs the performance of a batch of episodes (garage's ``log_performance``).
 
     Logs ``{prefix}/{key} = value`` for ``Iteration`` and every field of
-    :func:`performance_stats` at INFO level on the ``rlfleet`` logger.
+    :func:`performance_stats` at INFO level on the ``rlfleet`` logger and,
+    during a :class:`rlfleet.Trainer` epoch, records them in its diagnostics
+    (``progress.csv``, TensorBoard) as garage's tabular does.
 
     Args:
         itr: Iteration number.
@@ -386,7 +419,7 @@ def log_performance(
         The undiscounted return of each episode, shape (N,).
     """
     for key, value in performance_stats(batch, discount, itr).items():
-        logger.info("%s/%s %s", prefix, key, value)
+        _log(prefix, key, value)
     return episode_returns(batch)
 
 
@@ -425,7 +458,7 @@ def log_multitask_performance(
             continue
         empty = performance_stats(batch.take_episodes(np.zeros(0, dtype=np.int64)), discount, itr)
         for key, value in {**empty, "SuccessRate": math.nan}.items():
-            logger.info("%s/%s %s", name, key, value)
+            _log(name, key, value)
     return log_performance(itr, batch, discount, prefix="Average")
 
 

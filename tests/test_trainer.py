@@ -280,3 +280,30 @@ def test_remote_sampler_trains_on_a_running_coordinator(tmp_path: Path) -> None:
         for name, value in local_algo.get_params().items():
             np.testing.assert_array_equal(algo.get_params()[name], value)
         assert running.status().ready_workers == 1  # the trainer closed only its channel
+
+
+def test_a_garage_algorithm_calling_log_performance_fills_the_diagnostics(tmp_path: Path) -> None:
+    from rlfleet import log_performance
+
+    class GarageStyle:
+        policy = "random"
+        max_episode_length = 30
+
+        def train(self, trainer: Trainer) -> float:
+            returns = np.zeros(0)
+            for _ in trainer.step_epochs():
+                trainer.step_episode = trainer.obtain_episodes(trainer.step_itr)
+                returns = log_performance(trainer.step_itr, trainer.step_episode, discount=0.99)
+                trainer.step_itr += 1
+            return float(np.mean(returns))
+
+    trainer = Trainer(SnapshotConfig(tmp_path, "none"), print_table=False)
+    trainer.setup(GarageStyle(), ENV, LocalSampler, n_workers=1)
+    last = trainer.train(n_epochs=2, batch_size=100)
+    with (tmp_path / "progress.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [float(row["Evaluation/Iteration"]) for row in rows] == [0.0, 1.0]
+    assert float(rows[-1]["Evaluation/AverageReturn"]) == last
+    # Outside an epoch, log_performance records nothing in the trainer.
+    log_performance(9, trainer.obtain_episodes(0, 10), 0.99)
+    assert trainer.tabular.as_dict()["Evaluation/Iteration"] == 1.0  # the last epoch's

@@ -47,7 +47,7 @@ from rlfleet.learners._losses import categorical_policy_loss, log_softmax, value
 from rlfleet.learners._mlp import MLP
 from rlfleet.policies.mlp import MLPCategoricalPolicy
 from rlfleet.policies.spec import PolicySpec
-from rlfleet.sampling import performance_stats
+from rlfleet.sampling import log_performance
 
 if TYPE_CHECKING:
     from rlfleet.trainer import Trainer
@@ -184,9 +184,7 @@ class VPG:
             batch = trainer.obtain_episodes(trainer.step_itr)
             trainer.step_episode = batch
             stats = self.train_step(batch)
-            trainer.tabular.record_many(
-                performance_stats(batch, self.discount, trainer.step_itr), prefix="Evaluation"
-            )
+            log_performance(trainer.step_itr, batch, self.discount)  # garage's Evaluation/*
             trainer.tabular.record_many(
                 {key: stats[key] for key in ("PolicyLoss", "Entropy", "KL", "GradNorm")},
                 prefix="policy",

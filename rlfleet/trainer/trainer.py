@@ -48,6 +48,7 @@ from rlfleet.envs.config import EnvConfig
 from rlfleet.errors import ConfigError, NotSetupError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.spec import PolicySpec
+from rlfleet.sampling import recording_to
 from rlfleet.trainer.diagnostics import DiagnosticsLog, Tabular
 from rlfleet.trainer.experiment import ExperimentContext
 from rlfleet.trainer.snapshot import Snapshot, SnapshotConfig, Snapshotter
@@ -388,7 +389,8 @@ class Trainer:
         for epoch in range(args.start_epoch, args.n_epochs):
             self._itr_start_time = time.time()
             self.tabular.clear()
-            yield epoch
+            with recording_to(self.tabular.record):
+                yield epoch
             self._stats.total_epoch = epoch
             self._stats.total_itr = self.step_itr
             self.tabular.record("Epoch", epoch)
