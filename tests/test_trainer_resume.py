@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from tests._coordinator_fakes import ROOT
 SCRIPT = str(Path(ROOT) / "tests" / "fixtures" / "train_resumable.py")
 EPOCHS = 4
 PAUSE_AFTER = 1
+#: Seconds for the training process to start its fleet and reach the pause.
+PAUSE_TIMEOUT = 240.0
 
 
 def _run(*args: str | Path | int, timeout: float = 240.0) -> None:
@@ -79,6 +82,11 @@ def test_killed_run_resumes_to_the_same_batches_and_parameters(tmp_path: Path) -
     )
     try:
         assert process.stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(process.stdout, selectors.EVENT_READ)
+            assert selector.select(timeout=PAUSE_TIMEOUT), (
+                f"the training process did not pause within {PAUSE_TIMEOUT} seconds"
+            )
         assert process.stdout.readline().strip() == "PAUSED"
     finally:
         _kill_tree(process)
