@@ -87,6 +87,9 @@ def test_in_out_spec() -> None:
     assert (spec.input_space, spec.output_space) == (box, discrete)
     assert spec == InOutSpec(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(4))
     assert spec != InOutSpec(discrete, box)
+    # garage's EnvSpec is an InOutSpec: observations in, actions out.
+    assert isinstance(SPEC, InOutSpec)
+    assert (SPEC.input_space, SPEC.output_space) == (SPEC.observation_space, SPEC.action_space)
 
 
 def test_step_types_of_step_type_members_stay_members() -> None:
