@@ -12,6 +12,8 @@ The public API, importable from ``rlfleet``:
   :func:`obtain_evaluation_episodes`, :func:`log_performance`.
 - Training (garage's): :class:`Trainer`, :class:`SnapshotConfig`,
   :func:`wrap_experiment`, :class:`ExperimentContext` (``rlfleet.trainer``).
+- RLlib's RolloutWorker surface: :class:`RolloutWorker`,
+  :class:`MultiAgentEpisodeBatch`; more in ``rlfleet.rllib`` (docs/rllib.md).
 - The fleet: ``rlfleet.client`` (:class:`~rlfleet.client.RemoteSampler`,
   :class:`~rlfleet.client.Fleet`) and ``rlfleet.coordinator``.
 - Errors: :class:`RlfleetError` and its subclasses in ``rlfleet.errors``.
@@ -23,6 +25,7 @@ from rlfleet.core import (
     EnvStep,
     EpisodeBatch,
     InOutSpec,
+    MultiAgentEpisodeBatch,
     StepType,
     TimeStep,
     TimeStepBatch,
@@ -48,6 +51,7 @@ from rlfleet.policies import (
     default_policy_spec,
     make_policy,
 )
+from rlfleet.rllib import RolloutWorker
 from rlfleet.sampling import (
     log_multitask_performance,
     log_performance,
@@ -73,11 +77,13 @@ __all__ = [
     "LocalSampler",
     "MLPCategoricalPolicy",
     "MLPGaussianPolicy",
+    "MultiAgentEpisodeBatch",
     "NotSetupError",
     "Policy",
     "PolicySpec",
     "RandomPolicy",
     "RlfleetError",
+    "RolloutWorker",
     "SnapshotConfig",
     "StepType",
     "SubprocVectorEnv",

@@ -19,6 +19,8 @@ PROMISED = [
     "Trainer", "SnapshotConfig", "wrap_experiment", "ExperimentContext", "NotSetupError",
     # envs and policies
     "EnvConfig", "PolicySpec", "Policy", "RlfleetError",
+    # RLlib's RolloutWorker surface (issue 14)
+    "RolloutWorker", "MultiAgentEpisodeBatch",
 ]  # fmt: skip
 
 

@@ -20,6 +20,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from rlfleet import _rpc
+from rlfleet._log_limit import LogLimiter, held_back_note
 from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.failures import CallError
 from rlfleet.coordinator.registry import Ending, PartialResult, WorkerHandle
@@ -80,6 +81,7 @@ class WorkerFace:
 
     def __init__(self, coordinator: Coordinator) -> None:
         self._coordinator = coordinator
+        self._refusals = LogLimiter()
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a server."""
@@ -108,7 +110,16 @@ class WorkerFace:
             handle = self._handshake(first, context)
         except CallError as exc:
             admission.decide(None)
-            logger.warning("refused a worker from %s: %s", context.peer(), exc.message)
+            # Anyone who can reach the port can open streams that never say
+            # Hello: at most one line per interval.
+            held_back = self._refusals.admit()
+            if held_back is not None:
+                logger.warning(
+                    "refused a worker from %s: %s%s",
+                    context.peer(),
+                    exc.message,
+                    held_back_note(held_back, "refusals"),
+                )
             _rpc.abort(context, exc.code, exc.message, exc.detail)
         admission.decide(handle)
 

@@ -37,7 +37,6 @@ depend on the batch layout in the last bits.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -45,6 +44,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rlfleet._imports import import_object
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import ConfigError, PolicyError
 from rlfleet.policies._params import checked_params
@@ -102,7 +102,9 @@ class TorchPolicy(Policy):
         self.distribution = distribution
         self.threads = threads
         self.batch_invariant = batch_invariant
-        cls = _module_class(module)
+        cls = import_object(module, "TorchPolicy module")
+        if not callable(cls):
+            raise ConfigError(f"TorchPolicy module {module!r} is not callable")
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -237,26 +239,6 @@ def torch_params(module: torch.nn.Module) -> ParamDict:
         name: value.detach().cpu().numpy().astype(np.float32, copy=True)
         for name, value in module.state_dict().items()
     }
-
-
-def _module_class(path: str) -> type:
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise ConfigError(f"TorchPolicy module must be 'package.module:Class', got {path!r}")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(
-            f"TorchPolicy module {path!r}: cannot import {module_name!r} ({exc}); install it "
-            "where the policy is built (the worker)"
-        ) from exc
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ConfigError(f"TorchPolicy module {path!r}: {module_name!r} has no {attribute!r}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise ConfigError(f"TorchPolicy module {path!r} is not callable")
-    return target
 
 
 def _check_spaces(env_spec: EnvSpec, distribution: str) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Any, NoReturn
 import grpc
 
 from rlfleet import _rpc
+from rlfleet._log_limit import LogLimiter, held_back_note
 from rlfleet.errors import ConfigError
 from rlfleet.security.tokens import Token
 
@@ -237,25 +237,17 @@ class _RefusalLog:
     INTERVAL_SECONDS = 10.0
 
     def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._next = float("-inf")
-        self._suppressed = 0
+        self._limit = LogLimiter(self.INTERVAL_SECONDS, clock)
 
     def refused(self, method: str, peer: str, refusal: Refusal) -> None:
-        now = self._clock()
-        with self._lock:
-            if now < self._next:
-                self._suppressed += 1
-                return
-            suppressed, self._suppressed = self._suppressed, 0
-            self._next = now + self.INTERVAL_SECONDS
-        more = f" ({suppressed} more refused since the last report)" if suppressed else ""
+        held_back = self._limit.admit()
+        if held_back is None:
+            return
         logger.warning(
             "refused %s from %s: %s: %s%s",
             method,
             peer,
             refusal.code.name,
             refusal.message,
-            more,
+            held_back_note(held_back, "refused"),
         )
