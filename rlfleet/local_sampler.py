@@ -125,6 +125,23 @@ class LocalSampler:
         """The workers."""
         return tuple(self._workers)
 
+    @property
+    def requests_made(self) -> int:
+        """Requests made so far: the next ``obtain_*`` call's request index."""
+        return self._requests
+
+    def set_next_request(self, request_index: int) -> None:
+        """Makes the next ``obtain_*`` call request ``request_index``.
+
+        A run resumed from a snapshot continues the request numbering where
+        the interrupted run stopped (``rlfleet.Trainer.restore``).
+
+        Raises:
+            ConfigError: If the index is not an int >= 0.
+        """
+        check_int("request_index", request_index, minimum=0)
+        self._requests = request_index
+
     # -------------------------------------------------------------- sampling
 
     def obtain_samples(

@@ -9,11 +9,14 @@ import rlfleet
 
 PROMISED = [
     # garage's data types
-    "EpisodeBatch", "TimeStep", "TimeStepBatch", "StepType", "EnvSpec",
+    "EpisodeBatch", "TimeStep", "TimeStepBatch", "StepType", "EnvSpec", "InOutSpec",
     # workers and samplers, garage's contract
     "DefaultWorker", "VecWorker", "LocalSampler",
     # garage's sampling utilities
     "rollout", "truncate_paths", "obtain_evaluation_episodes", "log_performance",
+    "log_multitask_performance",
+    # garage's Trainer
+    "Trainer", "SnapshotConfig", "wrap_experiment", "ExperimentContext", "NotSetupError",
     # envs and policies
     "EnvConfig", "PolicySpec", "Policy", "RlfleetError",
     # tianshou's vector envs (issue 11): the in-process alias, and what a backend needs

@@ -128,11 +128,14 @@ def env_config_of(proto: updates_pb2.EnvUpdate) -> EnvConfig:
 
 
 def policy_spec_of(policy: Policy) -> PolicySpec:
-    """The spec of a built-in policy instance (name from its class).
+    """The spec of a policy instance: its own ``policy_spec``, or a built-in's by class.
 
     Raises:
         ConfigError: If the policy's class is not a built-in.
     """
+    own = getattr(policy, "policy_spec", None)
+    if isinstance(own, PolicySpec):  # e.g. TorchPolicy: it names its own module
+        return own
     name = next((n for n, cls in BUILTIN_POLICIES.items() if type(policy) is cls), None)
     if name is None:
         raise ConfigError(

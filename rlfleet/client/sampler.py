@@ -469,6 +469,25 @@ class RemoteSampler:
         """Successful ``obtain_*`` calls so far (the next request index)."""
         return self._requests
 
+    def set_next_request(self, request_index: int) -> None:
+        """Makes the next ``obtain_*`` call request ``request_index``.
+
+        A run resumed from a snapshot continues the request numbering where
+        the interrupted run stopped, so its batches get the seeds the
+        uninterrupted run's would have (``rlfleet.Trainer.restore``).
+
+        Raises:
+            ConfigError: If the sampler has no seed (the coordinator then
+                numbers requests itself) or the index is not an int >= 0.
+        """
+        if self.seed is None:
+            raise ConfigError(
+                "set_next_request needs a sampler with a seed: without one the coordinator "
+                "numbers requests itself; construct RemoteSampler(..., seed=N)"
+            )
+        check_int("request_index", request_index, minimum=0)
+        self._requests = request_index
+
     def close(self) -> None:
         """Closes the channel (idempotent)."""
         if not self._closed:
