@@ -200,6 +200,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     option(
+        "--metrics-listen",
+        **env_option(
+            "RLFLEET_METRICS_LISTEN",
+            default=None,
+            help="HOST:PORT of a plaintext HTTP port serving Prometheus /metrics (unset: none)",
+        ),
+    )
+    option(
         "--port-file",
         type=Path,
         default=None,
@@ -247,11 +255,17 @@ def run(args: argparse.Namespace) -> int:
     _install_signal_handlers(stop)
     server = serve(config)
     health_port = None
+    metrics_port = None
     try:
         if args.health_listen:
             from rlfleet.cli._health_port import HealthPort
 
             health_port = HealthPort(args.health_listen, server.health_servicer)
+            logger.info("serving grpc.health.v1 in plaintext on %s", health_port.listen)
+        if args.metrics_listen:
+            from rlfleet.cli._metrics_port import MetricsPort
+
+            metrics_port = MetricsPort(args.metrics_listen, server.coordinator.metrics.registry)
         if args.port_file is not None:
             _write_atomically(args.port_file, f"{server.port}\n")
         # Waits in slices so that signal handlers run promptly in this thread.
@@ -266,6 +280,8 @@ def run(args: argparse.Namespace) -> int:
         )
         if health_port is not None:
             health_port.stop()
+        if metrics_port is not None:
+            metrics_port.stop()
     return 0
 
 

@@ -153,6 +153,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             ),
         ),
     )
+    parser.add_argument(
+        "--metrics-listen",
+        **env_option(
+            "RLFLEET_METRICS_LISTEN",
+            default=None,
+            help="HOST:PORT of a plaintext HTTP port serving Prometheus /metrics (unset: none)",
+        ),
+    )
     add_client_flags(parser, worker=True)
     parser.set_defaults(func=run)
 
@@ -189,12 +197,19 @@ def run(args: argparse.Namespace) -> int:
     )
     worker = RemoteWorker(config)
     health = _start_health(args.health_listen, worker) if args.health_listen else None
+    metrics = None
+    if args.metrics_listen:
+        from rlfleet.cli._metrics_port import MetricsPort
+
+        metrics = MetricsPort(args.metrics_listen, worker.metrics.registry)
     _install_signal_handlers(worker)
     try:
         return worker.run()
     finally:
         if health is not None:
             health.stop()
+        if metrics is not None:
+            metrics.stop()
 
 
 def _start_health(listen: str, worker: RemoteWorker) -> HealthPort:

@@ -172,6 +172,8 @@ class WorkerEvents:
         if not detail.worker:
             detail.worker = handle.name
         state = self._state
+        known = detail.kind in updates_pb2.ErrorKind.values()
+        state.metrics.error(updates_pb2.ErrorKind.Name(detail.kind) if known else "unknown")
         with state.lock:
             handle.last_error = detail
             if detail.task_id:
@@ -209,6 +211,7 @@ class WorkerEvents:
                 return  # declared dead: its units are someone else's now
             outcome = state.scheduler.classify(handle.worker_id, meta.task_id, meta.episode_indices)
             if outcome.verdict is Verdict.IGNORE:
+                state.metrics.discarded(len(meta.episode_indices))
                 logger.debug("ignored a result of task %d: %s", meta.task_id, outcome.reason)
                 return
             if outcome.verdict is Verdict.REJECT:
@@ -240,7 +243,14 @@ class WorkerEvents:
                 handle.worker_id, meta.task_id, meta.episode_indices, meta.lengths
             )
             if outcome.verdict is not Verdict.ACCEPT:
+                state.metrics.discarded(len(meta.episode_indices))
                 return  # the request ended while the batch was being checked
+            state.metrics.delivered(
+                episodes=len(meta.lengths),
+                steps=sum(meta.lengths),
+                payload_bytes=len(payload),
+                lag=max(state.agent.version - meta.agent_version, 0),
+            )
             call = state.calls.get(outcome.request_id)
             if call is not None:
                 call.outbox.put(Forward(forwarded, tuple(chunks), sum(meta.lengths)))
@@ -271,6 +281,7 @@ class WorkerEvents:
             state.registry.remove(handle.worker_id)
             requeued = state.scheduler.remove_worker(handle.worker_id)
             state.departed_steps += handle.heartbeat.steps_total
+            state.metrics.worker_removed(code.name, requeued)
             state.dispatch()
             state.changed.notify_all()
         handle.end(code, message, detail)

@@ -118,6 +118,8 @@ class Session:
         self._flush_policy = FlushPolicy(
             config.flush_steps, config.flush_bytes, config.flush_seconds
         )
+        self._metrics = worker.metrics
+        self._metrics.joined(config.envs)
         logger.info(
             "joined coordinator %s as %r (worker id %d, %d envs, streams %d..%d)",
             config.coordinator,
@@ -141,6 +143,8 @@ class Session:
             self._stream.close_send()
             return Outcome.LOST
         finally:
+            self._report_progress()  # the steps since the last heartbeat
+            self._metrics.left()
             # Also unblocks gRPC's thread waiting on the request generator.
             self._stream.cancel()
             self._vec.shutdown()
@@ -431,10 +435,17 @@ class Session:
             envelope = meta if i == 0 else worker_pb2.EpisodeResult(task_id=task_id)
             self._stream.send(_rpc.WithChunk(worker_pb2.WorkerMessage(result=envelope), chunk))
         self._book.reported(task_id, indices)
+        self._metrics.sent(batch.n_episodes, chunks[0].total_bytes)
+
+    def _report_progress(self) -> None:
+        self._metrics.progress(
+            self._steps_total - self._beat_steps, self._vec.restarts, self._vec.active_count
+        )
 
     def _heartbeat(self, now: float) -> None:
         elapsed = now - self._beat_time
         rate = (self._steps_total - self._beat_steps) / elapsed if elapsed > 0 else 0.0
+        self._report_progress()
         self._beat_time, self._beat_steps = now, self._steps_total
         self._next_beat = now + self._heartbeat_interval
         self._worker.beat(now, self._heartbeat_interval)
@@ -460,6 +471,7 @@ class Session:
             or str(getattr(exc, "remote_traceback", "") or "")
             or _traceback(exc),
         )
+        self._metrics.error(updates_pb2.ErrorKind.Name(detail.kind))
         self._send(worker_pb2.WorkerMessage(error=worker_pb2.WorkerError(detail=detail)))
 
     def _send(self, message: worker_pb2.WorkerMessage) -> None:
