@@ -68,8 +68,11 @@ def scraped(fleet: ProcessFleet, port: int, check: object) -> Samples:
 
 def test_metrics_move_with_sampling(fleet: ProcessFleet) -> None:
     coordinator_port, worker_port = free_port(), free_port()
-    fleet.start_coordinator("--metrics-listen", f"127.0.0.1:{coordinator_port}")
-    fleet.start_worker("--metrics-listen", f"127.0.0.1:{worker_port}", envs=2)
+    # The ports come the ways an operator gives them: a config file, a variable.
+    config = fleet.directory / "coordinator.toml"
+    config.write_text(f'[coordinator]\nmetrics-listen = "127.0.0.1:{coordinator_port}"\n')
+    fleet.start_coordinator("--config", str(config))
+    fleet.start_worker(envs=2, env={"RLFLEET_METRICS_LISTEN": f"127.0.0.1:{worker_port}"})
     fleet.wait_for_workers(1)
 
     before = scrape(coordinator_port)

@@ -2,7 +2,9 @@
 
 Each subcommand lives in its own module exposing ``register(subparsers)``,
 which adds a parser whose ``func`` default runs the command and returns an
-exit code.
+exit code. Once every parser is built, each option gets its ``RLFLEET_*``
+variable (``cli/_env.py``); commands with ``--config`` read a TOML file
+(``cli/_config.py``).
 """
 
 from __future__ import annotations
@@ -10,10 +12,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from rlfleet._version import __version__
+from rlfleet.cli._config import apply_config_file, flags_given, print_config
+from rlfleet.cli._env import bind_environment, subcommands
 from rlfleet.errors import RlfleetError
 
 #: Subcommand modules, in the order ``--help`` lists them.
@@ -29,8 +34,15 @@ COMMANDS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Builds the argument parser with every available subcommand."""
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """Builds the argument parser with every available subcommand.
+
+    Args:
+        environ: Where ``RLFLEET_*`` defaults come from (default: ``os.environ``).
+
+    Raises:
+        ConfigError: If a variable of a boolean or choice option is malformed.
+    """
     parser = argparse.ArgumentParser(
         prog="rlfleet",
         description="Collect reinforcement-learning experience on a fleet of workers.",
@@ -51,19 +63,47 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(subparsers)
+    for name, sub in subparsers.choices.items():
+        sub.set_defaults(command=name)
+    bind_environment(parser, os.environ if environ is None else environ)
     return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parses a command line with its environment and config file.
+
+    Raises:
+        ConfigError: For a malformed variable or config file.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = getattr(args, "command", None)
+    if command is None:
+        return args
+    sub = subcommands(parser)[command]
+    if getattr(args, "config", None) is not None:
+        apply_config_file(sub, command, args.config, COMMANDS)
+        args = parser.parse_args(argv)
+    if getattr(args, "print_config", False):
+        sys.stdout.write(print_config(sub, args, flags_given(parser, argv)))
+        args.func = lambda _args: 0
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except RlfleetError as exc:
+        print(f"rlfleet: error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     func = getattr(args, "func", None)
     if func is None:
-        parser.print_help()
+        build_parser().print_help()
         return 2
     try:
         return int(func(args))

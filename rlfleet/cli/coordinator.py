@@ -21,7 +21,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rlfleet.cli._args import non_negative_int, positive_float, positive_int
+from rlfleet.cli._args import byte_size, non_negative_int, positive_float, positive_int
+from rlfleet.cli._config import add_config_flags
 from rlfleet.cli._env import env_option
 from rlfleet.security.flags import add_server_flags, server_security_from_args
 
@@ -160,12 +161,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     option(
         "--max-message-bytes",
-        **env_option(
-            "RLFLEET_MAX_MESSAGE_BYTES",
-            default=64 * 1024 * 1024,
-            type=positive_int,
-            help="largest gRPC message either side sends",
-        ),
+        type=byte_size,
+        default="64MiB",
+        help="largest gRPC message either side sends (bytes, or with a unit: 64MiB)",
     )
     option(
         "--max-workers",
@@ -180,13 +178,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-queued-requests",
         type=positive_int,
         default=64,
-        help="Sample and update requests waiting for their turn (default: 64)",
+        help="Sample and update requests waiting for their turn",
     )
     option(
         "--max-subscribers",
         type=positive_int,
         default=8,
-        help="concurrent subscriptions (default: 8)",
+        help="concurrent subscriptions",
+    )
+    option(
+        "--max-learner-calls",
+        type=positive_int,
+        default=32,
+        help="learner calls (samples, subscriptions, status) served at once",
+    )
+    option(
+        "--max-buffered-steps",
+        type=positive_int,
+        default=100_000,
+        help="default per-subscriber buffer: steps sent by workers, not yet taken",
+    )
+    option(
+        "--prefetch-factor",
+        type=non_negative_int,
+        default=1,
+        help="units a worker holds per env slot beyond the one it runs",
+    )
+    option(
+        "--capacity-steps",
+        type=non_negative_int,
+        default=16384,
+        help=(
+            "steps of work a worker holds (running, queued, unreported), converted to units "
+            "with the mean episode length; 0: --prefetch-factor alone"
+        ),
     )
     option(
         "--health-listen",
@@ -204,7 +229,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         **env_option(
             "RLFLEET_METRICS_LISTEN",
             default=None,
-            help="HOST:PORT of a plaintext HTTP port serving Prometheus /metrics (unset: none)",
+            help="HOST:PORT of a plaintext HTTP port serving Prometheus /metrics",
         ),
     )
     option(
@@ -216,14 +241,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     option(
         "--max-result-bytes",
-        type=positive_int,
-        default=1 << 30,
+        type=byte_size,
+        default="1GiB",
         help=(
-            "bytes of an unfinished result one worker may have in flight; more drops the "
-            "worker with RESOURCE_EXHAUSTED (default: 1 GiB)"
+            "bytes of an unfinished result one worker may have in flight (a unit is allowed: "
+            "1GiB); more drops the worker with RESOURCE_EXHAUSTED"
         ),
     )
     add_server_flags(parser)
+    add_config_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -249,6 +275,10 @@ def run(args: argparse.Namespace) -> int:
         max_queued_requests=args.max_queued_requests,
         max_subscribers=args.max_subscribers,
         max_result_bytes=args.max_result_bytes,
+        max_learner_calls=args.max_learner_calls,
+        max_buffered_steps=args.max_buffered_steps,
+        prefetch_factor=args.prefetch_factor,
+        capacity_steps=args.capacity_steps,
         security=server_security_from_args(args),
     )
     stop = threading.Event()

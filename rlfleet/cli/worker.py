@@ -14,7 +14,8 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from rlfleet.cli._args import non_negative_int, positive_float, positive_int
+from rlfleet.cli._args import byte_size, non_negative_int, positive_float, positive_int
+from rlfleet.cli._config import add_config_flags
 from rlfleet.cli._env import env_option
 from rlfleet.security.flags import add_client_flags, worker_security_from_args
 from rlfleet.worker._restarts import EnvRestartBudget
@@ -158,10 +159,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         **env_option(
             "RLFLEET_METRICS_LISTEN",
             default=None,
-            help="HOST:PORT of a plaintext HTTP port serving Prometheus /metrics (unset: none)",
+            help="HOST:PORT of a plaintext HTTP port serving Prometheus /metrics",
         ),
     )
+    parser.add_argument(
+        "--flush-steps",
+        type=positive_int,
+        default=4096,
+        help="send finished episodes once they hold this many steps (keep well under the "
+        "coordinator's --capacity-steps)",
+    )
+    parser.add_argument(
+        "--flush-bytes",
+        type=byte_size,
+        default="4MiB",
+        help="or once they hold about this many bytes (a unit is allowed: 4MiB)",
+    )
+    parser.add_argument(
+        "--flush-seconds",
+        type=positive_float,
+        default=0.1,
+        help="or once the oldest has waited this long",
+    )
     add_client_flags(parser, worker=True)
+    add_config_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -188,6 +209,9 @@ def run(args: argparse.Namespace) -> int:
         drain_grace_seconds=args.drain_grace,
         keepalive_interval=args.keepalive_interval,
         keepalive_timeout=args.keepalive_timeout,
+        flush_steps=args.flush_steps,
+        flush_bytes=args.flush_bytes,
+        flush_seconds=args.flush_seconds,
         env_restarts=EnvRestartBudget(
             args.env_restarts, args.env_restart_window, args.env_restarts_total
         ),
