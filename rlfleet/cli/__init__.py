@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from rlfleet._version import __version__
 from rlfleet.cli._config import apply_config_file, flags_given, print_config
 from rlfleet.cli._env import bind_environment, subcommands
+from rlfleet.cli._logging import configure_logging
 from rlfleet.errors import RlfleetError
 
 #: Subcommand modules, in the order ``--help`` lists them.
@@ -52,7 +52,14 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         "--log-level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging level (default: INFO)",
+        help="logging level",
+    )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text lines, or JSON lines with timestamp, level, logger, worker, request and "
+        "task ids",
     )
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name in COMMANDS:
@@ -98,9 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RlfleetError as exc:
         print(f"rlfleet: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level, args.log_format)
     func = getattr(args, "func", None)
     if func is None:
         build_parser().print_help()

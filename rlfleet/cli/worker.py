@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from rlfleet.cli._args import byte_size, non_negative_int, positive_float, positive_int
 from rlfleet.cli._config import add_config_flags
 from rlfleet.cli._env import env_option
+from rlfleet.cli._logging import tag_process
 from rlfleet.security.flags import add_client_flags, worker_security_from_args
 from rlfleet.worker._restarts import EnvRestartBudget
 
@@ -219,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
         security=worker_security_from_args(args),
         allow_pickle=args.allow_pickle,
     )
+    tag_process("worker", config.name)
     worker = RemoteWorker(config)
     health = _start_health(args.health_listen, worker) if args.health_listen else None
     metrics = None

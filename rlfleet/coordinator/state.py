@@ -160,6 +160,18 @@ class FleetState:
             handle = self.registry.get(order.worker_id)
             if handle is not None:
                 handle.send(task_message(order))
+                if logger.isEnabledFor(logging.DEBUG):
+                    logger.debug(
+                        "task %d of request %d to worker %r",
+                        order.task_id,
+                        order.request_id,
+                        handle.name,
+                        extra={
+                            "task_id": order.task_id,
+                            "request_id": order.request_id,
+                            "worker": handle.name,
+                        },
+                    )
         self.metrics.dispatched(orders)
 
     def send_cancels(self, cancels: list[CancelOrder]) -> None:

@@ -89,6 +89,7 @@ class WorkerEvents:
             hello.host or "?",
             hello.pid,
             peer,
+            extra={"worker": handle.name},
         )
         return handle
 
@@ -179,7 +180,16 @@ class WorkerEvents:
             if detail.task_id:
                 request_id = state.scheduler.request_of_task(detail.task_id)
                 if request_id is not None and request_id in state.calls:
-                    logger.warning("task %d failed: %s", detail.task_id, describe(detail))
+                    logger.warning(
+                        "task %d failed: %s",
+                        detail.task_id,
+                        describe(detail),
+                        extra={
+                            "task_id": detail.task_id,
+                            "request_id": request_id,
+                            "worker": handle.name,
+                        },
+                    )
                     failure = CallError(
                         grpc.StatusCode.FAILED_PRECONDITION, describe(detail), detail
                     )
@@ -190,7 +200,9 @@ class WorkerEvents:
                 wait.errors.setdefault(handle.worker_id, detail)
                 state.changed.notify_all()
                 return
-        logger.warning("worker %r reported: %s", handle.name, describe(detail))
+        logger.warning(
+            "worker %r reported: %s", handle.name, describe(detail), extra={"worker": handle.name}
+        )
 
     def on_result(
         self,
@@ -293,4 +305,5 @@ class WorkerEvents:
             code.name,
             message,
             requeued,
+            extra={"worker": handle.name},
         )

@@ -25,6 +25,7 @@ from rlfleet.coordinator.failures import CallError
 from rlfleet.coordinator.registry import Ending, PartialResult, WorkerHandle
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
 from rlfleet.security import InflightBudget
+from rlfleet.security.auth import RefusalLog
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import Chunk
 
@@ -80,6 +81,9 @@ class WorkerFace:
 
     def __init__(self, coordinator: Coordinator) -> None:
         self._coordinator = coordinator
+        # Streams that never say Hello may come from a scanner or a flood:
+        # one log line per interval, like refused tokens.
+        self._refusals = RefusalLog(log=logger)
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a server."""
@@ -108,7 +112,8 @@ class WorkerFace:
             handle = self._handshake(first, context)
         except CallError as exc:
             admission.decide(None)
-            logger.warning("refused a worker from %s: %s", context.peer(), exc.message)
+            self._refusals.refused_text(f"a worker from {context.peer()}: {exc.message}")
+            self._coordinator.metrics.error(f"join_{exc.code.name}")
             _rpc.abort(context, exc.code, exc.message, exc.detail)
         admission.decide(handle)
 

@@ -168,7 +168,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
     def __init__(self, tokens: RoleTokens, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._tokens = tokens
-        self._log = _RefusalLog(clock)
+        self._log = RefusalLog(clock)
 
     def check(self, method: str, metadata: Sequence[tuple[str, Any]] | None) -> Refusal | None:
         """Decides one call: None to let it through, else why not."""
@@ -214,7 +214,7 @@ _ROLE_SCOPE = {
 }
 
 
-def _refusing_handler(refusal: Refusal, method: str, log: _RefusalLog) -> grpc.RpcMethodHandler:
+def _refusing_handler(refusal: Refusal, method: str, log: RefusalLog) -> grpc.RpcMethodHandler:
     # Stream-stream whatever the method's shape: the handler runs at once
     # without waiting for a request message, and its status reaches unary
     # callers just the same.
@@ -227,22 +227,35 @@ def _refusing_handler(refusal: Refusal, method: str, log: _RefusalLog) -> grpc.R
     return grpc.stream_stream_rpc_method_handler(refuse)
 
 
-class _RefusalLog:
+class RefusalLog:
     """Logs refused calls, at most one line per interval plus a count.
 
-    A peer hammering the port with bad tokens must not flood the logs.
-    Never logs the presented token: only method, peer and reason.
+    A peer hammering the port (bad tokens, streams that never say Hello)
+    must not flood the logs. Never logs a presented token: only what was
+    refused, from whom, and why.
+
+    Args:
+        clock: Seconds, for spacing the lines out (tests pass their own).
+        log: Where the lines go.
     """
 
     INTERVAL_SECONDS = 10.0
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, log: logging.Logger = logger
+    ) -> None:
         self._clock = clock
+        self._logger = log
         self._lock = threading.Lock()
         self._next = float("-inf")
         self._suppressed = 0
 
     def refused(self, method: str, peer: str, refusal: Refusal) -> None:
+        """Logs one refused call (or counts it toward the next line)."""
+        self.refused_text(f"{method} from {peer}: {refusal.code.name}: {refusal.message}")
+
+    def refused_text(self, what: str) -> None:
+        """Logs ``refused <what>`` (or counts it toward the next line)."""
         now = self._clock()
         with self._lock:
             if now < self._next:
@@ -251,11 +264,4 @@ class _RefusalLog:
             suppressed, self._suppressed = self._suppressed, 0
             self._next = now + self.INTERVAL_SECONDS
         more = f" ({suppressed} more refused since the last report)" if suppressed else ""
-        logger.warning(
-            "refused %s from %s: %s: %s%s",
-            method,
-            peer,
-            refusal.code.name,
-            refusal.message,
-            more,
-        )
+        self._logger.warning("refused %s%s", what, more)

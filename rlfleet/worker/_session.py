@@ -376,6 +376,14 @@ class Session:
                 ProtocolError(f"task {task.task_id} asks for {problem}"), task_id=task.task_id
             )
             return
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "task %d of request %d: %d units",
+                task.task_id,
+                task.request_id,
+                len(task.units) or task.rounds,
+                extra={"task_id": task.task_id, "request_id": task.request_id},
+            )
         self._book.add(task)
 
     def _on_task_error(self, exc: Exception) -> None:
@@ -386,7 +394,9 @@ class Session:
         """
         book = self._book
         tasks = book.tasks() if isinstance(exc, PolicyError) else book.running_request()
-        logger.warning("task error: %s", str(exc).splitlines()[0])
+        first = min(tasks, key=lambda t: t.task_id, default=None)
+        ids = {} if first is None else {"task_id": first.task_id, "request_id": first.request_id}
+        logger.warning("task error: %s", str(exc).splitlines()[0], extra=ids)
         book.drop(task.task_id for task in tasks)
         first_of_request: dict[int, int] = {}
         for task in sorted(tasks, key=lambda t: t.task_id):
