@@ -11,10 +11,13 @@ The public API, importable from ``rlfleet``:
   :func:`obtain_evaluation_episodes`, :func:`log_performance`.
 - The fleet: ``rlfleet.client`` (:class:`~rlfleet.client.RemoteSampler`,
   :class:`~rlfleet.client.Fleet`) and ``rlfleet.coordinator``.
+- Batch files (``.npz``, what ``rlfleet sample`` writes): :func:`save_batch`,
+  :func:`load_batch`.
 - Errors: :class:`RlfleetError` and its subclasses in ``rlfleet.errors``.
 """
 
 from rlfleet._version import __version__
+from rlfleet.batch_file import load_batch, save_batch
 from rlfleet.core import (
     EnvSpec,
     EnvStep,
@@ -77,6 +80,7 @@ __all__ = [
     "__version__",
     "default_policy_spec",
     "env_spec_of",
+    "load_batch",
     "log_performance",
     "make_env",
     "make_policy",
@@ -84,6 +88,7 @@ __all__ = [
     "pad_to_last",
     "performance_stats",
     "rollout",
+    "save_batch",
     "step_type_from_gym",
     "truncate_paths",
 ]

@@ -13,8 +13,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from rlfleet import load_batch
+from rlfleet.batch_file import FILE_FORMAT
 from rlfleet.cli import main
-from rlfleet.cli.sample import FILE_FORMAT, load_batch
 from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.envs import EnvConfig
 from rlfleet.local_sampler import LocalSampler
@@ -68,8 +69,46 @@ def test_the_file_layout_is_flat_numpy_arrays(fleet: Fleet, tmp_path: Path) -> N
         assert data["episode_infos.episode_index"].tolist() == [0, 1, 2, 3]
         assert data["observations"].shape == (int(data["lengths"].sum()), 4)
         spec = json.loads(str(data["env_spec"]))
-        assert spec["actionSpace"]["discrete"]["n"] == "2"  # protobuf JSON of rlfleet.v1.EnvSpec
+        dtypes = {key: data[key].dtype.name for key in data.files}
+    # Readable JSON: gymnasium's names, numbers as numbers, infinities as text.
+    assert spec["action_space"] == {"type": "Discrete", "n": 2, "start": 0}
+    box = spec["observation_space"]
+    assert (box["type"], box["shape"], box["dtype"]) == ("Box", [4], "float32")
+    assert box["high"][0] == pytest.approx(4.8) and box["high"][1] == "inf"
+    assert spec["max_episode_length"] == 500
     assert load_batch(out).env_spec == CARTPOLE.env_spec()
+    # docs/operations.md's table of dtypes is what the file holds.
+    documented = documented_dtypes()
+    spaces = {"observation space": "float32", "action space": "int64"}  # CartPole's
+    for key, dtype in dtypes.items():
+        group = key.split(".")[0]
+        if key in ("env_spec", "format") or group == "env_infos":
+            continue  # text; env_infos are as the env gives them
+        assert spaces.get(documented[group], documented[group]) == dtype, key
+
+
+def documented_dtypes() -> dict[str, str]:
+    """The ``| key | dtype |`` rows of docs/operations.md's batch file table."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    section = text.split("## Batch files", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| `")]
+    return {key.strip().strip("`"): dtype.strip().strip("`") for key, dtype in rows}
+
+
+def test_agent_infos_of_the_policy_are_in_the_file(tmp_path: Path) -> None:
+    from rlfleet.policies import MLPCategoricalPolicy
+
+    policy = MLPCategoricalPolicy(CARTPOLE.env_spec(), hidden_sizes=(4,), seed=0)
+    own = Fleet.local(1, 1, CARTPOLE)
+    with own as sampler:
+        sampler.update_agent(policy)
+        out = tmp_path / "mlp.npz"
+        assert main(["sample", "--coordinator", own.address, "--mode", "episodes",
+                     "--episodes", "2", "--out", str(out)]) == 0  # fmt: skip
+    with np.load(out, allow_pickle=False) as data:
+        assert data["agent_infos.log_prob"].shape == data["rewards"].shape
+        assert data["agent_infos.logits"].shape == (len(data["rewards"]), 2)
+    assert set(load_batch(out).agent_infos) == {"log_prob", "logits"}
 
 
 def test_sample_fragments(fleet: Fleet, tmp_path: Path) -> None:

@@ -16,6 +16,8 @@ PROMISED = [
     "rollout", "truncate_paths", "obtain_evaluation_episodes", "log_performance",
     # envs and policies
     "EnvConfig", "PolicySpec", "Policy", "RlfleetError",
+    # batch files (rlfleet sample's .npz)
+    "load_batch", "save_batch",
 ]  # fmt: skip
 
 
