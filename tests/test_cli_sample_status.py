@@ -191,3 +191,21 @@ def test_sample_with_env_switches_the_fleet(fleet: Fleet, tmp_path: Path) -> Non
     finally:
         with RemoteSampler(fleet.address) as sampler:
             sampler.update_env("CartPole-v1")
+
+
+def test_sample_with_the_env_the_fleet_runs_rebuilds_nothing(fleet: Fleet, tmp_path: Path) -> None:
+    before = fleet.sampler.status().env_generation
+    out = tmp_path / "same.npz"
+    code = main(
+        ["sample", "--coordinator", fleet.address, "--env", "CartPole-v1", "--steps", "10",
+         "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    assert fleet.sampler.status().env_generation == before
+    with RemoteSampler(fleet.address) as sampler:
+        # Same kwargs written differently: still the same env.
+        assert sampler.update_env(EnvConfig("CartPole-v1", {})) == before
+        # Different kwargs: a new generation, and back.
+        changed = sampler.update_env(EnvConfig("CartPole-v1", {"sutton_barto_reward": True}))
+        assert changed == before + 1
+        assert sampler.update_env("CartPole-v1") == before + 2
