@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -44,6 +46,9 @@ def test_sample_writes_the_batch_local_sampler_would_give(fleet: Fleet, tmp_path
         command, capture_output=True, text=True, timeout=60, check=False, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr
+    # stderr is a pipe, not a terminal: progress comes as plain lines, no bar.
+    assert re.search(r"^sample: [\d,]+/300 steps \(\d+%\), ", done.stderr, re.M), done.stderr
+    assert "\r" not in done.stderr
     batch = load_batch(out)
     assert done.stdout.strip() == (
         f"wrote {batch.n_episodes} episodes ({batch.total_steps} steps) to {out}"
@@ -209,3 +214,22 @@ def test_sample_with_the_env_the_fleet_runs_rebuilds_nothing(fleet: Fleet, tmp_p
         changed = sampler.update_env(EnvConfig("CartPole-v1", {"sutton_barto_reward": True}))
         assert changed == before + 1
         assert sampler.update_env("CartPole-v1") == before + 2
+
+
+def test_progress_off_a_terminal_is_a_line_every_interval() -> None:
+    from rlfleet.cli._progress import LINE_SECONDS, Progress
+
+    now = [0.0]
+    out = io.StringIO()  # not a TTY
+    with Progress("sample", 1000, "steps", stream=out, clock=lambda: now[0]) as progress:
+        progress.update(100)  # too soon for a line
+        now[0] = LINE_SECONDS
+        progress.update(400)
+        now[0] = LINE_SECONDS + 1
+        progress.update(600)  # too soon again
+        now[0] = 2 * LINE_SECONDS
+        progress.update(1000)
+    assert out.getvalue().splitlines() == [
+        "sample: 400/1,000 steps (40%), 40 steps/s, 10.0 s",
+        "sample: 1,000/1,000 steps (100%), 50 steps/s, 20.0 s",  # not repeated at the end
+    ]

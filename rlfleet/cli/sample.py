@@ -14,6 +14,7 @@ from typing import Any
 
 from rlfleet.cli._args import non_negative_int, positive_float, positive_int
 from rlfleet.cli._env import env_option
+from rlfleet.cli._progress import Progress
 from rlfleet.security.flags import add_client_flags, learner_options_from_args
 
 
@@ -25,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Ask a coordinator for a batch (complete episodes totalling --steps steps, "
             "exactly --episodes episodes, or fragments) and save it with numpy.savez. "
-            "Shows a progress bar on stderr."
+            "Shows a progress bar on stderr (a line every 10 s when stderr is not a terminal)."
         ),
         epilog=(
             "File layout: observations, last_observations, actions, rewards, step_types, "
@@ -72,8 +73,6 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"rlfleet sample: {problem}", file=sys.stderr)
         return 2
-    from tqdm import tqdm
-
     from rlfleet.batch_file import save_batch
     from rlfleet.client import RemoteSampler
 
@@ -86,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             **learner_options_from_args(args),
         ) as sampler,
-        tqdm(total=target, unit=unit, file=sys.stderr, disable=None) as bar,
+        Progress("sample", target, unit) as progress,
     ):
-        batch = _collect(sampler, args, _progress(bar))
+        batch = _collect(sampler, args, lambda done, _target: progress.update(done))
     save_batch(args.out, batch)
     print(
         f"wrote {batch.n_episodes} {'fragments' if args.mode == 'fragments' else 'episodes'} "
@@ -118,11 +117,3 @@ def _check_args(args: argparse.Namespace) -> str | None:
     if args.mode == "fragments" and args.fragment_length is None:
         return "--mode fragments needs --fragment-length T"
     return None
-
-
-def _progress(bar: Any) -> Callable[[int, int], None]:
-    def update(done: int, target: int) -> None:
-        del target
-        bar.update(done - bar.n)
-
-    return update
