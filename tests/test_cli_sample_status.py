@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -178,8 +179,44 @@ def test_status_of_an_absent_coordinator_is_a_clear_error(
         port = sock.getsockname()[1]
     assert main(["status", "--coordinator", f"127.0.0.1:{port}", "--timeout", "5"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"rlfleet: error: GetStatus on coordinator 127.0.0.1:{port}: ")
-    assert "UNAVAILABLE" in err
+    assert err.startswith(f"rlfleet: error: no coordinator answers at 127.0.0.1:{port} (")
+    assert "UNAVAILABLE" in err and "--coordinator (or RLFLEET_COORDINATOR)" in err
+    assert "obtain_" not in err  # advice for the command line, not the Python API
+
+
+def test_status_json_has_every_worker_and_the_totals(
+    fleet: Fleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "--coordinator", fleet.address, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert sorted(w["name"] for w in data["workers"]) == ["local-0", "local-1"]
+    assert all(w["agent_lag"] == 0 and w["envs"] == 2 for w in data["workers"])
+    assert data["total_envs"] == 4 and data["ready_workers"] == 2
+    assert data["env"]["id"] == "CartPole-v1"
+    assert data["env_spec"]["action_space"] == {"type": "Discrete", "n": 2, "start": 0}
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_status_watch_refreshes_until_interrupted(fleet: Fleet, as_json: bool) -> None:
+    command = [sys.executable, "-m", "rlfleet", "status", "--coordinator", fleet.address,
+               "--watch", "0.2", *(["--json"] if as_json else [])]  # fmt: skip
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(12 if not as_json else 3)]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
+    if as_json:
+        polls = [json.loads(line) for line in lines]
+        assert all(len(p["workers"]) == 2 for p in polls)
+        assert polls[0]["time"] < polls[-1]["time"]
+    else:
+        text = "".join(lines)
+        assert "UNITS" in text and "LAG" in text and "local-0" in text
+        assert text.count(f"rlfleet {fleet.address}") >= 2  # refreshed, one table each
 
 
 def test_sample_with_env_switches_the_fleet(fleet: Fleet, tmp_path: Path) -> None:
