@@ -71,9 +71,15 @@ def test_metrics_move_with_sampling(fleet: ProcessFleet) -> None:
     # The ports come the ways an operator gives them: a config file, a variable.
     config = fleet.directory / "coordinator.toml"
     config.write_text(f'[coordinator]\nmetrics-listen = "127.0.0.1:{coordinator_port}"\n')
-    fleet.start_coordinator("--config", str(config))
+    coordinator = fleet.start_coordinator(
+        "--config", str(config), "--health-listen", f"127.0.0.1:{free_port()}"
+    )
     fleet.start_worker(envs=2, env={"RLFLEET_METRICS_LISTEN": f"127.0.0.1:{worker_port}"})
     fleet.wait_for_workers(1)
+    # The log says where to find every port.
+    log = coordinator.log_text()
+    assert f"serving Prometheus metrics on http://127.0.0.1:{coordinator_port}/metrics" in log
+    assert "serving grpc.health.v1 in plaintext on 127.0.0.1:" in log
 
     before = scrape(coordinator_port)
     assert value(before, "rlfleet_workers", state="idle") == 1
