@@ -33,7 +33,7 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
 def exported_names() -> set[str]:
     """Every sample name the coordinator's and a worker's /metrics can show."""
     registries = [FleetState(CoordinatorConfig()).metrics.registry, WorkerMetrics().registry]
-    names = set()
+    names: set[str] = set()
     for registry in registries:
         for family in registry.collect():
             names.update(family.name + s for s in _SUFFIXES.get(family.type, ("",)))
