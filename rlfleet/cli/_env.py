@@ -33,7 +33,9 @@ from rlfleet.errors import ConfigError
 PREFIX = "RLFLEET_"
 _VARIABLE = "_rlfleet_variable"  # attribute on a bound action: its variable
 _ELSEWHERE = "_rlfleet_read_elsewhere"  # its command reads the variable itself
-_DEFAULT_SUFFIX = re.compile(r"\s*\(default: [^()]*(\([^()]*\)[^()]*)*\)$")
+# A hand-written default at the end of a help: "(default: 10)", "(default
+# CartPole-v1)", "(600)", "(none)".
+_DEFAULT_SUFFIX = re.compile(r"\s*\((default[: ][^()]*(\([^()]*\)[^()]*)*|[0-9][0-9_,.]*|none)\)$")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -143,13 +145,17 @@ def bind_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]
         setattr(action, _VARIABLE, variable)
         if is_read_elsewhere(action):
             continue  # its help names its variables already
-        shown = "none" if action.default is None else action.default
-        # One "(default: ...; env ...)" suffix for all: drop a hand-written one.
-        action.help = _DEFAULT_SUFFIX.sub("", action.help or "")
+        # One "(default: ...; env ...)" suffix for all: a hand-written default
+        # is dropped, unless it says more than "none" (a derived default).
+        help_text = action.help or ""
+        described = action.default is None and _DEFAULT_SUFFIX.search(help_text)
         if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
-            action.help = f"{action.help} (env {variable}=1)"
+            action.help = f"{help_text} (env {variable}=1)"
+        elif described:
+            action.help = f"{help_text} (env {variable})"
         else:
-            action.help = f"{action.help} (default: {shown}; env {variable})"
+            shown = "none" if action.default is None else action.default
+            action.help = f"{_DEFAULT_SUFFIX.sub('', help_text)} (default: {shown}; env {variable})"
         raw = environ.get(variable)
         if raw is not None and raw.strip():
             set_default(action, raw.strip(), f"environment variable {variable}")
