@@ -99,9 +99,14 @@ def test_precedence_is_flag_then_variable_then_file_then_default(
     assert args.max_workers == 9  # file over default
     assert args.env_kwargs == {"length": 5}  # a TOML table for a JSON option
     assert args.keepalive_interval == 10.0  # default
-    # The worker reads its own table and the shared top level.
+    # The worker reads its own table and the shared top level; switches and
+    # lists keep the same precedence.
+    config.write_text(config.read_text() + "allow-pickle = true\nimport = ['x']\n")
+    monkeypatch.setenv("RLFLEET_ALLOW_PICKLE", "0")
+    monkeypatch.setenv("RLFLEET_IMPORT", "a,b")
     worker = parse_args(["worker", "--coordinator", "h:1", "--config", str(config)])
     assert (worker.envs, worker.seed) == (4, 8)
+    assert worker.allow_pickle is False and worker.imports == ["a", "b"]
 
 
 @pytest.mark.parametrize(

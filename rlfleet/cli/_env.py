@@ -33,9 +33,12 @@ from rlfleet.errors import ConfigError
 PREFIX = "RLFLEET_"
 _VARIABLE = "_rlfleet_variable"  # attribute on a bound action: its variable
 _ELSEWHERE = "_rlfleet_read_elsewhere"  # its command reads the variable itself
+_FROM_ENV = "_rlfleet_from_env"  # its variable set its default
 # A hand-written default at the end of a help: "(default: 10)", "(default
 # CartPole-v1)", "(600)", "(none)".
 _DEFAULT_SUFFIX = re.compile(r"\s*\((default[: ][^()]*(\([^()]*\)[^()]*)*|[0-9][0-9_,.]*|none)\)$")
+#: Options that select configuration instead of being part of it.
+_NOT_CONFIGURABLE = {"print_config"}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -130,10 +133,6 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return {}
 
 
-#: Options that select configuration instead of being part of it.
-_NOT_CONFIGURABLE = {"print_config"}
-
-
 def bind_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
     """Gives every option of ``parser`` and its subcommands its variable.
 
@@ -159,16 +158,14 @@ def bind_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]
         raw = environ.get(variable)
         if raw is not None and raw.strip():
             set_default(action, raw.strip(), f"environment variable {variable}")
+            setattr(action, _FROM_ENV, True)
     for sub in subcommands(parser).values():
         bind_environment(sub, environ)
 
 
 def from_environment(action: argparse.Action) -> bool:
     """Whether an option's default came from its environment variable."""
-    default = action.default
-    if isinstance(default, list):
-        default = default[0] if default else None
-    return isinstance(default, _Sourced) and default.source.startswith("environment")
+    return bool(getattr(action, _FROM_ENV, False))
 
 
 def set_default(action: argparse.Action, value: Any, source: str) -> None:
