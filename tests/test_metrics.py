@@ -173,3 +173,19 @@ def test_an_env_error_is_counted_by_kind_on_both_sides(fleet: ProcessFleet) -> N
     )
     worker = scrape(worker_port)
     assert value(worker, "rlfleet_worker_errors_total", kind="env_crashed") == 1
+
+
+def test_a_bad_or_taken_metrics_address_is_a_clear_error() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from rlfleet.cli._metrics_port import MetricsPort
+    from rlfleet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--metrics-listen '9090' must be HOST:PORT"):
+        MetricsPort("9090", CollectorRegistry())
+    first = MetricsPort("127.0.0.1:0", CollectorRegistry())
+    try:
+        with pytest.raises(ConfigError, match="pick another --metrics-listen port"):
+            MetricsPort(f"127.0.0.1:{first.port}", CollectorRegistry())
+    finally:
+        first.stop()
