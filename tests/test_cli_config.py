@@ -214,3 +214,25 @@ def test_the_cli_defaults_are_the_library_defaults() -> None:
     defaults = WorkerConfig("h:1")
     for name in ("flush_steps", "flush_bytes", "flush_seconds", "keepalive_interval"):
         assert getattr(worker, name) == getattr(defaults, name), name
+
+
+def test_a_misspelt_variable_is_reported_not_ignored() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "rlfleet", "coordinator", "--print-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=ROOT,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": ROOT,
+            "RLFLEET_MAX_WROKERS": "3",
+            "RLFLEET_SOME_OTHER_TOOL": "x",  # not near any option: not ours to judge
+        },
+    )
+    assert (
+        "RLFLEET_MAX_WROKERS is set, but no rlfleet option reads it: did you mean "
+        "RLFLEET_MAX_WORKERS?" in result.stderr
+    )
+    assert "RLFLEET_SOME_OTHER_TOOL" not in result.stderr

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
 
 from rlfleet._version import __version__
 from rlfleet.cli._config import apply_config_file, flags_given, print_config
-from rlfleet.cli._env import bind_environment, subcommands
+from rlfleet.cli._env import bind_environment, misspelt_variables, subcommands
 from rlfleet.cli._logging import configure_logging
 from rlfleet.errors import RlfleetError
 
@@ -106,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rlfleet: error: {exc}", file=sys.stderr)
         return 2
     configure_logging(args.log_level, args.log_format)
+    for name, meant in misspelt_variables(build_parser(), os.environ):
+        logging.getLogger("rlfleet").warning(
+            "%s is set, but no rlfleet option reads it: did you mean %s?", name, meant
+        )
     func = getattr(args, "func", None)
     if func is None:
         build_parser().print_help()

@@ -23,6 +23,7 @@ from.
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -161,6 +162,29 @@ def bind_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]
             setattr(action, _FROM_ENV, True)
     for sub in subcommands(parser).values():
         bind_environment(sub, environ)
+
+
+def misspelt_variables(
+    parser: argparse.ArgumentParser, environ: Mapping[str, str]
+) -> list[tuple[str, str]]:
+    """``(set, meant)`` for each ``RLFLEET_*`` variable no option reads but one nearly does.
+
+    Only near misses are reported: other ``RLFLEET_*`` variables may belong
+    to other tools (test harnesses), and a variable meant for another command
+    (a ConfigMap shared by coordinator and workers) is read by some option.
+    """
+    known = {
+        variable_of(action)
+        for each in (parser, *subcommands(parser).values())
+        for action in options(each)
+    }
+    found = []
+    for name in sorted(environ):
+        if name.startswith(PREFIX) and name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+            if close:
+                found.append((name, close[0]))
+    return found
 
 
 def from_environment(action: argparse.Action) -> bool:
