@@ -189,3 +189,29 @@ def test_a_bad_or_taken_metrics_address_is_a_clear_error() -> None:
             MetricsPort(f"127.0.0.1:{first.port}", CollectorRegistry())
     finally:
         first.stop()
+
+
+def test_refused_tokens_are_counted_by_code() -> None:
+    from rlfleet.client import RemoteSampler
+    from rlfleet.coordinator import CoordinatorConfig, serve
+    from rlfleet.errors import RlfleetError
+    from rlfleet.security import ServerSecurity
+    from rlfleet.security.auth import RoleTokens
+    from rlfleet.security.tokens import Token
+
+    tokens = RoleTokens(
+        Token("w0rker-5ecret-0123456789abcdef"), Token("le4rner-5ecret-0123456789ab")
+    )
+    config = CoordinatorConfig(listen="127.0.0.1:0", security=ServerSecurity(tokens=tokens))
+    with serve(config) as server:
+        stranger = Token("5tranger-5ecret-0123456789abcdef")
+        for _ in range(2):
+            with (
+                RemoteSampler(server.address, token=stranger, timeout=10) as sampler,
+                pytest.raises(RlfleetError),
+            ):
+                sampler.status()
+        counted = server.coordinator.metrics.registry.get_sample_value(
+            "rlfleet_errors_total", {"kind": "auth_unauthenticated"}
+        )
+        assert counted == 2
