@@ -9,6 +9,8 @@ The public API, importable from ``rlfleet``:
 - Local sampling: :class:`DefaultWorker`, :class:`VecWorker`,
   :class:`LocalSampler`, :func:`rollout`, :func:`truncate_paths`,
   :func:`obtain_evaluation_episodes`, :func:`log_performance`.
+- RLlib's RolloutWorker surface: :class:`RolloutWorker`,
+  :class:`MultiAgentEpisodeBatch`; more in ``rlfleet.rllib`` (docs/rllib.md).
 - The fleet: ``rlfleet.client`` (:class:`~rlfleet.client.RemoteSampler`,
   :class:`~rlfleet.client.Fleet`) and ``rlfleet.coordinator``.
 - Batch files (``.npz``, what ``rlfleet sample`` writes): :func:`save_batch`,
@@ -22,6 +24,7 @@ from rlfleet.core import (
     EnvSpec,
     EnvStep,
     EpisodeBatch,
+    MultiAgentEpisodeBatch,
     StepType,
     TimeStep,
     TimeStepBatch,
@@ -47,6 +50,7 @@ from rlfleet.policies import (
     default_policy_spec,
     make_policy,
 )
+from rlfleet.rllib import RolloutWorker
 from rlfleet.sampling import (
     log_performance,
     obtain_evaluation_episodes,
@@ -68,10 +72,12 @@ __all__ = [
     "LocalSampler",
     "MLPCategoricalPolicy",
     "MLPGaussianPolicy",
+    "MultiAgentEpisodeBatch",
     "Policy",
     "PolicySpec",
     "RandomPolicy",
     "RlfleetError",
+    "RolloutWorker",
     "StepType",
     "SubprocVectorEnv",
     "TimeStep",

@@ -18,6 +18,8 @@ PROMISED = [
     "EnvConfig", "PolicySpec", "Policy", "RlfleetError",
     # batch files (rlfleet sample's .npz)
     "load_batch", "save_batch",
+    # RLlib's RolloutWorker surface (issue 14)
+    "RolloutWorker", "MultiAgentEpisodeBatch",
 ]  # fmt: skip
 
 

@@ -26,14 +26,14 @@ states near step 500 are bad and push the policy off its best behaviour.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.errors import ConfigError
+from rlfleet.errors import ConfigError, PolicyError
 from rlfleet.learners._adam import Adam
 from rlfleet.learners._advantages import gae, undiscounted_returns
 from rlfleet.learners._inputs import BatchEncoder, TrainingArrays
@@ -199,6 +199,65 @@ class VPG:
             "GradNorm": grad_norm,
         }
         return {key: float(value) for key, value in stats.items()}
+
+    def set_params(self, params: Mapping[str, np.ndarray]) -> None:
+        """Replaces the policy parameters (e.g. weights restored or sent by another learner).
+
+        Args:
+            params: Every name :meth:`get_params` returns, with the same shapes.
+
+        Raises:
+            PolicyError: If names or shapes differ; nothing is changed then.
+        """
+        current = self._policy.params
+        if set(params) != set(current):
+            raise PolicyError(
+                f"VPG.set_params: expected parameters {sorted(current)}, got {sorted(params)}"
+            )
+        for name, value in params.items():
+            if np.shape(value) != current[name].shape:
+                raise PolicyError(
+                    f"VPG.set_params: {name} has shape {np.shape(value)}, "
+                    f"expected {current[name].shape}"
+                )
+        for name, value in params.items():
+            current[name][...] = value  # in place: the optimiser's moments stay keyed to it
+
+    def compute_gradients(
+        self, batch: EpisodeBatch
+    ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, float]]:
+        """The gradients :meth:`train_step` would follow, without changing anything.
+
+        Unlike :meth:`train_step`, the value network gets one full-batch
+        gradient rather than several epochs of minibatches.
+
+        Returns:
+            ``({"policy": grads, "value": grads}, {"PolicyLoss", "ValueLoss", "Entropy"})``.
+        """
+        data = self._encoder.encode(batch)
+        advantages, value_targets, _ = self._advantages_and_targets(data)
+        normalised = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        result = categorical_policy_loss(
+            self._policy, data.features, data.actions, normalised, entropy_coef=self.entropy_coef
+        )
+        loss, value_grads = value_loss(self._value, data.features, value_targets)
+        info = {"PolicyLoss": float(result.loss), "ValueLoss": float(loss)}
+        info["Entropy"] = float(result.entropy)
+        return {"policy": result.grads, "value": value_grads}, info
+
+    def apply_gradients(self, grads: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        """Takes one Adam step each on what :meth:`compute_gradients` returned.
+
+        Raises:
+            PolicyError: If ``grads`` lacks ``"policy"`` or ``"value"``.
+        """
+        if set(grads) != {"policy", "value"}:
+            raise PolicyError(
+                f"VPG.apply_gradients: expected keys ['policy', 'value'], got {sorted(grads)}"
+            )
+        self._policy_opt.step(self._policy.params, grads["policy"])
+        self._value_opt.step(self._value.params, grads["value"])
+        self.iteration += 1
 
     def _advantages_and_targets(
         self, data: TrainingArrays

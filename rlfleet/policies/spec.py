@@ -10,7 +10,6 @@ as ints, which ``google.protobuf.Struct`` would not.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import math
@@ -21,6 +20,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from rlfleet._imports import import_object, split_import_path
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import ConfigError
 from rlfleet.policies._observations import ENCODABLE_SPACES
@@ -61,7 +61,7 @@ class PolicySpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not (
-            self.name in BUILTIN_POLICIES or _split_import_path(self.name) is not None
+            self.name in BUILTIN_POLICIES or split_import_path(self.name) is not None
         ):
             raise ConfigError(
                 f"policy spec name {self.name!r} is neither a built-in policy "
@@ -221,45 +221,10 @@ def _as_spec(spec: Any) -> PolicySpec:
     )
 
 
-def _split_import_path(name: str) -> tuple[str, str] | None:
-    """Splits ``"pkg.mod:Attr.Sub"`` into module and attribute path, or None."""
-    module, sep, attribute = name.partition(":")
-    parts = [*module.split("."), *attribute.split(".")]
-    if not sep or not all(part.isidentifier() for part in parts):
-        return None
-    return module, attribute
-
-
 def _policy_class(name: str, allowed_modules: Collection[str] | None) -> type[Policy]:
     if name in BUILTIN_POLICIES:
         return BUILTIN_POLICIES[name]
-    split = _split_import_path(name)
-    if split is None:  # PolicySpec checked the form; this guards direct callers.
-        raise ConfigError(f"policy {name!r} is not an import path 'package.module:Class'")
-    module_name, attribute = split
-    if allowed_modules is not None and not any(
-        module_name == allowed or module_name.startswith(allowed + ".")
-        for allowed in allowed_modules
-    ):
-        raise ConfigError(
-            f"policy {name!r}: module {module_name!r} is not allowed here "
-            f"(allowed: {sorted(allowed_modules)}); allow it where the worker is started"
-        )
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(
-            f"policy {name!r}: cannot import module {module_name!r} ({exc}); "
-            "install the package where the policy is built (the worker)"
-        ) from exc
-    except Exception as exc:  # the module's own code raised while importing
-        raise ConfigError(
-            f"policy {name!r}: importing module {module_name!r} raised {type(exc).__name__}: {exc}"
-        ) from exc
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ConfigError(f"policy {name!r}: {module_name!r} has no attribute {attribute!r}")
-        target = getattr(target, part)
+    target = import_object(name, "policy", allowed_modules)
     if not (isinstance(target, type) and issubclass(target, Policy)):
         raise ConfigError(
             f"policy {name!r} is {target!r}, not a subclass of rlfleet.policies.Policy"

@@ -1,0 +1,43 @@
+"""RLlib's RolloutWorker surface on rlfleet: local workers and the fleet.
+
+- :class:`RolloutWorker`: RLlib's names and semantics, local, no Ray, no pickle.
+- :class:`DefaultCallbacks`, :class:`Episode`, :class:`RolloutMetrics`.
+- Filters: :class:`NoFilter`, :class:`MeanStdFilter`.
+- :class:`RolloutWorkerGroup`: the same settings on the fleet (RLlib's ``WorkerSet``).
+- :class:`FilteredPolicy`: the fleet workers' frozen MeanStdFilter.
+- :class:`EnvContext`, :data:`DEFAULT_POLICY_ID`.
+
+docs/rllib.md says how RLlib's arguments and SampleBatch fields map here.
+"""
+
+from typing import Any
+
+from rlfleet.rllib._policies import DEFAULT_POLICY_ID
+from rlfleet.rllib.callbacks import DefaultCallbacks, Episode, RolloutMetrics
+from rlfleet.rllib.filtered_policy import FilteredPolicy
+from rlfleet.rllib.filters import MeanStdFilter, NoFilter, RunningStat
+from rlfleet.rllib.rollout_worker import EnvContext, RolloutWorker
+
+__all__ = [
+    "DEFAULT_POLICY_ID",
+    "DefaultCallbacks",
+    "EnvContext",
+    "Episode",
+    "FilteredPolicy",
+    "MeanStdFilter",
+    "NoFilter",
+    "RolloutMetrics",
+    "RolloutWorker",
+    "RolloutWorkerGroup",
+    "RunningStat",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The group needs the gRPC client; importing it lazily keeps `import rlfleet`
+    # free of gRPC for local-only users.
+    if name == "RolloutWorkerGroup":
+        from rlfleet.rllib.worker_group import RolloutWorkerGroup
+
+        return RolloutWorkerGroup
+    raise AttributeError(f"module 'rlfleet.rllib' has no attribute {name!r}")
