@@ -220,6 +220,7 @@ def server_options(
 
 _KIND_TO_ERROR: dict[updates_pb2.ErrorKind, type[errors.RlfleetError]] = {
     updates_pb2.ERROR_KIND_ENV_NOT_FOUND: errors.EnvNotFoundError,
+    updates_pb2.ERROR_KIND_COORDINATOR_RESTARTED: errors.CoordinatorRestartedError,
     updates_pb2.ERROR_KIND_ENV_CONFIG: errors.ConfigError,
     updates_pb2.ERROR_KIND_ENV_CRASHED: errors.EnvError,
     updates_pb2.ERROR_KIND_NONFINITE: errors.EnvError,
@@ -257,15 +258,32 @@ _ERROR_TO_KIND: list[tuple[type[BaseException], updates_pb2.ErrorKind]] = [
 
 
 def detail_from_exception(
-    exc: BaseException, *, worker: str = "", task_id: int = 0, traceback_text: str = ""
+    exc: BaseException,
+    *,
+    worker: str = "",
+    task_id: int = 0,
+    traceback_text: str = "",
+    env_generation: int | None = None,
+    agent_version: int | None = None,
 ) -> updates_pb2.ErrorDetail:
-    """Describes an exception as an ErrorDetail for the wire."""
+    """Describes an exception as an ErrorDetail for the wire.
+
+    Args:
+        exc: The exception.
+        worker: The worker's name, if not on the exception.
+        task_id: The task the error belongs to (0: none).
+        traceback_text: The traceback, if not on the exception.
+        env_generation: The env update the error refuses, if it does.
+        agent_version: The agent update the error refuses, if it does.
+    """
     kind = next(
         (k for cls, k in _ERROR_TO_KIND if isinstance(exc, cls)), updates_pb2.ERROR_KIND_INTERNAL
     )
     detail = updates_pb2.ErrorDetail(
         kind=kind,
-        message=str(exc).split("\n--- remote traceback ---")[0],
+        # The bare message: the location travels in its own fields, and the
+        # receiver's WorkerError adds it back once.
+        message=str(getattr(exc, "bare_message", "") or exc).split("\n--- remote traceback ---")[0],
         worker=worker or str(getattr(exc, "worker", "") or ""),
         task_id=task_id,
         traceback=traceback_text or str(getattr(exc, "remote_traceback", "") or ""),
@@ -273,10 +291,17 @@ def detail_from_exception(
     )
     env_index = getattr(exc, "env_index", None)
     step = getattr(exc, "step", None)
+    episode_index = getattr(exc, "episode_index", None)
     if env_index is not None:
         detail.env_index = int(env_index)
     if step is not None:
         detail.step = int(step)
+    if episode_index is not None:
+        detail.episode_index = int(episode_index)
+    if env_generation is not None:
+        detail.env_generation = env_generation
+    if agent_version is not None:
+        detail.agent_version = agent_version
     return detail
 
 
@@ -291,6 +316,7 @@ def error_from_detail(
             worker=detail.worker or None,
             env_index=detail.env_index if detail.HasField("env_index") else None,
             step=detail.step if detail.HasField("step") else None,
+            episode_index=detail.episode_index if detail.HasField("episode_index") else None,
             remote_traceback=detail.traceback or None,
         )
     text = detail.message

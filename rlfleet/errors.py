@@ -66,6 +66,14 @@ class UnavailableError(RlfleetError):
     retryable = True
 
 
+class CoordinatorRestartedError(UnavailableError):
+    """The coordinator restarted since the learner pushed its env and agent to it.
+
+    ``RemoteSampler`` handles it itself (it restores the env and agent, then
+    retries); other clients see it when their call names an old coordinator.
+    """
+
+
 class AuthenticationError(RlfleetError):
     """The call carried no valid credentials (gRPC UNAUTHENTICATED)."""
 
@@ -79,13 +87,16 @@ class ResourceExhaustedError(RlfleetError):
 
 
 class WorkerError(RlfleetError):
-    """Something failed on a worker; names the worker, env index and step.
+    """Something failed on a worker; names the worker, env index, step and episode.
 
     Attributes:
         worker: The worker's name (or id) where the error happened.
         env_index: Index of the env slot on that worker, or None.
         step: Step number within the episode, or None.
+        episode_index: The episode's index in the request's answer, or None.
         remote_traceback: The original traceback text, when the worker sent it.
+        bare_message: The message without the location and traceback (what
+            travels in ``ErrorDetail.message``, next to the location fields).
     """
 
     def __init__(
@@ -95,12 +106,15 @@ class WorkerError(RlfleetError):
         worker: str | None = None,
         env_index: int | None = None,
         step: int | None = None,
+        episode_index: int | None = None,
         remote_traceback: str | None = None,
     ) -> None:
         self.worker = worker
         self.env_index = env_index
         self.step = step
+        self.episode_index = episode_index
         self.remote_traceback = remote_traceback
+        self.bare_message = message
         where = []
         if worker is not None:
             where.append(f"worker {worker!r}")
@@ -108,6 +122,8 @@ class WorkerError(RlfleetError):
             where.append(f"env {env_index}")
         if step is not None:
             where.append(f"step {step}")
+        if episode_index is not None:
+            where.append(f"episode {episode_index}")
         text = f"{message} ({', '.join(where)})" if where else message
         if remote_traceback:
             text = f"{text}\n--- remote traceback ---\n{remote_traceback.rstrip()}"

@@ -287,7 +287,7 @@ class AutoWorker:
             else:
                 self.vec.update_env(config)
         except Exception as exc:
-            self._error(exc)
+            self._error(exc, env_generation=update.generation)
             return
         self.generation = update.generation
         self._send(
@@ -306,12 +306,25 @@ class AutoWorker:
                 params = decode_tensor_map(update.params)
                 self.vec.update_agent(params, version=update.version)  # type: ignore[arg-type]
         except Exception as exc:
-            self._error(exc)
+            self._error(exc, agent_version=update.version)
             return
         self._send(agent_ready=worker_pb2.AgentReady(version=update.version))
 
-    def _error(self, exc: Exception, task_id: int = 0) -> None:
-        detail = _rpc.detail_from_exception(exc, worker=self.welcome.name, task_id=task_id)
+    def _error(
+        self,
+        exc: Exception,
+        task_id: int = 0,
+        *,
+        env_generation: int | None = None,
+        agent_version: int | None = None,
+    ) -> None:
+        detail = _rpc.detail_from_exception(
+            exc,
+            worker=self.welcome.name,
+            task_id=task_id,
+            env_generation=env_generation,
+            agent_version=agent_version,
+        )
         self._send(error=worker_pb2.WorkerError(detail=detail))
 
     def _task(self, task: Any) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
 
 import grpc
 import pytest
@@ -25,6 +27,7 @@ from tests._coordinator_fakes import (
     sample,
     sample_stream,
     status,
+    unary,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -267,3 +270,41 @@ def test_an_agent_version_never_sent_breaks_the_protocol(server: CoordinatorServ
     error = worker.ended()
     assert error is not None and error.code is grpc.StatusCode.INVALID_ARGUMENT
     assert "agent version 7" in error.details
+
+
+def test_calls_naming_another_coordinator_are_refused_before_anything_happens(
+    server: CoordinatorServer,
+) -> None:
+    # Issue 12.1, the contract any client can use: a call naming the
+    # coordinator it pushed its state to is refused by any other one.
+    own = status(server.address).coordinator_id
+    calls: dict[str, Callable[[str], Any]] = {
+        "Sample": lambda cid: sample(server.address, mode=2, amount=1, coordinator_id=cid),
+        "UpdateAgent": lambda cid: unary(
+            server.address,
+            _rpc.UPDATE_AGENT,
+            updates_pb2.AgentUpdate(coordinator_id=cid),
+            learner_pb2.UpdateAck,
+        ),
+        "UpdateEnv": lambda cid: unary(
+            server.address,
+            _rpc.UPDATE_ENV,
+            # Other kwargs than the fleet's: the same env would be a no-op.
+            updates_pb2.EnvUpdate(
+                env_id="CartPole-v1",
+                kwargs_json='{"sutton_barto_reward": true}',
+                coordinator_id=cid,
+            ),
+            learner_pb2.UpdateAck,
+        ),
+    }
+    for name, call in calls.items():
+        failure = expect_failure(partial(call, "0123456789abcdef"))
+        assert failure.code is grpc.StatusCode.ABORTED, (name, failure)
+        assert failure.detail is not None, name
+        assert failure.detail.kind == updates_pb2.ERROR_KIND_COORDINATOR_RESTARTED, name
+        assert f"this is coordinator {own}" in failure.details, failure.details
+    after = status(server.address)
+    assert (after.agent_version, after.env.generation) == (0, 1)  # nothing was applied
+    ack = calls["UpdateEnv"](own)  # its own id is accepted, and answered with it
+    assert ack.coordinator_id == own and ack.env_generation == 2

@@ -172,3 +172,35 @@ def test_a_drain_ends_requests_that_outlast_the_grace(fleet: ProcessFleet) -> No
     assert failure.value.retryable is True
     assert coordinator.popen.wait(timeout=60) == 0
     assert "draining" in coordinator.log_text()
+
+
+def test_a_coordinator_restarted_while_the_learner_is_idle_is_noticed(
+    fleet: ProcessFleet,
+) -> None:
+    # Issue 12.1: a restart between two requests (no call failed) used to go
+    # unnoticed: the next answer came from the coordinator's default env and
+    # the random policy, labelled with the learner's agent version.
+    fleet.start_coordinator()  # its own env is CartPole
+    fleet.start_worker()
+    before = fleet.wait_for_workers(1)
+    sampler = fleet.sampler(seed=SEED, timeout=120)
+    acrobot = EnvConfig("Acrobot-v1", max_episode_length=20)
+    sampler.update_env(acrobot)
+    policy = MLPCategoricalPolicy(acrobot.env_spec(), hidden_sizes=[4], seed=3)
+    sampler.update_agent(policy)
+    first, second, third = local_episodes(acrobot, 2, 3, 2, seed=SEED, policy=policy)
+    assert_same_batch(sampler.obtain_episodes(2), first, skip_infos=VERSION)
+
+    fleet.kill(fleet.coordinator)
+    fleet.start_coordinator()  # same port, fresh state: CartPole, random policy
+    fleet.wait_for_workers(1, coordinator_id=before.coordinator_id)
+    assert_same_batch(sampler.obtain_episodes(3), second, skip_infos=VERSION)
+    assert sampler.env_spec.observation_space.shape == (6,)  # Acrobot's, not CartPole's
+
+    # A params-only update right after another restart works too.
+    status = fleet.status()
+    fleet.kill(fleet.coordinator)
+    fleet.start_coordinator()
+    fleet.wait_for_workers(1, coordinator_id=status.coordinator_id)
+    sampler.update_agent(policy.get_param_values())
+    assert_same_batch(sampler.obtain_episodes(2), third, skip_infos=VERSION)

@@ -127,6 +127,12 @@ def test_a_crashing_env_is_an_env_error_naming_worker_env_and_step() -> None:
     assert error.step == 3
     assert error.remote_traceback is not None and "crashed on purpose" in error.remote_traceback
     assert "not restarted" in str(error)
+    # Issue 12.7: the location once, the episode named and set, no task id called a request.
+    message = str(error).split("\n--- remote traceback ---")[0]
+    assert error.episode_index is not None
+    assert message.count("(worker 'local-0'") == 1, message
+    assert message.endswith(f"step 3, episode {error.episode_index})"), message
+    assert "request" not in message, message
 
 
 def test_a_call_past_its_timeout_names_the_seconds() -> None:
@@ -175,3 +181,29 @@ def test_bad_fleet_arguments_start_nothing(kwargs: dict[str, object], message: s
     with pytest.raises(ConfigError, match=message):
         Fleet.local(**kwargs)  # type: ignore[arg-type]
     assert not children() - before
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda s: s.obtain_episodes(2**63), "amount to sample must be an int <= 2**63-1"),
+        (lambda s: s.obtain_samples(0, 2**63), "amount to sample must be an int <= 2**63-1"),
+        (lambda s: s.obtain_samples(2**63, 10), "itr must be an int <= 2**63-1"),
+        (lambda s: s.obtain_exact_episodes(2**63), "n_eps_per_worker must be an int <= 2**63-1"),
+        (lambda s: s.obtain_fragments(10, 2.5), "fragment_length must be an int >= 1, got 2.5"),
+        (lambda s: s.obtain_fragments(10, 2**32), "fragment_length must be an int <= 2**32-1"),
+        (lambda s: s.stream("fragments", fragment_length=0), "fragment_length must be an int"),
+        (lambda s: RemoteSampler(s.address, seed=2**64), "seed must be an int <= 2**64-1"),
+        (lambda s: RemoteSampler(s.address, seed=-1), "seed must be an int >= 0"),
+        (lambda s: RemoteSampler(s.address, timeout="1"), "timeout must be > 0 seconds"),  # type: ignore[arg-type]
+    ],
+)
+def test_out_of_range_client_arguments_are_config_errors(
+    fleet: Fleet, call: object, message: str
+) -> None:
+    # Issue 12.7: protobuf would raise ValueError or TypeError for these.
+    for power, digits in (("2**63-1", 2**63 - 1), ("2**64-1", 2**64 - 1), ("2**32-1", 2**32 - 1)):
+        message = message.replace(power, str(digits))
+    with pytest.raises(ConfigError, match=message):
+        call(fleet.sampler)  # type: ignore[operator]
+    assert fleet.sampler.obtain_episodes(1).n_episodes == 1  # nothing was sent, nothing broke

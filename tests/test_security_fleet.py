@@ -206,11 +206,59 @@ def test_the_learner_token_cannot_join_as_a_worker(files: Files, fleet: str) -> 
 
 
 def test_a_client_without_a_certificate_cannot_connect(files: Files, fleet: str) -> None:
+    # Issue 12.7: gRPC says UNAVAILABLE ("retry"); the learner is told TLS refused it.
     with (
         RemoteSampler(fleet, tls_ca=files.ca, token=LEARNER_SECRET, timeout=10) as sampler,
-        pytest.raises(UnavailableError),
+        pytest.raises(AuthenticationError) as caught,
     ):
         sampler.status()
+    assert not isinstance(caught.value, UnavailableError)  # not retryable
+    message = str(caught.value)
+    assert f"TLS with coordinator {fleet} failed" in message, message
+    assert "this client presented none" in message, message
+    assert "--tls-cert and --tls-key" in message, message
+    with (
+        RemoteSampler(fleet, tls_ca=files.ca, token=LEARNER_SECRET, timeout=10) as sampler,
+        sampler.stream() as stream,
+        pytest.raises(AuthenticationError, match="this client presented none"),
+    ):
+        next(stream)  # subscriptions too
+
+
+def test_a_client_with_a_certificate_of_another_ca_is_told_so(
+    files: Files, fleet: str, tmp_path: Path
+) -> None:
+    stranger_cert, stranger_key = make_cert(make_ca("another CA"), "intruder", client=True).write(
+        tmp_path, "stranger"
+    )
+    with (
+        RemoteSampler(
+            fleet,
+            tls_ca=files.ca,
+            tls_cert=stranger_cert,
+            tls_key=stranger_key,
+            token=LEARNER_SECRET,
+            timeout=10,
+        ) as sampler,
+        pytest.raises(AuthenticationError, match="did not accept this client's certificate"),
+    ):
+        sampler.status()
+
+
+def test_a_worker_without_an_accepted_certificate_exits_naming_tls(
+    files: Files, fleet: str, tmp_path: Path
+) -> None:
+    processes = Processes(tmp_path)
+    try:
+        worker = processes.worker(
+            fleet, "no-cert", "--tls-ca", str(files.ca), "--token-file", str(files.worker_token)
+        )
+        assert _exit_code(worker) == 1  # instead of retrying forever
+        log = processes.log(worker)
+        assert f"TLS with coordinator {fleet} failed" in log, log
+        assert "this client presented none" in log, log
+    finally:
+        processes.stop_all()
 
 
 # --- workers with the wrong credentials exit instead of retrying ---------------------

@@ -248,6 +248,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "1GiB); more drops the worker with RESOURCE_EXHAUSTED"
         ),
     )
+    option(
+        "--progress-deadline",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help=(
+            "seconds a worker holding units may go without delivering a result before it is "
+            "dropped and its units run elsewhere (default: 10x the longest wait for a result "
+            "seen, at least 60 s; 600 s before the first result)"
+        ),
+    )
+    option(
+        "--max-envs-per-worker",
+        type=positive_int,
+        default=1024,
+        help="largest --envs a worker may join with (default: 1024)",
+    )
+    option(
+        "--max-fragment-length",
+        type=positive_int,
+        default=100_000,
+        help=(
+            "longest fragment window, in steps per env slot, a request may ask for: a worker "
+            "holds a whole window in memory (default: 100000)"
+        ),
+    )
     add_server_flags(parser)
     add_config_flags(parser)
     parser.set_defaults(func=run)
@@ -279,6 +305,9 @@ def run(args: argparse.Namespace) -> int:
         max_buffered_steps=args.max_buffered_steps,
         prefetch_factor=args.prefetch_factor,
         capacity_steps=args.capacity_steps,
+        max_fragment_length=args.max_fragment_length,
+        progress_deadline_seconds=args.progress_deadline,
+        max_envs_per_worker=args.max_envs_per_worker,
         security=server_security_from_args(args),
     )
     stop = threading.Event()

@@ -40,6 +40,17 @@ class PushedState:
         self.env = updates_pb2.EnvUpdate()
         self.env.CopyFrom(update)
         self.env.ClearField("generation")
+        self.env.ClearField("coordinator_id")
+
+    def answered_by(self, coordinator_id: str) -> None:
+        """Records the coordinator that answered a successful call."""
+        if coordinator_id:
+            self.coordinator_id = coordinator_id
+
+    @property
+    def expected_id(self) -> str:
+        """The coordinator id later calls name ("" while nothing was pushed)."""
+        return (self.coordinator_id or "") if self.pushed_anything else ""
 
     def restarted(self, status: learner_pb2.FleetStatus) -> bool:
         """Whether ``status`` comes from another coordinator than the one pushed to.
@@ -78,6 +89,7 @@ def merged_agent(
             merged.ClearField("params")
             merged.params.CopyFrom(_merged_params(state.params, update.params))
     merged.ClearField("version")
+    merged.ClearField("coordinator_id")
     return merged
 
 

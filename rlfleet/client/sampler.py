@@ -39,17 +39,26 @@ from rlfleet.client.status import FleetStatus
 from rlfleet.client.stream import SampleStream
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.errors import (
+    AuthenticationError,
     ConfigError,
+    CoordinatorRestartedError,
     NoWorkersError,
     ProtocolError,
     RlfleetError,
     UnavailableError,
 )
 from rlfleet.security import ClientSecurity, Token
+from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
 from rlfleet.v1 import learner_pb2, spaces_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import decode_env_spec
+from rlfleet.worker.vec import check_int
 
 logger = logging.getLogger("rlfleet.client")
+
+#: What the protocol's integer fields hold (learner.proto).
+_UINT32_MAX = 2**32 - 1
+_INT64_MAX = 2**63 - 1
+_UINT64_MAX = 2**64 - 1
 
 #: ``progress(done, target)``: steps (STEPS, FRAGMENTS) or episodes (EPISODES).
 Progress = Callable[[int, int], None]
@@ -132,10 +141,12 @@ class RemoteSampler:
         tls_server_name: str | None = None,
         token: str | Token | None = None,
     ) -> None:
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ConfigError(f"seed must be a non-negative int or None, got {seed!r}")
+        if seed is not None:
+            check_int("seed", seed, minimum=0, maximum=_UINT64_MAX)
         for name, value in (("timeout", timeout), ("wait_for_workers", wait_for_workers)):
-            if value is not None and not value > 0:
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ConfigError(f"{name} must be > 0 seconds or None, got {value!r}")
         self.address = address
         self.seed = seed
@@ -259,6 +270,7 @@ class RemoteSampler:
         Raises:
             NoWorkersError: If no worker is connected in time.
         """
+        check_int("n_eps_per_worker", n_eps_per_worker, minimum=1, maximum=_INT64_MAX)
         workers = self._count_workers()
         return self.obtain_episodes(
             n_eps_per_worker * workers, agent_update, env_update, progress=progress
@@ -312,11 +324,16 @@ class RemoteSampler:
             PolicyError: If a worker refused it (bad names or shapes); the
                 fleet is then back on the previous agent, as a new version.
         """
-        agent, env = self._restore(agent_update_proto(agent_update), None)
-        if env is not None:
-            self._push_env(env)
-        assert agent is not None  # restoring keeps the caller's update
-        return self._push_agent(agent)
+        update = agent_update_proto(agent_update)
+
+        def push() -> int:
+            agent, env = self._restore(update, None)
+            if env is not None:
+                self._push_env(env)
+            assert agent is not None  # restoring keeps the caller's update
+            return self._push_agent(agent)
+
+        return self._restoring_on_restart(push)
 
     def update_env(self, env_update: EnvUpdateLike) -> int:
         """Switches every worker to another env; returns its generation.
@@ -330,12 +347,17 @@ class RemoteSampler:
             EnvNotFoundError, ConfigError: If a worker could not build it;
                 the fleet is then back on the previous env.
         """
-        agent, env = self._restore(None, env_update_proto(env_update))
-        assert env is not None  # restoring keeps the caller's update
-        generation = self._push_env(env)
-        if agent is not None:
-            self._push_agent(agent)
-        return generation
+        update = env_update_proto(env_update)
+
+        def push() -> int:
+            agent, env = self._restore(None, update)
+            assert env is not None  # restoring keeps the caller's update
+            generation = self._push_env(env)
+            if agent is not None:
+                self._push_agent(agent)
+            return generation
+
+        return self._restoring_on_restart(push)
 
     def stream(
         self,
@@ -370,14 +392,12 @@ class RemoteSampler:
             raise ConfigError(f"stream mode must be 'episodes' or 'fragments', got {mode!r}")
         request = learner_pb2.SubscribeRequest(mode=_STREAM_MODES[mode])
         if mode == "fragments":
-            if fragment_length is None or fragment_length < 1:
-                raise ConfigError(
-                    f"stream(mode='fragments') needs fragment_length >= 1, got {fragment_length!r}"
-                )
+            if fragment_length is None:
+                raise ConfigError("stream(mode='fragments') needs a fragment_length")
+            check_int("fragment_length", fragment_length, minimum=1, maximum=_UINT32_MAX)
             request.fragment_length = fragment_length
         if max_buffered_steps is not None:
-            if max_buffered_steps < 1:
-                raise ConfigError(f"max_buffered_steps must be >= 1, got {max_buffered_steps}")
+            check_int("max_buffered_steps", max_buffered_steps, minimum=1, maximum=_INT64_MAX)
             request.max_buffered_steps = max_buffered_steps
         if self.seed is not None:
             request.seed = self.seed
@@ -401,7 +421,14 @@ class RemoteSampler:
         except BaseException:
             channel.close()
             raise
-        return SampleStream(call, self._what("Subscribe"), self._env_spec_of, timeout, channel)
+        return SampleStream(
+            call,
+            self._what("Subscribe"),
+            self._env_spec_of,
+            timeout,
+            channel,
+            failed=lambda exc: self._failed(exc, "Subscribe", timeout=timeout),
+        )
 
     def status(self) -> FleetStatus:
         """The fleet's workers, rates, agent version and env."""
@@ -465,34 +492,49 @@ class RemoteSampler:
         itr: int = 0,
         progress: Progress | None,
     ) -> _Answer:
-        if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
-            raise ConfigError(f"the amount to sample must be an int >= 1, got {amount!r}")
-        if mode == _FRAGMENTS and fragment_length < 1:
-            raise ConfigError(f"fragment_length must be >= 1, got {fragment_length!r}")
+        # Checked here: protobuf would raise ValueError or TypeError instead.
+        check_int("the amount to sample", amount, minimum=1, maximum=_INT64_MAX)
+        if mode == _FRAGMENTS:
+            check_int("fragment_length", fragment_length, minimum=1, maximum=_UINT32_MAX)
+        check_int("itr", itr, minimum=-_INT64_MAX - 1, maximum=_INT64_MAX)
         request = learner_pb2.SampleRequest(
             mode=mode,  # type: ignore[arg-type]
             amount=amount,
             fragment_length=fragment_length,
-            request_index=self._requests,
             itr=itr,
         )
         if self.seed is not None:
             request.seed = self.seed
-        agent, env = self._restore(
-            None if agent_update is None else agent_update_proto(agent_update),
-            None if env_update is None else env_update_proto(env_update),
+        if self.wait_for_workers is not None:
+            request.wait_for_workers_seconds = self.wait_for_workers
+        agent_proto = None if agent_update is None else agent_update_proto(agent_update)
+        env_proto = None if env_update is None else env_update_proto(env_update)
+        return self._restoring_on_restart(
+            lambda: self._sample_once(request, agent_proto, env_proto, progress)
         )
+
+    def _sample_once(
+        self,
+        request: learner_pb2.SampleRequest,
+        agent_update: updates_pb2.AgentUpdate | None,
+        env_update: updates_pb2.EnvUpdate | None,
+        progress: Progress | None,
+    ) -> _Answer:
+        """One attempt at ``request``, with this sampler's request index and state."""
+        request.request_index = self._requests
+        request.ClearField("agent_update")
+        request.ClearField("env_update")
+        agent, env = self._restore(agent_update, env_update)
+        request.coordinator_id = self._pushed.expected_id
         if agent is not None:
             request.agent_update.CopyFrom(agent)
         if env is not None:
             request.env_update.CopyFrom(env)
-        if self.wait_for_workers is not None:
-            request.wait_for_workers_seconds = self.wait_for_workers
         call = self._sample(request, timeout=self.timeout)
         try:
-            answer = self._collect(call, mode, amount, progress)
+            answer = self._collect(call, request.mode, request.amount, progress)
         except grpc.RpcError as exc:
-            raise self._failed(exc, "Sample") from None
+            raise self._failed(exc, "Sample", timeout=self.timeout) from None
         finally:
             call.cancel()  # a no-op after a complete answer; frees the call on errors
         self._requests += 1
@@ -501,7 +543,7 @@ class RemoteSampler:
             self._pushed.env_applied(env)
         if agent is not None:
             self._pushed.agent_applied(agent, answer.header.agent_version)
-        self._learn_coordinator()
+        self._pushed.answered_by(answer.header.coordinator_id)
         return answer
 
     def _collect(
@@ -564,27 +606,52 @@ class RemoteSampler:
         try:
             return call()
         except grpc.RpcError as exc:
-            raise self._failed(exc, name) from None
+            raise self._failed(exc, name, timeout=self.timeout) from None
 
-    def _failed(self, exc: grpc.RpcError, name: str) -> RlfleetError:
-        """The typed error of a failed call; an UNAVAILABLE one may mean a restart."""
-        error = call_error(exc, what=self._what(name), timeout=self.timeout)
+    def _failed(self, exc: grpc.RpcError, name: str, *, timeout: float | None) -> RlfleetError:
+        """The typed error of a failed call; an UNAVAILABLE one may mean a restart.
+
+        Or a refused TLS certificate, which gRPC reports as UNAVAILABLE too:
+        that one is an AuthenticationError naming TLS (retrying cannot help).
+        """
+        error = call_error(exc, what=self._what(name), timeout=timeout)
         if isinstance(error, UnavailableError):
+            tls = self._security.tls
+            reason = None if tls is None else tls_failure(self.address, tls)
+            if tls is not None and reason is not None:
+                return AuthenticationError(
+                    f"{self._what(name)}: {describe_tls_failure(self.address, reason, tls)}"
+                )
             self._pushed.suspect_restart = True
         return error
 
     def _push_agent(self, agent: updates_pb2.AgentUpdate) -> int:
+        agent.coordinator_id = self._pushed.expected_id
         ack = self._unary("UpdateAgent", lambda: self._update_agent(agent, timeout=self.timeout))
         self._agent_version = ack.agent_version
         self._pushed.agent_applied(agent, ack.agent_version)
-        self._learn_coordinator()
+        self._pushed.answered_by(ack.coordinator_id)
         return int(ack.agent_version)
 
     def _push_env(self, env: updates_pb2.EnvUpdate) -> int:
+        env.coordinator_id = self._pushed.expected_id
         ack = self._unary("UpdateEnv", lambda: self._update_env(env, timeout=self.timeout))
         self._pushed.env_applied(env)
-        self._learn_coordinator()
+        self._pushed.answered_by(ack.coordinator_id)
         return int(ack.env_generation)
+
+    def _restoring_on_restart(self, attempt: Callable[[], T]) -> T:
+        """Runs ``attempt``; once more if the coordinator restarted since the last push.
+
+        The refused attempt changed nothing (the coordinator refuses before
+        applying or sampling anything), and the second one restores this
+        sampler's env and agent first (see :meth:`_restore`).
+        """
+        try:
+            return attempt()
+        except CoordinatorRestartedError:
+            self._pushed.suspect_restart = True
+            return attempt()
 
     def _restore(
         self, agent: updates_pb2.AgentUpdate | None, env: updates_pb2.EnvUpdate | None
@@ -606,15 +673,6 @@ class RemoteSampler:
         )
         pushed.coordinator_id = status.coordinator_id
         return pushed.restoring(agent, env)
-
-    def _learn_coordinator(self) -> None:
-        """Learns the coordinator's id once something was pushed to it (one call)."""
-        if self._pushed.coordinator_id is None and self._pushed.pushed_anything:
-            status = self._unary(
-                "GetStatus",
-                lambda: self._get_status(learner_pb2.StatusRequest(), timeout=self.timeout),
-            )
-            self._pushed.coordinator_id = status.coordinator_id
 
     def _what(self, name: str) -> str:
         return f"{name} on coordinator {self.address}"

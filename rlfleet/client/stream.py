@@ -12,7 +12,7 @@ from rlfleet import _rpc
 from rlfleet.client._assembly import ResultAssembler, canonical
 from rlfleet.client._errors import call_error
 from rlfleet.core import EnvSpec, EpisodeBatch
-from rlfleet.errors import ProtocolError
+from rlfleet.errors import ProtocolError, RlfleetError
 from rlfleet.v1 import spaces_pb2
 
 
@@ -41,6 +41,9 @@ class SampleStream:
         decode_spec: Decodes a header's EnvSpec (cached by the sampler).
         timeout: The call's deadline in seconds, for error messages.
         channel: The subscription's own channel, closed with the stream.
+        failed: Turns a failed call into its typed error (the sampler's,
+            which also tells a refused TLS certificate from an outage);
+            None: :func:`call_error`.
     """
 
     def __init__(
@@ -50,6 +53,8 @@ class SampleStream:
         decode_spec: Callable[[spaces_pb2.EnvSpec], EnvSpec],
         timeout: float | None,
         channel: grpc.Channel,
+        *,
+        failed: Callable[[grpc.RpcError], RlfleetError] | None = None,
     ) -> None:
         self._call = call
         self._channel = channel
@@ -57,6 +62,7 @@ class SampleStream:
         self._what = what
         self._decode_spec = decode_spec
         self._timeout = timeout
+        self._failed = failed
         self._assembler = ResultAssembler()
         self._closed = False
 
@@ -81,6 +87,8 @@ class SampleStream:
             except grpc.RpcError as exc:
                 if self._closed:
                     break
+                if self._failed is not None:
+                    raise self._failed(exc) from None
                 raise call_error(exc, what=self._what, timeout=self._timeout) from None
             message = item.message
             body = message.WhichOneof("body")

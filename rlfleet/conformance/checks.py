@@ -304,6 +304,7 @@ def errors(harness: WorkerHarness) -> str:
         updates_pb2.ERROR_KIND_ENV_NOT_FOUND,
         MISSING_ENV_ID,
         refusal="env_ready",
+        update=generation,
     )
     link.update_env(harness.env_id)
 
@@ -321,6 +322,7 @@ def errors(harness: WorkerHarness) -> str:
         updates_pb2.ERROR_KIND_POLICY,
         name,
         refusal="agent_ready",
+        update=version,
     )
     task = link.send_episodes(2 * link.num_envs, seed=15)  # names version `good`
     results = link.collect(task)
@@ -592,7 +594,7 @@ def _check_pinned(link: WorkerLink, agent: Agent, results: list[Result], when: s
 
 
 def _expect_error(
-    link: WorkerLink, sent: str, kind: int, named: str, *, refusal: str
+    link: WorkerLink, sent: str, kind: int, named: str, *, refusal: str, update: int
 ) -> updates_pb2.ErrorDetail:
     want = kind_name(kind)
     event = link.wait_for(
@@ -609,6 +611,11 @@ def _expect_error(
         problems.append(f"its kind is {kind_name(detail.kind)}, expected {want}")
     if named not in detail.message:
         problems.append(f"its message {detail.message!r} does not name {named!r}")
+    # The coordinator charges an error only to what it names (updates.proto).
+    field = "env_generation" if refusal == "env_ready" else "agent_version"
+    if not detail.HasField(field) or getattr(detail, field) != update:
+        shown = getattr(detail, field) if detail.HasField(field) else "unset"
+        problems.append(f"its {field} is {shown}, expected {update} (the refused update)")
     _fail_if(link, f"the WorkerError for {sent} is not what the protocol asks", problems)
     return detail
 

@@ -53,6 +53,13 @@ class CoordinatorConfig:
         max_buffered_steps: Default per-subscriber buffer (steps sent by
             workers but not yet taken by the subscriber).
         max_result_bytes: Largest serialized result accepted from a worker.
+        progress_deadline_seconds: How long a worker holding units may go
+            without delivering a result before it is dropped and its units
+            run elsewhere; None derives it from the results seen
+            (rlfleet.coordinator.progress).
+        max_envs_per_worker: Largest ``Hello.num_envs`` admitted.
+        max_fragment_length: Longest fragment window (steps per env slot)
+            a request may ask for: a worker holds a whole window in memory.
         prefetch_factor: Units a worker holds per env slot beyond the one
             it runs, so the slot never waits for the next unit: the floor
             of its capacity, whatever the episode length.
@@ -84,6 +91,9 @@ class CoordinatorConfig:
     max_subscribers: int = 8
     max_buffered_steps: int = 100_000
     max_result_bytes: int = 1 << 30
+    max_fragment_length: int = 100_000
+    progress_deadline_seconds: float | None = None
+    max_envs_per_worker: int = 1024
     prefetch_factor: int = 1
     capacity_steps: int = DEFAULT_CAPACITY_STEPS
     security: ServerSecurity = field(default_factory=ServerSecurity)
@@ -121,6 +131,17 @@ class CoordinatorConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        deadline = self.progress_deadline_seconds
+        if deadline is not None and (
+            isinstance(deadline, bool)
+            or not isinstance(deadline, int | float)
+            or not math.isfinite(deadline)
+            or deadline <= 0
+        ):
+            raise ConfigError(
+                f"progress_deadline_seconds must be a positive number of seconds or None, "
+                f"got {deadline!r}"
+            )
         if self.heartbeat_timeout_seconds <= self.heartbeat_interval_seconds:
             raise ConfigError(
                 f"heartbeat_timeout_seconds ({self.heartbeat_timeout_seconds}) must exceed "
@@ -135,6 +156,8 @@ class CoordinatorConfig:
             "max_subscribers",
             "max_buffered_steps",
             "max_result_bytes",
+            "max_fragment_length",
+            "max_envs_per_worker",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

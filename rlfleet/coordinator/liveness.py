@@ -1,8 +1,9 @@
-"""Liveness: workers that fell silent, and requests left without workers.
+"""Liveness: workers that fell silent or stalled, and requests left without workers.
 
 gRPC keepalive notices a vanished peer; heartbeats notice a worker whose
-process is alive but stuck. A background thread checks both a few times per
-heartbeat interval.
+process is alive but stuck; progress deadlines (coordinator/progress.py) a
+worker that beats but never finishes its units. A background thread checks
+them a few times per heartbeat interval.
 """
 
 from __future__ import annotations
@@ -62,6 +63,19 @@ class Liveness:
                 f"no message from worker {handle.name!r} for {timeout:g} seconds "
                 "(heartbeat timeout); it is declared dead, reconnect to join again",
             )
+        with state.lock:
+            busy = [h for h in state.registry if state.scheduler.units_in_flight(h.worker_id)]
+            stalled = set(state.progress.stalled((h.worker_id for h in busy), now))
+            deadline = state.progress.deadline
+        for handle in busy:
+            if handle.worker_id in stalled:
+                self._workers.drop(
+                    handle,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"worker {handle.name!r} holds units but delivered no result for "
+                    f"{deadline:g} seconds (progress deadline, --progress-deadline); its units "
+                    "run elsewhere. Check its envs for a step that never returns",
+                )
         with state.lock:
             self._fail_starved(now)
 

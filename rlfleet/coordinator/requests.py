@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import grpc
 
 from rlfleet.coordinator.calls import CallOutbox, CallScope, Event, Finished, Forward, Header
-from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.failures import CallError, detail_of
 from rlfleet.coordinator.messages import sample_mode, subscription_mode
 from rlfleet.coordinator.rollouts import Rollouts
 from rlfleet.coordinator.scheduler import RequestSpec
@@ -55,9 +55,9 @@ class LearnerRequests:
             CallError: If the request is invalid, an update in it fails,
                 or no worker is ready in time.
         """
-        mode = sample_mode(request)
+        mode = sample_mode(request, self._state.config.max_fragment_length)
         state = self._state
-        with self._turn(scope, f"Sample(itr={request.itr})"):
+        with self._turn(scope, f"Sample(itr={request.itr})", request.coordinator_id):
             # The env first: the agent's policy is built for the env's spaces.
             if request.HasField("env_update"):
                 self._rollouts.update_env(request.env_update, scope)
@@ -103,7 +103,7 @@ class LearnerRequests:
             A Header (and one more on each env change), Forward events,
             and finally a CallError if it ends from this side.
         """
-        mode = subscription_mode(request)
+        mode = subscription_mode(request, self._state.config.max_fragment_length)
         state = self._state
         config = state.config
         with state.lock:
@@ -142,21 +142,47 @@ class LearnerRequests:
         self, update: updates_pb2.AgentUpdate, scope: CallScope
     ) -> learner_pb2.UpdateAck:
         """UpdateAgent, in its turn (see :meth:`Rollouts.update_agent`)."""
-        with self._turn(scope, "UpdateAgent"):
+        with self._turn(scope, "UpdateAgent", update.coordinator_id):
+            update.ClearField("coordinator_id")  # not for the workers
             return self._rollouts.update_agent(update, scope)
 
     def update_env(self, update: updates_pb2.EnvUpdate, scope: CallScope) -> learner_pb2.UpdateAck:
         """UpdateEnv, in its turn (see :meth:`Rollouts.update_env`)."""
-        with self._turn(scope, "UpdateEnv"):
+        with self._turn(scope, "UpdateEnv", update.coordinator_id):
+            update.ClearField("coordinator_id")
             return self._rollouts.update_env(update, scope)
 
     # --- internals ------------------------------------------------------------------
 
     @contextmanager
-    def _turn(self, scope: CallScope, what: str) -> Iterator[None]:
-        """Holds the FIFO turn shared by Sample, UpdateAgent and UpdateEnv."""
+    def _turn(self, scope: CallScope, what: str, expected_id: str) -> Iterator[None]:
+        """Holds the FIFO turn shared by Sample, UpdateAgent and UpdateEnv.
+
+        Args:
+            scope: The call.
+            what: The call, for logs.
+            expected_id: The coordinator id the learner believes it talks to
+                ("": any).
+
+        Raises:
+            CallError: UNAVAILABLE while draining; ABORTED
+                (ERROR_KIND_COORDINATOR_RESTARTED) if ``expected_id`` names
+                another coordinator: this one lacks the env and agent the
+                learner pushed there.
+        """
         state = self._state
         with state.lock:
+            if expected_id and expected_id != state.coordinator_id:
+                message = (
+                    f"{what} names coordinator {expected_id}, but this is coordinator "
+                    f"{state.coordinator_id}: it restarted and lost the env and agent pushed "
+                    "to it; push them again, then retry (RemoteSampler does this itself)"
+                )
+                raise CallError(
+                    grpc.StatusCode.ABORTED,
+                    message,
+                    detail_of(updates_pb2.ERROR_KIND_COORDINATOR_RESTARTED, message),
+                )
             if state.draining:
                 raise CallError(
                     grpc.StatusCode.UNAVAILABLE,

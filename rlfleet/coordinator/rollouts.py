@@ -49,6 +49,8 @@ class _Push:
 
     targets: set[int]
     applied: Callable[[WorkerHandle], bool]
+    env_generation: int | None = None
+    agent_version: int | None = None
 
 
 class Rollouts:
@@ -85,12 +87,14 @@ class Rollouts:
             def push() -> _Push:
                 state.agent = previous.apply(update, version)
                 targets = state.broadcast(delta_update(update, version))
-                return _Push(targets, lambda h: h.agent_version >= version)
+                return _Push(targets, lambda h: h.agent_version >= version, agent_version=version)
 
             def pull_back() -> _Push:
                 state.agent = dataclasses.replace(previous, version=version + 1)
                 targets = state.broadcast(state.agent.full_update())
-                return _Push(targets, lambda h: h.agent_version >= version + 1)
+                return _Push(
+                    targets, lambda h: h.agent_version >= version + 1, agent_version=version + 1
+                )
 
             workers = self._roll_out(
                 push,
@@ -126,11 +130,17 @@ class Rollouts:
 
             def push() -> _Push:
                 targets = self._switch_env(EnvState(fresh))
-                return _Push(targets, lambda h: h.env_generation >= generation)
+                return _Push(
+                    targets, lambda h: h.env_generation >= generation, env_generation=generation
+                )
 
             def pull_back() -> _Push:
                 targets = self._switch_env(previous.renumbered(generation + 1))
-                return _Push(targets, lambda h: h.env_generation >= generation + 1)
+                return _Push(
+                    targets,
+                    lambda h: h.env_generation >= generation + 1,
+                    env_generation=generation + 1,
+                )
 
             workers = self._roll_out(
                 push,
@@ -202,7 +212,11 @@ class Rollouts:
                 answer in time (unless ``quiet``).
         """
         state = self._state
-        wait = UpdateWait(set(pushed.targets))
+        wait = UpdateWait(
+            set(pushed.targets),
+            env_generation=pushed.env_generation,
+            agent_version=pushed.agent_version,
+        )
         state.update_wait = wait
 
         def pending() -> list[WorkerHandle]:
@@ -240,6 +254,7 @@ class Rollouts:
             agent_version=state.agent.version,
             env_generation=state.env.generation,
             workers_updated=workers,
+            coordinator_id=state.coordinator_id,
         )
 
 

@@ -26,6 +26,7 @@ from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.failures import CallError, describe, detail_of
 from rlfleet.coordinator.messages import cancel_message, task_message
 from rlfleet.coordinator.metrics import CoordinatorMetrics
+from rlfleet.coordinator.progress import ProgressWatch
 from rlfleet.coordinator.registry import Registry, WorkerHandle
 from rlfleet.coordinator.scheduler import CancelOrder, Scheduler
 from rlfleet.coordinator.updates import AgentState, EnvState, env_update_of
@@ -51,10 +52,27 @@ class OpenCall:
 
 @dataclass
 class UpdateWait:
-    """An update being applied: who must answer, and who refused it."""
+    """An update being applied: who must answer, and who refused it.
+
+    Attributes:
+        targets: The workers that must answer.
+        env_generation: The generation it creates (an env update), else None.
+        agent_version: The version it creates (an agent update), else None.
+        errors: The refusals, by worker id.
+    """
 
     targets: set[int]
+    env_generation: int | None = None
+    agent_version: int | None = None
     errors: dict[int, updates_pb2.ErrorDetail] = field(default_factory=dict)
+
+    def refused_by(self, detail: updates_pb2.ErrorDetail) -> bool:
+        """Whether ``detail`` refuses this update (and not an earlier one, or a task)."""
+        if detail.HasField("env_generation"):
+            return detail.env_generation == self.env_generation
+        if detail.HasField("agent_version"):
+            return detail.agent_version == self.agent_version
+        return False
 
 
 class FleetState:
@@ -75,6 +93,7 @@ class FleetState:
         gate: Serves Sample and update requests one at a time.
         calls: Open learner calls by request id.
         update_wait: The update being rolled out, if any.
+        progress: When busy workers last delivered a result.
         draining: No new requests or workers.
         departed_steps: Env steps of workers that left.
         metrics: Prometheus metrics (their own lock; not guarded by ``lock``).
@@ -93,6 +112,7 @@ class FleetState:
         self.env = EnvState(env_update_of(config.env, 1))
         self.gate = FifoGate(self.changed, config.max_queued_requests)
         self.calls: dict[int, OpenCall] = {}
+        self.progress = ProgressWatch(config.progress_deadline_seconds)
         self.update_wait: UpdateWait | None = None
         self.draining = False
         self.departed_steps = 0
@@ -198,6 +218,7 @@ class FleetState:
             request_id=request_id,
             agent_version=agent_version,
             env_generation=self.env.generation,
+            coordinator_id=self.coordinator_id,
         )
         if self.env.spec_proto is not None:
             header.env_spec.CopyFrom(self.env.spec_proto)

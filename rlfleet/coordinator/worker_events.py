@@ -9,6 +9,7 @@ batch never holds the lock while it is decoded.
 from __future__ import annotations
 
 import logging
+import time
 
 import grpc
 
@@ -60,6 +61,13 @@ class WorkerEvents:
         if hello.num_envs < 1:
             raise invalid(f"Hello.num_envs must be >= 1, got {hello.num_envs}")
         state = self._state
+        limit = state.config.max_envs_per_worker
+        if hello.num_envs > limit:
+            raise invalid(
+                f"Hello.num_envs is {hello.num_envs}, above this coordinator's limit of {limit} "
+                "env slots per worker (--max-envs-per-worker); start the worker with fewer "
+                "--envs, or more workers"
+            )
         with state.lock:
             if state.draining:
                 raise CallError(
@@ -169,7 +177,12 @@ class WorkerEvents:
         logger.info("worker %r is leaving: %s", handle.name, leaving.reason or "no reason given")
 
     def on_error(self, handle: WorkerHandle, detail: updates_pb2.ErrorDetail) -> None:
-        """A worker reported an error: fail its task's request, or its update."""
+        """A worker reported an error: fail the request or update it names, if still open.
+
+        An error is charged only to what it names (its task, or the update's
+        generation or version): the late error of a request that already
+        ended, or of an update already rolled back, is only logged.
+        """
         if not detail.worker:
             detail.worker = handle.name
         state = self._state
@@ -196,12 +209,15 @@ class WorkerEvents:
                     state.fail_call(request_id, failure)
                     return
             wait = state.update_wait
-            if wait is not None and handle.worker_id in wait.targets:
+            if wait is not None and handle.worker_id in wait.targets and wait.refused_by(detail):
                 wait.errors.setdefault(handle.worker_id, detail)
                 state.changed.notify_all()
                 return
         logger.warning(
-            "worker %r reported: %s", handle.name, describe(detail), extra={"worker": handle.name}
+            "worker %r reported (charged to nothing open): %s",
+            handle.name,
+            describe(detail),
+            extra={"worker": handle.name},
         )
 
     def on_result(
@@ -263,6 +279,7 @@ class WorkerEvents:
                 payload_bytes=len(payload),
                 lag=max(state.agent.version - meta.agent_version, 0),
             )
+            state.progress.delivered(handle.worker_id, time.monotonic())
             call = state.calls.get(outcome.request_id)
             if call is not None:
                 call.outbox.put(Forward(forwarded, tuple(chunks), sum(meta.lengths)))
@@ -291,6 +308,7 @@ class WorkerEvents:
                 return
             handle.alive = False
             state.registry.remove(handle.worker_id)
+            state.progress.forget(handle.worker_id)
             requeued = state.scheduler.remove_worker(handle.worker_id)
             state.departed_steps += handle.heartbeat.steps_total
             state.metrics.worker_removed(code.name, requeued)

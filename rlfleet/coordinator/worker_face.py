@@ -20,12 +20,12 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from rlfleet import _rpc
+from rlfleet._log_limit import LogLimiter, held_back_note
 from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.failures import CallError
 from rlfleet.coordinator.registry import Ending, PartialResult, WorkerHandle
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
 from rlfleet.security import InflightBudget
-from rlfleet.security.auth import RefusalLog
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import Chunk
 
@@ -81,9 +81,7 @@ class WorkerFace:
 
     def __init__(self, coordinator: Coordinator) -> None:
         self._coordinator = coordinator
-        # Streams that never say Hello may come from a scanner or a flood:
-        # one log line per interval, like refused tokens.
-        self._refusals = RefusalLog(log=logger)
+        self._refusals = LogLimiter()
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a server."""
@@ -112,8 +110,17 @@ class WorkerFace:
             handle = self._handshake(first, context)
         except CallError as exc:
             admission.decide(None)
-            self._refusals.refused_text(f"a worker from {context.peer()}: {exc.message}")
             self._coordinator.metrics.error(f"join_{exc.code.name}")
+            # Anyone who can reach the port can open streams that never say
+            # Hello: at most one line per interval.
+            held_back = self._refusals.admit()
+            if held_back is not None:
+                logger.warning(
+                    "refused a worker from %s: %s%s",
+                    context.peer(),
+                    exc.message,
+                    held_back_note(held_back, "refusals"),
+                )
             _rpc.abort(context, exc.code, exc.message, exc.detail)
         admission.decide(handle)
 

@@ -11,6 +11,7 @@ Importing this module registers:
 * ``rlfleet/Crashing-v0``: a Counter that raises ``RuntimeError``.
 * ``rlfleet/Hanging-v0``: a Counter that sleeps (forever by default).
 * ``rlfleet/NaN-v0``: a Counter whose observation is NaN at one step.
+* ``rlfleet/Slow-v0``: a Counter that sleeps ``step_seconds`` in every step.
 
 When the faulty envs fire (``at_step`` stands for ``crash_at_step`` /
 ``hang_at_step``):
@@ -177,6 +178,28 @@ class HangingEnv(_FaultyEnv):
             time.sleep(3600.0)
 
 
+class SlowEnv(CounterEnv):
+    """A Counter that sleeps in every step: a slow simulator (module docstring).
+
+    Args:
+        step_seconds: Seconds each step sleeps (>= 0).
+        length: Steps per episode.
+        render_mode: None or ``"rgb_array"``.
+    """
+
+    def __init__(
+        self, step_seconds: float = 0.01, length: int = 5, render_mode: str | None = None
+    ) -> None:
+        super().__init__(length, render_mode)
+        if not step_seconds >= 0:
+            raise ValueError(f"step_seconds must be >= 0, got {step_seconds!r}")
+        self._step_seconds = step_seconds
+
+    def _before(self, call: str) -> None:
+        if call == "step":
+            time.sleep(self._step_seconds)
+
+
 class NaNEnv(CounterEnv):
     """A Counter whose observation is NaN right after step ``nan_at_step``.
 
@@ -208,6 +231,7 @@ TEST_ENVS: dict[str, type[CounterEnv]] = {
     "rlfleet/Crashing-v0": CrashingEnv,
     "rlfleet/Hanging-v0": HangingEnv,
     "rlfleet/NaN-v0": NaNEnv,
+    "rlfleet/Slow-v0": SlowEnv,
 }
 
 for _env_id, _env_class in TEST_ENVS.items():

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Any, NoReturn
 import grpc
 
 from rlfleet import _rpc
+from rlfleet._log_limit import LogLimiter, held_back_note
 from rlfleet.errors import ConfigError
 from rlfleet.security.tokens import Token
 
@@ -175,7 +175,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         on_refused: Callable[[str], None] | None = None,
     ) -> None:
         self._tokens = tokens
-        self._log = RefusalLog(clock)
+        self._log = _RefusalLog(clock)
         self._on_refused = on_refused
 
     def check(self, method: str, metadata: Sequence[tuple[str, Any]] | None) -> Refusal | None:
@@ -224,7 +224,7 @@ _ROLE_SCOPE = {
 }
 
 
-def _refusing_handler(refusal: Refusal, method: str, log: RefusalLog) -> grpc.RpcMethodHandler:
+def _refusing_handler(refusal: Refusal, method: str, log: _RefusalLog) -> grpc.RpcMethodHandler:
     # Stream-stream whatever the method's shape: the handler runs at once
     # without waiting for a request message, and its status reaches unary
     # callers just the same.
@@ -237,41 +237,27 @@ def _refusing_handler(refusal: Refusal, method: str, log: RefusalLog) -> grpc.Rp
     return grpc.stream_stream_rpc_method_handler(refuse)
 
 
-class RefusalLog:
+class _RefusalLog:
     """Logs refused calls, at most one line per interval plus a count.
 
-    A peer hammering the port (bad tokens, streams that never say Hello)
-    must not flood the logs. Never logs a presented token: only what was
-    refused, from whom, and why.
-
-    Args:
-        clock: Seconds, for spacing the lines out (tests pass their own).
-        log: Where the lines go.
+    A peer hammering the port with bad tokens must not flood the logs.
+    Never logs the presented token: only method, peer and reason.
     """
 
     INTERVAL_SECONDS = 10.0
 
-    def __init__(
-        self, clock: Callable[[], float] = time.monotonic, log: logging.Logger = logger
-    ) -> None:
-        self._clock = clock
-        self._logger = log
-        self._lock = threading.Lock()
-        self._next = float("-inf")
-        self._suppressed = 0
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._limit = LogLimiter(self.INTERVAL_SECONDS, clock)
 
     def refused(self, method: str, peer: str, refusal: Refusal) -> None:
-        """Logs one refused call (or counts it toward the next line)."""
-        self.refused_text(f"{method} from {peer}: {refusal.code.name}: {refusal.message}")
-
-    def refused_text(self, what: str) -> None:
-        """Logs ``refused <what>`` (or counts it toward the next line)."""
-        now = self._clock()
-        with self._lock:
-            if now < self._next:
-                self._suppressed += 1
-                return
-            suppressed, self._suppressed = self._suppressed, 0
-            self._next = now + self.INTERVAL_SECONDS
-        more = f" ({suppressed} more refused since the last report)" if suppressed else ""
-        self._logger.warning("refused %s%s", what, more)
+        held_back = self._limit.admit()
+        if held_back is None:
+            return
+        logger.warning(
+            "refused %s from %s: %s: %s%s",
+            method,
+            peer,
+            refusal.code.name,
+            refusal.message,
+            held_back_note(held_back, "refused"),
+        )

@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SampleRequest(_message.Message):
-    __slots__ = ("mode", "amount", "fragment_length", "seed", "request_index", "agent_update", "env_update", "wait_for_workers_seconds", "itr")
+    __slots__ = ("mode", "amount", "fragment_length", "seed", "request_index", "agent_update", "env_update", "wait_for_workers_seconds", "itr", "coordinator_id")
     MODE_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_FIELD_NUMBER: _ClassVar[int]
     FRAGMENT_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class SampleRequest(_message.Message):
     ENV_UPDATE_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOR_WORKERS_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ITR_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     mode: _worker_pb2.SampleMode
     amount: int
     fragment_length: int
@@ -29,7 +30,8 @@ class SampleRequest(_message.Message):
     env_update: _updates_pb2.EnvUpdate
     wait_for_workers_seconds: float
     itr: int
-    def __init__(self, mode: _Optional[_Union[_worker_pb2.SampleMode, str]] = ..., amount: _Optional[int] = ..., fragment_length: _Optional[int] = ..., seed: _Optional[int] = ..., request_index: _Optional[int] = ..., agent_update: _Optional[_Union[_updates_pb2.AgentUpdate, _Mapping]] = ..., env_update: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., wait_for_workers_seconds: _Optional[float] = ..., itr: _Optional[int] = ...) -> None: ...
+    coordinator_id: str
+    def __init__(self, mode: _Optional[_Union[_worker_pb2.SampleMode, str]] = ..., amount: _Optional[int] = ..., fragment_length: _Optional[int] = ..., seed: _Optional[int] = ..., request_index: _Optional[int] = ..., agent_update: _Optional[_Union[_updates_pb2.AgentUpdate, _Mapping]] = ..., env_update: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., wait_for_workers_seconds: _Optional[float] = ..., itr: _Optional[int] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("mode", "fragment_length", "seed", "max_buffered_steps")
@@ -54,16 +56,18 @@ class SampleResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[SampleHeader, _Mapping]] = ..., result: _Optional[_Union[_worker_pb2.EpisodeResult, _Mapping]] = ..., footer: _Optional[_Union[SampleFooter, _Mapping]] = ...) -> None: ...
 
 class SampleHeader(_message.Message):
-    __slots__ = ("request_id", "env_spec", "agent_version", "env_generation")
+    __slots__ = ("request_id", "env_spec", "agent_version", "env_generation", "coordinator_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENV_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     env_spec: _spaces_pb2.EnvSpec
     agent_version: int
     env_generation: int
-    def __init__(self, request_id: _Optional[int] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., agent_version: _Optional[int] = ..., env_generation: _Optional[int] = ...) -> None: ...
+    coordinator_id: str
+    def __init__(self, request_id: _Optional[int] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., agent_version: _Optional[int] = ..., env_generation: _Optional[int] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
 
 class SampleFooter(_message.Message):
     __slots__ = ("num_episodes", "total_steps", "workers_used", "reassigned_units")
@@ -78,14 +82,16 @@ class SampleFooter(_message.Message):
     def __init__(self, num_episodes: _Optional[int] = ..., total_steps: _Optional[int] = ..., workers_used: _Optional[int] = ..., reassigned_units: _Optional[int] = ...) -> None: ...
 
 class UpdateAck(_message.Message):
-    __slots__ = ("agent_version", "env_generation", "workers_updated")
+    __slots__ = ("agent_version", "env_generation", "workers_updated", "coordinator_id")
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENV_GENERATION_FIELD_NUMBER: _ClassVar[int]
     WORKERS_UPDATED_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     agent_version: int
     env_generation: int
     workers_updated: int
-    def __init__(self, agent_version: _Optional[int] = ..., env_generation: _Optional[int] = ..., workers_updated: _Optional[int] = ...) -> None: ...
+    coordinator_id: str
+    def __init__(self, agent_version: _Optional[int] = ..., env_generation: _Optional[int] = ..., workers_updated: _Optional[int] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

@@ -21,6 +21,7 @@ class ErrorKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_KIND_PERMISSION: _ClassVar[ErrorKind]
     ERROR_KIND_NO_WORKERS: _ClassVar[ErrorKind]
     ERROR_KIND_LIMIT: _ClassVar[ErrorKind]
+    ERROR_KIND_COORDINATOR_RESTARTED: _ClassVar[ErrorKind]
 ERROR_KIND_UNSPECIFIED: ErrorKind
 ERROR_KIND_ENV_NOT_FOUND: ErrorKind
 ERROR_KIND_ENV_CONFIG: ErrorKind
@@ -33,6 +34,7 @@ ERROR_KIND_INTERNAL: ErrorKind
 ERROR_KIND_PERMISSION: ErrorKind
 ERROR_KIND_NO_WORKERS: ErrorKind
 ERROR_KIND_LIMIT: ErrorKind
+ERROR_KIND_COORDINATOR_RESTARTED: ErrorKind
 
 class PolicySpec(_message.Message):
     __slots__ = ("name", "kwargs_json")
@@ -43,33 +45,37 @@ class PolicySpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., kwargs_json: _Optional[str] = ...) -> None: ...
 
 class AgentUpdate(_message.Message):
-    __slots__ = ("version", "policy", "params", "pickled_policy")
+    __slots__ = ("version", "policy", "params", "pickled_policy", "coordinator_id")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     PICKLED_POLICY_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     version: int
     policy: PolicySpec
     params: _tensor_pb2.TensorMap
     pickled_policy: bytes
-    def __init__(self, version: _Optional[int] = ..., policy: _Optional[_Union[PolicySpec, _Mapping]] = ..., params: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., pickled_policy: _Optional[bytes] = ...) -> None: ...
+    coordinator_id: str
+    def __init__(self, version: _Optional[int] = ..., policy: _Optional[_Union[PolicySpec, _Mapping]] = ..., params: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., pickled_policy: _Optional[bytes] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
 
 class EnvUpdate(_message.Message):
-    __slots__ = ("generation", "env_id", "kwargs_json", "max_episode_length", "pickled_env_factory")
+    __slots__ = ("generation", "env_id", "kwargs_json", "max_episode_length", "pickled_env_factory", "coordinator_id")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     MAX_EPISODE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     PICKLED_ENV_FACTORY_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     generation: int
     env_id: str
     kwargs_json: str
     max_episode_length: int
     pickled_env_factory: bytes
-    def __init__(self, generation: _Optional[int] = ..., env_id: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., max_episode_length: _Optional[int] = ..., pickled_env_factory: _Optional[bytes] = ...) -> None: ...
+    coordinator_id: str
+    def __init__(self, generation: _Optional[int] = ..., env_id: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., max_episode_length: _Optional[int] = ..., pickled_env_factory: _Optional[bytes] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
-    __slots__ = ("kind", "message", "worker", "env_index", "step", "episode_index", "task_id", "traceback", "exception_type")
+    __slots__ = ("kind", "message", "worker", "env_index", "step", "episode_index", "task_id", "traceback", "exception_type", "env_generation", "agent_version")
     KIND_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +85,8 @@ class ErrorDetail(_message.Message):
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     EXCEPTION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ENV_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     kind: ErrorKind
     message: str
     worker: str
@@ -88,4 +96,6 @@ class ErrorDetail(_message.Message):
     task_id: int
     traceback: str
     exception_type: str
-    def __init__(self, kind: _Optional[_Union[ErrorKind, str]] = ..., message: _Optional[str] = ..., worker: _Optional[str] = ..., env_index: _Optional[int] = ..., step: _Optional[int] = ..., episode_index: _Optional[int] = ..., task_id: _Optional[int] = ..., traceback: _Optional[str] = ..., exception_type: _Optional[str] = ...) -> None: ...
+    env_generation: int
+    agent_version: int
+    def __init__(self, kind: _Optional[_Union[ErrorKind, str]] = ..., message: _Optional[str] = ..., worker: _Optional[str] = ..., env_index: _Optional[int] = ..., step: _Optional[int] = ..., episode_index: _Optional[int] = ..., task_id: _Optional[int] = ..., traceback: _Optional[str] = ..., exception_type: _Optional[str] = ..., env_generation: _Optional[int] = ..., agent_version: _Optional[int] = ...) -> None: ...

@@ -94,10 +94,19 @@ class Live:
         self.infos: list[tuple[int, Any]] = []
         self.parked_obs: np.ndarray | None = None
 
+    @property
+    def episode_index(self) -> int | None:
+        """The unit's episode index (the request's numbering); None for streams."""
+        return None if self.unit is None else self.unit.episode_index
+
     def describe(self) -> str:
-        """``episode k of request r`` or ``episode k of stream s``, for messages."""
+        """``episode k`` or ``episode k of stream s``, for messages.
+
+        A unit's ``request`` is not named: on a fleet worker it holds the
+        coordinator's task id, which a learner would mistake for its request.
+        """
         if self.unit is not None:
-            return f"episode {self.unit.episode_index} of request {self.unit.request}"
+            return f"episode {self.unit.episode_index}"
         _, _, _, episode, _, stream, _ = self.meta
         return f"episode {episode} of stream {stream}"
 
@@ -493,6 +502,7 @@ class SlotEngine:
                 worker=self.name,
                 env_index=slot,
                 step=step,
+                episode_index=live.episode_index,
             )
         )
 
@@ -559,6 +569,7 @@ class SlotEngine:
                 worker=self.name,
                 env_index=slot,
                 step=step,
+                episode_index=live.episode_index,
                 remote_traceback="".join(traceback.format_exception(exc)),
             )
         )

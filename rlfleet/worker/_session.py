@@ -170,11 +170,16 @@ class Session:
                 outcome = self._wait_for_message()
                 if outcome is not None:
                     return outcome
-            now = time.monotonic()
-            if now >= self._next_beat:
-                self._heartbeat(now)
-                if now >= self._leave_deadline:
-                    self._abandon_in_flight()
+            if self._beat_if_due() and time.monotonic() >= self._leave_deadline:
+                self._abandon_in_flight()
+
+    def _beat_if_due(self) -> bool:
+        """Sends a heartbeat if one is due; returns whether it did."""
+        now = time.monotonic()
+        if now < self._next_beat:
+            return False
+        self._heartbeat(now)
+        return True
 
     def _step(self) -> None:
         """One vector step, then top-up and (maybe) a flush. The hot path."""
@@ -206,6 +211,7 @@ class Session:
                 task.fragment_length,
                 base_seed=task.base_seed,
                 first_stream=self._welcome.first_stream,
+                tick=self._beat_if_due,
             )
         except (EnvError, PolicyError, ConfigError) as exc:
             self._on_task_error(exc)
@@ -281,7 +287,9 @@ class Session:
                 )
             )
             logger.warning("env update %d refused: %s", update.generation, error)
-            self._send_error(error, traceback_text=_traceback(exc))
+            self._send_error(
+                error, traceback_text=_traceback(exc), env_generation=update.generation
+            )
             return
         self._generation = update.generation
         self._flush_policy.expect_step_bytes(_observation_bytes(self._vec.env_spec))
@@ -309,7 +317,7 @@ class Session:
                 )
             )
             logger.warning("agent update %d refused: %s", update.version, error)
-            self._send_error(error, traceback_text=_traceback(exc))
+            self._send_error(error, traceback_text=_traceback(exc), agent_version=update.version)
             return
         self._book.drop_stale(agent_version=update.version)
         self._send(
@@ -471,8 +479,15 @@ class Session:
         )
 
     def _send_error(
-        self, exc: BaseException, *, task_id: int = 0, traceback_text: str = ""
+        self,
+        exc: BaseException,
+        *,
+        task_id: int = 0,
+        traceback_text: str = "",
+        env_generation: int | None = None,
+        agent_version: int | None = None,
     ) -> None:
+        """Reports an error, naming the task or the update it belongs to."""
         detail = _rpc.detail_from_exception(
             exc,
             worker=self.name,
@@ -480,6 +495,8 @@ class Session:
             traceback_text=traceback_text
             or str(getattr(exc, "remote_traceback", "") or "")
             or _traceback(exc),
+            env_generation=env_generation,
+            agent_version=agent_version,
         )
         self._metrics.error(updates_pb2.ErrorKind.Name(detail.kind))
         self._send(worker_pb2.WorkerMessage(error=worker_pb2.WorkerError(detail=detail)))

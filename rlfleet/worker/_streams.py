@@ -43,8 +43,19 @@ class FragmentStreams:
         """Ends every stream's current episode; streams go on with the next one."""
         self._parked = [None] * len(self._parked)
 
-    def collect(self, length: int, base_seed: int, first_stream: int) -> list[Segment]:
-        """Steps every slot ``length`` times; returns the pieces in order."""
+    def collect(
+        self,
+        length: int,
+        base_seed: int,
+        first_stream: int,
+        tick: Callable[[], object] | None = None,
+    ) -> list[Segment]:
+        """Steps every slot ``length`` times; returns the pieces in order.
+
+        ``tick`` runs after every vector step: a window may last longer
+        than the coordinator's heartbeat timeout, and the worker must go on
+        beating during it.
+        """
         for slot, parked in enumerate(self._parked):
             if parked is not None and parked.stream != (base_seed, first_stream + slot):
                 self._parked[slot] = None
@@ -55,6 +66,8 @@ class FragmentStreams:
                 self._fill(base_seed, first_stream)
                 self._engine.advance(self)
                 self._engine.raise_deferred()
+                if tick is not None:
+                    tick()
             return sorted(self._pieces, key=record_key)
         except BaseException:
             self._engine.drop_all()

@@ -38,6 +38,7 @@ from rlfleet._version import __version__
 from rlfleet.errors import ConfigError
 from rlfleet.security import ClientSecurity, PickleGate
 from rlfleet.security.pickle import check_prerequisites as check_pickle_prerequisites
+from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
 from rlfleet.v1 import worker_pb2
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._restarts import EnvRestartBudget
@@ -54,6 +55,7 @@ IMPLEMENTATION = f"rlfleet-python/{__version__}"
 # Statuses at the handshake that retrying cannot fix: the worker exits.
 _FATAL_AT_HANDSHAKE = {
     grpc.StatusCode.FAILED_PRECONDITION: "protocol version mismatch",
+    grpc.StatusCode.INVALID_ARGUMENT: "the coordinator refused this worker's Hello",
     grpc.StatusCode.UNAUTHENTICATED: "not authenticated",
     grpc.StatusCode.PERMISSION_DENIED: "permission denied",
     grpc.StatusCode.UNIMPLEMENTED: "the address is not an rlfleet coordinator",
@@ -353,6 +355,9 @@ class RemoteWorker:
                 ) from None
             if isinstance(message, StreamEnded):
                 stream.cancel()  # frees gRPC's thread waiting on the request generator
+                refused = self._refused_tls(message)
+                if refused is not None:
+                    raise _HandshakeError(refused, fatal=True)
                 reason = _FATAL_AT_HANDSHAKE.get(message.code)
                 raise _HandshakeError(
                     f"{reason}: {message.describe()}" if reason else message.describe(),
@@ -370,6 +375,16 @@ class RemoteWorker:
                     fatal=False,
                 )
             return Session(self, stream, message.welcome)
+
+    def _refused_tls(self, ended: StreamEnded) -> str | None:
+        """Why TLS refused this worker, if it did (gRPC says UNAVAILABLE, as for an outage)."""
+        tls = self.config.security.tls
+        if tls is None or ended.code is not grpc.StatusCode.UNAVAILABLE:
+            return None
+        reason = tls_failure(self.config.coordinator, tls)
+        return (
+            None if reason is None else describe_tls_failure(self.config.coordinator, reason, tls)
+        )
 
 
 def import_modules(modules: tuple[str, ...]) -> None:

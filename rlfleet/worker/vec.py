@@ -10,7 +10,7 @@ machine use :meth:`VecWorker.run` and :meth:`VecWorker.collect_fragments`.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -491,7 +491,12 @@ class VecWorker:
     # -------------------------------------------------------------- fragments
 
     def collect_fragments(
-        self, fragment_length: int, *, base_seed: int, first_stream: int
+        self,
+        fragment_length: int,
+        *,
+        base_seed: int,
+        first_stream: int,
+        tick: Callable[[], object] | None = None,
     ) -> EpisodeBatch:
         """Collects exactly ``fragment_length`` steps from every slot.
 
@@ -529,6 +534,8 @@ class VecWorker:
             fragment_length: Steps per slot per call (>= 1).
             base_seed: The sampler's seed.
             first_stream: Global stream id of slot 0.
+            tick: Called after every vector step (a remote worker
+                heartbeats from it during long windows).
 
         Returns:
             ``n_envs * fragment_length`` steps.
@@ -550,7 +557,7 @@ class VecWorker:
             )
         if self._engine.spec is None:
             raise self._no_env()
-        pieces = self._streams.collect(fragment_length, base_seed, first_stream)
+        pieces = self._streams.collect(fragment_length, base_seed, first_stream, tick)
         return build_batch(self.env_spec, pieces, FRAGMENT_INFO_KEYS)
 
     # --------------------------------------------------------------- closing
@@ -631,10 +638,16 @@ class _UnitSink:
             self._worker._queue.appendleft(live.unit)
 
 
-def check_int(name: str, value: Any, *, minimum: int) -> None:
-    """Raises ConfigError unless ``value`` is an int >= ``minimum``."""
+def check_int(name: str, value: Any, *, minimum: int, maximum: int | None = None) -> None:
+    """Raises ConfigError unless ``value`` is an int in ``[minimum, maximum]``.
+
+    ``maximum`` is what the protocol field carrying the value can hold
+    (e.g. ``2**32 - 1`` for a uint32).
+    """
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
         raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be an int <= {maximum}, got {value!r}")
 
 
 __all__ = ["NanMode", "VecWorker"]

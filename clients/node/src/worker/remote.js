@@ -476,7 +476,7 @@ class Session {
     } catch (error) {
       const refused = error instanceof RlfleetError ? error : new ConfigError(`building env ${update.env_id} raised ${error}`, { cause: error });
       this.config.log('warning', `env update ${generation} refused: ${refused.message}`);
-      this.sendError(refused);
+      this.sendError(refused, 0, { env_generation: String(generation) });
       return;
     }
     this.generation = generation;
@@ -503,7 +503,7 @@ class Session {
           ? error
           : new PolicyError(`agent version ${version} refused: ${error instanceof Error ? error.message : error}`, { cause: error });
       this.config.log('warning', `agent update ${version} refused: ${refused.message}`);
-      this.sendError(refused);
+      this.sendError(refused, 0, { agent_version: String(version) });
       return;
     }
     this.book.dropStale({ agentVersion: version });
@@ -621,10 +621,14 @@ class Session {
   }
 
   /**
+   * Reports an error, naming the task or the update it belongs to (the
+   * coordinator charges it to nothing else).
+   *
    * @param {unknown} error
    * @param {number} [taskId]
+   * @param {{ env_generation?: string, agent_version?: string }} [update] the refused update
    */
-  sendError(error, taskId = 0) {
+  sendError(error, taskId = 0, update = {}) {
     const known = error instanceof RlfleetError;
     /** @type {Record<string, unknown>} */
     const detail = {
@@ -645,6 +649,7 @@ class Session {
     if (Number.isInteger(where?.episodeIndex)) {
       detail.episode_index = where.episodeIndex;
     }
+    Object.assign(detail, update);
     this.send({ error: { detail } });
   }
 
