@@ -16,10 +16,13 @@ The public API, importable from ``rlfleet``:
   :class:`MultiAgentEpisodeBatch`; more in ``rlfleet.rllib`` (docs/rllib.md).
 - The fleet: ``rlfleet.client`` (:class:`~rlfleet.client.RemoteSampler`,
   :class:`~rlfleet.client.Fleet`) and ``rlfleet.coordinator``.
+- Batch files (``.npz``, what ``rlfleet sample`` writes): :func:`save_batch`,
+  :func:`load_batch`.
 - Errors: :class:`RlfleetError` and its subclasses in ``rlfleet.errors``.
 """
 
 from rlfleet._version import __version__
+from rlfleet.batch_file import load_batch, save_batch
 from rlfleet.core import (
     EnvSpec,
     EnvStep,
@@ -98,6 +101,7 @@ __all__ = [
     "__version__",
     "default_policy_spec",
     "env_spec_of",
+    "load_batch",
     "log_multitask_performance",
     "log_performance",
     "make_env",
@@ -106,6 +110,7 @@ __all__ = [
     "pad_to_last",
     "performance_stats",
     "rollout",
+    "save_batch",
     "step_type_from_gym",
     "truncate_paths",
     "wrap_experiment",

@@ -64,7 +64,7 @@ def test_demo_local_out_of_budget_exits_1_and_plots(
 def test_demo_local_reaches_a_low_target_and_exits_0(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.chdir(tmp_path)  # where the default learning_curve.png would go
+    monkeypatch.chdir(tmp_path)  # where the default run folder would go
     code, out, err, rows = _demo(
         capsys,
         "--local",
@@ -98,6 +98,29 @@ def test_demo_without_matplotlib_skips_the_plot(
     assert len(rows) == 1
     assert "matplotlib is not installed" in out and "rlfleet[plot]" in out
     assert not plot.exists()
+
+
+def test_demo_writes_into_a_run_folder_and_says_where_without_stray_logs(
+    tmp_path: Path,
+) -> None:
+    """The default plot goes to rlfleet-runs/demo-<time>/, on a first matplotlib run too."""
+    import os
+    import subprocess
+
+    fresh_cache = tmp_path / "mplconfig"  # matplotlib builds its font cache: an INFO line
+    result = subprocess.run(
+        [sys.executable, "-m", "rlfleet", "demo", "--local", "--workers", "1",
+         "--envs-per-worker", "1", "--steps-per-iteration", "200", "--max-iterations", "1"],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+        env={**os.environ, "MPLCONFIGDIR": str(fresh_cache),
+             "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    (plot,) = (tmp_path / "rlfleet-runs").glob("demo-*/learning_curve.png")
+    assert f"learning curve written to {plot.resolve()}" in result.stdout
+    assert plot.read_bytes()[:8] == PNG_MAGIC
+    assert " INFO " not in result.stdout + result.stderr
+    assert not (tmp_path / "learning_curve.png").exists()
 
 
 def test_demo_rejects_a_non_positive_budget(capsys: pytest.CaptureFixture[str]) -> None:

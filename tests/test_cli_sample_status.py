@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -13,8 +16,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from rlfleet import load_batch
+from rlfleet.batch_file import FILE_FORMAT
 from rlfleet.cli import main
-from rlfleet.cli.sample import FILE_FORMAT, load_batch
 from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.envs import EnvConfig
 from rlfleet.local_sampler import LocalSampler
@@ -43,6 +47,9 @@ def test_sample_writes_the_batch_local_sampler_would_give(fleet: Fleet, tmp_path
         command, capture_output=True, text=True, timeout=60, check=False, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr
+    # stderr is a pipe, not a terminal: progress comes as plain lines, no bar.
+    assert re.search(r"^sample: [\d,]+/300 steps \(\d+%\), ", done.stderr, re.M), done.stderr
+    assert "\r" not in done.stderr
     batch = load_batch(out)
     assert done.stdout.strip() == (
         f"wrote {batch.n_episodes} episodes ({batch.total_steps} steps) to {out}"
@@ -68,8 +75,46 @@ def test_the_file_layout_is_flat_numpy_arrays(fleet: Fleet, tmp_path: Path) -> N
         assert data["episode_infos.episode_index"].tolist() == [0, 1, 2, 3]
         assert data["observations"].shape == (int(data["lengths"].sum()), 4)
         spec = json.loads(str(data["env_spec"]))
-        assert spec["actionSpace"]["discrete"]["n"] == "2"  # protobuf JSON of rlfleet.v1.EnvSpec
+        dtypes = {key: data[key].dtype.name for key in data.files}
+    # Readable JSON: gymnasium's names, numbers as numbers, infinities as text.
+    assert spec["action_space"] == {"type": "Discrete", "n": 2, "start": 0}
+    box = spec["observation_space"]
+    assert (box["type"], box["shape"], box["dtype"]) == ("Box", [4], "float32")
+    assert box["high"][0] == pytest.approx(4.8) and box["high"][1] == "inf"
+    assert spec["max_episode_length"] == 500
     assert load_batch(out).env_spec == CARTPOLE.env_spec()
+    # docs/operations.md's table of dtypes is what the file holds.
+    documented = documented_dtypes()
+    spaces = {"observation space": "float32", "action space": "int64"}  # CartPole's
+    for key, dtype in dtypes.items():
+        group = key.split(".")[0]
+        if key in ("env_spec", "format") or group == "env_infos":
+            continue  # text; env_infos are as the env gives them
+        assert spaces.get(documented[group], documented[group]) == dtype, key
+
+
+def documented_dtypes() -> dict[str, str]:
+    """The ``| key | dtype |`` rows of docs/operations.md's batch file table."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    section = text.split("## Batch files", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| `")]
+    return {key.strip().strip("`"): dtype.strip().strip("`") for key, dtype in rows}
+
+
+def test_agent_infos_of_the_policy_are_in_the_file(tmp_path: Path) -> None:
+    from rlfleet.policies import MLPCategoricalPolicy
+
+    policy = MLPCategoricalPolicy(CARTPOLE.env_spec(), hidden_sizes=(4,), seed=0)
+    own = Fleet.local(1, 1, CARTPOLE)
+    with own as sampler:
+        sampler.update_agent(policy)
+        out = tmp_path / "mlp.npz"
+        assert main(["sample", "--coordinator", own.address, "--mode", "episodes",
+                     "--episodes", "2", "--out", str(out)]) == 0  # fmt: skip
+    with np.load(out, allow_pickle=False) as data:
+        assert data["agent_infos.log_prob"].shape == data["rewards"].shape
+        assert data["agent_infos.logits"].shape == (len(data["rewards"]), 2)
+    assert set(load_batch(out).agent_infos) == {"log_prob", "logits"}
 
 
 def test_sample_fragments(fleet: Fleet, tmp_path: Path) -> None:
@@ -134,8 +179,44 @@ def test_status_of_an_absent_coordinator_is_a_clear_error(
         port = sock.getsockname()[1]
     assert main(["status", "--coordinator", f"127.0.0.1:{port}", "--timeout", "5"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"rlfleet: error: GetStatus on coordinator 127.0.0.1:{port}: ")
-    assert "UNAVAILABLE" in err
+    assert err.startswith(f"rlfleet: error: no coordinator answers at 127.0.0.1:{port} (")
+    assert "UNAVAILABLE" in err and "--coordinator (or RLFLEET_COORDINATOR)" in err
+    assert "obtain_" not in err  # advice for the command line, not the Python API
+
+
+def test_status_json_has_every_worker_and_the_totals(
+    fleet: Fleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "--coordinator", fleet.address, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert sorted(w["name"] for w in data["workers"]) == ["local-0", "local-1"]
+    assert all(w["agent_lag"] == 0 and w["envs"] == 2 for w in data["workers"])
+    assert data["total_envs"] == 4 and data["ready_workers"] == 2
+    assert data["env"]["id"] == "CartPole-v1"
+    assert data["env_spec"]["action_space"] == {"type": "Discrete", "n": 2, "start": 0}
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_status_watch_refreshes_until_interrupted(fleet: Fleet, as_json: bool) -> None:
+    command = [sys.executable, "-m", "rlfleet", "status", "--coordinator", fleet.address,
+               "--watch", "0.2", *(["--json"] if as_json else [])]  # fmt: skip
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(12 if not as_json else 3)]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
+    if as_json:
+        polls = [json.loads(line) for line in lines]
+        assert all(len(p["workers"]) == 2 for p in polls)
+        assert polls[0]["time"] < polls[-1]["time"]
+    else:
+        text = "".join(lines)
+        assert "UNITS" in text and "LAG" in text and "local-0" in text
+        assert text.count(f"rlfleet {fleet.address}") >= 2  # refreshed, one table each
 
 
 def test_sample_with_env_switches_the_fleet(fleet: Fleet, tmp_path: Path) -> None:
@@ -152,3 +233,40 @@ def test_sample_with_env_switches_the_fleet(fleet: Fleet, tmp_path: Path) -> Non
     finally:
         with RemoteSampler(fleet.address) as sampler:
             sampler.update_env("CartPole-v1")
+
+
+def test_sample_with_the_env_the_fleet_runs_rebuilds_nothing(fleet: Fleet, tmp_path: Path) -> None:
+    before = fleet.sampler.status().env_generation
+    out = tmp_path / "same.npz"
+    code = main(
+        ["sample", "--coordinator", fleet.address, "--env", "CartPole-v1", "--steps", "10",
+         "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    assert fleet.sampler.status().env_generation == before
+    with RemoteSampler(fleet.address) as sampler:
+        # Same kwargs written differently: still the same env.
+        assert sampler.update_env(EnvConfig("CartPole-v1", {})) == before
+        # Different kwargs: a new generation, and back.
+        changed = sampler.update_env(EnvConfig("CartPole-v1", {"sutton_barto_reward": True}))
+        assert changed == before + 1
+        assert sampler.update_env("CartPole-v1") == before + 2
+
+
+def test_progress_off_a_terminal_is_a_line_every_interval() -> None:
+    from rlfleet.cli._progress import LINE_SECONDS, Progress
+
+    now = [0.0]
+    out = io.StringIO()  # not a TTY
+    with Progress("sample", 1000, "steps", stream=out, clock=lambda: now[0]) as progress:
+        progress.update(100)  # too soon for a line
+        now[0] = LINE_SECONDS
+        progress.update(400)
+        now[0] = LINE_SECONDS + 1
+        progress.update(600)  # too soon again
+        now[0] = 2 * LINE_SECONDS
+        progress.update(1000)
+    assert out.getvalue().splitlines() == [
+        "sample: 400/1,000 steps (40%), 40 steps/s, 10.0 s",
+        "sample: 1,000/1,000 steps (100%), 50 steps/s, 20.0 s",  # not repeated at the end
+    ]

@@ -289,7 +289,12 @@ def test_calls_naming_another_coordinator_are_refused_before_anything_happens(
         "UpdateEnv": lambda cid: unary(
             server.address,
             _rpc.UPDATE_ENV,
-            updates_pb2.EnvUpdate(env_id="CartPole-v1", coordinator_id=cid),
+            # Other kwargs than the fleet's: the same env would be a no-op.
+            updates_pb2.EnvUpdate(
+                env_id="CartPole-v1",
+                kwargs_json='{"sutton_barto_reward": true}',
+                coordinator_id=cid,
+            ),
             learner_pb2.UpdateAck,
         ),
     }

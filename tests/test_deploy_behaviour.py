@@ -243,9 +243,7 @@ def test_health_command_fails_when_nothing_answers() -> None:
 def test_health_command_reads_the_listen_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     """The image's HEALTHCHECK passes no address: RLFLEET_HEALTH_LISTEN is the default."""
     monkeypatch.setenv("RLFLEET_HEALTH_LISTEN", "0.0.0.0:50052")
-    parser = argparse.ArgumentParser()
-    health_cli.register(parser.add_subparsers())
-    args = parser.parse_args(["health"])
+    args = build_parser().parse_args(["health"])
     assert health_cli.dial_address(args.address) == "127.0.0.1:50052"
     assert health_cli.dial_address("[::]:7") == "127.0.0.1:7"
     assert health_cli.dial_address("10.1.2.3:7") == "10.1.2.3:7"

@@ -393,3 +393,20 @@ def test_deploy_guide_names_only_variables_the_cli_reads() -> None:
     tokens = {"RLFLEET_WORKER_TOKEN", "RLFLEET_LEARNER_TOKEN", "RLFLEET_TOKEN"}
     assert len(named) >= 10, "the guide's table of variables is gone"
     assert named - tokens <= read, f"not read by the CLI: {sorted(named - tokens - read)}"
+
+
+@pytest.mark.parametrize("which", [coordinator, worker])
+def test_prometheus_scrapes_the_metrics_port_the_process_opens(
+    objects: list[Obj], which: Any
+) -> None:
+    deployment = which(objects)
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    container = only_container(deployment)
+    port = port_of(flag(container, "metrics-listen"))
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert int(annotations["prometheus.io/port"]) == port == container_port(container, "metrics")
+    assert annotations["prometheus.io/path"] == "/metrics"
+    if which is coordinator:  # its NetworkPolicy lets the scraper in
+        policy = find(objects, "NetworkPolicy", "rlfleet-coordinator")["spec"]
+        open_ports = [r["ports"] for r in policy["ingress"] if "from" not in r]
+        assert any({"port": port, "protocol": "TCP"} in ports for ports in open_ports)

@@ -43,13 +43,32 @@ from rlfleet.policies import MLPCategoricalPolicy
 NODE_DIR = Path(__file__).resolve().parent.parent / "clients" / "node"
 NODE = shutil.which("node")
 
+
+def missing_node() -> str | None:
+    """Why the Node tests cannot run here, or None."""
+    if NODE is None:
+        return "node is not installed (Node.js >= 20 runs clients/node)"
+    if not (NODE_DIR / "node_modules").is_dir():
+        return "clients/node/node_modules is missing: run `cd clients/node && npm ci`"
+    return None
+
+
+#: .ci/run installs Node and node_modules: there, missing ones fail the tests.
+NODE_REQUIRED = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def node_present() -> None:
+    """Fails each Node test under CI=true when Node cannot run (skipped otherwise)."""
+    missing = missing_node()
+    if missing is not None:
+        pytest.fail(f"CI=true but {missing}")
+
+
 pytestmark = [
     pytest.mark.skipif(
-        NODE is None, reason="node is not installed (Node.js >= 20 runs clients/node)"
-    ),
-    pytest.mark.skipif(
-        not (NODE_DIR / "node_modules").is_dir(),
-        reason="clients/node/node_modules is missing: run `cd clients/node && npm ci`",
+        missing_node() is not None and not NODE_REQUIRED,
+        reason=f"{missing_node()} (set CI=true to make this a failure)",
     ),
     pytest.mark.timeout(180),
 ]

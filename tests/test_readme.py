@@ -10,7 +10,10 @@ README = (ROOT / "README.md").read_text()
 
 
 def test_ci_runs_the_readme_test_command() -> None:
-    command = 'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest'
+    command = (
+        'pip install torch==2.13.0 && pip install -e ".[test]" && '
+        "(cd clients/node && npm ci --no-audit --no-fund) && python -m pytest"
+    )
     assert command in README
     assert command in (ROOT / ".ci" / "run").read_text()
 

@@ -2,7 +2,9 @@
 
 Each subcommand lives in its own module exposing ``register(subparsers)``,
 which adds a parser whose ``func`` default runs the command and returns an
-exit code.
+exit code. Once every parser is built, each option gets its ``RLFLEET_*``
+variable (``cli/_env.py``); commands with ``--config`` read a TOML file
+(``cli/_config.py``).
 """
 
 from __future__ import annotations
@@ -10,10 +12,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from rlfleet._version import __version__
+from rlfleet.cli._config import apply_config_file, flags_given, print_config
+from rlfleet.cli._env import bind_environment, misspelt_variables, subcommands
+from rlfleet.cli._logging import configure_logging
 from rlfleet.errors import RlfleetError
 
 #: Subcommand modules, in the order ``--help`` lists them.
@@ -29,8 +35,15 @@ COMMANDS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Builds the argument parser with every available subcommand."""
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """Builds the argument parser with every available subcommand.
+
+    Args:
+        environ: Where ``RLFLEET_*`` defaults come from (default: ``os.environ``).
+
+    Raises:
+        ConfigError: If a variable of a boolean or choice option is malformed.
+    """
     parser = argparse.ArgumentParser(
         prog="rlfleet",
         description="Collect reinforcement-learning experience on a fleet of workers.",
@@ -40,7 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging level (default: INFO)",
+        help="logging level",
+    )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text lines, or JSON lines with timestamp, level, logger, worker, request and "
+        "task ids",
     )
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name in COMMANDS:
@@ -51,19 +71,49 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(subparsers)
+    for name, sub in subparsers.choices.items():
+        sub.set_defaults(command=name)
+    bind_environment(parser, os.environ if environ is None else environ)
     return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parses a command line with its environment and config file.
+
+    Raises:
+        ConfigError: For a malformed variable or config file.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = getattr(args, "command", None)
+    if command is None:
+        return args
+    sub = subcommands(parser)[command]
+    if getattr(args, "config", None) is not None:
+        apply_config_file(sub, command, args.config, COMMANDS)
+        args = parser.parse_args(argv)
+    if getattr(args, "print_config", False):
+        sys.stdout.write(print_config(sub, args, flags_given(parser, argv)))
+        args.func = lambda _args: 0
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    try:
+        args = parse_args(argv)
+    except RlfleetError as exc:
+        print(f"rlfleet: error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(args.log_level, args.log_format)
+    for name, meant in misspelt_variables(build_parser(), os.environ):
+        logging.getLogger("rlfleet").warning(
+            "%s is set, but no rlfleet option reads it: did you mean %s?", name, meant
+        )
     func = getattr(args, "func", None)
     if func is None:
-        parser.print_help()
+        build_parser().print_help()
         return 2
     try:
         return int(func(args))

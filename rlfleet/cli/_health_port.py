@@ -87,6 +87,21 @@ class ProbedHealthServicer(health.HealthServicer):
             self.refresh()
 
 
+def split_listen(listen: str, flag: str, serves: str) -> tuple[str, int]:
+    """Splits the ``HOST:PORT`` of a side port (health, metrics).
+
+    Raises:
+        ConfigError: If it is not ``HOST:PORT``; the message names ``flag``.
+    """
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(
+            f"{flag} {listen!r} must be HOST:PORT, e.g. 0.0.0.0:50052 "
+            f"(plaintext: it serves {serves} only)"
+        )
+    return host, int(port)
+
+
 class HealthPort:
     """A gRPC server answering only grpc.health.v1, in plaintext.
 
@@ -100,12 +115,7 @@ class HealthPort:
     """
 
     def __init__(self, listen: str, servicer: health_pb2_grpc.HealthServicer) -> None:
-        host, sep, port = listen.rpartition(":")
-        if not sep or not host or not port.isdigit() or int(port) > 65535:
-            raise ConfigError(
-                f"--health-listen {listen!r} must be HOST:PORT, e.g. 0.0.0.0:50052 "
-                "(plaintext: it serves health checks only)"
-            )
+        host = split_listen(listen, "--health-listen", "health checks")[0]
         self._servicer = servicer
         # Probes are short unary calls; a few threads leave room for Watch
         # streams. No SO_REUSEPORT (gRPC's default): two processes sharing a

@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rlfleet.cli._env import env_option
+from rlfleet.cli._env import env_option, read_elsewhere
 from rlfleet.errors import ConfigError
 from rlfleet.security import pickle as pickle_gate
 from rlfleet.security.redact import install_redaction
@@ -184,17 +184,18 @@ def _path(group: argparse._ArgumentGroup, flag: str, variable: str, help: str) -
 
 def _token_flags(group: argparse._ArgumentGroup, setting: TokenSetting, what: str) -> None:
     variables = " or ".join(setting.env_vars)
-    group.add_argument(
+    token = group.add_argument(
         setting.flag,
         default=None,
         metavar="TOKEN",
         help=f"{what} (visible in the process list: prefer {setting.file_flag} or {variables})",
     )
+    read_elsewhere(token, setting.env_vars[0])  # load_token reads it, never as a flag
     group.add_argument(
         setting.file_flag,
         default=None,
         metavar="PATH",
-        help=f"file holding {what} (default: the environment variable {variables})",
+        help=f"file holding {what} (if unset: the token in {variables})",
     )
 
 

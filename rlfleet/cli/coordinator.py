@@ -21,7 +21,8 @@ from types import FrameType
 from typing import Any
 
 from rlfleet._values import json_object
-from rlfleet.cli._args import non_negative_int, positive_float, positive_int
+from rlfleet.cli._args import byte_size, non_negative_int, positive_float, positive_int
+from rlfleet.cli._config import add_config_flags
 from rlfleet.cli._env import env_option
 from rlfleet.cli._security_flags import add_server_flags, server_security_from_args
 from rlfleet.errors import ConfigError
@@ -161,12 +162,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     option(
         "--max-message-bytes",
-        **env_option(
-            "RLFLEET_MAX_MESSAGE_BYTES",
-            default=64 * 1024 * 1024,
-            type=positive_int,
-            help="largest gRPC message either side sends",
-        ),
+        type=byte_size,
+        default="64MiB",
+        help="largest gRPC message either side sends (bytes, or with a unit: 64MiB)",
     )
     option(
         "--max-workers",
@@ -181,25 +179,52 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-queued-requests",
         type=positive_int,
         default=64,
-        help="Sample and update requests waiting for their turn (default: 64)",
+        help="Sample and update requests waiting for their turn",
     )
     option(
         "--max-subscribers",
         type=positive_int,
         default=8,
-        help="concurrent subscriptions (default: 8)",
+        help="concurrent subscriptions",
+    )
+    option(
+        "--max-learner-calls",
+        type=positive_int,
+        default=32,
+        help="learner calls (samples, subscriptions, status) served at once",
+    )
+    option(
+        "--max-buffered-steps",
+        type=positive_int,
+        default=100_000,
+        help="default per-subscriber buffer: steps sent by workers, not yet taken",
+    )
+    option(
+        "--prefetch-factor",
+        type=non_negative_int,
+        default=1,
+        help="units a worker holds per env slot beyond the one it runs",
+    )
+    option(
+        "--capacity-steps",
+        type=non_negative_int,
+        default=16384,
+        help=(
+            "steps of work a worker holds (running, queued, unreported), converted to units "
+            "with the mean episode length; 0: --prefetch-factor alone"
+        ),
     )
     option(
         "--max-envs-per-lease",
         type=positive_int,
         default=256,
-        help="envs one lease (one learner's RemoteVectorEnv) may hold (default: 256)",
+        help="envs one lease (one learner's RemoteVectorEnv) may hold",
     )
     option(
         "--max-leased-envs",
         type=positive_int,
         default=4096,
-        help="envs all leases together may hold (default: 4096)",
+        help="envs all leases together may hold",
     )
     option(
         "--health-listen",
@@ -213,6 +238,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     option(
+        "--metrics-listen",
+        **env_option(
+            "RLFLEET_METRICS_LISTEN",
+            default=None,
+            help="HOST:PORT of a plaintext HTTP port serving Prometheus /metrics",
+        ),
+    )
+    option(
         "--port-file",
         type=Path,
         default=None,
@@ -221,11 +254,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     option(
         "--max-result-bytes",
-        type=positive_int,
-        default=1 << 30,
+        type=byte_size,
+        default="1GiB",
         help=(
-            "bytes of an unfinished result one worker may have in flight; more drops the "
-            "worker with RESOURCE_EXHAUSTED (default: 1 GiB)"
+            "bytes of an unfinished result one worker may have in flight (a unit is allowed: "
+            "1GiB); more drops the worker with RESOURCE_EXHAUSTED"
         ),
     )
     option(
@@ -255,6 +288,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     add_server_flags(parser)
+    add_config_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -282,6 +316,10 @@ def run(args: argparse.Namespace) -> int:
         max_envs_per_lease=args.max_envs_per_lease,
         max_leased_envs=args.max_leased_envs,
         max_result_bytes=args.max_result_bytes,
+        max_learner_calls=args.max_learner_calls,
+        max_buffered_steps=args.max_buffered_steps,
+        prefetch_factor=args.prefetch_factor,
+        capacity_steps=args.capacity_steps,
         max_fragment_length=args.max_fragment_length,
         progress_deadline_seconds=args.progress_deadline,
         max_envs_per_worker=args.max_envs_per_worker,
@@ -291,11 +329,17 @@ def run(args: argparse.Namespace) -> int:
     _install_signal_handlers(stop)
     server = serve(config)
     health_port = None
+    metrics_port = None
     try:
         if args.health_listen:
             from rlfleet.cli._health_port import HealthPort
 
             health_port = HealthPort(args.health_listen, server.health_servicer)
+            logger.info("serving grpc.health.v1 in plaintext on %s", health_port.listen)
+        if args.metrics_listen:
+            from rlfleet.cli._metrics_port import MetricsPort
+
+            metrics_port = MetricsPort(args.metrics_listen, server.coordinator.metrics.registry)
         if args.port_file is not None:
             _write_atomically(args.port_file, f"{server.port}\n")
         # Waits in slices so that signal handlers run promptly in this thread.
@@ -310,6 +354,8 @@ def run(args: argparse.Namespace) -> int:
         )
         if health_port is not None:
             health_port.stop()
+        if metrics_port is not None:
+            metrics_port.stop()
     return 0
 
 

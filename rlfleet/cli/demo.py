@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import logging
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from rlfleet.learners import VPG, IterationRecord, TrainingResult, train
 #: The demo's environment: solved at an average return of 475 (gymnasium's
 #: reward threshold for CartPole-v1).
 ENV_ID = "CartPole-v1"
+#: Where run folders go by default (relative to the working directory).
+RUNS_DIR = "rlfleet-runs"
 
 _HEADER = f"{'itr':>4}  {'avg return':>10}  {'episodes':>8}  {'env steps':>10}  "
 _HEADER += f"{'steps/s':>9}  {'agent':>6}  {'time':>7}"
@@ -64,10 +67,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds the learner and sampling (0)")
     parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"run folder for the demo's files (default: {RUNS_DIR}/demo-<UTC time>)",
+    )
+    parser.add_argument(
         "--plot",
         type=Path,
-        default=Path("learning_curve.png"),
-        help="where to write the learning curve PNG (learning_curve.png)",
+        default=None,
+        metavar="PNG",
+        help="where to write the learning curve (default: DIR/learning_curve.png)",
     )
     parser.add_argument("--no-plot", action="store_true", help="do not write the plot")
     parser.add_argument(
@@ -102,12 +113,21 @@ def run(args: argparse.Namespace) -> int:
         )
     _print_outcome(result, args)
     if not args.no_plot:
-        _plot(
-            result,
-            args.plot,
-            f"VPG on {ENV_ID}, {args.workers} workers x {args.envs_per_worker} envs",
-        )
+        with _quiet_logs(getattr(args, "log_level", "INFO")):
+            _plot(
+                result,
+                args.plot or _run_folder(args.out) / "learning_curve.png",
+                f"VPG on {ENV_ID}, {args.workers} workers x {args.envs_per_worker} envs",
+            )
     return 0 if result.reached else 1
+
+
+def _run_folder(out: Path | None) -> Path:
+    """``--out``, or a new folder under :data:`RUNS_DIR` named after the time."""
+    if out is not None:
+        return out
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return Path(RUNS_DIR) / f"demo-{stamp}"
 
 
 @contextlib.contextmanager
@@ -117,14 +137,17 @@ def _quiet_logs(log_level: str) -> Iterator[None]:
     The per-iteration table is the demo's output; ``--log-level DEBUG``
     still shows everything.
     """
-    logger = logging.getLogger("rlfleet")
-    previous = logger.level
+    # matplotlib logs "building the font cache" at INFO on its first run.
+    loggers = [logging.getLogger(name) for name in ("rlfleet", "matplotlib")]
+    previous = [logger.level for logger in loggers]
     if log_level != "DEBUG":
-        logger.setLevel(max(logging.WARNING, logger.getEffectiveLevel()))
+        for logger in loggers:
+            logger.setLevel(max(logging.WARNING, logger.getEffectiveLevel()))
     try:
         yield
     finally:
-        logger.setLevel(previous)
+        for logger, level in zip(loggers, previous, strict=True):
+            logger.setLevel(level)
 
 
 @contextlib.contextmanager

@@ -1,40 +1,21 @@
 """``rlfleet sample``: collect a batch from a fleet and save it as ``.npz``.
 
-File layout (``numpy.load(FILE)``), one array per key:
-
-* ``observations``, ``last_observations``, ``actions``, ``rewards``,
-  ``step_types`` (uint8 StepType numbers), ``lengths``: the EpisodeBatch
-  fields (garage's layout: episodes laid end to end).
-* ``episode_infos.KEY``, ``env_infos.KEY``, ``agent_infos.KEY``: the info
-  dicts, nested dicts flattened with dots (``env_infos.a.b``).
-* ``env_spec``: the EnvSpec as JSON text (protobuf JSON of
-  ``rlfleet.v1.EnvSpec``: spaces with dtypes, bounds and shapes).
-* ``format``: ``"rlfleet.episode_batch.npz/1"``.
-
-:func:`load_batch` reads such a file back into an EpisodeBatch.
+The file layout is :mod:`rlfleet.batch_file`'s; :func:`rlfleet.load_batch`
+reads it back.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import Any
 
 from rlfleet.cli._args import non_negative_int, positive_float, positive_int
 from rlfleet.cli._env import env_option
+from rlfleet.cli._progress import Progress
 from rlfleet.cli._security_flags import add_client_flags, learner_options_from_args
-
-if TYPE_CHECKING:
-    from rlfleet.core import EpisodeBatch
-
-#: The ``format`` entry of files this command writes.
-FILE_FORMAT = "rlfleet.episode_batch.npz/1"
-_ARRAYS = ("observations", "last_observations", "actions", "rewards", "step_types", "lengths")
-_INFOS = ("episode_infos", "env_infos", "agent_infos")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,12 +26,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Ask a coordinator for a batch (complete episodes totalling --steps steps, "
             "exactly --episodes episodes, or fragments) and save it with numpy.savez. "
-            "Shows a progress bar on stderr."
+            "Shows a progress bar on stderr (a line every 10 s when stderr is not a terminal)."
         ),
         epilog=(
             "File layout: observations, last_observations, actions, rewards, step_types, "
             "lengths; episode_infos.KEY, env_infos.KEY, agent_infos.KEY (nested keys joined "
-            "with dots); env_spec (JSON text); format."
+            "with dots); env_spec (JSON: gymnasium spaces); format. Read it back with "
+            "rlfleet.load_batch (docs/operations.md)."
         ),
     )
     parser.add_argument(
@@ -91,8 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"rlfleet sample: {problem}", file=sys.stderr)
         return 2
-    from tqdm import tqdm
-
+    from rlfleet.batch_file import save_batch
     from rlfleet.client import RemoteSampler
 
     unit = "episodes" if args.mode == "episodes" else "steps"
@@ -104,51 +85,15 @@ def run(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             **learner_options_from_args(args),
         ) as sampler,
-        tqdm(total=target, unit=unit, file=sys.stderr, disable=None) as bar,
+        Progress("sample", target, unit) as progress,
     ):
-        batch = _collect(sampler, args, _progress(bar))
+        batch = _collect(sampler, args, lambda done, _target: progress.update(done))
     save_batch(args.out, batch)
     print(
         f"wrote {batch.n_episodes} {'fragments' if args.mode == 'fragments' else 'episodes'} "
         f"({batch.total_steps} steps) to {args.out}"
     )
     return 0
-
-
-def save_batch(path: Path | str, batch: EpisodeBatch) -> None:
-    """Writes a batch in this command's ``.npz`` layout (see the module docstring)."""
-    from rlfleet.wire.spaces import env_spec_to_json
-
-    arrays: dict[str, Any] = {name: getattr(batch, name) for name in _ARRAYS}
-    for name in _INFOS:
-        arrays.update(_flatten(getattr(batch, name), name))
-    arrays["env_spec"] = np.array(env_spec_to_json(batch.env_spec))
-    arrays["format"] = np.array(FILE_FORMAT)
-    with open(path, "wb") as file:  # a file object: savez would append ".npz" to a str path
-        np.savez(file, **arrays)
-
-
-def load_batch(path: Path | str) -> EpisodeBatch:
-    """Reads a file written by :func:`save_batch`.
-
-    Raises:
-        ConfigError: If the file is not in this layout.
-    """
-    from rlfleet.core import EpisodeBatch
-    from rlfleet.errors import ConfigError
-    from rlfleet.wire.spaces import env_spec_from_json
-
-    with np.load(path, allow_pickle=False) as data:
-        if "format" not in data.files or str(data["format"]) != FILE_FORMAT:
-            raise ConfigError(f"{path} is not a {FILE_FORMAT} file (rlfleet sample writes those)")
-        spec = env_spec_from_json(str(data["env_spec"]))
-        fields: dict[str, Any] = {name: data[name] for name in _ARRAYS}
-        fields.update({name: {} for name in _INFOS})
-        for key in data.files:
-            group, _, rest = key.partition(".")
-            if group in _INFOS and rest:
-                _insert(fields[group], rest.split("."), data[key])
-        return EpisodeBatch(env_spec=spec, **fields)
 
 
 def _collect(sampler: Any, args: argparse.Namespace, progress: Callable[[int, int], None]) -> Any:
@@ -172,26 +117,3 @@ def _check_args(args: argparse.Namespace) -> str | None:
     if args.mode == "fragments" and args.fragment_length is None:
         return "--mode fragments needs --fragment-length T"
     return None
-
-
-def _progress(bar: Any) -> Callable[[int, int], None]:
-    def update(done: int, target: int) -> None:
-        del target
-        bar.update(done - bar.n)
-
-    return update
-
-
-def _flatten(tree: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, np.ndarray]]:
-    for key, value in tree.items():
-        name = f"{prefix}.{key}"
-        if isinstance(value, Mapping):
-            yield from _flatten(value, name)
-        else:
-            yield name, value
-
-
-def _insert(tree: dict[str, Any], path: list[str], value: np.ndarray) -> None:
-    for part in path[:-1]:
-        tree = tree.setdefault(part, {})
-    tree[path[-1]] = value

@@ -14,8 +14,10 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from rlfleet.cli._args import non_negative_int, positive_float, positive_int
+from rlfleet.cli._args import byte_size, non_negative_int, positive_float, positive_int
+from rlfleet.cli._config import add_config_flags
 from rlfleet.cli._env import env_option
+from rlfleet.cli._logging import tag_process
 from rlfleet.cli._security_flags import add_client_flags, worker_security_from_args
 from rlfleet.worker._restarts import EnvRestartBudget
 
@@ -165,7 +167,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             ),
         ),
     )
+    parser.add_argument(
+        "--metrics-listen",
+        **env_option(
+            "RLFLEET_METRICS_LISTEN",
+            default=None,
+            help="HOST:PORT of a plaintext HTTP port serving Prometheus /metrics",
+        ),
+    )
+    parser.add_argument(
+        "--flush-steps",
+        type=positive_int,
+        default=4096,
+        help="send finished episodes once they hold this many steps (keep well under the "
+        "coordinator's --capacity-steps)",
+    )
+    parser.add_argument(
+        "--flush-bytes",
+        type=byte_size,
+        default="4MiB",
+        help="or once they hold about this many bytes (a unit is allowed: 4MiB)",
+    )
+    parser.add_argument(
+        "--flush-seconds",
+        type=positive_float,
+        default=0.1,
+        help="or once the oldest has waited this long",
+    )
     add_client_flags(parser, worker=True)
+    add_config_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -193,6 +223,9 @@ def run(args: argparse.Namespace) -> int:
         drain_grace_seconds=args.drain_grace,
         keepalive_interval=args.keepalive_interval,
         keepalive_timeout=args.keepalive_timeout,
+        flush_steps=args.flush_steps,
+        flush_bytes=args.flush_bytes,
+        flush_seconds=args.flush_seconds,
         env_restarts=EnvRestartBudget(
             args.env_restarts, args.env_restart_window, args.env_restarts_total
         ),
@@ -200,14 +233,22 @@ def run(args: argparse.Namespace) -> int:
         security=worker_security_from_args(args),
         allow_pickle=args.allow_pickle,
     )
+    tag_process("worker", config.name)
     worker = RemoteWorker(config)
     health = _start_health(args.health_listen, worker) if args.health_listen else None
+    metrics = None
+    if args.metrics_listen:
+        from rlfleet.cli._metrics_port import MetricsPort
+
+        metrics = MetricsPort(args.metrics_listen, worker.metrics.registry)
     _install_signal_handlers(worker)
     try:
         return worker.run()
     finally:
         if health is not None:
             health.stop()
+        if metrics is not None:
+            metrics.stop()
 
 
 def _start_health(listen: str, worker: RemoteWorker) -> HealthPort:

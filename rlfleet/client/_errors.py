@@ -7,7 +7,7 @@ import grpc
 from rlfleet import _rpc
 from rlfleet.errors import RlfleetError, UnavailableError
 
-_RETRY_HINT = (
+RETRY_HINT = (
     "the coordinator is unreachable or went away; retry (the channel reconnects by itself, "
     "and a retried obtain_* call gets the same seeds)"
 )
@@ -20,5 +20,5 @@ def call_error(exc: grpc.RpcError, *, what: str, timeout: float | None) -> Rlfle
     """
     error = _rpc.error_from_rpc(exc, what=what, timeout=timeout)
     if isinstance(error, UnavailableError) and "retry" not in str(error):
-        return UnavailableError(f"{error}: {_RETRY_HINT}")
+        return UnavailableError(f"{error}: {RETRY_HINT}")
     return error

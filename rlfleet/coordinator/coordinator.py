@@ -20,6 +20,7 @@ from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.failures import CallError
 from rlfleet.coordinator.leases import LeaseManager
 from rlfleet.coordinator.liveness import Liveness
+from rlfleet.coordinator.metrics import CoordinatorMetrics
 from rlfleet.coordinator.requests import LearnerRequests
 from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.status import fleet_status
@@ -55,6 +56,11 @@ class Coordinator:
     def coordinator_id(self) -> str:
         """Changes when the coordinator restarts (Welcome, FleetStatus)."""
         return self._state.coordinator_id
+
+    @property
+    def metrics(self) -> CoordinatorMetrics:
+        """The Prometheus metrics (serve ``metrics.registry`` to expose them)."""
+        return self._state.metrics
 
     @property
     def draining(self) -> bool:

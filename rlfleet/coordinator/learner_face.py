@@ -47,24 +47,25 @@ class LearnerFace:
             return tolerant(_rpc.plain_deserializer(cls))
 
         out = _rpc.serialize
+        timed = self._coordinator.metrics.timed
         methods = {
             "Sample": grpc.unary_stream_rpc_method_handler(
-                _parsed(self.sample),
+                timed("Sample", _parsed(self.sample)),
                 request_deserializer=plain(learner_pb2.SampleRequest),
                 response_serializer=out,
             ),
             "Subscribe": grpc.unary_stream_rpc_method_handler(
-                _parsed(self.subscribe),
+                timed("Subscribe", _parsed(self.subscribe)),
                 request_deserializer=plain(learner_pb2.SubscribeRequest),
                 response_serializer=out,
             ),
             "UpdateAgent": grpc.unary_unary_rpc_method_handler(
-                _parsed(self.update_agent),
+                timed("UpdateAgent", _parsed(self.update_agent)),
                 request_deserializer=plain(updates_pb2.AgentUpdate),
                 response_serializer=out,
             ),
             "UpdateEnv": grpc.unary_unary_rpc_method_handler(
-                _parsed(self.update_env),
+                timed("UpdateEnv", _parsed(self.update_env)),
                 request_deserializer=plain(updates_pb2.EnvUpdate),
                 response_serializer=out,
             ),
@@ -74,7 +75,7 @@ class LearnerFace:
                 response_serializer=out,
             ),
             "GetStatus": grpc.unary_unary_rpc_method_handler(
-                _parsed(self.get_status),
+                timed("GetStatus", _parsed(self.get_status)),
                 request_deserializer=plain(learner_pb2.StatusRequest),
                 response_serializer=out,
             ),

@@ -90,6 +90,7 @@ class LearnerRequests:
                 request_index,
                 spec.agent_version,
                 spec.env_generation,
+                extra={"request_id": request_id},
             )
             yield from self._events(outbox, header)
 
@@ -128,7 +129,13 @@ class LearnerRequests:
             outbox, header = self._open(
                 request_id, config.wait_for_workers_seconds, scope, subscription=True
             )
-        logger.info("subscription %d: %s, seed %d", request_id, mode.name, seed)
+        logger.info(
+            "subscription %d: %s, seed %d",
+            request_id,
+            mode.name,
+            seed,
+            extra={"request_id": request_id},
+        )
         yield from self._events(outbox, header)
 
     def update_agent(

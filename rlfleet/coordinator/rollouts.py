@@ -11,6 +11,7 @@ while they run a state other than the current one.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,6 +113,16 @@ class Rollouts:
         with state.lock:
             check_pickles(update, state.config.security.pickle, state.registry)
             previous = state.env
+            if _same_env(previous.update, update):
+                # Rebuilding every env to run the same env again only costs:
+                # the fleet stays on its generation (and its episode streams).
+                on_it = sum(h.env_generation == previous.generation for h in state.registry)
+                logger.info(
+                    "env update for %r: the fleet already runs it (generation %d); nothing to do",
+                    update.env_id,
+                    previous.generation,
+                )
+                return self._ack(on_it)
             generation = previous.generation + 1
             fresh = updates_pb2.EnvUpdate()
             fresh.CopyFrom(update)
@@ -245,3 +256,17 @@ class Rollouts:
             workers_updated=workers,
             coordinator_id=state.coordinator_id,
         )
+
+
+def _same_env(current: updates_pb2.EnvUpdate, update: updates_pb2.EnvUpdate) -> bool:
+    """Whether an update asks for the env the fleet runs (pickled factories never are)."""
+    if update.pickled_env_factory or current.pickled_env_factory:
+        return False
+    if update.env_id != current.env_id:
+        return False
+    if update.HasField("max_episode_length") != current.HasField("max_episode_length"):
+        return False
+    if update.max_episode_length != current.max_episode_length:
+        return False
+    # Text may differ in spacing or key order for the same kwargs.
+    return bool(json.loads(update.kwargs_json or "{}") == json.loads(current.kwargs_json or "{}"))

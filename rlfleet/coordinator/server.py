@@ -178,7 +178,9 @@ def serve(config: CoordinatorConfig | None = None) -> CoordinatorServer:
             ping_timeout_seconds=config.keepalive_timeout_seconds,
         ),
         maximum_concurrent_rpcs=config.thread_pool_size,
-        interceptors=config.security.interceptors(),
+        interceptors=config.security.interceptors(
+            on_refused=lambda code: coordinator.metrics.error(f"auth_{code}")
+        ),
     )
     server.add_generic_rpc_handlers(
         (WorkerFace(coordinator).handler(), LearnerFace(coordinator).handler())

@@ -25,6 +25,7 @@ from rlfleet.coordinator.calls import CallOutbox, CallScope, FifoGate, Header
 from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.failures import CallError, describe, detail_of
 from rlfleet.coordinator.messages import cancel_message, task_message
+from rlfleet.coordinator.metrics import CoordinatorMetrics
 from rlfleet.coordinator.progress import ProgressWatch
 from rlfleet.coordinator.registry import Registry, WorkerHandle
 from rlfleet.coordinator.scheduler import CancelOrder, Scheduler
@@ -95,6 +96,7 @@ class FleetState:
         progress: When busy workers last delivered a result.
         draining: No new requests or workers.
         departed_steps: Env steps of workers that left.
+        metrics: Prometheus metrics (their own lock; not guarded by ``lock``).
     """
 
     def __init__(self, config: CoordinatorConfig) -> None:
@@ -114,6 +116,8 @@ class FleetState:
         self.update_wait: UpdateWait | None = None
         self.draining = False
         self.departed_steps = 0
+        self.metrics = CoordinatorMetrics()
+        self.metrics.watch(self)
 
     # --- waiting (lock held) -----------------------------------------------------
 
@@ -171,10 +175,24 @@ class FleetState:
 
     def dispatch(self) -> None:
         """Sends the work the scheduler hands out now."""
-        for order in self.scheduler.dispatch():
+        orders = self.scheduler.dispatch()
+        for order in orders:
             handle = self.registry.get(order.worker_id)
             if handle is not None:
                 handle.send(task_message(order))
+                if logger.isEnabledFor(logging.DEBUG):
+                    logger.debug(
+                        "task %d of request %d to worker %r",
+                        order.task_id,
+                        order.request_id,
+                        handle.name,
+                        extra={
+                            "task_id": order.task_id,
+                            "request_id": order.request_id,
+                            "worker": handle.name,
+                        },
+                    )
+        self.metrics.dispatched(orders)
 
     def send_cancels(self, cancels: list[CancelOrder]) -> None:
         """Tells workers to drop units."""

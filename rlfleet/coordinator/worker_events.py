@@ -107,6 +107,7 @@ class WorkerEvents:
             hello.host or "?",
             hello.pid,
             peer,
+            extra={"worker": handle.name},
         )
         return handle
 
@@ -195,12 +196,23 @@ class WorkerEvents:
         if not detail.worker:
             detail.worker = handle.name
         state = self._state
+        known = detail.kind in updates_pb2.ErrorKind.values()
+        state.metrics.error(updates_pb2.ErrorKind.Name(detail.kind) if known else "unknown")
         with state.lock:
             handle.last_error = detail
             if detail.task_id:
                 request_id = state.scheduler.request_of_task(detail.task_id)
                 if request_id is not None and request_id in state.calls:
-                    logger.warning("task %d failed: %s", detail.task_id, describe(detail))
+                    logger.warning(
+                        "task %d failed: %s",
+                        detail.task_id,
+                        describe(detail),
+                        extra={
+                            "task_id": detail.task_id,
+                            "request_id": request_id,
+                            "worker": handle.name,
+                        },
+                    )
                     failure = CallError(
                         grpc.StatusCode.FAILED_PRECONDITION, describe(detail), detail
                     )
@@ -212,7 +224,10 @@ class WorkerEvents:
                 state.changed.notify_all()
                 return
         logger.warning(
-            "worker %r reported (charged to nothing open): %s", handle.name, describe(detail)
+            "worker %r reported (charged to nothing open): %s",
+            handle.name,
+            describe(detail),
+            extra={"worker": handle.name},
         )
 
     def on_result(self, handle: WorkerHandle, joined: JoinedResult) -> None:
@@ -235,6 +250,7 @@ class WorkerEvents:
                 handle.worker_id, header.task_id, header.episode_indices
             )
             if outcome.verdict is Verdict.IGNORE:
+                state.metrics.discarded(len(header.episode_indices))
                 logger.debug("ignored a result of task %d: %s", header.task_id, outcome.reason)
                 return
             if outcome.verdict is Verdict.REJECT:
@@ -254,7 +270,14 @@ class WorkerEvents:
                 handle.worker_id, header.task_id, header.episode_indices, header.lengths
             )
             if outcome.verdict is not Verdict.ACCEPT:
+                state.metrics.discarded(len(meta.episode_indices))
                 return  # the request ended while the batch was being checked
+            state.metrics.delivered(
+                episodes=len(meta.lengths),
+                steps=sum(meta.lengths),
+                payload_bytes=len(payload),
+                lag=max(state.agent.version - meta.agent_version, 0),
+            )
             state.progress.delivered(handle.worker_id, time.monotonic())
             call = state.calls.get(outcome.request_id)
             if call is not None:
@@ -288,6 +311,7 @@ class WorkerEvents:
             state.progress.forget(handle.worker_id)
             requeued = state.scheduler.remove_worker(handle.worker_id)
             state.departed_steps += handle.heartbeat.steps_total
+            state.metrics.worker_removed(code.name, requeued)
             state.dispatch()
             state.changed.notify_all()
         handle.end(code, message, detail)
@@ -301,6 +325,7 @@ class WorkerEvents:
             code.name,
             message,
             requeued,
+            extra={"worker": handle.name},
         )
 
 

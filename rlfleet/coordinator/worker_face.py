@@ -110,6 +110,7 @@ class WorkerFace:
             handle = self._handshake(first, context)
         except CallError as exc:
             admission.decide(None)
+            self._coordinator.metrics.error(f"join_{exc.code.name}")
             # Anyone who can reach the port can open streams that never say
             # Hello: at most one line per interval.
             held_back = self._refusals.admit()

@@ -164,11 +164,19 @@ class AuthInterceptor(grpc.ServerInterceptor):
     Args:
         tokens: The coordinator's worker and learner tokens.
         clock: Seconds, for spacing out refusal logs (tests pass their own).
+        on_refused: Called with the status code name of each refused call.
     """
 
-    def __init__(self, tokens: RoleTokens, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        tokens: RoleTokens,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_refused: Callable[[str], None] | None = None,
+    ) -> None:
         self._tokens = tokens
         self._log = _RefusalLog(clock)
+        self._on_refused = on_refused
 
     def check(self, method: str, metadata: Sequence[tuple[str, Any]] | None) -> Refusal | None:
         """Decides one call: None to let it through, else why not."""
@@ -205,6 +213,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
         refusal = self.check(method, handler_call_details.invocation_metadata)
         if refusal is None:
             return continuation(handler_call_details)
+        if self._on_refused is not None:
+            self._on_refused(refusal.code.name)
         return _refusing_handler(refusal, method, self._log)
 
 

@@ -9,7 +9,7 @@ warned about.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,9 +55,18 @@ class ServerSecurity:
         """The coordinator's side of the pickle gate."""
         return pickle_gate.PickleGate(self.allow_pickle, "coordinator")
 
-    def interceptors(self) -> list[grpc.ServerInterceptor]:
-        """Interceptors for ``grpc.server``: the token check, when tokens are set."""
-        return [] if self.tokens is None else [AuthInterceptor(self.tokens)]
+    def interceptors(
+        self, on_refused: Callable[[str], None] | None = None
+    ) -> list[grpc.ServerInterceptor]:
+        """Interceptors for ``grpc.server``: the token check, when tokens are set.
+
+        Args:
+            on_refused: Called with the status code name of each refused
+                call (the coordinator counts them in its metrics).
+        """
+        if self.tokens is None:
+            return []
+        return [AuthInterceptor(self.tokens, on_refused=on_refused)]
 
     def add_port(self, server: grpc.Server, address: str) -> int:
         """Binds ``address`` with TLS or in plaintext; warns if that exposes the server.

@@ -157,6 +157,11 @@ class ChunkAssembler:
         """Whether some chunks of a batch have arrived but not the last."""
         return self._first is not None
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes reserved for the batch being reassembled (0 between batches)."""
+        return len(self._buffer) if self._first is not None else 0
+
     def reset(self) -> None:
         """Drops a partial batch (e.g. when its stream broke)."""
         self._first = None

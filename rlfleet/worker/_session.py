@@ -122,6 +122,8 @@ class Session:
         self._flush_policy = FlushPolicy(
             config.flush_steps, config.flush_bytes, config.flush_seconds
         )
+        self._metrics = worker.metrics
+        self._metrics.joined(config.envs)
         logger.info(
             "joined coordinator %s as %r (worker id %d, %d envs, streams %d..%d)",
             config.coordinator,
@@ -145,6 +147,8 @@ class Session:
             self._stream.close_send()
             return Outcome.LOST
         finally:
+            self._report_progress()  # the steps since the last heartbeat
+            self._metrics.left()
             # Also unblocks gRPC's thread waiting on the request generator.
             self._stream.cancel()
             self._leases.shutdown()
@@ -390,6 +394,14 @@ class Session:
                 ProtocolError(f"task {task.task_id} asks for {problem}"), task_id=task.task_id
             )
             return
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "task %d of request %d: %d units",
+                task.task_id,
+                task.request_id,
+                len(task.units) or task.rounds,
+                extra={"task_id": task.task_id, "request_id": task.request_id},
+            )
         self._book.add(*_task_of(task))
 
     def _on_task_error(self, exc: Exception) -> None:
@@ -400,7 +412,9 @@ class Session:
         """
         book = self._book
         tasks = book.tasks() if isinstance(exc, PolicyError) else book.running_request()
-        logger.warning("task error: %s", str(exc).splitlines()[0])
+        first = min(tasks, key=lambda t: t.task_id, default=None)
+        ids = {} if first is None else {"task_id": first.task_id, "request_id": first.request_id}
+        logger.warning("task error: %s", str(exc).splitlines()[0], extra=ids)
         book.drop(task.task_id for task in tasks)
         first_of_request: dict[int, int] = {}
         for task in sorted(tasks, key=lambda t: t.task_id):
@@ -449,10 +463,17 @@ class Session:
             envelope = meta if i == 0 else worker_pb2.EpisodeResult(task_id=task_id)
             self._stream.send(_rpc.WithChunk(worker_pb2.WorkerMessage(result=envelope), chunk))
         self._book.reported(task_id, indices)
+        self._metrics.sent(batch.n_episodes, chunks[0].total_bytes)
+
+    def _report_progress(self) -> None:
+        self._metrics.progress(
+            self._steps_total - self._beat_steps, self._vec.restarts, self._vec.active_count
+        )
 
     def _heartbeat(self, now: float) -> None:
         elapsed = now - self._beat_time
         rate = (self._steps_total - self._beat_steps) / elapsed if elapsed > 0 else 0.0
+        self._report_progress()
         self._beat_time, self._beat_steps = now, self._steps_total
         self._next_beat = now + self._heartbeat_interval
         self._worker.beat(now, self._heartbeat_interval)
@@ -487,6 +508,7 @@ class Session:
             env_generation=env_generation,
             agent_version=agent_version,
         )
+        self._metrics.error(updates_pb2.ErrorKind.Name(detail.kind))
         self._send(worker_pb2.WorkerMessage(error=worker_pb2.WorkerError(detail=detail)))
 
     def _send(self, message: worker_pb2.WorkerMessage) -> None:

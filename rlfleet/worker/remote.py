@@ -44,6 +44,7 @@ from rlfleet.v1 import worker_pb2
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._restarts import EnvRestartBudget
 from rlfleet.worker._session import Outcome, Session
+from rlfleet.worker.metrics import WorkerMetrics
 from rlfleet.worker.vec import NanMode
 
 logger = logging.getLogger("rlfleet.worker")
@@ -193,6 +194,9 @@ class RemoteWorker:
 
     Args:
         config: The worker's settings.
+
+    Attributes:
+        metrics: Its Prometheus metrics (``rlfleet worker --metrics-listen``).
     """
 
     def __init__(self, config: WorkerConfig) -> None:
@@ -205,6 +209,7 @@ class RemoteWorker:
         self._last_beat = 0.0
         self._beat_interval = 1.0
         self._last_progress = time.monotonic()
+        self.metrics = WorkerMetrics()
 
     def request_leave(self, reason: str = "asked to leave") -> None:
         """Makes the worker leave gracefully. Safe to call from a signal handler."""

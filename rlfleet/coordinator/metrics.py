@@ -1,0 +1,239 @@
+"""The coordinator's Prometheus metrics (``rlfleet coordinator --metrics-listen``).
+
+Two kinds, so that the hot paths stay cheap and the hooks stay small:
+
+* event counters and histograms, bumped by one call where the event happens
+  (units dispatched, results delivered or thrown away, workers lost, errors,
+  learner-call latency);
+* gauges read from the fleet state at scrape time (workers by state, queue
+  depth, units and bytes in flight, per-worker steps from heartbeats), so
+  nothing on the hot path maintains them.
+
+Each coordinator has its own registry: several coordinators in one process
+(tests, ``Fleet.local``) never share or clash on a metric. docs/operations.md
+lists every metric; tests/test_metrics.py scrapes a real fleet.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from rlfleet.coordinator.scheduler import TaskOrder
+    from rlfleet.coordinator.state import FleetState
+
+R = TypeVar("R")
+
+#: Worker states of GetStatus, always exported (0 when none is in the state).
+WORKER_STATES = ("starting", "idle", "busy", "leaving")
+#: Policy lag buckets: agent versions between a result's policy and the newest.
+LAG_BUCKETS = (0, 1, 2, 3, 5, 10, 20, 50, 100)
+#: Learner call latency buckets (seconds): from a status call to a long Sample.
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
+
+
+class CoordinatorMetrics:
+    """The coordinator's metrics, in a registry of their own.
+
+    The scrape-time gauges need the fleet state, which owns this object:
+    :meth:`watch` binds it.
+
+    Attributes:
+        registry: What ``/metrics`` serves.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        self._episodes = Counter(
+            "rlfleet_episodes", "Episodes delivered to learners (fleet-wide).", registry=reg
+        )
+        self._steps = Counter(
+            "rlfleet_env_steps", "Env steps delivered to learners (fleet-wide).", registry=reg
+        )
+        self._result_bytes = Counter(
+            "rlfleet_result_bytes", "Serialized result bytes forwarded to learners.", registry=reg
+        )
+        self._dispatched = Counter(
+            "rlfleet_units_dispatched",
+            "Units (episodes or fragment windows) sent to workers.",
+            registry=reg,
+        )
+        self._requeued = Counter(
+            "rlfleet_units_requeued",
+            "Units put back in their request's queue because their worker was lost.",
+            registry=reg,
+        )
+        self._lost = Counter(
+            "rlfleet_units_lost",
+            "Episodes a worker delivered that were thrown away (their request had ended, "
+            "or they were already re-assigned).",
+            registry=reg,
+        )
+        self._workers_lost = Counter(
+            "rlfleet_workers_removed",
+            "Workers removed from the fleet, by gRPC status of the removal (OK: left).",
+            ["code"],
+            registry=reg,
+        )
+        self._errors = Counter(
+            "rlfleet_errors",
+            "Errors reported by workers or raised for them, by kind.",
+            ["kind"],
+            registry=reg,
+        )
+        self._lag = Histogram(
+            "rlfleet_policy_lag_versions",
+            "Agent versions between the policy of a delivered episode and the newest version.",
+            buckets=LAG_BUCKETS,
+            registry=reg,
+        )
+        self._latency = Histogram(
+            "rlfleet_learner_request_duration_seconds",
+            "Duration of learner calls, by method and outcome.",
+            ["method", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+
+    def watch(self, state: FleetState) -> None:
+        """Exports the scrape-time gauges of ``state``."""
+        self.registry.register(_FleetCollector(state))
+
+    # --- events (cheap; called where they happen) ---------------------------------
+
+    def dispatched(self, orders: Iterable[TaskOrder]) -> None:
+        """Tasks were sent to workers."""
+        units = sum(len(order.units) or order.rounds for order in orders)
+        if units:
+            self._dispatched.inc(units)
+
+    def delivered(self, episodes: int, steps: int, payload_bytes: int, lag: int) -> None:
+        """A result was accepted and forwarded to its learner."""
+        self._episodes.inc(episodes)
+        self._steps.inc(steps)
+        self._result_bytes.inc(payload_bytes)
+        for _ in range(episodes):
+            self._lag.observe(lag)
+
+    def discarded(self, episodes: int) -> None:
+        """A result arrived for units no longer its worker's."""
+        self._lost.inc(episodes)
+
+    def worker_removed(self, code: str, requeued: int) -> None:
+        """A worker left or was dropped; ``requeued`` of its units went back."""
+        self._workers_lost.labels(code).inc()
+        if requeued:
+            self._requeued.inc(requeued)
+
+    def error(self, kind: str) -> None:
+        """An error of ``kind`` (an ErrorKind name without prefix, or a status code)."""
+        self._errors.labels(kind.removeprefix("ERROR_KIND_").lower()).inc()
+
+    def timed(self, method: str, behavior: Callable[..., R]) -> Callable[..., R]:
+        """Wraps a gRPC method handler so that its duration is observed.
+
+        Streaming handlers are timed until their last message, not their
+        first: a Sample call lasts as long as its sampling.
+        """
+
+        def handle(*args: Any) -> Any:
+            started = time.monotonic()
+            try:
+                result = behavior(*args)
+            except BaseException:
+                self._observe(method, "error", started)
+                raise
+            if isinstance(result, Iterator):
+                return self._timed_stream(method, result, started)
+            self._observe(method, "ok", started)
+            return result
+
+        return handle
+
+    def _timed_stream(self, method: str, stream: Iterator[Any], started: float) -> Iterator[Any]:
+        outcome = "error"
+        try:
+            yield from stream
+            outcome = "ok"
+        finally:
+            self._observe(method, outcome, started)
+
+    def _observe(self, method: str, outcome: str, started: float) -> None:
+        self._latency.labels(method, outcome).observe(time.monotonic() - started)
+
+
+class _FleetCollector(Collector):
+    """Gauges read from the fleet state when Prometheus scrapes."""
+
+    def __init__(self, state: FleetState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        # Imported here: status imports the state module, which imports this one.
+        from rlfleet.coordinator.status import fleet_status
+
+        state = self._state
+        status = fleet_status(state)
+        with state.lock:
+            queued = state.gate.waiting
+            in_flight_bytes = sum(h.assembler.buffered_bytes for h in state.registry)
+        by_state = dict.fromkeys(WORKER_STATES, 0)
+        for worker in status.workers:
+            by_state[worker.state] = by_state.get(worker.state, 0) + 1
+        workers = GaugeMetricFamily(
+            "rlfleet_workers", "Connected workers by state.", labels=["state"]
+        )
+        for name, count in by_state.items():
+            workers.add_metric([name], count)
+        yield workers
+        yield GaugeMetricFamily(
+            "rlfleet_queue_depth",
+            "Sample and update requests waiting for their turn.",
+            value=queued,
+        )
+        yield GaugeMetricFamily(
+            "rlfleet_units_in_flight",
+            "Units handed to workers and not yet delivered.",
+            value=sum(w.units_in_flight for w in status.workers),
+        )
+        yield GaugeMetricFamily(
+            "rlfleet_in_flight_bytes",
+            "Bytes of results partly received from workers (chunks being reassembled).",
+            value=in_flight_bytes,
+        )
+        yield GaugeMetricFamily(
+            "rlfleet_agent_version", "The fleet's newest agent version.", value=status.agent_version
+        )
+        yield GaugeMetricFamily(
+            "rlfleet_fleet_env_steps_per_second",
+            "Env steps per second of the fleet (sum of the workers' heartbeats).",
+            value=status.steps_per_second,
+        )
+        fleet_steps = CounterMetricFamily(
+            "rlfleet_fleet_env_steps",
+            "Env steps the fleet ran (heartbeats, including departed workers).",
+            value=status.steps_total,
+        )
+        yield fleet_steps
+        per_worker = CounterMetricFamily(
+            "rlfleet_fleet_worker_env_steps",
+            "Env steps each connected worker ran (its heartbeats).",
+            labels=["worker"],
+        )
+        envs = GaugeMetricFamily(
+            "rlfleet_fleet_worker_envs", "Env slots of each connected worker.", labels=["worker"]
+        )
+        for worker in status.workers:
+            per_worker.add_metric([worker.name], worker.steps_total)
+            envs.add_metric([worker.name], worker.num_envs)
+        yield per_worker
+        yield envs

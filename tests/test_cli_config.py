@@ -1,0 +1,238 @@
+"""Every option has an RLFLEET_* variable; config files; --print-config; sizes.
+
+The variables are derived when the parser is built (rlfleet/cli/_env.py), so
+these tests walk the real parsers: a new option without a variable fails
+here. docs/operations.md ("Configuration") names these tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlfleet.cli import COMMANDS, build_parser, parse_args
+from rlfleet.cli._args import byte_size
+from rlfleet.cli._env import options, subcommands, variable_of
+from rlfleet.coordinator import CoordinatorConfig
+from rlfleet.errors import ConfigError
+from rlfleet.worker.remote import WorkerConfig
+from tests._coordinator_fakes import ROOT
+
+
+def every_parser() -> dict[str, argparse.ArgumentParser]:
+    root = build_parser({})
+    return {"rlfleet": root, **subcommands(root)}
+
+
+def test_every_option_of_every_command_names_its_variable_in_help() -> None:
+    parsers = every_parser()
+    assert set(parsers) == {"rlfleet", *COMMANDS}
+    missing = []
+    for name, parser in parsers.items():
+        variables: dict[str, str] = {}
+        for action in options(parser):
+            variable = variable_of(action)
+            assert variable.startswith("RLFLEET_")
+            if variable not in (action.help or ""):
+                missing.append(f"{name} {action.option_strings[0]}")
+            other = variables.setdefault(variable, action.dest)
+            assert other == action.dest, f"{name}: {variable} names two options"
+    assert not missing, f"options without an RLFLEET_* variable in --help: {missing}"
+    # Only --help, --version and --print-config (a variable would make a
+    # container print and exit) are left out.
+    left_out = {
+        a.dest
+        for p in parsers.values()
+        for a in p._actions
+        if a.option_strings and a not in list(options(p))
+    }
+    assert left_out == {"help", "version", "print_config"}
+
+
+@pytest.mark.parametrize(
+    ("variable", "text", "argv", "dest", "expected"),
+    [
+        # Options that had no variable before (issue 16).
+        ("RLFLEET_KEEPALIVE_INTERVAL", "2.5", ["worker"], "keepalive_interval", 2.5),
+        ("RLFLEET_TIMEOUT", "2.5", ["sample", "--out", "x"], "timeout", 2.5),
+        ("RLFLEET_OUT", "x.npz", ["sample"], "out", Path("x.npz")),
+        ("RLFLEET_WORKERS", "3", ["demo"], "workers", 3),
+        ("RLFLEET_REPEATS", "3", ["bench"], "repeats", 3),
+        ("RLFLEET_WORKER_CMD", "w --x", ["conformance"], "worker_cmd", "w --x"),
+        ("RLFLEET_LOCAL", "yes", ["demo"], "local", True),
+        ("RLFLEET_LOCAL", "0", ["demo"], "local", False),
+        ("RLFLEET_IMPORT", "a.b,c", ["worker"], "imports", ["a.b", "c"]),
+        ("RLFLEET_MAX_RESULT_BYTES", "2GiB", ["coordinator"], "max_result_bytes", 2 << 30),
+        ("RLFLEET_LOG_LEVEL", "DEBUG", ["status"], "log_level", "DEBUG"),
+    ],
+)
+def test_a_variable_sets_the_default(
+    variable: str, text: str, argv: list[str], dest: str, expected: object
+) -> None:
+    assert getattr(build_parser({variable: text}).parse_args(argv), dest) == expected
+
+
+def test_a_bad_choice_or_boolean_variable_names_itself() -> None:
+    with pytest.raises(ConfigError, match="RLFLEET_LOG_LEVEL='LOUD' is not one of"):
+        build_parser({"RLFLEET_LOG_LEVEL": "LOUD"})
+    with pytest.raises(ConfigError, match="RLFLEET_LOCAL='perhaps' is not a boolean"):
+        build_parser({"RLFLEET_LOCAL": "perhaps"})
+
+
+def test_precedence_is_flag_then_variable_then_file_then_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "fleet.toml"
+    config.write_text(
+        "seed = 7\n[coordinator]\nmax_workers = 9\nheartbeat-timeout = 20\n"
+        "env-kwargs = { length = 5 }\n[worker]\nenvs = 4\n"
+    )
+    monkeypatch.setenv("RLFLEET_SEED", "8")
+    monkeypatch.setenv("RLFLEET_CONFIG", str(config))
+    args = parse_args(["coordinator", "--heartbeat-timeout", "30"])
+    assert args.heartbeat_timeout == 30.0  # flag over file
+    assert args.seed == 8  # variable over file
+    assert args.max_workers == 9  # file over default
+    assert args.env_kwargs == {"length": 5}  # a TOML table for a JSON option
+    assert args.keepalive_interval == 10.0  # default
+    # The worker reads its own table and the shared top level; switches and
+    # lists keep the same precedence.
+    config.write_text(config.read_text() + "allow-pickle = true\nimport = ['x']\n")
+    monkeypatch.setenv("RLFLEET_ALLOW_PICKLE", "0")
+    monkeypatch.setenv("RLFLEET_IMPORT", "a,b")
+    worker = parse_args(["worker", "--coordinator", "h:1", "--config", str(config)])
+    assert (worker.envs, worker.seed) == (4, 8)
+    assert worker.allow_pickle is False and worker.imports == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("max-wrokers = 3\n", "has no option 'max-wrokers'"),
+        ("[cordinator]\nseed = 1\n", "has no option 'cordinator'"),
+        ("seed = 'x'\n", "config file .* key 'seed'='x' is invalid"),
+        ("worker-token = 'abc'\n", "'worker-token' is a secret; use --worker-token-file"),
+        ("seed = \n", "not valid TOML"),
+        ("allow-pickle = 'maybe'\n", "not a boolean"),
+    ],
+)
+def test_a_bad_config_file_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(text)
+    with pytest.raises((ConfigError, SystemExit)) as caught:
+        parse_args(["coordinator", "--config", str(config)])
+    if caught.type is ConfigError:
+        assert caught.match(message)
+    else:  # argparse reports conversion errors itself (exit 2, message on stderr)
+        assert "invalid" in message
+
+
+def test_print_config_reads_back_as_the_same_settings(tmp_path: Path) -> None:
+    def printed(*argv: str, env: dict[str, str] | None = None) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "rlfleet", *argv, "--print-config"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            cwd=ROOT,
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ROOT, **(env or {})},
+        )
+        return result.stdout
+
+    first = printed(
+        "worker", "--coordinator", "h:1", "--flush-bytes", "1MiB", env={"RLFLEET_SEED": "4"}
+    )
+    assert 'coordinator = "h:1"  # flag' in first
+    assert "seed = 4  # environment variable RLFLEET_SEED" in first
+    assert "flush-bytes = 1048576  # flag" in first
+    assert "keepalive-interval = 10.0  # default" in first
+    config = tmp_path / "worker.toml"
+    config.write_text(first)
+    again = printed("worker", "--config", str(config))
+
+    def values(text: str) -> list[str]:
+        return [line.split("  #")[0] for line in text.splitlines()]
+
+    assert values(again) == values(first)
+    assert "seed = 4  # config file" in again
+
+
+def test_print_config_hides_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLFLEET_WORKER_TOKEN", "s3cret-token-value-0123456789")
+    args = parse_args(["worker", "--coordinator", "h:1", "--token", "visible-token-0123456789"])
+    from rlfleet.cli._config import print_config
+
+    text = print_config(subcommands(build_parser({}))["worker"], args, set())
+    assert "visible-token" not in text and "s3cret" not in text
+    assert "# token: secret, set (hidden)" in text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("65536", 65536),
+        ("64KiB", 65536),
+        ("1GiB", 1 << 30),
+        ("1.5 gib", 3 << 29),
+        ("100MB", 100_000_000),
+        ("2k", 2000),
+    ],
+)
+def test_sizes_take_units(text: str, expected: int) -> None:
+    assert byte_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "1 GB/s", "-1", "0", "1XB", "GiB"])
+def test_a_bad_size_says_how_to_write_one(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=r"size|at least 1 byte"):
+        byte_size(text)
+
+
+def test_the_cli_defaults_are_the_library_defaults() -> None:
+    coordinator = build_parser({}).parse_args(["coordinator"])
+    library = CoordinatorConfig()
+    for flag, field in {
+        "max_message_bytes": "max_message_bytes",
+        "max_result_bytes": "max_result_bytes",
+        "max_queued_requests": "max_queued_requests",
+        "max_subscribers": "max_subscribers",
+        "max_learner_calls": "max_learner_calls",
+        "max_buffered_steps": "max_buffered_steps",
+        "prefetch_factor": "prefetch_factor",
+        "capacity_steps": "capacity_steps",
+        "max_workers": "max_workers",
+        "keepalive_interval": "keepalive_seconds",
+        "handshake_timeout": "handshake_timeout_seconds",
+    }.items():
+        assert getattr(coordinator, flag) == getattr(library, field), flag
+    worker = build_parser({}).parse_args(["worker", "--coordinator", "h:1"])
+    defaults = WorkerConfig("h:1")
+    for name in ("flush_steps", "flush_bytes", "flush_seconds", "keepalive_interval"):
+        assert getattr(worker, name) == getattr(defaults, name), name
+
+
+def test_a_misspelt_variable_is_reported_not_ignored() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "rlfleet", "coordinator", "--print-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=ROOT,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": ROOT,
+            "RLFLEET_MAX_WROKERS": "3",
+            "RLFLEET_SOME_OTHER_TOOL": "x",  # not near any option: not ours to judge
+        },
+    )
+    assert (
+        "RLFLEET_MAX_WROKERS is set, but no rlfleet option reads it: did you mean "
+        "RLFLEET_MAX_WORKERS?" in result.stderr
+    )
+    assert "RLFLEET_SOME_OTHER_TOOL" not in result.stderr

@@ -1,0 +1,217 @@
+"""Prometheus metrics of a real fleet: scraped over HTTP, parsed by prometheus_client.
+
+Coordinator and workers run as processes with ``--metrics-listen``; the
+tests sample, kill workers and break envs, and check that the scraped
+values move as they must (docs/operations.md lists the metrics).
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests._coordinator_fakes import sample
+from tests.fleet_processes import (
+    SLOW_ENV,
+    TEST_ENVS_MODULE,
+    ProcessFleet,
+    env_flags,
+    free_port,
+    run_in_thread,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+EPISODES = 2  # SAMPLE_MODE_EPISODES
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[ProcessFleet]:
+    with ProcessFleet(tmp_path) as processes:
+        yield processes
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    """Every sample of ``http://127.0.0.1:PORT/metrics``, by name and labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    assert key in samples, f"{name}{labels} not exported; got {sorted(k[0] for k in samples)}"
+    return samples[key]
+
+
+def scraped(fleet: ProcessFleet, port: int, check: object) -> Samples:
+    """Scrapes until ``check(samples)`` is true (heartbeat-fed values lag a beat)."""
+    assert callable(check)
+    return fleet.wait_until(
+        lambda: (s if check(s) else None) if (s := scrape(port)) else None,
+        what=f"metrics on port {port} to move",
+        timeout=30,
+    )
+
+
+def test_metrics_move_with_sampling(fleet: ProcessFleet) -> None:
+    coordinator_port, worker_port = free_port(), free_port()
+    # The ports come the ways an operator gives them: a config file, a variable.
+    config = fleet.directory / "coordinator.toml"
+    config.write_text(f'[coordinator]\nmetrics-listen = "127.0.0.1:{coordinator_port}"\n')
+    coordinator = fleet.start_coordinator(
+        "--config", str(config), "--health-listen", f"127.0.0.1:{free_port()}"
+    )
+    fleet.start_worker(envs=2, env={"RLFLEET_METRICS_LISTEN": f"127.0.0.1:{worker_port}"})
+    fleet.wait_for_workers(1)
+    # The log says where to find every port.
+    log = coordinator.log_text()
+    assert f"serving Prometheus metrics on http://127.0.0.1:{coordinator_port}/metrics" in log
+    assert "serving grpc.health.v1 in plaintext on 127.0.0.1:" in log
+
+    before = scrape(coordinator_port)
+    assert value(before, "rlfleet_workers", state="idle") == 1
+    assert value(before, "rlfleet_workers", state="busy") == 0
+    assert value(before, "rlfleet_episodes_total") == 0
+    assert value(before, "rlfleet_queue_depth") == 0
+    assert value(before, "rlfleet_fleet_worker_envs", worker="w0") == 2
+
+    answer = sample(fleet.address, mode=EPISODES, amount=6, seed=3, request_index=0)
+    steps = int(answer.batch.lengths.sum())
+
+    after = scraped(
+        fleet, coordinator_port, lambda s: value(s, "rlfleet_fleet_env_steps_total") >= steps
+    )
+    assert value(after, "rlfleet_episodes_total") == 6
+    assert value(after, "rlfleet_env_steps_total") == steps
+    assert value(after, "rlfleet_result_bytes_total") > 0
+    assert value(after, "rlfleet_units_dispatched_total") >= 6
+    assert value(after, "rlfleet_fleet_worker_env_steps_total", worker="w0") >= steps
+    # Every episode ran with the newest (only) agent version: lag 0.
+    assert value(after, "rlfleet_policy_lag_versions_count") == 6
+    assert value(after, "rlfleet_policy_lag_versions_bucket", le="0.0") == 6
+    assert value(after, "rlfleet_policy_lag_versions_sum") == 0
+    latency = "rlfleet_learner_request_duration_seconds_count"
+    assert value(after, latency, method="Sample", outcome="ok") == 1
+    assert value(after, "rlfleet_units_in_flight") == 0
+
+    worker = scraped(
+        fleet, worker_port, lambda s: value(s, "rlfleet_worker_env_steps_total") >= steps
+    )
+    assert value(worker, "rlfleet_worker_episodes_sent_total") == 6
+    assert value(worker, "rlfleet_worker_results_sent_total") >= 1
+    assert value(worker, "rlfleet_worker_joined") == 1
+    assert value(worker, "rlfleet_worker_envs") == 2
+    assert value(worker, "rlfleet_worker_sessions_total") == 1
+
+
+def test_a_killed_worker_shows_as_removed_and_requeued(fleet: ProcessFleet) -> None:
+    port = free_port()
+    fleet.start_coordinator("--metrics-listen", f"127.0.0.1:{port}", *env_flags(SLOW_ENV))
+    for _ in range(2):
+        fleet.start_worker(imports=[TEST_ENVS_MODULE])
+    fleet.wait_for_workers(2)
+    victim = fleet.workers[0]
+
+    answer = run_in_thread(
+        lambda: sample(fleet.address, mode=EPISODES, amount=16, seed=1, request_index=0)
+    )
+    fleet.wait_until(lambda: fleet.units_on(victim.name), what="units on the victim")
+    fleet.kill(victim)
+    result = answer(120)
+
+    samples = scrape(port)
+    assert value(samples, "rlfleet_units_requeued_total") == result.footer.reassigned_units >= 1
+    removed = {
+        dict(labels)["code"]: count
+        for (name, labels), count in samples.items()
+        if name == "rlfleet_workers_removed_total"
+    }
+    assert sum(removed.values()) == 1 and "OK" not in removed, removed
+    assert value(samples, "rlfleet_episodes_total") == 16
+    assert value(samples, "rlfleet_workers", state="idle") == 1
+
+
+def test_an_env_error_is_counted_by_kind_on_both_sides(fleet: ProcessFleet) -> None:
+    coordinator_port, worker_port = free_port(), free_port()
+    crashing = ("--env", "rlfleet/Crashing-v0", "--env-kwargs", '{"crash_at_step": 2}')
+    fleet.start_coordinator("--metrics-listen", f"127.0.0.1:{coordinator_port}", *crashing)
+    fleet.start_worker(
+        "--metrics-listen",
+        f"127.0.0.1:{worker_port}",
+        "--env-restarts-total",
+        "0",
+        imports=[TEST_ENVS_MODULE],
+    )
+    fleet.wait_for_workers(1)
+
+    with pytest.raises(grpc.RpcError, match=r"(?i)crash"):
+        sample(fleet.address, mode=EPISODES, amount=2, seed=1, request_index=0)
+
+    coordinator = scrape(coordinator_port)
+    assert value(coordinator, "rlfleet_errors_total", kind="env_crashed") == 1
+    assert (
+        value(
+            coordinator,
+            "rlfleet_learner_request_duration_seconds_count",
+            method="Sample",
+            outcome="error",
+        )
+        == 1
+    )
+    worker = scrape(worker_port)
+    assert value(worker, "rlfleet_worker_errors_total", kind="env_crashed") == 1
+
+
+def test_a_bad_or_taken_metrics_address_is_a_clear_error() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from rlfleet.cli._metrics_port import MetricsPort
+    from rlfleet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--metrics-listen '9090' must be HOST:PORT"):
+        MetricsPort("9090", CollectorRegistry())
+    first = MetricsPort("127.0.0.1:0", CollectorRegistry())
+    try:
+        with pytest.raises(ConfigError, match="pick another --metrics-listen port"):
+            MetricsPort(f"127.0.0.1:{first.port}", CollectorRegistry())
+    finally:
+        first.stop()
+
+
+def test_refused_tokens_are_counted_by_code() -> None:
+    from rlfleet.client import RemoteSampler
+    from rlfleet.coordinator import CoordinatorConfig, serve
+    from rlfleet.errors import RlfleetError
+    from rlfleet.security import ServerSecurity
+    from rlfleet.security.auth import RoleTokens
+    from rlfleet.security.tokens import Token
+
+    tokens = RoleTokens(
+        Token("w0rker-5ecret-0123456789abcdef"), Token("le4rner-5ecret-0123456789ab")
+    )
+    config = CoordinatorConfig(listen="127.0.0.1:0", security=ServerSecurity(tokens=tokens))
+    with serve(config) as server:
+        stranger = Token("5tranger-5ecret-0123456789abcdef")
+        for _ in range(2):
+            with (
+                RemoteSampler(server.address, token=stranger, timeout=10) as sampler,
+                pytest.raises(RlfleetError),
+            ):
+                sampler.status()
+        counted = server.coordinator.metrics.registry.get_sample_value(
+            "rlfleet_errors_total", {"kind": "auth_unauthenticated"}
+        )
+        assert counted == 2
