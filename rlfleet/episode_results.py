@@ -207,6 +207,11 @@ class ResultAssembler:
         """Whether some result's chunks have arrived but not its last."""
         return bool(self._partial)
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes reserved for results being reassembled (the in-flight bytes metric)."""
+        return sum(assembler.buffered_bytes for assembler in self._assemblers.values())
+
     def join(self, meta: ResultMetadata, chunk: Chunk | None, size: int = 0) -> JoinedResult | None:
         """Takes one result message; returns the joined result once complete.
 

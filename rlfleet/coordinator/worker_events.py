@@ -270,13 +270,13 @@ class WorkerEvents:
                 handle.worker_id, header.task_id, header.episode_indices, header.lengths
             )
             if outcome.verdict is not Verdict.ACCEPT:
-                state.metrics.discarded(len(meta.episode_indices))
+                state.metrics.discarded(len(header.episode_indices))
                 return  # the request ended while the batch was being checked
             state.metrics.delivered(
-                episodes=len(meta.lengths),
-                steps=sum(meta.lengths),
-                payload_bytes=len(payload),
-                lag=max(state.agent.version - meta.agent_version, 0),
+                episodes=len(header.lengths),
+                steps=sum(header.lengths),
+                payload_bytes=joined.total_bytes,
+                lag=max(state.agent.version - header.agent_version, 0),
             )
             state.progress.delivered(handle.worker_id, time.monotonic())
             call = state.calls.get(outcome.request_id)
