@@ -1,6 +1,6 @@
 """Fleet throughput benchmark: ``python benchmarks/fleet.py [--workers 2] ...``.
 
-The same measurement as ``rlfleet bench`` (see rlfleet/bench.py for what is
+The same measurement as ``rlfleet bench`` (see rlfleet/bench/ for what is
 measured and the goals). Needs rlfleet importable: ``pip install -e .`` or
 ``PYTHONPATH=.`` from the repository root.
 """

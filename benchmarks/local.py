@@ -12,6 +12,11 @@ checks, per-episode seeding). A third loop is the bare one plus the
 per-episode seeding determinism requires (``reset(seed=...)`` and a fresh
 ``default_rng`` per episode), to tell that cost from the worker's own.
 
+A fourth loop is the performance issue's plain loop
+(:func:`rlfleet.bench.plain_loop.plain_loop`: ``gym.make`` envs, a plain
+``@`` MLP, every step stored), the baseline of ``rlfleet bench``'s goal
+(VecWorker >= 0.9 x plain loop per CPU-second).
+
 Runs are interleaved; the median and the best of the repeats are reported,
 in env steps (transitions) per second of CPU time (``time.process_time``):
 on a shared machine wall-clock rates swing with the other processes' load,
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
+from rlfleet.bench.plain_loop import plain_loop
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.envs.config import EnvConfig
 from rlfleet.policies import MLPCategoricalPolicy
@@ -133,6 +139,13 @@ def worker_loop(policy: MLPCategoricalPolicy, n_envs: int, steps: int) -> Rate:
     return watch.rate(taken)
 
 
+def issue_plain_loop(policy: MLPCategoricalPolicy, n_envs: int, steps: int) -> Rate:
+    """Steps/s of the plain loop (its own MLP of the same sizes; ``policy`` unused)."""
+    del policy
+    run = plain_loop(ENV_ID, n_envs, steps)
+    return Rate(cpu=run.steps / run.cpu, wall=run.steps / run.wall)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200_000, help="env steps per run")
@@ -144,6 +157,7 @@ def main() -> None:
         "SyncVectorEnv + policy (bare)": bare_loop,
         "  + per-episode seeding": seeded_bare_loop,
         "VecWorker (complete episodes)": worker_loop,
+        "plain loop (the issue's baseline)": issue_plain_loop,
     }
     runs: dict[str, list[Rate]] = {label: [] for label in loops}
     for _ in range(args.repeats):
@@ -159,7 +173,11 @@ def main() -> None:
         wall = statistics.median(rate.wall for rate in rates)
         each = " ".join(f"{rate:,.0f}" for rate in cpu)
         print(f"{label:<34}{medians[-1]:>10,.0f}{bests[-1]:>10,.0f}{wall:>13,.0f}   {each}")
-    for label, index in (("worker / bare", 0), ("worker / bare + seeding", 1)):
+    for label, index in (
+        ("worker / bare", 0),
+        ("worker / bare + seeding", 1),
+        ("worker / plain loop", 3),
+    ):
         ratio_median, ratio_best = medians[2] / medians[index], bests[2] / bests[index]
         print(f"{'ratio ' + label:<34}{ratio_median:>10.3f}{ratio_best:>10.3f}")
 

@@ -3,12 +3,15 @@
 The public API, importable from ``rlfleet``:
 
 - Episode data (garage's types): :class:`EpisodeBatch`, :class:`TimeStepBatch`,
-  :class:`TimeStep`, :class:`EnvStep`, :class:`StepType`, :class:`EnvSpec`.
+  :class:`TimeStep`, :class:`EnvStep`, :class:`StepType`, :class:`EnvSpec`,
+  :class:`InOutSpec`.
 - Envs and policies: :class:`EnvConfig`, :func:`make_env`, the vector envs,
   :class:`Policy` and the built-in numpy policies, :class:`PolicySpec`.
 - Local sampling: :class:`DefaultWorker`, :class:`VecWorker`,
   :class:`LocalSampler`, :func:`rollout`, :func:`truncate_paths`,
   :func:`obtain_evaluation_episodes`, :func:`log_performance`.
+- Training (garage's): :class:`Trainer`, :class:`SnapshotConfig`,
+  :func:`wrap_experiment`, :class:`ExperimentContext` (``rlfleet.trainer``).
 - RLlib's RolloutWorker surface: :class:`RolloutWorker`,
   :class:`MultiAgentEpisodeBatch`; more in ``rlfleet.rllib`` (docs/rllib.md).
 - The fleet: ``rlfleet.client`` (:class:`~rlfleet.client.RemoteSampler`,
@@ -24,6 +27,7 @@ from rlfleet.core import (
     EnvSpec,
     EnvStep,
     EpisodeBatch,
+    InOutSpec,
     MultiAgentEpisodeBatch,
     StepType,
     TimeStep,
@@ -35,11 +39,13 @@ from rlfleet.envs import (
     BaseVectorEnv,
     DummyVectorEnv,
     EnvConfig,
+    FailedCall,
     SubprocVectorEnv,
+    VectorEnv,
     env_spec_of,
     make_env,
 )
-from rlfleet.errors import RlfleetError
+from rlfleet.errors import NotSetupError, RlfleetError
 from rlfleet.local_sampler import LocalSampler
 from rlfleet.policies import (
     MLPCategoricalPolicy,
@@ -52,12 +58,14 @@ from rlfleet.policies import (
 )
 from rlfleet.rllib import RolloutWorker
 from rlfleet.sampling import (
+    log_multitask_performance,
     log_performance,
     obtain_evaluation_episodes,
     performance_stats,
     rollout,
     truncate_paths,
 )
+from rlfleet.trainer import ExperimentContext, SnapshotConfig, Trainer, wrap_experiment
 from rlfleet.worker import DefaultWorker, EpisodeUnit, VecWorker
 
 __all__ = [
@@ -69,24 +77,32 @@ __all__ = [
     "EnvStep",
     "EpisodeBatch",
     "EpisodeUnit",
+    "ExperimentContext",
+    "FailedCall",
+    "InOutSpec",
     "LocalSampler",
     "MLPCategoricalPolicy",
     "MLPGaussianPolicy",
     "MultiAgentEpisodeBatch",
+    "NotSetupError",
     "Policy",
     "PolicySpec",
     "RandomPolicy",
     "RlfleetError",
     "RolloutWorker",
+    "SnapshotConfig",
     "StepType",
     "SubprocVectorEnv",
     "TimeStep",
     "TimeStepBatch",
+    "Trainer",
     "VecWorker",
+    "VectorEnv",
     "__version__",
     "default_policy_spec",
     "env_spec_of",
     "load_batch",
+    "log_multitask_performance",
     "log_performance",
     "make_env",
     "make_policy",
@@ -97,4 +113,5 @@ __all__ = [
     "save_batch",
     "step_type_from_gym",
     "truncate_paths",
+    "wrap_experiment",
 ]

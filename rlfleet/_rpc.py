@@ -35,6 +35,9 @@ SUBSCRIBE = f"/{LEARNER_SERVICE}/Subscribe"
 UPDATE_AGENT = f"/{LEARNER_SERVICE}/UpdateAgent"
 UPDATE_ENV = f"/{LEARNER_SERVICE}/UpdateEnv"
 GET_STATUS = f"/{LEARNER_SERVICE}/GetStatus"
+LEASE = f"/{LEARNER_SERVICE}/Lease"
+#: Capability of workers that host step-level env leases (worker.proto Hello).
+LEASE_CAPABILITY = "rlfleet.leases"
 
 #: Default largest message either side sends or accepts. Batches are chunked
 #: well below it (rlfleet.wire.DEFAULT_CHUNK_BYTES); only agent updates with

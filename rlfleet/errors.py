@@ -44,6 +44,10 @@ class UsageError(RlfleetError, RuntimeError):
     """An object was used out of order (a closed env, a shut-down worker, ...)."""
 
 
+class NotSetupError(UsageError):
+    """A Trainer was used before ``setup()`` (or resumed before ``restore()``)."""
+
+
 class InvalidArgumentError(RlfleetError, ValueError):
     """The coordinator refused a request as malformed (gRPC INVALID_ARGUMENT)."""
 
@@ -150,6 +154,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidBatchError",
     "NoWorkersError",
+    "NotSetupError",
     "PermissionDeniedError",
     "PolicyError",
     "ProtocolError",

@@ -1,35 +1,35 @@
 """LocalSampler: garage's Sampler contract over in-process VecWorkers.
 
-It runs the same workers, with the same unit dispatch, that the fleet runs
-remotely, in the learner's own process and thread: workers are stepped
-round-robin and each idle env slot is handed the next episode unit, as the
-coordinator does. It is the no-set-up way to sample and the reference the
-fleet's batches are compared with.
+It runs the same workers the fleet runs remotely, in the learner's own
+process and thread, and hands them work with the coordinator's own
+:class:`~rlfleet.coordinator.scheduler.Scheduler`: one request logic for
+both, so a local batch is a fleet batch. Workers are stepped round-robin.
+It is the no-set-up way to sample and the reference the fleet's batches are
+compared with.
 """
 
 from __future__ import annotations
 
-import abc
 import copy
-import math
 from collections.abc import Callable
 from types import TracebackType
 
 import gymnasium as gym
-import numpy as np
 
+from rlfleet._values import check_int
+from rlfleet.coordinator.scheduler import Mode, RequestSpec, Scheduler
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.core.episode_order import first_episodes, sort_fragments
 from rlfleet.envs.config import EnvConfig
 from rlfleet.policies.base import Policy
 from rlfleet.policies.spec import PolicySpec, make_policy
-from rlfleet.sampling import sort_fragments
 from rlfleet.worker._updates import AgentUpdate, EnvUpdate
 from rlfleet.worker.units import EpisodeUnit
-from rlfleet.worker.vec import VecWorker, check_int
+from rlfleet.worker.vec import VecWorker
 
 #: A worker hands its finished episodes over once they hold this many steps
-#: (or when it runs out of work), as a remote worker flushes a message.
+#: (or when its queue runs dry), as a remote worker flushes a message.
 _FLUSH_STEPS = 4096
 
 
@@ -95,7 +95,14 @@ class LocalSampler:
         ]
         self._agent_version = 0
         self._requests = 0
-        self._mean_length = 0.0  # of the episodes seen so far, to pace the dispatch
+        # The coordinator's capacities: a worker holds enough units to report
+        # at its flush threshold, not at every episode (with only a spare
+        # unit per slot it reported 20x as often, ~5% of the CPU). Requests
+        # still run no surplus: the scheduler hands out only what they need.
+        self._scheduler = Scheduler()
+        for number in range(n_workers):
+            self._scheduler.add_worker(number, envs_per_worker)
+            self._scheduler.set_eligible(number, True)
         if policy is not None:
             shared = self._shared_policy(policy)
             for worker in self._workers:
@@ -117,6 +124,23 @@ class LocalSampler:
     def workers(self) -> tuple[VecWorker, ...]:
         """The workers."""
         return tuple(self._workers)
+
+    @property
+    def requests_made(self) -> int:
+        """Requests made so far: the next ``obtain_*`` call's request index."""
+        return self._requests
+
+    def set_next_request(self, request_index: int) -> None:
+        """Makes the next ``obtain_*`` call request ``request_index``.
+
+        A run resumed from a snapshot continues the request numbering where
+        the interrupted run stopped (``rlfleet.Trainer.restore``).
+
+        Raises:
+            ConfigError: If the index is not an int >= 0.
+        """
+        check_int("request_index", request_index, minimum=0)
+        self._requests = request_index
 
     # -------------------------------------------------------------- sampling
 
@@ -148,7 +172,7 @@ class LocalSampler:
         del itr
         check_int("num_samples", num_samples, minimum=1)
         self._update(agent_update, env_update)
-        return self._sample(_SamplesGoal(num_samples))
+        return self._sample(Mode.STEPS, num_samples)
 
     def obtain_episodes(
         self, n_episodes: int, agent_update: AgentUpdate = None, env_update: EnvUpdate = None
@@ -156,7 +180,7 @@ class LocalSampler:
         """Collects exactly ``n_episodes`` episodes (0..n-1), in index order."""
         check_int("n_episodes", n_episodes, minimum=1)
         self._update(agent_update, env_update)
-        return self._sample(_EpisodesGoal(n_episodes))
+        return self._sample(Mode.EPISODES, n_episodes)
 
     def obtain_exact_episodes(
         self,
@@ -198,23 +222,33 @@ class LocalSampler:
 
         Returns:
             Whole rounds, ordered by stream, then episode, then piece
-            (:func:`rlfleet.sampling.sort_fragments`, the remote client's
+            (:func:`rlfleet.core.episode_order.sort_fragments`, the remote client's
             order too).
         """
         check_int("num_samples", num_samples, minimum=1)
         check_int("fragment_length", fragment_length, minimum=1)
         self._update(agent_update, env_update)
-        self._requests += 1  # a request like any other: later seeds stay in step
-        per_round = self.n_workers * self.envs_per_worker * fragment_length
-        batches = [
-            worker.collect_fragments(
-                fragment_length,
-                base_seed=self.seed,
-                first_stream=number * self.envs_per_worker,
-            )
-            for _ in range(math.ceil(num_samples / per_round))
-            for number, worker in enumerate(self._workers)
-        ]
+        request_id = self._start(Mode.FRAGMENTS, num_samples, fragment_length)
+        scheduler = self._scheduler
+        batches: list[EpisodeBatch] = []
+        try:
+            for order in scheduler.dispatch():  # every worker's windows, planned at once
+                worker = self._workers[order.worker_id]
+                for _ in range(order.rounds):
+                    batch = worker.collect_fragments(
+                        order.fragment_length,
+                        base_seed=order.base_seed,
+                        first_stream=order.worker_id * self.envs_per_worker,
+                    )
+                    batches.append(batch)
+                    scheduler.complete(
+                        order.worker_id,
+                        order.task_id,
+                        batch.episode_infos["episode_index"].tolist(),
+                        batch.lengths.tolist(),
+                    )
+        finally:
+            scheduler.finish(request_id)
         return sort_fragments(EpisodeBatch.concatenate(*batches))
 
     # --------------------------------------------------------------- closing
@@ -259,6 +293,7 @@ class LocalSampler:
         if env_update is not None:
             for number, worker in enumerate(self._workers):
                 worker.update_env(_copy_instance(env_update, number))
+            self._scheduler.set_env_generation(0)  # the old env's lengths say nothing of the new
         if agent_update is None:
             return
         if isinstance(agent_update, PolicySpec | str):
@@ -268,182 +303,81 @@ class LocalSampler:
             worker.update_agent(agent_update, version=version)
         self._agent_version = version
 
-    def _sample(self, goal: _Goal) -> EpisodeBatch:
-        """Hands units out to idle slots, steps the workers round-robin."""
-        request = self._requests
+    def _start(self, mode: Mode, amount: int, fragment_length: int = 0) -> int:
+        """Starts the next request on the scheduler; returns its id."""
+        request_index = self._requests
         self._requests += 1
-        dispatch = _Dispatch(self._workers, self.seed, request, goal, self._mean_length)
-        try:
-            while not goal.reached:
-                for worker in self._workers:
-                    dispatch.feed(worker)
-                    worker.step()
-                    if worker.finished_count and (
-                        worker.idle or worker.finished_steps >= _FLUSH_STEPS or dispatch.ending
-                    ):
-                        dispatch.take(worker)
-                    if goal.reached:
-                        break
-        finally:
-            for worker in self._workers:
-                worker.cancel(request=request)
-        self._mean_length = dispatch.mean_length
-        assert goal.last_index is not None  # the goal is reached
-        return dispatch.result(goal.last_index)
-
-
-class _Goal(abc.ABC):
-    """When a request is complete, and whether it needs more units."""
-
-    #: Index of the request's last episode, once known.
-    last_index: int | None = None
-
-    @property
-    @abc.abstractmethod
-    def reached(self) -> bool:
-        """Whether episodes 0..last_index have all been taken."""
-
-    @abc.abstractmethod
-    def wants_unit(self, index: int, expected_steps: float) -> bool:
-        """Whether to hand out unit ``index`` given the steps expected so far."""
-
-    @abc.abstractmethod
-    def ending(self, known_steps: int, next_index: int) -> bool:
-        """Whether the request may be complete, so results should be taken at once."""
-
-    @abc.abstractmethod
-    def observe(self, lengths: dict[int, int]) -> None:
-        """Learns the lengths of the episodes taken so far."""
-
-
-class _EpisodesGoal(_Goal):
-    """Exactly episodes 0..n-1."""
-
-    def __init__(self, n_episodes: int) -> None:
-        self.n_episodes = n_episodes
-        self.last_index = n_episodes - 1
-        self._taken = 0
-
-    @property
-    def reached(self) -> bool:
-        return self._taken == self.n_episodes
-
-    def wants_unit(self, index: int, expected_steps: float) -> bool:
-        return index < self.n_episodes
-
-    def ending(self, known_steps: int, next_index: int) -> bool:
-        return next_index == self.n_episodes
-
-    def observe(self, lengths: dict[int, int]) -> None:
-        self._taken = len(lengths)
-
-
-class _SamplesGoal(_Goal):
-    """The shortest index prefix 0..m with at least ``num_samples`` steps."""
-
-    def __init__(self, num_samples: int) -> None:
-        self.num_samples = num_samples
-        self._prefix_end = 0  # episodes 0.._prefix_end - 1 have known lengths
-        self._prefix_steps = 0
-
-    @property
-    def reached(self) -> bool:
-        return self.last_index is not None
-
-    def wants_unit(self, index: int, expected_steps: float) -> bool:
-        return self.last_index is None and expected_steps < self.num_samples
-
-    def ending(self, known_steps: int, next_index: int) -> bool:
-        return known_steps >= self.num_samples
-
-    def observe(self, lengths: dict[int, int]) -> None:
-        while self.last_index is None and self._prefix_end in lengths:
-            self._prefix_steps += lengths[self._prefix_end]
-            self._prefix_end += 1
-            if self._prefix_steps >= self.num_samples:
-                self.last_index = self._prefix_end - 1
-
-
-class _Dispatch:
-    """One request's bookkeeping: units handed out, batches and lengths taken.
-
-    Units go only to idle slots (nothing queues in the workers), so a
-    request never holds more episodes in flight than there are slots. For
-    ``obtain_samples``, a unit is handed out only while the steps expected
-    from the episodes already out fall short: steps of finished episodes,
-    plus, per worker, the larger of its in-flight episodes' steps so far and
-    the mean episode length seen so far times their number. This only saves
-    work; which episodes are returned does not depend on it.
-    """
-
-    def __init__(
-        self,
-        workers: list[VecWorker],
-        seed: int,
-        request: int,
-        goal: _Goal,
-        mean_length: float,
-    ) -> None:
-        self._workers = workers
-        self._seed = seed
-        self._request = request
-        self._goal = goal
-        self._next_index = 0
-        self._batches: list[EpisodeBatch] = []
-        self._lengths: dict[int, int] = {}
-        self._taken_steps = 0
-        self._prior_mean = mean_length
-
-    @property
-    def mean_length(self) -> float:
-        """Mean length of the episodes taken (or the prior mean if none)."""
-        return self._taken_steps / len(self._lengths) if self._lengths else self._prior_mean
-
-    @property
-    def ending(self) -> bool:
-        """Whether the request may be complete: take results without waiting."""
-        known = self._taken_steps + sum(worker.finished_steps for worker in self._workers)
-        return self._goal.ending(known, self._next_index)
-
-    def feed(self, worker: VecWorker) -> None:
-        """Gives the worker's idle slots the next units the goal wants."""
-        free = worker.n_envs - worker.active_count - worker.queued_count
-        if free <= 0:
-            return
-        expected = self._expected_steps()
-        units: list[EpisodeUnit] = []
-        while len(units) < free and self._goal.wants_unit(self._next_index, expected):
-            units.append(EpisodeUnit.seeded(self._seed, self._request, self._next_index))
-            self._next_index += 1
-            expected += self.mean_length
-        if units:
-            worker.submit(units)
-
-    def _expected_steps(self) -> float:
-        mean = self.mean_length
-        return self._taken_steps + sum(
-            worker.finished_steps + max(worker.active_steps, mean * worker.active_count)
-            for worker in self._workers
+        return self._scheduler.start_sample(
+            RequestSpec(
+                mode=mode,
+                amount=amount,
+                seed=self.seed,
+                request_index=request_index,
+                agent_version=self._agent_version,
+                env_generation=0,
+                fragment_length=fragment_length,
+            )
         )
 
-    def take(self, worker: VecWorker) -> None:
-        """Takes the worker's finished episodes of this request."""
-        batch = worker.take_finished(request=self._request)
-        if batch is None:
-            return
-        self._batches.append(batch)
-        indices = batch.episode_infos["episode_index"].tolist()
-        for index, length in zip(indices, batch.lengths.tolist(), strict=True):
-            self._lengths[index] = length
-        self._taken_steps += batch.total_steps
-        self._goal.observe(self._lengths)
+    def _sample(self, mode: Mode, amount: int) -> EpisodeBatch:
+        """Runs a STEPS or EPISODES request: the scheduler's units, stepped round-robin."""
+        request_id = self._start(mode, amount)
+        request = self._requests - 1
+        scheduler = self._scheduler
+        task_of: dict[int, int] = {}  # episode index -> task
+        batches: list[EpisodeBatch] = []
+        num_episodes = None
+        try:
+            while num_episodes is None:
+                for order in scheduler.dispatch():
+                    units = [
+                        EpisodeUnit(u.episode_index, u.env_seed, u.policy_seed, request)
+                        for u in order.units
+                    ]
+                    task_of.update((u.episode_index, order.task_id) for u in units)
+                    self._workers[order.worker_id].submit(units)
+                if all(w.idle and not w.finished_count for w in self._workers):
+                    raise RuntimeError("LocalSampler: the scheduler left every worker idle")
+                for number, worker in enumerate(self._workers):
+                    worker.step()
+                    # Report before a slot would idle (no queued unit left), as a
+                    # remote worker flushes: the scheduler refills on reports.
+                    if worker.finished_count and (
+                        not worker.queued_count or worker.finished_steps >= _FLUSH_STEPS
+                    ):
+                        num_episodes = self._report(number, request, task_of, batches)
+                        if num_episodes is not None:
+                            break
+        finally:
+            scheduler.finish(request_id)
+            for worker in self._workers:
+                worker.cancel(request=request)
+        return first_episodes(EpisodeBatch.concatenate(*batches), num_episodes)
 
-    def result(self, last_index: int) -> EpisodeBatch:
-        """Episodes 0..last_index of the batches taken, in index order."""
-        batch = EpisodeBatch.concatenate(*self._batches)
-        indices = batch.episode_infos["episode_index"]
-        keep = np.flatnonzero(indices <= last_index)
-        return batch.take_episodes(keep[np.argsort(indices[keep], kind="stable")])
+    def _report(
+        self, number: int, request: int, task_of: dict[int, int], batches: list[EpisodeBatch]
+    ) -> int | None:
+        """Hands a worker's finished episodes to the scheduler, task by task.
+
+        Returns:
+            The number of episodes of the answer once the request is done.
+        """
+        batch = self._workers[number].take_finished(request=request)
+        if batch is None:
+            return None
+        batches.append(batch)
+        by_task: dict[int, tuple[list[int], list[int]]] = {}
+        for index, length in zip(
+            batch.episode_infos["episode_index"].tolist(), batch.lengths.tolist(), strict=True
+        ):
+            indices, lengths = by_task.setdefault(task_of.pop(index), ([], []))
+            indices.append(index)
+            lengths.append(length)
+        for task_id, (indices, lengths) in by_task.items():
+            outcome = self._scheduler.complete(number, task_id, indices, lengths)
+            if outcome.done:
+                return self._scheduler.footer(outcome.request_id).num_episodes
+        return None
 
 
 def _copy_instance(env: EnvUpdate, number: int) -> EnvUpdate:

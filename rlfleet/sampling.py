@@ -10,17 +10,18 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._values import check_int
 from rlfleet.core._arrays import episode_starts
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
-from rlfleet.errors import ConfigError
 from rlfleet.policies.base import Policy
 from rlfleet.worker.units import make_units
 from rlfleet.worker.vec import VecWorker
@@ -35,6 +36,8 @@ _PER_STEP_KEYS = frozenset(
 _PER_STEP_INFO_KEYS = frozenset({"env_infos", "agent_infos"})
 #: Path keys holding per-episode data, kept as they are.
 _PER_EPISODE_KEYS = frozenset({"episode_infos"})
+#: The observation after a path's last step (rollout's extra key).
+_LAST_OBSERVATION = "last_observation"
 
 
 def rollout(
@@ -65,7 +68,10 @@ def rollout(
         ``agent_infos`` and ``env_infos`` (dicts of stacked arrays), and
         ``dones`` (T,) bool: True where the env terminated (gymnasium's
         ``terminated``; a truncated last step is not done). As in garage,
-        the observation after the last step is not part of the path.
+        ``observations`` holds the T observations acted on; unlike garage,
+        the observation after the last step is kept, as
+        ``last_observation`` (O*), so that ``EpisodeBatch.from_list`` gets
+        the true ``last_observations`` instead of repeating the last row.
     """
     with _acting_deterministically(agent, deterministic):
         observation, episode_infos = env.reset()
@@ -104,6 +110,7 @@ def rollout(
         "agent_infos": stack_tensor_dict_list(agent_infos),
         "env_infos": stack_tensor_dict_list(env_infos),
         "dones": np.array(dones, dtype=bool),
+        "last_observation": np.asarray(observation),
     }
 
 
@@ -153,7 +160,9 @@ def truncate_paths(paths: Sequence[Mapping[str, Any]], max_samples: int) -> list
             T + 1 rows; with T + 1, one more row is kept),
             ``next_observations``, ``actions``, ``rewards``, ``dones``,
             ``step_types``, ``env_infos`` and ``agent_infos`` (nested);
-            per-episode, kept unchanged: ``episode_infos``.
+            per-episode, kept unchanged: ``episode_infos``; and
+            ``last_observation``, which becomes the observation after the
+            cut when a path is shortened.
         max_samples: The number of steps to keep (>= 0).
 
     Returns:
@@ -163,8 +172,7 @@ def truncate_paths(paths: Sequence[Mapping[str, Any]], max_samples: int) -> list
         ValueError: If ``max_samples`` is negative or a path has a key
             outside those above (garage raises for unknown keys too).
     """
-    if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 0:
-        raise ValueError(f"truncate_paths: max_samples must be an int >= 0, got {max_samples!r}")
+    check_int("truncate_paths: max_samples", max_samples, minimum=0)
     kept: list[dict[str, Any]] = []
     remaining = max_samples
     for index, path in enumerate(paths):
@@ -194,8 +202,13 @@ def _path_head(path: Mapping[str, Any], length: int, index: int = 0) -> dict[str
             head[key] = _slice_infos(value, length)
         elif key in _PER_EPISODE_KEYS:
             head[key] = value
+        elif key == _LAST_OBSERVATION:
+            # A path cut after `length` steps ends before observation `length`.
+            head[key] = path["observations"][length] if length < steps else value
         else:
-            valid = sorted(_PER_STEP_KEYS | _PER_STEP_INFO_KEYS | _PER_EPISODE_KEYS)
+            valid = sorted(
+                _PER_STEP_KEYS | _PER_STEP_INFO_KEYS | _PER_EPISODE_KEYS | {_LAST_OBSERVATION}
+            )
             raise ValueError(
                 f"truncate_paths: path {index} has unexpected key {key!r}; valid keys are {valid}"
             )
@@ -239,8 +252,7 @@ def obtain_evaluation_episodes(
     Raises:
         ConfigError: If ``num_eps`` < 1.
     """
-    if isinstance(num_eps, bool) or not isinstance(num_eps, int) or num_eps < 1:
-        raise ConfigError(f"num_eps must be an int >= 1, got {num_eps!r}")
+    check_int("num_eps", num_eps)
     if seed is None:
         seed = int(np.random.SeedSequence().generate_state(1)[0])
     worker = VecWorker(n_envs=1, max_episode_length=max_episode_length, env=env, policy=policy)
@@ -355,13 +367,45 @@ def discounted_returns(batch: EpisodeBatch, discount: float) -> np.ndarray:
     return np.add.reduceat(batch.rewards.astype(np.float64, copy=False) * weights, starts)
 
 
+#: Where the log_* functions also record their values: the tabular of the
+#: Trainer whose epoch is running (garage records them in its global tabular).
+_RECORDER: ContextVar[Callable[[str, float], None] | None] = ContextVar(
+    "rlfleet_tabular", default=None
+)
+
+
+@contextmanager
+def recording_to(record: Callable[[str, float], None]) -> Iterator[None]:
+    """Makes :func:`log_performance` and :func:`log_multitask_performance` also call ``record``.
+
+    ``rlfleet.Trainer`` wraps each epoch in it, so an algorithm written for
+    garage, which calls ``log_performance(itr, episodes, discount)``, gets
+    its values in the epoch's diagnostics.
+    """
+    previous = _RECORDER.get()
+    _RECORDER.set(record)
+    try:
+        yield
+    finally:
+        _RECORDER.set(previous)
+
+
+def _log(prefix: str, key: str, value: float) -> None:
+    logger.info("%s/%s %s", prefix, key, value)
+    record = _RECORDER.get()
+    if record is not None:
+        record(f"{prefix}/{key}", value)
+
+
 def log_performance(
     itr: int, batch: EpisodeBatch, discount: float, prefix: str = "Evaluation"
 ) -> np.ndarray:
     """Logs the performance of a batch of episodes (garage's ``log_performance``).
 
     Logs ``{prefix}/{key} = value`` for ``Iteration`` and every field of
-    :func:`performance_stats` at INFO level on the ``rlfleet`` logger.
+    :func:`performance_stats` at INFO level on the ``rlfleet`` logger and,
+    during a :class:`rlfleet.Trainer` epoch, records them in its diagnostics
+    (``progress.csv``, TensorBoard) as garage's tabular does.
 
     Args:
         itr: Iteration number.
@@ -373,14 +417,63 @@ def log_performance(
         The undiscounted return of each episode, shape (N,).
     """
     for key, value in performance_stats(batch, discount, itr).items():
-        logger.info("%s/%s %s", prefix, key, value)
+        _log(prefix, key, value)
     return episode_returns(batch)
+
+
+def log_multitask_performance(
+    itr: int,
+    batch: EpisodeBatch,
+    discount: float,
+    name_map: Mapping[int, str] | None = None,
+) -> np.ndarray:
+    """Logs the performance of each task of a batch, then of all (garage's).
+
+    An episode's task is ``env_infos["task_name"][0]`` if present, else
+    ``name_map.get(task_id, f"Task #{task_id}")`` for ``env_infos["task_id"]``,
+    else ``"__unnamed_task__"``. Each task's episodes are logged with
+    :func:`log_performance` under the task's name; a task of ``name_map``
+    with no episode is logged with ``NumEpisodes`` 0 and NaN statistics.
+    Then the whole batch is logged under ``Average``.
+
+    Args:
+        itr: Iteration number.
+        batch: Episodes of one or more tasks.
+        discount: Discount of the discounted return.
+        name_map: Task id -> name. If given, exactly its tasks are logged.
+
+    Returns:
+        The undiscounted return of each episode of the batch, shape (N,).
+    """
+    by_name: dict[str, list[EpisodeBatch]] = {}
+    for episode in batch.split():
+        by_name.setdefault(_task_name(episode, name_map), []).append(episode)
+    names = list(by_name) if name_map is None else list(name_map.values())
+    for name in names:
+        episodes = by_name.get(name)
+        if episodes:
+            log_performance(itr, EpisodeBatch.concatenate(*episodes), discount, prefix=name)
+            continue
+        empty = performance_stats(batch.take_episodes(np.zeros(0, dtype=np.int64)), discount, itr)
+        for key, value in {**empty, "SuccessRate": math.nan}.items():
+            _log(name, key, value)
+    return log_performance(itr, batch, discount, prefix="Average")
+
+
+def _task_name(episode: EpisodeBatch, name_map: Mapping[int, str] | None) -> str:
+    if "task_name" in episode.env_infos:
+        return str(episode.env_infos["task_name"][0])
+    if "task_id" in episode.env_infos:
+        task_id = episode.env_infos["task_id"][0]
+        return (name_map or {}).get(int(task_id), f"Task #{task_id}")
+    return "__unnamed_task__"
 
 
 __all__ = [
     "discount_cumsum",
     "discounted_returns",
     "episode_returns",
+    "log_multitask_performance",
     "log_performance",
     "obtain_evaluation_episodes",
     "performance_stats",
@@ -388,25 +481,3 @@ __all__ = [
     "stack_tensor_dict_list",
     "truncate_paths",
 ]
-
-
-def sort_fragments(batch: EpisodeBatch) -> EpisodeBatch:
-    """Orders fragment pieces by (stream, episode_index, fragment_index).
-
-    This is the canonical order of fragment batches, used by
-    ``LocalSampler.obtain_fragments`` and the remote client alike, so that
-    the same request gives the same batch whichever sampler ran it.
-
-    Args:
-        batch: Pieces whose episode_infos carry 'stream', 'episode_index'
-            and 'fragment_index'.
-
-    Raises:
-        ConfigError: If one of those infos is missing.
-    """
-    infos = batch.episode_infos
-    missing = [k for k in ("stream", "episode_index", "fragment_index") if k not in infos]
-    if missing:
-        raise ConfigError(f"sort_fragments: the batch's episode_infos lack {missing}")
-    order = np.lexsort((infos["fragment_index"], infos["episode_index"], infos["stream"]))
-    return batch.take_episodes(order)

@@ -150,56 +150,94 @@ def test_demo_on_the_fleet_matches_the_local_run(
         assert [r[key] for r in fleet_rows] == [r[key] for r in local_rows]
 
 
-def test_bench_prints_the_table_with_all_three_samplers(
+_SAMPLERS = (
+    "plain loop: 2 processes x 1 envs at once",
+    "VecWorker: 1 envs in this process",
+    "SyncVectorEnv: 2 envs in this process",
+    "AsyncVectorEnv: 2 env processes",
+    "fleet: 2 workers x 1 envs",
+)
+
+
+def _bench(capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
+    code = main(
+        ["bench", "--workers", "2", "--envs-per-worker", "1", "--steps", "2000",
+         "--request-steps", "1000", "--repeats", "1", *extra]
+    )  # fmt: skip
+    return code, capsys.readouterr().out
+
+
+def test_bench_prints_every_sampler_its_cpu_per_step_and_the_goals(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = main(
-        ["bench", "--workers", "2", "--envs-per-worker", "1", "--steps", "3000",
-         "--request-steps", "1500", "--repeats", "1"]
-    )  # fmt: skip
-    out = capsys.readouterr().out
-    assert code == 0
+    code, out = _bench(capsys, "--check")
+    # --check: exit 1 exactly when a goal was missed (the verdicts are checked below).
+    assert code == (1 if "MISSED" in out else 0)
     table = out[out.index("sampler") :].splitlines()
     rates = {}
     for line in table:
-        m = re.match(r"^(fleet: 2 workers x 1 envs|single process: VecWorker, 1 envs|"
-                     r"gymnasium AsyncVectorEnv, 2 envs)\s+([\d,]+)\s+([\d,]+)$", line)  # fmt: skip
+        m = re.match(
+            r"^(" + "|".join(map(re.escape, _SAMPLERS)) + r")\s+([\d,]+)\s+([\d,]+)$", line
+        )
         if m:
             rates[m.group(1)] = int(m.group(2).replace(",", ""))
             assert m.group(2) == m.group(3)  # one run: the median is that run
-    assert len(rates) == 3 and all(rate > 0 for rate in rates.values())
-    vs_single = re.search(
-        r"fleet / \(2 x single process\)\s+([\d.]+)\s+goal >= 0.8: (ok|MISSED)", out
+    assert set(rates) == set(_SAMPLERS) and all(rate > 0 for rate in rates.values())
+    cpu = dict(re.findall(r"^(.+?)\s+([\d.]+)$", out[out.index("CPU us per env step") :], re.M))
+    for role in (
+        "plain loop: each plain process",
+        "VecWorker: this process",
+        "fleet: workers (each, per step it takes)",
+        "fleet: coordinator (learner's other threads)",
+        "fleet: learner (main thread)",
+        "AsyncVectorEnv: all env processes",
+    ):
+        assert float(cpu[role]) > 0, role
+    vs_plain = re.search(
+        r"fleet / \(2 plain processes at once\)\s+([\d.]+)\s+goal >= 0.9: (ok|MISSED)", out
     )
-    vs_async = re.search(r"fleet / AsyncVectorEnv\s+([\d.]+)\s+goal >= 4: (ok|MISSED)", out)
-    assert vs_single and vs_async
-    fleet = rates["fleet: 2 workers x 1 envs"]
-    # The ratios are those of the printed rates (which are rounded to 1 step/s).
-    expected_single = fleet / (2 * rates["single process: VecWorker, 1 envs"])
-    expected_async = fleet / rates["gymnasium AsyncVectorEnv, 2 envs"]
-    assert float(vs_single.group(1)) == pytest.approx(expected_single, abs=0.006)
-    assert float(vs_async.group(1)) == pytest.approx(expected_async, abs=0.006)
+    vs_cpu = re.search(
+        r"VecWorker / plain loop \(steps per CPU-second\)\s+([\d.]+)\s+goal >= 0.9: (ok|MISSED)",
+        out,
+    )
+    assert vs_plain and vs_cpu
+    # The ratios are those of the printed figures (rounded in print).
+    expected = rates[_SAMPLERS[4]] / rates[_SAMPLERS[0]]
+    assert float(vs_plain.group(1)) == pytest.approx(expected, abs=0.006)
+    expected_cpu = float(cpu["plain loop: each plain process"]) / float(
+        cpu["VecWorker: this process"]
+    )
+    assert float(vs_cpu.group(1)) == pytest.approx(expected_cpu, abs=0.01)
+
+
+def _report(fleet: float, worker_cpu: float) -> BenchReport:
+    config = BenchConfig(workers=2, envs_per_worker=8, repeats=3)
+    return BenchReport(
+        config,
+        plain=Measurement("plain", (100.0, 90.0, 120.0), {"each plain process": 10.0}),
+        vec_worker=Measurement("VecWorker", (1.0,), {"this process": worker_cpu}),
+        sync_vector_env=Measurement("sync", (50.0,)),
+        async_vector_env=Measurement("async", (20.0, 20.0, 21.0)),
+        fleet=Measurement("fleet", (fleet,)),
+    )
 
 
 def test_bench_report_ratios_and_verdicts() -> None:
-    config = BenchConfig(workers=2, envs_per_worker=8, repeats=3)
-    report = BenchReport(
-        config,
-        fleet=Measurement("fleet", (70.0, 80.0, 95.0)),
-        single=Measurement("single", (50.0, 10.0, 60.0)),
-        async_vector_env=Measurement("async", (20.0, 20.0, 21.0)),
-    )
-    assert report.fleet_vs_single == pytest.approx(80 / (2 * 50))
-    assert report.fleet_vs_async == pytest.approx(4.0)
+    report = _report(fleet=90.0, worker_cpu=10.0 / 0.9)
+    ratios = {ratio.label: ratio for ratio in report.ratios}
+    assert ratios["fleet / (2 plain processes at once)"].value == pytest.approx(0.9)
+    assert ratios["VecWorker / plain loop (steps per CPU-second)"].value == pytest.approx(0.9)
+    assert ratios["fleet / AsyncVectorEnv"].value == pytest.approx(4.5)
+    assert ratios["fleet / AsyncVectorEnv"].goal is None
     assert report.goals_met
     text = report.format()
-    assert "fleet / (2 x single process)                      0.80   goal >= 0.8: ok" in text
-    assert "70 / 80 / 95" in text
-    slower = BenchReport(
-        config, Measurement("fleet", (79.0,)), report.single, report.async_vector_env
-    )
-    assert not slower.goals_met
-    assert "MISSED" in slower.format()
+    assert "goal >= 0.9: ok" in text and "MISSED" not in text
+    assert "100 / 90 / 120" in text
+    assert not _report(fleet=89.0, worker_cpu=10.0).goals_met
+    slow_worker = _report(fleet=95.0, worker_cpu=12.0)
+    assert not slow_worker.goals_met
+    verdict = r"VecWorker / plain loop \(steps per CPU-second\)\s+0\.83\s+goal >= 0\.9: MISSED"
+    assert re.search(verdict, slow_worker.format())
 
 
 def test_bench_config_rejects_bad_counts() -> None:

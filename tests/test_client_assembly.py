@@ -1,4 +1,4 @@
-"""Reassembly of a response's results into one ordered EpisodeBatch (no processes).
+"""A learner's answer from its results (rlfleet.episode_results), without processes.
 
 Batches are built by hand from rlfleet/Counter-v0's spaces, whose
 observations count steps, so expected orders can be read off the data.
@@ -9,14 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlfleet.client._assembly import (
-    Result,
+from rlfleet.core import EnvSpec, EpisodeBatch, StepType
+from rlfleet.envs import EnvConfig
+from rlfleet.episode_results import (
+    DecodedResult,
     ResultAssembler,
+    ResultHeader,
     assemble_episodes,
     assemble_fragments,
 )
-from rlfleet.core import EnvSpec, EpisodeBatch, StepType
-from rlfleet.envs import EnvConfig
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import encode_batch_chunks
@@ -56,20 +57,20 @@ def batch(lengths: list[int], indices: list[int], **infos: list[int]) -> Episode
     )
 
 
-def result(b: EpisodeBatch, worker: int = 1) -> Result:
+def result(b: EpisodeBatch, worker: int = 1) -> DecodedResult:
     meta = worker_pb2.EpisodeResult(
         episode_indices=b.episode_infos["episode_index"].tolist(),
         lengths=b.lengths.tolist(),
         worker_id=worker,
     )
-    return Result(meta, b)
+    return DecodedResult(ResultHeader.of(meta), b)
 
 
-def test_step_types_come_out_as_int64_like_local_batches() -> None:
+def test_step_types_keep_the_wire_dtype() -> None:
     b = batch([2], [0])
     assert b.step_types.dtype == np.uint8  # as the wire carries them
     answer = assemble_episodes([result(b)], 1)
-    assert answer.step_types.dtype == np.int64
+    assert answer.step_types.dtype == np.uint8
     assert answer.step_types.tolist() == [StepType.FIRST, StepType.TERMINAL]
 
 
@@ -113,12 +114,12 @@ def test_assemble_fragments_orders_by_stream_episode_and_fragment() -> None:
     assert answer.lengths.tolist() == [4, 2, 2, 1, 3, 4]
     # Steps travel with their pieces: episode 1 of stream 1 is 3 + 4 steps long.
     assert answer.observations[-7:, 0].tolist() == [100, 101, 102, 100, 101, 102, 103]
-    assert answer.step_types.dtype == np.int64
+    assert answer.step_types.dtype == np.uint8
 
 
 def test_result_assembler_joins_chunks_of_interleaved_workers() -> None:
     first, second = batch([30, 40], [0, 1]), batch([25], [2])
-    assembler = ResultAssembler(SPEC)
+    assembler = ResultAssembler(SPEC, per_worker=True)
     chunks_a = encode_batch_chunks(first, 400, batch_id=0, include_env_spec=False)
     chunks_b = encode_batch_chunks(second, 400, batch_id=0, include_env_spec=False)
     assert len(chunks_a) > 2 and len(chunks_b) > 1  # several chunks each: a real test
@@ -135,7 +136,7 @@ def test_result_assembler_joins_chunks_of_interleaved_workers() -> None:
                 out = assembler.add(envelope, chunks[i])
                 if out is not None:
                     done.append(out)
-    assert [r.meta.task_id for r in done] == [2, 1]
+    assert [r.header.task_id for r in done] == [2, 1]
     assert np.array_equal(done[1].batch.observations, first.observations)
     assert np.array_equal(done[0].batch.observations, second.observations)
 
@@ -147,22 +148,22 @@ def test_result_assembler_checks_metadata_against_the_batch() -> None:
     with pytest.raises(
         ProtocolError, match=r"metadata lengths \[4\] disagree with the batch's \[3\]"
     ):
-        ResultAssembler(SPEC).add(meta, chunk)
+        ResultAssembler(SPEC, per_worker=True).add(meta, chunk)
 
 
 def test_result_assembler_needs_the_header_and_a_chunk() -> None:
     (chunk,) = encode_batch_chunks(batch([3], [0]), include_env_spec=False)
     meta = worker_pb2.EpisodeResult(episode_indices=[0], lengths=[3], worker_id=1)
-    with pytest.raises(ProtocolError, match="before the header"):
-        ResultAssembler().add(meta, chunk)
-    with pytest.raises(ProtocolError, match="without a batch chunk"):
-        ResultAssembler(SPEC).add(meta, None)
+    with pytest.raises(ProtocolError, match="before the env spec"):
+        ResultAssembler(per_worker=True).add(meta, chunk)
+    with pytest.raises(ProtocolError, match="has no chunk"):
+        ResultAssembler(SPEC, per_worker=True).add(meta, None)
 
 
 def test_result_assembler_refuses_chunks_out_of_order() -> None:
     chunks = encode_batch_chunks(batch([30, 40], [0, 1]), 400, include_env_spec=False)
     meta = worker_pb2.EpisodeResult(episode_indices=[0, 1], lengths=[30, 40], worker_id=1)
-    assembler = ResultAssembler(SPEC)
+    assembler = ResultAssembler(SPEC, per_worker=True)
     assert assembler.add(meta, chunks[0]) is None
     with pytest.raises(WireFormatError, match="chunk 1 of batch 0 missing"):
         assembler.add(worker_pb2.EpisodeResult(worker_id=1), chunks[2])

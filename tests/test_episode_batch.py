@@ -88,12 +88,12 @@ def test_sizes() -> None:
     assert (batch.n_episodes, batch.total_steps) == (2, 5)
 
 
-def test_is_frozen_and_keyword_only() -> None:
+def test_is_frozen_and_takes_garages_positional_order() -> None:
     batch = make()
     with pytest.raises(dataclasses.FrozenInstanceError):
         batch.rewards = np.zeros(5)  # type: ignore[misc]
-    with pytest.raises(TypeError):
-        EpisodeBatch(*fields().values())  # type: ignore[call-arg]
+    # fields() lists garage's order: env_spec, episode_infos, observations, ...
+    assert EpisodeBatch(*fields().values()) == batch
 
 
 def test_repr_shows_shapes_not_data() -> None:
@@ -109,16 +109,20 @@ def test_narrow_integer_step_types_are_kept_as_given() -> None:
     assert make(step_types=step_types).step_types is step_types
 
 
-def test_garage_style_step_type_arrays_become_int64() -> None:
-    # Under numpy 2, dtype=StepType makes an object array.
+def test_garage_style_step_type_arrays_keep_their_members() -> None:
+    # Under numpy 2, dtype=StepType makes an object array; garage keeps it.
     step_types = np.array(
         [StepType.FIRST, StepType.TERMINAL, StepType.FIRST, StepType.MID, StepType.TIMEOUT],
         dtype=StepType,
     )
     assert step_types.dtype == object
     batch = make(step_types=step_types)
-    assert batch.step_types.dtype == np.int64
+    assert batch.step_types is step_types
+    assert batch.step_types[1] is StepType.TERMINAL
     np.testing.assert_array_equal(batch.step_types, [F, TERM, F, M, TOUT])
+    # Object arrays of plain ints are not garage's form: stored as int64.
+    ints = make(step_types=np.array([0, 2, 0, 1, 3], dtype=object))
+    assert ints.step_types.dtype == np.int64
 
 
 def test_empty_batch_is_valid() -> None:

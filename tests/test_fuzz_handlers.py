@@ -32,7 +32,7 @@ from rlfleet.conformance.scripted_coordinator import (
     CLOSED,
     Inbound,
     ScriptedCoordinator,
-    Session,
+    ScriptedSession,
 )
 from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
 from rlfleet.v1 import batch_pb2, learner_pb2, spaces_pb2, tensor_pb2, updates_pb2, worker_pb2
@@ -623,13 +623,13 @@ class WorkerDriver:
         self.coordinator = coordinator
         self.worker = worker
         self.thread = threading.Thread(target=worker.run, name="fuzzed-worker", daemon=True)
-        self.session: Session | None = None
-        self._pending: Session | None = None  # a new Join call: the worker re-joined
+        self.session: ScriptedSession | None = None
+        self._pending: ScriptedSession | None = None  # a new Join call: the worker re-joined
         # Far from any version the fuzzed updates carry.
         self._version = 1 << 62
         self.thread.start()
 
-    def current(self) -> Session:
+    def current(self) -> ScriptedSession:
         """The joined session, after a fresh handshake if the worker re-joined."""
         if self._pending is None and (self.session is None or self.session.ended):
             self._pending = self.coordinator.accept(CALL_DEADLINE)
@@ -641,7 +641,7 @@ class WorkerDriver:
         assert self.session is not None
         return self.session
 
-    def _handshake(self, session: Session) -> Session:
+    def _handshake(self, session: ScriptedSession) -> ScriptedSession:
         hello_in = session.receive(CALL_DEADLINE)
         assert hello_in is not None and hello_in.kind == "hello", hello_in
         session.send(
@@ -691,7 +691,7 @@ class WorkerDriver:
                     return
         raise AssertionError("the worker did not apply a valid agent update")
 
-    def _expect(self, session: Session, kind: str) -> Inbound | None:
+    def _expect(self, session: ScriptedSession, kind: str) -> Inbound | None:
         """The next ``kind`` message, skipping answers to earlier input.
 
         Returns None if the worker left this stream (ended it, or opened a

@@ -71,6 +71,14 @@ def test_obtain_episodes_and_exact_episodes_counts():
     assert set(exact.episode_infos["worker"].tolist()) <= {0, 1, 2}
 
 
+def test_step_types_are_uint8_as_on_the_wire():
+    # One dtype from the worker to the learner, locally as remotely.
+    with LocalSampler(counter(3), n_workers=2, envs_per_worker=2) as sampler:
+        assert sampler.obtain_episodes(3).step_types.dtype == np.uint8
+        assert sampler.obtain_samples(0, 7).step_types.dtype == np.uint8
+        assert sampler.obtain_fragments(8, 2).step_types.dtype == np.uint8
+
+
 def test_agent_updates_bump_the_version_on_every_worker():
     spec = CARTPOLE.env_spec()
     policy = MLPCategoricalPolicy(spec, seed=1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlfleet._numeric import row_stable_matmul
+from rlfleet._numeric import all_finite, row_stable_matmul
 
 MAX_BATCH = 16
 
@@ -69,3 +69,31 @@ def test_empty_batch_gives_empty_rows() -> None:
     w = np.ones((4, 3), dtype=np.float32)
     out = row_stable_matmul(np.empty((0, 4), dtype=np.float32), w)
     assert out.shape == (0, 3)
+
+
+@pytest.mark.parametrize(("k", "h"), [(4, 32), (32, 2), (64, 1)])
+def test_rows_keep_their_bits_across_many_blocks_and_padded_tails(k: int, h: int) -> None:
+    rng = np.random.default_rng([k, h, 40])
+    x = rng.standard_normal((40, k)).astype(np.float32)
+    w = rng.standard_normal((k, h)).astype(np.float32)
+    alone = [row_stable_matmul(x[i : i + 1], w).tobytes() for i in range(len(x))]
+    # 17..40 rows: three to five 8-row blocks, full or with a padded tail,
+    # and every row at a different position than when computed alone.
+    for n in (17, 23, 24, 31, 33, 40):
+        for start in (0, len(x) - n):
+            batch = row_stable_matmul(x[start : start + n], w)
+            assert [row.tobytes() for row in batch] == alone[start : start + n], n
+
+
+def test_all_finite_finds_nan_and_inf_and_tolerates_huge_finite_values() -> None:
+    values = np.ones((5, 3), dtype=np.float32)
+    assert all_finite(values)
+    for bad in (np.nan, np.inf, -np.inf):
+        spoiled = values.copy()
+        spoiled[3, 1] = bad
+        assert not all_finite(spoiled)
+    # The squares overflow the quick check; the exact check still says finite.
+    assert all_finite(np.full((2, 2), 3e38, dtype=np.float32))
+    assert all_finite(np.array([[1, 2]], dtype=np.int64))
+    assert all_finite(np.empty((0, 4), dtype=np.float64))
+    assert not all_finite(np.array([1 + 1j, complex(np.nan, 0)]))

@@ -9,15 +9,20 @@ import rlfleet
 
 PROMISED = [
     # garage's data types
-    "EpisodeBatch", "TimeStep", "TimeStepBatch", "StepType", "EnvSpec",
+    "EpisodeBatch", "TimeStep", "TimeStepBatch", "StepType", "EnvSpec", "InOutSpec",
     # workers and samplers, garage's contract
     "DefaultWorker", "VecWorker", "LocalSampler",
     # garage's sampling utilities
     "rollout", "truncate_paths", "obtain_evaluation_episodes", "log_performance",
+    "log_multitask_performance",
+    # garage's Trainer
+    "Trainer", "SnapshotConfig", "wrap_experiment", "ExperimentContext", "NotSetupError",
     # envs and policies
     "EnvConfig", "PolicySpec", "Policy", "RlfleetError",
     # batch files (rlfleet sample's .npz)
     "load_batch", "save_batch",
+    # tianshou's vector envs (issue 11): the in-process alias, and what a backend needs
+    "BaseVectorEnv", "DummyVectorEnv", "VectorEnv", "SubprocVectorEnv", "FailedCall",
     # RLlib's RolloutWorker surface (issue 14)
     "RolloutWorker", "MultiAgentEpisodeBatch",
 ]  # fmt: skip
@@ -40,3 +45,12 @@ def test_core_types_import_without_grpc() -> None:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
     ).stdout.strip()
     assert out == "", f"importing rlfleet.core loaded {out}"
+
+
+def test_the_client_exports_the_fleet_faces() -> None:
+    """gRPC-bound names live in rlfleet.client (importing rlfleet loads no gRPC)."""
+    import rlfleet.client
+
+    promised = ["Fleet", "RemoteSampler", "RemoteVectorEnv", "FleetStatus"]
+    missing = [name for name in promised if name not in rlfleet.client.__all__]
+    assert not missing, f"rlfleet.client.__all__ lacks {missing}"

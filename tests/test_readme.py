@@ -29,3 +29,12 @@ def test_python_example_runs(capsys) -> None:
     exec(compile(code, "README.md", "exec"), {})
     printed = capsys.readouterr().out.split()
     assert printed[0] == "0" and float(printed[1]) > 0
+
+
+def test_coming_from_garage_example_runs(capsys, tmp_path, monkeypatch) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", README, re.S)
+    code = next(block for block in blocks if "Trainer" in block)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.replace("n_epochs=20", "n_epochs=1"), "README.md", "exec"), {})
+    assert float(capsys.readouterr().out.split()[-1]) > 0
+    assert (tmp_path / "runs" / "vpg" / "itr_0" / "snapshot.json").exists()

@@ -83,6 +83,8 @@ def test_truncate_paths_accepts_rollout_output():
     out = truncate_paths([episode], 4)
     np.testing.assert_array_equal(out[0]["dones"], [False] * 4)
     assert out[0]["episode_infos"] is episode["episode_infos"]
+    # The cut path ends before observation 4, which becomes its last one.
+    np.testing.assert_array_equal(out[0]["last_observation"], episode["observations"][4])
 
 
 # ---------------------------------------------------------------- rollout
@@ -99,8 +101,10 @@ def test_rollout_of_a_counter_by_hand():
         "agent_infos",
         "env_infos",
         "dones",
+        "last_observation",
     }
     np.testing.assert_array_equal(episode["observations"][:, 0], [0, 1, 2])
+    assert episode["last_observation"][0] == 3  # the state after the last step
     np.testing.assert_array_equal(episode["rewards"], [1, 1, 1])
     np.testing.assert_array_equal(episode["dones"], [False, False, True])
     assert episode["episode_infos"] == {"seed": None}

@@ -7,8 +7,8 @@ import pytest
 from rlfleet.coordinator.scheduler import (
     CancelOrder,
     Mode,
-    Outcome,
     RequestSpec,
+    ResultRuling,
     Scheduler,
     TaskOrder,
     Verdict,
@@ -41,7 +41,7 @@ def by_worker(orders: list[TaskOrder]) -> dict[int, list[int]]:
 
 def finish_units(
     scheduler: Scheduler, order: TaskOrder, lengths: dict[int, int], only: list[int] | None = None
-) -> Outcome:
+) -> ResultRuling:
     done = only if only is not None else indices(order)
     return scheduler.complete(order.worker_id, order.task_id, done, [lengths[i] for i in done])
 
@@ -67,6 +67,11 @@ def test_units_carry_the_request_seeds_and_state() -> None:
     )
     for unit in order.units:
         assert (unit.env_seed, unit.policy_seed) == episode_seeds(7, 3, unit.episode_index)
+    # Kept for checking results: the same seeds, without deriving them again.
+    assert scheduler.unit_seeds(order.task_id) == {
+        u.episode_index: (u.env_seed, u.policy_seed) for u in order.units
+    }
+    assert scheduler.unit_seeds(order.task_id + 99) == {}
 
 
 def test_steps_limits_units_to_what_the_average_length_says_is_needed() -> None:

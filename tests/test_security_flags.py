@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.errors import ConfigError
-from rlfleet.security import TokenRedactor
-from rlfleet.security.flags import (
+from rlfleet.cli._security_flags import (
     add_client_flags,
     add_server_flags,
     learner_options_from_args,
     server_security_from_args,
     worker_security_from_args,
 )
+from rlfleet.errors import ConfigError
+from rlfleet.security import TokenRedactor
 from tests.tls_fixtures import make_ca, make_cert
 
 WORKER_SECRET = "a3f1c2d4e5b6a7980f1e2d3c4b5a6978"

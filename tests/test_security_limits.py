@@ -20,9 +20,9 @@ def test_defaults_are_valid_and_bounded() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("max_workers", 0, "max_workers must be a positive int, got 0"),
-        ("max_workers", True, "max_workers must be a positive int, got True"),
-        ("max_subscribers", 2.5, "max_subscribers must be a positive int"),
+        ("max_workers", 0, "max_workers must be an int >= 1, got 0"),
+        ("max_workers", True, "max_workers must be an int >= 1, got True"),
+        ("max_subscribers", 2.5, "max_subscribers must be an int >= 1"),
         ("handshake_timeout_seconds", 0, "must be a positive number of seconds, got 0"),
         ("handshake_timeout_seconds", float("inf"), "positive number of seconds, got inf"),
         ("handshake_timeout_seconds", "10", "must be a number of seconds"),

@@ -78,12 +78,13 @@ def test_bad_step_type(make: MakeStep, bad: object) -> None:
         make(step_type=bad)
 
 
-def test_is_frozen_and_keyword_only() -> None:
+def test_is_frozen_and_takes_garages_positional_order() -> None:
     step = env_step()
     with pytest.raises(dataclasses.FrozenInstanceError):
         step.reward = 2.0  # type: ignore[misc]
-    with pytest.raises(TypeError):
-        EnvStep(SPEC, 1, 1.0, np.zeros(2), {}, StepType.MID)  # type: ignore[call-arg]
+    # garage's order: env_spec, action, reward, observation, env_info, step_type.
+    positional = EnvStep(SPEC, 1, 1.0, np.zeros(2), {}, StepType.MID)
+    assert positional.observation.shape == (2,) and positional.reward == 1.0
 
 
 def test_from_env_step_maps_every_field() -> None:

@@ -11,7 +11,10 @@ import gc
 import multiprocessing
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import cast
 
 import gymnasium as gym
 import numpy as np
@@ -19,7 +22,7 @@ import psutil
 import pytest
 
 from rlfleet.envs import BaseVectorEnv, DummyVectorEnv, EnvConfig, SubprocVectorEnv
-from rlfleet.envs._base import stack_batch
+from rlfleet.envs._base import FailedCall, run_command, stack_batch
 from rlfleet.envs.testing import FRAME_SHAPE
 from rlfleet.errors import ConfigError, EnvNotFoundError, UsageError, VectorEnvError
 
@@ -329,7 +332,7 @@ def test_subproc_observations_do_not_alias_shared_memory() -> None:
 
 def test_subproc_hang_times_out_and_kills_the_child() -> None:
     before = live_children()
-    venv = SubprocVectorEnv([counter(), hanging()], timeout=1.0)
+    venv = SubprocVectorEnv([counter(), hanging()], call_timeout=1.0)
     pids = venv.pids
     venv.reset()
     with pytest.raises(VectorEnvError, match=r"env 1: step\(\) did not return within 1 s") as hang:
@@ -382,10 +385,207 @@ def test_subproc_failed_start_leaves_no_process() -> None:
     assert_no_process_left([], before)
 
 
+def test_subproc_takes_tianshous_lambdas() -> None:
+    """The seed's own usage: lambdas and closures go to the children by cloudpickle."""
+    task = "CartPole-v1"
+    venv = SubprocVectorEnv([lambda: gym.make(task) for _ in range(2)])
+    try:
+        obs, _ = venv.reset(seed=[3, 4])
+        np.testing.assert_array_equal(obs, first_observations([3, 4]))
+    finally:
+        venv.close()
+
+
 def test_subproc_rejects_unpicklable_factories_and_fork() -> None:
-    with pytest.raises(ConfigError, match=r"cannot be pickled.*EnvConfig"):
-        SubprocVectorEnv([lambda: gym.make("CartPole-v1")])
+    lock = threading.Lock()
+    with pytest.raises(ConfigError, match=r"env factory 0 .*cannot be pickled.*lock"):
+        SubprocVectorEnv([lambda: lock and gym.make("CartPole-v1")])
     with pytest.raises(ConfigError, match="fork"):
         SubprocVectorEnv([CARTPOLE], context="fork")
-    with pytest.raises(ConfigError, match="timeout"):
-        SubprocVectorEnv([CARTPOLE], timeout=0)
+    with pytest.raises(ConfigError, match="call_timeout"):
+        SubprocVectorEnv([CARTPOLE], call_timeout=0)
+    with pytest.raises(ConfigError, match=r"wait_num=3\): give 1 to 2"):
+        SubprocVectorEnv([CARTPOLE, CARTPOLE], wait_num=3)
+    with pytest.raises(ConfigError, match=r"timeout=0\)"):
+        DummyVectorEnv([CARTPOLE], timeout=0)
+
+
+# --- tianshou's async mode (wait_num, timeout) ---------------------------------
+
+
+def test_async_dummy_returns_every_env_it_stepped() -> None:
+    venv = DummyVectorEnv([counter(), counter(), counter()], wait_num=1)
+    assert venv.is_async and venv.wait_num == 1
+    venv.reset()
+    obs, _, _, _, infos = venv.step([0, 0], id=[2, 0])
+    # Results come in env-index order, named by env_id.
+    assert [info["env_id"] for info in infos] == [0, 2]
+    assert obs.tolist() == [[1.0], [1.0]]
+    with pytest.raises(UsageError, match="no env was stepped"):
+        venv.step([], id=[])
+    venv.close()
+
+
+def test_async_subproc_returns_ready_envs_and_keeps_slow_ones_in_flight() -> None:
+    before = live_children()
+    # Env 1 sleeps forever in its first step: it never blocks env 0.
+    venv = SubprocVectorEnv(
+        [counter(length=10), hanging(length=10), counter(length=10)], wait_num=2, call_timeout=30
+    )
+    pids = venv.pids
+    venv.reset()
+    obs, rew, _, _, infos = venv.step([0, 0, 0])
+    assert [info["env_id"] for info in infos] == [0, 2]
+    assert obs.tolist() == [[1.0], [1.0]] and rew.tolist() == [1.0, 1.0]
+    obs, _, _, _, infos = venv.step([0, 0], id=[2, 0])
+    assert [info["env_id"] for info in infos] == [0, 2] and obs.tolist() == [[2.0], [2.0]]
+    for call in (lambda: venv.reset(id=1), lambda: venv.step([0], id=1), venv.render):
+        with pytest.raises(UsageError, match=r"envs \[1\] have a step in flight"):
+            call()
+    # An env with a step in flight can still be reset-free stepped by the others.
+    assert venv.reset(id=0)[0].tolist() == [[0.0]]
+    venv.close()  # a step still in flight does not hold up close
+    assert_no_process_left(pids, before)
+
+
+def test_async_timeout_returns_what_is_ready_and_deadline_fails_the_slow_env() -> None:
+    venv = SubprocVectorEnv([counter(length=10), hanging(length=10)], timeout=0.2, call_timeout=3)
+    assert venv.is_async and venv.wait_num == 2
+    venv.reset()
+    obs, _, _, _, infos = venv.step([0, 0])
+    assert [info["env_id"] for info in infos] == [0]
+    # Collecting only (each call returns after 0.2 s with nothing ready,
+    # then waits for one env) until env 1 passes its call_timeout.
+    with pytest.raises(VectorEnvError, match=r"env 1: step\(\) did not return within 3 s"):
+        while True:
+            venv.step([], id=[])
+    obs, _, _, _, infos = venv.step([0], id=0)
+    assert [info["env_id"] for info in infos] == [0] and obs.tolist() == [[2.0]]
+    with pytest.raises(VectorEnvError, match="process is gone"):
+        venv.reset(id=1)
+    venv.close()
+
+
+def test_async_failure_of_one_env_keeps_the_others_answers(make_venv: MakeVenv) -> None:
+    venv = make_venv([counter(), crashing(), counter()], wait_num=3)
+    venv.reset()
+    # wait_num == env_num and no timeout: synchronous, the first failure raises.
+    assert venv.is_async is False
+    with pytest.raises(VectorEnvError, match="env 1"):
+        venv.step([0, 0, 0])
+    async_venv = make_venv([counter(), crashing(), counter()], wait_num=1, timeout=30.0)
+    async_venv.reset()
+    collected: list[int] = []
+    with pytest.raises(VectorEnvError, match="env 1: step"):
+        collected += [info["env_id"] for info in async_venv.step([0, 0, 0])[4]]
+        while True:
+            collected += [info["env_id"] for info in async_venv.step([], id=[])[4]]
+    while len(collected) < 2:
+        collected += [info["env_id"] for info in async_venv.step([], id=[])[4]]
+    assert sorted(collected) == [0, 2]
+    with pytest.raises(UsageError, match="no env was stepped"):
+        async_venv.step([], id=[])
+
+
+class ThreadVectorEnv(BaseVectorEnv):
+    """A user's own backend: each env steps on a thread (the subclassing contract)."""
+
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], wait_num: int) -> None:
+        self.envs = [fn() for fn in env_fns]
+        self.pool = ThreadPoolExecutor(len(self.envs))
+        self.futures: dict[int, Future[object]] = {}
+        pool = self.pool
+
+        def release() -> list[BaseException]:
+            pool.shutdown(wait=False, cancel_futures=True)
+            return []
+
+        super().__init__(len(self.envs), release, wait_num=wait_num)
+
+    def _send(self, ids: list[int], command: str, args: Sequence[object]) -> None:
+        for i, arg in zip(ids, args, strict=True):
+            self.futures[i] = self.pool.submit(run_command, self.envs[i], command, arg)
+
+    def _receive(self, ids: list[int], count: int, timeout: float | None) -> dict[int, object]:
+        pending = {self.futures[i] for i in ids}
+        answers: dict[int, object] = {}
+        while len(answers) < count:
+            done, pending = wait(pending, timeout, return_when=FIRST_COMPLETED)
+            if not done:
+                break
+            for i in ids:
+                future = self.futures.get(i)
+                if future in done:
+                    del self.futures[i]
+                    error = future.exception()
+                    answers[i] = (
+                        future.result() if error is None else FailedCall(cast(Exception, error))
+                    )
+        return answers
+
+
+def test_a_subclass_gets_the_whole_api_from_two_methods() -> None:
+    # Env 2 sleeps 2 s in its first step (a thread cannot be killed: not forever).
+    venv = ThreadVectorEnv(
+        [counter(), counter(length=1), hanging(length=10, hang_seconds=2.0)], wait_num=2
+    )
+    assert isinstance(venv, BaseVectorEnv) and len(venv) == 3
+    venv.seed(7)
+    _, infos = venv.reset(id=[0, 1])
+    assert [info["seed"] for info in infos] == [7, 8]
+    venv.reset(id=2)
+    _, _, term, _, infos = venv.step([0, 0, 0])
+    assert [info["env_id"] for info in infos] == [0, 1] and term.tolist() == [False, True]
+    with pytest.raises(VectorEnvError, match=r"cannot step envs \[1\]"):
+        venv.step([0], id=1)
+    assert venv.get_env_attr("length", id=[0, 1]) == [3, 1]
+    venv.close()
+
+
+class InterruptedCallError(Exception):
+    """Raised by a SIGALRM handler: stands in for Ctrl-C during a call."""
+
+
+def test_an_interrupted_step_leaves_no_stale_answer_behind() -> None:
+    venv = SubprocVectorEnv([counter(length=10), hanging(length=10, hang_seconds=1.0)])
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise InterruptedCallError
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        venv.reset()
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(InterruptedCallError):
+            venv.step([0, 0])
+        # Env 1's late answer to the interrupted step is discarded, not read
+        # as the answer to reset; both envs must be reset before stepping.
+        with pytest.raises(VectorEnvError, match="must be reset first"):
+            venv.step([0, 0])
+        obs, infos = venv.reset(seed=[1, 2])
+        assert obs.tolist() == [[0.0], [0.0]] and [i["seed"] for i in infos] == [1, 2]
+        assert venv.step([0, 0])[0].tolist() == [[1.0], [1.0]]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        venv.close()
+
+
+def test_step_and_reset_in_one_round(make_venv: MakeVenv) -> None:
+    venv = make_venv([counter(length=1), counter(), counter()])
+    venv.reset()
+    _, _, term, _, _ = venv.step([0, 0, 0])
+    assert term.tolist() == [True, False, False]
+    (obs, rew, term, _, infos), (first, reset_infos) = venv.step_and_reset(
+        [0, 0], [2, 1], [0], seed=[9]
+    )
+    assert obs.tolist() == [[2.0], [2.0]] and rew.tolist() == [1.0, 1.0]
+    assert [info["env_id"] for info in infos] == [2, 1]
+    assert first.tolist() == [[0.0]] and reset_infos[0] == {"seed": 9, "env_id": 0}
+    # Either side may be empty.
+    (obs, *_), (first, _) = venv.step_and_reset([0], [0], [])
+    assert obs.tolist() == [[1.0]] and first.size == 0
+    with pytest.raises(ValueError, match=r"envs \[1\] are both stepped and reset"):
+        venv.step_and_reset([0], [1], [1])
+    with pytest.raises(UsageError, match="sync mode"):
+        DummyVectorEnv([counter()] * 2, wait_num=1).step_and_reset([0], [0], [1])

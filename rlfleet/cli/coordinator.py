@@ -11,7 +11,6 @@ environment variables, named in ``--help``.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -21,10 +20,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from rlfleet._values import json_object
 from rlfleet.cli._args import byte_size, non_negative_int, positive_float, positive_int
 from rlfleet.cli._config import add_config_flags
 from rlfleet.cli._env import env_option
-from rlfleet.security.flags import add_server_flags, server_security_from_args
+from rlfleet.cli._security_flags import add_server_flags, server_security_from_args
+from rlfleet.errors import ConfigError
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -214,6 +215,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     option(
+        "--max-envs-per-lease",
+        type=positive_int,
+        default=256,
+        help="envs one lease (one learner's RemoteVectorEnv) may hold (default: 256)",
+    )
+    option(
+        "--max-leased-envs",
+        type=positive_int,
+        default=4096,
+        help="envs all leases together may hold (default: 4096)",
+    )
+    option(
         "--health-listen",
         **env_option(
             "RLFLEET_HEALTH_LISTEN",
@@ -300,6 +313,8 @@ def run(args: argparse.Namespace) -> int:
         max_workers=args.max_workers,
         max_queued_requests=args.max_queued_requests,
         max_subscribers=args.max_subscribers,
+        max_envs_per_lease=args.max_envs_per_lease,
+        max_leased_envs=args.max_leased_envs,
         max_result_bytes=args.max_result_bytes,
         max_learner_calls=args.max_learner_calls,
         max_buffered_steps=args.max_buffered_steps,
@@ -371,10 +386,8 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def _json_object(text: str) -> dict[str, Any]:
+    """argparse type: a JSON object."""
     try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"must be a JSON object like '{{\"a\": 1}}', got {text!r}")
-    return value
+        return json_object(text, "the value")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -15,7 +15,7 @@ from typing import Any
 from rlfleet.cli._args import non_negative_int, positive_float, positive_int
 from rlfleet.cli._env import env_option
 from rlfleet.cli._progress import Progress
-from rlfleet.security.flags import add_client_flags, learner_options_from_args
+from rlfleet.cli._security_flags import add_client_flags, learner_options_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from rlfleet.cli._args import positive_float
 from rlfleet.cli._env import env_option
+from rlfleet.cli._security_flags import add_client_flags, learner_options_from_args
 from rlfleet.errors import UnavailableError
-from rlfleet.security.flags import add_client_flags, learner_options_from_args
 
 if TYPE_CHECKING:
     from rlfleet.client import FleetStatus, RemoteSampler

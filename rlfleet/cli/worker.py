@@ -18,7 +18,7 @@ from rlfleet.cli._args import byte_size, non_negative_int, positive_float, posit
 from rlfleet.cli._config import add_config_flags
 from rlfleet.cli._env import env_option
 from rlfleet.cli._logging import tag_process
-from rlfleet.security.flags import add_client_flags, worker_security_from_args
+from rlfleet.cli._security_flags import add_client_flags, worker_security_from_args
 from rlfleet.worker._restarts import EnvRestartBudget
 
 if TYPE_CHECKING:
@@ -52,6 +52,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             default=1,
             type=positive_int,
             help="env slots stepped together (K)",
+        ),
+    )
+    parser.add_argument(
+        "--lease-slots",
+        **env_option(
+            "RLFLEET_LEASE_SLOTS",
+            default=None,
+            type=non_negative_int,
+            help=(
+                "leased envs (RemoteVectorEnv) this worker hosts at most, besides its --envs "
+                "sampling slots (default: --envs; 0: none)"
+            ),
         ),
     )
     parser.add_argument(
@@ -202,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
     config = WorkerConfig(
         coordinator=args.coordinator,
         envs=args.envs,
+        lease_slots=args.lease_slots,
         imports=tuple(args.imports),
         name=args.name or default_worker_name(),
         seed=args.seed,

@@ -13,6 +13,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from rlfleet._values import json_object
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError
 from rlfleet.policies import BUILTIN_POLICIES, Policy, PolicySpec
@@ -121,17 +122,20 @@ def env_config_of(proto: updates_pb2.EnvUpdate) -> EnvConfig:
     Raises:
         ConfigError: If the kwargs are not a JSON object or a field is invalid.
     """
-    kwargs = _json_object(proto.kwargs_json, f"env {proto.env_id!r} kwargs")
+    kwargs = json_object(proto.kwargs_json, f"env {proto.env_id!r} kwargs")
     length = proto.max_episode_length if proto.HasField("max_episode_length") else None
     return EnvConfig(proto.env_id, kwargs, max_episode_length=length)
 
 
 def policy_spec_of(policy: Policy) -> PolicySpec:
-    """The spec of a built-in policy instance (name from its class).
+    """The spec of a policy instance: its own ``policy_spec``, or a built-in's by class.
 
     Raises:
         ConfigError: If the policy's class is not a built-in.
     """
+    own = getattr(policy, "policy_spec", None)
+    if isinstance(own, PolicySpec):  # e.g. TorchPolicy: it names its own module
+        return own
     name = next((n for n, cls in BUILTIN_POLICIES.items() if type(policy) is cls), None)
     if name is None:
         raise ConfigError(
@@ -172,15 +176,3 @@ def _proto(
             raise ConfigError(f"parameter names must be str, got {bad!r}")
         proto.params.CopyFrom(encode_tensor_map(dict(params)))
     return proto
-
-
-def _json_object(text: str, what: str) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{what} is not valid JSON ({exc}): {text[:200]!r}") from exc
-    if not isinstance(value, dict):
-        raise ConfigError(f"{what} must be a JSON object, got {text[:200]!r}")
-    return value

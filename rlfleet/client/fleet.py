@@ -39,6 +39,7 @@ from typing import Any
 import psutil
 
 import rlfleet
+from rlfleet._values import check_int
 from rlfleet.client._updates import AgentUpdateLike
 from rlfleet.client.sampler import RemoteSampler
 from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
@@ -247,8 +248,7 @@ class Fleet:
                 its exit code and log tail).
         """
         for name, value in (("workers", workers), ("envs_per_worker", envs_per_worker)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"Fleet.local {name} must be an int >= 1, got {value!r}")
+            check_int(f"Fleet.local {name}", value)
         fixed = sorted({"listen", "env", "seed", "security"} & set(coordinator_options or {}))
         if fixed:
             raise ConfigError(

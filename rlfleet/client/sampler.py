@@ -21,13 +21,9 @@ from typing import Literal, TypeVar
 import grpc
 
 from rlfleet import _rpc
-from rlfleet.client._assembly import (
-    Result,
-    ResultAssembler,
-    assemble_episodes,
-    assemble_fragments,
-)
+from rlfleet._values import check_int
 from rlfleet.client._errors import call_error
+from rlfleet.client._responses import AnswerFooter, AnswerHeader, ResponseReader
 from rlfleet.client._restore import PushedState
 from rlfleet.client._updates import (
     AgentUpdateLike,
@@ -38,6 +34,7 @@ from rlfleet.client._updates import (
 from rlfleet.client.status import FleetStatus
 from rlfleet.client.stream import SampleStream
 from rlfleet.core import EnvSpec, EpisodeBatch
+from rlfleet.episode_results import DecodedResult, assemble_episodes, assemble_fragments
 from rlfleet.errors import (
     AuthenticationError,
     ConfigError,
@@ -51,7 +48,6 @@ from rlfleet.security import ClientSecurity, Token
 from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
 from rlfleet.v1 import learner_pb2, spaces_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import decode_env_spec
-from rlfleet.worker.vec import check_int
 
 logger = logging.getLogger("rlfleet.client")
 
@@ -81,9 +77,9 @@ _DEFAULT_WAIT_FOR_WORKERS = 60.0
 class _Answer:
     """What one Sample call returned."""
 
-    header: learner_pb2.SampleHeader
-    footer: learner_pb2.SampleFooter
-    results: list[Result]
+    header: AnswerHeader
+    footer: AnswerFooter
+    results: list[DecodedResult]
 
 
 class RemoteSampler:
@@ -421,13 +417,24 @@ class RemoteSampler:
         except BaseException:
             channel.close()
             raise
+        what = self._what("Subscribe")
         return SampleStream(
             call,
-            self._what("Subscribe"),
-            self._env_spec_of,
+            what,
+            ResponseReader(what, self._env_spec_of),
             timeout,
             channel,
             failed=lambda exc: self._failed(exc, "Subscribe", timeout=timeout),
+        )
+
+    def open_channel(self) -> grpc.Channel:
+        """A new channel to the coordinator with this sampler's address and credentials.
+
+        For other calls that need a stream of their own (e.g.
+        :class:`~rlfleet.client.RemoteVectorEnv`'s lease); the caller closes it.
+        """
+        return _rpc.open_channel(
+            self.address, max_message_bytes=self._max_message_bytes, security=self._security
         )
 
     def status(self) -> FleetStatus:
@@ -461,6 +468,25 @@ class RemoteSampler:
     def requests_made(self) -> int:
         """Successful ``obtain_*`` calls so far (the next request index)."""
         return self._requests
+
+    def set_next_request(self, request_index: int) -> None:
+        """Makes the next ``obtain_*`` call request ``request_index``.
+
+        A run resumed from a snapshot continues the request numbering where
+        the interrupted run stopped, so its batches get the seeds the
+        uninterrupted run's would have (``rlfleet.Trainer.restore``).
+
+        Raises:
+            ConfigError: If the sampler has no seed (the coordinator then
+                numbers requests itself) or the index is not an int >= 0.
+        """
+        if self.seed is None:
+            raise ConfigError(
+                "set_next_request needs a sampler with a seed: without one the coordinator "
+                "numbers requests itself; construct RemoteSampler(..., seed=N)"
+            )
+        check_int("request_index", request_index, minimum=0)
+        self._requests = request_index
 
     def close(self) -> None:
         """Closes the channel (idempotent)."""
@@ -549,32 +575,24 @@ class RemoteSampler:
     def _collect(
         self, call: Iterable[_rpc.WithChunk], mode: int, amount: int, progress: Progress | None
     ) -> _Answer:
-        assembler = ResultAssembler()
-        header: learner_pb2.SampleHeader | None = None
-        results: list[Result] = []
+        reader = ResponseReader(self._what("Sample"), self._env_spec_of)
+        header: AnswerHeader | None = None
+        results: list[DecodedResult] = []
         done = 0
         for item in call:
-            message = item.message
-            body = message.WhichOneof("body")
-            if body == "result":
-                result = assembler.add(message.result, item.chunk)
-                if result is None:
-                    continue
-                results.append(result)
+            response = reader.read(item)
+            if isinstance(response, DecodedResult):
+                results.append(response)
                 if progress is not None:
-                    batch = result.batch
+                    batch = response.batch
                     done += batch.n_episodes if mode == _EPISODES else batch.total_steps
                     progress(min(done, amount), amount)
-            elif body == "header":
-                header = message.header
-                if header.HasField("env_spec"):
-                    assembler.env_spec = self._env_spec_of(header.env_spec)
-            elif body == "footer":
+            elif isinstance(response, AnswerHeader):
+                header = response
+            elif isinstance(response, AnswerFooter):
                 if header is None:
                     raise ProtocolError(f"{self._what('Sample')}: a footer came before any header")
-                return _Answer(header, message.footer, results)
-            else:
-                raise ProtocolError(f"{self._what('Sample')}: an empty SampleResponse arrived")
+                return _Answer(header, response, results)
         raise UnavailableError(
             f"{self._what('Sample')}: the answer ended before its footer (the coordinator went "
             "away?); retry"

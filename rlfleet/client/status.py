@@ -78,6 +78,8 @@ class FleetStatus:
         draining: True while the coordinator shuts down.
         requests_in_flight: Sample and update requests queued or served.
         subscribers: Open subscriptions.
+        leases: Open env leases (RemoteVectorEnvs).
+        leased_envs: Envs those leases hold.
     """
 
     coordinator_id: str
@@ -92,6 +94,8 @@ class FleetStatus:
     draining: bool
     requests_in_flight: int
     subscribers: int
+    leases: int = 0
+    leased_envs: int = 0
 
     @property
     def ready_workers(self) -> int:
@@ -128,6 +132,8 @@ class FleetStatus:
             draining=message.draining,
             requests_in_flight=message.requests_in_flight,
             subscribers=message.subscribers,
+            leases=message.leases,
+            leased_envs=message.leased_envs,
         )
 
 

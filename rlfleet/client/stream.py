@@ -9,11 +9,11 @@ from typing import NamedTuple
 import grpc
 
 from rlfleet import _rpc
-from rlfleet.client._assembly import ResultAssembler, canonical
 from rlfleet.client._errors import call_error
-from rlfleet.core import EnvSpec, EpisodeBatch
-from rlfleet.errors import ProtocolError, RlfleetError
-from rlfleet.v1 import spaces_pb2
+from rlfleet.client._responses import ResponseReader
+from rlfleet.core import EpisodeBatch
+from rlfleet.episode_results import DecodedResult
+from rlfleet.errors import RlfleetError
 
 
 class StreamedBatch(NamedTuple):
@@ -38,7 +38,7 @@ class SampleStream:
     Args:
         call: The Subscribe call (an iterator of WithChunk responses).
         what: Names the call in error messages.
-        decode_spec: Decodes a header's EnvSpec (cached by the sampler).
+        reader: Reads the call's responses.
         timeout: The call's deadline in seconds, for error messages.
         channel: The subscription's own channel, closed with the stream.
         failed: Turns a failed call into its typed error (the sampler's,
@@ -50,7 +50,7 @@ class SampleStream:
         self,
         call: grpc.Call,
         what: str,
-        decode_spec: Callable[[spaces_pb2.EnvSpec], EnvSpec],
+        reader: ResponseReader,
         timeout: float | None,
         channel: grpc.Channel,
         *,
@@ -60,10 +60,9 @@ class SampleStream:
         self._channel = channel
         self._responses: Iterator[_rpc.WithChunk] = iter(call)  # type: ignore[call-overload]
         self._what = what
-        self._decode_spec = decode_spec
+        self._reader = reader
         self._timeout = timeout
         self._failed = failed
-        self._assembler = ResultAssembler()
         self._closed = False
 
     def __iter__(self) -> SampleStream:
@@ -90,19 +89,10 @@ class SampleStream:
                 if self._failed is not None:
                     raise self._failed(exc) from None
                 raise call_error(exc, what=self._what, timeout=self._timeout) from None
-            message = item.message
-            body = message.WhichOneof("body")
-            if body == "header":
-                if message.header.HasField("env_spec"):
-                    self._assembler.env_spec = self._decode_spec(message.header.env_spec)
-            elif body == "result":
-                result = self._assembler.add(message.result, item.chunk)
-                if result is not None:
-                    return StreamedBatch(canonical(result.batch), result.meta.agent_version)
-            elif body == "footer":
-                continue  # a subscription has none; tolerated
-            else:
-                raise ProtocolError(f"{self._what}: an empty SampleResponse arrived")
+            response = self._reader.read(item)
+            if isinstance(response, DecodedResult):
+                return StreamedBatch(response.batch, response.header.agent_version)
+            # Headers are the reader's; a subscription has no footer (tolerated).
         raise StopIteration
 
     def close(self) -> None:

@@ -14,7 +14,6 @@ worker really applied them:
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 import gymnasium as gym
@@ -25,7 +24,7 @@ from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import ConfigError
 from rlfleet.policies import MLPCategoricalPolicy, MLPGaussianPolicy
 from rlfleet.policies.mlp import bias_name, weight_name
-from rlfleet.v1 import updates_pb2
+from rlfleet.policies.spec import PolicySpec
 
 #: Hidden layers of the pinned agent: small, yet not a linear policy.
 PINNED_HIDDEN_SIZES = (16,)
@@ -44,12 +43,12 @@ class Agent:
     """A policy spec and parameters to send in an AgentUpdate.
 
     Attributes:
-        policy: The PolicySpec message.
+        policy: The policy to build (sent as the update's PolicySpec).
         params: Parameter tensors by name (float32).
         action: For pinned agents, the action every step must take.
     """
 
-    policy: updates_pb2.PolicySpec
+    policy: PolicySpec
     params: dict[str, np.ndarray]
     action: np.ndarray | None = None
 
@@ -140,8 +139,8 @@ def _params(
     }
 
 
-def _spec(name: str, kwargs: dict[str, Any]) -> updates_pb2.PolicySpec:
-    return updates_pb2.PolicySpec(name=name, kwargs_json=json.dumps(kwargs))
+def _spec(name: str, kwargs: dict[str, Any]) -> PolicySpec:
+    return PolicySpec(name, kwargs)
 
 
 __all__ = ["PINNED_HIDDEN_SIZES", "Agent", "balancing_agent", "pinned_agent"]

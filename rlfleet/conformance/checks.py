@@ -21,12 +21,13 @@ import math
 import signal
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import grpc
 import gymnasium as gym
 import numpy as np
 
+from rlfleet import _rpc
 from rlfleet.conformance._failure import CheckFailed
 from rlfleet.conformance._stall import StallMeter
 from rlfleet.conformance.agents import Agent, balancing_agent, pinned_agent
@@ -37,13 +38,14 @@ from rlfleet.conformance.link import (
     event_kind,
     kind_name,
 )
-from rlfleet.conformance.results import Result, continuity_problems
 from rlfleet.conformance.runner import WorkerHarness
 from rlfleet.conformance.scripted_coordinator import BROKEN, CLOSED, Inbound
 from rlfleet.core.env_spec import EnvSpec
+from rlfleet.episode_results import DecodedResult, cut_pieces, pieces_by_stream
 from rlfleet.errors import ConfigError
 from rlfleet.policies.mlp import weight_name
-from rlfleet.v1 import updates_pb2, worker_pb2
+from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
+from rlfleet.wire import decode_env_spec, decode_tensor, encode_tensor
 
 #: Idle time the heartbeat check watches before and after its task.
 HEARTBEAT_IDLE_SECONDS = (1.0, 0.6)
@@ -64,6 +66,10 @@ REFUSAL_WATCH_SECONDS = 3.0
 MAX_RETRIES_PER_SECOND = 3.0
 #: Grace a draining or SIGTERMed worker has to close its stream and exit.
 DRAIN_GRACE_SECONDS = 10.0
+#: Seed of the lease check's first env (the second gets the next one).
+LEASE_SEED = 21
+#: Steps the lease check compares with gymnasium.make's env.
+LEASE_STEPS = 10
 #: How soon after SIGTERM a worker must say Leaving.
 LEAVING_SECONDS = 5.0
 
@@ -245,7 +251,7 @@ def sampling(harness: WorkerHarness) -> str:
     rounds, length = 3, 16
     fragments = link.send_fragments(length, rounds, base_seed=5)
     windows = link.collect_windows(fragments)
-    previous: dict[int, tuple[Result, int]] = {}
+    previous: dict[int, tuple[DecodedResult, int]] = {}
     for number, window in enumerate(windows):
         problems, previous = continuity_problems(previous, window)
         _fail_if(link, f"window {number} of FRAGMENTS task {fragments.task_id}", problems)
@@ -381,7 +387,7 @@ def chunking(harness: WorkerHarness) -> str:
         count = (2 if agent is not None else 16) * link.num_envs
         task = link.send_episodes(count, seed=19)
         results = link.collect(task)  # every message was checked against the limit
-        chunked = [r for r in results if len(r.chunk_sizes) > 1]
+        chunked = [r for r in results if len(r.message_sizes) > 1]
         if not chunked:
             raise link.failure(
                 f"no batch needed chunking (the largest was "
@@ -392,8 +398,8 @@ def chunking(harness: WorkerHarness) -> str:
         biggest = max(chunked, key=lambda r: r.total_bytes)
         return (
             f"{len(chunked)} of {len(results)} results came in chunks (largest: "
-            f"{biggest.total_bytes} bytes in {len(biggest.chunk_sizes)} messages of at most "
-            f"{max(biggest.chunk_sizes)} bytes), every message <= {CHUNK_LIMIT_BYTES} bytes; "
+            f"{biggest.total_bytes} bytes in {len(biggest.message_sizes)} messages of at most "
+            f"{max(biggest.message_sizes)} bytes), every message <= {CHUNK_LIMIT_BYTES} bytes; "
             "all reassembled and decoded"
         )
 
@@ -546,7 +552,7 @@ def _heartbeat(beat: Inbound) -> worker_pb2.Heartbeat:
 
 
 def _steps_total_problems(
-    beats: list[Inbound], task_sent: float, results: list[Result]
+    beats: list[Inbound], task_sent: float, results: list[DecodedResult]
 ) -> list[str]:
     """steps_total never goes down, and grows by at least a task's steps across it."""
     totals = [_heartbeat(b).steps_total for b in beats]
@@ -582,12 +588,12 @@ def _heartbeat_field_problems(link: WorkerLink, window: list[Inbound]) -> list[s
     return problems
 
 
-def _check_pinned(link: WorkerLink, agent: Agent, results: list[Result], when: str) -> None:
+def _check_pinned(link: WorkerLink, agent: Agent, results: list[DecodedResult], when: str) -> None:
     for result in results:
         step = agent.off_pin(result.batch.actions)
         if step is not None:
             raise link.failure(
-                f"{when}, task {result.task_id} took action {result.batch.actions[step]} at "
+                f"{when}, task {result.header.task_id} took action {result.batch.actions[step]} at "
                 f"step {step} of a batch; the parameters pin every action to {agent.action}, "
                 "so the worker is not acting with them"
             )
@@ -647,6 +653,182 @@ def _expect_close(link: WorkerLink, when: str) -> None:
             "sends its last results, then closes its side (half-close) and waits for the "
             "coordinator to end the call"
         )
+
+
+@_check("leases", "if 'rlfleet.leases' is advertised: leased envs build, reset, step and release")
+def leases(harness: WorkerHarness) -> str:
+    link = harness.shared()
+    if not link.grants(_rpc.LEASE_CAPABILITY):
+        return (
+            "'rlfleet.leases' not advertised: coordinators place no leased envs on this "
+            "worker, so nothing was tried"
+        )
+    lease_id = 5
+    env = updates_pb2.EnvUpdate(env_id=harness.env_id)
+    reply = _lease_reply(
+        link,
+        "a CREATE reply",
+        leases_pb2.LeaseCommand(
+            lease_id=lease_id, create=leases_pb2.LeaseCreate(env=env, env_ids=[0, 1])
+        ),
+    )
+    if reply.HasField("error") or not reply.HasField("env_spec"):
+        raise link.failure(f"LeaseCreate of {harness.env_id!r} was answered with {reply}")
+    spec = decode_env_spec(reply.env_spec)
+    local = [gym.make(harness.env_id) for _ in range(2)]
+    want_obs = np.stack(
+        [local[0].reset(seed=LEASE_SEED)[0], local[1].reset(seed=LEASE_SEED + 1)[0]]
+    )
+    reset = leases_pb2.LeaseCall(
+        call_id=1, op=leases_pb2.LEASE_OP_RESET, env_ids=[0, 1], seeds=[LEASE_SEED, LEASE_SEED + 1]
+    )
+    reply = _lease_reply(
+        link, "a RESET reply", leases_pb2.LeaseCommand(lease_id=lease_id, call=reset)
+    )
+    _expect_rows(link, reply, reset, want_obs, "RESET")
+    problems = []
+    for step in range(LEASE_STEPS):
+        actions = np.stack([spec.action_space.sample() for _ in range(2)])
+        want = [local[i].step(actions[i]) for i in range(2)]
+        call = leases_pb2.LeaseCall(
+            call_id=2 + step,
+            op=leases_pb2.LEASE_OP_STEP,
+            env_ids=[0, 1],
+            actions=encode_tensor(actions),
+        )
+        reply = _lease_reply(
+            link, "a STEP reply", leases_pb2.LeaseCommand(lease_id=lease_id, call=call)
+        )
+        _expect_rows(link, reply, call, np.stack([w[0] for w in want]), f"STEP {step + 1}")
+        rewards = decode_tensor(reply.rewards)
+        ended = decode_tensor(reply.terminated) | decode_tensor(reply.truncated)
+        if not np.array_equal(rewards, np.array([float(w[1]) for w in want])):
+            problems.append(
+                f"step {step + 1}: rewards {rewards}, gymnasium gives {[w[1] for w in want]}"
+            )
+        if ended.any():
+            break
+    _fail_if(link, "leased envs do not follow gymnasium.make's trajectory", problems)
+    link.send_lease(leases_pb2.LeaseCommand(lease_id=lease_id, release=leases_pb2.LeaseRelease()))
+    gone = leases_pb2.LeaseCall(call_id=99, op=leases_pb2.LEASE_OP_RESET, env_ids=[0])
+    reply = _lease_reply(
+        link,
+        "an error reply for a released env",
+        leases_pb2.LeaseCommand(lease_id=lease_id, call=gone),
+    )
+    if not reply.HasField("error"):
+        raise link.failure("a RESET of a released env was answered without an error")
+    return (
+        f"2 envs of {harness.env_id!r} built, reset with seeds and stepped {step + 1} times "
+        "exactly as gymnasium.make's; released, after which a call is an error"
+    )
+
+
+def _lease_reply(
+    link: WorkerLink, what: str, command: leases_pb2.LeaseCommand
+) -> leases_pb2.LeaseReply:
+    """Sends a command and gathers its replies into one, rows in the call's env order.
+
+    A worker may answer a call in several replies (envs that finish first
+    go first); together they must name each env of the call once.
+    """
+    link.send_lease(command)
+    wanted = list(command.call.env_ids) if command.HasField("call") else []
+    parts: list[leases_pb2.LeaseReply] = []
+    answered: list[int] = []
+    while True:
+        event = link.wait_for(what, lambda e: event_kind(e) == "lease_reply")
+        assert isinstance(event, Inbound) and event.message is not None  # matched above
+        reply = event.message.lease_reply
+        if reply.lease_id != command.lease_id:
+            raise link.failure(f"{what} names lease {reply.lease_id}, not {command.lease_id}")
+        if reply.HasField("error") or not wanted:
+            return reply
+        parts.append(reply)
+        answered += list(reply.env_ids)
+        if len(answered) >= len(wanted):
+            break
+    if sorted(answered) != sorted(wanted):
+        raise link.failure(f"{what}: the replies answer envs {answered}, the call {wanted}")
+    order = [answered.index(env_id) for env_id in wanted]
+    merged = leases_pb2.LeaseReply(
+        lease_id=command.lease_id, call_id=parts[0].call_id, op=parts[0].op, env_ids=wanted
+    )
+    fields = ["observations"]
+    if merged.op == leases_pb2.LEASE_OP_STEP:
+        fields += ["rewards", "terminated", "truncated"]
+    for name in fields:
+        rows = np.concatenate([decode_tensor(getattr(part, name)) for part in parts])
+        getattr(merged, name).CopyFrom(encode_tensor(rows[order]))
+    infos = [info for part in parts for info in part.infos]
+    merged.infos.extend(infos[k] for k in order)
+    return merged
+
+
+def _expect_rows(
+    link: WorkerLink,
+    reply: leases_pb2.LeaseReply,
+    call: leases_pb2.LeaseCall,
+    want_obs: np.ndarray,
+    what: str,
+) -> None:
+    if reply.HasField("error"):
+        raise link.failure(f"{what} of leased envs failed: {reply.error.message}")
+    problems = []
+    obs = decode_tensor(reply.observations)
+    if not np.array_equal(obs, want_obs):
+        problems.append(f"observations {obs.tolist()}, gymnasium.make gives {want_obs.tolist()}")
+    if len(reply.infos) != len(call.env_ids):
+        problems.append(f"{len(reply.infos)} infos for {len(call.env_ids)} envs")
+    _fail_if(link, f"the {what} reply breaks leases.proto", problems)
+
+
+def continuity_problems(
+    previous: Mapping[int, tuple[DecodedResult, int]], result: DecodedResult
+) -> tuple[list[str], dict[int, tuple[DecodedResult, int]]]:
+    """Checks that each fragment stream goes on where the last window left it.
+
+    Args:
+        previous: Stream -> (result, piece) of its last piece in the
+            previous window of the same task.
+        result: The next window.
+
+    Returns:
+        The problems, and the last piece of every stream in ``result``.
+    """
+    problems: list[str] = []
+    streams, order = pieces_by_stream(result)
+    starts = np.cumsum(result.batch.lengths) - result.batch.lengths
+    last_pieces: dict[int, tuple[DecodedResult, int]] = {}
+    for stream, pieces in zip(streams, order, strict=True):
+        first, last = int(pieces[0]), int(pieces[-1])
+        last_pieces[stream] = (result, last)
+        if stream not in previous:
+            continue
+        before, piece = previous[stream]
+        episode = int(before.infos("episode_index")[piece])
+        fragment = int(before.infos("fragment_index")[piece])
+        was_cut = cut_pieces(before.batch)[piece]
+        got = (
+            int(result.infos("episode_index")[first]),
+            int(result.infos("fragment_index")[first]),
+        )
+        want = (episode, fragment + 1) if was_cut else (episode + 1, 0)
+        if got != want:
+            problems.append(
+                f"stream {stream} starts the window with episode {got[0]} fragment {got[1]}, "
+                f"expected episode {want[0]} fragment {want[1]} (the previous window "
+                f"{'cut' if was_cut else 'ended'} episode {episode} at fragment {fragment})"
+            )
+        elif was_cut and not np.array_equal(
+            before.batch.last_observations[piece],
+            result.batch.observations[starts[first]],
+        ):
+            problems.append(
+                f"stream {stream}: the fragment continuing episode {episode} does not start "
+                "from the previous fragment's last observation"
+            )
+    return problems, last_pieces
 
 
 __all__ = ["CHECKS", "Check", "CheckResult"]

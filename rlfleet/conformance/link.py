@@ -1,11 +1,12 @@
 """One worker's Join stream, as a check drives it: the coordinator's script.
 
 :class:`WorkerLink` speaks the coordinator's side of worker.proto over a
-:class:`~rlfleet.conformance.scripted_coordinator.Session`: the handshake,
+:class:`~rlfleet.conformance.scripted_coordinator.ScriptedSession`: the handshake,
 env and agent updates, tasks, cancels and drains, and waiting for what the
 worker must answer. Everything the worker sends on the way is checked as it
 arrives: message sizes against Welcome.max_message_bytes, and every
-EpisodeResult against its task (:mod:`rlfleet.conformance.results`), so a
+EpisodeResult against its task (:mod:`rlfleet.episode_results`, the checks
+the coordinator applies too), so a
 check that only cares about agent updates still fails on a broken result.
 Anything the worker was not asked for fails the check with what was
 expected, what came, and the tail of the worker's output.
@@ -25,31 +26,41 @@ import numpy as np
 
 from rlfleet import _rpc
 from rlfleet.conformance._failure import CheckFailed
-from rlfleet.conformance.results import Result, ResultAssembler, WorkerFacts, check_result
 from rlfleet.conformance.scripted_coordinator import (
     BROKEN,
     CLOSED,
     MALFORMED,
     Inbound,
     ScriptedCoordinator,
-    Session,
+    ScriptedSession,
 )
 from rlfleet.core.env_spec import EnvSpec
-from rlfleet.errors import WireFormatError
+from rlfleet.episode_results import (
+    DecodedResult,
+    FragmentWindow,
+    ResultAssembler,
+    ResultError,
+    ResultExpectation,
+    check_result,
+)
+from rlfleet.errors import ResourceExhaustedError, WireFormatError
+from rlfleet.policies.spec import PolicySpec
 from rlfleet.seeding import episode_seeds
-from rlfleet.v1 import updates_pb2, worker_pb2
+from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import decode_env_spec, encode_tensor_map
 
 if TYPE_CHECKING:
-    from rlfleet.conformance.runner import WorkerProcess
+    from rlfleet.conformance.runner import WorkerUnderTest
 
 #: Capabilities defined by protocol version 1 (worker.proto Hello).
-KNOWN_CAPABILITIES = frozenset({"rlfleet.episodes", "rlfleet.fragments", "rlfleet.pickle"})
+KNOWN_CAPABILITIES = frozenset(
+    {"rlfleet.episodes", "rlfleet.fragments", "rlfleet.pickle", "rlfleet.leases"}
+)
 #: Those the test coordinator grants: never pickle (it needs an opt-in and TLS).
-GRANTED_CAPABILITIES = frozenset({"rlfleet.episodes", "rlfleet.fragments"})
+GRANTED_CAPABILITIES = frozenset({"rlfleet.episodes", "rlfleet.fragments", "rlfleet.leases"})
 
 #: An event of the stream a check waits for: a message or a whole result.
-Event: TypeAlias = Inbound | Result
+Event: TypeAlias = Inbound | DecodedResult
 
 # Task, request and worker ids unique for the kit's lifetime, as a real
 # coordinator's are for its own.
@@ -96,12 +107,12 @@ class WorkerLink:
 
     def __init__(
         self,
-        session: Session,
+        session: ScriptedSession,
         hello: worker_pb2.Hello,
         welcome: worker_pb2.Welcome,
         *,
         timeout: float,
-        process: WorkerProcess | None,
+        process: WorkerUnderTest | None,
     ) -> None:
         self.session = session
         self.hello = hello
@@ -112,7 +123,7 @@ class WorkerLink:
         self.generation = 0
         self.agent_version = 0  # until an update, workers act randomly as version 0
         self.tasks: dict[int, worker_pb2.Task] = {}
-        self.results: dict[int, list[Result]] = {}
+        self.results: dict[int, list[DecodedResult]] = {}
         self._assembler: ResultAssembler | None = None
         self._next_generation = 1
         self._next_version = 1
@@ -126,7 +137,7 @@ class WorkerLink:
         *,
         timeout: float,
         join_timeout: float | None = None,
-        process: WorkerProcess | None = None,
+        process: WorkerUnderTest | None = None,
         settings: WelcomeSettings | None = None,
     ) -> WorkerLink:
         """Waits for a worker's Join call and answers its Hello with Welcome.
@@ -262,7 +273,7 @@ class WorkerLink:
         self,
         params: Mapping[str, np.ndarray] | None,
         *,
-        policy: updates_pb2.PolicySpec | None = None,
+        policy: PolicySpec | None = None,
         version: int | None = None,
     ) -> int:
         """Sends an AgentUpdate and waits for its AgentReady.
@@ -292,7 +303,7 @@ class WorkerLink:
         self,
         params: Mapping[str, np.ndarray] | None,
         *,
-        policy: updates_pb2.PolicySpec | None = None,
+        policy: PolicySpec | None = None,
         version: int | None = None,
     ) -> int:
         """Sends an AgentUpdate (the next version unless given); returns its version."""
@@ -301,7 +312,8 @@ class WorkerLink:
         self._next_version = max(self._next_version, version + 1)
         update = updates_pb2.AgentUpdate(version=version)
         if policy is not None:
-            update.policy.CopyFrom(policy)
+            update.policy.name = policy.name
+            update.policy.kwargs_json = json.dumps(policy.kwargs)
         if params is not None:
             update.params.CopyFrom(encode_tensor_map(params))
         self._send(worker_pb2.CoordinatorMessage(agent_update=update))
@@ -357,12 +369,18 @@ class WorkerLink:
         cancel = worker_pb2.Cancel(task_id=task.task_id, episode_indices=list(episode_indices))
         self._send(worker_pb2.CoordinatorMessage(cancel=cancel))
 
+    def send_lease(self, command: leases_pb2.LeaseCommand) -> None:
+        """Sends a LeaseCommand (step-level env leases, leases.proto)."""
+        self._send(worker_pb2.CoordinatorMessage(lease=command))
+
     def drain(self, reason: str, grace_seconds: float) -> None:
         """Sends a Drain."""
         drain = worker_pb2.Drain(reason=reason, grace_seconds=grace_seconds)
         self._send(worker_pb2.CoordinatorMessage(drain=drain))
 
-    def collect(self, task: worker_pb2.Task, *, timeout: float | None = None) -> list[Result]:
+    def collect(
+        self, task: worker_pb2.Task, *, timeout: float | None = None
+    ) -> list[DecodedResult]:
         """Waits until every unit of ``task`` came back once; returns its results.
 
         Raises:
@@ -379,7 +397,7 @@ class WorkerLink:
 
     def collect_windows(
         self, task: worker_pb2.Task, *, timeout: float | None = None
-    ) -> list[Result]:
+    ) -> list[DecodedResult]:
         """Waits for ``task.rounds`` results of a FRAGMENTS task; returns them."""
         results = self.results[task.task_id]
         self.wait_until(
@@ -392,7 +410,7 @@ class WorkerLink:
 
     def returned(self, task: worker_pb2.Task) -> set[int]:
         """Units of ``task`` that came back so far."""
-        return {i for result in self.results[task.task_id] for i in result.episode_indices}
+        return {i for result in self.results[task.task_id] for i in result.header.episode_indices}
 
     # --- waiting ----------------------------------------------------------------
 
@@ -508,29 +526,59 @@ class WorkerLink:
             return item
         if self._assembler is None:
             raise self.failure(f"got an EpisodeResult (message #{item.seq}) before any EnvReady")
-        result = self._assembler.add(item)
+        result = self._assemble(item)
         if result is None:
             return None
-        task = self.tasks.get(result.task_id)
+        task = self.tasks.get(result.header.task_id)
         if task is None:
-            raise self.failure(f"got a result for task {result.task_id}, which was never sent")
+            raise self.failure(
+                f"got a result for task {result.header.task_id}, which was never sent"
+            )
         try:
-            check_result(result, task, self._facts())
-        except CheckFailed as exc:
+            check_result(result, self._expectation(task))
+        except ResultError as exc:
             raise self.failure(str(exc)) from None
         earlier = self.returned(task) if task.mode != worker_pb2.SAMPLE_MODE_FRAGMENTS else set()
-        twice = earlier.intersection(result.episode_indices)
+        twice = earlier.intersection(result.header.episode_indices)
         if twice:
             raise self.failure(f"units {sorted(twice)} of task {task.task_id} came back twice")
         self.results[task.task_id].append(result)
         return result
 
-    def _facts(self) -> WorkerFacts:
-        return WorkerFacts(
-            worker_id=self.worker_id,
+    def _assemble(self, item: Inbound) -> DecodedResult | None:
+        """Joins and decodes a result message (the coordinator's assembler)."""
+        if self._assembler is None or item.message is None:
+            raise self.failure(f"message #{item.seq}: a result before any EnvReady")
+        meta = item.message.result
+        where = f"EpisodeResult for task {meta.task_id} (message #{item.seq})"
+        try:
+            result = self._assembler.add(meta, item.chunk, item.size)
+        except ResultError as exc:
+            raise self.failure(f"{where}: {exc}") from None
+        except (WireFormatError, ResourceExhaustedError) as exc:
+            raise self.failure(f"{where}: bad chunk sequence: {exc}") from None
+        if result is None:
+            return None
+        return dataclasses.replace(result, seq=item.seq, at=item.at)
+
+    def _expectation(self, task: worker_pb2.Task) -> ResultExpectation:
+        window = units = None
+        if task.mode == worker_pb2.SAMPLE_MODE_FRAGMENTS:
+            window = FragmentWindow(
+                base_seed=task.base_seed,
+                first_stream=int(self.welcome.first_stream),
+                num_envs=self.num_envs,
+                fragment_length=task.fragment_length,
+            )
+        else:
+            units = {u.episode_index: (u.env_seed, u.policy_seed) for u in task.units}
+        return ResultExpectation(
             env_spec=self.spec,
-            first_stream=int(self.welcome.first_stream),
-            num_envs=self.num_envs,
+            worker_id=self.worker_id,
+            agent_version=task.agent_version,
+            env_generation=task.env_generation,
+            units=units,
+            window=window,
         )
 
     def _send(self, message: worker_pb2.CoordinatorMessage) -> None:
@@ -550,8 +598,8 @@ class WorkerLink:
 
 
 def _accept(
-    coordinator: ScriptedCoordinator, timeout: float, process: WorkerProcess | None
-) -> Session:
+    coordinator: ScriptedCoordinator, timeout: float, process: WorkerUnderTest | None
+) -> ScriptedSession:
     deadline = time.monotonic() + timeout
     while (remaining := deadline - time.monotonic()) > 0:
         session = coordinator.accept(min(remaining, 0.2))
@@ -569,7 +617,7 @@ def _accept(
 
 
 def _hello_of(
-    first: Inbound | None, timeout: float, process: WorkerProcess | None
+    first: Inbound | None, timeout: float, process: WorkerUnderTest | None
 ) -> worker_pb2.Hello:
     if first is None:
         raise CheckFailed(
@@ -610,7 +658,7 @@ def kind_name(kind: int) -> str:
     return f"error kind {kind}"
 
 
-def _context(process: WorkerProcess | None) -> str:
+def _context(process: WorkerUnderTest | None) -> str:
     return f"\n{process.describe()}" if process is not None else ""
 
 

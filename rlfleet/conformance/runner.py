@@ -73,7 +73,7 @@ def worker_argv(command: str, address: str) -> list[str]:
     return [arg.replace(ADDRESS_PLACEHOLDER, address) for arg in argv]
 
 
-class WorkerProcess:
+class WorkerUnderTest:
     """One run of the worker command.
 
     Args:
@@ -145,7 +145,7 @@ class WorkerProcess:
         for reader in self._readers:
             reader.join(timeout=1.0)
 
-    def __enter__(self) -> WorkerProcess:
+    def __enter__(self) -> WorkerUnderTest:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -196,9 +196,9 @@ class WorkerHarness:
         self.env_id = env_id
         self.timeout = timeout
         self.startup_timeout = max(timeout, STARTUP_SECONDS)
-        self._shared: tuple[WorkerProcess, WorkerLink] | None = None
+        self._shared: tuple[WorkerUnderTest, WorkerLink] | None = None
 
-    def start(self) -> WorkerProcess:
+    def start(self) -> WorkerUnderTest:
         """Starts a worker process (kill it when done).
 
         The shared worker is stopped first: one worker at a time is connected,
@@ -206,9 +206,9 @@ class WorkerHarness:
         """
         self.spoil()
         self.coordinator.discard_pending()  # Join calls of earlier processes
-        return WorkerProcess(self.argv)
+        return WorkerUnderTest(self.argv)
 
-    def join(self, process: WorkerProcess, settings: WelcomeSettings | None = None) -> WorkerLink:
+    def join(self, process: WorkerUnderTest, settings: WelcomeSettings | None = None) -> WorkerLink:
         """Joins ``process`` (Hello, Welcome) and gives it the env (EnvReady).
 
         Raises:
@@ -249,7 +249,7 @@ class WorkerHarness:
     @contextlib.contextmanager
     def fresh(
         self, settings: WelcomeSettings | None = None
-    ) -> Iterator[tuple[WorkerProcess, WorkerLink]]:
+    ) -> Iterator[tuple[WorkerUnderTest, WorkerLink]]:
         """A worker of its own, joined with ``settings``; killed afterwards."""
         with self.start() as process:
             link = self.join(process, settings)
@@ -284,6 +284,6 @@ __all__ = [
     "ADDRESS_PLACEHOLDER",
     "STARTUP_SECONDS",
     "WorkerHarness",
-    "WorkerProcess",
+    "WorkerUnderTest",
     "worker_argv",
 ]

@@ -1,7 +1,7 @@
 """A scripted test coordinator: a real gRPC server whose Join calls a check drives.
 
 Unlike the real coordinator, this one makes no decisions. Every Join call
-becomes a :class:`Session` that a check picks up with
+becomes a :class:`ScriptedSession` that a check picks up with
 :meth:`ScriptedCoordinator.accept` and then scripts by hand: it sends
 CoordinatorMessages, reads the worker's messages in stream order (each
 stamped with its arrival time and its serialized size), and ends the call
@@ -97,7 +97,7 @@ def _serialize(message: Any) -> bytes:
     return bytes(message.SerializeToString())
 
 
-class Session:
+class ScriptedSession:
     """One Join call, scripted by a check.
 
     Messages from the worker are read by a thread of their own as they
@@ -229,7 +229,7 @@ class ScriptedCoordinator:
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self._host = host
-        self._sessions: queue.Queue[Session] = queue.Queue()
+        self._sessions: queue.Queue[ScriptedSession] = queue.Queue()
         self._count = itertools.count()
         self._lock = threading.Lock()
         self._refusal: _Finish | None = None
@@ -273,7 +273,7 @@ class ScriptedCoordinator:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def accept(self, timeout: float) -> Session | None:
+    def accept(self, timeout: float) -> ScriptedSession | None:
         """The next Join call not yet taken, or None if none comes within ``timeout``."""
         try:
             return self._sessions.get(timeout=max(timeout, 0.0))
@@ -306,7 +306,7 @@ class ScriptedCoordinator:
         with self._lock:
             refusal = self._refusal
             self.join_times.append(time.monotonic())
-        session = Session(next(self._count), context.peer())
+        session = ScriptedSession(next(self._count), context.peer())
         context.add_callback(session._on_call_done)
         threading.Thread(
             target=session._read, args=(requests,), name=f"join-{session.index}", daemon=True
@@ -321,4 +321,12 @@ class ScriptedCoordinator:
         yield from session._outgoing(context)
 
 
-__all__ = ["BROKEN", "CLOSED", "EMPTY", "MALFORMED", "Inbound", "ScriptedCoordinator", "Session"]
+__all__ = [
+    "BROKEN",
+    "CLOSED",
+    "EMPTY",
+    "MALFORMED",
+    "Inbound",
+    "ScriptedCoordinator",
+    "ScriptedSession",
+]

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from rlfleet import _rpc
+from rlfleet._values import check_int
 from rlfleet.coordinator.scheduler import DEFAULT_CAPACITY_STEPS
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError
@@ -68,6 +69,9 @@ class CoordinatorConfig:
             fleet's mean episode length; 0 holds to ``prefetch_factor``.
             Large enough that workers report many episodes per message and
             get their next units before they run dry.
+        max_envs_per_lease: Envs one lease (one learner's remote vector
+            env) may hold; more are refused with RESOURCE_EXHAUSTED.
+        max_leased_envs: Envs all leases together may hold.
         security: TLS, the worker and learner tokens, and the pickle
             opt-in (docs/security.md). The default serves plaintext to
             anyone who can reach ``listen``, which is why that is loopback
@@ -97,6 +101,8 @@ class CoordinatorConfig:
     prefetch_factor: int = 1
     capacity_steps: int = DEFAULT_CAPACITY_STEPS
     security: ServerSecurity = field(default_factory=ServerSecurity)
+    max_envs_per_lease: int = 256
+    max_leased_envs: int = 4096
 
     def __post_init__(self) -> None:
         host, _, port = self.listen.rpartition(":")
@@ -117,8 +123,7 @@ class CoordinatorConfig:
                 f"env id {self.env.id!r} names a module; workers refuse such ids from the "
                 "network. Start workers with --import MODULE and give the plain id"
             )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}")
+        check_int("seed", self.seed, minimum=0)
         for name in (
             "heartbeat_interval_seconds",
             "heartbeat_timeout_seconds",
@@ -158,25 +163,17 @@ class CoordinatorConfig:
             "max_result_bytes",
             "max_fragment_length",
             "max_envs_per_worker",
+            "max_envs_per_lease",
+            "max_leased_envs",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+            check_int(name, getattr(self, name))
         if self.max_message_bytes < 64 * 1024:
             raise ConfigError(
                 f"max_message_bytes={self.max_message_bytes} is too small to carry a chunk "
                 "header and data; use at least 65536"
             )
-        if isinstance(self.prefetch_factor, bool) or not isinstance(self.prefetch_factor, int):
-            raise ConfigError(f"prefetch_factor must be an int, got {self.prefetch_factor!r}")
-        if self.prefetch_factor < 0:
-            raise ConfigError(f"prefetch_factor must be >= 0, got {self.prefetch_factor}")
-        if (
-            isinstance(self.capacity_steps, bool)
-            or not isinstance(self.capacity_steps, int)
-            or self.capacity_steps < 0
-        ):
-            raise ConfigError(f"capacity_steps must be an int >= 0, got {self.capacity_steps!r}")
+        check_int("prefetch_factor", self.prefetch_factor, minimum=0)
+        check_int("capacity_steps", self.capacity_steps, minimum=0)
 
     @property
     def thread_pool_size(self) -> int:

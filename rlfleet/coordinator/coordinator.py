@@ -18,6 +18,7 @@ import grpc
 
 from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.leases import LeaseManager
 from rlfleet.coordinator.liveness import Liveness
 from rlfleet.coordinator.metrics import CoordinatorMetrics
 from rlfleet.coordinator.requests import LearnerRequests
@@ -39,6 +40,7 @@ class Coordinator:
         config: The settings.
         workers: What happens when workers join, speak and leave.
         learners: What learner calls do.
+        leases: Step-level env leases.
     """
 
     def __init__(self, config: CoordinatorConfig) -> None:
@@ -47,6 +49,8 @@ class Coordinator:
         self.workers = WorkerEvents(self._state)
         self.learners = LearnerRequests(self._state)
         self._liveness = Liveness(self._state, self.workers)
+        self.leases = LeaseManager(self._state, config.max_envs_per_lease, config.max_leased_envs)
+        self.workers.lost_listeners.append(self.leases.on_worker_lost)
 
     @property
     def coordinator_id(self) -> str:
@@ -69,7 +73,9 @@ class Coordinator:
 
     def status(self) -> learner_pb2.FleetStatus:
         """The fleet as it is now (GetStatus)."""
-        return fleet_status(self._state)
+        status = fleet_status(self._state)
+        self.leases.describe(status)
+        return status
 
     def drain(self, reason: str = "the coordinator is draining") -> None:
         """Starts a graceful shutdown: no new requests, workers or subscriptions.
@@ -91,6 +97,9 @@ class Coordinator:
                     )
                     state.fail_call(request_id, failure)
             state.changed.notify_all()
+        self.leases.fail_all(
+            CallError(grpc.StatusCode.UNAVAILABLE, f"{reason}; lease envs from its replacement")
+        )
 
     def wait_idle(self, timeout: float) -> bool:
         """Waits until no Sample or update request runs or waits for its turn.
@@ -123,6 +132,8 @@ class Coordinator:
     def close(self, reason: str = "the coordinator is shutting down") -> None:
         """Ends every worker stream and learner call with UNAVAILABLE (idempotent)."""
         self._liveness.stop()
+        # First, so that dropping the workers below does not move leased envs.
+        self.leases.fail_all(CallError(grpc.StatusCode.UNAVAILABLE, reason))
         state = self._state
         with state.lock:
             workers = list(state.registry)

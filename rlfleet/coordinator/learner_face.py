@@ -19,8 +19,9 @@ from rlfleet import _rpc
 from rlfleet.coordinator.calls import CallScope, Event, Finished, Forward, Header
 from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.lease_face import LeaseFace
 from rlfleet.coordinator.worker_face import Malformed, tolerant
-from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
+from rlfleet.v1 import learner_pb2, leases_pb2, updates_pb2, worker_pb2
 
 Response = learner_pb2.SampleResponse | _rpc.WithChunk
 T = TypeVar("T")
@@ -66,6 +67,11 @@ class LearnerFace:
             "UpdateEnv": grpc.unary_unary_rpc_method_handler(
                 timed("UpdateEnv", _parsed(self.update_env)),
                 request_deserializer=plain(updates_pb2.EnvUpdate),
+                response_serializer=out,
+            ),
+            "Lease": grpc.stream_stream_rpc_method_handler(
+                LeaseFace(self._coordinator.leases).lease,
+                request_deserializer=plain(leases_pb2.LeaseRequest),
                 response_serializer=out,
             ),
             "GetStatus": grpc.unary_unary_rpc_method_handler(

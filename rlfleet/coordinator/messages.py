@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rlfleet.coordinator.failures import invalid
 from rlfleet.coordinator.scheduler import CancelOrder, Footer, Mode, TaskOrder
+from rlfleet.episode_results import ResultMetadata
 from rlfleet.v1 import learner_pb2, worker_pb2
 
 
@@ -102,6 +103,16 @@ def cancel_message(order: CancelOrder) -> worker_pb2.CoordinatorMessage:
     return worker_pb2.CoordinatorMessage(
         cancel=worker_pb2.Cancel(task_id=order.task_id, episode_indices=order.episode_indices)
     )
+
+
+def forwarded_result(meta: ResultMetadata, worker_id: int) -> worker_pb2.EpisodeResult:
+    """The EpisodeResult metadata the learner gets: the worker's, whole, with its id."""
+    if not isinstance(meta, worker_pb2.EpisodeResult):  # the worker face's; narrows the type
+        raise TypeError(f"expected the worker's EpisodeResult, got {type(meta).__name__}")
+    forwarded = worker_pb2.EpisodeResult()
+    forwarded.CopyFrom(meta)
+    forwarded.worker_id = worker_id
+    return forwarded
 
 
 def footer_message(footer: Footer) -> learner_pb2.SampleFooter:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from rlfleet.coordinator.failures import CallError
+from rlfleet.episode_results import ResultAssembler
 from rlfleet.v1 import updates_pb2, worker_pb2
-from rlfleet.wire import Chunk, ChunkAssembler
 
 
 @dataclass(frozen=True)
@@ -28,14 +28,6 @@ class Ending:
     code: grpc.StatusCode
     message: str
     detail: updates_pb2.ErrorDetail | None = None
-
-
-@dataclass
-class PartialResult:
-    """A result whose chunks are still arriving: its metadata and the chunks so far."""
-
-    meta: worker_pb2.EpisodeResult
-    chunks: list[Chunk] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -56,8 +48,7 @@ class WorkerHandle:
         agent_version: Version of its last AgentReady (0: the default policy).
         heartbeat: Its last Heartbeat.
         last_error: Its last WorkerError.
-        assembler: Reassembles its result chunks (reader thread only).
-        partial: The result being reassembled (reader thread only).
+        assembler: Joins its result chunks (reader thread only).
     """
 
     worker_id: int
@@ -73,8 +64,7 @@ class WorkerHandle:
     agent_version: int = 0
     heartbeat: worker_pb2.Heartbeat = field(default_factory=worker_pb2.Heartbeat)
     last_error: updates_pb2.ErrorDetail | None = None
-    assembler: ChunkAssembler = field(default_factory=ChunkAssembler)
-    partial: PartialResult | None = None
+    assembler: ResultAssembler = field(default_factory=ResultAssembler)
 
     @property
     def num_envs(self) -> int:
@@ -143,7 +133,7 @@ class Registry:
             first_stream=first_stream,
             outbox=queue.SimpleQueue(),
             last_seen=time.monotonic(),
-            assembler=ChunkAssembler(max_total_bytes=self.max_result_bytes),
+            assembler=ResultAssembler(max_total_bytes=self.max_result_bytes),
         )
         self._workers[worker_id] = handle
         return handle

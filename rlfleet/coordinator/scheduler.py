@@ -191,7 +191,7 @@ class Footer:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ResultRuling:
     """The scheduler's answer to a result.
 
     Attributes:
@@ -266,6 +266,8 @@ class _Task:
     # Episode tasks: every index given, and those not back yet.
     assigned: frozenset[int] = frozenset()
     outstanding: set[int] = field(default_factory=set)
+    # ... and each index's (env_seed, policy_seed), against which results are checked.
+    seeds: dict[int, tuple[int, int]] = field(default_factory=dict)
     # Fragment tasks (rounds >= 1): windows asked for and received.
     rounds: int = 0
     received: int = 0
@@ -612,6 +614,15 @@ class Scheduler:
         task = self._tasks.get(task_id)
         return None if task is None else task.request_id
 
+    def unit_seeds(self, task_id: int) -> dict[int, tuple[int, int]]:
+        """Episode index -> (env_seed, policy_seed) of a live episode task's units.
+
+        Kept from dispatch, so checking a result's seeds derives none again.
+        Empty for fragment tasks and retired tasks.
+        """
+        task = self._tasks.get(task_id)
+        return {} if task is None else task.seeds
+
     def footer(self, request_id: int) -> Footer:
         """The footer of a done request."""
         return self._requests[request_id].footer()
@@ -756,6 +767,7 @@ class Scheduler:
             task.outstanding = set(indices)
             worker.units += len(indices)
             units = request.units(sorted(indices))
+            task.seeds = {u.episode_index: (u.env_seed, u.policy_seed) for u in units}
             orders.append(self._order(task, request, units=units))
         return orders
 
@@ -822,7 +834,9 @@ class Scheduler:
 
     # --- results --------------------------------------------------------------
 
-    def classify(self, worker_id: int, task_id: int, episode_indices: Iterable[int]) -> Outcome:
+    def classify(
+        self, worker_id: int, task_id: int, episode_indices: Iterable[int]
+    ) -> ResultRuling:
         """Judges a result without changing any state.
 
         The coordinator calls this before decoding a result (no need to
@@ -832,12 +846,14 @@ class Scheduler:
         if task is None:
             if 0 < task_id <= self._last_task_id:
                 # Retired: its request ended or its units were cancelled.
-                return Outcome(Verdict.IGNORE, reason=f"task {task_id} is over")
-            return Outcome(Verdict.REJECT, reason=f"task {task_id} was never sent")
+                return ResultRuling(Verdict.IGNORE, reason=f"task {task_id} is over")
+            return ResultRuling(Verdict.REJECT, reason=f"task {task_id} was never sent")
         request = self._requests[task.request_id]
 
-        def outcome(verdict: Verdict, reason: str = "") -> Outcome:
-            return Outcome(verdict, request.request_id, reason, subscription=request.subscription)
+        def outcome(verdict: Verdict, reason: str = "") -> ResultRuling:
+            return ResultRuling(
+                verdict, request.request_id, reason, subscription=request.subscription
+            )
 
         if task.worker_id != worker_id:
             return outcome(Verdict.REJECT, f"task {task_id} belongs to another worker")
@@ -864,7 +880,7 @@ class Scheduler:
         task_id: int,
         episode_indices: Iterable[int],
         lengths: Iterable[int],
-    ) -> Outcome:
+    ) -> ResultRuling:
         """Records a (validated) result; returns what to do with it.
 
         Args:
@@ -901,7 +917,7 @@ class Scheduler:
                 self._workers[worker_id].windows -= 1
             if task.windows_left == 0:
                 self._retire(task)
-        return Outcome(
+        return ResultRuling(
             Verdict.ACCEPT,
             request_id=request.request_id,
             done=request.done,

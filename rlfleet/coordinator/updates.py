@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from rlfleet._values import json_object
 from rlfleet.coordinator.failures import CallError, detail_of, invalid
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.core import EnvSpec
@@ -200,17 +201,10 @@ def check_agent_update(update: updates_pb2.AgentUpdate, limits: Limits) -> None:
 
 
 def _json_object(text: str, where: str) -> dict[str, object]:
-    if not text:
-        return {}
     try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise invalid(f"{where} is not valid JSON ({exc}): {text[:200]!r}") from None
-    except RecursionError:  # "[[[[..." deeper than Python's stack
-        raise invalid(f"{where} nests too deeply to parse: {text[:200]!r}") from None
-    if not isinstance(value, dict):
-        raise invalid(f"{where} must be a JSON object, got {text[:200]!r}")
-    return value
+        return json_object(text, where)
+    except ConfigError as exc:
+        raise invalid(str(exc)) from None
 
 
 def check_pickles(

@@ -10,26 +10,34 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import grpc
 
 from rlfleet import _rpc
 from rlfleet.coordinator.calls import Finished, Forward
 from rlfleet.coordinator.failures import CallError, describe, detail_of, invalid
-from rlfleet.coordinator.messages import footer_message
+from rlfleet.coordinator.messages import footer_message, forwarded_result
 from rlfleet.coordinator.registry import WorkerHandle
-from rlfleet.coordinator.results import ResultError, check_batch, check_metadata, check_versions
-from rlfleet.coordinator.scheduler import Mode, Verdict
+from rlfleet.coordinator.scheduler import Mode, RequestSpec, Verdict
 from rlfleet.coordinator.state import FleetState
+from rlfleet.core import EnvSpec
+from rlfleet.episode_results import (
+    FragmentWindow,
+    JoinedResult,
+    ResultError,
+    ResultExpectation,
+    check_result,
+    decode_result,
+)
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.security import PICKLE_CAPABILITY
 from rlfleet.v1 import updates_pb2, worker_pb2
-from rlfleet.wire import Chunk
 
 logger = logging.getLogger("rlfleet.coordinator")
 
 #: Capabilities this coordinator offers (worker.proto Hello).
-CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments")
+CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments", _rpc.LEASE_CAPABILITY)
 
 
 class WorkerEvents:
@@ -41,6 +49,8 @@ class WorkerEvents:
 
     def __init__(self, state: FleetState) -> None:
         self._state = state
+        #: Called (lock not held) with each worker removed, after its units were re-queued.
+        self.lost_listeners: list[Callable[[WorkerHandle], None]] = []
 
     def admit(self, hello: worker_pb2.Hello, peer: str) -> WorkerHandle:
         """Admits a worker that said Hello and queues its Welcome and state.
@@ -220,69 +230,59 @@ class WorkerEvents:
             extra={"worker": handle.name},
         )
 
-    def on_result(
-        self,
-        handle: WorkerHandle,
-        meta: worker_pb2.EpisodeResult,
-        chunks: list[Chunk],
-        payload: bytes | memoryview,
-    ) -> None:
+    def on_result(self, handle: WorkerHandle, joined: JoinedResult) -> None:
         """A worker's result is complete: check it, account it, forward it.
+
+        The batch is decoded as views of the received bytes only to check
+        it (:mod:`rlfleet.episode_results`, vectorised); the learner gets
+        the worker's chunks as they came.
 
         Raises:
             ResultError: If the result breaks the protocol (the worker is
-                then dropped by the caller).
+                then dropped by the caller and its units re-run elsewhere).
         """
+        header = joined.header
         state = self._state
         with state.lock:
             if not handle.alive:
                 return  # declared dead: its units are someone else's now
-            outcome = state.scheduler.classify(handle.worker_id, meta.task_id, meta.episode_indices)
+            outcome = state.scheduler.classify(
+                handle.worker_id, header.task_id, header.episode_indices
+            )
             if outcome.verdict is Verdict.IGNORE:
-                state.metrics.discarded(len(meta.episode_indices))
-                logger.debug("ignored a result of task %d: %s", meta.task_id, outcome.reason)
+                state.metrics.discarded(len(header.episode_indices))
+                logger.debug("ignored a result of task %d: %s", header.task_id, outcome.reason)
                 return
             if outcome.verdict is Verdict.REJECT:
-                raise ResultError(outcome.reason)
+                raise ResultError(f"{header.where}: {outcome.reason}")
             spec = state.scheduler.request_spec(outcome.request_id)
-            check_metadata(meta, fragments=spec.mode is Mode.FRAGMENTS)
-            check_versions(
-                meta,
-                agent_version=spec.agent_version,
-                env_generation=spec.env_generation,
-                current=state.agent.version,
-            )
+            seeds = state.scheduler.unit_seeds(header.task_id)
+            latest = state.agent.version
             env_spec = state.env.spec
-            streams = None
-            if spec.mode is Mode.FRAGMENTS:
-                streams = range(handle.first_stream, handle.first_stream + handle.num_envs)
         if env_spec is None:  # cannot happen: results follow an EnvReady
-            raise ResultError("a result arrived before any EnvReady")
-        check_batch(
-            meta, payload, chunks[0].kind, env_spec, worker_id=handle.worker_id, streams=streams
-        )
-        forwarded = worker_pb2.EpisodeResult()
-        forwarded.CopyFrom(meta)
-        forwarded.worker_id = handle.worker_id
+            raise ResultError(f"{header.where} arrived before any EnvReady")
+        expect = _expectation(handle, spec, seeds, env_spec, latest)
+        check_result(decode_result(joined, env_spec), expect)
         with state.lock:
             if not handle.alive:
                 return
             outcome = state.scheduler.complete(
-                handle.worker_id, meta.task_id, meta.episode_indices, meta.lengths
+                handle.worker_id, header.task_id, header.episode_indices, header.lengths
             )
             if outcome.verdict is not Verdict.ACCEPT:
-                state.metrics.discarded(len(meta.episode_indices))
+                state.metrics.discarded(len(header.episode_indices))
                 return  # the request ended while the batch was being checked
             state.metrics.delivered(
-                episodes=len(meta.lengths),
-                steps=sum(meta.lengths),
-                payload_bytes=len(payload),
-                lag=max(state.agent.version - meta.agent_version, 0),
+                episodes=len(header.lengths),
+                steps=sum(header.lengths),
+                payload_bytes=joined.total_bytes,
+                lag=max(state.agent.version - header.agent_version, 0),
             )
             state.progress.delivered(handle.worker_id, time.monotonic())
             call = state.calls.get(outcome.request_id)
             if call is not None:
-                call.outbox.put(Forward(forwarded, tuple(chunks), sum(meta.lengths)))
+                forwarded = forwarded_result(joined.meta, handle.worker_id)
+                call.outbox.put(Forward(forwarded, joined.chunks, sum(header.lengths)))
             if outcome.done:
                 footer = state.scheduler.footer(outcome.request_id)
                 state.finish_request(outcome.request_id)
@@ -315,6 +315,8 @@ class WorkerEvents:
             state.dispatch()
             state.changed.notify_all()
         handle.end(code, message, detail)
+        for listener in self.lost_listeners:
+            listener(handle)
         level = logging.INFO if code is grpc.StatusCode.OK else logging.WARNING
         logger.log(
             level,
@@ -325,3 +327,32 @@ class WorkerEvents:
             requeued,
             extra={"worker": handle.name},
         )
+
+
+def _expectation(
+    handle: WorkerHandle,
+    spec: RequestSpec,
+    seeds: dict[int, tuple[int, int]],
+    env_spec: EnvSpec,
+    latest_agent_version: int,
+) -> ResultExpectation:
+    """What a result of ``handle`` for a request of ``spec`` must be."""
+    units = window = None
+    if spec.mode is Mode.FRAGMENTS:
+        window = FragmentWindow(
+            base_seed=spec.seed,
+            first_stream=handle.first_stream,
+            num_envs=handle.num_envs,
+            fragment_length=spec.fragment_length,
+        )
+    else:
+        units = seeds  # classify() vouched that the indices are the task's units
+    return ResultExpectation(
+        env_spec=env_spec,
+        worker_id=handle.worker_id,
+        agent_version=spec.agent_version,
+        env_generation=spec.env_generation,
+        latest_agent_version=latest_agent_version,
+        units=units,
+        window=window,
+    )

@@ -23,7 +23,7 @@ from rlfleet import _rpc
 from rlfleet._log_limit import LogLimiter, held_back_note
 from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.failures import CallError
-from rlfleet.coordinator.registry import Ending, PartialResult, WorkerHandle
+from rlfleet.coordinator.registry import Ending, WorkerHandle
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
 from rlfleet.security import InflightBudget
 from rlfleet.v1 import worker_pb2
@@ -229,6 +229,8 @@ class WorkerFace:
             events.on_agent_ready(handle, message.agent_ready)
         elif body == "error":
             events.on_error(handle, message.error.detail)
+        elif body == "lease_reply":
+            self._coordinator.leases.on_reply(handle, message.lease_reply)
         elif body == "leaving":
             events.on_leaving(handle, message.leaving)
         elif body == "hello":
@@ -246,14 +248,8 @@ class WorkerFace:
         if chunk is None:
             raise ProtocolError(f"worker {handle.name!r} sent an EpisodeResult without its chunk")
         budget.charge(len(chunk.data))  # raises past the in-flight limit
-        payload = handle.assembler.add(chunk)  # raises on any disorder
-        if chunk.index == 0:
-            handle.partial = PartialResult(meta)
-        if handle.partial is None:  # the assembler only continues a batch begun at 0
-            raise ProtocolError(f"worker {handle.name!r}: a chunk continues no result")
-        handle.partial.chunks.append(chunk)
-        if payload is None:
+        joined = handle.assembler.join(meta, chunk)  # raises on any disorder
+        if joined is None:
             return
         budget.release()
-        result, handle.partial = handle.partial, None
-        self._coordinator.workers.on_result(handle, result.meta, result.chunks, payload)
+        self._coordinator.workers.on_result(handle, joined)

@@ -8,6 +8,7 @@ per leaf, never one per row.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
@@ -250,3 +251,49 @@ def batch_repr(batch: object, header: str, fields: Sequence[str]) -> str:
     """
     parts = ", ".join(f"{name}={summarize(getattr(batch, name))}" for name in fields)
     return f"{type(batch).__name__}({header}, {parts})"
+
+
+def values_equal(left: Any, right: Any) -> bool:
+    """Value equality of batch fields: arrays by shape and contents, dicts by keys and values.
+
+    garage's types are namedtuples, whose ``==`` compares fields with
+    ``==``; on arrays that raises (an array's truth value is ambiguous)
+    unless both sides are the same object. This compares what the fields
+    hold instead. Arrays must have equal shapes and elements (NaN equals NaN
+    in float arrays, since a copied batch must equal its original).
+    """
+    if left is right:
+        return True
+    if isinstance(left, Mapping) or isinstance(right, Mapping):
+        return (
+            isinstance(left, Mapping)
+            and isinstance(right, Mapping)
+            and left.keys() == right.keys()
+            and all(values_equal(left[key], right[key]) for key in left)
+        )
+    if isinstance(left, np.ndarray) or isinstance(right, np.ndarray):
+        a, b = np.asarray(left), np.asarray(right)
+        if a.shape != b.shape:
+            return False
+        nan_aware = a.dtype.kind in "fc" and b.dtype.kind in "fc"
+        return bool(np.array_equal(a, b, equal_nan=nan_aware))
+    return bool(left == right)
+
+
+class ValueEquality:
+    """``==`` by value over a dataclass's fields (see :func:`values_equal`); unhashable.
+
+    Unhashable like garage's namedtuples holding arrays or dicts, whose
+    ``hash`` raises too.
+    """
+
+    def __eq__(self, other: object) -> bool:
+        """Whether ``other`` is of the same type and every field holds equal values."""
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(
+            values_equal(getattr(self, field.name), getattr(other, field.name))
+            for field in dataclasses.fields(self)  # type: ignore[arg-type]
+        )
+
+    __hash__ = None  # type: ignore[assignment]

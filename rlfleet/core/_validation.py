@@ -10,6 +10,7 @@ single vectorised comparison.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,49 @@ from rlfleet.errors import InvalidBatchError
 
 _MIN_STEP_TYPE = min(StepType)
 _MAX_STEP_TYPE = max(StepType)
+_NAME = re.compile(r"^(?P<owner>\w+)\.(?P<field>\w+)(?P<keys>(?:\[.*\])?)$")
+
+
+def _error(garage: str, detail: str) -> InvalidBatchError:
+    """garage's wording first (code written against garage matches on it), then rlfleet's."""
+    return InvalidBatchError(f"{garage.rstrip('.')}. {detail}")
+
+
+def _field(name: str) -> tuple[str, str]:
+    """(field, first info key or "") of a ``"<Type>.<field>[<key>]..."`` name."""
+    match = _NAME.match(name)
+    if match is None:
+        return name, ""
+    keys = match.group("keys")
+    key = keys[1:].split("]", 1)[0].strip("'\"") if keys else ""
+    return match.group("field"), key
+
+
+def _batch_dim_wording(name: str, expected: int, got: object) -> str:
+    field, key = _field(name)
+    if field == "episode_infos" and key:
+        return (
+            f"Entry {key!r} in episode_infos has batch size {got}, but must have batch size "
+            f"{expected} to match the number of episodes"
+        )
+    if key:
+        return (
+            f"Each entry in {field} must have a batch dimension of length {expected}, but got "
+            f"key {key} with batch size {got} instead."
+        )
+    return (
+        f"Expected batch dimension of {field} to be length {expected}, but got length {got} "
+        "instead."
+    )
+
+
+def _dimensionality_wording(name: str, space: gym.Space, space_name: str, shape: object) -> str:
+    field, _ = _field(name)
+    flat_dim = gym.spaces.flatdim(space) if space.is_np_flattenable else "?"
+    return (
+        f"{field} should have the same dimensionality as the {space_name} ({flat_dim}), but "
+        f"got data with shape {shape} instead"
+    )
 
 
 def check_env_spec(owner: str, env_spec: object) -> None:
@@ -56,8 +100,10 @@ def check_leading_dim(name: str, value: object, expected: int, reason: str) -> n
     """
     array = require_array(name, value)
     if array.ndim == 0 or array.shape[0] != expected:
-        raise InvalidBatchError(
-            f"{name}: expected leading dimension {expected} ({reason}), got shape {array.shape}"
+        got = array.shape[0] if array.ndim else "none"
+        raise _error(
+            _batch_dim_wording(name, expected, got),
+            f"{name}: expected leading dimension {expected} ({reason}), got shape {array.shape}",
         )
     return array
 
@@ -66,7 +112,25 @@ def check_shape(name: str, value: object, expected: tuple[int, ...], reason: str
     """Checks that ``value`` is an array of exactly shape ``expected``."""
     array = require_array(name, value)
     if array.shape != expected:
-        raise InvalidBatchError(f"{name}: expected shape {expected} ({reason}), got {array.shape}")
+        detail = f"{name}: expected shape {expected} ({reason}), got {array.shape}"
+        field, _ = _field(name)
+        if field == "rewards":
+            garage = (
+                f"Rewards tensor must have shape {expected}, but got shape {array.shape} instead."
+            )
+        elif field == "step_types":
+            garage = (
+                f"step_types tensor must have shape {expected}, but got shape {array.shape} "
+                "instead."
+            )
+        elif array.ndim == 0 or array.shape[0] != expected[0]:
+            garage = _batch_dim_wording(name, expected[0], array.shape[0] if array.ndim else 0)
+        else:
+            garage = (
+                f"{field} should have the same dimensionality as the observation_space, but got "
+                f"data with shape {array.shape[1:]} instead"
+            )
+        raise _error(garage, detail)
     return array
 
 
@@ -108,10 +172,11 @@ def check_per_step_space(name: str, array: np.ndarray, space: gym.Space, space_n
             raise InvalidBatchError(f"{name}: row 0 is not in {space_name} {space}")
         return
     if array.shape[1:] not in shapes:
-        raise InvalidBatchError(
+        raise _error(
+            _dimensionality_wording(name, space, space_name, array.shape[1:]),
             f"{name}: expected per-step shape {_describe(shapes)} for {space_name} {space}, "
             f"got per-step shape {array.shape[1:]} (array shape {array.shape}). "
-            "Dict and Tuple elements must be flattened with gymnasium.spaces.flatten"
+            "Dict and Tuple elements must be flattened with gymnasium.spaces.flatten",
         )
 
 
@@ -129,19 +194,25 @@ def check_element(name: str, value: Any, space: gym.Space, space_name: str) -> N
     # only composite ones (Dict, Tuple, Graph, ...) take unflattened values.
     if space.shape is None and space.contains(value):
         return
-    raise InvalidBatchError(
+    raise _error(
+        _dimensionality_wording(name, space, space_name, np.shape(value)),
         f"{name}: expected an element of {space_name} {space} "
         f"(shape {_describe(shapes or ())}), got {type(value).__name__} "
-        f"with shape {np.shape(value)}"
+        f"with shape {np.shape(value)}",
     )
 
 
 def check_reward(name: str, value: Any) -> None:
     """Checks that a single reward is a real scalar (int, float or numpy)."""
-    if isinstance(value, bool | np.bool_) or np.ndim(value) != 0:
-        raise InvalidBatchError(f"{name}: expected a real scalar, got {value!r}")
-    if np.asarray(value).dtype.kind not in "fiu":
-        raise InvalidBatchError(f"{name}: expected a real scalar, got {value!r}")
+    if (
+        isinstance(value, bool | np.bool_)
+        or np.ndim(value) != 0
+        or np.asarray(value).dtype.kind not in "fiu"
+    ):
+        raise _error(
+            f"reward must be type {float} but got type {type(value)} instead.",
+            f"{name}: expected a real scalar, got {value!r}",
+        )
 
 
 def check_rewards(name: str, value: object, expected: int, reason: str) -> None:
@@ -156,23 +227,28 @@ def check_step_types(name: str, value: object, expected: int, reason: str) -> np
 
     Any integer dtype is accepted (the wire may carry uint8) and kept as
     given. An object array of StepType members, which is what garage's
-    ``np.array(..., dtype=StepType)`` makes under numpy 2, is converted to
-    int64 (a copy).
+    ``np.array(..., dtype=StepType)`` makes under numpy 2, is kept as it is,
+    as garage keeps it; an object array of other ints is converted to int64.
 
     Returns:
         The array to store.
     """
     step_types = check_shape(name, value, (expected,), reason)
     if step_types.dtype == object:
+        original = step_types
         try:
             step_types = step_types.astype(np.int64)
         except (TypeError, ValueError):
             raise InvalidBatchError(
                 f"{name}: expected StepType values, got an object array that is not all ints"
             ) from None
+        if all(isinstance(item, StepType) for item in original):
+            return original  # members of the enum are in range by construction
     if step_types.dtype.kind not in "iu":
-        raise InvalidBatchError(
-            f"{name}: expected an integer dtype holding StepType values, got {step_types.dtype}"
+        raise _error(
+            "step_types tensor must be dtype `StepType`, but got tensor of dtype "
+            f"{step_types.dtype} instead.",
+            f"{name}: expected an integer dtype holding StepType values, got {step_types.dtype}",
         )
     if step_types.size == 0:
         return step_types
@@ -193,9 +269,15 @@ def check_lengths(name: str, value: object) -> np.ndarray:
     """Checks episode lengths: a 1-D integer array of values >= 1."""
     lengths = require_array(name, value)
     if lengths.ndim != 1:
-        raise InvalidBatchError(f"{name}: expected shape (N,), got {lengths.shape}")
+        raise _error(
+            f"lengths has shape {lengths.shape} but must be a tensor of shape (N,)",
+            f"{name}: expected shape (N,), got {lengths.shape}",
+        )
     if lengths.dtype.kind not in "iu":
-        raise InvalidBatchError(f"{name}: expected an integer dtype, got {lengths.dtype}")
+        raise _error(
+            f"lengths has dtype {lengths.dtype}, but must have an integer dtype",
+            f"{name}: expected an integer dtype, got {lengths.dtype}",
+        )
     if len(lengths) and lengths.min() < 1:
         index = int(np.argmin(lengths))
         raise InvalidBatchError(
@@ -223,15 +305,27 @@ def check_infos(name: str, value: object, expected: int, reason: str) -> None:
         elif isinstance(item, np.ndarray):
             check_leading_dim(path, item, expected, reason)
         else:
-            raise InvalidBatchError(
-                f"{path}: expected a numpy array or a dict, got {type(item).__name__}"
+            field, _ = _field(name)
+            garage = (
+                f"Entry {key!r} in episode_infos is of type {type(item)!r}, but must be dict or "
+                "np.ndarray"
+                if field == "episode_infos"
+                else f"Each entry in {field} must be a numpy array or dictionary, but got key "
+                f"{key} with value type {type(item)} instead."
+            )
+            raise _error(
+                garage, f"{path}: expected a numpy array or a dict, got {type(item).__name__}"
             )
 
 
 def check_mapping(name: str, value: object) -> None:
     """Checks that a single-step info value is a dict."""
     if not isinstance(value, Mapping):
-        raise InvalidBatchError(f"{name}: expected a dict, got {type(value).__name__}")
+        field, _ = _field(name)
+        raise _error(
+            f"{field} must be type {dict}, but got type {type(value)} instead.",
+            f"{name}: expected a dict, got {type(value).__name__}",
+        )
 
 
 def _describe(shapes: tuple[tuple[int, ...], ...]) -> str:

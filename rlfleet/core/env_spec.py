@@ -6,10 +6,15 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 
+from rlfleet.core.in_out_spec import InOutSpec
+
 
 @dataclass(frozen=True, eq=True)
-class EnvSpec:
+class EnvSpec(InOutSpec):
     """Describes the spaces of an environment and its episode length limit.
+
+    As in garage, an EnvSpec is an :class:`InOutSpec` whose input is the
+    observation space and whose output is the action space.
 
     Args:
         observation_space: The gymnasium space of observations.
@@ -24,6 +29,16 @@ class EnvSpec:
     observation_space: gym.Space
     action_space: gym.Space
     max_episode_length: int | None = None
+
+    @property
+    def input_space(self) -> gym.Space:
+        """The observation space (garage's InOutSpec view)."""
+        return self.observation_space
+
+    @property
+    def output_space(self) -> gym.Space:
+        """The action space (garage's InOutSpec view)."""
+        return self.action_space
 
     def __post_init__(self) -> None:
         from rlfleet.errors import ConfigError

@@ -27,6 +27,7 @@ import numpy as np
 from rlfleet.core import _validation as v
 from rlfleet.core._arrays import (
     NestedArrays,
+    ValueEquality,
     batch_repr,
     concat_fields,
     episode_starts,
@@ -54,8 +55,8 @@ _ARRAY_FIELDS = (
 )
 
 
-@dataclass(frozen=True, kw_only=True, eq=False, repr=False)
-class EpisodeBatch:
+@dataclass(frozen=True, eq=False, repr=False)
+class EpisodeBatch(ValueEquality):
     r"""A batch of whole episodes, flattened along time.
 
     Attributes:
@@ -270,8 +271,9 @@ class EpisodeBatch:
         taken from the first form that applies:
 
         1. ``observations`` of length T + 1: the last row;
-        2. ``next_observations`` (T, O*): its last row;
-        3. otherwise the last of the T ``observations`` is repeated (garage
+        2. ``last_observation`` (O*), which :func:`rlfleet.rollout` returns;
+        3. ``next_observations`` (T, O*): its last row;
+        4. otherwise the last of the T ``observations`` is repeated (garage
            is lenient here: the true last observation was lost).
 
         garage decides between form 1 and the others for all paths at once;
@@ -355,6 +357,21 @@ class EpisodeBatch:
         max_length = self._max_length(what)
         return map_nested(lambda array: pad_batch_array(array, self.lengths, max_length), infos)
 
+    def pad_to_last(self, input_array: np.ndarray) -> np.ndarray:
+        """Zero-pads a flattened per-step array to (N, max_episode_length, S*) (garage's).
+
+        Args:
+            input_array: Shape (N•[T],) or (N•[T], S*), one row per step.
+
+        Returns:
+            Shape (N, max_episode_length) or (N, max_episode_length, S*).
+
+        Raises:
+            ValueError: If the array does not have one row per step, or the
+                env spec has no max episode length.
+        """
+        return self._pad(np.asarray(input_array), "pad_to_last")
+
     @property
     def padded_observations(self) -> np.ndarray:
         """Observations zero-padded to (N, max_episode_length, O*)."""
@@ -432,6 +449,8 @@ def _split_path_observations(index: int, path: Mapping[str, Any], length: int) -
             f"EpisodeBatch.from_list: path {index} has {len(observations)} observations, "
             f"expected {length} (T = len(rewards)) or {length + 1} (T + 1)"
         )
+    if "last_observation" in path:  # rlfleet's rollout() keeps it here
+        return observations, path["last_observation"]
     next_observations = path.get("next_observations")
     if next_observations is not None:
         return observations, next_observations[-1]

@@ -1,7 +1,9 @@
 """Single-step records: EnvStep (what an env returns) and TimeStep (SARS).
 
-Both follow garage 2021.03 (``garage.EnvStep``, ``garage.TimeStep``). They
-are frozen and keyword-only: built once per step by workers, never mutated.
+Both follow garage 2021.03 (``garage.EnvStep``, ``garage.TimeStep``): they
+take their fields positionally in garage's order or by keyword, and compare
+by value (arrays by contents). They are frozen: built once per step by
+workers, never mutated.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any, SupportsFloat
 
 from rlfleet.core import _validation as v
+from rlfleet.core._arrays import ValueEquality
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import InvalidBatchError
 
 
-class _StepTypeFlags:
+class _StepTypeFlags(ValueEquality):
     """The first/mid/terminal/timeout/last properties, from ``step_type``."""
 
     step_type: StepType
@@ -52,12 +55,14 @@ class _StepTypeFlags:
             step_type = StepType(self.step_type)
         except (ValueError, TypeError):
             raise InvalidBatchError(
+                "step_type must be dtype garage.StepType, but got dtype "
+                f"{type(self.step_type)} instead. "
                 f"{owner}.step_type: expected a StepType (0..3), got {self.step_type!r}"
             ) from None
         object.__setattr__(self, "step_type", step_type)
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)
+@dataclass(frozen=True, eq=False)
 class EnvStep(_StepTypeFlags):
     """The result of one environment step (garage's ``EnvStep``).
 
@@ -95,7 +100,7 @@ class EnvStep(_StepTypeFlags):
         self._coerce_step_type(owner)
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)
+@dataclass(frozen=True, eq=False)
 class TimeStep(_StepTypeFlags):
     """One (observation, action, reward, next observation) transition.
 

@@ -17,7 +17,13 @@ from typing import Any
 import numpy as np
 
 from rlfleet.core import _validation as v
-from rlfleet.core._arrays import NestedArrays, batch_repr, concat_fields, slice_nested
+from rlfleet.core._arrays import (
+    NestedArrays,
+    ValueEquality,
+    batch_repr,
+    concat_fields,
+    slice_nested,
+)
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
@@ -28,8 +34,8 @@ _INFO_FIELDS = ("episode_infos", "env_infos", "agent_infos")
 _ARRAY_FIELDS = ("observations", "actions", "rewards", "next_observations", "step_types")
 
 
-@dataclass(frozen=True, kw_only=True, eq=False, repr=False)
-class TimeStepBatch:
+@dataclass(frozen=True, eq=False, repr=False)
+class TimeStepBatch(ValueEquality):
     """A batch of B transitions.
 
     Attributes:

@@ -3,20 +3,25 @@
 :class:`EnvConfig` is how an env travels to a worker (no code over the wire)
 and, being picklable and callable, the factory the vector envs take.
 :class:`DummyVectorEnv` and :class:`SubprocVectorEnv` follow tianshou's
-``BaseVectorEnv`` API. Small fault-injecting test envs live in
+``BaseVectorEnv`` API, async mode included; ``VectorEnv`` is the in-process
+one under tianshou's other name. A new backend subclasses
+:class:`BaseVectorEnv` (``_send``/``_receive``, answering failures with
+:class:`FailedCall`). Small fault-injecting test envs live in
 :mod:`rlfleet.envs.testing` (imported on demand: importing it registers them).
 """
 
-from rlfleet.envs._base import BaseVectorEnv
+from rlfleet.envs._base import BaseVectorEnv, FailedCall
 from rlfleet.envs.config import EnvConfig, env_spec_of, make_env
-from rlfleet.envs.dummy import DummyVectorEnv
+from rlfleet.envs.dummy import DummyVectorEnv, VectorEnv
 from rlfleet.envs.subproc import SubprocVectorEnv
 
 __all__ = [
     "BaseVectorEnv",
     "DummyVectorEnv",
     "EnvConfig",
+    "FailedCall",
     "SubprocVectorEnv",
+    "VectorEnv",
     "env_spec_of",
     "make_env",
 ]

@@ -1,11 +1,13 @@
 """BaseVectorEnv: tianshou's vector-env API over a list of gymnasium envs.
 
 The base class owns everything that does not depend on where the envs run:
-id normalisation, seed bookkeeping, the "reset before step" rule, and
-batching of results. A subclass only runs one command on a set of envs
-(:meth:`BaseVectorEnv._run`) and says how to release its resources; the
+id normalisation, seed bookkeeping, the "reset before step" rule, batching
+of results and tianshou's asynchronous mode (``wait_num``/``timeout``). A
+backend subclass only starts a command on some envs (:meth:`BaseVectorEnv._send`)
+and collects the answers that are ready (:meth:`BaseVectorEnv._receive`); the
 commands themselves are executed by :func:`run_command`, in this process
-(``DummyVectorEnv``) or in a child process (``SubprocVectorEnv``).
+(``DummyVectorEnv``), in a child process (``SubprocVectorEnv``) or on a fleet
+worker (``RemoteVectorEnv``).
 """
 
 from __future__ import annotations
@@ -27,10 +29,29 @@ EnvFactory: TypeAlias = Callable[[], gym.Env]
 EnvIds: TypeAlias = int | np.integer | Sequence[int] | np.ndarray | None
 Seeds: TypeAlias = int | np.integer | Sequence[int | None] | None
 
-# The commands an env executes; the values are what a subclass sends.
+# The commands an env executes, with the argument a backend sends:
+#   RESET: reset kwargs (dict); STEP: the env's action; RENDER: render kwargs;
+#   GET_ATTR: the attribute name; SET_ATTR: (name, value);
+#   CALL: (method name, args tuple, kwargs dict);
+#   CLASS_NAMES: None (answer: qualified names of every class in the wrapper stack).
 RESET, STEP, RENDER, GET_ATTR, SET_ATTR = "reset", "step", "render", "get_attr", "set_attr"
+CALL, CLASS_NAMES = "call", "class_names"
 #: Not a command: names the env factory call in error messages.
 MAKE = "make"
+
+
+def _class_names(env: gym.Env) -> list[str]:
+    """Qualified names of every class (bases included) of every wrapper layer."""
+    names: list[str] = []
+    layer: Any = env
+    while layer is not None:
+        for cls in type(layer).__mro__:
+            name = f"{cls.__module__}.{cls.__qualname__}"
+            if name not in names:
+                names.append(name)
+        layer = getattr(layer, "env", None) if isinstance(layer, gym.Wrapper) else None
+    return names
+
 
 _COMMANDS: dict[str, Callable[[gym.Env, Any], Any]] = {
     RESET: lambda env, kwargs: env.reset(**kwargs),
@@ -40,6 +61,8 @@ _COMMANDS: dict[str, Callable[[gym.Env, Any], Any]] = {
     # gymnasium 1.0 no longer forward plain attribute access.
     GET_ATTR: lambda env, key: env.get_wrapper_attr(key),
     SET_ATTR: lambda env, item: env.set_wrapper_attr(*item),
+    CALL: lambda env, item: env.get_wrapper_attr(item[0])(*item[1], **item[2]),
+    CLASS_NAMES: lambda env, _: _class_names(env),
 }
 
 
@@ -89,6 +112,21 @@ class EnvFailure:
         )
 
 
+@dataclass(frozen=True)
+class FailedCall:
+    """An env's answer that is an error instead of a result.
+
+    Backends return it from :meth:`BaseVectorEnv._receive` so that one env's
+    failure does not lose the answers of the others.
+
+    Attributes:
+        error: What the caller gets raised (usually a VectorEnvError naming
+            the env, and the seconds for a timeout).
+    """
+
+    error: Exception
+
+
 def make_checked(factory: EnvFactory) -> gym.Env:
     """Calls an env factory and checks that it returned a gymnasium env.
 
@@ -134,6 +172,10 @@ def check_env_fns(env_fns: Sequence[EnvFactory]) -> list[EnvFactory]:
     return list(env_fns)
 
 
+def _release_nothing() -> list[BaseException]:
+    return []
+
+
 class BaseVectorEnv(abc.ABC):
     """Several gymnasium envs stepped together, with tianshou's API.
 
@@ -156,34 +198,112 @@ class BaseVectorEnv(abc.ABC):
     If a ``reset``/``step`` call raises, every env it addressed must be
     reset before it is stepped again (its result was not delivered).
 
+    **Asynchronous mode** (tianshou's): with ``wait_num`` < ``env_num`` or a
+    ``timeout``, :meth:`step` sends the actions of the envs in ``id`` and
+    returns as soon as ``wait_num`` of all the envs with a step in flight
+    have answered, or ``timeout`` seconds have passed and at least one has:
+    one slow env never blocks the batch. It returns only the ready envs,
+    in env-index order; ``infos[k]["env_id"]`` says which env row ``k`` is.
+    The others stay in flight and come back from a later ``step`` (whose
+    ``id`` must not name them). ``reset``, ``render`` and the attribute
+    calls refuse envs with a step in flight.
+
+    Subclassing: a backend implements :meth:`_send` and :meth:`_receive`
+    (and passes a ``release`` function); every public method, the async
+    bookkeeping and the error rules then come from this class. Like
+    tianshou's, a subclass may also override the public methods.
+
     Args:
         env_num: Number of envs.
         release: Frees the subclass's resources (envs, processes). It must
             not reference the vector env itself; it runs once, at
             :meth:`close`, garbage collection or interpreter exit, and
             returns the errors it met (the first is raised by ``close``).
+        wait_num: In async mode, how many envs :meth:`step` waits for (1 to
+            ``env_num``); None means ``env_num``.
+        timeout: In async mode, seconds :meth:`step` waits for ``wait_num``
+            envs before returning the ones ready (at least one); None waits
+            for ``wait_num``. It is no deadline: backends have their own
+            (e.g. ``SubprocVectorEnv(call_timeout=...)``).
+
+    Raises:
+        ConfigError: If ``wait_num`` or ``timeout`` is out of range.
     """
 
-    #: tianshou's flag for partial (``wait_num``) stepping, which these envs do not do.
-    is_async: bool = False
-
-    def __init__(self, env_num: int, release: Callable[[], list[BaseException]]) -> None:
+    def __init__(
+        self,
+        env_num: int,
+        release: Callable[[], list[BaseException]] = _release_nothing,
+        *,
+        wait_num: int | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        cls = type(self).__name__
+        if wait_num is not None and (
+            isinstance(wait_num, bool)
+            or not isinstance(wait_num, int | np.integer)
+            or not 1 <= wait_num <= env_num
+        ):
+            raise ConfigError(
+                f"{cls}(wait_num={wait_num!r}): give 1 to {env_num} (the envs), or None"
+            )
+        if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
+            raise ConfigError(f"{cls}(timeout={timeout!r}): give seconds > 0, or None")
         self.env_num = env_num
+        #: How many envs an async :meth:`step` waits for.
+        self.wait_num = env_num if wait_num is None else int(wait_num)
+        #: Seconds an async :meth:`step` waits for ``wait_num`` envs (None: no limit).
+        self.timeout = timeout
+        #: tianshou's flag: True if :meth:`step` may return only some of the envs.
+        self.is_async = self.wait_num != env_num or timeout is not None
         self._pending_seeds: list[int | None] = [None] * env_num
         self._needs_reset = np.ones(env_num, dtype=bool)
+        # A command was sent and its answer not yet received from the backend.
+        self._in_flight = np.zeros(env_num, dtype=bool)
+        # In flight, but the call that sent it was interrupted: the answer is
+        # discarded when it comes (the caller was told by the interruption).
+        self._stale = np.zeros(env_num, dtype=bool)
+        # Step answers received but not yet returned (an async step raised
+        # another env's failure, or was interrupted, after receiving them).
+        self._undelivered: dict[int, Any] = {}
         self._closed = False
         self._finalizer = weakref.finalize(self, release)
 
+    # --- the backend contract ------------------------------------------------
+
     @abc.abstractmethod
-    def _run(self, ids: list[int], command: str, args: Sequence[Any]) -> list[Any]:
-        """Runs ``command`` with ``args[k]`` on env ``ids[k]`` for every k.
+    def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
+        """Starts ``command`` with ``args[k]`` on env ``ids[k]`` for every k, without waiting.
+
+        None of ``ids`` has a command in flight; other envs may (async mode,
+        or :meth:`step_and_reset`, which sends two commands to disjoint envs
+        before receiving). Every env of ``ids`` must then answer exactly once
+        through :meth:`_receive`: a failure to send (the env is gone, the
+        argument cannot be encoded) is answered with a :class:`FailedCall`,
+        not raised. Only an interruption (e.g. KeyboardInterrupt) may
+        propagate; the backend then makes sure no env of ``ids`` answers
+        later.
+        """
+
+    @abc.abstractmethod
+    def _receive(self, ids: list[int], count: int, timeout: float | None) -> dict[int, Any]:
+        """Collects the answers of envs ``ids``, each of which has one command in flight.
+
+        Returns when at least ``count`` of them have answered, with every
+        answer available by then; or when ``timeout`` seconds (None: no
+        limit) have passed, with the answers so far (possibly none). An
+        answer is the env's result, or a :class:`FailedCall` if it raised,
+        died, or passed the backend's own per-call deadline (which must end
+        the wait even when ``timeout`` is None).
+
+        It may be interrupted (e.g. KeyboardInterrupt); the answers it had
+        collected by then must come from a later call.
 
         Returns:
-            The envs' answers, in ``ids`` order.
-
-        Raises:
-            VectorEnvError: If an env raised, died or timed out (the first one).
+            ``{env index: answer}`` for the envs that answered.
         """
+
+    # --- the public API ------------------------------------------------------
 
     def __len__(self) -> int:
         """Returns the number of envs."""
@@ -203,6 +323,14 @@ class BaseVectorEnv(abc.ABC):
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._closed
+
+    @property
+    def waiting_id(self) -> list[int]:
+        """tianshou's name: the envs whose async step has not been returned yet."""
+        return sorted(
+            {int(i) for i in np.flatnonzero(self._in_flight & ~self._stale)}
+            | set(self._undelivered)
+        )
 
     @property
     def observation_space(self) -> list[gym.Space]:
@@ -232,23 +360,16 @@ class BaseVectorEnv(abc.ABC):
             info dicts, one row per env of ``id``.
 
         Raises:
+            UsageError: If an env of ``id`` has a step in flight (async mode).
             VectorEnvError: If an env raised, died or timed out.
         """
         self._check_open()
         if id is not None and env_id is not None:
             raise TypeError("reset() got both id and env_id; they are the same argument")
         ids = self._ids(env_id if id is None else id)
-        if "seed" in kwargs:
-            seeds = _expand_seeds(kwargs.pop("seed"), len(ids), "reset(seed=...)")
-        else:
-            seeds = [self._pending_seeds[i] for i in ids]
-        self._needs_reset[ids] = True
-        results = self._run(ids, RESET, [{**kwargs, "seed": seed} for seed in seeds])
-        self._needs_reset[ids] = False
-        for i in ids:
-            self._pending_seeds[i] = None
-        observations, infos = zip(*results, strict=True)
-        return stack_batch(observations), _info_array(infos, ids)
+        args = self._reset_args(ids, kwargs, "reset")
+        (results,) = self._call_many([(ids, RESET, args)])
+        return self._reset_results(ids, results)
 
     def step(
         self, action: Any, id: EnvIds = None
@@ -259,39 +380,70 @@ class BaseVectorEnv(abc.ABC):
             action: An array or sequence with one row per env of ``id``:
                 ``action[k]`` goes to env ``id[k]``.
             id: Envs to step: None for all, an index, or a sequence of them.
+                In async mode it may be empty (``step([], id=[])``), or
+                ``action`` None (tianshou's ``step(None, id=venv.waiting_id)``):
+                that only collects steps in flight.
 
         Returns:
-            ``(obs, rewards, terminated, truncated, infos)``, one row per env
-            of ``id``.
+            ``(obs, rewards, terminated, truncated, infos)``: one row per env
+            of ``id`` in ``id`` order; in async mode, one row per ready env
+            in env-index order (``infos[k]["env_id"]`` names it).
 
         Raises:
             ValueError: If the number of actions does not match ``id``.
+            UsageError: If an env of ``id`` has a step in flight (async mode).
             VectorEnvError: If an env must be reset first, or raised, died or
                 timed out.
         """
         self._check_open()
-        ids = self._ids(id)
-        rows = _action_rows(action, ids)
-        blocked = [i for i in ids if self._needs_reset[i]]
-        if blocked:
-            raise VectorEnvError(
-                f"cannot step envs {blocked}: each must be reset first (never reset, "
-                f"episode ended, or its last call failed); call reset(id={blocked})",
-                env_index=blocked[0],
-            )
-        self._needs_reset[ids] = True
-        results = self._run(ids, STEP, rows)
-        observations, rewards, terminated, truncated, infos = zip(*results, strict=True)
-        terminated_array = np.asarray(terminated, dtype=bool)
-        truncated_array = np.asarray(truncated, dtype=bool)
-        self._needs_reset[ids] = terminated_array | truncated_array
-        return (
-            stack_batch(observations),
-            np.asarray(rewards, dtype=np.float64),
-            terminated_array,
-            truncated_array,
-            _info_array(infos, ids),
-        )
+        if action is None and self.is_async:
+            ids: list[int] = []  # tianshou's step(None, id): only collect
+        else:
+            ids = self._ids(id, allow_empty=self.is_async)
+        rows = self._step_rows(ids, [] if action is None else action)
+        if self.is_async:
+            if ids:
+                self._start(ids, STEP, rows)
+            ids, results = self._collect_ready()
+        else:
+            (results,) = self._call_many([(ids, STEP, rows)])
+        return self._step_results(ids, results)
+
+    def step_and_reset(
+        self, action: Any, id: EnvIds, reset_id: EnvIds, **kwargs: Any
+    ) -> tuple[tuple[Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[Any, np.ndarray]]:
+        """Steps envs ``id`` and resets envs ``reset_id`` in one round (sync mode).
+
+        The same as ``step(action, id)`` then ``reset(reset_id, **kwargs)``,
+        but the envs run both at once: one round trip instead of two for
+        remote envs. gymnasium's next-step autoreset uses it.
+
+        Args:
+            action: One action row per env of ``id``.
+            id: Envs to step; may be empty.
+            reset_id: Envs to reset; may be empty; none may be in ``id``.
+            **kwargs: As for :meth:`reset`.
+
+        Returns:
+            ``(step results, reset results)``, as :meth:`step` and
+            :meth:`reset` return them (empty batches for empty ids).
+
+        Raises:
+            UsageError: In async mode.
+            ValueError: If an env is in both ``id`` and ``reset_id``.
+        """
+        self._check_open()
+        if self.is_async:
+            raise UsageError("step_and_reset() is for sync mode; use step() and reset()")
+        ids = self._ids(id, allow_empty=True)
+        reset_ids = self._ids(reset_id, allow_empty=True)
+        both = sorted(set(ids) & set(reset_ids))
+        if both:
+            raise ValueError(f"step_and_reset(): envs {both} are both stepped and reset")
+        rows = self._step_rows(ids, action)
+        args = self._reset_args(reset_ids, kwargs, "step_and_reset")
+        step_results, reset_results = self._call_many([(ids, STEP, rows), (reset_ids, RESET, args)])
+        return self._step_results(ids, step_results), self._reset_results(reset_ids, reset_results)
 
     def seed(self, seed: Seeds = None) -> list[int | None]:
         """Records the seeds that each env's next ``reset`` will use.
@@ -317,13 +469,16 @@ class BaseVectorEnv(abc.ABC):
         ``EnvConfig("CartPole-v1", {"render_mode": "rgb_array"})``.
         """
         self._check_open()
-        return self._run(self._ids(None), RENDER, [kwargs] * self.env_num)
+        ids = self._ids(None)
+        self._check_idle(ids, "render")
+        return self._call(ids, RENDER, [kwargs] * self.env_num)
 
     def get_env_attr(self, key: str, id: EnvIds = None) -> list[Any]:
         """Returns attribute ``key`` of each env of ``id`` (through wrappers)."""
         self._check_open()
         ids = self._ids(id)
-        return self._run(ids, GET_ATTR, [key] * len(ids))
+        self._check_idle(ids, "get_env_attr")
+        return self._call(ids, GET_ATTR, [key] * len(ids))
 
     def set_env_attr(self, key: str, value: Any, id: EnvIds = None) -> None:
         """Sets attribute ``key`` to ``value`` on each env of ``id``.
@@ -333,29 +488,221 @@ class BaseVectorEnv(abc.ABC):
         """
         self._check_open()
         ids = self._ids(id)
-        self._run(ids, SET_ATTR, [(key, value)] * len(ids))
+        self._check_idle(ids, "set_env_attr")
+        self._call(ids, SET_ATTR, [(key, value)] * len(ids))
+
+    def call_env_method(
+        self,
+        name: str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        id: EnvIds = None,
+    ) -> list[Any]:
+        """Calls method ``name`` (found through wrappers) on each env of ``id``.
+
+        Returns:
+            Each env's return value, in ``id`` order.
+        """
+        self._check_open()
+        ids = self._ids(id)
+        self._check_idle(ids, "call_env_method")
+        item = (name, tuple(args), dict(kwargs or {}))
+        return self._call(ids, CALL, [item] * len(ids))
+
+    def class_names(self, id: EnvIds = None) -> list[list[str]]:
+        """Returns, per env of ``id``, the qualified names of every class in its wrapper stack.
+
+        Bases are included, so ``"gymnasium.core.Wrapper"`` is there for any
+        wrapped env. This is how adapters answer "is env k wrapped in X"
+        without sending a class to where the env runs.
+        """
+        self._check_open()
+        ids = self._ids(id)
+        self._check_idle(ids, "class_names")
+        return self._call(ids, CLASS_NAMES, [None] * len(ids))
 
     def close(self) -> None:
         """Closes every env and frees its resources. Safe to call twice.
+
+        Steps still in flight (async mode) are abandoned.
 
         Raises:
             Exception: The first error an env's ``close`` raised, after every
                 env was closed anyway.
         """
         self._closed = True
+        self._undelivered.clear()
         errors = self._finalizer()
         if errors:
             raise errors[0]
+
+    # --- bookkeeping shared by every backend -------------------------------------
+
+    def _reset_args(self, ids: list[int], kwargs: dict[str, Any], call: str) -> list[Any]:
+        """Checks a reset of ``ids`` and returns each env's reset kwargs."""
+        if "seed" in kwargs:
+            seeds = _expand_seeds(kwargs.pop("seed"), len(ids), f"{call}(seed=...)")
+        else:
+            seeds = [self._pending_seeds[i] for i in ids]
+        self._check_idle(ids, call)
+        self._needs_reset[ids] = True
+        return [{**kwargs, "seed": seed} for seed in seeds]
+
+    def _reset_results(self, ids: list[int], results: list[Any]) -> tuple[Any, np.ndarray]:
+        self._needs_reset[ids] = False
+        for i in ids:
+            self._pending_seeds[i] = None
+        if not ids:
+            return np.empty(0), np.empty(0, dtype=object)
+        observations, infos = zip(*results, strict=True)
+        return stack_batch(observations), _info_array(infos, ids)
+
+    def _step_rows(self, ids: list[int], action: Any) -> list[Any]:
+        """Checks a step of ``ids`` and splits ``action`` into one row per env."""
+        rows = _action_rows(action, ids)
+        self._check_idle(ids, "step")
+        blocked = [i for i in ids if self._needs_reset[i]]
+        if blocked:
+            raise VectorEnvError(
+                f"cannot step envs {blocked}: each must be reset first (never reset, "
+                f"episode ended, or its last call failed); call reset(id={blocked})",
+                env_index=blocked[0],
+            )
+        self._needs_reset[ids] = True
+        return rows
+
+    def _step_results(
+        self, ids: list[int], results: list[Any]
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        if not ids:
+            empty = np.empty(0, dtype=bool)
+            return np.empty(0), np.empty(0), empty, empty, np.empty(0, dtype=object)
+        observations, rewards, terminated, truncated, infos = zip(*results, strict=True)
+        terminated_array = np.asarray(terminated, dtype=bool)
+        truncated_array = np.asarray(truncated, dtype=bool)
+        self._needs_reset[ids] = terminated_array | truncated_array
+        return (
+            stack_batch(observations),
+            np.asarray(rewards, dtype=np.float64),
+            terminated_array,
+            truncated_array,
+            _info_array(infos, ids),
+        )
 
     def _check_open(self) -> None:
         if self._closed:
             raise UsageError(f"{type(self).__name__} is closed; make a new one")
 
-    def _ids(self, id: EnvIds) -> list[int]:
+    def _check_idle(self, ids: list[int], call: str) -> None:
+        """Refuses envs whose async step has not been returned yet."""
+        busy = [i for i in ids if (self._in_flight[i] and not self._stale[i])]
+        busy += [i for i in ids if i in self._undelivered]
+        if busy:
+            raise UsageError(
+                f"{call}(): envs {sorted(busy)} have a step in flight (async mode); "
+                "call step() without them until it returns them"
+            )
+
+    def _start(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
+        """Discards stale answers of ``ids``, then sends them ``command``."""
+        stale = [i for i in ids if self._stale[i]]
+        while stale:
+            for i in self._receive(stale, len(stale), None):
+                self._in_flight[i] = self._stale[i] = False
+            stale = [i for i in stale if self._stale[i]]
+        try:
+            self._send(ids, command, args)
+        except BaseException:
+            self._needs_reset[ids] = True
+            raise
+        self._in_flight[ids] = True
+
+    def _call(self, ids: list[int], command: str, args: Sequence[Any]) -> list[Any]:
+        """Runs ``command`` on ``ids`` and waits for all of them (see :meth:`_call_many`)."""
+        return self._call_many([(ids, command, args)])[0]
+
+    def _call_many(
+        self, batches: Sequence[tuple[list[int], str, Sequence[Any]]]
+    ) -> list[list[Any]]:
+        """Starts every batch (disjoint ids), then waits for every env of all of them.
+
+        Returns:
+            Each batch's answers, in its ids' order.
+
+        Raises:
+            Exception: The first failure (batches and ids in order), after
+                every env answered.
+        """
+        ids = [i for batch_ids, _, _ in batches for i in batch_ids]
+        started: list[int] = []
+        try:
+            for batch_ids, command, args in batches:
+                if batch_ids:
+                    self._start(batch_ids, command, args)
+                    started += batch_ids
+        except BaseException:
+            # Those already sent answer later; that answer is nobody's.
+            self._stale[started] = True
+            raise
+        answers: dict[int, Any] = {}
+        try:
+            while len(answers) < len(ids):
+                rest = [i for i in ids if i not in answers]
+                answers.update(self._receive(rest, len(rest), None))
+        finally:
+            for i in ids:
+                if i in answers:
+                    self._in_flight[i] = False
+                else:
+                    self._stale[i] = True
+        for i in ids:
+            if isinstance(answers[i], FailedCall):
+                raise answers[i].error
+        return [[answers[i] for i in batch_ids] for batch_ids, _, _ in batches]
+
+    def _collect_ready(self) -> tuple[list[int], list[Any]]:
+        """Waits for the first ready async steps (tianshou's ``wait_num``/``timeout``).
+
+        Returns:
+            The ready env indices, ascending, and their step results.
+        """
+        ready = self._undelivered
+        self._undelivered = {}
+        waiting = [
+            i
+            for i in range(self.env_num)
+            if self._in_flight[i] and not self._stale[i] and i not in ready
+        ]
+        if not waiting and not ready:
+            raise UsageError("step(): no env was stepped and none has a step in flight")
+        try:
+            need = min(self.wait_num, len(waiting) + len(ready)) - len(ready)
+            if need > 0:
+                got = self._receive(waiting, need, self.timeout)
+                self._in_flight[list(got)] = False
+                ready.update(got)
+            while not ready:
+                got = self._receive(waiting, 1, None)
+                self._in_flight[list(got)] = False
+                ready.update(got)
+        except BaseException:
+            self._undelivered = ready
+            raise
+        ids = sorted(ready)
+        failed = [i for i in ids if isinstance(ready[i], FailedCall)]
+        if failed:
+            # The other answers (other failures too) come from the next step().
+            self._undelivered = {i: ready[i] for i in ids if i != failed[0]}
+            raise ready[failed[0]].error
+        return ids, [ready[i] for i in ids]
+
+    def _ids(self, id: EnvIds, *, allow_empty: bool = False) -> list[int]:
         """Normalises ``id`` to a list of distinct, valid env indices."""
         if id is None:
             return list(range(self.env_num))
         array = np.asarray(id)
+        if allow_empty and array.size == 0 and array.ndim == 1:
+            return []
         if array.ndim > 1 or array.size == 0 or array.dtype.kind not in "iu":
             raise ValueError(f"id must be None, an env index or a 1-D sequence of them, got {id!r}")
         ids = [int(i) for i in array.reshape(-1)]
@@ -430,4 +777,4 @@ def _as_seed(value: object, where: str) -> int:
     return int(value)
 
 
-__all__ = ["BaseVectorEnv", "EnvFactory", "EnvIds", "stack_batch"]
+__all__ = ["BaseVectorEnv", "EnvFactory", "EnvIds", "FailedCall", "stack_batch"]

@@ -19,6 +19,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from rlfleet._values import check_int
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import ConfigError, EnvNotFoundError
 
@@ -60,15 +61,8 @@ class EnvConfig:
             raise ConfigError(f"EnvConfig.id must be a non-empty string, got {self.id!r}")
         object.__setattr__(self, "kwargs", _canonical_kwargs(self.id, self.kwargs))
         length = self.max_episode_length
-        if length is not None and (isinstance(length, bool) or not isinstance(length, int)):
-            raise ConfigError(
-                f"EnvConfig.max_episode_length of {self.id!r} must be a positive int "
-                f"or None, got {length!r}"
-            )
-        if length is not None and length < 1:
-            raise ConfigError(
-                f"EnvConfig.max_episode_length of {self.id!r} must be >= 1, got {length}"
-            )
+        if length is not None:
+            check_int(f"EnvConfig.max_episode_length of {self.id!r}", length)
         if length is not None and "max_episode_steps" in self.kwargs:
             raise ConfigError(
                 f"env {self.id!r}: the episode limit is given twice (max_episode_length="

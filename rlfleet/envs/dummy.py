@@ -12,6 +12,7 @@ from rlfleet.envs._base import (
     BaseVectorEnv,
     EnvFactory,
     EnvFailure,
+    FailedCall,
     build_env,
     check_env_fns,
     run_command,
@@ -31,9 +32,15 @@ class DummyVectorEnv(BaseVectorEnv):
         venv.seed(0)
         obs, infos = venv.reset()
 
+    In async mode (``wait_num``/``timeout``) every env steps at once when
+    sent its action, so each ``step`` returns all the envs it stepped: the
+    same code runs unchanged on Subproc and Remote envs, where it pays off.
+
     Args:
         env_fns: One factory per env: callables returning a gymnasium env,
             e.g. :class:`~rlfleet.envs.EnvConfig` objects.
+        wait_num: tianshou's async mode (see :class:`~rlfleet.envs.BaseVectorEnv`).
+        timeout: tianshou's async mode (see :class:`~rlfleet.envs.BaseVectorEnv`).
 
     Raises:
         ConfigError: If ``env_fns`` is not a non-empty list of callables, or
@@ -41,7 +48,12 @@ class DummyVectorEnv(BaseVectorEnv):
         VectorEnvError: If a factory raised or did not return a gymnasium env.
     """
 
-    def __init__(self, env_fns: Sequence[EnvFactory]) -> None:
+    def __init__(
+        self,
+        env_fns: Sequence[EnvFactory],
+        wait_num: int | None = None,
+        timeout: float | None = None,
+    ) -> None:
         factories = check_env_fns(env_fns)
         envs: list[gym.Env] = []
         try:
@@ -52,16 +64,33 @@ class DummyVectorEnv(BaseVectorEnv):
             raise
         #: The envs themselves, for inspection in tests and debugging.
         self.envs = envs
-        super().__init__(len(envs), functools.partial(_close_envs, envs))
+        self._answers: dict[int, Any] = {}
+        try:
+            super().__init__(
+                len(envs),
+                functools.partial(_close_envs, envs),
+                wait_num=wait_num,
+                timeout=timeout,
+            )
+        except BaseException:
+            _close_envs(envs)
+            raise
 
-    def _run(self, ids: list[int], command: str, args: Sequence[Any]) -> list[Any]:
-        results = []
+    def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
         for env_index, arg in zip(ids, args, strict=True):
             try:
-                results.append(run_command(self.envs[env_index], command, arg))
+                self._answers[env_index] = run_command(self.envs[env_index], command, arg)
             except Exception as exc:
-                raise EnvFailure.from_exception(exc).error(env_index, command) from exc
-        return results
+                error = EnvFailure.from_exception(exc).error(env_index, command)
+                error.__cause__ = exc
+                self._answers[env_index] = FailedCall(error)
+
+    def _receive(self, ids: list[int], count: int, timeout: float | None) -> dict[int, Any]:
+        return {i: self._answers.pop(i) for i in ids if i in self._answers}
+
+
+#: The in-process vector env under tianshou's other name.
+VectorEnv = DummyVectorEnv
 
 
 def _close_envs(envs: list[gym.Env]) -> list[BaseException]:
@@ -75,4 +104,4 @@ def _close_envs(envs: list[gym.Env]) -> list[BaseException]:
     return errors
 
 
-__all__ = ["DummyVectorEnv"]
+__all__ = ["DummyVectorEnv", "VectorEnv"]

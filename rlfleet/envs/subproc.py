@@ -2,11 +2,14 @@
 
 Processes are started with ``spawn`` (or ``forkserver``), never ``fork``:
 gRPC does not survive ``fork()`` once a channel or server exists, and a
-worker or learner has one. So env factories cross to the child by pickle:
-use :class:`~rlfleet.envs.EnvConfig` objects, module-level functions or
-``functools.partial`` (not lambdas or closures), and guard the script's
-entry point with ``if __name__ == "__main__":`` because ``spawn`` re-imports
-the main module in every child.
+worker or learner has one. So env factories cross to the child pickled,
+with cloudpickle: lambdas and closures work (tianshou's
+``SubprocVectorEnv([lambda: gym.make(task) for _ in range(n)])``), as do
+:class:`~rlfleet.envs.EnvConfig` objects. This pipe to one's own child is
+the only place rlfleet unpickles without an opt-in: nothing crosses a trust
+boundary (see docs/security.md). Guard the script's entry point with
+``if __name__ == "__main__":`` because ``spawn`` re-imports the main module
+in every child.
 
 Each child answers commands on a pipe. A Box observation is written into a
 shared-memory buffer owned by the parent (one per env), so only the small
@@ -19,7 +22,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import multiprocessing
+import multiprocessing.connection
 import os
+import pickle
 import signal
 import threading
 import time
@@ -27,10 +32,10 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
-from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any, TypeAlias, cast
 
+import cloudpickle
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
@@ -42,6 +47,7 @@ from rlfleet.envs._base import (
     BaseVectorEnv,
     EnvFactory,
     EnvFailure,
+    FailedCall,
     check_env_fns,
     make_checked,
     run_command,
@@ -65,25 +71,33 @@ _ORPHAN_CHECK_SECONDS = 1.0
 class SubprocVectorEnv(BaseVectorEnv):
     """Runs each env in its own process (tianshou's name and API).
 
-    The API and its rules are :class:`~rlfleet.envs.BaseVectorEnv`'s. What
-    this class adds is failure handling: an env that raises gives a
+    The API and its rules are :class:`~rlfleet.envs.BaseVectorEnv`'s,
+    including tianshou's async mode (``wait_num``/``timeout``): a step
+    returns the envs whose processes answered first. What this class adds
+    is failure handling: an env that raises gives a
     :class:`~rlfleet.errors.VectorEnvError` naming the env index and carrying
     the child's traceback text (the env can then be reset); a child that dies
-    or does not answer within ``timeout`` seconds gives a ``VectorEnvError``
-    naming the env index (and the seconds), and that env is unusable from
-    then on. ``close`` (also at garbage collection and interpreter exit)
-    stops every child: it asks them to close their envs, then terminates and
-    kills the ones that do not exit within a few seconds.
+    or does not answer within ``call_timeout`` seconds of being sent a
+    command gives a ``VectorEnvError`` naming the env index (and the
+    seconds), and that env is unusable from then on. ``close`` (also at
+    garbage collection and interpreter exit) stops every child: it asks them
+    to close their envs, then terminates and kills the ones that do not exit
+    within a few seconds.
 
     Example::
 
         if __name__ == "__main__":
-            venv = SubprocVectorEnv([EnvConfig("CartPole-v1")] * 4, timeout=10.0)
+            venv = SubprocVectorEnv([lambda: gym.make("CartPole-v1")] * 4, call_timeout=10.0)
 
     Args:
-        env_fns: One picklable factory per env (see the module docstring).
-        timeout: Seconds a ``reset``/``step``/``render``/attribute call waits
-            for the envs; None waits forever (a dead child is still noticed).
+        env_fns: One factory per env: any callable cloudpickle can pickle,
+            lambdas and closures included (see the module docstring).
+        wait_num: tianshou's async mode (see :class:`~rlfleet.envs.BaseVectorEnv`).
+        timeout: tianshou's async mode: seconds an async ``step`` waits for
+            ``wait_num`` envs before returning the ready ones. Not a deadline.
+        call_timeout: Deadline in seconds for each env to answer a
+            ``reset``/``step``/``render``/attribute call, counted from when
+            it was sent; None waits forever (a dead child is still noticed).
         start_timeout: Seconds to wait for the children to start and build
             their envs (interpreter start-up and imports count); None waits
             forever.
@@ -100,71 +114,95 @@ class SubprocVectorEnv(BaseVectorEnv):
     def __init__(
         self,
         env_fns: Sequence[EnvFactory],
+        wait_num: int | None = None,
+        timeout: float | None = None,
         *,
-        timeout: float | None = 60.0,
+        call_timeout: float | None = 60.0,
         start_timeout: float | None = 120.0,
         context: str = "spawn",
         shared_memory: bool = True,
     ) -> None:
         factories = check_env_fns(env_fns)
-        _check_timeout(timeout, "timeout")
+        _check_timeout(call_timeout, "call_timeout")
         _check_timeout(start_timeout, "start_timeout")
         if context not in _START_METHODS:
             raise ConfigError(
                 f"SubprocVectorEnv(context={context!r}) is not supported; use one of "
                 f"{_START_METHODS} (fork breaks gRPC in the children)"
             )
-        for index, factory in enumerate(factories):
-            _check_picklable(factory, index, context)
+        pickled = [_pickle_factory(factory, index) for index, factory in enumerate(factories)]
         mp_context = cast(_Context, multiprocessing.get_context(context))
         children: list[_EnvProcess] = []
         try:
-            for index, factory in enumerate(factories):
-                children.append(_EnvProcess(mp_context, index, factory))
+            for index, factory_bytes in enumerate(pickled):
+                children.append(_EnvProcess(mp_context, index, factory_bytes))
             deadline = _deadline(start_timeout)
             for child in children:
                 child.connect(deadline, start_timeout, shared_memory=shared_memory)
+            super().__init__(
+                len(children),
+                functools.partial(_shutdown, children),
+                wait_num=wait_num,
+                timeout=timeout,
+            )
         except BaseException:
             _shutdown(children)
             raise
-        #: Seconds a call waits for the envs (None: forever); may be changed.
-        self.timeout = timeout
+        #: Deadline in seconds for each env's answer (None: none); may be changed.
+        self.call_timeout = call_timeout
         self._children = children
-        super().__init__(len(children), functools.partial(_shutdown, children))
 
     @property
     def pids(self) -> list[int]:
         """The process id of each env's child."""
         return [child.pid for child in self._children]
 
-    def _run(self, ids: list[int], command: str, args: Sequence[Any]) -> list[Any]:
-        children = [self._children[i] for i in ids]
-        for child in children:
-            child.check_usable()
-        deadline = _deadline(self.timeout)
+    def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
         sent: list[_EnvProcess] = []
-        error: BaseException | None = None
         try:
-            for child, arg in zip(children, args, strict=True):
+            for env_index, arg in zip(ids, args, strict=True):
+                child = self._children[env_index]
                 child.send(command, arg)
                 sent.append(child)
-        except Exception as exc:  # e.g. an action that cannot be pickled
-            error = exc
-        results = []
-        # Every child that got the command must be heard, or its answer would
-        # be read as the answer to the next command.
-        for position, child in enumerate(sent):
-            try:
-                results.append(child.receive(command, deadline, self.timeout))
-            except VectorEnvError as exc:
-                error = exc if error is None else error
-            except BaseException:
-                for unheard in sent[position:]:
-                    unheard.abandon(f"interrupted while waiting for its {command}()")
-                raise
-        if error is not None:
-            raise error
-        return results
+        except BaseException:
+            for child in sent:
+                child.abandon(f"interrupted while sending its {command}()")
+            raise
+
+    def _receive(self, ids: list[int], count: int, timeout: float | None) -> dict[int, Any]:
+        children = [self._children[i] for i in ids]
+        # Answers are held by each child until returned, so that an
+        # interrupted wait loses none of those already read.
+        pending = {child.conn: child for child in children if not child.held}
+        end = _deadline(timeout)
+        if timeout is None and count >= len(children):
+            # Waiting for all (sync mode, the hot path): polling one child at
+            # a time avoids registering every handle again for each answer.
+            for child in pending.values():
+                child.hold(child.wait_answer(self.call_timeout))
+            pending = {}
+        while pending:
+            enough = len(children) - len(pending) >= count
+            # After `count` answers, only collect those already there.
+            wait = 0.0 if enough else _POLL_SECONDS
+            if end is not None:
+                wait = min(wait, max(0.0, end - time.monotonic()))
+            for child in pending.values():
+                wait = min(wait, child.seconds_left(self.call_timeout))
+            ready = multiprocessing.connection.wait(list(pending), wait)
+            for handle in ready:
+                child = pending.pop(cast(Connection, handle))
+                child.hold(child.read())
+            # A dead child's pipe reads as EOF above; this catches the rest
+            # (a grandchild holding the pipe, a deadline) once all is quiet.
+            for conn, child in list(pending.items()) if not ready else []:
+                lost = child.check_alive(self.call_timeout)
+                if lost is not None:
+                    child.hold(lost)
+                    del pending[conn]
+            if (enough and wait == 0.0) or (end is not None and time.monotonic() >= end):
+                break
+        return {child.index: child.take() for child in children if child.held}
 
 
 class _InSharedMemory:
@@ -174,7 +212,7 @@ class _InSharedMemory:
 class _EnvProcess:
     """The parent's handle on one env's child process."""
 
-    def __init__(self, mp_context: _Context, index: int, factory: EnvFactory) -> None:
+    def __init__(self, mp_context: _Context, index: int, factory: bytes) -> None:
         self.index = index
         self.conn, child_conn = mp_context.Pipe(duplex=True)
         self.process: BaseProcess = mp_context.Process(
@@ -194,6 +232,11 @@ class _EnvProcess:
         self.pid = cast(int, self.process.pid)  # start() has set it
         #: Why the child can no longer be used (None while it can).
         self.gone: str | None = None
+        #: The answer to the command in flight, once read (at most one).
+        self.held: list[Any] = []
+        self._command = MAKE
+        self._sent_at = 0.0
+        self._unanswered = 0
         self._shm: SharedMemory | None = None
         self._obs_view: np.ndarray | None = None
         self._connected = False
@@ -203,7 +246,7 @@ class _EnvProcess:
         self, deadline: float | None, start_timeout: float | None, *, shared_memory: bool
     ) -> None:
         """Waits for the child's env and sets up its observation buffer."""
-        observation_space = self.receive(MAKE, deadline, start_timeout)
+        observation_space = self._receive_started(deadline, start_timeout)
         layout = None
         if shared_memory:
             layout = _shared_layout(observation_space)
@@ -216,25 +259,99 @@ class _EnvProcess:
             self.conn.send(None)
         self._connected = True
 
-    def check_usable(self) -> None:
-        """Raises VectorEnvError if the child died or was killed earlier."""
-        if self.gone is not None:
-            raise VectorEnvError(
-                f"its process is gone ({self.gone}); close this vector env and make a new one",
-                env_index=self.index,
-            )
-
     def send(self, command: str, arg: Any) -> None:
-        """Sends one command (pickling errors propagate, the pipe stays clean)."""
+        """Sends one command; a failure to send is held as its answer."""
+        self._command = command
+        if self.gone is not None:
+            self.hold(
+                FailedCall(
+                    VectorEnvError(
+                        f"its process is gone ({self.gone}); close this vector env and make "
+                        "a new one",
+                        env_index=self.index,
+                    )
+                )
+            )
+            return
         try:
             self.conn.send((command, arg))
-        except OSError as exc:
-            raise self._lose(
-                f"its process died before {command}() ({self._exit_status()})"
-            ) from exc
+        except OSError:
+            self.hold(
+                FailedCall(
+                    self._lose(f"its process died before {command}() ({self._exit_status()})")
+                )
+            )
+            return
+        except Exception as exc:  # pickling failed before anything was written
+            error = VectorEnvError(
+                f"the argument of {command}() cannot be sent to its process: "
+                f"{type(exc).__name__}: {exc}",
+                env_index=self.index,
+            )
+            error.__cause__ = exc
+            self.hold(FailedCall(error))
+            return
+        self._sent_at = time.monotonic()
+        self._unanswered += 1
 
-    def receive(self, command: str, deadline: float | None, timeout: float | None) -> Any:
-        """Waits for the answer to ``command``; kills the child after ``deadline``."""
+    def hold(self, answer: Any) -> None:
+        """Keeps the answer to the command in flight until :meth:`take`."""
+        self.held.append(answer)
+
+    def take(self) -> Any:
+        """Returns the held answer and forgets it."""
+        return self.held.pop()
+
+    def read(self) -> Any:
+        """Reads the answer to the command in flight (the pipe has data or EOF)."""
+        try:
+            status, payload = self.conn.recv()
+        except (EOFError, OSError):
+            return FailedCall(
+                self._lose(f"its process died during {self._command}() ({self._exit_status()})")
+            )
+        self._unanswered -= 1
+        if status == _FAILED:
+            return FailedCall(payload.error(self.index, self._command))
+        return self._resolve(self._command, payload)
+
+    def wait_answer(self, call_timeout: float | None) -> Any:
+        """Waits for the answer to the command in flight, or a failure if the child is lost."""
+        while True:
+            if self.conn.poll(self.seconds_left(call_timeout)):
+                return self.read()
+            lost = self.check_alive(call_timeout)
+            if lost is not None:
+                return lost
+
+    def seconds_left(self, call_timeout: float | None) -> float:
+        """Seconds to wait before checking the child again (its deadline, at most a poll)."""
+        if call_timeout is None:
+            return _POLL_SECONDS
+        left = self._sent_at + call_timeout - time.monotonic()
+        return min(_POLL_SECONDS, max(0.0, left))
+
+    def check_alive(self, call_timeout: float | None) -> FailedCall | None:
+        """Returns a failure if the child died, or passed its deadline (then kills it)."""
+        # Only the child holds the other end of the pipe, but a grandchild
+        # may have inherited it, so EOF alone does not prove death.
+        if self.process.exitcode is not None and not self.conn.poll(0):
+            return FailedCall(
+                self._lose(f"its process died during {self._command}() ({self._exit_status()})")
+            )
+        if call_timeout is not None and time.monotonic() >= self._sent_at + call_timeout:
+            return FailedCall(
+                self._lose(
+                    f"{self._command}() did not return within {call_timeout:g} s, "
+                    "so its process was killed",
+                    advice="make a new vector env, with a larger call_timeout if the env is "
+                    "that slow",
+                )
+            )
+        return None
+
+    def _receive_started(self, deadline: float | None, timeout: float | None) -> Any:
+        """Waits for the observation space the child sends once its env is built."""
         while True:
             wait = _POLL_SECONDS
             if deadline is not None:
@@ -244,19 +361,18 @@ class _EnvProcess:
                     status, payload = self.conn.recv()
                 except (EOFError, OSError):
                     raise self._lose(
-                        f"its process died during {command}() ({self._exit_status()})"
+                        f"its process died during {MAKE}() ({self._exit_status()})"
                     ) from None
                 if status == _FAILED:
-                    raise payload.error(self.index, command)
-                return self._resolve(command, payload)
-            # Only the child holds the other end of the pipe, but a grandchild
-            # may have inherited it, so EOF alone does not prove death.
+                    raise payload.error(self.index, MAKE)
+                return payload
             if self.process.exitcode is not None and not self.conn.poll(0):
-                raise self._lose(f"its process died during {command}() ({self._exit_status()})")
+                raise self._lose(f"its process died during {MAKE}() ({self._exit_status()})")
             if deadline is not None and time.monotonic() >= deadline:
                 raise self._lose(
-                    f"{command}() did not return within {timeout:g} s, so its process was killed",
-                    advice="make a new vector env, with a larger timeout if the env is that slow",
+                    f"{MAKE}() did not return within {timeout:g} s, so its process was killed",
+                    advice="make a new vector env, with a larger start_timeout if the env is "
+                    "that slow to start",
                 )
 
     def abandon(self, reason: str) -> None:
@@ -285,9 +401,12 @@ class _EnvProcess:
         grace = 0.0
         if self._close_sent:
             try:
-                if self.conn.poll(max(0.0, deadline - time.monotonic())):
+                # Answers to steps still in flight (async mode) come first.
+                for left in range(self._unanswered, -1, -1):
+                    if not self.conn.poll(max(0.0, deadline - time.monotonic())):
+                        break
                     status, payload = self.conn.recv()
-                    if status == _FAILED:
+                    if left == 0 and status == _FAILED:
                         error = payload.error(self.index, "close")
             except (EOFError, OSError):
                 pass  # it died while closing; nothing more to learn
@@ -357,7 +476,7 @@ def _stop(process: BaseProcess, grace: float) -> None:
 # --- in the child process -------------------------------------------------
 
 
-def _child_main(factory: EnvFactory, conn: Connection) -> None:
+def _child_main(factory: bytes, conn: Connection) -> None:
     """Entry point of an env's child process."""
     # The parent decides when children stop; Ctrl-C in a terminal must not
     # kill them behind its back.
@@ -368,9 +487,9 @@ def _child_main(factory: EnvFactory, conn: Connection) -> None:
         _serve(factory, conn)
 
 
-def _serve(factory: EnvFactory, conn: Connection) -> None:
+def _serve(factory: bytes, conn: Connection) -> None:
     try:
-        env = make_checked(factory)
+        env = make_checked(pickle.loads(factory))
     except Exception as exc:
         conn.send((_FAILED, EnvFailure.from_exception(exc)))
         return
@@ -463,14 +582,19 @@ def _check_timeout(value: float | None, name: str) -> None:
         raise ConfigError(f"SubprocVectorEnv({name}={value!r}): give seconds > 0, or None")
 
 
-def _check_picklable(factory: EnvFactory, index: int, context: str) -> None:
+def _pickle_factory(factory: EnvFactory, index: int) -> bytes:
+    """Pickles an env factory for its child with cloudpickle (lambdas included).
+
+    The bytes only travel over the pipe to a child this process starts, so
+    unpickling them crosses no trust boundary (docs/security.md).
+    """
     try:
-        ForkingPickler.dumps(factory)
+        return cast(bytes, cloudpickle.dumps(factory))
     except Exception as exc:
         raise ConfigError(
-            f"env factory {index} ({factory!r}) cannot be pickled, which the {context!r} "
-            f"start method needs: {exc}. Use an EnvConfig, a module-level function or "
-            "functools.partial instead of a lambda or closure"
+            f"env factory {index} ({factory!r}) cannot be pickled for its child process: "
+            f"{type(exc).__name__}: {exc}. A factory must not hold open files, locks, "
+            "sockets or live processes; build those inside the factory instead"
         ) from exc
 
 

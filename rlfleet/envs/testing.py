@@ -11,7 +11,8 @@ Importing this module registers:
 * ``rlfleet/Crashing-v0``: a Counter that raises ``RuntimeError``.
 * ``rlfleet/Hanging-v0``: a Counter that sleeps (forever by default).
 * ``rlfleet/NaN-v0``: a Counter whose observation is NaN at one step.
-* ``rlfleet/Slow-v0``: a Counter that sleeps ``step_seconds`` in every step.
+* ``rlfleet/Slow-v0``: a Counter that sleeps ``step_seconds`` in every step
+  (or a uniform draw up to ``max_seconds``): a slow or I/O-bound env.
 
 When the faulty envs fire (``at_step`` stands for ``crash_at_step`` /
 ``hang_at_step``):
@@ -50,6 +51,8 @@ class CounterEnv(gym.Env[np.ndarray, np.int64]):
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 30}  # noqa: RUF012
 
     def __init__(self, length: int = 5, render_mode: str | None = None) -> None:
+        # A plain ValueError (not rlfleet's check_int), as a third-party env
+        # raises: the vector-env tests see how such an error travels.
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
             raise ValueError(f"length must be a positive int, got {length!r}")
         if render_mode not in (None, "rgb_array"):
@@ -182,22 +185,36 @@ class SlowEnv(CounterEnv):
     """A Counter that sleeps in every step: a slow simulator (module docstring).
 
     Args:
-        step_seconds: Seconds each step sleeps (>= 0).
+        step_seconds: Seconds each step sleeps (>= 0); with ``max_seconds``,
+            the least of a uniform draw.
         length: Steps per episode.
         render_mode: None or ``"rgb_array"``.
+        max_seconds: If set, each step sleeps a uniform draw in
+            ``[step_seconds, max_seconds]`` from the env's own generator
+            (seeded by ``reset(seed=...)``): a step time that varies.
     """
 
     def __init__(
-        self, step_seconds: float = 0.01, length: int = 5, render_mode: str | None = None
+        self,
+        step_seconds: float = 0.01,
+        length: int = 5,
+        render_mode: str | None = None,
+        max_seconds: float | None = None,
     ) -> None:
         super().__init__(length, render_mode)
         if not step_seconds >= 0:
             raise ValueError(f"step_seconds must be >= 0, got {step_seconds!r}")
+        if max_seconds is not None and not max_seconds >= step_seconds:
+            raise ValueError(f"max_seconds must be >= step_seconds, got {max_seconds!r}")
         self._step_seconds = step_seconds
+        self._max_seconds = max_seconds
 
     def _before(self, call: str) -> None:
         if call == "step":
-            time.sleep(self._step_seconds)
+            if self._max_seconds is None:
+                time.sleep(self._step_seconds)
+            else:
+                time.sleep(float(self.np_random.uniform(self._step_seconds, self._max_seconds)))
 
 
 class NaNEnv(CounterEnv):

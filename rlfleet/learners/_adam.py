@@ -6,6 +6,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from rlfleet.errors import ConfigError
+
 
 class Adam:
     """Adam with bias correction, updating parameter arrays in place.
@@ -64,3 +66,26 @@ class Adam:
             v += (1.0 - self.beta2) * (g * g)
             params[name] -= step_size * m / (np.sqrt(v) + self.eps)
         return norm
+
+    def state(self) -> tuple[dict[str, np.ndarray], int]:
+        """The moments (``m/{name}``, ``v/{name}``) and the step count, for snapshots."""
+        moments = {f"m/{name}": value for name, value in self._m.items()}
+        moments.update({f"v/{name}": value for name, value in self._v.items()})
+        return moments, self._t
+
+    def load_state(self, moments: Mapping[str, np.ndarray], steps: int) -> None:
+        """Takes back a :meth:`state` (same parameter names and shapes).
+
+        Raises:
+            ConfigError: If a moment is missing or has another shape.
+        """
+        for prefix, target in (("m/", self._m), ("v/", self._v)):
+            for name, value in target.items():
+                saved = moments.get(prefix + name)
+                if saved is None or saved.shape != value.shape:
+                    raise ConfigError(
+                        f"Adam state has no {prefix}{name} of shape {value.shape}; got "
+                        f"{None if saved is None else saved.shape}"
+                    )
+                np.copyto(value, saved)
+        self._t = int(steps)

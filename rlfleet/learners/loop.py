@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rlfleet._values import check_int
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.errors import ConfigError
 from rlfleet.learners._advantages import undiscounted_returns
@@ -141,8 +142,8 @@ def train(
         ("max_steps", max_steps),
         ("max_iterations", max_iterations),
     ):
-        if value is not None and value < 1:
-            raise ConfigError(f"train {name} must be >= 1, got {value}")
+        if value is not None:
+            check_int(f"train {name}", value)
 
     history: list[IterationRecord] = []
     start = time.perf_counter()

@@ -16,6 +16,12 @@ normalised per batch; one Adam step on the REINFORCE loss
 ``-mean(A_t log pi(a_t|s_t))``; then a few epochs of minibatch Adam on the
 value network's squared error to the TD(lambda) returns.
 
+VPG is also a garage algorithm for :class:`rlfleet.Trainer`:
+``trainer.setup(vpg, env, sampler_cls=Fleet.local)`` then
+``trainer.train(n_epochs, batch_size)`` runs :meth:`VPG.train`, which
+records garage's ``Evaluation/*`` keys, and snapshots its whole state
+(:meth:`VPG.snapshot_state`) so a run resumes exactly.
+
 Episode ends (the choice bootstrapping makes): an episode that ends
 TERMINAL has no future, its last delta is ``r - V(s)``. One that ends
 TIMEOUT (time limit) or MID (a fragment cut) was interrupted, so the value
@@ -27,10 +33,11 @@ states near step 500 are bad and push the policy off its best behaviour.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlfleet._values import check_int
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.errors import ConfigError, PolicyError
@@ -41,6 +48,10 @@ from rlfleet.learners._losses import categorical_policy_loss, log_softmax, value
 from rlfleet.learners._mlp import MLP
 from rlfleet.policies.mlp import MLPCategoricalPolicy
 from rlfleet.policies.spec import PolicySpec
+from rlfleet.sampling import log_performance
+
+if TYPE_CHECKING:
+    from rlfleet.trainer import Trainer
 
 #: Keys of the dict :meth:`VPG.train_step` returns.
 STAT_KEYS = (
@@ -109,8 +120,7 @@ class VPG:
             ("value_epochs", value_epochs),
             ("value_minibatch_size", value_minibatch_size),
         ):
-            if count < 1:
-                raise ConfigError(f"VPG {name} must be >= 1, got {count!r}")
+            check_int(f"VPG {name}", count)
         self.env_spec = env_spec
         self.discount = discount
         self.gae_lambda = gae_lambda
@@ -118,6 +128,7 @@ class VPG:
         self.value_epochs = value_epochs
         self.value_minibatch_size = value_minibatch_size
         self.iteration = 0
+        self.max_episode_length = env_spec.max_episode_length
         self._encoder = BatchEncoder(env_spec, "VPG")
         # Built through the real policy so the initial weights, names and
         # shapes are by construction those of the spec the workers build.
@@ -150,6 +161,95 @@ class VPG:
         policy = MLPCategoricalPolicy(self.env_spec, **self.policy_spec.kwargs, seed=seed)
         policy.set_param_values(self.get_params())
         return policy
+
+    @property
+    def policy(self) -> MLPCategoricalPolicy:
+        """A policy with the current parameters (what :class:`~rlfleet.Trainer` samples with)."""
+        return self.make_policy()
+
+    def train(self, trainer: Trainer) -> float:
+        """garage's algorithm loop: one batch and one :meth:`train_step` per epoch.
+
+        Records ``Evaluation/*`` (garage's ``log_performance`` keys),
+        ``policy/*`` and ``ValueFunction/*`` in ``trainer.tabular``.
+
+        Args:
+            trainer: The trainer that samples and snapshots.
+
+        Returns:
+            The average return of the last epoch's batch (NaN if no epoch ran).
+        """
+        last_return = float("nan")
+        for _ in trainer.step_epochs():
+            batch = trainer.obtain_episodes(trainer.step_itr)
+            trainer.step_episode = batch
+            stats = self.train_step(batch)
+            log_performance(trainer.step_itr, batch, self.discount)  # garage's Evaluation/*
+            trainer.tabular.record_many(
+                {key: stats[key] for key in ("PolicyLoss", "Entropy", "KL", "GradNorm")},
+                prefix="policy",
+            )
+            trainer.tabular.record_many(
+                {"Loss": stats["ValueLoss"], "ExplainedVariance": stats["ExplainedVariance"]},
+                prefix="ValueFunction",
+            )
+            last_return = stats["AverageReturn"]
+            trainer.step_itr += 1
+        return last_return
+
+    def snapshot_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Everything training depends on, as named arrays and JSON.
+
+        Returns:
+            Tensors ``policy/*``, ``value/*`` and the two Adam optimizers'
+            moments (``policy_opt/*``, ``value_opt/*``); JSON with the
+            iteration, the Adam step counts and the minibatch generator's state.
+        """
+        tensors: dict[str, np.ndarray] = {}
+        steps = {}
+        for prefix, params, opt in (
+            ("policy", self._policy.params, self._policy_opt),
+            ("value", self._value.params, self._value_opt),
+        ):
+            tensors.update({f"{prefix}/{name}": value for name, value in params.items()})
+            moments, steps[prefix] = opt.state()
+            tensors.update({f"{prefix}_opt/{name}": value for name, value in moments.items()})
+        metadata = {
+            "iteration": self.iteration,
+            "policy_opt_steps": steps["policy"],
+            "value_opt_steps": steps["value"],
+            "rng": self._rng.bit_generator.state,
+        }
+        return tensors, metadata
+
+    def restore_state(self, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> None:
+        """Takes back a :meth:`snapshot_state` of a VPG built with the same arguments.
+
+        Raises:
+            ConfigError: If a tensor is missing or has another shape.
+        """
+        for prefix, params, opt in (
+            ("policy", self._policy.params, self._policy_opt),
+            ("value", self._value.params, self._value_opt),
+        ):
+            for name, value in params.items():
+                saved = tensors.get(f"{prefix}/{name}")
+                if saved is None or saved.shape != value.shape:
+                    raise ConfigError(
+                        f"VPG snapshot has no {prefix}/{name} of shape {value.shape}: was it "
+                        "taken of a VPG with other hidden sizes?"
+                    )
+                np.copyto(value, saved)
+            opt.load_state(
+                {
+                    name[len(prefix) + 5 :]: value
+                    for name, value in tensors.items()
+                    if name.startswith(f"{prefix}_opt/")
+                },
+                metadata[f"{prefix}_opt_steps"],
+            )
+        self.iteration = int(metadata["iteration"])
+        self._rng.bit_generator.state = dict(metadata["rng"])
 
     def train_step(self, batch: EpisodeBatch) -> dict[str, float]:
         """Improves the policy and the value network from one batch.

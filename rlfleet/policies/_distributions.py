@@ -14,9 +14,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rlfleet._numeric import all_finite
 from rlfleet.errors import PolicyError
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+#: ``random()`` draws k / 2**53; for u <= 1 - 2**-52, u * Z rounds below Z.
+_U_SAFE = 1.0 - 2.0**-52
+
+# Row indices for picking one entry per row, made once instead of per call.
+_MAX_ROWS = 1024
+_ROWS = np.arange(_MAX_ROWS)
 
 
 def row_generators(
@@ -42,7 +50,7 @@ def row_generators(
 
 def check_finite(values: np.ndarray, what: str, owner: str) -> None:
     """Raises PolicyError naming the first row of ``values`` that is not finite."""
-    if np.isfinite(values).all():
+    if all_finite(values):
         return
     finite = np.isfinite(values.reshape(len(values), -1)).all(axis=1)
     row = int(np.argmin(finite))
@@ -72,21 +80,26 @@ def categorical(
     Returns:
         Indices (N,) int64 and their log-probabilities (N,) float32.
     """
+    n = len(logits)
     shifted = logits - logits.max(axis=1, keepdims=True)
     weights = np.exp(shifted)
-    cumulative = np.cumsum(weights, axis=1, dtype=np.float64)
+    # float32 -> float64 is exact, and cumsum adds in index order either way.
+    cumulative = weights.astype(np.float64).cumsum(axis=1)
     total = cumulative[:, -1]
     if deterministic:
         index = shifted.argmax(axis=1)
     else:
-        u = np.array([rng.random() for rng in rngs], dtype=np.float64)
-        # c is non-decreasing, so the count of c[i] <= t is the first i with c[i] > t.
-        index = (cumulative <= (u * total)[:, None]).sum(axis=1)
-        past_end = index == logits.shape[1]
-        if past_end.any():
+        draws = [rng.random() for rng in rngs]
+        threshold = np.array(draws, dtype=np.float64) * total
+        index = (cumulative > threshold[:, None]).argmax(axis=1)
+        # No c[i] > t (argmax gave 0) needs t = u * Z to round up to Z, which only
+        # the largest draw below 1 can do: then the row takes its last positive weight.
+        if draws and max(draws) > _U_SAFE:
+            past_end = threshold >= total
             index[past_end] = _last_positive(weights[past_end])
-    chosen = shifted[np.arange(len(index)), index]
-    log_prob = chosen.astype(np.float64) - np.log(total)
+    chosen = shifted[_ROWS[:n] if n <= _MAX_ROWS else np.arange(n), index]
+    # float32 - float64 computes in float64 (exact promotion), as the contract says.
+    log_prob = chosen - np.log(total)
     return index.astype(np.int64, copy=False), log_prob.astype(np.float32)
 
 

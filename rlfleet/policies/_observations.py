@@ -171,7 +171,7 @@ class ObservationEncoder:
             encoded = np.zeros((n, self.dim), dtype=np.float32)
             encoded[np.arange(n)[:, None], index] = 1.0
             return encoded
-        return array.reshape(n, self.dim).astype(np.float32)
+        return array.reshape(n, self.dim).astype(np.float32, copy=False)
 
     def _indices(self, values: np.ndarray, start: Any, size: Any) -> np.ndarray:
         """Returns ``values - start`` after checking each lies in [0, size)."""

@@ -132,19 +132,20 @@ class _MLPPolicy(Policy):
 
     def _assign(self, params: dict[str, np.ndarray]) -> None:
         self._params = params
-        self._layers = [
-            (params[weight_name(i)], params[bias_name(i)]) for i in range(self._n_layers)
-        ]
+        layers = [(params[weight_name(i)], params[bias_name(i)]) for i in range(self._n_layers)]
+        self._hidden, self._output = layers[:-1], layers[-1]
 
     def _forward(self, observations: Any) -> np.ndarray:
         """Returns the float32 network outputs (N, out_dim)."""
         h = self._encoder(observations)
-        last = self._n_layers - 1
-        for i, (weight, bias) in enumerate(self._layers):
+        act = self._act
+        for weight, bias in self._hidden:
             h = row_stable_matmul(h, weight)
             h += bias
-            if i < last:
-                self._act(h)
+            act(h)
+        weight, bias = self._output
+        h = row_stable_matmul(h, weight)
+        h += bias
         return h
 
 
@@ -208,7 +209,9 @@ class MLPCategoricalPolicy(_MLPPolicy):
         check_finite(logits, "logits", owner)
         rows = row_generators(rngs, len(logits), self.rng, owner)
         index, log_prob = categorical(logits, rows, self.deterministic)
-        actions = (index + self._start).astype(self._dtype, copy=False)
+        if self._start:
+            index += self._start
+        actions = index.astype(self._dtype, copy=False)
         return actions, {"log_prob": log_prob, "logits": logits}
 
 

@@ -1,9 +1,11 @@
 """Policy specs: which policy a worker builds, as JSON-able data (no pickle).
 
 A spec is a name plus JSON keyword arguments. The name is a built-in
-(``"random"``, ``"mlp-categorical"``, ``"mlp-gaussian"``) or an import path
-``"package.module:Class"`` of a :class:`Policy` subclass installed on the
-worker, constructed as ``Class(env_spec, **kwargs)``. On the wire a spec is
+(``"random"``, ``"mlp-categorical"``, ``"mlp-gaussian"``), ``"torch"`` (a
+PyTorch ``nn.Module`` named by its import path in the kwargs, see
+:mod:`rlfleet.policies.torch`; needs the ``torch`` extra on the worker) or an
+import path ``"package.module:Class"`` of a :class:`Policy` subclass
+installed on the worker, constructed as ``Class(env_spec, **kwargs)``. On the wire a spec is
 its compact JSON text ``{"name": ..., "kwargs": {...}}``: JSON keeps ints
 as ints, which ``google.protobuf.Struct`` would not.
 """
@@ -37,6 +39,10 @@ BUILTIN_POLICIES: Mapping[str, type[Policy]] = MappingProxyType(
         "mlp-gaussian": MLPGaussianPolicy,
     }
 )
+#: Spec name of :class:`rlfleet.policies.torch.TorchPolicy`. Not a built-in:
+#: it needs torch on the worker and its module's import path is checked
+#: like any import-path policy.
+TORCH_POLICY = "torch"
 
 
 @dataclass(frozen=True)
@@ -61,11 +67,14 @@ class PolicySpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not (
-            self.name in BUILTIN_POLICIES or split_import_path(self.name) is not None
+            self.name in BUILTIN_POLICIES
+            or self.name == TORCH_POLICY
+            or split_import_path(self.name) is not None
         ):
             raise ConfigError(
                 f"policy spec name {self.name!r} is neither a built-in policy "
-                f"({', '.join(BUILTIN_POLICIES)}) nor an import path 'package.module:Class'"
+                f"({', '.join(BUILTIN_POLICIES)}), {TORCH_POLICY!r}, nor an import path "
+                "'package.module:Class'"
             )
         object.__setattr__(self, "kwargs", _normalised_kwargs(self.kwargs, self.name))
 
@@ -166,6 +175,8 @@ def make_policy(
             is not a Policy subclass, or the class rejects the kwargs.
     """
     spec = _as_spec(spec)
+    if spec.name == TORCH_POLICY:
+        return _torch_policy(spec, env_spec, seed, allowed_modules)
     cls = _policy_class(spec.name, allowed_modules)
     kwargs = dict(spec.kwargs)
     if spec.is_builtin and seed is not None:
@@ -219,6 +230,33 @@ def _as_spec(spec: Any) -> PolicySpec:
     raise ConfigError(
         f"policy spec must be a PolicySpec, a name or JSON text, got {type(spec).__name__}"
     )
+
+
+def _torch_policy(
+    spec: PolicySpec, env_spec: EnvSpec, seed: int | None, allowed: Collection[str] | None
+) -> Policy:
+    """Builds a TorchPolicy after checking its module's import path like a policy's."""
+    path = spec.kwargs.get("module")
+    if not isinstance(path, str) or split_import_path(path) is None:
+        raise ConfigError(
+            f"policy spec {spec.to_json()}: kwargs 'module' must be the import path "
+            "'package.module:Class' of an nn.Module"
+        )
+    import_object(path, "torch module", allowed)  # the allow-list is checked before importing
+    try:
+        from rlfleet.policies.torch import TorchPolicy
+    except ImportError as exc:
+        raise ConfigError(
+            f"policy spec {spec.to_json()} needs PyTorch where the policy is built: "
+            f"pip install torch==2.13.0 (the CPU build), then rlfleet[torch] ({exc})"
+        ) from exc
+    kwargs = dict(spec.kwargs)
+    if seed is not None:
+        kwargs["seed"] = seed
+    try:
+        return TorchPolicy(env_spec, **kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"policy spec {spec.to_json()}: TorchPolicy rejected it: {exc}") from exc
 
 
 def _policy_class(name: str, allowed_modules: Collection[str] | None) -> type[Policy]:

@@ -27,6 +27,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._values import check_int
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.multi_agent_batch import MultiAgentEpisodeBatch
 from rlfleet.errors import ConfigError, UsageError
@@ -143,10 +144,10 @@ class RolloutWorker:
         **unsupported: Any,
     ) -> None:
         _refuse(unsupported)
-        _check_positive("rollout_fragment_length", rollout_fragment_length)
-        _check_positive("num_envs", num_envs)
+        check_int("RolloutWorker rollout_fragment_length", rollout_fragment_length)
+        check_int("RolloutWorker num_envs", num_envs)
         if episode_horizon is not None:
-            _check_positive("episode_horizon", episode_horizon)
+            check_int("RolloutWorker episode_horizon", episode_horizon)
         _check_choice("batch_mode", batch_mode, _BATCH_MODES)
         _check_choice("count_steps_by", count_steps_by, _COUNT_MODES)
         if seed is not None and (not isinstance(seed, int) or seed < 0):
@@ -601,11 +602,6 @@ def _refuse(unsupported: Mapping[str, Any]) -> None:
                 f"{REFUSED_ARGUMENTS[name]}"
             )
         raise ConfigError(f"RolloutWorker got an unknown argument {name!r}")
-
-
-def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"RolloutWorker {name} must be a positive int, got {value!r}")
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

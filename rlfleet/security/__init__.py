@@ -8,7 +8,7 @@ service; no code crosses the wire unless both ends opted in with
 ``--allow-pickle``, which itself needs TLS and tokens.
 
 Names are imported on first use (PEP 562), so that the CLI can build its
-flags from :mod:`rlfleet.security.flags` without loading gRPC.
+flags (:mod:`rlfleet.cli._security_flags`) without loading gRPC.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from typing import Any, SupportsInt
 import numpy as np
 
 from rlfleet._rpc import DEFAULT_MAX_MESSAGE_BYTES
+from rlfleet._values import check_int
 from rlfleet.errors import ConfigError, ResourceExhaustedError
 
 #: gRPC cannot carry a message of 2 GiB or more.
@@ -73,8 +74,8 @@ class Limits:
                     raise ConfigError(
                         f"{item.name} must be a positive number of seconds, got {value!r}"
                     )
-            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{item.name} must be a positive int, got {value!r}")
+            else:
+                check_int(item.name, value)
         if not _MIN_MESSAGE_BYTES <= self.max_message_bytes <= _GRPC_MAX_MESSAGE_BYTES:
             raise ConfigError(
                 f"max_message_bytes={self.max_message_bytes} must be between "

@@ -15,8 +15,10 @@ refuses them unless:
    holder of the learner token, over an authenticated, encrypted
    connection, can ever send code.
 
-cloudpickle is an optional dependency (``pip install cloudpickle``),
-imported only when pickling is allowed.
+cloudpickle is installed with rlfleet (``SubprocVectorEnv`` pickles env
+factories for its own children with it: a pipe to one's own child is no
+trust boundary, see docs/security.md), but the network faces import it
+only when pickling is allowed.
 """
 
 from __future__ import annotations

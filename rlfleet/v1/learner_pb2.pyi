@@ -1,3 +1,4 @@
+from rlfleet.v1 import leases_pb2 as _leases_pb2
 from rlfleet.v1 import spaces_pb2 as _spaces_pb2
 from rlfleet.v1 import updates_pb2 as _updates_pb2
 from rlfleet.v1 import worker_pb2 as _worker_pb2
@@ -98,7 +99,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "name", "host", "pid", "peer", "num_envs", "implementation", "capabilities", "state", "agent_version", "env_generation", "steps_total", "steps_per_second", "seconds_since_heartbeat", "units_in_flight", "last_error")
+    __slots__ = ("worker_id", "name", "host", "pid", "peer", "num_envs", "implementation", "capabilities", "state", "agent_version", "env_generation", "steps_total", "steps_per_second", "seconds_since_heartbeat", "units_in_flight", "last_error", "leased_envs")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +116,7 @@ class WorkerStatus(_message.Message):
     SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     UNITS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEASED_ENVS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     name: str
     host: str
@@ -131,10 +133,11 @@ class WorkerStatus(_message.Message):
     seconds_since_heartbeat: float
     units_in_flight: int
     last_error: _updates_pb2.ErrorDetail
-    def __init__(self, worker_id: _Optional[int] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., peer: _Optional[str] = ..., num_envs: _Optional[int] = ..., implementation: _Optional[str] = ..., capabilities: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., agent_version: _Optional[int] = ..., env_generation: _Optional[int] = ..., steps_total: _Optional[int] = ..., steps_per_second: _Optional[float] = ..., seconds_since_heartbeat: _Optional[float] = ..., units_in_flight: _Optional[int] = ..., last_error: _Optional[_Union[_updates_pb2.ErrorDetail, _Mapping]] = ...) -> None: ...
+    leased_envs: int
+    def __init__(self, worker_id: _Optional[int] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., peer: _Optional[str] = ..., num_envs: _Optional[int] = ..., implementation: _Optional[str] = ..., capabilities: _Optional[_Iterable[str]] = ..., state: _Optional[str] = ..., agent_version: _Optional[int] = ..., env_generation: _Optional[int] = ..., steps_total: _Optional[int] = ..., steps_per_second: _Optional[float] = ..., seconds_since_heartbeat: _Optional[float] = ..., units_in_flight: _Optional[int] = ..., last_error: _Optional[_Union[_updates_pb2.ErrorDetail, _Mapping]] = ..., leased_envs: _Optional[int] = ...) -> None: ...
 
 class FleetStatus(_message.Message):
-    __slots__ = ("coordinator_id", "protocol_version", "implementation", "workers", "agent_version", "env", "env_spec", "steps_per_second", "steps_total", "requests_in_flight", "subscribers", "draining")
+    __slots__ = ("coordinator_id", "protocol_version", "implementation", "workers", "agent_version", "env", "env_spec", "steps_per_second", "steps_total", "requests_in_flight", "subscribers", "draining", "leases", "leased_envs")
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     IMPLEMENTATION_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +150,8 @@ class FleetStatus(_message.Message):
     REQUESTS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBERS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    LEASED_ENVS_FIELD_NUMBER: _ClassVar[int]
     coordinator_id: str
     protocol_version: int
     implementation: str
@@ -159,4 +164,6 @@ class FleetStatus(_message.Message):
     requests_in_flight: int
     subscribers: int
     draining: bool
-    def __init__(self, coordinator_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., implementation: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., agent_version: _Optional[int] = ..., env: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., steps_per_second: _Optional[float] = ..., steps_total: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., subscribers: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
+    leases: int
+    leased_envs: int
+    def __init__(self, coordinator_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., implementation: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., agent_version: _Optional[int] = ..., env: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., steps_per_second: _Optional[float] = ..., steps_total: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., subscribers: _Optional[int] = ..., draining: _Optional[bool] = ..., leases: _Optional[int] = ..., leased_envs: _Optional[int] = ...) -> None: ...

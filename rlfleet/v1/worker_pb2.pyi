@@ -1,4 +1,5 @@
 from rlfleet.v1 import batch_pb2 as _batch_pb2
+from rlfleet.v1 import leases_pb2 as _leases_pb2
 from rlfleet.v1 import spaces_pb2 as _spaces_pb2
 from rlfleet.v1 import updates_pb2 as _updates_pb2
 from google.protobuf.internal import containers as _containers
@@ -29,7 +30,7 @@ SAMPLE_MODE_EPISODES: SampleMode
 SAMPLE_MODE_FRAGMENTS: SampleMode
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("hello", "env_ready", "agent_ready", "result", "heartbeat", "error", "leaving")
+    __slots__ = ("hello", "env_ready", "agent_ready", "result", "heartbeat", "error", "leaving", "lease_reply")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     ENV_READY_FIELD_NUMBER: _ClassVar[int]
     AGENT_READY_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +38,7 @@ class WorkerMessage(_message.Message):
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
+    LEASE_REPLY_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     env_ready: EnvReady
     agent_ready: AgentReady
@@ -44,26 +46,29 @@ class WorkerMessage(_message.Message):
     heartbeat: Heartbeat
     error: WorkerError
     leaving: Leaving
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., env_ready: _Optional[_Union[EnvReady, _Mapping]] = ..., agent_ready: _Optional[_Union[AgentReady, _Mapping]] = ..., result: _Optional[_Union[EpisodeResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., error: _Optional[_Union[WorkerError, _Mapping]] = ..., leaving: _Optional[_Union[Leaving, _Mapping]] = ...) -> None: ...
+    lease_reply: _leases_pb2.LeaseReply
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., env_ready: _Optional[_Union[EnvReady, _Mapping]] = ..., agent_ready: _Optional[_Union[AgentReady, _Mapping]] = ..., result: _Optional[_Union[EpisodeResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., error: _Optional[_Union[WorkerError, _Mapping]] = ..., leaving: _Optional[_Union[Leaving, _Mapping]] = ..., lease_reply: _Optional[_Union[_leases_pb2.LeaseReply, _Mapping]] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "env_update", "agent_update", "task", "cancel", "drain")
+    __slots__ = ("welcome", "env_update", "agent_update", "task", "cancel", "drain", "lease")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ENV_UPDATE_FIELD_NUMBER: _ClassVar[int]
     AGENT_UPDATE_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     env_update: _updates_pb2.EnvUpdate
     agent_update: _updates_pb2.AgentUpdate
     task: Task
     cancel: Cancel
     drain: Drain
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., env_update: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., agent_update: _Optional[_Union[_updates_pb2.AgentUpdate, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ...) -> None: ...
+    lease: _leases_pb2.LeaseCommand
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., env_update: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., agent_update: _Optional[_Union[_updates_pb2.AgentUpdate, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., lease: _Optional[_Union[_leases_pb2.LeaseCommand, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol_version", "capabilities", "num_envs", "name", "host", "pid", "implementation")
+    __slots__ = ("protocol_version", "capabilities", "num_envs", "name", "host", "pid", "implementation", "lease_slots")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +76,7 @@ class Hello(_message.Message):
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     IMPLEMENTATION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SLOTS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     capabilities: _containers.RepeatedScalarFieldContainer[str]
     num_envs: int
@@ -78,7 +84,8 @@ class Hello(_message.Message):
     host: str
     pid: int
     implementation: str
-    def __init__(self, protocol_version: _Optional[int] = ..., capabilities: _Optional[_Iterable[str]] = ..., num_envs: _Optional[int] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., implementation: _Optional[str] = ...) -> None: ...
+    lease_slots: int
+    def __init__(self, protocol_version: _Optional[int] = ..., capabilities: _Optional[_Iterable[str]] = ..., num_envs: _Optional[int] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., implementation: _Optional[str] = ..., lease_slots: _Optional[int] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("protocol_version", "worker_id", "name", "heartbeat_interval_seconds", "heartbeat_timeout_seconds", "max_message_bytes", "capabilities", "first_stream", "coordinator_id")

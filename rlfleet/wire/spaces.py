@@ -256,4 +256,9 @@ def decode_env_spec(msg: spaces_pb2.EnvSpec) -> EnvSpec:
         raise WireFormatError(f"EnvSpec: {error}") from error
 
 
-__all__ = ["decode_env_spec", "decode_space", "encode_env_spec", "encode_space"]
+__all__ = [
+    "decode_env_spec",
+    "decode_space",
+    "encode_env_spec",
+    "encode_space",
+]

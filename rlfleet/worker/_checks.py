@@ -9,7 +9,6 @@ themselves. Observations are checked per finished episode, in one call.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,7 +38,7 @@ class ActionChecker:
         self._row_shape = tuple(space.shape) if space.shape is not None else None
         self._kinds, self._problem, self._range_check = _rules(space)
 
-    def __call__(self, actions: Any, slots: Sequence[int], owner: str) -> list[Any]:
+    def __call__(self, actions: Any, slots: Sequence[int], owner: str) -> np.ndarray:
         """Checks a batch and returns one action per env.
 
         Args:
@@ -48,7 +47,8 @@ class ActionChecker:
             owner: The policy's class name (named in errors).
 
         Returns:
-            The per-env actions, in row order.
+            The actions as an array; iterating it gives the per-env actions,
+            in row order.
 
         Raises:
             PolicyError: Naming the env index and the offending action.
@@ -67,7 +67,7 @@ class ActionChecker:
                 f"(env indices {list(slots)}); expected one row per observation"
             )
         if not self.enabled:
-            return list(actions)
+            return actions
         if self._row_shape is not None and actions.shape[1:] != self._row_shape:
             raise PolicyError(
                 f"{owner}.get_actions returned actions of shape {actions.shape} for {n} "
@@ -88,7 +88,8 @@ class ActionChecker:
                     f"{action!r} is {self._problem} action space {self.space}; check the "
                     "policy's parameters and that env's observations"
                 )
-        return list(actions)
+        # Iterating the array gives the same per-env values as a list would.
+        return actions
 
 
 def _first(mask: np.ndarray) -> int | None:
@@ -141,15 +142,3 @@ def nonfinite_rows(rows: np.ndarray) -> np.ndarray:
     if rows.dtype.kind not in "fc":
         return np.zeros(len(rows), dtype=bool)
     return ~np.isfinite(rows.reshape(len(rows), -1)).all(axis=1)
-
-
-def all_finite(rows: np.ndarray) -> bool:
-    """Whether every element is finite (True for integer dtypes).
-
-    One float64 sum in the common case: it is finite exactly when every
-    element is (float64 does not overflow on float32 data); the exact check
-    runs only when it is not.
-    """
-    if rows.dtype.kind == "f" and math.isfinite(rows.sum(dtype=np.float64)):
-        return True
-    return rows.dtype.kind not in "fc" or bool(np.isfinite(rows).all())

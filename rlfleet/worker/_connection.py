@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -20,7 +20,7 @@ import grpc
 from google.protobuf.message import Message
 
 from rlfleet import _rpc
-from rlfleet.v1 import worker_pb2
+from rlfleet.v1 import leases_pb2, worker_pb2
 
 logger = logging.getLogger("rlfleet.worker")
 
@@ -71,6 +71,9 @@ class JoinStream:
 
     def __init__(self, channel: grpc.Channel, inbox: queue.SimpleQueue[Incoming]) -> None:
         self.inbox = inbox
+        #: If set, takes lease commands straight from the receiver thread: a
+        #: learner's step must not wait for the main loop's sampling step.
+        self.lease_handler: Callable[[leases_pb2.LeaseCommand], None] | None = None
         # Unbounded on purpose: the coordinator hands a worker at most its
         # capacity of units, so the results waiting here are bounded by the
         # work it was given; gRPC drains the queue under flow control.
@@ -114,7 +117,10 @@ class JoinStream:
     def _receive(self) -> None:
         try:
             for message in self._call:
-                self.inbox.put(message)
+                if self.lease_handler is not None and message.WhichOneof("body") == "lease":
+                    self.lease_handler(message.lease)
+                else:
+                    self.inbox.put(message)
         except grpc.RpcError as exc:
             self.inbox.put(StreamEnded(exc))
             return

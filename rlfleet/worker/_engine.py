@@ -21,12 +21,13 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._numeric import all_finite
 from rlfleet.core._arrays import NestedArrays
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.step_type import step_type_from_gym
 from rlfleet.errors import EnvError
 from rlfleet.policies.base import Policy
-from rlfleet.worker._checks import ActionChecker, all_finite, nonfinite_rows
+from rlfleet.worker._checks import ActionChecker, nonfinite_rows
 from rlfleet.worker._episode_buffer import Segment, StepRing, stack_step_infos
 from rlfleet.worker._restarts import RestartLedger
 from rlfleet.worker._updates import EnvSource, check_policy_fits

@@ -315,7 +315,9 @@ def build_batch(
     n = len(segments)
     lengths = np.fromiter((s.length for s in segments), dtype=np.int64, count=n)
     starts = episode_starts(lengths)
-    step_types = np.full(int(lengths.sum()), _MID, dtype=np.int64)
+    # uint8, the wire's dtype (batch.proto): a batch keeps one dtype from the
+    # worker to the learner, with no conversion on the way.
+    step_types = np.full(int(lengths.sum()), _MID, dtype=np.uint8)
     firsts = np.fromiter((s.first for s in segments), dtype=bool, count=n)
     step_types[starts[firsts]] = _FIRST
     # The last step's type wins over FIRST for one-step episodes, as in garage.

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rlfleet._values import check_int
 from rlfleet.errors import ConfigError
 
 
@@ -37,8 +38,7 @@ class EnvRestartBudget:
     def __post_init__(self) -> None:
         for name in ("max_restarts", "max_total"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"EnvRestartBudget.{name} must be an int >= 0, got {value!r}")
+            check_int(f"EnvRestartBudget.{name}", value, minimum=0)
         window = self.window_seconds
         if isinstance(window, bool) or not isinstance(window, int | float) or not window > 0:
             raise ConfigError(

@@ -11,7 +11,6 @@ polled without waiting, and sends only queue messages for gRPC's thread.
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import math
 import queue
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 
 from rlfleet import _rpc
+from rlfleet._values import json_object
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import (
@@ -43,7 +43,9 @@ from rlfleet.wire import (
 )
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._flush import FlushPolicy
-from rlfleet.worker._tasks import TaskBook
+from rlfleet.worker._leases import LeaseHost
+from rlfleet.worker._tasks import EpisodeTask, FragmentTask, Task, TaskBook
+from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker
 
 if TYPE_CHECKING:
@@ -101,6 +103,8 @@ class Session:
             nan_observations=config.nonfinite,
         )
         self._book = TaskBook(self._vec)
+        self._leases = LeaseHost(self.name, config.imports, self._send)
+        stream.lease_handler = self._leases.submit
         self._generation = 0
         self._leaving = False
         self._leave_deadline = float("inf")
@@ -147,6 +151,7 @@ class Session:
             self._metrics.left()
             # Also unblocks gRPC's thread waiting on the request generator.
             self._stream.cancel()
+            self._leases.shutdown()
             self._vec.shutdown()
 
     def _loop(self) -> Outcome:
@@ -267,6 +272,8 @@ class Session:
             self._on_task(message.task)
         elif body == "cancel":
             self._book.cancel(message.cancel.task_id, message.cancel.episode_indices)
+        elif body == "lease":
+            self._leases.submit(message.lease)
         elif body == "drain":
             logger.info("coordinator drains this worker: %s", message.drain.reason or "no reason")
             self._start_leaving(message.drain.reason, tell=False)
@@ -345,7 +352,10 @@ class Session:
                 policy.set_param_values({**policy.get_param_values(), **params})
             return policy
         if update.HasField("policy"):
-            spec = PolicySpec(update.policy.name, _json_object(update.policy.kwargs_json))
+            spec = PolicySpec(
+                update.policy.name,
+                json_object(update.policy.kwargs_json, "AgentUpdate.policy.kwargs_json"),
+            )
             policy = make_policy(
                 spec,
                 self._vec.env_spec,
@@ -392,7 +402,7 @@ class Session:
                 len(task.units) or task.rounds,
                 extra={"task_id": task.task_id, "request_id": task.request_id},
             )
-        self._book.add(task)
+        self._book.add(*_task_of(task))
 
     def _on_task_error(self, exc: Exception) -> None:
         """Reports an error that stops a request, once per request, and drops its tasks.
@@ -572,19 +582,9 @@ def _env_config(
             "from the network; start the worker with --import MODULE and send the plain id"
         )
     length = update.max_episode_length if update.HasField("max_episode_length") else None
-    return EnvConfig(update.env_id, _json_object(update.kwargs_json), length, imports)
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"kwargs are not valid JSON ({exc}): {text[:200]!r}") from exc
-    if not isinstance(value, dict):
-        raise ConfigError(f"kwargs must be a JSON object, got {text[:200]!r}")
-    return value
+    return EnvConfig(
+        update.env_id, json_object(update.kwargs_json, "EnvUpdate.kwargs_json"), length, imports
+    )
 
 
 def _observation_bytes(spec: EnvSpec) -> int:
@@ -597,3 +597,23 @@ def _observation_bytes(spec: EnvSpec) -> int:
 
 def _traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc))
+
+
+def _task_of(task: worker_pb2.Task) -> tuple[Task, list[EpisodeUnit]]:
+    """The TaskBook's view of a Task message: the task and its units."""
+    if task.mode == worker_pb2.SAMPLE_MODE_FRAGMENTS:
+        fragments = FragmentTask(
+            task.task_id,
+            task.request_id,
+            task.agent_version,
+            task.env_generation,
+            task.fragment_length,
+            task.base_seed,
+            task.rounds,
+        )
+        return fragments, []
+    episodes = EpisodeTask(task.task_id, task.request_id, task.agent_version, task.env_generation)
+    units = [
+        EpisodeUnit(u.episode_index, u.env_seed, u.policy_seed, task.task_id) for u in task.units
+    ]
+    return episodes, units

@@ -18,7 +18,6 @@ import collections
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from rlfleet.v1 import worker_pb2
 from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker
 
@@ -76,31 +75,21 @@ class TaskBook:
         """Units waiting here plus those queued in the VecWorker."""
         return len(self._pending) + self._vec.queued_count
 
-    def add(self, task: worker_pb2.Task) -> None:
-        """Takes a task (its mode already checked)."""
-        if task.mode == worker_pb2.SAMPLE_MODE_FRAGMENTS:
-            if task.rounds:
-                self.fragment_tasks.append(
-                    FragmentTask(
-                        task.task_id,
-                        task.request_id,
-                        task.agent_version,
-                        task.env_generation,
-                        task.fragment_length,
-                        task.base_seed,
-                        task.rounds,
-                    )
-                )
+    def add(self, task: Task, units: Iterable[EpisodeUnit] = ()) -> None:
+        """Takes a task (its mode already checked) and, for episodes, its units.
+
+        Args:
+            task: The task; an EpisodeTask already held gains the units.
+            units: An EpisodeTask's units, their ``request`` being its task id.
+        """
+        if isinstance(task, FragmentTask):
+            if task.rounds_left:
+                self.fragment_tasks.append(task)
             return
-        entry = self.episode_tasks.setdefault(
-            task.task_id,
-            EpisodeTask(task.task_id, task.request_id, task.agent_version, task.env_generation),
-        )
-        for unit in task.units:
+        entry = self.episode_tasks.setdefault(task.task_id, task)
+        for unit in units:
             entry.remaining.add(unit.episode_index)
-            self._pending.append(
-                EpisodeUnit(unit.episode_index, unit.env_seed, unit.policy_seed, task.task_id)
-            )
+            self._pending.append(unit)
         self.feed()
 
     def feed(self) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.errors import ConfigError, UsageError
+from rlfleet.errors import ConfigError, PolicyError, UsageError
 from rlfleet.policies.base import Policy
 from rlfleet.worker._updates import AgentUpdate, EnvUpdate
 from rlfleet.worker.units import EpisodeUnit
@@ -45,13 +46,7 @@ class DefaultWorker:
     ) -> None:
         if seed is None:
             seed = int(np.random.SeedSequence().entropy % (1 << 32))  # type: ignore[operator]
-        if max_episode_length is not None and not isinstance(max_episode_length, int):
-            if not (isinstance(max_episode_length, float) and math.isinf(max_episode_length)):
-                raise ConfigError(
-                    "max_episode_length must be a positive int, None or math.inf, "
-                    f"got {max_episode_length!r}"
-                )
-            max_episode_length = None
+        max_episode_length = _episode_limit(max_episode_length)
         self._seed = seed
         self._max_episode_length = max_episode_length
         self._worker_number = worker_number
@@ -62,6 +57,7 @@ class DefaultWorker:
             worker_number=worker_number,
         )
         self._episodes_started = 0
+        self._uncollected: list[EpisodeBatch] = []
         self.worker_init()
 
     # garage's attribute names
@@ -89,12 +85,27 @@ class DefaultWorker:
         self._vec.cancel()
         self._episodes_started = 0
 
-    def update_agent(self, agent_update: AgentUpdate, version: int | None = None) -> int:
+    def update_agent(
+        self,
+        agent_update: AgentUpdate | np.ndarray | tuple[np.ndarray, ...],
+        version: int | None = None,
+    ) -> int:
         """Updates the agent (see :meth:`VecWorker.update_agent`).
+
+        Besides VecWorker's forms, garage's flat form is accepted: a 1-D
+        array of every parameter raveled and concatenated (or a tuple of
+        the arrays), in the order of the current policy's
+        ``get_param_values()`` (documented per policy in docs/policies.md).
 
         Returns:
             The agent version now in force.
+
+        Raises:
+            PolicyError: If a flat update comes with no policy to read the
+                order from, or its size does not match the policy's.
         """
+        if isinstance(agent_update, np.ndarray | tuple):
+            agent_update = _named_params(agent_update, self._vec.policy)
         return self._vec.update_agent(agent_update, version)
 
     def update_env(self, env_update: EnvUpdate) -> None:
@@ -104,8 +115,10 @@ class DefaultWorker:
     def start_episode(self) -> None:
         """Begins a new episode: resets the env with the episode's seed.
 
-        An episode in progress is abandoned.
+        An episode in progress is abandoned; a finished one not yet collected
+        is kept for :meth:`collect_episode`.
         """
+        self._keep_finished()
         self._vec.cancel()
         unit = EpisodeUnit.seeded(self._seed, self._worker_number, self._episodes_started)
         self._episodes_started += 1
@@ -128,17 +141,27 @@ class DefaultWorker:
         return self._vec.finished_count > 0
 
     def collect_episode(self) -> EpisodeBatch:
-        """Returns the finished episode and clears it from the worker.
+        """Returns every episode finished since the last collect, and forgets them.
+
+        Returns:
+            The episodes, oldest first.
 
         Raises:
-            RuntimeError: If the episode is not finished yet.
+            UsageError: (a RuntimeError) If no episode finished since the
+                last collect.
         """
-        batch = self._vec.take_finished()
-        if batch is None:
+        self._keep_finished()
+        episodes, self._uncollected = self._uncollected, []
+        if not episodes:
             raise UsageError(
                 "collect_episode(): no finished episode; call step_episode() until it returns True"
             )
-        return batch
+        return episodes[0] if len(episodes) == 1 else EpisodeBatch.concatenate(*episodes)
+
+    def _keep_finished(self) -> None:
+        """Moves finished episodes out of the engine, so that cancel() cannot drop them."""
+        while (batch := self._vec.take_finished()) is not None:
+            self._uncollected.append(batch)
 
     def rollout(self) -> EpisodeBatch:
         """Samples one whole episode.
@@ -154,6 +177,49 @@ class DefaultWorker:
     def shutdown(self) -> None:
         """Closes the env."""
         self._vec.shutdown()
+
+
+def _episode_limit(value: int | float | None) -> int | None:
+    """garage's ``max_episode_length``: an int, an integral float, inf or None."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, float):
+        if math.isinf(value) and value > 0:
+            return None
+        if value.is_integer():
+            return int(value)
+    raise ConfigError(
+        "max_episode_length must be a positive int (or an integral float such as 5.0), None "
+        f"or math.inf, got {value!r}"
+    )
+
+
+def _named_params(flat: np.ndarray | tuple[np.ndarray, ...], policy: Any) -> dict[str, np.ndarray]:
+    """garage's flat parameter vector (or tuple of arrays) as the policy's named arrays."""
+    if policy is None:
+        raise PolicyError(
+            "a flat parameter array needs a policy to read names and shapes from; "
+            "send a Policy or PolicySpec first"
+        )
+    template = policy.get_param_values()
+    if isinstance(flat, tuple):
+        if len(flat) != len(template):
+            raise PolicyError(
+                f"got a tuple of {len(flat)} parameter arrays; {type(policy).__name__} has "
+                f"{len(template)}: {list(template)}"
+            )
+        return dict(zip(template, flat, strict=True))
+    sizes = [value.size for value in template.values()]
+    if flat.ndim != 1 or flat.size != sum(sizes):
+        raise PolicyError(
+            f"a flat parameter array must be 1-D with {sum(sizes)} values (the raveled "
+            f"parameters of {type(policy).__name__}: {list(template)}), got shape {flat.shape}"
+        )
+    pieces = np.split(flat, np.cumsum(sizes)[:-1])
+    return {
+        name: piece.reshape(value.shape)
+        for (name, value), piece in zip(template.items(), pieces, strict=True)
+    }
 
 
 __all__ = ["DefaultWorker"]

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from rlfleet import _rpc
+from rlfleet._values import check_int
 from rlfleet._version import __version__
 from rlfleet.errors import ConfigError
 from rlfleet.security import ClientSecurity, PickleGate
@@ -76,6 +77,9 @@ class WorkerConfig:
     Args:
         coordinator: ``HOST:PORT`` of the coordinator.
         envs: Env slots stepped together (K).
+        lease_slots: Leased envs (step-level env leases) the worker hosts at
+            most, besides its sampling slots; None: ``envs``; 0: none (it
+            does not declare the capability "rlfleet.leases").
         imports: Modules imported before envs are built (custom envs
             register on import) and the only modules whose policy classes
             (``"module:Class"`` specs) the worker may import.
@@ -118,6 +122,7 @@ class WorkerConfig:
 
     coordinator: str
     envs: int = 1
+    lease_slots: int | None = None
     imports: tuple[str, ...] = ()
     name: str = field(default_factory=default_worker_name)
     seed: int = 0
@@ -144,10 +149,10 @@ class WorkerConfig:
             raise ConfigError(
                 f"coordinator address {self.coordinator!r} must be HOST:PORT, e.g. 127.0.0.1:50051"
             )
-        if isinstance(self.envs, bool) or not isinstance(self.envs, int) or self.envs < 1:
-            raise ConfigError(f"--envs must be a positive int, got {self.envs!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"--seed must be a non-negative int, got {self.seed!r}")
+        check_int("--envs", self.envs)
+        check_int("--seed", self.seed, minimum=0)
+        if self.lease_slots is not None:
+            check_int("--lease-slots", self.lease_slots, minimum=0)
         for name in (
             "reconnect_base_seconds",
             "reconnect_max_seconds",
@@ -161,9 +166,7 @@ class WorkerConfig:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
         for name in ("flush_steps", "flush_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+            check_int(name, getattr(self, name))
         if self.nonfinite not in ("error", "flag", "ignore"):
             raise ConfigError(
                 f"--nonfinite must be 'error', 'flag' or 'ignore', got {self.nonfinite!r}"
@@ -334,8 +337,13 @@ class RemoteWorker:
             worker_pb2.WorkerMessage(
                 hello=worker_pb2.Hello(
                     protocol_version=_rpc.PROTOCOL_VERSION,
-                    capabilities=[*CAPABILITIES, *PickleGate(config.allow_pickle).capabilities],
+                    capabilities=[
+                        *CAPABILITIES,
+                        *([_rpc.LEASE_CAPABILITY] if config.lease_slots != 0 else []),
+                        *PickleGate(config.allow_pickle).capabilities,
+                    ],
                     num_envs=config.envs,
+                    lease_slots=config.lease_slots or 0,
                     name=config.name,
                     host=socket.gethostname(),
                     pid=os.getpid(),

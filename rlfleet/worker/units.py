@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from rlfleet._values import check_int
 from rlfleet.errors import ConfigError
 from rlfleet.seeding import SEED_BITS, episode_seeds, episode_seeds_many
 
@@ -42,10 +43,8 @@ class EpisodeUnit:
 
     def __post_init__(self) -> None:
         for name in ("episode_index", "env_seed", "policy_seed", "request"):
-            value = getattr(self, name)
             # bool is an int subclass; a True index is a bug, not episode 1.
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"EpisodeUnit.{name} must be an int >= 0, got {value!r}")
+            check_int(f"EpisodeUnit.{name}", getattr(self, name), minimum=0)
         for name in ("env_seed", "policy_seed"):
             if getattr(self, name) >= _SEED_LIMIT:
                 raise ConfigError(

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._values import check_int
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.errors import ConfigError, PolicyError, UsageError
@@ -636,18 +637,6 @@ class _UnitSink:
         if restarted and live.unit is not None:
             # Re-run from its seeds: the episode stays the same episode.
             self._worker._queue.appendleft(live.unit)
-
-
-def check_int(name: str, value: Any, *, minimum: int, maximum: int | None = None) -> None:
-    """Raises ConfigError unless ``value`` is an int in ``[minimum, maximum]``.
-
-    ``maximum`` is what the protocol field carrying the value can hold
-    (e.g. ``2**32 - 1`` for a uint32).
-    """
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(f"{name} must be an int <= {maximum}, got {value!r}")
 
 
 __all__ = ["NanMode", "VecWorker"]

@@ -37,6 +37,8 @@ import { JoinStream } from './connection.js';
 import { VecRunner } from './runner.js';
 import { TaskBook } from './tasks.js';
 
+// No "rlfleet.leases": this worker hosts no step-level env leases, so
+// coordinators place none on it (protos/rlfleet/v1/leases.proto).
 export const CAPABILITIES = Object.freeze(['rlfleet.episodes', 'rlfleet.fragments']);
 export const IMPLEMENTATION = 'rlfleet-node/0.1.0';
 

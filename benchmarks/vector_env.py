@@ -1,0 +1,254 @@
+"""Vector-env benchmark: ``python benchmarks/vector_env.py [--seconds 5] [--quick]``.
+
+Measures env steps per second of a learner that steps a vector env itself
+(central inference), in one run:
+
+(a) CartPole, 16 envs, a batched numpy MLP (4-64-64-2) choosing actions on
+    the learner: RemoteVectorEnv (a local fleet of 2 workers x 8 leased envs)
+    against SubprocVectorEnv(16) and gymnasium's AsyncVectorEnv(16), in sync
+    mode and (tianshou's async mode) with ``wait_num=8``. Goal: Remote at
+    least as fast as both.
+(b) An I/O-bound env that waits 1 ms per step (rlfleet/Slow-v0), 2 workers
+    x 16 envs: goal >= 0.8 x the 32,000 steps/s that 32 such envs allow.
+(r) The relay's cost: the median round trip of one env step through the
+    coordinator, against one echo over a direct gRPC stream (what a learner
+    dialling a worker itself would pay at least).
+(c) The same with a step time drawn uniformly from 0.5-5 ms: sync stepping
+    against ``wait_num=16``; reports the speedup.
+
+Each figure is env steps (not learner calls) per wall-clock second after a
+warm-up. Timing on a shared machine varies from run to run: compare figures
+of one run. Needs rlfleet importable (``PYTHONPATH=.`` from the repository
+root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import queue
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import gymnasium as gym
+import numpy as np
+
+import rlfleet.envs.testing  # noqa: F401  (registers rlfleet/Slow-v0 here too)
+from rlfleet.client import Fleet, RemoteVectorEnv
+from rlfleet.envs import BaseVectorEnv, EnvConfig, SubprocVectorEnv
+
+CARTPOLE = EnvConfig("CartPole-v1")
+IO_BOUND = EnvConfig("rlfleet/Slow-v0", {"step_seconds": 0.001, "length": 1000})
+VARIABLE = EnvConfig(
+    "rlfleet/Slow-v0", {"step_seconds": 0.0005, "max_seconds": 0.005, "length": 1000}
+)
+
+
+class BatchedMLP:
+    """A 4-64-64-2 tanh MLP picking argmax actions for a batch of observations."""
+
+    def __init__(self, obs_dim: int, actions: int, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        sizes = [obs_dim, 64, 64, actions]
+        self.layers = [
+            (rng.normal(0, 1 / np.sqrt(a), (a, b)).astype(np.float32), np.zeros(b, np.float32))
+            for a, b in itertools.pairwise(sizes)
+        ]
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        x = np.asarray(obs, np.float32)
+        for k, (w, b) in enumerate(self.layers):
+            x = x @ w + b
+            if k < len(self.layers) - 1:
+                x = np.tanh(x)
+        return np.argmax(x, axis=1)
+
+
+def run_tianshou(
+    venv: BaseVectorEnv,
+    policy: Callable[[np.ndarray], np.ndarray],
+    seconds: float,
+    warmup: float,
+) -> float:
+    """Steps a tianshou-style vector env (sync or async) for ``seconds``; steps/s."""
+    n = len(venv)
+    obs, _ = venv.reset(seed=list(range(n)))
+    latest = np.asarray(obs).copy()
+    ready = list(range(n))
+
+    def run_for(duration: float) -> tuple[int, float]:
+        nonlocal ready
+        steps = 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < duration:
+            obs, _, terminated, truncated, infos = venv.step(policy(latest[ready]), id=ready)
+            ready = [int(info["env_id"]) for info in infos]
+            latest[ready] = obs
+            steps += len(ready)
+            done = [i for i, end in zip(ready, terminated | truncated, strict=True) if end]
+            if done:
+                latest[done] = venv.reset(done)[0]
+        return steps, time.perf_counter() - start
+
+    run_for(warmup)
+    steps, elapsed = run_for(seconds)
+    in_flight = n - len(ready)
+    while in_flight:  # collect what is still in flight before closing
+        in_flight -= len(venv.step([], id=[])[4])
+    return steps / elapsed
+
+
+def run_gymnasium(
+    envs: gym.vector.VectorEnv,
+    policy: Callable[[np.ndarray], np.ndarray],
+    seconds: float,
+    warmup: float,
+) -> float:
+    """Steps a gymnasium vector env (its own autoreset) for ``seconds``; steps/s."""
+    obs, _ = envs.reset(seed=0)
+    end_warmup = time.perf_counter() + warmup
+    while time.perf_counter() < end_warmup:
+        obs, *_ = envs.step(policy(obs))
+    steps = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        obs, *_ = envs.step(policy(obs))
+        steps += envs.num_envs
+    return steps / (time.perf_counter() - start)
+
+
+def echo_round_trip_ms(rounds: int) -> float:
+    """Median round trip of 64-byte messages over one bidi gRPC stream (no relay)."""
+    server = grpc.server(ThreadPoolExecutor(2), options=[("grpc.so_reuseport", 0)])
+
+    def echo(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        yield from requests
+
+    handler = grpc.stream_stream_rpc_method_handler(echo)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("bench.Echo", {"Echo": handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    outgoing: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            echo_call = channel.stream_stream(
+                "/bench.Echo/Echo", request_serializer=None, response_deserializer=None
+            )
+            answers = iter(echo_call(iter(outgoing.get, None)))
+            times = []
+            for _ in range(rounds):
+                start = time.perf_counter()
+                outgoing.put(b"x" * 64)
+                next(answers)
+                times.append(time.perf_counter() - start)
+            outgoing.put(None)
+    finally:
+        server.stop(None)
+    return 1000 * float(np.median(times))
+
+
+def remote_round_trip_ms(fleet: Fleet, rounds: int) -> float:
+    """Median round trip of one CartPole step through the coordinator (the relay)."""
+    with RemoteVectorEnv(fleet, CARTPOLE, 1) as venv:
+        venv.reset(seed=0)
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            _, _, terminated, truncated, _ = venv.step([0])
+            times.append(time.perf_counter() - start)
+            if terminated[0] or truncated[0]:
+                venv.reset(0)
+    return 1000 * float(np.median(times))
+
+
+def measure(make: Callable[[], Any], run: Callable[[Any], float]) -> float:
+    env = make()
+    try:
+        return run(env)
+    finally:
+        env.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per figure")
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
+    parser.add_argument("--quick", action="store_true", help="0.5 s per figure (a smoke run)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    seconds, warmup = (0.5, 0.2) if args.quick else (args.seconds, args.warmup)
+    policy = BatchedMLP(4, 2)
+    idle = BatchedMLP(1, 2)
+    figures: dict[str, float] = {}
+
+    def tianshou(
+        name: str,
+        make: Callable[[], BaseVectorEnv],
+        pol: Callable[[np.ndarray], np.ndarray] = policy,
+    ) -> None:
+        figures[name] = measure(make, lambda venv: run_tianshou(venv, pol, seconds, warmup))
+        print(f"{name:<44} {figures[name]:>10,.0f} steps/s", flush=True)
+
+    fleet = Fleet.local(workers=2, envs_per_worker=16, imports=("rlfleet.envs.testing",))
+    try:
+        print("(a) CartPole x 16, batched MLP on the learner", flush=True)
+        tianshou("a remote 2x8 sync", lambda: RemoteVectorEnv(fleet, CARTPOLE, 16))
+        tianshou(
+            "a remote 2x8 wait_num=8", lambda: RemoteVectorEnv(fleet, CARTPOLE, 16, wait_num=8)
+        )
+        tianshou("a SubprocVectorEnv(16) sync", lambda: SubprocVectorEnv([CARTPOLE] * 16))
+        tianshou(
+            "a SubprocVectorEnv(16) wait_num=8",
+            lambda: SubprocVectorEnv([CARTPOLE] * 16, wait_num=8),
+        )
+        name = "a gymnasium AsyncVectorEnv(16)"
+        figures[name] = measure(
+            lambda: gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * 16),
+            lambda envs: run_gymnasium(envs, policy, seconds, warmup),
+        )
+        print(f"{name:<44} {figures[name]:>10,.0f} steps/s")
+        rounds = 100 if args.quick else 1000
+        figures["r relay round trip ms"] = remote_round_trip_ms(fleet, rounds)
+        figures["r direct stream echo ms"] = echo_round_trip_ms(rounds)
+        print(
+            f"(r) one step through the relay: {figures['r relay round trip ms']:.2f} ms "
+            f"median; one direct gRPC stream echo: {figures['r direct stream echo ms']:.2f} ms",
+            flush=True,
+        )
+        print("(b) 1 ms I/O-bound env, 2 workers x 16 (ideal 32,000 steps/s)", flush=True)
+        tianshou("b remote 2x16 sync", lambda: RemoteVectorEnv(fleet, IO_BOUND, 32), idle)
+        tianshou(
+            "b remote 2x16 wait_num=16",
+            lambda: RemoteVectorEnv(fleet, IO_BOUND, 32, wait_num=16),
+            idle,
+        )
+        print("(c) 0.5-5 ms env, 2 workers x 16", flush=True)
+        tianshou("c remote 2x16 sync", lambda: RemoteVectorEnv(fleet, VARIABLE, 32), idle)
+        tianshou(
+            "c remote 2x16 wait_num=16",
+            lambda: RemoteVectorEnv(fleet, VARIABLE, 32, wait_num=16),
+            idle,
+        )
+    finally:
+        fleet.close()
+    best_b = max(figures["b remote 2x16 sync"], figures["b remote 2x16 wait_num=16"])
+    figures["b best / 32,000"] = best_b / 32_000
+    speedup = figures["c remote 2x16 wait_num=16"] / figures["c remote 2x16 sync"]
+    figures["c speedup of wait_num=16 over sync"] = speedup
+    print(f"(b) best / ideal: {best_b / 32_000:.2f}; (c) wait_num speedup: {speedup:.2f}x")
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

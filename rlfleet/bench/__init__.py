@@ -1,0 +1,190 @@
+"""``rlfleet bench``: end-to-end sampling throughput against the plain loop.
+
+In one run, five samplers step the same env with the same kind of policy
+(an MLP 32x32 with a categorical sample):
+
+* **plain** — W processes each running the plain single-process loop
+  (:mod:`rlfleet.bench.plain_loop`) at the same time: the hardware's real
+  ceiling for W cores.
+* **VecWorker** — one :class:`~rlfleet.worker.vec.VecWorker` of K envs in
+  this process: one worker's load without the network.
+* **SyncVectorEnv** / **AsyncVectorEnv** — gymnasium's vector envs with
+  W x K envs, actions from ``mlp-categorical`` in this process, nothing
+  stored: what a user would otherwise write.
+* **fleet** — ``Fleet.local(W, K)`` ``obtain_samples``, the learner pushing
+  the policy's parameters with every request.
+
+All are started and warmed up, then each repeat times them one after the
+other (never two at once, so they do not compete for cores); the report
+gives the median per sampler, each process's CPU microseconds per step,
+and the ratios with their goals (:mod:`rlfleet.bench.report`). ``--check``
+makes a missed goal exit 1. ``rlfleet bench`` and ``benchmarks/fleet.py``
+both run :func:`run_benchmark`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable, Sequence
+
+from rlfleet.bench.report import (
+    FLEET_VS_PLAIN_GOAL,
+    WORKER_VS_PLAIN_GOAL,
+    BenchConfig,
+    BenchReport,
+    Measurement,
+    Ratio,
+)
+from rlfleet.bench.samplers import (
+    SampleFn,
+    Timed,
+    async_vector_env_sampler,
+    fleet_sampler,
+    plain_processes,
+    sync_vector_env_sampler,
+    vec_worker_sampler,
+)
+from rlfleet.envs.config import EnvConfig
+from rlfleet.policies.mlp import MLPCategoricalPolicy
+
+
+def run_benchmark(
+    config: BenchConfig, progress: Callable[[str], None] | None = None
+) -> BenchReport:
+    """Measures the five samplers, interleaved.
+
+    Args:
+        config: What to measure.
+        progress: Called with a short line as each phase starts.
+
+    Returns:
+        The report.
+    """
+    say = progress or (lambda _: None)
+    env = EnvConfig(config.env_id)
+    policy = MLPCategoricalPolicy(
+        env.env_spec(), hidden_sizes=config.hidden_sizes, seed=config.seed
+    )
+    w, k = config.workers, config.envs_per_worker
+    names = {
+        "plain": f"plain loop: {w} processes x {k} envs at once",
+        "vec_worker": f"VecWorker: {k} envs in this process",
+        "sync": f"SyncVectorEnv: {w * k} envs in this process",
+        "async": f"AsyncVectorEnv: {w * k} env processes",
+        "fleet": f"fleet: {w} workers x {k} envs",
+    }
+    with contextlib.ExitStack() as stack:
+        say("starting: " + "; ".join(names.values()))
+        samplers: dict[str, SampleFn] = {
+            "plain": stack.enter_context(plain_processes(config)),
+            "vec_worker": stack.enter_context(vec_worker_sampler(config, env, policy)),
+            "sync": stack.enter_context(sync_vector_env_sampler(config, env, policy)),
+            "async": stack.enter_context(async_vector_env_sampler(config, env, policy)),
+            "fleet": stack.enter_context(fleet_sampler(config, env, policy.get_param_values())),
+        }
+        say("warming up")
+        for sample in samplers.values():
+            sample(min(config.request_steps, config.steps))
+        runs: dict[str, list[Timed]] = {key: [] for key in samplers}
+        for repeat in range(config.repeats):
+            say(f"run {repeat + 1} of {config.repeats}")
+            for key, sample in samplers.items():
+                runs[key].append(sample(config.steps))
+    measured = {key: _measurement(names[key], runs[key]) for key in samplers}
+    return BenchReport(
+        config,
+        plain=measured["plain"],
+        vec_worker=measured["vec_worker"],
+        sync_vector_env=measured["sync"],
+        async_vector_env=measured["async"],
+        fleet=measured["fleet"],
+    )
+
+
+def _measurement(name: str, runs: list[Timed]) -> Measurement:
+    roles = runs[0].cpu_us
+    cpu = {role: sorted(run.cpu_us[role] for run in runs)[len(runs) // 2] for role in roles}
+    return Measurement(name, tuple(run.steps / run.wall for run in runs), cpu)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the benchmark's options (shared by ``rlfleet bench`` and benchmarks/fleet.py)."""
+    defaults = BenchConfig()
+    parser.add_argument(
+        "--workers", type=int, default=defaults.workers, help="fleet workers and plain loops (2)"
+    )
+    parser.add_argument(
+        "--envs-per-worker", type=int, default=defaults.envs_per_worker, help="envs per worker (8)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=defaults.steps, help="env steps per timed run (200000)"
+    )
+    parser.add_argument(
+        "--request-steps",
+        type=int,
+        default=defaults.request_steps,
+        help="num_samples of each fleet request (50000)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=defaults.repeats, help="timed runs per sampler (3)"
+    )
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed (0)")
+    parser.add_argument(
+        "--prefetch-factor",
+        type=int,
+        default=None,
+        help="the coordinator's prefetch_factor (default: the coordinator's own)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if a ratio misses its goal (on a quiet machine)",
+    )
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Runs the benchmark the parsed options describe and prints the report.
+
+    Returns:
+        0, or 1 with ``--check`` when a goal was missed.
+
+    Raises:
+        ConfigError: If an option is out of range.
+    """
+    config = BenchConfig(
+        workers=args.workers,
+        envs_per_worker=args.envs_per_worker,
+        steps=args.steps,
+        request_steps=args.request_steps,
+        repeats=args.repeats,
+        seed=args.seed,
+        prefetch_factor=args.prefetch_factor,
+    )
+    report = run_benchmark(config, progress=lambda line: print(line, flush=True))
+    print()
+    print(report.format(), flush=True)
+    return 1 if args.check and not report.goals_met else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python benchmarks/fleet.py``."""
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/fleet.py", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
+
+
+__all__ = [
+    "FLEET_VS_PLAIN_GOAL",
+    "WORKER_VS_PLAIN_GOAL",
+    "BenchConfig",
+    "BenchReport",
+    "Measurement",
+    "Ratio",
+    "add_arguments",
+    "main",
+    "run_benchmark",
+    "run_from_args",
+]

@@ -1,0 +1,186 @@
+"""What ``rlfleet bench`` measures, and the report it prints."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from rlfleet._values import check_int
+from rlfleet.errors import ConfigError
+from rlfleet.policies.spec import PolicySpec
+
+#: Goal of fleet / (W plain-loop processes run at the same time).
+FLEET_VS_PLAIN_GOAL = 0.9
+#: Goal of VecWorker / plain loop, in steps per CPU-second of one process.
+WORKER_VS_PLAIN_GOAL = 0.9
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to measure.
+
+    Args:
+        workers: Fleet worker processes W (and plain-loop processes).
+        envs_per_worker: Envs per worker K (and per plain loop, and in the
+            in-process VecWorker).
+        steps: Env steps per timed run of each sampler (at least).
+        request_steps: ``num_samples`` of each fleet request; large requests
+            amortise the per-request round trip as a real learner's do.
+        repeats: Timed runs per sampler; the median is reported.
+        seed: Seeds the policy weights and the episodes.
+        env_id: The gymnasium env (Discrete actions, flat Box observations).
+        hidden_sizes: Hidden widths of the policy.
+        prefetch_factor: The coordinator's ``prefetch_factor``; None keeps
+            the coordinator's default.
+
+    Raises:
+        ConfigError: If a count is < 1.
+    """
+
+    workers: int = 2
+    envs_per_worker: int = 8
+    steps: int = 200_000
+    request_steps: int = 50_000
+    repeats: int = 3
+    seed: int = 0
+    env_id: str = "CartPole-v1"
+    hidden_sizes: tuple[int, ...] = (32, 32)
+    prefetch_factor: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "envs_per_worker", "steps", "request_steps", "repeats"):
+            value = getattr(self, name)
+            check_int(f"bench {name.replace('_', '-')}", value)
+        if self.seed < 0:
+            raise ConfigError(f"bench seed must be >= 0, got {self.seed}")
+        if self.prefetch_factor is not None and self.prefetch_factor < 0:
+            raise ConfigError(f"bench prefetch-factor must be >= 0, got {self.prefetch_factor}")
+
+    @property
+    def total_envs(self) -> int:
+        """W x K: the fleet's envs, and the vector envs'."""
+        return self.workers * self.envs_per_worker
+
+    @property
+    def policy_spec(self) -> PolicySpec:
+        """The policy the fleet runs."""
+        return PolicySpec("mlp-categorical", {"hidden_sizes": list(self.hidden_sizes)})
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Timed runs of one sampler.
+
+    Attributes:
+        name: What was measured, for the table.
+        rates: Env steps per wall-clock second of each timed run.
+        cpu_us: CPU microseconds per env step of each process taking part,
+            by process role (median over the runs), e.g. ``{"worker 0": 12.1}``.
+    """
+
+    name: str
+    rates: tuple[float, ...]
+    cpu_us: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        """Median steps/s over the runs."""
+        return statistics.median(self.rates)
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """One ratio of the report, with its goal (None: shown for information)."""
+
+    label: str
+    value: float
+    goal: float | None
+
+    @property
+    def met(self) -> bool:
+        """Whether the ratio reaches its goal (always True without a goal)."""
+        return self.goal is None or self.value >= self.goal
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """The measurements of one run and their ratios.
+
+    Attributes:
+        config: What was measured.
+        plain: W plain-loop processes at the same time (the hardware's ceiling).
+        vec_worker: One VecWorker of K envs in this process.
+        sync_vector_env: gymnasium SyncVectorEnv(W x K) in this process.
+        async_vector_env: gymnasium AsyncVectorEnv(W x K).
+        fleet: ``Fleet.local(W, K)`` ``obtain_samples``.
+    """
+
+    config: BenchConfig
+    plain: Measurement
+    vec_worker: Measurement
+    sync_vector_env: Measurement
+    async_vector_env: Measurement
+    fleet: Measurement
+
+    @property
+    def ratios(self) -> list[Ratio]:
+        """The goals of the performance issue, then informative ratios."""
+        c = self.config
+        plain_cpu = self.plain.cpu_us.get("each plain process", float("nan"))
+        worker_cpu = self.vec_worker.cpu_us.get("this process", float("nan"))
+        return [
+            Ratio(
+                f"fleet / ({c.workers} plain processes at once)",
+                self.fleet.median / self.plain.median,
+                FLEET_VS_PLAIN_GOAL,
+            ),
+            Ratio(
+                "VecWorker / plain loop (steps per CPU-second)",
+                plain_cpu / worker_cpu,
+                WORKER_VS_PLAIN_GOAL,
+            ),
+            Ratio("fleet / SyncVectorEnv", self.fleet.median / self.sync_vector_env.median, None),
+            Ratio("fleet / AsyncVectorEnv", self.fleet.median / self.async_vector_env.median, None),
+        ]
+
+    @property
+    def goals_met(self) -> bool:
+        """Whether every ratio with a goal reaches it."""
+        return all(ratio.met for ratio in self.ratios)
+
+    def format(self) -> str:
+        """The report as a text table."""
+        c = self.config
+        lines = [
+            f"{c.env_id}, mlp-categorical {'x'.join(map(str, c.hidden_sizes))}, "
+            f"{c.workers} workers x {c.envs_per_worker} envs, >= {c.steps:,} steps per run, "
+            "fleet requests of "
+            f"{min(c.request_steps, c.steps):,} steps, median of {c.repeats} run(s) after "
+            "warm-up"
+            + ("" if c.prefetch_factor is None else f", prefetch_factor {c.prefetch_factor}"),
+            "",
+            f"{'sampler':<48}{'steps/s':>10}   runs",
+        ]
+        measurements = (
+            self.plain,
+            self.vec_worker,
+            self.sync_vector_env,
+            self.async_vector_env,
+            self.fleet,
+        )
+        for m in measurements:
+            runs = " / ".join(f"{rate:,.0f}" for rate in m.rates)
+            lines.append(f"{m.name:<48}{m.median:>10,.0f}   {runs}")
+        lines += ["", f"{'CPU us per env step':<48}{'us':>10}"]
+        for m in measurements:
+            for role, us in m.cpu_us.items():
+                lines.append(f"{m.name.split(':')[0] + ': ' + role:<48}{us:>10.2f}")
+        lines.append("")
+        for ratio in self.ratios:
+            verdict = (
+                "(no goal)"
+                if ratio.goal is None
+                else f"goal >= {ratio.goal:g}: {'ok' if ratio.met else 'MISSED'}"
+            )
+            lines.append(f"{ratio.label:<48}{ratio.value:>10.2f}   {verdict}")
+        return "\n".join(lines)

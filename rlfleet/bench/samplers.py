@@ -1,0 +1,308 @@
+"""The samplers ``rlfleet bench`` times, each started once and run on demand.
+
+Every sampler is a context manager yielding ``sample(min_steps) -> Timed``:
+it takes at least ``min_steps`` env steps and says how long that took and
+how much CPU each process taking part spent per step. CPU time comes from
+the operating system (``time.process_time`` here, psutil for the other
+processes), so it holds on a loaded machine where wall-clock rates do not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import psutil
+
+from rlfleet.bench.plain_loop import LoopRun, plain_loop
+from rlfleet.bench.report import BenchConfig
+from rlfleet.envs.config import EnvConfig
+from rlfleet.errors import RlfleetTimeoutError, WorkerError
+from rlfleet.policies.mlp import MLPCategoricalPolicy
+
+#: Seconds a plain-loop process may take to answer one run.
+_PLAIN_RUN_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One timed run of a sampler.
+
+    Attributes:
+        steps: Env steps taken.
+        wall: Wall-clock seconds.
+        cpu_us: CPU microseconds per env step, by process role.
+    """
+
+    steps: int
+    wall: float
+    cpu_us: dict[str, float]
+
+
+SampleFn = Callable[[int], Timed]
+
+
+def _cpu_seconds(processes: Sequence[psutil.Process]) -> list[float]:
+    times = [process.cpu_times() for process in processes]
+    return [t.user + t.system for t in times]
+
+
+def _per_step_us(seconds: float, steps: int) -> float:
+    return seconds * 1e6 / max(steps, 1)
+
+
+def _plain_child(conn: Connection, config: BenchConfig, index: int) -> None:
+    """A plain-loop process: runs the loop for each step count it receives."""
+    while True:
+        steps = conn.recv()
+        if steps is None:
+            return
+        try:
+            run: LoopRun | str = plain_loop(
+                config.env_id,
+                config.envs_per_worker,
+                steps,
+                seed=config.seed + index,
+                hidden_sizes=config.hidden_sizes,
+            )
+        except Exception:  # reported to the parent, which raises it
+            run = traceback.format_exc()
+        conn.send(run)
+
+
+@contextlib.contextmanager
+def plain_processes(config: BenchConfig) -> Iterator[SampleFn]:
+    """W plain-loop processes of K envs, run at the same time (the hardware's ceiling)."""
+    context = multiprocessing.get_context("spawn")  # never fork a process holding gRPC
+    pipes: list[Connection] = []
+    children = []
+    try:
+        for index in range(config.workers):
+            parent, child = context.Pipe()
+            process = context.Process(target=_plain_child, args=(child, config, index), daemon=True)
+            process.start()
+            pipes.append(parent)
+            children.append(process)
+
+        def sample(min_steps: int) -> Timed:
+            each = -(-min_steps // config.workers)
+            for pipe in pipes:
+                pipe.send(each)
+            runs: list[LoopRun] = []
+            for index, (pipe, process) in enumerate(zip(pipes, children, strict=True)):
+                if not pipe.poll(_PLAIN_RUN_TIMEOUT):
+                    raise RlfleetTimeoutError(
+                        f"plain-loop process {index} took over {_PLAIN_RUN_TIMEOUT:g} s for "
+                        f"{each} steps"
+                    )
+                try:
+                    run = pipe.recv()
+                except EOFError:
+                    process.join(timeout=5)
+                    raise WorkerError(
+                        f"plain-loop process {index} exited (code {process.exitcode}) during a run",
+                        worker=f"plain-{index}",
+                    ) from None
+                if isinstance(run, str):
+                    raise WorkerError(
+                        f"plain-loop process {index} failed on {config.env_id}",
+                        worker=f"plain-{index}",
+                        remote_traceback=run,
+                    )
+                runs.append(run)
+            steps = sum(run.steps for run in runs)
+            cpu = statistics.mean(_per_step_us(run.cpu, run.steps) for run in runs)
+            # Started together: the slowest one is the time they took together.
+            return Timed(steps, max(run.wall for run in runs), {"each plain process": cpu})
+
+        yield sample
+    finally:
+        for pipe in pipes:
+            with contextlib.suppress(OSError):
+                pipe.send(None)
+        for process in children:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+
+
+def _in_process(step: Callable[[], int]) -> SampleFn:
+    """Times ``step`` (which returns env steps taken) until enough steps."""
+
+    def sample(min_steps: int) -> Timed:
+        cpu, wall = time.process_time(), time.perf_counter()
+        steps = 0
+        while steps < min_steps:
+            steps += step()
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        return Timed(steps, wall, {"this process": _per_step_us(cpu, steps)})
+
+    return sample
+
+
+@contextlib.contextmanager
+def vec_worker_sampler(
+    config: BenchConfig, env: EnvConfig, policy: MLPCategoricalPolicy
+) -> Iterator[SampleFn]:
+    """One VecWorker of K envs stepped in this process: a worker's load, no network.
+
+    The episode units (their seeds) are made before the clock starts: on a
+    fleet the coordinator derives them, not the worker.
+    """
+    from rlfleet.worker.units import make_units
+    from rlfleet.worker.vec import VecWorker
+
+    n_envs = config.envs_per_worker
+    worker = VecWorker(n_envs=n_envs, seed=config.seed, env=env, policy=policy)
+    next_episode = 0
+
+    def submit(count: int) -> None:
+        nonlocal next_episode
+        first, next_episode = next_episode, next_episode + count
+        worker.submit(make_units(config.seed, 0, range(first, next_episode)))
+
+    def sample(min_steps: int) -> Timed:
+        # Enough units for episodes of 8 steps on average; the rest stays queued.
+        wanted = min_steps // 8 + 2 * n_envs
+        if worker.queued_count < wanted:
+            submit(wanted - worker.queued_count)
+        cpu, wall = time.process_time(), time.perf_counter()
+        steps = 0
+        while steps < min_steps:
+            if worker.idle:  # shorter episodes than planned for
+                submit(n_envs)
+            worker.step()
+            # Take finished episodes in groups, as the remote worker does.
+            if worker.finished_count >= n_envs:
+                batch = worker.take_finished()
+                steps += 0 if batch is None else batch.total_steps
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        return Timed(steps, wall, {"this process": _per_step_us(cpu, steps)})
+
+    try:
+        yield sample
+    finally:
+        worker.shutdown()
+
+
+@contextlib.contextmanager
+def sync_vector_env_sampler(
+    config: BenchConfig, env: EnvConfig, policy: MLPCategoricalPolicy
+) -> Iterator[SampleFn]:
+    """gymnasium's SyncVectorEnv with W x K envs in this process, nothing stored."""
+    vector_env = gym.vector.SyncVectorEnv(
+        [env] * config.total_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    try:
+        observations, _ = vector_env.reset(seed=config.seed)
+
+        def step() -> int:
+            nonlocal observations
+            actions, _ = policy.get_actions(observations)
+            # SAME_STEP autoreset: every step() is n_envs real transitions.
+            observations, *_ = vector_env.step(actions)
+            return config.total_envs
+
+        yield _in_process(step)
+    finally:
+        vector_env.close()
+
+
+@contextlib.contextmanager
+def async_vector_env_sampler(
+    config: BenchConfig, env: EnvConfig, policy: MLPCategoricalPolicy
+) -> Iterator[SampleFn]:
+    """gymnasium's AsyncVectorEnv with W x K env processes, actions from this process."""
+    n_envs = config.total_envs
+    # spawn: forking a process that holds gRPC state is unsafe, and
+    # EnvConfig is a picklable env factory.
+    vector_env = gym.vector.AsyncVectorEnv(
+        [env] * n_envs, context="spawn", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    children = [psutil.Process(process.pid) for process in vector_env.processes]
+    try:
+        observations, _ = vector_env.reset(seed=config.seed)
+
+        def sample(min_steps: int) -> Timed:
+            nonlocal observations
+            before, cpu, wall = _cpu_seconds(children), time.process_time(), time.perf_counter()
+            steps = 0
+            while steps < min_steps:
+                actions, _ = policy.get_actions(observations)
+                observations, *_ = vector_env.step(actions)
+                steps += n_envs
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            spent = [after - b for after, b in zip(_cpu_seconds(children), before, strict=True)]
+            return Timed(
+                steps,
+                wall,
+                {
+                    "parent (policy)": _per_step_us(cpu, steps),
+                    "all env processes": _per_step_us(sum(spent), steps),
+                },
+            )
+
+        yield sample
+    finally:
+        vector_env.close()
+
+
+@contextlib.contextmanager
+def fleet_sampler(
+    config: BenchConfig, env: EnvConfig, params: dict[str, np.ndarray]
+) -> Iterator[SampleFn]:
+    """``obtain_samples`` through ``Fleet.local``, pushing ``params`` with every request.
+
+    CPU per step is given for each worker process, for the learner's main
+    thread (the client: requests, batch assembly) and for the learner
+    process's other threads (the embedded coordinator and gRPC).
+    """
+    from rlfleet.client import Fleet  # gRPC is only needed here
+
+    request_steps = min(config.request_steps, config.steps)
+    options: dict[str, Any] = (
+        {} if config.prefetch_factor is None else {"prefetch_factor": config.prefetch_factor}
+    )
+    fleet = Fleet.local(
+        workers=config.workers,
+        envs_per_worker=config.envs_per_worker,
+        env=env,
+        policy=config.policy_spec,
+        seed=config.seed,
+        coordinator_options=options,
+    )
+    with fleet as sampler:
+        workers = [psutil.Process(worker.process.pid) for worker in fleet.workers]
+        itr = 0
+
+        def sample(min_steps: int) -> Timed:
+            nonlocal itr
+            before = _cpu_seconds(workers)
+            cpu, main, wall = time.process_time(), time.thread_time(), time.perf_counter()
+            steps = 0
+            while steps < min_steps:
+                batch = sampler.obtain_samples(itr, request_steps, agent_update=params)
+                itr += 1
+                steps += batch.total_steps
+            wall, main = time.perf_counter() - wall, time.thread_time() - main
+            cpu = time.process_time() - cpu
+            spent = [after - b for after, b in zip(_cpu_seconds(workers), before, strict=True)]
+            # Every env step is taken by exactly one worker: their CPU summed
+            # over all steps is a worker's CPU per step it takes.
+            cpu_us = {
+                "workers (each, per step it takes)": _per_step_us(sum(spent), steps),
+                "coordinator (learner's other threads)": _per_step_us(cpu - main, steps),
+                "learner (main thread)": _per_step_us(main, steps),
+            }
+            return Timed(steps, wall, cpu_us)
+
+        yield sample

@@ -1,0 +1,202 @@
+"""RemoteVectorEnv: tianshou's vector env with its envs on fleet workers.
+
+The counterpart of tianshou's ``RayVectorEnv``, without Ray and without
+pickle: the envs are leased on the fleet's workers (step-level env leases,
+protos/rlfleet/v1/leases.proto) and stepped over one stream through the
+coordinator, so workers need no inbound port. The learner keeps the policy:
+this is central inference (SEED RL), envs on many machines and one batched
+policy on the learner's device.
+
+It is one more :class:`~rlfleet.envs.BaseVectorEnv` backend: every public
+method, the async mode (``wait_num``/``timeout``) and the error rules come
+from the base class; this module only sends commands over a
+:class:`~rlfleet.client.lease_stream.LeaseStream` and collects answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from rlfleet import _rpc
+from rlfleet.client.fleet import Fleet
+from rlfleet.client.lease_stream import EnvFailure, LeaseStream
+from rlfleet.client.sampler import RemoteSampler
+from rlfleet.core import EnvSpec
+from rlfleet.envs import BaseVectorEnv, EnvConfig
+from rlfleet.envs._base import GET_ATTR, RESET, FailedCall, Seeds
+from rlfleet.errors import ConfigError
+from rlfleet.security import ClientSecurity, Token
+
+logger = logging.getLogger("rlfleet.client")
+
+#: Attributes answered from the lease's EnvSpec, without a round trip.
+_LOCAL_ATTRIBUTES = ("observation_space", "action_space")
+
+
+class RemoteVectorEnv(BaseVectorEnv):
+    """``num_envs`` envs leased on a fleet, with the API of ``SubprocVectorEnv``.
+
+    Each env is built on a worker exactly like ``gymnasium.make`` builds it
+    here, so env ``i`` reset with seed ``s`` and given the same actions
+    follows the trajectory a local env follows, whichever worker hosts it.
+    If a worker dies, its envs are re-created on other workers: the next
+    answer of each such env is ``truncated`` with
+    ``info["rlfleet_env_lost"] = True`` (its episode was cut), and the env is
+    reset like after any end of episode. With no worker left to host them,
+    calls fail with :class:`~rlfleet.errors.NoWorkersError`.
+
+    Args:
+        fleet: Where to lease: a coordinator's ``HOST:PORT``, a
+            :class:`~rlfleet.client.RemoteSampler` (its address and
+            credentials), or a :class:`~rlfleet.client.Fleet` (``Fleet.local``).
+        env: The env: a gymnasium id or an EnvConfig (registered on the
+            workers; custom envs via the workers' ``--import``).
+        num_envs: How many envs to lease.
+        seed: Seeds of the envs' first reset, as :meth:`seed` takes them
+            (None, an int ``s`` for ``s + i``, or one per env); they travel
+            with that reset (``LeaseCall.seeds``).
+        wait_num: Async mode (tianshou's): :meth:`step` returns once this
+            many envs are ready. None: all of them.
+        timeout: Async mode: seconds :meth:`step` waits for ``wait_num``
+            envs before returning the ready ones.
+        call_timeout: Deadline of each env's answer, in seconds; past it the
+            call raises :class:`~rlfleet.errors.RlfleetTimeoutError` naming it.
+        open_timeout: Seconds to wait for workers with free slots to take
+            and build the envs.
+        prefetch_resets: Workers reset an env as soon as its episode ends
+            and send that reset with the step, so a later ``reset(id)``
+            without seed or options costs no round trip (its observation is
+            that of a reset made when the episode ended). A seeded reset
+            resets the env again, as asked.
+        token: Learner token when ``fleet`` is an address (None reads
+            ``RLFLEET_TOKEN``/``RLFLEET_LEARNER_TOKEN``).
+        tls_ca: PEM CA bundle for a TLS coordinator, when ``fleet`` is an address.
+
+    Raises:
+        ConfigError: For bad arguments.
+        NoWorkersError: If no worker took the envs within ``open_timeout``
+            (workers host up to their ``--envs`` leased envs each).
+        ResourceExhaustedError: Past the coordinator's lease caps.
+        WorkerError: If a worker could not build the env.
+    """
+
+    def __init__(
+        self,
+        fleet: str | RemoteSampler | Fleet,
+        env: str | EnvConfig,
+        num_envs: int,
+        *,
+        seed: Seeds = None,
+        wait_num: int | None = None,
+        timeout: float | None = None,
+        call_timeout: float = 60.0,
+        open_timeout: float = 60.0,
+        prefetch_resets: bool = True,
+        token: str | Token | None = None,
+        tls_ca: str | None = None,
+    ) -> None:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+            raise ConfigError(f"RemoteVectorEnv num_envs must be an int >= 1, got {num_envs!r}")
+        for name, value in (("call_timeout", call_timeout), ("open_timeout", open_timeout)):
+            if not value > 0:
+                raise ConfigError(f"RemoteVectorEnv {name} must be > 0 seconds, got {value!r}")
+        config = EnvConfig(env) if isinstance(env, str) else env
+        if not isinstance(config, EnvConfig):
+            raise ConfigError(f"env must be a gymnasium id or an EnvConfig, got {env!r}")
+        if isinstance(fleet, Fleet):
+            fleet = fleet.sampler
+        if isinstance(fleet, RemoteSampler):
+            channel = fleet.open_channel()
+        elif isinstance(fleet, str):
+            security = ClientSecurity.from_options(tls_ca=tls_ca, token=token)
+            channel = _rpc.open_channel(fleet, security=security)
+        else:
+            raise ConfigError(
+                f"fleet must be an address, a RemoteSampler or a Fleet, got {type(fleet).__name__}"
+            )
+        try:
+            stream = LeaseStream(
+                channel,
+                config,
+                num_envs,
+                open_timeout=open_timeout,
+                call_timeout=call_timeout,
+                prefetch_resets=prefetch_resets,
+            )
+        except BaseException:
+            channel.close()
+            raise
+        self._stream = stream
+        self.env_config = config
+        # Answers of attribute reads served from the EnvSpec, until received.
+        self._local: dict[int, Any] = {}
+        super().__init__(num_envs, _Release(stream, channel), wait_num=wait_num, timeout=timeout)
+        if seed is not None:
+            self.seed(seed)
+        logger.info(
+            "leased %d envs of %s (lease %d) on %s",
+            num_envs,
+            config.id,
+            stream.lease_id,
+            sorted(set(stream.env_workers)),
+        )
+
+    def __enter__(self) -> RemoteVectorEnv:
+        return self
+
+    @property
+    def env_spec(self) -> EnvSpec:
+        """Spaces and episode limit of every env (they are all alike)."""
+        return self._stream.env_spec
+
+    @property
+    def env_workers(self) -> list[str]:
+        """The worker hosting each env, as of the lease's opening."""
+        return list(self._stream.env_workers)
+
+    def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
+        if command == GET_ATTR and args and args[0] in _LOCAL_ATTRIBUTES:
+            self._local.update((i, getattr(self.env_spec, args[0])) for i in ids)
+            return
+        if command == RESET:
+            # Episode ends were reset by the workers already (prefetch_resets).
+            hits = self._stream.take_prefetched(ids, args)
+            self._local.update(hits)
+            if hits:
+                rest = [k for k, i in enumerate(ids) if i not in hits]
+                if rest:
+                    self._stream.send(command, [ids[k] for k in rest], [args[k] for k in rest])
+                return
+        self._stream.send(command, ids, args)
+
+    def _receive(self, ids: list[int], count: int, timeout: float | None) -> dict[int, Any]:
+        ready = {i: self._local.pop(i) for i in ids if i in self._local}
+        rest = [i for i in ids if i not in ready]
+        if rest and len(ready) < count:
+            answers = self._stream.receive(rest, count - len(ready), timeout)
+            ready.update(
+                (i, FailedCall(a.error) if isinstance(a, EnvFailure) else a)
+                for i, a in answers.items()
+            )
+        return ready
+
+
+class _Release:
+    """Closes the lease and its channel (holds no reference to the vector env)."""
+
+    def __init__(self, stream: LeaseStream, channel: grpc.Channel) -> None:
+        self._stream = stream
+        self._channel = channel
+
+    def __call__(self) -> list[BaseException]:
+        errors: list[BaseException] = []
+        try:
+            self._stream.close()
+        except Exception as exc:  # the channel must close even so
+            errors.append(exc)
+        self._channel.close()
+        return errors

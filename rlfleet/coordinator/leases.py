@@ -1,0 +1,510 @@
+"""Step-level env leases: placement, relay, loss and release (leases.proto).
+
+A lease is K envs one learner steps over one ``Lease`` stream. The
+:class:`LeaseManager` places its envs on workers that declared
+``rlfleet.leases`` (most free slots first, so they spread), splits each of
+the learner's calls by hosting worker, and passes the workers' replies back
+unchanged but for the worker's name. Everything here runs under the fleet
+state's lock, which the Join reader threads (replies, losses) and the lease
+streams' threads share.
+
+Each env remembers the call it has in flight (op and argument), so when its
+worker dies it is re-created elsewhere and that call is sent again: the
+learner sees one answer per env and call, never none and never two.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from rlfleet import _rpc
+from rlfleet.coordinator.failures import CallError, detail_of, invalid
+from rlfleet.coordinator.registry import WorkerHandle
+from rlfleet.coordinator.state import FleetState
+from rlfleet.coordinator.updates import check_env_update
+from rlfleet.errors import RlfleetError
+from rlfleet.v1 import learner_pb2, leases_pb2, spaces_pb2, updates_pb2, worker_pb2
+from rlfleet.wire import decode_tensor, encode_tensor
+
+logger = logging.getLogger("rlfleet.coordinator")
+
+#: The ops a learner may call (CREATE is the coordinator's).
+_LEARNER_OPS = frozenset(set(leases_pb2.LeaseOp.values()) - {0, leases_pb2.LEASE_OP_CREATE})
+
+#: What a lease stream's outbox holds: a response, an error ending the call, or its clean end.
+LeaseEvent = leases_pb2.LeaseResponse | CallError | None
+
+
+@dataclass
+class _InFlight:
+    """The call an env has in flight, kept to send it again if its worker dies."""
+
+    call_id: int
+    op: leases_pb2.LeaseOp
+    seed: int = -1
+    options_json: str = ""
+    action: np.ndarray | None = None
+    name: str = ""
+    value_json: str = ""
+    prefetch_reset: bool = False
+
+
+@dataclass(eq=False)
+class Lease:
+    """One learner's leased envs.
+
+    Attributes:
+        lease_id: Unique for the coordinator's lifetime.
+        env: The env update the envs are built from.
+        hosts: Worker id hosting env i (0: none yet).
+        outbox: Events for the learner's stream.
+        creating: Env ids whose CREATE reply is awaited, by worker id.
+        in_flight: The call each busy env has in flight.
+        spec: The envs' EnvSpec, from the first CREATE reply.
+        failure: Why the lease ended, if it did.
+        closed: Released: replies are ignored.
+    """
+
+    lease_id: int
+    env: updates_pb2.EnvUpdate
+    hosts: list[int]
+    outbox: queue.SimpleQueue[LeaseEvent] = field(default_factory=queue.SimpleQueue)
+    creating: dict[int, set[int]] = field(default_factory=dict)
+    in_flight: dict[int, _InFlight] = field(default_factory=dict)
+    spec: spaces_pb2.EnvSpec | None = None
+    failure: CallError | None = None
+    closed: bool = False
+
+    @property
+    def num_envs(self) -> int:
+        """K: the lease's env ids are 0..K-1."""
+        return len(self.hosts)
+
+
+class LeaseManager:
+    """The fleet's leases.
+
+    Args:
+        state: The fleet state (its lock guards the leases too).
+        max_envs_per_lease: Envs one lease (one learner's vector env) may hold.
+        max_leased_envs: Envs all leases together may hold.
+    """
+
+    def __init__(self, state: FleetState, max_envs_per_lease: int, max_leased_envs: int) -> None:
+        self._state = state
+        self._max_per_lease = max_envs_per_lease
+        self._max_total = max_leased_envs
+        self._leases: dict[int, Lease] = {}
+        self._ids = itertools.count(1)
+
+    # --- opening ----------------------------------------------------------------
+
+    def open(self, request: leases_pb2.LeaseOpen, cancelled: Callable[[], bool]) -> Lease:
+        """Places and builds the envs of a new lease; returns once all are built.
+
+        Args:
+            request: The learner's LeaseOpen.
+            cancelled: A callable that says whether the learner hung up.
+
+        Raises:
+            CallError: INVALID_ARGUMENT (bad request), RESOURCE_EXHAUSTED (a
+                cap), UNAVAILABLE (no worker or slots within the timeout, or
+                draining), FAILED_PRECONDITION (a worker could not build the env).
+        """
+        count = request.num_envs
+        if count < 1:
+            raise invalid(f"LeaseOpen.num_envs must be >= 1, got {count}")
+        if count > self._max_per_lease:
+            raise CallError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"a lease may hold at most {self._max_per_lease} envs, {count} were asked; "
+                "lease fewer or start the coordinator with a larger --max-envs-per-lease",
+            )
+        env = request.env
+        if env.pickled_env_factory:
+            raise invalid("leased envs are built from an env id, never a pickled factory")
+        check_env_update(env)  # raises INVALID_ARGUMENT naming the field
+        state = self._state
+        timeout = request.timeout_seconds or state.config.wait_for_workers_seconds
+        deadline = time.monotonic() + timeout
+        with state.lock:
+            leased = sum(lease.num_envs for lease in self._leases.values())
+            if leased + count > self._max_total:
+                raise CallError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the fleet's leases may hold at most {self._max_total} envs; {leased} are "
+                    f"leased and {count} more were asked. Close other leases or start the "
+                    "coordinator with a larger --max-leased-envs",
+                )
+            lease = Lease(next(self._ids), env, [0] * count)
+            self._leases[lease.lease_id] = lease
+            try:
+                placement = self._wait_for_slots(count, deadline, cancelled, timeout)
+                self._create(lease, list(range(count)), placement, replaces_lost=False)
+                while lease.creating and lease.failure is None:
+                    remaining = deadline - time.monotonic()
+                    if cancelled():
+                        raise CallError(grpc.StatusCode.CANCELLED, "the learner ended the call")
+                    if remaining <= 0:
+                        raise CallError(
+                            grpc.StatusCode.UNAVAILABLE,
+                            f"the workers did not build the leased envs within {timeout:g} seconds",
+                        )
+                    state.changed.wait(remaining)
+                if lease.failure is not None:
+                    raise lease.failure
+            except CallError:
+                self._release(lease)
+                raise
+        return lease
+
+    def _wait_for_slots(
+        self, count: int, deadline: float, cancelled: Callable[[], bool], timeout: float
+    ) -> list[int]:
+        """Waits (lock held) until the fleet has ``count`` free lease slots."""
+        state = self._state
+        while True:
+            if state.draining:
+                raise CallError(
+                    grpc.StatusCode.UNAVAILABLE, "the coordinator is draining; lease elsewhere"
+                )
+            placement = self._place(count)
+            if placement is not None:
+                return placement
+            if cancelled():
+                raise CallError(grpc.StatusCode.CANCELLED, "the learner ended the call")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._no_slots(count, timeout)
+            state.changed.wait(remaining)
+
+    def _no_slots(self, count: int, timeout: float) -> CallError:
+        hosts = self._hosts()
+        free = sum(self._free(handle) for handle in hosts)
+        message = (
+            f"{count} envs could not be leased within {timeout:g} seconds: {len(hosts)} "
+            f"workers host leases with {free} free slots (a worker hosts up to its "
+            "--lease-slots, by default its --envs, leased envs; Fleet.local up to "
+            "envs_per_worker; workers without the capability "
+            "'rlfleet.leases', such as the "
+            "Node worker, host none). Start more workers or give them more --envs"
+        )
+        detail = detail_of(updates_pb2.ERROR_KIND_NO_WORKERS, message)
+        return CallError(grpc.StatusCode.UNAVAILABLE, message, detail)
+
+    def _hosts(self) -> list[WorkerHandle]:
+        return [
+            handle
+            for handle in self._state.registry
+            if handle.alive
+            and not handle.leaving
+            and _rpc.LEASE_CAPABILITY in handle.hello.capabilities
+        ]
+
+    def _leased_on(self, worker_id: int) -> int:
+        return sum(
+            1 for lease in self._leases.values() for host in lease.hosts if host == worker_id
+        )
+
+    def _free(self, handle: WorkerHandle) -> int:
+        slots = handle.hello.lease_slots or handle.num_envs
+        return max(slots - self._leased_on(handle.worker_id), 0)
+
+    def _place(self, count: int) -> list[int] | None:
+        """Worker ids for ``count`` envs, most free slots first; None if they do not fit."""
+        free = {handle.worker_id: self._free(handle) for handle in self._hosts()}
+        placement = []
+        for _ in range(count):
+            best = max(free, key=lambda w: (free[w], -w), default=None)
+            if best is None or free[best] == 0:
+                return None
+            free[best] -= 1
+            placement.append(best)
+        return placement
+
+    def _create(
+        self, lease: Lease, env_ids: list[int], placement: list[int], *, replaces_lost: bool
+    ) -> None:
+        """Sends CREATE commands (lock held); their replies are awaited in ``creating``."""
+        by_worker: dict[int, list[int]] = {}
+        for env_id, worker_id in zip(env_ids, placement, strict=True):
+            lease.hosts[env_id] = worker_id
+            by_worker.setdefault(worker_id, []).append(env_id)
+        for worker_id, ids in by_worker.items():
+            handle = self._state.registry.get(worker_id)
+            if handle is None:
+                continue
+            lease.creating.setdefault(worker_id, set()).update(ids)
+            create = leases_pb2.LeaseCreate(env=lease.env, env_ids=ids, replaces_lost=replaces_lost)
+            handle.send(
+                worker_pb2.CoordinatorMessage(
+                    lease=leases_pb2.LeaseCommand(lease_id=lease.lease_id, create=create)
+                )
+            )
+
+    # --- calls ------------------------------------------------------------------
+
+    def call(self, lease: Lease, call: leases_pb2.LeaseCall) -> None:
+        """Sends a learner's reset or step to the workers hosting its envs.
+
+        Raises:
+            CallError: INVALID_ARGUMENT for a malformed call (ends the lease).
+        """
+        ids = list(call.env_ids)
+        where = f"lease {lease.lease_id} call {call.call_id}"
+        if call.op not in _LEARNER_OPS:
+            raise invalid(f"{where}: op {call.op} is not one a learner may call (leases.proto)")
+        if not ids:
+            raise invalid(f"{where}: names no env")
+        if len(set(ids)) != len(ids) or max(ids) >= lease.num_envs:
+            raise invalid(
+                f"{where}: env ids {ids} must be distinct and < {lease.num_envs} (the lease size)"
+            )
+        seeds = list(call.seeds)
+        actions = None
+        if call.op == leases_pb2.LEASE_OP_RESET:
+            if seeds and len(seeds) != len(ids):
+                raise invalid(f"{where}: {len(seeds)} seeds for {len(ids)} envs")
+            if call.options_json:
+                _check_json_object(call.options_json, where)
+        elif call.op == leases_pb2.LEASE_OP_STEP:
+            try:
+                actions = decode_tensor(call.actions, name=f"{where} actions")
+            except RlfleetError as exc:
+                raise invalid(str(exc)) from exc
+            if actions.ndim < 1 or actions.shape[0] != len(ids):
+                raise invalid(
+                    f"{where}: actions of shape {actions.shape} for {len(ids)} envs; the "
+                    "first dimension must be the number of envs"
+                )
+        with self._state.lock:
+            if lease.closed:
+                return
+            superseded = [i for i in ids if i in lease.in_flight]
+            if superseded:
+                # The learner gave up on those calls (its deadline passed): their
+                # late answers no longer match and are dropped.
+                logger.info("%s supersedes the unanswered calls of envs %s", where, superseded)
+            for row, env_id in enumerate(ids):
+                lease.in_flight[env_id] = _InFlight(
+                    call.call_id,
+                    call.op,
+                    seed=seeds[row] if seeds else -1,
+                    options_json=call.options_json,
+                    action=None if actions is None else actions[row],
+                    name=call.name,
+                    value_json=call.value_json,
+                    prefetch_reset=call.prefetch_reset,
+                )
+            groups: dict[int, list[int]] = {}
+            for row, env_id in enumerate(ids):
+                groups.setdefault(lease.hosts[env_id], []).append(row)
+            if len(groups) == 1:
+                self._send_call(lease, next(iter(groups)), call)
+                return
+            for worker_id, rows in groups.items():
+                part = leases_pb2.LeaseCall(
+                    call_id=call.call_id,
+                    op=call.op,
+                    env_ids=[ids[r] for r in rows],
+                    options_json=call.options_json,
+                    name=call.name,
+                    value_json=call.value_json,
+                    prefetch_reset=call.prefetch_reset,
+                )
+                if seeds:
+                    part.seeds.extend(seeds[r] for r in rows)
+                if actions is not None:
+                    part.actions.CopyFrom(encode_tensor(actions[rows]))
+                self._send_call(lease, worker_id, part)
+
+    def _send_call(self, lease: Lease, worker_id: int, call: leases_pb2.LeaseCall) -> None:
+        handle = self._state.registry.get(worker_id)
+        if handle is None:  # lost and not re-placed: on_worker_lost failed the lease
+            return
+        handle.send(
+            worker_pb2.CoordinatorMessage(
+                lease=leases_pb2.LeaseCommand(lease_id=lease.lease_id, call=call)
+            )
+        )
+
+    def on_reply(self, handle: WorkerHandle, reply: leases_pb2.LeaseReply) -> None:
+        """A worker answered a lease command (its Join reader thread)."""
+        state = self._state
+        with state.lock:
+            lease = self._leases.get(reply.lease_id)
+            if lease is None or lease.closed or not handle.alive:
+                return  # a lease released meanwhile, or a worker already written off
+            if reply.op == leases_pb2.LEASE_OP_CREATE:
+                self._on_created(lease, handle, reply)
+                return
+            foreign = [
+                env_id
+                for env_id in reply.env_ids
+                if env_id >= lease.num_envs or lease.hosts[env_id] != handle.worker_id
+            ]
+            if foreign:
+                logger.warning(
+                    "worker %r answered lease %d call %d for envs %s it does not host; ignored",
+                    handle.name,
+                    lease.lease_id,
+                    reply.call_id,
+                    foreign,
+                )
+                return
+            current = [
+                env_id
+                for env_id in reply.env_ids
+                if (flight := lease.in_flight.get(env_id)) is not None
+                and flight.call_id == reply.call_id
+            ]
+            if not current:
+                return  # only answers of superseded calls
+            for env_id in current:
+                del lease.in_flight[env_id]
+            # Rows of superseded calls ride along: the learner tells them
+            # apart by call id, as it does for calls it gave up on.
+            reply.worker = handle.name
+            lease.outbox.put(leases_pb2.LeaseResponse(reply=reply))
+
+    def _on_created(self, lease: Lease, handle: WorkerHandle, reply: leases_pb2.LeaseReply) -> None:
+        waiting = lease.creating.get(handle.worker_id)
+        if waiting is not None:
+            waiting.difference_update(reply.env_ids)
+            if not waiting:
+                del lease.creating[handle.worker_id]
+        if reply.HasField("error"):
+            message = (
+                f"worker {handle.name!r} could not build env {lease.env.env_id!r} for lease "
+                f"{lease.lease_id}: {reply.error.message}"
+            )
+            self._fail(lease, CallError(grpc.StatusCode.FAILED_PRECONDITION, message, reply.error))
+        elif lease.spec is None:
+            lease.spec = reply.env_spec
+        self._state.changed.notify_all()
+
+    # --- losses and release ---------------------------------------------------------
+
+    def on_worker_lost(self, handle: WorkerHandle) -> None:
+        """Re-creates a lost worker's leased envs elsewhere and resends their calls."""
+        with self._state.lock:
+            for lease in list(self._leases.values()):
+                lost = [i for i, host in enumerate(lease.hosts) if host == handle.worker_id]
+                if not lost or lease.closed:
+                    continue
+                for env_id in lost:
+                    lease.hosts[env_id] = 0
+                lease.creating.pop(handle.worker_id, None)
+                placement = self._place(len(lost))
+                if placement is None:
+                    message = (
+                        f"worker {handle.name!r} died hosting envs {lost} of lease "
+                        f"{lease.lease_id} and no other worker has free slots for them; "
+                        "start more workers (each hosts up to its --envs leased envs)"
+                    )
+                    detail = detail_of(updates_pb2.ERROR_KIND_NO_WORKERS, message)
+                    self._fail(lease, CallError(grpc.StatusCode.UNAVAILABLE, message, detail))
+                    continue
+                logger.warning(
+                    "worker %r died hosting envs %s of lease %d; re-creating them",
+                    handle.name,
+                    lost,
+                    lease.lease_id,
+                )
+                self._create(lease, lost, placement, replaces_lost=True)
+                for env_id in lost:
+                    flight = lease.in_flight.get(env_id)
+                    if flight is not None:
+                        self._send_call(lease, lease.hosts[env_id], _resend(env_id, flight))
+            self._state.changed.notify_all()
+
+    def close(self, lease: Lease) -> None:
+        """Releases a lease's envs on their workers (idempotent)."""
+        with self._state.lock:
+            self._release(lease)
+
+    def fail(self, lease: Lease, failure: CallError) -> None:
+        """Ends one lease with ``failure`` (a learner that broke the protocol)."""
+        with self._state.lock:
+            self._fail(lease, failure)
+
+    def worker_names(self, lease: Lease) -> list[str]:
+        """Name of the worker hosting each env of the lease."""
+        with self._state.lock:
+            names = []
+            for worker_id in lease.hosts:
+                handle = self._state.registry.get(worker_id)
+                names.append(handle.name if handle is not None else "")
+            return names
+
+    def fail_all(self, failure: CallError) -> None:
+        """Ends every lease with ``failure`` (coordinator drain or shutdown)."""
+        with self._state.lock:
+            for lease in list(self._leases.values()):
+                self._fail(lease, failure)
+
+    def _fail(self, lease: Lease, failure: CallError) -> None:
+        """Ends a lease's stream with an error and releases its envs (lock held)."""
+        if lease.failure is None:
+            lease.failure = failure
+            lease.outbox.put(failure)
+        self._release(lease)
+
+    def _release(self, lease: Lease) -> None:
+        """Tells the hosting workers to close the envs (lock held, idempotent)."""
+        if lease.closed:
+            return
+        lease.closed = True
+        self._leases.pop(lease.lease_id, None)
+        release = leases_pb2.LeaseCommand(
+            lease_id=lease.lease_id, release=leases_pb2.LeaseRelease()
+        )
+        for worker_id in set(lease.hosts) - {0}:
+            handle = self._state.registry.get(worker_id)
+            if handle is not None:
+                handle.send(worker_pb2.CoordinatorMessage(lease=release))
+        lease.hosts = [0] * lease.num_envs
+        self._state.changed.notify_all()
+
+    def describe(self, status: learner_pb2.FleetStatus) -> None:
+        """Fills the lease counts of a FleetStatus (GetStatus)."""
+        with self._state.lock:
+            status.leases = len(self._leases)
+            status.leased_envs = sum(lease.num_envs for lease in self._leases.values())
+            for worker in status.workers:
+                worker.leased_envs = self._leased_on(worker.worker_id)
+
+
+def _resend(env_id: int, flight: _InFlight) -> leases_pb2.LeaseCall:
+    call = leases_pb2.LeaseCall(
+        call_id=flight.call_id,
+        op=flight.op,
+        env_ids=[env_id],
+        name=flight.name,
+        value_json=flight.value_json,
+        prefetch_reset=flight.prefetch_reset,
+    )
+    if flight.op == leases_pb2.LEASE_OP_RESET:
+        call.seeds.append(flight.seed)
+        call.options_json = flight.options_json
+    elif flight.action is not None:
+        call.actions.CopyFrom(encode_tensor(flight.action[None]))
+    return call
+
+
+def _check_json_object(text: str, where: str) -> None:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise invalid(f"{where}: options_json is not JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise invalid(f"{where}: options_json must be a JSON object, got {text[:100]!r}")

@@ -1,0 +1,166 @@
+from rlfleet.v1 import spaces_pb2 as _spaces_pb2
+from rlfleet.v1 import tensor_pb2 as _tensor_pb2
+from rlfleet.v1 import updates_pb2 as _updates_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LeaseOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LEASE_OP_UNSPECIFIED: _ClassVar[LeaseOp]
+    LEASE_OP_CREATE: _ClassVar[LeaseOp]
+    LEASE_OP_RESET: _ClassVar[LeaseOp]
+    LEASE_OP_STEP: _ClassVar[LeaseOp]
+    LEASE_OP_RENDER: _ClassVar[LeaseOp]
+    LEASE_OP_GET_ATTR: _ClassVar[LeaseOp]
+    LEASE_OP_SET_ATTR: _ClassVar[LeaseOp]
+    LEASE_OP_CALL: _ClassVar[LeaseOp]
+    LEASE_OP_CLASS_NAMES: _ClassVar[LeaseOp]
+LEASE_OP_UNSPECIFIED: LeaseOp
+LEASE_OP_CREATE: LeaseOp
+LEASE_OP_RESET: LeaseOp
+LEASE_OP_STEP: LeaseOp
+LEASE_OP_RENDER: LeaseOp
+LEASE_OP_GET_ATTR: LeaseOp
+LEASE_OP_SET_ATTR: LeaseOp
+LEASE_OP_CALL: LeaseOp
+LEASE_OP_CLASS_NAMES: LeaseOp
+
+class LeaseRequest(_message.Message):
+    __slots__ = ("open", "call", "close")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    open: LeaseOpen
+    call: LeaseCall
+    close: LeaseClose
+    def __init__(self, open: _Optional[_Union[LeaseOpen, _Mapping]] = ..., call: _Optional[_Union[LeaseCall, _Mapping]] = ..., close: _Optional[_Union[LeaseClose, _Mapping]] = ...) -> None: ...
+
+class LeaseResponse(_message.Message):
+    __slots__ = ("opened", "reply")
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    opened: LeaseOpened
+    reply: LeaseReply
+    def __init__(self, opened: _Optional[_Union[LeaseOpened, _Mapping]] = ..., reply: _Optional[_Union[LeaseReply, _Mapping]] = ...) -> None: ...
+
+class LeaseOpen(_message.Message):
+    __slots__ = ("env", "num_envs", "timeout_seconds")
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    env: _updates_pb2.EnvUpdate
+    num_envs: int
+    timeout_seconds: float
+    def __init__(self, env: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., num_envs: _Optional[int] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class LeaseOpened(_message.Message):
+    __slots__ = ("lease_id", "env_spec", "env_workers")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
+    ENV_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    env_spec: _spaces_pb2.EnvSpec
+    env_workers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lease_id: _Optional[int] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., env_workers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LeaseCall(_message.Message):
+    __slots__ = ("call_id", "op", "env_ids", "seeds", "options_json", "actions", "name", "value_json", "prefetch_reset")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    ENV_IDS_FIELD_NUMBER: _ClassVar[int]
+    SEEDS_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_RESET_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    op: LeaseOp
+    env_ids: _containers.RepeatedScalarFieldContainer[int]
+    seeds: _containers.RepeatedScalarFieldContainer[int]
+    options_json: str
+    actions: _tensor_pb2.Tensor
+    name: str
+    value_json: str
+    prefetch_reset: bool
+    def __init__(self, call_id: _Optional[int] = ..., op: _Optional[_Union[LeaseOp, str]] = ..., env_ids: _Optional[_Iterable[int]] = ..., seeds: _Optional[_Iterable[int]] = ..., options_json: _Optional[str] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., name: _Optional[str] = ..., value_json: _Optional[str] = ..., prefetch_reset: _Optional[bool] = ...) -> None: ...
+
+class LeaseClose(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LeaseReply(_message.Message):
+    __slots__ = ("call_id", "op", "env_ids", "observations", "rewards", "terminated", "truncated", "infos", "error", "lease_id", "worker", "env_spec", "values_json", "frames", "infos_json", "reset_env_ids", "reset_observations", "reset_infos", "reset_infos_json")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    ENV_IDS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
+    TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    INFOS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
+    VALUES_JSON_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    INFOS_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESET_ENV_IDS_FIELD_NUMBER: _ClassVar[int]
+    RESET_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    RESET_INFOS_FIELD_NUMBER: _ClassVar[int]
+    RESET_INFOS_JSON_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    op: LeaseOp
+    env_ids: _containers.RepeatedScalarFieldContainer[int]
+    observations: _tensor_pb2.Tensor
+    rewards: _tensor_pb2.Tensor
+    terminated: _tensor_pb2.Tensor
+    truncated: _tensor_pb2.Tensor
+    infos: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorMap]
+    error: _updates_pb2.ErrorDetail
+    lease_id: int
+    worker: str
+    env_spec: _spaces_pb2.EnvSpec
+    values_json: _containers.RepeatedScalarFieldContainer[str]
+    frames: _tensor_pb2.Tensor
+    infos_json: _containers.RepeatedScalarFieldContainer[str]
+    reset_env_ids: _containers.RepeatedScalarFieldContainer[int]
+    reset_observations: _tensor_pb2.Tensor
+    reset_infos: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorMap]
+    reset_infos_json: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, call_id: _Optional[int] = ..., op: _Optional[_Union[LeaseOp, str]] = ..., env_ids: _Optional[_Iterable[int]] = ..., observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., terminated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., infos: _Optional[_Iterable[_Union[_tensor_pb2.TensorMap, _Mapping]]] = ..., error: _Optional[_Union[_updates_pb2.ErrorDetail, _Mapping]] = ..., lease_id: _Optional[int] = ..., worker: _Optional[str] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., values_json: _Optional[_Iterable[str]] = ..., frames: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., infos_json: _Optional[_Iterable[str]] = ..., reset_env_ids: _Optional[_Iterable[int]] = ..., reset_observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., reset_infos: _Optional[_Iterable[_Union[_tensor_pb2.TensorMap, _Mapping]]] = ..., reset_infos_json: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LeaseCommand(_message.Message):
+    __slots__ = ("lease_id", "create", "call", "release")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATE_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    create: LeaseCreate
+    call: LeaseCall
+    release: LeaseRelease
+    def __init__(self, lease_id: _Optional[int] = ..., create: _Optional[_Union[LeaseCreate, _Mapping]] = ..., call: _Optional[_Union[LeaseCall, _Mapping]] = ..., release: _Optional[_Union[LeaseRelease, _Mapping]] = ...) -> None: ...
+
+class LeaseCreate(_message.Message):
+    __slots__ = ("env", "env_ids", "replaces_lost")
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    ENV_IDS_FIELD_NUMBER: _ClassVar[int]
+    REPLACES_LOST_FIELD_NUMBER: _ClassVar[int]
+    env: _updates_pb2.EnvUpdate
+    env_ids: _containers.RepeatedScalarFieldContainer[int]
+    replaces_lost: bool
+    def __init__(self, env: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., env_ids: _Optional[_Iterable[int]] = ..., replaces_lost: _Optional[bool] = ...) -> None: ...
+
+class LeaseRelease(_message.Message):
+    __slots__ = ("env_ids",)
+    ENV_IDS_FIELD_NUMBER: _ClassVar[int]
+    env_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, env_ids: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -1,0 +1,280 @@
+"""Leased envs on a worker: step-level env leases (protos/rlfleet/v1/leases.proto).
+
+A :class:`LeaseHost` owns the envs learners leased on this worker. It runs
+on its own thread, beside the session's sampling loop, so a learner's step
+never waits for a sampling vector step and the other way round. Commands
+arrive from the session (in stream order); replies go straight to the Join
+stream's outbox.
+
+Envs whose steps are slow (an env behind a socket, a simulator) are
+stepped on a thread pool and answered as they finish, grouped by call: an
+env that waits on I/O releases the GIL, so 16 envs that each wait 1 ms take
+about 1 ms per step together instead of 16. Fast envs (CartPole takes
+~10 us) are stepped inline, where a pool's hand-offs would cost more than
+the steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from rlfleet import _rpc
+from rlfleet.envs.config import env_spec_of
+from rlfleet.errors import ConfigError
+from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
+from rlfleet.wire import encode_env_spec
+from rlfleet.worker._lease_envs import (
+    LeasedEnv,
+    Outcome,
+    call_args,
+    check_actions,
+    check_spaces,
+    close_quietly,
+    lease_config,
+    reply_of,
+    run_env,
+)
+
+logger = logging.getLogger("rlfleet.worker")
+
+#: Mean step seconds above which an env is stepped on the pool (see the module doc).
+POOL_STEP_SECONDS = 2e-4
+#: How long a pooled call's finished envs wait for the rest before they are
+#: answered alone: one reply per call when its envs take alike, while one slow
+#: env (async stepping, wait_num) does not hold the others back for long.
+COALESCE_SECONDS = 0.001
+#: Pool threads: enough for every leased env of a big worker to wait at once.
+POOL_THREADS = 64
+
+
+@dataclass
+class _PendingCall:
+    """A pooled call: the outcomes not yet sent, and how many envs still run."""
+
+    lease_id: int
+    call: leases_pb2.LeaseCall
+    running: int
+    outcomes: list[Outcome] = field(default_factory=list)
+    first_done: float | None = None  # time.monotonic() of the first unsent outcome
+
+
+@dataclass
+class _Done:
+    """Pool threads put this in the host's queue when an env finished."""
+
+    pending_id: int  # its call's key in LeaseHost._pending
+    outcome: Outcome
+
+
+class LeaseHost:
+    """Hosts leased envs of one Join session.
+
+    Args:
+        worker_name: This worker's name in the fleet (for errors).
+        imports: Modules to import before building envs (the worker's ``--import``).
+        send: Queues a message on the Join stream.
+    """
+
+    def __init__(
+        self,
+        worker_name: str,
+        imports: tuple[str, ...],
+        send: Callable[[worker_pb2.WorkerMessage], None],
+    ) -> None:
+        self._name = worker_name
+        self._imports = imports
+        self._send = send
+        self._envs: dict[tuple[int, int], LeasedEnv] = {}
+        self._inbox: queue.SimpleQueue[leases_pb2.LeaseCommand | _Done | None] = queue.SimpleQueue()
+        self._pool: ThreadPoolExecutor | None = None
+        # Pooled calls not yet fully answered, by (lease, call).
+        # Keyed by a number of their own: a call resent after a worker loss
+        # reaches this host again with the same call id.
+        self._pending: dict[int, _PendingCall] = {}
+        self._pending_ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="rlfleet-leases", daemon=True)
+        self._thread.start()
+
+    def submit(self, command: leases_pb2.LeaseCommand) -> None:
+        """Queues a command from the coordinator (never blocks)."""
+        self._inbox.put(command)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Closes every leased env and stops the thread (waits ``timeout`` seconds)."""
+        self._inbox.put(None)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning("leased envs did not close within %g seconds", timeout)
+
+    # --- the host thread --------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                try:
+                    item = self._inbox.get(timeout=self._next_flush())
+                except queue.Empty:
+                    self._flush_pooled()
+                    continue
+                while item is not None:
+                    self._handle(item)
+                    try:
+                        item = self._inbox.get_nowait()
+                    except queue.Empty:
+                        break
+                else:
+                    return
+                self._flush_pooled()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            for leased in self._envs.values():
+                close_quietly(leased.env)
+            self._envs.clear()
+
+    def _handle(self, item: leases_pb2.LeaseCommand | _Done) -> None:
+        if isinstance(item, _Done):
+            pending = self._pending[item.pending_id]
+            pending.outcomes.append(item.outcome)
+            pending.running -= 1
+            if pending.first_done is None:
+                pending.first_done = time.monotonic()
+            return
+        body = item.WhichOneof("body")
+        try:
+            if body == "create":
+                self._create(item.lease_id, item.create)
+            elif body == "call":
+                self._call(item.lease_id, item.call)
+            elif body == "release":
+                self._release(item.lease_id, item.release)
+            else:
+                logger.warning("ignored an empty LeaseCommand for lease %d", item.lease_id)
+        except Exception as exc:  # a bug must answer the learner, not hang it
+            logger.exception("lease command %s of lease %d failed", body, item.lease_id)
+            if body == "call":
+                self._reply_error(item.lease_id, item.call, list(item.call.env_ids), exc)
+
+    def _create(self, lease_id: int, create: leases_pb2.LeaseCreate) -> None:
+        reply = leases_pb2.LeaseReply(lease_id=lease_id, op=leases_pb2.LEASE_OP_CREATE)
+        reply.env_ids.extend(create.env_ids)
+        built: list[LeasedEnv] = []
+        try:
+            config = lease_config(create.env, self._imports)
+            for env_id in create.env_ids:
+                env = config.make()
+                built.append(LeasedEnv(env, env_id, lost=create.replaces_lost))
+                check_spaces(env, config.id)
+            reply.env_spec.CopyFrom(
+                encode_env_spec(env_spec_of(built[0].env, config.max_episode_length))
+            )
+        except Exception as exc:
+            for leased in built:
+                close_quietly(leased.env)
+            reply.error.CopyFrom(self._detail(exc, None))
+        else:
+            for leased in built:
+                old = self._envs.pop((lease_id, leased.env_id), None)
+                if old is not None:
+                    close_quietly(old.env)
+                self._envs[(lease_id, leased.env_id)] = leased
+        self._send(worker_pb2.WorkerMessage(lease_reply=reply))
+
+    def _release(self, lease_id: int, release: leases_pb2.LeaseRelease) -> None:
+        ids = set(release.env_ids)
+        for key in [k for k in self._envs if k[0] == lease_id and (not ids or k[1] in ids)]:
+            close_quietly(self._envs.pop(key).env)
+
+    def _call(self, lease_id: int, call: leases_pb2.LeaseCall) -> None:
+        envs = []
+        for env_id in call.env_ids:
+            leased = self._envs.get((lease_id, env_id))
+            if leased is None:
+                raise ConfigError(f"env {env_id} of lease {lease_id} is not hosted here")
+            envs.append(leased)
+        args = call_args(call)
+        if call.op == leases_pb2.LEASE_OP_STEP and envs:
+            check_actions(args, envs[0].env.action_space, lease_id)
+        pooled = len(envs) > 1 and any(e.step_seconds > POOL_STEP_SECONDS for e in envs)
+        if not pooled:
+            prefetch = call.prefetch_reset
+            outcomes = [run_env(e, call.op, a, prefetch) for e, a in zip(envs, args, strict=True)]
+            self._send_outcomes(lease_id, call, outcomes)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="rlfleet-lease-env")
+        pending_id = next(self._pending_ids)
+        self._pending[pending_id] = _PendingCall(lease_id, call, running=len(envs))
+        for leased, arg in zip(envs, args, strict=True):
+            future = self._pool.submit(run_env, leased, call.op, arg, call.prefetch_reset)
+            future.add_done_callback(self._on_done(pending_id))
+
+    def _on_done(self, pending_id: int) -> Callable[[Future[Outcome]], None]:
+        def done(future: Future[Outcome]) -> None:
+            if not future.cancelled():
+                self._inbox.put(_Done(pending_id, future.result()))
+
+        return done
+
+    def _flush_pooled(self) -> None:
+        """Answers pooled calls whose envs all finished, or whose first finished
+        env waited :data:`COALESCE_SECONDS` (the rest follow in later replies)."""
+        now = time.monotonic()
+        for key, pending in list(self._pending.items()):
+            if pending.first_done is None:
+                continue
+            if pending.running and now - pending.first_done < COALESCE_SECONDS:
+                continue
+            self._send_outcomes(pending.lease_id, pending.call, pending.outcomes)
+            if pending.running:
+                pending.outcomes, pending.first_done = [], None
+            else:
+                del self._pending[key]
+
+    def _next_flush(self) -> float | None:
+        """Seconds until a pooled call's partial answer is due; None: none is."""
+        firsts = [p.first_done for p in self._pending.values() if p.first_done is not None]
+        if not firsts:
+            return None
+        return max(min(firsts) + COALESCE_SECONDS - time.monotonic(), 0.0)
+
+    # --- replies --------------------------------------------------------------
+
+    def _send_outcomes(
+        self, lease_id: int, call: leases_pb2.LeaseCall, outcomes: list[Outcome]
+    ) -> None:
+        ok = []
+        for outcome in outcomes:
+            if outcome.error is None:
+                ok.append(outcome)
+            else:
+                self._reply_error(lease_id, call, [outcome.env_id], outcome.error)
+        if not ok:
+            return
+        try:
+            reply = reply_of(lease_id, call, ok)
+        except Exception as exc:  # e.g. an info value that cannot travel
+            self._reply_error(lease_id, call, [o.env_id for o in ok], exc)
+            return
+        self._send(worker_pb2.WorkerMessage(lease_reply=reply))
+
+    def _reply_error(
+        self, lease_id: int, call: leases_pb2.LeaseCall, env_ids: list[int], exc: BaseException
+    ) -> None:
+        reply = leases_pb2.LeaseReply(lease_id=lease_id, call_id=call.call_id, op=call.op)
+        reply.env_ids.extend(env_ids)
+        reply.error.CopyFrom(self._detail(exc, env_ids[0] if len(env_ids) == 1 else None))
+        self._send(worker_pb2.WorkerMessage(lease_reply=reply))
+
+    def _detail(self, exc: BaseException, env_id: int | None) -> updates_pb2.ErrorDetail:
+        detail = _rpc.detail_from_exception(exc, worker=self._name)
+        if env_id is not None:
+            detail.env_index = env_id
+        return detail
