@@ -209,8 +209,8 @@ class ResultAssembler:
 
     @property
     def buffered_bytes(self) -> int:
-        """Bytes reserved for results being joined (the coordinator's in-flight gauge)."""
-        return sum(assembler.buffered_bytes for assembler in list(self._assemblers.values()))
+        """Bytes reserved for results being reassembled (the in-flight bytes metric)."""
+        return sum(assembler.buffered_bytes for assembler in self._assemblers.values())
 
     def join(self, meta: ResultMetadata, chunk: Chunk | None, size: int = 0) -> JoinedResult | None:
         """Takes one result message; returns the joined result once complete.

@@ -19,10 +19,10 @@ PROMISED = [
     "Trainer", "SnapshotConfig", "wrap_experiment", "ExperimentContext", "NotSetupError",
     # envs and policies
     "EnvConfig", "PolicySpec", "Policy", "RlfleetError",
-    # batch files (rlfleet sample's .npz)
-    "load_batch", "save_batch",
     # tianshou's vector envs (issue 11): the in-process alias, and what a backend needs
     "BaseVectorEnv", "DummyVectorEnv", "VectorEnv", "SubprocVectorEnv", "FailedCall",
+    # batch files (rlfleet sample's .npz)
+    "load_batch", "save_batch",
     # RLlib's RolloutWorker surface (issue 14)
     "RolloutWorker", "MultiAgentEpisodeBatch",
 ]  # fmt: skip

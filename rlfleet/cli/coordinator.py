@@ -218,13 +218,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-envs-per-lease",
         type=positive_int,
         default=256,
-        help="envs one lease (one learner's RemoteVectorEnv) may hold (default: 256)",
+        help="envs one lease (one learner's RemoteVectorEnv) may hold",
     )
     option(
         "--max-leased-envs",
         type=positive_int,
         default=4096,
-        help="envs all leases together may hold (default: 4096)",
+        help="envs all leases together may hold",
     )
     option(
         "--health-listen",
