@@ -256,33 +256,9 @@ def decode_env_spec(msg: spaces_pb2.EnvSpec) -> EnvSpec:
         raise WireFormatError(f"EnvSpec: {error}") from error
 
 
-def env_spec_to_json(spec: EnvSpec) -> str:
-    """The ``rlfleet.v1.EnvSpec`` of ``spec`` in protobuf's JSON mapping (for files)."""
-    from google.protobuf import json_format
-
-    return json_format.MessageToJson(encode_env_spec(spec))
-
-
-def env_spec_from_json(text: str) -> EnvSpec:
-    """Reads :func:`env_spec_to_json`'s text.
-
-    Raises:
-        WireFormatError: If the text is not an EnvSpec in that mapping.
-    """
-    from google.protobuf import json_format
-
-    try:
-        msg = json_format.Parse(text, spaces_pb2.EnvSpec())
-    except json_format.ParseError as error:
-        raise WireFormatError(f"EnvSpec JSON: {error}") from None
-    return decode_env_spec(msg)
-
-
 __all__ = [
     "decode_env_spec",
     "decode_space",
     "encode_env_spec",
     "encode_space",
-    "env_spec_from_json",
-    "env_spec_to_json",
 ]
