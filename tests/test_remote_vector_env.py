@@ -17,7 +17,7 @@ import pytest
 
 import rlfleet.envs.testing  # noqa: F401  (registers the test envs here too)
 from rlfleet.client import Fleet, RemoteVectorEnv
-from rlfleet.client.lease_stream import EnvFailure, LeaseStream
+from rlfleet.client.lease_stream import LeaseEnvFailure, LeaseStream
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import (
     AuthenticationError,
@@ -226,7 +226,7 @@ def test_the_coordinator_refuses_a_call_that_breaks_the_protocol(fleet: Fleet) -
         assert set(stream.receive([0, 1], 2, None)) == {0, 1}
         stream.send("step", [0, 5], [np.int64(0), np.int64(1)])  # the lease has envs 0 and 1
         answers = stream.receive([0, 5], 2, None)
-        errors = [a.error for a in answers.values() if isinstance(a, EnvFailure)]
+        errors = [a.error for a in answers.values() if isinstance(a, LeaseEnvFailure)]
         assert len(errors) == 2 and all(isinstance(e, InvalidArgumentError) for e in errors)
         assert "must be distinct and < 2" in str(errors[0])
         stream.close()

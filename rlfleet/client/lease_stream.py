@@ -45,7 +45,7 @@ OPS = {
 
 
 @dataclass(frozen=True)
-class EnvFailure:
+class LeaseEnvFailure:
     """An env's answer that is an error (it raised, its lease ended, it timed out)."""
 
     error: RlfleetError
@@ -138,7 +138,7 @@ class LeaseStream:
         """Starts ``op`` on envs ``ids`` (``args[k]`` for ``ids[k]``) without waiting.
 
         A failure to encode the call is each env's answer (an
-        :class:`EnvFailure`), never raised, so every env of ``ids`` answers
+        :class:`LeaseEnvFailure`), never raised, so every env of ``ids`` answers
         exactly once through :meth:`receive`.
         """
         call_id = next(self._call_ids)
@@ -150,7 +150,7 @@ class LeaseStream:
         except RlfleetError as exc:
             with self._lock:
                 for env_id in ids:
-                    self._answers[env_id] = EnvFailure(exc)
+                    self._answers[env_id] = LeaseEnvFailure(exc)
                 self._changed.notify_all()
             return
         with self._lock:
@@ -167,13 +167,13 @@ class LeaseStream:
 
         Each env of ``ids`` must have a call in flight (sent by :meth:`send`).
         An env past its ``call_timeout`` is answered with an
-        :class:`EnvFailure` holding an RlfleetTimeoutError, so this wait ends
+        :class:`LeaseEnvFailure` holding an RlfleetTimeoutError, so this wait ends
         even with ``timeout`` None.
 
         Returns:
             ``{env id: answer}``: ``(obs, info)`` for reset, ``(obs, reward,
             terminated, truncated, info)`` for step, the value for the other
-            ops, or an :class:`EnvFailure`.
+            ops, or an :class:`LeaseEnvFailure`.
         """
         end = None if timeout is None else time.monotonic() + timeout
         with self._lock:
@@ -269,7 +269,7 @@ class LeaseStream:
             waiting = self._waiting.get(env_id)
             if waiting is not None and now >= waiting.deadline:
                 del self._waiting[env_id]
-                self._answers[env_id] = EnvFailure(
+                self._answers[env_id] = LeaseEnvFailure(
                     RlfleetTimeoutError(
                         f"env {env_id} of lease {self.lease_id} did not answer within "
                         f"{self.call_timeout:g} seconds (call_timeout)"
@@ -278,7 +278,7 @@ class LeaseStream:
 
     def _fail_waiting(self, failure: RlfleetError) -> None:
         for env_id in list(self._waiting):
-            self._answers[env_id] = EnvFailure(failure)
+            self._answers[env_id] = LeaseEnvFailure(failure)
         self._waiting.clear()
         self._changed.notify_all()
 
@@ -337,7 +337,7 @@ def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
     count = len(reply.env_ids)
     if reply.HasField("error"):
         error = _rpc.error_from_detail(reply.error)
-        return [EnvFailure(error)] * count
+        return [LeaseEnvFailure(error)] * count
     op = reply.op
     if op in (leases_pb2.LEASE_OP_RESET, leases_pb2.LEASE_OP_STEP):
         obs = _observations(reply.observations, space, reply.worker)

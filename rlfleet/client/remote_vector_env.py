@@ -23,7 +23,7 @@ import grpc
 
 from rlfleet import _rpc
 from rlfleet.client.fleet import Fleet
-from rlfleet.client.lease_stream import EnvFailure, LeaseStream
+from rlfleet.client.lease_stream import LeaseEnvFailure, LeaseStream
 from rlfleet.client.sampler import RemoteSampler
 from rlfleet.core import EnvSpec
 from rlfleet.envs import BaseVectorEnv, EnvConfig
@@ -179,7 +179,7 @@ class RemoteVectorEnv(BaseVectorEnv):
         if rest and len(ready) < count:
             answers = self._stream.receive(rest, count - len(ready), timeout)
             ready.update(
-                (i, FailedCall(a.error) if isinstance(a, EnvFailure) else a)
+                (i, FailedCall(a.error) if isinstance(a, LeaseEnvFailure) else a)
                 for i, a in answers.items()
             )
         return ready

@@ -54,7 +54,7 @@ class LeasedEnv:
 
 
 @dataclass
-class Outcome:
+class LeaseAnswer:
     """One env's answer to a call: its fields, or the exception it raised."""
 
     env_id: int
@@ -149,7 +149,7 @@ def _json(text: str, where: str) -> Any:
         raise ConfigError(f"{where} is not JSON: {exc}") from exc
 
 
-def run_env(leased: LeasedEnv, op: int, arg: Any, prefetch: bool = False) -> Outcome:
+def run_env(leased: LeasedEnv, op: int, arg: Any, prefetch: bool = False) -> LeaseAnswer:
     """Runs one op on one env; never raises (the outcome holds the error).
 
     With ``prefetch``, a step that ends the episode is followed by a reset
@@ -161,19 +161,19 @@ def run_env(leased: LeasedEnv, op: int, arg: Any, prefetch: bool = False) -> Out
         if op == leases_pb2.LEASE_OP_RESET:
             seed, options = arg
             obs, info = env.reset(seed=seed, options=options)
-            outcome = Outcome(leased.env_id, _typed(env, obs), info=_lost_info(leased, info))
+            outcome = LeaseAnswer(leased.env_id, _typed(env, obs), info=_lost_info(leased, info))
         elif op != leases_pb2.LEASE_OP_STEP:
-            outcome = Outcome(leased.env_id, value=run_command(env, COMMANDS[op], arg))
+            outcome = LeaseAnswer(leased.env_id, value=run_command(env, COMMANDS[op], arg))
         elif leased.lost:
             # The env's episode died with its old worker: answer the step with a
             # fresh episode's first observation, cut (truncated), and say why.
             obs, info = env.reset()
-            outcome = Outcome(
+            outcome = LeaseAnswer(
                 leased.env_id, _typed(env, obs), truncated=True, info=_lost_info(leased, info)
             )
         else:
             obs, reward, terminated, truncated, info = env.step(arg)
-            outcome = Outcome(
+            outcome = LeaseAnswer(
                 leased.env_id,
                 _typed(env, obs),
                 float(reward),
@@ -188,7 +188,7 @@ def run_env(leased: LeasedEnv, op: int, arg: Any, prefetch: bool = False) -> Out
             env_index=leased.env_id,
             remote_traceback="".join(traceback.format_exception(exc)),
         )
-        return Outcome(leased.env_id, error=error)
+        return LeaseAnswer(leased.env_id, error=error)
     if op == leases_pb2.LEASE_OP_STEP:
         elapsed = time.perf_counter() - started
         leased.step_seconds = 0.8 * leased.step_seconds + 0.2 * elapsed
@@ -222,7 +222,7 @@ def _lost_info(leased: LeasedEnv, info: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def reply_of(
-    lease_id: int, call: leases_pb2.LeaseCall, outcomes: list[Outcome]
+    lease_id: int, call: leases_pb2.LeaseCall, outcomes: list[LeaseAnswer]
 ) -> leases_pb2.LeaseReply:
     reply = leases_pb2.LeaseReply(lease_id=lease_id, call_id=call.call_id, op=call.op)
     reply.env_ids.extend(o.env_id for o in outcomes)

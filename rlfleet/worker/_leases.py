@@ -31,8 +31,8 @@ from rlfleet.errors import ConfigError
 from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import encode_env_spec
 from rlfleet.worker._lease_envs import (
+    LeaseAnswer,
     LeasedEnv,
-    Outcome,
     call_args,
     check_actions,
     check_spaces,
@@ -61,7 +61,7 @@ class _PendingCall:
     lease_id: int
     call: leases_pb2.LeaseCall
     running: int
-    outcomes: list[Outcome] = field(default_factory=list)
+    outcomes: list[LeaseAnswer] = field(default_factory=list)
     first_done: float | None = None  # time.monotonic() of the first unsent outcome
 
 
@@ -70,7 +70,7 @@ class _Done:
     """Pool threads put this in the host's queue when an env finished."""
 
     pending_id: int  # its call's key in LeaseHost._pending
-    outcome: Outcome
+    outcome: LeaseAnswer
 
 
 class LeaseHost:
@@ -216,8 +216,8 @@ class LeaseHost:
             future = self._pool.submit(run_env, leased, call.op, arg, call.prefetch_reset)
             future.add_done_callback(self._on_done(pending_id))
 
-    def _on_done(self, pending_id: int) -> Callable[[Future[Outcome]], None]:
-        def done(future: Future[Outcome]) -> None:
+    def _on_done(self, pending_id: int) -> Callable[[Future[LeaseAnswer]], None]:
+        def done(future: Future[LeaseAnswer]) -> None:
             if not future.cancelled():
                 self._inbox.put(_Done(pending_id, future.result()))
 
@@ -248,7 +248,7 @@ class LeaseHost:
     # --- replies --------------------------------------------------------------
 
     def _send_outcomes(
-        self, lease_id: int, call: leases_pb2.LeaseCall, outcomes: list[Outcome]
+        self, lease_id: int, call: leases_pb2.LeaseCall, outcomes: list[LeaseAnswer]
     ) -> None:
         ok = []
         for outcome in outcomes:
