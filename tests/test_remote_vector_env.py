@@ -232,3 +232,26 @@ def test_the_coordinator_refuses_a_call_that_breaks_the_protocol(fleet: Fleet) -
         stream.close()
     finally:
         channel.close()
+
+
+def test_leases_show_in_the_coordinators_metrics(fleet: Fleet) -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def gauges() -> dict[str, float]:
+        text = generate_latest(fleet.server.coordinator.metrics.registry).decode()
+        return {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name in ("rlfleet_leases", "rlfleet_leased_envs")
+        }
+
+    before = gauges()
+    with RemoteVectorEnv(fleet.sampler, "CartPole-v1", 3) as venv:
+        venv.reset()
+        during = gauges()
+    assert during == {
+        "rlfleet_leases": before["rlfleet_leases"] + 1,
+        "rlfleet_leased_envs": before["rlfleet_leased_envs"] + 3,
+    }

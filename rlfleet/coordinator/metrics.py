@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from rlfleet.coordinator.scheduler import TaskOrder
     from rlfleet.coordinator.state import FleetState
+    from rlfleet.v1 import learner_pb2
 
 R = TypeVar("R")
 
@@ -52,6 +53,9 @@ class CoordinatorMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        #: Fill in parts of the status that other components own (the lease
+        #: counts) before the scrape-time gauges read it.
+        self.status_hooks: list[Callable[[learner_pb2.FleetStatus], None]] = []
         reg = self.registry
         self._episodes = Counter(
             "rlfleet_episodes", "Episodes delivered to learners (fleet-wide).", registry=reg
@@ -106,7 +110,7 @@ class CoordinatorMetrics:
 
     def watch(self, state: FleetState) -> None:
         """Exports the scrape-time gauges of ``state``."""
-        self.registry.register(_FleetCollector(state))
+        self.registry.register(_FleetCollector(state, self.status_hooks))
 
     # --- events (cheap; called where they happen) ---------------------------------
 
@@ -174,8 +178,11 @@ class CoordinatorMetrics:
 class _FleetCollector(Collector):
     """Gauges read from the fleet state when Prometheus scrapes."""
 
-    def __init__(self, state: FleetState) -> None:
+    def __init__(
+        self, state: FleetState, hooks: list[Callable[[learner_pb2.FleetStatus], None]]
+    ) -> None:
         self._state = state
+        self._hooks = hooks
 
     def collect(self) -> Iterator[Metric]:
         # Imported here: status imports the state module, which imports this one.
@@ -183,6 +190,8 @@ class _FleetCollector(Collector):
 
         state = self._state
         status = fleet_status(state)
+        for hook in self._hooks:
+            hook(status)
         with state.lock:
             queued = state.gate.waiting
             in_flight_bytes = sum(h.assembler.buffered_bytes for h in state.registry)
@@ -209,6 +218,12 @@ class _FleetCollector(Collector):
             "rlfleet_in_flight_bytes",
             "Bytes of results partly received from workers (chunks being reassembled).",
             value=in_flight_bytes,
+        )
+        yield GaugeMetricFamily(
+            "rlfleet_leases", "Open env leases (learners' RemoteVectorEnvs).", value=status.leases
+        )
+        yield GaugeMetricFamily(
+            "rlfleet_leased_envs", "Envs held by open leases.", value=status.leased_envs
         )
         yield GaugeMetricFamily(
             "rlfleet_agent_version", "The fleet's newest agent version.", value=status.agent_version
