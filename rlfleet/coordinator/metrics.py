@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
     from rlfleet.coordinator.scheduler import TaskOrder
     from rlfleet.coordinator.state import FleetState
-    from rlfleet.v1 import learner_pb2
 
 R = TypeVar("R")
 
@@ -55,7 +54,7 @@ class CoordinatorMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         #: Fill in parts of the status that other components own (the lease
         #: counts) before the scrape-time gauges read it.
-        self.status_hooks: list[Callable[[learner_pb2.FleetStatus], None]] = []
+        self.status_hooks: list[Callable[[Any], None]] = []
         reg = self.registry
         self._episodes = Counter(
             "rlfleet_episodes", "Episodes delivered to learners (fleet-wide).", registry=reg
@@ -179,7 +178,7 @@ class _FleetCollector(Collector):
     """Gauges read from the fleet state when Prometheus scrapes."""
 
     def __init__(
-        self, state: FleetState, hooks: list[Callable[[learner_pb2.FleetStatus], None]]
+        self, state: FleetState, hooks: list[Callable[[Any], None]]
     ) -> None:
         self._state = state
         self._hooks = hooks
