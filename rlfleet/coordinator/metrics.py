@@ -177,9 +177,7 @@ class CoordinatorMetrics:
 class _FleetCollector(Collector):
     """Gauges read from the fleet state when Prometheus scrapes."""
 
-    def __init__(
-        self, state: FleetState, hooks: list[Callable[[Any], None]]
-    ) -> None:
+    def __init__(self, state: FleetState, hooks: list[Callable[[Any], None]]) -> None:
         self._state = state
         self._hooks = hooks
 
