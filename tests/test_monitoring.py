@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from rlfleet.coordinator import CoordinatorConfig
-from rlfleet.coordinator.state import FleetState
+from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.worker.metrics import WorkerMetrics
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
 
 def exported_names() -> set[str]:
     """Every sample name the coordinator's and a worker's /metrics can show."""
-    registries = [FleetState(CoordinatorConfig()).metrics.registry, WorkerMetrics().registry]
+    registries = [Coordinator(CoordinatorConfig()).metrics.registry, WorkerMetrics().registry]
     names: set[str] = set()
     for registry in registries:
         for family in registry.collect():

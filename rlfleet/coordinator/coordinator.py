@@ -51,7 +51,7 @@ class Coordinator:
         self._liveness = Liveness(self._state, self.workers)
         self.leases = LeaseManager(self._state, config.max_envs_per_lease, config.max_leased_envs)
         self.workers.lost_listeners.append(self.leases.on_worker_lost)
-        self._state.metrics.status_hooks.append(self.leases.describe)
+        self._state.metrics.watch(self._state, self.status)
 
     @property
     def coordinator_id(self) -> str:

@@ -52,9 +52,6 @@ class CoordinatorMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        #: Fill in parts of the status that other components own (the lease
-        #: counts) before the scrape-time gauges read it.
-        self.status_hooks: list[Callable[[Any], None]] = []
         reg = self.registry
         self._episodes = Counter(
             "rlfleet_episodes", "Episodes delivered to learners (fleet-wide).", registry=reg
@@ -107,9 +104,15 @@ class CoordinatorMetrics:
             registry=reg,
         )
 
-    def watch(self, state: FleetState) -> None:
-        """Exports the scrape-time gauges of ``state``."""
-        self.registry.register(_FleetCollector(state, self.status_hooks))
+    def watch(self, state: FleetState, status: Callable[[], Any]) -> None:
+        """Exports the scrape-time gauges of ``state``.
+
+        Args:
+            state: The fleet (in-flight bytes of its workers' assemblers).
+            status: What GetStatus answers (a ``FleetStatus``, lease counts
+                included), so /metrics and GetStatus read one source.
+        """
+        self.registry.register(_FleetCollector(state, status))
 
     # --- events (cheap; called where they happen) ---------------------------------
 
@@ -177,20 +180,15 @@ class CoordinatorMetrics:
 class _FleetCollector(Collector):
     """Gauges read from the fleet state when Prometheus scrapes."""
 
-    def __init__(self, state: FleetState, hooks: list[Callable[[Any], None]]) -> None:
+    def __init__(self, state: FleetState, status: Callable[[], Any]) -> None:
         self._state = state
-        self._hooks = hooks
+        self._status = status
 
     def collect(self) -> Iterator[Metric]:
-        # Imported here: status imports the state module, which imports this one.
-        from rlfleet.coordinator.status import fleet_status
-
         state = self._state
-        status = fleet_status(state)
-        for hook in self._hooks:
-            hook(status)
+        status = self._status()
+        queued = status.requests_in_flight  # the gate's waiting count
         with state.lock:
-            queued = state.gate.waiting
             in_flight_bytes = sum(h.assembler.buffered_bytes for h in state.registry)
         by_state = dict.fromkeys(WORKER_STATES, 0)
         for worker in status.workers:

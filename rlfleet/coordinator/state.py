@@ -116,8 +116,7 @@ class FleetState:
         self.update_wait: UpdateWait | None = None
         self.draining = False
         self.departed_steps = 0
-        self.metrics = CoordinatorMetrics()
-        self.metrics.watch(self)
+        self.metrics = CoordinatorMetrics()  # its gauges: Coordinator watches
 
     # --- waiting (lock held) -----------------------------------------------------
 
