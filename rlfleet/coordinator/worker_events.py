@@ -259,9 +259,10 @@ class WorkerEvents:
             seeds = state.scheduler.unit_seeds(header.task_id)
             latest = state.agent.version
             env_spec = state.env.spec
+            native = bool(state.env.update.vectorization)
         if env_spec is None:  # cannot happen: results follow an EnvReady
             raise ResultError(f"{header.where} arrived before any EnvReady")
-        expect = _expectation(handle, spec, seeds, env_spec, latest)
+        expect = _expectation(handle, spec, seeds, env_spec, latest, native=native)
         check_result(decode_result(joined, env_spec), expect)
         with state.lock:
             if not handle.alive:
@@ -335,6 +336,8 @@ def _expectation(
     seeds: dict[int, tuple[int, int]],
     env_spec: EnvSpec,
     latest_agent_version: int,
+    *,
+    native: bool,
 ) -> ResultExpectation:
     """What a result of ``handle`` for a request of ``spec`` must be."""
     units = window = None
@@ -355,4 +358,5 @@ def _expectation(
         latest_agent_version=latest_agent_version,
         units=units,
         window=window,
+        native=native,
     )

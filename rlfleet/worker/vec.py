@@ -19,10 +19,12 @@ import numpy as np
 from rlfleet._values import check_int
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.envs.config import EnvConfig, make_native
 from rlfleet.errors import ConfigError, PolicyError, UsageError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.random import RandomPolicy
 from rlfleet.policies.spec import PolicySpec, make_policy
+from rlfleet.seeding import NO_ENV_SEED
 from rlfleet.worker._engine import Live, SlotEngine, close_quietly
 from rlfleet.worker._episode_buffer import (
     EPISODE_INFO_KEYS,
@@ -31,6 +33,7 @@ from rlfleet.worker._episode_buffer import (
     build_batch,
     record_key,
 )
+from rlfleet.worker._native_slots import NativeSlots
 from rlfleet.worker._restarts import EnvRestartBudget, RestartLedger
 from rlfleet.worker._streams import FragmentStreams
 from rlfleet.worker._updates import (
@@ -316,6 +319,9 @@ class VecWorker:
         if env_update is None:
             return
         source = EnvSource(env_update)
+        if isinstance(env_update, EnvConfig) and env_update.vectorization is not None:
+            self._install_native(source, env_update)
+            return
         envs: list[gym.Env] = []
         try:
             for index in range(self.n_envs):
@@ -331,6 +337,24 @@ class VecWorker:
         self._abort_in_flight()
         self._streams.abandon()
         self._engine.install_envs(source, envs, spec)
+        self._install_policy_for(spec)
+
+    def _install_native(self, source: EnvSource, config: EnvConfig) -> None:
+        """Makes one native vector env step every slot (docs/reliability.md)."""
+        native = make_native(config, self.n_envs, max_episode_length=self._max_episode_length)
+        try:
+            spec = native.env_spec()
+            check_observation_space(spec.observation_space, f"env {native.name}")
+        except BaseException:
+            native.close()
+            raise
+        self._abort_in_flight()
+        self._streams.abandon()
+        self._engine.install_native(source, NativeSlots(native), spec)
+        self._install_policy_for(spec)
+
+    def _install_policy_for(self, spec: EnvSpec) -> None:
+        """Builds the pending policy for a new env, or re-checks the current one."""
         if self._pending_policy is not None:
             self._engine.install_policy(make_policy(self._pending_policy, spec, seed=self._seed))
             self._pending_policy = None
@@ -558,6 +582,12 @@ class VecWorker:
             )
         if self._engine.spec is None:
             raise self._no_env()
+        if self._engine.native is not None:
+            raise ConfigError(
+                f"worker {self.name!r} runs the native vector env {self._engine.source_name}, "
+                "which resets finished envs itself and cannot keep fragment streams; sample "
+                "episodes from it, or use an EnvConfig without vectorization for fragments"
+            )
         pieces = self._streams.collect(fragment_length, base_seed, first_stream, tick)
         return build_batch(self.env_spec, pieces, FRAGMENT_INFO_KEYS)
 
@@ -592,6 +622,8 @@ class VecWorker:
         if engine.spec is None:
             raise self._no_env()
         started = []
+        # A native env's episodes have no env seed of their own: say so, never a wrong one.
+        native = engine.native is not None
         for slot in engine.idle_slots:
             if not self._queue:
                 break
@@ -602,7 +634,7 @@ class VecWorker:
                 # EPISODE_INFO_KEYS order.
                 meta=(
                     self._agent_version,
-                    unit.env_seed,
+                    NO_ENV_SEED if native else unit.env_seed,
                     unit.policy_seed,
                     unit.episode_index,
                     self.worker_number,

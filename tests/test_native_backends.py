@@ -1,0 +1,182 @@
+"""Native vector-env backends (class B, docs/reliability.md): CartPole's
+gymnasium vector entry point and envpool's CartPole, in a VecWorker and
+through real worker processes of ``Fleet.local``.
+
+Well-formedness is checked against CartPole's physics, not against the
+backend's own flags: every episode must start at a reset (all four state
+values within gymnasium's reset bounds), a TERMINAL episode must end past a
+threshold, a TIMEOUT one exactly at the limit and inside the thresholds.
+An episode that began mid-way in its env (the bug a native backend invites)
+fails the first check.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from rlfleet.client import Fleet
+from rlfleet.core import EpisodeBatch, StepType
+from rlfleet.envs.config import EnvConfig
+from rlfleet.errors import ConfigError, EnvNotFoundError, RlfleetError
+from rlfleet.policies import MLPCategoricalPolicy
+from rlfleet.seeding import NO_ENV_SEED
+from rlfleet.v1 import updates_pb2
+from rlfleet.worker import EpisodeUnit, VecWorker
+from rlfleet.worker._lease_envs import lease_config
+
+BACKENDS = ["vector_entry_point", "envpool"]
+RESET_BOUND = 0.05  # gymnasium's and envpool's CartPole reset draw U(-0.05, 0.05)
+X_LIMIT, THETA_LIMIT = 2.4, 12 * 2 * math.pi / 360
+LIMIT = 30
+
+
+def native(backend: str, limit: int = LIMIT) -> EnvConfig:
+    return EnvConfig("CartPole-v1", max_episode_length=limit, vectorization=backend)
+
+
+def units(count: int, start: int = 0, request: int = 0) -> list[EpisodeUnit]:
+    return [EpisodeUnit(i, 1000 + i, 2000 + i, request) for i in range(start, start + count)]
+
+
+def mlp(seed: int = 0) -> MLPCategoricalPolicy:
+    return MLPCategoricalPolicy(
+        EnvConfig("CartPole-v1").env_spec(), hidden_sizes=(16, 16), seed=seed
+    )
+
+
+def check_cartpole_episodes(batch: EpisodeBatch, limit: int) -> None:
+    """Every episode is a whole CartPole episode from reset to its end."""
+    lengths = batch.lengths
+    assert lengths.min() >= 1 and lengths.max() <= limit
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    assert len(batch.observations) == ends[-1] == len(batch.step_types)
+    for start, end, last_obs in zip(starts, ends, batch.last_observations, strict=True):
+        types = batch.step_types[start:end]
+        first_obs = batch.observations[start]
+        assert np.all(np.abs(first_obs) <= RESET_BOUND), f"episode starts mid-way: {first_obs}"
+        assert types[-1] in (StepType.TERMINAL, StepType.TIMEOUT)
+        if end - start > 1:
+            assert types[0] == StepType.FIRST
+            assert np.all(types[1:-1] == StepType.MID)
+        # One continuous trajectory (no reset inside): Euler's x' = x + tau * x_dot.
+        path = np.vstack([batch.observations[start:end], last_obs[None]]).astype(np.float64)
+        np.testing.assert_allclose(path[1:, 0], path[:-1, 0] + 0.02 * path[:-1, 1], atol=1e-5)
+        out = abs(last_obs[0]) > X_LIMIT or abs(last_obs[2]) > THETA_LIMIT
+        if types[-1] == StepType.TERMINAL:
+            assert out, f"TERMINAL inside the thresholds: {last_obs}"
+        else:
+            # At the limit a fall may come as TIMEOUT: envpool reports it as
+            # truncated, not terminated (docs/reliability.md).
+            assert end - start == limit
+        assert np.all(batch.rewards[start:end] == 1.0)  # never the autoreset step's 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vec_worker_runs_whole_episodes_labelled_without_env_seed(backend: str) -> None:
+    worker = VecWorker(n_envs=8, env=native(backend), policy=mlp())
+    try:
+        batch = worker.run(units(40))
+    finally:
+        worker.shutdown()
+    check_cartpole_episodes(batch, LIMIT)
+    assert batch.episode_infos["episode_index"].tolist() == list(range(40))
+    assert np.all(batch.episode_infos["env_seed"] == NO_ENV_SEED)
+    assert batch.episode_infos["policy_seed"].tolist() == [2000 + i for i in range(40)]
+    assert (batch.step_types[np.cumsum(batch.lengths) - 1] == StepType.TIMEOUT).any()
+    assert batch.env_spec.max_episode_length == LIMIT
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_idle_slots_and_updates_never_start_an_episode_mid_way(backend: str) -> None:
+    """Slots idle while others run, and an agent update aborts every episode:
+    the envs went on unseen, yet every recorded episode starts at a reset."""
+    worker = VecWorker(n_envs=8, env=native(backend), policy=mlp())
+    try:
+        worker.submit(units(3))
+        for _ in range(12):
+            worker.step()
+        worker.submit(units(9, start=3))
+        for _ in range(7):
+            worker.step()
+        worker.update_agent(mlp(seed=1))  # aborts and re-queues what runs
+        worker.submit(units(6, start=12))
+        while not worker.idle:
+            worker.step()
+        batch = worker.take_finished()
+    finally:
+        worker.shutdown()
+    assert batch is not None
+    check_cartpole_episodes(batch, LIMIT)
+    assert batch.episode_infos["episode_index"].tolist() == list(range(18))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_same_layout_and_units_give_the_same_batch(backend: str) -> None:
+    """Class B's promise: same n_envs, same policy, same units => same batch."""
+
+    def sample() -> EpisodeBatch:
+        worker = VecWorker(n_envs=8, env=native(backend), policy=mlp())
+        try:
+            return worker.run(units(30))
+        finally:
+            worker.shutdown()
+
+    first, second = sample(), sample()
+    assert np.array_equal(first.lengths, second.lengths)
+    assert np.array_equal(first.observations, second.observations)
+    assert np.array_equal(first.actions, second.actions)
+    assert np.array_equal(first.step_types, second.step_types)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fleet_of_native_workers_delivers_checked_episodes(backend: str) -> None:
+    """Two worker processes of 64 native envs each; the coordinator's result
+    checks (rlfleet.episode_results) accept env_seed -1 only because the
+    fleet's env is native."""
+    with Fleet.local(workers=2, envs_per_worker=64, env=native(backend)) as sampler:
+        batch = sampler.obtain_samples(0, 4000, "mlp-categorical")
+        check_cartpole_episodes(batch, LIMIT)
+        assert batch.lengths.sum() >= 4000
+        assert np.all(batch.episode_infos["env_seed"] == NO_ENV_SEED)
+        indices = batch.episode_infos["episode_index"]
+        assert indices.tolist() == list(range(len(indices)))
+        exact = sampler.obtain_episodes(50)
+        check_cartpole_episodes(exact, LIMIT)
+        assert len(exact.lengths) == 50
+        with pytest.raises(RlfleetError, match="cannot keep fragment streams"):
+            sampler.obtain_fragments(200, 10)
+
+
+def test_bad_native_configs_are_refused_clearly() -> None:
+    with pytest.raises(ConfigError, match="vectorization of 'CartPole-v1' is 'sync'"):
+        EnvConfig("CartPole-v1", vectorization="sync")
+    with pytest.raises(ConfigError, match="no native vector entry point"):
+        VecWorker(n_envs=2, env=EnvConfig("Pendulum-v1", vectorization="vector_entry_point"))
+    with pytest.raises(EnvNotFoundError, match="NoSuchEnv-v0"):
+        VecWorker(n_envs=2, env=EnvConfig("NoSuchEnv-v0", vectorization="vector_entry_point"))
+    with pytest.raises(ConfigError, match="envpool has no task 'NoSuchEnv-v0'"):
+        VecWorker(n_envs=2, env=EnvConfig("NoSuchEnv-v0", vectorization="envpool"))
+    with pytest.raises(ConfigError, match="not kwargs\\['max_episode_steps'\\]"):
+        EnvConfig("CartPole-v1", {"max_episode_steps": 9}, vectorization="envpool")
+    with pytest.raises(ConfigError, match="native vector env, not one env"):
+        native("envpool")()
+    worker = VecWorker(n_envs=2, env=native("vector_entry_point"))
+    try:
+        with pytest.raises(ConfigError, match="cannot keep fragment streams"):
+            worker.collect_fragments(5, base_seed=0, first_stream=0)
+    finally:
+        worker.shutdown()
+    leased = updates_pb2.EnvUpdate(env_id="CartPole-v1", vectorization="envpool")
+    with pytest.raises(ConfigError, match="lease it without vectorization"):
+        lease_config(leased, ())
+
+
+def test_vectorization_survives_json_and_default_json_is_unchanged() -> None:
+    config = native("envpool")
+    assert EnvConfig.from_json(config.to_json()) == config
+    assert "vectorization" not in json.loads(EnvConfig("CartPole-v1").to_json())
