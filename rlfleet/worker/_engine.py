@@ -195,12 +195,9 @@ class SlotEngine:
 
         A native backend's slot also needs its env at an episode start.
         """
-        native = self.native
-        return [
-            slot
-            for slot, live in enumerate(self.live)
-            if live is None and (native is None or native.can_begin(slot))
-        ]
+        if self.native is not None:
+            return self.native.ready()  # a slot is FRESH only while idle
+        return [slot for slot, live in enumerate(self.live) if live is None]
 
     # ----------------------------------------------------------- installing
 

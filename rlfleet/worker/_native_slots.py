@@ -56,9 +56,11 @@ class NativeSlots:
         """The env's name, for messages."""
         return self.native.name
 
-    def can_begin(self, slot: int) -> bool:
-        """Whether an episode may begin on ``slot`` now."""
-        return self._running == 0 or self.state[slot] == FRESH
+    def ready(self) -> list[int]:
+        """The slots an episode may begin on now, ascending (vectorised: called every step)."""
+        if self._running == 0:
+            return list(range(self.n))
+        return np.flatnonzero(self.state == FRESH).tolist()
 
     def begin(self, slot: int, seed: int) -> np.ndarray:
         """Begins an episode on a slot that :meth:`can_begin`; returns its first observation.
