@@ -13,8 +13,8 @@ from rlfleet.bench.native import NativeBenchReport
 from rlfleet.cli import main
 
 _SAMPLERS = (
-    "native loop: 1 process x 16 envs",
-    "native loop: 2 processes x 16 envs at once",
+    "one native loop: 16 envs in 1 process",
+    "native loops: 2 processes x 16 envs at once",
     "VecWorker: 16 native envs in this process",
     "fleet: 2 workers x 16 native envs",
 )
@@ -39,7 +39,8 @@ def test_native_bench_prints_every_sampler_its_cpu_and_the_moonshot(
     assert set(rates) == set(_SAMPLERS) and all(rate > 0 for rate in rates.values())
     cpu = dict(re.findall(r"^(.+?)\s+([\d.]+)$", out[out.index("CPU us per env step") :], re.M))
     for role in (
-        "native loop: each plain process",
+        "one native loop: each plain process",
+        "native loops: each plain process",
         "VecWorker: this process",
         "fleet: workers (each, per step it takes)",
         "fleet: coordinator (learner's other threads)",

@@ -118,8 +118,8 @@ def run_native_benchmark(
     )
     w, k = config.workers, config.envs_per_worker
     names = {
-        "one_loop": f"native loop: 1 process x {k} envs",
-        "loops": f"native loop: {w} processes x {k} envs at once",
+        "one_loop": f"one native loop: {k} envs in 1 process",
+        "loops": f"native loops: {w} processes x {k} envs at once",
         "vec_worker": f"VecWorker: {k} native envs in this process",
         "fleet": f"fleet: {w} workers x {k} native envs",
     }
