@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +30,7 @@ from rlfleet.seeding import NO_ENV_SEED
 from rlfleet.v1 import updates_pb2
 from rlfleet.worker import EpisodeUnit, VecWorker
 from rlfleet.worker._lease_envs import lease_config
+from tests.fleet_processes import ProcessFleet
 
 BACKENDS = ["vector_entry_point", "envpool"]
 RESET_BOUND = 0.05  # gymnasium's and envpool's CartPole reset draw U(-0.05, 0.05)
@@ -150,6 +154,27 @@ def test_fleet_of_native_workers_delivers_checked_episodes(backend: str) -> None
         assert len(exact.lengths) == 50
         with pytest.raises(RlfleetError, match="cannot keep fragment streams"):
             sampler.obtain_fragments(200, 10)
+
+
+def test_coordinator_flag_makes_its_workers_native(tmp_path: Path) -> None:
+    """``rlfleet coordinator --env-vectorization envpool``: real coordinator and worker
+    processes; a bad value stops the coordinator with the ConfigError's message."""
+    with ProcessFleet(tmp_path) as fleet:
+        fleet.start_coordinator(
+            "--env-vectorization", "envpool", "--max-episode-length", str(LIMIT)
+        )
+        fleet.start_worker(envs=16)
+        fleet.wait_for_workers(1)
+        batch = fleet.sampler().obtain_samples(0, 500)
+    check_cartpole_episodes(batch, LIMIT)
+    assert np.all(batch.episode_infos["env_seed"] == NO_ENV_SEED)
+    bad = subprocess.run(
+        [sys.executable, "-m", "rlfleet", "coordinator", "--listen", "127.0.0.1:0",
+         "--env-vectorization", "sync"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert bad.returncode != 0
+    assert "vectorization of 'CartPole-v1' is 'sync'" in bad.stderr
 
 
 def test_bad_native_configs_are_refused_clearly() -> None:
