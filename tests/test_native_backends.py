@@ -154,6 +154,9 @@ def test_fleet_of_native_workers_delivers_checked_episodes(backend: str) -> None
         assert len(exact.lengths) == 50
         with pytest.raises(RlfleetError, match="cannot keep fragment streams"):
             sampler.obtain_fragments(200, 10)
+        pendulum = EnvConfig("Pendulum-v1", vectorization="vector_entry_point")
+        with pytest.raises(RlfleetError, match="no native vector entry point"):
+            sampler.obtain_samples(1, 100, env_update=pendulum)
 
 
 def test_coordinator_flag_makes_its_workers_native(tmp_path: Path) -> None:
