@@ -17,14 +17,17 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 
 from rlfleet.client import Fleet
 from rlfleet.core import EpisodeBatch, StepType
 from rlfleet.envs.config import EnvConfig
-from rlfleet.errors import ConfigError, EnvNotFoundError, RlfleetError
+from rlfleet.errors import ConfigError, EnvError, EnvNotFoundError, RlfleetError
 from rlfleet.policies import MLPCategoricalPolicy
 from rlfleet.seeding import NO_ENV_SEED
 from rlfleet.v1 import updates_pb2
@@ -178,6 +181,51 @@ def test_coordinator_flag_makes_its_workers_native(tmp_path: Path) -> None:
     )  # fmt: skip
     assert bad.returncode != 0
     assert "vectorization of 'CartPole-v1' is 'sync'" in bad.stderr
+
+
+class _BreakingCartPoles(CartPoleVectorEnv):
+    """CartPole's native vector env that raises at its 5th step after each reset."""
+
+    def reset(self, **kwargs: Any) -> Any:
+        self.calls = 0
+        return super().reset(**kwargs)
+
+    def step(self, action: Any) -> Any:
+        self.calls += 1
+        if self.calls == 5:
+            raise RuntimeError("the native env broke")
+        return super().step(action)
+
+
+gym.register(
+    "rlfleet-test/BreakingCartPoles-v0",
+    entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+    vector_entry_point="tests.test_native_backends:_BreakingCartPoles",
+    max_episode_steps=LIMIT,
+)
+
+
+def test_a_native_env_that_raises_fails_its_episodes_and_the_worker_goes_on() -> None:
+    config = EnvConfig("rlfleet-test/BreakingCartPoles-v0", vectorization="vector_entry_point")
+    worker = VecWorker(n_envs=4, env=config, policy=mlp())
+    try:
+        worker.submit(units(4))
+        with pytest.raises(
+            EnvError,
+            match=r"native vector env .* raised RuntimeError: the native "
+            r"env broke in step; the 4 episodes in flight were dropped",
+        ) as info:
+            while not worker.idle:
+                worker.step()
+        assert info.value.step == 5 and info.value.episode_index == 0
+        assert worker.idle and worker.take_finished() is None  # nothing partial kept
+        # The env is reset as a whole before the next episodes: they are whole.
+        worker.submit(units(4, start=4))
+        for _ in range(4):
+            worker.step()
+        assert worker.active_count == 4
+    finally:
+        worker.shutdown()
 
 
 def test_bad_native_configs_are_refused_clearly() -> None:
