@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 
+from rlfleet import LocalSampler
 from rlfleet.client import Fleet
 from rlfleet.core import EpisodeBatch, StepType
 from rlfleet.envs.config import EnvConfig
@@ -138,6 +139,23 @@ def test_same_layout_and_units_give_the_same_batch(backend: str) -> None:
     assert np.array_equal(first.observations, second.observations)
     assert np.array_equal(first.actions, second.actions)
     assert np.array_equal(first.step_types, second.step_types)
+
+
+def test_local_sampler_runs_native_workers_and_repeats_itself() -> None:
+    """LocalSampler steps its workers one after the other: the same call sequence."""
+
+    def sample() -> EpisodeBatch:
+        sampler = LocalSampler(native("vector_entry_point"), n_workers=2, envs_per_worker=8)
+        try:
+            return sampler.obtain_samples(0, 1000, "mlp-categorical")
+        finally:
+            sampler.close()
+
+    first, second = sample(), sample()
+    check_cartpole_episodes(first, LIMIT)
+    assert np.all(first.episode_infos["env_seed"] == NO_ENV_SEED)
+    assert np.array_equal(first.observations, second.observations)
+    assert np.array_equal(first.actions, second.actions)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
