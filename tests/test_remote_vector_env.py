@@ -238,20 +238,26 @@ def test_leases_show_in_the_coordinators_metrics(fleet: Fleet) -> None:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    def gauges() -> dict[str, float]:
+    watched = ("rlfleet_leases", "rlfleet_leased_envs", "rlfleet_lease_call_duration_seconds_count")
+
+    def scrape() -> dict[tuple[str, str], float]:
         text = generate_latest(fleet.server.coordinator.metrics.registry).decode()
         return {
-            sample.name: sample.value
+            (sample.name, sample.labels.get("op", "")): sample.value
             for family in text_string_to_metric_families(text)
             for sample in family.samples
-            if sample.name in ("rlfleet_leases", "rlfleet_leased_envs")
+            if sample.name in watched
         }
 
-    before = gauges()
+    before = scrape()
     with RemoteVectorEnv(fleet.sampler, "CartPole-v1", 3) as venv:
-        venv.reset()
-        during = gauges()
-    assert during == {
-        "rlfleet_leases": before["rlfleet_leases"] + 1,
-        "rlfleet_leased_envs": before["rlfleet_leased_envs"] + 3,
-    }
+        venv.reset(seed=0)
+        for _ in range(5):
+            venv.step(np.zeros(3, np.int64))  # 3 envs on 2 workers: one call, one answer
+        during = scrape()
+    count = "rlfleet_lease_call_duration_seconds_count"
+    assert during[("rlfleet_leases", "")] == before[("rlfleet_leases", "")] + 1
+    assert during[("rlfleet_leased_envs", "")] == before[("rlfleet_leased_envs", "")] + 3
+    # One observation per learner call once all its envs answered, labelled by op.
+    assert during[(count, "step")] == before.get((count, "step"), 0) + 5
+    assert during[(count, "reset")] == before.get((count, "reset"), 0) + 1

@@ -58,6 +58,15 @@ class _InFlight:
     prefetch_reset: bool = False
 
 
+@dataclass
+class _CallClock:
+    """When a learner's call arrived, and how many of its envs have not answered yet."""
+
+    op: str
+    started: float
+    unanswered: int
+
+
 @dataclass(eq=False)
 class Lease:
     """One learner's leased envs.
@@ -69,6 +78,7 @@ class Lease:
         outbox: Events for the learner's stream.
         creating: Env ids whose CREATE reply is awaited, by worker id.
         in_flight: The call each busy env has in flight.
+        clocks: Calls not fully answered yet, by call id (the latency metric).
         spec: The envs' EnvSpec, from the first CREATE reply.
         failure: Why the lease ended, if it did.
         closed: Released: replies are ignored.
@@ -80,6 +90,7 @@ class Lease:
     outbox: queue.SimpleQueue[LeaseEvent] = field(default_factory=queue.SimpleQueue)
     creating: dict[int, set[int]] = field(default_factory=dict)
     in_flight: dict[int, _InFlight] = field(default_factory=dict)
+    clocks: dict[int, _CallClock] = field(default_factory=dict)
     spec: spaces_pb2.EnvSpec | None = None
     failure: CallError | None = None
     closed: bool = False
@@ -294,6 +305,9 @@ class LeaseManager:
                 # The learner gave up on those calls (its deadline passed): their
                 # late answers no longer match and are dropped.
                 logger.info("%s supersedes the unanswered calls of envs %s", where, superseded)
+                for env_id in superseded:
+                    _answered(lease, lease.in_flight[env_id].call_id, 1)
+            lease.clocks[call.call_id] = _CallClock(_op_name(call.op), time.monotonic(), len(ids))
             for row, env_id in enumerate(ids):
                 lease.in_flight[env_id] = _InFlight(
                     call.call_id,
@@ -371,6 +385,9 @@ class LeaseManager:
                 return  # only answers of superseded calls
             for env_id in current:
                 del lease.in_flight[env_id]
+            clock = _answered(lease, reply.call_id, len(current))
+            if clock is not None:
+                state.metrics.lease_call(clock.op, time.monotonic() - clock.started)
             # Rows of superseded calls ride along: the learner tells them
             # apart by call id, as it does for calls it gave up on.
             reply.worker = handle.name
@@ -482,6 +499,24 @@ class LeaseManager:
             status.leased_envs = sum(lease.num_envs for lease in self._leases.values())
             for worker in status.workers:
                 worker.leased_envs = self._leased_on(worker.worker_id)
+
+
+def _op_name(op: int) -> str:
+    """``step`` for LEASE_OP_STEP: the label of the lease-call latency metric."""
+    return leases_pb2.LeaseOp.Name(op).removeprefix("LEASE_OP_").lower()
+
+
+def _answered(lease: Lease, call_id: int, count: int) -> _CallClock | None:
+    """Counts ``count`` envs of a call as answered (or superseded); returns its
+    clock once none is left (only a call its envs answered is timed)."""
+    clock = lease.clocks.get(call_id)
+    if clock is None:
+        return None
+    clock.unanswered -= count
+    if clock.unanswered > 0:
+        return None
+    del lease.clocks[call_id]
+    return clock
 
 
 def _resend(env_id: int, flight: _InFlight) -> leases_pb2.LeaseCall:
