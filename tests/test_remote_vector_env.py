@@ -7,7 +7,9 @@ tests/test_leases_faults.py.
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +35,9 @@ from rlfleet.errors import (
 TESTING = "rlfleet.envs.testing"
 #: Per-lease cap of the fixture's coordinator (its fleet has 2 x 4 slots).
 MAX_PER_LEASE = 6
+#: Per-learner caps of the fixture's coordinator.
+MAX_LEASES_PER_LEARNER = 2
+MAX_ENVS_PER_LEARNER = 7
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +46,11 @@ def fleet() -> Iterator[Fleet]:
         workers=2,
         envs_per_worker=4,
         imports=(TESTING,),
-        coordinator_options={"max_envs_per_lease": MAX_PER_LEASE},
+        coordinator_options={
+            "max_envs_per_lease": MAX_PER_LEASE,
+            "max_leases_per_learner": MAX_LEASES_PER_LEARNER,
+            "max_envs_per_learner": MAX_ENVS_PER_LEARNER,
+        },
     )
     try:
         yield fleet
@@ -173,13 +182,34 @@ def test_caps_and_capacity_give_clear_errors(fleet: Fleet) -> None:
     with pytest.raises(ResourceExhaustedError, match=f"at most {MAX_PER_LEASE} envs"):
         RemoteVectorEnv(fleet, "CartPole-v1", MAX_PER_LEASE + 1)
     with RemoteVectorEnv(fleet, "CartPole-v1", MAX_PER_LEASE) as venv:
-        # 8 slots, 6 leased: 3 more do not fit, and the error says why.
+        # 8 slots, 6 leased: 3 more (another learner's) do not fit, and the error says why.
         with pytest.raises(NoWorkersError, match="2 free slots"):
-            RemoteVectorEnv(fleet, "CartPole-v1", 3, open_timeout=1.0)
+            RemoteVectorEnv(fleet, "CartPole-v1", 3, open_timeout=1.0, learner="other")
         venv.reset()
     # Released on close: the slots are free again.
     with RemoteVectorEnv(fleet, "CartPole-v1", MAX_PER_LEASE, open_timeout=10.0) as venv:
         venv.reset()
+
+
+def test_one_learner_cannot_take_the_fleet_with_many_leases(fleet: Fleet) -> None:
+    with RemoteVectorEnv(fleet, "CartPole-v1", 1), RemoteVectorEnv(fleet, "CartPole-v1", 1):
+        with pytest.raises(
+            ResourceExhaustedError, match=f"at most {MAX_LEASES_PER_LEARNER} leases"
+        ) as refused:
+            RemoteVectorEnv(fleet, "CartPole-v1", 1)
+        assert f"{socket.gethostname()}:{os.getpid()}" in str(refused.value)  # who
+        # Another learner is not held back by this one's leases.
+        with RemoteVectorEnv(fleet, "CartPole-v1", 1, learner="other") as other:
+            other.reset(seed=0)
+    with RemoteVectorEnv(fleet, "CartPole-v1", 5, learner="big"):
+        # 8 slots and 5 leased: 3 more would fit the fleet, not the learner's cap.
+        with pytest.raises(ResourceExhaustedError, match=f"at most {MAX_ENVS_PER_LEARNER} envs"):
+            RemoteVectorEnv(fleet, "CartPole-v1", 3, learner="big")
+        with RemoteVectorEnv(fleet, "CartPole-v1", 2, learner="big") as more:
+            more.reset(seed=0)
+    # Released leases no longer count.
+    with RemoteVectorEnv(fleet, "CartPole-v1", MAX_ENVS_PER_LEARNER - 1, learner="big") as venv:
+        venv.reset(seed=0)
 
 
 def test_bad_env_is_refused_with_the_workers_error(fleet: Fleet) -> None:

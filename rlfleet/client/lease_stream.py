@@ -69,6 +69,8 @@ class LeaseStream:
         prefetch_resets: Ask workers to reset an env as soon as its episode
             ends and send that reset with the step (LeaseCall.prefetch_reset):
             the learner's next seedless reset of it then costs no round trip.
+        learner: This learner's name for the coordinator's per-learner caps
+            (LeaseOpen.learner).
 
     Raises:
         NoWorkersError, UnavailableError, ResourceExhaustedError, ConfigError,
@@ -85,6 +87,7 @@ class LeaseStream:
         open_timeout: float,
         call_timeout: float,
         prefetch_resets: bool = True,
+        learner: str = "",
     ) -> None:
         self.num_envs = num_envs
         self.prefetch_resets = prefetch_resets
@@ -107,7 +110,7 @@ class LeaseStream:
         self._requests.put(
             leases_pb2.LeaseRequest(
                 open=leases_pb2.LeaseOpen(
-                    env=update, num_envs=num_envs, timeout_seconds=open_timeout
+                    env=update, num_envs=num_envs, timeout_seconds=open_timeout, learner=learner
                 )
             )
         )

@@ -73,6 +73,7 @@ class Lease:
 
     Attributes:
         lease_id: Unique for the coordinator's lifetime.
+        learner: Who holds it (:func:`learner_identity`).
         env: The env update the envs are built from.
         hosts: Worker id hosting env i (0: none yet).
         outbox: Events for the learner's stream.
@@ -87,6 +88,7 @@ class Lease:
     lease_id: int
     env: updates_pb2.EnvUpdate
     hosts: list[int]
+    learner: str = ""
     outbox: queue.SimpleQueue[LeaseEvent] = field(default_factory=queue.SimpleQueue)
     creating: dict[int, set[int]] = field(default_factory=dict)
     in_flight: dict[int, _InFlight] = field(default_factory=dict)
@@ -101,29 +103,45 @@ class Lease:
         return len(self.hosts)
 
 
+def learner_identity(declared: str, peer: str) -> str:
+    """Who holds a lease: the learner's own name (LeaseOpen.learner) on the host
+    it calls from (the gRPC peer without its port), so that learners on
+    different hosts never share caps; the host alone if it gave no name."""
+    host = peer.rpartition(":")[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    return f"{declared}@{host}" if declared else host
+
+
 class LeaseManager:
     """The fleet's leases.
 
+    The caps come from the fleet state's config: ``max_envs_per_lease``,
+    ``max_leased_envs`` (all leases), ``max_leases_per_learner`` and
+    ``max_envs_per_learner``.
+
     Args:
         state: The fleet state (its lock guards the leases too).
-        max_envs_per_lease: Envs one lease (one learner's vector env) may hold.
-        max_leased_envs: Envs all leases together may hold.
     """
 
-    def __init__(self, state: FleetState, max_envs_per_lease: int, max_leased_envs: int) -> None:
+    def __init__(self, state: FleetState) -> None:
         self._state = state
-        self._max_per_lease = max_envs_per_lease
-        self._max_total = max_leased_envs
+        config = state.config
+        self._max_per_lease = config.max_envs_per_lease
+        self._max_total = config.max_leased_envs
+        self._max_leases_per_learner = config.max_leases_per_learner
+        self._max_envs_per_learner = config.max_envs_per_learner
         self._leases: dict[int, Lease] = {}
         self._ids = itertools.count(1)
 
     # --- opening ----------------------------------------------------------------
 
-    def open(self, request: leases_pb2.LeaseOpen, cancelled: Callable[[], bool]) -> Lease:
+    def open(
+        self, request: leases_pb2.LeaseOpen, learner: str, cancelled: Callable[[], bool]
+    ) -> Lease:
         """Places and builds the envs of a new lease; returns once all are built.
 
         Args:
             request: The learner's LeaseOpen.
+            learner: Who asks (:func:`learner_identity`).
             cancelled: A callable that says whether the learner hung up.
 
         Raises:
@@ -156,7 +174,8 @@ class LeaseManager:
                     f"leased and {count} more were asked. Close other leases or start the "
                     "coordinator with a larger --max-leased-envs",
                 )
-            lease = Lease(next(self._ids), env, [0] * count)
+            self._check_learner_caps(learner, count)
+            lease = Lease(next(self._ids), env, [0] * count, learner)
             self._leases[lease.lease_id] = lease
             try:
                 placement = self._wait_for_slots(count, deadline, cancelled, timeout)
@@ -177,6 +196,26 @@ class LeaseManager:
                 self._release(lease)
                 raise
         return lease
+
+    def _check_learner_caps(self, learner: str, count: int) -> None:
+        """Refuses a lease beyond the learner's caps (lock held)."""
+        held = [lease for lease in self._leases.values() if lease.learner == learner]
+        envs = sum(lease.num_envs for lease in held)
+        where = f"learner {learner!r} holds {len(held)} leases with {envs} envs"
+        if len(held) + 1 > self._max_leases_per_learner:
+            raise CallError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{where}; a learner may hold at most {self._max_leases_per_learner} leases. "
+                "Close some (RemoteVectorEnv.close) or start the coordinator with a larger "
+                "--max-leases-per-learner",
+            )
+        if envs + count > self._max_envs_per_learner:
+            raise CallError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{where} and asked for {count} more; a learner's leases may hold at most "
+                f"{self._max_envs_per_learner} envs. Close some leases or start the "
+                "coordinator with a larger --max-envs-per-learner",
+            )
 
     def _wait_for_slots(
         self, count: int, deadline: float, cancelled: Callable[[], bool], timeout: float
