@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -176,6 +177,31 @@ def test_leases_and_sampling_share_the_fleet(fleet: Fleet) -> None:
         batch = fleet.sampler.obtain_exact_episodes(4)
         venv.step(np.zeros(4, np.int64))
     assert len(batch.lengths) == 8  # garage's contract: 4 episodes per worker
+
+
+def test_a_fully_leased_fleet_samples_once_slots_are_released(fleet: Fleet) -> None:
+    """Leased envs take sampling slots: with all 8 leased, sampling waits for a release."""
+    events: list[str] = []
+    leases = [
+        RemoteVectorEnv(fleet, "CartPole-v1", MAX_PER_LEASE, learner="a"),
+        RemoteVectorEnv(fleet, "CartPole-v1", 8 - MAX_PER_LEASE, learner="b"),
+    ]
+    assert fleet.sampler.status().leased_envs == 8
+
+    def sample() -> None:
+        fleet.sampler.obtain_exact_episodes(1)
+        events.append("sampled")
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        sampler.join(2.0)  # time enough to sample 2 short episodes, had it slots
+        events.append("released")
+    finally:
+        for venv in leases:
+            venv.close()
+    sampler.join(60)
+    assert events == ["released", "sampled"]
 
 
 def test_caps_and_capacity_give_clear_errors(fleet: Fleet) -> None:

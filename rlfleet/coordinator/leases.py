@@ -281,6 +281,14 @@ class LeaseManager:
             placement.append(best)
         return placement
 
+    def _share_slots(self, worker_ids: set[int]) -> None:
+        """Tells the scheduler how many slots of these workers leased envs hold
+        (lock held), and hands out sampling work to slots a release freed."""
+        scheduler = self._state.scheduler
+        for worker_id in worker_ids - {0}:
+            scheduler.set_leased(worker_id, self._leased_on(worker_id))
+        self._state.dispatch()
+
     def _create(
         self, lease: Lease, env_ids: list[int], placement: list[int], *, replaces_lost: bool
     ) -> None:
@@ -289,6 +297,7 @@ class LeaseManager:
         for env_id, worker_id in zip(env_ids, placement, strict=True):
             lease.hosts[env_id] = worker_id
             by_worker.setdefault(worker_id, []).append(env_id)
+        self._share_slots(set(by_worker))
         for worker_id, ids in by_worker.items():
             handle = self._state.registry.get(worker_id)
             if handle is None:
@@ -524,11 +533,13 @@ class LeaseManager:
         release = leases_pb2.LeaseCommand(
             lease_id=lease.lease_id, release=leases_pb2.LeaseRelease()
         )
-        for worker_id in set(lease.hosts) - {0}:
+        hosts = set(lease.hosts) - {0}
+        for worker_id in hosts:
             handle = self._state.registry.get(worker_id)
             if handle is not None:
                 handle.send(worker_pb2.CoordinatorMessage(lease=release))
         lease.hosts = [0] * lease.num_envs
+        self._share_slots(hosts)
         self._state.changed.notify_all()
 
     def describe(self, status: learner_pb2.FleetStatus) -> None:

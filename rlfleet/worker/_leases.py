@@ -118,6 +118,11 @@ class LeaseHost:
         self._thread = threading.Thread(target=self._run, name="rlfleet-leases", daemon=True)
         self._thread.start()
 
+    @property
+    def hosted(self) -> int:
+        """How many leased envs this worker hosts now (read from any thread)."""
+        return len(self._envs)
+
     def submit(self, command: leases_pb2.LeaseCommand) -> None:
         """Queues a command from the coordinator (never blocks)."""
         self._inbox.put(command)

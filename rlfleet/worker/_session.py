@@ -102,8 +102,8 @@ class Session:
             max_env_restarts=config.env_restarts,
             nan_observations=config.nonfinite,
         )
-        self._book = TaskBook(self._vec)
         self._leases = LeaseHost(self.name, config.imports, self._send)
+        self._book = TaskBook(self._vec, lambda: self._leases.hosted)
         stream.lease_handler = self._leases.submit
         self._generation = 0
         self._leaving = False
