@@ -65,6 +65,7 @@ class _CallClock:
     op: str
     started: float
     unanswered: int
+    superseded: bool = False  # the learner gave up on some of its envs: not timed
 
 
 @dataclass(eq=False)
@@ -354,7 +355,7 @@ class LeaseManager:
                 # late answers no longer match and are dropped.
                 logger.info("%s supersedes the unanswered calls of envs %s", where, superseded)
                 for env_id in superseded:
-                    _answered(lease, lease.in_flight[env_id].call_id, 1)
+                    _answered(lease, lease.in_flight[env_id].call_id, 1, superseded=True)
             lease.clocks[call.call_id] = _CallClock(_op_name(call.op), time.monotonic(), len(ids))
             for row, env_id in enumerate(ids):
                 lease.in_flight[env_id] = _InFlight(
@@ -434,7 +435,7 @@ class LeaseManager:
             for env_id in current:
                 del lease.in_flight[env_id]
             clock = _answered(lease, reply.call_id, len(current))
-            if clock is not None:
+            if clock is not None and not clock.superseded:
                 state.metrics.lease_call(clock.op, time.monotonic() - clock.started)
             # Rows of superseded calls ride along: the learner tells them
             # apart by call id, as it does for calls it gave up on.
@@ -556,12 +557,15 @@ def _op_name(op: int) -> str:
     return leases_pb2.LeaseOp.Name(op).removeprefix("LEASE_OP_").lower()
 
 
-def _answered(lease: Lease, call_id: int, count: int) -> _CallClock | None:
+def _answered(
+    lease: Lease, call_id: int, count: int, *, superseded: bool = False
+) -> _CallClock | None:
     """Counts ``count`` envs of a call as answered (or superseded); returns its
-    clock once none is left (only a call its envs answered is timed)."""
+    clock once none is left."""
     clock = lease.clocks.get(call_id)
     if clock is None:
         return None
+    clock.superseded |= superseded
     clock.unanswered -= count
     if clock.unanswered > 0:
         return None
