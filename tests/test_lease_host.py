@@ -19,6 +19,12 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.envs.testing import CounterEnv
+from rlfleet.lease_messages import (
+    LeaseCallOrder,
+    LeaseCreateOrder,
+    decode_lease_command,
+    lease_report_message,
+)
 from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import encode_tensor
 from rlfleet.worker._leases import LeaseHost
@@ -43,8 +49,10 @@ class BarrierEnv(CounterEnv):
 gym.register(ENV_ID, entry_point=f"{__name__}:BarrierEnv", kwargs={"length": 1000})
 
 
-def _command(lease_id: int, **body: Any) -> leases_pb2.LeaseCommand:
-    return leases_pb2.LeaseCommand(lease_id=lease_id, **body)
+def _command(lease_id: int, **body: Any) -> LeaseCreateOrder | LeaseCallOrder:
+    order = decode_lease_command(leases_pb2.LeaseCommand(lease_id=lease_id, **body))
+    assert isinstance(order, LeaseCreateOrder | LeaseCallOrder)
+    return order
 
 
 def _answers(out: queue.SimpleQueue[worker_pb2.WorkerMessage], count: int) -> list[Any]:
@@ -59,7 +67,7 @@ def _answers(out: queue.SimpleQueue[worker_pb2.WorkerMessage], count: int) -> li
 
 def test_blocking_envs_are_stepped_concurrently_and_each_answers() -> None:
     out: queue.SimpleQueue[worker_pb2.WorkerMessage] = queue.SimpleQueue()
-    host = LeaseHost("w", (), out.put)
+    host = LeaseHost((), lambda report: out.put(lease_report_message(report, "w")))
     try:
         env = updates_pb2.EnvUpdate(env_id=ENV_ID, kwargs_json=json.dumps({}))
         host.submit(_command(1, create=leases_pb2.LeaseCreate(env=env, env_ids=range(ENVS))))
