@@ -3,9 +3,9 @@
 Step-level env leases (protos/rlfleet/v1/leases.proto) cross three parts: the
 learner's LeaseStream, the coordinator's relay and the worker's LeaseHost.
 This module is where their messages become rlfleet types and back, so that
-the code that hosts, steps and answers envs holds none; today the worker's
-side goes through it (the learner's and the coordinator's sides still
-build their messages themselves, listed in tests/test_layering.py).
+the code that hosts, steps and answers envs holds none. The learner's and
+the worker's sides go through it; the coordinator's relay still reads and
+builds its messages itself (listed in tests/test_layering.py).
 """
 
 from __future__ import annotations
@@ -15,13 +15,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from rlfleet import _rpc
 from rlfleet.core import EnvSpec
-from rlfleet.errors import ConfigError, RlfleetError
-from rlfleet.v1 import leases_pb2, worker_pb2
-from rlfleet.wire import decode_tensor, encode_env_spec, encode_tensor, encode_tensor_map
+from rlfleet.envs import EnvConfig
+from rlfleet.errors import ConfigError, ProtocolError, RlfleetError, UsageError
+from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
+from rlfleet.wire import (
+    decode_env_spec,
+    decode_tensor,
+    decode_tensor_map,
+    encode_env_spec,
+    encode_tensor,
+    encode_tensor_map,
+)
 
 #: Op names by LeaseOp (the vector-env command names of rlfleet.envs, and CREATE).
 OP_NAMES: dict[leases_pb2.LeaseOp, str] = {
@@ -297,3 +306,230 @@ def _split_info(info: Mapping[str, Any], where: str) -> tuple[dict[str, Any], st
             f"{where}: info holds a value that is neither numeric nor JSON ({exc}); leased "
             "envs' infos carry numbers, bools, arrays and plain JSON values"
         ) from exc
+
+
+# --- the learner's stream: requests out, responses in -------------------------------
+
+
+@dataclass(frozen=True)
+class LeaseEnvFailure:
+    """An env's answer that is an error (it raised, its lease ended, it timed out)."""
+
+    error: RlfleetError
+
+
+@dataclass(frozen=True)
+class LeaseOpenedEvent:
+    """The lease exists (LeaseOpened): its id, the envs' spec, the hosting workers."""
+
+    lease_id: int
+    env_spec: EnvSpec
+    env_workers: list[str]
+
+
+@dataclass(frozen=True)
+class LeaseRepliedEvent:
+    """Answers of some envs to one call (a LeaseReply), decoded.
+
+    Attributes:
+        answers: Per env of ``env_ids``: ``(obs, info)`` for reset, ``(obs,
+            reward, terminated, truncated, info)`` for step, the value for
+            the other ops, or a :class:`LeaseEnvFailure`.
+        resets: Resets the worker made as episodes ended (prefetch_reset),
+            by env id: ``(obs, info)``.
+    """
+
+    call_id: int
+    env_ids: list[int]
+    answers: list[Any]
+    resets: dict[int, tuple[Any, dict[str, Any]]]
+
+
+def open_request(env: EnvConfig, num_envs: int, timeout: float, learner: str) -> bytes:
+    """The first message of a Lease stream (LeaseRequest.open), serialized."""
+    update = updates_pb2.EnvUpdate(env_id=env.id, kwargs_json=json.dumps(dict(env.kwargs)))
+    if env.max_episode_length is not None:
+        update.max_episode_length = env.max_episode_length
+    request = leases_pb2.LeaseRequest(
+        open=leases_pb2.LeaseOpen(
+            env=update, num_envs=num_envs, timeout_seconds=timeout, learner=learner
+        )
+    )
+    return request.SerializeToString()
+
+
+#: The last message of a Lease stream (LeaseRequest.close), serialized.
+CLOSE_REQUEST = leases_pb2.LeaseRequest(close=leases_pb2.LeaseClose()).SerializeToString()
+
+
+def call_request(
+    call_id: int, op: str, ids: Sequence[int], args: Sequence[Any], prefetch_reset: bool
+) -> bytes:
+    """The LeaseRequest.call of one vector-env command, serialized.
+
+    ``args[k]`` is env ``ids[k]``'s argument, as rlfleet.envs' commands take
+    them: reset's kwargs, step's action, ``name``, ``(name, value)`` or
+    ``(name, args, kwargs)``.
+
+    Raises:
+        UsageError: For arguments a lease cannot carry.
+    """
+    call = leases_pb2.LeaseCall(call_id=call_id, op=_OPS[op], env_ids=ids)
+    if op == "reset":
+        seeds = [kwargs.get("seed") for kwargs in args]
+        if any(seed is not None for seed in seeds):
+            call.seeds.extend(-1 if seed is None else int(seed) for seed in seeds)
+        options = {json.dumps(kwargs.get("options")) for kwargs in args}
+        extra = sorted({key for kwargs in args for key in kwargs} - {"seed", "options"})
+        if extra or len(options) > 1:
+            raise UsageError(
+                f"reset() of leased envs takes seed and options (the same options for every "
+                f"env of the call), got {extra or 'different options per env'}"
+            )
+        text = options.pop()
+        if text != "null":
+            call.options_json = text
+    elif op == "step":
+        call.actions.CopyFrom(encode_tensor(np.stack([np.asarray(a) for a in args])))
+        call.prefetch_reset = prefetch_reset
+    elif op in ("get_attr", "set_attr", "call"):
+        first = args[0]
+        call.name = first if op == "get_attr" else first[0]
+        if op == "set_attr":
+            call.value_json = _json_text(first[1], f"set_env_attr({call.name!r})")
+        elif op == "call":
+            call.value_json = _json_text([list(first[1]), first[2]], f"method {call.name!r}")
+    return leases_pb2.LeaseRequest(call=call).SerializeToString()
+
+
+def decode_lease_response(
+    data: bytes, space: gym.Space | None
+) -> LeaseOpenedEvent | LeaseRepliedEvent | None:
+    """A LeaseResponse, decoded; None for an empty one.
+
+    Args:
+        data: The serialized response.
+        space: The lease's observation space (None before LeaseOpened):
+            observations are checked against it.
+
+    Raises:
+        ProtocolError: If the response does not parse, or a reply is
+            inconsistent or its observations do not fit ``space``.
+    """
+    try:
+        response = leases_pb2.LeaseResponse.FromString(data)
+    except Exception as exc:  # protobuf's DecodeError
+        raise ProtocolError(f"a LeaseResponse did not parse: {exc}") from exc
+    body = response.WhichOneof("body")
+    if body == "opened":
+        opened = response.opened
+        return LeaseOpenedEvent(
+            int(opened.lease_id), decode_env_spec(opened.env_spec), list(opened.env_workers)
+        )
+    if body != "reply":
+        return None
+    if space is None:
+        raise ProtocolError("a LeaseReply arrived before LeaseOpened")
+    reply = response.reply
+    return LeaseRepliedEvent(
+        int(reply.call_id),
+        [int(i) for i in reply.env_ids],
+        _answers(reply, space),
+        _prefetched_resets(reply, space),
+    )
+
+
+def _json_text(value: Any, where: str) -> str:
+    try:
+        return json.dumps(value, default=_plain_arg)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(
+            f"{where}: leased envs take plain (JSON) values, got {type(value).__name__}: {exc}"
+        ) from exc
+
+
+def _plain_arg(value: Any) -> Any:
+    if isinstance(value, np.generic | np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
+    """Each env's answer in a reply, decoded and its observations checked."""
+    count = len(reply.env_ids)
+    if reply.HasField("error"):
+        error = _rpc.error_from_detail(reply.error)
+        return [LeaseEnvFailure(error)] * count
+    op = reply.op
+    if op in (leases_pb2.LEASE_OP_RESET, leases_pb2.LEASE_OP_STEP):
+        obs = _observations(reply.observations, space, reply.worker)
+        infos = _infos(reply.infos, reply.infos_json, "LeaseReply.infos")
+        if obs.shape[:1] != (count,) or len(infos) != count:
+            raise ProtocolError(
+                f"a lease reply for {count} envs holds {obs.shape[:1]} observations and "
+                f"{len(infos)} infos"
+            )
+        if op == leases_pb2.LEASE_OP_RESET:
+            return [(obs[k], infos[k]) for k in range(count)]
+        rewards = decode_tensor(reply.rewards, name="LeaseReply.rewards")
+        terminated = decode_tensor(reply.terminated, name="LeaseReply.terminated")
+        truncated = decode_tensor(reply.truncated, name="LeaseReply.truncated")
+        return [
+            (obs[k], float(rewards[k]), bool(terminated[k]), bool(truncated[k]), infos[k])
+            for k in range(count)
+        ]
+    if op == leases_pb2.LEASE_OP_RENDER:
+        if not reply.HasField("frames"):
+            return [None] * count
+        frames = decode_tensor(reply.frames, name="LeaseReply.frames")
+        return [frames[k] for k in range(count)]
+    if op == leases_pb2.LEASE_OP_SET_ATTR:
+        return [None] * count
+    return [json.loads(text) for text in reply.values_json]
+
+
+def _prefetched_resets(
+    reply: leases_pb2.LeaseReply, space: gym.Space
+) -> dict[int, tuple[Any, dict[str, Any]]]:
+    """The resets a STEP reply carries (LeaseCall.prefetch_reset), by env id."""
+    if not reply.reset_env_ids:
+        return {}
+    obs = _observations(reply.reset_observations, space, reply.worker)
+    count = len(reply.reset_env_ids)
+    if obs.shape[:1] != (count,) or len(reply.reset_infos) != count:
+        raise ProtocolError(
+            f"a lease reply carries {count} prefetched resets with {obs.shape[:1]} "
+            f"observations and {len(reply.reset_infos)} infos"
+        )
+    infos = _infos(reply.reset_infos, reply.reset_infos_json, "LeaseReply.reset_infos")
+    return {int(env_id): (obs[k], infos[k]) for k, env_id in enumerate(reply.reset_env_ids)}
+
+
+def _observations(tensor: Any, space: gym.Space, worker: str) -> np.ndarray:
+    """Decodes a reply's observations and checks them against the lease's space."""
+    obs = decode_tensor(tensor, name="LeaseReply.observations")
+    if obs.shape[1:] != (space.shape or ()) or obs.dtype != space.dtype:
+        raise ProtocolError(
+            f"worker {worker!r} sent observations of shape {obs.shape[1:]} and dtype "
+            f"{obs.dtype} per env; the lease's observation space is {space}"
+        )
+    return obs
+
+
+def _infos(maps: Sequence[Any], texts: Sequence[str], name: str) -> list[dict[str, Any]]:
+    """Info dicts from their TensorMaps and JSON texts (LeaseReply.infos/_json)."""
+    infos = [_info(decode_tensor_map(m, name=name)) for m in maps]
+    for info, text in zip(infos, texts, strict=False):
+        if text:
+            info.update(json.loads(text))
+    return infos
+
+
+def _info(tree: Mapping[str, Any]) -> dict[str, Any]:
+    """An info dict from the wire: 0-d arrays become numpy scalars, as envs give them."""
+    return {
+        key: _info(value)
+        if isinstance(value, Mapping)
+        else (value[()] if isinstance(value, np.ndarray) and value.ndim == 0 else value)
+        for key, value in tree.items()
+    }

@@ -87,11 +87,10 @@ PROTOBUF_HOLDERS = {
     "rlfleet.coordinator.updates",
     "rlfleet.coordinator.worker_events",
     "rlfleet.coordinator.worker_face",
-    # The lease face's one translation module (issue 11). The worker's side
-    # goes through it; the learner's LeaseStream and the coordinator's relay
-    # still hold messages themselves, listed by name until they move to it.
+    # The lease face's one translation module (issue 11). The learner's and
+    # the worker's sides go through it; the coordinator's relay still holds
+    # messages itself, listed by name until it moves to it.
     "rlfleet.lease_messages",
-    "rlfleet.client.lease_stream",
     "rlfleet.coordinator.lease_face",
     "rlfleet.coordinator.leases",
     "rlfleet.worker._connection",
