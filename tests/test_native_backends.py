@@ -25,13 +25,14 @@ import pytest
 from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 
 from rlfleet import LocalSampler
-from rlfleet.client import Fleet
+from rlfleet.client import Fleet, RemoteVectorEnv
 from rlfleet.core import EpisodeBatch, StepType
 from rlfleet.envs.config import EnvConfig
 from rlfleet.errors import ConfigError, EnvError, EnvNotFoundError, RlfleetError
+from rlfleet.lease_messages import LeaseCreateOrder, decode_lease_command
 from rlfleet.policies import MLPCategoricalPolicy
 from rlfleet.seeding import NO_ENV_SEED
-from rlfleet.v1 import updates_pb2
+from rlfleet.v1 import leases_pb2
 from rlfleet.worker import EpisodeUnit, VecWorker
 from rlfleet.worker._lease_envs import lease_config
 from tests.fleet_processes import ProcessFleet
@@ -175,6 +176,8 @@ def test_fleet_of_native_workers_delivers_checked_episodes(backend: str) -> None
         assert len(exact.lengths) == 50
         with pytest.raises(RlfleetError, match="cannot keep fragment streams"):
             sampler.obtain_fragments(200, 10)
+        with pytest.raises(RlfleetError, match="lease it without vectorization"):
+            RemoteVectorEnv(sampler, native(backend), 2, open_timeout=30)
         pendulum = EnvConfig("Pendulum-v1", vectorization="vector_entry_point")
         with pytest.raises(RlfleetError, match="no native vector entry point"):
             sampler.obtain_samples(1, 100, env_update=pendulum)
@@ -265,9 +268,14 @@ def test_bad_native_configs_are_refused_clearly() -> None:
             worker.collect_fragments(5, base_seed=0, first_stream=0)
     finally:
         worker.shutdown()
-    leased = updates_pb2.EnvUpdate(env_id="CartPole-v1", vectorization="envpool")
+    command = leases_pb2.LeaseCommand(lease_id=1)
+    command.create.env.env_id = "CartPole-v1"
+    command.create.env.vectorization = "envpool"
+    command.create.env_ids.append(0)
+    order = decode_lease_command(command)
+    assert isinstance(order, LeaseCreateOrder)
     with pytest.raises(ConfigError, match="lease it without vectorization"):
-        lease_config(leased, ())
+        lease_config(order.env, ())
 
 
 def test_vectorization_survives_json_and_default_json_is_unchanged() -> None:
