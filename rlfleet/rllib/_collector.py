@@ -90,7 +90,7 @@ class EnvSlot:
     stream: int
     base_seed: int
     episodes: int = 0
-    rng: np.random.Generator | None = None
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
     episode: Episode | None = None
     observations: dict[str, np.ndarray] = field(default_factory=dict)
     live: dict[str, _Trajectory] = field(default_factory=dict)
