@@ -126,7 +126,6 @@ class RolloutCollector:
         self._map_agent = map_agent
         self._callbacks = callbacks
         self._worker = worker
-        self._next_episode = 0
         self._done_metrics: list[RolloutMetrics] = []
         self._ready: list[_Trajectory] = []
         self._ready_env_steps = 0
@@ -220,8 +219,8 @@ class RolloutCollector:
     def _begin_episode(
         self, slot: EnvSlot, observations: Mapping[str, np.ndarray], *, filtered: bool = False
     ) -> None:
-        episode_id = (self.settings.worker_index << 32) | self._next_episode
-        self._next_episode += 1
+        # Unique per worker and the fleet's label of the same episode (stream, k).
+        episode_id = (slot.stream << 32) | slot.episodes
         _, policy_seed = stream_seeds(slot.base_seed, slot.stream, slot.episodes)
         slot.rng = np.random.default_rng(policy_seed)
         slot.episodes += 1
