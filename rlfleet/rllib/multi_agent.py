@@ -366,12 +366,10 @@ class MultiAgentJointPolicy(Policy):
     def _probe_infos(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         # Every call must return the same agent_info keys, even when no agent of
         # a policy acts: learn each policy's keys, shapes and dtypes once.
-        space: Any = self.env_spec.observation_space
-        low, high = space.low, space.high
-        row = np.clip(np.zeros(low.shape), low, high)
         shapes = {}
         for policy_id, members in self._members.items():
-            first = self.layout.agent_observation(row, members[0])
+            # A sample of the probe env's space: only the infos' shapes are kept.
+            first = np.asarray(self.layout.observation_spaces[members[0]].sample())
             _, infos = self.policies[policy_id].get_actions(first[None], [np.random.default_rng(0)])
             for key, value in infos.items():
                 for i in members:
