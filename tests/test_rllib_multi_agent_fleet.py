@@ -7,6 +7,7 @@ real SIGKILL.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -16,14 +17,18 @@ from pettingzoo.test import parallel_api_test
 
 from rlfleet.core import EnvSpec, MultiAgentEpisodeBatch
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import ConfigError, PolicyError
+from rlfleet.errors import ConfigError, InvalidBatchError, PolicyError
 from rlfleet.learners import VPG
+from rlfleet.local_sampler import LocalSampler
+from rlfleet.policies import PolicySpec
 from rlfleet.rllib import RolloutWorker
 from rlfleet.rllib.multi_agent import (
     JointLayout,
     MultiAgentJointEnv,
     MultiAgentJointPolicy,
+    joint_policy_spec,
     make_agent_env,
+    split_joint_batch,
 )
 from rlfleet.rllib.pettingzoo_envs import RPS, SIMPLE_SPREAD
 from rlfleet.rllib.worker_group import RolloutWorkerGroup
@@ -236,4 +241,24 @@ def test_joint_policy_and_group_refuse_what_they_cannot_do() -> None:
         )
     with pytest.raises(ConfigError, match="no multi-agent env is registered"):
         make_agent_env("multi-agent/nothing-v0")
+    env.close()
+
+
+def test_a_joint_batch_that_does_not_fit_the_layout_is_an_error() -> None:
+    """The worker engine's own joint batch splits; a broken one-hot action is refused."""
+    env = MultiAgentJointEnv(make_agent_env(RPS, ROCK_PAPER_SCISSORS.kwargs))
+    layout = env.layout
+    mapping = {"player_0": "p", "player_1": "p"}
+    spec = joint_policy_spec(
+        RPS, ROCK_PAPER_SCISSORS.kwargs, mapping, {"p": PolicySpec("mlp-categorical")}
+    )
+    with LocalSampler(ROCK_PAPER_SCISSORS, spec, seed=4) as sampler:
+        joint = sampler.obtain_exact_episodes(2)
+    agent_spec = EnvSpec(layout.observation_spaces[0], layout.action_spaces[0])
+    split = split_joint_batch(joint, layout, mapping, {"p": agent_spec})
+    assert split.env_steps == joint.total_steps == 12
+    assert split.policy_batches["p"].total_steps == 24  # both players at every step
+    broken = dataclasses.replace(joint, actions=np.zeros_like(joint.actions))
+    with pytest.raises(InvalidBatchError, match="row 0 of a joint multi-agent batch"):
+        split_joint_batch(broken, layout, mapping, {"p": agent_spec})
     env.close()

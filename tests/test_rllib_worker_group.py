@@ -97,7 +97,7 @@ def test_sync_weights_reaches_every_worker_and_metrics_add_up() -> None:
             group.foreach_worker("lambda w: w.stop()")
 
 
-def test_a_killed_worker_loses_no_batch_and_multi_agent_is_refused() -> None:
+def test_a_killed_worker_loses_no_batch_and_a_dict_policy_needs_a_multi_agent_env() -> None:
     with RolloutWorkerGroup.local(
         2, env=CARTPOLE, policy_spec="random", batch_mode="complete_episodes", fleet_seed=2
     ) as group:
@@ -111,7 +111,7 @@ def test_a_killed_worker_loses_no_batch_and_multi_agent_is_refused() -> None:
         # Every episode is whole: the lost worker's in-flight ones were re-run.
         ends = batch.step_types[np.cumsum(batch.lengths) - 1]
         assert set(ends.tolist()) <= {2, 3}
-        with pytest.raises(ConfigError, match="single-agent"):
+        with pytest.raises(ConfigError, match="multi-agent groups take a dict"):
             RolloutWorkerGroup(group.fleet.sampler, env=CARTPOLE, policy_spec={"a": "random"})
 
 
