@@ -419,3 +419,9 @@ def test_multi_agent_work_goes_only_to_workers_with_the_capability(
         # The Node worker sat the env out: it never got it, nor its agent.
         assert status["node"].env_generation < status["py"].env_generation
         assert status["node"].units_in_flight == 0
+        # Back on a single-agent env, it catches up and takes work again.
+        vpg = VPG(JS_SPEC, hidden_sizes=(8,), seed=0)
+        batch = sampler.obtain_samples(
+            0, 200, env_update=EnvConfig(JS_ENV), agent_update=(vpg.policy_spec, vpg.get_params())
+        )
+        assert set(batch.episode_infos["worker"].tolist()) == {ids["py"], ids["node"]}
