@@ -19,11 +19,8 @@ from rlfleet.rllib._policies import DEFAULT_POLICY_ID
 from rlfleet.rllib.callbacks import DefaultCallbacks, Episode, RolloutMetrics
 from rlfleet.rllib.filtered_policy import FilteredPolicy
 from rlfleet.rllib.filters import MeanStdFilter, NoFilter, RunningStat
-from rlfleet.rllib.multi_agent import (
-    MultiAgentJointEnv,
-    MultiAgentJointPolicy,
-    register_multi_agent_env,
-)
+from rlfleet.rllib.joint_policy import MultiAgentJointPolicy
+from rlfleet.rllib.multi_agent import MultiAgentJointEnv, register_multi_agent_env
 from rlfleet.rllib.rollout_worker import EnvContext, RolloutWorker
 
 __all__ = [

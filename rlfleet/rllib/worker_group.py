@@ -17,7 +17,7 @@ as parameters of :class:`~rlfleet.rllib.filtered_policy.FilteredPolicy`.
 With a dict ``policy_spec`` the group is multi-agent: the env is a
 ``multi-agent/<name>`` id registered by a module the workers import
 (:func:`~rlfleet.rllib.register_multi_agent_env`), workers run it as one
-joint env with a :class:`~rlfleet.rllib.multi_agent.MultiAgentJointPolicy`,
+joint env with a :class:`~rlfleet.rllib.joint_policy.MultiAgentJointPolicy`,
 and :meth:`RolloutWorkerGroup.sample` returns a ``MultiAgentEpisodeBatch``
 (rlfleet/rllib/multi_agent.py says how).
 """
@@ -45,14 +45,9 @@ from rlfleet.rllib._policies import DEFAULT_POLICY_ID
 from rlfleet.rllib.callbacks import Episode, RolloutMetrics
 from rlfleet.rllib.filtered_policy import FilteredPolicy
 from rlfleet.rllib.filters import MeanStdFilter, NoFilter, RunningStat
-from rlfleet.rllib.multi_agent import (
-    REWARDS,
-    SEPARATOR,
-    JointLayout,
-    joint_policy_spec,
-    make_agent_env,
-    split_joint_batch,
-)
+from rlfleet.rllib.joint_batches import split_joint_batch
+from rlfleet.rllib.joint_policy import SEPARATOR, joint_policy_spec
+from rlfleet.rllib.multi_agent import REWARDS, JointLayout, make_agent_env
 from rlfleet.rllib.rollout_worker import RolloutWorker
 
 #: The operations :meth:`RolloutWorkerGroup.foreach_worker` knows.
