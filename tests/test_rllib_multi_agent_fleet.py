@@ -35,7 +35,7 @@ SPREAD_KWARGS = {"max_cycles": 25}
 SPREAD = EnvConfig(SIMPLE_SPREAD, SPREAD_KWARGS, imports=(MODULE,))
 ROCK_PAPER_SCISSORS = EnvConfig(RPS, {"num_actions": 3, "max_cycles": 6}, imports=(MODULE,))
 #: episode_infos a fleet batch has beyond a local one: who and what produced each row.
-FLEET_LABELS = {"worker", "agent_version", "env_seed", "policy_seed"}
+FLEET_LABELS = {"worker", "agent_version", "env_seed", "policy_seed", "policy_version"}
 
 
 def spread_policy(agent_id: str, episode: Any, **kwargs: Any) -> str:
@@ -109,6 +109,10 @@ def test_local_and_fleet_multi_agent_batches_are_bit_identical(workers: int) -> 
             assert set(leader.episode_infos["agent_id"].tolist()) == {"agent_0"}
             followers = batch.policy_batches["followers"]
             assert set(followers.episode_infos["agent_id"].tolist()) == {"agent_1", "agent_2"}
+            # Each policy has its own version: only the leader's moves with its pushes.
+            pushed = 2 if round_ >= 2 else 1
+            assert set(leader.episode_infos["policy_version"].tolist()) == {pushed}
+            assert set(followers.episode_infos["policy_version"].tolist()) == {1}
             assert len(set(batch.policy_batches["leader"].episode_infos["worker"])) == workers
             if round_ == 1:
                 # Only the trained policy moves, and the fleet acts with what was pushed.

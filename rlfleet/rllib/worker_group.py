@@ -25,7 +25,7 @@ and :meth:`RolloutWorkerGroup.sample` returns a ``MultiAgentEpisodeBatch``
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Container, Mapping
+from collections.abc import Container, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -139,6 +139,8 @@ class RolloutWorkerGroup:
         self._config = config
         self._layout: JointLayout | None = None
         self._mapping: dict[str, str] = {}
+        self._policy_versions: dict[str, int] = {}
+        self._versions_at: dict[int, dict[str, int]] = {}
         if self._multi_agent:
             self._layout = JointLayout.of(self._local._envs[0].env)
             self._mapping = {
@@ -237,7 +239,11 @@ class RolloutWorkerGroup:
             batch, self._layout, self._mapping, {pid: e.env_spec for pid, e in entries.items()}
         )
         return MultiAgentEpisodeBatch(
-            {pid: self._processed(b) for pid, b in joint.policy_batches.items()}, joint.env_steps
+            {
+                pid: self._processed(self._with_policy_version(pid, b))
+                for pid, b in joint.policy_batches.items()
+            },
+            joint.env_steps,
         )
 
     # ----------------------------------------------------- weights and vars
@@ -256,15 +262,20 @@ class RolloutWorkerGroup:
         if global_vars is not None:
             self._local.set_global_vars(global_vars)
         if self._multi_agent:
-            pushed = self._local.get_weights(policies)
-            self._sampler.update_agent(
-                {
-                    f"{pid}{SEPARATOR}{name}": value
-                    for pid, values in pushed.items()
-                    if pid in self._mapping.values()
-                    for name, value in values.items()
-                }
-            )
+            pushed = {
+                pid: values
+                for pid, values in self._local.get_weights(policies).items()
+                if pid in self._mapping.values()
+            }
+            if pushed:
+                self._push_multi_agent(
+                    {
+                        f"{pid}{SEPARATOR}{name}": value
+                        for pid, values in pushed.items()
+                        for name, value in values.items()
+                    },
+                    pushed,
+                )
             return
         weights = self._local.get_weights(policies).get(DEFAULT_POLICY_ID)
         if weights is not None:
@@ -366,7 +377,7 @@ class RolloutWorkerGroup:
                 for pid, e in entries.items()
                 for name, value in e.policy.get_param_values().items()
             }
-            self._sampler.update_agent((spec, params))
+            self._push_multi_agent((spec, params), pids)
             return
         entry = self._local._entry(DEFAULT_POLICY_ID)
         weights = entry.policy.get_param_values()
@@ -437,6 +448,27 @@ class RolloutWorkerGroup:
                 )
             else:
                 self._partial[key] = (length, total, per_agent)
+
+    def _push_multi_agent(self, update: Any, policy_ids: Iterable[str]) -> None:
+        # One agent version carries every policy; each policy's own version
+        # counts the pushes that changed it (RLlib's per-policy weights seq no).
+        version = self._sampler.update_agent(update)
+        for pid in policy_ids:
+            self._policy_versions[pid] = self._policy_versions.get(pid, 0) + 1
+        self._versions_at[version] = dict(self._policy_versions)
+
+    def _with_policy_version(self, policy_id: str, batch: EpisodeBatch) -> EpisodeBatch:
+        versions = [
+            self._versions_at.get(int(v), {}).get(policy_id, -1)
+            for v in batch.episode_infos["agent_version"]
+        ]
+        return dataclasses.replace(
+            batch,
+            episode_infos={
+                **batch.episode_infos,
+                "policy_version": np.array(versions, dtype=np.int64),
+            },
+        )
 
     def _agent_rewards(
         self, total: float, per_agent: np.ndarray | None
