@@ -172,6 +172,18 @@ def test_rock_paper_scissors_through_aec_conversion_on_the_fleet() -> None:
         rollout_fragment_length=30,
     ) as group:
         batch = group.sample()
+        assert group.fleet is not None
+        sampler = group.fleet.sampler
+        with pytest.raises(ConfigError, match="multi-agent groups take 'NoFilter'"):
+            RolloutWorkerGroup(
+                sampler,
+                env=ROCK_PAPER_SCISSORS,
+                policy_spec={"all": "random"},
+                observation_filter="MeanStdFilter",
+            )
+        continuous = EnvConfig(SIMPLE_SPREAD, {"continuous_actions": True}, imports=(MODULE,))
+        with pytest.raises(ConfigError, match="float Box actions"):
+            RolloutWorkerGroup(sampler, env=continuous, policy_spec={"all": "random"})
     assert isinstance(batch, MultiAgentEpisodeBatch)
     first, second = batch.policy_batches["first"], batch.policy_batches["second"]
     assert set(first.episode_infos["agent_id"].tolist()) == {"player_0"}
