@@ -24,7 +24,12 @@ from rlfleet.policies import PolicySpec
 from rlfleet.rllib import RolloutWorker
 from rlfleet.rllib.joint_batches import split_joint_batch
 from rlfleet.rllib.joint_policy import MultiAgentJointPolicy, joint_policy_spec
-from rlfleet.rllib.multi_agent import JointLayout, MultiAgentJointEnv, make_agent_env
+from rlfleet.rllib.multi_agent import (
+    JointLayout,
+    MultiAgentJointEnv,
+    make_agent_env,
+    register_multi_agent_env,
+)
 from rlfleet.rllib.pettingzoo_envs import RPS, SIMPLE_SPREAD
 from rlfleet.rllib.worker_group import RolloutWorkerGroup
 from rlfleet.seeding import stream_seeds
@@ -184,6 +189,8 @@ def test_rock_paper_scissors_through_aec_conversion_on_the_fleet() -> None:
         continuous = EnvConfig(SIMPLE_SPREAD, {"continuous_actions": True}, imports=(MODULE,))
         with pytest.raises(ConfigError, match="float Box actions"):
             RolloutWorkerGroup(sampler, env=continuous, policy_spec={"all": "random"})
+        with pytest.raises(ConfigError, match="multi-agent groups take a dict"):
+            RolloutWorkerGroup(sampler, env=ROCK_PAPER_SCISSORS, policy_spec="random")
     assert isinstance(batch, MultiAgentEpisodeBatch)
     first, second = batch.policy_batches["first"], batch.policy_batches["second"]
     assert set(first.episode_infos["agent_id"].tolist()) == {"player_0"}
@@ -258,6 +265,22 @@ def test_joint_policy_and_group_refuse_what_they_cannot_do() -> None:
     with pytest.raises(ConfigError, match="no multi-agent env is registered"):
         make_agent_env("multi-agent/nothing-v0")
     env.close()
+
+    def adversary(**kwargs: Any) -> Any:
+        from mpe2 import simple_adversary_v3
+
+        return simple_adversary_v3.parallel_env(**kwargs)
+
+    mixed_id = register_multi_agent_env("simple_adversary-test", adversary)
+    mixed = MultiAgentJointEnv(make_agent_env(mixed_id))
+    with pytest.raises(ConfigError, match="have different spaces"):
+        MultiAgentJointPolicy(
+            EnvSpec(mixed.observation_space, mixed.action_space),
+            env=mixed_id,
+            mapping={a: "p" for a in mixed.layout.agents},
+            policies=policies,
+        )
+    mixed.close()
 
 
 def test_a_joint_batch_that_does_not_fit_the_layout_is_an_error() -> None:
