@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gymnasium.utils.env_checker import check_env
 from pettingzoo.test import parallel_api_test
 
 from rlfleet.core import EnvSpec, MultiAgentEpisodeBatch
@@ -155,13 +156,15 @@ def test_local_and_fleet_multi_agent_batches_are_bit_identical(workers: int) -> 
 def test_rock_paper_scissors_through_aec_conversion_on_the_fleet() -> None:
     """A classic AEC game, two policies, whole episodes; zero-sum rewards per step.
 
-    PettingZoo's parallel_api_test passes on both test envs as a worker builds them.
+    PettingZoo's parallel_api_test passes on both test envs as a worker builds them,
+    and gymnasium's check_env on the joint env the worker runs.
     """
     for config in (ROCK_PAPER_SCISSORS, SPREAD):  # each as a worker builds it
         joint = config.make()
         agent_env = joint.unwrapped
         assert isinstance(agent_env, MultiAgentJointEnv)
         parallel_api_test(agent_env.agent_env.env, num_cycles=20)
+        check_env(agent_env, skip_render_check=True)  # and the joint env is a gymnasium env
         joint.close()
 
     def players(agent_id: str, episode: Any, **kwargs: Any) -> str:

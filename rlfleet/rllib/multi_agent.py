@@ -218,6 +218,7 @@ class MultiAgentJointEnv(gym.Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         """Resets the PettingZoo env with ``seed``."""
+        super().reset(seed=seed)  # gymnasium's contract; the PettingZoo env draws its own
         observations, _ = self.agent_env.reset(seed)
         self._observation = np.zeros(self._size, np.float64)
         self._steps[:] = 0
