@@ -32,9 +32,10 @@ from rlfleet.errors import (
     PolicyError,
     ProtocolError,
 )
+from rlfleet.lease_messages import decode_lease_command, lease_report_message
 from rlfleet.policies import Policy, PolicySpec, make_policy
 from rlfleet.security import PICKLE_CAPABILITY, PickleGate
-from rlfleet.v1 import updates_pb2, worker_pb2
+from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import (
     DEFAULT_CHUNK_BYTES,
     decode_tensor_map,
@@ -102,9 +103,11 @@ class Session:
             max_env_restarts=config.env_restarts,
             nan_observations=config.nonfinite,
         )
-        self._book = TaskBook(self._vec)
-        self._leases = LeaseHost(self.name, config.imports, self._send)
-        stream.lease_handler = self._leases.submit
+        self._leases = LeaseHost(
+            config.imports, lambda report: self._send(lease_report_message(report, self.name))
+        )
+        self._book = TaskBook(self._vec, lambda: self._leases.hosted)
+        stream.lease_handler = self._submit_lease
         self._generation = 0
         self._leaving = False
         self._leave_deadline = float("inf")
@@ -177,6 +180,14 @@ class Session:
                     return outcome
             if self._beat_if_due() and time.monotonic() >= self._leave_deadline:
                 self._abandon_in_flight()
+
+    def _submit_lease(self, command: leases_pb2.LeaseCommand) -> None:
+        """Hands a lease command to the LeaseHost (from the receiver thread too)."""
+        order = decode_lease_command(command)
+        if order is None:
+            logger.warning("ignored an empty LeaseCommand for lease %d", command.lease_id)
+        else:
+            self._leases.submit(order)
 
     def _beat_if_due(self) -> bool:
         """Sends a heartbeat if one is due; returns whether it did."""
@@ -273,7 +284,7 @@ class Session:
         elif body == "cancel":
             self._book.cancel(message.cancel.task_id, message.cancel.episode_indices)
         elif body == "lease":
-            self._leases.submit(message.lease)
+            self._submit_lease(message.lease)
         elif body == "drain":
             logger.info("coordinator drains this worker: %s", message.drain.reason or "no reason")
             self._start_leaving(message.drain.reason, tell=False)

@@ -78,8 +78,9 @@ class WorkerConfig:
         coordinator: ``HOST:PORT`` of the coordinator.
         envs: Env slots stepped together (K).
         lease_slots: Leased envs (step-level env leases) the worker hosts at
-            most, besides its sampling slots; None: ``envs``; 0: none (it
-            does not declare the capability "rlfleet.leases").
+            most; while leased they take its ``envs`` slots from sampling.
+            None: ``envs``; 0: none (it does not declare the capability
+            "rlfleet.leases").
         imports: Modules imported before envs are built (custom envs
             register on import) and the only modules whose policy classes
             (``"module:Class"`` specs) the worker may import.
