@@ -93,6 +93,7 @@ class LeaseCallOrder:
     name: str = ""
     value_json: str = ""
     prefetch_reset: bool = False
+    whole_reply: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ def decode_lease_call(lease_id: int, call: leases_pb2.LeaseCall) -> LeaseCallOrd
         call.name,
         call.value_json,
         call.prefetch_reset,
+        call.whole_reply,
     )
 
 
@@ -369,18 +371,27 @@ CLOSE_REQUEST = leases_pb2.LeaseRequest(close=leases_pb2.LeaseClose()).Serialize
 
 
 def call_request(
-    call_id: int, op: str, ids: Sequence[int], args: Sequence[Any], prefetch_reset: bool
+    call_id: int,
+    op: str,
+    ids: Sequence[int],
+    args: Sequence[Any],
+    prefetch_reset: bool,
+    *,
+    whole_reply: bool = False,
 ) -> bytes:
     """The LeaseRequest.call of one vector-env command, serialized.
 
     ``args[k]`` is env ``ids[k]``'s argument, as rlfleet.envs' commands take
     them: reset's kwargs, step's action, ``name``, ``(name, value)`` or
-    ``(name, args, kwargs)``.
+    ``(name, args, kwargs)``. ``whole_reply``: answer all of them in one
+    response (LeaseCall.whole_reply), for a learner that waits for all.
 
     Raises:
         UsageError: For arguments a lease cannot carry.
     """
-    call = leases_pb2.LeaseCall(call_id=call_id, op=OP_CODES[op], env_ids=ids)
+    call = leases_pb2.LeaseCall(
+        call_id=call_id, op=OP_CODES[op], env_ids=ids, whole_reply=whole_reply
+    )
     if op == "reset":
         seeds = [kwargs.get("seed") for kwargs in args]
         if any(seed is not None for seed in seeds):
@@ -432,17 +443,22 @@ def decode_lease_response(
         return LeaseOpenedEvent(
             int(opened.lease_id), decode_env_spec(opened.env_spec), list(opened.env_workers)
         )
-    if body != "reply":
+    if body not in ("reply", "replies"):
         return None
     if space is None:
         raise ProtocolError("a LeaseReply arrived before LeaseOpened")
-    reply = response.reply
-    return LeaseRepliedEvent(
-        int(reply.call_id),
-        [int(i) for i in reply.env_ids],
-        _answers(reply, space),
-        _prefetched_resets(reply, space),
-    )
+    replies = [response.reply] if body == "reply" else list(response.replies.replies)
+    if len({reply.call_id for reply in replies}) != 1:
+        raise ProtocolError(
+            f"a LeaseReplies holds {len(replies)} replies of calls "
+            f"{sorted({reply.call_id for reply in replies})}; it must hold one call's"
+        )
+    event = LeaseRepliedEvent(int(replies[0].call_id), [], [], {})
+    for reply in replies:  # several workers' parts of one call
+        event.env_ids.extend(int(i) for i in reply.env_ids)
+        event.answers.extend(_answers(reply, space))
+        event.resets.update(_prefetched_resets(reply, space))
+    return event
 
 
 def _json_text(value: Any, where: str) -> str:

@@ -12,7 +12,8 @@ stream's deserializer (:func:`relay_deserializer`) cuts
 that copy only to read its header and check its row counts
 (:func:`relay_reply`); the learner's ``LeaseResponse`` is those same bytes
 behind a new length prefix, with the worker's name appended (a field
-appended to a serialized message sets it, protobuf encoding rules). The relay
+appended to a serialized message sets it, protobuf encoding rules), or
+several workers' such bytes for one call (:func:`lease_response`). The relay
 never decodes observations, rewards or infos into arrays nor encodes them
 again; the learner checks them against the lease's observation space
 (rlfleet.lease_messages.decode_lease_response).
@@ -42,6 +43,8 @@ LEARNER_OPS = frozenset(OP_NAMES.values()) - {"create"}
 
 _REPLY_TAG = tag(worker_pb2.WorkerMessage.LEASE_REPLY_FIELD_NUMBER, LEN)
 _RESPONSE_REPLY = leases_pb2.LeaseResponse.REPLY_FIELD_NUMBER
+_RESPONSE_REPLIES = leases_pb2.LeaseResponse.REPLIES_FIELD_NUMBER
+_REPLIES_REPLY = leases_pb2.LeaseReplies.REPLIES_FIELD_NUMBER
 _REPLY_WORKER = leases_pb2.LeaseReply.WORKER_FIELD_NUMBER
 
 
@@ -170,13 +173,20 @@ class RelayReply:
     spec: bytes
     body: bytes
 
-    def response(self, worker: str) -> bytes:
-        """The serialized LeaseResponse relaying this reply, naming ``worker``."""
+    def named(self, worker: str) -> bytes:
+        """The serialized LeaseReply with its ``worker`` field set to ``worker``."""
         name = worker.encode()
-        extra = len_prefix(_REPLY_WORKER, len(name)) + name
-        return b"".join(
-            (len_prefix(_RESPONSE_REPLY, len(self.body) + len(extra)), self.body, extra)
-        )
+        return b"".join((self.body, len_prefix(_REPLY_WORKER, len(name)), name))
+
+
+def lease_response(replies: Sequence[bytes]) -> bytes:
+    """The serialized LeaseResponse relaying serialized LeaseReplies of one call
+    (:meth:`RelayReply.named`): ``reply`` for one, ``replies`` for several."""
+    if len(replies) == 1:
+        return len_prefix(_RESPONSE_REPLY, len(replies[0])) + replies[0]
+    parts = [part for reply in replies for part in (len_prefix(_REPLIES_REPLY, len(reply)), reply)]
+    size = sum(len(part) for part in parts)
+    return b"".join([len_prefix(_RESPONSE_REPLIES, size), *parts])
 
 
 def relay_deserializer(other: Callable[[bytes], T]) -> Callable[[bytes], T | RelayReply]:

@@ -35,6 +35,7 @@ from rlfleet.coordinator.lease_translation import (
     RelayReply,
     call_command,
     create_command,
+    lease_response,
     no_workers,
     release_command,
 )
@@ -69,6 +70,7 @@ class _CallClock:
     op: str
     started: float
     unanswered: int
+    whole: bool = False  # answer in one response (LeaseCall.whole_reply)
     superseded: bool = False  # the learner gave up on some of its envs: not timed
 
 
@@ -85,6 +87,8 @@ class Lease:
         creating: Env ids whose CREATE reply is awaited, by worker id.
         in_flight: The call each busy env has in flight.
         clocks: Calls not fully answered yet, by call id (the latency metric).
+        held: Replies (serialized, named) of whole-reply calls not fully
+            answered yet, by call id.
         spec: The envs' serialized EnvSpec, from the first CREATE reply.
         failure: Why the lease ended, if it did.
         closed: Released: replies are ignored.
@@ -98,6 +102,7 @@ class Lease:
     creating: dict[int, set[int]] = field(default_factory=dict)
     in_flight: dict[int, _InFlight] = field(default_factory=dict)
     clocks: dict[int, _CallClock] = field(default_factory=dict)
+    held: dict[int, list[bytes]] = field(default_factory=dict)
     spec: bytes | None = None
     failure: CallError | None = None
     closed: bool = False
@@ -347,8 +352,14 @@ class LeaseManager:
                 # late answers no longer match and are dropped.
                 logger.info("%s supersedes the unanswered calls of envs %s", where, superseded)
                 for env_id in superseded:
-                    _answered(lease, lease.in_flight[env_id].call_id, 1, superseded=True)
-            lease.clocks[call.call_id] = _CallClock(call.op, time.monotonic(), len(ids))
+                    old = lease.in_flight[env_id].call_id
+                    _answered(lease, old, 1, superseded=True)
+                    held = lease.held.pop(old, None)
+                    if held:  # no longer whole: what arrived goes now
+                        lease.outbox.put(lease_response(held))
+            lease.clocks[call.call_id] = _CallClock(
+                call.op, time.monotonic(), len(ids), call.whole_reply
+            )
             groups: dict[int, list[int]] = {}
             for row, env_id in enumerate(ids):
                 lease.in_flight[env_id] = _InFlight(call, row)
@@ -398,12 +409,18 @@ class LeaseManager:
                 return  # only answers of superseded calls
             for env_id in current:
                 del lease.in_flight[env_id]
-            clock = _answered(lease, reply.call_id, len(current))
-            if clock is not None and not clock.superseded:
-                state.metrics.lease_call(clock.op, time.monotonic() - clock.started)
+            clock = lease.clocks.get(reply.call_id)
+            whole = clock is not None and clock.whole and not clock.superseded
+            finished = _answered(lease, reply.call_id, len(current))
+            if finished is not None and not finished.superseded:
+                state.metrics.lease_call(finished.op, time.monotonic() - finished.started)
             # Rows of superseded calls ride along: the learner tells them
             # apart by call id, as it does for calls it gave up on.
-            lease.outbox.put(reply.response(handle.name))
+            named = reply.named(handle.name)
+            if whole and finished is None:
+                lease.held.setdefault(reply.call_id, []).append(named)
+                return
+            lease.outbox.put(lease_response([*lease.held.pop(reply.call_id, []), named]))
 
     def _on_created(self, lease: Lease, handle: WorkerHandle, reply: RelayReply) -> None:
         waiting = lease.creating.get(handle.worker_id)
