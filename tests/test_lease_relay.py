@@ -20,7 +20,7 @@ from rlfleet import _rpc
 from rlfleet.client import Fleet
 from rlfleet.coordinator.lease_translation import RelayReply, lease_response, relay_deserializer
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import WireFormatError
+from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.lease_messages import (
     LeaseAnswer,
     LeaseAnswers,
@@ -190,3 +190,12 @@ def test_a_whole_reply_call_is_answered_in_one_message_and_others_as_workers_ans
     for env_id, (obs, _) in zip(event.env_ids, event.answers, strict=True):
         expected, _ = gym.make("CartPole-v1").reset(seed=10 + env_id)
         np.testing.assert_array_equal(obs, expected)
+
+
+def test_the_learner_refuses_observations_that_do_not_fit_the_leases_space() -> None:
+    """The relay leaves dtypes and shapes to the learner, which knows the space."""
+    response = lease_response([relay(step_reply([0, 1])).named("w0")])
+    with pytest.raises(ProtocolError, match="dtype float32 per env"):
+        decode_lease_response(response, gym.spaces.Box(-9, 9, (4,), np.float64))
+    with pytest.raises(ProtocolError, match=r"shape \(4,\)"):
+        decode_lease_response(response, gym.spaces.Box(-9, 9, (5,)))
