@@ -39,8 +39,8 @@ from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import (
     DEFAULT_CHUNK_BYTES,
     decode_tensor_map,
-    encode_batch_chunks,
     encode_env_spec,
+    serialize_batch_messages,
 )
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._flush import FlushPolicy
@@ -465,16 +465,23 @@ class Session:
         max_bytes = min(
             DEFAULT_CHUNK_BYTES, self._max_message_bytes - meta.ByteSize() - _ENVELOPE_ALLOWANCE
         )
-        chunks = encode_batch_chunks(
-            batch, max_bytes, batch_id=self._next_batch_id, include_env_spec=False
+        first = worker_pb2.WorkerMessage(result=meta)
+        rest = worker_pb2.WorkerMessage(result=worker_pb2.EpisodeResult(task_id=task_id))
+        # The batch's data is copied once, from its arrays into the messages.
+        messages, total_bytes = serialize_batch_messages(
+            batch,
+            lambda index: first if index == 0 else rest,
+            _rpc.WORKER_CHUNK_PATH,
+            max_bytes=max_bytes,
+            batch_id=self._next_batch_id,
+            include_env_spec=False,
         )
         self._next_batch_id += 1
-        self._flush_policy.expect_step_bytes(chunks[0].total_bytes / batch.total_steps)
-        for i, chunk in enumerate(chunks):
-            envelope = meta if i == 0 else worker_pb2.EpisodeResult(task_id=task_id)
-            self._stream.send(_rpc.WithChunk(worker_pb2.WorkerMessage(result=envelope), chunk))
+        self._flush_policy.expect_step_bytes(total_bytes / batch.total_steps)
+        for message in messages:
+            self._stream.send(message)
         self._book.reported(task_id, indices)
-        self._metrics.sent(batch.n_episodes, chunks[0].total_bytes)
+        self._metrics.sent(batch.n_episodes, total_bytes)
 
     def _report_progress(self) -> None:
         self._metrics.progress(
