@@ -4,10 +4,10 @@ A lease is K envs one learner steps over one ``Lease`` stream. The
 :class:`LeaseManager` places its envs on workers that declared
 ``rlfleet.leases`` (most free slots first, so they spread), splits each of
 the learner's calls by hosting worker, and passes the workers' replies back
-as the bytes they came in, with the worker's name added
-(rlfleet.coordinator.lease_translation holds the messages). Everything here runs under the fleet
-state's lock, which the Join reader threads (replies, losses) and the lease
-streams' threads share.
+as the bytes they came in, with the worker's name added (the messages are
+rlfleet.coordinator.lease_translation's). Everything here runs under the
+fleet state's lock, which the Join reader threads (replies, losses) and the
+lease streams' threads share.
 
 Each env remembers the call it has in flight (op and argument), so when its
 worker dies it is re-created elsewhere and that call is sent again: the
