@@ -21,7 +21,7 @@ import numpy as np
 
 from rlfleet.core._arrays import episode_starts
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.episode_results import cut_pieces
+from rlfleet.core.episode_order import cut_pieces
 
 #: Actions a stream's current episode may have delivered and still be
 #: rebuilt elsewhere: the coordinator keeps them in memory, per stream.

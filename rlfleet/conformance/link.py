@@ -54,10 +54,18 @@ if TYPE_CHECKING:
 
 #: Capabilities defined by protocol version 1 (worker.proto Hello).
 KNOWN_CAPABILITIES = frozenset(
-    {"rlfleet.episodes", "rlfleet.fragments", "rlfleet.pickle", "rlfleet.leases"}
+    {
+        "rlfleet.episodes",
+        "rlfleet.fragments",
+        "rlfleet.pickle",
+        "rlfleet.leases",
+        "rlfleet.stream-takeover",
+    }
 )
 #: Those the test coordinator grants: never pickle (it needs an opt-in and TLS).
-GRANTED_CAPABILITIES = frozenset({"rlfleet.episodes", "rlfleet.fragments", "rlfleet.leases"})
+GRANTED_CAPABILITIES = frozenset(
+    {"rlfleet.episodes", "rlfleet.fragments", "rlfleet.leases", "rlfleet.stream-takeover"}
+)
 
 #: An event of the stream a check waits for: a message or a whole result.
 Event: TypeAlias = Inbound | DecodedResult
@@ -564,10 +572,10 @@ class WorkerLink:
     def _expectation(self, task: worker_pb2.Task) -> ResultExpectation:
         window = units = None
         if task.mode == worker_pb2.SAMPLE_MODE_FRAGMENTS:
+            first = int(self.welcome.first_stream)
             window = FragmentWindow(
                 base_seed=task.base_seed,
-                first_stream=int(self.welcome.first_stream),
-                num_envs=self.num_envs,
+                streams=tuple(task.streams) or tuple(range(first, first + self.num_envs)),
                 fragment_length=task.fragment_length,
             )
         else:
