@@ -116,3 +116,20 @@ def test_streams_are_checked() -> None:
         vec.collect_fragments(3, base_seed=0, streams=[1, 2, 3])
     with pytest.raises(ConfigError, match="not in streams"):
         vec.collect_fragments(3, base_seed=0, streams=[1], replays=[StreamReplay(2, 0)])
+
+
+def test_an_episode_not_delivered_whole_is_not_replayed_but_its_stream_goes_on() -> None:
+    import rlfleet.envs.testing  # noqa: F401  (registers the Counter env)
+
+    vec = VecWorker(n_envs=1, env=EnvConfig("rlfleet/Counter-v0", {"length": 10}))
+    # Windows of 4 over episodes of 10: w0 e0f0, w1 e0f1, w2 e0f2 + e1f0, w3 e1f1.
+    w0, _, w2, w3 = (vec.collect_fragments(4, base_seed=SEED, first_stream=0) for _ in range(4))
+    whole = StreamBook()
+    for batch in (w0, w2):
+        whole.record(SEED, 1, batch)
+    replay = whole.replay(SEED, 0, 2)
+    assert replay is not None and (replay.episode_index, replay.fragment_index) == (1, 1)
+    gap = StreamBook()
+    for batch in (w0, w3):  # episode 1 began in a window that never arrived
+        gap.record(SEED, 1, batch)
+    assert gap.replay(SEED, 0, 2) == StreamReplay(0, episode_index=2)
