@@ -16,7 +16,7 @@ import pytest
 
 from rlfleet.core import EpisodeBatch
 from rlfleet.envs.config import EnvConfig
-from rlfleet.errors import ConfigError, EnvError
+from rlfleet.errors import ConfigError, EnvError, PolicyError
 from rlfleet.policies import MLPCategoricalPolicy
 from rlfleet.stream_replay import StreamBook, StreamReplay
 from rlfleet.worker import VecWorker
@@ -133,3 +133,21 @@ def test_an_episode_not_delivered_whole_is_not_replayed_but_its_stream_goes_on()
     for batch in (w0, w3):  # episode 1 began in a window that never arrived
         gap.record(SEED, 1, batch)
     assert gap.replay(SEED, 0, 2) == StreamReplay(0, episode_index=2)
+
+
+class _Remembering(MLPCategoricalPolicy):
+    """Keeps state across steps (overrides reset): its draws cannot be replayed."""
+
+    def reset(self, do_resets: object = None) -> None:
+        pass
+
+
+def test_a_stateful_policy_cannot_be_replayed_and_says_so() -> None:
+    book = StreamBook()
+    book.record(SEED, 1, worker(n_envs=1).collect_fragments(LENGTH, base_seed=SEED))
+    replay = book.replay(SEED, 0, 2)
+    assert replay is not None and replay.fragment_index > 0
+    policy = _Remembering(CARTPOLE.env_spec(), hidden_sizes=(16,), seed=3)
+    target = VecWorker(n_envs=1, env=CARTPOLE, policy=policy)
+    with pytest.raises(PolicyError, match="keeps state"):
+        target.collect_fragments(LENGTH, base_seed=SEED, streams=[0], replays=[replay])
