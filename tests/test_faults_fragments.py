@@ -1,7 +1,8 @@
-"""Fragments under faults: long windows, bounded windows.
+"""Fragments under faults: long windows, bounded windows, killed workers.
 
 Issue 12.3 (a worker stepping a long fragment window used to send no
-heartbeats, and fragment_length had no bound). Real coordinator and worker
+heartbeats, and fragment_length had no bound) and 12.6 (a worker killed
+mid-request used to change the answer). Real coordinator and worker
 processes.
 """
 

@@ -25,6 +25,8 @@ PROMISED = [
     "load_batch", "save_batch",
     # RLlib's RolloutWorker surface (issue 14)
     "RolloutWorker", "MultiAgentEpisodeBatch",
+    # fragment streams moved between workers (issue 12.6)
+    "StreamReplay", "StreamBook",
 ]  # fmt: skip
 
 
