@@ -19,8 +19,15 @@ At the end:
   twin); STEPS answers are the shortest prefix reaching the steps asked;
 * every fragments answer is whole: its pieces are unique by (stream,
   episode, fragment), ordered, at most ``fragment_length`` long, and reach
-  the steps asked (docs/reliability.md says why fragments under faults are
-  not compared with a twin);
+  the steps asked (they are not compared with a twin: coordinator restarts
+  and env switches start streams over, docs/reliability.md);
+* a lease of CartPoles (``RemoteVectorEnv`` over the same fleet) is stepped
+  beside all this by a second learner thread, every env's trajectory
+  compared, step by step, with a local ``gym.make`` given the same seeds and
+  actions (the determinism contract of docs/vector_env.md); an env lost
+  with its worker says so (``rlfleet_env_lost``) and is reset; a lease that
+  the coordinator's restart ended is opened again; no call hangs past its
+  deadline;
 * the last coordinator's resident memory is flat after its warm-up.
 """
 
@@ -36,12 +43,14 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
+from rlfleet.client import RemoteVectorEnv
 from rlfleet.core import EpisodeBatch
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import UnavailableError
+from rlfleet.errors import NoWorkersError, UnavailableError
 from rlfleet.policies import MLPCategoricalPolicy
 from rlfleet.seeding import episode_seeds
 from rlfleet.worker.units import make_units
@@ -77,6 +86,10 @@ MEMORY_FROM = 0.45
 #: Seconds a frozen worker stays frozen: past the tests' 3 s heartbeat timeout.
 FROZEN_SECONDS = 5.0
 VERSION = ("worker", "agent_version")
+#: The leased envs: deterministic given seed and actions, so each has a local twin.
+LEASE_ENV = "CartPole-v1"
+LEASE_ENVS = 2
+LOST = "rlfleet_env_lost"
 T = TypeVar("T")
 
 
@@ -158,6 +171,73 @@ class MixedChaos:
         self._thread.join(timeout=120)
         for worker in self._alive():
             self.fleet.thaw(worker)
+
+
+class LeaseDriver:
+    """A second learner: steps leased envs, each against a local twin, until stopped.
+
+    Records the first broken promise in ``failure`` (the test raises it).
+    """
+
+    def __init__(self, address: str, seed: int) -> None:
+        self.address = address
+        self.rng = np.random.default_rng(seed)
+        self.counts = {"steps": 0, "episodes": 0, "lost": 0, "reopened": 0}
+        self.stop = threading.Event()
+        self.failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                try:
+                    with RemoteVectorEnv(
+                        self.address, LEASE_ENV, LEASE_ENVS, call_timeout=60, open_timeout=120
+                    ) as venv:
+                        self._drive(venv)
+                except (UnavailableError, NoWorkersError):
+                    # The coordinator went away (or had no worker yet): open a new lease.
+                    self.counts["reopened"] += 1
+                    self.stop.wait(0.5)
+        except BaseException as exc:  # reported by the test
+            self.failure = exc
+
+    def _reset(self, venv: RemoteVectorEnv, twins: list[gym.Env], i: int) -> np.ndarray:
+        seed = int(self.rng.integers(2**31))
+        obs, _ = venv.reset([i], seed=[seed])
+        want, _ = twins[i].reset(seed=seed)
+        np.testing.assert_array_equal(obs[0], want, err_msg=f"leased env {i}: reset({seed})")
+        return want
+
+    def _drive(self, venv: RemoteVectorEnv) -> None:
+        twins = [gym.make(LEASE_ENV) for _ in range(LEASE_ENVS)]
+        for i in range(LEASE_ENVS):
+            self._reset(venv, twins, i)
+        while not self.stop.is_set():
+            actions = self.rng.integers(2, size=LEASE_ENVS)
+            obs, rewards, terminated, truncated, infos = venv.step(actions)
+            self.counts["steps"] += LEASE_ENVS
+            for i in range(LEASE_ENVS):
+                if infos[i].get(LOST):  # its worker died: a fresh env elsewhere, flagged
+                    assert truncated[i] and not terminated[i], f"leased env {i}: lost, not cut"
+                    self.counts["lost"] += 1
+                    self._reset(venv, twins, i)
+                    continue
+                want = twins[i].step(int(actions[i]))
+                got = (obs[i], rewards[i], terminated[i], truncated[i])
+                for name, a, b in zip(
+                    ("obs", "reward", "terminated", "truncated"), got, want, strict=False
+                ):
+                    np.testing.assert_array_equal(a, b, err_msg=f"leased env {i}: {name}")
+                if terminated[i] or truncated[i]:
+                    self.counts["episodes"] += 1
+                    self._reset(venv, twins, i)
+
+    def join(self) -> None:
+        self.stop.set()
+        self._thread.join(timeout=180)
+        assert not self._thread.is_alive(), "the lease driver hangs"
 
 
 def retried(call: Callable[[], T], chaos: MixedChaos) -> T:
@@ -244,6 +324,7 @@ def test_ten_minutes_of_every_mode_and_every_fault(tmp_path: Path) -> None:
             return version
 
         chaos = MixedChaos(fleet, rng, flags)
+        leases = LeaseDriver(fleet.address, SEED)
         rss: RssProbe | None = None
         start = time.monotonic()
         try:
@@ -290,7 +371,10 @@ def test_ten_minutes_of_every_mode_and_every_fault(tmp_path: Path) -> None:
                     answers.append(Answer(batch, request, env, params, acked(), STEPS))
                 if chaos.failure is not None:
                     raise chaos.failure
+                if leases.failure is not None:
+                    raise leases.failure
         finally:
+            leases.join()
             chaos.join()
             if rss is not None:
                 rss.join()
@@ -300,6 +384,9 @@ def test_ten_minutes_of_every_mode_and_every_fault(tmp_path: Path) -> None:
     assert counts["kill"] + counts["freeze"] >= DURATION / 12, f"only {counts}: no soak"
     assert counts["freeze"] >= 1 and counts["coordinator"] >= 1, counts
     assert updates >= 2 and fragments >= 2, (updates, fragments)
+    if leases.failure is not None:
+        raise leases.failure
+    assert leases.counts["episodes"] >= 2 and leases.counts["lost"] >= 1, leases.counts
     for answer in answers:
         check_episodes(answer, ENVS[answer.env])
         # Versions count per coordinator: compare everything else with the twin.
@@ -311,7 +398,8 @@ def test_ten_minutes_of_every_mode_and_every_fault(tmp_path: Path) -> None:
     limit = warm * (1 + RSS_GROWTH) + RSS_SLACK_BYTES
     print(
         f"long soak: {DURATION:.0f} s, {len(answers)} episode answers (all equal to their "
-        f"twins), {fragments} fragment answers, {updates} updates, faults {counts}; last "
+        f"twins), {fragments} fragment answers, {updates} updates, faults {counts}; "
+        f"leased envs {leases.counts}; last "
         f"coordinator RSS {warm / 2**20:.1f} MiB after warm-up, {final / 2**20:.1f} MiB at "
         f"the end ({probed:.0f} s measured)"
     )
