@@ -278,6 +278,25 @@ def test_a_new_taker_adopts_free_orphans_and_others_get_new_streams() -> None:
     assert scheduler.orphaned_streams == ()
 
 
+def test_a_worker_joining_mid_takeover_adopts_the_streams_but_not_their_windows() -> None:
+    scheduler = takeover_fleet(2, 2)
+    request_id = scheduler.start_sample(spec(Mode.FRAGMENTS, 40, fragment_length=5))
+    first, _ = scheduler.dispatch()
+    scheduler.remove_worker(2, keep_streams=True)
+    (taken,) = scheduler.dispatch()
+    assert (taken.worker_id, taken.streams, taken.rounds) == (1, (2, 3), 2)
+    # The replacement adopts streams 2 and 3 although worker 1 runs them now.
+    assert scheduler.add_worker(3, 2, takeover=True) == (2, 3)
+    scheduler.set_eligible(3, True)
+    assert scheduler.dispatch() == []  # no window of 2 or 3 twice
+    for order in (first, first, taken, taken):
+        window(scheduler, order)
+    assert scheduler.footer(request_id).total_steps == 40
+    scheduler.finish(request_id)
+    scheduler.start_sample(spec(Mode.FRAGMENTS, 40, fragment_length=5))
+    assert [(o.worker_id, o.streams) for o in scheduler.dispatch()] == [(1, (0, 1)), (3, (2, 3))]
+
+
 def test_without_takers_a_lost_workers_windows_are_made_up_by_other_streams() -> None:
     scheduler = fleet(2, 2)
     scheduler.start_sample(spec(Mode.FRAGMENTS, 40, fragment_length=5))

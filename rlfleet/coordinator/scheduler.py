@@ -550,9 +550,10 @@ class Scheduler:
             raise ValueError(f"worker {worker_id} is already registered")
         adopted: list[int] = []
         if takeover:
-            busy = self._busy_orphans()
-            adopted = [s for s in self._orphans if s not in busy][:num_envs]
-            self._orphans = [s for s in self._orphans if s not in adopted]
+            # Busy ones too: their windows in flight finish where they run,
+            # and the adopter's own windows skip them until then.
+            adopted = self._orphans[:num_envs]
+            self._orphans = self._orphans[num_envs:]
         fresh = range(self._next_stream, self._next_stream + num_envs - len(adopted))
         self._next_stream += len(fresh)
         streams = (*adopted, *fresh)
@@ -563,7 +564,7 @@ class Scheduler:
         return streams
 
     def _busy_orphans(self) -> set[int]:
-        """Orphaned streams some request still has windows of (planned or running)."""
+        """Streams taken over that a request still has windows of (planned or running)."""
         busy = {s for t in self._tasks.values() if t.takeover for s in t.streams}
         for request in self._requests.values():
             if isinstance(request, _FragmentRequest):
@@ -874,9 +875,16 @@ class Scheduler:
             return orders
         busy = self._busy_orphans()
         orphans = tuple(s for s in self._orphans if s not in busy) if takers else ()
-        steps_per_round = (sum(w.num_envs for w in workers) + len(orphans)) * length
+        own = {w.worker_id: tuple(s for s in w.streams if s not in busy) for w in workers}
+        steps_per_round = (sum(map(len, own.values())) + len(orphans)) * length
+        if not steps_per_round:
+            return orders  # every stream is busy elsewhere: wait for those windows
         rounds = math.ceil(deficit / steps_per_round)
-        orders += [self._window_task(request, worker, rounds, length) for worker in workers]
+        orders += [
+            self._window_task(request, worker, rounds, length, streams=own[worker.worker_id])
+            for worker in workers
+            if own[worker.worker_id]
+        ]
         if orphans:
             orders += self._take_over(request, takers, orphans, rounds, length, counted=False)
         return orders
