@@ -269,7 +269,7 @@ def test_a_lost_workers_windows_go_to_a_taker_under_the_same_stream_ids() -> Non
     assert [(o.streams, o.rounds) for o in (own, orphans)] == [((0, 1), 2), ((2, 3), 2)]
 
 
-def test_a_new_taker_adopts_free_orphans_and_others_get_new_streams() -> None:
+def test_a_new_taker_adopts_orphans_and_others_get_new_streams() -> None:
     scheduler = takeover_fleet(2)
     scheduler.add_worker(2, 2, takeover=True)
     scheduler.remove_worker(2, keep_streams=True)

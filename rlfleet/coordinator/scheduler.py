@@ -50,7 +50,7 @@ The rules, and why:
   and every orphan's windows in later Sample requests, go to workers that
   can take streams over (``rlfleet.stream-takeover``) and rebuild their
   episodes from replays, so the answer is the one the lost worker would
-  have given. A new worker that can take streams over adopts free orphans
+  have given. A new worker that can take streams over adopts orphans
   first.
 """
 
@@ -537,7 +537,7 @@ class Scheduler:
             worker_id: Its id.
             num_envs: Its env slots.
             takeover: It runs the streams a task names (it declared
-                ``rlfleet.stream-takeover``): it adopts free orphaned
+                ``rlfleet.stream-takeover``): it adopts orphaned
                 streams first, and takes over lost workers' streams.
 
         Returns:
