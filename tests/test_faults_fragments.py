@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import ConfigError, InvalidArgumentError
+from rlfleet.errors import ConfigError, InvalidArgumentError, UnavailableError
 from rlfleet.local_sampler import LocalSampler
 from tests._coordinator_fakes import assert_same_batch
 from tests.fleet_processes import TEST_ENVS_MODULE, ProcessFleet, env_flags, run_in_thread
@@ -98,3 +99,33 @@ def test_a_worker_killed_mid_fragments_request_changes_no_answer(fleet: ProcessF
     last = sampler.obtain_fragments(amount, length)
     assert_same_batch(last, undisturbed[2], skip_infos=VERSION)
     assert len(set(last.episode_infos["worker"].tolist())) == 2  # both workers ran a stream
+
+
+def test_a_fragments_request_retried_after_a_coordinator_crash_starts_the_streams_over(
+    fleet: ProcessFleet,
+) -> None:
+    """The coordinator keeps its stream book in memory: after a restart, streams start over.
+
+    The retried request is whole and equals what an undisturbed new fleet
+    answers first (every stream from its first episode), not the
+    continuation the crashed coordinator would have given.
+    """
+    length, amount = 50, 200
+    fleet.start_coordinator(*env_flags(SLOW))
+    fleet.start_worker(imports=[TEST_ENVS_MODULE])
+    fleet.start_worker(imports=[TEST_ENVS_MODULE])
+    before = fleet.wait_for_workers(2)
+    with LocalSampler(SLOW_TWIN, seed=SEED, n_workers=2) as local:
+        first, continuation = (local.obtain_fragments(amount, length) for _ in range(2))
+    sampler = fleet.sampler(seed=SEED, timeout=120)
+    assert_same_batch(sampler.obtain_fragments(amount, length), first, skip_infos=VERSION)
+    crashed = run_in_thread(lambda: sampler.obtain_fragments(amount, length))
+    fleet.wait_until(fleet.busy, what="the request on the workers")
+    fleet.kill(fleet.coordinator)
+    with pytest.raises(UnavailableError):
+        crashed(60)
+    fleet.start_coordinator(*env_flags(SLOW))  # same port, fresh state
+    fleet.wait_for_workers(2, coordinator_id=before.coordinator_id)
+    retried = sampler.obtain_fragments(amount, length)
+    assert_same_batch(retried, first, skip_infos=VERSION)
+    assert not np.array_equal(retried.observations, continuation.observations)

@@ -19,8 +19,11 @@ At the end:
   twin); STEPS answers are the shortest prefix reaching the steps asked;
 * every fragments answer is whole: its pieces are unique by (stream,
   episode, fragment), ordered, at most ``fragment_length`` long, and reach
-  the steps asked (they are not compared with a twin: coordinator restarts
-  and env switches start streams over, docs/reliability.md);
+  the steps asked; it holds every stream the coordinator that answered it
+  ever had (a dead worker's streams are taken over, not dropped), and each
+  stream's pieces equal, bit for bit, that stream run locally without
+  faults through the same agent and env updates (its twin; a coordinator
+  restart starts every stream over, and the twins with them);
 * a lease of CartPoles (``RemoteVectorEnv`` over the same fleet) is stepped
   beside all this by a second learner thread, every env's trajectory
   compared, step by step, with a local ``gym.make`` given the same seeds and
@@ -288,6 +291,70 @@ def check_fragments(batch: EpisodeBatch, amount: int, what: str) -> None:
     assert int(batch.lengths.sum()) >= amount, f"{what}: short"
 
 
+class FragmentTwins:
+    """Every fragment stream of the current coordinator, run locally and undisturbed.
+
+    One single-slot VecWorker per stream (a stream does not depend on its
+    slot or batch), fed the learner's agent and env updates in order.
+    """
+
+    def __init__(self, env: int, params: dict[str, np.ndarray]) -> None:
+        self.env, self.params = env, params
+        self.coordinator_id: str | None = None
+        self.workers: dict[int, VecWorker] = {}
+        self.checked = 0
+
+    def _policy(self) -> MLPCategoricalPolicy:
+        spec = env_config(self.env).env_spec()
+        policy = MLPCategoricalPolicy(spec, hidden_sizes=[16])
+        policy.set_param_values(self.params)
+        return policy
+
+    def agent(self, params: dict[str, np.ndarray]) -> None:
+        self.params = params
+        for worker in self.workers.values():
+            worker.update_agent(self._policy())
+
+    def switch(self, env: int, params: dict[str, np.ndarray]) -> None:
+        self.env, self.params = env, params
+        for worker in self.workers.values():
+            worker.update_env(env_config(env))
+            worker.update_agent(self._policy())
+
+    def check(self, batch: EpisodeBatch, coordinator_id: str | None, what: str) -> None:
+        if coordinator_id != self.coordinator_id:  # a new coordinator: streams start over
+            self.close()
+            self.coordinator_id = coordinator_id
+        streams = sorted(set(batch.episode_infos["stream"].tolist()))
+        known = max(self.workers, default=-1) + 1
+        assert streams == list(range(max(len(streams), known))), f"{what}: streams {streams}"
+        for stream in streams:
+            got = batch.take_episodes(np.flatnonzero(batch.episode_infos["stream"] == stream))
+            worker = self.workers.get(stream)
+            if worker is None:
+                worker = self.workers[stream] = VecWorker(
+                    n_envs=1, env=env_config(self.env), policy=self._policy()
+                )
+            windows = got.total_steps // FRAGMENT_LENGTH
+            want = EpisodeBatch.concatenate(
+                *(
+                    worker.collect_fragments(FRAGMENT_LENGTH, base_seed=SEED, streams=[stream])
+                    for _ in range(windows)
+                )
+            )
+            assert_same_batch(got, want, skip_infos=VERSION)
+        self.checked += 1
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.shutdown()
+        self.workers = {}
+
+
+def env_config(env: int) -> EnvConfig:
+    return EnvConfig(ENVS[env].id, dict(ENVS[env].kwargs), imports=(ENV_MODULE,))
+
+
 def twin(answer: Answer) -> EpisodeBatch:
     """The same episodes run locally, undisturbed."""
     env = EnvConfig(ENVS[answer.env].id, dict(ENVS[answer.env].kwargs), imports=(ENV_MODULE,))
@@ -315,6 +382,7 @@ def test_ten_minutes_of_every_mode_and_every_fault(tmp_path: Path) -> None:
         env = 0
         policy = MLPCategoricalPolicy(specs[env], hidden_sizes=[16], seed=0)
         sampler.update_agent(policy)
+        twins = FragmentTwins(env, policy.get_param_values())
 
         def acked() -> int:
             # The version the answer's header named (versions count per
@@ -351,14 +419,18 @@ def test_ten_minutes_of_every_mode_and_every_fault(tmp_path: Path) -> None:
                         chaos,
                     )
                     answers.append(Answer(batch, request, env, params, acked(), STEPS))
+                    twins.switch(env, params)
                     updates += 1
                 elif roll < 0.15:  # new parameters, as a training loop pushes them
                     policy = MLPCategoricalPolicy(specs[env], hidden_sizes=[16], seed=request)
                     retried(partial(sampler.update_agent, policy), chaos)
+                    twins.agent(policy.get_param_values())
                     updates += 1
                 elif roll < 0.30:
                     batch = retried(lambda: sampler.obtain_fragments(STEPS, FRAGMENT_LENGTH), chaos)
-                    check_fragments(batch, STEPS, f"fragments request {request}")
+                    what = f"fragments request {request}"
+                    check_fragments(batch, STEPS, what)
+                    twins.check(batch, sampler.coordinator_id, what)
                     fragments += 1
                 elif roll < 0.45:
                     batch = retried(lambda: sampler.obtain_episodes(24), chaos)
@@ -374,6 +446,7 @@ def test_ten_minutes_of_every_mode_and_every_fault(tmp_path: Path) -> None:
                 if leases.failure is not None:
                     raise leases.failure
         finally:
+            twins.close()
             leases.join()
             chaos.join()
             if rss is not None:
@@ -397,8 +470,8 @@ def test_ten_minutes_of_every_mode_and_every_fault(tmp_path: Path) -> None:
     warm, final = rss.after(probed * 0.25), rss.final()
     limit = warm * (1 + RSS_GROWTH) + RSS_SLACK_BYTES
     print(
-        f"long soak: {DURATION:.0f} s, {len(answers)} episode answers (all equal to their "
-        f"twins), {fragments} fragment answers, {updates} updates, faults {counts}; "
+        f"long soak: {DURATION:.0f} s, {len(answers)} episode answers and {twins.checked} "
+        f"fragment answers (all equal to their twins), {updates} updates, faults {counts}; "
         f"leased envs {leases.counts}; last "
         f"coordinator RSS {warm / 2**20:.1f} MiB after warm-up, {final / 2**20:.1f} MiB at "
         f"the end ({probed:.0f} s measured)"

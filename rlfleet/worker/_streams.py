@@ -65,6 +65,10 @@ class FragmentStreams:
         self._parked.clear()
         self._holder = [None] * len(self._holder)
 
+    def release_envs(self) -> None:
+        """The envs will run other work: waiting episodes are rebuilt by replay when resumed."""
+        self._holder = [None] * len(self._holder)
+
     def collect(
         self,
         length: int,

@@ -345,9 +345,10 @@ class VecWorker:
     def submit(self, units: Iterable[EpisodeUnit]) -> None:
         """Queues units (FIFO); idle slots take them at the start of a step.
 
-        Submitting ends any open fragment streams (their envs are reused);
-        each stream continues with its next episode on the next
-        :meth:`collect_fragments`.
+        Units reuse the envs of fragment streams; a stream's episode left
+        between windows is rebuilt by replay on the next
+        :meth:`collect_fragments`, so episode requests between fragment
+        requests change no stream.
 
         Raises:
             TypeError: If an item is not an EpisodeUnit.
@@ -358,7 +359,7 @@ class VecWorker:
             if not isinstance(unit, EpisodeUnit):
                 raise TypeError(f"submit() takes EpisodeUnit objects, got {type(unit).__name__}")
         if units:
-            self._streams.abandon()
+            self._streams.release_envs()
         self._queue.extend(units)
 
     def start_queued(self) -> int:
@@ -539,9 +540,10 @@ class VecWorker:
         the observation).
 
         An agent update between calls applies from the next call: episodes
-        continue with the new policy. An env update, :meth:`submit`, calling
-        with another ``base_seed``, or an error raised by this method
-        abandons each stream's current episode (its pieces already returned
+        continue with the new policy; so does running episode units between
+        calls (the envs they used are rebuilt by replay). An env update,
+        calling with another ``base_seed``, or an error raised by this
+        method abandons each stream's current episode (its pieces already returned
         stand); the stream continues with its next episode.
         An env that crashes mid-episode is rebuilt (within the restart
         budget), the piece so far is returned cut, and the stream moves on
