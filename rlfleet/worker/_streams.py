@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from rlfleet.errors import EnvError, PolicyError
+from rlfleet.policies.base import Policy
 from rlfleet.seeding import stream_seeds
 from rlfleet.stream_replay import StreamReplay
 from rlfleet.worker._engine import Live, SlotEngine
@@ -203,19 +204,31 @@ class FragmentStreams:
                 "Policy.reset): its episode cannot be rebuilt by replay. Use a stateless "
                 "policy for fragments that must survive worker faults"
             )
-        env = engine.envs[slot]
-        if env is None:
-            env = engine.envs[slot] = engine.source.rebuild()
         actions = np.concatenate(parked.actions)
-        observation, _ = env.reset(seed=env_seed)
         ended = False
-        for step, action in enumerate(actions):
-            if parked.draws_pending:
-                policy.get_actions(np.asarray(observation)[None], [live.rng])
-            observation, _, terminated, truncated, _ = env.step(action)
-            if (terminated or truncated) and step < len(actions) - 1:
-                ended = True
-                break
+        try:
+            env = engine.envs[slot]
+            if env is None:
+                env = engine.envs[slot] = engine.source.rebuild()
+            observation, _ = env.reset(seed=env_seed)
+            for step, action in enumerate(actions):
+                if parked.draws_pending:
+                    self._draw(policy, observation, live, stream)
+                observation, _, terminated, truncated, _ = env.step(action)
+                if (terminated or truncated) and step < len(actions) - 1:
+                    ended = True
+                    break
+        except (EnvError, PolicyError):
+            raise
+        except Exception as exc:
+            self._holder[slot] = None
+            raise EnvError(
+                f"env {engine.source_name} raised {type(exc).__name__}: {exc} while episode "
+                f"{episode} of stream {stream} was rebuilt by replaying its {len(actions)} "
+                "delivered actions",
+                worker=engine.name,
+                env_index=slot,
+            ) from exc
         parked.draws_pending = False
         want = live.parked_obs
         assert want is not None
@@ -233,6 +246,19 @@ class FragmentStreams:
                 env_index=slot,
                 step=len(actions),
             )
+
+    @staticmethod
+    def _draw(policy: Policy, observation: object, live: Live, stream: int) -> None:
+        """Draws the episode's generator as the policy did on ``observation``."""
+        try:
+            policy.get_actions(np.asarray(observation)[None], [live.rng])
+        except PolicyError:
+            raise
+        except Exception as exc:
+            raise PolicyError(
+                f"policy {type(policy).__name__} raised {type(exc).__name__}: {exc} while "
+                f"stream {stream}'s episode was rebuilt by replay"
+            ) from exc
 
     def _continue(self, live: Live) -> None:
         """Turns a parked episode's state into its next piece's."""
