@@ -297,6 +297,19 @@ def test_a_worker_joining_mid_takeover_adopts_the_streams_but_not_their_windows(
     assert [(o.worker_id, o.streams) for o in scheduler.dispatch()] == [(1, (0, 1)), (3, (2, 3))]
 
 
+def test_the_streams_of_a_taker_that_is_not_ready_are_run_by_the_others() -> None:
+    scheduler = takeover_fleet(2)
+    assert scheduler.add_worker(2, 2, takeover=True) == (2, 3)  # joined, env not built yet
+    scheduler.start_sample(spec(Mode.FRAGMENTS, 40, fragment_length=5))
+    own, stand_in = scheduler.dispatch()
+    assert [(o.worker_id, o.streams, o.rounds) for o in (own, stand_in)] == [
+        (1, (0, 1), 2),
+        (1, (2, 3), 2),
+    ]
+    scheduler.set_eligible(2, True)
+    assert scheduler.dispatch() == []  # its streams run on worker 1 in this request
+
+
 def test_without_takers_a_lost_workers_windows_are_made_up_by_other_streams() -> None:
     scheduler = fleet(2, 2)
     scheduler.start_sample(spec(Mode.FRAGMENTS, 40, fragment_length=5))

@@ -51,7 +51,8 @@ The rules, and why:
   can take streams over (``rlfleet.stream-takeover``) and rebuild their
   episodes from replays, so the answer is the one the lost worker would
   have given. A new worker that can take streams over adopts orphans
-  first.
+  first; until it is ready, others run its streams too, so every answer
+  covers every stream.
 """
 
 from __future__ import annotations
@@ -874,8 +875,8 @@ class Scheduler:
         if deficit <= 0:
             return orders
         busy = self._busy_orphans()
-        orphans = tuple(s for s in self._orphans if s not in busy) if takers else ()
         own = {w.worker_id: tuple(s for s in w.streams if s not in busy) for w in workers}
+        orphans = self._stand_ins(own) if takers else ()
         steps_per_round = (sum(map(len, own.values())) + len(orphans)) * length
         if not steps_per_round:
             return orders  # every stream is busy elsewhere: wait for those windows
@@ -888,6 +889,19 @@ class Scheduler:
         if orphans:
             orders += self._take_over(request, takers, orphans, rounds, length, counted=False)
         return orders
+
+    def _stand_ins(self, own: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
+        """Streams no eligible worker runs in a new round: free orphans, and the
+        streams of workers that can take streams over but are not ready (one
+        that just joined and adopted orphans, or one building an env)."""
+        running = {s for t in self._tasks.values() if t.is_windows for s in t.streams}
+        waiting = [
+            s
+            for w in self._workers.values()
+            if w.takeover and w.worker_id not in own
+            for s in w.streams
+        ]
+        return tuple(sorted(s for s in {*self._orphans, *waiting} if s not in running))
 
     def _take_over(
         self,
