@@ -18,7 +18,7 @@ import dataclasses
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
@@ -349,15 +349,23 @@ class WorkerLink:
         return self._send_task(worker_pb2.Task(request_id=request, mode=mode, units=units))
 
     def send_fragments(
-        self, fragment_length: int, rounds: int, *, base_seed: int = 0
+        self,
+        fragment_length: int,
+        rounds: int,
+        *,
+        base_seed: int = 0,
+        streams: Sequence[int] = (),
+        replays: Sequence[worker_pb2.ReliabilityStreamReplay] = (),
     ) -> worker_pb2.Task:
-        """Sends a FRAGMENTS task."""
+        """Sends a FRAGMENTS task (``streams``, ``replays``: rlfleet.stream-takeover)."""
         task = worker_pb2.Task(
             request_id=next(_request_ids),
             mode=worker_pb2.SAMPLE_MODE_FRAGMENTS,
             fragment_length=fragment_length,
             rounds=rounds,
             base_seed=base_seed,
+            streams=streams,
+            replays=replays,
         )
         return self._send_task(task)
 
