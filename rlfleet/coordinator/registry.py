@@ -93,7 +93,7 @@ class WorkerHandle:
 
 
 class Registry:
-    """Connected workers by id, with unique names and fragment streams.
+    """Connected workers by id, with unique names (their streams come from the Scheduler).
 
     Not thread-safe: used under the coordinator's lock.
 
