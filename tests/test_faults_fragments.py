@@ -101,6 +101,40 @@ def test_a_worker_killed_mid_fragments_request_changes_no_answer(fleet: ProcessF
     assert len(set(last.episode_infos["worker"].tolist())) == 2  # both workers ran a stream
 
 
+def test_a_worker_frozen_mid_fragments_request_is_dropped_and_changes_no_answer(
+    fleet: ProcessFleet,
+) -> None:
+    """A SIGSTOPped worker is dropped at the heartbeat timeout; its stream is taken over.
+
+    When it wakes it rejoins as a new worker and adopts its old stream back
+    (rebuilt from a replay): both answers equal the undisturbed ones.
+    """
+    length, amount = 50, 200
+    fleet.start_coordinator(*env_flags(SLOW))  # heartbeat timeout 3 s
+    fleet.start_worker(imports=[TEST_ENVS_MODULE])
+    fleet.start_worker(imports=[TEST_ENVS_MODULE])
+    before = fleet.wait_for_workers(2)
+    victim = fleet.workers[0]
+    with LocalSampler(SLOW_TWIN, seed=SEED, n_workers=2) as local:
+        undisturbed = [local.obtain_fragments(amount, length) for _ in range(2)]
+    sampler = fleet.sampler(seed=SEED, timeout=120)
+    answer = run_in_thread(lambda: sampler.obtain_fragments(amount, length))
+    fleet.wait_until(lambda: fleet.units_on(victim.name) == 1, what="one window left on the victim")
+    fleet.freeze(victim)
+    assert_same_batch(answer(120), undisturbed[0], skip_infos=VERSION)
+    fleet.thaw(victim)
+    fleet.wait_until(
+        lambda: (
+            {w.worker_id for w in fleet.wait_for_workers(2).workers}
+            != {w.worker_id for w in before.workers}
+        ),
+        what="the woken worker to rejoin",
+    )
+    last = sampler.obtain_fragments(amount, length)
+    assert_same_batch(last, undisturbed[1], skip_infos=VERSION)
+    assert len(set(last.episode_infos["worker"].tolist())) == 2  # it runs its stream again
+
+
 def test_a_fragments_request_retried_after_a_coordinator_crash_starts_the_streams_over(
     fleet: ProcessFleet,
 ) -> None:
