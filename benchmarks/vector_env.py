@@ -17,7 +17,10 @@ Measures env steps per second of a learner that steps a vector env itself
     against ``wait_num=16``; reports the speedup.
 
 Each figure is env steps (not learner calls) per wall-clock second after a
-warm-up. Timing on a shared machine varies from run to run: compare figures
+warm-up. The Remote figures also give CPU microseconds per env step of the
+learner's process (which embeds the coordinator: ``Fleet.local``) and of
+each worker process, read with psutil: less noisy than wall clock on a
+shared machine. Timing on a shared machine varies from run to run: compare figures
 of one run. Needs rlfleet importable (``PYTHONPATH=.`` from the repository
 root).
 """
@@ -32,11 +35,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import gymnasium as gym
 import numpy as np
+import psutil
 
 import rlfleet.envs.testing  # noqa: F401  (registers rlfleet/Slow-v0 here too)
 from rlfleet.client import Fleet, RemoteVectorEnv
@@ -69,13 +73,23 @@ class BatchedMLP:
         return np.argmax(x, axis=1)
 
 
+def cpu_seconds(processes: list[psutil.Process]) -> np.ndarray:
+    """User + system CPU seconds of each process so far."""
+    return np.array([sum(p.cpu_times()[:2]) for p in processes])
+
+
 def run_tianshou(
     venv: BaseVectorEnv,
     policy: Callable[[np.ndarray], np.ndarray],
     seconds: float,
     warmup: float,
-) -> float:
-    """Steps a tianshou-style vector env (sync or async) for ``seconds``; steps/s."""
+    processes: list[psutil.Process] | None = None,
+) -> tuple[float, np.ndarray]:
+    """Steps a tianshou-style vector env (sync or async) for ``seconds``.
+
+    Returns:
+        Steps per second, and CPU microseconds per step of each of ``processes``.
+    """
     n = len(venv)
     obs, _ = venv.reset(seed=list(range(n)))
     latest = np.asarray(obs).copy()
@@ -96,11 +110,13 @@ def run_tianshou(
         return steps, time.perf_counter() - start
 
     run_for(warmup)
+    cpu_before = cpu_seconds(processes or [])
     steps, elapsed = run_for(seconds)
+    cpu_per_step = 1e6 * (cpu_seconds(processes or []) - cpu_before) / max(steps, 1)
     in_flight = n - len(ready)
     while in_flight:  # collect what is still in flight before closing
         in_flight -= len(venv.step([], id=[])[4])
-    return steps / elapsed
+    return steps / elapsed, cpu_per_step
 
 
 def run_gymnasium(
@@ -168,7 +184,10 @@ def remote_round_trip_ms(fleet: Fleet, rounds: int) -> float:
     return 1000 * float(np.median(times))
 
 
-def measure(make: Callable[[], Any], run: Callable[[Any], float]) -> float:
+T = TypeVar("T")
+
+
+def measure(make: Callable[[], Any], run: Callable[[Any], T]) -> T:
     env = make()
     try:
         return run(env)
@@ -189,16 +208,27 @@ def main(argv: list[str] | None = None) -> int:
     policy = BatchedMLP(4, 2)
     idle = BatchedMLP(1, 2)
     figures: dict[str, float] = {}
+    fleet = Fleet.local(workers=2, envs_per_worker=16, imports=("rlfleet.envs.testing",))
+    processes = [psutil.Process()] + [psutil.Process(w.process.pid) for w in fleet.workers]
 
     def tianshou(
         name: str,
         make: Callable[[], BaseVectorEnv],
         pol: Callable[[np.ndarray], np.ndarray] = policy,
     ) -> None:
-        figures[name] = measure(make, lambda venv: run_tianshou(venv, pol, seconds, warmup))
-        print(f"{name:<44} {figures[name]:>10,.0f} steps/s", flush=True)
+        remote = name.split()[1] == "remote"
+        watched = processes if remote else []
+        rate, cpu = measure(make, lambda venv: run_tianshou(venv, pol, seconds, warmup, watched))
+        figures[name] = rate
+        line = f"{name:<44} {rate:>10,.0f} steps/s"
+        if remote:
+            figures[f"{name} cpu us/step learner"] = float(cpu[0])
+            for k, value in enumerate(cpu[1:]):
+                figures[f"{name} cpu us/step worker {k}"] = float(value)
+            workers = " / ".join(f"{value:.0f}" for value in cpu[1:])
+            line += f"   CPU us/step: learner+coordinator {cpu[0]:.0f}, workers {workers}"
+        print(line, flush=True)
 
-    fleet = Fleet.local(workers=2, envs_per_worker=16, imports=("rlfleet.envs.testing",))
     try:
         print("(a) CartPole x 16, batched MLP on the learner", flush=True)
         tianshou("a remote 2x8 sync", lambda: RemoteVectorEnv(fleet, CARTPOLE, 16))

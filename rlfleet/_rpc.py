@@ -71,8 +71,14 @@ class WithChunk:
     chunk: Chunk | None = None
 
 
-def serialize(obj: Message | WithChunk) -> bytes:
-    """Serializes a plain message, or a WithChunk without copying through protobuf."""
+def serialize(obj: Message | WithChunk | bytes) -> bytes:
+    """Serializes a plain message, or a WithChunk without copying through protobuf.
+
+    ``bytes`` are a message serialized already (e.g. by
+    :func:`rlfleet.wire.serialize_batch_messages`) and are sent as they are.
+    """
+    if isinstance(obj, bytes):
+        return obj
     if isinstance(obj, WithChunk):
         if obj.chunk is None:
             return bytes(obj.message.SerializeToString())

@@ -63,6 +63,8 @@ def test_the_dashboard_is_valid_json_over_exported_metrics() -> None:
         "rlfleet_policy_lag_versions_bucket",
         "rlfleet_errors_total",
         "rlfleet_worker_env_restarts_total",
+        "rlfleet_lease_call_duration_seconds_bucket",
+        "rlfleet_leased_envs",
     ):
         assert needed in used, needed
 

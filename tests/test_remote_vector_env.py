@@ -7,7 +7,10 @@ tests/test_leases_faults.py.
 
 from __future__ import annotations
 
+import os
 import re
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +36,9 @@ from rlfleet.errors import (
 TESTING = "rlfleet.envs.testing"
 #: Per-lease cap of the fixture's coordinator (its fleet has 2 x 4 slots).
 MAX_PER_LEASE = 6
+#: Per-learner caps of the fixture's coordinator.
+MAX_LEASES_PER_LEARNER = 2
+MAX_ENVS_PER_LEARNER = 7
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +47,11 @@ def fleet() -> Iterator[Fleet]:
         workers=2,
         envs_per_worker=4,
         imports=(TESTING,),
-        coordinator_options={"max_envs_per_lease": MAX_PER_LEASE},
+        coordinator_options={
+            "max_envs_per_lease": MAX_PER_LEASE,
+            "max_leases_per_learner": MAX_LEASES_PER_LEARNER,
+            "max_envs_per_learner": MAX_ENVS_PER_LEARNER,
+        },
     )
     try:
         yield fleet
@@ -169,17 +179,63 @@ def test_leases_and_sampling_share_the_fleet(fleet: Fleet) -> None:
     assert len(batch.lengths) == 8  # garage's contract: 4 episodes per worker
 
 
+def test_a_fully_leased_fleet_samples_once_slots_are_released(fleet: Fleet) -> None:
+    """Leased envs take sampling slots: with all 8 leased, sampling waits for a release."""
+    events: list[str] = []
+    leases = [
+        RemoteVectorEnv(fleet, "CartPole-v1", MAX_PER_LEASE, learner="a"),
+        RemoteVectorEnv(fleet, "CartPole-v1", 8 - MAX_PER_LEASE, learner="b"),
+    ]
+    assert fleet.sampler.status().leased_envs == 8
+
+    def sample() -> None:
+        fleet.sampler.obtain_exact_episodes(1)
+        events.append("sampled")
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        sampler.join(2.0)  # time enough to sample 2 short episodes, had it slots
+        events.append("released")
+    finally:
+        for venv in leases:
+            venv.close()
+    sampler.join(60)
+    assert events == ["released", "sampled"]
+
+
 def test_caps_and_capacity_give_clear_errors(fleet: Fleet) -> None:
     with pytest.raises(ResourceExhaustedError, match=f"at most {MAX_PER_LEASE} envs"):
         RemoteVectorEnv(fleet, "CartPole-v1", MAX_PER_LEASE + 1)
     with RemoteVectorEnv(fleet, "CartPole-v1", MAX_PER_LEASE) as venv:
-        # 8 slots, 6 leased: 3 more do not fit, and the error says why.
+        # 8 slots, 6 leased: 3 more (another learner's) do not fit, and the error says why.
         with pytest.raises(NoWorkersError, match="2 free slots"):
-            RemoteVectorEnv(fleet, "CartPole-v1", 3, open_timeout=1.0)
+            RemoteVectorEnv(fleet, "CartPole-v1", 3, open_timeout=1.0, learner="other")
         venv.reset()
     # Released on close: the slots are free again.
     with RemoteVectorEnv(fleet, "CartPole-v1", MAX_PER_LEASE, open_timeout=10.0) as venv:
         venv.reset()
+
+
+def test_one_learner_cannot_take_the_fleet_with_many_leases(fleet: Fleet) -> None:
+    with RemoteVectorEnv(fleet, "CartPole-v1", 1), RemoteVectorEnv(fleet, "CartPole-v1", 1):
+        with pytest.raises(
+            ResourceExhaustedError, match=f"at most {MAX_LEASES_PER_LEARNER} leases"
+        ) as refused:
+            RemoteVectorEnv(fleet, "CartPole-v1", 1)
+        assert f"{socket.gethostname()}:{os.getpid()}" in str(refused.value)  # who
+        # Another learner is not held back by this one's leases.
+        with RemoteVectorEnv(fleet, "CartPole-v1", 1, learner="other") as other:
+            other.reset(seed=0)
+    with RemoteVectorEnv(fleet, "CartPole-v1", 5, learner="big"):
+        # 8 slots and 5 leased: 3 more would fit the fleet, not the learner's cap.
+        with pytest.raises(ResourceExhaustedError, match=f"at most {MAX_ENVS_PER_LEARNER} envs"):
+            RemoteVectorEnv(fleet, "CartPole-v1", 3, learner="big")
+        with RemoteVectorEnv(fleet, "CartPole-v1", 2, learner="big") as more:
+            more.reset(seed=0)
+    # Released leases no longer count.
+    with RemoteVectorEnv(fleet, "CartPole-v1", MAX_ENVS_PER_LEARNER - 1, learner="big") as venv:
+        venv.reset(seed=0)
 
 
 def test_bad_env_is_refused_with_the_workers_error(fleet: Fleet) -> None:
@@ -238,20 +294,26 @@ def test_leases_show_in_the_coordinators_metrics(fleet: Fleet) -> None:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    def gauges() -> dict[str, float]:
+    watched = ("rlfleet_leases", "rlfleet_leased_envs", "rlfleet_lease_call_duration_seconds_count")
+
+    def scrape() -> dict[tuple[str, str], float]:
         text = generate_latest(fleet.server.coordinator.metrics.registry).decode()
         return {
-            sample.name: sample.value
+            (sample.name, sample.labels.get("op", "")): sample.value
             for family in text_string_to_metric_families(text)
             for sample in family.samples
-            if sample.name in ("rlfleet_leases", "rlfleet_leased_envs")
+            if sample.name in watched
         }
 
-    before = gauges()
+    before = scrape()
     with RemoteVectorEnv(fleet.sampler, "CartPole-v1", 3) as venv:
-        venv.reset()
-        during = gauges()
-    assert during == {
-        "rlfleet_leases": before["rlfleet_leases"] + 1,
-        "rlfleet_leased_envs": before["rlfleet_leased_envs"] + 3,
-    }
+        venv.reset(seed=0)
+        for _ in range(5):
+            venv.step(np.zeros(3, np.int64))  # 3 envs on 2 workers: one call, one answer
+        during = scrape()
+    count = "rlfleet_lease_call_duration_seconds_count"
+    assert during[("rlfleet_leases", "")] == before[("rlfleet_leases", "")] + 1
+    assert during[("rlfleet_leased_envs", "")] == before[("rlfleet_leased_envs", "")] + 3
+    # One observation per learner call once all its envs answered, labelled by op.
+    assert during[(count, "step")] == before.get((count, "step"), 0) + 5
+    assert during[(count, "reset")] == before.get((count, "reset"), 0) + 1

@@ -275,6 +275,7 @@ def test_hello_env_ready_results_and_heartbeats(
     assert list(hello.capabilities) == [
         "rlfleet.episodes",
         "rlfleet.fragments",
+        "rlfleet.multi-agent",
         "rlfleet.stream-takeover",
         "rlfleet.leases",
     ]

@@ -192,6 +192,23 @@ def test_ineligible_workers_get_no_work_until_ready() -> None:
     assert by_worker(scheduler.dispatch()) == {1: [1]}
 
 
+def test_leased_envs_take_sampling_slots_until_released() -> None:
+    scheduler = fleet(4, 4)  # capacities 8 and 8
+    scheduler.set_leased(1, 4)  # every slot of worker 1 is leased
+    scheduler.set_leased(2, 1)  # 3 slots of worker 2 are left: capacity 6
+    scheduler.start_sample(spec(Mode.EPISODES, 20))
+    assert by_worker(scheduler.dispatch()) == {2: [0, 1, 2, 3, 4, 5]}
+    scheduler.set_leased(1, 0)  # the lease was released: worker 1 samples again
+    assert by_worker(scheduler.dispatch()) == {1: [6, 7, 8, 9, 10, 11, 12, 13]}
+
+
+def test_a_worker_hosting_leased_envs_takes_no_fragment_windows() -> None:
+    scheduler = fleet(2, 2)
+    scheduler.set_leased(1, 1)  # a window would run both of its slots
+    scheduler.start_sample(spec(Mode.FRAGMENTS, 20, fragment_length=5))
+    assert [(o.worker_id, o.rounds) for o in scheduler.dispatch()] == [(2, 2)]
+
+
 def test_only_one_sample_request_at_a_time() -> None:
     scheduler = fleet(1)
     scheduler.start_sample(spec(Mode.EPISODES, 1))

@@ -227,6 +227,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="envs all leases together may hold",
     )
     option(
+        "--max-leases-per-learner",
+        type=positive_int,
+        default=16,
+        help="leases one learner (its LeaseOpen.learner name and host) may hold at once",
+    )
+    option(
+        "--max-envs-per-learner",
+        type=positive_int,
+        default=1024,
+        help="envs the leases of one learner may hold together",
+    )
+    option(
         "--health-listen",
         **env_option(
             "RLFLEET_HEALTH_LISTEN",
@@ -315,6 +327,8 @@ def run(args: argparse.Namespace) -> int:
         max_subscribers=args.max_subscribers,
         max_envs_per_lease=args.max_envs_per_lease,
         max_leased_envs=args.max_leased_envs,
+        max_leases_per_learner=args.max_leases_per_learner,
+        max_envs_per_learner=args.max_envs_per_learner,
         max_result_bytes=args.max_result_bytes,
         max_learner_calls=args.max_learner_calls,
         max_buffered_steps=args.max_buffered_steps,

@@ -61,8 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             default=None,
             type=non_negative_int,
             help=(
-                "leased envs (RemoteVectorEnv) this worker hosts at most, besides its --envs "
-                "sampling slots (default: --envs; 0: none)"
+                "leased envs (RemoteVectorEnv) this worker hosts at most; they take its --envs "
+                "slots from sampling while leased (default: --envs; 0: none)"
             ),
         ),
     )

@@ -1,9 +1,10 @@
 """LeaseStream: one ``Lease`` call, the connection layer of RemoteVectorEnv.
 
-It speaks rlfleet's types to its user and protobuf to the coordinator: it
-opens a lease of K envs, sends calls on some env ids without waiting
-(pipelining), and hands back each env's answer as it lands, decoded into
-numpy arrays and info dicts. A reader thread receives the replies; every
+It speaks rlfleet's types to its user and, through rlfleet.lease_messages
+(the lease face's translation), protobuf to the coordinator: it opens a
+lease of K envs, sends calls on some env ids without waiting (pipelining),
+and hands back each env's answer as it lands, decoded into numpy arrays and
+info dicts. A reader thread receives the replies; every
 wait has a deadline, and an env whose answer is late past ``call_timeout``
 is answered with an :class:`~rlfleet.errors.RlfleetTimeoutError` naming the
 seconds (its late answer is then dropped).
@@ -12,43 +13,32 @@ seconds (its late answer is then dropped).
 from __future__ import annotations
 
 import itertools
-import json
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import gymnasium as gym
-import numpy as np
 
 from rlfleet import _rpc
 from rlfleet.client._errors import call_error
 from rlfleet.core import EnvSpec
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ProtocolError, RlfleetError, RlfleetTimeoutError, UsageError
-from rlfleet.v1 import leases_pb2, updates_pb2
-from rlfleet.wire import decode_env_spec, decode_tensor, decode_tensor_map, encode_tensor
+from rlfleet.lease_messages import (
+    CLOSE_REQUEST,
+    LeaseEnvFailure,
+    LeaseOpenedEvent,
+    LeaseRepliedEvent,
+    call_request,
+    decode_lease_response,
+    open_request,
+)
 
-#: Ops by the vector-env command names of rlfleet.envs (the RemoteVectorEnv's vocabulary).
-OPS = {
-    "reset": leases_pb2.LEASE_OP_RESET,
-    "step": leases_pb2.LEASE_OP_STEP,
-    "render": leases_pb2.LEASE_OP_RENDER,
-    "get_attr": leases_pb2.LEASE_OP_GET_ATTR,
-    "set_attr": leases_pb2.LEASE_OP_SET_ATTR,
-    "call": leases_pb2.LEASE_OP_CALL,
-    "class_names": leases_pb2.LEASE_OP_CLASS_NAMES,
-}
-
-
-@dataclass(frozen=True)
-class LeaseEnvFailure:
-    """An env's answer that is an error (it raised, its lease ended, it timed out)."""
-
-    error: RlfleetError
+__all__ = ["LeaseEnvFailure", "LeaseStream"]
 
 
 @dataclass
@@ -69,6 +59,8 @@ class LeaseStream:
         prefetch_resets: Ask workers to reset an env as soon as its episode
             ends and send that reset with the step (LeaseCall.prefetch_reset):
             the learner's next seedless reset of it then costs no round trip.
+        learner: This learner's name for the coordinator's per-learner caps
+            (LeaseOpen.learner).
 
     Raises:
         NoWorkersError, UnavailableError, ResourceExhaustedError, ConfigError,
@@ -85,6 +77,7 @@ class LeaseStream:
         open_timeout: float,
         call_timeout: float,
         prefetch_resets: bool = True,
+        learner: str = "",
     ) -> None:
         self.num_envs = num_envs
         self.prefetch_resets = prefetch_resets
@@ -92,7 +85,7 @@ class LeaseStream:
         self._prefetched: dict[int, tuple[Any, dict[str, Any]]] = {}
         self.call_timeout = call_timeout
         self.lease_id = 0  # the coordinator's number, once opened
-        self._requests: queue.SimpleQueue[leases_pb2.LeaseRequest | None] = queue.SimpleQueue()
+        self._requests: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._waiting: dict[int, _Waiting] = {}
@@ -100,21 +93,12 @@ class LeaseStream:
         self._failure: RlfleetError | None = None
         self._call_ids = itertools.count(1)
         self._opened = threading.Event()
-        self._opened_message: leases_pb2.LeaseOpened | None = None
-        update = updates_pb2.EnvUpdate(env_id=env.id, kwargs_json=json.dumps(dict(env.kwargs)))
-        if env.max_episode_length is not None:
-            update.max_episode_length = env.max_episode_length
-        self._requests.put(
-            leases_pb2.LeaseRequest(
-                open=leases_pb2.LeaseOpen(
-                    env=update, num_envs=num_envs, timeout_seconds=open_timeout
-                )
-            )
-        )
+        self._opened_event: LeaseOpenedEvent | None = None
+        self._space: gym.Space | None = None  # the observations', once opened
+        self._requests.put(open_request(env, num_envs, open_timeout, learner))
+        # Bytes both ways: rlfleet.lease_messages serializes and parses.
         lease = channel.stream_stream(
-            _rpc.LEASE,
-            request_serializer=_rpc.serialize,
-            response_deserializer=_rpc.plain_deserializer(leases_pb2.LeaseResponse),
+            _rpc.LEASE, request_serializer=None, response_deserializer=None
         )
         self._call = lease(self._outgoing())
         self._reader = threading.Thread(target=self._read, name="rlfleet-lease", daemon=True)
@@ -125,12 +109,12 @@ class LeaseStream:
             raise RlfleetTimeoutError(
                 f"the lease of {num_envs} envs was not opened within {open_timeout:g} seconds"
             )
-        if self._opened_message is None:
+        if self._opened_event is None:
             raise self._failure or ProtocolError("the Lease stream ended before LeaseOpened")
-        opened = self._opened_message
-        self.lease_id = int(opened.lease_id)
-        self.env_spec: EnvSpec = decode_env_spec(opened.env_spec)
-        self.env_workers: list[str] = list(opened.env_workers)
+        opened = self._opened_event
+        self.lease_id = opened.lease_id
+        self.env_spec: EnvSpec = opened.env_spec
+        self.env_workers: list[str] = opened.env_workers
 
     # --- calls ------------------------------------------------------------------
 
@@ -144,9 +128,7 @@ class LeaseStream:
         call_id = next(self._call_ids)
         deadline = time.monotonic() + self.call_timeout
         try:
-            call = _call(call_id, op, ids, args)
-            call.prefetch_reset = op == "step" and self.prefetch_resets
-            request = leases_pb2.LeaseRequest(call=call)
+            request = call_request(call_id, op, ids, args, self.prefetch_resets)
         except RlfleetError as exc:
             with self._lock:
                 for env_id in ids:
@@ -212,14 +194,14 @@ class LeaseStream:
 
     def close(self, timeout: float = 5.0) -> None:
         """Releases the lease: sends close and waits up to ``timeout`` seconds for the end."""
-        self._requests.put(leases_pb2.LeaseRequest(close=leases_pb2.LeaseClose()))
+        self._requests.put(CLOSE_REQUEST)
         self._requests.put(None)
         self._reader.join(timeout)
         self._call.cancel()
 
     # --- the stream ----------------------------------------------------------------
 
-    def _outgoing(self) -> Iterator[leases_pb2.LeaseRequest]:
+    def _outgoing(self) -> Iterator[bytes]:
         while True:
             request = self._requests.get()
             if request is None:
@@ -229,13 +211,14 @@ class LeaseStream:
     def _read(self) -> None:
         failure: RlfleetError
         try:
-            for response in self._call:
-                body = response.WhichOneof("body")
-                if body == "opened":
-                    self._opened_message = response.opened
+            for data in self._call:
+                event = decode_lease_response(data, self._space)
+                if isinstance(event, LeaseOpenedEvent):
+                    self._space = event.env_spec.observation_space
+                    self._opened_event = event
                     self._opened.set()
-                elif body == "reply":
-                    self._on_reply(response.reply)
+                elif isinstance(event, LeaseRepliedEvent):
+                    self._on_reply(event)
             failure = UsageError("the lease is closed")
         except grpc.RpcError as exc:
             failure = call_error(exc, what="Lease", timeout=None)
@@ -248,12 +231,10 @@ class LeaseStream:
         self._requests.put(None)
         self._opened.set()
 
-    def _on_reply(self, reply: leases_pb2.LeaseReply) -> None:
-        space = self.env_spec.observation_space
-        answers = _answers(reply, space)
-        resets = _prefetched_resets(reply, space)
+    def _on_reply(self, reply: LeaseRepliedEvent) -> None:
+        resets = reply.resets
         with self._lock:
-            for env_id, answer in zip(reply.env_ids, answers, strict=True):
+            for env_id, answer in zip(reply.env_ids, reply.answers, strict=True):
                 waiting = self._waiting.get(env_id)
                 if waiting is None or waiting.call_id != reply.call_id:
                     continue  # the answer of a call that already timed out
@@ -281,133 +262,3 @@ class LeaseStream:
             self._answers[env_id] = LeaseEnvFailure(failure)
         self._waiting.clear()
         self._changed.notify_all()
-
-
-def _call(call_id: int, op: str, ids: Sequence[int], args: Sequence[Any]) -> leases_pb2.LeaseCall:
-    """The LeaseCall of one vector-env command (see rlfleet.envs' command arguments)."""
-    call = leases_pb2.LeaseCall(call_id=call_id, op=OPS[op], env_ids=ids)
-    if op == "reset":
-        seeds = [kwargs.get("seed") for kwargs in args]
-        if any(seed is not None for seed in seeds):
-            call.seeds.extend(-1 if seed is None else int(seed) for seed in seeds)
-        options = {json.dumps(kwargs.get("options")) for kwargs in args}
-        extra = sorted({key for kwargs in args for key in kwargs} - {"seed", "options"})
-        if extra or len(options) > 1:
-            raise UsageError(
-                f"reset() of leased envs takes seed and options (the same options for every "
-                f"env of the call), got {extra or 'different options per env'}"
-            )
-        text = options.pop()
-        if text != "null":
-            call.options_json = text
-    elif op == "step":
-        call.actions.CopyFrom(encode_tensor(np.stack([np.asarray(a) for a in args])))
-    elif op in ("get_attr", "set_attr", "call"):
-        first = args[0]
-        call.name = first if op == "get_attr" else first[0]
-        if op == "set_attr":
-            call.value_json = _json_text(first[1], f"set_env_attr({call.name!r})")
-        elif op == "call":
-            call.value_json = _json_text([list(first[1]), first[2]], f"method {call.name!r}")
-    return call
-
-
-def _json_text(value: Any, where: str) -> str:
-    try:
-        return json.dumps(value, default=_plain)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(
-            f"{where}: leased envs take plain (JSON) values, got {type(value).__name__}: {exc}"
-        ) from exc
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, np.generic | np.ndarray):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON")
-
-
-def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
-    """Each env's answer in a reply, decoded and its observations checked.
-
-    Raises:
-        ProtocolError: If the reply is inconsistent or its observations do
-            not fit the lease's observation space (shape and dtype).
-    """
-    count = len(reply.env_ids)
-    if reply.HasField("error"):
-        error = _rpc.error_from_detail(reply.error)
-        return [LeaseEnvFailure(error)] * count
-    op = reply.op
-    if op in (leases_pb2.LEASE_OP_RESET, leases_pb2.LEASE_OP_STEP):
-        obs = _observations(reply.observations, space, reply.worker)
-        infos = _infos(reply.infos, reply.infos_json, "LeaseReply.infos")
-        if obs.shape[:1] != (count,) or len(infos) != count:
-            raise ProtocolError(
-                f"a lease reply for {count} envs holds {obs.shape[:1]} observations and "
-                f"{len(infos)} infos"
-            )
-        if op == leases_pb2.LEASE_OP_RESET:
-            return [(obs[k], infos[k]) for k in range(count)]
-        rewards = decode_tensor(reply.rewards, name="LeaseReply.rewards")
-        terminated = decode_tensor(reply.terminated, name="LeaseReply.terminated")
-        truncated = decode_tensor(reply.truncated, name="LeaseReply.truncated")
-        return [
-            (obs[k], float(rewards[k]), bool(terminated[k]), bool(truncated[k]), infos[k])
-            for k in range(count)
-        ]
-    if op == leases_pb2.LEASE_OP_RENDER:
-        if not reply.HasField("frames"):
-            return [None] * count
-        frames = decode_tensor(reply.frames, name="LeaseReply.frames")
-        return [frames[k] for k in range(count)]
-    if op == leases_pb2.LEASE_OP_SET_ATTR:
-        return [None] * count
-    return [json.loads(text) for text in reply.values_json]
-
-
-def _prefetched_resets(
-    reply: leases_pb2.LeaseReply, space: gym.Space
-) -> dict[int, tuple[Any, dict[str, Any]]]:
-    """The resets a STEP reply carries (LeaseCall.prefetch_reset), by env id."""
-    if not reply.reset_env_ids:
-        return {}
-    obs = _observations(reply.reset_observations, space, reply.worker)
-    count = len(reply.reset_env_ids)
-    if obs.shape[:1] != (count,) or len(reply.reset_infos) != count:
-        raise ProtocolError(
-            f"a lease reply carries {count} prefetched resets with {obs.shape[:1]} "
-            f"observations and {len(reply.reset_infos)} infos"
-        )
-    infos = _infos(reply.reset_infos, reply.reset_infos_json, "LeaseReply.reset_infos")
-    return {int(env_id): (obs[k], infos[k]) for k, env_id in enumerate(reply.reset_env_ids)}
-
-
-def _observations(tensor: Any, space: gym.Space, worker: str) -> np.ndarray:
-    """Decodes a reply's observations and checks them against the lease's space."""
-    obs = decode_tensor(tensor, name="LeaseReply.observations")
-    if obs.shape[1:] != (space.shape or ()) or obs.dtype != space.dtype:
-        raise ProtocolError(
-            f"worker {worker!r} sent observations of shape {obs.shape[1:]} and dtype "
-            f"{obs.dtype} per env; the lease's observation space is {space}"
-        )
-    return obs
-
-
-def _infos(maps: Sequence[Any], texts: Sequence[str], name: str) -> list[dict[str, Any]]:
-    """Info dicts from their TensorMaps and JSON texts (LeaseReply.infos/_json)."""
-    infos = [_info(decode_tensor_map(m, name=name)) for m in maps]
-    for info, text in zip(infos, texts, strict=False):
-        if text:
-            info.update(json.loads(text))
-    return infos
-
-
-def _info(tree: Mapping[str, Any]) -> dict[str, Any]:
-    """An info dict from the wire: 0-d arrays become numpy scalars, as envs give them."""
-    return {
-        key: _info(value)
-        if isinstance(value, Mapping)
-        else (value[()] if isinstance(value, np.ndarray) and value.ndim == 0 else value)
-        for key, value in tree.items()
-    }

@@ -16,6 +16,8 @@ from the base class; this module only sends commands over a
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,6 +74,10 @@ class RemoteVectorEnv(BaseVectorEnv):
             without seed or options costs no round trip (its observation is
             that of a reset made when the episode ended). A seeded reset
             resets the env again, as asked.
+        learner: This learner's name for the coordinator's per-learner caps
+            (``--max-leases-per-learner``, ``--max-envs-per-learner``); the
+            coordinator adds the host it calls from. None: ``HOST:PID`` of
+            this process, so all its vector envs count as one learner.
         token: Learner token when ``fleet`` is an address (None reads
             ``RLFLEET_TOKEN``/``RLFLEET_LEARNER_TOKEN``).
         tls_ca: PEM CA bundle for a TLS coordinator, when ``fleet`` is an address.
@@ -96,6 +102,7 @@ class RemoteVectorEnv(BaseVectorEnv):
         call_timeout: float = 60.0,
         open_timeout: float = 60.0,
         prefetch_resets: bool = True,
+        learner: str | None = None,
         token: str | Token | None = None,
         tls_ca: str | None = None,
     ) -> None:
@@ -126,6 +133,7 @@ class RemoteVectorEnv(BaseVectorEnv):
                 open_timeout=open_timeout,
                 call_timeout=call_timeout,
                 prefetch_resets=prefetch_resets,
+                learner=f"{socket.gethostname()}:{os.getpid()}" if learner is None else learner,
             )
         except BaseException:
             channel.close()

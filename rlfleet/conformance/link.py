@@ -59,6 +59,7 @@ KNOWN_CAPABILITIES = frozenset(
         "rlfleet.fragments",
         "rlfleet.pickle",
         "rlfleet.leases",
+        "rlfleet.multi-agent",
         "rlfleet.stream-takeover",
     }
 )

@@ -72,6 +72,9 @@ class CoordinatorConfig:
         max_envs_per_lease: Envs one lease (one learner's remote vector
             env) may hold; more are refused with RESOURCE_EXHAUSTED.
         max_leased_envs: Envs all leases together may hold.
+        max_leases_per_learner: Leases one learner (LeaseOpen.learner and
+            the host it calls from) may hold at once.
+        max_envs_per_learner: Envs one learner's leases may hold together.
         security: TLS, the worker and learner tokens, and the pickle
             opt-in (docs/security.md). The default serves plaintext to
             anyone who can reach ``listen``, which is why that is loopback
@@ -103,6 +106,8 @@ class CoordinatorConfig:
     security: ServerSecurity = field(default_factory=ServerSecurity)
     max_envs_per_lease: int = 256
     max_leased_envs: int = 4096
+    max_leases_per_learner: int = 16
+    max_envs_per_learner: int = 1024
 
     def __post_init__(self) -> None:
         host, _, port = self.listen.rpartition(":")
@@ -165,6 +170,8 @@ class CoordinatorConfig:
             "max_envs_per_worker",
             "max_envs_per_lease",
             "max_leased_envs",
+            "max_leases_per_learner",
+            "max_envs_per_learner",
         ):
             check_int(name, getattr(self, name))
         if self.max_message_bytes < 64 * 1024:

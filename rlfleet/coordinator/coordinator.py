@@ -49,7 +49,7 @@ class Coordinator:
         self.workers = WorkerEvents(self._state)
         self.learners = LearnerRequests(self._state)
         self._liveness = Liveness(self._state, self.workers)
-        self.leases = LeaseManager(self._state, config.max_envs_per_lease, config.max_leased_envs)
+        self.leases = LeaseManager(self._state)
         self.workers.lost_listeners.append(self.leases.on_worker_lost)
         self._state.metrics.watch(self._state, self.status)
 

@@ -17,7 +17,7 @@ import grpc
 
 from rlfleet import _rpc
 from rlfleet.coordinator.failures import CallError
-from rlfleet.coordinator.leases import Lease, LeaseManager
+from rlfleet.coordinator.leases import Lease, LeaseManager, learner_identity
 from rlfleet.coordinator.worker_face import Malformed
 from rlfleet.v1 import leases_pb2
 
@@ -66,7 +66,8 @@ class LeaseFace:
                     "the first message of a Lease stream must be LeaseRequest.open, got "
                     f"{first.WhichOneof('body') or 'an empty LeaseRequest'}",
                 )
-            lease = self._leases.open(first.open, gone.is_set)
+            learner = learner_identity(first.open.learner, context.peer())
+            lease = self._leases.open(first.open, learner, gone.is_set)
         except CallError as exc:
             _rpc.abort(context, exc.code, exc.message, exc.detail)
         if gone.is_set():  # hung up while the envs were built

@@ -58,17 +58,29 @@ class _InFlight:
     prefetch_reset: bool = False
 
 
+@dataclass
+class _CallClock:
+    """When a learner's call arrived, and how many of its envs have not answered yet."""
+
+    op: str
+    started: float
+    unanswered: int
+    superseded: bool = False  # the learner gave up on some of its envs: not timed
+
+
 @dataclass(eq=False)
 class Lease:
     """One learner's leased envs.
 
     Attributes:
         lease_id: Unique for the coordinator's lifetime.
+        learner: Who holds it (:func:`learner_identity`).
         env: The env update the envs are built from.
         hosts: Worker id hosting env i (0: none yet).
         outbox: Events for the learner's stream.
         creating: Env ids whose CREATE reply is awaited, by worker id.
         in_flight: The call each busy env has in flight.
+        clocks: Calls not fully answered yet, by call id (the latency metric).
         spec: The envs' EnvSpec, from the first CREATE reply.
         failure: Why the lease ended, if it did.
         closed: Released: replies are ignored.
@@ -77,9 +89,11 @@ class Lease:
     lease_id: int
     env: updates_pb2.EnvUpdate
     hosts: list[int]
+    learner: str = ""
     outbox: queue.SimpleQueue[LeaseEvent] = field(default_factory=queue.SimpleQueue)
     creating: dict[int, set[int]] = field(default_factory=dict)
     in_flight: dict[int, _InFlight] = field(default_factory=dict)
+    clocks: dict[int, _CallClock] = field(default_factory=dict)
     spec: spaces_pb2.EnvSpec | None = None
     failure: CallError | None = None
     closed: bool = False
@@ -90,29 +104,45 @@ class Lease:
         return len(self.hosts)
 
 
+def learner_identity(declared: str, peer: str) -> str:
+    """Who holds a lease: the learner's own name (LeaseOpen.learner) on the host
+    it calls from (the gRPC peer without its port), so that learners on
+    different hosts never share caps; the host alone if it gave no name."""
+    host = peer.rpartition(":")[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    return f"{declared}@{host}" if declared else host
+
+
 class LeaseManager:
     """The fleet's leases.
 
+    The caps come from the fleet state's config: ``max_envs_per_lease``,
+    ``max_leased_envs`` (all leases), ``max_leases_per_learner`` and
+    ``max_envs_per_learner``.
+
     Args:
         state: The fleet state (its lock guards the leases too).
-        max_envs_per_lease: Envs one lease (one learner's vector env) may hold.
-        max_leased_envs: Envs all leases together may hold.
     """
 
-    def __init__(self, state: FleetState, max_envs_per_lease: int, max_leased_envs: int) -> None:
+    def __init__(self, state: FleetState) -> None:
         self._state = state
-        self._max_per_lease = max_envs_per_lease
-        self._max_total = max_leased_envs
+        config = state.config
+        self._max_per_lease = config.max_envs_per_lease
+        self._max_total = config.max_leased_envs
+        self._max_leases_per_learner = config.max_leases_per_learner
+        self._max_envs_per_learner = config.max_envs_per_learner
         self._leases: dict[int, Lease] = {}
         self._ids = itertools.count(1)
 
     # --- opening ----------------------------------------------------------------
 
-    def open(self, request: leases_pb2.LeaseOpen, cancelled: Callable[[], bool]) -> Lease:
+    def open(
+        self, request: leases_pb2.LeaseOpen, learner: str, cancelled: Callable[[], bool]
+    ) -> Lease:
         """Places and builds the envs of a new lease; returns once all are built.
 
         Args:
             request: The learner's LeaseOpen.
+            learner: Who asks (:func:`learner_identity`).
             cancelled: A callable that says whether the learner hung up.
 
         Raises:
@@ -145,7 +175,8 @@ class LeaseManager:
                     f"leased and {count} more were asked. Close other leases or start the "
                     "coordinator with a larger --max-leased-envs",
                 )
-            lease = Lease(next(self._ids), env, [0] * count)
+            self._check_learner_caps(learner, count)
+            lease = Lease(next(self._ids), env, [0] * count, learner)
             self._leases[lease.lease_id] = lease
             try:
                 placement = self._wait_for_slots(count, deadline, cancelled, timeout)
@@ -166,6 +197,26 @@ class LeaseManager:
                 self._release(lease)
                 raise
         return lease
+
+    def _check_learner_caps(self, learner: str, count: int) -> None:
+        """Refuses a lease beyond the learner's caps (lock held)."""
+        held = [lease for lease in self._leases.values() if lease.learner == learner]
+        envs = sum(lease.num_envs for lease in held)
+        where = f"learner {learner!r} holds {len(held)} leases with {envs} envs"
+        if len(held) + 1 > self._max_leases_per_learner:
+            raise CallError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{where}; a learner may hold at most {self._max_leases_per_learner} leases. "
+                "Close some (RemoteVectorEnv.close) or start the coordinator with a larger "
+                "--max-leases-per-learner",
+            )
+        if envs + count > self._max_envs_per_learner:
+            raise CallError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{where} and asked for {count} more; a learner's leases may hold at most "
+                f"{self._max_envs_per_learner} envs. Close some leases or start the "
+                "coordinator with a larger --max-envs-per-learner",
+            )
 
     def _wait_for_slots(
         self, count: int, deadline: float, cancelled: Callable[[], bool], timeout: float
@@ -231,6 +282,14 @@ class LeaseManager:
             placement.append(best)
         return placement
 
+    def _share_slots(self, worker_ids: set[int]) -> None:
+        """Tells the scheduler how many slots of these workers leased envs hold
+        (lock held), and hands out sampling work to slots a release freed."""
+        scheduler = self._state.scheduler
+        for worker_id in worker_ids - {0}:
+            scheduler.set_leased(worker_id, self._leased_on(worker_id))
+        self._state.dispatch()
+
     def _create(
         self, lease: Lease, env_ids: list[int], placement: list[int], *, replaces_lost: bool
     ) -> None:
@@ -239,6 +298,7 @@ class LeaseManager:
         for env_id, worker_id in zip(env_ids, placement, strict=True):
             lease.hosts[env_id] = worker_id
             by_worker.setdefault(worker_id, []).append(env_id)
+        self._share_slots(set(by_worker))
         for worker_id, ids in by_worker.items():
             handle = self._state.registry.get(worker_id)
             if handle is None:
@@ -294,6 +354,9 @@ class LeaseManager:
                 # The learner gave up on those calls (its deadline passed): their
                 # late answers no longer match and are dropped.
                 logger.info("%s supersedes the unanswered calls of envs %s", where, superseded)
+                for env_id in superseded:
+                    _answered(lease, lease.in_flight[env_id].call_id, 1, superseded=True)
+            lease.clocks[call.call_id] = _CallClock(_op_name(call.op), time.monotonic(), len(ids))
             for row, env_id in enumerate(ids):
                 lease.in_flight[env_id] = _InFlight(
                     call.call_id,
@@ -371,6 +434,9 @@ class LeaseManager:
                 return  # only answers of superseded calls
             for env_id in current:
                 del lease.in_flight[env_id]
+            clock = _answered(lease, reply.call_id, len(current))
+            if clock is not None and not clock.superseded:
+                state.metrics.lease_call(clock.op, time.monotonic() - clock.started)
             # Rows of superseded calls ride along: the learner tells them
             # apart by call id, as it does for calls it gave up on.
             reply.worker = handle.name
@@ -468,11 +534,13 @@ class LeaseManager:
         release = leases_pb2.LeaseCommand(
             lease_id=lease.lease_id, release=leases_pb2.LeaseRelease()
         )
-        for worker_id in set(lease.hosts) - {0}:
+        hosts = set(lease.hosts) - {0}
+        for worker_id in hosts:
             handle = self._state.registry.get(worker_id)
             if handle is not None:
                 handle.send(worker_pb2.CoordinatorMessage(lease=release))
         lease.hosts = [0] * lease.num_envs
+        self._share_slots(hosts)
         self._state.changed.notify_all()
 
     def describe(self, status: learner_pb2.FleetStatus) -> None:
@@ -482,6 +550,27 @@ class LeaseManager:
             status.leased_envs = sum(lease.num_envs for lease in self._leases.values())
             for worker in status.workers:
                 worker.leased_envs = self._leased_on(worker.worker_id)
+
+
+def _op_name(op: int) -> str:
+    """``step`` for LEASE_OP_STEP: the label of the lease-call latency metric."""
+    return leases_pb2.LeaseOp.Name(op).removeprefix("LEASE_OP_").lower()
+
+
+def _answered(
+    lease: Lease, call_id: int, count: int, *, superseded: bool = False
+) -> _CallClock | None:
+    """Counts ``count`` envs of a call as answered (or superseded); returns its
+    clock once none is left."""
+    clock = lease.clocks.get(call_id)
+    if clock is None:
+        return None
+    clock.superseded |= superseded
+    clock.unanswered -= count
+    if clock.unanswered > 0:
+        return None
+    del lease.clocks[call_id]
+    return clock
 
 
 def _resend(env_id: int, flight: _InFlight) -> leases_pb2.LeaseCall:

@@ -4,7 +4,7 @@ Two kinds, so that the hot paths stay cheap and the hooks stay small:
 
 * event counters and histograms, bumped by one call where the event happens
   (units dispatched, results delivered or thrown away, workers lost, errors,
-  learner-call latency);
+  learner-call and lease-call latency);
 * gauges read from the fleet state at scrape time (workers by state, queue
   depth, units and bytes in flight, per-worker steps from heartbeats), so
   nothing on the hot path maintains them.
@@ -38,6 +38,8 @@ WORKER_STATES = ("starting", "idle", "busy", "leaving")
 LAG_BUCKETS = (0, 1, 2, 3, 5, 10, 20, 50, 100)
 #: Learner call latency buckets (seconds): from a status call to a long Sample.
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
+#: Lease call latency buckets (seconds): a relayed CartPole step takes ~1 ms.
+LEASE_CALL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 30)
 
 
 class CoordinatorMetrics:
@@ -103,6 +105,14 @@ class CoordinatorMetrics:
             buckets=LATENCY_BUCKETS,
             registry=reg,
         )
+        self._lease_calls = Histogram(
+            "rlfleet_lease_call_duration_seconds",
+            "Env lease calls, from the learner's call reaching the coordinator to its last "
+            "env's answer leaving for the learner, by op (reset, step, ...).",
+            ["op"],
+            buckets=LEASE_CALL_BUCKETS,
+            registry=reg,
+        )
 
     def watch(self, state: FleetState, status: Callable[[], Any]) -> None:
         """Exports the scrape-time gauges of ``state``.
@@ -143,6 +153,10 @@ class CoordinatorMetrics:
     def error(self, kind: str) -> None:
         """An error of ``kind`` (an ErrorKind name without prefix, or a status code)."""
         self._errors.labels(kind.removeprefix("ERROR_KIND_").lower()).inc()
+
+    def lease_call(self, op: str, seconds: float) -> None:
+        """A lease call of ``op`` was answered for all its envs after ``seconds``."""
+        self._lease_calls.labels(op).observe(seconds)
 
     def timed(self, method: str, behavior: Callable[..., R]) -> Callable[..., R]:
         """Wraps a gRPC method handler so that its duration is observed.

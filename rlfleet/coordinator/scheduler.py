@@ -36,6 +36,11 @@ The rules, and why:
   fleet does not run many surplus episodes that are thrown away.
   Surplus units are cancelled when the answer is known; as workers run
   their units in index order, those are mostly units not started yet.
+* Leased envs (step-level env leases) share a worker's env slots with
+  sampling: a worker hosting ``L`` leased envs of its ``num_envs`` gets
+  units for ``num_envs - L`` slots (its capacity shrinks in proportion), none
+  once all are leased, and no fragment windows (a window runs all of a
+  worker's slots), so sampling and leases never oversubscribe it.
 * Only one Sample request runs at a time (the coordinator queues them) and
   it has priority: subscriptions get units only while no Sample runs.
 * Subscriptions are bounded in steps: the steps accepted and not yet sent
@@ -227,13 +232,19 @@ class ResultRuling:
 class _Worker:
     worker_id: int
     num_envs: int
-    min_capacity: int  # units, whatever the episode length
+    min_capacity: int  # units, whatever the episode length, with no envs leased
     eligible: bool = False
     streams: tuple[int, ...] = ()  # its fragment streams, one per slot
     takeover: bool = False  # it runs the streams a task names
     units: int = 0  # outstanding episode units, over all its tasks
     windows: int = 0  # outstanding fragment windows of subscriptions
     tasks: set[int] = field(default_factory=set)
+    leased: int = 0  # of its env slots, held by leased envs
+
+    @property
+    def slots(self) -> int:
+        """Env slots left for sampling."""
+        return max(self.num_envs - self.leased, 0)
 
     def wants_refill(self, capacity: int) -> bool:
         """Whether to top the worker up now (to ``capacity`` units).
@@ -241,10 +252,10 @@ class _Worker:
         At once when an env slot may be idle; otherwise only once half of
         its spare units are used, so that refills are few and large.
         """
-        if self.units < self.num_envs:
+        if self.units < self.slots:
             return True
-        spare = capacity - self.num_envs
-        return self.units < capacity and self.units - self.num_envs <= spare // 2
+        spare = capacity - self.slots
+        return self.units < capacity and self.units - self.slots <= spare // 2
 
 
 class _MeanLength:
@@ -582,6 +593,12 @@ class Scheduler:
         task = self._tasks.get(task_id)
         return () if task is None else task.streams
 
+    def set_leased(self, worker_id: int, leased: int) -> None:
+        """How many of the worker's env slots leased envs hold now (see the rules)."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.leased = leased
+
     def set_eligible(self, worker_id: int, eligible: bool) -> None:
         """Whether the worker may get new work (ready in the current state, not leaving)."""
         self._workers[worker_id].eligible = eligible
@@ -646,8 +663,12 @@ class Scheduler:
     def _capacity(self, worker: _Worker) -> int:
         mean = self._mean_length.value
         if mean is None or not self._capacity_steps:
-            return worker.min_capacity
-        return max(worker.min_capacity, math.ceil(self._capacity_steps / max(mean, 1.0)))
+            capacity = worker.min_capacity
+        else:
+            capacity = max(worker.min_capacity, math.ceil(self._capacity_steps / max(mean, 1.0)))
+        if worker.leased:
+            capacity = math.ceil(capacity * worker.slots / worker.num_envs)
+        return capacity
 
     # --- requests -----------------------------------------------------------
 
@@ -784,12 +805,12 @@ class Scheduler:
 
     def _dispatch_request(self, request: _Request) -> list[TaskOrder]:
         workers = [w for _, w in sorted(self._workers.items()) if w.eligible]
-        if not workers:
-            return []
         if isinstance(request, _EpisodeRequest):
-            return self._dispatch_units(request, workers)
+            workers = [w for w in workers if w.slots]
+            return self._dispatch_units(request, workers) if workers else []
         if isinstance(request, _FragmentRequest):
-            return self._dispatch_windows(request, workers)
+            workers = [w for w in workers if not w.leased]
+            return self._dispatch_windows(request, workers) if workers else []
         raise TypeError(f"unknown request type {type(request).__name__}")
 
     def _dispatch_units(self, request: _EpisodeRequest, workers: list[_Worker]) -> list[TaskOrder]:
@@ -803,10 +824,9 @@ class Scheduler:
         refilled = [
             w
             for w in workers
-            if w.wants_refill(capacity[w.worker_id])
-            or capacity[w.worker_id] - w.units >= w.num_envs
+            if w.wants_refill(capacity[w.worker_id]) or capacity[w.worker_id] - w.units >= w.slots
         ]
-        fleet_slots = sum(w.num_envs for w in workers)
+        fleet_slots = sum(w.slots for w in workers)
         prior = self._mean_length.value
         picked: dict[int, list[int]] = {w.worker_id: [] for w in refilled}
 
@@ -825,12 +845,12 @@ class Scheduler:
             return True
 
         # First a unit for every idle env slot of every worker, then spare
-        # units, a slice of num_envs at a time to each worker in turn.
-        more = all(give(w, room(w, w.num_envs)) for w in refilled)
+        # units, a slice of its slots at a time to each worker in turn.
+        more = all(give(w, room(w, w.slots)) for w in refilled)
         hungry = [w for w in refilled if room(w, capacity[w.worker_id]) > 0]
         while more and hungry:
             for worker in hungry:
-                more = give(worker, min(room(worker, capacity[worker.worker_id]), worker.num_envs))
+                more = give(worker, min(room(worker, capacity[worker.worker_id]), worker.slots))
                 if not more:
                     break
             hungry = [w for w in hungry if room(w, capacity[w.worker_id]) > 0]

@@ -81,16 +81,16 @@ def categorical(
         Indices (N,) int64 and their log-probabilities (N,) float32.
     """
     n = len(logits)
-    shifted = logits - logits.max(axis=1, keepdims=True)
+    shifted = logits - np.maximum.reduce(logits, axis=1, keepdims=True)
     weights = np.exp(shifted)
-    # float32 -> float64 is exact, and cumsum adds in index order either way.
-    cumulative = weights.astype(np.float64).cumsum(axis=1)
+    # Each float32 weight is cast to float64 (exact), then added in index order.
+    cumulative = np.add.accumulate(weights, axis=1, dtype=np.float64)
     total = cumulative[:, -1]
     if deterministic:
         index = shifted.argmax(axis=1)
     else:
         draws = [rng.random() for rng in rngs]
-        threshold = np.array(draws, dtype=np.float64) * total
+        threshold = np.array(draws) * total
         index = (cumulative > threshold[:, None]).argmax(axis=1)
         # No c[i] > t (argmax gave 0) needs t = u * Z to round up to Z, which only
         # the largest draw below 1 can do: then the row takes its last positive weight.

@@ -50,14 +50,16 @@ class LeaseResponse(_message.Message):
     def __init__(self, opened: _Optional[_Union[LeaseOpened, _Mapping]] = ..., reply: _Optional[_Union[LeaseReply, _Mapping]] = ...) -> None: ...
 
 class LeaseOpen(_message.Message):
-    __slots__ = ("env", "num_envs", "timeout_seconds")
+    __slots__ = ("env", "num_envs", "timeout_seconds", "learner")
     ENV_FIELD_NUMBER: _ClassVar[int]
     NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
     env: _updates_pb2.EnvUpdate
     num_envs: int
     timeout_seconds: float
-    def __init__(self, env: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., num_envs: _Optional[int] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+    learner: str
+    def __init__(self, env: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., num_envs: _Optional[int] = ..., timeout_seconds: _Optional[float] = ..., learner: _Optional[str] = ...) -> None: ...
 
 class LeaseOpened(_message.Message):
     __slots__ = ("lease_id", "env_spec", "env_workers")

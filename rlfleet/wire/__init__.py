@@ -17,6 +17,7 @@ from rlfleet.wire.chunks import (
     chunk_payload,
     decode_batch_chunks,
     encode_batch_chunks,
+    serialize_batch_messages,
 )
 from rlfleet.wire.envelope import parse_chunk, parse_with_chunk, serialize_with_chunk
 from rlfleet.wire.spaces import decode_env_spec, decode_space, encode_env_spec, encode_space
@@ -48,5 +49,6 @@ __all__ = [
     "encode_tensor_map",
     "parse_chunk",
     "parse_with_chunk",
+    "serialize_batch_messages",
     "serialize_with_chunk",
 ]

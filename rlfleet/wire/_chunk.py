@@ -65,16 +65,14 @@ class Chunk:
 
     def header(self) -> bytes:
         """The serialized BatchChunk up to its data (exclusive), as protobuf writes it."""
-        parts = [
-            _HEADER_TAGS[i] + encode_varint(value)
-            for i, value in enumerate(
-                (self.batch_id, self.index, self.count, self.total_bytes, self.kind)
-            )
-            if value
-        ]
-        if self.data:
-            parts.append(len_prefix(_DATA, len(self.data)))
-        return b"".join(parts)
+        return chunk_header(
+            self.batch_id,
+            self.index,
+            self.count,
+            self.total_bytes,
+            self.kind,
+            data_size=len(self.data),
+        )
 
     def byte_size(self) -> int:
         """Size of the serialized BatchChunk message."""
@@ -99,3 +97,21 @@ class Chunk:
     def from_proto(cls, msg: batch_pb2.BatchChunk) -> Chunk:
         """Wraps a BatchChunk message (protobuf copies its data out once)."""
         return cls(msg.batch_id, msg.index, msg.count, msg.total_bytes, msg.kind, msg.data)
+
+
+def chunk_header(
+    batch_id: int, index: int, count: int, total_bytes: int, kind: int, *, data_size: int
+) -> bytes:
+    """The serialized BatchChunk up to ``data_size`` bytes of data (exclusive).
+
+    Exactly what protobuf writes before the data: fields 1-5 when not zero,
+    then the data field's tag and length when there is data.
+    """
+    parts = [
+        _HEADER_TAGS[i] + encode_varint(value)
+        for i, value in enumerate((batch_id, index, count, total_bytes, kind))
+        if value
+    ]
+    if data_size:
+        parts.append(len_prefix(_DATA, data_size))
+    return b"".join(parts)

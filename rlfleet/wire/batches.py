@@ -136,6 +136,19 @@ def encode_batch(batch: Batch, *, include_env_spec: bool = True) -> bytes:
         WireFormatError: If an array's dtype or an info key cannot travel,
             or a space of the EnvSpec cannot travel.
     """
+    return b"".join(batch_parts(batch, include_env_spec=include_env_spec))
+
+
+def batch_parts(batch: Batch, *, include_env_spec: bool = True) -> list[Part]:
+    """The pieces whose ``b"".join`` is :func:`encode_batch`'s bytes.
+
+    Small header ``bytes`` and the arrays' own memory (byte memoryviews):
+    nothing of the data is copied yet, except arrays that must be
+    converted (see :func:`encode_batch`).
+
+    Raises:
+        WireFormatError: As :func:`encode_batch`.
+    """
     schema = _schema_of(type(batch))
     parts: list[Part] = []
     if include_env_spec:
@@ -149,7 +162,7 @@ def encode_batch(batch: Batch, *, include_env_spec: bool = True) -> bytes:
         if field.dtype is not None and value.dtype != field.dtype:
             value = value.astype(field.dtype)
         write_tensor(value, field.number, parts, field.where)
-    return b"".join(parts)
+    return parts
 
 
 def decode_batch(

@@ -37,6 +37,7 @@ from rlfleet.wire._protowire import (
     len_prefix,
     wire_type_error,
 )
+from rlfleet.wire.tensors import Part
 
 M = TypeVar("M", bound=Message)
 
@@ -69,6 +70,27 @@ def serialize_with_chunk(envelope: Message, path: Sequence[str], chunk: Chunk) -
             BatchChunk field, the chunk field is already set, or a oneof on
             the path already holds another member.
     """
+    return b"".join(wrap_chunk(envelope, path, [chunk.header(), chunk.data]))
+
+
+def wrap_chunk(envelope: Message, path: Sequence[str], chunk_parts: list[Part]) -> list[Part]:
+    """The parts of ``envelope`` serialized around a chunk given as parts.
+
+    ``b"".join`` of the result is :func:`serialize_with_chunk`'s bytes; the
+    chunk's parts (its header, then its data in any number of pieces) are
+    not copied here.
+
+    Args:
+        envelope: As for :func:`serialize_with_chunk`.
+        path: As for :func:`serialize_with_chunk`.
+        chunk_parts: The serialized BatchChunk, in pieces.
+
+    Returns:
+        ``chunk_parts`` with the envelope's bytes put before them.
+
+    Raises:
+        WireFormatError: As :func:`serialize_with_chunk`.
+    """
     fields = _resolve(type(envelope), tuple(path))
     if not fields:
         raise WireFormatError(
@@ -85,9 +107,8 @@ def serialize_with_chunk(envelope: Message, path: Sequence[str], chunk: Chunk) -
             f"{_where(envelope, path)} is already set; leave the chunk field empty "
             "and pass the chunk separately"
         )
-    header = chunk.header()
-    size = len(header) + len(chunk.data)
-    parts: list[bytes | memoryview] = [header, chunk.data]
+    size = sum(len(part) for part in chunk_parts)
+    parts = list(chunk_parts)
     # Innermost first: each level is the message without the field on the
     # path, then that field with its new length.
     for level in reversed(range(len(fields))):
@@ -102,7 +123,7 @@ def serialize_with_chunk(envelope: Message, path: Sequence[str], chunk: Chunk) -
         prefix = len_prefix(field.number, size)
         parts[:0] = [body, prefix]
         size += len(body) + len(prefix)
-    return b"".join(parts)
+    return parts
 
 
 def parse_with_chunk(

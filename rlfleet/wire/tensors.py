@@ -178,7 +178,7 @@ def write_tensor(
     prefix = len_prefix(field_number, body_size)
     out.append(prefix + header)
     if array.nbytes:
-        out.append(array.data)
+        out.append(array.data.cast("B"))  # a byte view: len() is its size
     return len(prefix) + body_size
 
 

@@ -56,7 +56,8 @@ class Wakeup:
 
 
 Incoming: TypeAlias = worker_pb2.CoordinatorMessage | StreamEnded | Wakeup
-Outgoing: TypeAlias = Message | _rpc.WithChunk
+# bytes: a message serialized already (a result's chunks, see _rpc.serialize).
+Outgoing: TypeAlias = Message | _rpc.WithChunk | bytes
 
 
 class JoinStream:

@@ -345,8 +345,7 @@ class SlotEngine:
         s = self.step_count
         if s + 2 - self._oldest > ring.capacity:  # the ring may be full: look closer
             starts = [live.seg_start for live in self.live if live is not None]
-            self._oldest = min(starts)
-            ring.ensure(self._oldest, s + 1)
+            self._oldest = ring.make_room(min(starts), s + 1)
         row, cols = s % ring.capacity, self._cols
         observations = ring.obs[row] if cols is None else ring.obs[row, cols]
         try:
@@ -457,14 +456,14 @@ class SlotEngine:
             sink.on_record(slot, live, record, continues=not ends_episode)
 
     def _record(self, slot: int, live: Live, length: int, last: int | None) -> Segment | None:
-        """Copies ``length`` steps of a segment out of the ring.
+        """Makes a segment of ``length`` steps, viewing them in the ring.
 
         Returns None (and queues an EnvError) if ``"error"`` mode rejects a
         non-finite observation.
         """
         ring, spec = self.ring, self.spec
         assert ring is not None and spec is not None
-        observations, actions, rewards, agent_infos = ring.copy_segment(
+        observations, actions, rewards, agent_infos = ring.segment_steps(
             live.seg_start, length, slot
         )
         env_infos = self._env_infos(live, length) if live.infos else {}
@@ -475,11 +474,12 @@ class SlotEngine:
             index = int(np.argmax(nonfinite_rows(observations)))
             self._reject_nonfinite(slot, live, live.offset + index, "")
             return None
-        return Segment(
+        record = Segment(
             key=live.key,
             infos=live.meta,
             observations=observations[:-1],
-            last_observation=observations[-1],
+            # Copied: the slot's next episode starts in that very cell.
+            last_observation=observations[-1].copy(),
             actions=actions,
             rewards=rewards,
             agent_infos=agent_infos,
@@ -488,6 +488,8 @@ class SlotEngine:
             last=last,
             env_spec=spec,
         )
+        ring.pin(record, live.seg_start)
+        return record
 
     def _env_infos(self, live: Live, length: int) -> NestedArrays:
         """Stacks the segment's infos (only its non-empty ones were kept)."""

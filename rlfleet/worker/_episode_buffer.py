@@ -2,15 +2,20 @@
 
 The hot loop writes each vector step into :class:`StepRing` with one numpy
 assignment per field (like gymnasium's vector envs), never one per env.
-When an episode (or a fragment piece) ends, its rows are copied out of the
-ring into a :class:`Segment`; :func:`build_batch` turns many segments into
-one :class:`~rlfleet.core.EpisodeBatch` with one ``np.concatenate`` per
-field. Nothing is built per step or per episode beyond those copies.
+When an episode (or a fragment piece) ends, its :class:`Segment` *views*
+its rows in the ring, and the ring keeps those rows until the segment is
+gone; :func:`build_batch` turns many segments into one
+:class:`~rlfleet.core.EpisodeBatch` with one ``np.concatenate`` per field.
+So a step's data is copied once after stepping, into the batch. Two
+exceptions, both small: a segment's last observation is copied when it
+ends (the slot's next episode writes its first observation into that cell),
+and a segment that wraps around the ring's end is copied out of it.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,15 +49,16 @@ def _warn_once(key: str, message: str) -> None:
 
 
 class StepRing:
-    """Time-major ring of the steps of the segments in flight.
+    """Time-major ring of the steps of the segments in flight or not yet taken.
 
     Row ``step % capacity`` holds vector step ``step`` and column ``slot``
     holds env slot ``slot``: ``obs[step % capacity, slot]`` is the
     observation the slot acted on at that step, ``rewards`` what that step
     returned. Actions and agent_infos get their arrays from
     the first batch the policy returns. A slot's segment occupies
-    consecutive steps, so copying it out is one strided slice per field.
-    The ring doubles when the oldest live segment would be overwritten.
+    consecutive steps, so a finished segment is one strided view per field.
+    Finished segments pin their rows (:meth:`pin`) until they are garbage;
+    the ring doubles when a live or pinned row would be overwritten.
 
     ``cols`` arguments select the slots stepped together: None for all
     slots (a plain slice, the fast path), else an index array.
@@ -73,6 +79,10 @@ class StepRing:
         self.rewards = np.zeros((capacity, n_envs), dtype=np.float64)
         self.actions: np.ndarray | None = None
         self.agent_infos: dict[str, np.ndarray] = {}
+        # First step of each pinned segment, by pin number; a weak reference's
+        # callback removes the entry when the segment is garbage.
+        self._pins: dict[int, tuple[int, weakref.ref[Any]]] = {}
+        self._next_pin = 0
 
     def reset_policy_outputs(self) -> None:
         """Forgets the action and agent_info arrays (the policy changed)."""
@@ -144,16 +154,42 @@ class StepRing:
             )
         return np.zeros((self.capacity, self.n_envs, *batch.shape[1:]), dtype=batch.dtype)
 
-    def ensure(self, oldest_step: int, newest_step: int) -> None:
-        """Grows the ring so that steps ``oldest_step..newest_step`` fit.
+    def pin(self, owner: object, first_step: int) -> None:
+        """Keeps the rows from ``first_step`` on until ``owner`` is garbage.
 
-        Rows of steps ``oldest_step..newest_step - 1`` keep their content.
+        ``owner`` holds views of those rows (a :class:`Segment`). Pins hold
+        back the reuse of rows only: when the ring grows, pinned segments
+        keep viewing the old arrays, which live on with them.
         """
-        needed = newest_step - oldest_step + 1
-        if needed <= self.capacity:
-            return
+        number = self._next_pin
+        self._next_pin += 1
+        pins = self._pins
+        pins[number] = (first_step, weakref.ref(owner, lambda _: pins.pop(number, None)))
+
+    def make_room(self, oldest_live: int, newest_step: int) -> int:
+        """Makes room to write step ``newest_step``, keeping live and pinned rows.
+
+        Args:
+            oldest_live: First step of the oldest segment in flight.
+            newest_step: The step about to be written.
+
+        Returns:
+            A lower bound of the oldest step the ring must keep.
+        """
+        oldest = min([oldest_live, *(first for first, _ in list(self._pins.values()))])
+        if newest_step - oldest + 1 <= self.capacity:
+            return oldest
+        self._grow(oldest_live, newest_step)
+        return oldest_live
+
+    def _grow(self, oldest_step: int, newest_step: int) -> None:
+        """Moves to larger arrays holding steps ``oldest_step..newest_step - 1``.
+
+        Pinned segments keep viewing the old arrays, so their rows need no
+        copy and pin nothing in the new ones.
+        """
         old_capacity = self.capacity
-        self.capacity = max(2 * old_capacity, needed)
+        self.capacity = max(2 * old_capacity, newest_step - oldest_step + 1)
         steps = np.arange(oldest_step, newest_step)
         old_rows, new_rows = steps % old_capacity, steps % self.capacity
 
@@ -166,11 +202,15 @@ class StepRing:
         if self.actions is not None:
             self.actions = regrow(self.actions)
         self.agent_infos = {key: regrow(value) for key, value in self.agent_infos.items()}
+        self._pins.clear()
 
-    def copy_segment(
+    def segment_steps(
         self, first_step: int, length: int, slot: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-        """Copies out ``length`` consecutive steps of one slot, from ``first_step``.
+        """``length`` consecutive steps of one slot, from ``first_step``.
+
+        Views of the ring (no copy), unless the steps wrap around its end;
+        :meth:`pin` them for as long as they are used.
 
         Returns:
             observations (``length + 1`` rows: the last is the observation
@@ -181,10 +221,10 @@ class StepRing:
         if start + length < self.capacity:  # the common case: no wrap-around
             stop = start + length
             return (
-                self.obs[start : stop + 1, slot].copy(),
-                self.actions[start:stop, slot].copy(),
-                self.rewards[start:stop, slot].copy(),
-                {key: value[start:stop, slot].copy() for key, value in self.agent_infos.items()},
+                self.obs[start : stop + 1, slot],
+                self.actions[start:stop, slot],
+                self.rewards[start:stop, slot],
+                {key: value[start:stop, slot] for key, value in self.agent_infos.items()},
             )
         steps = np.arange(first_step, first_step + length + 1) % self.capacity
         rows = steps[:-1]
@@ -196,9 +236,13 @@ class StepRing:
         )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class Segment:
-    """A finished episode or fragment piece, copied out of the ring.
+    """A finished episode or fragment piece.
+
+    A worker's segments view their steps in its :class:`StepRing` (which
+    keeps those rows while the segment lives); :func:`build_batch` copies
+    them into a batch.
 
     Attributes:
         key: Sort key; batches list segments in increasing key order.

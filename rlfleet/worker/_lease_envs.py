@@ -1,8 +1,9 @@
-"""One leased env: building it, running one op on it, and the reply's encoding.
+"""One leased env: building it and running one op on it.
 
 The worker's :class:`~rlfleet.worker._leases.LeaseHost` decides where and
 when envs run (inline or on its pool); this module is what happens to one
-env and how answers become a ``LeaseReply`` (protos/rlfleet/v1/leases.proto).
+env. Orders and answers are rlfleet types (rlfleet.lease_messages
+translates them from and to protos/rlfleet/v1/leases.proto).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import time
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -21,8 +22,7 @@ import numpy as np
 from rlfleet.envs import EnvConfig
 from rlfleet.envs._base import CALL, CLASS_NAMES, GET_ATTR, RENDER, SET_ATTR, run_command
 from rlfleet.errors import ConfigError, EnvError, PolicyError
-from rlfleet.v1 import leases_pb2, updates_pb2
-from rlfleet.wire import decode_tensor, encode_tensor, encode_tensor_map
+from rlfleet.lease_messages import LeaseAnswer, LeaseCallOrder, LeasedEnvSource
 
 logger = logging.getLogger("rlfleet.worker")
 
@@ -34,12 +34,12 @@ _ARRAY_SPACES = (
     gym.spaces.MultiBinary,
 )
 #: The vector-env command each op runs (rlfleet.envs._base.run_command).
-COMMANDS: dict[int, str] = {
-    leases_pb2.LEASE_OP_RENDER: RENDER,
-    leases_pb2.LEASE_OP_GET_ATTR: GET_ATTR,
-    leases_pb2.LEASE_OP_SET_ATTR: SET_ATTR,
-    leases_pb2.LEASE_OP_CALL: CALL,
-    leases_pb2.LEASE_OP_CLASS_NAMES: CLASS_NAMES,
+COMMANDS: dict[str, str] = {
+    "render": RENDER,
+    "get_attr": GET_ATTR,
+    "set_attr": SET_ATTR,
+    "call": CALL,
+    "class_names": CLASS_NAMES,
 }
 #: Info key of an env that was lost with its worker and re-created here.
 ENV_LOST_KEY = "rlfleet_env_lost"
@@ -53,24 +53,9 @@ class LeasedEnv:
     step_seconds: float = 0.0  # moving average
 
 
-@dataclass
-class LeaseAnswer:
-    """One env's answer to a call: its fields, or the exception it raised."""
-
-    env_id: int
-    observation: Any = None
-    reward: float = 0.0
-    terminated: bool = False
-    truncated: bool = False
-    info: Mapping[str, Any] = field(default_factory=dict)
-    error: BaseException | None = None
-    value: Any = None  # the answer of RENDER, GET_ATTR, CALL, CLASS_NAMES
-    reset: tuple[Any, dict[str, Any]] | None = None  # a prefetched reset (obs, info)
-
-
-def lease_config(update: updates_pb2.EnvUpdate, imports: tuple[str, ...]) -> EnvConfig:
+def lease_config(update: LeasedEnvSource, imports: tuple[str, ...]) -> EnvConfig:
     """The EnvConfig of a lease; refuses what must not come from the network."""
-    if update.pickled_env_factory:
+    if update.pickled:
         raise ConfigError("leased envs are built from an env id, never from a pickled factory")
     if ":" in update.env_id:
         raise ConfigError(
@@ -80,8 +65,7 @@ def lease_config(update: updates_pb2.EnvUpdate, imports: tuple[str, ...]) -> Env
     kwargs = json.loads(update.kwargs_json) if update.kwargs_json else {}
     if not isinstance(kwargs, dict):
         raise ConfigError(f"env kwargs must be a JSON object, got {update.kwargs_json[:200]!r}")
-    length = update.max_episode_length if update.HasField("max_episode_length") else None
-    return EnvConfig(update.env_id, kwargs, length, imports)
+    return EnvConfig(update.env_id, kwargs, update.max_episode_length, imports)
 
 
 def check_spaces(env: gym.Env, env_id: str) -> None:
@@ -95,10 +79,10 @@ def check_spaces(env: gym.Env, env_id: str) -> None:
             )
 
 
-def call_args(call: leases_pb2.LeaseCall) -> list[Any]:
+def call_args(call: LeaseCallOrder) -> list[Any]:
     """Per env: (seed, options) for a reset, the action row for a step."""
     count = len(call.env_ids)
-    if call.op == leases_pb2.LEASE_OP_RESET:
+    if call.op == "reset":
         seeds: list[int | None] = [None if s < 0 else int(s) for s in call.seeds] or [None] * count
         if len(seeds) != count:
             raise ConfigError(f"a reset of {count} envs carries {len(seeds)} seeds")
@@ -106,24 +90,27 @@ def call_args(call: leases_pb2.LeaseCall) -> list[Any]:
         if options is not None and not isinstance(options, dict):
             raise ConfigError("reset options must be a JSON object")
         return [(seed, options) for seed in seeds]
-    if call.op == leases_pb2.LEASE_OP_STEP:
-        actions = decode_tensor(call.actions, name="LeaseCall.actions")
-        if actions.ndim < 1 or actions.shape[0] != count:
+    if call.op == "step":
+        if call.bad_actions is not None:
+            raise call.bad_actions
+        actions = call.actions
+        if actions is None or actions.ndim < 1 or actions.shape[0] != count:
             raise ConfigError(
-                f"a step of {count} envs carries actions of shape {actions.shape}; the "
+                f"a step of {count} envs carries actions of shape "
+                f"{None if actions is None else actions.shape}; the "
                 "first dimension must be the number of envs"
             )
         return list(actions)
-    if call.op == leases_pb2.LEASE_OP_SET_ATTR:
+    if call.op == "set_attr":
         return [(call.name, _json(call.value_json, "SET_ATTR value_json"))] * count
-    if call.op == leases_pb2.LEASE_OP_CALL:
+    if call.op == "call":
         args, kwargs = _json(call.value_json, "CALL value_json") or ([], {})
         return [(call.name, tuple(args), dict(kwargs))] * count
-    if call.op == leases_pb2.LEASE_OP_GET_ATTR:
+    if call.op == "get_attr":
         return [call.name] * count
     if call.op in COMMANDS:
-        return [{}] * count if call.op == leases_pb2.LEASE_OP_RENDER else [None] * count
-    raise ConfigError(f"LeaseCall.op {call.op} is not an op a learner may call")
+        return [{}] * count if call.op == "render" else [None] * count
+    raise ConfigError(f"LeaseCall {call.op} is not an op a learner may call")
 
 
 def check_actions(rows: list[Any], space: gym.Space, lease_id: int) -> None:
@@ -149,7 +136,7 @@ def _json(text: str, where: str) -> Any:
         raise ConfigError(f"{where} is not JSON: {exc}") from exc
 
 
-def run_env(leased: LeasedEnv, op: int, arg: Any, prefetch: bool = False) -> LeaseAnswer:
+def run_env(leased: LeasedEnv, op: str, arg: Any, prefetch: bool = False) -> LeaseAnswer:
     """Runs one op on one env; never raises (the outcome holds the error).
 
     With ``prefetch``, a step that ends the episode is followed by a reset
@@ -158,11 +145,11 @@ def run_env(leased: LeasedEnv, op: int, arg: Any, prefetch: bool = False) -> Lea
     env = leased.env
     started = time.perf_counter()
     try:
-        if op == leases_pb2.LEASE_OP_RESET:
+        if op == "reset":
             seed, options = arg
             obs, info = env.reset(seed=seed, options=options)
             outcome = LeaseAnswer(leased.env_id, _typed(env, obs), info=_lost_info(leased, info))
-        elif op != leases_pb2.LEASE_OP_STEP:
+        elif op != "step":
             outcome = LeaseAnswer(leased.env_id, value=run_command(env, COMMANDS[op], arg))
         elif leased.lost:
             # The env's episode died with its old worker: answer the step with a
@@ -183,13 +170,12 @@ def run_env(leased: LeasedEnv, op: int, arg: Any, prefetch: bool = False) -> Lea
             )
     except Exception as exc:
         error = EnvError(
-            f"env {leased.env_id} raised {type(exc).__name__} in "
-            f"{leases_pb2.LeaseOp.Name(op).removeprefix('LEASE_OP_').lower()}: {exc}",
+            f"env {leased.env_id} raised {type(exc).__name__} in {op}: {exc}",
             env_index=leased.env_id,
             remote_traceback="".join(traceback.format_exception(exc)),
         )
         return LeaseAnswer(leased.env_id, error=error)
-    if op == leases_pb2.LEASE_OP_STEP:
+    if op == "step":
         elapsed = time.perf_counter() - started
         leased.step_seconds = 0.8 * leased.step_seconds + 0.2 * elapsed
         if prefetch and (outcome.terminated or outcome.truncated):
@@ -219,90 +205,6 @@ def _lost_info(leased: LeasedEnv, info: Mapping[str, Any]) -> Mapping[str, Any]:
         return info
     leased.lost = False
     return {**info, ENV_LOST_KEY: True}
-
-
-def reply_of(
-    lease_id: int, call: leases_pb2.LeaseCall, outcomes: list[LeaseAnswer]
-) -> leases_pb2.LeaseReply:
-    reply = leases_pb2.LeaseReply(lease_id=lease_id, call_id=call.call_id, op=call.op)
-    reply.env_ids.extend(o.env_id for o in outcomes)
-    if call.op in (leases_pb2.LEASE_OP_RENDER, leases_pb2.LEASE_OP_SET_ATTR):
-        frames = [o.value for o in outcomes]
-        if call.op == leases_pb2.LEASE_OP_RENDER and all(f is not None for f in frames):
-            reply.frames.CopyFrom(encode_tensor(np.stack([np.asarray(f) for f in frames])))
-        return reply
-    if call.op in COMMANDS:
-        reply.values_json.extend(
-            json.dumps(o.value, default=_plain, allow_nan=True) for o in outcomes
-        )
-        return reply
-    reply.observations.CopyFrom(
-        encode_tensor(np.stack([np.asarray(o.observation) for o in outcomes]))
-    )
-    if call.op == leases_pb2.LEASE_OP_STEP:
-        reply.rewards.CopyFrom(encode_tensor(np.array([o.reward for o in outcomes], np.float64)))
-        reply.terminated.CopyFrom(encode_tensor(np.array([o.terminated for o in outcomes], bool)))
-        reply.truncated.CopyFrom(encode_tensor(np.array([o.truncated for o in outcomes], bool)))
-    for outcome in outcomes:
-        arrays, rest = _split_info(outcome.info, f"env {outcome.env_id}")
-        reply.infos.append(encode_tensor_map(arrays))
-        reply.infos_json.append(rest)
-    resets = [(o.env_id, o.reset) for o in outcomes if o.reset is not None]
-    if resets:
-        reply.reset_env_ids.extend(env_id for env_id, _ in resets)
-        rows = np.stack([np.asarray(obs) for _, (obs, _) in resets])
-        reply.reset_observations.CopyFrom(encode_tensor(rows))
-        for env_id, (_, info) in resets:
-            arrays, rest = _split_info(info, f"env {env_id} reset")
-            reply.reset_infos.append(encode_tensor_map(arrays))
-            reply.reset_infos_json.append(rest)
-    return reply
-
-
-def _plain(value: Any) -> Any:
-    """JSON for numpy scalars and arrays; anything else is refused."""
-    if isinstance(value, np.generic | np.ndarray):
-        return value.tolist()
-    raise ConfigError(
-        f"a {type(value).__name__} is not a plain value; leases carry JSON-compatible "
-        "attributes and return values (numbers, strings, lists, dicts, numpy arrays)"
-    )
-
-
-def _split_info(info: Mapping[str, Any], where: str) -> tuple[dict[str, Any], str]:
-    """An info dict as (numeric arrays for a TensorMap, the rest as JSON object text).
-
-    Numbers, bools and their arrays (in nested dicts too) travel as tensors;
-    other plain values (None, strings, lists of them, dicts holding any) as
-    JSON. The JSON text is empty when there is no such value.
-
-    Raises:
-        ConfigError: For a value that is neither (it would be lost otherwise).
-    """
-    tree: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    for key, value in info.items():
-        if isinstance(value, Mapping):
-            nested, rest = _split_info(value, f"{where} info[{key!r}]")
-            if rest:
-                extra[key] = value  # a dict mixing kinds travels whole, as JSON
-            else:
-                tree[key] = nested
-            continue
-        array = np.asarray(value) if not isinstance(value, str | type(None)) else None
-        if array is not None and array.dtype.kind in "biuf":
-            tree[key] = array
-        else:
-            extra[key] = value
-    if not extra:
-        return tree, ""
-    try:
-        return tree, json.dumps(extra, default=_plain)
-    except (TypeError, ValueError, ConfigError) as exc:
-        raise ConfigError(
-            f"{where}: info holds a value that is neither numeric nor JSON ({exc}); leased "
-            "envs' infos carry numbers, bools, arrays and plain JSON values"
-        ) from exc
 
 
 def close_quietly(env: gym.Env) -> None:

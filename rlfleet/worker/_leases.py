@@ -22,23 +22,29 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
-from rlfleet import _rpc
 from rlfleet.envs.config import env_spec_of
 from rlfleet.errors import ConfigError
-from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
-from rlfleet.wire import encode_env_spec
-from rlfleet.worker._lease_envs import (
+from rlfleet.lease_messages import (
     LeaseAnswer,
+    LeaseAnswers,
+    LeaseCallFailed,
+    LeaseCallOrder,
+    LeaseCreated,
+    LeaseCreateOrder,
+    LeaseOrder,
+    LeaseReleaseOrder,
+    LeaseReport,
+)
+from rlfleet.worker._lease_envs import (
     LeasedEnv,
     call_args,
     check_actions,
     check_spaces,
     close_quietly,
     lease_config,
-    reply_of,
     run_env,
 )
 
@@ -58,11 +64,21 @@ POOL_THREADS = 64
 class _PendingCall:
     """A pooled call: the outcomes not yet sent, and how many envs still run."""
 
-    lease_id: int
-    call: leases_pb2.LeaseCall
+    call: LeaseCallOrder
     running: int
     outcomes: list[LeaseAnswer] = field(default_factory=list)
     first_done: float | None = None  # time.monotonic() of the first unsent outcome
+
+
+@dataclass
+class _EnvTask:
+    """One env's op for a pool thread."""
+
+    pending_id: int
+    leased: LeasedEnv
+    op: str
+    arg: Any
+    prefetch: bool
 
 
 @dataclass
@@ -77,23 +93,23 @@ class LeaseHost:
     """Hosts leased envs of one Join session.
 
     Args:
-        worker_name: This worker's name in the fleet (for errors).
         imports: Modules to import before building envs (the worker's ``--import``).
-        send: Queues a message on the Join stream.
+        send: Sends a report to the coordinator (queues it on the Join
+            stream); raises ConfigError, sending nothing, for answers that
+            cannot travel.
     """
 
-    def __init__(
-        self,
-        worker_name: str,
-        imports: tuple[str, ...],
-        send: Callable[[worker_pb2.WorkerMessage], None],
-    ) -> None:
-        self._name = worker_name
+    def __init__(self, imports: tuple[str, ...], send: Callable[[LeaseReport], None]) -> None:
         self._imports = imports
         self._send = send
         self._envs: dict[tuple[int, int], LeasedEnv] = {}
-        self._inbox: queue.SimpleQueue[leases_pb2.LeaseCommand | _Done | None] = queue.SimpleQueue()
-        self._pool: ThreadPoolExecutor | None = None
+        self._inbox: queue.SimpleQueue[LeaseOrder | _Done] = queue.SimpleQueue()
+        # The pool: threads that take env ops from one queue and put their
+        # outcomes in the inbox. Leaner than a ThreadPoolExecutor (no futures,
+        # no callbacks): 16 envs that sleep 1 ms answered in 1.37 ms against
+        # 1.64 ms (median, this machine).
+        self._tasks: queue.SimpleQueue[_EnvTask | None] = queue.SimpleQueue()
+        self._pool_threads = 0
         # Pooled calls not yet fully answered, by (lease, call).
         # Keyed by a number of their own: a call resent after a worker loss
         # reaches this host again with the same call id.
@@ -102,9 +118,14 @@ class LeaseHost:
         self._thread = threading.Thread(target=self._run, name="rlfleet-leases", daemon=True)
         self._thread.start()
 
-    def submit(self, command: leases_pb2.LeaseCommand) -> None:
-        """Queues a command from the coordinator (never blocks)."""
-        self._inbox.put(command)
+    @property
+    def hosted(self) -> int:
+        """How many leased envs this worker hosts now (read from any thread)."""
+        return len(self._envs)
+
+    def submit(self, order: LeaseCreateOrder | LeaseCallOrder | LeaseReleaseOrder) -> None:
+        """Queues an order from the coordinator (never blocks)."""
+        self._inbox.put(order)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Closes every leased env and stops the thread (waits ``timeout`` seconds)."""
@@ -133,13 +154,13 @@ class LeaseHost:
                     return
                 self._flush_pooled()
         finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
+            for _ in range(self._pool_threads):
+                self._tasks.put(None)
             for leased in self._envs.values():
                 close_quietly(leased.env)
             self._envs.clear()
 
-    def _handle(self, item: leases_pb2.LeaseCommand | _Done) -> None:
+    def _handle(self, item: LeaseOrder | _Done) -> None:
         if isinstance(item, _Done):
             pending = self._pending[item.pending_id]
             pending.outcomes.append(item.outcome)
@@ -147,24 +168,20 @@ class LeaseHost:
             if pending.first_done is None:
                 pending.first_done = time.monotonic()
             return
-        body = item.WhichOneof("body")
         try:
-            if body == "create":
-                self._create(item.lease_id, item.create)
-            elif body == "call":
-                self._call(item.lease_id, item.call)
-            elif body == "release":
-                self._release(item.lease_id, item.release)
-            else:
-                logger.warning("ignored an empty LeaseCommand for lease %d", item.lease_id)
+            if isinstance(item, LeaseCreateOrder):
+                self._create(item)
+            elif isinstance(item, LeaseCallOrder):
+                self._call(item)
+            elif isinstance(item, LeaseReleaseOrder):
+                self._release(item)
         except Exception as exc:  # a bug must answer the learner, not hang it
-            logger.exception("lease command %s of lease %d failed", body, item.lease_id)
-            if body == "call":
-                self._reply_error(item.lease_id, item.call, list(item.call.env_ids), exc)
+            logger.exception("lease order %r failed", item)
+            if isinstance(item, LeaseCallOrder):
+                self._reply_error(item, item.env_ids, exc)
 
-    def _create(self, lease_id: int, create: leases_pb2.LeaseCreate) -> None:
-        reply = leases_pb2.LeaseReply(lease_id=lease_id, op=leases_pb2.LEASE_OP_CREATE)
-        reply.env_ids.extend(create.env_ids)
+    def _create(self, create: LeaseCreateOrder) -> None:
+        lease_id = create.lease_id
         built: list[LeasedEnv] = []
         try:
             config = lease_config(create.env, self._imports)
@@ -172,27 +189,30 @@ class LeaseHost:
                 env = config.make()
                 built.append(LeasedEnv(env, env_id, lost=create.replaces_lost))
                 check_spaces(env, config.id)
-            reply.env_spec.CopyFrom(
-                encode_env_spec(env_spec_of(built[0].env, config.max_episode_length))
-            )
+            spec = env_spec_of(built[0].env, config.max_episode_length)
         except Exception as exc:
             for leased in built:
                 close_quietly(leased.env)
-            reply.error.CopyFrom(self._detail(exc, None))
-        else:
-            for leased in built:
-                old = self._envs.pop((lease_id, leased.env_id), None)
-                if old is not None:
-                    close_quietly(old.env)
-                self._envs[(lease_id, leased.env_id)] = leased
-        self._send(worker_pb2.WorkerMessage(lease_reply=reply))
+            self._send(LeaseCreated(lease_id, create.env_ids, error=exc))
+            return
+        for leased in built:
+            old = self._envs.pop((lease_id, leased.env_id), None)
+            if old is not None:
+                close_quietly(old.env)
+            self._envs[(lease_id, leased.env_id)] = leased
+        try:
+            self._send(LeaseCreated(lease_id, create.env_ids, spec=spec))
+        except Exception as exc:  # a spec that cannot travel: the lease fails, not hangs
+            self._send(LeaseCreated(lease_id, create.env_ids, error=exc))
 
-    def _release(self, lease_id: int, release: leases_pb2.LeaseRelease) -> None:
+    def _release(self, release: LeaseReleaseOrder) -> None:
         ids = set(release.env_ids)
+        lease_id = release.lease_id
         for key in [k for k in self._envs if k[0] == lease_id and (not ids or k[1] in ids)]:
             close_quietly(self._envs.pop(key).env)
 
-    def _call(self, lease_id: int, call: leases_pb2.LeaseCall) -> None:
+    def _call(self, call: LeaseCallOrder) -> None:
+        lease_id = call.lease_id
         envs = []
         for env_id in call.env_ids:
             leased = self._envs.get((lease_id, env_id))
@@ -200,28 +220,33 @@ class LeaseHost:
                 raise ConfigError(f"env {env_id} of lease {lease_id} is not hosted here")
             envs.append(leased)
         args = call_args(call)
-        if call.op == leases_pb2.LEASE_OP_STEP and envs:
+        if call.op == "step" and envs:
             check_actions(args, envs[0].env.action_space, lease_id)
         pooled = len(envs) > 1 and any(e.step_seconds > POOL_STEP_SECONDS for e in envs)
         if not pooled:
             prefetch = call.prefetch_reset
             outcomes = [run_env(e, call.op, a, prefetch) for e, a in zip(envs, args, strict=True)]
-            self._send_outcomes(lease_id, call, outcomes)
+            self._send_outcomes(call, outcomes)
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="rlfleet-lease-env")
+        self._grow_pool(len(envs))
         pending_id = next(self._pending_ids)
-        self._pending[pending_id] = _PendingCall(lease_id, call, running=len(envs))
+        self._pending[pending_id] = _PendingCall(call, running=len(envs))
         for leased, arg in zip(envs, args, strict=True):
-            future = self._pool.submit(run_env, leased, call.op, arg, call.prefetch_reset)
-            future.add_done_callback(self._on_done(pending_id))
+            self._tasks.put(_EnvTask(pending_id, leased, call.op, arg, call.prefetch_reset))
 
-    def _on_done(self, pending_id: int) -> Callable[[Future[LeaseAnswer]], None]:
-        def done(future: Future[LeaseAnswer]) -> None:
-            if not future.cancelled():
-                self._inbox.put(_Done(pending_id, future.result()))
+    def _grow_pool(self, wanted: int) -> None:
+        """Starts pool threads until ``wanted`` (at most POOL_THREADS) exist."""
+        while self._pool_threads < min(wanted, POOL_THREADS):
+            self._pool_threads += 1
+            threading.Thread(
+                target=self._run_envs, name=f"rlfleet-lease-env-{self._pool_threads}", daemon=True
+            ).start()
 
-        return done
+    def _run_envs(self) -> None:
+        """A pool thread: env ops until the host stops (run_env never raises)."""
+        while (task := self._tasks.get()) is not None:
+            outcome = run_env(task.leased, task.op, task.arg, task.prefetch)
+            self._inbox.put(_Done(task.pending_id, outcome))
 
     def _flush_pooled(self) -> None:
         """Answers pooled calls whose envs all finished, or whose first finished
@@ -232,7 +257,7 @@ class LeaseHost:
                 continue
             if pending.running and now - pending.first_done < COALESCE_SECONDS:
                 continue
-            self._send_outcomes(pending.lease_id, pending.call, pending.outcomes)
+            self._send_outcomes(pending.call, pending.outcomes)
             if pending.running:
                 pending.outcomes, pending.first_done = [], None
             else:
@@ -247,34 +272,19 @@ class LeaseHost:
 
     # --- replies --------------------------------------------------------------
 
-    def _send_outcomes(
-        self, lease_id: int, call: leases_pb2.LeaseCall, outcomes: list[LeaseAnswer]
-    ) -> None:
+    def _send_outcomes(self, call: LeaseCallOrder, outcomes: list[LeaseAnswer]) -> None:
         ok = []
         for outcome in outcomes:
             if outcome.error is None:
                 ok.append(outcome)
             else:
-                self._reply_error(lease_id, call, [outcome.env_id], outcome.error)
+                self._reply_error(call, [outcome.env_id], outcome.error)
         if not ok:
             return
         try:
-            reply = reply_of(lease_id, call, ok)
+            self._send(LeaseAnswers(call.lease_id, call.call_id, call.op, ok))
         except Exception as exc:  # e.g. an info value that cannot travel
-            self._reply_error(lease_id, call, [o.env_id for o in ok], exc)
-            return
-        self._send(worker_pb2.WorkerMessage(lease_reply=reply))
+            self._reply_error(call, [o.env_id for o in ok], exc)
 
-    def _reply_error(
-        self, lease_id: int, call: leases_pb2.LeaseCall, env_ids: list[int], exc: BaseException
-    ) -> None:
-        reply = leases_pb2.LeaseReply(lease_id=lease_id, call_id=call.call_id, op=call.op)
-        reply.env_ids.extend(env_ids)
-        reply.error.CopyFrom(self._detail(exc, env_ids[0] if len(env_ids) == 1 else None))
-        self._send(worker_pb2.WorkerMessage(lease_reply=reply))
-
-    def _detail(self, exc: BaseException, env_id: int | None) -> updates_pb2.ErrorDetail:
-        detail = _rpc.detail_from_exception(exc, worker=self._name)
-        if env_id is not None:
-            detail.env_index = env_id
-        return detail
+    def _reply_error(self, call: LeaseCallOrder, env_ids: list[int], exc: BaseException) -> None:
+        self._send(LeaseCallFailed(call.lease_id, call.call_id, call.op, env_ids, exc))

@@ -33,16 +33,17 @@ from rlfleet.errors import (
     ProtocolError,
     WireFormatError,
 )
+from rlfleet.lease_messages import decode_lease_command, lease_report_message
 from rlfleet.policies import Policy, PolicySpec, make_policy
 from rlfleet.security import PICKLE_CAPABILITY, PickleGate
 from rlfleet.stream_replay import StreamReplay
-from rlfleet.v1 import updates_pb2, worker_pb2
+from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import (
     DEFAULT_CHUNK_BYTES,
     decode_tensor,
     decode_tensor_map,
-    encode_batch_chunks,
     encode_env_spec,
+    serialize_batch_messages,
 )
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._flush import FlushPolicy
@@ -105,9 +106,11 @@ class Session:
             max_env_restarts=config.env_restarts,
             nan_observations=config.nonfinite,
         )
-        self._book = TaskBook(self._vec)
-        self._leases = LeaseHost(self.name, config.imports, self._send)
-        stream.lease_handler = self._leases.submit
+        self._leases = LeaseHost(
+            config.imports, lambda report: self._send(lease_report_message(report, self.name))
+        )
+        self._book = TaskBook(self._vec, lambda: self._leases.hosted)
+        stream.lease_handler = self._submit_lease
         self._generation = 0
         self._leaving = False
         self._leave_deadline = float("inf")
@@ -180,6 +183,14 @@ class Session:
                     return outcome
             if self._beat_if_due() and time.monotonic() >= self._leave_deadline:
                 self._abandon_in_flight()
+
+    def _submit_lease(self, command: leases_pb2.LeaseCommand) -> None:
+        """Hands a lease command to the LeaseHost (from the receiver thread too)."""
+        order = decode_lease_command(command)
+        if order is None:
+            logger.warning("ignored an empty LeaseCommand for lease %d", command.lease_id)
+        else:
+            self._leases.submit(order)
 
     def _beat_if_due(self) -> bool:
         """Sends a heartbeat if one is due; returns whether it did."""
@@ -279,7 +290,7 @@ class Session:
         elif body == "cancel":
             self._book.cancel(message.cancel.task_id, message.cancel.episode_indices)
         elif body == "lease":
-            self._leases.submit(message.lease)
+            self._submit_lease(message.lease)
         elif body == "drain":
             logger.info("coordinator drains this worker: %s", message.drain.reason or "no reason")
             self._start_leaving(message.drain.reason, tell=False)
@@ -466,16 +477,23 @@ class Session:
         max_bytes = min(
             DEFAULT_CHUNK_BYTES, self._max_message_bytes - meta.ByteSize() - _ENVELOPE_ALLOWANCE
         )
-        chunks = encode_batch_chunks(
-            batch, max_bytes, batch_id=self._next_batch_id, include_env_spec=False
+        first = worker_pb2.WorkerMessage(result=meta)
+        rest = worker_pb2.WorkerMessage(result=worker_pb2.EpisodeResult(task_id=task_id))
+        # The batch's data is copied once, from its arrays into the messages.
+        messages, total_bytes = serialize_batch_messages(
+            batch,
+            lambda index: first if index == 0 else rest,
+            _rpc.WORKER_CHUNK_PATH,
+            max_bytes=max_bytes,
+            batch_id=self._next_batch_id,
+            include_env_spec=False,
         )
         self._next_batch_id += 1
-        self._flush_policy.expect_step_bytes(chunks[0].total_bytes / batch.total_steps)
-        for i, chunk in enumerate(chunks):
-            envelope = meta if i == 0 else worker_pb2.EpisodeResult(task_id=task_id)
-            self._stream.send(_rpc.WithChunk(worker_pb2.WorkerMessage(result=envelope), chunk))
+        self._flush_policy.expect_step_bytes(total_bytes / batch.total_steps)
+        for message in messages:
+            self._stream.send(message)
         self._book.reported(task_id, indices)
-        self._metrics.sent(batch.n_episodes, chunks[0].total_bytes)
+        self._metrics.sent(batch.n_episodes, total_bytes)
 
     def _report_progress(self) -> None:
         self._metrics.progress(

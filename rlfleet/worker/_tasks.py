@@ -15,7 +15,7 @@ take, cancel and report each task's episodes separately.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from rlfleet.stream_replay import StreamReplay
@@ -67,10 +67,15 @@ class TaskBook:
 
     Args:
         vec: The VecWorker the units run on.
+        leased: How many of the worker's env slots leased envs hold now:
+            units start only on the slots they leave free, and on one at
+            least, so that units already held always finish (the
+            coordinator sends none to a worker whose slots are all leased).
     """
 
-    def __init__(self, vec: VecWorker) -> None:
+    def __init__(self, vec: VecWorker, leased: Callable[[], int] = lambda: 0) -> None:
         self._vec = vec
+        self._leased = leased
         self.episode_tasks: dict[int, EpisodeTask] = {}
         self.fragment_tasks: collections.deque[FragmentTask] = collections.deque()
         self._pending: collections.deque[EpisodeUnit] = collections.deque()
@@ -98,11 +103,12 @@ class TaskBook:
         self.feed()
 
     def feed(self) -> None:
-        """Gives the VecWorker units until it holds one per env slot."""
+        """Gives the VecWorker units until it holds one per env slot not leased."""
         if not self._pending:
             return
         vec = self._vec
-        room = vec.n_envs - vec.active_count - vec.queued_count
+        slots = max(vec.n_envs - self._leased(), 1)
+        room = slots - vec.active_count - vec.queued_count
         if room > 0:
             vec.submit([self._pending.popleft() for _ in range(min(room, len(self._pending)))])
 
