@@ -283,7 +283,10 @@ class FragmentStreams:
             live.offset += record.length
             live.parked_obs = record.last_observation
             assert live.stream is not None
-            self._parked[live.stream[1]] = _Parked(live, [*self._logs[slot], record.actions])
+            # A copy: the record views the engine's ring, whose rows are reused
+            # once the record is gone, and the episode may wait for long.
+            actions = np.array(record.actions)
+            self._parked[live.stream[1]] = _Parked(live, [*self._logs[slot], actions])
         self._logs[slot] = []
 
     def on_env_failure(self, slot: int, live: Live, restarted: bool) -> None:
