@@ -478,6 +478,34 @@ def test_env_infos_keep_keys_present_at_every_step():
     np.testing.assert_array_equal(batch.env_infos["pos"]["x"], [1.0, 2.0, 3.0] * 2)
 
 
+class _AlternateInfoEnv(_InfoEnv):
+    """Every other episode adds an info key at each of its steps."""
+
+    resets = 0
+
+    def reset(self, *, seed=None, options=None):
+        self.resets += 1
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        if self.resets % 2:
+            info["in_odd_episodes_only"] = 1
+        return observation, reward, terminated, truncated, info
+
+
+def test_env_infos_keep_keys_present_in_every_episode(caplog):
+    with caplog.at_level("WARNING", logger="rlfleet.worker"):
+        batch = VecWorker(n_envs=1, env=_AlternateInfoEnv).run(make_units(0, 0, range(3)))
+    assert sorted(batch.env_infos) == ["pos", "step"]
+    np.testing.assert_array_equal(batch.env_infos["step"], [1, 2, 3] * 3)
+    assert "'in_odd_episodes_only' is present in some episodes" in caplog.text
+    # Alone, the odd episodes keep it.
+    worker = VecWorker(n_envs=1, env=_AlternateInfoEnv)
+    odd = worker.run(make_units(0, 0, [0]))
+    np.testing.assert_array_equal(odd.env_infos["in_odd_episodes_only"], [1, 1, 1])
+
+
 # ---------------------------------------------------------------- fragments
 
 
