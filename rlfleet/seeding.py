@@ -166,15 +166,18 @@ def generator_states(seeds: Sequence[int]) -> list[tuple[int, int]]:
         return [(state["state"], state["inc"]) for state in states]
     # generate_state(4, uint64) is generate_state(8, uint32) read as
     # little-endian pairs: uint64 k = word 2k | word 2k+1 << 32.
-    words = [column.tolist() for column in _hash([], np.asarray(seeds, dtype=np.uint32), 8)]
+    words = _hash([], np.asarray(seeds, dtype=np.uint32), 8)
+    u = [
+        (words[2 * k].astype(np.uint64) | words[2 * k + 1].astype(np.uint64) << np.uint64(32))
+        for k in range(4)
+    ]
     result = []
-    for w in zip(*words, strict=True):
-        u = [w[2 * k] | w[2 * k + 1] << 32 for k in range(4)]
+    for u0, u1, u2, u3 in zip(*(column.tolist() for column in u), strict=True):
         # pcg_setseq_128_srandom_r(initstate = u0:u1, initseq = u2:u3): from
         # state 0, one step (state = inc), add initstate, one more step.
-        inc = ((u[2] << 64 | u[3]) << 1 | 1) & _MASK_128
-        state = (inc + (u[0] << 64 | u[1])) * _PCG_MULT + inc
-        result.append((state & _MASK_128, inc))
+        inc = ((u2 << 64 | u3) << 1 | 1) & _MASK_128
+        state = ((inc + (u0 << 64 | u1)) * _PCG_MULT + inc) & _MASK_128
+        result.append((state, inc))
     return result
 
 

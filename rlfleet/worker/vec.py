@@ -10,6 +10,7 @@ machine use :meth:`VecWorker.run` and :meth:`VecWorker.collect_fragments`.
 from __future__ import annotations
 
 import collections
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
@@ -48,6 +49,8 @@ _NAN_MODES = ("error", "flag", "ignore")
 
 #: Prepared generator states a worker keeps at most (see VecWorker.prepare).
 _MAX_PREPARED = 1 << 16
+#: Queued units prepared with an unprepared one that starts.
+_PREPARE_AHEAD = 255
 
 
 class VecWorker:
@@ -379,7 +382,7 @@ class VecWorker:
         costs a fraction of building each generator. A worker that submits
         units a few at a time (the remote worker) prepares each task's units
         when the task arrives; units submitted unprepared are prepared with
-        the whole queue when the first of them starts.
+        the next queued ones when the first of them starts.
         """
         known = self._rng_states
         seeds = [unit.policy_seed for unit in units if unit.policy_seed not in known]
@@ -625,7 +628,9 @@ class VecWorker:
             unit = self._queue.popleft()
             state = self._rng_states.pop(unit.policy_seed, None)
             if state is None:
-                self.prepare([unit, *self._queue])
+                # With the next queued units, not all: surplus units are
+                # often cancelled before they start.
+                self.prepare([unit, *itertools.islice(self._queue, _PREPARE_AHEAD)])
                 state = self._rng_states.pop(unit.policy_seed)
             rng = self._slot_rngs[slot]
             set_generator_state(rng, state)
