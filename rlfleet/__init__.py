@@ -13,7 +13,8 @@ The public API, importable from ``rlfleet``:
 - Training (garage's): :class:`Trainer`, :class:`SnapshotConfig`,
   :func:`wrap_experiment`, :class:`ExperimentContext` (``rlfleet.trainer``).
 - RLlib's RolloutWorker surface: :class:`RolloutWorker`,
-  :class:`MultiAgentEpisodeBatch`; more in ``rlfleet.rllib`` (docs/rllib.md).
+  :class:`MultiAgentEpisodeBatch`, :func:`register_multi_agent_env` (PettingZoo
+  envs on the fleet); more in ``rlfleet.rllib`` (docs/rllib.md).
 - The fleet: ``rlfleet.client`` (:class:`~rlfleet.client.RemoteSampler`,
   :class:`~rlfleet.client.Fleet`) and ``rlfleet.coordinator``.
 - Batch files (``.npz``, what ``rlfleet sample`` writes): :func:`save_batch`,
@@ -56,7 +57,7 @@ from rlfleet.policies import (
     default_policy_spec,
     make_policy,
 )
-from rlfleet.rllib import RolloutWorker
+from rlfleet.rllib import RolloutWorker, register_multi_agent_env
 from rlfleet.sampling import (
     log_multitask_performance,
     log_performance,
@@ -102,6 +103,7 @@ __all__ = [
     "default_policy_spec",
     "env_spec_of",
     "load_batch",
+    "register_multi_agent_env",
     "log_multitask_performance",
     "log_performance",
     "make_env",

@@ -36,7 +36,7 @@ from rlfleet.conformance import run_conformance
 from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
 from rlfleet.core import EnvSpec, EpisodeBatch, StepType
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import EnvNotFoundError, PolicyError
+from rlfleet.errors import EnvNotFoundError, PolicyError, RlfleetError
 from rlfleet.learners.vpg import VPG
 from rlfleet.policies import MLPCategoricalPolicy
 
@@ -200,7 +200,9 @@ def start_node_worker(address: str, *, envs: int, name: str) -> subprocess.Popen
     )
 
 
-def start_python_worker(address: str, *, envs: int, name: str) -> subprocess.Popen[bytes]:
+def start_python_worker(
+    address: str, *, envs: int, name: str, imports: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
             sys.executable,
@@ -215,6 +217,7 @@ def start_python_worker(address: str, *, envs: int, name: str) -> subprocess.Pop
             name,
             "--import",
             "rlfleet.envs.cartpole_js",
+            *(flag for module in imports for flag in ("--import", module)),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -376,3 +379,49 @@ def test_node_worker_passes_the_conformance_kit() -> None:
     failed = [f"{r.name}: {r.message}" for r in results if not r.passed]
     assert not failed, failed
     assert len(results) >= 10
+
+
+def test_multi_agent_work_goes_only_to_workers_with_the_capability(
+    coordinator: CoordinatorServer, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    """The Node worker lacks "rlfleet.multi-agent": alone, a clear error; beside Python, no work."""
+    from rlfleet.core import MultiAgentEpisodeBatch
+    from rlfleet.rllib.pettingzoo_envs import SIMPLE_SPREAD
+    from rlfleet.rllib.worker_group import RolloutWorkerGroup
+
+    module = "rlfleet.rllib.pettingzoo_envs"
+    spread = EnvConfig(SIMPLE_SPREAD, {"max_cycles": 10}, imports=(module,))
+    processes.append(start_node_worker(coordinator.address, envs=2, name="node"))
+    with RemoteSampler(coordinator.address, seed=1, timeout=60) as sampler:
+        wait_for_workers(sampler, 1)
+        with pytest.raises(RlfleetError, match=r"declares the capability 'rlfleet\.multi-agent'"):
+            sampler.update_env(spread)
+        processes.append(
+            start_python_worker(
+                coordinator.address,
+                envs=2,
+                name="py",
+                imports=("rlfleet.rllib", module),
+            )
+        )
+        ids = wait_for_workers(sampler, 2)
+        sampler.update_env(spread)
+        group = RolloutWorkerGroup(
+            sampler, env=spread, policy_spec={"all": "random"}, rollout_fragment_length=5
+        )
+        for _ in range(2):
+            batch = group.sample()
+            assert isinstance(batch, MultiAgentEpisodeBatch)
+            rows = batch.policy_batches["all"]
+            assert set(rows.episode_infos["worker"].tolist()) == {ids["py"]}
+            assert set(rows.episode_infos["agent_id"].tolist()) == {"agent_0", "agent_1", "agent_2"}
+        status = {w.name: w for w in sampler.status().workers}
+        # The Node worker sat the env out: it never got it, nor its agent.
+        assert status["node"].env_generation < status["py"].env_generation
+        assert status["node"].units_in_flight == 0
+        # Back on a single-agent env, it catches up and takes work again.
+        vpg = VPG(JS_SPEC, hidden_sizes=(8,), seed=0)
+        batch = sampler.obtain_samples(
+            0, 200, env_update=EnvConfig(JS_ENV), agent_update=(vpg.policy_spec, vpg.get_params())
+        )
+        assert set(batch.episode_infos["worker"].tolist()) == {ids["py"], ids["node"]}

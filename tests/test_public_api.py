@@ -25,6 +25,8 @@ PROMISED = [
     "load_batch", "save_batch",
     # RLlib's RolloutWorker surface (issue 14)
     "RolloutWorker", "MultiAgentEpisodeBatch",
+    # multi-agent on the fleet (issue 14 section 3)
+    "register_multi_agent_env",
 ]  # fmt: skip
 
 

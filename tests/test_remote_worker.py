@@ -272,7 +272,12 @@ def test_hello_env_ready_results_and_heartbeats(
         "tester",
         worker.process.pid,
     )
-    assert list(hello.capabilities) == ["rlfleet.episodes", "rlfleet.fragments", "rlfleet.leases"]
+    assert list(hello.capabilities) == [
+        "rlfleet.episodes",
+        "rlfleet.fragments",
+        "rlfleet.multi-agent",
+        "rlfleet.leases",
+    ]
     assert hello.implementation.startswith("rlfleet-python/")
     welcome(connection)
     env_update(connection, 1, "rlfleet/Counter-v0", length=3)

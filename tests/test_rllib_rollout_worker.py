@@ -632,11 +632,14 @@ def test_local_rollout_workers_need_no_grpc() -> None:
     assert out == "False"
 
 
-def test_multiagent_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("local", [False, True])
+def test_multiagent_example_runs(capsys: pytest.CaptureFixture[str], local: bool) -> None:
+    """Trains briefly through Fleet.local (the default) and on a local worker."""
     example = runpy.run_path(str(Path(__file__).parent.parent / "examples" / "multiagent.py"))
-    assert example["main"](2) == 0
+    assert example["main"](2, local=local) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("itr   0  team return") and "agent_1 2000 steps" in lines[0]
+    assert lines[0].startswith("itr   0  team return") and "agent_1 500 steps" in lines[0]
+    assert lines[-1].endswith("(local)" if local else "(fleet)")
 
 
 def test_bad_weights_and_bad_multi_agent_batches_are_refused() -> None:

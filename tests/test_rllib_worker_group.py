@@ -20,6 +20,12 @@ def vpg() -> VPG:
     return VPG(CARTPOLE.env_spec(), hidden_sizes=(8,), seed=0)
 
 
+def sample(group: RolloutWorkerGroup) -> EpisodeBatch:
+    batch = group.sample()
+    assert isinstance(batch, EpisodeBatch)  # a single-agent group
+    return batch
+
+
 def local_logits(group: RolloutWorkerGroup, batch: EpisodeBatch) -> np.ndarray:
     policy = group.local_worker().get_policy()
     assert policy is not None
@@ -35,7 +41,7 @@ def test_filters_merge_deltas_and_workers_act_on_the_broadcast_state() -> None:
         rollout_fragment_length=40,
         fleet_seed=0,
     ) as group:
-        first = group.sample()
+        first = sample(group)
         assert first.total_steps == 80
         deltas = group.foreach_worker("filters")
         assert len(deltas) == 2 and sum(d.n for d in deltas.values()) == 80
@@ -47,7 +53,7 @@ def test_filters_merge_deltas_and_workers_act_on_the_broadcast_state() -> None:
         # aside), so the first batch holds the raw observations.
         np.testing.assert_allclose(merged.running.mean, first.observations.mean(axis=0), rtol=1e-5)
 
-        second = group.sample()
+        second = sample(group)
         # The workers' policies saw exactly the observations the group returns,
         # filtered with the merged state: their logits are the local policy's.
         np.testing.assert_allclose(
@@ -68,7 +74,7 @@ def test_sync_weights_reaches_every_worker_and_metrics_add_up() -> None:
         clip_rewards=0.5,
         fleet_seed=1,
     ) as group:
-        batch = group.sample()
+        batch = sample(group)
         # The batch is sized from the slots GetStatus counts at that moment, so
         # the killed worker may or may not be counted yet: at least one worker's.
         assert batch.total_steps >= 100
@@ -81,7 +87,7 @@ def test_sync_weights_reaches_every_worker_and_metrics_add_up() -> None:
         group.sync_weights(global_vars={"timestep": batch.total_steps})
         assert group.local_worker().get_global_vars() == {"timestep": batch.total_steps}
         versions = set(group.foreach_worker("weights").values())
-        after = group.sample()
+        after = sample(group)
         assert versions == set(after.episode_infos["agent_version"].tolist())
         np.testing.assert_allclose(
             after.agent_infos["logits"], local_logits(group, after), rtol=1e-5
@@ -91,21 +97,21 @@ def test_sync_weights_reaches_every_worker_and_metrics_add_up() -> None:
             group.foreach_worker("lambda w: w.stop()")
 
 
-def test_a_killed_worker_loses_no_batch_and_multi_agent_is_refused() -> None:
+def test_a_killed_worker_loses_no_batch_and_a_dict_policy_needs_a_multi_agent_env() -> None:
     with RolloutWorkerGroup.local(
         2, env=CARTPOLE, policy_spec="random", batch_mode="complete_episodes", fleet_seed=2
     ) as group:
-        group.sample()
+        sample(group)
         assert group.fleet is not None
         group.fleet.workers[0].process.kill()
-        batch = group.sample()
+        batch = sample(group)
         # The batch is sized from the slots GetStatus counts at that moment, so
         # the killed worker may or may not be counted yet: at least one worker's.
         assert batch.total_steps >= 100
         # Every episode is whole: the lost worker's in-flight ones were re-run.
         ends = batch.step_types[np.cumsum(batch.lengths) - 1]
         assert set(ends.tolist()) <= {2, 3}
-        with pytest.raises(ConfigError, match="single-agent"):
+        with pytest.raises(ConfigError, match="multi-agent groups take a dict"):
             RolloutWorkerGroup(group.fleet.sampler, env=CARTPOLE, policy_spec={"a": "random"})
 
 

@@ -54,7 +54,13 @@ if TYPE_CHECKING:
 
 #: Capabilities defined by protocol version 1 (worker.proto Hello).
 KNOWN_CAPABILITIES = frozenset(
-    {"rlfleet.episodes", "rlfleet.fragments", "rlfleet.pickle", "rlfleet.leases"}
+    {
+        "rlfleet.episodes",
+        "rlfleet.fragments",
+        "rlfleet.pickle",
+        "rlfleet.leases",
+        "rlfleet.multi-agent",
+    }
 )
 #: Those the test coordinator grants: never pickle (it needs an opt-in and TLS).
 GRANTED_CAPABILITIES = frozenset({"rlfleet.episodes", "rlfleet.fragments", "rlfleet.leases"})

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import grpc
 
+from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, is_multi_agent_env
 from rlfleet.coordinator.calls import CallScope
-from rlfleet.coordinator.failures import CallError, describe
+from rlfleet.coordinator.failures import CallError, describe, detail_of
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState, UpdateWait
 from rlfleet.coordinator.updates import (
@@ -123,6 +124,18 @@ class Rollouts:
                     previous.generation,
                 )
                 return self._ack(on_it)
+            capable = [h for h in state.registry if MULTI_AGENT_CAPABILITY in h.hello.capabilities]
+            if is_multi_agent_env(update.env_id) and len(state.registry) and not capable:
+                message = (
+                    f"env {update.env_id!r} is multi-agent and none of the {len(state.registry)} "
+                    f"connected workers declares the capability {MULTI_AGENT_CAPABILITY!r} (the "
+                    "Python worker does; the Node worker does not); start Python workers"
+                )
+                raise CallError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    message,
+                    detail_of(updates_pb2.ERROR_KIND_NO_WORKERS, message),
+                )
             generation = previous.generation + 1
             fresh = updates_pb2.EnvUpdate()
             fresh.CopyFrom(update)

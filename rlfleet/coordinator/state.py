@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, is_multi_agent_env
 from rlfleet.coordinator.calls import CallOutbox, CallScope, FifoGate, Header
 from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.failures import CallError, describe, detail_of
@@ -116,6 +117,9 @@ class FleetState:
         self.update_wait: UpdateWait | None = None
         self.draining = False
         self.departed_steps = 0
+        # Workers that sat a multi-agent env out (no capability): they get the
+        # whole agent with the next env they may run.
+        self.sat_out: set[int] = set()
         self.metrics = CoordinatorMetrics()  # its gauges: Coordinator watches
 
     # --- waiting (lock held) -----------------------------------------------------
@@ -138,7 +142,15 @@ class FleetState:
     def no_workers(self, seconds: float) -> CallError:
         """The UNAVAILABLE error of a request that waited ``seconds`` for a worker."""
         connected = len(self.registry)
-        if connected:
+        if connected and not any(self.takes_env(h) for h in self.registry):
+            message = (
+                f"no worker became ready within {seconds:g} seconds: the fleet runs the "
+                f"multi-agent env {self.env.update.env_id!r} and none of the {connected} "
+                f"connected workers declares the capability {MULTI_AGENT_CAPABILITY!r} (the "
+                "Python worker does; the Node worker does not); start Python workers with "
+                "--import of the module that registers the env"
+            )
+        elif connected:
             errors = [h.last_error for h in self.registry if h.last_error is not None]
             why = f"; last worker error: {describe(errors[-1])}" if errors else ""
             message = (
@@ -156,10 +168,18 @@ class FleetState:
 
     # --- workers (lock held) -----------------------------------------------------
 
+    def takes_env(self, handle: WorkerHandle) -> bool:
+        """Whether a worker may run the current env: a multi-agent env needs the capability."""
+        return (
+            not is_multi_agent_env(self.env.update.env_id)
+            or MULTI_AGENT_CAPABILITY in handle.hello.capabilities
+        )
+
     def is_ready(self, handle: WorkerHandle) -> bool:
         """Whether a worker runs the current env and agent and takes work."""
         return (
             handle.alive
+            and self.takes_env(handle)
             and not handle.leaving
             and handle.env_generation == self.env.generation
             and handle.agent_version == self.agent.version
@@ -201,10 +221,23 @@ class FleetState:
                 handle.send(cancel_message(cancel))
 
     def broadcast(self, message: worker_pb2.CoordinatorMessage) -> set[int]:
-        """Sends a message to every connected worker; returns their ids."""
+        """Sends an env or agent update to every worker that may run the env; returns their ids.
+
+        Workers without the multi-agent capability sit a multi-agent env out
+        (they get neither it nor its agents); when the fleet leaves it, they
+        get the new env and the whole current agent.
+        """
         targets = set()
         for handle in self.registry:
+            if not self.takes_env(handle):
+                self.sat_out.add(handle.worker_id)
+                self.refresh(handle)
+                continue
             handle.send(message)
+            if handle.worker_id in self.sat_out and message.HasField("env_update"):
+                self.sat_out.discard(handle.worker_id)
+                if self.agent.version > 0:
+                    handle.send(self.agent.full_update())
             targets.add(handle.worker_id)
             self.refresh(handle)
         return targets

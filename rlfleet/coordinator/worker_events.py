@@ -15,6 +15,7 @@ from collections.abc import Callable
 import grpc
 
 from rlfleet import _rpc
+from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY
 from rlfleet.coordinator.calls import Finished, Forward
 from rlfleet.coordinator.failures import CallError, describe, detail_of, invalid
 from rlfleet.coordinator.messages import footer_message, forwarded_result
@@ -37,7 +38,12 @@ from rlfleet.v1 import updates_pb2, worker_pb2
 logger = logging.getLogger("rlfleet.coordinator")
 
 #: Capabilities this coordinator offers (worker.proto Hello).
-CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments", _rpc.LEASE_CAPABILITY)
+CAPABILITIES = (
+    "rlfleet.episodes",
+    "rlfleet.fragments",
+    _rpc.LEASE_CAPABILITY,
+    MULTI_AGENT_CAPABILITY,
+)
 
 
 class WorkerEvents:
@@ -95,10 +101,14 @@ class WorkerEvents:
             handle = state.registry.admit(hello, peer)
             state.scheduler.add_worker(handle.worker_id, hello.num_envs)
             handle.send(self._welcome(handle))
-            # Then the current state, so that it matches every other worker's.
-            handle.send(state.env.message())
-            if state.agent.version > 0:
-                handle.send(state.agent.full_update())
+            # Then the current state, so that it matches every other worker's
+            # (a worker that cannot run a multi-agent env waits for the next env).
+            if state.takes_env(handle):
+                handle.send(state.env.message())
+                if state.agent.version > 0:
+                    handle.send(state.agent.full_update())
+            else:
+                state.sat_out.add(handle.worker_id)
         logger.info(
             "worker %r joined (id %d, %d envs, %s, pid %d, from %s)",
             handle.name,

@@ -6,6 +6,9 @@
 - :class:`RolloutWorkerGroup`: the same settings on the fleet (RLlib's ``WorkerSet``).
 - :class:`FilteredPolicy`: the fleet workers' frozen MeanStdFilter.
 - :class:`EnvContext`, :data:`DEFAULT_POLICY_ID`.
+- Multi-agent on the fleet: :func:`register_multi_agent_env` (in the
+  workers' ``--import`` module), :class:`MultiAgentJointEnv`,
+  :class:`MultiAgentJointPolicy`.
 
 docs/rllib.md says how RLlib's arguments and SampleBatch fields map here.
 """
@@ -16,6 +19,8 @@ from rlfleet.rllib._policies import DEFAULT_POLICY_ID
 from rlfleet.rllib.callbacks import DefaultCallbacks, Episode, RolloutMetrics
 from rlfleet.rllib.filtered_policy import FilteredPolicy
 from rlfleet.rllib.filters import MeanStdFilter, NoFilter, RunningStat
+from rlfleet.rllib.joint_policy import MultiAgentJointPolicy
+from rlfleet.rllib.multi_agent import MultiAgentJointEnv, register_multi_agent_env
 from rlfleet.rllib.rollout_worker import EnvContext, RolloutWorker
 
 __all__ = [
@@ -25,11 +30,14 @@ __all__ = [
     "Episode",
     "FilteredPolicy",
     "MeanStdFilter",
+    "MultiAgentJointEnv",
+    "MultiAgentJointPolicy",
     "NoFilter",
     "RolloutMetrics",
     "RolloutWorker",
     "RolloutWorkerGroup",
     "RunningStat",
+    "register_multi_agent_env",
 ]
 
 

@@ -4,6 +4,13 @@ Each tick steps every env once. The live agents of all envs are grouped by
 the policy they are bound to, and each policy computes their actions in one
 batched call. Agent trajectories are cut into :class:`Segment` records and
 turned into EpisodeBatches by the worker engine's own ``build_batch``.
+
+Seeding follows the fleet's fragment streams (DESIGN.md, Determinism): env
+slot ``i`` is stream ``i``, and its k-th episode resets the env with the
+seeds :func:`rlfleet.seeding.stream_seeds` derives from ``(seed, i, k)`` and
+draws its actions from its own generator. So an episode's data depends on
+its seeds only, never on which slots run beside it: the same worker
+settings give the batches a fleet gives (tests/test_rllib_multi_agent_fleet.py).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from rlfleet.errors import ConfigError, EnvError
 from rlfleet.rllib._envs import AgentEnv
 from rlfleet.rllib._policies import PolicyEntry
 from rlfleet.rllib.callbacks import DefaultCallbacks, Episode, RolloutMetrics
+from rlfleet.seeding import stream_seeds
 from rlfleet.worker._episode_buffer import Segment, build_batch, stack_step_infos
 
 if TYPE_CHECKING:
@@ -54,6 +62,8 @@ class _Trajectory:
     env_index: int
     fragment: int
     first: bool
+    #: Sort key: (stream, episode in stream, fragment, agent position).
+    order: tuple[int, int, int, int]
     observations: list[np.ndarray] = field(default_factory=list)
     actions: list[np.ndarray] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
@@ -65,12 +75,22 @@ class _Trajectory:
 
 @dataclass
 class EnvSlot:
-    """One env of the worker and the episode running in it."""
+    """One env of the worker and the episode running in it.
+
+    Attributes:
+        stream: The slot's fragment stream (its episodes' seeds).
+        base_seed: The worker's base seed.
+        episodes: Episodes begun in the slot.
+        rng: The running episode's action generator.
+    """
 
     index: int
     env: AgentEnv
     context: EnvContext
-    reset_seed: int | None
+    stream: int
+    base_seed: int
+    episodes: int = 0
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
     episode: Episode | None = None
     observations: dict[str, np.ndarray] = field(default_factory=dict)
     live: dict[str, _Trajectory] = field(default_factory=dict)
@@ -106,7 +126,6 @@ class RolloutCollector:
         self._map_agent = map_agent
         self._callbacks = callbacks
         self._worker = worker
-        self._next_episode = 0
         self._done_metrics: list[RolloutMetrics] = []
         self._ready: list[_Trajectory] = []
         self._ready_env_steps = 0
@@ -158,13 +177,18 @@ class RolloutCollector:
         entries = self._entries()
         rows: dict[str, list[tuple[EnvSlot, str]]] = {}
         for slot in self.slots:
-            for agent in slot.env.live_agents():
+            for agent in slot.env.ordered(slot.env.live_agents()):
                 if agent in slot.observations:
                     rows.setdefault(slot.live[agent].policy_id, []).append((slot, agent))
         chosen: dict[tuple[int, str], tuple[np.ndarray, dict[str, np.ndarray]]] = {}
-        for policy_id, members in rows.items():
+        # Policies in id order, agents in possible_agents order: each episode's
+        # generator is drawn from in an order that depends on the episode alone.
+        for policy_id in sorted(rows):
+            members = rows[policy_id]
             observations = np.stack([slot.observations[agent] for slot, agent in members])
-            actions, infos = entries[policy_id].policy.get_actions(observations)
+            actions, infos = entries[policy_id].policy.get_actions(
+                observations, [slot.rng for slot, _ in members]
+            )
             for i, (slot, agent) in enumerate(members):
                 chosen[(slot.index, agent)] = (actions[i], {k: v[i] for k, v in infos.items()})
         agent_steps = 0
@@ -181,22 +205,25 @@ class RolloutCollector:
         return len(self.slots), agent_steps
 
     def _reset(self, slot: EnvSlot) -> None:
+        env_seed, _ = stream_seeds(slot.base_seed, slot.stream, slot.episodes)
         try:
-            observations, _ = slot.env.reset(slot.reset_seed)
+            observations, _ = slot.env.reset(env_seed)
         except Exception as exc:
             raise EnvError(
                 f"env {slot.index} of RolloutWorker {self.settings.worker_index} raised in "
                 f"reset: {type(exc).__name__}: {exc}",
                 env_index=slot.index,
             ) from exc
-        slot.reset_seed = None  # later resets continue the env's own generator
         self._begin_episode(slot, observations)
 
     def _begin_episode(
         self, slot: EnvSlot, observations: Mapping[str, np.ndarray], *, filtered: bool = False
     ) -> None:
-        episode_id = (self.settings.worker_index << 32) | self._next_episode
-        self._next_episode += 1
+        # Unique per worker and the fleet's label of the same episode (stream, k).
+        episode_id = (slot.stream << 32) | slot.episodes
+        _, policy_seed = stream_seeds(slot.base_seed, slot.stream, slot.episodes)
+        slot.rng = np.random.default_rng(policy_seed)
+        slot.episodes += 1
         slot.episode = Episode(episode_id, slot.index)
         slot.observations, slot.live, slot.agent_steps = {}, {}, {}
         for agent, observation in observations.items():
@@ -223,7 +250,13 @@ class RolloutCollector:
             observation if filtered else self._filtered(policy_id, observation)
         )
         slot.live[agent] = _Trajectory(
-            agent, policy_id, slot.episode.episode_id, slot.index, 0, True
+            agent,
+            policy_id,
+            slot.episode.episode_id,
+            slot.index,
+            0,
+            True,
+            (slot.stream, slot.episodes - 1, 0, slot.env.position(agent)),
         )
         slot.agent_steps.setdefault(agent, 0)
 
@@ -333,6 +366,7 @@ class RolloutCollector:
                 continue
             trajectory.last_observation = slot.observations[agent]
             slot.held.append(trajectory)
+            stream, episode, fragment, position = trajectory.order
             slot.live[agent] = _Trajectory(
                 agent,
                 trajectory.policy_id,
@@ -340,6 +374,7 @@ class RolloutCollector:
                 slot.index,
                 trajectory.fragment + 1,
                 False,
+                (stream, episode, fragment + 1, position),
             )
 
     # -------------------------------------------------------------- helpers
@@ -363,7 +398,8 @@ class RolloutCollector:
     def _batches(self, trajectories: list[_Trajectory]) -> dict[str, EpisodeBatch]:
         entries = self._entries()
         per_policy: dict[str, list[_Trajectory]] = {}
-        for trajectory in trajectories:
+        # Rows in (stream, episode, fragment, agent) order, as the fleet's batches.
+        for trajectory in sorted(trajectories, key=lambda t: t.order):
             per_policy.setdefault(trajectory.policy_id, []).append(trajectory)
         batches = {}
         for policy_id, group in per_policy.items():

@@ -91,6 +91,16 @@ class AgentEnv:
             observations, infos = {SINGLE_AGENT_ID: observations}, {SINGLE_AGENT_ID: infos}
         return self._flat(observations), dict(infos)
 
+    def position(self, agent: str) -> int:
+        """The agent's index in ``possible_agents`` (agents added later come after)."""
+        if agent not in self.agents_seen:
+            self.agents_seen.append(agent)
+        return self.agents_seen.index(agent)
+
+    def ordered(self, agents: list[str]) -> list[str]:
+        """``agents`` in ``possible_agents`` order."""
+        return sorted(agents, key=self.position)
+
     def live_agents(self) -> list[str]:
         """The agents that act at the next step."""
         return list(self.env.agents) if self.multi_agent else [SINGLE_AGENT_ID]

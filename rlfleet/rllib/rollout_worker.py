@@ -163,6 +163,12 @@ class RolloutWorker:
         self.global_vars: dict[str, Any] = {}
         self._filter_name = observation_filter
         self._seed = seed
+        # Episodes take fleet-style stream seeds; without a seed, a base drawn once.
+        self._stream_seed = (
+            seed
+            if seed is not None
+            else int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0] >> 1)
+        )
         self._callbacks = make_callbacks(callbacks)
 
         slots = []
@@ -179,7 +185,15 @@ class RolloutWorker:
             env = AgentEnv(raw)
             if not disable_env_checking and not env.multi_agent:
                 _check_gym_env(raw)
-            slots.append(EnvSlot(vector_index, env, context, self._derived_seed(vector_index)))
+            slots.append(
+                EnvSlot(
+                    vector_index,
+                    env,
+                    context,
+                    stream=worker_index * num_envs + vector_index,
+                    base_seed=self._stream_seed,
+                )
+            )
         self._envs = slots
         first = slots[0].env
         self.multi_agent = first.multi_agent or isinstance(policy_spec, dict)

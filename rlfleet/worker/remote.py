@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from rlfleet import _rpc
+from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY
 from rlfleet._values import check_int
 from rlfleet._version import __version__
 from rlfleet.errors import ConfigError
@@ -50,7 +51,7 @@ from rlfleet.worker.vec import NanMode
 logger = logging.getLogger("rlfleet.worker")
 
 #: Capabilities of this worker (worker.proto Hello).
-CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments")
+CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments", MULTI_AGENT_CAPABILITY)
 IMPLEMENTATION = f"rlfleet-python/{__version__}"
 
 # Statuses at the handshake that retrying cannot fix: the worker exits.

@@ -1,0 +1,11 @@
+"""The protocol's names for multi-agent envs, shared by workers, coordinator and client."""
+
+#: Capability of workers that run multi-agent envs (worker.proto Hello).
+MULTI_AGENT_CAPABILITY = "rlfleet.multi-agent"
+#: Gymnasium namespace of multi-agent env ids (updates.proto EnvUpdate.env_id).
+MULTI_AGENT_NAMESPACE = "multi-agent"
+
+
+def is_multi_agent_env(env_id: str) -> bool:
+    """Whether an env id names a multi-agent env (``multi-agent/<name>``)."""
+    return env_id.startswith(MULTI_AGENT_NAMESPACE + "/")
