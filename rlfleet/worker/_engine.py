@@ -190,6 +190,11 @@ class SlotEngine:
         return self.source.name if self.source is not None else "(no env)"
 
     @property
+    def policy_resets(self) -> bool:
+        """Whether the policy keeps per-row state (it overrides ``Policy.reset``)."""
+        return self._policy_resets
+
+    @property
     def idle_slots(self) -> list[int]:
         """Slots where a segment may begin now, in order.
 

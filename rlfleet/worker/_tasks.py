@@ -18,6 +18,7 @@ import collections
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from rlfleet.stream_replay import StreamReplay
 from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker
 
@@ -52,6 +53,10 @@ class FragmentTask:
     fragment_length: int
     base_seed: int
     rounds_left: int
+    #: The streams its slots run (empty: Welcome.first_stream + slot).
+    streams: tuple[int, ...] = ()
+    #: Streams to rebuild before the first window (then cleared).
+    replays: list[StreamReplay] = field(default_factory=list)
 
 
 Task = EpisodeTask | FragmentTask
@@ -92,9 +97,13 @@ class TaskBook:
                 self.fragment_tasks.append(task)
             return
         entry = self.episode_tasks.setdefault(task.task_id, task)
+        units = list(units)
         for unit in units:
             entry.remaining.add(unit.episode_index)
             self._pending.append(unit)
+        # Units are fed a few at a time: their generators' states are
+        # computed now, for the whole task in one vectorised call.
+        self._vec.prepare(units)
         self.feed()
 
     def feed(self) -> None:
