@@ -1,5 +1,7 @@
 """The protocol's names for multi-agent envs, shared by workers, coordinator and client."""
 
+from collections.abc import Iterable
+
 #: Capability of workers that run multi-agent envs (worker.proto Hello).
 MULTI_AGENT_CAPABILITY = "rlfleet.multi-agent"
 #: Gymnasium namespace of multi-agent env ids (updates.proto EnvUpdate.env_id).
@@ -9,3 +11,11 @@ MULTI_AGENT_NAMESPACE = "multi-agent"
 def is_multi_agent_env(env_id: str) -> bool:
     """Whether an env id names a multi-agent env (``multi-agent/<name>``)."""
     return env_id.startswith(MULTI_AGENT_NAMESPACE + "/")
+
+
+def can_run_env(env_id: str, capabilities: Iterable[str]) -> bool:
+    """Whether a worker with these Hello capabilities may run ``env_id``.
+
+    A multi-agent env needs :data:`MULTI_AGENT_CAPABILITY`; any other env runs anywhere.
+    """
+    return not is_multi_agent_env(env_id) or MULTI_AGENT_CAPABILITY in capabilities

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, is_multi_agent_env
+from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, can_run_env
 from rlfleet.coordinator.calls import CallOutbox, CallScope, FifoGate, Header
 from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.failures import CallError, describe, detail_of
@@ -170,10 +170,7 @@ class FleetState:
 
     def takes_env(self, handle: WorkerHandle) -> bool:
         """Whether a worker may run the current env: a multi-agent env needs the capability."""
-        return (
-            not is_multi_agent_env(self.env.update.env_id)
-            or MULTI_AGENT_CAPABILITY in handle.hello.capabilities
-        )
+        return can_run_env(self.env.update.env_id, handle.hello.capabilities)
 
     def is_ready(self, handle: WorkerHandle) -> bool:
         """Whether a worker runs the current env and agent and takes work."""
