@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from rlfleet._multi_agent import JOINT_POLICY_PATH
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import ConfigError, PolicyError
 from rlfleet.policies import Policy, PolicySpec, make_policy
@@ -22,8 +23,6 @@ from rlfleet.policies.base import AgentInfos, ParamDict
 from rlfleet.rllib._envs import AgentEnv
 from rlfleet.rllib.multi_agent import JointLayout, make_agent_env
 
-#: The import path fleet workers build the joint policy by.
-JOINT_POLICY_PATH = "rlfleet.rllib.joint_policy:MultiAgentJointPolicy"
 #: Separator of policy id and parameter name in a joint policy's parameters.
 SEPARATOR = "/"
 
