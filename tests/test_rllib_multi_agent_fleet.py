@@ -8,6 +8,7 @@ real SIGKILL.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from typing import Any
 
@@ -194,6 +195,27 @@ def test_rock_paper_scissors_through_aec_conversion_on_the_fleet() -> None:
             RolloutWorkerGroup(sampler, env=continuous, policy_spec={"all": "random"})
         with pytest.raises(ConfigError, match="multi-agent groups take a dict"):
             RolloutWorkerGroup(sampler, env=ROCK_PAPER_SCISSORS, policy_spec="random")
+        # A mapping that depends on the episode is refused, never silently asked once.
+        policies = {"even": "random", "odd": "random"}
+
+        def by_episode(agent_id: str, episode: Any, **kwargs: Any) -> str:
+            return "even" if episode.episode_id % 2 == 0 else "odd"
+
+        with pytest.raises(ConfigError, match=r"read episode\.episode_id: on the fleet"):
+            RolloutWorkerGroup(
+                sampler,
+                env=ROCK_PAPER_SCISSORS,
+                policy_spec=policies,
+                policy_mapping_fn=by_episode,
+            )
+        turns = itertools.cycle(["even", "odd"])
+        with pytest.raises(ConfigError, match="mapped agent 'player_0' to 'even', then to 'odd'"):
+            RolloutWorkerGroup(
+                sampler,
+                env=ROCK_PAPER_SCISSORS,
+                policy_spec=policies,
+                policy_mapping_fn=lambda agent_id, episode, **kwargs: next(turns),
+            )
     assert isinstance(batch, MultiAgentEpisodeBatch)
     first, second = batch.policy_batches["first"], batch.policy_batches["second"]
     assert set(first.episode_infos["agent_id"].tolist()) == {"player_0"}
