@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -35,6 +35,7 @@ from rlfleet.rllib.multi_agent import (
 from rlfleet.rllib.pettingzoo_envs import RPS, SIMPLE_SPREAD
 from rlfleet.rllib.worker_group import RolloutWorkerGroup
 from rlfleet.seeding import stream_seeds
+from tests._coordinator_fakes import assert_same_batch
 from tests.fleet_processes import PATIENCE, run_in_thread
 
 MODULE = "rlfleet.rllib.pettingzoo_envs"
@@ -326,3 +327,65 @@ def test_a_joint_batch_that_does_not_fit_the_layout_is_an_error() -> None:
     with pytest.raises(InvalidBatchError, match="row 0 of a joint multi-agent batch"):
         split_joint_batch(broken, layout, mapping, {"p": agent_spec})
     env.close()
+
+
+def test_fragments_after_a_killed_worker_are_whole_and_each_piece_its_streams() -> None:
+    """SIGKILL mid truncate_episodes sample: what docs/reliability.md promises for fragments.
+
+    Every per-policy piece is once in the batch and equals the same piece of a
+    local RolloutWorker with the fleet's streams; the dead stream's missing
+    window is made up by the survivor's stream, so the batch is not the
+    undisturbed one (docs/reliability.md, "Fragments under faults").
+    """
+    length = 300  # one window per slot and sample: long enough to kill it in flight
+    args: dict[str, Any] = {
+        "env": SPREAD,
+        "fleet_seed": 5,
+        "policy_spec": {"all": "mlp-categorical"},
+        "rollout_fragment_length": length,
+        "seed": 0,
+    }
+    with RolloutWorkerGroup.local(2, envs_per_worker=1, **args) as group:
+        assert group.fleet is not None
+        reference = RolloutWorker(
+            env_creator=lambda ctx: make_agent_env(SIMPLE_SPREAD, SPREAD_KWARGS),
+            policy_spec={"all": "mlp-categorical"},
+            num_envs=2,
+            seed=5,
+            rollout_fragment_length=length,
+        )
+        reference.set_weights(group.local_worker().get_weights())
+        # Three windows per stream: more than the survivor may run to make up the dead one's.
+        windows = [reference.sample() for _ in range(3)]
+        assert all(isinstance(w, MultiAgentEpisodeBatch) for w in windows)
+        expected = MultiAgentEpisodeBatch.concatenate(*cast(list[MultiAgentEpisodeBatch], windows))
+        victim = group.fleet.workers[0]
+        answer = run_in_thread(group.sample)
+        deadline = time.monotonic() + PATIENCE
+        while not any(
+            w.units_in_flight > 0 and w.name == victim.name
+            for w in group.fleet.sampler.status().workers
+        ):
+            assert time.monotonic() < deadline, "the victim never got units"
+            time.sleep(0.01)
+        victim.process.kill()
+        batch = answer(120)
+    assert isinstance(batch, MultiAgentEpisodeBatch) and isinstance(
+        expected, MultiAgentEpisodeBatch
+    )
+    # At least the steps asked, in whole windows (the survivor's extra round).
+    assert batch.env_steps >= 2 * length and batch.env_steps % length == 0
+    got, want = batch.policy_batches["all"], expected.policy_batches["all"]
+    key_names = ("env_episode", "fragment", "agent_id")
+
+    def keys(rows: Any) -> list[tuple[Any, ...]]:
+        return list(zip(*(rows.episode_infos[k].tolist() for k in key_names), strict=True))
+
+    got_keys, want_keys = keys(got), keys(want)
+    assert len(set(got_keys)) == len(got_keys), "a piece is in the batch twice"
+    assert int(got.lengths.max()) <= length
+    index = {key: i for i, key in enumerate(want_keys)}
+    missing = [key for key in got_keys if key not in index]
+    assert not missing, f"pieces no stream of the reference has: {missing[:3]}"
+    want_rows = want.take_episodes(np.array([index[key] for key in got_keys]))
+    assert_same_batch(got, want_rows, skip_infos=tuple(FLEET_LABELS))
