@@ -16,13 +16,20 @@ Measures env steps per second of a learner that steps a vector env itself
 (c) The same with a step time drawn uniformly from 0.5-5 ms: sync stepping
     against ``wait_num=16``; reports the speedup.
 
+The Remote figures are taken in two layouts, named in each line:
+
+* ``local``: ``Fleet.local``, the coordinator embedded in the learner's
+  process, the workers its child processes;
+* ``procs``: as deployed, ``rlfleet coordinator`` and two ``rlfleet worker``
+  processes, the learner dialling the coordinator's address.
+
 Each figure is env steps (not learner calls) per wall-clock second after a
 warm-up. The Remote figures also give CPU microseconds per env step of the
-learner's process (which embeds the coordinator: ``Fleet.local``) and of
-each worker process, read with psutil: less noisy than wall clock on a
-shared machine. Timing on a shared machine varies from run to run: compare figures
-of one run. Needs rlfleet importable (``PYTHONPATH=.`` from the repository
-root).
+learner's process (with the coordinator in ``local``), of the coordinator's
+(``procs``) and of each worker process, read with psutil: less noisy than
+wall clock on a shared machine. Timing on a shared machine varies from run
+to run: compare figures of one run. Needs rlfleet importable (``PYTHONPATH=.``
+from the repository root).
 """
 
 from __future__ import annotations
@@ -30,11 +37,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import queue
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -43,7 +55,8 @@ import numpy as np
 import psutil
 
 import rlfleet.envs.testing  # noqa: F401  (registers rlfleet/Slow-v0 here too)
-from rlfleet.client import Fleet, RemoteVectorEnv
+from benchmarks.coordinator import _wait_for_port
+from rlfleet.client import Fleet, RemoteSampler, RemoteVectorEnv
 from rlfleet.envs import BaseVectorEnv, EnvConfig, SubprocVectorEnv
 
 CARTPOLE = EnvConfig("CartPole-v1")
@@ -170,7 +183,7 @@ def echo_round_trip_ms(rounds: int) -> float:
     return 1000 * float(np.median(times))
 
 
-def remote_round_trip_ms(fleet: Fleet, rounds: int) -> float:
+def remote_round_trip_ms(fleet: Fleet | str, rounds: int) -> float:
     """Median round trip of one CartPole step through the coordinator (the relay)."""
     with RemoteVectorEnv(fleet, CARTPOLE, 1) as venv:
         venv.reset(seed=0)
@@ -185,6 +198,65 @@ def remote_round_trip_ms(fleet: Fleet, rounds: int) -> float:
 
 
 T = TypeVar("T")
+
+#: A layout: its name, the fleet (Fleet.local or an address) and the
+#: processes whose CPU time is read (the learner's first).
+Layout = tuple[str, Fleet | str, list[psutil.Process]]
+WORKERS, ENVS_PER_WORKER = 2, 16
+IMPORTS = ("rlfleet.envs.testing",)
+
+
+@contextmanager
+def local_layout() -> Iterator[Layout]:
+    """Fleet.local: the coordinator in this (the learner's) process."""
+    fleet = Fleet.local(workers=WORKERS, envs_per_worker=ENVS_PER_WORKER, imports=IMPORTS)
+    try:
+        workers = [psutil.Process(w.process.pid) for w in fleet.workers]
+        yield "local", fleet, [psutil.Process(), *workers]
+    finally:
+        fleet.close()
+
+
+@contextmanager
+def process_layout() -> Iterator[Layout]:
+    """As deployed: ``rlfleet coordinator`` and ``rlfleet worker`` processes."""
+    directory = Path(tempfile.mkdtemp(prefix="rlfleet-vector-env-bench-"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    rlfleet = [sys.executable, "-m", "rlfleet", "--log-level", "WARNING"]
+    port_file = directory / "port"
+    procs = [
+        subprocess.Popen(
+            [*rlfleet, "coordinator", "--listen", "127.0.0.1:0", "--port-file", str(port_file)],
+            env=env,
+        )
+    ]
+    try:
+        address = f"127.0.0.1:{_wait_for_port(port_file)}"
+        imports = [arg for module in IMPORTS for arg in ("--import", module)]
+        for k in range(WORKERS):
+            procs.append(
+                subprocess.Popen(
+                    [*rlfleet, "worker", "--coordinator", address, "--envs",
+                     str(ENVS_PER_WORKER), "--name", f"bench-{k}", *imports],
+                    env=env,
+                )
+            )  # fmt: skip
+        # All must have joined, or the first lease would take one worker's slots only.
+        with RemoteSampler(address) as sampler:
+            deadline = time.monotonic() + 60
+            while len(sampler.status().workers) < WORKERS:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{WORKERS} workers did not join within 60 s")
+                time.sleep(0.1)
+        yield "procs", address, [psutil.Process(), *(psutil.Process(p.pid) for p in procs)]
+    finally:
+        for proc in procs[::-1]:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def measure(make: Callable[[], Any], run: Callable[[Any], T]) -> T:
@@ -203,78 +275,106 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
     parser.add_argument("--quick", action="store_true", help="0.5 s per figure (a smoke run)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--layout",
+        choices=("local", "procs", "both"),
+        default="both",
+        help="the coordinator in the learner (Fleet.local), in its own process, or both",
+    )
     args = parser.parse_args(argv)
     seconds, warmup = (0.5, 0.2) if args.quick else (args.seconds, args.warmup)
     policy = BatchedMLP(4, 2)
     idle = BatchedMLP(1, 2)
     figures: dict[str, float] = {}
-    fleet = Fleet.local(workers=2, envs_per_worker=16, imports=("rlfleet.envs.testing",))
-    processes = [psutil.Process()] + [psutil.Process(w.process.pid) for w in fleet.workers]
+    choices: dict[str, list[Callable[[], AbstractContextManager[Layout]]]] = {
+        "local": [local_layout],
+        "procs": [process_layout],
+        "both": [local_layout, process_layout],
+    }
+    layouts = choices[args.layout]
 
     def tianshou(
         name: str,
         make: Callable[[], BaseVectorEnv],
         pol: Callable[[np.ndarray], np.ndarray] = policy,
+        watched: list[psutil.Process] | None = None,
+        roles: tuple[str, ...] = (),
     ) -> None:
-        remote = name.split()[1] == "remote"
-        watched = processes if remote else []
         rate, cpu = measure(make, lambda venv: run_tianshou(venv, pol, seconds, warmup, watched))
         figures[name] = rate
         line = f"{name:<44} {rate:>10,.0f} steps/s"
-        if remote:
-            figures[f"{name} cpu us/step learner"] = float(cpu[0])
-            for k, value in enumerate(cpu[1:]):
-                figures[f"{name} cpu us/step worker {k}"] = float(value)
-            workers = " / ".join(f"{value:.0f}" for value in cpu[1:])
-            line += f"   CPU us/step: learner+coordinator {cpu[0]:.0f}, workers {workers}"
+        if roles:
+            for role, value in zip(roles, cpu, strict=True):
+                figures[f"{name} cpu us/step {role}"] = float(value)
+            spent = ", ".join(f"{role} {value:.0f}" for role, value in zip(roles, cpu, strict=True))
+            line += f"   CPU us/step: {spent}"
         print(line, flush=True)
 
-    try:
-        print("(a) CartPole x 16, batched MLP on the learner", flush=True)
-        tianshou("a remote 2x8 sync", lambda: RemoteVectorEnv(fleet, CARTPOLE, 16))
-        tianshou(
-            "a remote 2x8 wait_num=8", lambda: RemoteVectorEnv(fleet, CARTPOLE, 16, wait_num=8)
+    print("(a) CartPole x 16, batched MLP on the learner", flush=True)
+    tianshou("a SubprocVectorEnv(16) sync", lambda: SubprocVectorEnv([CARTPOLE] * 16))
+    tianshou(
+        "a SubprocVectorEnv(16) wait_num=8",
+        lambda: SubprocVectorEnv([CARTPOLE] * 16, wait_num=8),
+    )
+    name = "a gymnasium AsyncVectorEnv(16)"
+    figures[name] = measure(
+        lambda: gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * 16),
+        lambda envs: run_gymnasium(envs, policy, seconds, warmup),
+    )
+    print(f"{name:<44} {figures[name]:>10,.0f} steps/s", flush=True)
+    rounds = 100 if args.quick else 1000
+    figures["r direct stream echo ms"] = echo_round_trip_ms(rounds)
+    print(f"(r) one direct gRPC stream echo: {figures['r direct stream echo ms']:.2f} ms median")
+    for layout in layouts:
+        with layout() as (where, fleet, processes):
+            print(f"--- Remote, layout {where}", flush=True)
+            workers = tuple(f"worker {k}" for k in range(WORKERS))
+            roles = ("learner+coordinator", *workers)
+            if where == "procs":
+                roles = ("learner", "coordinator", *workers)
+
+            def remote(
+                name: str,
+                venv: EnvConfig,
+                num: int,
+                *,
+                wait_num: int | None,
+                pol: Callable[[np.ndarray], np.ndarray],
+                layout: Layout = (where, fleet, processes),
+                roles: tuple[str, ...] = roles,
+            ) -> None:
+                tianshou(
+                    name,
+                    lambda: RemoteVectorEnv(layout[1], venv, num, wait_num=wait_num),
+                    pol,
+                    layout[2],
+                    roles,
+                )
+
+            remote(f"a remote[{where}] 2x8 sync", CARTPOLE, 16, wait_num=None, pol=policy)
+            remote(f"a remote[{where}] 2x8 wait_num=8", CARTPOLE, 16, wait_num=8, pol=policy)
+            key = f"r relay round trip ms [{where}]"
+            figures[key] = remote_round_trip_ms(fleet, rounds)
+            print(f"(r) one step through the relay [{where}]: {figures[key]:.2f} ms median")
+            print("(b) 1 ms I/O-bound env, 2 workers x 16 (ideal 32,000 steps/s)", flush=True)
+            remote(f"b remote[{where}] 2x16 sync", IO_BOUND, 32, wait_num=None, pol=idle)
+            remote(f"b remote[{where}] 2x16 wait_num=16", IO_BOUND, 32, wait_num=16, pol=idle)
+            print("(c) 0.5-5 ms env, 2 workers x 16", flush=True)
+            remote(f"c remote[{where}] 2x16 sync", VARIABLE, 32, wait_num=None, pol=idle)
+            remote(f"c remote[{where}] 2x16 wait_num=16", VARIABLE, 32, wait_num=16, pol=idle)
+        best_b = max(
+            figures[f"b remote[{where}] 2x16 sync"], figures[f"b remote[{where}] 2x16 wait_num=16"]
         )
-        tianshou("a SubprocVectorEnv(16) sync", lambda: SubprocVectorEnv([CARTPOLE] * 16))
-        tianshou(
-            "a SubprocVectorEnv(16) wait_num=8",
-            lambda: SubprocVectorEnv([CARTPOLE] * 16, wait_num=8),
+        figures[f"b best / 32,000 [{where}]"] = best_b / 32_000
+        speedup = (
+            figures[f"c remote[{where}] 2x16 wait_num=16"] / figures[f"c remote[{where}] 2x16 sync"]
         )
-        name = "a gymnasium AsyncVectorEnv(16)"
-        figures[name] = measure(
-            lambda: gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * 16),
-            lambda envs: run_gymnasium(envs, policy, seconds, warmup),
-        )
-        print(f"{name:<44} {figures[name]:>10,.0f} steps/s")
-        rounds = 100 if args.quick else 1000
-        figures["r relay round trip ms"] = remote_round_trip_ms(fleet, rounds)
-        figures["r direct stream echo ms"] = echo_round_trip_ms(rounds)
+        figures[f"c speedup of wait_num=16 over sync [{where}]"] = speedup
         print(
-            f"(r) one step through the relay: {figures['r relay round trip ms']:.2f} ms "
-            f"median; one direct gRPC stream echo: {figures['r direct stream echo ms']:.2f} ms",
+            f"[{where}] (b) best / ideal: {best_b / 32_000:.2f}; (c) wait_num speedup: "
+            f"{speedup:.2f}x",
             flush=True,
         )
-        print("(b) 1 ms I/O-bound env, 2 workers x 16 (ideal 32,000 steps/s)", flush=True)
-        tianshou("b remote 2x16 sync", lambda: RemoteVectorEnv(fleet, IO_BOUND, 32), idle)
-        tianshou(
-            "b remote 2x16 wait_num=16",
-            lambda: RemoteVectorEnv(fleet, IO_BOUND, 32, wait_num=16),
-            idle,
-        )
-        print("(c) 0.5-5 ms env, 2 workers x 16", flush=True)
-        tianshou("c remote 2x16 sync", lambda: RemoteVectorEnv(fleet, VARIABLE, 32), idle)
-        tianshou(
-            "c remote 2x16 wait_num=16",
-            lambda: RemoteVectorEnv(fleet, VARIABLE, 32, wait_num=16),
-            idle,
-        )
-    finally:
-        fleet.close()
-    best_b = max(figures["b remote 2x16 sync"], figures["b remote 2x16 wait_num=16"])
-    figures["b best / 32,000"] = best_b / 32_000
-    speedup = figures["c remote 2x16 wait_num=16"] / figures["c remote 2x16 sync"]
-    figures["c speedup of wait_num=16 over sync"] = speedup
-    print(f"(b) best / ideal: {best_b / 32_000:.2f}; (c) wait_num speedup: {speedup:.2f}x")
     if args.json:
         print(json.dumps(figures, indent=2))
     return 0

@@ -3,9 +3,9 @@
 Step-level env leases (protos/rlfleet/v1/leases.proto) cross three parts: the
 learner's LeaseStream, the coordinator's relay and the worker's LeaseHost.
 This module is where their messages become rlfleet types and back, so that
-the code that hosts, steps and answers envs holds none. The learner's and
-the worker's sides go through it; the coordinator's relay still reads and
-builds its messages itself (listed in tests/test_layering.py).
+the code that hosts, steps and answers envs holds none. The coordinator's
+relay has its own side, rlfleet.coordinator.lease_translation, which
+forwards the workers' replies as bytes and shares this module's types.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ OP_NAMES: dict[leases_pb2.LeaseOp, str] = {
     leases_pb2.LEASE_OP_CALL: "call",
     leases_pb2.LEASE_OP_CLASS_NAMES: "class_names",
 }
-_OPS: dict[str, leases_pb2.LeaseOp] = {name: op for op, name in OP_NAMES.items()}
+#: LeaseOp by op name.
+OP_CODES: dict[str, leases_pb2.LeaseOp] = {name: op for op, name in OP_NAMES.items()}
 #: Ops whose answers carry JSON values (LeaseReply.values_json).
 _JSON_OPS = ("get_attr", "call", "class_names")
 
@@ -92,6 +93,7 @@ class LeaseCallOrder:
     name: str = ""
     value_json: str = ""
     prefetch_reset: bool = False
+    whole_reply: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,30 +123,36 @@ def decode_lease_command(command: leases_pb2.LeaseCommand) -> LeaseOrder:
             command.lease_id, source, list(create.env_ids), create.replaces_lost
         )
     if body == "call":
-        call = command.call
-        op = OP_NAMES.get(call.op, f"op {call.op}")
-        actions, bad = None, None
-        if op == "step":
-            try:
-                actions = decode_tensor(call.actions, name="LeaseCall.actions")
-            except RlfleetError as exc:
-                bad = exc
-        return LeaseCallOrder(
-            command.lease_id,
-            call.call_id,
-            op,
-            list(call.env_ids),
-            list(call.seeds),
-            call.options_json,
-            actions,
-            bad,
-            call.name,
-            call.value_json,
-            call.prefetch_reset,
-        )
+        return decode_lease_call(command.lease_id, command.call)
     if body == "release":
         return LeaseReleaseOrder(command.lease_id, list(command.release.env_ids))
     return None
+
+
+def decode_lease_call(lease_id: int, call: leases_pb2.LeaseCall) -> LeaseCallOrder:
+    """The order a LeaseCall carries (a worker's command, or a learner's request
+    the coordinator relays); actions that do not decode are kept as ``bad_actions``."""
+    op = OP_NAMES.get(call.op, f"op {call.op}")
+    actions, bad = None, None
+    if op == "step":
+        try:
+            actions = decode_tensor(call.actions, name="LeaseCall.actions")
+        except RlfleetError as exc:
+            bad = exc
+    return LeaseCallOrder(
+        lease_id,
+        call.call_id,
+        op,
+        list(call.env_ids),
+        list(call.seeds),
+        call.options_json,
+        actions,
+        bad,
+        call.name,
+        call.value_json,
+        call.prefetch_reset,
+        call.whole_reply,
+    )
 
 
 # --- replies: worker -> coordinator ------------------------------------------------
@@ -214,7 +222,7 @@ def lease_report_message(report: LeaseReport, worker: str) -> worker_pb2.WorkerM
         elif report.spec is not None:
             reply.env_spec.CopyFrom(encode_env_spec(report.spec))
     elif isinstance(report, LeaseCallFailed):
-        op = _OPS.get(report.op, leases_pb2.LEASE_OP_UNSPECIFIED)
+        op = OP_CODES.get(report.op, leases_pb2.LEASE_OP_UNSPECIFIED)
         reply = leases_pb2.LeaseReply(lease_id=report.lease_id, call_id=report.call_id, op=op)
         reply.env_ids.extend(report.env_ids)
         reply.error.CopyFrom(_rpc.detail_from_exception(report.error, worker=worker))
@@ -227,7 +235,7 @@ def lease_report_message(report: LeaseReport, worker: str) -> worker_pb2.WorkerM
 
 def _answers_reply(report: LeaseAnswers) -> leases_pb2.LeaseReply:
     op, outcomes = report.op, report.answers
-    reply = leases_pb2.LeaseReply(lease_id=report.lease_id, call_id=report.call_id, op=_OPS[op])
+    reply = leases_pb2.LeaseReply(lease_id=report.lease_id, call_id=report.call_id, op=OP_CODES[op])
     reply.env_ids.extend(o.env_id for o in outcomes)
     if op in ("render", "set_attr"):
         frames = [o.value for o in outcomes]
@@ -363,18 +371,27 @@ CLOSE_REQUEST = leases_pb2.LeaseRequest(close=leases_pb2.LeaseClose()).Serialize
 
 
 def call_request(
-    call_id: int, op: str, ids: Sequence[int], args: Sequence[Any], prefetch_reset: bool
+    call_id: int,
+    op: str,
+    ids: Sequence[int],
+    args: Sequence[Any],
+    prefetch_reset: bool,
+    *,
+    whole_reply: bool = False,
 ) -> bytes:
     """The LeaseRequest.call of one vector-env command, serialized.
 
     ``args[k]`` is env ``ids[k]``'s argument, as rlfleet.envs' commands take
     them: reset's kwargs, step's action, ``name``, ``(name, value)`` or
-    ``(name, args, kwargs)``.
+    ``(name, args, kwargs)``. ``whole_reply``: answer all of them in one
+    response (LeaseCall.whole_reply), for a learner that waits for all.
 
     Raises:
         UsageError: For arguments a lease cannot carry.
     """
-    call = leases_pb2.LeaseCall(call_id=call_id, op=_OPS[op], env_ids=ids)
+    call = leases_pb2.LeaseCall(
+        call_id=call_id, op=OP_CODES[op], env_ids=ids, whole_reply=whole_reply
+    )
     if op == "reset":
         seeds = [kwargs.get("seed") for kwargs in args]
         if any(seed is not None for seed in seeds):
@@ -426,17 +443,22 @@ def decode_lease_response(
         return LeaseOpenedEvent(
             int(opened.lease_id), decode_env_spec(opened.env_spec), list(opened.env_workers)
         )
-    if body != "reply":
+    if body not in ("reply", "replies"):
         return None
     if space is None:
         raise ProtocolError("a LeaseReply arrived before LeaseOpened")
-    reply = response.reply
-    return LeaseRepliedEvent(
-        int(reply.call_id),
-        [int(i) for i in reply.env_ids],
-        _answers(reply, space),
-        _prefetched_resets(reply, space),
-    )
+    replies = [response.reply] if body == "reply" else list(response.replies.replies)
+    if len({reply.call_id for reply in replies}) != 1:
+        raise ProtocolError(
+            f"a LeaseReplies holds {len(replies)} replies of calls "
+            f"{sorted({reply.call_id for reply in replies})}; it must hold one call's"
+        )
+    event = LeaseRepliedEvent(int(replies[0].call_id), [], [], {})
+    for reply in replies:  # several workers' parts of one call
+        event.env_ids.extend(int(i) for i in reply.env_ids)
+        event.answers.extend(_answers(reply, space))
+        event.resets.update(_prefetched_resets(reply, space))
+    return event
 
 
 def _json_text(value: Any, where: str) -> str:

@@ -45,6 +45,7 @@ GRPC_MODULES = {
     "rlfleet.coordinator.failures",
     "rlfleet.coordinator.learner_face",
     "rlfleet.coordinator.lease_face",
+    "rlfleet.coordinator.lease_translation",
     "rlfleet.coordinator.leases",
     "rlfleet.coordinator.liveness",
     "rlfleet.coordinator.registry",
@@ -87,12 +88,10 @@ PROTOBUF_HOLDERS = {
     "rlfleet.coordinator.updates",
     "rlfleet.coordinator.worker_events",
     "rlfleet.coordinator.worker_face",
-    # The lease face's one translation module (issue 11). The learner's and
-    # the worker's sides go through it; the coordinator's relay still holds
-    # messages itself, listed by name until it moves to it.
+    # The lease face's translation (issue 11): the learner's and the worker's
+    # side, and the coordinator's relay side (which forwards replies as bytes).
     "rlfleet.lease_messages",
-    "rlfleet.coordinator.lease_face",
-    "rlfleet.coordinator.leases",
+    "rlfleet.coordinator.lease_translation",
     "rlfleet.worker._connection",
     "rlfleet.worker._session",
     "rlfleet.worker.remote",

@@ -106,6 +106,31 @@ def test_episode_matches_a_plain_gymnasium_replay_with_its_seeds():
     assert all(v.dtype == np.int64 for v in batch.episode_infos.values())
 
 
+def test_generators_reused_across_episodes_sample_as_default_rng():
+    # 40 units: their generator states are computed vectorised (prepared by
+    # hand, or with the queue when the first starts), the slots' generators
+    # reused from episode to episode; every episode still samples exactly as
+    # default_rng(policy_seed) does in a plain replay.
+    policy = mlp()
+    units = make_units(5, 2, range(40))
+    queued = VecWorker(n_envs=3, env=CARTPOLE, policy=policy).run(units)
+    prepared_worker = VecWorker(n_envs=2, env=CARTPOLE, policy=policy)
+    prepared_worker.prepare(units)
+    for start in range(0, 40, 7):  # submitted a few at a time, as a remote worker does
+        prepared_worker.submit(units[start : start + 7])
+        while not prepared_worker.idle:
+            prepared_worker.step()
+    prepared = prepared_worker.take_finished()
+    assert_same_batches(queued, prepared, ignore=("episode_infos.worker",))
+    for i in (0, 17, 39):
+        _, actions, _, _, log_probs = replay(CARTPOLE, policy, units[i])
+        start = queued.lengths[:i].sum()
+        np.testing.assert_array_equal(queued.actions_list[i], actions)
+        np.testing.assert_array_equal(
+            queued.agent_infos["log_prob"][start : start + len(actions)], log_probs
+        )
+
+
 def test_counter_episode_by_hand():
     worker = VecWorker(n_envs=2, env=counter(4), worker_number=3)
     batch = worker.run(make_units(0, 0, range(2)))
@@ -451,6 +476,34 @@ def test_env_infos_keep_keys_present_at_every_step():
     assert sorted(batch.env_infos) == ["pos", "step"]
     np.testing.assert_array_equal(batch.env_infos["step"], [1, 2, 3, 1, 2, 3])
     np.testing.assert_array_equal(batch.env_infos["pos"]["x"], [1.0, 2.0, 3.0] * 2)
+
+
+class _AlternateInfoEnv(_InfoEnv):
+    """Every other episode adds an info key at each of its steps."""
+
+    resets = 0
+
+    def reset(self, *, seed=None, options=None):
+        self.resets += 1
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        if self.resets % 2:
+            info["in_odd_episodes_only"] = 1
+        return observation, reward, terminated, truncated, info
+
+
+def test_env_infos_keep_keys_present_in_every_episode(caplog):
+    with caplog.at_level("WARNING", logger="rlfleet.worker"):
+        batch = VecWorker(n_envs=1, env=_AlternateInfoEnv).run(make_units(0, 0, range(3)))
+    assert sorted(batch.env_infos) == ["pos", "step"]
+    np.testing.assert_array_equal(batch.env_infos["step"], [1, 2, 3] * 3)
+    assert "'in_odd_episodes_only' is present in some episodes" in caplog.text
+    # Alone, the odd episodes keep it.
+    worker = VecWorker(n_envs=1, env=_AlternateInfoEnv)
+    odd = worker.run(make_units(0, 0, [0]))
+    np.testing.assert_array_equal(odd.env_infos["in_odd_episodes_only"], [1, 1, 1])
 
 
 # ---------------------------------------------------------------- fragments

@@ -118,8 +118,13 @@ class LeaseStream:
 
     # --- calls ------------------------------------------------------------------
 
-    def send(self, op: str, ids: Sequence[int], args: Sequence[Any]) -> None:
+    def send(
+        self, op: str, ids: Sequence[int], args: Sequence[Any], *, whole_reply: bool = False
+    ) -> None:
         """Starts ``op`` on envs ``ids`` (``args[k]`` for ``ids[k]``) without waiting.
+
+        ``whole_reply``: the caller waits for every env of ``ids``, so the
+        coordinator answers them in one message (LeaseCall.whole_reply).
 
         A failure to encode the call is each env's answer (an
         :class:`LeaseEnvFailure`), never raised, so every env of ``ids`` answers
@@ -128,7 +133,9 @@ class LeaseStream:
         call_id = next(self._call_ids)
         deadline = time.monotonic() + self.call_timeout
         try:
-            request = call_request(call_id, op, ids, args, self.prefetch_resets)
+            request = call_request(
+                call_id, op, ids, args, self.prefetch_resets, whole_reply=whole_reply
+            )
         except RlfleetError as exc:
             with self._lock:
                 for env_id in ids:

@@ -177,9 +177,15 @@ class RemoteVectorEnv(BaseVectorEnv):
             if hits:
                 rest = [k for k, i in enumerate(ids) if i not in hits]
                 if rest:
-                    self._stream.send(command, [ids[k] for k in rest], [args[k] for k in rest])
+                    self._stream.send(
+                        command,
+                        [ids[k] for k in rest],
+                        [args[k] for k in rest],
+                        whole_reply=not self.is_async,
+                    )
                 return
-        self._stream.send(command, ids, args)
+        # In sync mode every env's answer is awaited: one message carries them all.
+        self._stream.send(command, ids, args, whole_reply=not self.is_async)
 
     def _receive(self, ids: list[int], count: int, timeout: float | None) -> dict[int, Any]:
         ready = {i: self._local.pop(i) for i in ids if i in self._local}

@@ -75,7 +75,9 @@ class Coordinator:
     def status(self) -> learner_pb2.FleetStatus:
         """The fleet as it is now (GetStatus)."""
         status = fleet_status(self._state)
-        self.leases.describe(status)
+        status.leases, status.leased_envs, by_worker = self.leases.counts()
+        for worker in status.workers:
+            worker.leased_envs = by_worker.get(worker.worker_id, 0)
         return status
 
     def drain(self, reason: str = "the coordinator is draining") -> None:

@@ -16,12 +16,13 @@ import grpc
 from google.protobuf.message import Message
 
 from rlfleet import _rpc
+from rlfleet.coordinator import lease_translation
 from rlfleet.coordinator.calls import CallScope, Event, Finished, Forward, Header
 from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.failures import CallError
 from rlfleet.coordinator.lease_face import LeaseFace
 from rlfleet.coordinator.worker_face import Malformed, tolerant
-from rlfleet.v1 import learner_pb2, leases_pb2, updates_pb2, worker_pb2
+from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
 
 Response = learner_pb2.SampleResponse | _rpc.WithChunk
 T = TypeVar("T")
@@ -71,8 +72,8 @@ class LearnerFace:
             ),
             "Lease": grpc.stream_stream_rpc_method_handler(
                 LeaseFace(self._coordinator.leases).lease,
-                request_deserializer=plain(leases_pb2.LeaseRequest),
-                response_serializer=out,
+                request_deserializer=tolerant(lease_translation.parse_request),
+                response_serializer=None,  # the lease face yields serialized responses
             ),
             "GetStatus": grpc.unary_unary_rpc_method_handler(
                 timed("GetStatus", _parsed(self.get_status)),

@@ -4,7 +4,8 @@ The handler opens the lease, then yields the lease's outbox; a reader thread
 feeds the learner's calls to the manager in order. When the learner closes,
 hangs up or its connection breaks, the lease is released: a learner that
 dies frees its envs (gRPC's done-callback fires on a broken stream, and
-keepalive pings notice a vanished host).
+keepalive pings notice a vanished host). Requests arrive decoded and
+responses leave serialized (rlfleet.coordinator.lease_translation).
 """
 
 from __future__ import annotations
@@ -17,9 +18,15 @@ import grpc
 
 from rlfleet import _rpc
 from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.lease_translation import (
+    RelayClose,
+    RelayOpen,
+    RelayRequest,
+    opened_response,
+)
 from rlfleet.coordinator.leases import Lease, LeaseManager, learner_identity
 from rlfleet.coordinator.worker_face import Malformed
-from rlfleet.v1 import leases_pb2
+from rlfleet.lease_messages import LeaseCallOrder
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -36,9 +43,9 @@ class LeaseFace:
 
     def lease(
         self,
-        requests: Iterator[leases_pb2.LeaseRequest | Malformed],
+        requests: Iterator[RelayRequest | Malformed],
         context: grpc.ServicerContext,
-    ) -> Iterator[leases_pb2.LeaseResponse]:
+    ) -> Iterator[bytes]:
         """The Lease handler: open, then replies until the learner closes."""
         gone = threading.Event()
         lease: Lease | None = None
@@ -60,14 +67,14 @@ class LeaseFace:
                 raise CallError(
                     grpc.StatusCode.INVALID_ARGUMENT, f"malformed LeaseRequest: {first.error}"
                 )
-            if first.WhichOneof("body") != "open":
+            if not isinstance(first, RelayOpen):
                 raise CallError(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     "the first message of a Lease stream must be LeaseRequest.open, got "
-                    f"{first.WhichOneof('body') or 'an empty LeaseRequest'}",
+                    f"{_body_name(first)}",
                 )
-            learner = learner_identity(first.open.learner, context.peer())
-            lease = self._leases.open(first.open, learner, gone.is_set)
+            learner = learner_identity(first.learner, context.peer())
+            lease = self._leases.open(first, learner, gone.is_set)
         except CallError as exc:
             _rpc.abort(context, exc.code, exc.message, exc.detail)
         if gone.is_set():  # hung up while the envs were built
@@ -79,9 +86,7 @@ class LeaseFace:
             name=f"rlfleet-lease-{lease.lease_id}",
             daemon=True,
         ).start()
-        opened = leases_pb2.LeaseOpened(lease_id=lease.lease_id, env_spec=lease.spec)
-        opened.env_workers.extend(self._leases.worker_names(lease))
-        yield leases_pb2.LeaseResponse(opened=opened)
+        yield opened_response(lease.lease_id, lease.spec or b"", self._leases.worker_names(lease))
         try:
             while True:
                 event = lease.outbox.get()
@@ -93,7 +98,7 @@ class LeaseFace:
         finally:
             self._leases.close(lease)
 
-    def _read(self, requests: Iterator[leases_pb2.LeaseRequest | Malformed], lease: Lease) -> None:
+    def _read(self, requests: Iterator[RelayRequest | Malformed], lease: Lease) -> None:
         """The reader thread: the learner's calls, in order, until close or the stream ends."""
         try:
             for request in requests:
@@ -101,16 +106,15 @@ class LeaseFace:
                     raise CallError(
                         grpc.StatusCode.INVALID_ARGUMENT, f"malformed LeaseRequest: {request.error}"
                     )
-                body = request.WhichOneof("body")
-                if body == "call":
-                    self._leases.call(lease, request.call)
-                elif body == "close":
+                if isinstance(request, LeaseCallOrder):
+                    self._leases.call(lease, request)
+                elif isinstance(request, RelayClose):
                     break
                 else:
                     raise CallError(
                         grpc.StatusCode.INVALID_ARGUMENT,
                         f"lease {lease.lease_id}: expected a call or close, got "
-                        f"{body or 'an empty LeaseRequest'}",
+                        f"{_body_name(request)}",
                     )
         except CallError as exc:
             self._leases.fail(lease, exc)
@@ -125,3 +129,12 @@ class LeaseFace:
             return
         self._leases.close(lease)
         lease.outbox.put(None)
+
+
+def _body_name(request: RelayRequest) -> str:
+    """The LeaseRequest field a request came in, for errors."""
+    if request is None:
+        return "an empty LeaseRequest"
+    if isinstance(request, LeaseCallOrder):
+        return "call"
+    return "open" if isinstance(request, RelayOpen) else "close"

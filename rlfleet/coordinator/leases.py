@@ -4,9 +4,10 @@ A lease is K envs one learner steps over one ``Lease`` stream. The
 :class:`LeaseManager` places its envs on workers that declared
 ``rlfleet.leases`` (most free slots first, so they spread), splits each of
 the learner's calls by hosting worker, and passes the workers' replies back
-unchanged but for the worker's name. Everything here runs under the fleet
-state's lock, which the Join reader threads (replies, losses) and the lease
-streams' threads share.
+as the bytes they came in, with the worker's name added (the messages are
+rlfleet.coordinator.lease_translation's). Everything here runs under the
+fleet state's lock, which the Join reader threads (replies, losses) and the
+lease streams' threads share.
 
 Each env remembers the call it has in flight (op and argument), so when its
 worker dies it is re-created elsewhere and that call is sent again: the
@@ -24,39 +25,43 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
-import numpy as np
 
 from rlfleet import _rpc
 from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, can_run_env, is_multi_agent_env
-from rlfleet.coordinator.failures import CallError, detail_of, invalid
+from rlfleet.coordinator.failures import CallError, invalid
+from rlfleet.coordinator.lease_translation import (
+    LEARNER_OPS,
+    LeasedEnvSpec,
+    RelayOpen,
+    RelayReply,
+    call_command,
+    create_command,
+    lease_response,
+    no_workers,
+    release_command,
+)
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
-from rlfleet.coordinator.updates import check_env_update
-from rlfleet.errors import RlfleetError
-from rlfleet.v1 import learner_pb2, leases_pb2, spaces_pb2, updates_pb2, worker_pb2
-from rlfleet.wire import decode_tensor, encode_tensor
+from rlfleet.lease_messages import LeaseCallOrder
 
 logger = logging.getLogger("rlfleet.coordinator")
 
-#: The ops a learner may call (CREATE is the coordinator's).
-_LEARNER_OPS = frozenset(set(leases_pb2.LeaseOp.values()) - {0, leases_pb2.LEASE_OP_CREATE})
-
-#: What a lease stream's outbox holds: a response, an error ending the call, or its clean end.
-LeaseEvent = leases_pb2.LeaseResponse | CallError | None
+#: What a lease stream's outbox holds: a serialized LeaseResponse, an error
+#: ending the call, or its clean end.
+LeaseEvent = bytes | CallError | None
 
 
-@dataclass
+@dataclass(frozen=True)
 class _InFlight:
-    """The call an env has in flight, kept to send it again if its worker dies."""
+    """The call an env has in flight (its row ``row``), kept to send it again
+    if its worker dies."""
 
-    call_id: int
-    op: leases_pb2.LeaseOp
-    seed: int = -1
-    options_json: str = ""
-    action: np.ndarray | None = None
-    name: str = ""
-    value_json: str = ""
-    prefetch_reset: bool = False
+    call: LeaseCallOrder
+    row: int
+
+    @property
+    def call_id(self) -> int:
+        return self.call.call_id
 
 
 @dataclass
@@ -66,6 +71,7 @@ class _CallClock:
     op: str
     started: float
     unanswered: int
+    whole: bool = False  # answer in one response (LeaseCall.whole_reply)
     superseded: bool = False  # the learner gave up on some of its envs: not timed
 
 
@@ -82,20 +88,23 @@ class Lease:
         creating: Env ids whose CREATE reply is awaited, by worker id.
         in_flight: The call each busy env has in flight.
         clocks: Calls not fully answered yet, by call id (the latency metric).
-        spec: The envs' EnvSpec, from the first CREATE reply.
+        held: Replies (serialized, named) of whole-reply calls not fully
+            answered yet, by call id.
+        spec: The envs' serialized EnvSpec, from the first CREATE reply.
         failure: Why the lease ended, if it did.
         closed: Released: replies are ignored.
     """
 
     lease_id: int
-    env: updates_pb2.EnvUpdate
+    env: LeasedEnvSpec
     hosts: list[int]
     learner: str = ""
     outbox: queue.SimpleQueue[LeaseEvent] = field(default_factory=queue.SimpleQueue)
     creating: dict[int, set[int]] = field(default_factory=dict)
     in_flight: dict[int, _InFlight] = field(default_factory=dict)
     clocks: dict[int, _CallClock] = field(default_factory=dict)
-    spec: spaces_pb2.EnvSpec | None = None
+    held: dict[int, list[bytes]] = field(default_factory=dict)
+    spec: bytes | None = None
     failure: CallError | None = None
     closed: bool = False
 
@@ -136,9 +145,7 @@ class LeaseManager:
 
     # --- opening ----------------------------------------------------------------
 
-    def open(
-        self, request: leases_pb2.LeaseOpen, learner: str, cancelled: Callable[[], bool]
-    ) -> Lease:
+    def open(self, request: RelayOpen, learner: str, cancelled: Callable[[], bool]) -> Lease:
         """Places and builds the envs of a new lease; returns once all are built.
 
         Args:
@@ -161,11 +168,9 @@ class LeaseManager:
                 "lease fewer or start the coordinator with a larger --max-envs-per-lease",
             )
         env = request.env
-        if env.pickled_env_factory:
-            raise invalid("leased envs are built from an env id, never a pickled factory")
-        check_env_update(env)  # raises INVALID_ARGUMENT naming the field
+        env.check()  # raises INVALID_ARGUMENT naming the field
         state = self._state
-        timeout = request.timeout_seconds or state.config.wait_for_workers_seconds
+        timeout = request.timeout or state.config.wait_for_workers_seconds
         deadline = time.monotonic() + timeout
         with state.lock:
             leased = sum(lease.num_envs for lease in self._leases.values())
@@ -256,8 +261,7 @@ class LeaseManager:
                 "more host leases but lack the capability). Start Python workers with --import "
                 "of the module that registers the env, or give them more --envs"
             )
-            detail = detail_of(updates_pb2.ERROR_KIND_NO_WORKERS, message)
-            return CallError(grpc.StatusCode.UNAVAILABLE, message, detail)
+            return no_workers(message)
         message = (
             f"{count} envs could not be leased within {timeout:g} seconds: {len(hosts)} "
             f"workers host leases with {free} free slots (a worker hosts up to its "
@@ -266,8 +270,7 @@ class LeaseManager:
             "'rlfleet.leases', such as the "
             "Node worker, host none). Start more workers or give them more --envs"
         )
-        detail = detail_of(updates_pb2.ERROR_KIND_NO_WORKERS, message)
-        return CallError(grpc.StatusCode.UNAVAILABLE, message, detail)
+        return no_workers(message)
 
     def _hosts(self, env_id: str | None = None) -> list[WorkerHandle]:
         """The workers that host leases and may run ``env_id`` (None: any env; lock held)."""
@@ -324,46 +327,39 @@ class LeaseManager:
             if handle is None:
                 continue
             lease.creating.setdefault(worker_id, set()).update(ids)
-            create = leases_pb2.LeaseCreate(env=lease.env, env_ids=ids, replaces_lost=replaces_lost)
-            handle.send(
-                worker_pb2.CoordinatorMessage(
-                    lease=leases_pb2.LeaseCommand(lease_id=lease.lease_id, create=create)
-                )
-            )
+            handle.send(create_command(lease.lease_id, lease.env, ids, replaces_lost=replaces_lost))
 
     # --- calls ------------------------------------------------------------------
 
-    def call(self, lease: Lease, call: leases_pb2.LeaseCall) -> None:
+    def call(self, lease: Lease, call: LeaseCallOrder) -> None:
         """Sends a learner's reset or step to the workers hosting its envs.
 
         Raises:
             CallError: INVALID_ARGUMENT for a malformed call (ends the lease).
         """
-        ids = list(call.env_ids)
+        ids = call.env_ids
         where = f"lease {lease.lease_id} call {call.call_id}"
-        if call.op not in _LEARNER_OPS:
-            raise invalid(f"{where}: op {call.op} is not one a learner may call (leases.proto)")
+        if call.op not in LEARNER_OPS:
+            raise invalid(f"{where}: {call.op} is not one a learner may call (leases.proto)")
         if not ids:
             raise invalid(f"{where}: names no env")
         if len(set(ids)) != len(ids) or max(ids) >= lease.num_envs:
             raise invalid(
                 f"{where}: env ids {ids} must be distinct and < {lease.num_envs} (the lease size)"
             )
-        seeds = list(call.seeds)
-        actions = None
-        if call.op == leases_pb2.LEASE_OP_RESET:
-            if seeds and len(seeds) != len(ids):
-                raise invalid(f"{where}: {len(seeds)} seeds for {len(ids)} envs")
+        if call.op == "reset":
+            if call.seeds and len(call.seeds) != len(ids):
+                raise invalid(f"{where}: {len(call.seeds)} seeds for {len(ids)} envs")
             if call.options_json:
                 _check_json_object(call.options_json, where)
-        elif call.op == leases_pb2.LEASE_OP_STEP:
-            try:
-                actions = decode_tensor(call.actions, name=f"{where} actions")
-            except RlfleetError as exc:
-                raise invalid(str(exc)) from exc
-            if actions.ndim < 1 or actions.shape[0] != len(ids):
+        elif call.op == "step":
+            if call.bad_actions is not None:
+                raise invalid(str(call.bad_actions))
+            actions = call.actions
+            if actions is None or actions.ndim < 1 or actions.shape[0] != len(ids):
+                shape = None if actions is None else actions.shape
                 raise invalid(
-                    f"{where}: actions of shape {actions.shape} for {len(ids)} envs; the "
+                    f"{where}: actions of shape {shape} for {len(ids)} envs; the "
                     "first dimension must be the number of envs"
                 )
         with self._state.lock:
@@ -375,59 +371,37 @@ class LeaseManager:
                 # late answers no longer match and are dropped.
                 logger.info("%s supersedes the unanswered calls of envs %s", where, superseded)
                 for env_id in superseded:
-                    _answered(lease, lease.in_flight[env_id].call_id, 1, superseded=True)
-            lease.clocks[call.call_id] = _CallClock(_op_name(call.op), time.monotonic(), len(ids))
-            for row, env_id in enumerate(ids):
-                lease.in_flight[env_id] = _InFlight(
-                    call.call_id,
-                    call.op,
-                    seed=seeds[row] if seeds else -1,
-                    options_json=call.options_json,
-                    action=None if actions is None else actions[row],
-                    name=call.name,
-                    value_json=call.value_json,
-                    prefetch_reset=call.prefetch_reset,
-                )
+                    old = lease.in_flight[env_id].call_id
+                    _answered(lease, old, 1, superseded=True)
+                    held = lease.held.pop(old, None)
+                    if held:  # no longer whole: what arrived goes now
+                        lease.outbox.put(lease_response(held))
+            lease.clocks[call.call_id] = _CallClock(
+                call.op, time.monotonic(), len(ids), call.whole_reply
+            )
             groups: dict[int, list[int]] = {}
             for row, env_id in enumerate(ids):
+                lease.in_flight[env_id] = _InFlight(call, row)
                 groups.setdefault(lease.hosts[env_id], []).append(row)
-            if len(groups) == 1:
-                self._send_call(lease, next(iter(groups)), call)
-                return
             for worker_id, rows in groups.items():
-                part = leases_pb2.LeaseCall(
-                    call_id=call.call_id,
-                    op=call.op,
-                    env_ids=[ids[r] for r in rows],
-                    options_json=call.options_json,
-                    name=call.name,
-                    value_json=call.value_json,
-                    prefetch_reset=call.prefetch_reset,
-                )
-                if seeds:
-                    part.seeds.extend(seeds[r] for r in rows)
-                if actions is not None:
-                    part.actions.CopyFrom(encode_tensor(actions[rows]))
-                self._send_call(lease, worker_id, part)
+                self._send_call(lease, worker_id, call, rows)
 
-    def _send_call(self, lease: Lease, worker_id: int, call: leases_pb2.LeaseCall) -> None:
+    def _send_call(
+        self, lease: Lease, worker_id: int, call: LeaseCallOrder, rows: list[int]
+    ) -> None:
         handle = self._state.registry.get(worker_id)
         if handle is None:  # lost and not re-placed: on_worker_lost failed the lease
             return
-        handle.send(
-            worker_pb2.CoordinatorMessage(
-                lease=leases_pb2.LeaseCommand(lease_id=lease.lease_id, call=call)
-            )
-        )
+        handle.send(call_command(lease.lease_id, call, rows))
 
-    def on_reply(self, handle: WorkerHandle, reply: leases_pb2.LeaseReply) -> None:
+    def on_reply(self, handle: WorkerHandle, reply: RelayReply) -> None:
         """A worker answered a lease command (its Join reader thread)."""
         state = self._state
         with state.lock:
             lease = self._leases.get(reply.lease_id)
             if lease is None or lease.closed or not handle.alive:
                 return  # a lease released meanwhile, or a worker already written off
-            if reply.op == leases_pb2.LEASE_OP_CREATE:
+            if reply.op == "create":
                 self._on_created(lease, handle, reply)
                 return
             foreign = [
@@ -454,28 +428,33 @@ class LeaseManager:
                 return  # only answers of superseded calls
             for env_id in current:
                 del lease.in_flight[env_id]
-            clock = _answered(lease, reply.call_id, len(current))
-            if clock is not None and not clock.superseded:
-                state.metrics.lease_call(clock.op, time.monotonic() - clock.started)
+            clock = lease.clocks.get(reply.call_id)
+            whole = clock is not None and clock.whole and not clock.superseded
+            finished = _answered(lease, reply.call_id, len(current))
+            if finished is not None and not finished.superseded:
+                state.metrics.lease_call(finished.op, time.monotonic() - finished.started)
             # Rows of superseded calls ride along: the learner tells them
             # apart by call id, as it does for calls it gave up on.
-            reply.worker = handle.name
-            lease.outbox.put(leases_pb2.LeaseResponse(reply=reply))
+            named = reply.named(handle.name)
+            if whole and finished is None:
+                lease.held.setdefault(reply.call_id, []).append(named)
+                return
+            lease.outbox.put(lease_response([*lease.held.pop(reply.call_id, []), named]))
 
-    def _on_created(self, lease: Lease, handle: WorkerHandle, reply: leases_pb2.LeaseReply) -> None:
+    def _on_created(self, lease: Lease, handle: WorkerHandle, reply: RelayReply) -> None:
         waiting = lease.creating.get(handle.worker_id)
         if waiting is not None:
             waiting.difference_update(reply.env_ids)
             if not waiting:
                 del lease.creating[handle.worker_id]
-        if reply.HasField("error"):
+        if reply.error is not None:
             message = (
                 f"worker {handle.name!r} could not build env {lease.env.env_id!r} for lease "
-                f"{lease.lease_id}: {reply.error.message}"
+                f"{lease.lease_id}: {reply.error_message}"
             )
             self._fail(lease, CallError(grpc.StatusCode.FAILED_PRECONDITION, message, reply.error))
         elif lease.spec is None:
-            lease.spec = reply.env_spec
+            lease.spec = reply.spec
         self._state.changed.notify_all()
 
     # --- losses and release ---------------------------------------------------------
@@ -497,8 +476,7 @@ class LeaseManager:
                         f"{lease.lease_id} and no other worker has free slots for them; "
                         "start more workers (each hosts up to its --envs leased envs)"
                     )
-                    detail = detail_of(updates_pb2.ERROR_KIND_NO_WORKERS, message)
-                    self._fail(lease, CallError(grpc.StatusCode.UNAVAILABLE, message, detail))
+                    self._fail(lease, no_workers(message))
                     continue
                 logger.warning(
                     "worker %r died hosting envs %s of lease %d; re-creating them",
@@ -510,7 +488,7 @@ class LeaseManager:
                 for env_id in lost:
                     flight = lease.in_flight.get(env_id)
                     if flight is not None:
-                        self._send_call(lease, lease.hosts[env_id], _resend(env_id, flight))
+                        self._send_call(lease, lease.hosts[env_id], flight.call, [flight.row])
             self._state.changed.notify_all()
 
     def close(self, lease: Lease) -> None:
@@ -551,30 +529,24 @@ class LeaseManager:
             return
         lease.closed = True
         self._leases.pop(lease.lease_id, None)
-        release = leases_pb2.LeaseCommand(
-            lease_id=lease.lease_id, release=leases_pb2.LeaseRelease()
-        )
         hosts = set(lease.hosts) - {0}
         for worker_id in hosts:
             handle = self._state.registry.get(worker_id)
             if handle is not None:
-                handle.send(worker_pb2.CoordinatorMessage(lease=release))
+                handle.send(release_command(lease.lease_id))
         lease.hosts = [0] * lease.num_envs
         self._share_slots(hosts)
         self._state.changed.notify_all()
 
-    def describe(self, status: learner_pb2.FleetStatus) -> None:
-        """Fills the lease counts of a FleetStatus (GetStatus)."""
+    def counts(self) -> tuple[int, int, dict[int, int]]:
+        """Open leases, the envs they hold, and the leased envs by worker id (GetStatus)."""
         with self._state.lock:
-            status.leases = len(self._leases)
-            status.leased_envs = sum(lease.num_envs for lease in self._leases.values())
-            for worker in status.workers:
-                worker.leased_envs = self._leased_on(worker.worker_id)
-
-
-def _op_name(op: int) -> str:
-    """``step`` for LEASE_OP_STEP: the label of the lease-call latency metric."""
-    return leases_pb2.LeaseOp.Name(op).removeprefix("LEASE_OP_").lower()
+            by_worker: dict[int, int] = {}
+            for lease in self._leases.values():
+                for worker_id in lease.hosts:
+                    by_worker[worker_id] = by_worker.get(worker_id, 0) + 1
+            envs = sum(lease.num_envs for lease in self._leases.values())
+            return len(self._leases), envs, by_worker
 
 
 def _answered(
@@ -591,23 +563,6 @@ def _answered(
         return None
     del lease.clocks[call_id]
     return clock
-
-
-def _resend(env_id: int, flight: _InFlight) -> leases_pb2.LeaseCall:
-    call = leases_pb2.LeaseCall(
-        call_id=flight.call_id,
-        op=flight.op,
-        env_ids=[env_id],
-        name=flight.name,
-        value_json=flight.value_json,
-        prefetch_reset=flight.prefetch_reset,
-    )
-    if flight.op == leases_pb2.LEASE_OP_RESET:
-        call.seeds.append(flight.seed)
-        call.options_json = flight.options_json
-    elif flight.action is not None:
-        call.actions.CopyFrom(encode_tensor(flight.action[None]))
-    return call
 
 
 def _check_json_object(text: str, where: str) -> None:

@@ -23,6 +23,7 @@ from rlfleet import _rpc
 from rlfleet._log_limit import LogLimiter, held_back_note
 from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.lease_translation import RelayReply, relay_deserializer, relay_reply
 from rlfleet.coordinator.registry import Ending, WorkerHandle
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
 from rlfleet.security import InflightBudget
@@ -87,18 +88,22 @@ class WorkerFace:
         """The generic handler to add to a server."""
         join = grpc.stream_stream_rpc_method_handler(
             self.join,
-            request_deserializer=tolerant(_rpc.chunked_deserializer(worker_pb2.WorkerMessage)),
+            request_deserializer=tolerant(
+                relay_deserializer(_rpc.chunked_deserializer(worker_pb2.WorkerMessage))
+            ),
             response_serializer=_rpc.serialize,
         )
         return grpc.method_handlers_generic_handler(_rpc.WORKER_SERVICE, {"Join": join})
 
     def join(
         self,
-        requests: Iterator[_rpc.WithChunk | Malformed],
+        requests: Iterator[_rpc.WithChunk | RelayReply | Malformed],
         context: grpc.ServicerContext,
     ) -> Iterator[worker_pb2.CoordinatorMessage]:
         """The Join handler: handshake, then the worker's outbox until its end."""
-        first: queue.SimpleQueue[_rpc.WithChunk | Malformed | None] = queue.SimpleQueue()
+        first: queue.SimpleQueue[_rpc.WithChunk | RelayReply | Malformed | None] = (
+            queue.SimpleQueue()
+        )
         admission = _Admission()
         threading.Thread(
             target=self._read,
@@ -139,7 +144,7 @@ class WorkerFace:
 
     def _handshake(
         self,
-        first: queue.SimpleQueue[_rpc.WithChunk | Malformed | None],
+        first: queue.SimpleQueue[_rpc.WithChunk | RelayReply | Malformed | None],
         context: grpc.ServicerContext,
     ) -> WorkerHandle:
         timeout = self._coordinator.config.handshake_timeout_seconds
@@ -155,6 +160,11 @@ class WorkerFace:
             raise CallError(grpc.StatusCode.CANCELLED, "the stream ended before its Hello")
         if isinstance(item, Malformed):
             raise CallError(grpc.StatusCode.INVALID_ARGUMENT, f"malformed Hello: {item.error}")
+        if isinstance(item, RelayReply):
+            raise CallError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "the first message of a Join stream must be Hello, got lease_reply",
+            )
         message = item.message
         if message.WhichOneof("body") != "hello":
             raise CallError(
@@ -166,8 +176,8 @@ class WorkerFace:
 
     def _read(
         self,
-        requests: Iterator[_rpc.WithChunk | Malformed],
-        first: queue.SimpleQueue[_rpc.WithChunk | Malformed | None],
+        requests: Iterator[_rpc.WithChunk | RelayReply | Malformed],
+        first: queue.SimpleQueue[_rpc.WithChunk | RelayReply | Malformed | None],
         admission: _Admission,
     ) -> None:
         """The reader thread: the worker's messages, in order, until its stream ends."""
@@ -212,10 +222,16 @@ class WorkerFace:
                 )
 
     def _dispatch(
-        self, handle: WorkerHandle, item: _rpc.WithChunk | Malformed, budget: InflightBudget
+        self,
+        handle: WorkerHandle,
+        item: _rpc.WithChunk | RelayReply | Malformed,
+        budget: InflightBudget,
     ) -> None:
         if isinstance(item, Malformed):
             raise ProtocolError(f"malformed message from worker {handle.name!r}: {item.error}")
+        if isinstance(item, RelayReply):  # the lease relay's fast path: its bytes are kept
+            self._coordinator.leases.on_reply(handle, item)
+            return
         message: worker_pb2.WorkerMessage = item.message
         body = message.WhichOneof("body")
         events = self._coordinator.workers
@@ -229,8 +245,9 @@ class WorkerFace:
             events.on_agent_ready(handle, message.agent_ready)
         elif body == "error":
             events.on_error(handle, message.error.detail)
-        elif body == "lease_reply":
-            self._coordinator.leases.on_reply(handle, message.lease_reply)
+        elif body == "lease_reply":  # not alone in its message (other fields first)
+            reply = relay_reply(message.lease_reply.SerializeToString())
+            self._coordinator.leases.on_reply(handle, reply)
         elif body == "leaving":
             events.on_leaving(handle, message.leaving)
         elif body == "hello":

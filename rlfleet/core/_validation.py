@@ -254,8 +254,9 @@ def check_step_types(name: str, value: object, expected: int, reason: str) -> np
         return step_types
     # Plain-int bounds via min/max: comparing against IntEnum members sends
     # numpy down an object path (~20x slower on 100k steps, on every decode).
+    # The ufuncs' reduce directly: ndarray.min/max add ~3 us of Python each.
     low, high = int(_MIN_STEP_TYPE), int(_MAX_STEP_TYPE)
-    if int(step_types.min()) < low or int(step_types.max()) > high:
+    if int(np.minimum.reduce(step_types)) < low or int(np.maximum.reduce(step_types)) > high:
         bad = (step_types < low) | (step_types > high)
         index = int(np.argmax(bad))
         raise InvalidBatchError(
@@ -278,7 +279,7 @@ def check_lengths(name: str, value: object) -> np.ndarray:
             f"lengths has dtype {lengths.dtype}, but must have an integer dtype",
             f"{name}: expected an integer dtype, got {lengths.dtype}",
         )
-    if len(lengths) and lengths.min() < 1:
+    if len(lengths) and np.minimum.reduce(lengths) < 1:
         index = int(np.argmin(lengths))
         raise InvalidBatchError(
             f"{name}: every episode needs at least one step, got length "

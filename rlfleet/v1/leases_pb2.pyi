@@ -42,12 +42,20 @@ class LeaseRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[LeaseOpen, _Mapping]] = ..., call: _Optional[_Union[LeaseCall, _Mapping]] = ..., close: _Optional[_Union[LeaseClose, _Mapping]] = ...) -> None: ...
 
 class LeaseResponse(_message.Message):
-    __slots__ = ("opened", "reply")
+    __slots__ = ("opened", "reply", "replies")
     OPENED_FIELD_NUMBER: _ClassVar[int]
     REPLY_FIELD_NUMBER: _ClassVar[int]
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
     opened: LeaseOpened
     reply: LeaseReply
-    def __init__(self, opened: _Optional[_Union[LeaseOpened, _Mapping]] = ..., reply: _Optional[_Union[LeaseReply, _Mapping]] = ...) -> None: ...
+    replies: LeaseReplies
+    def __init__(self, opened: _Optional[_Union[LeaseOpened, _Mapping]] = ..., reply: _Optional[_Union[LeaseReply, _Mapping]] = ..., replies: _Optional[_Union[LeaseReplies, _Mapping]] = ...) -> None: ...
+
+class LeaseReplies(_message.Message):
+    __slots__ = ("replies",)
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[LeaseReply]
+    def __init__(self, replies: _Optional[_Iterable[_Union[LeaseReply, _Mapping]]] = ...) -> None: ...
 
 class LeaseOpen(_message.Message):
     __slots__ = ("env", "num_envs", "timeout_seconds", "learner")
@@ -72,7 +80,7 @@ class LeaseOpened(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., env_workers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LeaseCall(_message.Message):
-    __slots__ = ("call_id", "op", "env_ids", "seeds", "options_json", "actions", "name", "value_json", "prefetch_reset")
+    __slots__ = ("call_id", "op", "env_ids", "seeds", "options_json", "actions", "name", "value_json", "prefetch_reset", "whole_reply")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     ENV_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +90,7 @@ class LeaseCall(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
     PREFETCH_RESET_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_REPLY_FIELD_NUMBER: _ClassVar[int]
     call_id: int
     op: LeaseOp
     env_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -91,7 +100,8 @@ class LeaseCall(_message.Message):
     name: str
     value_json: str
     prefetch_reset: bool
-    def __init__(self, call_id: _Optional[int] = ..., op: _Optional[_Union[LeaseOp, str]] = ..., env_ids: _Optional[_Iterable[int]] = ..., seeds: _Optional[_Iterable[int]] = ..., options_json: _Optional[str] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., name: _Optional[str] = ..., value_json: _Optional[str] = ..., prefetch_reset: _Optional[bool] = ...) -> None: ...
+    whole_reply: bool
+    def __init__(self, call_id: _Optional[int] = ..., op: _Optional[_Union[LeaseOp, str]] = ..., env_ids: _Optional[_Iterable[int]] = ..., seeds: _Optional[_Iterable[int]] = ..., options_json: _Optional[str] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., name: _Optional[str] = ..., value_json: _Optional[str] = ..., prefetch_reset: _Optional[bool] = ..., whole_reply: _Optional[bool] = ...) -> None: ...
 
 class LeaseClose(_message.Message):
     __slots__ = ()

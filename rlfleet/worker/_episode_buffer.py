@@ -356,33 +356,45 @@ def build_batch(
         The batch: one ``np.concatenate`` per field, step types computed with
         vectorised writes at each segment's first and last step.
     """
-    n = len(segments)
-    lengths = np.fromiter((s.length for s in segments), dtype=np.int64, count=n)
+    lengths = np.array([len(s.rewards) for s in segments], dtype=np.int64)
     starts = episode_starts(lengths)
     # uint8, the wire's dtype (batch.proto): a batch keeps one dtype from the
     # worker to the learner, with no conversion on the way.
     step_types = np.full(int(lengths.sum()), _MID, dtype=np.uint8)
-    firsts = np.fromiter((s.first for s in segments), dtype=bool, count=n)
+    firsts = [i for i, s in enumerate(segments) if s.first]
     step_types[starts[firsts]] = _FIRST
     # The last step's type wins over FIRST for one-step episodes, as in garage.
     ends = [(i, s.last) for i, s in enumerate(segments) if s.last is not None]
     if ends:
         index, types = zip(*ends, strict=True)
         step_types[starts[list(index)] + lengths[list(index)] - 1] = types
-    table = np.array([s.infos for s in segments], dtype=np.int64).reshape(n, len(info_keys))
+    # One array, one contiguous row per key (transposed while building).
+    table = np.array(list(zip(*(s.infos for s in segments), strict=True)), dtype=np.int64)
     return EpisodeBatch(
         env_spec=env_spec,
-        episode_infos={key: table[:, j].copy() for j, key in enumerate(info_keys)},
+        episode_infos=dict(zip(info_keys, table, strict=True)),
         observations=np.concatenate([s.observations for s in segments]),
-        last_observations=np.stack([s.last_observation for s in segments]),
+        # np.array of same-shaped arrays: one C call, where np.stack makes n views first.
+        last_observations=np.array([s.last_observation for s in segments]),
         actions=np.concatenate([s.actions for s in segments]),
         rewards=np.concatenate([s.rewards for s in segments]),
-        env_infos=concat_nested(
-            _common_infos([s.env_infos for s in segments], "env info"), "env_infos"
-        ),
-        agent_infos=concat_nested(
-            _common_infos([s.agent_infos for s in segments], "agent info"), "agent_infos"
-        ),
+        env_infos=_concat_infos([s.env_infos for s in segments], "env info", "env_infos"),
+        agent_infos=_concat_infos([s.agent_infos for s in segments], "agent info", "agent_infos"),
         step_types=step_types,
         lengths=lengths,
     )
+
+
+def _concat_infos(dicts: Sequence[NestedArrays], what: str, field: str) -> NestedArrays:
+    """Concatenates the segments' info dicts (only the keys all of them have)."""
+    first = dicts[0]
+    if all(d.keys() == first.keys() for d in dicts):
+        if not first:
+            return {}
+        if not any(isinstance(value, Mapping) for value in first.values()):
+            # The common case, one flat dict per policy or env: one call per key.
+            try:
+                return {key: np.concatenate([d[key] for d in dicts]) for key in first}
+            except ValueError:
+                pass  # concat_nested names the key whose shapes differ
+    return concat_nested(_common_infos(dicts, what), field)

@@ -92,9 +92,13 @@ class TaskBook:
                 self.fragment_tasks.append(task)
             return
         entry = self.episode_tasks.setdefault(task.task_id, task)
+        units = list(units)
         for unit in units:
             entry.remaining.add(unit.episode_index)
             self._pending.append(unit)
+        # Units are fed a few at a time: their generators' states are
+        # computed now, for the whole task in one vectorised call.
+        self._vec.prepare(units)
         self.feed()
 
     def feed(self) -> None:

@@ -10,6 +10,7 @@ machine use :meth:`VecWorker.run` and :meth:`VecWorker.collect_fragments`.
 from __future__ import annotations
 
 import collections
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
@@ -23,6 +24,7 @@ from rlfleet.errors import ConfigError, PolicyError, UsageError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.random import RandomPolicy
 from rlfleet.policies.spec import PolicySpec, make_policy
+from rlfleet.seeding import generator_states, set_generator_state
 from rlfleet.worker._engine import Live, SlotEngine, close_quietly
 from rlfleet.worker._episode_buffer import (
     EPISODE_INFO_KEYS,
@@ -45,6 +47,11 @@ from rlfleet.worker.units import EpisodeUnit
 NanMode = Literal["error", "flag", "ignore"]
 _NAN_MODES = ("error", "flag", "ignore")
 
+#: Prepared generator states a worker keeps at most (see VecWorker.prepare).
+_MAX_PREPARED = 1 << 16
+#: Queued units prepared with an unprepared one that starts.
+_PREPARE_AHEAD = 255
+
 
 class VecWorker:
     """Runs ``n_envs`` env copies, stepping all busy ones with one policy call.
@@ -52,8 +59,9 @@ class VecWorker:
     **Episodes and determinism.** Work arrives as :class:`EpisodeUnit` s,
     each carrying its episode index and seeds. A slot starting a unit calls
     ``env.reset(seed=unit.env_seed)`` and gives the episode its own
-    ``numpy.random.default_rng(unit.policy_seed)``, passed as that row's
-    generator to ``policy.get_actions``. So an episode depends only on its
+    generator in the state of ``numpy.random.default_rng(unit.policy_seed)``
+    (the slot's generator, reseeded), passed as that row's generator to
+    ``policy.get_actions``. So an episode depends only on its
     unit and the agent, never on which worker or slot ran it. Finished
     episodes come out of :meth:`take_finished` ordered by (request, episode
     index), concatenated into one :class:`~rlfleet.core.EpisodeBatch`.
@@ -163,6 +171,11 @@ class VecWorker:
         self._policy_is_default = True
         self._agent_version = 0
         self._queue: collections.deque[EpisodeUnit] = collections.deque()
+        # One generator per slot, put in each episode's state when it starts:
+        # a default_rng per episode cost about 8 us, a third of the episode's
+        # bookkeeping. Its states are computed many units at once (prepare).
+        self._slot_rngs = [np.random.Generator(np.random.PCG64(0)) for _ in range(n_envs)]
+        self._rng_states: dict[int, tuple[int, int]] = {}
         self._finished: list[Segment] = []
         self._finished_steps = 0
         self._units = _UnitSink(self)
@@ -359,6 +372,23 @@ class VecWorker:
         if units:
             self._streams.abandon()
         self._queue.extend(units)
+
+    def prepare(self, units: Iterable[EpisodeUnit]) -> None:
+        """Computes the action generators' states of units to submit later.
+
+        A unit's episode samples with a generator in the state of
+        ``default_rng(unit.policy_seed)``; computing that state for many
+        units in one vectorised call (:func:`rlfleet.seeding.generator_states`)
+        costs a fraction of building each generator. A worker that submits
+        units a few at a time (the remote worker) prepares each task's units
+        when the task arrives; units submitted unprepared are prepared with
+        the next queued ones when the first of them starts.
+        """
+        known = self._rng_states
+        seeds = [unit.policy_seed for unit in units if unit.policy_seed not in known]
+        if len(known) + len(seeds) > _MAX_PREPARED:
+            known.clear()  # states of cancelled units, never started
+        known.update(zip(seeds, generator_states(seeds), strict=True))
 
     def start_queued(self) -> int:
         """Starts queued units on idle slots now (``step`` does this itself).
@@ -596,9 +626,17 @@ class VecWorker:
             if not self._queue:
                 break
             unit = self._queue.popleft()
+            state = self._rng_states.pop(unit.policy_seed, None)
+            if state is None:
+                # With the next queued units, not all: surplus units are
+                # often cancelled before they start.
+                self.prepare([unit, *itertools.islice(self._queue, _PREPARE_AHEAD)])
+                state = self._rng_states.pop(unit.policy_seed)
+            rng = self._slot_rngs[slot]
+            set_generator_state(rng, state)
             live = Live(
                 unit=unit,
-                rng=np.random.default_rng(unit.policy_seed),
+                rng=rng,
                 # EPISODE_INFO_KEYS order.
                 meta=(
                     self._agent_version,
