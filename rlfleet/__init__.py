@@ -8,7 +8,8 @@ The public API, importable from ``rlfleet``:
 - Envs and policies: :class:`EnvConfig`, :func:`make_env`, the vector envs,
   :class:`Policy` and the built-in numpy policies, :class:`PolicySpec`.
 - Local sampling: :class:`DefaultWorker`, :class:`VecWorker`,
-  :class:`LocalSampler`, :func:`rollout`, :func:`truncate_paths`,
+  :class:`StreamReplay` and :class:`StreamBook` (fragment streams moved
+  between workers), :class:`LocalSampler`, :func:`rollout`, :func:`truncate_paths`,
   :func:`obtain_evaluation_episodes`, :func:`log_performance`.
 - Training (garage's): :class:`Trainer`, :class:`SnapshotConfig`,
   :func:`wrap_experiment`, :class:`ExperimentContext` (``rlfleet.trainer``).
@@ -66,6 +67,7 @@ from rlfleet.sampling import (
     rollout,
     truncate_paths,
 )
+from rlfleet.stream_replay import StreamBook, StreamReplay
 from rlfleet.trainer import ExperimentContext, SnapshotConfig, Trainer, wrap_experiment
 from rlfleet.worker import DefaultWorker, EpisodeUnit, VecWorker
 
@@ -97,6 +99,8 @@ __all__ = [
     "TimeStep",
     "TimeStepBatch",
     "Trainer",
+    "StreamBook",
+    "StreamReplay",
     "VecWorker",
     "VectorEnv",
     "__version__",

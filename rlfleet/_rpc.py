@@ -38,6 +38,9 @@ GET_STATUS = f"/{LEARNER_SERVICE}/GetStatus"
 LEASE = f"/{LEARNER_SERVICE}/Lease"
 #: Capability of workers that host step-level env leases (worker.proto Hello).
 LEASE_CAPABILITY = "rlfleet.leases"
+#: Capability of workers that run the fragment streams a Task names and
+#: rebuild them from Task.replays (docs/reliability.md, "Fragments under faults").
+TAKEOVER_CAPABILITY = "rlfleet.stream-takeover"
 
 #: Default largest message either side sends or accepts. Batches are chunked
 #: well below it (rlfleet.wire.DEFAULT_CHUNK_BYTES); only agent updates with

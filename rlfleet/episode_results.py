@@ -33,7 +33,7 @@ import numpy as np
 
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.core.episode_order import first_episodes, sort_fragments
+from rlfleet.core.episode_order import cut_pieces, ends_episode, first_episodes, sort_fragments
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
 from rlfleet.seeding import stream_seeds
@@ -49,7 +49,6 @@ FRAGMENT_INFO_KEYS = ("stream", "fragment_index")
 
 #: PayloadKind of an EpisodeBatch: the only kind a result carries.
 _EPISODE_BATCH_KIND = payload_kind(EpisodeBatch)
-_TERMINAL, _TIMEOUT = int(StepType.TERMINAL), int(StepType.TIMEOUT)
 #: Problems listed per failure; the rest are counted.
 _MAX_LISTED = 5
 
@@ -340,14 +339,13 @@ class FragmentWindow:
 
     Attributes:
         base_seed: The seed stream seeds derive from.
-        first_stream: The sender's first stream (Welcome.first_stream).
-        num_envs: Its env slots (Hello.num_envs): one stream each.
+        streams: The streams the task runs (Task.streams, or the sender's
+            Welcome.first_stream + slot for each of its Hello.num_envs slots).
         fragment_length: Steps per stream in the window.
     """
 
     base_seed: int
-    first_stream: int
-    num_envs: int
+    streams: tuple[int, ...]
     fragment_length: int
 
 
@@ -425,7 +423,7 @@ def step_type_problems(
     ends = np.cumsum(lengths) - 1
     starts = ends - lengths + 1
     last = types[ends]
-    ended = _ends_episode(last)
+    ended = ends_episode(last)
     expected = np.full(len(types), int(StepType.MID), dtype=types.dtype)
     expected[starts[starts_episode]] = int(StepType.FIRST)
     expected[ends[ended]] = last[ended]
@@ -574,12 +572,13 @@ def _episode_problems(result: DecodedResult, expect: ResultExpectation) -> list[
 def _fragment_problems(result: DecodedResult, window: FragmentWindow) -> list[str]:
     problems: list[str] = []
     batch = result.batch
-    expected = set(range(window.first_stream, window.first_stream + window.num_envs))
+    expected = set(window.streams)
     streams, order = pieces_by_stream(result)
     if set(streams) != expected:
         problems.append(
             f"the window covers streams {_short(streams)}, expected one piece or more of each "
-            f"stream Welcome.first_stream + slot: {_short(sorted(expected))}"
+            f"stream of the task (Task.streams, or Welcome.first_stream + slot): "
+            f"{_short(sorted(expected))}"
         )
     lengths = batch.lengths
     episodes, fragments = result.infos("episode_index"), result.infos("fragment_index")
@@ -627,16 +626,6 @@ def _fragment_problems(result: DecodedResult, window: FragmentWindow) -> list[st
 def _stream_seeds(base_seed: int, stream: int, episode: int) -> tuple[int, int]:
     # A stream's episode spans several windows: derive its seeds once.
     return stream_seeds(base_seed, stream, episode)
-
-
-def cut_pieces(batch: EpisodeBatch) -> np.ndarray:
-    """(N,) bool: whether each piece ends without ending its episode."""
-    return ~_ends_episode(batch.step_types[np.cumsum(batch.lengths) - 1])
-
-
-def _ends_episode(step_types: np.ndarray) -> np.ndarray:
-    # Two comparisons: np.isin sorts, ~10x slower on a result's pieces.
-    return (step_types == _TERMINAL) | (step_types == _TIMEOUT)
 
 
 def pieces_by_stream(result: DecodedResult) -> tuple[list[int], list[np.ndarray]]:

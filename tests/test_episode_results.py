@@ -195,7 +195,7 @@ def fragment_task() -> ResultExpectation:
         worker_id=WORKER_ID,
         agent_version=-1,
         env_generation=1,
-        window=FragmentWindow(base_seed=4, first_stream=10, num_envs=2, fragment_length=3),
+        window=FragmentWindow(base_seed=4, streams=(10, 11), fragment_length=3),
     )
 
 

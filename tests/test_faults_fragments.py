@@ -1,7 +1,8 @@
-"""Fragments under faults: long windows, bounded windows.
+"""Fragments under faults: long windows, bounded windows, killed workers.
 
 Issue 12.3 (a worker stepping a long fragment window used to send no
-heartbeats, and fragment_length had no bound). Real coordinator and worker
+heartbeats, and fragment_length had no bound) and 12.6 (a worker killed
+mid-request used to change the answer). Real coordinator and worker
 processes.
 """
 
@@ -13,9 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlfleet.core import EpisodeBatch
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import ConfigError, InvalidArgumentError
+from rlfleet.errors import ConfigError, InvalidArgumentError, UnavailableError
 from rlfleet.local_sampler import LocalSampler
 from tests._coordinator_fakes import assert_same_batch
 from tests.fleet_processes import TEST_ENVS_MODULE, ProcessFleet, env_flags, run_in_thread
@@ -68,69 +68,98 @@ def test_fragment_length_is_bounded_with_an_error_naming_the_limit(fleet: Proces
     assert sampler.obtain_fragments(20, 10).total_steps == 20  # the fleet goes on
 
 
-def stream_pieces(batch: EpisodeBatch, stream: int) -> EpisodeBatch:
-    """The pieces of one stream, in the batch's order."""
-    return batch.take_episodes(np.flatnonzero(batch.episode_infos["stream"] == stream))
+def test_a_worker_killed_mid_fragments_request_changes_no_answer(fleet: ProcessFleet) -> None:
+    """Issue 12.6: whatever dies, every fragments answer is the undisturbed one.
 
-
-def test_a_worker_killed_mid_fragments_request_costs_other_streams_pieces_not_data(
-    fleet: ProcessFleet,
-) -> None:
-    """What holds today when a worker dies mid fragments request (issue 12.6 is open).
-
-    Every piece the answer holds is its stream's undisturbed piece, in order,
-    none lost, none twice; the dead stream's missing windows are made up by
-    the survivor's stream, so the answer is not the undisturbed one. A
-    replacement worker gets a new stream, which starts at its first episode.
+    Two real workers, one SIGKILLed while it steps its second window. The
+    survivor takes over the dead worker's stream (same id, its episode
+    rebuilt by replaying reset(seed) and the delivered actions): that
+    answer, the next one (the survivor runs both streams) and the one after
+    a replacement worker joined (it adopts the orphaned stream) equal an
+    undisturbed run's, bit for bit but for the ``worker`` info.
     """
-    length, amount = 50, 200  # 0.5 s windows; undisturbed: two rounds of both streams
+    length, amount = 50, 200  # 0.5 s windows; two rounds of both streams
     fleet.start_coordinator(*env_flags(SLOW))
     fleet.start_worker(imports=[TEST_ENVS_MODULE])
     fleet.start_worker(imports=[TEST_ENVS_MODULE])
     fleet.wait_for_workers(2)
     victim = fleet.workers[0]
     with LocalSampler(SLOW_TWIN, seed=SEED, n_workers=2) as local:
-        undisturbed = local.obtain_fragments(amount, length)
-    # Streams 0-2 (the replacement's is 2), long enough for a longer disturbed run.
-    with LocalSampler(SLOW_TWIN, seed=SEED, n_workers=3) as local:
-        reference = local.obtain_fragments(8 * amount, length)
+        undisturbed = [local.obtain_fragments(amount, length) for _ in range(3)]
     sampler = fleet.sampler(seed=SEED, timeout=120)
     answer = run_in_thread(lambda: sampler.obtain_fragments(amount, length))
-    fleet.wait_until(lambda: fleet.units_on(victim.name), what="windows on the victim")
+    # Killed in its second window: its stream's episode is mid-way, with a window delivered.
+    fleet.wait_until(lambda: fleet.units_on(victim.name) == 1, what="one window left on the victim")
     fleet.kill(victim)
-    result = answer(120)
+    assert_same_batch(answer(120), undisturbed[0], skip_infos=VERSION)
+    assert_same_batch(sampler.obtain_fragments(amount, length), undisturbed[1], skip_infos=VERSION)
 
-    assert result.total_steps >= amount and result.total_steps % length == 0
-    assert int(result.lengths.max()) <= length
-    keys = list(
-        zip(
-            *(
-                result.episode_infos[k].tolist()
-                for k in ("stream", "episode_index", "fragment_index")
-            ),
-            strict=True,
-        )
-    )
-    assert keys == sorted(set(keys)), "pieces repeated or out of order"
-    streams = sorted(set(result.episode_infos["stream"].tolist()))
-    assert set(streams) <= {0, 1}, streams  # the victim's stream only if it sent a window
-    for stream in streams:
-        got = stream_pieces(result, stream)
-        want = stream_pieces(reference, stream).take_episodes(np.arange(got.n_episodes))
-        assert_same_batch(got, want, skip_infos=VERSION)
-    # The defect issue 12.6 is about: other streams' pieces stand in for the dead one's.
-    assert result.total_steps != undisturbed.total_steps or not np.array_equal(
-        result.episode_infos["stream"], undisturbed.episode_infos["stream"]
-    )
-
-    fleet.start_worker(imports=[TEST_ENVS_MODULE])  # the replacement
+    fleet.start_worker(imports=[TEST_ENVS_MODULE])  # the replacement adopts the dead stream
     fleet.wait_for_workers(2)
-    survivor = max(streams, key=lambda s: stream_pieces(result, s).total_steps)
-    after = sampler.obtain_fragments(2 * length, length)
-    assert sorted(set(after.episode_infos["stream"].tolist())) == [survivor, 2]
-    fresh = stream_pieces(after, 2)
-    assert_same_batch(
-        fresh,
-        stream_pieces(reference, 2).take_episodes(np.arange(fresh.n_episodes)),
-        skip_infos=VERSION,
+    last = sampler.obtain_fragments(amount, length)
+    assert_same_batch(last, undisturbed[2], skip_infos=VERSION)
+    assert len(set(last.episode_infos["worker"].tolist())) == 2  # both workers ran a stream
+
+
+def test_a_worker_frozen_mid_fragments_request_is_dropped_and_changes_no_answer(
+    fleet: ProcessFleet,
+) -> None:
+    """A SIGSTOPped worker is dropped at the heartbeat timeout; its stream is taken over.
+
+    When it wakes it rejoins as a new worker and adopts its old stream back
+    (rebuilt from a replay): both answers equal the undisturbed ones.
+    """
+    length, amount = 50, 200
+    fleet.start_coordinator(*env_flags(SLOW))  # heartbeat timeout 3 s
+    fleet.start_worker(imports=[TEST_ENVS_MODULE])
+    fleet.start_worker(imports=[TEST_ENVS_MODULE])
+    before = fleet.wait_for_workers(2)
+    victim = fleet.workers[0]
+    with LocalSampler(SLOW_TWIN, seed=SEED, n_workers=2) as local:
+        undisturbed = [local.obtain_fragments(amount, length) for _ in range(2)]
+    sampler = fleet.sampler(seed=SEED, timeout=120)
+    answer = run_in_thread(lambda: sampler.obtain_fragments(amount, length))
+    fleet.wait_until(lambda: fleet.units_on(victim.name) == 1, what="one window left on the victim")
+    fleet.freeze(victim)
+    assert_same_batch(answer(120), undisturbed[0], skip_infos=VERSION)
+    fleet.thaw(victim)
+    fleet.wait_until(
+        lambda: (
+            {w.worker_id for w in fleet.wait_for_workers(2).workers}
+            != {w.worker_id for w in before.workers}
+        ),
+        what="the woken worker to rejoin",
     )
+    last = sampler.obtain_fragments(amount, length)
+    assert_same_batch(last, undisturbed[1], skip_infos=VERSION)
+    assert len(set(last.episode_infos["worker"].tolist())) == 2  # it runs its stream again
+
+
+def test_a_fragments_request_retried_after_a_coordinator_crash_starts_the_streams_over(
+    fleet: ProcessFleet,
+) -> None:
+    """The coordinator keeps its stream book in memory: after a restart, streams start over.
+
+    The retried request is whole and equals what an undisturbed new fleet
+    answers first (every stream from its first episode), not the
+    continuation the crashed coordinator would have given.
+    """
+    length, amount = 50, 200
+    fleet.start_coordinator(*env_flags(SLOW))
+    fleet.start_worker(imports=[TEST_ENVS_MODULE])
+    fleet.start_worker(imports=[TEST_ENVS_MODULE])
+    before = fleet.wait_for_workers(2)
+    with LocalSampler(SLOW_TWIN, seed=SEED, n_workers=2) as local:
+        first, continuation = (local.obtain_fragments(amount, length) for _ in range(2))
+    sampler = fleet.sampler(seed=SEED, timeout=120)
+    assert_same_batch(sampler.obtain_fragments(amount, length), first, skip_infos=VERSION)
+    crashed = run_in_thread(lambda: sampler.obtain_fragments(amount, length))
+    fleet.wait_until(fleet.busy, what="the request on the workers")
+    fleet.kill(fleet.coordinator)
+    with pytest.raises(UnavailableError):
+        crashed(60)
+    fleet.start_coordinator(*env_flags(SLOW))  # same port, fresh state
+    fleet.wait_for_workers(2, coordinator_id=before.coordinator_id)
+    retried = sampler.obtain_fragments(amount, length)
+    assert_same_batch(retried, first, skip_infos=VERSION)
+    assert not np.array_equal(retried.observations, continuation.observations)

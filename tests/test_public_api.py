@@ -27,6 +27,8 @@ PROMISED = [
     "RolloutWorker", "MultiAgentEpisodeBatch",
     # multi-agent on the fleet (issue 14 section 3)
     "register_multi_agent_env",
+    # fragment streams moved between workers (issue 12.6)
+    "StreamReplay", "StreamBook",
 ]  # fmt: skip
 
 

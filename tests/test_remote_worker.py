@@ -276,6 +276,7 @@ def test_hello_env_ready_results_and_heartbeats(
         "rlfleet.episodes",
         "rlfleet.fragments",
         "rlfleet.multi-agent",
+        "rlfleet.stream-takeover",
         "rlfleet.leases",
     ]
     assert hello.implementation.startswith("rlfleet-python/")

@@ -248,6 +248,95 @@ def test_fragments_of_a_lost_worker_are_made_up_by_the_others() -> None:
     assert (extra.worker_id, extra.rounds) == (1, 1)
 
 
+def takeover_fleet(*num_envs: int) -> Scheduler:
+    """Workers that declare rlfleet.stream-takeover."""
+    scheduler = Scheduler(prefetch_factor=1, capacity_steps=0)
+    for worker_id, n in enumerate(num_envs, start=1):
+        scheduler.add_worker(worker_id, n, takeover=True)
+        scheduler.set_eligible(worker_id, True)
+    return scheduler
+
+
+def window(scheduler: Scheduler, order: TaskOrder, length: int = 5) -> bool:
+    """Completes one window of a fragment order; True if the request is done."""
+    n = len(order.streams)
+    outcome = scheduler.complete(order.worker_id, order.task_id, [0] * n, [length] * n)
+    assert outcome.verdict is Verdict.ACCEPT
+    return outcome.done
+
+
+def test_a_lost_workers_windows_go_to_a_taker_under_the_same_stream_ids() -> None:
+    scheduler = takeover_fleet(2, 2)
+    request_id = scheduler.start_sample(spec(Mode.FRAGMENTS, 40, fragment_length=5))
+    first, second = scheduler.dispatch()
+    assert (first.streams, second.streams, first.rounds) == ((0, 1), (2, 3), 2)
+    window(scheduler, second)
+    scheduler.remove_worker(2, keep_streams=True)
+    (taken,) = scheduler.dispatch()
+    # Its one window left, on its own streams: the undisturbed plan, not extra rounds.
+    assert (taken.worker_id, taken.streams, taken.rounds) == (1, (2, 3), 1)
+    assert scheduler.orphaned_streams == (2, 3)
+    assert not window(scheduler, first) and not window(scheduler, first)
+    assert window(scheduler, taken)
+    assert scheduler.footer(request_id).total_steps == 40
+    scheduler.finish(request_id)
+    # The next request plans every stream, orphans included, on the survivor.
+    scheduler.start_sample(spec(Mode.FRAGMENTS, 40, fragment_length=5))
+    own, orphans = scheduler.dispatch()
+    assert [(o.streams, o.rounds) for o in (own, orphans)] == [((0, 1), 2), ((2, 3), 2)]
+
+
+def test_a_new_taker_adopts_orphans_and_others_get_new_streams() -> None:
+    scheduler = takeover_fleet(2)
+    scheduler.add_worker(2, 2, takeover=True)
+    scheduler.remove_worker(2, keep_streams=True)
+    assert scheduler.add_worker(3, 1, takeover=False) == (4,)  # never a used number
+    assert scheduler.add_worker(4, 3, takeover=True) == (2, 3, 5)
+    assert scheduler.orphaned_streams == ()
+
+
+def test_a_worker_joining_mid_takeover_adopts_the_streams_but_not_their_windows() -> None:
+    scheduler = takeover_fleet(2, 2)
+    request_id = scheduler.start_sample(spec(Mode.FRAGMENTS, 40, fragment_length=5))
+    first, _ = scheduler.dispatch()
+    scheduler.remove_worker(2, keep_streams=True)
+    (taken,) = scheduler.dispatch()
+    assert (taken.worker_id, taken.streams, taken.rounds) == (1, (2, 3), 2)
+    # The replacement adopts streams 2 and 3 although worker 1 runs them now.
+    assert scheduler.add_worker(3, 2, takeover=True) == (2, 3)
+    scheduler.set_eligible(3, True)
+    assert scheduler.dispatch() == []  # no window of 2 or 3 twice
+    for order in (first, first, taken, taken):
+        window(scheduler, order)
+    assert scheduler.footer(request_id).total_steps == 40
+    scheduler.finish(request_id)
+    scheduler.start_sample(spec(Mode.FRAGMENTS, 40, fragment_length=5))
+    assert [(o.worker_id, o.streams) for o in scheduler.dispatch()] == [(1, (0, 1)), (3, (2, 3))]
+
+
+def test_the_streams_of_a_taker_that_is_not_ready_are_run_by_the_others() -> None:
+    scheduler = takeover_fleet(2)
+    assert scheduler.add_worker(2, 2, takeover=True) == (2, 3)  # joined, env not built yet
+    scheduler.start_sample(spec(Mode.FRAGMENTS, 40, fragment_length=5))
+    own, stand_in = scheduler.dispatch()
+    assert [(o.worker_id, o.streams, o.rounds) for o in (own, stand_in)] == [
+        (1, (0, 1), 2),
+        (1, (2, 3), 2),
+    ]
+    scheduler.set_eligible(2, True)
+    assert scheduler.dispatch() == []  # its streams run on worker 1 in this request
+
+
+def test_without_takers_a_lost_workers_windows_are_made_up_by_other_streams() -> None:
+    scheduler = fleet(2, 2)
+    scheduler.start_sample(spec(Mode.FRAGMENTS, 40, fragment_length=5))
+    _, second = scheduler.dispatch()
+    scheduler.complete(2, second.task_id, [0, 0], [5, 5])
+    scheduler.remove_worker(2, keep_streams=True)
+    (extra,) = scheduler.dispatch()
+    assert (extra.worker_id, extra.rounds, extra.streams) == (1, 1, ())
+
+
 def test_subscription_backpressure_stops_new_units_until_consumed() -> None:
     scheduler = fleet(1, prefetch=0)
     sub = scheduler.start_subscription(

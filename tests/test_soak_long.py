@@ -19,8 +19,18 @@ At the end:
   twin); STEPS answers are the shortest prefix reaching the steps asked;
 * every fragments answer is whole: its pieces are unique by (stream,
   episode, fragment), ordered, at most ``fragment_length`` long, and reach
-  the steps asked (docs/reliability.md says why fragments under faults are
-  not compared with a twin);
+  the steps asked; it holds every stream the coordinator that answered it
+  ever had (a dead worker's streams are taken over, not dropped), and each
+  stream's pieces equal, bit for bit, that stream run locally without
+  faults through the same agent and env updates (its twin; a coordinator
+  restart starts every stream over, and the twins with them);
+* a lease of CartPoles (``RemoteVectorEnv`` over the same fleet) is stepped
+  beside all this by a second learner thread, every env's trajectory
+  compared, step by step, with a local ``gym.make`` given the same seeds and
+  actions (the determinism contract of docs/vector_env.md); an env lost
+  with its worker says so (``rlfleet_env_lost``) and is reset; a lease that
+  the coordinator's restart ended is opened again; no call hangs past its
+  deadline;
 * the last coordinator's resident memory is flat after its warm-up.
 """
 
@@ -36,12 +46,14 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
+from rlfleet.client import RemoteVectorEnv
 from rlfleet.core import EpisodeBatch
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import UnavailableError
+from rlfleet.errors import NoWorkersError, UnavailableError
 from rlfleet.policies import MLPCategoricalPolicy
 from rlfleet.seeding import episode_seeds
 from rlfleet.worker.units import make_units
@@ -77,6 +89,10 @@ MEMORY_FROM = 0.45
 #: Seconds a frozen worker stays frozen: past the tests' 3 s heartbeat timeout.
 FROZEN_SECONDS = 5.0
 VERSION = ("worker", "agent_version")
+#: The leased envs: deterministic given seed and actions, so each has a local twin.
+LEASE_ENV = "CartPole-v1"
+LEASE_ENVS = 2
+LOST = "rlfleet_env_lost"
 T = TypeVar("T")
 
 
@@ -160,6 +176,73 @@ class MixedChaos:
             self.fleet.thaw(worker)
 
 
+class LeaseDriver:
+    """A second learner: steps leased envs, each against a local twin, until stopped.
+
+    Records the first broken promise in ``failure`` (the test raises it).
+    """
+
+    def __init__(self, address: str, seed: int) -> None:
+        self.address = address
+        self.rng = np.random.default_rng(seed)
+        self.counts = {"steps": 0, "episodes": 0, "lost": 0, "reopened": 0}
+        self.stop = threading.Event()
+        self.failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                try:
+                    with RemoteVectorEnv(
+                        self.address, LEASE_ENV, LEASE_ENVS, call_timeout=60, open_timeout=120
+                    ) as venv:
+                        self._drive(venv)
+                except (UnavailableError, NoWorkersError):
+                    # The coordinator went away (or had no worker yet): open a new lease.
+                    self.counts["reopened"] += 1
+                    self.stop.wait(0.5)
+        except BaseException as exc:  # reported by the test
+            self.failure = exc
+
+    def _reset(self, venv: RemoteVectorEnv, twins: list[gym.Env], i: int) -> np.ndarray:
+        seed = int(self.rng.integers(2**31))
+        obs, _ = venv.reset([i], seed=[seed])
+        want, _ = twins[i].reset(seed=seed)
+        np.testing.assert_array_equal(obs[0], want, err_msg=f"leased env {i}: reset({seed})")
+        return want
+
+    def _drive(self, venv: RemoteVectorEnv) -> None:
+        twins = [gym.make(LEASE_ENV) for _ in range(LEASE_ENVS)]
+        for i in range(LEASE_ENVS):
+            self._reset(venv, twins, i)
+        while not self.stop.is_set():
+            actions = self.rng.integers(2, size=LEASE_ENVS)
+            obs, rewards, terminated, truncated, infos = venv.step(actions)
+            self.counts["steps"] += LEASE_ENVS
+            for i in range(LEASE_ENVS):
+                if infos[i].get(LOST):  # its worker died: a fresh env elsewhere, flagged
+                    assert truncated[i] and not terminated[i], f"leased env {i}: lost, not cut"
+                    self.counts["lost"] += 1
+                    self._reset(venv, twins, i)
+                    continue
+                want = twins[i].step(int(actions[i]))
+                got = (obs[i], rewards[i], terminated[i], truncated[i])
+                for name, a, b in zip(
+                    ("obs", "reward", "terminated", "truncated"), got, want, strict=False
+                ):
+                    np.testing.assert_array_equal(a, b, err_msg=f"leased env {i}: {name}")
+                if terminated[i] or truncated[i]:
+                    self.counts["episodes"] += 1
+                    self._reset(venv, twins, i)
+
+    def join(self) -> None:
+        self.stop.set()
+        self._thread.join(timeout=180)
+        assert not self._thread.is_alive(), "the lease driver hangs"
+
+
 def retried(call: Callable[[], T], chaos: MixedChaos) -> T:
     """``call``, retried while the coordinator is away (the documented remedy)."""
     deadline = time.monotonic() + 300
@@ -208,6 +291,70 @@ def check_fragments(batch: EpisodeBatch, amount: int, what: str) -> None:
     assert int(batch.lengths.sum()) >= amount, f"{what}: short"
 
 
+class FragmentTwins:
+    """Every fragment stream of the current coordinator, run locally and undisturbed.
+
+    One single-slot VecWorker per stream (a stream does not depend on its
+    slot or batch), fed the learner's agent and env updates in order.
+    """
+
+    def __init__(self, env: int, params: dict[str, np.ndarray]) -> None:
+        self.env, self.params = env, params
+        self.coordinator_id: str | None = None
+        self.workers: dict[int, VecWorker] = {}
+        self.checked = 0
+
+    def _policy(self) -> MLPCategoricalPolicy:
+        spec = env_config(self.env).env_spec()
+        policy = MLPCategoricalPolicy(spec, hidden_sizes=[16])
+        policy.set_param_values(self.params)
+        return policy
+
+    def agent(self, params: dict[str, np.ndarray]) -> None:
+        self.params = params
+        for worker in self.workers.values():
+            worker.update_agent(self._policy())
+
+    def switch(self, env: int, params: dict[str, np.ndarray]) -> None:
+        self.env, self.params = env, params
+        for worker in self.workers.values():
+            worker.update_env(env_config(env))
+            worker.update_agent(self._policy())
+
+    def check(self, batch: EpisodeBatch, coordinator_id: str | None, what: str) -> None:
+        if coordinator_id != self.coordinator_id:  # a new coordinator: streams start over
+            self.close()
+            self.coordinator_id = coordinator_id
+        streams = sorted(set(batch.episode_infos["stream"].tolist()))
+        known = max(self.workers, default=-1) + 1
+        assert streams == list(range(max(len(streams), known))), f"{what}: streams {streams}"
+        for stream in streams:
+            got = batch.take_episodes(np.flatnonzero(batch.episode_infos["stream"] == stream))
+            worker = self.workers.get(stream)
+            if worker is None:
+                worker = self.workers[stream] = VecWorker(
+                    n_envs=1, env=env_config(self.env), policy=self._policy()
+                )
+            windows = got.total_steps // FRAGMENT_LENGTH
+            want = EpisodeBatch.concatenate(
+                *(
+                    worker.collect_fragments(FRAGMENT_LENGTH, base_seed=SEED, streams=[stream])
+                    for _ in range(windows)
+                )
+            )
+            assert_same_batch(got, want, skip_infos=VERSION)
+        self.checked += 1
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.shutdown()
+        self.workers = {}
+
+
+def env_config(env: int) -> EnvConfig:
+    return EnvConfig(ENVS[env].id, dict(ENVS[env].kwargs), imports=(ENV_MODULE,))
+
+
 def twin(answer: Answer) -> EpisodeBatch:
     """The same episodes run locally, undisturbed."""
     env = EnvConfig(ENVS[answer.env].id, dict(ENVS[answer.env].kwargs), imports=(ENV_MODULE,))
@@ -235,6 +382,7 @@ def test_ten_minutes_of_every_mode_and_every_fault(tmp_path: Path) -> None:
         env = 0
         policy = MLPCategoricalPolicy(specs[env], hidden_sizes=[16], seed=0)
         sampler.update_agent(policy)
+        twins = FragmentTwins(env, policy.get_param_values())
 
         def acked() -> int:
             # The version the answer's header named (versions count per
@@ -244,6 +392,7 @@ def test_ten_minutes_of_every_mode_and_every_fault(tmp_path: Path) -> None:
             return version
 
         chaos = MixedChaos(fleet, rng, flags)
+        leases = LeaseDriver(fleet.address, SEED)
         rss: RssProbe | None = None
         start = time.monotonic()
         try:
@@ -270,14 +419,18 @@ def test_ten_minutes_of_every_mode_and_every_fault(tmp_path: Path) -> None:
                         chaos,
                     )
                     answers.append(Answer(batch, request, env, params, acked(), STEPS))
+                    twins.switch(env, params)
                     updates += 1
                 elif roll < 0.15:  # new parameters, as a training loop pushes them
                     policy = MLPCategoricalPolicy(specs[env], hidden_sizes=[16], seed=request)
                     retried(partial(sampler.update_agent, policy), chaos)
+                    twins.agent(policy.get_param_values())
                     updates += 1
                 elif roll < 0.30:
                     batch = retried(lambda: sampler.obtain_fragments(STEPS, FRAGMENT_LENGTH), chaos)
-                    check_fragments(batch, STEPS, f"fragments request {request}")
+                    what = f"fragments request {request}"
+                    check_fragments(batch, STEPS, what)
+                    twins.check(batch, sampler.coordinator_id, what)
                     fragments += 1
                 elif roll < 0.45:
                     batch = retried(lambda: sampler.obtain_episodes(24), chaos)
@@ -290,7 +443,11 @@ def test_ten_minutes_of_every_mode_and_every_fault(tmp_path: Path) -> None:
                     answers.append(Answer(batch, request, env, params, acked(), STEPS))
                 if chaos.failure is not None:
                     raise chaos.failure
+                if leases.failure is not None:
+                    raise leases.failure
         finally:
+            twins.close()
+            leases.join()
             chaos.join()
             if rss is not None:
                 rss.join()
@@ -300,6 +457,9 @@ def test_ten_minutes_of_every_mode_and_every_fault(tmp_path: Path) -> None:
     assert counts["kill"] + counts["freeze"] >= DURATION / 12, f"only {counts}: no soak"
     assert counts["freeze"] >= 1 and counts["coordinator"] >= 1, counts
     assert updates >= 2 and fragments >= 2, (updates, fragments)
+    if leases.failure is not None:
+        raise leases.failure
+    assert leases.counts["episodes"] >= 2 and leases.counts["lost"] >= 1, leases.counts
     for answer in answers:
         check_episodes(answer, ENVS[answer.env])
         # Versions count per coordinator: compare everything else with the twin.
@@ -310,8 +470,9 @@ def test_ten_minutes_of_every_mode_and_every_fault(tmp_path: Path) -> None:
     warm, final = rss.after(probed * 0.25), rss.final()
     limit = warm * (1 + RSS_GROWTH) + RSS_SLACK_BYTES
     print(
-        f"long soak: {DURATION:.0f} s, {len(answers)} episode answers (all equal to their "
-        f"twins), {fragments} fragment answers, {updates} updates, faults {counts}; last "
+        f"long soak: {DURATION:.0f} s, {len(answers)} episode answers and {twins.checked} "
+        f"fragment answers (all equal to their twins), {updates} updates, faults {counts}; "
+        f"leased envs {leases.counts}; last "
         f"coordinator RSS {warm / 2**20:.1f} MiB after warm-up, {final / 2**20:.1f} MiB at "
         f"the end ({probed:.0f} s measured)"
     )

@@ -450,6 +450,14 @@ class RemoteSampler:
         return self._agent_version
 
     @property
+    def coordinator_id(self) -> str | None:
+        """The id of the coordinator process that answered this sampler last (None before).
+
+        It changes when the coordinator restarted (``FleetStatus.coordinator_id``).
+        """
+        return self._pushed.coordinator_id
+
+    @property
     def env_spec(self) -> EnvSpec:
         """The fleet's env spec (asks the coordinator).
 

@@ -40,10 +40,13 @@ from rlfleet.conformance.link import (
 )
 from rlfleet.conformance.runner import WorkerHarness
 from rlfleet.conformance.scripted_coordinator import BROKEN, CLOSED, Inbound
+from rlfleet.coordinator.messages import replay_message
 from rlfleet.core.env_spec import EnvSpec
+from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.episode_results import DecodedResult, cut_pieces, pieces_by_stream
 from rlfleet.errors import ConfigError
 from rlfleet.policies.mlp import weight_name
+from rlfleet.stream_replay import StreamBook
 from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import decode_env_spec, decode_tensor, encode_tensor
 
@@ -58,6 +61,8 @@ MISSING_ENV_ID = "RlfleetConformanceMissing-v0"
 #: Welcome.max_message_bytes of the chunking check: far above a chunk
 #: header, far below a 500-step CartPole episode (about 25 KB).
 CHUNK_LIMIT_BYTES = 8 * 1024
+#: The stream, window length and seed of the stream-takeover check.
+TAKEOVER_STREAM, TAKEOVER_LENGTH, TAKEOVER_SEED = 90, 6, 31
 #: Units of each cancel-check task.
 CANCEL_UNITS = 40
 #: How long the version-mismatch check watches a refused worker.
@@ -262,6 +267,70 @@ def sampling(harness: WorkerHarness) -> str:
             f"{len(link.results[fragments.task_id])}"
         )
     return f"{done}; FRAGMENTS task: {rounds} windows of {length} steps per stream, continuous"
+
+
+@_check(
+    "stream-takeover",
+    "if 'rlfleet.stream-takeover' is advertised: Task.streams run, Task.replays rebuild exactly",
+)
+def stream_takeover(harness: WorkerHarness) -> str:
+    link = harness.shared()
+    if not link.grants(_rpc.TAKEOVER_CAPABILITY):
+        return (
+            "'rlfleet.stream-takeover' not advertised: coordinators never move streams to "
+            "this worker, so nothing was tried"
+        )
+    stream, length, seed = TAKEOVER_STREAM, TAKEOVER_LENGTH, TAKEOVER_SEED
+    first = link.send_fragments(length, 2, base_seed=seed, streams=[stream])
+    windows = link.collect_windows(first)
+    for number, window in enumerate(windows):
+        got = sorted(set(window.infos("stream").tolist()))
+        if got != [stream]:
+            raise link.failure(
+                f"window {number} of a task with Task.streams [{stream}] covers streams {got}"
+            )
+    # Rebuild the stream from its first window, as if another worker had sent it.
+    book = StreamBook()
+    book.record(seed, link.worker_id + 1, windows[0].batch)
+    replay = book.replay(seed, stream, link.worker_id)
+    assert replay is not None  # recorded under another worker's id
+    again = link.send_fragments(
+        length, 1, base_seed=seed, streams=[stream], replays=[replay_message(replay)]
+    )
+    (rebuilt,) = link.collect_windows(again)
+    problems = _same_pieces(rebuilt.batch, windows[1].batch)
+    _fail_if(
+        link,
+        f"the window after a replay of stream {stream} (episode {replay.episode_index}, "
+        f"{replay.fragment_index} pieces delivered) differs from the worker's own second window",
+        problems,
+    )
+    return (
+        f"stream {stream} ran as Task.streams named; rebuilt from a replay of "
+        f"{0 if replay.actions is None else len(replay.actions)} actions, its next window "
+        "equals the undisturbed one"
+    )
+
+
+def _same_pieces(got: EpisodeBatch, want: EpisodeBatch) -> list[str]:
+    """What differs between two batches, but the ``worker`` and ``agent_version`` infos."""
+    problems = []
+    for name in (
+        "lengths",
+        "observations",
+        "last_observations",
+        "actions",
+        "rewards",
+        "step_types",
+    ):
+        a, b = getattr(got, name), getattr(want, name)
+        if a.shape != b.shape or not np.array_equal(a, b):
+            problems.append(f"{name} differ")
+    for key in ("stream", "episode_index", "fragment_index", "env_seed", "policy_seed"):
+        a, b = got.episode_infos.get(key), want.episode_infos.get(key)
+        if a is None or b is None or not np.array_equal(a, b):
+            problems.append(f"episode_infos[{key!r}] differ")
+    return problems
 
 
 @_check("agent-updates", "AgentUpdate -> AgentReady; the next episodes use the new parameters")

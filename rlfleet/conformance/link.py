@@ -18,7 +18,7 @@ import dataclasses
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
@@ -60,10 +60,13 @@ KNOWN_CAPABILITIES = frozenset(
         "rlfleet.pickle",
         "rlfleet.leases",
         "rlfleet.multi-agent",
+        "rlfleet.stream-takeover",
     }
 )
 #: Those the test coordinator grants: never pickle (it needs an opt-in and TLS).
-GRANTED_CAPABILITIES = frozenset({"rlfleet.episodes", "rlfleet.fragments", "rlfleet.leases"})
+GRANTED_CAPABILITIES = frozenset(
+    {"rlfleet.episodes", "rlfleet.fragments", "rlfleet.leases", "rlfleet.stream-takeover"}
+)
 
 #: An event of the stream a check waits for: a message or a whole result.
 Event: TypeAlias = Inbound | DecodedResult
@@ -347,15 +350,23 @@ class WorkerLink:
         return self._send_task(worker_pb2.Task(request_id=request, mode=mode, units=units))
 
     def send_fragments(
-        self, fragment_length: int, rounds: int, *, base_seed: int = 0
+        self,
+        fragment_length: int,
+        rounds: int,
+        *,
+        base_seed: int = 0,
+        streams: Sequence[int] = (),
+        replays: Sequence[worker_pb2.ReliabilityStreamReplay] = (),
     ) -> worker_pb2.Task:
-        """Sends a FRAGMENTS task."""
+        """Sends a FRAGMENTS task (``streams``, ``replays``: rlfleet.stream-takeover)."""
         task = worker_pb2.Task(
             request_id=next(_request_ids),
             mode=worker_pb2.SAMPLE_MODE_FRAGMENTS,
             fragment_length=fragment_length,
             rounds=rounds,
             base_seed=base_seed,
+            streams=streams,
+            replays=replays,
         )
         return self._send_task(task)
 
@@ -570,10 +581,10 @@ class WorkerLink:
     def _expectation(self, task: worker_pb2.Task) -> ResultExpectation:
         window = units = None
         if task.mode == worker_pb2.SAMPLE_MODE_FRAGMENTS:
+            first = int(self.welcome.first_stream)
             window = FragmentWindow(
                 base_seed=task.base_seed,
-                first_stream=int(self.welcome.first_stream),
-                num_envs=self.num_envs,
+                streams=tuple(task.streams) or tuple(range(first, first + self.num_envs)),
                 fragment_length=task.fragment_length,
             )
         else:

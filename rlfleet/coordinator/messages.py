@@ -6,10 +6,14 @@ implement, and so that what goes on the wire is easy to find.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rlfleet.coordinator.failures import invalid
 from rlfleet.coordinator.scheduler import CancelOrder, Footer, Mode, TaskOrder
 from rlfleet.episode_results import ResultMetadata
+from rlfleet.stream_replay import StreamReplay
 from rlfleet.v1 import learner_pb2, worker_pb2
+from rlfleet.wire import encode_tensor
 
 
 def sample_mode(request: learner_pb2.SampleRequest, max_fragment_length: int) -> Mode:
@@ -76,8 +80,10 @@ def subscription_mode(request: learner_pb2.SubscribeRequest, max_fragment_length
     return mode
 
 
-def task_message(order: TaskOrder) -> worker_pb2.CoordinatorMessage:
-    """The Task message of a scheduler order."""
+def task_message(
+    order: TaskOrder, replays: Sequence[StreamReplay] = ()
+) -> worker_pb2.CoordinatorMessage:
+    """The Task message of a scheduler order, with the replays of the streams it takes over."""
     return worker_pb2.CoordinatorMessage(
         task=worker_pb2.Task(
             task_id=order.task_id,
@@ -94,8 +100,23 @@ def task_message(order: TaskOrder) -> worker_pb2.CoordinatorMessage:
             fragment_length=order.fragment_length,
             rounds=order.rounds,
             base_seed=order.base_seed,
+            streams=order.streams,
+            replays=[replay_message(replay) for replay in replays],
         )
     )
+
+
+def replay_message(replay: StreamReplay) -> worker_pb2.ReliabilityStreamReplay:
+    """The ReliabilityStreamReplay message of a stream's replay."""
+    message = worker_pb2.ReliabilityStreamReplay(
+        stream=replay.stream,
+        episode_index=replay.episode_index,
+        fragment_index=replay.fragment_index,
+    )
+    if replay.actions is not None and replay.last_observation is not None:
+        message.actions.CopyFrom(encode_tensor(replay.actions))
+        message.last_observation.CopyFrom(encode_tensor(replay.last_observation))
+    return message
 
 
 def cancel_message(order: CancelOrder) -> worker_pb2.CoordinatorMessage:

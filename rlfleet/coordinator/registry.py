@@ -39,7 +39,8 @@ class WorkerHandle:
         name: Unique among connected workers.
         hello: The worker's Hello.
         peer: Transport address as gRPC reports it.
-        first_stream: Global index of its first env slot (fragment streams).
+        first_stream: Global index of its first env slot (fragment streams;
+            a worker that can take streams over runs those its tasks name).
         outbox: Messages for the worker, then an :class:`Ending`.
         last_seen: ``time.monotonic()`` of its last message.
         alive: False once declared dead or gone; its results are ignored.
@@ -92,7 +93,7 @@ class WorkerHandle:
 
 
 class Registry:
-    """Connected workers by id, with unique names and fragment streams.
+    """Connected workers by id, with unique names (their streams come from the Scheduler).
 
     Not thread-safe: used under the coordinator's lock.
 
@@ -106,7 +107,6 @@ class Registry:
         self.max_result_bytes = max_result_bytes
         self._workers: dict[int, WorkerHandle] = {}
         self._ids = itertools.count(1)
-        self._next_stream = 0
 
     def admit(self, hello: worker_pb2.Hello, peer: str) -> WorkerHandle:
         """Adds a worker that said Hello.
@@ -121,16 +121,12 @@ class Registry:
                 "with a larger --max-workers or stop some workers",
             )
         worker_id = next(self._ids)
-        # Streams are never reused: a stream's episodes died with its worker,
-        # and reusing the number would repeat its seeds.
-        first_stream = self._next_stream
-        self._next_stream += hello.num_envs
         handle = WorkerHandle(
             worker_id=worker_id,
             name=self._unique_name(hello, worker_id),
             hello=hello,
             peer=peer,
-            first_stream=first_stream,
+            first_stream=0,  # set from the scheduler's streams
             outbox=queue.SimpleQueue(),
             last_seen=time.monotonic(),
             assembler=ResultAssembler(max_total_bytes=self.max_result_bytes),

@@ -171,6 +171,7 @@ class Rollouts:
         state.env = env
         # Cancels go out before the EnvUpdate: workers drop old-env work first.
         state.send_cancels(state.scheduler.set_env_generation(env.generation))
+        state.streams.end_episodes()  # workers abandon every stream's episode with their envs
         return state.broadcast(env.message())
 
     def _roll_out(

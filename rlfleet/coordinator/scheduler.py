@@ -50,6 +50,14 @@ The rules, and why:
   a learner still receives all of it from the previous version.
 * Every unit completes at most once: a result is accepted only for units
   still outstanding on the worker that sends it.
+* Fragment streams belong to workers. A lost worker's streams become
+  orphans, not renumbered: its windows still planned in a Sample request,
+  and every orphan's windows in later Sample requests, go to workers that
+  can take streams over (``rlfleet.stream-takeover``) and rebuild their
+  episodes from replays, so the answer is the one the lost worker would
+  have given. A new worker that can take streams over adopts orphans
+  first; until it is ready, others run its streams too, so every answer
+  covers every stream.
 """
 
 from __future__ import annotations
@@ -128,6 +136,8 @@ class TaskOrder:
         fragment_length: Steps per window (FRAGMENTS).
         rounds: Windows to run (FRAGMENTS).
         base_seed: Seed of the episodes fragment streams start (FRAGMENTS).
+        streams: The stream each slot runs (FRAGMENTS, to workers that can
+            take streams over; empty: the worker's own, from its first).
     """
 
     task_id: int
@@ -140,6 +150,7 @@ class TaskOrder:
     fragment_length: int = 0
     rounds: int = 0
     base_seed: int = 0
+    streams: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -223,6 +234,8 @@ class _Worker:
     num_envs: int
     min_capacity: int  # units, whatever the episode length, with no envs leased
     eligible: bool = False
+    streams: tuple[int, ...] = ()  # its fragment streams, one per slot
+    takeover: bool = False  # it runs the streams a task names
     units: int = 0  # outstanding episode units, over all its tasks
     windows: int = 0  # outstanding fragment windows of subscriptions
     tasks: set[int] = field(default_factory=set)
@@ -283,6 +296,8 @@ class _Task:
     rounds: int = 0
     received: int = 0
     steps_per_window: int = 0
+    streams: tuple[int, ...] = ()
+    takeover: bool = False  # runs orphaned streams, not its worker's own
 
     @property
     def is_windows(self) -> bool:
@@ -452,14 +467,18 @@ class _FragmentRequest(_Request):
     ``amount`` steps, and is done when every planned window came back
     (waiting for all of them, not for the first ``amount`` steps, keeps the
     answer independent of which worker is faster). A lost worker's missing
-    windows are made up by extra rounds on the others; those come from
-    other streams, so that answer differs from an undisturbed run.
+    windows go to workers that can take its streams over; only when none
+    can are they made up by extra rounds on other streams, and then the
+    answer differs from an undisturbed run.
     """
 
     def __init__(self, request_id: int, spec: RequestSpec, *, subscription: bool) -> None:
         super().__init__(request_id, spec, subscription=subscription)
         self.fragments = 0
         self.expected_steps = 0  # of windows planned and not received yet
+        # Lost workers' planned windows, (streams, rounds), still to hand
+        # to workers that can take streams over (counted in expected_steps).
+        self.takeovers: list[tuple[tuple[int, ...], int]] = []
 
     @property
     def done(self) -> bool:
@@ -516,17 +535,63 @@ class Scheduler:
         self._request_ids = itertools.count(1)
         self._task_ids = itertools.count(1)
         self._last_task_id = 0
+        self._next_stream = 0
+        self._orphans: list[int] = []  # streams of lost workers, ascending
 
     # --- workers -----------------------------------------------------------
 
-    def add_worker(self, worker_id: int, num_envs: int) -> None:
-        """Registers a worker; it gets no work until :meth:`set_eligible`."""
+    def add_worker(
+        self, worker_id: int, num_envs: int, *, takeover: bool = False
+    ) -> tuple[int, ...]:
+        """Registers a worker; it gets no work until :meth:`set_eligible`.
+
+        Args:
+            worker_id: Its id.
+            num_envs: Its env slots.
+            takeover: It runs the streams a task names (it declared
+                ``rlfleet.stream-takeover``): it adopts orphaned
+                streams first, and takes over lost workers' streams.
+
+        Returns:
+            Its fragment streams, one per slot. Without ``takeover`` they
+            are consecutive, from a number never used before.
+        """
         if num_envs < 1:
             raise ValueError(f"worker {worker_id}: num_envs must be >= 1, got {num_envs}")
         if worker_id in self._workers:
             raise ValueError(f"worker {worker_id} is already registered")
+        adopted: list[int] = []
+        if takeover:
+            # Busy ones too: their windows in flight finish where they run,
+            # and the adopter's own windows skip them until then.
+            adopted = self._orphans[:num_envs]
+            self._orphans = self._orphans[num_envs:]
+        fresh = range(self._next_stream, self._next_stream + num_envs - len(adopted))
+        self._next_stream += len(fresh)
+        streams = (*adopted, *fresh)
         floor = num_envs * (1 + self._prefetch_factor)
-        self._workers[worker_id] = _Worker(worker_id, num_envs, floor)
+        self._workers[worker_id] = _Worker(
+            worker_id, num_envs, floor, streams=streams, takeover=takeover
+        )
+        return streams
+
+    def _busy_orphans(self) -> set[int]:
+        """Streams taken over that a request still has windows of (planned or running)."""
+        busy = {s for t in self._tasks.values() if t.takeover for s in t.streams}
+        for request in self._requests.values():
+            if isinstance(request, _FragmentRequest):
+                busy.update(s for streams, _ in request.takeovers for s in streams)
+        return busy
+
+    @property
+    def orphaned_streams(self) -> tuple[int, ...]:
+        """Streams of lost workers that no worker has adopted."""
+        return tuple(self._orphans)
+
+    def task_streams(self, task_id: int) -> tuple[int, ...]:
+        """The streams a live fragment task runs (empty once it is retired)."""
+        task = self._tasks.get(task_id)
+        return () if task is None else task.streams
 
     def set_leased(self, worker_id: int, leased: int) -> None:
         """How many of the worker's env slots leased envs hold now (see the rules)."""
@@ -538,8 +603,14 @@ class Scheduler:
         """Whether the worker may get new work (ready in the current state, not leaving)."""
         self._workers[worker_id].eligible = eligible
 
-    def remove_worker(self, worker_id: int) -> int:
+    def remove_worker(self, worker_id: int, *, keep_streams: bool = False) -> int:
         """Forgets a lost worker; its outstanding units go back to their requests.
+
+        Args:
+            worker_id: The worker.
+            keep_streams: Its fragment streams become orphans, and the
+                windows a Sample request still planned on them are handed
+                to workers that can take them over. Otherwise they end.
 
         Returns:
             The number of episode units re-queued.
@@ -547,6 +618,8 @@ class Scheduler:
         worker = self._workers.pop(worker_id, None)
         if worker is None:
             return 0
+        if keep_streams:
+            self._orphans = sorted({*self._orphans, *worker.streams})
         requeued = 0
         for task_id in sorted(worker.tasks):
             task = self._tasks.pop(task_id)
@@ -558,8 +631,12 @@ class Scheduler:
                 request.requeue(task.outstanding, lost=True)
                 requeued += len(task.outstanding)
             elif isinstance(request, _FragmentRequest):
-                # Its streams died with it; dispatch plans replacement windows.
-                request.expected_steps -= task.windows_left * task.steps_per_window
+                left = task.windows_left
+                if keep_streams and left and not request.subscription:
+                    request.takeovers.append((task.streams, left))  # still expected
+                else:
+                    # Its streams died with it; dispatch plans replacement windows.
+                    request.expected_steps -= left * task.steps_per_window
         return requeued
 
     def units_in_flight(self, worker_id: int) -> int:
@@ -804,20 +881,96 @@ class Scheduler:
                 worker.windows += 1  # one window per task: each can be cancelled alone
                 orders.append(self._window_task(request, worker, 1, length))
             return orders
+        takers = [w for w in workers if w.takeover]
+        if request.takeovers:
+            pending, request.takeovers = request.takeovers, []
+            for streams, rounds in pending:
+                if takers:
+                    orders += self._take_over(
+                        request, takers, streams, rounds, length, counted=True
+                    )
+                else:  # nobody can run them: other streams make up their steps
+                    request.expected_steps -= rounds * len(streams) * length
         deficit = request.deficit()
         if deficit <= 0:
-            return []
-        steps_per_round = sum(w.num_envs for w in workers) * length
+            return orders
+        busy = self._busy_orphans()
+        own = {w.worker_id: tuple(s for s in w.streams if s not in busy) for w in workers}
+        orphans = self._stand_ins(own) if takers else ()
+        steps_per_round = (sum(map(len, own.values())) + len(orphans)) * length
+        if not steps_per_round:
+            return orders  # every stream is busy elsewhere: wait for those windows
         rounds = math.ceil(deficit / steps_per_round)
-        return [self._window_task(request, worker, rounds, length) for worker in workers]
+        orders += [
+            self._window_task(request, worker, rounds, length, streams=own[worker.worker_id])
+            for worker in workers
+            if own[worker.worker_id]
+        ]
+        if orphans:
+            orders += self._take_over(request, takers, orphans, rounds, length, counted=False)
+        return orders
+
+    def _stand_ins(self, own: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
+        """Streams no eligible worker runs in a new round: free orphans, and the
+        streams of workers that can take streams over but are not ready (one
+        that just joined and adopted orphans, or one building an env)."""
+        running = {s for t in self._tasks.values() if t.is_windows for s in t.streams}
+        waiting = [
+            s
+            for w in self._workers.values()
+            if w.takeover and w.worker_id not in own
+            for s in w.streams
+        ]
+        return tuple(sorted(s for s in {*self._orphans, *waiting} if s not in running))
+
+    def _take_over(
+        self,
+        request: _FragmentRequest,
+        takers: list[_Worker],
+        streams: tuple[int, ...],
+        rounds: int,
+        length: int,
+        *,
+        counted: bool,
+    ) -> list[TaskOrder]:
+        """Windows of orphaned streams, in slices of at most a taker's slots, dealt in turn.
+
+        Takers with the fewest tasks come first. ``counted``: the windows'
+        steps are in the request's expected steps already (a lost worker's).
+        """
+        takers = sorted(takers, key=lambda w: (len(w.tasks), w.worker_id))
+        orders = []
+        position = 0
+        for taker in itertools.cycle(takers):
+            if position >= len(streams):
+                break
+            chunk = streams[position : position + taker.num_envs]
+            position += len(chunk)
+            orders.append(
+                self._window_task(
+                    request, taker, rounds, length, streams=chunk, takeover=True, counted=counted
+                )
+            )
+        return orders
 
     def _window_task(
-        self, request: _FragmentRequest, worker: _Worker, rounds: int, length: int
+        self,
+        request: _FragmentRequest,
+        worker: _Worker,
+        rounds: int,
+        length: int,
+        *,
+        streams: tuple[int, ...] | None = None,
+        takeover: bool = False,
+        counted: bool = False,
     ) -> TaskOrder:
         task = self._new_task(worker, request)
         task.rounds = rounds
-        task.steps_per_window = worker.num_envs * length
-        request.expected_steps += rounds * task.steps_per_window
+        task.streams = worker.streams if streams is None else streams
+        task.takeover = takeover
+        task.steps_per_window = len(task.streams) * length
+        if not counted:
+            request.expected_steps += rounds * task.steps_per_window
         return self._order(task, request, fragment_length=length, rounds=rounds)
 
     def _new_task(self, worker: _Worker, request: _Request) -> _Task:
@@ -850,6 +1003,7 @@ class Scheduler:
             fragment_length=fragment_length,
             rounds=rounds,
             base_seed=spec.seed if spec.mode is Mode.FRAGMENTS else 0,
+            streams=task.streams if self._workers[task.worker_id].takeover else (),
         )
 
     # --- results --------------------------------------------------------------

@@ -31,6 +31,7 @@ from rlfleet.coordinator.progress import ProgressWatch
 from rlfleet.coordinator.registry import Registry, WorkerHandle
 from rlfleet.coordinator.scheduler import CancelOrder, Scheduler
 from rlfleet.coordinator.updates import AgentState, EnvState, env_update_of
+from rlfleet.stream_replay import StreamBook
 from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -109,6 +110,8 @@ class FleetState:
         self.scheduler = Scheduler(
             prefetch_factor=config.prefetch_factor, capacity_steps=config.capacity_steps
         )
+        # What every fragment stream delivered: replays for workers taking one over.
+        self.streams = StreamBook()
         self.agent = AgentState()
         self.env = EnvState(env_update_of(config.env, 1))
         self.gate = FifoGate(self.changed, config.max_queued_requests)
@@ -216,7 +219,12 @@ class FleetState:
         for order in orders:
             handle = self.registry.get(order.worker_id)
             if handle is not None:
-                handle.send(task_message(order))
+                replays = [
+                    replay
+                    for stream in order.streams
+                    if (replay := self.streams.replay(order.base_seed, stream, order.worker_id))
+                ]
+                handle.send(task_message(order, replays))
                 if logger.isEnabledFor(logging.DEBUG):
                     logger.debug(
                         "task %d of request %d to worker %r",

@@ -43,6 +43,7 @@ CAPABILITIES = (
     "rlfleet.fragments",
     _rpc.LEASE_CAPABILITY,
     MULTI_AGENT_CAPABILITY,
+    _rpc.TAKEOVER_CAPABILITY,
 )
 
 
@@ -99,7 +100,12 @@ class WorkerEvents:
                 detail = detail_of(updates_pb2.ERROR_KIND_PERMISSION, message, worker=hello.name)
                 raise CallError(grpc.StatusCode.PERMISSION_DENIED, message, detail)
             handle = state.registry.admit(hello, peer)
-            state.scheduler.add_worker(handle.worker_id, hello.num_envs)
+            streams = state.scheduler.add_worker(
+                handle.worker_id,
+                hello.num_envs,
+                takeover=_rpc.TAKEOVER_CAPABILITY in hello.capabilities,
+            )
+            handle.first_stream = streams[0]
             handle.send(self._welcome(handle))
             # Then the current state, so that it matches every other worker's
             # (a worker that cannot run a multi-agent env waits for the next env, one
@@ -211,6 +217,8 @@ class WorkerEvents:
         with state.lock:
             handle.last_error = detail
             if detail.task_id:
+                # The worker abandoned the task's streams' episodes with the error.
+                state.streams.forget(state.scheduler.task_streams(detail.task_id))
                 request_id = state.scheduler.request_of_task(detail.task_id)
                 if request_id is not None and request_id in state.calls:
                     logger.warning(
@@ -267,12 +275,14 @@ class WorkerEvents:
                 raise ResultError(f"{header.where}: {outcome.reason}")
             spec = state.scheduler.request_spec(outcome.request_id)
             seeds = state.scheduler.unit_seeds(header.task_id)
+            streams = state.scheduler.task_streams(header.task_id)
             latest = state.agent.version
             env_spec = state.env.spec
         if env_spec is None:  # cannot happen: results follow an EnvReady
             raise ResultError(f"{header.where} arrived before any EnvReady")
-        expect = _expectation(handle, spec, seeds, env_spec, latest)
-        check_result(decode_result(joined, env_spec), expect)
+        expect = _expectation(handle, spec, seeds, env_spec, latest, streams=streams)
+        decoded = decode_result(joined, env_spec)
+        check_result(decoded, expect)
         with state.lock:
             if not handle.alive:
                 return
@@ -282,6 +292,8 @@ class WorkerEvents:
             if outcome.verdict is not Verdict.ACCEPT:
                 state.metrics.discarded(len(header.episode_indices))
                 return  # the request ended while the batch was being checked
+            if spec.mode is Mode.FRAGMENTS:
+                state.streams.record(spec.seed, handle.worker_id, decoded.batch)
             state.metrics.delivered(
                 episodes=len(header.lengths),
                 steps=sum(header.lengths),
@@ -319,7 +331,7 @@ class WorkerEvents:
             handle.alive = False
             state.registry.remove(handle.worker_id)
             state.progress.forget(handle.worker_id)
-            requeued = state.scheduler.remove_worker(handle.worker_id)
+            requeued = state.scheduler.remove_worker(handle.worker_id, keep_streams=True)
             state.departed_steps += handle.heartbeat.steps_total
             state.metrics.worker_removed(code.name, requeued)
             state.dispatch()
@@ -345,15 +357,14 @@ def _expectation(
     seeds: dict[int, tuple[int, int]],
     env_spec: EnvSpec,
     latest_agent_version: int,
+    *,
+    streams: tuple[int, ...],
 ) -> ResultExpectation:
     """What a result of ``handle`` for a request of ``spec`` must be."""
     units = window = None
     if spec.mode is Mode.FRAGMENTS:
         window = FragmentWindow(
-            base_seed=spec.seed,
-            first_stream=handle.first_stream,
-            num_envs=handle.num_envs,
-            fragment_length=spec.fragment_length,
+            base_seed=spec.seed, streams=streams, fragment_length=spec.fragment_length
         )
     else:
         units = seeds  # classify() vouched that the indices are the task's units

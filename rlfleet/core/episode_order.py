@@ -10,7 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.core.step_type import StepType
 from rlfleet.errors import ConfigError, ProtocolError
+
+_TERMINAL, _TIMEOUT = int(StepType.TERMINAL), int(StepType.TIMEOUT)
 
 
 def first_episodes(batch: EpisodeBatch, num_episodes: int) -> EpisodeBatch:
@@ -59,4 +62,15 @@ def sort_fragments(batch: EpisodeBatch) -> EpisodeBatch:
     return batch.take_episodes(order)
 
 
-__all__ = ["first_episodes", "sort_fragments"]
+def cut_pieces(batch: EpisodeBatch) -> np.ndarray:
+    """(N,) bool: whether each piece ends without ending its episode."""
+    return ~ends_episode(batch.step_types[np.cumsum(batch.lengths) - 1])
+
+
+def ends_episode(step_types: np.ndarray) -> np.ndarray:
+    """Whether each step type ends its episode (TERMINAL or TIMEOUT)."""
+    # Two comparisons: np.isin sorts, ~10x slower on a result's pieces.
+    return (step_types == _TERMINAL) | (step_types == _TIMEOUT)
+
+
+__all__ = ["cut_pieces", "ends_episode", "first_episodes", "sort_fragments"]

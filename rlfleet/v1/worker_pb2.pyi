@@ -1,6 +1,7 @@
 from rlfleet.v1 import batch_pb2 as _batch_pb2
 from rlfleet.v1 import leases_pb2 as _leases_pb2
 from rlfleet.v1 import spaces_pb2 as _spaces_pb2
+from rlfleet.v1 import tensor_pb2 as _tensor_pb2
 from rlfleet.v1 import updates_pb2 as _updates_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -134,7 +135,7 @@ class EpisodeUnit(_message.Message):
     def __init__(self, episode_index: _Optional[int] = ..., env_seed: _Optional[int] = ..., policy_seed: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "request_id", "mode", "agent_version", "env_generation", "units", "fragment_length", "rounds", "base_seed")
+    __slots__ = ("task_id", "request_id", "mode", "agent_version", "env_generation", "units", "fragment_length", "rounds", "base_seed", "streams", "replays")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +145,8 @@ class Task(_message.Message):
     FRAGMENT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     BASE_SEED_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYS_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     request_id: int
     mode: SampleMode
@@ -153,7 +156,23 @@ class Task(_message.Message):
     fragment_length: int
     rounds: int
     base_seed: int
-    def __init__(self, task_id: _Optional[int] = ..., request_id: _Optional[int] = ..., mode: _Optional[_Union[SampleMode, str]] = ..., agent_version: _Optional[int] = ..., env_generation: _Optional[int] = ..., units: _Optional[_Iterable[_Union[EpisodeUnit, _Mapping]]] = ..., fragment_length: _Optional[int] = ..., rounds: _Optional[int] = ..., base_seed: _Optional[int] = ...) -> None: ...
+    streams: _containers.RepeatedScalarFieldContainer[int]
+    replays: _containers.RepeatedCompositeFieldContainer[ReliabilityStreamReplay]
+    def __init__(self, task_id: _Optional[int] = ..., request_id: _Optional[int] = ..., mode: _Optional[_Union[SampleMode, str]] = ..., agent_version: _Optional[int] = ..., env_generation: _Optional[int] = ..., units: _Optional[_Iterable[_Union[EpisodeUnit, _Mapping]]] = ..., fragment_length: _Optional[int] = ..., rounds: _Optional[int] = ..., base_seed: _Optional[int] = ..., streams: _Optional[_Iterable[int]] = ..., replays: _Optional[_Iterable[_Union[ReliabilityStreamReplay, _Mapping]]] = ...) -> None: ...
+
+class ReliabilityStreamReplay(_message.Message):
+    __slots__ = ("stream", "episode_index", "fragment_index", "actions", "last_observation")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FRAGMENT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    LAST_OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    stream: int
+    episode_index: int
+    fragment_index: int
+    actions: _tensor_pb2.Tensor
+    last_observation: _tensor_pb2.Tensor
+    def __init__(self, stream: _Optional[int] = ..., episode_index: _Optional[int] = ..., fragment_index: _Optional[int] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., last_observation: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class Cancel(_message.Message):
     __slots__ = ("task_id", "episode_indices")

@@ -185,6 +185,11 @@ class SlotEngine:
         return self.source.name if self.source is not None else "(no env)"
 
     @property
+    def policy_resets(self) -> bool:
+        """Whether the policy keeps per-row state (it overrides ``Policy.reset``)."""
+        return self._policy_resets
+
+    @property
     def idle_slots(self) -> list[int]:
         """Slots without a live segment, in order."""
         return [slot for slot, live in enumerate(self.live) if live is None]

@@ -31,13 +31,16 @@ from rlfleet.errors import (
     PermissionDeniedError,
     PolicyError,
     ProtocolError,
+    WireFormatError,
 )
 from rlfleet.lease_messages import decode_lease_command, lease_report_message
 from rlfleet.policies import Policy, PolicySpec, make_policy
 from rlfleet.security import PICKLE_CAPABILITY, PickleGate
+from rlfleet.stream_replay import StreamReplay
 from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import (
     DEFAULT_CHUNK_BYTES,
+    decode_tensor,
     decode_tensor_map,
     encode_env_spec,
     serialize_batch_messages,
@@ -227,8 +230,11 @@ class Session:
                 task.fragment_length,
                 base_seed=task.base_seed,
                 first_stream=self._welcome.first_stream,
+                streams=task.streams or None,
+                replays=task.replays,
                 tick=self._beat_if_due,
             )
+            task.replays = []  # rebuilt: later windows continue here
         except (EnvError, PolicyError, ConfigError) as exc:
             self._on_task_error(exc)
             return
@@ -400,6 +406,12 @@ class Session:
             problem = f"unknown sample mode {task.mode}"
         elif task.mode == worker_pb2.SAMPLE_MODE_FRAGMENTS and task.fragment_length < 1:
             problem = "a FRAGMENTS task needs fragment_length >= 1"
+        elif task.mode == worker_pb2.SAMPLE_MODE_FRAGMENTS and len(task.streams) > vec.n_envs:
+            problem = f"{len(task.streams)} streams, this worker has {vec.n_envs} env slots"
+        try:
+            parsed = _task_of(task)
+        except WireFormatError as exc:
+            problem = f"a replay it cannot decode ({exc})"
         if problem is not None:
             self._send_error(
                 ProtocolError(f"task {task.task_id} asks for {problem}"), task_id=task.task_id
@@ -413,7 +425,7 @@ class Session:
                 len(task.units) or task.rounds,
                 extra={"task_id": task.task_id, "request_id": task.request_id},
             )
-        self._book.add(*_task_of(task))
+        self._book.add(*parsed)
 
     def _on_task_error(self, exc: Exception) -> None:
         """Reports an error that stops a request, once per request, and drops its tasks.
@@ -628,6 +640,8 @@ def _task_of(task: worker_pb2.Task) -> tuple[Task, list[EpisodeUnit]]:
             task.fragment_length,
             task.base_seed,
             task.rounds,
+            tuple(task.streams),
+            [_replay_of(replay) for replay in task.replays],
         )
         return fragments, []
     episodes = EpisodeTask(task.task_id, task.request_id, task.agent_version, task.env_generation)
@@ -635,3 +649,20 @@ def _task_of(task: worker_pb2.Task) -> tuple[Task, list[EpisodeUnit]]:
         EpisodeUnit(u.episode_index, u.env_seed, u.policy_seed, task.task_id) for u in task.units
     ]
     return episodes, units
+
+
+def _replay_of(replay: worker_pb2.ReliabilityStreamReplay) -> StreamReplay:
+    """A ReliabilityStreamReplay message as the worker's StreamReplay.
+
+    Raises:
+        WireFormatError: If a tensor is malformed.
+    """
+    if replay.fragment_index == 0:
+        return StreamReplay(replay.stream, replay.episode_index)
+    return StreamReplay(
+        replay.stream,
+        replay.episode_index,
+        replay.fragment_index,
+        decode_tensor(replay.actions, name="ReliabilityStreamReplay.actions"),
+        decode_tensor(replay.last_observation, name="ReliabilityStreamReplay.last_observation"),
+    )

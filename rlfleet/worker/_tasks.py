@@ -18,6 +18,7 @@ import collections
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from rlfleet.stream_replay import StreamReplay
 from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker
 
@@ -52,6 +53,10 @@ class FragmentTask:
     fragment_length: int
     base_seed: int
     rounds_left: int
+    #: The streams its slots run (empty: Welcome.first_stream + slot).
+    streams: tuple[int, ...] = ()
+    #: Streams to rebuild before the first window (then cleared).
+    replays: list[StreamReplay] = field(default_factory=list)
 
 
 Task = EpisodeTask | FragmentTask

@@ -341,6 +341,7 @@ class RemoteWorker:
                     protocol_version=_rpc.PROTOCOL_VERSION,
                     capabilities=[
                         *CAPABILITIES,
+                        _rpc.TAKEOVER_CAPABILITY,
                         *([_rpc.LEASE_CAPABILITY] if config.lease_slots != 0 else []),
                         *PickleGate(config.allow_pickle).capabilities,
                     ],

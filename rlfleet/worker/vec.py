@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
 import gymnasium as gym
@@ -25,6 +25,7 @@ from rlfleet.policies.base import Policy
 from rlfleet.policies.random import RandomPolicy
 from rlfleet.policies.spec import PolicySpec, make_policy
 from rlfleet.seeding import generator_states, set_generator_state
+from rlfleet.stream_replay import StreamReplay
 from rlfleet.worker._engine import Live, SlotEngine, close_quietly
 from rlfleet.worker._episode_buffer import (
     EPISODE_INFO_KEYS,
@@ -357,9 +358,10 @@ class VecWorker:
     def submit(self, units: Iterable[EpisodeUnit]) -> None:
         """Queues units (FIFO); idle slots take them at the start of a step.
 
-        Submitting ends any open fragment streams (their envs are reused);
-        each stream continues with its next episode on the next
-        :meth:`collect_fragments`.
+        Units reuse the envs of fragment streams; a stream's episode left
+        between windows is rebuilt by replay on the next
+        :meth:`collect_fragments`, so episode requests between fragment
+        requests change no stream.
 
         Raises:
             TypeError: If an item is not an EpisodeUnit.
@@ -370,7 +372,7 @@ class VecWorker:
             if not isinstance(unit, EpisodeUnit):
                 raise TypeError(f"submit() takes EpisodeUnit objects, got {type(unit).__name__}")
         if units:
-            self._streams.abandon()
+            self._streams.release_envs()
         self._queue.extend(units)
 
     def prepare(self, units: Iterable[EpisodeUnit]) -> None:
@@ -526,7 +528,9 @@ class VecWorker:
         fragment_length: int,
         *,
         base_seed: int,
-        first_stream: int,
+        first_stream: int = 0,
+        streams: Sequence[int] | None = None,
+        replays: Sequence[StreamReplay] = (),
         tick: Callable[[], object] | None = None,
     ) -> EpisodeBatch:
         """Collects exactly ``fragment_length`` steps from every slot.
@@ -552,11 +556,25 @@ class VecWorker:
         only on its id, the seed, and the agents and fragment lengths of the
         calls, not on which worker or slot runs it.
 
+        ``streams`` runs other streams than ``first_stream + i``: slot i
+        runs ``streams[i]``, slots past them idle. A stream's episode left
+        cut by a window waits for the next call naming it, on whichever
+        slot; if that slot's env ran another stream meanwhile, the env is
+        rebuilt by replaying ``reset(seed)`` and the episode's actions.
+        ``replays`` hands over streams another worker ran
+        (:class:`StreamReplay`): their episodes are rebuilt the same way,
+        and each one's policy generator is drawn as the policy draws on the
+        replayed observations, so the stream goes on exactly as it would
+        have there (for envs deterministic given seed and actions, and
+        stateless policies whose draws depend only on the generator and
+        the observation).
+
         An agent update between calls applies from the next call: episodes
-        continue with the new policy. An env update, :meth:`submit`, calling
-        with another ``base_seed``/``first_stream``, or an error raised by
-        this method abandons each stream's current episode (its pieces
-        already returned stand); the stream continues with its next episode.
+        continue with the new policy; so does running episode units between
+        calls (the envs they used are rebuilt by replay). An env update,
+        calling with another ``base_seed``, or an error raised by this
+        method abandons each stream's current episode (its pieces already returned
+        stand); the stream continues with its next episode.
         An env that crashes mid-episode is rebuilt (within the restart
         budget), the piece so far is returned cut, and the stream moves on
         to its next episode.
@@ -564,7 +582,10 @@ class VecWorker:
         Args:
             fragment_length: Steps per slot per call (>= 1).
             base_seed: The sampler's seed.
-            first_stream: Global stream id of slot 0.
+            first_stream: Global stream id of slot 0 (without ``streams``).
+            streams: The stream each slot runs (at most ``n_envs``, distinct).
+            replays: Streams taken over from another worker, to rebuild
+                before their first step here.
             tick: Called after every vector step (a remote worker
                 heartbeats from it during long windows).
 
@@ -573,13 +594,23 @@ class VecWorker:
 
         Raises:
             RuntimeError: If episode units are queued or in flight.
-            EnvError: As :meth:`step`.
-            PolicyError: As :meth:`step`.
+            EnvError: As :meth:`step`, or if a replayed episode does not
+                lead back to its delivered observation (the env is not
+                replayable).
+            PolicyError: As :meth:`step`, or if a replay needs the draws
+                of a stateful policy.
+            ConfigError: If ``streams`` are too many, repeated or negative,
+                or a replay names a stream not in ``streams``.
         """
         self._require_open()
         check_int("fragment_length", fragment_length, minimum=1)
         check_int("base_seed", base_seed, minimum=0)
         check_int("first_stream", first_stream, minimum=0)
+        slots = (
+            list(range(first_stream, first_stream + self.n_envs))
+            if streams is None
+            else self._check_streams(streams, replays)
+        )
         if not self.idle:
             raise UsageError(
                 f"collect_fragments needs a worker without episode units, but "
@@ -588,8 +619,21 @@ class VecWorker:
             )
         if self._engine.spec is None:
             raise self._no_env()
-        pieces = self._streams.collect(fragment_length, base_seed, first_stream, tick)
+        pieces = self._streams.collect(fragment_length, base_seed, slots, tick, replays)
         return build_batch(self.env_spec, pieces, FRAGMENT_INFO_KEYS)
+
+    def _check_streams(self, streams: Sequence[int], replays: Sequence[StreamReplay]) -> list[int]:
+        slots = [int(stream) for stream in streams]
+        if not 1 <= len(slots) <= self.n_envs or len(set(slots)) != len(slots):
+            raise ConfigError(
+                f"streams must name 1 to n_envs={self.n_envs} distinct streams, got {slots[:8]}"
+            )
+        if min(slots) < 0:
+            raise ConfigError(f"streams must be >= 0, got {slots[:8]}")
+        foreign = [r.stream for r in replays if r.stream not in slots]
+        if foreign:
+            raise ConfigError(f"replays name streams {foreign[:8]} that are not in streams")
+        return slots
 
     # --------------------------------------------------------------- closing
 
