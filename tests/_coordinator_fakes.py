@@ -120,12 +120,19 @@ class ScriptedWorker:
         """Sends a WorkerMessage, a WithChunk, or raw bytes."""
         self._outgoing.put(item)
 
-    def hello(self, *, num_envs: int = 1, name: str = "", version: int = 1) -> None:
+    def hello(
+        self,
+        *,
+        num_envs: int = 1,
+        name: str = "",
+        version: int = 1,
+        capabilities: Iterable[str] = CAPABILITIES,
+    ) -> None:
         self.send(
             worker_pb2.WorkerMessage(
                 hello=worker_pb2.Hello(
                     protocol_version=version,
-                    capabilities=CAPABILITIES,
+                    capabilities=capabilities,
                     num_envs=num_envs,
                     name=name,
                     host="testhost",
@@ -166,10 +173,12 @@ class ScriptedWorker:
         self.channel.close()
 
 
-def join(address: str, *, num_envs: int = 1, name: str = "") -> tuple[ScriptedWorker, Any]:
+def join(
+    address: str, *, num_envs: int = 1, name: str = "", capabilities: Iterable[str] = CAPABILITIES
+) -> tuple[ScriptedWorker, Any]:
     """A scripted worker after the handshake; returns it and its Welcome."""
     worker = ScriptedWorker(address)
-    worker.hello(num_envs=num_envs, name=name)
+    worker.hello(num_envs=num_envs, name=name, capabilities=capabilities)
     welcome = worker.expect("welcome")
     return worker, welcome
 

@@ -422,9 +422,25 @@ def test_multi_agent_work_goes_only_to_workers_with_the_capability(
         # The Node worker sat the env out: it never got it, nor its agent.
         assert status["node"].env_generation < status["py"].env_generation
         assert status["node"].units_in_flight == 0
-        # Back on a single-agent env, it catches up and takes work again.
+        # Back on a single-agent env while the joint policy is still the agent:
+        # the Node worker gets the env but never the joint policy (which it
+        # would refuse), then the next agent it can build.
+        sampler.update_env(EnvConfig(JS_ENV))
+        # One joining now gets the env, not the joint policy.
+        processes.append(start_node_worker(coordinator.address, envs=1, name="late"))
+        deadline = time.monotonic() + 30
+        while "late" not in (status := {w.name: w for w in sampler.status().workers}):
+            assert time.monotonic() < deadline, "the late Node worker did not join"
+            time.sleep(0.05)
         vpg = VPG(JS_SPEC, hidden_sizes=(8,), seed=0)
-        batch = sampler.obtain_samples(
-            0, 200, env_update=EnvConfig(JS_ENV), agent_update=(vpg.policy_spec, vpg.get_params())
-        )
-        assert set(batch.episode_infos["worker"].tolist()) == {ids["py"], ids["node"]}
+        sampler.update_agent((vpg.policy_spec, vpg.get_params()))
+        # Workers answer in order: a refusal of the joint policy would have
+        # come before their ack of this version.
+        status = {w.name: w for w in sampler.status().workers}
+        for name in ("node", "late"):
+            assert status[name].last_error is None, status[name].last_error
+            assert status[name].agent_version == sampler.agent_version
+        # Then it takes work again.
+        batch = sampler.obtain_samples(0, 200)
+        workers = {w.name: w.worker_id for w in sampler.status().workers}
+        assert set(batch.episode_infos["worker"].tolist()) == set(workers.values())

@@ -7,10 +7,12 @@ tests/test_leases_faults.py.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +23,7 @@ import pytest
 import rlfleet.envs.testing  # noqa: F401  (registers the test envs here too)
 from rlfleet.client import Fleet, RemoteVectorEnv
 from rlfleet.client.lease_stream import LeaseEnvFailure, LeaseStream
+from rlfleet.coordinator.leases import Lease
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import (
     AuthenticationError,
@@ -317,3 +320,29 @@ def test_leases_show_in_the_coordinators_metrics(fleet: Fleet) -> None:
     # One observation per learner call once all its envs answered, labelled by op.
     assert during[(count, "step")] == before.get((count, "step"), 0) + 5
     assert during[(count, "reset")] == before.get((count, "reset"), 0) + 1
+
+
+def test_closed_leases_leave_no_bookkeeping_behind(fleet: Fleet) -> None:
+    """After many leases opened, stepped and closed, the coordinator holds none
+    of them: no Lease object, call clock or reader thread survives its lease
+    (docs/reliability.md, "Memory with leases")."""
+    rng = np.random.default_rng(3)
+    for cycle in range(12):
+        with RemoteVectorEnv(fleet, "CartPole-v1", 2) as venv:
+            venv.reset(seed=[cycle, cycle + 100])
+            for _ in range(int(rng.integers(3, 30))):
+                _, _, terminated, truncated, _ = venv.step(rng.integers(0, 2, size=2))
+                done = [i for i in range(2) if terminated[i] or truncated[i]]
+                if done:
+                    venv.reset(done, seed=done)
+
+    def leftovers() -> tuple[object, ...]:
+        gc.collect()
+        leases = [o for o in gc.get_objects() if isinstance(o, Lease)]
+        threads = [t.name for t in threading.enumerate() if t.name.startswith("rlfleet-lease")]
+        return fleet.server.coordinator.leases.counts(), len(leases), threads
+
+    deadline = time.monotonic() + 30  # the streams' threads end once the calls have
+    while leftovers() != ((0, 0, {}), 0, []) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert leftovers() == ((0, 0, {}), 0, [])

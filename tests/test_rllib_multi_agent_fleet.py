@@ -8,6 +8,7 @@ real SIGKILL.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from typing import Any
 
@@ -194,6 +195,27 @@ def test_rock_paper_scissors_through_aec_conversion_on_the_fleet() -> None:
             RolloutWorkerGroup(sampler, env=continuous, policy_spec={"all": "random"})
         with pytest.raises(ConfigError, match="multi-agent groups take a dict"):
             RolloutWorkerGroup(sampler, env=ROCK_PAPER_SCISSORS, policy_spec="random")
+        # A mapping that depends on the episode is refused, never silently asked once.
+        policies = {"even": "random", "odd": "random"}
+
+        def by_episode(agent_id: str, episode: Any, **kwargs: Any) -> str:
+            return "even" if episode.episode_id % 2 == 0 else "odd"
+
+        with pytest.raises(ConfigError, match=r"read episode\.episode_id: on the fleet"):
+            RolloutWorkerGroup(
+                sampler,
+                env=ROCK_PAPER_SCISSORS,
+                policy_spec=policies,
+                policy_mapping_fn=by_episode,
+            )
+        turns = itertools.cycle(["even", "odd"])
+        with pytest.raises(ConfigError, match="mapped agent 'player_0' to 'even', then to 'odd'"):
+            RolloutWorkerGroup(
+                sampler,
+                env=ROCK_PAPER_SCISSORS,
+                policy_spec=policies,
+                policy_mapping_fn=lambda agent_id, episode, **kwargs: next(turns),
+            )
     assert isinstance(batch, MultiAgentEpisodeBatch)
     first, second = batch.policy_batches["first"], batch.policy_batches["second"]
     assert set(first.episode_infos["agent_id"].tolist()) == {"player_0"}
@@ -304,3 +326,61 @@ def test_a_joint_batch_that_does_not_fit_the_layout_is_an_error() -> None:
     with pytest.raises(InvalidBatchError, match="row 0 of a joint multi-agent batch"):
         split_joint_batch(broken, layout, mapping, {"p": agent_spec})
     env.close()
+
+
+def test_a_worker_killed_mid_fragments_changes_no_multi_agent_answer() -> None:
+    """SIGKILL mid truncate_episodes sample: the answers are the undisturbed ones.
+
+    The dead worker's stream is taken over by the survivor, which replays its
+    episode in progress (docs/reliability.md, "Fragments under faults"): the
+    joint env and the joint policy replay like single-agent ones, so every
+    per-policy batch equals a local RolloutWorker's with the fleet's streams,
+    during the kill and after it.
+    """
+    # Episodes of 25 steps straddle the windows (one is in progress at the kill), and
+    # a window lasts long enough that the victim dies stepping it.
+    length = 490
+    args: dict[str, Any] = {
+        "env": SPREAD,
+        "fleet_seed": 5,
+        "policy_spec": {"all": "mlp-categorical"},
+        "rollout_fragment_length": length,
+        "seed": 0,
+    }
+    with RolloutWorkerGroup.local(2, envs_per_worker=1, **args) as group:
+        assert group.fleet is not None
+        reference = RolloutWorker(
+            env_creator=lambda ctx: make_agent_env(SIMPLE_SPREAD, SPREAD_KWARGS),
+            policy_spec={"all": "mlp-categorical"},
+            num_envs=2,
+            seed=5,
+            rollout_fragment_length=length,
+        )
+        reference.set_weights(group.local_worker().get_weights())
+        assert_same_multi_agent(group.sample(), reference.sample())
+        victim = group.fleet.workers[0]
+        victim_id = next(
+            w.worker_id for w in group.fleet.sampler.status().workers if w.name == victim.name
+        )
+        answer = run_in_thread(group.sample)
+        deadline = time.monotonic() + PATIENCE
+        while not any(
+            w.units_in_flight > 0 and w.worker_id == victim_id
+            for w in group.fleet.sampler.status().workers
+        ):
+            assert time.monotonic() < deadline, "the victim never got units"
+            time.sleep(0.01)
+        victim.process.kill()
+        disturbed = answer(120)
+        assert isinstance(disturbed, MultiAgentEpisodeBatch)
+        rows = disturbed.policy_batches["all"].episode_infos
+        # Both streams are in it, none of it from the victim: the survivor took its stream over.
+        assert set((np.asarray(rows["env_episode"]) >> 32).tolist()) == {0, 1}
+        assert victim_id not in set(rows["worker"].tolist())
+        assert_same_multi_agent(disturbed, reference.sample())
+        # The survivor now runs both streams: the next answer is the undisturbed one too.
+        batch = group.sample()
+        assert_same_multi_agent(batch, reference.sample())
+    assert isinstance(batch, MultiAgentEpisodeBatch)
+    streams = np.asarray(batch.policy_batches["all"].episode_infos["env_episode"]) >> 32
+    assert set(streams.tolist()) == {0, 1}

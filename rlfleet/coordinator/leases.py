@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from rlfleet import _rpc
+from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, can_run_env, is_multi_agent_env
 from rlfleet.coordinator.failures import CallError, invalid
 from rlfleet.coordinator.lease_translation import (
     LEARNER_OPS,
@@ -184,7 +185,7 @@ class LeaseManager:
             lease = Lease(next(self._ids), env, [0] * count, learner)
             self._leases[lease.lease_id] = lease
             try:
-                placement = self._wait_for_slots(count, deadline, cancelled, timeout)
+                placement = self._wait_for_slots(env.env_id, count, deadline, cancelled, timeout)
                 self._create(lease, list(range(count)), placement, replaces_lost=False)
                 while lease.creating and lease.failure is None:
                     remaining = deadline - time.monotonic()
@@ -224,28 +225,43 @@ class LeaseManager:
             )
 
     def _wait_for_slots(
-        self, count: int, deadline: float, cancelled: Callable[[], bool], timeout: float
+        self,
+        env_id: str,
+        count: int,
+        deadline: float,
+        cancelled: Callable[[], bool],
+        timeout: float,
     ) -> list[int]:
-        """Waits (lock held) until the fleet has ``count`` free lease slots."""
+        """Waits (lock held) until workers that may run ``env_id`` have ``count`` free slots."""
         state = self._state
         while True:
             if state.draining:
                 raise CallError(
                     grpc.StatusCode.UNAVAILABLE, "the coordinator is draining; lease elsewhere"
                 )
-            placement = self._place(count)
+            placement = self._place(env_id, count)
             if placement is not None:
                 return placement
             if cancelled():
                 raise CallError(grpc.StatusCode.CANCELLED, "the learner ended the call")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise self._no_slots(count, timeout)
+                raise self._no_slots(env_id, count, timeout)
             state.changed.wait(remaining)
 
-    def _no_slots(self, count: int, timeout: float) -> CallError:
-        hosts = self._hosts()
+    def _no_slots(self, env_id: str, count: int, timeout: float) -> CallError:
+        hosts = self._hosts(env_id)
         free = sum(self._free(handle) for handle in hosts)
+        if is_multi_agent_env(env_id):
+            unable = len(self._hosts()) - len(hosts)
+            message = (
+                f"{count} envs of the multi-agent env {env_id!r} could not be leased within "
+                f"{timeout:g} seconds: {len(hosts)} workers declare the capability "
+                f"{MULTI_AGENT_CAPABILITY!r} and host leases, with {free} free slots ({unable} "
+                "more host leases but lack the capability). Start Python workers with --import "
+                "of the module that registers the env, or give them more --envs"
+            )
+            return no_workers(message)
         message = (
             f"{count} envs could not be leased within {timeout:g} seconds: {len(hosts)} "
             f"workers host leases with {free} free slots (a worker hosts up to its "
@@ -256,13 +272,15 @@ class LeaseManager:
         )
         return no_workers(message)
 
-    def _hosts(self) -> list[WorkerHandle]:
+    def _hosts(self, env_id: str | None = None) -> list[WorkerHandle]:
+        """The workers that host leases and may run ``env_id`` (None: any env; lock held)."""
         return [
             handle
             for handle in self._state.registry
             if handle.alive
             and not handle.leaving
             and _rpc.LEASE_CAPABILITY in handle.hello.capabilities
+            and (env_id is None or can_run_env(env_id, handle.hello.capabilities))
         ]
 
     def _leased_on(self, worker_id: int) -> int:
@@ -274,9 +292,10 @@ class LeaseManager:
         slots = handle.hello.lease_slots or handle.num_envs
         return max(slots - self._leased_on(handle.worker_id), 0)
 
-    def _place(self, count: int) -> list[int] | None:
-        """Worker ids for ``count`` envs, most free slots first; None if they do not fit."""
-        free = {handle.worker_id: self._free(handle) for handle in self._hosts()}
+    def _place(self, env_id: str, count: int) -> list[int] | None:
+        """Worker ids for ``count`` envs of ``env_id``, most free slots first; None if they
+        do not fit (a multi-agent env goes only to workers with the capability)."""
+        free = {handle.worker_id: self._free(handle) for handle in self._hosts(env_id)}
         placement = []
         for _ in range(count):
             best = max(free, key=lambda w: (free[w], -w), default=None)
@@ -450,7 +469,7 @@ class LeaseManager:
                 for env_id in lost:
                     lease.hosts[env_id] = 0
                 lease.creating.pop(handle.worker_id, None)
-                placement = self._place(len(lost))
+                placement = self._place(lease.env.env_id, len(lost))
                 if placement is None:
                     message = (
                         f"worker {handle.name!r} died hosting envs {lost} of lease "

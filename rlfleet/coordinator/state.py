@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, is_multi_agent_env
+from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, can_run_env, can_run_policy
 from rlfleet.coordinator.calls import CallOutbox, CallScope, FifoGate, Header
 from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.failures import CallError, describe, detail_of
@@ -123,6 +123,9 @@ class FleetState:
         # Workers that sat a multi-agent env out (no capability): they get the
         # whole agent with the next env they may run.
         self.sat_out: set[int] = set()
+        # Workers that run the env but sat the agent out (a joint policy they
+        # cannot build): they get the whole agent once they can build it.
+        self.agent_sat_out: set[int] = set()
         self.metrics = CoordinatorMetrics()  # its gauges: Coordinator watches
 
     # --- waiting (lock held) -----------------------------------------------------
@@ -173,10 +176,25 @@ class FleetState:
 
     def takes_env(self, handle: WorkerHandle) -> bool:
         """Whether a worker may run the current env: a multi-agent env needs the capability."""
-        return (
-            not is_multi_agent_env(self.env.update.env_id)
-            or MULTI_AGENT_CAPABILITY in handle.hello.capabilities
-        )
+        return can_run_env(self.env.update.env_id, handle.hello.capabilities)
+
+    def takes_agent(self, handle: WorkerHandle) -> bool:
+        """Whether a worker may build the current agent: the joint policy needs the capability."""
+        policy = self.agent.policy
+        return policy is None or can_run_policy(policy.name, handle.hello.capabilities)
+
+    def send_agent(self, handle: WorkerHandle) -> None:
+        """Sends a worker that runs the env the whole current agent, if it can build it.
+
+        A worker that cannot (the Node worker and a joint policy) is sent
+        nothing, so it refuses nothing; it waits for the next agent.
+        """
+        if not self.takes_agent(handle):
+            self.agent_sat_out.add(handle.worker_id)
+            return
+        self.agent_sat_out.discard(handle.worker_id)
+        if self.agent.version > 0:
+            handle.send(self.agent.full_update())
 
     def is_ready(self, handle: WorkerHandle) -> bool:
         """Whether a worker runs the current env and agent and takes work."""
@@ -229,24 +247,34 @@ class FleetState:
                 handle.send(cancel_message(cancel))
 
     def broadcast(self, message: worker_pb2.CoordinatorMessage) -> set[int]:
-        """Sends an env or agent update to every worker that may run the env; returns their ids.
+        """Sends an env or agent update to every worker that may run it; returns their ids.
 
         Workers without the multi-agent capability sit a multi-agent env out
-        (they get neither it nor its agents); when the fleet leaves it, they
-        get the new env and the whole current agent.
+        (they get neither it nor its agents), and a joint policy (with any
+        env): they are never sent what they would refuse. When the fleet
+        leaves the env, they get the new env, and the whole current agent
+        once it is one they can build.
         """
         targets = set()
         for handle in self.registry:
+            worker_id = handle.worker_id
             if not self.takes_env(handle):
-                self.sat_out.add(handle.worker_id)
+                self.sat_out.add(worker_id)
                 self.refresh(handle)
                 continue
-            handle.send(message)
-            if handle.worker_id in self.sat_out and message.HasField("env_update"):
-                self.sat_out.discard(handle.worker_id)
-                if self.agent.version > 0:
-                    handle.send(self.agent.full_update())
-            targets.add(handle.worker_id)
+            if message.HasField("env_update"):
+                handle.send(message)
+                targets.add(worker_id)
+                if worker_id in self.sat_out or worker_id in self.agent_sat_out:
+                    self.sat_out.discard(worker_id)
+                    self.send_agent(handle)
+            elif worker_id in self.agent_sat_out or not self.takes_agent(handle):
+                self.send_agent(handle)  # the whole agent: it missed the earlier versions
+                if worker_id not in self.agent_sat_out:
+                    targets.add(worker_id)
+            else:
+                handle.send(message)
+                targets.add(worker_id)
             self.refresh(handle)
         return targets
 

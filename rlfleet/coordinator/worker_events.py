@@ -108,11 +108,11 @@ class WorkerEvents:
             handle.first_stream = streams[0]
             handle.send(self._welcome(handle))
             # Then the current state, so that it matches every other worker's
-            # (a worker that cannot run a multi-agent env waits for the next env).
+            # (a worker that cannot run a multi-agent env waits for the next env, one
+            # that cannot build the joint policy for the next agent).
             if state.takes_env(handle):
                 handle.send(state.env.message())
-                if state.agent.version > 0:
-                    handle.send(state.agent.full_update())
+                state.send_agent(handle)
             else:
                 state.sat_out.add(handle.worker_id)
         logger.info(

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
+from rlfleet._multi_agent import JOINT_POLICY_PATH
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import ConfigError, PolicyError
 from rlfleet.policies import Policy, PolicySpec, make_policy
@@ -23,8 +23,6 @@ from rlfleet.policies.base import AgentInfos, ParamDict
 from rlfleet.rllib._envs import AgentEnv
 from rlfleet.rllib.multi_agent import JointLayout, make_agent_env
 
-#: The import path fleet workers build the joint policy by.
-JOINT_POLICY_PATH = "rlfleet.rllib.joint_policy:MultiAgentJointPolicy"
 #: Separator of policy id and parameter name in a joint policy's parameters.
 SEPARATOR = "/"
 
@@ -135,7 +133,6 @@ class MultiAgentJointPolicy(Policy):
         infos: AgentInfos = {
             key: np.zeros((n, *shape), dtype) for key, (shape, dtype) in self._info_shapes.items()
         }
-        slices = layout.action_slices
         for policy_id, members in self._members.items():
             chosen = [(b, i) for b in range(n) for i in members if acts[b, i]]
             if not chosen:
@@ -145,10 +142,7 @@ class MultiAgentJointPolicy(Policy):
                 batch, [rows[b] for b, _ in chosen]
             )
             for k, (b, i) in enumerate(chosen):
-                start, stop = slices[i]
-                out[b, start:stop] = np.asarray(
-                    gym.spaces.flatten(layout.action_spaces[i], actions[k])
-                )
+                layout.write_action(out[b], i, actions[k])
                 for key, value in agent_infos.items():
                     infos[f"{layout.agents[i]}/{key}"][b] = value[k]
         return out, infos

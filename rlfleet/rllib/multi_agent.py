@@ -175,6 +175,41 @@ class JointLayout:
         start, stop = self.action_slices[index]
         return np.asarray(gym.spaces.unflatten(self.action_spaces[index], joint[start:stop]))
 
+    def write_action(self, joint: np.ndarray, index: int, action: Any) -> None:
+        """Writes agent ``index``'s action (in its own space) into one joint action row."""
+        start, stop = self.action_slices[index]
+        joint[start:stop] = np.asarray(gym.spaces.flatten(self.action_spaces[index], action))
+
+    def agent_observations(self, joint: np.ndarray) -> dict[str, np.ndarray]:
+        """The observations of the agents that act, by agent id, from one joint observation row.
+
+        How a user of the joint env (e.g. leased through a RemoteVectorEnv)
+        finds who acts and what each agent sees.
+        """
+        acts = np.asarray(joint)[self.mask_start :] > 0.5
+        return {
+            agent: self.agent_observation(joint, i)
+            for i, agent in enumerate(self.agents)
+            if acts[i]
+        }
+
+    def joint_action(self, actions: Mapping[str, Any]) -> np.ndarray:
+        """One joint action row from the acting agents' actions, by agent id.
+
+        Agents not named get zeros, which the env ignores for agents that do not act.
+
+        Raises:
+            ConfigError: For an agent id the env does not have.
+        """
+        joint = np.zeros(self.action_slices[-1][1], np.float64)
+        for agent, action in actions.items():
+            if agent not in self.agents:
+                raise ConfigError(
+                    f"joint_action: agent {agent!r} is not one of the env's agents {self.agents}"
+                )
+            self.write_action(joint, self.agents.index(agent), action)
+        return joint
+
 
 def _flat_bounds(spaces: Sequence[gym.Space]) -> tuple[np.ndarray, np.ndarray]:
     boxes: list[Any] = [gym.spaces.flatten_space(s) for s in spaces]

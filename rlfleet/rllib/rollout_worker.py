@@ -546,7 +546,7 @@ class RolloutWorker:
 
     # --------------------------------------------------------------- helpers
 
-    def _map_agent(self, agent_id: str, episode: Episode) -> str:
+    def _map_agent(self, agent_id: str, episode: Any) -> str:
         return str(self._policy_mapping_fn(agent_id, episode, worker=self))
 
     def _entry(self, policy_id: str) -> PolicyEntry:

@@ -42,13 +42,55 @@ from rlfleet.errors import ConfigError
 from rlfleet.rllib._collector import clipped_rewards
 from rlfleet.rllib._envs import SINGLE_AGENT_ID
 from rlfleet.rllib._policies import DEFAULT_POLICY_ID
-from rlfleet.rllib.callbacks import Episode, RolloutMetrics
+from rlfleet.rllib.callbacks import RolloutMetrics
 from rlfleet.rllib.filtered_policy import FilteredPolicy
 from rlfleet.rllib.filters import MeanStdFilter, NoFilter, RunningStat
 from rlfleet.rllib.joint_batches import split_joint_batch
 from rlfleet.rllib.joint_policy import SEPARATOR, joint_policy_spec
 from rlfleet.rllib.multi_agent import REWARDS, JointLayout, make_agent_env
 from rlfleet.rllib.rollout_worker import RolloutWorker
+
+
+class UnboundEpisode:
+    """The ``episode`` argument of ``policy_mapping_fn`` on the fleet: reading it is an error.
+
+    Fleet workers map agents by a mapping fixed when the group is built, so a
+    mapping that depends on the episode cannot be honoured there; this makes
+    it fail loudly instead of being silently asked once.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        raise ConfigError(
+            f"policy_mapping_fn read episode.{name}: on the fleet an agent's policy is fixed "
+            "when the RolloutWorkerGroup is built (the workers' joint policy maps by agent id "
+            "only), so a mapping may not depend on the episode. Map by agent id, or sample "
+            "with a local RolloutWorker, which asks the mapping per episode"
+        )
+
+
+def fixed_mapping(worker: RolloutWorker, agents: Iterable[str]) -> dict[str, str]:
+    """Agent id -> policy id from ``worker``'s ``policy_mapping_fn``, for every episode.
+
+    The mapping is asked twice per agent, each time with a fresh
+    :class:`UnboundEpisode`: reading the episode, or two different answers
+    (e.g. a random choice), is a ConfigError.
+
+    Raises:
+        ConfigError: If the mapping depends on the episode.
+    """
+    mapping = {}
+    for agent in agents:
+        first, second = (worker._map_agent(agent, UnboundEpisode()) for _ in range(2))
+        if first != second:
+            raise ConfigError(
+                f"policy_mapping_fn mapped agent {agent!r} to {first!r}, then to {second!r}: on "
+                "the fleet an agent's policy is fixed when the RolloutWorkerGroup is built, so "
+                "the mapping must give one policy per agent id. Map by agent id, or sample "
+                "with a local RolloutWorker, which asks the mapping per episode"
+            )
+        mapping[agent] = first
+    return mapping
+
 
 #: The operations :meth:`RolloutWorkerGroup.foreach_worker` knows.
 WORKER_OPERATIONS = ("weights", "filters", "metrics")
@@ -70,9 +112,10 @@ class RolloutWorkerGroup:
             only, as the workers build them).
         policy_mapping_fn: Multi-agent: ``"shared"``, ``"per-agent"``, an
             import path or a callable, as RolloutWorker's. On the fleet it is
-            asked once per agent id when the group is built (with a placeholder
-            episode, id -1)
-            and the mapping it gives holds for every episode.
+            asked per agent id when the group is built, and the mapping it
+            gives holds for every episode; a mapping that reads its
+            ``episode`` argument or answers differently for the same agent
+            is a ConfigError (:func:`fixed_mapping`).
         policies_to_train: Multi-agent: as RolloutWorker's (the local
             worker's ``learn_on_batch`` trains only these).
         observation_filter: ``"NoFilter"`` or ``"MeanStdFilter"``.
@@ -143,9 +186,7 @@ class RolloutWorkerGroup:
         self._versions_at: dict[int, dict[str, int]] = {}
         if self._multi_agent:
             self._layout = JointLayout.of(self._local._envs[0].env)
-            self._mapping = {
-                a: self._local._map_agent(a, Episode(-1, -1)) for a in self._layout.agents
-            }
+            self._mapping = fixed_mapping(self._local, self._layout.agents)
             boxes = [
                 a
                 for a, space in zip(self._layout.agents, self._layout.action_spaces, strict=True)
