@@ -16,7 +16,9 @@ steps per CPU-second (robust on a loaded machine):
 * the plain per-env loop of the benchmark (``gym.make`` envs), for scale.
 
 Nothing is stored: these are ceilings for the env plus policy part of a
-worker's step, not sampler figures.
+worker's step, not sampler figures. The fleet itself on native workers,
+against the same env in plain loops and the moonshot, is measured by
+``rlfleet bench --native vector_entry_point --envs-per-worker 64``.
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ class LeasedEnvSource:
     kwargs_json: str
     max_episode_length: int | None
     pickled: bool
+    vectorization: str = ""  # EnvUpdate.vectorization: leases refuse native vector envs
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ def decode_lease_command(command: leases_pb2.LeaseCommand) -> LeaseOrder:
             env.kwargs_json,
             env.max_episode_length if env.HasField("max_episode_length") else None,
             bool(env.pickled_env_factory),
+            env.vectorization,
         )
         return LeaseCreateOrder(
             command.lease_id, source, list(create.env_ids), create.replaces_lost
@@ -358,6 +360,8 @@ def open_request(env: EnvConfig, num_envs: int, timeout: float, learner: str) ->
     update = updates_pb2.EnvUpdate(env_id=env.id, kwargs_json=json.dumps(dict(env.kwargs)))
     if env.max_episode_length is not None:
         update.max_episode_length = env.max_episode_length
+    if env.vectorization is not None:
+        update.vectorization = env.vectorization  # workers refuse it, saying why
     request = leases_pb2.LeaseRequest(
         open=leases_pb2.LeaseOpen(
             env=update, num_envs=num_envs, timeout_seconds=timeout, learner=learner

@@ -15,6 +15,9 @@ import numpy as np
 #: Seeds are carried on the wire as uint32 so that every language and
 #: gymnasium's ``reset(seed=...)`` accept them.
 SEED_BITS = 32
+#: The ``env_seed`` label of an episode run by a native vector env, which
+#: has no seed of its own (docs/reliability.md, "Native vector-env backends").
+NO_ENV_SEED = -1
 
 
 def episode_seeds(base_seed: int, request: int, episode_index: int) -> tuple[int, int]:

@@ -154,6 +154,19 @@ def test_episodes_with_seeds_other_than_their_units_fail() -> None:
     assert "episode 1: episode_infos['env_seed'] is 99, the unit's env_seed is 12" in message
 
 
+def test_native_env_episodes_must_say_they_have_no_env_seed() -> None:
+    """A native vector env's episodes carry env_seed -1 (NO_ENV_SEED), and only they do."""
+    native = dataclasses.replace(episode_task(), native=True)
+    unseeded = good_episode_infos() | {"env_seed": [-1, -1]}
+    check_result(make_result(make_batch([3, 1], [F, M, TERM, TIME], unseeded)), native)
+    seeded = make_result(make_batch([3, 1], [F, M, TERM, TIME], good_episode_infos()))
+    message = failure_of(seeded, native)
+    assert "episode 0: episode_infos['env_seed'] is 11, the unit's env_seed is -1" in message
+    unseeded_result = make_result(make_batch([3, 1], [F, M, TERM, TIME], unseeded))
+    message = failure_of(unseeded_result, episode_task())
+    assert "episode 0: episode_infos['env_seed'] is -1, the unit's env_seed is 11" in message
+
+
 def test_metadata_that_disagrees_with_the_batch_fails() -> None:
     batch = make_batch([3, 1], [F, M, TERM, TIME], good_episode_infos())
     result = make_result(batch)

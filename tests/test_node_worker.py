@@ -36,7 +36,7 @@ from rlfleet.conformance import run_conformance
 from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
 from rlfleet.core import EnvSpec, EpisodeBatch, StepType
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import EnvNotFoundError, PolicyError, RlfleetError
+from rlfleet.errors import ConfigError, EnvNotFoundError, PolicyError, RlfleetError
 from rlfleet.learners.vpg import VPG
 from rlfleet.policies import MLPCategoricalPolicy
 
@@ -319,6 +319,9 @@ def test_node_worker_serves_every_mode(
             sampler.update_agent(bad)
         with pytest.raises(EnvNotFoundError, match="rlfleet/CartPoleJS-v0"):
             sampler.update_env("CartPole-v1")
+        native = EnvConfig(JS_ENV, vectorization="vector_entry_point")
+        with pytest.raises(ConfigError, match="not implemented by the Node worker"):
+            sampler.update_env(native)
 
 
 def test_same_seeds_give_the_same_episodes_in_both_languages(

@@ -28,6 +28,7 @@ import argparse
 import contextlib
 from collections.abc import Callable, Sequence
 
+from rlfleet.bench.native import NativeBenchReport, run_native_benchmark
 from rlfleet.bench.report import (
     FLEET_VS_PLAIN_GOAL,
     WORKER_VS_PLAIN_GOAL,
@@ -41,11 +42,13 @@ from rlfleet.bench.samplers import (
     Timed,
     async_vector_env_sampler,
     fleet_sampler,
+    measurement_of,
     plain_processes,
     sync_vector_env_sampler,
     vec_worker_sampler,
 )
 from rlfleet.envs.config import EnvConfig
+from rlfleet.envs.native import VECTORIZATIONS
 from rlfleet.policies.mlp import MLPCategoricalPolicy
 
 
@@ -91,7 +94,7 @@ def run_benchmark(
             say(f"run {repeat + 1} of {config.repeats}")
             for key, sample in samplers.items():
                 runs[key].append(sample(config.steps))
-    measured = {key: _measurement(names[key], runs[key]) for key in samplers}
+    measured = {key: measurement_of(names[key], runs[key]) for key in samplers}
     return BenchReport(
         config,
         plain=measured["plain"],
@@ -100,12 +103,6 @@ def run_benchmark(
         async_vector_env=measured["async"],
         fleet=measured["fleet"],
     )
-
-
-def _measurement(name: str, runs: list[Timed]) -> Measurement:
-    roles = runs[0].cpu_us
-    cpu = {role: sorted(run.cpu_us[role] for run in runs)[len(runs) // 2] for role in roles}
-    return Measurement(name, tuple(run.steps / run.wall for run in runs), cpu)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,6 +134,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the coordinator's prefetch_factor (default: the coordinator's own)",
     )
     parser.add_argument(
+        "--native",
+        choices=VECTORIZATIONS,
+        default=None,
+        help="measure the fleet on this native vector-env backend against the same env "
+        "in plain loops, and the 1M steps/s moonshot (use --envs-per-worker 64)",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="exit 1 if a ratio misses its goal (on a quiet machine)",
@@ -161,7 +165,12 @@ def run_from_args(args: argparse.Namespace) -> int:
         seed=args.seed,
         prefetch_factor=args.prefetch_factor,
     )
-    report = run_benchmark(config, progress=lambda line: print(line, flush=True))
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    report: BenchReport | NativeBenchReport = (
+        run_native_benchmark(config, args.native, progress=say)
+        if args.native
+        else run_benchmark(config, progress=say)
+    )
     print()
     print(report.format(), flush=True)
     return 1 if args.check and not report.goals_met else 0

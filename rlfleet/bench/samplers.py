@@ -24,7 +24,7 @@ import numpy as np
 import psutil
 
 from rlfleet.bench.plain_loop import LoopRun, plain_loop
-from rlfleet.bench.report import BenchConfig
+from rlfleet.bench.report import BenchConfig, Measurement
 from rlfleet.envs.config import EnvConfig
 from rlfleet.errors import RlfleetTimeoutError, WorkerError
 from rlfleet.policies.mlp import MLPCategoricalPolicy
@@ -51,6 +51,13 @@ class Timed:
 SampleFn = Callable[[int], Timed]
 
 
+def measurement_of(name: str, runs: list[Timed]) -> Measurement:
+    """The runs of one sampler as a Measurement (median CPU per role)."""
+    roles = runs[0].cpu_us
+    cpu = {role: sorted(run.cpu_us[role] for run in runs)[len(runs) // 2] for role in roles}
+    return Measurement(name, tuple(run.steps / run.wall for run in runs), cpu)
+
+
 def _cpu_seconds(processes: Sequence[psutil.Process]) -> list[float]:
     times = [process.cpu_times() for process in processes]
     return [t.user + t.system for t in times]
@@ -60,7 +67,9 @@ def _per_step_us(seconds: float, steps: int) -> float:
     return seconds * 1e6 / max(steps, 1)
 
 
-def _plain_child(conn: Connection, config: BenchConfig, index: int) -> None:
+def _plain_child(
+    conn: Connection, config: BenchConfig, index: int, vectorization: str | None
+) -> None:
     """A plain-loop process: runs the loop for each step count it receives."""
     while True:
         steps = conn.recv()
@@ -73,6 +82,7 @@ def _plain_child(conn: Connection, config: BenchConfig, index: int) -> None:
                 steps,
                 seed=config.seed + index,
                 hidden_sizes=config.hidden_sizes,
+                vectorization=vectorization,
             )
         except Exception:  # reported to the parent, which raises it
             run = traceback.format_exc()
@@ -80,15 +90,22 @@ def _plain_child(conn: Connection, config: BenchConfig, index: int) -> None:
 
 
 @contextlib.contextmanager
-def plain_processes(config: BenchConfig) -> Iterator[SampleFn]:
-    """W plain-loop processes of K envs, run at the same time (the hardware's ceiling)."""
+def plain_processes(config: BenchConfig, vectorization: str | None = None) -> Iterator[SampleFn]:
+    """W plain-loop processes of K envs, run at the same time (the hardware's ceiling).
+
+    ``vectorization`` makes each loop's K envs one native vector env.
+    """
     context = multiprocessing.get_context("spawn")  # never fork a process holding gRPC
     pipes: list[Connection] = []
     children = []
     try:
         for index in range(config.workers):
             parent, child = context.Pipe()
-            process = context.Process(target=_plain_child, args=(child, config, index), daemon=True)
+            process = context.Process(
+                target=_plain_child,
+                args=(child, config, index, vectorization),
+                daemon=True,
+            )
             process.start()
             pipes.append(parent)
             children.append(process)

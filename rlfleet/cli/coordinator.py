@@ -77,6 +77,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     option(
+        "--env-vectorization",
+        **env_option(
+            "RLFLEET_ENV_VECTORIZATION",
+            default=None,
+            help="step each worker's envs as one native vector env: vector_entry_point "
+            "(gymnasium's) or envpool; unset: one gymnasium.make env per slot "
+            "(docs/reliability.md section 10 says what each keeps)",
+        ),
+    )
+    option(
         "--seed",
         **env_option(
             "RLFLEET_SEED",
@@ -312,7 +322,12 @@ def run(args: argparse.Namespace) -> int:
 
     config = CoordinatorConfig(
         listen=args.listen,
-        env=EnvConfig(args.env, args.env_kwargs, args.max_episode_length),
+        env=EnvConfig(
+            args.env,
+            args.env_kwargs,
+            args.max_episode_length,
+            vectorization=args.env_vectorization,
+        ),
         seed=args.seed,
         heartbeat_interval_seconds=args.heartbeat_interval,
         heartbeat_timeout_seconds=args.heartbeat_timeout,

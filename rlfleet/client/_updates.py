@@ -113,6 +113,8 @@ def env_update_proto(update: EnvUpdateLike) -> updates_pb2.EnvUpdate:
     )
     if config.max_episode_length is not None:
         proto.max_episode_length = config.max_episode_length
+    if config.vectorization is not None:
+        proto.vectorization = config.vectorization
     return proto
 
 
@@ -124,7 +126,12 @@ def env_config_of(proto: updates_pb2.EnvUpdate) -> EnvConfig:
     """
     kwargs = json_object(proto.kwargs_json, f"env {proto.env_id!r} kwargs")
     length = proto.max_episode_length if proto.HasField("max_episode_length") else None
-    return EnvConfig(proto.env_id, kwargs, max_episode_length=length)
+    return EnvConfig(
+        proto.env_id,
+        kwargs,
+        max_episode_length=length,
+        vectorization=proto.vectorization or None,
+    )
 
 
 def policy_spec_of(policy: Policy) -> PolicySpec:

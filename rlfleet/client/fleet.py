@@ -267,7 +267,7 @@ class Fleet:
         server = serve(
             CoordinatorConfig(
                 listen="127.0.0.1:0",
-                env=EnvConfig(config.id, config.kwargs, length),
+                env=EnvConfig(config.id, config.kwargs, length, vectorization=config.vectorization),
                 seed=process_seed,
                 security=ServerSecurity(tokens=tokens),
                 **dict(coordinator_options or {}),

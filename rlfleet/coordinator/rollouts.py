@@ -282,5 +282,7 @@ def _same_env(current: updates_pb2.EnvUpdate, update: updates_pb2.EnvUpdate) -> 
         return False
     if update.max_episode_length != current.max_episode_length:
         return False
+    if update.vectorization != current.vectorization:
+        return False
     # Text may differ in spacing or key order for the same kwargs.
     return bool(json.loads(update.kwargs_json or "{}") == json.loads(current.kwargs_json or "{}"))

@@ -144,6 +144,8 @@ def env_update_of(config: EnvConfig, generation: int) -> updates_pb2.EnvUpdate:
     )
     if config.max_episode_length is not None:
         update.max_episode_length = config.max_episode_length
+    if config.vectorization is not None:
+        update.vectorization = config.vectorization
     return update
 
 
@@ -166,7 +168,7 @@ def check_env_update(update: updates_pb2.EnvUpdate) -> None:
     kwargs = _json_object(update.kwargs_json, "EnvUpdate.kwargs_json")
     length = update.max_episode_length if update.HasField("max_episode_length") else None
     try:
-        EnvConfig(update.env_id, kwargs, length)
+        EnvConfig(update.env_id, kwargs, length, vectorization=update.vectorization or None)
     except ConfigError as exc:
         raise invalid(str(exc)) from None
 

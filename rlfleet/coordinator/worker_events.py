@@ -278,9 +278,10 @@ class WorkerEvents:
             streams = state.scheduler.task_streams(header.task_id)
             latest = state.agent.version
             env_spec = state.env.spec
+            native = bool(state.env.update.vectorization)
         if env_spec is None:  # cannot happen: results follow an EnvReady
             raise ResultError(f"{header.where} arrived before any EnvReady")
-        expect = _expectation(handle, spec, seeds, env_spec, latest, streams=streams)
+        expect = _expectation(handle, spec, seeds, env_spec, latest, streams=streams, native=native)
         decoded = decode_result(joined, env_spec)
         check_result(decoded, expect)
         with state.lock:
@@ -359,6 +360,7 @@ def _expectation(
     latest_agent_version: int,
     *,
     streams: tuple[int, ...],
+    native: bool,
 ) -> ResultExpectation:
     """What a result of ``handle`` for a request of ``spec`` must be."""
     units = window = None
@@ -376,4 +378,5 @@ def _expectation(
         latest_agent_version=latest_agent_version,
         units=units,
         window=window,
+        native=native,
     )

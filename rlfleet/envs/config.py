@@ -21,9 +21,10 @@ import gymnasium as gym
 
 from rlfleet._values import check_int
 from rlfleet.core.env_spec import EnvSpec
+from rlfleet.envs.native import VECTORIZATIONS, NativeVectorEnv
 from rlfleet.errors import ConfigError, EnvNotFoundError
 
-_FIELDS = ("id", "kwargs", "max_episode_length", "imports")
+_FIELDS = ("id", "kwargs", "max_episode_length", "imports", "vectorization")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,14 @@ class EnvConfig:
             registered limit.
         imports: Modules to import before making the env (custom envs
             register themselves on import).
+        vectorization: None (the default) runs one ``gymnasium.make`` env
+            per worker slot, each episode reset with its own seed.
+            ``"vector_entry_point"`` (gymnasium's native vector env, e.g.
+            CartPole's) or ``"envpool"`` (the ``envpool`` extra) makes a
+            worker step all its slots with one native vector env; such
+            episodes have no seed of their own (docs/reliability.md,
+            "Native vector-env backends"). A native config is no
+            single-env factory: ``config()`` refuses it.
 
     Raises:
         ConfigError: If a field has the wrong type, the kwargs are not JSON,
@@ -55,6 +64,7 @@ class EnvConfig:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     max_episode_length: int | None = None
     imports: tuple[str, ...] = ()
+    vectorization: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -69,6 +79,16 @@ class EnvConfig:
                 f"{length} and kwargs['max_episode_steps']); keep only max_episode_length"
             )
         object.__setattr__(self, "imports", _checked_imports(self.id, self.imports))
+        if self.vectorization is not None and self.vectorization not in VECTORIZATIONS:
+            raise ConfigError(
+                f"EnvConfig.vectorization of {self.id!r} is {self.vectorization!r}; give one "
+                f"of {list(VECTORIZATIONS)}, or None for one gymnasium.make env per slot"
+            )
+        if self.vectorization is not None and "max_episode_steps" in self.kwargs:
+            raise ConfigError(
+                f"env {self.id!r} ({self.vectorization}): give the episode limit as "
+                "max_episode_length, not kwargs['max_episode_steps']"
+            )
 
     def __hash__(self) -> int:
         # The kwargs dict is unhashable; the canonical JSON text identifies a config.
@@ -91,6 +111,12 @@ class EnvConfig:
         Returns:
             The env's :class:`~rlfleet.core.env_spec.EnvSpec`.
         """
+        if self.vectorization is not None:
+            native = make_native(self, 1, extra_imports=extra_imports)
+            try:
+                return native.env_spec()
+            finally:
+                native.close()
         env = make_env(self, extra_imports=extra_imports)
         try:
             return env_spec_of(env, self.max_episode_length)
@@ -98,13 +124,16 @@ class EnvConfig:
             env.close()
 
     def to_dict(self) -> dict[str, Any]:
-        """Returns the config as a JSON-compatible dict."""
-        return {
+        """Returns the config as a JSON-compatible dict (``vectorization`` only when set)."""
+        data: dict[str, Any] = {
             "id": self.id,
             "kwargs": dict(self.kwargs),
             "max_episode_length": self.max_episode_length,
             "imports": list(self.imports),
         }
+        if self.vectorization is not None:
+            data["vectorization"] = self.vectorization
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EnvConfig:
@@ -128,6 +157,7 @@ class EnvConfig:
             kwargs=data.get("kwargs", {}),
             max_episode_length=data.get("max_episode_length"),
             imports=data.get("imports", ()),
+            vectorization=data.get("vectorization"),
         )
 
     def to_json(self) -> str:
@@ -175,6 +205,12 @@ def make_env(
             module cannot be imported, or the env rejects the kwargs.
         EnvNotFoundError: If no env is registered under the id.
     """
+    if config.vectorization is not None:
+        raise ConfigError(
+            f"EnvConfig({config.id!r}, vectorization={config.vectorization!r}) describes a "
+            "native vector env, not one env: give it to a worker (VecWorker, Fleet) as its "
+            "env, or drop vectorization to build single envs"
+        )
     env_id = config.id
     modules = [*extra_imports, *config.imports]
     if ":" in env_id:
@@ -201,6 +237,39 @@ def make_env(
             f"env {env_id!r} rejected kwargs {dict(config.kwargs)!r}: {exc}. "
             "Check the names and types against the env's constructor"
         ) from exc
+
+
+def make_native(
+    config: EnvConfig,
+    num_envs: int,
+    *,
+    max_episode_length: int | None = None,
+    extra_imports: Iterable[str] = (),
+) -> NativeVectorEnv:
+    """Builds the native vector env of a config whose ``vectorization`` is set.
+
+    Args:
+        config: The env; its id may not name a module.
+        num_envs: Envs in the vector env.
+        max_episode_length: Overrides ``config.max_episode_length``.
+        extra_imports: Modules to import first, e.g. a worker's ``--import``.
+
+    Raises:
+        ConfigError: As :class:`~rlfleet.envs.native.NativeVectorEnv`, or if
+            the config is not native or its id names a module.
+        EnvNotFoundError: If no env is registered under the id.
+    """
+    if config.vectorization is None:
+        raise ConfigError(f"EnvConfig({config.id!r}) has no vectorization: use make_env")
+    if ":" in config.id:
+        raise ConfigError(
+            f"env id {config.id!r} names a module; import it with EnvConfig(imports=...) "
+            "or the worker's --import flag and give the plain id"
+        )
+    for module in [*extra_imports, *config.imports]:
+        _import_env_module(module, config.id)
+    length = max_episode_length if max_episode_length is not None else config.max_episode_length
+    return NativeVectorEnv(config.id, dict(config.kwargs), config.vectorization, num_envs, length)
 
 
 def env_spec_of(env: gym.Env, max_episode_length: int | None = None) -> EnvSpec:
@@ -270,4 +339,4 @@ def _not_found_message(env_id: str) -> str:
     )
 
 
-__all__ = ["EnvConfig", "env_spec_of", "make_env"]
+__all__ = ["EnvConfig", "env_spec_of", "make_env", "make_native"]

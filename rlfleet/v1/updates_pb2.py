@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlfleet.v1 import tensor_pb2 as rlfleet_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/updates.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/tensor.proto\"/\n\nPolicySpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bkwargs_json\x18\x02 \x01(\t\"\x9d\x01\n\x0b\x41gentUpdate\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12&\n\x06policy\x18\x02 \x01(\x0b\x32\x16.rlfleet.v1.PolicySpec\x12%\n\x06params\x18\x03 \x01(\x0b\x32\x15.rlfleet.v1.TensorMap\x12\x16\n\x0epickled_policy\x18\x04 \x01(\x0c\x12\x16\n\x0e\x63oordinator_id\x18( \x01(\t\"\xb1\x01\n\tEnvUpdate\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x13\n\x0bkwargs_json\x18\x03 \x01(\t\x12\x1f\n\x12max_episode_length\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x13pickled_env_factory\x18\x05 \x01(\x0c\x12\x16\n\x0e\x63oordinator_id\x18( \x01(\tB\x15\n\x13_max_episode_length\"\xdd\x02\n\x0b\x45rrorDetail\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.rlfleet.v1.ErrorKind\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x16\n\tenv_index\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x11\n\x04step\x18\x05 \x01(\x03H\x01\x88\x01\x01\x12\x1a\n\repisode_index\x18\x06 \x01(\x03H\x02\x88\x01\x01\x12\x0f\n\x07task_id\x18\x07 \x01(\x04\x12\x11\n\ttraceback\x18\x08 \x01(\t\x12\x16\n\x0e\x65xception_type\x18\t \x01(\t\x12\x1b\n\x0e\x65nv_generation\x18( \x01(\x04H\x03\x88\x01\x01\x12\x1a\n\ragent_version\x18) \x01(\x03H\x04\x88\x01\x01\x42\x0c\n\n_env_indexB\x07\n\x05_stepB\x10\n\x0e_episode_indexB\x11\n\x0f_env_generationB\x10\n\x0e_agent_version*\xe9\x02\n\tErrorKind\x12\x1a\n\x16\x45RROR_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45RROR_KIND_ENV_NOT_FOUND\x10\x01\x12\x19\n\x15\x45RROR_KIND_ENV_CONFIG\x10\x02\x12\x1a\n\x16\x45RROR_KIND_ENV_CRASHED\x10\x03\x12\x15\n\x11\x45RROR_KIND_POLICY\x10\x04\x12\x18\n\x14\x45RROR_KIND_NONFINITE\x10\x05\x12\x17\n\x13\x45RROR_KIND_PROTOCOL\x10\x06\x12\x16\n\x12\x45RROR_KIND_VERSION\x10\x07\x12\x17\n\x13\x45RROR_KIND_INTERNAL\x10\x08\x12\x19\n\x15\x45RROR_KIND_PERMISSION\x10\t\x12\x19\n\x15\x45RROR_KIND_NO_WORKERS\x10\n\x12\x14\n\x10\x45RROR_KIND_LIMIT\x10\x0b\x12$\n ERROR_KIND_COORDINATOR_RESTARTED\x10(B:P\x01Z6github.com/rlfleet/rlfleet/gen/go/rlfleet/v1;rlfleetv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/updates.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/tensor.proto\"/\n\nPolicySpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bkwargs_json\x18\x02 \x01(\t\"\x9d\x01\n\x0b\x41gentUpdate\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12&\n\x06policy\x18\x02 \x01(\x0b\x32\x16.rlfleet.v1.PolicySpec\x12%\n\x06params\x18\x03 \x01(\x0b\x32\x15.rlfleet.v1.TensorMap\x12\x16\n\x0epickled_policy\x18\x04 \x01(\x0c\x12\x16\n\x0e\x63oordinator_id\x18( \x01(\t\"\xc8\x01\n\tEnvUpdate\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x13\n\x0bkwargs_json\x18\x03 \x01(\t\x12\x1f\n\x12max_episode_length\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x13pickled_env_factory\x18\x05 \x01(\x0c\x12\x16\n\x0e\x63oordinator_id\x18( \x01(\t\x12\x15\n\rvectorization\x18w \x01(\tB\x15\n\x13_max_episode_length\"\xdd\x02\n\x0b\x45rrorDetail\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.rlfleet.v1.ErrorKind\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x16\n\tenv_index\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x11\n\x04step\x18\x05 \x01(\x03H\x01\x88\x01\x01\x12\x1a\n\repisode_index\x18\x06 \x01(\x03H\x02\x88\x01\x01\x12\x0f\n\x07task_id\x18\x07 \x01(\x04\x12\x11\n\ttraceback\x18\x08 \x01(\t\x12\x16\n\x0e\x65xception_type\x18\t \x01(\t\x12\x1b\n\x0e\x65nv_generation\x18( \x01(\x04H\x03\x88\x01\x01\x12\x1a\n\ragent_version\x18) \x01(\x03H\x04\x88\x01\x01\x42\x0c\n\n_env_indexB\x07\n\x05_stepB\x10\n\x0e_episode_indexB\x11\n\x0f_env_generationB\x10\n\x0e_agent_version*\xe9\x02\n\tErrorKind\x12\x1a\n\x16\x45RROR_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45RROR_KIND_ENV_NOT_FOUND\x10\x01\x12\x19\n\x15\x45RROR_KIND_ENV_CONFIG\x10\x02\x12\x1a\n\x16\x45RROR_KIND_ENV_CRASHED\x10\x03\x12\x15\n\x11\x45RROR_KIND_POLICY\x10\x04\x12\x18\n\x14\x45RROR_KIND_NONFINITE\x10\x05\x12\x17\n\x13\x45RROR_KIND_PROTOCOL\x10\x06\x12\x16\n\x12\x45RROR_KIND_VERSION\x10\x07\x12\x17\n\x13\x45RROR_KIND_INTERNAL\x10\x08\x12\x19\n\x15\x45RROR_KIND_PERMISSION\x10\t\x12\x19\n\x15\x45RROR_KIND_NO_WORKERS\x10\n\x12\x14\n\x10\x45RROR_KIND_LIMIT\x10\x0b\x12$\n ERROR_KIND_COORDINATOR_RESTARTED\x10(B:P\x01Z6github.com/rlfleet/rlfleet/gen/go/rlfleet/v1;rlfleetv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,14 +33,14 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlfleet.v1.updates_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'P\001Z6github.com/rlfleet/rlfleet/gen/go/rlfleet/v1;rlfleetv1'
-  _globals['_ERRORKIND']._serialized_start=807
-  _globals['_ERRORKIND']._serialized_end=1168
+  _globals['_ERRORKIND']._serialized_start=830
+  _globals['_ERRORKIND']._serialized_end=1191
   _globals['_POLICYSPEC']._serialized_start=65
   _globals['_POLICYSPEC']._serialized_end=112
   _globals['_AGENTUPDATE']._serialized_start=115
   _globals['_AGENTUPDATE']._serialized_end=272
   _globals['_ENVUPDATE']._serialized_start=275
-  _globals['_ENVUPDATE']._serialized_end=452
-  _globals['_ERRORDETAIL']._serialized_start=455
-  _globals['_ERRORDETAIL']._serialized_end=804
+  _globals['_ENVUPDATE']._serialized_end=475
+  _globals['_ERRORDETAIL']._serialized_start=478
+  _globals['_ERRORDETAIL']._serialized_end=827
 # @@protoc_insertion_point(module_scope)

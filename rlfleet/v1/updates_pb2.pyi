@@ -59,20 +59,22 @@ class AgentUpdate(_message.Message):
     def __init__(self, version: _Optional[int] = ..., policy: _Optional[_Union[PolicySpec, _Mapping]] = ..., params: _Optional[_Union[_tensor_pb2.TensorMap, _Mapping]] = ..., pickled_policy: _Optional[bytes] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
 
 class EnvUpdate(_message.Message):
-    __slots__ = ("generation", "env_id", "kwargs_json", "max_episode_length", "pickled_env_factory", "coordinator_id")
+    __slots__ = ("generation", "env_id", "kwargs_json", "max_episode_length", "pickled_env_factory", "coordinator_id", "vectorization")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     MAX_EPISODE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     PICKLED_ENV_FACTORY_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    VECTORIZATION_FIELD_NUMBER: _ClassVar[int]
     generation: int
     env_id: str
     kwargs_json: str
     max_episode_length: int
     pickled_env_factory: bytes
     coordinator_id: str
-    def __init__(self, generation: _Optional[int] = ..., env_id: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., max_episode_length: _Optional[int] = ..., pickled_env_factory: _Optional[bytes] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
+    vectorization: str
+    def __init__(self, generation: _Optional[int] = ..., env_id: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., max_episode_length: _Optional[int] = ..., pickled_env_factory: _Optional[bytes] = ..., coordinator_id: _Optional[str] = ..., vectorization: _Optional[str] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
     __slots__ = ("kind", "message", "worker", "env_index", "step", "episode_index", "task_id", "traceback", "exception_type", "env_generation", "agent_version")

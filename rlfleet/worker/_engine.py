@@ -29,6 +29,7 @@ from rlfleet.errors import EnvError
 from rlfleet.policies.base import Policy
 from rlfleet.worker._checks import ActionChecker, nonfinite_rows
 from rlfleet.worker._episode_buffer import Segment, StepRing, stack_step_infos
+from rlfleet.worker._native_slots import NativeSlots
 from rlfleet.worker._restarts import RestartLedger
 from rlfleet.worker._updates import EnvSource, check_policy_fits
 from rlfleet.worker.units import EpisodeUnit
@@ -152,6 +153,8 @@ class SlotEngine:
         self.ledger = ledger
         self.source: EnvSource | None = None
         self.envs: list[gym.Env | None] = [None] * n_envs
+        # The native backend, when one vector env steps every slot (else None).
+        self.native: NativeSlots | None = None
         self.spec: EnvSpec | None = None
         self.max_len: int | None = None
         self.ring: StepRing | None = None
@@ -182,6 +185,8 @@ class SlotEngine:
     @property
     def source_name(self) -> str:
         """The env's name, for messages."""
+        if self.native is not None:
+            return self.native.name
         return self.source.name if self.source is not None else "(no env)"
 
     @property
@@ -191,7 +196,12 @@ class SlotEngine:
 
     @property
     def idle_slots(self) -> list[int]:
-        """Slots without a live segment, in order."""
+        """Slots where a segment may begin now, in order.
+
+        A native backend's slot also needs its env at an episode start.
+        """
+        if self.native is not None:
+            return self.native.ready()  # a slot is FRESH only while idle
         return [slot for slot, live in enumerate(self.live) if live is None]
 
     # ----------------------------------------------------------- installing
@@ -202,7 +212,18 @@ class SlotEngine:
         for old in self.envs:
             if old is not None and all(old is not new for new in envs):
                 close_quietly(old, self.source_name)
+        self._close_native()
         self.source, self.envs, self.spec = source, list(envs), spec
+        self._install_spec(spec)
+
+    def install_native(self, source: EnvSource, native: NativeSlots, spec: EnvSpec) -> None:
+        """Replaces the envs with a native vector env of one env per slot."""
+        self.drop_all()
+        self.close_envs()
+        self.source, self.native, self.spec = source, native, spec
+        self._install_spec(spec)
+
+    def _install_spec(self, spec: EnvSpec) -> None:
         self.max_len = spec.max_episode_length
         obs_space = spec.observation_space
         assert obs_space.shape is not None  # checked by the caller
@@ -227,6 +248,12 @@ class SlotEngine:
             if env is not None:
                 close_quietly(env, self.source_name)
         self.envs = [None] * self.n_envs
+        self._close_native()
+
+    def _close_native(self) -> None:
+        if self.native is not None:
+            close_quietly(self.native.native, self.native.name)  # type: ignore[arg-type]
+            self.native = None
 
     # ---------------------------------------------------------------- slots
 
@@ -241,6 +268,10 @@ class SlotEngine:
         """
         ring, source = self.ring, self.source
         assert ring is not None and source is not None  # the caller checked for an env
+        if self.native is not None:
+            ring.obs[self.step_count % ring.capacity, slot] = self.native.begin(slot, env_seed)
+            self._place(slot, live, window_end)
+            return True
         while True:
             try:
                 env = self.envs[slot]
@@ -297,6 +328,8 @@ class SlotEngine:
         self.live[slot] = None
         self.n_live -= 1
         self._went_idle.append(slot)
+        if self.native is not None:
+            self.native.release(slot)
         return live
 
     def drop_all(self) -> list[Live]:
@@ -356,6 +389,8 @@ class SlotEngine:
             self._raise_policy_failure(exc, observations)
             raise
 
+        if self.native is not None:
+            return self._advance_native(sink, s, row, cols, per_env)
         live = self.live
         next_obs: list[Any] = []
         rewards: list[Any] = []
@@ -392,6 +427,49 @@ class SlotEngine:
         for slot, error in failed:
             self._on_step_failure(slot, error, s, sink)
         return len(active) - len(failed)
+
+    def _advance_native(
+        self, sink: Sink, s: int, row: int, cols: np.ndarray | None, actions: np.ndarray
+    ) -> int:
+        """The rest of :meth:`advance` with a native backend: one call steps every slot."""
+        native, ring, active = self.native, self.ring, self._active
+        assert native is not None and ring is not None
+        try:
+            next_obs, rewards, done = native.step(active, cols, actions)
+            ring.put_env_outputs(row, cols, next_obs, rewards)  # type: ignore[arg-type]
+        except Exception as exc:
+            self._native_failed(exc, s, sink)
+            return 0
+        self.step_count = s + 1
+        stops = self._stops.pop(s, None)
+        if stops:
+            done.extend(self._stopped(stops, s, done, []))
+        for slot, terminated, truncated in done:
+            self._finish(slot, s, terminated, truncated, sink)
+        return len(active)
+
+    def _native_failed(self, exc: Exception, s: int, sink: Sink) -> None:
+        """A native env's step raised: every live segment is lost, none restarted.
+
+        The env's state is unknown, so it is reset as a whole before any
+        new episode begins (no slot is running after this).
+        """
+        lives = [(slot, self.drop(slot)) for slot in list(self._active)]
+        first_slot, first = lives[0]
+        self.errors.append(
+            EnvError(
+                f"native vector env {self.source_name} raised {type(exc).__name__}: {exc} in "
+                f"step; the {len(lives)} episodes in flight were dropped (native envs are "
+                "not restarted one by one; the whole env is reset before the next episode)",
+                worker=self.name,
+                env_index=first_slot,
+                step=first.offset + s - first.seg_start + 1,
+                episode_index=first.episode_index,
+                remote_traceback="".join(traceback.format_exception(exc)),
+            )
+        )
+        for slot, live in lives:
+            sink.on_env_failure(slot, live, restarted=False)
 
     def _stopped(
         self,

@@ -62,6 +62,12 @@ def lease_config(update: LeasedEnvSource, imports: tuple[str, ...]) -> EnvConfig
             f"env id {update.env_id!r} names a module to import, which this worker refuses "
             "from the network; start the worker with --import MODULE and lease the plain id"
         )
+    if update.vectorization:
+        raise ConfigError(
+            f"leased envs are single envs stepped one by one; {update.env_id!r} with "
+            f"vectorization={update.vectorization!r} is a native vector env: lease it "
+            "without vectorization"
+        )
     kwargs = json.loads(update.kwargs_json) if update.kwargs_json else {}
     if not isinstance(kwargs, dict):
         raise ConfigError(f"env kwargs must be a JSON object, got {update.kwargs_json[:200]!r}")

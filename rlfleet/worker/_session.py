@@ -613,7 +613,11 @@ def _env_config(
         )
     length = update.max_episode_length if update.HasField("max_episode_length") else None
     return EnvConfig(
-        update.env_id, json_object(update.kwargs_json, "EnvUpdate.kwargs_json"), length, imports
+        update.env_id,
+        json_object(update.kwargs_json, "EnvUpdate.kwargs_json"),
+        length,
+        imports,
+        vectorization=update.vectorization or None,
     )
 
 

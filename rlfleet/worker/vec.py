@@ -20,11 +20,12 @@ import numpy as np
 from rlfleet._values import check_int
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.envs.config import EnvConfig, make_native
 from rlfleet.errors import ConfigError, PolicyError, UsageError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.random import RandomPolicy
 from rlfleet.policies.spec import PolicySpec, make_policy
-from rlfleet.seeding import generator_states, set_generator_state
+from rlfleet.seeding import NO_ENV_SEED, generator_states, set_generator_state
 from rlfleet.stream_replay import StreamReplay
 from rlfleet.worker._engine import Live, SlotEngine, close_quietly
 from rlfleet.worker._episode_buffer import (
@@ -34,6 +35,7 @@ from rlfleet.worker._episode_buffer import (
     build_batch,
     record_key,
 )
+from rlfleet.worker._native_slots import NativeSlots
 from rlfleet.worker._restarts import EnvRestartBudget, RestartLedger
 from rlfleet.worker._streams import FragmentStreams
 from rlfleet.worker._updates import (
@@ -330,6 +332,9 @@ class VecWorker:
         if env_update is None:
             return
         source = EnvSource(env_update)
+        if isinstance(env_update, EnvConfig) and env_update.vectorization is not None:
+            self._install_native(source, env_update)
+            return
         envs: list[gym.Env] = []
         try:
             for index in range(self.n_envs):
@@ -345,6 +350,24 @@ class VecWorker:
         self._abort_in_flight()
         self._streams.abandon()
         self._engine.install_envs(source, envs, spec)
+        self._install_policy_for(spec)
+
+    def _install_native(self, source: EnvSource, config: EnvConfig) -> None:
+        """Makes one native vector env step every slot (docs/reliability.md)."""
+        native = make_native(config, self.n_envs, max_episode_length=self._max_episode_length)
+        try:
+            spec = native.env_spec()
+            check_observation_space(spec.observation_space, f"env {native.name}")
+        except BaseException:
+            native.close()
+            raise
+        self._abort_in_flight()
+        self._streams.abandon()
+        self._engine.install_native(source, NativeSlots(native), spec)
+        self._install_policy_for(spec)
+
+    def _install_policy_for(self, spec: EnvSpec) -> None:
+        """Builds the pending policy for a new env, or re-checks the current one."""
         if self._pending_policy is not None:
             self._engine.install_policy(make_policy(self._pending_policy, spec, seed=self._seed))
             self._pending_policy = None
@@ -619,6 +642,12 @@ class VecWorker:
             )
         if self._engine.spec is None:
             raise self._no_env()
+        if self._engine.native is not None:
+            raise ConfigError(
+                f"worker {self.name!r} runs the native vector env {self._engine.source_name}, "
+                "which resets finished envs itself and cannot keep fragment streams; sample "
+                "episodes from it, or use an EnvConfig without vectorization for fragments"
+            )
         pieces = self._streams.collect(fragment_length, base_seed, slots, tick, replays)
         return build_batch(self.env_spec, pieces, FRAGMENT_INFO_KEYS)
 
@@ -666,6 +695,8 @@ class VecWorker:
         if engine.spec is None:
             raise self._no_env()
         started = []
+        # A native env's episodes have no env seed of their own: say so, never a wrong one.
+        native = engine.native is not None
         for slot in engine.idle_slots:
             if not self._queue:
                 break
@@ -684,7 +715,7 @@ class VecWorker:
                 # EPISODE_INFO_KEYS order.
                 meta=(
                     self._agent_version,
-                    unit.env_seed,
+                    NO_ENV_SEED if native else unit.env_seed,
                     unit.policy_seed,
                     unit.episode_index,
                     self.worker_number,

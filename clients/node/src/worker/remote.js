@@ -469,6 +469,11 @@ class Session {
       if (update.env_id.includes(':')) {
         throw new ConfigError(`env id ${JSON.stringify(update.env_id)} names a module to import, which workers refuse from the network`);
       }
+      if (update.vectorization) {
+        throw new ConfigError(
+          `native vector envs (vectorization ${JSON.stringify(update.vectorization)}) are not implemented by the Node worker; send the env without vectorization, or use Python workers`,
+        );
+      }
       spec = this.runner.setEnv({
         envId: update.env_id,
         kwargs: parseJsonObject(update.kwargs_json, 'EnvUpdate.kwargs_json', ConfigError),

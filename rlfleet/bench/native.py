@@ -1,0 +1,147 @@
+"""``rlfleet bench --native BACKEND``: the fleet on native vector envs, and the moonshot.
+
+In one run, with the same native vector env (``vector_entry_point`` or
+``envpool``, K envs per process) and the same kind of policy (an MLP with a
+categorical sample):
+
+* **native loop x 1** and **x W at once** — the plain loop
+  (:mod:`rlfleet.bench.plain_loop`) on one native vector env per process,
+  every step stored: the strongest plain alternative, and W of them the
+  machine's real ceiling;
+* **VecWorker** — one worker's engine on the native env in this process;
+* **fleet** — ``Fleet.local(W, K)`` ``obtain_samples`` with native workers.
+
+The moonshot of the performance issue is >= 1M env steps/s end to end to
+the learner on a 2-core machine; the report sets the fleet against it and
+gives each process's CPU microseconds per step, which say where the time
+goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+
+from rlfleet.bench.report import BenchConfig, Measurement, Ratio
+from rlfleet.bench.samplers import (
+    SampleFn,
+    Timed,
+    fleet_sampler,
+    measurement_of,
+    plain_processes,
+    vec_worker_sampler,
+)
+from rlfleet.envs.config import EnvConfig
+from rlfleet.policies.mlp import MLPCategoricalPolicy
+
+#: The moonshot: env steps per second delivered to the learner.
+MOONSHOT_STEPS_PER_SECOND = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeBenchReport:
+    """The measurements of one native run and their ratios.
+
+    Attributes:
+        config: What was measured.
+        vectorization: The native backend.
+        measurements: By sampler key: ``one_loop``, ``loops``, ``vec_worker``, ``fleet``.
+    """
+
+    config: BenchConfig
+    vectorization: str
+    measurements: dict[str, Measurement]
+
+    @property
+    def ratios(self) -> list[Ratio]:
+        """The moonshot (the goal), then the fleet against the plain alternatives."""
+        m, w = self.measurements, self.config.workers
+        fleet = m["fleet"].median
+        return [
+            Ratio("fleet / 1M steps/s (the moonshot)", fleet / MOONSHOT_STEPS_PER_SECOND, 1.0),
+            Ratio(f"fleet / ({w} native loops at once)", fleet / m["loops"].median, None),
+            Ratio("fleet / (1 native loop)", fleet / m["one_loop"].median, None),
+        ]
+
+    @property
+    def goals_met(self) -> bool:
+        """Whether the moonshot was reached."""
+        return all(ratio.met for ratio in self.ratios)
+
+    def format(self) -> str:
+        """The report as a text table."""
+        c = self.config
+        lines = [
+            f"{c.env_id} ({self.vectorization}), mlp-categorical "
+            f"{'x'.join(map(str, c.hidden_sizes))}, {c.workers} workers x "
+            f"{c.envs_per_worker} envs, >= {c.steps:,} steps per run, fleet requests of "
+            f"{min(c.request_steps, c.steps):,} steps, median of {c.repeats} run(s) after warm-up",
+            "",
+            f"{'sampler':<52}{'steps/s':>10}   runs",
+        ]
+        for m in self.measurements.values():
+            runs = " / ".join(f"{rate:,.0f}" for rate in m.rates)
+            lines.append(f"{m.name:<52}{m.median:>10,.0f}   {runs}")
+        lines += ["", f"{'CPU us per env step':<52}{'us':>10}"]
+        for m in self.measurements.values():
+            for role, us in m.cpu_us.items():
+                lines.append(f"{m.name.split(':')[0] + ': ' + role:<52}{us:>10.2f}")
+        lines.append("")
+        for ratio in self.ratios:
+            verdict = (
+                "(no goal)"
+                if ratio.goal is None
+                else f"goal >= {ratio.goal:g}: {'ok' if ratio.met else 'MISSED'}"
+            )
+            lines.append(f"{ratio.label:<52}{ratio.value:>10.2f}   {verdict}")
+        return "\n".join(lines)
+
+
+def run_native_benchmark(
+    config: BenchConfig, vectorization: str, progress: Callable[[str], None] | None = None
+) -> NativeBenchReport:
+    """Measures the four samplers on a native backend, interleaved.
+
+    Args:
+        config: What to measure (``envs_per_worker`` is each native env's size).
+        vectorization: ``"vector_entry_point"`` or ``"envpool"``.
+        progress: Called with a short line as each phase starts.
+
+    Returns:
+        The report.
+    """
+    say = progress or (lambda _: None)
+    env = EnvConfig(config.env_id, vectorization=vectorization)
+    policy = MLPCategoricalPolicy(
+        env.env_spec(), hidden_sizes=config.hidden_sizes, seed=config.seed
+    )
+    w, k = config.workers, config.envs_per_worker
+    names = {
+        "one_loop": f"one native loop: {k} envs in 1 process",
+        "loops": f"native loops: {w} processes x {k} envs at once",
+        "vec_worker": f"VecWorker: {k} native envs in this process",
+        "fleet": f"fleet: {w} workers x {k} native envs",
+    }
+    with contextlib.ExitStack() as stack:
+        say("starting: " + "; ".join(names.values()))
+        one = dataclasses.replace(config, workers=1)
+        samplers: dict[str, SampleFn] = {
+            "one_loop": stack.enter_context(plain_processes(one, vectorization)),
+            "loops": stack.enter_context(plain_processes(config, vectorization)),
+            "vec_worker": stack.enter_context(vec_worker_sampler(config, env, policy)),
+            "fleet": stack.enter_context(fleet_sampler(config, env, policy.get_param_values())),
+        }
+        say("warming up")
+        for sample in samplers.values():
+            sample(min(config.request_steps, config.steps))
+        runs: dict[str, list[Timed]] = {key: [] for key in samplers}
+        for repeat in range(config.repeats):
+            say(f"run {repeat + 1} of {config.repeats}")
+            for key, sample in samplers.items():
+                runs[key].append(sample(config.steps))
+    measured = {key: measurement_of(names[key], runs[key]) for key in samplers}
+    return NativeBenchReport(config, vectorization, measured)
+
+
+__all__ = ["MOONSHOT_STEPS_PER_SECOND", "NativeBenchReport", "run_native_benchmark"]

@@ -1,0 +1,126 @@
+"""The engine's native backend: every slot is one env of a native vector env.
+
+A native vector env steps all its envs at once and resets a finished env
+itself on the step after (next-step autoreset, see
+:mod:`rlfleet.envs.native`). The engine's slots still start and end
+episodes one by one, so each slot is in one of four states:
+
+* ``FRESH``: its env holds the first observation of an episode no step has
+  touched; an episode may begin on it.
+* ``RUNNING``: an episode the engine records runs on it.
+* ``AWAITING``: its episode ended; the next vector step resets it (the
+  action is ignored) and makes it ``FRESH``.
+* ``DRAINING``: it was stepped without being recorded (idle while the
+  others ran, or its episode was dropped); it is not used until its
+  episode ends and the env resets it.
+
+Nothing a slot does unrecorded ever reaches a batch, and an episode only
+begins on a ``FRESH`` slot, so every recorded episode starts at its env's
+reset and holds all of its steps. When no slot is ``RUNNING`` the whole
+env is reset at the next begin, seeded with that unit's env seed: idle
+periods (between requests, after an update) cost no draining.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlfleet.envs.native import NativeVectorEnv
+
+FRESH, RUNNING, AWAITING, DRAINING = 0, 1, 2, 3
+
+
+class NativeSlots:
+    """Maps the engine's slots onto one native vector env.
+
+    Args:
+        native: The vector env; it has one env per slot.
+    """
+
+    def __init__(self, native: NativeVectorEnv) -> None:
+        self.native = native
+        self.n = native.num_envs
+        self.state = np.full(self.n, DRAINING, dtype=np.int8)
+        self._running = 0
+        self._observations: np.ndarray | None = None
+        space = native.single_action_space
+        # Idle slots need an action too; the env's own first action (0 for
+        # Discrete) is as good as any, and its result is never recorded.
+        placeholder = np.zeros(space.shape or (), dtype=space.dtype)
+        if hasattr(space, "start"):
+            placeholder = placeholder + space.start
+        self._placeholder = np.broadcast_to(placeholder, (self.n, *placeholder.shape)).copy()
+
+    @property
+    def name(self) -> str:
+        """The env's name, for messages."""
+        return self.native.name
+
+    def ready(self) -> list[int]:
+        """The slots an episode may begin on now, ascending (vectorised: called every step)."""
+        if self._running == 0:
+            return list(range(self.n))
+        return np.flatnonzero(self.state == FRESH).tolist()
+
+    def begin(self, slot: int, seed: int) -> np.ndarray:
+        """Begins an episode on a slot that :meth:`can_begin`; returns its first observation.
+
+        If no slot is running, the whole env is reset first with ``seed``.
+        """
+        if self._running == 0 and not (self.state == FRESH).all():
+            self._observations = self.native.reset(seed)
+            self.state[:] = FRESH
+        assert self._observations is not None and self.state[slot] == FRESH
+        self.state[slot] = RUNNING
+        self._running += 1
+        return self._observations[slot]
+
+    def release(self, slot: int) -> None:
+        """The engine dropped the slot's episode (ended, cut or aborted)."""
+        if self.state[slot] == RUNNING:
+            # Cut or aborted mid-episode: its env goes on unseen until it ends.
+            self.state[slot] = DRAINING
+            self._running -= 1
+
+    def step(
+        self, active: list[int], cols: np.ndarray | None, actions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, bool, bool]]]:
+        """Steps every env; returns the active slots' results.
+
+        Args:
+            active: The running slots, ascending.
+            cols: ``active`` as an index array, or None when every slot runs.
+            actions: One action per active slot.
+
+        Returns:
+            ``(observations, rewards, done)`` of the active slots; ``done``
+            lists ``(slot, terminated, truncated)`` of those whose episode
+            ended (they are ``AWAITING`` from now on).
+        """
+        if cols is None:
+            full = actions
+        else:
+            full = self._placeholder.copy()
+            full[cols] = actions
+        observations, rewards, terminated, truncated = self.native.step(full)
+        ended = terminated | truncated
+        state = self.state
+        if cols is not None:
+            idle = state != RUNNING
+            state[idle & (state == FRESH)] = DRAINING
+            state[idle & (state == AWAITING)] = FRESH
+        ending = np.flatnonzero(ended)
+        done: list[tuple[int, bool, bool]] = []
+        for slot in ending.tolist():
+            if state[slot] == RUNNING:
+                done.append((slot, bool(terminated[slot]), bool(truncated[slot])))
+                self._running -= 1
+            state[slot] = AWAITING
+        self._observations = observations
+        if cols is None:
+            return observations, rewards, done
+        return observations[cols], rewards[cols], done
+
+    def close(self) -> None:
+        """Closes the vector env."""
+        self.native.close()
