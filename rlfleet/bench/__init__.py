@@ -25,7 +25,6 @@ both run :func:`run_benchmark`.
 from __future__ import annotations
 
 import argparse
-import contextlib
 from collections.abc import Callable, Sequence
 
 from rlfleet.bench.native import NativeBenchReport, run_native_benchmark
@@ -38,11 +37,9 @@ from rlfleet.bench.report import (
     Ratio,
 )
 from rlfleet.bench.samplers import (
-    SampleFn,
-    Timed,
     async_vector_env_sampler,
     fleet_sampler,
-    measurement_of,
+    measure_interleaved,
     plain_processes,
     sync_vector_env_sampler,
     vec_worker_sampler,
@@ -77,24 +74,18 @@ def run_benchmark(
         "async": f"AsyncVectorEnv: {w * k} env processes",
         "fleet": f"fleet: {w} workers x {k} envs",
     }
-    with contextlib.ExitStack() as stack:
-        say("starting: " + "; ".join(names.values()))
-        samplers: dict[str, SampleFn] = {
-            "plain": stack.enter_context(plain_processes(config)),
-            "vec_worker": stack.enter_context(vec_worker_sampler(config, env, policy)),
-            "sync": stack.enter_context(sync_vector_env_sampler(config, env, policy)),
-            "async": stack.enter_context(async_vector_env_sampler(config, env, policy)),
-            "fleet": stack.enter_context(fleet_sampler(config, env, policy.get_param_values())),
-        }
-        say("warming up")
-        for sample in samplers.values():
-            sample(min(config.request_steps, config.steps))
-        runs: dict[str, list[Timed]] = {key: [] for key in samplers}
-        for repeat in range(config.repeats):
-            say(f"run {repeat + 1} of {config.repeats}")
-            for key, sample in samplers.items():
-                runs[key].append(sample(config.steps))
-    measured = {key: measurement_of(names[key], runs[key]) for key in samplers}
+    measured = measure_interleaved(
+        config,
+        names,
+        {
+            "plain": plain_processes(config),
+            "vec_worker": vec_worker_sampler(config, env, policy),
+            "sync": sync_vector_env_sampler(config, env, policy),
+            "async": async_vector_env_sampler(config, env, policy),
+            "fleet": fleet_sampler(config, env, policy.get_param_values()),
+        },
+        say,
+    )
     return BenchReport(
         config,
         plain=measured["plain"],

@@ -19,16 +19,13 @@ goes.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
 
-from rlfleet.bench.report import BenchConfig, Measurement, Ratio
+from rlfleet.bench.report import BenchConfig, Measurement, Ratio, format_table
 from rlfleet.bench.samplers import (
-    SampleFn,
-    Timed,
     fleet_sampler,
-    measurement_of,
+    measure_interleaved,
     plain_processes,
     vec_worker_sampler,
 )
@@ -72,30 +69,13 @@ class NativeBenchReport:
     def format(self) -> str:
         """The report as a text table."""
         c = self.config
-        lines = [
+        header = (
             f"{c.env_id} ({self.vectorization}), mlp-categorical "
             f"{'x'.join(map(str, c.hidden_sizes))}, {c.workers} workers x "
             f"{c.envs_per_worker} envs, >= {c.steps:,} steps per run, fleet requests of "
-            f"{min(c.request_steps, c.steps):,} steps, median of {c.repeats} run(s) after warm-up",
-            "",
-            f"{'sampler':<52}{'steps/s':>10}   runs",
-        ]
-        for m in self.measurements.values():
-            runs = " / ".join(f"{rate:,.0f}" for rate in m.rates)
-            lines.append(f"{m.name:<52}{m.median:>10,.0f}   {runs}")
-        lines += ["", f"{'CPU us per env step':<52}{'us':>10}"]
-        for m in self.measurements.values():
-            for role, us in m.cpu_us.items():
-                lines.append(f"{m.name.split(':')[0] + ': ' + role:<52}{us:>10.2f}")
-        lines.append("")
-        for ratio in self.ratios:
-            verdict = (
-                "(no goal)"
-                if ratio.goal is None
-                else f"goal >= {ratio.goal:g}: {'ok' if ratio.met else 'MISSED'}"
-            )
-            lines.append(f"{ratio.label:<52}{ratio.value:>10.2f}   {verdict}")
-        return "\n".join(lines)
+            f"{min(c.request_steps, c.steps):,} steps, median of {c.repeats} run(s) after warm-up"
+        )
+        return format_table(header, list(self.measurements.values()), self.ratios, width=52)
 
 
 def run_native_benchmark(
@@ -123,24 +103,18 @@ def run_native_benchmark(
         "vec_worker": f"VecWorker: {k} native envs in this process",
         "fleet": f"fleet: {w} workers x {k} native envs",
     }
-    with contextlib.ExitStack() as stack:
-        say("starting: " + "; ".join(names.values()))
-        one = dataclasses.replace(config, workers=1)
-        samplers: dict[str, SampleFn] = {
-            "one_loop": stack.enter_context(plain_processes(one, vectorization)),
-            "loops": stack.enter_context(plain_processes(config, vectorization)),
-            "vec_worker": stack.enter_context(vec_worker_sampler(config, env, policy)),
-            "fleet": stack.enter_context(fleet_sampler(config, env, policy.get_param_values())),
-        }
-        say("warming up")
-        for sample in samplers.values():
-            sample(min(config.request_steps, config.steps))
-        runs: dict[str, list[Timed]] = {key: [] for key in samplers}
-        for repeat in range(config.repeats):
-            say(f"run {repeat + 1} of {config.repeats}")
-            for key, sample in samplers.items():
-                runs[key].append(sample(config.steps))
-    measured = {key: measurement_of(names[key], runs[key]) for key in samplers}
+    one = dataclasses.replace(config, workers=1)
+    measured = measure_interleaved(
+        config,
+        names,
+        {
+            "one_loop": plain_processes(one, vectorization),
+            "loops": plain_processes(config, vectorization),
+            "vec_worker": vec_worker_sampler(config, env, policy),
+            "fleet": fleet_sampler(config, env, policy.get_param_values()),
+        },
+        say,
+    )
     return NativeBenchReport(config, vectorization, measured)
 
 

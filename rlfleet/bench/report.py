@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rlfleet._values import check_int
@@ -151,16 +152,14 @@ class BenchReport:
     def format(self) -> str:
         """The report as a text table."""
         c = self.config
-        lines = [
+        header = (
             f"{c.env_id}, mlp-categorical {'x'.join(map(str, c.hidden_sizes))}, "
             f"{c.workers} workers x {c.envs_per_worker} envs, >= {c.steps:,} steps per run, "
             "fleet requests of "
             f"{min(c.request_steps, c.steps):,} steps, median of {c.repeats} run(s) after "
             "warm-up"
-            + ("" if c.prefetch_factor is None else f", prefetch_factor {c.prefetch_factor}"),
-            "",
-            f"{'sampler':<48}{'steps/s':>10}   runs",
-        ]
+            + ("" if c.prefetch_factor is None else f", prefetch_factor {c.prefetch_factor}")
+        )
         measurements = (
             self.plain,
             self.vec_worker,
@@ -168,19 +167,34 @@ class BenchReport:
             self.async_vector_env,
             self.fleet,
         )
-        for m in measurements:
-            runs = " / ".join(f"{rate:,.0f}" for rate in m.rates)
-            lines.append(f"{m.name:<48}{m.median:>10,.0f}   {runs}")
-        lines += ["", f"{'CPU us per env step':<48}{'us':>10}"]
-        for m in measurements:
-            for role, us in m.cpu_us.items():
-                lines.append(f"{m.name.split(':')[0] + ': ' + role:<48}{us:>10.2f}")
-        lines.append("")
-        for ratio in self.ratios:
-            verdict = (
-                "(no goal)"
-                if ratio.goal is None
-                else f"goal >= {ratio.goal:g}: {'ok' if ratio.met else 'MISSED'}"
-            )
-            lines.append(f"{ratio.label:<48}{ratio.value:>10.2f}   {verdict}")
-        return "\n".join(lines)
+        return format_table(header, measurements, self.ratios, width=48)
+
+
+def format_table(
+    header: str, measurements: Sequence[Measurement], ratios: Sequence[Ratio], *, width: int
+) -> str:
+    """A bench report as text: steps/s per sampler, CPU us per step per process, ratios.
+
+    Args:
+        header: The first line (what was measured).
+        measurements: The samplers, in table order.
+        ratios: The ratios, with their verdicts.
+        width: Width of the label column.
+    """
+    lines = [header, "", f"{'sampler':<{width}}{'steps/s':>10}   runs"]
+    for m in measurements:
+        runs = " / ".join(f"{rate:,.0f}" for rate in m.rates)
+        lines.append(f"{m.name:<{width}}{m.median:>10,.0f}   {runs}")
+    lines += ["", f"{'CPU us per env step':<{width}}{'us':>10}"]
+    for m in measurements:
+        for role, us in m.cpu_us.items():
+            lines.append(f"{m.name.split(':')[0] + ': ' + role:<{width}}{us:>10.2f}")
+    lines.append("")
+    for ratio in ratios:
+        verdict = (
+            "(no goal)"
+            if ratio.goal is None
+            else f"goal >= {ratio.goal:g}: {'ok' if ratio.met else 'MISSED'}"
+        )
+        lines.append(f"{ratio.label:<{width}}{ratio.value:>10.2f}   {verdict}")
+    return "\n".join(lines)

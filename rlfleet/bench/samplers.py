@@ -58,6 +58,40 @@ def measurement_of(name: str, runs: list[Timed]) -> Measurement:
     return Measurement(name, tuple(run.steps / run.wall for run in runs), cpu)
 
 
+def measure_interleaved(
+    config: BenchConfig,
+    names: dict[str, str],
+    samplers: dict[str, contextlib.AbstractContextManager[SampleFn]],
+    say: Callable[[str], None],
+) -> dict[str, Measurement]:
+    """Starts the samplers, warms each up, then times them in turn, repeat by repeat.
+
+    Never two at once, so they do not compete for cores; every sampler is
+    stopped before this returns, whatever happened.
+
+    Args:
+        config: Steps per run, request size (the warm-up) and repeats.
+        names: What each sampler key is called in the report.
+        samplers: Not yet entered sampler context managers, by key.
+        say: Called with a short line as each phase starts.
+
+    Returns:
+        One Measurement per key, in the order of ``samplers``.
+    """
+    with contextlib.ExitStack() as stack:
+        say("starting: " + "; ".join(names[key] for key in samplers))
+        started = {key: stack.enter_context(sampler) for key, sampler in samplers.items()}
+        say("warming up")
+        for sample in started.values():
+            sample(min(config.request_steps, config.steps))
+        runs: dict[str, list[Timed]] = {key: [] for key in started}
+        for repeat in range(config.repeats):
+            say(f"run {repeat + 1} of {config.repeats}")
+            for key, sample in started.items():
+                runs[key].append(sample(config.steps))
+    return {key: measurement_of(names[key], runs[key]) for key in started}
+
+
 def _cpu_seconds(processes: Sequence[psutil.Process]) -> list[float]:
     times = [process.cpu_times() for process in processes]
     return [t.user + t.system for t in times]
