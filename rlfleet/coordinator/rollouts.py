@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, is_multi_agent_env
+from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, can_run_env
 from rlfleet.coordinator.calls import CallScope
 from rlfleet.coordinator.failures import CallError, describe, detail_of
 from rlfleet.coordinator.registry import WorkerHandle
@@ -124,8 +124,9 @@ class Rollouts:
                     previous.generation,
                 )
                 return self._ack(on_it)
-            capable = [h for h in state.registry if MULTI_AGENT_CAPABILITY in h.hello.capabilities]
-            if is_multi_agent_env(update.env_id) and len(state.registry) and not capable:
+            if len(state.registry) and not any(
+                can_run_env(update.env_id, h.hello.capabilities) for h in state.registry
+            ):
                 message = (
                     f"env {update.env_id!r} is multi-agent and none of the {len(state.registry)} "
                     f"connected workers declares the capability {MULTI_AGENT_CAPABILITY!r} (the "
