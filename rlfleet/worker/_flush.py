@@ -5,9 +5,17 @@ CPU whatever its size (three gRPC hops, a validation decode, the learner's
 decode): with one result per CartPole episode that cost the fleet 3x its
 throughput. So episodes are grouped, up to a size (steps and bytes: large
 messages are slow to allocate and stream). They are held back no longer
-than a timer, though, and not at all once the worker runs out of work: the
+than a timer, though, and little once the worker runs out of work: the
 coordinator refills a worker only when it hears that its units are done,
 and a request's answer waits for its last episodes.
+
+Out of work, the worker sends when half of its env slots have gone idle
+(the coordinator then refills them together) and, after that, when all
+have (the session's loop sends on idle): not once per episode that ends.
+At a request's tail that was one result of a single episode per slot, and
+each result costs the coordinator and the learner as much CPU as a result
+of thousands of steps. The answer loses nothing by it: the request waits
+for the slots' last episodes anyway, and the timer still bounds the wait.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ class FlushPolicy:
         self.max_seconds = max_seconds
         self._step_limit = max_steps  # max_steps, or fewer for large steps
         self._oldest: float | None = None  # when the oldest unsent episode was seen
+        self._dry_sent = False  # sent at half the slots idle since the queue ran dry
 
     @property
     def step_limit(self) -> int:
@@ -46,7 +55,14 @@ class FlushPolicy:
         self._step_limit = max(1, min(self.max_steps, fitting))
 
     def due(
-        self, now: float, *, finished_steps: int, queued_units: int, step_seconds: float
+        self,
+        now: float,
+        *,
+        finished_steps: int,
+        queued_units: int,
+        idle_slots: int,
+        slots: int,
+        step_seconds: float,
     ) -> bool:
         """Whether to send now; call after every step that left finished episodes.
 
@@ -54,15 +70,23 @@ class FlushPolicy:
             now: ``time.monotonic()``.
             finished_steps: Steps of the finished, unsent episodes (> 0).
             queued_units: Units not started yet.
+            idle_slots: Env slots without an episode in flight.
+            slots: Env slots of the worker.
             step_seconds: How long the step took.
         """
         if self._oldest is None:
             self._oldest = now
+        if queued_units:
+            self._dry_sent = False
+        # Out of work: slots go idle as their episodes end, so the
+        # coordinator must hear soon to refill them (or to see the request's
+        # last episodes); once half are idle, and not again until all are
+        # (the caller sends on idle).
+        dry = not queued_units and not self._dry_sent and 2 * idle_slots >= slots
+        if dry:
+            self._dry_sent = True
         return (
-            # Nothing left to start: slots go idle as their episodes end, so
-            # the coordinator must hear now to refill them (or to see the
-            # request's last episodes).
-            queued_units == 0
+            dry
             or finished_steps >= self._step_limit
             or now - self._oldest >= self.max_seconds
             # A slow step gains nothing from waiting: the timer is only seen

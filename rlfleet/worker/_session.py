@@ -218,6 +218,8 @@ class Session:
                 now,
                 finished_steps=vec.finished_steps,
                 queued_units=self._book.queued_units,
+                idle_slots=vec.n_envs - vec.active_count,
+                slots=vec.n_envs,
                 step_seconds=now - started,
             ):
                 self._flush()
