@@ -396,6 +396,44 @@ class _EpisodeRequest(_Request):
         self.next_index += 1
         return index
 
+    def take_many(self, count: int, fleet_slots: int, prior_length: float | None) -> list[int]:
+        """Up to ``count`` indices to hand out, each marked handed out.
+
+        The same indices as ``count`` calls of :meth:`take` and
+        :meth:`handed_out`, in one step: requeued units first, then new ones
+        while the request needs them (the refill of a worker is hundreds of
+        units, and per-unit calls were a tenth of the coordinator's CPU).
+        """
+        if self.subscription:  # its room changes with every unit: one at a time
+            taken: list[int] = []
+            while len(taken) < count:
+                index = self.take(fleet_slots, prior_length)
+                if index is None:
+                    break
+                taken.append(index)
+                self.handed_out(1)
+            return taken
+        if self.done or count <= 0:
+            return []
+        taken = [heapq.heappop(self.requeued) for _ in range(min(count, len(self.requeued)))]
+        # A requeued unit popped and handed out leaves outstanding + requeued
+        # unchanged, so what _may_generate allows is known now (the popped
+        # ones count as outstanding: they are handed out below).
+        average = self.average_length(prior_length)
+        if self.spec.mode is Mode.EPISODES:
+            new = self.spec.amount - self.next_index
+        elif self.spec.amount - self.accepted_steps <= 0:
+            new = 0
+        else:
+            remaining = self.spec.amount - self.accepted_steps
+            needed = max(fleet_slots if average is None else math.ceil(remaining / average), 1)
+            new = needed - (self.outstanding + len(taken) + len(self.requeued))
+        new = max(min(new, count - len(taken)), 0)
+        taken.extend(range(self.next_index, self.next_index + new))
+        self.next_index += new
+        self.handed_out(len(taken))
+        return taken
+
     def average_length(self, prior_length: float | None) -> float | None:
         """Mean length of this request's episodes, else the prior."""
         if self.completed_count:
@@ -839,14 +877,9 @@ class Scheduler:
 
         def give(worker: _Worker, count: int) -> bool:
             """Hands the worker up to ``count`` units; False once the request has none."""
-            mine = picked[worker.worker_id]
-            for _ in range(count):
-                index = request.take(fleet_slots, prior)
-                if index is None:
-                    return False
-                mine.append(index)
-                request.handed_out(1)
-            return True
+            taken = request.take_many(count, fleet_slots, prior)
+            picked[worker.worker_id].extend(taken)
+            return len(taken) >= count  # count may be <= 0: a worker already full
 
         # First a unit for every idle env slot of every worker, then spare
         # units, a slice of its slots at a time to each worker in turn.
