@@ -322,44 +322,58 @@ def test_finished_episodes_are_grouped_until_the_queue_runs_out(
     assert len(got) <= 4
 
 
+def _due(
+    policy: FlushPolicy,
+    now: float,
+    finished_steps: int,
+    *,
+    queued_units: int = 5,
+    idle_slots: int = 0,
+    slots: int = 8,
+    step_seconds: float = 0.01,
+) -> bool:
+    return policy.due(
+        now,
+        finished_steps=finished_steps,
+        queued_units=queued_units,
+        idle_slots=idle_slots,
+        slots=slots,
+        step_seconds=step_seconds,
+    )
+
+
 def test_the_flush_policy_holds_episodes_back_until_a_bound_or_an_empty_queue() -> None:
     policy = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
-    busy = {"queued_units": 5, "idle_slots": 0, "slots": 8, "step_seconds": 0.01}
-    assert not policy.due(10.0, finished_steps=30, **busy)
-    assert not policy.due(10.25, finished_steps=99, **busy)
-    assert policy.due(10.5, finished_steps=99, **busy)  # timer
+    assert not _due(policy, 10.0, 30)
+    assert not _due(policy, 10.25, 99)
+    assert _due(policy, 10.5, 99)  # timer
     policy.sent()
-    assert not policy.due(11.0, finished_steps=1, **busy)
-    assert not policy.due(11.25, finished_steps=99, **busy)
-    assert policy.due(11.25, finished_steps=100, **busy)  # steps
+    assert not _due(policy, 11.0, 1)
+    assert not _due(policy, 11.25, 99)
+    assert _due(policy, 11.25, 100)  # steps
     policy.sent()
-    assert policy.due(13.0, finished_steps=1, **{**busy, "step_seconds": 0.5})  # slow step
+    assert _due(policy, 13.0, 1, step_seconds=0.5)  # slow step
 
 
 def test_the_flush_policy_sends_once_half_the_slots_are_idle_when_out_of_work() -> None:
     policy = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
-    dry = {"queued_units": 0, "slots": 8, "step_seconds": 0.01}
     # Out of work, but most slots still run episodes: one result per
     # episode that ends would cost a message each.
-    assert not policy.due(12.0, finished_steps=1, idle_slots=1, **dry)
-    assert not policy.due(12.01, finished_steps=2, idle_slots=3, **dry)
-    assert policy.due(12.02, finished_steps=3, idle_slots=4, **dry)  # half idle
+    assert not _due(policy, 12.0, 1, queued_units=0, idle_slots=1)
+    assert not _due(policy, 12.01, 2, queued_units=0, idle_slots=3)
+    assert _due(policy, 12.02, 3, queued_units=0, idle_slots=4)  # half idle
     policy.sent()
     # Then not per episode again (the session sends when all are idle)...
-    assert not policy.due(12.03, finished_steps=1, idle_slots=5, **dry)
-    assert not policy.due(12.04, finished_steps=2, idle_slots=7, **dry)
-    assert policy.due(12.53, finished_steps=2, idle_slots=7, **dry)  # ...but the timer holds
+    assert not _due(policy, 12.03, 1, queued_units=0, idle_slots=5)
+    assert not _due(policy, 12.04, 2, queued_units=0, idle_slots=7)
+    assert _due(policy, 12.53, 2, queued_units=0, idle_slots=7)  # ...but the timer holds
     policy.sent()
     # A refill (units queued again) arms the rule for the next dry spell.
-    assert not policy.due(
-        13.0, finished_steps=1, queued_units=3, idle_slots=0, slots=8, step_seconds=0.01
-    )
-    assert policy.due(13.1, finished_steps=1, idle_slots=4, **dry)
+    assert not _due(policy, 13.0, 1, queued_units=3)
+    assert _due(policy, 13.1, 1, queued_units=0, idle_slots=4)
     # A worker of one slot sends each episode when out of work.
     single = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
-    assert single.due(
-        14.0, finished_steps=1, queued_units=0, idle_slots=1, slots=1, step_seconds=0.01
-    )
+    assert _due(single, 14.0, 1, queued_units=0, idle_slots=1, slots=1)
 
 
 def test_the_flush_policy_sends_large_steps_sooner() -> None:
@@ -368,9 +382,8 @@ def test_the_flush_policy_sends_large_steps_sooner() -> None:
     assert policy.step_limit == 100
     policy.expect_step_bytes(400.0)  # 25 steps make 10,000 bytes
     assert policy.step_limit == 25
-    busy = {"queued_units": 5, "idle_slots": 0, "slots": 8, "step_seconds": 0.01}
-    assert not policy.due(1.0, finished_steps=24, **busy)
-    assert policy.due(1.0, finished_steps=25, **busy)
+    assert not _due(policy, 1.0, 24)
+    assert _due(policy, 1.0, 25)
     policy.expect_step_bytes(1e9)  # one step is too big already: still one per result
     assert policy.step_limit == 1
 
