@@ -218,7 +218,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     option(
         "--capacity-steps",
         type=non_negative_int,
-        default=65536,  # scheduler.DEFAULT_CAPACITY_STEPS (not imported: no gRPC at start)
+        default=16384,
         help=(
             "steps of work a worker holds (running, queued, unreported), converted to units "
             "with the mean episode length; 0: --prefetch-factor alone"

@@ -78,15 +78,15 @@ from rlfleet.seeding import episode_seeds_many
 DEFAULT_PREFETCH_FACTOR = 1
 
 #: Default steps of work a worker holds (see the module docstring). Workers
-#: report after 0.1 s of work or 16384 steps (their default flush_seconds
-#: and flush_steps), so a refill at half capacity still leaves them 16384+
-#: steps to cover its round trip: a fast worker (native envs, about 250k
-#: steps/s) is bound by flush_steps, and must not run dry before its
-#: refill. Every worker with room is topped up after each result, so the
-#: queues stay balanced within one result's worth of work whatever the
-#: capacity. Surplus is no concern: a STEPS request never hands out more
-#: than it still needs.
-DEFAULT_CAPACITY_STEPS = 65536
+#: report after 0.1 s of work or 8192 steps (their default flush_seconds and
+#: flush_steps), so a refill at half capacity still leaves them 8192 steps
+#: (~140 ms of CartPole on one core, ~30 ms of a native vector env) to cover
+#: its round trip. Measured with the fleet benchmark: 8192 and 24576 were
+#: within noise of this. Larger is not free: when a request stops
+#: generating, each worker still runs the queue it holds, so a slower
+#: worker's queue sets the request's tail. Surplus is no concern: a STEPS
+#: request never hands out more than it still needs.
+DEFAULT_CAPACITY_STEPS = 16384
 
 #: Episodes over which the fleet's running mean episode length forgets.
 _MEAN_LENGTH_MEMORY = 256
