@@ -427,6 +427,11 @@ class RemoteSampler:
             failed=lambda exc: self._failed(exc, "Subscribe", timeout=timeout),
         )
 
+    @property
+    def security(self) -> ClientSecurity:
+        """The TLS settings and token this sampler dials with."""
+        return self._security
+
     def open_channel(self) -> grpc.Channel:
         """A new channel to the coordinator with this sampler's address and credentials.
 
