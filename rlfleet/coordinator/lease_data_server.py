@@ -206,6 +206,9 @@ class LeaseDataServer:
         host = host.strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
+        # A restarted coordinator rebinds at once, past its old connections'
+        # TIME_WAIT (as gRPC's port does); SO_REUSEPORT stays off.
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self._listener.bind((host, int(port)))
             self._listener.listen(128)
