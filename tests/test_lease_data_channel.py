@@ -170,7 +170,10 @@ def test_tickets_are_single_use_and_revocable() -> None:
 def test_the_data_channel_can_be_turned_off_or_moved() -> None:
     with serve(CoordinatorConfig(listen="127.0.0.1:0", lease_data_listen=LEASE_DATA_OFF)) as off:
         assert off.coordinator.lease_data is None
-    assert CoordinatorConfig(listen="0.0.0.0:50051").lease_data_address == "0.0.0.0:50052"
+    # + 2: + 1 is the documented plaintext health port.
+    assert CoordinatorConfig(listen="0.0.0.0:50051").lease_data_address == "0.0.0.0:50053"
+    with pytest.raises(ConfigError, match="no port \\+ 2"):
+        CoordinatorConfig(listen="127.0.0.1:65534")
     assert CoordinatorConfig(listen="127.0.0.1:0").lease_data_address == "127.0.0.1:0"
     with pytest.raises(ConfigError, match="--lease-data-listen"):
         CoordinatorConfig(lease_data_listen="50052")

@@ -255,7 +255,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=(
             "HOST:PORT of the lease data channel, a framed TCP port that learners and workers "
             "dial for lease calls and replies (much cheaper than gRPC; docs/protocol.md); "
-            "auto: the --listen host and port + 1; off: lease traffic stays on gRPC"
+            "auto: the --listen host and port + 2 (50053 beside 50051; + 1 is the usual "
+            "--health-listen); off: lease traffic stays on gRPC"
         ),
     )
     option(

@@ -222,6 +222,7 @@ class LeaseStream:
         try:
             link.send(request)
         except OSError as exc:
+            self._reader.join(_WHY_SECONDS)  # the stream may say why first
             self._broken(f"sending call {call_id} failed: {exc}")
 
     def receive(self, ids: Sequence[int], count: int, timeout: float | None) -> dict[int, Any]:
@@ -326,14 +327,14 @@ class LeaseStream:
 
     def _read_data(self, link: LeaseDataLink) -> None:
         """The data channel's reader thread: replies until the connection ends."""
-        why = "the coordinator closed the lease data connection"
+        why = "the coordinator closed it"
         try:
             while (data := link.receive()) is not None:
                 event = decode_lease_response(data, self._space)
                 if isinstance(event, LeaseRepliedEvent):
                     self._on_reply(event)
         except OSError as exc:
-            why = f"the lease data connection broke: {exc}"
+            why = f"broken: {exc}"
         except RlfleetError as exc:  # a reply that does not decode
             why = str(exc)
         if self._closing:
@@ -346,7 +347,10 @@ class LeaseStream:
         """The data connection failed: every call waiting fails, and the lease with it."""
         with self._lock:
             if self._failure is None:
-                self._failure = UnavailableError(f"lease {self.lease_id}: {why}")
+                self._failure = UnavailableError(
+                    f"lease {self.lease_id}: its data connection to the coordinator ended "
+                    f"({why}); open a new lease"
+                )
             self._fail_waiting(self._failure)
         self._call.cancel()
 

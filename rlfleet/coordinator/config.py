@@ -18,6 +18,9 @@ DEFAULT_ENV = "CartPole-v1"
 #: ``lease_data_listen`` values: beside the gRPC port, or no data channel.
 LEASE_DATA_AUTO = "auto"
 LEASE_DATA_OFF = "off"
+#: ``auto``'s offset from the gRPC port: + 1 is the documented plaintext
+#: health port (--health-listen 50052, the image's default), so + 2.
+LEASE_DATA_PORT_OFFSET = 2
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,8 @@ class CoordinatorConfig:
         max_envs_per_learner: Envs one learner's leases may hold together.
         lease_data_listen: ``HOST:PORT`` of the lease data channel (framed
             TCP for lease calls and replies, docs/protocol.md); ``"auto"``:
-            the gRPC host and port + 1 (port 0 when ``listen`` asks for 0);
+            the gRPC host and port + 2 (50053 beside 50051; port 0 when
+            ``listen`` asks for 0);
             ``"off"``: none, lease traffic stays on gRPC.
         security: TLS, the worker and learner tokens, and the pickle
             opt-in (docs/security.md). The default serves plaintext to
@@ -193,12 +197,13 @@ class CoordinatorConfig:
             if not data_host or not data_port.isdigit() or int(data_port) > 65535:
                 raise ConfigError(
                     f"lease data listen address {data!r} (--lease-data-listen) must be HOST:PORT, "
-                    f"{LEASE_DATA_AUTO!r} (the gRPC port + 1) or {LEASE_DATA_OFF!r}"
+                    f"{LEASE_DATA_AUTO!r} (the gRPC port + {LEASE_DATA_PORT_OFFSET}) or "
+                    f"{LEASE_DATA_OFF!r}"
                 )
-        elif data == LEASE_DATA_AUTO and port == "65535":
+        elif data == LEASE_DATA_AUTO and int(port) + LEASE_DATA_PORT_OFFSET > 65535:
             raise ConfigError(
-                "listen port 65535 leaves no port + 1 for the lease data channel: give "
-                "--lease-data-listen HOST:PORT or --lease-data-listen off"
+                f"listen port {port} leaves no port + {LEASE_DATA_PORT_OFFSET} for the lease data "
+                "channel: give --lease-data-listen HOST:PORT or --lease-data-listen off"
             )
         check_int("prefetch_factor", self.prefetch_factor, minimum=0)
         check_int("capacity_steps", self.capacity_steps, minimum=0)
@@ -211,7 +216,7 @@ class CoordinatorConfig:
         if self.lease_data_listen != LEASE_DATA_AUTO:
             return self.lease_data_listen
         host, _, port = self.listen.rpartition(":")
-        return f"{host}:{int(port) + 1 if int(port) else 0}"
+        return f"{host}:{int(port) + LEASE_DATA_PORT_OFFSET if int(port) else 0}"
 
     @property
     def thread_pool_size(self) -> int:

@@ -322,6 +322,7 @@ class LeaseDataServer:
         if attach is None:
             self._refuse(sock, where, "an unknown, used or revoked ticket")
             return
+        self._on_connection("accepted")
         connection = DataConnection(sock, self, where)
         try:
             # LeaseDataAccepted (no fields) before anything attach may send.
@@ -333,7 +334,6 @@ class LeaseDataServer:
             connection.mark_closed()
             sock.close()
             return
-        self._on_connection("accepted")
         self._order("add", connection)
 
     def _take(self, hello: bytes) -> Attach | None:

@@ -61,6 +61,11 @@ class WorkerLeaseChannel:
         self._held: list[bytes] = []
         self._closed = False
         self._link: LeaseDataLink | None = None
+
+    def start(self) -> None:
+        """Dials in the background (started apart from the constructor: the
+        switch marker may come back before the constructor's caller has
+        stored this object where the Join stream's receiver finds it)."""
         threading.Thread(target=self._run, name="rlfleet-worker-lease-data", daemon=True).start()
 
     @property

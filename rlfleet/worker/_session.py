@@ -153,6 +153,7 @@ class Session:
                 on_command=self._data_command,
                 on_broken=self._data_broken,
             )
+            self._lease_channel.start()
 
     # --- the main loop -------------------------------------------------------------
 
