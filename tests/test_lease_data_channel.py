@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -315,3 +316,45 @@ def test_an_mtls_fleet_carries_leases_on_the_data_channel(tmp_path: Path) -> Non
                      max_frame_bytes=1)  # fmt: skip
         finally:
             stop_processes([worker.process], 10.0)
+
+
+class _Recording:
+    """A data connection's peer that records why its connection ended."""
+
+    def __init__(self) -> None:
+        self.closed: list[str] = []
+
+    def on_frame(self, payload: bytes) -> None:
+        pass
+
+    def on_closed(self, reason: str) -> None:
+        self.closed.append(reason)
+
+
+def test_a_peer_that_does_not_read_is_cut_off_not_buffered_without_bound() -> None:
+    config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 16)
+    with serve(config) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        peer = _Recording()
+        attached: list[Any] = []
+
+        def attach(connection: Any) -> _Recording:
+            attached.append(connection)
+            return peer
+
+        ticket = data.issue(attach)
+        link = dial("127.0.0.1", data.port, data_hello(ticket), tls=None, timeout=10,
+                    max_frame_bytes=1 << 16)  # fmt: skip
+        try:
+            (connection,) = attached
+            chunk = b"x" * (1 << 15)
+            for _ in range(4096):  # 128 MiB at most; the kernel's buffers hold a few MiB
+                connection.send(chunk)
+                if connection.closed:
+                    break
+            assert connection.closed
+            wait_until(lambda: peer.closed, "the connection's end")
+            assert "does not read" in peer.closed[0]
+        finally:
+            link.close()

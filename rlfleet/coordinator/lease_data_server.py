@@ -36,6 +36,8 @@ logger = logging.getLogger("rlfleet.coordinator")
 
 #: Bytes read from a socket at once.
 _READ_BYTES = 1 << 18
+#: Frames of the largest size a connection may have waiting to be sent.
+_PENDING_FRAMES = 4
 #: Errors of a non-blocking socket (or TLS) that only mean "not now".
 _NOT_NOW = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
@@ -63,10 +65,14 @@ class DataConnection:
         what: Who it is, for logs.
     """
 
-    def __init__(self, sock: socket.socket, server: LeaseDataServer, what: str) -> None:
+    def __init__(
+        self, sock: socket.socket, server: LeaseDataServer, what: str, max_pending_bytes: int
+    ) -> None:
         self.what = what
         self._sock = sock
         self._server = server
+        self._max_pending = max_pending_bytes
+        self._pending_bytes = 0
         # TLS objects must not be used by two threads at once; plain sockets
         # take the same lock (uncontended: microseconds).
         self._lock = threading.Lock()
@@ -79,22 +85,36 @@ class DataConnection:
         """Sends one frame without blocking (what the socket does not take at once
         is sent by the loop, in order)."""
         data = frame(payload)
+        failure = None
         with self._lock:
             if self._closed:
                 return  # the peer's on_closed already ended what this belonged to
             if self._pending:
-                self._pending.append(memoryview(data))
-                return
-            try:
-                sent = self._sock.send(data)
-            except _NOT_NOW:
                 sent = 0
-            except OSError as exc:
-                self._server.close(self, f"send failed: {exc}")
-                return
-            if sent == len(data):
-                return
-            self._pending.append(memoryview(data)[sent:])
+            else:
+                try:
+                    sent = self._sock.send(data)
+                except _NOT_NOW:
+                    sent = 0
+                except OSError as exc:
+                    failure = f"send failed: {exc}"
+                if failure is None and sent == len(data):
+                    return
+            if failure is None:
+                waiting = self._pending_bytes + len(data) - sent
+                if waiting > self._max_pending:
+                    # A peer that does not read what it asked for must not
+                    # make the coordinator hold replies without bound.
+                    failure = (
+                        f"{waiting} bytes wait to be sent, above {self._max_pending}: the "
+                        "peer does not read its connection"
+                    )
+                else:
+                    self._pending.append(memoryview(data)[sent:])
+                    self._pending_bytes = waiting
+        if failure is not None:
+            self._server.close(self, failure)
+            return
         self._server.want_write(self)
 
     def close(self, reason: str = "closed by the coordinator") -> None:
@@ -149,6 +169,7 @@ class DataConnection:
                     return False, None
                 except OSError as exc:
                     return False, f"send failed: {exc}"
+                self._pending_bytes -= sent
                 if sent < len(data):
                     self._pending[0] = data[sent:]
                     return False, None
@@ -167,6 +188,7 @@ class DataConnection:
                 return False
             self._closed = True
             self._pending.clear()
+            self._pending_bytes = 0
             return True
 
     @property
@@ -323,7 +345,7 @@ class LeaseDataServer:
             self._refuse(sock, where, "an unknown, used or revoked ticket")
             return
         self._on_connection("accepted")
-        connection = DataConnection(sock, self, where)
+        connection = DataConnection(sock, self, where, _PENDING_FRAMES * self._max_frame)
         try:
             # LeaseDataAccepted (no fields) before anything attach may send.
             sock.sendall(frame(b""))
