@@ -28,7 +28,7 @@ from rlfleet.client.fleet import spawn_worker, stop_processes
 from rlfleet.coordinator import CoordinatorConfig, serve
 from rlfleet.coordinator.config import LEASE_DATA_OFF
 from rlfleet.errors import ConfigError, UnavailableError
-from rlfleet.lease_data import FRAME_HEADER, dial
+from rlfleet.lease_data import FRAME_HEADER, coordinator_host, dial
 from rlfleet.lease_messages import data_hello
 from rlfleet.security import ClientTLS, ServerSecurity, ServerTLS
 from tests.tls_fixtures import make_ca, make_cert
@@ -358,3 +358,20 @@ def test_a_peer_that_does_not_read_is_cut_off_not_buffered_without_bound() -> No
             assert "does not read" in peer.closed[0]
         finally:
             link.close()
+
+
+@pytest.mark.parametrize(
+    ("address", "host"),
+    [
+        ("127.0.0.1:50051", "127.0.0.1"),
+        (
+            "rlfleet-coordinator.rlfleet.svc.cluster.local:50051",
+            "rlfleet-coordinator.rlfleet.svc.cluster.local",
+        ),
+        ("[::1]:50051", "::1"),
+        ("dns:///coordinator.example:50051", "coordinator.example"),
+        ("ipv4:10.0.0.5:50051", "10.0.0.5"),
+    ],
+)
+def test_the_data_channel_is_dialled_on_the_grpc_host(address: str, host: str) -> None:
+    assert coordinator_host(address) == host
