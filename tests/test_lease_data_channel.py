@@ -375,3 +375,34 @@ def test_a_peer_that_does_not_read_is_cut_off_not_buffered_without_bound() -> No
 )
 def test_the_data_channel_is_dialled_on_the_grpc_host(address: str, host: str) -> None:
     assert coordinator_host(address) == host
+
+
+def test_connections_that_never_say_hello_hold_a_bounded_number_of_threads() -> None:
+    config = CoordinatorConfig(listen="127.0.0.1:0", handshake_timeout_seconds=30.0)
+    with serve(config) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        idle = [socket.create_connection(("127.0.0.1", data.port), timeout=10) for _ in range(64)]
+        try:
+            registry = server.coordinator.metrics.registry
+            with socket.create_connection(("127.0.0.1", data.port), timeout=10) as extra:
+                # Refused at once, long before the 30 s handshake timeout.
+                assert extra.recv(1) == b""
+            refused = registry.get_sample_value(
+                "rlfleet_lease_data_connections_total", {"outcome": "refused"}
+            )
+            assert refused == 1
+        finally:
+            for sock in idle:
+                sock.close()
+        # Their threads end with them: a real ticket is accepted again.
+        ticket = data.issue(lambda connection: _Quiet())
+        wait_until(lambda: _accepts(data.port, ticket), "a free handshake slot")
+
+
+def _accepts(port: int, ticket: bytes) -> bool:
+    try:
+        dial("127.0.0.1", port, data_hello(ticket), tls=None, timeout=10, max_frame_bytes=1).close()
+    except UnavailableError:
+        return False
+    return True

@@ -36,6 +36,9 @@ logger = logging.getLogger("rlfleet.coordinator")
 
 #: Bytes read from a socket at once.
 _READ_BYTES = 1 << 18
+#: Connections in their handshake at once (each holds a thread for at most
+#: the handshake timeout); more are refused at once.
+_MAX_HANDSHAKES = 64
 #: Frames of the largest size a connection may have waiting to be sent.
 _PENDING_FRAMES = 4
 #: Errors of a non-blocking socket (or TLS) that only mean "not now".
@@ -246,6 +249,7 @@ class LeaseDataServer:
         self._tickets: dict[bytes, Attach] = {}
         self._tickets_lock = threading.Lock()
         self._refusals = LogLimiter()
+        self._handshakes = threading.BoundedSemaphore(_MAX_HANDSHAKES)
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -322,15 +326,24 @@ class LeaseDataServer:
                 sock, address = self._listener.accept()
             except OSError:
                 return  # the listener was closed (stop)
+            where = f"{address[0]}:{address[1]}"
+            # Anyone who reaches the port can open connections that never
+            # say hello: at most this many threads wait for them at once.
+            if not self._handshakes.acquire(blocking=False):
+                self._refuse(sock, where, f"{_MAX_HANDSHAKES} connections are in their handshake")
+                continue
             threading.Thread(
-                target=self._handshake,
-                args=(sock, f"{address[0]}:{address[1]}"),
-                name="rlfleet-data-hello",
-                daemon=True,
+                target=self._handshake, args=(sock, where), name="rlfleet-data-hello", daemon=True
             ).start()
 
     def _handshake(self, sock: socket.socket, where: str) -> None:
         """TLS, the ticket frame and the answer; then the loop serves it."""
+        try:
+            self._attach(sock, where)
+        finally:
+            self._handshakes.release()
+
+    def _attach(self, sock: socket.socket, where: str) -> None:
         try:
             sock.settimeout(self._handshake_timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
