@@ -298,11 +298,19 @@ def test_an_mtls_fleet_carries_leases_on_the_data_channel(tmp_path: Path) -> Non
                 timeout=60,
             ) as sampler:
                 wait_until(lambda: len(sampler.status().workers) == 1, "the worker to join")
+                # The worker dials the channel once joined (TLS takes a moment);
+                # until then its lease traffic would rightly use the stream.
+                registry = server.coordinator.metrics.registry
+                wait_until(
+                    lambda: registry.get_sample_value(
+                        "rlfleet_lease_data_connections_total", {"outcome": "accepted"}
+                    ),
+                    "the worker's data connection",
+                )
                 with RemoteVectorEnv(sampler, "CartPole-v1", 2) as venv:
                     venv.reset(seed=0)
                     obs, _, _, _, _ = venv.step(np.zeros(2, np.int64))
                     assert obs.shape == (2, 4)
-            registry = server.coordinator.metrics.registry
             for party in ("learner", "worker"):
                 assert registry.get_sample_value(
                     "rlfleet_lease_data_frames_total", {"party": party}
@@ -347,6 +355,7 @@ def test_a_peer_that_does_not_read_is_cut_off_not_buffered_without_bound() -> No
         link = dial("127.0.0.1", data.port, data_hello(ticket), tls=None, timeout=10,
                     max_frame_bytes=1 << 16)  # fmt: skip
         try:
+            wait_until(lambda: attached, "the connection attached")  # just after the accept
             (connection,) = attached
             chunk = b"x" * (1 << 15)
             for _ in range(4096):  # 128 MiB at most; the kernel's buffers hold a few MiB

@@ -53,7 +53,10 @@ class WorkerDataPeer:
         self._events.drop(
             self._handle,
             grpc.StatusCode.UNAVAILABLE,
-            f"its lease data connection ended ({reason}); rejoin",
+            # "stream broke", as for its Join stream: a killed worker's two
+            # connections break together, and either may be noticed first.
+            f"its lease data stream broke ({reason}: the worker died or lost its connection, "
+            "or broke the protocol); rejoin",
         )
 
 
