@@ -394,10 +394,13 @@ class LeaseDataServer:
         selector = self._selector
         while not self._stopped.is_set():
             for key, events in selector.select():
-                if key.fileobj is self._wake_r:
-                    self._run_orders()
-                else:
-                    self._serve(key.data, events)
+                try:
+                    if key.fileobj is self._wake_r:
+                        self._run_orders()
+                    else:
+                        self._serve(key.data, events)
+                except Exception:  # a bug must not stop every lease's traffic
+                    logger.exception("the lease data loop failed on one event; going on")
         for connection in list(self._connections):
             self._forget(connection)
         self._selector.close()
