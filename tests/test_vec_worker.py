@@ -111,7 +111,7 @@ def test_episode_matches_a_plain_gymnasium_replay_with_its_seeds():
     [("CartPole-v1", MLPCategoricalPolicy), ("Pendulum-v1", MLPGaussianPolicy)],
 )
 def test_env_configs_are_built_without_the_redundant_wrappers_and_give_the_same_bits(
-    env_id: str, policy_class: type[Policy]
+    env_id: str, policy_class: type[MLPCategoricalPolicy | MLPGaussianPolicy]
 ):
     # docs/performance.md: a worker builds an EnvConfig's envs without
     # OrderEnforcing and PassiveEnvChecker; TimeLimit stays, and every
