@@ -80,10 +80,10 @@ class StepRing:
         self.rewards = np.zeros((capacity, n_envs), dtype=np.float64)
         self.actions: np.ndarray | None = None
         self.agent_infos: dict[str, np.ndarray] = {}
-        # First step of each pinned segment, by pin number; a weak reference's
-        # callback removes the entry when the segment is garbage.
-        self._pins: dict[int, tuple[int, weakref.ref[Any]]] = {}
-        self._next_pin = 0
+        # (first step, weak reference) of each pinned segment; entries of
+        # segments that are garbage are dropped when room is made (a plain
+        # reference per episode costs less than a callback per episode).
+        self._pins: list[tuple[int, weakref.ref[Any]]] = []
 
     def reset_policy_outputs(self) -> None:
         """Forgets the action and agent_info arrays (the policy changed)."""
@@ -162,10 +162,7 @@ class StepRing:
         back the reuse of rows only: when the ring grows, pinned segments
         keep viewing the old arrays, which live on with them.
         """
-        number = self._next_pin
-        self._next_pin += 1
-        pins = self._pins
-        pins[number] = (first_step, weakref.ref(owner, lambda _: pins.pop(number, None)))
+        self._pins.append((first_step, weakref.ref(owner)))
 
     def make_room(self, oldest_live: int, newest_step: int) -> int:
         """Makes room to write step ``newest_step``, keeping live and pinned rows.
@@ -177,7 +174,8 @@ class StepRing:
         Returns:
             A lower bound of the oldest step the ring must keep.
         """
-        oldest = min([oldest_live, *(first for first, _ in list(self._pins.values()))])
+        self._pins = pins = [(first, ref) for first, ref in self._pins if ref() is not None]
+        oldest = min([oldest_live, *(first for first, _ in pins)])
         if newest_step - oldest + 1 <= self.capacity:
             return oldest
         self._grow(oldest_live, newest_step)
