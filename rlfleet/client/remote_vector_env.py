@@ -120,10 +120,11 @@ class RemoteVectorEnv(BaseVectorEnv):
         if isinstance(fleet, RemoteSampler):
             channel = fleet.open_channel()
             address, security = fleet.address, fleet.security
+            max_message_bytes = fleet.max_message_bytes
         elif isinstance(fleet, str):
             security = ClientSecurity.from_options(tls_ca=tls_ca, token=token)
             channel = _rpc.open_channel(fleet, security=security)
-            address = fleet
+            address, max_message_bytes = fleet, _rpc.DEFAULT_MAX_MESSAGE_BYTES
         else:
             raise ConfigError(
                 f"fleet must be an address, a RemoteSampler or a Fleet, got {type(fleet).__name__}"
@@ -139,6 +140,7 @@ class RemoteVectorEnv(BaseVectorEnv):
                 learner=f"{socket.gethostname()}:{os.getpid()}" if learner is None else learner,
                 data_host=coordinator_host(address),
                 tls=security.tls,
+                max_message_bytes=max_message_bytes,
             )
         except BaseException:
             channel.close()
