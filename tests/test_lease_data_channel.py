@@ -31,6 +31,7 @@ from rlfleet.errors import ConfigError, UnavailableError
 from rlfleet.lease_data import FRAME_HEADER, coordinator_host, dial
 from rlfleet.lease_messages import data_hello
 from rlfleet.security import ClientTLS, ServerSecurity, ServerTLS
+from rlfleet.worker._lease_data import WorkerLeaseChannel
 from tests.tls_fixtures import make_ca, make_cert
 
 pytestmark = pytest.mark.timeout(180)
@@ -415,3 +416,45 @@ def _accepts(port: int, ticket: bytes) -> bool:
     except UnavailableError:
         return False
     return True
+
+
+def test_a_worker_holds_data_commands_until_the_switch_marker() -> None:
+    # The ordering guarantee: commands that come on the data connection wait
+    # until the worker has read the marker that closes the Join stream's part.
+    with serve(CoordinatorConfig(listen="127.0.0.1:0")) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        attached: list[Any] = []
+
+        def attach(connection: Any) -> _Quiet:
+            attached.append(connection)
+            return _Quiet()
+
+        ticket = data.issue(attach)
+        got: list[bytes] = []
+        broken: list[str] = []
+        channel = WorkerLeaseChannel(
+            "127.0.0.1",
+            data.port,
+            data_hello(ticket),
+            tls=None,
+            max_frame_bytes=1 << 16,
+            on_command=got.append,
+            on_broken=broken.append,
+        )
+        channel.start()
+        try:
+            wait_until(lambda: attached and channel.connected, "the worker's data connection")
+            (connection,) = attached
+            connection.send(b"first")
+            connection.send(b"second")
+            time.sleep(0.5)  # they arrive, and wait
+            assert got == []
+            channel.switch()
+            assert got == [b"first", b"second"]
+            connection.send(b"third")
+            wait_until(lambda: len(got) == 3, "a command after the marker")
+            assert got[2] == b"third"
+            assert broken == []
+        finally:
+            channel.close()
