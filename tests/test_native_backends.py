@@ -31,7 +31,7 @@ from rlfleet.envs.config import EnvConfig
 from rlfleet.errors import ConfigError, EnvError, EnvNotFoundError, RlfleetError
 from rlfleet.lease_messages import LeaseCreateOrder, decode_lease_command
 from rlfleet.policies import MLPCategoricalPolicy
-from rlfleet.seeding import NO_ENV_SEED
+from rlfleet.seeding import NO_ENV_SEED, NO_POLICY_SEED
 from rlfleet.v1 import leases_pb2
 from rlfleet.worker import EpisodeUnit, VecWorker
 from rlfleet.worker._lease_envs import lease_config
@@ -95,7 +95,8 @@ def test_vec_worker_runs_whole_episodes_labelled_without_env_seed(backend: str) 
     check_cartpole_episodes(batch, LIMIT)
     assert batch.episode_infos["episode_index"].tolist() == list(range(40))
     assert np.all(batch.episode_infos["env_seed"] == NO_ENV_SEED)
-    assert batch.episode_infos["policy_seed"].tolist() == [2000 + i for i in range(40)]
+    # The actions come from the worker's one batch generator, not from these seeds.
+    assert np.all(batch.episode_infos["policy_seed"] == NO_POLICY_SEED)
     assert (batch.step_types[np.cumsum(batch.lengths) - 1] == StepType.TIMEOUT).any()
     assert batch.env_spec.max_episode_length == LIMIT
 
@@ -140,6 +141,36 @@ def test_same_layout_and_units_give_the_same_batch(backend: str) -> None:
     assert np.array_equal(first.observations, second.observations)
     assert np.array_equal(first.actions, second.actions)
     assert np.array_equal(first.step_types, second.step_types)
+    assert np.array_equal(first.agent_infos["log_prob"], second.agent_infos["log_prob"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_native_workers_sample_the_batch_from_the_first_units_policy_seed(backend: str) -> None:
+    """The first vector step is one ``get_actions_batched`` call on
+    ``default_rng(policy_seed)`` of the unit that reset the whole env, so
+    that seed (and only the batch's draws) decides the actions."""
+
+    def sample(policy_seed: int) -> EpisodeBatch:
+        worker = VecWorker(n_envs=8, env=native(backend), policy=mlp())
+        first = [EpisodeUnit(i, 1000 + i, policy_seed + i, 0) for i in range(8)]
+        try:
+            return worker.run(first)
+        finally:
+            worker.shutdown()
+
+    batch = sample(2000)
+    starts = np.cumsum(batch.lengths) - batch.lengths
+    # Units 0-7 begin on slots 0-7 at the whole env's reset: the batch's rows in order.
+    want, infos = mlp().get_actions_batched(
+        batch.observations[starts], np.random.default_rng(2000)
+    )
+    assert np.array_equal(batch.actions[starts], want)
+    np.testing.assert_allclose(batch.agent_infos["log_prob"][starts], infos["log_prob"])
+    other = sample(5000)
+    other_starts = np.cumsum(other.lengths) - other.lengths
+    # The same env reset (same env seed), other draws: other actions.
+    assert np.array_equal(other.observations[other_starts], batch.observations[starts])
+    assert not np.array_equal(other.actions[other_starts], batch.actions[starts])
 
 
 def test_local_sampler_runs_native_workers_and_repeats_itself() -> None:

@@ -29,7 +29,7 @@ from rlfleet.errors import EnvError
 from rlfleet.policies.base import Policy
 from rlfleet.worker._checks import ActionChecker, nonfinite_rows
 from rlfleet.worker._episode_buffer import Segment, StepRing, stack_step_infos
-from rlfleet.worker._native_slots import NativeSlots
+from rlfleet.worker._native_slots import RUNNING, NativeSlots
 from rlfleet.worker._restarts import RestartLedger
 from rlfleet.worker._updates import EnvSource, check_policy_fits
 from rlfleet.worker.units import EpisodeUnit
@@ -222,6 +222,10 @@ class SlotEngine:
         self.close_envs()
         self.source, self.native, self.spec = source, native, spec
         self._install_spec(spec)
+        # The native path reads the running slots off the backend's state:
+        # no slot keeps a row of the gym path's cache.
+        self._position = {}
+        self._membership_changed = True
 
     def _install_spec(self, spec: EnvSpec) -> None:
         self.max_len = spec.max_episode_length
@@ -269,7 +273,9 @@ class SlotEngine:
         ring, source = self.ring, self.source
         assert ring is not None and source is not None  # the caller checked for an env
         if self.native is not None:
-            ring.obs[self.step_count % ring.capacity, slot] = self.native.begin(slot, env_seed)
+            assert live.unit is not None  # native workers refuse fragment streams
+            first = self.native.begin(slot, env_seed, live.unit.policy_seed)
+            ring.obs[self.step_count % ring.capacity, slot] = first
             self._place(slot, live, window_end)
             return True
         while True:
@@ -364,22 +370,15 @@ class SlotEngine:
             EnvError: If the policy failed on a non-finite observation in
                 ``"error"`` mode (that slot's segment is dropped).
         """
+        if self.native is not None:
+            return self._advance_native(sink)
         if self._went_idle or self._membership_changed:
             self._refresh_active()
         active = self._active
         if not active:
             return 0
-        ring, policy, checker, spec = self.ring, self.policy, self.checker, self.spec
-        assert ring is not None and policy is not None and checker is not None
-        assert spec is not None
-        if not self._policy_checked:
-            check_policy_fits(policy, spec)
-            self._policy_checked = True
-        s = self.step_count
-        if s + 2 - self._oldest > ring.capacity:  # the ring may be full: look closer
-            starts = [live.seg_start for live in self.live if live is not None]
-            self._oldest = ring.make_room(min(starts), s + 1)
-        row, cols = s % ring.capacity, self._cols
+        ring, policy, checker = self._stepping_parts()
+        s, row, cols = self.step_count, self._claim_row(), self._cols
         observations = ring.obs[row] if cols is None else ring.obs[row, cols]
         try:
             actions, agent_infos = policy.get_actions(observations, self._active_rngs)
@@ -389,8 +388,6 @@ class SlotEngine:
             self._raise_policy_failure(exc, observations)
             raise
 
-        if self.native is not None:
-            return self._advance_native(sink, s, row, cols, per_env)
         live = self.live
         next_obs: list[Any] = []
         rewards: list[Any] = []
@@ -428,12 +425,53 @@ class SlotEngine:
             self._on_step_failure(slot, error, s, sink)
         return len(active) - len(failed)
 
-    def _advance_native(
-        self, sink: Sink, s: int, row: int, cols: np.ndarray | None, actions: np.ndarray
-    ) -> int:
-        """The rest of :meth:`advance` with a native backend: one call steps every slot."""
-        native, ring, active = self.native, self.ring, self._active
-        assert native is not None and ring is not None
+    def _stepping_parts(self) -> tuple[StepRing, Policy, ActionChecker]:
+        """The ring, policy and checker of a step; checks the policy once per install."""
+        ring, policy, checker, spec = self.ring, self.policy, self.checker, self.spec
+        assert ring is not None and policy is not None and checker is not None
+        assert spec is not None
+        if not self._policy_checked:
+            check_policy_fits(policy, spec)
+            self._policy_checked = True
+        return ring, policy, checker
+
+    def _claim_row(self) -> int:
+        """The ring row of this vector step, making room first if the ring may be full."""
+        ring, s = self.ring, self.step_count
+        assert ring is not None
+        if s + 2 - self._oldest > ring.capacity:  # the ring may be full: look closer
+            starts = [live.seg_start for live in self.live if live is not None]
+            self._oldest = ring.make_room(min(starts), s + 1)
+        return s % ring.capacity
+
+    def _advance_native(self, sink: Sink) -> int:
+        """:meth:`advance` on a native backend: one batched policy call, one env call.
+
+        Every row draws from the backend's one generator
+        (``Policy.get_actions_batched``, docs/policies.md), and the running
+        slots are read off the backend's state array when membership changed.
+        """
+        native = self.native
+        assert native is not None
+        if self._went_idle or self._membership_changed:
+            self._went_idle.clear()
+            self._membership_changed = False
+            running = np.flatnonzero(native.state == RUNNING)
+            self._active = running.tolist()
+            self._cols = None if len(running) == self.n_envs else running
+        active = self._active
+        if not active:
+            return 0
+        ring, policy, checker = self._stepping_parts()
+        s, row, cols = self.step_count, self._claim_row(), self._cols
+        observations = ring.obs[row] if cols is None else ring.obs[row, cols]
+        try:
+            batch, agent_infos = policy.get_actions_batched(observations, native.generator)
+            actions = checker(batch, active, self._policy_name)
+            ring.put_policy_outputs(row, cols, actions, agent_infos)
+        except Exception as exc:
+            self._raise_policy_failure(exc, observations)
+            raise
         try:
             next_obs, rewards, done = native.step(active, cols, actions)
             ring.put_env_outputs(row, cols, next_obs, rewards)  # type: ignore[arg-type]

@@ -19,6 +19,11 @@ begins on a ``FRESH`` slot, so every recorded episode starts at its env's
 reset and holds all of its steps. When no slot is ``RUNNING`` the whole
 env is reset at the next begin, seeded with that unit's env seed: idle
 periods (between requests, after an update) cost no draining.
+
+The policy samples every row from one :attr:`NativeSlots.generator`,
+reseeded with that same unit's policy seed at that same whole reset: the
+env and the actions restart together, so the same units and calls on the
+same layout give the same batch (docs/reliability.md section 10).
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ class NativeSlots:
         self.state = np.full(self.n, DRAINING, dtype=np.int8)
         self._running = 0
         self._observations: np.ndarray | None = None
+        #: The one generator all rows' actions draw from (``get_actions_batched``).
+        self.generator = np.random.default_rng(0)
         space = native.single_action_space
         # Idle slots need an action too; the env's own first action (0 for
         # Discrete) is as good as any, and its result is never recorded.
@@ -62,14 +69,17 @@ class NativeSlots:
             return list(range(self.n))
         return np.flatnonzero(self.state == FRESH).tolist()
 
-    def begin(self, slot: int, seed: int) -> np.ndarray:
-        """Begins an episode on a slot that :meth:`can_begin`; returns its first observation.
+    def begin(self, slot: int, env_seed: int, policy_seed: int) -> np.ndarray:
+        """Begins an episode on a slot :meth:`ready` listed; returns its first observation.
 
-        If no slot is running, the whole env is reset first with ``seed``.
+        If no slot is running (and the env is not fresh from a reset), the
+        whole env is reset first with ``env_seed``, and :attr:`generator`
+        reseeded with ``policy_seed``.
         """
         if self._running == 0 and not (self.state == FRESH).all():
-            self._observations = self.native.reset(seed)
+            self._observations = self.native.reset(env_seed)
             self.state[:] = FRESH
+            self.generator = np.random.default_rng(policy_seed)
         assert self._observations is not None and self.state[slot] == FRESH
         self.state[slot] = RUNNING
         self._running += 1
