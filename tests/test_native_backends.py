@@ -161,9 +161,7 @@ def test_native_workers_sample_the_batch_from_the_first_units_policy_seed(backen
     batch = sample(2000)
     starts = np.cumsum(batch.lengths) - batch.lengths
     # Units 0-7 begin on slots 0-7 at the whole env's reset: the batch's rows in order.
-    want, infos = mlp().get_actions_batched(
-        batch.observations[starts], np.random.default_rng(2000)
-    )
+    want, infos = mlp().get_actions_batched(batch.observations[starts], np.random.default_rng(2000))
     assert np.array_equal(batch.actions[starts], want)
     np.testing.assert_allclose(batch.agent_infos["log_prob"][starts], infos["log_prob"])
     other = sample(5000)

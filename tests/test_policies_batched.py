@@ -7,6 +7,8 @@ generator, and a plain matmul whose bits may depend on the batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from gymnasium.spaces import Box, Discrete, MultiDiscrete
@@ -23,19 +25,24 @@ def observations(n: int, seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, 4)).astype(np.float32)
 
 
-def categorical_policy(**kwargs: bool) -> MLPCategoricalPolicy:
+def categorical_policy(deterministic: bool = False) -> MLPCategoricalPolicy:
     # A large output gain makes the probabilities far from uniform: a wrong
     # draw-to-row mapping then shows in the actions.
-    policy = MLPCategoricalPolicy(EnvSpec(OBS, Discrete(5, start=2)), seed=3, **kwargs)
+    policy = MLPCategoricalPolicy(
+        EnvSpec(OBS, Discrete(5, start=2)), seed=3, deterministic=deterministic
+    )
     params = policy.get_param_values()
     params["layers.2.weight"] = params["layers.2.weight"] * 300
     policy.set_param_values(params)
     return policy
 
 
-def gaussian_policy(**kwargs: bool) -> MLPGaussianPolicy:
+def gaussian_policy(deterministic: bool = False) -> MLPGaussianPolicy:
     return MLPGaussianPolicy(
-        EnvSpec(OBS, Box(-1, 1, (2, 3), np.float32)), init_log_std=-0.5, seed=3, **kwargs
+        EnvSpec(OBS, Box(-1, 1, (2, 3), np.float32)),
+        init_log_std=-0.5,
+        seed=3,
+        deterministic=deterministic,
     )
 
 
@@ -76,8 +83,8 @@ def test_a_batch_takes_one_draw_per_row_from_the_generator() -> None:
 
 
 @pytest.mark.parametrize("make", [categorical_policy, gaussian_policy])
-def test_deterministic_batches_draw_nothing(make: type[Policy]) -> None:
-    policy = make(deterministic=True)
+def test_deterministic_batches_draw_nothing(make: Callable[[bool], Policy]) -> None:
+    policy = make(True)
     generator = np.random.default_rng(4)
     actions, _ = policy.get_actions_batched(observations(10), generator)
     again, _ = policy.get_actions_batched(observations(10), np.random.default_rng(77))
