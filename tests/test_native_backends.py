@@ -278,6 +278,56 @@ def test_a_native_env_that_raises_fails_its_episodes_and_the_worker_goes_on() ->
         worker.shutdown()
 
 
+class _NanCartPoles(CartPoleVectorEnv):
+    """CartPole's native vector env whose env 3 turns to NaN at its 3rd step, once."""
+
+    calls = 0
+
+    def step(self, action: Any) -> Any:
+        self.calls += 1
+        if self.calls == 3:
+            self.state[:, 3] = np.nan  # type: ignore[index]  # NaN (never terminating) until truncated
+        return super().step(action)
+
+
+gym.register(
+    "rlfleet-test/NanCartPoles-v0",
+    entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+    vector_entry_point="tests.test_native_backends:_NanCartPoles",
+    max_episode_steps=LIMIT,
+)
+
+
+def test_a_nan_fails_a_running_episode_but_never_from_an_unrecorded_env() -> None:
+    """The policy acts on every slot's row; only a running episode's NaN is an error."""
+    config = EnvConfig("rlfleet-test/NanCartPoles-v0", vectorization="vector_entry_point")
+    worker = VecWorker(n_envs=4, env=config, policy=mlp())
+    try:
+        worker.submit(units(4))
+        with pytest.raises(EnvError, match=r"non-finite observation .* of episode 3,") as info:
+            while not worker.idle:
+                worker.step()
+        assert info.value.episode_index == 3 and info.value.env_index == 3
+    finally:
+        worker.shutdown()
+    # Slot 3 idles while 3 episodes run: its env turns NaN unrecorded, and
+    # drains on NaN (up to 30 steps) while the others finish and start more.
+    worker = VecWorker(n_envs=4, env=config, policy=mlp())
+    try:
+        worker.submit(units(3))
+        for _ in range(4):
+            worker.step()
+        worker.submit(units(9, start=3))
+        while not worker.idle:
+            worker.step()
+        batch = worker.take_finished()
+    finally:
+        worker.shutdown()
+    assert batch is not None
+    check_cartpole_episodes(batch, LIMIT)
+    assert batch.episode_infos["episode_index"].tolist() == list(range(12))
+
+
 def test_bad_native_configs_are_refused_clearly() -> None:
     with pytest.raises(ConfigError, match="vectorization of 'CartPole-v1' is 'sync'"):
         EnvConfig("CartPole-v1", vectorization="sync")

@@ -222,10 +222,10 @@ class SlotEngine:
         self.close_envs()
         self.source, self.native, self.spec = source, native, spec
         self._install_spec(spec)
-        # The native path reads the running slots off the backend's state:
-        # no slot keeps a row of the gym path's cache.
+        # The native path steps every slot, row i being slot i: no slot keeps
+        # a row of the gym path's cache of the running slots.
         self._position = {}
-        self._membership_changed = True
+        self._active, self._cols = list(range(self.n_envs)), None
 
     def _install_spec(self, spec: EnvSpec) -> None:
         self.max_len = spec.max_episode_length
@@ -258,6 +258,7 @@ class SlotEngine:
         if self.native is not None:
             close_quietly(self.native.native, self.native.name)  # type: ignore[arg-type]
             self.native = None
+            self._membership_changed = True  # the next envs' slots build the cache anew
 
     # ---------------------------------------------------------------- slots
 
@@ -447,34 +448,32 @@ class SlotEngine:
     def _advance_native(self, sink: Sink) -> int:
         """:meth:`advance` on a native backend: one batched policy call, one env call.
 
-        Every row draws from the backend's one generator
-        (``Policy.get_actions_batched``, docs/policies.md), and the running
-        slots are read off the backend's state array when membership changed.
+        The policy acts on every slot's observation (row i is slot i), all
+        rows drawing from the backend's one generator
+        (``Policy.get_actions_batched``, docs/policies.md); only the running
+        slots' steps are recorded. Whole-array writes, no per-slot indexing:
+        the running slots change nearly every step (a finished slot spends
+        one step in its env's autoreset), so a cache of them would not pay.
         """
         native = self.native
         assert native is not None
-        if self._went_idle or self._membership_changed:
-            self._went_idle.clear()
-            self._membership_changed = False
-            running = np.flatnonzero(native.state == RUNNING)
-            self._active = running.tolist()
-            self._cols = None if len(running) == self.n_envs else running
-        active = self._active
-        if not active:
+        self._went_idle.clear()  # the gym path's cache bookkeeping
+        running = self.n_live
+        if not running:
             return 0
         ring, policy, checker = self._stepping_parts()
-        s, row, cols = self.step_count, self._claim_row(), self._cols
-        observations = ring.obs[row] if cols is None else ring.obs[row, cols]
+        s, row = self.step_count, self._claim_row()
+        observations = ring.obs[row]
         try:
             batch, agent_infos = policy.get_actions_batched(observations, native.generator)
-            actions = checker(batch, active, self._policy_name)
-            ring.put_policy_outputs(row, cols, actions, agent_infos)
+            actions = checker(batch, self._active, self._policy_name)
+            ring.put_policy_outputs(row, None, actions, agent_infos)
         except Exception as exc:
-            self._raise_policy_failure(exc, observations)
+            self._raise_native_policy_failure(exc, observations)
             raise
         try:
-            next_obs, rewards, done = native.step(active, cols, actions)
-            ring.put_env_outputs(row, cols, next_obs, rewards)  # type: ignore[arg-type]
+            next_obs, rewards, done = native.step(actions)
+            ring.put_env_outputs(row, None, next_obs, rewards)  # type: ignore[arg-type]
         except Exception as exc:
             self._native_failed(exc, s, sink)
             return 0
@@ -484,7 +483,28 @@ class SlotEngine:
             done.extend(self._stopped(stops, s, done, []))
         for slot, terminated, truncated in done:
             self._finish(slot, s, terminated, truncated, sink)
-        return len(active)
+        return running
+
+    def _raise_native_policy_failure(self, exc: Exception, observations: np.ndarray) -> None:
+        """:meth:`_raise_policy_failure` for a native step, whose rows include idle slots.
+
+        Only a running slot's non-finite observation drops an episode; one
+        of an idle slot (stepped unrecorded) is named in a note.
+        """
+        native = self.native
+        assert native is not None
+        running = native.state == RUNNING
+        bad = nonfinite_rows(observations)
+        unseen = np.flatnonzero(bad & ~running)
+        if len(unseen):
+            exc.add_note(
+                f"native env {self.source_name}: slots {unseen[:8].tolist()} "
+                "returned non-finite observations while no episode was recorded on them (row i "
+                "of the policy's batch is slot i)"
+            )
+        rows = running.reshape((len(running),) + (1,) * (observations.ndim - 1))
+        zero = np.zeros((), dtype=observations.dtype)
+        self._raise_policy_failure(exc, np.where(rows, observations, zero))
 
     def _native_failed(self, exc: Exception, s: int, sink: Sink) -> None:
         """A native env's step raised: every live segment is lost, none restarted.
@@ -492,7 +512,7 @@ class SlotEngine:
         The env's state is unknown, so it is reset as a whole before any
         new episode begins (no slot is running after this).
         """
-        lives = [(slot, self.drop(slot)) for slot in list(self._active)]
+        lives = [(slot, self.drop(slot)) for slot, live in enumerate(self.live) if live is not None]
         first_slot, first = lives[0]
         self.errors.append(
             EnvError(
