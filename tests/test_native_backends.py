@@ -184,6 +184,7 @@ def test_local_sampler_runs_native_workers_and_repeats_itself() -> None:
     first, second = sample(), sample()
     check_cartpole_episodes(first, LIMIT)
     assert np.all(first.episode_infos["env_seed"] == NO_ENV_SEED)
+    assert np.all(first.episode_infos["policy_seed"] == NO_POLICY_SEED)
     assert np.array_equal(first.observations, second.observations)
     assert np.array_equal(first.actions, second.actions)
 
@@ -191,13 +192,14 @@ def test_local_sampler_runs_native_workers_and_repeats_itself() -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fleet_of_native_workers_delivers_checked_episodes(backend: str) -> None:
     """Two worker processes of 64 native envs each; the coordinator's result
-    checks (rlfleet.episode_results) accept env_seed -1 only because the
-    fleet's env is native."""
+    checks (rlfleet.episode_results) accept env_seed and policy_seed -1 only
+    because the fleet's env is native."""
     with Fleet.local(workers=2, envs_per_worker=64, env=native(backend)) as sampler:
         batch = sampler.obtain_samples(0, 4000, "mlp-categorical")
         check_cartpole_episodes(batch, LIMIT)
         assert batch.lengths.sum() >= 4000
         assert np.all(batch.episode_infos["env_seed"] == NO_ENV_SEED)
+        assert np.all(batch.episode_infos["policy_seed"] == NO_POLICY_SEED)
         indices = batch.episode_infos["episode_index"]
         assert indices.tolist() == list(range(len(indices)))
         exact = sampler.obtain_episodes(50)
