@@ -171,6 +171,30 @@ def test_native_workers_sample_the_batch_from_the_first_units_policy_seed(backen
     assert not np.array_equal(other.actions[other_starts], batch.actions[starts])
 
 
+def test_a_worker_switching_to_gym_envs_and_back_keeps_each_class() -> None:
+    """The native path keeps no slot cache of the gym path's: after a native
+    env, a gym env's batch is class A again (the same as a fresh worker's)."""
+    gym_env = EnvConfig("CartPole-v1", max_episode_length=LIMIT)
+    worker = VecWorker(n_envs=8, env=native("vector_entry_point"), policy=mlp())
+    fresh = VecWorker(n_envs=8, env=gym_env, policy=mlp())
+    try:
+        first = worker.run(units(20))
+        worker.update_env(gym_env)
+        middle = worker.run(units(20, start=20))
+        worker.update_env(native("vector_entry_point"))
+        last = worker.run(units(20, start=40))
+        reference = fresh.run(units(20, start=20))
+    finally:
+        worker.shutdown()
+        fresh.shutdown()
+    for batch in (first, last):
+        check_cartpole_episodes(batch, LIMIT)
+        assert np.all(batch.episode_infos["policy_seed"] == NO_POLICY_SEED)
+    assert middle.episode_infos["policy_seed"].tolist() == [2020 + i for i in range(20)]
+    assert np.array_equal(middle.observations, reference.observations)
+    assert np.array_equal(middle.actions, reference.actions)
+
+
 def test_local_sampler_runs_native_workers_and_repeats_itself() -> None:
     """LocalSampler steps its workers one after the other: the same call sequence."""
 
