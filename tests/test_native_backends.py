@@ -28,7 +28,7 @@ from rlfleet import LocalSampler
 from rlfleet.client import Fleet, RemoteVectorEnv
 from rlfleet.core import EpisodeBatch, StepType
 from rlfleet.envs.config import EnvConfig
-from rlfleet.errors import ConfigError, EnvError, EnvNotFoundError, RlfleetError
+from rlfleet.errors import ConfigError, EnvError, EnvNotFoundError, PolicyError, RlfleetError
 from rlfleet.lease_messages import LeaseCreateOrder, decode_lease_command
 from rlfleet.policies import MLPCategoricalPolicy
 from rlfleet.seeding import NO_ENV_SEED, NO_POLICY_SEED
@@ -193,6 +193,29 @@ def test_a_worker_switching_to_gym_envs_and_back_keeps_each_class() -> None:
     assert middle.episode_infos["policy_seed"].tolist() == [2020 + i for i in range(20)]
     assert np.array_equal(middle.observations, reference.observations)
     assert np.array_equal(middle.actions, reference.actions)
+
+
+class _OneActionShort(MLPCategoricalPolicy):
+    def get_actions_batched(self, observations: Any, generator: Any) -> Any:
+        actions, infos = super().get_actions_batched(observations, generator)
+        return actions[1:], infos
+
+
+def test_bad_batched_actions_are_a_policy_error_naming_the_batched_call() -> None:
+    worker = VecWorker(
+        n_envs=4,
+        env=native("vector_entry_point"),
+        policy=_OneActionShort(EnvConfig("CartPole-v1").env_spec(), seed=0),
+    )
+    try:
+        worker.submit(units(4))
+        with pytest.raises(
+            PolicyError, match=r"_OneActionShort\.get_actions_batched returned actions of shape"
+        ):
+            worker.step()
+        assert worker.queued_count == 4  # aborted and re-queued, nothing recorded
+    finally:
+        worker.shutdown()
 
 
 def test_local_sampler_runs_native_workers_and_repeats_itself() -> None:

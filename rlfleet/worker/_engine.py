@@ -466,7 +466,7 @@ class SlotEngine:
         observations = ring.obs[row]
         try:
             batch, agent_infos = policy.get_actions_batched(observations, native.generator)
-            actions = checker(batch, self._active, self._policy_name)
+            actions = checker(batch, self._active, self._policy_name, "get_actions_batched")
             ring.put_policy_outputs(row, None, actions, agent_infos)
         except Exception as exc:
             self._raise_native_policy_failure(exc, observations)
