@@ -30,7 +30,7 @@ from rlfleet.core import EpisodeBatch, StepType
 from rlfleet.envs.config import EnvConfig
 from rlfleet.errors import ConfigError, EnvError, EnvNotFoundError, PolicyError, RlfleetError
 from rlfleet.lease_messages import LeaseCreateOrder, decode_lease_command
-from rlfleet.policies import MLPCategoricalPolicy
+from rlfleet.policies import MLPCategoricalPolicy, MLPGaussianPolicy
 from rlfleet.seeding import NO_ENV_SEED, NO_POLICY_SEED
 from rlfleet.v1 import leases_pb2
 from rlfleet.worker import EpisodeUnit, VecWorker
@@ -193,6 +193,34 @@ def test_a_worker_switching_to_gym_envs_and_back_keeps_each_class() -> None:
     assert middle.episode_infos["policy_seed"].tolist() == [2020 + i for i in range(20)]
     assert np.array_equal(middle.observations, reference.observations)
     assert np.array_equal(middle.actions, reference.actions)
+
+
+def test_box_actions_with_idle_slots_repeat_themselves_on_envpool() -> None:
+    """Gaussian batches (Box actions) with slots idling while others run: idle
+    rows get the placeholder action, and the batch repeats for the same calls."""
+    config = EnvConfig("Pendulum-v1", max_episode_length=20, vectorization="envpool")
+    policy = MLPGaussianPolicy(EnvConfig("Pendulum-v1").env_spec(), seed=0)
+
+    def sample() -> EpisodeBatch:
+        worker = VecWorker(n_envs=8, env=config, policy=policy)
+        try:
+            worker.submit(units(3))
+            for _ in range(5):
+                worker.step()
+            worker.submit(units(13, start=3))
+            while not worker.idle:
+                worker.step()
+            batch = worker.take_finished()
+            assert batch is not None
+            return batch
+        finally:
+            worker.shutdown()
+
+    first, second = sample(), sample()
+    assert first.lengths.tolist() == [20] * 16 and first.actions.shape == (320, 1)
+    assert np.all(first.step_types[19::20] == StepType.TIMEOUT)
+    assert np.array_equal(first.observations, second.observations)
+    assert np.array_equal(first.actions, second.actions)
 
 
 class _OneActionShort(MLPCategoricalPolicy):
