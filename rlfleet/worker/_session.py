@@ -239,6 +239,7 @@ class Session:
                 now,
                 finished_steps=vec.finished_steps,
                 queued_units=self._book.queued_units,
+                running=vec.active_count,
                 step_seconds=now - started,
             ):
                 self._flush()
