@@ -39,7 +39,7 @@ from rlfleet.policies import MLPCategoricalPolicy
 from rlfleet.seeding import episode_seeds
 from rlfleet.v1 import updates_pb2, worker_pb2
 from rlfleet.wire import ChunkAssembler, decode_batch, decode_env_spec, encode_tensor_map
-from rlfleet.worker._flush import FlushPolicy
+from rlfleet.worker._flush import TAIL_SECONDS, FlushPolicy
 from tests.test_fleet_equivalence import assert_same_batch
 
 pytestmark = pytest.mark.timeout(120)
@@ -328,7 +328,7 @@ def _due(
     finished_steps: int,
     *,
     queued_units: int = 5,
-    idle_slots: int = 0,
+    running: int = 8,
     slots: int = 8,
     step_seconds: float = 0.01,
 ) -> bool:
@@ -336,7 +336,7 @@ def _due(
         now,
         finished_steps=finished_steps,
         queued_units=queued_units,
-        idle_slots=idle_slots,
+        running=running,
         slots=slots,
         step_seconds=step_seconds,
     )
@@ -352,28 +352,52 @@ def test_the_flush_policy_holds_episodes_back_until_a_bound_or_an_empty_queue() 
     assert not _due(policy, 11.25, 99)
     assert _due(policy, 11.25, 100)  # steps
     policy.sent()
+    assert _due(policy, 12.0, 1, queued_units=0, running=0)  # dry, nothing running
+    policy.sent()
     assert _due(policy, 13.0, 1, step_seconds=0.5)  # slow step
+
+
+def test_out_of_work_the_flush_policy_waits_briefly_for_the_running_episodes() -> None:
+    """A request's tail: episodes still running share a result for up to TAIL_SECONDS."""
+    policy = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
+
+    def tail(now: float, finished_steps: int, running: int) -> bool:
+        return _due(
+            policy,
+            now,
+            finished_steps,
+            queued_units=0,
+            running=running,
+            slots=64,
+            step_seconds=0.001,
+        )
+
+    assert not tail(20.0, 3, running=60)
+    assert not tail(20.0 + TAIL_SECONDS / 2, 9, running=55)
+    assert tail(20.0 + TAIL_SECONDS, 12, running=50)
+    policy.sent()
+    assert not tail(21.0, 3, running=1)
+    # The last episode ended: no reason to wait.
+    assert tail(21.001, 5, running=0)
 
 
 def test_the_flush_policy_sends_once_half_the_slots_are_idle_when_out_of_work() -> None:
     policy = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
+    ms = TAIL_SECONDS / 10
     # Out of work, but most slots still run episodes: one result per
     # episode that ends would cost a message each.
-    assert not _due(policy, 12.0, 1, queued_units=0, idle_slots=1)
-    assert not _due(policy, 12.01, 2, queued_units=0, idle_slots=3)
-    assert _due(policy, 12.02, 3, queued_units=0, idle_slots=4)  # half idle
+    assert not _due(policy, 12.0, 1, queued_units=0, running=7)
+    assert not _due(policy, 12.0 + ms, 2, queued_units=0, running=5)
+    assert _due(policy, 12.0 + 2 * ms, 3, queued_units=0, running=4)  # half idle
     policy.sent()
-    # Then not per episode again (the session sends when all are idle)...
-    assert not _due(policy, 12.03, 1, queued_units=0, idle_slots=5)
-    assert not _due(policy, 12.04, 2, queued_units=0, idle_slots=7)
-    assert _due(policy, 12.53, 2, queued_units=0, idle_slots=7)  # ...but the timer holds
+    # Then not per slot that goes idle, only after TAIL_SECONDS...
+    assert not _due(policy, 13.0, 1, queued_units=0, running=3)
+    assert not _due(policy, 13.0 + ms, 2, queued_units=0, running=1)
+    assert _due(policy, 13.0 + TAIL_SECONDS + ms, 2, queued_units=0, running=1)
     policy.sent()
-    # A refill (units queued again) arms the rule for the next dry spell.
-    assert not _due(policy, 13.0, 1, queued_units=3)
-    assert _due(policy, 13.1, 1, queued_units=0, idle_slots=4)
-    # A worker of one slot sends each episode when out of work.
-    single = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
-    assert _due(single, 14.0, 1, queued_units=0, idle_slots=1, slots=1)
+    # ...and a refill (units queued again) arms the rule for the next dry spell.
+    assert not _due(policy, 14.0, 1, queued_units=3)
+    assert _due(policy, 14.0 + ms, 1, queued_units=0, running=4)
 
 
 def test_the_flush_policy_sends_large_steps_sooner() -> None:
