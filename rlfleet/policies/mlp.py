@@ -26,11 +26,17 @@ import numpy.typing as npt
 
 from rlfleet._numeric import row_stable_matmul
 from rlfleet.core.env_spec import EnvSpec
-from rlfleet.errors import ConfigError
-from rlfleet.policies._distributions import categorical, check_finite, gaussian, row_generators
+from rlfleet.errors import ConfigError, PolicyError
+from rlfleet.policies._distributions import (
+    categorical,
+    check_finite,
+    gaussian,
+    normal_draws,
+    row_generators,
+)
 from rlfleet.policies._observations import ObservationEncoder
 from rlfleet.policies._params import checked_params
-from rlfleet.policies.base import AgentInfos, ParamDict, Policy
+from rlfleet.policies.base import AgentInfos, ParamDict, Policy, RowDraws
 
 
 def _tanh(x: np.ndarray) -> None:
@@ -208,7 +214,32 @@ class MLPCategoricalPolicy(_MLPPolicy):
         logits = self._forward(observations)
         check_finite(logits, "logits", owner)
         rows = row_generators(rngs, len(logits), self.rng, owner)
-        index, log_prob = categorical(logits, rows, self.deterministic)
+        draws = None if self.deterministic else [rng.random() for rng in rows]
+        return self._sample(logits, draws)
+
+    def row_draws(self) -> RowDraws | None:
+        """One ``random()`` per row per call; none when deterministic."""
+        return None if self.deterministic else RowDraws("random", 1)
+
+    def get_actions_from_draws(
+        self, observations: Any, draws: np.ndarray
+    ) -> tuple[np.ndarray, AgentInfos]:
+        """:meth:`get_actions` with row i's ``random()`` given as ``draws[i, 0]``.
+
+        Raises:
+            PolicyError: If the observations do not match the space, ``draws``
+                is not one value per row, or the logits are not finite.
+        """
+        logits = self._forward(observations)
+        check_finite(logits, "logits", type(self).__name__)
+        if self.deterministic:
+            return self._sample(logits, None)
+        return self._sample(logits, _draws_of(draws, logits, 1)[:, 0])
+
+    def _sample(
+        self, logits: np.ndarray, draws: list[float] | np.ndarray | None
+    ) -> tuple[np.ndarray, AgentInfos]:
+        index, log_prob = categorical(logits, draws)
         if self._start:
             index += self._start
         actions = index.astype(self._dtype, copy=False)
@@ -290,9 +321,32 @@ class MLPGaussianPolicy(_MLPPolicy):
         owner = type(self).__name__
         mean = self._forward(observations)
         check_finite(mean, "action means", owner)
+        rows = row_generators(rngs, len(mean), self.rng, owner)
+        draws = None if self.deterministic else normal_draws(rows, mean.shape[1])
+        return self._sample(mean, draws)
+
+    def row_draws(self) -> RowDraws | None:
+        """``standard_normal(d)`` per row per call; none when deterministic."""
+        return None if self.deterministic else RowDraws("standard_normal", len(self._log_std))
+
+    def get_actions_from_draws(
+        self, observations: Any, draws: np.ndarray
+    ) -> tuple[np.ndarray, AgentInfos]:
+        """:meth:`get_actions` with row i's ``standard_normal(d)`` given as ``draws[i]``.
+
+        Raises:
+            PolicyError: If the observations do not match the space, ``draws``
+                is not (N, d), or the means are not finite.
+        """
+        mean = self._forward(observations)
+        check_finite(mean, "action means", type(self).__name__)
+        if self.deterministic:
+            return self._sample(mean, None)
+        return self._sample(mean, _draws_of(draws, mean, mean.shape[1]))
+
+    def _sample(self, mean: np.ndarray, draws: np.ndarray | None) -> tuple[np.ndarray, AgentInfos]:
+        actions, log_prob = gaussian(mean, self._log_std, draws)
         n = len(mean)
-        rows = row_generators(rngs, n, self.rng, owner)
-        actions, log_prob = gaussian(mean, self._log_std, rows, self.deterministic)
         batch_shape = (n, *self._shape)
         infos = {
             "log_prob": log_prob,
@@ -300,6 +354,24 @@ class MLPGaussianPolicy(_MLPPolicy):
             "log_std": np.repeat(self._log_std[None], n, axis=0).reshape(batch_shape),
         }
         return actions.reshape(batch_shape).astype(self._dtype, copy=False), infos
+
+
+def _draws_of(draws: np.ndarray, outputs: np.ndarray, count: int) -> np.ndarray:
+    """``draws``, checked to be float64 (N, count) for ``outputs`` of N rows.
+
+    Raises:
+        PolicyError: If ``draws`` does not have that shape and dtype.
+    """
+    if (
+        not isinstance(draws, np.ndarray)
+        or draws.dtype != np.float64
+        or draws.shape != (len(outputs), count)
+    ):
+        raise PolicyError(
+            f"get_actions_from_draws needs float64 draws of shape {(len(outputs), count)}, "
+            f"got {getattr(draws, 'dtype', type(draws).__name__)} {np.shape(draws)}"
+        )
+    return draws
 
 
 def _initial_layers(
