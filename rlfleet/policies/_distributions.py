@@ -93,14 +93,18 @@ def categorical(
         index = (cumulative > threshold[:, None]).argmax(axis=1)
         # No c[i] > t (argmax gave 0) needs t = u * Z to round up to Z, which only
         # the largest draw below 1 can do: then the row takes its last positive weight.
-        top = np.maximum.reduce(draws) if isinstance(draws, np.ndarray) else max(draws, default=0.0)
-        if n and top > _U_SAFE:
+        if n and _largest(draws) > _U_SAFE:
             past_end = threshold >= total
             index[past_end] = _last_positive(weights[past_end])
     chosen = shifted[_ROWS[:n] if n <= _MAX_ROWS else np.arange(n), index]
     # float32 - float64 computes in float64 (exact promotion), as the contract says.
     log_prob = chosen - np.log(total)
     return index.astype(np.int64, copy=False), log_prob.astype(np.float32)
+
+
+def _largest(draws: Sequence[float] | np.ndarray) -> float:
+    """The largest of at least one draw (a list's max is cheaper in Python)."""
+    return float(np.maximum.reduce(draws)) if isinstance(draws, np.ndarray) else max(draws)
 
 
 def _last_positive(weights: np.ndarray) -> np.ndarray:

@@ -38,6 +38,8 @@ from rlfleet.policies._observations import ObservationEncoder
 from rlfleet.policies._params import checked_params
 from rlfleet.policies.base import AgentInfos, ParamDict, Policy, RowDraws
 
+Matmul = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
 
 def _tanh(x: np.ndarray) -> None:
     np.tanh(x, out=x)
@@ -141,16 +143,20 @@ class _MLPPolicy(Policy):
         layers = [(params[weight_name(i)], params[bias_name(i)]) for i in range(self._n_layers)]
         self._hidden, self._output = layers[:-1], layers[-1]
 
-    def _forward(self, observations: Any) -> np.ndarray:
-        """Returns the float32 network outputs (N, out_dim)."""
+    def _forward(self, observations: Any, matmul: Matmul = row_stable_matmul) -> np.ndarray:
+        """Returns the float32 network outputs (N, out_dim).
+
+        ``matmul`` is ``row_stable_matmul`` for per-row batches, and
+        ``np.matmul`` (one gemm per layer) for a batch sampled as a whole.
+        """
         h = self._encoder(observations)
         act = self._act
         for weight, bias in self._hidden:
-            h = row_stable_matmul(h, weight)
+            h = matmul(h, weight)
             h += bias
             act(h)
         weight, bias = self._output
-        h = row_stable_matmul(h, weight)
+        h = matmul(h, weight)
         h += bias
         return h
 
@@ -215,7 +221,8 @@ class MLPCategoricalPolicy(_MLPPolicy):
         check_finite(logits, "logits", owner)
         rows = row_generators(rngs, len(logits), self.rng, owner)
         draws = None if self.deterministic else [rng.random() for rng in rows]
-        return self._sample(logits, draws)
+        index, log_prob = categorical(logits, draws)
+        return self._actions(index, log_prob, logits)
 
     def row_draws(self) -> RowDraws | None:
         """One ``random()`` per row per call; none when deterministic."""
@@ -232,14 +239,31 @@ class MLPCategoricalPolicy(_MLPPolicy):
         """
         logits = self._forward(observations)
         check_finite(logits, "logits", type(self).__name__)
-        if self.deterministic:
-            return self._sample(logits, None)
-        return self._sample(logits, _draws_of(draws, logits, 1)[:, 0])
+        u = None if self.deterministic else _draws_of(draws, logits, 1)[:, 0]
+        index, log_prob = categorical(logits, u)
+        return self._actions(index, log_prob, logits)
 
-    def _sample(
-        self, logits: np.ndarray, draws: list[float] | np.ndarray | None
+    def get_actions_batched(
+        self, observations: Any, generator: np.random.Generator
     ) -> tuple[np.ndarray, AgentInfos]:
-        index, log_prob = categorical(logits, draws)
+        """Samples the batch with one matmul per layer and ``generator.random(N)``.
+
+        See :meth:`Policy.get_actions_batched`: the same formulas as
+        :meth:`get_actions`, rows drawing from ``generator`` in row order.
+
+        Raises:
+            PolicyError: If the observations do not match the space or the
+                logits are not finite.
+        """
+        logits = self._forward(observations, np.matmul)
+        check_finite(logits, "logits", type(self).__name__)
+        u = None if self.deterministic else generator.random(len(logits))
+        index, log_prob = categorical(logits, u)
+        return self._actions(index, log_prob, logits)
+
+    def _actions(
+        self, index: np.ndarray, log_prob: np.ndarray, logits: np.ndarray
+    ) -> tuple[np.ndarray, AgentInfos]:
         if self._start:
             index += self._start
         actions = index.astype(self._dtype, copy=False)
@@ -323,7 +347,8 @@ class MLPGaussianPolicy(_MLPPolicy):
         check_finite(mean, "action means", owner)
         rows = row_generators(rngs, len(mean), self.rng, owner)
         draws = None if self.deterministic else normal_draws(rows, mean.shape[1])
-        return self._sample(mean, draws)
+        actions, log_prob = gaussian(mean, self._log_std, draws)
+        return self._actions(mean, actions, log_prob)
 
     def row_draws(self) -> RowDraws | None:
         """``standard_normal(d)`` per row per call; none when deterministic."""
@@ -340,12 +365,31 @@ class MLPGaussianPolicy(_MLPPolicy):
         """
         mean = self._forward(observations)
         check_finite(mean, "action means", type(self).__name__)
-        if self.deterministic:
-            return self._sample(mean, None)
-        return self._sample(mean, _draws_of(draws, mean, mean.shape[1]))
+        eps = None if self.deterministic else _draws_of(draws, mean, mean.shape[1])
+        actions, log_prob = gaussian(mean, self._log_std, eps)
+        return self._actions(mean, actions, log_prob)
 
-    def _sample(self, mean: np.ndarray, draws: np.ndarray | None) -> tuple[np.ndarray, AgentInfos]:
-        actions, log_prob = gaussian(mean, self._log_std, draws)
+    def get_actions_batched(
+        self, observations: Any, generator: np.random.Generator
+    ) -> tuple[np.ndarray, AgentInfos]:
+        """Samples the batch with one matmul per layer and one ``standard_normal`` call.
+
+        See :meth:`Policy.get_actions_batched`: the same formulas as
+        :meth:`get_actions`, rows drawing from ``generator`` in row order.
+
+        Raises:
+            PolicyError: If the observations do not match the space or the
+                means are not finite.
+        """
+        mean = self._forward(observations, np.matmul)
+        check_finite(mean, "action means", type(self).__name__)
+        eps = None if self.deterministic else generator.standard_normal(mean.shape)
+        actions, log_prob = gaussian(mean, self._log_std, eps)
+        return self._actions(mean, actions, log_prob)
+
+    def _actions(
+        self, mean: np.ndarray, actions: np.ndarray, log_prob: np.ndarray
+    ) -> tuple[np.ndarray, AgentInfos]:
         n = len(mean)
         batch_shape = (n, *self._shape)
         infos = {
