@@ -150,6 +150,9 @@ def test_cdf_rounding_past_the_end_picks_the_last_possible_action() -> None:
         index, log_prob = categorical(logits, draws)
         assert index.tolist() == [1, 0]
         np.testing.assert_allclose(log_prob, [math.log(0.5), 0.0], atol=1e-7)
+    # A long batch (the largest draw found by a numpy reduction).
+    index, _ = categorical(np.repeat(logits, 20, axis=0), np.ones(40))
+    assert index.tolist() == [1] * 20 + [0] * 20
 
 
 def test_categorical_deterministic_takes_first_argmax_and_draws_nothing() -> None:
