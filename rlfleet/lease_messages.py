@@ -249,27 +249,43 @@ def _answers_reply(report: LeaseAnswers) -> leases_pb2.LeaseReply:
             json.dumps(o.value, default=_plain, allow_nan=True) for o in outcomes
         )
         return reply
-    reply.observations.CopyFrom(
-        encode_tensor(np.stack([np.asarray(o.observation) for o in outcomes]))
-    )
+    # run_env typed every observation to the space's dtype and shape already.
+    reply.observations.CopyFrom(encode_tensor(np.stack([o.observation for o in outcomes])))
     if op == "step":
         reply.rewards.CopyFrom(encode_tensor(np.array([o.reward for o in outcomes], np.float64)))
         reply.terminated.CopyFrom(encode_tensor(np.array([o.terminated for o in outcomes], bool)))
         reply.truncated.CopyFrom(encode_tensor(np.array([o.truncated for o in outcomes], bool)))
-    for outcome in outcomes:
-        arrays, rest = _split_info(outcome.info, f"env {outcome.env_id}")
-        reply.infos.append(encode_tensor_map(arrays))
-        reply.infos_json.append(rest)
+    _add_infos(reply.infos, reply.infos_json, [(o.env_id, o.info) for o in outcomes], "")
     resets = [(o.env_id, o.reset) for o in outcomes if o.reset is not None]
     if resets:
         reply.reset_env_ids.extend(env_id for env_id, _ in resets)
-        rows = np.stack([np.asarray(obs) for _, (obs, _) in resets])
+        rows = np.stack([obs for _, (obs, _) in resets])
         reply.reset_observations.CopyFrom(encode_tensor(rows))
-        for env_id, (_, info) in resets:
-            arrays, rest = _split_info(info, f"env {env_id} reset")
-            reply.reset_infos.append(encode_tensor_map(arrays))
-            reply.reset_infos_json.append(rest)
+        infos = [(env_id, info) for env_id, (_, info) in resets]
+        _add_infos(reply.reset_infos, reply.reset_infos_json, infos, " reset")
     return reply
+
+
+def _add_infos(
+    maps: Any, texts: Any, infos: Sequence[tuple[int, Mapping[str, Any]]], what: str
+) -> None:
+    """Appends one TensorMap per env's info (``maps``) and, unless all are
+    empty, one JSON text per env (``texts``): LeaseReply.infos/infos_json.
+
+    An empty info (most steps of most envs) is an empty TensorMap, without
+    the work of splitting it.
+    """
+    rests = []
+    for env_id, info in infos:
+        if not info:
+            maps.add()
+            rests.append("")
+            continue
+        arrays, rest = _split_info(info, f"env {env_id}{what}")
+        maps.append(encode_tensor_map(arrays))
+        rests.append(rest)
+    if any(rests):
+        texts.extend(rests)
 
 
 def _plain(value: Any) -> Any:
@@ -411,7 +427,13 @@ def call_request(
         if text != "null":
             call.options_json = text
     elif op == "step":
-        call.actions.CopyFrom(encode_tensor(np.stack([np.asarray(a) for a in args])))
+        try:  # one conversion for the batch (the rows are usually one array's)
+            actions = np.asarray(args)
+        except ValueError as exc:
+            raise UsageError(
+                f"step() of leased envs takes one action of the same shape per env: {exc}"
+            ) from exc
+        call.actions.CopyFrom(encode_tensor(actions))
         call.prefetch_reset = prefetch_reset
     elif op in ("get_attr", "set_attr", "call"):
         first = args[0]
@@ -497,13 +519,12 @@ def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
             )
         if op == leases_pb2.LEASE_OP_RESET:
             return [(obs[k], infos[k]) for k in range(count)]
-        rewards = decode_tensor(reply.rewards, name="LeaseReply.rewards")
-        terminated = decode_tensor(reply.terminated, name="LeaseReply.terminated")
-        truncated = decode_tensor(reply.truncated, name="LeaseReply.truncated")
-        return [
-            (obs[k], float(rewards[k]), bool(terminated[k]), bool(truncated[k]), infos[k])
-            for k in range(count)
+        columns = [
+            _column(reply.rewards, "rewards", count, np.float64),
+            _column(reply.terminated, "terminated", count, np.bool_),
+            _column(reply.truncated, "truncated", count, np.bool_),
         ]
+        return list(zip(obs, *columns, infos, strict=True))
     if op == leases_pb2.LEASE_OP_RENDER:
         if not reply.HasField("frames"):
             return [None] * count
@@ -512,6 +533,18 @@ def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
     if op == leases_pb2.LEASE_OP_SET_ATTR:
         return [None] * count
     return [json.loads(text) for text in reply.values_json]
+
+
+def _column(tensor: Any, name: str, count: int, dtype: type) -> list[Any]:
+    """A per-env scalar column of a STEP reply, as Python values (one ``tolist``)."""
+    values = decode_tensor(tensor, name=f"LeaseReply.{name}")
+    if values.shape != (count,):
+        raise ProtocolError(
+            f"a lease reply for {count} envs holds {name} of shape {values.shape}; "
+            f"it must be ({count},)"
+        )
+    rows: list[Any] = values.astype(dtype, copy=False).tolist()
+    return rows
 
 
 def _prefetched_resets(
@@ -544,7 +577,8 @@ def _observations(tensor: Any, space: gym.Space, worker: str) -> np.ndarray:
 
 def _infos(maps: Sequence[Any], texts: Sequence[str], name: str) -> list[dict[str, Any]]:
     """Info dicts from their TensorMaps and JSON texts (LeaseReply.infos/_json)."""
-    infos = [_info(decode_tensor_map(m, name=name)) for m in maps]
+    # An empty map (most infos) is an empty dict, without a decoder call.
+    infos = [_info(decode_tensor_map(m, name=name)) if m.entries else {} for m in maps]
     for info, text in zip(infos, texts, strict=False):
         if text:
             info.update(json.loads(text))

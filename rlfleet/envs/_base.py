@@ -595,8 +595,9 @@ class BaseVectorEnv(abc.ABC):
 
     def _check_idle(self, ids: list[int], call: str) -> None:
         """Refuses envs whose async step has not been returned yet."""
-        busy = [i for i in ids if (self._in_flight[i] and not self._stale[i])]
-        busy += [i for i in ids if i in self._undelivered]
+        busy = [ids[k] for k in np.flatnonzero(self._in_flight[ids] & ~self._stale[ids])]
+        if self._undelivered:
+            busy += [i for i in ids if i in self._undelivered]
         if busy:
             raise UsageError(
                 f"{call}(): envs {sorted(busy)} have a step in flight (async mode); "
@@ -605,7 +606,7 @@ class BaseVectorEnv(abc.ABC):
 
     def _start(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
         """Discards stale answers of ``ids``, then sends them ``command``."""
-        stale = [i for i in ids if self._stale[i]]
+        stale = [ids[k] for k in np.flatnonzero(self._stale[ids])]
         while stale:
             for i in self._receive(stale, len(stale), None):
                 self._in_flight[i] = self._stale[i] = False
