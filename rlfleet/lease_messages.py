@@ -481,7 +481,7 @@ def decode_lease_response(
         )
     event = LeaseRepliedEvent(int(replies[0].call_id), [], [], {})
     for reply in replies:  # several workers' parts of one call
-        event.env_ids.extend(int(i) for i in reply.env_ids)
+        event.env_ids.extend(reply.env_ids)
         event.answers.extend(_answers(reply, space))
         event.resets.update(_prefetched_resets(reply, space))
     return event
