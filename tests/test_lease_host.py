@@ -39,13 +39,13 @@ _barrier = threading.Barrier(ENVS, timeout=20)
 
 
 class BarrierEnv(CounterEnv):
-    """A Counter whose first steps sleep (so the host learns it is slow) and
-    whose later steps wait at the shared barrier."""
+    """A Counter that sleeps 1 ms per step (10 ms in its first steps, so
+    the host learns it is slow); past them, its steps also wait at the
+    shared barrier."""
 
     def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        if self.total_steps < SLOW_STEPS:
-            time.sleep(0.01)
-        else:
+        time.sleep(0.01 if self.total_steps < SLOW_STEPS else 0.001)
+        if self.total_steps >= SLOW_STEPS:
             _barrier.wait()
         return super().step(action)
 

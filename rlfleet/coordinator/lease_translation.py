@@ -140,6 +140,7 @@ def call_command(
     if call.value_json:
         part.value_json = call.value_json
     part.prefetch_reset = call.prefetch_reset
+    part.whole_reply = call.whole_reply  # the worker answers its part in one reply
     if call.seeds:
         part.seeds.extend(call.seeds if whole else [call.seeds[r] for r in rows])
     if call.actions is not None:

@@ -45,8 +45,8 @@ COMMANDS: dict[str, str] = {
 ENV_LOST_KEY = "rlfleet_env_lost"
 
 
-#: How much faster than its last estimate an env's step estimate may rise
-#: per step (see LeasedEnv.step_seconds): x2 plus this many seconds.
+#: How much an env's step estimate may rise per step beyond doubling
+#: (see LeasedEnv.step_seconds).
 _STEP_RISE_SECONDS = 1e-5
 
 
@@ -55,13 +55,14 @@ class LeasedEnv:
     """A leased env and what the host learned about it.
 
     Attributes:
-        step_seconds: How long its steps take, robust to the odd slow one:
-            it falls to any faster step at once but rises at most x2 + 10 us
-            per step. An env that waits 1 ms per step reaches 0.2 ms (the
-            pool's threshold) after 5 steps, while a 10 us env whose thread
-            the OS held back for a few ms once stays under it (a moving
-            average took such envs to the pool, on a loaded machine, where
-            its hand-offs cost more than their steps).
+        step_seconds: How long its steps take, robust to the odd outlier:
+            each step moves it towards the step's seconds, but at most
+            x2 + 10 us up and /2 down. An env that waits 1 ms per step
+            reaches 0.2 ms (the pool's threshold) after 5 steps and stays
+            there through a quick step or two, while a 10 us env whose
+            thread the OS held back for a few ms once stays under it (a
+            moving average took such envs to the pool on a loaded machine,
+            where the pool's hand-offs cost more than their steps).
         space: Its observation space, read once (through every wrapper
             layer that is a property chain).
     """
@@ -81,7 +82,8 @@ class LeasedEnv:
 
     def timed(self, elapsed: float) -> None:
         """Records a step that took ``elapsed`` seconds."""
-        self.step_seconds = min(elapsed, 2 * self.step_seconds + _STEP_RISE_SECONDS)
+        last = self.step_seconds
+        self.step_seconds = min(max(elapsed, last / 2), 2 * last + _STEP_RISE_SECONDS)
 
 
 def lease_config(update: LeasedEnvSource, imports: tuple[str, ...]) -> EnvConfig:

@@ -56,6 +56,14 @@ logger = logging.getLogger("rlfleet.worker")
 POOL_STEP_SECONDS = 2e-4
 #: Pool threads: enough for every leased env of a big worker to wait at once.
 POOL_THREADS = 64
+#: An async call's env that finishes first waits this share of its step's
+#: seconds (at most COALESCE_MAX_SECONDS) for the call's other envs, so that
+#: envs finishing close together share a reply: each reply costs the relay
+#: and the learner a message (~0.1-0.3 ms of CPU over gRPC), which 16 envs
+#: of 1 ms answered one by one cannot afford, while waiting longer delays
+#: the learner's next step of the envs already done.
+COALESCE_SHARE = 0.25
+COALESCE_MAX_SECONDS = 0.001
 
 
 @dataclass
@@ -63,11 +71,12 @@ class _PooledCall:
     """A call whose envs run on the pool: the outcomes not yet sent.
 
     Its envs' pool threads answer it themselves, without a hand-off back
-    to the host thread: the thread that finishes an env sends every outcome
-    that is ready then (and those that land while it sends), so envs that
-    finish together share one reply and none waits for a timer. A call the
-    learner waits for whole (LeaseCall.whole_reply) is sent once, by the
-    thread that finishes its last env.
+    to the host thread. A call the learner waits for whole
+    (LeaseCall.whole_reply) is sent once, by the thread that finishes its
+    last env. Otherwise (async stepping) the thread that finishes an env
+    first waits for the others at most COALESCE_SHARE of its step (less if
+    they all finish), then sends every outcome ready (and those that land
+    while it sends); envs finishing later do the same.
     """
 
     call: LeaseCallOrder
@@ -75,6 +84,10 @@ class _PooledCall:
     lock: threading.Lock = field(default_factory=threading.Lock)
     outcomes: list[LeaseAnswer] = field(default_factory=list)
     sending: bool = False  # a pool thread is sending this call's outcomes
+    all_done: threading.Condition = field(init=False)  # on ``lock``
+
+    def __post_init__(self) -> None:
+        self.all_done = threading.Condition(self.lock)
 
 
 @dataclass
@@ -249,16 +262,22 @@ class LeaseHost:
     def _run_envs(self) -> None:
         """A pool thread: env ops until the host stops (run_env never raises)."""
         while (task := self._tasks.get()) is not None:
-            self._finished(task.pooled, run_env(task.leased, task.op, task.arg, task.prefetch))
+            outcome = run_env(task.leased, task.op, task.arg, task.prefetch)
+            self._finished(task.pooled, outcome, task.leased.step_seconds)
 
-    def _finished(self, pooled: _PooledCall, outcome: LeaseAnswer) -> None:
-        """Records an env's outcome and sends what is ready (see _PooledCall)."""
+    def _finished(self, pooled: _PooledCall, outcome: LeaseAnswer, seconds: float) -> None:
+        """Records an env's outcome (its step took about ``seconds``) and
+        sends what is ready (see _PooledCall)."""
         with pooled.lock:
             pooled.outcomes.append(outcome)
             pooled.running -= 1
+            if not pooled.running:
+                pooled.all_done.notify()
             if pooled.sending or (pooled.call.whole_reply and pooled.running):
                 return
             pooled.sending = True
+            if pooled.running:
+                pooled.all_done.wait(min(COALESCE_SHARE * seconds, COALESCE_MAX_SECONDS))
         while True:
             with pooled.lock:
                 outcomes, pooled.outcomes = pooled.outcomes, []
