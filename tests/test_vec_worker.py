@@ -106,6 +106,33 @@ def test_episode_matches_a_plain_gymnasium_replay_with_its_seeds():
     assert all(v.dtype == np.int64 for v in batch.episode_infos.values())
 
 
+@pytest.mark.parametrize(
+    ("env_id", "policy_class"),
+    [("CartPole-v1", MLPCategoricalPolicy), ("Pendulum-v1", MLPGaussianPolicy)],
+)
+def test_env_configs_are_built_without_the_redundant_wrappers_and_give_the_same_bits(
+    env_id: str, policy_class: type[MLPCategoricalPolicy | MLPGaussianPolicy]
+):
+    # docs/performance.md: a worker builds an EnvConfig's envs without
+    # OrderEnforcing and PassiveEnvChecker; TimeLimit stays, and every
+    # batch is bit for bit the batch of plain gym.make envs.
+    config = EnvConfig(env_id, max_episode_length=60)
+    policy = policy_class(config.env_spec(), hidden_sizes=(8,), seed=1)
+    lean = VecWorker(n_envs=3, env=config, policy=policy)
+    wrapped = VecWorker(n_envs=3, env=lambda: gym.make(env_id, max_episode_steps=60), policy=policy)
+    names = []
+    env = lean.envs[0]
+    while isinstance(env, gym.Wrapper):
+        names.append(type(env).__name__)
+        env = env.env
+    assert names == ["TimeLimit"]
+    assert "PassiveEnvChecker" in str(wrapped.envs[0]) and "OrderEnforcing" in str(wrapped.envs[0])
+    units = make_units(3, 0, range(12))
+    batch = lean.run(units)
+    assert_same_batches(batch, wrapped.run(units))
+    assert batch.lengths.max() <= 60
+
+
 def test_generators_reused_across_episodes_sample_as_default_rng():
     # 40 units: their generator states are computed vectorised (prepared by
     # hand, or with the queue when the first starts), the slots' generators

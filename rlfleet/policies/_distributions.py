@@ -90,7 +90,7 @@ def categorical(
         index = shifted.argmax(axis=1)
     else:
         draws = [rng.random() for rng in rngs]
-        threshold = np.array(draws) * total
+        threshold = np.multiply(draws, total)  # the list becomes float64 inside the ufunc
         index = (cumulative > threshold[:, None]).argmax(axis=1)
         # No c[i] > t (argmax gave 0) needs t = u * Z to round up to Z, which only
         # the largest draw below 1 can do: then the row takes its last positive weight.

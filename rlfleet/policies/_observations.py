@@ -143,6 +143,9 @@ class ObservationEncoder:
             self.dim = int(nvec.sum())
         else:
             self.dim = int(np.prod(space.shape, dtype=np.int64))
+        # Float32 batches of flat Box rows are their own encoding (None: never).
+        is_flat_box = isinstance(space, gym.spaces.Box) and len(space.shape) == 1
+        self._flat_shape = (self.dim,) if is_flat_box else None
 
     def __call__(self, observations: Any) -> np.ndarray:
         """Encodes a batch.
@@ -157,6 +160,12 @@ class ObservationEncoder:
             PolicyError: If the shape does not match the space, or a Discrete /
                 MultiDiscrete value is not an integer inside the space.
         """
+        if (
+            type(observations) is np.ndarray
+            and observations.dtype == np.float32
+            and observations.shape[1:] == self._flat_shape
+        ):
+            return observations  # the worker's hot path: already the encoding
         array = np.asarray(observations)
         n = _checked_rows(array, self.space, self.owner, "observations")
         space = self.space

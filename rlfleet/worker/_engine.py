@@ -24,7 +24,7 @@ import numpy as np
 from rlfleet._numeric import all_finite
 from rlfleet.core._arrays import NestedArrays
 from rlfleet.core.env_spec import EnvSpec
-from rlfleet.core.step_type import step_type_from_gym
+from rlfleet.core.step_type import StepType
 from rlfleet.errors import EnvError
 from rlfleet.policies.base import Policy
 from rlfleet.worker._checks import ActionChecker, nonfinite_rows
@@ -38,6 +38,9 @@ logger = logging.getLogger("rlfleet.worker")
 
 #: ``stop_step`` of a segment that only ends when its episode does.
 NEVER = -1
+
+_TERMINAL = int(StepType.TERMINAL)
+_TIMEOUT = int(StepType.TIMEOUT)
 
 
 class Live:
@@ -523,15 +526,17 @@ class SlotEngine:
     def _finish(self, slot: int, s: int, terminated: bool, truncated: bool, sink: Sink) -> None:
         live = self.drop(slot)
         length = s - live.seg_start + 1
-        ends_episode = terminated or truncated or s == live.limit_step
-        last = (
-            int(step_type_from_gym(live.offset + length, self.max_len, terminated, truncated))
-            if ends_episode
-            else None
-        )
+        # step_type_from_gym's rules for a step that ends its episode: terminated
+        # wins; else truncated or the length limit (s == limit_step) is TIMEOUT.
+        if terminated:
+            last: int | None = _TERMINAL
+        elif truncated or s == live.limit_step:
+            last = _TIMEOUT
+        else:
+            last = None  # a window cut: the episode goes on
         record = self._record(slot, live, length, last)
         if record is not None:
-            sink.on_record(slot, live, record, continues=not ends_episode)
+            sink.on_record(slot, live, record, continues=last is None)
 
     def _record(self, slot: int, live: Live, length: int, last: int | None) -> Segment | None:
         """Makes a segment of ``length`` steps, viewing them in the ring.

@@ -14,6 +14,7 @@ and a segment that wraps around the ring's end is copied out of it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import weakref
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfleet.core._arrays import NestedArrays, concat_nested, episode_starts
+from rlfleet.core._arrays import NestedArrays, concat_nested
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
@@ -79,10 +80,10 @@ class StepRing:
         self.rewards = np.zeros((capacity, n_envs), dtype=np.float64)
         self.actions: np.ndarray | None = None
         self.agent_infos: dict[str, np.ndarray] = {}
-        # First step of each pinned segment, by pin number; a weak reference's
-        # callback removes the entry when the segment is garbage.
-        self._pins: dict[int, tuple[int, weakref.ref[Any]]] = {}
-        self._next_pin = 0
+        # (first step, weak reference) of each pinned segment; entries of
+        # segments that are garbage are dropped when room is made (a plain
+        # reference per episode costs less than a callback per episode).
+        self._pins: list[tuple[int, weakref.ref[Any]]] = []
 
     def reset_policy_outputs(self) -> None:
         """Forgets the action and agent_info arrays (the policy changed)."""
@@ -161,10 +162,7 @@ class StepRing:
         back the reuse of rows only: when the ring grows, pinned segments
         keep viewing the old arrays, which live on with them.
         """
-        number = self._next_pin
-        self._next_pin += 1
-        pins = self._pins
-        pins[number] = (first_step, weakref.ref(owner, lambda _: pins.pop(number, None)))
+        self._pins.append((first_step, weakref.ref(owner)))
 
     def make_room(self, oldest_live: int, newest_step: int) -> int:
         """Makes room to write step ``newest_step``, keeping live and pinned rows.
@@ -176,7 +174,8 @@ class StepRing:
         Returns:
             A lower bound of the oldest step the ring must keep.
         """
-        oldest = min([oldest_live, *(first for first, _ in list(self._pins.values()))])
+        self._pins = pins = [(first, ref) for first, ref in self._pins if ref() is not None]
+        oldest = min([oldest_live, *(first for first, _ in pins)])
         if newest_step - oldest + 1 <= self.capacity:
             return oldest
         self._grow(oldest_live, newest_step)
@@ -356,18 +355,20 @@ def build_batch(
         The batch: one ``np.concatenate`` per field, step types computed with
         vectorised writes at each segment's first and last step.
     """
-    lengths = np.array([len(s.rewards) for s in segments], dtype=np.int64)
-    starts = episode_starts(lengths)
+    # Sizes and step-type positions in Python ints: a few per segment, cheaper
+    # than numpy calls on arrays this small.
+    sizes = [len(s.rewards) for s in segments]
+    starts = [0, *itertools.accumulate(sizes)]
     # uint8, the wire's dtype (batch.proto): a batch keeps one dtype from the
     # worker to the learner, with no conversion on the way.
-    step_types = np.full(int(lengths.sum()), _MID, dtype=np.uint8)
-    firsts = [i for i, s in enumerate(segments) if s.first]
-    step_types[starts[firsts]] = _FIRST
+    step_types = np.full(starts[-1], _MID, dtype=np.uint8)
+    step_types[[start for start, s in zip(starts, segments, strict=False) if s.first]] = _FIRST
     # The last step's type wins over FIRST for one-step episodes, as in garage.
-    ends = [(i, s.last) for i, s in enumerate(segments) if s.last is not None]
+    stops = zip(starts[1:], segments, strict=True)
+    ends = [(stop - 1, s.last) for stop, s in stops if s.last is not None]
     if ends:
         index, types = zip(*ends, strict=True)
-        step_types[starts[list(index)] + lengths[list(index)] - 1] = types
+        step_types[list(index)] = types
     # One array, one contiguous row per key (transposed while building).
     table = np.array(list(zip(*(s.infos for s in segments), strict=True)), dtype=np.int64)
     return EpisodeBatch(
@@ -381,20 +382,21 @@ def build_batch(
         env_infos=_concat_infos([s.env_infos for s in segments], "env info", "env_infos"),
         agent_infos=_concat_infos([s.agent_infos for s in segments], "agent info", "agent_infos"),
         step_types=step_types,
-        lengths=lengths,
+        lengths=np.array(sizes, dtype=np.int64),
     )
 
 
 def _concat_infos(dicts: Sequence[NestedArrays], what: str, field: str) -> NestedArrays:
     """Concatenates the segments' info dicts (only the keys all of them have)."""
+    if not any(dicts):  # most envs' infos: nothing to concatenate
+        return {}
     first = dicts[0]
-    if all(d.keys() == first.keys() for d in dicts):
-        if not first:
-            return {}
-        if not any(isinstance(value, Mapping) for value in first.values()):
-            # The common case, one flat dict per policy or env: one call per key.
-            try:
-                return {key: np.concatenate([d[key] for d in dicts]) for key in first}
-            except ValueError:
-                pass  # concat_nested names the key whose shapes differ
+    keys = first.keys()
+    flat = not any(isinstance(value, Mapping) for value in first.values())
+    if flat and all(d.keys() == keys for d in dicts):
+        # The common case, one flat dict per policy or env: one call per key.
+        try:
+            return {key: np.concatenate([d[key] for d in dicts]) for key in first}
+        except ValueError:
+            pass  # concat_nested names the key whose shapes differ
     return concat_nested(_common_infos(dicts, what), field)

@@ -4,6 +4,7 @@ the policy and the envs it runs."""
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
@@ -11,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.core.env_spec import EnvSpec
-from rlfleet.envs.config import EnvConfig
+from rlfleet.envs.config import EnvConfig, make_env
 from rlfleet.errors import ConfigError, PolicyError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.spec import PolicySpec
@@ -28,7 +29,8 @@ class EnvSource:
     """Builds the envs of a worker's slots from one env update.
 
     A factory (an :class:`~rlfleet.envs.config.EnvConfig` is one) is called
-    once per env and again to rebuild an env that crashed. A gymnasium Env
+    once per env and again to rebuild an env that crashed; an EnvConfig's
+    envs are built with ``make_env(..., worker_checked=True)``. A gymnasium Env
     instance is used as env 0 and deep-copied for the others, as garage's
     VecWorker does; an instance cannot be rebuilt, so its crashes are final.
 
@@ -45,9 +47,13 @@ class EnvSource:
         if isinstance(update, gym.Env):
             self._instance = update
             self.name = f"{type(update.unwrapped).__name__} instance"
+        elif isinstance(update, EnvConfig):
+            # The engine enforces reset-before-step and checks values itself.
+            self._factory = functools.partial(make_env, update, worker_checked=True)
+            self.name = repr(update.id)
         elif callable(update):
             self._factory = update
-            self.name = repr(update.id) if isinstance(update, EnvConfig) else repr(update)
+            self.name = repr(update)
         else:
             raise TypeError(
                 "env update must be an EnvConfig, a callable returning a gymnasium Env, "

@@ -479,6 +479,11 @@ class VecWorker:
             return None
         chosen.sort(key=record_key)
         spec = chosen[0].env_spec
+        everything = max_episodes is None and len(chosen) == len(self._finished)
+        if everything and all(r.env_spec is spec for r in chosen):  # the usual case
+            self._finished = []
+            self._finished_steps = 0
+            return build_batch(spec, chosen, EPISODE_INFO_KEYS)
         chosen = [r for r in chosen if r.env_spec is spec][:max_episodes]
         taken = {id(r) for r in chosen}
         self._finished = [r for r in self._finished if id(r) not in taken]
