@@ -231,24 +231,28 @@ def lease_report_message(report: LeaseReport, worker: str) -> worker_pb2.WorkerM
         if len(report.env_ids) == 1:
             reply.error.env_index = report.env_ids[0]
     else:
-        reply = _answers_reply(report)
+        message = worker_pb2.WorkerMessage()
+        _fill_answers(message.lease_reply, report)  # in place: the tensors are not copied again
+        return message
     return worker_pb2.WorkerMessage(lease_reply=reply)
 
 
-def _answers_reply(report: LeaseAnswers) -> leases_pb2.LeaseReply:
+def _fill_answers(reply: leases_pb2.LeaseReply, report: LeaseAnswers) -> None:
     op, outcomes = report.op, report.answers
-    reply = leases_pb2.LeaseReply(lease_id=report.lease_id, call_id=report.call_id, op=OP_CODES[op])
+    reply.lease_id = report.lease_id
+    reply.call_id = report.call_id
+    reply.op = OP_CODES[op]
     reply.env_ids.extend(o.env_id for o in outcomes)
     if op in ("render", "set_attr"):
         frames = [o.value for o in outcomes]
         if op == "render" and all(f is not None for f in frames):
             reply.frames.CopyFrom(encode_tensor(np.stack([np.asarray(f) for f in frames])))
-        return reply
+        return
     if op in _JSON_OPS:
         reply.values_json.extend(
             json.dumps(o.value, default=_plain, allow_nan=True) for o in outcomes
         )
-        return reply
+        return
     # run_env typed every observation to the space's dtype and shape already.
     reply.observations.CopyFrom(encode_tensor(np.stack([o.observation for o in outcomes])))
     if op == "step":
@@ -263,7 +267,6 @@ def _answers_reply(report: LeaseAnswers) -> leases_pb2.LeaseReply:
         reply.reset_observations.CopyFrom(encode_tensor(rows))
         infos = [(env_id, info) for env_id, (_, info) in resets]
         _add_infos(reply.reset_infos, reply.reset_infos_json, infos, " reset")
-    return reply
 
 
 def _add_infos(

@@ -169,3 +169,27 @@ def test_pooled_calls_answer_each_env_once_whole_or_as_it_finishes() -> None:
     finally:
         _gate.set()
         host.shutdown()
+
+
+def test_a_call_behind_a_queued_order_waits_for_it() -> None:
+    """Calls may run on the submitting thread (LeaseHost.submit), but never
+    ahead of an order submitted before them: a reset sent right after the
+    CREATE that builds its envs finds them built."""
+    out: queue.SimpleQueue[worker_pb2.WorkerMessage] = queue.SimpleQueue()
+    host = LeaseHost((), lambda report: out.put(lease_report_message(report, "w")))
+    try:
+        env = updates_pb2.EnvUpdate(env_id="CartPole-v1", kwargs_json="{}")
+        for lease_id in (1, 2):
+            create = leases_pb2.LeaseCreate(env=env, env_ids=range(3))
+            host.submit(_command(lease_id, create=create))
+            reset = leases_pb2.LeaseCall(call_id=1, op=leases_pb2.LEASE_OP_RESET, env_ids=range(3))
+            host.submit(_command(lease_id, call=reset))
+        replies = _answers(out, 12)  # raises on an error reply ("not hosted here")
+        assert [(r.lease_id, r.op) for r in replies] == [
+            (1, leases_pb2.LEASE_OP_CREATE),
+            (1, leases_pb2.LEASE_OP_RESET),
+            (2, leases_pb2.LEASE_OP_CREATE),
+            (2, leases_pb2.LEASE_OP_RESET),
+        ]
+    finally:
+        host.shutdown()
