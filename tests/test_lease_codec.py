@@ -5,7 +5,9 @@ batched observations, scalar columns and infos sent only where they hold
 something) cross the coordinator's relay as bytes and are decoded by the
 learner (decode_lease_response). Whatever the answers hold, every env gets
 back exactly its own observation, reward, flags, info and prefetched reset;
-and a reply whose columns do not match its env ids is refused.
+and a reply whose columns do not match its env ids is refused. The other
+way, the coordinator's split of a learner's call gives each worker its own
+ids, seeds and action rows.
 """
 
 from __future__ import annotations
@@ -19,11 +21,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlfleet import _rpc
-from rlfleet.coordinator.lease_translation import RelayReply, lease_response, relay_deserializer
+from rlfleet.coordinator.lease_translation import (
+    RelayReply,
+    call_command,
+    lease_response,
+    parse_request,
+    relay_deserializer,
+)
 from rlfleet.errors import ProtocolError
 from rlfleet.lease_messages import (
     LeaseAnswer,
     LeaseAnswers,
+    LeaseCallOrder,
     LeaseRepliedEvent,
     call_request,
     decode_lease_response,
@@ -140,3 +149,32 @@ def test_step_actions_travel_as_one_tensor(actions: list[int], dtype: type) -> N
     assert call.prefetch_reset
     got = decode_tensor(call.actions)
     assert got.dtype == dtype and got.tolist() == actions
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_call_split_per_worker_gives_each_its_own_rows(data: st.DataObject) -> None:
+    """The coordinator's command for a worker's envs carries exactly their
+    ids, seeds and action rows, whether the worker's rows are a run (sent
+    as a slice) or scattered."""
+    count = data.draw(st.integers(1, 12))
+    env_ids = data.draw(st.permutations(list(range(count))))
+    rows = sorted(data.draw(st.sets(st.integers(0, count - 1), min_size=1)))
+    actions = np.arange(count * 2, dtype=np.float32).reshape(count, 2)
+    op = data.draw(st.sampled_from(["step", "reset"]))
+    if op == "step":
+        args: list[Any] = list(actions)
+    else:
+        args = [{"seed": 100 + k, "options": None} for k in range(count)]
+    order = parse_request(call_request(3, op, env_ids, args, True, whole_reply=True))
+    assert isinstance(order, LeaseCallOrder)
+    command = call_command(5, order, rows).lease
+    assert command.lease_id == 5
+    part = command.call
+    assert list(part.env_ids) == [env_ids[r] for r in rows]
+    assert part.whole_reply and part.call_id == 3
+    if op == "step":
+        np.testing.assert_array_equal(decode_tensor(part.actions), actions[rows])
+        assert part.prefetch_reset
+    else:
+        assert list(part.seeds) == [100 + r for r in rows]
