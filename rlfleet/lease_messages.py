@@ -73,9 +73,9 @@ class LeaseCreateOrder:
     replaces_lost: bool
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen one took 4 us to build, twice per call
 class LeaseCallOrder:
-    """Run ``op`` on envs ``env_ids`` of a lease (LeaseCall).
+    """Run ``op`` on envs ``env_ids`` of a lease (LeaseCall); read-only by convention.
 
     Attributes:
         seeds: RESET: one per env (negative: none), or empty.
