@@ -108,7 +108,8 @@ class LeaseHost:
         imports: Modules to import before building envs (the worker's ``--import``).
         send: Sends a report to the coordinator (queues it on the Join
             stream); raises ConfigError, sending nothing, for answers that
-            cannot travel.
+            cannot travel. Called from several threads (the host's, the
+            one calling :meth:`submit`, the pool's): it must be thread-safe.
     """
 
     def __init__(self, imports: tuple[str, ...], send: Callable[[LeaseReport], None]) -> None:
