@@ -53,7 +53,8 @@ ENV PATH=/opt/rlfleet/bin:${PATH} \
     RLFLEET_HEALTH_LISTEN=127.0.0.1:50052
 # Numeric, so Kubernetes' runAsNonRoot can check it without a passwd lookup.
 USER 10001:10001
-EXPOSE 50051 50052
+# 50053: the lease data channel (--lease-data-listen, default the gRPC port + 2).
+EXPOSE 50051 50052 50053
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
     CMD ["rlfleet", "health", "--timeout", "3"]
 # Exec form: rlfleet is PID 1 and receives `docker stop`'s SIGTERM itself, so

@@ -36,7 +36,7 @@ from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.episode_order import cut_pieces, ends_episode, first_episodes, sort_fragments
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
-from rlfleet.seeding import NO_ENV_SEED, stream_seeds
+from rlfleet.seeding import NO_ENV_SEED, NO_POLICY_SEED, stream_seeds
 from rlfleet.space_checks import space_problem
 from rlfleet.wire import Chunk, ChunkAssembler, decode_batch
 from rlfleet.wire.batches import payload_kind
@@ -363,7 +363,7 @@ class ResultExpectation:
             the task's units.
         window: Fragments mode: the window's layout.
         native: The fleet's env is a native vector env: episodes carry
-            ``env_seed`` :data:`NO_ENV_SEED` (their policy_seed is the unit's).
+            ``env_seed`` :data:`NO_ENV_SEED` and ``policy_seed`` :data:`NO_POLICY_SEED`.
     """
 
     env_spec: EnvSpec
@@ -551,7 +551,7 @@ def _episode_problems(result: DecodedResult, expect: ResultExpectation) -> list[
             return problems
         seeds = np.array([units[i] for i in indices], dtype=np.int64).reshape(-1, 2)
         if expect.native:
-            seeds[:, 0] = NO_ENV_SEED
+            seeds[:, :] = (NO_ENV_SEED, NO_POLICY_SEED)
         for column, key in enumerate(("env_seed", "policy_seed")):
             want = seeds[:, column]
             wrong = np.flatnonzero(result.infos(key) != want)

@@ -349,11 +349,13 @@ class LeaseEnvFailure:
 
 @dataclass(frozen=True)
 class LeaseOpenedEvent:
-    """The lease exists (LeaseOpened): its id, the envs' spec, the hosting workers."""
+    """The lease exists (LeaseOpened): its id, the envs' spec, the hosting workers,
+    and the lease data channel's (port, ticket) when the coordinator serves it."""
 
     lease_id: int
     env_spec: EnvSpec
     env_workers: list[str]
+    data: tuple[int, bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -391,6 +393,11 @@ def open_request(env: EnvConfig, num_envs: int, timeout: float, learner: str) ->
 
 #: The last message of a Lease stream (LeaseRequest.close), serialized.
 CLOSE_REQUEST = leases_pb2.LeaseRequest(close=leases_pb2.LeaseClose()).SerializeToString()
+
+
+def data_hello(ticket: bytes) -> bytes:
+    """The serialized LeaseDataHello presenting ``ticket`` (the lease data channel)."""
+    return leases_pb2.LeaseDataHello(ticket=ticket).SerializeToString()
 
 
 def call_request(
@@ -470,7 +477,10 @@ def decode_lease_response(
     if body == "opened":
         opened = response.opened
         return LeaseOpenedEvent(
-            int(opened.lease_id), decode_env_spec(opened.env_spec), list(opened.env_workers)
+            int(opened.lease_id),
+            decode_env_spec(opened.env_spec),
+            list(opened.env_workers),
+            (opened.data.port, opened.data.ticket) if opened.HasField("data") else None,
         )
     if body not in ("reply", "replies"):
         return None

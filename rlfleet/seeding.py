@@ -18,6 +18,9 @@ SEED_BITS = 32
 #: The ``env_seed`` label of an episode run by a native vector env, which
 #: has no seed of its own (docs/reliability.md, "Native vector-env backends").
 NO_ENV_SEED = -1
+#: The ``policy_seed`` label of an episode run by a native vector env: its
+#: actions come from the worker's one batch generator, not from a seed of its own.
+NO_POLICY_SEED = -1
 
 
 def episode_seeds(base_seed: int, request: int, episode_index: int) -> tuple[int, int]:

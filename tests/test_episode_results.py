@@ -155,13 +155,17 @@ def test_episodes_with_seeds_other_than_their_units_fail() -> None:
 
 
 def test_native_env_episodes_must_say_they_have_no_env_seed() -> None:
-    """A native vector env's episodes carry env_seed -1 (NO_ENV_SEED), and only they do."""
+    """A native vector env's episodes carry env_seed and policy_seed -1
+    (NO_ENV_SEED, NO_POLICY_SEED), and only they do."""
     native = dataclasses.replace(episode_task(), native=True)
-    unseeded = good_episode_infos() | {"env_seed": [-1, -1]}
+    unseeded = good_episode_infos() | {"env_seed": [-1, -1], "policy_seed": [-1, -1]}
     check_result(make_result(make_batch([3, 1], [F, M, TERM, TIME], unseeded)), native)
     seeded = make_result(make_batch([3, 1], [F, M, TERM, TIME], good_episode_infos()))
     message = failure_of(seeded, native)
     assert "episode 0: episode_infos['env_seed'] is 11, the unit's env_seed is -1" in message
+    policy_seeded = good_episode_infos() | {"env_seed": [-1, -1]}
+    message = failure_of(make_result(make_batch([3, 1], [F, M, TERM, TIME], policy_seeded)), native)
+    assert "episode_infos['policy_seed'] is" in message and "policy_seed is -1" in message
     unseeded_result = make_result(make_batch([3, 1], [F, M, TERM, TIME], unseeded))
     message = failure_of(unseeded_result, episode_task())
     assert "episode 0: episode_infos['env_seed'] is -1, the unit's env_seed is 11" in message

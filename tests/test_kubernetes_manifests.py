@@ -226,7 +226,7 @@ def test_worker_probes_tell_joined_from_alive(objects: list[Obj]) -> None:
 def test_workers_dial_the_coordinator_service_by_dns_name(objects: list[Obj]) -> None:
     service = find(objects, "Service", "rlfleet-coordinator")
     namespace = service["metadata"]["namespace"]
-    (port,) = service["spec"]["ports"]
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == "grpc"]
     address = flag(only_container(worker(objects)), "coordinator")
     assert address == f"rlfleet-coordinator.{namespace}.svc.cluster.local:{port['port']}"
     # The Service forwards to the port the coordinator listens on.
@@ -235,6 +235,25 @@ def test_workers_dial_the_coordinator_service_by_dns_name(objects: list[Obj]) ->
     target_port = container_port(container, target) if isinstance(target, str) else target
     assert port_of(flag(container, "listen")) == target_port
     assert flag(container, "listen").startswith("0.0.0.0:")
+
+
+def test_the_lease_data_port_is_exposed_where_the_coordinator_advertises_it(
+    objects: list[Obj],
+) -> None:
+    # Learners and workers dial the Service's host at the port the coordinator
+    # advertises (its bound port): Service port, container port and flag agree,
+    # and the network policy admits workers and learners to it.
+    container = only_container(coordinator(objects))
+    data_port = port_of(flag(container, "lease-data-listen"))
+    assert flag(container, "lease-data-listen").startswith("0.0.0.0:")
+    assert container_port(container, "lease-data") == data_port
+    service = find(objects, "Service", "rlfleet-coordinator")
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == "lease-data"]
+    assert port["port"] == data_port and port["targetPort"] == "lease-data"
+    policy = find(objects, "NetworkPolicy", "rlfleet-coordinator")["spec"]
+    grpc_port = port_of(flag(container, "listen"))
+    (rule,) = [r for r in policy["ingress"] if {"port": grpc_port, "protocol": "TCP"} in r["ports"]]
+    assert {"port": data_port, "protocol": "TCP"} in rule["ports"]
 
 
 def test_service_selects_the_coordinator_and_nothing_else(objects: list[Obj]) -> None:

@@ -44,6 +44,7 @@ GRPC_MODULES = {
     "rlfleet.coordinator.coordinator",
     "rlfleet.coordinator.failures",
     "rlfleet.coordinator.learner_face",
+    "rlfleet.coordinator.lease_data_peers",  # drops a worker whose data connection broke
     "rlfleet.coordinator.lease_face",
     "rlfleet.coordinator.lease_translation",
     "rlfleet.coordinator.leases",

@@ -28,10 +28,10 @@ from rlfleet import LocalSampler
 from rlfleet.client import Fleet, RemoteVectorEnv
 from rlfleet.core import EpisodeBatch, StepType
 from rlfleet.envs.config import EnvConfig
-from rlfleet.errors import ConfigError, EnvError, EnvNotFoundError, RlfleetError
+from rlfleet.errors import ConfigError, EnvError, EnvNotFoundError, PolicyError, RlfleetError
 from rlfleet.lease_messages import LeaseCreateOrder, decode_lease_command
-from rlfleet.policies import MLPCategoricalPolicy
-from rlfleet.seeding import NO_ENV_SEED
+from rlfleet.policies import MLPCategoricalPolicy, MLPGaussianPolicy
+from rlfleet.seeding import NO_ENV_SEED, NO_POLICY_SEED
 from rlfleet.v1 import leases_pb2
 from rlfleet.worker import EpisodeUnit, VecWorker
 from rlfleet.worker._lease_envs import lease_config
@@ -95,7 +95,8 @@ def test_vec_worker_runs_whole_episodes_labelled_without_env_seed(backend: str) 
     check_cartpole_episodes(batch, LIMIT)
     assert batch.episode_infos["episode_index"].tolist() == list(range(40))
     assert np.all(batch.episode_infos["env_seed"] == NO_ENV_SEED)
-    assert batch.episode_infos["policy_seed"].tolist() == [2000 + i for i in range(40)]
+    # The actions come from the worker's one batch generator, not from these seeds.
+    assert np.all(batch.episode_infos["policy_seed"] == NO_POLICY_SEED)
     assert (batch.step_types[np.cumsum(batch.lengths) - 1] == StepType.TIMEOUT).any()
     assert batch.env_spec.max_episode_length == LIMIT
 
@@ -140,6 +141,109 @@ def test_same_layout_and_units_give_the_same_batch(backend: str) -> None:
     assert np.array_equal(first.observations, second.observations)
     assert np.array_equal(first.actions, second.actions)
     assert np.array_equal(first.step_types, second.step_types)
+    assert np.array_equal(first.agent_infos["log_prob"], second.agent_infos["log_prob"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_native_workers_sample_the_batch_from_the_first_units_policy_seed(backend: str) -> None:
+    """The first vector step is one ``get_actions_batched`` call on
+    ``default_rng(policy_seed)`` of the unit that reset the whole env, so
+    that seed (and only the batch's draws) decides the actions."""
+
+    def sample(policy_seed: int) -> EpisodeBatch:
+        worker = VecWorker(n_envs=8, env=native(backend), policy=mlp())
+        first = [EpisodeUnit(i, 1000 + i, policy_seed + i, 0) for i in range(8)]
+        try:
+            return worker.run(first)
+        finally:
+            worker.shutdown()
+
+    batch = sample(2000)
+    starts = np.cumsum(batch.lengths) - batch.lengths
+    # Units 0-7 begin on slots 0-7 at the whole env's reset: the batch's rows in order.
+    want, infos = mlp().get_actions_batched(batch.observations[starts], np.random.default_rng(2000))
+    assert np.array_equal(batch.actions[starts], want)
+    np.testing.assert_allclose(batch.agent_infos["log_prob"][starts], infos["log_prob"])
+    other = sample(5000)
+    other_starts = np.cumsum(other.lengths) - other.lengths
+    # The same env reset (same env seed), other draws: other actions.
+    assert np.array_equal(other.observations[other_starts], batch.observations[starts])
+    assert not np.array_equal(other.actions[other_starts], batch.actions[starts])
+
+
+def test_a_worker_switching_to_gym_envs_and_back_keeps_each_class() -> None:
+    """The native path keeps no slot cache of the gym path's: after a native
+    env, a gym env's batch is class A again (the same as a fresh worker's)."""
+    gym_env = EnvConfig("CartPole-v1", max_episode_length=LIMIT)
+    worker = VecWorker(n_envs=8, env=native("vector_entry_point"), policy=mlp())
+    fresh = VecWorker(n_envs=8, env=gym_env, policy=mlp())
+    try:
+        first = worker.run(units(20))
+        worker.update_env(gym_env)
+        middle = worker.run(units(20, start=20))
+        worker.update_env(native("vector_entry_point"))
+        last = worker.run(units(20, start=40))
+        reference = fresh.run(units(20, start=20))
+    finally:
+        worker.shutdown()
+        fresh.shutdown()
+    for batch in (first, last):
+        check_cartpole_episodes(batch, LIMIT)
+        assert np.all(batch.episode_infos["policy_seed"] == NO_POLICY_SEED)
+    assert middle.episode_infos["policy_seed"].tolist() == [2020 + i for i in range(20)]
+    assert np.array_equal(middle.observations, reference.observations)
+    assert np.array_equal(middle.actions, reference.actions)
+
+
+def test_box_actions_with_idle_slots_repeat_themselves_on_envpool() -> None:
+    """Gaussian batches (Box actions) with slots idling while others run: idle
+    rows get the placeholder action, and the batch repeats for the same calls."""
+    config = EnvConfig("Pendulum-v1", max_episode_length=20, vectorization="envpool")
+    policy = MLPGaussianPolicy(EnvConfig("Pendulum-v1").env_spec(), seed=0)
+
+    def sample() -> EpisodeBatch:
+        worker = VecWorker(n_envs=8, env=config, policy=policy)
+        try:
+            worker.submit(units(3))
+            for _ in range(5):
+                worker.step()
+            worker.submit(units(13, start=3))
+            while not worker.idle:
+                worker.step()
+            batch = worker.take_finished()
+            assert batch is not None
+            return batch
+        finally:
+            worker.shutdown()
+
+    first, second = sample(), sample()
+    assert first.lengths.tolist() == [20] * 16 and first.actions.shape == (320, 1)
+    assert np.all(first.step_types[19::20] == StepType.TIMEOUT)
+    assert np.array_equal(first.observations, second.observations)
+    assert np.array_equal(first.actions, second.actions)
+
+
+class _OneActionShort(MLPCategoricalPolicy):
+    def get_actions_batched(self, observations: Any, generator: Any) -> Any:
+        actions, infos = super().get_actions_batched(observations, generator)
+        return actions[1:], infos
+
+
+def test_bad_batched_actions_are_a_policy_error_naming_the_batched_call() -> None:
+    worker = VecWorker(
+        n_envs=4,
+        env=native("vector_entry_point"),
+        policy=_OneActionShort(EnvConfig("CartPole-v1").env_spec(), seed=0),
+    )
+    try:
+        worker.submit(units(4))
+        with pytest.raises(
+            PolicyError, match=r"_OneActionShort\.get_actions_batched returned actions of shape"
+        ):
+            worker.step()
+        assert worker.queued_count == 4  # aborted and re-queued, nothing recorded
+    finally:
+        worker.shutdown()
 
 
 def test_local_sampler_runs_native_workers_and_repeats_itself() -> None:
@@ -155,6 +259,7 @@ def test_local_sampler_runs_native_workers_and_repeats_itself() -> None:
     first, second = sample(), sample()
     check_cartpole_episodes(first, LIMIT)
     assert np.all(first.episode_infos["env_seed"] == NO_ENV_SEED)
+    assert np.all(first.episode_infos["policy_seed"] == NO_POLICY_SEED)
     assert np.array_equal(first.observations, second.observations)
     assert np.array_equal(first.actions, second.actions)
 
@@ -162,13 +267,14 @@ def test_local_sampler_runs_native_workers_and_repeats_itself() -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fleet_of_native_workers_delivers_checked_episodes(backend: str) -> None:
     """Two worker processes of 64 native envs each; the coordinator's result
-    checks (rlfleet.episode_results) accept env_seed -1 only because the
-    fleet's env is native."""
+    checks (rlfleet.episode_results) accept env_seed and policy_seed -1 only
+    because the fleet's env is native."""
     with Fleet.local(workers=2, envs_per_worker=64, env=native(backend)) as sampler:
         batch = sampler.obtain_samples(0, 4000, "mlp-categorical")
         check_cartpole_episodes(batch, LIMIT)
         assert batch.lengths.sum() >= 4000
         assert np.all(batch.episode_infos["env_seed"] == NO_ENV_SEED)
+        assert np.all(batch.episode_infos["policy_seed"] == NO_POLICY_SEED)
         indices = batch.episode_infos["episode_index"]
         assert indices.tolist() == list(range(len(indices)))
         exact = sampler.obtain_episodes(50)
@@ -247,6 +353,56 @@ def test_a_native_env_that_raises_fails_its_episodes_and_the_worker_goes_on() ->
         assert worker.active_count == 4
     finally:
         worker.shutdown()
+
+
+class _NanCartPoles(CartPoleVectorEnv):
+    """CartPole's native vector env whose env 3 turns to NaN at its 3rd step, once."""
+
+    calls = 0
+
+    def step(self, action: Any) -> Any:
+        self.calls += 1
+        if self.calls == 3:
+            self.state[:, 3] = np.nan  # type: ignore[index]  # NaN (never terminating) until truncated
+        return super().step(action)
+
+
+gym.register(
+    "rlfleet-test/NanCartPoles-v0",
+    entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+    vector_entry_point="tests.test_native_backends:_NanCartPoles",
+    max_episode_steps=LIMIT,
+)
+
+
+def test_a_nan_fails_a_running_episode_but_never_from_an_unrecorded_env() -> None:
+    """The policy acts on every slot's row; only a running episode's NaN is an error."""
+    config = EnvConfig("rlfleet-test/NanCartPoles-v0", vectorization="vector_entry_point")
+    worker = VecWorker(n_envs=4, env=config, policy=mlp())
+    try:
+        worker.submit(units(4))
+        with pytest.raises(EnvError, match=r"non-finite observation .* of episode 3,") as info:
+            while not worker.idle:
+                worker.step()
+        assert info.value.episode_index == 3 and info.value.env_index == 3
+    finally:
+        worker.shutdown()
+    # Slot 3 idles while 3 episodes run: its env turns NaN unrecorded, and
+    # drains on NaN (up to 30 steps) while the others finish and start more.
+    worker = VecWorker(n_envs=4, env=config, policy=mlp())
+    try:
+        worker.submit(units(3))
+        for _ in range(4):
+            worker.step()
+        worker.submit(units(9, start=3))
+        while not worker.idle:
+            worker.step()
+        batch = worker.take_finished()
+    finally:
+        worker.shutdown()
+    assert batch is not None
+    check_cartpole_episodes(batch, LIMIT)
+    assert batch.episode_infos["episode_index"].tolist() == list(range(12))
 
 
 def test_bad_native_configs_are_refused_clearly() -> None:

@@ -9,6 +9,7 @@ coordinator: reconnecting after it restarts, and leaving mid-request.
 
 from __future__ import annotations
 
+import functools
 import json
 import queue
 import signal
@@ -39,7 +40,7 @@ from rlfleet.policies import MLPCategoricalPolicy
 from rlfleet.seeding import episode_seeds
 from rlfleet.v1 import updates_pb2, worker_pb2
 from rlfleet.wire import ChunkAssembler, decode_batch, decode_env_spec, encode_tensor_map
-from rlfleet.worker._flush import FlushPolicy
+from rlfleet.worker._flush import TAIL_SECONDS, FlushPolicy
 from tests.test_fleet_equivalence import assert_same_batch
 
 pytestmark = pytest.mark.timeout(120)
@@ -324,17 +325,34 @@ def test_finished_episodes_are_grouped_until_the_queue_runs_out(
 
 def test_the_flush_policy_holds_episodes_back_until_a_bound_or_an_empty_queue() -> None:
     policy = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
-    assert not policy.due(10.0, finished_steps=30, queued_units=5, step_seconds=0.01)
-    assert not policy.due(10.25, finished_steps=99, queued_units=5, step_seconds=0.01)
-    assert policy.due(10.5, finished_steps=99, queued_units=5, step_seconds=0.01)  # timer
+    due = functools.partial(policy.due, running=8)
+    assert not due(10.0, finished_steps=30, queued_units=5, step_seconds=0.01)
+    assert not due(10.25, finished_steps=99, queued_units=5, step_seconds=0.01)
+    assert due(10.5, finished_steps=99, queued_units=5, step_seconds=0.01)  # timer
     policy.sent()
-    assert not policy.due(11.0, finished_steps=1, queued_units=5, step_seconds=0.01)
-    assert not policy.due(11.25, finished_steps=99, queued_units=5, step_seconds=0.01)
-    assert policy.due(11.25, finished_steps=100, queued_units=5, step_seconds=0.01)  # steps
+    assert not due(11.0, finished_steps=1, queued_units=5, step_seconds=0.01)
+    assert not due(11.25, finished_steps=99, queued_units=5, step_seconds=0.01)
+    assert due(11.25, finished_steps=100, queued_units=5, step_seconds=0.01)  # steps
     policy.sent()
-    assert policy.due(12.0, finished_steps=1, queued_units=0, step_seconds=0.01)  # dry
+    assert policy.due(12.0, finished_steps=1, queued_units=0, running=0, step_seconds=0.01)  # dry
     policy.sent()
-    assert policy.due(13.0, finished_steps=1, queued_units=5, step_seconds=0.5)  # slow step
+    assert due(13.0, finished_steps=1, queued_units=5, step_seconds=0.5)  # slow step
+
+
+def test_out_of_work_the_flush_policy_waits_briefly_for_the_running_episodes() -> None:
+    """A request's tail: episodes still running share a result for up to TAIL_SECONDS."""
+    policy = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
+    assert not policy.due(20.0, finished_steps=3, queued_units=0, running=60, step_seconds=0.001)
+    assert not policy.due(
+        20.0 + TAIL_SECONDS / 2, finished_steps=9, queued_units=0, running=55, step_seconds=0.001
+    )
+    assert policy.due(
+        20.0 + TAIL_SECONDS, finished_steps=12, queued_units=0, running=50, step_seconds=0.001
+    )
+    policy.sent()
+    assert not policy.due(21.0, finished_steps=3, queued_units=0, running=1, step_seconds=0.001)
+    # The last episode ended: no reason to wait.
+    assert policy.due(21.001, finished_steps=5, queued_units=0, running=0, step_seconds=0.001)
 
 
 def test_the_flush_policy_sends_large_steps_sooner() -> None:
@@ -343,8 +361,8 @@ def test_the_flush_policy_sends_large_steps_sooner() -> None:
     assert policy.step_limit == 100
     policy.expect_step_bytes(400.0)  # 25 steps make 10,000 bytes
     assert policy.step_limit == 25
-    assert not policy.due(1.0, finished_steps=24, queued_units=5, step_seconds=0.01)
-    assert policy.due(1.0, finished_steps=25, queued_units=5, step_seconds=0.01)
+    assert not policy.due(1.0, finished_steps=24, queued_units=5, running=8, step_seconds=0.01)
+    assert policy.due(1.0, finished_steps=25, queued_units=5, running=8, step_seconds=0.01)
     policy.expect_step_bytes(1e9)  # one step is too big already: still one per result
     assert policy.step_limit == 1
 

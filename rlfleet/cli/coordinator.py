@@ -249,6 +249,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="envs the leases of one learner may hold together",
     )
     option(
+        "--lease-data-listen",
+        default="auto",
+        metavar="HOST:PORT|auto|off",
+        help=(
+            "HOST:PORT of the lease data channel, a framed TCP port that learners and workers "
+            "dial for lease calls and replies (much cheaper than gRPC; docs/protocol.md); "
+            "auto: the --listen host and port + 2 (50053 beside 50051; + 1 is the usual "
+            "--health-listen); off: lease traffic stays on gRPC"
+        ),
+    )
+    option(
         "--health-listen",
         **env_option(
             "RLFLEET_HEALTH_LISTEN",
@@ -344,6 +355,7 @@ def run(args: argparse.Namespace) -> int:
         max_leased_envs=args.max_leased_envs,
         max_leases_per_learner=args.max_leases_per_learner,
         max_envs_per_learner=args.max_envs_per_learner,
+        lease_data_listen=args.lease_data_listen,
         max_result_bytes=args.max_result_bytes,
         max_learner_calls=args.max_learner_calls,
         max_buffered_steps=args.max_buffered_steps,

@@ -8,10 +8,19 @@ info dicts. A reader thread receives the replies; every
 wait has a deadline, and an env whose answer is late past ``call_timeout``
 is answered with an :class:`~rlfleet.errors.RlfleetTimeoutError` naming the
 seconds (its late answer is then dropped).
+
+When the coordinator serves the lease data channel (LeaseOpened.data), the
+lease's calls and replies move to a framed TCP connection to the same host
+(rlfleet.lease_data): the caller's thread writes each call to the socket and
+a second reader thread takes the replies, with no gRPC on the way. The
+stream stays open for the lease's errors and its end. If the data port
+cannot be reached, everything stays on the stream (one WARNING says what to
+open).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
@@ -26,18 +35,31 @@ from rlfleet import _rpc
 from rlfleet.client._errors import call_error
 from rlfleet.core import EnvSpec
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import ProtocolError, RlfleetError, RlfleetTimeoutError, UsageError
+from rlfleet.errors import (
+    ProtocolError,
+    RlfleetError,
+    RlfleetTimeoutError,
+    UnavailableError,
+    UsageError,
+)
+from rlfleet.lease_data import DATA_DIAL_SECONDS, LeaseDataLink, dial, warn_unreachable
 from rlfleet.lease_messages import (
     CLOSE_REQUEST,
     LeaseEnvFailure,
     LeaseOpenedEvent,
     LeaseRepliedEvent,
     call_request,
+    data_hello,
     decode_lease_response,
     open_request,
 )
+from rlfleet.security import ClientTLS
 
 __all__ = ["LeaseEnvFailure", "LeaseStream"]
+
+#: How long a broken data connection waits for the stream to say why (the
+#: lease's own error, e.g. no worker left) before reporting the break itself.
+_WHY_SECONDS = 2.0
 
 
 class _Waiting(NamedTuple):
@@ -61,6 +83,10 @@ class LeaseStream:
             the learner's next seedless reset of it then costs no round trip.
         learner: This learner's name for the coordinator's per-learner caps
             (LeaseOpen.learner).
+        data_host: The coordinator's host, to dial the lease data channel on;
+            None keeps the lease's traffic on the stream.
+        tls: The fleet's TLS settings (the data channel uses them too).
+        max_message_bytes: Longest frame accepted on the data channel.
 
     Raises:
         NoWorkersError, UnavailableError, ResourceExhaustedError, ConfigError,
@@ -78,6 +104,9 @@ class LeaseStream:
         call_timeout: float,
         prefetch_resets: bool = True,
         learner: str = "",
+        data_host: str | None = None,
+        tls: ClientTLS | None = None,
+        max_message_bytes: int = _rpc.DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self.num_envs = num_envs
         self.prefetch_resets = prefetch_resets
@@ -95,6 +124,8 @@ class LeaseStream:
         self._opened = threading.Event()
         self._opened_event: LeaseOpenedEvent | None = None
         self._space: gym.Space | None = None  # the observations', once opened
+        self._link: LeaseDataLink | None = None  # the data channel, once accepted
+        self._closing = False
         self._requests.put(open_request(env, num_envs, open_timeout, learner))
         # Bytes both ways: rlfleet.lease_messages serializes and parses.
         lease = channel.stream_stream(
@@ -115,6 +146,41 @@ class LeaseStream:
         self.lease_id = opened.lease_id
         self.env_spec: EnvSpec = opened.env_spec
         self.env_workers: list[str] = opened.env_workers
+        if opened.data is not None and data_host is not None:
+            timeout = min(open_timeout, DATA_DIAL_SECONDS)
+            self._dial(data_host, opened.data, tls, timeout, max_message_bytes)
+
+    @property
+    def carrier(self) -> str:
+        """``"data"`` when calls travel on the lease data channel, else ``"grpc"``."""
+        return "data" if self._link is not None else "grpc"
+
+    def _dial(
+        self,
+        host: str,
+        data: tuple[int, bytes],
+        tls: ClientTLS | None,
+        timeout: float,
+        max_frame_bytes: int,
+    ) -> None:
+        """Opens the lease data channel (LeaseOpened.data: port and ticket), or warns."""
+        port, ticket = data
+        try:
+            link = dial(
+                host,
+                port,
+                data_hello(ticket),
+                tls=tls,
+                timeout=timeout,
+                max_frame_bytes=max_frame_bytes,
+            )
+        except (OSError, UnavailableError) as exc:
+            warn_unreachable(host, port, f"lease {self.lease_id}", f"{type(exc).__name__}: {exc}")
+            return
+        self._link = link
+        threading.Thread(
+            target=self._read_data, args=(link,), name="rlfleet-lease-data", daemon=True
+        ).start()
 
     # --- calls ------------------------------------------------------------------
 
@@ -150,7 +216,15 @@ class LeaseStream:
             if self._failure is not None:
                 self._fail_waiting(self._failure)
                 return
-        self._requests.put(request)
+        link = self._link
+        if link is None:
+            self._requests.put(request)
+            return
+        try:
+            link.send(request)
+        except OSError as exc:
+            self._reader.join(_WHY_SECONDS)  # the stream may say why first
+            self._broken(f"sending call {call_id} failed: {exc}")
 
     def receive(self, ids: Sequence[int], count: int, timeout: float | None) -> dict[int, Any]:
         """Answers of envs ``ids`` once ``count`` have one, or after ``timeout`` seconds.
@@ -202,10 +276,20 @@ class LeaseStream:
 
     def close(self, timeout: float = 5.0) -> None:
         """Releases the lease: sends close and waits up to ``timeout`` seconds for the end."""
-        self._requests.put(CLOSE_REQUEST)
+        self._closing = True
+        link = self._link
+        if link is None:
+            self._requests.put(CLOSE_REQUEST)
+        else:
+            with contextlib.suppress(
+                OSError
+            ):  # broken: the coordinator releases the lease when it notices
+                link.send(CLOSE_REQUEST)
         self._requests.put(None)
         self._reader.join(timeout)
         self._call.cancel()
+        if link is not None:
+            link.close()
 
     # --- the stream ----------------------------------------------------------------
 
@@ -234,10 +318,42 @@ class LeaseStream:
             failure = exc
             self._call.cancel()
         with self._lock:
-            self._failure = failure
-            self._fail_waiting(failure)
+            if self._failure is None:
+                self._failure = failure
+            self._fail_waiting(self._failure)
         self._requests.put(None)
         self._opened.set()
+        if self._link is not None:
+            self._link.close()
+
+    def _read_data(self, link: LeaseDataLink) -> None:
+        """The data channel's reader thread: replies until the connection ends."""
+        why = "the coordinator closed it"
+        try:
+            while (data := link.receive()) is not None:
+                event = decode_lease_response(data, self._space)
+                if isinstance(event, LeaseRepliedEvent):
+                    self._on_reply(event)
+        except OSError as exc:
+            why = f"broken: {exc}"
+        except RlfleetError as exc:  # a reply that does not decode
+            why = str(exc)
+        if self._closing:
+            return
+        # Usually the stream says why the lease ended (its own, precise error).
+        self._reader.join(_WHY_SECONDS)
+        self._broken(why)
+
+    def _broken(self, why: str) -> None:
+        """The data connection failed: every call waiting fails, and the lease with it."""
+        with self._lock:
+            if self._failure is None:
+                self._failure = UnavailableError(
+                    f"lease {self.lease_id}: its data connection to the coordinator ended "
+                    f"({why}); open a new lease"
+                )
+            self._fail_waiting(self._failure)
+        self._call.cancel()
 
     def _on_reply(self, reply: LeaseRepliedEvent) -> None:
         resets = reply.resets

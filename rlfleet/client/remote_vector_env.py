@@ -31,6 +31,7 @@ from rlfleet.core import EnvSpec
 from rlfleet.envs import BaseVectorEnv, EnvConfig
 from rlfleet.envs._base import GET_ATTR, RESET, FailedCall, Seeds
 from rlfleet.errors import ConfigError
+from rlfleet.lease_data import coordinator_host
 from rlfleet.security import ClientSecurity, Token
 
 logger = logging.getLogger("rlfleet.client")
@@ -118,9 +119,12 @@ class RemoteVectorEnv(BaseVectorEnv):
             fleet = fleet.sampler
         if isinstance(fleet, RemoteSampler):
             channel = fleet.open_channel()
+            address, security = fleet.address, fleet.security
+            max_message_bytes = fleet.max_message_bytes
         elif isinstance(fleet, str):
             security = ClientSecurity.from_options(tls_ca=tls_ca, token=token)
             channel = _rpc.open_channel(fleet, security=security)
+            address, max_message_bytes = fleet, _rpc.DEFAULT_MAX_MESSAGE_BYTES
         else:
             raise ConfigError(
                 f"fleet must be an address, a RemoteSampler or a Fleet, got {type(fleet).__name__}"
@@ -134,6 +138,9 @@ class RemoteVectorEnv(BaseVectorEnv):
                 call_timeout=call_timeout,
                 prefetch_resets=prefetch_resets,
                 learner=f"{socket.gethostname()}:{os.getpid()}" if learner is None else learner,
+                data_host=coordinator_host(address),
+                tls=security.tls,
+                max_message_bytes=max_message_bytes,
             )
         except BaseException:
             channel.close()

@@ -427,6 +427,16 @@ class RemoteSampler:
             failed=lambda exc: self._failed(exc, "Subscribe", timeout=timeout),
         )
 
+    @property
+    def security(self) -> ClientSecurity:
+        """The TLS settings and token this sampler dials with."""
+        return self._security
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest message this sampler's channels accept."""
+        return self._max_message_bytes
+
     def open_channel(self) -> grpc.Channel:
         """A new channel to the coordinator with this sampler's address and credentials.
 

@@ -15,6 +15,12 @@ from rlfleet.security import Limits, ServerSecurity
 #: Default learner-face address (loopback: exposing it is a deliberate choice).
 DEFAULT_LISTEN = "127.0.0.1:50051"
 DEFAULT_ENV = "CartPole-v1"
+#: ``lease_data_listen`` values: beside the gRPC port, or no data channel.
+LEASE_DATA_AUTO = "auto"
+LEASE_DATA_OFF = "off"
+#: ``auto``'s offset from the gRPC port: + 1 is the documented plaintext
+#: health port (--health-listen 50052, the image's default), so + 2.
+LEASE_DATA_PORT_OFFSET = 2
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,11 @@ class CoordinatorConfig:
         max_leases_per_learner: Leases one learner (LeaseOpen.learner and
             the host it calls from) may hold at once.
         max_envs_per_learner: Envs one learner's leases may hold together.
+        lease_data_listen: ``HOST:PORT`` of the lease data channel (framed
+            TCP for lease calls and replies, docs/protocol.md); ``"auto"``:
+            the gRPC host and port + 2 (50053 beside 50051; port 0 when
+            ``listen`` asks for 0);
+            ``"off"``: none, lease traffic stays on gRPC.
         security: TLS, the worker and learner tokens, and the pickle
             opt-in (docs/security.md). The default serves plaintext to
             anyone who can reach ``listen``, which is why that is loopback
@@ -108,6 +119,7 @@ class CoordinatorConfig:
     max_leased_envs: int = 4096
     max_leases_per_learner: int = 16
     max_envs_per_learner: int = 1024
+    lease_data_listen: str = LEASE_DATA_AUTO
 
     def __post_init__(self) -> None:
         host, _, port = self.listen.rpartition(":")
@@ -179,8 +191,32 @@ class CoordinatorConfig:
                 f"max_message_bytes={self.max_message_bytes} is too small to carry a chunk "
                 "header and data; use at least 65536"
             )
+        data = self.lease_data_listen
+        if data not in (LEASE_DATA_AUTO, LEASE_DATA_OFF):
+            data_host, _, data_port = data.rpartition(":")
+            if not data_host or not data_port.isdigit() or int(data_port) > 65535:
+                raise ConfigError(
+                    f"lease data listen address {data!r} (--lease-data-listen) must be HOST:PORT, "
+                    f"{LEASE_DATA_AUTO!r} (the gRPC port + {LEASE_DATA_PORT_OFFSET}) or "
+                    f"{LEASE_DATA_OFF!r}"
+                )
+        elif data == LEASE_DATA_AUTO and int(port) + LEASE_DATA_PORT_OFFSET > 65535:
+            raise ConfigError(
+                f"listen port {port} leaves no port + {LEASE_DATA_PORT_OFFSET} for the lease data "
+                "channel: give --lease-data-listen HOST:PORT or --lease-data-listen off"
+            )
         check_int("prefetch_factor", self.prefetch_factor, minimum=0)
         check_int("capacity_steps", self.capacity_steps, minimum=0)
+
+    @property
+    def lease_data_address(self) -> str | None:
+        """Where the lease data channel listens, or None when it is off."""
+        if self.lease_data_listen == LEASE_DATA_OFF:
+            return None
+        if self.lease_data_listen != LEASE_DATA_AUTO:
+            return self.lease_data_listen
+        host, _, port = self.listen.rpartition(":")
+        return f"{host}:{int(port) + LEASE_DATA_PORT_OFFSET if int(port) else 0}"
 
     @property
     def thread_pool_size(self) -> int:

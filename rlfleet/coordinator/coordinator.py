@@ -18,13 +18,18 @@ import grpc
 
 from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.lease_data_peers import worker_attach
+from rlfleet.coordinator.lease_data_server import LeaseDataServer
+from rlfleet.coordinator.lease_translation import hello_ticket
 from rlfleet.coordinator.leases import LeaseManager
 from rlfleet.coordinator.liveness import Liveness
 from rlfleet.coordinator.metrics import CoordinatorMetrics
+from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.requests import LearnerRequests
 from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.status import fleet_status
 from rlfleet.coordinator.worker_events import WorkerEvents
+from rlfleet.errors import ConfigError
 from rlfleet.v1 import learner_pb2, worker_pb2
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -41,6 +46,8 @@ class Coordinator:
         workers: What happens when workers join, speak and leave.
         learners: What learner calls do.
         leases: Step-level env leases.
+        lease_data: The lease data channel, once :meth:`serve_lease_data`
+            started it (None: off, lease traffic stays on gRPC).
     """
 
     def __init__(self, config: CoordinatorConfig) -> None:
@@ -52,6 +59,45 @@ class Coordinator:
         self.leases = LeaseManager(self._state)
         self.workers.lost_listeners.append(self.leases.on_worker_lost)
         self._state.metrics.watch(self._state, self.status)
+        self.lease_data: LeaseDataServer | None = None
+
+    def serve_lease_data(self) -> None:
+        """Starts the lease data channel where the config says (no-op when off).
+
+        Raises:
+            ConfigError: If its address cannot be bound.
+        """
+        listen = self.config.lease_data_address
+        if listen is None:
+            return
+        try:
+            server = LeaseDataServer(
+                listen,
+                tls=self.config.security.tls,
+                max_frame_bytes=self.config.max_message_bytes,
+                handshake_timeout=self.config.handshake_timeout_seconds,
+                parse_hello=hello_ticket,
+                on_connection=self.metrics.lease_data_connection,
+            )
+        except (OSError, OverflowError) as exc:
+            raise ConfigError(
+                f"cannot listen on {listen} for the lease data channel ({exc}); give "
+                "--lease-data-listen another HOST:PORT, or --lease-data-listen off to keep "
+                "lease traffic on gRPC"
+            ) from None
+        self.lease_data = server
+        state, events, leases = self._state, self.workers, self.leases
+
+        def ticket(handle: WorkerHandle) -> tuple[int, bytes]:
+            return server.port, server.issue(worker_attach(state, events, leases, handle))
+
+        def forget(handle: WorkerHandle) -> None:
+            server.revoke(handle.lease_ticket)
+            if handle.lease_data is not None:
+                handle.lease_data.close(f"worker {handle.name!r} left the fleet")
+
+        events.lease_data_ticket = ticket
+        events.lost_listeners.append(forget)
 
     @property
     def coordinator_id(self) -> str:
@@ -135,6 +181,8 @@ class Coordinator:
     def close(self, reason: str = "the coordinator is shutting down") -> None:
         """Ends every worker stream and learner call with UNAVAILABLE (idempotent)."""
         self._liveness.stop()
+        if self.lease_data is not None:
+            self.lease_data.stop()
         # First, so that dropping the workers below does not move leased envs.
         self.leases.fail_all(CallError(grpc.StatusCode.UNAVAILABLE, reason))
         state = self._state

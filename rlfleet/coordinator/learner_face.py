@@ -71,7 +71,11 @@ class LearnerFace:
                 response_serializer=out,
             ),
             "Lease": grpc.stream_stream_rpc_method_handler(
-                LeaseFace(self._coordinator.leases).lease,
+                LeaseFace(
+                    self._coordinator.leases,
+                    self._coordinator.lease_data,
+                    self._coordinator.metrics.lease_data_frame,
+                ).lease,
                 request_deserializer=tolerant(lease_translation.parse_request),
                 response_serializer=None,  # the lease face yields serialized responses
             ),

@@ -6,26 +6,34 @@ hangs up or its connection breaks, the lease is released: a learner that
 dies frees its envs (gRPC's done-callback fires on a broken stream, and
 keepalive pings notice a vanished host). Requests arrive decoded and
 responses leave serialized (rlfleet.coordinator.lease_translation).
+
+With the lease data channel served, LeaseOpened carries a ticket; once the
+learner's data connection presents it, the lease's requests and responses
+travel there (lease_data_peers.py) and go through the same :meth:`LeaseFace.handle`;
+this stream still carries the open, the lease's end and its errors.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 
 from rlfleet import _rpc
 from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.lease_data_server import DataConnection, LeaseDataPeer, LeaseDataServer
 from rlfleet.coordinator.lease_translation import (
     RelayClose,
     RelayOpen,
     RelayRequest,
     opened_response,
+    parse_request,
 )
 from rlfleet.coordinator.leases import Lease, LeaseManager, learner_identity
-from rlfleet.coordinator.worker_face import Malformed
+from rlfleet.coordinator.worker_face import Malformed, tolerant
+from rlfleet.errors import UnavailableError
 from rlfleet.lease_messages import LeaseCallOrder
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -36,10 +44,19 @@ class LeaseFace:
 
     Args:
         leases: The fleet's leases.
+        lease_data: The lease data channel, or None when it is off.
+        count_frame: Counts a frame received on it (metrics).
     """
 
-    def __init__(self, leases: LeaseManager) -> None:
-        self._leases = leases
+    def __init__(
+        self,
+        leases: LeaseManager,
+        lease_data: LeaseDataServer | None = None,
+        count_frame: Callable[[str], None] = lambda party: None,
+    ) -> None:
+        self.leases = leases
+        self._lease_data = lease_data
+        self.count_frame = count_frame
 
     def lease(
         self,
@@ -53,7 +70,7 @@ class LeaseFace:
         def hung_up() -> None:
             gone.set()
             if lease is not None:
-                self._leases.close(lease)
+                self.leases.close(lease)
                 lease.outbox.put(None)
 
         if not context.add_callback(hung_up):
@@ -74,11 +91,11 @@ class LeaseFace:
                     f"{_body_name(first)}",
                 )
             learner = learner_identity(first.learner, context.peer())
-            lease = self._leases.open(first, learner, gone.is_set)
+            lease = self.leases.open(first, learner, gone.is_set)
         except CallError as exc:
             _rpc.abort(context, exc.code, exc.message, exc.detail)
         if gone.is_set():  # hung up while the envs were built
-            self._leases.close(lease)
+            self.leases.close(lease)
             return
         threading.Thread(
             target=self._read,
@@ -86,7 +103,12 @@ class LeaseFace:
             name=f"rlfleet-lease-{lease.lease_id}",
             daemon=True,
         ).start()
-        yield opened_response(lease.lease_id, lease.spec or b"", self._leases.worker_names(lease))
+        server, data = self._lease_data, None
+        if server is not None:
+            data = (server.port, server.issue(lambda c: self._attach(lease, c)))
+        yield opened_response(
+            lease.lease_id, lease.spec or b"", self.leases.worker_names(lease), data
+        )
         try:
             while True:
                 event = lease.outbox.get()
@@ -96,39 +118,90 @@ class LeaseFace:
                     _rpc.abort(context, event.code, event.message, event.detail)
                 yield event
         finally:
-            self._leases.close(lease)
+            self.leases.close(lease)
+            if server is not None and data is not None:
+                server.revoke(data[1])
+            if lease.data is not None:
+                lease.data.close(f"lease {lease.lease_id} ended")
+
+    def _attach(self, lease: Lease, connection: DataConnection) -> LeaseDataPeer:
+        """The learner presented the lease's ticket: its traffic moves to ``connection``."""
+        if lease.closed:
+            raise UnavailableError(f"lease {lease.lease_id} ended before its data connection")
+        # No call is in flight yet (the learner sends none before
+        # LeaseDataAccepted), so no response can be left on the stream's side.
+        lease.data = connection
+        return _LearnerDataPeer(self, lease, connection)
 
     def _read(self, requests: Iterator[RelayRequest | Malformed], lease: Lease) -> None:
-        """The reader thread: the learner's calls, in order, until close or the stream ends."""
+        """The reader thread: the learner's requests on this stream, in order,
+        until close or the stream ends (on the data channel: its end only)."""
         try:
             for request in requests:
-                if isinstance(request, Malformed):
-                    raise CallError(
-                        grpc.StatusCode.INVALID_ARGUMENT, f"malformed LeaseRequest: {request.error}"
-                    )
-                if isinstance(request, LeaseCallOrder):
-                    self._leases.call(lease, request)
-                elif isinstance(request, RelayClose):
-                    break
-                else:
-                    raise CallError(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        f"lease {lease.lease_id}: expected a call or close, got "
-                        f"{_body_name(request)}",
-                    )
-        except CallError as exc:
-            self._leases.fail(lease, exc)
-            return
+                if not self.handle(lease, request):
+                    return
         except grpc.RpcError:
             pass  # the learner's stream broke: release below
+        self.leases.close(lease)
+        lease.outbox.put(None)
+
+    def handle(self, lease: Lease, request: RelayRequest | Malformed) -> bool:
+        """One request of the learner, whichever carrier it came on; False once
+        the lease is over (closed, or failed with a protocol error)."""
+        try:
+            if isinstance(request, Malformed):
+                raise CallError(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"malformed LeaseRequest: {request.error}"
+                )
+            if isinstance(request, LeaseCallOrder):
+                self.leases.call(lease, request)
+                return True
+            if isinstance(request, RelayClose):
+                self.leases.close(lease)
+                lease.outbox.put(None)
+                return False
+            raise CallError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"lease {lease.lease_id}: expected a call or close, got {_body_name(request)}",
+            )
+        except CallError as exc:
+            self.leases.fail(lease, exc)
         except Exception as exc:  # a bug here must not leave the lease's envs held
             logger.exception("internal error on lease %d", lease.lease_id)
-            self._leases.fail(
+            self.leases.fail(
                 lease, CallError(grpc.StatusCode.INTERNAL, f"coordinator bug: {exc!r}")
             )
-            return
-        self._leases.close(lease)
-        lease.outbox.put(None)
+        return False
+
+
+class _LearnerDataPeer:
+    """A lease's data connection: requests in (:meth:`LeaseFace.handle`),
+    responses out (``Lease.post``)."""
+
+    def __init__(self, face: LeaseFace, lease: Lease, connection: DataConnection) -> None:
+        self._face = face
+        self._lease = lease
+        self._connection = connection
+
+    def on_frame(self, payload: bytes) -> None:
+        self._face.count_frame("learner")
+        if not self._face.handle(self._lease, _parse_request(payload)):
+            self._connection.close(f"lease {self._lease.lease_id} is over")
+
+    def on_closed(self, reason: str) -> None:
+        lease = self._lease
+        if not lease.closed:
+            self._face.leases.fail(
+                lease,
+                CallError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"lease {lease.lease_id}: its data connection ended ({reason}); its envs "
+                    "were released, open a new lease",
+                ),
+            )
+
+
+_parse_request = tolerant(parse_request)
 
 
 def _body_name(request: RelayRequest) -> str:

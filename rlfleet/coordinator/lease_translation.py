@@ -297,11 +297,44 @@ def _rows(tensor: tensor_pb2.Tensor) -> int:
 # --- responses to the learner ------------------------------------------------------
 
 
-def opened_response(lease_id: int, spec: bytes, workers: Sequence[str]) -> bytes:
-    """The serialized LeaseResponse.opened of a lease whose envs were built."""
+def opened_response(
+    lease_id: int, spec: bytes, workers: Sequence[str], data: tuple[int, bytes] | None = None
+) -> bytes:
+    """The serialized LeaseResponse.opened of a lease whose envs were built;
+    ``data``: the lease data channel's (port, ticket), if it is served."""
     opened = leases_pb2.LeaseOpened(lease_id=lease_id, env_workers=workers)
     opened.env_spec.ParseFromString(spec)
+    if data is not None:
+        opened.data.port, opened.data.ticket = data
     return leases_pb2.LeaseResponse(opened=opened).SerializeToString()
+
+
+# --- the lease data channel (leases.proto, "The lease data channel") ---------------
+
+
+def hello_ticket(data: bytes) -> bytes:
+    """The ticket of a serialized LeaseDataHello.
+
+    Raises:
+        ValueError: If it does not parse.
+    """
+    try:
+        return leases_pb2.LeaseDataHello.FromString(data).ticket
+    except DecodeError as exc:
+        raise ValueError(f"a first frame that is no LeaseDataHello: {exc}") from None
+
+
+def data_address(port: int, ticket: bytes) -> leases_pb2.LeaseDataAddress:
+    """Where and with what a worker dials the data channel (Welcome.lease_data)."""
+    return leases_pb2.LeaseDataAddress(port=port, ticket=ticket)
+
+
+def data_switch_command() -> worker_pb2.CoordinatorMessage:
+    """The Join-stream marker after which a worker's lease commands come on its
+    data connection (LeaseCommand.data_switch)."""
+    return worker_pb2.CoordinatorMessage(
+        lease=leases_pb2.LeaseCommand(data_switch=leases_pb2.LeaseDataSwitch())
+    )
 
 
 def no_workers(message: str) -> CallError:

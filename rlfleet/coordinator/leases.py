@@ -30,6 +30,7 @@ import grpc
 from rlfleet import _rpc
 from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, can_run_env, is_multi_agent_env
 from rlfleet.coordinator.failures import CallError, invalid
+from rlfleet.coordinator.lease_data_server import DataConnection
 from rlfleet.coordinator.lease_translation import (
     LEARNER_OPS,
     LeasedEnvSpec,
@@ -93,6 +94,8 @@ class Lease:
         spec: The envs' serialized EnvSpec, from the first CREATE reply.
         failure: Why the lease ended, if it did.
         closed: Released: replies are ignored.
+        data: The lease's data connection, once the learner attached it
+            (lease_data_peers.py): responses go there, not to ``outbox``.
     """
 
     lease_id: int
@@ -107,11 +110,19 @@ class Lease:
     spec: bytes | None = None
     failure: CallError | None = None
     closed: bool = False
+    data: DataConnection | None = None
 
     @property
     def num_envs(self) -> int:
         """K: the lease's env ids are 0..K-1."""
         return len(self.hosts)
+
+    def post(self, response: bytes) -> None:
+        """Sends a serialized LeaseResponse to the learner, on whichever carrier it uses."""
+        if self.data is not None:
+            self.data.send(response)
+        else:
+            self.outbox.put(response)
 
 
 def learner_identity(declared: str, peer: str) -> str:
@@ -327,7 +338,9 @@ class LeaseManager:
             if handle is None:
                 continue
             lease.creating.setdefault(worker_id, set()).update(ids)
-            handle.send(create_command(lease.lease_id, lease.env, ids, replaces_lost=replaces_lost))
+            handle.send_lease(
+                create_command(lease.lease_id, lease.env, ids, replaces_lost=replaces_lost)
+            )
 
     # --- calls ------------------------------------------------------------------
 
@@ -375,7 +388,7 @@ class LeaseManager:
                     _answered(lease, old, 1, superseded=True)
                     held = lease.held.pop(old, None)
                     if held:  # no longer whole: what arrived goes now
-                        lease.outbox.put(lease_response(held))
+                        lease.post(lease_response(held))
             lease.clocks[call.call_id] = _CallClock(
                 call.op, time.monotonic(), len(ids), call.whole_reply
             )
@@ -392,7 +405,7 @@ class LeaseManager:
         handle = self._state.registry.get(worker_id)
         if handle is None:  # lost and not re-placed: on_worker_lost failed the lease
             return
-        handle.send(call_command(lease.lease_id, call, rows))
+        handle.send_lease(call_command(lease.lease_id, call, rows))
 
     def on_reply(self, handle: WorkerHandle, reply: RelayReply) -> None:
         """A worker answered a lease command (its Join reader thread)."""
@@ -439,7 +452,7 @@ class LeaseManager:
             if whole and finished is None:
                 lease.held.setdefault(reply.call_id, []).append(named)
                 return
-            lease.outbox.put(lease_response([*lease.held.pop(reply.call_id, []), named]))
+            lease.post(lease_response([*lease.held.pop(reply.call_id, []), named]))
 
     def _on_created(self, lease: Lease, handle: WorkerHandle, reply: RelayReply) -> None:
         waiting = lease.creating.get(handle.worker_id)
@@ -533,7 +546,7 @@ class LeaseManager:
         for worker_id in hosts:
             handle = self._state.registry.get(worker_id)
             if handle is not None:
-                handle.send(release_command(lease.lease_id))
+                handle.send_lease(release_command(lease.lease_id))
         lease.hosts = [0] * lease.num_envs
         self._share_slots(hosts)
         self._state.changed.notify_all()

@@ -113,6 +113,22 @@ class CoordinatorMetrics:
             buckets=LEASE_CALL_BUCKETS,
             registry=reg,
         )
+        self._data_connections = Counter(
+            "rlfleet_lease_data_connections",
+            "Connections to the lease data channel, by outcome (accepted: a valid ticket; "
+            "refused: anything else).",
+            ["outcome"],
+            registry=reg,
+        )
+        data_frames = Counter(
+            "rlfleet_lease_data_frames",
+            "Lease messages received on the lease data channel, by party (learner: calls; "
+            "worker: replies).",
+            ["party"],
+            registry=reg,
+        )
+        # Bound once: a frame's count is one lock-and-add on the hot path.
+        self._data_frames = {party: data_frames.labels(party) for party in ("learner", "worker")}
 
     def watch(self, state: FleetState, status: Callable[[], Any]) -> None:
         """Exports the scrape-time gauges of ``state``.
@@ -157,6 +173,14 @@ class CoordinatorMetrics:
     def lease_call(self, op: str, seconds: float) -> None:
         """A lease call of ``op`` was answered for all its envs after ``seconds``."""
         self._lease_calls.labels(op).observe(seconds)
+
+    def lease_data_connection(self, outcome: str) -> None:
+        """A lease data connection was ``accepted`` or ``refused``."""
+        self._data_connections.labels(outcome).inc()
+
+    def lease_data_frame(self, party: str) -> None:
+        """A lease message from a ``learner`` or ``worker`` came on the data channel."""
+        self._data_frames[party].inc()
 
     def timed(self, method: str, behavior: Callable[..., R]) -> Callable[..., R]:
         """Wraps a gRPC method handler so that its duration is observed.

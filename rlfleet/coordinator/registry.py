@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.lease_data_server import DataConnection
 from rlfleet.episode_results import ResultAssembler
 from rlfleet.v1 import updates_pb2, worker_pb2
 
@@ -50,6 +51,9 @@ class WorkerHandle:
         heartbeat: Its last Heartbeat.
         last_error: Its last WorkerError.
         assembler: Joins its result chunks (reader thread only).
+        lease_data: Its lease data connection, once accepted: lease
+            commands go there (:meth:`send_lease`).
+        lease_ticket: The ticket its Welcome carried ("" without one).
     """
 
     worker_id: int
@@ -66,6 +70,8 @@ class WorkerHandle:
     heartbeat: worker_pb2.Heartbeat = field(default_factory=worker_pb2.Heartbeat)
     last_error: updates_pb2.ErrorDetail | None = None
     assembler: ResultAssembler = field(default_factory=ResultAssembler)
+    lease_data: DataConnection | None = None
+    lease_ticket: bytes = b""
 
     @property
     def num_envs(self) -> int:
@@ -76,6 +82,15 @@ class WorkerHandle:
         """Queues a message for the worker (no-op once it is gone)."""
         if self.alive:
             self.outbox.put(message)
+
+    def send_lease(self, message: worker_pb2.CoordinatorMessage) -> None:
+        """Queues a lease command: on the data connection once the worker has one
+        (the switch marker went ahead of it on the stream), else on the stream."""
+        connection = self.lease_data
+        if connection is None:
+            self.send(message)
+        elif self.alive:
+            connection.send(message.SerializeToString())
 
     def end(
         self, code: grpc.StatusCode, message: str, detail: updates_pb2.ErrorDetail | None = None

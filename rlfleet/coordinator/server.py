@@ -171,6 +171,7 @@ def serve(config: CoordinatorConfig | None = None) -> CoordinatorServer:
     """
     config = config or CoordinatorConfig()
     coordinator = Coordinator(config)
+    coordinator.serve_lease_data()  # before the faces, which hand out its tickets
     server = grpc.server(
         ThreadPoolExecutor(
             max_workers=config.thread_pool_size, thread_name_prefix="rlfleet-coordinator"
@@ -196,8 +197,10 @@ def serve(config: CoordinatorConfig | None = None) -> CoordinatorServer:
     try:
         port = config.security.add_port(server, config.listen)
     except RuntimeError as exc:
+        coordinator.close()
         raise ConfigError(f"cannot listen on {config.listen}: {exc}") from exc
     if port == 0:
+        coordinator.close()
         raise ConfigError(f"cannot listen on {config.listen}: the address is in use or invalid")
     server.start()
     coordinator.start()

@@ -33,7 +33,7 @@ from rlfleet.episode_results import (
 )
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.security import PICKLE_CAPABILITY
-from rlfleet.v1 import updates_pb2, worker_pb2
+from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -58,6 +58,9 @@ class WorkerEvents:
         self._state = state
         #: Called (lock not held) with each worker removed, after its units were re-queued.
         self.lost_listeners: list[Callable[[WorkerHandle], None]] = []
+        #: Set while the lease data channel is served: a new ticket (and the
+        #: port) for a lease-hosting worker's Welcome.
+        self.lease_data_ticket: Callable[[WorkerHandle], tuple[int, bytes]] | None = None
 
     def admit(self, hello: worker_pb2.Hello, peer: str) -> WorkerHandle:
         """Admits a worker that said Hello and queues its Welcome and state.
@@ -129,6 +132,11 @@ class WorkerEvents:
 
     def _welcome(self, handle: WorkerHandle) -> worker_pb2.CoordinatorMessage:
         config = self._state.config
+        data = None
+        hosts_leases = _rpc.LEASE_CAPABILITY in handle.hello.capabilities
+        if self.lease_data_ticket is not None and hosts_leases:
+            port, handle.lease_ticket = self.lease_data_ticket(handle)
+            data = leases_pb2.LeaseDataAddress(port=port, ticket=handle.lease_ticket)
         return worker_pb2.CoordinatorMessage(
             welcome=worker_pb2.Welcome(
                 protocol_version=_rpc.PROTOCOL_VERSION,
@@ -144,6 +152,7 @@ class WorkerEvents:
                 ],
                 first_stream=handle.first_stream,
                 coordinator_id=self._state.coordinator_id,
+                lease_data=data,
             )
         )
 

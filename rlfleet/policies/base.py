@@ -9,6 +9,12 @@ So ``get_actions`` takes one random generator per row (the episode's own,
 seeded from its policy seed) and must compute each row's distribution with
 arithmetic that does not depend on the other rows (see
 ``rlfleet._numeric.row_stable_matmul``).
+
+A worker on a native vector env keeps no layout-independent batches (its
+env's episodes depend on the slot layout already), so it calls
+``get_actions_batched`` instead: every row draws from one generator, in row
+order, and a policy may use a plain batched matmul (docs/policies.md,
+"Native vector-env workers").
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from rlfleet.core.env_spec import EnvSpec
+from rlfleet.policies._observations import batch_size
 
 AgentInfos = dict[str, np.ndarray]
 ParamDict = dict[str, np.ndarray]
@@ -66,6 +73,29 @@ class Policy(abc.ABC):
             Actions with leading dimension N, and agent_infos: a dict of
             arrays with leading dimension N.
         """
+
+    def get_actions_batched(
+        self, observations: Any, generator: np.random.Generator
+    ) -> tuple[np.ndarray, AgentInfos]:
+        """Computes actions for a batch whose rows all draw from one generator.
+
+        Native vector-env workers call this (docs/policies.md, "Native
+        vector-env workers"): the batch is reproducible for the same
+        generator state and the same observations, but a row's action may
+        depend on the other rows. This default is ``get_actions`` with
+        ``generator`` for every row, so row i takes the i-th draws of the
+        call; the built-in MLPs override it with a plain batched matmul.
+
+        Args:
+            observations: Batched observations, leading dimension N.
+            generator: The one generator every row draws from, in row order.
+
+        Returns:
+            Actions with leading dimension N, and agent_infos: a dict of
+            arrays with leading dimension N.
+        """
+        n = batch_size(observations, self.env_spec.observation_space, type(self).__name__)
+        return self.get_actions(observations, [generator] * n)
 
     def get_action(self, observation: Any) -> tuple[np.ndarray, AgentInfos]:
         """Computes the action for one observation.

@@ -27,10 +27,13 @@ import numpy.typing as npt
 from rlfleet._numeric import row_stable_matmul
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import ConfigError
+from rlfleet.policies._batched import categorical_batched, gaussian_batched
 from rlfleet.policies._distributions import categorical, check_finite, gaussian, row_generators
 from rlfleet.policies._observations import ObservationEncoder
 from rlfleet.policies._params import checked_params
 from rlfleet.policies.base import AgentInfos, ParamDict, Policy
+
+Matmul = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def _tanh(x: np.ndarray) -> None:
@@ -135,16 +138,20 @@ class _MLPPolicy(Policy):
         layers = [(params[weight_name(i)], params[bias_name(i)]) for i in range(self._n_layers)]
         self._hidden, self._output = layers[:-1], layers[-1]
 
-    def _forward(self, observations: Any) -> np.ndarray:
-        """Returns the float32 network outputs (N, out_dim)."""
+    def _forward(self, observations: Any, matmul: Matmul = row_stable_matmul) -> np.ndarray:
+        """Returns the float32 network outputs (N, out_dim).
+
+        ``matmul`` is ``row_stable_matmul`` for per-row batches, and
+        ``np.matmul`` (one gemm per layer) for a batch sampled as a whole.
+        """
         h = self._encoder(observations)
         act = self._act
         for weight, bias in self._hidden:
-            h = row_stable_matmul(h, weight)
+            h = matmul(h, weight)
             h += bias
             act(h)
         weight, bias = self._output
-        h = row_stable_matmul(h, weight)
+        h = matmul(h, weight)
         h += bias
         return h
 
@@ -209,6 +216,28 @@ class MLPCategoricalPolicy(_MLPPolicy):
         check_finite(logits, "logits", owner)
         rows = row_generators(rngs, len(logits), self.rng, owner)
         index, log_prob = categorical(logits, rows, self.deterministic)
+        return self._actions(index, log_prob, logits)
+
+    def get_actions_batched(
+        self, observations: Any, generator: np.random.Generator
+    ) -> tuple[np.ndarray, AgentInfos]:
+        """Samples the batch with one matmul per layer and ``generator.random(N)``.
+
+        See :meth:`Policy.get_actions_batched`: the same formulas as
+        :meth:`get_actions`, rows drawing from ``generator`` in row order.
+
+        Raises:
+            PolicyError: If the observations do not match the space or the
+                logits are not finite.
+        """
+        logits = self._forward(observations, np.matmul)
+        check_finite(logits, "logits", type(self).__name__)
+        index, log_prob = categorical_batched(logits, generator, self.deterministic)
+        return self._actions(index, log_prob, logits)
+
+    def _actions(
+        self, index: np.ndarray, log_prob: np.ndarray, logits: np.ndarray
+    ) -> tuple[np.ndarray, AgentInfos]:
         if self._start:
             index += self._start
         actions = index.astype(self._dtype, copy=False)
@@ -290,9 +319,31 @@ class MLPGaussianPolicy(_MLPPolicy):
         owner = type(self).__name__
         mean = self._forward(observations)
         check_finite(mean, "action means", owner)
-        n = len(mean)
-        rows = row_generators(rngs, n, self.rng, owner)
+        rows = row_generators(rngs, len(mean), self.rng, owner)
         actions, log_prob = gaussian(mean, self._log_std, rows, self.deterministic)
+        return self._actions(mean, actions, log_prob)
+
+    def get_actions_batched(
+        self, observations: Any, generator: np.random.Generator
+    ) -> tuple[np.ndarray, AgentInfos]:
+        """Samples the batch with one matmul per layer and one ``standard_normal`` call.
+
+        See :meth:`Policy.get_actions_batched`: the same formulas as
+        :meth:`get_actions`, rows drawing from ``generator`` in row order.
+
+        Raises:
+            PolicyError: If the observations do not match the space or the
+                means are not finite.
+        """
+        mean = self._forward(observations, np.matmul)
+        check_finite(mean, "action means", type(self).__name__)
+        actions, log_prob = gaussian_batched(mean, self._log_std, generator, self.deterministic)
+        return self._actions(mean, actions, log_prob)
+
+    def _actions(
+        self, mean: np.ndarray, actions: np.ndarray, log_prob: np.ndarray
+    ) -> tuple[np.ndarray, AgentInfos]:
+        n = len(mean)
         batch_shape = (n, *self._shape)
         infos = {
             "log_prob": log_prob,

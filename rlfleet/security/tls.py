@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +83,16 @@ class ServerTLS:
             root_certificates=self.client_ca,
             require_client_auth=self.mutual,
         )
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The same credentials for the lease data channel (Python's ``ssl``),
+        requiring client certificates under mTLS as gRPC does."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        _load_chain(context, self.certificate_chain, self.private_key)
+        if self.client_ca is not None:
+            context.load_verify_locations(cadata=self.client_ca.decode("ascii"))
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
 
 
 @dataclass(frozen=True)
@@ -162,6 +173,28 @@ class ClientTLS:
         if self.server_name is None:
             return []
         return [("grpc.ssl_target_name_override", self.server_name)]
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The same credentials for the lease data channel (Python's ``ssl``):
+        the coordinator verified against the same CAs, the client certificate
+        presented under mTLS. Dial with ``server_hostname`` :attr:`server_name`
+        or the dialled host, as gRPC checks it."""
+        cadata = None if self.root_certificates is None else self.root_certificates.decode("ascii")
+        context = ssl.create_default_context(cadata=cadata)
+        if self.certificate_chain is not None and self.private_key is not None:
+            _load_chain(context, self.certificate_chain, self.private_key)
+        return context
+
+
+def _load_chain(context: ssl.SSLContext, chain: bytes, key: bytes) -> None:
+    """Loads a PEM certificate chain and key given as bytes: ``ssl`` reads them
+    only from files, so they pass through a private temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="rlfleet-tls-") as folder:
+        cert_path, key_path = Path(folder, "cert.pem"), Path(folder, "key.pem")
+        cert_path.write_bytes(chain)
+        key_path.touch(mode=0o600)
+        key_path.write_bytes(key)
+        context.load_cert_chain(cert_path, key_path)
 
 
 def _read(path: PathLike, flag: str) -> bytes:

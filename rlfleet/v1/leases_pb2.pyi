@@ -70,14 +70,16 @@ class LeaseOpen(_message.Message):
     def __init__(self, env: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., num_envs: _Optional[int] = ..., timeout_seconds: _Optional[float] = ..., learner: _Optional[str] = ...) -> None: ...
 
 class LeaseOpened(_message.Message):
-    __slots__ = ("lease_id", "env_spec", "env_workers")
+    __slots__ = ("lease_id", "env_spec", "env_workers", "data")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
     ENV_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
     lease_id: int
     env_spec: _spaces_pb2.EnvSpec
     env_workers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, lease_id: _Optional[int] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., env_workers: _Optional[_Iterable[str]] = ...) -> None: ...
+    data: LeaseDataAddress
+    def __init__(self, lease_id: _Optional[int] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., env_workers: _Optional[_Iterable[str]] = ..., data: _Optional[_Union[LeaseDataAddress, _Mapping]] = ...) -> None: ...
 
 class LeaseCall(_message.Message):
     __slots__ = ("call_id", "op", "env_ids", "seeds", "options_json", "actions", "name", "value_json", "prefetch_reset", "whole_reply")
@@ -150,16 +152,18 @@ class LeaseReply(_message.Message):
     def __init__(self, call_id: _Optional[int] = ..., op: _Optional[_Union[LeaseOp, str]] = ..., env_ids: _Optional[_Iterable[int]] = ..., observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., terminated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., infos: _Optional[_Iterable[_Union[_tensor_pb2.TensorMap, _Mapping]]] = ..., error: _Optional[_Union[_updates_pb2.ErrorDetail, _Mapping]] = ..., lease_id: _Optional[int] = ..., worker: _Optional[str] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., values_json: _Optional[_Iterable[str]] = ..., frames: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., infos_json: _Optional[_Iterable[str]] = ..., reset_env_ids: _Optional[_Iterable[int]] = ..., reset_observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., reset_infos: _Optional[_Iterable[_Union[_tensor_pb2.TensorMap, _Mapping]]] = ..., reset_infos_json: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LeaseCommand(_message.Message):
-    __slots__ = ("lease_id", "create", "call", "release")
+    __slots__ = ("lease_id", "create", "call", "release", "data_switch")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     CALL_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    DATA_SWITCH_FIELD_NUMBER: _ClassVar[int]
     lease_id: int
     create: LeaseCreate
     call: LeaseCall
     release: LeaseRelease
-    def __init__(self, lease_id: _Optional[int] = ..., create: _Optional[_Union[LeaseCreate, _Mapping]] = ..., call: _Optional[_Union[LeaseCall, _Mapping]] = ..., release: _Optional[_Union[LeaseRelease, _Mapping]] = ...) -> None: ...
+    data_switch: LeaseDataSwitch
+    def __init__(self, lease_id: _Optional[int] = ..., create: _Optional[_Union[LeaseCreate, _Mapping]] = ..., call: _Optional[_Union[LeaseCall, _Mapping]] = ..., release: _Optional[_Union[LeaseRelease, _Mapping]] = ..., data_switch: _Optional[_Union[LeaseDataSwitch, _Mapping]] = ...) -> None: ...
 
 class LeaseCreate(_message.Message):
     __slots__ = ("env", "env_ids", "replaces_lost")
@@ -176,3 +180,25 @@ class LeaseRelease(_message.Message):
     ENV_IDS_FIELD_NUMBER: _ClassVar[int]
     env_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, env_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LeaseDataAddress(_message.Message):
+    __slots__ = ("port", "ticket")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    ticket: bytes
+    def __init__(self, port: _Optional[int] = ..., ticket: _Optional[bytes] = ...) -> None: ...
+
+class LeaseDataHello(_message.Message):
+    __slots__ = ("ticket",)
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    ticket: bytes
+    def __init__(self, ticket: _Optional[bytes] = ...) -> None: ...
+
+class LeaseDataAccepted(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LeaseDataSwitch(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

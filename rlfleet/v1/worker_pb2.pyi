@@ -89,7 +89,7 @@ class Hello(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., capabilities: _Optional[_Iterable[str]] = ..., num_envs: _Optional[int] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., implementation: _Optional[str] = ..., lease_slots: _Optional[int] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("protocol_version", "worker_id", "name", "heartbeat_interval_seconds", "heartbeat_timeout_seconds", "max_message_bytes", "capabilities", "first_stream", "coordinator_id")
+    __slots__ = ("protocol_version", "worker_id", "name", "heartbeat_interval_seconds", "heartbeat_timeout_seconds", "max_message_bytes", "capabilities", "first_stream", "coordinator_id", "lease_data")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class Welcome(_message.Message):
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     FIRST_STREAM_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_DATA_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     worker_id: int
     name: str
@@ -108,7 +109,8 @@ class Welcome(_message.Message):
     capabilities: _containers.RepeatedScalarFieldContainer[str]
     first_stream: int
     coordinator_id: str
-    def __init__(self, protocol_version: _Optional[int] = ..., worker_id: _Optional[int] = ..., name: _Optional[str] = ..., heartbeat_interval_seconds: _Optional[float] = ..., heartbeat_timeout_seconds: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., capabilities: _Optional[_Iterable[str]] = ..., first_stream: _Optional[int] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
+    lease_data: _leases_pb2.LeaseDataAddress
+    def __init__(self, protocol_version: _Optional[int] = ..., worker_id: _Optional[int] = ..., name: _Optional[str] = ..., heartbeat_interval_seconds: _Optional[float] = ..., heartbeat_timeout_seconds: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., capabilities: _Optional[_Iterable[str]] = ..., first_stream: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., lease_data: _Optional[_Union[_leases_pb2.LeaseDataAddress, _Mapping]] = ...) -> None: ...
 
 class EnvReady(_message.Message):
     __slots__ = ("generation", "env_spec")

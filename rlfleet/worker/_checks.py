@@ -38,13 +38,16 @@ class ActionChecker:
         self._row_shape = tuple(space.shape) if space.shape is not None else None
         self._kinds, self._problem, self._range_check = _rules(space)
 
-    def __call__(self, actions: Any, slots: Sequence[int], owner: str) -> np.ndarray:
+    def __call__(
+        self, actions: Any, slots: Sequence[int], owner: str, method: str = "get_actions"
+    ) -> np.ndarray:
         """Checks a batch and returns one action per env.
 
         Args:
             actions: What the policy returned, one row per entry of ``slots``.
             slots: The env index of each row (named in errors).
             owner: The policy's class name (named in errors).
+            method: The policy method that returned ``actions`` (named in errors).
 
         Returns:
             The actions as an array; iterating it gives the per-env actions,
@@ -56,27 +59,27 @@ class ActionChecker:
         if not isinstance(actions, np.ndarray):
             if self.enabled:
                 raise PolicyError(
-                    f"{owner}.get_actions returned actions of type {type(actions).__name__}; "
+                    f"{owner}.{method} returned actions of type {type(actions).__name__}; "
                     "expected a numpy array with one row per observation"
                 )
             actions = np.asarray(actions)
         n = len(slots)
         if actions.ndim == 0 or len(actions) != n:
             raise PolicyError(
-                f"{owner}.get_actions returned actions of shape {actions.shape} for {n} envs "
+                f"{owner}.{method} returned actions of shape {actions.shape} for {n} envs "
                 f"(env indices {list(slots)}); expected one row per observation"
             )
         if not self.enabled:
             return actions
         if self._row_shape is not None and actions.shape[1:] != self._row_shape:
             raise PolicyError(
-                f"{owner}.get_actions returned actions of shape {actions.shape} for {n} "
+                f"{owner}.{method} returned actions of shape {actions.shape} for {n} "
                 f"envs (env indices {list(slots)}); expected {(n, *self._row_shape)} "
                 f"for action space {self.space}"
             )
         if self._kinds and actions.dtype.kind not in self._kinds:
             raise PolicyError(
-                f"{owner}.get_actions returned actions of dtype {actions.dtype} for action "
+                f"{owner}.{method} returned actions of dtype {actions.dtype} for action "
                 f"space {self.space}; expected a dtype of kind {sorted(self._kinds)}"
             )
         if self._range_check is not None:
@@ -84,7 +87,7 @@ class ActionChecker:
             if bad_row is not None:
                 action = np.asarray(actions[bad_row]).tolist()
                 raise PolicyError(
-                    f"{owner}.get_actions returned an invalid action for env {slots[bad_row]}: "
+                    f"{owner}.{method} returned an invalid action for env {slots[bad_row]}: "
                     f"{action!r} is {self._problem} action space {self.space}; check the "
                     "policy's parameters and that env's observations"
                 )

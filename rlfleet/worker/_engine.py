@@ -29,7 +29,7 @@ from rlfleet.errors import EnvError
 from rlfleet.policies.base import Policy
 from rlfleet.worker._checks import ActionChecker, nonfinite_rows
 from rlfleet.worker._episode_buffer import Segment, StepRing, stack_step_infos
-from rlfleet.worker._native_slots import NativeSlots
+from rlfleet.worker._native_slots import RUNNING, NativeSlots
 from rlfleet.worker._restarts import RestartLedger
 from rlfleet.worker._updates import EnvSource, check_policy_fits
 from rlfleet.worker.units import EpisodeUnit
@@ -225,6 +225,10 @@ class SlotEngine:
         self.close_envs()
         self.source, self.native, self.spec = source, native, spec
         self._install_spec(spec)
+        # The native path steps every slot, row i being slot i: no slot keeps
+        # a row of the gym path's cache of the running slots.
+        self._position = {}
+        self._active, self._cols = list(range(self.n_envs)), None
 
     def _install_spec(self, spec: EnvSpec) -> None:
         self.max_len = spec.max_episode_length
@@ -257,6 +261,7 @@ class SlotEngine:
         if self.native is not None:
             close_quietly(self.native.native, self.native.name)  # type: ignore[arg-type]
             self.native = None
+            self._membership_changed = True  # the next envs' slots build the cache anew
 
     # ---------------------------------------------------------------- slots
 
@@ -272,7 +277,9 @@ class SlotEngine:
         ring, source = self.ring, self.source
         assert ring is not None and source is not None  # the caller checked for an env
         if self.native is not None:
-            ring.obs[self.step_count % ring.capacity, slot] = self.native.begin(slot, env_seed)
+            assert live.unit is not None  # native workers refuse fragment streams
+            first = self.native.begin(slot, env_seed, live.unit.policy_seed)
+            ring.obs[self.step_count % ring.capacity, slot] = first
             self._place(slot, live, window_end)
             return True
         while True:
@@ -367,22 +374,15 @@ class SlotEngine:
             EnvError: If the policy failed on a non-finite observation in
                 ``"error"`` mode (that slot's segment is dropped).
         """
+        if self.native is not None:
+            return self._advance_native(sink)
         if self._went_idle or self._membership_changed:
             self._refresh_active()
         active = self._active
         if not active:
             return 0
-        ring, policy, checker, spec = self.ring, self.policy, self.checker, self.spec
-        assert ring is not None and policy is not None and checker is not None
-        assert spec is not None
-        if not self._policy_checked:
-            check_policy_fits(policy, spec)
-            self._policy_checked = True
-        s = self.step_count
-        if s + 2 - self._oldest > ring.capacity:  # the ring may be full: look closer
-            starts = [live.seg_start for live in self.live if live is not None]
-            self._oldest = ring.make_room(min(starts), s + 1)
-        row, cols = s % ring.capacity, self._cols
+        ring, policy, checker = self._stepping_parts()
+        s, row, cols = self.step_count, self._claim_row(), self._cols
         observations = ring.obs[row] if cols is None else ring.obs[row, cols]
         try:
             actions, agent_infos = policy.get_actions(observations, self._active_rngs)
@@ -392,8 +392,6 @@ class SlotEngine:
             self._raise_policy_failure(exc, observations)
             raise
 
-        if self.native is not None:
-            return self._advance_native(sink, s, row, cols, per_env)
         live = self.live
         next_obs: list[Any] = []
         rewards: list[Any] = []
@@ -431,15 +429,54 @@ class SlotEngine:
             self._on_step_failure(slot, error, s, sink)
         return len(active) - len(failed)
 
-    def _advance_native(
-        self, sink: Sink, s: int, row: int, cols: np.ndarray | None, actions: np.ndarray
-    ) -> int:
-        """The rest of :meth:`advance` with a native backend: one call steps every slot."""
-        native, ring, active = self.native, self.ring, self._active
-        assert native is not None and ring is not None
+    def _stepping_parts(self) -> tuple[StepRing, Policy, ActionChecker]:
+        """The ring, policy and checker of a step; checks the policy once per install."""
+        ring, policy, checker, spec = self.ring, self.policy, self.checker, self.spec
+        assert ring is not None and policy is not None and checker is not None
+        assert spec is not None
+        if not self._policy_checked:
+            check_policy_fits(policy, spec)
+            self._policy_checked = True
+        return ring, policy, checker
+
+    def _claim_row(self) -> int:
+        """The ring row of this vector step, making room first if the ring may be full."""
+        ring, s = self.ring, self.step_count
+        assert ring is not None
+        if s + 2 - self._oldest > ring.capacity:  # the ring may be full: look closer
+            starts = [live.seg_start for live in self.live if live is not None]
+            self._oldest = ring.make_room(min(starts), s + 1)
+        return s % ring.capacity
+
+    def _advance_native(self, sink: Sink) -> int:
+        """:meth:`advance` on a native backend: one batched policy call, one env call.
+
+        The policy acts on every slot's observation (row i is slot i), all
+        rows drawing from the backend's one generator
+        (``Policy.get_actions_batched``, docs/policies.md); only the running
+        slots' steps are recorded. Whole-array writes, no per-slot indexing:
+        the running slots change nearly every step (a finished slot spends
+        one step in its env's autoreset), so a cache of them would not pay.
+        """
+        native = self.native
+        assert native is not None
+        self._went_idle.clear()  # the gym path's cache bookkeeping
+        running = self.n_live
+        if not running:
+            return 0
+        ring, policy, checker = self._stepping_parts()
+        s, row = self.step_count, self._claim_row()
+        observations = ring.obs[row]
         try:
-            next_obs, rewards, done = native.step(active, cols, actions)
-            ring.put_env_outputs(row, cols, next_obs, rewards)  # type: ignore[arg-type]
+            batch, agent_infos = policy.get_actions_batched(observations, native.generator)
+            actions = checker(batch, self._active, self._policy_name, "get_actions_batched")
+            ring.put_policy_outputs(row, None, actions, agent_infos)
+        except Exception as exc:
+            self._raise_native_policy_failure(exc, observations)
+            raise
+        try:
+            next_obs, rewards, done = native.step(actions)
+            ring.put_env_outputs(row, None, next_obs, rewards)  # type: ignore[arg-type]
         except Exception as exc:
             self._native_failed(exc, s, sink)
             return 0
@@ -449,7 +486,28 @@ class SlotEngine:
             done.extend(self._stopped(stops, s, done, []))
         for slot, terminated, truncated in done:
             self._finish(slot, s, terminated, truncated, sink)
-        return len(active)
+        return running
+
+    def _raise_native_policy_failure(self, exc: Exception, observations: np.ndarray) -> None:
+        """:meth:`_raise_policy_failure` for a native step, whose rows include idle slots.
+
+        Only a running slot's non-finite observation drops an episode; one
+        of an idle slot (stepped unrecorded) is named in a note.
+        """
+        native = self.native
+        assert native is not None
+        running = native.state == RUNNING
+        bad = nonfinite_rows(observations)
+        unseen = np.flatnonzero(bad & ~running)
+        if len(unseen):
+            exc.add_note(
+                f"native env {self.source_name}: slots {unseen[:8].tolist()} "
+                "returned non-finite observations while no episode was recorded on them (row i "
+                "of the policy's batch is slot i)"
+            )
+        rows = running.reshape((len(running),) + (1,) * (observations.ndim - 1))
+        zero = np.zeros((), dtype=observations.dtype)
+        self._raise_policy_failure(exc, np.where(rows, observations, zero))
 
     def _native_failed(self, exc: Exception, s: int, sink: Sink) -> None:
         """A native env's step raised: every live segment is lost, none restarted.
@@ -457,7 +515,7 @@ class SlotEngine:
         The env's state is unknown, so it is reset as a whole before any
         new episode begins (no slot is running after this).
         """
-        lives = [(slot, self.drop(slot)) for slot in list(self._active)]
+        lives = [(slot, self.drop(slot)) for slot, live in enumerate(self.live) if live is not None]
         first_slot, first = lives[0]
         self.errors.append(
             EnvError(

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
+from google.protobuf.message import DecodeError
 
 from rlfleet import _rpc
 from rlfleet._values import json_object
@@ -33,7 +34,8 @@ from rlfleet.errors import (
     ProtocolError,
     WireFormatError,
 )
-from rlfleet.lease_messages import decode_lease_command, lease_report_message
+from rlfleet.lease_data import coordinator_host
+from rlfleet.lease_messages import data_hello, decode_lease_command, lease_report_message
 from rlfleet.policies import Policy, PolicySpec, make_policy
 from rlfleet.security import PICKLE_CAPABILITY, PickleGate
 from rlfleet.stream_replay import StreamReplay
@@ -47,6 +49,7 @@ from rlfleet.wire import (
 )
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._flush import FlushPolicy
+from rlfleet.worker._lease_data import WorkerLeaseChannel
 from rlfleet.worker._leases import LeaseHost
 from rlfleet.worker._tasks import EpisodeTask, FragmentTask, Task, TaskBook
 from rlfleet.worker.units import EpisodeUnit
@@ -107,8 +110,9 @@ class Session:
             nan_observations=config.nonfinite,
         )
         self._leases = LeaseHost(
-            config.imports, lambda report: self._send(lease_report_message(report, self.name))
+            config.imports, lambda report: self._send_lease(lease_report_message(report, self.name))
         )
+        self._lease_channel: WorkerLeaseChannel | None = None
         self._book = TaskBook(self._vec, lambda: self._leases.hosted)
         stream.lease_handler = self._submit_lease
         self._generation = 0
@@ -139,6 +143,17 @@ class Session:
             welcome.first_stream,
             welcome.first_stream + config.envs - 1,
         )
+        if welcome.HasField("lease_data") and config.lease_slots != 0:
+            self._lease_channel = WorkerLeaseChannel(
+                coordinator_host(config.coordinator),
+                welcome.lease_data.port,
+                data_hello(welcome.lease_data.ticket),
+                tls=config.security.tls,
+                max_frame_bytes=self._max_message_bytes,
+                on_command=self._data_command,
+                on_broken=self._data_broken,
+            )
+            self._lease_channel.start()
 
     # --- the main loop -------------------------------------------------------------
 
@@ -157,6 +172,8 @@ class Session:
             self._metrics.left()
             # Also unblocks gRPC's thread waiting on the request generator.
             self._stream.cancel()
+            if self._lease_channel is not None:
+                self._lease_channel.close()
             self._leases.shutdown()
             self._vec.shutdown()
 
@@ -186,6 +203,10 @@ class Session:
 
     def _submit_lease(self, command: leases_pb2.LeaseCommand) -> None:
         """Hands a lease command to the LeaseHost (from the receiver thread too)."""
+        if command.WhichOneof("body") == "data_switch":
+            if self._lease_channel is not None:
+                self._lease_channel.switch()
+            return
         order = decode_lease_command(command)
         if order is None:
             logger.warning("ignored an empty LeaseCommand for lease %d", command.lease_id)
@@ -218,6 +239,7 @@ class Session:
                 now,
                 finished_steps=vec.finished_steps,
                 queued_units=self._book.queued_units,
+                running=vec.active_count,
                 step_seconds=now - started,
             ):
                 self._flush()
@@ -543,6 +565,38 @@ class Session:
 
     def _send(self, message: worker_pb2.WorkerMessage) -> None:
         self._stream.send(message)
+
+    # --- the lease data channel ---------------------------------------------------------
+
+    def _send_lease(self, message: worker_pb2.WorkerMessage) -> None:
+        """Sends a lease reply on the data connection once it is open, else on the stream."""
+        channel = self._lease_channel
+        if channel is not None and channel.connected:
+            channel.send(message.SerializeToString())
+        else:
+            self._send(message)
+
+    def _data_command(self, payload: bytes) -> None:
+        """A frame of the data connection: a CoordinatorMessage holding a lease command.
+
+        Raises:
+            WireFormatError: If it is anything else (the connection then ends).
+        """
+        try:
+            message = worker_pb2.CoordinatorMessage.FromString(payload)
+        except DecodeError as exc:
+            raise WireFormatError(f"a lease data frame did not parse: {exc}") from None
+        if message.WhichOneof("body") != "lease":
+            raise WireFormatError(
+                f"a lease data frame held {message.WhichOneof('body') or 'nothing'}, not a "
+                "lease command"
+            )
+        self._submit_lease(message.lease)
+
+    def _data_broken(self, why: str) -> None:
+        """The data connection broke: the coordinator writes this session off, so end it."""
+        self.end_reason = f"the lease data connection ended ({why})"
+        self._stream.cancel()
 
     # --- leaving ------------------------------------------------------------------------
 

@@ -25,7 +25,12 @@ from rlfleet.errors import ConfigError, PolicyError, UsageError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.random import RandomPolicy
 from rlfleet.policies.spec import PolicySpec, make_policy
-from rlfleet.seeding import NO_ENV_SEED, generator_states, set_generator_state
+from rlfleet.seeding import (
+    NO_ENV_SEED,
+    NO_POLICY_SEED,
+    generator_states,
+    set_generator_state,
+)
 from rlfleet.stream_replay import StreamReplay
 from rlfleet.worker._engine import Live, SlotEngine, close_quietly
 from rlfleet.worker._episode_buffer import (
@@ -700,20 +705,22 @@ class VecWorker:
         if engine.spec is None:
             raise self._no_env()
         started = []
-        # A native env's episodes have no env seed of their own: say so, never a wrong one.
+        # A native env's episodes have no seeds of their own (their env and
+        # actions follow the whole env's): say so, never a wrong one.
         native = engine.native is not None
         for slot in engine.idle_slots:
             if not self._queue:
                 break
             unit = self._queue.popleft()
-            state = self._rng_states.pop(unit.policy_seed, None)
-            if state is None:
-                # With the next queued units, not all: surplus units are
-                # often cancelled before they start.
-                self.prepare([unit, *itertools.islice(self._queue, _PREPARE_AHEAD)])
-                state = self._rng_states.pop(unit.policy_seed)
             rng = self._slot_rngs[slot]
-            set_generator_state(rng, state)
+            if not native:  # a native engine samples every row from one generator
+                state = self._rng_states.pop(unit.policy_seed, None)
+                if state is None:
+                    # With the next queued units, not all: surplus units are
+                    # often cancelled before they start.
+                    self.prepare([unit, *itertools.islice(self._queue, _PREPARE_AHEAD)])
+                    state = self._rng_states.pop(unit.policy_seed)
+                set_generator_state(rng, state)
             live = Live(
                 unit=unit,
                 rng=rng,
@@ -721,7 +728,7 @@ class VecWorker:
                 meta=(
                     self._agent_version,
                     NO_ENV_SEED if native else unit.env_seed,
-                    unit.policy_seed,
+                    NO_POLICY_SEED if native else unit.policy_seed,
                     unit.episode_index,
                     self.worker_number,
                 ),

@@ -1,0 +1,175 @@
+"""The lease data channel, dialling side: framed TCP (or TLS) to the coordinator.
+
+A learner's lease and a worker's session move their lease calls and
+replies off gRPC onto one plain TCP connection they dial to the
+coordinator's host (so workers still need no inbound port): each message is
+a frame, a 4-byte big-endian length and one serialized protobuf message
+(leases.proto, "The lease data channel"; docs/protocol.md). gRPC costs
+70-100 us of CPU per message per side; a frame costs a ``sendall`` and a
+buffered read.
+
+This module knows bytes only: the messages are built and parsed by the
+lease face's translation (rlfleet.lease_messages and the worker session).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import struct
+import threading
+
+from rlfleet.errors import ProtocolError, UnavailableError
+from rlfleet.security import ClientTLS
+
+logger = logging.getLogger("rlfleet.lease_data")
+
+#: A frame's length prefix: unsigned 32-bit big-endian.
+FRAME_HEADER = struct.Struct(">I")
+#: Longest wait for the data channel's connection, TLS handshake and answer.
+DATA_DIAL_SECONDS = 10.0
+#: Largest first frame (LeaseDataHello / LeaseDataAccepted) either side reads.
+HANDSHAKE_FRAME_BYTES = 1024
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def frame(payload: bytes) -> bytes:
+    """``payload`` behind its length prefix."""
+    return FRAME_HEADER.pack(len(payload)) + payload
+
+
+def coordinator_host(address: str) -> str:
+    """The host of a gRPC target ``HOST:PORT`` (``[::1]:50051`` gives ``::1``;
+    a ``dns:``/``ipv4:`` scheme prefix is dropped)."""
+    target = address.split("///", 1)[-1]
+    if target.startswith(("ipv4:", "ipv6:", "dns:")):
+        target = target.split(":", 1)[1]
+    host = target.rpartition(":")[0] if target.count(":") == 1 or "]" in target else target
+    return host.strip("[]") or "127.0.0.1"
+
+
+def warn_unreachable(host: str, port: int, who: str, reason: str) -> None:
+    """Logs once per process and address that the data channel is out of reach."""
+    key = f"{host}:{port}"
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    logger.warning(
+        "%s cannot use the lease data channel at %s (%s); lease traffic stays on gRPC, which "
+        "is several times slower. Open TCP port %d of the coordinator to this host (Service, "
+        "NetworkPolicy, firewall, proxy) or start the coordinator with --lease-data-listen",
+        who,
+        key,
+        reason,
+        port,
+    )
+
+
+class LeaseDataLink:
+    """One accepted data connection (a blocking socket).
+
+    Sends may come from any thread (a lock keeps frames whole); frames are
+    received by one reader thread with :meth:`receive`.
+
+    Args:
+        sock: The connected socket, past the handshake.
+        max_frame_bytes: Longest frame accepted from the coordinator.
+    """
+
+    def __init__(self, sock: socket.socket, max_frame_bytes: int) -> None:
+        self._sock = sock
+        self._max = max_frame_bytes
+        self._lock = threading.Lock()
+        self._file = sock.makefile("rb", buffering=1 << 16)
+        self._closed = False
+
+    def send(self, payload: bytes) -> None:
+        """Sends one frame.
+
+        Raises:
+            OSError: If the connection is broken.
+        """
+        data = frame(payload)
+        with self._lock:
+            self._sock.sendall(data)
+
+    def receive(self) -> bytes | None:
+        """The next frame's payload; None once the coordinator closed the connection.
+
+        Raises:
+            OSError: If the connection broke.
+            ProtocolError: For a frame longer than allowed.
+        """
+        header = self._file.read(FRAME_HEADER.size)
+        if len(header) < FRAME_HEADER.size:
+            return None
+        (length,) = FRAME_HEADER.unpack(header)
+        if length > self._max:
+            raise ProtocolError(
+                f"the coordinator sent a lease data frame of {length} bytes, above the limit "
+                f"of {self._max}"
+            )
+        payload = self._file.read(length)
+        return payload if len(payload) == length else None
+
+    def close(self) -> None:
+        """Closes the connection (idempotent); a blocked :meth:`receive` returns."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        with contextlib.suppress(OSError):  # already disconnected
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._file.close()
+        self._sock.close()
+
+
+def dial(
+    host: str,
+    port: int,
+    hello: bytes,
+    *,
+    tls: ClientTLS | None,
+    timeout: float,
+    max_frame_bytes: int,
+) -> LeaseDataLink:
+    """Connects to the coordinator's data port and presents a ticket.
+
+    Args:
+        host: The coordinator's host (the one dialled for gRPC).
+        port: Its data port (LeaseDataAddress.port).
+        hello: The serialized LeaseDataHello.
+        tls: The fleet's client TLS settings, or None for plaintext.
+        timeout: Seconds for connecting, the TLS handshake and the answer.
+        max_frame_bytes: Longest frame accepted afterwards.
+
+    Raises:
+        OSError: If the port cannot be reached (the caller falls back to gRPC).
+        UnavailableError: If the coordinator closed the connection instead of
+            accepting the ticket.
+    """
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            sock = tls.ssl_context().wrap_socket(sock, server_hostname=tls.server_name or host)
+        sock.sendall(frame(hello))
+        link = LeaseDataLink(sock, max_frame_bytes)
+        try:
+            accepted = link.receive()
+        except TimeoutError:
+            accepted = None
+        if accepted is None:
+            raise UnavailableError(
+                f"the coordinator's lease data port {host}:{port} closed the connection "
+                f"instead of accepting the ticket within {timeout:g} seconds (see its log)"
+            )
+        sock.settimeout(None)
+        return link
+    except BaseException:
+        sock.close()
+        raise

@@ -1,0 +1,460 @@
+"""The lease data channel (leases.proto, docs/protocol.md "The lease data channel").
+
+Real coordinators and worker processes on loopback: lease calls and replies
+travel on the framed TCP port (counted by the coordinator's metrics), a bad
+ticket is refused, an mTLS fleet uses it with its certificates, a closed port
+falls back to gRPC, and a broken data connection (cut with ``ss -K``, as a
+network fault would) ends the learner's lease or writes the worker off with
+its envs re-created elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+from rlfleet.client import Fleet, RemoteSampler, RemoteVectorEnv
+from rlfleet.client.fleet import spawn_worker, stop_processes
+from rlfleet.coordinator import CoordinatorConfig, serve
+from rlfleet.coordinator.config import LEASE_DATA_OFF
+from rlfleet.errors import ConfigError, UnavailableError
+from rlfleet.lease_data import FRAME_HEADER, coordinator_host, dial
+from rlfleet.lease_messages import data_hello
+from rlfleet.security import ClientTLS, ServerSecurity, ServerTLS
+from rlfleet.worker._lease_data import WorkerLeaseChannel
+from tests.tls_fixtures import make_ca, make_cert
+
+pytestmark = pytest.mark.timeout(180)
+
+LOST = "rlfleet_env_lost"
+
+
+def frames(fleet: Fleet, party: str) -> float:
+    """Lease messages the coordinator received on the data channel from ``party``."""
+    registry = fleet.server.coordinator.metrics.registry
+    return registry.get_sample_value("rlfleet_lease_data_frames_total", {"party": party}) or 0.0
+
+
+def connections(fleet: Fleet, outcome: str) -> float:
+    registry = fleet.server.coordinator.metrics.registry
+    value = registry.get_sample_value("rlfleet_lease_data_connections_total", {"outcome": outcome})
+    return value or 0.0
+
+
+def wait_until(check: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def data_port(fleet: Fleet) -> int:
+    server = fleet.server.coordinator.lease_data
+    assert server is not None
+    return server.port
+
+
+def cut(pid: int, port: int) -> int:
+    """Destroys the TCP connections process ``pid`` holds to ``port`` (``ss -K``)."""
+    if shutil.which("ss") is None:
+        pytest.skip("ss (iproute2) is not installed: cannot cut a connection")
+    found = [
+        c
+        for c in psutil.Process(pid).net_connections("tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+    ]
+    for c in found:
+        result = subprocess.run(
+            ["ss", "-K", "src", c.laddr.ip, "sport", "=", f":{c.laddr.port}",
+             "dst", c.raddr.ip, "dport", "=", f":{port}"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            pytest.skip(f"ss -K is not allowed here: {result.stderr.strip()}")
+    return len(found)
+
+
+@pytest.fixture
+def fleet() -> Iterator[Fleet]:
+    local = Fleet.local(workers=2, envs_per_worker=4)
+    try:
+        yield local
+    finally:
+        local.close()
+
+
+def test_lease_calls_and_replies_travel_on_the_data_channel(fleet: Fleet) -> None:
+    # Both workers' sessions attached theirs when they joined.
+    wait_until(lambda: connections(fleet, "accepted") == 2, "the workers' data connections")
+    with RemoteVectorEnv(fleet, "CartPole-v1", 4) as venv:
+        assert connections(fleet, "accepted") == 3
+        assert sorted(set(venv.env_workers)) == ["local-0", "local-1"]
+        venv.reset(seed=[0, 1, 2, 3])
+        learner, worker = frames(fleet, "learner"), frames(fleet, "worker")
+        for _ in range(10):
+            _, _, terminated, truncated, _ = venv.step(np.zeros(4, np.int64))
+            done = np.flatnonzero(terminated | truncated).tolist()
+            if done:
+                venv.reset(done)
+        # Each sync step is one call, answered by both hosting workers.
+        assert frames(fleet, "learner") >= learner + 10
+        assert frames(fleet, "worker") >= worker + 20
+        # The latency metric is the same whichever carrier the call came on.
+        histogram = fleet.server.coordinator.metrics.registry.get_sample_value(
+            "rlfleet_lease_call_duration_seconds_count", {"op": "step"}
+        )
+        assert histogram is not None and histogram >= 10
+    wait_until(lambda: fleet.sampler.status().leases == 0, "the lease released")
+
+
+def test_a_bad_ticket_or_first_frame_is_refused_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="rlfleet.coordinator")
+    with serve(CoordinatorConfig(listen="127.0.0.1:0")) as server:
+        assert server.coordinator.lease_data is not None
+        port = server.coordinator.lease_data.port
+        assert port != server.port
+        with pytest.raises(UnavailableError, match="closed the connection instead of accepting"):
+            dial("127.0.0.1", port, data_hello(b"x" * 32), tls=None, timeout=10, max_frame_bytes=1)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(FRAME_HEADER.pack(1 << 30))  # not a LeaseDataHello: far too long
+            assert sock.recv(1) == b""  # closed, nothing answered
+        registry = server.coordinator.metrics.registry
+        refused = registry.get_sample_value(
+            "rlfleet_lease_data_connections_total", {"outcome": "refused"}
+        )
+        assert refused == 2
+    refusals = [r.getMessage() for r in caplog.records if "refused a lease data" in r.getMessage()]
+    # Rate-limited: a peer hammering the port gets one line per interval.
+    assert len(refusals) == 1
+    assert "unknown, used or revoked ticket" in refusals[0]
+
+
+class _Quiet:
+    """A data connection's peer that ignores its traffic."""
+
+    def on_frame(self, payload: bytes) -> None:
+        pass
+
+    def on_closed(self, reason: str) -> None:
+        pass
+
+
+def test_tickets_are_single_use_and_revocable() -> None:
+    with serve(CoordinatorConfig(listen="127.0.0.1:0")) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        ticket = data.issue(lambda connection: _Quiet())
+        dial("127.0.0.1", data.port, data_hello(ticket), tls=None, timeout=10,
+             max_frame_bytes=1).close()  # fmt: skip
+        with pytest.raises(UnavailableError):
+            dial("127.0.0.1", data.port, data_hello(ticket), tls=None, timeout=10,
+                 max_frame_bytes=1)  # fmt: skip
+        revoked = data.issue(lambda connection: _Quiet())
+        data.revoke(revoked)
+        with pytest.raises(UnavailableError):
+            dial("127.0.0.1", data.port, data_hello(revoked), tls=None, timeout=10,
+                 max_frame_bytes=1)  # fmt: skip
+
+
+def test_the_data_channel_can_be_turned_off_or_moved() -> None:
+    with serve(CoordinatorConfig(listen="127.0.0.1:0", lease_data_listen=LEASE_DATA_OFF)) as off:
+        assert off.coordinator.lease_data is None
+    # + 2: + 1 is the documented plaintext health port.
+    assert CoordinatorConfig(listen="0.0.0.0:50051").lease_data_address == "0.0.0.0:50053"
+    with pytest.raises(ConfigError, match="no port \\+ 2"):
+        CoordinatorConfig(listen="127.0.0.1:65534")
+    assert CoordinatorConfig(listen="127.0.0.1:0").lease_data_address == "127.0.0.1:0"
+    with pytest.raises(ConfigError, match="--lease-data-listen"):
+        CoordinatorConfig(lease_data_listen="50052")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(ConfigError, match=r"lease data channel.*--lease-data-listen off"):
+            serve(CoordinatorConfig(listen="127.0.0.1:0", lease_data_listen=busy))
+
+
+def test_leases_stay_on_grpc_when_the_channel_is_off() -> None:
+    with (
+        Fleet.local(
+            workers=1, envs_per_worker=2, coordinator_options={"lease_data_listen": LEASE_DATA_OFF}
+        ) as sampler,
+        RemoteVectorEnv(sampler, "CartPole-v1", 2) as venv,
+    ):
+        venv.reset(seed=0)
+        obs, _, _, _, _ = venv.step(np.zeros(2, np.int64))
+        assert obs.shape == (2, 4)
+
+
+def test_leases_fall_back_to_grpc_when_the_data_port_is_closed(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="rlfleet.lease_data")
+    server = fleet.server.coordinator.lease_data
+    assert server is not None
+    port = server.port
+    server.stop()  # the port closes (as behind a proxy that passes gRPC only)
+    # The workers' data connections broke: they rejoin, and stay on gRPC.
+    wait_until(
+        lambda: all(not cut_pid_has(w.process.pid, port) for w in fleet.workers),
+        "the workers' data connections to close",
+    )
+    wait_until(lambda: len(fleet.sampler.status().workers) == 2, "the workers to rejoin")
+    received = frames(fleet, "learner"), frames(fleet, "worker")
+    with RemoteVectorEnv(fleet, "CartPole-v1", 4, open_timeout=60) as venv:
+        venv.reset(seed=0)
+        for _ in range(5):
+            _, _, terminated, truncated, _ = venv.step(np.zeros(4, np.int64))
+            done = np.flatnonzero(terminated | truncated).tolist()
+            if done:
+                venv.reset(done)
+    assert (frames(fleet, "learner"), frames(fleet, "worker")) == received
+    warnings = [r.getMessage() for r in caplog.records if "lease data channel" in r.getMessage()]
+    assert len(warnings) == 1  # once per process and address, naming the port to open
+    assert f"Open TCP port {port}" in warnings[0]
+
+
+def cut_pid_has(pid: int, port: int) -> bool:
+    return any(
+        c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+        for c in psutil.Process(pid).net_connections("tcp")
+    )
+
+
+def test_a_broken_learner_data_connection_ends_the_lease_and_releases_it(fleet: Fleet) -> None:
+    venv = RemoteVectorEnv(fleet, "CartPole-v1", 4)
+    try:
+        venv.reset(seed=0)
+        assert fleet.sampler.status().leased_envs == 4
+        assert cut(psutil.Process().pid, data_port(fleet)) == 1
+        wait_until(lambda: fleet.sampler.status().leased_envs == 0, "the lease released")
+        with pytest.raises(UnavailableError, match="data connection"):
+            venv.step(np.zeros(4, np.int64))
+    finally:
+        venv.close()
+
+
+def test_a_broken_worker_data_connection_is_a_lost_worker(fleet: Fleet) -> None:
+    with RemoteVectorEnv(fleet, "CartPole-v1", 4, call_timeout=60) as venv:
+        hosts = venv.env_workers
+        venv.reset(seed=[0, 1, 2, 3])
+        victim = next(w for w in fleet.workers if w.name == "local-0")
+        assert cut(victim.process.pid, data_port(fleet)) == 1
+        _, _, _, truncated, infos = venv.step(np.zeros(4, np.int64))
+        lost = [i for i, host in enumerate(hosts) if host == "local-0"]
+        assert lost
+        for i in range(4):  # re-created on local-1: cut and flagged; the others untouched
+            assert truncated[i] == (i in lost)
+            assert (LOST in infos[i]) == (i in lost)
+        venv.reset(lost)
+        venv.step(np.zeros(4, np.int64))
+    # The worker rejoined with a new session (and a new data connection).
+    wait_until(lambda: len(fleet.sampler.status().workers) == 2, "local-0 to rejoin")
+    wait_until(lambda: connections(fleet, "accepted") >= 4, "its new data connection")
+
+
+def test_an_mtls_fleet_carries_leases_on_the_data_channel(tmp_path: Path) -> None:
+    ca = make_ca()
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+    server_cert, server_key = make_cert(ca, "rlfleet-coordinator").write(tmp_path, "server")
+    worker_cert, worker_key = make_cert(ca, "w", client=True).write(tmp_path, "worker")
+    learner_cert, learner_key = make_cert(ca, "l", client=True).write(tmp_path, "learner")
+    tls = ServerTLS.from_files(server_cert, server_key, client_ca=tmp_path / "ca.crt")
+    with serve(CoordinatorConfig(listen="127.0.0.1:0", security=ServerSecurity(tls=tls))) as server:
+        worker = spawn_worker(
+            server.address,
+            name="secure",
+            envs=2,
+            imports=(),
+            seed=0,
+            log_path=tmp_path / "worker.log",
+            extra_args=(
+                "--tls-ca",
+                str(tmp_path / "ca.crt"),
+                "--tls-cert",
+                str(worker_cert),
+                "--tls-key",
+                str(worker_key),
+            ),
+        )
+        try:
+            with RemoteSampler(
+                server.address,
+                tls_ca=tmp_path / "ca.crt",
+                tls_cert=learner_cert,
+                tls_key=learner_key,
+                timeout=60,
+            ) as sampler:
+                wait_until(lambda: len(sampler.status().workers) == 1, "the worker to join")
+                # The worker dials the channel once joined (TLS takes a moment);
+                # until then its lease traffic would rightly use the stream.
+                registry = server.coordinator.metrics.registry
+                wait_until(
+                    lambda: registry.get_sample_value(
+                        "rlfleet_lease_data_connections_total", {"outcome": "accepted"}
+                    ),
+                    "the worker's data connection",
+                )
+                with RemoteVectorEnv(sampler, "CartPole-v1", 2) as venv:
+                    venv.reset(seed=0)
+                    obs, _, _, _, _ = venv.step(np.zeros(2, np.int64))
+                    assert obs.shape == (2, 4)
+            for party in ("learner", "worker"):
+                assert registry.get_sample_value(
+                    "rlfleet_lease_data_frames_total", {"party": party}
+                ), party
+            # Under mTLS a client without a certificate fails the handshake.
+            assert server.coordinator.lease_data is not None
+            port = server.coordinator.lease_data.port
+            no_cert = ClientTLS.from_files(tmp_path / "ca.crt")
+            with pytest.raises((OSError, UnavailableError)):
+                dial("127.0.0.1", port, data_hello(b"t"), tls=no_cert, timeout=10,
+                     max_frame_bytes=1)  # fmt: skip
+        finally:
+            stop_processes([worker.process], 10.0)
+
+
+class _Recording:
+    """A data connection's peer that records why its connection ended."""
+
+    def __init__(self) -> None:
+        self.closed: list[str] = []
+
+    def on_frame(self, payload: bytes) -> None:
+        pass
+
+    def on_closed(self, reason: str) -> None:
+        self.closed.append(reason)
+
+
+def test_a_peer_that_does_not_read_is_cut_off_not_buffered_without_bound() -> None:
+    config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 16)
+    with serve(config) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        peer = _Recording()
+        attached: list[Any] = []
+
+        def attach(connection: Any) -> _Recording:
+            attached.append(connection)
+            return peer
+
+        ticket = data.issue(attach)
+        link = dial("127.0.0.1", data.port, data_hello(ticket), tls=None, timeout=10,
+                    max_frame_bytes=1 << 16)  # fmt: skip
+        try:
+            wait_until(lambda: attached, "the connection attached")  # just after the accept
+            (connection,) = attached
+            chunk = b"x" * (1 << 15)
+            for _ in range(4096):  # 128 MiB at most; the kernel's buffers hold a few MiB
+                connection.send(chunk)
+                if connection.closed:
+                    break
+            assert connection.closed
+            wait_until(lambda: peer.closed, "the connection's end")
+            assert "does not read" in peer.closed[0]
+        finally:
+            link.close()
+
+
+@pytest.mark.parametrize(
+    ("address", "host"),
+    [
+        ("127.0.0.1:50051", "127.0.0.1"),
+        (
+            "rlfleet-coordinator.rlfleet.svc.cluster.local:50051",
+            "rlfleet-coordinator.rlfleet.svc.cluster.local",
+        ),
+        ("[::1]:50051", "::1"),
+        ("dns:///coordinator.example:50051", "coordinator.example"),
+        ("ipv4:10.0.0.5:50051", "10.0.0.5"),
+    ],
+)
+def test_the_data_channel_is_dialled_on_the_grpc_host(address: str, host: str) -> None:
+    assert coordinator_host(address) == host
+
+
+def test_connections_that_never_say_hello_hold_a_bounded_number_of_threads() -> None:
+    config = CoordinatorConfig(listen="127.0.0.1:0", handshake_timeout_seconds=30.0)
+    with serve(config) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        idle = [socket.create_connection(("127.0.0.1", data.port), timeout=10) for _ in range(64)]
+        try:
+            registry = server.coordinator.metrics.registry
+            with socket.create_connection(("127.0.0.1", data.port), timeout=10) as extra:
+                # Refused at once, long before the 30 s handshake timeout.
+                assert extra.recv(1) == b""
+            refused = registry.get_sample_value(
+                "rlfleet_lease_data_connections_total", {"outcome": "refused"}
+            )
+            assert refused == 1
+        finally:
+            for sock in idle:
+                sock.close()
+        # Their threads end with them: a real ticket is accepted again.
+        ticket = data.issue(lambda connection: _Quiet())
+        wait_until(lambda: _accepts(data.port, ticket), "a free handshake slot")
+
+
+def _accepts(port: int, ticket: bytes) -> bool:
+    try:
+        dial("127.0.0.1", port, data_hello(ticket), tls=None, timeout=10, max_frame_bytes=1).close()
+    except UnavailableError:
+        return False
+    return True
+
+
+def test_a_worker_holds_data_commands_until_the_switch_marker() -> None:
+    # The ordering guarantee: commands that come on the data connection wait
+    # until the worker has read the marker that closes the Join stream's part.
+    with serve(CoordinatorConfig(listen="127.0.0.1:0")) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        attached: list[Any] = []
+
+        def attach(connection: Any) -> _Quiet:
+            attached.append(connection)
+            return _Quiet()
+
+        ticket = data.issue(attach)
+        got: list[bytes] = []
+        broken: list[str] = []
+        channel = WorkerLeaseChannel(
+            "127.0.0.1",
+            data.port,
+            data_hello(ticket),
+            tls=None,
+            max_frame_bytes=1 << 16,
+            on_command=got.append,
+            on_broken=broken.append,
+        )
+        channel.start()
+        try:
+            wait_until(lambda: attached and channel.connected, "the worker's data connection")
+            (connection,) = attached
+            connection.send(b"first")
+            connection.send(b"second")
+            time.sleep(0.5)  # they arrive, and wait
+            assert got == []
+            channel.switch()
+            assert got == [b"first", b"second"]
+            connection.send(b"third")
+            wait_until(lambda: len(got) == 3, "a command after the marker")
+            assert got[2] == b"third"
+            assert broken == []
+        finally:
+            channel.close()
