@@ -46,6 +46,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rlfleet import _rpc
 from rlfleet.client import RemoteSampler, RemoteVectorEnv
 from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.lease_translation import (
@@ -65,6 +66,7 @@ from rlfleet.lease_messages import (
     decode_lease_command,
     lease_report_message,
 )
+from rlfleet.security import ClientSecurity
 from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import encode_tensor
 from rlfleet.worker._leases import LeaseHost
@@ -218,6 +220,9 @@ class _Sampler(RemoteSampler):
 
     def __init__(self, fleet: _InMemoryFleet) -> None:  # no dialling
         self._fleet = fleet
+        self.address = "in-memory"  # no LeaseOpened.data here: nothing dials it
+        self._security = ClientSecurity()
+        self._max_message_bytes = _rpc.DEFAULT_MAX_MESSAGE_BYTES
 
     def open_channel(self) -> Any:
         return _Channel(self._fleet)
