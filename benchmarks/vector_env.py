@@ -10,6 +10,8 @@ Measures env steps per second of a learner that steps a vector env itself
     least as fast as both.
 (b) An I/O-bound env that waits 1 ms per step (rlfleet/Slow-v0), 2 workers
     x 16 envs: goal >= 0.8 x the 32,000 steps/s that 32 such envs allow.
+    Reference: the same 32 envs stepped by a thread pool in this process
+    (what the machine allows without any transport).
 (r) The relay's cost: the median round trip of one env step through the
     coordinator, against one echo over a direct gRPC stream (what a learner
     dialling a worker itself would pay at least).
@@ -149,6 +151,37 @@ def run_gymnasium(
         obs, *_ = envs.step(policy(obs))
         steps += envs.num_envs
     return steps / (time.perf_counter() - start)
+
+
+def thread_pool_steps_per_s(config: EnvConfig, count: int, seconds: float, warmup: float) -> float:
+    """Steps/s of ``count`` envs stepped together by a thread pool in this process.
+
+    (b)'s reference: the strongest local alternative for envs that wait
+    (one thread per env, every env stepped each round), so the closing
+    note can say what the machine allows without any transport.
+    """
+    envs = [gym.make(config.id, **config.kwargs) for _ in range(count)]
+    for k, env in enumerate(envs):
+        env.reset(seed=k)
+
+    def step(env: gym.Env) -> None:
+        _, _, terminated, truncated, _ = env.step(0)
+        if terminated or truncated:
+            env.reset()
+
+    with ThreadPoolExecutor(count) as pool:
+        end_warmup = time.perf_counter() + warmup
+        while time.perf_counter() < end_warmup:
+            list(pool.map(step, envs))
+        steps = 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            list(pool.map(step, envs))
+            steps += count
+        rate = steps / (time.perf_counter() - start)
+    for env in envs:
+        env.close()
+    return rate
 
 
 def echo_round_trip_ms(rounds: int) -> float:
@@ -322,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
         lambda envs: run_gymnasium(envs, policy, seconds, warmup),
     )
     print(f"{name:<44} {figures[name]:>10,.0f} steps/s", flush=True)
+    name = "b local thread pool, 32 envs (no transport)"
+    figures[name] = thread_pool_steps_per_s(IO_BOUND, 32, seconds, warmup)
+    print(f"{name:<44} {figures[name]:>10,.0f} steps/s (of 32,000)", flush=True)
     rounds = 100 if args.quick else 1000
     figures["r direct stream echo ms"] = echo_round_trip_ms(rounds)
     print(f"(r) one direct gRPC stream echo: {figures['r direct stream echo ms']:.2f} ms median")

@@ -26,22 +26,26 @@ from rlfleet.lease_messages import (
     lease_report_message,
 )
 from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
-from rlfleet.wire import encode_tensor
+from rlfleet.wire import decode_tensor, encode_tensor
 from rlfleet.worker._leases import LeaseHost
 
 ENVS = 6
+#: Steps that sleep before the barrier steps: the host's estimate of a step's
+#: seconds rises at most x2 + 10 us per step (LeasedEnv.step_seconds), so
+#: envs that sleep 10 ms go to the pool after 5 such steps.
+SLOW_STEPS = 6
 ENV_ID = "rlfleet-tests/Barrier-v0"
 _barrier = threading.Barrier(ENVS, timeout=20)
 
 
 class BarrierEnv(CounterEnv):
-    """A Counter whose first step sleeps (so the host learns it is slow) and
-    whose later steps wait at the shared barrier."""
+    """A Counter that sleeps 1 ms per step (10 ms in its first steps, so
+    the host learns it is slow); past them, its steps also wait at the
+    shared barrier."""
 
     def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        if self.total_steps == 0:
-            time.sleep(0.01)
-        else:
+        time.sleep(0.01 if self.total_steps < SLOW_STEPS else 0.001)
+        if self.total_steps >= SLOW_STEPS:
             _barrier.wait()
         return super().step(action)
 
@@ -75,7 +79,7 @@ def test_blocking_envs_are_stepped_concurrently_and_each_answers() -> None:
         reset = leases_pb2.LeaseCall(call_id=1, op=leases_pb2.LEASE_OP_RESET, env_ids=range(ENVS))
         host.submit(_command(1, call=reset))
         _answers(out, ENVS)
-        for call_id in range(2, 5):
+        for call_id in range(2, 5 + SLOW_STEPS):
             call = leases_pb2.LeaseCall(
                 call_id=call_id,
                 op=leases_pb2.LEASE_OP_STEP,
@@ -87,5 +91,105 @@ def test_blocking_envs_are_stepped_concurrently_and_each_answers() -> None:
             assert {r.call_id for r in replies} == {call_id}
             assert sorted(i for r in replies for i in r.env_ids) == list(range(ENVS))
         assert not _barrier.broken
+    finally:
+        host.shutdown()
+
+
+GATED_ID = "rlfleet-tests/Gated-v0"
+_gate = threading.Event()
+_gated: list[GatedEnv] = []
+
+
+class GatedEnv(CounterEnv):
+    """A Counter that sleeps 1 ms per step (10 ms in its first steps, so the
+    host learns it is slow); past them, the first env made also waits in
+    ``step`` until ``_gate`` is set."""
+
+    def __init__(self, length: int = 1000) -> None:
+        super().__init__(length)
+        _gated.append(self)
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        time.sleep(0.01 if self.total_steps < SLOW_STEPS else 0.001)
+        if self is _gated[0] and not _gate.wait(20):
+            raise TimeoutError("the test never opened the gate")
+        return super().step(action)
+
+
+gym.register(GATED_ID, entry_point=f"{__name__}:GatedEnv", kwargs={"length": 1000})
+
+
+def _step(call_id: int, *, whole_reply: bool) -> LeaseCallOrder:
+    call = leases_pb2.LeaseCall(
+        call_id=call_id,
+        op=leases_pb2.LEASE_OP_STEP,
+        env_ids=[3, 1, 0, 2, 5, 4],  # not in id order: replies keep this order
+        actions=encode_tensor(np.zeros(ENVS, np.int64)),
+        whole_reply=whole_reply,
+    )
+    order = _command(1, call=call)
+    assert isinstance(order, LeaseCallOrder)
+    return order
+
+
+def test_pooled_calls_answer_each_env_once_whole_or_as_it_finishes() -> None:
+    """A whole-reply call is one reply in the call's order; an async call's
+    envs answer as they finish, so a stuck env holds back no other."""
+    out: queue.SimpleQueue[worker_pb2.WorkerMessage] = queue.SimpleQueue()
+    host = LeaseHost((), lambda report: out.put(lease_report_message(report, "w")))
+    try:
+        env = updates_pb2.EnvUpdate(env_id=GATED_ID, kwargs_json="{}")
+        host.submit(_command(1, create=leases_pb2.LeaseCreate(env=env, env_ids=range(ENVS))))
+        _answers(out, ENVS)
+        reset = leases_pb2.LeaseCall(call_id=1, op=leases_pb2.LEASE_OP_RESET, env_ids=range(ENVS))
+        host.submit(_command(1, call=reset))
+        _answers(out, ENVS)
+        _gate.set()  # the slow steps first: the host learns to pool
+        for call_id in range(2, 2 + SLOW_STEPS):
+            host.submit(_step(call_id, whole_reply=True))
+            _answers(out, ENVS)
+        call_id = 2 + SLOW_STEPS
+        for _ in range(3):  # pooled and whole: one reply, in the call's order
+            host.submit(_step(call_id, whole_reply=True))
+            (reply,) = _answers(out, ENVS)
+            assert list(reply.env_ids) == [3, 1, 0, 2, 5, 4]
+            assert decode_tensor(reply.observations).shape == (ENVS, 1)
+            call_id += 1
+        _gate.clear()
+        host.submit(_step(call_id, whole_reply=False))
+        # Env 0 (the first made) is stuck: the other five answer without it.
+        fast = _answers(out, ENVS - 1)
+        assert sorted(i for r in fast for i in r.env_ids) == [1, 2, 3, 4, 5]
+        assert out.empty()
+        _gate.set()
+        (late,) = _answers(out, 1)
+        assert list(late.env_ids) == [0] and late.call_id == call_id
+        time.sleep(0.05)
+        assert out.empty()  # no env answered twice
+    finally:
+        _gate.set()
+        host.shutdown()
+
+
+def test_a_call_behind_a_queued_order_waits_for_it() -> None:
+    """Calls may run on the submitting thread (LeaseHost.submit), but never
+    ahead of an order submitted before them: a reset sent right after the
+    CREATE that builds its envs finds them built."""
+    out: queue.SimpleQueue[worker_pb2.WorkerMessage] = queue.SimpleQueue()
+    host = LeaseHost((), lambda report: out.put(lease_report_message(report, "w")))
+    try:
+        env = updates_pb2.EnvUpdate(env_id="CartPole-v1", kwargs_json="{}")
+        for lease_id in (1, 2):
+            create = leases_pb2.LeaseCreate(env=env, env_ids=range(3))
+            host.submit(_command(lease_id, create=create))
+            reset = leases_pb2.LeaseCall(call_id=1, op=leases_pb2.LEASE_OP_RESET, env_ids=range(3))
+            host.submit(_command(lease_id, call=reset))
+        replies = _answers(out, 12)  # raises on an error reply ("not hosted here")
+        assert [(r.lease_id, r.op) for r in replies] == [
+            (1, leases_pb2.LEASE_OP_CREATE),
+            (1, leases_pb2.LEASE_OP_RESET),
+            (2, leases_pb2.LEASE_OP_CREATE),
+            (2, leases_pb2.LEASE_OP_RESET),
+        ]
     finally:
         host.shutdown()

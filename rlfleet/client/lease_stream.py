@@ -26,8 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import gymnasium as gym
@@ -63,8 +62,9 @@ __all__ = ["LeaseEnvFailure", "LeaseStream"]
 _WHY_SECONDS = 2.0
 
 
-@dataclass
-class _Waiting:
+class _Waiting(NamedTuple):
+    """The call an env waits on; one per call, shared by its envs."""
+
     call_id: int
     deadline: float
 
@@ -208,9 +208,10 @@ class LeaseStream:
                     self._answers[env_id] = LeaseEnvFailure(exc)
                 self._changed.notify_all()
             return
+        waiting = _Waiting(call_id, deadline)
         with self._lock:
             for env_id in ids:
-                self._waiting[env_id] = _Waiting(call_id, deadline)
+                self._waiting[env_id] = waiting
                 self._answers.pop(env_id, None)
             if self._failure is not None:
                 self._fail_waiting(self._failure)

@@ -125,22 +125,31 @@ def call_command(
     lease_id: int, call: LeaseCallOrder, rows: Sequence[int]
 ) -> worker_pb2.CoordinatorMessage:
     """The part of a learner's call for its envs ``call.env_ids[r]``, r in ``rows``."""
-    part = leases_pb2.LeaseCall(
-        call_id=call.call_id,
-        op=OP_CODES[call.op],
-        env_ids=[call.env_ids[r] for r in rows],
-        options_json=call.options_json,
-        name=call.name,
-        value_json=call.value_json,
-        prefetch_reset=call.prefetch_reset,
-    )
+    message = worker_pb2.CoordinatorMessage()
+    command = message.lease  # built in place: no nested message is copied
+    command.lease_id = lease_id
+    part = command.call
+    part.call_id = call.call_id
+    part.op = OP_CODES[call.op]
+    whole = len(rows) == len(call.env_ids)  # one worker hosts every env of the call
+    part.env_ids.extend(call.env_ids if whole else [call.env_ids[r] for r in rows])
+    if call.options_json:
+        part.options_json = call.options_json
+    if call.name:
+        part.name = call.name
+    if call.value_json:
+        part.value_json = call.value_json
+    part.prefetch_reset = call.prefetch_reset
+    part.whole_reply = call.whole_reply  # the worker answers its part in one reply
     if call.seeds:
-        part.seeds.extend(call.seeds[r] for r in rows)
+        part.seeds.extend(call.seeds if whole else [call.seeds[r] for r in rows])
     if call.actions is not None:
-        part.actions.CopyFrom(encode_tensor(call.actions[list(rows)]))
-    return worker_pb2.CoordinatorMessage(
-        lease=leases_pb2.LeaseCommand(lease_id=lease_id, call=part)
-    )
+        first, last = rows[0], rows[-1]
+        # Hosts hold runs of env ids, so a worker's rows are usually a slice (a view).
+        contiguous = last - first + 1 == len(rows)
+        actions = call.actions[first : last + 1] if contiguous else call.actions[list(rows)]
+        part.actions.CopyFrom(encode_tensor(actions))
+    return message
 
 
 def release_command(lease_id: int) -> worker_pb2.CoordinatorMessage:

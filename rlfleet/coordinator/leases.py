@@ -23,6 +23,7 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import grpc
 
@@ -52,10 +53,9 @@ logger = logging.getLogger("rlfleet.coordinator")
 LeaseEvent = bytes | CallError | None
 
 
-@dataclass(frozen=True)
-class _InFlight:
+class _InFlight(NamedTuple):
     """The call an env has in flight (its row ``row``), kept to send it again
-    if its worker dies."""
+    if its worker dies (a tuple: one per env and call, made cheaply)."""
 
     call: LeaseCallOrder
     row: int

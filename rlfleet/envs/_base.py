@@ -595,8 +595,11 @@ class BaseVectorEnv(abc.ABC):
 
     def _check_idle(self, ids: list[int], call: str) -> None:
         """Refuses envs whose async step has not been returned yet."""
-        busy = [i for i in ids if (self._in_flight[i] and not self._stale[i])]
-        busy += [i for i in ids if i in self._undelivered]
+        busy = []
+        if self._in_flight.any():  # else (sync mode, between calls) no env is busy
+            busy = [i for i in ids if (self._in_flight[i] and not self._stale[i])]
+        if self._undelivered:
+            busy += [i for i in ids if i in self._undelivered]
         if busy:
             raise UsageError(
                 f"{call}(): envs {sorted(busy)} have a step in flight (async mode); "
@@ -605,7 +608,7 @@ class BaseVectorEnv(abc.ABC):
 
     def _start(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
         """Discards stale answers of ``ids``, then sends them ``command``."""
-        stale = [i for i in ids if self._stale[i]]
+        stale = [i for i in ids if self._stale[i]] if self._stale.any() else []
         while stale:
             for i in self._receive(stale, len(stale), None):
                 self._in_flight[i] = self._stale[i] = False
@@ -650,11 +653,14 @@ class BaseVectorEnv(abc.ABC):
                 rest = [i for i in ids if i not in answers]
                 answers.update(self._receive(rest, len(rest), None))
         finally:
-            for i in ids:
-                if i in answers:
-                    self._in_flight[i] = False
-                else:
-                    self._stale[i] = True
+            if len(answers) == len(ids):
+                self._in_flight[ids] = False
+            else:
+                for i in ids:
+                    if i in answers:
+                        self._in_flight[i] = False
+                    else:
+                        self._stale[i] = True
         for i in ids:
             if isinstance(answers[i], FailedCall):
                 raise answers[i].error
