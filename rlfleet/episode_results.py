@@ -305,12 +305,22 @@ def decode_result(joined: JoinedResult, env_spec: EnvSpec) -> DecodedResult:
 def assemble_episodes(results: Sequence[DecodedResult], num_episodes: int) -> EpisodeBatch:
     """The episodes 0..num_episodes-1 of the results, in index order.
 
+    Step data is copied once: each result's rows are written straight to
+    their place in the answer. (Concatenating, then ordering, copied twice.)
+    Results whose arrays do not line up (other info keys, trailing shapes)
+    take the general path, which names what differs.
+
     Raises:
         ProtocolError: If an episode below ``num_episodes`` is missing or came
             twice (:func:`~rlfleet.core.episode_order.first_episodes`), or
             the results hold none or lack episode indices.
     """
-    return first_episodes(_concatenate(results), num_episodes)
+    if not results:
+        raise ResultError("the answer holds no results")
+    try:
+        return _placed_episodes([result.batch for result in results], num_episodes)
+    except _MisfitError:
+        return first_episodes(_concatenate(results), num_episodes)
 
 
 def assemble_fragments(results: Sequence[DecodedResult]) -> EpisodeBatch:
@@ -328,6 +338,99 @@ def _concatenate(results: Sequence[DecodedResult]) -> EpisodeBatch:
                 "contract requires (batch.proto)"
             )
     return EpisodeBatch.concatenate(*(result.batch for result in results))
+
+
+class _MisfitError(Exception):
+    """The results cannot be placed in one copy: take the general path."""
+
+
+def _placed_episodes(batches: Sequence[EpisodeBatch], num_episodes: int) -> EpisodeBatch:
+    """:func:`assemble_episodes`' answer in one copy of the step data.
+
+    Raises:
+        _MisfitError: If a result's indices are missing or not ascending, the
+            kept episodes are not 0..num_episodes-1 once each, or the
+            results' arrays differ in structure or trailing shape.
+    """
+    indices = []
+    for batch in batches:
+        index = batch.episode_infos.get("episode_index")
+        if not isinstance(index, np.ndarray) or np.any(np.diff(index) <= 0):
+            raise _MisfitError
+        indices.append(index)
+    # Ascending, so the episodes a result keeps are its first ones.
+    kept = [int(np.searchsorted(index, num_episodes)) for index in indices]
+    placed = np.concatenate([index[:k] for index, k in zip(indices, kept, strict=True)])
+    if placed.size != num_episodes or (placed.size and placed.min() < 0):
+        raise _MisfitError
+    if not np.array_equal(
+        np.bincount(placed, minlength=num_episodes), np.ones(num_episodes, dtype=np.int64)
+    ):
+        raise _MisfitError
+    lengths = np.empty(num_episodes, dtype=np.int64)
+    for batch, index, k in zip(batches, indices, kept, strict=True):
+        lengths[index[:k]] = batch.lengths[:k]
+    starts = np.cumsum(lengths) - lengths
+    episode_rows, step_rows = [], []
+    for batch, index, k in zip(batches, indices, kept, strict=True):
+        own = batch.lengths[:k]
+        episode_rows.append(index[:k])
+        # Row j of the result's kept steps goes to its episode's start there.
+        shift = starts[index[:k]] - (np.cumsum(own) - own)
+        step_rows.append(np.arange(int(own.sum())) + np.repeat(shift, own))
+
+    def place(parts: Sequence[object], rows: list[np.ndarray]) -> object:
+        first = parts[0]
+        if isinstance(first, Mapping):
+            if any(not isinstance(p, Mapping) or p.keys() != first.keys() for p in parts):
+                raise _MisfitError
+            return {
+                key: place([p[key] for p in parts], rows)  # type: ignore[index]
+                for key in first
+            }
+        arrays = [np.asarray(p) for p in parts]
+        trailing = arrays[0].shape[1:]
+        if any(a.ndim == 0 or a.shape[1:] != trailing for a in arrays):
+            raise _MisfitError
+        out = np.empty((sum(len(r) for r in rows), *trailing), dtype=np.result_type(*arrays))
+        _put_rows(out, rows, [a[: len(r)] for a, r in zip(arrays, rows, strict=True)])
+        return out
+
+    def field(name: str, rows: list[np.ndarray]) -> object:
+        return place([getattr(batch, name) for batch in batches], rows)
+
+    return EpisodeBatch(
+        env_spec=batches[0].env_spec,
+        episode_infos=field("episode_infos", episode_rows),  # type: ignore[arg-type]
+        observations=field("observations", step_rows),  # type: ignore[arg-type]
+        last_observations=field("last_observations", episode_rows),  # type: ignore[arg-type]
+        actions=field("actions", step_rows),  # type: ignore[arg-type]
+        rewards=field("rewards", step_rows),  # type: ignore[arg-type]
+        env_infos=field("env_infos", step_rows),  # type: ignore[arg-type]
+        agent_infos=field("agent_infos", step_rows),  # type: ignore[arg-type]
+        step_types=field("step_types", step_rows),  # type: ignore[arg-type]
+        lengths=lengths,
+    )
+
+
+def _put_rows(out: np.ndarray, rows: list[np.ndarray], sources: list[np.ndarray]) -> None:
+    """``out[rows[i]] = sources[i]`` for each i, whole rows at a time where possible.
+
+    numpy indexes a 2-D array's rows element by element: ten times slower
+    than moving each row as one opaque item (measured: 520 -> 58 us for
+    50k rows of 4 float32).
+    """
+    if out.ndim < 2 or not out.size:
+        for row, source in zip(rows, sources, strict=True):
+            out[row] = source
+        return
+    item = np.dtype((np.void, out.itemsize * out[0].size))
+    whole = out.reshape(len(out), -1).view(item)[:, 0]
+    for row, source in zip(rows, sources, strict=True):
+        if len(source) and source.dtype == out.dtype and source.flags.c_contiguous:
+            whole[row] = source.reshape(len(source), -1).view(item)[:, 0]
+        else:
+            out[row] = source
 
 
 # --- what a result must be ------------------------------------------------------------

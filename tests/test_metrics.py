@@ -215,3 +215,32 @@ def test_refused_tokens_are_counted_by_code() -> None:
             "rlfleet_errors_total", {"kind": "auth_unauthenticated"}
         )
         assert counted == 2
+
+
+def test_policy_lag_counts_each_episode_of_a_result_as_a_histogram_would() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from rlfleet.coordinator.metrics import LAG_BUCKETS, CoordinatorMetrics
+
+    metrics = CoordinatorMetrics()
+    registry = CollectorRegistry()
+    reference = Histogram(
+        "rlfleet_policy_lag_versions", "reference", buckets=LAG_BUCKETS, registry=registry
+    )
+    for lag, episodes in ((0, 3), (4, 2), (5, 1), (100, 2), (1000, 1), (0, 0)):
+        metrics.delivered(episodes=episodes, steps=10, payload_bytes=100, lag=lag)
+        for _ in range(episodes):
+            reference.observe(lag)
+
+    def samples(text: bytes) -> dict[tuple[str, str], float]:
+        return {
+            (s.name, s.labels.get("le", "")): s.value
+            for family in text_string_to_metric_families(text.decode())
+            if family.name == "rlfleet_policy_lag_versions"
+            for s in family.samples
+            if not s.name.endswith("_created")
+        }
+
+    got = samples(generate_latest(metrics.registry))
+    assert got == samples(generate_latest(registry))
+    assert got[("rlfleet_policy_lag_versions_count", "")] == 9

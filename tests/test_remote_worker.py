@@ -9,7 +9,6 @@ coordinator: reconnecting after it restarts, and leaving mid-request.
 
 from __future__ import annotations
 
-import functools
 import json
 import queue
 import signal
@@ -323,36 +322,82 @@ def test_finished_episodes_are_grouped_until_the_queue_runs_out(
     assert len(got) <= 4
 
 
+def _due(
+    policy: FlushPolicy,
+    now: float,
+    finished_steps: int,
+    *,
+    queued_units: int = 5,
+    running: int = 8,
+    slots: int = 8,
+    step_seconds: float = 0.01,
+) -> bool:
+    return policy.due(
+        now,
+        finished_steps=finished_steps,
+        queued_units=queued_units,
+        running=running,
+        slots=slots,
+        step_seconds=step_seconds,
+    )
+
+
 def test_the_flush_policy_holds_episodes_back_until_a_bound_or_an_empty_queue() -> None:
     policy = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
-    due = functools.partial(policy.due, running=8)
-    assert not due(10.0, finished_steps=30, queued_units=5, step_seconds=0.01)
-    assert not due(10.25, finished_steps=99, queued_units=5, step_seconds=0.01)
-    assert due(10.5, finished_steps=99, queued_units=5, step_seconds=0.01)  # timer
+    assert not _due(policy, 10.0, 30)
+    assert not _due(policy, 10.25, 99)
+    assert _due(policy, 10.5, 99)  # timer
     policy.sent()
-    assert not due(11.0, finished_steps=1, queued_units=5, step_seconds=0.01)
-    assert not due(11.25, finished_steps=99, queued_units=5, step_seconds=0.01)
-    assert due(11.25, finished_steps=100, queued_units=5, step_seconds=0.01)  # steps
+    assert not _due(policy, 11.0, 1)
+    assert not _due(policy, 11.25, 99)
+    assert _due(policy, 11.25, 100)  # steps
     policy.sent()
-    assert policy.due(12.0, finished_steps=1, queued_units=0, running=0, step_seconds=0.01)  # dry
+    assert _due(policy, 12.0, 1, queued_units=0, running=0)  # dry, nothing running
     policy.sent()
-    assert due(13.0, finished_steps=1, queued_units=5, step_seconds=0.5)  # slow step
+    assert _due(policy, 13.0, 1, step_seconds=0.5)  # slow step
 
 
 def test_out_of_work_the_flush_policy_waits_briefly_for_the_running_episodes() -> None:
     """A request's tail: episodes still running share a result for up to TAIL_SECONDS."""
     policy = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
-    assert not policy.due(20.0, finished_steps=3, queued_units=0, running=60, step_seconds=0.001)
-    assert not policy.due(
-        20.0 + TAIL_SECONDS / 2, finished_steps=9, queued_units=0, running=55, step_seconds=0.001
-    )
-    assert policy.due(
-        20.0 + TAIL_SECONDS, finished_steps=12, queued_units=0, running=50, step_seconds=0.001
-    )
+
+    def tail(now: float, finished_steps: int, running: int) -> bool:
+        return _due(
+            policy,
+            now,
+            finished_steps,
+            queued_units=0,
+            running=running,
+            slots=64,
+            step_seconds=0.001,
+        )
+
+    assert not tail(20.0, 3, running=60)
+    assert not tail(20.0 + TAIL_SECONDS / 2, 9, running=55)
+    assert tail(20.0 + TAIL_SECONDS, 12, running=50)
     policy.sent()
-    assert not policy.due(21.0, finished_steps=3, queued_units=0, running=1, step_seconds=0.001)
+    assert not tail(21.0, 3, running=1)
     # The last episode ended: no reason to wait.
-    assert policy.due(21.001, finished_steps=5, queued_units=0, running=0, step_seconds=0.001)
+    assert tail(21.001, 5, running=0)
+
+
+def test_the_flush_policy_sends_once_half_the_slots_are_idle_when_out_of_work() -> None:
+    policy = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
+    ms = TAIL_SECONDS / 10
+    # Out of work, but most slots still run episodes: one result per
+    # episode that ends would cost a message each.
+    assert not _due(policy, 12.0, 1, queued_units=0, running=7)
+    assert not _due(policy, 12.0 + ms, 2, queued_units=0, running=5)
+    assert _due(policy, 12.0 + 2 * ms, 3, queued_units=0, running=4)  # half idle
+    policy.sent()
+    # Then not per slot that goes idle, only after TAIL_SECONDS...
+    assert not _due(policy, 13.0, 1, queued_units=0, running=3)
+    assert not _due(policy, 13.0 + ms, 2, queued_units=0, running=1)
+    assert _due(policy, 13.0 + TAIL_SECONDS + ms, 2, queued_units=0, running=1)
+    policy.sent()
+    # ...and a refill (units queued again) arms the rule for the next dry spell.
+    assert not _due(policy, 14.0, 1, queued_units=3)
+    assert _due(policy, 14.0 + ms, 1, queued_units=0, running=4)
 
 
 def test_the_flush_policy_sends_large_steps_sooner() -> None:
@@ -361,8 +406,8 @@ def test_the_flush_policy_sends_large_steps_sooner() -> None:
     assert policy.step_limit == 100
     policy.expect_step_bytes(400.0)  # 25 steps make 10,000 bytes
     assert policy.step_limit == 25
-    assert not policy.due(1.0, finished_steps=24, queued_units=5, running=8, step_seconds=0.01)
-    assert policy.due(1.0, finished_steps=25, queued_units=5, running=8, step_seconds=0.01)
+    assert not _due(policy, 1.0, 24)
+    assert _due(policy, 1.0, 25)
     policy.expect_step_bytes(1e9)  # one step is too big already: still one per result
     assert policy.step_limit == 1
 

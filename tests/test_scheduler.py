@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlfleet.coordinator.scheduler import (
     CancelOrder,
@@ -514,3 +516,45 @@ def test_units_get_exactly_the_seeds_of_episode_seeds(base_seed: int, request_in
     assert few == [episode_seeds(base_seed, request_index, i) for i in (3, 0)]
     with pytest.raises(ValueError, match="non-negative"):
         episode_seeds_many(-1, request_index, list(range(40)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    mode=st.sampled_from([Mode.STEPS, Mode.EPISODES]),
+    amount=st.integers(1, 400),
+    handed=st.integers(0, 60),
+    requeued=st.lists(st.integers(0, 59), max_size=10, unique=True),
+    completed=st.lists(st.integers(1, 30), max_size=20),
+    count=st.integers(-3, 80),
+    prior=st.one_of(st.none(), st.floats(1.0, 50.0)),
+)
+def test_take_many_hands_out_what_as_many_takes_would(  # noqa: PLR0917 (hypothesis)
+    mode: Mode,
+    amount: int,
+    handed: int,
+    requeued: list[int],
+    completed: list[int],
+    count: int,
+    prior: float | None,
+) -> None:
+    from rlfleet.coordinator.scheduler import _EpisodeRequest
+
+    def state() -> _EpisodeRequest:
+        request = _EpisodeRequest(1, spec(mode, amount), subscription=False)
+        request.next_index = handed
+        request.handed_out(handed)
+        for length, index in zip(completed, range(handed), strict=False):
+            request.complete(index, length)
+        request.requeue([i for i in requeued if i < handed], lost=True)
+        return request
+
+    one_by_one, batched = state(), state()
+    expected = []
+    for _ in range(count):
+        index = one_by_one.take(16, prior)
+        if index is None:
+            break
+        expected.append(index)
+        one_by_one.handed_out(1)
+    assert batched.take_many(count, 16, prior) == expected
+    assert vars(batched) == vars(one_by_one)

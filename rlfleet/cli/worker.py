@@ -178,7 +178,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--flush-steps",
         type=positive_int,
-        default=4096,
+        default=8192,
         help="send finished episodes once they hold this many steps (keep well under the "
         "coordinator's --capacity-steps)",
     )

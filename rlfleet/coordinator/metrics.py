@@ -16,13 +16,16 @@ lists every metric; tests/test_metrics.py scrapes a real fleet.
 
 from __future__ import annotations
 
+import bisect
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -92,12 +95,8 @@ class CoordinatorMetrics:
             ["kind"],
             registry=reg,
         )
-        self._lag = Histogram(
-            "rlfleet_policy_lag_versions",
-            "Agent versions between the policy of a delivered episode and the newest version.",
-            buckets=LAG_BUCKETS,
-            registry=reg,
-        )
+        self._lag = _EpisodeLag()
+        reg.register(self._lag)
         self._latency = Histogram(
             "rlfleet_learner_request_duration_seconds",
             "Duration of learner calls, by method and outcome.",
@@ -153,8 +152,7 @@ class CoordinatorMetrics:
         self._episodes.inc(episodes)
         self._steps.inc(steps)
         self._result_bytes.inc(payload_bytes)
-        for _ in range(episodes):
-            self._lag.observe(lag)
+        self._lag.observe(lag, episodes)
 
     def discarded(self, episodes: int) -> None:
         """A result arrived for units no longer its worker's."""
@@ -213,6 +211,41 @@ class CoordinatorMetrics:
 
     def _observe(self, method: str, outcome: str, started: float) -> None:
         self._latency.labels(method, outcome).observe(time.monotonic() - started)
+
+
+class _EpisodeLag(Collector):
+    """``rlfleet_policy_lag_versions``: one observation per delivered episode.
+
+    A result's episodes share one lag, so it is counted once with their
+    number: a Histogram's ``observe`` per episode cost the coordinator about
+    1.5 us each, a tenth of its CPU per result.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = [0] * (len(LAG_BUCKETS) + 1)  # the last: above every bound
+        self._sum = 0
+
+    def observe(self, lag: int, episodes: int) -> None:
+        """Counts ``episodes`` observations of ``lag``."""
+        with self._lock:
+            self._counts[bisect.bisect_left(LAG_BUCKETS, lag)] += episodes
+            self._sum += lag * episodes
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        bounds = [*LAG_BUCKETS, float("inf")]
+        cumulative = [sum(counts[: i + 1]) for i in range(len(counts))]
+        yield HistogramMetricFamily(
+            "rlfleet_policy_lag_versions",
+            "Agent versions between the policy of a delivered episode and the newest version.",
+            buckets=[
+                (floatToGoString(bound), count)
+                for bound, count in zip(bounds, cumulative, strict=True)
+            ],
+            sum_value=total,
+        )
 
 
 class _FleetCollector(Collector):

@@ -240,6 +240,7 @@ class Session:
                 finished_steps=vec.finished_steps,
                 queued_units=self._book.queued_units,
                 running=vec.active_count,
+                slots=vec.n_envs,
                 step_seconds=now - started,
             ):
                 self._flush()

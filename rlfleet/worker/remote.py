@@ -132,7 +132,7 @@ class WorkerConfig:
     reconnect_base_seconds: float = 0.1
     reconnect_max_seconds: float = 10.0
     handshake_timeout: float = 30.0
-    flush_steps: int = 4096
+    flush_steps: int = 8192
     flush_bytes: int = 4 << 20
     flush_seconds: float = 0.1
     max_message_bytes: int = _rpc.DEFAULT_MAX_MESSAGE_BYTES
