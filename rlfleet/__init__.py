@@ -55,6 +55,7 @@ from rlfleet.policies import (
     Policy,
     PolicySpec,
     RandomPolicy,
+    RowDraws,
     default_policy_spec,
     make_policy,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "RandomPolicy",
     "RlfleetError",
     "RolloutWorker",
+    "RowDraws",
     "SnapshotConfig",
     "StepType",
     "SubprocVectorEnv",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, cast
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -141,24 +141,18 @@ def test_zero_probability_actions_are_never_sampled() -> None:
     np.testing.assert_array_equal(infos["log_prob"], np.zeros(100, np.float32))
 
 
-class _TopOfRange:
-    """Stands in for a generator whose draw rounds to the top of the CDF.
-
-    ``random()`` never returns 1.0, but ``u * c[-1]`` can round up to
-    ``c[-1]``; no seed reliably produces that, hence this stub.
-    """
-
-    def random(self) -> float:
-        return 1.0
-
-
 def test_cdf_rounding_past_the_end_picks_the_last_possible_action() -> None:
     logits = f32([[0, 0, -1000], [0, -1000, -1000]])
-    index, log_prob = categorical(
-        logits, cast(Any, [_TopOfRange(), _TopOfRange()]), deterministic=False
-    )
-    assert index.tolist() == [1, 0]
-    np.testing.assert_allclose(log_prob, [math.log(0.5), 0.0], atol=1e-7)
+    # random() never returns 1.0, but u * c[-1] can round up to c[-1]; no
+    # seed reliably produces that, hence draws of 1.0 given directly.
+    top = [1.0, 1.0]
+    for draws in (top, np.array(top)):  # a list of draws, or an array from draw blocks
+        index, log_prob = categorical(logits, draws)
+        assert index.tolist() == [1, 0]
+        np.testing.assert_allclose(log_prob, [math.log(0.5), 0.0], atol=1e-7)
+    # A long batch (the largest draw found by a numpy reduction).
+    index, _ = categorical(np.repeat(logits, 20, axis=0), np.ones(40))
+    assert index.tolist() == [1] * 20 + [0] * 20
 
 
 def test_categorical_deterministic_takes_first_argmax_and_draws_nothing() -> None:

@@ -29,6 +29,8 @@ PROMISED = [
     "register_multi_agent_env",
     # fragment streams moved between workers (issue 12.6)
     "StreamReplay", "StreamBook",
+    # a policy's per-row draws, drawn a block per episode by workers (issue 15)
+    "RowDraws",
 ]  # fmt: skip
 
 

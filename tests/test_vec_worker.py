@@ -17,7 +17,7 @@ import rlfleet.envs.testing  # noqa: F401  (registers the test envs)
 from rlfleet.core import EnvSpec, EpisodeBatch, StepType
 from rlfleet.envs.config import EnvConfig
 from rlfleet.envs.testing import CounterEnv
-from rlfleet.errors import ConfigError, EnvError, PolicyError, UsageError
+from rlfleet.errors import ConfigError, EnvError, InvalidBatchError, PolicyError, UsageError
 from rlfleet.policies import MLPCategoricalPolicy, MLPGaussianPolicy, PolicySpec, RandomPolicy
 from rlfleet.policies.base import Policy
 from rlfleet.seeding import episode_seeds, stream_seeds
@@ -890,6 +890,25 @@ def test_checks_can_be_disabled():
     # The float action reaches CartPole, whose own assertion rejects it.
     with pytest.raises(EnvError, match="AssertionError"):
         worker.step()
+
+
+def test_worker_batches_are_not_rechecked_but_unchecked_actions_are():
+    # take_finished skips EpisodeBatch's checks for what the engine's ring
+    # guarantees; the batch still passes them all.
+    worker = VecWorker(n_envs=3, env=CARTPOLE, policy=mlp(), max_episode_length=30)
+    batch = worker.run(make_units(0, 0, range(5)))
+    rebuilt = EpisodeBatch(**{name: getattr(batch, name) for name in batch.__dataclass_fields__})
+    assert_same_batches(batch, rebuilt)
+    # Actions nobody checked while stepping (check_actions=False) are checked
+    # by the batch: Counter-v0 ignores its actions, so a wrong shape gets there.
+    spec = counter(4).env_spec()
+    triples = _BadPolicy(spec, lambda n: np.zeros((n, 3), np.int64))
+    unchecked = VecWorker(n_envs=2, env=counter(4), policy=triples, check_actions=False)
+    with pytest.raises(InvalidBatchError, match=r"EpisodeBatch.actions.*got per-step shape \(3,\)"):
+        unchecked.run(make_units(0, 0, range(2)))
+    checked = VecWorker(n_envs=2, env=counter(4), policy=triples)
+    with pytest.raises(PolicyError, match=r"shape \(2, 3\)"):
+        checked.run(make_units(0, 0, range(2)))
 
 
 def test_agent_info_keys_must_not_change():

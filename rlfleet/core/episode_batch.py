@@ -124,6 +124,59 @@ class EpisodeBatch(ValueEquality):
         v.check_infos(f"{owner}.agent_infos", self.agent_infos, total, _STEPS)
         v.check_infos(f"{owner}.episode_infos", self.episode_infos, n_episodes, _EPISODES)
 
+    @classmethod
+    def prechecked(
+        cls,
+        *,
+        env_spec: EnvSpec,
+        episode_infos: NestedArrays,
+        observations: np.ndarray,
+        last_observations: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        env_infos: NestedArrays,
+        agent_infos: NestedArrays,
+        step_types: np.ndarray,
+        lengths: np.ndarray,
+        check_actions: bool,
+    ) -> EpisodeBatch:
+        """Builds a batch whose fields fit by construction, without re-checking them.
+
+        For builders that guarantee every check of construction: rlfleet's
+        worker engine, whose ring has the spaces' shapes and dtypes and whose
+        batches are assembled from it (``rlfleet/worker/_episode_buffer.py``).
+        Batches that arrive from elsewhere (the network, users) are always
+        checked: use the constructor.
+
+        Args:
+            env_spec: As the constructor's; the other fields too.
+            check_actions: Check the actions against the action space all
+                the same (for actions nobody checked while stepping).
+
+        Raises:
+            InvalidBatchError: If ``check_actions`` and the actions do not fit.
+        """
+        if check_actions:
+            v.check_per_step_space(
+                "EpisodeBatch.actions", actions, env_spec.action_space, "action_space"
+            )
+        batch = object.__new__(cls)
+        fields = {
+            "env_spec": env_spec,
+            "episode_infos": episode_infos,
+            "observations": observations,
+            "last_observations": last_observations,
+            "actions": actions,
+            "rewards": rewards,
+            "env_infos": env_infos,
+            "agent_infos": agent_infos,
+            "step_types": step_types,
+            "lengths": lengths,
+        }
+        for name, value in fields.items():
+            object.__setattr__(batch, name, value)
+        return batch
+
     def __repr__(self) -> str:
         """A summary of shapes and dtypes (the arrays themselves can be huge)."""
         sizes = f"n_episodes={self.n_episodes}, total_steps={self.total_steps}"

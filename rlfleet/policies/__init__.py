@@ -4,7 +4,7 @@ See docs/policies.md for the exact math of the built-ins, their parameter
 names and shapes, and the policy spec JSON form.
 """
 
-from rlfleet.policies.base import Policy
+from rlfleet.policies.base import Policy, RowDraws
 from rlfleet.policies.mlp import MLPCategoricalPolicy, MLPGaussianPolicy
 from rlfleet.policies.random import RandomPolicy
 from rlfleet.policies.spec import BUILTIN_POLICIES, PolicySpec, default_policy_spec, make_policy
@@ -16,6 +16,7 @@ __all__ = [
     "Policy",
     "PolicySpec",
     "RandomPolicy",
+    "RowDraws",
     "default_policy_spec",
     "make_policy",
 ]

@@ -10,6 +10,12 @@ seeded from its policy seed) and must compute each row's distribution with
 arithmetic that does not depend on the other rows (see
 ``rlfleet._numeric.row_stable_matmul``).
 
+A policy whose rows each draw a fixed number of values of one kind per call
+(the built-in MLPs) may say so with :meth:`Policy.row_draws`; a worker then
+draws each episode's values a block at a time and calls
+:meth:`Policy.get_actions_from_draws` with the values the generators would
+have given, which is cheaper than one generator call per row per step.
+
 A worker on a native vector env keeps no layout-independent batches (its
 env's episodes depend on the slot layout already), so it calls
 ``get_actions_batched`` instead: every row draws from one generator, in row
@@ -21,15 +27,43 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
 from rlfleet.core.env_spec import EnvSpec
+from rlfleet.errors import ConfigError, PolicyError
 from rlfleet.policies._observations import batch_size
 
 AgentInfos = dict[str, np.ndarray]
 ParamDict = dict[str, np.ndarray]
+
+#: Generator methods a policy's per-row draws may come from.
+DRAW_KINDS = ("random", "standard_normal")
+
+
+@dataclass(frozen=True)
+class RowDraws:
+    """What ``get_actions`` draws from each row's generator per call.
+
+    Attributes:
+        kind: The generator method: ``"random"`` or ``"standard_normal"``.
+        count: Values drawn per row per call (``rng.random()`` ``count``
+            times, or ``rng.standard_normal(count)``).
+
+    Raises:
+        ConfigError: If the kind is unknown or the count is not a positive int.
+    """
+
+    kind: Literal["random", "standard_normal"]
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in DRAW_KINDS:
+            raise ConfigError(f"RowDraws kind must be one of {DRAW_KINDS}, got {self.kind!r}")
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise ConfigError(f"RowDraws count must be a positive int, got {self.count!r}")
 
 
 class Policy(abc.ABC):
@@ -73,6 +107,39 @@ class Policy(abc.ABC):
             Actions with leading dimension N, and agent_infos: a dict of
             arrays with leading dimension N.
         """
+
+    def row_draws(self) -> RowDraws | None:
+        """What each row draws from its generator per call, if always the same.
+
+        A worker reads this when the policy is installed. If it is not None,
+        the worker may call :meth:`get_actions_from_draws` instead of
+        :meth:`get_actions`, with each row's values drawn ahead from that
+        row's generator (numpy gives the same values for ``random(n)`` as
+        for n ``random()`` calls, and likewise for ``standard_normal``).
+        None (the default) means the policy always gets generators.
+        """
+        return None
+
+    def get_actions_from_draws(
+        self, observations: Any, draws: np.ndarray
+    ) -> tuple[np.ndarray, AgentInfos]:
+        """``get_actions`` with each row's draws given instead of its generator.
+
+        Only called when :meth:`row_draws` is not None; must return exactly
+        what ``get_actions(observations, rngs)`` returns when ``draws[i]`` are
+        the values ``rngs[i]`` would give.
+
+        Args:
+            observations: Batched observations, leading dimension N.
+            draws: Float64 array (N, ``row_draws().count``).
+
+        Raises:
+            PolicyError: If the policy does not declare its draws.
+        """
+        raise PolicyError(
+            f"{type(self).__name__} does not declare its per-row draws (row_draws() is None); "
+            "call get_actions with one generator per row"
+        )
 
     def get_actions_batched(
         self, observations: Any, generator: np.random.Generator

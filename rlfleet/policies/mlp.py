@@ -26,12 +26,17 @@ import numpy.typing as npt
 
 from rlfleet._numeric import row_stable_matmul
 from rlfleet.core.env_spec import EnvSpec
-from rlfleet.errors import ConfigError
-from rlfleet.policies._batched import categorical_batched, gaussian_batched
-from rlfleet.policies._distributions import categorical, check_finite, gaussian, row_generators
+from rlfleet.errors import ConfigError, PolicyError
+from rlfleet.policies._distributions import (
+    categorical,
+    check_finite,
+    gaussian,
+    normal_draws,
+    row_generators,
+)
 from rlfleet.policies._observations import ObservationEncoder
 from rlfleet.policies._params import checked_params
-from rlfleet.policies.base import AgentInfos, ParamDict, Policy
+from rlfleet.policies.base import AgentInfos, ParamDict, Policy, RowDraws
 
 Matmul = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -215,7 +220,27 @@ class MLPCategoricalPolicy(_MLPPolicy):
         logits = self._forward(observations)
         check_finite(logits, "logits", owner)
         rows = row_generators(rngs, len(logits), self.rng, owner)
-        index, log_prob = categorical(logits, rows, self.deterministic)
+        draws = None if self.deterministic else [rng.random() for rng in rows]
+        index, log_prob = categorical(logits, draws)
+        return self._actions(index, log_prob, logits)
+
+    def row_draws(self) -> RowDraws | None:
+        """One ``random()`` per row per call; none when deterministic."""
+        return None if self.deterministic else RowDraws("random", 1)
+
+    def get_actions_from_draws(
+        self, observations: Any, draws: np.ndarray
+    ) -> tuple[np.ndarray, AgentInfos]:
+        """:meth:`get_actions` with row i's ``random()`` given as ``draws[i, 0]``.
+
+        Raises:
+            PolicyError: If the observations do not match the space, ``draws``
+                is not one value per row, or the logits are not finite.
+        """
+        logits = self._forward(observations)
+        check_finite(logits, "logits", type(self).__name__)
+        u = None if self.deterministic else _draws_of(draws, logits, 1)[:, 0]
+        index, log_prob = categorical(logits, u)
         return self._actions(index, log_prob, logits)
 
     def get_actions_batched(
@@ -232,7 +257,8 @@ class MLPCategoricalPolicy(_MLPPolicy):
         """
         logits = self._forward(observations, np.matmul)
         check_finite(logits, "logits", type(self).__name__)
-        index, log_prob = categorical_batched(logits, generator, self.deterministic)
+        u = None if self.deterministic else generator.random(len(logits))
+        index, log_prob = categorical(logits, u)
         return self._actions(index, log_prob, logits)
 
     def _actions(
@@ -320,7 +346,27 @@ class MLPGaussianPolicy(_MLPPolicy):
         mean = self._forward(observations)
         check_finite(mean, "action means", owner)
         rows = row_generators(rngs, len(mean), self.rng, owner)
-        actions, log_prob = gaussian(mean, self._log_std, rows, self.deterministic)
+        draws = None if self.deterministic else normal_draws(rows, mean.shape[1])
+        actions, log_prob = gaussian(mean, self._log_std, draws)
+        return self._actions(mean, actions, log_prob)
+
+    def row_draws(self) -> RowDraws | None:
+        """``standard_normal(d)`` per row per call; none when deterministic."""
+        return None if self.deterministic else RowDraws("standard_normal", len(self._log_std))
+
+    def get_actions_from_draws(
+        self, observations: Any, draws: np.ndarray
+    ) -> tuple[np.ndarray, AgentInfos]:
+        """:meth:`get_actions` with row i's ``standard_normal(d)`` given as ``draws[i]``.
+
+        Raises:
+            PolicyError: If the observations do not match the space, ``draws``
+                is not (N, d), or the means are not finite.
+        """
+        mean = self._forward(observations)
+        check_finite(mean, "action means", type(self).__name__)
+        eps = None if self.deterministic else _draws_of(draws, mean, mean.shape[1])
+        actions, log_prob = gaussian(mean, self._log_std, eps)
         return self._actions(mean, actions, log_prob)
 
     def get_actions_batched(
@@ -337,7 +383,8 @@ class MLPGaussianPolicy(_MLPPolicy):
         """
         mean = self._forward(observations, np.matmul)
         check_finite(mean, "action means", type(self).__name__)
-        actions, log_prob = gaussian_batched(mean, self._log_std, generator, self.deterministic)
+        eps = None if self.deterministic else generator.standard_normal(mean.shape)
+        actions, log_prob = gaussian(mean, self._log_std, eps)
         return self._actions(mean, actions, log_prob)
 
     def _actions(
@@ -351,6 +398,24 @@ class MLPGaussianPolicy(_MLPPolicy):
             "log_std": np.repeat(self._log_std[None], n, axis=0).reshape(batch_shape),
         }
         return actions.reshape(batch_shape).astype(self._dtype, copy=False), infos
+
+
+def _draws_of(draws: np.ndarray, outputs: np.ndarray, count: int) -> np.ndarray:
+    """``draws``, checked to be float64 (N, count) for ``outputs`` of N rows.
+
+    Raises:
+        PolicyError: If ``draws`` does not have that shape and dtype.
+    """
+    if (
+        not isinstance(draws, np.ndarray)
+        or draws.dtype != np.float64
+        or draws.shape != (len(outputs), count)
+    ):
+        raise PolicyError(
+            f"get_actions_from_draws needs float64 draws of shape {(len(outputs), count)}, "
+            f"got {getattr(draws, 'dtype', type(draws).__name__)} {np.shape(draws)}"
+        )
+    return draws
 
 
 def _initial_layers(

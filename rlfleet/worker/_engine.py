@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import gymnasium as gym
@@ -28,6 +29,7 @@ from rlfleet.core.step_type import StepType
 from rlfleet.errors import EnvError
 from rlfleet.policies.base import Policy
 from rlfleet.worker._checks import ActionChecker, nonfinite_rows
+from rlfleet.worker._draw_blocks import DrawBlocks
 from rlfleet.worker._episode_buffer import Segment, StepRing, stack_step_infos
 from rlfleet.worker._native_slots import RUNNING, NativeSlots
 from rlfleet.worker._restarts import RestartLedger
@@ -60,6 +62,8 @@ class Live:
         infos: ``(vector step, info)`` of the steps whose info was not empty
             (most envs return ``{}``: nothing is stored for them).
         parked_obs: A parked stream episode's next observation.
+        rng_state: ``rng``'s state when a segment that may be cut by a
+            window started, if its draws come in blocks (to rewind it).
     """
 
     __slots__ = (
@@ -71,6 +75,7 @@ class Live:
         "offset",
         "parked_obs",
         "rng",
+        "rng_state",
         "seg_start",
         "stop_step",
         "stream",
@@ -98,6 +103,7 @@ class Live:
         self.stop_step = NEVER
         self.infos: list[tuple[int, Any]] = []
         self.parked_obs: np.ndarray | None = None
+        self.rng_state: Mapping[str, Any] | None = None
 
     @property
     def episode_index(self) -> int | None:
@@ -166,6 +172,8 @@ class SlotEngine:
         self._policy_checked = False
         self._policy_resets = False
         self._policy_name = ""
+        # The policy's draws, a block per slot, if it declares them (else generators).
+        self._blocks: DrawBlocks | None = None
         self.live: list[Live | None] = [None] * n_envs
         self.n_live = 0
         self.step_count = 0
@@ -246,6 +254,8 @@ class SlotEngine:
         self._policy_checked = False
         # Stateless policies keep Policy.reset, a no-op: skip building masks.
         self._policy_resets = type(policy).reset is not Policy.reset
+        draws = policy.row_draws()
+        self._blocks = None if draws is None else DrawBlocks(self.n_envs, draws)
         if self.ring is not None:
             self.ring.reset_policy_outputs()
 
@@ -322,6 +332,10 @@ class SlotEngine:
         live.stop_step = stop
         if stop != NEVER:
             self._stops.setdefault(stop, []).append(slot)
+        if self._blocks is not None and self.native is None:  # native rows share one generator
+            # A window may cut the episode, which goes on later: keep the state to rewind to.
+            live.rng_state = live.rng.bit_generator.state if window_end != NEVER else None
+            self._blocks.start(slot, live.rng, s)
         self.live[slot] = live
         self.n_live += 1
         position = self._position.get(slot)
@@ -338,6 +352,8 @@ class SlotEngine:
         self.live[slot] = None
         self.n_live -= 1
         self._went_idle.append(slot)
+        if self._blocks is not None:
+            self._blocks.stop(slot)
         if self.native is not None:
             self.native.release(slot)
         return live
@@ -385,7 +401,12 @@ class SlotEngine:
         s, row, cols = self.step_count, self._claim_row(), self._cols
         observations = ring.obs[row] if cols is None else ring.obs[row, cols]
         try:
-            actions, agent_infos = policy.get_actions(observations, self._active_rngs)
+            blocks = self._blocks
+            if blocks is None:
+                actions, agent_infos = policy.get_actions(observations, self._active_rngs)
+            else:
+                draws = blocks.take(s, cols)
+                actions, agent_infos = policy.get_actions_from_draws(observations, draws)
             per_env = checker(actions, active, self._policy_name)
             ring.put_policy_outputs(row, cols, actions, agent_infos)
         except Exception as exc:
@@ -592,6 +613,8 @@ class SlotEngine:
             last = _TIMEOUT
         else:
             last = None  # a window cut: the episode goes on
+            if self._blocks is not None and live.rng_state is not None:
+                self._blocks.rewind(live.rng, live.rng_state, length)
         record = self._record(slot, live, length, last)
         if record is not None:
             sink.on_record(slot, live, record, continues=last is None)

@@ -14,10 +14,11 @@ and a segment that wraps around the ring's end is copied out of it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -342,7 +343,12 @@ def _common_infos(dicts: Sequence[Mapping], what: str) -> list[Mapping]:
 
 
 def build_batch(
-    env_spec: EnvSpec, segments: Sequence[Segment], info_keys: Sequence[str]
+    env_spec: EnvSpec,
+    segments: Sequence[Segment],
+    info_keys: Sequence[str],
+    *,
+    from_ring: bool = False,
+    actions_checked: bool = False,
 ) -> EpisodeBatch:
     """Builds one EpisodeBatch from segments, in the given order.
 
@@ -350,6 +356,13 @@ def build_batch(
         env_spec: The env's spec.
         segments: At least one segment.
         info_keys: Names of the segments' ``infos`` values.
+        from_ring: The segments are a worker engine's (their arrays view its
+            :class:`StepRing`, which has the spaces' shapes and dtypes): the
+            batch fits by construction and is not re-checked
+            (:meth:`EpisodeBatch.prechecked`), except its actions unless
+            ``actions_checked``.
+        actions_checked: Every action was checked against the action space's
+            shape while stepping (the engine's enabled ActionChecker).
 
     Returns:
         The batch: one ``np.concatenate`` per field, step types computed with
@@ -371,7 +384,13 @@ def build_batch(
         step_types[list(index)] = types
     # One array, one contiguous row per key (transposed while building).
     table = np.array(list(zip(*(s.infos for s in segments), strict=True)), dtype=np.int64)
-    return EpisodeBatch(
+    if from_ring:
+        make: Callable[..., EpisodeBatch] = functools.partial(
+            EpisodeBatch.prechecked, check_actions=not actions_checked
+        )
+    else:
+        make = EpisodeBatch
+    return make(
         env_spec=env_spec,
         episode_infos=dict(zip(info_keys, table, strict=True)),
         observations=np.concatenate([s.observations for s in segments]),

@@ -488,12 +488,12 @@ class VecWorker:
         if everything and all(r.env_spec is spec for r in chosen):  # the usual case
             self._finished = []
             self._finished_steps = 0
-            return build_batch(spec, chosen, EPISODE_INFO_KEYS)
+            return self._build_batch(spec, chosen, EPISODE_INFO_KEYS)
         chosen = [r for r in chosen if r.env_spec is spec][:max_episodes]
         taken = {id(r) for r in chosen}
         self._finished = [r for r in self._finished if id(r) not in taken]
         self._finished_steps -= sum(r.length for r in chosen)
-        return build_batch(spec, chosen, EPISODE_INFO_KEYS)
+        return self._build_batch(spec, chosen, EPISODE_INFO_KEYS)
 
     def cancel(
         self, episode_indices: Iterable[int] | None = None, request: int | None = None
@@ -659,7 +659,7 @@ class VecWorker:
                 "episodes from it, or use an EnvConfig without vectorization for fragments"
             )
         pieces = self._streams.collect(fragment_length, base_seed, slots, tick, replays)
-        return build_batch(self.env_spec, pieces, FRAGMENT_INFO_KEYS)
+        return self._build_batch(self.env_spec, pieces, FRAGMENT_INFO_KEYS)
 
     def _check_streams(self, streams: Sequence[int], replays: Sequence[StreamReplay]) -> list[int]:
         slots = [int(stream) for stream in streams]
@@ -693,6 +693,18 @@ class VecWorker:
     def _require_open(self) -> None:
         if self._closed:
             raise UsageError(f"worker {self.name!r} was shut down")
+
+    def _build_batch(
+        self, spec: EnvSpec, segments: Sequence[Segment], info_keys: Sequence[str]
+    ) -> EpisodeBatch:
+        """The segments' batch, re-checking only what stepping did not guarantee.
+
+        The engine checked every action's shape if ``check_actions`` is on and
+        the action space has an array shape (the checker's rule); else the
+        batch checks the actions.
+        """
+        checked = self._engine.check_actions and spec.action_space.shape is not None
+        return build_batch(spec, segments, info_keys, from_ring=True, actions_checked=checked)
 
     def _no_env(self) -> ConfigError:
         return ConfigError(f"worker {self.name!r} has no env: pass env= or call update_env() first")
