@@ -118,6 +118,13 @@ class _InMemoryFleet:
         # This thread's CPU seconds: the parts' and the in-memory hand-offs'.
         self.relay_start = self.relay_seconds = 0.0
 
+    def close(self) -> None:
+        """Stops the hosts' threads, whose send callbacks would keep this fleet
+        (and its lease) alive for the rest of the process."""
+        for host in self.hosts:
+            host.shutdown()
+        self.lease = None
+
     def _reply_to(self, k: int) -> Callable[[LeaseReport], None]:
         def send(report: LeaseReport) -> None:  # from pool threads too
             data = lease_report_message(report, f"w{k}").SerializeToString()
@@ -295,6 +302,7 @@ def measure(
                 best[name] = min(best.get(name, np.inf), 1e6 * seconds / calls)
     finally:
         venv.close()
+        fleet.close()
     profile = {
         "learner": learner,
         "coordinator": fleet.coordinator.profile,
