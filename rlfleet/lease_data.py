@@ -73,7 +73,8 @@ class LeaseDataLink:
     """One accepted data connection (a blocking socket).
 
     Sends may come from any thread (a lock keeps frames whole); frames are
-    received by one reader thread with :meth:`receive`.
+    received by one thread at a time, with :meth:`receive` or
+    :meth:`receive_within`.
 
     Args:
         sock: The connected socket, past the handshake.
@@ -84,7 +85,9 @@ class LeaseDataLink:
         self._sock = sock
         self._max = max_frame_bytes
         self._lock = threading.Lock()
-        self._file = sock.makefile("rb", buffering=1 << 16)
+        # Received bytes not yet returned: a wait that times out mid-frame
+        # keeps what it read for the next one.
+        self._buffer = bytearray()
         self._closed = False
 
     def send(self, payload: bytes) -> None:
@@ -100,21 +103,46 @@ class LeaseDataLink:
     def receive(self) -> bytes | None:
         """The next frame's payload; None once the coordinator closed the connection.
 
+        Waits as long as the socket's timeout allows (none: for ever).
+
         Raises:
-            OSError: If the connection broke.
+            OSError: If the connection broke (TimeoutError past the socket's
+                timeout; the frame's bytes read so far are kept).
             ProtocolError: For a frame longer than allowed.
         """
-        header = self._file.read(FRAME_HEADER.size)
-        if len(header) < FRAME_HEADER.size:
-            return None
-        (length,) = FRAME_HEADER.unpack(header)
-        if length > self._max:
-            raise ProtocolError(
-                f"the coordinator sent a lease data frame of {length} bytes, above the limit "
-                f"of {self._max}"
-            )
-        payload = self._file.read(length)
-        return payload if len(payload) == length else None
+        buffer = self._buffer
+        while True:
+            if len(buffer) >= FRAME_HEADER.size:
+                (length,) = FRAME_HEADER.unpack_from(buffer)
+                if length > self._max:
+                    raise ProtocolError(
+                        f"the coordinator sent a lease data frame of {length} bytes, above "
+                        f"the limit of {self._max}"
+                    )
+                end = FRAME_HEADER.size + length
+                if len(buffer) >= end:
+                    with memoryview(buffer) as view:
+                        payload = bytes(view[FRAME_HEADER.size : end])
+                    del buffer[:end]
+                    return payload
+                missing = end - len(buffer)
+            else:
+                missing = FRAME_HEADER.size - len(buffer)
+            chunk = self._sock.recv(max(missing, 1 << 16))
+            if not chunk:
+                return None
+            buffer += chunk
+
+    def receive_within(self, seconds: float) -> bytes | None:
+        """:meth:`receive`, waiting at most ``seconds``.
+
+        Raises:
+            TimeoutError: If no whole frame came within ``seconds`` (what
+                arrived of it is kept for the next call).
+            OSError, ProtocolError: As :meth:`receive`.
+        """
+        self._sock.settimeout(max(seconds, 1e-6))
+        return self.receive()
 
     def close(self) -> None:
         """Closes the connection (idempotent); a blocked :meth:`receive` returns."""
@@ -124,7 +152,6 @@ class LeaseDataLink:
             self._closed = True
         with contextlib.suppress(OSError):  # already disconnected
             self._sock.shutdown(socket.SHUT_RDWR)
-        self._file.close()
         self._sock.close()
 
 

@@ -16,19 +16,24 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
+import gymnasium as gym
 import numpy as np
 import psutil
 import pytest
 
 from rlfleet.client import Fleet, RemoteSampler, RemoteVectorEnv
 from rlfleet.client.fleet import spawn_worker, stop_processes
+from rlfleet.client.lease_stream import LeaseStream
 from rlfleet.coordinator import CoordinatorConfig, serve
 from rlfleet.coordinator.config import LEASE_DATA_OFF
+from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, UnavailableError
-from rlfleet.lease_data import FRAME_HEADER, coordinator_host, dial
+from rlfleet.lease_data import FRAME_HEADER, LeaseDataLink, coordinator_host, dial
 from rlfleet.lease_messages import data_hello
 from rlfleet.security import ClientTLS, ServerSecurity, ServerTLS
 from rlfleet.worker._lease_data import WorkerLeaseChannel
@@ -458,3 +463,58 @@ def test_a_worker_holds_data_commands_until_the_switch_marker() -> None:
             assert broken == []
         finally:
             channel.close()
+
+
+def test_a_frame_cut_by_a_timed_out_wait_is_kept_whole_for_the_next() -> None:
+    """The learner reads replies on its own thread with a deadline
+    (LeaseDataLink.receive_within): a wait that ends mid-frame loses no byte."""
+    ours, theirs = socket.socketpair()
+    link = LeaseDataLink(ours, max_frame_bytes=1 << 20)
+    try:
+        payload = bytes(range(256)) * 40
+        framed = FRAME_HEADER.pack(len(payload)) + payload
+        theirs.sendall(framed[:3])  # not even the whole header
+        with pytest.raises(TimeoutError):
+            link.receive_within(0.05)
+        theirs.sendall(framed[3:5000])
+        with pytest.raises(TimeoutError):
+            link.receive_within(0.05)
+        theirs.sendall(framed[5000:] + framed)  # the rest, then a second frame at once
+        assert link.receive_within(5.0) == payload
+        assert link.receive_within(5.0) == payload
+        theirs.close()
+        assert link.receive_within(5.0) is None  # the peer closed the connection
+    finally:
+        link.close()
+        theirs.close()
+
+
+def test_two_threads_waiting_on_one_lease_each_get_their_own_answers(fleet: Fleet) -> None:
+    """One waiting thread reads the data channel; the other is woken by it."""
+    address = f"127.0.0.1:{fleet.server.port}"
+    channel = grpc.insecure_channel(address)
+    stream = LeaseStream(
+        channel,
+        EnvConfig("CartPole-v1"),
+        4,
+        open_timeout=30.0,
+        call_timeout=30.0,
+        data_host=coordinator_host(address),
+    )
+    try:
+        assert stream.carrier == "data"
+        got: dict[int, Any] = {}
+        for round_ in range(20):
+            stream.send("reset", [0, 1], [{"seed": round_}, {"seed": round_ + 1}])
+            stream.send("reset", [2, 3], [{"seed": round_ + 2}, {"seed": round_ + 3}])
+            with ThreadPoolExecutor(2) as pool:
+                firsts = pool.submit(stream.receive, [0, 1], 2, 30.0)
+                seconds = pool.submit(stream.receive, [2, 3], 2, 30.0)
+                got = {**firsts.result(), **seconds.result()}
+            assert sorted(got) == [0, 1, 2, 3]
+            for env_id, (obs, _) in got.items():
+                expected, _ = gym.make("CartPole-v1").reset(seed=round_ + env_id)
+                np.testing.assert_array_equal(obs, expected)
+    finally:
+        stream.close()
+        channel.close()

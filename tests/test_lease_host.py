@@ -193,3 +193,46 @@ def test_a_call_behind_a_queued_order_waits_for_it() -> None:
         ]
     finally:
         host.shutdown()
+
+
+def test_leased_envs_skip_gymnasiums_order_wrappers_and_refuse_a_step_before_reset() -> None:
+    """Leased envs are built with make_env(..., worker_checked=True); the host's
+    own check answers a step before the first reset with a clear error."""
+    out: queue.SimpleQueue[worker_pb2.WorkerMessage] = queue.SimpleQueue()
+    host = LeaseHost((), lambda report: out.put(lease_report_message(report, "w")))
+    try:
+        env = updates_pb2.EnvUpdate(env_id="CartPole-v1", kwargs_json="{}")
+        host.submit(_command(3, create=leases_pb2.LeaseCreate(env=env, env_ids=[0, 1])))
+        _answers(out, 2)
+        for leased in host._envs.values():
+            layers = []
+            layer = leased.env
+            while isinstance(layer, gym.Wrapper):
+                layers.append(type(layer))
+                layer = layer.env
+            assert gym.wrappers.OrderEnforcing not in layers
+            assert gym.wrappers.PassiveEnvChecker not in layers
+            assert gym.wrappers.TimeLimit in layers
+        step = leases_pb2.LeaseCall(
+            call_id=1,
+            op=leases_pb2.LEASE_OP_STEP,
+            env_ids=[0, 1],
+            actions=encode_tensor(np.zeros(2, np.int64)),
+        )
+        host.submit(_command(3, call=step))
+        for _ in range(2):  # each env's error is its own reply
+            refused = out.get(timeout=30).lease_reply
+            (env_id,) = refused.env_ids
+            assert f"env {env_id} was stepped before its first reset" in refused.error.message
+            assert refused.error.exception_type == "EnvError"
+        reset = leases_pb2.LeaseCall(call_id=2, op=leases_pb2.LEASE_OP_RESET, env_ids=[0])
+        host.submit(_command(3, call=reset))
+        _answers(out, 1)
+        step.call_id = 3
+        del step.env_ids[1:]
+        step.actions.CopyFrom(encode_tensor(np.zeros(1, np.int64)))
+        host.submit(_command(3, call=step))
+        (reply,) = _answers(out, 1)
+        assert list(reply.env_ids) == [0] and decode_tensor(reply.rewards).tolist() == [1.0]
+    finally:
+        host.shutdown()

@@ -65,12 +65,17 @@ class LeasedEnv:
             where the pool's hand-offs cost more than their steps).
         space: Its observation space, read once (through every wrapper
             layer that is a property chain).
+        needs_reset: Not reset yet: a step is refused. The env is built
+            without gymnasium's OrderEnforcing (``make_env(...,
+            worker_checked=True)``), so this flag is the check, one
+            attribute read per step instead of a wrapper layer.
     """
 
     env: gym.Env
     env_id: int
     lost: bool = False
     step_seconds: float = 0.0
+    needs_reset: bool = True
     space: gym.Space = field(init=False)
     obs_dtype: Any = field(init=False)
     obs_shape: tuple[int, ...] = field(init=False)
@@ -182,6 +187,15 @@ def run_env(leased: LeasedEnv, op: str, arg: Any, prefetch: bool = False) -> Lea
     (no seed, no options) whose result rides along (LeaseCall.prefetch_reset).
     """
     env = leased.env
+    if op == "step" and leased.needs_reset and not leased.lost:
+        return LeaseAnswer(
+            leased.env_id,
+            error=EnvError(
+                f"env {leased.env_id} was stepped before its first reset; reset it first "
+                f"(reset(id=[{leased.env_id}]) on the learner's vector env)",
+                env_index=leased.env_id,
+            ),
+        )
     started = time.perf_counter()
     try:
         if op == "step" and not leased.lost:  # the hot path first
@@ -198,12 +212,14 @@ def run_env(leased: LeasedEnv, op: str, arg: Any, prefetch: bool = False) -> Lea
             # The env's episode died with its old worker: answer the step with a
             # fresh episode's first observation, cut (truncated), and say why.
             obs, info = env.reset()
+            leased.needs_reset = False
             outcome = LeaseAnswer(
                 leased.env_id, _typed(leased, obs), truncated=True, info=_lost_info(leased, info)
             )
         elif op == "reset":
             seed, options = arg
             obs, info = env.reset(seed=seed, options=options)
+            leased.needs_reset = False
             outcome = LeaseAnswer(leased.env_id, _typed(leased, obs), info=_lost_info(leased, info))
         else:
             outcome = LeaseAnswer(leased.env_id, value=run_command(env, COMMANDS[op], arg))

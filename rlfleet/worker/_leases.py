@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlfleet.envs.config import env_spec_of
+from rlfleet.envs.config import env_spec_of, make_env
 from rlfleet.errors import ConfigError
 from rlfleet.lease_messages import (
     LeaseAnswer,
@@ -205,7 +205,9 @@ class LeaseHost:
         try:
             config = lease_config(create.env, self._imports)
             for env_id in create.env_ids:
-                env = config.make()
+                # No OrderEnforcing/PassiveEnvChecker: LeasedEnv.needs_reset
+                # and run_env's typed observations do their jobs.
+                env = make_env(config, worker_checked=True)
                 built.append(LeasedEnv(env, env_id, lost=create.replaces_lost))
                 check_spaces(env, config.id)
             spec = env_spec_of(built[0].env, config.max_episode_length)
