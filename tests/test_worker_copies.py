@@ -16,12 +16,15 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlfleet import _rpc
 from rlfleet.core import EnvSpec, EpisodeBatch
+from rlfleet.core._pieces import RowPieces
 from rlfleet.envs.config import EnvConfig
+from rlfleet.errors import InvalidBatchError
 from rlfleet.policies import MLPCategoricalPolicy
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import decode_batch_chunks, parse_with_chunk, serialize_batch_messages
@@ -200,6 +203,13 @@ def test_pieces_give_the_bytes_of_the_joined_batch(
         _SPEC, segments, EPISODE_INFO_KEYS, actions_checked=False, min_piece_bytes=min_piece_bytes
     )
     assert _messages(pieces, max_bytes) == _messages(batch, max_bytes)
+
+
+def test_row_pieces_refuse_arrays_that_do_not_join() -> None:
+    with pytest.raises(InvalidBatchError, match="does not join"):
+        RowPieces((np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float64)))
+    with pytest.raises(InvalidBatchError, match="does not join"):
+        RowPieces((np.zeros((2, 3)), np.zeros((2, 4))))
 
 
 def _finished(worker: VecWorker, episodes: int) -> VecWorker:

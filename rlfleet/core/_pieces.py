@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from rlfleet.core.env_spec import EnvSpec
+from rlfleet.errors import InvalidBatchError
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class RowPieces:
 
     Attributes:
         arrays: At least one array; all of one dtype and trailing shape.
+
+    Raises:
+        InvalidBatchError: If the arrays' dtypes or trailing shapes differ.
     """
 
     arrays: tuple[np.ndarray, ...]
@@ -33,7 +37,7 @@ class RowPieces:
         first = self.arrays[0]
         for array in self.arrays[1:]:
             if array.dtype != first.dtype or array.shape[1:] != first.shape[1:]:
-                raise ValueError(
+                raise InvalidBatchError(
                     f"RowPieces: a piece of dtype {array.dtype} and shape {array.shape} "
                     f"does not join the first ({first.dtype}, {first.shape}); pass the "
                     "joined array instead"
