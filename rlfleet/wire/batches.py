@@ -27,6 +27,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from rlfleet.core import EpisodeBatch, TimeStepBatch
+from rlfleet.core._pieces import EpisodePieces
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import WireFormatError
 from rlfleet.v1 import batch_pb2, spaces_pb2
@@ -43,6 +44,8 @@ from rlfleet.wire.tensors import Part, read_tensor, read_tensor_map, write_tenso
 
 #: Either batch type.
 Batch: TypeAlias = EpisodeBatch | TimeStepBatch
+#: What the writers take: a batch, or a worker's EpisodeBatch not joined yet.
+WritableBatch: TypeAlias = Batch | EpisodePieces
 
 _ENV_SPEC = 1
 
@@ -111,6 +114,8 @@ _SCHEMAS = (
     ),
 )
 _BY_TYPE = {schema.batch_type: schema for schema in _SCHEMAS}
+# Written exactly as the EpisodeBatch its pieces join into.
+_BY_TYPE[EpisodePieces] = _BY_TYPE[EpisodeBatch]
 _BY_KIND = {schema.payload_kind: schema for schema in _SCHEMAS}
 
 
@@ -139,12 +144,13 @@ def encode_batch(batch: Batch, *, include_env_spec: bool = True) -> bytes:
     return b"".join(batch_parts(batch, include_env_spec=include_env_spec))
 
 
-def batch_parts(batch: Batch, *, include_env_spec: bool = True) -> list[Part]:
+def batch_parts(batch: WritableBatch, *, include_env_spec: bool = True) -> list[Part]:
     """The pieces whose ``b"".join`` is :func:`encode_batch`'s bytes.
 
     Small header ``bytes`` and the arrays' own memory (byte memoryviews):
     nothing of the data is copied yet, except arrays that must be
-    converted (see :func:`encode_batch`).
+    converted (see :func:`encode_batch`). An :class:`EpisodePieces` gives
+    the parts of the EpisodeBatch it joins into, each piece's memory a part.
 
     Raises:
         WireFormatError: As :func:`encode_batch`.

@@ -23,6 +23,7 @@ from rlfleet.wire._chunk import Chunk, chunk_header
 from rlfleet.wire._protowire import varint_size
 from rlfleet.wire.batches import (
     Batch,
+    WritableBatch,
     batch_parts,
     batch_type_of,
     decode_batch,
@@ -111,7 +112,7 @@ def _layout(total: int, max_bytes: int, batch_id: int, kind: int) -> tuple[int, 
 
 
 def serialize_batch_messages(
-    batch: Batch,
+    batch: WritableBatch,
     envelope: Callable[[int], Message],
     path: Sequence[str],
     *,
@@ -128,7 +129,10 @@ def serialize_batch_messages(
     between: half the copying and the peak memory of that path.
 
     Args:
-        batch: An EpisodeBatch or TimeStepBatch.
+        batch: An EpisodeBatch or TimeStepBatch, or the
+            ``EpisodePieces`` of an EpisodeBatch (rlfleet/core/_pieces.py)
+            (then its pieces are copied once, into the messages, and the
+            bytes are those of the joined batch).
         envelope: Returns the envelope of chunk i, its chunk field unset
             (see :func:`~rlfleet.wire.serialize_with_chunk`).
         path: Field names from the envelope down to its BatchChunk field.
@@ -166,7 +170,7 @@ def _cut(parts: list[Payload], room: int) -> Iterator[list[Payload]]:
     run: list[Payload] = []
     free = room
     for part in parts:
-        view = memoryview(part)
+        view = part if isinstance(part, memoryview) else memoryview(part)
         while len(view) > free:
             if free:
                 run.append(view[:free])

@@ -25,6 +25,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from rlfleet.core._pieces import RowPieces
 from rlfleet.errors import WireFormatError
 from rlfleet.v1 import tensor_pb2
 from rlfleet.wire._protowire import (
@@ -155,7 +156,7 @@ def wire_array(value: Any, where: str = "tensor") -> np.ndarray:
 
 
 def write_tensor(
-    array: np.ndarray, field_number: int, out: list[Part], where: str = "tensor"
+    array: np.ndarray | RowPieces, field_number: int, out: list[Part], where: str = "tensor"
 ) -> int:
     """Appends a Tensor, as field ``field_number`` of its parent, to ``out``.
 
@@ -164,7 +165,9 @@ def write_tensor(
     array's memory is appended as is, so it is copied only by the final join.
 
     Args:
-        array: The array; converted by :func:`wire_array` if needed.
+        array: The array, or its pieces (written as their join along axis 0,
+            each piece's memory a part of its own); converted by
+            :func:`wire_array` if needed.
         field_number: Field number of the Tensor in the enclosing message.
         out: The list of parts being built.
         where: Name of the tensor, for error messages.
@@ -172,13 +175,24 @@ def write_tensor(
     Returns:
         The number of bytes appended.
     """
-    array = wire_array(array, where)
-    header = _tensor_header(_CODES[array.dtype], array.shape, array.nbytes)
-    body_size = len(header) + array.nbytes
+    if isinstance(array, RowPieces):
+        pieces = array.arrays
+        first = pieces[0]
+        if first.dtype not in _CODES or not all(piece.flags.c_contiguous for piece in pieces):
+            # RowPieces share one dtype: converted alike, they still join.
+            pieces = tuple(wire_array(piece, where) for piece in pieces)
+            first = pieces[0]
+        shape = (sum([len(piece) for piece in pieces]), *first.shape[1:])
+        nbytes = sum([piece.nbytes for piece in pieces])
+    else:
+        first = wire_array(array, where)
+        pieces, shape, nbytes = (first,), first.shape, first.nbytes
+    header = _tensor_header(_CODES[first.dtype], shape, nbytes)
+    body_size = len(header) + nbytes
     prefix = len_prefix(field_number, body_size)
     out.append(prefix + header)
-    if array.nbytes:
-        out.append(array.data.cast("B"))  # a byte view: len() is its size
+    # Byte views: len() is their size.
+    out.extend(piece.data.cast("B") for piece in pieces if piece.nbytes)
     return len(prefix) + body_size
 
 

@@ -5,8 +5,11 @@ assignment per field (like gymnasium's vector envs), never one per env.
 When an episode (or a fragment piece) ends, its :class:`Segment` *views*
 its rows in the ring, and the ring keeps those rows until the segment is
 gone; :func:`build_batch` turns many segments into one
-:class:`~rlfleet.core.EpisodeBatch` with one ``np.concatenate`` per field.
-So a step's data is copied once after stepping, into the batch. Two
+:class:`~rlfleet.core.EpisodeBatch` with one ``np.concatenate`` per field,
+and :func:`build_pieces` hands a remote worker's serializer the views
+themselves (contiguous: the ring is stored slot by slot), which it joins
+straight into the outgoing messages. So a step's data is copied once after
+stepping, into the batch or into the messages. Two
 exceptions, both small: a segment's last observation is copied when it
 ends (the slot's next episode writes its first observation into that cell),
 and a segment that wraps around the ring's end is copied out of it.
@@ -25,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from rlfleet.core._arrays import NestedArrays, concat_nested
+from rlfleet.core._pieces import EpisodePieces, RowPieces
+from rlfleet.core._validation import check_per_step_space
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
@@ -54,11 +59,12 @@ class StepRing:
     """Time-major ring of the steps of the segments in flight or not yet taken.
 
     Row ``step % capacity`` holds vector step ``step`` and column ``slot``
-    holds env slot ``slot``: ``obs[step % capacity, slot]`` is the
-    observation the slot acted on at that step, ``rewards`` what that step
-    returned. Actions and agent_infos get their arrays from
-    the first batch the policy returns. A slot's segment occupies
-    consecutive steps, so a finished segment is one strided view per field.
+    holds env slot ``slot`` (stored slot by slot, see :func:`_slot_major`):
+    ``obs[step % capacity, slot]`` is the observation the slot acted on at
+    that step, ``rewards`` what that step returned. Actions and agent_infos
+    get their arrays from the first batch the policy returns. A slot's
+    segment occupies consecutive steps, so a finished segment is one
+    contiguous view per field.
     Finished segments pin their rows (:meth:`pin`) until they are garbage;
     the ring doubles when a live or pinned row would be overwritten.
 
@@ -77,8 +83,8 @@ class StepRing:
     ) -> None:
         self.n_envs = n_envs
         self.capacity = capacity
-        self.obs = np.zeros((capacity, n_envs, *obs_shape), dtype=obs_dtype)
-        self.rewards = np.zeros((capacity, n_envs), dtype=np.float64)
+        self.obs = _slot_major((capacity, n_envs, *obs_shape), obs_dtype)
+        self.rewards = _slot_major((capacity, n_envs), np.dtype(np.float64))
         self.actions: np.ndarray | None = None
         self.agent_infos: dict[str, np.ndarray] = {}
         # (first step, weak reference) of each pinned segment; entries of
@@ -154,7 +160,7 @@ class StepRing:
                 f"policy returned {what} of type {type(batch).__name__}; expected a numpy "
                 "array with one row per observation"
             )
-        return np.zeros((self.capacity, self.n_envs, *batch.shape[1:]), dtype=batch.dtype)
+        return _slot_major((self.capacity, self.n_envs, *batch.shape[1:]), batch.dtype)
 
     def pin(self, owner: object, first_step: int) -> None:
         """Keeps the rows from ``first_step`` on until ``owner`` is garbage.
@@ -194,7 +200,7 @@ class StepRing:
         old_rows, new_rows = steps % old_capacity, steps % self.capacity
 
         def regrow(array: np.ndarray) -> np.ndarray:
-            grown = np.zeros((self.capacity, *array.shape[1:]), dtype=array.dtype)
+            grown = _slot_major((self.capacity, *array.shape[1:]), array.dtype)
             grown[new_rows] = array[old_rows]
             return grown
 
@@ -234,6 +240,17 @@ class StepRing:
             self.rewards[rows, slot],
             {key: value[rows, slot] for key, value in self.agent_infos.items()},
         )
+
+
+def _slot_major(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Zeros indexed ``[row, slot, ...]`` but stored slot by slot.
+
+    A slot's consecutive rows are then contiguous, so a finished segment's
+    views are C-contiguous: a remote worker's serializer joins them straight
+    into the outgoing messages, the one copy of its step data.
+    """
+    rows, slots, *rest = shape
+    return np.zeros((slots, rows, *rest), dtype=dtype).swapaxes(0, 1)
 
 
 @dataclass(slots=True, weakref_slot=True)
@@ -368,6 +385,86 @@ def build_batch(
         The batch: one ``np.concatenate`` per field, step types computed with
         vectorised writes at each segment's first and last step.
     """
+    if from_ring:
+        make: Callable[..., EpisodeBatch] = functools.partial(
+            EpisodeBatch.prechecked, check_actions=not actions_checked
+        )
+    else:
+        make = EpisodeBatch
+    return make(
+        env_spec=env_spec,
+        **_per_episode_fields(segments, info_keys),
+        observations=np.concatenate([s.observations for s in segments]),
+        actions=np.concatenate([s.actions for s in segments]),
+        rewards=np.concatenate([s.rewards for s in segments]),
+        env_infos=_concat_infos([s.env_infos for s in segments], "env info", "env_infos"),
+        agent_infos=_concat_infos([s.agent_infos for s in segments], "agent info", "agent_infos"),
+    )
+
+
+#: Least mean bytes per segment for a field to travel as pieces. Below it,
+#: handing each piece to the serializer costs more CPU (a few Python objects
+#: per piece, about 1 us) than one more copy of it (under 4 KiB at a few
+#: GB/s): ``np.concatenate`` joins the field in one C call instead.
+MIN_PIECE_BYTES = 4096
+
+
+def build_pieces(
+    env_spec: EnvSpec,
+    segments: Sequence[Segment],
+    info_keys: Sequence[str],
+    *,
+    actions_checked: bool,
+    min_piece_bytes: int = MIN_PIECE_BYTES,
+) -> EpisodePieces:
+    """:func:`build_batch` of a worker engine's segments, the step data not joined.
+
+    Each per-step field whose segments hold at least ``min_piece_bytes`` on
+    average is the segments' own arrays (views of the ring) as
+    :class:`RowPieces`, so that the serializer copies it once, straight into
+    the outgoing messages. Smaller fields, and fields whose pieces do not
+    join as they are (another dtype after a policy change, nested or
+    differing info dicts), are joined here as :func:`build_batch` joins them.
+
+    Args:
+        env_spec: The env's spec.
+        segments: At least one segment of the engine's ring.
+        info_keys: Names of the segments' ``infos`` values.
+        actions_checked: As :func:`build_batch`'s; if False, each segment's
+            actions are checked against the action space here.
+        min_piece_bytes: See :data:`MIN_PIECE_BYTES`.
+
+    Raises:
+        InvalidBatchError: If ``actions_checked`` is False and an action does
+            not fit the action space.
+    """
+    if not actions_checked:
+        for s in segments:
+            check_per_step_space(
+                "EpisodeBatch.actions", s.actions, env_spec.action_space, "action_space"
+            )
+    least = min_piece_bytes * len(segments)
+
+    def pieces(arrays: list[np.ndarray]) -> np.ndarray | RowPieces:
+        if sum([a.nbytes for a in arrays]) >= least and _joins_as_is(arrays):
+            return RowPieces(tuple(arrays))
+        return np.concatenate(arrays)  # with the dtype promotion build_batch applies
+
+    return EpisodePieces(
+        env_spec=env_spec,
+        **_per_episode_fields(segments, info_keys),
+        observations=pieces([s.observations for s in segments]),
+        actions=pieces([s.actions for s in segments]),
+        rewards=pieces([s.rewards for s in segments]),
+        env_infos=_info_pieces([s.env_infos for s in segments], pieces, "env info", "env_infos"),
+        agent_infos=_info_pieces(
+            [s.agent_infos for s in segments], pieces, "agent info", "agent_infos"
+        ),
+    )
+
+
+def _per_episode_fields(segments: Sequence[Segment], info_keys: Sequence[str]) -> dict[str, Any]:
+    """The batch fields made per episode: infos, last observations, step types, lengths."""
     # Sizes and step-type positions in Python ints: a few per segment, cheaper
     # than numpy calls on arrays this small.
     sizes = [len(s.rewards) for s in segments]
@@ -384,25 +481,38 @@ def build_batch(
         step_types[list(index)] = types
     # One array, one contiguous row per key (transposed while building).
     table = np.array(list(zip(*(s.infos for s in segments), strict=True)), dtype=np.int64)
-    if from_ring:
-        make: Callable[..., EpisodeBatch] = functools.partial(
-            EpisodeBatch.prechecked, check_actions=not actions_checked
-        )
-    else:
-        make = EpisodeBatch
-    return make(
-        env_spec=env_spec,
-        episode_infos=dict(zip(info_keys, table, strict=True)),
-        observations=np.concatenate([s.observations for s in segments]),
+    return {
+        "episode_infos": dict(zip(info_keys, table, strict=True)),
         # np.array of same-shaped arrays: one C call, where np.stack makes n views first.
-        last_observations=np.array([s.last_observation for s in segments]),
-        actions=np.concatenate([s.actions for s in segments]),
-        rewards=np.concatenate([s.rewards for s in segments]),
-        env_infos=_concat_infos([s.env_infos for s in segments], "env info", "env_infos"),
-        agent_infos=_concat_infos([s.agent_infos for s in segments], "agent info", "agent_infos"),
-        step_types=step_types,
-        lengths=np.array(sizes, dtype=np.int64),
-    )
+        "last_observations": np.array([s.last_observation for s in segments]),
+        "step_types": step_types,
+        "lengths": np.array(sizes, dtype=np.int64),
+    }
+
+
+def _joins_as_is(arrays: Sequence[np.ndarray]) -> bool:
+    first = arrays[0]
+    return all(a.dtype == first.dtype and a.shape[1:] == first.shape[1:] for a in arrays)
+
+
+def _info_pieces(
+    dicts: Sequence[NestedArrays],
+    pieces: Callable[[list[np.ndarray]], np.ndarray | RowPieces],
+    what: str,
+    field: str,
+) -> NestedArrays:
+    """:func:`_concat_infos`, each column of flat dicts of one key set by ``pieces``."""
+    first = dicts[0]
+    keys = first.keys()
+    if (
+        first
+        and not any(isinstance(value, Mapping) for value in first.values())
+        and all(d.keys() == keys for d in dicts)
+    ):
+        columns = {key: [d[key] for d in dicts] for key in first}
+        if all(_joins_as_is(column) for column in columns.values()):
+            return {key: pieces(column) for key, column in columns.items()}
+    return _concat_infos(dicts, what, field)
 
 
 def _concat_infos(dicts: Sequence[NestedArrays], what: str, field: str) -> NestedArrays:

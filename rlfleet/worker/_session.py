@@ -25,6 +25,7 @@ from google.protobuf.message import DecodeError
 from rlfleet import _rpc
 from rlfleet._values import json_object
 from rlfleet.core import EnvSpec, EpisodeBatch
+from rlfleet.core._pieces import EpisodePieces
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import (
     ConfigError,
@@ -479,13 +480,13 @@ class Session:
         if not vec.finished_count:
             return
         for task_id in list(self._book.episode_tasks):
-            while (batch := vec.take_finished(request=task_id)) is not None:
+            while (batch := vec.take_finished_pieces(request=task_id)) is not None:
                 self._send_result(task_id, batch)
         leftover = vec.take_finished()
         if leftover is not None:  # of tasks cancelled meanwhile
             logger.debug("dropped %d finished episodes of cancelled tasks", leftover.n_episodes)
 
-    def _send_result(self, task_id: int, batch: EpisodeBatch) -> None:
+    def _send_result(self, task_id: int, batch: EpisodeBatch | EpisodePieces) -> None:
         """Sends a batch as one EpisodeResult, chunked below the message limit."""
         infos = batch.episode_infos
         indices = infos["episode_index"].tolist()
@@ -502,7 +503,7 @@ class Session:
         )
         first = worker_pb2.WorkerMessage(result=meta)
         rest = worker_pb2.WorkerMessage(result=worker_pb2.EpisodeResult(task_id=task_id))
-        # The batch's data is copied once, from its arrays into the messages.
+        # The step data is copied once, from the ring's segments into the messages.
         messages, total_bytes = serialize_batch_messages(
             batch,
             lambda index: first if index == 0 else rest,

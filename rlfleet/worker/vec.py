@@ -18,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet._values import check_int
+from rlfleet.core._pieces import EpisodePieces
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.envs.config import EnvConfig, make_native
@@ -38,6 +39,7 @@ from rlfleet.worker._episode_buffer import (
     FRAGMENT_INFO_KEYS,
     Segment,
     build_batch,
+    build_pieces,
     record_key,
 )
 from rlfleet.worker._native_slots import NativeSlots
@@ -477,6 +479,32 @@ class VecWorker:
             there are none. A batch never mixes envs: after an env update,
             the old env's episodes come out first.
         """
+        taken = self._take(max_episodes, request)
+        return None if taken is None else self._build_batch(*taken, EPISODE_INFO_KEYS)
+
+    def take_finished_pieces(self, *, request: int | None = None) -> EpisodePieces | None:
+        """:meth:`take_finished`, the step data left in the ring (for a remote worker).
+
+        The serializer copies the pieces once, straight into the outgoing
+        messages (:func:`rlfleet.wire.serialize_batch_messages`); the bytes
+        are those of :meth:`take_finished`'s batch.
+
+        Args:
+            request: Take only this request's episodes.
+
+        Returns:
+            As :meth:`take_finished`, as an ``EpisodePieces`` (rlfleet/core/_pieces.py).
+        """
+        taken = self._take(None, request)
+        if taken is None:
+            return None
+        spec, chosen = taken
+        return build_pieces(spec, chosen, EPISODE_INFO_KEYS, actions_checked=self._checked(spec))
+
+    def _take(
+        self, max_episodes: int | None, request: int | None
+    ) -> tuple[EnvSpec, list[Segment]] | None:
+        """Removes the finished segments :meth:`take_finished` returns, in order."""
         if max_episodes is not None:
             check_int("max_episodes", max_episodes, minimum=1)
         chosen = [r for r in self._finished if request is None or r.key[0] == request]
@@ -488,12 +516,12 @@ class VecWorker:
         if everything and all(r.env_spec is spec for r in chosen):  # the usual case
             self._finished = []
             self._finished_steps = 0
-            return self._build_batch(spec, chosen, EPISODE_INFO_KEYS)
+            return spec, chosen
         chosen = [r for r in chosen if r.env_spec is spec][:max_episodes]
         taken = {id(r) for r in chosen}
         self._finished = [r for r in self._finished if id(r) not in taken]
         self._finished_steps -= sum(r.length for r in chosen)
-        return self._build_batch(spec, chosen, EPISODE_INFO_KEYS)
+        return spec, chosen
 
     def cancel(
         self, episode_indices: Iterable[int] | None = None, request: int | None = None
@@ -703,8 +731,13 @@ class VecWorker:
         the action space has an array shape (the checker's rule); else the
         batch checks the actions.
         """
-        checked = self._engine.check_actions and spec.action_space.shape is not None
-        return build_batch(spec, segments, info_keys, from_ring=True, actions_checked=checked)
+        return build_batch(
+            spec, segments, info_keys, from_ring=True, actions_checked=self._checked(spec)
+        )
+
+    def _checked(self, spec: EnvSpec) -> bool:
+        """Whether stepping checked every action's shape (the ActionChecker's rule)."""
+        return self._engine.check_actions and spec.action_space.shape is not None
 
     def _no_env(self) -> ConfigError:
         return ConfigError(f"worker {self.name!r} has no env: pass env= or call update_env() first")
