@@ -68,13 +68,7 @@ class NativeBenchReport:
 
     def format(self) -> str:
         """The report as a text table."""
-        c = self.config
-        header = (
-            f"{c.env_id} ({self.vectorization}), mlp-categorical "
-            f"{'x'.join(map(str, c.hidden_sizes))}, {c.workers} workers x "
-            f"{c.envs_per_worker} envs, >= {c.steps:,} steps per run, fleet requests of "
-            f"{min(c.request_steps, c.steps):,} steps, median of {c.repeats} run(s) after warm-up"
-        )
+        header = self.config.describe(f"{self.config.env_id} ({self.vectorization})")
         return format_table(header, list(self.measurements.values()), self.ratios, width=52)
 
 

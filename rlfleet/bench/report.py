@@ -62,6 +62,20 @@ class BenchConfig:
         """W x K: the fleet's envs, and the vector envs'."""
         return self.workers * self.envs_per_worker
 
+    def describe(self, env_label: str) -> str:
+        """The header line of a report: what was measured, and how.
+
+        Args:
+            env_label: The env as the report names it (with its backend, if native).
+        """
+        return (
+            f"{env_label}, mlp-categorical {'x'.join(map(str, self.hidden_sizes))}, "
+            f"{self.workers} workers x {self.envs_per_worker} envs, >= {self.steps:,} steps "
+            f"per run, fleet requests of {min(self.request_steps, self.steps):,} steps, "
+            f"median of {self.repeats} run(s) after warm-up"
+            + ("" if self.prefetch_factor is None else f", prefetch_factor {self.prefetch_factor}")
+        )
+
     @property
     def policy_spec(self) -> PolicySpec:
         """The policy the fleet runs."""
@@ -151,15 +165,7 @@ class BenchReport:
 
     def format(self) -> str:
         """The report as a text table."""
-        c = self.config
-        header = (
-            f"{c.env_id}, mlp-categorical {'x'.join(map(str, c.hidden_sizes))}, "
-            f"{c.workers} workers x {c.envs_per_worker} envs, >= {c.steps:,} steps per run, "
-            "fleet requests of "
-            f"{min(c.request_steps, c.steps):,} steps, median of {c.repeats} run(s) after "
-            "warm-up"
-            + ("" if c.prefetch_factor is None else f", prefetch_factor {c.prefetch_factor}")
-        )
+        header = self.config.describe(self.config.env_id)
         measurements = (
             self.plain,
             self.vec_worker,
