@@ -503,29 +503,29 @@ def _info_pieces(
 ) -> NestedArrays:
     """:func:`_concat_infos`, each column of flat dicts of one key set by ``pieces``."""
     first = dicts[0]
-    keys = first.keys()
-    if (
-        first
-        and not any(isinstance(value, Mapping) for value in first.values())
-        and all(d.keys() == keys for d in dicts)
-    ):
+    if first and _flat_with_one_key_set(dicts):
         columns = {key: [d[key] for d in dicts] for key in first}
         if all(_joins_as_is(column) for column in columns.values()):
             return {key: pieces(column) for key, column in columns.items()}
     return _concat_infos(dicts, what, field)
 
 
+def _flat_with_one_key_set(dicts: Sequence[NestedArrays]) -> bool:
+    """Whether every dict has the first's keys and the first nests no dict:
+    one column per key, joined without :func:`concat_nested`."""
+    keys = dicts[0].keys()
+    flat = not any(isinstance(value, Mapping) for value in dicts[0].values())
+    return flat and all(d.keys() == keys for d in dicts)
+
+
 def _concat_infos(dicts: Sequence[NestedArrays], what: str, field: str) -> NestedArrays:
     """Concatenates the segments' info dicts (only the keys all of them have)."""
     if not any(dicts):  # most envs' infos: nothing to concatenate
         return {}
-    first = dicts[0]
-    keys = first.keys()
-    flat = not any(isinstance(value, Mapping) for value in first.values())
-    if flat and all(d.keys() == keys for d in dicts):
+    if _flat_with_one_key_set(dicts):
         # The common case, one flat dict per policy or env: one call per key.
         try:
-            return {key: np.concatenate([d[key] for d in dicts]) for key in first}
+            return {key: np.concatenate([d[key] for d in dicts]) for key in dicts[0]}
         except ValueError:
             pass  # concat_nested names the key whose shapes differ
     return concat_nested(_common_infos(dicts, what), field)
