@@ -1,4 +1,4 @@
-"""Log lines that a peer can trigger at will, limited to one per interval."""
+"""Log lines limited: one per interval (what a peer can trigger at will), or one per key."""
 
 from __future__ import annotations
 
@@ -43,3 +43,23 @@ class LogLimiter:
 def held_back_note(held_back: int, what: str) -> str:
     """`` (N more <what> since the last report)``, or "" for none."""
     return f" ({held_back} more {what} since the last report)" if held_back else ""
+
+
+class OncePerKey:
+    """Says yes the first time it is asked about a key, for the process's lifetime.
+
+    For warnings worth one line per address, env info key or target, however
+    often their cause recurs. Safe to call from any thread.
+    """
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def first(self, key: str) -> bool:
+        """True if ``key`` was never asked about before (and records it)."""
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+        return True

@@ -20,6 +20,7 @@ import socket
 import struct
 import threading
 
+from rlfleet._log_limit import OncePerKey
 from rlfleet.errors import ProtocolError, UnavailableError
 from rlfleet.security import ClientTLS
 
@@ -32,8 +33,7 @@ DATA_DIAL_SECONDS = 10.0
 #: Largest first frame (LeaseDataHello / LeaseDataAccepted) either side reads.
 HANDSHAKE_FRAME_BYTES = 1024
 
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
+_unreachable = OncePerKey()
 
 
 def frame(payload: bytes) -> bytes:
@@ -54,10 +54,8 @@ def coordinator_host(address: str) -> str:
 def warn_unreachable(host: str, port: int, who: str, reason: str) -> None:
     """Logs once per process and address that the data channel is out of reach."""
     key = f"{host}:{port}"
-    with _warned_lock:
-        if key in _warned:
-            return
-        _warned.add(key)
+    if not _unreachable.first(key):
+        return
     logger.warning(
         "%s cannot use the lease data channel at %s (%s); lease traffic stays on gRPC, which "
         "is several times slower. Open TCP port %d of the coordinator to this host (Service, "

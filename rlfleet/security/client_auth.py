@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import collections
 import logging
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
 
+from rlfleet._log_limit import OncePerKey
 from rlfleet.security.auth import AUTHORIZATION_KEY
 from rlfleet.security.listen import plaintext_token_warning
 from rlfleet.security.tls import ClientTLS
@@ -169,8 +169,7 @@ def secure_channel(
     return grpc.intercept_channel(channel, BearerMetadataInterceptor(token))
 
 
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
+_plaintext_warned = OncePerKey()
 
 
 def _warn_once(target: str) -> None:
@@ -178,8 +177,5 @@ def _warn_once(target: str) -> None:
     warning = plaintext_token_warning(target)
     if warning is None:
         return
-    with _warned_lock:
-        if target in _warned:
-            return
-        _warned.add(target)
-    logger.warning("%s", warning)
+    if _plaintext_warned.first(target):
+        logger.warning("%s", warning)

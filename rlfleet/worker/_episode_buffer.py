@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from rlfleet._log_limit import OncePerKey
 from rlfleet.core._arrays import NestedArrays, concat_nested
 from rlfleet.core._pieces import EpisodePieces, RowPieces
 from rlfleet.core._validation import check_per_step_space
@@ -38,7 +39,7 @@ from rlfleet.errors import PolicyError
 logger = logging.getLogger("rlfleet.worker")
 
 #: Info keys already warned about (warn once per process, not per episode).
-_warned_keys: set[str] = set()
+_warned_keys = OncePerKey()
 
 _MID = int(StepType.MID)
 _FIRST = int(StepType.FIRST)
@@ -50,8 +51,7 @@ FRAGMENT_INFO_KEYS = (*EPISODE_INFO_KEYS, "stream", "fragment_index")
 
 
 def _warn_once(key: str, message: str) -> None:
-    if key not in _warned_keys:
-        _warned_keys.add(key)
+    if _warned_keys.first(key):
         logger.warning(message)
 
 
