@@ -1,4 +1,4 @@
-"""Checks of plain values, each done here once: counts and JSON objects.
+"""Checks of plain values, each done here once: counts, JSON objects, listen addresses.
 
 Every module that takes an int with a lower bound or a JSON object from a
 user or the network checks it with these, so the rules and the messages are
@@ -59,3 +59,15 @@ def json_object(text: str, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"{where} must be a JSON object like '{{\"a\": 1}}', got {quoted}")
     return value
+
+
+def host_and_port(address: str) -> tuple[str, int] | None:
+    """``(HOST, PORT)`` of a listen address ``HOST:PORT``, or None if it is not one.
+
+    The host is kept as written (``[::]`` stays bracketed); the port is
+    0-65535. Callers raise their own ConfigError, naming their flag.
+    """
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        return None
+    return host, int(port)

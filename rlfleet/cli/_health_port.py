@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from rlfleet._values import host_and_port
 from rlfleet.errors import ConfigError
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -93,13 +94,13 @@ def split_listen(listen: str, flag: str, serves: str) -> tuple[str, int]:
     Raises:
         ConfigError: If it is not ``HOST:PORT``; the message names ``flag``.
     """
-    host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    address = host_and_port(listen)
+    if address is None:
         raise ConfigError(
             f"{flag} {listen!r} must be HOST:PORT, e.g. 0.0.0.0:50052 "
             f"(plaintext: it serves {serves} only)"
         )
-    return host, int(port)
+    return address
 
 
 class HealthPort:

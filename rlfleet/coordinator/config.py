@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from rlfleet import _rpc
-from rlfleet._values import check_int
+from rlfleet._values import check_int, host_and_port
 from rlfleet.coordinator.scheduler import DEFAULT_CAPACITY_STEPS
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError
@@ -122,8 +122,8 @@ class CoordinatorConfig:
     lease_data_listen: str = LEASE_DATA_AUTO
 
     def __post_init__(self) -> None:
-        host, _, port = self.listen.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
+        listen = host_and_port(self.listen)
+        if listen is None:
             raise ConfigError(
                 f"listen address {self.listen!r} must be HOST:PORT, e.g. 127.0.0.1:50051 "
                 "(port 0 picks a free port; [::]:PORT listens on every interface)"
@@ -193,17 +193,16 @@ class CoordinatorConfig:
             )
         data = self.lease_data_listen
         if data not in (LEASE_DATA_AUTO, LEASE_DATA_OFF):
-            data_host, _, data_port = data.rpartition(":")
-            if not data_host or not data_port.isdigit() or int(data_port) > 65535:
+            if host_and_port(data) is None:
                 raise ConfigError(
                     f"lease data listen address {data!r} (--lease-data-listen) must be HOST:PORT, "
                     f"{LEASE_DATA_AUTO!r} (the gRPC port + {LEASE_DATA_PORT_OFFSET}) or "
                     f"{LEASE_DATA_OFF!r}"
                 )
-        elif data == LEASE_DATA_AUTO and int(port) + LEASE_DATA_PORT_OFFSET > 65535:
+        elif data == LEASE_DATA_AUTO and listen[1] + LEASE_DATA_PORT_OFFSET > 65535:
             raise ConfigError(
-                f"listen port {port} leaves no port + {LEASE_DATA_PORT_OFFSET} for the lease data "
-                "channel: give --lease-data-listen HOST:PORT or --lease-data-listen off"
+                f"listen port {listen[1]} leaves no port + {LEASE_DATA_PORT_OFFSET} for the lease "
+                "data channel: give --lease-data-listen HOST:PORT or --lease-data-listen off"
             )
         check_int("prefetch_factor", self.prefetch_factor, minimum=0)
         check_int("capacity_steps", self.capacity_steps, minimum=0)
