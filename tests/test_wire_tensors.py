@@ -243,6 +243,21 @@ def test_malformed_tensors_are_rejected_on_both_paths(data: bytes, message: str)
             decode(data)
 
 
+@pytest.mark.parametrize("count", [1, 8, 4096, 4097, 20_000])
+def test_bool_bytes_other_than_0_and_1_are_rejected_short_and_long(count: int) -> None:
+    # Short bool tensors are checked without numpy, long ones with it.
+    good = bytes([0, 1]) * (count // 2) + bytes(count % 2)
+    for decode in decoders():
+        data = tensor_bytes(dtype=tensor_pb2.DTYPE_BOOL, shape=[count], data=good)
+        assert decode(data).tolist() == [bool(b) for b in good]
+        for index in {0, count - 1}:
+            bad = bytearray(good)
+            bad[index] = 7
+            data = tensor_bytes(dtype=tensor_pb2.DTYPE_BOOL, shape=[count], data=bytes(bad))
+            with pytest.raises(WireFormatError, match=f"holds byte 7 at element {index}"):
+                decode(data)
+
+
 def test_huge_shapes_are_rejected_before_anything_is_allocated() -> None:
     # 2**40 float64 elements would be 8 TiB: the check must come first.
     data = tensor_bytes(dtype=tensor_pb2.DTYPE_FLOAT64, shape=[2**20, 2**20, 2])
