@@ -29,6 +29,7 @@ from rlfleet.wire import (
     decode_tensor_map,
     encode_env_spec,
     encode_tensor,
+    encode_tensor_into,
     encode_tensor_map,
 )
 
@@ -253,18 +254,19 @@ def _fill_answers(reply: leases_pb2.LeaseReply, report: LeaseAnswers) -> None:
             json.dumps(o.value, default=_plain, allow_nan=True) for o in outcomes
         )
         return
-    # run_env typed every observation to the space's dtype and shape already.
-    reply.observations.CopyFrom(encode_tensor(np.stack([o.observation for o in outcomes])))
+    # run_env typed every observation to the space's dtype and shape already, so
+    # np.array joins them (one C call; np.stack makes a view of each first).
+    encode_tensor_into(reply.observations, np.array([o.observation for o in outcomes]))
     if op == "step":
-        reply.rewards.CopyFrom(encode_tensor(np.array([o.reward for o in outcomes], np.float64)))
-        reply.terminated.CopyFrom(encode_tensor(np.array([o.terminated for o in outcomes], bool)))
-        reply.truncated.CopyFrom(encode_tensor(np.array([o.truncated for o in outcomes], bool)))
+        encode_tensor_into(reply.rewards, np.array([o.reward for o in outcomes], np.float64))
+        encode_tensor_into(reply.terminated, np.array([o.terminated for o in outcomes], bool))
+        encode_tensor_into(reply.truncated, np.array([o.truncated for o in outcomes], bool))
     _add_infos(reply.infos, reply.infos_json, [(o.env_id, o.info) for o in outcomes], "")
     resets = [(o.env_id, o.reset) for o in outcomes if o.reset is not None]
     if resets:
         reply.reset_env_ids.extend(env_id for env_id, _ in resets)
-        rows = np.stack([obs for _, (obs, _) in resets])
-        reply.reset_observations.CopyFrom(encode_tensor(rows))
+        rows = np.array([obs for _, (obs, _) in resets])
+        encode_tensor_into(reply.reset_observations, rows)
         infos = [(env_id, info) for env_id, (_, info) in resets]
         _add_infos(reply.reset_infos, reply.reset_infos_json, infos, " reset")
 
@@ -419,9 +421,12 @@ def call_request(
     Raises:
         UsageError: For arguments a lease cannot carry.
     """
-    call = leases_pb2.LeaseCall(
-        call_id=call_id, op=OP_CODES[op], env_ids=ids, whole_reply=whole_reply
-    )
+    request = leases_pb2.LeaseRequest()
+    call = request.call  # built in place: no nested message is copied
+    call.call_id = call_id
+    call.op = OP_CODES[op]
+    call.env_ids.extend(ids)
+    call.whole_reply = whole_reply
     if op == "reset":
         seeds = [kwargs.get("seed") for kwargs in args]
         if any(seed is not None for seed in seeds):
@@ -443,7 +448,7 @@ def call_request(
             raise UsageError(
                 f"step() of leased envs takes one action of the same shape per env: {exc}"
             ) from exc
-        call.actions.CopyFrom(encode_tensor(actions))
+        encode_tensor_into(call.actions, actions)
         call.prefetch_reset = prefetch_reset
     elif op in ("get_attr", "set_attr", "call"):
         first = args[0]
@@ -452,7 +457,7 @@ def call_request(
             call.value_json = _json_text(first[1], f"set_env_attr({call.name!r})")
         elif op == "call":
             call.value_json = _json_text([list(first[1]), first[2]], f"method {call.name!r}")
-    return leases_pb2.LeaseRequest(call=call).SerializeToString()
+    return request.SerializeToString()
 
 
 def decode_lease_response(

@@ -406,10 +406,9 @@ class LeaseManager:
             if reply.op == "create":
                 self._on_created(lease, handle, reply)
                 return
+            hosts, worker_id, count = lease.hosts, handle.worker_id, len(lease.hosts)
             foreign = [
-                env_id
-                for env_id in reply.env_ids
-                if env_id >= lease.num_envs or lease.hosts[env_id] != handle.worker_id
+                env_id for env_id in reply.env_ids if env_id >= count or hosts[env_id] != worker_id
             ]
             if foreign:
                 logger.warning(
@@ -420,16 +419,16 @@ class LeaseManager:
                     foreign,
                 )
                 return
+            in_flight, call_id = lease.in_flight, reply.call_id
             current = [
                 env_id
                 for env_id in reply.env_ids
-                if (flight := lease.in_flight.get(env_id)) is not None
-                and flight.call_id == reply.call_id
+                if (flight := in_flight.get(env_id)) is not None and flight.call_id == call_id
             ]
             if not current:
                 return  # only answers of superseded calls
             for env_id in current:
-                del lease.in_flight[env_id]
+                del in_flight[env_id]
             clock = lease.clocks.get(reply.call_id)
             whole = clock is not None and clock.whole and not clock.superseded
             finished = _answered(lease, reply.call_id, len(current))

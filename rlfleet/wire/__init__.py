@@ -26,6 +26,7 @@ from rlfleet.wire.tensors import (
     decode_tensor,
     decode_tensor_map,
     encode_tensor,
+    encode_tensor_into,
     encode_tensor_map,
 )
 
@@ -46,6 +47,7 @@ __all__ = [
     "encode_env_spec",
     "encode_space",
     "encode_tensor",
+    "encode_tensor_into",
     "encode_tensor_map",
     "parse_chunk",
     "parse_with_chunk",

@@ -572,12 +572,24 @@ def encode_tensor(array: np.ndarray) -> tensor_pb2.Tensor:
     Raises:
         WireFormatError: If the dtype cannot travel.
     """
+    tensor = tensor_pb2.Tensor()
+    encode_tensor_into(tensor, array)
+    return tensor
+
+
+def encode_tensor_into(tensor: tensor_pb2.Tensor, array: np.ndarray) -> None:
+    """Sets an empty Tensor message's fields from an array, as :func:`encode_tensor` builds them.
+
+    For a Tensor field of a message being built (``encode_tensor_into(call.actions,
+    a)``): no Tensor is built apart and copied in (``CopyFrom``).
+
+    Raises:
+        WireFormatError: If the dtype cannot travel.
+    """
     array = wire_array(array)
-    return tensor_pb2.Tensor(
-        dtype=_CODES[array.dtype],  # type: ignore[arg-type]
-        shape=array.shape,
-        data=array.tobytes(),
-    )
+    tensor.dtype = _CODES[array.dtype]  # type: ignore[assignment]
+    tensor.shape.extend(array.shape)
+    tensor.data = array.tobytes()
 
 
 def decode_tensor(msg: tensor_pb2.Tensor, *, name: str = "Tensor") -> np.ndarray:
