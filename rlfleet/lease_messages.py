@@ -536,13 +536,29 @@ def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
                 f"{len(infos)} infos"
             )
         if op == leases_pb2.LEASE_OP_RESET:
-            return [(obs[k], infos[k]) for k in range(count)]
-        columns = [
-            _column(reply.rewards, "rewards", count, np.float64),
-            _column(reply.terminated, "terminated", count, np.bool_),
-            _column(reply.truncated, "truncated", count, np.bool_),
-        ]
-        return list(zip(obs, *columns, infos, strict=True))
+            return list(zip(obs, infos, strict=True))
+        # The hot path: inline, one tolist per column (each call here costs
+        # the learner on every step).
+        rewards = decode_tensor(reply.rewards, name="LeaseReply.rewards")
+        terminated = decode_tensor(reply.terminated, name="LeaseReply.terminated")
+        truncated = decode_tensor(reply.truncated, name="LeaseReply.truncated")
+        if not rewards.shape == terminated.shape == truncated.shape == (count,):
+            columns = {"rewards": rewards, "terminated": terminated, "truncated": truncated}
+            name, wrong = next((n, c) for n, c in columns.items() if c.shape != (count,))
+            raise ProtocolError(
+                f"a lease reply for {count} envs holds {name} of shape {wrong.shape}; "
+                f"it must be ({count},)"
+            )
+        return list(
+            zip(
+                obs,
+                rewards.astype(np.float64, copy=False).tolist(),
+                terminated.astype(np.bool_, copy=False).tolist(),
+                truncated.astype(np.bool_, copy=False).tolist(),
+                infos,
+                strict=True,
+            )
+        )
     if op == leases_pb2.LEASE_OP_RENDER:
         if not reply.HasField("frames"):
             return [None] * count
@@ -551,18 +567,6 @@ def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
     if op == leases_pb2.LEASE_OP_SET_ATTR:
         return [None] * count
     return [json.loads(text) for text in reply.values_json]
-
-
-def _column(tensor: Any, name: str, count: int, dtype: type) -> list[Any]:
-    """A per-env scalar column of a STEP reply, as Python values (one ``tolist``)."""
-    values = decode_tensor(tensor, name=f"LeaseReply.{name}")
-    if values.shape != (count,):
-        raise ProtocolError(
-            f"a lease reply for {count} envs holds {name} of shape {values.shape}; "
-            f"it must be ({count},)"
-        )
-    rows: list[Any] = values.astype(dtype, copy=False).tolist()
-    return rows
 
 
 def _prefetched_resets(

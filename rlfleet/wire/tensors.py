@@ -332,7 +332,10 @@ def view_tensor(
         raise WireFormatError(
             f"{where}: unknown codec {codec}; protocol v1 only has CODEC_NONE (0)"
         )
-    count = element_count(shape, where)
+    if len(shape) == 1 and 0 < shape[0] <= MAX_ELEMENTS:  # most tensors: one C-level check
+        count = shape[0]
+    else:
+        count = element_count(shape, where)
     expected = count * dtype.itemsize
     if nbytes != expected:
         raise WireFormatError(
