@@ -596,7 +596,8 @@ class BaseVectorEnv(abc.ABC):
     def _check_idle(self, ids: list[int], call: str) -> None:
         """Refuses envs whose async step has not been returned yet."""
         busy = []
-        if self._in_flight.any():  # else (sync mode, between calls) no env is busy
+        # count_nonzero: a C call, where .any() goes through Python (~1 us a call).
+        if np.count_nonzero(self._in_flight):  # else (sync mode, between calls) none is busy
             busy = [i for i in ids if (self._in_flight[i] and not self._stale[i])]
         if self._undelivered:
             busy += [i for i in ids if i in self._undelivered]
@@ -608,7 +609,7 @@ class BaseVectorEnv(abc.ABC):
 
     def _start(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
         """Discards stale answers of ``ids``, then sends them ``command``."""
-        stale = [i for i in ids if self._stale[i]] if self._stale.any() else []
+        stale = [i for i in ids if self._stale[i]] if np.count_nonzero(self._stale) else []
         while stale:
             for i in self._receive(stale, len(stale), None):
                 self._in_flight[i] = self._stale[i] = False
