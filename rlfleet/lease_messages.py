@@ -22,10 +22,11 @@ from rlfleet import _rpc
 from rlfleet.core import EnvSpec
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, ProtocolError, RlfleetError, UsageError
-from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
+from rlfleet.v1 import leases_pb2, tensor_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import (
     decode_env_spec,
     decode_tensor,
+    decode_tensor_list,
     decode_tensor_map,
     encode_env_spec,
     encode_tensor,
@@ -46,6 +47,9 @@ OP_NAMES: dict[leases_pb2.LeaseOp, str] = {
 }
 #: LeaseOp by op name.
 OP_CODES: dict[str, leases_pb2.LeaseOp] = {name: op for op, name in OP_NAMES.items()}
+#: The dtype of a STEP reply's columns by Python type (leases.proto: rewards
+#: float64, terminated and truncated bool); others are converted.
+_COLUMN_DTYPES = {float: tensor_pb2.DTYPE_FLOAT64, bool: tensor_pb2.DTYPE_BOOL}
 #: Ops whose answers carry JSON values (LeaseReply.values_json).
 _JSON_OPS = ("get_attr", "call", "class_names")
 
@@ -537,28 +541,25 @@ def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
             )
         if op == leases_pb2.LEASE_OP_RESET:
             return list(zip(obs, infos, strict=True))
-        # The hot path: inline, one tolist per column (each call here costs
-        # the learner on every step).
-        rewards = decode_tensor(reply.rewards, name="LeaseReply.rewards")
-        terminated = decode_tensor(reply.terminated, name="LeaseReply.terminated")
-        truncated = decode_tensor(reply.truncated, name="LeaseReply.truncated")
-        if not rewards.shape == terminated.shape == truncated.shape == (count,):
-            columns = {"rewards": rewards, "terminated": terminated, "truncated": truncated}
-            name, wrong = next((n, c) for n, c in columns.items() if c.shape != (count,))
-            raise ProtocolError(
-                f"a lease reply for {count} envs holds {name} of shape {wrong.shape}; "
-                f"it must be ({count},)"
-            )
-        return list(
-            zip(
-                obs,
-                rewards.astype(np.float64, copy=False).tolist(),
-                terminated.astype(np.bool_, copy=False).tolist(),
-                truncated.astype(np.bool_, copy=False).tolist(),
-                infos,
-                strict=True,
-            )
-        )
+        # The hot path, inline: each column straight to Python values (the
+        # wire's float64 and bool columns without numpy).
+        columns = []
+        for name, tensor, kind in (
+            ("rewards", reply.rewards, float),
+            ("terminated", reply.terminated, bool),
+            ("truncated", reply.truncated, bool),
+        ):
+            length, values = decode_tensor_list(tensor, name=f"LeaseReply.{name}")
+            if length != count:
+                shape = (length,) if length >= 0 else tuple(tensor.shape)
+                raise ProtocolError(
+                    f"a lease reply for {count} envs holds {name} of shape {shape}; "
+                    f"it must be ({count},)"
+                )
+            if tensor.dtype != _COLUMN_DTYPES[kind]:  # other numbers: as numpy's astype
+                values = [kind(value) for value in values]
+            columns.append(values)
+        return list(zip(obs, *columns, infos, strict=True))
     if op == leases_pb2.LEASE_OP_RENDER:
         if not reply.HasField("frames"):
             return [None] * count

@@ -19,6 +19,7 @@ were decoded from.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any, TypeAlias
@@ -615,6 +616,61 @@ def decode_tensor(msg: tensor_pb2.Tensor, *, name: str = "Tensor") -> np.ndarray
     """
     data = msg.data
     return view_tensor(data, 0, len(data), msg.dtype, list(msg.shape), codec=msg.codec, where=name)
+
+
+# struct formats (memoryview.cast) of the dtypes, on a little-endian host,
+# where the wire's byte order is the native one; None elsewhere (numpy then).
+def _cast(view: memoryview, fmt: str) -> memoryview:
+    """``view.cast(fmt)`` (typeshed types only the "c" format)."""
+    return view.cast(fmt)  # type: ignore[call-overload]
+
+
+def _list_formats() -> dict[int, str]:
+    formats: dict[int, str] = {}
+    for code, dtype in _DTYPES.items():
+        fmt = str(dtype.char)
+        try:
+            if _cast(memoryview(bytes(dtype.itemsize)), fmt).itemsize == dtype.itemsize:
+                formats[code] = fmt
+        except ValueError:  # a format memoryview does not cast to (float16)
+            pass
+    return formats if sys.byteorder == "little" else {}
+
+
+_LIST_FORMATS = _list_formats()
+#: Longest tensor decode_tensor_list reads without numpy.
+_SHORT_LIST = 4096
+
+
+def decode_tensor_list(msg: tensor_pb2.Tensor, *, name: str = "Tensor") -> tuple[int, list[Any]]:
+    """A 1-D tensor's length and values as Python numbers (``tolist`` of :func:`decode_tensor`).
+
+    A short per-env column (a step's rewards or flags) is read with
+    ``memoryview.cast``, without numpy (~1 us instead of ~2-2.5); anything
+    else, and every malformed tensor, goes through :func:`decode_tensor`,
+    with its checks and errors.
+
+    Returns:
+        ``(length, values)``; ``length`` is -1 for a tensor that is not 1-D
+        (its values are then the flattened ones).
+
+    Raises:
+        WireFormatError: As :func:`decode_tensor`.
+    """
+    data = msg.data
+    shape = msg.shape
+    fmt = _LIST_FORMATS.get(msg.dtype)
+    if fmt is not None and len(shape) == 1 and msg.codec == _CODEC_NONE:
+        count = shape[0]
+        if (
+            0 < count <= _SHORT_LIST
+            and len(data) == count * _DTYPES[msg.dtype].itemsize
+            and (fmt != "?" or not data.translate(None, b"\x00\x01"))
+        ):
+            return count, _cast(memoryview(data), fmt).tolist()
+    array = decode_tensor(msg, name=name)
+    values: list[Any] = array.reshape(-1).tolist()
+    return (array.shape[0] if array.ndim == 1 else -1), values
 
 
 def encode_tensor_map(tree: Mapping[str, Any]) -> tensor_pb2.TensorMap:
