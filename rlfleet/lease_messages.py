@@ -47,9 +47,14 @@ OP_NAMES: dict[leases_pb2.LeaseOp, str] = {
 }
 #: LeaseOp by op name.
 OP_CODES: dict[str, leases_pb2.LeaseOp] = {name: op for op, name in OP_NAMES.items()}
-#: The dtype of a STEP reply's columns by Python type (leases.proto: rewards
-#: float64, terminated and truncated bool); others are converted.
-_COLUMN_DTYPES = {float: tensor_pb2.DTYPE_FLOAT64, bool: tensor_pb2.DTYPE_BOOL}
+#: A STEP reply's per-env columns: field, name in errors, Python type, and
+#: dtype (leases.proto: rewards float64, terminated and truncated bool;
+#: others are converted).
+_STEP_COLUMNS = (
+    ("rewards", "LeaseReply.rewards", float, tensor_pb2.DTYPE_FLOAT64),
+    ("terminated", "LeaseReply.terminated", bool, tensor_pb2.DTYPE_BOOL),
+    ("truncated", "LeaseReply.truncated", bool, tensor_pb2.DTYPE_BOOL),
+)
 #: Ops whose answers carry JSON values (LeaseReply.values_json).
 _JSON_OPS = ("get_attr", "call", "class_names")
 
@@ -544,19 +549,16 @@ def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
         # The hot path, inline: each column straight to Python values (the
         # wire's float64 and bool columns without numpy).
         columns = []
-        for name, tensor, kind in (
-            ("rewards", reply.rewards, float),
-            ("terminated", reply.terminated, bool),
-            ("truncated", reply.truncated, bool),
-        ):
-            length, values = decode_tensor_list(tensor, name=f"LeaseReply.{name}")
+        for name, where, kind, dtype in _STEP_COLUMNS:
+            tensor = getattr(reply, name)
+            length, values = decode_tensor_list(tensor, name=where)
             if length != count:
                 shape = (length,) if length >= 0 else tuple(tensor.shape)
                 raise ProtocolError(
                     f"a lease reply for {count} envs holds {name} of shape {shape}; "
                     f"it must be ({count},)"
                 )
-            if tensor.dtype != _COLUMN_DTYPES[kind]:  # other numbers: as numpy's astype
+            if tensor.dtype != dtype:  # other numbers: converted as numpy's astype would
                 values = [kind(value) for value in values]
             columns.append(values)
         return list(zip(obs, *columns, infos, strict=True))
