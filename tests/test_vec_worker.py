@@ -660,6 +660,22 @@ def test_fragment_streams_do_not_depend_on_the_layout():
         )
 
 
+def test_fragment_windows_truncate_at_the_time_limit_the_wrapper_would():
+    # The engine enforces the TimeLimit taken off the env across windows
+    # (a parked episode goes on counting): the same fragments as gym.make envs.
+    config = EnvConfig("CartPole-v1", max_episode_length=12)
+    lean = VecWorker(n_envs=3, env=config, policy=mlp())
+    wrapped = VecWorker(
+        n_envs=3, env=lambda: gym.make("CartPole-v1", max_episode_steps=12), policy=mlp()
+    )
+    timeouts = 0
+    for _ in range(6):
+        batch = lean.collect_fragments(5, base_seed=4, first_stream=0)
+        assert_same_batches(batch, wrapped.collect_fragments(5, base_seed=4, first_stream=0))
+        timeouts += int((batch.step_types == TO).sum())
+    assert timeouts >= 3
+
+
 def test_fragments_need_an_idle_worker_and_units_between_change_no_stream():
     worker = VecWorker(n_envs=1, env=counter(10))
     worker.collect_fragments(3, base_seed=0, first_stream=0)
