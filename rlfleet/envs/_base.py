@@ -275,6 +275,10 @@ class BaseVectorEnv(abc.ABC):
     def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
         """Starts ``command`` with ``args[k]`` on env ``ids[k]`` for every k, without waiting.
 
+        For a step, ``args`` may be the caller's action array itself (its
+        rows are the actions): read or copy what is needed before returning,
+        as the caller may reuse the array afterwards.
+
         None of ``ids`` has a command in flight; other envs may (async mode,
         or :meth:`step_and_reset`, which sends two commands to disjoint envs
         before receiving). Every env of ``ids`` must then answer exactly once
