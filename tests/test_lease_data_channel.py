@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,10 @@ def frames(fleet: Fleet, party: str) -> float:
     """Lease messages the coordinator received on the data channel from ``party``."""
     registry = fleet.server.coordinator.metrics.registry
     return registry.get_sample_value("rlfleet_lease_data_frames_total", {"party": party}) or 0.0
+
+
+def worker_frames_reach(fleet: Fleet, target: float) -> bool:
+    return frames(fleet, "worker") >= target
 
 
 def connections(fleet: Fleet, outcome: str) -> float:
@@ -542,6 +547,41 @@ def test_two_threads_waiting_on_one_lease_each_get_their_own_answers(fleet: Flee
             for env_id, (obs, _) in got.items():
                 expected, _ = gym.make("CartPole-v1").reset(seed=round_ + env_id)
                 np.testing.assert_array_equal(obs, expected)
+    finally:
+        stream.close()
+        channel.close()
+
+
+def test_a_wait_for_some_envs_also_takes_the_replies_already_there(fleet: Fleet) -> None:
+    """Both workers' replies have come: a wait for one env returns all of them.
+
+    An async step (wait_num) then gets every env that answered, as with the
+    gRPC carrier, whose reader thread applies replies as they come; and the
+    caller answers them in one call, not one per worker.
+    """
+    address = f"127.0.0.1:{fleet.server.port}"
+    channel = grpc.insecure_channel(address)
+    stream = LeaseStream(
+        channel,
+        EnvConfig("CartPole-v1"),
+        8,
+        open_timeout=30.0,
+        call_timeout=30.0,
+        data_host=coordinator_host(address),
+    )
+    try:
+        assert stream.carrier == "data"
+        assert len(set(stream.env_workers)) == 2  # two replies per call
+        ids = list(range(8))
+        stream.send("reset", ids, [{"seed": i} for i in ids])
+        assert sorted(stream.receive(ids, 8, 30.0)) == ids
+        for round_ in range(3):
+            target = frames(fleet, "worker") + 2
+            stream.send("step", ids, [round_ % 2] * 8)
+            wait_until(partial(worker_frames_reach, fleet, target), "both workers' replies")
+            time.sleep(0.5)  # the coordinator relays each reply as it comes
+            got = stream.receive(ids, 1, 30.0)
+            assert sorted(got) == ids, f"round {round_}: only {sorted(got)} of {ids}"
     finally:
         stream.close()
         channel.close()

@@ -243,6 +243,7 @@ class LeaseStream:
         """
         end = None if timeout is None else time.monotonic() + timeout
         answers, waiting = self._answers, self._waiting
+        drained = False
         while True:
             with self._lock:
                 # One pass over ids: the answered, the expired, the next deadline.
@@ -259,23 +260,46 @@ class LeaseStream:
                             ready.append(i)
                         elif earliest is None or call.deadline < earliest:
                             earliest = call.deadline
-                if len(ready) >= count or (end is not None and now >= end):
-                    return {i: answers.pop(i) for i in ready}
-                if earliest is None:
-                    raise UsageError(f"envs {list(ids)} have no call in flight")
-                wait = max(earliest - now, 0.0) + 1e-3
                 link = self._link
-                # The data channel's replies are read by the waiting thread
-                # itself; another waiter (or a stream without the channel)
-                # waits for the reader's notification.
-                if link is None or self._failure is not None or not self._read_lock.acquire(False):
-                    self._changed.wait(wait)
-                    continue
-            self._read_reply(link, wait)
+                if len(ready) >= count or (end is not None and now >= end):
+                    # Replies that already came (another worker's envs) are
+                    # available too: taking them now, without waiting, lets the
+                    # caller answer them in one call instead of one more round
+                    # (the gRPC carrier's reader thread applies them anyway).
+                    if (
+                        drained
+                        or len(ready) == len(ids)
+                        or link is None
+                        or self._failure is not None
+                        or not self._read_lock.acquire(False)
+                    ):
+                        return {i: answers.pop(i) for i in ready}
+                    wait = 0.0  # only what is there already
+                elif earliest is None:
+                    raise UsageError(f"envs {list(ids)} have no call in flight")
+                else:
+                    wait = max(earliest - now, 0.0) + 1e-3
+                    # The data channel's replies are read by the waiting thread
+                    # itself; another waiter (or a stream without the channel)
+                    # waits for the reader's notification.
+                    if (
+                        link is None
+                        or self._failure is not None
+                        or not self._read_lock.acquire(False)
+                    ):
+                        self._changed.wait(wait)
+                        continue
+            got = self._read_reply(link, wait)
+            if wait == 0.0:
+                drained = not got  # nothing more had come
 
-    def _read_reply(self, link: LeaseDataLink, wait: float) -> None:
+    def _read_reply(self, link: LeaseDataLink, wait: float) -> bool:
         """Reads and applies one data-channel frame within ``wait`` seconds (the
-        caller holds the read lock, released here)."""
+        caller holds the read lock, released here).
+
+        Returns:
+            Whether a frame came (False: none within ``wait``, or the link broke).
+        """
         event = why = None
         try:
             data = link.receive_within(wait)
@@ -299,6 +323,7 @@ class LeaseStream:
                 # Usually the stream says why the lease ended (its own, precise error).
                 self._reader.join(_WHY_SECONDS)
             self._broken(why)
+        return event is not None
 
     def take_prefetched(
         self, ids: Sequence[int], args: Sequence[Any]
