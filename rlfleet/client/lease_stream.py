@@ -62,6 +62,9 @@ __all__ = ["LeaseEnvFailure", "LeaseStream"]
 #: How long a broken data connection waits for the stream to say why (the
 #: lease's own error, e.g. no worker left) before reporting the break itself.
 _WHY_SECONDS = 2.0
+#: How long a read of replies already arriving waits for the rest of a frame
+#: (the coordinator sends each frame whole; what is read is kept on timeout).
+_REST_OF_FRAME_SECONDS = 0.01
 
 
 class _Waiting(NamedTuple):
@@ -243,7 +246,8 @@ class LeaseStream:
         """
         end = None if timeout is None else time.monotonic() + timeout
         answers, waiting = self._answers, self._waiting
-        drained = False
+        first: list[int] | None = None  # the envs ready when count was reached
+        drained = False  # a read without waiting found nothing more
         while True:
             with self._lock:
                 # One pass over ids: the answered, the expired, the next deadline.
@@ -262,23 +266,30 @@ class LeaseStream:
                             earliest = call.deadline
                 link = self._link
                 if len(ready) >= count or (end is not None and now >= end):
-                    # Replies that already came (another worker's envs) are
-                    # available too: taking them now, without waiting, lets the
-                    # caller answer them in one call instead of one more round
-                    # (the gRPC carrier's reader thread applies them anyway).
+                    # If the rest's replies (another worker's envs) already
+                    # came too, every env answers in this one call, as in sync
+                    # mode, instead of one call per reply: read without
+                    # waiting. Only all of them: returning some extra ones
+                    # would shrink the envs kept in flight (wait_num's point
+                    # for envs of uneven step times); those stay for the next.
+                    if len(ready) == len(ids):
+                        return {i: answers.pop(i) for i in ready}
+                    if first is None:
+                        first = ready
                     if (
                         drained
-                        or len(ready) == len(ids)
                         or link is None
                         or self._failure is not None
+                        or not link.readable()
                         or not self._read_lock.acquire(False)
                     ):
-                        return {i: answers.pop(i) for i in ready}
-                    wait = 0.0  # only what is there already
+                        return {i: answers.pop(i) for i in first}
+                    # A frame has begun to arrive: the rest of it follows at once.
+                    wait, draining = _REST_OF_FRAME_SECONDS, True
                 elif earliest is None:
                     raise UsageError(f"envs {list(ids)} have no call in flight")
                 else:
-                    wait = max(earliest - now, 0.0) + 1e-3
+                    wait, draining = max(earliest - now, 0.0) + 1e-3, False
                     # The data channel's replies are read by the waiting thread
                     # itself; another waiter (or a stream without the channel)
                     # waits for the reader's notification.
@@ -290,8 +301,8 @@ class LeaseStream:
                         self._changed.wait(wait)
                         continue
             got = self._read_reply(link, wait)
-            if wait == 0.0:
-                drained = not got  # nothing more had come
+            if draining:
+                drained = not got
 
     def _read_reply(self, link: LeaseDataLink, wait: float) -> bool:
         """Reads and applies one data-channel frame within ``wait`` seconds (the
