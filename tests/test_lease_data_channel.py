@@ -555,9 +555,8 @@ def test_two_threads_waiting_on_one_lease_each_get_their_own_answers(fleet: Flee
 def test_a_wait_for_some_envs_also_takes_the_replies_already_there(fleet: Fleet) -> None:
     """Both workers' replies have come: a wait for one env returns all of them.
 
-    An async step (wait_num) then gets every env that answered, as with the
-    gRPC carrier, whose reader thread applies replies as they come; and the
-    caller answers them in one call, not one per worker.
+    An async step (wait_num) whose envs have all answered then returns them
+    all, and the caller answers them in one call, not one per worker.
     """
     address = f"127.0.0.1:{fleet.server.port}"
     channel = grpc.insecure_channel(address)
