@@ -584,3 +584,41 @@ def test_a_wait_for_some_envs_also_takes_the_replies_already_there(fleet: Fleet)
     finally:
         stream.close()
         channel.close()
+
+
+def test_replies_already_there_that_do_not_complete_the_wait_stay_for_the_next() -> None:
+    """Extra replies are taken only when every env answered: wait_num keeps envs in flight."""
+    local = Fleet.local(workers=2, envs_per_worker=4, imports=("rlfleet.envs.testing",))
+    address = f"127.0.0.1:{local.server.port}"
+    channel = grpc.insecure_channel(address)
+    stream = LeaseStream(
+        channel,
+        EnvConfig("rlfleet/Slow-v0", {"step_seconds": 1.5, "length": 10}),
+        8,
+        open_timeout=30.0,
+        call_timeout=30.0,
+        data_host=coordinator_host(address),
+    )
+    try:
+        assert stream.carrier == "data"
+        ids = list(range(8))
+        stream.send("reset", ids, [{"seed": i} for i in ids])
+        stream.receive(ids, 8, 30.0)
+        by_worker: dict[str, list[int]] = {}
+        for env_id, worker in enumerate(stream.env_workers):
+            by_worker.setdefault(worker, []).append(env_id)
+        (a, b) = by_worker.values()
+        assert len(a) >= 2
+        target = frames(local, "worker") + 2
+        stream.send("step", b, [0] * len(b))  # 1.5 s per env on its worker: in flight below
+        stream.send("reset", a[:1], [{}])  # two quick replies of the other worker
+        stream.send("reset", a[1:], [{} for _ in a[1:]])
+        wait_until(partial(worker_frames_reach, local, target), "both resets' replies")
+        time.sleep(0.5)  # the coordinator relays each reply as it comes
+        assert sorted(stream.receive(ids, 1, 30.0)) == a[:1]  # a[1:] came too: not all
+        assert sorted(stream.receive([*a[1:], *b], 1, 30.0)) == a[1:]
+        assert sorted(stream.receive(b, len(b), 30.0)) == b
+    finally:
+        stream.close()
+        channel.close()
+        local.close()
