@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -37,6 +38,7 @@ from rlfleet.lease_data import FRAME_HEADER, LeaseDataLink, coordinator_host, di
 from rlfleet.lease_messages import data_hello
 from rlfleet.security import ClientTLS, ServerSecurity, ServerTLS
 from rlfleet.worker._lease_data import WorkerLeaseChannel
+from tests.fleet_processes import ProcessFleet, free_port
 from tests.tls_fixtures import make_ca, make_cert
 
 pytestmark = pytest.mark.timeout(180)
@@ -446,6 +448,7 @@ def test_a_worker_holds_data_commands_until_the_switch_marker() -> None:
             max_frame_bytes=1 << 16,
             on_command=got.append,
             on_broken=broken.append,
+            join_ended=lambda seconds: False,
         )
         channel.start()
         try:
@@ -518,3 +521,42 @@ def test_two_threads_waiting_on_one_lease_each_get_their_own_answers(fleet: Flee
     finally:
         stream.close()
         channel.close()
+
+
+DATA_ENDED = "the lease data connection ended"
+USES_DATA = "lease traffic uses the data channel"
+
+
+def warnings_about_data(log: str) -> list[str]:
+    return [line for line in log.splitlines() if DATA_ENDED in line and "WARNING" in line]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopping_coordinator_ends_the_data_connection_without_a_warning(
+    tmp_path: Path, stop: signal.Signals
+) -> None:
+    # The data connection ends with the Join stream: the worker's Join line
+    # reports the stop, the data line is INFO (docs/reliability.md).
+    with ProcessFleet(tmp_path) as processes:
+        coordinator = processes.start_coordinator()
+        worker = processes.start_worker(envs=2)
+        processes.wait_for_log(worker, USES_DATA)
+        processes.signal(coordinator, stop)
+        coordinator.popen.wait(timeout=60)
+        log = processes.wait_for_log(worker, "reconnecting in")
+        time.sleep(1.0)  # a late data line would come within this
+        log = worker.log_text()
+        assert warnings_about_data(log) == [], log
+        assert f"{DATA_ENDED} with the Join stream" in log or DATA_ENDED not in log, log
+
+
+def test_a_cut_data_connection_still_warns_on_the_worker(tmp_path: Path) -> None:
+    port = free_port()
+    with ProcessFleet(tmp_path) as processes:
+        processes.start_coordinator("--lease-data-listen", f"127.0.0.1:{port}")
+        worker = processes.start_worker(envs=2)
+        processes.wait_for_log(worker, USES_DATA)
+        assert cut(worker.pid, port) == 1
+        log = processes.wait_for_log(worker, DATA_ENDED)
+        processes.wait_for_log(worker, "reconnecting in")
+        assert warnings_about_data(worker.log_text()), log
