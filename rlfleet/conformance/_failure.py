@@ -1,13 +1,63 @@
-"""The exception a check raises to fail, with the reason as its message."""
+"""What every conformance check shares: its result, and the exception that fails it."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
+import traceback
+from collections.abc import Callable
+from typing import TypeVar
+
+from rlfleet.errors import ConfigError
+
+T = TypeVar("T")
+
 
 class CheckFailed(Exception):  # noqa: N818 (reads as a statement: "check failed: ...")
-    """The worker did not behave as the protocol requires.
+    """The implementation did not behave as the protocol requires.
 
     The message says what was expected and what came instead.
     """
 
 
-__all__ = ["CheckFailed"]
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    """The outcome of one check.
+
+    Attributes:
+        name: The check's name.
+        passed: Whether the implementation passed it.
+        message: What was verified, or what went wrong and where.
+        seconds: How long the check took.
+    """
+
+    name: str
+    passed: bool
+    message: str
+    seconds: float
+
+
+def run_check(name: str, body: Callable[[T], str], target: T) -> CheckResult:
+    """Runs a check body: it returns what it verified or raises CheckFailed.
+
+    Raises:
+        ConfigError: As the body does (a command or address that cannot
+            work fails every check alike: the run stops).
+    """
+    start = time.monotonic()
+    try:
+        message, passed = body(target), True
+    except CheckFailed as exc:
+        message, passed = str(exc), False
+    except ConfigError:
+        raise
+    except Exception as exc:  # a bug in the kit must not hide the other checks
+        message, passed = (
+            f"the conformance kit itself failed; please report this:\n"
+            f"{''.join(traceback.format_exception(exc)).rstrip()}",
+            False,
+        )
+    return CheckResult(name, passed, message, time.monotonic() - start)
+
+
+__all__ = ["CheckFailed", "CheckResult", "run_check"]
