@@ -560,3 +560,14 @@ def test_a_cut_data_connection_still_warns_on_the_worker(tmp_path: Path) -> None
         log = processes.wait_for_log(worker, DATA_ENDED)
         processes.wait_for_log(worker, "reconnecting in")
         assert warnings_about_data(worker.log_text()), log
+
+
+def test_a_worker_that_stops_ends_its_data_connection_without_a_warning(tmp_path: Path) -> None:
+    with ProcessFleet(tmp_path) as processes:
+        processes.start_coordinator()
+        worker = processes.start_worker(envs=2)
+        processes.wait_for_log(worker, USES_DATA)
+        assert processes.terminate(worker) == 0
+        log = worker.log_text()
+        assert "left" in log, log
+        assert warnings_about_data(log) == [], log
