@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from rlfleet.errors import ConfigError
@@ -60,4 +60,20 @@ def run_check(name: str, body: Callable[[T], str], target: T) -> CheckResult:
     return CheckResult(name, passed, message, time.monotonic() - start)
 
 
-__all__ = ["CheckFailed", "CheckResult", "run_check"]
+def select(names: Sequence[str] | None, registry: Mapping[str, T], timeout: float) -> list[T]:
+    """The named checks of ``registry`` in running order (all of them for None).
+
+    Raises:
+        ConfigError: For an unknown name, or a timeout that is not positive.
+    """
+    if not timeout > 0:
+        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if names is None:
+        return list(registry.values())
+    unknown = [name for name in names if name not in registry]
+    if unknown:
+        raise ConfigError(f"unknown checks {unknown}; the checks are: {', '.join(registry)}")
+    return [check for name, check in registry.items() if name in names]
+
+
+__all__ = ["CheckFailed", "CheckResult", "run_check", "select"]

@@ -19,8 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from rlfleet._version import __version__
-from rlfleet.conformance._failure import CheckFailed, CheckResult, run_check
-from rlfleet.errors import ConfigError
+from rlfleet.conformance._failure import CheckFailed, CheckResult, run_check, select
 from rlfleet.lease_data import HANDSHAKE_FRAME_BYTES, coordinator_host, frame
 from rlfleet.lease_messages import data_hello
 from rlfleet.security import ClientSecurity
@@ -176,17 +175,7 @@ def run_coordinator_conformance(
     Raises:
         ConfigError: If a check name is unknown or the timeout is not positive.
     """
-    if checks is None:
-        selected = list(COORDINATOR_CHECKS.values())
-    else:
-        unknown = [name for name in checks if name not in COORDINATOR_CHECKS]
-        if unknown:
-            raise ConfigError(
-                f"unknown coordinator checks {unknown}; they are: {', '.join(COORDINATOR_CHECKS)}"
-            )
-        selected = [check for name, check in COORDINATOR_CHECKS.items() if name in checks]
-    if not timeout > 0:
-        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    selected = select(checks, COORDINATOR_CHECKS, timeout)
     target = CoordinatorTarget(address, security, timeout)
     results = []
     for check in selected:
