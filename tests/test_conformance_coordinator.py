@@ -22,9 +22,11 @@ from rlfleet.coordinator import CoordinatorConfig, lease_data_server, serve
 from rlfleet.coordinator.config import LEASE_DATA_OFF
 from rlfleet.coordinator.server import CoordinatorServer
 from rlfleet.errors import ConfigError
+from rlfleet.security import ClientSecurity, ClientTLS, ServerSecurity, ServerTLS
 from tests.fleet_processes import ProcessFleet
 from tests.test_conformance import python_env
 from tests.test_lease_data_channel import _Quiet
+from tests.tls_fixtures import make_ca, make_cert
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -110,3 +112,18 @@ def test_unreachable_coordinators_fail_and_unknown_checks_are_refused() -> None:
     assert "could not join 127.0.0.1:1" in result.message
     with pytest.raises(ConfigError, match="ticket-wrong-bytes"):
         run_coordinator_conformance("127.0.0.1:1", checks=["nope"])
+
+
+def test_an_mtls_coordinator_is_checked_over_tls(tmp_path: Path) -> None:
+    ca = make_ca()
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+    server_cert, server_key = make_cert(ca, "rlfleet-coordinator").write(tmp_path, "server")
+    kit_cert, kit_key = make_cert(ca, "kit", client=True).write(tmp_path, "kit")
+    tls = ServerTLS.from_files(server_cert, server_key, client_ca=tmp_path / "ca.crt")
+    config = CoordinatorConfig(listen="127.0.0.1:0", security=ServerSecurity(tls=tls))
+    security = ClientSecurity(tls=ClientTLS.from_files(tmp_path / "ca.crt", kit_cert, kit_key))
+    with serve(config) as secure:
+        results = run_coordinator_conformance(secure.address, security=security, timeout=10)
+        plain = run_coordinator_conformance(secure.address, checks=["ticket-used-twice"], timeout=3)
+    assert all(r.passed for r in results), results
+    assert not plain[0].passed and "could not join" in plain[0].message
