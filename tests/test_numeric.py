@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlfleet._numeric import all_finite, row_stable_matmul
+from rlfleet._numeric import ROW_BLOCK, all_finite, row_stable_matmul
 
 MAX_BATCH = 16
 
@@ -48,6 +48,14 @@ def test_rows_of_a_non_contiguous_batch_match_rows_computed_alone(dtype: type) -
     for batch in (row_stable_matmul(fortran, w), row_stable_matmul(strided, w)):
         for i in range(MAX_BATCH):
             assert batch[i].tobytes() == row_stable_matmul(x[i : i + 1], w).tobytes()
+    # One block viewed in a worker's slot-major ring (rows 3 steps apart): the
+    # one-block fast path copies it instead of padding it.
+    ring: np.ndarray = np.zeros((ROW_BLOCK, 3, x.shape[1]), dtype=dtype).swapaxes(0, 1)
+    ring[1] = x[:ROW_BLOCK]
+    assert not ring[1].flags.c_contiguous
+    block = row_stable_matmul(ring[1], w)
+    for i in range(ROW_BLOCK):
+        assert block[i].tobytes() == row_stable_matmul(x[i : i + 1], w).tobytes()
 
 
 def test_result_is_the_matrix_product() -> None:

@@ -106,31 +106,63 @@ def test_episode_matches_a_plain_gymnasium_replay_with_its_seeds():
     assert all(v.dtype == np.int64 for v in batch.episode_infos.values())
 
 
+@pytest.mark.parametrize("worker_limit", [None, 100])
 @pytest.mark.parametrize(
     ("env_id", "policy_class"),
     [("CartPole-v1", MLPCategoricalPolicy), ("Pendulum-v1", MLPGaussianPolicy)],
 )
 def test_env_configs_are_built_without_the_redundant_wrappers_and_give_the_same_bits(
-    env_id: str, policy_class: type[MLPCategoricalPolicy | MLPGaussianPolicy]
+    env_id: str,
+    policy_class: type[MLPCategoricalPolicy | MLPGaussianPolicy],
+    worker_limit: int | None,
 ):
     # docs/performance.md: a worker builds an EnvConfig's envs without
-    # OrderEnforcing and PassiveEnvChecker; TimeLimit stays, and every
+    # OrderEnforcing, PassiveEnvChecker and TimeLimit (the engine truncates
+    # at TimeLimit's step, even under a larger worker limit), and every
     # batch is bit for bit the batch of plain gym.make envs.
-    config = EnvConfig(env_id, max_episode_length=60)
+    config = EnvConfig(env_id, max_episode_length=12)
     policy = policy_class(config.env_spec(), hidden_sizes=(8,), seed=1)
-    lean = VecWorker(n_envs=3, env=config, policy=policy)
-    wrapped = VecWorker(n_envs=3, env=lambda: gym.make(env_id, max_episode_steps=60), policy=policy)
-    names = []
-    env = lean.envs[0]
-    while isinstance(env, gym.Wrapper):
-        names.append(type(env).__name__)
-        env = env.env
-    assert names == ["TimeLimit"]
+    lean = VecWorker(n_envs=3, env=config, policy=policy, max_episode_length=worker_limit)
+    wrapped = VecWorker(
+        n_envs=3,
+        env=lambda: gym.make(env_id, max_episode_steps=12),
+        policy=policy,
+        max_episode_length=worker_limit,
+    )
+    assert not isinstance(lean.envs[0], gym.Wrapper)
     assert "PassiveEnvChecker" in str(wrapped.envs[0]) and "OrderEnforcing" in str(wrapped.envs[0])
+    assert "TimeLimit" in str(wrapped.envs[0])
+    assert lean.env_spec == wrapped.env_spec
     units = make_units(3, 0, range(12))
     batch = lean.run(units)
     assert_same_batches(batch, wrapped.run(units))
-    assert batch.lengths.max() <= 60
+    # Time-limited episodes are covered (and, for CartPole, terminated ones).
+    assert (batch.step_types == TO).sum() >= (3 if env_id == "CartPole-v1" else 12)
+    assert batch.lengths.max() == 12
+    if env_id == "CartPole-v1":
+        assert (batch.step_types == TE).any()
+
+
+def test_a_time_limit_under_a_registered_wrapper_stays_on_the_env():
+    # gymnasium applies a spec's additional_wrappers outside TimeLimit:
+    # taking it off would change the env under them, so it stays.
+    from gymnasium.envs.registration import WrapperSpec
+
+    env_id = "rlfleet/test-ClippedCartPole-v0"
+    if env_id not in gym.registry:
+        clip = WrapperSpec("ClipReward", "gymnasium.wrappers:ClipReward", {"max_reward": 0.5})
+        gym.register(
+            env_id,
+            entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+            max_episode_steps=5,
+            additional_wrappers=(clip,),
+        )
+    worker = VecWorker(n_envs=1, env=EnvConfig(env_id), max_episode_length=50)
+    assert str(worker.envs[0]).startswith("<ClipReward<TimeLimit<")
+    batch = worker.run(make_units(0, 0, range(3)))
+    assert batch.lengths.tolist() == [5, 5, 5]
+    assert (batch.step_types == TO).sum() == 3
+    assert set(batch.rewards.tolist()) == {0.5}
 
 
 def test_generators_reused_across_episodes_sample_as_default_rng():
@@ -626,6 +658,22 @@ def test_fragment_streams_do_not_depend_on_the_layout():
         assert_same_batches(
             whole, EpisodeBatch.concatenate(*parts), ignore=("episode_infos.worker",)
         )
+
+
+def test_fragment_windows_truncate_at_the_time_limit_the_wrapper_would():
+    # The engine enforces the TimeLimit taken off the env across windows
+    # (a parked episode goes on counting): the same fragments as gym.make envs.
+    config = EnvConfig("CartPole-v1", max_episode_length=12)
+    lean = VecWorker(n_envs=3, env=config, policy=mlp())
+    wrapped = VecWorker(
+        n_envs=3, env=lambda: gym.make("CartPole-v1", max_episode_steps=12), policy=mlp()
+    )
+    timeouts = 0
+    for _ in range(6):
+        batch = lean.collect_fragments(5, base_seed=4, first_stream=0)
+        assert_same_batches(batch, wrapped.collect_fragments(5, base_seed=4, first_stream=0))
+        timeouts += int((batch.step_types == TO).sum())
+    assert timeouts >= 3
 
 
 def test_fragments_need_an_idle_worker_and_units_between_change_no_stream():

@@ -197,8 +197,10 @@ def make_env(
     engine never steps an env before resetting it and checks every value
     against the spaces itself, so the two wrappers only cost time (about
     0.4-0.6 us of CartPole's 6.5 us step). ``TimeLimit`` and the env's own
-    registered wrappers stay; the batches are the same bits
-    (``tests/test_vec_worker.py``, docs/reliability.md section 10).
+    registered wrappers stay (a worker's ``EnvSource`` takes an outermost
+    ``TimeLimit`` off itself, the engine enforcing its limit); the batches
+    are the same bits (``tests/test_vec_worker.py``, docs/reliability.md
+    section 10).
 
     Args:
         config: The env to build.

@@ -226,6 +226,10 @@ class SlotEngine:
         self._close_native()
         self.source, self.envs, self.spec = source, list(envs), spec
         self._install_spec(spec)
+        # The envs' TimeLimit was taken off: its limit is the engine's to enforce.
+        if source.time_limit is not None:
+            limit = spec.max_episode_length
+            self.max_len = source.time_limit if limit is None else min(limit, source.time_limit)
 
     def install_native(self, source: EnvSource, native: NativeSlots, spec: EnvSpec) -> None:
         """Replaces the envs with a native vector env of one env per slot."""

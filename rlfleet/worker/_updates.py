@@ -10,6 +10,7 @@ from typing import Any, TypeAlias
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.wrappers import TimeLimit
 
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.envs.config import EnvConfig, make_env
@@ -30,8 +31,10 @@ class EnvSource:
 
     A factory (an :class:`~rlfleet.envs.config.EnvConfig` is one) is called
     once per env and again to rebuild an env that crashed; an EnvConfig's
-    envs are built with ``make_env(..., worker_checked=True)``. A gymnasium Env
-    instance is used as env 0 and deep-copied for the others, as garage's
+    envs are built with ``make_env(..., worker_checked=True)``, and their
+    outermost ``TimeLimit`` is taken off (:attr:`time_limit`: the engine
+    counts every episode's steps anyway and truncates at the same step). A
+    gymnasium Env instance is used as env 0 and deep-copied for the others, as garage's
     VecWorker does; an instance cannot be rebuilt, so its crashes are final.
 
     Args:
@@ -44,12 +47,16 @@ class EnvSource:
     def __init__(self, update: EnvConfig | Callable[[], gym.Env] | gym.Env) -> None:
         self._factory: Callable[[], gym.Env] | None = None
         self._instance: gym.Env | None = None
+        self._takes_off_time_limit = False
+        #: The limit of the ``TimeLimit`` taken off the envs (None if none was).
+        self.time_limit: int | None = None
         if isinstance(update, gym.Env):
             self._instance = update
             self.name = f"{type(update.unwrapped).__name__} instance"
         elif isinstance(update, EnvConfig):
             # The engine enforces reset-before-step and checks values itself.
             self._factory = functools.partial(make_env, update, worker_checked=True)
+            self._takes_off_time_limit = True
             self.name = repr(update.id)
         elif callable(update):
             self._factory = update
@@ -92,6 +99,12 @@ class EnvSource:
             raise ConfigError(
                 f"env factory {self.name} returned {type(env).__name__}, not a gymnasium Env"
             )
+        if self._takes_off_time_limit and type(env) is TimeLimit:
+            # gymnasium applies a registered spec's additional_wrappers outside
+            # TimeLimit: only an outermost one can go without changing the env.
+            self.time_limit = env.spec.max_episode_steps if env.spec is not None else None
+            if self.time_limit is not None:
+                return env.env
         return env
 
     def rebuild(self) -> gym.Env:

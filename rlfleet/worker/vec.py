@@ -346,7 +346,7 @@ class VecWorker:
         try:
             for index in range(self.n_envs):
                 envs.append(source.make(index))
-            max_len = self._max_episode_length or source.max_episode_length
+            max_len = self._max_episode_length or source.max_episode_length or source.time_limit
             spec = EnvSpec.from_env(envs[0], max_len)
             check_observation_space(spec.observation_space, f"env {source.name}")
         except BaseException:
