@@ -30,7 +30,7 @@ logger = logging.getLogger("rlfleet.worker")
 #: Seconds a cleanly closed data connection waits for the Join stream to end
 #: too: a stopping coordinator closes its data port a moment before it ends
 #: the Join streams, and the two connections' ends race to the worker.
-JOIN_END_GRACE_SECONDS = 2.0
+JOIN_END_GRACE_SECONDS = 1.0
 
 
 class WorkerLeaseChannel:
