@@ -12,6 +12,9 @@ Measures env steps per second of a learner that steps a vector env itself
     x 16 envs: goal >= 0.8 x the 32,000 steps/s that 32 such envs allow.
     Reference: the same 32 envs stepped by a thread pool in this process
     (what the machine allows without any transport).
+    Floor: 32 bare child processes that each sleep 1 ms per "step" and
+    answer through a pipe, driven in lock-step (sync) and free-running
+    (async): what this machine allows with no env, no policy and no network.
 (r) The relay's cost: the median round trip of one env step through the
     coordinator, against one echo over a direct gRPC stream (what a learner
     dialling a worker itself would pay at least).
@@ -41,6 +44,7 @@ import itertools
 import json
 import os
 import queue
+import selectors
 import subprocess
 import sys
 import tempfile
@@ -182,6 +186,73 @@ def thread_pool_steps_per_s(config: EnvConfig, count: int, seconds: float, warmu
     for env in envs:
         env.close()
     return rate
+
+
+#: A floor child: sleeps 1 ms per byte it reads, then answers with that byte.
+_SLEEPER = "import os, time\nwhile os.read(0, 1):\n    time.sleep(0.001)\n    os.write(1, b'.')\n"
+
+
+def sleep_floor_steps_per_s(count: int, seconds: float) -> tuple[float, float]:
+    """(b)'s physical floor: ``count`` bare processes that sleep 1 ms per step.
+
+    Each child is a bare interpreter (no rlfleet, no gymnasium) reading one
+    byte per step from its stdin pipe and answering on its stdout pipe.
+    Driven in lock-step (release all, wait for all) and free-running (each
+    released again as soon as it answers), for ``seconds`` each.
+
+    Returns:
+        Steps per second (sync, async).
+    """
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-S", "-c", _SLEEPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        for _ in range(count)
+    ]
+    try:
+        pipes = [(c.stdin.fileno(), c.stdout.fileno()) for c in children]  # type: ignore[union-attr]
+
+        def sync() -> int:
+            steps = 0
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                for release, _ in pipes:
+                    os.write(release, b".")
+                for _, answer in pipes:
+                    os.read(answer, 1)
+                steps += count
+            return steps
+
+        def free_running() -> int:
+            steps = 0
+            with selectors.DefaultSelector() as selector:
+                for release, answer in pipes:
+                    selector.register(answer, selectors.EVENT_READ, release)
+                    os.write(release, b".")
+                end = time.perf_counter() + seconds
+                while time.perf_counter() < end:
+                    for key, _ in selector.select():
+                        os.read(key.fd, 1)
+                        os.write(key.data, b".")
+                        steps += 1
+                for key in list(selector.get_map().values()):  # the last answers
+                    os.read(key.fd, 1)
+            return steps
+
+        rates = []
+        for run in (sync, free_running):
+            start = time.perf_counter()
+            steps = run()
+            rates.append(steps / (time.perf_counter() - start))
+        return rates[0], rates[1]
+    finally:
+        for child in children:
+            child.stdin.close()  # type: ignore[union-attr]  # EOF: the child exits
+        for child in children:
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
 
 
 def echo_round_trip_ms(rounds: int) -> float:
@@ -358,6 +429,15 @@ def main(argv: list[str] | None = None) -> int:
     name = "b local thread pool, 32 envs (no transport)"
     figures[name] = thread_pool_steps_per_s(IO_BOUND, 32, seconds, warmup)
     print(f"{name:<44} {figures[name]:>10,.0f} steps/s (of 32,000)", flush=True)
+    floor = sleep_floor_steps_per_s(32, 3.0 if args.quick else seconds)
+    for mode, rate in zip(("sync", "async"), floor, strict=True):
+        name = f"b floor, 32 bare processes, {mode}"
+        figures[name] = rate
+        print(
+            f"{name:<44} {rate:>10,.0f} steps/s ({rate / 32_000:.2f} of 32,000; the machine's "
+            "floor: sleep 1 ms per step, no env, no policy, no network)",
+            flush=True,
+        )
     rounds = 100 if args.quick else 1000
     figures["r direct stream echo ms"] = echo_round_trip_ms(rounds)
     print(f"(r) one direct gRPC stream echo: {figures['r direct stream echo ms']:.2f} ms median")
@@ -407,7 +487,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         figures[f"c speedup of wait_num=16 over sync [{where}]"] = speedup
         print(
-            f"[{where}] (b) best / ideal: {best_b / 32_000:.2f}; (c) wait_num speedup: "
+            f"[{where}] (b) best / ideal: {best_b / 32_000:.2f} (floor: sync "
+            f"{floor[0] / 32_000:.2f}, async {floor[1] / 32_000:.2f}); (c) wait_num speedup: "
             f"{speedup:.2f}x",
             flush=True,
         )

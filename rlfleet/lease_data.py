@@ -129,6 +129,10 @@ class LeaseDataLink:
             chunk = self._sock.recv(max(missing, 1 << 16))
             if not chunk:
                 return None
+            if not buffer and len(chunk) >= FRAME_HEADER.size:
+                (length,) = FRAME_HEADER.unpack_from(chunk)
+                if len(chunk) == FRAME_HEADER.size + length and length <= self._max:
+                    return chunk[FRAME_HEADER.size :]  # the usual read: one whole frame
             buffer += chunk
 
     def receive_within(self, seconds: float) -> bytes | None:

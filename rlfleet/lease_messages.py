@@ -22,13 +22,15 @@ from rlfleet import _rpc
 from rlfleet.core import EnvSpec
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, ProtocolError, RlfleetError, UsageError
-from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
+from rlfleet.v1 import leases_pb2, tensor_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import (
     decode_env_spec,
     decode_tensor,
+    decode_tensor_list,
     decode_tensor_map,
     encode_env_spec,
     encode_tensor,
+    encode_tensor_into,
     encode_tensor_map,
 )
 
@@ -45,6 +47,14 @@ OP_NAMES: dict[leases_pb2.LeaseOp, str] = {
 }
 #: LeaseOp by op name.
 OP_CODES: dict[str, leases_pb2.LeaseOp] = {name: op for op, name in OP_NAMES.items()}
+#: A STEP reply's per-env columns: field, name in errors, Python type, and
+#: dtype (leases.proto: rewards float64, terminated and truncated bool;
+#: others are converted).
+_STEP_COLUMNS = (
+    ("rewards", "LeaseReply.rewards", float, tensor_pb2.DTYPE_FLOAT64),
+    ("terminated", "LeaseReply.terminated", bool, tensor_pb2.DTYPE_BOOL),
+    ("truncated", "LeaseReply.truncated", bool, tensor_pb2.DTYPE_BOOL),
+)
 #: Ops whose answers carry JSON values (LeaseReply.values_json).
 _JSON_OPS = ("get_attr", "call", "class_names")
 
@@ -253,18 +263,19 @@ def _fill_answers(reply: leases_pb2.LeaseReply, report: LeaseAnswers) -> None:
             json.dumps(o.value, default=_plain, allow_nan=True) for o in outcomes
         )
         return
-    # run_env typed every observation to the space's dtype and shape already.
-    reply.observations.CopyFrom(encode_tensor(np.stack([o.observation for o in outcomes])))
+    # run_env typed every observation to the space's dtype and shape already, so
+    # np.array joins them (one C call; np.stack makes a view of each first).
+    encode_tensor_into(reply.observations, np.array([o.observation for o in outcomes]))
     if op == "step":
-        reply.rewards.CopyFrom(encode_tensor(np.array([o.reward for o in outcomes], np.float64)))
-        reply.terminated.CopyFrom(encode_tensor(np.array([o.terminated for o in outcomes], bool)))
-        reply.truncated.CopyFrom(encode_tensor(np.array([o.truncated for o in outcomes], bool)))
+        encode_tensor_into(reply.rewards, np.array([o.reward for o in outcomes], np.float64))
+        encode_tensor_into(reply.terminated, np.array([o.terminated for o in outcomes], bool))
+        encode_tensor_into(reply.truncated, np.array([o.truncated for o in outcomes], bool))
     _add_infos(reply.infos, reply.infos_json, [(o.env_id, o.info) for o in outcomes], "")
     resets = [(o.env_id, o.reset) for o in outcomes if o.reset is not None]
     if resets:
         reply.reset_env_ids.extend(env_id for env_id, _ in resets)
-        rows = np.stack([obs for _, (obs, _) in resets])
-        reply.reset_observations.CopyFrom(encode_tensor(rows))
+        rows = np.array([obs for _, (obs, _) in resets])
+        encode_tensor_into(reply.reset_observations, rows)
         infos = [(env_id, info) for env_id, (_, info) in resets]
         _add_infos(reply.reset_infos, reply.reset_infos_json, infos, " reset")
 
@@ -419,9 +430,12 @@ def call_request(
     Raises:
         UsageError: For arguments a lease cannot carry.
     """
-    call = leases_pb2.LeaseCall(
-        call_id=call_id, op=OP_CODES[op], env_ids=ids, whole_reply=whole_reply
-    )
+    request = leases_pb2.LeaseRequest()
+    call = request.call  # built in place: no nested message is copied
+    call.call_id = call_id
+    call.op = OP_CODES[op]
+    call.env_ids.extend(ids)
+    call.whole_reply = whole_reply
     if op == "reset":
         seeds = [kwargs.get("seed") for kwargs in args]
         if any(seed is not None for seed in seeds):
@@ -443,7 +457,7 @@ def call_request(
             raise UsageError(
                 f"step() of leased envs takes one action of the same shape per env: {exc}"
             ) from exc
-        call.actions.CopyFrom(encode_tensor(actions))
+        encode_tensor_into(call.actions, actions)
         call.prefetch_reset = prefetch_reset
     elif op in ("get_attr", "set_attr", "call"):
         first = args[0]
@@ -452,7 +466,7 @@ def call_request(
             call.value_json = _json_text(first[1], f"set_env_attr({call.name!r})")
         elif op == "call":
             call.value_json = _json_text([list(first[1]), first[2]], f"method {call.name!r}")
-    return leases_pb2.LeaseRequest(call=call).SerializeToString()
+    return request.SerializeToString()
 
 
 def decode_lease_response(
@@ -531,12 +545,22 @@ def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
                 f"{len(infos)} infos"
             )
         if op == leases_pb2.LEASE_OP_RESET:
-            return [(obs[k], infos[k]) for k in range(count)]
-        columns = [
-            _column(reply.rewards, "rewards", count, np.float64),
-            _column(reply.terminated, "terminated", count, np.bool_),
-            _column(reply.truncated, "truncated", count, np.bool_),
-        ]
+            return list(zip(obs, infos, strict=True))
+        # The hot path, inline: each column straight to Python values (the
+        # wire's float64 and bool columns without numpy).
+        columns = []
+        for name, where, kind, dtype in _STEP_COLUMNS:
+            tensor = getattr(reply, name)
+            length, values = decode_tensor_list(tensor, name=where)
+            if length != count:
+                shape = (length,) if length >= 0 else tuple(tensor.shape)
+                raise ProtocolError(
+                    f"a lease reply for {count} envs holds {name} of shape {shape}; "
+                    f"it must be ({count},)"
+                )
+            if tensor.dtype != dtype:  # other numbers: converted as numpy's astype would
+                values = [kind(value) for value in values]
+            columns.append(values)
         return list(zip(obs, *columns, infos, strict=True))
     if op == leases_pb2.LEASE_OP_RENDER:
         if not reply.HasField("frames"):
@@ -546,18 +570,6 @@ def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
     if op == leases_pb2.LEASE_OP_SET_ATTR:
         return [None] * count
     return [json.loads(text) for text in reply.values_json]
-
-
-def _column(tensor: Any, name: str, count: int, dtype: type) -> list[Any]:
-    """A per-env scalar column of a STEP reply, as Python values (one ``tolist``)."""
-    values = decode_tensor(tensor, name=f"LeaseReply.{name}")
-    if values.shape != (count,):
-        raise ProtocolError(
-            f"a lease reply for {count} envs holds {name} of shape {values.shape}; "
-            f"it must be ({count},)"
-        )
-    rows: list[Any] = values.astype(dtype, copy=False).tolist()
-    return rows
 
 
 def _prefetched_resets(

@@ -12,6 +12,7 @@ ids, seeds and action rows.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import gymnasium as gym
@@ -135,6 +136,33 @@ def test_a_scalar_column_of_the_wrong_length_is_refused(column: str) -> None:
     data = lease_response([message.lease_reply.SerializeToString()])
     with pytest.raises(ProtocolError, match=rf"{column} of shape \(2,\); it must be \(3,\)"):
         decode_lease_response(data, BOX)
+
+
+@pytest.mark.parametrize("wrong", [np.zeros(2, np.float64), np.zeros((3, 1), np.float64)])
+def test_a_reward_column_of_the_wrong_shape_is_refused(wrong: np.ndarray) -> None:
+    answers = [LeaseAnswer(k, np.zeros(3, np.float32)) for k in range(3)]
+    message = lease_report_message(LeaseAnswers(1, 2, "step", answers), "w")
+    message.lease_reply.rewards.CopyFrom(encode_tensor(wrong))
+    data = lease_response([message.lease_reply.SerializeToString()])
+    shape = re.escape(str(wrong.shape))
+    with pytest.raises(ProtocolError, match=rf"rewards of shape {shape}; it must be \(3,\)"):
+        decode_lease_response(data, BOX)
+
+
+def test_step_columns_of_other_numeric_dtypes_decode_as_floats_and_bools() -> None:
+    # leases.proto says float64 and bool; other numbers are converted as numpy would.
+    answers = [LeaseAnswer(k, np.zeros(3, np.float32), reward=k) for k in range(3)]
+    message = lease_report_message(LeaseAnswers(1, 2, "step", answers), "w")
+    reply = message.lease_reply
+    reply.rewards.CopyFrom(encode_tensor(np.array([0.5, 1, 2], np.float32)))
+    reply.terminated.CopyFrom(encode_tensor(np.array([0, 2, 0], np.uint8)))
+    data = lease_response([reply.SerializeToString()])
+    event = decode_lease_response(data, BOX)
+    assert isinstance(event, LeaseRepliedEvent)
+    rewards = [answer[1] for answer in event.answers]
+    terminated = [answer[2] for answer in event.answers]
+    assert rewards == [0.5, 1.0, 2.0] and all(type(r) is float for r in rewards)
+    assert terminated == [False, True, False] and all(type(t) is bool for t in terminated)
 
 
 @settings(max_examples=40, deadline=None)

@@ -342,16 +342,43 @@ def test_an_mtls_fleet_carries_leases_on_the_data_channel(tmp_path: Path) -> Non
 
 
 class _Recording:
-    """A data connection's peer that records why its connection ended."""
+    """A data connection's peer that records its frames and why its connection ended."""
 
     def __init__(self) -> None:
         self.closed: list[str] = []
+        self.frames: list[bytes] = []
 
     def on_frame(self, payload: bytes) -> None:
-        pass
+        self.frames.append(payload)
 
     def on_closed(self, reason: str) -> None:
         self.closed.append(reason)
+
+
+def test_frames_cut_anywhere_by_the_network_reach_the_coordinator_whole_and_in_order() -> None:
+    # The loop cuts frames straight from each read into its one buffer and
+    # keeps a frame's start for the next read: split headers, split payloads,
+    # several frames per read, and a frame larger than a read (256 KiB).
+    config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
+    with serve(config) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        peer = _Recording()
+        ticket = data.issue(lambda connection: peer)
+        link = dial("127.0.0.1", data.port, data_hello(ticket), tls=None, timeout=10,
+                    max_frame_bytes=1 << 20)  # fmt: skip
+        payloads = [bytes([k]) * size for k, size in enumerate([0, 1, 5, 300, 4096, 600_000, 7])]
+        stream = b"".join(FRAME_HEADER.pack(len(p)) + p for p in payloads)
+        raw = link._sock  # the test writes the bytes in pieces of its choosing
+        try:
+            for piece in (stream[:2], stream[2:9], stream[9:400], stream[400:]):
+                raw.sendall(piece)
+                time.sleep(0.05)  # each piece its own read
+            wait_until(lambda: len(peer.frames) == len(payloads), "every frame")
+            assert peer.frames == payloads
+            assert not peer.closed
+        finally:
+            link.close()
 
 
 def test_a_peer_that_does_not_read_is_cut_off_not_buffered_without_bound() -> None:

@@ -217,6 +217,7 @@ def test_env_attributes(make_venv: MakeVenv) -> None:
     [
         ([0, 0], ValueError, "distinct"),
         ([2], IndexError, "out of range"),
+        ([1, -1], IndexError, "out of range"),
         (-1, IndexError, "out of range"),
         ([], ValueError, "1-D sequence"),
         ([True], ValueError, "1-D sequence"),

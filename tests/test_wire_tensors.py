@@ -21,6 +21,7 @@ from rlfleet.v1 import tensor_pb2
 from rlfleet.wire import (
     MAX_ELEMENTS,
     decode_tensor,
+    decode_tensor_list,
     decode_tensor_map,
     encode_tensor,
     encode_tensor_map,
@@ -241,6 +242,51 @@ def test_malformed_tensors_are_rejected_on_both_paths(data: bytes, message: str)
     for decode in decoders():
         with pytest.raises(WireFormatError, match=message):
             decode(data)
+
+
+@pytest.mark.parametrize("count", [1, 8, 4096, 4097, 20_000])
+def test_bool_bytes_other_than_0_and_1_are_rejected_short_and_long(count: int) -> None:
+    # Short bool tensors are checked without numpy, long ones with it.
+    good = bytes([0, 1]) * (count // 2) + bytes(count % 2)
+    for decode in decoders():
+        data = tensor_bytes(dtype=tensor_pb2.DTYPE_BOOL, shape=[count], data=good)
+        assert decode(data).tolist() == [bool(b) for b in good]
+        for index in {0, count - 1}:
+            bad = bytearray(good)
+            bad[index] = 7
+            data = tensor_bytes(dtype=tensor_pb2.DTYPE_BOOL, shape=[count], data=bytes(bad))
+            with pytest.raises(WireFormatError, match=f"holds byte 7 at element {index}"):
+                decode(data)
+
+
+@pytest.mark.parametrize("dtype", WIRE_DTYPES)
+@pytest.mark.parametrize("shape", [(1,), (8,), (5000,), (0,), (2, 3), ()])
+def test_decode_tensor_list_gives_what_decode_tensor_gives(
+    dtype: str, shape: tuple[int, ...]
+) -> None:
+    # Short 1-D tensors are read without numpy; the values and their Python
+    # types must be numpy's tolist() either way.
+    array = (np.arange(math.prod(shape)) % 2).astype(dtype).reshape(shape)
+    tensor = encode_tensor(array)
+    length, values = decode_tensor_list(tensor, name="t")
+    want = decode_tensor(tensor, name="t").reshape(-1).tolist()
+    assert values == want and [type(v) for v in values] == [type(v) for v in want]
+    assert length == (shape[0] if len(shape) == 1 else -1)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"dtype": tensor_pb2.DTYPE_BOOL, "shape": [3], "data": bytes([0, 2, 1])}, "holds byte 2"),
+        ({"dtype": tensor_pb2.DTYPE_FLOAT64, "shape": [3], "data": bytes(16)}, "16 bytes of data"),
+        ({"dtype": tensor_pb2.DTYPE_FLOAT64, "shape": [2], "data": bytes(16), "codec": 9}, "codec"),
+    ],
+)
+def test_decode_tensor_list_refuses_what_decode_tensor_refuses(
+    fields: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(WireFormatError, match=message):
+        decode_tensor_list(tensor_pb2.Tensor(**fields), name="t")
 
 
 def test_huge_shapes_are_rejected_before_anything_is_allocated() -> None:

@@ -242,19 +242,28 @@ class LeaseStream:
             ops, or an :class:`LeaseEnvFailure`.
         """
         end = None if timeout is None else time.monotonic() + timeout
+        answers, waiting = self._answers, self._waiting
         while True:
             with self._lock:
-                self._expire(ids)
-                ready = [i for i in ids if i in self._answers]
+                # One pass over ids: the answered, the expired, the next deadline.
                 now = time.monotonic()
+                earliest = end
+                ready = []
+                for i in ids:
+                    if i in answers:
+                        ready.append(i)
+                    elif (call := waiting.get(i)) is not None:
+                        if now >= call.deadline:
+                            del waiting[i]
+                            answers[i] = self._timed_out(i)
+                            ready.append(i)
+                        elif earliest is None or call.deadline < earliest:
+                            earliest = call.deadline
                 if len(ready) >= count or (end is not None and now >= end):
-                    return {i: self._answers.pop(i) for i in ready}
-                waits = [self._waiting[i].deadline for i in ids if i in self._waiting]
-                if end is not None:
-                    waits.append(end)
-                if not waits:
+                    return {i: answers.pop(i) for i in ready}
+                if earliest is None:
                     raise UsageError(f"envs {list(ids)} have no call in flight")
-                wait = max(min(waits) - now, 0.0) + 1e-3
+                wait = max(earliest - now, 0.0) + 1e-3
                 link = self._link
                 # The data channel's replies are read by the waiting thread
                 # itself; another waiter (or a stream without the channel)
@@ -388,18 +397,14 @@ class LeaseStream:
             if env_id in resets:
                 self._prefetched[env_id] = resets[env_id]
 
-    def _expire(self, ids: Sequence[int]) -> None:
-        now = time.monotonic()
-        for env_id in ids:
-            waiting = self._waiting.get(env_id)
-            if waiting is not None and now >= waiting.deadline:
-                del self._waiting[env_id]
-                self._answers[env_id] = LeaseEnvFailure(
-                    RlfleetTimeoutError(
-                        f"env {env_id} of lease {self.lease_id} did not answer within "
-                        f"{self.call_timeout:g} seconds (call_timeout)"
-                    )
-                )
+    def _timed_out(self, env_id: int) -> LeaseEnvFailure:
+        """The answer of an env past its call_timeout."""
+        return LeaseEnvFailure(
+            RlfleetTimeoutError(
+                f"env {env_id} of lease {self.lease_id} did not answer within "
+                f"{self.call_timeout:g} seconds (call_timeout)"
+            )
+        )
 
     def _fail_waiting(self, failure: RlfleetError) -> None:
         for env_id in list(self._waiting):

@@ -195,14 +195,17 @@ class RemoteVectorEnv(BaseVectorEnv):
         self._stream.send(command, ids, args, whole_reply=not self.is_async)
 
     def _receive(self, ids: list[int], count: int, timeout: float | None) -> dict[int, Any]:
-        ready = {i: self._local.pop(i) for i in ids if i in self._local}
-        rest = [i for i in ids if i not in ready]
+        if self._local:
+            ready = {i: self._local.pop(i) for i in ids if i in self._local}
+            rest = [i for i in ids if i not in ready]
+        else:
+            ready, rest = {}, ids
         if rest and len(ready) < count:
             answers = self._stream.receive(rest, count - len(ready), timeout)
-            ready.update(
-                (i, FailedCall(a.error) if isinstance(a, LeaseEnvFailure) else a)
-                for i, a in answers.items()
-            )
+            ready.update(answers)
+            for i, a in answers.items():
+                if isinstance(a, LeaseEnvFailure):
+                    ready[i] = FailedCall(a.error)
         return ready
 
 

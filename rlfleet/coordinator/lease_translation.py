@@ -33,7 +33,7 @@ from rlfleet.coordinator.updates import check_env_update
 from rlfleet.errors import WireFormatError
 from rlfleet.lease_messages import OP_CODES, OP_NAMES, LeaseCallOrder, decode_lease_call
 from rlfleet.v1 import leases_pb2, tensor_pb2, updates_pb2, worker_pb2
-from rlfleet.wire import encode_tensor
+from rlfleet.wire import encode_tensor_into
 from rlfleet.wire._protowire import LEN, len_prefix, read_varint, tag
 
 T = TypeVar("T")
@@ -148,7 +148,7 @@ def call_command(
         # Hosts hold runs of env ids, so a worker's rows are usually a slice (a view).
         contiguous = last - first + 1 == len(rows)
         actions = call.actions[first : last + 1] if contiguous else call.actions[list(rows)]
-        part.actions.CopyFrom(encode_tensor(actions))
+        encode_tensor_into(part.actions, actions)
     return message
 
 
@@ -162,7 +162,7 @@ def release_command(lease_id: int) -> worker_pb2.CoordinatorMessage:
 # --- the workers' replies -----------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen one costs ~3 us more to build, per reply
 class RelayReply:
     """A worker's LeaseReply: its header, read; its body, the worker's bytes.
 
@@ -255,37 +255,45 @@ def relay_reply(body: bytes) -> RelayReply:
 
 
 def _check_rows(reply: leases_pb2.LeaseReply, op: str, count: int, where: str) -> None:
-    counts: dict[str, int] = {}
+    wrong: dict[str, int] = {}
     if op in ("reset", "step"):
-        counts["observations"] = _rows(reply.observations)
-        counts["infos"] = len(reply.infos)
-        if reply.infos_json:
-            counts["infos_json"] = len(reply.infos_json)
-    if op == "step":
-        for name in ("rewards", "terminated", "truncated"):
-            counts[name] = _rows(getattr(reply, name))
-    if op == "render" and reply.HasField("frames"):
-        counts["frames"] = _rows(reply.frames)
-    if op in ("get_attr", "call", "class_names"):
-        counts["values_json"] = len(reply.values_json)
-    wrong = {name: rows for name, rows in counts.items() if rows != count}
+        for name, rows in (
+            ("observations", _rows(reply.observations)),
+            ("infos", len(reply.infos)),
+            ("infos_json", len(reply.infos_json) or count),  # empty: none of them has any
+        ):
+            if rows != count:
+                wrong[name] = rows
+        if op == "step":
+            for name, tensor in (
+                ("rewards", reply.rewards),
+                ("terminated", reply.terminated),
+                ("truncated", reply.truncated),
+            ):
+                if (rows := _rows(tensor)) != count:
+                    wrong[name] = rows
+    elif op == "render":
+        if reply.HasField("frames") and (rows := _rows(reply.frames)) != count:
+            wrong["frames"] = rows
+    elif op in ("get_attr", "call", "class_names") and len(reply.values_json) != count:
+        wrong["values_json"] = len(reply.values_json)
     if wrong:
         raise WireFormatError(
             f"{where}: answers {count} envs {list(reply.env_ids)} but has rows {wrong}; "
             "each must have one row per env id"
         )
-    resets = list(reply.reset_env_ids)
-    if resets:
+    if reply.reset_env_ids:
+        resets = list(reply.reset_env_ids)
         if not set(resets) <= set(reply.env_ids) or len(set(resets)) != len(resets):
             raise WireFormatError(
                 f"{where}: reset_env_ids {resets} must be distinct ids of env_ids "
                 f"{list(reply.env_ids)}"
             )
-        rows = (_rows(reply.reset_observations), len(reply.reset_infos))
-        if rows != (len(resets), len(resets)):
+        reset_rows = (_rows(reply.reset_observations), len(reply.reset_infos))
+        if reset_rows != (len(resets), len(resets)):
             raise WireFormatError(
-                f"{where}: {len(resets)} prefetched resets with {rows[0]} observations and "
-                f"{rows[1]} infos"
+                f"{where}: {len(resets)} prefetched resets with {reset_rows[0]} observations "
+                f"and {reset_rows[1]} infos"
             )
 
 

@@ -23,7 +23,6 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import grpc
 
@@ -53,18 +52,6 @@ logger = logging.getLogger("rlfleet.coordinator")
 LeaseEvent = bytes | CallError | None
 
 
-class _InFlight(NamedTuple):
-    """The call an env has in flight (its row ``row``), kept to send it again
-    if its worker dies (a tuple: one per env and call, made cheaply)."""
-
-    call: LeaseCallOrder
-    row: int
-
-    @property
-    def call_id(self) -> int:
-        return self.call.call_id
-
-
 @dataclass
 class _CallClock:
     """When a learner's call arrived, and how many of its envs have not answered yet."""
@@ -87,7 +74,8 @@ class Lease:
         hosts: Worker id hosting env i (0: none yet).
         outbox: Events for the learner's stream.
         creating: Env ids whose CREATE reply is awaited, by worker id.
-        in_flight: The call each busy env has in flight.
+        in_flight: The call each busy env has in flight (the learner's whole
+            call; the env's row in it is found when it must be sent again).
         clocks: Calls not fully answered yet, by call id (the latency metric).
         held: Replies (serialized, named) of whole-reply calls not fully
             answered yet, by call id.
@@ -104,7 +92,7 @@ class Lease:
     learner: str = ""
     outbox: queue.SimpleQueue[LeaseEvent] = field(default_factory=queue.SimpleQueue)
     creating: dict[int, set[int]] = field(default_factory=dict)
-    in_flight: dict[int, _InFlight] = field(default_factory=dict)
+    in_flight: dict[int, LeaseCallOrder] = field(default_factory=dict)
     clocks: dict[int, _CallClock] = field(default_factory=dict)
     held: dict[int, list[bytes]] = field(default_factory=dict)
     spec: bytes | None = None
@@ -392,10 +380,11 @@ class LeaseManager:
             lease.clocks[call.call_id] = _CallClock(
                 call.op, time.monotonic(), len(ids), call.whole_reply
             )
+            in_flight, hosts = lease.in_flight, lease.hosts
             groups: dict[int, list[int]] = {}
             for row, env_id in enumerate(ids):
-                lease.in_flight[env_id] = _InFlight(call, row)
-                groups.setdefault(lease.hosts[env_id], []).append(row)
+                in_flight[env_id] = call
+                groups.setdefault(hosts[env_id], []).append(row)
             for worker_id, rows in groups.items():
                 self._send_call(lease, worker_id, call, rows)
 
@@ -417,10 +406,9 @@ class LeaseManager:
             if reply.op == "create":
                 self._on_created(lease, handle, reply)
                 return
+            hosts, worker_id, count = lease.hosts, handle.worker_id, len(lease.hosts)
             foreign = [
-                env_id
-                for env_id in reply.env_ids
-                if env_id >= lease.num_envs or lease.hosts[env_id] != handle.worker_id
+                env_id for env_id in reply.env_ids if env_id >= count or hosts[env_id] != worker_id
             ]
             if foreign:
                 logger.warning(
@@ -431,16 +419,16 @@ class LeaseManager:
                     foreign,
                 )
                 return
+            in_flight, call_id = lease.in_flight, reply.call_id
             current = [
                 env_id
                 for env_id in reply.env_ids
-                if (flight := lease.in_flight.get(env_id)) is not None
-                and flight.call_id == reply.call_id
+                if (flight := in_flight.get(env_id)) is not None and flight.call_id == call_id
             ]
             if not current:
                 return  # only answers of superseded calls
             for env_id in current:
-                del lease.in_flight[env_id]
+                del in_flight[env_id]
             clock = lease.clocks.get(reply.call_id)
             whole = clock is not None and clock.whole and not clock.superseded
             finished = _answered(lease, reply.call_id, len(current))
@@ -501,7 +489,8 @@ class LeaseManager:
                 for env_id in lost:
                     flight = lease.in_flight.get(env_id)
                     if flight is not None:
-                        self._send_call(lease, lease.hosts[env_id], flight.call, [flight.row])
+                        row = flight.env_ids.index(env_id)
+                        self._send_call(lease, lease.hosts[env_id], flight, [row])
             self._state.changed.notify_all()
 
     def close(self, lease: Lease) -> None:

@@ -112,6 +112,7 @@ class CoordinatorMetrics:
             buckets=LEASE_CALL_BUCKETS,
             registry=reg,
         )
+        self._lease_call_ops: dict[str, Histogram] = {}  # children of _lease_calls by op
         self._data_connections = Counter(
             "rlfleet_lease_data_connections",
             "Connections to the lease data channel, by outcome (accepted: a valid ticket; "
@@ -170,7 +171,10 @@ class CoordinatorMetrics:
 
     def lease_call(self, op: str, seconds: float) -> None:
         """A lease call of ``op`` was answered for all its envs after ``seconds``."""
-        self._lease_calls.labels(op).observe(seconds)
+        child = self._lease_call_ops.get(op)
+        if child is None:  # labels() takes a lock and builds a key: once per op
+            child = self._lease_call_ops[op] = self._lease_calls.labels(op)
+        child.observe(seconds)
 
     def lease_data_connection(self, outcome: str) -> None:
         """A lease data connection was ``accepted`` or ``refused``."""
