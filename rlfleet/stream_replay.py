@@ -16,20 +16,26 @@ base seeds used last (one per fragment sampler, typically). A seed it has
 forgotten starts its streams over, as a fresh sampler with that seed would:
 every worker is told to start each stream at episode 0, so no worker
 resumes a stale count of its own and no stream is labelled with another
-worker's episode numbers.
+worker's episode numbers. Forgetting a seed used within
+:data:`RECENT_SEED_SECONDS` logs a WARNING: its sampler may still be running,
+and its streams would then repeat episodes it already delivered.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from rlfleet.core._arrays import episode_starts
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.episode_order import cut_pieces
+
+logger = logging.getLogger(__name__)
 
 #: Actions a stream's current episode may have delivered and still be
 #: rebuilt elsewhere: the coordinator keeps them in memory, per stream.
@@ -40,6 +46,9 @@ MAX_REPLAY_STEPS = 100_000
 #: used last: more fragment samplers than this running at once with
 #: different seeds would restart each other's streams.
 MAX_STREAM_SEEDS = 64
+#: A seed forgotten less than this long after its last use may belong to a
+#: sampler still running: the book says so in a WARNING.
+RECENT_SEED_SECONDS = 600.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +93,8 @@ class _SeedStreams:
     next_episode: dict[int, int] = dataclasses.field(default_factory=dict)
     #: Who ran each stream last: only another worker needs a replay.
     runner: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: When the seed was last used (the book's clock).
+    used_at: float = 0.0
 
 
 class StreamBook:
@@ -98,13 +109,18 @@ class StreamBook:
             :data:`MAX_REPLAY_STEPS`).
         max_seeds: Base seeds remembered, the ones used last (see
             :data:`MAX_STREAM_SEEDS`).
+        clock: Monotonic seconds (tests pass their own).
     """
 
     def __init__(
-        self, max_steps: int = MAX_REPLAY_STEPS, max_seeds: int = MAX_STREAM_SEEDS
+        self,
+        max_steps: int = MAX_REPLAY_STEPS,
+        max_seeds: int = MAX_STREAM_SEEDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._max_steps = max_steps
         self._max_seeds = max_seeds
+        self._clock = clock
         self._episodes: dict[int, _Episode] = {}
         # Least recently used first.
         self._seeds: OrderedDict[int, _SeedStreams] = OrderedDict()
@@ -188,16 +204,39 @@ class StreamBook:
 
     def _touch(self, base_seed: int) -> _SeedStreams:
         """The seed's streams, now the most recently used; forgets the least recent."""
+        now = self._clock()
         known = self._seeds.get(base_seed)
         if known is not None:
             self._seeds.move_to_end(base_seed)
+            known.used_at = now
             return known
-        known = self._seeds[base_seed] = _SeedStreams()
+        known = self._seeds[base_seed] = _SeedStreams(used_at=now)
         while len(self._seeds) > self._max_seeds:
-            forgotten, _ = self._seeds.popitem(last=False)
+            forgotten, streams = self._seeds.popitem(last=False)
             for stream in [s for s, e in self._episodes.items() if e.base_seed == forgotten]:
                 del self._episodes[stream]
+            idle = now - streams.used_at
+            if idle < RECENT_SEED_SECONDS:
+                # Rare (more fragment samplers than MAX_STREAM_SEEDS at once),
+                # and each eviction is one line: no rate limit needed.
+                logger.warning(
+                    "forgot the fragment streams of base seed %d, last used %.0f s ago, "
+                    "to keep the last %d seeds: if its sampler is still running, its "
+                    "streams restart at episode 0 and repeat episodes already delivered. "
+                    "Run at most %d fragment samplers with different seeds per "
+                    "coordinator (one coordinator per group of learners beyond that)",
+                    forgotten,
+                    idle,
+                    self._max_seeds,
+                    self._max_seeds,
+                )
         return known
 
 
-__all__ = ["MAX_REPLAY_STEPS", "MAX_STREAM_SEEDS", "StreamBook", "StreamReplay"]
+__all__ = [
+    "MAX_REPLAY_STEPS",
+    "MAX_STREAM_SEEDS",
+    "RECENT_SEED_SECONDS",
+    "StreamBook",
+    "StreamReplay",
+]

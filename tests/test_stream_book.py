@@ -16,7 +16,12 @@ from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.core import EpisodeBatch
 from rlfleet.envs import EnvConfig
 from rlfleet.local_sampler import LocalSampler
-from rlfleet.stream_replay import MAX_STREAM_SEEDS, StreamBook, StreamReplay
+from rlfleet.stream_replay import (
+    MAX_STREAM_SEEDS,
+    RECENT_SEED_SECONDS,
+    StreamBook,
+    StreamReplay,
+)
 from rlfleet.worker import VecWorker
 from tests.test_fleet_equivalence import assert_same_batch
 
@@ -86,3 +91,27 @@ def test_a_fleet_serving_many_seeds_keeps_the_book_bounded_and_batches_identical
         assert book.seeds == MAX_STREAM_SEEDS
     finally:
         fleet.close()
+
+
+def test_forgetting_a_seed_used_recently_warns_and_an_idle_one_does_not(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    book = StreamBook(max_seeds=2, clock=lambda: now[0])
+    book.replay(1, 0, 1)
+    book.replay(2, 0, 1)
+    now[0] = RECENT_SEED_SECONDS + 1.0
+    with caplog.at_level("WARNING", logger="rlfleet.stream_replay"):
+        book.replay(3, 0, 1)  # forgets seed 1, idle longer than RECENT_SEED_SECONDS
+    assert not caplog.records
+    now[0] += 5.0
+    with caplog.at_level("WARNING", logger="rlfleet.stream_replay"):
+        book.replay(4, 0, 1)  # forgets seed 2... which was used before the clock moved
+    assert not caplog.records
+    book.replay(4, 0, 1)
+    with caplog.at_level("WARNING", logger="rlfleet.stream_replay"):
+        book.replay(5, 0, 1)  # forgets seed 3, used 5 s ago: its sampler may still run
+    [record] = caplog.records
+    message = record.getMessage()
+    assert "base seed 3, last used 5 s ago" in message
+    assert "repeat episodes already delivered" in message
