@@ -10,12 +10,24 @@ replacement gets (``Task.replays`` on the wire). Exact only for envs that
 are deterministic given their seed and actions, and for stateless policies
 whose draws depend only on the generator and the observation
 (docs/reliability.md, "Fragments under faults").
+
+The book remembers the fragment streams of the :data:`MAX_STREAM_SEEDS`
+base seeds used last (one per fragment sampler, typically). A seed it has
+forgotten starts its streams over, as a fresh sampler with that seed would:
+every worker is told to start each stream at episode 0, so no worker
+resumes a stale count of its own and no stream is labelled with another
+worker's episode numbers. Forgetting a seed used within
+:data:`RECENT_SEED_SECONDS` logs a WARNING: its sampler may still be running,
+and its streams would then repeat episodes it already delivered.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -23,11 +35,20 @@ from rlfleet.core._arrays import episode_starts
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.episode_order import cut_pieces
 
+logger = logging.getLogger(__name__)
+
 #: Actions a stream's current episode may have delivered and still be
 #: rebuilt elsewhere: the coordinator keeps them in memory, per stream.
 #: Past it (an env without a time limit) the episode is not kept, and a
 #: replacement starts the stream's next episode instead.
 MAX_REPLAY_STEPS = 100_000
+#: Base seeds whose fragment streams the coordinator remembers, the ones
+#: used last: more fragment samplers than this running at once with
+#: different seeds would restart each other's streams.
+MAX_STREAM_SEEDS = 64
+#: A seed forgotten less than this long after its last use may belong to a
+#: sampler still running: the book says so in a WARNING.
+RECENT_SEED_SECONDS = 600.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +85,18 @@ class _Episode:
     last_observation: np.ndarray
 
 
+@dataclasses.dataclass
+class _SeedStreams:
+    """What the book knows of one base seed's streams."""
+
+    #: The next episode of each stream (past every episode delivered).
+    next_episode: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: Who ran each stream last: only another worker needs a replay.
+    runner: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: When the seed was last used (the book's clock).
+    used_at: float = 0.0
+
+
 class StreamBook:
     """Per stream, the episode a replacement would have to rebuild.
 
@@ -74,14 +107,28 @@ class StreamBook:
     Args:
         max_steps: Actions kept per stream's episode (see
             :data:`MAX_REPLAY_STEPS`).
+        max_seeds: Base seeds remembered, the ones used last (see
+            :data:`MAX_STREAM_SEEDS`).
+        clock: Monotonic seconds (tests pass their own).
     """
 
-    def __init__(self, max_steps: int = MAX_REPLAY_STEPS) -> None:
+    def __init__(
+        self,
+        max_steps: int = MAX_REPLAY_STEPS,
+        max_seeds: int = MAX_STREAM_SEEDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._max_steps = max_steps
+        self._max_seeds = max_seeds
+        self._clock = clock
         self._episodes: dict[int, _Episode] = {}
-        self._next_episode: dict[tuple[int, int], int] = {}
-        # Who ran each (base seed, stream) last: only another worker needs a replay.
-        self._runner: dict[tuple[int, int], int] = {}
+        # Least recently used first.
+        self._seeds: OrderedDict[int, _SeedStreams] = OrderedDict()
+
+    @property
+    def seeds(self) -> int:
+        """Base seeds remembered (at most ``max_seeds``)."""
+        return len(self._seeds)
 
     def record(self, base_seed: int, worker_id: int, batch: EpisodeBatch) -> None:
         """Notes an accepted window (or any accepted fragments result)."""
@@ -93,10 +140,10 @@ class StreamBook:
         ends = starts + batch.lengths
         ended = ~cut_pieces(batch)
         pieces = zip(streams, episodes, fragments, strict=True)
+        known = self._touch(base_seed)
         for i, (stream, episode, fragment) in enumerate(pieces):
-            key = (base_seed, stream)
-            self._runner[key] = worker_id
-            self._next_episode[key] = max(self._next_episode.get(key, 0), episode + 1)
+            known.runner[stream] = worker_id
+            known.next_episode[stream] = max(known.next_episode.get(stream, 0), episode + 1)
             current = self._episodes.get(stream)
             if ended[i]:
                 if current is not None and current.episode_index <= episode:
@@ -133,18 +180,20 @@ class StreamBook:
     def replay(self, base_seed: int, stream: int, worker_id: int) -> StreamReplay | None:
         """What ``worker_id`` needs to run ``stream`` next, or None if it holds it already.
 
-        A stream no worker ran with ``base_seed`` needs nothing. An episode
-        in progress that cannot be rebuilt (not delivered whole, or too
-        long) is skipped: the replacement starts the stream's next episode.
+        A stream the book does not know under ``base_seed`` (a new seed, or
+        one forgotten) starts at episode 0 whatever the worker held. An
+        episode in progress that cannot be rebuilt (not delivered whole, or
+        too long) is skipped: the replacement starts the stream's next
+        episode.
         """
-        key = (base_seed, stream)
-        runner = self._runner.get(key)
-        if runner is None or runner == worker_id:
+        known = self._touch(base_seed)
+        runner = known.runner.get(stream)
+        if runner == worker_id:
             return None
-        self._runner[key] = worker_id
+        known.runner[stream] = worker_id
         current = self._episodes.get(stream)
-        if current is None or current.base_seed != base_seed:
-            return StreamReplay(stream, self._next_episode.get(key, 0))
+        if runner is None or current is None or current.base_seed != base_seed:
+            return StreamReplay(stream, known.next_episode.get(stream, 0))
         return StreamReplay(
             stream,
             current.episode_index,
@@ -153,5 +202,41 @@ class StreamBook:
             current.last_observation,
         )
 
+    def _touch(self, base_seed: int) -> _SeedStreams:
+        """The seed's streams, now the most recently used; forgets the least recent."""
+        now = self._clock()
+        known = self._seeds.get(base_seed)
+        if known is not None:
+            self._seeds.move_to_end(base_seed)
+            known.used_at = now
+            return known
+        known = self._seeds[base_seed] = _SeedStreams(used_at=now)
+        while len(self._seeds) > self._max_seeds:
+            forgotten, streams = self._seeds.popitem(last=False)
+            for stream in [s for s, e in self._episodes.items() if e.base_seed == forgotten]:
+                del self._episodes[stream]
+            idle = now - streams.used_at
+            if idle < RECENT_SEED_SECONDS:
+                # Rare (more fragment samplers than MAX_STREAM_SEEDS at once),
+                # and each eviction is one line: no rate limit needed.
+                logger.warning(
+                    "forgot the fragment streams of base seed %d, last used %.0f s ago, "
+                    "to keep the last %d seeds: if its sampler is still running, its "
+                    "streams restart at episode 0 and repeat episodes already delivered. "
+                    "Run at most %d fragment samplers with different seeds per "
+                    "coordinator (one coordinator per group of learners beyond that)",
+                    forgotten,
+                    idle,
+                    self._max_seeds,
+                    self._max_seeds,
+                )
+        return known
 
-__all__ = ["MAX_REPLAY_STEPS", "StreamBook", "StreamReplay"]
+
+__all__ = [
+    "MAX_REPLAY_STEPS",
+    "MAX_STREAM_SEEDS",
+    "RECENT_SEED_SECONDS",
+    "StreamBook",
+    "StreamReplay",
+]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -38,6 +39,7 @@ from rlfleet.lease_data import FRAME_HEADER, LeaseDataLink, coordinator_host, di
 from rlfleet.lease_messages import data_hello
 from rlfleet.security import ClientTLS, ServerSecurity, ServerTLS
 from rlfleet.worker._lease_data import WorkerLeaseChannel
+from tests.fleet_processes import ProcessFleet, free_port
 from tests.tls_fixtures import make_ca, make_cert
 
 pytestmark = pytest.mark.timeout(180)
@@ -216,13 +218,20 @@ def test_leases_fall_back_to_grpc_when_the_data_port_is_closed(
     server = fleet.server.coordinator.lease_data
     assert server is not None
     port = server.port
+    before = {w.worker_id for w in fleet.sampler.status().workers}
     server.stop()  # the port closes (as behind a proxy that passes gRPC only)
     # The workers' data connections broke: they rejoin, and stay on gRPC.
     wait_until(
         lambda: all(not cut_pid_has(w.process.pid, port) for w in fleet.workers),
         "the workers' data connections to close",
     )
-    wait_until(lambda: len(fleet.sampler.status().workers) == 2, "the workers to rejoin")
+
+    def rejoined() -> bool:
+        now = {w.worker_id for w in fleet.sampler.status().workers}
+        return len(now) == 2 and not now & before
+
+    # New sessions (the old ones end up to JOIN_END_GRACE_SECONDS later).
+    wait_until(rejoined, "the workers to rejoin")
     received = frames(fleet, "learner"), frames(fleet, "worker")
     with RemoteVectorEnv(fleet, "CartPole-v1", 4, open_timeout=60) as venv:
         venv.reset(seed=0)
@@ -478,6 +487,7 @@ def test_a_worker_holds_data_commands_until_the_switch_marker() -> None:
             max_frame_bytes=1 << 16,
             on_command=got.append,
             on_broken=broken.append,
+            join_ended=lambda seconds: False,
         )
         channel.start()
         try:
@@ -622,3 +632,59 @@ def test_replies_already_there_that_do_not_complete_the_wait_stay_for_the_next()
         stream.close()
         channel.close()
         local.close()
+
+
+DATA_ENDED = "the lease data connection ended"
+USES_DATA = "lease traffic uses the data channel"
+
+
+def warnings_about_data(log: str) -> list[str]:
+    return [line for line in log.splitlines() if DATA_ENDED in line and "WARNING" in line]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopping_coordinator_ends_the_data_connection_without_a_warning(
+    tmp_path: Path, stop: signal.Signals
+) -> None:
+    # The data connection ends with the Join stream: the worker's Join line
+    # reports the stop, the data line is INFO (docs/reliability.md).
+    with ProcessFleet(tmp_path) as processes:
+        coordinator = processes.start_coordinator()
+        worker = processes.start_worker(envs=2)
+        processes.wait_for_log(worker, USES_DATA)
+        processes.signal(coordinator, stop)
+        coordinator.popen.wait(timeout=60)
+        log = processes.wait_for_log(worker, "reconnecting in")
+        time.sleep(1.0)  # a late data line would come within this
+        log = worker.log_text()
+        assert warnings_about_data(log) == [], log
+        assert f"{DATA_ENDED} with the Join stream" in log or DATA_ENDED not in log, log
+
+
+def test_a_cut_data_connection_still_warns_on_the_worker(tmp_path: Path) -> None:
+    port = free_port()
+    with ProcessFleet(tmp_path) as processes:
+        processes.start_coordinator("--lease-data-listen", f"127.0.0.1:{port}")
+        worker = processes.start_worker(envs=2)
+        processes.wait_for_log(worker, USES_DATA)
+        assert cut(worker.pid, port) == 1
+        log = processes.wait_for_log(worker, "reconnecting in")
+        # The worker's own line, or (when the coordinator's write-off ends the
+        # Join stream first) the Join stream's line naming the data stream.
+        warned = [
+            line
+            for line in log.splitlines()
+            if "WARNING" in line and (DATA_ENDED in line or "lease data stream broke" in line)
+        ]
+        assert warned, log
+
+
+def test_a_worker_that_stops_ends_its_data_connection_without_a_warning(tmp_path: Path) -> None:
+    with ProcessFleet(tmp_path) as processes:
+        processes.start_coordinator()
+        worker = processes.start_worker(envs=2)
+        processes.wait_for_log(worker, USES_DATA)
+        assert processes.terminate(worker) == 0
+        log = worker.log_text()
+        assert "left" in log, log
+        assert warnings_about_data(log) == [], log

@@ -21,6 +21,8 @@ PROMISED = [
     "EnvConfig", "PolicySpec", "Policy", "RlfleetError",
     # tianshou's vector envs (issue 11): the in-process alias, and what a backend needs
     "BaseVectorEnv", "DummyVectorEnv", "VectorEnv", "SubprocVectorEnv", "FailedCall",
+    # the native backend (gymnasium's vector_entry_point, envpool) behind the same API (issue 15)
+    "NativeVectorEnv",
     # batch files (rlfleet sample's .npz)
     "load_batch", "save_batch",
     # RLlib's RolloutWorker surface (issue 14)

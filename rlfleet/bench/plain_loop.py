@@ -172,7 +172,7 @@ def _native_loop(
         actions = np.empty((vector_steps, n_envs), dtype=np.int64)
         rewards = np.empty((vector_steps, n_envs), dtype=np.float64)
         log_probs = np.empty((vector_steps, n_envs), dtype=np.float32)
-        observations[0] = env.reset(seed * 1_000_003)
+        observations[0] = env.reset_all(seed * 1_000_003)
         rows = np.arange(n_envs)
         reset_steps = 0
         resetting = np.zeros(n_envs, dtype=bool)
@@ -180,7 +180,7 @@ def _native_loop(
         for t in range(vector_steps):
             action = _act(layers, observations[t], rng, rows, log_probs[t])
             actions[t] = action
-            observations[t + 1], rewards[t], terminated, truncated = env.step(action)
+            observations[t + 1], rewards[t], terminated, truncated = env.step_all(action)
             reset_steps += int(np.count_nonzero(resetting))
             resetting = terminated | truncated
         taken = vector_steps * n_envs - reset_steps

@@ -1,4 +1,4 @@
-"""``rlfleet conformance``: check that a worker implementation speaks the protocol."""
+"""``rlfleet conformance``: check that a worker or coordinator speaks the protocol."""
 
 from __future__ import annotations
 
@@ -31,13 +31,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "per check; exits 0 if and only if every check passes. See docs/conformance.md."
         ),
     )
-    parser.add_argument(
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument(
         "--worker-cmd",
-        required=True,
         metavar="CMD",
         help="command that starts one worker; {address} is replaced by the test "
         "coordinator's HOST:PORT, e.g. \"node bin/rlfleet-node-worker.js --coordinator "
         '{address} --envs 2"',
+    )
+    target.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="check a running coordinator instead (plaintext, no token): that it refuses bad "
+        "lease data tickets (the coordinator checks of docs/conformance.md)",
     )
     parser.add_argument(
         "--env-id",
@@ -68,13 +74,21 @@ def run(args: argparse.Namespace) -> int:
     from rlfleet.conformance import run_conformance
 
     out = sys.stdout
-    results = run_conformance(
-        args.worker_cmd,
-        env_id=args.env_id,
-        checks=args.checks,
-        timeout=args.timeout,
-        on_result=None if args.json else lambda result: print_row(result, out),
-    )
+    on_result = None if args.json else lambda result: print_row(result, out)
+    if args.coordinator is not None:
+        from rlfleet.conformance import run_coordinator_conformance
+
+        results = run_coordinator_conformance(
+            args.coordinator, checks=args.checks, timeout=args.timeout, on_result=on_result
+        )
+    else:
+        results = run_conformance(
+            args.worker_cmd,
+            env_id=args.env_id,
+            checks=args.checks,
+            timeout=args.timeout,
+            on_result=on_result,
+        )
     if args.json:
         json.dump(
             {

@@ -3,6 +3,8 @@
 ``rlfleet conformance --worker-cmd "..."`` runs a worker command against a
 scripted test coordinator and checks the handshake, sampling modes, updates,
 chunking, errors, heartbeats, cancels and draining (docs/conformance.md).
+``rlfleet conformance --coordinator HOST:PORT`` checks that a running
+coordinator refuses bad lease data tickets.
 
     from rlfleet.conformance import run_conformance
 
@@ -23,6 +25,10 @@ from rlfleet.conformance.defaults import DEFAULT_ENV_ID, DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
     from rlfleet.conformance.checks import CHECKS, Check, CheckResult
+    from rlfleet.conformance.coordinator_checks import (
+        COORDINATOR_CHECKS,
+        run_coordinator_conformance,
+    )
     from rlfleet.conformance.scripted_coordinator import ScriptedCoordinator
     from rlfleet.conformance.suite import run_conformance
 
@@ -32,6 +38,8 @@ _LAZY = {
     "CheckResult": "rlfleet.conformance.checks",
     "ScriptedCoordinator": "rlfleet.conformance.scripted_coordinator",
     "run_conformance": "rlfleet.conformance.suite",
+    "COORDINATOR_CHECKS": "rlfleet.conformance.coordinator_checks",
+    "run_coordinator_conformance": "rlfleet.conformance.coordinator_checks",
 }
 
 
@@ -44,10 +52,12 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CHECKS",
+    "COORDINATOR_CHECKS",
     "DEFAULT_ENV_ID",
     "DEFAULT_TIMEOUT",
     "Check",
     "CheckResult",
     "ScriptedCoordinator",
     "run_conformance",
+    "run_coordinator_conformance",
 ]

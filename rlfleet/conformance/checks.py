@@ -20,7 +20,6 @@ import itertools
 import math
 import signal
 import time
-import traceback
 from collections.abc import Callable, Mapping
 
 import grpc
@@ -28,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet import _rpc
-from rlfleet.conformance._failure import CheckFailed
+from rlfleet.conformance._failure import CheckFailed, CheckResult, run_check
 from rlfleet.conformance._stall import StallMeter
 from rlfleet.conformance.agents import Agent, balancing_agent, pinned_agent
 from rlfleet.conformance.link import (
@@ -44,7 +43,6 @@ from rlfleet.coordinator.messages import replay_message
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.episode_results import DecodedResult, cut_pieces, pieces_by_stream
-from rlfleet.errors import ConfigError
 from rlfleet.policies.mlp import weight_name
 from rlfleet.stream_replay import StreamBook
 from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
@@ -80,23 +78,6 @@ LEAVING_SECONDS = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
-class CheckResult:
-    """The outcome of one check.
-
-    Attributes:
-        name: The check's name.
-        passed: Whether the worker passed it.
-        message: What was verified, or what went wrong and where.
-        seconds: How long the check took.
-    """
-
-    name: str
-    passed: bool
-    message: str
-    seconds: float
-
-
-@dataclasses.dataclass(frozen=True)
 class Check:
     """A registered check.
 
@@ -121,22 +102,10 @@ def _check(name: str, summary: str) -> Callable[[Callable[[WorkerHarness], str]]
     def register(body: Callable[[WorkerHarness], str]) -> Check:
         @functools.wraps(body)
         def run(harness: WorkerHarness) -> CheckResult:
-            start = time.monotonic()
-            try:
-                message, passed = body(harness), True
-            except CheckFailed as exc:
-                message, passed = str(exc), False
-            except ConfigError:
-                raise  # a command that cannot start fails every check alike: stop
-            except Exception as exc:  # a bug in the kit must not hide the other checks
-                message, passed = (
-                    f"the conformance kit itself failed; please report this:\n"
-                    f"{''.join(traceback.format_exception(exc)).rstrip()}",
-                    False,
-                )
-            if not passed:
+            result = run_check(name, body, harness)
+            if not result.passed:
                 harness.spoil()  # the shared stream may be in any state now
-            return CheckResult(name, passed, message, time.monotonic() - start)
+            return result
 
         check = Check(name, summary, run)
         CHECKS[name] = check

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from rlfleet.conformance._failure import select
 from rlfleet.conformance.checks import CHECKS, Check, CheckResult
 from rlfleet.conformance.defaults import DEFAULT_ENV_ID, DEFAULT_TIMEOUT
 from rlfleet.conformance.runner import WorkerHarness
 from rlfleet.conformance.scripted_coordinator import ScriptedCoordinator
-from rlfleet.errors import ConfigError
 
 
 def select_checks(names: Sequence[str] | None) -> list[Check]:
@@ -17,12 +17,7 @@ def select_checks(names: Sequence[str] | None) -> list[Check]:
     Raises:
         ConfigError: For an unknown name.
     """
-    if names is None:
-        return list(CHECKS.values())
-    unknown = [name for name in names if name not in CHECKS]
-    if unknown:
-        raise ConfigError(f"unknown checks {unknown}; the checks are: {', '.join(CHECKS)}")
-    return [check for name, check in CHECKS.items() if name in names]
+    return select(names, CHECKS, DEFAULT_TIMEOUT)
 
 
 def run_conformance(
@@ -56,9 +51,7 @@ def run_conformance(
         ConfigError: If a check name is unknown, the timeout is not
             positive, or the command does not parse or lacks ``{address}``.
     """
-    selected = select_checks(checks)
-    if not timeout > 0:
-        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    selected = select(checks, CHECKS, timeout)
     results = []
     with ScriptedCoordinator() as coordinator:
         harness = WorkerHarness(coordinator, worker_command, env_id=env_id, timeout=timeout)

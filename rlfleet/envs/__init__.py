@@ -4,7 +4,9 @@
 and, being picklable and callable, the factory the vector envs take.
 :class:`DummyVectorEnv` and :class:`SubprocVectorEnv` follow tianshou's
 ``BaseVectorEnv`` API, async mode included; ``VectorEnv`` is the in-process
-one under tianshou's other name. A new backend subclasses
+one under tianshou's other name; :class:`NativeVectorEnv` is a gymnasium
+native vector env (``vector_entry_point``) or envpool behind the same API,
+the backend of native workers. A new backend subclasses
 :class:`BaseVectorEnv` (``_send``/``_receive``, answering failures with
 :class:`FailedCall`). Small fault-injecting test envs live in
 :mod:`rlfleet.envs.testing` (imported on demand: importing it registers them).
@@ -13,6 +15,7 @@ one under tianshou's other name. A new backend subclasses
 from rlfleet.envs._base import BaseVectorEnv, FailedCall
 from rlfleet.envs.config import EnvConfig, env_spec_of, make_env
 from rlfleet.envs.dummy import DummyVectorEnv, VectorEnv
+from rlfleet.envs.native import NativeVectorEnv
 from rlfleet.envs.subproc import SubprocVectorEnv
 
 __all__ = [
@@ -20,6 +23,7 @@ __all__ = [
     "DummyVectorEnv",
     "EnvConfig",
     "FailedCall",
+    "NativeVectorEnv",
     "SubprocVectorEnv",
     "VectorEnv",
     "env_spec_of",

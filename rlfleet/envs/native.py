@@ -9,22 +9,39 @@ itself. Both backends here use the *next-step* autoreset (gymnasium's
 episode ended ignores that env's action and returns the first observation
 of its next episode, with reward 0 and neither flag set.
 
-:class:`NativeVectorEnv` gives both backends one small interface; the
-worker's engine (``rlfleet.worker._native_slots``) maps its slots onto it.
-What this means for seeds and determinism is in docs/reliability.md
-("Native vector-env backends").
+:class:`NativeVectorEnv` gives both backends one interface: rlfleet's
+:class:`~rlfleet.envs.BaseVectorEnv` (tianshou's API), with what a native
+env cannot do refused by a clear error. The worker's engine
+(``rlfleet.worker._native_slots``) maps its slots onto it and calls its
+whole-env methods, :meth:`NativeVectorEnv.reset_all` and
+:meth:`NativeVectorEnv.step_all`, directly: that is the hot path. What this
+means for seeds and determinism is in docs/reliability.md ("Native
+vector-env backends").
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from rlfleet.core.env_spec import EnvSpec
-from rlfleet.errors import ConfigError, EnvNotFoundError
+from rlfleet.envs._base import (
+    CALL,
+    CLASS_NAMES,
+    GET_ATTR,
+    RENDER,
+    RESET,
+    SET_ATTR,
+    STEP,
+    BaseVectorEnv,
+    EnvIds,
+    FailedCall,
+)
+from rlfleet.errors import ConfigError, EnvNotFoundError, UsageError, VectorEnvError
 
 #: gymnasium's native vector env: ``gym.make_vec(..., vectorization_mode="vector_entry_point")``.
 VECTOR_ENTRY_POINT = "vector_entry_point"
@@ -34,8 +51,39 @@ ENVPOOL = "envpool"
 VECTORIZATIONS = (VECTOR_ENTRY_POINT, ENVPOOL)
 
 
-class NativeVectorEnv:
-    """One native vector env of ``num_envs`` envs, behind one interface.
+#: Where tianshou's per-env vector envs step some envs, reset some, render,
+#: or reach any attribute or method of one env.
+_PER_ENV = "DummyVectorEnv or SubprocVectorEnv of EnvConfig(env_id) (one env per slot)"
+#: What the refused commands would do, for their errors.
+_REFUSED = {
+    SET_ATTR: "set an attribute of",
+    RENDER: "render",
+    CALL: "call a method of",
+    CLASS_NAMES: "list the wrappers of",
+}
+
+
+class NativeVectorEnv(BaseVectorEnv):
+    """One native vector env of ``num_envs`` envs, as a :class:`~rlfleet.envs.BaseVectorEnv`.
+
+    The tianshou API, with the rules of a native env:
+
+    * ``reset()`` and ``step(actions)`` take every env at once (``id`` None
+      or all of them); a subset is refused with :class:`UsageError`.
+    * One seed seeds them all: ``reset(seed=s)`` (or ``seed(s)``) reseeds
+      the whole native env with ``s`` (gymnasium's: its one generator;
+      envpool: env k gets ``s + k``). A list of per-env seeds is taken only
+      as ``s, s + 1, ...``, what ``seed=s`` means for the other vector envs;
+      any other list is refused.
+    * Next-step autoreset instead of ``reset(id=...)``: the step after an
+      env's episode ended ignores its action and returns the first
+      observation of its next episode, with reward 0, both flags False and
+      ``infos[k]["autoreset"]`` True. Only the first ``step`` needs a
+      ``reset`` before it (and any step after a failed call).
+    * ``get_env_attr`` answers ``observation_space`` and ``action_space``
+      (one env's spaces), ``metadata`` and ``max_episode_length``.
+      ``set_env_attr``, ``render``, ``call_env_method``, ``class_names``,
+      ``step_and_reset`` and the async mode are refused.
 
     Args:
         env_id: The env id (gymnasium's registry, or envpool's list).
@@ -72,6 +120,12 @@ class NativeVectorEnv:
         self.max_episode_length = _episode_limit(env_id, vectorization, max_episode_length)
         self._kwargs = dict(kwargs)
         self._env: Any = self._make(seed=0)
+        # The env is made again by an envpool reset: release closes the current one.
+        box = self._box = [self._env]
+        super().__init__(num_envs, lambda: _close_current(box))
+        self._answers: dict[int, Any] = {}
+        # Envs whose episode ended at the last step: the next step restarts them.
+        self._ended = np.zeros(num_envs, dtype=bool)
         if vectorization == VECTOR_ENTRY_POINT:
             self.single_observation_space: gym.Space = self._env.single_observation_space
             self.single_action_space: gym.Space = self._env.single_action_space
@@ -91,27 +145,31 @@ class NativeVectorEnv:
             self.single_observation_space, self.single_action_space, self.max_episode_length
         )
 
-    def reset(self, seed: int) -> np.ndarray:
-        """Starts a new episode in every env, seeded from ``seed``.
+    def reset_all(self, seed: int | None) -> np.ndarray:
+        """Starts a new episode in every env, seeded from ``seed`` (the engine's reset).
 
         gymnasium's native envs are reseeded by ``reset(seed=...)``. envpool
         takes its seed only when it is made (env k gets ``seed + k``), so it
         is made again (it takes int32 seeds: env k gets ``seed % (2**31 -
-        num_envs) + k``); that costs about a millisecond.
+        num_envs) + k``); that costs about a millisecond. None goes on
+        from the envs' own generators.
 
         Returns:
             The first observation of every env, one row per env.
         """
         if self.vectorization == ENVPOOL:
-            self._close_env()
-            self._env = self._make(seed=seed % (2**31 - self.num_envs))
+            if seed is not None:
+                _close(self._env)
+                self._env = self._box[0] = self._make(seed=seed % (2**31 - self.num_envs))
             observations, _ = self._env.reset()
         else:
             observations, _ = self._env.reset(seed=seed)
         return np.asarray(observations)
 
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Steps every env (next-step autoreset); infos are not returned.
+    def step_all(
+        self, actions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Steps every env (next-step autoreset; the engine's step); infos are not returned.
 
         Returns:
             ``(observations, rewards, terminated, truncated)``, one row per env.
@@ -119,14 +177,116 @@ class NativeVectorEnv:
         observations, rewards, terminated, truncated, _ = self._env.step(actions)
         return observations, rewards, terminated, truncated
 
-    def close(self) -> None:
-        """Closes the env."""
-        self._close_env()
+    # --- tianshou's API (BaseVectorEnv) ------------------------------------------------
 
-    def _close_env(self) -> None:
-        close = getattr(self._env, "close", None)
-        if close is not None:
-            close()
+    def reset(
+        self, id: EnvIds = None, *, env_id: EnvIds = None, **kwargs: Any
+    ) -> tuple[Any, np.ndarray]:
+        """Resets every env (see the class docstring for what is refused).
+
+        Raises:
+            UsageError: For a subset of the envs, kwargs other than ``seed``,
+                or per-env seeds other than ``s, s + 1, ...``.
+        """
+        self._check_open()
+        self._whole(env_id if id is None else id, "reset", "reset()")
+        unknown = sorted(set(kwargs) - {"seed"})
+        if unknown:
+            raise UsageError(
+                f"{self.name}: reset() takes only seed=, not {unknown}; use {_PER_ENV} for "
+                "reset options"
+            )
+        return super().reset(**kwargs)
+
+    def step(
+        self, action: Any, id: EnvIds = None
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Steps every env, one action row each (next-step autoreset: see the class docstring).
+
+        Raises:
+            UsageError: For a subset of the envs.
+            VectorEnvError: Before the first reset, or after a failed call.
+        """
+        self._check_open()
+        self._whole(id, "step", "step(actions) with one row per env")
+        # The envs whose episode ended restart on this step by themselves.
+        self._needs_reset[self._ended] = False
+        return super().step(action)
+
+    def step_and_reset(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused: a native env resets a finished env itself, on the next :meth:`step`."""
+        raise UsageError(
+            f"{self.name} resets a finished env itself on the next step(); call step() "
+            f"(or use {_PER_ENV} for step_and_reset)"
+        )
+
+    # --- the backend contract ---------------------------------------------------------
+
+    def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
+        answers: list[Any]
+        try:
+            if command == RESET:
+                first = self.reset_all(_one_seed([a["seed"] for a in args], self.name))
+                self._ended[:] = False
+                answers = [(first[i], {}) for i in ids]
+            elif command == STEP:
+                observations, rewards, terminated, truncated = self.step_all(np.asarray(args))
+                restarted = self._ended
+                self._ended = np.asarray(terminated, dtype=bool) | np.asarray(truncated, bool)
+                answers = [
+                    (
+                        observations[i],
+                        rewards[i],
+                        terminated[i],
+                        truncated[i],
+                        {"autoreset": True} if restarted[i] else {},
+                    )
+                    for i in ids
+                ]
+            elif command == GET_ATTR:
+                answers = [self._attribute(args[0])] * len(ids)
+            else:
+                raise UsageError(
+                    f"{self.name} cannot {_REFUSED[command]} one env (it holds no env objects "
+                    f"of its own); use {_PER_ENV}"
+                )
+        except UsageError as exc:
+            self._answers.update((i, FailedCall(exc)) for i in ids)
+            return
+        except Exception as exc:  # answered, as the contract asks: one failure for every env
+            self._ended[:] = False  # unknown state: step() needs a reset() first
+            error = VectorEnvError(
+                f"{command}() of {self.name} raised {type(exc).__name__}: {exc}; every env's "
+                "state is unknown now: call reset() before stepping again",
+                env_index=ids[0],
+            )
+            self._answers.update((i, FailedCall(error)) for i in ids)
+            return
+        self._answers.update(zip(ids, answers, strict=True))
+
+    def _receive(self, ids: list[int], count: int, timeout: float | None) -> dict[int, Any]:
+        return {i: self._answers.pop(i) for i in ids if i in self._answers}
+
+    def _attribute(self, key: str) -> Any:
+        attributes = {
+            "observation_space": self.single_observation_space,
+            "action_space": self.single_action_space,
+            "metadata": getattr(self._env, "metadata", {}),
+            "max_episode_length": self.max_episode_length,
+        }
+        if key not in attributes:
+            raise UsageError(
+                f"{self.name} has no per-env attribute {key!r}; it answers {list(attributes)} "
+                f"(use {_PER_ENV} for any attribute of an env)"
+            )
+        return attributes[key]
+
+    def _whole(self, id: EnvIds, call: str, instead: str) -> None:
+        if id is not None and self._ids(id) != list(range(self.env_num)):
+            raise UsageError(
+                f"{self.name} can only {call} all its {self.env_num} envs together; call "
+                f"{instead} (id=None), or use {_PER_ENV} to {call} some of them"
+            )
 
     def _make(self, seed: int) -> Any:
         limit: dict[str, Any] = {"max_episode_steps": self.max_episode_length}
@@ -153,6 +313,38 @@ class NativeVectorEnv:
                 f"envpool rejected env {self.env_id!r} with kwargs {self._kwargs!r}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+
+
+def _close(env: Any) -> list[BaseException]:
+    close = getattr(env, "close", None)
+    try:
+        if close is not None:
+            close()
+    except Exception as exc:  # returned: BaseVectorEnv.close raises the first
+        return [exc]
+    return []
+
+
+def _close_current(box: list[Any]) -> list[BaseException]:
+    return _close(box[0])
+
+
+def _one_seed(seeds: Sequence[int | None], name: str) -> int | None:
+    """The one seed of a whole reset, from per-env seeds ``s, s + 1, ...`` (or all None).
+
+    Raises:
+        UsageError: For seeds that do not follow that rule.
+    """
+    if all(seed is None for seed in seeds):
+        return None
+    first = seeds[0]
+    if first is None or list(seeds) != [first + k for k in range(len(seeds))]:
+        raise UsageError(
+            f"{name} is seeded as a whole by one seed s (a list must read s, s + 1, ...); "
+            f"got {list(seeds)}. Give seed=s (an int), or use {_PER_ENV} for seeds of your "
+            "choice"
+        )
+    return first
 
 
 def _check_task(env_id: str, vectorization: str) -> None:

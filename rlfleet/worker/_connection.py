@@ -9,9 +9,13 @@ CoordinatorMessage into an inbox the main loop polls without blocking.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import queue
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -20,6 +24,8 @@ import grpc
 from google.protobuf.message import Message
 
 from rlfleet import _rpc
+from rlfleet.errors import UnavailableError
+from rlfleet.security import ClientSecurity
 from rlfleet.v1 import leases_pb2, worker_pb2
 
 logger = logging.getLogger("rlfleet.worker")
@@ -130,3 +136,69 @@ class JoinStream:
             self.inbox.put(StreamEnded(None))
             return
         self.inbox.put(StreamEnded(None))
+
+
+@contextlib.contextmanager
+def lease_data_ticket(
+    address: str, *, security: ClientSecurity | None, timeout: float, implementation: str
+) -> Iterator[tuple[int, bytes] | None]:
+    """Joins as a one-env worker that hosts leases, for as long as its data ticket is needed.
+
+    The conformance kit's coordinator checks present this ticket (and bad
+    ones) to the coordinator's data port; the Join stream stays open
+    meanwhile, as a ticket lives only as long as its session.
+
+    Args:
+        address: The coordinator's ``HOST:PORT``.
+        security: TLS and the worker token, or None.
+        timeout: Seconds to wait for the Welcome.
+        implementation: ``Hello.implementation``.
+
+    Yields:
+        ``(port, ticket)`` of ``Welcome.lease_data``, or None when the
+        coordinator offers no data channel.
+
+    Raises:
+        UnavailableError: If no Welcome came within ``timeout`` seconds.
+    """
+    channel = _rpc.open_channel(address, security=security)
+    inbox: queue.SimpleQueue[Incoming] = queue.SimpleQueue()
+    stream = JoinStream(channel, inbox)
+    try:
+        stream.send(
+            worker_pb2.WorkerMessage(
+                hello=worker_pb2.Hello(
+                    protocol_version=_rpc.PROTOCOL_VERSION,
+                    capabilities=["rlfleet.episodes", _rpc.LEASE_CAPABILITY],
+                    num_envs=1,
+                    lease_slots=1,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    implementation=implementation,
+                )
+            )
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                message = inbox.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                raise UnavailableError(
+                    f"no Welcome from {address} within {timeout:g} seconds of Hello"
+                ) from None
+            if isinstance(message, StreamEnded):
+                raise UnavailableError(f"{address} ended the Join stream: {message.describe()}")
+            if isinstance(message, worker_pb2.CoordinatorMessage):
+                break
+        if message.WhichOneof("body") != "welcome":
+            raise UnavailableError(
+                f"{address} sent {message.WhichOneof('body')} before Welcome on the Join stream"
+            )
+        welcome = message.welcome
+        if not welcome.HasField("lease_data"):
+            yield None
+        else:
+            yield welcome.lease_data.port, welcome.lease_data.ticket
+    finally:
+        stream.cancel()
+        channel.close()

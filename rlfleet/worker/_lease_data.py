@@ -8,6 +8,11 @@ coming there after the coordinator's switch marker on the Join stream
 the marker are held back, so a command on the connection never overtakes
 one still on its way on the stream. If the port cannot be reached,
 everything stays on the Join stream (one WARNING says what to open).
+
+A connection that ends while the Join stream lives is a fault: WARNING, and
+the session ends. One that ends with the Join stream (the coordinator stops,
+or this worker leaves) is part of that end, which the Join stream's own line
+reports: INFO.
 """
 
 from __future__ import annotations
@@ -21,6 +26,11 @@ from rlfleet.lease_data import DATA_DIAL_SECONDS, LeaseDataLink, dial, warn_unre
 from rlfleet.security import ClientTLS
 
 logger = logging.getLogger("rlfleet.worker")
+
+#: Seconds a cleanly closed data connection waits for the Join stream to end
+#: too: a stopping coordinator closes its data port a moment before it ends
+#: the Join streams, and the two connections' ends race to the worker.
+JOIN_END_GRACE_SECONDS = 1.0
 
 
 class WorkerLeaseChannel:
@@ -37,6 +47,9 @@ class WorkerLeaseChannel:
         on_broken: Called with the reason when an accepted connection
             breaks while the session runs (the session then ends and the
             worker rejoins, as after a lost stream).
+        join_ended: Waits up to the given seconds for the Join stream to
+            end (0: only looks); whether it ended, or the session is
+            leaving on purpose.
     """
 
     def __init__(
@@ -49,6 +62,7 @@ class WorkerLeaseChannel:
         max_frame_bytes: int,
         on_command: Callable[[bytes], None],
         on_broken: Callable[[str], None],
+        join_ended: Callable[[float], bool],
     ) -> None:
         self._address = (host, port)
         self._hello = hello
@@ -56,6 +70,7 @@ class WorkerLeaseChannel:
         self._max = max_frame_bytes
         self._on_command = on_command
         self._on_broken = on_broken
+        self._join_ended = join_ended
         self._lock = threading.Lock()
         self._switched = False
         self._held: list[bytes] = []
@@ -126,6 +141,7 @@ class WorkerLeaseChannel:
             self._link = link
         logger.info("lease traffic uses the data channel at %s:%d", host, port)
         why = "the coordinator closed it"
+        clean = False
         try:
             while (payload := link.receive()) is not None:
                 with self._lock:
@@ -133,16 +149,22 @@ class WorkerLeaseChannel:
                         self._on_command(payload)
                     else:
                         self._held.append(payload)
+            clean = True
         except OSError as exc:
             why = f"connection broken: {exc}"
         except RlfleetError as exc:
             why = str(exc)
-        self._broken(why)
+        self._broken(why, clean=clean)
 
-    def _broken(self, why: str) -> None:
+    def _broken(self, why: str, *, clean: bool = False) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        logger.warning("the lease data connection ended (%s); rejoining", why)
+        # Only a clean close waits: a broken connection (reset, cut, bad frame)
+        # is a fault even if the coordinator then ends the Join stream for it.
+        if self._join_ended(JOIN_END_GRACE_SECONDS if clean else 0.0):
+            logger.info("the lease data connection ended with the Join stream (%s)", why)
+        else:
+            logger.warning("the lease data connection ended (%s); rejoining", why)
         self._on_broken(why)

@@ -78,7 +78,7 @@ class NativeSlots:
         reseeded with ``policy_seed``.
         """
         if self._running == 0 and not (self.state == FRESH).all():
-            self._observations = self.native.reset(env_seed)
+            self._observations = self.native.reset_all(env_seed)
             self.state[:] = FRESH
             self.generator = np.random.default_rng(policy_seed)
         assert self._observations is not None and self.state[slot] == FRESH
@@ -116,7 +116,7 @@ class NativeSlots:
             idle = state != RUNNING
             where = idle.reshape((self.n,) + (1,) * (np.ndim(actions) - 1))
             actions = np.where(where, self._placeholder, actions)
-        observations, rewards, terminated, truncated = self.native.step(actions)
+        observations, rewards, terminated, truncated = self.native.step_all(actions)
         if some_idle:
             state[idle & (state == FRESH)] = DRAINING
             state[idle & (state == AWAITING)] = FRESH

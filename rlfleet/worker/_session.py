@@ -153,6 +153,7 @@ class Session:
                 max_frame_bytes=self._max_message_bytes,
                 on_command=self._data_command,
                 on_broken=self._data_broken,
+                join_ended=self._join_ended,
             )
             self._lease_channel.start()
 
@@ -594,6 +595,12 @@ class Session:
                 "lease command"
             )
         self._submit_lease(message.lease)
+
+    def _join_ended(self, seconds: float) -> bool:
+        """Whether this session is leaving, or its Join stream ends within ``seconds``."""
+        if self._leaving or self._worker.leave_requested:
+            return True
+        return self._stream.wait_closed(seconds)
 
     def _data_broken(self, why: str) -> None:
         """The data connection broke: the coordinator writes this session off, so end it."""

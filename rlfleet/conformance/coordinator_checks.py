@@ -1,0 +1,282 @@
+"""Coordinator checks: does a coordinator, in any language, refuse bad lease data tickets?
+
+The lease data channel (leases.proto, docs/protocol.md) lets whoever
+presents a ticket drive a lease or a worker's session, so a coordinator
+must accept each ticket it issued once and nothing else. Each check joins
+the coordinator as a one-env worker that hosts leases (its Welcome carries
+a ticket), presents a bad ticket on the data port, and expects the
+connection to be closed without the ``LeaseDataAccepted`` frame; then it
+presents the good ticket and expects it accepted, which shows that the
+refusal was for the ticket. docs/conformance.md describes the checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+from rlfleet._version import __version__
+from rlfleet.conformance._failure import CheckFailed, CheckResult, run_check, select
+from rlfleet.lease_data import HANDSHAKE_FRAME_BYTES, coordinator_host, frame
+from rlfleet.lease_messages import data_hello
+from rlfleet.security import ClientSecurity
+from rlfleet.worker._connection import lease_data_ticket
+
+#: ``Hello.implementation`` of the kit's worker.
+KIT_IMPLEMENTATION = f"rlfleet-conformance/{__version__}"
+#: Size of the oversized check's first frame: 64 times the largest hello a
+#: coordinator needs to read (a LeaseDataHello of a 32-byte ticket is 34 bytes).
+OVERSIZED_HELLO_BYTES = 64 * HANDSHAKE_FRAME_BYTES
+
+
+@dataclasses.dataclass(frozen=True)
+class CoordinatorTarget:
+    """The coordinator under test.
+
+    Attributes:
+        address: Its gRPC ``HOST:PORT`` (the data port is the one its Welcome names).
+        security: TLS and the worker token to join with, or None.
+        timeout: Longest wait for any one answer, in seconds.
+    """
+
+    address: str
+    security: ClientSecurity | None = None
+    timeout: float = 15.0
+
+
+@dataclasses.dataclass(frozen=True)
+class CoordinatorCheck:
+    """A registered coordinator check.
+
+    Attributes:
+        name: Its name on the command line (``--checks``).
+        summary: One line on what it verifies.
+        run: Runs it against a coordinator.
+    """
+
+    name: str
+    summary: str
+    run: Callable[[CoordinatorTarget], CheckResult]
+
+
+#: Every coordinator check, by name, in the order they run.
+COORDINATOR_CHECKS: dict[str, CoordinatorCheck] = {}
+
+
+def _check(
+    name: str, summary: str
+) -> Callable[[Callable[[CoordinatorTarget], str]], CoordinatorCheck]:
+    def register(body: Callable[[CoordinatorTarget], str]) -> CoordinatorCheck:
+        check = CoordinatorCheck(name, summary, lambda target: run_check(name, body, target))
+        COORDINATOR_CHECKS[name] = check
+        return check
+
+    return register
+
+
+# --- the checks, in running order ------------------------------------------------
+
+
+@_check("ticket-wrong-bytes", "a ticket the coordinator never issued is refused")
+def ticket_wrong_bytes(target: CoordinatorTarget) -> str:
+    with _ticket(target) as (port, ticket):
+        if ticket is None:
+            return "the coordinator offers no lease data channel (Welcome.lease_data unset)"
+        wrong = bytes(b ^ 0xFF for b in ticket[:1]) + ticket[1:]
+        with _presented(target, port, frame(data_hello(wrong))) as accepted:
+            if accepted:
+                raise CheckFailed(
+                    "expected the coordinator to close a data connection presenting a ticket "
+                    "it never issued (the Welcome's ticket with its first byte flipped); it "
+                    "answered LeaseDataAccepted"
+                )
+        _expect_accepted(target, port, ticket, "after the wrong one")
+    return f"a {len(ticket)}-byte ticket with one byte changed was refused; the real one accepted"
+
+
+@_check("ticket-used-twice", "a ticket is accepted once; presenting it again is refused")
+def ticket_used_twice(target: CoordinatorTarget) -> str:
+    with _ticket(target) as (port, ticket):
+        if ticket is None:
+            return "the coordinator offers no lease data channel (Welcome.lease_data unset)"
+        with _presented(target, port, frame(data_hello(ticket))) as first:
+            if not first:
+                raise CheckFailed(
+                    "expected the coordinator to accept the ticket of its own Welcome (a "
+                    "LeaseDataAccepted frame); it closed the connection"
+                )
+            # The first connection stays open: a second one with the same
+            # ticket must not take it over.
+            with _presented(target, port, frame(data_hello(ticket))) as again:
+                if again:
+                    raise CheckFailed(
+                        "expected the coordinator to close a second data connection "
+                        "presenting a ticket already used (tickets are single-use); it "
+                        "answered LeaseDataAccepted"
+                    )
+    return "the Welcome's ticket was accepted once and refused the second time"
+
+
+@_check(
+    "ticket-oversized",
+    f"a first frame of {OVERSIZED_HELLO_BYTES} bytes is refused, even holding a good ticket",
+)
+def ticket_oversized(target: CoordinatorTarget) -> str:
+    with _ticket(target) as (port, ticket):
+        if ticket is None:
+            return "the coordinator offers no lease data channel (Welcome.lease_data unset)"
+        hello = data_hello(ticket)
+        # Concatenated copies of a message parse as the message (a repeated
+        # bytes field: the last value wins), so this frame names the good
+        # ticket: only its size is wrong.
+        oversized = hello * (OVERSIZED_HELLO_BYTES // len(hello) + 1)
+        with _presented(target, port, frame(oversized)) as accepted:
+            if accepted:
+                raise CheckFailed(
+                    f"expected the coordinator to close a data connection whose first frame "
+                    f"is {len(oversized)} bytes (a LeaseDataHello is tiny; read a first "
+                    f"frame of at most {HANDSHAKE_FRAME_BYTES} bytes); it read it and "
+                    "answered LeaseDataAccepted"
+                )
+        _expect_accepted(target, port, ticket, "after the oversized frame")
+    return (
+        f"a first frame of {len(oversized)} bytes holding the good ticket was refused; "
+        "the ticket was accepted afterwards"
+    )
+
+
+# --- running ---------------------------------------------------------------------
+
+
+def run_coordinator_conformance(
+    address: str,
+    *,
+    security: ClientSecurity | None = None,
+    checks: Sequence[str] | None = None,
+    timeout: float = 15.0,
+    on_result: Callable[[CheckResult], None] | None = None,
+) -> list[CheckResult]:
+    """Runs the coordinator checks against a running coordinator.
+
+    Args:
+        address: The coordinator's gRPC ``HOST:PORT``.
+        security: TLS and the worker token to join with, or None.
+        checks: Names of the checks to run (see :data:`COORDINATOR_CHECKS`);
+            None runs all.
+        timeout: Longest wait for any one answer, in seconds.
+        on_result: Called with each result as soon as its check ends.
+
+    Returns:
+        One result per check, in running order.
+
+    Raises:
+        ConfigError: If a check name is unknown or the timeout is not positive.
+    """
+    selected = select(checks, COORDINATOR_CHECKS, timeout)
+    target = CoordinatorTarget(address, security, timeout)
+    results = []
+    for check in selected:
+        result = check.run(target)
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return results
+
+
+# --- helpers ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _ticket(target: CoordinatorTarget) -> Iterator[tuple[int, bytes | None]]:
+    """``(data port, ticket)`` of a fresh worker session, open meanwhile."""
+    with contextlib.ExitStack() as stack:
+        try:
+            data = stack.enter_context(
+                lease_data_ticket(
+                    target.address,
+                    security=target.security,
+                    timeout=target.timeout,
+                    implementation=KIT_IMPLEMENTATION,
+                )
+            )
+        except Exception as exc:  # cannot join: the check cannot run
+            raise CheckFailed(
+                f"could not join {target.address} as a worker hosting leases to get a "
+                f"ticket: {type(exc).__name__}: {exc}"
+            ) from None
+        yield data if data is not None else (0, None)
+
+
+@contextlib.contextmanager
+def _presented(target: CoordinatorTarget, port: int, first: bytes) -> Iterator[bool]:
+    """Dials the data port, sends ``first`` and yields whether it was accepted.
+
+    Accepted: the coordinator answered with an empty frame (LeaseDataAccepted).
+    Refused: it closed or reset the connection. The connection stays open
+    for the ``with`` body.
+
+    Raises:
+        CheckFailed: If the port cannot be reached, or neither answer came
+            within the target's timeout.
+    """
+    host = coordinator_host(target.address)
+    tls = target.security.tls if target.security is not None else None
+    try:
+        sock = socket.create_connection((host, port), timeout=target.timeout)
+        if tls is not None:
+            sock = tls.ssl_context().wrap_socket(sock, server_hostname=tls.server_name or host)
+    except OSError as exc:
+        raise CheckFailed(f"could not reach the lease data port {host}:{port}: {exc}") from None
+    try:
+        yield _answer(sock, first, target.timeout, f"{host}:{port}")
+    finally:
+        sock.close()
+
+
+def _answer(sock: socket.socket, first: bytes, timeout: float, where: str) -> bool:
+    deadline = time.monotonic() + timeout
+    try:
+        sock.sendall(first)
+    except OSError:
+        return False  # closed on us while we wrote: refused
+    answer = b""
+    while len(answer) < 4:
+        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+        try:
+            chunk = sock.recv(4 - len(answer))
+        except TimeoutError:
+            raise CheckFailed(
+                f"the lease data port {where} neither accepted nor closed the connection "
+                f"within {timeout:g} seconds of its first frame"
+            ) from None
+        except OSError:
+            return False  # reset: refused
+        if not chunk:
+            return False
+        answer += chunk
+    if answer != frame(b""):
+        raise CheckFailed(
+            f"the lease data port {where} answered the first frame with {answer!r}, not the "
+            "empty LeaseDataAccepted frame (b'\\x00\\x00\\x00\\x00') nor a close"
+        )
+    return True
+
+
+def _expect_accepted(target: CoordinatorTarget, port: int, ticket: bytes, when: str) -> None:
+    with _presented(target, port, frame(data_hello(ticket))) as accepted:
+        if not accepted:
+            raise CheckFailed(
+                f"expected the coordinator to accept the Welcome's own ticket {when} (so "
+                "that the refusal was for the bad one); it closed the connection"
+            )
+
+
+__all__ = [
+    "COORDINATOR_CHECKS",
+    "CoordinatorCheck",
+    "CoordinatorTarget",
+    "run_coordinator_conformance",
+]

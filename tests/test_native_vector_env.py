@@ -1,0 +1,112 @@
+"""The native backend is a BaseVectorEnv: tianshou's API over one native vector env.
+
+Both backends (gymnasium's CartPole ``vector_entry_point`` and envpool's
+CartPole) are compared with the raw native env they wrap: the same seeds
+and actions give the same bits, next-step autoreset included. What a
+native env cannot do (a subset of envs, per-env seeds, attributes and
+methods of one env) is refused with an error naming what to use instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rlfleet import BaseVectorEnv, NativeVectorEnv
+from rlfleet.errors import UsageError, VectorEnvError
+from tests.test_native_backends import BACKENDS
+
+N = 4
+LIMIT = 30
+PER_ENV = "DummyVectorEnv or SubprocVectorEnv"
+
+
+def make(backend: str) -> NativeVectorEnv:
+    return NativeVectorEnv("CartPole-v1", {}, backend, N, LIMIT)
+
+
+def raw(backend: str, seed: int) -> Any:
+    """The native env as gymnasium or envpool makes it, seeded as NativeVectorEnv seeds it."""
+    if backend == "envpool":
+        import envpool
+
+        return envpool.make_gymnasium("CartPole-v1", num_envs=N, seed=seed, max_episode_steps=LIMIT)
+    return gym.make_vec(
+        "CartPole-v1", num_envs=N, vectorization_mode="vector_entry_point", max_episode_steps=LIMIT
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_native_backend_steps_the_same_bits_as_its_raw_env(backend: str) -> None:
+    seed, steps = 7, 3 * LIMIT
+    actions = np.random.default_rng(0).integers(0, 2, size=(steps, N))
+    reference = raw(backend, seed)
+    want_obs, _ = reference.reset() if backend == "envpool" else reference.reset(seed=seed)
+    with make(backend) as venv:
+        assert isinstance(venv, BaseVectorEnv) and len(venv) == N
+        obs, infos = venv.reset(seed=seed)
+        np.testing.assert_array_equal(obs, want_obs)
+        assert [info["env_id"] for info in infos] == list(range(N))
+        ended = np.zeros(N, dtype=bool)
+        restarts = 0
+        for t in range(steps):
+            want = reference.step(actions[t])
+            obs, rewards, terminated, truncated, infos = venv.step(actions[t])
+            for got, expected in zip((obs, rewards, terminated, truncated), want, strict=False):
+                np.testing.assert_array_equal(got, expected)
+            autoreset = np.array([info.get("autoreset", False) for info in infos])
+            np.testing.assert_array_equal(autoreset, ended)  # the step after an end
+            assert np.all(rewards[autoreset] == 0) and not (terminated | truncated)[autoreset].any()
+            restarts += int(autoreset.sum())
+            ended = terminated | truncated
+        assert restarts > 0  # episodes ended and went on without reset(id=...)
+    reference.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_seeds_reset_the_whole_env_and_repeat(backend: str) -> None:
+    with make(backend) as one, make(backend) as two:
+        one.seed(11)
+        first, _ = one.reset()  # seed() is used by the next reset
+        again, _ = two.reset(seed=[11, 12, 13, 14])  # the same as seed=11
+        np.testing.assert_array_equal(first, again)
+        assert one.get_env_attr("action_space") == [gym.spaces.Discrete(2)] * N
+        assert one.observation_space[0] == gym.make("CartPole-v1").observation_space
+        assert one.get_env_attr("max_episode_length", id=[1]) == [LIMIT]
+
+
+def test_what_a_native_env_cannot_do_is_refused_with_what_to_use_instead() -> None:
+    venv = make("vector_entry_point")
+    refused = {
+        "step some envs": lambda: venv.step(np.zeros(2, np.int64), id=[0, 1]),
+        "reset some envs": lambda: venv.reset(id=[1]),
+        "seeds of your choice": lambda: venv.reset(seed=[1, 5, 6, 7]),
+        "reset options": lambda: venv.reset(options={"x": 1}),
+        "any attribute of an env": lambda: venv.get_env_attr("state"),
+        "set_env_attr": lambda: venv.set_env_attr("gravity", 1.0),
+        "render": venv.render,
+        "call_env_method": lambda: venv.call_env_method("close"),
+        "class_names": venv.class_names,
+        "step_and_reset": lambda: venv.step_and_reset(np.zeros(N, np.int64), None, []),
+    }
+    for call in refused.values():
+        with pytest.raises(UsageError, match=PER_ENV):
+            call()
+    with pytest.raises(VectorEnvError, match="must be reset first"):
+        venv.step(np.zeros(N, np.int64))
+    venv.reset(seed=0)
+    venv.step(np.zeros(N, np.int64))
+    # An env that raises leaves every env's state unknown: a reset comes first.
+    with pytest.raises(VectorEnvError, match="call reset\\(\\) before stepping again"):
+        venv.step(np.full(N, 7, np.int64))  # not in Discrete(2): CartPole raises
+    with pytest.raises(VectorEnvError, match="must be reset first"):
+        venv.step(np.zeros(N, np.int64))
+    venv.reset()
+    venv.step(np.zeros(N, np.int64))
+    venv.close()
+    venv.close()
+    with pytest.raises(UsageError, match="closed"):
+        venv.reset()
