@@ -28,6 +28,14 @@ The Remote figures are taken in two layouts, named in each line:
 * ``procs``: as deployed, ``rlfleet coordinator`` and two ``rlfleet worker``
   processes, the learner dialling the coordinator's address.
 
+(a) runs in rounds (``--rounds``; 3 in ``--quick``, 5 otherwise): each
+round runs every sampler once, in the same order, each after its own
+warm-up, so that a noisy moment of a shared machine does not decide a
+comparison. It reports each sampler's median steps/s and, for sync and
+``wait_num=8``, Remote's ratio to the strongest plain alternative of each
+round and how many rounds Remote won. ``--only-a`` leaves out (b), (c) and
+(r).
+
 Each figure is env steps (not learner calls) per wall-clock second after a
 warm-up. The Remote figures also give CPU microseconds per env step of the
 learner's process (with the coordinator in ``local``), of the coordinator's
@@ -52,6 +60,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -371,13 +380,126 @@ def measure(make: Callable[[], Any], run: Callable[[Any], T]) -> T:
         env.close()
 
 
+#: (a)'s samplers, run in this order in every round: the plain
+#: alternatives first, then Remote. Each name's mode is "sync" or "wait_num=8".
+A_SAMPLERS = (
+    ("SubprocVectorEnv(16)", "sync"),
+    ("SubprocVectorEnv(16)", "wait_num=8"),
+    ("gymnasium AsyncVectorEnv(16)", "sync"),
+    ("remote 2x8", "sync"),
+    ("remote 2x8", "wait_num=8"),
+)
+
+
+def compare_rounds(
+    remote: list[float], alternatives: dict[str, list[float]]
+) -> tuple[list[float], int]:
+    """Remote against the strongest alternative of each round.
+
+    Args:
+        remote: Remote's steps/s, one per round.
+        alternatives: each alternative's steps/s, one per round, in the
+            same rounds.
+
+    Returns:
+        The ratio remote / strongest alternative of each round, and how
+        many rounds Remote won (ratio above 1).
+    """
+    ratios = [
+        rate / max(rates[k] for rates in alternatives.values()) for k, rate in enumerate(remote)
+    ]
+    return ratios, sum(ratio > 1 for ratio in ratios)
+
+
+def run_a_rounds(
+    where: str,
+    fleet: Fleet | str,
+    processes: list[psutil.Process],
+    *,
+    rounds: int,
+    seconds: float,
+    warmup: float,
+    figures: dict[str, float],
+) -> None:
+    """(a) in one layout: every sampler once per round, in the same order.
+
+    Interleaving spreads a noisy moment of the shared machine over all
+    samplers of a round instead of deciding a comparison. Prints each
+    sampler's steps/s per round and median, Remote's CPU us/step per role,
+    and per mode the ratio remote / strongest alternative of each round
+    (sync: SubprocVectorEnv sync and AsyncVectorEnv; ``wait_num=8``:
+    SubprocVectorEnv ``wait_num=8`` and AsyncVectorEnv, whose best mode is
+    its sync one) with the number of rounds Remote won.
+    """
+    policy = BatchedMLP(4, 2)
+    roles = ("learner+coordinator", *(f"worker {k}" for k in range(WORKERS)))
+    if where == "procs":
+        roles = ("learner", "coordinator", *(f"worker {k}" for k in range(WORKERS)))
+    rates: dict[tuple[str, str], list[float]] = {sampler: [] for sampler in A_SAMPLERS}
+    cpus: dict[str, list[np.ndarray]] = {"sync": [], "wait_num=8": []}
+    for _ in range(rounds):
+        for name, mode in A_SAMPLERS:
+            wait_num = 8 if mode == "wait_num=8" else None
+            if name.startswith("gymnasium"):
+                rate = measure(
+                    lambda: gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * 16),
+                    lambda envs: run_gymnasium(envs, policy, seconds, warmup),
+                )
+            elif name.startswith("Subproc"):
+                rate, _ = measure(
+                    partial(SubprocVectorEnv, [CARTPOLE] * 16, wait_num=wait_num),
+                    lambda venv: run_tianshou(venv, policy, seconds, warmup),
+                )
+            else:
+                rate, cpu = measure(
+                    partial(RemoteVectorEnv, fleet, CARTPOLE, 16, wait_num=wait_num),
+                    lambda venv: run_tianshou(venv, policy, seconds, warmup, processes),
+                )
+                cpus[mode].append(cpu)
+            rates[name, mode].append(rate)
+    for (name, mode), values in rates.items():
+        label = f"a [{where}] {name} {mode}"
+        figures[label] = float(np.median(values))
+        line = f"{label:<48} median {figures[label]:>8,.0f} steps/s   rounds: " + ", ".join(
+            f"{v:,.0f}" for v in values
+        )
+        if name.startswith("remote"):
+            per_role = np.median(np.array(cpus[mode]), axis=0)
+            for role, value in zip(roles, per_role, strict=True):
+                figures[f"{label} cpu us/step {role}"] = float(value)
+            line += "   median CPU us/step: " + ", ".join(
+                f"{role} {value:.0f}" for role, value in zip(roles, per_role, strict=True)
+            )
+        print(line, flush=True)
+    gym_rates = rates["gymnasium AsyncVectorEnv(16)", "sync"]
+    for mode in ("sync", "wait_num=8"):
+        alternatives = {"subproc": rates["SubprocVectorEnv(16)", mode], "gymnasium": gym_rates}
+        ratios, won = compare_rounds(rates["remote 2x8", mode], alternatives)
+        figures[f"a [{where}] remote {mode} rounds won"] = won
+        figures[f"a [{where}] remote {mode} median ratio"] = float(np.median(ratios))
+        print(
+            f"a [{where}] {mode}: remote / strongest alternative per round: "
+            + ", ".join(f"{ratio:.2f}" for ratio in ratios)
+            + f"; remote won {won} of {rounds} rounds",
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per figure")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
-    parser.add_argument("--quick", action="store_true", help="0.5 s per figure (a smoke run)")
+    parser.add_argument(
+        "--quick", action="store_true", help="0.5 s per figure, 3 rounds of (a) (a smoke run)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="rounds of (a)'s samplers (default 5; 3 quick)"
+    )
+    parser.add_argument(
+        "--only-a", action="store_true", help="run (a) only, leaving out (b), (c) and (r)"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument(
         "--layout",
@@ -387,7 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     seconds, warmup = (0.5, 0.2) if args.quick else (args.seconds, args.warmup)
-    policy = BatchedMLP(4, 2)
+    a_rounds = args.rounds or (3 if args.quick else 5)
+    if a_rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {a_rounds}")
     idle = BatchedMLP(1, 2)
     figures: dict[str, float] = {}
     choices: dict[str, list[Callable[[], AbstractContextManager[Layout]]]] = {
@@ -400,50 +524,51 @@ def main(argv: list[str] | None = None) -> int:
     def tianshou(
         name: str,
         make: Callable[[], BaseVectorEnv],
-        pol: Callable[[np.ndarray], np.ndarray] = policy,
-        watched: list[psutil.Process] | None = None,
-        roles: tuple[str, ...] = (),
+        pol: Callable[[np.ndarray], np.ndarray],
+        watched: list[psutil.Process],
+        roles: tuple[str, ...],
     ) -> None:
         rate, cpu = measure(make, lambda venv: run_tianshou(venv, pol, seconds, warmup, watched))
         figures[name] = rate
-        line = f"{name:<44} {rate:>10,.0f} steps/s"
-        if roles:
-            for role, value in zip(roles, cpu, strict=True):
-                figures[f"{name} cpu us/step {role}"] = float(value)
-            spent = ", ".join(f"{role} {value:.0f}" for role, value in zip(roles, cpu, strict=True))
-            line += f"   CPU us/step: {spent}"
-        print(line, flush=True)
+        for role, value in zip(roles, cpu, strict=True):
+            figures[f"{name} cpu us/step {role}"] = float(value)
+        spent = ", ".join(f"{role} {value:.0f}" for role, value in zip(roles, cpu, strict=True))
+        print(f"{name:<44} {rate:>10,.0f} steps/s   CPU us/step: {spent}", flush=True)
 
-    print("(a) CartPole x 16, batched MLP on the learner", flush=True)
-    tianshou("a SubprocVectorEnv(16) sync", lambda: SubprocVectorEnv([CARTPOLE] * 16))
-    tianshou(
-        "a SubprocVectorEnv(16) wait_num=8",
-        lambda: SubprocVectorEnv([CARTPOLE] * 16, wait_num=8),
-    )
-    name = "a gymnasium AsyncVectorEnv(16)"
-    figures[name] = measure(
-        lambda: gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * 16),
-        lambda envs: run_gymnasium(envs, policy, seconds, warmup),
-    )
-    print(f"{name:<44} {figures[name]:>10,.0f} steps/s", flush=True)
-    name = "b local thread pool, 32 envs (no transport)"
-    figures[name] = thread_pool_steps_per_s(IO_BOUND, 32, seconds, warmup)
-    print(f"{name:<44} {figures[name]:>10,.0f} steps/s (of 32,000)", flush=True)
-    floor = sleep_floor_steps_per_s(32, 3.0 if args.quick else seconds)
-    for mode, rate in zip(("sync", "async"), floor, strict=True):
-        name = f"b floor, 32 bare processes, {mode}"
-        figures[name] = rate
-        print(
-            f"{name:<44} {rate:>10,.0f} steps/s ({rate / 32_000:.2f} of 32,000; the machine's "
-            "floor: sleep 1 ms per step, no env, no policy, no network)",
-            flush=True,
-        )
+    floor = (0.0, 0.0)
     rounds = 100 if args.quick else 1000
-    figures["r direct stream echo ms"] = echo_round_trip_ms(rounds)
-    print(f"(r) one direct gRPC stream echo: {figures['r direct stream echo ms']:.2f} ms median")
+    if not args.only_a:
+        name = "b local thread pool, 32 envs (no transport)"
+        figures[name] = thread_pool_steps_per_s(IO_BOUND, 32, seconds, warmup)
+        print(f"{name:<44} {figures[name]:>10,.0f} steps/s (of 32,000)", flush=True)
+        floor = sleep_floor_steps_per_s(32, 3.0 if args.quick else seconds)
+        for mode, rate in zip(("sync", "async"), floor, strict=True):
+            name = f"b floor, 32 bare processes, {mode}"
+            figures[name] = rate
+            print(
+                f"{name:<44} {rate:>10,.0f} steps/s ({rate / 32_000:.2f} of 32,000; the machine's "
+                "floor: sleep 1 ms per step, no env, no policy, no network)",
+                flush=True,
+            )
+        figures["r direct stream echo ms"] = echo_round_trip_ms(rounds)
+        print(
+            f"(r) one direct gRPC stream echo: {figures['r direct stream echo ms']:.2f} ms median"
+        )
+    print(f"(a) CartPole x 16, batched MLP on the learner, {a_rounds} rounds", flush=True)
     for layout in layouts:
         with layout() as (where, fleet, processes):
             print(f"--- Remote, layout {where}", flush=True)
+            run_a_rounds(
+                where,
+                fleet,
+                processes,
+                rounds=a_rounds,
+                seconds=seconds,
+                warmup=warmup,
+                figures=figures,
+            )
+            if args.only_a:
+                continue
             workers = tuple(f"worker {k}" for k in range(WORKERS))
             roles = ("learner+coordinator", *workers)
             if where == "procs":
@@ -467,8 +592,6 @@ def main(argv: list[str] | None = None) -> int:
                     roles,
                 )
 
-            remote(f"a remote[{where}] 2x8 sync", CARTPOLE, 16, wait_num=None, pol=policy)
-            remote(f"a remote[{where}] 2x8 wait_num=8", CARTPOLE, 16, wait_num=8, pol=policy)
             key = f"r relay round trip ms [{where}]"
             figures[key] = remote_round_trip_ms(fleet, rounds)
             print(f"(r) one step through the relay [{where}]: {figures[key]:.2f} ms median")
@@ -478,6 +601,8 @@ def main(argv: list[str] | None = None) -> int:
             print("(c) 0.5-5 ms env, 2 workers x 16", flush=True)
             remote(f"c remote[{where}] 2x16 sync", VARIABLE, 32, wait_num=None, pol=idle)
             remote(f"c remote[{where}] 2x16 wait_num=16", VARIABLE, 32, wait_num=16, pol=idle)
+        if args.only_a:
+            continue
         best_b = max(
             figures[f"b remote[{where}] 2x16 sync"], figures[f"b remote[{where}] 2x16 wait_num=16"]
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import socket
 import struct
 import threading
@@ -134,6 +135,15 @@ class LeaseDataLink:
                 if len(chunk) == FRAME_HEADER.size + length and length <= self._max:
                     return chunk[FRAME_HEADER.size :]  # the usual read: one whole frame
             buffer += chunk
+
+    def readable(self) -> bool:
+        """Whether bytes of a frame are here already: a receive would start without waiting."""
+        if self._buffer:
+            return True
+        pending = getattr(self._sock, "pending", None)  # TLS: decrypted bytes held
+        if pending is not None and pending():
+            return True
+        return bool(select.select([self._sock], [], [], 0)[0])
 
     def receive_within(self, seconds: float) -> bytes | None:
         """:meth:`receive`, waiting at most ``seconds``.

@@ -18,6 +18,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,10 @@ def frames(fleet: Fleet, party: str) -> float:
     """Lease messages the coordinator received on the data channel from ``party``."""
     registry = fleet.server.coordinator.metrics.registry
     return registry.get_sample_value("rlfleet_lease_data_frames_total", {"party": party}) or 0.0
+
+
+def worker_frames_reach(fleet: Fleet, target: float) -> bool:
+    return frames(fleet, "worker") >= target
 
 
 def connections(fleet: Fleet, outcome: str) -> float:
@@ -555,6 +560,78 @@ def test_two_threads_waiting_on_one_lease_each_get_their_own_answers(fleet: Flee
     finally:
         stream.close()
         channel.close()
+
+
+def test_a_wait_for_some_envs_also_takes_the_replies_already_there(fleet: Fleet) -> None:
+    """Both workers' replies have come: a wait for one env returns all of them.
+
+    An async step (wait_num) whose envs have all answered then returns them
+    all, and the caller answers them in one call, not one per worker.
+    """
+    address = f"127.0.0.1:{fleet.server.port}"
+    channel = grpc.insecure_channel(address)
+    stream = LeaseStream(
+        channel,
+        EnvConfig("CartPole-v1"),
+        8,
+        open_timeout=30.0,
+        call_timeout=30.0,
+        data_host=coordinator_host(address),
+    )
+    try:
+        assert stream.carrier == "data"
+        assert len(set(stream.env_workers)) == 2  # two replies per call
+        ids = list(range(8))
+        stream.send("reset", ids, [{"seed": i} for i in ids])
+        assert sorted(stream.receive(ids, 8, 30.0)) == ids
+        for round_ in range(3):
+            target = frames(fleet, "worker") + 2
+            stream.send("step", ids, [round_ % 2] * 8)
+            wait_until(partial(worker_frames_reach, fleet, target), "both workers' replies")
+            time.sleep(0.5)  # the coordinator relays each reply as it comes
+            got = stream.receive(ids, 1, 30.0)
+            assert sorted(got) == ids, f"round {round_}: only {sorted(got)} of {ids}"
+    finally:
+        stream.close()
+        channel.close()
+
+
+def test_replies_already_there_that_do_not_complete_the_wait_stay_for_the_next() -> None:
+    """Extra replies are taken only when every env answered: wait_num keeps envs in flight."""
+    local = Fleet.local(workers=2, envs_per_worker=4, imports=("rlfleet.envs.testing",))
+    address = f"127.0.0.1:{local.server.port}"
+    channel = grpc.insecure_channel(address)
+    stream = LeaseStream(
+        channel,
+        EnvConfig("rlfleet/Slow-v0", {"step_seconds": 1.5, "length": 10}),
+        8,
+        open_timeout=30.0,
+        call_timeout=30.0,
+        data_host=coordinator_host(address),
+    )
+    try:
+        assert stream.carrier == "data"
+        ids = list(range(8))
+        stream.send("reset", ids, [{"seed": i} for i in ids])
+        stream.receive(ids, 8, 30.0)
+        by_worker: dict[str, list[int]] = {}
+        for env_id, worker in enumerate(stream.env_workers):
+            by_worker.setdefault(worker, []).append(env_id)
+        (a, b) = by_worker.values()
+        assert len(a) >= 2
+        target = frames(local, "worker") + 2
+        stream.send("step", b, [0] * len(b))  # 1.5 s per env on its worker: in flight below
+        stream.send("reset", a[:1], [{}])  # two quick replies of the other worker
+        stream.send("reset", a[1:], [{} for _ in a[1:]])
+        wait_until(partial(worker_frames_reach, local, target), "both resets' replies")
+        time.sleep(0.5)  # the coordinator relays each reply as it comes
+        assert sorted(stream.receive(ids, 1, 30.0)) == a[:1]  # a[1:] came too: not all
+        assert sorted(stream.receive([*a[1:], *b], 1, 30.0)) == a[1:]
+        assert sorted(stream.receive(b, len(b), 30.0)) == b
+    finally:
+        stream.close()
+        channel.close()
+        local.close()
 
 
 DATA_ENDED = "the lease data connection ended"

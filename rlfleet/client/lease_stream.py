@@ -62,6 +62,9 @@ __all__ = ["LeaseEnvFailure", "LeaseStream"]
 #: How long a broken data connection waits for the stream to say why (the
 #: lease's own error, e.g. no worker left) before reporting the break itself.
 _WHY_SECONDS = 2.0
+#: How long a read of replies already arriving waits for the rest of a frame
+#: (the coordinator sends each frame whole; what is read is kept on timeout).
+_REST_OF_FRAME_SECONDS = 0.01
 
 
 class _Waiting(NamedTuple):
@@ -243,6 +246,8 @@ class LeaseStream:
         """
         end = None if timeout is None else time.monotonic() + timeout
         answers, waiting = self._answers, self._waiting
+        first: list[int] | None = None  # the envs ready when count was reached
+        drained = False  # a read without waiting found nothing more
         while True:
             with self._lock:
                 # One pass over ids: the answered, the expired, the next deadline.
@@ -259,23 +264,53 @@ class LeaseStream:
                             ready.append(i)
                         elif earliest is None or call.deadline < earliest:
                             earliest = call.deadline
-                if len(ready) >= count or (end is not None and now >= end):
-                    return {i: answers.pop(i) for i in ready}
-                if earliest is None:
-                    raise UsageError(f"envs {list(ids)} have no call in flight")
-                wait = max(earliest - now, 0.0) + 1e-3
                 link = self._link
-                # The data channel's replies are read by the waiting thread
-                # itself; another waiter (or a stream without the channel)
-                # waits for the reader's notification.
-                if link is None or self._failure is not None or not self._read_lock.acquire(False):
-                    self._changed.wait(wait)
-                    continue
-            self._read_reply(link, wait)
+                if len(ready) >= count or (end is not None and now >= end):
+                    # If the rest's replies (another worker's envs) already
+                    # came too, every env answers in this one call, as in sync
+                    # mode, instead of one call per reply: read without
+                    # waiting. Only all of them: returning some extra ones
+                    # would shrink the envs kept in flight (wait_num's point
+                    # for envs of uneven step times); those stay for the next.
+                    if len(ready) == len(ids):
+                        return {i: answers.pop(i) for i in ready}
+                    if first is None:
+                        first = ready
+                    if (
+                        drained
+                        or link is None
+                        or self._failure is not None
+                        or not link.readable()
+                        or not self._read_lock.acquire(False)
+                    ):
+                        return {i: answers.pop(i) for i in first}
+                    # A frame has begun to arrive: the rest of it follows at once.
+                    wait, draining = _REST_OF_FRAME_SECONDS, True
+                elif earliest is None:
+                    raise UsageError(f"envs {list(ids)} have no call in flight")
+                else:
+                    wait, draining = max(earliest - now, 0.0) + 1e-3, False
+                    # The data channel's replies are read by the waiting thread
+                    # itself; another waiter (or a stream without the channel)
+                    # waits for the reader's notification.
+                    if (
+                        link is None
+                        or self._failure is not None
+                        or not self._read_lock.acquire(False)
+                    ):
+                        self._changed.wait(wait)
+                        continue
+            got = self._read_reply(link, wait)
+            if draining:
+                drained = not got
 
-    def _read_reply(self, link: LeaseDataLink, wait: float) -> None:
+    def _read_reply(self, link: LeaseDataLink, wait: float) -> bool:
         """Reads and applies one data-channel frame within ``wait`` seconds (the
-        caller holds the read lock, released here)."""
+        caller holds the read lock, released here).
+
+        Returns:
+            Whether a frame came (False: none within ``wait``, or the link broke).
+        """
         event = why = None
         try:
             data = link.receive_within(wait)
@@ -299,6 +334,7 @@ class LeaseStream:
                 # Usually the stream says why the lease ended (its own, precise error).
                 self._reader.join(_WHY_SECONDS)
             self._broken(why)
+        return event is not None
 
     def take_prefetched(
         self, ids: Sequence[int], args: Sequence[Any]
