@@ -127,3 +127,16 @@ def test_an_mtls_coordinator_is_checked_over_tls(tmp_path: Path) -> None:
         plain = run_coordinator_conformance(secure.address, checks=["ticket-used-twice"], timeout=3)
     assert all(r.passed for r in results), results
     assert not plain[0].passed and "could not join" in plain[0].message
+
+
+def test_the_command_line_without_a_target_says_which_flags_to_give(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlfleet.cli import main
+
+    monkeypatch.delenv("RLFLEET_WORKER_CMD", raising=False)
+    monkeypatch.delenv("RLFLEET_COORDINATOR", raising=False)
+    assert main(["conformance"]) == 2
+    error = capsys.readouterr().err
+    assert "--worker-cmd CMD (or RLFLEET_WORKER_CMD)" in error
+    assert "--coordinator HOST:PORT" in error

@@ -31,7 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "per check; exits 0 if and only if every check passes. See docs/conformance.md."
         ),
     )
-    target = parser.add_mutually_exclusive_group(required=True)
+    # Not required=True: argparse would then ignore RLFLEET_WORKER_CMD, which
+    # sets --worker-cmd's default; run() asks for one of the two instead.
+    target = parser.add_mutually_exclusive_group()
     target.add_argument(
         "--worker-cmd",
         metavar="CMD",
@@ -73,6 +75,13 @@ def run(args: argparse.Namespace) -> int:
     """Runs the kit; returns 0 if every check passed, else 1."""
     from rlfleet.conformance import run_conformance
 
+    if args.coordinator is None and not args.worker_cmd:
+        print(
+            "rlfleet conformance: error: give the worker to check with --worker-cmd CMD (or "
+            "RLFLEET_WORKER_CMD), or a running coordinator with --coordinator HOST:PORT",
+            file=sys.stderr,
+        )
+        return 2
     out = sys.stdout
     on_result = None if args.json else lambda result: print_row(result, out)
     if args.coordinator is not None:
