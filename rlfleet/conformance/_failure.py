@@ -1,4 +1,4 @@
-"""What every conformance check shares: its result, and the exception that fails it."""
+"""What every conformance check shares: its record, its result, and the exception that fails it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from rlfleet.errors import ConfigError
 
@@ -35,6 +35,22 @@ class CheckResult:
     passed: bool
     message: str
     seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Check(Generic[T]):
+    """A registered check, of a worker (``Check[WorkerHarness]``) or of a
+    coordinator (``Check[CoordinatorTarget]``).
+
+    Attributes:
+        name: Its name on the command line (``--checks``).
+        summary: One line on what it verifies.
+        run: Runs it against what it checks.
+    """
+
+    name: str
+    summary: str
+    run: Callable[[T], CheckResult]
 
 
 def run_check(name: str, body: Callable[[T], str], target: T) -> CheckResult:

@@ -14,7 +14,6 @@ found it share one worker process; the others start their own
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import math
@@ -27,7 +26,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet import _rpc
-from rlfleet.conformance._failure import CheckFailed, CheckResult, run_check
+from rlfleet.conformance._failure import Check, CheckFailed, CheckResult, run_check
 from rlfleet.conformance._stall import StallMeter
 from rlfleet.conformance.agents import Agent, balancing_agent, pinned_agent
 from rlfleet.conformance.link import (
@@ -77,29 +76,16 @@ LEASE_STEPS = 10
 LEAVING_SECONDS = 5.0
 
 
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """A registered check.
-
-    Attributes:
-        name: Its name on the command line (``--checks``).
-        summary: One line on what it verifies.
-        run: Runs it against a harness.
-    """
-
-    name: str
-    summary: str
-    run: Callable[[WorkerHarness], CheckResult]
-
-
 #: Every check, by name, in the order they run.
-CHECKS: dict[str, Check] = {}
+CHECKS: dict[str, Check[WorkerHarness]] = {}
 
 
-def _check(name: str, summary: str) -> Callable[[Callable[[WorkerHarness], str]], Check]:
+def _check(
+    name: str, summary: str
+) -> Callable[[Callable[[WorkerHarness], str]], Check[WorkerHarness]]:
     """Registers a check body: it returns what it verified or raises CheckFailed."""
 
-    def register(body: Callable[[WorkerHarness], str]) -> Check:
+    def register(body: Callable[[WorkerHarness], str]) -> Check[WorkerHarness]:
         @functools.wraps(body)
         def run(harness: WorkerHarness) -> CheckResult:
             result = run_check(name, body, harness)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from rlfleet._version import __version__
-from rlfleet.conformance._failure import CheckFailed, CheckResult, run_check, select
+from rlfleet.conformance._failure import Check, CheckFailed, CheckResult, run_check, select
 from rlfleet.lease_data import HANDSHAKE_FRAME_BYTES, coordinator_host, frame
 from rlfleet.lease_messages import data_hello
 from rlfleet.security import ClientSecurity
@@ -47,30 +47,18 @@ class CoordinatorTarget:
     timeout: float = 15.0
 
 
-@dataclasses.dataclass(frozen=True)
-class CoordinatorCheck:
-    """A registered coordinator check.
-
-    Attributes:
-        name: Its name on the command line (``--checks``).
-        summary: One line on what it verifies.
-        run: Runs it against a coordinator.
-    """
-
-    name: str
-    summary: str
-    run: Callable[[CoordinatorTarget], CheckResult]
-
-
 #: Every coordinator check, by name, in the order they run.
-COORDINATOR_CHECKS: dict[str, CoordinatorCheck] = {}
+COORDINATOR_CHECKS: dict[str, Check[CoordinatorTarget]] = {}
 
 
 def _check(
     name: str, summary: str
-) -> Callable[[Callable[[CoordinatorTarget], str]], CoordinatorCheck]:
-    def register(body: Callable[[CoordinatorTarget], str]) -> CoordinatorCheck:
-        check = CoordinatorCheck(name, summary, lambda target: run_check(name, body, target))
+) -> Callable[[Callable[[CoordinatorTarget], str]], Check[CoordinatorTarget]]:
+    def register(body: Callable[[CoordinatorTarget], str]) -> Check[CoordinatorTarget]:
+        def run(target: CoordinatorTarget) -> CheckResult:
+            return run_check(name, body, target)
+
+        check = Check(name, summary, run)
         COORDINATOR_CHECKS[name] = check
         return check
 
@@ -276,7 +264,6 @@ def _expect_accepted(target: CoordinatorTarget, port: int, ticket: bytes, when: 
 
 __all__ = [
     "COORDINATOR_CHECKS",
-    "CoordinatorCheck",
     "CoordinatorTarget",
     "run_coordinator_conformance",
 ]
