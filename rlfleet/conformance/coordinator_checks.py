@@ -30,6 +30,8 @@ KIT_IMPLEMENTATION = f"rlfleet-conformance/{__version__}"
 #: Size of the oversized check's first frame: 64 times the largest hello a
 #: coordinator needs to read (a LeaseDataHello of a 32-byte ticket is 34 bytes).
 OVERSIZED_HELLO_BYTES = 64 * HANDSHAKE_FRAME_BYTES
+#: What a ticket check verified when the coordinator has no data channel.
+NO_DATA_CHANNEL = "the coordinator offers no lease data channel (Welcome.lease_data unset)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +74,7 @@ def _check(
 def ticket_wrong_bytes(target: CoordinatorTarget) -> str:
     with _ticket(target) as (port, ticket):
         if ticket is None:
-            return "the coordinator offers no lease data channel (Welcome.lease_data unset)"
+            return NO_DATA_CHANNEL
         wrong = bytes(b ^ 0xFF for b in ticket[:1]) + ticket[1:]
         with _presented(target, port, frame(data_hello(wrong))) as accepted:
             if accepted:
@@ -89,7 +91,7 @@ def ticket_wrong_bytes(target: CoordinatorTarget) -> str:
 def ticket_used_twice(target: CoordinatorTarget) -> str:
     with _ticket(target) as (port, ticket):
         if ticket is None:
-            return "the coordinator offers no lease data channel (Welcome.lease_data unset)"
+            return NO_DATA_CHANNEL
         with _presented(target, port, frame(data_hello(ticket))) as first:
             if not first:
                 raise CheckFailed(
@@ -115,7 +117,7 @@ def ticket_used_twice(target: CoordinatorTarget) -> str:
 def ticket_oversized(target: CoordinatorTarget) -> str:
     with _ticket(target) as (port, ticket):
         if ticket is None:
-            return "the coordinator offers no lease data channel (Welcome.lease_data unset)"
+            return NO_DATA_CHANNEL
         hello = data_hello(ticket)
         # Concatenated copies of a message parse as the message (a repeated
         # bytes field: the last value wins), so this frame names the good
