@@ -10,6 +10,7 @@ its envs re-created elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import signal
@@ -531,20 +532,30 @@ def test_a_frame_cut_by_a_timed_out_wait_is_kept_whole_for_the_next() -> None:
         theirs.close()
 
 
-def test_two_threads_waiting_on_one_lease_each_get_their_own_answers(fleet: Fleet) -> None:
-    """One waiting thread reads the data channel; the other is woken by it."""
-    address = f"127.0.0.1:{fleet.server.port}"
+@contextlib.contextmanager
+def data_lease(port: int, env: EnvConfig, num_envs: int) -> Iterator[LeaseStream]:
+    """A lease of ``num_envs`` envs on the coordinator at ``port``, over its data channel."""
+    address = f"127.0.0.1:{port}"
     channel = grpc.insecure_channel(address)
     stream = LeaseStream(
         channel,
-        EnvConfig("CartPole-v1"),
-        4,
+        env,
+        num_envs,
         open_timeout=30.0,
         call_timeout=30.0,
         data_host=coordinator_host(address),
     )
     try:
         assert stream.carrier == "data"
+        yield stream
+    finally:
+        stream.close()
+        channel.close()
+
+
+def test_two_threads_waiting_on_one_lease_each_get_their_own_answers(fleet: Fleet) -> None:
+    """One waiting thread reads the data channel; the other is woken by it."""
+    with data_lease(fleet.server.port, EnvConfig("CartPole-v1"), 4) as stream:
         got: dict[int, Any] = {}
         for round_ in range(20):
             stream.send("reset", [0, 1], [{"seed": round_}, {"seed": round_ + 1}])
@@ -557,9 +568,6 @@ def test_two_threads_waiting_on_one_lease_each_get_their_own_answers(fleet: Flee
             for env_id, (obs, _) in got.items():
                 expected, _ = gym.make("CartPole-v1").reset(seed=round_ + env_id)
                 np.testing.assert_array_equal(obs, expected)
-    finally:
-        stream.close()
-        channel.close()
 
 
 def test_a_wait_for_some_envs_also_takes_the_replies_already_there(fleet: Fleet) -> None:
@@ -568,18 +576,7 @@ def test_a_wait_for_some_envs_also_takes_the_replies_already_there(fleet: Fleet)
     An async step (wait_num) whose envs have all answered then returns them
     all, and the caller answers them in one call, not one per worker.
     """
-    address = f"127.0.0.1:{fleet.server.port}"
-    channel = grpc.insecure_channel(address)
-    stream = LeaseStream(
-        channel,
-        EnvConfig("CartPole-v1"),
-        8,
-        open_timeout=30.0,
-        call_timeout=30.0,
-        data_host=coordinator_host(address),
-    )
-    try:
-        assert stream.carrier == "data"
+    with data_lease(fleet.server.port, EnvConfig("CartPole-v1"), 8) as stream:
         assert len(set(stream.env_workers)) == 2  # two replies per call
         ids = list(range(8))
         stream.send("reset", ids, [{"seed": i} for i in ids])
@@ -591,26 +588,17 @@ def test_a_wait_for_some_envs_also_takes_the_replies_already_there(fleet: Fleet)
             time.sleep(0.5)  # the coordinator relays each reply as it comes
             got = stream.receive(ids, 1, 30.0)
             assert sorted(got) == ids, f"round {round_}: only {sorted(got)} of {ids}"
-    finally:
-        stream.close()
-        channel.close()
 
 
 def test_replies_already_there_that_do_not_complete_the_wait_stay_for_the_next() -> None:
     """Extra replies are taken only when every env answered: wait_num keeps envs in flight."""
-    local = Fleet.local(workers=2, envs_per_worker=4, imports=("rlfleet.envs.testing",))
-    address = f"127.0.0.1:{local.server.port}"
-    channel = grpc.insecure_channel(address)
-    stream = LeaseStream(
-        channel,
-        EnvConfig("rlfleet/Slow-v0", {"step_seconds": 1.5, "length": 10}),
-        8,
-        open_timeout=30.0,
-        call_timeout=30.0,
-        data_host=coordinator_host(address),
-    )
-    try:
-        assert stream.carrier == "data"
+    slow = EnvConfig("rlfleet/Slow-v0", {"step_seconds": 1.5, "length": 10})
+    with (
+        contextlib.closing(
+            Fleet.local(workers=2, envs_per_worker=4, imports=("rlfleet.envs.testing",))
+        ) as local,
+        data_lease(local.server.port, slow, 8) as stream,
+    ):
         ids = list(range(8))
         stream.send("reset", ids, [{"seed": i} for i in ids])
         stream.receive(ids, 8, 30.0)
@@ -628,10 +616,6 @@ def test_replies_already_there_that_do_not_complete_the_wait_stay_for_the_next()
         assert sorted(stream.receive(ids, 1, 30.0)) == a[:1]  # a[1:] came too: not all
         assert sorted(stream.receive([*a[1:], *b], 1, 30.0)) == a[1:]
         assert sorted(stream.receive(b, len(b), 30.0)) == b
-    finally:
-        stream.close()
-        channel.close()
-        local.close()
 
 
 DATA_ENDED = "the lease data connection ended"
