@@ -163,6 +163,17 @@ ACTIVATION_ROWS = [
 ]
 
 
+#: Networks of random weights: name, activation, sizes D..O, weight scale,
+#: rows (observations ~ N(0, 2)), sampled (else deterministic).
+RANDOM_NETWORKS = [
+    ("tanh 6-7-5-3", "tanh", [6, 7, 5, 3], 0.9, 10, True),
+    ("relu 5-9-4", "relu", [5, 9, 4], 0.8, 10, True),
+    ("identity 3-6-5, deterministic", "identity", [3, 6, 5], 1.0, 8, False),
+    ("no hidden layer 3-5", "tanh", [3, 5], 1.0, 8, True),
+    ("CartPole-sized tanh 4-33-17-2, saturating", "tanh", [4, 33, 17, 2], 1.5, 8, True),
+]
+
+
 def networks() -> list[dict[str, Any]]:
     rng = np.random.default_rng(7)
 
@@ -170,73 +181,37 @@ def networks() -> list[dict[str, Any]]:
         # Each row's u as a Python worker draws it: default_rng(policy_seed).random().
         return [float(np.random.default_rng(s).random()) for s in rng.integers(0, 2**32, n)]
 
-    probe_obs = np.array([row for row, _ in PROBE_ROWS])
-    act_obs = np.array(ACTIVATION_ROWS)
-    return [
+    cases = [
         network(
-            "tanh 6-7-5-3",
-            activation="tanh",
-            layers=random_layers(rng, [6, 7, 5, 3], 0.9),
-            observations=rng.normal(0.0, 2.0, (10, 6)),
-            draws=draws(10),
-        ),
-        network(
-            "relu 5-9-4",
-            activation="relu",
-            layers=random_layers(rng, [5, 9, 4], 0.8),
-            observations=rng.normal(0.0, 2.0, (10, 5)),
-            draws=draws(10),
-        ),
-        network(
-            "identity 3-6-5, deterministic",
-            activation="identity",
-            layers=random_layers(rng, [3, 6, 5], 1.0),
-            observations=rng.normal(0.0, 2.0, (8, 3)),
-            draws=None,
-        ),
-        network(
-            "no hidden layer 3-5",
-            activation="tanh",
-            layers=random_layers(rng, [3, 5], 1.0),
-            observations=rng.normal(0.0, 2.0, (8, 3)),
-            draws=draws(8),
-        ),
-        network(
-            "CartPole-sized tanh 4-33-17-2, saturating",
-            activation="tanh",
-            layers=random_layers(rng, [4, 33, 17, 2], 1.5),
-            observations=rng.normal(0.0, 1.0, (8, 4)) * [2.4, 3.0, 0.2, 3.0],
-            draws=draws(8),
-        ),
-        network(
-            "categorical probes",
-            activation="identity",
-            layers=identity_layers(6, 1),
-            observations=probe_obs,
-            draws=[u for _, u in PROBE_ROWS],
-        ),
-        network(
-            "categorical probes, deterministic",
-            activation="identity",
-            layers=identity_layers(6, 1),
-            observations=probe_obs,
-            draws=None,
-        ),
-        network(
-            "tanh probes",
-            activation="tanh",
-            layers=identity_layers(8, 2),
-            observations=act_obs,
-            draws=[0.1, 0.5, 0.9],
-        ),
-        network(
-            "relu probes, deterministic",
-            activation="relu",
-            layers=identity_layers(8, 2),
-            observations=act_obs,
-            draws=None,
-        ),
+            name,
+            activation=activation,
+            layers=random_layers(rng, sizes, scale),
+            observations=rng.normal(0.0, 2.0, (rows, sizes[0])),
+            draws=draws(rows) if sampled else None,
+        )
+        for name, activation, sizes, scale, rows, sampled in RANDOM_NETWORKS
     ]
+    # Identity weights, so the logits are act(observations) exactly.
+    probe_obs = np.array([row for row, _ in PROBE_ROWS])
+    probe_draws = [u for _, u in PROBE_ROWS]
+    act_obs = np.array(ACTIVATION_ROWS)
+    for name, activation, width, count, observations, row_draws in (
+        ("categorical probes", "identity", 6, 1, probe_obs, probe_draws),
+        ("categorical probes, deterministic", "identity", 6, 1, probe_obs, None),
+        ("tanh probes", "tanh", 8, 2, act_obs, [0.1, 0.5, 0.9]),
+        ("relu probes, deterministic", "relu", 8, 2, act_obs, None),
+    ):
+        layers = identity_layers(width, count)
+        cases.append(
+            network(
+                name,
+                activation=activation,
+                layers=layers,
+                observations=observations,
+                draws=row_draws,
+            )
+        )
+    return cases
 
 
 def golden() -> dict[str, Any]:
