@@ -70,7 +70,7 @@ const EXP_P = [
 ].map(f32);
 
 /**
- * The contract's float32 exp (Cephes' expf, 2**n applied in two exact steps).
+ * The contract's float32 exp (Cephes' expf, the scaling by 2**n rounded once).
  *
  * @param {number} x A float32 value.
  * @returns {number} A float32 value: +inf above 88.72..., 0 below -103.97...
