@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -27,6 +26,7 @@ from rlfleet.coordinator.lease_translation import hello_ticket
 from rlfleet.errors import ProtocolError, UnavailableError
 from rlfleet.lease_data import InProcessLink
 from rlfleet.lease_messages import data_hello
+from tests.test_lease_data_channel import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -158,14 +158,6 @@ def test_bad_tickets_and_a_stopped_port_are_refused(server: LeaseDataServer) -> 
     server.stop()
     with pytest.raises(UnavailableError, match="stopped"):
         server.attach_in_process(data_hello(server.issue(gone)))
-
-
-def wait_until(check: Callable[[], object], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_a_local_fleets_learner_leases_in_memory_and_an_ended_connection_ends_the_lease() -> None:

@@ -30,7 +30,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable
-from typing import Protocol, TypeAlias
+from typing import Protocol
 
 from rlfleet._log_limit import LogLimiter, held_back_note
 from rlfleet.errors import RlfleetError, UnavailableError
@@ -60,13 +60,64 @@ class LeaseDataPeer(Protocol):
         """The connection ended, for ``reason`` (once, the loop thread)."""
 
 
-#: A ticket's connection: over TCP, or in memory from this process.
-LeaseConnection: TypeAlias = "DataConnection | InProcessConnection"
 #: Called with the new connection when its ticket is presented; returns its peer.
-Attach = Callable[[LeaseConnection], LeaseDataPeer]
+Attach = Callable[["LeaseConnection"], LeaseDataPeer]
 
 
-class DataConnection:
+class LeaseConnection:
+    """A ticket's accepted connection, over TCP (:class:`DataConnection`) or in
+    memory from this process (:class:`InProcessConnection`): its peer, and a
+    close flag set once.
+
+    Args:
+        server: The data port that accepted it.
+        what: Who it is, for logs.
+    """
+
+    def __init__(self, server: LeaseDataServer, what: str) -> None:
+        self.what = what  # who it is, for logs
+        self._server = server
+        # TLS objects must not be used by two threads at once; plain sockets
+        # take the same lock (uncontended: microseconds).
+        self._lock = threading.Lock()
+        self._closed = False
+        self.peer: LeaseDataPeer | None = None
+
+    def close(self, reason: str = "closed by the coordinator") -> None:
+        """Closes the connection (idempotent, any thread)."""
+        self._server.close(self, reason)
+
+    @property
+    def closed(self) -> bool:
+        """Whether it was closed."""
+        return self._closed
+
+    def mark_closed(self) -> bool:
+        """Marks it closed; False if it already was."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            self._drop_pending()
+            return True
+
+    def send(self, payload: bytes) -> None:
+        """Sends one frame to the peer without blocking (any thread)."""
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        """Ends the connection for the peer (any thread; after :meth:`mark_closed`)."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Frees what it holds (the loop thread, once it forgot the connection)."""
+        raise NotImplementedError
+
+    def _drop_pending(self) -> None:
+        """Forgets what waits to be sent (under the lock, once closed)."""
+
+
+class DataConnection(LeaseConnection):
     """One accepted connection: frames out from any thread, frames in to its peer.
 
     Args:
@@ -78,18 +129,12 @@ class DataConnection:
     def __init__(
         self, sock: socket.socket, server: LeaseDataServer, what: str, max_pending_bytes: int
     ) -> None:
-        self.what = what
+        super().__init__(server, what)
         self._sock = sock
-        self._server = server
         self._max_pending = max_pending_bytes
         self._pending_bytes = 0
-        # TLS objects must not be used by two threads at once; plain sockets
-        # take the same lock (uncontended: microseconds).
-        self._lock = threading.Lock()
         self._pending: list[memoryview] = []
         self._inbuf = bytearray()  # the start of a frame not whole yet
-        self._closed = False
-        self.peer: LeaseDataPeer | None = None
 
     def send(self, payload: bytes) -> None:
         """Sends one frame without blocking (what the socket does not take at once
@@ -126,10 +171,6 @@ class DataConnection:
             self._server.close(self, failure)
             return
         self._server.want_write(self)
-
-    def close(self, reason: str = "closed by the coordinator") -> None:
-        """Closes the connection (idempotent, any thread)."""
-        self._server.close(self, reason)
 
     # --- the loop's side -----------------------------------------------------------
 
@@ -209,20 +250,9 @@ class DataConnection:
                 self._pending.pop(0)
             return True, None
 
-    @property
-    def closed(self) -> bool:
-        """Whether it was closed."""
-        return self._closed
-
-    def mark_closed(self) -> bool:
-        """Marks it closed; False if it already was."""
-        with self._lock:
-            if self._closed:
-                return False
-            self._closed = True
-            self._pending.clear()
-            self._pending_bytes = 0
-            return True
+    def _drop_pending(self) -> None:
+        self._pending.clear()
+        self._pending_bytes = 0
 
     @property
     def sock(self) -> socket.socket:
@@ -239,7 +269,7 @@ class DataConnection:
         self._sock.close()
 
 
-class InProcessConnection:
+class InProcessConnection(LeaseConnection):
     """A connection from this process (a ``Fleet.local`` learner), in memory.
 
     Its owner sees what a :class:`DataConnection` offers (``send``,
@@ -252,35 +282,14 @@ class InProcessConnection:
     """
 
     def __init__(self, server: LeaseDataServer) -> None:
-        self.what = "this process"
-        self._server = server
+        super().__init__(server, "this process")
         self._frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._closed = False
-        self.peer: LeaseDataPeer | None = None
         self.link = InProcessLink(self._frames, self._deliver, self._hung_up)
 
     def send(self, payload: bytes) -> None:
         """Queues one frame for the learner (any thread, never blocks)."""
         if not self._closed:
             self._frames.put(payload)
-
-    def close(self, reason: str = "closed by the coordinator") -> None:
-        """Closes the connection (idempotent, any thread)."""
-        self._server.close(self, reason)
-
-    @property
-    def closed(self) -> bool:
-        """Whether it was closed."""
-        return self._closed
-
-    def mark_closed(self) -> bool:
-        """Marks it closed; False if it already was."""
-        with self._lock:
-            if self._closed:
-                return False
-            self._closed = True
-            return True
 
     def shutdown(self) -> None:
         """Ends the connection for the learner: its receive returns None."""
