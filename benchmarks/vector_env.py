@@ -18,7 +18,8 @@ Measures env steps per second of a learner that steps a vector env itself
     soon as it answered: the bound of a learner doing central inference,
     which cannot act on an env before it saw that env's last observation,
     so each env's cycle is at least its sleep plus one round trip); the
-    latency bound 32 / (sleep + pipe round trip); and the CPU per step that
+    latency bound 32 / (sleep + pipe round trip), and per layout the same
+    with the relay's measured round trip (r); and the CPU per step that
     these cores allow at the goal, against what Remote spends.
 (r) The relay's cost: the median round trip of one env step through the
     coordinator, against one echo over a direct gRPC stream (what a learner
@@ -717,14 +718,19 @@ def main(argv: list[str] | None = None) -> int:
             if key.startswith(f"b remote[{where}] 2x16 {best_mode} cpu us/step")
         )
         figures[f"b best cpu us/step, all processes [{where}]"] = spent
+        # Each env's cycle holds its sleep and one relayed round trip (r).
+        t_call = figures[f"r relay round trip ms [{where}]"]
+        relay_bound = latency_bound(32, floor.sleep_ms, t_call) / B_IDEAL
+        figures[f"b relay latency bound / 32,000 [{where}]"] = relay_bound
         speedup = (
             figures[f"c remote[{where}] 2x16 wait_num=16"] / figures[f"c remote[{where}] 2x16 sync"]
         )
         figures[f"c speedup of wait_num=16 over sync [{where}]"] = speedup
         print(
             f"[{where}] (b) best / ideal: {best_b / B_IDEAL:.2f} ({best_mode}, {spent:.0f} CPU "
-            f"us/step in all; floor: sync {floor.sync / B_IDEAL:.2f}, free-running "
-            f"{floor.free_running / B_IDEAL:.2f}; the goal allows {budget:.0f} CPU us/step); "
+            f"us/step in all, the goal allows {budget:.0f}); bound with this relay's round trip: "
+            f"32 / ({floor.sleep_ms:.3f} + {t_call:.2f} ms) = {relay_bound:.2f}; floor: sync "
+            f"{floor.sync / B_IDEAL:.2f}, free-running {floor.free_running / B_IDEAL:.2f}; "
             f"(c) wait_num speedup: {speedup:.2f}x",
             flush=True,
         )
