@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from rlfleet.coordinator.failures import CallError
-from rlfleet.coordinator.lease_data_server import DataConnection
+from rlfleet.coordinator.lease_data_server import LeaseConnection
 from rlfleet.episode_results import ResultAssembler
 from rlfleet.v1 import updates_pb2, worker_pb2
 
@@ -70,7 +70,7 @@ class WorkerHandle:
     heartbeat: worker_pb2.Heartbeat = field(default_factory=worker_pb2.Heartbeat)
     last_error: updates_pb2.ErrorDetail | None = None
     assembler: ResultAssembler = field(default_factory=ResultAssembler)
-    lease_data: DataConnection | None = None
+    lease_data: LeaseConnection | None = None
     lease_ticket: bytes = b""
 
     @property
