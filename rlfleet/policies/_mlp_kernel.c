@@ -7,7 +7,7 @@
  * rules keep it true on any machine:
  *
  * - No contraction into fused multiply-add and no fast-math: the build passes
- *   -ffp-contract=off (setup.py), a fast-math build does not compile, and the
+ *   -ffp-contract=off (pyproject.toml), a fast-math build does not compile, and the
  *   module refuses to load if a product and a sum were fused anyway.
  * - Vectors (GCC vector extensions, 4 float lanes) only where each lane runs
  *   the reference's scalar sequence for one output; a row's values never mix
@@ -719,6 +719,24 @@ static Py_ssize_t run_rows(Kernel *self, const Batch *batch, RowsFn rows, const 
     return bad;
 }
 
+/* The tuple (a, b, c, bad_row) a call returns; takes the references to a, b and c. */
+static PyObject *pack(PyObject *a, PyObject *b, PyObject *c, Py_ssize_t bad_row) {
+    PyObject *row = PyLong_FromSsize_t(bad_row);
+    PyObject *tuple = row ? PyTuple_New(4) : NULL;
+    if (tuple == NULL) {
+        Py_XDECREF(row);
+        Py_DECREF(a);
+        Py_DECREF(b);
+        Py_DECREF(c);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(tuple, 0, a);
+    PyTuple_SET_ITEM(tuple, 1, b);
+    PyTuple_SET_ITEM(tuple, 2, c);
+    PyTuple_SET_ITEM(tuple, 3, row);
+    return tuple;
+}
+
 PyDoc_STRVAR(categorical_doc,
 "categorical(observations, draws)\n--\n\n"
 "Samples each row's action from softmax(logits), as tests/mlp_reference.py does.\n\n"
@@ -750,7 +768,7 @@ static PyObject *Kernel_categorical(Kernel *self, PyObject *const *args, Py_ssiz
     if (logits != NULL) {
         Py_ssize_t bad = run_rows(self, &batch, categorical_rows, &o);
         if (bad != -2) {
-            result = Py_BuildValue("(NNNn)", index, log_prob, logits, bad); /* takes them */
+            result = pack(index, log_prob, logits, bad); /* takes them */
             index = log_prob = logits = NULL;
         }
     }
@@ -793,7 +811,7 @@ static PyObject *Kernel_gaussian(Kernel *self, PyObject *const *args, Py_ssize_t
     if (mean != NULL) {
         Py_ssize_t bad = run_rows(self, &batch, gaussian_rows, &o);
         if (bad != -2) {
-            result = Py_BuildValue("(NNNn)", actions, log_prob, mean, bad); /* takes them */
+            result = pack(actions, log_prob, mean, bad); /* takes them */
             actions = log_prob = mean = NULL;
         }
     }
@@ -847,7 +865,7 @@ static int module_exec(PyObject *module) {
         PyErr_SetString(PyExc_ImportError,
                         "rlfleet.policies._mlp_kernel was compiled with floating-point contraction "
                         "(fused multiply-add), which breaks the policies' exact arithmetic; rebuild it "
-                        "with -ffp-contract=off (as setup.py does)");
+                        "with -ffp-contract=off (as rlfleet's pyproject.toml does)");
         return -1;
     }
     PyObject *numpy = PyImport_ImportModule("numpy");

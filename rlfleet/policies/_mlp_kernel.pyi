@@ -1,6 +1,7 @@
 """Type stub of the compiled MLP kernel (rlfleet/policies/_mlp_kernel.c)."""
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -10,13 +11,13 @@ class Kernel:
 
     def __init__(
         self,
-        layers: Sequence[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]],
+        layers: Sequence[tuple[Any, Any]],
         activation: str,
-        log_std: npt.NDArray[np.float32] | None = None,
+        log_std: Any = None,
     ) -> None: ...
     def categorical(
-        self, observations: np.ndarray, draws: np.ndarray | None, /
+        self, observations: Any, draws: Any, /
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32], int]: ...
     def gaussian(
-        self, observations: np.ndarray, draws: np.ndarray | None, /
+        self, observations: Any, draws: Any, /
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32], int]: ...

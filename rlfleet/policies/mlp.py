@@ -191,6 +191,7 @@ class MLPCategoricalPolicy(_MLPPolicy):
         )
         self._start = int(space.start)
         self._dtype = space.dtype
+        self._cast = self._dtype != np.int64  # the kernel's indices are int64
 
     _outputs_name = "logits"
 
@@ -247,7 +248,7 @@ class MLPCategoricalPolicy(_MLPPolicy):
         index, log_prob, logits = self._run_kernel(h0, u, method)
         if self._start:
             index += self._start
-        actions = index.astype(self._dtype, copy=False)
+        actions = index.astype(self._dtype) if self._cast else index
         return actions, {"log_prob": log_prob, "logits": logits}
 
 
