@@ -10,9 +10,11 @@ not change when the kernel is built for another x86-64 instruction set.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import itertools
 import math
+import pickle
 import shutil
 import subprocess
 import sys
@@ -494,6 +496,23 @@ def test_calls_from_many_threads_at_once_give_the_sequential_bits() -> None:
         thread.join()
     for i in range(4):
         assert got[i] == [want[i]] * 10, i
+
+
+@pytest.mark.parametrize("copy_policy", [copy.deepcopy, lambda p: pickle.loads(pickle.dumps(p))])
+def test_policies_can_be_copied_and_pickled_with_their_kernel(
+    copy_policy: Callable[[Any], Any],
+) -> None:
+    spec = EnvSpec(gym.spaces.Box(-1, 1, (3,), F32), gym.spaces.Box(-1, 1, (2,), F32))
+    policy = MLPGaussianPolicy(spec, seed=4, init_log_std=-0.3)
+    twin = copy_policy(policy)
+    obs = np.random.default_rng(14).standard_normal((5, 3)).astype(F32)
+    eps = np.random.default_rng(15).standard_normal((5, 2))
+    want, got = policy.get_actions_from_draws(obs, eps), twin.get_actions_from_draws(obs, eps)
+    assert want[0].tobytes() == got[0].tobytes()
+    assert want[1]["log_prob"].tobytes() == got[1]["log_prob"].tobytes()
+    # Each has its own parameters and kernel.
+    twin.set_param_values({k: v + 1 for k, v in twin.get_param_values().items()})
+    assert policy.get_actions_from_draws(obs, eps)[0].tobytes() == want[0].tobytes()
 
 
 # ---------------------------------------------------------------- errors

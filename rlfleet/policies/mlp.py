@@ -129,6 +129,16 @@ class _MLPPolicy(Policy):
         self._params = params
         self._sample = kernel.categorical if log_std is None else kernel.gaussian
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The kernel (C memory) is not picklable: a copy rebuilds its own.
+        state = self.__dict__.copy()
+        del state["_sample"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._assign(self._params)
+
     def _run_kernel(
         self, h0: np.ndarray, draws: np.ndarray | None, method: str
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
