@@ -106,9 +106,17 @@ def reference_outputs(obs: np.ndarray, layers: Layers, activation: str) -> np.nd
         return ref.forward32(obs, layers, activation)
 
 
-def first_bad_row(outputs: np.ndarray) -> int:
-    finite = np.isfinite(outputs).all(axis=1)
-    return -1 if finite.all() else int(np.argmin(finite))
+def checked_outputs(
+    outputs: np.ndarray, bad: int, obs: np.ndarray, layers: Layers, activation: str
+) -> tuple[np.ndarray, int]:
+    """Checks the kernel's logits or means and bad row; returns the reference's
+    outputs and how many rows before the first bad one hold sampled values."""
+    expected = reference_outputs(obs, layers, activation)
+    finite = np.isfinite(expected).all(axis=1)
+    assert bad == (-1 if finite.all() else int(np.argmin(finite)))
+    rows = len(obs) if bad < 0 else bad
+    assert same_bits(outputs[: rows + (bad >= 0)], expected[: rows + (bad >= 0)])
+    return expected, rows
 
 
 def same_bits(a: Any, b: Any) -> bool:
@@ -126,10 +134,7 @@ def check_categorical(
     kernel: Kernel, layers: Layers, activation: str, obs: np.ndarray, u: np.ndarray | None
 ) -> None:
     index, log_prob, logits, bad = kernel.categorical(obs, u)
-    expected = reference_outputs(obs, layers, activation)
-    assert bad == first_bad_row(expected)
-    rows = len(obs) if bad < 0 else bad
-    assert same_bits(logits[: rows + (bad >= 0)], expected[: rows + (bad >= 0)])
+    expected, rows = checked_outputs(logits, bad, obs, layers, activation)
     for i in range(rows):
         want_index, want_log_prob = ref.categorical_row(
             expected[i], None if u is None else float(u[i])
@@ -148,10 +153,7 @@ def check_gaussian(
     log_std: np.ndarray,
 ) -> None:
     actions, log_prob, mean, bad = kernel.gaussian(obs, eps)
-    expected = reference_outputs(obs, layers, activation)
-    assert bad == first_bad_row(expected)
-    rows = len(obs) if bad < 0 else bad
-    assert same_bits(mean[: rows + (bad >= 0)], expected[: rows + (bad >= 0)])
+    expected, rows = checked_outputs(mean, bad, obs, layers, activation)
     with np.errstate(all="ignore"):
         for i in range(rows):
             want_action, want_log_prob = ref.gaussian_row(
@@ -312,12 +314,22 @@ def test_the_fallback_takes_the_last_action_of_positive_weight() -> None:
     check_categorical(kernel, layers, "tanh", logits, np.ones(3))
 
 
-def test_the_policies_give_the_reference_actions_and_infos() -> None:
+def new_parameters(
+    policy: MLPCategoricalPolicy | MLPGaussianPolicy, change: Callable[[np.ndarray], np.ndarray]
+) -> tuple[dict[str, np.ndarray], Layers]:
+    """Sets ``change(old)`` as the policy's parameters; returns them and its layers."""
+    params = {k: change(v) for k, v in policy.get_param_values().items()}
+    policy.set_param_values(params)
+    count = sum(name.endswith(".weight") for name in params)
+    return params, [
+        (params[f"layers.{i}.weight"], params[f"layers.{i}.bias"]) for i in range(count)
+    ]
+
+
+def test_the_categorical_policy_gives_the_reference_actions_and_infos() -> None:
     spec = EnvSpec(gym.spaces.Box(-np.inf, np.inf, (5,), F32), gym.spaces.Discrete(4, start=-1))
     policy = MLPCategoricalPolicy(spec, hidden_sizes=(7, 3), activation="relu", seed=1)
-    params = {k: 2 * v + 0.1 for k, v in policy.get_param_values().items()}
-    policy.set_param_values(params)
-    layers = [(params[f"layers.{i}.weight"], params[f"layers.{i}.bias"]) for i in range(3)]
+    _, layers = new_parameters(policy, lambda v: 2 * v + 0.1)
     obs = np.random.default_rng(4).standard_normal((6, 5)).astype(F32)
     u = np.random.default_rng(5).random((6, 1))
     actions, infos = policy.get_actions_from_draws(obs, u)
@@ -328,16 +340,14 @@ def test_the_policies_give_the_reference_actions_and_infos() -> None:
         assert actions[i] == index - 1
         assert infos["log_prob"][i].tobytes() == log_prob.tobytes()
 
+
+def test_the_gaussian_policy_gives_the_reference_actions_and_infos() -> None:
     box = gym.spaces.Box(-1, 1, (2, 2), np.float64)
-    gaussian = MLPGaussianPolicy(
-        EnvSpec(gym.spaces.Box(-1, 1, (3,), F32), box), hidden_sizes=(5,), seed=2
-    )
-    params = {k: v - 0.2 for k, v in gaussian.get_param_values().items()}
-    gaussian.set_param_values(params)
-    layers = [(params[f"layers.{i}.weight"], params[f"layers.{i}.bias"]) for i in range(2)]
+    policy = MLPGaussianPolicy(EnvSpec(gym.spaces.Box(-1, 1, (3,), F32), box), hidden_sizes=(5,))
+    params, layers = new_parameters(policy, lambda v: v - 0.2)
     obs = np.random.default_rng(6).standard_normal((3, 3)).astype(F32)
     eps = np.random.default_rng(7).standard_normal((3, 4))
-    actions, infos = gaussian.get_actions_from_draws(obs, eps)
+    actions, infos = policy.get_actions_from_draws(obs, eps)
     mean = reference_outputs(obs, layers, "tanh")
     assert actions.dtype == np.float64 and actions.shape == (3, 2, 2)
     for i in range(3):

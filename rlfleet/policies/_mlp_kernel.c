@@ -177,56 +177,31 @@ typedef struct {
     const float *bias;   /* padded */
 } Layer;
 
-/* out[j] = ((0 + in[0] w[0, j]) + in[1] w[1, j] + ...) + b[j] for every padded column j.
- * Blocks of 8, 4 or 1 vectors of columns keep independent sums in flight. */
-static void dense(const float *restrict in, const Layer *layer, float *restrict out) {
+/* Columns j .. j + 4 * vectors - 1 of a dense layer, one sum per column in a
+ * vector lane: out[j] = ((0 + in[0] w[0, j]) + in[1] w[1, j] + ...) + b[j].
+ * Inlined with a constant `vectors`, so the sums stay in registers. */
+static inline __attribute__((always_inline)) void dense_columns(
+    const float *restrict in, const Layer *layer, float *restrict out, Py_ssize_t j, int vectors) {
     const Py_ssize_t k_in = layer->in, width = layer->padded;
-    const float *restrict bias = layer->bias;
-    Py_ssize_t j = 0, k;
-    for (; j + 8 * LANES <= width; j += 8 * LANES) {
-        v4sf a0 = splat(0.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        const float *w = layer->weight + j;
-        for (k = 0; k < k_in; k++, w += width) {
-            v4sf x = splat(in[k]);
-            a0 = a0 + x * load4(w);
-            a1 = a1 + x * load4(w + 4);
-            a2 = a2 + x * load4(w + 8);
-            a3 = a3 + x * load4(w + 12);
-            a4 = a4 + x * load4(w + 16);
-            a5 = a5 + x * load4(w + 20);
-            a6 = a6 + x * load4(w + 24);
-            a7 = a7 + x * load4(w + 28);
-        }
-        store4(out + j, a0 + load4(bias + j));
-        store4(out + j + 4, a1 + load4(bias + j + 4));
-        store4(out + j + 8, a2 + load4(bias + j + 8));
-        store4(out + j + 12, a3 + load4(bias + j + 12));
-        store4(out + j + 16, a4 + load4(bias + j + 16));
-        store4(out + j + 20, a5 + load4(bias + j + 20));
-        store4(out + j + 24, a6 + load4(bias + j + 24));
-        store4(out + j + 28, a7 + load4(bias + j + 28));
+    v4sf sum[8];
+    for (int v = 0; v < vectors; v++) sum[v] = splat(0.0f);
+    const float *w = layer->weight + j;
+    for (Py_ssize_t k = 0; k < k_in; k++, w += width) {
+        v4sf x = splat(in[k]);
+        for (int v = 0; v < vectors; v++) sum[v] = sum[v] + x * load4(w + LANES * v);
     }
-    for (; j + 4 * LANES <= width; j += 4 * LANES) {
-        v4sf a0 = splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
-        const float *w = layer->weight + j;
-        for (k = 0; k < k_in; k++, w += width) {
-            v4sf x = splat(in[k]);
-            a0 = a0 + x * load4(w);
-            a1 = a1 + x * load4(w + 4);
-            a2 = a2 + x * load4(w + 8);
-            a3 = a3 + x * load4(w + 12);
-        }
-        store4(out + j, a0 + load4(bias + j));
-        store4(out + j + 4, a1 + load4(bias + j + 4));
-        store4(out + j + 8, a2 + load4(bias + j + 8));
-        store4(out + j + 12, a3 + load4(bias + j + 12));
-    }
-    for (; j < width; j += LANES) {
-        v4sf a0 = splat(0.0f);
-        const float *w = layer->weight + j;
-        for (k = 0; k < k_in; k++, w += width) a0 = a0 + splat(in[k]) * load4(w);
-        store4(out + j, a0 + load4(bias + j));
-    }
+    for (int v = 0; v < vectors; v++)
+        store4(out + j + LANES * v, sum[v] + load4(layer->bias + j + LANES * v));
+}
+
+/* Every padded column of a dense layer: blocks of 8, 4 or 1 vectors keep
+ * independent sums in flight. */
+static void dense(const float *restrict in, const Layer *layer, float *restrict out) {
+    const Py_ssize_t width = layer->padded;
+    Py_ssize_t j = 0;
+    for (; j + 8 * LANES <= width; j += 8 * LANES) dense_columns(in, layer, out, j, 8);
+    for (; j + 4 * LANES <= width; j += 4 * LANES) dense_columns(in, layer, out, j, 4);
+    for (; j < width; j += LANES) dense_columns(in, layer, out, j, 1);
 }
 
 /* ----------------------------------------------------------------- Kernel */
@@ -746,37 +721,47 @@ PyDoc_STRVAR(categorical_doc,
 "logits are not finite (then only rows up to it hold values). Raises TypeError or\n"
 "ValueError for operands of the wrong type or shape.");
 
-static PyObject *Kernel_categorical(Kernel *self, PyObject *const *args, Py_ssize_t nargs) {
+/* One call of either distribution: operands, outputs, rows, the result tuple. */
+static PyObject *sample(Kernel *self, PyObject *const *args, Py_ssize_t nargs, int gaussian) {
+    const char *name = gaussian ? "gaussian" : "categorical";
     if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "categorical takes (observations, draws), got %zd arguments", nargs);
+        PyErr_Format(PyExc_TypeError, "%s takes (observations, draws), got %zd arguments", name, nargs);
         return NULL;
     }
     if (check_built(self) < 0) return NULL;
-    if (self->log_std != NULL) {
-        PyErr_SetString(PyExc_TypeError, "this Kernel was built with log_std: call gaussian");
+    if ((self->log_std != NULL) != gaussian) {
+        PyErr_SetString(PyExc_TypeError, gaussian ? "this Kernel has no log_std: call categorical"
+                                                  : "this Kernel was built with log_std: call gaussian");
         return NULL;
     }
+    const Py_ssize_t width = self->layers[self->n_layers - 1].out;
     Py_buffer obs_view, draws_view;
     Batch batch;
-    if (open_batch(self, args[0], args[1], 1, &obs_view, &draws_view, &batch) < 0) return NULL;
-    const Py_ssize_t n = batch.n, n_out = self->layers[self->n_layers - 1].out;
+    if (open_batch(self, args[0], args[1], gaussian ? width : 1, &obs_view, &draws_view, &batch) < 0)
+        return NULL;
+    const Py_ssize_t n = batch.n;
     Outputs o = {0};
-    PyObject *index = new_array(n, -1, dtype_i64, (void **)&o.index);
-    PyObject *log_prob = index ? new_array(n, -1, dtype_f32, (void **)&o.log_prob) : NULL;
-    PyObject *logits = log_prob ? new_array(n, n_out, dtype_f32, (void **)&o.values) : NULL;
+    PyObject *first = gaussian ? new_array(n, width, dtype_f32, (void **)&o.actions)
+                               : new_array(n, -1, dtype_i64, (void **)&o.index);
+    PyObject *log_prob = first ? new_array(n, -1, dtype_f32, (void **)&o.log_prob) : NULL;
+    PyObject *values = log_prob ? new_array(n, width, dtype_f32, (void **)&o.values) : NULL;
     PyObject *result = NULL;
-    if (logits != NULL) {
-        Py_ssize_t bad = run_rows(self, &batch, categorical_rows, &o);
+    if (values != NULL) {
+        Py_ssize_t bad = run_rows(self, &batch, gaussian ? gaussian_rows : categorical_rows, &o);
         if (bad != -2) {
-            result = pack(index, log_prob, logits, bad); /* takes them */
-            index = log_prob = logits = NULL;
+            result = pack(first, log_prob, values, bad); /* takes them */
+            first = log_prob = values = NULL;
         }
     }
-    Py_XDECREF(index);
+    Py_XDECREF(first);
     Py_XDECREF(log_prob);
-    Py_XDECREF(logits);
+    Py_XDECREF(values);
     close_batch(&obs_view, &draws_view);
     return result;
+}
+
+static PyObject *Kernel_categorical(Kernel *self, PyObject *const *args, Py_ssize_t nargs) {
+    return sample(self, args, nargs, 0);
 }
 
 PyDoc_STRVAR(gaussian_doc,
@@ -789,37 +774,7 @@ PyDoc_STRVAR(gaussian_doc,
 "ValueError for operands of the wrong type or shape.");
 
 static PyObject *Kernel_gaussian(Kernel *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "gaussian takes (observations, draws), got %zd arguments", nargs);
-        return NULL;
-    }
-    if (check_built(self) < 0) return NULL;
-    if (self->log_std == NULL) {
-        PyErr_SetString(PyExc_TypeError, "this Kernel has no log_std: call categorical");
-        return NULL;
-    }
-    const Py_ssize_t d = self->layers[self->n_layers - 1].out;
-    Py_buffer obs_view, draws_view;
-    Batch batch;
-    if (open_batch(self, args[0], args[1], d, &obs_view, &draws_view, &batch) < 0) return NULL;
-    const Py_ssize_t n = batch.n;
-    Outputs o = {0};
-    PyObject *actions = new_array(n, d, dtype_f32, (void **)&o.actions);
-    PyObject *log_prob = actions ? new_array(n, -1, dtype_f32, (void **)&o.log_prob) : NULL;
-    PyObject *mean = log_prob ? new_array(n, d, dtype_f32, (void **)&o.values) : NULL;
-    PyObject *result = NULL;
-    if (mean != NULL) {
-        Py_ssize_t bad = run_rows(self, &batch, gaussian_rows, &o);
-        if (bad != -2) {
-            result = pack(actions, log_prob, mean, bad); /* takes them */
-            actions = log_prob = mean = NULL;
-        }
-    }
-    Py_XDECREF(actions);
-    Py_XDECREF(log_prob);
-    Py_XDECREF(mean);
-    close_batch(&obs_view, &draws_view);
-    return result;
+    return sample(self, args, nargs, 1);
 }
 
 static PyMethodDef Kernel_methods[] = {
