@@ -282,7 +282,7 @@ static int copy_param(PyObject *obj, const char *what, Py_ssize_t index, int ndi
     return ok ? 0 : -1;
 }
 
-/* The shape (dim 0, dim 1 or -1 for 1-d) of a float32 array, or -1 with an error set. */
+/* A buffer's dims (`ndim` of them, 1 or 2) into `dims`: 0, or -1 with an error set. */
 static int param_shape(PyObject *obj, const char *what, Py_ssize_t index, int ndim, Py_ssize_t *dims) {
     Py_buffer view;
     if (PyObject_GetBuffer(obj, &view, PyBUF_RECORDS_RO) < 0) {
@@ -591,7 +591,7 @@ typedef struct {
 static Py_ssize_t categorical_rows(const Kernel *self, const Batch *batch, float *scratch,
                                    const Outputs *o) {
     const Py_ssize_t n_out = self->layers[self->n_layers - 1].out;
-    float *weights = scratch; /* e: reuses the first hidden row's room */
+    float *weights = scratch; /* e: the first n_out floats; forward_row takes the rest */
     scratch += n_out;
     for (Py_ssize_t i = 0; i < batch->n; i++) {
         float *l;
@@ -671,6 +671,7 @@ typedef Py_ssize_t (*RowsFn)(const Kernel *, const Batch *, float *, const Outpu
 
 /* Runs `rows` over the batch with scratch of its own; -2 on allocation failure. */
 static Py_ssize_t run_rows(Kernel *self, const Batch *batch, RowsFn rows, const Outputs *o) {
+    /* forward_row's rows, and the categorical's weights e */
     Py_ssize_t needed = self->scratch + self->layers[self->n_layers - 1].padded;
     float stack[STACK_FLOATS];
     int nogil = work_of(self, batch->n) > NOGIL_WORK;
