@@ -7,11 +7,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from rlfleet.envs._base import (
     BaseVectorEnv,
     EnvFactory,
     EnvFailure,
+    EnvRows,
     FailedCall,
     build_env,
     check_env_fns,
@@ -64,6 +66,7 @@ class DummyVectorEnv(BaseVectorEnv):
             raise
         #: The envs themselves, for inspection in tests and debugging.
         self.envs = envs
+        self._factories = factories
         self._answers: dict[int, Any] = {}
         try:
             super().__init__(
@@ -87,6 +90,62 @@ class DummyVectorEnv(BaseVectorEnv):
 
     def _receive(self, ids: list[int], count: int, timeout: float | None) -> dict[int, Any]:
         return {i: self._answers.pop(i) for i in ids if i in self._answers}
+
+    # --- a worker's engine: the envs called directly, the env's own exceptions -----
+
+    def reset_env(self, id: int, seed: int | None) -> Any:
+        """:meth:`BaseVectorEnv.reset_env`, raising what the env raised."""
+        if self._closed:
+            self._check_open()
+        observation, _ = self.envs[id].reset(seed=seed)
+        return observation
+
+    def step_envs(self, ids: list[int], actions: Sequence[Any] | np.ndarray) -> EnvRows:
+        """:meth:`BaseVectorEnv.step_envs` in one loop; failures are the env's own exceptions.
+
+        The loop is a worker's hot path: per env, the ``step`` call, two
+        appends and two tests; nothing is stored for an empty info dict.
+        """
+        if self._closed:
+            self._check_open()
+        envs = self.envs
+        observations: list[Any] = []
+        rewards: list[Any] = []
+        add_observation, add_reward = observations.append, rewards.append
+        ended: list[tuple[int, bool, bool]] = []
+        infos: list[tuple[int, Any]] = []
+        failures: list[tuple[int, Exception]] = []
+        # strict=False: the caller gives one action per id.
+        for i, action in zip(ids, actions, strict=False):
+            try:
+                observation, reward, terminated, truncated, info = envs[i].step(action)
+            except Exception as exc:
+                failures.append((i, exc))
+                add_observation(None)
+                add_reward(0.0)
+                continue
+            add_observation(observation)
+            add_reward(reward)
+            if info:
+                infos.append((i, info))
+            if terminated or truncated:
+                ended.append((i, bool(terminated), bool(truncated)))
+        return observations, rewards, ended, infos, failures
+
+    def rebuild_env(self, id: int) -> None:
+        """:meth:`BaseVectorEnv.rebuild_env`: the env's factory is called again here.
+
+        Raises:
+            ConfigError: If the factory raised it.
+            VectorEnvError: If the factory raised anything else.
+        """
+        self._check_open()
+        self._check_idle([id], "rebuild_env")
+        old = self.envs[id]
+        # A crashed env may fail to close too; the new one replaces it either way.
+        _close_envs([old])
+        self._needs_reset[id] = True
+        self.envs[id] = build_env(self._factories[id], id)
 
 
 #: The in-process vector env under tianshou's other name.

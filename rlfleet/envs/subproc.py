@@ -151,11 +151,43 @@ class SubprocVectorEnv(BaseVectorEnv):
         #: Deadline in seconds for each env's answer (None: none); may be changed.
         self.call_timeout = call_timeout
         self._children = children
+        # What rebuild_env starts a new child with.
+        self._factories = pickled
+        self._mp_context = mp_context
+        self._start_timeout = start_timeout
+        self._shared_memory = shared_memory
 
     @property
     def pids(self) -> list[int]:
         """The process id of each env's child."""
         return [child.pid for child in self._children]
+
+    def rebuild_env(self, id: int) -> None:
+        """:meth:`BaseVectorEnv.rebuild_env`: env ``id`` gets a new child process.
+
+        The old child is asked to close its env and exit (it is killed if it
+        does not within a few seconds); a dead or lost one is reaped.
+
+        Raises:
+            ConfigError: If the factory raised it in the new child.
+            VectorEnvError: If the new child failed to build its env, died
+                or passed ``start_timeout``.
+        """
+        self._check_open()
+        self._check_idle([id], "rebuild_env")
+        old = self._children[id]
+        old.request_close()
+        old.finish(time.monotonic() + _CLOSE_GRACE_SECONDS)
+        # An interrupted call's answer would have come from the old child.
+        self._stale.discard(id)
+        self._in_flight.discard(id)
+        self._needs_reset[id] = True
+        child = _EnvProcess(self._mp_context, id, self._factories[id])
+        # In the list before it connects: close() reaps it even if that fails.
+        self._children[id] = child
+        child.connect(
+            _deadline(self._start_timeout), self._start_timeout, shared_memory=self._shared_memory
+        )
 
     def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
         sent: list[_EnvProcess] = []
