@@ -85,9 +85,8 @@ def test_fragments_and_their_replays_equal_the_in_process_ones() -> None:
     there = VecWorker(n_envs=2, env=in_children(CARTPOLE), policy=mlp())
     try:
         for call in range(4):
-            kwargs = {"base_seed": 9, "first_stream": 0}
             assert_same_batches(
-                there.collect_fragments(7, **kwargs), here.collect_fragments(7, **kwargs)
+                there.collect_fragments(7, base_seed=9), here.collect_fragments(7, base_seed=9)
             )
             if call == 1:
                 # Episodes between windows use the envs: the streams' episodes
