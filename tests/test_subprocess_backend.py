@@ -20,10 +20,13 @@ import pytest
 import rlfleet.envs.testing  # noqa: F401  (registers the test envs)
 from rlfleet.client import Fleet
 from rlfleet.envs import EnvConfig, SubprocVectorEnv
-from rlfleet.errors import EnvError
+from rlfleet.errors import ConfigError, EnvError
+from rlfleet.lease_messages import LeaseCreateOrder, decode_lease_command
 from rlfleet.local_sampler import LocalSampler
 from rlfleet.policies import MLPCategoricalPolicy
+from rlfleet.v1 import leases_pb2
 from rlfleet.worker import VecWorker, make_units
+from rlfleet.worker._lease_envs import lease_config
 from tests.test_fleet_equivalence import assert_same_batch
 from tests.test_vec_worker import assert_same_batches
 
@@ -170,3 +173,19 @@ def test_fleet_of_subprocess_workers_equals_local_in_process_sampling() -> None:
             expected, got = call(local), call(remote)
             assert_same_batch(expected, got, worker_ids)
             assert np.all(got.episode_infos["env_seed"] >= 0)  # episodes keep their seeds
+
+
+def test_the_config_travels_as_json_and_leases_refuse_it_by_name() -> None:
+    config = in_children(EnvConfig("CartPole-v1", max_episode_length=9))
+    assert EnvConfig.from_json(config.to_json()) == config and not config.native
+    assert config().spec is not None  # one env per slot: the config is a factory
+    with pytest.raises(ConfigError, match="give one of"):
+        EnvConfig("CartPole-v1", vectorization="subprocesses")
+    command = leases_pb2.LeaseCommand(lease_id=1)
+    command.create.env.env_id = "CartPole-v1"
+    command.create.env.vectorization = "subprocess"
+    command.create.env_ids.append(0)
+    order = decode_lease_command(command)
+    assert isinstance(order, LeaseCreateOrder)
+    with pytest.raises(ConfigError, match="lease it without vectorization"):
+        lease_config(order.env, ())
