@@ -57,7 +57,8 @@ class EnvConfig:
             child process of the worker (``SubprocVectorEnv``): the same
             seeds and bit-identical batches, a crashed or killed child
             being rebuilt like a crashed env; it pays only for envs whose
-            step costs far more than a pipe round trip (about 50 us).
+            step costs far more than the pipe round trip (CartPole runs
+            about 11x slower than in-process: docs/reliability.md).
             ``"vector_entry_point"`` (gymnasium's native vector env, e.g.
             CartPole's) or ``"envpool"`` (the ``envpool`` extra) makes a
             worker step all its slots with one native vector env; such

@@ -18,6 +18,7 @@ from rlfleet.envs._base import (
     build_env,
     check_env_fns,
     run_command,
+    step_each,
 )
 
 
@@ -101,36 +102,10 @@ class DummyVectorEnv(BaseVectorEnv):
         return observation
 
     def step_envs(self, ids: list[int], actions: Sequence[Any] | np.ndarray) -> EnvRows:
-        """:meth:`BaseVectorEnv.step_envs` in one loop; failures are the env's own exceptions.
-
-        The loop is a worker's hot path: per env, the ``step`` call, two
-        appends and two tests; nothing is stored for an empty info dict.
-        """
+        """:meth:`BaseVectorEnv.step_envs`, calling the envs; failures are their own exceptions."""
         if self._closed:
             self._check_open()
-        envs = self.envs
-        observations: list[Any] = []
-        rewards: list[Any] = []
-        add_observation, add_reward = observations.append, rewards.append
-        ended: list[tuple[int, bool, bool]] = []
-        infos: list[tuple[int, Any]] = []
-        failures: list[tuple[int, Exception]] = []
-        # strict=False: the caller gives one action per id.
-        for i, action in zip(ids, actions, strict=False):
-            try:
-                observation, reward, terminated, truncated, info = envs[i].step(action)
-            except Exception as exc:
-                failures.append((i, exc))
-                add_observation(None)
-                add_reward(0.0)
-                continue
-            add_observation(observation)
-            add_reward(reward)
-            if info:
-                infos.append((i, info))
-            if terminated or truncated:
-                ended.append((i, bool(terminated), bool(truncated)))
-        return observations, rewards, ended, infos, failures
+        return step_each(self.envs, ids, actions)
 
     def rebuild_env(self, id: int) -> None:
         """:meth:`BaseVectorEnv.rebuild_env`: the env's factory is called again here.
