@@ -30,6 +30,14 @@ from rlfleet.wire.tensors import (
     encode_tensor_into,
     encode_tensor_map,
 )
+from rlfleet.wire.updates import (
+    decode_agent_update,
+    decode_env_update,
+    decode_error_detail,
+    encode_agent_change,
+    encode_env_change,
+    encode_error_report,
+)
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -37,16 +45,22 @@ __all__ = [
     "Chunk",
     "ChunkAssembler",
     "chunk_payload",
+    "decode_agent_update",
     "decode_batch",
     "decode_batch_chunks",
     "decode_env_spec",
+    "decode_env_update",
+    "decode_error_detail",
     "decode_space",
     "decode_tensor",
     "decode_tensor_list",
     "decode_tensor_map",
     "encode_batch",
+    "encode_agent_change",
     "encode_batch_chunks",
+    "encode_env_change",
     "encode_env_spec",
+    "encode_error_report",
     "encode_space",
     "encode_tensor",
     "encode_tensor_into",
