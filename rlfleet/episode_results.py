@@ -60,10 +60,17 @@ class ResultError(ProtocolError):
 class ResultMetadata(Protocol):
     """What :meth:`ResultHeader.of` reads: ``rlfleet.v1.EpisodeResult``'s fields."""
 
-    task_id: int
-    worker_id: int
-    agent_version: int
-    env_generation: int
+    @property
+    def task_id(self) -> int: ...
+
+    @property
+    def worker_id(self) -> int: ...
+
+    @property
+    def agent_version(self) -> int: ...
+
+    @property
+    def env_generation(self) -> int: ...
 
     @property
     def episode_indices(self) -> Sequence[int]: ...

@@ -33,6 +33,7 @@ GRPC_MODULES = {
     "rlfleet.cli._health_port",
     "rlfleet.cli.health",
     "rlfleet.client._errors",
+    "rlfleet.client._learner_messages",
     "rlfleet.client.lease_stream",  # the lease face (docs/vector_env.md)
     "rlfleet.client.remote_vector_env",
     "rlfleet.client.sampler",
@@ -68,11 +69,7 @@ GRPC_MODULES = {
 #: Modules outside rlfleet.wire that hold generated messages (the ratchet).
 PROTOBUF_HOLDERS = {
     "rlfleet._rpc",
-    "rlfleet.client._responses",
-    "rlfleet.client._restore",
-    "rlfleet.client._updates",
-    "rlfleet.client.sampler",
-    "rlfleet.client.status",
+    "rlfleet.client._learner_messages",
     "rlfleet.conformance.checks",
     "rlfleet.conformance.link",
     "rlfleet.conformance.scripted_coordinator",

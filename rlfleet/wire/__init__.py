@@ -20,7 +20,13 @@ from rlfleet.wire.chunks import (
     serialize_batch_messages,
 )
 from rlfleet.wire.envelope import parse_chunk, parse_with_chunk, serialize_with_chunk
-from rlfleet.wire.spaces import decode_env_spec, decode_space, encode_env_spec, encode_space
+from rlfleet.wire.spaces import (
+    decode_env_spec,
+    decode_space,
+    encode_env_spec,
+    encode_space,
+    parse_env_spec,
+)
 from rlfleet.wire.tensors import (
     MAX_ELEMENTS,
     decode_tensor,
@@ -66,6 +72,7 @@ __all__ = [
     "encode_tensor_into",
     "encode_tensor_map",
     "parse_chunk",
+    "parse_env_spec",
     "parse_with_chunk",
     "serialize_batch_messages",
     "serialize_with_chunk",
