@@ -10,6 +10,7 @@ chunks stay out of protobuf objects (``rlfleet.wire.parse_with_chunk``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TypeAlias
 
 import grpc
@@ -52,8 +53,15 @@ AgentUpdateLike: TypeAlias = AgentUpdateForm | updates_pb2.AgentUpdate
 #: What ``env_update`` arguments may be: an EnvConfig, a gymnasium id, or an
 #: ``EnvUpdate`` message.
 EnvUpdateLike: TypeAlias = EnvUpdateForm | updates_pb2.EnvUpdate
-#: What one response of a Sample or Subscribe call holds (None: an empty one).
-ResponsePart: TypeAlias = CallHeader | ResultPart | Footer | None
+
+
+@dataclass(frozen=True)
+class EmptyResponse:
+    """A SampleResponse without a body (gRPC takes a deserializer's None for a failure)."""
+
+
+#: What one response of a Sample or Subscribe call holds.
+ResponsePart: TypeAlias = CallHeader | ResultPart | Footer | EmptyResponse
 
 
 def agent_change_of(update: AgentUpdateLike) -> AgentChange:
@@ -214,7 +222,7 @@ def parse_response(data: bytes) -> ResponsePart:
         return Footer(
             footer.num_episodes, footer.total_steps, footer.workers_used, footer.reassigned_units
         )
-    return None
+    return EmptyResponse()
 
 
 def _update_receipt(data: bytes) -> UpdateReceipt:
