@@ -68,6 +68,11 @@ class SubscribeAsk:
 
 
 @dataclasses.dataclass(frozen=True)
+class StatusAsk:
+    """A GetStatus call (learner.proto ``StatusRequest``: no fields)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class UpdatePush:
     """An UpdateAgent or UpdateEnv call: the change, and the coordinator it is meant for.
 
@@ -135,6 +140,7 @@ __all__ = [
     "CallHeader",
     "ResultPart",
     "SampleAsk",
+    "StatusAsk",
     "SubscribeAsk",
     "UpdatePush",
     "UpdateReceipt",

@@ -38,7 +38,7 @@ from rlfleet.conformance.link import (
 )
 from rlfleet.conformance.runner import WorkerHarness
 from rlfleet.conformance.scripted_coordinator import BROKEN, CLOSED, Inbound
-from rlfleet.coordinator.messages import replay_message
+from rlfleet.coordinator.worker_messages import replay_message
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.episode_results import DecodedResult, cut_pieces, pieces_by_stream

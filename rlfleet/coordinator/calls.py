@@ -17,7 +17,9 @@ from typing import TypeAlias
 import grpc
 
 from rlfleet.coordinator.failures import CallError
-from rlfleet.v1 import learner_pb2, worker_pb2
+from rlfleet.coordinator.scheduler import Footer
+from rlfleet.episode_results import ResultMetadata
+from rlfleet.learner_calls import CallHeader
 from rlfleet.wire import Chunk
 
 
@@ -31,26 +33,21 @@ class Forward:
         steps: Steps in the result.
     """
 
-    meta: worker_pb2.EpisodeResult
+    meta: ResultMetadata
     chunks: tuple[Chunk, ...]
     steps: int
-
-
-@dataclass(frozen=True)
-class Header:
-    """A SampleHeader to send (first, and in subscriptions on env changes)."""
-
-    header: learner_pb2.SampleHeader
 
 
 @dataclass(frozen=True)
 class Finished:
     """The request is complete: send the footer and end the call."""
 
-    footer: learner_pb2.SampleFooter
+    footer: Footer
 
 
-Event: TypeAlias = Forward | Header | Finished | CallError
+#: What a learner call sends, in order: a header first (and, in
+#: subscriptions, one more on each env change), results, then the end.
+Event: TypeAlias = Forward | CallHeader | Finished | CallError
 
 
 class CallOutbox:

@@ -1,89 +1,213 @@
-"""Protobuf in and out of the coordinator: request checks and message builders.
+"""The worker face, coordinator side: Join stream messages in and out of rlfleet types.
 
-Kept apart from the Coordinator so that its methods read as the rules they
-implement, and so that what goes on the wire is easy to find.
+The one module of the coordinator's worker face that holds generated
+messages (tests/test_layering.py). A worker's messages are read into the
+types of :mod:`rlfleet.join_stream` as they arrive (:func:`parse_worker_message`,
+the Join call's deserializer), and what the coordinator sends a worker
+(:data:`~rlfleet.coordinator.registry.WorkerCommand`) is written out by the
+call's serializer (:func:`serialize_command`). A result's chunk stays out of
+protobuf objects, and its metadata is kept as it came: the learner gets it
+whole, with fields this version does not know.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import functools
+from typing import TypeAlias
 
-from rlfleet.coordinator.failures import invalid
-from rlfleet.coordinator.scheduler import CancelOrder, Footer, Mode, TaskOrder
+from google.protobuf.message import Message
+
+from rlfleet import _rpc
+from rlfleet.coordinator.lease_translation import RelayReply
+from rlfleet.coordinator.registry import TaskDispatch, WorkerCommand
+from rlfleet.coordinator.scheduler import CancelOrder
 from rlfleet.episode_results import ResultMetadata
+from rlfleet.error_reports import ErrorReport
+from rlfleet.fleet_updates import AgentChange, EnvChange
+from rlfleet.join_stream import (
+    AgentApplied,
+    DrainOrder,
+    EnvBuilt,
+    WorkerBeat,
+    WorkerHello,
+    WorkerLeaving,
+    WorkerWelcome,
+)
 from rlfleet.stream_replay import StreamReplay
-from rlfleet.v1 import learner_pb2, worker_pb2
-from rlfleet.wire import encode_tensor
+from rlfleet.v1 import leases_pb2, worker_pb2
+from rlfleet.wire import (
+    Chunk,
+    decode_error_detail,
+    encode_agent_change,
+    encode_env_change,
+    encode_tensor,
+    parse_with_chunk,
+)
 
 
-def sample_mode(request: learner_pb2.SampleRequest, max_fragment_length: int) -> Mode:
-    """The mode of a Sample request, after checking its fields.
+@dataclasses.dataclass(frozen=True)
+class ResultPiece:
+    """One message of a worker's result: its metadata and its chunk.
+
+    Attributes:
+        meta: The ``EpisodeResult`` as received (metadata on chunk 0 only);
+            forwarded to the learner whole.
+        chunk: The batch chunk (None: the message carried none).
+    """
+
+    meta: ResultMetadata
+    chunk: Chunk | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseReplyBody:
+    """A lease reply that came with other fields in its message (the lease relay reads it)."""
+
+    body: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class EmptyWorkerMessage:
+    """A WorkerMessage without a body (gRPC takes a deserializer's None for a failure)."""
+
+
+#: What one message of a worker holds.
+WorkerEvent: TypeAlias = (
+    WorkerHello
+    | EnvBuilt
+    | AgentApplied
+    | WorkerBeat
+    | ErrorReport
+    | WorkerLeaving
+    | ResultPiece
+    | LeaseReplyBody
+    | EmptyWorkerMessage
+)
+
+#: The WorkerMessage body each event comes from (worker.proto), for errors.
+_BODY_NAMES: dict[type, str] = {
+    WorkerHello: "hello",
+    EnvBuilt: "env_ready",
+    AgentApplied: "agent_ready",
+    WorkerBeat: "heartbeat",
+    ErrorReport: "error",
+    WorkerLeaving: "leaving",
+    ResultPiece: "result",
+    LeaseReplyBody: "lease_reply",
+    RelayReply: "lease_reply",
+    EmptyWorkerMessage: "an empty WorkerMessage",
+}
+
+
+def body_name(event: WorkerEvent | RelayReply) -> str:
+    """The worker.proto name of the message an event came in, for error messages."""
+    return _BODY_NAMES[type(event)]
+
+
+# --- from the worker ----------------------------------------------------------------
+
+
+def parse_worker_message(data: bytes) -> WorkerEvent:
+    """Reads one WorkerMessage (a result's chunk stays a view of ``data``).
 
     Raises:
-        CallError: INVALID_ARGUMENT naming the bad field (or the limit).
+        WireFormatError: If the bytes are malformed.
     """
-    if int(request.mode) not in tuple(Mode):
-        raise invalid(
-            f"SampleRequest.mode must be SAMPLE_MODE_STEPS (1), SAMPLE_MODE_EPISODES (2) or "
-            f"SAMPLE_MODE_FRAGMENTS (3), got {int(request.mode)}"
+    message, chunk = parse_with_chunk(worker_pb2.WorkerMessage, data, _rpc.WORKER_CHUNK_PATH)
+    body = message.WhichOneof("body")
+    if body == "result":
+        return ResultPiece(message.result, chunk)
+    if body == "heartbeat":
+        beat = message.heartbeat
+        return WorkerBeat(
+            beat.steps_total, beat.steps_per_second, beat.active_envs, beat.queued_units
         )
-    mode = Mode(request.mode)
-    if request.amount < 1:
-        raise invalid(f"SampleRequest.amount must be >= 1, got {request.amount}")
-    if mode is Mode.FRAGMENTS:
-        if request.fragment_length < 1:
-            raise invalid("SAMPLE_MODE_FRAGMENTS needs fragment_length >= 1")
-        check_fragment_length(request.fragment_length, max_fragment_length)
-    # NaN fails every comparison, so "not >= 0" refuses it too (it would wait forever).
-    if not request.wait_for_workers_seconds >= 0:
-        raise invalid(
-            f"wait_for_workers_seconds must be >= 0, got {request.wait_for_workers_seconds}"
+    if body == "env_ready":
+        ready = message.env_ready
+        return EnvBuilt(ready.generation, ready.env_spec.SerializeToString(deterministic=True))
+    if body == "agent_ready":
+        return AgentApplied(message.agent_ready.version)
+    if body == "error":
+        return decode_error_detail(message.error.detail)
+    if body == "lease_reply":
+        return LeaseReplyBody(message.lease_reply.SerializeToString())
+    if body == "leaving":
+        return WorkerLeaving(message.leaving.reason)
+    if body == "hello":
+        hello = message.hello
+        return WorkerHello(
+            protocol_version=hello.protocol_version,
+            capabilities=tuple(hello.capabilities),
+            num_envs=hello.num_envs,
+            name=hello.name,
+            host=hello.host,
+            pid=hello.pid,
+            implementation=hello.implementation,
+            lease_slots=hello.lease_slots,
         )
-    return mode
+    return EmptyWorkerMessage()
 
 
-def check_fragment_length(fragment_length: int, limit: int) -> None:
-    """Refuses windows longer than the coordinator's limit.
+# --- to the worker ------------------------------------------------------------------
 
-    A worker holds a whole window of every env slot in memory and sends it
-    as one result, so an unbounded window could exhaust its memory.
 
-    Raises:
-        CallError: INVALID_ARGUMENT naming the limit and the flag that sets it.
+def serialize_command(command: WorkerCommand) -> bytes:
+    """The serialized CoordinatorMessage of a command (the Join call's serializer).
+
+    An update broadcast to every worker is encoded once.
     """
-    if fragment_length > limit:
-        raise invalid(
-            f"fragment_length {fragment_length} is above this coordinator's limit of {limit} "
-            "steps per env slot and window (--max-fragment-length); ask for more windows of "
-            "at most that length instead"
-        )
+    if isinstance(command, AgentChange | EnvChange):
+        return _update_bytes(command)
+    return coordinator_message(command).SerializeToString()
 
 
-def subscription_mode(request: learner_pb2.SubscribeRequest, max_fragment_length: int) -> Mode:
-    """The mode of a Subscribe request, after checking its fields.
-
-    Raises:
-        CallError: INVALID_ARGUMENT naming the bad field.
-    """
-    if int(request.mode) not in (Mode.EPISODES, Mode.FRAGMENTS):
-        raise invalid(
-            "SubscribeRequest.mode must be SAMPLE_MODE_EPISODES (2) or SAMPLE_MODE_FRAGMENTS "
-            f"(3), got {int(request.mode)}"
-        )
-    mode = Mode(request.mode)
-    if mode is Mode.FRAGMENTS:
-        if request.fragment_length < 1:
-            raise invalid("a FRAGMENTS subscription needs fragment_length >= 1")
-        check_fragment_length(request.fragment_length, max_fragment_length)
-    if request.max_buffered_steps < 0:
-        raise invalid(f"max_buffered_steps must be >= 0, got {request.max_buffered_steps}")
-    return mode
+@functools.lru_cache(maxsize=4)
+def _update_bytes(update: AgentChange | EnvChange) -> bytes:
+    return coordinator_message(update).SerializeToString()
 
 
-def task_message(
-    order: TaskOrder, replays: Sequence[StreamReplay] = ()
-) -> worker_pb2.CoordinatorMessage:
+def coordinator_message(command: WorkerCommand) -> worker_pb2.CoordinatorMessage:
+    """The CoordinatorMessage of a command (a lease command is one already)."""
+    if isinstance(command, Message):
+        return command  # type: ignore[return-value]
+    if isinstance(command, TaskDispatch):
+        return task_message(command)
+    if isinstance(command, CancelOrder):
+        cancel = worker_pb2.Cancel(task_id=command.task_id, episode_indices=command.episode_indices)
+        return worker_pb2.CoordinatorMessage(cancel=cancel)
+    if isinstance(command, AgentChange):
+        return worker_pb2.CoordinatorMessage(agent_update=encode_agent_change(command))
+    if isinstance(command, EnvChange):
+        return worker_pb2.CoordinatorMessage(env_update=encode_env_change(command))
+    if isinstance(command, DrainOrder):
+        drain = worker_pb2.Drain(reason=command.reason, grace_seconds=command.grace_seconds)
+        return worker_pb2.CoordinatorMessage(drain=drain)
+    return worker_pb2.CoordinatorMessage(welcome=_welcome(command))
+
+
+def _welcome(welcome: WorkerWelcome) -> worker_pb2.Welcome:
+    data = None
+    if welcome.lease_data is not None:
+        port, ticket = welcome.lease_data
+        data = leases_pb2.LeaseDataAddress(port=port, ticket=ticket)
+    return worker_pb2.Welcome(
+        protocol_version=welcome.protocol_version,
+        worker_id=welcome.worker_id,
+        name=welcome.name,
+        heartbeat_interval_seconds=welcome.heartbeat_interval_seconds,
+        heartbeat_timeout_seconds=welcome.heartbeat_timeout_seconds,
+        max_message_bytes=welcome.max_message_bytes,
+        capabilities=welcome.capabilities,
+        first_stream=welcome.first_stream,
+        coordinator_id=welcome.coordinator_id,
+        lease_data=data,
+    )
+
+
+def task_message(dispatch: TaskDispatch) -> worker_pb2.CoordinatorMessage:
     """The Task message of a scheduler order, with the replays of the streams it takes over."""
+    order = dispatch.order
     return worker_pb2.CoordinatorMessage(
         task=worker_pb2.Task(
             task_id=order.task_id,
@@ -101,7 +225,7 @@ def task_message(
             rounds=order.rounds,
             base_seed=order.base_seed,
             streams=order.streams,
-            replays=[replay_message(replay) for replay in replays],
+            replays=[replay_message(replay) for replay in dispatch.replays],
         )
     )
 
@@ -119,11 +243,7 @@ def replay_message(replay: StreamReplay) -> worker_pb2.ReliabilityStreamReplay:
     return message
 
 
-def cancel_message(order: CancelOrder) -> worker_pb2.CoordinatorMessage:
-    """The Cancel message of a scheduler order."""
-    return worker_pb2.CoordinatorMessage(
-        cancel=worker_pb2.Cancel(task_id=order.task_id, episode_indices=order.episode_indices)
-    )
+# --- to the learner -----------------------------------------------------------------
 
 
 def forwarded_result(meta: ResultMetadata, worker_id: int) -> worker_pb2.EpisodeResult:
@@ -134,13 +254,3 @@ def forwarded_result(meta: ResultMetadata, worker_id: int) -> worker_pb2.Episode
     forwarded.CopyFrom(meta)
     forwarded.worker_id = worker_id
     return forwarded
-
-
-def footer_message(footer: Footer) -> learner_pb2.SampleFooter:
-    """The SampleFooter of a finished request."""
-    return learner_pb2.SampleFooter(
-        num_episodes=footer.num_episodes,
-        total_steps=footer.total_steps,
-        workers_used=footer.workers_used,
-        reassigned_units=footer.reassigned_units,
-    )

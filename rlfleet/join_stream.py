@@ -1,0 +1,138 @@
+"""The worker face's Join stream in rlfleet's own types, as both ends see them.
+
+A worker joins the coordinator on one bidirectional stream (worker.proto
+``WorkerService.Join``): it says Hello and gets a Welcome, then reports
+envs built, agents applied, heartbeats, errors and results, and is sent
+updates, tasks, cancels and drains. Each end converts these types to and
+from the messages in its own translation module
+(``rlfleet.coordinator.worker_messages``, ``rlfleet.worker._join_messages``).
+Updates are :mod:`rlfleet.fleet_updates`' types and errors
+:class:`~rlfleet.error_reports.ErrorReport`\\ s, as on the learner face.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerHello:
+    """A worker's first message (worker.proto ``Hello``).
+
+    Attributes:
+        protocol_version: The protocol it speaks.
+        capabilities: What it can do (e.g. ``"rlfleet.leases"``).
+        num_envs: Env slots it steps together.
+        name: Its name (e.g. the pod's); may be empty.
+        host: Its host name.
+        pid: Its process id.
+        implementation: E.g. ``"rlfleet-python/0.1.0"``.
+        lease_slots: Leased envs it hosts at most.
+    """
+
+    protocol_version: int
+    capabilities: tuple[str, ...] = ()
+    num_envs: int = 0
+    name: str = ""
+    host: str = ""
+    pid: int = 0
+    implementation: str = ""
+    lease_slots: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerWelcome:
+    """The coordinator's answer to Hello (worker.proto ``Welcome``).
+
+    Attributes:
+        protocol_version: The protocol the coordinator speaks.
+        worker_id: Unique for the coordinator's lifetime.
+        name: The name the fleet uses (made unique).
+        heartbeat_interval_seconds: How often to send a heartbeat.
+        heartbeat_timeout_seconds: Silence after which the worker is dropped.
+        max_message_bytes: Every message either side sends stays below this.
+        capabilities: Those both sides have.
+        first_stream: Global index of the worker's first env slot.
+        coordinator_id: Changes when the coordinator restarts.
+        lease_data: ``(port, ticket)`` of the coordinator's lease data
+            channel, or None when it offers none.
+    """
+
+    protocol_version: int
+    worker_id: int
+    name: str
+    heartbeat_interval_seconds: float
+    heartbeat_timeout_seconds: float
+    max_message_bytes: int
+    capabilities: tuple[str, ...]
+    first_stream: int
+    coordinator_id: str
+    lease_data: tuple[int, bytes] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvBuilt:
+    """A worker built the envs of a generation (worker.proto ``EnvReady``).
+
+    Attributes:
+        generation: The env generation.
+        env_spec_wire: Their spec as a serialized ``EnvSpec``, as sent.
+    """
+
+    generation: int
+    env_spec_wire: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentApplied:
+    """A worker applied an agent version (worker.proto ``AgentReady``)."""
+
+    version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerBeat:
+    """A worker's heartbeat (worker.proto ``Heartbeat``).
+
+    Attributes:
+        steps_total: Env steps since the worker started.
+        steps_per_second: Its recent rate.
+        active_envs: Slots running an episode.
+        queued_units: Units waiting for a slot.
+    """
+
+    steps_total: int = 0
+    steps_per_second: float = 0.0
+    active_envs: int = 0
+    queued_units: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerLeaving:
+    """A worker will leave: it takes no new work (worker.proto ``Leaving``)."""
+
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class DrainOrder:
+    """The coordinator asks a worker to finish what it runs and leave (``Drain``).
+
+    Attributes:
+        reason: Why, for its logs.
+        grace_seconds: How long its episodes in flight may take.
+    """
+
+    reason: str
+    grace_seconds: float
+
+
+__all__ = [
+    "AgentApplied",
+    "DrainOrder",
+    "EnvBuilt",
+    "WorkerBeat",
+    "WorkerHello",
+    "WorkerLeaving",
+    "WorkerWelcome",
+]
