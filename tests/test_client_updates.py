@@ -161,3 +161,6 @@ def test_pushed_state_merges_updates_as_the_coordinator_does() -> None:
     # A new spec starts over from the parameters that come with it.
     fresh = merged_agent(state, agent_change_of("random"))
     assert fresh.policy == PolicyChoice("random", "{}") and not fresh.params
+    # So does a pickled policy, which the coordinator runs instead of the spec.
+    pickled = merged_agent(state, agent_change_of(updates_pb2.AgentUpdate(pickled_policy=b"p")))
+    assert (pickled.policy, pickled.pickled_policy, pickled.params) == (None, b"p", {})

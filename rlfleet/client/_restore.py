@@ -71,12 +71,9 @@ class PushedState:
 def merged_agent(state: AgentChange | None, update: AgentChange | None) -> AgentChange:
     """``state`` after ``update``, as the coordinator merges them (version 0).
 
-    A new policy spec starts over from the parameters that come with it;
-    parameters alone replace the same-named ones of the state.
+    A new policy (a spec or a pickle) starts over from the parameters that
+    come with it; parameters alone replace the same-named ones of the state
+    (:meth:`AgentChange.after`).
     """
-    if update is not None and (state is None or update.policy is not None):
-        return update.renumbered(0)
-    if state is None:
-        return AgentChange()
-    params = state.params if update is None else {**state.params, **update.params}
-    return AgentChange(0, state.policy, params, state.pickled_policy)
+    base = state or AgentChange()
+    return base.renumbered(0) if update is None else base.after(update, 0)
