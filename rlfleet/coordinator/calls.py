@@ -18,7 +18,7 @@ import grpc
 
 from rlfleet.coordinator.failures import CallError
 from rlfleet.coordinator.scheduler import Footer
-from rlfleet.episode_results import ResultMetadata
+from rlfleet.episode_results import ResultHeader
 from rlfleet.learner_calls import CallHeader
 from rlfleet.wire import Chunk
 
@@ -28,12 +28,14 @@ class Forward:
     """A worker's result to pass on: its metadata and its original chunks.
 
     Attributes:
-        meta: The metadata (chunk 0's), ``worker_id`` filled in.
+        header: The metadata (chunk 0's, as the worker sent it: ``header.wire``).
+        worker_id: The sender, for the learner to join its chunks by.
         chunks: The chunks, as the worker sent them.
         steps: Steps in the result.
     """
 
-    meta: ResultMetadata
+    header: ResultHeader
+    worker_id: int
     chunks: tuple[Chunk, ...]
     steps: int
 

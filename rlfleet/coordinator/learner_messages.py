@@ -131,11 +131,10 @@ def responses(event: Event) -> Iterator[WireResponse]:
         yield learner_pb2.SampleResponse(header=_header(event))
     elif isinstance(event, Forward):
         first, *rest = event.chunks
-        meta = event.meta
-        if not isinstance(meta, worker_pb2.EpisodeResult):  # the worker face's; narrows the type
-            raise TypeError(f"expected the worker's EpisodeResult, got {type(meta).__name__}")
+        # The worker's metadata whole (fields this version does not know too), with its id.
+        meta = worker_pb2.EpisodeResult.FromString(event.header.wire)
+        meta.worker_id = worker_id = event.worker_id
         yield _rpc.WithChunk(learner_pb2.SampleResponse(result=meta), first)
-        worker_id = event.meta.worker_id
         for chunk in rest:
             envelope = learner_pb2.SampleResponse(
                 result=worker_pb2.EpisodeResult(worker_id=worker_id)

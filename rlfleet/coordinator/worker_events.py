@@ -22,7 +22,6 @@ from rlfleet.coordinator.failures import CallDetail, CallError, detail_of, inval
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.scheduler import Mode, RequestSpec, Verdict
 from rlfleet.coordinator.state import FleetState
-from rlfleet.coordinator.worker_messages import forwarded_result
 from rlfleet.core import EnvSpec
 from rlfleet.episode_results import (
     FragmentWindow,
@@ -319,8 +318,8 @@ class WorkerEvents:
             state.progress.delivered(handle.worker_id, time.monotonic())
             call = state.calls.get(outcome.request_id)
             if call is not None:
-                forwarded = forwarded_result(joined.meta, handle.worker_id)
-                call.outbox.put(Forward(forwarded, joined.chunks, sum(header.lengths)))
+                forward = Forward(header, handle.worker_id, joined.chunks, sum(header.lengths))
+                call.outbox.put(forward)
             if outcome.done:
                 footer = state.scheduler.footer(outcome.request_id)
                 state.finish_request(outcome.request_id)

@@ -33,7 +33,7 @@ from rlfleet.coordinator.worker_messages import (
     parse_worker_message,
     serialize_command,
 )
-from rlfleet.episode_results import ResultMetadata
+from rlfleet.episode_results import ResultHeader
 from rlfleet.error_reports import ErrorReport
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
 from rlfleet.join_stream import AgentApplied, EnvBuilt, WorkerBeat, WorkerHello, WorkerLeaving
@@ -236,7 +236,7 @@ class WorkerFace:
             return
         events = self._coordinator.workers
         if isinstance(item, ResultPiece):
-            self._on_chunk(handle, item.meta, item.chunk, budget)
+            self._on_chunk(handle, item.header, item.chunk, budget)
         elif isinstance(item, WorkerBeat):
             events.on_heartbeat(handle, item)
         elif isinstance(item, EnvBuilt):
@@ -257,7 +257,7 @@ class WorkerFace:
     def _on_chunk(
         self,
         handle: WorkerHandle,
-        meta: ResultMetadata,
+        meta: ResultHeader,
         chunk: Chunk | None,
         budget: InflightBudget,
     ) -> None:

@@ -6,8 +6,8 @@ types of :mod:`rlfleet.join_stream` as they arrive (:func:`parse_worker_message`
 the Join call's deserializer), and what the coordinator sends a worker
 (:data:`~rlfleet.coordinator.registry.WorkerCommand`) is written out by the
 call's serializer (:func:`serialize_command`). A result's chunk stays out of
-protobuf objects, and its metadata is kept as it came: the learner gets it
-whole, with fields this version does not know.
+protobuf objects, and chunk 0's metadata is kept as it came: the learner
+gets it whole, with fields this version does not know.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rlfleet import _rpc
 from rlfleet.coordinator.lease_translation import RelayReply
 from rlfleet.coordinator.registry import TaskDispatch, WorkerCommand
 from rlfleet.coordinator.scheduler import CancelOrder
-from rlfleet.episode_results import ResultMetadata
+from rlfleet.episode_results import ResultHeader
 from rlfleet.error_reports import ErrorReport
 from rlfleet.fleet_updates import AgentChange, EnvChange
 from rlfleet.join_stream import (
@@ -51,12 +51,12 @@ class ResultPiece:
     """One message of a worker's result: its metadata and its chunk.
 
     Attributes:
-        meta: The ``EpisodeResult`` as received (metadata on chunk 0 only);
-            forwarded to the learner whole.
+        header: The message's metadata (the result's on chunk 0, with the
+            ``EpisodeResult`` as received in ``wire``, for the learner).
         chunk: The batch chunk (None: the message carried none).
     """
 
-    meta: ResultMetadata
+    header: ResultHeader
     chunk: Chunk | None
 
 
@@ -117,7 +117,7 @@ def parse_worker_message(data: bytes) -> WorkerEvent:
     message, chunk = parse_with_chunk(worker_pb2.WorkerMessage, data, _rpc.WORKER_CHUNK_PATH)
     body = message.WhichOneof("body")
     if body == "result":
-        return ResultPiece(message.result, chunk)
+        return ResultPiece(_result_header(message.result, chunk), chunk)
     if body == "heartbeat":
         beat = message.heartbeat
         return WorkerBeat(
@@ -147,6 +147,20 @@ def parse_worker_message(data: bytes) -> WorkerEvent:
             lease_slots=hello.lease_slots,
         )
     return EmptyWorkerMessage()
+
+
+def _result_header(meta: worker_pb2.EpisodeResult, chunk: Chunk | None) -> ResultHeader:
+    # Only chunk 0's metadata goes to the learner: it is kept whole.
+    wire = meta.SerializeToString() if chunk is not None and chunk.index == 0 else b""
+    return ResultHeader(
+        task_id=meta.task_id,
+        worker_id=meta.worker_id,
+        episode_indices=tuple(meta.episode_indices),
+        lengths=tuple(meta.lengths),
+        agent_version=meta.agent_version,
+        env_generation=meta.env_generation,
+        wire=wire,
+    )
 
 
 # --- to the worker ------------------------------------------------------------------
@@ -241,16 +255,3 @@ def replay_message(replay: StreamReplay) -> worker_pb2.ReliabilityStreamReplay:
         message.actions.CopyFrom(encode_tensor(replay.actions))
         message.last_observation.CopyFrom(encode_tensor(replay.last_observation))
     return message
-
-
-# --- to the learner -----------------------------------------------------------------
-
-
-def forwarded_result(meta: ResultMetadata, worker_id: int) -> worker_pb2.EpisodeResult:
-    """The EpisodeResult metadata the learner gets: the worker's, whole, with its id."""
-    if not isinstance(meta, worker_pb2.EpisodeResult):  # the worker face's; narrows the type
-        raise TypeError(f"expected the worker's EpisodeResult, got {type(meta).__name__}")
-    forwarded = worker_pb2.EpisodeResult()
-    forwarded.CopyFrom(meta)
-    forwarded.worker_id = worker_id
-    return forwarded
