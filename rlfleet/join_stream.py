@@ -115,6 +115,19 @@ class WorkerLeaving:
 
 
 @dataclasses.dataclass(frozen=True)
+class TaskCancel:
+    """The coordinator takes units of a task back (worker.proto ``Cancel``).
+
+    Attributes:
+        task_id: The task.
+        episode_indices: Its units to drop; empty: the whole task.
+    """
+
+    task_id: int
+    episode_indices: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class DrainOrder:
     """The coordinator asks a worker to finish what it runs and leave (``Drain``).
 
@@ -131,6 +144,7 @@ __all__ = [
     "AgentApplied",
     "DrainOrder",
     "EnvBuilt",
+    "TaskCancel",
     "WorkerBeat",
     "WorkerHello",
     "WorkerLeaving",

@@ -79,9 +79,7 @@ PROTOBUF_HOLDERS = {
     # side, and the coordinator's relay side (which forwards replies as bytes).
     "rlfleet.lease_messages",
     "rlfleet.coordinator.lease_translation",
-    "rlfleet.worker._connection",
-    "rlfleet.worker._session",
-    "rlfleet.worker.remote",
+    "rlfleet.worker._join_messages",
 }
 
 #: The local path: none of these may load gRPC or protobuf.
