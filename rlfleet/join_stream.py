@@ -13,6 +13,10 @@ Updates are :mod:`rlfleet.fleet_updates`' types and errors
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlfleet.stream_replay import StreamReplay
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +119,39 @@ class WorkerLeaving:
 
 
 @dataclasses.dataclass(frozen=True)
+class TaskAssignment:
+    """A task as the coordinator sends it (worker.proto ``Task``), before any check.
+
+    Attributes:
+        task_id: The coordinator's task id.
+        request_id: The learner request it serves.
+        mode: A ``SampleMode`` number (``rlfleet.coordinator.scheduler.Mode``).
+        agent_version: The version its episodes must be produced by (-1: latest).
+        env_generation: The env generation they must come from.
+        units: ``(episode_index, env_seed, policy_seed)`` of each unit (episodes).
+        fragment_length: Steps per slot and window (fragments).
+        rounds: Windows to run (fragments).
+        base_seed: Seed of the episodes its streams start (fragments).
+        streams: The streams its slots run (empty: Welcome.first_stream + slot).
+        replays: How to rebuild the streams it takes over.
+        unreadable: Why a replay could not be decoded ("" if every one was).
+    """
+
+    task_id: int
+    request_id: int
+    mode: int
+    agent_version: int
+    env_generation: int
+    units: tuple[tuple[int, int, int], ...] = ()
+    fragment_length: int = 0
+    rounds: int = 0
+    base_seed: int = 0
+    streams: tuple[int, ...] = ()
+    replays: tuple[StreamReplay, ...] = ()
+    unreadable: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class TaskCancel:
     """The coordinator takes units of a task back (worker.proto ``Cancel``).
 
@@ -144,6 +181,7 @@ __all__ = [
     "AgentApplied",
     "DrainOrder",
     "EnvBuilt",
+    "TaskAssignment",
     "TaskCancel",
     "WorkerBeat",
     "WorkerHello",

@@ -70,9 +70,7 @@ GRPC_MODULES = {
 PROTOBUF_HOLDERS = {
     "rlfleet._rpc",
     "rlfleet.client._learner_messages",
-    "rlfleet.conformance.checks",
-    "rlfleet.conformance.link",
-    "rlfleet.conformance.scripted_coordinator",
+    "rlfleet.conformance.kit_messages",
     "rlfleet.coordinator.learner_messages",
     "rlfleet.coordinator.worker_messages",
     # The lease face's translation (issue 11): the learner's and the worker's

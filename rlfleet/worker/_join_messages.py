@@ -27,6 +27,7 @@ from rlfleet.join_stream import (
     AgentApplied,
     DrainOrder,
     EnvBuilt,
+    TaskAssignment,
     TaskCancel,
     WorkerBeat,
     WorkerHello,
@@ -50,7 +51,6 @@ from rlfleet.wire import (
     encode_error_report,
     serialize_batch_messages,
 )
-from rlfleet.worker._tasks import TaskAssignment
 
 #: Room left in a message for the EpisodeResult envelope around a chunk.
 _ENVELOPE_ALLOWANCE = 64

@@ -32,6 +32,7 @@ from rlfleet.fleet_updates import AgentChange, EnvChange
 from rlfleet.join_stream import (
     AgentApplied,
     DrainOrder,
+    TaskAssignment,
     TaskCancel,
     WorkerBeat,
     WorkerLeaving,
@@ -56,7 +57,7 @@ from rlfleet.worker._join_messages import (
 )
 from rlfleet.worker._lease_data import WorkerLeaseChannel
 from rlfleet.worker._leases import LeaseHost
-from rlfleet.worker._tasks import TaskAssignment, TaskBook
+from rlfleet.worker._tasks import TaskBook, book_entry
 from rlfleet.worker.vec import VecWorker
 
 if TYPE_CHECKING:
@@ -422,7 +423,7 @@ class Session:
             problem = "a FRAGMENTS task needs fragment_length >= 1"
         elif task.mode == Mode.FRAGMENTS and len(task.streams) > vec.n_envs:
             problem = f"{len(task.streams)} streams, this worker has {vec.n_envs} env slots"
-        parsed = task.task()
+        parsed = book_entry(task)
         if task.unreadable:
             problem = f"a replay it cannot decode ({task.unreadable})"
         if problem is not None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from rlfleet.coordinator.scheduler import Mode
+from rlfleet.join_stream import TaskAssignment
 from rlfleet.stream_replay import StreamReplay
 from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker
@@ -63,62 +64,30 @@ class FragmentTask:
 Task = EpisodeTask | FragmentTask
 
 
-@dataclass(frozen=True)
-class TaskAssignment:
-    """A task as the coordinator sent it (worker.proto ``Task``), before its checks.
+def book_entry(assignment: TaskAssignment) -> tuple[Task, list[EpisodeUnit]]:
+    """The TaskBook's task of an assignment and, for episodes, its units
+    (their ``request``: the task id).
 
-    Attributes:
-        task_id: The coordinator's task id.
-        request_id: The learner request it serves.
-        mode: A ``SampleMode`` number (``rlfleet.coordinator.scheduler.Mode``).
-        agent_version: The version its episodes must be produced by (-1: latest).
-        env_generation: The env generation they must come from.
-        units: ``(episode_index, env_seed, policy_seed)`` of each unit (episodes).
-        fragment_length: Steps per slot and window (fragments).
-        rounds: Windows to run (fragments).
-        base_seed: Seed of the episodes its streams start (fragments).
-        streams: The streams its slots run (empty: Welcome.first_stream + slot).
-        replays: How to rebuild the streams it takes over.
-        unreadable: Why a replay could not be decoded ("" if every one was).
+    Raises:
+        ConfigError: If a unit's index or seeds are out of range.
     """
-
-    task_id: int
-    request_id: int
-    mode: int
-    agent_version: int
-    env_generation: int
-    units: tuple[tuple[int, int, int], ...] = ()
-    fragment_length: int = 0
-    rounds: int = 0
-    base_seed: int = 0
-    streams: tuple[int, ...] = ()
-    replays: tuple[StreamReplay, ...] = ()
-    unreadable: str = ""
-
-    def task(self) -> tuple[Task, list[EpisodeUnit]]:
-        """The TaskBook's task and, for episodes, its units (their ``request``: the task id).
-
-        Raises:
-            ConfigError: If a unit's index or seeds are out of range.
-        """
-        if self.mode == Mode.FRAGMENTS:
-            fragments = FragmentTask(
-                self.task_id,
-                self.request_id,
-                self.agent_version,
-                self.env_generation,
-                self.fragment_length,
-                self.base_seed,
-                self.rounds,
-                self.streams,
-                list(self.replays),
-            )
-            return fragments, []
-        episodes = EpisodeTask(
-            self.task_id, self.request_id, self.agent_version, self.env_generation
+    a = assignment
+    if a.mode == Mode.FRAGMENTS:
+        fragments = FragmentTask(
+            a.task_id,
+            a.request_id,
+            a.agent_version,
+            a.env_generation,
+            a.fragment_length,
+            a.base_seed,
+            a.rounds,
+            a.streams,
+            list(a.replays),
         )
-        units = [EpisodeUnit(index, env, policy, self.task_id) for index, env, policy in self.units]
-        return episodes, units
+        return fragments, []
+    episodes = EpisodeTask(a.task_id, a.request_id, a.agent_version, a.env_generation)
+    units = [EpisodeUnit(index, env, policy, a.task_id) for index, env, policy in a.units]
+    return episodes, units
 
 
 class TaskBook:
