@@ -1,9 +1,12 @@
 """rlfleet's wire codec: numpy arrays, spaces and batches as protocol messages.
 
-This package is the only part of rlfleet that touches protobuf. The batch
-codec, chunking and envelopes read and write the wire format by hand so
-that tensor data is copied once when sending and never when receiving;
-spaces, EnvSpecs and small tensors go through the generated classes.
+This package and the faces' translation modules (one per face and side,
+tests/test_layering.py) are the only parts of rlfleet that touch protobuf;
+the messages every face carries (tensors, spaces, batches, agent and env
+updates, error details) are converted here once. The batch codec, chunking
+and envelopes read and write the wire format by hand so that tensor data is
+copied once when sending and never when receiving; spaces, EnvSpecs, updates
+and small tensors go through the generated classes.
 Everything is byte-compatible with ``protos/rlfleet/v1``.
 
 Every malformed input raises :class:`rlfleet.errors.WireFormatError`.
