@@ -32,6 +32,7 @@ from rlfleet.learner_calls import (
     CallHeader,
     ResultPart,
     SampleAsk,
+    StatusAsk,
     SubscribeAsk,
     UpdatePush,
     UpdateReceipt,
@@ -114,7 +115,7 @@ class LearnerStubs:
         )
         self._get_status = channel.unary_unary(
             _rpc.GET_STATUS,
-            request_serializer=_rpc.serialize,
+            request_serializer=_status_request,
             response_deserializer=_rpc.plain_deserializer(learner_pb2.FleetStatus),
         )
 
@@ -136,7 +137,7 @@ class LearnerStubs:
         Raises:
             WireFormatError: If the env spec in the answer does not decode.
         """
-        return fleet_status_of(self._get_status(learner_pb2.StatusRequest(), timeout=timeout))
+        return fleet_status_of(self._get_status(StatusAsk(), timeout=timeout))
 
 
 def subscribe(
@@ -180,6 +181,10 @@ def _subscribe_request(ask: SubscribeAsk) -> bytes:
     if ask.seed is not None:
         request.seed = ask.seed
     return request.SerializeToString()
+
+
+def _status_request(ask: StatusAsk) -> bytes:
+    return learner_pb2.StatusRequest().SerializeToString()
 
 
 def _update_request(push: UpdatePush) -> bytes:

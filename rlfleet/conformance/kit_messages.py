@@ -33,15 +33,18 @@ from rlfleet.join_stream import (
     WorkerHello,
     WorkerWelcome,
 )
-from rlfleet.stream_replay import StreamReplay
 from rlfleet.v1 import leases_pb2, worker_pb2
 from rlfleet.wire import (
     Chunk,
     decode_error_detail,
+    decode_heartbeat,
+    decode_hello,
     decode_tensor,
     encode_agent_change,
     encode_env_change,
+    encode_task,
     encode_tensor,
+    encode_welcome,
     parse_with_chunk,
 )
 
@@ -64,17 +67,7 @@ def parse_worker_message(data: bytes) -> tuple[str, Message, Chunk | None]:
 
 def hello_of(message: Message) -> WorkerHello:
     """The Hello a WorkerMessage holds."""
-    hello = _worker_message(message).hello
-    return WorkerHello(
-        protocol_version=hello.protocol_version,
-        capabilities=tuple(hello.capabilities),
-        num_envs=hello.num_envs,
-        name=hello.name,
-        host=hello.host,
-        pid=hello.pid,
-        implementation=hello.implementation,
-        lease_slots=hello.lease_slots,
-    )
+    return decode_hello(_worker_message(message).hello)
 
 
 def env_ready_of(message: Message) -> tuple[int, bytes | None]:
@@ -91,8 +84,7 @@ def agent_ready_of(message: Message) -> int:
 
 def heartbeat_of(message: Message) -> WorkerBeat:
     """The Heartbeat a WorkerMessage holds."""
-    beat = _worker_message(message).heartbeat
-    return WorkerBeat(beat.steps_total, beat.steps_per_second, beat.active_envs, beat.queued_units)
+    return decode_heartbeat(_worker_message(message).heartbeat)
 
 
 def error_of(message: Message) -> ErrorReport:
@@ -230,7 +222,7 @@ def command_bytes(command: KitCommand) -> tuple[str, bytes]:
 def _coordinator_message(command: KitCommand) -> worker_pb2.CoordinatorMessage:
     message = worker_pb2.CoordinatorMessage
     if isinstance(command, TaskAssignment):
-        return message(task=_task(command))
+        return message(task=encode_task(command))
     if isinstance(command, EnvChange):
         return message(env_update=encode_env_change(command))
     if isinstance(command, AgentChange):
@@ -243,52 +235,7 @@ def _coordinator_message(command: KitCommand) -> worker_pb2.CoordinatorMessage:
         return message(drain=drain)
     if isinstance(command, LeaseCreate | LeaseCall | LeaseRelease):
         return message(lease=_lease(command))
-    return message(welcome=_welcome(command))
-
-
-def _welcome(welcome: WorkerWelcome) -> worker_pb2.Welcome:
-    return worker_pb2.Welcome(
-        protocol_version=welcome.protocol_version,
-        worker_id=welcome.worker_id,
-        name=welcome.name,
-        heartbeat_interval_seconds=welcome.heartbeat_interval_seconds,
-        heartbeat_timeout_seconds=welcome.heartbeat_timeout_seconds,
-        max_message_bytes=welcome.max_message_bytes,
-        capabilities=welcome.capabilities,
-        first_stream=welcome.first_stream,
-        coordinator_id=welcome.coordinator_id,
-    )
-
-
-def _task(task: TaskAssignment) -> worker_pb2.Task:
-    return worker_pb2.Task(
-        task_id=task.task_id,
-        request_id=task.request_id,
-        mode=task.mode,  # type: ignore[arg-type]
-        agent_version=task.agent_version,
-        env_generation=task.env_generation,
-        units=[
-            worker_pb2.EpisodeUnit(episode_index=index, env_seed=env, policy_seed=policy)
-            for index, env, policy in task.units
-        ],
-        fragment_length=task.fragment_length,
-        rounds=task.rounds,
-        base_seed=task.base_seed,
-        streams=task.streams,
-        replays=[_replay(replay) for replay in task.replays],
-    )
-
-
-def _replay(replay: StreamReplay) -> worker_pb2.ReliabilityStreamReplay:
-    message = worker_pb2.ReliabilityStreamReplay(
-        stream=replay.stream,
-        episode_index=replay.episode_index,
-        fragment_index=replay.fragment_index,
-    )
-    if replay.actions is not None and replay.last_observation is not None:
-        message.actions.CopyFrom(encode_tensor(replay.actions))
-        message.last_observation.CopyFrom(encode_tensor(replay.last_observation))
-    return message
+    return message(welcome=encode_welcome(command))
 
 
 def _lease(command: LeaseCreate | LeaseCall | LeaseRelease) -> leases_pb2.LeaseCommand:

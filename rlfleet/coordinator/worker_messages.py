@@ -29,19 +29,21 @@ from rlfleet.join_stream import (
     AgentApplied,
     DrainOrder,
     EnvBuilt,
+    TaskAssignment,
     WorkerBeat,
     WorkerHello,
     WorkerLeaving,
-    WorkerWelcome,
 )
-from rlfleet.stream_replay import StreamReplay
-from rlfleet.v1 import leases_pb2, worker_pb2
+from rlfleet.v1 import worker_pb2
 from rlfleet.wire import (
     Chunk,
     decode_error_detail,
+    decode_heartbeat,
+    decode_hello,
     encode_agent_change,
     encode_env_change,
-    encode_tensor,
+    encode_task,
+    encode_welcome,
     parse_with_chunk,
 )
 
@@ -119,10 +121,7 @@ def parse_worker_message(data: bytes) -> WorkerEvent:
     if body == "result":
         return ResultPiece(_result_header(message.result, chunk), chunk)
     if body == "heartbeat":
-        beat = message.heartbeat
-        return WorkerBeat(
-            beat.steps_total, beat.steps_per_second, beat.active_envs, beat.queued_units
-        )
+        return decode_heartbeat(message.heartbeat)
     if body == "env_ready":
         ready = message.env_ready
         return EnvBuilt(ready.generation, ready.env_spec.SerializeToString(deterministic=True))
@@ -135,17 +134,7 @@ def parse_worker_message(data: bytes) -> WorkerEvent:
     if body == "leaving":
         return WorkerLeaving(message.leaving.reason)
     if body == "hello":
-        hello = message.hello
-        return WorkerHello(
-            protocol_version=hello.protocol_version,
-            capabilities=tuple(hello.capabilities),
-            num_envs=hello.num_envs,
-            name=hello.name,
-            host=hello.host,
-            pid=hello.pid,
-            implementation=hello.implementation,
-            lease_slots=hello.lease_slots,
-        )
+        return decode_hello(message.hello)
     return EmptyWorkerMessage()
 
 
@@ -197,61 +186,23 @@ def coordinator_message(command: WorkerCommand) -> worker_pb2.CoordinatorMessage
     if isinstance(command, DrainOrder):
         drain = worker_pb2.Drain(reason=command.reason, grace_seconds=command.grace_seconds)
         return worker_pb2.CoordinatorMessage(drain=drain)
-    return worker_pb2.CoordinatorMessage(welcome=_welcome(command))
-
-
-def _welcome(welcome: WorkerWelcome) -> worker_pb2.Welcome:
-    data = None
-    if welcome.lease_data is not None:
-        port, ticket = welcome.lease_data
-        data = leases_pb2.LeaseDataAddress(port=port, ticket=ticket)
-    return worker_pb2.Welcome(
-        protocol_version=welcome.protocol_version,
-        worker_id=welcome.worker_id,
-        name=welcome.name,
-        heartbeat_interval_seconds=welcome.heartbeat_interval_seconds,
-        heartbeat_timeout_seconds=welcome.heartbeat_timeout_seconds,
-        max_message_bytes=welcome.max_message_bytes,
-        capabilities=welcome.capabilities,
-        first_stream=welcome.first_stream,
-        coordinator_id=welcome.coordinator_id,
-        lease_data=data,
-    )
+    return worker_pb2.CoordinatorMessage(welcome=encode_welcome(command))
 
 
 def task_message(dispatch: TaskDispatch) -> worker_pb2.CoordinatorMessage:
     """The Task message of a scheduler order, with the replays of the streams it takes over."""
     order = dispatch.order
-    return worker_pb2.CoordinatorMessage(
-        task=worker_pb2.Task(
-            task_id=order.task_id,
-            request_id=order.request_id,
-            mode=order.mode.value,  # type: ignore[arg-type]
-            agent_version=order.agent_version,
-            env_generation=order.env_generation,
-            units=[
-                worker_pb2.EpisodeUnit(
-                    episode_index=u.episode_index, env_seed=u.env_seed, policy_seed=u.policy_seed
-                )
-                for u in order.units
-            ],
-            fragment_length=order.fragment_length,
-            rounds=order.rounds,
-            base_seed=order.base_seed,
-            streams=order.streams,
-            replays=[replay_message(replay) for replay in dispatch.replays],
-        )
+    task = TaskAssignment(
+        task_id=order.task_id,
+        request_id=order.request_id,
+        mode=order.mode.value,
+        agent_version=order.agent_version,
+        env_generation=order.env_generation,
+        units=order.units,
+        fragment_length=order.fragment_length,
+        rounds=order.rounds,
+        base_seed=order.base_seed,
+        streams=order.streams,
+        replays=dispatch.replays,
     )
-
-
-def replay_message(replay: StreamReplay) -> worker_pb2.ReliabilityStreamReplay:
-    """The ReliabilityStreamReplay message of a stream's replay."""
-    message = worker_pb2.ReliabilityStreamReplay(
-        stream=replay.stream,
-        episode_index=replay.episode_index,
-        fragment_index=replay.fragment_index,
-    )
-    if replay.actions is not None and replay.last_observation is not None:
-        message.actions.CopyFrom(encode_tensor(replay.actions))
-        message.last_observation.CopyFrom(encode_tensor(replay.last_observation))
-    return message
+    return worker_pb2.CoordinatorMessage(task=encode_task(task))

@@ -40,15 +40,17 @@ from rlfleet.lease_messages import (
     decode_lease_command,
     lease_report_message,
 )
-from rlfleet.stream_replay import StreamReplay
 from rlfleet.v1 import leases_pb2, worker_pb2
 from rlfleet.wire import (
     DEFAULT_CHUNK_BYTES,
     decode_agent_update,
     decode_env_update,
-    decode_tensor,
+    decode_task,
+    decode_welcome,
     encode_env_spec,
     encode_error_report,
+    encode_heartbeat,
+    encode_hello,
     serialize_batch_messages,
 )
 
@@ -147,7 +149,7 @@ def parse_coordinator_message(data: bytes) -> CoordinatorEvent:
     message = worker_pb2.CoordinatorMessage.FromString(data)
     body = message.WhichOneof("body")
     if body == "task":
-        return _task(message.task)
+        return decode_task(message.task)
     if body == "agent_update":
         update = message.agent_update
         try:
@@ -164,7 +166,7 @@ def parse_coordinator_message(data: bytes) -> CoordinatorEvent:
     if body == "drain":
         return DrainOrder(message.drain.reason, message.drain.grace_seconds)
     if body == "welcome":
-        return _welcome(message.welcome)
+        return decode_welcome(message.welcome)
     return EmptyCoordinatorMessage()
 
 
@@ -192,64 +194,6 @@ def _lease(command: leases_pb2.LeaseCommand) -> LeaseCommandIn | LeaseDataSwitch
     return LeaseCommandIn(command.lease_id, decode_lease_command(command))
 
 
-def _task(task: worker_pb2.Task) -> TaskAssignment:
-    unreadable = ""
-    replays: tuple[StreamReplay, ...] = ()
-    try:
-        replays = tuple(_replay(replay) for replay in task.replays)
-    except WireFormatError as exc:
-        unreadable = str(exc)
-    return TaskAssignment(
-        task_id=task.task_id,
-        request_id=task.request_id,
-        mode=task.mode,
-        agent_version=task.agent_version,
-        env_generation=task.env_generation,
-        units=tuple((u.episode_index, u.env_seed, u.policy_seed) for u in task.units),
-        fragment_length=task.fragment_length,
-        rounds=task.rounds,
-        base_seed=task.base_seed,
-        streams=tuple(task.streams),
-        replays=replays,
-        unreadable=unreadable,
-    )
-
-
-def _replay(replay: worker_pb2.ReliabilityStreamReplay) -> StreamReplay:
-    """A ReliabilityStreamReplay message as the worker's StreamReplay.
-
-    Raises:
-        WireFormatError: If a tensor is malformed.
-    """
-    if replay.fragment_index == 0:
-        return StreamReplay(replay.stream, replay.episode_index)
-    return StreamReplay(
-        replay.stream,
-        replay.episode_index,
-        replay.fragment_index,
-        decode_tensor(replay.actions, name="ReliabilityStreamReplay.actions"),
-        decode_tensor(replay.last_observation, name="ReliabilityStreamReplay.last_observation"),
-    )
-
-
-def _welcome(welcome: worker_pb2.Welcome) -> WorkerWelcome:
-    lease_data = None
-    if welcome.HasField("lease_data"):
-        lease_data = (welcome.lease_data.port, welcome.lease_data.ticket)
-    return WorkerWelcome(
-        protocol_version=welcome.protocol_version,
-        worker_id=welcome.worker_id,
-        name=welcome.name,
-        heartbeat_interval_seconds=welcome.heartbeat_interval_seconds,
-        heartbeat_timeout_seconds=welcome.heartbeat_timeout_seconds,
-        max_message_bytes=welcome.max_message_bytes,
-        capabilities=tuple(welcome.capabilities),
-        first_stream=welcome.first_stream,
-        coordinator_id=welcome.coordinator_id,
-        lease_data=lease_data,
-    )
-
-
 # --- to the coordinator ------------------------------------------------------------
 
 
@@ -262,13 +206,7 @@ def serialize_outgoing(item: Outgoing) -> bytes:
 
 def _worker_message(item: Outgoing) -> worker_pb2.WorkerMessage:
     if isinstance(item, WorkerBeat):
-        beat = worker_pb2.Heartbeat(
-            steps_total=item.steps_total,
-            steps_per_second=item.steps_per_second,
-            active_envs=item.active_envs,
-            queued_units=item.queued_units,
-        )
-        return worker_pb2.WorkerMessage(heartbeat=beat)
+        return worker_pb2.WorkerMessage(heartbeat=encode_heartbeat(item))
     if isinstance(item, ErrorReport):
         error = worker_pb2.WorkerError(detail=encode_error_report(item))
         return worker_pb2.WorkerMessage(error=error)
@@ -281,17 +219,7 @@ def _worker_message(item: Outgoing) -> worker_pb2.WorkerMessage:
     if isinstance(item, WorkerLeaving):
         return worker_pb2.WorkerMessage(leaving=worker_pb2.Leaving(reason=item.reason))
     if isinstance(item, WorkerHello):
-        hello = worker_pb2.Hello(
-            protocol_version=item.protocol_version,
-            capabilities=item.capabilities,
-            num_envs=item.num_envs,
-            name=item.name,
-            host=item.host,
-            pid=item.pid,
-            implementation=item.implementation,
-            lease_slots=item.lease_slots,
-        )
-        return worker_pb2.WorkerMessage(hello=hello)
+        return worker_pb2.WorkerMessage(hello=encode_hello(item))
     raise TypeError(f"a worker does not send a {type(item).__name__}")
 
 
