@@ -1,9 +1,12 @@
 """The Node.js worker (clients/node) against Python: same math, real fleets.
 
-* The JS ``mlp-categorical`` policy gives the Python policy's logits (to
-  float32 rounding) and, from the same per-episode seeds, the same actions.
+* The JS ``mlp-categorical`` policy computes tests/mlp_reference.py's logits,
+  log-probabilities and, from the same per-episode seeds, actions, bit for
+  bit (the Python worker's kernel is held to the same reference), on its own
+  and over whole episodes in a fleet.
 * The JS CartPole port steps like gymnasium's CartPole-v1 from the same
-  states, and resets to the same states from the same seeds.
+  states (bit for bit wherever Math.sin and Math.cos round as numpy does),
+  and resets to the same states from the same seeds.
 * A Node worker joins a real coordinator and serves every sampling mode;
   a mixed fleet (one Python worker, one Node worker) trains through pushed
   parameters, and the Node worker's episodes carry the pushed version.
@@ -39,6 +42,7 @@ from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, EnvNotFoundError, PolicyError, RlfleetError
 from rlfleet.learners.vpg import VPG
 from rlfleet.policies import MLPCategoricalPolicy
+from tests import mlp_reference as ref
 
 NODE_DIR = Path(__file__).resolve().parent.parent / "clients" / "node"
 NODE = shutil.which("node")
@@ -95,10 +99,24 @@ def run_node_script(script: str, payload: object) -> dict[str, Any]:
 # --- same math --------------------------------------------------------------------------
 
 
+def reference_layers(
+    params: dict[str, np.ndarray], hidden_layers: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [
+        (params[f"layers.{i}.weight"], params[f"layers.{i}.bias"]) for i in range(hidden_layers + 1)
+    ]
+
+
+def bits(values: Any) -> np.ndarray:
+    """float32 values as their bit patterns, for exact comparisons (-0.0 too)."""
+    return np.asarray(values, np.float32).view(np.uint32)
+
+
 @pytest.mark.parametrize(
-    ("hidden_sizes", "activation"), [((16, 8), "tanh"), ((12,), "relu"), ((), "identity")]
+    ("hidden_sizes", "activation"),
+    [((16, 7), "tanh"), ((12,), "relu"), ((), "identity"), ((32, 32), "tanh")],
 )
-def test_mlp_categorical_logits_and_actions_match_python(
+def test_mlp_categorical_is_the_reference_bit_for_bit(
     hidden_sizes: tuple[int, ...], activation: str
 ) -> None:
     rng = np.random.default_rng(5)
@@ -108,10 +126,13 @@ def test_mlp_categorical_logits_and_actions_match_python(
         name: rng.normal(0.0, 0.7, value.shape).astype(np.float32)
         for name, value in policy.get_param_values().items()
     }
-    policy.set_param_values(params)
     observations = rng.normal(0.0, 2.0, (40, 6)).astype(np.float32)
     seeds = rng.integers(0, 2**32, 40).tolist()
-    actions, infos = policy.get_actions(observations, [np.random.default_rng(s) for s in seeds])
+    logits = ref.forward32(observations, reference_layers(params, len(hidden_sizes)), activation)
+    rows = [
+        ref.categorical_row(row, np.random.default_rng(seed).random())
+        for row, seed in zip(logits, seeds, strict=True)
+    ]
 
     node = run_node_script(
         "policy-logits.js",
@@ -129,14 +150,10 @@ def test_mlp_categorical_logits_and_actions_match_python(
         },
     )
 
-    # The JS side sums each dot product in float64 and rounds once, BLAS in
-    # float32: they agree to float32 rounding (atol for logits near zero).
-    np.testing.assert_allclose(
-        np.array(node["logits"], np.float32), infos["logits"], rtol=1e-5, atol=1e-6
-    )
-    np.testing.assert_array_equal(node["actions"], actions)
-    np.testing.assert_allclose(
-        np.array(node["log_prob"], np.float32), infos["log_prob"], rtol=1e-5, atol=1e-6
+    np.testing.assert_array_equal(np.array(node["logits"], np.uint32), bits(logits))
+    np.testing.assert_array_equal(node["actions"], [index for index, _ in rows])
+    np.testing.assert_array_equal(
+        np.array(node["log_prob"], np.uint32), bits([log_prob for _, log_prob in rows])
     )
 
 
@@ -169,7 +186,15 @@ def test_cartpole_port_steps_and_resets_like_gymnasium() -> None:
     )
 
     steps = node["steps"]
-    np.testing.assert_allclose([s["state"] for s in steps], expected_states, rtol=1e-12, atol=1e-12)
+    # The port does gymnasium's float64 operations in gymnasium's order: the
+    # next state is the same bits whenever Math.sin and Math.cos give numpy's
+    # (one or both differ by an ulp for about 2% of these angles on the test machine).
+    states_js = np.array([s["state"] for s in steps])
+    sin_cos = np.array([s["sinCos"] for s in steps])
+    libm_agrees = (sin_cos[:, 0] == np.sin(states[:, 2])) & (sin_cos[:, 1] == np.cos(states[:, 2]))
+    assert libm_agrees.sum() > 250
+    np.testing.assert_array_equal(states_js[libm_agrees], np.array(expected_states)[libm_agrees])
+    np.testing.assert_allclose(states_js, expected_states, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(
         np.array([s["observation"] for s in steps], np.float32), expected_obs, rtol=1e-6
     )
@@ -346,6 +371,75 @@ def test_same_seeds_give_the_same_episodes_in_both_languages(
     np.testing.assert_allclose(node.observations, python.observations, rtol=1e-6, atol=1e-7)
     for key in ("env_seed", "policy_seed", "episode_index", "agent_version"):
         np.testing.assert_array_equal(node.episode_infos[key], python.episode_infos[key])
+
+
+def balancing_params(gain: float) -> dict[str, np.ndarray]:
+    """An 8-unit tanh MLP whose first unit steers the pole: long CartPole episodes."""
+    rng = np.random.default_rng(2)
+    w0 = rng.normal(0.0, 0.3, (4, 8))
+    w0[:, 0] = [0.05, 0.5, 3.0, 1.0]  # positive when the pole falls right: push right
+    w1 = rng.normal(0.0, 0.2, (8, 2))
+    w1[0] = [-gain, gain]
+    values = {
+        "layers.0.weight": w0,
+        "layers.0.bias": rng.normal(0.0, 0.1, 8),
+        "layers.1.weight": w1,
+        "layers.1.bias": np.zeros(2),
+    }
+    return {name: value.astype(np.float32) for name, value in values.items()}
+
+
+def test_node_worker_episodes_follow_the_reference(
+    coordinator: CoordinatorServer, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    """Whole episodes of a Node worker against tests/mlp_reference.py and gymnasium.
+
+    Every step's logits, log_prob and action are the reference's, bit for bit,
+    for the worker's observation and the episode's next draw from
+    default_rng(policy_seed). The observations are gymnasium's CartPole-v1
+    replayed from env_seed with the same actions, bit for bit until a
+    Math.sin or Math.cos rounding (an ulp off libm's) first shows in a float32
+    observation, and close there; most episodes never get there.
+    """
+    processes.append(start_node_worker(coordinator.address, envs=3, name="node"))
+    params = balancing_params(gain=2.0)
+    policy = MLPCategoricalPolicy(JS_SPEC, hidden_sizes=(8,), seed=0)
+    policy.set_param_values(params)
+    with RemoteSampler(coordinator.address, seed=4, timeout=60) as sampler:
+        wait_for_workers(sampler, 1)
+        sampler.update_agent(policy)
+        batch = sampler.obtain_episodes(16)
+    assert batch.total_steps > 3000
+    layers = reference_layers(params, 1)
+    env = gym.make(JS_ENV)
+    ends = np.cumsum(batch.lengths)
+    identical = 0
+    for k, (start, end) in enumerate(zip(ends - batch.lengths, ends, strict=True)):
+        observations = batch.observations[start:end]
+        actions = batch.actions[start:end]
+        logits = ref.forward32(observations, layers, "tanh")
+        # random(n) gives the values of n random() calls, one per step.
+        draws = np.random.default_rng(batch.episode_infos["policy_seed"][k]).random(end - start)
+        rows = [ref.categorical_row(row, u) for row, u in zip(logits, draws, strict=True)]
+        np.testing.assert_array_equal(bits(batch.agent_infos["logits"][start:end]), bits(logits))
+        np.testing.assert_array_equal(actions, [index for index, _ in rows])
+        np.testing.assert_array_equal(
+            bits(batch.agent_infos["log_prob"][start:end]), bits([lp for _, lp in rows])
+        )
+
+        replay, _ = env.reset(seed=int(batch.episode_infos["env_seed"][k]))
+        for t, action in enumerate(actions):
+            if not np.array_equal(bits(replay), bits(observations[t])):
+                np.testing.assert_allclose(replay, observations[t], rtol=1e-5, atol=1e-6)
+                break
+            replay, _, terminated, truncated, _ = env.step(int(action))
+            assert not (terminated or truncated) or t == end - start - 1
+        else:
+            np.testing.assert_array_equal(bits(replay), bits(batch.last_observations[k]))
+            expected = StepType.TERMINAL if terminated else StepType.TIMEOUT
+            assert batch.step_types[end - 1] == expected
+            identical += 1
+    assert identical >= batch.n_episodes // 2, f"{identical} of {batch.n_episodes} identical"
 
 
 def test_mixed_fleet_trains_with_pushed_parameters(

@@ -1,9 +1,10 @@
 #!/usr/bin/env node
 /**
  * Reads {policy: {name, kwargs}, params: {name: {shape, data}}, observations:
- * [[...]], seeds: [...]} as JSON on stdin and prints {logits, actions,
- * log_prob} of the Node policy: the fixture tests/test_node_worker.py
- * compares with the Python policy.
+ * [[...]], seeds: [...], n_actions} as JSON on stdin and prints {logits,
+ * actions, log_prob} of the Node policy, floats as their float32 bit
+ * patterns (uint32), row i drawing from `new Generator(seeds[i])`: the
+ * fixture tests/test_node_worker.py compares with tests/mlp_reference.py.
  */
 import { text } from 'node:stream/consumers';
 
@@ -25,13 +26,14 @@ const params = Object.fromEntries(
 );
 policy.setParamValues(params);
 const observations = Float32Array.from(input.observations.flat());
-const mlp = /** @type {import('../src/policies/mlp.js').MLPCategoricalPolicy} */ (policy);
-const logits = mlp.logits(observations, n);
-const out = mlp.act(observations, n, input.seeds.map((/** @type {number} */ seed) => new Generator(seed)));
+const out = policy.act(observations, n, input.seeds.map((/** @type {number} */ seed) => new Generator(seed)));
+const bits = (/** @type {string} */ key) =>
+  Array.from(new Uint32Array(/** @type {Float32Array} */ (out.agentInfos[key].data).slice().buffer));
+const logits = bits('logits');
 process.stdout.write(
   JSON.stringify({
-    logits: Array.from({ length: n }, (_, row) => Array.from(logits.subarray(row * input.n_actions, (row + 1) * input.n_actions))),
+    logits: Array.from({ length: n }, (_, row) => logits.slice(row * input.n_actions, (row + 1) * input.n_actions)),
     actions: out.actions,
-    log_prob: Array.from(out.agentInfos.log_prob.data, Number),
+    log_prob: bits('log_prob'),
   }),
 );

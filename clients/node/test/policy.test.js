@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import { PolicyError } from '../src/errors.js';
+import { log64, tanh32 } from '../src/policies/arithmetic.js';
 import { categorical } from '../src/policies/distributions.js';
 import { makePolicy } from '../src/policies/index.js';
 import { MLPCategoricalPolicy } from '../src/policies/mlp.js';
@@ -38,7 +39,7 @@ test('hidden layers apply the activation, the output layer does not', () => {
   assert.deepEqual([...relu.logits(obs, 1)], [0, 0]);
   const tanh = new MLPCategoricalPolicy(spec, { hidden_sizes: [1] });
   tanh.setParamValues(params);
-  assert.deepEqual([...tanh.logits(obs, 1)], [Math.fround(Math.tanh(-2)), -Math.fround(Math.tanh(-2))]);
+  assert.deepEqual([...tanh.logits(obs, 1)], [tanh32(-2), -tanh32(-2)]);
 });
 
 test('categorical sampling is the inverse CDF of docs/policies.md', () => {
@@ -47,7 +48,7 @@ test('categorical sampling is the inverse CDF of docs/policies.md', () => {
   assert.equal(categorical(logits, 1, 2, [fixed(0.6)], false).index[0], 1);
   assert.equal(categorical(logits, 1, 2, [fixed(0.5)], false).index[0], 1); // c[0] = 1 <= t = 1
   const { logProb } = categorical(logits, 1, 2, [fixed(0.1)], false);
-  assert.equal(logProb[0], Math.fround(-Math.log(2)));
+  assert.equal(logProb[0], Math.fround(-log64(2)));
   // An action whose weight underflows to 0 is never chosen, even at u -> 1.
   const skewed = Float32Array.of(0, -1000);
   assert.equal(categorical(skewed, 1, 2, [fixed(0.9999999999)], false).index[0], 0);

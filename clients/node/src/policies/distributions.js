@@ -1,11 +1,13 @@
 /**
  * Row-by-row categorical sampling, exactly as docs/policies.md specifies
- * (and rlfleet/policies/_distributions.py computes): float32 shift and exp,
- * float64 cumulative sum, one `random()` per row from the row's generator.
+ * and tests/mlp_reference.py computes it: float32 shift and exp (the
+ * contract's exp32), float64 cumulative sum and log (log64), one `random()`
+ * per row from the row's generator.
  *
  * @module
  */
 import { PolicyError } from '../errors.js';
+import { exp32, log64 } from './arithmetic.js';
 
 const f32 = Math.fround;
 
@@ -54,30 +56,30 @@ export function categorical(logits, n, k, rngs, deterministic) {
   const cumulative = new Float64Array(k);
   for (let row = 0; row < n; row += 1) {
     const base = row * k;
-    let max = -Infinity;
-    for (let i = 0; i < k; i += 1) {
-      max = Math.max(max, logits[base + i]);
+    let max = logits[base];
+    for (let i = 1; i < k; i += 1) {
+      max = logits[base + i] > max ? logits[base + i] : max; // the first of equal values, as Python's max
     }
     let total = 0;
-    let argmax = 0;
     for (let i = 0; i < k; i += 1) {
       shifted[i] = f32(logits[base + i] - max);
-      weights[i] = f32(Math.exp(shifted[i]));
+      weights[i] = exp32(shifted[i]);
       total += weights[i];
       cumulative[i] = total;
-      if (shifted[i] > shifted[argmax]) {
-        argmax = i;
-      }
     }
-    let chosen = argmax;
-    if (!deterministic) {
+    let chosen = 0;
+    if (deterministic) {
+      while (logits[base + chosen] !== max) {
+        chosen += 1;
+      }
+    } else {
       const threshold = rngs[row].random() * total;
       // cumulative is non-decreasing: the count of c[i] <= t is the first i with c[i] > t.
-      chosen = 0;
       while (chosen < k && cumulative[chosen] <= threshold) {
         chosen += 1;
       }
       if (chosen === k) {
+        // None above t (t rounded up to Z): the last index of positive weight.
         chosen = k - 1;
         while (chosen > 0 && !(weights[chosen] > 0)) {
           chosen -= 1;
@@ -85,7 +87,7 @@ export function categorical(logits, n, k, rngs, deterministic) {
       }
     }
     index[row] = chosen;
-    logProb[row] = shifted[chosen] - Math.log(total);
+    logProb[row] = shifted[chosen] - log64(total);
   }
   return { index, logProb };
 }

@@ -6,15 +6,16 @@
  *     h_{i+1} = act(h_i @ layers.i.weight + layers.i.bias)   hidden layers
  *     logits  = h_L @ layers.L.weight + layers.L.bias
  *
- * Each dot product is accumulated in float64 (a product of two float32 is
- * exact there) and rounded to float32 once, then the bias is added in
- * float32, so a row's logits depend on that row only and agree with the
- * Python policy to float32 rounding.
+ * The arithmetic is the contract's (docs/policies.md, tests/mlp_reference.py),
+ * so the logits are the Python worker's bit for bit: each output is summed
+ * in float32, input by input in index order, from +0, every product and sum
+ * rounded to float32, then the bias added; activations from arithmetic.js.
  *
  * @module
  */
 import { ConfigError, PolicyError } from '../errors.js';
 import { tensor } from '../tensor.js';
+import { relu32, tanh32 } from './arithmetic.js';
 import { categorical, checkFinite } from './distributions.js';
 import { ObservationEncoder } from './observations.js';
 import { checkedParams } from './params.js';
@@ -24,10 +25,10 @@ const f32 = Math.fround;
 /** Hidden-layer activations by name, in place on float32 values. */
 export const ACTIVATIONS = Object.freeze({
   tanh: (/** @type {Float32Array} */ x) => {
-    for (let i = 0; i < x.length; i += 1) x[i] = Math.tanh(x[i]);
+    for (let i = 0; i < x.length; i += 1) x[i] = tanh32(x[i]);
   },
   relu: (/** @type {Float32Array} */ x) => {
-    for (let i = 0; i < x.length; i += 1) x[i] = Math.max(x[i], 0);
+    for (let i = 0; i < x.length; i += 1) x[i] = relu32(x[i]);
   },
   identity: (/** @type {Float32Array} */ _x) => {},
 });
@@ -174,7 +175,8 @@ export class MLPCategoricalPolicy {
 }
 
 /**
- * out = h @ weight + bias for n rows, float64 accumulation rounded once.
+ * out = h @ weight + bias for n rows, as the contract sums it:
+ * `out[j] = (((0 + h[0] w[0, j]) + h[1] w[1, j]) + ...) + b[j]` in float32.
  *
  * @param {Float32Array} h (n, fanIn)
  * @param {number} n
@@ -185,19 +187,19 @@ export class MLPCategoricalPolicy {
  * @returns {Float32Array} (n, fanOut)
  */
 function dense(h, n, fanIn, fanOut, weight, bias) {
-  const out = new Float32Array(n * fanOut);
-  const acc = new Float64Array(fanOut);
+  const out = new Float32Array(n * fanOut); // +0: the sums start there
   for (let row = 0; row < n; row += 1) {
-    acc.fill(0);
+    const o = row * fanOut;
     for (let k = 0; k < fanIn; k += 1) {
       const x = h[row * fanIn + k];
       const base = k * fanOut;
       for (let j = 0; j < fanOut; j += 1) {
-        acc[j] += x * weight[base + j];
+        // Rounded product first: a fused x * w + acc would round once.
+        out[o + j] = f32(out[o + j] + f32(x * weight[base + j]));
       }
     }
     for (let j = 0; j < fanOut; j += 1) {
-      out[row * fanOut + j] = f32(acc[j]) + bias[j];
+      out[o + j] = f32(out[o + j] + bias[j]);
     }
   }
   return out;
