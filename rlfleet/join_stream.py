@@ -13,7 +13,7 @@ Updates are :mod:`rlfleet.fleet_updates`' types and errors
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from rlfleet.stream_replay import StreamReplay
@@ -118,9 +118,11 @@ class WorkerLeaving:
     reason: str = ""
 
 
-@dataclasses.dataclass(frozen=True)
-class TaskAssignment:
+class TaskAssignment(NamedTuple):
     """A task as the coordinator sends it (worker.proto ``Task``), before any check.
+
+    A NamedTuple, not a frozen dataclass: a worker reads one per task (many
+    a second), and it builds in a tenth of the time.
 
     Attributes:
         task_id: The coordinator's task id.

@@ -380,8 +380,7 @@ class WorkerLink:
     def _send_task(self, task: TaskAssignment) -> TaskAssignment:
         if self.env_spec is None:
             raise CheckFailed("kit error: a task was about to be sent before EnvReady")
-        task = dataclasses.replace(
-            task,
+        task = task._replace(
             task_id=next(_task_ids),
             agent_version=self.agent_version,
             env_generation=self.generation,

@@ -127,23 +127,24 @@ def decode_task(task: worker_pb2.Task) -> TaskAssignment:
     """
     unreadable = ""
     replays: tuple[StreamReplay, ...] = ()
-    try:
-        replays = tuple(_decode_replay(replay) for replay in task.replays)
-    except WireFormatError as exc:
-        unreadable = str(exc)
+    if task.replays:
+        try:
+            replays = tuple(_decode_replay(replay) for replay in task.replays)
+        except WireFormatError as exc:
+            unreadable = str(exc)
     return TaskAssignment(
-        task_id=task.task_id,
-        request_id=task.request_id,
-        mode=task.mode,
-        agent_version=task.agent_version,
-        env_generation=task.env_generation,
-        units=tuple((u.episode_index, u.env_seed, u.policy_seed) for u in task.units),
-        fragment_length=task.fragment_length,
-        rounds=task.rounds,
-        base_seed=task.base_seed,
-        streams=tuple(task.streams),
-        replays=replays,
-        unreadable=unreadable,
+        task.task_id,
+        task.request_id,
+        task.mode,
+        task.agent_version,
+        task.env_generation,
+        tuple([(u.episode_index, u.env_seed, u.policy_seed) for u in task.units]),
+        task.fragment_length,
+        task.rounds,
+        task.base_seed,
+        tuple(task.streams) if task.streams else (),
+        replays,
+        unreadable,
     )
 
 

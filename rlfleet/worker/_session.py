@@ -65,6 +65,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("rlfleet.worker")
 
+#: The sample modes a task may name.
+_MODES = frozenset(Mode)
+
 
 class Outcome(enum.Enum):
     """How a session ended."""
@@ -417,7 +420,7 @@ class Session:
             problem = f"env generation {task.env_generation}, this worker has {self._generation}"
         elif task.agent_version not in (-1, vec.agent_version):
             problem = f"agent version {task.agent_version}, this worker has {vec.agent_version}"
-        elif task.mode not in tuple(Mode):
+        elif task.mode not in _MODES:
             problem = f"unknown sample mode {task.mode}"
         elif task.mode == Mode.FRAGMENTS and task.fragment_length < 1:
             problem = "a FRAGMENTS task needs fragment_length >= 1"
