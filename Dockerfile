@@ -5,7 +5,9 @@
 #
 # Build (docs/deploy.md):
 #   docker build -t rlfleet:0.1.0 .
-# Offline, from a local wheelhouse holding every wheel, rlfleet's own included:
+# Offline, from a local wheelhouse holding every wheel, rlfleet's own included
+# (rlfleet's wheel holds a compiled extension: build it with the image's Python
+# on the image's platform, docs/deploy.md):
 #   pip wheel --no-deps -w wheels .
 #   pip download --only-binary=:all: -d wheels wheels/rlfleet-*.whl
 #   docker build --network none -t rlfleet:0.1.0 .
@@ -18,6 +20,9 @@ ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE} AS builder
 # Folder of the build context holding wheels for an offline build; when it
 # holds no wheel, pip builds rlfleet from source and fetches from the index.
+# From source, rlfleet compiles its MLP kernel (C): the builder then installs
+# a C compiler and Python's headers with apt-get where they are missing. The
+# final stage never has a compiler.
 ARG WHEELHOUSE=wheels
 # .dockerignore lets only the package, its metadata and the wheelhouse in.
 COPY . /src
@@ -33,6 +38,16 @@ RUN set -eu; \
         echo "installing rlfleet ${version} offline from ${WHEELHOUSE}/"; \
         /opt/rlfleet/bin/pip install --no-index --find-links "${WHEELHOUSE}" "rlfleet==${version}"; \
     else \
+        missing=""; \
+        command -v cc >/dev/null 2>&1 || missing="gcc libc6-dev"; \
+        python3 -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+            || missing="${missing} python3-dev"; \
+        if [ -n "${missing}" ]; then \
+            command -v apt-get >/dev/null 2>&1 || { \
+                echo "rlfleet compiles a C extension: install${missing} in this base, or build from a wheelhouse" >&2; exit 1; }; \
+            apt-get update -qq; \
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${missing}; \
+        fi; \
         /opt/rlfleet/bin/pip install /src; \
     fi; \
     /opt/rlfleet/bin/rlfleet --version

@@ -12,9 +12,15 @@ Measures env steps per second of a learner that steps a vector env itself
     x 16 envs: goal >= 0.8 x the 32,000 steps/s that 32 such envs allow.
     Reference: the same 32 envs stepped by a thread pool in this process
     (what the machine allows without any transport).
-    Floor: 32 bare child processes that each sleep 1 ms per "step" and
-    answer through a pipe, driven in lock-step (sync) and free-running
-    (async): what this machine allows with no env, no policy and no network.
+    Floors: the real duration of ``time.sleep(0.001)`` here; 32 bare child
+    processes that each sleep 1 ms per "step" and answer through a pipe,
+    driven in lock-step (sync) and free-running (each released again as
+    soon as it answered: the bound of a learner doing central inference,
+    which cannot act on an env before it saw that env's last observation,
+    so each env's cycle is at least its sleep plus one round trip); the
+    latency bound 32 / (sleep + pipe round trip), and per layout the same
+    with the relay's measured round trip (r); and the CPU per step that
+    these cores allow at the goal, against what Remote spends.
 (r) The relay's cost: the median round trip of one env step through the
     coordinator, against one echo over a direct gRPC stream (what a learner
     dialling a worker itself would pay at least).
@@ -60,6 +66,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -197,21 +204,73 @@ def thread_pool_steps_per_s(config: EnvConfig, count: int, seconds: float, warmu
     return rate
 
 
-#: A floor child: sleeps 1 ms per byte it reads, then answers with that byte.
-_SLEEPER = "import os, time\nwhile os.read(0, 1):\n    time.sleep(0.001)\n    os.write(1, b'.')\n"
+#: A floor child: sleeps 1 ms per byte it reads, then answers with that byte
+#: (a byte "0": answers at once, for the pipe's round trip).
+_SLEEPER = (
+    "import os, time\n"
+    "while (b := os.read(0, 1)):\n"
+    "    if b != b'0':\n"
+    "        time.sleep(0.001)\n"
+    "    os.write(1, b)\n"
+)
+#: Goal (b): this share of 32 envs x 1,000 steps/s.
+B_GOAL, B_IDEAL = 0.8, 32_000
 
 
-def sleep_floor_steps_per_s(count: int, seconds: float) -> tuple[float, float]:
-    """(b)'s physical floor: ``count`` bare processes that sleep 1 ms per step.
+@dataclass(frozen=True)
+class SleepFloor:
+    """What this machine allows 32 envs that sleep 1 ms, with no rlfleet at all.
+
+    Attributes:
+        sleep_ms: Median real duration of ``time.sleep(0.001)`` here.
+        round_trip_ms: Median round trip through a pipe to a bare child
+            process and back (the least transport a learner can have).
+        sync: Steps/s of the bare children driven in lock-step.
+        free_running: Steps/s with each child released again as soon as it
+            answered: the bound of a central-inference learner, which
+            cannot act on an env before it saw its last observation.
+        free_running_cpu_us: CPU microseconds per step of the free-running
+            run (parent and children): the machine's cost of the sleeps,
+            wake-ups and pipes alone.
+    """
+
+    sleep_ms: float
+    round_trip_ms: float
+    sync: float
+    free_running: float
+    free_running_cpu_us: float
+
+
+def latency_bound(count: int, sleep_ms: float, round_trip_ms: float) -> float:
+    """Steps/s of ``count`` envs when each env's cycle is its sleep plus one round trip.
+
+    A learner doing central inference sends an env's action only after it
+    has that env's last observation, so no env steps more often than once
+    per (actual sleep + round trip learner -> env -> learner).
+    """
+    return count * 1000.0 / (sleep_ms + round_trip_ms)
+
+
+def cpu_budget_us(cores: int, steps_per_s: float) -> float:
+    """CPU microseconds per step that ``cores`` busy cores allow at ``steps_per_s``."""
+    return cores * 1e6 / steps_per_s
+
+
+def sleep_floor(count: int, seconds: float) -> SleepFloor:
+    """(b)'s floors: ``count`` bare processes that sleep 1 ms per step.
 
     Each child is a bare interpreter (no rlfleet, no gymnasium) reading one
     byte per step from its stdin pipe and answering on its stdout pipe.
-    Driven in lock-step (release all, wait for all) and free-running (each
-    released again as soon as it answers), for ``seconds`` each.
-
-    Returns:
-        Steps per second (sync, async).
+    Measures ``time.sleep(0.001)`` here and the pipe's round trip, then
+    drives the children in lock-step (release all, wait for all) and
+    free-running (each released again as soon as it answers), for
+    ``seconds`` each.
     """
+    sleeps = []
+    for _ in range(500):
+        began = time.perf_counter()
+        time.sleep(0.001)
+        sleeps.append(time.perf_counter() - began)
     children = [
         subprocess.Popen(
             [sys.executable, "-S", "-c", _SLEEPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
@@ -220,6 +279,13 @@ def sleep_floor_steps_per_s(count: int, seconds: float) -> tuple[float, float]:
     ]
     try:
         pipes = [(c.stdin.fileno(), c.stdout.fileno()) for c in children]  # type: ignore[union-attr]
+        trips = []
+        release, answer = pipes[0]
+        for _ in range(2000):
+            began = time.perf_counter()
+            os.write(release, b"0")
+            os.read(answer, 1)
+            trips.append(time.perf_counter() - began)
 
         def sync() -> int:
             steps = 0
@@ -248,12 +314,22 @@ def sleep_floor_steps_per_s(count: int, seconds: float) -> tuple[float, float]:
                     os.read(key.fd, 1)
             return steps
 
-        rates = []
+        watched = [psutil.Process(c.pid) for c in children]
+        rates, cpu = [], 0.0
         for run in (sync, free_running):
+            children_cpu, own_cpu = cpu_seconds(watched).sum(), time.thread_time()
             start = time.perf_counter()
             steps = run()
             rates.append(steps / (time.perf_counter() - start))
-        return rates[0], rates[1]
+            spent = cpu_seconds(watched).sum() - children_cpu + time.thread_time() - own_cpu
+            cpu = 1e6 * spent / max(steps, 1)
+        return SleepFloor(
+            sleep_ms=1000 * float(np.median(sleeps)),
+            round_trip_ms=1000 * float(np.median(trips)),
+            sync=rates[0],
+            free_running=rates[1],
+            free_running_cpu_us=cpu,
+        )
     finally:
         for child in children:
             child.stdin.close()  # type: ignore[union-attr]  # EOF: the child exits
@@ -535,21 +611,50 @@ def main(argv: list[str] | None = None) -> int:
         spent = ", ".join(f"{role} {value:.0f}" for role, value in zip(roles, cpu, strict=True))
         print(f"{name:<44} {rate:>10,.0f} steps/s   CPU us/step: {spent}", flush=True)
 
-    floor = (0.0, 0.0)
+    floor = SleepFloor(0.0, 0.0, 0.0, 0.0, 0.0)
+    cores = psutil.cpu_count() or 1
+    budget = cpu_budget_us(cores, B_GOAL * B_IDEAL)
     rounds = 100 if args.quick else 1000
     if not args.only_a:
         name = "b local thread pool, 32 envs (no transport)"
         figures[name] = thread_pool_steps_per_s(IO_BOUND, 32, seconds, warmup)
         print(f"{name:<44} {figures[name]:>10,.0f} steps/s (of 32,000)", flush=True)
-        floor = sleep_floor_steps_per_s(32, 3.0 if args.quick else seconds)
-        for mode, rate in zip(("sync", "async"), floor, strict=True):
-            name = f"b floor, 32 bare processes, {mode}"
-            figures[name] = rate
+        floor = sleep_floor(32, 3.0 if args.quick else seconds)
+        bound = latency_bound(32, floor.sleep_ms, floor.round_trip_ms)
+        cycle = 32 * 1000.0 / (B_GOAL * B_IDEAL)  # ms per env step at the goal
+        figures.update(
+            {
+                "b time.sleep(0.001) ms": floor.sleep_ms,
+                "b pipe round trip ms": floor.round_trip_ms,
+                "b floor, 32 bare processes, sync": floor.sync,
+                "b floor, 32 bare processes, free-running": floor.free_running,
+                "b floor free-running cpu us/step": floor.free_running_cpu_us,
+                "b latency bound / 32,000": bound / B_IDEAL,
+                "b cpu budget us/step at the goal": budget,
+            }
+        )
+        print(
+            f"(b) time.sleep(0.001) takes {floor.sleep_ms:.3f} ms here (median); a pipe round "
+            f"trip to a bare process {floor.round_trip_ms:.3f} ms",
+            flush=True,
+        )
+        for mode, rate in (("sync", floor.sync), ("free-running", floor.free_running)):
             print(
-                f"{name:<44} {rate:>10,.0f} steps/s ({rate / 32_000:.2f} of 32,000; the machine's "
-                "floor: sleep 1 ms per step, no env, no policy, no network)",
+                f"{'b floor, 32 bare processes, ' + mode:<44} {rate:>10,.0f} steps/s "
+                f"({rate / B_IDEAL:.2f} of 32,000; sleep 1 ms per step, no env, no policy, "
+                "no network)",
                 flush=True,
             )
+        print(
+            f"(b) bound of a central-inference learner (each env's cycle >= its sleep + one "
+            f"round trip): 32 / ({floor.sleep_ms:.3f} + {floor.round_trip_ms:.3f} ms) = "
+            f"{bound:,.0f} steps/s ({bound / B_IDEAL:.2f}); bare processes free-running reach "
+            f"{floor.free_running / B_IDEAL:.2f} at {floor.free_running_cpu_us:.0f} CPU us/step. "
+            f"The goal, {B_GOAL:g} of 32,000, needs each env's cycle <= {cycle:.2f} ms "
+            f"({cycle - floor.sleep_ms:.2f} ms beyond the sleep) and <= {budget:.0f} CPU us "
+            f"per step for everything on these {cores} cores",
+            flush=True,
+        )
         figures["r direct stream echo ms"] = echo_round_trip_ms(rounds)
         print(
             f"(r) one direct gRPC stream echo: {figures['r direct stream echo ms']:.2f} ms median"
@@ -603,18 +708,30 @@ def main(argv: list[str] | None = None) -> int:
             remote(f"c remote[{where}] 2x16 wait_num=16", VARIABLE, 32, wait_num=16, pol=idle)
         if args.only_a:
             continue
-        best_b = max(
-            figures[f"b remote[{where}] 2x16 sync"], figures[f"b remote[{where}] 2x16 wait_num=16"]
+        modes = ("sync", "wait_num=16")
+        best_mode = max(modes, key=lambda m: figures[f"b remote[{where}] 2x16 {m}"])
+        best_b = figures[f"b remote[{where}] 2x16 {best_mode}"]
+        figures[f"b best / 32,000 [{where}]"] = best_b / B_IDEAL
+        spent = sum(
+            value
+            for key, value in figures.items()
+            if key.startswith(f"b remote[{where}] 2x16 {best_mode} cpu us/step")
         )
-        figures[f"b best / 32,000 [{where}]"] = best_b / 32_000
+        figures[f"b best cpu us/step, all processes [{where}]"] = spent
+        # Each env's cycle holds its sleep and one relayed round trip (r).
+        t_call = figures[f"r relay round trip ms [{where}]"]
+        relay_bound = latency_bound(32, floor.sleep_ms, t_call) / B_IDEAL
+        figures[f"b relay latency bound / 32,000 [{where}]"] = relay_bound
         speedup = (
             figures[f"c remote[{where}] 2x16 wait_num=16"] / figures[f"c remote[{where}] 2x16 sync"]
         )
         figures[f"c speedup of wait_num=16 over sync [{where}]"] = speedup
         print(
-            f"[{where}] (b) best / ideal: {best_b / 32_000:.2f} (floor: sync "
-            f"{floor[0] / 32_000:.2f}, async {floor[1] / 32_000:.2f}); (c) wait_num speedup: "
-            f"{speedup:.2f}x",
+            f"[{where}] (b) best / ideal: {best_b / B_IDEAL:.2f} ({best_mode}, {spent:.0f} CPU "
+            f"us/step in all, the goal allows {budget:.0f}); bound with this relay's round trip: "
+            f"32 / ({floor.sleep_ms:.3f} + {t_call:.2f} ms) = {relay_bound:.2f}; floor: sync "
+            f"{floor.sync / B_IDEAL:.2f}, free-running {floor.free_running / B_IDEAL:.2f}; "
+            f"(c) wait_num speedup: {speedup:.2f}x",
             flush=True,
         )
     if args.json:

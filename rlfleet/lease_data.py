@@ -8,6 +8,10 @@ a frame, a 4-byte big-endian length and one serialized protobuf message
 70-100 us of CPU per message per side; a frame costs a ``sendall`` and a
 buffered read.
 
+A learner in the coordinator's own process (``Fleet.local``) gets an
+:class:`InProcessLink` instead: the same frames handed over in memory, with
+no socket and no relay thread on the way out.
+
 This module knows bytes only: the messages are built and parsed by the
 lease face's translation (rlfleet.lease_messages and the worker session).
 """
@@ -16,10 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import select
 import socket
 import struct
 import threading
+from collections.abc import Callable
+from typing import Protocol
 
 from rlfleet._log_limit import OncePerKey
 from rlfleet.errors import ProtocolError, UnavailableError
@@ -66,6 +73,26 @@ def warn_unreachable(host: str, port: int, who: str, reason: str) -> None:
         reason,
         port,
     )
+
+
+class DataLink(Protocol):
+    """A dialled data connection, over TCP (:class:`LeaseDataLink`) or in memory
+    (:class:`InProcessLink`): frames out from any thread, in by one at a time."""
+
+    def send(self, payload: bytes) -> None:
+        """Sends one frame (OSError: the connection is broken or closed)."""
+
+    def receive(self) -> bytes | None:
+        """The next frame; None once the coordinator closed the connection."""
+
+    def receive_within(self, seconds: float) -> bytes | None:
+        """:meth:`receive`, waiting at most ``seconds`` (TimeoutError past them)."""
+
+    def readable(self) -> bool:
+        """Whether a receive would start without waiting."""
+
+    def close(self) -> None:
+        """Closes the connection (idempotent); a blocked receive returns."""
 
 
 class LeaseDataLink:
@@ -165,6 +192,88 @@ class LeaseDataLink:
         with contextlib.suppress(OSError):  # already disconnected
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
+
+
+class InProcessLink:
+    """A data connection to the coordinator of this process (``Fleet.local``).
+
+    The same frames as over TCP, handed over in memory: :meth:`send` runs
+    the coordinator's handling of the frame on the caller's thread (no
+    socket, no wake-up of the relay's loop), and the coordinator's frames
+    wait in a queue for :meth:`receive`. Its coordinator side is
+    ``rlfleet.coordinator.lease_data_server.InProcessConnection``, which
+    makes it.
+
+    Args:
+        frames: Where the coordinator puts its frames, and None once it
+            closed the connection.
+        deliver: Hands one frame to the coordinator (OSError once closed).
+        hang_up: Tells the coordinator that this side closed.
+    """
+
+    def __init__(
+        self,
+        frames: queue.SimpleQueue[bytes | None],
+        deliver: Callable[[bytes], None],
+        hang_up: Callable[[], None],
+    ) -> None:
+        self._frames = frames
+        self._deliver = deliver
+        self._hang_up = hang_up
+        self._ended = False  # the coordinator's end was read
+        self._closed = False
+
+    def send(self, payload: bytes) -> None:
+        """Hands one frame to the coordinator.
+
+        Raises:
+            OSError: If the connection was closed (by either side).
+        """
+        if self._closed or self._ended:
+            raise OSError("the in-process lease data connection is closed")
+        self._deliver(payload)
+
+    def receive(self) -> bytes | None:
+        """The next frame; None once the coordinator closed the connection."""
+        return self._next(None)
+
+    def receive_within(self, seconds: float) -> bytes | None:
+        """:meth:`receive`, waiting at most ``seconds``.
+
+        Raises:
+            TimeoutError: If no frame came within ``seconds``.
+        """
+        return self._next(max(seconds, 0.0))
+
+    def readable(self) -> bool:
+        """Whether a frame (or the end) is here already."""
+        return self._ended or not self._frames.empty()
+
+    def close(self) -> None:
+        """Closes the connection (idempotent); a blocked receive returns None."""
+        if self._closed:
+            return
+        self._closed = True
+        self._frames.put(None)  # wakes a receive blocked in another thread
+        hang_up, self._hang_up = self._hang_up, _closed_link
+        # A closed link keeps nothing of the coordinator's alive (its lease).
+        self._deliver = _closed_link
+        hang_up()
+
+    def _next(self, seconds: float | None) -> bytes | None:
+        if self._ended:
+            return None
+        try:
+            payload = self._frames.get(timeout=seconds)
+        except queue.Empty:
+            raise TimeoutError(f"no lease data frame within {seconds:g} seconds") from None
+        if payload is None:
+            self._ended = True
+        return payload
+
+
+def _closed_link(*_: bytes) -> None:
+    raise OSError("the in-process lease data connection is closed")
 
 
 def dial(

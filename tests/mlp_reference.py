@@ -188,7 +188,7 @@ HALF_LOG_2PI = 0.91893853320467274178  # the double nearest 0.5 * log(2 pi)
 def gaussian_row(
     mean: np.ndarray, log_std: np.ndarray, eps: np.ndarray | None
 ) -> tuple[np.ndarray, np.float32]:
-    """One row's action (float32) and log-density (u None: the mean, z = 0)."""
+    """One row's action (float32) and log-density (eps None: the mean, z = 0)."""
     mean = np.asarray(mean, dtype=F32)
     log_std = np.asarray(log_std, dtype=F32)
     z = np.zeros(len(mean), dtype=F32) if eps is None else np.asarray(eps).astype(F32)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+import psutil
 import pytest
 
 from benchmarks import vector_env
@@ -39,3 +40,20 @@ def test_a_small_run_prints_every_sampler_and_both_comparisons(
     for mode in ("sync", "wait_num=8"):
         assert re.search(rf"\[local\] {mode}: .* remote won \d of 2 rounds", out), out
     assert "(b)" not in out
+
+
+def test_the_latency_bound_is_each_envs_sleep_plus_one_round_trip() -> None:
+    # 32 envs, each stepping once per 1.07 ms sleep + 0.03 ms round trip.
+    assert vector_env.latency_bound(32, 1.07, 0.03) == pytest.approx(32_000 / 1.1)
+    # The goal's share of 32,000 steps/s on 2 cores leaves 2 s of CPU per 25,600 steps.
+    assert vector_env.cpu_budget_us(2, 0.8 * 32_000) == pytest.approx(78.125)
+
+
+def test_the_sleep_floor_measures_its_bare_processes_and_leaves_none() -> None:
+    before = {child.pid for child in psutil.Process().children()}
+    floor = vector_env.sleep_floor(2, 0.2)
+    assert floor.sleep_ms >= 1.0  # time.sleep never returns early
+    assert floor.round_trip_ms > 0
+    assert floor.sync > 0 and floor.free_running > 0
+    assert floor.free_running_cpu_us > 0
+    assert {child.pid for child in psutil.Process().children()} <= before

@@ -163,7 +163,9 @@ def test_wrong_draws_and_undeclared_draws_are_policy_errors() -> None:
     spec = CARTPOLE.env_spec()
     policy = MLPCategoricalPolicy(spec, seed=0)
     observations = np.zeros((2, 4), np.float32)
-    with pytest.raises(PolicyError, match=r"float64 draws of shape \(2, 1\), got float64 \(3, 1\)"):
+    with pytest.raises(
+        PolicyError, match=r"float64 draws of shape \(2, 1\) or \(2,\), got float64 \(3, 1\)"
+    ):
         policy.get_actions_from_draws(observations, np.zeros((3, 1)))
     with pytest.raises(PolicyError, match=r"got float32 \(2, 1\)"):
         policy.get_actions_from_draws(observations, np.zeros((2, 1), np.float32))

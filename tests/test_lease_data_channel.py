@@ -107,10 +107,14 @@ def fleet() -> Iterator[Fleet]:
         local.close()
 
 
-def test_lease_calls_and_replies_travel_on_the_data_channel(fleet: Fleet) -> None:
+@pytest.mark.parametrize("through", ["address", "fleet"])
+def test_lease_calls_and_replies_travel_on_the_data_channel(fleet: Fleet, through: str) -> None:
+    """Over TCP from a learner that dials, in memory from one in the coordinator's process."""
     # Both workers' sessions attached theirs when they joined.
     wait_until(lambda: connections(fleet, "accepted") == 2, "the workers' data connections")
-    with RemoteVectorEnv(fleet, "CartPole-v1", 4) as venv:
+    where = fleet.address if through == "address" else fleet
+    with RemoteVectorEnv(where, "CartPole-v1", 4) as venv:
+        assert venv._stream.carrier == ("data" if through == "address" else "in-process")
         assert connections(fleet, "accepted") == 3
         assert sorted(set(venv.env_workers)) == ["local-0", "local-1"]
         venv.reset(seed=[0, 1, 2, 3])
@@ -255,8 +259,9 @@ def cut_pid_has(pid: int, port: int) -> bool:
 
 
 def test_a_broken_learner_data_connection_ends_the_lease_and_releases_it(fleet: Fleet) -> None:
-    venv = RemoteVectorEnv(fleet, "CartPole-v1", 4)
+    venv = RemoteVectorEnv(fleet.sampler, "CartPole-v1", 4)  # a sampler dials: TCP
     try:
+        assert venv._stream.carrier == "data"
         venv.reset(seed=0)
         assert fleet.sampler.status().leased_envs == 4
         assert cut(psutil.Process().pid, data_port(fleet)) == 1

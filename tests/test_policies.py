@@ -21,7 +21,6 @@ from rlfleet.policies import (
     default_policy_spec,
     make_policy,
 )
-from rlfleet.policies._distributions import categorical
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -142,17 +141,19 @@ def test_zero_probability_actions_are_never_sampled() -> None:
 
 
 def test_cdf_rounding_past_the_end_picks_the_last_possible_action() -> None:
+    # logits = obs: an identity layer.
+    policy = MLPCategoricalPolicy(spec_of(box(3), Discrete(3)), hidden_sizes=())
+    policy.set_param_values({"layers.0.weight": np.eye(3), "layers.0.bias": np.zeros(3)})
     logits = f32([[0, 0, -1000], [0, -1000, -1000]])
-    # random() never returns 1.0, but u * c[-1] can round up to c[-1]; no
-    # seed reliably produces that, hence draws of 1.0 given directly.
-    top = [1.0, 1.0]
-    for draws in (top, np.array(top)):  # a list of draws, or an array from draw blocks
-        index, log_prob = categorical(logits, draws)
-        assert index.tolist() == [1, 0]
-        np.testing.assert_allclose(log_prob, [math.log(0.5), 0.0], atol=1e-7)
-    # A long batch (the largest draw found by a numpy reduction).
-    index, _ = categorical(np.repeat(logits, 20, axis=0), np.ones(40))
-    assert index.tolist() == [1] * 20 + [0] * 20
+    # No c[i] > t = u * Z needs t >= Z: random() never returns 1.0, hence
+    # draws of 1.0 given directly (a NaN draw takes the same path).
+    for top in (1.0, np.nan):
+        actions, infos = policy.get_actions_from_draws(logits, np.full((2, 1), top))
+        assert actions.tolist() == [1, 0]
+        np.testing.assert_allclose(infos["log_prob"], [math.log(0.5), 0.0], atol=1e-7)
+    # A long batch: every row takes the same path.
+    actions, _ = policy.get_actions_from_draws(np.repeat(logits, 20, axis=0), np.ones((40, 1)))
+    assert actions.tolist() == [1] * 20 + [0] * 20
 
 
 def test_categorical_deterministic_takes_first_argmax_and_draws_nothing() -> None:

@@ -115,7 +115,11 @@ class RemoteVectorEnv(BaseVectorEnv):
         config = EnvConfig(env) if isinstance(env, str) else env
         if not isinstance(config, EnvConfig):
             raise ConfigError(f"env must be a gymnasium id or an EnvConfig, got {env!r}")
+        in_process = None
         if isinstance(fleet, Fleet):
+            # Its coordinator runs in this process: the lease's frames need no socket.
+            data_server = fleet.server.coordinator.lease_data
+            in_process = None if data_server is None else data_server.attach_in_process
             fleet = fleet.sampler
         if isinstance(fleet, RemoteSampler):
             channel = fleet.open_channel()
@@ -141,6 +145,7 @@ class RemoteVectorEnv(BaseVectorEnv):
                 data_host=coordinator_host(address),
                 tls=security.tls,
                 max_message_bytes=max_message_bytes,
+                data_in_process=in_process,
             )
         except BaseException:
             channel.close()

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import grpc
 
-from rlfleet.coordinator.lease_data_server import DataConnection, LeaseDataPeer
+from rlfleet.coordinator.lease_data_server import LeaseConnection, LeaseDataPeer
 from rlfleet.coordinator.lease_translation import (
     RelayReply,
     data_switch_command,
@@ -62,10 +62,10 @@ class WorkerDataPeer:
 
 def worker_attach(
     state: FleetState, events: WorkerEvents, leases: LeaseManager, handle: WorkerHandle
-) -> Callable[[DataConnection], LeaseDataPeer]:
+) -> Callable[[LeaseConnection], LeaseDataPeer]:
     """The attach callback of a worker session's ticket."""
 
-    def attach(connection: DataConnection) -> LeaseDataPeer:
+    def attach(connection: LeaseConnection) -> LeaseDataPeer:
         with state.lock:  # lease commands are sent under it: none falls between
             if not handle.alive:
                 raise UnavailableError(f"worker {handle.name!r} left before its data connection")

@@ -10,6 +10,11 @@ its connection's :class:`LeaseDataPeer` (no queue, no thread hand-off).
 Sends come from any thread and go straight to the socket; only what the
 kernel does not take at once waits for the loop.
 
+A learner in this very process (``Fleet.local``) presents its ticket to
+:meth:`LeaseDataServer.attach_in_process` instead of dialling: an
+:class:`InProcessConnection` hands its frames over in memory, the learner's
+on the learner's own thread (rlfleet.lease_data.InProcessLink).
+
 This module knows bytes only; lease_face.py and worker_events.py say what a
 ticket's connection means.
 """
@@ -28,8 +33,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rlfleet._log_limit import LogLimiter, held_back_note
-from rlfleet.errors import RlfleetError
-from rlfleet.lease_data import FRAME_HEADER, HANDSHAKE_FRAME_BYTES, frame
+from rlfleet.errors import RlfleetError, UnavailableError
+from rlfleet.lease_data import FRAME_HEADER, HANDSHAKE_FRAME_BYTES, InProcessLink, frame
 from rlfleet.security import ServerTLS
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -56,10 +61,63 @@ class LeaseDataPeer(Protocol):
 
 
 #: Called with the new connection when its ticket is presented; returns its peer.
-Attach = Callable[["DataConnection"], LeaseDataPeer]
+Attach = Callable[["LeaseConnection"], LeaseDataPeer]
 
 
-class DataConnection:
+class LeaseConnection:
+    """A ticket's accepted connection, over TCP (:class:`DataConnection`) or in
+    memory from this process (:class:`InProcessConnection`): its peer, and a
+    close flag set once.
+
+    Args:
+        server: The data port that accepted it.
+        what: Who it is, for logs.
+    """
+
+    def __init__(self, server: LeaseDataServer, what: str) -> None:
+        self.what = what  # who it is, for logs
+        self._server = server
+        # TLS objects must not be used by two threads at once; plain sockets
+        # take the same lock (uncontended: microseconds).
+        self._lock = threading.Lock()
+        self._closed = False
+        self.peer: LeaseDataPeer | None = None
+
+    def close(self, reason: str = "closed by the coordinator") -> None:
+        """Closes the connection (idempotent, any thread)."""
+        self._server.close(self, reason)
+
+    @property
+    def closed(self) -> bool:
+        """Whether it was closed."""
+        return self._closed
+
+    def mark_closed(self) -> bool:
+        """Marks it closed; False if it already was."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            self._drop_pending()
+            return True
+
+    def send(self, payload: bytes) -> None:
+        """Sends one frame to the peer without blocking (any thread)."""
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        """Ends the connection for the peer (any thread; after :meth:`mark_closed`)."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Frees what it holds (the loop thread, once it forgot the connection)."""
+        raise NotImplementedError
+
+    def _drop_pending(self) -> None:
+        """Forgets what waits to be sent (under the lock, once closed)."""
+
+
+class DataConnection(LeaseConnection):
     """One accepted connection: frames out from any thread, frames in to its peer.
 
     Args:
@@ -71,18 +129,12 @@ class DataConnection:
     def __init__(
         self, sock: socket.socket, server: LeaseDataServer, what: str, max_pending_bytes: int
     ) -> None:
-        self.what = what
+        super().__init__(server, what)
         self._sock = sock
-        self._server = server
         self._max_pending = max_pending_bytes
         self._pending_bytes = 0
-        # TLS objects must not be used by two threads at once; plain sockets
-        # take the same lock (uncontended: microseconds).
-        self._lock = threading.Lock()
         self._pending: list[memoryview] = []
         self._inbuf = bytearray()  # the start of a frame not whole yet
-        self._closed = False
-        self.peer: LeaseDataPeer | None = None
 
     def send(self, payload: bytes) -> None:
         """Sends one frame without blocking (what the socket does not take at once
@@ -119,10 +171,6 @@ class DataConnection:
             self._server.close(self, failure)
             return
         self._server.want_write(self)
-
-    def close(self, reason: str = "closed by the coordinator") -> None:
-        """Closes the connection (idempotent, any thread)."""
-        self._server.close(self, reason)
 
     # --- the loop's side -----------------------------------------------------------
 
@@ -202,25 +250,61 @@ class DataConnection:
                 self._pending.pop(0)
             return True, None
 
-    @property
-    def closed(self) -> bool:
-        """Whether it was closed."""
-        return self._closed
-
-    def mark_closed(self) -> bool:
-        """Marks it closed; False if it already was."""
-        with self._lock:
-            if self._closed:
-                return False
-            self._closed = True
-            self._pending.clear()
-            self._pending_bytes = 0
-            return True
+    def _drop_pending(self) -> None:
+        self._pending.clear()
+        self._pending_bytes = 0
 
     @property
     def sock(self) -> socket.socket:
         """The socket (the loop registers it)."""
         return self._sock
+
+    def shutdown(self) -> None:
+        """Ends the connection for the peer (any thread; after :meth:`mark_closed`)."""
+        with contextlib.suppress(OSError):  # already disconnected
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def release(self) -> None:
+        """Frees the socket (the loop thread, once it forgot the connection)."""
+        self._sock.close()
+
+
+class InProcessConnection(LeaseConnection):
+    """A connection from this process (a ``Fleet.local`` learner), in memory.
+
+    Its owner sees what a :class:`DataConnection` offers (``send``,
+    ``close``); the learner holds its other end, :attr:`link`. The
+    learner's frames reach the peer on the learner's thread, with the
+    loop's error rules (:meth:`LeaseDataServer.in_process_frame`).
+
+    Args:
+        server: The data port that attached it.
+    """
+
+    def __init__(self, server: LeaseDataServer) -> None:
+        super().__init__(server, "this process")
+        self._frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.link = InProcessLink(self._frames, self._deliver, self._hung_up)
+
+    def send(self, payload: bytes) -> None:
+        """Queues one frame for the learner (any thread, never blocks)."""
+        if not self._closed:
+            self._frames.put(payload)
+
+    def shutdown(self) -> None:
+        """Ends the connection for the learner: its receive returns None."""
+        self._frames.put(None)
+
+    def release(self) -> None:
+        """Nothing to free: no socket."""
+
+    def _deliver(self, payload: bytes) -> None:
+        if self._closed:
+            raise OSError("the coordinator closed the in-process lease data connection")
+        self._server.in_process_frame(self, payload)
+
+    def _hung_up(self) -> None:
+        self._server.close(self, "closed by the peer")
 
 
 class LeaseDataServer:
@@ -278,8 +362,8 @@ class LeaseDataServer:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
-        self._orders: queue.SimpleQueue[tuple[str, DataConnection, str]] = queue.SimpleQueue()
-        self._connections: set[DataConnection] = set()
+        self._orders: queue.SimpleQueue[tuple[str, LeaseConnection, str]] = queue.SimpleQueue()
+        self._connections: set[LeaseConnection] = set()
         # Every read lands in this one buffer (only the loop reads):
         # recv(256 KiB) allocated 256 KiB per read, which a thread's malloc
         # arena mapped and unmapped (~12 us a read).
@@ -309,17 +393,16 @@ class LeaseDataServer:
 
     # --- connections -------------------------------------------------------------------
 
-    def want_write(self, connection: DataConnection) -> None:
+    def want_write(self, connection: LeaseConnection) -> None:
         """Asks the loop to send what ``connection`` could not send at once."""
         self._order("write", connection)
 
-    def close(self, connection: DataConnection, reason: str) -> None:
+    def close(self, connection: LeaseConnection, reason: str) -> None:
         """Closes a connection (any thread, any lock held); its peer hears
         ``on_closed(reason)`` from the loop thread, never from the caller's."""
         if not connection.mark_closed():
             return
-        with contextlib.suppress(OSError):  # already disconnected
-            connection.sock.shutdown(socket.SHUT_RDWR)
+        connection.shutdown()
         self._order("close", connection, reason)
 
     def stop(self) -> None:
@@ -335,7 +418,7 @@ class LeaseDataServer:
         self._wake()
         self._loop.join(5.0)
 
-    def _order(self, what: str, connection: DataConnection, reason: str = "") -> None:
+    def _order(self, what: str, connection: LeaseConnection, reason: str = "") -> None:
         self._orders.put((what, connection, reason))
         self._wake()
 
@@ -397,6 +480,58 @@ class LeaseDataServer:
             sock.close()
             return
         self._order("add", connection)
+
+    def attach_in_process(self, hello: bytes) -> InProcessLink:
+        """Attaches a learner of this process that presents its ticket (in
+        ``hello``, a serialized LeaseDataHello) without dialling.
+
+        Returns:
+            The learner's end of an :class:`InProcessConnection`.
+
+        Raises:
+            UnavailableError: When the port was stopped, for an unknown, used
+                or revoked ticket, or when its owner is gone.
+        """
+        if self._stopped.is_set():
+            raise UnavailableError("the coordinator's lease data channel is stopped")
+        try:
+            attach = self._take(hello)
+        except ValueError as exc:
+            attach, why = None, f"{type(exc).__name__}: {exc}"
+        else:
+            why = "an unknown, used or revoked ticket"
+        if attach is None:
+            self._on_connection("refused")
+            raise UnavailableError(f"the coordinator refused an in-process data connection: {why}")
+        self._on_connection("accepted")
+        connection = InProcessConnection(self)
+        try:
+            connection.peer = attach(connection)
+        except Exception as exc:  # the ticket's owner is gone
+            connection.mark_closed()
+            raise UnavailableError(f"in-process data connection not attached: {exc}") from None
+        self._order("add", connection)
+        return connection.link
+
+    def in_process_frame(self, connection: InProcessConnection, payload: bytes) -> None:
+        """One frame of an in-process connection, on its sender's thread: handed
+        to the peer with the loop's rules (too long, bad input or a handler's
+        bug closes the connection)."""
+        peer = connection.peer
+        if peer is None:
+            return
+        if len(payload) > self._max_frame:
+            reason = f"a frame of {len(payload)} bytes, above the limit of {self._max_frame}"
+        else:
+            try:
+                peer.on_frame(payload)
+                return
+            except RlfleetError as exc:  # bad input from the peer: ends its connection
+                reason = str(exc)
+            except Exception as exc:  # a handler's bug: end this connection
+                logger.exception("lease data connection %s failed", connection.what)
+                reason = f"coordinator error: {exc!r}"
+        self.close(connection, reason)
 
     def _take(self, hello: bytes) -> Attach | None:
         ticket = self._parse_hello(hello)
@@ -468,10 +603,15 @@ class LeaseDataServer:
                 if connection.closed:
                     continue  # closed before it joined the loop: its "close" came first
                 self._connections.add(connection)
-                # WRITE too: frames sent before it joined may wait in its buffer.
-                events = selectors.EVENT_READ | selectors.EVENT_WRITE
-                self._selector.register(connection.sock, events, connection)
-            elif what == "write" and connection in self._connections:
+                if isinstance(connection, DataConnection):
+                    # WRITE too: frames sent before it joined may wait in its buffer.
+                    events = selectors.EVENT_READ | selectors.EVENT_WRITE
+                    self._selector.register(connection.sock, events, connection)
+            elif (
+                what == "write"
+                and isinstance(connection, DataConnection)
+                and connection in self._connections
+            ):
                 self._watch(connection, selectors.EVENT_READ | selectors.EVENT_WRITE)
             elif what == "close":
                 self._forget(connection)
@@ -485,12 +625,13 @@ class LeaseDataServer:
         with contextlib.suppress(KeyError, ValueError, OSError):  # closed meanwhile
             self._selector.modify(connection.sock, events, connection)
 
-    def _forget(self, connection: DataConnection) -> None:
+    def _forget(self, connection: LeaseConnection) -> None:
         if connection in self._connections:
             self._connections.discard(connection)
-            with contextlib.suppress(KeyError, ValueError, OSError):  # already gone
-                self._selector.unregister(connection.sock)
-        connection.sock.close()
+            if isinstance(connection, DataConnection):
+                with contextlib.suppress(KeyError, ValueError, OSError):  # already gone
+                    self._selector.unregister(connection.sock)
+        connection.release()
 
 
 def _read_frame(sock: socket.socket, limit: int) -> bytes:

@@ -23,7 +23,7 @@ import grpc
 
 from rlfleet import _rpc
 from rlfleet.coordinator.failures import CallError
-from rlfleet.coordinator.lease_data_server import DataConnection, LeaseDataPeer, LeaseDataServer
+from rlfleet.coordinator.lease_data_server import LeaseConnection, LeaseDataPeer, LeaseDataServer
 from rlfleet.coordinator.lease_translation import (
     RelayClose,
     RelayOpen,
@@ -124,7 +124,7 @@ class LeaseFace:
             if lease.data is not None:
                 lease.data.close(f"lease {lease.lease_id} ended")
 
-    def _attach(self, lease: Lease, connection: DataConnection) -> LeaseDataPeer:
+    def _attach(self, lease: Lease, connection: LeaseConnection) -> LeaseDataPeer:
         """The learner presented the lease's ticket: its traffic moves to ``connection``."""
         if lease.closed:
             raise UnavailableError(f"lease {lease.lease_id} ended before its data connection")
@@ -178,7 +178,7 @@ class _LearnerDataPeer:
     """A lease's data connection: requests in (:meth:`LeaseFace.handle`),
     responses out (``Lease.post``)."""
 
-    def __init__(self, face: LeaseFace, lease: Lease, connection: DataConnection) -> None:
+    def __init__(self, face: LeaseFace, lease: Lease, connection: LeaseConnection) -> None:
         self._face = face
         self._lease = lease
         self._connection = connection

@@ -29,7 +29,7 @@ import grpc
 from rlfleet import _rpc
 from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, can_run_env, is_multi_agent_env
 from rlfleet.coordinator.failures import CallError, invalid
-from rlfleet.coordinator.lease_data_server import DataConnection
+from rlfleet.coordinator.lease_data_server import LeaseConnection
 from rlfleet.coordinator.lease_translation import (
     LEARNER_OPS,
     LeasedEnvSpec,
@@ -98,7 +98,7 @@ class Lease:
     spec: bytes | None = None
     failure: CallError | None = None
     closed: bool = False
-    data: DataConnection | None = None
+    data: LeaseConnection | None = None
 
     @property
     def num_envs(self) -> int:

@@ -19,7 +19,7 @@ import grpc
 from google.protobuf.message import Message
 
 from rlfleet.coordinator.failures import CallDetail, CallError
-from rlfleet.coordinator.lease_data_server import DataConnection
+from rlfleet.coordinator.lease_data_server import LeaseConnection
 from rlfleet.coordinator.scheduler import CancelOrder, TaskOrder
 from rlfleet.episode_results import ResultAssembler
 from rlfleet.error_reports import ErrorReport
@@ -96,7 +96,7 @@ class WorkerHandle:
     heartbeat: WorkerBeat = field(default_factory=WorkerBeat)
     last_error: ErrorReport | None = None
     assembler: ResultAssembler = field(default_factory=ResultAssembler)
-    lease_data: DataConnection | None = None
+    lease_data: LeaseConnection | None = None
     lease_ticket: bytes = b""
 
     @property

@@ -7,8 +7,9 @@ Determinism: a worker steps several episodes together with one batched call,
 but each episode must get the same actions whichever slot or worker runs it.
 So ``get_actions`` takes one random generator per row (the episode's own,
 seeded from its policy seed) and must compute each row's distribution with
-arithmetic that does not depend on the other rows (see
-``rlfleet._numeric.row_stable_matmul``).
+arithmetic that does not depend on the other rows (a plain BLAS ``x @ w``
+rounds a row differently with the batch size: docs/policies.md, "Your own
+policy class").
 
 A policy whose rows each draw a fixed number of values of one kind per call
 (the built-in MLPs) may say so with :meth:`Policy.row_draws`; a worker then
@@ -151,7 +152,8 @@ class Policy(abc.ABC):
         generator state and the same observations, but a row's action may
         depend on the other rows. This default is ``get_actions`` with
         ``generator`` for every row, so row i takes the i-th draws of the
-        call; the built-in MLPs override it with a plain batched matmul.
+        call; the built-in MLPs override it with one vectorised draw (their
+        rows do not depend on the batch, so the bits are the same).
 
         Args:
             observations: Batched observations, leading dimension N.

@@ -2,14 +2,16 @@
 
 The network, its parameter names and layouts, and the sampling rules are
 specified in docs/policies.md precisely enough for a worker in another
-language to compute the same logits and means. In short::
+language to compute the same bits. In short::
 
     h_0     = encode(obs)                      # float32, (N, D)
     h_{i+1} = act(h_i @ layers.i.weight + layers.i.bias)   # hidden layers
     out     = h_L @ layers.L.weight + layers.L.bias        # logits or mean
 
-Every dense layer goes through ``row_stable_matmul`` so a row's output bits
-do not depend on the rest of the batch.
+The arithmetic (every dense layer, activation and distribution) is one C
+kernel, ``rlfleet.policies._mlp_kernel``, which computes exactly what
+tests/mlp_reference.py writes out one IEEE operation at a time, row by row:
+a row's bits depend on that row and the parameters only, never on the batch.
 """
 
 from __future__ import annotations
@@ -17,48 +19,31 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 
-from rlfleet._numeric import row_stable_matmul
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import ConfigError, PolicyError
-from rlfleet.policies._distributions import (
-    categorical,
-    check_finite,
-    gaussian,
-    normal_draws,
-    row_generators,
-)
+from rlfleet.policies._distributions import normal_draws, row_generators
 from rlfleet.policies._observations import ObservationEncoder
 from rlfleet.policies._params import checked_params
 from rlfleet.policies.base import AgentInfos, ParamDict, Policy, RowDraws
 
-Matmul = Callable[[np.ndarray, np.ndarray], np.ndarray]
+try:
+    from rlfleet.policies._mlp_kernel import Kernel
+except ModuleNotFoundError as exc:  # a source checkout whose kernel was never compiled
+    raise ImportError(
+        "rlfleet's compiled MLP kernel (rlfleet/policies/_mlp_kernel.c) is not built: install "
+        "rlfleet with pip, which compiles it (a C compiler is needed), or in a source checkout "
+        'run: python -c "from setuptools import setup; setup()" build_ext --inplace'
+    ) from exc
 
-
-def _tanh(x: np.ndarray) -> None:
-    np.tanh(x, out=x)
-
-
-def _relu(x: np.ndarray) -> None:
-    np.maximum(x, np.float32(0.0), out=x)
-
-
-def _identity(x: np.ndarray) -> None:
-    del x
-
-
-#: Hidden-layer activations by name, applied elementwise in place (float32).
-ACTIVATIONS: Mapping[str, Callable[[np.ndarray], None]] = {
-    "tanh": _tanh,
-    "relu": _relu,
-    "identity": _identity,
-}
+#: Hidden-layer activations (their float32 arithmetic: docs/policies.md).
+ACTIVATIONS = ("identity", "relu", "tanh")
 
 # He-style gain for ReLU keeps hidden activations from shrinking layer by
 # layer; tanh and identity are near-linear at initialisation.
@@ -105,7 +90,6 @@ class _MLPPolicy(Policy):
         self._encoder = ObservationEncoder(env_spec.observation_space, owner)
         self.hidden_sizes = _checked_hidden_sizes(hidden_sizes, owner)
         self.activation = _checked_activation(activation, owner)
-        self._act = ACTIVATIONS[self.activation]
         sizes = (self._encoder.dim, *self.hidden_sizes, out_dim)
         # A child of the seed's SeedSequence: the initial weights are a pure
         # function of the seed, yet independent of the sampling stream.
@@ -139,26 +123,45 @@ class _MLPPolicy(Policy):
         self._assign(checked_params(params, self.param_shapes, type(self).__name__))
 
     def _assign(self, params: dict[str, np.ndarray]) -> None:
-        self._params = params
         layers = [(params[weight_name(i)], params[bias_name(i)]) for i in range(self._n_layers)]
-        self._hidden, self._output = layers[:-1], layers[-1]
+        log_std = params.get("log_std")
+        kernel = Kernel(layers, self.activation, log_std)
+        self._params = params
+        self._sample = kernel.categorical if log_std is None else kernel.gaussian
 
-    def _forward(self, observations: Any, matmul: Matmul = row_stable_matmul) -> np.ndarray:
-        """Returns the float32 network outputs (N, out_dim).
+    def __getstate__(self) -> dict[str, Any]:
+        # The kernel (C memory) is not picklable: a copy rebuilds its own.
+        state = self.__dict__.copy()
+        del state["_sample"]
+        return state
 
-        ``matmul`` is ``row_stable_matmul`` for per-row batches, and
-        ``np.matmul`` (one gemm per layer) for a batch sampled as a whole.
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._assign(self._params)
+
+    def _run_kernel(
+        self, h0: np.ndarray, draws: np.ndarray | None, method: str
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The kernel's (index or actions, log_prob, logits or means) for encoded rows.
+
+        Raises:
+            PolicyError: If ``draws`` do not fit the rows, or a row's outputs
+                are not finite (naming the first such row).
         """
-        h = self._encoder(observations)
-        act = self._act
-        for weight, bias in self._hidden:
-            h = matmul(h, weight)
-            h += bias
-            act(h)
-        weight, bias = self._output
-        h = matmul(h, weight)
-        h += bias
-        return h
+        try:
+            sampled, log_prob, outputs, bad_row = self._sample(h0, draws)
+        except (TypeError, ValueError) as exc:
+            raise PolicyError(f"{type(self).__name__}.{method}: {exc}") from exc
+        if bad_row >= 0:
+            raise PolicyError(
+                f"{type(self).__name__}.{method}: {self._outputs_name} of row {bad_row} are "
+                f"not finite ({outputs[bad_row].tolist()}); check that row's observation and "
+                "the policy parameters for NaN, inf or overflow"
+            )
+        return sampled, log_prob, outputs
+
+    #: What the network's outputs are, in error messages.
+    _outputs_name = "outputs"
 
 
 class MLPCategoricalPolicy(_MLPPolicy):
@@ -204,8 +207,11 @@ class MLPCategoricalPolicy(_MLPPolicy):
             seed=seed,
             deterministic=deterministic,
         )
-        self._start = np.int64(space.start)
+        self._start = int(space.start)
         self._dtype = space.dtype
+        self._cast = self._dtype != np.int64  # the kernel's indices are int64
+
+    _outputs_name = "logits"
 
     def get_actions(
         self, observations: Any, rngs: Sequence[np.random.Generator] | None = None
@@ -216,13 +222,10 @@ class MLPCategoricalPolicy(_MLPPolicy):
             PolicyError: If the observations do not match the space, ``rngs``
                 has the wrong length, or the logits are not finite.
         """
-        owner = type(self).__name__
-        logits = self._forward(observations)
-        check_finite(logits, "logits", owner)
-        rows = row_generators(rngs, len(logits), self.rng, owner)
-        draws = None if self.deterministic else [rng.random() for rng in rows]
-        index, log_prob = categorical(logits, draws)
-        return self._actions(index, log_prob, logits)
+        h0 = self._encoder(observations)
+        rows = row_generators(rngs, len(h0), self.rng, type(self).__name__)
+        u = None if self.deterministic else np.array([rng.random() for rng in rows])
+        return self._actions(h0, u, "get_actions")
 
     def row_draws(self) -> RowDraws | None:
         """One ``random()`` per row per call; none when deterministic."""
@@ -235,38 +238,35 @@ class MLPCategoricalPolicy(_MLPPolicy):
 
         Raises:
             PolicyError: If the observations do not match the space, ``draws``
-                is not one value per row, or the logits are not finite.
+                is not float64 (N, 1), or the logits are not finite.
         """
-        logits = self._forward(observations)
-        check_finite(logits, "logits", type(self).__name__)
-        u = None if self.deterministic else _draws_of(draws, logits, 1)[:, 0]
-        index, log_prob = categorical(logits, u)
-        return self._actions(index, log_prob, logits)
+        u = None if self.deterministic else draws
+        return self._actions(self._encoder(observations), u, "get_actions_from_draws")
 
     def get_actions_batched(
         self, observations: Any, generator: np.random.Generator
     ) -> tuple[np.ndarray, AgentInfos]:
-        """Samples the batch with one matmul per layer and ``generator.random(N)``.
+        """Samples the batch with ``generator.random(N)``: row i takes the i-th value.
 
-        See :meth:`Policy.get_actions_batched`: the same formulas as
-        :meth:`get_actions`, rows drawing from ``generator`` in row order.
+        See :meth:`Policy.get_actions_batched`. The kernel's rows do not
+        depend on the batch, so this is :meth:`get_actions` with
+        ``[generator] * N``, bit for bit, at the cost of one draw call.
 
         Raises:
             PolicyError: If the observations do not match the space or the
                 logits are not finite.
         """
-        logits = self._forward(observations, np.matmul)
-        check_finite(logits, "logits", type(self).__name__)
-        u = None if self.deterministic else generator.random(len(logits))
-        index, log_prob = categorical(logits, u)
-        return self._actions(index, log_prob, logits)
+        h0 = self._encoder(observations)
+        u = None if self.deterministic else generator.random(len(h0))
+        return self._actions(h0, u, "get_actions_batched")
 
     def _actions(
-        self, index: np.ndarray, log_prob: np.ndarray, logits: np.ndarray
+        self, h0: np.ndarray, u: np.ndarray | None, method: str
     ) -> tuple[np.ndarray, AgentInfos]:
+        index, log_prob, logits = self._run_kernel(h0, u, method)
         if self._start:
             index += self._start
-        actions = index.astype(self._dtype, copy=False)
+        actions = index.astype(self._dtype) if self._cast else index
         return actions, {"log_prob": log_prob, "logits": logits}
 
 
@@ -329,6 +329,8 @@ class MLPGaussianPolicy(_MLPPolicy):
             extra_params={"log_std": np.full(dim, init_log_std, dtype=np.float32)},
         )
 
+    _outputs_name = "action means"
+
     def _assign(self, params: dict[str, np.ndarray]) -> None:
         super()._assign(params)
         self._log_std = params["log_std"]
@@ -342,13 +344,10 @@ class MLPGaussianPolicy(_MLPPolicy):
             PolicyError: If the observations do not match the space, ``rngs``
                 has the wrong length, or the means are not finite.
         """
-        owner = type(self).__name__
-        mean = self._forward(observations)
-        check_finite(mean, "action means", owner)
-        rows = row_generators(rngs, len(mean), self.rng, owner)
-        draws = None if self.deterministic else normal_draws(rows, mean.shape[1])
-        actions, log_prob = gaussian(mean, self._log_std, draws)
-        return self._actions(mean, actions, log_prob)
+        h0 = self._encoder(observations)
+        rows = row_generators(rngs, len(h0), self.rng, type(self).__name__)
+        eps = None if self.deterministic else normal_draws(rows, len(self._log_std))
+        return self._actions(h0, eps, "get_actions")
 
     def row_draws(self) -> RowDraws | None:
         """``standard_normal(d)`` per row per call; none when deterministic."""
@@ -361,35 +360,33 @@ class MLPGaussianPolicy(_MLPPolicy):
 
         Raises:
             PolicyError: If the observations do not match the space, ``draws``
-                is not (N, d), or the means are not finite.
+                is not float64 (N, d), or the means are not finite.
         """
-        mean = self._forward(observations)
-        check_finite(mean, "action means", type(self).__name__)
-        eps = None if self.deterministic else _draws_of(draws, mean, mean.shape[1])
-        actions, log_prob = gaussian(mean, self._log_std, eps)
-        return self._actions(mean, actions, log_prob)
+        eps = None if self.deterministic else draws
+        return self._actions(self._encoder(observations), eps, "get_actions_from_draws")
 
     def get_actions_batched(
         self, observations: Any, generator: np.random.Generator
     ) -> tuple[np.ndarray, AgentInfos]:
-        """Samples the batch with one matmul per layer and one ``standard_normal`` call.
+        """Samples the batch with one ``standard_normal((N, d))`` call.
 
-        See :meth:`Policy.get_actions_batched`: the same formulas as
-        :meth:`get_actions`, rows drawing from ``generator`` in row order.
+        See :meth:`Policy.get_actions_batched`: row i takes the i-th d
+        values, so this is :meth:`get_actions` with ``[generator] * N``, bit
+        for bit (the kernel's rows do not depend on the batch).
 
         Raises:
             PolicyError: If the observations do not match the space or the
                 means are not finite.
         """
-        mean = self._forward(observations, np.matmul)
-        check_finite(mean, "action means", type(self).__name__)
-        eps = None if self.deterministic else generator.standard_normal(mean.shape)
-        actions, log_prob = gaussian(mean, self._log_std, eps)
-        return self._actions(mean, actions, log_prob)
+        h0 = self._encoder(observations)
+        d = len(self._log_std)
+        eps = None if self.deterministic else generator.standard_normal((len(h0), d))
+        return self._actions(h0, eps, "get_actions_batched")
 
     def _actions(
-        self, mean: np.ndarray, actions: np.ndarray, log_prob: np.ndarray
+        self, h0: np.ndarray, eps: np.ndarray | None, method: str
     ) -> tuple[np.ndarray, AgentInfos]:
+        actions, log_prob, mean = self._run_kernel(h0, eps, method)
         n = len(mean)
         batch_shape = (n, *self._shape)
         infos = {
@@ -398,24 +395,6 @@ class MLPGaussianPolicy(_MLPPolicy):
             "log_std": np.repeat(self._log_std[None], n, axis=0).reshape(batch_shape),
         }
         return actions.reshape(batch_shape).astype(self._dtype, copy=False), infos
-
-
-def _draws_of(draws: np.ndarray, outputs: np.ndarray, count: int) -> np.ndarray:
-    """``draws``, checked to be float64 (N, count) for ``outputs`` of N rows.
-
-    Raises:
-        PolicyError: If ``draws`` does not have that shape and dtype.
-    """
-    if (
-        not isinstance(draws, np.ndarray)
-        or draws.dtype != np.float64
-        or draws.shape != (len(outputs), count)
-    ):
-        raise PolicyError(
-            f"get_actions_from_draws needs float64 draws of shape {(len(outputs), count)}, "
-            f"got {getattr(draws, 'dtype', type(draws).__name__)} {np.shape(draws)}"
-        )
-    return draws
 
 
 def _initial_layers(
