@@ -59,6 +59,7 @@ from rlfleet.coordinator.lease_translation import (
 from rlfleet.coordinator.leases import Lease, LeaseManager
 from rlfleet.coordinator.state import FleetState
 from rlfleet.envs import EnvConfig
+from rlfleet.join_stream import WorkerHello
 from rlfleet.lease_messages import (
     LeaseAnswers,
     LeaseCallOrder,
@@ -105,7 +106,7 @@ class _InMemoryFleet:
         self.handles = []
         self.hosts = []
         for k in range(WORKERS):
-            hello = worker_pb2.Hello(name=f"w{k}", num_envs=ENVS_PER_WORKER)
+            hello = WorkerHello(protocol_version=1, name=f"w{k}", num_envs=ENVS_PER_WORKER)
             self.handles.append(self.state.registry.admit(hello, "ipv4:127.0.0.1:1"))
             self.hosts.append(LeaseHost((), self._reply_to(k)))
         self.env = env

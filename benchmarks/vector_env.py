@@ -1,4 +1,4 @@
-"""Vector-env benchmark: ``python benchmarks/vector_env.py [--seconds 5] [--quick]``.
+"""Vector-env benchmark: ``python -m benchmarks.vector_env [--seconds 5] [--quick]``.
 
 Measures env steps per second of a learner that steps a vector env itself
 (central inference), in one run:

@@ -18,8 +18,15 @@ import grpc
 from google.protobuf.message import Message
 
 from rlfleet import errors
+from rlfleet.error_reports import ErrorReport, error_of_report, report_of_exception
 from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
-from rlfleet.wire import Chunk, parse_with_chunk, serialize_with_chunk
+from rlfleet.wire import (
+    Chunk,
+    decode_error_detail,
+    encode_error_report,
+    parse_with_chunk,
+    serialize_with_chunk,
+)
 
 if TYPE_CHECKING:  # rlfleet.security imports this module
     from rlfleet.security import ClientSecurity
@@ -230,20 +237,6 @@ def server_options(
 
 # --- errors across the boundary -------------------------------------------
 
-_KIND_TO_ERROR: dict[updates_pb2.ErrorKind, type[errors.RlfleetError]] = {
-    updates_pb2.ERROR_KIND_ENV_NOT_FOUND: errors.EnvNotFoundError,
-    updates_pb2.ERROR_KIND_COORDINATOR_RESTARTED: errors.CoordinatorRestartedError,
-    updates_pb2.ERROR_KIND_ENV_CONFIG: errors.ConfigError,
-    updates_pb2.ERROR_KIND_ENV_CRASHED: errors.EnvError,
-    updates_pb2.ERROR_KIND_NONFINITE: errors.EnvError,
-    updates_pb2.ERROR_KIND_POLICY: errors.PolicyError,
-    updates_pb2.ERROR_KIND_PROTOCOL: errors.ProtocolError,
-    updates_pb2.ERROR_KIND_VERSION: errors.ProtocolError,
-    updates_pb2.ERROR_KIND_PERMISSION: errors.PermissionDeniedError,
-    updates_pb2.ERROR_KIND_NO_WORKERS: errors.NoWorkersError,
-    updates_pb2.ERROR_KIND_LIMIT: errors.ResourceExhaustedError,
-}
-
 _CODE_TO_ERROR: dict[grpc.StatusCode, type[errors.RlfleetError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgumentError,
     grpc.StatusCode.FAILED_PRECONDITION: errors.WorkerError,
@@ -256,18 +249,6 @@ _CODE_TO_ERROR: dict[grpc.StatusCode, type[errors.RlfleetError]] = {
     grpc.StatusCode.CANCELLED: errors.UnavailableError,
 }
 
-_ERROR_TO_KIND: list[tuple[type[BaseException], updates_pb2.ErrorKind]] = [
-    (errors.EnvNotFoundError, updates_pb2.ERROR_KIND_ENV_NOT_FOUND),
-    (errors.ConfigError, updates_pb2.ERROR_KIND_ENV_CONFIG),
-    (errors.EnvError, updates_pb2.ERROR_KIND_ENV_CRASHED),
-    (errors.PolicyError, updates_pb2.ERROR_KIND_POLICY),
-    (errors.ProtocolError, updates_pb2.ERROR_KIND_PROTOCOL),
-    (errors.WireFormatError, updates_pb2.ERROR_KIND_PROTOCOL),
-    (errors.PermissionDeniedError, updates_pb2.ERROR_KIND_PERMISSION),
-    (errors.NoWorkersError, updates_pb2.ERROR_KIND_NO_WORKERS),
-    (errors.ResourceExhaustedError, updates_pb2.ERROR_KIND_LIMIT),
-]
-
 
 def detail_from_exception(
     exc: BaseException,
@@ -278,65 +259,24 @@ def detail_from_exception(
     env_generation: int | None = None,
     agent_version: int | None = None,
 ) -> updates_pb2.ErrorDetail:
-    """Describes an exception as an ErrorDetail for the wire.
-
-    Args:
-        exc: The exception.
-        worker: The worker's name, if not on the exception.
-        task_id: The task the error belongs to (0: none).
-        traceback_text: The traceback, if not on the exception.
-        env_generation: The env update the error refuses, if it does.
-        agent_version: The agent update the error refuses, if it does.
-    """
-    kind = next(
-        (k for cls, k in _ERROR_TO_KIND if isinstance(exc, cls)), updates_pb2.ERROR_KIND_INTERNAL
+    """Describes an exception as an ErrorDetail message (see :func:`report_of_exception`)."""
+    return encode_error_report(
+        report_of_exception(
+            exc,
+            worker=worker,
+            task_id=task_id,
+            traceback_text=traceback_text,
+            env_generation=env_generation,
+            agent_version=agent_version,
+        )
     )
-    detail = updates_pb2.ErrorDetail(
-        kind=kind,
-        # The bare message: the location travels in its own fields, and the
-        # receiver's WorkerError adds it back once.
-        message=str(getattr(exc, "bare_message", "") or exc).split("\n--- remote traceback ---")[0],
-        worker=worker or str(getattr(exc, "worker", "") or ""),
-        task_id=task_id,
-        traceback=traceback_text or str(getattr(exc, "remote_traceback", "") or ""),
-        exception_type=type(exc).__name__,
-    )
-    env_index = getattr(exc, "env_index", None)
-    step = getattr(exc, "step", None)
-    episode_index = getattr(exc, "episode_index", None)
-    if env_index is not None:
-        detail.env_index = int(env_index)
-    if step is not None:
-        detail.step = int(step)
-    if episode_index is not None:
-        detail.episode_index = int(episode_index)
-    if env_generation is not None:
-        detail.env_generation = env_generation
-    if agent_version is not None:
-        detail.agent_version = agent_version
-    return detail
 
 
 def error_from_detail(
     detail: updates_pb2.ErrorDetail, default: type[errors.RlfleetError] = errors.WorkerError
 ) -> errors.RlfleetError:
-    """Builds the typed exception a learner sees from an ErrorDetail."""
-    cls = _KIND_TO_ERROR.get(detail.kind, default)
-    if issubclass(cls, errors.WorkerError):
-        return cls(
-            detail.message,
-            worker=detail.worker or None,
-            env_index=detail.env_index if detail.HasField("env_index") else None,
-            step=detail.step if detail.HasField("step") else None,
-            episode_index=detail.episode_index if detail.HasField("episode_index") else None,
-            remote_traceback=detail.traceback or None,
-        )
-    text = detail.message
-    if detail.worker and detail.worker not in text:
-        text = f"{text} (worker {detail.worker!r})"
-    if detail.traceback:
-        text = f"{text}\n--- remote traceback ---\n{detail.traceback.rstrip()}"
-    return cls(text)
+    """The typed exception a learner sees for an ErrorDetail (see :func:`error_of_report`)."""
+    return error_of_report(decode_error_detail(detail), default)
 
 
 def error_from_rpc(
@@ -373,10 +313,21 @@ def abort(
     context: grpc.ServicerContext,
     code: grpc.StatusCode,
     message: str,
-    detail: updates_pb2.ErrorDetail | None = None,
+    detail: ErrorReport | Message | None = None,
 ) -> NoReturn:
-    """Ends a call with a status and, optionally, a structured ErrorDetail."""
+    """Ends a call with a status and, optionally, a structured ErrorDetail.
+
+    Args:
+        context: The call.
+        code: Its status.
+        message: The status message.
+        detail: What went wrong, sent in the trailing metadata: a report, or
+            an ErrorDetail message passed on as a worker sent it (the lease
+            relay's).
+    """
     if detail is not None:
+        if isinstance(detail, ErrorReport):
+            detail = encode_error_report(detail)
         context.set_trailing_metadata(((ERROR_DETAIL_KEY, detail.SerializeToString()),))
     context.abort(code, message)
     raise AssertionError("unreachable: context.abort raises")  # for type checkers

@@ -60,10 +60,17 @@ class ResultError(ProtocolError):
 class ResultMetadata(Protocol):
     """What :meth:`ResultHeader.of` reads: ``rlfleet.v1.EpisodeResult``'s fields."""
 
-    task_id: int
-    worker_id: int
-    agent_version: int
-    env_generation: int
+    @property
+    def task_id(self) -> int: ...
+
+    @property
+    def worker_id(self) -> int: ...
+
+    @property
+    def agent_version(self) -> int: ...
+
+    @property
+    def env_generation(self) -> int: ...
 
     @property
     def episode_indices(self) -> Sequence[int]: ...
@@ -84,6 +91,10 @@ class ResultHeader:
         lengths: Their lengths.
         agent_version: The agent version that produced it.
         env_generation: The env generation it ran in.
+        wire: The ``EpisodeResult`` as received, serialized, where it is to
+            be passed on whole (the coordinator forwards a worker's metadata
+            to the learner, with fields this version does not know); else
+            empty.
     """
 
     task_id: int
@@ -92,10 +103,13 @@ class ResultHeader:
     lengths: tuple[int, ...]
     agent_version: int
     env_generation: int
+    wire: bytes = b""
 
     @classmethod
     def of(cls, meta: ResultMetadata) -> ResultHeader:
-        """The header of an ``EpisodeResult`` message."""
+        """The header of an ``EpisodeResult`` message (a header is its own)."""
+        if isinstance(meta, ResultHeader):
+            return meta
         return cls(
             task_id=int(meta.task_id),
             worker_id=int(meta.worker_id),
@@ -117,20 +131,17 @@ class JoinedResult:
     """A result whose chunks are all in, not decoded yet.
 
     Attributes:
-        header: Its metadata.
+        header: Its metadata (chunk 0's).
         chunks: The chunks it came in (forwarded as they are).
         payload: The joined bytes.
         message_sizes: Size of each message that carried a chunk (as given
             to :meth:`ResultAssembler.join`; the chunks' sizes otherwise).
-        meta: The metadata message of chunk 0 as received: the coordinator
-            forwards it whole (with fields this version does not know).
     """
 
     header: ResultHeader
     chunks: tuple[Chunk, ...]
     payload: Payload
     message_sizes: tuple[int, ...]
-    meta: ResultMetadata
 
     @property
     def total_bytes(self) -> int:
@@ -259,7 +270,7 @@ class ResultAssembler:
         if payload is None:
             return None
         del self._partial[key]
-        return JoinedResult(ResultHeader.of(first), tuple(chunks), payload, tuple(sizes), first)
+        return JoinedResult(ResultHeader.of(first), tuple(chunks), payload, tuple(sizes))
 
     def add(self, meta: ResultMetadata, chunk: Chunk | None, size: int = 0) -> DecodedResult | None:
         """:meth:`join`, then :func:`decode_result` once the result is complete.

@@ -13,6 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlfleet.client._learner_messages import EmptyResponse, parse_response
+from rlfleet.client._responses import AnswerHeader, ResponseReader
 from rlfleet.core import EnvSpec, EpisodeBatch, StepType
 from rlfleet.envs import EnvConfig
 from rlfleet.episode_results import (
@@ -23,7 +25,8 @@ from rlfleet.episode_results import (
     assemble_fragments,
 )
 from rlfleet.errors import ProtocolError, WireFormatError
-from rlfleet.v1 import worker_pb2
+from rlfleet.learner_calls import CallHeader
+from rlfleet.v1 import learner_pb2, worker_pb2
 from rlfleet.wire import encode_batch_chunks
 
 SPEC: EnvSpec = EnvConfig("rlfleet/Counter-v0", imports=("rlfleet.envs.testing",)).env_spec()
@@ -244,3 +247,17 @@ def test_assemble_episodes_copies_step_data_once() -> None:
         tracemalloc.stop()
     # The general path holds the concatenation and the ordered copy at once.
     assert general_peak - one_copy_peak > 0.9 * step_bytes
+
+
+def test_responses_are_read_into_rlfleet_types_and_an_empty_one_is_named() -> None:
+    header = learner_pb2.SampleResponse(
+        header=learner_pb2.SampleHeader(request_id=3, agent_version=2, coordinator_id="c")
+    )
+    part = parse_response(header.SerializeToString())
+    assert part == CallHeader(3, 2, 0, "c", None)
+    reader = ResponseReader("Sample on coordinator x", lambda data: SPEC)
+    assert reader.read(part) == AnswerHeader(2, None, "c")
+    empty = parse_response(b"")  # not None: gRPC takes that for a failed deserializer
+    assert isinstance(empty, EmptyResponse)
+    with pytest.raises(ProtocolError, match="Sample on coordinator x: an empty SampleResponse"):
+        reader.read(empty)

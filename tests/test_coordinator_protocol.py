@@ -87,6 +87,21 @@ def test_first_message_must_be_hello(server: CoordinatorServer) -> None:
     assert "must be Hello" in error.details
 
 
+def test_an_empty_worker_message_is_named_first_or_later(server: CoordinatorServer) -> None:
+    first = ScriptedWorker(server.address)
+    first.send(worker_pb2.WorkerMessage())
+    error = first.ended()
+    first.close()
+    assert error is not None and error.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert "must be Hello, got an empty WorkerMessage" in error.details, error.details
+    later, _ = join(server.address, name="later")
+    later.send(worker_pb2.WorkerMessage())
+    error = later.ended()
+    later.close()
+    assert error is not None and error.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert "sent an empty WorkerMessage" in error.details, error.details
+
+
 def test_a_silent_stream_is_refused_after_the_handshake_timeout() -> None:
     with start(handshake_timeout_seconds=0.3) as running:
         worker = ScriptedWorker(running.address)

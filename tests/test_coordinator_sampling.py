@@ -78,7 +78,9 @@ def wait_ready(server: CoordinatorServer, count: int, timeout: float = 20.0) -> 
         time.sleep(0.02)
 
 
-def agent_update(params: dict[str, np.ndarray], spec: PolicySpec | None = None) -> object:
+def agent_update(
+    params: dict[str, np.ndarray], spec: PolicySpec | None = None
+) -> updates_pb2.AgentUpdate:
     update = updates_pb2.AgentUpdate(params=encode_tensor_map(params))
     if spec is not None:
         update.policy.name = spec.name
@@ -187,6 +189,21 @@ def test_refused_agent_update_fails_and_the_fleet_returns_to_the_last_good_agent
     expected = reference_episodes(range(4), seed=5, request_index=0, policy=policy)
     assert_same_batch(answer.batch, expected, skip_infos=("worker", "agent_version"))
     assert set(answer.batch.episode_infos["agent_version"].tolist()) == {3}
+
+
+def test_malformed_parameters_are_refused_naming_them_in_updates_and_samples(
+    server: CoordinatorServer, workers: list[AutoWorker]
+) -> None:
+    add_workers(server, workers, 1)
+    update = agent_update({"w": np.zeros(3, np.float32)})
+    update.params.entries[0].tensor.data = bytes(8)  # 8 bytes for 3 float32: malformed
+    error = expect_failure(lambda: update_agent(server, update))
+    assert error.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details.startswith("AgentUpdate.params['w']"), error.details
+    error = expect_failure(lambda: sample(server.address, mode=2, amount=1, agent_update=update))
+    assert error.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details.startswith("AgentUpdate.params['w']"), error.details
+    assert {w.agent_version for w in status(server.address).workers} == {0}
 
 
 def test_a_sample_request_applies_its_updates_first(

@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlfleet import _rpc
+from rlfleet.conformance.kit_messages import agent_ready_of, error_of
 from rlfleet.conformance.scripted_coordinator import (
     BROKEN,
     CLOSED,
@@ -686,7 +687,7 @@ class WorkerDriver:
             )
             while (ready := self._expect(session, "agent_ready")) is not None:
                 assert ready.message is not None
-                if ready.message.agent_ready.version == self._version:
+                if agent_ready_of(ready.message) == self._version:
                     assert self.thread.is_alive()
                     return
         raise AssertionError("the worker did not apply a valid agent update")
@@ -859,7 +860,7 @@ def test_worker_refuses_pickles_it_was_not_allowed(
     )
     error = fuzzed_worker._expect(session, "error")
     assert error is not None and error.message is not None
-    detail = error.message.error.detail
+    detail = error_of(error.message)
     assert detail.kind == updates_pb2.ERROR_KIND_PERMISSION
     assert "--allow-pickle" in detail.message
     assert not os.path.exists(marker)

@@ -37,7 +37,7 @@ from rlfleet.errors import UnavailableError
 from rlfleet.local_sampler import LocalSampler
 from rlfleet.policies import MLPCategoricalPolicy
 from rlfleet.seeding import episode_seeds
-from rlfleet.v1 import updates_pb2, worker_pb2
+from rlfleet.v1 import tensor_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import ChunkAssembler, decode_batch, decode_env_spec, encode_tensor_map
 from rlfleet.worker._flush import TAIL_SECONDS, FlushPolicy
 from tests.test_fleet_equivalence import assert_same_batch
@@ -450,6 +450,38 @@ def test_refusals_name_what_is_wrong(
     connection.send(agent_update=bad)
     detail = error()
     assert detail.kind == updates_pb2.ERROR_KIND_POLICY and "layers.0.weight" in detail.message
+    # Malformed parameters (8 bytes for 3 float32) refuse their version, naming them.
+    malformed = tensor_pb2.Tensor(dtype=tensor_pb2.DTYPE_FLOAT32, shape=[3], data=bytes(8))
+    unreadable = updates_pb2.AgentUpdate(
+        version=5,
+        params=tensor_pb2.TensorMap(entries=[tensor_pb2.TensorMapEntry(key="w", tensor=malformed)]),
+    )
+    connection.send(agent_update=unreadable)
+    detail = error()
+    assert (detail.kind, detail.agent_version) == (updates_pb2.ERROR_KIND_POLICY, 5)
+    assert "agent version 5 refused: WireFormatError" in detail.message
+    assert "AgentUpdate.params['w']" in detail.message
+    # So does a task whose replay does not decode, naming the task.
+    replay = worker_pb2.ReliabilityStreamReplay(
+        stream=10, episode_index=0, fragment_index=1, actions=malformed, last_observation=malformed
+    )
+    connection.send(
+        task=worker_pb2.Task(
+            task_id=9,
+            request_id=9,
+            mode=worker_pb2.SAMPLE_MODE_FRAGMENTS,
+            agent_version=-1,
+            env_generation=1,
+            fragment_length=2,
+            rounds=1,
+            streams=[10],
+            replays=[replay],
+        )
+    )
+    detail = error()
+    assert (detail.kind, detail.task_id) == (updates_pb2.ERROR_KIND_PROTOCOL, 9)
+    assert "task 9 asks for a replay it cannot decode" in detail.message
+    assert "ReliabilityStreamReplay.actions" in detail.message
 
     good = updates_pb2.AgentUpdate(
         version=2,

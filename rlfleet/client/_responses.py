@@ -1,10 +1,11 @@
-"""A Sample or Subscribe call's responses, read into rlfleet types.
+"""A Sample or Subscribe call's responses, read into what the learner gets.
 
-A Sample call answers with a ``SampleHeader`` (the agent version, the env
-spec), results (chunked ``EpisodeResult``\\ s of several workers, interleaved)
-and a ``SampleFooter``; a Subscribe call the same without the footer. The
-sampler and the stream read both through :class:`ResponseReader`, the one
-place on the learner side that looks into these messages.
+A Sample call answers with a header (the agent version, the env spec),
+results (chunked ``EpisodeResult``\\ s of several workers, interleaved) and
+a footer; a Subscribe call the same without the footer. The call's
+deserializer (``rlfleet.client._learner_messages``) turns each response into
+a :data:`~rlfleet.client._learner_messages.ResponsePart`; the sampler and the
+stream read those through :class:`ResponseReader`.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from rlfleet import _rpc
+from rlfleet.client._learner_messages import ResponsePart
+from rlfleet.coordinator.scheduler import Footer
 from rlfleet.core import EnvSpec
 from rlfleet.episode_results import DecodedResult, ResultAssembler
 from rlfleet.errors import ProtocolError
-from rlfleet.v1 import spaces_pb2
+from rlfleet.learner_calls import CallHeader, ResultPart
 
 
 @dataclass(frozen=True)
@@ -35,18 +37,8 @@ class AnswerHeader:
     coordinator_id: str = ""
 
 
-@dataclass(frozen=True)
-class AnswerFooter:
-    """A ``SampleFooter``: how a Sample request ended."""
-
-    num_episodes: int
-    total_steps: int
-    workers_used: int
-    reassigned_units: int
-
-
 #: What one response stands for (None: a chunk of a result still arriving).
-Response: TypeAlias = AnswerHeader | DecodedResult | AnswerFooter | None
+Response: TypeAlias = AnswerHeader | DecodedResult | Footer | None
 
 
 class ResponseReader:
@@ -54,38 +46,31 @@ class ResponseReader:
 
     Args:
         what: Names the call in error messages.
-        decode_spec: Decodes a header's EnvSpec (the sampler caches it).
+        decode_spec: Decodes a header's serialized EnvSpec (the sampler caches it).
     """
 
-    def __init__(self, what: str, decode_spec: Callable[[spaces_pb2.EnvSpec], EnvSpec]) -> None:
+    def __init__(self, what: str, decode_spec: Callable[[bytes], EnvSpec]) -> None:
         self._what = what
         self._decode_spec = decode_spec
         self._assembler = ResultAssembler(per_worker=True)
 
-    def read(self, item: _rpc.WithChunk) -> Response:
+    def read(self, part: ResponsePart) -> Response:
         """What the next response stands for.
 
         Raises:
             ProtocolError: For an empty response, or a result that breaks
                 the protocol (rlfleet.episode_results).
-            WireFormatError: For chunks out of order.
+            WireFormatError: For chunks out of order, or a header's
+                malformed env spec.
         """
-        message = item.message
-        body = message.WhichOneof("body")
-        if body == "result":
-            return self._assembler.add(message.result, item.chunk)
-        if body == "header":
-            header = message.header
-            spec = self._decode_spec(header.env_spec) if header.HasField("env_spec") else None
+        if isinstance(part, ResultPart):
+            return self._assembler.add(part.header, part.chunk)
+        if isinstance(part, CallHeader):
+            wire = part.env_spec_wire
+            spec = None if wire is None else self._decode_spec(wire)
             if spec is not None:
                 self._assembler.env_spec = spec
-            return AnswerHeader(header.agent_version, spec, header.coordinator_id)
-        if body == "footer":
-            footer = message.footer
-            return AnswerFooter(
-                footer.num_episodes,
-                footer.total_steps,
-                footer.workers_used,
-                footer.reassigned_units,
-            )
+            return AnswerHeader(part.agent_version, spec, part.coordinator_id)
+        if isinstance(part, Footer):
+            return part
         raise ProtocolError(f"{self._what}: an empty SampleResponse arrived")

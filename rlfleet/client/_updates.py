@@ -1,8 +1,11 @@
-"""Turn a learner's ``agent_update`` / ``env_update`` arguments into protos.
+"""Turn a learner's ``agent_update`` / ``env_update`` arguments into changes.
 
 The samplers accept the same loose forms as garage and ``LocalSampler``
 (a param dict, a policy, a spec, an env id, ...); this module is the one
-place that decides what each form means on the wire.
+place that decides what each form means for the fleet: an
+:class:`~rlfleet.fleet_updates.AgentChange` or
+:class:`~rlfleet.fleet_updates.EnvChange`. (The messages themselves are
+accepted too: ``rlfleet.client._learner_messages`` reads those.)
 """
 
 from __future__ import annotations
@@ -16,21 +19,20 @@ import numpy as np
 from rlfleet._values import json_object
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError
+from rlfleet.fleet_updates import AgentChange, EnvChange, PolicyChoice
 from rlfleet.policies import BUILTIN_POLICIES, Policy, PolicySpec
-from rlfleet.v1 import updates_pb2
-from rlfleet.wire import encode_tensor_map
+from rlfleet.wire.tensors import copy_tensor_map
 
-#: What ``agent_update`` arguments may be (see :func:`agent_update_proto`).
-AgentUpdateLike: TypeAlias = (
+#: The forms of ``agent_update`` arguments that are not messages (see :func:`agent_change`).
+AgentUpdateForm: TypeAlias = (
     Mapping[str, np.ndarray]
     | PolicySpec
     | str
     | tuple[PolicySpec | str, Mapping[str, np.ndarray]]
     | Policy
-    | updates_pb2.AgentUpdate
 )
-#: What ``env_update`` arguments may be (see :func:`env_update_proto`).
-EnvUpdateLike: TypeAlias = EnvConfig | str | updates_pb2.EnvUpdate
+#: The forms of ``env_update`` arguments that are not messages (see :func:`env_change`).
+EnvUpdateForm: TypeAlias = EnvConfig | str
 
 # Constructor arguments that shape a built-in policy's parameters or
 # behaviour; everything else (seed, initial values) is replaced by the
@@ -38,8 +40,8 @@ EnvUpdateLike: TypeAlias = EnvConfig | str | updates_pb2.EnvUpdate
 _SPEC_ATTRIBUTES = ("hidden_sizes", "activation", "deterministic")
 
 
-def agent_update_proto(update: AgentUpdateLike) -> updates_pb2.AgentUpdate:
-    """Builds the AgentUpdate an ``agent_update`` argument stands for.
+def agent_change(update: AgentUpdateForm) -> AgentChange:
+    """The AgentChange an ``agent_update`` argument stands for.
 
     Args:
         update: One of
@@ -51,86 +53,78 @@ def agent_update_proto(update: AgentUpdateLike) -> updates_pb2.AgentUpdate:
             * a tuple ``(spec, params)``: build the policy, then set the
               parameters;
             * a built-in :class:`Policy` instance: its spec (class and
-              layer sizes) and its current parameters;
-            * an ``AgentUpdate`` proto, sent as is.
+              layer sizes) and its current parameters.
 
     Returns:
-        The proto; its ``version`` is left 0 (the coordinator assigns it).
+        The change; its ``version`` is left 0 (the coordinator assigns it).
 
     Raises:
         ConfigError: If the argument is none of those forms, or a policy
             instance is not a built-in (its class cannot be named for the
             workers: send ``(PolicySpec("pkg.mod:Class", kwargs), params)``).
-        WireFormatError: If a parameter cannot be encoded as a tensor.
+        WireFormatError: If a parameter cannot travel as a tensor.
     """
-    if isinstance(update, updates_pb2.AgentUpdate):
-        return update
     if isinstance(update, Policy):
-        return _proto(policy_spec_of(update), update.get_param_values())
+        return _change(policy_spec_of(update), update.get_param_values())
     if isinstance(update, PolicySpec | str):
-        return _proto(_as_spec(update), None)
+        return _change(_as_spec(update), None)
     if isinstance(update, tuple):
         if len(update) != 2 or not isinstance(update[1], Mapping):
             raise ConfigError(
                 "an agent_update tuple must be (policy spec, params dict), got a tuple of "
                 f"{len(update)} items: {tuple(type(item).__name__ for item in update)}"
             )
-        return _proto(_as_spec(update[0]), update[1])
+        return _change(_as_spec(update[0]), update[1])
     if isinstance(update, Mapping):
-        return _proto(None, update)
+        return _change(None, update)
     raise ConfigError(
         "agent_update must be a params dict, a PolicySpec or policy name, a "
         f"(spec, params) tuple or a built-in Policy, got {type(update).__name__}"
     )
 
 
-def env_update_proto(update: EnvUpdateLike) -> updates_pb2.EnvUpdate:
-    """Builds the EnvUpdate an ``env_update`` argument stands for.
+def env_change(update: EnvUpdateForm) -> EnvChange:
+    """The EnvChange an ``env_update`` argument stands for.
 
     ``EnvConfig.imports`` are not sent: a worker imports only the modules
     its operator named (``rlfleet worker --import MODULE``), never modules
     named by the network. ``Fleet.local`` starts its workers with them.
 
     Args:
-        update: An :class:`EnvConfig`, a registered gymnasium id such as
-            ``"CartPole-v1"``, or an ``EnvUpdate`` proto (sent as is).
+        update: An :class:`EnvConfig` or a registered gymnasium id such as
+            ``"CartPole-v1"``.
 
     Returns:
-        The proto; its ``generation`` is left 0 (the coordinator assigns it).
+        The change; its ``generation`` is left 0 (the coordinator assigns it).
 
     Raises:
         ConfigError: If the argument has another type or the id is invalid.
     """
-    if isinstance(update, updates_pb2.EnvUpdate):
-        return update
     config = EnvConfig(update) if isinstance(update, str) else update
     if not isinstance(config, EnvConfig):
         raise ConfigError(
             f"env_update must be an EnvConfig or a gymnasium id string, got {type(update).__name__}"
         )
-    proto = updates_pb2.EnvUpdate(
-        env_id=config.id, kwargs_json=json.dumps(dict(config.kwargs), separators=(",", ":"))
+    return EnvChange(
+        env_id=config.id,
+        kwargs_json=json.dumps(dict(config.kwargs), separators=(",", ":")),
+        max_episode_length=config.max_episode_length,
+        vectorization=config.vectorization or "",
     )
-    if config.max_episode_length is not None:
-        proto.max_episode_length = config.max_episode_length
-    if config.vectorization is not None:
-        proto.vectorization = config.vectorization
-    return proto
 
 
-def env_config_of(proto: updates_pb2.EnvUpdate) -> EnvConfig:
-    """The EnvConfig an EnvUpdate describes (the inverse of :func:`env_update_proto`).
+def env_config_of(change: EnvChange) -> EnvConfig:
+    """The EnvConfig an EnvChange describes (the inverse of :func:`env_change`).
 
     Raises:
         ConfigError: If the kwargs are not a JSON object or a field is invalid.
     """
-    kwargs = json_object(proto.kwargs_json, f"env {proto.env_id!r} kwargs")
-    length = proto.max_episode_length if proto.HasField("max_episode_length") else None
+    kwargs = json_object(change.kwargs_json, f"env {change.env_id!r} kwargs")
     return EnvConfig(
-        proto.env_id,
+        change.env_id,
         kwargs,
-        max_episode_length=length,
-        vectorization=proto.vectorization or None,
+        max_episode_length=change.max_episode_length,
+        vectorization=change.vectorization or None,
     )
 
 
@@ -170,16 +164,15 @@ def _as_spec(spec: PolicySpec | str) -> PolicySpec:
     )
 
 
-def _proto(
-    spec: PolicySpec | None, params: Mapping[str, np.ndarray] | None
-) -> updates_pb2.AgentUpdate:
-    proto = updates_pb2.AgentUpdate()
+def _change(spec: PolicySpec | None, params: Mapping[str, np.ndarray] | None) -> AgentChange:
+    policy = None
     if spec is not None:
-        proto.policy.name = spec.name
-        proto.policy.kwargs_json = json.dumps(spec.kwargs, separators=(",", ":"))
-    if params is not None:
-        bad = [name for name in params if not isinstance(name, str)]
-        if bad:
-            raise ConfigError(f"parameter names must be str, got {bad!r}")
-        proto.params.CopyFrom(encode_tensor_map(dict(params)))
-    return proto
+        policy = PolicyChoice(spec.name, json.dumps(spec.kwargs, separators=(",", ":")))
+    if params is None:
+        return AgentChange(policy=policy)
+    bad = [name for name in params if not isinstance(name, str)]
+    if bad:
+        raise ConfigError(f"parameter names must be str, got {bad!r}")
+    # A copy: the sampler keeps the change to push again after a coordinator
+    # restart, and the learner goes on changing its arrays.
+    return AgentChange(policy=policy, params=copy_tensor_map(params))

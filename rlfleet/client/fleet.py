@@ -40,7 +40,7 @@ import psutil
 
 import rlfleet
 from rlfleet._values import check_int
-from rlfleet.client._updates import AgentUpdateLike
+from rlfleet.client._learner_messages import AgentUpdateLike
 from rlfleet.client.sampler import RemoteSampler
 from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
 from rlfleet.envs import EnvConfig

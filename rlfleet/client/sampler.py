@@ -10,6 +10,7 @@ episode index.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -23,16 +24,20 @@ import grpc
 from rlfleet import _rpc
 from rlfleet._values import check_int
 from rlfleet.client._errors import call_error
-from rlfleet.client._responses import AnswerFooter, AnswerHeader, ResponseReader
-from rlfleet.client._restore import PushedState
-from rlfleet.client._updates import (
+from rlfleet.client._learner_messages import (
     AgentUpdateLike,
     EnvUpdateLike,
-    agent_update_proto,
-    env_update_proto,
+    LearnerStubs,
+    ResponsePart,
+    agent_change_of,
+    env_change_of,
+    subscribe,
 )
+from rlfleet.client._responses import AnswerHeader, ResponseReader
+from rlfleet.client._restore import PushedState
 from rlfleet.client.status import FleetStatus
 from rlfleet.client.stream import SampleStream
+from rlfleet.coordinator.scheduler import Footer, Mode
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.episode_results import DecodedResult, assemble_episodes, assemble_fragments
 from rlfleet.errors import (
@@ -44,10 +49,11 @@ from rlfleet.errors import (
     RlfleetError,
     UnavailableError,
 )
+from rlfleet.fleet_updates import AgentChange, EnvChange
+from rlfleet.learner_calls import SampleAsk, SubscribeAsk, UpdatePush
 from rlfleet.security import ClientSecurity, Token
 from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
-from rlfleet.v1 import learner_pb2, spaces_pb2, updates_pb2, worker_pb2
-from rlfleet.wire import decode_env_spec
+from rlfleet.wire import parse_env_spec
 
 logger = logging.getLogger("rlfleet.client")
 
@@ -60,10 +66,7 @@ _UINT64_MAX = 2**64 - 1
 Progress = Callable[[int, int], None]
 T = TypeVar("T")
 
-_STEPS = worker_pb2.SAMPLE_MODE_STEPS
-_EPISODES = worker_pb2.SAMPLE_MODE_EPISODES
-_FRAGMENTS = worker_pb2.SAMPLE_MODE_FRAGMENTS
-_STREAM_MODES = {"episodes": _EPISODES, "fragments": _FRAGMENTS}
+_STREAM_MODES = {"episodes": Mode.EPISODES, "fragments": Mode.FRAGMENTS}
 #: Receive window of a subscription's channel: what the transport may hold
 #: for a reader that stopped reading (see :meth:`RemoteSampler.stream`).
 STREAM_WINDOW_BYTES = 256 * 1024
@@ -78,7 +81,7 @@ class _Answer:
     """What one Sample call returned."""
 
     header: AnswerHeader
-    footer: AnswerFooter
+    footer: Footer
     results: list[DecodedResult]
 
 
@@ -159,26 +162,7 @@ class RemoteSampler:
         self._channel = _rpc.open_channel(
             address, max_message_bytes=max_message_bytes, security=self._security
         )
-        chunked = _rpc.chunked_deserializer(learner_pb2.SampleResponse)
-        plain = _rpc.plain_deserializer
-        self._sample = self._channel.unary_stream(
-            _rpc.SAMPLE, request_serializer=_rpc.serialize, response_deserializer=chunked
-        )
-        self._update_agent = self._channel.unary_unary(
-            _rpc.UPDATE_AGENT,
-            request_serializer=_rpc.serialize,
-            response_deserializer=plain(learner_pb2.UpdateAck),
-        )
-        self._update_env = self._channel.unary_unary(
-            _rpc.UPDATE_ENV,
-            request_serializer=_rpc.serialize,
-            response_deserializer=plain(learner_pb2.UpdateAck),
-        )
-        self._get_status = self._channel.unary_unary(
-            _rpc.GET_STATUS,
-            request_serializer=_rpc.serialize,
-            response_deserializer=plain(learner_pb2.FleetStatus),
-        )
+        self._stubs = LearnerStubs(self._channel)
         self._requests = 0
         self._pushed = PushedState()
         self._agent_version: int | None = None
@@ -213,7 +197,7 @@ class RemoteSampler:
             One EpisodeBatch.
         """
         answer = self._run_sample(
-            _STEPS,
+            Mode.STEPS,
             num_samples,
             agent_update=agent_update,
             env_update=env_update,
@@ -239,7 +223,7 @@ class RemoteSampler:
             progress: Called with (episodes so far, n_episodes).
         """
         answer = self._run_sample(
-            _EPISODES,
+            Mode.EPISODES,
             n_episodes,
             agent_update=agent_update,
             env_update=env_update,
@@ -296,7 +280,7 @@ class RemoteSampler:
             progress: Called with (steps so far, num_samples).
         """
         answer = self._run_sample(
-            _FRAGMENTS,
+            Mode.FRAGMENTS,
             num_samples,
             fragment_length=fragment_length,
             agent_update=agent_update,
@@ -320,7 +304,7 @@ class RemoteSampler:
             PolicyError: If a worker refused it (bad names or shapes); the
                 fleet is then back on the previous agent, as a new version.
         """
-        update = agent_update_proto(agent_update)
+        update = agent_change_of(agent_update)
 
         def push() -> int:
             agent, env = self._restore(update, None)
@@ -343,7 +327,7 @@ class RemoteSampler:
             EnvNotFoundError, ConfigError: If a worker could not build it;
                 the fleet is then back on the previous env.
         """
-        update = env_update_proto(env_update)
+        update = env_change_of(env_update)
 
         def push() -> int:
             agent, env = self._restore(None, update)
@@ -386,17 +370,20 @@ class RemoteSampler:
         """
         if mode not in _STREAM_MODES:
             raise ConfigError(f"stream mode must be 'episodes' or 'fragments', got {mode!r}")
-        request = learner_pb2.SubscribeRequest(mode=_STREAM_MODES[mode])
+        length = 0
         if mode == "fragments":
             if fragment_length is None:
                 raise ConfigError("stream(mode='fragments') needs a fragment_length")
             check_int("fragment_length", fragment_length, minimum=1, maximum=_UINT32_MAX)
-            request.fragment_length = fragment_length
+            length = fragment_length
         if max_buffered_steps is not None:
             check_int("max_buffered_steps", max_buffered_steps, minimum=1, maximum=_INT64_MAX)
-            request.max_buffered_steps = max_buffered_steps
-        if self.seed is not None:
-            request.seed = self.seed
+        ask = SubscribeAsk(
+            _STREAM_MODES[mode],
+            fragment_length=length,
+            seed=self.seed,
+            max_buffered_steps=max_buffered_steps or 0,
+        )
         # A channel of its own whose receive window does not grow (no BDP
         # probing): the transport then holds at most STREAM_WINDOW_BYTES for
         # a reader that stops, so the coordinator's buffer fills and
@@ -407,13 +394,8 @@ class RemoteSampler:
             receive_window_bytes=STREAM_WINDOW_BYTES,
             security=self._security,
         )
-        subscribe = channel.unary_stream(
-            _rpc.SUBSCRIBE,
-            request_serializer=_rpc.serialize,
-            response_deserializer=_rpc.chunked_deserializer(learner_pb2.SampleResponse),
-        )
         try:
-            call = subscribe(request, timeout=timeout)
+            call = subscribe(channel, ask, timeout=timeout)
         except BaseException:
             channel.close()
             raise
@@ -449,10 +431,7 @@ class RemoteSampler:
 
     def status(self) -> FleetStatus:
         """The fleet's workers, rates, agent version and env."""
-        status = self._unary(
-            "GetStatus", lambda: self._get_status(learner_pb2.StatusRequest(), timeout=self.timeout)
-        )
-        return FleetStatus.from_proto(status)
+        return self._unary("GetStatus", lambda: self._stubs.status(timeout=self.timeout))
 
     @property
     def agent_version(self) -> int | None:
@@ -527,7 +506,7 @@ class RemoteSampler:
 
     def _run_sample(
         self,
-        mode: int,
+        mode: Mode,
         amount: int,
         *,
         fragment_length: int = 0,
@@ -538,45 +517,40 @@ class RemoteSampler:
     ) -> _Answer:
         # Checked here: protobuf would raise ValueError or TypeError instead.
         check_int("the amount to sample", amount, minimum=1, maximum=_INT64_MAX)
-        if mode == _FRAGMENTS:
+        if mode is Mode.FRAGMENTS:
             check_int("fragment_length", fragment_length, minimum=1, maximum=_UINT32_MAX)
         check_int("itr", itr, minimum=-_INT64_MAX - 1, maximum=_INT64_MAX)
-        request = learner_pb2.SampleRequest(
-            mode=mode,  # type: ignore[arg-type]
-            amount=amount,
+        ask = SampleAsk(
+            mode,
+            amount,
             fragment_length=fragment_length,
+            seed=self.seed,
+            wait_for_workers_seconds=self.wait_for_workers or 0.0,
             itr=itr,
         )
-        if self.seed is not None:
-            request.seed = self.seed
-        if self.wait_for_workers is not None:
-            request.wait_for_workers_seconds = self.wait_for_workers
-        agent_proto = None if agent_update is None else agent_update_proto(agent_update)
-        env_proto = None if env_update is None else env_update_proto(env_update)
-        return self._restoring_on_restart(
-            lambda: self._sample_once(request, agent_proto, env_proto, progress)
-        )
+        agent = None if agent_update is None else agent_change_of(agent_update)
+        env = None if env_update is None else env_change_of(env_update)
+        return self._restoring_on_restart(lambda: self._sample_once(ask, agent, env, progress))
 
     def _sample_once(
         self,
-        request: learner_pb2.SampleRequest,
-        agent_update: updates_pb2.AgentUpdate | None,
-        env_update: updates_pb2.EnvUpdate | None,
+        ask: SampleAsk,
+        agent_update: AgentChange | None,
+        env_update: EnvChange | None,
         progress: Progress | None,
     ) -> _Answer:
-        """One attempt at ``request``, with this sampler's request index and state."""
-        request.request_index = self._requests
-        request.ClearField("agent_update")
-        request.ClearField("env_update")
+        """One attempt at ``ask``, with this sampler's request index and state."""
         agent, env = self._restore(agent_update, env_update)
-        request.coordinator_id = self._pushed.expected_id
-        if agent is not None:
-            request.agent_update.CopyFrom(agent)
-        if env is not None:
-            request.env_update.CopyFrom(env)
-        call = self._sample(request, timeout=self.timeout)
+        ask = dataclasses.replace(
+            ask,
+            request_index=self._requests,
+            agent_update=agent,
+            env_update=env,
+            coordinator_id=self._pushed.expected_id,
+        )
+        call = self._stubs.sample(ask, timeout=self.timeout)
         try:
-            answer = self._collect(call, request.mode, request.amount, progress)
+            answer = self._collect(call, ask.mode, ask.amount, progress)
         except grpc.RpcError as exc:
             raise self._failed(exc, "Sample", timeout=self.timeout) from None
         finally:
@@ -591,7 +565,7 @@ class RemoteSampler:
         return answer
 
     def _collect(
-        self, call: Iterable[_rpc.WithChunk], mode: int, amount: int, progress: Progress | None
+        self, call: Iterable[ResponsePart], mode: int, amount: int, progress: Progress | None
     ) -> _Answer:
         reader = ResponseReader(self._what("Sample"), self._env_spec_of)
         header: AnswerHeader | None = None
@@ -603,11 +577,11 @@ class RemoteSampler:
                 results.append(response)
                 if progress is not None:
                     batch = response.batch
-                    done += batch.n_episodes if mode == _EPISODES else batch.total_steps
+                    done += batch.n_episodes if mode == Mode.EPISODES else batch.total_steps
                     progress(min(done, amount), amount)
             elif isinstance(response, AnswerHeader):
                 header = response
-            elif isinstance(response, AnswerFooter):
+            elif isinstance(response, Footer):
                 if header is None:
                     raise ProtocolError(f"{self._what('Sample')}: a footer came before any header")
                 return _Answer(header, response, results)
@@ -631,11 +605,10 @@ class RemoteSampler:
                 )
             time.sleep(_WORKER_POLL_SECONDS)
 
-    def _env_spec_of(self, proto: spaces_pb2.EnvSpec) -> EnvSpec:
-        """Decodes an EnvSpec, reusing the last one if the bytes are the same."""
-        data = proto.SerializeToString(deterministic=True)
+    def _env_spec_of(self, data: bytes) -> EnvSpec:
+        """Decodes a serialized EnvSpec, reusing the last one if the bytes are the same."""
         if self._spec_cache is None or self._spec_cache[0] != data:
-            self._spec_cache = (data, decode_env_spec(proto))
+            self._spec_cache = (data, parse_env_spec(data))
         return self._spec_cache[1]
 
     def _unary(self, name: str, call: Callable[[], T]) -> T:
@@ -661,17 +634,19 @@ class RemoteSampler:
             self._pushed.suspect_restart = True
         return error
 
-    def _push_agent(self, agent: updates_pb2.AgentUpdate) -> int:
-        agent.coordinator_id = self._pushed.expected_id
-        ack = self._unary("UpdateAgent", lambda: self._update_agent(agent, timeout=self.timeout))
+    def _push_agent(self, agent: AgentChange) -> int:
+        push = UpdatePush(agent, self._pushed.expected_id)
+        ack = self._unary(
+            "UpdateAgent", lambda: self._stubs.update_agent(push, timeout=self.timeout)
+        )
         self._agent_version = ack.agent_version
         self._pushed.agent_applied(agent, ack.agent_version)
         self._pushed.answered_by(ack.coordinator_id)
         return int(ack.agent_version)
 
-    def _push_env(self, env: updates_pb2.EnvUpdate) -> int:
-        env.coordinator_id = self._pushed.expected_id
-        ack = self._unary("UpdateEnv", lambda: self._update_env(env, timeout=self.timeout))
+    def _push_env(self, env: EnvChange) -> int:
+        push = UpdatePush(env, self._pushed.expected_id)
+        ack = self._unary("UpdateEnv", lambda: self._stubs.update_env(push, timeout=self.timeout))
         self._pushed.env_applied(env)
         self._pushed.answered_by(ack.coordinator_id)
         return int(ack.env_generation)
@@ -690,15 +665,13 @@ class RemoteSampler:
             return attempt()
 
     def _restore(
-        self, agent: updates_pb2.AgentUpdate | None, env: updates_pb2.EnvUpdate | None
-    ) -> tuple[updates_pb2.AgentUpdate | None, updates_pb2.EnvUpdate | None]:
+        self, agent: AgentChange | None, env: EnvChange | None
+    ) -> tuple[AgentChange | None, EnvChange | None]:
         """The updates to send: the caller's, plus this sampler's state on a new coordinator."""
         pushed = self._pushed
         if not (pushed.suspect_restart and pushed.pushed_anything):
             return agent, env
-        status = self._unary(
-            "GetStatus", lambda: self._get_status(learner_pb2.StatusRequest(), timeout=self.timeout)
-        )
+        status = self._unary("GetStatus", lambda: self._stubs.status(timeout=self.timeout))
         pushed.suspect_restart = False
         if not pushed.restarted(status):
             return agent, env

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlfleet.client._updates import env_config_of
 from rlfleet.core import EnvSpec
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import ConfigError
-from rlfleet.v1 import learner_pb2
-from rlfleet.wire import decode_env_spec
 
 #: Worker states in which a worker takes work.
 READY_STATES = ("idle", "busy")
@@ -106,58 +102,6 @@ class FleetStatus:
     def total_envs(self) -> int:
         """Env slots of all connected workers."""
         return sum(worker.envs for worker in self.workers)
-
-    @classmethod
-    def from_proto(cls, message: learner_pb2.FleetStatus) -> FleetStatus:
-        """Converts the GetStatus answer.
-
-        Raises:
-            WireFormatError: If the env spec cannot be decoded.
-        """
-        try:
-            env = env_config_of(message.env) if message.env.env_id else None
-        except ConfigError:
-            env = None
-        spec = decode_env_spec(message.env_spec) if message.HasField("env_spec") else None
-        return cls(
-            coordinator_id=message.coordinator_id,
-            implementation=message.implementation,
-            workers=tuple(_worker(w) for w in message.workers),
-            steps_per_second=message.steps_per_second,
-            steps_total=message.steps_total,
-            agent_version=message.agent_version,
-            env=env,
-            env_generation=message.env.generation,
-            env_spec=spec,
-            draining=message.draining,
-            requests_in_flight=message.requests_in_flight,
-            subscribers=message.subscribers,
-            leases=message.leases,
-            leased_envs=message.leased_envs,
-        )
-
-
-def _worker(message: learner_pb2.WorkerStatus) -> WorkerStatus:
-    error = None
-    if message.HasField("last_error") and message.last_error.message:
-        error = message.last_error.message
-    return WorkerStatus(
-        worker_id=message.worker_id,
-        name=message.name,
-        host=message.host,
-        pid=message.pid,
-        envs=message.num_envs,
-        state=message.state,
-        steps_per_second=message.steps_per_second,
-        steps_total=message.steps_total,
-        agent_version=message.agent_version,
-        env_generation=message.env_generation,
-        seconds_since_heartbeat=message.seconds_since_heartbeat,
-        units_in_flight=message.units_in_flight,
-        implementation=message.implementation,
-        peer=message.peer,
-        last_error=error,
-    )
 
 
 __all__ = ["READY_STATES", "FleetStatus", "WorkerStatus"]

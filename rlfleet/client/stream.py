@@ -8,8 +8,8 @@ from typing import NamedTuple
 
 import grpc
 
-from rlfleet import _rpc
 from rlfleet.client._errors import call_error
+from rlfleet.client._learner_messages import ResponsePart
 from rlfleet.client._responses import ResponseReader
 from rlfleet.core import EpisodeBatch
 from rlfleet.episode_results import DecodedResult
@@ -36,7 +36,7 @@ class SampleStream:
     block ends. Iteration raises the typed rlfleet error if the call fails.
 
     Args:
-        call: The Subscribe call (an iterator of WithChunk responses).
+        call: The Subscribe call (an iterator of its responses, read).
         what: Names the call in error messages.
         reader: Reads the call's responses.
         timeout: The call's deadline in seconds, for error messages.
@@ -48,7 +48,7 @@ class SampleStream:
 
     def __init__(
         self,
-        call: grpc.Call,
+        call: grpc.CallIterator[ResponsePart],
         what: str,
         reader: ResponseReader,
         timeout: float | None,
@@ -58,7 +58,7 @@ class SampleStream:
     ) -> None:
         self._call = call
         self._channel = channel
-        self._responses: Iterator[_rpc.WithChunk] = iter(call)  # type: ignore[call-overload]
+        self._responses: Iterator[ResponsePart] = iter(call)
         self._what = what
         self._reader = reader
         self._timeout = timeout

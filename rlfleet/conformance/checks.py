@@ -29,6 +29,16 @@ from rlfleet import _rpc
 from rlfleet.conformance._failure import Check, CheckFailed, CheckResult, run_check
 from rlfleet.conformance._stall import StallMeter
 from rlfleet.conformance.agents import Agent, balancing_agent, pinned_agent
+from rlfleet.conformance.kit_messages import (
+    LeaseCall,
+    LeaseCreate,
+    LeaseRelease,
+    LeaseRows,
+    error_of,
+    heartbeat_of,
+    lease_rows_of,
+    merged_rows,
+)
 from rlfleet.conformance.link import (
     KNOWN_CAPABILITIES,
     WelcomeSettings,
@@ -38,14 +48,15 @@ from rlfleet.conformance.link import (
 )
 from rlfleet.conformance.runner import WorkerHarness
 from rlfleet.conformance.scripted_coordinator import BROKEN, CLOSED, Inbound
-from rlfleet.coordinator.messages import replay_message
+from rlfleet.coordinator.scheduler import Mode
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.episode_results import DecodedResult, cut_pieces, pieces_by_stream
+from rlfleet.error_reports import ErrorKind, ErrorReport
+from rlfleet.join_stream import TaskAssignment, WorkerBeat
 from rlfleet.policies.mlp import weight_name
 from rlfleet.stream_replay import StreamBook
-from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
-from rlfleet.wire import decode_env_spec, decode_tensor, encode_tensor
+from rlfleet.wire import parse_env_spec
 
 #: Idle time the heartbeat check watches before and after its task.
 HEARTBEAT_IDLE_SECONDS = (1.0, 0.6)
@@ -197,9 +208,9 @@ def heartbeats(harness: WorkerHarness) -> str:
 def sampling(harness: WorkerHarness) -> str:
     link = harness.shared()
     n = link.num_envs
-    episodes = link.send_episodes(3 * n + 1, mode=worker_pb2.SAMPLE_MODE_EPISODES, seed=11)
+    episodes = link.send_episodes(3 * n + 1, mode=Mode.EPISODES, seed=11)
     episode_results = link.collect(episodes)
-    steps = link.send_episodes(n + 1, mode=worker_pb2.SAMPLE_MODE_STEPS, seed=12)
+    steps = link.send_episodes(n + 1, mode=Mode.STEPS, seed=12)
     link.collect(steps)
     link.pump(0.2)  # a unit sent twice would show up now, and fail this check
     done = (
@@ -249,9 +260,7 @@ def stream_takeover(harness: WorkerHarness) -> str:
     book.record(seed, link.worker_id + 1, windows[0].batch)
     replay = book.replay(seed, stream, link.worker_id)
     assert replay is not None  # recorded under another worker's id
-    again = link.send_fragments(
-        length, 1, base_seed=seed, streams=[stream], replays=[replay_message(replay)]
-    )
+    again = link.send_fragments(length, 1, base_seed=seed, streams=[stream], replays=[replay])
     (rebuilt,) = link.collect_windows(again)
     problems = _same_pieces(rebuilt.batch, windows[1].batch)
     _fail_if(
@@ -331,7 +340,7 @@ def errors(harness: WorkerHarness) -> str:
     detail = _expect_error(
         link,
         f"EnvUpdate(generation={generation}, env_id={MISSING_ENV_ID!r})",
-        updates_pb2.ERROR_KIND_ENV_NOT_FOUND,
+        ErrorKind.ENV_NOT_FOUND,
         MISSING_ENV_ID,
         refusal="env_ready",
         update=generation,
@@ -349,7 +358,7 @@ def errors(harness: WorkerHarness) -> str:
         link,
         f"AgentUpdate(version={version}) whose {name!r} is ({rows + 1}, {cols}) instead of "
         f"({rows}, {cols})",
-        updates_pb2.ERROR_KIND_POLICY,
+        ErrorKind.POLICY,
         name,
         refusal="agent_ready",
         update=version,
@@ -570,9 +579,9 @@ def _env_spec_problems(env_id: str, spec: EnvSpec) -> list[str]:
     ]
 
 
-def _heartbeat(beat: Inbound) -> worker_pb2.Heartbeat:
+def _heartbeat(beat: Inbound) -> WorkerBeat:
     assert beat.message is not None  # the session files only parsed heartbeats
-    return beat.message.heartbeat
+    return heartbeat_of(beat.message)
 
 
 def _steps_total_problems(
@@ -625,7 +634,7 @@ def _check_pinned(link: WorkerLink, agent: Agent, results: list[DecodedResult], 
 
 def _expect_error(
     link: WorkerLink, sent: str, kind: int, named: str, *, refusal: str, update: int
-) -> updates_pb2.ErrorDetail:
+) -> ErrorReport:
     want = kind_name(kind)
     event = link.wait_for(
         f"WorkerError {want} for {sent}",
@@ -635,7 +644,7 @@ def _expect_error(
     assert isinstance(event, Inbound) and event.message is not None  # matched above
     if event.kind == refusal:
         raise link.failure(f"the worker accepted {sent} ({refusal}); expected WorkerError {want}")
-    detail = event.message.error.detail
+    detail = error_of(event.message)
     problems = []
     if detail.kind != kind:
         problems.append(f"its kind is {kind_name(detail.kind)}, expected {want}")
@@ -643,14 +652,14 @@ def _expect_error(
         problems.append(f"its message {detail.message!r} does not name {named!r}")
     # The coordinator charges an error only to what it names (updates.proto).
     field = "env_generation" if refusal == "env_ready" else "agent_version"
-    if not detail.HasField(field) or getattr(detail, field) != update:
-        shown = getattr(detail, field) if detail.HasField(field) else "unset"
+    if getattr(detail, field) != update:
+        shown = "unset" if getattr(detail, field) is None else getattr(detail, field)
         problems.append(f"its {field} is {shown}, expected {update} (the refused update)")
     _fail_if(link, f"the WorkerError for {sent} is not what the protocol asks", problems)
     return detail
 
 
-def _start_long_task(link: WorkerLink, *, units: int, seed: int) -> worker_pb2.Task:
+def _start_long_task(link: WorkerLink, *, units: int, seed: int) -> TaskAssignment:
     """Sends a task of long episodes and waits for its first result: work is in flight."""
     agent = balancing_agent(link.spec)
     if agent is not None:
@@ -688,44 +697,26 @@ def leases(harness: WorkerHarness) -> str:
             "worker, so nothing was tried"
         )
     lease_id = 5
-    env = updates_pb2.EnvUpdate(env_id=harness.env_id)
-    reply = _lease_reply(
-        link,
-        "a CREATE reply",
-        leases_pb2.LeaseCommand(
-            lease_id=lease_id, create=leases_pb2.LeaseCreate(env=env, env_ids=[0, 1])
-        ),
-    )
-    if reply.HasField("error") or not reply.HasField("env_spec"):
-        raise link.failure(f"LeaseCreate of {harness.env_id!r} was answered with {reply}")
-    spec = decode_env_spec(reply.env_spec)
+    reply = _lease_reply(link, "a CREATE reply", LeaseCreate(lease_id, harness.env_id, (0, 1)))
+    if reply.error is not None or reply.env_spec is None:
+        raise link.failure(f"LeaseCreate of {harness.env_id!r} was answered with {reply.text}")
+    spec = parse_env_spec(reply.env_spec)
     local = [gym.make(harness.env_id) for _ in range(2)]
     want_obs = np.stack(
         [local[0].reset(seed=LEASE_SEED)[0], local[1].reset(seed=LEASE_SEED + 1)[0]]
     )
-    reset = leases_pb2.LeaseCall(
-        call_id=1, op=leases_pb2.LEASE_OP_RESET, env_ids=[0, 1], seeds=[LEASE_SEED, LEASE_SEED + 1]
-    )
-    reply = _lease_reply(
-        link, "a RESET reply", leases_pb2.LeaseCommand(lease_id=lease_id, call=reset)
-    )
-    _expect_rows(link, reply, reset, want_obs, "RESET")
+    reset = LeaseCall(lease_id, 1, (0, 1), seeds=(LEASE_SEED, LEASE_SEED + 1))
+    _expect_rows(link, _lease_reply(link, "a RESET reply", reset), reset, want_obs, "RESET")
     problems = []
     for step in range(LEASE_STEPS):
         actions = np.stack([spec.action_space.sample() for _ in range(2)])
         want = [local[i].step(actions[i]) for i in range(2)]
-        call = leases_pb2.LeaseCall(
-            call_id=2 + step,
-            op=leases_pb2.LEASE_OP_STEP,
-            env_ids=[0, 1],
-            actions=encode_tensor(actions),
-        )
-        reply = _lease_reply(
-            link, "a STEP reply", leases_pb2.LeaseCommand(lease_id=lease_id, call=call)
-        )
+        call = LeaseCall(lease_id, 2 + step, (0, 1), actions=actions)
+        reply = _lease_reply(link, "a STEP reply", call)
         _expect_rows(link, reply, call, np.stack([w[0] for w in want]), f"STEP {step + 1}")
-        rewards = decode_tensor(reply.rewards)
-        ended = decode_tensor(reply.terminated) | decode_tensor(reply.truncated)
+        if reply.rewards is None or reply.terminated is None or reply.truncated is None:
+            raise link.failure(f"a STEP reply lacks rewards, terminated or truncated: {reply.text}")
+        rewards, ended = reply.rewards, reply.terminated | reply.truncated
         if not np.array_equal(rewards, np.array([float(w[1]) for w in want])):
             problems.append(
                 f"step {step + 1}: rewards {rewards}, gymnasium gives {[w[1] for w in want]}"
@@ -733,14 +724,10 @@ def leases(harness: WorkerHarness) -> str:
         if ended.any():
             break
     _fail_if(link, "leased envs do not follow gymnasium.make's trajectory", problems)
-    link.send_lease(leases_pb2.LeaseCommand(lease_id=lease_id, release=leases_pb2.LeaseRelease()))
-    gone = leases_pb2.LeaseCall(call_id=99, op=leases_pb2.LEASE_OP_RESET, env_ids=[0])
-    reply = _lease_reply(
-        link,
-        "an error reply for a released env",
-        leases_pb2.LeaseCommand(lease_id=lease_id, call=gone),
-    )
-    if not reply.HasField("error"):
+    link.send_lease(LeaseRelease(lease_id))
+    gone = LeaseCall(lease_id, 99, (0,), seeds=())
+    reply = _lease_reply(link, "an error reply for a released env", gone)
+    if reply.error is None:
         raise link.failure("a RESET of a released env was answered without an error")
     return (
         f"2 envs of {harness.env_id!r} built, reset with seeds and stepped {step + 1} times "
@@ -748,25 +735,23 @@ def leases(harness: WorkerHarness) -> str:
     )
 
 
-def _lease_reply(
-    link: WorkerLink, what: str, command: leases_pb2.LeaseCommand
-) -> leases_pb2.LeaseReply:
+def _lease_reply(link: WorkerLink, what: str, command: LeaseCreate | LeaseCall) -> LeaseRows:
     """Sends a command and gathers its replies into one, rows in the call's env order.
 
     A worker may answer a call in several replies (envs that finish first
     go first); together they must name each env of the call once.
     """
     link.send_lease(command)
-    wanted = list(command.call.env_ids) if command.HasField("call") else []
-    parts: list[leases_pb2.LeaseReply] = []
+    wanted = list(command.env_ids) if isinstance(command, LeaseCall) else []
+    parts: list[LeaseRows] = []
     answered: list[int] = []
     while True:
         event = link.wait_for(what, lambda e: event_kind(e) == "lease_reply")
         assert isinstance(event, Inbound) and event.message is not None  # matched above
-        reply = event.message.lease_reply
+        reply = lease_rows_of(event.message)
         if reply.lease_id != command.lease_id:
             raise link.failure(f"{what} names lease {reply.lease_id}, not {command.lease_id}")
-        if reply.HasField("error") or not wanted:
+        if reply.error is not None or not wanted:
             return reply
         parts.append(reply)
         answered += list(reply.env_ids)
@@ -774,36 +759,22 @@ def _lease_reply(
             break
     if sorted(answered) != sorted(wanted):
         raise link.failure(f"{what}: the replies answer envs {answered}, the call {wanted}")
-    order = [answered.index(env_id) for env_id in wanted]
-    merged = leases_pb2.LeaseReply(
-        lease_id=command.lease_id, call_id=parts[0].call_id, op=parts[0].op, env_ids=wanted
-    )
-    fields = ["observations"]
-    if merged.op == leases_pb2.LEASE_OP_STEP:
-        fields += ["rewards", "terminated", "truncated"]
-    for name in fields:
-        rows = np.concatenate([decode_tensor(getattr(part, name)) for part in parts])
-        getattr(merged, name).CopyFrom(encode_tensor(rows[order]))
-    infos = [info for part in parts for info in part.infos]
-    merged.infos.extend(infos[k] for k in order)
-    return merged
+    return merged_rows(parts, wanted)
 
 
 def _expect_rows(
-    link: WorkerLink,
-    reply: leases_pb2.LeaseReply,
-    call: leases_pb2.LeaseCall,
-    want_obs: np.ndarray,
-    what: str,
+    link: WorkerLink, reply: LeaseRows, call: LeaseCall, want_obs: np.ndarray, what: str
 ) -> None:
-    if reply.HasField("error"):
-        raise link.failure(f"{what} of leased envs failed: {reply.error.message}")
+    if reply.error is not None:
+        raise link.failure(f"{what} of leased envs failed: {reply.error}")
+    if reply.observations is None:
+        raise link.failure(f"the {what} reply carries no observations: {reply.text}")
     problems = []
-    obs = decode_tensor(reply.observations)
+    obs = reply.observations
     if not np.array_equal(obs, want_obs):
         problems.append(f"observations {obs.tolist()}, gymnasium.make gives {want_obs.tolist()}")
-    if len(reply.infos) != len(call.env_ids):
-        problems.append(f"{len(reply.infos)} infos for {len(call.env_ids)} envs")
+    if reply.infos != len(call.env_ids):
+        problems.append(f"{reply.infos} infos for {len(call.env_ids)} envs")
     _fail_if(link, f"the {what} reply breaks leases.proto", problems)
 
 

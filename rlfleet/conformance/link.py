@@ -26,6 +26,19 @@ import numpy as np
 
 from rlfleet import _rpc
 from rlfleet.conformance._failure import CheckFailed
+from rlfleet.conformance.kit_messages import (
+    KitCommand,
+    LeaseCall,
+    LeaseCreate,
+    LeaseRelease,
+    agent_ready_of,
+    body_text,
+    command_bytes,
+    env_ready_of,
+    error_of,
+    hello_of,
+    result_header_of,
+)
 from rlfleet.conformance.scripted_coordinator import (
     BROKEN,
     CLOSED,
@@ -34,6 +47,7 @@ from rlfleet.conformance.scripted_coordinator import (
     ScriptedCoordinator,
     ScriptedSession,
 )
+from rlfleet.coordinator.scheduler import Mode
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.episode_results import (
     DecodedResult,
@@ -43,11 +57,15 @@ from rlfleet.episode_results import (
     ResultExpectation,
     check_result,
 )
+from rlfleet.error_reports import is_known_kind
+from rlfleet.error_reports import kind_name as protocol_kind_name
 from rlfleet.errors import ResourceExhaustedError, WireFormatError
+from rlfleet.fleet_updates import AgentChange, EnvChange, PolicyChoice
+from rlfleet.join_stream import DrainOrder, TaskAssignment, TaskCancel, WorkerHello, WorkerWelcome
 from rlfleet.policies.spec import PolicySpec
 from rlfleet.seeding import episode_seeds
-from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
-from rlfleet.wire import decode_env_spec, encode_tensor_map
+from rlfleet.stream_replay import StreamReplay
+from rlfleet.wire import parse_env_spec
 
 if TYPE_CHECKING:
     from rlfleet.conformance.runner import WorkerUnderTest
@@ -117,8 +135,8 @@ class WorkerLink:
     def __init__(
         self,
         session: ScriptedSession,
-        hello: worker_pb2.Hello,
-        welcome: worker_pb2.Welcome,
+        hello: WorkerHello,
+        welcome: WorkerWelcome,
         *,
         timeout: float,
         process: WorkerUnderTest | None,
@@ -131,7 +149,7 @@ class WorkerLink:
         self.env_spec: EnvSpec | None = None
         self.generation = 0
         self.agent_version = 0  # until an update, workers act randomly as version 0
-        self.tasks: dict[int, worker_pb2.Task] = {}
+        self.tasks: dict[int, TaskAssignment] = {}
         self.results: dict[int, list[DecodedResult]] = {}
         self._assembler: ResultAssembler | None = None
         self._next_generation = 1
@@ -178,19 +196,19 @@ class WorkerLink:
                 f"{hello.num_envs}; expected protocol_version={_rpc.PROTOCOL_VERSION} "
                 "(PROTOCOL_VERSION_1) and num_envs >= 1" + _context(process)
             )
-        welcome = worker_pb2.Welcome(
+        welcome = WorkerWelcome(
             protocol_version=_rpc.PROTOCOL_VERSION,
             worker_id=next(_worker_ids),
             name=f"conformance-{hello.name or 'worker'}-{session.index}",
             heartbeat_interval_seconds=settings.heartbeat_interval_seconds,
             heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
             max_message_bytes=settings.max_message_bytes,
-            capabilities=sorted(GRANTED_CAPABILITIES.intersection(hello.capabilities)),
+            capabilities=tuple(sorted(GRANTED_CAPABILITIES.intersection(hello.capabilities))),
             first_stream=settings.first_stream,
             coordinator_id="rlfleet-conformance",
         )
         link = cls(session, hello, welcome, timeout=timeout, process=process)
-        link._send(worker_pb2.CoordinatorMessage(welcome=welcome))
+        link._send(welcome)
         return link
 
     @property
@@ -244,16 +262,16 @@ class WorkerLink:
             f"EnvReady(generation={generation})", lambda e: event_kind(e) == "env_ready"
         )
         assert isinstance(ready, Inbound) and ready.message is not None  # matched above
-        message = ready.message.env_ready
-        if message.generation != generation:
+        ready_generation, spec_wire = env_ready_of(ready.message)
+        if ready_generation != generation:
             raise self.failure(
-                f"EnvReady names generation {message.generation}, the EnvUpdate created "
+                f"EnvReady names generation {ready_generation}, the EnvUpdate created "
                 f"generation {generation}"
             )
-        if not message.HasField("env_spec"):
+        if spec_wire is None:
             raise self.failure(f"EnvReady(generation={generation}) carries no env_spec")
         try:
-            spec = decode_env_spec(message.env_spec)
+            spec = parse_env_spec(spec_wire)
         except WireFormatError as exc:
             raise self.failure(f"the EnvSpec of EnvReady does not decode: {exc}") from exc
         self.env_spec, self.generation = spec, generation
@@ -270,12 +288,13 @@ class WorkerLink:
         """Sends an EnvUpdate of the next generation; returns that generation."""
         generation = self._next_generation
         self._next_generation += 1
-        update = updates_pb2.EnvUpdate(
-            generation=generation, env_id=env_id, kwargs_json=json.dumps(dict(kwargs or {}))
+        update = EnvChange(
+            generation=generation,
+            env_id=env_id,
+            kwargs_json=json.dumps(dict(kwargs or {})),
+            max_episode_length=max_episode_length,
         )
-        if max_episode_length is not None:
-            update.max_episode_length = max_episode_length
-        self._send(worker_pb2.CoordinatorMessage(env_update=update))
+        self._send(update)
         return generation
 
     def update_agent(
@@ -300,10 +319,11 @@ class WorkerLink:
             f"AgentReady(version={version})", lambda e: event_kind(e) == "agent_ready"
         )
         assert isinstance(ready, Inbound) and ready.message is not None  # matched above
-        if ready.message.agent_ready.version != version:
+        ready_version = agent_ready_of(ready.message)
+        if ready_version != version:
             raise self.failure(
-                f"AgentReady names version {ready.message.agent_ready.version}, the "
-                f"AgentUpdate created version {version}"
+                f"AgentReady names version {ready_version}, the AgentUpdate created version "
+                f"{version}"
             )
         self.agent_version = version
         return version
@@ -319,35 +339,19 @@ class WorkerLink:
         if version is None:
             version = self._next_version
         self._next_version = max(self._next_version, version + 1)
-        update = updates_pb2.AgentUpdate(version=version)
-        if policy is not None:
-            update.policy.name = policy.name
-            update.policy.kwargs_json = json.dumps(policy.kwargs)
-        if params is not None:
-            update.params.CopyFrom(encode_tensor_map(params))
-        self._send(worker_pb2.CoordinatorMessage(agent_update=update))
+        choice = None if policy is None else PolicyChoice(policy.name, json.dumps(policy.kwargs))
+        self._send(AgentChange(version, choice, dict(params or {})))
         return version
 
     # --- tasks ------------------------------------------------------------------
 
     def send_episodes(
-        self,
-        count: int,
-        *,
-        mode: worker_pb2.SampleMode = worker_pb2.SAMPLE_MODE_EPISODES,
-        seed: int = 0,
-    ) -> worker_pb2.Task:
+        self, count: int, *, mode: Mode = Mode.EPISODES, seed: int = 0
+    ) -> TaskAssignment:
         """Sends a task of ``count`` episode units (seeded as the coordinator does)."""
         request = next(_request_ids)
-        units = []
-        for index in range(count):
-            env_seed, policy_seed = episode_seeds(seed, request, index)
-            units.append(
-                worker_pb2.EpisodeUnit(
-                    episode_index=index, env_seed=env_seed, policy_seed=policy_seed
-                )
-            )
-        return self._send_task(worker_pb2.Task(request_id=request, mode=mode, units=units))
+        units = tuple((index, *episode_seeds(seed, request, index)) for index in range(count))
+        return self._send_task(TaskAssignment(0, request, mode, 0, 0, units=units))
 
     def send_fragments(
         self,
@@ -356,54 +360,55 @@ class WorkerLink:
         *,
         base_seed: int = 0,
         streams: Sequence[int] = (),
-        replays: Sequence[worker_pb2.ReliabilityStreamReplay] = (),
-    ) -> worker_pb2.Task:
+        replays: Sequence[StreamReplay] = (),
+    ) -> TaskAssignment:
         """Sends a FRAGMENTS task (``streams``, ``replays``: rlfleet.stream-takeover)."""
-        task = worker_pb2.Task(
-            request_id=next(_request_ids),
-            mode=worker_pb2.SAMPLE_MODE_FRAGMENTS,
+        task = TaskAssignment(
+            0,
+            next(_request_ids),
+            Mode.FRAGMENTS,
+            0,
+            0,
             fragment_length=fragment_length,
             rounds=rounds,
             base_seed=base_seed,
-            streams=streams,
-            replays=replays,
+            streams=tuple(streams),
+            replays=tuple(replays),
         )
         return self._send_task(task)
 
-    def _send_task(self, task: worker_pb2.Task) -> worker_pb2.Task:
+    def _send_task(self, task: TaskAssignment) -> TaskAssignment:
         if self.env_spec is None:
             raise CheckFailed("kit error: a task was about to be sent before EnvReady")
-        task.task_id = next(_task_ids)
-        task.agent_version = self.agent_version
-        task.env_generation = self.generation
+        task = task._replace(
+            task_id=next(_task_ids),
+            agent_version=self.agent_version,
+            env_generation=self.generation,
+        )
         self.tasks[task.task_id] = task
         self.results[task.task_id] = []
-        self._send(worker_pb2.CoordinatorMessage(task=task))
+        self._send(task)
         return task
 
-    def cancel(self, task: worker_pb2.Task, episode_indices: Iterable[int] = ()) -> None:
+    def cancel(self, task: TaskAssignment, episode_indices: Iterable[int] = ()) -> None:
         """Sends a Cancel for some units of ``task`` (none given: the whole task)."""
-        cancel = worker_pb2.Cancel(task_id=task.task_id, episode_indices=list(episode_indices))
-        self._send(worker_pb2.CoordinatorMessage(cancel=cancel))
+        self._send(TaskCancel(task.task_id, tuple(episode_indices)))
 
-    def send_lease(self, command: leases_pb2.LeaseCommand) -> None:
+    def send_lease(self, command: LeaseCreate | LeaseCall | LeaseRelease) -> None:
         """Sends a LeaseCommand (step-level env leases, leases.proto)."""
-        self._send(worker_pb2.CoordinatorMessage(lease=command))
+        self._send(command)
 
     def drain(self, reason: str, grace_seconds: float) -> None:
         """Sends a Drain."""
-        drain = worker_pb2.Drain(reason=reason, grace_seconds=grace_seconds)
-        self._send(worker_pb2.CoordinatorMessage(drain=drain))
+        self._send(DrainOrder(reason, grace_seconds))
 
-    def collect(
-        self, task: worker_pb2.Task, *, timeout: float | None = None
-    ) -> list[DecodedResult]:
+    def collect(self, task: TaskAssignment, *, timeout: float | None = None) -> list[DecodedResult]:
         """Waits until every unit of ``task`` came back once; returns its results.
 
         Raises:
             CheckFailed: If a unit comes back twice, or not all come back in time.
         """
-        wanted = {unit.episode_index for unit in task.units}
+        wanted = {index for index, _, _ in task.units}
         self.wait_until(
             f"results for all {len(wanted)} units of task {task.task_id}",
             lambda: wanted <= self.returned(task),
@@ -413,7 +418,7 @@ class WorkerLink:
         return self.results[task.task_id]
 
     def collect_windows(
-        self, task: worker_pb2.Task, *, timeout: float | None = None
+        self, task: TaskAssignment, *, timeout: float | None = None
     ) -> list[DecodedResult]:
         """Waits for ``task.rounds`` results of a FRAGMENTS task; returns them."""
         results = self.results[task.task_id]
@@ -425,7 +430,7 @@ class WorkerLink:
         )
         return results
 
-    def returned(self, task: worker_pb2.Task) -> set[int]:
+    def returned(self, task: TaskAssignment) -> set[int]:
         """Units of ``task`` that came back so far."""
         return {i for result in self.results[task.task_id] for i in result.header.episode_indices}
 
@@ -555,7 +560,7 @@ class WorkerLink:
             check_result(result, self._expectation(task))
         except ResultError as exc:
             raise self.failure(str(exc)) from None
-        earlier = self.returned(task) if task.mode != worker_pb2.SAMPLE_MODE_FRAGMENTS else set()
+        earlier = self.returned(task) if task.mode != Mode.FRAGMENTS else set()
         twice = earlier.intersection(result.header.episode_indices)
         if twice:
             raise self.failure(f"units {sorted(twice)} of task {task.task_id} came back twice")
@@ -566,7 +571,7 @@ class WorkerLink:
         """Joins and decodes a result message (the coordinator's assembler)."""
         if self._assembler is None or item.message is None:
             raise self.failure(f"message #{item.seq}: a result before any EnvReady")
-        meta = item.message.result
+        meta = result_header_of(item.message)
         where = f"EpisodeResult for task {meta.task_id} (message #{item.seq})"
         try:
             result = self._assembler.add(meta, item.chunk, item.size)
@@ -578,9 +583,9 @@ class WorkerLink:
             return None
         return dataclasses.replace(result, seq=item.seq, at=item.at)
 
-    def _expectation(self, task: worker_pb2.Task) -> ResultExpectation:
+    def _expectation(self, task: TaskAssignment) -> ResultExpectation:
         window = units = None
-        if task.mode == worker_pb2.SAMPLE_MODE_FRAGMENTS:
+        if task.mode == Mode.FRAGMENTS:
             first = int(self.welcome.first_stream)
             window = FragmentWindow(
                 base_seed=task.base_seed,
@@ -588,7 +593,7 @@ class WorkerLink:
                 fragment_length=task.fragment_length,
             )
         else:
-            units = {u.episode_index: (u.env_seed, u.policy_seed) for u in task.units}
+            units = {index: (env, policy) for index, env, policy in task.units}
         return ResultExpectation(
             env_spec=self.spec,
             worker_id=self.worker_id,
@@ -598,17 +603,17 @@ class WorkerLink:
             window=window,
         )
 
-    def _send(self, message: worker_pb2.CoordinatorMessage) -> None:
-        size = message.ByteSize()
-        if size > self.welcome.max_message_bytes and not message.HasField("welcome"):
+    def _send(self, command: KitCommand) -> None:
+        body, data = command_bytes(command)
+        if len(data) > self.welcome.max_message_bytes and body != "welcome":
             raise CheckFailed(
-                f"kit error: a {message.WhichOneof('body')} of {size} bytes is above the "
+                f"kit error: a {body} of {len(data)} bytes is above the "
                 f"Welcome.max_message_bytes={self.welcome.max_message_bytes} the kit promised"
             )
         try:
-            self.session.send(message)
+            self.session.send(data)
         except RuntimeError as exc:
-            raise self.failure(f"cannot send {message.WhichOneof('body')}: {exc}") from exc
+            raise self.failure(f"cannot send {body}: {exc}") from exc
 
 
 # --- helpers -------------------------------------------------------------------
@@ -635,7 +640,7 @@ def _accept(
 
 def _hello_of(
     first: Inbound | None, timeout: float, process: WorkerUnderTest | None
-) -> worker_pb2.Hello:
+) -> WorkerHello:
     if first is None:
         raise CheckFailed(
             f"the worker opened a Join stream but sent nothing within {timeout:g} seconds; "
@@ -646,7 +651,7 @@ def _hello_of(
             f"the first message on the Join stream is {describe(first)}; it must be Hello"
             + _context(process)
         )
-    return first.message.hello
+    return hello_of(first.message)
 
 
 def event_kind(event: Event) -> str:
@@ -660,19 +665,16 @@ def describe(item: Inbound) -> str:
         return f"the end of the stream ({item.kind}{': ' + item.error if item.error else ''})"
     if item.message is None:
         return f"{item.kind} message #{item.seq}"
-    body = getattr(item.message, item.kind, None)
-    if item.kind == "error" and body is not None:
-        detail = body.detail
-        return f"WorkerError {kind_name(detail.kind)}: {detail.message!r}"
-    text = str(body).strip().replace("\n", ", ") if body is not None else ""
+    if item.kind == "error":
+        report = error_of(item.message)
+        return f"WorkerError {kind_name(report.kind)}: {report.message!r}"
+    text = body_text(item.message, item.kind)
     return f"{item.kind} ({text[:200]})" if text else item.kind
 
 
 def kind_name(kind: int) -> str:
     """An ErrorKind's name, or the bare number for a kind this version does not define."""
-    if kind in updates_pb2.ErrorKind.values():
-        return updates_pb2.ErrorKind.Name(kind)
-    return f"error kind {kind}"
+    return protocol_kind_name(kind) if is_known_kind(kind) else f"error kind {kind}"
 
 
 def _context(process: WorkerUnderTest | None) -> str:

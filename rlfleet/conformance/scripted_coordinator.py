@@ -9,10 +9,12 @@ with OK or any status code. That is what lets the conformance kit put a
 worker in situations a well-behaved coordinator never creates, such as a
 protocol version mismatch.
 
-The worker's messages are parsed with :func:`rlfleet.wire.parse_with_chunk`
-(batch chunks stay out of protobuf). Bytes that do not parse are delivered
-as an :class:`Inbound` of kind ``"malformed"`` rather than failing the call,
-so the check can say what was wrong.
+The worker's messages are parsed as they were sent
+(:func:`~rlfleet.conformance.kit_messages.parse_worker_message`; batch
+chunks stay out of protobuf) and read with the functions of
+:mod:`rlfleet.conformance.kit_messages`. Bytes that do not parse are
+delivered as an :class:`Inbound` of kind ``"malformed"`` rather than failing
+the call, so the check can say what was wrong.
 """
 
 from __future__ import annotations
@@ -27,17 +29,18 @@ from concurrent import futures
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from rlfleet import _rpc
+from rlfleet.conformance.kit_messages import EMPTY, parse_worker_message
 from rlfleet.errors import WireFormatError
-from rlfleet.v1 import worker_pb2
-from rlfleet.wire import Chunk, parse_with_chunk
+from rlfleet.wire import Chunk
 
-#: Kinds of :class:`Inbound` that are not a WorkerMessage body.
+#: Kinds of :class:`Inbound` that are not a WorkerMessage body (and :data:`EMPTY`:
+#: a WorkerMessage with no body set).
 MALFORMED = "malformed"  # bytes that do not parse as a WorkerMessage
 CLOSED = "closed"  # the worker closed its side of the stream
 BROKEN = "broken"  # the call broke (worker killed, connection reset, ...)
-EMPTY = "empty"  # a WorkerMessage with no body set
 
 #: How long the reader thread gets to notice that a call ended.
 _READER_GRACE_SECONDS = 1.0
@@ -57,7 +60,8 @@ class Inbound:
         seq: Position in the stream (0, 1, ...), heartbeats included.
         at: Arrival time (``time.monotonic()``).
         size: Serialized size of the message in bytes (0 for end events).
-        message: The parsed message (its chunk field cleared), if any.
+        message: The WorkerMessage as sent (its chunk field cleared), if any:
+            read it with :mod:`rlfleet.conformance.kit_messages`.
         chunk: The batch chunk an EpisodeResult carried, if any.
         error: What was wrong (malformed bytes, how the call broke).
     """
@@ -66,14 +70,15 @@ class Inbound:
     seq: int
     at: float
     size: int = 0
-    message: worker_pb2.WorkerMessage | None = None
+    message: Message | None = None
     chunk: Chunk | None = None
     error: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
 class _Parsed:
-    message: worker_pb2.WorkerMessage | None
+    kind: str
+    message: Message | None
     chunk: Chunk | None
     size: int
     error: str = ""
@@ -87,13 +92,15 @@ class _Finish:
 
 def _deserialize(data: bytes) -> _Parsed:
     try:
-        message, chunk = parse_with_chunk(worker_pb2.WorkerMessage, data, _rpc.WORKER_CHUNK_PATH)
+        kind, message, chunk = parse_worker_message(data)
     except WireFormatError as exc:
-        return _Parsed(None, None, len(data), str(exc))
-    return _Parsed(message, chunk, len(data))
+        return _Parsed(MALFORMED, None, None, len(data), str(exc))
+    return _Parsed(kind, message, chunk, len(data))
 
 
 def _serialize(message: Any) -> bytes:
+    if isinstance(message, bytes):
+        return message  # serialized already (the kit's commands)
     return bytes(message.SerializeToString())
 
 
@@ -115,7 +122,7 @@ class ScriptedSession:
         self.peer = peer
         self.heartbeats: list[Inbound] = []
         self._inbox: queue.Queue[Inbound] = queue.Queue()
-        self._outbox: queue.Queue[worker_pb2.CoordinatorMessage | _Finish] = queue.Queue()
+        self._outbox: queue.Queue[Message | bytes | _Finish] = queue.Queue()
         self._seq = itertools.count()
         self._ended = threading.Event()  # the worker's side is over
         self._end_lock = threading.Lock()  # the reader and a timer may both end it
@@ -126,8 +133,8 @@ class ScriptedSession:
         """Whether the worker closed its side of the stream or the call broke."""
         return self._ended.is_set()
 
-    def send(self, message: worker_pb2.CoordinatorMessage) -> None:
-        """Queues a message for the worker (sent in order).
+    def send(self, message: Message | bytes) -> None:
+        """Queues a CoordinatorMessage, or one serialized already, for the worker (in order).
 
         Raises:
             RuntimeError: If this side already ended the call.
@@ -166,7 +173,7 @@ class ScriptedSession:
 
     # --- used by the server's threads -------------------------------------------
 
-    def _outgoing(self, context: grpc.ServicerContext) -> Iterator[worker_pb2.CoordinatorMessage]:
+    def _outgoing(self, context: grpc.ServicerContext) -> Iterator[Message | bytes]:
         while True:
             item = self._outbox.get()
             if isinstance(item, _Finish):
@@ -190,11 +197,9 @@ class ScriptedSession:
             return
         now = time.monotonic()
         seq = next(self._seq)
-        if parsed.message is None:
-            item = Inbound(MALFORMED, seq, now, parsed.size, error=parsed.error)
-        else:
-            kind = parsed.message.WhichOneof("body") or EMPTY
-            item = Inbound(kind, seq, now, parsed.size, parsed.message, parsed.chunk)
+        item = Inbound(
+            parsed.kind, seq, now, parsed.size, parsed.message, parsed.chunk, parsed.error
+        )
         if item.kind == "heartbeat":
             self.heartbeats.append(item)
         else:
@@ -302,7 +307,7 @@ class ScriptedCoordinator:
 
     def _join(
         self, requests: Iterator[_Parsed], context: grpc.ServicerContext
-    ) -> Iterator[worker_pb2.CoordinatorMessage]:
+    ) -> Iterator[Message | bytes]:
         with self._lock:
             refusal = self._refusal
             self.join_times.append(time.monotonic())

@@ -17,7 +17,9 @@ from typing import TypeAlias
 import grpc
 
 from rlfleet.coordinator.failures import CallError
-from rlfleet.v1 import learner_pb2, worker_pb2
+from rlfleet.coordinator.scheduler import Footer
+from rlfleet.episode_results import ResultHeader
+from rlfleet.learner_calls import CallHeader
 from rlfleet.wire import Chunk
 
 
@@ -26,31 +28,28 @@ class Forward:
     """A worker's result to pass on: its metadata and its original chunks.
 
     Attributes:
-        meta: The metadata (chunk 0's), ``worker_id`` filled in.
+        header: The metadata (chunk 0's, as the worker sent it: ``header.wire``).
+        worker_id: The sender, for the learner to join its chunks by.
         chunks: The chunks, as the worker sent them.
         steps: Steps in the result.
     """
 
-    meta: worker_pb2.EpisodeResult
+    header: ResultHeader
+    worker_id: int
     chunks: tuple[Chunk, ...]
     steps: int
-
-
-@dataclass(frozen=True)
-class Header:
-    """A SampleHeader to send (first, and in subscriptions on env changes)."""
-
-    header: learner_pb2.SampleHeader
 
 
 @dataclass(frozen=True)
 class Finished:
     """The request is complete: send the footer and end the call."""
 
-    footer: learner_pb2.SampleFooter
+    footer: Footer
 
 
-Event: TypeAlias = Forward | Header | Finished | CallError
+#: What a learner call sends, in order: a header first (and, in
+#: subscriptions, one more on each env change), results, then the end.
+Event: TypeAlias = Forward | CallHeader | Finished | CallError
 
 
 class CallOutbox:

@@ -6,8 +6,10 @@
 * :class:`~rlfleet.coordinator.liveness.Liveness`: heartbeat timeouts, starved requests;
 * :func:`~rlfleet.coordinator.status.fleet_status`: GetStatus.
 
-The faces (``worker_face``, ``learner_face``) only translate between gRPC
-and these parts; nothing here imports a servicer context.
+The faces (``worker_face``, ``learner_face``) only plumb gRPC, and their
+messages are read and written in ``worker_messages`` and ``learner_messages``:
+these parts hold rlfleet's own types, and nothing here imports a servicer
+context.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from rlfleet.coordinator.metrics import CoordinatorMetrics
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.requests import LearnerRequests
 from rlfleet.coordinator.state import FleetState
-from rlfleet.coordinator.status import fleet_status
+from rlfleet.coordinator.status import FleetSnapshot, fleet_status
 from rlfleet.coordinator.worker_events import WorkerEvents
 from rlfleet.errors import ConfigError
-from rlfleet.v1 import learner_pb2, worker_pb2
+from rlfleet.join_stream import DrainOrder
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -118,7 +120,7 @@ class Coordinator:
         """Starts the liveness checks."""
         self._liveness.start()
 
-    def status(self) -> learner_pb2.FleetStatus:
+    def status(self) -> FleetSnapshot:
         """The fleet as it is now (GetStatus)."""
         status = fleet_status(self._state)
         status.leases, status.leased_envs, by_worker = self.leases.counts()
@@ -165,9 +167,7 @@ class Coordinator:
     ) -> None:
         """Sends every worker Drain: finish the episodes in flight, send them, close."""
         state = self._state
-        message = worker_pb2.CoordinatorMessage(
-            drain=worker_pb2.Drain(reason=reason, grace_seconds=grace_seconds)
-        )
+        message = DrainOrder(reason, grace_seconds)
         with state.lock:
             for handle in state.registry:
                 handle.send(message)

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-import grpc
+from typing import TypeAlias
 
-from rlfleet.v1 import updates_pb2
+import grpc
+from google.protobuf.message import Message
+
+from rlfleet.error_reports import ErrorReport
+
+#: The structured error a call ends with: a report, or the ``ErrorDetail`` a
+#: worker's lease reply carried, which the lease relay passes on as it came.
+CallDetail: TypeAlias = ErrorReport | Message
 
 
 class CallError(Exception):
-    """Ends a gRPC call with ``code`` and ``message`` (and an ErrorDetail).
+    """Ends a gRPC call with ``code`` and ``message`` (and an error report).
 
     Raised anywhere below the faces; the face that owns the call turns it
     into the status (``rlfleet._rpc.abort``), so the rules live in one place.
@@ -20,10 +27,7 @@ class CallError(Exception):
     """
 
     def __init__(
-        self,
-        code: grpc.StatusCode,
-        message: str,
-        detail: updates_pb2.ErrorDetail | None = None,
+        self, code: grpc.StatusCode, message: str, detail: CallDetail | None = None
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -39,25 +43,6 @@ def invalid(message: str) -> CallError:
     return CallError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
-def detail_of(kind: int, message: str, *, worker: str = "") -> updates_pb2.ErrorDetail:
-    """A coordinator-made ErrorDetail of ``kind`` (an ``ErrorKind`` value)."""
-    return updates_pb2.ErrorDetail(
-        kind=kind,  # type: ignore[arg-type]
-        message=message,
-        worker=worker,
-    )
-
-
-def describe(detail: updates_pb2.ErrorDetail) -> str:
-    """One-line text of a worker's ErrorDetail: the message and where it happened."""
-    where = []
-    if detail.worker:
-        where.append(f"worker {detail.worker!r}")
-    if detail.HasField("env_index"):
-        where.append(f"env {detail.env_index}")
-    if detail.HasField("step"):
-        where.append(f"step {detail.step}")
-    if detail.HasField("episode_index"):
-        where.append(f"episode {detail.episode_index}")
-    text = detail.message or updates_pb2.ErrorKind.Name(detail.kind)
-    return f"{text} ({', '.join(where)})" if where else text
+def detail_of(kind: int, message: str, *, worker: str = "") -> ErrorReport:
+    """A coordinator-made report of ``kind`` (an ``ErrorKind`` value)."""
+    return ErrorReport(kind, message, worker=worker)

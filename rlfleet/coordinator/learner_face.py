@@ -1,10 +1,8 @@
 """The learner face: LearnerService calls, from gRPC to the Coordinator and back.
 
-Only translation lives here: protobuf in, Coordinator call, protobuf (or
-zero-copy chunk envelopes) out, and CallError to a gRPC status. Results
-are forwarded as the worker's original chunks: the first message of a
-result carries its metadata, every message carries the worker id (the
-client reassembles per worker).
+Only plumbing lives here: the calls' (de)serializers turn messages into
+rlfleet types and back (``learner_messages``), the Coordinator serves them,
+and a CallError becomes the call's gRPC status.
 """
 
 from __future__ import annotations
@@ -13,20 +11,21 @@ from collections.abc import Callable, Generator, Iterator
 from typing import TypeVar
 
 import grpc
-from google.protobuf.message import Message
 
 from rlfleet import _rpc
-from rlfleet.coordinator import lease_translation
-from rlfleet.coordinator.calls import CallScope, Event, Finished, Forward, Header
+from rlfleet.coordinator import learner_messages, lease_translation
+from rlfleet.coordinator.calls import CallScope, Event
 from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.learner_messages import WireResponse
 from rlfleet.coordinator.lease_face import LeaseFace
+from rlfleet.coordinator.status import FleetSnapshot
 from rlfleet.coordinator.worker_face import Malformed, tolerant
-from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
+from rlfleet.fleet_updates import AgentChange, EnvChange
+from rlfleet.learner_calls import SampleAsk, StatusAsk, SubscribeAsk, UpdateReceipt
 
-Response = learner_pb2.SampleResponse | _rpc.WithChunk
 T = TypeVar("T")
-M = TypeVar("M", bound=Message)
+Q = TypeVar("Q")
 R = TypeVar("R")
 
 
@@ -44,31 +43,29 @@ class LearnerFace:
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a server."""
 
-        def plain(cls: type[M]) -> Callable[[bytes], M | Malformed]:
-            return tolerant(_rpc.plain_deserializer(cls))
-
+        messages = learner_messages
         out = _rpc.serialize
         timed = self._coordinator.metrics.timed
         methods = {
             "Sample": grpc.unary_stream_rpc_method_handler(
                 timed("Sample", _parsed(self.sample)),
-                request_deserializer=plain(learner_pb2.SampleRequest),
+                request_deserializer=tolerant(messages.parse_sample_request),
                 response_serializer=out,
             ),
             "Subscribe": grpc.unary_stream_rpc_method_handler(
                 timed("Subscribe", _parsed(self.subscribe)),
-                request_deserializer=plain(learner_pb2.SubscribeRequest),
+                request_deserializer=tolerant(messages.parse_subscribe_request),
                 response_serializer=out,
             ),
             "UpdateAgent": grpc.unary_unary_rpc_method_handler(
                 timed("UpdateAgent", _parsed(self.update_agent)),
-                request_deserializer=plain(updates_pb2.AgentUpdate),
-                response_serializer=out,
+                request_deserializer=tolerant(messages.parse_agent_update),
+                response_serializer=messages.serialize_update_receipt,
             ),
             "UpdateEnv": grpc.unary_unary_rpc_method_handler(
                 timed("UpdateEnv", _parsed(self.update_env)),
-                request_deserializer=plain(updates_pb2.EnvUpdate),
-                response_serializer=out,
+                request_deserializer=tolerant(messages.parse_env_update),
+                response_serializer=messages.serialize_update_receipt,
             ),
             "Lease": grpc.stream_stream_rpc_method_handler(
                 LeaseFace(
@@ -81,43 +78,41 @@ class LearnerFace:
             ),
             "GetStatus": grpc.unary_unary_rpc_method_handler(
                 timed("GetStatus", _parsed(self.get_status)),
-                request_deserializer=plain(learner_pb2.StatusRequest),
-                response_serializer=out,
+                request_deserializer=tolerant(messages.parse_status_request),
+                response_serializer=messages.serialize_fleet_status,
             ),
         }
         return grpc.method_handlers_generic_handler(_rpc.LEARNER_SERVICE, methods)
 
-    def sample(
-        self, request: learner_pb2.SampleRequest, context: grpc.ServicerContext
-    ) -> Iterator[Response]:
+    def sample(self, request: SampleAsk, context: grpc.ServicerContext) -> Iterator[WireResponse]:
         """Sample: header, results, footer."""
         scope = self._scope(context)
         yield from self._stream(lambda: self._learners.sample(request, scope), context)
 
     def subscribe(
-        self, request: learner_pb2.SubscribeRequest, context: grpc.ServicerContext
-    ) -> Iterator[Response]:
+        self, request: SubscribeAsk, context: grpc.ServicerContext
+    ) -> Iterator[WireResponse]:
         """Subscribe: headers and results until the learner cancels."""
         scope = self._scope(context)
         yield from self._stream(lambda: self._learners.subscribe(request, scope), context)
 
     def update_agent(
-        self, request: updates_pb2.AgentUpdate, context: grpc.ServicerContext
-    ) -> learner_pb2.UpdateAck:
+        self, request: tuple[AgentChange, str], context: grpc.ServicerContext
+    ) -> UpdateReceipt:
         """UpdateAgent: answers once every worker applied it."""
         scope = self._scope(context)
-        return _unary(lambda: self._learners.update_agent(request, scope), context)
+        update, expected_id = request
+        return _unary(lambda: self._learners.update_agent(update, expected_id, scope), context)
 
     def update_env(
-        self, request: updates_pb2.EnvUpdate, context: grpc.ServicerContext
-    ) -> learner_pb2.UpdateAck:
+        self, request: tuple[EnvChange, str], context: grpc.ServicerContext
+    ) -> UpdateReceipt:
         """UpdateEnv: answers once every worker built the env."""
         scope = self._scope(context)
-        return _unary(lambda: self._learners.update_env(request, scope), context)
+        update, expected_id = request
+        return _unary(lambda: self._learners.update_env(update, expected_id, scope), context)
 
-    def get_status(
-        self, request: learner_pb2.StatusRequest, context: grpc.ServicerContext
-    ) -> learner_pb2.FleetStatus:
+    def get_status(self, request: StatusAsk, context: grpc.ServicerContext) -> FleetSnapshot:
         """GetStatus."""
         return self._coordinator.status()
 
@@ -129,11 +124,11 @@ class LearnerFace:
 
     def _stream(
         self, start: Callable[[], Generator[Event, None, None]], context: grpc.ServicerContext
-    ) -> Iterator[Response]:
+    ) -> Iterator[WireResponse]:
         events = start()
         try:
             for event in events:
-                yield from _responses(event)
+                yield from learner_messages.responses(event)
         except CallError as exc:
             _rpc.abort(context, exc.code, exc.message, exc.detail)
         finally:
@@ -142,19 +137,22 @@ class LearnerFace:
 
 
 def _parsed(
-    behavior: Callable[[M, grpc.ServicerContext], R],
-) -> Callable[[M | Malformed, grpc.ServicerContext], R]:
+    behavior: Callable[[Q, grpc.ServicerContext], R],
+) -> Callable[[Q | Malformed | CallError, grpc.ServicerContext], R]:
     """Wraps a method so that a request that did not parse ends it with INVALID_ARGUMENT.
 
     gRPC itself would answer a raising deserializer with INTERNAL, which
-    blames the coordinator for the caller's bytes.
+    blames the coordinator for the caller's bytes. A request the
+    deserializer refused (a malformed update in it) ends with its error.
     """
 
-    def handle(request: M | Malformed, context: grpc.ServicerContext) -> R:
+    def handle(request: Q | Malformed | CallError, context: grpc.ServicerContext) -> R:
         if isinstance(request, Malformed):
             _rpc.abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.error}"
             )
+        if isinstance(request, CallError):
+            _rpc.abort(context, request.code, request.message, request.detail)
         return behavior(request, context)
 
     return handle
@@ -165,22 +163,3 @@ def _unary(call: Callable[[], T], context: grpc.ServicerContext) -> T:
         return call()
     except CallError as exc:
         _rpc.abort(context, exc.code, exc.message, exc.detail)
-
-
-def _responses(event: Event) -> Iterator[Response]:
-    """The messages of one event."""
-    if isinstance(event, Header):
-        yield learner_pb2.SampleResponse(header=event.header)
-    elif isinstance(event, Forward):
-        first, *rest = event.chunks
-        yield _rpc.WithChunk(learner_pb2.SampleResponse(result=event.meta), first)
-        worker_id = event.meta.worker_id
-        for chunk in rest:
-            envelope = learner_pb2.SampleResponse(
-                result=worker_pb2.EpisodeResult(worker_id=worker_id)
-            )
-            yield _rpc.WithChunk(envelope, chunk)
-    elif isinstance(event, Finished):
-        yield learner_pb2.SampleResponse(footer=event.footer)
-    else:
-        raise event

@@ -33,7 +33,7 @@ from rlfleet.coordinator.updates import check_env_update
 from rlfleet.errors import WireFormatError
 from rlfleet.lease_messages import OP_CODES, OP_NAMES, LeaseCallOrder, decode_lease_call
 from rlfleet.v1 import leases_pb2, tensor_pb2, updates_pb2, worker_pb2
-from rlfleet.wire import encode_tensor_into
+from rlfleet.wire import decode_env_update, encode_tensor_into
 from rlfleet.wire._protowire import LEN, len_prefix, read_varint, tag
 
 T = TypeVar("T")
@@ -66,7 +66,7 @@ class LeasedEnvSpec:
         """
         if self.update.pickled_env_factory:
             raise invalid("leased envs are built from an env id, never a pickled factory")
-        check_env_update(self.update)
+        check_env_update(decode_env_update(self.update))
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,39 @@ import queue
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import grpc
+from google.protobuf.message import Message
 
-from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.failures import CallDetail, CallError
 from rlfleet.coordinator.lease_data_server import LeaseConnection
+from rlfleet.coordinator.scheduler import CancelOrder, TaskOrder
 from rlfleet.episode_results import ResultAssembler
-from rlfleet.v1 import updates_pb2, worker_pb2
+from rlfleet.error_reports import ErrorReport
+from rlfleet.fleet_updates import AgentChange, EnvChange
+from rlfleet.join_stream import DrainOrder, WorkerBeat, WorkerHello, WorkerWelcome
+from rlfleet.stream_replay import StreamReplay
+
+
+@dataclass(frozen=True)
+class TaskDispatch:
+    """A task for a worker, with the replays of the streams it takes over.
+
+    Attributes:
+        order: The scheduler's order.
+        replays: How to rebuild the episodes of streams another worker ran.
+    """
+
+    order: TaskOrder
+    replays: tuple[StreamReplay, ...] = ()
+
+
+#: What the coordinator sends a worker on its Join stream. A lease command
+#: (``Message``) is the lease face's, built and sent as it made it.
+WorkerCommand: TypeAlias = (
+    WorkerWelcome | EnvChange | AgentChange | TaskDispatch | CancelOrder | DrainOrder | Message
+)
 
 
 @dataclass(frozen=True)
@@ -28,7 +54,7 @@ class Ending:
 
     code: grpc.StatusCode
     message: str
-    detail: updates_pb2.ErrorDetail | None = None
+    detail: CallDetail | None = None
 
 
 @dataclass(eq=False)
@@ -58,17 +84,17 @@ class WorkerHandle:
 
     worker_id: int
     name: str
-    hello: worker_pb2.Hello
+    hello: WorkerHello
     peer: str
     first_stream: int
-    outbox: queue.SimpleQueue[worker_pb2.CoordinatorMessage | Ending]
+    outbox: queue.SimpleQueue[WorkerCommand | Ending]
     last_seen: float
     alive: bool = True
     leaving: bool = False
     env_generation: int = 0
     agent_version: int = 0
-    heartbeat: worker_pb2.Heartbeat = field(default_factory=worker_pb2.Heartbeat)
-    last_error: updates_pb2.ErrorDetail | None = None
+    heartbeat: WorkerBeat = field(default_factory=WorkerBeat)
+    last_error: ErrorReport | None = None
     assembler: ResultAssembler = field(default_factory=ResultAssembler)
     lease_data: LeaseConnection | None = None
     lease_ticket: bytes = b""
@@ -78,12 +104,12 @@ class WorkerHandle:
         """Env slots the worker steps together."""
         return self.hello.num_envs
 
-    def send(self, message: worker_pb2.CoordinatorMessage) -> None:
+    def send(self, message: WorkerCommand) -> None:
         """Queues a message for the worker (no-op once it is gone)."""
         if self.alive:
             self.outbox.put(message)
 
-    def send_lease(self, message: worker_pb2.CoordinatorMessage) -> None:
+    def send_lease(self, message: Message) -> None:
         """Queues a lease command: on the data connection once the worker has one
         (the switch marker went ahead of it on the stream), else on the stream."""
         connection = self.lease_data
@@ -92,9 +118,7 @@ class WorkerHandle:
         elif self.alive:
             connection.send(message.SerializeToString())
 
-    def end(
-        self, code: grpc.StatusCode, message: str, detail: updates_pb2.ErrorDetail | None = None
-    ) -> None:
+    def end(self, code: grpc.StatusCode, message: str, detail: CallDetail | None = None) -> None:
         """Makes the stream's handler end the call with this status."""
         self.outbox.put(Ending(code, message, detail))
 
@@ -123,7 +147,7 @@ class Registry:
         self._workers: dict[int, WorkerHandle] = {}
         self._ids = itertools.count(1)
 
-    def admit(self, hello: worker_pb2.Hello, peer: str) -> WorkerHandle:
+    def admit(self, hello: WorkerHello, peer: str) -> WorkerHandle:
         """Adds a worker that said Hello.
 
         Raises:
@@ -149,7 +173,7 @@ class Registry:
         self._workers[worker_id] = handle
         return handle
 
-    def _unique_name(self, hello: worker_pb2.Hello, worker_id: int) -> str:
+    def _unique_name(self, hello: WorkerHello, worker_id: int) -> str:
         base = hello.name or (f"{hello.host}:{hello.pid}" if hello.host else f"worker-{worker_id}")
         taken = {handle.name for handle in self._workers.values()}
         if base not in taken:

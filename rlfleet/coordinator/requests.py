@@ -14,13 +14,15 @@ from contextlib import contextmanager
 
 import grpc
 
-from rlfleet.coordinator.calls import CallOutbox, CallScope, Event, Finished, Forward, Header
+from rlfleet.coordinator.calls import CallOutbox, CallScope, Event, Finished, Forward
 from rlfleet.coordinator.failures import CallError, detail_of
-from rlfleet.coordinator.messages import sample_mode, subscription_mode
+from rlfleet.coordinator.request_checks import sample_mode, subscription_mode
 from rlfleet.coordinator.rollouts import Rollouts
 from rlfleet.coordinator.scheduler import RequestSpec
 from rlfleet.coordinator.state import FleetState, OpenCall
-from rlfleet.v1 import learner_pb2, updates_pb2
+from rlfleet.error_reports import ErrorKind
+from rlfleet.fleet_updates import AgentChange, EnvChange
+from rlfleet.learner_calls import CallHeader, SampleAsk, SubscribeAsk, UpdateReceipt
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -43,13 +45,11 @@ class LearnerRequests:
             scope.cancel()
             self._state.changed.notify_all()
 
-    def sample(
-        self, request: learner_pb2.SampleRequest, scope: CallScope
-    ) -> Generator[Event, None, None]:
+    def sample(self, request: SampleAsk, scope: CallScope) -> Generator[Event, None, None]:
         """Serves a Sample request: its header, results, then a footer.
 
         Yields:
-            A Header, Forward events, then Finished or a CallError.
+            A CallHeader, Forward events, then Finished or a CallError.
 
         Raises:
             CallError: If the request is invalid, an update in it fails,
@@ -59,16 +59,14 @@ class LearnerRequests:
         state = self._state
         with self._turn(scope, f"Sample(itr={request.itr})", request.coordinator_id):
             # The env first: the agent's policy is built for the env's spaces.
-            if request.HasField("env_update"):
+            if request.env_update is not None:
                 self._rollouts.update_env(request.env_update, scope)
-            if request.HasField("agent_update"):
+            if request.agent_update is not None:
                 self._rollouts.update_agent(request.agent_update, scope)
             wait = request.wait_for_workers_seconds or state.config.wait_for_workers_seconds
             with state.lock:
                 self._await_workers(wait, scope)
-                seed, request_index = self._seeds(
-                    request.seed if request.HasField("seed") else None, request.request_index
-                )
+                seed, request_index = self._seeds(request.seed, request.request_index)
                 spec = RequestSpec(
                     mode=mode,
                     amount=request.amount,
@@ -94,13 +92,11 @@ class LearnerRequests:
             )
             yield from self._events(outbox, header)
 
-    def subscribe(
-        self, request: learner_pb2.SubscribeRequest, scope: CallScope
-    ) -> Generator[Event, None, None]:
+    def subscribe(self, request: SubscribeAsk, scope: CallScope) -> Generator[Event, None, None]:
         """Serves a subscription until the learner cancels it.
 
         Yields:
-            A Header (and one more on each env change), Forward events,
+            A CallHeader (and one more on each env change), Forward events,
             and finally a CallError if it ends from this side.
         """
         mode = subscription_mode(request, self._state.config.max_fragment_length)
@@ -114,7 +110,7 @@ class LearnerRequests:
                     "or raise --max-subscribers",
                 )
             self._await_workers(config.wait_for_workers_seconds, scope)
-            seed, request_index = self._seeds(request.seed if request.HasField("seed") else None, 0)
+            seed, request_index = self._seeds(request.seed, 0)
             spec = RequestSpec(
                 mode=mode,
                 amount=0,
@@ -139,17 +135,21 @@ class LearnerRequests:
         yield from self._events(outbox, header)
 
     def update_agent(
-        self, update: updates_pb2.AgentUpdate, scope: CallScope
-    ) -> learner_pb2.UpdateAck:
-        """UpdateAgent, in its turn (see :meth:`Rollouts.update_agent`)."""
-        with self._turn(scope, "UpdateAgent", update.coordinator_id):
-            update.ClearField("coordinator_id")  # not for the workers
+        self, update: AgentChange, expected_id: str, scope: CallScope
+    ) -> UpdateReceipt:
+        """UpdateAgent, in its turn (see :meth:`Rollouts.update_agent`).
+
+        Args:
+            update: The change.
+            expected_id: The coordinator the learner believes it talks to ("": any).
+            scope: The call.
+        """
+        with self._turn(scope, "UpdateAgent", expected_id):
             return self._rollouts.update_agent(update, scope)
 
-    def update_env(self, update: updates_pb2.EnvUpdate, scope: CallScope) -> learner_pb2.UpdateAck:
-        """UpdateEnv, in its turn (see :meth:`Rollouts.update_env`)."""
-        with self._turn(scope, "UpdateEnv", update.coordinator_id):
-            update.ClearField("coordinator_id")
+    def update_env(self, update: EnvChange, expected_id: str, scope: CallScope) -> UpdateReceipt:
+        """UpdateEnv, in its turn (see :meth:`Rollouts.update_env`); as :meth:`update_agent`."""
+        with self._turn(scope, "UpdateEnv", expected_id):
             return self._rollouts.update_env(update, scope)
 
     # --- internals ------------------------------------------------------------------
@@ -181,7 +181,7 @@ class LearnerRequests:
                 raise CallError(
                     grpc.StatusCode.ABORTED,
                     message,
-                    detail_of(updates_pb2.ERROR_KIND_COORDINATOR_RESTARTED, message),
+                    detail_of(ErrorKind.COORDINATOR_RESTARTED, message),
                 )
             if state.draining:
                 raise CallError(
@@ -217,7 +217,7 @@ class LearnerRequests:
 
     def _open(
         self, request_id: int, wait: float, scope: CallScope, *, subscription: bool
-    ) -> tuple[CallOutbox, Header]:
+    ) -> tuple[CallOutbox, CallHeader]:
         """Registers a started request's call and hands out its first work (lock held)."""
         state = self._state
         outbox = CallOutbox(request_id, subscription=subscription)
@@ -228,7 +228,7 @@ class LearnerRequests:
         state.dispatch()
         return outbox, state.header(request_id, -1 if subscription else state.agent.version)
 
-    def _events(self, outbox: CallOutbox, header: Header) -> Generator[Event, None, None]:
+    def _events(self, outbox: CallOutbox, header: CallHeader) -> Generator[Event, None, None]:
         """The call's events until it ends; closes the request however it ends."""
         state = self._state
         try:

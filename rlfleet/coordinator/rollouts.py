@@ -20,7 +20,7 @@ import grpc
 
 from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, can_run_env
 from rlfleet.coordinator.calls import CallScope
-from rlfleet.coordinator.failures import CallError, describe, detail_of
+from rlfleet.coordinator.failures import CallError, detail_of
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState, UpdateWait
 from rlfleet.coordinator.updates import (
@@ -28,19 +28,20 @@ from rlfleet.coordinator.updates import (
     check_agent_update,
     check_env_update,
     check_pickles,
-    delta_update,
+    whole_agent,
 )
-from rlfleet.v1 import learner_pb2, updates_pb2
+from rlfleet.error_reports import ErrorKind, ErrorReport, describe_report
+from rlfleet.fleet_updates import AgentChange, EnvChange
+from rlfleet.learner_calls import UpdateReceipt
 
 logger = logging.getLogger("rlfleet.coordinator")
 
-_K = updates_pb2
-#: Status of an update a worker refused, by the ErrorDetail's kind.
-_REFUSAL_CODES = {
-    _K.ERROR_KIND_POLICY: grpc.StatusCode.INVALID_ARGUMENT,
-    _K.ERROR_KIND_ENV_NOT_FOUND: grpc.StatusCode.INVALID_ARGUMENT,
-    _K.ERROR_KIND_ENV_CONFIG: grpc.StatusCode.INVALID_ARGUMENT,
-    _K.ERROR_KIND_PERMISSION: grpc.StatusCode.PERMISSION_DENIED,
+#: Status of an update a worker refused, by the report's kind.
+_REFUSAL_CODES: dict[int, grpc.StatusCode] = {
+    ErrorKind.POLICY: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.ENV_NOT_FOUND: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.ENV_CONFIG: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.PERMISSION: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 
@@ -67,9 +68,7 @@ class Rollouts:
     def __init__(self, state: FleetState) -> None:
         self._state = state
 
-    def update_agent(
-        self, update: updates_pb2.AgentUpdate, scope: CallScope
-    ) -> learner_pb2.UpdateAck:
+    def update_agent(self, update: AgentChange, scope: CallScope) -> UpdateReceipt:
         """Makes a new agent version and rolls it out.
 
         Raises:
@@ -86,13 +85,13 @@ class Rollouts:
             version = previous.version + 1
 
             def push() -> _Push:
-                state.agent = previous.apply(update, version)
-                targets = state.broadcast(delta_update(update, version))
+                state.agent = previous.after(update, version)
+                targets = state.broadcast(update.renumbered(version))
                 return _Push(targets, lambda h: h.agent_version >= version, agent_version=version)
 
             def pull_back() -> _Push:
                 state.agent = dataclasses.replace(previous, version=version + 1)
-                targets = state.broadcast(state.agent.full_update())
+                targets = state.broadcast(whole_agent(state.agent))
                 return _Push(
                     targets, lambda h: h.agent_version >= version + 1, agent_version=version + 1
                 )
@@ -107,7 +106,7 @@ class Rollouts:
             )
             return self._ack(workers)
 
-    def update_env(self, update: updates_pb2.EnvUpdate, scope: CallScope) -> learner_pb2.UpdateAck:
+    def update_env(self, update: EnvChange, scope: CallScope) -> UpdateReceipt:
         """Makes a new env generation and rolls it out. See :meth:`update_agent`."""
         check_env_update(update)
         state = self._state
@@ -135,12 +134,10 @@ class Rollouts:
                 raise CallError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     message,
-                    detail_of(updates_pb2.ERROR_KIND_NO_WORKERS, message),
+                    detail_of(ErrorKind.NO_WORKERS, message),
                 )
             generation = previous.generation + 1
-            fresh = updates_pb2.EnvUpdate()
-            fresh.CopyFrom(update)
-            fresh.generation = generation
+            fresh = update.renumbered(generation)
 
             def push() -> _Push:
                 targets = self._switch_env(EnvState(fresh))
@@ -173,7 +170,7 @@ class Rollouts:
         # Cancels go out before the EnvUpdate: workers drop old-env work first.
         state.send_cancels(state.scheduler.set_env_generation(env.generation))
         state.streams.end_episodes()  # workers abandon every stream's episode with their envs
-        return state.broadcast(env.message())
+        return state.broadcast(env.update)
 
     def _roll_out(
         self,
@@ -210,13 +207,13 @@ class Rollouts:
         worker, detail = refusal
         raise CallError(
             _REFUSAL_CODES.get(detail.kind, grpc.StatusCode.FAILED_PRECONDITION),
-            f"worker {worker!r} {refused}: {describe(detail)}. {restored}",
+            f"worker {worker!r} {refused}: {describe_report(detail)}. {restored}",
             detail,
         )
 
     def _await(
         self, pushed: _Push, scope: CallScope, what: str, *, quiet: bool = False
-    ) -> tuple[str, updates_pb2.ErrorDetail] | None:
+    ) -> tuple[str, ErrorReport] | None:
         """Waits until every target applied an update or refused it.
 
         Returns:
@@ -263,9 +260,9 @@ class Rollouts:
             )
         return None
 
-    def _ack(self, workers: int) -> learner_pb2.UpdateAck:
+    def _ack(self, workers: int) -> UpdateReceipt:
         state = self._state
-        return learner_pb2.UpdateAck(
+        return UpdateReceipt(
             agent_version=state.agent.version,
             env_generation=state.env.generation,
             workers_updated=workers,
@@ -273,13 +270,11 @@ class Rollouts:
         )
 
 
-def _same_env(current: updates_pb2.EnvUpdate, update: updates_pb2.EnvUpdate) -> bool:
+def _same_env(current: EnvChange, update: EnvChange) -> bool:
     """Whether an update asks for the env the fleet runs (pickled factories never are)."""
     if update.pickled_env_factory or current.pickled_env_factory:
         return False
     if update.env_id != current.env_id:
-        return False
-    if update.HasField("max_episode_length") != current.HasField("max_episode_length"):
         return False
     if update.max_episode_length != current.max_episode_length:
         return False

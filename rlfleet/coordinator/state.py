@@ -22,17 +22,18 @@ from dataclasses import dataclass, field
 import grpc
 
 from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, can_run_env, can_run_policy
-from rlfleet.coordinator.calls import CallOutbox, CallScope, FifoGate, Header
+from rlfleet.coordinator.calls import CallOutbox, CallScope, FifoGate
 from rlfleet.coordinator.config import CoordinatorConfig
-from rlfleet.coordinator.failures import CallError, describe, detail_of
-from rlfleet.coordinator.messages import cancel_message, task_message
+from rlfleet.coordinator.failures import CallError, detail_of
 from rlfleet.coordinator.metrics import CoordinatorMetrics
 from rlfleet.coordinator.progress import ProgressWatch
-from rlfleet.coordinator.registry import Registry, WorkerHandle
+from rlfleet.coordinator.registry import Registry, TaskDispatch, WorkerHandle
 from rlfleet.coordinator.scheduler import CancelOrder, Scheduler
-from rlfleet.coordinator.updates import AgentState, EnvState, env_update_of
+from rlfleet.coordinator.updates import EnvState, env_update_of, whole_agent
+from rlfleet.error_reports import ErrorKind, ErrorReport, describe_report
+from rlfleet.fleet_updates import AgentChange, EnvChange
+from rlfleet.learner_calls import CallHeader
 from rlfleet.stream_replay import StreamBook
-from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -66,13 +67,13 @@ class UpdateWait:
     targets: set[int]
     env_generation: int | None = None
     agent_version: int | None = None
-    errors: dict[int, updates_pb2.ErrorDetail] = field(default_factory=dict)
+    errors: dict[int, ErrorReport] = field(default_factory=dict)
 
-    def refused_by(self, detail: updates_pb2.ErrorDetail) -> bool:
+    def refused_by(self, detail: ErrorReport) -> bool:
         """Whether ``detail`` refuses this update (and not an earlier one, or a task)."""
-        if detail.HasField("env_generation"):
+        if detail.env_generation is not None:
             return detail.env_generation == self.env_generation
-        if detail.HasField("agent_version"):
+        if detail.agent_version is not None:
             return detail.agent_version == self.agent_version
         return False
 
@@ -112,7 +113,8 @@ class FleetState:
         )
         # What every fragment stream delivered: replays for workers taking one over.
         self.streams = StreamBook()
-        self.agent = AgentState()
+        # The whole agent: every update since its policy, merged.
+        self.agent = AgentChange()
         self.env = EnvState(env_update_of(config.env, 1))
         self.gate = FifoGate(self.changed, config.max_queued_requests)
         self.calls: dict[int, OpenCall] = {}
@@ -158,7 +160,7 @@ class FleetState:
             )
         elif connected:
             errors = [h.last_error for h in self.registry if h.last_error is not None]
-            why = f"; last worker error: {describe(errors[-1])}" if errors else ""
+            why = f"; last worker error: {describe_report(errors[-1])}" if errors else ""
             message = (
                 f"no worker became ready within {seconds:g} seconds ({connected} connected, "
                 f"none ready for env generation {self.env.generation} and agent version "
@@ -169,7 +171,7 @@ class FleetState:
                 f"no worker joined within {seconds:g} seconds; start workers with "
                 "`rlfleet worker --coordinator ADDR` (ADDR: this coordinator's address)"
             )
-        detail = detail_of(updates_pb2.ERROR_KIND_NO_WORKERS, message)
+        detail = detail_of(ErrorKind.NO_WORKERS, message)
         return CallError(grpc.StatusCode.UNAVAILABLE, message, detail)
 
     # --- workers (lock held) -----------------------------------------------------
@@ -194,7 +196,7 @@ class FleetState:
             return
         self.agent_sat_out.discard(handle.worker_id)
         if self.agent.version > 0:
-            handle.send(self.agent.full_update())
+            handle.send(whole_agent(self.agent))
 
     def is_ready(self, handle: WorkerHandle) -> bool:
         """Whether a worker runs the current env and agent and takes work."""
@@ -219,12 +221,12 @@ class FleetState:
         for order in orders:
             handle = self.registry.get(order.worker_id)
             if handle is not None:
-                replays = [
+                replays = tuple(
                     replay
                     for stream in order.streams
                     if (replay := self.streams.replay(order.base_seed, stream, order.worker_id))
-                ]
-                handle.send(task_message(order, replays))
+                )
+                handle.send(TaskDispatch(order, replays))
                 if logger.isEnabledFor(logging.DEBUG):
                     logger.debug(
                         "task %d of request %d to worker %r",
@@ -244,9 +246,9 @@ class FleetState:
         for cancel in cancels:
             handle = self.registry.get(cancel.worker_id)
             if handle is not None:
-                handle.send(cancel_message(cancel))
+                handle.send(cancel)
 
-    def broadcast(self, message: worker_pb2.CoordinatorMessage) -> set[int]:
+    def broadcast(self, message: AgentChange | EnvChange) -> set[int]:
         """Sends an env or agent update to every worker that may run it; returns their ids.
 
         Workers without the multi-agent capability sit a multi-agent env out
@@ -262,7 +264,7 @@ class FleetState:
                 self.sat_out.add(worker_id)
                 self.refresh(handle)
                 continue
-            if message.HasField("env_update"):
+            if isinstance(message, EnvChange):
                 handle.send(message)
                 targets.add(worker_id)
                 if worker_id in self.sat_out or worker_id in self.agent_sat_out:
@@ -280,17 +282,15 @@ class FleetState:
 
     # --- learner calls (lock held) -----------------------------------------------
 
-    def header(self, request_id: int, agent_version: int) -> Header:
-        """The SampleHeader of a call in the current env."""
-        header = learner_pb2.SampleHeader(
+    def header(self, request_id: int, agent_version: int) -> CallHeader:
+        """The header of a call in the current env."""
+        return CallHeader(
             request_id=request_id,
             agent_version=agent_version,
             env_generation=self.env.generation,
             coordinator_id=self.coordinator_id,
+            env_spec_wire=self.env.spec_wire,
         )
-        if self.env.spec_proto is not None:
-            header.env_spec.CopyFrom(self.env.spec_proto)
-        return Header(header)
 
     def announce_env(self) -> None:
         """Sends subscribers the header of the env generation now known."""

@@ -8,6 +8,7 @@ batch never holds the lock while it is decoded.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -17,8 +18,7 @@ import grpc
 from rlfleet import _rpc
 from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY
 from rlfleet.coordinator.calls import Finished, Forward
-from rlfleet.coordinator.failures import CallError, describe, detail_of, invalid
-from rlfleet.coordinator.messages import footer_message, forwarded_result
+from rlfleet.coordinator.failures import CallDetail, CallError, detail_of, invalid
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.scheduler import Mode, RequestSpec, Verdict
 from rlfleet.coordinator.state import FleetState
@@ -32,9 +32,17 @@ from rlfleet.episode_results import (
     check_result,
     decode_result,
 )
+from rlfleet.error_reports import ErrorKind, ErrorReport, describe_report, is_known_kind, kind_name
 from rlfleet.errors import ProtocolError, WireFormatError
+from rlfleet.join_stream import (
+    AgentApplied,
+    EnvBuilt,
+    WorkerBeat,
+    WorkerHello,
+    WorkerLeaving,
+    WorkerWelcome,
+)
 from rlfleet.security import PICKLE_CAPABILITY
-from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -63,7 +71,7 @@ class WorkerEvents:
         #: port) for a lease-hosting worker's Welcome.
         self.lease_data_ticket: Callable[[WorkerHandle], tuple[int, bytes]] | None = None
 
-    def admit(self, hello: worker_pb2.Hello, peer: str) -> WorkerHandle:
+    def admit(self, hello: WorkerHello, peer: str) -> WorkerHandle:
         """Admits a worker that said Hello and queues its Welcome and state.
 
         Raises:
@@ -77,7 +85,7 @@ class WorkerEvents:
                 f"coordinator speaks version {_rpc.PROTOCOL_VERSION}; run matching rlfleet "
                 "versions"
             )
-            detail = detail_of(updates_pb2.ERROR_KIND_VERSION, message, worker=hello.name)
+            detail = detail_of(ErrorKind.VERSION, message, worker=hello.name)
             raise CallError(grpc.StatusCode.FAILED_PRECONDITION, message, detail)
         if hello.num_envs < 1:
             raise invalid(f"Hello.num_envs must be >= 1, got {hello.num_envs}")
@@ -101,7 +109,7 @@ class WorkerEvents:
                     f"{hello.name!r} would refuse: start it with --allow-pickle (and TLS and "
                     "a token)"
                 )
-                detail = detail_of(updates_pb2.ERROR_KIND_PERMISSION, message, worker=hello.name)
+                detail = detail_of(ErrorKind.PERMISSION, message, worker=hello.name)
                 raise CallError(grpc.StatusCode.PERMISSION_DENIED, message, detail)
             handle = state.registry.admit(hello, peer)
             streams = state.scheduler.add_worker(
@@ -115,7 +123,7 @@ class WorkerEvents:
             # (a worker that cannot run a multi-agent env waits for the next env, one
             # that cannot build the joint policy for the next agent).
             if state.takes_env(handle):
-                handle.send(state.env.message())
+                handle.send(state.env.update)
                 state.send_agent(handle)
             else:
                 state.sat_out.add(handle.worker_id)
@@ -131,33 +139,31 @@ class WorkerEvents:
         )
         return handle
 
-    def _welcome(self, handle: WorkerHandle) -> worker_pb2.CoordinatorMessage:
+    def _welcome(self, handle: WorkerHandle) -> WorkerWelcome:
         config = self._state.config
         data = None
         hosts_leases = _rpc.LEASE_CAPABILITY in handle.hello.capabilities
         if self.lease_data_ticket is not None and hosts_leases:
             port, handle.lease_ticket = self.lease_data_ticket(handle)
-            data = leases_pb2.LeaseDataAddress(port=port, ticket=handle.lease_ticket)
-        return worker_pb2.CoordinatorMessage(
-            welcome=worker_pb2.Welcome(
-                protocol_version=_rpc.PROTOCOL_VERSION,
-                worker_id=handle.worker_id,
-                name=handle.name,
-                heartbeat_interval_seconds=config.heartbeat_interval_seconds,
-                heartbeat_timeout_seconds=config.heartbeat_timeout_seconds,
-                max_message_bytes=config.max_message_bytes,
-                capabilities=[
-                    c
-                    for c in (*CAPABILITIES, *config.security.pickle.capabilities)
-                    if c in handle.hello.capabilities
-                ],
-                first_stream=handle.first_stream,
-                coordinator_id=self._state.coordinator_id,
-                lease_data=data,
-            )
+            data = (port, handle.lease_ticket)
+        return WorkerWelcome(
+            protocol_version=_rpc.PROTOCOL_VERSION,
+            worker_id=handle.worker_id,
+            name=handle.name,
+            heartbeat_interval_seconds=config.heartbeat_interval_seconds,
+            heartbeat_timeout_seconds=config.heartbeat_timeout_seconds,
+            max_message_bytes=config.max_message_bytes,
+            capabilities=tuple(
+                c
+                for c in (*CAPABILITIES, *config.security.pickle.capabilities)
+                if c in handle.hello.capabilities
+            ),
+            first_stream=handle.first_stream,
+            coordinator_id=self._state.coordinator_id,
+            lease_data=data,
         )
 
-    def on_env_ready(self, handle: WorkerHandle, ready: worker_pb2.EnvReady) -> None:
+    def on_env_ready(self, handle: WorkerHandle, ready: EnvBuilt) -> None:
         """A worker built its envs.
 
         Raises:
@@ -168,13 +174,13 @@ class WorkerEvents:
         with state.lock:
             if not handle.alive or ready.generation != state.env.generation:
                 return  # an older generation: the newer EnvUpdate is on its way
-            if state.env.spec_proto is None:
+            if state.env.spec_wire is None:
                 try:
-                    state.env = state.env.with_spec(ready.env_spec)
+                    state.env = state.env.with_spec(ready.env_spec_wire)
                 except WireFormatError as exc:
                     raise invalid(f"EnvReady carries a malformed env spec: {exc}") from None
                 state.announce_env()
-            elif ready.env_spec != state.env.spec_proto:
+            elif ready.env_spec_wire != state.env.spec_wire:
                 raise CallError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"worker {handle.name!r} built env {state.env.update.env_id!r} with spaces "
@@ -184,7 +190,7 @@ class WorkerEvents:
             handle.env_generation = ready.generation
             state.refresh(handle)
 
-    def on_agent_ready(self, handle: WorkerHandle, ready: worker_pb2.AgentReady) -> None:
+    def on_agent_ready(self, handle: WorkerHandle, ready: AgentApplied) -> None:
         """A worker applied an agent update.
 
         Raises:
@@ -200,19 +206,19 @@ class WorkerEvents:
             handle.agent_version = max(handle.agent_version, ready.version)
             state.refresh(handle)
 
-    def on_heartbeat(self, handle: WorkerHandle, heartbeat: worker_pb2.Heartbeat) -> None:
+    def on_heartbeat(self, handle: WorkerHandle, heartbeat: WorkerBeat) -> None:
         """Records a worker's progress figures (its liveness is its reader's job)."""
         with self._state.lock:
             handle.heartbeat = heartbeat
 
-    def on_leaving(self, handle: WorkerHandle, leaving: worker_pb2.Leaving) -> None:
+    def on_leaving(self, handle: WorkerHandle, leaving: WorkerLeaving) -> None:
         """The worker will leave: no new work; its units in flight still count."""
         with self._state.lock:
             handle.leaving = True
             self._state.refresh(handle)
         logger.info("worker %r is leaving: %s", handle.name, leaving.reason or "no reason given")
 
-    def on_error(self, handle: WorkerHandle, detail: updates_pb2.ErrorDetail) -> None:
+    def on_error(self, handle: WorkerHandle, detail: ErrorReport) -> None:
         """A worker reported an error: fail the request or update it names, if still open.
 
         An error is charged only to what it names (its task, or the update's
@@ -220,10 +226,9 @@ class WorkerEvents:
         ended, or of an update already rolled back, is only logged.
         """
         if not detail.worker:
-            detail.worker = handle.name
+            detail = dataclasses.replace(detail, worker=handle.name)
         state = self._state
-        known = detail.kind in updates_pb2.ErrorKind.values()
-        state.metrics.error(updates_pb2.ErrorKind.Name(detail.kind) if known else "unknown")
+        state.metrics.error(kind_name(detail.kind) if is_known_kind(detail.kind) else "unknown")
         with state.lock:
             handle.last_error = detail
             if detail.task_id:
@@ -234,7 +239,7 @@ class WorkerEvents:
                     logger.warning(
                         "task %d failed: %s",
                         detail.task_id,
-                        describe(detail),
+                        describe_report(detail),
                         extra={
                             "task_id": detail.task_id,
                             "request_id": request_id,
@@ -242,7 +247,7 @@ class WorkerEvents:
                         },
                     )
                     failure = CallError(
-                        grpc.StatusCode.FAILED_PRECONDITION, describe(detail), detail
+                        grpc.StatusCode.FAILED_PRECONDITION, describe_report(detail), detail
                     )
                     state.fail_call(request_id, failure)
                     return
@@ -254,7 +259,7 @@ class WorkerEvents:
         logger.warning(
             "worker %r reported (charged to nothing open): %s",
             handle.name,
-            describe(detail),
+            describe_report(detail),
             extra={"worker": handle.name},
         )
 
@@ -315,13 +320,13 @@ class WorkerEvents:
             state.progress.delivered(handle.worker_id, time.monotonic())
             call = state.calls.get(outcome.request_id)
             if call is not None:
-                forwarded = forwarded_result(joined.meta, handle.worker_id)
-                call.outbox.put(Forward(forwarded, joined.chunks, sum(header.lengths)))
+                forward = Forward(header, handle.worker_id, joined.chunks, sum(header.lengths))
+                call.outbox.put(forward)
             if outcome.done:
                 footer = state.scheduler.footer(outcome.request_id)
                 state.finish_request(outcome.request_id)
                 if call is not None:
-                    call.outbox.put(Finished(footer_message(footer)))
+                    call.outbox.put(Finished(footer))
             state.dispatch()
 
     def drop(
@@ -329,7 +334,7 @@ class WorkerEvents:
         handle: WorkerHandle,
         code: grpc.StatusCode,
         message: str,
-        detail: updates_pb2.ErrorDetail | None = None,
+        detail: CallDetail | None = None,
     ) -> None:
         """Removes a worker (dead, gone or misbehaving) and ends its call.
 

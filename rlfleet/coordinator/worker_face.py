@@ -14,7 +14,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeAlias, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -24,10 +24,20 @@ from rlfleet._log_limit import LogLimiter, held_back_note
 from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.failures import CallError
 from rlfleet.coordinator.lease_translation import RelayReply, relay_deserializer, relay_reply
-from rlfleet.coordinator.registry import Ending, WorkerHandle
+from rlfleet.coordinator.registry import Ending, WorkerCommand, WorkerHandle
+from rlfleet.coordinator.worker_messages import (
+    LeaseReplyBody,
+    ResultPiece,
+    WorkerEvent,
+    body_name,
+    parse_worker_message,
+    serialize_command,
+)
+from rlfleet.episode_results import ResultHeader
+from rlfleet.error_reports import ErrorReport
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
+from rlfleet.join_stream import AgentApplied, EnvBuilt, WorkerBeat, WorkerHello, WorkerLeaving
 from rlfleet.security import InflightBudget
-from rlfleet.v1 import worker_pb2
 from rlfleet.wire import Chunk
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -55,6 +65,14 @@ def tolerant(deserialize: Callable[[bytes], T]) -> Callable[[bytes], T | Malform
             return Malformed(f"{type(exc).__name__}: {exc}")
 
     return wrapped
+
+
+class _NoHello:
+    """Handed from the reader to the handler: the stream ended before any message."""
+
+
+#: What the Join call's deserializer yields for each message of a worker.
+_Incoming: TypeAlias = WorkerEvent | RelayReply | Malformed
 
 
 class _Admission:
@@ -88,22 +106,18 @@ class WorkerFace:
         """The generic handler to add to a server."""
         join = grpc.stream_stream_rpc_method_handler(
             self.join,
-            request_deserializer=tolerant(
-                relay_deserializer(_rpc.chunked_deserializer(worker_pb2.WorkerMessage))
-            ),
-            response_serializer=_rpc.serialize,
+            request_deserializer=tolerant(relay_deserializer(parse_worker_message)),
+            response_serializer=serialize_command,
         )
         return grpc.method_handlers_generic_handler(_rpc.WORKER_SERVICE, {"Join": join})
 
     def join(
         self,
-        requests: Iterator[_rpc.WithChunk | RelayReply | Malformed],
+        requests: Iterator[_Incoming],
         context: grpc.ServicerContext,
-    ) -> Iterator[worker_pb2.CoordinatorMessage]:
+    ) -> Iterator[WorkerCommand]:
         """The Join handler: handshake, then the worker's outbox until its end."""
-        first: queue.SimpleQueue[_rpc.WithChunk | RelayReply | Malformed | None] = (
-            queue.SimpleQueue()
-        )
+        first: queue.SimpleQueue[_Incoming | _NoHello] = queue.SimpleQueue()
         admission = _Admission()
         threading.Thread(
             target=self._read,
@@ -144,7 +158,7 @@ class WorkerFace:
 
     def _handshake(
         self,
-        first: queue.SimpleQueue[_rpc.WithChunk | RelayReply | Malformed | None],
+        first: queue.SimpleQueue[_Incoming | _NoHello],
         context: grpc.ServicerContext,
     ) -> WorkerHandle:
         timeout = self._coordinator.config.handshake_timeout_seconds
@@ -156,35 +170,28 @@ class WorkerFace:
                 f"no Hello within {timeout:g} seconds of opening the Join stream; a "
                 "worker's first message must be Hello",
             ) from None
-        if item is None:
+        if isinstance(item, _NoHello):
             raise CallError(grpc.StatusCode.CANCELLED, "the stream ended before its Hello")
         if isinstance(item, Malformed):
             raise CallError(grpc.StatusCode.INVALID_ARGUMENT, f"malformed Hello: {item.error}")
-        if isinstance(item, RelayReply):
+        if not isinstance(item, WorkerHello):
             raise CallError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                "the first message of a Join stream must be Hello, got lease_reply",
+                f"the first message of a Join stream must be Hello, got {body_name(item)}",
             )
-        message = item.message
-        if message.WhichOneof("body") != "hello":
-            raise CallError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"the first message of a Join stream must be Hello, got "
-                f"{message.WhichOneof('body') or 'an empty WorkerMessage'}",
-            )
-        return self._coordinator.workers.admit(message.hello, context.peer())
+        return self._coordinator.workers.admit(item, context.peer())
 
     def _read(
         self,
-        requests: Iterator[_rpc.WithChunk | RelayReply | Malformed],
-        first: queue.SimpleQueue[_rpc.WithChunk | RelayReply | Malformed | None],
+        requests: Iterator[_Incoming],
+        first: queue.SimpleQueue[_Incoming | _NoHello],
         admission: _Admission,
     ) -> None:
         """The reader thread: the worker's messages, in order, until its stream ends."""
         try:
             first.put(next(requests))
         except Exception:  # StopIteration or the call's end: no Hello will come
-            first.put(None)
+            first.put(_NoHello())
             return
         handle = admission.wait()
         if handle is None:
@@ -221,36 +228,28 @@ class WorkerFace:
                     "its connection)",
                 )
 
-    def _dispatch(
-        self,
-        handle: WorkerHandle,
-        item: _rpc.WithChunk | RelayReply | Malformed,
-        budget: InflightBudget,
-    ) -> None:
+    def _dispatch(self, handle: WorkerHandle, item: _Incoming, budget: InflightBudget) -> None:
         if isinstance(item, Malformed):
             raise ProtocolError(f"malformed message from worker {handle.name!r}: {item.error}")
         if isinstance(item, RelayReply):  # the lease relay's fast path: its bytes are kept
             self._coordinator.leases.on_reply(handle, item)
             return
-        message: worker_pb2.WorkerMessage = item.message
-        body = message.WhichOneof("body")
         events = self._coordinator.workers
-        if body == "result":
-            self._on_chunk(handle, message.result, item.chunk, budget)
-        elif body == "heartbeat":
-            events.on_heartbeat(handle, message.heartbeat)
-        elif body == "env_ready":
-            events.on_env_ready(handle, message.env_ready)
-        elif body == "agent_ready":
-            events.on_agent_ready(handle, message.agent_ready)
-        elif body == "error":
-            events.on_error(handle, message.error.detail)
-        elif body == "lease_reply":  # not alone in its message (other fields first)
-            reply = relay_reply(message.lease_reply.SerializeToString())
-            self._coordinator.leases.on_reply(handle, reply)
-        elif body == "leaving":
-            events.on_leaving(handle, message.leaving)
-        elif body == "hello":
+        if isinstance(item, ResultPiece):
+            self._on_chunk(handle, item.header, item.chunk, budget)
+        elif isinstance(item, WorkerBeat):
+            events.on_heartbeat(handle, item)
+        elif isinstance(item, EnvBuilt):
+            events.on_env_ready(handle, item)
+        elif isinstance(item, AgentApplied):
+            events.on_agent_ready(handle, item)
+        elif isinstance(item, ErrorReport):
+            events.on_error(handle, item)
+        elif isinstance(item, LeaseReplyBody):  # not alone in its message (other fields first)
+            self._coordinator.leases.on_reply(handle, relay_reply(item.body))
+        elif isinstance(item, WorkerLeaving):
+            events.on_leaving(handle, item)
+        elif isinstance(item, WorkerHello):
             raise ProtocolError(f"worker {handle.name!r} sent a second Hello")
         else:
             raise ProtocolError(f"worker {handle.name!r} sent an empty WorkerMessage")
@@ -258,7 +257,7 @@ class WorkerFace:
     def _on_chunk(
         self,
         handle: WorkerHandle,
-        meta: worker_pb2.EpisodeResult,
+        meta: ResultHeader,
         chunk: Chunk | None,
         budget: InflightBudget,
     ) -> None:

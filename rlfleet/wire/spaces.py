@@ -21,6 +21,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import ConfigError, WireFormatError
@@ -256,9 +257,23 @@ def decode_env_spec(msg: spaces_pb2.EnvSpec) -> EnvSpec:
         raise WireFormatError(f"EnvSpec: {error}") from error
 
 
+def parse_env_spec(data: bytes) -> EnvSpec:
+    """Rebuilds an EnvSpec from a serialized ``rlfleet.v1.EnvSpec``.
+
+    Raises:
+        WireFormatError: If the bytes do not parse, or as :func:`decode_env_spec`.
+    """
+    try:
+        message = spaces_pb2.EnvSpec.FromString(data)
+    except DecodeError as exc:
+        raise WireFormatError(f"EnvSpec: the bytes do not parse ({exc})") from None
+    return decode_env_spec(message)
+
+
 __all__ = [
     "decode_env_spec",
     "decode_space",
     "encode_env_spec",
     "encode_space",
+    "parse_env_spec",
 ]

@@ -697,6 +697,30 @@ def encode_tensor_map(tree: Mapping[str, Any]) -> tensor_pb2.TensorMap:
     return tensor_pb2.TensorMap(entries=entries)
 
 
+def copy_tensor_map(tree: Mapping[str, Any]) -> TensorDict:
+    """A copy of a (nested) dict of arrays, as :func:`encode_tensor_map` would send it.
+
+    Every array is converted to the form it travels in (a wire dtype,
+    little-endian, C-contiguous) and owns its data: the caller may change
+    the arrays it passed, the copy stays what it was.
+
+    Raises:
+        WireFormatError: As :func:`encode_tensor_map`, for a key or a dtype
+            that cannot travel.
+    """
+    copied: TensorDict = {}
+    for key, value in tree.items():
+        _key_field(key, "TensorMap")
+        if isinstance(value, Mapping):
+            copied[key] = copy_tensor_map(value)
+            continue
+        array = wire_array(value)
+        if array is value or array.base is not None:  # not a fresh array of its own
+            array = array.copy()
+        copied[key] = array
+    return copied
+
+
 def decode_tensor_map(msg: tensor_pb2.TensorMap, *, name: str = "TensorMap") -> TensorDict:
     """Decodes a ``rlfleet.v1.TensorMap`` into a (nested) dict of arrays.
 
@@ -735,6 +759,7 @@ __all__ = [
     "MAX_ELEMENTS",
     "MAX_NDIM",
     "TensorDict",
+    "copy_tensor_map",
     "decode_tensor",
     "decode_tensor_map",
     "encode_tensor",

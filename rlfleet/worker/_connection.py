@@ -4,7 +4,8 @@ gRPC's streaming API is blocking on both sides, but the worker's main
 thread must never block on the network between env steps. So the request
 side is a generator fed by a queue (gRPC's own thread pulls from it and
 applies HTTP/2 flow control), and a receiver thread moves every incoming
-CoordinatorMessage into an inbox the main loop polls without blocking.
+message into an inbox the main loop polls without blocking. Both sides speak
+rlfleet types: the call's (de)serializers translate (``_join_messages``).
 """
 
 from __future__ import annotations
@@ -21,12 +22,20 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 import grpc
-from google.protobuf.message import Message
 
 from rlfleet import _rpc
 from rlfleet.errors import UnavailableError
+from rlfleet.join_stream import WorkerHello, WorkerWelcome
 from rlfleet.security import ClientSecurity
-from rlfleet.v1 import leases_pb2, worker_pb2
+from rlfleet.worker._join_messages import (
+    CoordinatorEvent,
+    LeaseCommandIn,
+    LeaseDataSwitch,
+    Outgoing,
+    body_name,
+    parse_coordinator_message,
+    serialize_outgoing,
+)
 
 logger = logging.getLogger("rlfleet.worker")
 
@@ -61,9 +70,7 @@ class Wakeup:
     """Put in the inbox to wake a main loop waiting on it (signal handlers)."""
 
 
-Incoming: TypeAlias = worker_pb2.CoordinatorMessage | StreamEnded | Wakeup
-# bytes: a message serialized already (a result's chunks, see _rpc.serialize).
-Outgoing: TypeAlias = Message | _rpc.WithChunk | bytes
+Incoming: TypeAlias = CoordinatorEvent | StreamEnded | Wakeup
 
 
 class JoinStream:
@@ -80,15 +87,15 @@ class JoinStream:
         self.inbox = inbox
         #: If set, takes lease commands straight from the receiver thread: a
         #: learner's step must not wait for the main loop's sampling step.
-        self.lease_handler: Callable[[leases_pb2.LeaseCommand], None] | None = None
+        self.lease_handler: Callable[[LeaseCommandIn | LeaseDataSwitch], None] | None = None
         # Unbounded on purpose: the coordinator hands a worker at most its
         # capacity of units, so the results waiting here are bounded by the
         # work it was given; gRPC drains the queue under flow control.
         self._outbox: queue.SimpleQueue[Outgoing | None] = queue.SimpleQueue()
         join = channel.stream_stream(
             _rpc.JOIN,
-            request_serializer=_rpc.serialize,
-            response_deserializer=_rpc.plain_deserializer(worker_pb2.CoordinatorMessage),
+            request_serializer=serialize_outgoing,
+            response_deserializer=parse_coordinator_message,
         )
         self._call = join(self._requests())
         self._receiver = threading.Thread(
@@ -124,8 +131,9 @@ class JoinStream:
     def _receive(self) -> None:
         try:
             for message in self._call:
-                if self.lease_handler is not None and message.WhichOneof("body") == "lease":
-                    self.lease_handler(message.lease)
+                handler = self.lease_handler
+                if handler is not None and isinstance(message, LeaseCommandIn | LeaseDataSwitch):
+                    handler(message)
                 else:
                     self.inbox.put(message)
         except grpc.RpcError as exc:
@@ -166,16 +174,14 @@ def lease_data_ticket(
     stream = JoinStream(channel, inbox)
     try:
         stream.send(
-            worker_pb2.WorkerMessage(
-                hello=worker_pb2.Hello(
-                    protocol_version=_rpc.PROTOCOL_VERSION,
-                    capabilities=["rlfleet.episodes", _rpc.LEASE_CAPABILITY],
-                    num_envs=1,
-                    lease_slots=1,
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
-                    implementation=implementation,
-                )
+            WorkerHello(
+                protocol_version=_rpc.PROTOCOL_VERSION,
+                capabilities=("rlfleet.episodes", _rpc.LEASE_CAPABILITY),
+                num_envs=1,
+                lease_slots=1,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                implementation=implementation,
             )
         )
         deadline = time.monotonic() + timeout
@@ -188,17 +194,13 @@ def lease_data_ticket(
                 ) from None
             if isinstance(message, StreamEnded):
                 raise UnavailableError(f"{address} ended the Join stream: {message.describe()}")
-            if isinstance(message, worker_pb2.CoordinatorMessage):
+            if not isinstance(message, Wakeup):
                 break
-        if message.WhichOneof("body") != "welcome":
+        if not isinstance(message, WorkerWelcome):
             raise UnavailableError(
-                f"{address} sent {message.WhichOneof('body')} before Welcome on the Join stream"
+                f"{address} sent {body_name(message)} before Welcome on the Join stream"
             )
-        welcome = message.welcome
-        if not welcome.HasField("lease_data"):
-            yield None
-        else:
-            yield welcome.lease_data.port, welcome.lease_data.ticket
+        yield message.lease_data
     finally:
         stream.cancel()
         channel.close()

@@ -20,40 +20,44 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
-from google.protobuf.message import DecodeError
 
-from rlfleet import _rpc
 from rlfleet._values import json_object
+from rlfleet.coordinator.scheduler import Mode
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.core._pieces import EpisodePieces
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import (
-    ConfigError,
-    EnvError,
-    PermissionDeniedError,
-    PolicyError,
-    ProtocolError,
-    WireFormatError,
+from rlfleet.error_reports import kind_name, report_of_exception
+from rlfleet.errors import ConfigError, EnvError, PermissionDeniedError, PolicyError, ProtocolError
+from rlfleet.fleet_updates import AgentChange, EnvChange
+from rlfleet.join_stream import (
+    AgentApplied,
+    DrainOrder,
+    TaskAssignment,
+    TaskCancel,
+    WorkerBeat,
+    WorkerLeaving,
+    WorkerWelcome,
 )
 from rlfleet.lease_data import coordinator_host
-from rlfleet.lease_messages import data_hello, decode_lease_command, lease_report_message
+from rlfleet.lease_messages import data_hello
 from rlfleet.policies import Policy, PolicySpec, make_policy
 from rlfleet.security import PICKLE_CAPABILITY, PickleGate
-from rlfleet.stream_replay import StreamReplay
-from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
-from rlfleet.wire import (
-    DEFAULT_CHUNK_BYTES,
-    decode_tensor,
-    decode_tensor_map,
-    encode_env_spec,
-    serialize_batch_messages,
-)
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._flush import FlushPolicy
+from rlfleet.worker._join_messages import (
+    LeaseCommandIn,
+    LeaseDataSwitch,
+    Outgoing,
+    UnreadableAgentUpdate,
+    body_name,
+    env_built,
+    lease_reply,
+    parse_lease_frame,
+    result_messages,
+)
 from rlfleet.worker._lease_data import WorkerLeaseChannel
 from rlfleet.worker._leases import LeaseHost
-from rlfleet.worker._tasks import EpisodeTask, FragmentTask, Task, TaskBook
-from rlfleet.worker.units import EpisodeUnit
+from rlfleet.worker._tasks import TaskBook, book_entry
 from rlfleet.worker.vec import VecWorker
 
 if TYPE_CHECKING:
@@ -61,8 +65,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("rlfleet.worker")
 
-#: Room left in a message for the EpisodeResult envelope around a chunk.
-_ENVELOPE_ALLOWANCE = 64
+#: The sample modes a task may name.
+_MODES = frozenset(Mode)
 
 
 class Outcome(enum.Enum):
@@ -86,9 +90,7 @@ class Session:
         welcome: The coordinator's Welcome.
     """
 
-    def __init__(
-        self, worker: RemoteWorker, stream: JoinStream, welcome: worker_pb2.Welcome
-    ) -> None:
+    def __init__(self, worker: RemoteWorker, stream: JoinStream, welcome: WorkerWelcome) -> None:
         config = worker.config
         self._worker = worker
         self._config = config
@@ -111,7 +113,7 @@ class Session:
             nan_observations=config.nonfinite,
         )
         self._leases = LeaseHost(
-            config.imports, lambda report: self._send_lease(lease_report_message(report, self.name))
+            config.imports, lambda report: self._send_lease(lease_reply(report, self.name))
         )
         self._lease_channel: WorkerLeaseChannel | None = None
         self._book = TaskBook(self._vec, lambda: self._leases.hosted)
@@ -144,11 +146,12 @@ class Session:
             welcome.first_stream,
             welcome.first_stream + config.envs - 1,
         )
-        if welcome.HasField("lease_data") and config.lease_slots != 0:
+        if welcome.lease_data is not None and config.lease_slots != 0:
+            port, ticket = welcome.lease_data
             self._lease_channel = WorkerLeaseChannel(
                 coordinator_host(config.coordinator),
-                welcome.lease_data.port,
-                data_hello(welcome.lease_data.ticket),
+                port,
+                data_hello(ticket),
                 tls=config.security.tls,
                 max_frame_bytes=self._max_message_bytes,
                 on_command=self._data_command,
@@ -203,17 +206,16 @@ class Session:
             if self._beat_if_due() and time.monotonic() >= self._leave_deadline:
                 self._abandon_in_flight()
 
-    def _submit_lease(self, command: leases_pb2.LeaseCommand) -> None:
+    def _submit_lease(self, command: LeaseCommandIn | LeaseDataSwitch) -> None:
         """Hands a lease command to the LeaseHost (from the receiver thread too)."""
-        if command.WhichOneof("body") == "data_switch":
+        if isinstance(command, LeaseDataSwitch):
             if self._lease_channel is not None:
                 self._lease_channel.switch()
             return
-        order = decode_lease_command(command)
-        if order is None:
+        if command.order is None:
             logger.warning("ignored an empty LeaseCommand for lease %d", command.lease_id)
         else:
-            self._leases.submit(order)
+            self._leases.submit(command.order)
 
     def _beat_if_due(self) -> bool:
         """Sends a heartbeat if one is due; returns whether it did."""
@@ -305,25 +307,26 @@ class Session:
             if self._worker.leave_requested and not self._leaving:
                 self._start_leaving(self._worker.leave_reason, tell=True)
             return None
-        body = message.WhichOneof("body")
-        if body == "env_update":
-            self._on_env_update(message.env_update)
-        elif body == "agent_update":
-            self._on_agent_update(message.agent_update)
-        elif body == "task":
-            self._on_task(message.task)
-        elif body == "cancel":
-            self._book.cancel(message.cancel.task_id, message.cancel.episode_indices)
-        elif body == "lease":
-            self._submit_lease(message.lease)
-        elif body == "drain":
-            logger.info("coordinator drains this worker: %s", message.drain.reason or "no reason")
-            self._start_leaving(message.drain.reason, tell=False)
+        if isinstance(message, EnvChange):
+            self._on_env_update(message)
+        elif isinstance(message, AgentChange | UnreadableAgentUpdate):
+            self._on_agent_update(message)
+        elif isinstance(message, TaskAssignment):
+            self._on_task(message)
+        elif isinstance(message, TaskCancel):
+            self._book.cancel(message.task_id, message.episode_indices)
+        elif isinstance(message, LeaseCommandIn | LeaseDataSwitch):
+            self._submit_lease(message)
+        elif isinstance(message, DrainOrder):
+            logger.info("coordinator drains this worker: %s", message.reason or "no reason")
+            self._start_leaving(message.reason, tell=False)
         else:
-            logger.warning("ignored an unexpected %r message from the coordinator", body)
+            logger.warning(
+                "ignored an unexpected %r message from the coordinator", body_name(message)
+            )
         return None
 
-    def _on_env_update(self, update: updates_pb2.EnvUpdate) -> None:
+    def _on_env_update(self, update: EnvChange) -> None:
         self._flush()  # finished episodes belong to the old env
         try:
             self._vec.update_env(_env_config(update, self._config.imports, self._pickle))
@@ -343,18 +346,14 @@ class Session:
         self._generation = update.generation
         self._flush_policy.expect_step_bytes(_observation_bytes(self._vec.env_spec))
         self._book.drop_stale(env_generation=update.generation)
-        self._send(
-            worker_pb2.WorkerMessage(
-                env_ready=worker_pb2.EnvReady(
-                    generation=update.generation, env_spec=encode_env_spec(self._vec.env_spec)
-                )
-            )
-        )
+        self._send(env_built(update.generation, self._vec.env_spec))
         logger.info("env generation %d: %s", update.generation, update.env_id)
 
-    def _on_agent_update(self, update: updates_pb2.AgentUpdate) -> None:
+    def _on_agent_update(self, update: AgentChange | UnreadableAgentUpdate) -> None:
         self._flush()  # finished episodes belong to the old version
         try:
+            if isinstance(update, UnreadableAgentUpdate):
+                raise update.error  # its parameters did not decode
             agent = self._agent_of(update)
             self._vec.update_agent(agent, version=update.version)
         except Exception as exc:
@@ -369,18 +368,16 @@ class Session:
             self._send_error(error, traceback_text=_traceback(exc), agent_version=update.version)
             return
         self._book.drop_stale(agent_version=update.version)
-        self._send(
-            worker_pb2.WorkerMessage(agent_ready=worker_pb2.AgentReady(version=update.version))
-        )
+        self._send(AgentApplied(update.version))
         logger.debug("agent version %d applied", update.version)
 
-    def _agent_of(self, update: updates_pb2.AgentUpdate) -> Policy | dict[str, Any]:
+    def _agent_of(self, update: AgentChange) -> Policy | dict[str, Any]:
         """The Policy (new spec) or merged parameter dict an update stands for.
 
         Parameters alone replace the same-named ones of the current policy
         (the coordinator merges updates the same way).
         """
-        params: dict[str, Any] = decode_tensor_map(update.params, name="AgentUpdate.params")
+        params: dict[str, Any] = dict(update.params)
         if update.pickled_policy:
             policy = self._pickle.loads(
                 update.pickled_policy, "AgentUpdate.pickled_policy", PolicyError
@@ -393,7 +390,7 @@ class Session:
             if params:
                 policy.set_param_values({**policy.get_param_values(), **params})
             return policy
-        if update.HasField("policy"):
+        if update.policy is not None:
             spec = PolicySpec(
                 update.policy.name,
                 json_object(update.policy.kwargs_json, "AgentUpdate.policy.kwargs_json"),
@@ -414,7 +411,7 @@ class Session:
             raise PolicyError("parameters arrived before the worker had an env and a policy")
         return {**current.get_param_values(), **params}
 
-    def _on_task(self, task: worker_pb2.Task) -> None:
+    def _on_task(self, task: TaskAssignment) -> None:
         if self._leaving:
             return  # sent before our Leaving arrived; the coordinator re-assigns it
         vec = self._vec
@@ -423,20 +420,15 @@ class Session:
             problem = f"env generation {task.env_generation}, this worker has {self._generation}"
         elif task.agent_version not in (-1, vec.agent_version):
             problem = f"agent version {task.agent_version}, this worker has {vec.agent_version}"
-        elif task.mode not in (
-            worker_pb2.SAMPLE_MODE_STEPS,
-            worker_pb2.SAMPLE_MODE_EPISODES,
-            worker_pb2.SAMPLE_MODE_FRAGMENTS,
-        ):
+        elif task.mode not in _MODES:
             problem = f"unknown sample mode {task.mode}"
-        elif task.mode == worker_pb2.SAMPLE_MODE_FRAGMENTS and task.fragment_length < 1:
+        elif task.mode == Mode.FRAGMENTS and task.fragment_length < 1:
             problem = "a FRAGMENTS task needs fragment_length >= 1"
-        elif task.mode == worker_pb2.SAMPLE_MODE_FRAGMENTS and len(task.streams) > vec.n_envs:
+        elif task.mode == Mode.FRAGMENTS and len(task.streams) > vec.n_envs:
             problem = f"{len(task.streams)} streams, this worker has {vec.n_envs} env slots"
-        try:
-            parsed = _task_of(task)
-        except WireFormatError as exc:
-            problem = f"a replay it cannot decode ({exc})"
+        parsed = book_entry(task)
+        if task.unreadable:
+            problem = f"a replay it cannot decode ({task.unreadable})"
         if problem is not None:
             self._send_error(
                 ProtocolError(f"task {task.task_id} asks for {problem}"), task_id=task.task_id
@@ -489,29 +481,15 @@ class Session:
 
     def _send_result(self, task_id: int, batch: EpisodeBatch | EpisodePieces) -> None:
         """Sends a batch as one EpisodeResult, chunked below the message limit."""
-        infos = batch.episode_infos
-        indices = infos["episode_index"].tolist()
-        meta = worker_pb2.EpisodeResult(
+        indices = batch.episode_infos["episode_index"].tolist()
+        # The step data is copied once, from the ring's segments into the messages.
+        messages, total_bytes = result_messages(
+            batch,
             task_id=task_id,
             episode_indices=indices,
-            lengths=batch.lengths.tolist(),
-            # Updates are applied only after a flush, so one version made them all.
-            agent_version=int(infos["agent_version"][0]),
             env_generation=self._generation,
-        )
-        max_bytes = min(
-            DEFAULT_CHUNK_BYTES, self._max_message_bytes - meta.ByteSize() - _ENVELOPE_ALLOWANCE
-        )
-        first = worker_pb2.WorkerMessage(result=meta)
-        rest = worker_pb2.WorkerMessage(result=worker_pb2.EpisodeResult(task_id=task_id))
-        # The step data is copied once, from the ring's segments into the messages.
-        messages, total_bytes = serialize_batch_messages(
-            batch,
-            lambda index: first if index == 0 else rest,
-            _rpc.WORKER_CHUNK_PATH,
-            max_bytes=max_bytes,
             batch_id=self._next_batch_id,
-            include_env_spec=False,
+            max_message_bytes=self._max_message_bytes,
         )
         self._next_batch_id += 1
         self._flush_policy.expect_step_bytes(total_bytes / batch.total_steps)
@@ -533,13 +511,11 @@ class Session:
         self._next_beat = now + self._heartbeat_interval
         self._worker.beat(now, self._heartbeat_interval)
         self._send(
-            worker_pb2.WorkerMessage(
-                heartbeat=worker_pb2.Heartbeat(
-                    steps_total=self._steps_total,
-                    steps_per_second=rate,
-                    active_envs=self._vec.active_count,
-                    queued_units=self._book.queued_units,
-                )
+            WorkerBeat(
+                steps_total=self._steps_total,
+                steps_per_second=rate,
+                active_envs=self._vec.active_count,
+                queued_units=self._book.queued_units,
             )
         )
 
@@ -553,7 +529,7 @@ class Session:
         agent_version: int | None = None,
     ) -> None:
         """Reports an error, naming the task or the update it belongs to."""
-        detail = _rpc.detail_from_exception(
+        report = report_of_exception(
             exc,
             worker=self.name,
             task_id=task_id,
@@ -563,21 +539,22 @@ class Session:
             env_generation=env_generation,
             agent_version=agent_version,
         )
-        self._metrics.error(updates_pb2.ErrorKind.Name(detail.kind))
-        self._send(worker_pb2.WorkerMessage(error=worker_pb2.WorkerError(detail=detail)))
+        self._metrics.error(kind_name(report.kind))
+        self._send(report)
 
-    def _send(self, message: worker_pb2.WorkerMessage) -> None:
+    def _send(self, message: Outgoing) -> None:
         self._stream.send(message)
 
     # --- the lease data channel ---------------------------------------------------------
 
-    def _send_lease(self, message: worker_pb2.WorkerMessage) -> None:
-        """Sends a lease reply on the data connection once it is open, else on the stream."""
+    def _send_lease(self, reply: bytes) -> None:
+        """Sends a serialized lease reply on the data connection once it is open, else on
+        the stream."""
         channel = self._lease_channel
         if channel is not None and channel.connected:
-            channel.send(message.SerializeToString())
+            channel.send(reply)
         else:
-            self._send(message)
+            self._send(reply)
 
     def _data_command(self, payload: bytes) -> None:
         """A frame of the data connection: a CoordinatorMessage holding a lease command.
@@ -585,16 +562,7 @@ class Session:
         Raises:
             WireFormatError: If it is anything else (the connection then ends).
         """
-        try:
-            message = worker_pb2.CoordinatorMessage.FromString(payload)
-        except DecodeError as exc:
-            raise WireFormatError(f"a lease data frame did not parse: {exc}") from None
-        if message.WhichOneof("body") != "lease":
-            raise WireFormatError(
-                f"a lease data frame held {message.WhichOneof('body') or 'nothing'}, not a "
-                "lease command"
-            )
-        self._submit_lease(message.lease)
+        self._submit_lease(parse_lease_frame(payload))
 
     def _join_ended(self, seconds: float) -> bool:
         """Whether this session is leaving, or its Join stream ends within ``seconds``."""
@@ -614,7 +582,7 @@ class Session:
         self._leaving = True
         self._leave_deadline = time.monotonic() + self._config.drain_grace_seconds
         if tell:
-            self._send(worker_pb2.WorkerMessage(leaving=worker_pb2.Leaving(reason=reason)))
+            self._send(WorkerLeaving(reason))
         self._book.drop_unstarted()
         logger.info(
             "leaving (%s): finishing %d episodes in flight",
@@ -652,7 +620,7 @@ class Session:
 
 
 def _env_config(
-    update: updates_pb2.EnvUpdate, imports: tuple[str, ...], pickle: PickleGate
+    update: EnvChange, imports: tuple[str, ...], pickle: PickleGate
 ) -> EnvConfig | Callable[[], gym.Env]:
     """The EnvConfig (or allowed pickled factory) of an EnvUpdate.
 
@@ -674,11 +642,10 @@ def _env_config(
             f"env id {update.env_id!r} names a module to import, which this worker refuses "
             "from the network; start the worker with --import MODULE and send the plain id"
         )
-    length = update.max_episode_length if update.HasField("max_episode_length") else None
     return EnvConfig(
         update.env_id,
         json_object(update.kwargs_json, "EnvUpdate.kwargs_json"),
-        length,
+        update.max_episode_length,
         imports,
         vectorization=update.vectorization or None,
     )
@@ -694,42 +661,3 @@ def _observation_bytes(spec: EnvSpec) -> int:
 
 def _traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc))
-
-
-def _task_of(task: worker_pb2.Task) -> tuple[Task, list[EpisodeUnit]]:
-    """The TaskBook's view of a Task message: the task and its units."""
-    if task.mode == worker_pb2.SAMPLE_MODE_FRAGMENTS:
-        fragments = FragmentTask(
-            task.task_id,
-            task.request_id,
-            task.agent_version,
-            task.env_generation,
-            task.fragment_length,
-            task.base_seed,
-            task.rounds,
-            tuple(task.streams),
-            [_replay_of(replay) for replay in task.replays],
-        )
-        return fragments, []
-    episodes = EpisodeTask(task.task_id, task.request_id, task.agent_version, task.env_generation)
-    units = [
-        EpisodeUnit(u.episode_index, u.env_seed, u.policy_seed, task.task_id) for u in task.units
-    ]
-    return episodes, units
-
-
-def _replay_of(replay: worker_pb2.ReliabilityStreamReplay) -> StreamReplay:
-    """A ReliabilityStreamReplay message as the worker's StreamReplay.
-
-    Raises:
-        WireFormatError: If a tensor is malformed.
-    """
-    if replay.fragment_index == 0:
-        return StreamReplay(replay.stream, replay.episode_index)
-    return StreamReplay(
-        replay.stream,
-        replay.episode_index,
-        replay.fragment_index,
-        decode_tensor(replay.actions, name="ReliabilityStreamReplay.actions"),
-        decode_tensor(replay.last_observation, name="ReliabilityStreamReplay.last_observation"),
-    )

@@ -18,6 +18,8 @@ import collections
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from rlfleet.coordinator.scheduler import Mode
+from rlfleet.join_stream import TaskAssignment
 from rlfleet.stream_replay import StreamReplay
 from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker
@@ -60,6 +62,32 @@ class FragmentTask:
 
 
 Task = EpisodeTask | FragmentTask
+
+
+def book_entry(assignment: TaskAssignment) -> tuple[Task, list[EpisodeUnit]]:
+    """The TaskBook's task of an assignment and, for episodes, its units
+    (their ``request``: the task id).
+
+    Raises:
+        ConfigError: If a unit's index or seeds are out of range.
+    """
+    a = assignment
+    if a.mode == Mode.FRAGMENTS:
+        fragments = FragmentTask(
+            a.task_id,
+            a.request_id,
+            a.agent_version,
+            a.env_generation,
+            a.fragment_length,
+            a.base_seed,
+            a.rounds,
+            a.streams,
+            list(a.replays),
+        )
+        return fragments, []
+    episodes = EpisodeTask(a.task_id, a.request_id, a.agent_version, a.env_generation)
+    units = [EpisodeUnit(index, env, policy, a.task_id) for index, env, policy in a.units]
+    return episodes, units
 
 
 class TaskBook:

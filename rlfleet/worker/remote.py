@@ -38,11 +38,12 @@ from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY
 from rlfleet._values import check_int
 from rlfleet._version import __version__
 from rlfleet.errors import ConfigError
+from rlfleet.join_stream import WorkerHello, WorkerWelcome
 from rlfleet.security import ClientSecurity, PickleGate
 from rlfleet.security.pickle import check_prerequisites as check_pickle_prerequisites
 from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
-from rlfleet.v1 import worker_pb2
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
+from rlfleet.worker._join_messages import body_name
 from rlfleet.worker._restarts import EnvRestartBudget
 from rlfleet.worker._session import Outcome, Session
 from rlfleet.worker.metrics import WorkerMetrics
@@ -336,22 +337,20 @@ class RemoteWorker:
         config = self.config
         stream = JoinStream(channel, self._inbox)
         stream.send(
-            worker_pb2.WorkerMessage(
-                hello=worker_pb2.Hello(
-                    protocol_version=_rpc.PROTOCOL_VERSION,
-                    capabilities=[
-                        *CAPABILITIES,
-                        _rpc.TAKEOVER_CAPABILITY,
-                        *([_rpc.LEASE_CAPABILITY] if config.lease_slots != 0 else []),
-                        *PickleGate(config.allow_pickle).capabilities,
-                    ],
-                    num_envs=config.envs,
-                    lease_slots=config.lease_slots or 0,
-                    name=config.name,
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
-                    implementation=IMPLEMENTATION,
-                )
+            WorkerHello(
+                protocol_version=_rpc.PROTOCOL_VERSION,
+                capabilities=(
+                    *CAPABILITIES,
+                    _rpc.TAKEOVER_CAPABILITY,
+                    *([_rpc.LEASE_CAPABILITY] if config.lease_slots != 0 else []),
+                    *PickleGate(config.allow_pickle).capabilities,
+                ),
+                num_envs=config.envs,
+                lease_slots=config.lease_slots or 0,
+                name=config.name,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                implementation=IMPLEMENTATION,
             )
         )
         deadline = time.monotonic() + config.handshake_timeout
@@ -379,13 +378,12 @@ class RemoteWorker:
                     stream.cancel()
                     raise _HandshakeError("left before joining", fatal=False)
                 continue
-            if message.WhichOneof("body") != "welcome":
+            if not isinstance(message, WorkerWelcome):
                 stream.cancel()
                 raise _HandshakeError(
-                    f"the coordinator sent {message.WhichOneof('body')} before Welcome",
-                    fatal=False,
+                    f"the coordinator sent {body_name(message)} before Welcome", fatal=False
                 )
-            return Session(self, stream, message.welcome)
+            return Session(self, stream, message)
 
     def _refused_tls(self, ended: StreamEnded) -> str | None:
         """Why TLS refused this worker, if it did (gRPC says UNAVAILABLE, as for an outage)."""

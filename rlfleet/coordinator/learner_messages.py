@@ -1,0 +1,223 @@
+"""The learner face, coordinator side: LearnerService messages in and out of rlfleet types.
+
+The one module of the coordinator's learner face that holds generated
+messages (tests/test_layering.py; the Lease call is the lease face's,
+``lease_translation``). Requests are read into :mod:`rlfleet.learner_calls`'
+types by the calls' deserializers (``parse_*``); answers are written by
+their serializers (``serialize_*``) and a call's events by :func:`responses`.
+A worker's result goes to the learner as the chunks it came in: the first
+message carries its metadata, every message the worker's id (the client
+joins chunks per worker).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TypeAlias
+
+from rlfleet import _rpc
+from rlfleet.coordinator.calls import Event, Finished, Forward
+from rlfleet.coordinator.failures import CallError, invalid
+from rlfleet.coordinator.status import FleetSnapshot, WorkerSnapshot
+from rlfleet.errors import WireFormatError
+from rlfleet.fleet_updates import AgentChange, EnvChange
+from rlfleet.learner_calls import CallHeader, SampleAsk, StatusAsk, SubscribeAsk, UpdateReceipt
+from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
+from rlfleet.wire import (
+    decode_agent_update,
+    decode_env_update,
+    encode_env_change,
+    encode_error_report,
+)
+
+#: What a Sample or Subscribe call sends, serialized by ``_rpc.serialize``.
+WireResponse: TypeAlias = learner_pb2.SampleResponse | _rpc.WithChunk
+
+
+# --- requests (the calls' deserializers) ---------------------------------------------
+
+
+def parse_sample_request(data: bytes) -> SampleAsk | CallError:
+    """Reads a SampleRequest; a malformed update in it is an INVALID_ARGUMENT failure.
+
+    Raises:
+        DecodeError: If the bytes do not parse.
+    """
+    request = learner_pb2.SampleRequest.FromString(data)
+    agent: AgentChange | CallError | None = None
+    if request.HasField("agent_update"):
+        agent = _agent_change(request.agent_update)
+    if isinstance(agent, CallError):
+        return agent
+    return SampleAsk(
+        mode=request.mode,
+        amount=request.amount,
+        fragment_length=request.fragment_length,
+        seed=request.seed if request.HasField("seed") else None,
+        request_index=request.request_index,
+        agent_update=agent,
+        env_update=(
+            decode_env_update(request.env_update) if request.HasField("env_update") else None
+        ),
+        wait_for_workers_seconds=request.wait_for_workers_seconds,
+        itr=request.itr,
+        coordinator_id=request.coordinator_id,
+    )
+
+
+def parse_subscribe_request(data: bytes) -> SubscribeAsk:
+    """Reads a SubscribeRequest.
+
+    Raises:
+        DecodeError: If the bytes do not parse.
+    """
+    request = learner_pb2.SubscribeRequest.FromString(data)
+    return SubscribeAsk(
+        mode=request.mode,
+        fragment_length=request.fragment_length,
+        seed=request.seed if request.HasField("seed") else None,
+        max_buffered_steps=request.max_buffered_steps,
+    )
+
+
+def parse_agent_update(data: bytes) -> tuple[AgentChange, str] | CallError:
+    """Reads an UpdateAgent request: the change and the coordinator id it names.
+
+    Raises:
+        DecodeError: If the bytes do not parse.
+    """
+    update = updates_pb2.AgentUpdate.FromString(data)
+    change = _agent_change(update)
+    return change if isinstance(change, CallError) else (change, update.coordinator_id)
+
+
+def parse_env_update(data: bytes) -> tuple[EnvChange, str]:
+    """Reads an UpdateEnv request: the change and the coordinator id it names.
+
+    Raises:
+        DecodeError: If the bytes do not parse.
+    """
+    update = updates_pb2.EnvUpdate.FromString(data)
+    return decode_env_update(update), update.coordinator_id
+
+
+def parse_status_request(data: bytes) -> StatusAsk:
+    """Reads a StatusRequest (it has no fields).
+
+    Raises:
+        DecodeError: If the bytes do not parse.
+    """
+    learner_pb2.StatusRequest.FromString(data)
+    return StatusAsk()
+
+
+def _agent_change(update: updates_pb2.AgentUpdate) -> AgentChange | CallError:
+    try:
+        return decode_agent_update(update)
+    except WireFormatError as exc:
+        return invalid(str(exc))
+
+
+# --- answers (the calls' serializers) ------------------------------------------------
+
+
+def responses(event: Event) -> Iterator[WireResponse]:
+    """The messages of one event of a Sample or Subscribe call.
+
+    Raises:
+        CallError: The event itself, when it is one (the call ends with it).
+    """
+    if isinstance(event, CallHeader):
+        yield learner_pb2.SampleResponse(header=_header(event))
+    elif isinstance(event, Forward):
+        first, *rest = event.chunks
+        # The worker's metadata whole (fields this version does not know too), with its id.
+        meta = worker_pb2.EpisodeResult.FromString(event.header.wire)
+        meta.worker_id = worker_id = event.worker_id
+        yield _rpc.WithChunk(learner_pb2.SampleResponse(result=meta), first)
+        for chunk in rest:
+            envelope = learner_pb2.SampleResponse(
+                result=worker_pb2.EpisodeResult(worker_id=worker_id)
+            )
+            yield _rpc.WithChunk(envelope, chunk)
+    elif isinstance(event, Finished):
+        footer = event.footer
+        yield learner_pb2.SampleResponse(
+            footer=learner_pb2.SampleFooter(
+                num_episodes=footer.num_episodes,
+                total_steps=footer.total_steps,
+                workers_used=footer.workers_used,
+                reassigned_units=footer.reassigned_units,
+            )
+        )
+    else:
+        raise event
+
+
+def _header(header: CallHeader) -> learner_pb2.SampleHeader:
+    message = learner_pb2.SampleHeader(
+        request_id=header.request_id,
+        agent_version=header.agent_version,
+        env_generation=header.env_generation,
+        coordinator_id=header.coordinator_id,
+    )
+    if header.env_spec_wire is not None:
+        message.env_spec.MergeFromString(header.env_spec_wire)
+    return message
+
+
+def serialize_update_receipt(receipt: UpdateReceipt) -> bytes:
+    """The serialized UpdateAck of an update's answer."""
+    ack = learner_pb2.UpdateAck(
+        agent_version=receipt.agent_version,
+        env_generation=receipt.env_generation,
+        workers_updated=receipt.workers_updated,
+        coordinator_id=receipt.coordinator_id,
+    )
+    return ack.SerializeToString()
+
+
+def serialize_fleet_status(status: FleetSnapshot) -> bytes:
+    """The serialized FleetStatus of a snapshot."""
+    message = learner_pb2.FleetStatus(
+        coordinator_id=status.coordinator_id,
+        protocol_version=status.protocol_version,
+        implementation=status.implementation,
+        workers=[_worker_status(worker) for worker in status.workers],
+        agent_version=status.agent_version,
+        env=encode_env_change(status.env),
+        steps_per_second=status.steps_per_second,
+        steps_total=status.steps_total,
+        requests_in_flight=status.requests_in_flight,
+        subscribers=status.subscribers,
+        draining=status.draining,
+        leases=status.leases,
+        leased_envs=status.leased_envs,
+    )
+    if status.env_spec_wire is not None:
+        message.env_spec.MergeFromString(status.env_spec_wire)
+    return message.SerializeToString()
+
+
+def _worker_status(worker: WorkerSnapshot) -> learner_pb2.WorkerStatus:
+    message = learner_pb2.WorkerStatus(
+        worker_id=worker.worker_id,
+        name=worker.name,
+        host=worker.host,
+        pid=worker.pid,
+        peer=worker.peer,
+        num_envs=worker.num_envs,
+        implementation=worker.implementation,
+        capabilities=worker.capabilities,
+        state=worker.state,
+        agent_version=worker.agent_version,
+        env_generation=worker.env_generation,
+        steps_total=worker.steps_total,
+        steps_per_second=worker.steps_per_second,
+        seconds_since_heartbeat=worker.seconds_since_heartbeat,
+        units_in_flight=worker.units_in_flight,
+        leased_envs=worker.leased_envs,
+    )
+    if worker.last_error is not None:
+        message.last_error.CopyFrom(encode_error_report(worker.last_error))
+    return message
