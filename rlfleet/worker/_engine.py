@@ -320,7 +320,7 @@ class SlotEngine:
         while True:
             try:
                 if slot in self.broken:
-                    self.rebuild(slot)
+                    self.rebuild_env(slot)
                 observation = venv.reset_env(slot, env_seed)
                 ring.obs[self.step_count % ring.capacity, slot] = observation
                 break
@@ -330,7 +330,7 @@ class SlotEngine:
         self._place(slot, live, window_end)
         return True
 
-    def rebuild(self, slot: int) -> None:
+    def rebuild_env(self, slot: int) -> None:
         """Replaces a crashed slot's env by a new one from the env's factory.
 
         Raises:
@@ -339,8 +339,7 @@ class SlotEngine:
         """
         source, venv = self.source, self.venv
         assert source is not None and venv is not None
-        if not source.rebuildable:
-            source.rebuild()  # raises the ConfigError that says why
+        source.check_rebuildable()
         venv.rebuild_env(slot)
         self.broken.discard(slot)
 

@@ -209,7 +209,7 @@ class FragmentStreams:
         ended = False
         try:
             if slot in engine.broken:
-                engine.rebuild(slot)
+                engine.rebuild_env(slot)
             observation = venv.reset_env(slot, env_seed)
             for step, action in enumerate(actions):
                 if parked.draws_pending:

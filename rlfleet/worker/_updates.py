@@ -130,14 +130,17 @@ class EnvSource:
                 return env.env
         return env
 
-    def rebuild(self) -> gym.Env:
-        """Builds a fresh env to replace a crashed one (factories only)."""
+    def check_rebuildable(self) -> None:
+        """Refuses to rebuild an env given as an instance (a factory's are made again).
+
+        Raises:
+            ConfigError: Saying what to pass instead.
+        """
         if self._factory is None:
             raise ConfigError(
                 f"the env {self.name} was given as an instance and cannot be rebuilt; "
                 "pass an EnvConfig or an env factory to let the worker restart crashed envs"
             )
-        return self.make(-1)
 
 
 def check_observation_space(space: gym.Space, where: str) -> None:

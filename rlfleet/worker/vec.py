@@ -103,7 +103,10 @@ class VecWorker:
     ``max_env_restarts``. Past the budget the unit is dropped and
     :class:`~rlfleet.errors.EnvError` is raised once the current step has
     finished for every other slot, so the worker stays usable. An env given
-    as an instance cannot be rebuilt, so its crashes always raise.
+    as an instance cannot be rebuilt, so its crashes always raise. With
+    ``EnvConfig(..., vectorization="subprocess")`` each slot's env runs in a
+    child process; a child that dies is such a crash (the slot gets a new
+    child).
 
     **Non-finite observations** (``nan_observations``): ``"error"`` drops the
     episode and raises EnvError naming the env index and the step that
