@@ -21,13 +21,11 @@ import rlfleet.envs.testing  # noqa: F401  (registers the test envs)
 from rlfleet.client import Fleet
 from rlfleet.envs import EnvConfig, SubprocVectorEnv
 from rlfleet.errors import ConfigError, EnvError
-from rlfleet.lease_messages import LeaseCreateOrder, decode_lease_command
 from rlfleet.local_sampler import LocalSampler
 from rlfleet.policies import MLPCategoricalPolicy
-from rlfleet.v1 import leases_pb2
 from rlfleet.worker import VecWorker, make_units
-from rlfleet.worker._lease_envs import lease_config
 from tests.test_fleet_equivalence import assert_same_batch
+from tests.test_native_backends import assert_lease_refused
 from tests.test_vec_worker import assert_same_batches
 
 pytestmark = pytest.mark.timeout(180)
@@ -181,11 +179,4 @@ def test_the_config_travels_as_json_and_leases_refuse_it_by_name() -> None:
     assert config().spec is not None  # one env per slot: the config is a factory
     with pytest.raises(ConfigError, match="give one of"):
         EnvConfig("CartPole-v1", vectorization="subprocesses")
-    command = leases_pb2.LeaseCommand(lease_id=1)
-    command.create.env.env_id = "CartPole-v1"
-    command.create.env.vectorization = "subprocess"
-    command.create.env_ids.append(0)
-    order = decode_lease_command(command)
-    assert isinstance(order, LeaseCreateOrder)
-    with pytest.raises(ConfigError, match="lease it without vectorization"):
-        lease_config(order.env, ())
+    assert_lease_refused("subprocess")
