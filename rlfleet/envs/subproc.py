@@ -79,10 +79,10 @@ class SubprocVectorEnv(BaseVectorEnv):
     the child's traceback text (the env can then be reset); a child that dies
     or does not answer within ``call_timeout`` seconds of being sent a
     command gives a ``VectorEnvError`` naming the env index (and the
-    seconds), and that env is unusable from then on. ``close`` (also at
-    garbage collection and interpreter exit) stops every child: it asks them
-    to close their envs, then terminates and kills the ones that do not exit
-    within a few seconds.
+    seconds), and that env is unusable until ``rebuild_env`` gives it a new
+    child. ``close`` (also at garbage collection and interpreter exit) stops
+    every child: it asks them to close their envs, then terminates and kills
+    the ones that do not exit within a few seconds.
 
     Example::
 
@@ -298,8 +298,7 @@ class _EnvProcess:
             self.hold(
                 FailedCall(
                     VectorEnvError(
-                        f"its process is gone ({self.gone}); close this vector env and make "
-                        "a new one",
+                        f"its process is gone ({self.gone}); {_lost_advice(self.index)}",
                         env_index=self.index,
                     )
                 )
@@ -453,11 +452,11 @@ class _EnvProcess:
             return (self._obs_view, *answer[1:])
         return answer
 
-    def _lose(
-        self, reason: str, advice: str = "close this vector env and make a new one"
-    ) -> VectorEnvError:
+    def _lose(self, reason: str, advice: str | None = None) -> VectorEnvError:
         self.gone = reason
         _stop(self.process, 0.0)
+        if advice is None:
+            advice = _lost_advice(self.index)
         return VectorEnvError(f"{reason}; {advice}", env_index=self.index)
 
     def _exit_status(self) -> str:
@@ -479,6 +478,11 @@ class _EnvProcess:
         with contextlib.suppress(FileNotFoundError):
             self._shm.unlink()
         self._shm = None
+
+
+def _lost_advice(index: int) -> str:
+    """What to do about a lost child (a worker's engine does the first by itself)."""
+    return f"rebuild_env({index}) starts a new one, or close this vector env and make a new one"
 
 
 def _shutdown(children: list[_EnvProcess]) -> list[BaseException]:
