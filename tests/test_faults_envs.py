@@ -6,20 +6,32 @@ processes (the budget is set on the worker's command line).
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import EnvError
 from rlfleet.local_sampler import LocalSampler
-from tests._coordinator_fakes import assert_same_batch
-from tests.fleet_processes import TEST_ENVS_MODULE, ProcessFleet, env_flags
+from tests._coordinator_fakes import Answer, assert_same_batch, sample
+from tests.fleet_processes import (
+    SLOW_ENV,
+    SLOW_ENV_TWIN,
+    TEST_ENVS_MODULE,
+    ProcessFleet,
+    env_flags,
+    local_episodes,
+    run_in_thread,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
 SEED = 55
+EPISODES = 2  # SAMPLE_MODE_EPISODES
 
 
 @pytest.fixture
@@ -106,3 +118,31 @@ def test_the_lifetime_limit_holds_however_slow_the_crashes(fleet: ProcessFleet) 
     with fleet.sampler(seed=SEED, timeout=120) as sampler, pytest.raises(EnvError) as failure:
         sampler.obtain_episodes(4)
     assert "1 of 1 in total" in str(failure.value)
+
+
+def env_children(pid: int) -> list[int]:
+    """The env child processes (``spawn`` children) of a worker process."""
+    children = psutil.Process(pid).children()
+    return [child.pid for child in children if "spawn_main" in " ".join(child.cmdline())]
+
+
+def test_an_env_child_killed_in_a_worker_process_is_rebuilt_and_nothing_is_lost(
+    fleet: ProcessFleet,
+) -> None:
+    """``--env-vectorization subprocess``: SIGKILL one env's child mid-request."""
+    fleet.start_coordinator(*env_flags(SLOW_ENV), "--env-vectorization", "subprocess")
+    worker = fleet.start_worker(envs=2, imports=[TEST_ENVS_MODULE])
+    fleet.wait_for_workers(1)
+    fleet.wait_until(lambda: len(env_children(worker.pid)) == 2, what="two env children")
+    victim = env_children(worker.pid)[0]
+    answer = run_in_thread(
+        lambda: sample(fleet.address, mode=EPISODES, amount=8, seed=SEED, request_index=0)
+    )
+    fleet.wait_until(lambda: fleet.units_on(worker.name), what="units on the worker")
+    os.kill(victim, signal.SIGKILL)
+    result: Answer = answer(120)
+    # The same episodes as in-process envs give: none lost, none twice.
+    assert_same_batch(result.batch, local_episodes(SLOW_ENV_TWIN, 8, seed=SEED)[0])
+    assert victim not in env_children(worker.pid) and len(env_children(worker.pid)) == 2
+    log = worker.log_text()
+    assert log.count("rebuilding it and re-running") == 1 and "killed by SIGKILL" in log, log

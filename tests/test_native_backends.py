@@ -424,9 +424,14 @@ def test_bad_native_configs_are_refused_clearly() -> None:
             worker.collect_fragments(5, base_seed=0, first_stream=0)
     finally:
         worker.shutdown()
+    assert_lease_refused("envpool")
+
+
+def assert_lease_refused(vectorization: str) -> None:
+    """A worker refuses to lease CartPole with this vectorization, saying what to do."""
     command = leases_pb2.LeaseCommand(lease_id=1)
     command.create.env.env_id = "CartPole-v1"
-    command.create.env.vectorization = "envpool"
+    command.create.env.vectorization = vectorization
     command.create.env_ids.append(0)
     order = decode_lease_command(command)
     assert isinstance(order, LeaseCreateOrder)

@@ -91,10 +91,15 @@ def test_what_a_native_env_cannot_do_is_refused_with_what_to_use_instead() -> No
         "call_env_method": lambda: venv.call_env_method("close"),
         "class_names": venv.class_names,
         "step_and_reset": lambda: venv.step_and_reset(np.zeros(N, np.int64), None, []),
+        # A worker's engine drives it whole (reset_all, step_all), never through these.
+        "reset_env": lambda: venv.reset_env(0, 5),
+        "step_envs": lambda: venv.step_envs([0, 1], [0, 0]),
     }
     for call in refused.values():
         with pytest.raises(UsageError, match=PER_ENV):
             call()
+    with pytest.raises(UsageError, match="cannot rebuild one env"):
+        venv.rebuild_env(0)
     with pytest.raises(VectorEnvError, match="must be reset first"):
         venv.step(np.zeros(N, np.int64))
     venv.reset(seed=0)

@@ -344,9 +344,10 @@ def test_node_worker_serves_every_mode(
             sampler.update_agent(bad)
         with pytest.raises(EnvNotFoundError, match="rlfleet/CartPoleJS-v0"):
             sampler.update_env("CartPole-v1")
-        native = EnvConfig(JS_ENV, vectorization="vector_entry_point")
-        with pytest.raises(ConfigError, match="not implemented by the Node worker"):
-            sampler.update_env(native)
+        for vectorization in ("vector_entry_point", "subprocess"):
+            config = EnvConfig(JS_ENV, vectorization=vectorization)
+            with pytest.raises(ConfigError, match="not implemented by the Node worker"):
+                sampler.update_env(config)
 
 
 def test_same_seeds_give_the_same_episodes_in_both_languages(

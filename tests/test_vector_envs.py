@@ -590,3 +590,82 @@ def test_step_and_reset_in_one_round(make_venv: MakeVenv) -> None:
         venv.step_and_reset([0], [1], [1])
     with pytest.raises(UsageError, match="sync mode"):
         DummyVectorEnv([counter()] * 2, wait_num=1).step_and_reset([0], [0], [1])
+
+
+# --- a worker's engine primitives: reset_env, step_envs, rebuild_env ---------------
+
+
+def test_step_envs_returns_rows_and_failures_without_raising(make_venv: MakeVenv) -> None:
+    # Env 1 raises in its 2nd step; the others' rows come back with the failure.
+    venv = make_venv([counter(length=2), crashing(crash_at_step=2), counter(length=4)])
+    assert [venv.reset_env(i, seed=i) for i in (2, 0, 1)] == [[0.0], [0.0], [0.0]]
+    observations, rewards, ended, infos, failures = venv.step_envs([2, 1, 0], [0, 0, 0])
+    assert np.asarray(observations).tolist() == [[1.0], [1.0], [1.0]] and rewards == [1.0] * 3
+    assert ended == [] and failures == []
+    observations, rewards, ended, infos, failures = venv.step_envs([0, 1, 2], [0, 0, 0])
+    assert [np.asarray(o).tolist() for o in (observations[0], observations[2])] == [[2.0], [2.0]]
+    assert observations[1] is None and rewards == [1.0, 0.0, 1.0]
+    assert ended == [(0, True, False)]  # (env, terminated, truncated)
+    assert [(env, type(error).__name__) for env, error in failures] == [
+        (1, "RuntimeError" if isinstance(venv, DummyVectorEnv) else "VectorEnvError")
+    ]
+    assert "crashed on purpose" in str(failures[0][1])
+    assert infos == []  # the counter's step info is empty
+    # The engine primitives leave tianshou's bookkeeping alone: step() wants a reset().
+    with pytest.raises(VectorEnvError, match="must be reset first"):
+        venv.step([0], id=2)
+
+
+def test_reset_env_seeds_one_env_as_gymnasium_does(make_venv: MakeVenv) -> None:
+    venv = make_venv([CARTPOLE, CARTPOLE])
+    got = np.stack([venv.reset_env(1, seed=5), venv.reset_env(0, seed=4)])
+    np.testing.assert_array_equal(got, first_observations([5, 4]))
+
+
+def env_identity(venv: BaseVectorEnv, index: int) -> int:
+    """The child's pid, or the env object's id."""
+    if isinstance(venv, SubprocVectorEnv):
+        return venv.pids[index]
+    assert isinstance(venv, DummyVectorEnv)
+    return id(venv.envs[index])
+
+
+def test_rebuild_env_replaces_a_crashed_env(make_venv: MakeVenv) -> None:
+    venv = make_venv([crashing(crash_at_step=1), counter()])
+    venv.reset_env(0, seed=0)
+    assert venv.step_envs([0], [0])[4][0][0] == 0  # env 0 failed
+    before = env_identity(venv, 0)
+    venv.rebuild_env(0)
+    assert env_identity(venv, 0) != before
+    venv.reset_env(0, seed=0)  # a new env: fresh, its crash one step away again
+    assert venv.step_envs([0], [0])[4][0][0] == 0
+
+
+def test_a_killed_child_is_a_failure_of_step_envs_and_rebuild_env_restarts_it() -> None:
+    venv = SubprocVectorEnv([counter(), counter()])
+    with venv:
+        venv.reset_env(0, seed=0)
+        venv.reset_env(1, seed=0)
+        os.kill(venv.pids[1], signal.SIGKILL)
+        observations, _, _, _, failures = venv.step_envs([0, 1], [0, 0])
+        assert np.asarray(observations[0]).tolist() == [1.0] and observations[1] is None
+        assert [env for env, _ in failures] == [1]
+        assert "killed by SIGKILL" in str(failures[0][1])
+        victim = venv.pids[1]
+        venv.rebuild_env(1)
+        assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == "zombie"
+        assert venv.reset_env(1, seed=0).tolist() == [0.0]
+        assert np.asarray(venv.step_envs([1], [0])[0][0]).tolist() == [1.0]
+
+
+def test_a_subclass_gets_reset_env_and_step_envs_but_no_rebuild() -> None:
+    venv = ThreadVectorEnv([counter(), crashing(crash_at_step=1)], wait_num=2)
+    try:
+        assert venv.reset_env(0, seed=1).tolist() == [0.0]
+        venv.reset_env(1, seed=1)
+        observations, _, _, _, failures = venv.step_envs([0, 1], [0, 0])
+        assert np.asarray(observations[0]).tolist() == [1.0] and [e for e, _ in failures] == [1]
+        with pytest.raises(UsageError, match="cannot rebuild one env"):
+            venv.rebuild_env(1)
+    finally:
+        venv.close()

@@ -45,7 +45,7 @@ from rlfleet.bench.samplers import (
     vec_worker_sampler,
 )
 from rlfleet.envs.config import EnvConfig
-from rlfleet.envs.native import VECTORIZATIONS
+from rlfleet.envs.native import NATIVE_VECTORIZATIONS
 from rlfleet.policies.mlp import MLPCategoricalPolicy
 
 
@@ -126,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--native",
-        choices=VECTORIZATIONS,
+        choices=NATIVE_VECTORIZATIONS,
         default=None,
         help="measure the fleet on this native vector-env backend against the same env "
         "in plain loops, and the 1M steps/s moonshot (use --envs-per-worker 64)",

@@ -81,9 +81,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         **env_option(
             "RLFLEET_ENV_VECTORIZATION",
             default=None,
-            help="step each worker's envs as one native vector env: vector_entry_point "
-            "(gymnasium's) or envpool; unset: one gymnasium.make env per slot "
-            "(docs/reliability.md section 10 says what each keeps)",
+            help="how workers run their envs: subprocess (one child process per slot), or "
+            "one native vector env, vector_entry_point (gymnasium's) or envpool; unset: one "
+            "gymnasium.make env per slot in the worker (docs/reliability.md section 10 says "
+            "what each keeps)",
         ),
     )
     option(

@@ -23,6 +23,7 @@ from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.scheduler import Mode, RequestSpec, Verdict
 from rlfleet.coordinator.state import FleetState
 from rlfleet.core import EnvSpec
+from rlfleet.envs.native import NATIVE_VECTORIZATIONS
 from rlfleet.episode_results import (
     FragmentWindow,
     JoinedResult,
@@ -292,7 +293,8 @@ class WorkerEvents:
             streams = state.scheduler.task_streams(header.task_id)
             latest = state.agent.version
             env_spec = state.env.spec
-            native = bool(state.env.update.vectorization)
+            # A subprocess worker's episodes keep their seeds; a native one's have none.
+            native = state.env.update.vectorization in NATIVE_VECTORIZATIONS
         if env_spec is None:  # cannot happen: results follow an EnvReady
             raise ResultError(f"{header.where} arrived before any EnvReady")
         expect = _expectation(handle, spec, seeds, env_spec, latest, streams=streams, native=native)

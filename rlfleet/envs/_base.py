@@ -28,6 +28,14 @@ EnvFactory: TypeAlias = Callable[[], gym.Env]
 #: Which envs a call applies to: None (all), one index, or a sequence of indices.
 EnvIds: TypeAlias = int | np.integer | Sequence[int] | np.ndarray | None
 Seeds: TypeAlias = int | np.integer | Sequence[int | None] | None
+#: What :meth:`BaseVectorEnv.step_envs` returns: observations, rewards, ended, infos, failures.
+EnvRows: TypeAlias = tuple[
+    list[Any],
+    list[Any],
+    list[tuple[int, bool, bool]],
+    list[tuple[int, Any]],
+    list[tuple[int, Exception]],
+]
 
 # The commands an env executes, with the argument a backend sends:
 #   RESET: reset kwargs (dict); STEP: the env's action; RENDER: render kwargs;
@@ -212,6 +220,14 @@ class BaseVectorEnv(abc.ABC):
     (and passes a ``release`` function); every public method, the async
     bookkeeping and the error rules then come from this class. Like
     tianshou's, a subclass may also override the public methods.
+
+    **A worker's engine** steps a backend through three more methods:
+    :meth:`reset_env` (one env, with its episode's seed), :meth:`step_envs`
+    (some envs at once, failures returned, not raised) and
+    :meth:`rebuild_env` (a new env after a crash). The first two work on
+    any backend through :meth:`_send`/:meth:`_receive`; a backend may
+    specialise them (DummyVectorEnv calls its envs directly) and must
+    implement :meth:`rebuild_env` to let a worker restart crashed envs.
 
     Args:
         env_num: Number of envs.
@@ -539,6 +555,60 @@ class BaseVectorEnv(abc.ABC):
         if errors:
             raise errors[0]
 
+    # --- a worker's engine: one env at a time, failures returned ------------------
+
+    def reset_env(self, id: int, seed: int | None) -> Any:
+        """Resets env ``id`` with ``seed`` and returns its first observation.
+
+        With :meth:`step_envs` and :meth:`rebuild_env`, what a worker's
+        engine steps a backend with: it resets each env before stepping it
+        and after its episode ends, so these skip tianshou's reset-before-step
+        bookkeeping (envs driven this way count as needing a :meth:`reset`
+        for :meth:`step`). Sync mode only.
+
+        Raises:
+            Exception: What the env raised, or the backend's error for it
+                (e.g. VectorEnvError if its process died).
+        """
+        self._check_open()
+        self._check_idle([id], "reset_env")
+        ((observation, _),) = self._call([id], RESET, [{"seed": seed}])
+        return observation
+
+    def step_envs(self, ids: list[int], actions: Sequence[Any] | np.ndarray) -> EnvRows:
+        """Steps envs ``ids`` once each, ``actions[k]`` to env ``ids[k]``, all at once.
+
+        One env's failure does not fail the call: it is returned with the
+        others' results (see :meth:`reset_env` for the bookkeeping skipped).
+        A backend sends every action before waiting for any answer.
+
+        Returns:
+            ``(observations, rewards, ended, infos, failures)``: one
+            observation and reward per env of ``ids`` (None and 0.0 for a
+            failed env; an observation may view the backend's buffer until
+            its next call); ``(env, terminated, truncated)`` of the envs
+            whose episode ended; ``(env, info)`` of the envs whose info dict
+            is not empty; ``(env, exception)`` of the envs that failed.
+        """
+        self._check_open()
+        self._check_idle(ids, "step_envs")
+        # An action array is its own rows (as _action_rows gives them to _send).
+        answers = self._wait_all([(ids, STEP, actions)])  # type: ignore[list-item]
+        return step_each({i: _Answered(answers[i]) for i in ids}, ids, actions)
+
+    def rebuild_env(self, id: int) -> None:
+        """Replaces env ``id`` (e.g. after a crash) with a new one from its factory.
+
+        The old env is closed first (an error its close raises is ignored:
+        it may have crashed). The new env needs a reset before a step.
+
+        Raises:
+            UsageError: If the backend cannot rebuild one env (this base's answer).
+        """
+        raise UsageError(
+            f"{type(self).__name__} cannot rebuild one env; close it and make a new vector env"
+        )
+
     # --- bookkeeping shared by every backend -------------------------------------
 
     def _reset_args(self, ids: list[int], kwargs: dict[str, Any], call: str) -> list[Any]:
@@ -641,6 +711,15 @@ class BaseVectorEnv(abc.ABC):
             Exception: The first failure (batches and ids in order), after
                 every env answered.
         """
+        answers = self._wait_all(batches)
+        for batch_ids, _, _ in batches:
+            for i in batch_ids:
+                if isinstance(answers[i], FailedCall):
+                    raise answers[i].error
+        return [[answers[i] for i in batch_ids] for batch_ids, _, _ in batches]
+
+    def _wait_all(self, batches: Sequence[tuple[list[int], str, Sequence[Any]]]) -> dict[int, Any]:
+        """:meth:`_call_many` without raising: every env's answer, a FailedCall if it failed."""
         ids = [i for batch_ids, _, _ in batches for i in batch_ids]
         started: list[int] = []
         try:
@@ -666,10 +745,7 @@ class BaseVectorEnv(abc.ABC):
                         self._in_flight.discard(i)
                     else:
                         self._stale.add(i)
-        for i in ids:
-            if isinstance(answers[i], FailedCall):
-                raise answers[i].error
-        return [[answers[i] for i in batch_ids] for batch_ids, _, _ in batches]
+        return answers
 
     def _collect_ready(self) -> tuple[list[int], list[Any]]:
         """Waits for the first ready async steps (tianshou's ``wait_num``/``timeout``).
@@ -725,6 +801,59 @@ class BaseVectorEnv(abc.ABC):
         if len(set(ids)) != len(ids):
             raise ValueError(f"env ids must be distinct, got {ids}")
         return ids
+
+
+def step_each(envs: Any, ids: list[int], actions: Sequence[Any] | np.ndarray) -> EnvRows:
+    """Calls ``envs[ids[k]].step(actions[k])`` for each k: :meth:`BaseVectorEnv.step_envs`'s rows.
+
+    The loop is a worker's hot path: per env, the ``step`` call, two
+    appends and two tests; nothing is stored for an empty info dict.
+
+    Args:
+        envs: Indexable by env index: gymnasium envs, or anything with
+            their ``step``.
+        ids: The envs to step.
+        actions: One action per env of ``ids``.
+
+    Returns:
+        As :meth:`BaseVectorEnv.step_envs`; a failure holds what ``step`` raised.
+    """
+    observations: list[Any] = []
+    rewards: list[Any] = []
+    add_observation, add_reward = observations.append, rewards.append
+    ended: list[tuple[int, bool, bool]] = []
+    infos: list[tuple[int, Any]] = []
+    failures: list[tuple[int, Exception]] = []
+    # strict=False: the caller gives one action per id.
+    for i, action in zip(ids, actions, strict=False):
+        try:
+            observation, reward, terminated, truncated, info = envs[i].step(action)
+        except Exception as exc:
+            failures.append((i, exc))
+            add_observation(None)
+            add_reward(0.0)
+            continue
+        add_observation(observation)
+        add_reward(reward)
+        if info:
+            infos.append((i, info))
+        if terminated or truncated:
+            ended.append((i, bool(terminated), bool(truncated)))
+    return observations, rewards, ended, infos, failures
+
+
+class _Answered:
+    """A step answer received from a backend, in the shape of an env whose step gives it."""
+
+    __slots__ = ("_answer",)
+
+    def __init__(self, answer: Any) -> None:
+        self._answer = answer
+
+    def step(self, action: Any) -> Any:
+        if isinstance(self._answer, FailedCall):
+            raise self._answer.error
+        return self._answer
 
 
 def stack_batch(items: Sequence[Any]) -> Any:
@@ -798,4 +927,4 @@ def _as_seed(value: object, where: str) -> int:
     return int(value)
 
 
-__all__ = ["BaseVectorEnv", "EnvFactory", "EnvIds", "FailedCall", "stack_batch"]
+__all__ = ["BaseVectorEnv", "EnvFactory", "EnvIds", "EnvRows", "FailedCall", "stack_batch"]

@@ -22,10 +22,14 @@ import gymnasium as gym
 
 from rlfleet._values import check_int
 from rlfleet.core.env_spec import EnvSpec
-from rlfleet.envs.native import VECTORIZATIONS, NativeVectorEnv
+from rlfleet.envs.native import NATIVE_VECTORIZATIONS, NativeVectorEnv
 from rlfleet.errors import ConfigError, EnvNotFoundError
 
 _FIELDS = ("id", "kwargs", "max_episode_length", "imports", "vectorization")
+#: ``EnvConfig.vectorization`` of a worker whose slots' envs each run in a child process.
+SUBPROCESS = "subprocess"
+#: The values of ``EnvConfig.vectorization`` (None: one ``gym.make`` env per slot, in-process).
+VECTORIZATIONS = (SUBPROCESS, *NATIVE_VECTORIZATIONS)
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,13 @@ class EnvConfig:
         imports: Modules to import before making the env (custom envs
             register themselves on import).
         vectorization: None (the default) runs one ``gymnasium.make`` env
-            per worker slot, each episode reset with its own seed.
+            per worker slot in the worker's process, each episode reset
+            with its own seed. ``"subprocess"`` runs each slot's env in a
+            child process of the worker (``SubprocVectorEnv``): the same
+            seeds and bit-identical batches, a crashed or killed child
+            being rebuilt like a crashed env; it pays only for envs whose
+            step costs far more than the pipe round trip (CartPole runs
+            about 11x slower than in-process: docs/reliability.md).
             ``"vector_entry_point"`` (gymnasium's native vector env, e.g.
             CartPole's) or ``"envpool"`` (the ``envpool`` extra) makes a
             worker step all its slots with one native vector env; such
@@ -85,11 +95,16 @@ class EnvConfig:
                 f"EnvConfig.vectorization of {self.id!r} is {self.vectorization!r}; give one "
                 f"of {list(VECTORIZATIONS)}, or None for one gymnasium.make env per slot"
             )
-        if self.vectorization is not None and "max_episode_steps" in self.kwargs:
+        if self.native and "max_episode_steps" in self.kwargs:
             raise ConfigError(
                 f"env {self.id!r} ({self.vectorization}): give the episode limit as "
                 "max_episode_length, not kwargs['max_episode_steps']"
             )
+
+    @property
+    def native(self) -> bool:
+        """Whether one native vector env steps every slot (``vector_entry_point``, ``envpool``)."""
+        return self.vectorization in NATIVE_VECTORIZATIONS
 
     def __hash__(self) -> int:
         # The kwargs dict is unhashable; the canonical JSON text identifies a config.
@@ -112,7 +127,7 @@ class EnvConfig:
         Returns:
             The env's :class:`~rlfleet.core.env_spec.EnvSpec`.
         """
-        if self.vectorization is not None:
+        if self.native:
             native = make_native(self, 1, extra_imports=extra_imports)
             try:
                 return native.env_spec()
@@ -220,7 +235,7 @@ def make_env(
             module cannot be imported, or the env rejects the kwargs.
         EnvNotFoundError: If no env is registered under the id.
     """
-    if config.vectorization is not None:
+    if config.native:
         raise ConfigError(
             f"EnvConfig({config.id!r}, vectorization={config.vectorization!r}) describes a "
             "native vector env, not one env: give it to a worker (VecWorker, Fleet) as its "
@@ -278,8 +293,11 @@ def make_native(
             the config is not native or its id names a module.
         EnvNotFoundError: If no env is registered under the id.
     """
-    if config.vectorization is None:
-        raise ConfigError(f"EnvConfig({config.id!r}) has no vectorization: use make_env")
+    if not config.native:
+        raise ConfigError(
+            f"EnvConfig({config.id!r}, vectorization={config.vectorization!r}) is not a native "
+            "vector env: use make_env"
+        )
     if ":" in config.id:
         raise ConfigError(
             f"env id {config.id!r} names a module; import it with EnvConfig(imports=...) "
@@ -288,6 +306,7 @@ def make_native(
     for module in [*extra_imports, *config.imports]:
         _import_env_module(module, config.id)
     length = max_episode_length if max_episode_length is not None else config.max_episode_length
+    assert config.vectorization is not None  # native
     return NativeVectorEnv(config.id, dict(config.kwargs), config.vectorization, num_envs, length)
 
 

@@ -7,15 +7,18 @@ from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from rlfleet.envs._base import (
     BaseVectorEnv,
     EnvFactory,
     EnvFailure,
+    EnvRows,
     FailedCall,
     build_env,
     check_env_fns,
     run_command,
+    step_each,
 )
 
 
@@ -64,6 +67,7 @@ class DummyVectorEnv(BaseVectorEnv):
             raise
         #: The envs themselves, for inspection in tests and debugging.
         self.envs = envs
+        self._factories = factories
         self._answers: dict[int, Any] = {}
         try:
             super().__init__(
@@ -87,6 +91,36 @@ class DummyVectorEnv(BaseVectorEnv):
 
     def _receive(self, ids: list[int], count: int, timeout: float | None) -> dict[int, Any]:
         return {i: self._answers.pop(i) for i in ids if i in self._answers}
+
+    # --- a worker's engine: the envs called directly, the env's own exceptions -----
+
+    def reset_env(self, id: int, seed: int | None) -> Any:
+        """:meth:`BaseVectorEnv.reset_env`, raising what the env raised."""
+        if self._closed:
+            self._check_open()
+        observation, _ = self.envs[id].reset(seed=seed)
+        return observation
+
+    def step_envs(self, ids: list[int], actions: Sequence[Any] | np.ndarray) -> EnvRows:
+        """:meth:`BaseVectorEnv.step_envs`, calling the envs; failures are their own exceptions."""
+        if self._closed:
+            self._check_open()
+        return step_each(self.envs, ids, actions)
+
+    def rebuild_env(self, id: int) -> None:
+        """:meth:`BaseVectorEnv.rebuild_env`: the env's factory is called again here.
+
+        Raises:
+            ConfigError: If the factory raised it.
+            VectorEnvError: If the factory raised anything else.
+        """
+        self._check_open()
+        self._check_idle([id], "rebuild_env")
+        old = self.envs[id]
+        # A crashed env may fail to close too; the new one replaces it either way.
+        _close_envs([old])
+        self._needs_reset[id] = True
+        self.envs[id] = build_env(self._factories[id], id)
 
 
 #: The in-process vector env under tianshou's other name.

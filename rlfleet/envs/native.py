@@ -39,6 +39,7 @@ from rlfleet.envs._base import (
     STEP,
     BaseVectorEnv,
     EnvIds,
+    EnvRows,
     FailedCall,
 )
 from rlfleet.errors import ConfigError, EnvNotFoundError, UsageError, VectorEnvError
@@ -47,8 +48,8 @@ from rlfleet.errors import ConfigError, EnvNotFoundError, UsageError, VectorEnvE
 VECTOR_ENTRY_POINT = "vector_entry_point"
 #: envpool (the ``envpool`` extra): ``envpool.make_gymnasium``.
 ENVPOOL = "envpool"
-#: The values of ``EnvConfig.vectorization`` (None: one ``gym.make`` env per slot).
-VECTORIZATIONS = (VECTOR_ENTRY_POINT, ENVPOOL)
+#: The native values of ``EnvConfig.vectorization`` (None: one ``gym.make`` env per slot).
+NATIVE_VECTORIZATIONS = (VECTOR_ENTRY_POINT, ENVPOOL)
 
 
 #: Where tianshou's per-env vector envs step some envs, reset some, render,
@@ -108,10 +109,10 @@ class NativeVectorEnv(BaseVectorEnv):
         num_envs: int,
         max_episode_length: int | None = None,
     ) -> None:
-        if vectorization not in VECTORIZATIONS:
+        if vectorization not in NATIVE_VECTORIZATIONS:
             raise ConfigError(
                 f"unknown vectorization {vectorization!r} for env {env_id!r}; give one of "
-                f"{list(VECTORIZATIONS)} or None (one gymnasium.make env per slot)"
+                f"{list(NATIVE_VECTORIZATIONS)} or None (one gymnasium.make env per slot)"
             )
         _check_task(env_id, vectorization)
         self.env_id = env_id
@@ -212,6 +213,20 @@ class NativeVectorEnv(BaseVectorEnv):
         # The envs whose episode ended restart on this step by themselves.
         self._needs_reset[self._ended] = False
         return super().step(action)
+
+    def reset_env(self, id: int, seed: int | None) -> Any:
+        """Refused: a native env is reset as a whole (:meth:`reset_all`)."""
+        raise UsageError(
+            f"{self.name} resets all its envs together with one seed; call reset_all() "
+            f"(or use {_PER_ENV} to reset one env with a seed of its own)"
+        )
+
+    def step_envs(self, ids: list[int], actions: Sequence[Any] | np.ndarray) -> EnvRows:
+        """Refused: a native env steps all its envs together (:meth:`step_all`)."""
+        raise UsageError(
+            f"{self.name} steps all its envs together; call step_all() (or use {_PER_ENV} "
+            "to step some of them)"
+        )
 
     def step_and_reset(self, *args: Any, **kwargs: Any) -> Any:
         """Refused: a native env resets a finished env itself, on the next :meth:`step`."""
@@ -391,4 +406,4 @@ def _envpool() -> Any:
         ) from exc
 
 
-__all__ = ["ENVPOOL", "VECTORIZATIONS", "VECTOR_ENTRY_POINT", "NativeVectorEnv"]
+__all__ = ["ENVPOOL", "NATIVE_VECTORIZATIONS", "VECTOR_ENTRY_POINT", "NativeVectorEnv"]

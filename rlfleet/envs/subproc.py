@@ -79,10 +79,10 @@ class SubprocVectorEnv(BaseVectorEnv):
     the child's traceback text (the env can then be reset); a child that dies
     or does not answer within ``call_timeout`` seconds of being sent a
     command gives a ``VectorEnvError`` naming the env index (and the
-    seconds), and that env is unusable from then on. ``close`` (also at
-    garbage collection and interpreter exit) stops every child: it asks them
-    to close their envs, then terminates and kills the ones that do not exit
-    within a few seconds.
+    seconds), and that env is unusable until ``rebuild_env`` gives it a new
+    child. ``close`` (also at garbage collection and interpreter exit) stops
+    every child: it asks them to close their envs, then terminates and kills
+    the ones that do not exit within a few seconds.
 
     Example::
 
@@ -151,11 +151,43 @@ class SubprocVectorEnv(BaseVectorEnv):
         #: Deadline in seconds for each env's answer (None: none); may be changed.
         self.call_timeout = call_timeout
         self._children = children
+        # What rebuild_env starts a new child with.
+        self._factories = pickled
+        self._mp_context = mp_context
+        self._start_timeout = start_timeout
+        self._shared_memory = shared_memory
 
     @property
     def pids(self) -> list[int]:
         """The process id of each env's child."""
         return [child.pid for child in self._children]
+
+    def rebuild_env(self, id: int) -> None:
+        """:meth:`BaseVectorEnv.rebuild_env`: env ``id`` gets a new child process.
+
+        The old child is asked to close its env and exit (it is killed if it
+        does not within a few seconds); a dead or lost one is reaped.
+
+        Raises:
+            ConfigError: If the factory raised it in the new child.
+            VectorEnvError: If the new child failed to build its env, died
+                or passed ``start_timeout``.
+        """
+        self._check_open()
+        self._check_idle([id], "rebuild_env")
+        old = self._children[id]
+        old.request_close()
+        old.finish(time.monotonic() + _CLOSE_GRACE_SECONDS)
+        # An interrupted call's answer would have come from the old child.
+        self._stale.discard(id)
+        self._in_flight.discard(id)
+        self._needs_reset[id] = True
+        child = _EnvProcess(self._mp_context, id, self._factories[id])
+        # In the list before it connects: close() reaps it even if that fails.
+        self._children[id] = child
+        child.connect(
+            _deadline(self._start_timeout), self._start_timeout, shared_memory=self._shared_memory
+        )
 
     def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
         sent: list[_EnvProcess] = []
@@ -266,8 +298,7 @@ class _EnvProcess:
             self.hold(
                 FailedCall(
                     VectorEnvError(
-                        f"its process is gone ({self.gone}); close this vector env and make "
-                        "a new one",
+                        f"its process is gone ({self.gone}); {_lost_advice(self.index)}",
                         env_index=self.index,
                     )
                 )
@@ -421,11 +452,11 @@ class _EnvProcess:
             return (self._obs_view, *answer[1:])
         return answer
 
-    def _lose(
-        self, reason: str, advice: str = "close this vector env and make a new one"
-    ) -> VectorEnvError:
+    def _lose(self, reason: str, advice: str | None = None) -> VectorEnvError:
         self.gone = reason
         _stop(self.process, 0.0)
+        if advice is None:
+            advice = _lost_advice(self.index)
         return VectorEnvError(f"{reason}; {advice}", env_index=self.index)
 
     def _exit_status(self) -> str:
@@ -447,6 +478,11 @@ class _EnvProcess:
         with contextlib.suppress(FileNotFoundError):
             self._shm.unlink()
         self._shm = None
+
+
+def _lost_advice(index: int) -> str:
+    """What to do about a lost child (a worker's engine does the first by itself)."""
+    return f"rebuild_env({index}) starts a new one, or close this vector env and make a new one"
 
 
 def _shutdown(children: list[_EnvProcess]) -> list[BaseException]:

@@ -6,10 +6,17 @@ a finished segment (a finished episode, or a fragment piece to park) is
 decided by the caller's :class:`Sink`; which work a slot takes is decided
 by the caller too (:class:`~rlfleet.worker.vec.VecWorker`).
 
-The hot loop does, per env, the ``step`` call, two list appends and a
-test of the info dict (kept only when not empty, which most envs' is);
-everything else is one numpy call per field per vector step, or per
-finished segment.
+The envs are one rlfleet :class:`~rlfleet.envs.BaseVectorEnv` whatever
+the backend: in-process (``DummyVectorEnv``), one child process per slot
+(``SubprocVectorEnv``), each stepped through its engine primitives
+(``reset_env``, ``step_envs``, ``rebuild_env``), or a native vector env
+(``NativeVectorEnv``, driven whole through
+:class:`~rlfleet.worker._native_slots.NativeSlots`).
+
+The in-process hot loop (``DummyVectorEnv.step_envs``) does, per env, the
+``step`` call, two list appends and a test of the info dict (kept only
+when not empty, which most envs' is); everything else is one numpy call
+per field per vector step, or per finished segment.
 """
 
 from __future__ import annotations
@@ -19,13 +26,14 @@ import traceback
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-import gymnasium as gym
 import numpy as np
 
 from rlfleet._numeric import all_finite
 from rlfleet.core._arrays import NestedArrays
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.step_type import StepType
+from rlfleet.envs._base import BaseVectorEnv
+from rlfleet.envs.dummy import DummyVectorEnv
 from rlfleet.errors import EnvError
 from rlfleet.policies.base import Policy
 from rlfleet.worker._checks import ActionChecker, nonfinite_rows
@@ -161,8 +169,11 @@ class SlotEngine:
         self.check_actions = check_actions
         self.ledger = ledger
         self.source: EnvSource | None = None
-        self.envs: list[gym.Env | None] = [None] * n_envs
-        # The native backend, when one vector env steps every slot (else None).
+        #: The envs of every slot (slot i is env i), whatever the backend.
+        self.venv: BaseVectorEnv | None = None
+        #: Slots whose env crashed: rebuilt before their next episode.
+        self.broken: set[int] = set()
+        # The native backend's slot states, when one native env steps every slot (else None).
         self.native: NativeSlots | None = None
         self.spec: EnvSpec | None = None
         self.max_len: int | None = None
@@ -185,7 +196,6 @@ class SlotEngine:
         self._active: list[int] = []
         self._position: dict[int, int] = {}  # slot -> its row in the batch
         self._active_rngs: list[np.random.Generator] = []
-        self._active_envs: list[gym.Env | None] = []
         self._cols: np.ndarray | None = None
         self._went_idle: list[int] = []
         self._membership_changed = False
@@ -217,15 +227,30 @@ class SlotEngine:
 
     # ----------------------------------------------------------- installing
 
-    def install_envs(self, source: EnvSource, envs: list[gym.Env], spec: EnvSpec) -> None:
+    @property
+    def envs(self) -> list[Any]:
+        """The env object of each slot in this process (None where there is none).
+
+        Only the in-process backend holds env objects here; a crashed
+        slot's env shows as None until it is rebuilt.
+        """
+        venv = self.venv
+        if not isinstance(venv, DummyVectorEnv):
+            return [None] * self.n_envs
+        return [None if slot in self.broken else env for slot, env in enumerate(venv.envs)]
+
+    def install_envs(self, source: EnvSource, venv: BaseVectorEnv, spec: EnvSpec) -> None:
         """Replaces the envs (closing the old ones); drops every live segment."""
         self.drop_all()
-        for old in self.envs:
-            if old is not None and all(old is not new for new in envs):
-                close_quietly(old, self.source_name)
-        self._close_native()
-        self.source, self.envs, self.spec = source, list(envs), spec
+        old = self.venv
+        if isinstance(old, DummyVectorEnv) and isinstance(venv, DummyVectorEnv):
+            # An env instance given again is in both: the old vector env must not close it.
+            kept = {id(env) for env in venv.envs}
+            old.envs[:] = [env for env in old.envs if id(env) not in kept]
+        self.close_envs()
+        self.source, self.venv, self.spec = source, venv, spec
         self._install_spec(spec)
+        self._membership_changed = True  # the cache of running slots is built anew
         # The envs' TimeLimit was taken off: its limit is the engine's to enforce.
         if source.time_limit is not None:
             limit = spec.max_episode_length
@@ -235,7 +260,7 @@ class SlotEngine:
         """Replaces the envs with a native vector env of one env per slot."""
         self.drop_all()
         self.close_envs()
-        self.source, self.native, self.spec = source, native, spec
+        self.source, self.native, self.venv, self.spec = source, native, native.native, spec
         self._install_spec(spec)
         # The native path steps every slot, row i being slot i: no slot keeps
         # a row of the gym path's cache of the running slots.
@@ -265,15 +290,11 @@ class SlotEngine:
 
     def close_envs(self) -> None:
         """Closes every env."""
-        for env in self.envs:
-            if env is not None:
-                close_quietly(env, self.source_name)
-        self.envs = [None] * self.n_envs
-        self._close_native()
-
-    def _close_native(self) -> None:
+        if self.venv is not None:
+            close_quietly(self.venv, self.source_name)
+        self.venv = None
+        self.broken = set()
         if self.native is not None:
-            close_quietly(self.native.native, self.native.name)  # type: ignore[arg-type]
             self.native = None
             self._membership_changed = True  # the next envs' slots build the cache anew
 
@@ -288,8 +309,8 @@ class SlotEngine:
         Returns:
             False if the env failed past the budget (an EnvError is queued).
         """
-        ring, source = self.ring, self.source
-        assert ring is not None and source is not None  # the caller checked for an env
+        ring, venv = self.ring, self.venv
+        assert ring is not None and venv is not None  # the caller checked for an env
         if self.native is not None:
             assert live.unit is not None  # native workers refuse fragment streams
             first = self.native.begin(slot, env_seed, live.unit.policy_seed)
@@ -298,10 +319,9 @@ class SlotEngine:
             return True
         while True:
             try:
-                env = self.envs[slot]
-                if env is None:
-                    env = self.envs[slot] = source.rebuild()
-                observation, _ = env.reset(seed=env_seed)
+                if slot in self.broken:
+                    self.rebuild_env(slot)
+                observation = venv.reset_env(slot, env_seed)
                 ring.obs[self.step_count % ring.capacity, slot] = observation
                 break
             except Exception as exc:
@@ -309,6 +329,19 @@ class SlotEngine:
                     return False
         self._place(slot, live, window_end)
         return True
+
+    def rebuild_env(self, slot: int) -> None:
+        """Replaces a crashed slot's env by a new one from the env's factory.
+
+        Raises:
+            ConfigError: If the env was given as an instance (it cannot be rebuilt).
+            Exception: What building the env raised.
+        """
+        source, venv = self.source, self.venv
+        assert source is not None and venv is not None
+        source.check_rebuildable()
+        venv.rebuild_env(slot)
+        self.broken.discard(slot)
 
     def resume(self, slot: int, live: Live, window_end: int = NEVER) -> None:
         """Continues a parked episode from its parked observation."""
@@ -347,7 +380,6 @@ class SlotEngine:
             self._membership_changed = True
         else:  # the slot keeps its row: refresh what may have changed on it
             self._active_rngs[position] = live.rng
-            self._active_envs[position] = self.envs[slot]
 
     def drop(self, slot: int) -> Live:
         """Takes the live segment off a slot (its data is forgotten)."""
@@ -377,7 +409,6 @@ class SlotEngine:
             self._active = [slot for slot, _ in lives]
             self._position = {slot: row for row, slot in enumerate(self._active)}
             self._active_rngs = [live.rng for _, live in lives]
-            self._active_envs = [self.envs[slot] for slot in self._active]
             everyone = len(self._active) == self.n_envs
             self._cols = None if everyone else np.array(self._active, dtype=np.intp)
 
@@ -417,26 +448,18 @@ class SlotEngine:
             self._raise_policy_failure(exc, observations)
             raise
 
-        live = self.live
-        next_obs: list[Any] = []
-        rewards: list[Any] = []
-        add_obs, add_reward = next_obs.append, rewards.append
-        done: list[tuple[int, bool, bool]] = []
-        failed: list[tuple[int, Exception]] = []
-        # strict=False: the checker matched the lengths already.
-        for slot, env, action in zip(active, self._active_envs, per_env, strict=False):
-            try:
-                observation, reward, terminated, truncated, info = env.step(action)  # type: ignore[union-attr]
-            except Exception as exc:
-                failed.append((slot, exc))
-                # Placeholders keep the rows aligned; the slot's step is discarded.
-                observation, reward, terminated, truncated, info = ring.obs[row, slot], 0.0, 0, 0, 0
-            add_obs(observation)
-            add_reward(reward)
-            if info:
+        venv = self.venv
+        assert venv is not None
+        next_obs, rewards, done, infos, failed = venv.step_envs(active, per_env)
+        if infos:
+            live = self.live
+            for slot, info in infos:
                 live[slot].infos.append((s, info))  # type: ignore[union-attr]
-            if terminated or truncated:
-                done.append((slot, bool(terminated), bool(truncated)))
+        if failed:
+            # Placeholders keep the rows aligned; the slot's step is discarded.
+            position = self._position
+            for slot, _ in failed:
+                next_obs[position[slot]] = ring.obs[row, slot]
         try:
             ring.put_env_outputs(row, cols, next_obs, rewards)
         except (ValueError, TypeError):
@@ -712,11 +735,8 @@ class SlotEngine:
         sink.on_env_failure(slot, live, restarted)
 
     def _restart_env(self, slot: int, exc: Exception, call: str, live: Live, *, step: int) -> bool:
-        """Closes a failed env; True if it may be rebuilt, else queues an EnvError."""
-        env = self.envs[slot]
-        self.envs[slot] = None
-        if env is not None:
-            close_quietly(env, self.source_name)
+        """Marks a failed env for rebuilding; True if it may be, else queues an EnvError."""
+        self.broken.add(slot)
         assert self.source is not None
         rebuildable = self.source.rebuildable
         if rebuildable and self.ledger.try_restart():
@@ -762,8 +782,8 @@ class SlotEngine:
         raise first
 
 
-def close_quietly(env: gym.Env, name: str) -> None:
-    """Closes an env, logging instead of raising: a broken env must not stop the worker."""
+def close_quietly(env: BaseVectorEnv, name: str) -> None:
+    """Closes envs, logging instead of raising: a broken env must not stop the worker."""
     try:
         env.close()
     except Exception as exc:

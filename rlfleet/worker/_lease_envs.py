@@ -102,8 +102,8 @@ def lease_config(update: LeasedEnvSource, imports: tuple[str, ...]) -> EnvConfig
         )
     if update.vectorization:
         raise ConfigError(
-            f"leased envs are single envs stepped one by one; {update.env_id!r} with "
-            f"vectorization={update.vectorization!r} is a native vector env: lease it "
+            f"leased envs are single envs stepped one by one in the worker's process; "
+            f"{update.env_id!r} with vectorization={update.vectorization!r} is not: lease it "
             "without vectorization"
         )
     kwargs = json.loads(update.kwargs_json) if update.kwargs_json else {}

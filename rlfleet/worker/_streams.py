@@ -151,7 +151,7 @@ class FragmentStreams:
             stream = streams[slot]
             parked = self._parked.pop(stream, None)
             if parked is not None:
-                if self._holder[slot] != stream or engine.envs[slot] is None:
+                if self._holder[slot] != stream or slot in engine.broken:
                     self._rebuild(slot, parked)
                 self._holder[slot] = stream
                 self._logs[slot] = parked.actions
@@ -196,7 +196,8 @@ class FragmentStreams:
         live = parked.live
         _, env_seed, _, episode, _, stream, fragment = live.meta
         policy = engine.policy
-        assert engine.source is not None and policy is not None and engine.spec is not None
+        venv = engine.venv
+        assert venv is not None and policy is not None and engine.spec is not None
         if parked.draws_pending and engine.policy_resets:
             raise PolicyError(
                 f"stream {stream} moved to worker {engine.name!r}, but policy "
@@ -207,15 +208,16 @@ class FragmentStreams:
         actions = np.concatenate(parked.actions)
         ended = False
         try:
-            env = engine.envs[slot]
-            if env is None:
-                env = engine.envs[slot] = engine.source.rebuild()
-            observation, _ = env.reset(seed=env_seed)
+            if slot in engine.broken:
+                engine.rebuild_env(slot)
+            observation = venv.reset_env(slot, env_seed)
             for step, action in enumerate(actions):
                 if parked.draws_pending:
                     self._draw(policy, observation, live, stream)
-                observation, _, terminated, truncated, _ = env.step(action)
-                if (terminated or truncated) and step < len(actions) - 1:
+                (observation,), _, done, _, failures = venv.step_envs([slot], [action])
+                if failures:
+                    raise failures[0][1]
+                if done and step < len(actions) - 1:
                     ended = True
                     break
         except (EnvError, PolicyError):

@@ -13,7 +13,10 @@ import numpy as np
 from gymnasium.wrappers import TimeLimit
 
 from rlfleet.core.env_spec import EnvSpec
-from rlfleet.envs.config import EnvConfig, make_env
+from rlfleet.envs._base import BaseVectorEnv
+from rlfleet.envs.config import SUBPROCESS, EnvConfig, make_env
+from rlfleet.envs.dummy import DummyVectorEnv
+from rlfleet.envs.subproc import SubprocVectorEnv
 from rlfleet.errors import ConfigError, PolicyError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.spec import PolicySpec
@@ -48,6 +51,7 @@ class EnvSource:
         self._factory: Callable[[], gym.Env] | None = None
         self._instance: gym.Env | None = None
         self._takes_off_time_limit = False
+        self._subprocess = False
         #: The limit of the ``TimeLimit`` taken off the envs (None if none was).
         self.time_limit: int | None = None
         if isinstance(update, gym.Env):
@@ -56,7 +60,9 @@ class EnvSource:
         elif isinstance(update, EnvConfig):
             # The engine enforces reset-before-step and checks values itself.
             self._factory = functools.partial(make_env, update, worker_checked=True)
-            self._takes_off_time_limit = True
+            # A child's env keeps its TimeLimit: the parent never sees the env to take it off.
+            self._subprocess = update.vectorization == SUBPROCESS
+            self._takes_off_time_limit = not self._subprocess
             self.name = repr(update.id)
         elif callable(update):
             self._factory = update
@@ -69,6 +75,23 @@ class EnvSource:
         self.max_episode_length = (
             update.max_episode_length if isinstance(update, EnvConfig) else None
         )
+
+    def vector_env(self, n_envs: int) -> BaseVectorEnv:
+        """The envs of ``n_envs`` slots, as one vector env.
+
+        A subprocess config's envs run in one child process each; the others
+        are built here (:meth:`make`).
+
+        Raises:
+            ConfigError: If an env cannot be built (as :meth:`make`).
+            VectorEnvError: If a factory raised something else, or a child
+                process failed to start.
+        """
+        if self._subprocess:
+            assert self._factory is not None  # set for every EnvConfig
+            # No call deadline: a slow step waits, as it does in-process.
+            return SubprocVectorEnv([self._factory] * n_envs, call_timeout=None)
+        return DummyVectorEnv([functools.partial(self.make, index) for index in range(n_envs)])
 
     @property
     def rebuildable(self) -> bool:
@@ -107,14 +130,17 @@ class EnvSource:
                 return env.env
         return env
 
-    def rebuild(self) -> gym.Env:
-        """Builds a fresh env to replace a crashed one (factories only)."""
+    def check_rebuildable(self) -> None:
+        """Refuses to rebuild an env given as an instance (a factory's are made again).
+
+        Raises:
+            ConfigError: Saying what to pass instead.
+        """
         if self._factory is None:
             raise ConfigError(
                 f"the env {self.name} was given as an instance and cannot be rebuilt; "
                 "pass an EnvConfig or an env factory to let the worker restart crashed envs"
             )
-        return self.make(-1)
 
 
 def check_observation_space(space: gym.Space, where: str) -> None:

@@ -21,7 +21,9 @@ from rlfleet._values import check_int
 from rlfleet.core._pieces import EpisodePieces
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.envs._base import BaseVectorEnv
 from rlfleet.envs.config import EnvConfig, make_native
+from rlfleet.envs.dummy import DummyVectorEnv
 from rlfleet.errors import ConfigError, PolicyError, UsageError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.random import RandomPolicy
@@ -101,7 +103,10 @@ class VecWorker:
     ``max_env_restarts``. Past the budget the unit is dropped and
     :class:`~rlfleet.errors.EnvError` is raised once the current step has
     finished for every other slot, so the worker stays usable. An env given
-    as an instance cannot be rebuilt, so its crashes always raise.
+    as an instance cannot be rebuilt, so its crashes always raise. With
+    ``EnvConfig(..., vectorization="subprocess")`` each slot's env runs in a
+    child process; a child that dies is such a crash (the slot gets a new
+    child).
 
     **Non-finite observations** (``nan_observations``): ``"error"`` drops the
     episode and raises EnvError naming the env index and the step that
@@ -229,8 +234,11 @@ class VecWorker:
 
     @property
     def envs(self) -> list[gym.Env | None]:
-        """The env of each slot (None while a crashed env awaits rebuilding)."""
-        return list(self._engine.envs)
+        """The env of each slot (None while a crashed env awaits rebuilding).
+
+        None too for envs that live elsewhere (a subprocess or native backend).
+        """
+        return self._engine.envs
 
     @property
     def restarts(self) -> int:
@@ -339,24 +347,20 @@ class VecWorker:
         if env_update is None:
             return
         source = EnvSource(env_update)
-        if isinstance(env_update, EnvConfig) and env_update.vectorization is not None:
+        if isinstance(env_update, EnvConfig) and env_update.native:
             self._install_native(source, env_update)
             return
-        envs: list[gym.Env] = []
+        venv = source.vector_env(self.n_envs)
         try:
-            for index in range(self.n_envs):
-                envs.append(source.make(index))
             max_len = self._max_episode_length or source.max_episode_length or source.time_limit
-            spec = EnvSpec.from_env(envs[0], max_len)
+            spec = _slot_spec(venv, max_len)
             check_observation_space(spec.observation_space, f"env {source.name}")
         except BaseException:
-            for env in envs:
-                if env is not env_update:
-                    close_quietly(env, source.name)
+            close_quietly(venv, source.name)
             raise
         self._abort_in_flight()
         self._streams.abandon()
-        self._engine.install_envs(source, envs, spec)
+        self._engine.install_envs(source, venv, spec)
         self._install_policy_for(spec)
 
     def _install_native(self, source: EnvSource, config: EnvConfig) -> None:
@@ -789,6 +793,18 @@ class VecWorker:
         units = [live.unit for live in self._engine.drop_all() if live.unit is not None]
         for unit in sorted(units, key=lambda u: (u.request, u.episode_index), reverse=True):
             self._queue.appendleft(unit)
+
+
+def _slot_spec(venv: BaseVectorEnv, max_episode_length: int | None) -> EnvSpec:
+    """The EnvSpec of env 0 of ``venv`` (wherever it runs), as ``EnvSpec.from_env``."""
+    if isinstance(venv, DummyVectorEnv):
+        return EnvSpec.from_env(venv.envs[0], max_episode_length)
+    observation_space, action_space, registered = (
+        venv.get_env_attr(key, id=0)[0] for key in ("observation_space", "action_space", "spec")
+    )
+    if max_episode_length is None and registered is not None:
+        max_episode_length = registered.max_episode_steps
+    return EnvSpec(observation_space, action_space, max_episode_length)
 
 
 class _UnitSink:

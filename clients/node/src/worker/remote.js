@@ -471,7 +471,7 @@ class Session {
       }
       if (update.vectorization) {
         throw new ConfigError(
-          `native vector envs (vectorization ${JSON.stringify(update.vectorization)}) are not implemented by the Node worker; send the env without vectorization, or use Python workers`,
+          `vectorization ${JSON.stringify(update.vectorization)} (native vector envs, env subprocesses) is not implemented by the Node worker, which steps one env per slot in its own process; send the env without vectorization, or use Python workers`,
         );
       }
       spec = this.runner.setEnv({
