@@ -23,7 +23,6 @@ from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.envs._base import BaseVectorEnv
 from rlfleet.envs.config import EnvConfig, make_native
-from rlfleet.envs.dummy import DummyVectorEnv
 from rlfleet.errors import ConfigError, PolicyError, UsageError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.random import RandomPolicy
@@ -797,8 +796,6 @@ class VecWorker:
 
 def _slot_spec(venv: BaseVectorEnv, max_episode_length: int | None) -> EnvSpec:
     """The EnvSpec of env 0 of ``venv`` (wherever it runs), as ``EnvSpec.from_env``."""
-    if isinstance(venv, DummyVectorEnv):
-        return EnvSpec.from_env(venv.envs[0], max_episode_length)
     observation_space, action_space, registered = (
         venv.get_env_attr(key, id=0)[0] for key in ("observation_space", "action_space", "spec")
     )
