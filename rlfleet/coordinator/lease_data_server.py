@@ -203,7 +203,7 @@ class DataConnection(LeaseConnection):
             while len(buf) - start >= FRAME_HEADER.size:
                 (length,) = FRAME_HEADER.unpack_from(buf, start)
                 if length > max_frame:
-                    return f"a frame of {length} bytes, above the limit of {max_frame}"
+                    return _too_long(length, max_frame)
                 end = start + FRAME_HEADER.size + length
                 if end > len(buf):
                     break
@@ -221,7 +221,7 @@ class DataConnection(LeaseConnection):
         while count - start >= FRAME_HEADER.size:
             (length,) = FRAME_HEADER.unpack_from(data, start)
             if length > max_frame:
-                return f"a frame of {length} bytes, above the limit of {max_frame}"
+                return _too_long(length, max_frame)
             end = start + FRAME_HEADER.size + length
             if end > count:
                 break
@@ -520,18 +520,13 @@ class LeaseDataServer:
         peer = connection.peer
         if peer is None:
             return
+        reason: str | None
         if len(payload) > self._max_frame:
-            reason = f"a frame of {len(payload)} bytes, above the limit of {self._max_frame}"
+            reason = _too_long(len(payload), self._max_frame)
         else:
-            try:
-                peer.on_frame(payload)
-                return
-            except RlfleetError as exc:  # bad input from the peer: ends its connection
-                reason = str(exc)
-            except Exception as exc:  # a handler's bug: end this connection
-                logger.exception("lease data connection %s failed", connection.what)
-                reason = f"coordinator error: {exc!r}"
-        self.close(connection, reason)
+            reason = _handled(connection, peer.on_frame, payload)
+        if reason is not None:
+            self.close(connection, reason)
 
     def _take(self, hello: bytes) -> Attach | None:
         ticket = self._parse_hello(hello)
@@ -578,13 +573,7 @@ class LeaseDataServer:
             if done and reason is None:
                 self._watch(connection, selectors.EVENT_READ)
         if reason is None and events & selectors.EVENT_READ:
-            try:
-                reason = connection.read(self._max_frame, self._read_view)
-            except RlfleetError as exc:  # bad input from the peer: ends its connection
-                reason = str(exc)
-            except Exception as exc:  # a handler's bug: end this connection
-                logger.exception("lease data connection %s failed", connection.what)
-                reason = f"coordinator error: {exc!r}"
+            reason = _handled(connection, connection.read, self._max_frame, self._read_view)
         if reason is not None:
             self.close(connection, reason)
 
@@ -632,6 +621,29 @@ class LeaseDataServer:
                 with contextlib.suppress(KeyError, ValueError, OSError):  # already gone
                     self._selector.unregister(connection.sock)
         connection.release()
+
+
+def _handled(
+    connection: LeaseConnection, handle: Callable[..., str | None], *args: object
+) -> str | None:
+    """Runs ``handle`` on a connection's frames: the reason to close it, or None.
+
+    Bad input from the peer (an RlfleetError) ends its connection with the
+    error's message; any other exception is a handler's bug, logged, and ends
+    that connection only, never the loop.
+    """
+    try:
+        return handle(*args)
+    except RlfleetError as exc:
+        return str(exc)
+    except Exception as exc:
+        logger.exception("lease data connection %s failed", connection.what)
+        return f"coordinator error: {exc!r}"
+
+
+def _too_long(length: int, max_frame: int) -> str:
+    """Why a frame of ``length`` bytes closes its connection."""
+    return f"a frame of {length} bytes, above the limit of {max_frame}"
 
 
 def _read_frame(sock: socket.socket, limit: int) -> bytes:
