@@ -29,7 +29,8 @@ from rlfleet.client.lease_stream import LeaseEnvFailure, LeaseStream
 from rlfleet.client.sampler import RemoteSampler
 from rlfleet.core import EnvSpec
 from rlfleet.envs import BaseVectorEnv, EnvConfig
-from rlfleet.envs._base import GET_ATTR, RESET, FailedCall, Seeds
+from rlfleet.envs.batching import Seeds
+from rlfleet.envs.commands import GET_ATTR, RESET, FailedCall
 from rlfleet.errors import ConfigError
 from rlfleet.lease_data import coordinator_host
 from rlfleet.security import ClientSecurity, Token
@@ -156,7 +157,7 @@ class RemoteVectorEnv(BaseVectorEnv):
         self._local: dict[int, Any] = {}
         super().__init__(num_envs, _Release(stream, channel), wait_num=wait_num, timeout=timeout)
         if seed is not None:
-            self.seed(seed)
+            self._seed_next_reset(seed)
         logger.info(
             "leased %d envs of %s (lease %d) on %s",
             num_envs,
@@ -177,6 +178,11 @@ class RemoteVectorEnv(BaseVectorEnv):
     def env_workers(self) -> list[str]:
         """The worker hosting each env, as of the lease's opening."""
         return list(self._stream.env_workers)
+
+    def _seed_envs(self, ids: list[int], seeds: list[int | None]) -> list[Any]:
+        """seed(): leased envs are gymnasium envs, seeded by a reset (tianshou's way)."""
+        self._call(ids, RESET, [{"seed": seed} for seed in seeds])
+        return [[seed] for seed in seeds]
 
     def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
         if command == GET_ATTR and args and args[0] in _LOCAL_ATTRIBUTES:

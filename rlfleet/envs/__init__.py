@@ -12,7 +12,8 @@ the backend of native workers. A new backend subclasses
 :mod:`rlfleet.envs.testing` (imported on demand: importing it registers them).
 """
 
-from rlfleet.envs._base import BaseVectorEnv, FailedCall
+from rlfleet.envs._base import BaseVectorEnv
+from rlfleet.envs.commands import FailedCall
 from rlfleet.envs.config import EnvConfig, env_spec_of, make_env
 from rlfleet.envs.dummy import DummyVectorEnv, VectorEnv
 from rlfleet.envs.native import NativeVectorEnv

@@ -29,7 +29,7 @@ from stable_baselines3.common.vec_env.base_vec_env import (
 )
 
 from rlfleet.envs import BaseVectorEnv
-from rlfleet.envs._base import stack_batch
+from rlfleet.envs.batching import stack_batch
 from rlfleet.errors import UsageError
 from rlfleet.integrations._venv import (
     batch_row,

@@ -20,7 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.envs import EnvConfig
-from rlfleet.envs._base import CALL, CLASS_NAMES, GET_ATTR, RENDER, SET_ATTR, run_command
+from rlfleet.envs.commands import CALL, CLASS_NAMES, GET_ATTR, RENDER, SET_ATTR, run_command
 from rlfleet.errors import ConfigError, EnvError, PolicyError
 from rlfleet.lease_messages import LeaseAnswer, LeaseCallOrder, LeasedEnvSource
 
@@ -33,7 +33,7 @@ _ARRAY_SPACES = (
     gym.spaces.MultiDiscrete,
     gym.spaces.MultiBinary,
 )
-#: The vector-env command each op runs (rlfleet.envs._base.run_command).
+#: The vector-env command each op runs (rlfleet.envs.commands.run_command).
 COMMANDS: dict[str, str] = {
     "render": RENDER,
     "get_attr": GET_ATTR,
