@@ -46,6 +46,7 @@ from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, RlfleetTimeoutError, UnavailableError, WorkerError
 from rlfleet.security import RoleTokens, ServerSecurity, Token
+from rlfleet.security.pickle import EMBEDDED_PARENT_ENV
 
 logger = logging.getLogger("rlfleet.client")
 
@@ -89,6 +90,7 @@ def spawn_worker(
     log_level: str = "WARNING",
     extra_args: Sequence[str] = (),
     token: Token | None = None,
+    embedded: bool = False,
 ) -> WorkerProcess:
     """Starts ``python -m rlfleet worker`` in its own process group.
 
@@ -103,6 +105,9 @@ def spawn_worker(
         extra_args: More ``rlfleet worker`` flags.
         token: The worker token, handed over in the child's environment
             (``RLFLEET_WORKER_TOKEN``), never on its command line.
+        embedded: The coordinator runs in this process (``Fleet.local``):
+            the worker then takes pickled env factories for leases from it
+            (``RLFLEET_EMBEDDED_PARENT``; docs/security.md).
 
     Returns:
         The started process.
@@ -128,6 +133,9 @@ def spawn_worker(
     environment = _child_environment()
     if token is not None:
         environment["RLFLEET_WORKER_TOKEN"] = token.reveal()
+    environment.pop(EMBEDDED_PARENT_ENV, None)
+    if embedded:
+        environment[EMBEDDED_PARENT_ENV] = str(os.getpid())
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             command,
@@ -290,6 +298,7 @@ class Fleet:
                         log_path=log_dir / f"{name}.log",
                         extra_args=("--drain-grace", f"{grace:g}"),
                         token=tokens.worker if tokens else None,
+                        embedded=True,
                     )
                 )
             fleet = cls(server, sampler, processes, log_dir, grace, learner_token=learner_token)

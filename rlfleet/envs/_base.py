@@ -31,6 +31,7 @@ from rlfleet.envs.batching import (
     expand_seeds,
     info_array,
     stack_batch,
+    stack_observations,
     step_each,
 )
 from rlfleet.envs.commands import (
@@ -58,9 +59,10 @@ class BaseVectorEnv(CommandDispatch):
     Differences from a single gymnasium env, all as in tianshou:
 
     * Results are batched: one row per env in ``id`` order. Observations are
-      stacked with ``np.stack`` (Dict observations become a dict of stacked
-      arrays, Tuple ones a tuple of them; observations of different shapes
-      an object array). Rewards are float64, ``terminated``/``truncated``
+      stacked with ``np.stack`` (Dict observations become an object array of
+      the envs' dicts, as tianshou's ``np.stack`` makes it; Tuple ones, which
+      tianshou refuses, a tuple of stacked arrays; observations of different
+      shapes an object array). Rewards are float64, ``terminated``/``truncated``
       bool arrays.
     * ``infos`` is a 1-D numpy object array holding one dict per env, each a
       copy of the env's info with ``"env_id"`` (the env index) added.
@@ -488,7 +490,7 @@ class BaseVectorEnv(CommandDispatch):
         if not ids:
             return np.empty(0), np.empty(0, dtype=object)
         observations, infos = zip(*results, strict=True)
-        return stack_batch(observations), info_array(infos, ids)
+        return stack_observations(observations), info_array(infos, ids)
 
     def _step_rows(self, ids: list[int], action: Any) -> Sequence[Any]:
         """Checks a step of ``ids`` and splits ``action`` into one row per env."""
@@ -515,7 +517,7 @@ class BaseVectorEnv(CommandDispatch):
         truncated_array = np.asarray(truncated, dtype=bool)
         self._needs_reset[ids] = terminated_array | truncated_array
         return (
-            stack_batch(observations),
+            stack_observations(observations),
             np.asarray(rewards, dtype=np.float64),
             terminated_array,
             truncated_array,

@@ -103,6 +103,20 @@ class Answered:
         return self._answer
 
 
+def stack_observations(items: Sequence[Any]) -> Any:
+    """Batches the envs' observations as tianshou's vector envs do.
+
+    Dict observations give a 1-D object array holding each env's dict
+    (tianshou's ``np.stack`` of dicts); everything else as :func:`stack_batch`.
+    """
+    if isinstance(items[0], Mapping):
+        batch = np.empty(len(items), dtype=object)
+        for row, item in enumerate(items):
+            batch[row] = item
+        return batch
+    return stack_batch(items)
+
+
 def stack_batch(items: Sequence[Any]) -> Any:
     """Stacks per-env values into a batch (dicts and tuples element-wise).
 
@@ -184,5 +198,6 @@ __all__ = [
     "expand_seeds",
     "info_array",
     "stack_batch",
+    "stack_observations",
     "step_each",
 ]

@@ -42,6 +42,7 @@ from rlfleet.lease_data import coordinator_host
 from rlfleet.lease_messages import data_hello
 from rlfleet.policies import Policy, PolicySpec, make_policy
 from rlfleet.security import PICKLE_CAPABILITY, PickleGate
+from rlfleet.security.pickle import embedded_child
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._flush import FlushPolicy
 from rlfleet.worker._join_messages import (
@@ -98,10 +99,12 @@ class Session:
         self._inbox = stream.inbox
         self._welcome = welcome
         self.name = welcome.name or config.name
-        # Pickles only when both sides opted in: this worker's flag and the
-        # coordinator's grant in Welcome.
+        # Pickles only when both sides opted in (this worker's flag and the
+        # coordinator's grant in Welcome), or from the parent of an embedded fleet.
         self._pickle = PickleGate(
-            config.allow_pickle and PICKLE_CAPABILITY in welcome.capabilities, "worker"
+            (config.allow_pickle and PICKLE_CAPABILITY in welcome.capabilities)
+            or embedded_child(config.coordinator),
+            "worker",
         )
         self.end_reason = ""
         self._vec = VecWorker(
@@ -113,7 +116,9 @@ class Session:
             nan_observations=config.nonfinite,
         )
         self._leases = LeaseHost(
-            config.imports, lambda report: self._send_lease(lease_reply(report, self.name))
+            config.imports,
+            lambda report: self._send_lease(lease_reply(report, self.name)),
+            self._pickle,
         )
         self._lease_channel: WorkerLeaseChannel | None = None
         self._book = TaskBook(self._vec, lambda: self._leases.hosted)
