@@ -79,8 +79,9 @@ class RemoteVectorEnv(BaseVectorEnv):
         fleet: Where to lease: a coordinator's ``HOST:PORT``, a
             :class:`~rlfleet.client.RemoteSampler` (its address and
             credentials), or a :class:`~rlfleet.client.Fleet` (``Fleet.local``);
-            or tianshou's ``env_fns`` (then ``env`` and ``num_envs`` are not
-            given, and ``on`` says where).
+            None starts an embedded fleet of its own (``Fleet.local``, up to 8
+            workers, closed with this vector env); or tianshou's ``env_fns``
+            (then ``env`` and ``num_envs`` are not given, and ``on`` says where).
         env: The env: a gymnasium id or an EnvConfig (registered on the
             workers; custom envs via the workers' ``--import``).
         num_envs: How many envs to lease.
@@ -120,7 +121,7 @@ class RemoteVectorEnv(BaseVectorEnv):
 
     def __init__(
         self,
-        fleet: FleetLike | Sequence[EnvFactory],
+        fleet: FleetLike | Sequence[EnvFactory] | None,
         env: str | EnvConfig | None = None,
         num_envs: int | None = None,
         *,
@@ -148,15 +149,15 @@ class RemoteVectorEnv(BaseVectorEnv):
                 )
             factories = check_env_fns(fleet)  # type: ignore[arg-type]
             num_envs = len(factories)
-            if on is None:
-                on = own_fleet = _own_fleet(num_envs, open_timeout)
-            fleet = on
             env, pickled = _lease_source(factories)
+            fleet = on
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ConfigError(f"RemoteVectorEnv num_envs must be an int >= 1, got {num_envs!r}")
         config = EnvConfig(env) if isinstance(env, str) else env
         if not isinstance(config, EnvConfig):
             raise ConfigError(f"env must be a gymnasium id or an EnvConfig, got {env!r}")
+        if fleet is None:
+            fleet = own_fleet = _own_fleet(num_envs, open_timeout)
         local_factories = None
         if pickled and isinstance(fleet, Fleet):
             # Its coordinator runs in this process: the factories reach it in
@@ -188,12 +189,12 @@ class RemoteVectorEnv(BaseVectorEnv):
         forget = None
         if local_factories is not None:
             forget = functools.partial(local_factories.forget_local_factories, config.id)
-        super().__init__(
-            num_envs,
-            _Release(self._stream, self._channel, own_fleet, forget),
-            wait_num=wait_num,
-            timeout=timeout,
-        )
+        release = _Release(self._stream, self._channel, own_fleet, forget)
+        try:
+            super().__init__(num_envs, release, wait_num=wait_num, timeout=timeout)
+        except BaseException:
+            release()
+            raise
         if seed is not None:
             self._seed_next_reset(seed)
         logger.info(
@@ -206,7 +207,7 @@ class RemoteVectorEnv(BaseVectorEnv):
 
     def _open(
         self,
-        fleet: FleetLike,
+        fleet: FleetLike | None,
         *,
         config: EnvConfig,
         num_envs: int,
