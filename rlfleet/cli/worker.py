@@ -194,6 +194,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0.1,
         help="or once the oldest has waited this long",
     )
+    parser.add_argument(
+        "--parent-pipe",
+        type=non_negative_int,
+        default=None,
+        metavar="FD",
+        # Internal: Fleet.local passes the read end of a pipe only it holds
+        # open, so its workers end with it (rlfleet/worker/_parent_watch.py).
+        help=argparse.SUPPRESS,
+    )
     add_client_flags(parser, worker=True)
     add_config_flags(parser)
     parser.set_defaults(func=run)
@@ -242,6 +251,10 @@ def run(args: argparse.Namespace) -> int:
 
         metrics = MetricsPort(args.metrics_listen, worker.metrics.registry)
     _install_signal_handlers(worker)
+    if args.parent_pipe is not None:
+        from rlfleet.worker._parent_watch import watch_parent
+
+        watch_parent(args.parent_pipe, worker.request_leave)
     try:
         return worker.run()
     finally:
