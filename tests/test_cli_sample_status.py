@@ -147,6 +147,48 @@ def test_sample_says_which_flag_is_missing(
     assert not Path(out).exists()
 
 
+def run_sample(address: str, out: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "rlfleet", "--log-level", "WARNING", "sample"]
+    command += ["--coordinator", address, "--steps", "50", "--seed", "2", "--out", out]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False, cwd=cwd)
+
+
+def test_sample_creates_the_missing_folders_of_its_out_file(fleet: Fleet, tmp_path: Path) -> None:
+    out = tmp_path / "missing" / "deeper" / "b.npz"
+    done = run_sample(fleet.address, str(out), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert load_batch(out).total_steps >= 50
+
+
+def test_an_out_that_cannot_be_a_file_is_refused_before_sampling(
+    fleet: Fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sample", "--coordinator", fleet.address, "--steps", "10", "--out", "."]) == 2
+    assert "--out .: is a folder" in capsys.readouterr().err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = str(blocker / "b.npz")
+    assert main(["sample", "--coordinator", fleet.address, "--steps", "10", "--out", out]) == 2
+    assert f"--out {out}: cannot create its folder {blocker}" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a full disk)")
+def test_a_write_failing_after_sampling_saves_the_batch_to_a_fallback_file(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # /dev/full passes every check (it exists and may be written) and then
+    # fails the write as a full disk does: the collected batch must survive.
+    done = run_sample(fleet.address, "/dev/full", tmp_path)
+    assert done.returncode == 1, done.stderr
+    saved = list(tmp_path.glob("rlfleet-sample-*.npz"))
+    assert len(saved) == 1, (done.stdout, done.stderr)
+    assert "writing /dev/full failed after sampling" in done.stderr, done.stderr
+    assert f"the batch was saved to {saved[0]} instead" in done.stderr, done.stderr
+    batch = load_batch(saved[0])
+    assert batch.total_steps >= 50
+    assert str(saved[0]) in done.stdout
+
+
 def test_status_prints_a_row_per_worker_and_totals(
     fleet: Fleet, capsys: pytest.CaptureFixture[str]
 ) -> None:
