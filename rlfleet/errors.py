@@ -36,6 +36,13 @@ class EnvNotFoundError(ConfigError):
     """No gymnasium env is registered under the requested id."""
 
 
+class SnapshotError(ConfigError):
+    """A snapshot cannot be restored (an unreadable file, a bad key or tensor).
+
+    The message names the file and the key; a refused restore changed nothing.
+    """
+
+
 class PolicyError(RlfleetError, ValueError):
     """A policy produced bad actions or was given parameters it cannot take."""
 
@@ -161,6 +168,7 @@ __all__ = [
     "ResourceExhaustedError",
     "RlfleetError",
     "RlfleetTimeoutError",
+    "SnapshotError",
     "UnavailableError",
     "UsageError",
     "VectorEnvError",
