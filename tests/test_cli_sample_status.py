@@ -21,6 +21,7 @@ from rlfleet.batch_file import FILE_FORMAT
 from rlfleet.cli import main
 from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.envs import EnvConfig
+from rlfleet.errors import EnvError
 from rlfleet.local_sampler import LocalSampler
 from tests.test_fleet_equivalence import assert_same_batch
 
@@ -236,6 +237,37 @@ def test_status_json_has_every_worker_and_the_totals(
     assert data["total_envs"] == 4 and data["ready_workers"] == 2
     assert data["env"]["id"] == "CartPole-v1"
     assert data["env_spec"]["action_space"] == {"type": "Discrete", "n": 2, "start": 0}
+
+
+def test_status_watch_keeps_every_column_readable_at_80_columns_with_an_error() -> None:
+    from rich.console import Console
+
+    from rlfleet.cli.status import _view
+
+    off_space = EnvConfig("rlfleet/OffSpace-v0", imports=("rlfleet.envs.testing",))
+    with Fleet.local(1, 1, off_space, timeout=60) as sampler:
+        with pytest.raises(EnvError):  # leaves the worker with a long last error
+            sampler.obtain_episodes(1)
+        views = {}
+        for width in (80, 160):
+            out = io.StringIO()
+            Console(file=out, width=width).print(_view(sampler, "here", width))
+            views[width] = out.getvalue().splitlines()
+    headers = ["NAME", "STATE", "ENVS", "STEPS/S", "STEPS", "UNITS", "LAG", "HEARTBEAT"]
+    for width, lines in views.items():
+        assert all(len(line) <= width for line in lines), "\n".join(lines)
+        header = next(line for line in lines if "NAME" in line)
+        assert header.replace("┃", " ").split()[:8] == headers, "\n".join(lines)
+        row = next(line for line in lines if "local-0 " in line)
+        assert row.replace("│", " ").split()[:3] == ["local-0", "idle", "1"], "\n".join(lines)
+    # 80 columns: the error goes under the table, cut to the width.
+    note = views[80][-1]
+    assert note.startswith("local-0: env 'rlfleet/OffSpace-v0' left its observation space")
+    assert note.endswith("…") and len(note) == 80
+    # 160 columns: the error has a column of its own, cut with an ellipsis.
+    assert "LAST ERROR" in next(line for line in views[160] if "NAME" in line)
+    row = next(line for line in views[160] if "local-0 " in line)
+    assert "│ env 'rlfleet/OffSpace-v0' left" in row
 
 
 @pytest.mark.parametrize("as_json", [True, False])
