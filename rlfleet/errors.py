@@ -11,6 +11,9 @@ Messages say what was wrong, where, and what to do about it.
 
 from __future__ import annotations
 
+#: What separates an error's message from the traceback a peer sent with it.
+REMOTE_TRACEBACK = "\n--- remote traceback ---\n"
+
 
 class RlfleetError(Exception):
     """Base class of every error rlfleet raises on purpose."""
@@ -137,7 +140,7 @@ class WorkerError(RlfleetError):
             where.append(f"episode {episode_index}")
         text = f"{message} ({', '.join(where)})" if where else message
         if remote_traceback:
-            text = f"{text}\n--- remote traceback ---\n{remote_traceback.rstrip()}"
+            text = f"{text}{REMOTE_TRACEBACK}{remote_traceback.rstrip()}"
         super().__init__(text)
 
 
@@ -154,6 +157,7 @@ class VectorEnvError(RlfleetError):
 
 
 __all__ = [
+    "REMOTE_TRACEBACK",
     "AuthenticationError",
     "ConfigError",
     "EnvError",

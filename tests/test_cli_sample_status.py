@@ -21,7 +21,7 @@ from rlfleet.batch_file import FILE_FORMAT
 from rlfleet.cli import main
 from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import EnvError
+from rlfleet.errors import EnvError, PolicyError
 from rlfleet.local_sampler import LocalSampler
 from tests.test_fleet_equivalence import assert_same_batch
 
@@ -188,6 +188,48 @@ def test_a_write_failing_after_sampling_saves_the_batch_to_a_fallback_file(
     batch = load_batch(saved[0])
     assert batch.total_steps >= 50
     assert str(saved[0]) in done.stdout
+
+
+def test_an_unknown_env_id_is_one_line_and_leaves_no_error_after_the_rollback(
+    tmp_path: Path,
+) -> None:
+    with Fleet.local(2, 1, CARTPOLE) as sampler:
+        unknown_env_checks(sampler, tmp_path)
+
+
+def unknown_env_checks(sampler: RemoteSampler, tmp_path: Path) -> None:
+    out = str(tmp_path / "b.npz")
+    sample = ["sample", "--coordinator", sampler.address, "--env", "Nope-v9", "--steps", "10"]
+    sample += ["--out", out]
+    done = subprocess.run(
+        [sys.executable, "-m", "rlfleet", *sample],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if not line.startswith("sample: ")]
+    assert len(errors) == 1, done.stderr  # no remote traceback after the message
+    assert errors[0].startswith("rlfleet: error: no gymnasium env is registered under id 'Nope-v9'")
+    assert "--log-level DEBUG" in errors[0]
+    # The fleet rolled back to CartPole: nothing is wrong with any worker now.
+    status = sampler.status()
+    assert status.env.id == "CartPole-v1"
+    assert [w.last_error for w in status.workers] == [None, None]
+    # Likewise after a refused agent update.
+    with pytest.raises(PolicyError):
+        sampler.update_agent({"no_such_layer": np.zeros(3, np.float32)})
+    assert [w.last_error for w in sampler.status().workers] == [None, None]
+    # With --log-level DEBUG the remote traceback is there.
+    debug = subprocess.run(
+        [sys.executable, "-m", "rlfleet", "--log-level", "DEBUG", *sample],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "--- remote traceback ---" in debug.stderr, debug.stderr
 
 
 def test_status_prints_a_row_per_worker_and_totals(

@@ -20,7 +20,7 @@ from rlfleet._version import __version__
 from rlfleet.cli._config import apply_config_file, flags_given, print_config
 from rlfleet.cli._env import bind_environment, misspelt_variables, subcommands
 from rlfleet.cli._logging import configure_logging
-from rlfleet.errors import RlfleetError
+from rlfleet.errors import REMOTE_TRACEBACK, RlfleetError
 
 #: Subcommand modules, in the order ``--help`` lists them.
 COMMANDS = (
@@ -118,10 +118,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(func(args))
     except RlfleetError as exc:
-        print(f"rlfleet: error: {exc}", file=sys.stderr)
+        print(f"rlfleet: error: {_without_remote_traceback(exc, args.log_level)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _without_remote_traceback(exc: RlfleetError, log_level: str) -> str:
+    """The error as a user reads it: a peer's traceback only with ``--log-level DEBUG``."""
+    text = str(exc)
+    if REMOTE_TRACEBACK not in text or log_level.upper() == "DEBUG":
+        return text
+    message = text.split(REMOTE_TRACEBACK, maxsplit=1)[0]
+    return f"{message} (`rlfleet --log-level DEBUG ...` shows the remote traceback)"
 
 
 if __name__ == "__main__":
