@@ -22,7 +22,7 @@ from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import EnvError, ProtocolError, RlfleetError
 from rlfleet.local_sampler import LocalSampler
-from tests._coordinator_fakes import rlfleet_process, stop_process, wait_for_file
+from tests.fleet_processes import ProcessFleet
 from tests.test_hostile_worker import Hostile, observation_outside_the_box
 
 pytestmark = pytest.mark.timeout(180)
@@ -59,21 +59,9 @@ def test_an_env_leaving_its_space_is_the_same_env_error_locally_and_in_a_fleet()
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[str]:
     """A coordinator process with no worker; yields its address."""
-    port_file = tmp_path / "port"
-    process = rlfleet_process(
-        "coordinator",
-        "--listen",
-        "127.0.0.1:0",
-        "--port-file",
-        str(port_file),
-        "--wait-for-workers",
-        "60",
-        log=tmp_path / "coordinator.log",
-    )
-    try:
-        yield f"127.0.0.1:{int(wait_for_file(port_file, process))}"
-    finally:
-        stop_process(process)
+    with ProcessFleet(tmp_path) as processes:
+        processes.start_coordinator("--wait-for-workers", "60")
+        yield processes.address
 
 
 def test_a_worker_that_keeps_forging_ends_the_request_with_a_typed_error(coordinator: str) -> None:
