@@ -139,7 +139,7 @@ class BenchReport:
 
     @property
     def ratios(self) -> list[Ratio]:
-        """The goals of the performance issue, then informative ratios."""
+        """The ratios with goals (docs/performance.md), then informative ones."""
         c = self.config
         plain_cpu = self.plain.cpu_us.get("each plain process", float("nan"))
         worker_cpu = self.vec_worker.cpu_us.get("this process", float("nan"))
