@@ -1,14 +1,14 @@
 """The import rules of the package (DESIGN.md "Layout", STYLE.md).
 
-* gRPC is imported only by ``rlfleet._rpc`` and the faces (coordinator,
+* gRPC is imported only by ``rlfleet.transport.rpc`` and the faces (coordinator,
   client, the worker's connection, the conformance kit's coordinator, the
   security plumbing of channels and servers, the health command).
 * Generated protobuf messages (``rlfleet.v1``) are held only by
   ``rlfleet.wire`` (the codec) and the translation modules listed below:
-  ``rlfleet._rpc``, one module per face and side, and the conformance
-  kit's. Everything else holds rlfleet's own types (``rlfleet.join_stream``,
-  ``rlfleet.learner_calls``, ``rlfleet.fleet_updates``,
-  ``rlfleet.error_reports``...): a face's servicer or connection hands the
+  ``rlfleet.transport.rpc``, one module per face and side, and the conformance
+  kit's. Everything else holds rlfleet's own types (``rlfleet.protocol.join``,
+  ``rlfleet.protocol.learner_calls``, ``rlfleet.protocol.updates``,
+  ``rlfleet.protocol.error_reports``...): a face's servicer or connection hands the
   bytes to its translation module in the gRPC call's (de)serializers. The
   list is exact: a module may neither join it nor stay on it without
   importing ``rlfleet.v1``.
@@ -34,13 +34,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rlfleet"
 
 #: Modules that may import grpc.
 GRPC_MODULES = {
-    "rlfleet._rpc",
+    "rlfleet.transport.rpc",
     "rlfleet.cli._health_port",
     "rlfleet.cli.health",
     "rlfleet.client._errors",
     "rlfleet.client._learner_messages",
-    "rlfleet.client.lease_stream",  # the lease face (docs/vector_env.md)
-    "rlfleet.client.remote_vector_env",
+    "rlfleet.client.leases.lease_stream",  # the lease face (docs/vector_env.md)
+    "rlfleet.client.leases.remote_vector_env",
     "rlfleet.client.sampler",
     "rlfleet.client.stream",
     "rlfleet.conformance.checks",
@@ -50,10 +50,10 @@ GRPC_MODULES = {
     "rlfleet.coordinator.coordinator",
     "rlfleet.coordinator.failures",
     "rlfleet.coordinator.learner_face",
-    "rlfleet.coordinator.lease_data_peers",  # drops a worker whose data connection broke
-    "rlfleet.coordinator.lease_face",
-    "rlfleet.coordinator.lease_translation",
-    "rlfleet.coordinator.leases",
+    "rlfleet.coordinator.leases.data_peers",  # drops a worker whose data connection broke
+    "rlfleet.coordinator.leases.face",
+    "rlfleet.coordinator.leases.translation",
+    "rlfleet.coordinator.leases.manager",
     "rlfleet.coordinator.liveness",
     "rlfleet.coordinator.registry",
     "rlfleet.coordinator.requests",
@@ -76,7 +76,7 @@ GRPC_MODULES = {
 PROTOBUF_HOLDERS = {
     # gRPC plumbing every face shares: chunk-aware (de)serializers, and the
     # ErrorDetail a status carries in its trailing metadata.
-    "rlfleet._rpc",
+    "rlfleet.transport.rpc",
     # The learner face (LearnerService): the client's side and the coordinator's.
     "rlfleet.client._learner_messages",
     "rlfleet.coordinator.learner_messages",
@@ -85,8 +85,8 @@ PROTOBUF_HOLDERS = {
     "rlfleet.worker._join_messages",
     # The lease face (issue 11): the learner's and the worker's side, and the
     # coordinator's relay side (which forwards replies as bytes).
-    "rlfleet.lease_messages",
-    "rlfleet.coordinator.lease_translation",
+    "rlfleet.wire.leases",
+    "rlfleet.coordinator.leases.translation",
     # The conformance kit is a protocol peer of its own: it plays a coordinator,
     # checks a worker's messages as sent (a missing field is not an empty one)
     # and scripts what a real coordinator never sends.
@@ -96,14 +96,14 @@ PROTOBUF_HOLDERS = {
 #: The local path: none of these may load gRPC or protobuf.
 LOCAL_MODULES = (
     "rlfleet",
-    "rlfleet.local_sampler",
-    "rlfleet.coordinator.scheduler",
+    "rlfleet.sampling.local",
+    "rlfleet.scheduling.scheduler",
     "rlfleet.core.episode_order",
     "rlfleet.worker.vec",
     "rlfleet.policies",
     "rlfleet.envs",
     "rlfleet.sampling",
-    "rlfleet.space_checks",
+    "rlfleet.core.space_checks",
 )
 
 
@@ -143,7 +143,9 @@ def importers(prefix: str) -> set[str]:
 
 def test_only_rpc_and_the_faces_import_grpc() -> None:
     extra = importers("grpc") - GRPC_MODULES
-    assert not extra, f"{sorted(extra)} import grpc: keep gRPC in rlfleet._rpc and the faces"
+    assert not extra, (
+        f"{sorted(extra)} import grpc: keep gRPC in rlfleet.transport.rpc and the faces"
+    )
 
 
 def test_generated_messages_stay_in_wire_and_the_listed_modules() -> None:

@@ -4,8 +4,8 @@
 coordinator`` runs one as a process. See DESIGN.md and the .proto files for
 the protocol it speaks on both faces.
 
-The names below load on first use, so that ``rlfleet.coordinator.scheduler``
-(pure Python, also driven by :class:`~rlfleet.local_sampler.LocalSampler`)
+The names below load on first use, so that ``rlfleet.scheduling.scheduler``
+(pure Python, also driven by :class:`~rlfleet.sampling.local.LocalSampler`)
 imports without gRPC.
 """
 

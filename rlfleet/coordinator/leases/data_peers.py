@@ -16,13 +16,13 @@ from collections.abc import Callable
 
 import grpc
 
-from rlfleet.coordinator.lease_data_server import LeaseConnection, LeaseDataPeer
-from rlfleet.coordinator.lease_translation import (
+from rlfleet.coordinator.leases.data_server import LeaseConnection, LeaseDataPeer
+from rlfleet.coordinator.leases.manager import LeaseManager
+from rlfleet.coordinator.leases.translation import (
     RelayReply,
     data_switch_command,
     relay_deserializer,
 )
-from rlfleet.coordinator.leases import LeaseManager
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.worker_events import WorkerEvents

@@ -34,10 +34,10 @@ import numpy as np
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.episode_order import cut_pieces, ends_episode, first_episodes, sort_fragments
+from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED, stream_seeds
+from rlfleet.core.space_checks import space_problem
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
-from rlfleet.seeding import NO_ENV_SEED, NO_POLICY_SEED, stream_seeds
-from rlfleet.space_checks import space_problem
 from rlfleet.wire import Chunk, ChunkAssembler, decode_batch
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import Payload
@@ -568,7 +568,7 @@ def value_problems(batch: EpisodeBatch, env_spec: EnvSpec) -> list[str]:
     """Checks every step's values against the declared spaces, vectorised.
 
     Observations and last observations must lie in the observation space
-    and actions in the action space, as :mod:`rlfleet.space_checks` says
+    and actions in the action space, as :mod:`rlfleet.core.space_checks` says
     (float Box actions need only be finite; NaN observations pass). Rewards
     must be finite. Shapes were checked when the batch was built.
 
