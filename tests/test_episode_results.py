@@ -1,4 +1,4 @@
-"""The one result assembler and validator (rlfleet.wire.results), without processes.
+"""The one result assembler and validator (rlfleet.wire.results, .result_checks), no processes.
 
 The coordinator, the client and the conformance kit all use it; these tests
 build results by hand so that every rule is exercised on its own. The
@@ -23,17 +23,14 @@ from rlfleet.core.step_type import StepType
 from rlfleet.errors import WireFormatError
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import Chunk, encode_batch_chunks
-from rlfleet.wire.results import (
-    DecodedResult,
+from rlfleet.wire.result_checks import (
     FragmentWindow,
-    ResultAssembler,
-    ResultError,
     ResultExpectation,
-    ResultHeader,
     check_result,
     step_type_problems,
     value_problems,
 )
+from rlfleet.wire.results import DecodedResult, ResultAssembler, ResultError, ResultHeader
 
 F, M, TERM, TIME = (
     int(t) for t in (StepType.FIRST, StepType.MID, StepType.TERMINAL, StepType.TIMEOUT)

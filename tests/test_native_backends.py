@@ -267,7 +267,7 @@ def test_local_sampler_runs_native_workers_and_repeats_itself() -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fleet_of_native_workers_delivers_checked_episodes(backend: str) -> None:
     """Two worker processes of 64 native envs each; the coordinator's result
-    checks (rlfleet.wire.results) accept env_seed and policy_seed -1 only
+    checks (rlfleet.wire.result_checks) accept env_seed and policy_seed -1 only
     because the fleet's env is native."""
     with Fleet.local(workers=2, envs_per_worker=64, env=native(backend)) as sampler:
         batch = sampler.obtain_samples(0, 4000, "mlp-categorical")

@@ -56,7 +56,8 @@ from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.stream_replay import StreamBook
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import parse_env_spec
-from rlfleet.wire.results import DecodedResult, cut_pieces, pieces_by_stream
+from rlfleet.wire.result_checks import pieces_by_stream
+from rlfleet.wire.results import DecodedResult, cut_pieces
 
 #: Idle time the heartbeat check watches before and after its task.
 HEARTBEAT_IDLE_SECONDS = (1.0, 0.6)

@@ -5,7 +5,7 @@
 env and agent updates, tasks, cancels and drains, and waiting for what the
 worker must answer. Everything the worker sends on the way is checked as it
 arrives: message sizes against Welcome.max_message_bytes, and every
-EpisodeResult against its task (:mod:`rlfleet.wire.results`, the checks
+EpisodeResult against its task (:mod:`rlfleet.wire.result_checks`, the checks
 the coordinator applies too), so a
 check that only cares about agent updates still fails on a broken result.
 Anything the worker was not asked for fails the check with what was
@@ -58,14 +58,8 @@ from rlfleet.protocol.stream_replay import StreamReplay
 from rlfleet.protocol.updates import AgentChange, EnvChange, PolicyChoice
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import parse_env_spec
-from rlfleet.wire.results import (
-    DecodedResult,
-    FragmentWindow,
-    ResultAssembler,
-    ResultError,
-    ResultExpectation,
-    check_result,
-)
+from rlfleet.wire.result_checks import FragmentWindow, ResultExpectation, check_result
+from rlfleet.wire.results import DecodedResult, ResultAssembler, ResultError
 
 if TYPE_CHECKING:
     from rlfleet.conformance.runner import WorkerUnderTest

@@ -42,14 +42,8 @@ from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY
 from rlfleet.scheduling.scheduler import RequestSpec, Verdict
 from rlfleet.security import PICKLE_CAPABILITY
 from rlfleet.transport import rpc as _rpc
-from rlfleet.wire.results import (
-    FragmentWindow,
-    JoinedResult,
-    ResultError,
-    ResultExpectation,
-    check_result,
-    decode_result,
-)
+from rlfleet.wire.result_checks import FragmentWindow, ResultExpectation, check_result
+from rlfleet.wire.results import JoinedResult, ResultError, decode_result
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -274,7 +268,7 @@ class WorkerEvents:
         """A worker's result is complete: check it, account it, forward it.
 
         The batch is decoded as views of the received bytes only to check
-        it (:mod:`rlfleet.wire.results`, vectorised); the learner gets
+        it (:mod:`rlfleet.wire.result_checks`, vectorised); the learner gets
         the worker's chunks as they came.
 
         Raises:

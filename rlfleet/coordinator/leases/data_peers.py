@@ -7,7 +7,7 @@ the connection (``WorkerHandle.send_lease``); its replies go to the same
 ``LeaseManager.on_reply`` as the Join stream's. When the connection ends
 while the worker is in the fleet, the worker is dropped as lost: its leased
 envs are re-created elsewhere, and it rejoins with a new session. (A
-learner's lease data connection is lease_face.py's.)
+learner's lease data connection is face.py's.)
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ A learner in this very process (``Fleet.local``) presents its ticket to
 :class:`InProcessConnection` hands its frames over in memory, the learner's
 on the learner's own thread (rlfleet.transport.lease_channel.InProcessLink).
 
-This module knows bytes only; lease_face.py and worker_events.py say what a
+This module knows bytes only; face.py and rlfleet.coordinator.worker_events say what a
 ticket's connection means.
 """
 

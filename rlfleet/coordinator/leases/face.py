@@ -9,7 +9,7 @@ responses leave serialized (rlfleet.coordinator.leases.translation).
 
 With the lease data channel served, LeaseOpened carries a ticket; once the
 learner's data connection presents it, the lease's requests and responses
-travel there (lease_data_peers.py) and go through the same :meth:`LeaseFace.handle`;
+travel there (data_peers.py) and go through the same :meth:`LeaseFace.handle`;
 this stream still carries the open, the lease's end and its errors.
 """
 

@@ -83,7 +83,7 @@ class Lease:
         failure: Why the lease ended, if it did.
         closed: Released: replies are ignored.
         data: The lease's data connection, once the learner attached it
-            (lease_data_peers.py): responses go there, not to ``outbox``.
+            (data_peers.py): responses go there, not to ``outbox``.
     """
 
     lease_id: int

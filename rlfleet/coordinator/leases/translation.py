@@ -1,6 +1,6 @@
 """The coordinator's side of the lease face's translation (leases.proto).
 
-The relay (rlfleet.coordinator.leases.manager and lease_face) reads and builds lease
+The relay (rlfleet.coordinator.leases.manager and .face) reads and builds lease
 messages only here. A learner's requests become :class:`RelayOpen`, a
 :class:`~rlfleet.wire.leases.LeaseCallOrder` (the worker's type too) or
 :class:`RelayClose`; the commands sent to workers and the responses sent to
