@@ -5,7 +5,7 @@ the policy they are bound to, and each policy computes their actions in one
 batched call. Agent trajectories are cut into :class:`Segment` records and
 turned into EpisodeBatches by the worker engine's own ``build_batch``.
 
-Seeding follows the fleet's fragment streams (DESIGN.md, Determinism): env
+Seeding follows the fleet's fragment streams (docs/architecture.md, Determinism): env
 slot ``i`` is stream ``i``, and its k-th episode resets the env with the
 seeds :func:`rlfleet.core.seeding.stream_seeds` derives from ``(seed, i, k)`` and
 draws its actions from its own generator. So an episode's data depends on
