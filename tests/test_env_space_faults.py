@@ -21,7 +21,7 @@ import pytest
 from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import EnvError, ProtocolError, RlfleetError
-from rlfleet.local_sampler import LocalSampler
+from rlfleet.sampling.local import LocalSampler
 from tests.fleet_processes import ProcessFleet
 from tests.test_hostile_worker import Hostile, observation_outside_the_box
 

@@ -1,6 +1,6 @@
 """``rlfleet sample``: collect a batch from a fleet and save it as ``.npz``.
 
-The file layout is :mod:`rlfleet.batch_file`'s; :func:`rlfleet.load_batch`
+The file layout is :mod:`rlfleet.core.batch_file`'s; :func:`rlfleet.load_batch`
 reads it back.
 """
 
@@ -135,7 +135,7 @@ def _save(out: Path, batch: Any) -> tuple[Path | None, str]:
         The path written (None if nothing could be) and what went wrong
         ("" if nothing did).
     """
-    from rlfleet.batch_file import save_batch
+    from rlfleet.core.batch_file import save_batch
 
     existed = out.exists()
     try:

@@ -19,8 +19,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rlfleet.core.space_checks import find_space_problem
 from rlfleet.errors import PolicyError
-from rlfleet.space_checks import find_space_problem
 
 #: Finds the first invalid row of an action batch (None if all are valid).
 RangeCheck = Callable[[np.ndarray], int | None]
