@@ -196,12 +196,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--parent-pipe",
-        type=non_negative_int,
-        default=None,
-        metavar="FD",
-        # Internal: Fleet.local passes the read end of a pipe only it holds
-        # open, so its workers end with it (rlfleet/worker/_parent_watch.py).
-        help=argparse.SUPPRESS,
+        **env_option(
+            "RLFLEET_PARENT_PIPE",
+            default=None,
+            type=non_negative_int,
+            help=(
+                "FD of an inherited pipe's read end: leave when its write end closes, i.e. when "
+                "the process that started this worker ends, however it ends (Fleet.local "
+                "passes it; on Linux a parent-death signal is asked for too)"
+            ),
+        ),
     )
     add_client_flags(parser, worker=True)
     add_config_flags(parser)
