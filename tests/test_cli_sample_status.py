@@ -215,7 +215,7 @@ def unknown_env_checks(sampler: RemoteSampler, tmp_path: Path) -> None:
     assert "--log-level DEBUG" in errors[0]
     # The fleet rolled back to CartPole: nothing is wrong with any worker now.
     status = sampler.status()
-    assert status.env.id == "CartPole-v1"
+    assert status.env is not None and status.env.id == "CartPole-v1"
     assert [w.last_error for w in status.workers] == [None, None]
     # Likewise after a refused agent update.
     with pytest.raises(PolicyError):

@@ -121,7 +121,7 @@ class ComingAndGoingInfos(rlfleet.envs.testing.CounterEnv):
 
     def step(self, action: np.int64) -> tuple:
         observation, reward, terminated, truncated, _ = super().step(action)
-        info = {"always": self.episode_step}
+        info: dict[str, float] = {"always": self.episode_step}
         if self.episode_step == 1:
             info[f"first-only-{self.tag}"] = 1.0  # present at the first step, then gone
         if self.episode_step >= 3:
