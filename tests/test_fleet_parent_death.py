@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -56,7 +58,7 @@ SCRIPT = textwrap.dedent(
     for worker in fleet.workers:
         process = psutil.Process(worker.process.pid)
         pids += [process.pid, *(c.pid for c in process.children(recursive=True))]
-    print(json.dumps(pids), flush=True)
+    print(json.dumps({"pids": pids, "log_dir": str(fleet.log_dir)}), flush=True)
     if how == "os._exit":
         os._exit(3)
     time.sleep(600)  # the test SIGKILLs this process
@@ -71,7 +73,7 @@ def gone(pid: int) -> bool:
         return True
 
 
-def run_learner(how: str) -> tuple[subprocess.Popen[str], list[int]]:
+def run_learner(how: str, logs: list[str]) -> tuple[subprocess.Popen[str], list[int]]:
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
     learner = subprocess.Popen(
@@ -83,7 +85,9 @@ def run_learner(how: str) -> tuple[subprocess.Popen[str], list[int]]:
     assert learner.stdout is not None
     line = learner.stdout.readline()  # the script's sampler call has its own deadline
     assert line, f"the learner script ended before starting its fleet (exit {learner.wait()})"
-    pids = json.loads(line)
+    started = json.loads(line)
+    pids = started["pids"]
+    logs.append(started["log_dir"])  # a killed learner cannot remove its workers' logs
     assert len(pids) >= 6, f"expected 2 workers with 2 env processes each, got pids {pids}"
     return learner, pids
 
@@ -103,9 +107,18 @@ def assert_all_end(pids: list[int]) -> None:
                 psutil.Process(pid).kill()
 
 
+@pytest.fixture
+def logs() -> Iterator[list[str]]:
+    """Log folders of the learners' fleets, removed after the test."""
+    folders: list[str] = []
+    yield folders
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.parametrize("how", ["sigkill", "sigkill-after-thread"])
-def test_workers_end_when_their_learner_is_sigkilled(how: str) -> None:
-    learner, pids = run_learner(how)
+def test_workers_end_when_their_learner_is_sigkilled(how: str, logs: list[str]) -> None:
+    learner, pids = run_learner(how, logs)
     try:
         if how == "sigkill-after-thread":
             # Linux sent the parent-death signal when the thread ended: the
@@ -119,7 +132,7 @@ def test_workers_end_when_their_learner_is_sigkilled(how: str) -> None:
         learner.wait(timeout=30)
 
 
-def test_workers_end_when_their_learner_calls_os_exit() -> None:
-    learner, pids = run_learner("os._exit")
+def test_workers_end_when_their_learner_calls_os_exit(logs: list[str]) -> None:
+    learner, pids = run_learner("os._exit", logs)
     assert learner.wait(timeout=30) == 3
     assert_all_end(pids)
