@@ -181,7 +181,7 @@ def _time_step_batch(**overrides: object) -> TimeStepBatch:
     batch = TimeStepBatch.from_episode_batch(_episode_batch())
     fields = {name: getattr(batch, name) for name in TimeStepBatch.__dataclass_fields__}
     fields.update(overrides)
-    return TimeStepBatch(**fields)  # type: ignore[arg-type]
+    return TimeStepBatch(**fields)
 
 
 @pytest.mark.parametrize(
@@ -253,14 +253,14 @@ def test_rollout_keeps_the_final_observation() -> None:
     np.testing.assert_array_equal(batch.next_observations[:, 0], [1, 2, 3])
 
 
-class _RenderCounter(gym.Wrapper):  # type: ignore[type-arg]
+class _RenderCounter(gym.Wrapper):
     """Counts render() calls (rollout's animated mode)."""
 
-    def __init__(self, env: gym.Env) -> None:  # type: ignore[type-arg]
+    def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
         self.renders = 0
 
-    def render(self) -> None:  # type: ignore[override]
+    def render(self) -> None:
         self.renders += 1
 
 

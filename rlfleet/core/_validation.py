@@ -4,8 +4,9 @@ Every check raises :class:`~rlfleet.errors.InvalidBatchError` (a
 ``ValueError``). Where garage 2021.03 checks the same thing, the message
 starts with garage's text (code written against garage matches on it, e.g.
 ``"actions has batch size ..."``), then rlfleet's detail of the form
-``"<Type>.<field>: expected ..., got ..."``. Checks look at shapes and dtypes only, never at every value of
-an observation, so validating a batch costs microseconds whatever its size.
+``"<Type>.<field>: expected ..., got ..."``. Checks look at shapes and
+dtypes only, never at every value of an observation, so validating a batch
+costs microseconds whatever its size.
 The one exception is ``step_types``, whose values are range-checked with a
 single vectorised comparison.
 """
