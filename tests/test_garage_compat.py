@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -175,6 +176,19 @@ def test_validation_messages_start_with_garages(
     message = str(info.value)
     assert message.startswith(garage_text), message
     assert "EpisodeBatch." in message  # rlfleet's detail follows garage's text
+
+
+def test_shapes_are_checked_not_values_and_integer_step_types_are_accepted() -> None:
+    # garage warns about each observation outside the space and wants an
+    # object array of StepType; rlfleet checks shapes only (microseconds per
+    # batch) and takes integer step types, as the wire carries them.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        batch = _episode_batch(
+            observations=np.full((5, 2), 7.0, np.float32),
+            step_types=np.array([F, M, TE, F, TE], dtype=np.uint8),
+        )
+    assert batch.step_types.dtype == np.uint8
 
 
 def _time_step_batch(**overrides: object) -> TimeStepBatch:

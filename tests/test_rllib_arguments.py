@@ -12,7 +12,9 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import warnings
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -299,3 +301,17 @@ def test_creation_args_keep_the_rllib_arguments() -> None:
     worker = RolloutWorker(env_creator=cartpole, sample_async=False, num_envs=2)
     args = worker.creation_args()
     assert args["sample_async"] is False and args["num_envs"] == 2
+
+
+def test_docs_list_every_argument_that_does_not_apply_with_its_handling() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "rllib.md").read_text()
+    table = text.split("| argument (RLlib's default) |", 1)[1].split("\n\n", 1)[0]
+    listed: dict[str, str] = {}
+    for line in table.splitlines()[2:]:
+        first, handling = line.split(" | ")[:2]
+        for name in re.findall(r"`(\w+)`", first):
+            listed[name] = handling
+    rows = {row.name: row for row in ARGUMENTS if row.handling is not Handling.APPLIES}
+    assert set(listed) == set(rows)
+    for name, row in rows.items():
+        assert listed[name].startswith(row.handling.value), name

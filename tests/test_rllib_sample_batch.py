@@ -79,6 +79,8 @@ def test_it_reads_like_a_dict_and_a_missing_key_is_a_key_error() -> None:
     with pytest.raises(KeyError, match="'vf_preds' is not a column of this batch") as missing:
         batch["vf_preds"]
     assert isinstance(missing.value, BatchKeyError)
+    with pytest.raises(TypeError):  # not a dict: columns are not written in place
+        batch["advantages"] = np.zeros(10)  # type: ignore[index]
 
 
 def test_it_is_still_the_episode_batch() -> None:
