@@ -309,6 +309,14 @@ def test_rollout_speedup_applies_only_when_animated(monkeypatch: pytest.MonkeyPa
         rollout(env, policy, speedup=0)
 
 
+def test_rollout_without_a_max_episode_length_runs_to_the_envs_end() -> None:
+    env = gym.make("rlfleet/Counter-v0", length=4)
+    policy = RandomPolicy(EnvSpec.from_env(env), seed=0)
+    for limit in (None, 0, math.inf):  # garage: `max_episode_length or inf`
+        assert len(rollout(env, policy, max_episode_length=limit)["rewards"]) == 4
+    assert len(rollout(env, policy, max_episode_length=2)["rewards"]) == 2
+
+
 def _counter_worker(**kwargs: object) -> DefaultWorker:
     worker = DefaultWorker(seed=1, worker_number=0, **kwargs)  # type: ignore[arg-type]
     worker.update_env(EnvConfig("rlfleet/Counter-v0", {"length": 3}))
