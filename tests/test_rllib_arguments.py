@@ -209,7 +209,7 @@ class AtariLike(gym.Env[np.ndarray, int]):
 
     def __init__(self) -> None:
         self.observation_space = gym.spaces.Box(0, 255, (4,), np.uint8)
-        self.action_space = gym.spaces.Discrete(2)  # type: ignore[assignment]
+        self.action_space: Any = gym.spaces.Discrete(2)
         self.ale = object()
         self.steps = 0
 
@@ -265,7 +265,8 @@ def test_applied_arguments_recreated_worker_log_level_environs_and_spaces() -> N
         os.environ.pop(variable, None)
 
     # A policy no agent maps to takes its spaces from `spaces`.
-    box, discrete = gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Discrete(4)
+    box: gym.Space[Any] = gym.spaces.Box(-1, 1, (3,), np.float32)
+    discrete: gym.Space[Any] = gym.spaces.Discrete(4)
 
     def spread(ctx: EnvContext) -> object:
         return simple_spread_v3.parallel_env(N=2, max_cycles=5)
@@ -293,6 +294,8 @@ def test_policy_is_rllibs_obsolete_name_for_policy_spec() -> None:
     with pytest.warns(IgnoredArgumentWarning, match="obsolete name for policy_spec"):
         worker = RolloutWorker(env_creator=cartpole, policy="random")
     assert type(worker.get_policy()).__name__ == "RandomPolicy"
+    again = RolloutWorker(**worker.creation_args())
+    assert type(again.get_policy()).__name__ == "RandomPolicy"
     with pytest.raises(ConfigError, match="policy_spec and policy"):
         RolloutWorker(env_creator=cartpole, policy="random", policy_spec="random")
 

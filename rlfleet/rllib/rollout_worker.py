@@ -149,7 +149,7 @@ class RolloutWorker:
                 IgnoredArgumentWarning,
                 stacklevel=2,
             )
-            policy_spec = policy
+            policy_spec, policy = policy, None  # creation_args() name it once
         check_int("RolloutWorker rollout_fragment_length", rollout_fragment_length)
         check_int("RolloutWorker num_envs", num_envs)
         if episode_horizon is not None:
