@@ -1,7 +1,7 @@
 """Every option has an RLFLEET_* variable; config files; --print-config; sizes.
 
-The variables are derived when the parser is built (rlfleet/cli/_env.py), so
-these tests walk the real parsers: a new option without a variable fails
+Each option is a field of its command's settings model (rlfleet/cli/_settings.py)
+and the parsers are built from the models, so these tests walk the real parsers: a new option without a variable fails
 here. docs/operations.md ("Configuration") names these tests.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from rlfleet.cli import COMMANDS, build_parser, parse_args
-from rlfleet.cli._args import byte_size
-from rlfleet.cli._env import options, subcommands, variable_of
+from rlfleet.cli._parser import options, subcommands, variable_of
+from rlfleet.cli._settings import byte_size
 from rlfleet.coordinator import CoordinatorConfig
 from rlfleet.errors import ConfigError
 from rlfleet.worker.remote import WorkerConfig
@@ -165,9 +165,9 @@ def test_print_config_reads_back_as_the_same_settings(tmp_path: Path) -> None:
 def test_print_config_hides_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLFLEET_WORKER_TOKEN", "s3cret-token-value-0123456789")
     args = parse_args(["worker", "--coordinator", "h:1", "--token", "visible-token-0123456789"])
-    from rlfleet.cli._config import print_config
+    from rlfleet.cli._parser import print_config
 
-    text = print_config(subcommands(build_parser({}))["worker"], args, set())
+    text = print_config(subcommands(build_parser({}))["worker"], args)
     assert "visible-token" not in text and "s3cret" not in text
     assert "# token: secret, set (hidden)" in text
 

@@ -98,44 +98,10 @@ def run_benchmark(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the benchmark's options (shared by ``rlfleet bench`` and benchmarks/fleet.py)."""
-    defaults = BenchConfig()
-    parser.add_argument(
-        "--workers", type=int, default=defaults.workers, help="fleet workers and plain loops (2)"
-    )
-    parser.add_argument(
-        "--envs-per-worker", type=int, default=defaults.envs_per_worker, help="envs per worker (8)"
-    )
-    parser.add_argument(
-        "--steps", type=int, default=defaults.steps, help="env steps per timed run (200000)"
-    )
-    parser.add_argument(
-        "--request-steps",
-        type=int,
-        default=defaults.request_steps,
-        help="num_samples of each fleet request (50000)",
-    )
-    parser.add_argument(
-        "--repeats", type=int, default=defaults.repeats, help="timed runs per sampler (3)"
-    )
-    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed (0)")
-    parser.add_argument(
-        "--prefetch-factor",
-        type=int,
-        default=None,
-        help="the coordinator's prefetch_factor (default: the coordinator's own)",
-    )
-    parser.add_argument(
-        "--native",
-        choices=NATIVE_VECTORIZATIONS,
-        default=None,
-        help="measure the fleet on this native vector-env backend against the same env "
-        "in plain loops, and the 1M steps/s moonshot (use --envs-per-worker 64)",
-    )
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="exit 1 if a ratio misses its goal (on a quiet machine)",
-    )
+    from rlfleet.cli._parser import add_arguments as add_settings
+    from rlfleet.cli.bench import BenchSettings
+
+    add_settings(parser, BenchSettings)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
