@@ -236,3 +236,104 @@ def test_a_misspelt_variable_is_reported_not_ignored() -> None:
         "RLFLEET_MAX_WORKERS?" in result.stderr
     )
     assert "RLFLEET_SOME_OTHER_TOOL" not in result.stderr
+
+
+def test_a_message_size_beyond_grpcs_limit_is_refused_when_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # From a flag: argparse's error, before anything is printed or served.
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["coordinator", "--max-message-bytes", "3GiB", "--print-config"])
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "argument --max-message-bytes: must be at most 2147483647 bytes" in captured.err
+    assert "the largest message gRPC can carry" in captured.err
+    # From a variable or a file: the error names it.
+    monkeypatch.setenv("RLFLEET_MAX_MESSAGE_BYTES", "3GiB")
+    with pytest.raises(ConfigError, match=r"RLFLEET_MAX_MESSAGE_BYTES='3GiB' is invalid \(must be"):
+        parse_args(["coordinator"])
+    monkeypatch.delenv("RLFLEET_MAX_MESSAGE_BYTES")
+    config = tmp_path / "big.toml"
+    config.write_text('max-message-bytes = "3GiB"\n')
+    with pytest.raises(ConfigError, match=r"key 'max-message-bytes'='3GiB' is invalid"):
+        parse_args(["coordinator", "--config", str(config)])
+
+
+def test_print_config_labels_a_switch_by_where_it_was_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RLFLEET_ALLOW_PICKLE", "1")
+    parse_args(["worker", "--print-config"])
+    assert (
+        "allow-pickle = true  # environment variable RLFLEET_ALLOW_PICKLE"
+        in capsys.readouterr().out
+    )
+    monkeypatch.delenv("RLFLEET_ALLOW_PICKLE")
+    config = tmp_path / "worker.toml"
+    config.write_text("allow-pickle = true\n")
+    parse_args(["worker", "--config", str(config), "--print-config"])
+    assert f"allow-pickle = true  # config file {config} key 'allow-pickle'" in (
+        capsys.readouterr().out
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["health", "--timeout", "inf"],
+        ["status", "--timeout", "inf"],
+        ["coordinator", "--heartbeat-timeout", "inf"],
+        ["conformance", "--timeout", "nan"],
+    ],
+)
+def test_seconds_are_finite_positive_numbers_in_every_command(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser({}).parse_args(argv)
+    assert "must be a finite number" in capsys.readouterr().err
+
+
+def test_a_model_built_in_python_reads_the_variables_the_cli_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rlfleet.cli.worker import WorkerSettings
+
+    environ = {
+        "RLFLEET_ENVS_PER_WORKER": "3",
+        "RLFLEET_IMPORT": "a.b,c",
+        "RLFLEET_FLUSH_BYTES": "1MiB",
+        "RLFLEET_NONFINITE": "flag",
+        "RLFLEET_ALLOW_PICKLE": "yes",
+        "RLFLEET_WORKER_NAME": "pod-1",
+    }
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    cli = build_parser(environ).parse_args(["worker"])
+    model = WorkerSettings()  # pydantic-settings reads os.environ
+    for name in WorkerSettings.model_fields:
+        if name != "token":  # a token's variable is read by the command, not as its flag
+            assert getattr(model, name) == getattr(cli, name), name
+    assert (model.envs, model.imports, model.flush_bytes) == (3, ["a.b", "c"], 1 << 20)
+
+
+def test_the_bench_backends_are_the_native_vectorizations() -> None:
+    import typing
+
+    from rlfleet.cli.bench import BenchSettings
+    from rlfleet.envs.native import NATIVE_VECTORIZATIONS
+
+    annotation = BenchSettings.model_fields["native"].annotation
+    (backends,) = [typing.get_args(a) for a in typing.get_args(annotation) if a is not type(None)]
+    assert set(backends) == set(NATIVE_VECTORIZATIONS)
+
+
+def test_the_settings_table_in_the_docs_is_the_models() -> None:
+    from rlfleet.cli import settings_reference
+
+    table = settings_reference()
+    assert table in (Path(ROOT) / "docs" / "operations.md").read_text(), (
+        "docs/operations.md's settings table is out of date; paste the output of "
+        "python -c 'from rlfleet.cli import settings_reference; print(settings_reference())'"
+    )

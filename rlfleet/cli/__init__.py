@@ -27,7 +27,7 @@ from rlfleet.cli._parser import (
     print_config,
     subcommands,
 )
-from rlfleet.cli._settings import CommandSettings, option
+from rlfleet.cli._settings import CommandSettings, option, settings_table
 from rlfleet.errors import RlfleetError
 
 
@@ -88,6 +88,18 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     for name, sub in subcommands(parser).items():
         sub.set_defaults(command=name)
     return parser
+
+
+#: The commands whose options docs/operations.md's settings table lists.
+DOCUMENTED = ("coordinator", "worker", "sample", "status", "health")
+
+
+def settings_reference() -> str:
+    """The Markdown table of docs/operations.md: every option of :data:`DOCUMENTED`."""
+    parsers = subcommands(build_parser({}))
+    models = {"rlfleet": GlobalSettings}
+    models.update({name: parsers[name].settings for name in DOCUMENTED})  # type: ignore[attr-defined]
+    return settings_table(models)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -336,18 +336,30 @@ def shown_default(field: FieldInfo) -> str:
     return str(default)
 
 
+def _metadata(field: FieldInfo) -> list[Any]:
+    """The field's constraints, also those inside ``X | None``."""
+    found = list(field.metadata)
+    for arg in typing.get_args(field.annotation):
+        for item in getattr(arg, "__metadata__", ()):
+            found.extend(item.metadata if isinstance(item, FieldInfo) else [item])
+    return found
+
+
 def _bounds(field: FieldInfo) -> str:
+    metadata = _metadata(field)
+    sized = _SIZE_VALIDATOR in metadata
     words = []
-    for item in field.metadata:
+    for item in metadata:
         for attribute, symbol in (("ge", ">="), ("gt", ">"), ("le", "<=")):
             limit = getattr(item, attribute, None)
             if limit is not None:
-                shown = size_text(limit) if _SIZE_VALIDATOR in field.metadata else f"{limit:g}"
-                words.append(f"{symbol} {shown}")
+                words.append(f"{symbol} {size_text(limit) if sized else f'{limit:g}'}")
+        if getattr(item, "allow_inf_nan", None) is False:
+            words.append("finite")
     found = choices(field)
     if found:
         words.append(" / ".join(map(str, found)))
-    if _SIZE_VALIDATOR in field.metadata:
+    if sized:
         words.append("bytes, units allowed")
     return ", ".join(words)
 
