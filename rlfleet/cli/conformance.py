@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     out = sys.stdout
-    on_result = None if args.json else lambda result: print_row(result, out)
+    on_result = None if args.as_json else lambda result: print_row(result, out)
     if args.coordinator is not None:
         from rlfleet.conformance import run_coordinator_conformance
 
