@@ -1,8 +1,8 @@
 """Every option has an RLFLEET_* variable; config files; --print-config; sizes.
 
 Each option is a field of its command's settings model (rlfleet/cli/_settings.py)
-and the parsers are built from the models, so these tests walk the real parsers: a new option without a variable fails
-here. docs/operations.md ("Configuration") names these tests.
+and the parsers are built from the models, so these tests walk the real parsers:
+a new option without a variable fails here. docs/operations.md ("Configuration") names these tests.
 """
 
 from __future__ import annotations

@@ -45,7 +45,6 @@ from rlfleet.bench.samplers import (
     vec_worker_sampler,
 )
 from rlfleet.envs.config import EnvConfig
-from rlfleet.envs.native import NATIVE_VECTORIZATIONS
 from rlfleet.policies.mlp import MLPCategoricalPolicy
 
 

@@ -79,10 +79,10 @@ class SettingsParser(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        namespace, rest = super().parse_known_args(args, namespace)
+        parsed, rest = super().parse_known_args(args, namespace)
         if self.settings is not None:
-            _resolve(self, self.settings, namespace)
-        return namespace, rest
+            _resolve(self, self.settings, parsed)
+        return parsed, rest
 
 
 def add_command(
@@ -107,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser, settings: type[CommandSetting
     defaults, so other tools can reuse a model's flags.
     """
     resolving = isinstance(parser, SettingsParser)
-    if resolving:
+    if isinstance(parser, SettingsParser):
         parser.settings = settings
     groups: dict[str, Any] = {}
     for name, field in fields(settings):
@@ -121,8 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser, settings: type[CommandSetting
             where.add_argument(
                 "--print-config",
                 action="store_true",
-                help="print the settings this command would run with (TOML, with sources) "
-                "and exit",
+                help="print the settings this command would run with (TOML, with sources) and exit",
             )
 
 
@@ -246,7 +245,9 @@ def _value_of(
     return field.get_default(call_default_factory=True)
 
 
-def _converted(settings: type[CommandSettings], name: str, value: Any, source: str, flag: str) -> Any:
+def _converted(
+    settings: type[CommandSettings], name: str, value: Any, source: str, flag: str
+) -> Any:
     try:
         return convert(settings, name, value)
     except ValueError as exc:

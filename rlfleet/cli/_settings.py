@@ -26,6 +26,7 @@ import json
 import re
 import types
 import typing
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -127,7 +128,9 @@ PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 #: A positive number of bytes, as an int or text with a unit (``64MiB``).
 ByteSize = Annotated[int, _SIZE_VALIDATOR, Field(ge=1)]
 #: A gRPC message size: 64KiB to gRPC's limit of 2GiB - 1 byte.
-MessageSize = Annotated[int, _SIZE_VALIDATOR, Field(ge=MIN_MESSAGE_BYTES, le=GRPC_MAX_MESSAGE_BYTES)]
+MessageSize = Annotated[
+    int, _SIZE_VALIDATOR, Field(ge=MIN_MESSAGE_BYTES, le=GRPC_MAX_MESSAGE_BYTES)
+]
 #: A JSON object: a TOML table, or JSON text from a flag or variable.
 JsonObject = Annotated[dict[str, Any], NoDecode, BeforeValidator(_json_kwargs)]
 #: Strings: repeated flags, a TOML array, or comma-separated text in a variable.
@@ -244,7 +247,7 @@ def variable_name(name: str, field: FieldInfo) -> str:
 
 
 def fields(model: type[CommandSettings]) -> list[tuple[str, FieldInfo]]:
-    """A model's fields in the order of ``--help``: its own, then each group's, then ``--config``."""
+    """A model's fields in ``--help``'s order: its own, each group's, then ``--config``."""
 
     def rank(item: tuple[str, FieldInfo]) -> int:
         name, field = item
@@ -278,7 +281,7 @@ def _adapter(model: type[CommandSettings], name: str) -> TypeAdapter[Any]:
     field = model.model_fields[name]
     if not field.metadata:
         return TypeAdapter(field.annotation)
-    return TypeAdapter(Annotated[(field.annotation, *field.metadata)])  # type: ignore[valid-type]
+    return TypeAdapter(Annotated[(field.annotation, *field.metadata)])
 
 
 def convert(model: type[CommandSettings], name: str, value: Any) -> Any:
@@ -327,7 +330,7 @@ def shown_default(field: FieldInfo) -> str:
     if declared is not None:
         return str(declared)
     default = field.get_default(call_default_factory=True)
-    if default is None or default == [] or default == {}:
+    if default is None or default in ([], {}):
         return "none" if default is None else json.dumps(default)
     if _SIZE_VALIDATOR in field.metadata and isinstance(default, int):
         return size_text(default)
@@ -364,7 +367,7 @@ def _bounds(field: FieldInfo) -> str:
     return ", ".join(words)
 
 
-def settings_table(commands: dict[str, type[CommandSettings]]) -> str:
+def settings_table(commands: Mapping[str, type[CommandSettings]]) -> str:
     """A Markdown table of every option of ``commands``: flag, variable, default, bounds, help."""
     lines = [
         "| command | flag / config key | variable | default | bounds | what it sets |",
@@ -389,8 +392,6 @@ def config_error(source: str, value: Any, why: str, *, flag: str) -> ConfigError
     said = why if why.startswith("is ") else f"is invalid ({why})"
     fix = "fix or unset it" if source.startswith("environment") else "fix it"
     return ConfigError(f"{source}={value!r} {said}; {fix}, or pass {flag}")
-
-
 
 
 class ConfigOptions(CommandSettings):

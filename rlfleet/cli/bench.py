@@ -13,7 +13,6 @@ from rlfleet import bench
 from rlfleet.cli._parser import add_command
 from rlfleet.cli._settings import CommandSettings, NonNegativeInt, PositiveInt, option
 
-
 _DEFAULTS = bench.BenchConfig()
 
 

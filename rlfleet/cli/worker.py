@@ -41,9 +41,7 @@ class WorkerSettings(WorkerSecurityOptions, ConfigOptions):
     """The options of ``rlfleet worker``."""
 
     coordinator: str | None = option(None, "HOST:PORT of the coordinator to join")
-    envs: PositiveInt = option(
-        1, "env slots stepped together (K)", env="RLFLEET_ENVS_PER_WORKER"
-    )
+    envs: PositiveInt = option(1, "env slots stepped together (K)", env="RLFLEET_ENVS_PER_WORKER")
     lease_slots: NonNegativeInt | None = option(
         None,
         "leased envs (RemoteVectorEnv) this worker hosts at most; they take its --envs slots "
@@ -90,9 +88,7 @@ class WorkerSettings(WorkerSecurityOptions, ConfigOptions):
         "a NaN/inf observation fails the request, is flagged in env_infos (nonfinite_obs), "
         "or is ignored",
     )
-    drain_grace: PositiveFloat = option(
-        30.0, "seconds to finish in-flight episodes when leaving"
-    )
+    drain_grace: PositiveFloat = option(30.0, "seconds to finish in-flight episodes when leaving")
     health_listen: str | None = option(
         None,
         "HOST:PORT of a plaintext grpc.health.v1 port, SERVING while the worker is joined "
