@@ -36,6 +36,7 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from rlfleet.cli._settings import (
+    PREFIX,
     CommandSettings,
     choices,
     config_error,
@@ -51,7 +52,6 @@ from rlfleet.cli._settings import (
 )
 from rlfleet.errors import ConfigError
 
-PREFIX = "RLFLEET_"
 #: Where a parsed namespace keeps each option's source, for --print-config.
 SOURCES = "settings_sources"
 #: The option that prints the settings; it has no variable (a container

@@ -136,10 +136,6 @@ JsonObject = Annotated[dict[str, Any], NoDecode, BeforeValidator(_json_kwargs)]
 #: Strings: repeated flags, a TOML array, or comma-separated text in a variable.
 StringList = Annotated[list[str], NoDecode, BeforeValidator(_comma_list)]
 
-#: The argparse-facing extras an :func:`option` keeps in ``json_schema_extra``.
-_EXTRAS = ("flag", "metavar", "group", "secret", "const", "required", "exclusive", "shown")
-
-
 def option(
     default: Any,
     help: str,
@@ -220,19 +216,15 @@ class CommandSettings(BaseSettings):
     )
 
 
-def _extra(field: FieldInfo) -> dict[str, Any]:
+def extras(field: FieldInfo) -> dict[str, Any]:
+    """The command-line extras :func:`option` declared for a field."""
     extra = field.json_schema_extra
     return dict(extra) if isinstance(extra, dict) else {}
 
 
-def extras(field: FieldInfo) -> dict[str, Any]:
-    """The command-line extras :func:`option` declared for a field."""
-    return _extra(field)
-
-
 def flag_of(name: str, field: FieldInfo) -> str:
     """The option's long flag (``--max-workers``)."""
-    return str(_extra(field).get("flag") or "--" + name.replace("_", "-"))
+    return str(extras(field).get("flag") or "--" + name.replace("_", "-"))
 
 
 def key_of(name: str, field: FieldInfo) -> str:
@@ -251,7 +243,7 @@ def fields(model: type[CommandSettings]) -> list[tuple[str, FieldInfo]]:
 
     def rank(item: tuple[str, FieldInfo]) -> int:
         name, field = item
-        return 2 if name == "config" else 1 if "group" in _extra(field) else 0
+        return 2 if name == "config" else 1 if "group" in extras(field) else 0
 
     return sorted(model.model_fields.items(), key=rank)
 
@@ -326,7 +318,7 @@ def reason(exc: ValidationError) -> str:
 
 def shown_default(field: FieldInfo) -> str:
     """The default as ``--help`` and the docs show it."""
-    declared = _extra(field).get("shown")
+    declared = extras(field).get("shown")
     if declared is not None:
         return str(declared)
     default = field.get_default(call_default_factory=True)
@@ -377,7 +369,7 @@ def settings_table(commands: Mapping[str, type[CommandSettings]]) -> str:
         for name, field in fields(model):
             if name == "print_config":
                 continue
-            secret = _extra(field).get("secret")
+            secret = extras(field).get("secret")
             variable = "(read by the command)" if secret else f"`{variable_name(name, field)}`"
             text = (field.description or "").replace("|", "\\|")
             lines.append(
