@@ -136,6 +136,7 @@ JsonObject = Annotated[dict[str, Any], NoDecode, BeforeValidator(_json_kwargs)]
 #: Strings: repeated flags, a TOML array, or comma-separated text in a variable.
 StringList = Annotated[list[str], NoDecode, BeforeValidator(_comma_list)]
 
+
 def option(
     default: Any,
     help: str,
