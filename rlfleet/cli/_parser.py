@@ -194,55 +194,47 @@ def _resolve(
     parser: SettingsParser, settings: type[CommandSettings], namespace: argparse.Namespace
 ) -> None:
     """Sets every option flags did not give from its variable, the config file or its default."""
-    environ = parser.environ
     sources: dict[str, str] = dict(getattr(namespace, SOURCES, {}))
-    given = {name for name, _ in fields(settings) if hasattr(namespace, name)}
-    file_values: dict[str, tuple[Any, str]] = {}
-    if CONFIG in settings.model_fields:
-        path = _value_of(settings, CONFIG, namespace, given, environ)
+    options = dict(fields(settings))
+    in_file: dict[str, tuple[Any, str]] = {}
+    if CONFIG in options:  # first: the file is a source of the others
+        path, sources[CONFIG] = _pick(parser, settings, CONFIG, namespace, in_file)
+        setattr(namespace, CONFIG, path)
         if path is not None:
-            file_values = _read_config(Path(path), parser.prog.split()[-1], settings, parser)
-    for name, field in fields(settings):
-        flag = flag_of(name, field)
-        if name in given:
-            sources[name] = "flag"
+            in_file = _read_config(Path(path), parser.prog.split()[-1], settings, parser)
+    for name, field in options.items():
+        if name == CONFIG:
             continue
-        variable = variable_name(name, field)
-        raw = environ.get(variable, "").strip()
-        secret = bool(extras(field).get("secret"))
-        if raw and not secret:  # a token's variable is read by its command
-            source = f"environment variable {variable}"
-            value = _converted(settings, name, raw, source, flag)
-        elif name in file_values:
-            found, source = file_values[name]
-            value = _converted(settings, name, found, source, flag)
-        else:
-            source = "default"
-            value = copy.deepcopy(field.get_default(call_default_factory=True))
+        value, sources[name] = _pick(parser, settings, name, namespace, in_file)
         if value is None and extras(field).get("required"):
-            parser.error(f"the following arguments are required: {flag} (or {variable})")
+            parser.error(
+                f"the following arguments are required: {flag_of(name, field)} "
+                f"(or {variable_name(name, field)})"
+            )
         setattr(namespace, name, value)
-        sources[name] = source
     setattr(namespace, SOURCES, sources)
 
 
-def _value_of(
+def _pick(
+    parser: SettingsParser,
     settings: type[CommandSettings],
     name: str,
     namespace: argparse.Namespace,
-    given: set[str],
-    environ: Mapping[str, str],
-) -> Any:
-    if name in given:
-        return getattr(namespace, name)
+    in_file: Mapping[str, tuple[Any, str]],
+) -> tuple[Any, str]:
+    """One option's value and source, by precedence: flag > variable > file > default."""
+    if hasattr(namespace, name):  # flags have no defaults: present means given
+        return getattr(namespace, name), "flag"
     field = settings.model_fields[name]
-    variable = variable_name(name, field)
-    raw = environ.get(variable, "").strip()
-    if raw:
-        return _converted(
-            settings, name, raw, f"environment variable {variable}", flag_of(name, field)
-        )
-    return field.get_default(call_default_factory=True)
+    flag, variable = flag_of(name, field), variable_name(name, field)
+    raw = parser.environ.get(variable, "").strip()
+    if raw and not extras(field).get("secret"):  # a token's variable is read by its command
+        source = f"environment variable {variable}"
+        return _converted(settings, name, raw, source, flag), source
+    if name in in_file:
+        found, source = in_file[name]
+        return _converted(settings, name, found, source, flag), source
+    return copy.deepcopy(field.get_default(call_default_factory=True)), "default"
 
 
 def _converted(
