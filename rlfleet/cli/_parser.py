@@ -258,7 +258,9 @@ def check_environment(settings: type[CommandSettings], environ: Mapping[str, str
         variable = variable_name(name, field)
         raw = environ.get(variable, "").strip()
         if raw:
-            _converted(settings, name, raw, variable, flag_of(name, field))
+            _converted(
+                settings, name, raw, f"environment variable {variable}", flag_of(name, field)
+            )
 
 
 def _read_config(

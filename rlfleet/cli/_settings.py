@@ -305,6 +305,10 @@ def reason(exc: ValidationError) -> str:
                 f"carry), got {given}"
             )
         return f"must be <= {limit}, got {given}"
+    if kind in ("int_parsing", "int_from_float", "int_type"):
+        return f"must be an integer, got {given!r}"
+    if kind in ("float_parsing", "float_type"):
+        return f"must be a number, got {given!r}"
     if kind == "finite_number":
         return f"must be a finite number, got {given}"
     if kind == "literal_error":
