@@ -25,7 +25,7 @@ both run :func:`run_benchmark`.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from rlfleet.bench.native import NativeBenchReport, run_native_benchmark
 from rlfleet.bench.report import (
@@ -95,14 +95,6 @@ def run_benchmark(
     )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds the benchmark's options (shared by ``rlfleet bench`` and benchmarks/fleet.py)."""
-    from rlfleet.cli._parser import add_arguments as add_settings
-    from rlfleet.cli.bench import BenchSettings
-
-    add_settings(parser, BenchSettings)
-
-
 def run_from_args(args: argparse.Namespace) -> int:
     """Runs the benchmark the parsed options describe and prints the report.
 
@@ -132,15 +124,6 @@ def run_from_args(args: argparse.Namespace) -> int:
     return 1 if args.check and not report.goals_met else 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python benchmarks/fleet.py``."""
-    parser = argparse.ArgumentParser(
-        prog="benchmarks/fleet.py", description=__doc__.split("\n\n")[0] if __doc__ else None
-    )
-    add_arguments(parser)
-    return run_from_args(parser.parse_args(argv))
-
-
 __all__ = [
     "FLEET_VS_PLAIN_GOAL",
     "WORKER_VS_PLAIN_GOAL",
@@ -148,8 +131,6 @@ __all__ = [
     "BenchReport",
     "Measurement",
     "Ratio",
-    "add_arguments",
-    "main",
     "run_benchmark",
     "run_from_args",
 ]

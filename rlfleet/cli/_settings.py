@@ -35,7 +35,7 @@ from pydantic import AliasGenerator, BeforeValidator, Field, TypeAdapter, Valida
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from rlfleet._values import json_object
+from rlfleet._util.values import json_object
 from rlfleet.errors import ConfigError
 
 #: Every variable that names an option's value starts with this.
