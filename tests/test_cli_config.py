@@ -337,3 +337,35 @@ def test_the_settings_table_in_the_docs_is_the_models() -> None:
         "docs/operations.md's settings table is out of date; paste the output of "
         "python -c 'from rlfleet.cli import settings_reference; print(settings_reference())'"
     )
+
+
+def test_an_internal_option_is_a_flag_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One rlfleet process passing another a setting: no variable, no file key, not shown."""
+    from rlfleet.cli._parser import SettingsParser, add_command, print_config
+    from rlfleet.cli._settings import ConfigOptions, NonNegativeInt, option
+
+    class Tool(ConfigOptions):
+        handle: NonNegativeInt | None = option(None, "a descriptor", internal=True)
+        level: int = option(1, "a public option")
+
+    def build() -> argparse.ArgumentParser:
+        root = SettingsParser(prog="rlfleet")
+        parser = add_command(root.add_subparsers(), "tool", Tool, lambda args: 0)
+        parser.environ = {"RLFLEET_HANDLE": "5"}  # type: ignore[attr-defined]
+        parser.commands = ("tool",)  # type: ignore[attr-defined]
+        return root
+
+    assert build().parse_args(["tool"]).handle is None  # the variable is not read
+    args = build().parse_args(["tool", "--handle", "3"])
+    assert args.handle == 3
+    sub = subcommands(build())["tool"]
+    assert [variable_of(a) for a in options(sub)] == ["RLFLEET_LEVEL", "RLFLEET_CONFIG"]
+    sub.print_help()
+    assert "--handle" not in capsys.readouterr().out
+    assert "handle" not in print_config(sub, args)
+    config = tmp_path / "tool.toml"
+    config.write_text("handle = 4\n")
+    with pytest.raises(ConfigError, match="has no option 'handle'"):
+        build().parse_args(["tool", "--config", str(config)])

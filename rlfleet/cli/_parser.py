@@ -44,6 +44,7 @@ from rlfleet.cli._settings import (
     extras,
     fields,
     flag_of,
+    is_internal,
     is_list,
     is_switch,
     key_of,
@@ -115,6 +116,9 @@ def add_arguments(parser: argparse.ArgumentParser, settings: type[CommandSetting
         variable = variable_name(name, field)
         kwargs = _argument(settings, name, field, resolving)
         action = where.add_argument(flag_of(name, field), **kwargs)
+        if is_internal(field):
+            action.help = argparse.SUPPRESS
+            continue
         action.help = _help(field, variable)
         setattr(action, _VARIABLE, variable)
         if name == CONFIG:
@@ -227,7 +231,7 @@ def _pick(
         return getattr(namespace, name), "flag"
     field = settings.model_fields[name]
     flag, variable = flag_of(name, field), variable_name(name, field)
-    raw = parser.environ.get(variable, "").strip()
+    raw = "" if is_internal(field) else parser.environ.get(variable, "").strip()
     if raw and not extras(field).get("secret"):  # a token's variable is read by its command
         source = f"environment variable {variable}"
         return _converted(settings, name, raw, source, flag), source
@@ -253,7 +257,7 @@ def check_environment(settings: type[CommandSettings], environ: Mapping[str, str
         ConfigError: Naming the variable and the values it takes.
     """
     for name, field in fields(settings):
-        if not (is_switch(field) or choices(field)) or extras(field).get("secret"):
+        if not (is_switch(field) or choices(field)) or is_internal(field):
             continue
         variable = variable_name(name, field)
         raw = environ.get(variable, "").strip()
@@ -281,7 +285,11 @@ def _read_config(
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    by_key = {key_of(name, field): name for name, field in fields(settings) if name != CONFIG}
+    by_key = {
+        key_of(name, field): name
+        for name, field in fields(settings)
+        if name != CONFIG and not is_internal(field)
+    }
     section = document.get(command, {})
     if not isinstance(section, dict):
         raise ConfigError(f"config file {path}: [{command}] must be a table")
@@ -321,7 +329,7 @@ def print_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> s
     sources = getattr(args, SOURCES, {})
     lines = []
     for name, field in fields(settings):
-        if name == CONFIG:
+        if name == CONFIG or is_internal(field):
             continue
         key = key_of(name, field)
         value = getattr(args, name, None)

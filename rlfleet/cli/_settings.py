@@ -146,6 +146,7 @@ def option(
     metavar: str | None = None,
     group: str | None = None,
     secret: bool = False,
+    internal: bool = False,
     const: Any = None,
     required: bool = False,
     exclusive: str | None = None,
@@ -167,6 +168,9 @@ def option(
         secret: A token: the variable is read by the command itself (never
             as the flag's default), config files may not set it and
             ``--print-config`` hides it.
+        internal: A flag one rlfleet process passes another (not for
+            users): hidden from ``--help``, the docs and ``--print-config``,
+            set by no variable or file.
         const: The value of the flag given without a value (its value is
             then optional: ``--watch`` or ``--watch 5``).
         required: The command needs a value from some source.
@@ -181,6 +185,7 @@ def option(
         "metavar": metavar,
         "group": group,
         "secret": secret or None,
+        "internal": internal or None,
         "const": const,
         "required": required or None,
         "exclusive": exclusive,
@@ -247,6 +252,11 @@ def fields(model: type[CommandSettings]) -> list[tuple[str, FieldInfo]]:
         return 2 if name == "config" else 1 if "group" in extras(field) else 0
 
     return sorted(model.model_fields.items(), key=rank)
+
+
+def is_internal(field: FieldInfo) -> bool:
+    """Whether the option is one rlfleet passes itself (see :func:`option`)."""
+    return bool(extras(field).get("internal"))
 
 
 def is_switch(field: FieldInfo) -> bool:
@@ -372,7 +382,7 @@ def settings_table(commands: Mapping[str, type[CommandSettings]]) -> str:
     ]
     for command, model in commands.items():
         for name, field in fields(model):
-            if name == "print_config":
+            if is_internal(field):
                 continue
             secret = extras(field).get("secret")
             variable = "(read by the command)" if secret else f"`{variable_name(name, field)}`"
