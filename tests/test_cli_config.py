@@ -118,6 +118,8 @@ def test_precedence_is_flag_then_variable_then_file_then_default(
         ("worker-token = 'abc'\n", "'worker-token' is a secret; use --worker-token-file"),
         ("seed = \n", "not valid TOML"),
         ("allow-pickle = 'maybe'\n", "not a boolean"),
+        ("max-workers = true\n", "key 'max-workers' is a boolean"),
+        ("max-message-bytes = 1024\n", "key 'max-message-bytes'=1024 is invalid"),
     ],
 )
 def test_a_bad_config_file_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:

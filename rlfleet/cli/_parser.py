@@ -312,7 +312,10 @@ def _read_config(
                 f"config file {path}: {key!r} is a secret; use {flag_of(name, field)}-file "
                 f"or the environment variable {variable_name(name, field)}"
             )
-        found[name] = (value, f"config file {path} key {key!r}")
+        source = f"config file {path} key {key!r}"
+        if isinstance(value, bool) and not is_switch(field):  # pydantic would take it as 0 or 1
+            raise ConfigError(f"{source} is a boolean ({value}); this option takes a value")
+        found[name] = (value, source)
     return found
 
 
