@@ -12,7 +12,8 @@ variable > config file > built-in default**:
   type when the command runs, and only for that command's options: a
   malformed variable never breaks a command that does not read it, is
   overridden by an explicit flag, and its error names the variable (or the
-  file and key) and what to do;
+  file and key) and what to do (a malformed switch or choice variable is
+  refused when the parser is built, whatever the command);
 - a config file (``--config FILE`` or ``RLFLEET_CONFIG``) holds option keys
   (``max-workers = 128``, or with underscores) at its top level or in a
   table named after the command (``[worker]``), which wins.
@@ -55,9 +56,6 @@ from rlfleet.errors import ConfigError
 
 #: Where a parsed namespace keeps each option's source, for --print-config.
 SOURCES = "settings_sources"
-#: The option that prints the settings; it has no variable (a container
-#: would print and exit) and is not itself a setting.
-PRINT_CONFIG = "print_config"
 #: The option that names a config file (not a key a file may set).
 CONFIG = "config"
 _VARIABLE = "_rlfleet_variable"  # on each action: its variable
@@ -122,6 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser, settings: type[CommandSetting
         action.help = _help(field, variable)
         setattr(action, _VARIABLE, variable)
         if name == CONFIG:
+            # Not a field: no variable (a container would print and exit), not a setting.
             where.add_argument(
                 "--print-config",
                 action="store_true",
