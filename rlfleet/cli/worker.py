@@ -112,6 +112,7 @@ class WorkerSettings(WorkerSecurityOptions, ConfigOptions):
         "process that started this worker ends, however it ends (Fleet.local passes it; on "
         "Linux a parent-death signal is asked for too)",
         metavar="FD",
+        internal=True,
     )
 
 
