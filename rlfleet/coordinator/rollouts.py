@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import grpc
 
-from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, can_run_env
 from rlfleet.coordinator.calls import CallScope
 from rlfleet.coordinator.failures import CallError, detail_of
 from rlfleet.coordinator.registry import WorkerHandle
@@ -30,9 +29,10 @@ from rlfleet.coordinator.updates import (
     check_pickles,
     whole_agent,
 )
-from rlfleet.error_reports import ErrorKind, ErrorReport, describe_report
-from rlfleet.fleet_updates import AgentChange, EnvChange
-from rlfleet.learner_calls import UpdateReceipt
+from rlfleet.protocol.error_reports import ErrorKind, ErrorReport, describe_report
+from rlfleet.protocol.learner_calls import UpdateReceipt
+from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY, can_run_env
+from rlfleet.protocol.updates import AgentChange, EnvChange
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -203,13 +203,30 @@ class Rollouts:
         if refusal is None:
             logger.info("%s applied by %d workers", what, len(pushed.targets))
             return len(pushed.targets)
-        self._await(pull_back(), scope, "", quiet=True)
+        back = pull_back()
+        self._await(back, scope, "", quiet=True)
+        self._retire_refusals(pushed, back)
         worker, detail = refusal
         raise CallError(
             _REFUSAL_CODES.get(detail.kind, grpc.StatusCode.FAILED_PRECONDITION),
             f"worker {worker!r} {refused}: {describe_report(detail)}. {restored}",
             detail,
         )
+
+    def _retire_refusals(self, pushed: _Push, back: _Push) -> None:
+        """Clears the refusals of a rolled-back update from the workers' last errors.
+
+        The learner's call gets the refusal; a worker that is back on the
+        previous state has nothing wrong left to show in ``status``.
+        """
+        for handle in self._state.registry:
+            error = handle.last_error
+            if error is None or not back.applied(handle):
+                continue
+            if (
+                pushed.env_generation is not None and error.env_generation == pushed.env_generation
+            ) or (pushed.agent_version is not None and error.agent_version == pushed.agent_version):
+                handle.last_error = None
 
     def _await(
         self, pushed: _Push, scope: CallScope, what: str, *, quiet: bool = False

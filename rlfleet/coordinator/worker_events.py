@@ -15,26 +15,21 @@ from collections.abc import Callable
 
 import grpc
 
-from rlfleet import _rpc
-from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY
 from rlfleet.coordinator.calls import Finished, Forward
 from rlfleet.coordinator.failures import CallDetail, CallError, detail_of, invalid
 from rlfleet.coordinator.registry import WorkerHandle
-from rlfleet.coordinator.scheduler import Mode, RequestSpec, Verdict
 from rlfleet.coordinator.state import FleetState
 from rlfleet.core import EnvSpec
 from rlfleet.envs.native import NATIVE_VECTORIZATIONS
-from rlfleet.episode_results import (
-    FragmentWindow,
-    JoinedResult,
-    ResultError,
-    ResultExpectation,
-    check_result,
-    decode_result,
-)
-from rlfleet.error_reports import ErrorKind, ErrorReport, describe_report, is_known_kind, kind_name
 from rlfleet.errors import ProtocolError, WireFormatError
-from rlfleet.join_stream import (
+from rlfleet.protocol.error_reports import (
+    ErrorKind,
+    ErrorReport,
+    describe_report,
+    is_known_kind,
+    kind_name,
+)
+from rlfleet.protocol.join import (
     AgentApplied,
     EnvBuilt,
     WorkerBeat,
@@ -42,9 +37,19 @@ from rlfleet.join_stream import (
     WorkerLeaving,
     WorkerWelcome,
 )
+from rlfleet.protocol.modes import Mode
+from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY
+from rlfleet.scheduling.scheduler import RequestSpec, Verdict
 from rlfleet.security import PICKLE_CAPABILITY
+from rlfleet.transport import rpc as _rpc
+from rlfleet.wire.result_checks import FragmentWindow, ResultExpectation, check_result
+from rlfleet.wire.results import JoinedResult, ResultError, decode_result
 
 logger = logging.getLogger("rlfleet.coordinator")
+
+#: Refused results a request survives: the first is re-run on other workers
+#: (its worker dropped); the second ends the request with the refusal.
+MAX_REFUSED_RESULTS = 2
 
 #: Capabilities this coordinator offers (worker.proto Hello).
 CAPABILITIES = (
@@ -267,7 +272,7 @@ class WorkerEvents:
         """A worker's result is complete: check it, account it, forward it.
 
         The batch is decoded as views of the received bytes only to check
-        it (:mod:`rlfleet.episode_results`, vectorised); the learner gets
+        it (:mod:`rlfleet.wire.result_checks`, vectorised); the learner gets
         the worker's chunks as they came.
 
         Raises:
@@ -298,8 +303,12 @@ class WorkerEvents:
         if env_spec is None:  # cannot happen: results follow an EnvReady
             raise ResultError(f"{header.where} arrived before any EnvReady")
         expect = _expectation(handle, spec, seeds, env_spec, latest, streams=streams, native=native)
-        decoded = decode_result(joined, env_spec)
-        check_result(decoded, expect)
+        try:
+            decoded = decode_result(joined, env_spec)
+            check_result(decoded, expect)
+        except (ProtocolError, WireFormatError) as exc:
+            self._refused(handle, outcome.request_id, exc)
+            raise
         with state.lock:
             if not handle.alive:
                 return
@@ -328,6 +337,41 @@ class WorkerEvents:
                 if call is not None:
                     call.outbox.put(Finished(footer))
             state.dispatch()
+
+    def _refused(self, handle: WorkerHandle, request_id: int, exc: Exception) -> None:
+        """Counts a refused result against its request; past the bound, ends the request.
+
+        The worker is dropped by the caller and its units re-queued: one
+        hostile or broken worker does not end a request other workers can
+        finish. A request whose results keep being refused (every worker
+        sends values its env's space does not hold, or a worker keeps
+        rejoining to forge them) ends with the refusal instead of
+        re-queueing its units forever.
+        """
+        state = self._state
+        with state.lock:
+            call = state.calls.get(request_id)
+            if call is None:
+                return
+            call.refused_results += 1
+            if call.refused_results < MAX_REFUSED_RESULTS:
+                return
+            message = (
+                f"the coordinator refused {call.refused_results} results of this request, so "
+                f"it ends instead of re-running their episodes again; the last, from worker "
+                f"{handle.name!r}: {exc}. A worker sent values that break the protocol or the "
+                "env's declared spaces: fix the env (or the worker), or remove the worker"
+            )
+            logger.warning(
+                "request %d ended: %s",
+                request_id,
+                message,
+                extra={"request_id": request_id, "worker": handle.name},
+            )
+            detail = detail_of(ErrorKind.PROTOCOL, message, worker=handle.name)
+            state.fail_call(
+                request_id, CallError(grpc.StatusCode.FAILED_PRECONDITION, message, detail)
+            )
 
     def drop(
         self,

@@ -1,0 +1,86 @@
+"""What a worker's lease data connection means to the fleet.
+
+A worker that hosts leases gets a ticket in its Welcome (worker_events.py),
+one per Join session. Presenting it attaches the connection: the worker
+first gets the switch marker on its Join stream, then every lease command on
+the connection (``WorkerHandle.send_lease``); its replies go to the same
+``LeaseManager.on_reply`` as the Join stream's. When the connection ends
+while the worker is in the fleet, the worker is dropped as lost: its leased
+envs are re-created elsewhere, and it rejoins with a new session. (A
+learner's lease data connection is face.py's.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import grpc
+
+from rlfleet.coordinator.leases.data_server import LeaseConnection, LeaseDataPeer
+from rlfleet.coordinator.leases.manager import LeaseManager
+from rlfleet.coordinator.leases.translation import (
+    RelayReply,
+    data_switch_command,
+    relay_deserializer,
+)
+from rlfleet.coordinator.registry import WorkerHandle
+from rlfleet.coordinator.state import FleetState
+from rlfleet.coordinator.worker_events import WorkerEvents
+from rlfleet.errors import UnavailableError, WireFormatError
+
+
+class WorkerDataPeer:
+    """A worker session's data connection: its lease replies in."""
+
+    def __init__(
+        self,
+        events: WorkerEvents,
+        leases: LeaseManager,
+        handle: WorkerHandle,
+        count: Callable[[str], None],
+    ) -> None:
+        self._count = count
+        self._events = events
+        self._leases = leases
+        self._handle = handle
+
+    def on_frame(self, payload: bytes) -> None:
+        self._count("worker")
+        self._handle.touch()
+        self._leases.on_reply(self._handle, _parse_reply(payload))
+
+    def on_closed(self, reason: str) -> None:
+        self._events.drop(
+            self._handle,
+            grpc.StatusCode.UNAVAILABLE,
+            # "stream broke", as for its Join stream: a killed worker's two
+            # connections break together, and either may be noticed first.
+            f"its lease data stream broke ({reason}: the worker died or lost its connection, "
+            "or broke the protocol); rejoin",
+        )
+
+
+def worker_attach(
+    state: FleetState, events: WorkerEvents, leases: LeaseManager, handle: WorkerHandle
+) -> Callable[[LeaseConnection], LeaseDataPeer]:
+    """The attach callback of a worker session's ticket."""
+
+    def attach(connection: LeaseConnection) -> LeaseDataPeer:
+        with state.lock:  # lease commands are sent under it: none falls between
+            if not handle.alive:
+                raise UnavailableError(f"worker {handle.name!r} left before its data connection")
+            handle.send(data_switch_command())
+            handle.lease_data = connection
+        return WorkerDataPeer(events, leases, handle, state.metrics.lease_data_frame)
+
+    return attach
+
+
+def _not_a_reply(data: bytes) -> RelayReply:
+    raise WireFormatError(
+        "a worker's lease data frame must be a WorkerMessage holding only lease_reply "
+        "(leases.proto, 'The lease data channel')"
+    )
+
+
+_parse_reply = relay_deserializer(_not_a_reply)

@@ -1,0 +1,674 @@
+"""The coordinator's side of the lease data channel: one selector loop.
+
+Learners (per lease) and workers (per Join session) dial this TCP port
+with a ticket the coordinator gave them over their authenticated gRPC
+stream (leases.proto, "The lease data channel"). A short-lived thread per
+new connection does the TLS handshake and reads the ticket; from then on one
+thread serves every connection: a ``selectors`` loop over non-blocking
+sockets that cuts frames with ``struct`` and hands each payload straight to
+its connection's :class:`LeaseDataPeer` (no queue, no thread hand-off).
+Sends come from any thread and go straight to the socket; only what the
+kernel does not take at once waits for the loop.
+
+A learner in this very process (``Fleet.local``) presents its ticket to
+:meth:`LeaseDataServer.attach_in_process` instead of dialling: an
+:class:`InProcessConnection` hands its frames over in memory, the learner's
+on the learner's own thread (rlfleet.transport.lease_channel.InProcessLink).
+
+This module knows bytes only; face.py and rlfleet.coordinator.worker_events say what a
+ticket's connection means.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import secrets
+import selectors
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from rlfleet._util.log_limit import LogLimiter, held_back_note
+from rlfleet.errors import RlfleetError, UnavailableError
+from rlfleet.security import ServerTLS
+from rlfleet.transport.lease_channel import (
+    FRAME_HEADER,
+    HANDSHAKE_FRAME_BYTES,
+    InProcessLink,
+    frame,
+)
+
+logger = logging.getLogger("rlfleet.coordinator")
+
+#: Bytes read from a socket at once.
+_READ_BYTES = 1 << 18
+#: Connections in their handshake at once (each holds a thread for at most
+#: the handshake timeout); more are refused at once.
+_MAX_HANDSHAKES = 64
+#: Frames of the largest size a connection may have waiting to be sent.
+_PENDING_FRAMES = 4
+#: Errors of a non-blocking socket (or TLS) that only mean "not now".
+_NOT_NOW = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+
+class LeaseDataPeer(Protocol):
+    """What a ticket's owner does with its connection's traffic."""
+
+    def on_frame(self, payload: bytes) -> None:
+        """One frame's payload (the loop thread). Raising closes the connection."""
+
+    def on_closed(self, reason: str) -> None:
+        """The connection ended, for ``reason`` (once, the loop thread)."""
+
+
+#: Called with the new connection when its ticket is presented; returns its peer.
+Attach = Callable[["LeaseConnection"], LeaseDataPeer]
+
+
+class LeaseConnection:
+    """A ticket's accepted connection, over TCP (:class:`DataConnection`) or in
+    memory from this process (:class:`InProcessConnection`): its peer, and a
+    close flag set once.
+
+    Args:
+        server: The data port that accepted it.
+        what: Who it is, for logs.
+    """
+
+    def __init__(self, server: LeaseDataServer, what: str) -> None:
+        self.what = what  # who it is, for logs
+        self._server = server
+        # TLS objects must not be used by two threads at once; plain sockets
+        # take the same lock (uncontended: microseconds).
+        self._lock = threading.Lock()
+        self._closed = False
+        self.peer: LeaseDataPeer | None = None
+
+    def close(self, reason: str = "closed by the coordinator") -> None:
+        """Closes the connection (idempotent, any thread)."""
+        self._server.close(self, reason)
+
+    @property
+    def closed(self) -> bool:
+        """Whether it was closed."""
+        return self._closed
+
+    def mark_closed(self) -> bool:
+        """Marks it closed; False if it already was."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            self._drop_pending()
+            return True
+
+    def send(self, payload: bytes) -> None:
+        """Sends one frame to the peer without blocking (any thread)."""
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        """Ends the connection for the peer (any thread; after :meth:`mark_closed`)."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Frees what it holds (the loop thread, once it forgot the connection)."""
+        raise NotImplementedError
+
+    def _drop_pending(self) -> None:
+        """Forgets what waits to be sent (under the lock, once closed)."""
+
+
+class DataConnection(LeaseConnection):
+    """One accepted connection: frames out from any thread, frames in to its peer.
+
+    Args:
+        sock: The connected non-blocking socket (TLS-wrapped or plain).
+        server: The loop that serves it.
+        what: Who it is, for logs.
+    """
+
+    def __init__(
+        self, sock: socket.socket, server: LeaseDataServer, what: str, max_pending_bytes: int
+    ) -> None:
+        super().__init__(server, what)
+        self._sock = sock
+        self._max_pending = max_pending_bytes
+        self._pending_bytes = 0
+        self._pending: list[memoryview] = []
+        self._inbuf = bytearray()  # the start of a frame not whole yet
+
+    def send(self, payload: bytes) -> None:
+        """Sends one frame without blocking (what the socket does not take at once
+        is sent by the loop, in order)."""
+        data = frame(payload)
+        failure = None
+        with self._lock:
+            if self._closed:
+                return  # the peer's on_closed already ended what this belonged to
+            if self._pending:
+                sent = 0
+            else:
+                try:
+                    sent = self._sock.send(data)
+                except _NOT_NOW:
+                    sent = 0
+                except OSError as exc:
+                    failure = f"send failed: {exc}"
+                if failure is None and sent == len(data):
+                    return
+            if failure is None:
+                waiting = self._pending_bytes + len(data) - sent
+                if waiting > self._max_pending:
+                    # A peer that does not read what it asked for must not
+                    # make the coordinator hold replies without bound.
+                    failure = (
+                        f"{waiting} bytes wait to be sent, above {self._max_pending}: the "
+                        "peer does not read its connection"
+                    )
+                else:
+                    self._pending.append(memoryview(data)[sent:])
+                    self._pending_bytes = waiting
+        if failure is not None:
+            self._server.close(self, failure)
+            return
+        self._server.want_write(self)
+
+    # --- the loop's side -----------------------------------------------------------
+
+    def read(self, max_frame: int, view: memoryview) -> str | None:
+        """Reads what arrived into ``view`` (the loop's buffer, free again on
+        return) and hands whole frames to the peer; a reason to close, or None."""
+        peer = self.peer
+        if peer is None:
+            return "no peer"
+        while True:
+            try:
+                with self._lock:
+                    count = self._sock.recv_into(view)
+            except _NOT_NOW:
+                break
+            except OSError as exc:
+                return f"connection broken: {exc}"
+            if not count:
+                return "closed by the peer"
+            more = isinstance(self._sock, ssl.SSLSocket) and self._sock.pending()
+            if not self._inbuf and not more:
+                # The usual case: whole frames, cut straight from the read.
+                return self._cut(view, count, max_frame, peer)
+            self._inbuf += view[:count]
+            if not more:
+                break
+        buf = self._inbuf
+        start = 0
+        try:
+            while len(buf) - start >= FRAME_HEADER.size:
+                (length,) = FRAME_HEADER.unpack_from(buf, start)
+                if length > max_frame:
+                    return _too_long(length, max_frame)
+                end = start + FRAME_HEADER.size + length
+                if end > len(buf):
+                    break
+                payload = bytes(buf[start + FRAME_HEADER.size : end])
+                start = end
+                peer.on_frame(payload)
+        finally:
+            del buf[:start]
+        return None
+
+    def _cut(self, data: memoryview, count: int, max_frame: int, peer: LeaseDataPeer) -> str | None:
+        """Hands the whole frames of ``data[:count]`` to the peer and keeps the
+        rest (a frame's start) for the next read; a reason to close, or None."""
+        start = 0
+        while count - start >= FRAME_HEADER.size:
+            (length,) = FRAME_HEADER.unpack_from(data, start)
+            if length > max_frame:
+                return _too_long(length, max_frame)
+            end = start + FRAME_HEADER.size + length
+            if end > count:
+                break
+            payload = bytes(data[start + FRAME_HEADER.size : end])
+            start = end
+            peer.on_frame(payload)
+        if start < count:
+            self._inbuf += data[start:count]
+        return None
+
+    def flush(self) -> tuple[bool, str | None]:
+        """Sends what waits; returns (everything sent, a reason to close or None)."""
+        with self._lock:
+            while self._pending:
+                data = self._pending[0]
+                try:
+                    sent = self._sock.send(data)
+                except _NOT_NOW:
+                    return False, None
+                except OSError as exc:
+                    return False, f"send failed: {exc}"
+                self._pending_bytes -= sent
+                if sent < len(data):
+                    self._pending[0] = data[sent:]
+                    return False, None
+                self._pending.pop(0)
+            return True, None
+
+    def _drop_pending(self) -> None:
+        self._pending.clear()
+        self._pending_bytes = 0
+
+    @property
+    def sock(self) -> socket.socket:
+        """The socket (the loop registers it)."""
+        return self._sock
+
+    def shutdown(self) -> None:
+        """Ends the connection for the peer (any thread; after :meth:`mark_closed`)."""
+        with contextlib.suppress(OSError):  # already disconnected
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def release(self) -> None:
+        """Frees the socket (the loop thread, once it forgot the connection)."""
+        self._sock.close()
+
+
+class InProcessConnection(LeaseConnection):
+    """A connection from this process (a ``Fleet.local`` learner), in memory.
+
+    Its owner sees what a :class:`DataConnection` offers (``send``,
+    ``close``); the learner holds its other end, :attr:`link`. The
+    learner's frames reach the peer on the learner's thread, with the
+    loop's error rules (:meth:`LeaseDataServer.in_process_frame`).
+
+    Args:
+        server: The data port that attached it.
+    """
+
+    def __init__(self, server: LeaseDataServer) -> None:
+        super().__init__(server, "this process")
+        self._frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.link = InProcessLink(self._frames, self._deliver, self._hung_up)
+
+    def send(self, payload: bytes) -> None:
+        """Queues one frame for the learner (any thread, never blocks)."""
+        if not self._closed:
+            self._frames.put(payload)
+
+    def shutdown(self) -> None:
+        """Ends the connection for the learner: its receive returns None."""
+        self._frames.put(None)
+
+    def release(self) -> None:
+        """Nothing to free: no socket."""
+
+    def _deliver(self, payload: bytes) -> None:
+        if self._closed:
+            raise OSError("the coordinator closed the in-process lease data connection")
+        self._server.in_process_frame(self, payload)
+
+    def _hung_up(self) -> None:
+        self._server.close(self, "closed by the peer")
+
+
+class LeaseDataServer:
+    """The data port: tickets, handshakes and the selector loop.
+
+    Args:
+        listen: ``HOST:PORT`` to bind (port 0 picks a free port).
+        tls: The fleet's TLS credentials (mTLS when they require client
+            certificates), or None for plaintext.
+        max_frame_bytes: Longest frame accepted (the fleet's max message size).
+        handshake_timeout: Seconds a new connection has for TLS and its ticket.
+        parse_hello: The ticket of a serialized LeaseDataHello (raises
+            ValueError for one that does not parse).
+        on_connection: Called with ``"accepted"`` or ``"refused"`` (metrics).
+
+    Raises:
+        OSError: If the address cannot be bound.
+    """
+
+    def __init__(
+        self,
+        listen: str,
+        *,
+        tls: ServerTLS | None,
+        max_frame_bytes: int,
+        handshake_timeout: float,
+        parse_hello: Callable[[bytes], bytes],
+        on_connection: Callable[[str], None] = lambda outcome: None,
+    ) -> None:
+        host, _, port = listen.rpartition(":")
+        host = host.strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        # A restarted coordinator rebinds at once, past its old connections'
+        # TIME_WAIT (as gRPC's port does); SO_REUSEPORT stays off.
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._listener.bind((host, int(port)))
+            self._listener.listen(128)
+        except OSError:
+            self._listener.close()
+            raise
+        self.port: int = self._listener.getsockname()[1]
+        self._tls = tls.ssl_context() if tls is not None else None
+        self._max_frame = max_frame_bytes
+        self._handshake_timeout = handshake_timeout
+        self._parse_hello = parse_hello
+        self._on_connection = on_connection
+        self._tickets: dict[bytes, Attach] = {}
+        self._tickets_lock = threading.Lock()
+        self._refusals = LogLimiter()
+        self._handshakes = threading.BoundedSemaphore(_MAX_HANDSHAKES)
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._orders: queue.SimpleQueue[tuple[str, LeaseConnection, str]] = queue.SimpleQueue()
+        self._connections: set[LeaseConnection] = set()
+        # Every read lands in this one buffer (only the loop reads):
+        # recv(256 KiB) allocated 256 KiB per read, which a thread's malloc
+        # arena mapped and unmapped (~12 us a read).
+        self._read_view = memoryview(bytearray(_READ_BYTES))
+        self._stopped = threading.Event()
+        self._loop = threading.Thread(target=self._run, name="rlfleet-data-loop", daemon=True)
+        self._loop.start()
+        self._acceptor = threading.Thread(
+            target=self._accept, name="rlfleet-data-accept", daemon=True
+        )
+        self._acceptor.start()
+        logger.info("serving the lease data channel on %s:%d", host, self.port)
+
+    # --- tickets ---------------------------------------------------------------------
+
+    def issue(self, attach: Attach) -> bytes:
+        """A new single-use ticket; presenting it calls ``attach`` with the connection."""
+        ticket = secrets.token_bytes(32)
+        with self._tickets_lock:
+            self._tickets[ticket] = attach
+        return ticket
+
+    def revoke(self, ticket: bytes) -> None:
+        """Forgets a ticket not presented yet (its lease or session ended)."""
+        with self._tickets_lock:
+            self._tickets.pop(ticket, None)
+
+    # --- connections -------------------------------------------------------------------
+
+    def want_write(self, connection: LeaseConnection) -> None:
+        """Asks the loop to send what ``connection`` could not send at once."""
+        self._order("write", connection)
+
+    def close(self, connection: LeaseConnection, reason: str) -> None:
+        """Closes a connection (any thread, any lock held); its peer hears
+        ``on_closed(reason)`` from the loop thread, never from the caller's."""
+        if not connection.mark_closed():
+            return
+        connection.shutdown()
+        self._order("close", connection, reason)
+
+    def stop(self) -> None:
+        """Closes the port and every connection."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        for connection in list(self._connections):
+            self.close(connection, "the coordinator is shutting down")
+        with contextlib.suppress(OSError):  # not connected: close() below still wakes accept()
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._wake()
+        self._loop.join(5.0)
+
+    def _order(self, what: str, connection: LeaseConnection, reason: str = "") -> None:
+        self._orders.put((what, connection, reason))
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(
+            OSError
+        ):  # the pipe is full (the loop will wake anyway) or closed (stopped)
+            self._wake_w.send(b"\0")
+
+    # --- the acceptor and handshakes ------------------------------------------------------
+
+    def _accept(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                sock, address = self._listener.accept()
+            except OSError:
+                return  # the listener was closed (stop)
+            where = f"{address[0]}:{address[1]}"
+            # Anyone who reaches the port can open connections that never
+            # say hello: at most this many threads wait for them at once.
+            if not self._handshakes.acquire(blocking=False):
+                self._refuse(sock, where, f"{_MAX_HANDSHAKES} connections are in their handshake")
+                continue
+            threading.Thread(
+                target=self._handshake, args=(sock, where), name="rlfleet-data-hello", daemon=True
+            ).start()
+
+    def _handshake(self, sock: socket.socket, where: str) -> None:
+        """TLS, the ticket frame and the answer; then the loop serves it."""
+        try:
+            self._attach(sock, where)
+        finally:
+            self._handshakes.release()
+
+    def _attach(self, sock: socket.socket, where: str) -> None:
+        try:
+            sock.settimeout(self._handshake_timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_side=True)
+            hello = _read_frame(sock, HANDSHAKE_FRAME_BYTES)
+            attach = self._take(hello)
+        except (OSError, ValueError) as exc:
+            self._refuse(sock, where, f"{type(exc).__name__}: {exc}")
+            return
+        if attach is None:
+            self._refuse(sock, where, "an unknown, used or revoked ticket")
+            return
+        self._on_connection("accepted")
+        connection = DataConnection(sock, self, where, _PENDING_FRAMES * self._max_frame)
+        try:
+            # LeaseDataAccepted (no fields) before anything attach may send.
+            sock.sendall(frame(b""))
+            sock.setblocking(False)
+            connection.peer = attach(connection)
+        except Exception as exc:  # the ticket's owner is gone, or the socket broke
+            logger.info("lease data connection from %s not attached: %s", where, exc)
+            connection.mark_closed()
+            sock.close()
+            return
+        self._order("add", connection)
+
+    def attach_in_process(self, hello: bytes) -> InProcessLink:
+        """Attaches a learner of this process that presents its ticket (in
+        ``hello``, a serialized LeaseDataHello) without dialling.
+
+        Returns:
+            The learner's end of an :class:`InProcessConnection`.
+
+        Raises:
+            UnavailableError: When the port was stopped, for an unknown, used
+                or revoked ticket, or when its owner is gone.
+        """
+        if self._stopped.is_set():
+            raise UnavailableError("the coordinator's lease data channel is stopped")
+        try:
+            attach = self._take(hello)
+        except ValueError as exc:
+            attach, why = None, f"{type(exc).__name__}: {exc}"
+        else:
+            why = "an unknown, used or revoked ticket"
+        if attach is None:
+            self._on_connection("refused")
+            raise UnavailableError(f"the coordinator refused an in-process data connection: {why}")
+        self._on_connection("accepted")
+        connection = InProcessConnection(self)
+        try:
+            connection.peer = attach(connection)
+        except Exception as exc:  # the ticket's owner is gone
+            connection.mark_closed()
+            raise UnavailableError(f"in-process data connection not attached: {exc}") from None
+        self._order("add", connection)
+        return connection.link
+
+    def in_process_frame(self, connection: InProcessConnection, payload: bytes) -> None:
+        """One frame of an in-process connection, on its sender's thread: handed
+        to the peer with the loop's rules (too long, bad input or a handler's
+        bug closes the connection)."""
+        peer = connection.peer
+        if peer is None:
+            return
+        reason: str | None
+        if len(payload) > self._max_frame:
+            reason = _too_long(len(payload), self._max_frame)
+        else:
+            reason = _handled(connection, peer.on_frame, payload)
+        if reason is not None:
+            self.close(connection, reason)
+
+    def _take(self, hello: bytes) -> Attach | None:
+        ticket = self._parse_hello(hello)
+        with self._tickets_lock:
+            return self._tickets.pop(ticket, None)
+
+    def _refuse(self, sock: socket.socket, where: str, why: str) -> None:
+        self._on_connection("refused")
+        held_back = self._refusals.admit()
+        if held_back is not None:
+            logger.warning(
+                "refused a lease data connection from %s: %s%s",
+                where,
+                why,
+                held_back_note(held_back, "refusals"),
+            )
+        sock.close()
+
+    # --- the loop ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        selector = self._selector
+        while not self._stopped.is_set():
+            for key, events in selector.select():
+                try:
+                    if key.fileobj is self._wake_r:
+                        self._run_orders()
+                    else:
+                        self._serve(key.data, events)
+                except Exception:  # a bug must not stop every lease's traffic
+                    logger.exception("the lease data loop failed on one event; going on")
+        for connection in list(self._connections):
+            self._forget(connection)
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _serve(self, connection: DataConnection, events: int) -> None:
+        """One connection's readiness (a method, so that no frame of the loop keeps
+        a closed connection, and its lease, alive while the loop waits)."""
+        reason = None
+        if events & selectors.EVENT_WRITE:
+            done, reason = connection.flush()
+            if done and reason is None:
+                self._watch(connection, selectors.EVENT_READ)
+        if reason is None and events & selectors.EVENT_READ:
+            reason = _handled(connection, connection.read, self._max_frame, self._read_view)
+        if reason is not None:
+            self.close(connection, reason)
+
+    def _run_orders(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except _NOT_NOW:
+            pass
+        while True:
+            try:
+                what, connection, reason = self._orders.get_nowait()
+            except queue.Empty:
+                return
+            if what == "add":
+                if connection.closed:
+                    continue  # closed before it joined the loop: its "close" came first
+                self._connections.add(connection)
+                if isinstance(connection, DataConnection):
+                    # WRITE too: frames sent before it joined may wait in its buffer.
+                    events = selectors.EVENT_READ | selectors.EVENT_WRITE
+                    self._selector.register(connection.sock, events, connection)
+            elif (
+                what == "write"
+                and isinstance(connection, DataConnection)
+                and connection in self._connections
+            ):
+                self._watch(connection, selectors.EVENT_READ | selectors.EVENT_WRITE)
+            elif what == "close":
+                self._forget(connection)
+                if connection.peer is not None:
+                    try:
+                        connection.peer.on_closed(reason)
+                    except Exception:  # one owner's bug must not stop the loop
+                        logger.exception("closing lease data connection %s", connection.what)
+
+    def _watch(self, connection: DataConnection, events: int) -> None:
+        with contextlib.suppress(KeyError, ValueError, OSError):  # closed meanwhile
+            self._selector.modify(connection.sock, events, connection)
+
+    def _forget(self, connection: LeaseConnection) -> None:
+        if connection in self._connections:
+            self._connections.discard(connection)
+            if isinstance(connection, DataConnection):
+                with contextlib.suppress(KeyError, ValueError, OSError):  # already gone
+                    self._selector.unregister(connection.sock)
+        connection.release()
+
+
+def _handled(
+    connection: LeaseConnection, handle: Callable[..., str | None], *args: object
+) -> str | None:
+    """Runs ``handle`` on a connection's frames: the reason to close it, or None.
+
+    Bad input from the peer (an RlfleetError) ends its connection with the
+    error's message; any other exception is a handler's bug, logged, and ends
+    that connection only, never the loop.
+    """
+    try:
+        return handle(*args)
+    except RlfleetError as exc:
+        return str(exc)
+    except Exception as exc:
+        logger.exception("lease data connection %s failed", connection.what)
+        return f"coordinator error: {exc!r}"
+
+
+def _too_long(length: int, max_frame: int) -> str:
+    """Why a frame of ``length`` bytes closes its connection."""
+    return f"a frame of {length} bytes, above the limit of {max_frame}"
+
+
+def _read_frame(sock: socket.socket, limit: int) -> bytes:
+    """One whole frame from a blocking socket (the handshake).
+
+    Raises:
+        ValueError: For a frame above ``limit`` bytes or a connection that ended.
+    """
+    header = _read_exactly(sock, FRAME_HEADER.size)
+    (length,) = FRAME_HEADER.unpack(header)
+    if length > limit:
+        raise ValueError(f"a first frame of {length} bytes (a LeaseDataHello is tiny)")
+    return _read_exactly(sock, length)
+
+
+def _read_exactly(sock: socket.socket, count: int) -> bytes:
+    data = bytearray()
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            raise ValueError("the connection ended before its LeaseDataHello")
+        data += chunk
+    return bytes(data)

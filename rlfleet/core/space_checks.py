@@ -1,0 +1,197 @@
+"""Values against a declared space, vectorised over rows.
+
+A row is checked as ``Space.contains`` would (dtype of a Box, bounds,
+whole numbers in discrete spaces, also inside flattened Dict and Tuple
+elements) with a few numpy calls for the whole array, not a Python loop
+per row: results of thousands of steps are checked on the coordinator's
+hot path. Two deliberate differences from ``contains``:
+
+* actions of a float Box need only be finite: Gaussian policies sample
+  outside the box and the env clips (garage and SB3 store the sample, which
+  is what the log-probability is of);
+* NaN passes the bounds of float values: whether NaN observations are an
+  error, a flag or let through is the worker's ``--nonfinite`` setting
+  (docs/reliability.md). In a discrete space NaN is not a whole number.
+
+Spaces without a fixed layout (Graph, Sequence) are not checked here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import gymnasium as gym
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class _Bounds:
+    """Per-element bounds of a space's values, in the array layout the batch uses."""
+
+    low: np.ndarray
+    high: np.ndarray
+    integral: np.ndarray  # bool: where values must be whole numbers
+    dtype: np.dtype | None  # the dtype the array must have (None: any real dtype)
+
+    @functools.cached_property
+    def check_low(self) -> bool:
+        """Whether some lower bound is finite (else nothing is below it)."""
+        return bool(np.isfinite(self.low).any())
+
+    @functools.cached_property
+    def check_high(self) -> bool:
+        """Whether some upper bound is finite."""
+        return bool(np.isfinite(self.high).any())
+
+
+#: (id(space), flat, actions) -> (space, its bounds): spaces are unhashable,
+#: and an env spec's spaces live as long as the fleet runs that env.
+_BOUNDS_CACHE: dict[tuple[int, bool, bool], tuple[gym.Space, _Bounds | None]] = {}
+
+
+def _bounds(space: gym.Space, flat: bool, actions: bool) -> _Bounds | None:
+    """The bounds of ``space``'s elements, own-shaped or flattened (None: unsupported).
+
+    Actions of a float Box are only required to be finite: Gaussian policies
+    sample outside the box and the env clips (garage and SB3 store the
+    sample, which is what the log-probability is of).
+    """
+    key = (id(space), flat, actions)
+    cached = _BOUNDS_CACHE.get(key)
+    if cached is not None and cached[0] is space:
+        return cached[1]
+    if len(_BOUNDS_CACHE) > 64:
+        _BOUNDS_CACHE.clear()
+    bounds = _compute_bounds(space, flat, actions)
+    _BOUNDS_CACHE[key] = (space, bounds)
+    return bounds
+
+
+def _compute_bounds(space: gym.Space, flat: bool, actions: bool) -> _Bounds | None:
+    if not flat:
+        if isinstance(space, gym.spaces.Box):
+            integer = np.issubdtype(space.dtype, np.integer)
+            integral = np.full(space.shape, integer)
+            low, high = space.low, space.high
+            if actions and not integer:
+                largest = np.finfo(space.dtype).max
+                low, high = np.full(space.shape, -largest), np.full(space.shape, largest)
+            return _Bounds(low, high, integral, np.dtype(space.dtype))
+        if isinstance(space, gym.spaces.Discrete):
+            low = np.asarray(space.start, dtype=np.float64)
+            return _Bounds(low, low + space.n - 1, np.asarray(True), None)
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            low = np.asarray(space.start, dtype=np.float64)
+            return _Bounds(low, low + space.nvec - 1, np.full(space.shape, True), None)
+        if isinstance(space, gym.spaces.MultiBinary):
+            shape = space.shape
+            return _Bounds(np.zeros(shape), np.ones(shape), np.full(shape, True), None)
+        return None
+    parts = _flat_parts(space, actions)
+    if parts is None:
+        return None
+    low, high, integral = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    return _Bounds(low, high, integral.astype(bool), None)
+
+
+def _flat_parts(
+    space: gym.Space, actions: bool
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+    """(low, high, integral) of each piece of ``gymnasium.spaces.flatten``'s layout."""
+    if isinstance(space, gym.spaces.Dict):
+        spaces: Sequence[gym.Space] = list(space.spaces.values())
+    elif isinstance(space, gym.spaces.Tuple):
+        spaces = space.spaces
+    elif isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
+        size = int(gym.spaces.flatdim(space))  # one-hot
+        return [(np.zeros(size), np.ones(size), np.ones(size, dtype=bool))]
+    else:
+        own = _bounds(space, False, actions)
+        if own is None:
+            return None
+        integral = np.broadcast_to(own.integral, own.low.shape)
+        return [(own.low.reshape(-1), own.high.reshape(-1), integral.reshape(-1))]
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for sub in spaces:
+        sub_parts = _flat_parts(sub, actions)
+        if sub_parts is None:
+            return None
+        parts += sub_parts
+    return parts
+
+
+@dataclasses.dataclass(frozen=True)
+class SpaceProblem:
+    """The first thing wrong with rows of values as elements of a space.
+
+    Attributes:
+        text: What is wrong, naming the array, the row, the value and the space.
+        row: The first row at fault (None: the whole array, e.g. its dtype).
+        value: The offending element's value (None with ``row``).
+    """
+
+    text: str
+    row: int | None = None
+    value: float | int | None = None
+
+
+def space_problem(
+    name: str, array: np.ndarray, space: gym.Space, *, actions: bool = False
+) -> str | None:
+    """What is wrong with the rows of ``array`` as elements of ``space``.
+
+    Args:
+        name: The array's name, for the message (``"observations"``).
+        array: One row per step, in the space's own or flattened shape
+            (checked before: :meth:`EpisodeBatch.__post_init__`).
+        space: The declared space.
+        actions: The rows are actions: a float Box's bounds do not apply.
+
+    Returns:
+        The first problem, naming the row and value, or None.
+    """
+    problem = find_space_problem(name, array, space, actions=actions)
+    return None if problem is None else problem.text
+
+
+def find_space_problem(
+    name: str, array: np.ndarray, space: gym.Space, *, actions: bool = False
+) -> SpaceProblem | None:
+    """:func:`space_problem`, with the row and value at fault apart from the text."""
+    if array.shape[0] == 0:
+        return None
+    flat = space.shape is None or array.shape[1:] != tuple(space.shape)
+    bounds = _bounds(space, flat, actions)
+    if bounds is None:
+        return None  # a space with no fixed layout: its shape was checked at decode
+    if bounds.dtype is not None and array.dtype != bounds.dtype:
+        return SpaceProblem(f"{name} are {array.dtype}, the space {space} holds {bounds.dtype}")
+    if array.dtype.kind not in "iubf":
+        return SpaceProblem(f"{name} are {array.dtype}, not numbers")
+    if bounds.dtype is None and not flat and array.dtype.kind == "f":
+        return SpaceProblem(f"{name} are {array.dtype}; the discrete space {space} holds integers")
+    integral = array.dtype.kind == "f" and bool(bounds.integral.any())
+    # Two comparisons and two any(): ~40 us for 4608 CartPole steps, where
+    # per-column min/max reductions took ~500 us. Infinite bounds are skipped.
+    # NaN passes (both comparisons are false): whether NaN observations are
+    # an error, a flag or let through is the worker's --nonfinite setting
+    # (docs/reliability.md). In a discrete space it fails the integral check.
+    below = bounds.check_low and bool(np.any(array < bounds.low))
+    above = bounds.check_high and bool(np.any(array > bounds.high))
+    fractional = integral and not bool(np.all(~bounds.integral | (array == np.floor(array))))
+    if not (below or above or fractional):
+        return None
+    inside = ~((array < bounds.low) | (array > bounds.high))
+    if integral:
+        inside &= ~bounds.integral | (array == np.floor(array))
+    if inside.all():
+        return None
+    bad = np.argwhere(~inside)[0]
+    step = int(bad[0])
+    value = array[tuple(bad)].item()
+    return SpaceProblem(f"{name}[{step}] holds {value!r}, outside the space {space}", step, value)
+
+
+__all__ = ["SpaceProblem", "find_space_problem", "space_problem"]

@@ -1,0 +1,323 @@
+"""The lease data channel, dialling side: framed TCP (or TLS) to the coordinator.
+
+A learner's lease and a worker's session move their lease calls and
+replies off gRPC onto one plain TCP connection they dial to the
+coordinator's host (so workers still need no inbound port): each message is
+a frame, a 4-byte big-endian length and one serialized protobuf message
+(leases.proto, "The lease data channel"; docs/protocol.md). gRPC costs
+70-100 us of CPU per message per side; a frame costs a ``sendall`` and a
+buffered read.
+
+A learner in the coordinator's own process (``Fleet.local``) gets an
+:class:`InProcessLink` instead: the same frames handed over in memory, with
+no socket and no relay thread on the way out.
+
+This module knows bytes only: the messages are built and parsed by the
+lease face's translation (rlfleet.wire.leases and the worker session).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import select
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from rlfleet._util.log_limit import OncePerKey
+from rlfleet.errors import ProtocolError, UnavailableError
+from rlfleet.security import ClientTLS
+
+logger = logging.getLogger("rlfleet.transport.lease_channel")
+
+#: A frame's length prefix: unsigned 32-bit big-endian.
+FRAME_HEADER = struct.Struct(">I")
+#: Longest wait for the data channel's connection, TLS handshake and answer.
+DATA_DIAL_SECONDS = 10.0
+#: Largest first frame (LeaseDataHello / LeaseDataAccepted) either side reads.
+HANDSHAKE_FRAME_BYTES = 1024
+
+_unreachable = OncePerKey()
+
+
+def frame(payload: bytes) -> bytes:
+    """``payload`` behind its length prefix."""
+    return FRAME_HEADER.pack(len(payload)) + payload
+
+
+def coordinator_host(address: str) -> str:
+    """The host of a gRPC target ``HOST:PORT`` (``[::1]:50051`` gives ``::1``;
+    a ``dns:``/``ipv4:`` scheme prefix is dropped)."""
+    target = address.split("///", 1)[-1]
+    if target.startswith(("ipv4:", "ipv6:", "dns:")):
+        target = target.split(":", 1)[1]
+    host = target.rpartition(":")[0] if target.count(":") == 1 or "]" in target else target
+    return host.strip("[]") or "127.0.0.1"
+
+
+def warn_unreachable(host: str, port: int, who: str, reason: str) -> None:
+    """Logs once per process and address that the data channel is out of reach."""
+    key = f"{host}:{port}"
+    if not _unreachable.first(key):
+        return
+    logger.warning(
+        "%s cannot use the lease data channel at %s (%s); lease traffic stays on gRPC, which "
+        "is several times slower. Open TCP port %d of the coordinator to this host (Service, "
+        "NetworkPolicy, firewall, proxy) or start the coordinator with --lease-data-listen",
+        who,
+        key,
+        reason,
+        port,
+    )
+
+
+class DataLink(Protocol):
+    """A dialled data connection, over TCP (:class:`LeaseDataLink`) or in memory
+    (:class:`InProcessLink`): frames out from any thread, in by one at a time."""
+
+    def send(self, payload: bytes) -> None:
+        """Sends one frame (OSError: the connection is broken or closed)."""
+
+    def receive(self) -> bytes | None:
+        """The next frame; None once the coordinator closed the connection."""
+
+    def receive_within(self, seconds: float) -> bytes | None:
+        """:meth:`receive`, waiting at most ``seconds`` (TimeoutError past them)."""
+
+    def readable(self) -> bool:
+        """Whether a receive would start without waiting."""
+
+    def close(self) -> None:
+        """Closes the connection (idempotent); a blocked receive returns."""
+
+
+class LeaseDataLink:
+    """One accepted data connection (a blocking socket).
+
+    Sends may come from any thread (a lock keeps frames whole); frames are
+    received by one thread at a time, with :meth:`receive` or
+    :meth:`receive_within`.
+
+    Args:
+        sock: The connected socket, past the handshake.
+        max_frame_bytes: Longest frame accepted from the coordinator.
+    """
+
+    def __init__(self, sock: socket.socket, max_frame_bytes: int) -> None:
+        self._sock = sock
+        self._max = max_frame_bytes
+        self._lock = threading.Lock()
+        # Received bytes not yet returned: a wait that times out mid-frame
+        # keeps what it read for the next one.
+        self._buffer = bytearray()
+        self._closed = False
+
+    def send(self, payload: bytes) -> None:
+        """Sends one frame.
+
+        Raises:
+            OSError: If the connection is broken.
+        """
+        data = frame(payload)
+        with self._lock:
+            self._sock.sendall(data)
+
+    def receive(self) -> bytes | None:
+        """The next frame's payload; None once the coordinator closed the connection.
+
+        Waits as long as the socket's timeout allows (none: for ever).
+
+        Raises:
+            OSError: If the connection broke (TimeoutError past the socket's
+                timeout; the frame's bytes read so far are kept).
+            ProtocolError: For a frame longer than allowed.
+        """
+        buffer = self._buffer
+        while True:
+            if len(buffer) >= FRAME_HEADER.size:
+                (length,) = FRAME_HEADER.unpack_from(buffer)
+                if length > self._max:
+                    raise ProtocolError(
+                        f"the coordinator sent a lease data frame of {length} bytes, above "
+                        f"the limit of {self._max}"
+                    )
+                end = FRAME_HEADER.size + length
+                if len(buffer) >= end:
+                    with memoryview(buffer) as view:
+                        payload = bytes(view[FRAME_HEADER.size : end])
+                    del buffer[:end]
+                    return payload
+                missing = end - len(buffer)
+            else:
+                missing = FRAME_HEADER.size - len(buffer)
+            chunk = self._sock.recv(max(missing, 1 << 16))
+            if not chunk:
+                return None
+            if not buffer and len(chunk) >= FRAME_HEADER.size:
+                (length,) = FRAME_HEADER.unpack_from(chunk)
+                if len(chunk) == FRAME_HEADER.size + length and length <= self._max:
+                    return chunk[FRAME_HEADER.size :]  # the usual read: one whole frame
+            buffer += chunk
+
+    def readable(self) -> bool:
+        """Whether bytes of a frame are here already: a receive would start without waiting."""
+        if self._buffer:
+            return True
+        pending = getattr(self._sock, "pending", None)  # TLS: decrypted bytes held
+        if pending is not None and pending():
+            return True
+        return bool(select.select([self._sock], [], [], 0)[0])
+
+    def receive_within(self, seconds: float) -> bytes | None:
+        """:meth:`receive`, waiting at most ``seconds``.
+
+        Raises:
+            TimeoutError: If no whole frame came within ``seconds`` (what
+                arrived of it is kept for the next call).
+            OSError, ProtocolError: As :meth:`receive`.
+        """
+        self._sock.settimeout(max(seconds, 1e-6))
+        return self.receive()
+
+    def close(self) -> None:
+        """Closes the connection (idempotent); a blocked :meth:`receive` returns."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        with contextlib.suppress(OSError):  # already disconnected
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+
+
+class InProcessLink:
+    """A data connection to the coordinator of this process (``Fleet.local``).
+
+    The same frames as over TCP, handed over in memory: :meth:`send` runs
+    the coordinator's handling of the frame on the caller's thread (no
+    socket, no wake-up of the relay's loop), and the coordinator's frames
+    wait in a queue for :meth:`receive`. Its coordinator side is
+    ``rlfleet.coordinator.leases.data_server.InProcessConnection``, which
+    makes it.
+
+    Args:
+        frames: Where the coordinator puts its frames, and None once it
+            closed the connection.
+        deliver: Hands one frame to the coordinator (OSError once closed).
+        hang_up: Tells the coordinator that this side closed.
+    """
+
+    def __init__(
+        self,
+        frames: queue.SimpleQueue[bytes | None],
+        deliver: Callable[[bytes], None],
+        hang_up: Callable[[], None],
+    ) -> None:
+        self._frames = frames
+        self._deliver = deliver
+        self._hang_up = hang_up
+        self._ended = False  # the coordinator's end was read
+        self._closed = False
+
+    def send(self, payload: bytes) -> None:
+        """Hands one frame to the coordinator.
+
+        Raises:
+            OSError: If the connection was closed (by either side).
+        """
+        if self._closed or self._ended:
+            raise OSError("the in-process lease data connection is closed")
+        self._deliver(payload)
+
+    def receive(self) -> bytes | None:
+        """The next frame; None once the coordinator closed the connection."""
+        return self._next(None)
+
+    def receive_within(self, seconds: float) -> bytes | None:
+        """:meth:`receive`, waiting at most ``seconds``.
+
+        Raises:
+            TimeoutError: If no frame came within ``seconds``.
+        """
+        return self._next(max(seconds, 0.0))
+
+    def readable(self) -> bool:
+        """Whether a frame (or the end) is here already."""
+        return self._ended or not self._frames.empty()
+
+    def close(self) -> None:
+        """Closes the connection (idempotent); a blocked receive returns None."""
+        if self._closed:
+            return
+        self._closed = True
+        self._frames.put(None)  # wakes a receive blocked in another thread
+        hang_up, self._hang_up = self._hang_up, _closed_link
+        # A closed link keeps nothing of the coordinator's alive (its lease).
+        self._deliver = _closed_link
+        hang_up()
+
+    def _next(self, seconds: float | None) -> bytes | None:
+        if self._ended:
+            return None
+        try:
+            payload = self._frames.get(timeout=seconds)
+        except queue.Empty:
+            raise TimeoutError(f"no lease data frame within {seconds:g} seconds") from None
+        if payload is None:
+            self._ended = True
+        return payload
+
+
+def _closed_link(*_: bytes) -> None:
+    raise OSError("the in-process lease data connection is closed")
+
+
+def dial(
+    host: str,
+    port: int,
+    hello: bytes,
+    *,
+    tls: ClientTLS | None,
+    timeout: float,
+    max_frame_bytes: int,
+) -> LeaseDataLink:
+    """Connects to the coordinator's data port and presents a ticket.
+
+    Args:
+        host: The coordinator's host (the one dialled for gRPC).
+        port: Its data port (LeaseDataAddress.port).
+        hello: The serialized LeaseDataHello.
+        tls: The fleet's client TLS settings, or None for plaintext.
+        timeout: Seconds for connecting, the TLS handshake and the answer.
+        max_frame_bytes: Longest frame accepted afterwards.
+
+    Raises:
+        OSError: If the port cannot be reached (the caller falls back to gRPC).
+        UnavailableError: If the coordinator closed the connection instead of
+            accepting the ticket.
+    """
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            sock = tls.ssl_context().wrap_socket(sock, server_hostname=tls.server_name or host)
+        sock.sendall(frame(hello))
+        link = LeaseDataLink(sock, max_frame_bytes)
+        try:
+            accepted = link.receive()
+        except TimeoutError:
+            accepted = None
+        if accepted is None:
+            raise UnavailableError(
+                f"the coordinator's lease data port {host}:{port} closed the connection "
+                f"instead of accepting the ticket within {timeout:g} seconds (see its log)"
+            )
+        sock.settimeout(None)
+        return link
+    except BaseException:
+        sock.close()
+        raise

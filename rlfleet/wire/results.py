@@ -1,0 +1,456 @@
+"""Episode results: the one assembler and validator.
+
+The coordinator, the Python client and the conformance kit all receive
+``EpisodeResult`` messages whose batch is chunked (worker.proto,
+batch.proto). This module is the only code that joins those chunks, decodes
+the batch and checks it, so the three agree on what a valid result is:
+
+* :class:`ResultAssembler` joins a stream's chunks (per worker, on the
+  learner's stream, where the coordinator interleaves several workers'
+  batches) and keeps the metadata of chunk 0 as a :class:`ResultHeader`;
+  :meth:`ResultAssembler.join` stops there (the coordinator classifies a
+  result before decoding it), :meth:`ResultAssembler.add` also decodes.
+* :func:`~rlfleet.wire.result_checks.check_result` (in
+  :mod:`rlfleet.wire.result_checks`) checks a decoded result against what
+  its sender was asked for.
+
+The batch is decoded without a copy (views of the received bytes), so a
+checked result is forwarded as the chunks it came in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from rlfleet.core.env_spec import EnvSpec
+from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.core.episode_order import cut_pieces, first_episodes, sort_fragments
+from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
+from rlfleet.wire import Chunk, ChunkAssembler, decode_batch
+from rlfleet.wire.batches import payload_kind
+from rlfleet.wire.chunks import Payload
+
+#: int64 (N,) episode_infos every result carries (batch.proto).
+EPISODE_INFO_KEYS = ("agent_version", "env_seed", "policy_seed", "episode_index", "worker")
+#: ... and fragments in addition.
+FRAGMENT_INFO_KEYS = ("stream", "fragment_index")
+
+#: PayloadKind of an EpisodeBatch: the only kind a result carries.
+_EPISODE_BATCH_KIND = payload_kind(EpisodeBatch)
+
+
+class ResultError(ProtocolError):
+    """A result breaks the protocol (the coordinator then drops its worker)."""
+
+
+class ResultMetadata(Protocol):
+    """What :meth:`ResultHeader.of` reads: ``rlfleet.v1.EpisodeResult``'s fields."""
+
+    @property
+    def task_id(self) -> int: ...
+
+    @property
+    def worker_id(self) -> int: ...
+
+    @property
+    def agent_version(self) -> int: ...
+
+    @property
+    def env_generation(self) -> int: ...
+
+    @property
+    def episode_indices(self) -> Sequence[int]: ...
+
+    @property
+    def lengths(self) -> Sequence[int]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultHeader:
+    """The metadata of a result (set on the message carrying chunk 0).
+
+    Attributes:
+        task_id: The task it answers.
+        worker_id: The sender (0 on a worker's own stream; the coordinator
+            sets it when forwarding).
+        episode_indices: Its episodes (fragments: as sent).
+        lengths: Their lengths.
+        agent_version: The agent version that produced it.
+        env_generation: The env generation it ran in.
+        wire: The ``EpisodeResult`` as received, serialized, where it is to
+            be passed on whole (the coordinator forwards a worker's metadata
+            to the learner, with fields this version does not know); else
+            empty.
+    """
+
+    task_id: int
+    worker_id: int
+    episode_indices: tuple[int, ...]
+    lengths: tuple[int, ...]
+    agent_version: int
+    env_generation: int
+    wire: bytes = b""
+
+    @classmethod
+    def of(cls, meta: ResultMetadata) -> ResultHeader:
+        """The header of an ``EpisodeResult`` message (a header is its own)."""
+        if isinstance(meta, ResultHeader):
+            return meta
+        return cls(
+            task_id=int(meta.task_id),
+            worker_id=int(meta.worker_id),
+            episode_indices=tuple(meta.episode_indices),
+            lengths=tuple(meta.lengths),
+            agent_version=int(meta.agent_version),
+            env_generation=int(meta.env_generation),
+        )
+
+    @property
+    def where(self) -> str:
+        """How errors name the result."""
+        sender = f" from worker {self.worker_id}" if self.worker_id else ""
+        return f"result of task {self.task_id}{sender}"
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinedResult:
+    """A result whose chunks are all in, not decoded yet.
+
+    Attributes:
+        header: Its metadata (chunk 0's).
+        chunks: The chunks it came in (forwarded as they are).
+        payload: The joined bytes.
+        message_sizes: Size of each message that carried a chunk (as given
+            to :meth:`ResultAssembler.join`; the chunks' sizes otherwise).
+    """
+
+    header: ResultHeader
+    chunks: tuple[Chunk, ...]
+    payload: Payload
+    message_sizes: tuple[int, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        """Size of the serialized batch."""
+        return self.chunks[0].total_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodedResult:
+    """A joined and decoded result.
+
+    Attributes:
+        header: Its metadata.
+        batch: Its episodes (read-only views of the received bytes).
+        chunks: The chunks it came in.
+        message_sizes: Size of each message that carried a chunk.
+        seq: Stream position of its last chunk (for callers that count).
+        at: Arrival time of its last chunk (for callers that time).
+    """
+
+    header: ResultHeader
+    batch: EpisodeBatch
+    chunks: tuple[Chunk, ...] = ()
+    message_sizes: tuple[int, ...] = ()
+    seq: int = 0
+    at: float = 0.0
+
+    @property
+    def total_bytes(self) -> int:
+        """Size of the serialized batch (0 if built without chunks)."""
+        return self.chunks[0].total_bytes if self.chunks else 0
+
+    def infos(self, key: str) -> np.ndarray:
+        """An episode_infos column (:func:`check_result` checks that it exists)."""
+        return np.asarray(self.batch.episode_infos[key])
+
+
+class ResultAssembler:
+    """Joins the chunks of the results of one stream.
+
+    A batch's chunks are contiguous on its sender's stream. On the
+    learner's stream the coordinator interleaves several workers' batches,
+    whose batch ids are numbered per worker; there (``per_worker=True``)
+    chunks are joined per ``worker_id``, and a chunk past index 0 without a
+    worker id continues the batch begun last. Metadata belongs on chunk 0
+    only: a later chunk that repeats it is refused.
+
+    Not thread-safe: one assembler per stream.
+
+    Args:
+        env_spec: The spec batches are decoded with (may be set later, when
+            the learner's header brings it).
+        per_worker: Join per worker id (a learner's stream).
+        max_total_bytes: Largest batch accepted, or None for no limit.
+    """
+
+    def __init__(
+        self,
+        env_spec: EnvSpec | None = None,
+        *,
+        per_worker: bool = False,
+        max_total_bytes: int | None = None,
+    ) -> None:
+        self.env_spec = env_spec
+        self._per_worker = per_worker
+        self._max_total_bytes = max_total_bytes
+        self._assemblers: dict[int, ChunkAssembler] = {}
+        self._partial: dict[int, tuple[ResultMetadata, list[Chunk], list[int]]] = {}
+        self._last_key = 0
+
+    @property
+    def in_progress(self) -> bool:
+        """Whether some result's chunks have arrived but not its last."""
+        return bool(self._partial)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes reserved for results being reassembled (the in-flight bytes metric)."""
+        return sum(assembler.buffered_bytes for assembler in self._assemblers.values())
+
+    def join(self, meta: ResultMetadata, chunk: Chunk | None, size: int = 0) -> JoinedResult | None:
+        """Takes one result message; returns the joined result once complete.
+
+        Args:
+            meta: The message's EpisodeResult (metadata on chunk 0 only).
+            chunk: Its chunk.
+            size: The message's serialized size (0: the chunk's data size).
+
+        Raises:
+            ResultError: If the chunk is missing, of another kind than an
+                EpisodeBatch, or carries metadata past chunk 0.
+            WireFormatError: If the chunks are out of order or inconsistent.
+            ResourceExhaustedError: If the batch is over the size limit.
+        """
+        where = f"EpisodeResult for task {meta.task_id}"
+        if chunk is None:
+            raise ResultError(f"{where} has no chunk: every EpisodeResult carries a BatchChunk")
+        if chunk.kind != _EPISODE_BATCH_KIND:
+            raise ResultError(
+                f"{where}: chunk kind is {chunk.kind}, expected PAYLOAD_KIND_EPISODE_BATCH "
+                f"({_EPISODE_BATCH_KIND})"
+            )
+        key = 0
+        if self._per_worker:
+            key = meta.worker_id if (chunk.index == 0 or meta.worker_id) else self._last_key
+            self._last_key = key
+        if chunk.index == 0:
+            self._partial[key] = (meta, [], [])
+        elif meta.episode_indices or meta.lengths:
+            raise ResultError(
+                f"{where}: chunk {chunk.index} repeats episode_indices/lengths; the metadata "
+                "is set on the message carrying chunk 0 and left empty on the rest"
+            )
+        assembler = self._assemblers.get(key)
+        if assembler is None:
+            assembler = ChunkAssembler(max_total_bytes=self._max_total_bytes)
+            self._assemblers[key] = assembler
+        try:
+            payload = assembler.add(chunk)  # raises on any disorder
+        except (WireFormatError, ResourceExhaustedError):
+            self._partial.pop(key, None)
+            raise
+        first, chunks, sizes = self._partial[key]  # chunk 0 came: the assembler says so
+        chunks.append(chunk)
+        sizes.append(size or len(chunk.data))
+        if payload is None:
+            return None
+        del self._partial[key]
+        return JoinedResult(ResultHeader.of(first), tuple(chunks), payload, tuple(sizes))
+
+    def add(self, meta: ResultMetadata, chunk: Chunk | None, size: int = 0) -> DecodedResult | None:
+        """:meth:`join`, then :func:`decode_result` once the result is complete.
+
+        Raises:
+            ResultError: As :meth:`join` and :func:`decode_result`, or if
+                no env spec is known yet.
+            WireFormatError: If the chunks are out of order or inconsistent.
+        """
+        joined = self.join(meta, chunk, size)
+        if joined is None:
+            return None
+        if self.env_spec is None:
+            raise ResultError(f"{joined.header.where} arrived before the env spec it decodes with")
+        return decode_result(joined, self.env_spec)
+
+
+def decode_result(joined: JoinedResult, env_spec: EnvSpec) -> DecodedResult:
+    """Decodes a joined result (views, no copy) and checks its header against it.
+
+    Raises:
+        ResultError: If the bytes are not a valid EpisodeBatch of
+            ``env_spec`` or disagree with the header's lengths.
+    """
+    header = joined.header
+    try:
+        batch = decode_batch(joined.payload, env_spec=env_spec, kind=EpisodeBatch)
+    except WireFormatError as exc:
+        raise ResultError(f"{header.where}: the batch does not decode: {exc}") from None
+    if not isinstance(batch, EpisodeBatch):  # the kind asked for; narrows the type
+        raise ResultError(f"{header.where}: decoded to a {type(batch).__name__}")
+    if batch.lengths.tolist() != list(header.lengths):
+        raise ResultError(
+            f"{header.where}: metadata lengths {shortened(header.lengths)} disagree with the "
+            f"batch's {shortened(batch.lengths.tolist())}"
+        )
+    return DecodedResult(header, batch, joined.chunks, joined.message_sizes)
+
+
+# --- a learner's answer ------------------------------------------------------------
+
+
+def assemble_episodes(results: Sequence[DecodedResult], num_episodes: int) -> EpisodeBatch:
+    """The episodes 0..num_episodes-1 of the results, in index order.
+
+    Step data is copied once: each result's rows are written straight to
+    their place in the answer. (Concatenating, then ordering, copied twice.)
+    Results whose arrays do not line up (other info keys, trailing shapes)
+    take the general path, which names what differs.
+
+    Raises:
+        ProtocolError: If an episode below ``num_episodes`` is missing or came
+            twice (:func:`~rlfleet.core.episode_order.first_episodes`), or
+            the results hold none or lack episode indices.
+    """
+    if not results:
+        raise ResultError("the answer holds no results")
+    try:
+        return _placed_episodes([result.batch for result in results], num_episodes)
+    except _MisfitError:
+        return first_episodes(_concatenate(results), num_episodes)
+
+
+def assemble_fragments(results: Sequence[DecodedResult]) -> EpisodeBatch:
+    """Every fragment of the results, in LocalSampler's order (stream, episode, fragment)."""
+    return sort_fragments(_concatenate(results))
+
+
+def _concatenate(results: Sequence[DecodedResult]) -> EpisodeBatch:
+    if not results:
+        raise ResultError("the answer holds no results")
+    for result in results:
+        if not isinstance(result.batch.episode_infos.get("episode_index"), np.ndarray):
+            raise ResultError(
+                f"{result.header.where}: episode_infos lack the 'episode_index' array the "
+                "contract requires (batch.proto)"
+            )
+    return EpisodeBatch.concatenate(*(result.batch for result in results))
+
+
+class _MisfitError(Exception):
+    """The results cannot be placed in one copy: take the general path."""
+
+
+def _placed_episodes(batches: Sequence[EpisodeBatch], num_episodes: int) -> EpisodeBatch:
+    """:func:`assemble_episodes`' answer in one copy of the step data.
+
+    Raises:
+        _MisfitError: If a result's indices are missing or not ascending, the
+            kept episodes are not 0..num_episodes-1 once each, or the
+            results' arrays differ in structure or trailing shape.
+    """
+    indices = []
+    for batch in batches:
+        index = batch.episode_infos.get("episode_index")
+        if not isinstance(index, np.ndarray) or np.any(np.diff(index) <= 0):
+            raise _MisfitError
+        indices.append(index)
+    # Ascending, so the episodes a result keeps are its first ones.
+    kept = [int(np.searchsorted(index, num_episodes)) for index in indices]
+    placed = np.concatenate([index[:k] for index, k in zip(indices, kept, strict=True)])
+    if placed.size != num_episodes or (placed.size and placed.min() < 0):
+        raise _MisfitError
+    if not np.array_equal(
+        np.bincount(placed, minlength=num_episodes), np.ones(num_episodes, dtype=np.int64)
+    ):
+        raise _MisfitError
+    lengths = np.empty(num_episodes, dtype=np.int64)
+    for batch, index, k in zip(batches, indices, kept, strict=True):
+        lengths[index[:k]] = batch.lengths[:k]
+    starts = np.cumsum(lengths) - lengths
+    episode_rows, step_rows = [], []
+    for batch, index, k in zip(batches, indices, kept, strict=True):
+        own = batch.lengths[:k]
+        episode_rows.append(index[:k])
+        # Row j of the result's kept steps goes to its episode's start there.
+        shift = starts[index[:k]] - (np.cumsum(own) - own)
+        step_rows.append(np.arange(int(own.sum())) + np.repeat(shift, own))
+
+    def place(parts: Sequence[object], rows: list[np.ndarray]) -> object:
+        first = parts[0]
+        if isinstance(first, Mapping):
+            if any(not isinstance(p, Mapping) or p.keys() != first.keys() for p in parts):
+                raise _MisfitError
+            return {
+                key: place([p[key] for p in parts], rows)  # type: ignore[index]
+                for key in first
+            }
+        arrays = [np.asarray(p) for p in parts]
+        trailing = arrays[0].shape[1:]
+        if any(a.ndim == 0 or a.shape[1:] != trailing for a in arrays):
+            raise _MisfitError
+        out = np.empty((sum(len(r) for r in rows), *trailing), dtype=np.result_type(*arrays))
+        _put_rows(out, rows, [a[: len(r)] for a, r in zip(arrays, rows, strict=True)])
+        return out
+
+    def field(name: str, rows: list[np.ndarray]) -> object:
+        return place([getattr(batch, name) for batch in batches], rows)
+
+    return EpisodeBatch(
+        env_spec=batches[0].env_spec,
+        episode_infos=field("episode_infos", episode_rows),  # type: ignore[arg-type]
+        observations=field("observations", step_rows),  # type: ignore[arg-type]
+        last_observations=field("last_observations", episode_rows),  # type: ignore[arg-type]
+        actions=field("actions", step_rows),  # type: ignore[arg-type]
+        rewards=field("rewards", step_rows),  # type: ignore[arg-type]
+        env_infos=field("env_infos", step_rows),  # type: ignore[arg-type]
+        agent_infos=field("agent_infos", step_rows),  # type: ignore[arg-type]
+        step_types=field("step_types", step_rows),  # type: ignore[arg-type]
+        lengths=lengths,
+    )
+
+
+def _put_rows(out: np.ndarray, rows: list[np.ndarray], sources: list[np.ndarray]) -> None:
+    """``out[rows[i]] = sources[i]`` for each i, whole rows at a time where possible.
+
+    numpy indexes a 2-D array's rows element by element: ten times slower
+    than moving each row as one opaque item (measured: 520 -> 58 us for
+    50k rows of 4 float32).
+    """
+    if out.ndim < 2 or not out.size:
+        for row, source in zip(rows, sources, strict=True):
+            out[row] = source
+        return
+    item = np.dtype((np.void, out.itemsize * out[0].size))
+    whole = out.reshape(len(out), -1).view(item)[:, 0]
+    for row, source in zip(rows, sources, strict=True):
+        if len(source) and source.dtype == out.dtype and source.flags.c_contiguous:
+            whole[row] = source.reshape(len(source), -1).view(item)[:, 0]
+        else:
+            out[row] = source
+
+
+def shortened(values: Sequence[object]) -> str:
+    items = list(values)
+    if len(items) <= 8:
+        return str(items)
+    return f"[{', '.join(map(str, items[:8]))}, ... ({len(items)} in all)]"
+
+
+__all__ = [
+    "EPISODE_INFO_KEYS",
+    "FRAGMENT_INFO_KEYS",
+    "DecodedResult",
+    "JoinedResult",
+    "ResultAssembler",
+    "ResultError",
+    "ResultHeader",
+    "assemble_episodes",
+    "assemble_fragments",
+    "cut_pieces",
+    "decode_result",
+]

@@ -1,0 +1,170 @@
+"""A worker session's lease data connection (leases.proto, "The lease data channel").
+
+The Welcome of a worker that hosts leases carries a ticket. The session
+dials the coordinator's data port with it in the background; once accepted,
+its lease replies go there instead of the Join stream. Lease commands start
+coming there after the coordinator's switch marker on the Join stream
+(LeaseCommand.data_switch): frames that arrive before the worker has seen
+the marker are held back, so a command on the connection never overtakes
+one still on its way on the stream. If the port cannot be reached,
+everything stays on the Join stream (one WARNING says what to open).
+
+A connection that ends while the Join stream lives is a fault: WARNING, and
+the session ends. One that ends with the Join stream (the coordinator stops,
+or this worker leaves) is part of that end, which the Join stream's own line
+reports: INFO.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from rlfleet.errors import RlfleetError, UnavailableError
+from rlfleet.security import ClientTLS
+from rlfleet.transport.lease_channel import DATA_DIAL_SECONDS, LeaseDataLink, dial, warn_unreachable
+
+logger = logging.getLogger("rlfleet.worker")
+
+#: Seconds a cleanly closed data connection waits for the Join stream to end
+#: too: a stopping coordinator closes its data port a moment before it ends
+#: the Join streams, and the two connections' ends race to the worker.
+JOIN_END_GRACE_SECONDS = 1.0
+
+
+class WorkerLeaseChannel:
+    """The data connection of one worker session.
+
+    Args:
+        host: The coordinator's host.
+        port: Its data port (Welcome.lease_data.port).
+        hello: The serialized LeaseDataHello.
+        tls: The fleet's TLS settings, or None.
+        max_frame_bytes: Longest frame accepted.
+        on_command: Takes a frame from the coordinator (a serialized
+            CoordinatorMessage holding a lease command), in order.
+        on_broken: Called with the reason when an accepted connection
+            breaks while the session runs (the session then ends and the
+            worker rejoins, as after a lost stream).
+        join_ended: Waits up to the given seconds for the Join stream to
+            end (0: only looks); whether it ended, or the session is
+            leaving on purpose.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        hello: bytes,
+        *,
+        tls: ClientTLS | None,
+        max_frame_bytes: int,
+        on_command: Callable[[bytes], None],
+        on_broken: Callable[[str], None],
+        join_ended: Callable[[float], bool],
+    ) -> None:
+        self._address = (host, port)
+        self._hello = hello
+        self._tls = tls
+        self._max = max_frame_bytes
+        self._on_command = on_command
+        self._on_broken = on_broken
+        self._join_ended = join_ended
+        self._lock = threading.Lock()
+        self._switched = False
+        self._held: list[bytes] = []
+        self._closed = False
+        self._link: LeaseDataLink | None = None
+
+    def start(self) -> None:
+        """Dials in the background (started apart from the constructor: the
+        switch marker may come back before the constructor's caller has
+        stored this object where the Join stream's receiver finds it)."""
+        threading.Thread(target=self._run, name="rlfleet-worker-lease-data", daemon=True).start()
+
+    @property
+    def connected(self) -> bool:
+        """Whether replies go on the data connection."""
+        return self._link is not None
+
+    def send(self, payload: bytes) -> None:
+        """Sends a reply frame (a serialized WorkerMessage holding ``lease_reply``).
+
+        A broken connection ends the session (``on_broken``); the reply is
+        lost with it, as the coordinator writes the worker off.
+        """
+        link = self._link
+        if link is None:
+            raise UnavailableError("the lease data connection is not open")
+        try:
+            link.send(payload)
+        except OSError as exc:
+            self._broken(f"sending a lease reply failed: {exc}")
+
+    def switch(self) -> None:
+        """The coordinator's switch marker arrived on the Join stream: commands held
+        back so far are handed on, and the next ones as they come."""
+        with self._lock:
+            self._switched = True
+            held, self._held = self._held, []
+            for payload in held:
+                self._on_command(payload)
+
+    def close(self) -> None:
+        """Closes the connection (the session ended; idempotent)."""
+        with self._lock:
+            self._closed = True
+            link = self._link
+        if link is not None:
+            link.close()
+
+    def _run(self) -> None:
+        host, port = self._address
+        try:
+            link = dial(
+                host,
+                port,
+                self._hello,
+                tls=self._tls,
+                timeout=DATA_DIAL_SECONDS,
+                max_frame_bytes=self._max,
+            )
+        except (OSError, UnavailableError) as exc:
+            if not self._closed:
+                warn_unreachable(host, port, "this worker", f"{type(exc).__name__}: {exc}")
+            return
+        with self._lock:
+            if self._closed:
+                link.close()
+                return
+            self._link = link
+        logger.info("lease traffic uses the data channel at %s:%d", host, port)
+        why = "the coordinator closed it"
+        clean = False
+        try:
+            while (payload := link.receive()) is not None:
+                with self._lock:
+                    if self._switched:
+                        self._on_command(payload)
+                    else:
+                        self._held.append(payload)
+            clean = True
+        except OSError as exc:
+            why = f"connection broken: {exc}"
+        except RlfleetError as exc:
+            why = str(exc)
+        self._broken(why, clean=clean)
+
+    def _broken(self, why: str, *, clean: bool = False) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        # Only a clean close waits: a broken connection (reset, cut, bad frame)
+        # is a fault even if the coordinator then ends the Join stream for it.
+        if self._join_ended(JOIN_END_GRACE_SECONDS if clean else 0.0):
+            logger.info("the lease data connection ended with the Join stream (%s)", why)
+        else:
+            logger.warning("the lease data connection ended (%s); rejoining", why)
+        self._on_broken(why)
