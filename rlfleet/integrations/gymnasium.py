@@ -250,7 +250,7 @@ class FleetVectorEnv(gym.vector.VectorEnv):
 def make_fleet_vector_env(
     num_envs: int,
     *,
-    env: str | EnvConfig,
+    env: str | EnvConfig | None = None,
     fleet: str | RemoteSampler | Fleet | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
     max_episode_steps: int | None = None,

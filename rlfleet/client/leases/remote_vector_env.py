@@ -186,6 +186,8 @@ class RemoteVectorEnv(BaseVectorEnv):
             raise
         # The lease keeps what it was built from; the envs are rebuilt from
         # the coordinator's copy if a worker dies.
+        #: The embedded fleet this vector env started for itself (None if it was given one).
+        self.own_fleet = own_fleet
         forget = None
         if local_factories is not None:
             forget = functools.partial(local_factories.forget_local_factories, config.id)
