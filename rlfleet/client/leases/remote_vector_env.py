@@ -22,7 +22,7 @@ import math
 import os
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import grpc
 
@@ -141,6 +141,7 @@ class RemoteVectorEnv(BaseVectorEnv):
                 raise ConfigError(f"RemoteVectorEnv {name} must be > 0 seconds, got {value!r}")
         own_fleet: Fleet | None = None
         pickled = b""
+        where = cast("FleetLike | None", fleet)
         if _is_env_fns(fleet):
             if env is not None or num_envs is not None:
                 raise ConfigError(
@@ -150,24 +151,24 @@ class RemoteVectorEnv(BaseVectorEnv):
             factories = check_env_fns(fleet)  # type: ignore[arg-type]
             num_envs = len(factories)
             env, pickled = _lease_source(factories)
-            fleet = on
+            where = on
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ConfigError(f"RemoteVectorEnv num_envs must be an int >= 1, got {num_envs!r}")
         config = EnvConfig(env) if isinstance(env, str) else env
         if not isinstance(config, EnvConfig):
             raise ConfigError(f"env must be a gymnasium id or an EnvConfig, got {env!r}")
-        if fleet is None:
-            fleet = own_fleet = _own_fleet(num_envs, open_timeout)
+        if where is None:
+            where = own_fleet = _own_fleet(num_envs, open_timeout)
         local_factories = None
-        if pickled and isinstance(fleet, Fleet):
+        if pickled and isinstance(where, Fleet):
             # Its coordinator runs in this process: the factories reach it in
             # memory, and it builds the envs on its own children only.
-            local_factories = fleet.server.coordinator.leases
+            local_factories = where.server.coordinator.leases
             config = EnvConfig(local_factories.register_local_factories(pickled))
             pickled = b""
         try:
             self._open(
-                fleet,
+                where,
                 config=config,
                 num_envs=num_envs,
                 pickled=pickled,
@@ -209,7 +210,7 @@ class RemoteVectorEnv(BaseVectorEnv):
 
     def _open(
         self,
-        fleet: FleetLike | None,
+        fleet: FleetLike,
         *,
         config: EnvConfig,
         num_envs: int,
