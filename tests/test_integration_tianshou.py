@@ -115,8 +115,9 @@ def test_seed_gives_what_tianshous_own_vector_envs_give() -> None:
     theirs = tianshou.env.DummyVectorEnv(fns)
     for ours in (DummyVectorEnv(fns), SubprocVectorEnv(fns)):
         assert ours.seed(5) == theirs.seed(5)
+        actions = np.array([1, 0, 1])
         for _ in range(3):
-            np.testing.assert_array_equal(ours.step([1, 0, 1])[0], theirs.step([1, 0, 1])[0])
+            np.testing.assert_array_equal(ours.step(actions)[0], theirs.step(actions)[0])
         np.testing.assert_array_equal(ours.reset()[0], theirs.reset()[0])
         theirs.seed(5)  # the same start for the next class
         ours.close()

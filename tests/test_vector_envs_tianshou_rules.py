@@ -66,7 +66,7 @@ class DictEnv(CounterEnv):
 
     def __init__(self) -> None:
         super().__init__(length=5)
-        self.observation_space = gym.spaces.Dict(
+        self.observation_space = gym.spaces.Dict(  # type: ignore[assignment]
             {"count": gym.spaces.Box(0.0, 5.0, (1,), np.float32), "flag": gym.spaces.Discrete(2)}
         )
 
@@ -117,7 +117,7 @@ def test_set_env_attr_puts_a_new_attribute_on_the_unwrapped_env() -> None:
     venv = DummyVectorEnv([lambda: gym.make("CartPole-v1")])
     venv.set_env_attr("test_attribute", 1337)
     assert venv.get_env_attr("test_attribute") == [1337]
-    assert venv.workers[0].env.unwrapped.test_attribute == 1337  # type: ignore[attr-defined]
+    assert venv.workers[0].env.unwrapped.test_attribute == 1337
     # An attribute a wrapper has stays on that wrapper (gymnasium's rule).
     venv.set_env_attr("_max_episode_steps", 7)
     assert venv.envs[0].get_wrapper_attr("_max_episode_steps") == 7
