@@ -34,7 +34,7 @@ from rlfleet.policies.base import Policy
 from rlfleet.policies.random import RandomPolicy
 from rlfleet.policies.spec import PolicySpec, make_policy
 from rlfleet.protocol.stream_replay import StreamReplay
-from rlfleet.worker._engine import Live, SlotEngine, close_quietly
+from rlfleet.worker._engine import SlotEngine, close_quietly
 from rlfleet.worker._episode_buffer import (
     EPISODE_INFO_KEYS,
     FRAGMENT_INFO_KEYS,
@@ -45,6 +45,7 @@ from rlfleet.worker._episode_buffer import (
 )
 from rlfleet.worker._native_slots import NativeSlots
 from rlfleet.worker._restarts import EnvRestartBudget, RestartLedger
+from rlfleet.worker._segments import Live
 from rlfleet.worker._streams import FragmentStreams
 from rlfleet.worker._updates import (
     AgentUpdate,
@@ -242,7 +243,7 @@ class VecWorker:
     @property
     def restarts(self) -> int:
         """Envs rebuilt after a crash, over the worker's lifetime."""
-        return self._engine.ledger.total
+        return self._engine.failures.ledger.total
 
     @property
     def finished_count(self) -> int:
@@ -464,7 +465,7 @@ class VecWorker:
         except Exception:
             self._abort_in_flight()
             raise
-        if self._engine.errors:
+        if self._engine.failures.errors:
             self._engine.raise_deferred()
         return taken
 
