@@ -13,7 +13,7 @@ from __future__ import annotations
 from rlfleet.protocol.error_reports import ErrorReport
 from rlfleet.protocol.updates import AgentChange, EnvChange, PolicyChoice
 from rlfleet.v1 import updates_pb2
-from rlfleet.wire.tensors import decode_tensor_map, encode_tensor_map
+from rlfleet.wire.tensor_messages import decode_tensor_map, encode_tensor_map
 
 
 def encode_error_report(report: ErrorReport) -> updates_pb2.ErrorDetail:
