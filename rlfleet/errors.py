@@ -36,6 +36,18 @@ class EnvNotFoundError(ConfigError):
     """No gymnasium env is registered under the requested id."""
 
 
+class PolicyIdError(ConfigError, KeyError):
+    """A policy id a RolloutWorker does not have, or has already (RLlib raises KeyError)."""
+
+    __str__ = BaseException.__str__  # the message as written, not KeyError's repr of it
+
+
+class BatchKeyError(RlfleetError, KeyError):
+    """A key a batch read like RLlib's SampleBatch does not have."""
+
+    __str__ = BaseException.__str__
+
+
 class PolicyError(RlfleetError, ValueError):
     """A policy produced bad actions or was given parameters it cannot take."""
 
@@ -148,6 +160,7 @@ class VectorEnvError(RlfleetError):
 
 __all__ = [
     "AuthenticationError",
+    "BatchKeyError",
     "ConfigError",
     "EnvError",
     "EnvNotFoundError",
@@ -157,6 +170,7 @@ __all__ = [
     "NotSetupError",
     "PermissionDeniedError",
     "PolicyError",
+    "PolicyIdError",
     "ProtocolError",
     "ResourceExhaustedError",
     "RlfleetError",
