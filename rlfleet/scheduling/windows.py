@@ -83,7 +83,7 @@ class FragmentRequest(RequestState):
         )
 
 
-# --- the scheduler -----------------------------------------------------------
+# --- planning windows ------------------------------------------------------
 
 
 class WindowPlanner:
@@ -98,7 +98,7 @@ class WindowPlanner:
         self._books = books
         self._streams = streams
 
-    def busy_orphans(self) -> set[int]:
+    def _busy_orphans(self) -> set[int]:
         """Streams taken over that a request still has windows of (planned or running)."""
         busy = {s for t in self._books.tasks.values() if t.takeover for s in t.streams}
         for request in self._books.requests.values():
@@ -131,7 +131,7 @@ class WindowPlanner:
         deficit = request.deficit()
         if deficit <= 0:
             return orders
-        busy = self.busy_orphans()
+        busy = self._busy_orphans()
         own = {w.worker_id: tuple(s for s in w.streams if s not in busy) for w in workers}
         orphans = self._stand_ins(own) if takers else ()
         steps_per_round = (sum(map(len, own.values())) + len(orphans)) * length
