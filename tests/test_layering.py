@@ -168,8 +168,6 @@ MAX_MODULE_LINES = 700
 LONG_MODULES = {
     # Being split apart (its vector-env backends) on a branch of its own.
     "rlfleet.envs._base",
-    # Waits for a change to Trainer.restore to land before it moves.
-    "rlfleet.trainer.trainer",
 }
 
 #: Every package may import these besides what the graph says...
