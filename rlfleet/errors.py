@@ -11,6 +11,9 @@ Messages say what was wrong, where, and what to do about it.
 
 from __future__ import annotations
 
+#: What separates an error's message from the traceback a peer sent with it.
+REMOTE_TRACEBACK = "\n--- remote traceback ---\n"
+
 
 class RlfleetError(Exception):
     """Base class of every error rlfleet raises on purpose."""
@@ -34,6 +37,13 @@ class ConfigError(RlfleetError, ValueError):
 
 class EnvNotFoundError(ConfigError):
     """No gymnasium env is registered under the requested id."""
+
+
+class SnapshotError(ConfigError):
+    """A snapshot cannot be restored (an unreadable file, a bad key or tensor).
+
+    The message names the file and the key; a refused restore changed nothing.
+    """
 
 
 class PolicyIdError(ConfigError, KeyError):
@@ -142,7 +152,7 @@ class WorkerError(RlfleetError):
             where.append(f"episode {episode_index}")
         text = f"{message} ({', '.join(where)})" if where else message
         if remote_traceback:
-            text = f"{text}\n--- remote traceback ---\n{remote_traceback.rstrip()}"
+            text = f"{text}{REMOTE_TRACEBACK}{remote_traceback.rstrip()}"
         super().__init__(text)
 
 
@@ -159,6 +169,7 @@ class VectorEnvError(RlfleetError):
 
 
 __all__ = [
+    "REMOTE_TRACEBACK",
     "AuthenticationError",
     "BatchKeyError",
     "ConfigError",
@@ -175,6 +186,7 @@ __all__ = [
     "ResourceExhaustedError",
     "RlfleetError",
     "RlfleetTimeoutError",
+    "SnapshotError",
     "UnavailableError",
     "UsageError",
     "VectorEnvError",

@@ -17,7 +17,7 @@ import numpy as np
 
 from rlfleet.core._arrays import NestedArrays
 from rlfleet.core.env_spec import EnvSpec
-from rlfleet.worker._checks import nonfinite_rows
+from rlfleet.worker._checks import nonfinite_rows, outside_space_error
 from rlfleet.worker._episode_buffer import Segment, StepRing, stack_step_infos
 from rlfleet.worker._numeric import all_finite
 from rlfleet.worker.units import EpisodeUnit
@@ -149,7 +149,7 @@ class SegmentRecorder:
         """Makes a segment of ``length`` steps, viewing them in the ring.
 
         Returns None (and queues an EnvError) if ``"error"`` mode rejects a
-        non-finite observation.
+        non-finite observation, or an observation lies outside the env's space.
         """
         ring, spec = self._ring, self._spec
         observations, actions, rewards, agent_infos = ring.segment_steps(
@@ -162,6 +162,13 @@ class SegmentRecorder:
         elif self._nan_mode == "error" and not all_finite(observations):
             index = int(np.argmax(nonfinite_rows(observations)))
             self._failures.reject_nonfinite(slot, live, live.offset + index, "", self._source_name)
+            return None
+        outside = outside_space_error(
+            observations, spec.observation_space, self._source_name, live.describe(), live.offset
+        )
+        if outside is not None:
+            message, step = outside
+            self._failures.drop_segment(slot, live, message, step)
             return None
         record = Segment(
             key=live.key,

@@ -6,8 +6,9 @@ before its slot's next segment, within the worker's restart budget
 env cannot be rebuilt, an :class:`~rlfleet.errors.EnvError` is queued and
 raised after the vector step (:meth:`SlotFailures.raise_deferred`), so
 the other slots' step still counts. A non-finite observation in
-``"error"`` mode drops its segment the same way, and a policy that fails on
-one is reported with the observation as the root cause.
+``"error"`` mode, or one outside the env's space, drops its segment the same
+way, and a policy that fails on a non-finite one is reported with the
+observation as the root cause.
 """
 
 from __future__ import annotations
@@ -104,6 +105,18 @@ class SlotFailures:
                 step=first.offset + s - first.seg_start + 1,
                 episode_index=first.episode_index,
                 remote_traceback="".join(traceback.format_exception(exc)),
+            )
+        )
+
+    def drop_segment(self, slot: int, live: Live, message: str, step: int) -> None:
+        """Queues the EnvError of a segment dropped for what ``message`` says."""
+        self.errors.append(
+            EnvError(
+                message,
+                worker=self.name,
+                env_index=slot,
+                step=step,
+                episode_index=live.episode_index,
             )
         )
 
