@@ -19,6 +19,7 @@ from google.protobuf.message import Message
 
 from rlfleet import errors
 from rlfleet.error_reports import ErrorReport, error_of_report, report_of_exception
+from rlfleet.errors import WrongTypeError
 from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import (
     Chunk,
@@ -98,7 +99,7 @@ def _chunk_path(message: Message) -> tuple[str, ...]:
         return WORKER_CHUNK_PATH
     if isinstance(message, learner_pb2.SampleResponse):
         return RESPONSE_CHUNK_PATH
-    raise TypeError(f"{type(message).__name__} carries no batch chunk")
+    raise WrongTypeError(f"{type(message).__name__} carries no batch chunk")
 
 
 def chunked_deserializer(cls: type[Message]) -> Callable[[bytes], WithChunk]:
@@ -330,4 +331,3 @@ def abort(
             detail = encode_error_report(detail)
         context.set_trailing_metadata(((ERROR_DETAIL_KEY, detail.SerializeToString()),))
     context.abort(code, message)
-    raise AssertionError("unreachable: context.abort raises")  # for type checkers

@@ -21,7 +21,7 @@ import numpy as np
 from rlfleet import _rpc
 from rlfleet.core import EnvSpec
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import ConfigError, ProtocolError, RlfleetError, UsageError
+from rlfleet.errors import ConfigError, ProtocolError, RlfleetError, UsageError, WrongTypeError
 from rlfleet.v1 import leases_pb2, tensor_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import (
     decode_env_spec,
@@ -526,7 +526,7 @@ def _json_text(value: Any, where: str) -> str:
 def _plain_arg(value: Any) -> Any:
     if isinstance(value, np.generic | np.ndarray):
         return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON")
+    raise WrongTypeError(f"{type(value).__name__} is not JSON")
 
 
 def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:

@@ -22,6 +22,7 @@ from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.episode_order import first_episodes, sort_fragments
 from rlfleet.envs.config import EnvConfig
+from rlfleet.errors import InternalError, WrongTypeError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.spec import PolicySpec, make_policy
 from rlfleet.worker._updates import AgentUpdate, EnvUpdate
@@ -281,7 +282,7 @@ class LocalSampler:
         if isinstance(policy, PolicySpec | str):
             # Built once with the sampler's seed: every worker acts with the same weights.
             return make_policy(policy, self.env_spec, seed=self.seed)
-        raise TypeError(
+        raise WrongTypeError(
             f"policy must be a Policy, a PolicySpec, a spec name or None, got {type(policy)}"
         )
 
@@ -337,7 +338,7 @@ class LocalSampler:
                     task_of.update((u.episode_index, order.task_id) for u in units)
                     self._workers[order.worker_id].submit(units)
                 if all(w.idle and not w.finished_count for w in self._workers):
-                    raise RuntimeError("LocalSampler: the scheduler left every worker idle")
+                    raise InternalError("LocalSampler: the scheduler left every worker idle")
                 for number, worker in enumerate(self._workers):
                     worker.step()
                     # Report before a slot would idle (no queued unit left), as a

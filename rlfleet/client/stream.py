@@ -93,6 +93,7 @@ class SampleStream:
             if isinstance(response, DecodedResult):
                 return StreamedBatch(response.batch, response.header.agent_version)
             # Headers are the reader's; a subscription has no footer (tolerated).
+        # builtin on purpose: the iterator protocol ends a for loop on StopIteration.
         raise StopIteration
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ from google.protobuf.message import Message
 from rlfleet import _rpc
 from rlfleet.episode_results import ResultHeader
 from rlfleet.error_reports import ErrorReport
+from rlfleet.errors import WrongTypeError
 from rlfleet.fleet_updates import AgentChange, EnvChange
 from rlfleet.join_stream import (
     DrainOrder,
@@ -105,7 +106,7 @@ def body_text(message: Message, kind: str) -> str:
 
 def _worker_message(message: Message) -> worker_pb2.WorkerMessage:
     if not isinstance(message, worker_pb2.WorkerMessage):  # the scripted coordinator's
-        raise TypeError(f"expected a WorkerMessage, got {type(message).__name__}")
+        raise WrongTypeError(f"expected a WorkerMessage, got {type(message).__name__}")
     return message
 
 

@@ -324,12 +324,12 @@ def hello_ticket(data: bytes) -> bytes:
     """The ticket of a serialized LeaseDataHello.
 
     Raises:
-        ValueError: If it does not parse.
+        WireFormatError: If it does not parse.
     """
     try:
         return leases_pb2.LeaseDataHello.FromString(data).ticket
     except DecodeError as exc:
-        raise ValueError(f"a first frame that is no LeaseDataHello: {exc}") from None
+        raise WireFormatError(f"a first frame that is no LeaseDataHello: {exc}") from None
 
 
 def data_address(port: int, ticket: bytes) -> leases_pb2.LeaseDataAddress:

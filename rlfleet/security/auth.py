@@ -232,7 +232,6 @@ def _refusing_handler(refusal: Refusal, method: str, log: _RefusalLog) -> grpc.R
         del requests
         log.refused(method, context.peer(), refusal)
         context.abort(refusal.code, refusal.message)
-        raise AssertionError("unreachable: context.abort raises")
 
     return grpc.stream_stream_rpc_method_handler(refuse)
 

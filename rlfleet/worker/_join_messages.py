@@ -21,7 +21,7 @@ from rlfleet import _rpc
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.core._pieces import EpisodePieces
 from rlfleet.error_reports import ErrorReport
-from rlfleet.errors import WireFormatError
+from rlfleet.errors import WireFormatError, WrongTypeError
 from rlfleet.fleet_updates import AgentChange, EnvChange
 from rlfleet.join_stream import (
     AgentApplied,
@@ -220,7 +220,7 @@ def _worker_message(item: Outgoing) -> worker_pb2.WorkerMessage:
         return worker_pb2.WorkerMessage(leaving=worker_pb2.Leaving(reason=item.reason))
     if isinstance(item, WorkerHello):
         return worker_pb2.WorkerMessage(hello=encode_hello(item))
-    raise TypeError(f"a worker does not send a {type(item).__name__}")
+    raise WrongTypeError(f"a worker does not send a {type(item).__name__}")
 
 
 def env_built(generation: int, spec: EnvSpec) -> EnvBuilt:

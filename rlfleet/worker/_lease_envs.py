@@ -21,7 +21,7 @@ import numpy as np
 
 from rlfleet.envs import EnvConfig
 from rlfleet.envs._base import CALL, CLASS_NAMES, GET_ATTR, RENDER, SET_ATTR, run_command
-from rlfleet.errors import ConfigError, EnvError, PolicyError
+from rlfleet.errors import ConfigError, EnvError, InvalidValueError, PolicyError
 from rlfleet.lease_messages import LeaseAnswer, LeaseCallOrder, LeasedEnvSource
 
 logger = logging.getLogger("rlfleet.worker")
@@ -246,7 +246,7 @@ def _typed(leased: LeasedEnv, obs: Any) -> np.ndarray:
     (many envs return float64 arrays for a float32 Box)."""
     array = np.asarray(obs, dtype=leased.obs_dtype)
     if array.shape != leased.obs_shape:
-        raise ValueError(
+        raise InvalidValueError(
             f"the env returned an observation of shape {array.shape}; its observation "
             f"space {leased.space} has shape {leased.space.shape}"
         )
