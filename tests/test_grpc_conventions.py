@@ -21,13 +21,13 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from rlfleet import _rpc
 from rlfleet.client._learner_messages import LearnerStubs
 from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
-from rlfleet.fleet_updates import AgentChange
-from rlfleet.learner_calls import UpdatePush
+from rlfleet.protocol.learner_calls import UpdatePush
+from rlfleet.protocol.updates import AgentChange
 from rlfleet.security.auth import AuthInterceptor, Role, RoleTokens, may_call
 from rlfleet.security.tokens import Token
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import learner_pb2
 
 #: Bounds every call (a wait on a condition, never a sleep).

@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rlfleet._values import check_int
+from rlfleet._util.values import check_int
 from rlfleet.errors import ConfigError
 from rlfleet.policies.spec import PolicySpec
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rlfleet._imports import LazyNames
+from rlfleet._util.imports import LazyNames
 from rlfleet.conformance.defaults import DEFAULT_ENV_ID, DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:

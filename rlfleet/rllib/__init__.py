@@ -15,7 +15,7 @@ docs/rllib.md says how RLlib's arguments and SampleBatch fields map here.
 
 from typing import Any
 
-from rlfleet._imports import LazyNames
+from rlfleet._util.imports import LazyNames
 from rlfleet.rllib._policies import DEFAULT_POLICY_ID
 from rlfleet.rllib.callbacks import DefaultCallbacks, Episode, RolloutMetrics
 from rlfleet.rllib.filtered_policy import FilteredPolicy

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlfleet._imports import LazyNames
+from rlfleet._util.imports import LazyNames
 
 if TYPE_CHECKING:
     from rlfleet.security.auth import (
