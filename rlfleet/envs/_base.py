@@ -22,6 +22,7 @@ from typing import Any, TypeAlias
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._util.closing import ClosesOnExit
 from rlfleet.errors import (
     ConfigError,
     InvalidValueError,
@@ -191,7 +192,7 @@ def _release_nothing() -> list[BaseException]:
     return []
 
 
-class BaseVectorEnv(abc.ABC):
+class BaseVectorEnv(ClosesOnExit, abc.ABC):
     """Several gymnasium envs stepped together, with tianshou's API.
 
     Differences from a single gymnasium env, all as in tianshou:
@@ -337,12 +338,6 @@ class BaseVectorEnv(abc.ABC):
     def __len__(self) -> int:
         """Returns the number of envs."""
         return self.env_num
-
-    def __enter__(self) -> BaseVectorEnv:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

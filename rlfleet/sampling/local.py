@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from types import TracebackType
 
 import gymnasium as gym
 
+from rlfleet._util.closing import ClosesOnExit
 from rlfleet._util.values import check_int
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
@@ -35,7 +35,7 @@ from rlfleet.worker.vec import VecWorker
 _FLUSH_STEPS = 4096
 
 
-class LocalSampler:
+class LocalSampler(ClosesOnExit):
     """Samples with ``n_workers`` in-process workers of ``envs_per_worker`` envs.
 
     **Determinism.** Every ``obtain_*`` call is a new request with the next
@@ -263,17 +263,6 @@ class LocalSampler:
     def close(self) -> None:
         """Closes every worker's envs."""
         self.shutdown_worker()
-
-    def __enter__(self) -> LocalSampler:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # ------------------------------------------------------------ internals
 
