@@ -135,5 +135,5 @@ def test_a_client_channel_never_retries_an_update(flaky: tuple[_FlakyLearner, in
     handler, port = flaky
     with _rpc.open_channel(f"127.0.0.1:{port}") as channel, pytest.raises(grpc.RpcError) as failure:
         LearnerStubs(channel).update_agent(UpdatePush(AgentChange()), timeout=CALL_SECONDS)
-    assert failure.value.code() is grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+    assert failure.value.code() is grpc.StatusCode.UNAVAILABLE
     assert handler.calls[_rpc.UPDATE_AGENT] == 1
