@@ -67,6 +67,18 @@ class NotInstalledError(RlfleetError, ImportError):
     kernel, ...). Also an ``ImportError``: it is raised while importing."""
 
 
+class PolicyIdError(ConfigError, KeyError):
+    """A policy id a RolloutWorker does not have, or has already (RLlib raises KeyError)."""
+
+    __str__ = BaseException.__str__  # the message as written, not KeyError's repr of it
+
+
+class BatchKeyError(RlfleetError, KeyError):
+    """A key a batch read like RLlib's SampleBatch does not have."""
+
+    __str__ = BaseException.__str__
+
+
 class PolicyError(RlfleetError, ValueError):
     """A policy produced bad actions or was given parameters it cannot take."""
 
@@ -191,6 +203,7 @@ class VectorEnvError(RlfleetError):
 
 __all__ = [
     "AuthenticationError",
+    "BatchKeyError",
     "ConfigError",
     "ConnectionClosedError",
     "EnvError",
@@ -205,6 +218,7 @@ __all__ = [
     "OutOfRangeError",
     "PermissionDeniedError",
     "PolicyError",
+    "PolicyIdError",
     "ProtocolError",
     "ResourceExhaustedError",
     "RlfleetError",

@@ -10,18 +10,41 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from rlfleet.cli._args import non_negative_int, positive_float, positive_int
-from rlfleet.cli._env import env_option
+from rlfleet.cli._parser import add_command
 from rlfleet.cli._progress import Progress
-from rlfleet.cli._security_flags import add_client_flags, learner_options_from_args
+from rlfleet.cli._security_flags import LearnerSecurityOptions, learner_options_from_args
+from rlfleet.cli._settings import NonNegativeInt, PositiveFloat, PositiveInt, option
+
+
+class SampleSettings(LearnerSecurityOptions):
+    """The options of ``rlfleet sample``."""
+
+    coordinator: str | None = option(None, "HOST:PORT of the coordinator")
+    env: str | None = option(
+        None, "switch the fleet to this gymnasium id first", shown="the fleet's current env"
+    )
+    mode: Literal["steps", "episodes", "fragments"] = option(
+        "steps",
+        "complete episodes of >= --steps steps, exactly --episodes episodes, or fragments of "
+        "--fragment-length steps totalling >= --steps",
+    )
+    steps: PositiveInt | None = option(None, "steps to collect")
+    episodes: PositiveInt | None = option(None, "episodes to collect")
+    fragment_length: PositiveInt | None = option(None, "steps per fragment")
+    seed: NonNegativeInt | None = option(None, "base seed", shown="the fleet's")
+    timeout: PositiveFloat = option(600.0, "seconds to wait for the batch")
+    out: Path | None = option(None, "the .npz file to write", required=True)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``sample`` subcommand."""
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "sample",
+        SampleSettings,
+        run,
         help="collect a batch from a fleet and save it as .npz",
         description=(
             "Ask a coordinator for a batch (complete episodes totalling --steps steps, "
@@ -35,36 +58,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "rlfleet.load_batch (docs/operations.md)."
         ),
     )
-    parser.add_argument(
-        "--coordinator",
-        **env_option("RLFLEET_COORDINATOR", default=None, help="HOST:PORT of the coordinator"),
-    )
-    parser.add_argument(
-        "--env",
-        default=None,
-        help="switch the fleet to this gymnasium id first (default: the fleet's current env)",
-    )
-    parser.add_argument(
-        "--mode",
-        choices=("steps", "episodes", "fragments"),
-        default="steps",
-        help="complete episodes of >= --steps steps, exactly --episodes episodes, or "
-        "fragments of --fragment-length steps totalling >= --steps (default: steps)",
-    )
-    parser.add_argument("--steps", type=positive_int, default=None, help="steps to collect")
-    parser.add_argument("--episodes", type=positive_int, default=None, help="episodes to collect")
-    parser.add_argument(
-        "--fragment-length", type=positive_int, default=None, help="steps per fragment"
-    )
-    parser.add_argument(
-        "--seed", type=non_negative_int, default=None, help="base seed (default: the fleet's)"
-    )
-    parser.add_argument(
-        "--timeout", type=positive_float, default=600.0, help="seconds to wait for the batch (600)"
-    )
-    parser.add_argument("--out", type=Path, required=True, help="the .npz file to write")
-    add_client_flags(parser, worker=False)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

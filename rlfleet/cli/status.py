@@ -16,9 +16,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from rlfleet.cli._args import positive_float
-from rlfleet.cli._env import env_option
-from rlfleet.cli._security_flags import add_client_flags, learner_options_from_args
+from rlfleet.cli._parser import add_command
+from rlfleet.cli._security_flags import LearnerSecurityOptions, learner_options_from_args
+from rlfleet.cli._settings import PositiveFloat, option
 from rlfleet.errors import UnavailableError
 
 if TYPE_CHECKING:
@@ -28,10 +28,27 @@ _COLUMNS = ("NAME", "HOST", "PID", "ENVS", "STATE", "STEPS/S", "AGENT", "HEARTBE
 _WATCH_COLUMNS = ("NAME", "STATE", "ENVS", "STEPS/S", "STEPS", "UNITS", "LAG", "HEARTBEAT")
 
 
+class StatusSettings(LearnerSecurityOptions):
+    """The options of ``rlfleet status``."""
+
+    coordinator: str | None = option(None, "HOST:PORT of the coordinator")
+    timeout: PositiveFloat = option(10.0, "seconds to wait for an answer")
+    watch: PositiveFloat | None = option(
+        None,
+        "refresh every SECONDS (2 if omitted) until Ctrl-C",
+        const=2.0,
+        metavar="SECONDS",
+    )
+    as_json: bool = option(False, "print JSON instead of a table", flag="--json")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``status`` subcommand."""
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "status",
+        StatusSettings,
+        run,
         help="show a coordinator's workers and totals (--watch: live)",
         description=(
             "Print one line per connected worker (name, host, pid, envs, state, steps/s, "
@@ -39,25 +56,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--watch refreshes a live view, --json prints JSON for scripts."
         ),
     )
-    parser.add_argument(
-        "--coordinator",
-        **env_option("RLFLEET_COORDINATOR", default=None, help="HOST:PORT of the coordinator"),
-    )
-    parser.add_argument(
-        "--timeout", type=positive_float, default=10.0, help="seconds to wait for an answer"
-    )
-    parser.add_argument(
-        "--watch",
-        type=positive_float,
-        nargs="?",
-        const=2.0,
-        default=None,
-        metavar="SECONDS",
-        help="refresh every SECONDS (2 if omitted) until Ctrl-C",
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    add_client_flags(parser, worker=False)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         except UnavailableError as exc:
             print(unreachable(args.coordinator, exc), file=sys.stderr)
             return 1
-    print(json.dumps(status_json(status)) if args.json else format_status(status))
+    print(json.dumps(status_json(status)) if args.as_json else format_status(status))
     return 0
 
 
@@ -159,7 +157,7 @@ def _totals(status: FleetStatus) -> str:
 
 def _watch(sampler: RemoteSampler, args: argparse.Namespace) -> int:
     """Refreshes until Ctrl-C; an unreachable coordinator is shown, not fatal."""
-    if args.json:
+    if args.as_json:
         try:
             while True:
                 print(json.dumps(_poll_json(sampler, args.coordinator)), flush=True)

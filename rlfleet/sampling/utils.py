@@ -22,13 +22,15 @@ from rlfleet._util.values import check_int
 from rlfleet.core._arrays import episode_starts
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
-from rlfleet.errors import InvalidValueError
+from rlfleet.errors import ConfigError, InvalidValueError
 from rlfleet.policies.base import Policy
 from rlfleet.worker.units import make_units
 from rlfleet.worker.vec import VecWorker
 
 logger = logging.getLogger("rlfleet")
 
+#: Seconds between rendered steps of an animated rollout at speedup 1 (garage's).
+_FRAME_SECONDS = 0.05
 #: Path keys holding one row per step, truncated by ``truncate_paths``.
 _PER_STEP_KEYS = frozenset(
     {"observations", "next_observations", "actions", "rewards", "dones", "step_types"}
@@ -45,8 +47,9 @@ def rollout(
     env: gym.Env,
     agent: Any,
     *,
-    max_episode_length: float = math.inf,
+    max_episode_length: float | None = math.inf,
     animated: bool = False,
+    speedup: float = 1,
     pause_per_frame: float | None = None,
     deterministic: bool = False,
 ) -> dict[str, Any]:
@@ -56,9 +59,13 @@ def rollout(
         env: A gymnasium env.
         agent: Anything with ``reset()`` and ``get_action(obs) -> (action,
             agent_info)``, such as a :class:`~rlfleet.policies.Policy`.
-        max_episode_length: Stop after this many steps.
-        animated: Call ``env.render()`` before each step.
-        pause_per_frame: Seconds to sleep before each step, if not None.
+        max_episode_length: Stop after this many steps (None or 0: no limit,
+            as in garage).
+        animated: Call ``env.render()`` after the reset and after each step.
+        speedup: When ``animated``, wait ``0.05 / speedup`` seconds after each
+            rendered step (garage's pace; ``math.inf``: no wait). Must be > 0.
+        pause_per_frame: Seconds to sleep before each step, if not None
+            (garage 2021.03's form); it replaces the ``speedup`` wait.
         deterministic: Act deterministically: an rlfleet Policy acts with its
             distribution's mode for this episode; for other agents, garage's
             rule applies (use ``agent_info["mean"]`` when present).
@@ -74,6 +81,13 @@ def rollout(
         ``last_observation`` (O*), so that ``EpisodeBatch.from_list`` gets
         the true ``last_observations`` instead of repeating the last row.
     """
+    if not (isinstance(speedup, int | float) and speedup > 0):
+        raise ConfigError(
+            f"rollout(speedup={speedup!r}): speedup must be a number > 0 (it divides the "
+            f"{_FRAME_SECONDS} s wait between rendered steps; math.inf for no wait)"
+        )
+    frame_wait = _FRAME_SECONDS / speedup if animated and pause_per_frame is None else 0.0
+    limit = max_episode_length or math.inf
     with _acting_deterministically(agent, deterministic):
         observation, episode_infos = env.reset()
         agent.reset()
@@ -85,7 +99,7 @@ def rollout(
         env_infos: list[Mapping[str, Any]] = []
         if animated:
             env.render()
-        while len(rewards) < max_episode_length:
+        while len(rewards) < limit:
             if pause_per_frame is not None:
                 time.sleep(pause_per_frame)
             action, agent_info = agent.get_action(observation)
@@ -103,6 +117,8 @@ def rollout(
                 env.render()
             if terminated or truncated:
                 break
+            if frame_wait:
+                time.sleep(frame_wait)
     return {
         "episode_infos": episode_infos,
         "observations": np.array(observations),
