@@ -11,6 +11,9 @@ Messages say what was wrong, where, and what to do about it.
 
 from __future__ import annotations
 
+#: What separates an error's message from the traceback a peer sent with it.
+REMOTE_TRACEBACK = "\n--- remote traceback ---\n"
+
 
 class RlfleetError(Exception):
     """Base class of every error rlfleet raises on purpose."""
@@ -65,6 +68,13 @@ class OutOfRangeError(RlfleetError, IndexError):
 class NotInstalledError(RlfleetError, ImportError):
     """A part rlfleet needs is not installed or not built (the compiled MLP
     kernel, ...). Also an ``ImportError``: it is raised while importing."""
+
+
+class SnapshotError(ConfigError):
+    """A snapshot cannot be restored (an unreadable file, a bad key or tensor).
+
+    The message names the file and the key; a refused restore changed nothing.
+    """
 
 
 class PolicyIdError(ConfigError, KeyError):
@@ -185,7 +195,7 @@ class WorkerError(RlfleetError):
             where.append(f"episode {episode_index}")
         text = f"{message} ({', '.join(where)})" if where else message
         if remote_traceback:
-            text = f"{text}\n--- remote traceback ---\n{remote_traceback.rstrip()}"
+            text = f"{text}{REMOTE_TRACEBACK}{remote_traceback.rstrip()}"
         super().__init__(text)
 
 
@@ -202,6 +212,7 @@ class VectorEnvError(RlfleetError):
 
 
 __all__ = [
+    "REMOTE_TRACEBACK",
     "AuthenticationError",
     "BatchKeyError",
     "ConfigError",
@@ -223,6 +234,7 @@ __all__ = [
     "ResourceExhaustedError",
     "RlfleetError",
     "RlfleetTimeoutError",
+    "SnapshotError",
     "UnavailableError",
     "UsageError",
     "VectorEnvError",

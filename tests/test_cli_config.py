@@ -43,14 +43,15 @@ def test_every_option_of_every_command_names_its_variable_in_help() -> None:
             assert other == action.dest, f"{name}: {variable} names two options"
     assert not missing, f"options without an RLFLEET_* variable in --help: {missing}"
     # Only --help, --version and --print-config (a variable would make a
-    # container print and exit) are left out.
+    # container print and exit) are left out, and the internal flag one
+    # rlfleet process passes another (Fleet.local's workers: --parent-pipe).
     left_out = {
         a.dest
         for p in parsers.values()
         for a in p._actions
         if a.option_strings and a not in list(options(p))
     }
-    assert left_out == {"help", "version", "print_config"}
+    assert left_out == {"help", "version", "print_config", "parent_pipe"}
 
 
 @pytest.mark.parametrize(

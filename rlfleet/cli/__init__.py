@@ -28,7 +28,7 @@ from rlfleet.cli._parser import (
     subcommands,
 )
 from rlfleet.cli._settings import CommandSettings, option, settings_table
-from rlfleet.errors import RlfleetError
+from rlfleet.errors import REMOTE_TRACEBACK, RlfleetError
 
 
 class GlobalSettings(CommandSettings):
@@ -137,10 +137,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(func(args))
     except RlfleetError as exc:
-        print(f"rlfleet: error: {exc}", file=sys.stderr)
+        print(f"rlfleet: error: {_without_remote_traceback(exc, args.log_level)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _without_remote_traceback(exc: RlfleetError, log_level: str) -> str:
+    """The error as a user reads it: a peer's traceback only with ``--log-level DEBUG``."""
+    text = str(exc)
+    if REMOTE_TRACEBACK not in text or log_level.upper() == "DEBUG":
+        return text
+    message = text.split(REMOTE_TRACEBACK, maxsplit=1)[0]
+    return f"{message} (`rlfleet --log-level DEBUG ...` shows the remote traceback)"
 
 
 if __name__ == "__main__":

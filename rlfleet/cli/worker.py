@@ -106,6 +106,14 @@ class WorkerSettings(WorkerSecurityOptions, ConfigOptions):
         4 << 20, "or once they hold about this many bytes (a unit is allowed: 4MiB)"
     )
     flush_seconds: PositiveFloat = option(0.1, "or once the oldest has waited this long")
+    parent_pipe: NonNegativeInt | None = option(
+        None,
+        "FD of an inherited pipe's read end: leave when its write end closes, i.e. when the "
+        "process that started this worker ends, however it ends (Fleet.local passes it; on "
+        "Linux a parent-death signal is asked for too)",
+        metavar="FD",
+        internal=True,
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -167,6 +175,10 @@ def run(args: argparse.Namespace) -> int:
 
         metrics = MetricsPort(args.metrics_listen, worker.metrics.registry)
     _install_signal_handlers(worker)
+    if args.parent_pipe is not None:
+        from rlfleet.worker._parent_watch import watch_parent
+
+        watch_parent(args.parent_pipe, worker.request_leave)
     try:
         return worker.run()
     finally:

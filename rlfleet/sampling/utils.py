@@ -24,6 +24,7 @@ from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import ConfigError, InvalidValueError
 from rlfleet.policies.base import Policy
+from rlfleet.worker._episode_buffer import stack_step_infos
 from rlfleet.worker.units import make_units
 from rlfleet.worker.vec import VecWorker
 
@@ -73,7 +74,9 @@ def rollout(
     Returns:
         garage's path dict: ``episode_infos`` (the reset info, a dict),
         ``observations`` (T, O*), ``actions`` (T, A*), ``rewards`` (T,),
-        ``agent_infos`` and ``env_infos`` (dicts of stacked arrays), and
+        ``agent_infos`` and ``env_infos`` (dicts of stacked arrays; as in
+        ``DefaultWorker``, an env info key missing at some step is left
+        out, with one warning naming it), and
         ``dones`` (T,) bool: True where the env terminated (gymnasium's
         ``terminated``; a truncated last step is not done). As in garage,
         ``observations`` holds the T observations acted on; unlike garage,
@@ -125,10 +128,18 @@ def rollout(
         "actions": np.array(actions),
         "rewards": np.array(rewards),
         "agent_infos": stack_tensor_dict_list(agent_infos),
-        "env_infos": stack_tensor_dict_list(env_infos),
+        # DefaultWorker's rule: keys present at every step become columns;
+        # the others are dropped with one warning naming them.
+        "env_infos": stack_step_infos(env_infos, _env_name(env)),
         "dones": np.array(dones, dtype=bool),
         "last_observation": np.asarray(observation),
     }
+
+
+def _env_name(env: gym.Env) -> str:
+    """The env as warnings name it: its registered id, else its class."""
+    spec = getattr(env, "spec", None)
+    return repr(spec.id) if spec is not None else type(env.unwrapped).__name__
 
 
 @contextmanager
