@@ -268,7 +268,7 @@ class OffSpaceEnv(CounterEnv):
     ) -> None:
         super().__init__(length, render_mode)
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a positive int, got {every!r}")
+            raise InvalidValueError(f"every must be a positive int, got {every!r}")
         self.observation_space = spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
         self._every, self._value = every, float(value)
 
