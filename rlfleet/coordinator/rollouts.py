@@ -11,13 +11,13 @@ while they run a state other than the current one.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
 
+from rlfleet._util.values import json_object
 from rlfleet.coordinator.calls import CallScope
 from rlfleet.coordinator.failures import CallError, detail_of
 from rlfleet.coordinator.registry import WorkerHandle
@@ -298,4 +298,5 @@ def _same_env(current: EnvChange, update: EnvChange) -> bool:
     if update.vectorization != current.vectorization:
         return False
     # Text may differ in spacing or key order for the same kwargs.
-    return bool(json.loads(update.kwargs_json or "{}") == json.loads(current.kwargs_json or "{}"))
+    where = "EnvUpdate.kwargs_json"
+    return json_object(update.kwargs_json, where) == json_object(current.kwargs_json, where)

@@ -1,4 +1,4 @@
-"""serve(): the coordinator's gRPC server (both faces + standard health).
+"""serve(): the coordinator's gRPC server (both faces, standard health and reflection).
 
 Threads, not grpc.aio, chosen by measurement. The coordinator mostly
 routes chunks that are already serialized, so a message's cost is in
@@ -193,6 +193,7 @@ def serve(config: CoordinatorConfig | None = None) -> CoordinatorServer:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for service in HEALTH_SERVICES:
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    _rpc.enable_reflection(server, _rpc.WORKER_SERVICE, _rpc.LEARNER_SERVICE, health.SERVICE_NAME)
     host, _, _ = config.listen.rpartition(":")
     try:
         port = config.security.add_port(server, config.listen)

@@ -9,6 +9,7 @@ request stay in step.
 
 from __future__ import annotations
 
+import abc
 import itertools
 from dataclasses import dataclass, field
 
@@ -78,7 +79,7 @@ class TaskRecord:
         return self.rounds - self.received
 
 
-class RequestState:
+class RequestState(abc.ABC):
     """State shared by every kind of request (see units.py and windows.py)."""
 
     def __init__(self, request_id: int, spec: RequestSpec, *, subscription: bool) -> None:
@@ -92,9 +93,9 @@ class RequestState:
         self.buffered_steps = 0  # subscriptions: accepted, not yet sent
 
     @property
+    @abc.abstractmethod
     def done(self) -> bool:
-        """Whether the answer is complete."""
-        raise NotImplementedError
+        """Whether the request has all it asked for (a subscription never has)."""
 
     def has_buffer_room(self, in_flight_steps: float) -> bool:
         """Whether a subscription may get more work (always True for Sample requests).
@@ -111,20 +112,21 @@ class RequestState:
             or self.buffered_steps + in_flight_steps < self.spec.max_buffered_steps
         )
 
+    @abc.abstractmethod
     def drop(self, task: TaskRecord) -> None:
         """Forgets the work a cancelled task of this request still owed."""
 
+    @abc.abstractmethod
     def lose(self, task: TaskRecord, *, keep_streams: bool) -> int:
         """Takes back the work a lost worker's task still owed.
 
         Returns:
             The number of episode units re-queued.
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def footer(self) -> Footer:
-        """The footer of the request once done."""
-        raise NotImplementedError
+        """What the request's answer ends with."""
 
 
 class Books:

@@ -66,6 +66,7 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import replace
 
+from rlfleet.errors import InternalError, InvalidValueError
 from rlfleet.protocol.modes import Footer, Mode
 from rlfleet.scheduling.books import Books, RequestState, WorkerLoad
 from rlfleet.scheduling.failures import Streams, lose_worker
@@ -152,9 +153,9 @@ class Scheduler:
             are consecutive, from a number never used before.
         """
         if num_envs < 1:
-            raise ValueError(f"worker {worker_id}: num_envs must be >= 1, got {num_envs}")
+            raise InvalidValueError(f"worker {worker_id}: num_envs must be >= 1, got {num_envs}")
         if worker_id in self._books.workers:
-            raise ValueError(f"worker {worker_id} is already registered")
+            raise InvalidValueError(f"worker {worker_id} is already registered")
         streams = self._streams.assign(num_envs, takeover=takeover)
         floor = self._units.min_capacity(num_envs)
         self._books.workers[worker_id] = WorkerLoad(
@@ -223,11 +224,11 @@ class Scheduler:
         """Starts the (single) Sample request; returns its id.
 
         Raises:
-            ValueError: If a Sample request is already running (the
+            InvalidValueError: If a Sample request is already running (the
                 coordinator serialises them) or the spec is invalid.
         """
         if self._sample is not None:
-            raise ValueError(f"request {self._sample.request_id} is still running")
+            raise InvalidValueError(f"request {self._sample.request_id} is still running")
         _check_spec(spec, subscription=False)
         request = self._new_request(spec, subscription=False)
         self._sample = request
@@ -346,7 +347,7 @@ class Scheduler:
         if isinstance(request, FragmentRequest):
             workers = [w for w in workers if not w.leased]
             return self._windows.dispatch(request, workers) if workers else []
-        raise TypeError(f"unknown request type {type(request).__name__}")
+        raise InternalError(f"unknown request type {type(request).__name__}")
 
     # --- results --------------------------------------------------------------
 
@@ -428,11 +429,13 @@ class Scheduler:
 
 def _check_spec(spec: RequestSpec, *, subscription: bool) -> None:
     if spec.mode is Mode.FRAGMENTS and spec.fragment_length < 1:
-        raise ValueError(f"FRAGMENTS needs fragment_length >= 1, got {spec.fragment_length}")
+        raise InvalidValueError(f"FRAGMENTS needs fragment_length >= 1, got {spec.fragment_length}")
     if subscription:
         if spec.mode is Mode.STEPS:
-            raise ValueError("subscriptions run in EPISODES or FRAGMENTS mode, not STEPS")
+            raise InvalidValueError("subscriptions run in EPISODES or FRAGMENTS mode, not STEPS")
         if spec.max_buffered_steps < 1:
-            raise ValueError(f"max_buffered_steps must be >= 1, got {spec.max_buffered_steps}")
+            raise InvalidValueError(
+                f"max_buffered_steps must be >= 1, got {spec.max_buffered_steps}"
+            )
     elif spec.amount < 1:
-        raise ValueError(f"amount must be >= 1, got {spec.amount}")
+        raise InvalidValueError(f"amount must be >= 1, got {spec.amount}")

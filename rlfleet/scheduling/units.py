@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable
 
 from rlfleet.core.seeding import episode_seeds_many
+from rlfleet.errors import ConfigError
 from rlfleet.protocol.modes import Footer, Mode
 from rlfleet.scheduling.books import Books, RequestState, TaskRecord, WorkerLoad
 from rlfleet.scheduling.orders import RequestSpec, TaskOrder, Unit
@@ -185,6 +186,9 @@ class EpisodeRequest(RequestState):
             self.outstanding -= 1
             self.reassigned_units += int(lost)
 
+    def drop(self, task: TaskRecord) -> None:
+        """Nothing to forget: a task's units are counted on its worker, which the books update."""
+
     def lose(self, task: TaskRecord, *, keep_streams: bool) -> int:
         """Re-queues a lost worker's units ahead of new ones (counted in the footer)."""
         self.requeue(task.outstanding, lost=True)
@@ -229,9 +233,9 @@ class UnitPlanner:
 
     def __init__(self, books: Books, *, prefetch_factor: int, capacity_steps: int) -> None:
         if prefetch_factor < 0:
-            raise ValueError(f"prefetch_factor must be >= 0, got {prefetch_factor}")
+            raise ConfigError(f"prefetch_factor must be >= 0, got {prefetch_factor}")
         if capacity_steps < 0:
-            raise ValueError(f"capacity_steps must be >= 0, got {capacity_steps}")
+            raise ConfigError(f"capacity_steps must be >= 0, got {capacity_steps}")
         self._books = books
         self._prefetch_factor = prefetch_factor
         self._capacity_steps = capacity_steps

@@ -43,6 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import psutil
 
+from rlfleet._util.closing import ClosesOnExit
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.envs.config import EnvConfig
 from rlfleet.errors import ConfigError, NotSetupError
@@ -106,7 +107,7 @@ class TrainerStats:
     next_request: int = 0
 
 
-class Trainer:
+class Trainer(ClosesOnExit):
     """Runs an algorithm's epochs on a sampler; snapshots, restores and resumes.
 
     Args:
@@ -576,12 +577,6 @@ class Trainer:
         """Stops the sampler (and a fleet the trainer started) and closes the logs."""
         self._shutdown_worker()
         self._diagnostics.close()
-
-    def __enter__(self) -> Trainer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ------------------------------------------------------------ internals
 

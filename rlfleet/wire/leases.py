@@ -18,11 +18,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._util.values import json_object, json_value
 from rlfleet.core import EnvSpec
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import ConfigError, ProtocolError, RlfleetError, UsageError
+from rlfleet.errors import ConfigError, ProtocolError, RlfleetError, UsageError, WrongTypeError
 from rlfleet.transport import rpc as _rpc
-from rlfleet.v1 import leases_pb2, tensor_pb2, updates_pb2, worker_pb2
+from rlfleet.v1 import leases_pb2, tensor_pb2, worker_pb2
+from rlfleet.v1.updates_pb2 import EnvUpdate as EnvUpdateMessage
 from rlfleet.wire import (
     decode_env_spec,
     decode_tensor,
@@ -389,7 +391,7 @@ class LeaseRepliedEvent:
 
 def open_request(env: EnvConfig, num_envs: int, timeout: float, learner: str) -> bytes:
     """The first message of a Lease stream (LeaseRequest.open), serialized."""
-    update = updates_pb2.EnvUpdate(env_id=env.id, kwargs_json=json.dumps(dict(env.kwargs)))
+    update = EnvUpdateMessage(env_id=env.id, kwargs_json=json.dumps(dict(env.kwargs)))
     if env.max_episode_length is not None:
         update.max_episode_length = env.max_episode_length
     if env.vectorization is not None:
@@ -526,7 +528,7 @@ def _json_text(value: Any, where: str) -> str:
 def _plain_arg(value: Any) -> Any:
     if isinstance(value, np.generic | np.ndarray):
         return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON")
+    raise WrongTypeError(f"{type(value).__name__} is not JSON")
 
 
 def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
@@ -569,7 +571,7 @@ def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
         return [frames[k] for k in range(count)]
     if op == leases_pb2.LEASE_OP_SET_ATTR:
         return [None] * count
-    return [json.loads(text) for text in reply.values_json]
+    return [json_value(text, "LeaseReply.values_json") for text in reply.values_json]
 
 
 def _prefetched_resets(
@@ -606,7 +608,7 @@ def _infos(maps: Sequence[Any], texts: Sequence[str], name: str) -> list[dict[st
     infos = [_info(decode_tensor_map(m, name=name)) if m.entries else {} for m in maps]
     for info, text in zip(infos, texts, strict=False):
         if text:
-            info.update(json.loads(text))
+            info.update(json_object(text, f"{name}_json"))
     return infos
 
 

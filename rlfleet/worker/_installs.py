@@ -15,7 +15,7 @@ from rlfleet._util.values import check_int
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.envs._base import BaseVectorEnv
 from rlfleet.envs.config import EnvConfig, make_native
-from rlfleet.errors import PolicyError
+from rlfleet.errors import PolicyError, WrongTypeError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.random import RandomPolicy
 from rlfleet.policies.spec import PolicySpec, make_policy
@@ -88,7 +88,7 @@ class WorkerInstalls:
                 self._pending_policy = None
             self._policy_is_default = False
         else:
-            raise TypeError(describe_update(agent_update))
+            raise WrongTypeError(describe_update(agent_update))
         self.agent_version = self.agent_version + 1 if version is None else version
         self._abort()
         if new_policy is not None:

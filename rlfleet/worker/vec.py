@@ -18,7 +18,7 @@ from rlfleet._util.values import check_int
 from rlfleet.core._pieces import EpisodePieces
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.errors import ConfigError, UsageError
+from rlfleet.errors import ConfigError, InvalidValueError, UsageError, WrongTypeError
 from rlfleet.policies.base import Policy
 from rlfleet.protocol.stream_replay import StreamReplay
 from rlfleet.worker._engine import SlotEngine
@@ -269,7 +269,7 @@ class VecWorker:
             PolicyError: If the parameters do not fit the policy (nothing
                 changes then).
             ConfigError: If a spec cannot be built.
-            TypeError: If the update is of another type.
+            WrongTypeError: If the update is of another type.
         """
         self._require_open()
         return self._installs.update_agent(agent_update, version)
@@ -285,7 +285,7 @@ class VecWorker:
         Raises:
             ConfigError: If the env cannot be built or its observations have
                 no array shape (Dict, Tuple: flatten them).
-            TypeError: If the update is of another type.
+            WrongTypeError: If the update is of another type.
         """
         self._require_open()
         self._installs.update_env(env_update)
@@ -301,13 +301,15 @@ class VecWorker:
         requests change no stream.
 
         Raises:
-            TypeError: If an item is not an EpisodeUnit.
+            WrongTypeError: If an item is not an EpisodeUnit.
         """
         self._require_open()
         units = list(units)
         for unit in units:
             if not isinstance(unit, EpisodeUnit):
-                raise TypeError(f"submit() takes EpisodeUnit objects, got {type(unit).__name__}")
+                raise WrongTypeError(
+                    f"submit() takes EpisodeUnit objects, got {type(unit).__name__}"
+                )
         if units:
             self._streams.release_envs()
         self._units.queue.extend(units)
@@ -434,14 +436,14 @@ class VecWorker:
             Every finished episode (these and any left from before).
 
         Raises:
-            ValueError: If there is nothing to return.
+            InvalidValueError: If there is nothing to return.
         """
         self.submit(units)
         while not self.idle:
             self.step()
         batch = self.take_finished()
         if batch is None:
-            raise ValueError("VecWorker.run: no units were given and none had finished")
+            raise InvalidValueError("VecWorker.run: no units were given and none had finished")
         return batch
 
     # -------------------------------------------------------------- fragments

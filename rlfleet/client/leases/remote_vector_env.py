@@ -165,9 +165,6 @@ class RemoteVectorEnv(BaseVectorEnv):
             sorted(set(stream.env_workers)),
         )
 
-    def __enter__(self) -> RemoteVectorEnv:
-        return self
-
     @property
     def env_spec(self) -> EnvSpec:
         """Spaces and episode limit of every env (they are all alike)."""

@@ -21,6 +21,7 @@ ticket's connection means.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import queue
@@ -33,7 +34,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rlfleet._util.log_limit import LogLimiter, held_back_note
-from rlfleet.errors import RlfleetError, UnavailableError
+from rlfleet.errors import ConnectionClosedError, RlfleetError, UnavailableError, WireFormatError
 from rlfleet.security import ServerTLS
 from rlfleet.transport.lease_channel import (
     FRAME_HEADER,
@@ -69,7 +70,7 @@ class LeaseDataPeer(Protocol):
 Attach = Callable[["LeaseConnection"], LeaseDataPeer]
 
 
-class LeaseConnection:
+class LeaseConnection(abc.ABC):
     """A ticket's accepted connection, over TCP (:class:`DataConnection`) or in
     memory from this process (:class:`InProcessConnection`): its peer, and a
     close flag set once.
@@ -106,19 +107,19 @@ class LeaseConnection:
             self._drop_pending()
             return True
 
+    @abc.abstractmethod
     def send(self, payload: bytes) -> None:
         """Sends one frame to the peer without blocking (any thread)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def shutdown(self) -> None:
         """Ends the connection for the peer (any thread; after :meth:`mark_closed`)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def release(self) -> None:
         """Frees what it holds (the loop thread, once it forgot the connection)."""
-        raise NotImplementedError
 
-    def _drop_pending(self) -> None:
+    def _drop_pending(self) -> None:  # noqa: B027  (a hook: only queued frames need dropping)
         """Forgets what waits to be sent (under the lock, once closed)."""
 
 
@@ -305,7 +306,9 @@ class InProcessConnection(LeaseConnection):
 
     def _deliver(self, payload: bytes) -> None:
         if self._closed:
-            raise OSError("the coordinator closed the in-process lease data connection")
+            raise ConnectionClosedError(
+                "the coordinator closed the in-process lease data connection"
+            )
         self._server.in_process_frame(self, payload)
 
     def _hung_up(self) -> None:
@@ -655,12 +658,13 @@ def _read_frame(sock: socket.socket, limit: int) -> bytes:
     """One whole frame from a blocking socket (the handshake).
 
     Raises:
-        ValueError: For a frame above ``limit`` bytes or a connection that ended.
+        WireFormatError: For a frame above ``limit`` bytes.
+        ConnectionClosedError: If the connection ended first.
     """
     header = _read_exactly(sock, FRAME_HEADER.size)
     (length,) = FRAME_HEADER.unpack(header)
     if length > limit:
-        raise ValueError(f"a first frame of {length} bytes (a LeaseDataHello is tiny)")
+        raise WireFormatError(f"a first frame of {length} bytes (a LeaseDataHello is tiny)")
     return _read_exactly(sock, length)
 
 
@@ -669,6 +673,6 @@ def _read_exactly(sock: socket.socket, count: int) -> bytes:
     while len(data) < count:
         chunk = sock.recv(count - len(data))
         if not chunk:
-            raise ValueError("the connection ended before its LeaseDataHello")
+            raise ConnectionClosedError("the connection ended before its LeaseDataHello")
         data += chunk
     return bytes(data)

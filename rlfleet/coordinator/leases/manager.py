@@ -17,7 +17,6 @@ learner sees one answer per env and call, never none and never two.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import queue
 import time
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from rlfleet._util.values import json_object
 from rlfleet.coordinator.failures import CallError, invalid
 from rlfleet.coordinator.leases.data_server import LeaseConnection
 from rlfleet.coordinator.leases.translation import (
@@ -41,6 +41,7 @@ from rlfleet.coordinator.leases.translation import (
 )
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
+from rlfleet.errors import ConfigError
 from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY, can_run_env, is_multi_agent_env
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire.leases import LeaseCallOrder
@@ -351,8 +352,10 @@ class LeaseManager:
         if call.op == "reset":
             if call.seeds and len(call.seeds) != len(ids):
                 raise invalid(f"{where}: {len(call.seeds)} seeds for {len(ids)} envs")
-            if call.options_json:
-                _check_json_object(call.options_json, where)
+            try:
+                json_object(call.options_json, f"{where}: options_json")
+            except ConfigError as exc:
+                raise invalid(str(exc)) from None
         elif call.op == "step":
             if call.bad_actions is not None:
                 raise invalid(str(call.bad_actions))
@@ -565,12 +568,3 @@ def _answered(
         return None
     del lease.clocks[call_id]
     return clock
-
-
-def _check_json_object(text: str, where: str) -> None:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise invalid(f"{where}: options_json is not JSON ({exc})") from exc
-    if not isinstance(value, dict):
-        raise invalid(f"{where}: options_json must be a JSON object, got {text[:100]!r}")
