@@ -33,8 +33,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rlfleet._log_limit import LogLimiter, held_back_note
+from rlfleet.coordinator.lease_data_hello import HandshakeDeadline, read_hello, tls_handshake
 from rlfleet.errors import RlfleetError, UnavailableError
-from rlfleet.lease_data import FRAME_HEADER, HANDSHAKE_FRAME_BYTES, InProcessLink, frame
+from rlfleet.lease_data import FRAME_HEADER, InProcessLink, frame
 from rlfleet.security import ServerTLS
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -454,12 +455,14 @@ class LeaseDataServer:
             self._handshakes.release()
 
     def _attach(self, sock: socket.socket, where: str) -> None:
+        # One deadline for TLS, the ticket and the answer together: a peer
+        # trickling a byte at a time must not renew a per-recv timeout.
+        deadline = HandshakeDeadline(self._handshake_timeout)
         try:
-            sock.settimeout(self._handshake_timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
-                sock = self._tls.wrap_socket(sock, server_side=True)
-            hello = _read_frame(sock, HANDSHAKE_FRAME_BYTES)
+                sock = tls_handshake(self._tls, sock, deadline)
+            hello = read_hello(sock, deadline)
             attach = self._take(hello)
         except (OSError, ValueError) as exc:
             self._refuse(sock, where, f"{type(exc).__name__}: {exc}")
@@ -471,6 +474,7 @@ class LeaseDataServer:
         connection = DataConnection(sock, self, where, _PENDING_FRAMES * self._max_frame)
         try:
             # LeaseDataAccepted (no fields) before anything attach may send.
+            sock.settimeout(deadline.remaining())
             sock.sendall(frame(b""))
             sock.setblocking(False)
             connection.peer = attach(connection)
@@ -644,26 +648,3 @@ def _handled(
 def _too_long(length: int, max_frame: int) -> str:
     """Why a frame of ``length`` bytes closes its connection."""
     return f"a frame of {length} bytes, above the limit of {max_frame}"
-
-
-def _read_frame(sock: socket.socket, limit: int) -> bytes:
-    """One whole frame from a blocking socket (the handshake).
-
-    Raises:
-        ValueError: For a frame above ``limit`` bytes or a connection that ended.
-    """
-    header = _read_exactly(sock, FRAME_HEADER.size)
-    (length,) = FRAME_HEADER.unpack(header)
-    if length > limit:
-        raise ValueError(f"a first frame of {length} bytes (a LeaseDataHello is tiny)")
-    return _read_exactly(sock, length)
-
-
-def _read_exactly(sock: socket.socket, count: int) -> bytes:
-    data = bytearray()
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            raise ValueError("the connection ended before its LeaseDataHello")
-        data += chunk
-    return bytes(data)
