@@ -244,3 +244,50 @@ def test_policy_lag_counts_each_episode_of_a_result_as_a_histogram_would() -> No
     got = samples(generate_latest(metrics.registry))
     assert got == samples(generate_latest(registry))
     assert got[("rlfleet_policy_lag_versions_count", "")] == 9
+
+
+@pytest.mark.parametrize("role", ["coordinator", "worker"])
+def test_half_sent_metrics_requests_hold_no_threads_and_time_out(
+    fleet: ProcessFleet, role: str
+) -> None:
+    # Connections that send half a request cost no thread, a real scrape
+    # still works meanwhile, and each is closed at its deadline.
+    import socket
+
+    import psutil
+
+    from rlfleet.cli._metrics_port import MAX_CONNECTIONS
+
+    port = free_port()
+    if role == "coordinator":
+        proc = fleet.start_coordinator("--metrics-listen", f"127.0.0.1:{port}")
+    else:
+        fleet.start_coordinator()
+        proc = fleet.start_worker(envs=1, env={"RLFLEET_METRICS_LISTEN": f"127.0.0.1:{port}"})
+        fleet.wait_for_workers(1)
+    scrape(fleet.wait_until(lambda: port if _answers(port) else None, what="the metrics port"))
+    threads = psutil.Process(proc.pid).num_threads()
+    half: list[socket.socket] = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            half.append(sock)
+        assert scrape(port)  # a real scrape, while every slot holds a half request
+        # A thread per connection would show here; a few for the process's own work.
+        assert psutil.Process(proc.pid).num_threads() <= threads + 4
+        # Each half request ends at its deadline: the port closes it, unanswered.
+        for sock in half:
+            assert sock.recv(1) == b""
+        assert scrape(port)
+    finally:
+        for sock in half:
+            sock.close()
+
+
+def _answers(port: int) -> bool:
+    try:
+        scrape(port)
+    except OSError:
+        return False
+    return True
