@@ -26,7 +26,7 @@ from rlfleet.coordinator.leases import LeaseManager
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.worker_events import WorkerEvents
-from rlfleet.errors import UnavailableError, WireFormatError
+from rlfleet.errors import ProtocolError, UnavailableError, WireFormatError
 
 
 class WorkerDataPeer:
@@ -47,7 +47,13 @@ class WorkerDataPeer:
     def on_frame(self, payload: bytes) -> None:
         self._count("worker")
         self._handle.touch()
-        self._leases.on_reply(self._handle, _parse_reply(payload))
+        try:
+            self._leases.on_reply(self._handle, _parse_reply(payload))
+        except ProtocolError as exc:
+            # Refused as on its Join stream (INVALID_ARGUMENT), not as a
+            # broken connection; raising then closes the connection.
+            self._events.drop(self._handle, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise
 
     def on_closed(self, reason: str) -> None:
         self._events.drop(
