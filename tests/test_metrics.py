@@ -28,6 +28,7 @@ from tests.fleet_processes import (
 pytestmark = pytest.mark.timeout(240)
 
 EPISODES = 2  # SAMPLE_MODE_EPISODES
+STEPS = 1  # SAMPLE_MODE_STEPS
 
 
 @pytest.fixture
@@ -228,7 +229,7 @@ def test_policy_lag_counts_each_episode_of_a_result_as_a_histogram_would() -> No
         "rlfleet_policy_lag_versions", "reference", buckets=LAG_BUCKETS, registry=registry
     )
     for lag, episodes in ((0, 3), (4, 2), (5, 1), (100, 2), (1000, 1), (0, 0)):
-        metrics.delivered(episodes=episodes, steps=10, payload_bytes=100, lag=lag)
+        metrics.forwarded(episodes=episodes, payload_bytes=100, lag=lag)
         for _ in range(episodes):
             reference.observe(lag)
 
@@ -291,3 +292,20 @@ def _answers(port: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def test_episode_and_step_counters_count_what_learners_get(fleet: ProcessFleet) -> None:
+    # A STEPS answer ends at the first prefix of episodes reaching the amount:
+    # episodes accepted past it never reach the learner and are not counted.
+    port = free_port()
+    fleet.start_coordinator("--metrics-listen", f"127.0.0.1:{port}")
+    fleet.start_worker(envs=8)
+    fleet.wait_for_workers(1)
+    episodes = steps = 0
+    for index in range(4):
+        answer = sample(fleet.address, mode=STEPS, amount=30, seed=5, request_index=index)
+        episodes += len(answer.batch.lengths)
+        steps += int(answer.batch.lengths.sum())
+    samples = scrape(port)
+    assert value(samples, "rlfleet_episodes_total") == episodes
+    assert value(samples, "rlfleet_env_steps_total") == steps
