@@ -30,6 +30,7 @@ import numpy as np
 import psutil
 import pytest
 
+from rlfleet._rpc import LEASE_CAPABILITY
 from rlfleet.client import Fleet, RemoteSampler, RemoteVectorEnv
 from rlfleet.client.fleet import spawn_worker, stop_processes
 from rlfleet.client.lease_stream import LeaseStream
@@ -40,7 +41,9 @@ from rlfleet.errors import ConfigError, UnavailableError
 from rlfleet.lease_data import FRAME_HEADER, LeaseDataLink, coordinator_host, dial, frame
 from rlfleet.lease_messages import data_hello
 from rlfleet.security import ClientTLS, ServerSecurity, ServerTLS
+from rlfleet.v1 import worker_pb2
 from rlfleet.worker._lease_data import WorkerLeaseChannel
+from tests._coordinator_fakes import CAPABILITIES, join
 from tests.fleet_processes import ProcessFleet, free_port
 from tests.tls_fixtures import make_ca, make_cert
 
@@ -771,3 +774,33 @@ def test_trickling_connections_free_their_handshake_slots_at_the_timeout() -> No
             assert _accepts(data.port, ticket)
         finally:
             trickle.close()
+
+
+def test_a_leaving_worker_closing_its_data_connection_is_no_warning(tmp_path: Path) -> None:
+    # A worker that said Leaving closes its data connection, maybe before its
+    # Join stream: the coordinator says so at INFO and the Join stream's end
+    # removes it (OK), never "its lease data stream broke".
+    with ProcessFleet(tmp_path) as processes:
+        coordinator = processes.start_coordinator()
+        worker, welcome = join(
+            processes.address, name="leaver", capabilities=(*CAPABILITIES, LEASE_CAPABILITY)
+        )
+        try:
+            link = dial(
+                "127.0.0.1",
+                welcome.lease_data.port,
+                data_hello(welcome.lease_data.ticket),
+                tls=None,
+                timeout=10,
+                max_frame_bytes=1 << 20,
+            )
+            worker.send(worker_pb2.WorkerMessage(leaving=worker_pb2.Leaving(reason="stopping")))
+            processes.wait_for_log(coordinator, "worker 'leaver' is leaving")
+            link.close()
+            log = processes.wait_for_log(coordinator, "closed its lease data connection")
+            worker.finish()
+            assert worker.ended(timeout=30) is None  # OK: removed as a worker that left
+        finally:
+            worker.close()
+        log = processes.wait_for_log(coordinator, "worker 'leaver' removed (OK")
+        assert "lease data stream broke" not in log, log

@@ -110,6 +110,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="cap of the reconnect backoff (default: 10)",
     )
     parser.add_argument(
+        "--connect-timeout",
+        **env_option(
+            "RLFLEET_CONNECT_TIMEOUT",
+            default=None,
+            type=positive_float,
+            help=(
+                "seconds to keep trying to join (from the start, and from each lost "
+                "connection) before exiting 1; unset: keep trying"
+            ),
+        ),
+    )
+    parser.add_argument(
         "--keepalive-interval",
         type=positive_float,
         default=10.0,
@@ -220,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         heartbeat_interval=args.heartbeat_interval,
         reconnect_max_seconds=args.reconnect_max_seconds,
+        connect_timeout=args.connect_timeout,
         drain_grace_seconds=args.drain_grace,
         keepalive_interval=args.keepalive_interval,
         keepalive_timeout=args.keepalive_timeout,

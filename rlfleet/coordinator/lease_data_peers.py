@@ -6,12 +6,15 @@ first gets the switch marker on its Join stream, then every lease command on
 the connection (``WorkerHandle.send_lease``); its replies go to the same
 ``LeaseManager.on_reply`` as the Join stream's. When the connection ends
 while the worker is in the fleet, the worker is dropped as lost: its leased
-envs are re-created elsewhere, and it rejoins with a new session. (A
+envs are re-created elsewhere, and it rejoins with a new session; a worker
+that said Leaving (or is drained) closes it on purpose, and its Join
+stream's end decides. (A
 learner's lease data connection is lease_face.py's.)
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import grpc
@@ -28,17 +31,21 @@ from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.worker_events import WorkerEvents
 from rlfleet.errors import ProtocolError, UnavailableError, WireFormatError
 
+logger = logging.getLogger("rlfleet.coordinator")
+
 
 class WorkerDataPeer:
     """A worker session's data connection: its lease replies in."""
 
     def __init__(
         self,
+        state: FleetState,
         events: WorkerEvents,
         leases: LeaseManager,
         handle: WorkerHandle,
         count: Callable[[str], None],
     ) -> None:
+        self._state = state
         self._count = count
         self._events = events
         self._leases = leases
@@ -56,6 +63,17 @@ class WorkerDataPeer:
             raise
 
     def on_closed(self, reason: str) -> None:
+        handle = self._handle
+        if handle.leaving or self._state.draining:
+            # A worker that leaves (or is drained) closes both its connections;
+            # its Join stream's end removes it (OK), or its break (a warning).
+            logger.info(
+                "worker %r closed its lease data connection while leaving (%s)",
+                handle.name,
+                reason,
+                extra={"worker": handle.name},
+            )
+            return
         self._events.drop(
             self._handle,
             grpc.StatusCode.UNAVAILABLE,
@@ -77,7 +95,7 @@ def worker_attach(
                 raise UnavailableError(f"worker {handle.name!r} left before its data connection")
             handle.send(data_switch_command())
             handle.lease_data = connection
-        return WorkerDataPeer(events, leases, handle, state.metrics.lease_data_frame)
+        return WorkerDataPeer(state, events, leases, handle, state.metrics.lease_data_frame)
 
     return attach
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from rlfleet import _rpc
+from rlfleet._log_limit import LogLimiter, held_back_note
 from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY
 from rlfleet._values import check_int
 from rlfleet._version import __version__
@@ -54,6 +55,9 @@ logger = logging.getLogger("rlfleet.worker")
 #: Capabilities of this worker (worker.proto Hello).
 CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments", MULTI_AGENT_CAPABILITY)
 IMPLEMENTATION = f"rlfleet-python/{__version__}"
+
+#: Least seconds between two "reconnecting" lines of one outage.
+_RETRY_LOG_SECONDS = 30.0
 
 # Statuses at the handshake that retrying cannot fix: the worker exits.
 _FATAL_AT_HANDSHAKE = {
@@ -94,6 +98,9 @@ class WorkerConfig:
         reconnect_base_seconds: First backoff step after a lost connection.
         reconnect_max_seconds: Backoff cap.
         handshake_timeout: Seconds to wait for the Welcome.
+        connect_timeout: Seconds the worker keeps trying to join (from its
+            start, and again from each lost connection) before it exits 1;
+            None: it keeps trying for ever.
         flush_steps: Send finished episodes once they hold this many steps,
         flush_bytes: or about this many bytes,
         flush_seconds: or the oldest has waited this long, or no unit is
@@ -133,6 +140,7 @@ class WorkerConfig:
     reconnect_base_seconds: float = 0.1
     reconnect_max_seconds: float = 10.0
     handshake_timeout: float = 30.0
+    connect_timeout: float | None = None
     flush_steps: int = 8192
     flush_bytes: int = 4 << 20
     flush_seconds: float = 0.1
@@ -174,6 +182,10 @@ class WorkerConfig:
             raise ConfigError(
                 f"--nonfinite must be 'error', 'flag' or 'ignore', got {self.nonfinite!r}"
             )
+        if self.connect_timeout is not None and not self.connect_timeout > 0:
+            raise ConfigError(
+                f"--connect-timeout must be > 0 seconds, got {self.connect_timeout!r}"
+            )
         if self.heartbeat_interval is not None and not self.heartbeat_interval > 0:
             raise ConfigError(
                 f"--heartbeat-interval must be > 0 seconds, got {self.heartbeat_interval!r}"
@@ -212,6 +224,8 @@ class RemoteWorker:
         self._last_beat = 0.0
         self._beat_interval = 1.0
         self._last_progress = time.monotonic()
+        self._unjoined_since = time.monotonic()
+        self._retries = LogLimiter(_RETRY_LOG_SECONDS)
         self.metrics = WorkerMetrics()
 
     def request_leave(self, reason: str = "asked to leave") -> None:
@@ -263,7 +277,8 @@ class RemoteWorker:
 
         Returns:
             0 after leaving gracefully, 1 if the coordinator refused the
-            worker for a reason retrying cannot fix (e.g. protocol version).
+            worker for a reason retrying cannot fix (e.g. protocol version)
+            or no join succeeded within ``connect_timeout``.
 
         Raises:
             ConfigError: If a module of ``imports`` cannot be imported
@@ -281,6 +296,7 @@ class RemoteWorker:
             security=config.security,
         )
         attempt = 0
+        self._unjoined_since = time.monotonic()
         try:
             while not self._leave.is_set():
                 self._last_progress = time.monotonic()  # for alive()
@@ -297,14 +313,18 @@ class RemoteWorker:
                         )
                         return 1
                     attempt += 1
+                    if self._gave_up(attempt, str(exc)):
+                        return 1
                     self._backoff(attempt, str(exc))
                     continue
                 attempt = 0
+                self._retries = LogLimiter(_RETRY_LOG_SECONDS)  # a new outage logs at once
                 self._joined = True
                 try:
                     outcome = session.run()
                 finally:
                     self._joined = False
+                    self._unjoined_since = time.monotonic()
                 if outcome is Outcome.LEFT:
                     break
                 attempt += 1
@@ -314,18 +334,45 @@ class RemoteWorker:
         logger.info("worker %r left: %s", config.name, self._leave_reason or "done")
         return 0
 
+    def _gave_up(self, attempt: int, why: str) -> bool:
+        """Whether ``--connect-timeout`` ran out without a join (then says so, once)."""
+        timeout = self.config.connect_timeout
+        waited = time.monotonic() - self._unjoined_since
+        if timeout is None or waited < timeout:
+            return False
+        logger.error(
+            "could not join coordinator %s within --connect-timeout %g s (%d attempts; the "
+            "last: %s); check the address and that the coordinator runs",
+            self.config.coordinator,
+            timeout,
+            attempt,
+            why,
+        )
+        return True
+
     def _backoff(self, attempt: int, why: str) -> None:
-        """Sleeps before reconnecting: exponential backoff with full jitter."""
+        """Sleeps before reconnecting: exponential backoff with full jitter.
+
+        The line is logged at most once per :data:`_RETRY_LOG_SECONDS`, with
+        the count of attempts held back: a wrong address must not fill the
+        log with one warning per retry.
+        """
         config = self.config
         cap = min(config.reconnect_max_seconds, config.reconnect_base_seconds * 2 ** (attempt - 1))
         delay = random.uniform(0, cap)
-        logger.warning(
-            "connection to coordinator %s: %s; reconnecting in %.2f s (attempt %d)",
-            config.coordinator,
-            why,
-            delay,
-            attempt,
-        )
+        if config.connect_timeout is not None:  # wake up in time to give up on time
+            left = config.connect_timeout - (time.monotonic() - self._unjoined_since)
+            delay = min(delay, max(left, 0.0))
+        held_back = self._retries.admit()
+        if held_back is not None:
+            logger.warning(
+                "connection to coordinator %s: %s; reconnecting in %.2f s (attempt %d)%s",
+                config.coordinator,
+                why,
+                delay,
+                attempt,
+                held_back_note(held_back, "failed attempts"),
+            )
         self._leave.wait(delay)
 
     def _connect(self, channel: grpc.Channel) -> Session:
