@@ -246,8 +246,9 @@ def run(args: argparse.Namespace) -> int:
         security=worker_security_from_args(args),
         allow_pickle=args.allow_pickle,
     )
-    tag_process("worker", config.name)
     worker = RemoteWorker(config)
+    # The name the fleet knows it by (the coordinator may add a suffix).
+    tag_process("worker", lambda: worker.name)
     health = _start_health(args.health_listen, worker) if args.health_listen else None
     metrics = None
     if args.metrics_listen:

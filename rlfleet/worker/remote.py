@@ -227,6 +227,13 @@ class RemoteWorker:
         self._unjoined_since = time.monotonic()
         self._retries = LogLimiter(_RETRY_LOG_SECONDS)
         self.metrics = WorkerMetrics()
+        self._name = config.name
+
+    @property
+    def name(self) -> str:
+        """Its name in the fleet: the one its last Welcome gave (the coordinator
+        makes names unique, e.g. ``vm-2``), ``config.name`` before any join."""
+        return self._name
 
     def request_leave(self, reason: str = "asked to leave") -> None:
         """Makes the worker leave gracefully. Safe to call from a signal handler."""
@@ -331,7 +338,7 @@ class RemoteWorker:
                 self._backoff(attempt, session.end_reason)
         finally:
             channel.close()
-        logger.info("worker %r left: %s", config.name, self._leave_reason or "done")
+        logger.info("worker %r left: %s", self._name, self._leave_reason or "done")
         return 0
 
     def _gave_up(self, attempt: int, why: str) -> bool:
@@ -430,6 +437,7 @@ class RemoteWorker:
                 raise _HandshakeError(
                     f"the coordinator sent {body_name(message)} before Welcome", fatal=False
                 )
+            self._name = message.name or config.name  # before the session logs its join
             return Session(self, stream, message)
 
     def _refused_tls(self, ended: StreamEnded) -> str | None:
