@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 
 from rlfleet.client import RemoteSampler, RemoteVectorEnv
-from rlfleet.coordinator.leases import FORGED_REPLIES_LIMIT
+from rlfleet.coordinator.leases.manager import FORGED_REPLIES_LIMIT
 from rlfleet.core import EpisodeBatch
 from rlfleet.envs import EnvConfig
-from rlfleet.lease_messages import LeaseAnswer, LeaseAnswers, lease_report_message
-from rlfleet.local_sampler import LocalSampler
+from rlfleet.sampling.local import LocalSampler
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import encode_env_spec
+from rlfleet.wire.leases import LeaseAnswer, LeaseAnswers, lease_report_message
 from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker
 from tests._coordinator_fakes import (

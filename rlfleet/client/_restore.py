@@ -15,7 +15,7 @@ versions go on across the restart instead of starting over at 1.
 from __future__ import annotations
 
 from rlfleet.client.status import FleetStatus
-from rlfleet.fleet_updates import AgentChange, EnvChange
+from rlfleet.protocol.updates import AgentChange, EnvChange
 
 
 class PushedState:

@@ -117,7 +117,7 @@ def bind_problem(address: str) -> str | None:
     counts, not the TIME_WAIT of a previous run; and like gRPC, one address
     of a name that binds is enough.
     """
-    from rlfleet._values import host_and_port  # numpy: not on the CLI's flag-building path
+    from rlfleet._util.values import host_and_port  # numpy: not on the CLI's flag-building path
 
     parsed = host_and_port(address)
     if parsed is None or parsed[1] == 0:

@@ -2,7 +2,7 @@
 
 The handshake timeout bounds the whole handshake, not each read: a peer
 that trickles its hello a byte at a time is dropped when the timeout ends,
-so the bounded handshake slots (lease_data_server.py) free up on time.
+so the bounded handshake slots (data_server.py) free up on time.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import socket
 import ssl
 import time
 
-from rlfleet.lease_data import FRAME_HEADER, HANDSHAKE_FRAME_BYTES
+from rlfleet.transport.lease_channel import FRAME_HEADER, HANDSHAKE_FRAME_BYTES
 
 
 class HandshakeDeadline:
