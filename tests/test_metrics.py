@@ -7,11 +7,13 @@ values move as they must (docs/operations.md lists the metrics).
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -253,10 +255,6 @@ def test_half_sent_metrics_requests_hold_no_threads_and_time_out(
 ) -> None:
     # Connections that send half a request cost no thread, a real scrape
     # still works meanwhile, and each is closed at its deadline.
-    import socket
-
-    import psutil
-
     from rlfleet.cli._metrics_port import MAX_CONNECTIONS
 
     port = free_port()
@@ -276,14 +274,23 @@ def test_half_sent_metrics_requests_hold_no_threads_and_time_out(
             half.append(sock)
         assert scrape(port)  # a real scrape, while every slot holds a half request
         # A thread per connection would show here; a few for the process's own work.
-        assert psutil.Process(proc.pid).num_threads() <= threads + 4
+        assert psutil.Process(proc.pid).num_threads() <= threads + 8
         # Each half request ends at its deadline: the port closes it, unanswered.
         for sock in half:
-            assert sock.recv(1) == b""
+            assert _closed_unanswered(sock)
         assert scrape(port)
     finally:
         for sock in half:
             sock.close()
+
+
+def _closed_unanswered(sock: socket.socket) -> bool:
+    """True once the port closed ``sock`` without an answer (an end of stream, or a
+    reset when it closed it before reading the half request)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
 
 
 def _answers(port: int) -> bool:
