@@ -689,8 +689,9 @@ def test_a_worker_leaving_mid_request_loses_nothing() -> None:
 def test_a_worker_with_a_wrong_address_logs_sparingly_and_gives_up_at_its_connect_timeout(
     tmp_path: Path,
 ) -> None:
-    # Nothing listens on the port: dozens of quick retries, a few lines with
-    # a count, then one error line and exit 1 (the variable sets the timeout).
+    # Nothing listens on the port: dozens of quick retries, the first few
+    # logged, then a line per 30 s with a count; at the timeout one error
+    # line and exit 1 (the variable sets the timeout).
     nowhere = f"127.0.0.1:{free_port()}"
     with ProcessFleet(tmp_path) as processes:
         worker = processes.start_worker(
@@ -701,7 +702,9 @@ def test_a_worker_with_a_wrong_address_logs_sparingly_and_gives_up_at_its_connec
         assert worker.popen.wait(timeout=120) == 1, worker.describe()
         lines = worker.log_text().splitlines()
     retries = [line for line in lines if "WARNING" in line and "reconnecting in" in line]
-    assert 1 <= len(retries) <= 2, lines
+    # The backoff's first attempts each, then one line with a count.
+    assert [f"(attempt {n})" in line for n, line in enumerate(retries[:5], 1)] == [True] * 5
+    assert len(retries) == 6, lines  # the next would come 30 s after the 6th
     (error,) = [line for line in lines if "ERROR" in line]
     assert f"could not join coordinator {nowhere} within --connect-timeout 6 s" in error
     attempts = int(error.split("(")[1].split(" attempts")[0])

@@ -56,7 +56,10 @@ logger = logging.getLogger("rlfleet.worker")
 CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments", MULTI_AGENT_CAPABILITY)
 IMPLEMENTATION = f"rlfleet-python/{__version__}"
 
-#: Least seconds between two "reconnecting" lines of one outage.
+#: Attempts of an outage that each log their "reconnecting" line (the
+#: backoff's start, for the operator); later ones log at most one line per
+#: :data:`_RETRY_LOG_SECONDS`, with the count held back.
+_RETRY_LINES = 5
 _RETRY_LOG_SECONDS = 30.0
 
 # Statuses at the handshake that retrying cannot fix: the worker exits.
@@ -360,9 +363,10 @@ class RemoteWorker:
     def _backoff(self, attempt: int, why: str) -> None:
         """Sleeps before reconnecting: exponential backoff with full jitter.
 
-        The line is logged at most once per :data:`_RETRY_LOG_SECONDS`, with
-        the count of attempts held back: a wrong address must not fill the
-        log with one warning per retry.
+        The first :data:`_RETRY_LINES` attempts of an outage log their line;
+        later ones at most once per :data:`_RETRY_LOG_SECONDS`, with the
+        count of attempts held back: a wrong address must not fill the log
+        with one warning per retry.
         """
         config = self.config
         cap = min(config.reconnect_max_seconds, config.reconnect_base_seconds * 2 ** (attempt - 1))
@@ -370,7 +374,7 @@ class RemoteWorker:
         if config.connect_timeout is not None:  # wake up in time to give up on time
             left = config.connect_timeout - (time.monotonic() - self._unjoined_since)
             delay = min(delay, max(left, 0.0))
-        held_back = self._retries.admit()
+        held_back = 0 if attempt <= _RETRY_LINES else self._retries.admit()
         if held_back is not None:
             logger.warning(
                 "connection to coordinator %s: %s; reconnecting in %.2f s (attempt %d)%s",
