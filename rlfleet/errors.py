@@ -11,6 +11,9 @@ Messages say what was wrong, where, and what to do about it.
 
 from __future__ import annotations
 
+#: What separates an error's message from the traceback a peer sent with it.
+REMOTE_TRACEBACK = "\n--- remote traceback ---\n"
+
 
 class RlfleetError(Exception):
     """Base class of every error rlfleet raises on purpose."""
@@ -34,6 +37,25 @@ class ConfigError(RlfleetError, ValueError):
 
 class EnvNotFoundError(ConfigError):
     """No gymnasium env is registered under the requested id."""
+
+
+class SnapshotError(ConfigError):
+    """A snapshot cannot be restored (an unreadable file, a bad key or tensor).
+
+    The message names the file and the key; a refused restore changed nothing.
+    """
+
+
+class PolicyIdError(ConfigError, KeyError):
+    """A policy id a RolloutWorker does not have, or has already (RLlib raises KeyError)."""
+
+    __str__ = BaseException.__str__  # the message as written, not KeyError's repr of it
+
+
+class BatchKeyError(RlfleetError, KeyError):
+    """A key a batch read like RLlib's SampleBatch does not have."""
+
+    __str__ = BaseException.__str__
 
 
 class PolicyError(RlfleetError, ValueError):
@@ -130,7 +152,7 @@ class WorkerError(RlfleetError):
             where.append(f"episode {episode_index}")
         text = f"{message} ({', '.join(where)})" if where else message
         if remote_traceback:
-            text = f"{text}\n--- remote traceback ---\n{remote_traceback.rstrip()}"
+            text = f"{text}{REMOTE_TRACEBACK}{remote_traceback.rstrip()}"
         super().__init__(text)
 
 
@@ -147,7 +169,9 @@ class VectorEnvError(RlfleetError):
 
 
 __all__ = [
+    "REMOTE_TRACEBACK",
     "AuthenticationError",
+    "BatchKeyError",
     "ConfigError",
     "EnvError",
     "EnvNotFoundError",
@@ -157,10 +181,12 @@ __all__ = [
     "NotSetupError",
     "PermissionDeniedError",
     "PolicyError",
+    "PolicyIdError",
     "ProtocolError",
     "ResourceExhaustedError",
     "RlfleetError",
     "RlfleetTimeoutError",
+    "SnapshotError",
     "UnavailableError",
     "UsageError",
     "VectorEnvError",

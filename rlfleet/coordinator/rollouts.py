@@ -205,13 +205,30 @@ class Rollouts:
         if refusal is None:
             logger.info("%s applied by %d workers", what, len(pushed.targets))
             return len(pushed.targets)
-        self._await(pull_back(), scope, "", quiet=True)
+        back = pull_back()
+        self._await(back, scope, "", quiet=True)
+        self._retire_refusals(pushed, back)
         worker, detail = refusal
         raise CallError(
             _REFUSAL_CODES.get(detail.kind, grpc.StatusCode.FAILED_PRECONDITION),
             f"worker {worker!r} {refused}: {describe_report(detail)}. {restored}",
             detail,
         )
+
+    def _retire_refusals(self, pushed: _Push, back: _Push) -> None:
+        """Clears the refusals of a rolled-back update from the workers' last errors.
+
+        The learner's call gets the refusal; a worker that is back on the
+        previous state has nothing wrong left to show in ``status``.
+        """
+        for handle in self._state.registry:
+            error = handle.last_error
+            if error is None or not back.applied(handle):
+                continue
+            if (
+                pushed.env_generation is not None and error.env_generation == pushed.env_generation
+            ) or (pushed.agent_version is not None and error.agent_version == pushed.agent_version):
+                handle.last_error = None
 
     def _await(
         self, pushed: _Push, scope: CallScope, what: str, *, quiet: bool = False

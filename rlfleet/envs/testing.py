@@ -13,6 +13,10 @@ Importing this module registers:
 * ``rlfleet/NaN-v0``: a Counter whose observation is NaN at one step.
 * ``rlfleet/Slow-v0``: a Counter that sleeps ``step_seconds`` in every step
   (or a uniform draw up to ``max_seconds``): a slow or I/O-bound env.
+* ``rlfleet/OffSpace-v0``: an honest env that leaves its declared space:
+  observations are 0.0 in a ``Box(-1, 1, (3,))`` except every
+  ``every``-th step of an episode (default 5), where they are ``value``
+  (default 50.0).
 
 When the faulty envs fire (``at_step`` stands for ``crash_at_step`` /
 ``hang_at_step``):
@@ -242,6 +246,30 @@ class NaNEnv(CounterEnv):
         return super()._observation()
 
 
+class OffSpaceEnv(CounterEnv):
+    """Observations of 0.0 in ``Box(-1, 1, (3,))``, but ``value`` at every ``every``-th step.
+
+    Args:
+        every: The episode steps (multiples of it) whose observation is ``value``.
+        value: The observation's elements there.
+        length: Steps per episode.
+        render_mode: None or ``"rgb_array"``.
+    """
+
+    def __init__(
+        self, every: int = 5, value: float = 50.0, length: int = 20, render_mode: str | None = None
+    ) -> None:
+        super().__init__(length, render_mode)
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a positive int, got {every!r}")
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
+        self._every, self._value = every, float(value)
+
+    def _observation(self) -> np.ndarray:
+        off = self.episode_step and self.episode_step % self._every == 0
+        return np.full((3,), self._value if off else 0.0, dtype=np.float32)
+
+
 #: The ids this module registers, mapped to their env classes.
 TEST_ENVS: dict[str, type[CounterEnv]] = {
     "rlfleet/Counter-v0": CounterEnv,
@@ -249,10 +277,19 @@ TEST_ENVS: dict[str, type[CounterEnv]] = {
     "rlfleet/Hanging-v0": HangingEnv,
     "rlfleet/NaN-v0": NaNEnv,
     "rlfleet/Slow-v0": SlowEnv,
+    "rlfleet/OffSpace-v0": OffSpaceEnv,
 }
 
 for _env_id, _env_class in TEST_ENVS.items():
     if _env_id not in gym.registry:
         gym.register(id=_env_id, entry_point=f"{__name__}:{_env_class.__name__}")
 
-__all__ = ["FRAME_SHAPE", "TEST_ENVS", "CounterEnv", "CrashingEnv", "HangingEnv", "NaNEnv"]
+__all__ = [
+    "FRAME_SHAPE",
+    "TEST_ENVS",
+    "CounterEnv",
+    "CrashingEnv",
+    "HangingEnv",
+    "NaNEnv",
+    "OffSpaceEnv",
+]

@@ -49,6 +49,7 @@ from rlfleet.rllib.joint_batches import split_joint_batch
 from rlfleet.rllib.joint_policy import SEPARATOR, joint_policy_spec
 from rlfleet.rllib.multi_agent import REWARDS, JointLayout, make_agent_env
 from rlfleet.rllib.rollout_worker import RolloutWorker
+from rlfleet.rllib.sample_batch import RolloutEpisodeBatch
 
 
 class UnboundEpisode:
@@ -521,11 +522,13 @@ class RolloutWorkerGroup:
             for agent, value in zip(self._layout.agents, per_agent, strict=True)
         }
 
-    def _processed(self, batch: EpisodeBatch) -> EpisodeBatch:
+    def _processed(self, batch: EpisodeBatch) -> RolloutEpisodeBatch:
+        """The batch with the filter and clip_rewards applied, readable by RLlib's keys."""
         changes: dict[str, Any] = {}
         if isinstance(self._fleet_filter, MeanStdFilter):
             changes["observations"] = self._fleet_filter(batch.observations, update=False)
             changes["last_observations"] = self._fleet_filter(batch.last_observations, update=False)
         if self._clip_rewards not in (None, False):
             changes["rewards"] = clipped_rewards(batch.rewards, self._clip_rewards)
-        return dataclasses.replace(batch, **changes) if changes else batch
+        processed = dataclasses.replace(batch, **changes) if changes else batch
+        return RolloutEpisodeBatch.view_of(processed, self._layout.agents if self._layout else ())
