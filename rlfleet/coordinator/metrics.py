@@ -136,12 +136,17 @@ class CoordinatorMetrics(MetricSet):
         if units:
             self._dispatched.inc(units)
 
-    def delivered(self, episodes: int, steps: int, payload_bytes: int, lag: int) -> None:
-        """A result was accepted and forwarded to its learner."""
-        self._episodes.inc(episodes)
-        self._steps.inc(steps)
+    def forwarded(self, episodes: int, payload_bytes: int, lag: int) -> None:
+        """A result was accepted and forwarded to its learner (its bytes, its lag)."""
         self._result_bytes.inc(payload_bytes)
         self._lag.observe(lag, episodes)
+
+    def delivered(self, episodes: int, steps: int) -> None:
+        """Episodes and steps reached a learner's answer: a Sample request's
+        whole answer (its footer; a STEPS request's surplus episodes past the
+        answer are not in it), or a subscription's result."""
+        self._episodes.inc(episodes)
+        self._steps.inc(steps)
 
     def discarded(self, episodes: int) -> None:
         """A result arrived for units no longer its worker's."""

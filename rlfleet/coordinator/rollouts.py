@@ -82,7 +82,9 @@ class Rollouts:
         with state.lock:
             check_pickles(update, state.config.security.pickle, state.registry)
             previous = state.agent
-            version = previous.version + 1
+            # A learner restoring its agent on a restarted coordinator names
+            # the version it had: numbering goes on from there, never back.
+            version = max(previous.version + 1, update.version)
 
             def push() -> _Push:
                 state.agent = previous.after(update, version)

@@ -40,6 +40,7 @@ from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.learner_face import LearnerFace
 from rlfleet.coordinator.worker_face import WorkerFace
 from rlfleet.errors import ConfigError
+from rlfleet.security.listen import bind_problem
 from rlfleet.transport import rpc as _rpc
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -170,6 +171,14 @@ def serve(config: CoordinatorConfig | None = None) -> CoordinatorServer:
         ConfigError: If the address cannot be bound.
     """
     config = config or CoordinatorConfig()
+    # The gRPC port first: a second coordinator on a taken port must hear
+    # about that port, not about the lease data port beside it.
+    taken = bind_problem(config.listen)
+    if taken is not None:
+        raise ConfigError(
+            f"cannot listen on {config.listen}: {taken}; is another coordinator running "
+            "there? Stop it, or give --listen another HOST:PORT"
+        )
     coordinator = Coordinator(config)
     coordinator.serve_lease_data()  # before the faces, which hand out its tickets
     server = grpc.server(

@@ -381,12 +381,16 @@ class LeaseRepliedEvent:
             the other ops, or a :class:`LeaseEnvFailure`.
         resets: Resets the worker made as episodes ended (prefetch_reset),
             by env id: ``(obs, info)``.
+        workers: The worker that answered, by env id (its name, as the
+            coordinator set it; an env moved off a lost worker names its
+            new host).
     """
 
     call_id: int
     env_ids: list[int]
     answers: list[Any]
     resets: dict[int, tuple[Any, dict[str, Any]]]
+    workers: dict[int, str] = field(default_factory=dict)
 
 
 def open_request(env: EnvConfig, num_envs: int, timeout: float, learner: str) -> bytes:
@@ -513,6 +517,8 @@ def decode_lease_response(
         event.env_ids.extend(reply.env_ids)
         event.answers.extend(_answers(reply, space))
         event.resets.update(_prefetched_resets(reply, space))
+        if reply.worker:
+            event.workers.update(dict.fromkeys(reply.env_ids, reply.worker))
     return event
 
 

@@ -172,7 +172,10 @@ class RemoteVectorEnv(BaseVectorEnv):
 
     @property
     def env_workers(self) -> list[str]:
-        """The worker hosting each env, as of the lease's opening."""
+        """The worker hosting each env, as of its latest answer (the lease's
+        opening until then): an env re-created after its worker was lost names
+        its new host from the answer that reports the loss (info
+        ``rlfleet_env_lost``)."""
         return list(self._stream.env_workers)
 
     def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
