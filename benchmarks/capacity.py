@@ -179,10 +179,13 @@ class ResultTemplate:
             view = np.asarray(decoded.episode_infos[key])
             offset = view.ctypes.data - base
             self.infos[key] = np.frombuffer(self.payload, "<i8", count=count, offset=offset)
-        self.step_bytes = sum(
-            np.asarray(getattr(batch, name)).nbytes
-            for name in ("observations", "actions", "rewards", "step_types")
-        ) / total
+        self.step_bytes = (
+            sum(
+                np.asarray(getattr(batch, name)).nbytes
+                for name in ("observations", "actions", "rewards", "step_types")
+            )
+            / total
+        )
 
     def messages(
         self,
@@ -444,9 +447,21 @@ def measure(shape: Shape, *, workers: int, num_envs: int, repeats: int) -> list[
         for count_file in count_files:
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "benchmarks.capacity", "--serve-worker", address,
-                     "--envs", str(num_envs), "--episode-steps", str(shape.episode_steps),
-                     "--control", str(control), "--counts", str(count_file)],
+                    [
+                        sys.executable,
+                        "-m",
+                        "benchmarks.capacity",
+                        "--serve-worker",
+                        address,
+                        "--envs",
+                        str(num_envs),
+                        "--episode-steps",
+                        str(shape.episode_steps),
+                        "--control",
+                        str(control),
+                        "--counts",
+                        str(count_file),
+                    ],
                     env=env,
                 )  # fmt: skip
             )
