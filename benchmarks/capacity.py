@@ -108,7 +108,7 @@ class FramesEnv(gym.Env[np.ndarray, np.int64]):
 
 
 if FRAMES_ID not in gym.registry:
-    gym.register(FRAMES_ID, entry_point=FramesEnv)
+    gym.register(FRAMES_ID, entry_point=f"{__name__}:FramesEnv")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +154,7 @@ class ResultTemplate:
 
     def __init__(self, spec: EnvSpec, steps: int, count: int) -> None:
         obs_space, act_space = spec.observation_space, spec.action_space
+        assert obs_space.shape is not None and act_space.shape is not None  # Box, Discrete
         total = steps * count
         step_types = np.full(total, int(StepType.MID), np.uint8)
         step_types[::steps] = int(StepType.FIRST)
@@ -316,7 +317,8 @@ class SyntheticWorker:
         # Cancels need nothing: every task was answered whole when it came.
 
     def _results_of(self, task: TaskAssignment, welcome: WorkerWelcome) -> Iterator[bytes]:
-        assert self._spec is not None, "the coordinator sends EnvUpdate before any task"
+        if self._spec is None:
+            raise RuntimeError(f"task {task.task_id} came before any EnvUpdate")
         per_result = max(int(self.control.read_text()), 1)
         version = task.agent_version if task.agent_version >= 0 else self._version
         units = sorted(task.units)
@@ -448,22 +450,12 @@ def measure(shape: Shape, *, workers: int, num_envs: int, repeats: int) -> list[
             processes.append(
                 subprocess.Popen(
                     [
-                        sys.executable,
-                        "-m",
-                        "benchmarks.capacity",
-                        "--serve-worker",
-                        address,
-                        "--envs",
-                        str(num_envs),
-                        "--episode-steps",
-                        str(shape.episode_steps),
-                        "--control",
-                        str(control),
-                        "--counts",
-                        str(count_file),
+                        *(sys.executable, "-m", "benchmarks.capacity", "--serve-worker", address),
+                        *("--envs", str(num_envs), "--episode-steps", str(shape.episode_steps)),
+                        *("--control", str(control), "--counts", str(count_file)),
                     ],
                     env=env,
-                )  # fmt: skip
+                )
             )
         sampler = RemoteSampler(address, seed=0, timeout=600, wait_for_workers=_START_SECONDS)
         with sampler:

@@ -6,6 +6,7 @@ observations count steps, so expected orders can be read off the data.
 
 from __future__ import annotations
 
+import itertools
 import tracemalloc
 
 import numpy as np
@@ -260,7 +261,7 @@ def _fragment_results(
         cuts = np.sort(rng.choice(np.arange(1, total), size=windows - 1, replace=False))
         bounds = [0, *cuts.tolist(), total]
         starts = np.cumsum([0, *lengths])
-        for window, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        for window, (lo, hi) in enumerate(itertools.pairwise(bounds)):
             for episode, n in enumerate(lengths):
                 a, b = max(lo, int(starts[episode])), min(hi, int(starts[episode]) + n)
                 if a < b:

@@ -389,7 +389,7 @@ def _placed_fragments(batches: Sequence[EpisodeBatch]) -> EpisodeBatch:
         _MisfitError: If a result lacks one of the fragment infos, or the
             results' arrays differ in structure or trailing shape.
     """
-    keys = []
+    keys: list[np.ndarray] = []
     for name in ("fragment_index", "episode_index", "stream"):
         columns = [batch.episode_infos.get(name) for batch in batches]
         if not all(isinstance(column, np.ndarray) for column in columns):
