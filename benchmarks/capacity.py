@@ -272,6 +272,13 @@ class SyntheticWorker:
             )
         )
         try:
+            return self._serve(stream, inbox)
+        finally:
+            stream.cancel()
+            channel.close()
+
+    def _serve(self, stream: JoinStream, inbox: queue.SimpleQueue[Any]) -> int:
+        try:
             welcome = inbox.get(timeout=_START_SECONDS)
         except queue.Empty:
             print(f"no Welcome from {self.address} within {_START_SECONDS:g} s", file=sys.stderr)
@@ -281,25 +288,21 @@ class SyntheticWorker:
             return 1
         beat_every = welcome.heartbeat_interval_seconds
         next_beat = time.monotonic() + beat_every
-        try:
-            while True:
-                try:
-                    item = inbox.get(timeout=max(next_beat - time.monotonic(), 0.0))
-                except queue.Empty:
-                    stream.send(WorkerBeat())
-                    next_beat = time.monotonic() + beat_every
-                    continue
-                if isinstance(item, StreamEnded):
-                    return 0
-                if isinstance(item, DrainOrder):
-                    stream.send(WorkerLeaving("drained"))
-                    stream.close_send()
-                    return 0
-                for message in self._answer(item, welcome):
-                    stream.send(message)
-        finally:
-            stream.cancel()
-            channel.close()
+        while True:
+            try:
+                item = inbox.get(timeout=max(next_beat - time.monotonic(), 0.0))
+            except queue.Empty:
+                stream.send(WorkerBeat())
+                next_beat = time.monotonic() + beat_every
+                continue
+            if isinstance(item, StreamEnded):
+                return 0
+            if isinstance(item, DrainOrder):
+                stream.send(WorkerLeaving("drained"))
+                stream.close_send()
+                return 0
+            for message in self._answer(item, welcome):
+                stream.send(message)
 
     def _answer(self, item: object, welcome: WorkerWelcome) -> Iterator[Any]:
         if isinstance(item, EnvChange):
