@@ -435,7 +435,13 @@ def _stopping(processes: list[subprocess.Popen[bytes]]) -> Iterator[None]:
 
 def measure(shape: Shape, *, workers: int, num_envs: int, repeats: int) -> list[Request]:
     """Runs ``shape``'s requests against a fresh coordinator and synthetic workers."""
-    directory = Path(tempfile.mkdtemp(prefix="rlfleet-capacity-"))
+    with tempfile.TemporaryDirectory(prefix="rlfleet-capacity-") as name:
+        return _measure(Path(name), shape, workers=workers, num_envs=num_envs, repeats=repeats)
+
+
+def _measure(
+    directory: Path, shape: Shape, *, workers: int, num_envs: int, repeats: int
+) -> list[Request]:
     port_file, control = directory / "port", directory / "result-episodes"
     control.write_text(str(shape.result_episodes[0]))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
