@@ -39,6 +39,37 @@ class EnvNotFoundError(ConfigError):
     """No gymnasium env is registered under the requested id."""
 
 
+class InvalidValueError(RlfleetError, ValueError):
+    """An argument's value is outside what the function takes (a negative
+    seed, a discount outside [0, 1], env ids that repeat, ...).
+
+    Also a ``ValueError``, as garage's and tianshou's own checks raise. Not to
+    be confused with :class:`InvalidArgumentError`, the coordinator's refusal
+    of a request on the wire.
+    """
+
+
+class WrongTypeError(RlfleetError, TypeError):
+    """A value of the wrong type was given, or an object was used in a way its
+    type refuses (a Token pickled).
+
+    Also a ``TypeError``, as Python's own type checks raise (and as
+    ``json.dumps``' ``default`` hook must raise).
+    """
+
+
+class OutOfRangeError(RlfleetError, IndexError):
+    """An index (an env id, an array axis) is out of range.
+
+    Also an ``IndexError``, as tianshou's vector envs and numpy raise.
+    """
+
+
+class NotInstalledError(RlfleetError, ImportError):
+    """A part rlfleet needs is not installed or not built (the compiled MLP
+    kernel, ...). Also an ``ImportError``: it is raised while importing."""
+
+
 class SnapshotError(ConfigError):
     """A snapshot cannot be restored (an unreadable file, a bad key or tensor).
 
@@ -66,6 +97,10 @@ class UsageError(RlfleetError, RuntimeError):
     """An object was used out of order (a closed env, a shut-down worker, ...)."""
 
 
+class InternalError(RlfleetError, RuntimeError):
+    """rlfleet broke one of its own invariants: a bug. Report it with the message."""
+
+
 class NotSetupError(UsageError):
     """A Trainer was used before ``setup()`` (or resumed before ``restore()``)."""
 
@@ -90,6 +125,14 @@ class UnavailableError(RlfleetError):
     """The coordinator cannot be reached or went away. Safe to retry."""
 
     retryable = True
+
+
+class ConnectionClosedError(RlfleetError, ConnectionError):
+    """A connection was closed by either side before a frame could be sent.
+
+    Also a ``ConnectionError`` (an ``OSError``), as a socket raises: the
+    in-process lease data link and a TCP one fail alike.
+    """
 
 
 class CoordinatorRestartedError(UnavailableError):
@@ -173,12 +216,17 @@ __all__ = [
     "AuthenticationError",
     "BatchKeyError",
     "ConfigError",
+    "ConnectionClosedError",
     "EnvError",
     "EnvNotFoundError",
+    "InternalError",
     "InvalidArgumentError",
     "InvalidBatchError",
+    "InvalidValueError",
     "NoWorkersError",
+    "NotInstalledError",
     "NotSetupError",
+    "OutOfRangeError",
     "PermissionDeniedError",
     "PolicyError",
     "PolicyIdError",
@@ -192,4 +240,5 @@ __all__ = [
     "VectorEnvError",
     "WireFormatError",
     "WorkerError",
+    "WrongTypeError",
 ]

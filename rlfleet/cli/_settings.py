@@ -101,7 +101,7 @@ def _size(value: Any) -> Any:
         try:
             return byte_size(value)
         except argparse.ArgumentTypeError as exc:
-            raise ValueError(str(exc)) from None
+            raise ConfigError(str(exc)) from None
     return value
 
 
@@ -291,12 +291,12 @@ def convert(model: type[CommandSettings], name: str, value: Any) -> Any:
     """A value of one option from text or a TOML value, checked against its type and bounds.
 
     Raises:
-        ValueError: Saying what is wrong (:func:`reason`'s words).
+        ConfigError: Saying what is wrong (:func:`reason`'s words; a ValueError).
     """
     try:
         return _adapter(model, name).validate_python(value)
     except ValidationError as exc:
-        raise ValueError(reason(exc)) from None
+        raise ConfigError(reason(exc)) from None
 
 
 def reason(exc: ValidationError) -> str:

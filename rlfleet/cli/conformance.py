@@ -14,6 +14,7 @@ from pydantic_settings import NoDecode
 from rlfleet.cli._parser import add_command
 from rlfleet.cli._settings import CommandSettings, PositiveFloat, option
 from rlfleet.conformance.defaults import DEFAULT_ENV_ID, DEFAULT_TIMEOUT
+from rlfleet.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlfleet.conformance import CheckResult
@@ -26,7 +27,7 @@ def _names(value: Any) -> Any:
     if isinstance(value, str):
         names = [name.strip() for name in value.split(",") if name.strip()]
         if not names:
-            raise ValueError("name at least one check")
+            raise ConfigError("name at least one check")
         return names
     return value
 

@@ -14,6 +14,7 @@ import sys
 
 from rlfleet.cli._parser import add_command
 from rlfleet.cli._settings import CommandSettings, PositiveFloat, option
+from rlfleet.errors import ConfigError
 
 #: The variable the image sets; ``--health-listen`` defaults to it too.
 HEALTH_LISTEN_VARIABLE = "RLFLEET_HEALTH_LISTEN"
@@ -61,7 +62,7 @@ def dial_address(listen: str) -> str:
     """
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
-        raise ValueError(f"health address {listen!r} must be HOST:PORT, e.g. 127.0.0.1:50052")
+        raise ConfigError(f"health address {listen!r} must be HOST:PORT, e.g. 127.0.0.1:50052")
     if host in _WILDCARD_HOSTS:
         return f"127.0.0.1:{port}"
     return listen

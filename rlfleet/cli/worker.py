@@ -68,6 +68,12 @@ class WorkerSettings(WorkerSecurityOptions, ConfigOptions):
         None, "seconds between heartbeats", shown="the coordinator's setting"
     )
     reconnect_max_seconds: PositiveFloat = option(10.0, "cap of the reconnect backoff")
+    connect_timeout: PositiveFloat | None = option(
+        None,
+        "seconds to keep trying to join (from the start, and from each lost connection) "
+        "before exiting 1",
+        shown="keep trying",
+    )
     keepalive_interval: PositiveFloat = option(
         10.0, "seconds between keepalive pings to the coordinator"
     )
@@ -153,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         heartbeat_interval=args.heartbeat_interval,
         reconnect_max_seconds=args.reconnect_max_seconds,
+        connect_timeout=args.connect_timeout,
         drain_grace_seconds=args.drain_grace,
         keepalive_interval=args.keepalive_interval,
         keepalive_timeout=args.keepalive_timeout,
@@ -166,8 +173,9 @@ def run(args: argparse.Namespace) -> int:
         security=worker_security_from_args(args),
         allow_pickle=args.allow_pickle,
     )
-    tag_process("worker", config.name)
     worker = RemoteWorker(config)
+    # The name the fleet knows it by (the coordinator may add a suffix).
+    tag_process("worker", lambda: worker.name)
     health = _start_health(args.health_listen, worker) if args.health_listen else None
     metrics = None
     if args.metrics_listen:

@@ -11,13 +11,13 @@ while they run a state other than the current one.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
 
+from rlfleet._util.values import json_object
 from rlfleet.coordinator.calls import CallScope
 from rlfleet.coordinator.failures import CallError, detail_of
 from rlfleet.coordinator.registry import WorkerHandle
@@ -82,7 +82,9 @@ class Rollouts:
         with state.lock:
             check_pickles(update, state.config.security.pickle, state.registry)
             previous = state.agent
-            version = previous.version + 1
+            # A learner restoring its agent on a restarted coordinator names
+            # the version it had: numbering goes on from there, never back.
+            version = max(previous.version + 1, update.version)
 
             def push() -> _Push:
                 state.agent = previous.after(update, version)
@@ -298,4 +300,5 @@ def _same_env(current: EnvChange, update: EnvChange) -> bool:
     if update.vectorization != current.vectorization:
         return False
     # Text may differ in spacing or key order for the same kwargs.
-    return bool(json.loads(update.kwargs_json or "{}") == json.loads(current.kwargs_json or "{}"))
+    where = "EnvUpdate.kwargs_json"
+    return json_object(update.kwargs_json, where) == json_object(current.kwargs_json, where)

@@ -320,9 +320,8 @@ class WorkerEvents:
                 return  # the request ended while the batch was being checked
             if spec.mode is Mode.FRAGMENTS:
                 state.streams.record(spec.seed, handle.worker_id, decoded.batch)
-            state.metrics.delivered(
+            state.metrics.forwarded(
                 episodes=len(header.lengths),
-                steps=sum(header.lengths),
                 payload_bytes=joined.total_bytes,
                 lag=max(state.agent.version - header.agent_version, 0),
             )
@@ -331,10 +330,15 @@ class WorkerEvents:
             if call is not None:
                 forward = Forward(header, handle.worker_id, joined.chunks, sum(header.lengths))
                 call.outbox.put(forward)
+                if outcome.subscription:
+                    state.metrics.delivered(len(header.lengths), sum(header.lengths))
             if outcome.done:
                 footer = state.scheduler.footer(outcome.request_id)
                 state.finish_request(outcome.request_id)
                 if call is not None:
+                    # What the learner's answer holds, not every accepted
+                    # result: a STEPS answer ends at its prefix.
+                    state.metrics.delivered(footer.num_episodes, footer.total_steps)
                     call.outbox.put(Finished(footer))
             state.dispatch()
 

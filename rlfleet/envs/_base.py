@@ -21,6 +21,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._util.closing import ClosesOnExit
 from rlfleet.envs.batching import (
     Answered,
     EnvIds,
@@ -46,14 +47,20 @@ from rlfleet.envs.commands import (
     EnvFactory,
 )
 from rlfleet.envs.dispatch import CommandDispatch
-from rlfleet.errors import ConfigError, UsageError, VectorEnvError
+from rlfleet.errors import (
+    ConfigError,
+    InvalidValueError,
+    UsageError,
+    VectorEnvError,
+    WrongTypeError,
+)
 
 
 def _release_nothing() -> list[BaseException]:
     return []
 
 
-class BaseVectorEnv(CommandDispatch):
+class BaseVectorEnv(ClosesOnExit, CommandDispatch):
     """Several envs stepped together, with tianshou's API.
 
     Differences from a single gymnasium env, all as in tianshou:
@@ -171,12 +178,6 @@ class BaseVectorEnv(CommandDispatch):
         """Returns the number of envs."""
         return self.env_num
 
-    def __enter__(self) -> BaseVectorEnv:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"{type(self).__name__}(env_num={self.env_num}, {state})"
@@ -224,7 +225,7 @@ class BaseVectorEnv(CommandDispatch):
         """
         self._check_open()
         if id is not None and env_id is not None:
-            raise TypeError("reset() got both id and env_id; they are the same argument")
+            raise WrongTypeError("reset() got both id and env_id; they are the same argument")
         ids = self._ids(env_id if id is None else id)
         args = self._reset_args(ids, kwargs, "reset")
         (results,) = self._call_many([(ids, RESET, args)])
@@ -249,7 +250,7 @@ class BaseVectorEnv(CommandDispatch):
             in env-index order (``infos[k]["env_id"]`` names it).
 
         Raises:
-            ValueError: If the number of actions does not match ``id``.
+            InvalidValueError: If the number of actions does not match ``id``.
             UsageError: If an env of ``id`` has a step in flight (async mode).
             VectorEnvError: If an env must be reset first, or raised, died or
                 timed out.
@@ -289,7 +290,7 @@ class BaseVectorEnv(CommandDispatch):
 
         Raises:
             UsageError: In async mode.
-            ValueError: If an env is in both ``id`` and ``reset_id``.
+            InvalidValueError: If an env is in both ``id`` and ``reset_id``.
         """
         self._check_open()
         if self.is_async:
@@ -298,7 +299,7 @@ class BaseVectorEnv(CommandDispatch):
         reset_ids = self._ids(reset_id, allow_empty=True)
         both = sorted(set(ids) & set(reset_ids))
         if both:
-            raise ValueError(f"step_and_reset(): envs {both} are both stepped and reset")
+            raise InvalidValueError(f"step_and_reset(): envs {both} are both stepped and reset")
         rows = self._step_rows(ids, action)
         args = self._reset_args(reset_ids, kwargs, "step_and_reset")
         step_results, reset_results = self._call_many([(ids, STEP, rows), (reset_ids, RESET, args)])

@@ -13,6 +13,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from rlfleet.envs.commands import FailedCall
+from rlfleet.errors import InvalidValueError, OutOfRangeError
 
 #: Which envs a call applies to: None (all), one index, or a sequence of indices.
 EnvIds: TypeAlias = int | np.integer | Sequence[int] | np.ndarray | None
@@ -40,13 +41,15 @@ def env_ids(id: EnvIds, env_num: int, *, allow_empty: bool = False) -> list[int]
     if allow_empty and array.size == 0 and array.ndim == 1:
         return []
     if array.ndim > 1 or array.size == 0 or array.dtype.kind not in "iu":
-        raise ValueError(f"id must be None, an env index or a 1-D sequence of them, got {id!r}")
+        raise InvalidValueError(
+            f"id must be None, an env index or a 1-D sequence of them, got {id!r}"
+        )
     ids = [int(i) for i in array.reshape(-1)]
     bad = [i for i in ids if not 0 <= i < env_num]
     if bad:
-        raise IndexError(f"env ids {bad} out of range; there are {env_num} envs")
+        raise OutOfRangeError(f"env ids {bad} out of range; there are {env_num} envs")
     if len(set(ids)) != len(ids):
-        raise ValueError(f"env ids must be distinct, got {ids}")
+        raise InvalidValueError(f"env ids must be distinct, got {ids}")
     return ids
 
 
@@ -154,12 +157,14 @@ def action_rows(action: Any, ids: list[int]) -> Sequence[Any]:
     try:
         count = len(action)
     except TypeError:
-        raise ValueError(
+        raise InvalidValueError(
             f"action must have one row per env stepped ({len(ids)} for ids {ids}), "
             f"got a {type(action).__name__} without rows"
         ) from None
     if count != len(ids):
-        raise ValueError(f"action has {count} rows but {len(ids)} envs are stepped (ids {ids})")
+        raise InvalidValueError(
+            f"action has {count} rows but {len(ids)} envs are stepped (ids {ids})"
+        )
     if isinstance(action, np.ndarray):
         # Its rows are action[k] already; a remote backend encodes it whole
         # (per-row numpy scalars cost ~1 us each to make and to pack again).
@@ -175,16 +180,18 @@ def expand_seeds(seed: Seeds, count: int, where: str) -> list[int | None]:
         start = as_seed(seed, where)
         return [start + k for k in range(count)]
     if isinstance(seed, str | bytes) or not isinstance(seed, Sequence | np.ndarray):
-        raise ValueError(f"{where}: seed must be None, an int or a list of ints, got {seed!r}")
+        raise InvalidValueError(
+            f"{where}: seed must be None, an int or a list of ints, got {seed!r}"
+        )
     seeds = list(seed)
     if len(seeds) != count:
-        raise ValueError(f"{where}: got {len(seeds)} seeds for {count} envs")
+        raise InvalidValueError(f"{where}: got {len(seeds)} seeds for {count} envs")
     return [None if item is None else as_seed(item, where) for item in seeds]
 
 
 def as_seed(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
-        raise ValueError(f"{where}: seeds must be ints >= 0 (or None), got {value!r}")
+        raise InvalidValueError(f"{where}: seeds must be ints >= 0 (or None), got {value!r}")
     return int(value)
 
 

@@ -20,7 +20,7 @@ from typing import Any, TypeAlias
 
 import gymnasium as gym
 
-from rlfleet.errors import ConfigError, VectorEnvError
+from rlfleet.errors import ConfigError, VectorEnvError, WrongTypeError
 
 #: An env factory: a callable returning a gymnasium env (or any object with
 #: gymnasium's ``reset``/``step``).
@@ -174,13 +174,13 @@ def make_checked(factory: EnvFactory) -> Any:
     with callable ``reset`` and ``step``.
 
     Raises:
-        TypeError: If the factory returned something else.
+        WrongTypeError: If the factory returned something else.
     """
     env = factory()
     if not isinstance(env, gym.Env) and not (
         callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))
     ):
-        raise TypeError(
+        raise WrongTypeError(
             f"the env factory returned {type(env).__name__}, which is neither a gymnasium.Env "
             "nor an object with reset() and step() methods"
         )

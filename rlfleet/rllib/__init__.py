@@ -18,6 +18,7 @@ docs/rllib.md says how RLlib's arguments and SampleBatch fields map here.
 
 from typing import Any
 
+from rlfleet._util.imports import LazyNames
 from rlfleet.rllib._policies import DEFAULT_POLICY_ID
 from rlfleet.rllib.arguments import IgnoredArgumentWarning
 from rlfleet.rllib.callbacks import DefaultCallbacks, Episode, RolloutMetrics
@@ -48,11 +49,10 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # The group needs the gRPC client; importing it lazily keeps `import rlfleet`
-    # free of gRPC for local-only users.
-    if name == "RolloutWorkerGroup":
-        from rlfleet.rllib.worker_group import RolloutWorkerGroup
+# The group needs the gRPC client; importing it lazily keeps `import rlfleet`
+# free of gRPC for local-only users.
+_LAZY = LazyNames(__name__, {"RolloutWorkerGroup": "rlfleet.rllib.worker_group"})
 
-        return RolloutWorkerGroup
-    raise AttributeError(f"module 'rlfleet.rllib' has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    return _LAZY(name)

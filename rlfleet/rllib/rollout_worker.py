@@ -225,20 +225,11 @@ class RolloutWorker:
                 seed=self._derived_seed(10_000 + index),
             )
         self._is_policy_to_train = is_to_train_fn(policies_to_train)
+        # With clip_rewards as decided above (RLlib's None clips Atari rewards).
+        self._settings = SamplingSettings.of({**self._creation_args, "clip_rewards": clip_rewards})
         self._collector = RolloutCollector(
             slots,
-            SamplingSettings(
-                rollout_fragment_length=rollout_fragment_length,
-                batch_mode=batch_mode,
-                count_steps_by=count_steps_by,
-                episode_horizon=episode_horizon,
-                soft_horizon=soft_horizon,
-                no_done_at_end=no_done_at_end,
-                clip_rewards=clip_rewards,
-                normalize_actions=normalize_actions,
-                clip_actions=clip_actions,
-                worker_index=worker_index,
-            ),
+            self._settings,
             entries=lambda: self._policies,
             map_agent=self._map_agent,
             callbacks=self._callbacks,

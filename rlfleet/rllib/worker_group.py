@@ -199,10 +199,8 @@ class RolloutWorkerGroup:
                     "which the fleet's multi-agent envs do not normalise or clip yet; use "
                     "discrete actions or a local RolloutWorker"
                 )
-        self._fragment_length = rollout_fragment_length
-        self._batch_mode = batch_mode
-        self._clip_rewards = clip_rewards
-        self._filtered = observation_filter == "MeanStdFilter"
+        self._settings = self._local._settings
+        self._filtered = self._settings.observation_filter == "MeanStdFilter"
         self._iteration = 0
         self._deltas: dict[int, RunningStat] = {}
         self._metrics: dict[int, list[RolloutMetrics]] = {}
@@ -267,9 +265,10 @@ class RolloutWorkerGroup:
         fleet's env slots returns (tests/test_rllib_multi_agent_fleet.py).
         """
         slots = sum(w.envs for w in self._sampler.status().workers) or 1
-        steps = self._fragment_length * slots
-        if self._batch_mode == "truncate_episodes":
-            batch = self._sampler.obtain_fragments(steps, self._fragment_length)
+        length = self._settings.rollout_fragment_length
+        steps = length * slots
+        if self._settings.batch_mode == "truncate_episodes":
+            batch = self._sampler.obtain_fragments(steps, length)
         else:
             batch = self._sampler.obtain_samples(self._iteration, steps)
         self._iteration += 1
@@ -528,7 +527,7 @@ class RolloutWorkerGroup:
         if isinstance(self._fleet_filter, MeanStdFilter):
             changes["observations"] = self._fleet_filter(batch.observations, update=False)
             changes["last_observations"] = self._fleet_filter(batch.last_observations, update=False)
-        if self._clip_rewards not in (None, False):
-            changes["rewards"] = clipped_rewards(batch.rewards, self._clip_rewards)
+        if self._settings.clip_rewards not in (None, False):
+            changes["rewards"] = clipped_rewards(batch.rewards, self._settings.clip_rewards)
         processed = dataclasses.replace(batch, **changes) if changes else batch
         return RolloutEpisodeBatch.view_of(processed, self._layout.agents if self._layout else ())

@@ -22,7 +22,7 @@ from rlfleet._util.values import check_int
 from rlfleet.core._arrays import episode_starts
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
-from rlfleet.errors import ConfigError
+from rlfleet.errors import ConfigError, InvalidValueError
 from rlfleet.policies.base import Policy
 from rlfleet.worker._episode_buffer import stack_step_infos
 from rlfleet.worker.units import make_units
@@ -197,8 +197,9 @@ def truncate_paths(paths: Sequence[Mapping[str, Any]], max_samples: int) -> list
         New path dicts (arrays are views of the given ones).
 
     Raises:
-        ValueError: If ``max_samples`` is negative or a path has a key
-            outside those above (garage raises for unknown keys too).
+        ConfigError: If ``max_samples`` is negative.
+        InvalidValueError: If a path has a key outside those above (garage
+            raises for unknown keys too).
     """
     check_int("truncate_paths: max_samples", max_samples, minimum=0)
     kept: list[dict[str, Any]] = []
@@ -217,7 +218,7 @@ def _path_head(path: Mapping[str, Any], length: int, index: int = 0) -> dict[str
     """The first ``length`` steps of a garage path.
 
     Raises:
-        ValueError: Naming an unknown key of path ``index``.
+        InvalidValueError: Naming an unknown key of path ``index``.
     """
     steps = len(path["rewards"])
     head: dict[str, Any] = {}
@@ -237,7 +238,7 @@ def _path_head(path: Mapping[str, Any], length: int, index: int = 0) -> dict[str
             valid = sorted(
                 _PER_STEP_KEYS | _PER_STEP_INFO_KEYS | _PER_EPISODE_KEYS | {_LAST_OBSERVATION}
             )
-            raise ValueError(
+            raise InvalidValueError(
                 f"truncate_paths: path {index} has unexpected key {key!r}; valid keys are {valid}"
             )
     return head
@@ -304,9 +305,9 @@ def discount_cumsum(x: Any, discount: float) -> np.ndarray:
     """
     values = np.asarray(x, dtype=np.float64)
     if values.ndim != 1:
-        raise ValueError(f"discount_cumsum: expected a 1-D array, got shape {values.shape}")
+        raise InvalidValueError(f"discount_cumsum: expected a 1-D array, got shape {values.shape}")
     if not 0.0 <= discount <= 1.0:
-        raise ValueError(f"discount_cumsum: discount must be in [0, 1], got {discount}")
+        raise InvalidValueError(f"discount_cumsum: discount must be in [0, 1], got {discount}")
     if discount == 0.0:
         return values.copy()
     if discount == 1.0:

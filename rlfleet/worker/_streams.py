@@ -8,11 +8,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from rlfleet.core.seeding import stream_seeds
-from rlfleet.errors import EnvError, PolicyError
+from rlfleet.errors import EnvError, PolicyError, WireFormatError
 from rlfleet.policies.base import Policy
 from rlfleet.protocol.stream_replay import StreamReplay
-from rlfleet.worker._engine import Live, SlotEngine
+from rlfleet.worker._engine import SlotEngine
 from rlfleet.worker._episode_buffer import Segment, record_key
+from rlfleet.worker._segments import Live
 
 
 @dataclasses.dataclass
@@ -119,7 +120,9 @@ class FragmentStreams:
         env_seed, policy_seed = stream_seeds(base_seed, replay.stream, replay.episode_index)
         actions = replay.actions
         if actions is None or replay.last_observation is None:
-            raise ValueError("a replay of an episode in progress needs its actions and observation")
+            raise WireFormatError(
+                "a replay of an episode in progress needs its actions and observation"
+            )
         live = Live(
             unit=None,
             rng=np.random.default_rng(policy_seed),
@@ -151,7 +154,7 @@ class FragmentStreams:
             stream = streams[slot]
             parked = self._parked.pop(stream, None)
             if parked is not None:
-                if self._holder[slot] != stream or slot in engine.broken:
+                if self._holder[slot] != stream or slot in engine.failures.broken:
                     self._rebuild(slot, parked)
                 self._holder[slot] = stream
                 self._logs[slot] = parked.actions
@@ -208,7 +211,7 @@ class FragmentStreams:
         actions = np.concatenate(parked.actions)
         ended = False
         try:
-            if slot in engine.broken:
+            if slot in engine.failures.broken:
                 engine.rebuild_env(slot)
             observation = venv.reset_env(slot, env_seed)
             for step, action in enumerate(actions):
