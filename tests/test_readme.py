@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,6 +17,20 @@ def test_ci_runs_the_readme_test_command() -> None:
     )
     assert command in README
     assert command in (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_group_the_default_run_leaves_out_has_a_ci_step_and_a_readme_line() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    match = re.search(r'-m "([^"]+)"', config["addopts"])
+    assert match, "pyproject's addopts no longer deselects any group"
+    left_out = re.findall(r"not (\w+)", match.group(1))
+    assert sorted(left_out) == ["docker", "netns", "soak", "soak_long"]
+    ci = (ROOT / ".ci" / "run").read_text()
+    declared = {line.split(":")[0] for line in config["markers"]}
+    for group in left_out:
+        assert group in declared
+        assert re.search(rf"^python -m pytest -m {group}$", ci, re.M), f".ci/run never runs -m {group}"
+        assert f"python -m pytest -m {group}" in README, f"README.md does not say how to run {group}"
 
 
 def test_quick_start_runs_the_demo() -> None:
