@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -43,39 +42,14 @@ from rlfleet.errors import ConfigError, EnvNotFoundError, PolicyError, RlfleetEr
 from rlfleet.learners.vpg import VPG
 from rlfleet.policies import MLPCategoricalPolicy
 from tests import mlp_reference as ref
+from tests.node_support import (
+    NODE,
+    NODE_DIR,
+    NODE_WORKER,
+    node_present,  # noqa: F401 (autouse: skips without Node, fails under CI=true)
+)
 
-NODE_DIR = Path(__file__).resolve().parent.parent / "clients" / "node"
-NODE = shutil.which("node")
-
-
-def missing_node() -> str | None:
-    """Why the Node tests cannot run here, or None."""
-    if NODE is None:
-        return "node is not installed (Node.js >= 20 runs clients/node)"
-    if not (NODE_DIR / "node_modules").is_dir():
-        return "clients/node/node_modules is missing: run `cd clients/node && npm ci`"
-    return None
-
-
-#: .ci/run installs Node and node_modules: there, missing ones fail the tests.
-NODE_REQUIRED = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def node_present() -> None:
-    """Fails each Node test under CI=true when Node cannot run (skipped otherwise)."""
-    missing = missing_node()
-    if missing is not None:
-        pytest.fail(f"CI=true but {missing}")
-
-
-pytestmark = [
-    pytest.mark.skipif(
-        missing_node() is not None and not NODE_REQUIRED,
-        reason=f"{missing_node()} (set CI=true to make this a failure)",
-    ),
-    pytest.mark.timeout(180),
-]
+pytestmark = pytest.mark.timeout(180)
 
 JS_ENV = rlfleet.envs.cartpole_js.ENV_ID
 JS_SPEC = EnvConfig(JS_ENV).env_spec()
@@ -211,7 +185,7 @@ def start_node_worker(address: str, *, envs: int, name: str) -> subprocess.Popen
     return subprocess.Popen(
         [
             str(NODE),
-            str(NODE_DIR / "bin" / "rlfleet-node-worker.js"),
+            str(NODE_WORKER),
             "--coordinator",
             address,
             "--envs",
@@ -471,7 +445,7 @@ def test_mixed_fleet_trains_with_pushed_parameters(
 
 def test_node_worker_passes_the_conformance_kit() -> None:
     """Every check of rlfleet's conformance kit (docs/protocol.md, section 9)."""
-    worker = NODE_DIR / "bin" / "rlfleet-node-worker.js"
+    worker = NODE_WORKER
     command = f"{NODE} {worker} --coordinator {{address}} --envs 2 --quiet"
     results = run_conformance(command, env_id=JS_ENV)
     failed = [f"{r.name}: {r.message}" for r in results if not r.passed]
