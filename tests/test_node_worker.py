@@ -22,7 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,6 +47,7 @@ from tests.node_support import (
     NODE_WORKER,
     node_present,  # noqa: F401 (autouse: skips without Node, fails under CI=true)
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -237,15 +237,16 @@ def stop(process: subprocess.Popen[bytes]) -> tuple[int, str]:
     return process.returncode, stderr
 
 
-def wait_for_workers(sampler: RemoteSampler, count: int, timeout: float = 30.0) -> dict[str, int]:
+def wait_for_workers(sampler: RemoteSampler, count: int, timeout: float = 60.0) -> dict[str, int]:
     """Waits until ``count`` workers are idle; returns their ids by name."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def idle() -> dict[str, int] | None:
         workers = sampler.status().workers
         if len(workers) == count and all(w.state == "idle" for w in workers):
             return {w.name: w.worker_id for w in workers}
-        assert time.monotonic() < deadline, f"workers did not join: {workers}"
-        time.sleep(0.05)
+        return None
+
+    return wait_until(idle, f"{count} idle workers", timeout=timeout)
 
 
 @pytest.fixture
@@ -497,10 +498,9 @@ def test_multi_agent_work_goes_only_to_workers_with_the_capability(
         sampler.update_env(EnvConfig(JS_ENV))
         # One joining now gets the env, not the joint policy.
         processes.append(start_node_worker(coordinator.address, envs=1, name="late"))
-        deadline = time.monotonic() + 30
-        while "late" not in (status := {w.name: w for w in sampler.status().workers}):
-            assert time.monotonic() < deadline, "the late Node worker did not join"
-            time.sleep(0.05)
+        wait_until(
+            lambda: "late" in {w.name for w in sampler.status().workers}, "the late Node worker"
+        )
         vpg = VPG(JS_SPEC, hidden_sizes=(8,), seed=0)
         sampler.update_agent((vpg.policy_spec, vpg.get_params()))
         # Workers answer in order: a refusal of the joint policy would have
