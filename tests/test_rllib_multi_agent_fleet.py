@@ -247,11 +247,11 @@ def test_a_killed_worker_loses_and_duplicates_nothing() -> None:
     with RolloutWorkerGroup.local(2, envs_per_worker=2, **args) as group:
         assert group.fleet is not None
         victim = group.fleet.workers[0]
+        sampler = group.fleet.sampler
         answer = run_in_thread(group.sample)
         wait_until(
             lambda: any(
-                w.units_in_flight > 0 and w.name == victim.name
-                for w in group.fleet.sampler.status().workers
+                w.units_in_flight > 0 and w.name == victim.name for w in sampler.status().workers
             ),
             "units on the victim",
             interval=0.01,
@@ -363,11 +363,11 @@ def test_a_worker_killed_mid_fragments_changes_no_multi_agent_answer() -> None:
         victim_id = next(
             w.worker_id for w in group.fleet.sampler.status().workers if w.name == victim.name
         )
+        sampler = group.fleet.sampler
         answer = run_in_thread(group.sample)
         wait_until(
             lambda: any(
-                w.units_in_flight > 0 and w.worker_id == victim_id
-                for w in group.fleet.sampler.status().workers
+                w.units_in_flight > 0 and w.worker_id == victim_id for w in sampler.status().workers
             ),
             "units on the victim",
             interval=0.01,
