@@ -46,31 +46,31 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rlfleet import _rpc
 from rlfleet.client import RemoteSampler, RemoteVectorEnv
 from rlfleet.coordinator.config import CoordinatorConfig
-from rlfleet.coordinator.lease_translation import (
+from rlfleet.coordinator.leases.manager import Lease, LeaseManager
+from rlfleet.coordinator.leases.translation import (
     RelayOpen,
     RelayReply,
     opened_response,
     parse_request,
     relay_deserializer,
 )
-from rlfleet.coordinator.leases import Lease, LeaseManager
 from rlfleet.coordinator.state import FleetState
 from rlfleet.envs import EnvConfig
-from rlfleet.join_stream import WorkerHello
-from rlfleet.lease_messages import (
+from rlfleet.protocol.join import WorkerHello
+from rlfleet.security import ClientSecurity
+from rlfleet.transport import rpc as _rpc
+from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
+from rlfleet.wire import encode_tensor
+from rlfleet.wire.leases import (
     LeaseAnswers,
     LeaseCallOrder,
     LeaseReport,
     decode_lease_command,
     lease_report_message,
 )
-from rlfleet.security import ClientSecurity
-from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
-from rlfleet.wire import encode_tensor
-from rlfleet.worker._leases import LeaseHost
+from rlfleet.worker.leases.host import LeaseHost
 
 WORKERS, ENVS_PER_WORKER = 2, 8
 NUM_ENVS = WORKERS * ENVS_PER_WORKER

@@ -12,7 +12,7 @@ checks, per-episode seeding). A third loop is the bare one plus the
 per-episode seeding determinism requires (``reset(seed=...)`` and a fresh
 ``default_rng`` per episode), to tell that cost from the worker's own.
 
-A fourth loop is the performance issue's plain loop
+A fourth loop is the plain loop
 (:func:`rlfleet.bench.plain_loop.plain_loop`: ``gym.make`` envs, a plain
 ``@`` MLP, every step stored), the baseline of ``rlfleet bench``'s goal
 (VecWorker >= 0.9 x plain loop per CPU-second).

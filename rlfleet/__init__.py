@@ -24,7 +24,6 @@ The public API, importable from ``rlfleet``:
 """
 
 from rlfleet._version import __version__
-from rlfleet.batch_file import load_batch, save_batch
 from rlfleet.core import (
     EnvSpec,
     EnvStep,
@@ -37,6 +36,7 @@ from rlfleet.core import (
     pad_to_last,
     step_type_from_gym,
 )
+from rlfleet.core.batch_file import load_batch, save_batch
 from rlfleet.envs import (
     BaseVectorEnv,
     DummyVectorEnv,
@@ -49,7 +49,6 @@ from rlfleet.envs import (
     make_env,
 )
 from rlfleet.errors import NotSetupError, RlfleetError
-from rlfleet.local_sampler import LocalSampler
 from rlfleet.policies import (
     MLPCategoricalPolicy,
     MLPGaussianPolicy,
@@ -60,6 +59,7 @@ from rlfleet.policies import (
     default_policy_spec,
     make_policy,
 )
+from rlfleet.protocol.stream_replay import StreamBook, StreamReplay
 from rlfleet.rllib import RolloutWorker, register_multi_agent_env
 from rlfleet.sampling import (
     log_multitask_performance,
@@ -69,7 +69,7 @@ from rlfleet.sampling import (
     rollout,
     truncate_paths,
 )
-from rlfleet.stream_replay import StreamBook, StreamReplay
+from rlfleet.sampling.local import LocalSampler
 from rlfleet.trainer import ExperimentContext, SnapshotConfig, Trainer, wrap_experiment
 from rlfleet.worker import DefaultWorker, EpisodeUnit, VecWorker
 

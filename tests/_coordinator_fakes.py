@@ -29,10 +29,10 @@ from typing import Any
 import grpc
 import numpy as np
 
-from rlfleet import _rpc
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.envs import EnvConfig
 from rlfleet.policies import PolicySpec
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import (
     ChunkAssembler,

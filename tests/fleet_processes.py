@@ -38,8 +38,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlfleet.client import RemoteSampler
 from rlfleet.core import EpisodeBatch
 from rlfleet.envs import EnvConfig
-from rlfleet.local_sampler import LocalSampler
 from rlfleet.policies import Policy, PolicySpec
+from rlfleet.sampling.local import LocalSampler
 from rlfleet.v1 import learner_pb2
 from tests._coordinator_fakes import ROOT, status
 from tests.waiting import PATIENCE, wait_until

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rlfleet import EnvConfig, LocalSampler, load_batch, save_batch
-from rlfleet.batch_file import space_from_json, space_to_json
+from rlfleet.core.batch_file import space_from_json, space_to_json
 from rlfleet.errors import ConfigError
 
 SPACES = [

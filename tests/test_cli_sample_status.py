@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from rlfleet import load_batch
-from rlfleet.batch_file import FILE_FORMAT
 from rlfleet.cli import main
 from rlfleet.client import Fleet, RemoteSampler
+from rlfleet.core.batch_file import FILE_FORMAT
 from rlfleet.envs import EnvConfig
-from rlfleet.local_sampler import LocalSampler
+from rlfleet.sampling.local import LocalSampler
 from tests.test_fleet_equivalence import assert_same_batch
 from tests.waiting import PATIENCE, wait_until
 

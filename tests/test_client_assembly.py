@@ -1,4 +1,4 @@
-"""A learner's answer from its results (rlfleet.episode_results), without processes.
+"""A learner's answer from its results (rlfleet.wire.results), without processes.
 
 Batches are built by hand from rlfleet/Counter-v0's spaces, whose
 observations count steps, so expected orders can be read off the data.
@@ -17,17 +17,17 @@ from rlfleet.client._learner_messages import EmptyResponse, parse_response
 from rlfleet.client._responses import AnswerHeader, ResponseReader
 from rlfleet.core import EnvSpec, EpisodeBatch, StepType
 from rlfleet.envs import EnvConfig
-from rlfleet.episode_results import (
+from rlfleet.errors import ProtocolError, WireFormatError
+from rlfleet.protocol.learner_calls import CallHeader
+from rlfleet.v1 import learner_pb2, worker_pb2
+from rlfleet.wire import encode_batch_chunks
+from rlfleet.wire.results import (
     DecodedResult,
     ResultAssembler,
     ResultHeader,
     assemble_episodes,
     assemble_fragments,
 )
-from rlfleet.errors import ProtocolError, WireFormatError
-from rlfleet.learner_calls import CallHeader
-from rlfleet.v1 import learner_pb2, worker_pb2
-from rlfleet.wire import encode_batch_chunks
 
 SPEC: EnvSpec = EnvConfig("rlfleet/Counter-v0", imports=("rlfleet.envs.testing",)).env_spec()
 

@@ -12,8 +12,8 @@ from rlfleet.client._restore import merged_agent
 from rlfleet.client._updates import env_config_of, policy_spec_of
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, WireFormatError
-from rlfleet.fleet_updates import EnvChange, PolicyChoice
 from rlfleet.policies import MLPCategoricalPolicy, MLPGaussianPolicy, PolicySpec, RandomPolicy
+from rlfleet.protocol.updates import EnvChange, PolicyChoice
 from rlfleet.v1 import updates_pb2
 from rlfleet.wire import encode_tensor_map
 

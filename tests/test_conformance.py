@@ -1,6 +1,6 @@
 """The conformance kit: it passes real workers and fails broken ones.
 
-* Result rules are rlfleet.episode_results', shared with the coordinator:
+* Result rules are rlfleet.wire.result_checks', shared with the coordinator:
   tests/test_episode_results.py.
 * The whole kit against the Python worker and, when Node.js and
   ``clients/node/node_modules`` are present (without them it is skipped,

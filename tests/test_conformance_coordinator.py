@@ -18,8 +18,9 @@ import pytest
 
 from rlfleet.conformance import COORDINATOR_CHECKS, run_coordinator_conformance
 from rlfleet.conformance.coordinator_checks import OVERSIZED_HELLO_BYTES
-from rlfleet.coordinator import CoordinatorConfig, lease_data_server, serve
+from rlfleet.coordinator import CoordinatorConfig, serve
 from rlfleet.coordinator.config import LEASE_DATA_OFF
+from rlfleet.coordinator.leases import data_server as lease_data_server
 from rlfleet.coordinator.server import CoordinatorServer
 from rlfleet.errors import ConfigError
 from rlfleet.security import ClientSecurity, ClientTLS, ServerSecurity, ServerTLS

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlfleet import _rpc
 from rlfleet.coordinator.calls import Forward
 from rlfleet.coordinator.learner_messages import responses
 from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
 from rlfleet.core import EpisodeBatch, StepType
 from rlfleet.envs import EnvConfig
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import encode_batch_chunks, serialize_with_chunk
 from rlfleet.wire._protowire import encode_varint

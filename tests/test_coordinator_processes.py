@@ -19,13 +19,13 @@ import grpc
 import numpy as np
 import pytest
 
-from rlfleet import _rpc
 from rlfleet.client import RemoteSampler
 from rlfleet.core import EpisodeBatch
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import PolicyError
-from rlfleet.local_sampler import LocalSampler
 from rlfleet.policies import MLPCategoricalPolicy
+from rlfleet.sampling.local import LocalSampler
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import learner_pb2, updates_pb2
 from rlfleet.wire import encode_tensor_map
 from tests._coordinator_fakes import (

@@ -11,10 +11,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rlfleet import _rpc
 from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
 from rlfleet.core import EpisodeBatch
 from rlfleet.errors import NoWorkersError
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
 from tests._coordinator_fakes import (
     AutoWorker,

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 import rlfleet.envs.testing  # noqa: F401  (registers rlfleet/Crashing-v0)
-from rlfleet import _rpc
 from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
 from rlfleet.core import EnvSpec
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import EnvError, EnvNotFoundError, PolicyError
 from rlfleet.policies import MLPCategoricalPolicy, PolicySpec
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import decode_env_spec, encode_tensor_map
 from tests._coordinator_fakes import (

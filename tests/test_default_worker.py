@@ -10,10 +10,10 @@ import pytest
 
 import rlfleet.envs.testing  # noqa: F401  (registers the test envs)
 from rlfleet.core import EpisodeBatch, StepType
+from rlfleet.core.seeding import episode_seeds
 from rlfleet.envs.config import EnvConfig
 from rlfleet.errors import ConfigError, UsageError
 from rlfleet.policies import MLPCategoricalPolicy, RandomPolicy
-from rlfleet.seeding import episode_seeds
 from rlfleet.worker import DefaultWorker
 
 F, M, TE, TO = StepType.FIRST, StepType.MID, StepType.TERMINAL, StepType.TIMEOUT

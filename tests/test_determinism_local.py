@@ -14,8 +14,8 @@ import pytest
 
 from rlfleet.core import EpisodeBatch
 from rlfleet.envs.config import EnvConfig
-from rlfleet.local_sampler import LocalSampler
 from rlfleet.policies import MLPCategoricalPolicy, MLPGaussianPolicy, Policy
+from rlfleet.sampling.local import LocalSampler
 
 CARTPOLE = EnvConfig("CartPole-v1")
 PENDULUM = EnvConfig("Pendulum-v1", max_episode_length=40)

@@ -1,4 +1,4 @@
-"""The one result assembler and validator (rlfleet.episode_results), without processes.
+"""The one result assembler and validator (rlfleet.wire.results, .result_checks), no processes.
 
 The coordinator, the client and the conformance kit all use it; these tests
 build results by hand so that every rule is exercised on its own. The
@@ -18,22 +18,19 @@ from hypothesis import strategies as st
 
 from rlfleet.conformance.checks import continuity_problems
 from rlfleet.core import EnvSpec, EpisodeBatch
+from rlfleet.core.seeding import stream_seeds
 from rlfleet.core.step_type import StepType
-from rlfleet.episode_results import (
-    DecodedResult,
+from rlfleet.errors import WireFormatError
+from rlfleet.v1 import worker_pb2
+from rlfleet.wire import Chunk, encode_batch_chunks
+from rlfleet.wire.result_checks import (
     FragmentWindow,
-    ResultAssembler,
-    ResultError,
     ResultExpectation,
-    ResultHeader,
     check_result,
     step_type_problems,
     value_problems,
 )
-from rlfleet.errors import WireFormatError
-from rlfleet.seeding import stream_seeds
-from rlfleet.v1 import worker_pb2
-from rlfleet.wire import Chunk, encode_batch_chunks
+from rlfleet.wire.results import DecodedResult, ResultAssembler, ResultError, ResultHeader
 
 F, M, TERM, TIME = (
     int(t) for t in (StepType.FIRST, StepType.MID, StepType.TERMINAL, StepType.TIMEOUT)

@@ -16,7 +16,7 @@ import pytest
 
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import EnvError
-from rlfleet.local_sampler import LocalSampler
+from rlfleet.sampling.local import LocalSampler
 from tests._coordinator_fakes import Answer, assert_same_batch, sample
 from tests.fleet_processes import (
     SLOW_ENV,

@@ -16,7 +16,7 @@ import pytest
 
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, InvalidArgumentError, UnavailableError
-from rlfleet.local_sampler import LocalSampler
+from rlfleet.sampling.local import LocalSampler
 from tests._coordinator_fakes import assert_same_batch
 from tests.fleet_processes import TEST_ENVS_MODULE, ProcessFleet, env_flags, run_in_thread
 

@@ -18,11 +18,11 @@ import grpc
 import numpy as np
 import pytest
 
-from rlfleet import _rpc
 from rlfleet.core import EpisodeBatch
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import EnvError, EnvNotFoundError, PolicyError
 from rlfleet.policies import MLPCategoricalPolicy, Policy, PolicySpec
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import batch_pb2, worker_pb2
 from rlfleet.wire import chunk_payload, encode_batch
 from rlfleet.wire._protowire import encode_varint

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet import _rpc
 from rlfleet.cli import build_parser
 from rlfleet.envs import EnvConfig
-from rlfleet.local_sampler import LocalSampler
+from rlfleet.sampling.local import LocalSampler
+from rlfleet.transport import rpc as _rpc
 from tests._coordinator_fakes import assert_same_batch
 from tests.fleet_processes import (
     SLOW_ENV,

@@ -17,8 +17,8 @@ import pytest
 from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.core import EpisodeBatch
 from rlfleet.envs import EnvConfig
-from rlfleet.local_sampler import LocalSampler
 from rlfleet.policies import MLPCategoricalPolicy, MLPGaussianPolicy
+from rlfleet.sampling.local import LocalSampler
 
 pytestmark = pytest.mark.timeout(180)
 

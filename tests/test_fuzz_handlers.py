@@ -26,7 +26,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlfleet import _rpc
 from rlfleet.conformance.kit_messages import agent_ready_of, error_of
 from rlfleet.conformance.scripted_coordinator import (
     BROKEN,
@@ -36,6 +35,7 @@ from rlfleet.conformance.scripted_coordinator import (
     ScriptedSession,
 )
 from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import batch_pb2, learner_pb2, spaces_pb2, tensor_pb2, updates_pb2, worker_pb2
 from rlfleet.wire._protowire import encode_varint
 from rlfleet.worker.remote import RemoteWorker, WorkerConfig

@@ -24,7 +24,7 @@ import pytest
 from rlfleet.client import RemoteSampler
 from rlfleet.core import EpisodeBatch
 from rlfleet.envs import EnvConfig
-from rlfleet.local_sampler import LocalSampler
+from rlfleet.sampling.local import LocalSampler
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import encode_env_spec
 from rlfleet.worker.units import EpisodeUnit

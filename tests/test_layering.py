@@ -1,24 +1,34 @@
-"""The import rules of the package (DESIGN.md "Layout", STYLE.md).
+"""The import rules of the package (docs/architecture.md, STYLE.md).
 
-* gRPC is imported only by ``rlfleet._rpc`` and the faces (coordinator,
-  client, the worker's connection, the conformance kit's coordinator, the
-  security plumbing of channels and servers, the health command).
+* Each package imports only the packages docs/architecture.md's import
+  graph allows it (read from that page, so the page and this test agree),
+  with the module exceptions listed in ``EXCEPTIONS``. Among them: ``core``
+  imports no other rlfleet package; ``protocol`` only ``core``;
+  ``scheduling`` neither ``coordinator``, ``client`` nor ``worker``; the
+  client no coordinator module (``client/fleet.py`` may use
+  ``rlfleet.coordinator``'s public names: ``Fleet.local`` starts an embedded
+  coordinator); the worker neither ``coordinator`` nor ``client``.
+* At most 6 modules lie loose at ``rlfleet/``'s root.
+* gRPC is imported only by ``rlfleet.transport.rpc`` and the faces
+  (coordinator, client, the worker's connection, the conformance kit's
+  coordinator, the security plumbing of channels and servers, the health
+  command).
 * Generated protobuf messages (``rlfleet.v1``) are held only by
   ``rlfleet.wire`` (the codec) and the translation modules listed below:
-  ``rlfleet._rpc``, one module per face and side, and the conformance
-  kit's. Everything else holds rlfleet's own types (``rlfleet.join_stream``,
-  ``rlfleet.learner_calls``, ``rlfleet.fleet_updates``,
-  ``rlfleet.error_reports``...): a face's servicer or connection hands the
-  bytes to its translation module in the gRPC call's (de)serializers. The
-  list is exact: a module may neither join it nor stay on it without
-  importing ``rlfleet.v1``.
+  ``rlfleet.transport.rpc``, one module per face and side, and the
+  conformance kit's. Everything else holds rlfleet's own types
+  (``rlfleet.protocol``): a face's servicer or connection hands the bytes to
+  its translation module in the gRPC call's (de)serializers. The list is
+  exact: a module may neither join it nor stay on it without importing
+  ``rlfleet.v1``.
 * ``rlfleet.security`` does not import ``rlfleet.cli``.
 * Public class names are unique across the package (STYLE.md).
 * The local path (LocalSampler, the Scheduler it drives, VecWorker,
   policies, envs, sampling utilities) loads neither gRPC nor protobuf.
 
 The static rules read every module's imports with ``ast`` (function-level
-imports included); the last one imports for real, in a fresh interpreter.
+and ``TYPE_CHECKING`` imports included); the last one imports for real, in a
+fresh interpreter.
 """
 
 from __future__ import annotations
@@ -34,13 +44,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rlfleet"
 
 #: Modules that may import grpc.
 GRPC_MODULES = {
-    "rlfleet._rpc",
+    "rlfleet.transport.rpc",
     "rlfleet.cli._health_port",
     "rlfleet.cli.health",
     "rlfleet.client._errors",
     "rlfleet.client._learner_messages",
-    "rlfleet.client.lease_stream",  # the lease face (docs/vector_env.md)
-    "rlfleet.client.remote_vector_env",
+    "rlfleet.client.leases.lease_stream",  # the lease face (docs/vector_env.md)
+    "rlfleet.client.leases.remote_vector_env",
     "rlfleet.client.sampler",
     "rlfleet.client.stream",
     "rlfleet.conformance.checks",
@@ -50,10 +60,10 @@ GRPC_MODULES = {
     "rlfleet.coordinator.coordinator",
     "rlfleet.coordinator.failures",
     "rlfleet.coordinator.learner_face",
-    "rlfleet.coordinator.lease_data_peers",  # drops a worker whose data connection broke
-    "rlfleet.coordinator.lease_face",
-    "rlfleet.coordinator.lease_translation",
-    "rlfleet.coordinator.leases",
+    "rlfleet.coordinator.leases.data_peers",  # drops a worker whose data connection broke
+    "rlfleet.coordinator.leases.face",
+    "rlfleet.coordinator.leases.translation",
+    "rlfleet.coordinator.leases.manager",
     "rlfleet.coordinator.liveness",
     "rlfleet.coordinator.registry",
     "rlfleet.coordinator.requests",
@@ -72,21 +82,20 @@ GRPC_MODULES = {
 }
 
 #: The translation modules: the only modules outside rlfleet.wire that hold
-#: generated messages (issue 15: one per face and side).
+#: generated messages (one per face and side).
 PROTOBUF_HOLDERS = {
     # gRPC plumbing every face shares: chunk-aware (de)serializers, and the
     # ErrorDetail a status carries in its trailing metadata.
-    "rlfleet._rpc",
+    "rlfleet.transport.rpc",
     # The learner face (LearnerService): the client's side and the coordinator's.
     "rlfleet.client._learner_messages",
     "rlfleet.coordinator.learner_messages",
     # The worker face (the Join stream): the coordinator's side and the worker's.
     "rlfleet.coordinator.worker_messages",
     "rlfleet.worker._join_messages",
-    # The lease face (issue 11): the learner's and the worker's side, and the
-    # coordinator's relay side (which forwards replies as bytes).
-    "rlfleet.lease_messages",
-    "rlfleet.coordinator.lease_translation",
+    # The lease face: the learner's and the worker's side is rlfleet.wire.leases
+    # (in the codec); the coordinator's relay side forwards replies as bytes.
+    "rlfleet.coordinator.leases.translation",
     # The conformance kit is a protocol peer of its own: it plays a coordinator,
     # checks a worker's messages as sent (a missing field is not an empty one)
     # and scripts what a real coordinator never sends.
@@ -96,14 +105,16 @@ PROTOBUF_HOLDERS = {
 #: The local path: none of these may load gRPC or protobuf.
 LOCAL_MODULES = (
     "rlfleet",
-    "rlfleet.local_sampler",
-    "rlfleet.coordinator.scheduler",
+    "rlfleet.sampling.local",
+    "rlfleet.scheduling.scheduler",
     "rlfleet.core.episode_order",
     "rlfleet.worker.vec",
     "rlfleet.policies",
     "rlfleet.envs",
     "rlfleet.sampling",
-    "rlfleet.space_checks",
+    "rlfleet.core.space_checks",
+    "rlfleet.scheduling",
+    "rlfleet.protocol.modes",
 )
 
 
@@ -128,7 +139,7 @@ def modules() -> dict[str, set[str]]:
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         name = module_name(path)
-        if not name.startswith(("rlfleet.v1", "rlfleet.wire")):
+        if not name.startswith("rlfleet.v1"):
             found[name] = imports_of(path)
     return found
 
@@ -141,13 +152,227 @@ def importers(prefix: str) -> set[str]:
     }
 
 
+# --- the package graph (docs/architecture.md) ----------------------------------------
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+#: At most this many modules lie loose at rlfleet/'s root.
+MAX_LOOSE_MODULES = 6
+
+#: Every package may import these besides what the graph says...
+EVERYONE_MAY_IMPORT = {"errors", "_util"}
+#: ... except these, which import only what is listed here.
+BARE_PACKAGES = {"errors": set(), "_version": set(), "_util": {"errors"}}
+
+#: Module exceptions to the graph: module -> the rlfleet modules it may
+#: import beyond its package's edges (docs/architecture.md lists them too).
+EXCEPTIONS = {
+    # Fleet.local starts an embedded coordinator: rlfleet.coordinator's public
+    # names (its lazy __init__), never one of its modules; and it reads where
+    # rlfleet lies (rlfleet.__file__) for its worker subprocesses' path.
+    "rlfleet.client.fleet": {"rlfleet.coordinator", "rlfleet"},
+    # The learner's calls carry wire value types (a result's first chunk and
+    # its header); updates name TensorDict for type checking only.
+    "rlfleet.protocol.learner_calls": {"rlfleet.wire", "rlfleet.wire.results"},
+    "rlfleet.protocol.updates": {"rlfleet.wire.tensors"},
+    # The lease face's translation builds and reads error details with the
+    # gRPC boundary's helpers.
+    "rlfleet.wire.leases": {"rlfleet.transport.rpc"},
+}
+
+
+def package_of(module: str) -> str:
+    """``rlfleet.core.x`` -> ``core``; ``rlfleet`` (its __init__) -> ``(root)``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "(root)"
+
+
+def is_module(name: str) -> bool:
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def rlfleet_imports(path: Path) -> set[str]:
+    """The rlfleet modules a file imports, at any depth of its code.
+
+    ``from rlfleet.x import y`` names ``rlfleet.x.y`` when that is a module,
+    else ``rlfleet.x`` (y is a name in it).
+    """
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "rlfleet")
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module.split(".")[0] != "rlfleet":
+                continue
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                found.add(name if is_module(name) else node.module)
+    return found
+
+
+def import_map() -> dict[str, set[str]]:
+    """Module -> the rlfleet modules it imports, for the whole tree but rlfleet.v1."""
+    return {
+        module_name(path): rlfleet_imports(path)
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if not module_name(path).startswith("rlfleet.v1")
+    }
+
+
+def documented_graph() -> dict[str, set[str]]:
+    """The import graph block of docs/architecture.md: package -> packages."""
+    text = ARCHITECTURE.read_text()
+    block = text.split("<!-- import-graph -->", 1)[1].split("```")[1]
+    graph: dict[str, set[str]] = {}
+    for line in block.strip().splitlines():
+        source, _, targets = line.partition("->")
+        graph[source.strip()] = {t.strip() for t in targets.split(",") if t.strip()}
+    return graph
+
+
+def allowed_for(package: str, graph: dict[str, set[str]]) -> set[str]:
+    extra = BARE_PACKAGES.get(package, EVERYONE_MAY_IMPORT)
+    return graph.get(package, set()) | extra | {package}
+
+
+def violations(imports: dict[str, set[str]], graph: dict[str, set[str]]) -> list[str]:
+    """Every import the graph and EXCEPTIONS do not allow, as messages."""
+    found = []
+    for module, targets in sorted(imports.items()):
+        source = package_of(module)
+        if source not in graph:
+            found.append(f"{module}: package {source!r} is not in docs/architecture.md's graph")
+            continue
+        allowed = allowed_for(source, graph)
+        for target in sorted(targets):
+            if package_of(target) in allowed or target in EXCEPTIONS.get(module, ()):
+                continue
+            found.append(
+                f"{module} imports {target}: {source} may import only "
+                f"{sorted(allowed - {source})} (docs/architecture.md, 'The import graph')"
+            )
+    return found
+
+
+def used_edges(imports: dict[str, set[str]]) -> dict[str, set[str]]:
+    """package -> packages its modules import (module exceptions and implicit ones aside)."""
+    edges: dict[str, set[str]] = {}
+    for module, targets in imports.items():
+        source = package_of(module)
+        for target in targets:
+            if target in EXCEPTIONS.get(module, ()):
+                continue
+            dest = package_of(target)
+            if dest != source and dest not in BARE_PACKAGES.get(source, EVERYONE_MAY_IMPORT):
+                edges.setdefault(source, set()).add(dest)
+    return edges
+
+
+def loose_modules() -> list[str]:
+    return sorted(p.name for p in PACKAGE.glob("*.py"))
+
+
+def too_many_loose(names: list[str]) -> str | None:
+    if len(names) <= MAX_LOOSE_MODULES:
+        return None
+    return (
+        f"{len(names)} modules lie loose at rlfleet/'s root ({names}), at most "
+        f"{MAX_LOOSE_MODULES}: move each into the package of its part (docs/architecture.md)"
+    )
+
+
+@pytest.mark.parametrize("package", sorted(documented_graph()))
+def test_each_package_imports_only_what_the_architecture_allows(package: str) -> None:
+    graph = documented_graph()
+    mine = {m: t for m, t in import_map().items() if package_of(m) == package}
+    problems = violations(mine, graph)
+    assert not problems, "\n".join(problems)
+
+
+def test_every_package_is_in_the_graph() -> None:
+    graph = documented_graph()
+    missing = sorted({package_of(m) for m in import_map()} - set(graph))
+    assert not missing, f"packages missing from docs/architecture.md's import graph: {missing}"
+
+
+def test_the_graph_is_the_one_the_code_has() -> None:
+    """An edge nobody uses is stale: the picture must be the present one."""
+    graph = documented_graph()
+    used = used_edges(import_map())
+    stale = {p: sorted(t - used.get(p, set())) for p, t in graph.items() if t - used.get(p, set())}
+    assert not stale, f"docs/architecture.md's graph has edges no module uses: {stale}"
+
+
+def test_the_exceptions_are_still_needed() -> None:
+    imports = import_map()
+    unused = {m: sorted(t - imports.get(m, set())) for m, t in EXCEPTIONS.items()}
+    unused = {m: t for m, t in unused.items() if t}
+    assert not unused, f"exceptions no module needs any more: {unused}"
+
+
+def test_few_modules_lie_loose_at_the_root() -> None:
+    problem = too_many_loose(loose_modules())
+    assert problem is None, problem
+
+
+# Each rule fails on a violating import (a synthetic import map, no files).
+
+
+@pytest.mark.parametrize("package", sorted(documented_graph()))
+def test_the_graph_rule_refuses_an_import_it_does_not_list(package: str) -> None:
+    graph = documented_graph()
+    allowed = allowed_for(package, graph)
+    forbidden = sorted(set(graph) - allowed - {"(root)"})
+    if not forbidden:
+        pytest.skip(f"{package} may import every package")
+    module = "rlfleet" if package == "(root)" else f"rlfleet.{package}.synthetic"
+    target = f"rlfleet.{forbidden[0]}.synthetic"
+    assert violations({module: {target}}, graph), f"{module} -> {target} was allowed"
+
+
+@pytest.mark.parametrize(
+    ("module", "target"),
+    [
+        ("rlfleet.core.episode_batch", "rlfleet.envs.config"),
+        ("rlfleet.core.seeding", "rlfleet.worker.vec"),
+        ("rlfleet.protocol.join", "rlfleet.wire.join"),
+        ("rlfleet.protocol.modes", "rlfleet.transport.rpc"),
+        ("rlfleet.scheduling.scheduler", "rlfleet.coordinator.state"),
+        ("rlfleet.scheduling.scheduler", "rlfleet.client.sampler"),
+        ("rlfleet.scheduling.scheduler", "rlfleet.worker.vec"),
+        ("rlfleet.client.sampler", "rlfleet.coordinator"),
+        ("rlfleet.client.fleet", "rlfleet.coordinator.state"),
+        ("rlfleet.client.leases.lease_stream", "rlfleet.coordinator.leases.translation"),
+        ("rlfleet.worker.remote", "rlfleet.coordinator.state"),
+        ("rlfleet.worker.leases.host", "rlfleet.client.leases.lease_stream"),
+        ("rlfleet.worker._session", "rlfleet.scheduling.scheduler"),
+        ("rlfleet._util.values", "rlfleet.core.seeding"),
+        ("rlfleet.errors", "rlfleet._util.values"),
+    ],
+)
+def test_the_headline_rules_refuse_a_violating_import(module: str, target: str) -> None:
+    assert violations({module: {target}}, documented_graph()), f"{module} -> {target} was allowed"
+
+
+def test_the_embedded_fleet_may_use_the_coordinators_public_names() -> None:
+    assert not violations({"rlfleet.client.fleet": {"rlfleet.coordinator"}}, documented_graph())
+
+
+def test_the_loose_module_rule_refuses_a_seventh_module() -> None:
+    assert too_many_loose([f"m{i}.py" for i in range(MAX_LOOSE_MODULES + 1)])
+    assert too_many_loose([f"m{i}.py" for i in range(MAX_LOOSE_MODULES)]) is None
+
+
 def test_only_rpc_and_the_faces_import_grpc() -> None:
     extra = importers("grpc") - GRPC_MODULES
-    assert not extra, f"{sorted(extra)} import grpc: keep gRPC in rlfleet._rpc and the faces"
+    assert not extra, (
+        f"{sorted(extra)} import grpc: keep gRPC in rlfleet.transport.rpc and the faces"
+    )
 
 
 def test_generated_messages_stay_in_wire_and_the_listed_modules() -> None:
-    holders = importers("rlfleet.v1")
+    holders = {n for n in importers("rlfleet.v1") if not n.startswith("rlfleet.wire")}
     joined = holders - PROTOBUF_HOLDERS
     assert not joined, (
         f"{sorted(joined)} import rlfleet.v1: translate in rlfleet.wire or the face's "

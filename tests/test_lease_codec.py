@@ -1,6 +1,6 @@
 """The lease replies' codec, worker to learner, as property tests.
 
-A worker's answers (rlfleet.lease_messages.lease_report_message, with its
+A worker's answers (rlfleet.wire.leases.lease_report_message, with its
 batched observations, scalar columns and infos sent only where they hold
 something) cross the coordinator's relay as bytes and are decoded by the
 learner (decode_lease_response). Whatever the answers hold, every env gets
@@ -21,8 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlfleet import _rpc
-from rlfleet.coordinator.lease_translation import (
+from rlfleet.coordinator.leases.translation import (
     RelayReply,
     call_command,
     lease_response,
@@ -30,7 +29,10 @@ from rlfleet.coordinator.lease_translation import (
     relay_deserializer,
 )
 from rlfleet.errors import ProtocolError
-from rlfleet.lease_messages import (
+from rlfleet.transport import rpc as _rpc
+from rlfleet.v1 import leases_pb2, worker_pb2
+from rlfleet.wire import decode_tensor, encode_tensor
+from rlfleet.wire.leases import (
     LeaseAnswer,
     LeaseAnswers,
     LeaseCallOrder,
@@ -39,8 +41,6 @@ from rlfleet.lease_messages import (
     decode_lease_response,
     lease_report_message,
 )
-from rlfleet.v1 import leases_pb2, worker_pb2
-from rlfleet.wire import decode_tensor, encode_tensor
 
 BOX = gym.spaces.Box(-100, 100, (3,), np.float32)
 

@@ -32,15 +32,15 @@ import pytest
 
 from rlfleet.client import Fleet, RemoteSampler, RemoteVectorEnv
 from rlfleet.client.fleet import spawn_worker, stop_processes
-from rlfleet.client.lease_stream import LeaseStream
+from rlfleet.client.leases.lease_stream import LeaseStream
 from rlfleet.coordinator import CoordinatorConfig, serve
 from rlfleet.coordinator.config import LEASE_DATA_OFF
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, UnavailableError
-from rlfleet.lease_data import FRAME_HEADER, LeaseDataLink, coordinator_host, dial
-from rlfleet.lease_messages import data_hello
 from rlfleet.security import ClientTLS, ServerSecurity, ServerTLS
-from rlfleet.worker._lease_data import WorkerLeaseChannel
+from rlfleet.transport.lease_channel import FRAME_HEADER, LeaseDataLink, coordinator_host, dial
+from rlfleet.wire.leases import data_hello
+from rlfleet.worker.leases.data_link import WorkerLeaseChannel
 from tests.fleet_processes import ProcessFleet, free_port
 from tests.tls_fixtures import make_ca, make_cert
 from tests.waiting import PATIENCE, wait_until
@@ -213,7 +213,7 @@ def test_leases_stay_on_grpc_when_the_channel_is_off() -> None:
 def test_leases_fall_back_to_grpc_when_the_data_port_is_closed(
     fleet: Fleet, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="rlfleet.lease_data")
+    caplog.set_level(logging.WARNING, logger="rlfleet.transport.lease_channel")
     server = fleet.server.coordinator.lease_data
     assert server is not None
     port = server.port

@@ -19,15 +19,15 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.envs.testing import CounterEnv
-from rlfleet.lease_messages import (
+from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
+from rlfleet.wire import decode_tensor, encode_tensor
+from rlfleet.wire.leases import (
     LeaseCallOrder,
     LeaseCreateOrder,
     decode_lease_command,
     lease_report_message,
 )
-from rlfleet.v1 import leases_pb2, updates_pb2, worker_pb2
-from rlfleet.wire import decode_tensor, encode_tensor
-from rlfleet.worker._leases import LeaseHost
+from rlfleet.worker.leases.host import LeaseHost
 
 ENVS = 6
 #: Steps that sleep before the barrier steps: the host's estimate of a step's

@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 
 from rlfleet.client import Fleet, RemoteVectorEnv
-from rlfleet.coordinator.lease_data_server import (
+from rlfleet.coordinator.leases.data_server import (
     InProcessConnection,
     LeaseConnection,
     LeaseDataPeer,
     LeaseDataServer,
 )
-from rlfleet.coordinator.lease_translation import hello_ticket
+from rlfleet.coordinator.leases.translation import hello_ticket
 from rlfleet.errors import ProtocolError, UnavailableError
-from rlfleet.lease_data import InProcessLink
-from rlfleet.lease_messages import data_hello
+from rlfleet.transport.lease_channel import InProcessLink
+from rlfleet.wire.leases import data_hello
 from tests.test_lease_data_channel import wait_until
 
 pytestmark = pytest.mark.timeout(120)

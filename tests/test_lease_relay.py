@@ -1,7 +1,7 @@
 """The coordinator's lease relay forwards worker replies as their bytes
-(rlfleet.coordinator.lease_translation) and checks their header and rows.
+(rlfleet.coordinator.leases.translation) and checks their header and rows.
 
-The replies are made by the worker's own translation (rlfleet.lease_messages)
+The replies are made by the worker's own translation (rlfleet.wire.leases)
 and read back by the learner's, so the three sides are tested together; the
 hostile case runs over a real coordinator's Join stream.
 """
@@ -16,12 +16,14 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from rlfleet import _rpc
 from rlfleet.client import Fleet
-from rlfleet.coordinator.lease_translation import RelayReply, lease_response, relay_deserializer
+from rlfleet.coordinator.leases.translation import RelayReply, lease_response, relay_deserializer
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ProtocolError, WireFormatError
-from rlfleet.lease_messages import (
+from rlfleet.transport import rpc as _rpc
+from rlfleet.v1 import leases_pb2, worker_pb2
+from rlfleet.wire import encode_tensor
+from rlfleet.wire.leases import (
     LeaseAnswer,
     LeaseAnswers,
     LeaseRepliedEvent,
@@ -30,8 +32,6 @@ from rlfleet.lease_messages import (
     lease_report_message,
     open_request,
 )
-from rlfleet.v1 import leases_pb2, worker_pb2
-from rlfleet.wire import encode_tensor
 from tests.test_fuzz_handlers import hello, raw_join, start
 
 BOX = gym.spaces.Box(-9, 9, (4,))

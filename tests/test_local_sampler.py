@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import rlfleet.envs.testing  # noqa: F401  (registers the test envs)
+from rlfleet.core.seeding import episode_seeds
 from rlfleet.envs.config import EnvConfig
 from rlfleet.errors import ConfigError, EnvError
-from rlfleet.local_sampler import LocalSampler
 from rlfleet.policies import MLPCategoricalPolicy, PolicySpec
-from rlfleet.seeding import episode_seeds
+from rlfleet.sampling.local import LocalSampler
 from rlfleet.worker import VecWorker, make_units
 
 CARTPOLE = EnvConfig("CartPole-v1")

@@ -1,10 +1,10 @@
-"""Unit tests for rlfleet._log_limit: lines limited per interval or per key."""
+"""Unit tests for rlfleet._util.log_limit: lines limited per interval or per key."""
 
 from __future__ import annotations
 
 import threading
 
-from rlfleet._log_limit import LogLimiter, OncePerKey, held_back_note
+from rlfleet._util.log_limit import LogLimiter, OncePerKey, held_back_note
 
 
 def test_once_per_key_says_yes_once_per_key_even_across_threads() -> None:

@@ -27,14 +27,14 @@ from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from rlfleet import LocalSampler
 from rlfleet.client import Fleet, RemoteVectorEnv
 from rlfleet.core import EpisodeBatch, StepType
+from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
 from rlfleet.envs.config import EnvConfig
 from rlfleet.errors import ConfigError, EnvError, EnvNotFoundError, PolicyError, RlfleetError
-from rlfleet.lease_messages import LeaseCreateOrder, decode_lease_command
 from rlfleet.policies import MLPCategoricalPolicy, MLPGaussianPolicy
-from rlfleet.seeding import NO_ENV_SEED, NO_POLICY_SEED
 from rlfleet.v1 import leases_pb2
+from rlfleet.wire.leases import LeaseCreateOrder, decode_lease_command
 from rlfleet.worker import EpisodeUnit, VecWorker
-from rlfleet.worker._lease_envs import lease_config
+from rlfleet.worker.leases.leased_env import lease_config
 from tests.fleet_processes import ProcessFleet
 
 BACKENDS = ["vector_entry_point", "envpool"]
@@ -267,7 +267,7 @@ def test_local_sampler_runs_native_workers_and_repeats_itself() -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fleet_of_native_workers_delivers_checked_episodes(backend: str) -> None:
     """Two worker processes of 64 native envs each; the coordinator's result
-    checks (rlfleet.episode_results) accept env_seed and policy_seed -1 only
+    checks (rlfleet.wire.result_checks) accept env_seed and policy_seed -1 only
     because the fleet's env is native."""
     with Fleet.local(workers=2, envs_per_worker=64, env=native(backend)) as sampler:
         batch = sampler.obtain_samples(0, 4000, "mlp-categorical")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlfleet._numeric import all_finite
+from rlfleet.worker._numeric import all_finite
 
 
 def test_all_finite_finds_nan_and_inf_and_tolerates_huge_finite_values() -> None:

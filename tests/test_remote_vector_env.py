@@ -21,8 +21,8 @@ import pytest
 
 import rlfleet.envs.testing  # noqa: F401  (registers the test envs here too)
 from rlfleet.client import Fleet, RemoteVectorEnv
-from rlfleet.client.lease_stream import LeaseEnvFailure, LeaseStream
-from rlfleet.coordinator.leases import Lease
+from rlfleet.client.leases.lease_stream import LeaseEnvFailure, LeaseStream
+from rlfleet.coordinator.leases.manager import Lease
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import (
     AuthenticationError,

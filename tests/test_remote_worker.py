@@ -26,17 +26,17 @@ import grpc
 import numpy as np
 import pytest
 
-from rlfleet import _rpc
 from rlfleet.cli.health import check as check_health
 from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.client.fleet import WorkerProcess, spawn_worker, stop_processes
 from rlfleet.coordinator import CoordinatorConfig, serve
 from rlfleet.core import EnvSpec, EpisodeBatch
+from rlfleet.core.seeding import episode_seeds
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import UnavailableError
-from rlfleet.local_sampler import LocalSampler
 from rlfleet.policies import MLPCategoricalPolicy
-from rlfleet.seeding import episode_seeds
+from rlfleet.sampling.local import LocalSampler
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import tensor_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import ChunkAssembler, decode_batch, decode_env_spec, encode_tensor_map
 from rlfleet.worker._flush import TAIL_SECONDS, FlushPolicy

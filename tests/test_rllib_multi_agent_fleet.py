@@ -17,10 +17,10 @@ from gymnasium.utils.env_checker import check_env
 from pettingzoo.test import parallel_api_test
 
 from rlfleet.core import EnvSpec, MultiAgentEpisodeBatch
+from rlfleet.core.seeding import stream_seeds
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, InvalidBatchError, PolicyError
 from rlfleet.learners import VPG
-from rlfleet.local_sampler import LocalSampler
 from rlfleet.policies import PolicySpec
 from rlfleet.rllib import RolloutWorker
 from rlfleet.rllib.joint_batches import split_joint_batch
@@ -33,7 +33,7 @@ from rlfleet.rllib.multi_agent import (
 )
 from rlfleet.rllib.pettingzoo_envs import RPS, SIMPLE_SPREAD
 from rlfleet.rllib.worker_group import RolloutWorkerGroup
-from rlfleet.seeding import stream_seeds
+from rlfleet.sampling.local import LocalSampler
 from tests.fleet_processes import run_in_thread
 from tests.waiting import wait_until
 

@@ -124,7 +124,8 @@ def test_filtered_policy_is_row_independent_and_checks_its_parameters() -> None:
     policy.set_param_values(
         {"filter.n": np.array(stat.n), "filter.mean": stat.mean, "filter.m2": stat.m2}
     )
-    # Episodes get the same action distribution alone or in any batch (DESIGN.md).
+    # Episodes get the same action distribution alone or in any batch
+    # (docs/architecture.md, Determinism).
     together = policy.get_actions(rows)[1]["logits"]
     alone = np.concatenate([policy.get_actions(rows[i : i + 1])[1]["logits"] for i in range(64)])
     np.testing.assert_array_equal(together, alone)

@@ -6,16 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlfleet.coordinator.scheduler import (
+from rlfleet.core.seeding import episode_seeds, episode_seeds_many
+from rlfleet.protocol.modes import Mode
+from rlfleet.scheduling.scheduler import (
     CancelOrder,
-    Mode,
     RequestSpec,
     ResultRuling,
     Scheduler,
     TaskOrder,
     Verdict,
 )
-from rlfleet.seeding import episode_seeds, episode_seeds_many
 
 
 def spec(mode: Mode, amount: int, **kw: int) -> RequestSpec:
@@ -537,7 +537,7 @@ def test_take_many_hands_out_what_as_many_takes_would(  # noqa: PLR0917 (hypothe
     count: int,
     prior: float | None,
 ) -> None:
-    from rlfleet.coordinator.scheduler import _EpisodeRequest
+    from rlfleet.scheduling.scheduler import _EpisodeRequest
 
     def state() -> _EpisodeRequest:
         request = _EpisodeRequest(1, spec(mode, amount), subscription=False)

@@ -10,7 +10,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from rlfleet import _rpc
 from rlfleet.errors import AuthenticationError, PermissionDeniedError
 from rlfleet.security import (
     AuthInterceptor,
@@ -23,6 +22,7 @@ from rlfleet.security import (
     secure_channel,
 )
 from rlfleet.security.auth import Refusal, bearer_token
+from rlfleet.transport import rpc as _rpc
 from tests.tls_fixtures import echo_server, health_check, make_ca, make_cert
 
 WORKER_SECRET = "w0rker-5ecret-7c1d9a0b3e5f4a2c"

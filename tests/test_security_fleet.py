@@ -18,7 +18,6 @@ import grpc
 import numpy as np
 import pytest
 
-from rlfleet import _rpc
 from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.errors import (
     AuthenticationError,
@@ -29,6 +28,7 @@ from rlfleet.errors import (
 from rlfleet.policies import RandomPolicy
 from rlfleet.security import ClientTLS, Token, secure_channel
 from rlfleet.security.pickle import dumps
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import updates_pb2, worker_pb2
 from tests._coordinator_fakes import PROCESS_ENV, rlfleet_process, stop_process, wait_for_file
 from tests.tls_fixtures import make_ca, make_cert

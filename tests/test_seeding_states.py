@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlfleet.seeding import generator_states, set_generator_state
+from rlfleet.core.seeding import generator_states, set_generator_state
 
 
 def _reference(seed: int) -> tuple[int, int]:

@@ -26,9 +26,9 @@ import psutil
 import pytest
 
 from rlfleet.core import EpisodeBatch
+from rlfleet.core.seeding import episode_seeds
 from rlfleet.envs import EnvConfig
 from rlfleet.policies import MLPCategoricalPolicy
-from rlfleet.seeding import episode_seeds
 from rlfleet.worker.units import make_units
 from rlfleet.worker.vec import VecWorker
 from tests._coordinator_fakes import assert_same_batch

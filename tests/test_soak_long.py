@@ -52,10 +52,10 @@ import pytest
 
 from rlfleet.client import RemoteVectorEnv
 from rlfleet.core import EpisodeBatch
+from rlfleet.core.seeding import episode_seeds
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import NoWorkersError, UnavailableError
 from rlfleet.policies import MLPCategoricalPolicy
-from rlfleet.seeding import episode_seeds
 from rlfleet.worker.units import make_units
 from rlfleet.worker.vec import VecWorker
 from tests._coordinator_fakes import assert_same_batch

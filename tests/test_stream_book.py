@@ -1,7 +1,7 @@
 """The coordinator's StreamBook stays bounded however many base seeds it serves.
 
 It remembers the fragment streams of the MAX_STREAM_SEEDS base seeds used
-last (rlfleet/stream_replay.py). A forgotten seed starts its streams over
+last (rlfleet/protocol/stream_replay.py). A forgotten seed starts its streams over
 at episode 0, on every worker, as a fresh sampler with that seed does; a
 remembered one continues. The fleet test runs real worker processes over
 more distinct seeds than the book keeps and compares every batch with
@@ -15,13 +15,13 @@ import pytest
 from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.core import EpisodeBatch
 from rlfleet.envs import EnvConfig
-from rlfleet.local_sampler import LocalSampler
-from rlfleet.stream_replay import (
+from rlfleet.protocol.stream_replay import (
     MAX_STREAM_SEEDS,
     RECENT_SEED_SECONDS,
     StreamBook,
     StreamReplay,
 )
+from rlfleet.sampling.local import LocalSampler
 from rlfleet.worker import VecWorker
 from tests.test_fleet_equivalence import assert_same_batch
 
@@ -101,15 +101,15 @@ def test_forgetting_a_seed_used_recently_warns_and_an_idle_one_does_not(
     book.replay(1, 0, 1)
     book.replay(2, 0, 1)
     now[0] = RECENT_SEED_SECONDS + 1.0
-    with caplog.at_level("WARNING", logger="rlfleet.stream_replay"):
+    with caplog.at_level("WARNING", logger="rlfleet.protocol.stream_replay"):
         book.replay(3, 0, 1)  # forgets seed 1, idle longer than RECENT_SEED_SECONDS
     assert not caplog.records
     now[0] += 5.0
-    with caplog.at_level("WARNING", logger="rlfleet.stream_replay"):
+    with caplog.at_level("WARNING", logger="rlfleet.protocol.stream_replay"):
         book.replay(4, 0, 1)  # forgets seed 2... which was used before the clock moved
     assert not caplog.records
     book.replay(4, 0, 1)
-    with caplog.at_level("WARNING", logger="rlfleet.stream_replay"):
+    with caplog.at_level("WARNING", logger="rlfleet.protocol.stream_replay"):
         book.replay(5, 0, 1)  # forgets seed 3, used 5 s ago: its sampler may still run
     [record] = caplog.records
     message = record.getMessage()

@@ -18,7 +18,7 @@ from rlfleet.core import EpisodeBatch
 from rlfleet.envs.config import EnvConfig
 from rlfleet.errors import ConfigError, EnvError, PolicyError
 from rlfleet.policies import MLPCategoricalPolicy
-from rlfleet.stream_replay import StreamBook, StreamReplay
+from rlfleet.protocol.stream_replay import StreamBook, StreamReplay
 from rlfleet.worker import VecWorker
 from tests.test_vec_worker import assert_same_batches
 

@@ -21,8 +21,8 @@ import rlfleet.envs.testing  # noqa: F401  (registers the test envs)
 from rlfleet.client import Fleet
 from rlfleet.envs import EnvConfig, SubprocVectorEnv
 from rlfleet.errors import ConfigError, EnvError
-from rlfleet.local_sampler import LocalSampler
 from rlfleet.policies import MLPCategoricalPolicy
+from rlfleet.sampling.local import LocalSampler
 from rlfleet.worker import VecWorker, make_units
 from tests.test_fleet_equivalence import assert_same_batch
 from tests.test_native_backends import assert_lease_refused

@@ -1,11 +1,11 @@
-"""rlfleet._values: the one int check and the one JSON-object parser."""
+"""rlfleet._util.values: the one int check and the one JSON-object parser."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from rlfleet._values import check_int, json_object
+from rlfleet._util.values import check_int, json_object
 from rlfleet.errors import ConfigError
 
 

@@ -15,12 +15,12 @@ import pytest
 
 import rlfleet.envs.testing  # noqa: F401  (registers the test envs)
 from rlfleet.core import EnvSpec, EpisodeBatch, StepType
+from rlfleet.core.seeding import episode_seeds, stream_seeds
 from rlfleet.envs.config import EnvConfig
 from rlfleet.envs.testing import CounterEnv
 from rlfleet.errors import ConfigError, EnvError, InvalidBatchError, PolicyError, UsageError
 from rlfleet.policies import MLPCategoricalPolicy, MLPGaussianPolicy, PolicySpec, RandomPolicy
 from rlfleet.policies.base import Policy
-from rlfleet.seeding import episode_seeds, stream_seeds
 from rlfleet.worker import EnvRestartBudget, EpisodeUnit, VecWorker, make_units
 from rlfleet.worker._restarts import RestartLedger
 

@@ -252,7 +252,7 @@ def test_train_needs_a_stopping_condition(cartpole_spec: EnvSpec) -> None:
 
 
 def test_vpg_improves_cartpole_with_a_local_sampler(cartpole_spec: EnvSpec) -> None:
-    from rlfleet.local_sampler import LocalSampler
+    from rlfleet.sampling.local import LocalSampler
 
     vpg = VPG(cartpole_spec, seed=0)
     with LocalSampler(

@@ -15,8 +15,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from rlfleet import _rpc
 from rlfleet.core import EnvSpec, EpisodeBatch, StepType
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import (
     ChunkAssembler,

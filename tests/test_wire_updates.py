@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlfleet.error_reports import ErrorKind, ErrorReport, describe_report, kind_name
 from rlfleet.errors import WireFormatError
-from rlfleet.fleet_updates import AgentChange, EnvChange, PolicyChoice
+from rlfleet.protocol.error_reports import ErrorKind, ErrorReport, describe_report, kind_name
+from rlfleet.protocol.updates import AgentChange, EnvChange, PolicyChoice
 from rlfleet.v1 import tensor_pb2, updates_pb2
 from rlfleet.wire import (
     decode_agent_update,

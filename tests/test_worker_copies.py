@@ -20,12 +20,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlfleet import _rpc
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.core._pieces import RowPieces
 from rlfleet.envs.config import EnvConfig
 from rlfleet.errors import InvalidBatchError
 from rlfleet.policies import MLPCategoricalPolicy
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import decode_batch_chunks, parse_with_chunk, serialize_batch_messages
 from rlfleet.worker import VecWorker, make_units

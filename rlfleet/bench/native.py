@@ -11,8 +11,8 @@ categorical sample):
 * **VecWorker** — one worker's engine on the native env in this process;
 * **fleet** — ``Fleet.local(W, K)`` ``obtain_samples`` with native workers.
 
-The moonshot of the performance issue is >= 1M env steps/s end to end to
-the learner on a 2-core machine; the report sets the fleet against it and
+The moonshot (docs/performance.md) is >= 1M env steps/s end to end to the
+learner on a 2-core machine; the report sets the fleet against it and
 gives each process's CPU microseconds per step, which say where the time
 goes.
 """

@@ -1,12 +1,12 @@
 """The plain single-process sampling loop every rlfleet sampler is measured against.
 
-Exactly the loop of the performance issue, as a user would write it without
-rlfleet: K envs from ``gym.make``, one batched numpy MLP (plain ``@``,
-tanh) with a categorical sample, every step's observation, action, reward
-and log-probability stored in preallocated arrays, and each new episode
-reset with its own seed. It keeps no determinism across batch layouts (one
-generator for all rows, BLAS gemm), no checks and no episode bookkeeping:
-it is the speed of the hardware with gymnasium, not a sampler.
+The loop a user writes without rlfleet: K envs from ``gym.make``, one
+batched numpy MLP (plain ``@``, tanh) with a categorical sample, every
+step's observation, action, reward and log-probability stored in
+preallocated arrays, and each new episode reset with its own seed. It
+keeps no determinism across batch layouts (one generator for all rows, BLAS
+gemm), no checks and no episode bookkeeping: it is the speed of the
+hardware with gymnasium, not a sampler.
 
 With ``vectorization`` (``"vector_entry_point"`` or ``"envpool"``) the K
 envs are one native vector env instead, stepped by one call and reset by

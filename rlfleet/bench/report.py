@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rlfleet._values import check_int
+from rlfleet._util.values import check_int
 from rlfleet.errors import ConfigError
 from rlfleet.policies.spec import PolicySpec
 
@@ -139,7 +139,7 @@ class BenchReport:
 
     @property
     def ratios(self) -> list[Ratio]:
-        """The goals of the performance issue, then informative ratios."""
+        """The ratios with goals (docs/performance.md), then informative ones."""
         c = self.config
         plain_cpu = self.plain.cpu_us.get("each plain process", float("nan"))
         worker_cpu = self.vec_worker.cpu_us.get("this process", float("nan"))

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from rlfleet._values import host_and_port
+from rlfleet._util.values import host_and_port
 from rlfleet.errors import ConfigError
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

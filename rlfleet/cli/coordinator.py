@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rlfleet._values import json_object
+from rlfleet._util.values import json_object
 from rlfleet.cli._args import byte_size, non_negative_int, positive_float, positive_int
 from rlfleet.cli._config import add_config_flags
 from rlfleet.cli._env import env_option

@@ -153,7 +153,7 @@ def _quiet_logs(log_level: str) -> Iterator[None]:
 @contextlib.contextmanager
 def _open_sampler(args: argparse.Namespace, env: EnvConfig, vpg: VPG) -> Iterator[Any]:
     if args.local:
-        from rlfleet.local_sampler import LocalSampler
+        from rlfleet.sampling.local import LocalSampler
 
         with LocalSampler(
             env,

@@ -1,6 +1,6 @@
 """``rlfleet sample``: collect a batch from a fleet and save it as ``.npz``.
 
-The file layout is :mod:`rlfleet.batch_file`'s; :func:`rlfleet.load_batch`
+The file layout is :mod:`rlfleet.core.batch_file`'s; :func:`rlfleet.load_batch`
 reads it back.
 """
 
@@ -73,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"rlfleet sample: {problem}", file=sys.stderr)
         return 2
-    from rlfleet.batch_file import save_batch
     from rlfleet.client import RemoteSampler
+    from rlfleet.core.batch_file import save_batch
 
     unit = "episodes" if args.mode == "episodes" else "steps"
     target = args.episodes if args.mode == "episodes" else args.steps

@@ -118,7 +118,7 @@ def format_status(status: FleetStatus) -> str:
 
 def status_json(status: FleetStatus) -> dict[str, Any]:
     """The status as JSON-ready data: every field, plus each worker's agent lag."""
-    from rlfleet.batch_file import env_spec_to_json
+    from rlfleet.core.batch_file import env_spec_to_json
 
     data = {
         field.name: getattr(status, field.name)

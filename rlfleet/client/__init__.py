@@ -10,7 +10,7 @@
 """
 
 from rlfleet.client.fleet import Fleet
-from rlfleet.client.remote_vector_env import RemoteVectorEnv
+from rlfleet.client.leases.remote_vector_env import RemoteVectorEnv
 from rlfleet.client.sampler import RemoteSampler
 from rlfleet.client.status import FleetStatus, WorkerStatus
 from rlfleet.client.stream import SampleStream, StreamedBatch

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 
-from rlfleet import _rpc
 from rlfleet.errors import RlfleetError, UnavailableError
+from rlfleet.transport import rpc as _rpc
 
 RETRY_HINT = (
     "the coordinator is unreachable or went away; retry (the channel reconnects by itself, "

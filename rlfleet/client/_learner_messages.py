@@ -2,7 +2,7 @@
 
 The one module of the client library that holds generated messages
 (tests/test_layering.py). :class:`LearnerStubs` makes the calls a sampler
-needs with the types of :mod:`rlfleet.learner_calls` in and out: requests
+needs with the types of :mod:`rlfleet.protocol.learner_calls` in and out: requests
 are built from them in the calls' serializers, and every response is read
 into one (:func:`parse_response`) before the sampler sees it. Result
 chunks stay out of protobuf objects (``rlfleet.wire.parse_with_chunk``).
@@ -15,7 +15,6 @@ from typing import TypeAlias
 
 import grpc
 
-from rlfleet import _rpc
 from rlfleet.client._updates import (
     AgentUpdateForm,
     EnvUpdateForm,
@@ -24,11 +23,8 @@ from rlfleet.client._updates import (
     env_config_of,
 )
 from rlfleet.client.status import FleetStatus, WorkerStatus
-from rlfleet.coordinator.scheduler import Footer
-from rlfleet.episode_results import ResultHeader
 from rlfleet.errors import ConfigError
-from rlfleet.fleet_updates import AgentChange, EnvChange
-from rlfleet.learner_calls import (
+from rlfleet.protocol.learner_calls import (
     CallHeader,
     ResultPart,
     SampleAsk,
@@ -37,6 +33,9 @@ from rlfleet.learner_calls import (
     UpdatePush,
     UpdateReceipt,
 )
+from rlfleet.protocol.modes import Footer
+from rlfleet.protocol.updates import AgentChange, EnvChange
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import learner_pb2, updates_pb2
 from rlfleet.wire import (
     decode_agent_update,
@@ -46,6 +45,7 @@ from rlfleet.wire import (
     encode_env_change,
     parse_with_chunk,
 )
+from rlfleet.wire.results import ResultHeader
 
 #: What ``agent_update`` arguments may be: the forms of
 #: :func:`~rlfleet.client._updates.agent_change`, or an ``AgentUpdate``

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from rlfleet.client._learner_messages import ResponsePart
-from rlfleet.coordinator.scheduler import Footer
 from rlfleet.core import EnvSpec
-from rlfleet.episode_results import DecodedResult, ResultAssembler
 from rlfleet.errors import ProtocolError
-from rlfleet.learner_calls import CallHeader, ResultPart
+from rlfleet.protocol.learner_calls import CallHeader, ResultPart
+from rlfleet.protocol.modes import Footer
+from rlfleet.wire.results import DecodedResult, ResultAssembler
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class ResponseReader:
 
         Raises:
             ProtocolError: For an empty response, or a result that breaks
-                the protocol (rlfleet.episode_results).
+                the protocol (rlfleet.wire.results).
             WireFormatError: For chunks out of order, or a header's
                 malformed env spec.
         """

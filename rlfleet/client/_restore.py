@@ -12,7 +12,7 @@ one; if so, its next request carries the remembered env and agent first.
 from __future__ import annotations
 
 from rlfleet.client.status import FleetStatus
-from rlfleet.fleet_updates import AgentChange, EnvChange
+from rlfleet.protocol.updates import AgentChange, EnvChange
 
 
 class PushedState:

@@ -3,8 +3,8 @@
 The samplers accept the same loose forms as garage and ``LocalSampler``
 (a param dict, a policy, a spec, an env id, ...); this module is the one
 place that decides what each form means for the fleet: an
-:class:`~rlfleet.fleet_updates.AgentChange` or
-:class:`~rlfleet.fleet_updates.EnvChange`. (The messages themselves are
+:class:`~rlfleet.protocol.updates.AgentChange` or
+:class:`~rlfleet.protocol.updates.EnvChange`. (The messages themselves are
 accepted too: ``rlfleet.client._learner_messages`` reads those.)
 """
 
@@ -16,11 +16,11 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from rlfleet._values import json_object
+from rlfleet._util.values import json_object
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError
-from rlfleet.fleet_updates import AgentChange, EnvChange, PolicyChoice
 from rlfleet.policies import BUILTIN_POLICIES, Policy, PolicySpec
+from rlfleet.protocol.updates import AgentChange, EnvChange, PolicyChoice
 from rlfleet.wire.tensors import copy_tensor_map
 
 #: The forms of ``agent_update`` arguments that are not messages (see :func:`agent_change`).

@@ -39,7 +39,7 @@ from typing import Any
 import psutil
 
 import rlfleet
-from rlfleet._values import check_int
+from rlfleet._util.values import check_int
 from rlfleet.client._learner_messages import AgentUpdateLike
 from rlfleet.client.sampler import RemoteSampler
 from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve

@@ -21,8 +21,7 @@ from typing import Literal, TypeVar
 
 import grpc
 
-from rlfleet import _rpc
-from rlfleet._values import check_int
+from rlfleet._util.values import check_int
 from rlfleet.client._errors import call_error
 from rlfleet.client._learner_messages import (
     AgentUpdateLike,
@@ -37,9 +36,7 @@ from rlfleet.client._responses import AnswerHeader, ResponseReader
 from rlfleet.client._restore import PushedState
 from rlfleet.client.status import FleetStatus
 from rlfleet.client.stream import SampleStream
-from rlfleet.coordinator.scheduler import Footer, Mode
 from rlfleet.core import EnvSpec, EpisodeBatch
-from rlfleet.episode_results import DecodedResult, assemble_episodes, assemble_fragments
 from rlfleet.errors import (
     AuthenticationError,
     ConfigError,
@@ -49,11 +46,14 @@ from rlfleet.errors import (
     RlfleetError,
     UnavailableError,
 )
-from rlfleet.fleet_updates import AgentChange, EnvChange
-from rlfleet.learner_calls import SampleAsk, SubscribeAsk, UpdatePush
+from rlfleet.protocol.learner_calls import SampleAsk, SubscribeAsk, UpdatePush
+from rlfleet.protocol.modes import Footer, Mode
+from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.security import ClientSecurity, Token
 from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
+from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import parse_env_spec
+from rlfleet.wire.results import DecodedResult, assemble_episodes, assemble_fragments
 
 logger = logging.getLogger("rlfleet.client")
 

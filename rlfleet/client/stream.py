@@ -12,8 +12,8 @@ from rlfleet.client._errors import call_error
 from rlfleet.client._learner_messages import ResponsePart
 from rlfleet.client._responses import ResponseReader
 from rlfleet.core import EpisodeBatch
-from rlfleet.episode_results import DecodedResult
 from rlfleet.errors import RlfleetError
+from rlfleet.wire.results import DecodedResult
 
 
 class StreamedBatch(NamedTuple):

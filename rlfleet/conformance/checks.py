@@ -25,7 +25,6 @@ import grpc
 import gymnasium as gym
 import numpy as np
 
-from rlfleet import _rpc
 from rlfleet.conformance._failure import Check, CheckFailed, CheckResult, run_check
 from rlfleet.conformance._stall import StallMeter
 from rlfleet.conformance.agents import Agent, balancing_agent, pinned_agent
@@ -48,15 +47,17 @@ from rlfleet.conformance.link import (
 )
 from rlfleet.conformance.runner import WorkerHarness
 from rlfleet.conformance.scripted_coordinator import BROKEN, CLOSED, Inbound
-from rlfleet.coordinator.scheduler import Mode
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.episode_results import DecodedResult, cut_pieces, pieces_by_stream
-from rlfleet.error_reports import ErrorKind, ErrorReport
-from rlfleet.join_stream import TaskAssignment, WorkerBeat
 from rlfleet.policies.mlp import weight_name
-from rlfleet.stream_replay import StreamBook
+from rlfleet.protocol.error_reports import ErrorKind, ErrorReport
+from rlfleet.protocol.join import TaskAssignment, WorkerBeat
+from rlfleet.protocol.modes import Mode
+from rlfleet.protocol.stream_replay import StreamBook
+from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import parse_env_spec
+from rlfleet.wire.result_checks import pieces_by_stream
+from rlfleet.wire.results import DecodedResult, cut_pieces
 
 #: Idle time the heartbeat check watches before and after its task.
 HEARTBEAT_IDLE_SECONDS = (1.0, 0.6)

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterator, Sequence
 
 from rlfleet._version import __version__
 from rlfleet.conformance._failure import Check, CheckFailed, CheckResult, run_check, select
-from rlfleet.lease_data import HANDSHAKE_FRAME_BYTES, coordinator_host, frame
-from rlfleet.lease_messages import data_hello
 from rlfleet.security import ClientSecurity
+from rlfleet.transport.lease_channel import HANDSHAKE_FRAME_BYTES, coordinator_host, frame
+from rlfleet.wire.leases import data_hello
 from rlfleet.worker._connection import lease_data_ticket
 
 #: ``Hello.implementation`` of the kit's worker.

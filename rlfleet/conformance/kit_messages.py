@@ -21,11 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 from google.protobuf.message import Message
 
-from rlfleet import _rpc
-from rlfleet.episode_results import ResultHeader
-from rlfleet.error_reports import ErrorReport
-from rlfleet.fleet_updates import AgentChange, EnvChange
-from rlfleet.join_stream import (
+from rlfleet.protocol.error_reports import ErrorReport
+from rlfleet.protocol.join import (
     DrainOrder,
     TaskAssignment,
     TaskCancel,
@@ -33,6 +30,8 @@ from rlfleet.join_stream import (
     WorkerHello,
     WorkerWelcome,
 )
+from rlfleet.protocol.updates import AgentChange, EnvChange
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import leases_pb2, worker_pb2
 from rlfleet.wire import (
     Chunk,
@@ -47,6 +46,7 @@ from rlfleet.wire import (
     encode_welcome,
     parse_with_chunk,
 )
+from rlfleet.wire.results import ResultHeader
 
 #: The kind of a WorkerMessage with no body set.
 EMPTY = "empty"

@@ -5,7 +5,7 @@
 env and agent updates, tasks, cancels and drains, and waiting for what the
 worker must answer. Everything the worker sends on the way is checked as it
 arrives: message sizes against Welcome.max_message_bytes, and every
-EpisodeResult against its task (:mod:`rlfleet.episode_results`, the checks
+EpisodeResult against its task (:mod:`rlfleet.wire.result_checks`, the checks
 the coordinator applies too), so a
 check that only cares about agent updates still fails on a broken result.
 Anything the worker was not asked for fails the check with what was
@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import grpc
 import numpy as np
 
-from rlfleet import _rpc
 from rlfleet.conformance._failure import CheckFailed
 from rlfleet.conformance.kit_messages import (
     KitCommand,
@@ -47,25 +46,20 @@ from rlfleet.conformance.scripted_coordinator import (
     ScriptedCoordinator,
     ScriptedSession,
 )
-from rlfleet.coordinator.scheduler import Mode
 from rlfleet.core.env_spec import EnvSpec
-from rlfleet.episode_results import (
-    DecodedResult,
-    FragmentWindow,
-    ResultAssembler,
-    ResultError,
-    ResultExpectation,
-    check_result,
-)
-from rlfleet.error_reports import is_known_kind
-from rlfleet.error_reports import kind_name as protocol_kind_name
+from rlfleet.core.seeding import episode_seeds
 from rlfleet.errors import ResourceExhaustedError, WireFormatError
-from rlfleet.fleet_updates import AgentChange, EnvChange, PolicyChoice
-from rlfleet.join_stream import DrainOrder, TaskAssignment, TaskCancel, WorkerHello, WorkerWelcome
 from rlfleet.policies.spec import PolicySpec
-from rlfleet.seeding import episode_seeds
-from rlfleet.stream_replay import StreamReplay
+from rlfleet.protocol.error_reports import is_known_kind
+from rlfleet.protocol.error_reports import kind_name as protocol_kind_name
+from rlfleet.protocol.join import DrainOrder, TaskAssignment, TaskCancel, WorkerHello, WorkerWelcome
+from rlfleet.protocol.modes import Mode
+from rlfleet.protocol.stream_replay import StreamReplay
+from rlfleet.protocol.updates import AgentChange, EnvChange, PolicyChoice
+from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import parse_env_spec
+from rlfleet.wire.result_checks import FragmentWindow, ResultExpectation, check_result
+from rlfleet.wire.results import DecodedResult, ResultAssembler, ResultError
 
 if TYPE_CHECKING:
     from rlfleet.conformance.runner import WorkerUnderTest

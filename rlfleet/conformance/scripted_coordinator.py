@@ -31,9 +31,9 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from rlfleet import _rpc
 from rlfleet.conformance.kit_messages import EMPTY, parse_worker_message
 from rlfleet.errors import WireFormatError
+from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import Chunk
 
 #: Kinds of :class:`Inbound` that are not a WorkerMessage body (and :data:`EMPTY`:

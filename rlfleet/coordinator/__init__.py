@@ -1,12 +1,11 @@
 """The coordinator: workers join it, learners sample from it.
 
 ``serve(CoordinatorConfig(...))`` starts one in-process; ``rlfleet
-coordinator`` runs one as a process. See DESIGN.md and the .proto files for
-the protocol it speaks on both faces.
+coordinator`` runs one as a process. See docs/architecture.md for its
+modules and the .proto files for the protocol it speaks on both faces.
 
-The names below load on first use, so that ``rlfleet.coordinator.scheduler``
-(pure Python, also driven by :class:`~rlfleet.local_sampler.LocalSampler`)
-imports without gRPC.
+The names below load on first use, so that importing the package loads no
+gRPC until one of them is used.
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ from typing import TypeAlias
 import grpc
 
 from rlfleet.coordinator.failures import CallError
-from rlfleet.coordinator.scheduler import Footer
-from rlfleet.episode_results import ResultHeader
-from rlfleet.learner_calls import CallHeader
+from rlfleet.protocol.learner_calls import CallHeader
+from rlfleet.protocol.modes import Footer
 from rlfleet.wire import Chunk
+from rlfleet.wire.results import ResultHeader
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rlfleet import _rpc
-from rlfleet._values import check_int, host_and_port
-from rlfleet.coordinator.scheduler import DEFAULT_CAPACITY_STEPS
+from rlfleet._util.values import check_int, host_and_port
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError
+from rlfleet.scheduling.scheduler import DEFAULT_CAPACITY_STEPS
 from rlfleet.security import Limits, ServerSecurity
+from rlfleet.transport import rpc as _rpc
 
 #: Default learner-face address (loopback: exposing it is a deliberate choice).
 DEFAULT_LISTEN = "127.0.0.1:50051"

@@ -20,10 +20,10 @@ import grpc
 
 from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.failures import CallError
-from rlfleet.coordinator.lease_data_peers import worker_attach
-from rlfleet.coordinator.lease_data_server import LeaseDataServer
-from rlfleet.coordinator.lease_translation import hello_ticket
-from rlfleet.coordinator.leases import LeaseManager
+from rlfleet.coordinator.leases.data_peers import worker_attach
+from rlfleet.coordinator.leases.data_server import LeaseDataServer
+from rlfleet.coordinator.leases.manager import LeaseManager
+from rlfleet.coordinator.leases.translation import hello_ticket
 from rlfleet.coordinator.liveness import Liveness
 from rlfleet.coordinator.metrics import CoordinatorMetrics
 from rlfleet.coordinator.registry import WorkerHandle
@@ -32,7 +32,7 @@ from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.status import FleetSnapshot, fleet_status
 from rlfleet.coordinator.worker_events import WorkerEvents
 from rlfleet.errors import ConfigError
-from rlfleet.join_stream import DrainOrder
+from rlfleet.protocol.join import DrainOrder
 
 logger = logging.getLogger("rlfleet.coordinator")
 

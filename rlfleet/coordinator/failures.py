@@ -7,7 +7,7 @@ from typing import TypeAlias
 import grpc
 from google.protobuf.message import Message
 
-from rlfleet.error_reports import ErrorReport
+from rlfleet.protocol.error_reports import ErrorReport
 
 #: The structured error a call ends with: a report, or the ``ErrorDetail`` a
 #: worker's lease reply carried, which the lease relay passes on as it came.
@@ -18,7 +18,7 @@ class CallError(Exception):
     """Ends a gRPC call with ``code`` and ``message`` (and an error report).
 
     Raised anywhere below the faces; the face that owns the call turns it
-    into the status (``rlfleet._rpc.abort``), so the rules live in one place.
+    into the status (``rlfleet.transport.rpc.abort``), so the rules live in one place.
 
     Attributes:
         code: The gRPC status code.

@@ -12,17 +12,18 @@ from typing import TypeVar
 
 import grpc
 
-from rlfleet import _rpc
-from rlfleet.coordinator import learner_messages, lease_translation
+from rlfleet.coordinator import learner_messages
 from rlfleet.coordinator.calls import CallScope, Event
 from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.failures import CallError
 from rlfleet.coordinator.learner_messages import WireResponse
-from rlfleet.coordinator.lease_face import LeaseFace
+from rlfleet.coordinator.leases import translation as lease_translation
+from rlfleet.coordinator.leases.face import LeaseFace
 from rlfleet.coordinator.status import FleetSnapshot
 from rlfleet.coordinator.worker_face import Malformed, tolerant
-from rlfleet.fleet_updates import AgentChange, EnvChange
-from rlfleet.learner_calls import SampleAsk, StatusAsk, SubscribeAsk, UpdateReceipt
+from rlfleet.protocol.learner_calls import SampleAsk, StatusAsk, SubscribeAsk, UpdateReceipt
+from rlfleet.protocol.updates import AgentChange, EnvChange
+from rlfleet.transport import rpc as _rpc
 
 T = TypeVar("T")
 Q = TypeVar("Q")

@@ -2,7 +2,7 @@
 
 The one module of the coordinator's learner face that holds generated
 messages (tests/test_layering.py; the Lease call is the lease face's,
-``lease_translation``). Requests are read into :mod:`rlfleet.learner_calls`'
+``lease_translation``). Requests are read into :mod:`rlfleet.protocol.learner_calls`'
 types by the calls' deserializers (``parse_*``); answers are written by
 their serializers (``serialize_*``) and a call's events by :func:`responses`.
 A worker's result goes to the learner as the chunks it came in: the first
@@ -15,13 +15,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TypeAlias
 
-from rlfleet import _rpc
 from rlfleet.coordinator.calls import Event, Finished, Forward
 from rlfleet.coordinator.failures import CallError, invalid
 from rlfleet.coordinator.status import FleetSnapshot, WorkerSnapshot
 from rlfleet.errors import WireFormatError
-from rlfleet.fleet_updates import AgentChange, EnvChange
-from rlfleet.learner_calls import CallHeader, SampleAsk, StatusAsk, SubscribeAsk, UpdateReceipt
+from rlfleet.protocol.learner_calls import (
+    CallHeader,
+    SampleAsk,
+    StatusAsk,
+    SubscribeAsk,
+    UpdateReceipt,
+)
+from rlfleet.protocol.updates import AgentChange, EnvChange
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import (
     decode_agent_update,

@@ -30,8 +30,8 @@ from prometheus_client.utils import floatToGoString
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from rlfleet.coordinator.scheduler import TaskOrder
     from rlfleet.coordinator.state import FleetState
+    from rlfleet.scheduling.scheduler import TaskOrder
 
 R = TypeVar("R")
 

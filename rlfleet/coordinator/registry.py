@@ -19,13 +19,13 @@ import grpc
 from google.protobuf.message import Message
 
 from rlfleet.coordinator.failures import CallDetail, CallError
-from rlfleet.coordinator.lease_data_server import LeaseConnection
-from rlfleet.coordinator.scheduler import CancelOrder, TaskOrder
-from rlfleet.episode_results import ResultAssembler
-from rlfleet.error_reports import ErrorReport
-from rlfleet.fleet_updates import AgentChange, EnvChange
-from rlfleet.join_stream import DrainOrder, WorkerBeat, WorkerHello, WorkerWelcome
-from rlfleet.stream_replay import StreamReplay
+from rlfleet.coordinator.leases.data_server import LeaseConnection
+from rlfleet.protocol.error_reports import ErrorReport
+from rlfleet.protocol.join import DrainOrder, WorkerBeat, WorkerHello, WorkerWelcome
+from rlfleet.protocol.stream_replay import StreamReplay
+from rlfleet.protocol.updates import AgentChange, EnvChange
+from rlfleet.scheduling.scheduler import CancelOrder, TaskOrder
+from rlfleet.wire.results import ResultAssembler
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ learner may speak the protocol without rlfleet's client.
 from __future__ import annotations
 
 from rlfleet.coordinator.failures import invalid
-from rlfleet.coordinator.scheduler import Mode
-from rlfleet.learner_calls import SampleAsk, SubscribeAsk
+from rlfleet.protocol.learner_calls import SampleAsk, SubscribeAsk
+from rlfleet.protocol.modes import Mode
 
 
 def sample_mode(request: SampleAsk, max_fragment_length: int) -> Mode:

@@ -18,11 +18,11 @@ from rlfleet.coordinator.calls import CallOutbox, CallScope, Event, Finished, Fo
 from rlfleet.coordinator.failures import CallError, detail_of
 from rlfleet.coordinator.request_checks import sample_mode, subscription_mode
 from rlfleet.coordinator.rollouts import Rollouts
-from rlfleet.coordinator.scheduler import RequestSpec
 from rlfleet.coordinator.state import FleetState, OpenCall
-from rlfleet.error_reports import ErrorKind
-from rlfleet.fleet_updates import AgentChange, EnvChange
-from rlfleet.learner_calls import CallHeader, SampleAsk, SubscribeAsk, UpdateReceipt
+from rlfleet.protocol.error_reports import ErrorKind
+from rlfleet.protocol.learner_calls import CallHeader, SampleAsk, SubscribeAsk, UpdateReceipt
+from rlfleet.protocol.updates import AgentChange, EnvChange
+from rlfleet.scheduling.scheduler import RequestSpec
 
 logger = logging.getLogger("rlfleet.coordinator")
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import grpc
 
-from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, can_run_env
 from rlfleet.coordinator.calls import CallScope
 from rlfleet.coordinator.failures import CallError, detail_of
 from rlfleet.coordinator.registry import WorkerHandle
@@ -30,9 +29,10 @@ from rlfleet.coordinator.updates import (
     check_pickles,
     whole_agent,
 )
-from rlfleet.error_reports import ErrorKind, ErrorReport, describe_report
-from rlfleet.fleet_updates import AgentChange, EnvChange
-from rlfleet.learner_calls import UpdateReceipt
+from rlfleet.protocol.error_reports import ErrorKind, ErrorReport, describe_report
+from rlfleet.protocol.learner_calls import UpdateReceipt
+from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY, can_run_env
+from rlfleet.protocol.updates import AgentChange, EnvChange
 
 logger = logging.getLogger("rlfleet.coordinator")
 

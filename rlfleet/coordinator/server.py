@@ -35,12 +35,12 @@ from types import TracebackType
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from rlfleet import _rpc
 from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.learner_face import LearnerFace
 from rlfleet.coordinator.worker_face import WorkerFace
 from rlfleet.errors import ConfigError
+from rlfleet.transport import rpc as _rpc
 
 logger = logging.getLogger("rlfleet.coordinator")
 

@@ -21,19 +21,19 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, can_run_env, can_run_policy
 from rlfleet.coordinator.calls import CallOutbox, CallScope, FifoGate
 from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.failures import CallError, detail_of
 from rlfleet.coordinator.metrics import CoordinatorMetrics
 from rlfleet.coordinator.progress import ProgressWatch
 from rlfleet.coordinator.registry import Registry, TaskDispatch, WorkerHandle
-from rlfleet.coordinator.scheduler import CancelOrder, Scheduler
 from rlfleet.coordinator.updates import EnvState, env_update_of, whole_agent
-from rlfleet.error_reports import ErrorKind, ErrorReport, describe_report
-from rlfleet.fleet_updates import AgentChange, EnvChange
-from rlfleet.learner_calls import CallHeader
-from rlfleet.stream_replay import StreamBook
+from rlfleet.protocol.error_reports import ErrorKind, ErrorReport, describe_report
+from rlfleet.protocol.learner_calls import CallHeader
+from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY, can_run_env, can_run_policy
+from rlfleet.protocol.stream_replay import StreamBook
+from rlfleet.protocol.updates import AgentChange, EnvChange
+from rlfleet.scheduling.scheduler import CancelOrder, Scheduler
 
 logger = logging.getLogger("rlfleet.coordinator")
 

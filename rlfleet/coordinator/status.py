@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from rlfleet import _rpc
 from rlfleet._version import __version__
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
-from rlfleet.error_reports import ErrorReport
-from rlfleet.fleet_updates import EnvChange
+from rlfleet.protocol.error_reports import ErrorReport
+from rlfleet.protocol.updates import EnvChange
+from rlfleet.transport import rpc as _rpc
 
 IMPLEMENTATION = f"rlfleet-python/{__version__}"
 

@@ -13,15 +13,15 @@ from collections.abc import Iterable
 
 import grpc
 
-from rlfleet._values import json_object
+from rlfleet._util.values import json_object
 from rlfleet.coordinator.failures import CallError, detail_of, invalid
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.core import EnvSpec
 from rlfleet.envs import EnvConfig
-from rlfleet.error_reports import ErrorKind
 from rlfleet.errors import ConfigError, PermissionDeniedError, ResourceExhaustedError
-from rlfleet.fleet_updates import AgentChange, EnvChange, PolicyChoice
 from rlfleet.policies import PolicySpec
+from rlfleet.protocol.error_reports import ErrorKind
+from rlfleet.protocol.updates import AgentChange, EnvChange, PolicyChoice
 from rlfleet.security import Limits, PickleGate
 from rlfleet.wire import parse_env_spec
 

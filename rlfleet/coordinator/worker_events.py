@@ -15,26 +15,21 @@ from collections.abc import Callable
 
 import grpc
 
-from rlfleet import _rpc
-from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY
 from rlfleet.coordinator.calls import Finished, Forward
 from rlfleet.coordinator.failures import CallDetail, CallError, detail_of, invalid
 from rlfleet.coordinator.registry import WorkerHandle
-from rlfleet.coordinator.scheduler import Mode, RequestSpec, Verdict
 from rlfleet.coordinator.state import FleetState
 from rlfleet.core import EnvSpec
 from rlfleet.envs.native import NATIVE_VECTORIZATIONS
-from rlfleet.episode_results import (
-    FragmentWindow,
-    JoinedResult,
-    ResultError,
-    ResultExpectation,
-    check_result,
-    decode_result,
-)
-from rlfleet.error_reports import ErrorKind, ErrorReport, describe_report, is_known_kind, kind_name
 from rlfleet.errors import ProtocolError, WireFormatError
-from rlfleet.join_stream import (
+from rlfleet.protocol.error_reports import (
+    ErrorKind,
+    ErrorReport,
+    describe_report,
+    is_known_kind,
+    kind_name,
+)
+from rlfleet.protocol.join import (
     AgentApplied,
     EnvBuilt,
     WorkerBeat,
@@ -42,7 +37,13 @@ from rlfleet.join_stream import (
     WorkerLeaving,
     WorkerWelcome,
 )
+from rlfleet.protocol.modes import Mode
+from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY
+from rlfleet.scheduling.scheduler import RequestSpec, Verdict
 from rlfleet.security import PICKLE_CAPABILITY
+from rlfleet.transport import rpc as _rpc
+from rlfleet.wire.result_checks import FragmentWindow, ResultExpectation, check_result
+from rlfleet.wire.results import JoinedResult, ResultError, decode_result
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -267,7 +268,7 @@ class WorkerEvents:
         """A worker's result is complete: check it, account it, forward it.
 
         The batch is decoded as views of the received bytes only to check
-        it (:mod:`rlfleet.episode_results`, vectorised); the learner gets
+        it (:mod:`rlfleet.wire.result_checks`, vectorised); the learner gets
         the worker's chunks as they came.
 
         Raises:

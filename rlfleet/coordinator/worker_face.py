@@ -19,11 +19,10 @@ from typing import TypeAlias, TypeVar
 import grpc
 from google.protobuf.message import DecodeError
 
-from rlfleet import _rpc
-from rlfleet._log_limit import LogLimiter, held_back_note
+from rlfleet._util.log_limit import LogLimiter, held_back_note
 from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.failures import CallError
-from rlfleet.coordinator.lease_translation import RelayReply, relay_deserializer, relay_reply
+from rlfleet.coordinator.leases.translation import RelayReply, relay_deserializer, relay_reply
 from rlfleet.coordinator.registry import Ending, WorkerCommand, WorkerHandle
 from rlfleet.coordinator.worker_messages import (
     LeaseReplyBody,
@@ -33,12 +32,13 @@ from rlfleet.coordinator.worker_messages import (
     parse_worker_message,
     serialize_command,
 )
-from rlfleet.episode_results import ResultHeader
-from rlfleet.error_reports import ErrorReport
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
-from rlfleet.join_stream import AgentApplied, EnvBuilt, WorkerBeat, WorkerHello, WorkerLeaving
+from rlfleet.protocol.error_reports import ErrorReport
+from rlfleet.protocol.join import AgentApplied, EnvBuilt, WorkerBeat, WorkerHello, WorkerLeaving
 from rlfleet.security import InflightBudget
+from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import Chunk
+from rlfleet.wire.results import ResultHeader
 
 logger = logging.getLogger("rlfleet.coordinator")
 T = TypeVar("T")

@@ -2,7 +2,7 @@
 
 The one module of the coordinator's worker face that holds generated
 messages (tests/test_layering.py). A worker's messages are read into the
-types of :mod:`rlfleet.join_stream` as they arrive (:func:`parse_worker_message`,
+types of :mod:`rlfleet.protocol.join` as they arrive (:func:`parse_worker_message`,
 the Join call's deserializer), and what the coordinator sends a worker
 (:data:`~rlfleet.coordinator.registry.WorkerCommand`) is written out by the
 call's serializer (:func:`serialize_command`). A result's chunk stays out of
@@ -18,14 +18,10 @@ from typing import TypeAlias
 
 from google.protobuf.message import Message
 
-from rlfleet import _rpc
-from rlfleet.coordinator.lease_translation import RelayReply
+from rlfleet.coordinator.leases.translation import RelayReply
 from rlfleet.coordinator.registry import TaskDispatch, WorkerCommand
-from rlfleet.coordinator.scheduler import CancelOrder
-from rlfleet.episode_results import ResultHeader
-from rlfleet.error_reports import ErrorReport
-from rlfleet.fleet_updates import AgentChange, EnvChange
-from rlfleet.join_stream import (
+from rlfleet.protocol.error_reports import ErrorReport
+from rlfleet.protocol.join import (
     AgentApplied,
     DrainOrder,
     EnvBuilt,
@@ -34,6 +30,9 @@ from rlfleet.join_stream import (
     WorkerHello,
     WorkerLeaving,
 )
+from rlfleet.protocol.updates import AgentChange, EnvChange
+from rlfleet.scheduling.scheduler import CancelOrder
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import (
     Chunk,
@@ -46,6 +45,7 @@ from rlfleet.wire import (
     encode_welcome,
     parse_with_chunk,
 )
+from rlfleet.wire.results import ResultHeader
 
 
 @dataclasses.dataclass(frozen=True)

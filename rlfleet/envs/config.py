@@ -20,7 +20,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from rlfleet._values import check_int
+from rlfleet._util.values import check_int
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.envs.native import NATIVE_VECTORIZATIONS, NativeVectorEnv
 from rlfleet.errors import ConfigError, EnvNotFoundError

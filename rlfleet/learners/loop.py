@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rlfleet._values import check_int
+from rlfleet._util.values import check_int
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.errors import ConfigError
 from rlfleet.learners._advantages import undiscounted_returns

@@ -22,7 +22,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from rlfleet._imports import import_object, split_import_path
+from rlfleet._util.imports import import_object, split_import_path
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import ConfigError
 from rlfleet.policies._observations import ENCODABLE_SPACES

@@ -44,7 +44,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlfleet._imports import import_object
+from rlfleet._util.imports import import_object
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import ConfigError, PolicyError
 from rlfleet.policies._params import checked_params

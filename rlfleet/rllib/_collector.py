@@ -5,9 +5,9 @@ the policy they are bound to, and each policy computes their actions in one
 batched call. Agent trajectories are cut into :class:`Segment` records and
 turned into EpisodeBatches by the worker engine's own ``build_batch``.
 
-Seeding follows the fleet's fragment streams (DESIGN.md, Determinism): env
+Seeding follows the fleet's fragment streams (docs/architecture.md, Determinism): env
 slot ``i`` is stream ``i``, and its k-th episode resets the env with the
-seeds :func:`rlfleet.seeding.stream_seeds` derives from ``(seed, i, k)`` and
+seeds :func:`rlfleet.core.seeding.stream_seeds` derives from ``(seed, i, k)`` and
 draws its actions from its own generator. So an episode's data depends on
 its seeds only, never on which slots run beside it: the same worker
 settings give the batches a fleet gives (tests/test_rllib_multi_agent_fleet.py).
@@ -23,12 +23,12 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.core.seeding import stream_seeds
 from rlfleet.core.step_type import StepType, step_type_from_gym
 from rlfleet.errors import ConfigError, EnvError
 from rlfleet.rllib._envs import AgentEnv
 from rlfleet.rllib._policies import PolicyEntry
 from rlfleet.rllib.callbacks import DefaultCallbacks, Episode, RolloutMetrics
-from rlfleet.seeding import stream_seeds
 from rlfleet.worker._episode_buffer import Segment, build_batch, stack_step_infos
 
 if TYPE_CHECKING:

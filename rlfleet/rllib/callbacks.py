@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rlfleet._imports import import_object
+from rlfleet._util.imports import import_object
 from rlfleet.errors import ConfigError
 
 if TYPE_CHECKING:

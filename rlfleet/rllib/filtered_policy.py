@@ -1,7 +1,7 @@
 """FilteredPolicy: a policy behind a frozen MeanStdFilter, for fleet workers.
 
 On the fleet, a worker's observation filter must not move while it samples:
-episodes must get the same actions whichever worker runs them (DESIGN.md,
+episodes must get the same actions whichever worker runs them (docs/architecture.md,
 Determinism). So fleet workers run the filter as *parameters* of this
 policy (``filter.n``, ``filter.mean``, ``filter.m2``), set by agent updates;
 the driver (:class:`~rlfleet.rllib.RolloutWorkerGroup`) computes each

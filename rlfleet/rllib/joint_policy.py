@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from rlfleet._multi_agent import JOINT_POLICY_PATH
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import ConfigError, PolicyError
 from rlfleet.policies import Policy, PolicySpec, make_policy
 from rlfleet.policies._distributions import row_generators
 from rlfleet.policies.base import AgentInfos, ParamDict
+from rlfleet.protocol.multi_agent import JOINT_POLICY_PATH
 from rlfleet.rllib._envs import AgentEnv
 from rlfleet.rllib.multi_agent import JointLayout, make_agent_env
 

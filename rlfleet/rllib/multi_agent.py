@@ -30,8 +30,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rlfleet._multi_agent import MULTI_AGENT_NAMESPACE
 from rlfleet.errors import ConfigError
+from rlfleet.protocol.multi_agent import MULTI_AGENT_NAMESPACE
 from rlfleet.rllib._envs import AgentEnv
 
 #: env_infos of a joint batch (each (S, n_agents)): per-agent rewards, end flags, step counts.

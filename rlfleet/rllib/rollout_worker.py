@@ -27,7 +27,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rlfleet._values import check_int
+from rlfleet._util.values import check_int
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.multi_agent_batch import MultiAgentEpisodeBatch
 from rlfleet.errors import ConfigError, UsageError

@@ -32,13 +32,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rlfleet._multi_agent import is_multi_agent_env
 from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.multi_agent_batch import MultiAgentEpisodeBatch
 from rlfleet.core.step_type import StepType
 from rlfleet.envs import EnvConfig, make_env
 from rlfleet.errors import ConfigError
+from rlfleet.protocol.multi_agent import is_multi_agent_env
 from rlfleet.rllib._collector import clipped_rewards
 from rlfleet.rllib._envs import SINGLE_AGENT_ID
 from rlfleet.rllib._policies import DEFAULT_POLICY_ID

@@ -32,10 +32,10 @@ from typing import Any, NoReturn
 
 import grpc
 
-from rlfleet import _rpc
-from rlfleet._log_limit import LogLimiter, held_back_note
+from rlfleet._util.log_limit import LogLimiter, held_back_note
 from rlfleet.errors import ConfigError
 from rlfleet.security.tokens import Token
+from rlfleet.transport import rpc as _rpc
 
 logger = logging.getLogger("rlfleet.security")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from rlfleet._log_limit import OncePerKey
+from rlfleet._util.log_limit import OncePerKey
 from rlfleet.security.auth import AUTHORIZATION_KEY
 from rlfleet.security.listen import plaintext_token_warning
 from rlfleet.security.tls import ClientTLS
@@ -147,7 +147,7 @@ def secure_channel(
 
     Args:
         target: ``HOST:PORT`` of the coordinator.
-        options: Channel options (``rlfleet._rpc`` builds them).
+        options: Channel options (``rlfleet.transport.rpc`` builds them).
         tls: TLS settings, or None for plaintext.
         token: The token to present on every call, or None.
 

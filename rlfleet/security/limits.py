@@ -27,9 +27,9 @@ from typing import Any, SupportsInt
 
 import numpy as np
 
-from rlfleet._rpc import DEFAULT_MAX_MESSAGE_BYTES
-from rlfleet._values import check_int
+from rlfleet._util.values import check_int
 from rlfleet.errors import ConfigError, ResourceExhaustedError
+from rlfleet.transport.rpc import DEFAULT_MAX_MESSAGE_BYTES
 
 #: gRPC cannot carry a message of 2 GiB or more.
 _GRPC_MAX_MESSAGE_BYTES = (1 << 31) - 1

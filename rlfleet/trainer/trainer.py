@@ -20,7 +20,7 @@ needs the algorithm and env rebuilt by the same code first:
 ``setup(...)``, then ``restore(dir)``, then ``resume()``.
 
 **Exact resume.** Every batch's seeds are a function of (seed, request
-index, episode index) (``rlfleet.seeding``), so a run restored from epoch k
+index, episode index) (``rlfleet.core.seeding``), so a run restored from epoch k
 requests the batches the uninterrupted run requested after epoch k, and an
 algorithm whose state is fully in its snapshot (parameters, optimizer
 moments, random generator) computes the same updates from them.
@@ -204,7 +204,7 @@ class Trainer:
         # Imported here: the fleet pulls in gRPC, which the rest of the
         # trainer (and a LocalSampler user) does not need.
         from rlfleet.client import Fleet, RemoteSampler
-        from rlfleet.local_sampler import LocalSampler
+        from rlfleet.sampling.local import LocalSampler
 
         args = dict(sampler_args or {})
         policy = self._algo.policy

@@ -5,14 +5,14 @@ coordinator, and the conformance kit that plays one, do the opposite. Their
 translation modules (``rlfleet.coordinator.worker_messages``,
 ``rlfleet.worker._join_messages``, ``rlfleet.conformance.kit_messages``)
 compose the messages from these conversions to and from
-:mod:`rlfleet.join_stream`'s types.
+:mod:`rlfleet.protocol.join`'s types.
 """
 
 from __future__ import annotations
 
 from rlfleet.errors import WireFormatError
-from rlfleet.join_stream import TaskAssignment, WorkerBeat, WorkerHello, WorkerWelcome
-from rlfleet.stream_replay import StreamReplay
+from rlfleet.protocol.join import TaskAssignment, WorkerBeat, WorkerHello, WorkerWelcome
+from rlfleet.protocol.stream_replay import StreamReplay
 from rlfleet.v1 import leases_pb2, worker_pb2
 from rlfleet.wire.tensors import decode_tensor, encode_tensor
 

@@ -2,16 +2,16 @@
 
 Every face carries these messages (a learner's update, the coordinator's
 copies to its workers, a worker's refusal), so their conversion to and from
-rlfleet's own types lives here once: :class:`~rlfleet.fleet_updates.AgentChange`,
-:class:`~rlfleet.fleet_updates.EnvChange` and
-:class:`~rlfleet.error_reports.ErrorReport`. The faces set the fields that
+rlfleet's own types lives here once: :class:`~rlfleet.protocol.updates.AgentChange`,
+:class:`~rlfleet.protocol.updates.EnvChange` and
+:class:`~rlfleet.protocol.error_reports.ErrorReport`. The faces set the fields that
 belong to a call (``coordinator_id``) themselves.
 """
 
 from __future__ import annotations
 
-from rlfleet.error_reports import ErrorReport
-from rlfleet.fleet_updates import AgentChange, EnvChange, PolicyChoice
+from rlfleet.protocol.error_reports import ErrorReport
+from rlfleet.protocol.updates import AgentChange, EnvChange, PolicyChoice
 from rlfleet.v1 import updates_pb2
 from rlfleet.wire.tensors import decode_tensor_map, encode_tensor_map
 

@@ -23,10 +23,10 @@ from typing import TypeAlias
 
 import grpc
 
-from rlfleet import _rpc
 from rlfleet.errors import UnavailableError
-from rlfleet.join_stream import WorkerHello, WorkerWelcome
+from rlfleet.protocol.join import WorkerHello, WorkerWelcome
 from rlfleet.security import ClientSecurity
+from rlfleet.transport import rpc as _rpc
 from rlfleet.worker._join_messages import (
     CoordinatorEvent,
     LeaseCommandIn,

@@ -28,7 +28,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rlfleet._numeric import all_finite
 from rlfleet.core._arrays import NestedArrays
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.step_type import StepType
@@ -40,6 +39,7 @@ from rlfleet.worker._checks import ActionChecker, nonfinite_rows
 from rlfleet.worker._draw_blocks import DrawBlocks
 from rlfleet.worker._episode_buffer import Segment, StepRing, stack_step_infos
 from rlfleet.worker._native_slots import RUNNING, NativeSlots
+from rlfleet.worker._numeric import all_finite
 from rlfleet.worker._restarts import RestartLedger
 from rlfleet.worker._updates import EnvSource, check_policy_fits
 from rlfleet.worker.units import EpisodeUnit

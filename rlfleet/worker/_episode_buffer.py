@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfleet._log_limit import OncePerKey
+from rlfleet._util.log_limit import OncePerKey
 from rlfleet.core._arrays import NestedArrays, concat_nested
 from rlfleet.core._pieces import EpisodePieces, RowPieces
 from rlfleet.core._validation import check_per_step_space

@@ -7,7 +7,7 @@ The one module of the remote worker that holds generated messages
 by its serializer (:func:`serialize_outgoing`), so the connection, the
 session loop and the worker's life speak rlfleet types only. A batch is
 serialized once, straight into its chunk messages (:func:`result_messages`);
-lease commands and replies are the lease face's (``rlfleet.lease_messages``).
+lease commands and replies are the lease face's (``rlfleet.wire.leases``).
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ from typing import TypeAlias
 
 from google.protobuf.message import DecodeError
 
-from rlfleet import _rpc
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.core._pieces import EpisodePieces
-from rlfleet.error_reports import ErrorReport
 from rlfleet.errors import WireFormatError
-from rlfleet.fleet_updates import AgentChange, EnvChange
-from rlfleet.join_stream import (
+from rlfleet.protocol.error_reports import ErrorReport
+from rlfleet.protocol.join import (
     AgentApplied,
     DrainOrder,
     EnvBuilt,
@@ -34,12 +32,8 @@ from rlfleet.join_stream import (
     WorkerLeaving,
     WorkerWelcome,
 )
-from rlfleet.lease_messages import (
-    LeaseOrder,
-    LeaseReport,
-    decode_lease_command,
-    lease_report_message,
-)
+from rlfleet.protocol.updates import AgentChange, EnvChange
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import leases_pb2, worker_pb2
 from rlfleet.wire import (
     DEFAULT_CHUNK_BYTES,
@@ -52,6 +46,12 @@ from rlfleet.wire import (
     encode_heartbeat,
     encode_hello,
     serialize_batch_messages,
+)
+from rlfleet.wire.leases import (
+    LeaseOrder,
+    LeaseReport,
+    decode_lease_command,
+    lease_report_message,
 )
 
 #: Room left in a message for the EpisodeResult envelope around a chunk.
@@ -73,7 +73,7 @@ class UnreadableAgentUpdate:
 
 @dataclasses.dataclass(frozen=True)
 class LeaseCommandIn:
-    """A lease command for the LeaseHost (``rlfleet.lease_messages``' order).
+    """A lease command for the LeaseHost (``rlfleet.wire.leases``' order).
 
     Attributes:
         lease_id: The lease it belongs to.
@@ -271,5 +271,5 @@ def result_messages(
 
 
 def lease_reply(report: LeaseReport, worker: str) -> bytes:
-    """The serialized WorkerMessage of a lease report (``rlfleet.lease_messages``)."""
+    """The serialized WorkerMessage of a lease report (``rlfleet.wire.leases``)."""
     return lease_report_message(report, worker).SerializeToString()

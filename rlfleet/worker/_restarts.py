@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlfleet._values import check_int
+from rlfleet._util.values import check_int
 from rlfleet.errors import ConfigError
 
 

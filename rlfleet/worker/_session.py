@@ -21,15 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 
-from rlfleet._values import json_object
-from rlfleet.coordinator.scheduler import Mode
+from rlfleet._util.values import json_object
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.core._pieces import EpisodePieces
 from rlfleet.envs import EnvConfig
-from rlfleet.error_reports import kind_name, report_of_exception
 from rlfleet.errors import ConfigError, EnvError, PermissionDeniedError, PolicyError, ProtocolError
-from rlfleet.fleet_updates import AgentChange, EnvChange
-from rlfleet.join_stream import (
+from rlfleet.policies import Policy, PolicySpec, make_policy
+from rlfleet.protocol.error_reports import kind_name, report_of_exception
+from rlfleet.protocol.join import (
     AgentApplied,
     DrainOrder,
     TaskAssignment,
@@ -38,10 +37,11 @@ from rlfleet.join_stream import (
     WorkerLeaving,
     WorkerWelcome,
 )
-from rlfleet.lease_data import coordinator_host
-from rlfleet.lease_messages import data_hello
-from rlfleet.policies import Policy, PolicySpec, make_policy
+from rlfleet.protocol.modes import Mode
+from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.security import PICKLE_CAPABILITY, PickleGate
+from rlfleet.transport.lease_channel import coordinator_host
+from rlfleet.wire.leases import data_hello
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._flush import FlushPolicy
 from rlfleet.worker._join_messages import (
@@ -55,9 +55,9 @@ from rlfleet.worker._join_messages import (
     parse_lease_frame,
     result_messages,
 )
-from rlfleet.worker._lease_data import WorkerLeaseChannel
-from rlfleet.worker._leases import LeaseHost
 from rlfleet.worker._tasks import TaskBook, book_entry
+from rlfleet.worker.leases.data_link import WorkerLeaseChannel
+from rlfleet.worker.leases.host import LeaseHost
 from rlfleet.worker.vec import VecWorker
 
 if TYPE_CHECKING:

@@ -7,10 +7,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from rlfleet.core.seeding import stream_seeds
 from rlfleet.errors import EnvError, PolicyError
 from rlfleet.policies.base import Policy
-from rlfleet.seeding import stream_seeds
-from rlfleet.stream_replay import StreamReplay
+from rlfleet.protocol.stream_replay import StreamReplay
 from rlfleet.worker._engine import Live, SlotEngine
 from rlfleet.worker._episode_buffer import Segment, record_key
 

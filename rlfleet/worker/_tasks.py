@@ -18,9 +18,9 @@ import collections
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from rlfleet.coordinator.scheduler import Mode
-from rlfleet.join_stream import TaskAssignment
-from rlfleet.stream_replay import StreamReplay
+from rlfleet.protocol.join import TaskAssignment
+from rlfleet.protocol.modes import Mode
+from rlfleet.protocol.stream_replay import StreamReplay
 from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker
 

@@ -24,7 +24,7 @@ class DefaultWorker:
     returns True, and :meth:`collect_episode`.
 
     Seeds: the worker's k-th episode (counting from :meth:`worker_init`) uses
-    ``rlfleet.seeding.episode_seeds(seed, worker_number, k)``: the worker
+    ``rlfleet.core.seeding.episode_seeds(seed, worker_number, k)``: the worker
     number plays the role of the request, so workers with different numbers
     sample different episodes and a worker's episodes do not depend on its
     agent. Unlike garage, no global random state is touched.

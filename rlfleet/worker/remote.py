@@ -33,15 +33,15 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from rlfleet import _rpc
-from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY
-from rlfleet._values import check_int
+from rlfleet._util.values import check_int
 from rlfleet._version import __version__
 from rlfleet.errors import ConfigError
-from rlfleet.join_stream import WorkerHello, WorkerWelcome
+from rlfleet.protocol.join import WorkerHello, WorkerWelcome
+from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY
 from rlfleet.security import ClientSecurity, PickleGate
 from rlfleet.security.pickle import check_prerequisites as check_pickle_prerequisites
 from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
+from rlfleet.transport import rpc as _rpc
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._join_messages import body_name
 from rlfleet.worker._restarts import EnvRestartBudget

@@ -1,7 +1,7 @@
 """Episode units: the work a sampler hands to a worker, one episode each.
 
 A unit carries the seeds of its episode, derived by the sampler (or the
-coordinator) with :func:`rlfleet.seeding.episode_seeds`. A worker only uses
+coordinator) with :func:`rlfleet.core.seeding.episode_seeds`. A worker only uses
 the seeds, never derives them: that is what makes episode k the same episode
 whichever worker, env slot or retry runs it.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from rlfleet._values import check_int
+from rlfleet._util.values import check_int
+from rlfleet.core.seeding import SEED_BITS, episode_seeds, episode_seeds_many
 from rlfleet.errors import ConfigError
-from rlfleet.seeding import SEED_BITS, episode_seeds, episode_seeds_many
 
 _SEED_LIMIT = 1 << SEED_BITS
 
@@ -49,7 +49,7 @@ class EpisodeUnit:
             if getattr(self, name) >= _SEED_LIMIT:
                 raise ConfigError(
                     f"EpisodeUnit.{name} must fit in {SEED_BITS} bits, got {getattr(self, name)}; "
-                    "derive seeds with rlfleet.seeding.episode_seeds"
+                    "derive seeds with rlfleet.core.seeding.episode_seeds"
                 )
 
     @classmethod
@@ -62,7 +62,7 @@ class EpisodeUnit:
             episode_index: Index of the episode within the request.
 
         Returns:
-            The unit, with seeds from :func:`rlfleet.seeding.episode_seeds`.
+            The unit, with seeds from :func:`rlfleet.core.seeding.episode_seeds`.
         """
         env_seed, policy_seed = episode_seeds(base_seed, request, episode_index)
         return cls(episode_index, env_seed, policy_seed, request)

@@ -17,23 +17,23 @@ from typing import Literal
 import gymnasium as gym
 import numpy as np
 
-from rlfleet._values import check_int
+from rlfleet._util.values import check_int
 from rlfleet.core._pieces import EpisodePieces
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.core.seeding import (
+    NO_ENV_SEED,
+    NO_POLICY_SEED,
+    generator_states,
+    set_generator_state,
+)
 from rlfleet.envs._base import BaseVectorEnv
 from rlfleet.envs.config import EnvConfig, make_native
 from rlfleet.errors import ConfigError, PolicyError, UsageError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.random import RandomPolicy
 from rlfleet.policies.spec import PolicySpec, make_policy
-from rlfleet.seeding import (
-    NO_ENV_SEED,
-    NO_POLICY_SEED,
-    generator_states,
-    set_generator_state,
-)
-from rlfleet.stream_replay import StreamReplay
+from rlfleet.protocol.stream_replay import StreamReplay
 from rlfleet.worker._engine import Live, SlotEngine, close_quietly
 from rlfleet.worker._episode_buffer import (
     EPISODE_INFO_KEYS,
@@ -413,7 +413,7 @@ class VecWorker:
 
         A unit's episode samples with a generator in the state of
         ``default_rng(unit.policy_seed)``; computing that state for many
-        units in one vectorised call (:func:`rlfleet.seeding.generator_states`)
+        units in one vectorised call (:func:`rlfleet.core.seeding.generator_states`)
         costs a fraction of building each generator. A worker that submits
         units a few at a time (the remote worker) prepares each task's units
         when the task arrives; units submitted unprepared are prepared with
@@ -602,7 +602,7 @@ class VecWorker:
         RLlib's ``truncate_episodes`` (garage's FragmentWorker): slot i runs
         the continuous stream ``first_stream + i``, whose episodes continue
         across calls. The k-th episode of a stream gets its seeds from
-        :func:`rlfleet.seeding.stream_seeds` ``(base_seed, stream, k)``.
+        :func:`rlfleet.core.seeding.stream_seeds` ``(base_seed, stream, k)``.
 
         Each call returns, per slot, ``fragment_length`` steps split at
         episode boundaries: every returned "episode" is a contiguous piece

@@ -1,5 +1,5 @@
 /**
- * Per-episode seeds, as rlfleet/seeding.py derives them.
+ * Per-episode seeds, as rlfleet/core/seeding.py derives them.
  *
  * Workers normally only use the seeds a task carries; the one exception is
  * fragment sampling, where episodes that start during a task take their
@@ -28,7 +28,7 @@ function twoSeeds(entropy) {
 
 /**
  * The (env_seed, policy_seed) of episode `episodeIndex` of a request
- * (rlfleet.seeding.episode_seeds); the coordinator's job, here for tests.
+ * (rlfleet.core.seeding.episode_seeds); the coordinator's job, here for tests.
  *
  * @param {number | bigint} baseSeed
  * @param {number | bigint} request
@@ -41,7 +41,7 @@ export function episodeSeeds(baseSeed, request, episodeIndex) {
 
 /**
  * The (env_seed, policy_seed) of episode `episodeInStream` of a fragment
- * stream (rlfleet.seeding.stream_seeds).
+ * stream (rlfleet.core.seeding.stream_seeds).
  *
  * @param {number | bigint} baseSeed The task's base_seed (a uint64).
  * @param {number | bigint} stream The global env slot (Welcome.first_stream + slot).

@@ -1,5 +1,5 @@
 // numpy's generator and rlfleet's seed derivation, checked against values
-// printed by numpy 2 / rlfleet.seeding (Python) for the same inputs.
+// printed by numpy 2 / rlfleet.core.seeding (Python) for the same inputs.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
@@ -22,7 +22,7 @@ test('SeedSequence.generateState matches numpy for lists and 64-bit words', () =
   assert.deepEqual(Array.from(new SeedSequence([2n ** 40n + 5n, 0x46524147, 3, 1]).generateState(2)), [3154578591, 3422395433]);
 });
 
-test('episode and stream seeds match rlfleet.seeding', () => {
+test('episode and stream seeds match rlfleet.core.seeding', () => {
   assert.deepEqual(episodeSeeds(0, 0, 0), [2968811710, 3677149159]);
   assert.deepEqual(episodeSeeds(7, 3, 11), [3011630493, 4006072737]);
   assert.deepEqual(streamSeeds(2n ** 40n + 5n, 3, 1), [3154578591, 3422395433]);

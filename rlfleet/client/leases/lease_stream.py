@@ -1,6 +1,6 @@
 """LeaseStream: one ``Lease`` call, the connection layer of RemoteVectorEnv.
 
-It speaks rlfleet's types to its user and, through rlfleet.lease_messages
+It speaks rlfleet's types to its user and, through rlfleet.wire.leases
 (the lease face's translation), protobuf to the coordinator: it opens a
 lease of K envs, sends calls on some env ids without waiting (pipelining),
 and hands back each env's answer as it lands, decoded into numpy arrays and
@@ -11,7 +11,7 @@ seconds (its late answer is then dropped).
 
 When the coordinator serves the lease data channel (LeaseOpened.data), the
 lease's calls and replies move to a framed TCP connection to the same host
-(rlfleet.lease_data): the caller's thread writes each call to the socket and,
+(rlfleet.transport.lease_channel): the caller's thread writes each call to the socket and,
 in :meth:`LeaseStream.receive`, reads the replies from it itself, with no
 gRPC and no thread hand-off on the way (one hop fewer than a reader thread:
 ~13-27 us of CPU and latency per call, docs/vector_env.md). The
@@ -37,7 +37,6 @@ from typing import Any, NamedTuple
 import grpc
 import gymnasium as gym
 
-from rlfleet import _rpc
 from rlfleet.client._errors import call_error
 from rlfleet.core import EnvSpec
 from rlfleet.envs import EnvConfig
@@ -48,14 +47,16 @@ from rlfleet.errors import (
     UnavailableError,
     UsageError,
 )
-from rlfleet.lease_data import (
+from rlfleet.security import ClientTLS
+from rlfleet.transport import rpc as _rpc
+from rlfleet.transport.lease_channel import (
     DATA_DIAL_SECONDS,
     DataLink,
     InProcessLink,
     dial,
     warn_unreachable,
 )
-from rlfleet.lease_messages import (
+from rlfleet.wire.leases import (
     CLOSE_REQUEST,
     LeaseEnvFailure,
     LeaseOpenedEvent,
@@ -65,7 +66,6 @@ from rlfleet.lease_messages import (
     decode_lease_response,
     open_request,
 )
-from rlfleet.security import ClientTLS
 
 __all__ = ["LeaseEnvFailure", "LeaseStream"]
 
@@ -151,7 +151,7 @@ class LeaseStream:
         self._read_lock = threading.Lock()
         self._closing = False
         self._requests.put(open_request(env, num_envs, open_timeout, learner))
-        # Bytes both ways: rlfleet.lease_messages serializes and parses.
+        # Bytes both ways: rlfleet.wire.leases serializes and parses.
         lease = channel.stream_stream(
             _rpc.LEASE, request_serializer=None, response_deserializer=None
         )

@@ -13,7 +13,7 @@ A learner in the coordinator's own process (``Fleet.local``) gets an
 no socket and no relay thread on the way out.
 
 This module knows bytes only: the messages are built and parsed by the
-lease face's translation (rlfleet.lease_messages and the worker session).
+lease face's translation (rlfleet.wire.leases and the worker session).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from rlfleet._log_limit import OncePerKey
+from rlfleet._util.log_limit import OncePerKey
 from rlfleet.errors import ProtocolError, UnavailableError
 from rlfleet.security import ClientTLS
 
-logger = logging.getLogger("rlfleet.lease_data")
+logger = logging.getLogger("rlfleet.transport.lease_channel")
 
 #: A frame's length prefix: unsigned 32-bit big-endian.
 FRAME_HEADER = struct.Struct(">I")
@@ -201,7 +201,7 @@ class InProcessLink:
     the coordinator's handling of the frame on the caller's thread (no
     socket, no wake-up of the relay's loop), and the coordinator's frames
     wait in a queue for :meth:`receive`. Its coordinator side is
-    ``rlfleet.coordinator.lease_data_server.InProcessConnection``, which
+    ``rlfleet.coordinator.leases.data_server.InProcessConnection``, which
     makes it.
 
     Args:

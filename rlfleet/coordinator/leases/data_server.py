@@ -13,9 +13,9 @@ kernel does not take at once waits for the loop.
 A learner in this very process (``Fleet.local``) presents its ticket to
 :meth:`LeaseDataServer.attach_in_process` instead of dialling: an
 :class:`InProcessConnection` hands its frames over in memory, the learner's
-on the learner's own thread (rlfleet.lease_data.InProcessLink).
+on the learner's own thread (rlfleet.transport.lease_channel.InProcessLink).
 
-This module knows bytes only; lease_face.py and worker_events.py say what a
+This module knows bytes only; face.py and rlfleet.coordinator.worker_events say what a
 ticket's connection means.
 """
 
@@ -32,10 +32,15 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from rlfleet._log_limit import LogLimiter, held_back_note
+from rlfleet._util.log_limit import LogLimiter, held_back_note
 from rlfleet.errors import RlfleetError, UnavailableError
-from rlfleet.lease_data import FRAME_HEADER, HANDSHAKE_FRAME_BYTES, InProcessLink, frame
 from rlfleet.security import ServerTLS
+from rlfleet.transport.lease_channel import (
+    FRAME_HEADER,
+    HANDSHAKE_FRAME_BYTES,
+    InProcessLink,
+    frame,
+)
 
 logger = logging.getLogger("rlfleet.coordinator")
 

@@ -6,8 +6,8 @@ envs built, agents applied, heartbeats, errors and results, and is sent
 updates, tasks, cancels and drains. Each end converts these types to and
 from the messages in its own translation module
 (``rlfleet.coordinator.worker_messages``, ``rlfleet.worker._join_messages``).
-Updates are :mod:`rlfleet.fleet_updates`' types and errors
-:class:`~rlfleet.error_reports.ErrorReport`\\ s, as on the learner face.
+Updates are :mod:`rlfleet.protocol.updates`' types and errors
+:class:`~rlfleet.protocol.error_reports.ErrorReport`\\ s, as on the learner face.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import dataclasses
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from rlfleet.stream_replay import StreamReplay
+    from rlfleet.protocol.stream_replay import StreamReplay
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +127,7 @@ class TaskAssignment(NamedTuple):
     Attributes:
         task_id: The coordinator's task id.
         request_id: The learner request it serves.
-        mode: A ``SampleMode`` number (``rlfleet.coordinator.scheduler.Mode``).
+        mode: A ``SampleMode`` number (``rlfleet.protocol.modes.Mode``).
         agent_version: The version its episodes must be produced by (-1: latest).
         env_generation: The env generation they must come from.
         units: ``(episode_index, env_seed, policy_seed)`` of each unit (episodes).

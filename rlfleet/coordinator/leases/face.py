@@ -5,11 +5,11 @@ feeds the learner's calls to the manager in order. When the learner closes,
 hangs up or its connection breaks, the lease is released: a learner that
 dies frees its envs (gRPC's done-callback fires on a broken stream, and
 keepalive pings notice a vanished host). Requests arrive decoded and
-responses leave serialized (rlfleet.coordinator.lease_translation).
+responses leave serialized (rlfleet.coordinator.leases.translation).
 
 With the lease data channel served, LeaseOpened carries a ticket; once the
 learner's data connection presents it, the lease's requests and responses
-travel there (lease_data_peers.py) and go through the same :meth:`LeaseFace.handle`;
+travel there (data_peers.py) and go through the same :meth:`LeaseFace.handle`;
 this stream still carries the open, the lease's end and its errors.
 """
 
@@ -21,20 +21,20 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
-from rlfleet import _rpc
 from rlfleet.coordinator.failures import CallError
-from rlfleet.coordinator.lease_data_server import LeaseConnection, LeaseDataPeer, LeaseDataServer
-from rlfleet.coordinator.lease_translation import (
+from rlfleet.coordinator.leases.data_server import LeaseConnection, LeaseDataPeer, LeaseDataServer
+from rlfleet.coordinator.leases.manager import Lease, LeaseManager, learner_identity
+from rlfleet.coordinator.leases.translation import (
     RelayClose,
     RelayOpen,
     RelayRequest,
     opened_response,
     parse_request,
 )
-from rlfleet.coordinator.leases import Lease, LeaseManager, learner_identity
 from rlfleet.coordinator.worker_face import Malformed, tolerant
 from rlfleet.errors import UnavailableError
-from rlfleet.lease_messages import LeaseCallOrder
+from rlfleet.transport import rpc as _rpc
+from rlfleet.wire.leases import LeaseCallOrder
 
 logger = logging.getLogger("rlfleet.coordinator")
 

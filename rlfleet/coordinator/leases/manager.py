@@ -5,7 +5,7 @@ A lease is K envs one learner steps over one ``Lease`` stream. The
 ``rlfleet.leases`` (most free slots first, so they spread), splits each of
 the learner's calls by hosting worker, and passes the workers' replies back
 as the bytes they came in, with the worker's name added (the messages are
-rlfleet.coordinator.lease_translation's). Everything here runs under the
+rlfleet.coordinator.leases.translation's). Everything here runs under the
 fleet state's lock, which the Join reader threads (replies, losses) and the
 lease streams' threads share.
 
@@ -26,11 +26,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from rlfleet import _rpc
-from rlfleet._multi_agent import MULTI_AGENT_CAPABILITY, can_run_env, is_multi_agent_env
 from rlfleet.coordinator.failures import CallError, invalid
-from rlfleet.coordinator.lease_data_server import LeaseConnection
-from rlfleet.coordinator.lease_translation import (
+from rlfleet.coordinator.leases.data_server import LeaseConnection
+from rlfleet.coordinator.leases.translation import (
     LEARNER_OPS,
     LeasedEnvSpec,
     RelayOpen,
@@ -43,7 +41,9 @@ from rlfleet.coordinator.lease_translation import (
 )
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
-from rlfleet.lease_messages import LeaseCallOrder
+from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY, can_run_env, is_multi_agent_env
+from rlfleet.transport import rpc as _rpc
+from rlfleet.wire.leases import LeaseCallOrder
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -83,7 +83,7 @@ class Lease:
         failure: Why the lease ended, if it did.
         closed: Released: replies are ignored.
         data: The lease's data connection, once the learner attached it
-            (lease_data_peers.py): responses go there, not to ``outbox``.
+            (data_peers.py): responses go there, not to ``outbox``.
     """
 
     lease_id: int

@@ -1,8 +1,8 @@
 """The coordinator's side of the lease face's translation (leases.proto).
 
-The relay (rlfleet.coordinator.leases and lease_face) reads and builds lease
+The relay (rlfleet.coordinator.leases.manager and .face) reads and builds lease
 messages only here. A learner's requests become :class:`RelayOpen`, a
-:class:`~rlfleet.lease_messages.LeaseCallOrder` (the worker's type too) or
+:class:`~rlfleet.wire.leases.LeaseCallOrder` (the worker's type too) or
 :class:`RelayClose`; the commands sent to workers and the responses sent to
 learners are built here.
 
@@ -16,7 +16,7 @@ appended to a serialized message sets it, protobuf encoding rules), or
 several workers' such bytes for one call (:func:`lease_response`). The relay
 never decodes observations, rewards or infos into arrays nor encodes them
 again; the learner checks them against the lease's observation space
-(rlfleet.lease_messages.decode_lease_response).
+(rlfleet.wire.leases.decode_lease_response).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from google.protobuf.message import DecodeError
 from rlfleet.coordinator.failures import CallError, detail_of, invalid
 from rlfleet.coordinator.updates import check_env_update
 from rlfleet.errors import WireFormatError
-from rlfleet.lease_messages import OP_CODES, OP_NAMES, LeaseCallOrder, decode_lease_call
 from rlfleet.v1 import leases_pb2, tensor_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import decode_env_update, encode_tensor_into
 from rlfleet.wire._protowire import LEN, len_prefix, read_varint, tag
+from rlfleet.wire.leases import OP_CODES, OP_NAMES, LeaseCallOrder, decode_lease_call
 
 T = TypeVar("T")
 

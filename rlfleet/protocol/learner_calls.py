@@ -5,7 +5,7 @@ The client library asks the coordinator for samples and pushes updates
 from the messages in its own translation module
 (``rlfleet.client._learner_messages``, ``rlfleet.coordinator.learner_messages``).
 Integer fields keep the protocol's meaning: a mode is a ``SampleMode``
-number (``rlfleet.coordinator.scheduler.Mode`` names the valid ones), and
+number (``rlfleet.protocol.modes.Mode`` names the valid ones), and
 the coordinator checks every value it receives.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlfleet.episode_results import ResultHeader
-from rlfleet.fleet_updates import AgentChange, EnvChange
+from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.wire import Chunk
+from rlfleet.wire.results import ResultHeader
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ import grpc
 from google.protobuf.message import Message
 
 from rlfleet import errors
-from rlfleet.error_reports import ErrorReport, error_of_report, report_of_exception
+from rlfleet.protocol.error_reports import ErrorReport, error_of_report, report_of_exception
 from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import (
     Chunk,

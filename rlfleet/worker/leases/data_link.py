@@ -22,8 +22,8 @@ import threading
 from collections.abc import Callable
 
 from rlfleet.errors import RlfleetError, UnavailableError
-from rlfleet.lease_data import DATA_DIAL_SECONDS, LeaseDataLink, dial, warn_unreachable
 from rlfleet.security import ClientTLS
+from rlfleet.transport.lease_channel import DATA_DIAL_SECONDS, LeaseDataLink, dial, warn_unreachable
 
 logger = logging.getLogger("rlfleet.worker")
 

@@ -4,7 +4,7 @@ Step-level env leases (protos/rlfleet/v1/leases.proto) cross three parts: the
 learner's LeaseStream, the coordinator's relay and the worker's LeaseHost.
 This module is where their messages become rlfleet types and back, so that
 the code that hosts, steps and answers envs holds none. The coordinator's
-relay has its own side, rlfleet.coordinator.lease_translation, which
+relay has its own side, rlfleet.coordinator.leases.translation, which
 forwards the workers' replies as bytes and shares this module's types.
 """
 
@@ -18,10 +18,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rlfleet import _rpc
 from rlfleet.core import EnvSpec
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, ProtocolError, RlfleetError, UsageError
+from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import leases_pb2, tensor_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import (
     decode_env_spec,

@@ -10,7 +10,7 @@ policy on the learner's device.
 It is one more :class:`~rlfleet.envs.BaseVectorEnv` backend: every public
 method, the async mode (``wait_num``/``timeout``) and the error rules come
 from the base class; this module only sends commands over a
-:class:`~rlfleet.client.lease_stream.LeaseStream` and collects answers.
+:class:`~rlfleet.client.leases.lease_stream.LeaseStream` and collects answers.
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ from typing import Any
 
 import grpc
 
-from rlfleet import _rpc
 from rlfleet.client.fleet import Fleet
-from rlfleet.client.lease_stream import LeaseEnvFailure, LeaseStream
+from rlfleet.client.leases.lease_stream import LeaseEnvFailure, LeaseStream
 from rlfleet.client.sampler import RemoteSampler
 from rlfleet.core import EnvSpec
 from rlfleet.envs import BaseVectorEnv, EnvConfig
 from rlfleet.envs._base import GET_ATTR, RESET, FailedCall, Seeds
 from rlfleet.errors import ConfigError
-from rlfleet.lease_data import coordinator_host
 from rlfleet.security import ClientSecurity, Token
+from rlfleet.transport import rpc as _rpc
+from rlfleet.transport.lease_channel import coordinator_host
 
 logger = logging.getLogger("rlfleet.client")
 

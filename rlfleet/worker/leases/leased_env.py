@@ -1,8 +1,8 @@
 """One leased env: building it and running one op on it.
 
-The worker's :class:`~rlfleet.worker._leases.LeaseHost` decides where and
+The worker's :class:`~rlfleet.worker.leases.host.LeaseHost` decides where and
 when envs run (inline or on its pool); this module is what happens to one
-env. Orders and answers are rlfleet types (rlfleet.lease_messages
+env. Orders and answers are rlfleet types (rlfleet.wire.leases
 translates them from and to protos/rlfleet/v1/leases.proto).
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 from rlfleet.envs import EnvConfig
 from rlfleet.envs._base import CALL, CLASS_NAMES, GET_ATTR, RENDER, SET_ATTR, run_command
 from rlfleet.errors import ConfigError, EnvError, PolicyError
-from rlfleet.lease_messages import LeaseAnswer, LeaseCallOrder, LeasedEnvSource
+from rlfleet.wire.leases import LeaseAnswer, LeaseCallOrder, LeasedEnvSource
 
 logger = logging.getLogger("rlfleet.worker")
 

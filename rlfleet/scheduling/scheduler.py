@@ -70,7 +70,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from rlfleet.seeding import episode_seeds_many
+from rlfleet.core.seeding import episode_seeds_many
+from rlfleet.protocol.modes import Footer, Mode
 
 #: Default extra units a worker may hold per env slot beyond the one it
 #: runs, whatever the episode length: a slot whose episode ends finds its
@@ -94,14 +95,6 @@ _MEAN_LENGTH_MEMORY = 256
 #: Fragment windows a subscription keeps outstanding per worker: one being
 #: stepped and one queued behind it.
 SUBSCRIPTION_WINDOWS_PER_WORKER = 2
-
-
-class Mode(enum.IntEnum):
-    """Sampling modes; values are the wire's ``SampleMode`` numbers."""
-
-    STEPS = 1
-    EPISODES = 2
-    FRAGMENTS = 3
 
 
 class Verdict(enum.Enum):
@@ -201,16 +194,6 @@ class RequestSpec:
     env_generation: int
     fragment_length: int = 0
     max_buffered_steps: int = 0
-
-
-@dataclass(frozen=True)
-class Footer:
-    """How a finished Sample request ended (becomes a ``SampleFooter``)."""
-
-    num_episodes: int
-    total_steps: int
-    workers_used: int
-    reassigned_units: int
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ the connection (``WorkerHandle.send_lease``); its replies go to the same
 ``LeaseManager.on_reply`` as the Join stream's. When the connection ends
 while the worker is in the fleet, the worker is dropped as lost: its leased
 envs are re-created elsewhere, and it rejoins with a new session. (A
-learner's lease data connection is lease_face.py's.)
+learner's lease data connection is face.py's.)
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from collections.abc import Callable
 
 import grpc
 
-from rlfleet.coordinator.lease_data_server import LeaseConnection, LeaseDataPeer
-from rlfleet.coordinator.lease_translation import (
+from rlfleet.coordinator.leases.data_server import LeaseConnection, LeaseDataPeer
+from rlfleet.coordinator.leases.manager import LeaseManager
+from rlfleet.coordinator.leases.translation import (
     RelayReply,
     data_switch_command,
     relay_deserializer,
 )
-from rlfleet.coordinator.leases import LeaseManager
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.worker_events import WorkerEvents

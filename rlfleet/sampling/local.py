@@ -2,7 +2,7 @@
 
 It runs the same workers the fleet runs remotely, in the learner's own
 process and thread, and hands them work with the coordinator's own
-:class:`~rlfleet.coordinator.scheduler.Scheduler`: one request logic for
+:class:`~rlfleet.scheduling.scheduler.Scheduler`: one request logic for
 both, so a local batch is a fleet batch. Workers are stepped round-robin.
 It is the no-set-up way to sample and the reference the fleet's batches are
 compared with.
@@ -16,14 +16,15 @@ from types import TracebackType
 
 import gymnasium as gym
 
-from rlfleet._values import check_int
-from rlfleet.coordinator.scheduler import Mode, RequestSpec, Scheduler
+from rlfleet._util.values import check_int
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.episode_order import first_episodes, sort_fragments
 from rlfleet.envs.config import EnvConfig
 from rlfleet.policies.base import Policy
 from rlfleet.policies.spec import PolicySpec, make_policy
+from rlfleet.protocol.modes import Mode
+from rlfleet.scheduling.scheduler import RequestSpec, Scheduler
 from rlfleet.worker._updates import AgentUpdate, EnvUpdate
 from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker

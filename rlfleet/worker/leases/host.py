@@ -29,7 +29,7 @@ from typing import Any
 
 from rlfleet.envs.config import env_spec_of, make_env
 from rlfleet.errors import ConfigError
-from rlfleet.lease_messages import (
+from rlfleet.wire.leases import (
     LeaseAnswer,
     LeaseAnswers,
     LeaseCallFailed,
@@ -40,7 +40,7 @@ from rlfleet.lease_messages import (
     LeaseReleaseOrder,
     LeaseReport,
 )
-from rlfleet.worker._lease_envs import (
+from rlfleet.worker.leases.leased_env import (
     LeasedEnv,
     call_args,
     check_actions,

@@ -1,0 +1,7 @@
+"""How bytes move between processes.
+
+* :mod:`~rlfleet.transport.rpc`: the gRPC boundary every face shares (channel
+  and server options, chunk-aware (de)serializers, errors as status details).
+* :mod:`~rlfleet.transport.lease_channel`: the lease data channel, dialling
+  side (framed TCP or TLS to the coordinator; in memory for ``Fleet.local``).
+"""

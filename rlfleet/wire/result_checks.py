@@ -1,0 +1,363 @@
+"""Episode results: what a decoded result must be, checked vectorised over steps.
+
+:func:`check_result` checks a result :mod:`rlfleet.wire.results` decoded
+against what its sender was asked for (:class:`ResultExpectation`):
+metadata, episode_infos, seeds, versions, step types, fragment windows, and
+every step's observations and actions against the declared spaces. All
+checks are vectorised over steps: at the fleet's rates a per-step Python
+loop would cost more than the env. The coordinator, the Python client and
+the conformance kit share these checks, so they agree on what a valid
+result is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from collections.abc import Mapping
+
+import numpy as np
+
+from rlfleet.core.env_spec import EnvSpec
+from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.core.episode_order import cut_pieces, ends_episode
+from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED, stream_seeds
+from rlfleet.core.space_checks import space_problem
+from rlfleet.core.step_type import StepType
+from rlfleet.wire.results import (
+    EPISODE_INFO_KEYS,
+    FRAGMENT_INFO_KEYS,
+    DecodedResult,
+    ResultError,
+    shortened,
+)
+
+#: Problems listed per failure; the rest are counted.
+_MAX_LISTED = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class FragmentWindow:
+    """What one fragment window must hold.
+
+    Attributes:
+        base_seed: The seed stream seeds derive from.
+        streams: The streams the task runs (Task.streams, or the sender's
+            Welcome.first_stream + slot for each of its Hello.num_envs slots).
+        fragment_length: Steps per stream in the window.
+    """
+
+    base_seed: int
+    streams: tuple[int, ...]
+    fragment_length: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultExpectation:
+    """What a result is checked against: its task and its sender.
+
+    Attributes:
+        env_spec: The fleet's env spec.
+        worker_id: The sender (episode_infos["worker"] must name it).
+        agent_version: The version the task asked for (-1: any sent so far).
+        env_generation: The generation the task asked for.
+        latest_agent_version: The latest version sent (None: unknown).
+        units: Episodes mode: episode index -> (env_seed, policy_seed) of
+            the task's units.
+        window: Fragments mode: the window's layout.
+        native: The fleet's env is a native vector env: episodes carry
+            ``env_seed`` :data:`NO_ENV_SEED` and ``policy_seed`` :data:`NO_POLICY_SEED`.
+    """
+
+    env_spec: EnvSpec
+    worker_id: int
+    agent_version: int
+    env_generation: int
+    latest_agent_version: int | None = None
+    units: Mapping[int, tuple[int, int]] | None = None
+    window: FragmentWindow | None = None
+    native: bool = False
+
+
+def check_result(result: DecodedResult, expect: ResultExpectation) -> None:
+    """Checks one decoded result against its task and sender.
+
+    Raises:
+        ResultError: Listing what is wrong (at most a few problems).
+    """
+    problems = result_problems(result, expect)
+    if problems:
+        listed = "\n".join(f"  - {p}" for p in problems[:_MAX_LISTED])
+        more = len(problems) - _MAX_LISTED
+        tail = f"\n  ... and {more} more" if more > 0 else ""
+        raise ResultError(f"{result.header.where} breaks the protocol:\n{listed}{tail}")
+
+
+def result_problems(result: DecodedResult, expect: ResultExpectation) -> list[str]:
+    """The problems :func:`check_result` raises for, as a list (empty: valid)."""
+    problems = _metadata_problems(result, expect)
+    if problems:  # the rest indexes by the infos just checked
+        return problems
+    if expect.window is not None:
+        problems += _fragment_problems(result, expect.window)
+    else:
+        problems += _episode_problems(result, expect)
+    problems += value_problems(result.batch, expect.env_spec)
+    return problems
+
+
+def step_type_problems(
+    step_types: np.ndarray, lengths: np.ndarray, starts_episode: np.ndarray, *, must_end: bool
+) -> list[str]:
+    """Checks step types against StepType's rules, one piece at a time.
+
+    A piece is an episode or a fragment of one. Its first step is FIRST if
+    it starts its episode, else MID; its last step is TERMINAL or TIMEOUT
+    if it ends its episode (winning over FIRST in a one-step piece), else
+    MID; every other step is MID.
+
+    Args:
+        step_types: (S,) StepType numbers.
+        lengths: (N,) piece lengths, summing to S.
+        starts_episode: (N,) bool: whether each piece starts its episode.
+        must_end: Whether every piece must end its episode (whole episodes).
+
+    Returns:
+        The problems, at most a few listed.
+    """
+    types = np.asarray(step_types)
+    ends = np.cumsum(lengths) - 1
+    starts = ends - lengths + 1
+    last = types[ends]
+    ended = ends_episode(last)
+    expected = np.full(len(types), int(StepType.MID), dtype=types.dtype)
+    expected[starts[starts_episode]] = int(StepType.FIRST)
+    expected[ends[ended]] = last[ended]
+    problems = []
+    if must_end and not ended.all():
+        piece = int(np.argmin(ended))
+        problems.append(
+            f"episode {piece} of the batch ends with step type {_name(last[piece])}; the last "
+            "step of a whole episode is TERMINAL or TIMEOUT"
+        )
+    wrong = np.flatnonzero(types != expected)
+    for step in wrong[:_MAX_LISTED]:
+        piece = int(np.searchsorted(ends, step))
+        problems.append(
+            f"episode {piece} of the batch, step {int(step - starts[piece]) + 1} of "
+            f"{int(lengths[piece])}: step type {_name(types[step])}, expected "
+            f"{_name(expected[step])}"
+        )
+    if len(wrong) > _MAX_LISTED:
+        problems.append(f"... and {len(wrong) - _MAX_LISTED} more steps with a wrong step type")
+    return problems
+
+
+def value_problems(batch: EpisodeBatch, env_spec: EnvSpec) -> list[str]:
+    """Checks every step's values against the declared spaces, vectorised.
+
+    Observations and last observations must lie in the observation space
+    and actions in the action space, as :mod:`rlfleet.core.space_checks` says
+    (float Box actions need only be finite; NaN observations pass). Rewards
+    must be finite. Shapes were checked when the batch was built.
+
+    Returns:
+        The problems (empty: every value fits).
+    """
+    problems = []
+    for name, array, space in (
+        ("observations", batch.observations, env_spec.observation_space),
+        ("last_observations", batch.last_observations, env_spec.observation_space),
+        ("actions", batch.actions, env_spec.action_space),
+    ):
+        problem = space_problem(name, np.asarray(array), space, actions=name == "actions")
+        if problem:
+            problems.append(problem)
+    rewards = np.asarray(batch.rewards)
+    finite = np.isfinite(rewards)
+    if not finite.all():
+        problems.append(f"rewards hold NaN or inf at step {int(np.argmin(finite))}")
+    return problems
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _metadata_problems(result: DecodedResult, expect: ResultExpectation) -> list[str]:
+    header, batch = result.header, result.batch
+    n = len(batch.lengths)
+    problems = []
+    if list(header.lengths) != batch.lengths.tolist():
+        problems.append(
+            f"metadata lengths {shortened(header.lengths)} disagree with the batch's lengths "
+            f"{shortened(batch.lengths.tolist())}"
+        )
+    if len(header.episode_indices) != n:
+        problems.append(
+            f"metadata names {len(header.episode_indices)} episodes, the batch holds {n}"
+        )
+    if header.env_generation != expect.env_generation:
+        problems.append(
+            f"env_generation is {header.env_generation}, the task named {expect.env_generation}"
+        )
+    if expect.agent_version >= 0 and header.agent_version != expect.agent_version:
+        problems.append(
+            f"agent_version is {header.agent_version}, the task named {expect.agent_version}"
+        )
+    latest = expect.latest_agent_version
+    if latest is not None and not 0 <= header.agent_version <= latest:
+        problems.append(
+            f"agent_version {header.agent_version} was never sent (the latest is {latest})"
+        )
+    keys: tuple[str, ...] = EPISODE_INFO_KEYS
+    if expect.window is not None:
+        keys += FRAGMENT_INFO_KEYS
+    for key in keys:
+        value = batch.episode_infos.get(key)
+        if not isinstance(value, np.ndarray):
+            problems.append(f"episode_infos has no {key!r} tensor (batch.proto lists it)")
+        elif value.shape != (n,) or value.dtype.kind not in "iu":
+            problems.append(
+                f"episode_infos[{key!r}] is {value.dtype} {value.shape}, expected int64 ({n},)"
+            )
+    if problems:
+        return problems
+    if result.infos("episode_index").tolist() != list(header.episode_indices):
+        problems.append(
+            f"episode_infos['episode_index'] {shortened(result.infos('episode_index').tolist())} "
+            f"disagrees with the metadata episode_indices {shortened(header.episode_indices)}"
+        )
+    for key, want in (("worker", expect.worker_id), ("agent_version", header.agent_version)):
+        got = result.infos(key)
+        if np.any(got != want):
+            problems.append(
+                f"episode_infos[{key!r}] holds {shortened(sorted(set(got.tolist())))}, expected "
+                f"{want} for every episode"
+                + (" (Welcome.worker_id)" if key == "worker" else " (the result's agent_version)")
+            )
+    return problems
+
+
+def _episode_problems(result: DecodedResult, expect: ResultExpectation) -> list[str]:
+    indices = list(result.header.episode_indices)
+    problems = []
+    index_array = result.infos("episode_index")
+    if index_array.size and (np.any(np.diff(index_array) <= 0) or index_array[0] < 0):
+        problems.append(f"episode_indices {shortened(indices)} are not strictly ascending from 0")
+    units = expect.units
+    if units is not None:
+        foreign = [i for i in indices if i not in units]
+        if foreign:
+            problems.append(
+                f"episodes {shortened(foreign)} are not units of task {result.header.task_id}"
+            )
+            return problems
+        seeds = np.array([units[i] for i in indices], dtype=np.int64).reshape(-1, 2)
+        if expect.native:
+            seeds[:, :] = (NO_ENV_SEED, NO_POLICY_SEED)
+        for column, key in enumerate(("env_seed", "policy_seed")):
+            want = seeds[:, column]
+            wrong = np.flatnonzero(result.infos(key) != want)
+            if len(wrong):
+                i = int(wrong[0])
+                problems.append(
+                    f"episode {indices[i]}: episode_infos[{key!r}] is "
+                    f"{int(result.infos(key)[i])}, the unit's {key} is {int(want[i])}"
+                )
+    limit = expect.env_spec.max_episode_length
+    lengths = result.batch.lengths
+    if limit is not None and np.any(lengths > limit):
+        i = int(np.argmax(lengths))
+        problems.append(
+            f"episode {indices[i]} has {int(lengths[i])} steps, more than the env's "
+            f"max_episode_length {limit}"
+        )
+    starts = np.ones(len(lengths), dtype=bool)
+    problems += step_type_problems(result.batch.step_types, lengths, starts, must_end=True)
+    return problems
+
+
+def _fragment_problems(result: DecodedResult, window: FragmentWindow) -> list[str]:
+    problems: list[str] = []
+    batch = result.batch
+    expected = set(window.streams)
+    streams, order = pieces_by_stream(result)
+    if set(streams) != expected:
+        problems.append(
+            f"the window covers streams {shortened(streams)}, expected one piece or more of each "
+            f"stream of the task (Task.streams, or Welcome.first_stream + slot): "
+            f"{shortened(sorted(expected))}"
+        )
+    lengths = batch.lengths
+    episodes, fragments = result.infos("episode_index"), result.infos("fragment_index")
+    if episodes.size and (episodes.min() < 0 or fragments.min() < 0):
+        problems.append("episode_infos hold a negative episode_index or fragment_index")
+        return problems
+    cut = cut_pieces(batch)
+    for stream, pieces in zip(streams, order, strict=True):
+        steps = int(lengths[pieces].sum())
+        if steps != window.fragment_length:
+            problems.append(
+                f"stream {stream} has {steps} steps in the window, expected fragment_length "
+                f"{window.fragment_length}"
+            )
+        for a, b in itertools.pairwise(pieces):
+            if cut[a]:
+                problems.append(
+                    f"stream {stream}: episode {int(episodes[a])} is cut (last step MID) but "
+                    "the window goes on with another piece; only a stream's last piece in a "
+                    "window may be cut"
+                )
+            elif (int(episodes[b]), int(fragments[b])) != (int(episodes[a]) + 1, 0):
+                problems.append(
+                    f"stream {stream}: after episode {int(episodes[a])} ends, the next piece is "
+                    f"episode {int(episodes[b])} fragment {int(fragments[b])}, expected episode "
+                    f"{int(episodes[a]) + 1} fragment 0"
+                )
+        if stream not in expected:
+            continue  # reported above; its seeds say nothing more
+        for piece in pieces:
+            want = _stream_seeds(window.base_seed, stream, int(episodes[piece]))
+            got = (int(result.infos("env_seed")[piece]), int(result.infos("policy_seed")[piece]))
+            if got != want:
+                problems.append(
+                    f"stream {stream} episode {int(episodes[piece])}: seeds (env, policy) are "
+                    f"{got}, expected {want} = stream_seeds(base_seed={window.base_seed}, "
+                    f"stream={stream}, episode={int(episodes[piece])})"
+                )
+                break
+    problems += step_type_problems(batch.step_types, lengths, fragments == 0, must_end=False)
+    return problems
+
+
+@functools.lru_cache(maxsize=4096)
+def _stream_seeds(base_seed: int, stream: int, episode: int) -> tuple[int, int]:
+    # A stream's episode spans several windows: derive its seeds once.
+    return stream_seeds(base_seed, stream, episode)
+
+
+def pieces_by_stream(result: DecodedResult) -> tuple[list[int], list[np.ndarray]]:
+    """Streams in ascending order, and each one's pieces in episode/fragment order."""
+    stream = result.infos("stream")
+    order = np.lexsort((result.infos("fragment_index"), result.infos("episode_index"), stream))
+    streams, starts = np.unique(stream[order], return_index=True)
+    return [int(s) for s in streams], np.split(order, starts[1:])
+
+
+def _name(value: object) -> str:
+    try:
+        return StepType(int(value)).name  # type: ignore[call-overload]
+    except ValueError:
+        return f"{value} (not a StepType)"
+
+
+__all__ = [
+    "FragmentWindow",
+    "ResultExpectation",
+    "check_result",
+    "pieces_by_stream",
+    "result_problems",
+    "step_type_problems",
+    "value_problems",
+]
