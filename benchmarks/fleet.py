@@ -7,7 +7,7 @@ measured and the goals). Needs rlfleet importable: ``pip install -e .`` or
 
 import sys
 
-from rlfleet.bench import main
+from rlfleet.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["bench", *sys.argv[1:]]))

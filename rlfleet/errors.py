@@ -11,6 +11,9 @@ Messages say what was wrong, where, and what to do about it.
 
 from __future__ import annotations
 
+#: What separates an error's message from the traceback a peer sent with it.
+REMOTE_TRACEBACK = "\n--- remote traceback ---\n"
+
 
 class RlfleetError(Exception):
     """Base class of every error rlfleet raises on purpose."""
@@ -36,12 +39,66 @@ class EnvNotFoundError(ConfigError):
     """No gymnasium env is registered under the requested id."""
 
 
+class InvalidValueError(RlfleetError, ValueError):
+    """An argument's value is outside what the function takes (a negative
+    seed, a discount outside [0, 1], env ids that repeat, ...).
+
+    Also a ``ValueError``, as garage's and tianshou's own checks raise. Not to
+    be confused with :class:`InvalidArgumentError`, the coordinator's refusal
+    of a request on the wire.
+    """
+
+
+class WrongTypeError(RlfleetError, TypeError):
+    """A value of the wrong type was given, or an object was used in a way its
+    type refuses (a Token pickled).
+
+    Also a ``TypeError``, as Python's own type checks raise (and as
+    ``json.dumps``' ``default`` hook must raise).
+    """
+
+
+class OutOfRangeError(RlfleetError, IndexError):
+    """An index (an env id, an array axis) is out of range.
+
+    Also an ``IndexError``, as tianshou's vector envs and numpy raise.
+    """
+
+
+class NotInstalledError(RlfleetError, ImportError):
+    """A part rlfleet needs is not installed or not built (the compiled MLP
+    kernel, ...). Also an ``ImportError``: it is raised while importing."""
+
+
+class SnapshotError(ConfigError):
+    """A snapshot cannot be restored (an unreadable file, a bad key or tensor).
+
+    The message names the file and the key; a refused restore changed nothing.
+    """
+
+
+class PolicyIdError(ConfigError, KeyError):
+    """A policy id a RolloutWorker does not have, or has already (RLlib raises KeyError)."""
+
+    __str__ = BaseException.__str__  # the message as written, not KeyError's repr of it
+
+
+class BatchKeyError(RlfleetError, KeyError):
+    """A key a batch read like RLlib's SampleBatch does not have."""
+
+    __str__ = BaseException.__str__
+
+
 class PolicyError(RlfleetError, ValueError):
     """A policy produced bad actions or was given parameters it cannot take."""
 
 
 class UsageError(RlfleetError, RuntimeError):
     """An object was used out of order (a closed env, a shut-down worker, ...)."""
+
+
+class InternalError(RlfleetError, RuntimeError):
+    """rlfleet broke one of its own invariants: a bug. Report it with the message."""
 
 
 class NotSetupError(UsageError):
@@ -68,6 +125,14 @@ class UnavailableError(RlfleetError):
     """The coordinator cannot be reached or went away. Safe to retry."""
 
     retryable = True
+
+
+class ConnectionClosedError(RlfleetError, ConnectionError):
+    """A connection was closed by either side before a frame could be sent.
+
+    Also a ``ConnectionError`` (an ``OSError``), as a socket raises: the
+    in-process lease data link and a TCP one fail alike.
+    """
 
 
 class CoordinatorRestartedError(UnavailableError):
@@ -130,7 +195,7 @@ class WorkerError(RlfleetError):
             where.append(f"episode {episode_index}")
         text = f"{message} ({', '.join(where)})" if where else message
         if remote_traceback:
-            text = f"{text}\n--- remote traceback ---\n{remote_traceback.rstrip()}"
+            text = f"{text}{REMOTE_TRACEBACK}{remote_traceback.rstrip()}"
         super().__init__(text)
 
 
@@ -147,23 +212,33 @@ class VectorEnvError(RlfleetError):
 
 
 __all__ = [
+    "REMOTE_TRACEBACK",
     "AuthenticationError",
+    "BatchKeyError",
     "ConfigError",
+    "ConnectionClosedError",
     "EnvError",
     "EnvNotFoundError",
+    "InternalError",
     "InvalidArgumentError",
     "InvalidBatchError",
+    "InvalidValueError",
     "NoWorkersError",
+    "NotInstalledError",
     "NotSetupError",
+    "OutOfRangeError",
     "PermissionDeniedError",
     "PolicyError",
+    "PolicyIdError",
     "ProtocolError",
     "ResourceExhaustedError",
     "RlfleetError",
     "RlfleetTimeoutError",
+    "SnapshotError",
     "UnavailableError",
     "UsageError",
     "VectorEnvError",
     "WireFormatError",
     "WorkerError",
+    "WrongTypeError",
 ]

@@ -1,8 +1,8 @@
 """Every option has an RLFLEET_* variable; config files; --print-config; sizes.
 
-The variables are derived when the parser is built (rlfleet/cli/_env.py), so
-these tests walk the real parsers: a new option without a variable fails
-here. docs/operations.md ("Configuration") names these tests.
+Each option is a field of its command's settings model (rlfleet/cli/_settings.py)
+and the parsers are built from the models, so these tests walk the real parsers:
+a new option without a variable fails here. docs/operations.md ("Configuration") names these tests.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from rlfleet.cli import COMMANDS, build_parser, parse_args
-from rlfleet.cli._args import byte_size
-from rlfleet.cli._env import options, subcommands, variable_of
+from rlfleet.cli._parser import options, subcommands, variable_of
+from rlfleet.cli._settings import byte_size
 from rlfleet.coordinator import CoordinatorConfig
 from rlfleet.errors import ConfigError
 from rlfleet.worker.remote import WorkerConfig
@@ -43,14 +43,15 @@ def test_every_option_of_every_command_names_its_variable_in_help() -> None:
             assert other == action.dest, f"{name}: {variable} names two options"
     assert not missing, f"options without an RLFLEET_* variable in --help: {missing}"
     # Only --help, --version and --print-config (a variable would make a
-    # container print and exit) are left out.
+    # container print and exit) are left out, and the internal flag one
+    # rlfleet process passes another (Fleet.local's workers: --parent-pipe).
     left_out = {
         a.dest
         for p in parsers.values()
         for a in p._actions
         if a.option_strings and a not in list(options(p))
     }
-    assert left_out == {"help", "version", "print_config"}
+    assert left_out == {"help", "version", "print_config", "parent_pipe"}
 
 
 @pytest.mark.parametrize(
@@ -118,6 +119,8 @@ def test_precedence_is_flag_then_variable_then_file_then_default(
         ("worker-token = 'abc'\n", "'worker-token' is a secret; use --worker-token-file"),
         ("seed = \n", "not valid TOML"),
         ("allow-pickle = 'maybe'\n", "not a boolean"),
+        ("max-workers = true\n", "key 'max-workers' is a boolean"),
+        ("max-message-bytes = 1024\n", "key 'max-message-bytes'=1024 is invalid"),
     ],
 )
 def test_a_bad_config_file_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
@@ -165,9 +168,9 @@ def test_print_config_reads_back_as_the_same_settings(tmp_path: Path) -> None:
 def test_print_config_hides_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLFLEET_WORKER_TOKEN", "s3cret-token-value-0123456789")
     args = parse_args(["worker", "--coordinator", "h:1", "--token", "visible-token-0123456789"])
-    from rlfleet.cli._config import print_config
+    from rlfleet.cli._parser import print_config
 
-    text = print_config(subcommands(build_parser({}))["worker"], args, set())
+    text = print_config(subcommands(build_parser({}))["worker"], args)
     assert "visible-token" not in text and "s3cret" not in text
     assert "# token: secret, set (hidden)" in text
 
@@ -236,3 +239,136 @@ def test_a_misspelt_variable_is_reported_not_ignored() -> None:
         "RLFLEET_MAX_WORKERS?" in result.stderr
     )
     assert "RLFLEET_SOME_OTHER_TOOL" not in result.stderr
+
+
+def test_a_message_size_beyond_grpcs_limit_is_refused_when_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # From a flag: argparse's error, before anything is printed or served.
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["coordinator", "--max-message-bytes", "3GiB", "--print-config"])
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "argument --max-message-bytes: must be at most 2147483647 bytes" in captured.err
+    assert "the largest message gRPC can carry" in captured.err
+    # From a variable or a file: the error names it.
+    monkeypatch.setenv("RLFLEET_MAX_MESSAGE_BYTES", "3GiB")
+    with pytest.raises(ConfigError, match=r"RLFLEET_MAX_MESSAGE_BYTES='3GiB' is invalid \(must be"):
+        parse_args(["coordinator"])
+    monkeypatch.delenv("RLFLEET_MAX_MESSAGE_BYTES")
+    config = tmp_path / "big.toml"
+    config.write_text('max-message-bytes = "3GiB"\n')
+    with pytest.raises(ConfigError, match=r"key 'max-message-bytes'='3GiB' is invalid"):
+        parse_args(["coordinator", "--config", str(config)])
+
+
+def test_print_config_labels_a_switch_by_where_it_was_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RLFLEET_ALLOW_PICKLE", "1")
+    parse_args(["worker", "--print-config"])
+    assert (
+        "allow-pickle = true  # environment variable RLFLEET_ALLOW_PICKLE"
+        in capsys.readouterr().out
+    )
+    monkeypatch.delenv("RLFLEET_ALLOW_PICKLE")
+    config = tmp_path / "worker.toml"
+    config.write_text("allow-pickle = true\n")
+    parse_args(["worker", "--config", str(config), "--print-config"])
+    assert f"allow-pickle = true  # config file {config} key 'allow-pickle'" in (
+        capsys.readouterr().out
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["health", "--timeout", "inf"],
+        ["status", "--timeout", "inf"],
+        ["coordinator", "--heartbeat-timeout", "inf"],
+        ["conformance", "--timeout", "nan"],
+    ],
+)
+def test_seconds_are_finite_positive_numbers_in_every_command(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser({}).parse_args(argv)
+    assert "must be a finite number" in capsys.readouterr().err
+
+
+def test_a_model_built_in_python_reads_the_variables_the_cli_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rlfleet.cli.worker import WorkerSettings
+
+    environ = {
+        "RLFLEET_ENVS_PER_WORKER": "3",
+        "RLFLEET_IMPORT": "a.b,c",
+        "RLFLEET_FLUSH_BYTES": "1MiB",
+        "RLFLEET_NONFINITE": "flag",
+        "RLFLEET_ALLOW_PICKLE": "yes",
+        "RLFLEET_WORKER_NAME": "pod-1",
+    }
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    cli = build_parser(environ).parse_args(["worker"])
+    model = WorkerSettings()  # pydantic-settings reads os.environ
+    for name in WorkerSettings.model_fields:
+        if name != "token":  # a token's variable is read by the command, not as its flag
+            assert getattr(model, name) == getattr(cli, name), name
+    assert (model.envs, model.imports, model.flush_bytes) == (3, ["a.b", "c"], 1 << 20)
+
+
+def test_the_bench_backends_are_the_native_vectorizations() -> None:
+    import typing
+
+    from rlfleet.cli.bench import BenchSettings
+    from rlfleet.envs.native import NATIVE_VECTORIZATIONS
+
+    annotation = BenchSettings.model_fields["native"].annotation
+    (backends,) = [typing.get_args(a) for a in typing.get_args(annotation) if a is not type(None)]
+    assert set(backends) == set(NATIVE_VECTORIZATIONS)
+
+
+def test_the_settings_table_in_the_docs_is_the_models() -> None:
+    from rlfleet.cli import settings_reference
+
+    table = settings_reference()
+    assert table in (Path(ROOT) / "docs" / "operations.md").read_text(), (
+        "docs/operations.md's settings table is out of date; paste the output of "
+        "python -c 'from rlfleet.cli import settings_reference; print(settings_reference())'"
+    )
+
+
+def test_an_internal_option_is_a_flag_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One rlfleet process passing another a setting: no variable, no file key, not shown."""
+    from rlfleet.cli._parser import SettingsParser, add_command, print_config
+    from rlfleet.cli._settings import ConfigOptions, NonNegativeInt, option
+
+    class Tool(ConfigOptions):
+        handle: NonNegativeInt | None = option(None, "a descriptor", internal=True)
+        level: int = option(1, "a public option")
+
+    def build() -> argparse.ArgumentParser:
+        root = SettingsParser(prog="rlfleet")
+        parser = add_command(root.add_subparsers(), "tool", Tool, lambda args: 0)
+        parser.environ = {"RLFLEET_HANDLE": "5"}  # type: ignore[attr-defined]
+        parser.commands = ("tool",)  # type: ignore[attr-defined]
+        return root
+
+    assert build().parse_args(["tool"]).handle is None  # the variable is not read
+    args = build().parse_args(["tool", "--handle", "3"])
+    assert args.handle == 3
+    sub = subcommands(build())["tool"]
+    assert [variable_of(a) for a in options(sub)] == ["RLFLEET_LEVEL", "RLFLEET_CONFIG"]
+    sub.print_help()
+    assert "--handle" not in capsys.readouterr().out
+    assert "handle" not in print_config(sub, args)
+    config = tmp_path / "tool.toml"
+    config.write_text("handle = 4\n")
+    with pytest.raises(ConfigError, match="has no option 'handle'"):
+        build().parse_args(["tool", "--config", str(config)])

@@ -22,6 +22,7 @@ from rlfleet.cli import main
 from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.core.batch_file import FILE_FORMAT
 from rlfleet.envs import EnvConfig
+from rlfleet.errors import EnvError, PolicyError
 from rlfleet.sampling.local import LocalSampler
 from tests.test_fleet_equivalence import assert_same_batch
 from tests.waiting import PATIENCE, wait_until
@@ -149,6 +150,90 @@ def test_sample_says_which_flag_is_missing(
     assert not Path(out).exists()
 
 
+def run_sample(address: str, out: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "rlfleet", "--log-level", "WARNING", "sample"]
+    command += ["--coordinator", address, "--steps", "50", "--seed", "2", "--out", out]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False, cwd=cwd)
+
+
+def test_sample_creates_the_missing_folders_of_its_out_file(fleet: Fleet, tmp_path: Path) -> None:
+    out = tmp_path / "missing" / "deeper" / "b.npz"
+    done = run_sample(fleet.address, str(out), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert load_batch(out).total_steps >= 50
+
+
+def test_an_out_that_cannot_be_a_file_is_refused_before_sampling(
+    fleet: Fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sample", "--coordinator", fleet.address, "--steps", "10", "--out", "."]) == 2
+    assert "--out .: is a folder" in capsys.readouterr().err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = str(blocker / "b.npz")
+    assert main(["sample", "--coordinator", fleet.address, "--steps", "10", "--out", out]) == 2
+    assert f"--out {out}: cannot create its folder {blocker}" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a full disk)")
+def test_a_write_failing_after_sampling_saves_the_batch_to_a_fallback_file(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # /dev/full passes every check (it exists and may be written) and then
+    # fails the write as a full disk does: the collected batch must survive.
+    done = run_sample(fleet.address, "/dev/full", tmp_path)
+    assert done.returncode == 1, done.stderr
+    saved = list(tmp_path.glob("rlfleet-sample-*.npz"))
+    assert len(saved) == 1, (done.stdout, done.stderr)
+    assert "writing /dev/full failed after sampling" in done.stderr, done.stderr
+    assert f"the batch was saved to {saved[0]} instead" in done.stderr, done.stderr
+    batch = load_batch(saved[0])
+    assert batch.total_steps >= 50
+    assert str(saved[0]) in done.stdout
+
+
+def test_an_unknown_env_id_is_one_line_and_leaves_no_error_after_the_rollback(
+    tmp_path: Path,
+) -> None:
+    with Fleet.local(2, 1, CARTPOLE) as sampler:
+        unknown_env_checks(sampler, tmp_path)
+
+
+def unknown_env_checks(sampler: RemoteSampler, tmp_path: Path) -> None:
+    out = str(tmp_path / "b.npz")
+    sample = ["sample", "--coordinator", sampler.address, "--env", "Nope-v9", "--steps", "10"]
+    sample += ["--out", out]
+    done = subprocess.run(
+        [sys.executable, "-m", "rlfleet", *sample],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if not line.startswith("sample: ")]
+    assert len(errors) == 1, done.stderr  # no remote traceback after the message
+    assert errors[0].startswith("rlfleet: error: no gymnasium env is registered under id 'Nope-v9'")
+    assert "--log-level DEBUG" in errors[0]
+    # The fleet rolled back to CartPole: nothing is wrong with any worker now.
+    status = sampler.status()
+    assert status.env is not None and status.env.id == "CartPole-v1"
+    assert [w.last_error for w in status.workers] == [None, None]
+    # Likewise after a refused agent update.
+    with pytest.raises(PolicyError):
+        sampler.update_agent({"no_such_layer": np.zeros(3, np.float32)})
+    assert [w.last_error for w in sampler.status().workers] == [None, None]
+    # With --log-level DEBUG the remote traceback is there.
+    debug = subprocess.run(
+        [sys.executable, "-m", "rlfleet", "--log-level", "DEBUG", *sample],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "--- remote traceback ---" in debug.stderr, debug.stderr
+
+
 def test_status_prints_a_row_per_worker_and_totals(
     fleet: Fleet, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -196,6 +281,37 @@ def test_status_json_has_every_worker_and_the_totals(
     assert data["total_envs"] == 4 and data["ready_workers"] == 2
     assert data["env"]["id"] == "CartPole-v1"
     assert data["env_spec"]["action_space"] == {"type": "Discrete", "n": 2, "start": 0}
+
+
+def test_status_watch_keeps_every_column_readable_at_80_columns_with_an_error() -> None:
+    from rich.console import Console
+
+    from rlfleet.cli.status import _view
+
+    off_space = EnvConfig("rlfleet/OffSpace-v0", imports=("rlfleet.envs.testing",))
+    with Fleet.local(1, 1, off_space, timeout=60) as sampler:
+        with pytest.raises(EnvError):  # leaves the worker with a long last error
+            sampler.obtain_episodes(1)
+        views = {}
+        for width in (80, 160):
+            out = io.StringIO()
+            Console(file=out, width=width).print(_view(sampler, "here", width))
+            views[width] = out.getvalue().splitlines()
+    headers = ["NAME", "STATE", "ENVS", "STEPS/S", "STEPS", "UNITS", "LAG", "HEARTBEAT"]
+    for width, lines in views.items():
+        assert all(len(line) <= width for line in lines), "\n".join(lines)
+        header = next(line for line in lines if "NAME" in line)
+        assert header.replace("┃", " ").split()[:8] == headers, "\n".join(lines)
+        row = next(line for line in lines if "local-0 " in line)
+        assert row.replace("│", " ").split()[:3] == ["local-0", "idle", "1"], "\n".join(lines)
+    # 80 columns: the error goes under the table, cut to the width.
+    note = views[80][-1]
+    assert note.startswith("local-0: env 'rlfleet/OffSpace-v0' left its observation space")
+    assert note.endswith("…") and len(note) == 80
+    # 160 columns: the error has a column of its own, cut with an ellipsis.
+    assert "LAST ERROR" in next(line for line in views[160] if "NAME" in line)
+    row = next(line for line in views[160] if "local-0 " in line)
+    assert "│ env 'rlfleet/OffSpace-v0' left" in row
 
 
 @pytest.mark.parametrize("as_json", [True, False])

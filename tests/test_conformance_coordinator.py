@@ -20,7 +20,7 @@ from rlfleet.conformance import COORDINATOR_CHECKS, run_coordinator_conformance
 from rlfleet.conformance.coordinator_checks import OVERSIZED_HELLO_BYTES
 from rlfleet.coordinator import CoordinatorConfig, serve
 from rlfleet.coordinator.config import LEASE_DATA_OFF
-from rlfleet.coordinator.leases import data_server as lease_data_server
+from rlfleet.coordinator.leases import data_hello
 from rlfleet.coordinator.server import CoordinatorServer
 from rlfleet.errors import ConfigError
 from rlfleet.security import ClientSecurity, ClientTLS, ServerSecurity, ServerTLS
@@ -87,7 +87,7 @@ def test_a_coordinator_that_takes_any_ticket_fails_the_ticket_checks(
 def test_a_coordinator_that_reads_any_first_frame_fails_the_oversized_check(
     server: CoordinatorServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(lease_data_server, "HANDSHAKE_FRAME_BYTES", 2 * OVERSIZED_HELLO_BYTES)
+    monkeypatch.setattr(data_hello, "HANDSHAKE_FRAME_BYTES", 2 * OVERSIZED_HELLO_BYTES)
     got = verdicts(server.address)
     assert got["ticket-oversized"][0] is False
     assert "answered LeaseDataAccepted" in got["ticket-oversized"][1]

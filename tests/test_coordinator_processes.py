@@ -235,3 +235,47 @@ def test_bad_flags_fail_with_a_message(args: list[str], code: int, message: str)
     )
     assert result.returncode == code, result.stderr
     assert message in result.stderr
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["--lease-data-listen", "off"],
+        ["--listen", "0.0.0.0:{port}"],  # the wildcard over a loopback listener
+    ],
+)
+def test_a_second_coordinator_on_a_taken_port_names_that_port(
+    coordinator: str, extra: list[str]
+) -> None:
+    # The gRPC port is checked first: the error names it (not the lease data
+    # port beside it) in one line, with no raw gRPC log line.
+    port = int(coordinator.rpartition(":")[2])
+    args = ["--listen", coordinator, *(arg.format(port=port) for arg in extra)]
+    result = subprocess.run(
+        [sys.executable, "-m", "rlfleet", "coordinator", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=PROCESS_ENV,
+    )
+    assert result.returncode == 1, result.stderr
+    assert f":{port}: Address already in use" in result.stderr, result.stderr
+    assert "another coordinator" in result.stderr and "--listen" in result.stderr
+    assert f":{port + 2}" not in result.stderr, result.stderr
+    assert "add_port" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("rlfleet: error: cannot listen on")
+
+
+def test_a_taken_health_port_is_one_clear_line(coordinator: str) -> None:
+    port = int(coordinator.rpartition(":")[2])
+    result = subprocess.run(
+        [sys.executable, "-m", "rlfleet", "coordinator", "--listen", "127.0.0.1:0",
+         "--health-listen", coordinator],
+        check=False, capture_output=True, text=True, timeout=60, env=PROCESS_ENV,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert f"cannot serve health on 127.0.0.1:{port}: Address already in use" in result.stderr
+    assert "add_port" not in result.stderr, result.stderr

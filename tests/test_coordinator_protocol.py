@@ -320,3 +320,17 @@ def test_calls_naming_another_coordinator_are_refused_before_anything_happens(
     assert (after.agent_version, after.env.generation) == (0, 1)  # nothing was applied
     ack = calls["UpdateEnv"](own)  # its own id is accepted, and answered with it
     assert ack.coordinator_id == own and ack.env_generation == 2
+
+
+def test_a_learner_agent_version_past_the_limit_is_refused(server: CoordinatorServer) -> None:
+    # A learner names a version only to restore its agent; one near the int64
+    # limit would make the versions after it overflow.
+    update = updates_pb2.AgentUpdate(
+        version=1 << 62, policy=updates_pb2.PolicySpec(name="mlp-categorical")
+    )
+    failure = expect_failure(
+        lambda: unary(server.address, _rpc.UPDATE_AGENT, update, learner_pb2.UpdateAck)
+    )
+    assert failure.code is grpc.StatusCode.INVALID_ARGUMENT, failure
+    assert "AgentUpdate.version" in failure.details, failure.details
+    assert status(server.address).agent_version == 0

@@ -46,7 +46,7 @@ def test_infinite_max_episode_length_means_the_env_limit():
     worker = make_worker(EnvConfig("CartPole-v1"), max_len=math.inf)
     assert worker.rollout().env_spec.max_episode_length == 500
     with pytest.raises(ConfigError):
-        DefaultWorker(seed=0, max_episode_length=2.5, worker_number=0)
+        DefaultWorker(seed=0, max_episode_length=-2.5, worker_number=0)
 
 
 def test_start_step_collect_contract():

@@ -204,3 +204,33 @@ def test_a_coordinator_restarted_while_the_learner_is_idle_is_noticed(
     fleet.wait_for_workers(1, coordinator_id=status.coordinator_id)
     sampler.update_agent(policy.get_param_values())
     assert_same_batch(sampler.obtain_episodes(2), third, skip_infos=VERSION)
+
+
+def test_agent_versions_go_on_across_a_coordinator_restart(fleet: ProcessFleet) -> None:
+    # The sampler restores its agent on the new coordinator naming the version
+    # it had: episodes keep saying that version, and the next update is the
+    # one after it, never back to 1.
+    fleet.start_coordinator()
+    fleet.start_worker()
+    before = fleet.wait_for_workers(1)
+    sampler = fleet.sampler(seed=SEED, timeout=120)
+    env = EnvConfig("CartPole-v1")
+    policy = MLPCategoricalPolicy(env.env_spec(), hidden_sizes=[4], seed=3)
+    for _ in range(3):
+        sampler.update_agent(policy)
+    assert set(sampler.obtain_episodes(2).episode_infos["agent_version"].tolist()) == {3}
+
+    fleet.kill(fleet.coordinator)
+    fleet.start_coordinator()
+    fleet.wait_for_workers(1, coordinator_id=before.coordinator_id)
+    again = sampler.obtain_episodes(2)
+    assert set(again.episode_infos["agent_version"].tolist()) == {3}
+    assert fleet.status().agent_version == 3
+    assert sampler.update_agent(policy.get_param_values()) == 4
+
+    # Restored together with a new update: the version after the last one.
+    status = fleet.status()
+    fleet.kill(fleet.coordinator)
+    fleet.start_coordinator()
+    fleet.wait_for_workers(1, coordinator_id=status.coordinator_id)
+    assert sampler.update_agent(policy.get_param_values()) == 5

@@ -8,6 +8,8 @@ against garage's documentation (../shared/seeds/garage_*.txt).
 from __future__ import annotations
 
 import logging
+import math
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -104,39 +106,52 @@ def test_step_types_of_step_type_members_stay_members() -> None:
     [
         (
             {"observations": np.zeros((4, 2), np.float32)},
-            "Expected batch dimension of observations to be length 5, but got length 4 instead",
+            "observations has batch size 4, but must have batch size 5 to match the sum of lengths",
         ),
         (
             {"actions": np.zeros(4, np.int64)},
-            "Expected batch dimension of actions to be length 5, but got length 4 instead",
+            "actions has batch size 4, but must have batch size 5 to match the sum of lengths",
         ),
         (
             {"observations": np.zeros((5, 3), np.float32)},
-            "observations should have the same dimensionality as the observation_space (2), "
-            "but got data with shape (3,) instead",
+            "Each observation has shape (3,) but must match the observation_space "
+            "Box(-1.0, 1.0, (2,), float32)",
+        ),
+        (
+            {"actions": np.zeros((5, 3), np.int64)},
+            "Each action has shape (3,) but must match the action_space Discrete(2)",
         ),
         (
             {"last_observations": np.zeros((3, 2), np.float32)},
-            "Expected batch dimension of last_observations to be length 2, but got length 3",
+            "last_observations has batch size 3 but must have batch size 2 to match the "
+            "number of episodes",
         ),
-        ({"rewards": np.ones(4)}, "Rewards tensor must have shape (5,), but got shape (4,)"),
+        (
+            {"last_observations": np.zeros((2, 3), np.float32)},
+            "last_observations must have the same number of entries as there are episodes (2)",
+        ),
+        ({"rewards": np.ones(4)}, "rewards has shape (4,) but must have batch size 5"),
+        ({"rewards": [1.0] * 5}, "rewards is not of type <class 'numpy.ndarray'>"),
         (
             {"step_types": np.zeros(4, np.uint8)},
-            "step_types tensor must have shape (5,), but got shape (4,) instead",
+            "step_types has batch size 4, but must have batch size 5",
         ),
         (
             {"step_types": np.zeros(5, np.float32)},
-            "step_types tensor must be dtype `StepType`, but got tensor of dtype float32",
+            "step_types has dtype float32 but must have dtype StepType",
         ),
         (
             {"env_infos": {"x": np.arange(4)}},
-            "Each entry in env_infos must have a batch dimension of length 5, but got key x "
-            "with batch size 4 instead",
+            "Entry 'x' in env_infos has batch size 4 but must have batch size 5",
         ),
         (
             {"env_infos": {"x": [1, 2, 3, 4, 5]}},
-            "Each entry in env_infos must be a numpy array or dictionary, but got key x with "
-            "value type <class 'list'> instead",
+            "Entry 'x' in env_infos is of type <class 'list'> but must be "
+            "<class 'numpy.ndarray'> or dict",
+        ),
+        (
+            {"agent_infos": {"h": np.arange(4)}},
+            "Entry 'h' in agent_infos has batch size 4 but must have batch size 5",
         ),
         (
             {"episode_infos": {"goal": np.arange(3)}},
@@ -158,7 +173,68 @@ def test_validation_messages_start_with_garages(
 ) -> None:
     with pytest.raises(ValueError) as info:
         _episode_batch(**overrides)
-    assert str(info.value).startswith(garage_text), str(info.value)
+    message = str(info.value)
+    assert message.startswith(garage_text), message
+    assert "EpisodeBatch." in message  # rlfleet's detail follows garage's text
+
+
+def test_shapes_are_checked_not_values_and_integer_step_types_are_accepted() -> None:
+    # garage warns about each observation outside the space and wants an
+    # object array of StepType; rlfleet checks shapes only (microseconds per
+    # batch) and takes integer step types, as the wire carries them.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        batch = _episode_batch(
+            observations=np.full((5, 2), 7.0, np.float32),
+            step_types=np.array([F, M, TE, F, TE], dtype=np.uint8),
+        )
+    assert batch.step_types.dtype == np.uint8
+
+
+def _time_step_batch(**overrides: object) -> TimeStepBatch:
+    batch = TimeStepBatch.from_episode_batch(_episode_batch())
+    fields = {name: getattr(batch, name) for name in TimeStepBatch.__dataclass_fields__}
+    fields.update(overrides)
+    return TimeStepBatch(**fields)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "garage_text"),
+    [
+        ({"rewards": [1.0] * 5}, "rewards is not of type <class 'numpy.ndarray'>"),
+        ({"rewards": np.ones((5, 1))}, "rewards has shape (5, 1)"),
+        (
+            {"observations": np.zeros((4, 2), np.float32)},
+            "observations has batch size 4, but must have batch size 5 to match rewards",
+        ),
+        (
+            {"next_observations": np.zeros((4, 2), np.float32)},
+            "next_observations has batch size 4, but must have batch size 5 to match rewards",
+        ),
+        (
+            {"next_observations": np.zeros((5, 3), np.float32)},
+            "Each next_observation has shape (3,) but must match the observation_space",
+        ),
+        ({"actions": np.zeros(4, np.int64)}, "actions has batch size 4, but must have"),
+        ({"actions": np.zeros((5, 3), np.int64)}, "Each action has shape (3,)"),
+        ({"step_types": np.array([])}, "step_types has batch size 0"),
+        ({"step_types": np.zeros(5, np.float32)}, "step_types has dtype float32"),
+        ({"env_infos": {"bar": []}}, "Entry 'bar' in env_infos is of type <class 'list'>"),
+        (
+            {"agent_infos": {"hidden": np.arange(4)}},
+            "Entry 'hidden' in agent_infos has batch size 4 but must have batch size 5 to "
+            "match rewards",
+        ),
+    ],
+)
+def test_time_step_batch_messages_start_with_garages(
+    overrides: dict[str, object], garage_text: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        _time_step_batch(**overrides)
+    message = str(info.value)
+    assert message.startswith(garage_text), message
+    assert "TimeStepBatch." in message
 
 
 def test_time_step_messages_start_with_garages() -> None:
@@ -191,6 +267,56 @@ def test_rollout_keeps_the_final_observation() -> None:
     np.testing.assert_array_equal(batch.next_observations[:, 0], [1, 2, 3])
 
 
+class _RenderCounter(gym.Wrapper):
+    """Counts render() calls (rollout's animated mode)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.renders = 0
+
+    def render(self) -> None:
+        self.renders += 1
+
+
+def _sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    waits: list[float] = []
+    monkeypatch.setattr("time.sleep", waits.append)
+    return waits
+
+
+@pytest.mark.parametrize(("speedup", "wait"), [(1, 0.05), (2.5, 0.02)])
+def test_rollout_speedup_divides_the_wait_between_rendered_steps(
+    monkeypatch: pytest.MonkeyPatch, speedup: float, wait: float
+) -> None:
+    waits = _sleeps(monkeypatch)
+    env = _RenderCounter(gym.make("rlfleet/Counter-v0", length=3))
+    path = rollout(env, RandomPolicy(EnvSpec.from_env(env), seed=0), animated=True, speedup=speedup)
+    assert len(path["rewards"]) == 3
+    assert env.renders == 4  # after the reset and after each step
+    assert waits == pytest.approx([wait, wait])  # none after the last step
+
+
+def test_rollout_speedup_applies_only_when_animated(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits = _sleeps(monkeypatch)
+    env = gym.make("rlfleet/Counter-v0", length=3)
+    policy = RandomPolicy(EnvSpec.from_env(env), seed=0)
+    rollout(env, policy, speedup=4)
+    rollout(env, policy, animated=True, speedup=math.inf)
+    assert waits == []
+    rollout(env, policy, animated=True, speedup=3, pause_per_frame=0.5)
+    assert waits == [0.5, 0.5, 0.5]  # garage 2021.03's pause replaces speedup's wait
+    with pytest.raises(ConfigError, match=r"speedup must be a number > 0"):
+        rollout(env, policy, speedup=0)
+
+
+def test_rollout_without_a_max_episode_length_runs_to_the_envs_end() -> None:
+    env = gym.make("rlfleet/Counter-v0", length=4)
+    policy = RandomPolicy(EnvSpec.from_env(env), seed=0)
+    for limit in (None, 0, math.inf):  # garage: `max_episode_length or inf`
+        assert len(rollout(env, policy, max_episode_length=limit)["rewards"]) == 4
+    assert len(rollout(env, policy, max_episode_length=2)["rewards"]) == 2
+
+
 def _counter_worker(**kwargs: object) -> DefaultWorker:
     worker = DefaultWorker(seed=1, worker_number=0, **kwargs)  # type: ignore[arg-type]
     worker.update_env(EnvConfig("rlfleet/Counter-v0", {"length": 3}))
@@ -215,12 +341,19 @@ def _spec() -> EnvSpec:
     return EnvConfig("rlfleet/Counter-v0", {"length": 3}).env_spec()
 
 
-def test_max_episode_length_may_be_an_integral_float() -> None:
-    worker = _counter_worker(max_episode_length=2.0)
+@pytest.mark.parametrize(("limit", "steps"), [(2.0, 2), (1.5, 2), (0.5, 1), (np.float64(2), 2)])
+def test_max_episode_length_may_be_any_positive_float(limit: float, steps: int) -> None:
+    # garage steps while the episode is shorter than the limit: a fraction
+    # cuts at its ceiling.
+    worker = _counter_worker(max_episode_length=limit)
     worker.update_agent(RandomPolicy(_spec()))
-    assert worker.rollout().lengths.tolist() == [2]
-    with pytest.raises(ConfigError, match="integral float"):
-        DefaultWorker(seed=1, max_episode_length=2.5, worker_number=0)
+    assert worker.rollout().lengths.tolist() == [steps]
+
+
+@pytest.mark.parametrize("limit", [0.0, -1.5, float("nan"), -math.inf, "5"])
+def test_max_episode_length_refuses_what_is_not_a_positive_number(limit: object) -> None:
+    with pytest.raises(ConfigError, match="positive number"):
+        DefaultWorker(seed=1, max_episode_length=limit, worker_number=0)  # type: ignore[arg-type]
 
 
 def test_update_agent_takes_garages_flat_parameter_vector() -> None:

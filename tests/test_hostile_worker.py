@@ -15,18 +15,21 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
 
-from rlfleet.client import RemoteSampler
+from rlfleet.client import RemoteSampler, RemoteVectorEnv
+from rlfleet.coordinator.leases.manager import FORGED_REPLIES_LIMIT
 from rlfleet.core import EpisodeBatch
 from rlfleet.envs import EnvConfig
 from rlfleet.sampling.local import LocalSampler
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import encode_env_spec
+from rlfleet.wire.leases import LeaseAnswer, LeaseAnswers, lease_report_message
 from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker
 from tests._coordinator_fakes import (
@@ -40,6 +43,7 @@ from tests._coordinator_fakes import (
     wait_for_file,
     wait_for_workers,
 )
+from tests.fleet_processes import ProcessFleet
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -225,3 +229,38 @@ def test_a_fragment_window_with_seeds_off_its_streams_drops_the_worker(fleet: st
     finally:
         hostile.close()
     wait_for_workers(fleet, 1)
+
+
+def test_a_worker_forging_lease_replies_is_logged_sparingly_then_dropped(tmp_path: Path) -> None:
+    # A worker that answers lease calls for envs it does not host: each reply
+    # is ignored, the coordinator's line is rate-limited, and past the limit
+    # the worker is dropped; the honest worker's lease goes on undisturbed.
+    with ProcessFleet(tmp_path) as processes:
+        coordinator = processes.start_coordinator()
+        processes.start_worker(envs=2, name="honest")
+        processes.wait_for_workers(1)
+        venv = RemoteVectorEnv(processes.address, "CartPole-v1", 2, seed=SEED)
+        try:
+            venv.reset()
+            forger, _ = join(processes.address, name="forger")
+            try:
+                answer = LeaseAnswer(0, np.zeros(4, np.float32), reward=1.0)
+                for call_id in range(1, 10 * FORGED_REPLIES_LIMIT):
+                    forged = LeaseAnswers(1, call_id, "step", [answer])
+                    forger.send(lease_report_message(forged, "forger"))
+                ending = forger.ended(timeout=60)
+            finally:
+                forger.close()
+            assert ending is not None and ending.code is grpc.StatusCode.INVALID_ARGUMENT
+            assert "envs it does not host" in ending.details, ending.details
+            assert f"{FORGED_REPLIES_LIMIT} times" in ending.details, ending.details
+            # The honest lease still answers.
+            venv.step(np.zeros(2, np.int64))
+        finally:
+            venv.close()
+        lines = [
+            line
+            for line in coordinator.log_text().splitlines()
+            if "WARNING" in line and "it does not host; ignored" in line
+        ]
+        assert 1 <= len(lines) <= 2, lines

@@ -38,9 +38,18 @@ from rlfleet.coordinator.config import LEASE_DATA_OFF
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, UnavailableError
 from rlfleet.security import ClientTLS, ServerSecurity, ServerTLS
-from rlfleet.transport.lease_channel import FRAME_HEADER, LeaseDataLink, coordinator_host, dial
+from rlfleet.transport.lease_channel import (
+    FRAME_HEADER,
+    LeaseDataLink,
+    coordinator_host,
+    dial,
+    frame,
+)
+from rlfleet.transport.rpc import LEASE_CAPABILITY
+from rlfleet.v1 import worker_pb2
 from rlfleet.wire.leases import data_hello
 from rlfleet.worker.leases.data_link import WorkerLeaseChannel
+from tests._coordinator_fakes import CAPABILITIES, join
 from tests.fleet_processes import ProcessFleet, free_port
 from tests.tls_fixtures import make_ca, make_cert
 from tests.waiting import PATIENCE, wait_until
@@ -697,3 +706,126 @@ def test_a_worker_that_stops_ends_its_data_connection_without_a_warning(tmp_path
         log = worker.log_text()
         assert "left" in log, log
         assert warnings_about_data(log) == [], log
+
+
+class _Trickle:
+    """Connections that send one byte at a time, never a whole hello."""
+
+    def __init__(self, port: int, count: int, payload: bytes) -> None:
+        self.sockets = [
+            socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(count)
+        ]
+        self._payload = payload
+        self._sent = 0
+
+    def step(self) -> None:
+        """One more byte on every connection still open (wraps around the payload)."""
+        byte = self._payload[self._sent % len(self._payload) : self._sent % len(self._payload) + 1]
+        self._sent += 1
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):  # closed by the coordinator
+                sock.send(byte)
+
+    def closed_by_the_coordinator(self) -> int:
+        """How many the coordinator closed (a read returns end of stream)."""
+        closed = 0
+        for sock in self.sockets:
+            ready = select.select([sock], [], [], 0)[0]
+            if ready:
+                try:
+                    closed += sock.recv(1) == b""
+                except OSError:
+                    closed += 1
+        return closed
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+
+
+def test_a_hello_trickled_a_byte_at_a_time_is_refused_at_the_handshake_timeout() -> None:
+    # One deadline for the whole handshake: a per-read timeout let a peer
+    # that sends a byte a second hold its handshake slot forever.
+    config = CoordinatorConfig(listen="127.0.0.1:0", handshake_timeout_seconds=1.5)
+    with serve(config) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        ticket = data.issue(lambda connection: _Quiet())
+        hello = frame(data_hello(ticket))
+        trickle = _Trickle(data.port, 1, hello)
+        try:
+            # The whole hello takes about 8 s at 0.2 s a byte, past the timeout.
+            for _ in hello:
+                trickle.step()
+                if trickle.closed_by_the_coordinator():
+                    break
+                time.sleep(0.2)
+            assert _was_refused(trickle.sockets[0])
+        finally:
+            trickle.close()
+
+
+def _was_refused(sock: socket.socket) -> bool:
+    """True when the coordinator closed ``sock`` without its LeaseDataAccepted."""
+    sock.settimeout(10)
+    try:
+        return sock.recv(FRAME_HEADER.size) == b""
+    except OSError:
+        return True
+
+
+def test_trickling_connections_free_their_handshake_slots_at_the_timeout() -> None:
+    # 64 connections with no credentials trickle bytes: every slot is taken,
+    # then freed at the handshake timeout, and a real ticket gets in while
+    # they still trickle.
+    config = CoordinatorConfig(listen="127.0.0.1:0", handshake_timeout_seconds=2.0)
+    with serve(config) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        registry = server.coordinator.metrics.registry
+        trickle = _Trickle(data.port, 64, FRAME_HEADER.pack(1000) + b"x" * 1000)
+        try:
+            deadline = time.monotonic() + 60.0
+            while trickle.closed_by_the_coordinator() < 64:
+                assert time.monotonic() < deadline, "trickling connections kept their slots"
+                trickle.step()
+                time.sleep(0.2)
+            refused = registry.get_sample_value(
+                "rlfleet_lease_data_connections_total", {"outcome": "refused"}
+            )
+            assert refused == 64
+            ticket = data.issue(lambda connection: _Quiet())
+            trickle.step()
+            assert _accepts(data.port, ticket)
+        finally:
+            trickle.close()
+
+
+def test_a_leaving_worker_closing_its_data_connection_is_no_warning(tmp_path: Path) -> None:
+    # A worker that said Leaving closes its data connection, maybe before its
+    # Join stream: the coordinator says so at INFO and the Join stream's end
+    # removes it (OK), never "its lease data stream broke".
+    with ProcessFleet(tmp_path) as processes:
+        coordinator = processes.start_coordinator()
+        worker, welcome = join(
+            processes.address, name="leaver", capabilities=(*CAPABILITIES, LEASE_CAPABILITY)
+        )
+        try:
+            link = dial(
+                "127.0.0.1",
+                welcome.lease_data.port,
+                data_hello(welcome.lease_data.ticket),
+                tls=None,
+                timeout=10,
+                max_frame_bytes=1 << 20,
+            )
+            worker.send(worker_pb2.WorkerMessage(leaving=worker_pb2.Leaving(reason="stopping")))
+            processes.wait_for_log(coordinator, "worker 'leaver' is leaving")
+            link.close()
+            log = processes.wait_for_log(coordinator, "closed its lease data connection")
+            worker.finish()
+            assert worker.ended(timeout=30) is None  # OK: removed as a worker that left
+        finally:
+            worker.close()
+        log = processes.wait_for_log(coordinator, "worker 'leaver' removed (OK")
+        assert "lease data stream broke" not in log, log

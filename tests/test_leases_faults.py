@@ -58,6 +58,7 @@ def test_a_dead_workers_envs_move_and_say_so_then_none_left_is_typed(
             assert truncated[i] and not terminated[i] and rewards[i] == 0.0
             assert infos[i][LOST]
             assert obs[i, 0] == 0.0
+        assert venv.env_workers == ["w1"] * 4  # the answer names the new host
         for i in kept:  # untouched: the 4th step of their episode
             assert not truncated[i] and LOST not in infos[i]
             assert obs[i, 0] == 4.0

@@ -114,3 +114,23 @@ def test_streams_without_hello_are_refused_in_one_line_per_interval(
             "rlfleet_errors_total", {"kind": "join_deadline_exceeded"}
         )
         assert counted == 3
+
+
+def test_a_worker_logs_under_the_name_status_shows(fleet: ProcessFleet) -> None:
+    # Two workers asked for the same name: the coordinator makes the second
+    # one's unique, and that worker's log says the name status shows.
+    fleet.start_coordinator()
+    fleet.start_worker(name="vm")
+    fleet.wait_for_workers(1)
+    second = fleet.start_worker(name="vm", env=JSON_LOGS)
+    fleet.wait_for_workers(2)
+    names = sorted(worker.name for worker in fleet.status().workers)
+    assert names[0] == "vm" and names[1] != "vm", names
+    given = names[1]
+    assert fleet.terminate(second) == 0
+    lines = records(second.log_text())
+    joined = next(i for i, r in enumerate(lines) if r["message"].startswith("joined coordinator"))
+    assert f"as {given!r}" in lines[joined]["message"]
+    # From the join on, every line carries that name, the last one too.
+    assert all(r["worker"] == given for r in lines[joined:]), lines[joined:]
+    assert lines[-1]["message"].startswith(f"worker {given!r} left"), lines[-1]

@@ -7,11 +7,13 @@ values move as they must (docs/operations.md lists the metrics).
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -28,6 +30,7 @@ from tests.fleet_processes import (
 pytestmark = pytest.mark.timeout(240)
 
 EPISODES = 2  # SAMPLE_MODE_EPISODES
+STEPS = 1  # SAMPLE_MODE_STEPS
 
 
 @pytest.fixture
@@ -228,7 +231,7 @@ def test_policy_lag_counts_each_episode_of_a_result_as_a_histogram_would() -> No
         "rlfleet_policy_lag_versions", "reference", buckets=LAG_BUCKETS, registry=registry
     )
     for lag, episodes in ((0, 3), (4, 2), (5, 1), (100, 2), (1000, 1), (0, 0)):
-        metrics.delivered(episodes=episodes, steps=10, payload_bytes=100, lag=lag)
+        metrics.forwarded(episodes=episodes, payload_bytes=100, lag=lag)
         for _ in range(episodes):
             reference.observe(lag)
 
@@ -244,3 +247,72 @@ def test_policy_lag_counts_each_episode_of_a_result_as_a_histogram_would() -> No
     got = samples(generate_latest(metrics.registry))
     assert got == samples(generate_latest(registry))
     assert got[("rlfleet_policy_lag_versions_count", "")] == 9
+
+
+@pytest.mark.parametrize("role", ["coordinator", "worker"])
+def test_half_sent_metrics_requests_hold_no_threads_and_time_out(
+    fleet: ProcessFleet, role: str
+) -> None:
+    # Connections that send half a request cost no thread, a real scrape
+    # still works meanwhile, and each is closed at its deadline.
+    from rlfleet.cli._metrics_port import MAX_CONNECTIONS
+
+    port = free_port()
+    if role == "coordinator":
+        proc = fleet.start_coordinator("--metrics-listen", f"127.0.0.1:{port}")
+    else:
+        fleet.start_coordinator()
+        proc = fleet.start_worker(envs=1, env={"RLFLEET_METRICS_LISTEN": f"127.0.0.1:{port}"})
+        fleet.wait_for_workers(1)
+    scrape(fleet.wait_until(lambda: port if _answers(port) else None, what="the metrics port"))
+    threads = psutil.Process(proc.pid).num_threads()
+    half: list[socket.socket] = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            half.append(sock)
+        assert scrape(port)  # a real scrape, while every slot holds a half request
+        # A thread per connection would show here; a few for the process's own work.
+        assert psutil.Process(proc.pid).num_threads() <= threads + 8
+        # Each half request ends at its deadline: the port closes it, unanswered.
+        for sock in half:
+            assert _closed_unanswered(sock)
+        assert scrape(port)
+    finally:
+        for sock in half:
+            sock.close()
+
+
+def _closed_unanswered(sock: socket.socket) -> bool:
+    """True once the port closed ``sock`` without an answer (an end of stream, or a
+    reset when it closed it before reading the half request)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _answers(port: int) -> bool:
+    try:
+        scrape(port)
+    except OSError:
+        return False
+    return True
+
+
+def test_episode_and_step_counters_count_what_learners_get(fleet: ProcessFleet) -> None:
+    # A STEPS answer ends at the first prefix of episodes reaching the amount:
+    # episodes accepted past it never reach the learner and are not counted.
+    port = free_port()
+    fleet.start_coordinator("--metrics-listen", f"127.0.0.1:{port}")
+    fleet.start_worker(envs=8)
+    fleet.wait_for_workers(1)
+    episodes = steps = 0
+    for index in range(4):
+        answer = sample(fleet.address, mode=STEPS, amount=30, seed=5, request_index=index)
+        episodes += len(answer.batch.lengths)
+        steps += int(answer.batch.lengths.sum())
+    samples = scrape(port)
+    assert value(samples, "rlfleet_episodes_total") == episodes
+    assert value(samples, "rlfleet_env_steps_total") == steps

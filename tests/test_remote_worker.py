@@ -40,6 +40,7 @@ from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import tensor_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import ChunkAssembler, decode_batch, decode_env_spec, encode_tensor_map
 from rlfleet.worker._flush import TAIL_SECONDS, FlushPolicy
+from tests.fleet_processes import ProcessFleet
 from tests.test_fleet_equivalence import assert_same_batch
 from tests.waiting import wait_until
 
@@ -681,3 +682,29 @@ def test_a_worker_leaving_mid_request_loses_nothing() -> None:
         assert [w.name for w in sampler.status().workers] == ["local-0"]
     with LocalSampler(twin, seed=8) as local:
         assert_same_batch(local.obtain_episodes(10), batch, {1, 2})
+
+
+def test_a_worker_with_a_wrong_address_logs_sparingly_and_gives_up_at_its_connect_timeout(
+    tmp_path: Path,
+) -> None:
+    # Nothing listens on the port: dozens of quick retries, the first few
+    # logged, then a line per 30 s with a count; at the timeout one error
+    # line and exit 1 (the variable sets the timeout).
+    nowhere = f"127.0.0.1:{free_port()}"
+    with ProcessFleet(tmp_path) as processes:
+        worker = processes.start_worker(
+            "--reconnect-max-seconds", "0.2",
+            coordinator=nowhere, defaults=(), env={"RLFLEET_CONNECT_TIMEOUT": "6"},
+        )  # fmt: skip
+        worker.stopped = True
+        assert worker.popen.wait(timeout=120) == 1, worker.describe()
+        lines = worker.log_text().splitlines()
+    retries = [line for line in lines if "WARNING" in line and "reconnecting in" in line]
+    # The backoff's first attempts each, then one line with a count.
+    assert [f"(attempt {n})" in line for n, line in enumerate(retries[:5], 1)] == [True] * 5
+    assert len(retries) == 6, lines  # the next would come 30 s after the 6th
+    (error,) = [line for line in lines if "ERROR" in line]
+    assert f"could not join coordinator {nowhere} within --connect-timeout 6 s" in error
+    attempts = int(error.split("(")[1].split(" attempts")[0])
+    assert attempts > len(retries) + 2, error  # the others were held back, not made
+    assert "Traceback" not in "\n".join(lines)

@@ -405,8 +405,7 @@ def test_callbacks_and_metrics(callbacks: type[DefaultCallbacks] | str) -> None:
 
 
 def test_refused_and_unknown_arguments_and_bad_values() -> None:
-    with pytest.raises(ConfigError, match=r"tf_session_creator.*no TensorFlow"):
-        RolloutWorker(env_creator=cartpole, tf_session_creator=lambda: None)
+    # Each RLlib argument's handling: tests/test_rllib_arguments.py.
     with pytest.raises(ConfigError, match=r"input_creator.*offline"):
         RolloutWorker(env_creator=cartpole, input_creator=lambda ctx: None)
     with pytest.raises(ConfigError, match="unknown argument 'frobnicate'"):

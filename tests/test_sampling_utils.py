@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import rlfleet.envs.testing  # noqa: F401  (registers the test envs)
+import rlfleet.envs.testing
 from rlfleet.core import EnvSpec, EpisodeBatch, StepType
 from rlfleet.envs.config import EnvConfig
 from rlfleet.errors import ConfigError
@@ -22,6 +22,7 @@ from rlfleet.sampling import (
     rollout,
     truncate_paths,
 )
+from rlfleet.worker import DefaultWorker
 
 F, M, TE, TO = StepType.FIRST, StepType.MID, StepType.TERMINAL, StepType.TIMEOUT
 
@@ -109,6 +110,44 @@ def test_rollout_of_a_counter_by_hand():
     np.testing.assert_array_equal(episode["dones"], [False, False, True])
     assert episode["episode_infos"] == {"seed": None}
     assert episode["actions"].shape == (3,)
+
+
+class ComingAndGoingInfos(rlfleet.envs.testing.CounterEnv):
+    """A Counter whose step infos hold keys that come and go (seen in gymnasium envs)."""
+
+    def __init__(self, tag: str) -> None:
+        super().__init__(length=4)
+        self.tag = tag
+
+    def step(self, action: np.int64) -> tuple:
+        observation, reward, terminated, truncated, _ = super().step(action)
+        info: dict[str, float] = {"always": self.episode_step}
+        if self.episode_step == 1:
+            info[f"first-only-{self.tag}"] = 1.0  # present at the first step, then gone
+        if self.episode_step >= 3:
+            info[f"late-{self.tag}"] = 2.0  # appears later
+        return observation, reward, terminated, truncated, info
+
+
+@pytest.mark.parametrize("sampler", ["rollout", "DefaultWorker"])
+def test_env_info_keys_that_come_and_go_are_dropped_with_a_warning_naming_them(
+    caplog: pytest.LogCaptureFixture, sampler: str
+) -> None:
+    tag = sampler  # warnings come once per key and process: keys of this test only
+    env = ComingAndGoingInfos(tag)
+    policy = RandomPolicy(EnvSpec.from_env(env), seed=0)
+    with caplog.at_level(logging.WARNING):
+        if sampler == "rollout":
+            env_infos = rollout(env, policy)["env_infos"]
+        else:
+            worker = DefaultWorker(seed=1, max_episode_length=None, worker_number=0)
+            worker.update_env(env)
+            worker.update_agent(policy)
+            env_infos = worker.rollout().env_infos
+    assert set(env_infos) == {"always"}
+    np.testing.assert_array_equal(env_infos["always"], [1, 2, 3, 4])
+    for key in (f"first-only-{tag}", f"late-{tag}"):
+        assert any(key in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_rollout_stops_at_max_episode_length_without_done():

@@ -1,4 +1,5 @@
-"""Resolving ``"package.module:name"`` import paths: the one place it is done.
+"""Resolving ``"package.module:name"`` import paths, and packages' names
+imported on first use: the one place each is done.
 
 Policies, callbacks, filters' owners and policy-mapping functions reach
 workers as import paths of code installed there, never as pickles.
@@ -7,7 +8,7 @@ workers as import paths of code installed there, never as pickles.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from rlfleet.errors import ConfigError
@@ -66,3 +67,29 @@ def import_object(name: str, what: str, allowed_modules: Collection[str] | None 
             raise ConfigError(f"{what} {name!r}: {module_name!r} has no attribute {attribute!r}")
         target = getattr(target, part)
     return target
+
+
+class LazyNames:
+    """A package's names, each imported from its home module on first use.
+
+    A package's ``__getattr__`` (PEP 562) returns ``lazy(name)``, so that
+    importing the package does not import what only some callers need (gRPC,
+    the conformance checks, ...).
+
+    Args:
+        package: The package's ``__name__``, for messages.
+        homes: Each lazy name's home module.
+    """
+
+    def __init__(self, package: str, homes: Mapping[str, str]) -> None:
+        self._package = package
+        self._homes = dict(homes)
+
+    def __call__(self, name: str) -> Any:
+        """The object ``name`` names, from its home module."""
+        home = self._homes.get(name)
+        if home is None:
+            # builtin on purpose: PEP 562 (hasattr, getattr's default and
+            # `from package import name` rely on an AttributeError).
+            raise AttributeError(f"module {self._package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(home), name)

@@ -36,6 +36,28 @@ def check_int(name: str, value: Any, *, minimum: int = 1, maximum: int | None = 
     return int(value)
 
 
+def json_value(text: str | bytes, where: str) -> Any:
+    """Parses JSON text from a user or a peer; empty text is None.
+
+    Args:
+        text: The JSON text.
+        where: What the text is, for the message (e.g. ``"LeaseCall.value_json"``).
+
+    Raises:
+        ConfigError: If the text is not JSON, or nests too deeply to parse
+            (``json.loads`` alone raises RecursionError for ``"[[[[..."``).
+    """
+    if not text:
+        return None
+    quoted = repr(text[:_QUOTED_CHARS])
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{where} is not valid JSON ({exc}): {quoted}") from None
+    except RecursionError:  # "[[[[..." deeper than Python's stack
+        raise ConfigError(f"{where} nests too deeply to parse: {quoted}") from None
+
+
 def json_object(text: str, where: str) -> dict[str, Any]:
     """Parses a JSON object (kwargs and the like); empty text is ``{}``.
 
@@ -49,14 +71,9 @@ def json_object(text: str, where: str) -> dict[str, Any]:
     """
     if not text:
         return {}
-    quoted = repr(text[:_QUOTED_CHARS])
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{where} is not valid JSON ({exc}): {quoted}") from None
-    except RecursionError:  # "[[[[..." deeper than Python's stack
-        raise ConfigError(f"{where} nests too deeply to parse: {quoted}") from None
+    value = json_value(text, where)
     if not isinstance(value, dict):
+        quoted = repr(text[:_QUOTED_CHARS])
         raise ConfigError(f"{where} must be a JSON object like '{{\"a\": 1}}', got {quoted}")
     return value
 

@@ -25,7 +25,7 @@ both run :func:`run_benchmark`.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from rlfleet.bench.native import NativeBenchReport, run_native_benchmark
 from rlfleet.bench.report import (
@@ -45,7 +45,6 @@ from rlfleet.bench.samplers import (
     vec_worker_sampler,
 )
 from rlfleet.envs.config import EnvConfig
-from rlfleet.envs.native import NATIVE_VECTORIZATIONS
 from rlfleet.policies.mlp import MLPCategoricalPolicy
 
 
@@ -96,48 +95,6 @@ def run_benchmark(
     )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds the benchmark's options (shared by ``rlfleet bench`` and benchmarks/fleet.py)."""
-    defaults = BenchConfig()
-    parser.add_argument(
-        "--workers", type=int, default=defaults.workers, help="fleet workers and plain loops (2)"
-    )
-    parser.add_argument(
-        "--envs-per-worker", type=int, default=defaults.envs_per_worker, help="envs per worker (8)"
-    )
-    parser.add_argument(
-        "--steps", type=int, default=defaults.steps, help="env steps per timed run (200000)"
-    )
-    parser.add_argument(
-        "--request-steps",
-        type=int,
-        default=defaults.request_steps,
-        help="num_samples of each fleet request (50000)",
-    )
-    parser.add_argument(
-        "--repeats", type=int, default=defaults.repeats, help="timed runs per sampler (3)"
-    )
-    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed (0)")
-    parser.add_argument(
-        "--prefetch-factor",
-        type=int,
-        default=None,
-        help="the coordinator's prefetch_factor (default: the coordinator's own)",
-    )
-    parser.add_argument(
-        "--native",
-        choices=NATIVE_VECTORIZATIONS,
-        default=None,
-        help="measure the fleet on this native vector-env backend against the same env "
-        "in plain loops, and the 1M steps/s moonshot (use --envs-per-worker 64)",
-    )
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="exit 1 if a ratio misses its goal (on a quiet machine)",
-    )
-
-
 def run_from_args(args: argparse.Namespace) -> int:
     """Runs the benchmark the parsed options describe and prints the report.
 
@@ -167,15 +124,6 @@ def run_from_args(args: argparse.Namespace) -> int:
     return 1 if args.check and not report.goals_met else 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python benchmarks/fleet.py``."""
-    parser = argparse.ArgumentParser(
-        prog="benchmarks/fleet.py", description=__doc__.split("\n\n")[0] if __doc__ else None
-    )
-    add_arguments(parser)
-    return run_from_args(parser.parse_args(argv))
-
-
 __all__ = [
     "FLEET_VS_PLAIN_GOAL",
     "WORKER_VS_PLAIN_GOAL",
@@ -183,8 +131,6 @@ __all__ = [
     "BenchReport",
     "Measurement",
     "Ratio",
-    "add_arguments",
-    "main",
     "run_benchmark",
     "run_from_args",
 ]

@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rlfleet._util.values import host_and_port
 from rlfleet.errors import ConfigError
+from rlfleet.security.listen import bind_problem
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -117,6 +118,12 @@ class HealthPort:
 
     def __init__(self, listen: str, servicer: health_pb2_grpc.HealthServicer) -> None:
         host = split_listen(listen, "--health-listen", "health checks")[0]
+        taken = bind_problem(listen)  # before gRPC, whose own failure is a raw log line
+        if taken is not None:
+            raise ConfigError(
+                f"cannot serve health on {listen}: {taken}; pick another --health-listen port "
+                "(each process on a host needs its own)"
+            )
         self._servicer = servicer
         # Probes are short unary calls; a few threads leave room for Watch
         # streams. No SO_REUSEPORT (gRPC's default): two processes sharing a

@@ -12,6 +12,7 @@ before formatting, so JSON lines are redacted too.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 #: Ids log calls may pass in ``extra``; JSON lines carry them as fields.
 CONTEXT_FIELDS = ("worker", "request_id", "task_id")
@@ -22,13 +23,14 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 class _ProcessTag(logging.Filter):
     """Tags every record with a field of the process (a worker's name)."""
 
-    def __init__(self, field: str, value: str) -> None:
+    def __init__(self, field: str, value: str | Callable[[], str]) -> None:
         super().__init__()
         self._field, self._value = field, value
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, self._field):
-            setattr(record, self._field, self._value)
+            value = self._value
+            setattr(record, self._field, value if isinstance(value, str) else value())
         return True
 
 
@@ -54,7 +56,8 @@ def configure_logging(level: str, log_format: str) -> None:
         handler.setFormatter(formatter)
 
 
-def tag_process(field: str, value: str) -> None:
-    """Adds ``field=value`` to every later line of this process that lacks it."""
+def tag_process(field: str, value: str | Callable[[], str]) -> None:
+    """Adds ``field=value`` to every later line of this process that lacks it
+    (``value()`` at each line, for a value that changes: a worker's name)."""
     for handler in logging.getLogger().handlers:
         handler.addFilter(_ProcessTag(field, value))

@@ -10,14 +10,15 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any, TextIO
+
+from rlfleet._util.closing import ClosesOnExit
 
 #: Seconds between progress lines when not on a terminal.
 LINE_SECONDS = 10.0
 
 
-class Progress:
+class Progress(ClosesOnExit):
     """Reports ``done`` out of ``total`` for a command.
 
     Args:
@@ -75,14 +76,3 @@ class Progress:
             file=self._stream,
             flush=True,
         )
-
-    def __enter__(self) -> Progress:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

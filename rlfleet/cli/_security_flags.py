@@ -1,10 +1,11 @@
 """Command-line flags for the security settings, shared by the CLI commands.
 
-``rlfleet coordinator`` calls :func:`add_server_flags` and
-:func:`server_security_from_args`; ``rlfleet worker`` calls
-:func:`add_client_flags` and :func:`worker_security_from_args`;
-``rlfleet sample`` and ``status`` call :func:`add_client_flags` and
-:func:`learner_options_from_args`.
+The options are settings models that the commands' models extend:
+``rlfleet coordinator`` has :class:`ServerSecurityOptions` and calls
+:func:`server_security_from_args`; ``rlfleet worker`` has
+:class:`WorkerSecurityOptions` and calls :func:`worker_security_from_args`;
+``rlfleet sample`` and ``status`` have :class:`LearnerSecurityOptions` and
+call :func:`learner_options_from_args`.
 Certificate paths may come from ``RLFLEET_TLS_*`` variables (ConfigMaps);
 tokens from their own variables (Secrets), read by
 :func:`~rlfleet.security.tokens.load_token` and never shown in ``--help``.
@@ -20,7 +21,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rlfleet.cli._env import env_option, read_elsewhere
+from rlfleet.cli._parser import add_arguments
+from rlfleet.cli._settings import CommandSettings, option
 from rlfleet.errors import ConfigError
 from rlfleet.security import pickle as pickle_gate
 from rlfleet.security.redact import install_redaction
@@ -40,40 +42,134 @@ if TYPE_CHECKING:
 _GROUP = "security (docs/security.md)"
 
 
+def _token_help(setting: TokenSetting, what: str) -> str:
+    variables = " or ".join(setting.env_vars)
+    return f"{what} (visible in the process list: prefer {setting.file_flag} or {variables})"
+
+
+def _token_file_help(setting: TokenSetting, what: str) -> str:
+    return f"file holding {what} (if unset: the token in {' or '.join(setting.env_vars)})"
+
+
+_PICKLE_NEEDS = "; needs TLS and tokens, and cloudpickle installed"
+_WORKERS_TOKEN = "the token workers must present"
+_LEARNERS_TOKEN = "the token learners must present"
+_PRESENTED = "the token to present to the coordinator"
+
+
+class ServerSecurityOptions(CommandSettings):
+    """The coordinator's TLS, token and pickle options."""
+
+    tls_cert: str | None = option(
+        None, "PEM certificate chain to serve TLS with", metavar="PATH", group=_GROUP
+    )
+    tls_key: str | None = option(
+        None, "PEM private key of --tls-cert", metavar="PATH", group=_GROUP
+    )
+    tls_client_ca: str | None = option(
+        None,
+        "PEM CA bundle: require client certificates signed by it (mutual TLS)",
+        metavar="PATH",
+        group=_GROUP,
+    )
+    worker_token: str | None = option(
+        None,
+        _token_help(COORDINATOR_WORKER_TOKEN, _WORKERS_TOKEN),
+        env=COORDINATOR_WORKER_TOKEN.env_vars[0],
+        metavar="TOKEN",
+        group=_GROUP,
+        secret=True,
+    )
+    worker_token_file: str | None = option(
+        None,
+        _token_file_help(COORDINATOR_WORKER_TOKEN, _WORKERS_TOKEN),
+        metavar="PATH",
+        group=_GROUP,
+    )
+    learner_token: str | None = option(
+        None,
+        _token_help(COORDINATOR_LEARNER_TOKEN, _LEARNERS_TOKEN),
+        env=COORDINATOR_LEARNER_TOKEN.env_vars[0],
+        metavar="TOKEN",
+        group=_GROUP,
+        secret=True,
+    )
+    learner_token_file: str | None = option(
+        None,
+        _token_file_help(COORDINATOR_LEARNER_TOKEN, _LEARNERS_TOKEN),
+        metavar="PATH",
+        group=_GROUP,
+    )
+    allow_pickle: bool = option(
+        False,
+        "forward pickled policies/env factories to workers that allow them" + _PICKLE_NEEDS,
+        group=_GROUP,
+    )
+
+
+class _ClientTLSOptions(CommandSettings):
+    tls_ca: str | None = option(
+        None, "PEM CA bundle to verify the coordinator with", metavar="PATH", group=_GROUP
+    )
+    tls_cert: str | None = option(
+        None, "PEM client certificate (mutual TLS)", metavar="PATH", group=_GROUP
+    )
+    tls_key: str | None = option(
+        None, "PEM private key of --tls-cert", metavar="PATH", group=_GROUP
+    )
+    tls_server_name: str | None = option(
+        None,
+        "check the coordinator's certificate against NAME instead of the dialled host",
+        metavar="NAME",
+        group=_GROUP,
+    )
+
+
+class LearnerSecurityOptions(_ClientTLSOptions):
+    """A learner command's TLS and token options (``rlfleet sample``, ``status``)."""
+
+    token: str | None = option(
+        None,
+        _token_help(CLIENT_TOKEN, _PRESENTED),
+        env=CLIENT_TOKEN.env_vars[0],
+        metavar="TOKEN",
+        group=_GROUP,
+        secret=True,
+    )
+    token_file: str | None = option(
+        None, _token_file_help(CLIENT_TOKEN, _PRESENTED), metavar="PATH", group=_GROUP
+    )
+
+
+class WorkerSecurityOptions(_ClientTLSOptions):
+    """A worker's TLS, token and pickle options."""
+
+    token: str | None = option(
+        None,
+        _token_help(WORKER_TOKEN, _PRESENTED),
+        env=WORKER_TOKEN.env_vars[0],
+        metavar="TOKEN",
+        group=_GROUP,
+        secret=True,
+    )
+    token_file: str | None = option(
+        None, _token_file_help(WORKER_TOKEN, _PRESENTED), metavar="PATH", group=_GROUP
+    )
+    allow_pickle: bool = option(
+        False,
+        "accept pickled policies/env factories (runs code sent by the learner)" + _PICKLE_NEEDS,
+        group=_GROUP,
+    )
+
+
 def add_server_flags(parser: argparse.ArgumentParser) -> None:
     """Adds the coordinator's TLS, token and pickle flags."""
-    group = parser.add_argument_group(_GROUP)
-    _path(group, "--tls-cert", "RLFLEET_TLS_CERT", "PEM certificate chain to serve TLS with")
-    _path(group, "--tls-key", "RLFLEET_TLS_KEY", "PEM private key of --tls-cert")
-    _path(
-        group,
-        "--tls-client-ca",
-        "RLFLEET_TLS_CLIENT_CA",
-        "PEM CA bundle: require client certificates signed by it (mutual TLS)",
-    )
-    _token_flags(group, COORDINATOR_WORKER_TOKEN, "the token workers must present")
-    _token_flags(group, COORDINATOR_LEARNER_TOKEN, "the token learners must present")
-    _allow_pickle(group, "forward pickled policies/env factories to workers that allow them")
+    add_arguments(parser, ServerSecurityOptions)
 
 
 def add_client_flags(parser: argparse.ArgumentParser, *, worker: bool) -> None:
     """Adds a worker's or learner's TLS and token flags (and ``--allow-pickle`` for workers)."""
-    group = parser.add_argument_group(_GROUP)
-    _path(group, "--tls-ca", "RLFLEET_TLS_CA", "PEM CA bundle to verify the coordinator with")
-    _path(group, "--tls-cert", "RLFLEET_TLS_CERT", "PEM client certificate (mutual TLS)")
-    _path(group, "--tls-key", "RLFLEET_TLS_KEY", "PEM private key of --tls-cert")
-    group.add_argument(
-        "--tls-server-name",
-        default=None,
-        metavar="NAME",
-        help="check the coordinator's certificate against NAME instead of the dialled host",
-    )
-    setting = WORKER_TOKEN if worker else CLIENT_TOKEN
-    _token_flags(group, setting, "the token to present to the coordinator")
-    if worker:
-        _allow_pickle(
-            group, "accept pickled policies/env factories (runs code sent by the learner)"
-        )
+    add_arguments(parser, WorkerSecurityOptions if worker else LearnerSecurityOptions)
 
 
 def server_security_from_args(
@@ -175,33 +271,4 @@ def _load(
         value=getattr(args, _dest(setting.flag)),
         file=getattr(args, _dest(setting.file_flag)),
         environ=os.environ if environ is None else environ,
-    )
-
-
-def _path(group: argparse._ArgumentGroup, flag: str, variable: str, help: str) -> None:
-    group.add_argument(flag, metavar="PATH", **env_option(variable, default=None, help=help))
-
-
-def _token_flags(group: argparse._ArgumentGroup, setting: TokenSetting, what: str) -> None:
-    variables = " or ".join(setting.env_vars)
-    token = group.add_argument(
-        setting.flag,
-        default=None,
-        metavar="TOKEN",
-        help=f"{what} (visible in the process list: prefer {setting.file_flag} or {variables})",
-    )
-    read_elsewhere(token, setting.env_vars[0])  # load_token reads it, never as a flag
-    group.add_argument(
-        setting.file_flag,
-        default=None,
-        metavar="PATH",
-        help=f"file holding {what} (if unset: the token in {variables})",
-    )
-
-
-def _allow_pickle(group: argparse._ArgumentGroup, help: str) -> None:
-    group.add_argument(
-        pickle_gate.FLAG,
-        action="store_true",
-        help=f"{help}; needs TLS and tokens, and cloudpickle installed",
     )

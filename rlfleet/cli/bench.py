@@ -7,14 +7,45 @@ The measurement lives in :mod:`rlfleet.bench` (shared with
 from __future__ import annotations
 
 import argparse
+from typing import Literal
 
 from rlfleet import bench
+from rlfleet.cli._parser import add_command
+from rlfleet.cli._settings import CommandSettings, NonNegativeInt, PositiveInt, option
+
+_DEFAULTS = bench.BenchConfig()
+
+
+class BenchSettings(CommandSettings):
+    """The options of ``rlfleet bench`` (and ``benchmarks/fleet.py``)."""
+
+    workers: PositiveInt = option(_DEFAULTS.workers, "fleet workers and plain loops")
+    envs_per_worker: PositiveInt = option(_DEFAULTS.envs_per_worker, "envs per worker")
+    steps: PositiveInt = option(_DEFAULTS.steps, "env steps per timed run")
+    request_steps: PositiveInt = option(
+        _DEFAULTS.request_steps, "num_samples of each fleet request"
+    )
+    repeats: PositiveInt = option(_DEFAULTS.repeats, "timed runs per sampler")
+    seed: NonNegativeInt = option(_DEFAULTS.seed, "seed")
+    prefetch_factor: NonNegativeInt | None = option(
+        None, "the coordinator's prefetch_factor", shown="the coordinator's own"
+    )
+    # The values of rlfleet.envs.native.NATIVE_VECTORIZATIONS.
+    native: Literal["vector_entry_point", "envpool"] | None = option(
+        None,
+        "measure the fleet on this native vector-env backend against the same env in plain "
+        "loops, and the 1M steps/s moonshot (use --envs-per-worker 64)",
+    )
+    check: bool = option(False, "exit 1 if a ratio misses its goal (on a quiet machine)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``bench`` subcommand."""
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "bench",
+        BenchSettings,
+        bench.run_from_args,
         help="measure fleet sampling throughput against the plain loop and vector envs",
         description=(
             "In one run, measure W plain single-process sampling loops at once, one "
@@ -26,5 +57,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "loop per CPU-second)."
         ),
     )
-    bench.add_arguments(parser)
-    parser.set_defaults(func=bench.run_from_args)

@@ -6,9 +6,15 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
-from rlfleet.cli._args import positive_float
+from pydantic import BeforeValidator
+from pydantic_settings import NoDecode
+
+from rlfleet.cli._parser import add_command
+from rlfleet.cli._settings import CommandSettings, PositiveFloat, option
+from rlfleet.conformance.defaults import DEFAULT_ENV_ID, DEFAULT_TIMEOUT
+from rlfleet.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlfleet.conformance import CheckResult
@@ -17,12 +23,59 @@ if TYPE_CHECKING:
 _MESSAGE_LINES = 40
 
 
+def _names(value: Any) -> Any:
+    if isinstance(value, str):
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        if not names:
+            raise ConfigError("name at least one check")
+        return names
+    return value
+
+
+#: Check names: ``A,B`` in a flag or variable, an array in a config file.
+CheckNames = Annotated[list[str] | None, NoDecode, BeforeValidator(_names)]
+_TARGET = "target"
+
+
+class ConformanceSettings(CommandSettings):
+    """The options of ``rlfleet conformance``."""
+
+    # Not required: run() asks for one of the two, from a flag or a variable.
+    worker_cmd: str | None = option(
+        None,
+        "command that starts one worker; {address} is replaced by the test coordinator's "
+        'HOST:PORT, e.g. "node bin/rlfleet-node-worker.js --coordinator {address} --envs 2"',
+        metavar="CMD",
+        exclusive=_TARGET,
+    )
+    coordinator: str | None = option(
+        None,
+        "check a running coordinator instead (plaintext, no token): that it refuses bad lease "
+        "data tickets (the coordinator checks of docs/conformance.md)",
+        metavar="HOST:PORT",
+        exclusive=_TARGET,
+    )
+    env_id: str = option(DEFAULT_ENV_ID, "env id given to the worker")
+    checks: CheckNames = option(
+        None,
+        "run only these checks (docs/conformance.md lists them, and an unknown name is "
+        "answered with the list)",
+        metavar="A,B,...",
+        shown="all",
+    )
+    timeout: PositiveFloat = option(
+        DEFAULT_TIMEOUT, "longest wait for any one answer from the worker", metavar="S"
+    )
+    as_json: bool = option(False, "print the results as JSON", flag="--json")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``conformance`` subcommand."""
-    from rlfleet.conformance.defaults import DEFAULT_ENV_ID, DEFAULT_TIMEOUT
-
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "conformance",
+        ConformanceSettings,
+        run,
         help="check that a worker implementation (any language) speaks the protocol",
         description=(
             "Start a scripted test coordinator on 127.0.0.1, run the worker command against "
@@ -31,44 +84,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "per check; exits 0 if and only if every check passes. See docs/conformance.md."
         ),
     )
-    # Not required=True: argparse would then ignore RLFLEET_WORKER_CMD, which
-    # sets --worker-cmd's default; run() asks for one of the two instead.
-    target = parser.add_mutually_exclusive_group()
-    target.add_argument(
-        "--worker-cmd",
-        metavar="CMD",
-        help="command that starts one worker; {address} is replaced by the test "
-        "coordinator's HOST:PORT, e.g. \"node bin/rlfleet-node-worker.js --coordinator "
-        '{address} --envs 2"',
-    )
-    target.add_argument(
-        "--coordinator",
-        metavar="HOST:PORT",
-        help="check a running coordinator instead (plaintext, no token): that it refuses bad "
-        "lease data tickets (the coordinator checks of docs/conformance.md)",
-    )
-    parser.add_argument(
-        "--env-id",
-        default=DEFAULT_ENV_ID,
-        help=f"env id given to the worker (default {DEFAULT_ENV_ID})",
-    )
-    parser.add_argument(
-        "--checks",
-        type=_names,
-        default=None,
-        metavar="A,B,...",
-        help="run only these checks (default: all; docs/conformance.md lists them, and an "
-        "unknown name is answered with the list)",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=positive_float,
-        default=DEFAULT_TIMEOUT,
-        metavar="S",
-        help=f"longest wait for any one answer from the worker (default {DEFAULT_TIMEOUT:g})",
-    )
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     out = sys.stdout
-    on_result = None if args.json else lambda result: print_row(result, out)
+    on_result = None if args.as_json else lambda result: print_row(result, out)
     if args.coordinator is not None:
         from rlfleet.conformance import run_coordinator_conformance
 
@@ -98,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             on_result=on_result,
         )
-    if args.json:
+    if args.as_json:
         json.dump(
             {
                 "passed": all(r.passed for r in results),
@@ -138,13 +153,6 @@ def print_summary(results: Sequence[CheckResult], out: TextIO) -> None:
         )
     else:
         out.write(f"all {len(results)} checks passed in {seconds:.1f}s\n")
-
-
-def _names(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError("name at least one check")
-    return names
 
 
 __all__ = ["print_row", "print_summary", "register", "run"]

@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlfleet.cli._args import positive_int
+from rlfleet.cli._parser import add_command
+from rlfleet.cli._settings import CommandSettings, PositiveInt, option
 from rlfleet.envs.config import EnvConfig
 from rlfleet.learners import VPG, IterationRecord, TrainingResult, train
 
@@ -34,10 +35,38 @@ _HEADER = f"{'itr':>4}  {'avg return':>10}  {'episodes':>8}  {'env steps':>10}  
 _HEADER += f"{'steps/s':>9}  {'agent':>6}  {'time':>7}"
 
 
+class DemoSettings(CommandSettings):
+    """The options of ``rlfleet demo``."""
+
+    workers: PositiveInt = option(2, "worker processes")
+    envs_per_worker: PositiveInt = option(4, "envs per worker")
+    steps_per_iteration: PositiveInt = option(
+        4000, "env steps sampled per iteration, in complete episodes"
+    )
+    target_return: float = option(475.0, "average return to reach")
+    max_steps: PositiveInt = option(1_000_000, "env step budget")
+    max_iterations: PositiveInt | None = option(None, "iteration budget")
+    seed: int = option(0, "seeds the learner and sampling")
+    out: Path | None = option(
+        None,
+        "run folder for the demo's files",
+        metavar="DIR",
+        shown=f"{RUNS_DIR}/demo-<UTC time>",
+    )
+    plot: Path | None = option(
+        None, "where to write the learning curve", metavar="PNG", shown="DIR/learning_curve.png"
+    )
+    no_plot: bool = option(False, "do not write the plot")
+    local: bool = option(False, "sample in this process with LocalSampler instead of the fleet")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``demo`` subcommand."""
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "demo",
+        DemoSettings,
+        run,
         help=f"train a policy on {ENV_ID} through an embedded local fleet",
         description=(
             f"Start an embedded coordinator with local worker processes and train the numpy "
@@ -46,47 +75,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "step budget runs out first."
         ),
     )
-    parser.add_argument("--workers", type=positive_int, default=2, help="worker processes (2)")
-    parser.add_argument(
-        "--envs-per-worker", type=positive_int, default=4, help="envs per worker (4)"
-    )
-    parser.add_argument(
-        "--steps-per-iteration",
-        type=positive_int,
-        default=4000,
-        help="env steps sampled per iteration, in complete episodes (4000)",
-    )
-    parser.add_argument(
-        "--target-return", type=float, default=475.0, help="average return to reach (475)"
-    )
-    parser.add_argument(
-        "--max-steps", type=positive_int, default=1_000_000, help="env step budget (1000000)"
-    )
-    parser.add_argument(
-        "--max-iterations", type=positive_int, default=None, help="iteration budget (none)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seeds the learner and sampling (0)")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help=f"run folder for the demo's files (default: {RUNS_DIR}/demo-<UTC time>)",
-    )
-    parser.add_argument(
-        "--plot",
-        type=Path,
-        default=None,
-        metavar="PNG",
-        help="where to write the learning curve (default: DIR/learning_curve.png)",
-    )
-    parser.add_argument("--no-plot", action="store_true", help="do not write the plot")
-    parser.add_argument(
-        "--local",
-        action="store_true",
-        help="sample in this process with LocalSampler instead of the fleet",
-    )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlfleet.cli._env import env_option
+from rlfleet.cli._parser import add_command
+from rlfleet.cli._settings import CommandSettings, PositiveFloat, option
+from rlfleet.errors import ConfigError
 
 #: The variable the image sets; ``--health-listen`` defaults to it too.
 HEALTH_LISTEN_VARIABLE = "RLFLEET_HEALTH_LISTEN"
@@ -20,10 +22,28 @@ HEALTH_LISTEN_VARIABLE = "RLFLEET_HEALTH_LISTEN"
 _WILDCARD_HOSTS = ("", "0.0.0.0", "[::]", "::")
 
 
+class HealthSettings(CommandSettings):
+    """The options of ``rlfleet health``."""
+
+    address: str | None = option(
+        None,
+        "HOST:PORT of the health port; a wildcard listen address such as 0.0.0.0:50052 is "
+        "checked on loopback",
+        env=HEALTH_LISTEN_VARIABLE,
+    )
+    service: str = option(
+        "", "service to check, e.g. rlfleet.v1.LearnerService", shown='"", the whole server'
+    )
+    timeout: PositiveFloat = option(5.0, "seconds to wait for an answer")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``health`` subcommand."""
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "health",
+        HealthSettings,
+        run,
         help="check a coordinator's or worker's health port (exit 0 iff SERVING)",
         description=(
             "Call grpc.health.v1.Health/Check on a plaintext health port (the one "
@@ -31,35 +51,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Used by the container image's HEALTHCHECK."
         ),
     )
-    parser.add_argument(
-        "--address",
-        **env_option(
-            HEALTH_LISTEN_VARIABLE,
-            default=None,
-            type=str,
-            help=(
-                "HOST:PORT of the health port; a wildcard listen address such as "
-                "0.0.0.0:50052 is checked on loopback"
-            ),
-        ),
-    )
-    parser.add_argument(
-        "--service",
-        default="",
-        help='service to check, e.g. rlfleet.v1.LearnerService (default: "", the whole server)',
-    )
-    parser.add_argument(
-        "--timeout", type=positive_float, default=5.0, help="seconds to wait for an answer (5)"
-    )
-    parser.set_defaults(func=run)
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite float > 0."""
-    value = float(text)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
 
 
 def dial_address(listen: str) -> str:
@@ -71,7 +62,7 @@ def dial_address(listen: str) -> str:
     """
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
-        raise ValueError(f"health address {listen!r} must be HOST:PORT, e.g. 127.0.0.1:50052")
+        raise ConfigError(f"health address {listen!r} must be HOST:PORT, e.g. 127.0.0.1:50052")
     if host in _WILDCARD_HOSTS:
         return f"127.0.0.1:{port}"
     return listen

@@ -7,21 +7,47 @@ reads it back.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from rlfleet.cli._args import non_negative_int, positive_float, positive_int
-from rlfleet.cli._env import env_option
+from rlfleet.cli._parser import add_command
 from rlfleet.cli._progress import Progress
-from rlfleet.cli._security_flags import add_client_flags, learner_options_from_args
+from rlfleet.cli._security_flags import LearnerSecurityOptions, learner_options_from_args
+from rlfleet.cli._settings import NonNegativeInt, PositiveFloat, PositiveInt, option
+
+
+class SampleSettings(LearnerSecurityOptions):
+    """The options of ``rlfleet sample``."""
+
+    coordinator: str | None = option(None, "HOST:PORT of the coordinator")
+    env: str | None = option(
+        None, "switch the fleet to this gymnasium id first", shown="the fleet's current env"
+    )
+    mode: Literal["steps", "episodes", "fragments"] = option(
+        "steps",
+        "complete episodes of >= --steps steps, exactly --episodes episodes, or fragments of "
+        "--fragment-length steps totalling >= --steps",
+    )
+    steps: PositiveInt | None = option(None, "steps to collect")
+    episodes: PositiveInt | None = option(None, "episodes to collect")
+    fragment_length: PositiveInt | None = option(None, "steps per fragment")
+    seed: NonNegativeInt | None = option(None, "base seed", shown="the fleet's")
+    timeout: PositiveFloat = option(600.0, "seconds to wait for the batch")
+    out: Path | None = option(None, "the .npz file to write", required=True)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``sample`` subcommand."""
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "sample",
+        SampleSettings,
+        run,
         help="collect a batch from a fleet and save it as .npz",
         description=(
             "Ask a coordinator for a batch (complete episodes totalling --steps steps, "
@@ -35,36 +61,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "rlfleet.load_batch (docs/operations.md)."
         ),
     )
-    parser.add_argument(
-        "--coordinator",
-        **env_option("RLFLEET_COORDINATOR", default=None, help="HOST:PORT of the coordinator"),
-    )
-    parser.add_argument(
-        "--env",
-        default=None,
-        help="switch the fleet to this gymnasium id first (default: the fleet's current env)",
-    )
-    parser.add_argument(
-        "--mode",
-        choices=("steps", "episodes", "fragments"),
-        default="steps",
-        help="complete episodes of >= --steps steps, exactly --episodes episodes, or "
-        "fragments of --fragment-length steps totalling >= --steps (default: steps)",
-    )
-    parser.add_argument("--steps", type=positive_int, default=None, help="steps to collect")
-    parser.add_argument("--episodes", type=positive_int, default=None, help="episodes to collect")
-    parser.add_argument(
-        "--fragment-length", type=positive_int, default=None, help="steps per fragment"
-    )
-    parser.add_argument(
-        "--seed", type=non_negative_int, default=None, help="base seed (default: the fleet's)"
-    )
-    parser.add_argument(
-        "--timeout", type=positive_float, default=600.0, help="seconds to wait for the batch (600)"
-    )
-    parser.add_argument("--out", type=Path, required=True, help="the .npz file to write")
-    add_client_flags(parser, worker=False)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,8 +69,11 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"rlfleet sample: {problem}", file=sys.stderr)
         return 2
+    problem = _prepare_out(args.out)
+    if problem:
+        print(f"rlfleet sample: --out {args.out}: {problem}", file=sys.stderr)
+        return 2
     from rlfleet.client import RemoteSampler
-    from rlfleet.core.batch_file import save_batch
 
     unit = "episodes" if args.mode == "episodes" else "steps"
     target = args.episodes if args.mode == "episodes" else args.steps
@@ -88,12 +87,67 @@ def run(args: argparse.Namespace) -> int:
         Progress("sample", target, unit) as progress,
     ):
         batch = _collect(sampler, args, lambda done, _target: progress.update(done))
-    save_batch(args.out, batch)
+    written, failure = _save(args.out, batch)
+    if written is None:
+        print(f"rlfleet sample: {failure}", file=sys.stderr)
+        return 1
     print(
         f"wrote {batch.n_episodes} {'fragments' if args.mode == 'fragments' else 'episodes'} "
-        f"({batch.total_steps} steps) to {args.out}"
+        f"({batch.total_steps} steps) to {written}"
     )
+    if failure:
+        print(f"rlfleet sample: {failure}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _prepare_out(out: Path) -> str | None:
+    """Makes sure ``out`` can be written before anything is collected; None if it can.
+
+    Creates its missing folders; refuses a folder, and a folder (or file)
+    this process may not write.
+    """
+    if out.is_dir():
+        return "is a folder; give the path of the .npz file to write"
+    folder = out.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create its folder {folder}: {exc.strerror or exc}"
+    if out.exists() and not os.access(out, os.W_OK):
+        return "exists and this user may not overwrite it"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"this user may not write in its folder {folder}"
+    return None
+
+
+def _save(out: Path, batch: Any) -> tuple[Path | None, str]:
+    """Writes the batch to ``out``, else to a fallback file: collected data is never lost.
+
+    Returns:
+        The path written (None if nothing could be) and what went wrong
+        ("" if nothing did).
+    """
+    from rlfleet.core.batch_file import save_batch
+
+    existed = out.exists()
+    try:
+        save_batch(out, batch)
+        return out, ""
+    except OSError as exc:
+        error = f"writing {out} failed after sampling ({exc.strerror or exc})"
+        if not existed and out.is_file():
+            with contextlib.suppress(OSError):
+                out.unlink()  # a partial file of ours, not a valid batch
+    for folder in (Path.cwd(), Path(tempfile.gettempdir())):
+        try:
+            descriptor, name = tempfile.mkstemp(prefix="rlfleet-sample-", suffix=".npz", dir=folder)
+            os.close(descriptor)
+            save_batch(name, batch)
+        except OSError:
+            continue
+        return Path(name), f"{error}; the batch was saved to {name} instead"
+    return None, f"{error}, and no fallback file could be written either; the batch is lost"
 
 
 def _collect(sampler: Any, args: argparse.Namespace, progress: Callable[[int, int], None]) -> Any:

@@ -16,22 +16,41 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from rlfleet.cli._args import positive_float
-from rlfleet.cli._env import env_option
-from rlfleet.cli._security_flags import add_client_flags, learner_options_from_args
+from rlfleet.cli._parser import add_command
+from rlfleet.cli._security_flags import LearnerSecurityOptions, learner_options_from_args
+from rlfleet.cli._settings import PositiveFloat, option
 from rlfleet.errors import UnavailableError
 
 if TYPE_CHECKING:
     from rlfleet.client import FleetStatus, RemoteSampler
 
 _COLUMNS = ("NAME", "HOST", "PID", "ENVS", "STATE", "STEPS/S", "AGENT", "HEARTBEAT")
+#: Narrowest LAST ERROR column of ``--watch``; on a narrower terminal errors go below.
+_MIN_ERROR_WIDTH = 20
 _WATCH_COLUMNS = ("NAME", "STATE", "ENVS", "STEPS/S", "STEPS", "UNITS", "LAG", "HEARTBEAT")
+
+
+class StatusSettings(LearnerSecurityOptions):
+    """The options of ``rlfleet status``."""
+
+    coordinator: str | None = option(None, "HOST:PORT of the coordinator")
+    timeout: PositiveFloat = option(10.0, "seconds to wait for an answer")
+    watch: PositiveFloat | None = option(
+        None,
+        "refresh every SECONDS (2 if omitted) until Ctrl-C",
+        const=2.0,
+        metavar="SECONDS",
+    )
+    as_json: bool = option(False, "print JSON instead of a table", flag="--json")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``status`` subcommand."""
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "status",
+        StatusSettings,
+        run,
         help="show a coordinator's workers and totals (--watch: live)",
         description=(
             "Print one line per connected worker (name, host, pid, envs, state, steps/s, "
@@ -39,25 +58,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--watch refreshes a live view, --json prints JSON for scripts."
         ),
     )
-    parser.add_argument(
-        "--coordinator",
-        **env_option("RLFLEET_COORDINATOR", default=None, help="HOST:PORT of the coordinator"),
-    )
-    parser.add_argument(
-        "--timeout", type=positive_float, default=10.0, help="seconds to wait for an answer"
-    )
-    parser.add_argument(
-        "--watch",
-        type=positive_float,
-        nargs="?",
-        const=2.0,
-        default=None,
-        metavar="SECONDS",
-        help="refresh every SECONDS (2 if omitted) until Ctrl-C",
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    add_client_flags(parser, worker=False)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         except UnavailableError as exc:
             print(unreachable(args.coordinator, exc), file=sys.stderr)
             return 1
-    print(json.dumps(status_json(status)) if args.json else format_status(status))
+    print(json.dumps(status_json(status)) if args.as_json else format_status(status))
     return 0
 
 
@@ -159,7 +159,7 @@ def _totals(status: FleetStatus) -> str:
 
 def _watch(sampler: RemoteSampler, args: argparse.Namespace) -> int:
     """Refreshes until Ctrl-C; an unreachable coordinator is shown, not fatal."""
-    if args.json:
+    if args.as_json:
         try:
             while True:
                 print(json.dumps(_poll_json(sampler, args.coordinator)), flush=True)
@@ -173,11 +173,11 @@ def _watch(sampler: RemoteSampler, args: argparse.Namespace) -> int:
     try:
         if not console.is_terminal:  # a log or a pipe: one table per refresh
             while True:
-                console.print(_view(sampler, args.coordinator))
+                console.print(_view(sampler, args.coordinator, console.width))
                 time.sleep(args.watch)
         with Live(console=console, auto_refresh=False) as live:
             while True:
-                live.update(_view(sampler, args.coordinator), refresh=True)
+                live.update(_view(sampler, args.coordinator, console.width), refresh=True)
                 time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0
@@ -190,7 +190,8 @@ def _poll_json(sampler: RemoteSampler, address: str) -> dict[str, Any]:
         return {"time": time.time(), "error": unreachable(address, exc)}
 
 
-def _view(sampler: RemoteSampler, address: str) -> Any:
+def _view(sampler: RemoteSampler, address: str, console_width: int) -> Any:
+    from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
@@ -203,11 +204,8 @@ def _view(sampler: RemoteSampler, address: str) -> Any:
         caption=_totals(status),
         caption_justify="left",
     )
-    for column in _WATCH_COLUMNS:
-        table.add_column(column, justify="left" if column in ("NAME", "STATE") else "right")
-    table.add_column("LAST ERROR", overflow="ellipsis", no_wrap=True, max_width=50)
-    for w in sorted(status.workers, key=lambda w: w.name):
-        table.add_row(
+    rows = [
+        (
             w.name,
             w.state,
             str(w.envs),
@@ -216,8 +214,42 @@ def _view(sampler: RemoteSampler, address: str) -> Any:
             str(w.units_in_flight),
             str(status.agent_version - w.agent_version),
             f"{w.seconds_since_heartbeat:.1f}s",
-            (w.last_error or "").splitlines()[0] if w.last_error else "",
         )
+        for w in sorted(status.workers, key=lambda w: w.name)
+    ]
+    errors = [
+        w.last_error.splitlines()[0] if w.last_error else ""
+        for w in sorted(status.workers, key=lambda w: w.name)
+    ]
+    widths = [
+        max([len(column), *(len(row[i]) for row in rows)])
+        for i, column in enumerate(_WATCH_COLUMNS)
+    ]
+    for column, width in zip(_WATCH_COLUMNS, widths, strict=True):
+        table.add_column(
+            column,
+            justify="left" if column in ("NAME", "STATE") else "right",
+            no_wrap=True,
+            min_width=width,
+        )
+    # Rich would squeeze every other column to nothing to fit a long error:
+    # the error gets the room left (each column takes its width plus 2 of
+    # padding and 1 of border, the table 1 more), cut with an ellipsis; on
+    # a terminal too narrow for a useful column, each error gets a line of
+    # its own under the table instead.
+    room = console_width - sum(width + 3 for width in widths) - 4
+    if room < _MIN_ERROR_WIDTH:
+        for row in rows:
+            table.add_row(*row)
+        notes = [
+            Text(f"{row[0]}: {error}", no_wrap=True, overflow="ellipsis", style="red")
+            for row, error in zip(rows, errors, strict=True)
+            if error
+        ]
+        return Group(table, *notes) if notes else table
+    table.add_column("LAST ERROR", overflow="ellipsis", no_wrap=True, max_width=min(room, 50))
+    for row, error in zip(rows, errors, strict=True):
+        table.add_row(*row, error)
     return table
 
 

@@ -2,8 +2,9 @@
 
 SIGTERM or Ctrl-C makes the worker leave gracefully (it finishes the
 episodes it is running, within ``--drain-grace`` seconds); a second Ctrl-C
-exits at once. Flags take defaults from ``RLFLEET_*`` environment variables
-(Kubernetes ConfigMaps), named in ``--help``.
+exits at once. Each option is a field of :class:`WorkerSettings`: a flag, an
+``RLFLEET_*`` variable (Kubernetes ConfigMaps; named in ``--help``) and a
+config-file key.
 """
 
 from __future__ import annotations
@@ -12,13 +13,20 @@ import argparse
 import signal
 import sys
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from rlfleet.cli._args import byte_size, non_negative_int, positive_float, positive_int
-from rlfleet.cli._config import add_config_flags
-from rlfleet.cli._env import env_option
 from rlfleet.cli._logging import tag_process
-from rlfleet.cli._security_flags import add_client_flags, worker_security_from_args
+from rlfleet.cli._parser import add_command
+from rlfleet.cli._security_flags import WorkerSecurityOptions, worker_security_from_args
+from rlfleet.cli._settings import (
+    ByteSize,
+    ConfigOptions,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    StringList,
+    option,
+)
 from rlfleet.worker._restarts import EnvRestartBudget
 
 if TYPE_CHECKING:
@@ -26,10 +34,101 @@ if TYPE_CHECKING:
     from rlfleet.worker.remote import RemoteWorker
 
 
+_BUDGET = EnvRestartBudget()
+
+
+class WorkerSettings(WorkerSecurityOptions, ConfigOptions):
+    """The options of ``rlfleet worker``."""
+
+    coordinator: str | None = option(None, "HOST:PORT of the coordinator to join")
+    envs: PositiveInt = option(1, "env slots stepped together (K)", env="RLFLEET_ENVS_PER_WORKER")
+    lease_slots: NonNegativeInt | None = option(
+        None,
+        "leased envs (RemoteVectorEnv) this worker hosts at most; they take its --envs slots "
+        "from sampling while leased (0: none)",
+        shown="--envs",
+    )
+    imports: StringList = option(
+        [],
+        "import MODULE first (custom envs register on import; policy classes 'MODULE:Class' "
+        "are allowed only from these modules); repeatable",
+        flag="--import",
+        metavar="MODULE",
+    )
+    name: str | None = option(
+        None,
+        "the worker's name in the fleet",
+        env="RLFLEET_WORKER_NAME",
+        shown="$POD_NAME or the host name",
+    )
+    seed: NonNegativeInt = option(
+        0, "seed of policies built from specs (episode seeds come with the work)"
+    )
+    heartbeat_interval: PositiveFloat | None = option(
+        None, "seconds between heartbeats", shown="the coordinator's setting"
+    )
+    reconnect_max_seconds: PositiveFloat = option(10.0, "cap of the reconnect backoff")
+    connect_timeout: PositiveFloat | None = option(
+        None,
+        "seconds to keep trying to join (from the start, and from each lost connection) "
+        "before exiting 1",
+        shown="keep trying",
+    )
+    keepalive_interval: PositiveFloat = option(
+        10.0, "seconds between keepalive pings to the coordinator"
+    )
+    keepalive_timeout: PositiveFloat = option(
+        5.0, "seconds a ping may go unanswered before reconnecting"
+    )
+    env_restarts: NonNegativeInt = option(
+        _BUDGET.max_restarts, "crashed envs rebuilt per --env-restart-window"
+    )
+    env_restart_window: PositiveFloat = option(
+        _BUDGET.window_seconds, "seconds of the restart rate window"
+    )
+    env_restarts_total: NonNegativeInt = option(
+        _BUDGET.max_total, "crashed envs rebuilt over the worker's life"
+    )
+    nonfinite: Literal["error", "flag", "ignore"] = option(
+        "error",
+        "a NaN/inf observation fails the request, is flagged in env_infos (nonfinite_obs), "
+        "or is ignored",
+    )
+    drain_grace: PositiveFloat = option(30.0, "seconds to finish in-flight episodes when leaving")
+    health_listen: str | None = option(
+        None,
+        "HOST:PORT of a plaintext grpc.health.v1 port, SERVING while the worker is joined "
+        "and its loop is alive",
+    )
+    metrics_listen: str | None = option(
+        None, "HOST:PORT of a plaintext HTTP port serving Prometheus /metrics"
+    )
+    flush_steps: PositiveInt = option(
+        8192,
+        "send finished episodes once they hold this many steps (keep well under the "
+        "coordinator's --capacity-steps)",
+    )
+    flush_bytes: ByteSize = option(
+        4 << 20, "or once they hold about this many bytes (a unit is allowed: 4MiB)"
+    )
+    flush_seconds: PositiveFloat = option(0.1, "or once the oldest has waited this long")
+    parent_pipe: NonNegativeInt | None = option(
+        None,
+        "FD of an inherited pipe's read end: leave when its write end closes, i.e. when the "
+        "process that started this worker ends, however it ends (Fleet.local passes it; on "
+        "Linux a parent-death signal is asked for too)",
+        metavar="FD",
+        internal=True,
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``worker`` subcommand."""
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "worker",
+        WorkerSettings,
+        run,
         help="join a coordinator and sample with K envs",
         description=(
             "Dial a coordinator, join its fleet and run the episodes it hands out with K "
@@ -37,166 +136,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "away; leaves gracefully on SIGTERM."
         ),
     )
-    parser.add_argument(
-        "--coordinator",
-        **env_option(
-            "RLFLEET_COORDINATOR",
-            default=None,
-            help="HOST:PORT of the coordinator to join",
-        ),
-    )
-    parser.add_argument(
-        "--envs",
-        **env_option(
-            "RLFLEET_ENVS_PER_WORKER",
-            default=1,
-            type=positive_int,
-            help="env slots stepped together (K)",
-        ),
-    )
-    parser.add_argument(
-        "--lease-slots",
-        **env_option(
-            "RLFLEET_LEASE_SLOTS",
-            default=None,
-            type=non_negative_int,
-            help=(
-                "leased envs (RemoteVectorEnv) this worker hosts at most; they take its --envs "
-                "slots from sampling while leased (default: --envs; 0: none)"
-            ),
-        ),
-    )
-    parser.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help=(
-            "import MODULE first (custom envs register on import; policy classes "
-            "'MODULE:Class' are allowed only from these modules); repeatable"
-        ),
-    )
-    parser.add_argument(
-        "--name",
-        **env_option(
-            "RLFLEET_WORKER_NAME",
-            default=None,
-            help="the worker's name in the fleet ($POD_NAME or the host name if unset)",
-        ),
-    )
-    parser.add_argument(
-        "--seed",
-        **env_option(
-            "RLFLEET_SEED",
-            default=0,
-            type=non_negative_int,
-            help="seed of policies built from specs (episode seeds come with the work)",
-        ),
-    )
-    parser.add_argument(
-        "--heartbeat-interval",
-        **env_option(
-            "RLFLEET_HEARTBEAT_INTERVAL",
-            default=None,
-            type=positive_float,
-            help="seconds between heartbeats (the coordinator's setting if unset)",
-        ),
-    )
-    parser.add_argument(
-        "--reconnect-max-seconds",
-        type=positive_float,
-        default=10.0,
-        help="cap of the reconnect backoff (default: 10)",
-    )
-    parser.add_argument(
-        "--keepalive-interval",
-        type=positive_float,
-        default=10.0,
-        help="seconds between keepalive pings to the coordinator (default: 10)",
-    )
-    parser.add_argument(
-        "--keepalive-timeout",
-        type=positive_float,
-        default=5.0,
-        help="seconds a ping may go unanswered before reconnecting (default: 5)",
-    )
-    budget = EnvRestartBudget()
-    parser.add_argument(
-        "--env-restarts",
-        type=non_negative_int,
-        default=budget.max_restarts,
-        help=f"crashed envs rebuilt per --env-restart-window (default: {budget.max_restarts})",
-    )
-    parser.add_argument(
-        "--env-restart-window",
-        type=positive_float,
-        default=budget.window_seconds,
-        help=f"seconds of the restart rate window (default: {budget.window_seconds:g})",
-    )
-    parser.add_argument(
-        "--env-restarts-total",
-        type=non_negative_int,
-        default=budget.max_total,
-        help=f"crashed envs rebuilt over the worker's life (default: {budget.max_total})",
-    )
-    parser.add_argument(
-        "--nonfinite",
-        choices=("error", "flag", "ignore"),
-        default="error",
-        help="a NaN/inf observation fails the request, is flagged in env_infos "
-        "(nonfinite_obs), or is ignored (default: error)",
-    )
-    parser.add_argument(
-        "--drain-grace",
-        **env_option(
-            "RLFLEET_DRAIN_GRACE",
-            default=30.0,
-            type=positive_float,
-            help="seconds to finish in-flight episodes when leaving",
-        ),
-    )
-    parser.add_argument(
-        "--health-listen",
-        **env_option(
-            "RLFLEET_HEALTH_LISTEN",
-            default=None,
-            help=(
-                "HOST:PORT of a plaintext grpc.health.v1 port, SERVING while the worker "
-                "is joined and its loop is alive"
-            ),
-        ),
-    )
-    parser.add_argument(
-        "--metrics-listen",
-        **env_option(
-            "RLFLEET_METRICS_LISTEN",
-            default=None,
-            help="HOST:PORT of a plaintext HTTP port serving Prometheus /metrics",
-        ),
-    )
-    parser.add_argument(
-        "--flush-steps",
-        type=positive_int,
-        default=8192,
-        help="send finished episodes once they hold this many steps (keep well under the "
-        "coordinator's --capacity-steps)",
-    )
-    parser.add_argument(
-        "--flush-bytes",
-        type=byte_size,
-        default="4MiB",
-        help="or once they hold about this many bytes (a unit is allowed: 4MiB)",
-    )
-    parser.add_argument(
-        "--flush-seconds",
-        type=positive_float,
-        default=0.1,
-        help="or once the oldest has waited this long",
-    )
-    add_client_flags(parser, worker=True)
-    add_config_flags(parser)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -220,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         heartbeat_interval=args.heartbeat_interval,
         reconnect_max_seconds=args.reconnect_max_seconds,
+        connect_timeout=args.connect_timeout,
         drain_grace_seconds=args.drain_grace,
         keepalive_interval=args.keepalive_interval,
         keepalive_timeout=args.keepalive_timeout,
@@ -233,8 +173,9 @@ def run(args: argparse.Namespace) -> int:
         security=worker_security_from_args(args),
         allow_pickle=args.allow_pickle,
     )
-    tag_process("worker", config.name)
     worker = RemoteWorker(config)
+    # The name the fleet knows it by (the coordinator may add a suffix).
+    tag_process("worker", lambda: worker.name)
     health = _start_health(args.health_listen, worker) if args.health_listen else None
     metrics = None
     if args.metrics_listen:
@@ -242,6 +183,10 @@ def run(args: argparse.Namespace) -> int:
 
         metrics = MetricsPort(args.metrics_listen, worker.metrics.registry)
     _install_signal_handlers(worker)
+    if args.parent_pipe is not None:
+        from rlfleet.worker._parent_watch import watch_parent
+
+        watch_parent(args.parent_pipe, worker.request_leave)
     try:
         return worker.run()
     finally:

@@ -36,7 +36,9 @@ from rlfleet.protocol.learner_calls import (
 from rlfleet.protocol.modes import Footer
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.transport import rpc as _rpc
-from rlfleet.v1 import learner_pb2, updates_pb2
+from rlfleet.v1 import learner_pb2
+from rlfleet.v1.updates_pb2 import AgentUpdate as AgentUpdateMessage
+from rlfleet.v1.updates_pb2 import EnvUpdate as EnvUpdateMessage
 from rlfleet.wire import (
     decode_agent_update,
     decode_env_spec,
@@ -50,10 +52,10 @@ from rlfleet.wire.results import ResultHeader
 #: What ``agent_update`` arguments may be: the forms of
 #: :func:`~rlfleet.client._updates.agent_change`, or an ``AgentUpdate``
 #: message (e.g. one carrying a pickled policy, docs/security.md).
-AgentUpdateLike: TypeAlias = AgentUpdateForm | updates_pb2.AgentUpdate
+AgentUpdateLike: TypeAlias = AgentUpdateForm | AgentUpdateMessage
 #: What ``env_update`` arguments may be: an EnvConfig, a gymnasium id, or an
 #: ``EnvUpdate`` message.
-EnvUpdateLike: TypeAlias = EnvUpdateForm | updates_pb2.EnvUpdate
+EnvUpdateLike: TypeAlias = EnvUpdateForm | EnvUpdateMessage
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ def agent_change_of(update: AgentUpdateLike) -> AgentChange:
         WireFormatError: If a parameter cannot travel (or, in a message, is
             malformed).
     """
-    if isinstance(update, updates_pb2.AgentUpdate):
+    if isinstance(update, AgentUpdateMessage):
         return decode_agent_update(update).renumbered(0)
     return agent_change(update)
 
@@ -84,7 +86,7 @@ def env_change_of(update: EnvUpdateLike) -> EnvChange:
     Raises:
         ConfigError: As :func:`~rlfleet.client._updates.env_change`.
     """
-    if isinstance(update, updates_pb2.EnvUpdate):
+    if isinstance(update, EnvUpdateMessage):
         return decode_env_update(update).renumbered(0)
     return env_change(update)
 

@@ -7,6 +7,9 @@ agent: this module). So the sampler remembers the agent and env it
 established, merged as the coordinator merges updates, and, once a call
 failed as UNAVAILABLE, checks whether the coordinator it talks to is a new
 one; if so, its next request carries the remembered env and agent first.
+The restored agent names the version it had (the next one with a new
+update merged in), and the coordinator numbers it at least that: agent
+versions go on across the restart instead of starting over at 1.
 """
 
 from __future__ import annotations
@@ -64,8 +67,15 @@ class PushedState:
     def restoring(
         self, agent: AgentChange | None, env: EnvChange | None
     ) -> tuple[AgentChange | None, EnvChange | None]:
-        """The updates that rebuild this state on a new coordinator, plus the caller's."""
-        return merged_agent(self.agent, agent) if (agent or self.agent) else None, env or self.env
+        """The updates that rebuild this state on a new coordinator, plus the caller's.
+
+        The agent names the version to go on from: the one it had, or the
+        next with the caller's update.
+        """
+        if not (agent or self.agent):
+            return None, env or self.env
+        version = self.agent_version + (agent is not None)
+        return merged_agent(self.agent, agent).renumbered(version), env or self.env
 
 
 def merged_agent(state: AgentChange | None, update: AgentChange | None) -> AgentChange:

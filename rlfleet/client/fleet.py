@@ -14,7 +14,9 @@ theirs in their environment, never on their command line.
 Closing the fleet (leaving the ``with`` block, an exception in it, garbage
 collection or interpreter exit) asks the workers to leave, kills whatever
 is left of their process trees after a grace period, and stops the
-server: no process is left behind.
+server: no process is left behind. If this process ends without closing
+the fleet (SIGKILL, a crash, ``os._exit``), its workers notice (a pipe
+they watch closes; on Linux also a parent-death signal) and leave.
 """
 
 from __future__ import annotations
@@ -63,11 +65,22 @@ class WorkerProcess:
         name: The name it joins under.
         process: The process (leader of its own process group).
         log_path: Where its stdout and stderr go.
+        parent_pipe: The write end of the pipe the worker watches
+            (``die_with_parent``); the kernel closes it when this process
+            ends, however it ends, and the worker then leaves.
     """
 
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    parent_pipe: int | None = None
+
+    def release(self) -> None:
+        """Closes this process's end of the parent pipe (once the worker was stopped)."""
+        if self.parent_pipe is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.parent_pipe)
+            self.parent_pipe = None
 
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
         """The last lines of its log ("" if there is none)."""
@@ -89,6 +102,7 @@ def spawn_worker(
     log_level: str = "WARNING",
     extra_args: Sequence[str] = (),
     token: Token | None = None,
+    die_with_parent: bool = True,
 ) -> WorkerProcess:
     """Starts ``python -m rlfleet worker`` in its own process group.
 
@@ -103,6 +117,11 @@ def spawn_worker(
         extra_args: More ``rlfleet worker`` flags.
         token: The worker token, handed over in the child's environment
             (``RLFLEET_WORKER_TOKEN``), never on its command line.
+        die_with_parent: The worker leaves when this process ends, however
+            it ends (SIGKILL, a crash, ``os._exit``): it watches a pipe only
+            this process holds open, and on Linux also asks for a
+            parent-death signal (rlfleet/worker/_parent_watch.py). Call
+            :meth:`WorkerProcess.release` once it was stopped.
 
     Returns:
         The started process.
@@ -128,16 +147,30 @@ def spawn_worker(
     environment = _child_environment()
     if token is not None:
         environment["RLFLEET_WORKER_TOKEN"] = token.reveal()
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            start_new_session=True,  # its own process group: signals reach it alone
-        )
-    return WorkerProcess(name, process, log_path)
+    # os.pipe() ends are not inheritable: only the worker given the read end
+    # gets it (pass_fds), and no other child keeps the write end open.
+    read_end, write_end = os.pipe() if die_with_parent and os.name == "posix" else (None, None)
+    if read_end is not None:
+        command.extend(["--parent-pipe", str(read_end)])
+    try:
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=environment,
+                start_new_session=True,  # its own process group: signals reach it alone
+                pass_fds=() if read_end is None else (read_end,),
+            )
+    except BaseException:
+        if write_end is not None:
+            os.close(write_end)
+        raise
+    finally:
+        if read_end is not None:
+            os.close(read_end)  # the child's copy is the only one left
+    return WorkerProcess(name, process, log_path, write_end)
 
 
 def stop_processes(processes: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
@@ -193,9 +226,7 @@ class Fleet:
         self.workers = workers
         self.log_dir = log_dir
         self.learner_token = learner_token
-        self._finalizer = weakref.finalize(
-            self, _close, server, sampler, [w.process for w in workers], log_dir, grace
-        )
+        self._finalizer = weakref.finalize(self, _close, server, sampler, workers, log_dir, grace)
 
     @classmethod
     def local(
@@ -294,7 +325,7 @@ class Fleet:
                 )
             fleet = cls(server, sampler, processes, log_dir, grace, learner_token=learner_token)
         except BaseException:
-            _close(server, sampler, [w.process for w in processes], log_dir, grace)
+            _close(server, sampler, processes, log_dir, grace)
             raise
         try:
             fleet._await_workers(join_timeout)
@@ -361,15 +392,17 @@ class Fleet:
 def _close(
     server: CoordinatorServer,
     sampler: RemoteSampler,
-    processes: list[subprocess.Popen[bytes]],
+    workers: list[WorkerProcess],
     log_dir: Path,
     grace: float,
 ) -> None:
     """Closes a fleet; a module function so the finalizer holds no reference to it."""
     try:
         sampler.close()
-        stop_processes(processes, grace)
+        stop_processes([w.process for w in workers], grace)
     finally:
+        for worker in workers:
+            worker.release()
         server.stop(grace=1.0)
         shutil.rmtree(log_dir, ignore_errors=True)
 

@@ -16,11 +16,11 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Literal, TypeVar
 
 import grpc
 
+from rlfleet._util.closing import ClosesOnExit
 from rlfleet._util.values import check_int
 from rlfleet.client._errors import call_error
 from rlfleet.client._learner_messages import (
@@ -85,7 +85,7 @@ class _Answer:
     results: list[DecodedResult]
 
 
-class RemoteSampler:
+class RemoteSampler(ClosesOnExit):
     """Samples on a fleet through its coordinator (garage's Sampler API).
 
     Every call carries a deadline (``timeout``) and failures surface as
@@ -490,17 +490,6 @@ class RemoteSampler:
         if not self._closed:
             self._closed = True
             self._channel.close()
-
-    def __enter__(self) -> RemoteSampler:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # --- internals ---------------------------------------------------------------------
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from types import TracebackType
 from typing import NamedTuple
 
 import grpc
 
+from rlfleet._util.closing import ClosesOnExit
 from rlfleet.client._errors import call_error
 from rlfleet.client._learner_messages import ResponsePart
 from rlfleet.client._responses import ResponseReader
@@ -28,7 +28,7 @@ class StreamedBatch(NamedTuple):
     agent_version: int
 
 
-class SampleStream:
+class SampleStream(ClosesOnExit):
     """Iterates a subscription's results; cancels the call when closed.
 
     Use as a context manager (``with sampler.stream() as stream:``) so the
@@ -93,6 +93,7 @@ class SampleStream:
             if isinstance(response, DecodedResult):
                 return StreamedBatch(response.batch, response.header.agent_version)
             # Headers are the reader's; a subscription has no footer (tolerated).
+        # builtin on purpose: the iterator protocol ends a for loop on StopIteration.
         raise StopIteration
 
     def close(self) -> None:
@@ -101,17 +102,6 @@ class SampleStream:
             self._closed = True
             self._call.cancel()
             self._channel.close()
-
-    def __enter__(self) -> SampleStream:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __del__(self) -> None:
         # An abandoned stream must not keep the coordinator sampling for it.

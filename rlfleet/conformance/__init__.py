@@ -18,9 +18,9 @@ not load gRPC and gymnasium for every subcommand.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from rlfleet._util.imports import LazyNames
 from rlfleet.conformance.defaults import DEFAULT_ENV_ID, DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
@@ -32,22 +32,22 @@ if TYPE_CHECKING:
     from rlfleet.conformance.scripted_coordinator import ScriptedCoordinator
     from rlfleet.conformance.suite import run_conformance
 
-_LAZY = {
-    "CHECKS": "rlfleet.conformance.checks",
-    "Check": "rlfleet.conformance.checks",
-    "CheckResult": "rlfleet.conformance.checks",
-    "ScriptedCoordinator": "rlfleet.conformance.scripted_coordinator",
-    "run_conformance": "rlfleet.conformance.suite",
-    "COORDINATOR_CHECKS": "rlfleet.conformance.coordinator_checks",
-    "run_coordinator_conformance": "rlfleet.conformance.coordinator_checks",
-}
+_LAZY = LazyNames(
+    __name__,
+    {
+        "CHECKS": "rlfleet.conformance.checks",
+        "Check": "rlfleet.conformance.checks",
+        "CheckResult": "rlfleet.conformance.checks",
+        "ScriptedCoordinator": "rlfleet.conformance.scripted_coordinator",
+        "run_conformance": "rlfleet.conformance.suite",
+        "COORDINATOR_CHECKS": "rlfleet.conformance.coordinator_checks",
+        "run_coordinator_conformance": "rlfleet.conformance.coordinator_checks",
+    },
+)
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return _LAZY(name)
 
 
 __all__ = [

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 from google.protobuf.message import Message
 
+from rlfleet.errors import WrongTypeError
 from rlfleet.protocol.error_reports import ErrorReport
 from rlfleet.protocol.join import (
     DrainOrder,
@@ -105,7 +106,7 @@ def body_text(message: Message, kind: str) -> str:
 
 def _worker_message(message: Message) -> worker_pb2.WorkerMessage:
     if not isinstance(message, worker_pb2.WorkerMessage):  # the scripted coordinator's
-        raise TypeError(f"expected a WorkerMessage, got {type(message).__name__}")
+        raise WrongTypeError(f"expected a WorkerMessage, got {type(message).__name__}")
     return message
 
 

@@ -32,7 +32,7 @@ import grpc
 from google.protobuf.message import Message
 
 from rlfleet.conformance.kit_messages import EMPTY, parse_worker_message
-from rlfleet.errors import WireFormatError
+from rlfleet.errors import UsageError, WireFormatError
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import Chunk
 
@@ -137,10 +137,10 @@ class ScriptedSession:
         """Queues a CoordinatorMessage, or one serialized already, for the worker (in order).
 
         Raises:
-            RuntimeError: If this side already ended the call.
+            UsageError: If this side already ended the call.
         """
         if self._finished.is_set():
-            raise RuntimeError(f"Join call {self.index} was already ended by the coordinator")
+            raise UsageError(f"Join call {self.index} was already ended by the coordinator")
         self._outbox.put(message)
 
     def receive(self, timeout: float) -> Inbound | None:

@@ -10,27 +10,28 @@ gRPC until one of them is used.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from rlfleet._util.imports import LazyNames
 
 if TYPE_CHECKING:
     from rlfleet.coordinator.config import CoordinatorConfig
     from rlfleet.coordinator.coordinator import Coordinator
     from rlfleet.coordinator.server import CoordinatorServer, serve
 
-_HOMES = {
-    "Coordinator": "rlfleet.coordinator.coordinator",
-    "CoordinatorConfig": "rlfleet.coordinator.config",
-    "CoordinatorServer": "rlfleet.coordinator.server",
-    "serve": "rlfleet.coordinator.server",
-}
+_LAZY = LazyNames(
+    __name__,
+    {
+        "Coordinator": "rlfleet.coordinator.coordinator",
+        "CoordinatorConfig": "rlfleet.coordinator.config",
+        "CoordinatorServer": "rlfleet.coordinator.server",
+        "serve": "rlfleet.coordinator.server",
+    },
+)
 
 
 def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'rlfleet.coordinator' has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+    return _LAZY(name)
 
 
 __all__ = ["Coordinator", "CoordinatorConfig", "CoordinatorServer", "serve"]

@@ -17,6 +17,7 @@ from typing import TypeAlias
 import grpc
 
 from rlfleet.coordinator.failures import CallError
+from rlfleet.errors import InternalError
 from rlfleet.protocol.learner_calls import CallHeader
 from rlfleet.protocol.modes import Footer
 from rlfleet.wire import Chunk
@@ -157,7 +158,7 @@ class FifoGate:
     def leave(self, ticket: int) -> None:
         """Ends the holder's turn and admits the next live ticket."""
         if ticket != self._serving:
-            raise RuntimeError(f"ticket {ticket} left, but ticket {self._serving} holds the gate")
+            raise InternalError(f"ticket {ticket} left, but ticket {self._serving} holds the gate")
         self._serving += 1
         while self._serving in self._abandoned:
             self._abandoned.discard(self._serving)

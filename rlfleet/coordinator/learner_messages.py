@@ -28,7 +28,9 @@ from rlfleet.protocol.learner_calls import (
 )
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.transport import rpc as _rpc
-from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
+from rlfleet.v1 import learner_pb2, worker_pb2
+from rlfleet.v1.updates_pb2 import AgentUpdate as AgentUpdateMessage
+from rlfleet.v1.updates_pb2 import EnvUpdate as EnvUpdateMessage
 from rlfleet.wire import (
     decode_agent_update,
     decode_env_update,
@@ -92,7 +94,7 @@ def parse_agent_update(data: bytes) -> tuple[AgentChange, str] | CallError:
     Raises:
         DecodeError: If the bytes do not parse.
     """
-    update = updates_pb2.AgentUpdate.FromString(data)
+    update = AgentUpdateMessage.FromString(data)
     change = _agent_change(update)
     return change if isinstance(change, CallError) else (change, update.coordinator_id)
 
@@ -103,7 +105,7 @@ def parse_env_update(data: bytes) -> tuple[EnvChange, str]:
     Raises:
         DecodeError: If the bytes do not parse.
     """
-    update = updates_pb2.EnvUpdate.FromString(data)
+    update = EnvUpdateMessage.FromString(data)
     return decode_env_update(update), update.coordinator_id
 
 
@@ -117,7 +119,7 @@ def parse_status_request(data: bytes) -> StatusAsk:
     return StatusAsk()
 
 
-def _agent_change(update: updates_pb2.AgentUpdate) -> AgentChange | CallError:
+def _agent_change(update: AgentUpdateMessage) -> AgentChange | CallError:
     try:
         return decode_agent_update(update)
     except WireFormatError as exc:

@@ -9,9 +9,9 @@ Two kinds, so that the hot paths stay cheap and the hooks stay small:
   depth, units and bytes in flight, per-worker steps from heartbeats), so
   nothing on the hot path maintains them.
 
-Each coordinator has its own registry: several coordinators in one process
-(tests, ``Fleet.local``) never share or clash on a metric. docs/operations.md
-lists every metric; tests/test_metrics.py scrapes a real fleet.
+Each coordinator has its own registry (:class:`~rlfleet._util.metrics.MetricSet`).
+docs/operations.md lists every metric; tests/test_metrics.py scrapes a real
+fleet.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from rlfleet._util.metrics import MetricSet
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -45,7 +47,7 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
 LEASE_CALL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 30)
 
 
-class CoordinatorMetrics:
+class CoordinatorMetrics(MetricSet):
     """The coordinator's metrics, in a registry of their own.
 
     The scrape-time gauges need the fleet state, which owns this object:
@@ -56,76 +58,62 @@ class CoordinatorMetrics:
     """
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        reg = self.registry
-        self._episodes = Counter(
-            "rlfleet_episodes", "Episodes delivered to learners (fleet-wide).", registry=reg
+        super().__init__(
+            "rlfleet_errors", "Errors reported by workers or raised for them, by kind."
         )
-        self._steps = Counter(
-            "rlfleet_env_steps", "Env steps delivered to learners (fleet-wide).", registry=reg
+        self._episodes = self.counter(
+            "rlfleet_episodes", "Episodes delivered to learners (fleet-wide)."
         )
-        self._result_bytes = Counter(
-            "rlfleet_result_bytes", "Serialized result bytes forwarded to learners.", registry=reg
+        self._steps = self.counter(
+            "rlfleet_env_steps", "Env steps delivered to learners (fleet-wide)."
         )
-        self._dispatched = Counter(
-            "rlfleet_units_dispatched",
-            "Units (episodes or fragment windows) sent to workers.",
-            registry=reg,
+        self._result_bytes = self.counter(
+            "rlfleet_result_bytes", "Serialized result bytes forwarded to learners."
         )
-        self._requeued = Counter(
+        self._dispatched = self.counter(
+            "rlfleet_units_dispatched", "Units (episodes or fragment windows) sent to workers."
+        )
+        self._requeued = self.counter(
             "rlfleet_units_requeued",
             "Units put back in their request's queue because their worker was lost.",
-            registry=reg,
         )
-        self._lost = Counter(
+        self._lost = self.counter(
             "rlfleet_units_lost",
             "Episodes a worker delivered that were thrown away (their request had ended, "
             "or they were already re-assigned).",
-            registry=reg,
         )
-        self._workers_lost = Counter(
+        self._workers_lost = self.counter(
             "rlfleet_workers_removed",
             "Workers removed from the fleet, by gRPC status of the removal (OK: left).",
             ["code"],
-            registry=reg,
-        )
-        self._errors = Counter(
-            "rlfleet_errors",
-            "Errors reported by workers or raised for them, by kind.",
-            ["kind"],
-            registry=reg,
         )
         self._lag = _EpisodeLag()
-        reg.register(self._lag)
-        self._latency = Histogram(
+        self.registry.register(self._lag)
+        self._latency = self.histogram(
             "rlfleet_learner_request_duration_seconds",
             "Duration of learner calls, by method and outcome.",
             ["method", "outcome"],
-            buckets=LATENCY_BUCKETS,
-            registry=reg,
+            LATENCY_BUCKETS,
         )
-        self._lease_calls = Histogram(
+        self._lease_calls = self.histogram(
             "rlfleet_lease_call_duration_seconds",
             "Env lease calls, from the learner's call reaching the coordinator to its last "
             "env's answer leaving for the learner, by op (reset, step, ...).",
             ["op"],
-            buckets=LEASE_CALL_BUCKETS,
-            registry=reg,
+            LEASE_CALL_BUCKETS,
         )
         self._lease_call_ops: dict[str, Histogram] = {}  # children of _lease_calls by op
-        self._data_connections = Counter(
+        self._data_connections = self.counter(
             "rlfleet_lease_data_connections",
             "Connections to the lease data channel, by outcome (accepted: a valid ticket; "
             "refused: anything else).",
             ["outcome"],
-            registry=reg,
         )
-        data_frames = Counter(
+        data_frames = self.counter(
             "rlfleet_lease_data_frames",
             "Lease messages received on the lease data channel, by party (learner: calls; "
             "worker: replies).",
             ["party"],
-            registry=reg,
         )
         # Bound once: a frame's count is one lock-and-add on the hot path.
         self._data_frames = {party: data_frames.labels(party) for party in ("learner", "worker")}
@@ -148,12 +136,17 @@ class CoordinatorMetrics:
         if units:
             self._dispatched.inc(units)
 
-    def delivered(self, episodes: int, steps: int, payload_bytes: int, lag: int) -> None:
-        """A result was accepted and forwarded to its learner."""
-        self._episodes.inc(episodes)
-        self._steps.inc(steps)
+    def forwarded(self, episodes: int, payload_bytes: int, lag: int) -> None:
+        """A result was accepted and forwarded to its learner (its bytes, its lag)."""
         self._result_bytes.inc(payload_bytes)
         self._lag.observe(lag, episodes)
+
+    def delivered(self, episodes: int, steps: int) -> None:
+        """Episodes and steps reached a learner's answer: a Sample request's
+        whole answer (its footer; a STEPS request's surplus episodes past the
+        answer are not in it), or a subscription's result."""
+        self._episodes.inc(episodes)
+        self._steps.inc(steps)
 
     def discarded(self, episodes: int) -> None:
         """A result arrived for units no longer its worker's."""
@@ -164,10 +157,6 @@ class CoordinatorMetrics:
         self._workers_lost.labels(code).inc()
         if requeued:
             self._requeued.inc(requeued)
-
-    def error(self, kind: str) -> None:
-        """An error of ``kind`` (an ErrorKind name without prefix, or a status code)."""
-        self._errors.labels(kind.removeprefix("ERROR_KIND_").lower()).inc()
 
     def lease_call(self, op: str, seconds: float) -> None:
         """A lease call of ``op`` was answered for all its envs after ``seconds``."""

@@ -80,6 +80,8 @@ class WorkerHandle:
         lease_data: Its lease data connection, once accepted: lease
             commands go there (:meth:`send_lease`).
         lease_ticket: The ticket its Welcome carried ("" without one).
+        forged_replies: Its lease replies for envs it does not host (an
+            honest worker sends none; too many drop it).
     """
 
     worker_id: int
@@ -98,6 +100,7 @@ class WorkerHandle:
     assembler: ResultAssembler = field(default_factory=ResultAssembler)
     lease_data: LeaseConnection | None = None
     lease_ticket: bytes = b""
+    forged_replies: int = 0
 
     @property
     def num_envs(self) -> int:

@@ -11,13 +11,13 @@ while they run a state other than the current one.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
 
+from rlfleet._util.values import json_object
 from rlfleet.coordinator.calls import CallScope
 from rlfleet.coordinator.failures import CallError, detail_of
 from rlfleet.coordinator.registry import WorkerHandle
@@ -82,7 +82,9 @@ class Rollouts:
         with state.lock:
             check_pickles(update, state.config.security.pickle, state.registry)
             previous = state.agent
-            version = previous.version + 1
+            # A learner restoring its agent on a restarted coordinator names
+            # the version it had: numbering goes on from there, never back.
+            version = max(previous.version + 1, update.version)
 
             def push() -> _Push:
                 state.agent = previous.after(update, version)
@@ -203,13 +205,30 @@ class Rollouts:
         if refusal is None:
             logger.info("%s applied by %d workers", what, len(pushed.targets))
             return len(pushed.targets)
-        self._await(pull_back(), scope, "", quiet=True)
+        back = pull_back()
+        self._await(back, scope, "", quiet=True)
+        self._retire_refusals(pushed, back)
         worker, detail = refusal
         raise CallError(
             _REFUSAL_CODES.get(detail.kind, grpc.StatusCode.FAILED_PRECONDITION),
             f"worker {worker!r} {refused}: {describe_report(detail)}. {restored}",
             detail,
         )
+
+    def _retire_refusals(self, pushed: _Push, back: _Push) -> None:
+        """Clears the refusals of a rolled-back update from the workers' last errors.
+
+        The learner's call gets the refusal; a worker that is back on the
+        previous state has nothing wrong left to show in ``status``.
+        """
+        for handle in self._state.registry:
+            error = handle.last_error
+            if error is None or not back.applied(handle):
+                continue
+            if (
+                pushed.env_generation is not None and error.env_generation == pushed.env_generation
+            ) or (pushed.agent_version is not None and error.agent_version == pushed.agent_version):
+                handle.last_error = None
 
     def _await(
         self, pushed: _Push, scope: CallScope, what: str, *, quiet: bool = False
@@ -281,4 +300,5 @@ def _same_env(current: EnvChange, update: EnvChange) -> bool:
     if update.vectorization != current.vectorization:
         return False
     # Text may differ in spacing or key order for the same kwargs.
-    return bool(json.loads(update.kwargs_json or "{}") == json.loads(current.kwargs_json or "{}"))
+    where = "EnvUpdate.kwargs_json"
+    return json_object(update.kwargs_json, where) == json_object(current.kwargs_json, where)

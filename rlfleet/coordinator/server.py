@@ -1,4 +1,4 @@
-"""serve(): the coordinator's gRPC server (both faces + standard health).
+"""serve(): the coordinator's gRPC server (both faces, standard health and reflection).
 
 Threads, not grpc.aio, chosen by measurement. The coordinator mostly
 routes chunks that are already serialized, so a message's cost is in
@@ -40,6 +40,7 @@ from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.learner_face import LearnerFace
 from rlfleet.coordinator.worker_face import WorkerFace
 from rlfleet.errors import ConfigError
+from rlfleet.security.listen import bind_problem
 from rlfleet.transport import rpc as _rpc
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -170,6 +171,14 @@ def serve(config: CoordinatorConfig | None = None) -> CoordinatorServer:
         ConfigError: If the address cannot be bound.
     """
     config = config or CoordinatorConfig()
+    # The gRPC port first: a second coordinator on a taken port must hear
+    # about that port, not about the lease data port beside it.
+    taken = bind_problem(config.listen)
+    if taken is not None:
+        raise ConfigError(
+            f"cannot listen on {config.listen}: {taken}; is another coordinator running "
+            "there? Stop it, or give --listen another HOST:PORT"
+        )
     coordinator = Coordinator(config)
     coordinator.serve_lease_data()  # before the faces, which hand out its tickets
     server = grpc.server(
@@ -193,6 +202,7 @@ def serve(config: CoordinatorConfig | None = None) -> CoordinatorServer:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for service in HEALTH_SERVICES:
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    _rpc.enable_reflection(server, _rpc.WORKER_SERVICE, _rpc.LEARNER_SERVICE, health.SERVICE_NAME)
     host, _, _ = config.listen.rpartition(":")
     try:
         port = config.security.add_port(server, config.listen)

@@ -46,11 +46,15 @@ class OpenCall:
         outbox: Its events.
         wait_for_workers: Seconds it may go without a ready worker.
         starved_since: ``time.monotonic()`` since when no worker is ready.
+        refused_results: Results of it the coordinator refused (their
+            workers dropped, their units re-queued), bounded by
+            ``MAX_REFUSED_RESULTS`` in ``worker_events``.
     """
 
     outbox: CallOutbox
     wait_for_workers: float
     starved_since: float | None = None
+    refused_results: int = 0
 
 
 @dataclass

@@ -113,6 +113,11 @@ def check_env_update(update: EnvChange) -> None:
         raise invalid(str(exc)) from None
 
 
+#: Highest AgentUpdate.version a learner may name (restoring its agent): far
+#: below the int64 limit, so that versions counted on from it never overflow.
+MAX_LEARNER_AGENT_VERSION = 1 << 53
+
+
 def check_agent_update(update: AgentChange, limits: Limits) -> None:
     """Refuses agent updates that are malformed before any worker sees them.
 
@@ -127,6 +132,11 @@ def check_agent_update(update: AgentChange, limits: Limits) -> None:
     """
     if not (update.policy is not None or update.pickled_policy or update.params):
         raise invalid("an AgentUpdate needs a policy spec, parameters, or both; it had neither")
+    if update.version > MAX_LEARNER_AGENT_VERSION:
+        raise invalid(
+            f"AgentUpdate.version {update.version} is above {MAX_LEARNER_AGENT_VERSION}: a "
+            "learner sends 0, or the version it restores on a restarted coordinator"
+        )
     if update.policy is not None:
         kwargs = _json_object(update.policy.kwargs_json, "AgentUpdate.policy.kwargs_json")
         try:

@@ -47,6 +47,10 @@ from rlfleet.wire.results import JoinedResult, ResultError, decode_result
 
 logger = logging.getLogger("rlfleet.coordinator")
 
+#: Refused results a request survives: the first is re-run on other workers
+#: (its worker dropped); the second ends the request with the refusal.
+MAX_REFUSED_RESULTS = 2
+
 #: Capabilities this coordinator offers (worker.proto Hello).
 CAPABILITIES = (
     "rlfleet.episodes",
@@ -299,8 +303,12 @@ class WorkerEvents:
         if env_spec is None:  # cannot happen: results follow an EnvReady
             raise ResultError(f"{header.where} arrived before any EnvReady")
         expect = _expectation(handle, spec, seeds, env_spec, latest, streams=streams, native=native)
-        decoded = decode_result(joined, env_spec)
-        check_result(decoded, expect)
+        try:
+            decoded = decode_result(joined, env_spec)
+            check_result(decoded, expect)
+        except (ProtocolError, WireFormatError) as exc:
+            self._refused(handle, outcome.request_id, exc)
+            raise
         with state.lock:
             if not handle.alive:
                 return
@@ -312,9 +320,8 @@ class WorkerEvents:
                 return  # the request ended while the batch was being checked
             if spec.mode is Mode.FRAGMENTS:
                 state.streams.record(spec.seed, handle.worker_id, decoded.batch)
-            state.metrics.delivered(
+            state.metrics.forwarded(
                 episodes=len(header.lengths),
-                steps=sum(header.lengths),
                 payload_bytes=joined.total_bytes,
                 lag=max(state.agent.version - header.agent_version, 0),
             )
@@ -323,12 +330,52 @@ class WorkerEvents:
             if call is not None:
                 forward = Forward(header, handle.worker_id, joined.chunks, sum(header.lengths))
                 call.outbox.put(forward)
+                if outcome.subscription:
+                    state.metrics.delivered(len(header.lengths), sum(header.lengths))
             if outcome.done:
                 footer = state.scheduler.footer(outcome.request_id)
                 state.finish_request(outcome.request_id)
                 if call is not None:
+                    # What the learner's answer holds, not every accepted
+                    # result: a STEPS answer ends at its prefix.
+                    state.metrics.delivered(footer.num_episodes, footer.total_steps)
                     call.outbox.put(Finished(footer))
             state.dispatch()
+
+    def _refused(self, handle: WorkerHandle, request_id: int, exc: Exception) -> None:
+        """Counts a refused result against its request; past the bound, ends the request.
+
+        The worker is dropped by the caller and its units re-queued: one
+        hostile or broken worker does not end a request other workers can
+        finish. A request whose results keep being refused (every worker
+        sends values its env's space does not hold, or a worker keeps
+        rejoining to forge them) ends with the refusal instead of
+        re-queueing its units forever.
+        """
+        state = self._state
+        with state.lock:
+            call = state.calls.get(request_id)
+            if call is None:
+                return
+            call.refused_results += 1
+            if call.refused_results < MAX_REFUSED_RESULTS:
+                return
+            message = (
+                f"the coordinator refused {call.refused_results} results of this request, so "
+                f"it ends instead of re-running their episodes again; the last, from worker "
+                f"{handle.name!r}: {exc}. A worker sent values that break the protocol or the "
+                "env's declared spaces: fix the env (or the worker), or remove the worker"
+            )
+            logger.warning(
+                "request %d ended: %s",
+                request_id,
+                message,
+                extra={"request_id": request_id, "worker": handle.name},
+            )
+            detail = detail_of(ErrorKind.PROTOCOL, message, worker=handle.name)
+            state.fail_call(
+                request_id, CallError(grpc.StatusCode.FAILED_PRECONDITION, message, detail)
+            )
 
     def drop(
         self,

@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 import numpy as np
 from numpy.typing import ArrayLike
 
-from rlfleet.errors import InvalidBatchError
+from rlfleet.errors import InvalidBatchError, InvalidValueError, OutOfRangeError
 
 #: A dict of arrays, or of nested dicts of arrays, all with the same leading
 #: dimension. Typed ``Any`` so that ``batch.agent_infos["logp"].mean()``
@@ -131,11 +131,11 @@ def pad_batch_array(
         zero after each episode's end.
 
     Raises:
-        ValueError: If ``array``'s leading dimension is not ``lengths.sum()``.
+        InvalidValueError: If ``array``'s leading dimension is not ``lengths.sum()``.
     """
     total = int(lengths.sum())
     if array.shape[0] != total:
-        raise ValueError(
+        raise InvalidValueError(
             f"pad_batch_array: expected leading dimension {total} (sum of lengths), "
             f"got shape {array.shape}"
         )
@@ -174,11 +174,11 @@ def pad_to_last(nums: ArrayLike, total_length: int, axis: int = -1, val: float =
         The padded array, with the dtype of ``np.asarray(nums)``.
 
     Raises:
-        IndexError: If ``axis`` is out of range for ``nums``.
+        OutOfRangeError: If ``axis`` is out of range for ``nums``.
     """
     array = np.asarray(nums)
     if not -array.ndim <= axis < array.ndim:
-        raise IndexError(f"pad_to_last: axis {axis} is out of range for shape {array.shape}")
+        raise OutOfRangeError(f"pad_to_last: axis {axis} is out of range for shape {array.shape}")
     axis %= array.ndim
     missing = total_length - array.shape[axis]
     if missing <= 0:

@@ -1,9 +1,12 @@
 """Shape and type checks shared by the core data types.
 
 Every check raises :class:`~rlfleet.errors.InvalidBatchError` (a
-``ValueError``) with a message of the form ``"<Type>.<field>: expected ...,
-got ..."``. Checks look at shapes and dtypes only, never at every value of
-an observation, so validating a batch costs microseconds whatever its size.
+``ValueError``). Where garage 2021.03 checks the same thing, the message
+starts with garage's text (code written against garage matches on it, e.g.
+``"actions has batch size ..."``), then rlfleet's detail of the form
+``"<Type>.<field>: expected ..., got ..."``. Checks look at shapes and
+dtypes only, never at every value of an observation, so validating a batch
+costs microseconds whatever its size.
 The one exception is ``step_types``, whose values are range-checked with a
 single vectorised comparison.
 """
@@ -41,7 +44,25 @@ def _field(name: str) -> tuple[str, str]:
     return match.group("field"), key
 
 
-def _batch_dim_wording(name: str, expected: int, got: object) -> str:
+#: What a count is matched against, in garage's words ("... to match <this>"),
+#: for the reasons the batch types give.
+_GARAGE_MATCH = {
+    "sum of lengths": "the sum of lengths",
+    "number of episodes": "the number of episodes",
+    "one row per reward": "rewards",
+}
+
+
+def _match(reason: str) -> str:
+    return _GARAGE_MATCH.get(reason, reason)
+
+
+def _batch_size(array: np.ndarray) -> object:
+    return array.shape[0] if array.ndim else "none (a scalar)"
+
+
+def _batch_size_wording(name: str, expected: int, got: object, match: str) -> str:
+    """garage 2021.03's text for a leading dimension that does not fit."""
     field, key = _field(name)
     if field == "episode_infos" and key:
         return (
@@ -50,16 +71,20 @@ def _batch_dim_wording(name: str, expected: int, got: object) -> str:
         )
     if key:
         return (
-            f"Each entry in {field} must have a batch dimension of length {expected}, but got "
-            f"key {key} with batch size {got} instead."
+            f"Entry {key!r} in {field} has batch size {got} but must have batch size {expected} "
+            f"to match {match}"
         )
-    return (
-        f"Expected batch dimension of {field} to be length {expected}, but got length {got} "
-        "instead."
-    )
+    return f"{field} has batch size {got}, but must have batch size {expected} to match {match}"
 
 
-def _dimensionality_wording(name: str, space: gym.Space, space_name: str, shape: object) -> str:
+def _space_wording(name: str, shape: object, space: gym.Space, space_name: str) -> str:
+    """garage 2021.03's text for a per-step element that does not fit its space."""
+    field, _ = _field(name)
+    return f"Each {field[:-1]} has shape {shape} but must match the {space_name} {space}"
+
+
+def _single_step_wording(name: str, space: gym.Space, space_name: str, shape: object) -> str:
+    """garage's text for one observation or action of a TimeStep or EnvStep."""
     field, _ = _field(name)
     flat_dim = gym.spaces.flatdim(space) if space.is_np_flattenable else "?"
     return (
@@ -79,9 +104,11 @@ def check_env_spec(owner: str, env_spec: object) -> None:
 def require_array(name: str, value: object) -> np.ndarray:
     """Returns ``value`` if it is a numpy array, else raises."""
     if not isinstance(value, np.ndarray):
-        raise InvalidBatchError(
+        field, _ = _field(name)
+        raise _error(
+            f"{field} is not of type {np.ndarray!r}",
             f"{name}: expected a numpy array, got {type(value).__name__}; "
-            "convert it with np.asarray"
+            "convert it with np.asarray",
         )
     return value
 
@@ -100,38 +127,70 @@ def check_leading_dim(name: str, value: object, expected: int, reason: str) -> n
     """
     array = require_array(name, value)
     if array.ndim == 0 or array.shape[0] != expected:
-        got = array.shape[0] if array.ndim else "none"
         raise _error(
-            _batch_dim_wording(name, expected, got),
+            _batch_size_wording(name, expected, _batch_size(array), _match(reason)),
             f"{name}: expected leading dimension {expected} ({reason}), got shape {array.shape}",
         )
     return array
 
 
-def check_shape(name: str, value: object, expected: tuple[int, ...], reason: str) -> np.ndarray:
-    """Checks that ``value`` is an array of exactly shape ``expected``."""
+def check_shape(
+    name: str,
+    value: object,
+    expected: tuple[int, ...],
+    reason: str,
+    space: gym.Space | None = None,
+) -> np.ndarray:
+    """Checks that ``value`` is an array of exactly shape ``expected``.
+
+    Args:
+        name: ``"<Type>.<field>"`` for the message.
+        value: The value to check.
+        expected: The required shape.
+        reason: Where ``expected`` comes from, e.g. ``"sum of lengths"``.
+        space: The observation space each row belongs to, named in garage's
+            text when a row's shape is what does not fit.
+    """
     array = require_array(name, value)
     if array.shape != expected:
         detail = f"{name}: expected shape {expected} ({reason}), got {array.shape}"
-        field, _ = _field(name)
-        if field == "rewards":
-            garage = (
-                f"Rewards tensor must have shape {expected}, but got shape {array.shape} instead."
-            )
-        elif field == "step_types":
-            garage = (
-                f"step_types tensor must have shape {expected}, but got shape {array.shape} "
-                "instead."
-            )
-        elif array.ndim == 0 or array.shape[0] != expected[0]:
-            garage = _batch_dim_wording(name, expected[0], array.shape[0] if array.ndim else 0)
-        else:
-            garage = (
-                f"{field} should have the same dimensionality as the observation_space, but got "
-                f"data with shape {array.shape[1:]} instead"
-            )
-        raise _error(garage, detail)
+        raise _error(_shape_wording(name, array, expected, reason, space), detail)
     return array
+
+
+def _shape_wording(
+    name: str,
+    array: np.ndarray,
+    expected: tuple[int, ...],
+    reason: str,
+    space: gym.Space | None,
+) -> str:
+    """garage 2021.03's text for an array of the wrong shape (its checks' order)."""
+    field, _ = _field(name)
+    per_episode = field == "last_observations"
+    match = "the number of episodes" if per_episode else _match(reason)
+    if field == "rewards" or (array.ndim and array.shape[0] == expected[0] and len(expected) == 1):
+        # garage counts the batch from rewards, so a bad rewards array is
+        # always a bad shape; a 1-D field of the right length is one too.
+        return (
+            f"{field} has shape {array.shape} but must have batch size {expected[0]} to match "
+            f"{match}"
+        )
+    if not array.ndim or array.shape[0] != expected[0]:
+        if per_episode:
+            return (
+                f"last_observations has batch size {_batch_size(array)} but must have batch "
+                f"size {expected[0]} to match the number of episodes"
+            )
+        return _batch_size_wording(name, expected[0], _batch_size(array), match)
+    if per_episode:
+        return (
+            f"last_observations must have the same number of entries as there are episodes "
+            f"({expected[0]}) but got data with shape {array.shape[1:]} entries"
+        )
+    if space is not None:
+        return _space_wording(name, array.shape[1:], space, "observation_space")
+    return f"{field} has shape {array.shape} but must have shape {expected}"
 
 
 def accepted_shapes(space: gym.Space) -> tuple[tuple[int, ...], ...] | None:
@@ -173,7 +232,7 @@ def check_per_step_space(name: str, array: np.ndarray, space: gym.Space, space_n
         return
     if array.shape[1:] not in shapes:
         raise _error(
-            _dimensionality_wording(name, space, space_name, array.shape[1:]),
+            _space_wording(name, array.shape[1:], space, space_name),
             f"{name}: expected per-step shape {_describe(shapes)} for {space_name} {space}, "
             f"got per-step shape {array.shape[1:]} (array shape {array.shape}). "
             "Dict and Tuple elements must be flattened with gymnasium.spaces.flatten",
@@ -195,7 +254,7 @@ def check_element(name: str, value: Any, space: gym.Space, space_name: str) -> N
     if space.shape is None and space.contains(value):
         return
     raise _error(
-        _dimensionality_wording(name, space, space_name, np.shape(value)),
+        _single_step_wording(name, space, space_name, np.shape(value)),
         f"{name}: expected an element of {space_name} {space} "
         f"(shape {_describe(shapes or ())}), got {type(value).__name__} "
         f"with shape {np.shape(value)}",
@@ -246,8 +305,7 @@ def check_step_types(name: str, value: object, expected: int, reason: str) -> np
             return original  # members of the enum are in range by construction
     if step_types.dtype.kind not in "iu":
         raise _error(
-            "step_types tensor must be dtype `StepType`, but got tensor of dtype "
-            f"{step_types.dtype} instead.",
+            f"step_types has dtype {step_types.dtype} but must have dtype StepType",
             f"{name}: expected an integer dtype holding StepType values, got {step_types.dtype}",
         )
     if step_types.size == 0:
@@ -307,15 +365,10 @@ def check_infos(name: str, value: object, expected: int, reason: str) -> None:
             check_leading_dim(path, item, expected, reason)
         else:
             field, _ = _field(name)
-            garage = (
-                f"Entry {key!r} in episode_infos is of type {type(item)!r}, but must be dict or "
-                "np.ndarray"
-                if field == "episode_infos"
-                else f"Each entry in {field} must be a numpy array or dictionary, but got key "
-                f"{key} with value type {type(item)} instead."
-            )
             raise _error(
-                garage, f"{path}: expected a numpy array or a dict, got {type(item).__name__}"
+                f"Entry {key!r} in {field} is of type {type(item)} but must be {np.ndarray!r} "
+                "or dict",
+                f"{path}: expected a numpy array or a dict, got {type(item).__name__}",
             )
 
 

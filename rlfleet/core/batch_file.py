@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.core import EnvSpec, EpisodeBatch
-from rlfleet.errors import ConfigError
+from rlfleet.errors import ConfigError, WireFormatError
 
 #: The ``format`` entry of the files: bumped when the layout changes.
 FILE_FORMAT = "rlfleet.episode_batch.npz/2"
@@ -153,7 +153,7 @@ def space_from_json(data: Mapping[str, Any]) -> gym.Space:
         return gym.spaces.Dict({k: space_from_json(v) for k, v in data["spaces"].items()})
     if kind == "Tuple":
         return gym.spaces.Tuple([space_from_json(s) for s in data["spaces"]])
-    raise ValueError(f"unknown space type {kind!r}")
+    raise WireFormatError(f"unknown space type {kind!r}")
 
 
 def _finite_or_text(array: np.ndarray) -> Any:

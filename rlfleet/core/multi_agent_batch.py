@@ -84,6 +84,7 @@ class MultiAgentEpisodeBatch:
         try:
             return self.policy_batches[policy_id]
         except KeyError:
+            # builtin on purpose: the Mapping protocol (get, in, ...) expects a KeyError.
             raise KeyError(
                 f"no batch for policy {policy_id!r}; policies here: {sorted(self.policy_batches)}"
             ) from None

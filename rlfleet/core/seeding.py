@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rlfleet.errors import InvalidValueError
+
 #: Seeds are carried on the wire as uint32 so that every language and
 #: gymnasium's ``reset(seed=...)`` accept them.
 SEED_BITS = 32
@@ -36,10 +38,10 @@ def episode_seeds(base_seed: int, request: int, episode_index: int) -> tuple[int
         action-sampling generator (``numpy.random.default_rng(seed)``).
 
     Raises:
-        ValueError: If an argument is negative.
+        InvalidValueError: If an argument is negative.
     """
     if base_seed < 0 or request < 0 or episode_index < 0:
-        raise ValueError(
+        raise InvalidValueError(
             "seeds are derived from non-negative integers, got "
             f"base_seed={base_seed}, request={request}, episode_index={episode_index}"
         )
@@ -65,7 +67,7 @@ def stream_seeds(base_seed: int, stream: int, episode_in_stream: int) -> tuple[i
         Two uint32 seeds, as :func:`episode_seeds`.
     """
     if base_seed < 0 or stream < 0 or episode_in_stream < 0:
-        raise ValueError(
+        raise InvalidValueError(
             "seeds are derived from non-negative integers, got "
             f"base_seed={base_seed}, stream={stream}, episode={episode_in_stream}"
         )
@@ -116,7 +118,7 @@ def episode_seeds_many(
         (env_seed, policy_seed) per index, in order.
 
     Raises:
-        ValueError: If an argument is negative.
+        InvalidValueError: If an argument is negative.
     """
     if (
         len(episode_indices) < _MIN_VECTORISED
@@ -127,7 +129,7 @@ def episode_seeds_many(
         # reference (which also raises on negative values).
         return [episode_seeds(base_seed, request, i) for i in episode_indices]
     if base_seed < 0 or request < 0:
-        raise ValueError(
+        raise InvalidValueError(
             "seeds are derived from non-negative integers, got "
             f"base_seed={base_seed}, request={request}"
         )
@@ -161,12 +163,12 @@ def generator_states(seeds: Sequence[int]) -> list[tuple[int, int]]:
         ``(state, inc)`` per seed, in order.
 
     Raises:
-        ValueError: If a seed is negative or does not fit in 32 bits.
+        InvalidValueError: If a seed is negative or does not fit in 32 bits.
     """
     if not seeds:
         return []
     if min(seeds) < 0 or max(seeds) > _MASK:
-        raise ValueError(f"generator seeds must fit in {SEED_BITS} bits, got {seeds!r}")
+        raise InvalidValueError(f"generator seeds must fit in {SEED_BITS} bits, got {seeds!r}")
     if len(seeds) < _MIN_VECTORISED:
         states = [np.random.PCG64(seed).state["state"] for seed in seeds]
         return [(state["state"], state["inc"]) for state in states]

@@ -122,6 +122,21 @@ def _flat_parts(
     return parts
 
 
+@dataclasses.dataclass(frozen=True)
+class SpaceProblem:
+    """The first thing wrong with rows of values as elements of a space.
+
+    Attributes:
+        text: What is wrong, naming the array, the row, the value and the space.
+        row: The first row at fault (None: the whole array, e.g. its dtype).
+        value: The offending element's value (None with ``row``).
+    """
+
+    text: str
+    row: int | None = None
+    value: float | int | None = None
+
+
 def space_problem(
     name: str, array: np.ndarray, space: gym.Space, *, actions: bool = False
 ) -> str | None:
@@ -137,6 +152,14 @@ def space_problem(
     Returns:
         The first problem, naming the row and value, or None.
     """
+    problem = find_space_problem(name, array, space, actions=actions)
+    return None if problem is None else problem.text
+
+
+def find_space_problem(
+    name: str, array: np.ndarray, space: gym.Space, *, actions: bool = False
+) -> SpaceProblem | None:
+    """:func:`space_problem`, with the row and value at fault apart from the text."""
     if array.shape[0] == 0:
         return None
     flat = space.shape is None or array.shape[1:] != tuple(space.shape)
@@ -144,11 +167,11 @@ def space_problem(
     if bounds is None:
         return None  # a space with no fixed layout: its shape was checked at decode
     if bounds.dtype is not None and array.dtype != bounds.dtype:
-        return f"{name} are {array.dtype}, the space {space} holds {bounds.dtype}"
+        return SpaceProblem(f"{name} are {array.dtype}, the space {space} holds {bounds.dtype}")
     if array.dtype.kind not in "iubf":
-        return f"{name} are {array.dtype}, not numbers"
+        return SpaceProblem(f"{name} are {array.dtype}, not numbers")
     if bounds.dtype is None and not flat and array.dtype.kind == "f":
-        return f"{name} are {array.dtype}; the discrete space {space} holds integers"
+        return SpaceProblem(f"{name} are {array.dtype}; the discrete space {space} holds integers")
     integral = array.dtype.kind == "f" and bool(bounds.integral.any())
     # Two comparisons and two any(): ~40 us for 4608 CartPole steps, where
     # per-column min/max reductions took ~500 us. Infinite bounds are skipped.
@@ -168,7 +191,7 @@ def space_problem(
     bad = np.argwhere(~inside)[0]
     step = int(bad[0])
     value = array[tuple(bad)].item()
-    return f"{name}[{step}] holds {value!r}, outside the space {space}"
+    return SpaceProblem(f"{name}[{step}] holds {value!r}, outside the space {space}", step, value)
 
 
-__all__ = ["space_problem"]
+__all__ = ["SpaceProblem", "find_space_problem", "space_problem"]

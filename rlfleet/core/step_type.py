@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import enum
 
+from rlfleet.errors import InvalidValueError
+
 
 class StepType(enum.IntEnum):
     """The status of a time step within its episode.
@@ -51,7 +53,7 @@ class StepType(enum.IntEnum):
             The step type.
 
         Raises:
-            ValueError: If ``step_cnt`` < 1 (the env was probably not reset).
+            InvalidValueError: If ``step_cnt`` < 1 (the env was probably not reset).
         """
         _check_step_cnt(step_cnt)
         if max_episode_length is not None and step_cnt >= max_episode_length:
@@ -88,7 +90,7 @@ def step_type_from_gym(
         The step type.
 
     Raises:
-        ValueError: If ``step_cnt`` < 1 (the env was probably not reset).
+        InvalidValueError: If ``step_cnt`` < 1 (the env was probably not reset).
     """
     _check_step_cnt(step_cnt)
     if terminated:
@@ -104,7 +106,7 @@ def _check_step_cnt(step_cnt: int) -> None:
     # garage raises only after the other branches; checking first also
     # rejects a done signal on step 0, which can only come from a missing reset.
     if step_cnt < 1:
-        raise ValueError(
+        raise InvalidValueError(
             f"step_cnt must be >= 1 (1 is the first step after reset), got {step_cnt}. "
             "Did you forget to call reset()?"
         )

@@ -72,7 +72,9 @@ class TimeStepBatch(ValueEquality):
         rewards = v.require_array(f"{owner}.rewards", self.rewards)
         if rewards.ndim != 1:
             raise InvalidBatchError(
-                f"{owner}.rewards: expected shape (B,) (one reward per step), got {rewards.shape}"
+                f"rewards has shape {rewards.shape} but must have shape (B,), one reward per "
+                f"step. {owner}.rewards: expected shape (B,) (one reward per step), got "
+                f"{rewards.shape}"
             )
         size = len(rewards)
         v.check_rewards(f"{owner}.rewards", rewards, size, _STEPS)
@@ -82,11 +84,13 @@ class TimeStepBatch(ValueEquality):
         v.check_per_step_space(
             f"{owner}.observations", obs, spec.observation_space, "observation_space"
         )
+        v.check_leading_dim(f"{owner}.next_observations", self.next_observations, size, _STEPS)
         v.check_shape(
             f"{owner}.next_observations",
             self.next_observations,
             obs.shape,
             "shaped like observations",
+            spec.observation_space,
         )
         actions = v.check_leading_dim(f"{owner}.actions", self.actions, size, _STEPS)
         v.check_per_step_space(f"{owner}.actions", actions, spec.action_space, "action_space")

@@ -22,7 +22,15 @@ from typing import Any, TypeAlias
 import gymnasium as gym
 import numpy as np
 
-from rlfleet.errors import ConfigError, UsageError, VectorEnvError
+from rlfleet._util.closing import ClosesOnExit
+from rlfleet.errors import (
+    ConfigError,
+    InvalidValueError,
+    OutOfRangeError,
+    UsageError,
+    VectorEnvError,
+    WrongTypeError,
+)
 
 EnvFactory: TypeAlias = Callable[[], gym.Env]
 #: Which envs a call applies to: None (all), one index, or a sequence of indices.
@@ -139,11 +147,11 @@ def make_checked(factory: EnvFactory) -> gym.Env:
     """Calls an env factory and checks that it returned a gymnasium env.
 
     Raises:
-        TypeError: If the factory returned something else.
+        WrongTypeError: If the factory returned something else.
     """
     env = factory()
     if not isinstance(env, gym.Env):
-        raise TypeError(f"the env factory returned {type(env).__name__}, not a gymnasium.Env")
+        raise WrongTypeError(f"the env factory returned {type(env).__name__}, not a gymnasium.Env")
     return env
 
 
@@ -184,7 +192,7 @@ def _release_nothing() -> list[BaseException]:
     return []
 
 
-class BaseVectorEnv(abc.ABC):
+class BaseVectorEnv(ClosesOnExit, abc.ABC):
     """Several gymnasium envs stepped together, with tianshou's API.
 
     Differences from a single gymnasium env, all as in tianshou:
@@ -331,12 +339,6 @@ class BaseVectorEnv(abc.ABC):
         """Returns the number of envs."""
         return self.env_num
 
-    def __enter__(self) -> BaseVectorEnv:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"{type(self).__name__}(env_num={self.env_num}, {state})"
@@ -384,7 +386,7 @@ class BaseVectorEnv(abc.ABC):
         """
         self._check_open()
         if id is not None and env_id is not None:
-            raise TypeError("reset() got both id and env_id; they are the same argument")
+            raise WrongTypeError("reset() got both id and env_id; they are the same argument")
         ids = self._ids(env_id if id is None else id)
         args = self._reset_args(ids, kwargs, "reset")
         (results,) = self._call_many([(ids, RESET, args)])
@@ -409,7 +411,7 @@ class BaseVectorEnv(abc.ABC):
             in env-index order (``infos[k]["env_id"]`` names it).
 
         Raises:
-            ValueError: If the number of actions does not match ``id``.
+            InvalidValueError: If the number of actions does not match ``id``.
             UsageError: If an env of ``id`` has a step in flight (async mode).
             VectorEnvError: If an env must be reset first, or raised, died or
                 timed out.
@@ -449,7 +451,7 @@ class BaseVectorEnv(abc.ABC):
 
         Raises:
             UsageError: In async mode.
-            ValueError: If an env is in both ``id`` and ``reset_id``.
+            InvalidValueError: If an env is in both ``id`` and ``reset_id``.
         """
         self._check_open()
         if self.is_async:
@@ -458,7 +460,7 @@ class BaseVectorEnv(abc.ABC):
         reset_ids = self._ids(reset_id, allow_empty=True)
         both = sorted(set(ids) & set(reset_ids))
         if both:
-            raise ValueError(f"step_and_reset(): envs {both} are both stepped and reset")
+            raise InvalidValueError(f"step_and_reset(): envs {both} are both stepped and reset")
         rows = self._step_rows(ids, action)
         args = self._reset_args(reset_ids, kwargs, "step_and_reset")
         step_results, reset_results = self._call_many([(ids, STEP, rows), (reset_ids, RESET, args)])
@@ -793,13 +795,15 @@ class BaseVectorEnv(abc.ABC):
         if allow_empty and array.size == 0 and array.ndim == 1:
             return []
         if array.ndim > 1 or array.size == 0 or array.dtype.kind not in "iu":
-            raise ValueError(f"id must be None, an env index or a 1-D sequence of them, got {id!r}")
+            raise InvalidValueError(
+                f"id must be None, an env index or a 1-D sequence of them, got {id!r}"
+            )
         ids = [int(i) for i in array.reshape(-1)]
         bad = [i for i in ids if not 0 <= i < self.env_num]
         if bad:
-            raise IndexError(f"env ids {bad} out of range; there are {self.env_num} envs")
+            raise OutOfRangeError(f"env ids {bad} out of range; there are {self.env_num} envs")
         if len(set(ids)) != len(ids):
-            raise ValueError(f"env ids must be distinct, got {ids}")
+            raise InvalidValueError(f"env ids must be distinct, got {ids}")
         return ids
 
 
@@ -893,12 +897,14 @@ def _action_rows(action: Any, ids: list[int]) -> Sequence[Any]:
     try:
         count = len(action)
     except TypeError:
-        raise ValueError(
+        raise InvalidValueError(
             f"action must have one row per env stepped ({len(ids)} for ids {ids}), "
             f"got a {type(action).__name__} without rows"
         ) from None
     if count != len(ids):
-        raise ValueError(f"action has {count} rows but {len(ids)} envs are stepped (ids {ids})")
+        raise InvalidValueError(
+            f"action has {count} rows but {len(ids)} envs are stepped (ids {ids})"
+        )
     if isinstance(action, np.ndarray):
         # Its rows are action[k] already; a remote backend encodes it whole
         # (per-row numpy scalars cost ~1 us each to make and to pack again).
@@ -914,16 +920,18 @@ def _expand_seeds(seed: Seeds, count: int, where: str) -> list[int | None]:
         start = _as_seed(seed, where)
         return [start + k for k in range(count)]
     if isinstance(seed, str | bytes) or not isinstance(seed, Sequence | np.ndarray):
-        raise ValueError(f"{where}: seed must be None, an int or a list of ints, got {seed!r}")
+        raise InvalidValueError(
+            f"{where}: seed must be None, an int or a list of ints, got {seed!r}"
+        )
     seeds = list(seed)
     if len(seeds) != count:
-        raise ValueError(f"{where}: got {len(seeds)} seeds for {count} envs")
+        raise InvalidValueError(f"{where}: got {len(seeds)} seeds for {count} envs")
     return [None if item is None else _as_seed(item, where) for item in seeds]
 
 
 def _as_seed(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
-        raise ValueError(f"{where}: seeds must be ints >= 0 (or None), got {value!r}")
+        raise InvalidValueError(f"{where}: seeds must be ints >= 0 (or None), got {value!r}")
     return int(value)
 
 

@@ -13,6 +13,10 @@ Importing this module registers:
 * ``rlfleet/NaN-v0``: a Counter whose observation is NaN at one step.
 * ``rlfleet/Slow-v0``: a Counter that sleeps ``step_seconds`` in every step
   (or a uniform draw up to ``max_seconds``): a slow or I/O-bound env.
+* ``rlfleet/OffSpace-v0``: an honest env that leaves its declared space:
+  observations are 0.0 in a ``Box(-1, 1, (3,))`` except every
+  ``every``-th step of an episode (default 5), where they are ``value``
+  (default 50.0).
 
 When the faulty envs fire (``at_step`` stands for ``crash_at_step`` /
 ``hang_at_step``):
@@ -28,12 +32,15 @@ In another process (``SubprocVectorEnv``, a worker), build them with
 
 from __future__ import annotations
 
+import abc
 import time
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from rlfleet.errors import InvalidValueError
 
 _FAULT_CALLS = ("step", "reset")
 #: Frame size of the ``rgb_array`` render mode.
@@ -51,12 +58,12 @@ class CounterEnv(gym.Env[np.ndarray, np.int64]):
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 30}  # noqa: RUF012
 
     def __init__(self, length: int = 5, render_mode: str | None = None) -> None:
-        # A plain ValueError (not rlfleet's check_int), as a third-party env
-        # raises: the vector-env tests see how such an error travels.
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            # builtin on purpose: a plain ValueError, as a third-party env
+            # raises; the vector-env tests see how such an error travels.
             raise ValueError(f"length must be a positive int, got {length!r}")
         if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+            raise InvalidValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         self.length = length
         self.render_mode = render_mode
         self.observation_space = spaces.Box(0.0, float(length), shape=(1,), dtype=np.float32)
@@ -93,18 +100,20 @@ class CounterEnv(gym.Env[np.ndarray, np.int64]):
         """Hook run at the start of ``step``/``reset``; the faulty envs fire here."""
 
 
-class _FaultyEnv(CounterEnv):
+class _FaultyEnv(CounterEnv, abc.ABC):
     """A Counter with a fault that fires in ``step`` or ``reset`` (module docstring)."""
 
     def __init__(self, at_step: int, fault_in: str, length: int, render_mode: str | None) -> None:
         super().__init__(length, render_mode)
         if fault_in not in _FAULT_CALLS:
-            raise ValueError(f"the fault must fire in one of {_FAULT_CALLS}, got {fault_in!r}")
+            raise InvalidValueError(
+                f"the fault must fire in one of {_FAULT_CALLS}, got {fault_in!r}"
+            )
         lowest = 1 if fault_in == "step" else 0
         if isinstance(at_step, bool) or not isinstance(at_step, int) or at_step < lowest:
-            raise ValueError(f"the fault step must be an int >= {lowest}, got {at_step!r}")
+            raise InvalidValueError(f"the fault step must be an int >= {lowest}, got {at_step!r}")
         if fault_in == "step" and at_step > length:
-            raise ValueError(f"fault step {at_step} is past the episode length {length}")
+            raise InvalidValueError(f"fault step {at_step} is past the episode length {length}")
         self._at_step = at_step
         self._fault_in = fault_in
 
@@ -119,8 +128,9 @@ class _FaultyEnv(CounterEnv):
         if due:
             self._fault(call)
 
+    @abc.abstractmethod
     def _fault(self, call: str) -> None:
-        raise NotImplementedError
+        """Does the fault (crash, hang, ...) in ``call``."""
 
 
 class CrashingEnv(_FaultyEnv):
@@ -143,6 +153,7 @@ class CrashingEnv(_FaultyEnv):
         super().__init__(crash_at_step, crash_in, length, render_mode)
 
     def _fault(self, call: str) -> None:
+        # builtin on purpose: a third-party env's crash, which tests name by its type.
         raise RuntimeError(
             f"rlfleet/Crashing-v0 crashed on purpose in {call}, after {self.episode_step} "
             f"steps of the episode ({self.total_steps} in total)"
@@ -170,7 +181,7 @@ class HangingEnv(_FaultyEnv):
     ) -> None:
         super().__init__(hang_at_step, hang_in, length, render_mode)
         if hang_seconds is not None and hang_seconds < 0:
-            raise ValueError(f"hang_seconds must be >= 0 or None, got {hang_seconds!r}")
+            raise InvalidValueError(f"hang_seconds must be >= 0 or None, got {hang_seconds!r}")
         self._hang_seconds = hang_seconds
 
     def _fault(self, call: str) -> None:
@@ -203,9 +214,9 @@ class SlowEnv(CounterEnv):
     ) -> None:
         super().__init__(length, render_mode)
         if not step_seconds >= 0:
-            raise ValueError(f"step_seconds must be >= 0, got {step_seconds!r}")
+            raise InvalidValueError(f"step_seconds must be >= 0, got {step_seconds!r}")
         if max_seconds is not None and not max_seconds >= step_seconds:
-            raise ValueError(f"max_seconds must be >= step_seconds, got {max_seconds!r}")
+            raise InvalidValueError(f"max_seconds must be >= step_seconds, got {max_seconds!r}")
         self._step_seconds = step_seconds
         self._max_seconds = max_seconds
 
@@ -231,15 +242,39 @@ class NaNEnv(CounterEnv):
     ) -> None:
         super().__init__(length, render_mode)
         if isinstance(nan_at_step, bool) or not isinstance(nan_at_step, int):
-            raise ValueError(f"nan_at_step must be an int, got {nan_at_step!r}")
+            raise InvalidValueError(f"nan_at_step must be an int, got {nan_at_step!r}")
         if not 1 <= nan_at_step <= length:
-            raise ValueError(f"nan_at_step must be in [1, {length}], got {nan_at_step}")
+            raise InvalidValueError(f"nan_at_step must be in [1, {length}], got {nan_at_step}")
         self._nan_at_step = nan_at_step
 
     def _observation(self) -> np.ndarray:
         if self.episode_step == self._nan_at_step:
             return np.full((1,), np.nan, dtype=np.float32)
         return super()._observation()
+
+
+class OffSpaceEnv(CounterEnv):
+    """Observations of 0.0 in ``Box(-1, 1, (3,))``, but ``value`` at every ``every``-th step.
+
+    Args:
+        every: The episode steps (multiples of it) whose observation is ``value``.
+        value: The observation's elements there.
+        length: Steps per episode.
+        render_mode: None or ``"rgb_array"``.
+    """
+
+    def __init__(
+        self, every: int = 5, value: float = 50.0, length: int = 20, render_mode: str | None = None
+    ) -> None:
+        super().__init__(length, render_mode)
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise InvalidValueError(f"every must be a positive int, got {every!r}")
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
+        self._every, self._value = every, float(value)
+
+    def _observation(self) -> np.ndarray:
+        off = self.episode_step and self.episode_step % self._every == 0
+        return np.full((3,), self._value if off else 0.0, dtype=np.float32)
 
 
 #: The ids this module registers, mapped to their env classes.
@@ -249,10 +284,19 @@ TEST_ENVS: dict[str, type[CounterEnv]] = {
     "rlfleet/Hanging-v0": HangingEnv,
     "rlfleet/NaN-v0": NaNEnv,
     "rlfleet/Slow-v0": SlowEnv,
+    "rlfleet/OffSpace-v0": OffSpaceEnv,
 }
 
 for _env_id, _env_class in TEST_ENVS.items():
     if _env_id not in gym.registry:
         gym.register(id=_env_id, entry_point=f"{__name__}:{_env_class.__name__}")
 
-__all__ = ["FRAME_SHAPE", "TEST_ENVS", "CounterEnv", "CrashingEnv", "HangingEnv", "NaNEnv"]
+__all__ = [
+    "FRAME_SHAPE",
+    "TEST_ENVS",
+    "CounterEnv",
+    "CrashingEnv",
+    "HangingEnv",
+    "NaNEnv",
+    "OffSpaceEnv",
+]

@@ -23,6 +23,7 @@ from typing import Any
 import gymnasium as gym
 
 from rlfleet._util.imports import import_object, split_import_path
+from rlfleet._util.values import json_value
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import ConfigError
 from rlfleet.policies._observations import ENCODABLE_SPACES
@@ -135,14 +136,7 @@ class PolicySpec:
         """
         if not kwargs_json:
             return cls(name)
-        try:
-            kwargs = json.loads(kwargs_json)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ConfigError(
-                f"policy spec {name!r}: kwargs_json is not valid JSON ({exc}): "
-                f"{kwargs_json[:200]!r}"
-            ) from exc
-        return cls(name, kwargs)
+        return cls(name, json_value(kwargs_json, f"policy spec {name!r}: kwargs_json"))
 
 
 def make_policy(

@@ -151,7 +151,7 @@ def report_of_exception(
         kind=kind,
         # The bare message: the location travels in its own fields, and the
         # receiver's WorkerError adds it back once.
-        message=str(getattr(exc, "bare_message", "") or exc).split("\n--- remote traceback ---")[0],
+        message=str(getattr(exc, "bare_message", "") or exc).split(errors.REMOTE_TRACEBACK)[0],
         worker=worker or str(getattr(exc, "worker", "") or ""),
         env_index=None if env_index is None else int(env_index),
         step=None if step is None else int(step),
@@ -182,7 +182,7 @@ def error_of_report(
     if report.worker and report.worker not in text:
         text = f"{text} (worker {report.worker!r})"
     if report.traceback:
-        text = f"{text}\n--- remote traceback ---\n{report.traceback.rstrip()}"
+        text = f"{text}{errors.REMOTE_TRACEBACK}{report.traceback.rstrip()}"
     return cls(text)
 
 

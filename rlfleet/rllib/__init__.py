@@ -6,6 +6,9 @@
 - :class:`RolloutWorkerGroup`: the same settings on the fleet (RLlib's ``WorkerSet``).
 - :class:`FilteredPolicy`: the fleet workers' frozen MeanStdFilter.
 - :class:`EnvContext`, :data:`DEFAULT_POLICY_ID`.
+- :class:`RolloutEpisodeBatch`: what ``sample()`` returns, readable by
+  RLlib's SampleBatch keys; :class:`IgnoredArgumentWarning` (see
+  :mod:`rlfleet.rllib.arguments`, the table of RLlib's arguments).
 - Multi-agent on the fleet: :func:`register_multi_agent_env` (in the
   workers' ``--import`` module), :class:`MultiAgentJointEnv`,
   :class:`MultiAgentJointPolicy`.
@@ -15,13 +18,16 @@ docs/rllib.md says how RLlib's arguments and SampleBatch fields map here.
 
 from typing import Any
 
+from rlfleet._util.imports import LazyNames
 from rlfleet.rllib._policies import DEFAULT_POLICY_ID
+from rlfleet.rllib.arguments import IgnoredArgumentWarning
 from rlfleet.rllib.callbacks import DefaultCallbacks, Episode, RolloutMetrics
 from rlfleet.rllib.filtered_policy import FilteredPolicy
 from rlfleet.rllib.filters import MeanStdFilter, NoFilter, RunningStat
 from rlfleet.rllib.joint_policy import MultiAgentJointPolicy
 from rlfleet.rllib.multi_agent import MultiAgentJointEnv, register_multi_agent_env
 from rlfleet.rllib.rollout_worker import EnvContext, RolloutWorker
+from rlfleet.rllib.sample_batch import RolloutEpisodeBatch
 
 __all__ = [
     "DEFAULT_POLICY_ID",
@@ -29,10 +35,12 @@ __all__ = [
     "EnvContext",
     "Episode",
     "FilteredPolicy",
+    "IgnoredArgumentWarning",
     "MeanStdFilter",
     "MultiAgentJointEnv",
     "MultiAgentJointPolicy",
     "NoFilter",
+    "RolloutEpisodeBatch",
     "RolloutMetrics",
     "RolloutWorker",
     "RolloutWorkerGroup",
@@ -41,11 +49,10 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # The group needs the gRPC client; importing it lazily keeps `import rlfleet`
-    # free of gRPC for local-only users.
-    if name == "RolloutWorkerGroup":
-        from rlfleet.rllib.worker_group import RolloutWorkerGroup
+# The group needs the gRPC client; importing it lazily keeps `import rlfleet`
+# free of gRPC for local-only users.
+_LAZY = LazyNames(__name__, {"RolloutWorkerGroup": "rlfleet.rllib.worker_group"})
 
-        return RolloutWorkerGroup
-    raise AttributeError(f"module 'rlfleet.rllib' has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    return _LAZY(name)

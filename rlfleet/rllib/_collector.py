@@ -16,7 +16,7 @@ settings give the batches a fleet gives (tests/test_rllib_multi_agent_fleet.py).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -40,7 +40,8 @@ ROLLOUT_INFO_KEYS = ("env_episode", "fragment", "env_index")
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """The sampling and processing arguments of a RolloutWorker."""
+    """The sampling and processing arguments of a RolloutWorker: the one object
+    its collector and a RolloutWorkerGroup read them from."""
 
     rollout_fragment_length: int
     batch_mode: str
@@ -51,7 +52,13 @@ class SamplingSettings:
     clip_rewards: bool | float | None
     normalize_actions: bool
     clip_actions: bool
+    observation_filter: str
     worker_index: int
+
+    @classmethod
+    def of(cls, worker_args: Mapping[str, Any]) -> SamplingSettings:
+        """The settings among a RolloutWorker's keyword arguments (by name)."""
+        return cls(**{f.name: worker_args[f.name] for f in fields(cls)})
 
 
 @dataclass

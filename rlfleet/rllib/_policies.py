@@ -6,8 +6,13 @@ A policy entry is given as one of:
 - a learner such as :class:`rlfleet.learners.VPG` (acts through the policy
   spec it names and can learn: ``train_step``, and optionally
   ``compute_gradients``/``apply_gradients``);
-- a tuple ``(spec_or_learner, observation_space, action_space)`` giving the
-  spaces explicitly (RLlib's ``PolicySpec`` tuple without the config);
+- a class: a :class:`~rlfleet.policies.Policy` subclass (built from its
+  import path, as a spec) or a learner class (built as
+  ``cls(env_spec, **config)``), RLlib's bare policy class;
+- a tuple ``(entry, observation_space, action_space)`` or RLlib's
+  ``(entry, observation_space, action_space, config)``: None spaces are
+  the agents' (as in RLlib), and ``config`` holds the constructor's keyword
+  arguments (a spec's kwargs, merged over the spec's own);
 - None: the built-in MLP that fits the spaces.
 """
 
@@ -24,7 +29,13 @@ from rlfleet._util.imports import import_object
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.errors import ConfigError
-from rlfleet.policies import Policy, PolicySpec, default_policy_spec, make_policy
+from rlfleet.policies import (
+    BUILTIN_POLICIES,
+    Policy,
+    PolicySpec,
+    default_policy_spec,
+    make_policy,
+)
 from rlfleet.rllib.filters import ObservationFilter, make_filter
 
 #: RLlib's id of the single policy.
@@ -102,14 +113,30 @@ def build_entry(
         ConfigError: If the entry is malformed, its spaces are unknown, or a
             learner's spaces differ from the env's.
     """
+    config: Mapping[str, Any] = {}
     if isinstance(value, tuple):
-        if len(value) != 3:
+        if len(value) not in (3, 4):
             raise ConfigError(
-                f"policy {policy_id!r}: a tuple entry is (spec, observation_space, "
-                f"action_space), got {len(value)} items"
+                f"policy {policy_id!r}: a tuple entry is (entry, observation_space, "
+                f"action_space) or RLlib's (entry, observation_space, action_space, config), "
+                f"got {len(value)} items"
             )
-        value, observation_space, action_space = value
-        spaces = (observation_space, action_space)
+        value, observation_space, action_space, *rest = value
+        config = _config_of(policy_id, rest[0] if rest else None)
+        if observation_space is not None or action_space is not None:
+            # RLlib: a None space is the agents'.
+            agents = spaces or (None, None)
+            observation_space = agents[0] if observation_space is None else observation_space
+            action_space = agents[1] if action_space is None else action_space
+            if observation_space is None or action_space is None:
+                raise ConfigError(
+                    f"policy {policy_id!r}: its tuple gives one space and no agent maps to "
+                    "it to tell the other; give both"
+                )
+            spaces = (observation_space, action_space)
+    if isinstance(value, type):
+        value = _from_class(policy_id, value, config, spaces)
+        config = {}
     learner = value if isinstance(value, LearnerLike) else None
     if learner is not None:
         env_spec = learner.env_spec
@@ -119,6 +146,11 @@ def build_entry(
                 f"{env_spec.action_space}) are not those of its agents {spaces}"
             )
         spec = learner.policy_spec
+        if config:
+            raise ConfigError(
+                f"policy {policy_id!r}: a built learner takes no config ({sorted(config)}); "
+                "give its arguments when you build it, or give its class"
+            )
     else:
         if spaces is None:
             raise ConfigError(
@@ -134,6 +166,8 @@ def build_entry(
                 f"or None, got {type(value).__name__}"
             )
         spec = default_policy_spec(env_spec) if value is None else _spec_of(value)
+        if config:
+            spec = PolicySpec(spec.name, {**spec.kwargs, **config})
     policy = make_policy(spec, env_spec, seed=seed)
     entry = PolicyEntry(
         policy_id,
@@ -145,6 +179,55 @@ def build_entry(
     )
     entry.sync_from_learner()
     return entry
+
+
+def _config_of(policy_id: str, config: Any) -> Mapping[str, Any]:
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise ConfigError(
+            f"policy {policy_id!r}: the config of a 4-tuple entry must be a dict of the "
+            f"policy's keyword arguments, got {type(config).__name__}"
+        )
+    return config
+
+
+def _from_class(
+    policy_id: str,
+    cls: type,
+    config: Mapping[str, Any],
+    spaces: tuple[gym.Space, gym.Space] | None,
+) -> Any:
+    """A bare class as an entry: a Policy subclass's spec, or a built learner."""
+    if issubclass(cls, Policy):
+        builtin = [name for name, known in BUILTIN_POLICIES.items() if known is cls]
+        name = builtin[0] if builtin else f"{cls.__module__}:{cls.__qualname__}"
+        if "<locals>" in name:
+            raise ConfigError(
+                f"policy {policy_id!r}: {cls.__qualname__} is defined inside a function; "
+                "rlfleet builds policies from their import path, so define it at module level"
+            )
+        return PolicySpec(name, dict(config))
+    if callable(getattr(cls, "train_step", None)):
+        if spaces is None:
+            raise ConfigError(
+                f"policy {policy_id!r}: no agent maps to it and the agents' spaces differ, so "
+                f"the spaces to build {cls.__qualname__} in are unknown; give "
+                "(cls, observation_space, action_space, config)"
+            )
+        try:
+            learner_class: Any = cls
+            return learner_class(EnvSpec(*spaces), **config)
+        except TypeError as exc:
+            raise ConfigError(
+                f"policy {policy_id!r}: {cls.__qualname__}(env_spec, **config) failed: {exc}"
+            ) from exc
+    raise ConfigError(
+        f"policy {policy_id!r}: class {cls.__qualname__} is neither an rlfleet Policy "
+        "subclass nor a learner class (with train_step); RLlib's TF/Torch policy classes do "
+        "not run on rlfleet: use a built-in policy, a Policy subclass or a learner such as "
+        "rlfleet.learners.VPG"
+    )
 
 
 def _spec_of(value: PolicySpec | str) -> PolicySpec:

@@ -19,6 +19,8 @@ arguments and fields onto RLlib's.
 
 from __future__ import annotations
 
+import logging
+import os
 import socket
 import warnings
 from collections.abc import Callable, Container, Mapping
@@ -30,7 +32,7 @@ import numpy as np
 from rlfleet._util.values import check_int
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.multi_agent_batch import MultiAgentEpisodeBatch
-from rlfleet.errors import ConfigError, UsageError
+from rlfleet.errors import ConfigError, PolicyIdError, UsageError
 from rlfleet.policies import Policy
 from rlfleet.rllib._collector import EnvSlot, RolloutCollector, SamplingSettings
 from rlfleet.rllib._envs import AgentEnv
@@ -43,37 +45,20 @@ from rlfleet.rllib._policies import (
     is_to_train_fn,
     mapping_fn,
 )
+from rlfleet.rllib.arguments import (
+    IgnoredArgumentWarning,
+    check_against_envs,
+    check_arguments,
+    is_atari,
+)
 from rlfleet.rllib.callbacks import DefaultCallbacks, Episode, RolloutMetrics, make_callbacks
 from rlfleet.rllib.filters import ObservationFilter
+from rlfleet.rllib.sample_batch import RolloutEpisodeBatch
 from rlfleet.rllib.state import WorkerState, check_same_policies, dump_state, load_state
 
 SampleBatchType = EpisodeBatch | MultiAgentEpisodeBatch
-
-#: RLlib arguments rlfleet refuses, with the reason given to the user.
-REFUSED_ARGUMENTS = {
-    "tf_session_creator": "rlfleet has no TensorFlow policies",
-    "preprocessor_pref": "observations reach policies as the env gives them (composite "
-    "spaces flattened); use a gymnasium wrapper to preprocess",
-    "sample_async": "sampling is synchronous; use RemoteSampler.stream() for asynchronous batches",
-    "compress_observations": "the wire codec compresses tensors; batches hold plain arrays",
-    "observation_fn": "not supported; wrap the PettingZoo env instead",
-    "model_config": "policies take their own kwargs in their PolicySpec",
-    "policy_config": "policies take their own kwargs in their PolicySpec",
-    "recreated_worker": "the fleet replaces lost workers itself (RolloutWorkerGroup)",
-    "record_env": "wrap the env in gymnasium's RecordVideo/RecordEpisodeStatistics instead",
-    "log_dir": "rlfleet logs through the standard logging module",
-    "log_level": "rlfleet logs through the standard logging module",
-    "input_creator": "offline input is not supported",
-    "input_evaluation": "offline input is not supported",
-    "output_creator": "offline output is not supported",
-    "remote_worker_envs": "use rlfleet's SubprocVectorEnv or the fleet for remote envs",
-    "remote_env_batch_wait_ms": "use rlfleet's SubprocVectorEnv or the fleet for remote envs",
-    "extra_python_environs": "set the environment of worker processes where they start",
-    "fake_sampler": "not supported",
-    "spaces": "spaces come from the env, or from (spec, obs_space, action_space) entries",
-    "policy": "obsolete in RLlib too; use policy_spec",
-    "monitor_path": "obsolete in RLlib too; wrap the env in gymnasium's RecordVideo",
-}
+#: What sample() returns: batches that also read like RLlib's SampleBatch.
+SampledBatch = RolloutEpisodeBatch | MultiAgentEpisodeBatch
 
 _BATCH_MODES = ("truncate_episodes", "complete_episodes")
 _COUNT_MODES = ("env_steps", "agent_steps")
@@ -108,12 +93,15 @@ class EnvContext(dict[str, Any]):
 class RolloutWorker:
     """Collects experience from local envs with local policies (RLlib's names).
 
-    All arguments are keyword-only; docs/rllib.md describes each.
+    All arguments are keyword-only. Every argument of RLlib's
+    RolloutWorker is accepted: those that apply are parameters here, and
+    the others go through :mod:`rlfleet.rllib.arguments`, the one table of
+    what rlfleet does with each (docs/rllib.md lists it).
 
     Raises:
-        ConfigError: For an RLlib argument rlfleet does not support (the
-            message says what to use instead), an unknown argument, or an
-            invalid value.
+        ConfigError: For an RLlib argument whose value would change the data
+            if it were ignored (the message says why and what to do
+            instead), an unknown argument, or an invalid value.
     """
 
     def __init__(
@@ -141,9 +129,27 @@ class RolloutWorker:
         no_done_at_end: bool = False,
         seed: int | None = None,
         disable_env_checking: bool = False,
-        **unsupported: Any,
+        recreated_worker: bool = False,
+        log_level: str | int | None = None,
+        extra_python_environs: Mapping[str, Any] | None = None,
+        spaces: Mapping[str, tuple[gym.Space, gym.Space]] | None = None,
+        policy: Any = None,
+        **rllib_arguments: Any,
     ) -> None:
-        _refuse(unsupported)
+        check_arguments(rllib_arguments)
+        if policy is not None:
+            if policy_spec is not None:
+                raise ConfigError(
+                    "RolloutWorker got policy_spec and policy, RLlib's obsolete name for it; "
+                    "give policy_spec only"
+                )
+            warnings.warn(
+                "RolloutWorker(policy=...) is RLlib's obsolete name for policy_spec; use "
+                "policy_spec",
+                IgnoredArgumentWarning,
+                stacklevel=2,
+            )
+            policy_spec, policy = policy, None  # creation_args() name it once
         check_int("RolloutWorker rollout_fragment_length", rollout_fragment_length)
         check_int("RolloutWorker num_envs", num_envs)
         if episode_horizon is not None:
@@ -155,8 +161,15 @@ class RolloutWorker:
                 f"RolloutWorker seed must be a non-negative int or None, got {seed!r}"
             )
         self._creation_args: dict[str, Any] = {
-            k: v for k, v in locals().items() if k not in ("self", "unsupported", "__class__")
+            k: v for k, v in locals().items() if k not in ("self", "rllib_arguments", "__class__")
         }
+        self._creation_args.update(rllib_arguments)
+        if log_level is not None:
+            logging.getLogger("rlfleet").setLevel(log_level)  # RLlib sets its own logger's
+        for name, value in (extra_python_environs or {}).items():
+            os.environ[str(name)] = str(value)  # before the envs are built, as in RLlib
+        self.recreated_worker = recreated_worker
+        self._spaces = dict(spaces or {})
         self.worker_index = worker_index
         self.num_workers = num_workers
         self.env_config = dict(env_config or {})
@@ -195,6 +208,9 @@ class RolloutWorker:
                 )
             )
         self._envs = slots
+        check_against_envs(rllib_arguments, [slot.env.env for slot in slots])
+        if clip_rewards is None and any(is_atari(slot.env.env) for slot in slots):
+            clip_rewards = True  # RLlib's None: clip for Atari only
         first = slots[0].env
         self.multi_agent = first.multi_agent or isinstance(policy_spec, dict)
         self._policies: dict[str, PolicyEntry] = {}
@@ -209,20 +225,11 @@ class RolloutWorker:
                 seed=self._derived_seed(10_000 + index),
             )
         self._is_policy_to_train = is_to_train_fn(policies_to_train)
+        # With clip_rewards as decided above (RLlib's None clips Atari rewards).
+        self._settings = SamplingSettings.of({**self._creation_args, "clip_rewards": clip_rewards})
         self._collector = RolloutCollector(
             slots,
-            SamplingSettings(
-                rollout_fragment_length=rollout_fragment_length,
-                batch_mode=batch_mode,
-                count_steps_by=count_steps_by,
-                episode_horizon=episode_horizon,
-                soft_horizon=soft_horizon,
-                no_done_at_end=no_done_at_end,
-                clip_rewards=clip_rewards,
-                normalize_actions=normalize_actions,
-                clip_actions=clip_actions,
-                worker_index=worker_index,
-            ),
+            self._settings,
             entries=lambda: self._policies,
             map_agent=self._map_agent,
             callbacks=self._callbacks,
@@ -232,22 +239,27 @@ class RolloutWorker:
 
     # ------------------------------------------------------------- sampling
 
-    def sample(self) -> SampleBatchType:
+    def sample(self) -> SampledBatch:
         """Samples one batch (``rollout_fragment_length * num_envs`` steps, see ``batch_mode``).
 
         Returns:
-            An EpisodeBatch (single agent) or a MultiAgentEpisodeBatch.
+            An EpisodeBatch (single agent) or a MultiAgentEpisodeBatch of
+            them, each a :class:`~rlfleet.rllib.sample_batch.RolloutEpisodeBatch`:
+            it also reads like RLlib's SampleBatch (``batch["obs"]``), with
+            nothing copied.
         """
         return self.sample_with_count()[0]
 
-    def sample_with_count(self) -> tuple[SampleBatchType, int]:
+    def sample_with_count(self) -> tuple[SampledBatch, int]:
         """Like :meth:`sample`, with the batch's size counted by ``count_steps_by``."""
         batches, env_steps, agent_steps = self._collector.collect()
-        samples: SampleBatchType
+        order = self._envs[0].env.agents_seen if self.multi_agent else ()
+        views = {pid: RolloutEpisodeBatch.view_of(b, order) for pid, b in batches.items()}
+        samples: SampledBatch
         if self.multi_agent:
-            samples = MultiAgentEpisodeBatch(batches, env_steps)
+            samples = MultiAgentEpisodeBatch(views, env_steps)
         else:
-            samples = batches[DEFAULT_POLICY_ID]
+            samples = views[DEFAULT_POLICY_ID]
         self._callbacks.on_sample_end(worker=self, samples=samples)
         return samples, env_steps if self._count_steps_by == "env_steps" else agent_steps
 
@@ -315,38 +327,54 @@ class RolloutWorker:
         self,
         *,
         policy_id: str,
-        policy_spec: Any = None,
+        policy_cls: Any = None,
         observation_space: gym.Space | None = None,
         action_space: gym.Space | None = None,
+        config: Mapping[str, Any] | None = None,
         policy_state: Mapping[str, np.ndarray] | None = None,
         policy_mapping_fn: PolicyMappingFn | str | None = None,
         policies_to_train: Container[str] | IsPolicyToTrain | None = None,
+        policy_spec: Any = None,
     ) -> Policy:
-        """Adds a policy (RLlib's ``policy_cls`` is ``policy_spec`` here).
+        """Adds a policy (RLlib's arguments).
 
         Args:
             policy_id: A new id.
-            policy_spec: A PolicySpec, name, import path, learner, or None.
+            policy_cls: The entry, as in ``policy_spec`` of the constructor:
+                a Policy subclass or learner class (RLlib's policy class), a
+                PolicySpec, name, import path, learner, or None.
             observation_space: With ``action_space``: the policy's spaces
                 (default: those of the agents mapped to it).
             action_space: See ``observation_space``.
+            config: Keyword arguments of the policy's (or learner's)
+                constructor, as a 4-tuple entry's config.
             policy_state: Parameters to set right away.
             policy_mapping_fn: A new mapping (running episodes keep theirs).
             policies_to_train: A new choice of trained policies.
+            policy_spec: rlfleet's name for ``policy_cls``.
 
         Returns:
             The new acting policy.
 
         Raises:
-            ConfigError: If the id exists or the spec cannot be built.
+            PolicyIdError: (a KeyError, as RLlib's) If the id exists.
+            ConfigError: If the entry cannot be built.
         """
         if policy_id in self._policies:
-            raise ConfigError(f"RolloutWorker.add_policy: policy {policy_id!r} exists already")
+            raise PolicyIdError(
+                f"RolloutWorker.add_policy: policy {policy_id!r} exists already; remove it "
+                "first or choose another id"
+            )
+        if policy_cls is not None and policy_spec is not None:
+            raise ConfigError(
+                "RolloutWorker.add_policy got policy_cls and policy_spec, two names for one "
+                "argument; give one"
+            )
         if policy_mapping_fn is not None:
             self.set_policy_mapping_fn(policy_mapping_fn)
-        value = policy_spec
-        if observation_space is not None and action_space is not None:
-            value = (policy_spec, observation_space, action_space)
+        value = policy_spec if policy_cls is None else policy_cls
+        if observation_space is not None or action_space is not None or config:
+            value = (value, observation_space, action_space, config)
         entry = build_entry(
             policy_id,
             value,
@@ -553,7 +581,7 @@ class RolloutWorker:
         try:
             return self._policies[policy_id]
         except KeyError:
-            raise ConfigError(
+            raise PolicyIdError(
                 f"RolloutWorker has no policy {policy_id!r}; it has {sorted(self._policies)}"
             ) from None
 
@@ -585,9 +613,12 @@ class RolloutWorker:
     ) -> tuple[gym.Space, gym.Space] | None:
         """The spaces of the first agent the mapping binds to the policy.
 
-        If the mapping binds no agent to it (yet), the spaces all agents
-        share, if they share one pair; else None.
+        RLlib's ``spaces`` argument, if it names the policy, comes first. If
+        the mapping binds no agent to it (yet), the spaces all agents share,
+        if they share one pair; else None.
         """
+        if policy_id in self._spaces:
+            return self._spaces[policy_id]
         env = self._envs[0].env
         pairs = [(env.observation_space(a), env.action_space(a)) for a in env.agents_seen]
         for agent, pair in zip(env.agents_seen, pairs, strict=True):
@@ -606,16 +637,6 @@ class RolloutWorker:
             return None
         state = np.random.SeedSequence([self._seed, self.worker_index, index]).generate_state(1)
         return int(state[0])
-
-
-def _refuse(unsupported: Mapping[str, Any]) -> None:
-    for name in unsupported:
-        if name in REFUSED_ARGUMENTS:
-            raise ConfigError(
-                f"RolloutWorker({name}=...) is an RLlib argument rlfleet does not support: "
-                f"{REFUSED_ARGUMENTS[name]}"
-            )
-        raise ConfigError(f"RolloutWorker got an unknown argument {name!r}")
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

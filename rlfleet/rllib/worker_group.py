@@ -49,6 +49,7 @@ from rlfleet.rllib.joint_batches import split_joint_batch
 from rlfleet.rllib.joint_policy import SEPARATOR, joint_policy_spec
 from rlfleet.rllib.multi_agent import REWARDS, JointLayout, make_agent_env
 from rlfleet.rllib.rollout_worker import RolloutWorker
+from rlfleet.rllib.sample_batch import RolloutEpisodeBatch
 
 
 class UnboundEpisode:
@@ -198,10 +199,8 @@ class RolloutWorkerGroup:
                     "which the fleet's multi-agent envs do not normalise or clip yet; use "
                     "discrete actions or a local RolloutWorker"
                 )
-        self._fragment_length = rollout_fragment_length
-        self._batch_mode = batch_mode
-        self._clip_rewards = clip_rewards
-        self._filtered = observation_filter == "MeanStdFilter"
+        self._settings = self._local._settings
+        self._filtered = self._settings.observation_filter == "MeanStdFilter"
         self._iteration = 0
         self._deltas: dict[int, RunningStat] = {}
         self._metrics: dict[int, list[RolloutMetrics]] = {}
@@ -266,9 +265,10 @@ class RolloutWorkerGroup:
         fleet's env slots returns (tests/test_rllib_multi_agent_fleet.py).
         """
         slots = sum(w.envs for w in self._sampler.status().workers) or 1
-        steps = self._fragment_length * slots
-        if self._batch_mode == "truncate_episodes":
-            batch = self._sampler.obtain_fragments(steps, self._fragment_length)
+        length = self._settings.rollout_fragment_length
+        steps = length * slots
+        if self._settings.batch_mode == "truncate_episodes":
+            batch = self._sampler.obtain_fragments(steps, length)
         else:
             batch = self._sampler.obtain_samples(self._iteration, steps)
         self._iteration += 1
@@ -521,11 +521,13 @@ class RolloutWorkerGroup:
             for agent, value in zip(self._layout.agents, per_agent, strict=True)
         }
 
-    def _processed(self, batch: EpisodeBatch) -> EpisodeBatch:
+    def _processed(self, batch: EpisodeBatch) -> RolloutEpisodeBatch:
+        """The batch with the filter and clip_rewards applied, readable by RLlib's keys."""
         changes: dict[str, Any] = {}
         if isinstance(self._fleet_filter, MeanStdFilter):
             changes["observations"] = self._fleet_filter(batch.observations, update=False)
             changes["last_observations"] = self._fleet_filter(batch.last_observations, update=False)
-        if self._clip_rewards not in (None, False):
-            changes["rewards"] = clipped_rewards(batch.rewards, self._clip_rewards)
-        return dataclasses.replace(batch, **changes) if changes else batch
+        if self._settings.clip_rewards not in (None, False):
+            changes["rewards"] = clipped_rewards(batch.rewards, self._settings.clip_rewards)
+        processed = dataclasses.replace(batch, **changes) if changes else batch
+        return RolloutEpisodeBatch.view_of(processed, self._layout.agents if self._layout else ())

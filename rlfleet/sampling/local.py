@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from types import TracebackType
 
 import gymnasium as gym
 
+from rlfleet._util.closing import ClosesOnExit
 from rlfleet._util.values import check_int
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.episode_order import first_episodes, sort_fragments
 from rlfleet.envs.config import EnvConfig
+from rlfleet.errors import InternalError, WrongTypeError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.spec import PolicySpec, make_policy
 from rlfleet.protocol.modes import Mode
@@ -34,7 +35,7 @@ from rlfleet.worker.vec import VecWorker
 _FLUSH_STEPS = 4096
 
 
-class LocalSampler:
+class LocalSampler(ClosesOnExit):
     """Samples with ``n_workers`` in-process workers of ``envs_per_worker`` envs.
 
     **Determinism.** Every ``obtain_*`` call is a new request with the next
@@ -263,17 +264,6 @@ class LocalSampler:
         """Closes every worker's envs."""
         self.shutdown_worker()
 
-    def __enter__(self) -> LocalSampler:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     # ------------------------------------------------------------ internals
 
     def _shared_policy(self, policy: Policy | PolicySpec | str) -> Policy:
@@ -282,7 +272,7 @@ class LocalSampler:
         if isinstance(policy, PolicySpec | str):
             # Built once with the sampler's seed: every worker acts with the same weights.
             return make_policy(policy, self.env_spec, seed=self.seed)
-        raise TypeError(
+        raise WrongTypeError(
             f"policy must be a Policy, a PolicySpec, a spec name or None, got {type(policy)}"
         )
 
@@ -338,7 +328,7 @@ class LocalSampler:
                     task_of.update((u.episode_index, order.task_id) for u in units)
                     self._workers[order.worker_id].submit(units)
                 if all(w.idle and not w.finished_count for w in self._workers):
-                    raise RuntimeError("LocalSampler: the scheduler left every worker idle")
+                    raise InternalError("LocalSampler: the scheduler left every worker idle")
                 for number, worker in enumerate(self._workers):
                     worker.step()
                     # Report before a slot would idle (no queued unit left), as a

@@ -22,12 +22,16 @@ from rlfleet._util.values import check_int
 from rlfleet.core._arrays import episode_starts
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
+from rlfleet.errors import ConfigError, InvalidValueError
 from rlfleet.policies.base import Policy
+from rlfleet.worker._episode_buffer import stack_step_infos
 from rlfleet.worker.units import make_units
 from rlfleet.worker.vec import VecWorker
 
 logger = logging.getLogger("rlfleet")
 
+#: Seconds between rendered steps of an animated rollout at speedup 1 (garage's).
+_FRAME_SECONDS = 0.05
 #: Path keys holding one row per step, truncated by ``truncate_paths``.
 _PER_STEP_KEYS = frozenset(
     {"observations", "next_observations", "actions", "rewards", "dones", "step_types"}
@@ -44,8 +48,9 @@ def rollout(
     env: gym.Env,
     agent: Any,
     *,
-    max_episode_length: float = math.inf,
+    max_episode_length: float | None = math.inf,
     animated: bool = False,
+    speedup: float = 1,
     pause_per_frame: float | None = None,
     deterministic: bool = False,
 ) -> dict[str, Any]:
@@ -55,9 +60,13 @@ def rollout(
         env: A gymnasium env.
         agent: Anything with ``reset()`` and ``get_action(obs) -> (action,
             agent_info)``, such as a :class:`~rlfleet.policies.Policy`.
-        max_episode_length: Stop after this many steps.
-        animated: Call ``env.render()`` before each step.
-        pause_per_frame: Seconds to sleep before each step, if not None.
+        max_episode_length: Stop after this many steps (None or 0: no limit,
+            as in garage).
+        animated: Call ``env.render()`` after the reset and after each step.
+        speedup: When ``animated``, wait ``0.05 / speedup`` seconds after each
+            rendered step (garage's pace; ``math.inf``: no wait). Must be > 0.
+        pause_per_frame: Seconds to sleep before each step, if not None
+            (garage 2021.03's form); it replaces the ``speedup`` wait.
         deterministic: Act deterministically: an rlfleet Policy acts with its
             distribution's mode for this episode; for other agents, garage's
             rule applies (use ``agent_info["mean"]`` when present).
@@ -65,7 +74,9 @@ def rollout(
     Returns:
         garage's path dict: ``episode_infos`` (the reset info, a dict),
         ``observations`` (T, O*), ``actions`` (T, A*), ``rewards`` (T,),
-        ``agent_infos`` and ``env_infos`` (dicts of stacked arrays), and
+        ``agent_infos`` and ``env_infos`` (dicts of stacked arrays; as in
+        ``DefaultWorker``, an env info key missing at some step is left
+        out, with one warning naming it), and
         ``dones`` (T,) bool: True where the env terminated (gymnasium's
         ``terminated``; a truncated last step is not done). As in garage,
         ``observations`` holds the T observations acted on; unlike garage,
@@ -73,6 +84,13 @@ def rollout(
         ``last_observation`` (O*), so that ``EpisodeBatch.from_list`` gets
         the true ``last_observations`` instead of repeating the last row.
     """
+    if not (isinstance(speedup, int | float) and speedup > 0):
+        raise ConfigError(
+            f"rollout(speedup={speedup!r}): speedup must be a number > 0 (it divides the "
+            f"{_FRAME_SECONDS} s wait between rendered steps; math.inf for no wait)"
+        )
+    frame_wait = _FRAME_SECONDS / speedup if animated and pause_per_frame is None else 0.0
+    limit = max_episode_length or math.inf
     with _acting_deterministically(agent, deterministic):
         observation, episode_infos = env.reset()
         agent.reset()
@@ -84,7 +102,7 @@ def rollout(
         env_infos: list[Mapping[str, Any]] = []
         if animated:
             env.render()
-        while len(rewards) < max_episode_length:
+        while len(rewards) < limit:
             if pause_per_frame is not None:
                 time.sleep(pause_per_frame)
             action, agent_info = agent.get_action(observation)
@@ -102,16 +120,26 @@ def rollout(
                 env.render()
             if terminated or truncated:
                 break
+            if frame_wait:
+                time.sleep(frame_wait)
     return {
         "episode_infos": episode_infos,
         "observations": np.array(observations),
         "actions": np.array(actions),
         "rewards": np.array(rewards),
         "agent_infos": stack_tensor_dict_list(agent_infos),
-        "env_infos": stack_tensor_dict_list(env_infos),
+        # DefaultWorker's rule: keys present at every step become columns;
+        # the others are dropped with one warning naming them.
+        "env_infos": stack_step_infos(env_infos, _env_name(env)),
         "dones": np.array(dones, dtype=bool),
         "last_observation": np.asarray(observation),
     }
+
+
+def _env_name(env: gym.Env) -> str:
+    """The env as warnings name it: its registered id, else its class."""
+    spec = getattr(env, "spec", None)
+    return repr(spec.id) if spec is not None else type(env.unwrapped).__name__
 
 
 @contextmanager
@@ -169,8 +197,9 @@ def truncate_paths(paths: Sequence[Mapping[str, Any]], max_samples: int) -> list
         New path dicts (arrays are views of the given ones).
 
     Raises:
-        ValueError: If ``max_samples`` is negative or a path has a key
-            outside those above (garage raises for unknown keys too).
+        ConfigError: If ``max_samples`` is negative.
+        InvalidValueError: If a path has a key outside those above (garage
+            raises for unknown keys too).
     """
     check_int("truncate_paths: max_samples", max_samples, minimum=0)
     kept: list[dict[str, Any]] = []
@@ -189,7 +218,7 @@ def _path_head(path: Mapping[str, Any], length: int, index: int = 0) -> dict[str
     """The first ``length`` steps of a garage path.
 
     Raises:
-        ValueError: Naming an unknown key of path ``index``.
+        InvalidValueError: Naming an unknown key of path ``index``.
     """
     steps = len(path["rewards"])
     head: dict[str, Any] = {}
@@ -209,7 +238,7 @@ def _path_head(path: Mapping[str, Any], length: int, index: int = 0) -> dict[str
             valid = sorted(
                 _PER_STEP_KEYS | _PER_STEP_INFO_KEYS | _PER_EPISODE_KEYS | {_LAST_OBSERVATION}
             )
-            raise ValueError(
+            raise InvalidValueError(
                 f"truncate_paths: path {index} has unexpected key {key!r}; valid keys are {valid}"
             )
     return head
@@ -276,9 +305,9 @@ def discount_cumsum(x: Any, discount: float) -> np.ndarray:
     """
     values = np.asarray(x, dtype=np.float64)
     if values.ndim != 1:
-        raise ValueError(f"discount_cumsum: expected a 1-D array, got shape {values.shape}")
+        raise InvalidValueError(f"discount_cumsum: expected a 1-D array, got shape {values.shape}")
     if not 0.0 <= discount <= 1.0:
-        raise ValueError(f"discount_cumsum: discount must be in [0, 1], got {discount}")
+        raise InvalidValueError(f"discount_cumsum: discount must be in [0, 1], got {discount}")
     if discount == 0.0:
         return values.copy()
     if discount == 1.0:

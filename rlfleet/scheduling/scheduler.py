@@ -62,6 +62,7 @@ The rules, and why:
 
 from __future__ import annotations
 
+import abc
 import enum
 import heapq
 import itertools
@@ -71,6 +72,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from rlfleet.core.seeding import episode_seeds_many
+from rlfleet.errors import ConfigError, InternalError, InvalidValueError
 from rlfleet.protocol.modes import Footer, Mode
 
 #: Default extra units a worker may hold per env slot beyond the one it
@@ -301,7 +303,7 @@ class _Task:
 # --- requests -----------------------------------------------------------------
 
 
-class _Request:
+class _Request(abc.ABC):
     """State shared by every kind of request."""
 
     def __init__(self, request_id: int, spec: RequestSpec, *, subscription: bool) -> None:
@@ -315,8 +317,9 @@ class _Request:
         self.buffered_steps = 0  # subscriptions: accepted, not yet sent
 
     @property
+    @abc.abstractmethod
     def done(self) -> bool:
-        raise NotImplementedError
+        """Whether the request has all it asked for (a subscription never has)."""
 
     def has_buffer_room(self, in_flight_steps: float) -> bool:
         """Whether a subscription may get more work (always True for Sample requests).
@@ -333,8 +336,9 @@ class _Request:
             or self.buffered_steps + in_flight_steps < self.spec.max_buffered_steps
         )
 
+    @abc.abstractmethod
     def footer(self) -> Footer:
-        raise NotImplementedError
+        """What the request's answer ends with."""
 
 
 class _EpisodeRequest(_Request):
@@ -549,9 +553,9 @@ class Scheduler:
         capacity_steps: int = DEFAULT_CAPACITY_STEPS,
     ) -> None:
         if prefetch_factor < 0:
-            raise ValueError(f"prefetch_factor must be >= 0, got {prefetch_factor}")
+            raise ConfigError(f"prefetch_factor must be >= 0, got {prefetch_factor}")
         if capacity_steps < 0:
-            raise ValueError(f"capacity_steps must be >= 0, got {capacity_steps}")
+            raise ConfigError(f"capacity_steps must be >= 0, got {capacity_steps}")
         self._prefetch_factor = prefetch_factor
         self._capacity_steps = capacity_steps
         self._mean_length = _MeanLength()
@@ -585,9 +589,9 @@ class Scheduler:
             are consecutive, from a number never used before.
         """
         if num_envs < 1:
-            raise ValueError(f"worker {worker_id}: num_envs must be >= 1, got {num_envs}")
+            raise InvalidValueError(f"worker {worker_id}: num_envs must be >= 1, got {num_envs}")
         if worker_id in self._workers:
-            raise ValueError(f"worker {worker_id} is already registered")
+            raise InvalidValueError(f"worker {worker_id} is already registered")
         adopted: list[int] = []
         if takeover:
             # Busy ones too: their windows in flight finish where they run,
@@ -704,11 +708,11 @@ class Scheduler:
         """Starts the (single) Sample request; returns its id.
 
         Raises:
-            ValueError: If a Sample request is already running (the
+            InvalidValueError: If a Sample request is already running (the
                 coordinator serialises them) or the spec is invalid.
         """
         if self._sample is not None:
-            raise ValueError(f"request {self._sample.request_id} is still running")
+            raise InvalidValueError(f"request {self._sample.request_id} is still running")
         _check_spec(spec, subscription=False)
         request = self._new_request(spec, subscription=False)
         self._sample = request
@@ -839,7 +843,7 @@ class Scheduler:
         if isinstance(request, _FragmentRequest):
             workers = [w for w in workers if not w.leased]
             return self._dispatch_windows(request, workers) if workers else []
-        raise TypeError(f"unknown request type {type(request).__name__}")
+        raise InternalError(f"unknown request type {type(request).__name__}")
 
     def _dispatch_units(self, request: _EpisodeRequest, workers: list[_Worker]) -> list[TaskOrder]:
         capacity = {w.worker_id: self._capacity(w) for w in workers}
@@ -1129,11 +1133,13 @@ class Scheduler:
 
 def _check_spec(spec: RequestSpec, *, subscription: bool) -> None:
     if spec.mode is Mode.FRAGMENTS and spec.fragment_length < 1:
-        raise ValueError(f"FRAGMENTS needs fragment_length >= 1, got {spec.fragment_length}")
+        raise InvalidValueError(f"FRAGMENTS needs fragment_length >= 1, got {spec.fragment_length}")
     if subscription:
         if spec.mode is Mode.STEPS:
-            raise ValueError("subscriptions run in EPISODES or FRAGMENTS mode, not STEPS")
+            raise InvalidValueError("subscriptions run in EPISODES or FRAGMENTS mode, not STEPS")
         if spec.max_buffered_steps < 1:
-            raise ValueError(f"max_buffered_steps must be >= 1, got {spec.max_buffered_steps}")
+            raise InvalidValueError(
+                f"max_buffered_steps must be >= 1, got {spec.max_buffered_steps}"
+            )
     elif spec.amount < 1:
-        raise ValueError(f"amount must be >= 1, got {spec.amount}")
+        raise InvalidValueError(f"amount must be >= 1, got {spec.amount}")

@@ -13,8 +13,9 @@ flags (:mod:`rlfleet.cli._security_flags`) without loading gRPC.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from rlfleet._util.imports import LazyNames
 
 if TYPE_CHECKING:
     from rlfleet.security.auth import (
@@ -46,44 +47,44 @@ if TYPE_CHECKING:
         read_token_file,
     )
 
-_HOMES = {
-    "AuthInterceptor": "rlfleet.security.auth",
-    "Role": "rlfleet.security.auth",
-    "RoleTokens": "rlfleet.security.auth",
-    "may_call": "rlfleet.security.auth",
-    "BearerAuthPlugin": "rlfleet.security.client_auth",
-    "BearerMetadataInterceptor": "rlfleet.security.client_auth",
-    "secure_channel": "rlfleet.security.client_auth",
-    "InflightBudget": "rlfleet.security.limits",
-    "Limits": "rlfleet.security.limits",
-    "DEFAULT_HOST": "rlfleet.security.listen",
-    "is_loopback": "rlfleet.security.listen",
-    "warn_if_exposed": "rlfleet.security.listen",
-    "PICKLE_CAPABILITY": "rlfleet.security.pickle",
-    "PickleGate": "rlfleet.security.pickle",
-    "TokenRedactor": "rlfleet.security.redact",
-    "install_redaction": "rlfleet.security.redact",
-    "ClientSecurity": "rlfleet.security.settings",
-    "ServerSecurity": "rlfleet.security.settings",
-    "ClientTLS": "rlfleet.security.tls",
-    "ServerTLS": "rlfleet.security.tls",
-    "CLIENT_TOKEN": "rlfleet.security.tokens",
-    "COORDINATOR_LEARNER_TOKEN": "rlfleet.security.tokens",
-    "COORDINATOR_WORKER_TOKEN": "rlfleet.security.tokens",
-    "MIN_TOKEN_LENGTH": "rlfleet.security.tokens",
-    "WORKER_TOKEN": "rlfleet.security.tokens",
-    "Token": "rlfleet.security.tokens",
-    "TokenSetting": "rlfleet.security.tokens",
-    "load_token": "rlfleet.security.tokens",
-    "read_token_file": "rlfleet.security.tokens",
-}
+_LAZY = LazyNames(
+    __name__,
+    {
+        "AuthInterceptor": "rlfleet.security.auth",
+        "Role": "rlfleet.security.auth",
+        "RoleTokens": "rlfleet.security.auth",
+        "may_call": "rlfleet.security.auth",
+        "BearerAuthPlugin": "rlfleet.security.client_auth",
+        "BearerMetadataInterceptor": "rlfleet.security.client_auth",
+        "secure_channel": "rlfleet.security.client_auth",
+        "InflightBudget": "rlfleet.security.limits",
+        "Limits": "rlfleet.security.limits",
+        "DEFAULT_HOST": "rlfleet.security.listen",
+        "is_loopback": "rlfleet.security.listen",
+        "warn_if_exposed": "rlfleet.security.listen",
+        "PICKLE_CAPABILITY": "rlfleet.security.pickle",
+        "PickleGate": "rlfleet.security.pickle",
+        "TokenRedactor": "rlfleet.security.redact",
+        "install_redaction": "rlfleet.security.redact",
+        "ClientSecurity": "rlfleet.security.settings",
+        "ServerSecurity": "rlfleet.security.settings",
+        "ClientTLS": "rlfleet.security.tls",
+        "ServerTLS": "rlfleet.security.tls",
+        "CLIENT_TOKEN": "rlfleet.security.tokens",
+        "COORDINATOR_LEARNER_TOKEN": "rlfleet.security.tokens",
+        "COORDINATOR_WORKER_TOKEN": "rlfleet.security.tokens",
+        "MIN_TOKEN_LENGTH": "rlfleet.security.tokens",
+        "WORKER_TOKEN": "rlfleet.security.tokens",
+        "Token": "rlfleet.security.tokens",
+        "TokenSetting": "rlfleet.security.tokens",
+        "load_token": "rlfleet.security.tokens",
+        "read_token_file": "rlfleet.security.tokens",
+    },
+)
 
 
 def __getattr__(name: str) -> object:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'rlfleet.security' has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+    return _LAZY(name)
 
 
 def __dir__() -> list[str]:

@@ -10,6 +10,9 @@ role       may call
 worker     ``rlfleet.v1.WorkerService/Join`` only
 learner    ``rlfleet.v1.LearnerService/*`` only (it cannot join as a
            worker: a learner has no business running episodes)
+either     ``grpc.reflection.v1alpha.ServerReflection/*`` (``grpcurl``
+           with ``-H "authorization: Bearer <token>"``: the services'
+           schema, which the repository's protos/ publish anyway)
 anyone     ``grpc.health.v1.Health/*`` (probes carry no credentials
            and learn nothing but SERVING or NOT_SERVING)
 =========  ==========================================================
@@ -42,6 +45,7 @@ logger = logging.getLogger("rlfleet.security")
 AUTHORIZATION_KEY = "authorization"
 BEARER = "bearer"
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+REFLECTION_PREFIX = "/grpc.reflection.v1alpha.ServerReflection/"
 _LEARNER_PREFIX = f"/{_rpc.LEARNER_SERVICE}/"
 
 
@@ -54,6 +58,8 @@ class Role(enum.Enum):
 
 def may_call(role: Role, method: str) -> bool:
     """Whether ``role`` may call the full method path ``method``."""
+    if method.startswith(REFLECTION_PREFIX):
+        return True
     if role is Role.WORKER:
         return method == _rpc.JOIN
     return method.startswith(_LEARNER_PREFIX)
@@ -232,7 +238,6 @@ def _refusing_handler(refusal: Refusal, method: str, log: _RefusalLog) -> grpc.R
         del requests
         log.refused(method, context.peer(), refusal)
         context.abort(refusal.code, refusal.message)
-        raise AssertionError("unreachable: context.abort raises")
 
     return grpc.stream_stream_rpc_method_handler(refuse)
 

@@ -8,8 +8,10 @@ network behind a NetworkPolicy is a legitimate place for a plaintext fleet.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
+import socket
 
 logger = logging.getLogger("rlfleet.security")
 
@@ -102,3 +104,41 @@ def plaintext_token_warning(target: str) -> str | None:
         "TLS (--tls-ca, tls_ca=...) as docs/security.md describes, or use this only on a "
         "network you trust completely."
     )
+
+
+def bind_problem(address: str) -> str | None:
+    """Why a TCP ``HOST:PORT`` cannot be listened on now (e.g. "Address already
+    in use"), or None when it can, or when only gRPC can tell (port 0, names
+    that do not resolve, ``unix:`` addresses).
+
+    Checked before gRPC binds, so that a taken port is named in one clear
+    line: gRPC's own failure is a raw C-core log line and a vague error.
+    Like gRPC's, the probe sets SO_REUSEADDR, so only a listening socket
+    counts, not the TIME_WAIT of a previous run; and like gRPC, one address
+    of a name that binds is enough.
+    """
+    from rlfleet._util.values import host_and_port  # numpy: not on the CLI's flag-building path
+
+    parsed = host_and_port(address)
+    if parsed is None or parsed[1] == 0:
+        return None
+    host, port = parsed
+    try:
+        found = socket.getaddrinfo(
+            host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError:
+        return None
+    problem = None
+    for family, kind, proto, _, sockaddr in found:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+                probe.listen(1)
+            except OSError as exc:
+                if problem is None or exc.errno == errno.EADDRINUSE:
+                    problem = exc.strerror or str(exc)
+                continue
+        return None
+    return problem

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlfleet.errors import ConfigError
+from rlfleet.errors import ConfigError, WrongTypeError
 
 logger = logging.getLogger("rlfleet.security")
 
@@ -81,7 +81,7 @@ class Token:
 
     def __reduce__(self) -> tuple[object, ...]:
         # A pickled config must not carry the secret to another process by accident.
-        raise TypeError("a Token cannot be pickled; pass its source (file or env var) instead")
+        raise WrongTypeError("a Token cannot be pickled; pass its source (file or env var) instead")
 
 
 def _digest(value: str | bytes) -> bytes:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfleet.errors import ConfigError
+from rlfleet.errors import ConfigError, SnapshotError
 
 #: The snapshot modes garage documents.
 SNAPSHOT_MODES = ("last", "all", "gap", "none")
@@ -70,11 +70,13 @@ class Snapshot:
         epoch: The epoch it was taken after.
         tensors: Named arrays.
         metadata: JSON data (str keys).
+        path: The directory it was loaded from (None: not loaded).
     """
 
     epoch: int
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
 
 
 class Snapshotter:
@@ -152,7 +154,9 @@ class Snapshotter:
             The snapshot.
 
         Raises:
-            ConfigError: If there is no such snapshot or it is of another format.
+            ConfigError: If there is no such snapshot.
+            SnapshotError: If a file of it is unreadable, its JSON is not an
+                object, or it is of another format (naming the file and key).
         """
         root = Path(from_dir)
         found = _epochs(root)
@@ -170,17 +174,33 @@ class Snapshotter:
                 f"no snapshot of epoch {itr!r} in {str(root)!r}; the epochs there are "
                 f"{sorted(found)} (pass one of them, or 'last')"
             )
-        metadata = json.loads((path / _METADATA).read_text())
-        if metadata.get("format") != SNAPSHOT_FORMAT:
-            raise ConfigError(
-                f"snapshot {str(path)!r} has format {metadata.get('format')!r}; this rlfleet "
-                f"reads format {SNAPSHOT_FORMAT}"
+        json_path, tensors_path = path / _METADATA, path / _TENSORS
+        try:
+            metadata = json.loads(json_path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise SnapshotError(f"{json_path}: cannot be read as JSON: {exc}") from exc
+        if not isinstance(metadata, dict):
+            raise SnapshotError(
+                f"{json_path}: holds a JSON {type(metadata).__name__}, not an object"
             )
+        if metadata.get("format") != SNAPSHOT_FORMAT:
+            raise SnapshotError(
+                f"{json_path}: key 'format' is {metadata.get('format')!r}; this rlfleet reads "
+                f"snapshot format {SNAPSHOT_FORMAT}"
+            )
+        epoch = metadata.pop("epoch", None)
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise SnapshotError(f"{json_path}: key 'epoch' must be an int >= 0, got {epoch!r}")
         from safetensors.numpy import load_file  # the `trainer` extra
 
-        epoch = int(metadata.pop("epoch"))
+        try:
+            tensors = dict(load_file(str(tensors_path)))
+        except Exception as exc:  # SafetensorError, OSError...: the file is input, not code
+            raise SnapshotError(
+                f"{tensors_path}: cannot be read as safetensors: {type(exc).__name__}: {exc}"
+            ) from exc
         metadata.pop("format")
-        return Snapshot(epoch, dict(load_file(str(path / _TENSORS))), metadata)
+        return Snapshot(epoch, tensors, metadata, path)
 
 
 def _epochs(root: Path) -> dict[int, Path]:

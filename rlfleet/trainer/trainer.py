@@ -36,19 +36,26 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import psutil
 
+from rlfleet._util.closing import ClosesOnExit
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.envs.config import EnvConfig
 from rlfleet.errors import ConfigError, NotSetupError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.spec import PolicySpec
 from rlfleet.sampling import recording_to
+from rlfleet.trainer._restore_checks import (
+    ALGO_PREFIX,
+    check_algo_state,
+    check_trainer_metadata,
+    restore_or_undo,
+)
 from rlfleet.trainer.diagnostics import DiagnosticsLog, Tabular
 from rlfleet.trainer.experiment import ExperimentContext
 from rlfleet.trainer.snapshot import Snapshot, SnapshotConfig, Snapshotter
@@ -57,8 +64,6 @@ logger = logging.getLogger("rlfleet.trainer")
 
 #: What the `trainer` extra installs, imported when first used.
 _EXTRA_MODULES = ("safetensors", "tensorboardX")
-#: Prefix of the algorithm's tensors in a snapshot.
-_ALGO = "algo/"
 
 
 @runtime_checkable
@@ -103,7 +108,7 @@ class TrainerStats:
     next_request: int = 0
 
 
-class Trainer:
+class Trainer(ClosesOnExit):
     """Runs an algorithm's epochs on a sampler; snapshots, restores and resumes.
 
     Args:
@@ -483,7 +488,7 @@ class Trainer:
         if self._sampler is not None:
             self._stats.next_request = self._sampler.requests_made
         algo_tensors, algo_metadata = self._algo.snapshot_state()
-        tensors = {_ALGO + name: value for name, value in algo_tensors.items()}
+        tensors = {ALGO_PREFIX + name: value for name, value in algo_tensors.items()}
         if self._train_args is not None and self._train_args.store_episodes:
             tensors.update(_episode_tensors(self.step_episode))
         metadata = {
@@ -519,6 +524,10 @@ class Trainer:
             NotSetupError: If :meth:`setup` was not called.
             ConfigError: If there is no such snapshot, or it was taken of
                 another algorithm class or env.
+            SnapshotError: If a file of the snapshot is unreadable, or a key
+                or tensor is missing, of the wrong type, dtype or shape, out
+                of range or not finite (a ConfigError naming the file and
+                the key). Nothing was changed then.
         """
         if not self._has_setup:
             raise NotSetupError(
@@ -541,18 +550,23 @@ class Trainer:
             raise ConfigError(
                 f"cannot restore {type(self._algo).__name__}: it has no restore_state()"
             )
+        # Everything is checked before anything changes: a refused restore
+        # leaves the algorithm, the counters and the sampler as they were.
+        directory = snapshot.path or Path(from_dir)
+        check_trainer_metadata(
+            meta,
+            directory,
+            stats_keys=tuple(f.name for f in fields(TrainerStats)),
+            train_args_keys=tuple(f.name for f in fields(TrainArgs)),
+        )
         algo_tensors = {
-            name[len(_ALGO) :]: value
+            name[len(ALGO_PREFIX) :]: value
             for name, value in snapshot.tensors.items()
-            if name.startswith(_ALGO)
+            if name.startswith(ALGO_PREFIX)
         }
-        self._algo.restore_state(algo_tensors, meta["algo"])
+        check_algo_state(algo_tensors, meta["algo"], self._algo.snapshot_state(), directory)
+        restore_or_undo(self._algo, algo_tensors, meta["algo"], directory)
         self._stats = TrainerStats(**meta["stats"])
-        if not meta["train_args"]:
-            raise ConfigError(
-                f"snapshot of epoch {snapshot.epoch} in {str(from_dir)!r} was saved outside "
-                "train() and has no training arguments to resume with"
-            )
         self._train_args = TrainArgs(**{**meta["train_args"], "start_epoch": snapshot.epoch + 1})
         if meta["seed"] != self._seed:
             self._seed = int(meta["seed"])
@@ -608,12 +622,6 @@ class Trainer:
         """Stops the sampler (and a fleet the trainer started) and closes the logs."""
         self._shutdown_worker()
         self._diagnostics.close()
-
-    def __enter__(self) -> Trainer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ------------------------------------------------------------ internals
 

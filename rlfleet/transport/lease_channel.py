@@ -29,7 +29,12 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rlfleet._util.log_limit import OncePerKey
-from rlfleet.errors import ProtocolError, UnavailableError
+from rlfleet.errors import (
+    ConnectionClosedError,
+    ProtocolError,
+    RlfleetTimeoutError,
+    UnavailableError,
+)
 from rlfleet.security import ClientTLS
 
 logger = logging.getLogger("rlfleet.transport.lease_channel")
@@ -227,10 +232,10 @@ class InProcessLink:
         """Hands one frame to the coordinator.
 
         Raises:
-            OSError: If the connection was closed (by either side).
+            ConnectionClosedError: If the connection was closed (by either side).
         """
         if self._closed or self._ended:
-            raise OSError("the in-process lease data connection is closed")
+            raise ConnectionClosedError("the in-process lease data connection is closed")
         self._deliver(payload)
 
     def receive(self) -> bytes | None:
@@ -241,7 +246,7 @@ class InProcessLink:
         """:meth:`receive`, waiting at most ``seconds``.
 
         Raises:
-            TimeoutError: If no frame came within ``seconds``.
+            RlfleetTimeoutError: If no frame came within ``seconds``.
         """
         return self._next(max(seconds, 0.0))
 
@@ -266,14 +271,14 @@ class InProcessLink:
         try:
             payload = self._frames.get(timeout=seconds)
         except queue.Empty:
-            raise TimeoutError(f"no lease data frame within {seconds:g} seconds") from None
+            raise RlfleetTimeoutError(f"no lease data frame within {seconds:g} seconds") from None
         if payload is None:
             self._ended = True
         return payload
 
 
 def _closed_link(*_: bytes) -> None:
-    raise OSError("the in-process lease data connection is closed")
+    raise ConnectionClosedError("the in-process lease data connection is closed")
 
 
 def dial(

@@ -11,6 +11,7 @@ gRPC status codes and rlfleet's exceptions. No generated stub is used or exposed
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -18,6 +19,7 @@ import grpc
 from google.protobuf.message import Message
 
 from rlfleet import errors
+from rlfleet.errors import WrongTypeError
 from rlfleet.protocol.error_reports import ErrorReport, error_of_report, report_of_exception
 from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import (
@@ -43,6 +45,17 @@ UPDATE_AGENT = f"/{LEARNER_SERVICE}/UpdateAgent"
 UPDATE_ENV = f"/{LEARNER_SERVICE}/UpdateEnv"
 GET_STATUS = f"/{LEARNER_SERVICE}/GetStatus"
 LEASE = f"/{LEARNER_SERVICE}/Lease"
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+#: Calls a client channel retries when the answer is UNAVAILABLE (a
+#: coordinator restarting or not reachable yet): those that only read, so
+#: that running one twice changes nothing. Not Sample (without a seed each
+#: request takes the next request index; RemoteSampler retries it itself,
+#: after restoring a restarted coordinator), not UpdateAgent/UpdateEnv (each
+#: creates a new version or generation), not the streams (Subscribe, Lease,
+#: Join hold state on the coordinator; their owners reconnect).
+RETRIED_METHODS = (GET_STATUS, HEALTH_CHECK)
+#: Attempts of a retried call in all, within the call's own timeout.
+RETRY_ATTEMPTS = 4
 #: Capability of workers that host step-level env leases (worker.proto Hello).
 LEASE_CAPABILITY = "rlfleet.leases"
 #: Capability of workers that run the fragment streams a Task names and
@@ -98,7 +111,7 @@ def _chunk_path(message: Message) -> tuple[str, ...]:
         return WORKER_CHUNK_PATH
     if isinstance(message, learner_pb2.SampleResponse):
         return RESPONSE_CHUNK_PATH
-    raise TypeError(f"{type(message).__name__} carries no batch chunk")
+    raise WrongTypeError(f"{type(message).__name__} carries no batch chunk")
 
 
 def chunked_deserializer(cls: type[Message]) -> Callable[[bytes], WithChunk]:
@@ -163,6 +176,39 @@ def channel_options(
     ]
 
 
+def retry_service_config() -> str:
+    """gRPC's service config (``grpc.service_config``) with the retry policy of
+    :data:`RETRIED_METHODS`: UNAVAILABLE only, exponential backoff from
+    0.1 s to 1 s. Retries happen within the call's timeout, never past it."""
+    names = []
+    for method in RETRIED_METHODS:
+        service, _, name = method.strip("/").partition("/")
+        names.append({"service": service, "method": name})
+    policy = {
+        "maxAttempts": RETRY_ATTEMPTS,
+        "initialBackoff": "0.1s",
+        "maxBackoff": "1s",
+        "backoffMultiplier": 2,
+        "retryableStatusCodes": ["UNAVAILABLE"],
+    }
+    return json.dumps({"methodConfig": [{"name": names, "retryPolicy": policy}]})
+
+
+def enable_reflection(server: grpc.Server, *services: str) -> None:
+    """Serves gRPC server reflection, so that ``grpcurl`` and ``grpc_cli``
+    list and call ``services`` without the .proto files.
+
+    Args:
+        server: The server, before it starts.
+        services: Full names of the services it serves (reflection names
+            itself). Their descriptors are in protobuf's default pool: the
+            generated modules this module imports put them there.
+    """
+    from grpc_reflection.v1alpha import reflection  # only servers need it
+
+    reflection.enable_server_reflection((*services, reflection.SERVICE_NAME), server)
+
+
 def open_channel(
     address: str,
     *,
@@ -174,6 +220,9 @@ def open_channel(
     security: ClientSecurity | None = None,
 ) -> grpc.Channel:
     """Opens a client channel (workers and learners): the one place channels are made.
+
+    Its calls of :data:`RETRIED_METHODS` are retried on UNAVAILABLE
+    (:func:`retry_service_config`).
 
     Args:
         address: ``HOST:PORT`` of the coordinator.
@@ -191,12 +240,14 @@ def open_channel(
         security: TLS and the bearer token (rlfleet.security); None: plaintext,
             no token.
     """
-    options = [
+    options: list[tuple[str, int | str]] = [
         *channel_options(
             max_message_bytes=max_message_bytes,
             keepalive_seconds=keepalive_seconds,
             ping_timeout_seconds=ping_timeout_seconds,
         ),
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", retry_service_config()),
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", int(reconnect_max_seconds * 1000)),
@@ -330,4 +381,3 @@ def abort(
             detail = encode_error_report(detail)
         context.set_trailing_metadata(((ERROR_DETAIL_KEY, detail.SerializeToString()),))
     context.abort(code, message)
-    raise AssertionError("unreachable: context.abort raises")  # for type checkers

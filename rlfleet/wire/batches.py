@@ -29,7 +29,7 @@ from google.protobuf.message import DecodeError
 from rlfleet.core import EpisodeBatch, TimeStepBatch
 from rlfleet.core._pieces import EpisodePieces
 from rlfleet.core.env_spec import EnvSpec
-from rlfleet.errors import WireFormatError
+from rlfleet.errors import WireFormatError, WrongTypeError
 from rlfleet.v1 import batch_pb2, spaces_pb2
 from rlfleet.wire._protowire import (
     LEN,
@@ -204,7 +204,7 @@ def decode_batch(
             inconsistent, there is no env_spec anywhere, or the arrays do not
             form a valid batch (the message includes the batch type's own
             complaint).
-        TypeError: If ``kind`` is not one of the two batch types.
+        WrongTypeError: If ``kind`` is not one of the two batch types.
     """
     schema = _schema_of(kind)
     buf = as_byte_source(data)
@@ -264,7 +264,7 @@ def payload_kind(batch_type: type) -> int:
     """The ``PayloadKind`` value of a batch type (for chunk headers).
 
     Raises:
-        TypeError: If ``batch_type`` is neither batch type.
+        WrongTypeError: If ``batch_type`` is neither batch type.
     """
     return _schema_of(batch_type).payload_kind
 
@@ -291,7 +291,7 @@ def _schema_of(batch_type: type) -> _Schema:
             if isinstance(batch_type, type) and issubclass(batch_type, known):
                 return candidate
         name = getattr(batch_type, "__name__", repr(batch_type))
-        raise TypeError(f"expected EpisodeBatch or TimeStepBatch, got {name}")
+        raise WrongTypeError(f"expected EpisodeBatch or TimeStepBatch, got {name}")
     return schema
 
 

@@ -18,11 +18,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._util.values import json_object, json_value
 from rlfleet.core import EnvSpec
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import ConfigError, ProtocolError, RlfleetError, UsageError
+from rlfleet.errors import ConfigError, ProtocolError, RlfleetError, UsageError, WrongTypeError
 from rlfleet.transport import rpc as _rpc
-from rlfleet.v1 import leases_pb2, tensor_pb2, updates_pb2, worker_pb2
+from rlfleet.v1 import leases_pb2, tensor_pb2, worker_pb2
+from rlfleet.v1.updates_pb2 import EnvUpdate as EnvUpdateMessage
 from rlfleet.wire import (
     decode_env_spec,
     decode_tensor,
@@ -379,17 +381,21 @@ class LeaseRepliedEvent:
             the other ops, or a :class:`LeaseEnvFailure`.
         resets: Resets the worker made as episodes ended (prefetch_reset),
             by env id: ``(obs, info)``.
+        workers: The worker that answered, by env id (its name, as the
+            coordinator set it; an env moved off a lost worker names its
+            new host).
     """
 
     call_id: int
     env_ids: list[int]
     answers: list[Any]
     resets: dict[int, tuple[Any, dict[str, Any]]]
+    workers: dict[int, str] = field(default_factory=dict)
 
 
 def open_request(env: EnvConfig, num_envs: int, timeout: float, learner: str) -> bytes:
     """The first message of a Lease stream (LeaseRequest.open), serialized."""
-    update = updates_pb2.EnvUpdate(env_id=env.id, kwargs_json=json.dumps(dict(env.kwargs)))
+    update = EnvUpdateMessage(env_id=env.id, kwargs_json=json.dumps(dict(env.kwargs)))
     if env.max_episode_length is not None:
         update.max_episode_length = env.max_episode_length
     if env.vectorization is not None:
@@ -511,6 +517,8 @@ def decode_lease_response(
         event.env_ids.extend(reply.env_ids)
         event.answers.extend(_answers(reply, space))
         event.resets.update(_prefetched_resets(reply, space))
+        if reply.worker:
+            event.workers.update(dict.fromkeys(reply.env_ids, reply.worker))
     return event
 
 
@@ -526,7 +534,7 @@ def _json_text(value: Any, where: str) -> str:
 def _plain_arg(value: Any) -> Any:
     if isinstance(value, np.generic | np.ndarray):
         return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON")
+    raise WrongTypeError(f"{type(value).__name__} is not JSON")
 
 
 def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
@@ -569,7 +577,7 @@ def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
         return [frames[k] for k in range(count)]
     if op == leases_pb2.LEASE_OP_SET_ATTR:
         return [None] * count
-    return [json.loads(text) for text in reply.values_json]
+    return [json_value(text, "LeaseReply.values_json") for text in reply.values_json]
 
 
 def _prefetched_resets(
@@ -606,7 +614,7 @@ def _infos(maps: Sequence[Any], texts: Sequence[str], name: str) -> list[dict[st
     infos = [_info(decode_tensor_map(m, name=name)) if m.entries else {} for m in maps]
     for info, text in zip(infos, texts, strict=False):
         if text:
-            info.update(json.loads(text))
+            info.update(json_object(text, f"{name}_json"))
     return infos
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from rlfleet.protocol.error_reports import ErrorReport
 from rlfleet.protocol.updates import AgentChange, EnvChange, PolicyChoice
 from rlfleet.v1 import updates_pb2
+from rlfleet.v1.updates_pb2 import AgentUpdate as AgentUpdateMessage
+from rlfleet.v1.updates_pb2 import EnvUpdate as EnvUpdateMessage
 from rlfleet.wire.tensors import decode_tensor_map, encode_tensor_map
 
 
@@ -56,13 +58,13 @@ def decode_error_detail(detail: updates_pb2.ErrorDetail) -> ErrorReport:
     )
 
 
-def encode_agent_change(change: AgentChange) -> updates_pb2.AgentUpdate:
+def encode_agent_change(change: AgentChange) -> AgentUpdateMessage:
     """The AgentUpdate message of a change (``coordinator_id`` left unset).
 
     Raises:
         WireFormatError: If a parameter name or dtype cannot travel.
     """
-    update = updates_pb2.AgentUpdate(version=change.version, pickled_policy=change.pickled_policy)
+    update = AgentUpdateMessage(version=change.version, pickled_policy=change.pickled_policy)
     if change.policy is not None:
         update.policy.name = change.policy.name
         update.policy.kwargs_json = change.policy.kwargs_json
@@ -71,7 +73,7 @@ def encode_agent_change(change: AgentChange) -> updates_pb2.AgentUpdate:
     return update
 
 
-def decode_agent_update(update: updates_pb2.AgentUpdate) -> AgentChange:
+def decode_agent_update(update: AgentUpdateMessage) -> AgentChange:
     """The change an AgentUpdate message holds (parameters: views of its bytes).
 
     Raises:
@@ -89,9 +91,9 @@ def decode_agent_update(update: updates_pb2.AgentUpdate) -> AgentChange:
     )
 
 
-def encode_env_change(change: EnvChange) -> updates_pb2.EnvUpdate:
+def encode_env_change(change: EnvChange) -> EnvUpdateMessage:
     """The EnvUpdate message of a change (``coordinator_id`` left unset)."""
-    update = updates_pb2.EnvUpdate(
+    update = EnvUpdateMessage(
         generation=change.generation,
         env_id=change.env_id,
         kwargs_json=change.kwargs_json,
@@ -103,7 +105,7 @@ def encode_env_change(change: EnvChange) -> updates_pb2.EnvUpdate:
     return update
 
 
-def decode_env_update(update: updates_pb2.EnvUpdate) -> EnvChange:
+def decode_env_update(update: EnvUpdateMessage) -> EnvChange:
     """The change an EnvUpdate message holds."""
     return EnvChange(
         generation=update.generation,

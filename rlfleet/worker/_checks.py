@@ -4,7 +4,11 @@ Actions are checked once per vector step with a handful of calls (never a
 loop over rows): shape, dtype kind, Discrete / MultiDiscrete / MultiBinary
 range, and NaN. Box bounds are deliberately not enforced: garage does not
 clip either, and gymnasium's Box envs clip (or reject) out-of-range actions
-themselves. Observations are checked per finished episode, in one call.
+themselves. Observations are checked per finished episode, in one call:
+for NaN and inf (the worker's ``--nonfinite`` setting) and against the env's
+declared space, so that an honest env that leaves its space is an
+``EnvError`` from the worker, the same in ``LocalSampler`` as in a fleet,
+rather than a result the coordinator refuses.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rlfleet.core.space_checks import find_space_problem
 from rlfleet.errors import PolicyError
 
 #: Finds the first invalid row of an action batch (None if all are valid).
@@ -145,3 +150,34 @@ def nonfinite_rows(rows: np.ndarray) -> np.ndarray:
     if rows.dtype.kind not in "fc":
         return np.zeros(len(rows), dtype=bool)
     return ~np.isfinite(rows.reshape(len(rows), -1)).all(axis=1)
+
+
+def outside_space_error(
+    observations: np.ndarray, space: gym.Space, env_name: str, where: str, first_step: int
+) -> tuple[str, int] | None:
+    """The EnvError message of a segment's observations outside the env's space.
+
+    Args:
+        observations: The segment's observations, its last one included.
+        space: The env's declared observation space.
+        env_name: The env, as messages name it (its id).
+        where: The episode, as messages name it.
+        first_step: The episode step of the segment's first observation.
+
+    Returns:
+        None if every observation lies in the space; else the message and
+        the episode step at fault.
+    """
+    problem = find_space_problem("observations", observations, space)
+    if problem is None:
+        return None
+    if problem.row is None:
+        return f"env {env_name} in {where}: {problem.text}; the episode was dropped", first_step
+    step = first_step + problem.row
+    what = f"the observation of step {step}" if step else "the reset observation"
+    return (
+        f"env {env_name} left its observation space in {where}: {what} holds "
+        f"{problem.value!r}, outside {space}; the episode was dropped. Fix the env, or "
+        "declare an observation_space that holds what it returns",
+        step,
+    )

@@ -35,7 +35,7 @@ from rlfleet.envs._base import BaseVectorEnv
 from rlfleet.envs.dummy import DummyVectorEnv
 from rlfleet.errors import EnvError
 from rlfleet.policies.base import Policy
-from rlfleet.worker._checks import ActionChecker, nonfinite_rows
+from rlfleet.worker._checks import ActionChecker, nonfinite_rows, outside_space_error
 from rlfleet.worker._draw_blocks import DrawBlocks
 from rlfleet.worker._episode_buffer import Segment, StepRing, stack_step_infos
 from rlfleet.worker._native_slots import RUNNING, NativeSlots
@@ -664,6 +664,21 @@ class SlotEngine:
         elif self.nan_mode == "error" and not all_finite(observations):
             index = int(np.argmax(nonfinite_rows(observations)))
             self._reject_nonfinite(slot, live, live.offset + index, "")
+            return None
+        outside = outside_space_error(
+            observations, spec.observation_space, self.source_name, live.describe(), live.offset
+        )
+        if outside is not None:
+            message, step = outside
+            self.errors.append(
+                EnvError(
+                    message,
+                    worker=self.name,
+                    env_index=slot,
+                    step=step,
+                    episode_index=live.episode_index,
+                )
+            )
             return None
         record = Segment(
             key=live.key,

@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.core._pieces import EpisodePieces
-from rlfleet.errors import WireFormatError
+from rlfleet.errors import WireFormatError, WrongTypeError
 from rlfleet.protocol.error_reports import ErrorReport
 from rlfleet.protocol.join import (
     AgentApplied,
@@ -220,7 +220,7 @@ def _worker_message(item: Outgoing) -> worker_pb2.WorkerMessage:
         return worker_pb2.WorkerMessage(leaving=worker_pb2.Leaving(reason=item.reason))
     if isinstance(item, WorkerHello):
         return worker_pb2.WorkerMessage(hello=encode_hello(item))
-    raise TypeError(f"a worker does not send a {type(item).__name__}")
+    raise WrongTypeError(f"a worker does not send a {type(item).__name__}")
 
 
 def env_built(generation: int, spec: EnvSpec) -> EnvBuilt:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from rlfleet.core.seeding import stream_seeds
-from rlfleet.errors import EnvError, PolicyError
+from rlfleet.errors import EnvError, PolicyError, WireFormatError
 from rlfleet.policies.base import Policy
 from rlfleet.protocol.stream_replay import StreamReplay
 from rlfleet.worker._engine import Live, SlotEngine
@@ -119,7 +119,9 @@ class FragmentStreams:
         env_seed, policy_seed = stream_seeds(base_seed, replay.stream, replay.episode_index)
         actions = replay.actions
         if actions is None or replay.last_observation is None:
-            raise ValueError("a replay of an episode in progress needs its actions and observation")
+            raise WireFormatError(
+                "a replay of an episode in progress needs its actions and observation"
+            )
         live = Live(
             unit=None,
             rng=np.random.default_rng(policy_seed),

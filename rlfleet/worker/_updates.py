@@ -17,7 +17,7 @@ from rlfleet.envs._base import BaseVectorEnv
 from rlfleet.envs.config import SUBPROCESS, EnvConfig, make_env
 from rlfleet.envs.dummy import DummyVectorEnv
 from rlfleet.envs.subproc import SubprocVectorEnv
-from rlfleet.errors import ConfigError, PolicyError
+from rlfleet.errors import ConfigError, PolicyError, WrongTypeError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.spec import PolicySpec
 
@@ -44,7 +44,7 @@ class EnvSource:
         update: The env update (not None).
 
     Raises:
-        TypeError: If ``update`` is neither an Env nor callable.
+        WrongTypeError: If ``update`` is neither an Env nor callable.
     """
 
     def __init__(self, update: EnvConfig | Callable[[], gym.Env] | gym.Env) -> None:
@@ -68,7 +68,7 @@ class EnvSource:
             self._factory = update
             self.name = repr(update)
         else:
-            raise TypeError(
+            raise WrongTypeError(
                 "env update must be an EnvConfig, a callable returning a gymnasium Env, "
                 f"a gymnasium Env, or None; got {type(update).__name__}"
             )

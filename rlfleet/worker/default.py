@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import gymnasium as gym
@@ -36,8 +37,10 @@ class DefaultWorker:
 
     Args:
         seed: Base seed; None draws one from fresh entropy (not reproducible).
-        max_episode_length: Cut episodes after this many steps; None or
-            ``math.inf`` for the env's own limit.
+        max_episode_length: Cut episodes once they reach this many steps
+            (any positive number, as in garage: a fractional limit cuts at
+            its ceiling, 5.5 at 6 steps); None or ``math.inf`` for the env's
+            own limit.
         worker_number: This worker's number.
     """
 
@@ -180,17 +183,23 @@ class DefaultWorker:
 
 
 def _episode_limit(value: int | float | None) -> int | None:
-    """garage's ``max_episode_length``: an int, an integral float, inf or None."""
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    if isinstance(value, float):
-        if math.isinf(value) and value > 0:
-            return None
-        if value.is_integer():
-            return int(value)
+    """garage's ``max_episode_length`` as VecWorker's: an int, or None for no limit of its own.
+
+    garage takes any number: it steps while the episode is shorter than the
+    limit, so a fractional limit cuts episodes at its ceiling (5.5 gives 6
+    steps), and infinity means no limit. Ints are checked by VecWorker.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        pass  # a bool is an Integral, but no episode length
+    elif isinstance(value, numbers.Integral):
+        return int(value)
+    elif isinstance(value, numbers.Real) and value > 0:
+        return None if math.isinf(value) else math.ceil(value)
     raise ConfigError(
-        "max_episode_length must be a positive int (or an integral float such as 5.0), None "
-        f"or math.inf, got {value!r}"
+        "max_episode_length must be a positive number (episodes are cut at its ceiling: 5.5 "
+        f"gives 6 steps), None or math.inf, got {value!r}"
     )
 
 

@@ -3,16 +3,17 @@
 The session reports its progress with its heartbeat (once a second: steps
 and env restarts since the last beat), each result it sends and each error
 it reports, so the hot path (a vector step) gains nothing. Each worker has
-its own registry; docs/operations.md lists the metrics and
-tests/test_metrics.py scrapes a real worker.
+its own registry (:class:`~rlfleet._util.metrics.MetricSet`);
+docs/operations.md lists the metrics and tests/test_metrics.py scrapes a
+real worker.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from rlfleet._util.metrics import MetricSet
 
 
-class WorkerMetrics:
+class WorkerMetrics(MetricSet):
     """One worker's counters and gauges, in a registry of their own.
 
     Attributes:
@@ -20,39 +21,26 @@ class WorkerMetrics:
     """
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        reg = self.registry
-        self._steps = Counter(
-            "rlfleet_worker_env_steps", "Env steps this worker ran.", registry=reg
+        super().__init__("rlfleet_worker_errors", "Errors reported to the coordinator, by kind.")
+        self._steps = self.counter("rlfleet_worker_env_steps", "Env steps this worker ran.")
+        self._episodes = self.counter(
+            "rlfleet_worker_episodes_sent", "Finished episodes (or fragments) sent."
         )
-        self._episodes = Counter(
-            "rlfleet_worker_episodes_sent", "Finished episodes (or fragments) sent.", registry=reg
+        self._results = self.counter(
+            "rlfleet_worker_results_sent", "Results (groups of episodes) sent."
         )
-        self._results = Counter(
-            "rlfleet_worker_results_sent", "Results (groups of episodes) sent.", registry=reg
+        self._bytes = self.counter(
+            "rlfleet_worker_result_bytes_sent", "Serialized result bytes sent."
         )
-        self._bytes = Counter(
-            "rlfleet_worker_result_bytes_sent", "Serialized result bytes sent.", registry=reg
+        self._restarts = self.counter(
+            "rlfleet_worker_env_restarts", "Crashed envs this worker rebuilt."
         )
-        self._restarts = Counter(
-            "rlfleet_worker_env_restarts", "Crashed envs this worker rebuilt.", registry=reg
+        self._sessions = self.counter(
+            "rlfleet_worker_sessions", "Times this worker joined a coordinator."
         )
-        self._errors = Counter(
-            "rlfleet_worker_errors",
-            "Errors reported to the coordinator, by kind.",
-            ["kind"],
-            registry=reg,
-        )
-        self._sessions = Counter(
-            "rlfleet_worker_sessions", "Times this worker joined a coordinator.", registry=reg
-        )
-        self._joined = Gauge(
-            "rlfleet_worker_joined", "1 while joined to a coordinator.", registry=reg
-        )
-        self._envs = Gauge("rlfleet_worker_envs", "Env slots (K).", registry=reg)
-        self._active = Gauge(
-            "rlfleet_worker_active_envs", "Env slots running an episode.", registry=reg
-        )
+        self._joined = self.gauge("rlfleet_worker_joined", "1 while joined to a coordinator.")
+        self._envs = self.gauge("rlfleet_worker_envs", "Env slots (K).")
+        self._active = self.gauge("rlfleet_worker_active_envs", "Env slots running an episode.")
         self._restarts_seen = 0
 
     def joined(self, envs: int) -> None:
@@ -81,7 +69,3 @@ class WorkerMetrics:
         self._results.inc()
         self._episodes.inc(episodes)
         self._bytes.inc(payload_bytes)
-
-    def error(self, kind: str) -> None:
-        """An error of ``kind`` (an ErrorKind name) was reported."""
-        self._errors.labels(kind.removeprefix("ERROR_KIND_").lower()).inc()

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from rlfleet._util.log_limit import LogLimiter, held_back_note
 from rlfleet._util.values import check_int
 from rlfleet._version import __version__
 from rlfleet.errors import ConfigError
@@ -54,6 +55,12 @@ logger = logging.getLogger("rlfleet.worker")
 #: Capabilities of this worker (worker.proto Hello).
 CAPABILITIES = ("rlfleet.episodes", "rlfleet.fragments", MULTI_AGENT_CAPABILITY)
 IMPLEMENTATION = f"rlfleet-python/{__version__}"
+
+#: Attempts of an outage that each log their "reconnecting" line (the
+#: backoff's start, for the operator); later ones log at most one line per
+#: :data:`_RETRY_LOG_SECONDS`, with the count held back.
+_RETRY_LINES = 5
+_RETRY_LOG_SECONDS = 30.0
 
 # Statuses at the handshake that retrying cannot fix: the worker exits.
 _FATAL_AT_HANDSHAKE = {
@@ -94,6 +101,9 @@ class WorkerConfig:
         reconnect_base_seconds: First backoff step after a lost connection.
         reconnect_max_seconds: Backoff cap.
         handshake_timeout: Seconds to wait for the Welcome.
+        connect_timeout: Seconds the worker keeps trying to join (from its
+            start, and again from each lost connection) before it exits 1;
+            None: it keeps trying for ever.
         flush_steps: Send finished episodes once they hold this many steps,
         flush_bytes: or about this many bytes,
         flush_seconds: or the oldest has waited this long, or no unit is
@@ -133,6 +143,7 @@ class WorkerConfig:
     reconnect_base_seconds: float = 0.1
     reconnect_max_seconds: float = 10.0
     handshake_timeout: float = 30.0
+    connect_timeout: float | None = None
     flush_steps: int = 8192
     flush_bytes: int = 4 << 20
     flush_seconds: float = 0.1
@@ -174,6 +185,10 @@ class WorkerConfig:
             raise ConfigError(
                 f"--nonfinite must be 'error', 'flag' or 'ignore', got {self.nonfinite!r}"
             )
+        if self.connect_timeout is not None and not self.connect_timeout > 0:
+            raise ConfigError(
+                f"--connect-timeout must be > 0 seconds, got {self.connect_timeout!r}"
+            )
         if self.heartbeat_interval is not None and not self.heartbeat_interval > 0:
             raise ConfigError(
                 f"--heartbeat-interval must be > 0 seconds, got {self.heartbeat_interval!r}"
@@ -212,7 +227,16 @@ class RemoteWorker:
         self._last_beat = 0.0
         self._beat_interval = 1.0
         self._last_progress = time.monotonic()
+        self._unjoined_since = time.monotonic()
+        self._retries = LogLimiter(_RETRY_LOG_SECONDS)
         self.metrics = WorkerMetrics()
+        self._name = config.name
+
+    @property
+    def name(self) -> str:
+        """Its name in the fleet: the one its last Welcome gave (the coordinator
+        makes names unique, e.g. ``vm-2``), ``config.name`` before any join."""
+        return self._name
 
     def request_leave(self, reason: str = "asked to leave") -> None:
         """Makes the worker leave gracefully. Safe to call from a signal handler."""
@@ -263,7 +287,8 @@ class RemoteWorker:
 
         Returns:
             0 after leaving gracefully, 1 if the coordinator refused the
-            worker for a reason retrying cannot fix (e.g. protocol version).
+            worker for a reason retrying cannot fix (e.g. protocol version)
+            or no join succeeded within ``connect_timeout``.
 
         Raises:
             ConfigError: If a module of ``imports`` cannot be imported
@@ -281,6 +306,7 @@ class RemoteWorker:
             security=config.security,
         )
         attempt = 0
+        self._unjoined_since = time.monotonic()
         try:
             while not self._leave.is_set():
                 self._last_progress = time.monotonic()  # for alive()
@@ -297,35 +323,67 @@ class RemoteWorker:
                         )
                         return 1
                     attempt += 1
+                    if self._gave_up(attempt, str(exc)):
+                        return 1
                     self._backoff(attempt, str(exc))
                     continue
                 attempt = 0
+                self._retries = LogLimiter(_RETRY_LOG_SECONDS)  # a new outage logs at once
                 self._joined = True
                 try:
                     outcome = session.run()
                 finally:
                     self._joined = False
+                    self._unjoined_since = time.monotonic()
                 if outcome is Outcome.LEFT:
                     break
                 attempt += 1
                 self._backoff(attempt, session.end_reason)
         finally:
             channel.close()
-        logger.info("worker %r left: %s", config.name, self._leave_reason or "done")
+        logger.info("worker %r left: %s", self._name, self._leave_reason or "done")
         return 0
 
+    def _gave_up(self, attempt: int, why: str) -> bool:
+        """Whether ``--connect-timeout`` ran out without a join (then says so, once)."""
+        timeout = self.config.connect_timeout
+        waited = time.monotonic() - self._unjoined_since
+        if timeout is None or waited < timeout:
+            return False
+        logger.error(
+            "could not join coordinator %s within --connect-timeout %g s (%d attempts; the "
+            "last: %s); check the address and that the coordinator runs",
+            self.config.coordinator,
+            timeout,
+            attempt,
+            why,
+        )
+        return True
+
     def _backoff(self, attempt: int, why: str) -> None:
-        """Sleeps before reconnecting: exponential backoff with full jitter."""
+        """Sleeps before reconnecting: exponential backoff with full jitter.
+
+        The first :data:`_RETRY_LINES` attempts of an outage log their line;
+        later ones at most once per :data:`_RETRY_LOG_SECONDS`, with the
+        count of attempts held back: a wrong address must not fill the log
+        with one warning per retry.
+        """
         config = self.config
         cap = min(config.reconnect_max_seconds, config.reconnect_base_seconds * 2 ** (attempt - 1))
         delay = random.uniform(0, cap)
-        logger.warning(
-            "connection to coordinator %s: %s; reconnecting in %.2f s (attempt %d)",
-            config.coordinator,
-            why,
-            delay,
-            attempt,
-        )
+        if config.connect_timeout is not None:  # wake up in time to give up on time
+            left = config.connect_timeout - (time.monotonic() - self._unjoined_since)
+            delay = min(delay, max(left, 0.0))
+        held_back = 0 if attempt <= _RETRY_LINES else self._retries.admit()
+        if held_back is not None:
+            logger.warning(
+                "connection to coordinator %s: %s; reconnecting in %.2f s (attempt %d)%s",
+                config.coordinator,
+                why,
+                delay,
+                attempt,
+                held_back_note(held_back, "failed attempts"),
+            )
         self._leave.wait(delay)
 
     def _connect(self, channel: grpc.Channel) -> Session:
@@ -383,6 +441,7 @@ class RemoteWorker:
                 raise _HandshakeError(
                     f"the coordinator sent {body_name(message)} before Welcome", fatal=False
                 )
+            self._name = message.name or config.name  # before the session logs its join
             return Session(self, stream, message)
 
     def _refused_tls(self, ended: StreamEnded) -> str | None:

@@ -29,7 +29,7 @@ from rlfleet.core.seeding import (
 )
 from rlfleet.envs._base import BaseVectorEnv
 from rlfleet.envs.config import EnvConfig, make_native
-from rlfleet.errors import ConfigError, PolicyError, UsageError
+from rlfleet.errors import ConfigError, InvalidValueError, PolicyError, UsageError, WrongTypeError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.random import RandomPolicy
 from rlfleet.policies.spec import PolicySpec, make_policy
@@ -294,7 +294,7 @@ class VecWorker:
             PolicyError: If the parameters do not fit the policy (nothing
                 changes then).
             ConfigError: If a spec cannot be built.
-            TypeError: If the update is of another type.
+            WrongTypeError: If the update is of another type.
         """
         self._require_open()
         if agent_update is None:
@@ -322,7 +322,7 @@ class VecWorker:
                 self._pending_policy = None
             self._policy_is_default = False
         else:
-            raise TypeError(describe_update(agent_update))
+            raise WrongTypeError(describe_update(agent_update))
         self._agent_version = self._agent_version + 1 if version is None else version
         self._abort_in_flight()
         if new_policy is not None:
@@ -340,7 +340,7 @@ class VecWorker:
         Raises:
             ConfigError: If the env cannot be built or its observations have
                 no array shape (Dict, Tuple: flatten them).
-            TypeError: If the update is of another type.
+            WrongTypeError: If the update is of another type.
         """
         self._require_open()
         if env_update is None:
@@ -397,13 +397,15 @@ class VecWorker:
         requests change no stream.
 
         Raises:
-            TypeError: If an item is not an EpisodeUnit.
+            WrongTypeError: If an item is not an EpisodeUnit.
         """
         self._require_open()
         units = list(units)
         for unit in units:
             if not isinstance(unit, EpisodeUnit):
-                raise TypeError(f"submit() takes EpisodeUnit objects, got {type(unit).__name__}")
+                raise WrongTypeError(
+                    f"submit() takes EpisodeUnit objects, got {type(unit).__name__}"
+                )
         if units:
             self._streams.release_envs()
         self._queue.extend(units)
@@ -575,14 +577,14 @@ class VecWorker:
             Every finished episode (these and any left from before).
 
         Raises:
-            ValueError: If there is nothing to return.
+            InvalidValueError: If there is nothing to return.
         """
         self.submit(units)
         while not self.idle:
             self.step()
         batch = self.take_finished()
         if batch is None:
-            raise ValueError("VecWorker.run: no units were given and none had finished")
+            raise InvalidValueError("VecWorker.run: no units were given and none had finished")
         return batch
 
     # -------------------------------------------------------------- fragments

@@ -452,6 +452,9 @@ class LeaseStream:
 
     def _apply(self, reply: LeaseRepliedEvent) -> None:
         """Stores the answers of a reply (the caller holds the lock)."""
+        for env_id, worker in reply.workers.items():
+            if 0 <= env_id < len(self.env_workers):
+                self.env_workers[env_id] = worker  # the host now (a lost one's replacement)
         resets = reply.resets
         for env_id, answer in zip(reply.env_ids, reply.answers, strict=True):
             waiting = self._waiting.get(env_id)

@@ -165,9 +165,6 @@ class RemoteVectorEnv(BaseVectorEnv):
             sorted(set(stream.env_workers)),
         )
 
-    def __enter__(self) -> RemoteVectorEnv:
-        return self
-
     @property
     def env_spec(self) -> EnvSpec:
         """Spaces and episode limit of every env (they are all alike)."""
@@ -175,7 +172,10 @@ class RemoteVectorEnv(BaseVectorEnv):
 
     @property
     def env_workers(self) -> list[str]:
-        """The worker hosting each env, as of the lease's opening."""
+        """The worker hosting each env, as of its latest answer (the lease's
+        opening until then): an env re-created after its worker was lost names
+        its new host from the answer that reports the loss (info
+        ``rlfleet_env_lost``)."""
         return list(self._stream.env_workers)
 
     def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:

@@ -6,12 +6,14 @@ first gets the switch marker on its Join stream, then every lease command on
 the connection (``WorkerHandle.send_lease``); its replies go to the same
 ``LeaseManager.on_reply`` as the Join stream's. When the connection ends
 while the worker is in the fleet, the worker is dropped as lost: its leased
-envs are re-created elsewhere, and it rejoins with a new session. (A
-learner's lease data connection is face.py's.)
+envs are re-created elsewhere, and it rejoins with a new session; a worker
+that said Leaving (or is drained) closes it on purpose, and its Join
+stream's end decides. (A learner's lease data connection is face.py's.)
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import grpc
@@ -26,7 +28,9 @@ from rlfleet.coordinator.leases.translation import (
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.worker_events import WorkerEvents
-from rlfleet.errors import UnavailableError, WireFormatError
+from rlfleet.errors import ProtocolError, UnavailableError, WireFormatError
+
+logger = logging.getLogger("rlfleet.coordinator")
 
 
 class WorkerDataPeer:
@@ -34,11 +38,13 @@ class WorkerDataPeer:
 
     def __init__(
         self,
+        state: FleetState,
         events: WorkerEvents,
         leases: LeaseManager,
         handle: WorkerHandle,
         count: Callable[[str], None],
     ) -> None:
+        self._state = state
         self._count = count
         self._events = events
         self._leases = leases
@@ -47,9 +53,26 @@ class WorkerDataPeer:
     def on_frame(self, payload: bytes) -> None:
         self._count("worker")
         self._handle.touch()
-        self._leases.on_reply(self._handle, _parse_reply(payload))
+        try:
+            self._leases.on_reply(self._handle, _parse_reply(payload))
+        except ProtocolError as exc:
+            # Refused as on its Join stream (INVALID_ARGUMENT), not as a
+            # broken connection; raising then closes the connection.
+            self._events.drop(self._handle, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise
 
     def on_closed(self, reason: str) -> None:
+        handle = self._handle
+        if handle.leaving or self._state.draining:
+            # A worker that leaves (or is drained) closes both its connections;
+            # its Join stream's end removes it (OK), or its break (a warning).
+            logger.info(
+                "worker %r closed its lease data connection while leaving (%s)",
+                handle.name,
+                reason,
+                extra={"worker": handle.name},
+            )
+            return
         self._events.drop(
             self._handle,
             grpc.StatusCode.UNAVAILABLE,
@@ -71,7 +94,7 @@ def worker_attach(
                 raise UnavailableError(f"worker {handle.name!r} left before its data connection")
             handle.send(data_switch_command())
             handle.lease_data = connection
-        return WorkerDataPeer(events, leases, handle, state.metrics.lease_data_frame)
+        return WorkerDataPeer(state, events, leases, handle, state.metrics.lease_data_frame)
 
     return attach
 

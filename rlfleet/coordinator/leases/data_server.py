@@ -21,6 +21,7 @@ ticket's connection means.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import queue
@@ -33,11 +34,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rlfleet._util.log_limit import LogLimiter, held_back_note
-from rlfleet.errors import RlfleetError, UnavailableError
+from rlfleet.coordinator.leases.data_hello import HandshakeDeadline, read_hello, tls_handshake
+from rlfleet.errors import ConnectionClosedError, RlfleetError, UnavailableError
 from rlfleet.security import ServerTLS
 from rlfleet.transport.lease_channel import (
     FRAME_HEADER,
-    HANDSHAKE_FRAME_BYTES,
     InProcessLink,
     frame,
 )
@@ -69,7 +70,7 @@ class LeaseDataPeer(Protocol):
 Attach = Callable[["LeaseConnection"], LeaseDataPeer]
 
 
-class LeaseConnection:
+class LeaseConnection(abc.ABC):
     """A ticket's accepted connection, over TCP (:class:`DataConnection`) or in
     memory from this process (:class:`InProcessConnection`): its peer, and a
     close flag set once.
@@ -106,19 +107,19 @@ class LeaseConnection:
             self._drop_pending()
             return True
 
+    @abc.abstractmethod
     def send(self, payload: bytes) -> None:
         """Sends one frame to the peer without blocking (any thread)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def shutdown(self) -> None:
         """Ends the connection for the peer (any thread; after :meth:`mark_closed`)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def release(self) -> None:
         """Frees what it holds (the loop thread, once it forgot the connection)."""
-        raise NotImplementedError
 
-    def _drop_pending(self) -> None:
+    def _drop_pending(self) -> None:  # noqa: B027  (a hook: only queued frames need dropping)
         """Forgets what waits to be sent (under the lock, once closed)."""
 
 
@@ -305,7 +306,9 @@ class InProcessConnection(LeaseConnection):
 
     def _deliver(self, payload: bytes) -> None:
         if self._closed:
-            raise OSError("the coordinator closed the in-process lease data connection")
+            raise ConnectionClosedError(
+                "the coordinator closed the in-process lease data connection"
+            )
         self._server.in_process_frame(self, payload)
 
     def _hung_up(self) -> None:
@@ -459,12 +462,14 @@ class LeaseDataServer:
             self._handshakes.release()
 
     def _attach(self, sock: socket.socket, where: str) -> None:
+        # One deadline for TLS, the ticket and the answer together: a peer
+        # trickling a byte at a time must not renew a per-recv timeout.
+        deadline = HandshakeDeadline(self._handshake_timeout)
         try:
-            sock.settimeout(self._handshake_timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
-                sock = self._tls.wrap_socket(sock, server_side=True)
-            hello = _read_frame(sock, HANDSHAKE_FRAME_BYTES)
+                sock = tls_handshake(self._tls, sock, deadline)
+            hello = read_hello(sock, deadline)
             attach = self._take(hello)
         except (OSError, ValueError) as exc:
             self._refuse(sock, where, f"{type(exc).__name__}: {exc}")
@@ -476,6 +481,7 @@ class LeaseDataServer:
         connection = DataConnection(sock, self, where, _PENDING_FRAMES * self._max_frame)
         try:
             # LeaseDataAccepted (no fields) before anything attach may send.
+            sock.settimeout(deadline.remaining())
             sock.sendall(frame(b""))
             sock.setblocking(False)
             connection.peer = attach(connection)
@@ -649,26 +655,3 @@ def _handled(
 def _too_long(length: int, max_frame: int) -> str:
     """Why a frame of ``length`` bytes closes its connection."""
     return f"a frame of {length} bytes, above the limit of {max_frame}"
-
-
-def _read_frame(sock: socket.socket, limit: int) -> bytes:
-    """One whole frame from a blocking socket (the handshake).
-
-    Raises:
-        ValueError: For a frame above ``limit`` bytes or a connection that ended.
-    """
-    header = _read_exactly(sock, FRAME_HEADER.size)
-    (length,) = FRAME_HEADER.unpack(header)
-    if length > limit:
-        raise ValueError(f"a first frame of {length} bytes (a LeaseDataHello is tiny)")
-    return _read_exactly(sock, length)
-
-
-def _read_exactly(sock: socket.socket, count: int) -> bytes:
-    data = bytearray()
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            raise ValueError("the connection ended before its LeaseDataHello")
-        data += chunk
-    return bytes(data)

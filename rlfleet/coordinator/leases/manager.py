@@ -17,7 +17,6 @@ learner sees one answer per env and call, never none and never two.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import queue
 import time
@@ -26,6 +25,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from rlfleet._util.log_limit import LogLimiter, held_back_note
+from rlfleet._util.values import json_object
 from rlfleet.coordinator.failures import CallError, invalid
 from rlfleet.coordinator.leases.data_server import LeaseConnection
 from rlfleet.coordinator.leases.translation import (
@@ -41,11 +42,18 @@ from rlfleet.coordinator.leases.translation import (
 )
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
+from rlfleet.errors import ConfigError, ProtocolError
 from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY, can_run_env, is_multi_agent_env
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire.leases import LeaseCallOrder
 
 logger = logging.getLogger("rlfleet.coordinator")
+
+#: Lease replies for envs it does not host after which a worker is dropped
+#: (INVALID_ARGUMENT). An honest worker sends none: its replies name only
+#: the envs the coordinator placed on it, and a lost worker's replies are
+#: ignored before this check.
+FORGED_REPLIES_LIMIT = 16
 
 #: What a lease stream's outbox holds: a serialized LeaseResponse, an error
 #: ending the call, or its clean end.
@@ -141,6 +149,7 @@ class LeaseManager:
         self._max_envs_per_learner = config.max_envs_per_learner
         self._leases: dict[int, Lease] = {}
         self._ids = itertools.count(1)
+        self._forgeries = LogLimiter()
 
     # --- opening ----------------------------------------------------------------
 
@@ -351,8 +360,10 @@ class LeaseManager:
         if call.op == "reset":
             if call.seeds and len(call.seeds) != len(ids):
                 raise invalid(f"{where}: {len(call.seeds)} seeds for {len(ids)} envs")
-            if call.options_json:
-                _check_json_object(call.options_json, where)
+            try:
+                json_object(call.options_json, f"{where}: options_json")
+            except ConfigError as exc:
+                raise invalid(str(exc)) from None
         elif call.op == "step":
             if call.bad_actions is not None:
                 raise invalid(str(call.bad_actions))
@@ -411,13 +422,7 @@ class LeaseManager:
                 env_id for env_id in reply.env_ids if env_id >= count or hosts[env_id] != worker_id
             ]
             if foreign:
-                logger.warning(
-                    "worker %r answered lease %d call %d for envs %s it does not host; ignored",
-                    handle.name,
-                    lease.lease_id,
-                    reply.call_id,
-                    foreign,
-                )
+                self._forged(handle, lease.lease_id, reply.call_id, foreign)
                 return
             in_flight, call_id = lease.in_flight, reply.call_id
             current = [
@@ -441,6 +446,34 @@ class LeaseManager:
                 lease.held.setdefault(reply.call_id, []).append(named)
                 return
             lease.post(lease_response([*lease.held.pop(reply.call_id, []), named]))
+
+    def _forged(
+        self, handle: WorkerHandle, lease_id: int, call_id: int, foreign: list[int]
+    ) -> None:
+        """A reply for envs ``handle`` does not host: ignored, logged at most once
+        per interval, and past :data:`FORGED_REPLIES_LIMIT` the worker is refused.
+
+        Raises:
+            ProtocolError: The worker's forged replies reached the limit (its
+                stream or data connection drops it, INVALID_ARGUMENT).
+        """
+        handle.forged_replies += 1
+        if handle.forged_replies >= FORGED_REPLIES_LIMIT:
+            raise ProtocolError(
+                f"worker {handle.name!r} answered lease calls for envs it does not host "
+                f"{handle.forged_replies} times (the last: lease {lease_id} call {call_id}, "
+                f"envs {foreign}); a worker answers only for the envs it hosts (leases.proto)"
+            )
+        held_back = self._forgeries.admit()
+        if held_back is not None:
+            logger.warning(
+                "worker %r answered lease %d call %d for envs %s it does not host; ignored%s",
+                handle.name,
+                lease_id,
+                call_id,
+                foreign,
+                held_back_note(held_back, "such replies"),
+            )
 
     def _on_created(self, lease: Lease, handle: WorkerHandle, reply: RelayReply) -> None:
         waiting = lease.creating.get(handle.worker_id)
@@ -565,12 +598,3 @@ def _answered(
         return None
     del lease.clocks[call_id]
     return clock
-
-
-def _check_json_object(text: str, where: str) -> None:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise invalid(f"{where}: options_json is not JSON ({exc})") from exc
-    if not isinstance(value, dict):
-        raise invalid(f"{where}: options_json must be a JSON object, got {text[:100]!r}")

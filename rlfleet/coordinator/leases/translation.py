@@ -32,6 +32,7 @@ from rlfleet.coordinator.failures import CallError, detail_of, invalid
 from rlfleet.coordinator.updates import check_env_update
 from rlfleet.errors import WireFormatError
 from rlfleet.v1 import leases_pb2, tensor_pb2, updates_pb2, worker_pb2
+from rlfleet.v1.updates_pb2 import EnvUpdate as EnvUpdateMessage
 from rlfleet.wire import decode_env_update, encode_tensor_into
 from rlfleet.wire._protowire import LEN, len_prefix, read_varint, tag
 from rlfleet.wire.leases import OP_CODES, OP_NAMES, LeaseCallOrder, decode_lease_call
@@ -56,7 +57,7 @@ class LeasedEnvSpec:
     """The env a lease's envs are built from (LeaseOpen.env), kept as sent."""
 
     env_id: str
-    update: updates_pb2.EnvUpdate
+    update: EnvUpdateMessage
 
     def check(self) -> None:
         """Refuses envs a lease may not build.
@@ -324,12 +325,12 @@ def hello_ticket(data: bytes) -> bytes:
     """The ticket of a serialized LeaseDataHello.
 
     Raises:
-        ValueError: If it does not parse.
+        WireFormatError: If it does not parse.
     """
     try:
         return leases_pb2.LeaseDataHello.FromString(data).ticket
     except DecodeError as exc:
-        raise ValueError(f"a first frame that is no LeaseDataHello: {exc}") from None
+        raise WireFormatError(f"a first frame that is no LeaseDataHello: {exc}") from None
 
 
 def data_address(port: int, ticket: bytes) -> leases_pb2.LeaseDataAddress:

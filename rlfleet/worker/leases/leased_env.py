@@ -8,7 +8,6 @@ translates them from and to protos/rlfleet/v1/leases.proto).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import traceback
@@ -19,9 +18,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._util.values import json_object, json_value
 from rlfleet.envs import EnvConfig
 from rlfleet.envs._base import CALL, CLASS_NAMES, GET_ATTR, RENDER, SET_ATTR, run_command
-from rlfleet.errors import ConfigError, EnvError, PolicyError
+from rlfleet.errors import ConfigError, EnvError, InvalidValueError, PolicyError
 from rlfleet.wire.leases import LeaseAnswer, LeaseCallOrder, LeasedEnvSource
 
 logger = logging.getLogger("rlfleet.worker")
@@ -106,9 +106,7 @@ def lease_config(update: LeasedEnvSource, imports: tuple[str, ...]) -> EnvConfig
             f"{update.env_id!r} with vectorization={update.vectorization!r} is not: lease it "
             "without vectorization"
         )
-    kwargs = json.loads(update.kwargs_json) if update.kwargs_json else {}
-    if not isinstance(kwargs, dict):
-        raise ConfigError(f"env kwargs must be a JSON object, got {update.kwargs_json[:200]!r}")
+    kwargs = json_object(update.kwargs_json, "EnvUpdate.kwargs_json")
     return EnvConfig(update.env_id, kwargs, update.max_episode_length, imports)
 
 
@@ -130,9 +128,9 @@ def call_args(call: LeaseCallOrder) -> list[Any]:
         seeds: list[int | None] = [None if s < 0 else int(s) for s in call.seeds] or [None] * count
         if len(seeds) != count:
             raise ConfigError(f"a reset of {count} envs carries {len(seeds)} seeds")
-        options = json.loads(call.options_json) if call.options_json else None
-        if options is not None and not isinstance(options, dict):
-            raise ConfigError("reset options must be a JSON object")
+        options = (
+            json_object(call.options_json, "LeaseCall.options_json") if call.options_json else None
+        )
         return [(seed, options) for seed in seeds]
     if call.op == "step":
         if call.bad_actions is not None:
@@ -147,9 +145,9 @@ def call_args(call: LeaseCallOrder) -> list[Any]:
         # Numpy scalars (Discrete) or row views, as gymnasium's vector envs pass them.
         return list(actions)
     if call.op == "set_attr":
-        return [(call.name, _json(call.value_json, "SET_ATTR value_json"))] * count
+        return [(call.name, json_value(call.value_json, "SET_ATTR value_json"))] * count
     if call.op == "call":
-        args, kwargs = _json(call.value_json, "CALL value_json") or ([], {})
+        args, kwargs = json_value(call.value_json, "CALL value_json") or ([], {})
         return [(call.name, tuple(args), dict(kwargs))] * count
     if call.op == "get_attr":
         return [call.name] * count
@@ -171,13 +169,6 @@ def check_actions(actions: np.ndarray, space: gym.Space, lease_id: int) -> None:
             f"lease {lease_id}: actions of shape {actions.shape[1:]} and dtype {actions.dtype} "
             f"per env do not fit the action space {space}"
         )
-
-
-def _json(text: str, where: str) -> Any:
-    try:
-        return json.loads(text) if text else None
-    except ValueError as exc:
-        raise ConfigError(f"{where} is not JSON: {exc}") from exc
 
 
 def run_env(leased: LeasedEnv, op: str, arg: Any, prefetch: bool = False) -> LeaseAnswer:
@@ -246,7 +237,7 @@ def _typed(leased: LeasedEnv, obs: Any) -> np.ndarray:
     (many envs return float64 arrays for a float32 Box)."""
     array = np.asarray(obs, dtype=leased.obs_dtype)
     if array.shape != leased.obs_shape:
-        raise ValueError(
+        raise InvalidValueError(
             f"the env returned an observation of shape {array.shape}; its observation "
             f"space {leased.space} has shape {leased.space.shape}"
         )
