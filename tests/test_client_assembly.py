@@ -6,6 +6,7 @@ observations count steps, so expected orders can be read off the data.
 
 from __future__ import annotations
 
+import itertools
 import tracemalloc
 
 import numpy as np
@@ -246,6 +247,87 @@ def test_assemble_episodes_copies_step_data_once() -> None:
     finally:
         tracemalloc.stop()
     # The general path holds the concatenation and the ordered copy at once.
+    assert general_peak - one_copy_peak > 0.9 * step_bytes
+
+
+def _fragment_results(
+    streams: int, lengths: list[int], windows: int, rng: np.random.Generator
+) -> list[DecodedResult]:
+    """Each stream's episodes of ``lengths`` steps, cut into ``windows`` windows, one result
+    per window and worker (worker w holds streams w, w + 2, ...), in a random arrival order."""
+    pieces: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+    for stream in range(streams):
+        total = sum(lengths)
+        cuts = np.sort(rng.choice(np.arange(1, total), size=windows - 1, replace=False))
+        bounds = [0, *cuts.tolist(), total]
+        starts = np.cumsum([0, *lengths])
+        for window, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+            for episode, n in enumerate(lengths):
+                a, b = max(lo, int(starts[episode])), min(hi, int(starts[episode]) + n)
+                if a < b:
+                    fragment = sum(
+                        1
+                        for w in bounds[1 : window + 1]
+                        if starts[episode] < w < starts[episode] + n
+                    )
+                    pieces.setdefault((window, stream % 2), []).append(
+                        (stream, episode, fragment, b - a)
+                    )
+    results = []
+    for (_, worker), mine in pieces.items():
+        b = batch(
+            [n for *_, n in mine],
+            [episode for _, episode, _, _ in mine],
+            stream=[stream for stream, *_ in mine],
+            fragment_index=[fragment for _, _, fragment, _ in mine],
+        )
+        results.append(result(b, worker=worker + 1))
+    return [results[i] for i in rng.permutation(len(results))]
+
+
+def _sorted_fragments(results: list[DecodedResult]) -> EpisodeBatch:
+    """What the answer was before the one-copy path: concatenate, then sort."""
+    from rlfleet.core.episode_order import sort_fragments
+
+    return sort_fragments(EpisodeBatch.concatenate(*(r.batch for r in results)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    streams=st.integers(1, 5),
+    lengths=st.lists(st.integers(2, 6), min_size=1, max_size=6),
+    windows=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_assemble_fragments_in_one_copy_equals_concatenating_then_sorting(
+    streams: int, lengths: list[int], windows: int, seed: int
+) -> None:
+    windows = min(windows, sum(lengths))
+    results = _fragment_results(streams, lengths, windows, np.random.default_rng(seed))
+    _assert_same_batch(assemble_fragments(results), _sorted_fragments(results))
+
+
+def test_assemble_fragments_copies_step_data_once() -> None:
+    # 16 streams of 25 episodes of 40 steps in 4 windows, as two workers send them.
+    results = _fragment_results(16, [40] * 25, 4, np.random.default_rng(0))
+    step_bytes = sum(
+        a.nbytes
+        for r in results
+        for a in (r.batch.observations, r.batch.actions, r.batch.rewards, r.batch.step_types)
+    )
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        answer = assemble_fragments(results)
+        _, one_copy_peak = tracemalloc.get_traced_memory()
+        del answer
+        tracemalloc.reset_peak()
+        general = _sorted_fragments(results)
+        _, general_peak = tracemalloc.get_traced_memory()
+        del general
+    finally:
+        tracemalloc.stop()
+    # Concatenating then sorting holds both copies at once.
     assert general_peak - one_copy_peak > 0.9 * step_bytes
 
 

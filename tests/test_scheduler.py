@@ -537,10 +537,10 @@ def test_take_many_hands_out_what_as_many_takes_would(  # noqa: PLR0917 (hypothe
     count: int,
     prior: float | None,
 ) -> None:
-    from rlfleet.scheduling.scheduler import _EpisodeRequest
+    from rlfleet.scheduling.units import EpisodeRequest
 
-    def state() -> _EpisodeRequest:
-        request = _EpisodeRequest(1, spec(mode, amount), subscription=False)
+    def state() -> EpisodeRequest:
+        request = EpisodeRequest(1, spec(mode, amount), subscription=False)
         request.next_index = handed
         request.handed_out(handed)
         for length, index in zip(completed, range(handed), strict=False):

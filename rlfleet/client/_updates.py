@@ -21,7 +21,7 @@ from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError
 from rlfleet.policies import BUILTIN_POLICIES, Policy, PolicySpec
 from rlfleet.protocol.updates import AgentChange, EnvChange, PolicyChoice
-from rlfleet.wire.tensors import copy_tensor_map
+from rlfleet.wire.tensor_messages import copy_tensor_map
 
 #: The forms of ``agent_update`` arguments that are not messages (see :func:`agent_change`).
 AgentUpdateForm: TypeAlias = (

@@ -15,47 +15,43 @@ found it share one worker process; the others start their own
 from __future__ import annotations
 
 import functools
-import itertools
-import math
 import signal
 import time
 from collections.abc import Callable, Mapping
 
 import grpc
-import gymnasium as gym
 import numpy as np
 
+from rlfleet.conformance._expectations import (
+    DRAIN_GRACE_SECONDS,
+    bullets,
+    check_pinned,
+    env_spec_problems,
+    expect_close,
+    expect_error,
+    fail_if,
+    heartbeat,
+    heartbeat_field_problems,
+    spec_text,
+    start_long_task,
+    steps_total_problems,
+)
 from rlfleet.conformance._failure import Check, CheckFailed, CheckResult, run_check
 from rlfleet.conformance._stall import StallMeter
-from rlfleet.conformance.agents import Agent, balancing_agent, pinned_agent
-from rlfleet.conformance.kit_messages import (
-    LeaseCall,
-    LeaseCreate,
-    LeaseRelease,
-    LeaseRows,
-    error_of,
-    heartbeat_of,
-    lease_rows_of,
-    merged_rows,
-)
+from rlfleet.conformance.agents import balancing_agent, pinned_agent
+from rlfleet.conformance.lease_checks import check_leases
 from rlfleet.conformance.link import (
     KNOWN_CAPABILITIES,
     WelcomeSettings,
-    WorkerLink,
     event_kind,
-    kind_name,
 )
 from rlfleet.conformance.runner import WorkerHarness
-from rlfleet.conformance.scripted_coordinator import BROKEN, CLOSED, Inbound
-from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.policies.mlp import weight_name
-from rlfleet.protocol.error_reports import ErrorKind, ErrorReport
-from rlfleet.protocol.join import TaskAssignment, WorkerBeat
+from rlfleet.protocol.error_reports import ErrorKind
 from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.stream_replay import StreamBook
 from rlfleet.transport import rpc as _rpc
-from rlfleet.wire import parse_env_spec
 from rlfleet.wire.result_checks import pieces_by_stream
 from rlfleet.wire.results import DecodedResult, cut_pieces
 
@@ -78,12 +74,6 @@ CANCEL_UNITS = 40
 REFUSAL_WATCH_SECONDS = 3.0
 #: Most Join attempts per second a refused worker may make.
 MAX_RETRIES_PER_SECOND = 3.0
-#: Grace a draining or SIGTERMed worker has to close its stream and exit.
-DRAIN_GRACE_SECONDS = 10.0
-#: Seed of the lease check's first env (the second gets the next one).
-LEASE_SEED = 21
-#: Steps the lease check compares with gymnasium.make's env.
-LEASE_STEPS = 10
 #: How soon after SIGTERM a worker must say Leaving.
 LEAVING_SECONDS = 5.0
 
@@ -127,12 +117,12 @@ def handshake(harness: WorkerHarness) -> str:
             problems.append(f"Hello.{field} is empty")
     if hello.pid <= 0:
         problems.append(f"Hello.pid is {hello.pid}: send the worker's process id")
-    problems += _env_spec_problems(harness.env_id, link.spec)
-    _fail_if(link, "the handshake is incomplete", problems)
+    problems += env_spec_problems(harness.env_id, link.spec)
+    fail_if(link, "the handshake is incomplete", problems)
     return (
         f"Hello from {hello.implementation!r} (pid {hello.pid} on {hello.host!r}, "
         f"{hello.num_envs} envs, capabilities {list(hello.capabilities)}); "
-        f"EnvReady(1) with {_spec_text(link.spec)}"
+        f"EnvReady(1) with {spec_text(link.spec)}"
     )
 
 
@@ -151,7 +141,7 @@ def capabilities(harness: WorkerHarness) -> str:
         problems.append(f"capabilities are listed more than once: {advertised}")
     if "rlfleet.episodes" not in advertised:
         problems.append("'rlfleet.episodes' is missing: every coordinator sends episode tasks")
-    _fail_if(link, "Hello.capabilities break the protocol", problems)
+    fail_if(link, "Hello.capabilities break the protocol", problems)
     if not link.grants("rlfleet.fragments"):
         return f"capabilities {advertised}; fragments not advertised, so not tried"
     task = link.send_fragments(4, 1, base_seed=3)
@@ -193,12 +183,12 @@ def heartbeats(harness: WorkerHarness) -> str:
             f"seconds, the kit allows gaps up to {allowed:.2f} (its own threads woke up to "
             f"{stall.worst:.2f} s late meanwhile)"
         )
-    problems += _heartbeat_field_problems(link, window)
-    problems += _steps_total_problems(beats, task_sent, results)
-    last = _heartbeat(window[-1])
+    problems += heartbeat_field_problems(link, window)
+    problems += steps_total_problems(beats, task_sent, results)
+    last = heartbeat(window[-1])
     if last.queued_units:
         problems.append(f"an idle worker reports queued_units={last.queued_units}")
-    _fail_if(link, "heartbeats break the protocol", problems)
+    fail_if(link, "heartbeats break the protocol", problems)
     return (
         f"{len(window)} heartbeats in {end - start:.1f} s (interval {interval:g} s, longest gap "
         f"{gaps[worst]:.2f} s); steps_total, active_envs and queued_units plausible"
@@ -226,7 +216,7 @@ def sampling(harness: WorkerHarness) -> str:
     previous: dict[int, tuple[DecodedResult, int]] = {}
     for number, window in enumerate(windows):
         problems, previous = continuity_problems(previous, window)
-        _fail_if(link, f"window {number} of FRAGMENTS task {fragments.task_id}", problems)
+        fail_if(link, f"window {number} of FRAGMENTS task {fragments.task_id}", problems)
     link.pump(0.2)
     if len(link.results[fragments.task_id]) != rounds:
         raise link.failure(
@@ -264,7 +254,7 @@ def stream_takeover(harness: WorkerHarness) -> str:
     again = link.send_fragments(length, 1, base_seed=seed, streams=[stream], replays=[replay])
     (rebuilt,) = link.collect_windows(again)
     problems = _same_pieces(rebuilt.batch, windows[1].batch)
-    _fail_if(
+    fail_if(
         link,
         f"the window after a replay of stream {stream} (episode {replay.episode_index}, "
         f"{replay.fragment_index} pieces delivered) differs from the worker's own second window",
@@ -307,7 +297,7 @@ def agent_updates(harness: WorkerHarness) -> str:
     )
     task = link.send_episodes(2 * link.num_envs, seed=13)
     results = link.collect(task)
-    _check_pinned(link, agent, results, "after the AgentUpdate")
+    check_pinned(link, agent, results, "after the AgentUpdate")
     return (
         f"AgentReady({version}); {len(task.units)} episodes carry agent_version {version} and "
         f"take the action its parameters pin ({agent.action})"
@@ -338,7 +328,7 @@ def env_updates(harness: WorkerHarness) -> str:
 def errors(harness: WorkerHarness) -> str:
     link = harness.shared()
     generation = link.send_env_update(MISSING_ENV_ID)
-    detail = _expect_error(
+    detail = expect_error(
         link,
         f"EnvUpdate(generation={generation}, env_id={MISSING_ENV_ID!r})",
         ErrorKind.ENV_NOT_FOUND,
@@ -355,7 +345,7 @@ def errors(harness: WorkerHarness) -> str:
     rows, cols = bad[name].shape
     bad[name] = np.zeros((rows + 1, cols), dtype=np.float32)
     version = link.send_agent_update(bad)
-    _expect_error(
+    expect_error(
         link,
         f"AgentUpdate(version={version}) whose {name!r} is ({rows + 1}, {cols}) instead of "
         f"({rows}, {cols})",
@@ -366,7 +356,7 @@ def errors(harness: WorkerHarness) -> str:
     )
     task = link.send_episodes(2 * link.num_envs, seed=15)  # names version `good`
     results = link.collect(task)
-    _check_pinned(link, agent, results, "after the refused AgentUpdate (the old policy)")
+    check_pinned(link, agent, results, "after the refused AgentUpdate (the old policy)")
     return (
         f"unknown env: ERROR_KIND_ENV_NOT_FOUND {detail.message!r}; wrong shape: "
         f"ERROR_KIND_POLICY naming {name!r}; then a task ran with agent version {good}"
@@ -403,7 +393,7 @@ def cancel(harness: WorkerHarness) -> str:
                 f"task {task.task_id}: {len(late)} of its {cancelled} cancelled units came back "
                 f"({late[:10]}...); at most {allowed} (2 x num_envs) may, those already running"
             )
-    _fail_if(link, "Cancel was not honoured", problems)
+    fail_if(link, "Cancel was not honoured", problems)
     return (
         f"cancelled {CANCEL_UNITS - n} units, then a whole task of {CANCEL_UNITS}: "
         f"{len(link.returned(part) - keep)} and {len(link.returned(whole))} came back "
@@ -489,7 +479,7 @@ def version_mismatch(harness: WorkerHarness) -> str:
     if problems:
         raise CheckFailed(
             "after a FAILED_PRECONDITION (protocol version mismatch) at Join:\n"
-            + _bullets(problems)
+            + bullets(problems)
             + f"\n{description}"
         )
     outcome = (
@@ -503,23 +493,23 @@ def version_mismatch(harness: WorkerHarness) -> str:
 @_check("drain", "Drain closes the stream and the worker rejoins; SIGTERM: Leaving, close, exit 0")
 def drain(harness: WorkerHarness) -> str:
     with harness.fresh() as (process, link):
-        _start_long_task(link, units=6 * link.num_envs, seed=20)
+        start_long_task(link, units=6 * link.num_envs, seed=20)
         drained = time.monotonic()
         link.drain("conformance kit: drain check", DRAIN_GRACE_SECONDS)
-        _expect_close(link, "after Drain")
+        expect_close(link, "after Drain")
         closed = time.monotonic()
         link.session.finish()
 
         rejoined = harness.join(process)  # a drained worker reconnects with backoff
         rejoin_after = time.monotonic() - closed
-        _start_long_task(rejoined, units=20 * rejoined.num_envs, seed=21)
+        start_long_task(rejoined, units=20 * rejoined.num_envs, seed=21)
         signalled = time.monotonic()
         process.signal(signal.SIGTERM)
         rejoined.wait_for(
             "Leaving after SIGTERM", lambda e: event_kind(e) == "leaving", timeout=LEAVING_SECONDS
         )
         leaving_after = time.monotonic() - signalled
-        _expect_close(rejoined, "after SIGTERM and Leaving")
+        expect_close(rejoined, "after SIGTERM and Leaving")
         rejoined.session.finish()
         code = process.wait(DRAIN_GRACE_SECONDS - (time.monotonic() - signalled))
         if code is None:
@@ -541,242 +531,13 @@ def drain(harness: WorkerHarness) -> str:
     )
 
 
-# --- helpers ------------------------------------------------------------------------
-
-
-def _bullets(problems: list[str]) -> str:
-    return "\n".join(f"  - {problem}" for problem in problems)
-
-
-def _fail_if(link: WorkerLink, what: str, problems: list[str]) -> None:
-    if problems:
-        raise link.failure(f"{what}:\n{_bullets(problems)}")
-
-
-def _spec_text(spec: EnvSpec) -> str:
-    return (
-        f"observations {spec.observation_space}, actions {spec.action_space}, "
-        f"max_episode_length {spec.max_episode_length}"
-    )
-
-
-def _env_spec_problems(env_id: str, spec: EnvSpec) -> list[str]:
-    """Compares the reported EnvSpec with gymnasium's, when the id is registered here."""
-    if env_id not in gym.registry:
-        return []  # e.g. an env of the worker's own language
-    try:
-        env = gym.make(env_id)
-    except Exception:  # registered but not buildable here (missing extra): nothing to compare
-        return []
-    try:
-        want = EnvSpec.from_env(env)
-    finally:
-        env.close()
-    return [
-        f"EnvReady reports {name} {getattr(spec, name)}, gymnasium.make({env_id!r}) has "
-        f"{getattr(want, name)}"
-        for name in ("observation_space", "action_space", "max_episode_length")
-        if getattr(spec, name) != getattr(want, name)
-    ]
-
-
-def _heartbeat(beat: Inbound) -> WorkerBeat:
-    assert beat.message is not None  # the session files only parsed heartbeats
-    return heartbeat_of(beat.message)
-
-
-def _steps_total_problems(
-    beats: list[Inbound], task_sent: float, results: list[DecodedResult]
-) -> list[str]:
-    """steps_total never goes down, and grows by at least a task's steps across it."""
-    totals = [_heartbeat(b).steps_total for b in beats]
-    if any(later < earlier for earlier, later in itertools.pairwise(totals)):
-        return [f"steps_total went down: {totals[-10:]}"]
-    # A heartbeat that arrived before the task was sent was sent before the
-    # worker had it; one that arrived after the last result was sent after.
-    before = [b for b in beats if b.at < task_sent]
-    after = [b for b in beats if b.seq > max(r.seq for r in results)]
-    steps = sum(int(r.batch.lengths.sum()) for r in results)
-    if before and after:
-        grown = _heartbeat(after[0]).steps_total - _heartbeat(before[-1]).steps_total
-        if grown < steps:
-            return [
-                f"steps_total grew by {grown} across a task whose results hold {steps} steps; "
-                "it counts every env step since the worker started"
-            ]
-    return []
-
-
-def _heartbeat_field_problems(link: WorkerLink, window: list[Inbound]) -> list[str]:
-    problems = []
-    for beat in window:
-        body = _heartbeat(beat)
-        if body.active_envs > link.num_envs:
-            problems.append(
-                f"active_envs={body.active_envs} is more than the worker's {link.num_envs} slots"
-            )
-        if not math.isfinite(body.steps_per_second) or body.steps_per_second < 0:
-            problems.append(f"steps_per_second={body.steps_per_second} is not a rate")
-        if problems:
-            break
-    return problems
-
-
-def _check_pinned(link: WorkerLink, agent: Agent, results: list[DecodedResult], when: str) -> None:
-    for result in results:
-        step = agent.off_pin(result.batch.actions)
-        if step is not None:
-            raise link.failure(
-                f"{when}, task {result.header.task_id} took action {result.batch.actions[step]} at "
-                f"step {step} of a batch; the parameters pin every action to {agent.action}, "
-                "so the worker is not acting with them"
-            )
-
-
-def _expect_error(
-    link: WorkerLink, sent: str, kind: int, named: str, *, refusal: str, update: int
-) -> ErrorReport:
-    want = kind_name(kind)
-    event = link.wait_for(
-        f"WorkerError {want} for {sent}",
-        lambda e: event_kind(e) in ("error", refusal),
-        allow_errors=True,
-    )
-    assert isinstance(event, Inbound) and event.message is not None  # matched above
-    if event.kind == refusal:
-        raise link.failure(f"the worker accepted {sent} ({refusal}); expected WorkerError {want}")
-    detail = error_of(event.message)
-    problems = []
-    if detail.kind != kind:
-        problems.append(f"its kind is {kind_name(detail.kind)}, expected {want}")
-    if named not in detail.message:
-        problems.append(f"its message {detail.message!r} does not name {named!r}")
-    # The coordinator charges an error only to what it names (updates.proto).
-    field = "env_generation" if refusal == "env_ready" else "agent_version"
-    if getattr(detail, field) != update:
-        shown = "unset" if getattr(detail, field) is None else getattr(detail, field)
-        problems.append(f"its {field} is {shown}, expected {update} (the refused update)")
-    _fail_if(link, f"the WorkerError for {sent} is not what the protocol asks", problems)
-    return detail
-
-
-def _start_long_task(link: WorkerLink, *, units: int, seed: int) -> TaskAssignment:
-    """Sends a task of long episodes and waits for its first result: work is in flight."""
-    agent = balancing_agent(link.spec)
-    if agent is not None:
-        link.update_agent(agent.params, policy=agent.policy)
-    task = link.send_episodes(units, seed=seed)
-    link.wait_until(
-        f"a first result of task {task.task_id}",
-        lambda: bool(link.results[task.task_id]),
-        pending=lambda: "no result came",
-    )
-    return task
-
-
-def _expect_close(link: WorkerLink, when: str) -> None:
-    end = link.wait_for(
-        f"the worker to close its side of the stream {when}",
-        lambda e: event_kind(e) in (CLOSED, BROKEN),
-        timeout=DRAIN_GRACE_SECONDS,
-    )
-    assert isinstance(end, Inbound)  # matched above
-    if end.kind == BROKEN:
-        raise link.failure(
-            f"{when}, the stream broke ({end.error}) instead of being closed: the worker "
-            "sends its last results, then closes its side (half-close) and waits for the "
-            "coordinator to end the call"
-        )
-
-
 @_check("leases", "if 'rlfleet.leases' is advertised: leased envs build, reset, step and release")
 def leases(harness: WorkerHarness) -> str:
-    link = harness.shared()
-    if not link.grants(_rpc.LEASE_CAPABILITY):
-        return (
-            "'rlfleet.leases' not advertised: coordinators place no leased envs on this "
-            "worker, so nothing was tried"
-        )
-    lease_id = 5
-    reply = _lease_reply(link, "a CREATE reply", LeaseCreate(lease_id, harness.env_id, (0, 1)))
-    if reply.error is not None or reply.env_spec is None:
-        raise link.failure(f"LeaseCreate of {harness.env_id!r} was answered with {reply.text}")
-    spec = parse_env_spec(reply.env_spec)
-    local = [gym.make(harness.env_id) for _ in range(2)]
-    want_obs = np.stack(
-        [local[0].reset(seed=LEASE_SEED)[0], local[1].reset(seed=LEASE_SEED + 1)[0]]
-    )
-    reset = LeaseCall(lease_id, 1, (0, 1), seeds=(LEASE_SEED, LEASE_SEED + 1))
-    _expect_rows(link, _lease_reply(link, "a RESET reply", reset), reset, want_obs, "RESET")
-    problems = []
-    for step in range(LEASE_STEPS):
-        actions = np.stack([spec.action_space.sample() for _ in range(2)])
-        want = [local[i].step(actions[i]) for i in range(2)]
-        call = LeaseCall(lease_id, 2 + step, (0, 1), actions=actions)
-        reply = _lease_reply(link, "a STEP reply", call)
-        _expect_rows(link, reply, call, np.stack([w[0] for w in want]), f"STEP {step + 1}")
-        if reply.rewards is None or reply.terminated is None or reply.truncated is None:
-            raise link.failure(f"a STEP reply lacks rewards, terminated or truncated: {reply.text}")
-        rewards, ended = reply.rewards, reply.terminated | reply.truncated
-        if not np.array_equal(rewards, np.array([float(w[1]) for w in want])):
-            problems.append(
-                f"step {step + 1}: rewards {rewards}, gymnasium gives {[w[1] for w in want]}"
-            )
-        if ended.any():
-            break
-    _fail_if(link, "leased envs do not follow gymnasium.make's trajectory", problems)
-    link.send_lease(LeaseRelease(lease_id))
-    gone = LeaseCall(lease_id, 99, (0,), seeds=())
-    reply = _lease_reply(link, "an error reply for a released env", gone)
-    if reply.error is None:
-        raise link.failure("a RESET of a released env was answered without an error")
-    return (
-        f"2 envs of {harness.env_id!r} built, reset with seeds and stepped {step + 1} times "
-        "exactly as gymnasium.make's; released, after which a call is an error"
-    )
+    """Leased envs follow gymnasium.make's trajectory (rlfleet/conformance/lease_checks.py)."""
+    return check_leases(harness)
 
 
-def _lease_reply(link: WorkerLink, what: str, command: LeaseCreate | LeaseCall) -> LeaseRows:
-    """Sends a command and gathers its replies into one, rows in the call's env order.
-
-    A worker may answer a call in several replies (envs that finish first
-    go first); together they must name each env of the call once.
-    """
-    link.send_lease(command)
-    wanted = list(command.env_ids) if isinstance(command, LeaseCall) else []
-    parts: list[LeaseRows] = []
-    answered: list[int] = []
-    while True:
-        event = link.wait_for(what, lambda e: event_kind(e) == "lease_reply")
-        assert isinstance(event, Inbound) and event.message is not None  # matched above
-        reply = lease_rows_of(event.message)
-        if reply.lease_id != command.lease_id:
-            raise link.failure(f"{what} names lease {reply.lease_id}, not {command.lease_id}")
-        if reply.error is not None or not wanted:
-            return reply
-        parts.append(reply)
-        answered += list(reply.env_ids)
-        if len(answered) >= len(wanted):
-            break
-    if sorted(answered) != sorted(wanted):
-        raise link.failure(f"{what}: the replies answer envs {answered}, the call {wanted}")
-    return merged_rows(parts, wanted)
-
-
-def _expect_rows(
-    link: WorkerLink, reply: LeaseRows, call: LeaseCall, want_obs: np.ndarray, what: str
-) -> None:
-    if reply.error is not None:
-        raise link.failure(f"{what} of leased envs failed: {reply.error}")
-    if reply.observations is None:
-        raise link.failure(f"the {what} reply carries no observations: {reply.text}")
-    problems = []
-    obs = reply.observations
-    if not np.array_equal(obs, want_obs):
-        problems.append(f"observations {obs.tolist()}, gymnasium.make gives {want_obs.tolist()}")
-    if reply.infos != len(call.env_ids):
-        problems.append(f"{reply.infos} infos for {len(call.env_ids)} envs")
-    _fail_if(link, f"the {what} reply breaks leases.proto", problems)
+# --- fragment streams --------------------------------------------------------------
 
 
 def continuity_problems(

@@ -3,4 +3,9 @@
 :class:`~rlfleet.scheduling.scheduler.Scheduler` decides which worker runs
 which episode and when a request is complete: pure Python, no gRPC, no
 threads, no clocks. It imports neither the coordinator nor the client.
+
+It composes one part per responsibility: ``books`` (workers, tasks and
+requests), ``units`` (episode units and worker capacities), ``windows``
+(fragment windows), ``failures`` (lost workers and orphaned streams);
+``orders`` holds the values it takes and gives.
 """

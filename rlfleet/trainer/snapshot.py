@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.errors import ConfigError, SnapshotError
 
 #: The snapshot modes garage documents.
@@ -220,3 +221,32 @@ def _contiguous(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if not isinstance(name, str):
             raise ConfigError(f"snapshot tensor names must be str, got {name!r}")
     return {name: np.ascontiguousarray(value) for name, value in tensors.items()}
+
+
+def episode_tensors(batch: EpisodeBatch | None) -> dict[str, np.ndarray]:
+    """An epoch's batch as snapshot tensors (``store_episodes``), under ``episodes/``.
+
+    Raises:
+        ConfigError: If a field is not an array (an object array included).
+    """
+    if batch is None:
+        return {}
+    tensors: dict[str, np.ndarray] = {}
+    for name in ("observations", "last_observations", "actions", "rewards", "lengths"):
+        value = getattr(batch, name)
+        if not isinstance(value, np.ndarray):
+            raise ConfigError(
+                f"store_episodes keeps array fields only; this batch's {name} is a "
+                f"{type(value).__name__}"
+            )
+        tensors[f"episodes/{name}"] = value
+    tensors["episodes/step_types"] = np.asarray(batch.step_types, dtype=np.int8)
+    for group in ("env_infos", "agent_infos", "episode_infos"):
+        for key, value in getattr(batch, group).items():
+            if not isinstance(value, np.ndarray) or value.dtype == object:
+                raise ConfigError(
+                    f"store_episodes keeps array fields only; {group}[{key!r}] is a "
+                    f"{type(value).__name__}: train with store_episodes=False"
+                )
+            tensors[f"episodes/{group}/{key}"] = value
+    return tensors

@@ -47,8 +47,6 @@ from rlfleet._util.closing import ClosesOnExit
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.envs.config import EnvConfig
 from rlfleet.errors import ConfigError, NotSetupError
-from rlfleet.policies.base import Policy
-from rlfleet.policies.spec import PolicySpec
 from rlfleet.sampling import recording_to
 from rlfleet.trainer._restore_checks import (
     ALGO_PREFIX,
@@ -58,7 +56,8 @@ from rlfleet.trainer._restore_checks import (
 )
 from rlfleet.trainer.diagnostics import DiagnosticsLog, Tabular
 from rlfleet.trainer.experiment import ExperimentContext
-from rlfleet.trainer.snapshot import Snapshot, SnapshotConfig, Snapshotter
+from rlfleet.trainer.samplers import build_sampler
+from rlfleet.trainer.snapshot import Snapshot, SnapshotConfig, Snapshotter, episode_tensors
 
 logger = logging.getLogger("rlfleet.trainer")
 
@@ -191,64 +190,20 @@ class Trainer(ClosesOnExit):
                 algorithm has no ``policy`` or no max episode length, or if
                 an argument is not one of the forms above.
         """
-        if not hasattr(self._algo, "policy"):
-            raise ConfigError(
-                "If the trainer is used to construct a sampler, the algorithm must have a "
-                f"`policy` field. (algorithm: {type(self._algo).__name__})"
-            )
-        if max_episode_length is None:
-            max_episode_length = getattr(self._algo, "max_episode_length", None)
-        if max_episode_length is None:
-            raise ConfigError(
-                "If `sampler_cls` is specified in trainer.setup, the algorithm must have a "
-                f"`max_episode_length` field. (algorithm: {type(self._algo).__name__}; or pass "
-                "max_episode_length= to make_sampler)"
-            )
-        seed = self._seed if seed is None else seed
-        envs_per_worker = _envs_per_worker(worker_class, worker_args)
-        # Imported here: the fleet pulls in gRPC, which the rest of the
-        # trainer (and a LocalSampler user) does not need.
-        from rlfleet.client import Fleet, RemoteSampler
-        from rlfleet.sampling.local import LocalSampler
-
-        args = dict(sampler_args or {})
-        policy = self._algo.policy
-        if sampler_cls is LocalSampler:
-            return LocalSampler(
-                self._env,
-                _spec_or_policy(policy),
-                n_workers=n_workers,
-                envs_per_worker=envs_per_worker,
-                seed=seed,
-                max_episode_length=max_episode_length,
-                **args,
-            )
-        env = _env_config(self._env, max_episode_length)
-        if sampler_cls == Fleet.local or sampler_cls is Fleet:
-            fleet = Fleet.local(
-                workers=n_workers,
-                envs_per_worker=envs_per_worker,
-                env=env,
-                policy=_fleet_agent(policy),
-                seed=seed,
-                max_episode_length=max_episode_length,
-                **args,
-            )
-            self._closer = fleet.close
-            return fleet.sampler
-        if sampler_cls is RemoteSampler:
-            if "address" not in args:
-                raise ConfigError(
-                    "make_sampler(RemoteSampler) needs sampler_args={'address': 'HOST:PORT'}"
-                )
-            remote = RemoteSampler(args.pop("address"), seed=seed, **args)
-            remote.update_env(env)
-            remote.update_agent(_fleet_agent(policy))
-            self._closer = remote.close
-            return remote
-        raise ConfigError(
-            f"sampler_cls must be LocalSampler, RemoteSampler or Fleet.local, got {sampler_cls!r}"
+        sampler, closer = build_sampler(
+            sampler_cls,
+            algo=self._algo,
+            env=self._env,
+            seed=self._seed if seed is None else seed,
+            n_workers=n_workers,
+            max_episode_length=max_episode_length,
+            worker_class=worker_class,
+            sampler_args=sampler_args,
+            worker_args=worker_args,
         )
+        if closer is not None:
+            self._closer = closer
+        return sampler
 
     def setup(  # noqa: PLR0917 -- garage's positional signature
         self,
@@ -490,7 +445,7 @@ class Trainer(ClosesOnExit):
         algo_tensors, algo_metadata = self._algo.snapshot_state()
         tensors = {ALGO_PREFIX + name: value for name, value in algo_tensors.items()}
         if self._train_args is not None and self._train_args.store_episodes:
-            tensors.update(_episode_tensors(self.step_episode))
+            tensors.update(episode_tensors(self.step_episode))
         metadata = {
             "seed": self._seed,
             "env": _env_description(self._env),
@@ -668,85 +623,9 @@ def _check_train_args(n_epochs: int, batch_size: int | None, plot: bool) -> None
         )
 
 
-def _envs_per_worker(worker_class: type | None, worker_args: Mapping[str, Any] | None) -> int:
-    from rlfleet.worker import DefaultWorker, VecWorker
-
-    args = dict(worker_args or {})
-    if worker_class not in (None, DefaultWorker, VecWorker):
-        raise ConfigError(
-            f"worker_class must be None, DefaultWorker or VecWorker, got {worker_class!r}: "
-            "fleet workers are rlfleet's own processes"
-        )
-    n_envs = args.pop("n_envs", 1)
-    if args:
-        raise ConfigError(f"worker_args may only hold 'n_envs', got {sorted(args)}")
-    if worker_class is DefaultWorker and n_envs != 1:
-        raise ConfigError(f"DefaultWorker runs one env; got worker_args n_envs={n_envs!r}")
-    if isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs < 1:
-        raise ConfigError(f"worker_args n_envs must be an int >= 1, got {n_envs!r}")
-    return n_envs
-
-
-def _env_config(env: Any, max_episode_length: int | None) -> EnvConfig:
-    """The EnvConfig a fleet is given: workers build envs from ids, not objects."""
-    if isinstance(env, str):
-        env = EnvConfig(env)
-    if not isinstance(env, EnvConfig):
-        raise ConfigError(
-            f"a fleet builds its envs from an EnvConfig or a gymnasium id, got {env!r}; "
-            "use LocalSampler for env objects"
-        )
-    return EnvConfig(env.id, env.kwargs, max_episode_length, env.imports)
-
-
 def _env_description(env: Any) -> Any:
     if isinstance(env, str):
         env = EnvConfig(env)
     if isinstance(env, EnvConfig):
         return env.to_dict()
     return type(env).__qualname__
-
-
-def _spec_or_policy(policy: Any) -> Any:
-    """LocalSampler's ``policy``: a Policy, a spec or a name as is, else the policy's spec."""
-    if isinstance(policy, Policy | PolicySpec | str):
-        return policy
-    spec = getattr(policy, "policy_spec", None)
-    if isinstance(spec, PolicySpec):
-        return spec
-    raise ConfigError(
-        f"algo.policy must be a Policy, a PolicySpec or have a `policy_spec`, got {policy!r}"
-    )
-
-
-def _fleet_agent(policy: Any) -> Any:
-    """The first agent update of a fleet: a spec or name, else its spec and parameters."""
-    if isinstance(policy, PolicySpec | str):
-        return policy
-    if isinstance(getattr(policy, "policy_spec", None), PolicySpec):
-        return (policy.policy_spec, policy.get_param_values())
-    return _spec_or_policy(policy)
-
-
-def _episode_tensors(batch: EpisodeBatch | None) -> dict[str, np.ndarray]:
-    if batch is None:
-        return {}
-    tensors: dict[str, np.ndarray] = {}
-    for name in ("observations", "last_observations", "actions", "rewards", "lengths"):
-        value = getattr(batch, name)
-        if not isinstance(value, np.ndarray):
-            raise ConfigError(
-                f"store_episodes keeps array fields only; this batch's {name} is a "
-                f"{type(value).__name__}"
-            )
-        tensors[f"episodes/{name}"] = value
-    tensors["episodes/step_types"] = np.asarray(batch.step_types, dtype=np.int8)
-    for group in ("env_infos", "agent_infos", "episode_infos"):
-        for key, value in getattr(batch, group).items():
-            if not isinstance(value, np.ndarray) or value.dtype == object:
-                raise ConfigError(
-                    f"store_episodes keeps array fields only; {group}[{key!r}] is a "
-                    f"{type(value).__name__}: train with store_episodes=False"
-                )
-            tensors[f"episodes/{group}/{key}"] = value
-    return tensors

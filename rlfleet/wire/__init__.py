@@ -40,8 +40,7 @@ from rlfleet.wire.spaces import (
     encode_space,
     parse_env_spec,
 )
-from rlfleet.wire.tensors import (
-    MAX_ELEMENTS,
+from rlfleet.wire.tensor_messages import (
     decode_tensor,
     decode_tensor_list,
     decode_tensor_map,
@@ -49,6 +48,7 @@ from rlfleet.wire.tensors import (
     encode_tensor_into,
     encode_tensor_map,
 )
+from rlfleet.wire.tensors import MAX_ELEMENTS
 from rlfleet.wire.updates import (
     decode_agent_update,
     decode_env_update,

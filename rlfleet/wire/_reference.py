@@ -13,7 +13,7 @@ from rlfleet.core.env_spec import EnvSpec
 from rlfleet.v1 import batch_pb2
 from rlfleet.wire.batches import Batch, _schema_of
 from rlfleet.wire.spaces import decode_env_spec, encode_env_spec
-from rlfleet.wire.tensors import (
+from rlfleet.wire.tensor_messages import (
     decode_tensor,
     decode_tensor_map,
     encode_tensor,

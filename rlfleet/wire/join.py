@@ -14,7 +14,7 @@ from rlfleet.errors import WireFormatError
 from rlfleet.protocol.join import TaskAssignment, WorkerBeat, WorkerHello, WorkerWelcome
 from rlfleet.protocol.stream_replay import StreamReplay
 from rlfleet.v1 import leases_pb2, worker_pb2
-from rlfleet.wire.tensors import decode_tensor, encode_tensor
+from rlfleet.wire.tensor_messages import decode_tensor, encode_tensor
 
 
 def encode_hello(hello: WorkerHello) -> worker_pb2.Hello:

@@ -325,8 +325,19 @@ def assemble_episodes(results: Sequence[DecodedResult], num_episodes: int) -> Ep
 
 
 def assemble_fragments(results: Sequence[DecodedResult]) -> EpisodeBatch:
-    """Every fragment of the results, in LocalSampler's order (stream, episode, fragment)."""
-    return sort_fragments(_concatenate(results))
+    """Every fragment of the results, in LocalSampler's order (stream, episode, fragment).
+
+    Step data is copied once, as in :func:`assemble_episodes`: each piece's
+    rows are written straight to their place in the order
+    :func:`~rlfleet.core.episode_order.sort_fragments` gives. Results whose
+    arrays do not line up take the general path, which names what differs.
+    """
+    if not results:
+        raise ResultError("the answer holds no results")
+    try:
+        return _placed_fragments([result.batch for result in results])
+    except _MisfitError:
+        return sort_fragments(_concatenate(results))
 
 
 def _concatenate(results: Sequence[DecodedResult]) -> EpisodeBatch:
@@ -368,16 +379,50 @@ def _placed_episodes(batches: Sequence[EpisodeBatch], num_episodes: int) -> Epis
         np.bincount(placed, minlength=num_episodes), np.ones(num_episodes, dtype=np.int64)
     ):
         raise _MisfitError
-    lengths = np.empty(num_episodes, dtype=np.int64)
-    for batch, index, k in zip(batches, indices, kept, strict=True):
-        lengths[index[:k]] = batch.lengths[:k]
+    return _placed(batches, [index[:k] for index, k in zip(indices, kept, strict=True)])
+
+
+def _placed_fragments(batches: Sequence[EpisodeBatch]) -> EpisodeBatch:
+    """:func:`assemble_fragments`' answer in one copy of the step data.
+
+    Raises:
+        _MisfitError: If a result lacks one of the fragment infos, or the
+            results' arrays differ in structure or trailing shape.
+    """
+    keys: list[np.ndarray] = []
+    for name in ("fragment_index", "episode_index", "stream"):
+        columns = [batch.episode_infos.get(name) for batch in batches]
+        if not all(isinstance(column, np.ndarray) for column in columns):
+            raise _MisfitError
+        keys.append(np.concatenate(columns))  # type: ignore[arg-type]
+    # sort_fragments' order of the concatenated pieces; piece j goes to position[j].
+    order = np.lexsort(keys)
+    position = np.empty_like(order)
+    position[order] = np.arange(len(order))
+    counts = np.cumsum([len(batch.lengths) for batch in batches])[:-1]
+    return _placed(batches, np.split(position, counts))
+
+
+def _placed(batches: Sequence[EpisodeBatch], destinations: Sequence[np.ndarray]) -> EpisodeBatch:
+    """The answer whose pieces ``destinations[i]`` are the first pieces of ``batches[i]``.
+
+    The destinations together are a permutation of the answer's pieces.
+    Each array of the answer is one new buffer, written once.
+
+    Raises:
+        _MisfitError: If the results' arrays differ in structure or trailing shape.
+    """
+    num_pieces = sum(len(dest) for dest in destinations)
+    lengths = np.empty(num_pieces, dtype=np.int64)
+    for batch, dest in zip(batches, destinations, strict=True):
+        lengths[dest] = batch.lengths[: len(dest)]
     starts = np.cumsum(lengths) - lengths
     episode_rows, step_rows = [], []
-    for batch, index, k in zip(batches, indices, kept, strict=True):
-        own = batch.lengths[:k]
-        episode_rows.append(index[:k])
-        # Row j of the result's kept steps goes to its episode's start there.
-        shift = starts[index[:k]] - (np.cumsum(own) - own)
+    for batch, dest in zip(batches, destinations, strict=True):
+        own = batch.lengths[: len(dest)]
+        episode_rows.append(dest)
+        # Row j of the result's kept steps goes to its piece's start there.
+        shift = starts[dest] - (np.cumsum(own) - own)
         step_rows.append(np.arange(int(own.sum())) + np.repeat(shift, own))
 
     def place(parts: Sequence[object], rows: list[np.ndarray]) -> object:

@@ -26,13 +26,8 @@ from google.protobuf.message import DecodeError
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import ConfigError, WireFormatError
 from rlfleet.v1 import spaces_pb2
-from rlfleet.wire.tensors import (
-    decode_tensor,
-    dtype_code,
-    dtype_of_code,
-    element_count,
-    encode_tensor,
-)
+from rlfleet.wire.tensor_messages import decode_tensor, encode_tensor
+from rlfleet.wire.tensors import dtype_code, dtype_of_code, element_count
 
 _SUPPORTED = "Box, Discrete, MultiDiscrete, MultiBinary, Dict and Tuple"
 

@@ -1,15 +1,17 @@
 """Tensors and tensor maps on the wire (``rlfleet.v1.Tensor`` / ``TensorMap``).
 
-Two paths share one set of checks:
+Two paths share one set of checks (this module's dtypes, shapes, sizes and
+keys):
 
-* :func:`encode_tensor` / :func:`decode_tensor` and the ``*_tensor_map``
-  functions go through protobuf's generated classes. They are for small
-  tensors in control messages (policy parameters, space bounds).
 * :func:`write_tensor` / :func:`read_tensor` and :func:`write_tensor_map` /
   :func:`read_tensor_map` write and read the wire format by hand, for the
   batch codec's hot path: writing yields the array's own memory as a part
   to join (no copy until the single join), reading views the input buffer
   (no copy at all).
+* :mod:`rlfleet.wire.tensor_messages` (``encode_tensor``, ``decode_tensor``
+  and the ``*_tensor_map`` functions) goes through protobuf's generated
+  classes, for small tensors in control messages (policy parameters, space
+  bounds).
 
 A tensor's data is prod(shape) * itemsize bytes, C order, little-endian
 (tensor.proto). Decoded arrays are read-only numpy views of the bytes they
@@ -19,7 +21,6 @@ were decoded from.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any, TypeAlias
@@ -53,7 +54,8 @@ MAX_ELEMENTS = 1 << 40
 #: Most dimensions a tensor may have (numpy < 2 supports 32).
 MAX_NDIM = 32
 
-_DTYPES: dict[int, np.dtype] = {
+#: tensor.proto's DType values and the little-endian dtypes they stand for.
+DTYPES: dict[int, np.dtype] = {
     tensor_pb2.DTYPE_BOOL: np.dtype("?"),
     tensor_pb2.DTYPE_INT8: np.dtype("i1"),
     tensor_pb2.DTYPE_INT16: np.dtype("<i2"),
@@ -69,7 +71,7 @@ _DTYPES: dict[int, np.dtype] = {
 }
 # Keyed by little-endian dtypes, which on a little-endian host are the
 # native ones, so the usual lookup is one dict hit.
-_CODES: dict[np.dtype, int] = {dtype: code for code, dtype in _DTYPES.items()}
+_CODES: dict[np.dtype, int] = {dtype: code for code, dtype in DTYPES.items()}
 
 # Field numbers of tensor.proto.
 _TENSOR_DTYPE, _TENSOR_SHAPE, _TENSOR_DATA, _TENSOR_CODEC = 1, 2, 3, 4
@@ -84,7 +86,7 @@ _SHAPE_KEY = _TENSOR_SHAPE << 3 | LEN
 _DATA_KEY = _TENSOR_DATA << 3 | LEN
 _KEY_KEY = _ENTRY_KEY << 3 | LEN
 _DATA_TAG = tag(_TENSOR_DATA, LEN)
-_DTYPE_HEADERS = {code: _DTYPE_TAG + encode_varint(code) for code in _DTYPES}
+_DTYPE_HEADERS = {code: _DTYPE_TAG + encode_varint(code) for code in DTYPES}
 
 
 def wire_dtype(dtype: np.dtype) -> np.dtype:
@@ -95,7 +97,7 @@ def wire_dtype(dtype: np.dtype) -> np.dtype:
     """
     little = dtype.newbyteorder("<")
     if little not in _CODES:
-        supported = ", ".join(str(d.name) for d in _DTYPES.values())
+        supported = ", ".join(str(d.name) for d in DTYPES.values())
         raise WireFormatError(
             f"dtype {dtype} cannot travel as a tensor; supported: {supported}. "
             "Convert the array with astype first"
@@ -124,10 +126,10 @@ def dtype_of_code(code: int, where: str) -> np.dtype:
     Raises:
         WireFormatError: For DTYPE_UNSPECIFIED or a value the enum lacks.
     """
-    dtype = _DTYPES.get(code)
+    dtype = DTYPES.get(code)
     if dtype is None:
         what = "no dtype (DTYPE_UNSPECIFIED)" if code == 0 else f"unknown dtype {code}"
-        raise WireFormatError(f"{where}: {what}; protocol v1 knows DType values 1..{len(_DTYPES)}")
+        raise WireFormatError(f"{where}: {what}; protocol v1 knows DType values 1..{len(DTYPES)}")
     return dtype
 
 
@@ -328,7 +330,7 @@ def view_tensor(
             shape, a data length other than prod(shape) * itemsize, or a
             bool tensor holding bytes other than 0 and 1.
     """
-    dtype = _DTYPES.get(dtype_code) or dtype_of_code(dtype_code, where)
+    dtype = DTYPES.get(dtype_code) or dtype_of_code(dtype_code, where)
     if codec != _CODEC_NONE:
         raise WireFormatError(
             f"{where}: unknown codec {codec}; protocol v1 only has CODEC_NONE (0)"
@@ -430,7 +432,7 @@ def write_tensor_map(
     size = 0
     for key, value in tree.items():
         path = f"{where}[{key!r}]"
-        key_field = _key_field(key, where)
+        key_field = encode_key_field(key, where)
         entry: list[Part] = [key_field]
         if isinstance(value, Mapping):
             value_size = write_tensor_map(value, _ENTRY_MAP, entry, path, omit_empty=False)
@@ -448,7 +450,12 @@ def _write_message(field_number: int, body: list[Part], size: int, out: list[Par
     return len(prefix) + size
 
 
-def _key_field(key: object, where: str) -> bytes:
+def encode_key_field(key: object, where: str) -> bytes:
+    """The encoded key field of a TensorMap entry.
+
+    Raises:
+        WireFormatError: If the key is not a non-empty string of valid UTF-8.
+    """
     if not isinstance(key, str) or not key:
         raise WireFormatError(
             f"{where}: keys must be non-empty strings, got {key!r}; rename the entry"
@@ -555,213 +562,14 @@ def _decode_key(buf: ByteSource, span: tuple[int, int] | None, where: str) -> st
         raise WireFormatError(f"{where}: an entry key is not valid UTF-8 ({error})") from None
 
 
-# --- protobuf-object path -------------------------------------------------
-
-
-def encode_tensor(array: np.ndarray) -> tensor_pb2.Tensor:
-    """Builds a ``rlfleet.v1.Tensor`` message from an array.
-
-    For small tensors in control messages; batches use the hand-written
-    codec (:func:`rlfleet.wire.encode_batch`), which does not copy the data
-    through protobuf objects. Non-contiguous arrays are made C-contiguous and
-    big-endian ones little-endian; any shape works, including 0-d and empty.
-
-    Args:
-        array: An array of one of tensor.proto's DType types (bool, int8 to
-            int64, uint8 to uint64, float16, float32, float64).
-
-    Returns:
-        The Tensor message (its data is a copy of the array's bytes).
-
-    Raises:
-        WireFormatError: If the dtype cannot travel.
-    """
-    tensor = tensor_pb2.Tensor()
-    encode_tensor_into(tensor, array)
-    return tensor
-
-
-def encode_tensor_into(tensor: tensor_pb2.Tensor, array: np.ndarray) -> None:
-    """Sets an empty Tensor message's fields from an array, as :func:`encode_tensor` builds them.
-
-    For a Tensor field of a message being built (``encode_tensor_into(call.actions,
-    a)``): no Tensor is built apart and copied in (``CopyFrom``).
-
-    Raises:
-        WireFormatError: If the dtype cannot travel.
-    """
-    array = wire_array(array)
-    tensor.dtype = _CODES[array.dtype]  # type: ignore[assignment]
-    tensor.shape.extend(array.shape)
-    tensor.data = array.tobytes()
-
-
-def decode_tensor(msg: tensor_pb2.Tensor, *, name: str = "Tensor") -> np.ndarray:
-    """Decodes a ``rlfleet.v1.Tensor`` message into an array.
-
-    The result is a read-only view of the message's data bytes
-    (``np.frombuffer`` semantics, no copy): call ``.copy()`` to modify it.
-
-    Args:
-        msg: The Tensor message.
-        name: What the tensor is, for error messages.
-
-    Returns:
-        A read-only array with the tensor's dtype (little-endian) and shape.
-
-    Raises:
-        WireFormatError: If the tensor is malformed: unknown dtype or codec,
-            negative or huge dimensions, a data length other than
-            prod(shape) * itemsize, or a bool byte other than 0 and 1.
-    """
-    data = msg.data
-    return view_tensor(data, 0, len(data), msg.dtype, list(msg.shape), codec=msg.codec, where=name)
-
-
-# struct formats (memoryview.cast) of the dtypes, on a little-endian host,
-# where the wire's byte order is the native one; None elsewhere (numpy then).
-def _cast(view: memoryview, fmt: str) -> memoryview:
-    """``view.cast(fmt)`` (typeshed types only the "c" format)."""
-    return view.cast(fmt)  # type: ignore[call-overload]
-
-
-def _list_formats() -> dict[int, str]:
-    formats: dict[int, str] = {}
-    for code, dtype in _DTYPES.items():
-        fmt = str(dtype.char)
-        try:
-            if _cast(memoryview(bytes(dtype.itemsize)), fmt).itemsize == dtype.itemsize:
-                formats[code] = fmt
-        except ValueError:  # a format memoryview does not cast to (float16)
-            pass
-    return formats if sys.byteorder == "little" else {}
-
-
-_LIST_FORMATS = _list_formats()
-#: Longest tensor decode_tensor_list reads without numpy.
-_SHORT_LIST = 4096
-
-
-def decode_tensor_list(msg: tensor_pb2.Tensor, *, name: str = "Tensor") -> tuple[int, list[Any]]:
-    """A 1-D tensor's length and values as Python numbers (``tolist`` of :func:`decode_tensor`).
-
-    A short per-env column (a step's rewards or flags) is read with
-    ``memoryview.cast``, without numpy (~1 us instead of ~2-2.5); anything
-    else, and every malformed tensor, goes through :func:`decode_tensor`,
-    with its checks and errors.
-
-    Returns:
-        ``(length, values)``; ``length`` is -1 for a tensor that is not 1-D
-        (its values are then the flattened ones).
-
-    Raises:
-        WireFormatError: As :func:`decode_tensor`.
-    """
-    data = msg.data
-    shape = msg.shape
-    fmt = _LIST_FORMATS.get(msg.dtype)
-    if fmt is not None and len(shape) == 1 and msg.codec == _CODEC_NONE:
-        count = shape[0]
-        if (
-            0 < count <= _SHORT_LIST
-            and len(data) == count * _DTYPES[msg.dtype].itemsize
-            and (fmt != "?" or not data.translate(None, b"\x00\x01"))
-        ):
-            return count, _cast(memoryview(data), fmt).tolist()
-    array = decode_tensor(msg, name=name)
-    values: list[Any] = array.reshape(-1).tolist()
-    return (array.shape[0] if array.ndim == 1 else -1), values
-
-
-def encode_tensor_map(tree: Mapping[str, Any]) -> tensor_pb2.TensorMap:
-    """Builds a ``rlfleet.v1.TensorMap`` from a (nested) dict of arrays.
-
-    Args:
-        tree: Non-empty string keys to arrays or nested mappings; their order
-            is kept.
-
-    Returns:
-        The TensorMap message.
-
-    Raises:
-        WireFormatError: For an empty or non-string key or a dtype that
-            cannot travel.
-    """
-    entries = []
-    for key, value in tree.items():
-        _key_field(key, "TensorMap")
-        if isinstance(value, Mapping):
-            entries.append(tensor_pb2.TensorMapEntry(key=key, map=encode_tensor_map(value)))
-        else:
-            entries.append(tensor_pb2.TensorMapEntry(key=key, tensor=encode_tensor(value)))
-    return tensor_pb2.TensorMap(entries=entries)
-
-
-def copy_tensor_map(tree: Mapping[str, Any]) -> TensorDict:
-    """A copy of a (nested) dict of arrays, as :func:`encode_tensor_map` would send it.
-
-    Every array is converted to the form it travels in (a wire dtype,
-    little-endian, C-contiguous) and owns its data: the caller may change
-    the arrays it passed, the copy stays what it was.
-
-    Raises:
-        WireFormatError: As :func:`encode_tensor_map`, for a key or a dtype
-            that cannot travel.
-    """
-    copied: TensorDict = {}
-    for key, value in tree.items():
-        _key_field(key, "TensorMap")
-        if isinstance(value, Mapping):
-            copied[key] = copy_tensor_map(value)
-            continue
-        array = wire_array(value)
-        if array is value or array.base is not None:  # not a fresh array of its own
-            array = array.copy()
-        copied[key] = array
-    return copied
-
-
-def decode_tensor_map(msg: tensor_pb2.TensorMap, *, name: str = "TensorMap") -> TensorDict:
-    """Decodes a ``rlfleet.v1.TensorMap`` into a (nested) dict of arrays.
-
-    Keys keep their wire order; arrays are read-only views (see
-    :func:`decode_tensor`).
-
-    Args:
-        msg: The TensorMap message.
-        name: What the map is, for error messages.
-
-    Returns:
-        A dict of arrays and nested dicts.
-
-    Raises:
-        WireFormatError: For an empty or duplicate key, an entry without a
-            value, or a malformed tensor.
-    """
-    result: TensorDict = {}
-    for entry in msg.entries:
-        if not entry.key:
-            raise WireFormatError(f"{name}: an entry has an empty key; keys must be non-empty")
-        if entry.key in result:
-            raise WireFormatError(f"{name}: duplicate key {entry.key!r}; keys must be unique")
-        path = f"{name}[{entry.key!r}]"
-        which = entry.WhichOneof("value")
-        if which == "tensor":
-            result[entry.key] = decode_tensor(entry.tensor, name=path)
-        elif which == "map":
-            result[entry.key] = decode_tensor_map(entry.map, name=path)
-        else:
-            raise WireFormatError(f"{path}: the entry has neither a tensor nor a map")
-    return result
-
-
 __all__ = [
     "MAX_ELEMENTS",
     "MAX_NDIM",
+    "Part",
     "TensorDict",
-    "copy_tensor_map",
-    "decode_tensor",
-    "decode_tensor_map",
-    "encode_tensor",
-    "encode_tensor_map",
+    "read_tensor",
+    "read_tensor_map",
+    "view_tensor",
+    "write_tensor",
+    "write_tensor_map",
 ]

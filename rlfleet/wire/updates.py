@@ -15,7 +15,7 @@ from rlfleet.protocol.updates import AgentChange, EnvChange, PolicyChoice
 from rlfleet.v1 import updates_pb2
 from rlfleet.v1.updates_pb2 import AgentUpdate as AgentUpdateMessage
 from rlfleet.v1.updates_pb2 import EnvUpdate as EnvUpdateMessage
-from rlfleet.wire.tensors import decode_tensor_map, encode_tensor_map
+from rlfleet.wire.tensor_messages import decode_tensor_map, encode_tensor_map
 
 
 def encode_error_report(report: ErrorReport) -> updates_pb2.ErrorDetail:

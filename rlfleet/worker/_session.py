@@ -12,21 +12,13 @@ from __future__ import annotations
 
 import enum
 import logging
-import math
 import queue
 import time
-import traceback
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import gymnasium as gym
-
-from rlfleet._util.values import json_object
-from rlfleet.core import EnvSpec, EpisodeBatch
+from rlfleet.core import EpisodeBatch
 from rlfleet.core._pieces import EpisodePieces
-from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, EnvError, PermissionDeniedError, PolicyError, ProtocolError
-from rlfleet.policies import Policy, PolicySpec, make_policy
 from rlfleet.protocol.error_reports import kind_name, report_of_exception
 from rlfleet.protocol.join import (
     AgentApplied,
@@ -40,8 +32,6 @@ from rlfleet.protocol.join import (
 from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.security import PICKLE_CAPABILITY, PickleGate
-from rlfleet.transport.lease_channel import coordinator_host
-from rlfleet.wire.leases import data_hello
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._flush import FlushPolicy
 from rlfleet.worker._join_messages import (
@@ -51,13 +41,11 @@ from rlfleet.worker._join_messages import (
     UnreadableAgentUpdate,
     body_name,
     env_built,
-    lease_reply,
-    parse_lease_frame,
     result_messages,
 )
+from rlfleet.worker._remote_updates import agent_of, env_config, format_traceback, observation_bytes
 from rlfleet.worker._tasks import TaskBook, book_entry
-from rlfleet.worker.leases.data_link import WorkerLeaseChannel
-from rlfleet.worker.leases.host import LeaseHost
+from rlfleet.worker.leases.session_leases import SessionLeases
 from rlfleet.worker.vec import VecWorker
 
 if TYPE_CHECKING:
@@ -112,12 +100,6 @@ class Session:
             max_env_restarts=config.env_restarts,
             nan_observations=config.nonfinite,
         )
-        self._leases = LeaseHost(
-            config.imports, lambda report: self._send_lease(lease_reply(report, self.name))
-        )
-        self._lease_channel: WorkerLeaseChannel | None = None
-        self._book = TaskBook(self._vec, lambda: self._leases.hosted)
-        stream.lease_handler = self._submit_lease
         self._generation = 0
         self._leaving = False
         self._leave_deadline = float("inf")
@@ -125,6 +107,19 @@ class Session:
         self._max_message_bytes = min(
             welcome.max_message_bytes or config.max_message_bytes, config.max_message_bytes
         )
+        self._leases = SessionLeases(
+            stream,
+            welcome,
+            name=self.name,
+            imports=config.imports,
+            coordinator=config.coordinator,
+            tls=config.security.tls,
+            lease_slots=config.lease_slots,
+            max_frame_bytes=self._max_message_bytes,
+            leaving=lambda: self._leaving or worker.leave_requested,
+            on_broken=self._data_broken,
+        )
+        self._book = TaskBook(self._vec, lambda: self._leases.host.hosted)
         self._heartbeat_interval = (
             config.heartbeat_interval or welcome.heartbeat_interval_seconds or 1.0
         )
@@ -146,19 +141,7 @@ class Session:
             welcome.first_stream,
             welcome.first_stream + config.envs - 1,
         )
-        if welcome.lease_data is not None and config.lease_slots != 0:
-            port, ticket = welcome.lease_data
-            self._lease_channel = WorkerLeaseChannel(
-                coordinator_host(config.coordinator),
-                port,
-                data_hello(ticket),
-                tls=config.security.tls,
-                max_frame_bytes=self._max_message_bytes,
-                on_command=self._data_command,
-                on_broken=self._data_broken,
-                join_ended=self._join_ended,
-            )
-            self._lease_channel.start()
+        self._leases.start()
 
     # --- the main loop -------------------------------------------------------------
 
@@ -177,9 +160,7 @@ class Session:
             self._metrics.left()
             # Also unblocks gRPC's thread waiting on the request generator.
             self._stream.cancel()
-            if self._lease_channel is not None:
-                self._lease_channel.close()
-            self._leases.shutdown()
+            self._leases.close()
             self._vec.shutdown()
 
     def _loop(self) -> Outcome:
@@ -205,17 +186,6 @@ class Session:
                     return outcome
             if self._beat_if_due() and time.monotonic() >= self._leave_deadline:
                 self._abandon_in_flight()
-
-    def _submit_lease(self, command: LeaseCommandIn | LeaseDataSwitch) -> None:
-        """Hands a lease command to the LeaseHost (from the receiver thread too)."""
-        if isinstance(command, LeaseDataSwitch):
-            if self._lease_channel is not None:
-                self._lease_channel.switch()
-            return
-        if command.order is None:
-            logger.warning("ignored an empty LeaseCommand for lease %d", command.lease_id)
-        else:
-            self._leases.submit(command.order)
 
     def _beat_if_due(self) -> bool:
         """Sends a heartbeat if one is due; returns whether it did."""
@@ -316,7 +286,7 @@ class Session:
         elif isinstance(message, TaskCancel):
             self._book.cancel(message.task_id, message.episode_indices)
         elif isinstance(message, LeaseCommandIn | LeaseDataSwitch):
-            self._submit_lease(message)
+            self._leases.submit(message)
         elif isinstance(message, DrainOrder):
             logger.info("coordinator drains this worker: %s", message.reason or "no reason")
             self._start_leaving(message.reason, tell=False)
@@ -329,7 +299,7 @@ class Session:
     def _on_env_update(self, update: EnvChange) -> None:
         self._flush()  # finished episodes belong to the old env
         try:
-            self._vec.update_env(_env_config(update, self._config.imports, self._pickle))
+            self._vec.update_env(env_config(update, self._config.imports, self._pickle))
         except Exception as exc:  # any failure building an env is the env's config
             error = (
                 exc
@@ -340,11 +310,11 @@ class Session:
             )
             logger.warning("env update %d refused: %s", update.generation, error)
             self._send_error(
-                error, traceback_text=_traceback(exc), env_generation=update.generation
+                error, traceback_text=format_traceback(exc), env_generation=update.generation
             )
             return
         self._generation = update.generation
-        self._flush_policy.expect_step_bytes(_observation_bytes(self._vec.env_spec))
+        self._flush_policy.expect_step_bytes(observation_bytes(self._vec.env_spec))
         self._book.drop_stale(env_generation=update.generation)
         self._send(env_built(update.generation, self._vec.env_spec))
         logger.info("env generation %d: %s", update.generation, update.env_id)
@@ -354,7 +324,13 @@ class Session:
         try:
             if isinstance(update, UnreadableAgentUpdate):
                 raise update.error  # its parameters did not decode
-            agent = self._agent_of(update)
+            agent = agent_of(
+                update,
+                self._vec,
+                self._pickle,
+                seed=self._config.seed,
+                imports=self._config.imports,
+            )
             self._vec.update_agent(agent, version=update.version)
         except Exception as exc:
             error = (
@@ -365,51 +341,13 @@ class Session:
                 )
             )
             logger.warning("agent update %d refused: %s", update.version, error)
-            self._send_error(error, traceback_text=_traceback(exc), agent_version=update.version)
+            self._send_error(
+                error, traceback_text=format_traceback(exc), agent_version=update.version
+            )
             return
         self._book.drop_stale(agent_version=update.version)
         self._send(AgentApplied(update.version))
         logger.debug("agent version %d applied", update.version)
-
-    def _agent_of(self, update: AgentChange) -> Policy | dict[str, Any]:
-        """The Policy (new spec) or merged parameter dict an update stands for.
-
-        Parameters alone replace the same-named ones of the current policy
-        (the coordinator merges updates the same way).
-        """
-        params: dict[str, Any] = dict(update.params)
-        if update.pickled_policy:
-            policy = self._pickle.loads(
-                update.pickled_policy, "AgentUpdate.pickled_policy", PolicyError
-            )
-            if not isinstance(policy, Policy):
-                raise PolicyError(
-                    f"AgentUpdate.pickled_policy holds a {type(policy).__name__}, not a "
-                    "rlfleet Policy"
-                )
-            if params:
-                policy.set_param_values({**policy.get_param_values(), **params})
-            return policy
-        if update.policy is not None:
-            spec = PolicySpec(
-                update.policy.name,
-                json_object(update.policy.kwargs_json, "AgentUpdate.policy.kwargs_json"),
-            )
-            policy = make_policy(
-                spec,
-                self._vec.env_spec,
-                seed=self._config.seed,
-                allowed_modules=self._config.imports,
-            )
-            if params:
-                policy.set_param_values({**policy.get_param_values(), **params})
-            return policy
-        if not params:
-            raise PolicyError("the agent update carries neither a policy spec nor parameters")
-        current = self._vec.policy
-        if current is None:
-            raise PolicyError("parameters arrived before the worker had an env and a policy")
-        return {**current.get_param_values(), **params}
 
     def _on_task(self, task: TaskAssignment) -> None:
         if self._leaving:
@@ -535,7 +473,7 @@ class Session:
             task_id=task_id,
             traceback_text=traceback_text
             or str(getattr(exc, "remote_traceback", "") or "")
-            or _traceback(exc),
+            or format_traceback(exc),
             env_generation=env_generation,
             agent_version=agent_version,
         )
@@ -544,31 +482,6 @@ class Session:
 
     def _send(self, message: Outgoing) -> None:
         self._stream.send(message)
-
-    # --- the lease data channel ---------------------------------------------------------
-
-    def _send_lease(self, reply: bytes) -> None:
-        """Sends a serialized lease reply on the data connection once it is open, else on
-        the stream."""
-        channel = self._lease_channel
-        if channel is not None and channel.connected:
-            channel.send(reply)
-        else:
-            self._send(reply)
-
-    def _data_command(self, payload: bytes) -> None:
-        """A frame of the data connection: a CoordinatorMessage holding a lease command.
-
-        Raises:
-            WireFormatError: If it is anything else (the connection then ends).
-        """
-        self._submit_lease(parse_lease_frame(payload))
-
-    def _join_ended(self, seconds: float) -> bool:
-        """Whether this session is leaving, or its Join stream ends within ``seconds``."""
-        if self._leaving or self._worker.leave_requested:
-            return True
-        return self._stream.wait_closed(seconds)
 
     def _data_broken(self, why: str) -> None:
         """The data connection broke: the coordinator writes this session off, so end it."""
@@ -617,47 +530,3 @@ class Session:
         if self._worker.leave_requested:
             return Outcome.LEFT
         return Outcome.LOST
-
-
-def _env_config(
-    update: EnvChange, imports: tuple[str, ...], pickle: PickleGate
-) -> EnvConfig | Callable[[], gym.Env]:
-    """The EnvConfig (or allowed pickled factory) of an EnvUpdate.
-
-    Refuses what must not come from the network: module-naming ids, and
-    pickles unless both sides opted in.
-    """
-    if update.pickled_env_factory:
-        factory = pickle.loads(
-            update.pickled_env_factory, "EnvUpdate.pickled_env_factory", ConfigError
-        )
-        if not callable(factory):
-            raise ConfigError(
-                f"EnvUpdate.pickled_env_factory holds a {type(factory).__name__}, not a "
-                "callable that returns an env"
-            )
-        return factory
-    if ":" in update.env_id:
-        raise ConfigError(
-            f"env id {update.env_id!r} names a module to import, which this worker refuses "
-            "from the network; start the worker with --import MODULE and send the plain id"
-        )
-    return EnvConfig(
-        update.env_id,
-        json_object(update.kwargs_json, "EnvUpdate.kwargs_json"),
-        update.max_episode_length,
-        imports,
-        vectorization=update.vectorization or None,
-    )
-
-
-def _observation_bytes(spec: EnvSpec) -> int:
-    """Bytes of one observation: a lower bound of a step's size on the wire."""
-    space = spec.observation_space
-    if space.shape is None or space.dtype is None:
-        return 0
-    return math.prod(space.shape) * space.dtype.itemsize
-
-
-def _traceback(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc))

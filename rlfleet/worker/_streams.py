@@ -11,8 +11,9 @@ from rlfleet.core.seeding import stream_seeds
 from rlfleet.errors import EnvError, PolicyError, WireFormatError
 from rlfleet.policies.base import Policy
 from rlfleet.protocol.stream_replay import StreamReplay
-from rlfleet.worker._engine import Live, SlotEngine
+from rlfleet.worker._engine import SlotEngine
 from rlfleet.worker._episode_buffer import Segment, record_key
+from rlfleet.worker._segments import Live
 
 
 @dataclasses.dataclass
@@ -153,7 +154,7 @@ class FragmentStreams:
             stream = streams[slot]
             parked = self._parked.pop(stream, None)
             if parked is not None:
-                if self._holder[slot] != stream or slot in engine.broken:
+                if self._holder[slot] != stream or slot in engine.failures.broken:
                     self._rebuild(slot, parked)
                 self._holder[slot] = stream
                 self._logs[slot] = parked.actions
@@ -210,7 +211,7 @@ class FragmentStreams:
         actions = np.concatenate(parked.actions)
         ended = False
         try:
-            if slot in engine.broken:
+            if slot in engine.failures.broken:
                 engine.rebuild_env(slot)
             observation = venv.reset_env(slot, env_seed)
             for step, action in enumerate(actions):

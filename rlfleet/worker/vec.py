@@ -9,59 +9,38 @@ machine use :meth:`VecWorker.run` and :meth:`VecWorker.collect_fragments`.
 
 from __future__ import annotations
 
-import collections
-import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 import gymnasium as gym
-import numpy as np
 
 from rlfleet._util.values import check_int
 from rlfleet.core._pieces import EpisodePieces
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.core.seeding import (
-    NO_ENV_SEED,
-    NO_POLICY_SEED,
-    generator_states,
-    set_generator_state,
-)
-from rlfleet.envs._base import BaseVectorEnv
-from rlfleet.envs.config import EnvConfig, make_native
-from rlfleet.errors import ConfigError, InvalidValueError, PolicyError, UsageError, WrongTypeError
+from rlfleet.errors import ConfigError, InvalidValueError, UsageError, WrongTypeError
 from rlfleet.policies.base import Policy
-from rlfleet.policies.random import RandomPolicy
-from rlfleet.policies.spec import PolicySpec, make_policy
 from rlfleet.protocol.stream_replay import StreamReplay
-from rlfleet.worker._engine import Live, SlotEngine, close_quietly
+from rlfleet.worker._engine import SlotEngine
 from rlfleet.worker._episode_buffer import (
     EPISODE_INFO_KEYS,
     FRAGMENT_INFO_KEYS,
     Segment,
     build_batch,
     build_pieces,
-    record_key,
 )
-from rlfleet.worker._native_slots import NativeSlots
+from rlfleet.worker._installs import WorkerInstalls
 from rlfleet.worker._restarts import EnvRestartBudget, RestartLedger
 from rlfleet.worker._streams import FragmentStreams
+from rlfleet.worker._unit_queue import UnitQueue
 from rlfleet.worker._updates import (
     AgentUpdate,
-    EnvSource,
     EnvUpdate,
-    check_observation_space,
-    describe_update,
 )
 from rlfleet.worker.units import EpisodeUnit
 
 NanMode = Literal["error", "flag", "ignore"]
 _NAN_MODES = ("error", "flag", "ignore")
-
-#: Prepared generator states a worker keeps at most (see VecWorker.prepare).
-_MAX_PREPARED = 1 << 16
-#: Queued units prepared with an unprepared one that starts.
-_PREPARE_AHEAD = 255
 
 
 class VecWorker:
@@ -171,8 +150,6 @@ class VecWorker:
         self.n_envs = n_envs
         self.worker_number = worker_number
         self.name = name if name is not None else str(worker_number)
-        self._seed = seed
-        self._max_episode_length = max_episode_length
         self._engine = SlotEngine(
             n_envs,
             name=self.name,
@@ -181,20 +158,18 @@ class VecWorker:
             ledger=RestartLedger(EnvRestartBudget.coerce(max_env_restarts)),
         )
         self._closed = False
-        self._pending_policy: PolicySpec | str | None = None  # waits for the first env
-        self._policy_is_default = True
-        self._agent_version = 0
-        self._queue: collections.deque[EpisodeUnit] = collections.deque()
-        # One generator per slot, put in each episode's state when it starts:
-        # a default_rng per episode cost about 8 us, a third of the episode's
-        # bookkeeping. Its states are computed many units at once (prepare).
-        self._slot_rngs = [np.random.Generator(np.random.PCG64(0)) for _ in range(n_envs)]
-        self._rng_states: dict[int, tuple[int, int]] = {}
-        self._finished: list[Segment] = []
-        self._finished_steps = 0
-        self._units = _UnitSink(self)
+        self._units = UnitQueue(
+            self._engine, worker_number=worker_number, agent_version=self._agent_version
+        )
         self._streams = FragmentStreams(
-            self._engine, worker_number=worker_number, agent_version=lambda: self._agent_version
+            self._engine, worker_number=worker_number, agent_version=self._agent_version
+        )
+        self._installs = WorkerInstalls(
+            self._engine,
+            seed=seed,
+            max_episode_length=max_episode_length,
+            abort=self._abort_in_flight,
+            abandon_streams=self._streams.abandon,
         )
         self.update_env(env)
         self.update_agent(policy, version=0)
@@ -203,8 +178,8 @@ class VecWorker:
         env = self._engine.source_name
         return (
             f"VecWorker(name={self.name!r}, n_envs={self.n_envs}, env={env}, "
-            f"agent_version={self._agent_version}, queued={len(self._queue)}, "
-            f"active={self._engine.n_live}, finished={len(self._finished)})"
+            f"agent_version={self._installs.agent_version}, queued={len(self._units.queue)}, "
+            f"active={self._engine.n_live}, finished={len(self._units.finished)})"
         )
 
     # ------------------------------------------------------------ properties
@@ -229,7 +204,7 @@ class VecWorker:
     @property
     def agent_version(self) -> int:
         """Version of the current agent (0 initially, +1 per agent update)."""
-        return self._agent_version
+        return self._installs.agent_version
 
     @property
     def envs(self) -> list[gym.Env | None]:
@@ -242,17 +217,17 @@ class VecWorker:
     @property
     def restarts(self) -> int:
         """Envs rebuilt after a crash, over the worker's lifetime."""
-        return self._engine.ledger.total
+        return self._engine.failures.ledger.total
 
     @property
     def finished_count(self) -> int:
         """Finished episodes not yet taken."""
-        return len(self._finished)
+        return len(self._units.finished)
 
     @property
     def finished_steps(self) -> int:
         """Total steps of the finished episodes not yet taken."""
-        return self._finished_steps
+        return self._units.finished_steps
 
     @property
     def active_count(self) -> int:
@@ -268,12 +243,12 @@ class VecWorker:
     @property
     def queued_count(self) -> int:
         """Units waiting for a free slot."""
-        return len(self._queue)
+        return len(self._units.queue)
 
     @property
     def idle(self) -> bool:
         """True when nothing is queued or in flight (finished ones may wait)."""
-        return not self._queue and not self._engine.n_live
+        return not self._units.queue and not self._engine.n_live
 
     # --------------------------------------------------------------- updates
 
@@ -297,37 +272,7 @@ class VecWorker:
             WrongTypeError: If the update is of another type.
         """
         self._require_open()
-        if agent_update is None:
-            return self._agent_version
-        if version is not None:
-            check_int("version", version, minimum=0)
-        engine = self._engine
-        if isinstance(agent_update, Mapping):
-            if engine.policy is None:
-                raise PolicyError(
-                    "got parameters but the worker has no policy to set them on yet; "
-                    "send a Policy or PolicySpec first (and an env update)"
-                )
-            engine.policy.set_param_values(agent_update)
-            new_policy = engine.policy
-        elif isinstance(agent_update, Policy):
-            new_policy, self._pending_policy = agent_update, None
-            self._policy_is_default = False
-        elif isinstance(agent_update, PolicySpec | str):
-            if engine.spec is None:
-                self._pending_policy, new_policy = agent_update, None  # built by update_env
-            else:
-                # Seeded with the worker's seed: workers build the same initial weights.
-                new_policy = make_policy(agent_update, engine.spec, seed=self._seed)
-                self._pending_policy = None
-            self._policy_is_default = False
-        else:
-            raise WrongTypeError(describe_update(agent_update))
-        self._agent_version = self._agent_version + 1 if version is None else version
-        self._abort_in_flight()
-        if new_policy is not None:
-            engine.install_policy(new_policy)
-        return self._agent_version
+        return self._installs.update_agent(agent_update, version)
 
     def update_env(self, env_update: EnvUpdate) -> None:
         """Replaces the envs; aborts and re-queues in-flight episodes.
@@ -343,48 +288,7 @@ class VecWorker:
             WrongTypeError: If the update is of another type.
         """
         self._require_open()
-        if env_update is None:
-            return
-        source = EnvSource(env_update)
-        if isinstance(env_update, EnvConfig) and env_update.native:
-            self._install_native(source, env_update)
-            return
-        venv = source.vector_env(self.n_envs)
-        try:
-            max_len = self._max_episode_length or source.max_episode_length or source.time_limit
-            spec = _slot_spec(venv, max_len)
-            check_observation_space(spec.observation_space, f"env {source.name}")
-        except BaseException:
-            close_quietly(venv, source.name)
-            raise
-        self._abort_in_flight()
-        self._streams.abandon()
-        self._engine.install_envs(source, venv, spec)
-        self._install_policy_for(spec)
-
-    def _install_native(self, source: EnvSource, config: EnvConfig) -> None:
-        """Makes one native vector env step every slot (docs/reliability.md)."""
-        native = make_native(config, self.n_envs, max_episode_length=self._max_episode_length)
-        try:
-            spec = native.env_spec()
-            check_observation_space(spec.observation_space, f"env {native.name}")
-        except BaseException:
-            native.close()
-            raise
-        self._abort_in_flight()
-        self._streams.abandon()
-        self._engine.install_native(source, NativeSlots(native), spec)
-        self._install_policy_for(spec)
-
-    def _install_policy_for(self, spec: EnvSpec) -> None:
-        """Builds the pending policy for a new env, or re-checks the current one."""
-        if self._pending_policy is not None:
-            self._engine.install_policy(make_policy(self._pending_policy, spec, seed=self._seed))
-            self._pending_policy = None
-        elif self._engine.policy is None or self._policy_is_default:
-            self._engine.install_policy(RandomPolicy(spec, seed=self._seed))
-        else:
-            self._engine.install_policy(self._engine.policy)  # re-checked against the env
+        self._installs.update_env(env_update)
 
     # ------------------------------------------------------ incremental API
 
@@ -408,7 +312,7 @@ class VecWorker:
                 )
         if units:
             self._streams.release_envs()
-        self._queue.extend(units)
+        self._units.queue.extend(units)
 
     def prepare(self, units: Iterable[EpisodeUnit]) -> None:
         """Computes the action generators' states of units to submit later.
@@ -421,11 +325,7 @@ class VecWorker:
         when the task arrives; units submitted unprepared are prepared with
         the next queued ones when the first of them starts.
         """
-        known = self._rng_states
-        seeds = [unit.policy_seed for unit in units if unit.policy_seed not in known]
-        if len(known) + len(seeds) > _MAX_PREPARED:
-            known.clear()  # states of cancelled units, never started
-        known.update(zip(seeds, generator_states(seeds), strict=True))
+        self._units.prepare(units)
 
     def start_queued(self) -> int:
         """Starts queued units on idle slots now (``step`` does this itself).
@@ -459,14 +359,14 @@ class VecWorker:
         """
         if self._closed:
             self._require_open()
-        if self._queue and self._engine.n_live < self.n_envs:
+        if self._units.queue and self._engine.n_live < self.n_envs:
             self._start_queued()
         try:
             taken = self._engine.advance(self._units)
         except Exception:
             self._abort_in_flight()
             raise
-        if self._engine.errors:
+        if self._engine.failures.errors:
             self._engine.raise_deferred()
         return taken
 
@@ -510,23 +410,7 @@ class VecWorker:
         self, max_episodes: int | None, request: int | None
     ) -> tuple[EnvSpec, list[Segment]] | None:
         """Removes the finished segments :meth:`take_finished` returns, in order."""
-        if max_episodes is not None:
-            check_int("max_episodes", max_episodes, minimum=1)
-        chosen = [r for r in self._finished if request is None or r.key[0] == request]
-        if not chosen:
-            return None
-        chosen.sort(key=record_key)
-        spec = chosen[0].env_spec
-        everything = max_episodes is None and len(chosen) == len(self._finished)
-        if everything and all(r.env_spec is spec for r in chosen):  # the usual case
-            self._finished = []
-            self._finished_steps = 0
-            return spec, chosen
-        chosen = [r for r in chosen if r.env_spec is spec][:max_episodes]
-        taken = {id(r) for r in chosen}
-        self._finished = [r for r in self._finished if id(r) not in taken]
-        self._finished_steps -= sum(r.length for r in chosen)
-        return spec, chosen
+        return self._units.take(max_episodes, request)
 
     def cancel(
         self, episode_indices: Iterable[int] | None = None, request: int | None = None
@@ -543,32 +427,7 @@ class VecWorker:
         Returns:
             The cancelled episode indices, sorted.
         """
-        indices = None if episode_indices is None else set(episode_indices)
-
-        def matches(unit_request: int, index: int) -> bool:
-            return (indices is None or index in indices) and (
-                request is None or unit_request == request
-            )
-
-        cancelled = [u.episode_index for u in self._queue if matches(u.request, u.episode_index)]
-        self._queue = collections.deque(
-            u for u in self._queue if not matches(u.request, u.episode_index)
-        )
-        for slot, live in enumerate(self._engine.live):
-            unit = live.unit if live is not None else None
-            if unit is not None and matches(unit.request, unit.episode_index):
-                cancelled.append(unit.episode_index)
-                self._engine.drop(slot)
-        kept = []
-        for record in self._finished:
-            record_request, index = record.key
-            if matches(record_request, index):
-                cancelled.append(index)
-                self._finished_steps -= record.length
-            else:
-                kept.append(record)
-        self._finished = kept
-        return sorted(cancelled)
+        return self._units.cancel(episode_indices, request)
 
     def run(self, units: Iterable[EpisodeUnit]) -> EpisodeBatch:
         """Runs units to completion: submit, step until idle, take.
@@ -680,7 +539,7 @@ class VecWorker:
         if not self.idle:
             raise UsageError(
                 f"collect_fragments needs a worker without episode units, but "
-                f"{len(self._queue)} are queued and {self._engine.n_live} running; take or "
+                f"{len(self._units.queue)} are queued and {self._engine.n_live} running; take or "
                 "cancel them first"
             )
         if self._engine.spec is None:
@@ -713,10 +572,8 @@ class VecWorker:
         """Closes every env and drops all work. Safe to call twice."""
         if self._closed:
             return
-        self._queue.clear()
         self._engine.drop_all()
-        self._finished = []
-        self._finished_steps = 0
+        self._units.clear()
         self._streams.abandon()
         self._engine.close_envs()
         self._closed = True
@@ -744,84 +601,24 @@ class VecWorker:
         """Whether stepping checked every action's shape (the ActionChecker's rule)."""
         return self._engine.check_actions and spec.action_space.shape is not None
 
+    def _agent_version(self) -> int:
+        return self._installs.agent_version
+
     def _no_env(self) -> ConfigError:
         return ConfigError(f"worker {self.name!r} has no env: pass env= or call update_env() first")
 
     def _start_queued(self) -> int:
         """Starts queued units on idle slots; returns how many started."""
         engine = self._engine
-        if not self._queue or engine.n_live == self.n_envs:
+        if not self._units.queue or engine.n_live == self.n_envs:
             return 0
         if engine.spec is None:
             raise self._no_env()
-        started = []
-        # A native env's episodes have no seeds of their own (their env and
-        # actions follow the whole env's): say so, never a wrong one.
-        native = engine.native is not None
-        for slot in engine.idle_slots:
-            if not self._queue:
-                break
-            unit = self._queue.popleft()
-            rng = self._slot_rngs[slot]
-            if not native:  # a native engine samples every row from one generator
-                state = self._rng_states.pop(unit.policy_seed, None)
-                if state is None:
-                    # With the next queued units, not all: surplus units are
-                    # often cancelled before they start.
-                    self.prepare([unit, *itertools.islice(self._queue, _PREPARE_AHEAD)])
-                    state = self._rng_states.pop(unit.policy_seed)
-                set_generator_state(rng, state)
-            live = Live(
-                unit=unit,
-                rng=rng,
-                # EPISODE_INFO_KEYS order.
-                meta=(
-                    self._agent_version,
-                    NO_ENV_SEED if native else unit.env_seed,
-                    NO_POLICY_SEED if native else unit.policy_seed,
-                    unit.episode_index,
-                    self.worker_number,
-                ),
-                key=(unit.request, unit.episode_index),
-            )
-            if engine.begin(slot, live, unit.env_seed):
-                started.append(slot)
-        engine.reset_policy_rows(started)
-        return len(started)
+        return self._units.start()
 
     def _abort_in_flight(self) -> None:
         """Re-queues in-flight units at the front of the queue, in order."""
-        units = [live.unit for live in self._engine.drop_all() if live.unit is not None]
-        for unit in sorted(units, key=lambda u: (u.request, u.episode_index), reverse=True):
-            self._queue.appendleft(unit)
-
-
-def _slot_spec(venv: BaseVectorEnv, max_episode_length: int | None) -> EnvSpec:
-    """The EnvSpec of env 0 of ``venv`` (wherever it runs), as ``EnvSpec.from_env``."""
-    observation_space, action_space, registered = (
-        venv.get_env_attr(key, id=0)[0] for key in ("observation_space", "action_space", "spec")
-    )
-    if max_episode_length is None and registered is not None:
-        max_episode_length = registered.max_episode_steps
-    return EnvSpec(observation_space, action_space, max_episode_length)
-
-
-class _UnitSink:
-    """Where episode units' results go: the finished list, or back to the queue."""
-
-    keeps_partial = False
-
-    def __init__(self, worker: VecWorker) -> None:
-        self._worker = worker
-
-    def on_record(self, slot: int, live: Live, record: Segment, continues: bool) -> None:
-        self._worker._finished.append(record)
-        self._worker._finished_steps += record.length
-
-    def on_env_failure(self, slot: int, live: Live, restarted: bool) -> None:
-        if restarted and live.unit is not None:
-            # Re-run from its seeds: the episode stays the same episode.
-            self._worker._queue.appendleft(live.unit)
+        self._units.abort_in_flight()
 
 
 __all__ = ["NanMode", "VecWorker"]

@@ -1,0 +1,652 @@
+"""A coordinator's capacity: its CPU per delivered step and per result, fed by synthetic workers.
+
+Run: ``python -m benchmarks.capacity`` (about a minute; ``--help`` for the knobs).
+
+A real ``rlfleet coordinator`` process serves W **synthetic workers**: each
+joins over the real Join protocol (the remote worker's own ``JoinStream``
+and message translation), acknowledges env and agent updates without
+building a policy, and answers each task at once with results encoded
+**once**: a result of ``k`` episodes of ``L`` steps is serialized a single
+time, and every answer rewrites only its five episode_infos columns
+(episode index, seeds, agent version, worker) in place in those bytes
+before cutting them into chunk messages. No env steps and no encoding run
+in the workers, so their CPU does not hide the coordinator's cost. What the
+coordinator checks still holds for every result: the episode indices and
+seeds of the task's units, the agent version, the step types and every
+value against the declared spaces; a result it refuses ends the run.
+
+Two step sizes: CartPole-v1's (4 float32 observations) and Atari-sized
+(84x84x4 uint8 frames, :data:`FRAMES_ID`). For each, the learner (this
+process, a :class:`~rlfleet.client.RemoteSampler`) makes requests of two
+sizes while the workers send results of two sizes, and the coordinator's
+CPU time (psutil, its pid: CPU seconds, which a loaded machine inflates far
+less than wall time) gives, per coordinator core:
+
+* steps/s and MB/s of delivered step data (the batch's arrays);
+* CPU per delivered step and per result message;
+* ``a + b * steps + c * results`` fitted over the requests (non-negative
+  least squares): ``b`` per step, ``c`` per result, ``a`` per request;
+* the learner's own CPU per delivered step (``time.process_time``).
+
+docs/performance.md ("Coordinator capacity") turns these into workers per
+coordinator core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import itertools
+import json
+import math
+import os
+import queue
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import psutil
+from gymnasium import spaces
+
+from rlfleet.client import RemoteSampler
+from rlfleet.core import EnvSpec, EpisodeBatch, StepType
+from rlfleet.envs import EnvConfig
+from rlfleet.protocol.join import (
+    AgentApplied,
+    DrainOrder,
+    TaskAssignment,
+    WorkerBeat,
+    WorkerHello,
+    WorkerLeaving,
+    WorkerWelcome,
+)
+from rlfleet.protocol.modes import Mode
+from rlfleet.protocol.updates import AgentChange, EnvChange
+from rlfleet.transport import rpc as _rpc
+from rlfleet.v1 import worker_pb2
+from rlfleet.wire import DEFAULT_CHUNK_BYTES, decode_batch, encode_batch, serialize_with_chunk
+from rlfleet.wire.batches import payload_kind
+from rlfleet.wire.chunks import chunk_payload
+from rlfleet.wire.results import EPISODE_INFO_KEYS
+from rlfleet.worker._connection import JoinStream, StreamEnded
+from rlfleet.worker._join_messages import env_built
+
+#: The Atari-sized env: 84x84x4 uint8 frames, 6 actions; registered on import.
+FRAMES_ID = "rlfleet-bench/Frames-v0"
+#: Room left in a message for the EpisodeResult around a chunk (as the worker leaves).
+_ENVELOPE_ALLOWANCE = 64
+#: Longest wait for a process to start, or for the workers' counts to settle.
+_START_SECONDS = 120.0
+
+
+class FramesEnv(gym.Env[np.ndarray, np.int64]):
+    """Atari's shape without an emulator: black 84x84x4 frames, 100-step episodes."""
+
+    def __init__(self) -> None:
+        self.observation_space = spaces.Box(0, 255, shape=(84, 84, 4), dtype=np.uint8)
+        self.action_space = spaces.Discrete(6)
+        self._t = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t = 0
+        return np.zeros((84, 84, 4), np.uint8), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self._t += 1
+        return np.zeros((84, 84, 4), np.uint8), 1.0, self._t >= 100, False, {}
+
+
+if FRAMES_ID not in gym.registry:
+    gym.register(FRAMES_ID, entry_point=f"{__name__}:FramesEnv")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One step size and the requests and results it is measured with.
+
+    Attributes:
+        name: How the report names it.
+        env_id: The coordinator's env.
+        episode_steps: Steps of every synthetic episode.
+        result_episodes: Episodes per result, one setting per value.
+        request_steps: Steps per request, one setting per value.
+        capacity_steps: The coordinator's ``--capacity-steps`` (what a
+            synthetic worker, which answers a whole task at once, holds).
+    """
+
+    name: str
+    env_id: str
+    episode_steps: int
+    result_episodes: tuple[int, ...]
+    request_steps: tuple[int, ...]
+    capacity_steps: int
+
+
+#: The default run: about a minute on a quiet 2-core machine.
+SHAPES = (
+    Shape("cartpole", "CartPole-v1", 100, (4, 80), (40_000, 160_000), 16_384),
+    Shape("atari", FRAMES_ID, 25, (1, 5), (1_000, 4_000), 2_048),
+)
+
+
+# --- the synthetic worker ------------------------------------------------------------
+
+
+class ResultTemplate:
+    """A result of ``count`` episodes of ``steps`` steps, serialized once.
+
+    The batch holds valid values of ``spec``'s spaces (zeros, which every
+    space used here contains). Its five episode_infos columns are located in
+    the serialized bytes once; :meth:`messages` writes a task's values there
+    and cuts the same bytes into chunk messages.
+    """
+
+    def __init__(self, spec: EnvSpec, steps: int, count: int) -> None:
+        obs_space, act_space = spec.observation_space, spec.action_space
+        assert obs_space.shape is not None and act_space.shape is not None  # Box, Discrete
+        total = steps * count
+        step_types = np.full(total, int(StepType.MID), np.uint8)
+        step_types[::steps] = int(StepType.FIRST)
+        step_types[steps - 1 :: steps] = int(StepType.TERMINAL)
+        batch = EpisodeBatch(
+            env_spec=spec,
+            episode_infos={key: np.arange(count, dtype=np.int64) for key in EPISODE_INFO_KEYS},
+            observations=np.zeros((total, *obs_space.shape), obs_space.dtype),
+            last_observations=np.zeros((count, *obs_space.shape), obs_space.dtype),
+            actions=np.zeros((total, *act_space.shape), act_space.dtype),
+            rewards=np.ones(total, np.float32),
+            env_infos={},
+            agent_infos={},
+            step_types=step_types,
+            lengths=np.full(count, steps, np.int64),
+        )
+        self.lengths = [steps] * count
+        self.payload = bytearray(encode_batch(batch, include_env_spec=False))
+        base = np.frombuffer(self.payload, np.uint8).ctypes.data
+        decoded = decode_batch(self.payload, env_spec=spec, kind=EpisodeBatch)
+        self.infos = {}
+        for key in EPISODE_INFO_KEYS:
+            view = np.asarray(decoded.episode_infos[key])
+            offset = view.ctypes.data - base
+            self.infos[key] = np.frombuffer(self.payload, "<i8", count=count, offset=offset)
+        self.step_bytes = (
+            sum(
+                np.asarray(getattr(batch, name)).nbytes
+                for name in ("observations", "actions", "rewards", "step_types")
+            )
+            / total
+        )
+
+    def messages(
+        self,
+        units: Sequence[tuple[int, int, int]],
+        *,
+        task: TaskAssignment,
+        worker_id: int,
+        agent_version: int,
+        env_generation: int,
+        batch_id: int,
+        max_message_bytes: int,
+    ) -> list[bytes]:
+        """The serialized WorkerMessages of one result: ``units`` run by this template."""
+        indices = [unit[0] for unit in units]
+        columns = self.infos
+        columns["episode_index"][:] = indices
+        columns["env_seed"][:] = [unit[1] for unit in units]
+        columns["policy_seed"][:] = [unit[2] for unit in units]
+        columns["agent_version"][:] = agent_version
+        columns["worker"][:] = worker_id
+        meta = worker_pb2.EpisodeResult(
+            task_id=task.task_id,
+            episode_indices=indices,
+            lengths=self.lengths,
+            agent_version=agent_version,
+            env_generation=env_generation,
+        )
+        first = worker_pb2.WorkerMessage(result=meta)
+        rest = worker_pb2.WorkerMessage(result=worker_pb2.EpisodeResult(task_id=task.task_id))
+        room = min(DEFAULT_CHUNK_BYTES, max_message_bytes - meta.ByteSize() - _ENVELOPE_ALLOWANCE)
+        chunks = chunk_payload(
+            memoryview(self.payload), kind=_EPISODE_KIND, max_bytes=room, batch_id=batch_id
+        )
+        return [
+            serialize_with_chunk(first if chunk.index == 0 else rest, _rpc.WORKER_CHUNK_PATH, chunk)
+            for chunk in chunks
+        ]
+
+
+_EPISODE_KIND = payload_kind(EpisodeBatch)
+
+
+class SyntheticWorker:
+    """A worker that answers tasks with pre-encoded results over a real Join stream.
+
+    Args:
+        address: The coordinator.
+        num_envs: ``Hello.num_envs`` (how much work the coordinator hands it).
+        episode_steps: Steps of every episode it returns.
+        control: File holding the episodes per result, read at each task.
+        counts: File it writes ``results messages`` to after each result.
+    """
+
+    def __init__(
+        self, address: str, *, num_envs: int, episode_steps: int, control: Path, counts: Path
+    ) -> None:
+        self.address = address
+        self.num_envs = num_envs
+        self.episode_steps = episode_steps
+        self.control = control
+        self.counts = counts
+        self._templates: dict[int, ResultTemplate] = {}
+        self._spec: EnvSpec | None = None
+        self._generation = 0
+        self._version = 0
+        self._batch_ids = itertools.count(1)
+        self._results = 0
+        self._messages = 0
+
+    def run(self) -> int:
+        """Serves until the coordinator ends the stream or drains it; returns the exit code."""
+        channel = _rpc.open_channel(self.address, security=None)
+        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        stream = JoinStream(channel, inbox)
+        stream.send(
+            WorkerHello(
+                protocol_version=_rpc.PROTOCOL_VERSION,
+                capabilities=("rlfleet.episodes",),
+                num_envs=self.num_envs,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                implementation="rlfleet-capacity-bench",
+            )
+        )
+        try:
+            return self._serve(stream, inbox)
+        finally:
+            stream.cancel()
+            channel.close()
+
+    def _serve(self, stream: JoinStream, inbox: queue.SimpleQueue[Any]) -> int:
+        try:
+            welcome = inbox.get(timeout=_START_SECONDS)
+        except queue.Empty:
+            print(f"no Welcome from {self.address} within {_START_SECONDS:g} s", file=sys.stderr)
+            return 1
+        if not isinstance(welcome, WorkerWelcome):
+            print(f"expected Welcome, got {welcome!r}", file=sys.stderr)
+            return 1
+        beat_every = welcome.heartbeat_interval_seconds
+        next_beat = time.monotonic() + beat_every
+        while True:
+            try:
+                item = inbox.get(timeout=max(next_beat - time.monotonic(), 0.0))
+            except queue.Empty:
+                stream.send(WorkerBeat())
+                next_beat = time.monotonic() + beat_every
+                continue
+            if isinstance(item, StreamEnded):
+                return 0
+            if isinstance(item, DrainOrder):
+                stream.send(WorkerLeaving("drained"))
+                stream.close_send()
+                return 0
+            for message in self._answer(item, welcome):
+                stream.send(message)
+
+    def _answer(self, item: object, welcome: WorkerWelcome) -> Iterator[Any]:
+        if isinstance(item, EnvChange):
+            kwargs = json.loads(item.kwargs_json or "{}")
+            config = EnvConfig(item.env_id, kwargs, item.max_episode_length)
+            self._spec = config.env_spec()
+            self._templates.clear()
+            self._generation = item.generation
+            yield env_built(item.generation, self._spec)
+        elif isinstance(item, AgentChange):
+            self._version = item.version
+            yield AgentApplied(item.version)
+        elif isinstance(item, TaskAssignment) and item.mode != int(Mode.FRAGMENTS):
+            yield from self._results_of(item, welcome)
+        # Cancels need nothing: every task was answered whole when it came.
+
+    def _results_of(self, task: TaskAssignment, welcome: WorkerWelcome) -> Iterator[bytes]:
+        if self._spec is None:
+            raise RuntimeError(f"task {task.task_id} came before any EnvUpdate")
+        per_result = max(int(self.control.read_text()), 1)
+        version = task.agent_version if task.agent_version >= 0 else self._version
+        units = sorted(task.units)
+        for start in range(0, len(units), per_result):
+            group = units[start : start + per_result]
+            template = self._templates.get(len(group))
+            if template is None:
+                template = ResultTemplate(self._spec, self.episode_steps, len(group))
+                self._templates[len(group)] = template
+            messages = template.messages(
+                group,
+                task=task,
+                worker_id=welcome.worker_id,
+                agent_version=version,
+                env_generation=self._generation,
+                batch_id=next(self._batch_ids),
+                max_message_bytes=welcome.max_message_bytes,
+            )
+            yield from messages
+            self._results += 1
+            self._messages += len(messages)
+            self.counts.write_text(f"{self._results} {self._messages}")
+
+
+# --- the measurement -----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One timed request.
+
+    Attributes:
+        result_episodes: Episodes per result the workers sent.
+        steps: Steps delivered.
+        data_bytes: Bytes of the delivered batch's step arrays.
+        results: Results the workers sent meanwhile.
+        messages: Messages they came in.
+        coordinator_cpu: The coordinator's CPU seconds.
+        learner_cpu: This process's CPU seconds.
+    """
+
+    result_episodes: int
+    steps: int
+    data_bytes: int
+    results: int
+    messages: int
+    coordinator_cpu: float
+    learner_cpu: float
+
+
+def _counts(files: Sequence[Path]) -> tuple[int, int]:
+    results = messages = 0
+    for path in files:
+        text = path.read_text().split() if path.exists() else []
+        if len(text) == 2:
+            results += int(text[0])
+            messages += int(text[1])
+    return results, messages
+
+
+def _settled(files: Sequence[Path], quiet: float = 0.3) -> tuple[int, int]:
+    """The workers' counts once they have not moved for ``quiet`` seconds."""
+    deadline = time.monotonic() + _START_SECONDS
+    last, since = _counts(files), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = _counts(files)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return now
+    raise TimeoutError(f"the workers' counts kept moving for {_START_SECONDS:g} s")
+
+
+def _wait_for_port(port_file: Path, process: subprocess.Popen[bytes]) -> int:
+    deadline = time.monotonic() + _START_SECONDS
+    while time.monotonic() < deadline:
+        text = port_file.read_text().strip() if port_file.exists() else ""
+        if text:
+            return int(text)
+        if process.poll() is not None:
+            raise RuntimeError(f"the coordinator exited with {process.returncode}")
+        time.sleep(0.05)
+    raise TimeoutError(f"the coordinator wrote no port file within {_START_SECONDS:g} s")
+
+
+def _batch_bytes(batch: EpisodeBatch) -> int:
+    return sum(
+        np.asarray(getattr(batch, name)).nbytes
+        for name in ("observations", "last_observations", "actions", "rewards", "step_types")
+    )
+
+
+@contextlib.contextmanager
+def _stopping(processes: list[subprocess.Popen[bytes]]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        # The coordinator first: its workers then see their streams end and exit.
+        for process in processes:
+            process.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+        for process in processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=20)
+
+
+def measure(shape: Shape, *, workers: int, num_envs: int, repeats: int) -> list[Request]:
+    """Runs ``shape``'s requests against a fresh coordinator and synthetic workers."""
+    with tempfile.TemporaryDirectory(prefix="rlfleet-capacity-") as name:
+        return _measure(Path(name), shape, workers=workers, num_envs=num_envs, repeats=repeats)
+
+
+def _measure(
+    directory: Path, shape: Shape, *, workers: int, num_envs: int, repeats: int
+) -> list[Request]:
+    port_file, control = directory / "port", directory / "result-episodes"
+    control.write_text(str(shape.result_episodes[0]))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    coordinator = subprocess.Popen(
+        [sys.executable, "-m", "rlfleet", "--log-level", "ERROR", "coordinator",
+         "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--env", shape.env_id,
+         "--lease-data-listen", "off", "--capacity-steps", str(shape.capacity_steps)],
+        env=env,
+    )  # fmt: skip
+    processes = [coordinator]
+    with _stopping(processes):
+        address = f"127.0.0.1:{_wait_for_port(port_file, coordinator)}"
+        count_files = [directory / f"counts-{i}" for i in range(workers)]
+        for count_file in count_files:
+            processes.append(
+                subprocess.Popen(
+                    [
+                        *(sys.executable, "-m", "benchmarks.capacity", "--serve-worker", address),
+                        *("--envs", str(num_envs), "--episode-steps", str(shape.episode_steps)),
+                        *("--control", str(control), "--counts", str(count_file)),
+                    ],
+                    env=env,
+                )
+            )
+        sampler = RemoteSampler(address, seed=0, timeout=600, wait_for_workers=_START_SECONDS)
+        with sampler:
+            _wait_for_workers(sampler, workers)
+            sampler.obtain_samples(0, shape.request_steps[0])  # warm-up
+            cpu = psutil.Process(coordinator.pid)
+            rows = []
+            itr = 1
+            for per_result in shape.result_episodes:
+                control.write_text(str(per_result))
+                for steps in shape.request_steps:
+                    for _ in range(repeats):
+                        before = _settled(count_files)
+                        coordinator_before = sum(cpu.cpu_times()[:2])
+                        learner_before = time.process_time()
+                        batch = sampler.obtain_samples(itr, steps)
+                        learner_cpu = time.process_time() - learner_before
+                        after = _settled(count_files)
+                        coordinator_cpu = sum(cpu.cpu_times()[:2]) - coordinator_before
+                        itr += 1
+                        rows.append(
+                            Request(
+                                per_result,
+                                batch.total_steps,
+                                _batch_bytes(batch),
+                                after[0] - before[0],
+                                after[1] - before[1],
+                                coordinator_cpu,
+                                learner_cpu,
+                            )
+                        )
+                        del batch
+        return rows
+
+
+def _wait_for_workers(sampler: RemoteSampler, count: int) -> None:
+    deadline = time.monotonic() + _START_SECONDS
+    while len(sampler.status().workers) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{count} synthetic workers did not join within {_START_SECONDS} s")
+        time.sleep(0.1)
+
+
+def nonnegative_fit(design: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (costs are never negative).
+
+    Exact for a few columns: the best unconstrained fit over every subset of
+    columns whose coefficients all come out non-negative.
+    """
+    columns = design.shape[1]
+    best, best_error = np.zeros(columns), float(np.sum(target**2))
+    for size in range(1, columns + 1):
+        for subset in itertools.combinations(range(columns), size):
+            coef, *_ = np.linalg.lstsq(design[:, subset], target, rcond=None)
+            if np.any(coef < 0):
+                continue
+            error = float(np.sum((design[:, subset] @ coef - target) ** 2))
+            if error < best_error:
+                best, best_error = np.zeros(columns), error
+                best[list(subset)] = coef
+    return best
+
+
+def summarize(shape: Shape, rows: Sequence[Request]) -> dict[str, Any]:
+    """The report of one shape: per result size, and the fit over all its requests."""
+    settings = []
+    for per_result in shape.result_episodes:
+        mine = [r for r in rows if r.result_episodes == per_result]
+        steps = sum(r.steps for r in mine)
+        cpu = sum(r.coordinator_cpu for r in mine)
+        results = sum(r.results for r in mine)
+        settings.append(
+            {
+                "result_steps": per_result * shape.episode_steps,
+                "requests": len(mine),
+                "steps": steps,
+                "results": results,
+                "messages": sum(r.messages for r in mine),
+                "coordinator_us_per_step": cpu / steps * 1e6,
+                "coordinator_us_per_result": cpu / max(results, 1) * 1e6,
+                "steps_per_core_second": steps / cpu if cpu > 0 else math.inf,
+                "mb_per_core_second": sum(r.data_bytes for r in mine) / cpu / 1e6
+                if cpu > 0
+                else math.inf,
+                "learner_us_per_step": sum(r.learner_cpu for r in mine) / steps * 1e6,
+            }
+        )
+    design = np.array([[1.0, r.steps, r.results] for r in rows])
+    per_request, per_step, per_result_cpu = nonnegative_fit(
+        design, np.array([r.coordinator_cpu for r in rows])
+    )
+    steps = sum(r.steps for r in rows)
+    return {
+        "shape": shape.name,
+        "bytes_per_step": sum(r.data_bytes for r in rows) / steps,
+        "settings": settings,
+        "fit": {
+            "us_per_step": per_step * 1e6,
+            "us_per_result": per_result_cpu * 1e6,
+            "ms_per_request": per_request * 1e3,
+        },
+    }
+
+
+def _print(report: dict[str, Any]) -> None:
+    print(f"{report['shape']}: {report['bytes_per_step']:,.0f} bytes of step data per step")
+    print(
+        f"  {'result steps':>12} {'requests':>8} {'steps':>9} {'results':>7} {'msgs':>6} "
+        f"{'coord us/step':>13} {'coord us/result':>15} {'steps/s/core':>13} "
+        f"{'MB/s/core':>9} {'learner us/step':>15}"
+    )
+    for s in report["settings"]:
+        print(
+            f"  {s['result_steps']:>12,} {s['requests']:>8} {s['steps']:>9,} "
+            f"{s['results']:>7} {s['messages']:>6} {s['coordinator_us_per_step']:>13.3f} "
+            f"{s['coordinator_us_per_result']:>15.0f} {s['steps_per_core_second']:>13,.0f} "
+            f"{s['mb_per_core_second']:>9,.0f} {s['learner_us_per_step']:>15.3f}"
+        )
+    fit = report["fit"]
+    print(
+        f"  fit: {fit['us_per_step']:.3f} us per step + {fit['us_per_result']:.0f} us per "
+        f"result + {fit['ms_per_request']:.2f} ms per request (coordinator CPU)"
+    )
+
+
+def run(
+    shapes: Sequence[Shape], *, workers: int = 2, num_envs: int = 64, repeats: int = 1
+) -> list[dict[str, Any]]:
+    """Measures every shape; returns one report each (see :func:`summarize`)."""
+    reports = []
+    for shape in shapes:
+        report = summarize(
+            shape, measure(shape, workers=workers, num_envs=num_envs, repeats=repeats)
+        )
+        _print(report)
+        reports.append(report)
+    return reports
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.capacity", description=__doc__)
+    parser.add_argument("--workers", type=int, default=2, help="synthetic workers")
+    parser.add_argument("--envs", type=int, default=64, help="Hello.num_envs of each")
+    parser.add_argument("--repeats", type=int, default=2, help="requests per setting")
+    parser.add_argument("--shapes", nargs="+", default=[s.name for s in SHAPES])
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiplies every request's steps (tiny runs)"
+    )
+    # A synthetic worker's own process (started by the benchmark).
+    parser.add_argument("--serve-worker", metavar="ADDRESS", help=argparse.SUPPRESS)
+    parser.add_argument("--episode-steps", type=int, default=100, help=argparse.SUPPRESS)
+    parser.add_argument("--control", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--counts", type=Path, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the benchmark (or, with ``--serve-worker``, one synthetic worker)."""
+    args = _parser().parse_args(argv)
+    if args.serve_worker:
+        return SyntheticWorker(
+            args.serve_worker,
+            num_envs=args.envs,
+            episode_steps=args.episode_steps,
+            control=args.control,
+            counts=args.counts,
+        ).run()
+    by_name = {shape.name: shape for shape in SHAPES}
+    shapes = [
+        dataclasses.replace(
+            by_name[name],
+            request_steps=tuple(
+                max(int(steps * args.scale), 1) for steps in by_name[name].request_steps
+            ),
+        )
+        for name in args.shapes
+    ]
+    load = os.getloadavg()[0]
+    print(f"load average at start: {load:.1f} on {os.cpu_count()} cores")
+    run(shapes, workers=args.workers, num_envs=args.envs, repeats=args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,325 @@
+"""Unit planning: which episodes each worker runs, and how many it holds.
+
+A worker holds about ``capacity_steps`` steps of episode units, sized with
+the fleet's running mean episode length (:class:`MeanLength`); refills come
+in batches and are dealt round-robin (see the rules in
+:mod:`rlfleet.scheduling.scheduler`). An :class:`EpisodeRequest` decides
+which indices are still needed; :class:`UnitPlanner` decides who runs them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable
+
+from rlfleet.core.seeding import episode_seeds_many
+from rlfleet.errors import ConfigError
+from rlfleet.protocol.modes import Footer, Mode
+from rlfleet.scheduling.books import Books, RequestState, TaskRecord, WorkerLoad
+from rlfleet.scheduling.orders import RequestSpec, TaskOrder, Unit
+
+#: Default extra units a worker may hold per env slot beyond the one it
+#: runs, whatever the episode length: a slot whose episode ends finds its
+#: next unit already on the worker. The floor of a worker's capacity.
+DEFAULT_PREFETCH_FACTOR = 1
+
+#: Default steps of work a worker holds (see the module docstring). Workers
+#: report after 0.1 s of work or 8192 steps (their default flush_seconds and
+#: flush_steps), so a refill at half capacity still leaves them 8192 steps
+#: (~140 ms of CartPole on one core, ~30 ms of a native vector env) to cover
+#: its round trip. Measured with the fleet benchmark: 8192 and 24576 were
+#: within noise of this. Larger is not free: when a request stops
+#: generating, each worker still runs the queue it holds, so a slower
+#: worker's queue sets the request's tail. Surplus is no concern: a STEPS
+#: request never hands out more than it still needs.
+DEFAULT_CAPACITY_STEPS = 16384
+
+#: Episodes over which the fleet's running mean episode length forgets.
+MEAN_LENGTH_MEMORY = 256
+
+
+class MeanLength:
+    """Running mean length of the fleet's recent complete episodes.
+
+    Sizes worker capacities, and estimates the units a request needs before
+    its own first episodes are back (requests of one learner usually run
+    the same env with a slowly changing agent).
+    """
+
+    def __init__(self, memory: int = MEAN_LENGTH_MEMORY) -> None:
+        self._keep = 1.0 - 1.0 / memory
+        self.value: float | None = None
+
+    def add(self, steps: int, episodes: int) -> None:
+        """Takes ``episodes`` episodes totalling ``steps`` steps."""
+        if episodes < 1:
+            return
+        mean = steps / episodes
+        if self.value is None:
+            self.value = mean
+        else:
+            # As if each of the episodes had been added one by one.
+            self.value += (1.0 - self._keep**episodes) * (mean - self.value)
+
+
+class EpisodeRequest(RequestState):
+    """STEPS and EPISODES requests, and EPISODES subscriptions."""
+
+    def __init__(self, request_id: int, spec: RequestSpec, *, subscription: bool) -> None:
+        super().__init__(request_id, spec, subscription=subscription)
+        self.requeued: list[int] = []  # min-heap: lost units, run before new ones
+        self.next_index = 0
+        self.outstanding = 0  # units handed out and not back (requeued ones excluded)
+        self.completed_count = 0
+        # STEPS: lengths of completed episodes past the contiguous prefix
+        # 0..prefix_end-1, whose total is prefix_steps.
+        self.completed: dict[int, int] = {}
+        self.prefix_end = 0
+        self.prefix_steps = 0
+        self.num_episodes: int | None = None  # the answer, once known
+
+    @property
+    def done(self) -> bool:
+        return self.num_episodes is not None
+
+    def units(self, indices: list[int]) -> tuple[Unit, ...]:
+        """The units of these episode indices, with their seeds."""
+        seeds = episode_seeds_many(self.spec.seed, self.spec.request_index, indices)
+        return tuple(Unit(i, env, policy) for i, (env, policy) in zip(indices, seeds, strict=True))
+
+    def take(self, fleet_slots: int, prior_length: float | None) -> int | None:
+        """The next episode index to hand out, or None if none is needed now.
+
+        Args:
+            fleet_slots: Env slots of the eligible workers.
+            prior_length: The fleet's running mean episode length, used
+                until this request's own episodes are back (None: unknown).
+        """
+        if self.done:
+            return None
+        if self.subscription and not self._subscription_room(fleet_slots, prior_length):
+            return None
+        if self.requeued:
+            return heapq.heappop(self.requeued)
+        if not self._may_generate(fleet_slots, self.average_length(prior_length)):
+            return None
+        index = self.next_index
+        self.next_index += 1
+        return index
+
+    def take_many(self, count: int, fleet_slots: int, prior_length: float | None) -> list[int]:
+        """Up to ``count`` indices to hand out, each marked handed out.
+
+        The same indices as ``count`` calls of :meth:`take` and
+        :meth:`handed_out`, in one step: requeued units first, then new ones
+        while the request needs them (the refill of a worker is hundreds of
+        units, and per-unit calls were a tenth of the coordinator's CPU).
+        """
+        if self.subscription:  # its room changes with every unit: one at a time
+            taken: list[int] = []
+            while len(taken) < count:
+                index = self.take(fleet_slots, prior_length)
+                if index is None:
+                    break
+                taken.append(index)
+                self.handed_out(1)
+            return taken
+        if self.done or count <= 0:
+            return []
+        taken = [heapq.heappop(self.requeued) for _ in range(min(count, len(self.requeued)))]
+        # A requeued unit popped and handed out leaves outstanding + requeued
+        # unchanged, so what _may_generate allows is known now (the popped
+        # ones count as outstanding: they are handed out below).
+        average = self.average_length(prior_length)
+        if self.spec.mode is Mode.EPISODES:
+            new = self.spec.amount - self.next_index
+        elif self.spec.amount - self.accepted_steps <= 0:
+            new = 0
+        else:
+            remaining = self.spec.amount - self.accepted_steps
+            needed = max(fleet_slots if average is None else math.ceil(remaining / average), 1)
+            new = needed - (self.outstanding + len(taken) + len(self.requeued))
+        new = max(min(new, count - len(taken)), 0)
+        taken.extend(range(self.next_index, self.next_index + new))
+        self.next_index += new
+        self.handed_out(len(taken))
+        return taken
+
+    def average_length(self, prior_length: float | None) -> float | None:
+        """Mean length of this request's episodes, else the prior."""
+        if self.completed_count:
+            return self.accepted_steps / self.completed_count
+        return prior_length
+
+    def _subscription_room(self, fleet_slots: int, recent_length: float | None) -> bool:
+        # The fleet's running mean, not the subscription's own average: a
+        # subscription runs for long while its agent learns, and its lifetime
+        # average lags far behind the episodes it runs now.
+        if recent_length is None:
+            # No length known yet: one unit per env slot of the fleet.
+            return self.outstanding < max(fleet_slots, 1) and self.has_buffer_room(0)
+        return self.has_buffer_room(self.outstanding * recent_length)
+
+    def _may_generate(self, fleet_slots: int, average: float | None) -> bool:
+        if self.subscription:
+            return True
+        if self.spec.mode is Mode.EPISODES:
+            return self.next_index < self.spec.amount
+        # STEPS: nothing new once the completed episodes reach the amount
+        # (the missing prefix is outstanding or requeued and will come).
+        remaining = self.spec.amount - self.accepted_steps
+        if remaining <= 0:
+            return False
+        # No length known yet: one unit per env slot of the fleet.
+        needed = max(fleet_slots if average is None else math.ceil(remaining / average), 1)
+        return self.outstanding + len(self.requeued) < needed
+
+    def handed_out(self, count: int) -> None:
+        """``count`` more units are on workers."""
+        self.outstanding += count
+
+    def requeue(self, indices: Iterable[int], *, lost: bool) -> None:
+        """Puts units back; ``lost``: their worker died (counted in the footer)."""
+        for index in indices:
+            heapq.heappush(self.requeued, index)
+            self.outstanding -= 1
+            self.reassigned_units += int(lost)
+
+    def drop(self, task: TaskRecord) -> None:
+        """Nothing to forget: a task's units are counted on its worker, which the books update."""
+
+    def lose(self, task: TaskRecord, *, keep_streams: bool) -> int:
+        """Re-queues a lost worker's units ahead of new ones (counted in the footer)."""
+        self.requeue(task.outstanding, lost=True)
+        return len(task.outstanding)
+
+    def complete(self, index: int, length: int) -> None:
+        """Episode ``index`` came back with ``length`` steps."""
+        self.outstanding -= 1
+        self.completed_count += 1
+        self.accepted_steps += length
+        if self.subscription:
+            self.buffered_steps += length
+            return
+        if self.spec.mode is Mode.EPISODES:
+            if self.completed_count == self.spec.amount:
+                self.num_episodes = self.spec.amount
+            return
+        self.completed[index] = length
+        # Walk the contiguous prefix forward; the first index at which it
+        # reaches the amount fixes the answer (smallest m).
+        while self.prefix_end in self.completed and self.num_episodes is None:
+            self.prefix_steps += self.completed.pop(self.prefix_end)
+            self.prefix_end += 1
+            if self.prefix_steps >= self.spec.amount:
+                self.num_episodes = self.prefix_end
+
+    def footer(self) -> Footer:
+        num = self.num_episodes or 0
+        steps = self.prefix_steps if self.spec.mode is Mode.STEPS else self.accepted_steps
+        return Footer(num, steps, len(self.workers_used), self.reassigned_units)
+
+
+class UnitPlanner:
+    """Sizes worker capacities and hands episode units out.
+
+    Args:
+        books: The scheduler's books (tasks are opened there).
+        prefetch_factor: Units a worker may hold beyond its env slots, per
+            slot, whatever the episode length.
+        capacity_steps: Steps of work a worker may hold (0: the floor only).
+    """
+
+    def __init__(self, books: Books, *, prefetch_factor: int, capacity_steps: int) -> None:
+        if prefetch_factor < 0:
+            raise ConfigError(f"prefetch_factor must be >= 0, got {prefetch_factor}")
+        if capacity_steps < 0:
+            raise ConfigError(f"capacity_steps must be >= 0, got {capacity_steps}")
+        self._books = books
+        self._prefetch_factor = prefetch_factor
+        self._capacity_steps = capacity_steps
+        self.mean_length = MeanLength()
+
+    def min_capacity(self, num_envs: int) -> int:
+        """The floor of a worker's capacity in units, whatever the episode length."""
+        return num_envs * (1 + self._prefetch_factor)
+
+    def capacity(self, worker: WorkerLoad) -> int:
+        """Episode units the worker may hold now."""
+        mean = self.mean_length.value
+        if mean is None or not self._capacity_steps:
+            capacity = worker.min_capacity
+        else:
+            capacity = max(worker.min_capacity, math.ceil(self._capacity_steps / max(mean, 1.0)))
+        if worker.leased:
+            capacity = math.ceil(capacity * worker.slots / worker.num_envs)
+        return capacity
+
+    def dispatch(self, request: EpisodeRequest, workers: list[WorkerLoad]) -> list[TaskOrder]:
+        """Tops up the workers that want a refill with units of ``request``."""
+        capacity = {w.worker_id: self.capacity(w) for w in workers}
+        if not any(w.wants_refill(capacity[w.worker_id]) for w in workers):
+            return []  # the common case after a result: nothing to send
+        # Top up every worker with room for a slice, not only the one that
+        # asked: queues stay balanced, so when the request stops generating,
+        # its last units are spread over the fleet instead of one worker
+        # grinding through a block while the others idle.
+        refilled = [
+            w
+            for w in workers
+            if w.wants_refill(capacity[w.worker_id]) or capacity[w.worker_id] - w.units >= w.slots
+        ]
+        fleet_slots = sum(w.slots for w in workers)
+        prior = self.mean_length.value
+        picked: dict[int, list[int]] = {w.worker_id: [] for w in refilled}
+
+        def room(worker: WorkerLoad, limit: int) -> int:
+            return limit - worker.units - len(picked[worker.worker_id])
+
+        def give(worker: WorkerLoad, count: int) -> bool:
+            """Hands the worker up to ``count`` units; False once the request has none."""
+            taken = request.take_many(count, fleet_slots, prior)
+            picked[worker.worker_id].extend(taken)
+            return len(taken) >= count  # count may be <= 0: a worker already full
+
+        # First a unit for every idle env slot of every worker, then spare
+        # units, a slice of its slots at a time to each worker in turn.
+        more = all(give(w, room(w, w.slots)) for w in refilled)
+        hungry = [w for w in refilled if room(w, capacity[w.worker_id]) > 0]
+        while more and hungry:
+            for worker in hungry:
+                more = give(worker, min(room(worker, capacity[worker.worker_id]), worker.slots))
+                if not more:
+                    break
+            hungry = [w for w in hungry if room(w, capacity[w.worker_id]) > 0]
+        orders = []
+        for worker in refilled:
+            indices = picked[worker.worker_id]
+            if not indices:
+                continue
+            task = self._books.new_task(worker, request)
+            task.assigned = frozenset(indices)
+            task.outstanding = set(indices)
+            worker.units += len(indices)
+            units = request.units(sorted(indices))
+            task.seeds = {index: (env, policy) for index, env, policy in units}
+            orders.append(self._books.order(task, request, units=units))
+        return orders
+
+    def record(
+        self,
+        worker: WorkerLoad,
+        task: TaskRecord,
+        request: EpisodeRequest,
+        indices: list[int],
+        lengths: list[int],
+    ) -> None:
+        """Books the accepted episodes of a result of ``task``."""
+        for index, length in zip(indices, lengths, strict=True):
+            task.outstanding.discard(index)
+            worker.units -= 1
+            request.complete(index, length)
+        self.mean_length.add(sum(lengths), len(lengths))
+        if not task.outstanding:
+            self._books.retire(task)

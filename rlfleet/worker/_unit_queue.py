@@ -1,0 +1,186 @@
+"""A worker's episode units: queued, started on idle slots, finished and not taken.
+
+:class:`UnitQueue` is the bookkeeping under :class:`~rlfleet.worker.vec.VecWorker`'s
+incremental API (``submit``, ``step``, ``take_finished``, ``cancel``) and
+the engine's :class:`~rlfleet.worker._segments.Sink` while units run: a
+finished episode joins the finished list; one whose env crashed and was
+rebuilt goes back to the front of the queue, to be re-run from its seeds.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from rlfleet._util.values import check_int
+from rlfleet.core.env_spec import EnvSpec
+from rlfleet.core.seeding import (
+    NO_ENV_SEED,
+    NO_POLICY_SEED,
+    generator_states,
+    set_generator_state,
+)
+from rlfleet.worker._engine import SlotEngine
+from rlfleet.worker._episode_buffer import Segment, record_key
+from rlfleet.worker._segments import Live
+from rlfleet.worker.units import EpisodeUnit
+
+#: Prepared generator states a worker keeps at most (see VecWorker.prepare).
+_MAX_PREPARED = 1 << 16
+#: Queued units prepared with an unprepared one that starts.
+_PREPARE_AHEAD = 255
+
+
+class UnitQueue:
+    """The episode units of one worker, from submission to being taken.
+
+    Args:
+        engine: The worker's engine (the units run on its slots).
+        worker_number: Recorded in each episode's infos.
+        agent_version: The agent version now in force.
+    """
+
+    #: A unit interrupted by an env crash is re-run whole, never cut.
+    keeps_partial = False
+
+    def __init__(
+        self, engine: SlotEngine, *, worker_number: int, agent_version: Callable[[], int]
+    ) -> None:
+        self._engine = engine
+        self._worker_number = worker_number
+        self._agent_version = agent_version
+        self.queue: collections.deque[EpisodeUnit] = collections.deque()
+        # One generator per slot, put in each episode's state when it starts:
+        # a default_rng per episode cost about 8 us, a third of the episode's
+        # bookkeeping. Its states are computed many units at once (prepare).
+        self._slot_rngs = [np.random.Generator(np.random.PCG64(0)) for _ in range(engine.n_envs)]
+        self._rng_states: dict[int, tuple[int, int]] = {}
+        self.finished: list[Segment] = []
+        self.finished_steps = 0
+
+    # ------------------------------------------------------- the engine's Sink
+
+    def on_record(self, slot: int, live: Live, record: Segment, continues: bool) -> None:
+        """A unit's episode finished."""
+        self.finished.append(record)
+        self.finished_steps += record.length
+
+    def on_env_failure(self, slot: int, live: Live, restarted: bool) -> None:
+        """A unit's env crashed in ``step``."""
+        if restarted and live.unit is not None:
+            # Re-run from its seeds: the episode stays the same episode.
+            self.queue.appendleft(live.unit)
+
+    # ------------------------------------------------------------------ units
+
+    def prepare(self, units: Iterable[EpisodeUnit]) -> None:
+        """Computes the generator states of units (see ``VecWorker.prepare``)."""
+        known = self._rng_states
+        seeds = [unit.policy_seed for unit in units if unit.policy_seed not in known]
+        if len(known) + len(seeds) > _MAX_PREPARED:
+            known.clear()  # states of cancelled units, never started
+        known.update(zip(seeds, generator_states(seeds), strict=True))
+
+    def start(self) -> int:
+        """Starts queued units on the engine's idle slots; returns how many started."""
+        engine = self._engine
+        started = []
+        # A native env's episodes have no seeds of their own (their env and
+        # actions follow the whole env's): say so, never a wrong one.
+        native = engine.native is not None
+        for slot in engine.idle_slots:
+            if not self.queue:
+                break
+            unit = self.queue.popleft()
+            rng = self._slot_rngs[slot]
+            if not native:  # a native engine samples every row from one generator
+                state = self._rng_states.pop(unit.policy_seed, None)
+                if state is None:
+                    # With the next queued units, not all: surplus units are
+                    # often cancelled before they start.
+                    self.prepare([unit, *itertools.islice(self.queue, _PREPARE_AHEAD)])
+                    state = self._rng_states.pop(unit.policy_seed)
+                set_generator_state(rng, state)
+            live = Live(
+                unit=unit,
+                rng=rng,
+                # EPISODE_INFO_KEYS order.
+                meta=(
+                    self._agent_version(),
+                    NO_ENV_SEED if native else unit.env_seed,
+                    NO_POLICY_SEED if native else unit.policy_seed,
+                    unit.episode_index,
+                    self._worker_number,
+                ),
+                key=(unit.request, unit.episode_index),
+            )
+            if engine.begin(slot, live, unit.env_seed):
+                started.append(slot)
+        engine.reset_policy_rows(started)
+        return len(started)
+
+    def take(
+        self, max_episodes: int | None, request: int | None
+    ) -> tuple[EnvSpec, list[Segment]] | None:
+        """Removes the finished segments ``VecWorker.take_finished`` returns, in order."""
+        if max_episodes is not None:
+            check_int("max_episodes", max_episodes, minimum=1)
+        chosen = [r for r in self.finished if request is None or r.key[0] == request]
+        if not chosen:
+            return None
+        chosen.sort(key=record_key)
+        spec = chosen[0].env_spec
+        everything = max_episodes is None and len(chosen) == len(self.finished)
+        if everything and all(r.env_spec is spec for r in chosen):  # the usual case
+            self.finished = []
+            self.finished_steps = 0
+            return spec, chosen
+        chosen = [r for r in chosen if r.env_spec is spec][:max_episodes]
+        taken = {id(r) for r in chosen}
+        self.finished = [r for r in self.finished if id(r) not in taken]
+        self.finished_steps -= sum(r.length for r in chosen)
+        return spec, chosen
+
+    def cancel(self, episode_indices: Iterable[int] | None, request: int | None) -> list[int]:
+        """Drops queued, in-flight and finished units (see ``VecWorker.cancel``)."""
+        indices = None if episode_indices is None else set(episode_indices)
+
+        def matches(unit_request: int, index: int) -> bool:
+            return (indices is None or index in indices) and (
+                request is None or unit_request == request
+            )
+
+        cancelled = [u.episode_index for u in self.queue if matches(u.request, u.episode_index)]
+        self.queue = collections.deque(
+            u for u in self.queue if not matches(u.request, u.episode_index)
+        )
+        for slot, live in enumerate(self._engine.live):
+            unit = live.unit if live is not None else None
+            if unit is not None and matches(unit.request, unit.episode_index):
+                cancelled.append(unit.episode_index)
+                self._engine.drop(slot)
+        kept = []
+        for record in self.finished:
+            record_request, index = record.key
+            if matches(record_request, index):
+                cancelled.append(index)
+                self.finished_steps -= record.length
+            else:
+                kept.append(record)
+        self.finished = kept
+        return sorted(cancelled)
+
+    def abort_in_flight(self) -> None:
+        """Re-queues in-flight units at the front of the queue, in order."""
+        units = [live.unit for live in self._engine.drop_all() if live.unit is not None]
+        for unit in sorted(units, key=lambda u: (u.request, u.episode_index), reverse=True):
+            self.queue.appendleft(unit)
+
+    def clear(self) -> None:
+        """Forgets every queued and finished unit (the engine drops the running ones)."""
+        self.queue.clear()
+        self.finished = []
+        self.finished_steps = 0

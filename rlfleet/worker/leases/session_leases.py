@@ -1,0 +1,123 @@
+"""A session's leases: commands in from the Join stream or the data connection, replies out.
+
+The remote worker's :class:`~rlfleet.worker._session.Session` owns one
+:class:`SessionLeases` per joined stream. Lease commands arrive on the Join
+stream (its receiver thread hands them here) or, once the coordinator
+switched this worker over, on the lease data connection; replies go out
+on the data connection once it is open, else on the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from rlfleet.protocol.join import WorkerWelcome
+from rlfleet.security import ClientTLS
+from rlfleet.transport.lease_channel import coordinator_host
+from rlfleet.wire.leases import data_hello
+from rlfleet.worker._connection import JoinStream
+from rlfleet.worker._join_messages import (
+    LeaseCommandIn,
+    LeaseDataSwitch,
+    lease_reply,
+    parse_lease_frame,
+)
+from rlfleet.worker.leases.data_link import WorkerLeaseChannel
+from rlfleet.worker.leases.host import LeaseHost
+
+logger = logging.getLogger("rlfleet.worker")
+
+
+class SessionLeases:
+    """The envs leased on this worker during one session, and their data connection.
+
+    Args:
+        stream: The session's Join stream.
+        welcome: The coordinator's Welcome (it names the data channel's port and ticket).
+        name: The worker's name, in replies.
+        imports: Modules leased envs may be imported from.
+        coordinator: The coordinator's address (its host serves the data channel).
+        tls: TLS settings of the data connection.
+        lease_slots: The worker's lease slots (0: it hosts no leases, no data connection).
+        max_frame_bytes: Largest frame on the data connection.
+        leaving: Whether the session is leaving (the data connection then stops redialling).
+        on_broken: Called with the reason when the data connection broke.
+    """
+
+    def __init__(
+        self,
+        stream: JoinStream,
+        welcome: WorkerWelcome,
+        *,
+        name: str,
+        imports: tuple[str, ...],
+        coordinator: str,
+        tls: ClientTLS | None,
+        lease_slots: int | None,
+        max_frame_bytes: int,
+        leaving: Callable[[], bool],
+        on_broken: Callable[[str], None],
+    ) -> None:
+        self._stream = stream
+        self._leaving = leaving
+        self.host = LeaseHost(imports, lambda report: self.send(lease_reply(report, name)))
+        self._channel: WorkerLeaseChannel | None = None
+        stream.lease_handler = self.submit
+        if welcome.lease_data is not None and lease_slots != 0:
+            port, ticket = welcome.lease_data
+            self._channel = WorkerLeaseChannel(
+                coordinator_host(coordinator),
+                port,
+                data_hello(ticket),
+                tls=tls,
+                max_frame_bytes=max_frame_bytes,
+                on_command=self._data_command,
+                on_broken=on_broken,
+                join_ended=self._join_ended,
+            )
+
+    def start(self) -> None:
+        """Dials the data connection, if the coordinator offered one."""
+        if self._channel is not None:
+            self._channel.start()
+
+    def submit(self, command: LeaseCommandIn | LeaseDataSwitch) -> None:
+        """Hands a lease command to the LeaseHost (from the receiver thread too)."""
+        if isinstance(command, LeaseDataSwitch):
+            if self._channel is not None:
+                self._channel.switch()
+            return
+        if command.order is None:
+            logger.warning("ignored an empty LeaseCommand for lease %d", command.lease_id)
+        else:
+            self.host.submit(command.order)
+
+    def send(self, reply: bytes) -> None:
+        """Sends a serialized lease reply on the data connection once it is open, else on
+        the stream."""
+        channel = self._channel
+        if channel is not None and channel.connected:
+            channel.send(reply)
+        else:
+            self._stream.send(reply)
+
+    def close(self) -> None:
+        """Closes the data connection and every leased env."""
+        if self._channel is not None:
+            self._channel.close()
+        self.host.shutdown()
+
+    def _data_command(self, payload: bytes) -> None:
+        """A frame of the data connection: a CoordinatorMessage holding a lease command.
+
+        Raises:
+            WireFormatError: If it is anything else (the connection then ends).
+        """
+        self.submit(parse_lease_frame(payload))
+
+    def _join_ended(self, seconds: float) -> bool:
+        """Whether this session is leaving, or its Join stream ends within ``seconds``."""
+        if self._leaving():
+            return True
+        return self._stream.wait_closed(seconds)

@@ -1,0 +1,146 @@
+"""A learner's arrays: one copy off the received messages, and torch takes them as they are.
+
+A real coordinator over real gRPC, with workers that run real CartPole
+envs (tests._coordinator_fakes.AutoWorker); one of them cuts its results
+into small chunks, as a worker sending large observations does. The
+sampler's answers are checked array by array: where their memory is, and
+whether ``torch.from_numpy`` shares it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from rlfleet.client import RemoteSampler
+from rlfleet.client import sampler as sampler_module
+from rlfleet.coordinator import CoordinatorConfig, serve
+from rlfleet.core import EpisodeBatch
+from rlfleet.wire.results import DecodedResult
+from tests._coordinator_fakes import AutoWorker, wait_for_workers
+
+pytestmark = pytest.mark.timeout(120)
+
+#: Small enough that every result of the second worker takes several chunks.
+SMALL_CHUNK_BYTES = 2048
+
+
+@pytest.fixture
+def fleet() -> Iterator[str]:
+    config = CoordinatorConfig(listen="127.0.0.1:0", wait_for_workers_seconds=20.0)
+    with serve(config) as server:
+        workers = [
+            AutoWorker(server.address, num_envs=2, name="whole"),
+            AutoWorker(server.address, num_envs=2, name="chunked", chunk_bytes=SMALL_CHUNK_BYTES),
+        ]
+        try:
+            wait_for_workers(server.address, 2)
+            yield server.address
+        finally:
+            for worker in workers:
+                worker.close()
+
+
+def _arrays(batch: EpisodeBatch) -> dict[str, np.ndarray]:
+    arrays = {
+        name: np.asarray(getattr(batch, name))
+        for name in (
+            "observations",
+            "last_observations",
+            "actions",
+            "rewards",
+            "step_types",
+            "lengths",
+        )
+    }
+    for group in ("episode_infos", "env_infos", "agent_infos"):
+        for key, value in getattr(batch, group).items():
+            arrays[f"{group}[{key}]"] = np.asarray(value)
+    return arrays
+
+
+def _results_seen(monkeypatch: pytest.MonkeyPatch) -> list[DecodedResult]:
+    """Records the decoded results each answer is assembled from."""
+    seen: list[DecodedResult] = []
+    for name in ("assemble_episodes", "assemble_fragments"):
+        real = getattr(sampler_module, name)
+
+        def recording(
+            results: Sequence[DecodedResult], *args: int, _real: Any = real
+        ) -> EpisodeBatch:
+            seen.extend(results)
+            batch: EpisodeBatch = _real(results, *args)
+            return batch
+
+        monkeypatch.setattr(sampler_module, name, recording)
+    return seen
+
+
+def _assert_one_owned_writable_buffer_per_field(batch: EpisodeBatch) -> None:
+    arrays = _arrays(batch)
+    for name, array in arrays.items():
+        # Its own buffer, exactly its size: not a view of received bytes, nor
+        # of a larger joined payload, nor of another field.
+        assert array.base is None and array.flags.owndata, name
+        assert array.flags.writeable and array.flags.c_contiguous, name
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # torch warns on read-only arrays
+            tensor = torch.from_numpy(array)
+        assert tensor.data_ptr() == array.ctypes.data, f"{name}: torch copied it"
+    names = list(arrays)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            assert not np.shares_memory(arrays[a], arrays[b]), (a, b)
+
+
+def test_an_answer_is_one_writable_buffer_per_field_copied_once_from_the_messages(
+    fleet: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _results_seen(monkeypatch)
+    with RemoteSampler(fleet, seed=3, timeout=60) as sampler:
+        for batch in (sampler.obtain_samples(0, 600), sampler.obtain_fragments(200, 25)):
+            _assert_one_owned_writable_buffer_per_field(batch)
+    whole = [r for r in seen if len(r.chunks) == 1]
+    chunked = [r for r in seen if len(r.chunks) > 1]
+    assert whole and chunked, "both kinds of result must have been delivered"
+    for result in whole:
+        # A one-chunk result was decoded in place: its arrays are views of the
+        # message gRPC handed over, so the answer's buffers are the one copy.
+        received = np.frombuffer(result.chunks[0].data, np.uint8)
+        for name, array in _arrays(result.batch).items():
+            assert np.shares_memory(array, received), name
+            assert not array.flags.writeable, name
+    for result in chunked:
+        # A result of several chunks is joined first, into one buffer per result.
+        observations = np.asarray(result.batch.observations)
+        for chunk in result.chunks:
+            assert not np.shares_memory(observations, np.frombuffer(chunk.data, np.uint8))
+
+
+def test_a_streamed_batch_is_read_only_views_of_the_received_message(fleet: str) -> None:
+    with RemoteSampler(fleet, seed=3, timeout=60) as sampler, sampler.stream() as stream:
+        views = 0
+        for streamed, _ in zip(stream, range(6), strict=False):
+            arrays = _arrays(streamed.batch)
+            roots = set()
+            for name, array in arrays.items():
+                assert not array.flags.writeable, name
+                root = array
+                while isinstance(root.base, np.ndarray):
+                    root = root.base
+                roots.add(id(root.base))
+            # Every array views one buffer: the message (or the joined result).
+            assert len(roots) == 1
+            views += 1
+            # torch shares read-only memory too; it warns (once per process)
+            # that writing to such a tensor is undefined.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                tensor = torch.from_numpy(arrays["observations"])
+            assert tensor.data_ptr() == arrays["observations"].ctypes.data
+    assert views == 6
