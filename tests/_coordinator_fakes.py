@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ from rlfleet.wire import (
 )
 from rlfleet.worker.units import EpisodeUnit, make_units
 from rlfleet.worker.vec import VecWorker
+from tests.waiting import wait_until
 
 _STOP = object()
 ROOT = str(Path(__file__).resolve().parent.parent)
@@ -581,20 +581,23 @@ def stop_process(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) ->
 
 def wait_for_file(path: Path, process: subprocess.Popen[bytes], timeout: float = 30.0) -> str:
     """The text of a file another process writes, once it exists."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+
+    def written() -> bool:
         assert process.poll() is None, f"process exited with {process.returncode}"
-        assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
-        time.sleep(0.05)
+        return path.exists()
+
+    wait_until(written, str(path), timeout=timeout)
     return path.read_text()
 
 
 def wait_for_workers(address: str, count: int, timeout: float = 60.0) -> learner_pb2.FleetStatus:
     """Waits until ``count`` workers are connected and idle; returns the status."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def ready() -> learner_pb2.FleetStatus | None:
         fleet = status(address)
-        if len(fleet.workers) == count and all(w.state == "idle" for w in fleet.workers):
-            return fleet
-        assert time.monotonic() < deadline, f"{count} workers not ready: {fleet.workers}"
-        time.sleep(0.1)
+        idle = [w for w in fleet.workers if w.state == "idle"]
+        return fleet if len(fleet.workers) == count == len(idle) else None
+
+    return wait_until(
+        ready, f"{count} idle workers", timeout=timeout, describe=lambda: str(status(address))
+    )

@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -58,13 +57,6 @@ def dockerfile_base_image(dockerfile: Path = REPO / "Dockerfile") -> str:
     if match is None:
         raise ValueError(f"{dockerfile} has no 'ARG BASE_IMAGE=...' line")
     return match.group(1)
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _run(

@@ -24,7 +24,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from rlfleet.policies import Policy, PolicySpec
 from rlfleet.sampling.local import LocalSampler
 from rlfleet.v1 import learner_pb2
 from tests._coordinator_fakes import ROOT, status
+from tests.waiting import PATIENCE, wait_until
 
 T = TypeVar("T")
 
@@ -68,8 +68,6 @@ TEST_ENVS_MODULE = "rlfleet.envs.testing"
 SLOW_ENV = EnvConfig("rlfleet/Hanging-v0", {"hang_seconds": 0.2, "length": 5})
 #: The no-fault twin of SLOW_ENV: what LocalSampler runs for the expected batch.
 SLOW_ENV_TWIN = EnvConfig("rlfleet/Counter-v0", {"length": 5}, imports=(TEST_ENVS_MODULE,))
-#: How long waits for processes (start-up, joins) may take on a loaded machine.
-PATIENCE = 60.0
 _LOG_TAIL_LINES = 30
 
 
@@ -310,22 +308,19 @@ class ProcessFleet:
     def wait_until(
         self, probe: Callable[[], T | None], *, what: str, timeout: float = PATIENCE
     ) -> T:
-        """Polls ``probe`` until it returns a value other than None or False.
+        """:func:`tests.waiting.wait_until`, failing fast, with every process's
+        log tail, if a process the test did not stop exited."""
 
-        Fails fast, with every process's log tail, if a process the test did
-        not stop exited, or the time runs out.
-        """
-        deadline = time.monotonic() + timeout
-        while True:
+        def alive_probe() -> T | None:
             value = probe()
-            if value is not None and value is not False:
+            if value:
                 return value
             dead = [p.name for p in self._started if not p.stopped and not p.alive]
             if dead:
                 raise AssertionError(f"{dead} exited while waiting for {what}:\n{self}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {what} within {timeout:g} s:\n{self}")
-            time.sleep(0.05)
+            return None
+
+        return wait_until(alive_probe, what, timeout=timeout, describe=self.__str__)
 
     def status(self) -> learner_pb2.FleetStatus:
         """The coordinator's GetStatus answer."""

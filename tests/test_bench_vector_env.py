@@ -31,14 +31,16 @@ def test_a_tie_is_not_a_win() -> None:
 def test_a_small_run_prints_every_sampler_and_both_comparisons(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    argv = ["--quick", "--only-a", "--rounds", "2", "--layout", "local"]
+    # One round: each round's comparison is checked above; here, that a run
+    # prints them (every round starts three 16-process vector envs).
+    argv = ["--quick", "--only-a", "--rounds", "1", "--layout", "local"]
     assert vector_env.main(argv) == 0
     out = capsys.readouterr().out
     for name, mode in vector_env.A_SAMPLERS:
         line = next(line for line in out.splitlines() if f"{name} {mode}" in line)
-        assert re.search(r"rounds: [\d,]+, [\d,]+$|rounds: [\d,]+, [\d,]+ ", line), line
+        assert re.search(r"rounds: [\d,]+(\s|$)", line), line
     for mode in ("sync", "wait_num=8"):
-        assert re.search(rf"\[local\] {mode}: .* remote won \d of 2 rounds", out), out
+        assert re.search(rf"\[local\] {mode}: .* remote won \d of 1 rounds", out), out
     assert "(b)" not in out
 
 

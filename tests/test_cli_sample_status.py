@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import signal
 import socket
@@ -24,6 +25,7 @@ from rlfleet.envs import EnvConfig
 from rlfleet.errors import EnvError, PolicyError
 from rlfleet.sampling.local import LocalSampler
 from tests.test_fleet_equivalence import assert_same_batch
+from tests.waiting import PATIENCE, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -313,26 +315,42 @@ def test_status_watch_keeps_every_column_readable_at_80_columns_with_an_error() 
 
 
 @pytest.mark.parametrize("as_json", [True, False])
-def test_status_watch_refreshes_until_interrupted(fleet: Fleet, as_json: bool) -> None:
+def test_status_watch_refreshes_until_interrupted(
+    fleet: Fleet, as_json: bool, tmp_path: Path
+) -> None:
     command = [sys.executable, "-m", "rlfleet", "status", "--coordinator", fleet.address,
                "--watch", "0.2", *(["--json"] if as_json else [])]  # fmt: skip
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
-    )
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    title = f"rlfleet {fleet.address}"  # one per table
+
+    def refreshed() -> bool:
+        text = out.read_text()
+        if as_json:
+            return text.count("\n") >= 3
+        return text.count(title) >= 2 and text.endswith("\n")
+
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen(
+            command, stdout=stdout, stderr=stderr, cwd=ROOT, start_new_session=True
+        )
     try:
-        assert proc.stdout is not None
-        lines = [proc.stdout.readline() for _ in range(12 if not as_json else 3)]
-    finally:
+        wait_until(refreshed, "two refreshes", describe=lambda: out.read_text() + err.read_text())
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
+        assert proc.wait(timeout=PATIENCE) == 0, err.read_text()
+    finally:
+        # A failed wait must not leave the watcher running.
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=PATIENCE)
+    text = out.read_text()
     if as_json:
-        polls = [json.loads(line) for line in lines]
+        # Whole lines only: SIGINT may have cut the last one.
+        polls = [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
         assert all(len(p["workers"]) == 2 for p in polls)
         assert polls[0]["time"] < polls[-1]["time"]
     else:
-        text = "".join(lines)
         assert "UNITS" in text and "LAG" in text and "local-0" in text
-        assert text.count(f"rlfleet {fleet.address}") >= 2  # refreshed, one table each
+        assert text.count(title) >= 2  # refreshed, one table each
 
 
 def test_sample_with_env_switches_the_fleet(fleet: Fleet, tmp_path: Path) -> None:

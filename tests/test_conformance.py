@@ -3,8 +3,9 @@
 * Result rules are rlfleet.wire.result_checks', shared with the coordinator:
   tests/test_episode_results.py.
 * The whole kit against the Python worker and, when Node.js and
-  ``clients/node/node_modules`` are present, the Node worker: every check
-  passes.
+  ``clients/node/node_modules`` are present (without them it is skipped,
+  or failed under ``CI=true``: tests/node_support.py), the Node worker:
+  every check passes.
 * The kit against tests/fixtures/broken_worker.py, which skips heartbeats,
   never runs tasks, reconnects in a hot loop or says protocol version 2:
   exactly the checks those faults break fail, with reasons naming them.
@@ -18,7 +19,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,11 +35,10 @@ from rlfleet.conformance.suite import select_checks
 from rlfleet.core import EnvSpec
 from rlfleet.errors import ConfigError
 from rlfleet.policies import MLPCategoricalPolicy, MLPGaussianPolicy
+from tests.node_support import NODE_WORKER, require_node
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN_WORKER = ROOT / "tests" / "fixtures" / "broken_worker.py"
-NODE_DIR = ROOT / "clients" / "node"
-NODE = shutil.which("node")
 SPEC = EnvSpec(gym.spaces.Box(-1.0, 1.0, (2,), np.float32), gym.spaces.Discrete(2), 10)
 
 
@@ -151,16 +150,9 @@ def test_the_python_worker_passes_every_check() -> None:
     assert [c["name"] for c in report["checks"]] == list(CHECKS)
 
 
-@pytest.mark.skipif(NODE is None, reason="node is not installed (Node.js >= 20)")
-@pytest.mark.skipif(
-    not (NODE_DIR / "node_modules").is_dir(),
-    reason="clients/node/node_modules is missing: run `cd clients/node && npm ci`",
-)
 @pytest.mark.timeout(240)
 def test_the_node_worker_passes_every_check() -> None:
-    command = (
-        f"{NODE} {NODE_DIR / 'bin' / 'rlfleet-node-worker.js'} --coordinator {{address}} --envs 2"
-    )
+    command = f"{require_node()} {NODE_WORKER} --coordinator {{address}} --envs 2"
     code, report = run_cli(command, "--env-id", "rlfleet/CartPoleJS-v0")
     assert report["passed"], failures(report)
     assert code == 0

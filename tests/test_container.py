@@ -38,13 +38,13 @@ from tests.docker_support import (
     build_image,
     container_state,
     dockerfile_base_image,
-    free_port,
     import_base_image,
     logs,
     run_container,
     running_engine,
     wait_for_state,
 )
+from tests.fleet_processes import free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from tests._coordinator_fakes import (
     wait_for_file,
     wait_for_workers,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -179,13 +179,12 @@ def test_a_worker_killed_mid_request_loses_nothing(coordinator: str, spawn: Spaw
 
 def wait_units(address: str, worker_id: int, timeout: float = 30.0) -> int:
     """Waits until a worker holds units; returns how many."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for worker in status(address).workers:
-            if worker.worker_id == worker_id and worker.units_in_flight:
-                return worker.units_in_flight
-        time.sleep(0.05)
-    raise AssertionError(f"worker {worker_id} got no units in {timeout} s")
+
+    def units() -> int:
+        held = [w.units_in_flight for w in status(address).workers if w.worker_id == worker_id]
+        return int(held[0]) if held else 0
+
+    return wait_until(units, f"units on worker {worker_id}", timeout=timeout)
 
 
 def test_refused_parameters_fail_the_update_and_the_fleet_keeps_sampling(

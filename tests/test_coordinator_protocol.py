@@ -29,6 +29,7 @@ from tests._coordinator_fakes import (
     status,
     unary,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,13 +46,6 @@ def server() -> Iterator[CoordinatorServer]:
         yield running
 
 
-def wait_until(predicate: object, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-
-
 def test_handshake_sends_welcome_then_the_current_env(server: CoordinatorServer) -> None:
     worker, welcome = join(server.address, num_envs=3, name="alpha")
     try:
@@ -65,7 +59,7 @@ def test_handshake_sends_welcome_then_the_current_env(server: CoordinatorServer)
         assert (update.generation, update.env_id, update.kwargs_json) == (1, "CartPole-v1", "{}")
         # No agent update at version 0: the worker keeps its random policy.
         env_ready(worker, update)
-        wait_until(lambda: status(server.address).workers[0].state == "idle")
+        wait_until(lambda: status(server.address).workers[0].state == "idle", "an idle worker")
     finally:
         worker.close()
 
@@ -156,7 +150,7 @@ def test_a_result_that_contradicts_its_metadata_drops_the_worker_not_the_request
 ) -> None:
     liar, _ = join(server.address, name="liar")
     env_ready(liar, liar.expect("env_update"))
-    wait_until(lambda: status(server.address).workers[0].state == "idle")
+    wait_until(lambda: status(server.address).workers[0].state == "idle", "an idle worker")
     request = learner_pb2.SampleRequest(mode=worker_pb2.SAMPLE_MODE_EPISODES, amount=1, seed=5)
     responses = sample_stream(server.address, request, timeout=30)
     header = next(responses)
@@ -222,7 +216,10 @@ def test_no_workers_fails_with_unavailable_after_the_wait(server: CoordinatorSer
 def test_status_lists_the_workers_and_the_fleet_state(server: CoordinatorServer) -> None:
     workers = [AutoWorker(server.address, num_envs=n, name=f"w{n}") for n in (1, 2)]
     try:
-        wait_until(lambda: all(w.state == "idle" for w in status(server.address).workers))
+        wait_until(
+            lambda: all(w.state == "idle" for w in status(server.address).workers),
+            "every worker idle",
+        )
         fleet = status(server.address)
         assert [(w.name, w.num_envs, w.env_generation) for w in fleet.workers] == [
             ("w1", 1, 1),
@@ -255,12 +252,12 @@ def test_health_reports_serving_then_not_serving_when_draining() -> None:
 def test_a_worker_that_leaves_gets_no_more_work(server: CoordinatorServer) -> None:
     worker, _ = join(server.address)
     env_ready(worker, worker.expect("env_update"))
-    wait_until(lambda: status(server.address).workers[0].state == "idle")
+    wait_until(lambda: status(server.address).workers[0].state == "idle", "an idle worker")
     worker.send(worker_pb2.WorkerMessage(leaving=worker_pb2.Leaving(reason="SIGTERM")))
-    wait_until(lambda: status(server.address).workers[0].state == "leaving")
+    wait_until(lambda: status(server.address).workers[0].state == "leaving", "a leaving worker")
     worker.finish()
     assert worker.ended() is None  # the coordinator ends the call with OK
-    wait_until(lambda: not status(server.address).workers)
+    wait_until(lambda: not status(server.address).workers, "no worker left")
 
 
 def test_a_worker_whose_env_spec_differs_from_the_fleets_is_dropped(

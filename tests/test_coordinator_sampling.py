@@ -38,7 +38,9 @@ from tests._coordinator_fakes import (
     status,
     subscribe_stream,
     unary,
+    wait_for_workers,
 )
+from tests.waiting import PATIENCE, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,17 +67,7 @@ def add_workers(
 ) -> None:
     for n in num_envs:
         workers.append(AutoWorker(server.address, num_envs=n, **kw))  # type: ignore[arg-type]
-    wait_ready(server, len(workers))
-
-
-def wait_ready(server: CoordinatorServer, count: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        fleet = status(server.address).workers
-        if len(fleet) == count and all(w.state == "idle" for w in fleet):
-            return
-        assert time.monotonic() < deadline, f"workers not ready: {fleet}"
-        time.sleep(0.02)
+    wait_for_workers(server.address, len(workers))
 
 
 def agent_update(
@@ -147,7 +139,7 @@ def test_units_of_a_lost_worker_are_rerun_elsewhere_without_duplicates(
 ) -> None:
     doomed, _ = join(server.address, num_envs=2, name="doomed")
     env_ready(doomed, doomed.expect("env_update"))
-    wait_ready(server, 1)
+    wait_for_workers(server.address, 1)
     answers: list[Answer] = []
     thread = threading.Thread(
         target=lambda: answers.append(
@@ -181,7 +173,7 @@ def test_refused_agent_update_fails_and_the_fleet_returns_to_the_last_good_agent
     assert error.code is grpc.StatusCode.INVALID_ARGUMENT
     assert "refused agent version 2" in error.details and "now version 3" in error.details
     assert isinstance(_rpc.error_from_rpc(error.error, what="UpdateAgent"), PolicyError)
-    wait_ready(server, 2)
+    wait_for_workers(server.address, 2)
     assert {w.agent_version for w in status(server.address).workers} == {3}
     answer = sample(server.address, mode=2, amount=4, seed=5)
     policy = MLPCategoricalPolicy(CARTPOLE, hidden_sizes=[8])
@@ -235,7 +227,7 @@ def test_an_env_no_worker_can_build_fails_and_the_fleet_keeps_its_env(
     assert error.code is grpc.StatusCode.INVALID_ARGUMENT
     assert "NoSuchEnv-v0" in error.details
     assert isinstance(_rpc.error_from_rpc(error.error, what="UpdateEnv"), EnvNotFoundError)
-    wait_ready(server, 1)
+    wait_for_workers(server.address, 1)
     answer = sample(server.address, mode=2, amount=2, seed=4)
     assert answer.header.env_generation == 3  # the old env, renumbered
     assert_same_batch(answer.batch, reference_episodes(range(2), seed=4, request_index=0))
@@ -291,10 +283,7 @@ def test_subscription_streams_tagged_results_and_yields_to_sample_requests(
         assert status(server.address).subscribers == 1
     finally:
         call.cancel()
-    deadline = time.monotonic() + 10
-    while status(server.address).subscribers:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_until(lambda: not status(server.address).subscribers, "the subscription ending")
 
 
 def test_env_spec_of_header_matches_the_env(
@@ -311,7 +300,7 @@ def test_a_learner_that_gives_up_frees_its_turn_and_the_workers_units(
 ) -> None:
     stuck, _ = join(server.address, name="stuck")
     env_ready(stuck, stuck.expect("env_update"))
-    wait_ready(server, 1)
+    wait_for_workers(server.address, 1)
     failure = expect_failure(lambda: sample(server.address, mode=2, amount=3, seed=1, timeout=0.5))
     assert failure.code is grpc.StatusCode.DEADLINE_EXCEEDED
     task = stuck.expect("task")
@@ -361,11 +350,12 @@ def test_a_subscriber_that_stops_reading_stops_the_work_for_it(
         next(responses)  # the header; then nothing is read for a while
         # The transport's window fills, then the coordinator's buffer, then
         # the worker gets no more work.
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + PATIENCE
         before = -1
         while units_given() != before:
             assert time.monotonic() < deadline, "work for the subscriber never stopped"
             before = units_given()
+            # What is awaited is a count that stops changing: only a pause shows it.
             time.sleep(0.5)
         assert before > 0
         while units_given() == before:  # reading again resumes the work

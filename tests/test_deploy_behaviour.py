@@ -18,8 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +31,8 @@ from rlfleet.cli._health_port import LIVENESS_SERVICE, HealthPort, ProbedHealthS
 from rlfleet.client import RemoteSampler
 from rlfleet.core import EpisodeBatch
 from rlfleet.errors import ConfigError
-from tests.docker_support import free_port
+from tests.fleet_processes import free_port
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 LEARNER_SERVICE = "rlfleet.v1.LearnerService"
@@ -93,11 +93,12 @@ class Fleet:
             f"--health-listen={health}",
             "--heartbeat-timeout=5",
         )
-        deadline = time.monotonic() + 60
-        while not port_file.exists():
+
+        def written() -> bool:
             assert process.popen.poll() is None, process.output()
-            assert time.monotonic() < deadline, f"no port file\n{process.output()}"
-            time.sleep(0.1)
+            return port_file.exists()
+
+        wait_until(written, "the port file", describe=process.output)
         process.port, process.health = int(port_file.read_text()), health
         return process
 
@@ -133,16 +134,6 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
             process.popen.wait(30)
 
 
-def eventually(
-    condition: Callable[[], bool], what: str, fleet: Fleet, timeout: float = 30.0
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}\n{fleet.logs()}")
-        time.sleep(0.2)
-
-
 def ready_workers(address: str) -> dict[str, int]:
     """Ready workers' names and env counts; empty while the coordinator is unreachable."""
     try:
@@ -175,13 +166,17 @@ def test_health_ports_follow_the_fleet_through_a_coordinator_replacement(fleet: 
     assert health_command("--address", coordinator.health, "--service", LEARNER_SERVICE)[0] == 0
 
     worker = fleet.worker("w1", address)
-    eventually(lambda: health_cli.check(worker.health) == "SERVING", "worker SERVING", fleet)
+    wait_until(
+        lambda: health_cli.check(worker.health) == "SERVING", "worker SERVING", describe=fleet.logs
+    )
 
     # The coordinator goes (a Recreate upgrade): the worker says NOT_SERVING
     # and keeps running, reconnecting.
     assert coordinator.terminate() == 0, coordinator.output()
-    eventually(
-        lambda: health_cli.check(worker.health) == "NOT_SERVING", "worker NOT_SERVING", fleet
+    wait_until(
+        lambda: health_cli.check(worker.health) == "NOT_SERVING",
+        "worker NOT_SERVING",
+        describe=fleet.logs,
     )
     code, out = health_command("--address", worker.health)
     assert (code, out.split()[-1]) == (1, "NOT_SERVING")
@@ -191,7 +186,9 @@ def test_health_ports_follow_the_fleet_through_a_coordinator_replacement(fleet: 
 
     # Its replacement on the same address gets the worker back.
     fleet.coordinator("coordinator-2", port=coordinator.port)
-    eventually(lambda: health_cli.check(worker.health) == "SERVING", "worker rejoined", fleet)
+    wait_until(
+        lambda: health_cli.check(worker.health) == "SERVING", "worker rejoined", describe=fleet.logs
+    )
     assert ready_workers(address) == {"w1": 2}
     assert health_command("--address", worker.health)[0] == 0
     assert health_cli.check(worker.health, LIVENESS_SERVICE) == "SERVING"
@@ -272,7 +269,7 @@ def test_worker_configured_like_a_pod_joins_through_a_dns_name(fleet: Fleet) -> 
     )
     # A flag wins over its variable.
     fleet.worker("by-env", address, "--name=by-flag", "--envs=1")
-    eventually(lambda: len(ready_workers(address)) == 2, "two workers ready", fleet)
+    wait_until(lambda: len(ready_workers(address)) == 2, "two workers ready", describe=fleet.logs)
     assert ready_workers(address) == {pod: 3, "by-flag": 1}
     with RemoteSampler(address, timeout=60) as sampler:
         batch = sampler.obtain_episodes(5)
@@ -334,11 +331,11 @@ class Sampling:
             self.error = exc
 
     def wait_for(self, count: int, fleet: Fleet, timeout: float = 60.0) -> None:
-        eventually(
+        wait_until(
             lambda: len(self.batches) >= count or self.error is not None,
             f"{count} batches",
-            fleet,
-            timeout,
+            timeout=timeout,
+            describe=fleet.logs,
         )
         assert self.error is None, f"sampling failed: {self.error!r}\n{fleet.logs()}"
 
@@ -348,7 +345,7 @@ def test_scaling_workers_up_and_down_mid_run_loses_no_episode(fleet: Fleet) -> N
     address = f"127.0.0.1:{coordinator.port}"
     first = fleet.worker("w1", address, "--drain-grace=20")
     fleet.worker("w2", address)
-    eventually(lambda: len(ready_workers(address)) == 2, "two workers", fleet)
+    wait_until(lambda: len(ready_workers(address)) == 2, "two workers", describe=fleet.logs)
 
     sampling = Sampling(address, seed=3, steps=1000)
     thread = threading.Thread(target=sampling.run)
@@ -357,7 +354,7 @@ def test_scaling_workers_up_and_down_mid_run_loses_no_episode(fleet: Fleet) -> N
         sampling.wait_for(2, fleet)
         # Scale up: a third worker joins while requests run.
         fleet.worker("w3", address)
-        eventually(lambda: "w3" in ready_workers(address), "w3 ready", fleet)
+        wait_until(lambda: "w3" in ready_workers(address), "w3 ready", describe=fleet.logs)
         with RemoteSampler(address) as sampler:
             (w3_id,) = [w.worker_id for w in sampler.status().workers if w.name == "w3"]
         joined_at = len(sampling.batches)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import socket
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -24,6 +23,7 @@ from rlfleet.errors import (
     WorkerError,
 )
 from rlfleet.policies import MLPCategoricalPolicy
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,10 +61,10 @@ def test_status_describes_every_worker(fleet: Fleet) -> None:
 
 def test_steps_show_up_in_status_after_sampling(fleet: Fleet) -> None:
     batch = fleet.sampler.obtain_samples(0, 600)
-    deadline = time.monotonic() + 10  # counts come with heartbeats (every second)
-    while fleet.sampler.status().steps_total < batch.total_steps:
-        assert time.monotonic() < deadline, "steps never reached the status"
-        time.sleep(0.2)
+    # Counts come with heartbeats (every second).
+    wait_until(
+        lambda: fleet.sampler.status().steps_total >= batch.total_steps, "the steps in the status"
+    )
 
 
 def test_a_refused_agent_update_leaves_the_fleet_on_its_agent(fleet: Fleet) -> None:

@@ -13,6 +13,7 @@ from rlfleet.client import Fleet, FleetStatus, RemoteSampler, SampleStream, Stre
 from rlfleet.core import StepType
 from rlfleet.envs import EnvConfig
 from rlfleet.policies import MLPCategoricalPolicy
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,14 +26,6 @@ def sampler() -> Iterator[RemoteSampler]:
     policy = MLPCategoricalPolicy(CARTPOLE.env_spec(), hidden_sizes=(8,), seed=0)
     with Fleet.local(2, ENVS_PER_WORKER, CARTPOLE, policy=policy, seed=5) as remote:
         yield remote
-
-
-def wait_until(predicate: Callable[[], bool], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {seconds} s")
-        time.sleep(0.1)
 
 
 def read_until(
@@ -101,7 +94,7 @@ def test_a_reader_that_stops_stops_the_workers(sampler: RemoteSampler) -> None:
             earlier = [steps for when, steps in readings if when <= now - 2.5]
             return idle and bool(earlier) and earlier[-1] == readings[-1][1]
 
-        wait_until(stalled, 30, "the workers stopping for a reader that does not read")
+        wait_until(stalled, "the workers stopping for a reader that does not read")
         held = readings[-1][1] - start
         # The coordinator buffer (100 steps), the subscription's 256 KiB
         # transport window and the units in flight; unbounded it runs on.
@@ -112,8 +105,8 @@ def test_a_reader_that_stops_stops_the_workers(sampler: RemoteSampler) -> None:
                 next(stream)
             return fleet_steps(sampler.status()) > readings[-1][1]
 
-        wait_until(resumed, 30, "the workers resuming")
-    wait_until(lambda: sampler.status().subscribers == 0, 10, "the subscription ending")
+        wait_until(resumed, "the workers resuming")
+    wait_until(lambda: sampler.status().subscribers == 0, "the subscription ending")
 
 
 def test_sample_requests_take_priority_over_a_subscription(sampler: RemoteSampler) -> None:

@@ -18,7 +18,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -52,6 +52,7 @@ from rlfleet.worker.leases.data_link import WorkerLeaseChannel
 from tests._coordinator_fakes import CAPABILITIES, join
 from tests.fleet_processes import ProcessFleet, free_port
 from tests.tls_fixtures import make_ca, make_cert
+from tests.waiting import PATIENCE, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -72,14 +73,6 @@ def connections(fleet: Fleet, outcome: str) -> float:
     registry = fleet.server.coordinator.metrics.registry
     value = registry.get_sample_value("rlfleet_lease_data_connections_total", {"outcome": outcome})
     return value or 0.0
-
-
-def wait_until(check: Callable[[], object], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def data_port(fleet: Fleet) -> int:
@@ -233,6 +226,9 @@ def test_leases_fall_back_to_grpc_when_the_data_port_is_closed(
     server = fleet.server.coordinator.lease_data
     assert server is not None
     port = server.port
+    # Both workers' sessions attach theirs after they join: stopping the port
+    # before that would leave them on gRPC without a broken connection.
+    wait_until(lambda: connections(fleet, "accepted") == 2, "the workers' data connections")
     before = {w.worker_id for w in fleet.sampler.status().workers}
     server.stop()  # the port closes (as behind a proxy that passes gRPC only)
     # The workers' data connections broke: they rejoin, and stay on gRPC.
@@ -394,7 +390,7 @@ def test_frames_cut_anywhere_by_the_network_reach_the_coordinator_whole_and_in_o
         try:
             for piece in (stream[:2], stream[2:9], stream[9:400], stream[400:]):
                 raw.sendall(piece)
-                time.sleep(0.05)  # each piece its own read
+                time.sleep(0.05)  # the behaviour under test: each piece its own read
             wait_until(lambda: len(peer.frames) == len(payloads), "every frame")
             assert peer.frames == payloads
             assert not peer.closed
@@ -450,15 +446,20 @@ def test_the_data_channel_is_dialled_on_the_grpc_host(address: str, host: str) -
 
 
 def test_connections_that_never_say_hello_hold_a_bounded_number_of_threads() -> None:
-    config = CoordinatorConfig(listen="127.0.0.1:0", handshake_timeout_seconds=30.0)
+    # The handshake timeout is far beyond the waits below, so a refusal can
+    # only be the bound's, never a timed-out handshake.
+    config = CoordinatorConfig(listen="127.0.0.1:0", handshake_timeout_seconds=300.0)
     with serve(config) as server:
         data = server.coordinator.lease_data
         assert data is not None
-        idle = [socket.create_connection(("127.0.0.1", data.port), timeout=10) for _ in range(64)]
+        idle = [
+            socket.create_connection(("127.0.0.1", data.port), timeout=PATIENCE) for _ in range(64)
+        ]
         try:
             registry = server.coordinator.metrics.registry
-            with socket.create_connection(("127.0.0.1", data.port), timeout=10) as extra:
-                # Refused at once, long before the 30 s handshake timeout.
+            with socket.create_connection(("127.0.0.1", data.port), timeout=PATIENCE) as extra:
+                # Refused as soon as the acceptor reaches it (it accepts in
+                # order, so after the 64 that hold every handshake slot).
                 assert extra.recv(1) == b""
             refused = registry.get_sample_value(
                 "rlfleet_lease_data_connections_total", {"outcome": "refused"}
@@ -511,8 +512,8 @@ def test_a_worker_holds_data_commands_until_the_switch_marker() -> None:
             (connection,) = attached
             connection.send(b"first")
             connection.send(b"second")
-            time.sleep(0.5)  # they arrive, and wait
-            assert got == []
+            wait_until(lambda: len(channel._held) == 2, "both commands held back")  # they arrive
+            assert got == []  # and wait
             channel.switch()
             assert got == [b"first", b"second"]
             connection.send(b"third")
@@ -568,6 +569,21 @@ def data_lease(port: int, env: EnvConfig, num_envs: int) -> Iterator[LeaseStream
         channel.close()
 
 
+def unread_frames(stream: LeaseStream) -> int:
+    """Whole frames that reached the learner's data connection and are not read yet."""
+    link = stream._link
+    assert isinstance(link, LeaseDataLink)
+    data = bytes(link._buffer)
+    if select.select([link._sock], [], [], 0)[0]:
+        data += link._sock.recv(1 << 20, socket.MSG_PEEK)
+    count = offset = 0
+    while offset + FRAME_HEADER.size <= len(data):
+        (length,) = FRAME_HEADER.unpack_from(data, offset)
+        offset += FRAME_HEADER.size + length
+        count += offset <= len(data)
+    return count
+
+
 def test_two_threads_waiting_on_one_lease_each_get_their_own_answers(fleet: Fleet) -> None:
     """One waiting thread reads the data channel; the other is woken by it."""
     with data_lease(fleet.server.port, EnvConfig("CartPole-v1"), 4) as stream:
@@ -600,7 +616,8 @@ def test_a_wait_for_some_envs_also_takes_the_replies_already_there(fleet: Fleet)
             target = frames(fleet, "worker") + 2
             stream.send("step", ids, [round_ % 2] * 8)
             wait_until(partial(worker_frames_reach, fleet, target), "both workers' replies")
-            time.sleep(0.5)  # the coordinator relays each reply as it comes
+            # The coordinator relays each reply as it comes.
+            wait_until(lambda: unread_frames(stream) >= 2, "both replies at the learner")
             got = stream.receive(ids, 1, 30.0)
             assert sorted(got) == ids, f"round {round_}: only {sorted(got)} of {ids}"
 
@@ -627,7 +644,8 @@ def test_replies_already_there_that_do_not_complete_the_wait_stay_for_the_next()
         stream.send("reset", a[:1], [{}])  # two quick replies of the other worker
         stream.send("reset", a[1:], [{} for _ in a[1:]])
         wait_until(partial(worker_frames_reach, local, target), "both resets' replies")
-        time.sleep(0.5)  # the coordinator relays each reply as it comes
+        # The coordinator relays each reply as it comes.
+        wait_until(lambda: unread_frames(stream) >= 2, "both replies at the learner")
         assert sorted(stream.receive(ids, 1, 30.0)) == a[:1]  # a[1:] came too: not all
         assert sorted(stream.receive([*a[1:], *b], 1, 30.0)) == a[1:]
         assert sorted(stream.receive(b, len(b), 30.0)) == b
@@ -654,7 +672,8 @@ def test_a_stopping_coordinator_ends_the_data_connection_without_a_warning(
         processes.signal(coordinator, stop)
         coordinator.popen.wait(timeout=60)
         log = processes.wait_for_log(worker, "reconnecting in")
-        time.sleep(1.0)  # a late data line would come within this
+        # An absence cannot be awaited: a late data line would come within this.
+        time.sleep(1.0)
         log = worker.log_text()
         assert warnings_about_data(log) == [], log
         assert f"{DATA_ENDED} with the Join stream" in log or DATA_ENDED not in log, log

@@ -5,7 +5,6 @@ a coordinator that drains or stops.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,12 +19,13 @@ from rlfleet.envs import EnvConfig
 from rlfleet.errors import NoWorkersError, RlfleetTimeoutError, UnavailableError
 from tests._coordinator_fakes import ROOT
 from tests.fleet_processes import TEST_ENVS_MODULE, ProcessFleet, env_flags
+from tests.node_support import NODE_WORKER, require_node
 
 LOST = "rlfleet_env_lost"
 COUNTER = EnvConfig("rlfleet/Counter-v0", {"length": 1000})
 #: A Counter slow enough (2 ms a step) that workers step it on their thread pool.
 SLOW = EnvConfig("rlfleet/Slow-v0", {"step_seconds": 0.002, "length": 1000})
-NODE_DIR = Path(ROOT) / "clients" / "node"
+
 JS_ENV = "rlfleet/CartPoleJS-v0"  # the env the Node worker implements
 
 
@@ -133,16 +133,13 @@ def test_a_hung_env_fails_its_call_at_the_deadline(fleet: ProcessFleet) -> None:
             venv.reset(id=[0])
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
-@pytest.mark.skipif(
-    not (NODE_DIR / "node_modules").is_dir(), reason="run `npm ci` in clients/node first"
-)
 def test_no_leases_are_placed_on_a_worker_without_the_capability(fleet: ProcessFleet) -> None:
+    node_executable = require_node()
     fleet.start_coordinator(*env_flags(EnvConfig(JS_ENV)))
     node = subprocess.Popen(
         [
-            str(shutil.which("node")),
-            str(NODE_DIR / "bin" / "rlfleet-node-worker.js"),
+            node_executable,
+            str(NODE_WORKER),
             "--coordinator",
             fleet.address,
             "--envs",

@@ -4,13 +4,13 @@ A real coordinator and two real Python worker processes on loopback; the
 Node client (spawned as ``node scripts/sample-summary.js``) pushes an MLP,
 samples in every mode and prints a JSON summary, checked here for shapes,
 counts, ordering, agent versions and typed errors. Skipped when ``node``
-or ``clients/node/node_modules`` (``npm ci``) is missing.
+or ``clients/node/node_modules`` (``npm ci``) is missing, failed instead
+under ``CI=true`` (tests/node_support.py).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -22,25 +22,14 @@ from rlfleet.client import RemoteSampler
 from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
 from rlfleet.envs import EnvConfig
 from rlfleet.policies import MLPCategoricalPolicy
-from tests.test_node_worker import (
+from tests.node_support import (
+    NODE,
     NODE_DIR,
-    NODE_REQUIRED,
-    missing_node,
-    node_present,  # noqa: F401 (autouse fixture: fails under CI=true without Node)
-    start_python_worker,
-    stop,
-    wait_for_workers,
+    node_present,  # noqa: F401 (autouse: skips without Node, fails under CI=true)
 )
+from tests.test_node_worker import start_python_worker, stop, wait_for_workers
 
-NODE = shutil.which("node")
-
-pytestmark = [
-    pytest.mark.skipif(
-        missing_node() is not None and not NODE_REQUIRED,
-        reason=f"{missing_node()} (set CI=true to make this a failure)",
-    ),
-    pytest.mark.timeout(180),
-]
+pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,39 +41,15 @@ from rlfleet.errors import ConfigError, EnvNotFoundError, PolicyError, RlfleetEr
 from rlfleet.learners.vpg import VPG
 from rlfleet.policies import MLPCategoricalPolicy
 from tests import mlp_reference as ref
+from tests.node_support import (
+    NODE,
+    NODE_DIR,
+    NODE_WORKER,
+    node_present,  # noqa: F401 (autouse: skips without Node, fails under CI=true)
+)
+from tests.waiting import wait_until
 
-NODE_DIR = Path(__file__).resolve().parent.parent / "clients" / "node"
-NODE = shutil.which("node")
-
-
-def missing_node() -> str | None:
-    """Why the Node tests cannot run here, or None."""
-    if NODE is None:
-        return "node is not installed (Node.js >= 20 runs clients/node)"
-    if not (NODE_DIR / "node_modules").is_dir():
-        return "clients/node/node_modules is missing: run `cd clients/node && npm ci`"
-    return None
-
-
-#: .ci/run installs Node and node_modules: there, missing ones fail the tests.
-NODE_REQUIRED = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def node_present() -> None:
-    """Fails each Node test under CI=true when Node cannot run (skipped otherwise)."""
-    missing = missing_node()
-    if missing is not None:
-        pytest.fail(f"CI=true but {missing}")
-
-
-pytestmark = [
-    pytest.mark.skipif(
-        missing_node() is not None and not NODE_REQUIRED,
-        reason=f"{missing_node()} (set CI=true to make this a failure)",
-    ),
-    pytest.mark.timeout(180),
-]
+pytestmark = pytest.mark.timeout(180)
 
 JS_ENV = rlfleet.envs.cartpole_js.ENV_ID
 JS_SPEC = EnvConfig(JS_ENV).env_spec()
@@ -211,7 +185,7 @@ def start_node_worker(address: str, *, envs: int, name: str) -> subprocess.Popen
     return subprocess.Popen(
         [
             str(NODE),
-            str(NODE_DIR / "bin" / "rlfleet-node-worker.js"),
+            str(NODE_WORKER),
             "--coordinator",
             address,
             "--envs",
@@ -263,15 +237,16 @@ def stop(process: subprocess.Popen[bytes]) -> tuple[int, str]:
     return process.returncode, stderr
 
 
-def wait_for_workers(sampler: RemoteSampler, count: int, timeout: float = 30.0) -> dict[str, int]:
+def wait_for_workers(sampler: RemoteSampler, count: int, timeout: float = 60.0) -> dict[str, int]:
     """Waits until ``count`` workers are idle; returns their ids by name."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def idle() -> dict[str, int] | None:
         workers = sampler.status().workers
         if len(workers) == count and all(w.state == "idle" for w in workers):
             return {w.name: w.worker_id for w in workers}
-        assert time.monotonic() < deadline, f"workers did not join: {workers}"
-        time.sleep(0.05)
+        return None
+
+    return wait_until(idle, f"{count} idle workers", timeout=timeout)
 
 
 @pytest.fixture
@@ -471,7 +446,7 @@ def test_mixed_fleet_trains_with_pushed_parameters(
 
 def test_node_worker_passes_the_conformance_kit() -> None:
     """Every check of rlfleet's conformance kit (docs/protocol.md, section 9)."""
-    worker = NODE_DIR / "bin" / "rlfleet-node-worker.js"
+    worker = NODE_WORKER
     command = f"{NODE} {worker} --coordinator {{address}} --envs 2 --quiet"
     results = run_conformance(command, env_id=JS_ENV)
     failed = [f"{r.name}: {r.message}" for r in results if not r.passed]
@@ -523,10 +498,9 @@ def test_multi_agent_work_goes_only_to_workers_with_the_capability(
         sampler.update_env(EnvConfig(JS_ENV))
         # One joining now gets the env, not the joint policy.
         processes.append(start_node_worker(coordinator.address, envs=1, name="late"))
-        deadline = time.monotonic() + 30
-        while "late" not in (status := {w.name: w for w in sampler.status().workers}):
-            assert time.monotonic() < deadline, "the late Node worker did not join"
-            time.sleep(0.05)
+        wait_until(
+            lambda: "late" in {w.name for w in sampler.status().workers}, "the late Node worker"
+        )
         vpg = VPG(JS_SPEC, hidden_sizes=(8,), seed=0)
         sampler.update_agent((vpg.policy_spec, vpg.get_params()))
         # Workers answer in order: a refusal of the joint policy would have

@@ -12,7 +12,6 @@ import os
 import re
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from rlfleet.errors import (
     UsageError,
     VectorEnvError,
 )
+from tests.waiting import wait_until
 
 TESTING = "rlfleet.envs.testing"
 #: Per-lease cap of the fixture's coordinator (its fleet has 2 x 4 slots).
@@ -344,7 +344,9 @@ def test_closed_leases_leave_no_bookkeeping_behind(fleet: Fleet) -> None:
         threads = [t.name for t in threading.enumerate() if t.name.startswith("rlfleet-lease")]
         return fleet.server.coordinator.leases.counts(), len(leases), threads
 
-    deadline = time.monotonic() + 30  # the streams' threads end once the calls have
-    while leftovers() != ((0, 0, {}), 0, []) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert leftovers() == ((0, 0, {}), 0, [])
+    # The streams' threads end once the calls have.
+    wait_until(
+        lambda: leftovers() == ((0, 0, {}), 0, []),
+        "no lease, Lease object or lease thread left",
+        describe=lambda: repr(leftovers()),
+    )

@@ -42,6 +42,7 @@ from rlfleet.wire import ChunkAssembler, decode_batch, decode_env_spec, encode_t
 from rlfleet.worker._flush import TAIL_SECONDS, FlushPolicy
 from tests.fleet_processes import ProcessFleet
 from tests.test_fleet_equivalence import assert_same_batch
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 T = TypeVar("T")
@@ -606,10 +607,7 @@ def test_the_health_port_serves_while_the_worker_is_joined(
     assert check_health(health) == "NOT_SERVING"  # not joined yet
     welcome(connection)
     connection.next("heartbeat")
-    deadline = time.monotonic() + PATIENCE
-    while (status := check_health(health)) != "SERVING":
-        assert time.monotonic() < deadline, status
-        time.sleep(0.1)
+    wait_until(lambda: check_health(health) == "SERVING", "health SERVING", timeout=PATIENCE)
 
 
 def test_the_worker_command_checks_its_flags(tmp_path: Path) -> None:

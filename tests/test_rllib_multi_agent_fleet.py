@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 from typing import Any
 
 import numpy as np
@@ -35,7 +34,8 @@ from rlfleet.rllib.multi_agent import (
 from rlfleet.rllib.pettingzoo_envs import RPS, SIMPLE_SPREAD
 from rlfleet.rllib.worker_group import RolloutWorkerGroup
 from rlfleet.sampling.local import LocalSampler
-from tests.fleet_processes import PATIENCE, run_in_thread
+from tests.fleet_processes import run_in_thread
+from tests.waiting import wait_until
 
 MODULE = "rlfleet.rllib.pettingzoo_envs"
 SPREAD_KWARGS = {"max_cycles": 25}
@@ -247,14 +247,15 @@ def test_a_killed_worker_loses_and_duplicates_nothing() -> None:
     with RolloutWorkerGroup.local(2, envs_per_worker=2, **args) as group:
         assert group.fleet is not None
         victim = group.fleet.workers[0]
+        sampler = group.fleet.sampler
         answer = run_in_thread(group.sample)
-        deadline = time.monotonic() + PATIENCE
-        while not any(
-            w.units_in_flight > 0 and w.name == victim.name
-            for w in group.fleet.sampler.status().workers
-        ):
-            assert time.monotonic() < deadline, "the victim never got units"
-            time.sleep(0.01)
+        wait_until(
+            lambda: any(
+                w.units_in_flight > 0 and w.name == victim.name for w in sampler.status().workers
+            ),
+            "units on the victim",
+            interval=0.01,
+        )
         victim.process.kill()
         batch = answer(120)
     assert_same_multi_agent(batch, expected)
@@ -362,14 +363,15 @@ def test_a_worker_killed_mid_fragments_changes_no_multi_agent_answer() -> None:
         victim_id = next(
             w.worker_id for w in group.fleet.sampler.status().workers if w.name == victim.name
         )
+        sampler = group.fleet.sampler
         answer = run_in_thread(group.sample)
-        deadline = time.monotonic() + PATIENCE
-        while not any(
-            w.units_in_flight > 0 and w.worker_id == victim_id
-            for w in group.fleet.sampler.status().workers
-        ):
-            assert time.monotonic() < deadline, "the victim never got units"
-            time.sleep(0.01)
+        wait_until(
+            lambda: any(
+                w.units_in_flight > 0 and w.worker_id == victim_id for w in sampler.status().workers
+            ),
+            "units on the victim",
+            interval=0.01,
+        )
         victim.process.kill()
         disturbed = answer(120)
         assert isinstance(disturbed, MultiAgentEpisodeBatch)

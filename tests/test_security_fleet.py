@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import updates_pb2, worker_pb2
 from tests._coordinator_fakes import PROCESS_ENV, rlfleet_process, stop_process, wait_for_file
 from tests.tls_fixtures import make_ca, make_cert
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -144,10 +144,11 @@ def fleet(files: Files) -> Iterator[str]:
 
 
 def _wait_ready(sampler: RemoteSampler, workers: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while sampler.status().ready_workers < workers:
-        assert time.monotonic() < deadline, f"{workers} workers did not get ready"
-        time.sleep(0.1)
+    wait_until(
+        lambda: sampler.status().ready_workers >= workers,
+        f"{workers} ready workers",
+        timeout=timeout,
+    )
 
 
 def _exit_code(process: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
@@ -349,10 +350,7 @@ def test_pickles_need_both_sides_to_opt_in(files: Files, tmp_path: Path) -> None
             )
             _wait_ready(sampler, 2)
             stop_process(plain)
-            deadline = time.monotonic() + 30
-            while len(sampler.status().workers) != 1:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+            wait_until(lambda: len(sampler.status().workers) == 1, "the plain worker gone")
             sampler.update_agent(update)
             batch = sampler.obtain_samples(0, 100)
             # The pickled class ran on the worker: every action it took is 0.

@@ -30,13 +30,23 @@ PAUSE_AFTER = 1
 PAUSE_TIMEOUT = 240.0
 
 
-def _run(*args: str | Path | int, timeout: float = 240.0) -> None:
-    subprocess.run(
+def _start(*args: str | Path | int, stdout: int | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
         [sys.executable, SCRIPT, *map(str, args)],
-        check=True,
-        timeout=timeout,
+        stdout=stdout,
+        text=True,
         env={**os.environ, "PYTHONPATH": ROOT},
     )
+
+
+def _finish(process: subprocess.Popen[str], timeout: float = 240.0) -> None:
+    """Waits for a training process to exit 0; kills its tree if it does not exit."""
+    try:
+        process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            _kill_tree(process)
+    assert process.returncode == 0, f"the training process exited with {process.returncode}"
 
 
 def _kill_tree(process: subprocess.Popen[str]) -> None:
@@ -59,27 +69,12 @@ def _assert_same(left: dict[str, np.ndarray], right: dict[str, np.ndarray], what
         np.testing.assert_array_equal(value, right[key], err_msg=f"{what}: {key}")
 
 
-def test_killed_run_resumes_to_the_same_batches_and_parameters(tmp_path: Path) -> None:
-    full, broken = tmp_path / "full", tmp_path / "broken"
-    _run("--snapshots", full / "snap", "--record", full / "rec", "--epochs", EPOCHS)
-
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            SCRIPT,
-            "--snapshots",
-            str(broken / "snap"),
-            "--record",
-            str(broken / "rec"),
-            "--epochs",
-            str(EPOCHS),
-            "--pause-after",
-            str(PAUSE_AFTER),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": ROOT},
-    )
+def _kill_and_resume(broken: Path) -> None:
+    """A run SIGKILLed once epoch PAUSE_AFTER's snapshot is saved, then resumed."""
+    process = _start(
+        "--snapshots", broken / "snap", "--record", broken / "rec", "--epochs", EPOCHS,
+        "--pause-after", PAUSE_AFTER, stdout=subprocess.PIPE,
+    )  # fmt: skip
     try:
         assert process.stdout is not None
         with selectors.DefaultSelector() as selector:
@@ -93,7 +88,22 @@ def test_killed_run_resumes_to_the_same_batches_and_parameters(tmp_path: Path) -
     assert sorted(p.name for p in (broken / "snap").glob("itr_*")) == [f"itr_{PAUSE_AFTER}"]
     assert not (broken / "rec" / "final.npz").exists()
 
-    _run("--snapshots", broken / "snap", "--record", broken / "rec", "--resume")
+    _finish(_start("--snapshots", broken / "snap", "--record", broken / "rec", "--resume"))
+
+
+def test_killed_run_resumes_to_the_same_batches_and_parameters(tmp_path: Path) -> None:
+    full, broken = tmp_path / "full", tmp_path / "broken"
+    # The uninterrupted run shares nothing with the other two: it runs
+    # alongside them (each process is mostly start-up and waiting).
+    uninterrupted = _start(
+        "--snapshots", full / "snap", "--record", full / "rec", "--epochs", EPOCHS
+    )
+    try:
+        _kill_and_resume(broken)
+        _finish(uninterrupted)
+    finally:
+        if uninterrupted.poll() is None:
+            _kill_tree(uninterrupted)
 
     for epoch in range(EPOCHS):
         _assert_same(
