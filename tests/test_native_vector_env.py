@@ -69,10 +69,10 @@ def test_the_native_backend_steps_the_same_bits_as_its_raw_env(backend: str) -> 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_seeds_reset_the_whole_env_and_repeat(backend: str) -> None:
     with make(backend) as one, make(backend) as two:
-        one.seed(11)
-        first, _ = one.reset()  # seed() is used by the next reset
-        again, _ = two.reset(seed=[11, 12, 13, 14])  # the same as seed=11
-        np.testing.assert_array_equal(first, again)
+        assert one.seed(11) == [[11 + i] for i in range(N)]  # a reset with seed 11, now
+        two.reset(seed=[11, 12, 13, 14])  # the same as seed=11
+        actions = np.zeros(N, np.int64)
+        np.testing.assert_array_equal(one.step(actions)[0], two.step(actions)[0])
         assert one.get_env_attr("action_space") == [gym.spaces.Discrete(2)] * N
         assert one.observation_space[0] == gym.make("CartPole-v1").observation_space
         assert one.get_env_attr("max_episode_length", id=[1]) == [LIMIT]

@@ -107,8 +107,10 @@ def test_tianshou_api(fleet: Fleet) -> None:
         assert venv.observation_space == [gym.spaces.Box(0.0, 3.0, (1,), np.float32)] * 3
         _, infos = venv.reset()
         assert [info.get("seed") for info in infos] == [1, 2, None]
-        assert venv.seed([5, None, 7]) == [5, None, 7]
-        _, infos = venv.reset()
+        # seed() reseeds now (a reset with the seeds): the envs step right after.
+        assert venv.seed([5, None, 7]) == [[5], [None], [7]]
+        assert venv.get_env_attr("episode_step") == [0, 0, 0]
+        _, infos = venv.reset(seed=[5, None, 7])
         assert [info.get("seed") for info in infos] == [5, None, 7]
         obs, rewards, _, _, infos = venv.step([0, 1], id=[2, 0])
         assert obs.tolist() == [[1.0], [1.0]] and rewards.tolist() == [1.0, 1.0]

@@ -18,7 +18,8 @@ import grpc
 import numpy as np
 import pytest
 
-from rlfleet.client import Fleet, RemoteSampler
+from rlfleet.client import Fleet, RemoteSampler, RemoteVectorEnv
+from rlfleet.envs.testing import CounterEnv
 from rlfleet.errors import (
     AuthenticationError,
     ConfigError,
@@ -364,6 +365,36 @@ def test_pickles_need_both_sides_to_opt_in(files: Files, tmp_path: Path) -> None
             assert _exit_code(late) == 1
             assert "permission denied" in processes.log(late)
             assert opted_in.poll() is None
+    finally:
+        processes.stop_all()
+
+
+def test_env_factories_lease_only_where_both_sides_take_code(
+    files: Files, fleet: str, tmp_path: Path
+) -> None:
+    """RemoteVectorEnv(env_fns) over the network: refused by a fleet without
+    --allow-pickle, with the --import advice; built only on the workers that
+    opted in, each env from its own factory, on a fleet that allows it."""
+    env_fns = [lambda n=n: CounterEnv(length=n) for n in (2, 3, 4)]
+    with (
+        files.sampler(fleet) as sampler,
+        pytest.raises(PermissionDeniedError, match=r"--allow-pickle.*worker --import mypkg\.envs"),
+    ):
+        RemoteVectorEnv(env_fns, on=sampler, open_timeout=20)
+
+    processes = Processes(tmp_path)
+    try:
+        address = processes.coordinator(*files.coordinator_args(), "--allow-pickle")
+        processes.worker(address, "no-pickle", *files.worker_args())
+        processes.worker(address, "pickle-ok", *files.worker_args(), "--allow-pickle")
+        with files.sampler(address) as sampler:
+            _wait_ready(sampler, 2)
+            with RemoteVectorEnv(env_fns[:2], on=sampler, open_timeout=30) as venv:
+                assert venv.env_workers == ["pickle-ok", "pickle-ok"]
+                assert venv.get_env_attr("length") == [2, 3]
+                venv.reset()
+                _, _, terminated, _, _ = venv.step([0, 0])
+                assert venv.step([0, 0])[2].tolist() == [True, False] and not terminated.any()
     finally:
         processes.stop_all()
 

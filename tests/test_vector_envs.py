@@ -22,7 +22,8 @@ import psutil
 import pytest
 
 from rlfleet.envs import BaseVectorEnv, DummyVectorEnv, EnvConfig, SubprocVectorEnv
-from rlfleet.envs._base import FailedCall, run_command, stack_batch
+from rlfleet.envs.batching import stack_batch
+from rlfleet.envs.commands import FailedCall, run_command
 from rlfleet.envs.testing import FRAME_SHAPE
 from rlfleet.errors import ConfigError, EnvNotFoundError, UsageError, VectorEnvError
 
@@ -142,31 +143,29 @@ def test_stepping_a_finished_env_raises(make_venv: MakeVenv) -> None:
     assert venv.step([0, 0])[0].tolist() == [[1.0], [1.0]]
 
 
-def test_seed_is_applied_at_the_next_reset(make_venv: MakeVenv) -> None:
+def test_seed_reseeds_at_once_and_the_envs_step_right_after(make_venv: MakeVenv) -> None:
+    """tianshou's seed(): each env is reset with its seed now (a gymnasium env
+    has no seed() of its own), so it may be stepped without a reset()."""
     venv = make_venv([CARTPOLE, CARTPOLE, CARTPOLE])
-    assert venv.seed(5) == [5, 6, 7]
-    first, _ = venv.reset()
-    assert np.array_equal(first, first_observations([5, 6, 7]))
-    # Recorded seeds are used once; the next reset continues each env's RNG.
+    assert venv.seed(5) == [[5], [6], [7]]  # tianshou's answer
+    _, steps = reference_cartpole_run([5, 6, 7], np.zeros((1, 3), dtype=np.int64))
+    assert np.array_equal(venv.step([0, 0, 0])[0], steps[0][0])
+    # The next reset without a seed continues each env's RNG.
     env = CARTPOLE()
     env.reset(seed=6)
     assert np.array_equal(venv.reset(id=1)[0][0], env.reset()[0])
     env.close()
 
-    assert venv.seed([1, None, 3]) == [1, None, 3]
-    assert venv.seed(None) == [None, None, None]
-    assert venv.seed([9, 8, 7]) == [9, 8, 7]
-    # A seed given to reset wins; an int counts up along the ids.
+    assert venv.seed([1, None, 3]) == [[1], [None], [3]]
+    assert venv.seed(None) == [[None]] * 3
+    # reset(seed=...) seeds as before; an int counts up along the ids.
     obs, _ = venv.reset(id=[2, 0], seed=20)
     assert np.array_equal(obs, first_observations([20, 21]))
-    obs, _ = venv.reset(id=1)
-    assert np.array_equal(obs, first_observations([8]))
 
 
 def test_counter_reset_info_carries_the_seed(make_venv: MakeVenv) -> None:
     venv = make_venv([counter(), counter()])
-    venv.seed(11)
-    _, infos = venv.reset()
+    _, infos = venv.reset(seed=11)
     assert [info["seed"] for info in infos] == [11, 12]
     _, infos = venv.reset(seed=[3, 4])
     assert [info["seed"] for info in infos] == [3, 4]
@@ -279,7 +278,9 @@ def test_crash_in_reset(make_venv: MakeVenv) -> None:
 def test_factory_errors(make_venv: MakeVenv) -> None:
     with pytest.raises(EnvNotFoundError, match="Did you mean 'CartPole-v1'"):
         make_venv([CARTPOLE, EnvConfig("CartPol-v1")])
-    with pytest.raises(VectorEnvError, match=r"env 1: make.*returned int, not a gymnasium\.Env"):
+    with pytest.raises(
+        VectorEnvError, match=r"env 1: make.*returned int, which is neither a gymnasium\.Env"
+    ):
         make_venv([CARTPOLE, functools.partial(int, 3)])
     with pytest.raises(ConfigError, match="at least one"):
         make_venv([])
@@ -311,8 +312,7 @@ def test_subproc_matches_dummy_and_gymnasium_on_cartpole() -> None:
         SubprocVectorEnv([CARTPOLE, CARTPOLE], shared_memory=False),
     ]
     for venv in venvs:
-        venv.seed(seeds)
-        obs, _ = venv.reset()
+        obs, _ = venv.reset(seed=seeds)
         assert np.array_equal(obs, expected_first)
         for row, want in zip(actions, expected_steps, strict=False):
             got = venv.step(row)[:4]
@@ -531,8 +531,8 @@ def test_a_subclass_gets_the_whole_api_from_two_methods() -> None:
         [counter(), counter(length=1), hanging(length=10, hang_seconds=2.0)], wait_num=2
     )
     assert isinstance(venv, BaseVectorEnv) and len(venv) == 3
-    venv.seed(7)
-    _, infos = venv.reset(id=[0, 1])
+    assert venv.seed(7) == [[7], [8], [9]]
+    _, infos = venv.reset(id=[0, 1], seed=7)
     assert [info["seed"] for info in infos] == [7, 8]
     venv.reset(id=2)
     _, _, term, _, infos = venv.step([0, 0, 0])

@@ -48,6 +48,7 @@ from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, RlfleetTimeoutError, UnavailableError, WorkerError
 from rlfleet.security import RoleTokens, ServerSecurity, Token
+from rlfleet.security.pickle import EMBEDDED_PARENT_ENV
 
 logger = logging.getLogger("rlfleet.client")
 
@@ -102,6 +103,7 @@ def spawn_worker(
     log_level: str = "WARNING",
     extra_args: Sequence[str] = (),
     token: Token | None = None,
+    embedded: bool = False,
     die_with_parent: bool = True,
 ) -> WorkerProcess:
     """Starts ``python -m rlfleet worker`` in its own process group.
@@ -122,6 +124,9 @@ def spawn_worker(
             this process holds open, and on Linux also asks for a
             parent-death signal (rlfleet/worker/_parent_watch.py). Call
             :meth:`WorkerProcess.release` once it was stopped.
+        embedded: The coordinator runs in this process (``Fleet.local``):
+            the worker then takes pickled env factories for leases from it
+            (``RLFLEET_EMBEDDED_PARENT``; docs/security.md).
 
     Returns:
         The started process.
@@ -147,6 +152,9 @@ def spawn_worker(
     environment = _child_environment()
     if token is not None:
         environment["RLFLEET_WORKER_TOKEN"] = token.reveal()
+    environment.pop(EMBEDDED_PARENT_ENV, None)
+    if embedded:
+        environment[EMBEDDED_PARENT_ENV] = str(os.getpid())
     # os.pipe() ends are not inheritable: only the worker given the read end
     # gets it (pass_fds), and no other child keeps the write end open.
     read_end, write_end = os.pipe() if die_with_parent and os.name == "posix" else (None, None)
@@ -321,6 +329,7 @@ class Fleet:
                         log_path=log_dir / f"{name}.log",
                         extra_args=("--drain-grace", f"{grace:g}"),
                         token=tokens.worker if tokens else None,
+                        embedded=True,
                     )
                 )
             fleet = cls(server, sampler, processes, log_dir, grace, learner_token=learner_token)

@@ -6,19 +6,17 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
-from rlfleet.envs._base import (
-    BaseVectorEnv,
+from rlfleet.envs._base import BaseVectorEnv
+from rlfleet.envs.batching import EnvRows, step_each
+from rlfleet.envs.commands import (
     EnvFactory,
     EnvFailure,
-    EnvRows,
     FailedCall,
     build_env,
     check_env_fns,
     run_command,
-    step_each,
 )
 
 
@@ -58,7 +56,7 @@ class DummyVectorEnv(BaseVectorEnv):
         timeout: float | None = None,
     ) -> None:
         factories = check_env_fns(env_fns)
-        envs: list[gym.Env] = []
+        envs: list[Any] = []
         try:
             for index, factory in enumerate(factories):
                 envs.append(build_env(factory, index))
@@ -79,6 +77,11 @@ class DummyVectorEnv(BaseVectorEnv):
         except BaseException:
             _close_envs(envs)
             raise
+
+    @property
+    def workers(self) -> list[EnvHandle]:
+        """tianshou's ``venv.workers``: per env, an object whose ``env`` is the env."""
+        return [EnvHandle(env) for env in self.envs]
 
     def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
         for env_index, arg in zip(ids, args, strict=True):
@@ -123,16 +126,27 @@ class DummyVectorEnv(BaseVectorEnv):
         self.envs[id] = build_env(self._factories[id], id)
 
 
+class EnvHandle:
+    """What tianshou code reads from ``DummyVectorEnv.workers[i]``: the env, as ``.env``."""
+
+    __slots__ = ("env",)
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+
+
 #: The in-process vector env under tianshou's other name.
 VectorEnv = DummyVectorEnv
 
 
-def _close_envs(envs: list[gym.Env]) -> list[BaseException]:
+def _close_envs(envs: list[Any]) -> list[BaseException]:
     """Closes every env, returning the errors instead of stopping at the first."""
     errors: list[BaseException] = []
     for env in envs:
+        close = getattr(env, "close", None)  # a duck-typed env may have none
         try:
-            env.close()
+            if callable(close):
+                close()
         except Exception as exc:
             errors.append(exc)
     return errors

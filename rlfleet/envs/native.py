@@ -29,7 +29,9 @@ import gymnasium as gym
 import numpy as np
 
 from rlfleet.core.env_spec import EnvSpec
-from rlfleet.envs._base import (
+from rlfleet.envs._base import BaseVectorEnv
+from rlfleet.envs.batching import EnvIds, EnvRows
+from rlfleet.envs.commands import (
     CALL,
     CLASS_NAMES,
     GET_ATTR,
@@ -37,9 +39,6 @@ from rlfleet.envs._base import (
     RESET,
     SET_ATTR,
     STEP,
-    BaseVectorEnv,
-    EnvIds,
-    EnvRows,
     FailedCall,
 )
 from rlfleet.errors import ConfigError, EnvNotFoundError, UsageError, VectorEnvError
@@ -213,6 +212,11 @@ class NativeVectorEnv(BaseVectorEnv):
         # The envs whose episode ended restart on this step by themselves.
         self._needs_reset[self._ended] = False
         return super().step(action)
+
+    def _seed_envs(self, ids: list[int], seeds: list[int | None]) -> list[Any]:
+        """seed(): a native env is seeded by a reset of all its envs (tianshou's way)."""
+        self._call(ids, RESET, [{"seed": seed} for seed in seeds])
+        return [[seed] for seed in seeds]
 
     def reset_env(self, id: int, seed: int | None) -> Any:
         """Refused: a native env is reset as a whole (:meth:`reset_all`)."""

@@ -40,11 +40,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from rlfleet.envs._base import (
+from rlfleet.envs import child_start
+from rlfleet.envs._base import BaseVectorEnv
+from rlfleet.envs.commands import (
     MAKE,
     RESET,
     STEP,
-    BaseVectorEnv,
     EnvFactory,
     EnvFailure,
     FailedCall,
@@ -56,7 +57,7 @@ from rlfleet.errors import ConfigError, VectorEnvError
 
 _START_METHODS = ("spawn", "forkserver")
 _Context: TypeAlias = SpawnContext | ForkServerContext
-_OK, _FAILED = "ok", "failed"
+_OK, _FAILED, _STARTED = "ok", "failed", "started"
 _CLOSE = "close"
 #: Longest wait between liveness checks of a child that has not answered.
 _POLL_SECONDS = 0.2
@@ -122,6 +123,7 @@ class SubprocVectorEnv(BaseVectorEnv):
         context: str = "spawn",
         shared_memory: bool = True,
     ) -> None:
+        child_start.refuse_while_bootstrapping("SubprocVectorEnv")
         factories = check_env_fns(env_fns)
         _check_timeout(call_timeout, "call_timeout")
         _check_timeout(start_timeout, "start_timeout")
@@ -131,6 +133,7 @@ class SubprocVectorEnv(BaseVectorEnv):
                 f"{_START_METHODS} (fork breaks gRPC in the children)"
             )
         pickled = [_pickle_factory(factory, index) for index, factory in enumerate(factories)]
+        child_start.notes_dir()  # before the children start: they inherit its name
         mp_context = cast(_Context, multiprocessing.get_context(context))
         children: list[_EnvProcess] = []
         try:
@@ -273,6 +276,8 @@ class _EnvProcess:
         self._obs_view: np.ndarray | None = None
         self._connected = False
         self._close_sent = False
+        # Whether rlfleet's code runs in the child (it has said so on the pipe).
+        self._started = False
 
     def connect(
         self, deadline: float | None, start_timeout: float | None, *, shared_memory: bool
@@ -391,20 +396,30 @@ class _EnvProcess:
                 try:
                     status, payload = self.conn.recv()
                 except (EOFError, OSError):
-                    raise self._lose(
-                        f"its process died during {MAKE}() ({self._exit_status()})"
-                    ) from None
+                    raise self._died_starting() from None
+                if status == _STARTED:
+                    self._started = True
+                    continue
                 if status == _FAILED:
                     raise payload.error(self.index, MAKE)
                 return payload
             if self.process.exitcode is not None and not self.conn.poll(0):
-                raise self._lose(f"its process died during {MAKE}() ({self._exit_status()})")
+                raise self._died_starting()
             if deadline is not None and time.monotonic() >= deadline:
                 raise self._lose(
                     f"{MAKE}() did not return within {timeout:g} s, so its process was killed",
                     advice="make a new vector env, with a larger start_timeout if the env is "
                     "that slow to start",
                 )
+
+    def _died_starting(self) -> VectorEnvError:
+        status = self._exit_status()
+        if not self._started:  # it died re-importing the main module
+            return self._lose(
+                child_start.start_failure_text(self.pid, status),
+                advice="then make the vector env again",
+            )
+        return self._lose(f"its process died during {MAKE}() ({status})")
 
     def abandon(self, reason: str) -> None:
         """Kills the child because its pipe can no longer be trusted."""
@@ -520,6 +535,7 @@ def _child_main(factory: bytes, conn: Connection) -> None:
     _exit_when_orphaned()
     # EOFError/OSError: the parent went away; there is no one left to answer.
     with contextlib.suppress(EOFError, OSError):
+        conn.send((_STARTED, None))  # the main module's re-import is over
         _serve(factory, conn)
 
 
@@ -529,19 +545,25 @@ def _serve(factory: bytes, conn: Connection) -> None:
     except Exception as exc:
         conn.send((_FAILED, EnvFailure.from_exception(exc)))
         return
-    conn.send((_OK, env.observation_space))
+    # A duck-typed env may have no observation_space: its observations then
+    # go through the pipe.
+    conn.send((_OK, getattr(env, "observation_space", None)))
     shm, obs_view = _attach_shared_memory(conn.recv())
     try:
         while True:
             command, arg = conn.recv()
             if command == _CLOSE:
-                _answer(conn, env.close)
+                _answer(conn, getattr(env, "close", _no_close))
                 return
             _answer(conn, functools.partial(_execute, env, command, arg, obs_view))
     finally:
         obs_view = None  # the buffer cannot be unmapped while an array views it
         if shm is not None:
             shm.close()
+
+
+def _no_close() -> None:
+    """The close of a duck-typed env that has none."""
 
 
 def _answer(conn: Connection, call: Callable[[], Any]) -> None:
@@ -554,7 +576,7 @@ def _answer(conn: Connection, call: Callable[[], Any]) -> None:
         conn.send((_FAILED, EnvFailure.from_exception(exc)))
 
 
-def _execute(env: gym.Env, command: str, arg: Any, obs_view: np.ndarray | None) -> Any:
+def _execute(env: Any, command: str, arg: Any, obs_view: np.ndarray | None) -> Any:
     answer = run_command(env, command, arg)
     if obs_view is not None and command in (RESET, STEP):
         observation = answer[0]
@@ -598,7 +620,7 @@ def _exit_when_orphaned() -> None:
 # --- helpers -----------------------------------------------------------------
 
 
-def _shared_layout(space: gym.Space) -> tuple[tuple[int, ...], np.dtype] | None:
+def _shared_layout(space: gym.Space | None) -> tuple[tuple[int, ...], np.dtype] | None:
     """Shape and dtype of a shared observation buffer, or None if the space has none."""
     if not isinstance(space, spaces.Box) or _nbytes(space.shape, space.dtype) == 0:
         return None

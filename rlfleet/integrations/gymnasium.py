@@ -12,22 +12,29 @@ Example::
     envs = FleetVectorEnv(SubprocVectorEnv([lambda: gym.make("CartPole-v1")] * 8))
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     obs, infos = envs.reset(seed=1)
+
+``gym.make_vec("rlfleet/Fleet-v0", num_envs=8, vectorization_mode="vector_entry_point",
+fleet=ADDRESS, env="CartPole-v1")`` builds one over envs leased on a fleet
+(:func:`make_fleet_vector_env`; the id is registered by importing rlfleet).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from rlfleet.envs import BaseVectorEnv
+from rlfleet.envs import BaseVectorEnv, EnvConfig
 from rlfleet.errors import ConfigError, InvalidArgumentError
 from rlfleet.integrations._venv import batch_row, common_spaces, local_vector_env, plain_info
+
+if TYPE_CHECKING:
+    from rlfleet.client import Fleet, RemoteSampler
 
 
 class FleetVectorEnv(gym.vector.VectorEnv):
@@ -240,4 +247,60 @@ class FleetVectorEnv(gym.vector.VectorEnv):
         return copy.deepcopy(self._observations)
 
 
-__all__ = ["FleetVectorEnv"]
+def make_fleet_vector_env(
+    num_envs: int,
+    *,
+    env: str | EnvConfig | None = None,
+    fleet: str | RemoteSampler | Fleet | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    max_episode_steps: int | None = None,
+    autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+    **remote_kwargs: Any,
+) -> FleetVectorEnv:
+    """``rlfleet/Fleet-v0``'s vector entry point: ``num_envs`` envs leased on a fleet.
+
+    ``gym.make_vec("rlfleet/Fleet-v0", num_envs=N, vectorization_mode=
+    "vector_entry_point", **kwargs)`` calls it with ``make_vec``'s keyword
+    arguments (RLlib passes its ``env_config`` this way).
+
+    Args:
+        num_envs: How many envs to lease.
+        env: The env on the workers: a gymnasium id (custom ones registered
+            there with ``--import``) or an EnvConfig.
+        fleet: A coordinator's ``HOST:PORT``, a RemoteSampler, an embedded
+            :class:`~rlfleet.client.Fleet`, or None for an embedded fleet of
+            the env's own (closed with it).
+        env_kwargs: The env's keyword arguments (JSON-able), with a gymnasium id.
+        max_episode_steps: Overrides the env's episode limit.
+        autoreset_mode: As for :class:`FleetVectorEnv`.
+        **remote_kwargs: More :class:`~rlfleet.client.RemoteVectorEnv`
+            arguments (``call_timeout``, ``open_timeout``, ``token``, ``tls_ca``, ...).
+
+    Raises:
+        ConfigError: For bad arguments (an async ``wait_num`` included:
+            gymnasium steps every env every step).
+    """
+    from rlfleet.client import RemoteVectorEnv  # the fleet client, only when used
+
+    if isinstance(env, EnvConfig):
+        if env_kwargs or max_episode_steps is not None:
+            raise ConfigError(
+                "make_fleet_vector_env: give env_kwargs and max_episode_steps inside the "
+                "EnvConfig, or give env as a gymnasium id"
+            )
+        config = env
+    elif isinstance(env, str):
+        config = EnvConfig(env, dict(env_kwargs or {}), max_episode_steps)
+    else:
+        raise ConfigError(
+            f"rlfleet/Fleet-v0 needs env= a gymnasium id or an EnvConfig, got {env!r}"
+        )
+    venv = RemoteVectorEnv(fleet, config, num_envs, **remote_kwargs)
+    try:
+        return FleetVectorEnv(venv, autoreset_mode)
+    except BaseException:
+        venv.close()
+        raise
+
+
+__all__ = ["FleetVectorEnv", "make_fleet_vector_env"]

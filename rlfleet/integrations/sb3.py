@@ -29,7 +29,7 @@ from stable_baselines3.common.vec_env.base_vec_env import (
 )
 
 from rlfleet.envs import BaseVectorEnv
-from rlfleet.envs._base import stack_batch
+from rlfleet.envs.batching import stack_batch
 from rlfleet.errors import UsageError
 from rlfleet.integrations._venv import (
     batch_row,
@@ -117,6 +117,8 @@ class FleetVecEnv(VecEnv):
             raise UsageError("FleetVecEnv.step_wait() without step_async(actions) first")
         actions, self._actions = self._actions, None
         obs, rewards, terminated, truncated, raw_infos = self.venv.step(actions)
+        if _holds_dicts(obs):  # SB3 batches Dict observations key by key
+            obs = stack_batch(list(obs))
         dones = terminated | truncated
         infos = [plain_info(info) for info in raw_infos]
         for k, info in enumerate(infos):
@@ -128,6 +130,8 @@ class FleetVecEnv(VecEnv):
             # A fresh batch: the terminal rows above must not be overwritten.
             obs = _copy_batch(obs)
             first, reset_infos = self.venv.reset(ended)
+            if _holds_dicts(first):
+                first = stack_batch(list(first))
             set_batch_rows(obs, ended, first)
             for k, info in zip(ended, reset_infos, strict=True):
                 self.reset_infos[k] = plain_info(info)
@@ -180,6 +184,11 @@ def _copy_batch(batch: Any) -> Any:
     if isinstance(batch, tuple):
         return tuple(_copy_batch(value) for value in batch)
     return np.array(batch, copy=True)
+
+
+def _holds_dicts(obs: Any) -> bool:
+    """Whether a vector env's observations are its envs' dicts (Dict spaces)."""
+    return isinstance(obs, np.ndarray) and obs.dtype == object and isinstance(obs[0], dict)
 
 
 __all__ = ["FleetVecEnv"]

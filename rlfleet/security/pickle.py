@@ -19,11 +19,19 @@ cloudpickle is installed with rlfleet (``SubprocVectorEnv`` pickles env
 factories for its own children with it: a pipe to one's own child is no
 trust boundary, see docs/security.md), but the network faces import it
 only when pickling is allowed.
+
+One exception to 1-3, also no trust boundary: the workers of an embedded
+fleet (``Fleet.local``) accept pickled env factories for leases from their
+parent, the process that runs their coordinator and learner
+(:func:`embedded_child`). That coordinator relays only the factories its
+own process registered in memory (``RemoteVectorEnv(env_fns, on=fleet)``),
+never pickles from the network unless it was started with the flag.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -34,6 +42,22 @@ from rlfleet.errors import ConfigError, PermissionDeniedError, RlfleetError
 #: The Hello/Welcome capability of a worker that accepts pickles.
 PICKLE_CAPABILITY = "rlfleet.pickle"
 FLAG = "--allow-pickle"
+#: Set by Fleet.local in its workers' environment: the pid of the process
+#: whose embedded coordinator they serve.
+EMBEDDED_PARENT_ENV = "RLFLEET_EMBEDDED_PARENT"
+
+
+def embedded_child(coordinator: str) -> bool:
+    """Whether this worker is a child of the embedded fleet it dials (``Fleet.local``).
+
+    True only for the direct child of the process named in
+    ``RLFLEET_EMBEDDED_PARENT`` that dials a loopback address: that process
+    holds the coordinator's port, and the parent's death ends the child.
+    """
+    from rlfleet.security.listen import is_loopback
+
+    parent = os.environ.get(EMBEDDED_PARENT_ENV, "")
+    return parent == str(os.getppid()) and is_loopback(coordinator)
 
 
 def cloudpickle_module() -> ModuleType:

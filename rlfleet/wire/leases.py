@@ -71,7 +71,9 @@ class LeasedEnvSource:
     env_id: str
     kwargs_json: str
     max_episode_length: int | None
-    pickled: bool
+    #: EnvUpdate.pickled_env_factory: b"" or the cloudpickled list of one
+    #: factory per env of the lease (only where pickles are allowed).
+    pickled: bytes
     vectorization: str = ""  # EnvUpdate.vectorization: leases refuse native vector envs
 
 
@@ -130,7 +132,7 @@ def decode_lease_command(command: leases_pb2.LeaseCommand) -> LeaseOrder:
             env.env_id,
             env.kwargs_json,
             env.max_episode_length if env.HasField("max_episode_length") else None,
-            bool(env.pickled_env_factory),
+            env.pickled_env_factory,
             env.vectorization,
         )
         return LeaseCreateOrder(
@@ -393,9 +395,18 @@ class LeaseRepliedEvent:
     workers: dict[int, str] = field(default_factory=dict)
 
 
-def open_request(env: EnvConfig, num_envs: int, timeout: float, learner: str) -> bytes:
-    """The first message of a Lease stream (LeaseRequest.open), serialized."""
+def open_request(
+    env: EnvConfig, num_envs: int, timeout: float, learner: str, pickled_factories: bytes = b""
+) -> bytes:
+    """The first message of a Lease stream (LeaseRequest.open), serialized.
+
+    ``pickled_factories``: the cloudpickled list of one env factory per env,
+    for a coordinator and workers that take pickles (``env`` then only
+    names them in messages).
+    """
     update = EnvUpdateMessage(env_id=env.id, kwargs_json=json.dumps(dict(env.kwargs)))
+    if pickled_factories:
+        update.pickled_env_factory = pickled_factories
     if env.max_episode_length is not None:
         update.max_episode_length = env.max_episode_length
     if env.vectorization is not None:

@@ -32,6 +32,7 @@ from rlfleet.protocol.join import (
 from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.security import PICKLE_CAPABILITY, PickleGate
+from rlfleet.security.pickle import embedded_child
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._flush import FlushPolicy
 from rlfleet.worker._join_messages import (
@@ -86,10 +87,12 @@ class Session:
         self._inbox = stream.inbox
         self._welcome = welcome
         self.name = welcome.name or config.name
-        # Pickles only when both sides opted in: this worker's flag and the
-        # coordinator's grant in Welcome.
+        # Pickles only when both sides opted in (this worker's flag and the
+        # coordinator's grant in Welcome), or from the parent of an embedded fleet.
         self._pickle = PickleGate(
-            config.allow_pickle and PICKLE_CAPABILITY in welcome.capabilities, "worker"
+            (config.allow_pickle and PICKLE_CAPABILITY in welcome.capabilities)
+            or embedded_child(config.coordinator),
+            "worker",
         )
         self.end_reason = ""
         self._vec = VecWorker(
@@ -112,6 +115,7 @@ class Session:
             welcome,
             name=self.name,
             imports=config.imports,
+            pickle=self._pickle,
             coordinator=config.coordinator,
             tls=config.security.tls,
             lease_slots=config.lease_slots,

@@ -41,6 +41,7 @@ from rlfleet.protocol.join import WorkerHello, WorkerWelcome
 from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY
 from rlfleet.security import ClientSecurity, PickleGate
 from rlfleet.security.pickle import check_prerequisites as check_pickle_prerequisites
+from rlfleet.security.pickle import embedded_child
 from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
 from rlfleet.transport import rpc as _rpc
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
@@ -401,7 +402,9 @@ class RemoteWorker:
                     *CAPABILITIES,
                     _rpc.TAKEOVER_CAPABILITY,
                     *([_rpc.LEASE_CAPABILITY] if config.lease_slots != 0 else []),
-                    *PickleGate(config.allow_pickle).capabilities,
+                    *PickleGate(
+                        config.allow_pickle or embedded_child(config.coordinator)
+                    ).capabilities,
                 ),
                 num_envs=config.envs,
                 lease_slots=config.lease_slots or 0,

@@ -107,6 +107,8 @@ class LeaseStream:
         data_in_process: The coordinator's in-process attach, when it runs
             in this process (``Fleet.local``): it takes the serialized
             LeaseDataHello and returns the data channel's in-memory link.
+        pickled_factories: One cloudpickled env factory per env, sent in
+            LeaseOpen.env for a fleet that takes pickles (b"": none).
 
     Raises:
         NoWorkersError, UnavailableError, ResourceExhaustedError, ConfigError,
@@ -128,6 +130,7 @@ class LeaseStream:
         tls: ClientTLS | None = None,
         max_message_bytes: int = _rpc.DEFAULT_MAX_MESSAGE_BYTES,
         data_in_process: Callable[[bytes], DataLink] | None = None,
+        pickled_factories: bytes = b"",
     ) -> None:
         self.num_envs = num_envs
         self.prefetch_resets = prefetch_resets
@@ -150,7 +153,7 @@ class LeaseStream:
         # under self._lock so that a waiter never misses the reader's end.
         self._read_lock = threading.Lock()
         self._closing = False
-        self._requests.put(open_request(env, num_envs, open_timeout, learner))
+        self._requests.put(open_request(env, num_envs, open_timeout, learner, pickled_factories))
         # Bytes both ways: rlfleet.wire.leases serializes and parses.
         lease = channel.stream_stream(
             _rpc.LEASE, request_serializer=None, response_deserializer=None

@@ -1,9 +1,10 @@
 """RemoteVectorEnv: tianshou's vector env with its envs on fleet workers.
 
-The counterpart of tianshou's ``RayVectorEnv``, without Ray and without
-pickle: the envs are leased on the fleet's workers (step-level env leases,
-protos/rlfleet/v1/leases.proto) and stepped over one stream through the
-coordinator, so workers need no inbound port. The learner keeps the policy:
+The counterpart of tianshou's ``RayVectorEnv``, without Ray and, unless the
+fleet takes code, without pickle: the envs are leased on the fleet's
+workers (step-level env leases, protos/rlfleet/v1/leases.proto) and
+stepped over one stream through the coordinator, so workers need no
+inbound port. The learner keeps the policy:
 this is central inference (SEED RL), envs on many machines and one batched
 policy on the learner's device.
 
@@ -15,11 +16,13 @@ from the base class; this module only sends commands over a
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import os
 import socket
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias, cast
 
 import grpc
 
@@ -28,13 +31,21 @@ from rlfleet.client.leases.lease_stream import LeaseEnvFailure, LeaseStream
 from rlfleet.client.sampler import RemoteSampler
 from rlfleet.core import EnvSpec
 from rlfleet.envs import BaseVectorEnv, EnvConfig
-from rlfleet.envs._base import GET_ATTR, RESET, FailedCall, Seeds
+from rlfleet.envs.batching import Seeds
+from rlfleet.envs.commands import GET_ATTR, RESET, EnvFactory, FailedCall, check_env_fns
 from rlfleet.errors import ConfigError
 from rlfleet.security import ClientSecurity, Token
+from rlfleet.security.pickle import dumps as pickle_dumps
 from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.lease_channel import coordinator_host
 
 logger = logging.getLogger("rlfleet.client")
+
+FleetLike: TypeAlias = str | RemoteSampler | Fleet
+#: The env id a lease of pickled factories names them by in messages.
+_PICKLED_ENV_ID = "rlfleet/pickled-factories"
+#: Most workers an embedded fleet of RemoteVectorEnv(env_fns) starts.
+_MAX_OWN_WORKERS = 8
 
 #: Attributes answered from the lease's EnvSpec, without a round trip.
 _LOCAL_ATTRIBUTES = ("observation_space", "action_space")
@@ -52,13 +63,30 @@ class RemoteVectorEnv(BaseVectorEnv):
     reset like after any end of episode. With no worker left to host them,
     calls fail with :class:`~rlfleet.errors.NoWorkersError`.
 
+    **tianshou's form**, ``RemoteVectorEnv(env_fns, wait_num=..., on=...)``
+    as ``RayVectorEnv(env_fns, ...)``: one env per factory. Factories that
+    are all the same :class:`~rlfleet.envs.EnvConfig` lease that env id, on
+    any fleet. Any other factories (lambdas, classes, differing configs)
+    are code, and travel only where the fleet takes code: always to an
+    embedded fleet's own workers (``on=Fleet.local(...)``, or no ``on``: a
+    fleet of its own is started, and closed with this vector env), over the
+    network only to a coordinator and workers both started with
+    ``--allow-pickle`` (which needs TLS and tokens). Elsewhere the lease is
+    refused with :class:`~rlfleet.errors.PermissionDeniedError` saying how
+    to register the env on the workers (``--import``).
+
     Args:
         fleet: Where to lease: a coordinator's ``HOST:PORT``, a
             :class:`~rlfleet.client.RemoteSampler` (its address and
-            credentials), or a :class:`~rlfleet.client.Fleet` (``Fleet.local``).
+            credentials), or a :class:`~rlfleet.client.Fleet` (``Fleet.local``);
+            None starts an embedded fleet of its own (``Fleet.local``, up to 8
+            workers, closed with this vector env); or tianshou's ``env_fns``
+            (then ``env`` and ``num_envs`` are not given, and ``on`` says where).
         env: The env: a gymnasium id or an EnvConfig (registered on the
             workers; custom envs via the workers' ``--import``).
         num_envs: How many envs to lease.
+        on: With ``env_fns``, where to lease (as ``fleet``); None starts an
+            embedded fleet of its own (``Fleet.local``, up to 8 workers).
         seed: Seeds of the envs' first reset, as :meth:`seed` takes them
             (None, an int ``s`` for ``s + i``, or one per env); they travel
             with that reset (``LeaseCall.seeds``).
@@ -93,10 +121,11 @@ class RemoteVectorEnv(BaseVectorEnv):
 
     def __init__(
         self,
-        fleet: str | RemoteSampler | Fleet,
-        env: str | EnvConfig,
-        num_envs: int,
+        fleet: FleetLike | Sequence[EnvFactory] | None,
+        env: str | EnvConfig | None = None,
+        num_envs: int | None = None,
         *,
+        on: FleetLike | None = None,
         seed: Seeds = None,
         wait_num: int | None = None,
         timeout: float | None = None,
@@ -107,14 +136,93 @@ class RemoteVectorEnv(BaseVectorEnv):
         token: str | Token | None = None,
         tls_ca: str | None = None,
     ) -> None:
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-            raise ConfigError(f"RemoteVectorEnv num_envs must be an int >= 1, got {num_envs!r}")
         for name, value in (("call_timeout", call_timeout), ("open_timeout", open_timeout)):
             if not value > 0:
                 raise ConfigError(f"RemoteVectorEnv {name} must be > 0 seconds, got {value!r}")
+        own_fleet: Fleet | None = None
+        pickled = b""
+        where = cast("FleetLike | None", fleet)
+        if _is_env_fns(fleet):
+            if env is not None or num_envs is not None:
+                raise ConfigError(
+                    "RemoteVectorEnv(env_fns) leases one env per factory: give no env or "
+                    "num_envs, and say where with on=... (None: a fleet of its own)"
+                )
+            factories = check_env_fns(fleet)  # type: ignore[arg-type]
+            num_envs = len(factories)
+            env, pickled = _lease_source(factories)
+            where = on
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+            raise ConfigError(f"RemoteVectorEnv num_envs must be an int >= 1, got {num_envs!r}")
         config = EnvConfig(env) if isinstance(env, str) else env
         if not isinstance(config, EnvConfig):
             raise ConfigError(f"env must be a gymnasium id or an EnvConfig, got {env!r}")
+        if where is None:
+            where = own_fleet = _own_fleet(num_envs, open_timeout)
+        local_factories = None
+        if pickled and isinstance(where, Fleet):
+            # Its coordinator runs in this process: the factories reach it in
+            # memory, and it builds the envs on its own children only.
+            local_factories = where.server.coordinator.leases
+            config = EnvConfig(local_factories.register_local_factories(pickled))
+            pickled = b""
+        try:
+            self._open(
+                where,
+                config=config,
+                num_envs=num_envs,
+                pickled=pickled,
+                call_timeout=call_timeout,
+                open_timeout=open_timeout,
+                prefetch_resets=prefetch_resets,
+                learner=learner,
+                token=token,
+                tls_ca=tls_ca,
+            )
+        except BaseException:
+            if local_factories is not None:
+                local_factories.forget_local_factories(config.id)
+            if own_fleet is not None:
+                own_fleet.close()
+            raise
+        # The lease keeps what it was built from; the envs are rebuilt from
+        # the coordinator's copy if a worker dies.
+        #: The embedded fleet this vector env started for itself (None if it was given one).
+        self.own_fleet = own_fleet
+        forget = None
+        if local_factories is not None:
+            forget = functools.partial(local_factories.forget_local_factories, config.id)
+        release = _Release(self._stream, self._channel, own_fleet, forget)
+        try:
+            super().__init__(num_envs, release, wait_num=wait_num, timeout=timeout)
+        except BaseException:
+            release()
+            raise
+        if seed is not None:
+            self._seed_next_reset(seed)
+        logger.info(
+            "leased %d envs of %s (lease %d) on %s",
+            num_envs,
+            config.id,
+            self._stream.lease_id,
+            sorted(set(self._stream.env_workers)),
+        )
+
+    def _open(
+        self,
+        fleet: FleetLike,
+        *,
+        config: EnvConfig,
+        num_envs: int,
+        pickled: bytes,
+        call_timeout: float,
+        open_timeout: float,
+        prefetch_resets: bool,
+        learner: str | None,
+        token: str | Token | None,
+        tls_ca: str | None,
+    ) -> None:
+        """Opens the lease (sets ``_stream``, ``_channel``, ``env_config``)."""
         in_process = None
         if isinstance(fleet, Fleet):
             # Its coordinator runs in this process: the lease's frames need no socket.
@@ -146,24 +254,16 @@ class RemoteVectorEnv(BaseVectorEnv):
                 tls=security.tls,
                 max_message_bytes=max_message_bytes,
                 data_in_process=in_process,
+                pickled_factories=pickled,
             )
         except BaseException:
             channel.close()
             raise
         self._stream = stream
+        self._channel = channel
         self.env_config = config
         # Answers of attribute reads served from the EnvSpec, until received.
         self._local: dict[int, Any] = {}
-        super().__init__(num_envs, _Release(stream, channel), wait_num=wait_num, timeout=timeout)
-        if seed is not None:
-            self.seed(seed)
-        logger.info(
-            "leased %d envs of %s (lease %d) on %s",
-            num_envs,
-            config.id,
-            stream.lease_id,
-            sorted(set(stream.env_workers)),
-        )
 
     @property
     def env_spec(self) -> EnvSpec:
@@ -177,6 +277,11 @@ class RemoteVectorEnv(BaseVectorEnv):
         its new host from the answer that reports the loss (info
         ``rlfleet_env_lost``)."""
         return list(self._stream.env_workers)
+
+    def _seed_envs(self, ids: list[int], seeds: list[int | None]) -> list[Any]:
+        """seed(): leased envs are gymnasium envs, seeded by a reset (tianshou's way)."""
+        self._call(ids, RESET, [{"seed": seed} for seed in seeds])
+        return [[seed] for seed in seeds]
 
     def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
         if command == GET_ATTR and args and args[0] in _LOCAL_ATTRIBUTES:
@@ -214,12 +319,49 @@ class RemoteVectorEnv(BaseVectorEnv):
         return ready
 
 
-class _Release:
-    """Closes the lease and its channel (holds no reference to the vector env)."""
+def _is_env_fns(value: object) -> bool:
+    """Whether the first argument is tianshou's ``env_fns`` (a list of callables)."""
+    return (
+        isinstance(value, Sequence)
+        and not isinstance(value, str | bytes)
+        and len(value) > 0
+        and all(callable(item) for item in value)
+    )
 
-    def __init__(self, stream: LeaseStream, channel: grpc.Channel) -> None:
+
+def _lease_source(factories: list[EnvFactory]) -> tuple[EnvConfig, bytes]:
+    """What to lease for ``factories``: one shared EnvConfig, or their pickles."""
+    first = factories[0]
+    if isinstance(first, EnvConfig) and all(f == first for f in factories):
+        return first, b""
+    return EnvConfig(_PICKLED_ENV_ID), pickle_dumps(factories, "RemoteVectorEnv env_fns")
+
+
+def _own_fleet(num_envs: int, join_timeout: float) -> Fleet:
+    """The embedded fleet a RemoteVectorEnv(env_fns) without ``on`` starts for itself."""
+    workers = max(1, min(num_envs, os.cpu_count() or 1, _MAX_OWN_WORKERS))
+    return Fleet.local(
+        workers=workers,
+        envs_per_worker=math.ceil(num_envs / workers),
+        join_timeout=join_timeout,
+        authenticate=True,
+    )
+
+
+class _Release:
+    """Closes the lease, its channel and an own fleet (holds no reference to the vector env)."""
+
+    def __init__(
+        self,
+        stream: LeaseStream,
+        channel: grpc.Channel,
+        fleet: Fleet | None,
+        forget: Callable[[], None] | None,
+    ) -> None:
         self._stream = stream
         self._channel = channel
+        self._fleet = fleet
+        self._forget = forget
 
     def __call__(self) -> list[BaseException]:
         errors: list[BaseException] = []
@@ -228,4 +370,8 @@ class _Release:
         except Exception as exc:  # the channel must close even so
             errors.append(exc)
         self._channel.close()
+        if self._forget is not None:
+            self._forget()
+        if self._fleet is not None:
+            self._fleet.close()
         return errors

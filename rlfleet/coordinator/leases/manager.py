@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
 from rlfleet.errors import ConfigError, ProtocolError
 from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY, can_run_env, is_multi_agent_env
+from rlfleet.security.pickle import PICKLE_CAPABILITY
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire.leases import LeaseCallOrder
 
@@ -150,6 +152,29 @@ class LeaseManager:
         self._leases: dict[int, Lease] = {}
         self._ids = itertools.count(1)
         self._forgeries = LogLimiter()
+        # Pickled env factories registered by this process (an embedded
+        # fleet's learner), by the env id its leases name them with.
+        self._local_factories: dict[str, bytes] = {}
+
+    def register_local_factories(self, data: bytes) -> str:
+        """Keeps pickled env factories given in memory by this process; returns their env id.
+
+        The embedded fleet's learner (``RemoteVectorEnv(env_fns, on=fleet)``)
+        registers its factories here, never over the network, then leases
+        the returned id: the lease's envs are built from them on workers
+        that take pickles (an embedded fleet's own children do). The id is
+        random, so no other client can name it. :meth:`forget_local_factories`
+        drops them.
+        """
+        env_id = f"rlfleet-local-factories/{secrets.token_hex(16)}"
+        with self._state.lock:
+            self._local_factories[env_id] = data
+        return env_id
+
+    def forget_local_factories(self, env_id: str) -> None:
+        """Drops factories of :meth:`register_local_factories` (their leases keep theirs)."""
+        with self._state.lock:
+            self._local_factories.pop(env_id, None)
 
     # --- opening ----------------------------------------------------------------
 
@@ -176,8 +201,13 @@ class LeaseManager:
                 "lease fewer or start the coordinator with a larger --max-envs-per-lease",
             )
         env = request.env
-        env.check()  # raises INVALID_ARGUMENT naming the field
         state = self._state
+        with state.lock:
+            local = self._local_factories.get(env.env_id)
+        if local is not None and not env.pickled:
+            env = env.with_factories(local)
+        else:
+            env.check(state.config.security.pickle)  # raises naming the field
         timeout = request.timeout or state.config.wait_for_workers_seconds
         deadline = time.monotonic() + timeout
         with state.lock:
@@ -193,7 +223,7 @@ class LeaseManager:
             lease = Lease(next(self._ids), env, [0] * count, learner)
             self._leases[lease.lease_id] = lease
             try:
-                placement = self._wait_for_slots(env.env_id, count, deadline, cancelled, timeout)
+                placement = self._wait_for_slots(env, count, deadline, cancelled, timeout)
                 self._create(lease, list(range(count)), placement, replaces_lost=False)
                 while lease.creating and lease.failure is None:
                     remaining = deadline - time.monotonic()
@@ -234,32 +264,42 @@ class LeaseManager:
 
     def _wait_for_slots(
         self,
-        env_id: str,
+        env: LeasedEnvSpec,
         count: int,
         deadline: float,
         cancelled: Callable[[], bool],
         timeout: float,
     ) -> list[int]:
-        """Waits (lock held) until workers that may run ``env_id`` have ``count`` free slots."""
+        """Waits (lock held) until workers that may run ``env`` have ``count`` free slots."""
         state = self._state
+        env_id, pickled = env.env_id, env.pickled
         while True:
             if state.draining:
                 raise CallError(
                     grpc.StatusCode.UNAVAILABLE, "the coordinator is draining; lease elsewhere"
                 )
-            placement = self._place(env_id, count)
+            placement = self._place(env_id, count, pickled)
             if placement is not None:
                 return placement
             if cancelled():
                 raise CallError(grpc.StatusCode.CANCELLED, "the learner ended the call")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise self._no_slots(env_id, count, timeout)
+                raise self._no_slots(env_id, count, timeout, pickled)
             state.changed.wait(remaining)
 
-    def _no_slots(self, env_id: str, count: int, timeout: float) -> CallError:
-        hosts = self._hosts(env_id)
+    def _no_slots(self, env_id: str, count: int, timeout: float, pickled: bool) -> CallError:
+        hosts = self._hosts(env_id, pickled)
         free = sum(self._free(handle) for handle in hosts)
+        if pickled:
+            unable = len(self._hosts()) - len(hosts)
+            return no_workers(
+                f"{count} envs from pickled factories could not be leased within {timeout:g} "
+                f"seconds: {len(hosts)} workers take pickles (capability {PICKLE_CAPABILITY!r}: "
+                f"started with --allow-pickle, or an embedded fleet's own) with {free} free "
+                f"slots; {unable} more host leases but take no pickles. Register the env on "
+                "the workers instead (rlfleet worker --import mypkg.envs) and lease its id"
+            )
         if is_multi_agent_env(env_id):
             unable = len(self._hosts()) - len(hosts)
             message = (
@@ -280,8 +320,9 @@ class LeaseManager:
         )
         return no_workers(message)
 
-    def _hosts(self, env_id: str | None = None) -> list[WorkerHandle]:
-        """The workers that host leases and may run ``env_id`` (None: any env; lock held)."""
+    def _hosts(self, env_id: str | None = None, pickled: bool = False) -> list[WorkerHandle]:
+        """The workers that host leases and may run ``env_id`` (None: any env; lock held),
+        taking pickles if its factories are ``pickled``."""
         return [
             handle
             for handle in self._state.registry
@@ -289,6 +330,7 @@ class LeaseManager:
             and not handle.leaving
             and _rpc.LEASE_CAPABILITY in handle.hello.capabilities
             and (env_id is None or can_run_env(env_id, handle.hello.capabilities))
+            and (not pickled or PICKLE_CAPABILITY in handle.hello.capabilities)
         ]
 
     def _leased_on(self, worker_id: int) -> int:
@@ -300,10 +342,10 @@ class LeaseManager:
         slots = handle.hello.lease_slots or handle.num_envs
         return max(slots - self._leased_on(handle.worker_id), 0)
 
-    def _place(self, env_id: str, count: int) -> list[int] | None:
+    def _place(self, env_id: str, count: int, pickled: bool = False) -> list[int] | None:
         """Worker ids for ``count`` envs of ``env_id``, most free slots first; None if they
         do not fit (a multi-agent env goes only to workers with the capability)."""
-        free = {handle.worker_id: self._free(handle) for handle in self._hosts(env_id)}
+        free = {handle.worker_id: self._free(handle) for handle in self._hosts(env_id, pickled)}
         placement = []
         for _ in range(count):
             best = max(free, key=lambda w: (free[w], -w), default=None)
@@ -503,7 +545,7 @@ class LeaseManager:
                 for env_id in lost:
                     lease.hosts[env_id] = 0
                 lease.creating.pop(handle.worker_id, None)
-                placement = self._place(lease.env.env_id, len(lost))
+                placement = self._place(lease.env.env_id, len(lost), lease.env.pickled)
                 if placement is None:
                     message = (
                         f"worker {handle.name!r} died hosting envs {lost} of lease "

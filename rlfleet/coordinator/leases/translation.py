@@ -28,9 +28,10 @@ from typing import TypeVar
 import grpc
 from google.protobuf.message import DecodeError
 
-from rlfleet.coordinator.failures import CallError, detail_of, invalid
+from rlfleet.coordinator.failures import CallError, detail_of
 from rlfleet.coordinator.updates import check_env_update
-from rlfleet.errors import WireFormatError
+from rlfleet.errors import PermissionDeniedError, WireFormatError
+from rlfleet.security.pickle import PickleGate
 from rlfleet.v1 import leases_pb2, tensor_pb2, updates_pb2, worker_pb2
 from rlfleet.v1.updates_pb2 import EnvUpdate as EnvUpdateMessage
 from rlfleet.wire import decode_env_update, encode_tensor_into
@@ -59,15 +60,41 @@ class LeasedEnvSpec:
     env_id: str
     update: EnvUpdateMessage
 
-    def check(self) -> None:
+    @property
+    def pickled(self) -> bool:
+        """Whether the envs come from pickled factories (one per env), not an env id."""
+        return bool(self.update.pickled_env_factory)
+
+    def check(self, pickle: PickleGate) -> None:
         """Refuses envs a lease may not build.
 
+        Args:
+            pickle: This coordinator's pickle gate: pickled factories from
+                the network only with ``--allow-pickle``.
+
         Raises:
-            CallError: INVALID_ARGUMENT naming the field.
+            CallError: INVALID_ARGUMENT naming the field, PERMISSION_DENIED
+                for pickled factories this coordinator does not take.
         """
-        if self.update.pickled_env_factory:
-            raise invalid("leased envs are built from an env id, never a pickled factory")
+        if self.pickled:
+            field = "LeaseOpen.env.pickled_env_factory"
+            try:
+                pickle.check(field)
+            except PermissionDeniedError as exc:
+                raise CallError(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"{exc}. Register the env on the workers instead (rlfleet worker --import "
+                    "mypkg.envs, which calls gymnasium.register) and lease it by its id",
+                ) from None
+            return
         check_env_update(decode_env_update(self.update))
+
+    def with_factories(self, data: bytes) -> LeasedEnvSpec:
+        """This spec with pickled factories registered in this process (an embedded fleet)."""
+        update = updates_pb2.EnvUpdate()
+        update.CopyFrom(self.update)
+        update.pickled_env_factory = data
+        return LeasedEnvSpec(self.env_id, update)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from typing import Any
 
 from rlfleet.envs.config import env_spec_of, make_env
 from rlfleet.errors import ConfigError
+from rlfleet.security.pickle import PickleGate
 from rlfleet.wire.leases import (
     LeaseAnswer,
     LeaseAnswers,
@@ -42,11 +43,13 @@ from rlfleet.wire.leases import (
 )
 from rlfleet.worker.leases.leased_env import (
     LeasedEnv,
+    build_from_factory,
     call_args,
     check_actions,
     check_spaces,
     close_quietly,
     lease_config,
+    lease_factories,
     run_env,
 )
 
@@ -112,9 +115,16 @@ class LeaseHost:
             one calling :meth:`submit`, the pool's): it must be thread-safe.
     """
 
-    def __init__(self, imports: tuple[str, ...], send: Callable[[LeaseReport], None]) -> None:
+    def __init__(
+        self,
+        imports: tuple[str, ...],
+        send: Callable[[LeaseReport], None],
+        pickle: PickleGate | None = None,
+    ) -> None:
         self._imports = imports
         self._send = send
+        # Whether this worker takes pickled env factories (see LeasedEnvSource.pickled).
+        self._pickle = PickleGate() if pickle is None else pickle
         self._envs: dict[tuple[int, int], LeasedEnv] = {}
         self._inbox: queue.SimpleQueue[LeaseOrder] = queue.SimpleQueue()
         # The pool: threads that take env ops from one queue and answer them
@@ -203,14 +213,22 @@ class LeaseHost:
         lease_id = create.lease_id
         built: list[LeasedEnv] = []
         try:
-            config = lease_config(create.env, self._imports)
-            for env_id in create.env_ids:
-                # No OrderEnforcing/PassiveEnvChecker: LeasedEnv.needs_reset
-                # and run_env's typed observations do their jobs.
-                env = make_env(config, worker_checked=True)
-                built.append(LeasedEnv(env, env_id, lost=create.replaces_lost))
-                check_spaces(env, config.id)
-            spec = env_spec_of(built[0].env, config.max_episode_length)
+            if create.env.pickled:
+                factories = lease_factories(create.env, self._pickle)
+                for env_id in create.env_ids:
+                    env = build_from_factory(factories, env_id)
+                    built.append(LeasedEnv(env, env_id, lost=create.replaces_lost))
+                    check_spaces(env, f"factory {env_id}")
+                spec = env_spec_of(built[0].env, None)
+            else:
+                config = lease_config(create.env, self._imports)
+                for env_id in create.env_ids:
+                    # No OrderEnforcing/PassiveEnvChecker: LeasedEnv.needs_reset
+                    # and run_env's typed observations do their jobs.
+                    env = make_env(config, worker_checked=True)
+                    built.append(LeasedEnv(env, env_id, lost=create.replaces_lost))
+                    check_spaces(env, config.id)
+                spec = env_spec_of(built[0].env, config.max_episode_length)
         except Exception as exc:
             for leased in built:
                 close_quietly(leased.env)

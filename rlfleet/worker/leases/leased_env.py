@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +20,17 @@ import numpy as np
 
 from rlfleet._util.values import json_object, json_value
 from rlfleet.envs import EnvConfig
-from rlfleet.envs._base import CALL, CLASS_NAMES, GET_ATTR, RENDER, SET_ATTR, run_command
+from rlfleet.envs.commands import (
+    CALL,
+    CLASS_NAMES,
+    GET_ATTR,
+    RENDER,
+    SET_ATTR,
+    make_checked,
+    run_command,
+)
 from rlfleet.errors import ConfigError, EnvError, InvalidValueError, PolicyError
+from rlfleet.security.pickle import PickleGate
 from rlfleet.wire.leases import LeaseAnswer, LeaseCallOrder, LeasedEnvSource
 
 logger = logging.getLogger("rlfleet.worker")
@@ -33,7 +42,7 @@ _ARRAY_SPACES = (
     gym.spaces.MultiDiscrete,
     gym.spaces.MultiBinary,
 )
-#: The vector-env command each op runs (rlfleet.envs._base.run_command).
+#: The vector-env command each op runs (rlfleet.envs.commands.run_command).
 COMMANDS: dict[str, str] = {
     "render": RENDER,
     "get_attr": GET_ATTR,
@@ -91,10 +100,33 @@ class LeasedEnv:
         self.step_seconds = min(max(elapsed, last / 2), 2 * last + _STEP_RISE_SECONDS)
 
 
+def lease_factories(update: LeasedEnvSource, pickle: PickleGate) -> list[Callable[[], Any]]:
+    """The env factories of a lease built from pickled factories, where this worker allows it.
+
+    Raises:
+        PermissionDeniedError: If this worker takes no pickles (docs/security.md).
+        ConfigError: If the bytes do not unpickle to a list of callables.
+    """
+    factories = pickle.loads(update.pickled, "LeaseCreate.env.pickled_env_factory", ConfigError)
+    if not isinstance(factories, list) or not all(callable(f) for f in factories):
+        raise ConfigError(
+            "LeaseCreate.env.pickled_env_factory must hold a list of env factories, got "
+            f"{type(factories).__name__}"
+        )
+    return factories
+
+
+def build_from_factory(factories: list[Callable[[], Any]], env_id: int) -> Any:
+    """Calls the factory of env ``env_id`` of a lease (its own, as tianshou's env_fns[i])."""
+    if env_id >= len(factories):
+        raise ConfigError(f"the lease has {len(factories)} env factories, none for env {env_id}")
+    return make_checked(factories[env_id])
+
+
 def lease_config(update: LeasedEnvSource, imports: tuple[str, ...]) -> EnvConfig:
     """The EnvConfig of a lease; refuses what must not come from the network."""
     if update.pickled:
-        raise ConfigError("leased envs are built from an env id, never from a pickled factory")
+        raise ConfigError("this lease's envs come from pickled factories, not from an env id")
     if ":" in update.env_id:
         raise ConfigError(
             f"env id {update.env_id!r} names a module to import, which this worker refuses "

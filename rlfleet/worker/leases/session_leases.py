@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 from rlfleet.protocol.join import WorkerWelcome
-from rlfleet.security import ClientTLS
+from rlfleet.security import ClientTLS, PickleGate
 from rlfleet.transport.lease_channel import coordinator_host
 from rlfleet.wire.leases import data_hello
 from rlfleet.worker._connection import JoinStream
@@ -37,6 +37,7 @@ class SessionLeases:
         welcome: The coordinator's Welcome (it names the data channel's port and ticket).
         name: The worker's name, in replies.
         imports: Modules leased envs may be imported from.
+        pickle: This worker's pickle gate: whether it takes pickled env factories.
         coordinator: The coordinator's address (its host serves the data channel).
         tls: TLS settings of the data connection.
         lease_slots: The worker's lease slots (0: it hosts no leases, no data connection).
@@ -52,6 +53,7 @@ class SessionLeases:
         *,
         name: str,
         imports: tuple[str, ...],
+        pickle: PickleGate,
         coordinator: str,
         tls: ClientTLS | None,
         lease_slots: int | None,
@@ -61,7 +63,7 @@ class SessionLeases:
     ) -> None:
         self._stream = stream
         self._leaving = leaving
-        self.host = LeaseHost(imports, lambda report: self.send(lease_reply(report, name)))
+        self.host = LeaseHost(imports, lambda report: self.send(lease_reply(report, name)), pickle)
         self._channel: WorkerLeaseChannel | None = None
         stream.lease_handler = self.submit
         if welcome.lease_data is not None and lease_slots != 0:
