@@ -26,6 +26,7 @@ from rlfleet.coordinator.leases.manager import Lease
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import (
     AuthenticationError,
+    ConfigError,
     EnvError,
     InvalidArgumentError,
     NoWorkersError,
@@ -207,6 +208,18 @@ def test_a_fully_leased_fleet_samples_once_slots_are_released(fleet: Fleet) -> N
             venv.close()
     sampler.join(60)
     assert events == ["released", "sampled"]
+
+
+@pytest.mark.parametrize(
+    ("num_envs", "message"),
+    [(0, "must be an int >= 1, got 0"), (2**32, "must be an int <= 4294967295, got 4294967296")],
+)
+def test_a_num_envs_the_protocol_cannot_carry_is_a_config_error(
+    fleet: Fleet, num_envs: int, message: str
+) -> None:
+    # 2**32 once reached protobuf and came back as its raw "Value out of range".
+    with pytest.raises(ConfigError, match=f"RemoteVectorEnv num_envs {message}"):
+        RemoteVectorEnv(fleet, "CartPole-v1", num_envs)
 
 
 def test_caps_and_capacity_give_clear_errors(fleet: Fleet) -> None:

@@ -26,6 +26,7 @@ from typing import Any, TypeAlias, cast
 
 import grpc
 
+from rlfleet._util.values import check_int
 from rlfleet.client.fleet import Fleet
 from rlfleet.client.leases.lease_stream import LeaseEnvFailure, LeaseStream
 from rlfleet.client.sampler import RemoteSampler
@@ -152,8 +153,8 @@ class RemoteVectorEnv(BaseVectorEnv):
             num_envs = len(factories)
             env, pickled = _lease_source(factories)
             where = on
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-            raise ConfigError(f"RemoteVectorEnv num_envs must be an int >= 1, got {num_envs!r}")
+        # LeaseOpen.num_envs is a uint32; the coordinator's --max-leased-envs caps it lower.
+        num_envs = check_int("RemoteVectorEnv num_envs", num_envs, maximum=2**32 - 1)
         config = EnvConfig(env) if isinstance(env, str) else env
         if not isinstance(config, EnvConfig):
             raise ConfigError(f"env must be a gymnasium id or an EnvConfig, got {env!r}")
