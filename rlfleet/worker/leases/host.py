@@ -126,6 +126,9 @@ class LeaseHost:
         # Whether this worker takes pickled env factories (see LeasedEnvSource.pickled).
         self._pickle = PickleGate() if pickle is None else pickle
         self._envs: dict[tuple[int, int], LeasedEnv] = {}
+        # Leases whose envs came from pickled factories: their answers may
+        # carry pickles (rlfleet.wire.lease_values).
+        self._pickle_leases: set[int] = set()
         self._inbox: queue.SimpleQueue[LeaseOrder] = queue.SimpleQueue()
         # The pool: threads that take env ops from one queue and answer them
         # (_PooledCall). Leaner than a ThreadPoolExecutor (no futures, no
@@ -212,14 +215,19 @@ class LeaseHost:
     def _create(self, create: LeaseCreateOrder) -> None:
         lease_id = create.lease_id
         built: list[LeasedEnv] = []
+        per_env = None
         try:
             if create.env.pickled:
                 factories = lease_factories(create.env, self._pickle)
                 for env_id in create.env_ids:
                     env = build_from_factory(factories, env_id)
+                    check_spaces(env, f"factory {env_id}", pickles=True)
                     built.append(LeasedEnv(env, env_id, lost=create.replaces_lost))
-                    check_spaces(env, f"factory {env_id}")
-                spec = env_spec_of(built[0].env, None)
+                # Each factory may build another env (tianshou's env_fns): one spec each.
+                specs = [env_spec_of(leased.env, None) for leased in built]
+                spec = specs[0]
+                if any(s != spec for s in specs):
+                    per_env = specs
             else:
                 config = lease_config(create.env, self._imports)
                 for env_id in create.env_ids:
@@ -239,8 +247,10 @@ class LeaseHost:
             if old is not None:
                 close_quietly(old.env)
             self._envs[(lease_id, leased.env_id)] = leased
+        if create.env.pickled:
+            self._pickle_leases.add(lease_id)
         try:
-            self._send(LeaseCreated(lease_id, create.env_ids, spec=spec))
+            self._send(LeaseCreated(lease_id, create.env_ids, spec=spec, specs=per_env))
         except Exception as exc:  # a spec that cannot travel: the lease fails, not hangs
             self._send(LeaseCreated(lease_id, create.env_ids, error=exc))
 
@@ -249,6 +259,8 @@ class LeaseHost:
         lease_id = release.lease_id
         for key in [k for k in self._envs if k[0] == lease_id and (not ids or k[1] in ids)]:
             close_quietly(self._envs.pop(key).env)
+        if not ids:
+            self._pickle_leases.discard(lease_id)
 
     def _call(self, call: LeaseCallOrder) -> None:
         lease_id = call.lease_id
@@ -322,7 +334,8 @@ class LeaseHost:
         if not ok:
             return
         try:
-            self._send(LeaseAnswers(call.lease_id, call.call_id, call.op, ok))
+            pickles = call.lease_id in self._pickle_leases
+            self._send(LeaseAnswers(call.lease_id, call.call_id, call.op, ok, pickles))
         except Exception as exc:  # e.g. an info value that cannot travel
             self._reply_error(call, [o.env_id for o in ok], exc)
 

@@ -31,6 +31,7 @@ from rlfleet.envs.commands import (
 )
 from rlfleet.errors import ConfigError, EnvError, InvalidValueError, PolicyError
 from rlfleet.security.pickle import PickleGate
+from rlfleet.wire.lease_values import PICKLES_HINT
 from rlfleet.wire.leases import LeaseAnswer, LeaseCallOrder, LeasedEnvSource
 
 logger = logging.getLogger("rlfleet.worker")
@@ -78,6 +79,10 @@ class LeasedEnv:
             without gymnasium's OrderEnforcing (``make_env(...,
             worker_checked=True)``), so this flag is the check, one
             attribute read per step instead of a wrapper layer.
+        typed: Its observations are arrays, typed to the space's dtype and
+            shape (Box, Discrete, MultiDiscrete, MultiBinary); the others
+            (an env of a lease of pickled factories) are sent as the env
+            returns them.
     """
 
     env: gym.Env
@@ -88,11 +93,13 @@ class LeasedEnv:
     space: gym.Space = field(init=False)
     obs_dtype: Any = field(init=False)
     obs_shape: tuple[int, ...] = field(init=False)
+    typed: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.space = self.env.observation_space
         self.obs_dtype = self.space.dtype
         self.obs_shape = tuple(self.space.shape or ())
+        self.typed = isinstance(self.space, _ARRAY_SPACES)
 
     def timed(self, elapsed: float) -> None:
         """Records a step that took ``elapsed`` seconds."""
@@ -142,15 +149,31 @@ def lease_config(update: LeasedEnvSource, imports: tuple[str, ...]) -> EnvConfig
     return EnvConfig(update.env_id, kwargs, update.max_episode_length, imports)
 
 
-def check_spaces(env: gym.Env, env_id: str) -> None:
-    for name in ("observation_space", "action_space"):
-        space = getattr(env, name)
-        if not isinstance(space, _ARRAY_SPACES):
-            raise ConfigError(
-                f"env {env_id!r}: leases carry Box, Discrete, MultiDiscrete and MultiBinary "
-                f"spaces; its {name} is a {type(space).__name__}. Flatten it with a "
-                "gymnasium wrapper (FlattenObservation) in a registered env"
-            )
+def check_spaces(env: gym.Env, env_id: str, *, pickles: bool = False) -> None:
+    """Refuses spaces a lease cannot carry.
+
+    Actions travel as one tensor per call, so action spaces are Box,
+    Discrete, MultiDiscrete or MultiBinary. So are observation spaces,
+    except on a lease of pickled factories (``pickles``), where any
+    observation travels pickled (rlfleet.wire.lease_values).
+
+    Raises:
+        ConfigError: Naming the space and what to do.
+    """
+    if not isinstance(env.action_space, _ARRAY_SPACES):
+        raise ConfigError(
+            f"env {env_id!r}: leased envs take actions of a Box, Discrete, MultiDiscrete or "
+            f"MultiBinary space; its action_space is a {type(env.action_space).__name__}. "
+            "Give the env a flat one (gymnasium.spaces.flatten_space) and unflatten its actions"
+        )
+    space = env.observation_space
+    if not pickles and not isinstance(space, _ARRAY_SPACES):
+        raise ConfigError(
+            f"env {env_id!r}: leases of env ids carry Box, Discrete, MultiDiscrete and "
+            f"MultiBinary observation spaces; its observation_space is a "
+            f"{type(space).__name__}. Flatten it with a gymnasium wrapper "
+            f"(FlattenObservation) in a registered env, {PICKLES_HINT}"
+        )
 
 
 def call_args(call: LeaseCallOrder) -> list[Any]:
@@ -264,9 +287,12 @@ def run_env(leased: LeasedEnv, op: str, arg: Any, prefetch: bool = False) -> Lea
     return outcome
 
 
-def _typed(leased: LeasedEnv, obs: Any) -> np.ndarray:
+def _typed(leased: LeasedEnv, obs: Any) -> Any:
     """The observation in its space's dtype, as gymnasium's vector envs batch it
-    (many envs return float64 arrays for a float32 Box)."""
+    (many envs return float64 arrays for a float32 Box); as the env returned it
+    where its space is not an array space (a lease of pickled factories)."""
+    if not leased.typed:
+        return obs
     array = np.asarray(obs, dtype=leased.obs_dtype)
     if array.shape != leased.obs_shape:
         raise InvalidValueError(
