@@ -15,7 +15,11 @@ call the learner waits for whole in one reply, sent by the thread that
 finishes its last env; otherwise (async stepping, ``wait_num``) each env
 as soon as it finishes, with those that finish meanwhile (see
 :class:`_PooledCall`). Fast envs (CartPole takes ~10 us) are stepped
-inline, where a pool's hand-offs would cost more than the steps.
+inline, where a pool's hand-offs would cost more than the steps. Resets
+are timed apart from steps (a simulator's reset may take seconds), and an
+env's first reset and first step run on the pool, their cost unknown: slow
+envs on one worker never wait for each other, as tianshou's one process per
+env would not.
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ from rlfleet.worker.leases.leased_env import (
 
 logger = logging.getLogger("rlfleet.worker")
 
-#: Step seconds (see LeasedEnv.step_seconds) above which an env is stepped on the pool.
+#: Step (reset) seconds (see LeasedEnv.step_seconds) above which an env's
+#: steps (resets) run on the pool.
 POOL_STEP_SECONDS = 2e-4
 #: Pool threads: enough for every leased env of a big worker to wait at once.
 POOL_THREADS = 64
@@ -273,7 +278,7 @@ class LeaseHost:
         args = call_args(call)
         if call.op == "step" and envs and call.actions is not None:
             check_actions(call.actions, envs[0].env.action_space, lease_id)
-        pooled = len(envs) > 1 and any(e.step_seconds > POOL_STEP_SECONDS for e in envs)
+        pooled = len(envs) > 1 and any(e.slow(call.op, POOL_STEP_SECONDS) for e in envs)
         if not pooled:
             prefetch = call.prefetch_reset
             outcomes = [run_env(e, call.op, a, prefetch) for e, a in zip(envs, args, strict=True)]

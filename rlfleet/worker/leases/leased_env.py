@@ -66,13 +66,20 @@ class LeasedEnv:
 
     Attributes:
         step_seconds: How long its steps take, robust to the odd outlier:
-            each step moves it towards the step's seconds, but at most
-            x2 + 10 us up and /2 down. An env that waits 1 ms per step
-            reaches 0.2 ms (the pool's threshold) after 5 steps and stays
-            there through a quick step or two, while a 10 us env whose
-            thread the OS held back for a few ms once stays under it (a
-            moving average took such envs to the pool on a loaded machine,
-            where the pool's hand-offs cost more than their steps).
+            the first step sets it; each later one moves it towards the
+            step's seconds, but at most x2 + 10 us up and /2 down. An env
+            that waits 1 ms per step reaches 0.2 ms (the pool's threshold)
+            at once and stays there through a quick step or two, while a
+            10 us env whose thread the OS held back for a few ms once drops
+            under it within a few steps (a moving average took such envs to
+            the pool on a loaded machine, where the pool's hand-offs cost
+            more than their steps).
+        reset_seconds: The same for its resets, which may take far longer
+            than its steps (a simulator loading a scene).
+        steps_timed: A step was timed (until then its calls run on the
+            pool, so that slow envs never wait for each other on their
+            first step).
+        resets_timed: A reset was timed (likewise).
         space: Its observation space, read once (through every wrapper
             layer that is a property chain).
         needs_reset: Not reset yet: a step is refused. The env is built
@@ -89,6 +96,9 @@ class LeasedEnv:
     env_id: int
     lost: bool = False
     step_seconds: float = 0.0
+    reset_seconds: float = 0.0
+    steps_timed: bool = False
+    resets_timed: bool = False
     needs_reset: bool = True
     space: gym.Space = field(init=False)
     obs_dtype: Any = field(init=False)
@@ -103,8 +113,29 @@ class LeasedEnv:
 
     def timed(self, elapsed: float) -> None:
         """Records a step that took ``elapsed`` seconds."""
-        last = self.step_seconds
-        self.step_seconds = min(max(elapsed, last / 2), 2 * last + _STEP_RISE_SECONDS)
+        self.step_seconds = _estimate(self.step_seconds, elapsed, self.steps_timed)
+        self.steps_timed = True
+
+    def reset_timed(self, elapsed: float) -> None:
+        """Records a reset that took ``elapsed`` seconds."""
+        self.reset_seconds = _estimate(self.reset_seconds, elapsed, self.resets_timed)
+        self.resets_timed = True
+
+    def slow(self, op: str, threshold: float) -> bool:
+        """Whether ``op`` on this env should run on the pool: its estimate is
+        above ``threshold`` seconds, or a step or reset was never timed."""
+        if op == "reset":
+            return not self.resets_timed or self.reset_seconds > threshold
+        if op == "step":
+            return not self.steps_timed or self.step_seconds > threshold
+        return self.step_seconds > threshold
+
+
+def _estimate(last: float, elapsed: float, timed_before: bool) -> float:
+    """The new estimate of an op's seconds (see LeasedEnv.step_seconds)."""
+    if not timed_before:
+        return elapsed
+    return min(max(elapsed, last / 2), 2 * last + _STEP_RISE_SECONDS)
 
 
 def lease_factories(update: LeasedEnvSource, pickle: PickleGate) -> list[Callable[[], Any]]:
@@ -265,6 +296,7 @@ def run_env(leased: LeasedEnv, op: str, arg: Any, prefetch: bool = False) -> Lea
         elif op == "reset":
             seed, options = arg
             obs, info = env.reset(seed=seed, options=options)
+            leased.reset_timed(time.perf_counter() - started)
             leased.needs_reset = False
             outcome = LeaseAnswer(leased.env_id, _typed(leased, obs), info=_lost_info(leased, info))
         else:
