@@ -90,8 +90,8 @@ class Lease:
         held: Replies (serialized, named) of whole-reply calls not fully
             answered yet, by call id.
         spec: The envs' serialized EnvSpec, from the first CREATE reply.
-        env_specs: Each env's serialized EnvSpec, by env id, where a CREATE
-            reply gave one per env (envs from different factories).
+        env_specs: Each env's serialized EnvSpec, by env id (a CREATE reply
+            of envs that differ gives one per env, any other one for all).
         failure: Why the lease ended, if it did.
         closed: Released: replies are ignored.
         data: The lease's data connection, once the learner attached it
@@ -543,8 +543,9 @@ class LeaseManager:
         else:
             if lease.spec is None:
                 lease.spec = reply.spec
-            if reply.specs:
-                lease.env_specs.update(zip(reply.env_ids, reply.specs, strict=True))
+            # Per env: workers that built differing envs send one spec each.
+            specs = reply.specs or [reply.spec] * len(reply.env_ids)
+            lease.env_specs.update(zip(reply.env_ids, specs, strict=True))
         self._state.changed.notify_all()
 
     # --- losses and release ---------------------------------------------------------
