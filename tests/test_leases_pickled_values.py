@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import cloudpickle
@@ -112,12 +113,12 @@ def _assert_same(got: Any, want: Any) -> None:
         np.testing.assert_array_equal(got, want)
 
 
-def _both(env_fns: list[Callable[[], Any]], fleet: Fleet) -> tuple[DummyVectorEnv, Any]:
+def _both(env_fns: list[Callable[[], Any]], fleet: Fleet) -> tuple[DummyVectorEnv, RemoteVectorEnv]:
     return DummyVectorEnv(env_fns), RemoteVectorEnv(env_fns, on=fleet)
 
 
 def test_objects_in_infos_attributes_and_return_values_travel_pickled(fleet: Fleet) -> None:
-    local, remote = _both([lambda s=s: Walker(s) for s in (3, 4)], fleet)
+    local, remote = _both([partial(Walker, s) for s in (3, 4)], fleet)
     with local, remote:
         (local_obs, _), (obs, infos) = local.reset(seed=5), remote.reset(seed=5)
         assert [type(i["env"]).__name__ for i in infos] == ["Walker", "Walker"]
@@ -137,7 +138,7 @@ def test_objects_in_infos_attributes_and_return_values_travel_pickled(fleet: Fle
 
 
 def test_dict_observations_come_back_as_the_envs_give_them(fleet: Fleet) -> None:
-    local, remote = _both([lambda s=s: Walker(s, nested=True) for s in (2, 3)], fleet)
+    local, remote = _both([partial(Walker, s, nested=True) for s in (2, 3)], fleet)
     with local, remote:
         assert remote.observation_space == local.observation_space
         assert isinstance(remote.observation_space[0], gym.spaces.Dict)
