@@ -94,6 +94,50 @@ def test_blocking_envs_are_stepped_concurrently_and_each_answers() -> None:
         host.shutdown()
 
 
+MEETING_ID = "rlfleet-tests/Meeting-v0"
+_meeting = threading.Barrier(3, timeout=10)
+
+
+class MeetingEnv(CounterEnv):
+    """A Counter whose first reset and first step wait for two other envs at
+    a barrier: a simulator whose cost the host has not seen yet."""
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        if not self.total_steps:
+            _meeting.wait()
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if not self.total_steps:
+            _meeting.wait()
+        return super().step(action)
+
+
+gym.register(MEETING_ID, entry_point=f"{__name__}:MeetingEnv", kwargs={"length": 1000})
+
+
+def test_first_resets_and_steps_run_concurrently() -> None:
+    """Until the host has timed an env's reset and step, they run on its pool:
+    slow envs on one worker never wait for each other (tianshou's process
+    per env would not), even on the first call."""
+    out: queue.SimpleQueue[worker_pb2.WorkerMessage] = queue.SimpleQueue()
+    host = LeaseHost((), lambda report: out.put(lease_report_message(report, "w")))
+    try:
+        env = updates_pb2.EnvUpdate(env_id=MEETING_ID, kwargs_json="{}")
+        host.submit(_command(1, create=leases_pb2.LeaseCreate(env=env, env_ids=range(3))))
+        _answers(out, 3)
+        host.submit(_command(1, call=leases_pb2.LeaseCall(call_id=1, op=2, env_ids=range(3))))
+        _answers(out, 3)  # raises on an error reply: a broken barrier
+        step = leases_pb2.LeaseCall(
+            call_id=2, op=3, env_ids=range(3), actions=encode_tensor(np.zeros(3, np.int64))
+        )
+        host.submit(_command(1, call=step))
+        _answers(out, 3)
+        assert not _meeting.broken
+    finally:
+        host.shutdown()
+
+
 GATED_ID = "rlfleet-tests/Gated-v0"
 _gate = threading.Event()
 _gated: list[GatedEnv] = []
