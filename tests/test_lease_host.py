@@ -138,6 +138,53 @@ def test_first_resets_and_steps_run_concurrently() -> None:
         host.shutdown()
 
 
+PAIR_ID = "rlfleet-tests/Pair-v0"
+_pair = threading.Barrier(2, timeout=10)
+
+
+class PairEnv(CounterEnv):
+    """A Counter that sleeps 1 ms per step; from its fourth step on, it also
+    waits for another env's step at a barrier."""
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        time.sleep(0.001)
+        if self.total_steps >= 3:
+            _pair.wait()
+        return super().step(action)
+
+
+gym.register(PAIR_ID, entry_point=f"{__name__}:PairEnv", kwargs={"length": 1000})
+
+
+def test_a_slow_envs_call_never_holds_up_the_next_call() -> None:
+    """Async stepping sends a call per ready env: a slow env's call runs on
+    the pool even alone, so the next call (another env's) runs meanwhile."""
+    out: queue.SimpleQueue[worker_pb2.WorkerMessage] = queue.SimpleQueue()
+    host = LeaseHost((), lambda report: out.put(lease_report_message(report, "w")))
+
+    def step(call_id: int, env_ids: list[int]) -> None:
+        actions = encode_tensor(np.zeros(len(env_ids), np.int64))
+        call = leases_pb2.LeaseCall(call_id=call_id, op=3, env_ids=env_ids, actions=actions)
+        host.submit(_command(1, call=call))
+
+    try:
+        env = updates_pb2.EnvUpdate(env_id=PAIR_ID, kwargs_json="{}")
+        host.submit(_command(1, create=leases_pb2.LeaseCreate(env=env, env_ids=range(2))))
+        _answers(out, 2)
+        host.submit(_command(1, call=leases_pb2.LeaseCall(call_id=1, op=2, env_ids=range(2))))
+        _answers(out, 2)
+        for call_id in (2, 3, 4):  # the host learns that the envs are slow
+            step(call_id, [0, 1])
+            _answers(out, 2)
+        step(5, [0])  # waits at the barrier for env 1's step, sent next
+        step(6, [1])
+        replies = _answers(out, 2)  # raises on an error reply: a broken barrier
+        assert sorted(r.call_id for r in replies) == [5, 6]
+        assert not _pair.broken
+    finally:
+        host.shutdown()
+
+
 GATED_ID = "rlfleet-tests/Gated-v0"
 _gate = threading.Event()
 _gated: list[GatedEnv] = []

@@ -24,7 +24,7 @@ import pytest
 from rlfleet.client import Fleet, RemoteVectorEnv
 from rlfleet.coordinator.leases.translation import lease_response, relay_reply
 from rlfleet.envs import DummyVectorEnv, EnvConfig
-from rlfleet.errors import ConfigError, ProtocolError
+from rlfleet.errors import ConfigError, ProtocolError, UsageError
 from rlfleet.wire.lease_values import ReplyCheck
 from rlfleet.wire.leases import (
     LeaseAnswer,
@@ -132,9 +132,10 @@ def test_objects_in_infos_attributes_and_return_values_travel_pickled(fleet: Fle
         assert [i["env"].index for i in infos] == [2, 0]
         # Attributes and return values that are objects.
         assert [t.index for t in remote.call_env_method("tag")] == [2, 0]
+        infos[0]["env"].size = 100  # a copy: the env stays on its worker
+        assert remote.get_env_attr("size") == [3, 4]
         generators = remote.get_env_attr("np_random")
         assert all(isinstance(g, np.random.Generator) for g in generators)
-        assert remote.get_env_attr("size") == [3, 4]
 
 
 def test_dict_observations_come_back_as_the_envs_give_them(fleet: Fleet) -> None:
@@ -149,6 +150,19 @@ def test_dict_observations_come_back_as_the_envs_give_them(fleet: Fleet) -> None
             assert theirs.dtype == object  # an object array of each env's dict, as tianshou's
             _assert_same(theirs, mine)
             assert isinstance(theirs[0]["more"]["pair"], tuple)
+
+
+class TextObservations(Walker):
+    """Observes a string: a space (Text) no EnvSpec carries."""
+
+    def __init__(self) -> None:
+        super().__init__(3)
+        self.observation_space = gym.spaces.Text(8)
+
+
+def test_a_space_without_a_wire_form_is_refused_when_the_lease_opens(fleet: Fleet) -> None:
+    with pytest.raises(ConfigError, match=r"observation_space cannot travel.*Text"):
+        RemoteVectorEnv([TextObservations], on=fleet)
 
 
 def test_envs_with_different_spaces_share_one_lease(fleet: Fleet) -> None:
@@ -169,6 +183,31 @@ def test_envs_with_different_spaces_share_one_lease(fleet: Fleet) -> None:
             results += [venv.step([1, 1, 1, 1])[0] for venv in (local, remote)]
         for mine, theirs in zip(results[::2], results[1::2], strict=True):
             _assert_same(theirs, mine)
+
+
+class Reach(Walker):
+    """A Walker whose actions are a Box of ``dims`` dimensions."""
+
+    def __init__(self, dims: int) -> None:
+        super().__init__(3)
+        self.action_space = gym.spaces.Box(-1, 1, (dims,), np.float32)  # type: ignore[assignment]
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        return super().step(1)
+
+
+def test_what_travels_to_the_envs_stays_tensors_and_json(fleet: Fleet) -> None:
+    """Where RemoteVectorEnv still differs from RayVectorEnv on any lease:
+    actions travel as one tensor per call (one shape for the envs of a
+    call), and set_env_attr values and call_env_method arguments as JSON."""
+    with RemoteVectorEnv([partial(Reach, 1), partial(Reach, 2)], on=fleet) as remote:
+        remote.reset()
+        with pytest.raises(UsageError, match="one action of the same shape per env"):
+            remote.step([np.zeros(1, np.float32), np.zeros(2, np.float32)])
+        remote.reset()
+        remote.step([np.zeros(1, np.float32)], id=[0])  # alone, each fits
+        with pytest.raises(UsageError, match=r"take plain \(JSON\) values"):
+            remote.set_env_attr("tag", Tag(1))
 
 
 def test_a_lease_of_an_env_id_refuses_objects_naming_the_opt_in(fleet: Fleet) -> None:

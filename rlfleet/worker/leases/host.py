@@ -19,7 +19,9 @@ inline, where a pool's hand-offs would cost more than the steps. Resets
 are timed apart from steps (a simulator's reset may take seconds), and an
 env's first reset and first step run on the pool, their cost unknown: slow
 envs on one worker never wait for each other, as tianshou's one process per
-env would not.
+env would not. A slow env's call goes to the pool even when it is alone
+(async stepping sends one call per ready env), so the host is free for the
+next call at once.
 """
 
 from __future__ import annotations
@@ -278,7 +280,9 @@ class LeaseHost:
         args = call_args(call)
         if call.op == "step" and envs and call.actions is not None:
             check_actions(call.actions, envs[0].env.action_space, lease_id)
-        pooled = len(envs) > 1 and any(e.slow(call.op, POOL_STEP_SECONDS) for e in envs)
+        # A slow env runs on the pool even alone: the next call (async
+        # stepping sends one per ready env) then never waits behind it.
+        pooled = any(e.slow(call.op, POOL_STEP_SECONDS) for e in envs)
         if not pooled:
             prefetch = call.prefetch_reset
             outcomes = [run_env(e, call.op, a, prefetch) for e, a in zip(envs, args, strict=True)]

@@ -29,8 +29,9 @@ from rlfleet.envs.commands import (
     make_checked,
     run_command,
 )
-from rlfleet.errors import ConfigError, EnvError, InvalidValueError, PolicyError
+from rlfleet.errors import ConfigError, EnvError, InvalidValueError, PolicyError, WireFormatError
 from rlfleet.security.pickle import PickleGate
+from rlfleet.wire import encode_space
 from rlfleet.wire.lease_values import PICKLES_HINT
 from rlfleet.wire.leases import LeaseAnswer, LeaseCallOrder, LeasedEnvSource
 
@@ -198,7 +199,15 @@ def check_spaces(env: gym.Env, env_id: str, *, pickles: bool = False) -> None:
             "Give the env a flat one (gymnasium.spaces.flatten_space) and unflatten its actions"
         )
     space = env.observation_space
-    if not pickles and not isinstance(space, _ARRAY_SPACES):
+    if pickles:
+        try:
+            encode_space(space)  # the lease's EnvSpec carries it
+        except WireFormatError as exc:
+            raise ConfigError(
+                f"env {env_id!r}: its observation_space cannot travel in the lease's EnvSpec "
+                f"({exc}); give the env a space of those kinds"
+            ) from exc
+    elif not isinstance(space, _ARRAY_SPACES):
         raise ConfigError(
             f"env {env_id!r}: leases of env ids carry Box, Discrete, MultiDiscrete and "
             f"MultiBinary observation spaces; its observation_space is a "
