@@ -74,7 +74,13 @@ class RemoteVectorEnv(BaseVectorEnv):
     network only to a coordinator and workers both started with
     ``--allow-pickle`` (which needs TLS and tokens). Elsewhere the lease is
     refused with :class:`~rlfleet.errors.PermissionDeniedError` saying how
-    to register the env on the workers (``--import``).
+    to register the env on the workers (``--import``). A lease of pickled
+    factories carries what ``RayVectorEnv`` carries: objects in infos,
+    attributes and return values, Dict observations and envs of different
+    spaces (:attr:`env_specs`) travel pickled (rlfleet.wire.lease_values),
+    and this learner unpickles them on such a lease only. A lease of an env
+    id carries numbers, arrays and JSON, and refuses the rest saying how to
+    opt in.
 
     Args:
         fleet: Where to lease: a coordinator's ``HOST:PORT``, a
