@@ -126,10 +126,20 @@ def test_first_resets_and_steps_run_concurrently() -> None:
         env = updates_pb2.EnvUpdate(env_id=MEETING_ID, kwargs_json="{}")
         host.submit(_command(1, create=leases_pb2.LeaseCreate(env=env, env_ids=range(3))))
         _answers(out, 3)
-        host.submit(_command(1, call=leases_pb2.LeaseCall(call_id=1, op=2, env_ids=range(3))))
+        host.submit(
+            _command(
+                1,
+                call=leases_pb2.LeaseCall(
+                    call_id=1, op=leases_pb2.LEASE_OP_RESET, env_ids=range(3)
+                ),
+            )
+        )
         _answers(out, 3)  # raises on an error reply: a broken barrier
         step = leases_pb2.LeaseCall(
-            call_id=2, op=3, env_ids=range(3), actions=encode_tensor(np.zeros(3, np.int64))
+            call_id=2,
+            op=leases_pb2.LEASE_OP_STEP,
+            env_ids=range(3),
+            actions=encode_tensor(np.zeros(3, np.int64)),
         )
         host.submit(_command(1, call=step))
         _answers(out, 3)
@@ -164,14 +174,23 @@ def test_a_slow_envs_call_never_holds_up_the_next_call() -> None:
 
     def step(call_id: int, env_ids: list[int]) -> None:
         actions = encode_tensor(np.zeros(len(env_ids), np.int64))
-        call = leases_pb2.LeaseCall(call_id=call_id, op=3, env_ids=env_ids, actions=actions)
+        call = leases_pb2.LeaseCall(
+            call_id=call_id, op=leases_pb2.LEASE_OP_STEP, env_ids=env_ids, actions=actions
+        )
         host.submit(_command(1, call=call))
 
     try:
         env = updates_pb2.EnvUpdate(env_id=PAIR_ID, kwargs_json="{}")
         host.submit(_command(1, create=leases_pb2.LeaseCreate(env=env, env_ids=range(2))))
         _answers(out, 2)
-        host.submit(_command(1, call=leases_pb2.LeaseCall(call_id=1, op=2, env_ids=range(2))))
+        host.submit(
+            _command(
+                1,
+                call=leases_pb2.LeaseCall(
+                    call_id=1, op=leases_pb2.LEASE_OP_RESET, env_ids=range(2)
+                ),
+            )
+        )
         _answers(out, 2)
         for call_id in (2, 3, 4):  # the host learns that the envs are slow
             step(call_id, [0, 1])

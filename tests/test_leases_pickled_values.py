@@ -190,7 +190,7 @@ class Reach(Walker):
 
     def __init__(self, dims: int) -> None:
         super().__init__(3)
-        self.action_space = gym.spaces.Box(-1, 1, (dims,), np.float32)  # type: ignore[assignment]
+        self.action_space = gym.spaces.Box(-1, 1, (dims,), np.float32)
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
         return super().step(1)
