@@ -25,6 +25,7 @@ from rlfleet.client import Fleet, RemoteVectorEnv
 from rlfleet.coordinator.leases.translation import lease_response, relay_reply
 from rlfleet.envs import DummyVectorEnv, EnvConfig
 from rlfleet.errors import ConfigError, ProtocolError, UsageError
+from rlfleet.security.pickle import dumps
 from rlfleet.wire.lease_values import ReplyCheck
 from rlfleet.wire.leases import (
     LeaseAnswer,
@@ -230,10 +231,10 @@ def test_the_learner_unpickles_only_on_a_lease_of_pickled_factories() -> None:
     error, and nothing is unpickled; on a lease of pickled factories the same
     reply decodes."""
     answer = LeaseAnswer(0, np.zeros(1, np.float32), 1.0, info={"tag": Tag(4)})
-    message = lease_report_message(LeaseAnswers(1, 2, "step", [answer], pickles=True), "w")
+    message = lease_report_message(LeaseAnswers(1, 2, "step", [answer], pickler=dumps), "w")
     data = lease_response([relay_reply(message.lease_reply.SerializeToString()).named("w")])
     box = gym.spaces.Box(0, 1, (1,), np.float32)
     with pytest.raises(ProtocolError, match="not from pickled factories"):
-        decode_lease_response(data, ReplyCheck([box], pickles=False))
-    event = decode_lease_response(data, ReplyCheck([box], pickles=True))
+        decode_lease_response(data, ReplyCheck([box]))
+    event = decode_lease_response(data, ReplyCheck([box], unpickle=cloudpickle.loads))
     assert event is not None and event.answers[0][-1]["tag"].index == 4  # type: ignore[union-attr]

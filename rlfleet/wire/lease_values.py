@@ -16,14 +16,16 @@ there, what the plain fields cannot carry travels cloudpickled (leases.proto,
 with different spaces, attributes that are objects. That is what tianshou's
 ``RayVectorEnv`` carries, so its users' envs run unchanged. The learner
 unpickles only on a lease it opened from pickled factories
-(:attr:`ReplyCheck.pickles`): a worker that sends pickles on any other lease
-breaks the protocol, and nothing is unpickled.
+(:attr:`ReplyCheck.unpickle`): a worker that sends pickles on any other lease
+breaks the protocol, and nothing is unpickled. This module holds no pickle
+module of its own: the worker hands it a :data:`Pickler` and the learner an
+:data:`Unpickler` for such leases only (rlfleet.security.pickle).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,9 +34,12 @@ import numpy as np
 
 from rlfleet._util.values import json_object
 from rlfleet.errors import ConfigError, ProtocolError
-from rlfleet.security.pickle import cloudpickle_module
-from rlfleet.security.pickle import dumps as pickle_dumps
 from rlfleet.wire import decode_tensor, decode_tensor_map, encode_tensor_into, encode_tensor_map
+
+#: Pickles a value for a reply, naming it in errors (rlfleet.security.pickle.dumps).
+Pickler = Callable[[Any, str], bytes]
+#: Unpickles a value of a reply (cloudpickle.loads).
+Unpickler = Callable[[bytes], Any]
 
 #: How to make a value travel that leases of env ids do not carry (for messages).
 PICKLES_HINT = (
@@ -50,15 +55,16 @@ class ReplyCheck:
 
     Attributes:
         spaces: Each env's observation space, env i's at index i.
-        pickles: Whether the lease's envs came from pickled factories, so
-            that its replies may carry pickled values (leases.proto).
+        unpickle: For a lease whose envs came from pickled factories, how
+            to unpickle the values its replies may carry (leases.proto);
+            None for any other lease, whose pickles are refused.
         uniform: The observation space every env shares in shape and
             dtype, or None when they differ (each row is then checked
             against its env's space).
     """
 
     spaces: Sequence[gym.Space]
-    pickles: bool = False
+    unpickle: Unpickler | None = None
     uniform: gym.Space | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -93,15 +99,6 @@ def one_array(observations: Sequence[Any]) -> bool:
     )
 
 
-def dump_value(value: Any, where: str) -> bytes:
-    """A value cloudpickled for a lease reply (the worker's side).
-
-    Raises:
-        ConfigError: If it cannot be pickled, naming ``where``.
-    """
-    return pickle_dumps(value, where)
-
-
 def load_values(blobs: Sequence[bytes], field_name: str, check: ReplyCheck) -> list[Any]:
     """Unpickles a reply's pickled values (the learner's side), where the lease allows it.
 
@@ -114,15 +111,15 @@ def load_values(blobs: Sequence[bytes], field_name: str, check: ReplyCheck) -> l
         ProtocolError: If the lease carries no pickles (nothing is
             unpickled), or the bytes do not unpickle here.
     """
-    if not check.pickles:
+    unpickle = check.unpickle
+    if unpickle is None:
         raise ProtocolError(
             f"a lease reply holds {field_name}, but the lease's envs are not from pickled "
             "factories, so this learner unpickles nothing from it; a worker sends pickles "
             "only on leases of pickled factories (leases.proto)"
         )
-    module = cloudpickle_module()
     try:
-        return [module.loads(blob) if blob else None for blob in blobs]
+        return [unpickle(blob) if blob else None for blob in blobs]
     except Exception as exc:
         raise ProtocolError(
             f"LeaseReply.{field_name} does not unpickle here ({type(exc).__name__}: {exc}); "
@@ -133,11 +130,12 @@ def load_values(blobs: Sequence[bytes], field_name: str, check: ReplyCheck) -> l
 # --- the worker's side: answers into a LeaseReply --------------------------------
 
 
-def add_observations(tensor: Any, blobs: Any, rows: list[Any], pickles: bool) -> None:
+def add_observations(tensor: Any, blobs: Any, rows: list[Any], pickler: Pickler | None) -> None:
     """Fills a reply's observations: one tensor, or on a lease of pickled
-    factories one pickle per env when they are not arrays of one shape and dtype."""
-    if pickles and not one_array(rows):
-        blobs.extend(dump_value(obs, "a leased env's observation") for obs in rows)
+    factories (``pickler``) one pickle per env when they are not arrays of
+    one shape and dtype."""
+    if pickler is not None and not one_array(rows):
+        blobs.extend(pickler(obs, "a leased env's observation") for obs in rows)
         return
     # run_env typed every observation to the space's dtype and shape already, so
     # np.array joins them (one C call; np.stack makes a view of each first).
@@ -151,7 +149,7 @@ def add_infos(
     infos: Sequence[tuple[int, Mapping[str, Any]]],
     *,
     what: str,
-    pickles: bool,
+    pickler: Pickler | None,
 ) -> None:
     """Appends one TensorMap per env's info (``maps``) and, unless all are
     empty, one JSON text per env (``texts``) and, on a lease of pickled
@@ -167,7 +165,7 @@ def add_infos(
             rests.append("")
             pickled.append(b"")
             continue
-        arrays, rest, blob = split_info(info, f"env {env_id}{what}", pickles)
+        arrays, rest, blob = split_info(info, f"env {env_id}{what}", pickler)
         maps.append(encode_tensor_map(arrays))
         rests.append(rest)
         pickled.append(blob)
@@ -188,7 +186,7 @@ def plain_json(value: Any) -> Any:
 
 
 def split_info(
-    info: Mapping[str, Any], where: str, pickles: bool = False
+    info: Mapping[str, Any], where: str, pickler: Pickler | None = None
 ) -> tuple[dict[str, Any], str, bytes]:
     """An info dict as (numeric arrays for a TensorMap, the rest as JSON object
     text, or as a pickle where the lease carries pickles and JSON cannot).
@@ -199,13 +197,13 @@ def split_info(
 
     Raises:
         ConfigError: For a value that is neither, on a lease that carries no
-            pickles (it would be lost otherwise).
+            pickler (it would be lost otherwise).
     """
     tree: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for key, value in info.items():
         if isinstance(value, Mapping):
-            nested, rest, blob = split_info(value, f"{where} info[{key!r}]", pickles)
+            nested, rest, blob = split_info(value, f"{where} info[{key!r}]", pickler)
             if rest or blob:
                 extra[key] = value  # a dict mixing kinds travels whole, as JSON
             else:
@@ -221,8 +219,8 @@ def split_info(
     try:
         return tree, json.dumps(extra, default=plain_json), b""
     except (TypeError, ValueError, ConfigError) as exc:
-        if pickles:
-            return tree, "", dump_value(extra, f"{where} info")
+        if pickler is not None:
+            return tree, "", pickler(extra, f"{where} info")
         raise ConfigError(
             f"{where}: info holds a value that is neither numeric nor JSON ({exc}); leased "
             f"envs' infos carry numbers, bools, arrays and plain JSON values, {PICKLES_HINT}"

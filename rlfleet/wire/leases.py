@@ -34,11 +34,11 @@ from rlfleet.wire import (
 )
 from rlfleet.wire.lease_values import (
     PICKLES_HINT,
+    Pickler,
     ReplyCheck,
     add_infos,
     add_observations,
     decode_observations,
-    dump_value,
     infos_of,
     load_values,
     plain_json,
@@ -218,8 +218,8 @@ class LeaseAnswers:
     op: str
     answers: Sequence[LeaseAnswer]
     #: The lease's envs came from pickled factories: what the plain fields
-    #: cannot carry travels pickled (rlfleet.wire.lease_values).
-    pickles: bool = False
+    #: cannot carry travels pickled with it (rlfleet.wire.lease_values).
+    pickler: Pickler | None = None
 
 
 @dataclass(frozen=True)
@@ -277,35 +277,35 @@ def _fill_answers(reply: leases_pb2.LeaseReply, report: LeaseAnswers) -> None:
         if op == "render" and all(f is not None for f in frames):
             reply.frames.CopyFrom(encode_tensor(np.stack([np.asarray(f) for f in frames])))
         return
-    pickles = report.pickles
+    pickler = report.pickler
     if op in _JSON_OPS:
         try:
             texts = [json.dumps(o.value, default=plain_json, allow_nan=True) for o in outcomes]
         except (TypeError, ValueError, ConfigError) as exc:
-            if not pickles:
+            if pickler is None:
                 raise ConfigError(
                     f"{op}: {exc}; leases of env ids carry JSON-compatible attributes and "
                     f"return values, {PICKLES_HINT}"
                 ) from exc
             where = f"lease {report.lease_id} {op} value"
-            reply.values_pickle.extend(dump_value(o.value, where) for o in outcomes)
+            reply.values_pickle.extend(pickler(o.value, where) for o in outcomes)
             return
         reply.values_json.extend(texts)
         return
     add_observations(
-        reply.observations, reply.observations_pickle, [o.observation for o in outcomes], pickles
+        reply.observations, reply.observations_pickle, [o.observation for o in outcomes], pickler
     )
     if op == "step":
         encode_tensor_into(reply.rewards, np.array([o.reward for o in outcomes], np.float64))
         encode_tensor_into(reply.terminated, np.array([o.terminated for o in outcomes], bool))
         encode_tensor_into(reply.truncated, np.array([o.truncated for o in outcomes], bool))
     infos = [(o.env_id, o.info) for o in outcomes]
-    add_infos(reply.infos, reply.infos_json, reply.infos_pickle, infos, what="", pickles=pickles)
+    add_infos(reply.infos, reply.infos_json, reply.infos_pickle, infos, what="", pickler=pickler)
     resets = [(o.env_id, o.reset) for o in outcomes if o.reset is not None]
     if resets:
         reply.reset_env_ids.extend(env_id for env_id, _ in resets)
         rows = [obs for _, (obs, _) in resets]
-        add_observations(reply.reset_observations, reply.reset_observations_pickle, rows, pickles)
+        add_observations(reply.reset_observations, reply.reset_observations_pickle, rows, pickler)
         infos = [(env_id, info) for env_id, (_, info) in resets]
         add_infos(
             reply.reset_infos,
@@ -313,7 +313,7 @@ def _fill_answers(reply: leases_pb2.LeaseReply, report: LeaseAnswers) -> None:
             reply.reset_infos_pickle,
             infos,
             what=" reset",
-            pickles=pickles,
+            pickler=pickler,
         )
 
 

@@ -47,6 +47,7 @@ from rlfleet.errors import (
     UsageError,
 )
 from rlfleet.security import ClientTLS
+from rlfleet.security.pickle import cloudpickle_module
 from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.lease_channel import (
     DATA_DIAL_SECONDS,
@@ -152,7 +153,8 @@ class LeaseStream:
         self._call_ids = itertools.count(1)
         self._opened = threading.Event()
         self._opened_event: LeaseOpenedEvent | None = None
-        self._pickles = pickles or bool(pickled_factories)
+        # Only a lease of pickled factories may carry pickles back.
+        self._unpickle = cloudpickle_module().loads if pickles or pickled_factories else None
         self._check: ReplyCheck | None = None  # the replies' rules, once opened
         self._link: DataLink | None = None  # the data channel, once accepted
         # Held by the one thread reading the data channel, taken and released
@@ -426,7 +428,7 @@ class LeaseStream:
                 event = decode_lease_response(data, self._check)
                 if isinstance(event, LeaseOpenedEvent):
                     self._check = ReplyCheck(
-                        [spec.observation_space for spec in event.env_specs], self._pickles
+                        [spec.observation_space for spec in event.env_specs], self._unpickle
                     )
                     self._opened_event = event
                     self._opened.set()

@@ -36,6 +36,7 @@ from typing import Any
 from rlfleet.envs.config import env_spec_of, make_env
 from rlfleet.errors import ConfigError
 from rlfleet.security.pickle import PickleGate
+from rlfleet.security.pickle import dumps as pickle_dumps
 from rlfleet.wire.leases import (
     LeaseAnswer,
     LeaseAnswers,
@@ -343,8 +344,8 @@ class LeaseHost:
         if not ok:
             return
         try:
-            pickles = call.lease_id in self._pickle_leases
-            self._send(LeaseAnswers(call.lease_id, call.call_id, call.op, ok, pickles))
+            pickler = pickle_dumps if call.lease_id in self._pickle_leases else None
+            self._send(LeaseAnswers(call.lease_id, call.call_id, call.op, ok, pickler))
         except Exception as exc:  # e.g. an info value that cannot travel
             self._reply_error(call, [o.env_id for o in ok], exc)
 
