@@ -25,6 +25,7 @@ from rlfleet.core.seeding import (
 )
 from rlfleet.worker._engine import SlotEngine
 from rlfleet.worker._episode_buffer import Segment, record_key
+from rlfleet.worker._native_columns import Span
 from rlfleet.worker._segments import Live
 from rlfleet.worker.units import EpisodeUnit
 
@@ -58,12 +59,13 @@ class UnitQueue:
         # bookkeeping. Its states are computed many units at once (prepare).
         self._slot_rngs = [np.random.Generator(np.random.PCG64(0)) for _ in range(engine.n_envs)]
         self._rng_states: dict[int, tuple[int, int]] = {}
-        self.finished: list[Segment] = []
+        # A native backend's episodes are Spans of its ring, the others' Segments.
+        self.finished: list[Segment | Span] = []
         self.finished_steps = 0
 
     # ------------------------------------------------------- the engine's Sink
 
-    def on_record(self, slot: int, live: Live, record: Segment, continues: bool) -> None:
+    def on_record(self, slot: int, live: Live, record: Segment | Span, continues: bool) -> None:
         """A unit's episode finished."""
         self.finished.append(record)
         self.finished_steps += record.length
@@ -124,7 +126,7 @@ class UnitQueue:
 
     def take(
         self, max_episodes: int | None, request: int | None
-    ) -> tuple[EnvSpec, list[Segment]] | None:
+    ) -> tuple[EnvSpec, list[Segment | Span]] | None:
         """Removes the finished segments ``VecWorker.take_finished`` returns, in order."""
         if max_episodes is not None:
             check_int("max_episodes", max_episodes, minimum=1)
