@@ -195,13 +195,10 @@ class SlotEngine:
         assert obs_space.shape is not None  # checked by the caller
         native = self.native is not None
         nan_mode = self.failures.nan_mode
-        # A native backend's episodes are gathered from the ring
-        # (rlfleet/worker/_native_columns.py): stored row by row.
         self.ring = StepRing(
             self.n_envs,
             tuple(obs_space.shape),
             np.dtype(obs_space.dtype),
-            slot_major=not native,
             obs_flags=native and nan_mode == "flag",
         )
         self._suspect_rows = (

@@ -71,10 +71,9 @@ class StepRing:
     ``cols`` arguments select the slots stepped together: None for all
     slots (a plain slice, the fast path), else an index array.
 
-    A native backend's ring is stored row by row instead (``slot_major``
-    False): its episodes are gathered from it with fancy indexes
-    (:mod:`rlfleet.worker._native_columns`), never viewed, and each vector
-    step's write is then one contiguous block per field. It may keep, per
+    A native backend's episodes are gathered from the ring with one
+    ``np.take`` per field (:mod:`rlfleet.worker._native_columns`), or handed
+    to the serializer as views when they are large; its ring may keep, per
     row and slot, whether the observation there is not finite
     (``obs_flags``, for ``nan_observations="flag"``).
 
@@ -83,7 +82,6 @@ class StepRing:
         obs_shape: Shape of one observation.
         obs_dtype: Its dtype (observations are cast to it when stored).
         capacity: Initial number of rows.
-        slot_major: Store each slot's rows together (see above).
         obs_flags: Keep the ``obs_flags`` column.
     """
 
@@ -94,15 +92,13 @@ class StepRing:
         obs_dtype: np.dtype,
         capacity: int = 64,
         *,
-        slot_major: bool = True,
         obs_flags: bool = False,
     ) -> None:
         self.n_envs = n_envs
         self.capacity = capacity
-        self._empty = _slot_major if slot_major else _row_major
-        self.obs = self._empty((capacity, n_envs, *obs_shape), obs_dtype)
-        self.rewards = self._empty((capacity, n_envs), np.dtype(np.float64))
-        self.obs_flags = self._empty((capacity, n_envs), np.dtype(bool)) if obs_flags else None
+        self.obs = _slot_major((capacity, n_envs, *obs_shape), obs_dtype)
+        self.rewards = _slot_major((capacity, n_envs), np.dtype(np.float64))
+        self.obs_flags = _slot_major((capacity, n_envs), np.dtype(bool)) if obs_flags else None
         self.actions: np.ndarray | None = None
         self.agent_infos: dict[str, np.ndarray] = {}
         self._columns: Columns | None = None
@@ -196,7 +192,7 @@ class StepRing:
                 f"policy returned {what} of type {type(batch).__name__}; expected a numpy "
                 "array with one row per observation"
             )
-        return self._empty((self.capacity, self.n_envs, *batch.shape[1:]), batch.dtype)
+        return _slot_major((self.capacity, self.n_envs, *batch.shape[1:]), batch.dtype)
 
     def pin(self, owner: object, first_step: int) -> None:
         """Keeps the rows from ``first_step`` on until ``owner`` is garbage.
@@ -236,7 +232,7 @@ class StepRing:
         old_rows, new_rows = steps % old_capacity, steps % self.capacity
 
         def regrow(array: np.ndarray) -> np.ndarray:
-            grown = self._empty((self.capacity, *array.shape[1:]), array.dtype)
+            grown = _slot_major((self.capacity, *array.shape[1:]), array.dtype)
             grown[new_rows] = array[old_rows]
             return grown
 
@@ -290,11 +286,6 @@ def _slot_major(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """
     rows, slots, *rest = shape
     return np.zeros((slots, rows, *rest), dtype=dtype).swapaxes(0, 1)
-
-
-def _row_major(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """Zeros indexed and stored ``[row, slot, ...]``: one vector step is one block."""
-    return np.zeros(shape, dtype=dtype)
 
 
 @dataclass(frozen=True, slots=True)

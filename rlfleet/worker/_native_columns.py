@@ -6,14 +6,16 @@ finished episode costs only a few Python operations: it becomes a
 :class:`Span` (its slot, first vector step and length in the step ring's
 columns), never a set of arrays. The arrays are made when episodes are
 taken, for all of them at once: :func:`split_rows` turns the spans into one
-(row, slot) index pair per step, and each column is gathered with one fancy
-index, straight into a contiguous array in the batch's order. Those arrays
-are the batch's fields and what the wire encoding joins
-(:func:`rlfleet.wire.serialize_batch_messages` copies each one once).
+flat ring index per step, and each column is gathered with one
+``np.take``, straight into a contiguous array in the batch's order.
 
-So a step's data is copied once after stepping, whatever the episodes'
-lengths: into the batch (:func:`build_span_batch`) or into the pieces a
-remote worker serializes (:func:`build_span_pieces`).
+So a step's data is copied once after stepping: into the batch
+(:func:`build_span_batch`), or into the outgoing messages
+(:func:`build_span_pieces`). For the messages, the gathered columns are
+what the wire encoding joins (:func:`rlfleet.wire.serialize_batch_messages`),
+except a column whose episodes are large (Atari frames): there each
+episode's rows, contiguous in the ring (it is stored slot by slot), go to
+the serializer as they are, which copies them once, into the messages.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from typing import Any
 import numpy as np
 
 from rlfleet.core._arrays import NestedArrays
-from rlfleet.core._pieces import EpisodePieces
+from rlfleet.core._pieces import EpisodePieces, RowPieces
+from rlfleet.core._validation import check_per_step_space
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
-from rlfleet.worker._episode_buffer import Columns, concat_infos
+from rlfleet.worker._episode_buffer import MIN_PIECE_BYTES, Columns, concat_infos
 
 _MID = int(StepType.MID)
 _FIRST = int(StepType.FIRST)
@@ -68,34 +71,41 @@ class Span:
 
 
 def split_rows(
-    starts: np.ndarray, lengths: np.ndarray, slots: np.ndarray, capacity: int, n_slots: int
+    starts: np.ndarray, lengths: np.ndarray, slots: np.ndarray, capacity: int
 ) -> np.ndarray:
     """The flat ring index of every step of the episodes, in order.
 
     Episode i's steps are vector steps ``starts[i] .. starts[i] + lengths[i] - 1``
-    of slot ``slots[i]``; step t of slot j is row ``t % capacity`` of the
-    ring, flat index ``(t % capacity) * n_slots + j`` of a column reshaped
-    to ``(capacity * n_slots, ...)``.
+    of slot ``slots[i]``. The ring is stored slot by slot: step t of slot j
+    is element ``j * capacity + t % capacity`` of a column's storage seen as
+    ``(n_slots * capacity, ...)`` (:func:`flat_column`).
 
     Args:
         starts: First vector step of each episode (int64).
         lengths: Steps of each episode (>= 1).
         slots: Slot of each episode.
         capacity: Rows of the ring.
-        n_slots: Slots (columns) of the ring.
 
     Returns:
-        ``lengths.sum()`` flat indices: ``np.take(flat_column, index, axis=0)``
-        gathers a column's steps of every episode, concatenated in order (one
+        ``lengths.sum()`` flat indices: ``np.take(flat_column(c), index, axis=0)``
+        gathers column c's steps of every episode, concatenated in order (one
         ``np.take`` copies rows several times faster than a 2-D fancy index).
     """
     offsets = np.cumsum(lengths) - lengths
     index = np.arange(int(lengths.sum()), dtype=np.int64)
     index += np.repeat(starts - offsets, lengths)
     index %= capacity
-    index *= n_slots
-    index += np.repeat(slots, lengths)
+    index += np.repeat(slots * capacity, lengths)
     return index
+
+
+def flat_column(column: np.ndarray) -> np.ndarray:
+    """A ring column ``[row, slot, ...]`` as its storage, ``[slot * capacity + row, ...]``.
+
+    A view: the ring's arrays are stored slot by slot.
+    """
+    storage = column.swapaxes(0, 1)
+    return storage.reshape(storage.shape[0] * storage.shape[1], *storage.shape[2:])
 
 
 def step_types_of(lengths: np.ndarray, lasts: np.ndarray) -> np.ndarray:
@@ -110,11 +120,19 @@ def step_types_of(lengths: np.ndarray, lasts: np.ndarray) -> np.ndarray:
     return step_types
 
 
-def _gather(spans: Sequence[Span]) -> dict[str, Any]:
-    """The fields of the spans' batch (one run of spans in the same columns)."""
+#: Per-step fields of the batch, in the order of :class:`Columns`.
+_STEP_FIELDS = ("observations", "actions", "rewards")
+
+
+def _gather(spans: Sequence[Span], min_piece_bytes: int | None) -> dict[str, Any]:
+    """The fields of the spans' batch (spans of one :class:`Columns`), in order.
+
+    With ``min_piece_bytes``, a per-step field holding at least that many
+    bytes per episode on average is :class:`RowPieces` of each episode's
+    rows in the ring instead (views, unless the rows wrap around its end).
+    """
     columns = spans[0].columns
     capacity = columns.capacity
-    n_slots = columns.rewards.shape[1]
     n = len(spans)
     meta = np.fromiter(
         itertools.chain.from_iterable((s.start, s.length, s.slot, s.last) for s in spans),
@@ -122,46 +140,62 @@ def _gather(spans: Sequence[Span]) -> dict[str, Any]:
         count=4 * n,
     ).reshape(n, 4)
     starts, lengths, slots = meta[:, 0], meta[:, 1], meta[:, 2]
-    index = split_rows(starts, lengths, slots, capacity, n_slots)
+    index = split_rows(starts, lengths, slots, capacity)
     assert columns.actions is not None  # a span ended after a step
+    least = None if min_piece_bytes is None else min_piece_bytes * n
+    total = len(index)
 
     def take(column: np.ndarray, at: np.ndarray = index) -> np.ndarray:
-        # The native ring is stored row by row: the reshape is a view.
-        return np.take(column.reshape(capacity * n_slots, *column.shape[2:]), at, axis=0)
+        return np.take(flat_column(column), at, axis=0)
+
+    def field(column: np.ndarray) -> np.ndarray | RowPieces:
+        row_bytes = column.itemsize * int(np.prod(column.shape[2:]))
+        if least is None or row_bytes * total < least:
+            return take(column)
+        pieces = []
+        for span in spans:
+            first = span.start % capacity
+            if first + span.length <= capacity:
+                pieces.append(column[first : first + span.length, span.slot])
+            else:  # wraps around the ring's end
+                rows = np.arange(span.start, span.start + span.length) % capacity
+                pieces.append(column[rows, span.slot])
+        return RowPieces(tuple(pieces))
 
     env_infos: NestedArrays = {}
     if columns.obs_flags is not None:
         # nan_observations="flag": a step is flagged if its observation or the next one is.
-        after = index + n_slots
-        after[after >= capacity * n_slots] -= capacity * n_slots
+        after = index + 1
+        after[after % capacity == 0] -= capacity
         env_infos["nonfinite_obs"] = take(columns.obs_flags) | take(columns.obs_flags, after)
-    last = (starts + lengths) % capacity * n_slots + slots
     return {
-        "observations": take(columns.obs),
-        "last_observations": take(columns.obs, last),
-        "actions": take(columns.actions),
-        "rewards": take(columns.rewards),
-        "agent_infos": {key: take(value) for key, value in columns.agent_infos.items()},
+        "observations": field(columns.obs),
+        "last_observations": take(columns.obs, slots * capacity + (starts + lengths) % capacity),
+        "actions": field(columns.actions),
+        "rewards": field(columns.rewards),
+        "agent_infos": {key: field(value) for key, value in columns.agent_infos.items()},
         "env_infos": env_infos,
         "lengths": lengths.copy(),
         "lasts": meta[:, 3],
     }
 
 
-def _fields(spans: Sequence[Span], info_keys: Sequence[str]) -> dict[str, Any]:
-    """All fields of the spans' batch, in the spans' order."""
-    # Nearly always one run: the ring's arrays change only when it grows or
-    # the policy's outputs change, and a take holds a few hundred steps.
-    runs = [list(run) for _, run in itertools.groupby(spans, key=lambda s: id(s.columns))]
-    parts = [_gather(run) for run in runs]
-    if len(parts) == 1:
-        fields = parts[0]
+def _fields(
+    spans: Sequence[Span], info_keys: Sequence[str], min_piece_bytes: int | None = None
+) -> dict[str, Any]:
+    """All fields of the spans' batch, in the spans' order (see :func:`_gather`)."""
+    # Nearly always one run of spans in the same arrays: the ring's arrays
+    # change only when it grows or the policy changes.
+    first = spans[0].columns
+    if all(s.columns is first for s in spans):
+        fields = _gather(spans, min_piece_bytes)
     else:
+        runs = [list(run) for _, run in itertools.groupby(spans, key=lambda s: id(s.columns))]
+        parts = [_gather(run, None) for run in runs]
         fields = {
             key: np.concatenate([p[key] for p in parts])
-            for key in ("observations", "last_observations", "actions", "rewards", "lengths")
+            for key in (*_STEP_FIELDS, "last_observations", "lengths", "lasts")
         }
-        fields["lasts"] = np.concatenate([p["lasts"] for p in parts])
         fields["agent_infos"] = concat_infos(
             [p["agent_infos"] for p in parts], "agent info", "agent_infos"
         )
@@ -187,30 +221,40 @@ def build_span_batch(
 
 
 def build_span_pieces(
-    env_spec: EnvSpec, spans: Sequence[Span], info_keys: Sequence[str], *, actions_checked: bool
+    env_spec: EnvSpec,
+    spans: Sequence[Span],
+    info_keys: Sequence[str],
+    *,
+    actions_checked: bool,
+    min_piece_bytes: int = MIN_PIECE_BYTES,
 ) -> EpisodePieces:
-    """:func:`build_span_batch` for a remote worker's serializer.
+    """:func:`build_span_batch` for a remote worker's serializer, copied once into messages.
 
-    The gathered columns are contiguous: the serializer copies each one
-    once, into the outgoing messages.
+    Columns holding fewer than ``min_piece_bytes`` per episode on average
+    are gathered (one ``np.take`` each: handing the serializer each
+    episode's small piece would cost more than copying it); larger ones are
+    each episode's rows in the ring, which the serializer joins straight
+    into the messages. The bytes are those of :func:`build_span_batch`'s batch.
 
     Raises:
         InvalidBatchError: If ``actions_checked`` is False and an action does
             not fit the action space.
     """
-    joined = build_span_batch(env_spec, spans, info_keys, actions_checked=actions_checked)
-    return EpisodePieces(
-        env_spec=env_spec,
-        episode_infos=joined.episode_infos,
-        observations=joined.observations,
-        last_observations=joined.last_observations,
-        actions=joined.actions,
-        rewards=joined.rewards,
-        env_infos=joined.env_infos,
-        agent_infos=joined.agent_infos,
-        step_types=joined.step_types,
-        lengths=joined.lengths,
-    )
+    fields = _fields(spans, info_keys, min_piece_bytes)
+    if not actions_checked:
+        actions = fields["actions"]
+        for part in actions.arrays if isinstance(actions, RowPieces) else (actions,):
+            check_per_step_space(
+                "EpisodeBatch.actions", part, env_spec.action_space, "action_space"
+            )
+    return EpisodePieces(env_spec=env_spec, **fields)
 
 
-__all__ = ["Span", "build_span_batch", "build_span_pieces", "split_rows", "step_types_of"]
+__all__ = [
+    "Span",
+    "build_span_batch",
+    "build_span_pieces",
+    "flat_column",
+    "split_rows",
+    "step_types_of",
+]

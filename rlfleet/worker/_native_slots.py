@@ -159,7 +159,7 @@ class NativeSlots:
         if unseen:
             draining = np.array(state) == DRAINING
             observations = self._hide_unseen_nonfinite(observations, draining)
-        finished = np.flatnonzero(terminated | truncated).tolist()
+        finished = (terminated | truncated).nonzero()[0].tolist()
         ended = []
         for slot in finished:
             if state[slot] == RUNNING:

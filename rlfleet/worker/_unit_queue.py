@@ -80,6 +80,8 @@ class UnitQueue:
 
     def prepare(self, units: Iterable[EpisodeUnit]) -> None:
         """Computes the generator states of units (see ``VecWorker.prepare``)."""
+        if self._engine.native is not None:
+            return  # a native engine samples every row from one generator
         known = self._rng_states
         seeds = [unit.policy_seed for unit in units if unit.policy_seed not in known]
         if len(known) + len(seeds) > _MAX_PREPARED:
@@ -89,10 +91,10 @@ class UnitQueue:
     def start(self) -> int:
         """Starts queued units on the engine's idle slots; returns how many started."""
         engine = self._engine
+        if engine.native is not None:
+            return self._start_native()
         started = []
-        # A native env's episodes have no seeds of their own (their env and
-        # actions follow the whole env's): say so, never a wrong one.
-        native = engine.native is not None
+        native = False
         for slot in engine.idle_slots:
             if not self.queue:
                 break
@@ -121,6 +123,30 @@ class UnitQueue:
             )
             if engine.begin(slot, live, unit.env_seed):
                 started.append(slot)
+        engine.reset_policy_rows(started)
+        return len(started)
+
+    def _start_native(self) -> int:
+        """:meth:`start` on a native engine: a few of these start every vector step."""
+        engine, queue, rngs = self._engine, self.queue, self._slot_rngs
+        version, worker = self._agent_version(), self._worker_number
+        started = []
+        for slot in engine.idle_slots:
+            if not queue:
+                break
+            unit = queue.popleft()
+            index = unit.episode_index
+            live = Live(
+                unit=unit,
+                rng=rngs[slot],  # unused: every row samples from the env's one generator
+                # EPISODE_INFO_KEYS order. A native env's episodes have no seeds
+                # of their own (their env and actions follow the whole env's):
+                # say so, never a wrong one.
+                meta=(version, NO_ENV_SEED, NO_POLICY_SEED, index, worker),
+                key=(unit.request, index),
+            )
+            engine.begin(slot, live, unit.env_seed)  # a native begin cannot fail
+            started.append(slot)
         engine.reset_policy_rows(started)
         return len(started)
 
