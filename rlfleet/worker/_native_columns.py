@@ -21,6 +21,7 @@ the serializer as they are, which copies them once, into the messages.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +121,8 @@ def step_types_of(lengths: np.ndarray, lasts: np.ndarray) -> np.ndarray:
     return step_types
 
 
+_META = operator.attrgetter("start", "length", "slot", "last")
+
 #: Per-step fields of the batch, in the order of :class:`Columns`.
 _STEP_FIELDS = ("observations", "actions", "rewards")
 
@@ -135,9 +138,7 @@ def _gather(spans: Sequence[Span], min_piece_bytes: int | None) -> dict[str, Any
     capacity = columns.capacity
     n = len(spans)
     meta = np.fromiter(
-        itertools.chain.from_iterable((s.start, s.length, s.slot, s.last) for s in spans),
-        dtype=np.int64,
-        count=4 * n,
+        itertools.chain.from_iterable(map(_META, spans)), dtype=np.int64, count=4 * n
     ).reshape(n, 4)
     starts, lengths, slots = meta[:, 0], meta[:, 1], meta[:, 2]
     index = split_rows(starts, lengths, slots, capacity)
@@ -149,8 +150,8 @@ def _gather(spans: Sequence[Span], min_piece_bytes: int | None) -> dict[str, Any
         return np.take(flat_column(column), at, axis=0)
 
     def field(column: np.ndarray) -> np.ndarray | RowPieces:
-        row_bytes = column.itemsize * int(np.prod(column.shape[2:]))
-        if least is None or row_bytes * total < least:
+        # strides[0]: the bytes of one slot's row (the ring is stored slot by slot).
+        if least is None or column.strides[0] * total < least:
             return take(column)
         pieces = []
         for span in spans:
