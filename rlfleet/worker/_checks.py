@@ -114,11 +114,17 @@ def _rules(space: gym.Space) -> tuple[str, str, RangeCheck | None]:
         low, high = int(space.start), int(space.start + space.n)
 
         def discrete(actions: np.ndarray) -> int | None:
-            # min/max of a short Python list beat two numpy reductions.
-            values = actions.tolist()
-            if values and (min(values) < low or max(values) >= high):
-                return _first((actions < low) | (actions >= high))
-            return None
+            if low == 0 and actions.dtype.kind in "iu" and actions.size:
+                # One reduction: seen unsigned, a negative action is huge.
+                unsigned = actions.view(f"u{actions.dtype.itemsize}")
+                if int(unsigned.max()) < high:
+                    return None
+            else:
+                # min/max of a short Python list beat two numpy reductions.
+                values = actions.tolist()
+                if not values or (min(values) >= low and max(values) < high):
+                    return None
+            return _first((actions < low) | (actions >= high))
 
         return "iu", "outside", discrete
     if isinstance(space, gym.spaces.MultiDiscrete):

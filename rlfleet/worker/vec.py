@@ -89,8 +89,10 @@ class VecWorker:
 
     **Non-finite observations** (``nan_observations``): ``"error"`` drops the
     episode and raises EnvError naming the env index and the step that
-    returned it (checked in one vectorised call when the episode ends, or at
-    once if the policy fails on it); ``"flag"`` adds a bool env_info
+    returned it (checked in one vectorised call when the episode ends; on a
+    native env, each vector step's observations in a few whole-batch calls
+    and the episode exactly when they found something; at once if the
+    policy fails on it); ``"flag"`` adds a bool env_info
     ``nonfinite_obs``, True for steps whose observation or next observation
     holds NaN or inf (present in every batch in this mode); ``"ignore"``.
 
