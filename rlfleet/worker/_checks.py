@@ -15,7 +15,7 @@ rather than a result the coordinator refuses.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -228,10 +228,12 @@ class SuspectRows:
             and dtype.kind in "iubf"
             and (bounds.check_low or bounds.check_high or self._nonfinite)
         ):
-            low = np.broadcast_to(bounds.low, space.shape).astype(dtype if floats else float)
-            high = np.broadcast_to(bounds.high, space.shape).astype(dtype if floats else float)
+            shape = tuple(space.shape or ())
+            kept = dtype if floats else np.dtype(np.float64)
+            low = np.broadcast_to(bounds.low, shape).astype(kept)
+            high = np.broadcast_to(bounds.high, shape).astype(kept)
             if floats:
-                largest = np.finfo(dtype).max
+                largest = float(np.finfo(cast(Any, kept)).max)  # a float dtype here
                 low[np.isneginf(low)], high[np.isposinf(high)] = -largest, largest
             self._low, self._high = low, high
             self._mode = "abs" if floats and np.array_equal(low, -high) else "range"
@@ -274,4 +276,4 @@ class SuspectRows:
         # count_nonzero: a third of the cost of ndarray.all() on small arrays.
         if np.count_nonzero(inside) == inside.size:
             return None
-        return ~inside.reshape(len(rows), -1).all(axis=1)
+        return np.asarray(~inside.reshape(len(rows), -1).all(axis=1))
