@@ -334,3 +334,39 @@ def test_an_agent_update_keeps_the_finished_episodes_bit_for_bit() -> None:
     assert everything.n_episodes == 4 and versions.count(0) == early.n_episodes
     before = [e for e in everything.split() if e.episode_infos["agent_version"][0] == 0]
     assert EpisodeBatch.concatenate(*before) == early
+
+
+def test_episodes_taken_late_equal_episodes_taken_as_they_end() -> None:
+    """Untaken episodes pin their rows while the ring grows and the env is reset whole.
+
+    One worker takes after every step; the other takes once at the end,
+    its ring having grown several times, and its env reset as a whole
+    between rounds (the reset writes the row after the last episodes'
+    last observations).
+    """
+
+    def sample(take_each_step: bool) -> EpisodeBatch:
+        worker = native_worker("CartPole-v1")
+        taken: list[EpisodeBatch] = []
+        try:
+            for round_ in range(3):  # each round ends with no slot running
+                worker.submit(units(40, start=40 * round_))
+                while not worker.idle:
+                    worker.step()
+                    if take_each_step and (batch := worker.take_finished()) is not None:
+                        taken.append(batch)
+            if not take_each_step:
+                ring = worker._engine.ring
+                assert ring is not None and ring.capacity > 64  # it grew
+                batch = worker.take_finished()
+                assert batch is not None
+                taken.append(batch)
+        finally:
+            worker.shutdown()
+        joined = EpisodeBatch.concatenate(*taken)
+        order = np.argsort(joined.episode_infos["episode_index"], kind="stable")
+        return EpisodeBatch.concatenate(*[joined.split()[i] for i in order])
+
+    late, early = sample(False), sample(True)
+    assert late.n_episodes == 120
+    assert late == early
