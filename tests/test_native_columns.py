@@ -57,12 +57,9 @@ def random_ring(
         actions = rng.integers(0, 4, n_slots)
         infos = {"log_prob": rng.standard_normal(n_slots).astype(np.float32)}
         ring.put_policy_outputs(row, None, actions, infos)
-        ring.put_env_outputs(
-            row,
-            None,
-            rng.uniform(-9, 9, (n_slots, 3)),
-            rng.standard_normal(n_slots),  # type: ignore[arg-type]
-        )
+        observations: Any = rng.uniform(-9, 9, (n_slots, 3))
+        rewards: Any = rng.standard_normal(n_slots)
+        ring.put_env_outputs(row, None, observations, rewards)
     return ring
 
 
@@ -70,7 +67,7 @@ def random_spans(
     rng: np.random.Generator, ring: StepRing, first_step: int, steps: int
 ) -> list[Span]:
     """Episodes ended by random done masks, one slot's episodes back to back."""
-    spans = []
+    spans: list[Span] = []
     for slot in range(ring.n_envs):
         start = first_step + int(rng.integers(0, 3))
         # Per step, each running episode ends with probability 0.2.
@@ -84,8 +81,8 @@ def random_spans(
                     Span((0, index), infos, slot, start, s - start + 1, last, ring.columns, SPEC)
                 )
                 start = s + 2  # the autoreset step lies between two episodes
-    rng.shuffle(spans)  # type: ignore[arg-type]
-    return spans
+    order = rng.permutation(len(spans))
+    return [spans[i] for i in order]
 
 
 def per_episode_batch(ring: StepRing, spans: list[Span]) -> EpisodeBatch:
@@ -184,7 +181,7 @@ def test_spans_of_two_ring_generations_join_in_order() -> None:
 
 @pytest.mark.parametrize("nonfinite", [True, False])
 def test_suspect_rows_find_every_row_the_exact_checks_may_refuse(nonfinite: bool) -> None:
-    spaces = [
+    spaces: list[gym.spaces.Box] = [
         gym.spaces.Box(-1.0, 1.0, (2, 3), np.float32),  # symmetric: one comparison
         gym.spaces.Box(np.array([0.0, -np.inf]), np.array([1.0, 5.0]), dtype=np.float64),
         gym.spaces.Box(0, 255, (4,), np.uint8),  # integer: the dtype's range is the space
