@@ -16,8 +16,8 @@ import grpc
 import pytest
 
 from rlfleet.client import RemoteSampler
-from rlfleet.envs import EnvConfig
 from rlfleet.core import EpisodeBatch
+from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, InvalidArgumentError, UnavailableError
 from rlfleet.policies import MLPCategoricalPolicy
 from rlfleet.protocol.learner_calls import SampleAsk
@@ -107,7 +107,9 @@ def test_one_coordinator_answers_a_range_with_its_global_indices(
         assert_same_batch(got, expected, skip_infos=VERSION)
         # The field is for EPISODES requests only, and the coordinator says so.
         wrong = SampleAsk(Mode.STEPS, 30, seed=SEED, first_episode=4)
-        with pytest.raises(InvalidArgumentError, match="first_episode is for SAMPLE_MODE_EPISODES only"):
+        with pytest.raises(
+            InvalidArgumentError, match="first_episode is for SAMPLE_MODE_EPISODES only"
+        ):
             sampler._sample_range(wrong, None)
 
 
@@ -162,8 +164,8 @@ def test_what_needs_one_coordinator_says_so() -> None:
         assert sampler.addresses == ("127.0.0.1:1", "127.0.0.1:2")
         for call in (
             lambda: sampler.obtain_fragments(10, 5),
-            lambda: sampler.stream(),
-            lambda: sampler.open_channel(),
+            sampler.stream,
+            sampler.open_channel,
         ):
             with pytest.raises(ConfigError, match="one coordinator"):
                 call()

@@ -13,9 +13,9 @@ batches.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
-import time
 from collections.abc import Callable, Sequence
 from typing import Literal, TypeVar
 
@@ -35,7 +35,7 @@ from rlfleet.client._learner_messages import (
 from rlfleet.client._responses import ResponseReader, SampleAnswer, collect_answer
 from rlfleet.client._restore import PushedState
 from rlfleet.client.shards import ShardSet, parse_addresses, random_seed
-from rlfleet.client.status import FleetStatus
+from rlfleet.client.status import FleetStatus, count_workers
 from rlfleet.client.stream import SampleStream
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.errors import (
@@ -70,8 +70,6 @@ _STREAM_MODES = {"episodes": Mode.EPISODES, "fragments": Mode.FRAGMENTS}
 #: Receive window of a subscription's channel: what the transport may hold
 #: for a reader that stopped reading (see :meth:`RemoteSampler.stream`).
 STREAM_WINDOW_BYTES = 256 * 1024
-#: How often obtain_exact_episodes polls for a first worker.
-_WORKER_POLL_SECONDS = 0.2
 #: The coordinator's default wait for workers, used when none was given.
 _DEFAULT_WAIT_FOR_WORKERS = 60.0
 
@@ -162,20 +160,18 @@ class RemoteSampler(ClosesOnExit):
         )
         self._shards: ShardSet | None = None
         if len(addresses) > 1:
-            shards = [
-                RemoteSampler(
-                    one,
-                    timeout=timeout,
-                    wait_for_workers=wait_for_workers,
-                    max_message_bytes=max_message_bytes,
-                    tls_ca=tls_ca,
-                    tls_cert=tls_cert,
-                    tls_key=tls_key,
-                    tls_server_name=tls_server_name,
-                    token=token,
-                )
-                for one in addresses
-            ]
+            one = functools.partial(
+                RemoteSampler,
+                timeout=timeout,
+                wait_for_workers=wait_for_workers,
+                max_message_bytes=max_message_bytes,
+                tls_ca=tls_ca,
+                tls_cert=tls_cert,
+                tls_key=tls_key,
+                tls_server_name=tls_server_name,
+                token=token,
+            )
+            shards = [one(address) for address in addresses]
             self._shards = ShardSet(shards, seed=random_seed() if seed is None else seed)
         # Over several coordinators every call goes through the shards' own
         # channels; this one (gRPC connects lazily) then never connects.
@@ -271,7 +267,9 @@ class RemoteSampler(ClosesOnExit):
             NoWorkersError: If no worker is connected in time.
         """
         check_int("n_eps_per_worker", n_eps_per_worker, minimum=1, maximum=_INT64_MAX)
-        workers = self._count_workers()
+        workers = count_workers(
+            self.status, self.wait_for_workers or _DEFAULT_WAIT_FOR_WORKERS, self.address
+        )
         return self.obtain_episodes(
             n_eps_per_worker * workers, agent_update, env_update, progress=progress
         )
@@ -575,7 +573,6 @@ class RemoteSampler(ClosesOnExit):
         return self._restoring_on_restart(push)
 
     def _one_coordinator(self, what: str) -> None:
-        """Refuses ``what`` over several coordinators."""
         if self._shards is not None:
             raise ConfigError(
                 f"{what} works on one coordinator, and this sampler has {len(self.addresses)} "
@@ -593,8 +590,7 @@ class RemoteSampler(ClosesOnExit):
     ) -> SampleAnswer:
         """One attempt at ``ask``, with this sampler's request index and state.
 
-        ``counted=False``: with ``ask``'s own request index, leaving this
-        sampler's counter alone (a shard's piece of a sharded request).
+        ``counted=False``: with ``ask``'s own request index (a shard's piece).
         """
         agent, env = self._restore(agent_update, env_update)
         ask = dataclasses.replace(
@@ -620,21 +616,6 @@ class RemoteSampler(ClosesOnExit):
             self._pushed.agent_applied(agent, answer.header.agent_version)
         self._pushed.answered_by(answer.header.coordinator_id)
         return answer
-
-    def _count_workers(self) -> int:
-        """Connected workers that are not leaving; waits for a first one."""
-        wait = self.wait_for_workers or _DEFAULT_WAIT_FOR_WORKERS
-        deadline = time.monotonic() + wait
-        while True:
-            workers = sum(w.state != "leaving" for w in self.status().workers)
-            if workers:
-                return workers
-            if time.monotonic() >= deadline:
-                raise NoWorkersError(
-                    f"no worker joined within {wait:g} seconds; start workers with "
-                    f"`rlfleet worker --coordinator {self.address}`"
-                )
-            time.sleep(_WORKER_POLL_SECONDS)
 
     def _env_spec_of(self, data: bytes) -> EnvSpec:
         """Decodes a serialized EnvSpec, reusing the last one if the bytes are the same."""
