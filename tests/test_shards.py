@@ -8,6 +8,7 @@ episode ranges re-run on the other.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -59,6 +60,10 @@ def start(fleet: ProcessFleet, env: EnvConfig | None, workers: int) -> None:
     fleet.wait_for_workers(workers)
 
 
+def stepped(fleet: ProcessFleet) -> bool:
+    return fleet.status().steps_total > 0
+
+
 def test_a_request_over_two_coordinators_is_the_batch_one_gives(
     shards: list[ProcessFleet],
 ) -> None:
@@ -82,7 +87,7 @@ def test_a_request_over_two_coordinators_is_the_batch_one_gives(
         assert sharded.requests_made == 5
     # Both coordinators ran episodes (their step counts come with heartbeats).
     for fleet in shards:
-        fleet.wait_until(lambda f=fleet: f.status().steps_total > 0, what="steps on each shard")
+        fleet.wait_until(functools.partial(stepped, fleet), what="steps on each shard")
     per_shard = [fleet.status() for fleet in shards]
     assert len(status.workers) == 2
     assert status.coordinator_id == ",".join(s.coordinator_id for s in per_shard)
