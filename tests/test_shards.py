@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from rlfleet.client import RemoteSampler
+from rlfleet.client import shards as shards_module
 from rlfleet.core import EpisodeBatch
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, InvalidArgumentError, UnavailableError
@@ -147,6 +148,32 @@ def test_a_killed_coordinators_ranges_are_rerun_on_the_other(
             assert fleet.address in message, message
         assert "retry" in message
         assert sharded.requests_made == 2  # a retry gets the same seeds
+
+
+def test_a_coordinator_that_missed_an_update_gets_it_before_it_samples_again(
+    shards: list[ProcessFleet], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shards_module, "RETRY_LOST_SECONDS", 0.0)  # try it again at once
+    for fleet in shards:
+        start(fleet, None, 1)
+    env = EnvConfig("CartPole-v1")
+    policy = MLPCategoricalPolicy(env.env_spec(), hidden_sizes=[8], seed=9)
+    with (
+        RemoteSampler([f.address for f in shards], seed=SEED, timeout=120) as sharded,
+        LocalSampler(env, policy, seed=SEED) as local,
+    ):
+        sharded.obtain_episodes(4)  # both shards known, nothing pushed yet
+        local.obtain_episodes(4)
+        down = shards[1]
+        before = down.status().coordinator_id
+        down.kill(down.coordinator)
+        # The update reaches the live shard; the dead one is left behind.
+        assert sharded.update_agent(policy) == 1
+        down.start_coordinator()  # same port, fresh state: the default policy
+        down.wait_for_workers(1, coordinator_id=before)
+        # Its range is sampled with the learner's agent, pushed to it first.
+        assert_same_batch(sharded.obtain_episodes(8), local.obtain_episodes(8), skip_infos=VERSION)
+        assert down.status().agent_version == 1
 
 
 @pytest.mark.parametrize(
