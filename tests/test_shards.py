@@ -16,6 +16,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from rlfleet import load_batch
+from rlfleet.cli import main
 from rlfleet.client import RemoteSampler
 from rlfleet.client import shards as shards_module
 from rlfleet.core import EpisodeBatch
@@ -86,6 +88,16 @@ def test_a_request_over_two_coordinators_is_the_batch_one_gives(
         assert_same_batch(sharded.obtain_exact_episodes(3), expected, skip_infos=VERSION)
         status = sharded.status()
         assert sharded.requests_made == 5
+    # The command line takes the shards as one comma-separated address.
+    addresses = ",".join(f.address for f in shards)
+    out = shards[0].directory / "sharded.npz"
+    code = main(
+        ["sample", "--coordinator", addresses, "--mode", "episodes", "--episodes", "5",
+         "--seed", str(SEED), "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    with LocalSampler(env, policy, seed=SEED) as fresh:
+        assert_same_batch(load_batch(out), fresh.obtain_episodes(5), skip_infos=VERSION)
     # Both coordinators ran episodes (their step counts come with heartbeats).
     for fleet in shards:
         fleet.wait_until(functools.partial(stepped, fleet), what="steps on each shard")
