@@ -177,6 +177,7 @@ class ShardSet:
         self.seed = seed
         self._pool = ThreadPoolExecutor(len(self.shards), thread_name_prefix="rlfleet-shard")
         self._pushed = PushedState()
+        #: Mean episode length of the last STEPS call's episodes (sizes waves).
         self._mean_length: float | None = None
 
     # --- requests ------------------------------------------------------------------
@@ -217,8 +218,13 @@ class ShardSet:
             shards = self._live_count()
             if self._mean_length is None:
                 count = FIRST_WAVE_EPISODES_PER_SHARD * shards
+            elif not lengths:
+                # The mean is the previous call's, and a learning agent's
+                # episodes grow: half the estimate runs no episode past m
+                # unless their mean length more than doubled since.
+                count = math.ceil(ask.amount / self._mean_length / 2)
             else:
-                # One spare episode per shard: a wave usually ends the request.
+                # One spare episode per shard: this wave usually ends the request.
                 count = math.ceil((ask.amount - prefix_steps) / self._mean_length) + shards
             wave = self._run(ask, _split(next_index, count, shards), None)
             next_index += count
