@@ -183,6 +183,11 @@ def test_a_coordinator_that_missed_an_update_gets_it_before_it_samples_again(
         assert sharded.update_agent(policy) == 1
         down.start_coordinator()  # same port, fresh state: the default policy
         down.wait_for_workers(1, coordinator_id=before)
+        # The learner's channel to it may still sit in gRPC's reconnect
+        # backoff (up to 5 s); until it reconnects, a try finds it lost again.
+        assert sharded._shards is not None
+        channel = sharded._shards.shards[1].sampler._channel
+        grpc.channel_ready_future(channel).result(timeout=60)
         # Its range is sampled with the learner's agent, pushed to it first.
         assert_same_batch(sharded.obtain_episodes(8), local.obtain_episodes(8), skip_infos=VERSION)
         assert down.status().agent_version == 1
