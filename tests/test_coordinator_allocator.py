@@ -63,7 +63,11 @@ def test_the_coordinator_command_tunes_its_own_process(monkeypatch: pytest.Monke
         calls.append("serve")
         raise ServedError
 
-    monkeypatch.setattr(allocator, "keep_freed_memory", lambda: calls.append("tuned") or True)
+    def fake_tune() -> bool:
+        calls.append("tuned")
+        return True
+
+    monkeypatch.setattr(allocator, "keep_freed_memory", fake_tune)
     monkeypatch.setattr(server, "serve", fake_serve)
     monkeypatch.setattr(command, "_install_signal_handlers", lambda stop: None)
     with pytest.raises(ServedError):
