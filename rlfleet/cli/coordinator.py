@@ -179,7 +179,10 @@ def run(args: argparse.Namespace) -> int:
     """Runs the coordinator until SIGINT or SIGTERM; returns the exit code."""
     # Imported here: gRPC and gymnasium load only for the commands that need them.
     from rlfleet.coordinator import CoordinatorConfig, serve
+    from rlfleet.coordinator.allocator import keep_freed_memory
     from rlfleet.envs import EnvConfig
+
+    keep_freed_memory()  # this process is the coordinator's own
 
     config = CoordinatorConfig(
         listen=args.listen,
