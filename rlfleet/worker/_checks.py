@@ -226,7 +226,8 @@ class SuspectRows:
         elif (
             bounds is not None
             and dtype.kind in "iubf"
-            and (bounds.check_low or bounds.check_high or self._nonfinite)
+            # Bounds the dtype can break (none for uint8 frames of a 0..255 Box).
+            and (any(b is not None for b in bounds.checks(dtype)) or self._nonfinite)
         ):
             shape = tuple(space.shape or ())
             kept = dtype if floats else np.dtype(np.float64)
