@@ -35,13 +35,13 @@ def test_a_tasks_units_are_checked_once_and_equal_units_built_one_by_one() -> No
     assert EpisodeUnit.many([], 7) == []
     # What a hostile or broken coordinator could send is refused as the
     # constructor refuses it, naming the field.
-    bad = {
+    bad: dict[str, list[tuple[int, int, int]]] = {
         "episode_index must be an int >= 0, got -1": [(0, 1, 2), (-1, 1, 2)],
         "env_seed must fit in 32 bits": [(0, 2**32, 2)],
         "policy_seed must be an int >= 0, got True": [(0, 1, True)],
     }
-    for message, rows in bad.items():
+    for message, bad_rows in bad.items():
         with pytest.raises(ConfigError, match=message):
-            EpisodeUnit.many(rows, 7)
+            EpisodeUnit.many(bad_rows, 7)
     with pytest.raises(ConfigError, match="request must be an int >= 0"):
         EpisodeUnit.many([(0, 1, 2)], -3)
