@@ -497,7 +497,8 @@ class SlotEngine:
         are checked with a few whole-batch calls (:class:`SuspectRows`); an
         episode that ends is a :class:`Span` of the ring, gathered with the
         others when they are taken. The env truncates episodes at the time
-        limit itself (it is made with the engine's limit): no stop is kept.
+        limit itself (it is made with the engine's limit), so no limit step is
+        tracked here.
         """
         native = self.native
         assert native is not None
