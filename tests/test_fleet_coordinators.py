@@ -9,6 +9,7 @@ once it closes or fails to start. Dying with the learner is in
 
 from __future__ import annotations
 
+import secrets
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -94,7 +95,11 @@ def test_what_needs_one_coordinator_says_so(sharded: Fleet) -> None:
         RemoteVectorEnv(sharded, "CartPole-v1", num_envs=2)
 
 
-def test_close_leaves_no_process() -> None:
+def test_close_leaves_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A coordinator process takes every setting from its flags: a learner token
+    # in the learner's environment (half a token pair, which a coordinator
+    # refuses to start with) must not reach it.
+    monkeypatch.setenv("RLFLEET_LEARNER_TOKEN", secrets.token_hex(32))
     before = children()
     fleet = Fleet.local(2, 1, CARTPOLE, coordinators=2)
     started = {c.process.pid for c in fleet.coordinators} | {w.process.pid for w in fleet.workers}
