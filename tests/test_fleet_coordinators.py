@@ -9,6 +9,7 @@ once it closes or fails to start. Dying with the learner is in
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import socket
 from collections.abc import Iterator
@@ -17,7 +18,10 @@ from typing import Any
 import psutil
 import pytest
 
+from rlfleet.cli import parse_args
 from rlfleet.client import Fleet, RemoteSampler, RemoteVectorEnv
+from rlfleet.coordinator import CoordinatorConfig
+from rlfleet.coordinator.config import SETTING_NAMES
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import AuthenticationError, ConfigError, UnavailableError, WorkerError
 from rlfleet.policies import MLPCategoricalPolicy
@@ -154,3 +158,27 @@ def test_bad_coordinators_values_are_config_errors(options: dict[str, Any], comp
     with pytest.raises(ConfigError, match=complaint):
         Fleet.local(**options)
     assert not children() - before
+
+
+def test_a_config_survives_the_trip_through_coordinator_flags() -> None:
+    plain = {f.name for f in dataclasses.fields(CoordinatorConfig)}
+    assert set(SETTING_NAMES) == plain - {"listen", "env", "seed", "security"}
+    config = CoordinatorConfig(
+        listen="127.0.0.1:0",
+        env=EnvConfig("CartPole-v1", {"sutton_barto_reward": True}, 50, vectorization="subprocess"),
+        seed=9,
+        heartbeat_interval_seconds=0.25,
+        heartbeat_timeout_seconds=2.5,
+        progress_deadline_seconds=7.5,
+        max_message_bytes=1 << 20,
+        lease_data_listen="off",
+        capacity_steps=0,
+    )
+    args = parse_args(["coordinator", *config.command_flags()])
+    assert (args.listen, args.seed) == (config.listen, config.seed)
+    rebuilt = EnvConfig(
+        args.env, args.env_kwargs, args.max_episode_length, vectorization=args.env_vectorization
+    )
+    assert rebuilt == config.env
+    for name, setting in SETTING_NAMES.items():
+        assert getattr(args, setting) == getattr(config, name), name

@@ -234,9 +234,7 @@ def wait_for_port(child: ChildProcess, port_file: Path, deadline: float, timeout
         with contextlib.suppress(OSError, ValueError):
             return int(port_file.read_text().strip())
         if child.process.poll() is not None:
-            raise UnavailableError(
-                f"{child.name} exited before listening:\n{child.describe()}"
-            )
+            raise UnavailableError(f"{child.name} exited before listening:\n{child.describe()}")
         if time.monotonic() >= deadline:
             raise RlfleetTimeoutError(
                 f"{child.name} was not listening within {timeout:g} seconds "
