@@ -18,6 +18,8 @@ from typing import Any
 import psutil
 import pytest
 
+from rlfleet.bench import BenchConfig
+from rlfleet.bench.samplers import fleet_sampler
 from rlfleet.cli import parse_args
 from rlfleet.client import Fleet, RemoteSampler, RemoteVectorEnv
 from rlfleet.coordinator import CoordinatorConfig
@@ -182,3 +184,24 @@ def test_a_config_survives_the_trip_through_coordinator_flags() -> None:
     assert rebuilt == config.env
     for name, setting in SETTING_NAMES.items():
         assert getattr(args, setting) == getattr(config, name), name
+
+
+def test_the_bench_fleet_runs_over_coordinator_processes_and_reports_their_cpu() -> None:
+    config = BenchConfig(
+        workers=2, envs_per_worker=2, steps=1500, request_steps=500, coordinators=2
+    )
+    assert config.fleet_suffix == ", 2 coordinators"
+    policy = MLPCategoricalPolicy(CARTPOLE.env_spec(), hidden_sizes=config.hidden_sizes, seed=0)
+    before = children()
+    with fleet_sampler(config, CARTPOLE, policy.get_param_values()) as sample:
+        timed = sample(config.steps)
+    assert not children() - before
+    assert timed.steps >= config.steps
+    for role in (
+        "workers (each, per step it takes)",
+        "coordinators (each, per step it passes)",
+        "learner (main thread)",
+    ):
+        assert timed.cpu_us[role] > 0, role
+    with pytest.raises(ConfigError, match=r"coordinators \(3\) must not exceed workers \(2\)"):
+        BenchConfig(workers=2, coordinators=3)
