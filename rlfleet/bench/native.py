@@ -97,7 +97,7 @@ def run_native_benchmark(
         "vec_worker": f"VecWorker: {k} native envs in this process",
         "fleet": f"fleet: {w} workers x {k} native envs{config.fleet_suffix}",
     }
-    one = dataclasses.replace(config, workers=1)
+    one = dataclasses.replace(config, workers=1, coordinators=1)
     measured = measure_interleaved(
         config,
         names,
