@@ -223,6 +223,24 @@ def test_assemble_episodes_in_one_copy_equals_concatenating_then_ordering(
     _assert_same_batch(assemble_episodes(results, n), _general_path(results, n))
 
 
+def test_results_placed_as_blocks_and_interleaved_ones_make_the_same_answer() -> None:
+    # Episodes 0-3 in one result (a block of the answer), 4-7 dealt
+    # alternately to two results (interleaved), 8 alone, and a speculative
+    # 9 past the answer; arriving out of order.
+    lengths = {0: 3, 1: 1, 2: 5, 3: 2, 4: 4, 5: 1, 6: 2, 7: 3, 8: 6, 9: 2}
+    parts = [[4, 6], [8, 9], [0, 1, 2, 3], [5, 7]]
+    results = [
+        result(batch([lengths[i] for i in part], part), worker=1 + k % 2)
+        for k, part in enumerate(parts)
+    ]
+    answer = assemble_episodes(results, 9)
+    _assert_same_batch(answer, _general_path(results, 9))
+    assert answer.episode_infos["episode_index"].tolist() == list(range(9))
+    assert answer.observations[:, 0].tolist() == [
+        i * 100 + t for i in range(9) for t in range(lengths[i])
+    ]
+
+
 def test_assemble_episodes_copies_step_data_once() -> None:
     # 40 results (as two workers send them), result j holding episodes j,
     # j + 40, j + 80, ...: the answer interleaves every result.

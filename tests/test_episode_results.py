@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from rlfleet.conformance.checks import continuity_problems
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.core.seeding import stream_seeds
+from rlfleet.core.space_checks import space_problem
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import WireFormatError
 from rlfleet.v1 import worker_pb2
@@ -344,6 +346,12 @@ SPACES = {
     "multi_discrete": gym.spaces.MultiDiscrete([2, 4]),
     "multi_binary": gym.spaces.MultiBinary(3),
     "int_box": gym.spaces.Box(10, 20, (2,), np.uint8),
+    # A uint8 frame's 0..255 cannot be left; a narrower one can, per pixel too.
+    "frames": gym.spaces.Box(0, 255, (2, 2, 2), np.uint8),
+    "narrow_frames": gym.spaces.Box(0, 200, (2, 2), np.uint8),
+    "per_pixel": gym.spaces.Box(
+        np.array([0, 5], np.int16), np.array([10, np.iinfo(np.int16).max], np.int16)
+    ),
 }
 
 
@@ -440,4 +448,46 @@ def test_nan_observations_pass_the_bounds_and_nan_rewards_do_not() -> None:
     rewards = np.array([0.0, np.nan, 0.0, 0.0])
     assert value_problems(dataclasses.replace(batch, rewards=rewards), spec) == [
         "rewards hold NaN or inf at step 1"
+    ]
+
+
+class _CountedUfuncs(np.ndarray):
+    """An array that records every ufunc numpy runs on it (a pass over its bytes)."""
+
+    calls: ClassVar[list[str]] = []
+
+    def __array_ufunc__(
+        self, ufunc: np.ufunc, method: str, *inputs: object, **kw: object
+    ) -> object:
+        _CountedUfuncs.calls.append(ufunc.__name__)
+        plain = [np.asarray(x) if isinstance(x, _CountedUfuncs) else x for x in inputs]
+        return getattr(ufunc, method)(*plain, **kw)
+
+
+def test_uint8_frames_of_a_0_to_255_box_skip_the_range_pass_but_not_the_dtype_check() -> None:
+    # No uint8 value lies outside 0..255: the check that cannot fail is not
+    # run over the frames' bytes; the dtype (and, at decode, the shape) still is.
+    space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    spec = EnvSpec(space, gym.spaces.Discrete(6), 10)
+    frames = np.full((3, 84, 84, 4), 255, np.uint8)
+    _CountedUfuncs.calls = []
+    assert space_problem("observations", frames.view(_CountedUfuncs), space) is None
+    assert _CountedUfuncs.calls == []
+    assert value_problems(make_spec_batch(spec, frames), spec) == []
+    wide = frames.astype(np.int16)
+    assert space_problem("observations", wide, space) == (
+        f"observations are int16, the space {space} holds uint8"
+    )
+    with pytest.raises(ValueError, match="observations"):
+        make_spec_batch(spec, np.zeros((3, 84, 84), np.uint8))
+
+
+def test_a_narrower_uint8_box_still_refuses_the_values_it_leaves_out() -> None:
+    space = SPACES["narrow_frames"]
+    spec = EnvSpec(space, gym.spaces.Discrete(2), 10)
+    frames = np.full((4, 2, 2), 200, np.uint8)
+    assert value_problems(make_spec_batch(spec, frames), spec) == []
+    frames[2, 1, 0] = 201
+    assert value_problems(make_spec_batch(spec, frames), spec) == [
+        f"observations[2] holds 201, outside the space {space}"
     ]

@@ -1,9 +1,10 @@
-"""A learner that dies without closing its Fleet.local leaves no worker behind.
+"""A learner that dies without closing its Fleet.local leaves no process behind.
 
 A real script starts ``Fleet.local(workers=2)`` (env subprocesses in each
-worker), samples once, prints every pid of its fleet and then ends the
-way a killed or crashed learner does: SIGKILL, ``os._exit``. Every worker
-and env process must be gone within a deadline.
+worker; with ``coordinators=2`` also two coordinator processes), samples
+once, prints every pid of its fleet and then ends the way a killed or
+crashed learner does: SIGKILL, ``os._exit``. Every worker, env and
+coordinator process must be gone within a deadline.
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ SCRIPT = textwrap.dedent(
     from rlfleet.client import Fleet
     from rlfleet.envs import EnvConfig
 
-    how = sys.argv[1]
+    how, coordinators = sys.argv[1], int(sys.argv[2])
     holder = {}
 
     def start():
         holder["fleet"] = Fleet.local(
-            2, 2, EnvConfig("CartPole-v1", vectorization="subprocess"), seed=1
+            2, 2, EnvConfig("CartPole-v1", vectorization="subprocess"), seed=1,
+            coordinators=coordinators,
         )
 
     if how == "sigkill-after-thread":
@@ -54,7 +56,7 @@ SCRIPT = textwrap.dedent(
         start()
     fleet = holder["fleet"]
     fleet.sampler.obtain_samples(0, 200)
-    pids = []
+    pids = [coordinator.process.pid for coordinator in fleet.coordinators]
     for worker in fleet.workers:
         process = psutil.Process(worker.process.pid)
         pids += [process.pid, *(c.pid for c in process.children(recursive=True))]
@@ -73,11 +75,13 @@ def gone(pid: int) -> bool:
         return True
 
 
-def run_learner(how: str, logs: list[str]) -> tuple[subprocess.Popen[str], list[int]]:
+def run_learner(
+    how: str, logs: list[str], coordinators: int = 1
+) -> tuple[subprocess.Popen[str], list[int]]:
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
     learner = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, how],
+        [sys.executable, "-c", SCRIPT, how, str(coordinators)],
         stdout=subprocess.PIPE,
         text=True,
         env=environment,
@@ -88,7 +92,12 @@ def run_learner(how: str, logs: list[str]) -> tuple[subprocess.Popen[str], list[
     started = json.loads(line)
     pids = started["pids"]
     logs.append(started["log_dir"])  # a killed learner cannot remove its workers' logs
-    assert len(pids) >= 6, f"expected 2 workers with 2 env processes each, got pids {pids}"
+    # One coordinator runs in the learner; more are processes of their own.
+    expected = 6 + (coordinators if coordinators > 1 else 0)
+    assert len(pids) >= expected, (
+        f"expected 2 workers with 2 env processes each and {coordinators} coordinator(s), "
+        f"got pids {pids}"
+    )
     return learner, pids
 
 
@@ -136,3 +145,18 @@ def test_workers_end_when_their_learner_calls_os_exit(logs: list[str]) -> None:
     learner, pids = run_learner("os._exit", logs)
     assert learner.wait(timeout=30) == 3
     assert_all_end(pids)
+
+
+@pytest.mark.parametrize("how", ["sigkill", "os._exit"])
+def test_coordinator_processes_and_workers_end_when_their_learner_dies(
+    how: str, logs: list[str]
+) -> None:
+    learner, pids = run_learner(how, logs, coordinators=2)
+    try:
+        if how == "sigkill":
+            learner.send_signal(signal.SIGKILL)
+        assert learner.wait(timeout=30) == (3 if how == "os._exit" else -signal.SIGKILL)
+        assert_all_end(pids)
+    finally:
+        learner.kill()
+        learner.wait(timeout=30)

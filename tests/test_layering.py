@@ -176,9 +176,10 @@ BARE_PACKAGES = {"errors": set(), "_version": set(), "_util": {"errors"}}
 #: import beyond its package's edges (docs/architecture.md lists them too).
 EXCEPTIONS = {
     # Fleet.local starts an embedded coordinator: rlfleet.coordinator's public
-    # names (its lazy __init__), never one of its modules; and it reads where
-    # rlfleet lies (rlfleet.__file__) for its worker subprocesses' path.
-    "rlfleet.client.fleet": {"rlfleet.coordinator", "rlfleet"},
+    # names (its lazy __init__), never one of its modules.
+    "rlfleet.client.fleet": {"rlfleet.coordinator"},
+    # Reads where rlfleet lies (rlfleet.__file__) for its subprocesses' path.
+    "rlfleet.client._processes": {"rlfleet"},
     # The learner's calls carry wire value types (a result's first chunk and
     # its header); updates name TensorDict for type checking only.
     "rlfleet.protocol.learner_calls": {"rlfleet.wire", "rlfleet.wire.results"},

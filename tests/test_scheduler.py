@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlfleet.core.seeding import episode_seeds, episode_seeds_many
+from rlfleet.errors import InvalidValueError
 from rlfleet.protocol.modes import Mode
 from rlfleet.scheduling.scheduler import (
     CancelOrder,
@@ -123,6 +124,29 @@ def test_episodes_mode_ends_after_exactly_amount_episodes() -> None:
     footer = scheduler.footer(request_id)
     assert (footer.num_episodes, footer.total_steps) == (3, 15)
     assert scheduler.dispatch() == []
+
+
+def test_an_episode_range_runs_exactly_its_indices_with_their_seeds() -> None:
+    """A request cut over several coordinators (docs/sharding.md): episodes
+    first_episode..first_episode+amount-1, with the seeds they have in the whole request."""
+    scheduler = fleet(2, prefetch=1)  # capacity 4
+    request_id = scheduler.start_sample(spec(Mode.EPISODES, 5, first_episode=40))
+    (first,) = scheduler.dispatch()
+    assert indices(first) == [40, 41, 42, 43]
+    for unit in first.units:
+        assert (unit.env_seed, unit.policy_seed) == episode_seeds(7, 3, unit.episode_index)
+    assert not finish_units(scheduler, first, dict.fromkeys(range(40, 44), 3)).done
+    (second,) = scheduler.dispatch()
+    assert indices(second) == [44]
+    assert finish_units(scheduler, second, {44: 3}).done
+    footer = scheduler.footer(request_id)
+    assert (footer.num_episodes, footer.total_steps) == (5, 15)
+    assert scheduler.dispatch() == []
+
+
+def test_an_episode_range_is_for_episodes_requests_only() -> None:
+    with pytest.raises(InvalidValueError, match="first_episode is for EPISODES requests"):
+        fleet(1).start_sample(spec(Mode.STEPS, 5, first_episode=40))
 
 
 def test_lost_units_are_rerun_before_new_ones_with_the_same_seeds() -> None:

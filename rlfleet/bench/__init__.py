@@ -71,7 +71,7 @@ def run_benchmark(
         "vec_worker": f"VecWorker: {k} envs in this process",
         "sync": f"SyncVectorEnv: {w * k} envs in this process",
         "async": f"AsyncVectorEnv: {w * k} env processes",
-        "fleet": f"fleet: {w} workers x {k} envs",
+        "fleet": f"fleet: {w} workers x {k} envs{config.fleet_suffix}",
     }
     measured = measure_interleaved(
         config,
@@ -112,6 +112,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         seed=args.seed,
         prefetch_factor=args.prefetch_factor,
+        coordinators=args.coordinators,
     )
     say = lambda line: print(line, flush=True)  # noqa: E731
     report: BenchReport | NativeBenchReport = (

@@ -95,9 +95,9 @@ def run_native_benchmark(
         "one_loop": f"one native loop: {k} envs in 1 process",
         "loops": f"native loops: {w} processes x {k} envs at once",
         "vec_worker": f"VecWorker: {k} native envs in this process",
-        "fleet": f"fleet: {w} workers x {k} native envs",
+        "fleet": f"fleet: {w} workers x {k} native envs{config.fleet_suffix}",
     }
-    one = dataclasses.replace(config, workers=1)
+    one = dataclasses.replace(config, workers=1, coordinators=1)
     measured = measure_interleaved(
         config,
         names,

@@ -33,9 +33,13 @@ class BenchConfig:
         hidden_sizes: Hidden widths of the policy.
         prefetch_factor: The coordinator's ``prefetch_factor``; None keeps
             the coordinator's default.
+        coordinators: The fleet's coordinators (``Fleet.local(coordinators=N)``):
+            1 runs it in the learner's process, N > 1 as N processes with
+            the workers dealt among them.
 
     Raises:
-        ConfigError: If a count is < 1.
+        ConfigError: If a count is < 1, or there are fewer workers than
+            coordinators.
     """
 
     workers: int = 2
@@ -47,15 +51,22 @@ class BenchConfig:
     env_id: str = "CartPole-v1"
     hidden_sizes: tuple[int, ...] = (32, 32)
     prefetch_factor: int | None = None
+    coordinators: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("workers", "envs_per_worker", "steps", "request_steps", "repeats"):
+        names = ("workers", "envs_per_worker", "steps", "request_steps", "repeats", "coordinators")
+        for name in names:
             value = getattr(self, name)
             check_int(f"bench {name.replace('_', '-')}", value)
         if self.seed < 0:
             raise ConfigError(f"bench seed must be >= 0, got {self.seed}")
         if self.prefetch_factor is not None and self.prefetch_factor < 0:
             raise ConfigError(f"bench prefetch-factor must be >= 0, got {self.prefetch_factor}")
+        if self.coordinators > self.workers:
+            raise ConfigError(
+                f"bench coordinators ({self.coordinators}) must not exceed workers "
+                f"({self.workers}): each coordinator needs a worker of its own"
+            )
 
     @property
     def total_envs(self) -> int:
@@ -74,7 +85,13 @@ class BenchConfig:
             f"per run, fleet requests of {min(self.request_steps, self.steps):,} steps, "
             f"median of {self.repeats} run(s) after warm-up"
             + ("" if self.prefetch_factor is None else f", prefetch_factor {self.prefetch_factor}")
+            + ("" if self.coordinators == 1 else f", {self.coordinators} coordinator processes")
         )
+
+    @property
+    def fleet_suffix(self) -> str:
+        """What the fleet's line in a report adds for several coordinators ("" for one)."""
+        return "" if self.coordinators == 1 else f", {self.coordinators} coordinators"
 
     @property
     def policy_spec(self) -> PolicySpec:

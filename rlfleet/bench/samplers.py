@@ -315,7 +315,9 @@ def fleet_sampler(
 
     CPU per step is given for each worker process, for the learner's main
     thread (the client: requests, batch assembly) and for the learner
-    process's other threads (the embedded coordinator and gRPC).
+    process's other threads (the embedded coordinator and gRPC; with
+    several coordinators, gRPC and the shards' threads, and the coordinator
+    processes on their own line).
     """
     from rlfleet.client import Fleet  # gRPC is only needed here
 
@@ -330,14 +332,17 @@ def fleet_sampler(
         policy=config.policy_spec,
         seed=config.seed,
         coordinator_options=options,
+        coordinators=config.coordinators,
     )
     with fleet as sampler:
         workers = [psutil.Process(worker.process.pid) for worker in fleet.workers]
+        coordinators = [psutil.Process(c.process.pid) for c in fleet.coordinators]
         itr = 0
 
         def sample(min_steps: int) -> Timed:
             nonlocal itr
             before = _cpu_seconds(workers)
+            coordinators_before = _cpu_seconds(coordinators)
             cpu, main, wall = time.process_time(), time.thread_time(), time.perf_counter()
             steps = 0
             while steps < min_steps:
@@ -349,11 +354,16 @@ def fleet_sampler(
             spent = [after - b for after, b in zip(_cpu_seconds(workers), before, strict=True)]
             # Every env step is taken by exactly one worker: their CPU summed
             # over all steps is a worker's CPU per step it takes.
-            cpu_us = {
-                "workers (each, per step it takes)": _per_step_us(sum(spent), steps),
-                "coordinator (learner's other threads)": _per_step_us(cpu - main, steps),
-                "learner (main thread)": _per_step_us(main, steps),
-            }
+            cpu_us = {"workers (each, per step it takes)": _per_step_us(sum(spent), steps)}
+            if coordinators:
+                # Likewise every step passes exactly one coordinator.
+                after = _cpu_seconds(coordinators)
+                used = sum(a - b for a, b in zip(after, coordinators_before, strict=True))
+                cpu_us["coordinators (each, per step it passes)"] = _per_step_us(used, steps)
+                cpu_us["learner (other threads)"] = _per_step_us(cpu - main, steps)
+            else:
+                cpu_us["coordinator (learner's other threads)"] = _per_step_us(cpu - main, steps)
+            cpu_us["learner (main thread)"] = _per_step_us(main, steps)
             return Timed(steps, wall, cpu_us)
 
         yield sample

@@ -30,6 +30,11 @@ class BenchSettings(CommandSettings):
     prefetch_factor: NonNegativeInt | None = option(
         None, "the coordinator's prefetch_factor", shown="the coordinator's own"
     )
+    coordinators: PositiveInt = option(
+        _DEFAULTS.coordinators,
+        "the fleet's coordinators: 1 in the learner's process, N > 1 as N coordinator "
+        "processes with the workers dealt among them (Fleet.local(coordinators=N))",
+    )
     # The values of rlfleet.envs.native.NATIVE_VECTORIZATIONS.
     native: Literal["vector_entry_point", "envpool"] | None = option(
         None,

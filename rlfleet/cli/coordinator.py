@@ -158,6 +158,14 @@ class CoordinatorSettings(ServerSecurityOptions, ConfigOptions):
         "longest fragment window, in steps per env slot, a request may ask for: a worker "
         "holds a whole window in memory",
     )
+    parent_pipe: NonNegativeInt | None = option(
+        None,
+        "FD of an inherited pipe's read end: stop at once when its write end closes, i.e. "
+        "when the process that started this coordinator ends, however it ends (Fleet.local "
+        "with several coordinators passes it; on Linux a parent-death signal is asked for too)",
+        metavar="FD",
+        internal=True,
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -179,7 +187,11 @@ def run(args: argparse.Namespace) -> int:
     """Runs the coordinator until SIGINT or SIGTERM; returns the exit code."""
     # Imported here: gRPC and gymnasium load only for the commands that need them.
     from rlfleet.coordinator import CoordinatorConfig, serve
+    from rlfleet.coordinator.allocator import keep_freed_memory
+    from rlfleet.coordinator.config import SETTING_NAMES
     from rlfleet.envs import EnvConfig
+
+    keep_freed_memory()  # this process is the coordinator's own
 
     config = CoordinatorConfig(
         listen=args.listen,
@@ -190,34 +202,23 @@ def run(args: argparse.Namespace) -> int:
             vectorization=args.env_vectorization,
         ),
         seed=args.seed,
-        heartbeat_interval_seconds=args.heartbeat_interval,
-        heartbeat_timeout_seconds=args.heartbeat_timeout,
-        wait_for_workers_seconds=args.wait_for_workers,
-        update_timeout_seconds=args.update_timeout,
-        handshake_timeout_seconds=args.handshake_timeout,
-        keepalive_seconds=args.keepalive_interval,
-        keepalive_timeout_seconds=args.keepalive_timeout,
-        max_message_bytes=args.max_message_bytes,
-        max_workers=args.max_workers,
-        max_queued_requests=args.max_queued_requests,
-        max_subscribers=args.max_subscribers,
-        max_envs_per_lease=args.max_envs_per_lease,
-        max_leased_envs=args.max_leased_envs,
-        max_leases_per_learner=args.max_leases_per_learner,
-        max_envs_per_learner=args.max_envs_per_learner,
-        lease_data_listen=args.lease_data_listen,
-        max_result_bytes=args.max_result_bytes,
-        max_learner_calls=args.max_learner_calls,
-        max_buffered_steps=args.max_buffered_steps,
-        prefetch_factor=args.prefetch_factor,
-        capacity_steps=args.capacity_steps,
-        max_fragment_length=args.max_fragment_length,
-        progress_deadline_seconds=args.progress_deadline,
-        max_envs_per_worker=args.max_envs_per_worker,
         security=server_security_from_args(args),
+        **{field: getattr(args, setting) for field, setting in SETTING_NAMES.items()},
     )
     stop = threading.Event()
     _install_signal_handlers(stop)
+    # Set when the learner that started this coordinator died: nobody is left
+    # to finish requests for, so it stops without draining.
+    orphaned = threading.Event()
+    if args.parent_pipe is not None:
+        from rlfleet._util.parent_watch import watch_parent
+
+        def on_parent_gone(reason: str) -> None:
+            del reason  # watch_parent logged it
+            orphaned.set()
+            stop.set()
+
+        watch_parent(args.parent_pipe, on_parent_gone)
     server = serve(config)
     health_port = None
     metrics_port = None
@@ -236,7 +237,8 @@ def run(args: argparse.Namespace) -> int:
         # Waits in slices so that signal handlers run promptly in this thread.
         while not stop.wait(0.5):
             pass
-        server.drain(args.drain_grace)
+        if not orphaned.is_set():
+            server.drain(args.drain_grace)
     finally:
         # The main server first: its health turns NOT_SERVING on both ports.
         server.stop(

@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         metrics = MetricsPort(args.metrics_listen, worker.metrics.registry)
     _install_signal_handlers(worker)
     if args.parent_pipe is not None:
-        from rlfleet.worker._parent_watch import watch_parent
+        from rlfleet._util.parent_watch import watch_parent
 
         watch_parent(args.parent_pipe, worker.request_leave)
     try:

@@ -164,6 +164,7 @@ def _sample_request(ask: SampleAsk) -> bytes:
         wait_for_workers_seconds=ask.wait_for_workers_seconds,
         itr=ask.itr,
         coordinator_id=ask.coordinator_id,
+        first_episode=ask.first_episode,
     )
     if ask.seed is not None:
         request.seed = ask.seed

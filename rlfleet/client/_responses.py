@@ -10,15 +10,15 @@ stream read those through :class:`ResponseReader`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeAlias
 
 from rlfleet.client._learner_messages import ResponsePart
 from rlfleet.core import EnvSpec
-from rlfleet.errors import ProtocolError
+from rlfleet.errors import ProtocolError, UnavailableError
 from rlfleet.protocol.learner_calls import CallHeader, ResultPart
-from rlfleet.protocol.modes import Footer
+from rlfleet.protocol.modes import Footer, Mode
 from rlfleet.wire.results import DecodedResult, ResultAssembler
 
 
@@ -37,6 +37,15 @@ class AnswerHeader:
     coordinator_id: str = ""
 
 
+@dataclass
+class SampleAnswer:
+    """What a Sample call returned (over several coordinators: its pieces together)."""
+
+    header: AnswerHeader
+    footer: Footer
+    results: list[DecodedResult]
+
+
 #: What one response stands for (None: a chunk of a result still arriving).
 Response: TypeAlias = AnswerHeader | DecodedResult | Footer | None
 
@@ -50,7 +59,7 @@ class ResponseReader:
     """
 
     def __init__(self, what: str, decode_spec: Callable[[bytes], EnvSpec]) -> None:
-        self._what = what
+        self.what = what
         self._decode_spec = decode_spec
         self._assembler = ResultAssembler(per_worker=True)
 
@@ -73,4 +82,46 @@ class ResponseReader:
             return AnswerHeader(part.agent_version, spec, part.coordinator_id)
         if isinstance(part, Footer):
             return part
-        raise ProtocolError(f"{self._what}: an empty SampleResponse arrived")
+        raise ProtocolError(f"{self.what}: an empty SampleResponse arrived")
+
+
+def collect_answer(
+    call: Iterable[ResponsePart],
+    reader: ResponseReader,
+    mode: int,
+    amount: int,
+    progress: Callable[[int, int], None] | None,
+) -> SampleAnswer:
+    """Reads a Sample call's responses into its answer.
+
+    Args:
+        call: The call's responses.
+        reader: Reads them (names the call in errors).
+        mode: The request's ``SampleMode`` (progress counts episodes in EPISODES).
+        amount: What the request asked for.
+        progress: Called with (done, amount) as results land.
+
+    Raises:
+        ProtocolError: If a footer comes before any header.
+        UnavailableError: If the answer ends before its footer.
+    """
+    header: AnswerHeader | None = None
+    results: list[DecodedResult] = []
+    done = 0
+    for item in call:
+        response = reader.read(item)
+        if isinstance(response, DecodedResult):
+            results.append(response)
+            if progress is not None:
+                batch = response.batch
+                done += batch.n_episodes if mode == Mode.EPISODES else batch.total_steps
+                progress(min(done, amount), amount)
+        elif isinstance(response, AnswerHeader):
+            header = response
+        elif isinstance(response, Footer):
+            if header is None:
+                raise ProtocolError(f"{reader.what}: a footer came before any header")
+            return SampleAnswer(header, response, results)
+    raise UnavailableError(
+        f"{reader.what}: the answer ended before its footer (the coordinator went away?); retry"
+    )

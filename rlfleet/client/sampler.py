@@ -1,21 +1,22 @@
-"""RemoteSampler: garage's Sampler contract over a coordinator.
+"""RemoteSampler: garage's Sampler contract over a coordinator (or several).
 
 ``RemoteSampler(address, seed=s)`` returns, for the same seed, env and agent
 updates, the batches ``LocalSampler(seed=s)`` returns (every field but
 ``episode_infos["worker"]``, which names the producer), however many
 workers the fleet has and even if some die mid-request: episode k of the
 n-th call gets its seeds from ``(s, n, k)`` and batches are ordered by
-episode index.
+episode index. Given several coordinator addresses, it cuts each request
+into episode ranges over them (:mod:`rlfleet.client.shards`), with the same
+batches.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Literal, TypeVar
 
 import grpc
@@ -27,14 +28,14 @@ from rlfleet.client._learner_messages import (
     AgentUpdateLike,
     EnvUpdateLike,
     LearnerStubs,
-    ResponsePart,
     agent_change_of,
     env_change_of,
     subscribe,
 )
-from rlfleet.client._responses import AnswerHeader, ResponseReader
+from rlfleet.client._responses import ResponseReader, SampleAnswer, collect_answer
 from rlfleet.client._restore import PushedState
-from rlfleet.client.status import FleetStatus
+from rlfleet.client.shards import ShardSet, parse_addresses, random_seed
+from rlfleet.client.status import FleetStatus, count_workers
 from rlfleet.client.stream import SampleStream
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.errors import (
@@ -42,18 +43,17 @@ from rlfleet.errors import (
     ConfigError,
     CoordinatorRestartedError,
     NoWorkersError,
-    ProtocolError,
     RlfleetError,
     UnavailableError,
 )
 from rlfleet.protocol.learner_calls import SampleAsk, SubscribeAsk, UpdatePush
-from rlfleet.protocol.modes import Footer, Mode
+from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.security import ClientSecurity, Token
 from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import parse_env_spec
-from rlfleet.wire.results import DecodedResult, assemble_episodes, assemble_fragments
+from rlfleet.wire.results import assemble_episodes, assemble_fragments
 
 logger = logging.getLogger("rlfleet.client")
 
@@ -70,19 +70,8 @@ _STREAM_MODES = {"episodes": Mode.EPISODES, "fragments": Mode.FRAGMENTS}
 #: Receive window of a subscription's channel: what the transport may hold
 #: for a reader that stopped reading (see :meth:`RemoteSampler.stream`).
 STREAM_WINDOW_BYTES = 256 * 1024
-#: How often obtain_exact_episodes polls for a first worker.
-_WORKER_POLL_SECONDS = 0.2
 #: The coordinator's default wait for workers, used when none was given.
 _DEFAULT_WAIT_FOR_WORKERS = 60.0
-
-
-@dataclass
-class _Answer:
-    """What one Sample call returned."""
-
-    header: AnswerHeader
-    footer: Footer
-    results: list[DecodedResult]
 
 
 class RemoteSampler(ClosesOnExit):
@@ -101,13 +90,20 @@ class RemoteSampler(ClosesOnExit):
     would have.
 
     Args:
-        address: ``HOST:PORT`` of the coordinator.
+        address: ``HOST:PORT`` of the coordinator; or several coordinators,
+            each with its own workers, as a sequence of addresses or one
+            string joining them with commas: each request is then cut into
+            episode ranges over them, with the batch one coordinator would
+            give, and a lost coordinator's ranges re-run on the others
+            (docs/sharding.md). Over several, ``obtain_fragments``,
+            :meth:`stream` and :meth:`open_channel` are ConfigErrors.
         seed: Base seed of every request. With a seed, the n-th successful
             ``obtain_*`` call (n = 0, 1, ...) sends ``request_index=n``, as
             LocalSampler numbers its requests, so the batches equal
             LocalSampler's; a failed call does not advance the counter, so
             retrying it reproduces the same batch. None: the coordinator's
-            own seed and request counter.
+            own seed and request counter (over several coordinators: a base
+            seed the sampler draws, with its own counter).
         timeout: Deadline of each call in seconds; None for no deadline.
         wait_for_workers: Seconds a request waits for a first ready worker
             before failing with NoWorkersError; None: the coordinator's
@@ -128,7 +124,7 @@ class RemoteSampler(ClosesOnExit):
 
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         *,
         seed: int | None = None,
         timeout: float | None = 600.0,
@@ -147,7 +143,10 @@ class RemoteSampler(ClosesOnExit):
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ConfigError(f"{name} must be > 0 seconds or None, got {value!r}")
-        self.address = address
+        addresses = parse_addresses(address)
+        #: The coordinators' addresses; ``address`` joins them with commas.
+        self.addresses = addresses
+        self.address = ",".join(addresses)
         self.seed = seed
         self.timeout = timeout
         self.wait_for_workers = wait_for_workers
@@ -159,8 +158,25 @@ class RemoteSampler(ClosesOnExit):
             tls_server_name=tls_server_name,
             token=token,
         )
+        self._shards: ShardSet | None = None
+        if len(addresses) > 1:
+            one = functools.partial(
+                RemoteSampler,
+                timeout=timeout,
+                wait_for_workers=wait_for_workers,
+                max_message_bytes=max_message_bytes,
+                tls_ca=tls_ca,
+                tls_cert=tls_cert,
+                tls_key=tls_key,
+                tls_server_name=tls_server_name,
+                token=token,
+            )
+            shards = [one(address) for address in addresses]
+            self._shards = ShardSet(shards, seed=random_seed() if seed is None else seed)
+        # Over several coordinators every call goes through the shards' own
+        # channels; this one (gRPC connects lazily) then never connects.
         self._channel = _rpc.open_channel(
-            address, max_message_bytes=max_message_bytes, security=self._security
+            addresses[0], max_message_bytes=max_message_bytes, security=self._security
         )
         self._stubs = LearnerStubs(self._channel)
         self._requests = 0
@@ -251,7 +267,9 @@ class RemoteSampler(ClosesOnExit):
             NoWorkersError: If no worker is connected in time.
         """
         check_int("n_eps_per_worker", n_eps_per_worker, minimum=1, maximum=_INT64_MAX)
-        workers = self._count_workers()
+        workers = count_workers(
+            self.status, self.wait_for_workers or _DEFAULT_WAIT_FOR_WORKERS, self.address
+        )
         return self.obtain_episodes(
             n_eps_per_worker * workers, agent_update, env_update, progress=progress
         )
@@ -305,15 +323,10 @@ class RemoteSampler(ClosesOnExit):
                 fleet is then back on the previous agent, as a new version.
         """
         update = agent_change_of(agent_update)
-
-        def push() -> int:
-            agent, env = self._restore(update, None)
-            if env is not None:
-                self._push_env(env)
-            assert agent is not None  # restoring keeps the caller's update
-            return self._push_agent(agent)
-
-        return self._restoring_on_restart(push)
+        if self._shards is not None:
+            self._agent_version = self._shards.update_agent(update)
+            return self._agent_version
+        return self._apply_agent(update)
 
     def update_env(self, env_update: EnvUpdateLike) -> int:
         """Switches every worker to another env; returns its generation.
@@ -328,16 +341,9 @@ class RemoteSampler(ClosesOnExit):
                 the fleet is then back on the previous env.
         """
         update = env_change_of(env_update)
-
-        def push() -> int:
-            agent, env = self._restore(None, update)
-            assert env is not None  # restoring keeps the caller's update
-            generation = self._push_env(env)
-            if agent is not None:
-                self._push_agent(agent)
-            return generation
-
-        return self._restoring_on_restart(push)
+        if self._shards is not None:
+            return self._shards.update_env(update)
+        return self._apply_env(update)
 
     def stream(
         self,
@@ -370,6 +376,7 @@ class RemoteSampler(ClosesOnExit):
         """
         if mode not in _STREAM_MODES:
             raise ConfigError(f"stream mode must be 'episodes' or 'fragments', got {mode!r}")
+        self._one_coordinator("stream()")
         length = 0
         if mode == "fragments":
             if fragment_length is None:
@@ -425,12 +432,15 @@ class RemoteSampler(ClosesOnExit):
         For other calls that need a stream of their own (e.g.
         :class:`~rlfleet.client.RemoteVectorEnv`'s lease); the caller closes it.
         """
+        self._one_coordinator("open_channel() (and so RemoteVectorEnv)")
         return _rpc.open_channel(
             self.address, max_message_bytes=self._max_message_bytes, security=self._security
         )
 
     def status(self) -> FleetStatus:
-        """The fleet's workers, rates, agent version and env."""
+        """The fleet's workers, rates, agent version and env (summed over coordinators)."""
+        if self._shards is not None:
+            return self._shards.status()
         return self._unary("GetStatus", lambda: self._stubs.status(timeout=self.timeout))
 
     @property
@@ -477,7 +487,7 @@ class RemoteSampler(ClosesOnExit):
             ConfigError: If the sampler has no seed (the coordinator then
                 numbers requests itself) or the index is not an int >= 0.
         """
-        if self.seed is None:
+        if self.seed is None and self._shards is None:
             raise ConfigError(
                 "set_next_request needs a sampler with a seed: without one the coordinator "
                 "numbers requests itself; construct RemoteSampler(..., seed=N)"
@@ -490,6 +500,8 @@ class RemoteSampler(ClosesOnExit):
         if not self._closed:
             self._closed = True
             self._channel.close()
+            if self._shards is not None:
+                self._shards.close()
 
     # --- internals ---------------------------------------------------------------------
 
@@ -503,7 +515,7 @@ class RemoteSampler(ClosesOnExit):
         env_update: EnvUpdateLike | None,
         itr: int = 0,
         progress: Progress | None,
-    ) -> _Answer:
+    ) -> SampleAnswer:
         # Checked here: protobuf would raise ValueError or TypeError instead.
         check_int("the amount to sample", amount, minimum=1, maximum=_INT64_MAX)
         if mode is Mode.FRAGMENTS:
@@ -519,7 +531,53 @@ class RemoteSampler(ClosesOnExit):
         )
         agent = None if agent_update is None else agent_change_of(agent_update)
         env = None if env_update is None else env_change_of(env_update)
+        if self._shards is not None:
+            ask = dataclasses.replace(
+                ask, request_index=self._requests, agent_update=agent, env_update=env
+            )
+            answer = self._shards.sample(ask, progress)
+            self._requests += 1
+            self._agent_version = answer.header.agent_version
+            return answer
         return self._restoring_on_restart(lambda: self._sample_once(ask, agent, env, progress))
+
+    def _sample_range(self, ask: SampleAsk, progress: Progress | None) -> SampleAnswer:
+        """``ask`` as it is (its request index, no updates): one shard's piece of a request."""
+        return self._restoring_on_restart(
+            lambda: self._sample_once(ask, None, None, progress, counted=False)
+        )
+
+    def _apply_agent(self, update: AgentChange) -> int:
+        """Pushes an agent change to this coordinator (restoring its state if it restarted)."""
+
+        def push() -> int:
+            agent, env = self._restore(update, None)
+            if env is not None:
+                self._push_env(env)
+            assert agent is not None  # restoring keeps the caller's update
+            return self._push_agent(agent)
+
+        return self._restoring_on_restart(push)
+
+    def _apply_env(self, update: EnvChange) -> int:
+        """Pushes an env change to this coordinator (restoring its state if it restarted)."""
+
+        def push() -> int:
+            agent, env = self._restore(None, update)
+            assert env is not None  # restoring keeps the caller's update
+            generation = self._push_env(env)
+            if agent is not None:
+                self._push_agent(agent)
+            return generation
+
+        return self._restoring_on_restart(push)
+
+    def _one_coordinator(self, what: str) -> None:
+        if self._shards is not None:
+            raise ConfigError(
+                f"{what} works on one coordinator, and this sampler has {len(self.addresses)} "
+                f"({self.address}); use a RemoteSampler with a single address for it"
+            )
 
     def _sample_once(
         self,
@@ -527,24 +585,30 @@ class RemoteSampler(ClosesOnExit):
         agent_update: AgentChange | None,
         env_update: EnvChange | None,
         progress: Progress | None,
-    ) -> _Answer:
-        """One attempt at ``ask``, with this sampler's request index and state."""
+        *,
+        counted: bool = True,
+    ) -> SampleAnswer:
+        """One attempt at ``ask``, with this sampler's request index and state.
+
+        ``counted=False``: with ``ask``'s own request index (a shard's piece).
+        """
         agent, env = self._restore(agent_update, env_update)
         ask = dataclasses.replace(
             ask,
-            request_index=self._requests,
+            request_index=self._requests if counted else ask.request_index,
             agent_update=agent,
             env_update=env,
             coordinator_id=self._pushed.expected_id,
         )
         call = self._stubs.sample(ask, timeout=self.timeout)
         try:
-            answer = self._collect(call, ask.mode, ask.amount, progress)
+            reader = ResponseReader(self._what("Sample"), self._env_spec_of)
+            answer = collect_answer(call, reader, ask.mode, ask.amount, progress)
         except grpc.RpcError as exc:
             raise self._failed(exc, "Sample", timeout=self.timeout) from None
         finally:
             call.cancel()  # a no-op after a complete answer; frees the call on errors
-        self._requests += 1
+        self._requests += counted
         self._agent_version = answer.header.agent_version
         if env is not None:
             self._pushed.env_applied(env)
@@ -552,47 +616,6 @@ class RemoteSampler(ClosesOnExit):
             self._pushed.agent_applied(agent, answer.header.agent_version)
         self._pushed.answered_by(answer.header.coordinator_id)
         return answer
-
-    def _collect(
-        self, call: Iterable[ResponsePart], mode: int, amount: int, progress: Progress | None
-    ) -> _Answer:
-        reader = ResponseReader(self._what("Sample"), self._env_spec_of)
-        header: AnswerHeader | None = None
-        results: list[DecodedResult] = []
-        done = 0
-        for item in call:
-            response = reader.read(item)
-            if isinstance(response, DecodedResult):
-                results.append(response)
-                if progress is not None:
-                    batch = response.batch
-                    done += batch.n_episodes if mode == Mode.EPISODES else batch.total_steps
-                    progress(min(done, amount), amount)
-            elif isinstance(response, AnswerHeader):
-                header = response
-            elif isinstance(response, Footer):
-                if header is None:
-                    raise ProtocolError(f"{self._what('Sample')}: a footer came before any header")
-                return _Answer(header, response, results)
-        raise UnavailableError(
-            f"{self._what('Sample')}: the answer ended before its footer (the coordinator went "
-            "away?); retry"
-        )
-
-    def _count_workers(self) -> int:
-        """Connected workers that are not leaving; waits for a first one."""
-        wait = self.wait_for_workers or _DEFAULT_WAIT_FOR_WORKERS
-        deadline = time.monotonic() + wait
-        while True:
-            workers = sum(w.state != "leaving" for w in self.status().workers)
-            if workers:
-                return workers
-            if time.monotonic() >= deadline:
-                raise NoWorkersError(
-                    f"no worker joined within {wait:g} seconds; start workers with "
-                    f"`rlfleet worker --coordinator {self.address}`"
-                )
-            time.sleep(_WORKER_POLL_SECONDS)
 
     def _env_spec_of(self, data: bytes) -> EnvSpec:
         """Decodes a serialized EnvSpec, reusing the last one if the bytes are the same."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlfleet.core import EnvSpec
 from rlfleet.envs import EnvConfig
+from rlfleet.errors import NoWorkersError
 
 #: Worker states in which a worker takes work.
 READY_STATES = ("idle", "busy")
@@ -102,6 +105,34 @@ class FleetStatus:
     def total_envs(self) -> int:
         """Env slots of all connected workers."""
         return sum(worker.envs for worker in self.workers)
+
+
+#: How often :func:`count_workers` polls for a first worker.
+WORKER_POLL_SECONDS = 0.2
+
+
+def count_workers(status: Callable[[], FleetStatus], wait: float, address: str) -> int:
+    """Connected workers that are not leaving; waits up to ``wait`` seconds for a first one.
+
+    Args:
+        status: Asks the fleet for its status.
+        wait: Seconds to wait for a first worker.
+        address: The coordinator(s), for the error.
+
+    Raises:
+        NoWorkersError: If no worker joined within ``wait`` seconds.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        workers = sum(w.state != "leaving" for w in status().workers)
+        if workers:
+            return workers
+        if time.monotonic() >= deadline:
+            raise NoWorkersError(
+                f"no worker joined within {wait:g} seconds; start workers with "
+                f"`rlfleet worker --coordinator {address}`"
+            )
+        time.sleep(WORKER_POLL_SECONDS)
 
 
 __all__ = ["READY_STATES", "FleetStatus", "WorkerStatus"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -21,6 +22,39 @@ LEASE_DATA_OFF = "off"
 #: ``auto``'s offset from the gRPC port: + 1 is the documented plaintext
 #: health port (--health-listen 50052, the image's default), so + 2.
 LEASE_DATA_PORT_OFFSET = 2
+
+
+#: Each plain field of CoordinatorConfig -> its ``rlfleet coordinator`` option
+#: (flag ``--name-with-dashes``, config-file key, ``RLFLEET_*`` variable).
+#: The command builds its config through this table, and ``Fleet.local``
+#: turns a config back into flags for coordinator processes with it.
+#: ``listen``, ``env``, ``seed`` and ``security`` have options of their own shape.
+SETTING_NAMES: dict[str, str] = {
+    "heartbeat_interval_seconds": "heartbeat_interval",
+    "heartbeat_timeout_seconds": "heartbeat_timeout",
+    "wait_for_workers_seconds": "wait_for_workers",
+    "update_timeout_seconds": "update_timeout",
+    "handshake_timeout_seconds": "handshake_timeout",
+    "keepalive_seconds": "keepalive_interval",
+    "keepalive_timeout_seconds": "keepalive_timeout",
+    "max_message_bytes": "max_message_bytes",
+    "max_workers": "max_workers",
+    "max_queued_requests": "max_queued_requests",
+    "max_subscribers": "max_subscribers",
+    "max_envs_per_lease": "max_envs_per_lease",
+    "max_leased_envs": "max_leased_envs",
+    "max_leases_per_learner": "max_leases_per_learner",
+    "max_envs_per_learner": "max_envs_per_learner",
+    "lease_data_listen": "lease_data_listen",
+    "max_result_bytes": "max_result_bytes",
+    "max_learner_calls": "max_learner_calls",
+    "max_buffered_steps": "max_buffered_steps",
+    "prefetch_factor": "prefetch_factor",
+    "capacity_steps": "capacity_steps",
+    "max_fragment_length": "max_fragment_length",
+    "progress_deadline_seconds": "progress_deadline",
+    "max_envs_per_worker": "max_envs_per_worker",
+}
 
 
 @dataclass(frozen=True)
@@ -206,6 +240,28 @@ class CoordinatorConfig:
             )
         check_int("prefetch_factor", self.prefetch_factor, minimum=0)
         check_int("capacity_steps", self.capacity_steps, minimum=0)
+
+    def command_flags(self) -> list[str]:
+        """The ``rlfleet coordinator`` flags that start a process with this config.
+
+        Every field is given (the command's defaults need not be this
+        class's), but ``security``: tokens travel in the process's
+        environment (``RLFLEET_WORKER_TOKEN``, ``RLFLEET_LEARNER_TOKEN``),
+        never on its command line; TLS and the pickle opt-in are not carried.
+        """
+        env = self.env
+        flags = ["--listen", self.listen, "--env", env.id, "--seed", str(self.seed)]
+        if env.kwargs:
+            flags += ["--env-kwargs", json.dumps(dict(env.kwargs))]
+        if env.max_episode_length is not None:
+            flags += ["--max-episode-length", str(env.max_episode_length)]
+        if env.vectorization is not None:
+            flags += ["--env-vectorization", env.vectorization]
+        for name, setting in SETTING_NAMES.items():
+            value = getattr(self, name)
+            if value is not None:  # None: the command's own (unset) default
+                flags += [f"--{setting.replace('_', '-')}", str(value)]
+        return flags
 
     @property
     def lease_data_address(self) -> str | None:

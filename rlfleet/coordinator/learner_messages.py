@@ -70,6 +70,7 @@ def parse_sample_request(data: bytes) -> SampleAsk | CallError:
         wait_for_workers_seconds=request.wait_for_workers_seconds,
         itr=request.itr,
         coordinator_id=request.coordinator_id,
+        first_episode=request.first_episode,
     )
 
 

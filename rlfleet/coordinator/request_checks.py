@@ -10,6 +10,9 @@ from rlfleet.coordinator.failures import invalid
 from rlfleet.protocol.learner_calls import SampleAsk, SubscribeAsk
 from rlfleet.protocol.modes import Mode
 
+#: The largest int64: episode indices travel in int64 fields.
+_INT64_MAX = 2**63 - 1
+
 
 def sample_mode(request: SampleAsk, max_fragment_length: int) -> Mode:
     """The mode of a Sample request, after checking its fields.
@@ -29,6 +32,17 @@ def sample_mode(request: SampleAsk, max_fragment_length: int) -> Mode:
         if request.fragment_length < 1:
             raise invalid("SAMPLE_MODE_FRAGMENTS needs fragment_length >= 1")
         check_fragment_length(request.fragment_length, max_fragment_length)
+    if request.first_episode:
+        if mode is not Mode.EPISODES:
+            raise invalid(
+                "SampleRequest.first_episode is for SAMPLE_MODE_EPISODES only, got "
+                f"first_episode={request.first_episode} with mode {mode.name}"
+            )
+        if request.first_episode + request.amount > _INT64_MAX + 1:
+            raise invalid(
+                f"SampleRequest.first_episode + amount must be <= 2**63, got "
+                f"{request.first_episode} + {request.amount}"
+            )
     # NaN fails every comparison, so "not >= 0" refuses it too (it would wait forever).
     if not request.wait_for_workers_seconds >= 0:
         raise invalid(

@@ -75,6 +75,7 @@ class LearnerRequests:
                     agent_version=state.agent.version,
                     env_generation=state.env.generation,
                     fragment_length=request.fragment_length,
+                    first_episode=request.first_episode,
                 )
                 request_id = state.scheduler.start_sample(spec)
                 outbox, header = self._open(request_id, wait, scope, subscription=False)

@@ -51,6 +51,10 @@ def episode_seeds(base_seed: int, request: int, episode_index: int) -> tuple[int
     return int(env_seed), int(policy_seed)
 
 
+#: The word that sets fragment streams' seeds apart from episodes' ("FRAG").
+_STREAM_TAG = 0x46524147
+
+
 def stream_seeds(base_seed: int, stream: int, episode_in_stream: int) -> tuple[int, int]:
     """Returns the (env_seed, policy_seed) of an episode of a fragment stream.
 
@@ -73,7 +77,7 @@ def stream_seeds(base_seed: int, stream: int, episode_in_stream: int) -> tuple[i
         )
     # The constant keeps fragment seeds disjoint from episode_seeds' triples.
     env_seed, policy_seed = np.random.SeedSequence(
-        [base_seed, 0x46524147, stream, episode_in_stream]
+        [base_seed, _STREAM_TAG, stream, episode_in_stream]
     ).generate_state(2, dtype=np.uint32)
     return int(env_seed), int(policy_seed)
 
@@ -215,10 +219,61 @@ def _words(value: int) -> list[int]:
     return words
 
 
+def stream_seeds_many(
+    base_seed: int, streams: np.ndarray, episodes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`stream_seeds` of every (stream, episode) pair, as two int64 columns.
+
+    The coordinator checks every piece of a fragment window against its
+    stream's seeds: one SeedSequence per piece cost about 8 us, numpy's
+    hash over the columns a fraction of that (bit for bit the same
+    algorithm; tests/test_seeding_states.py checks it against
+    :func:`stream_seeds`).
+
+    Args:
+        base_seed: The sampler's seed (non-negative).
+        streams: (N,) stream indices (non-negative).
+        episodes: (N,) episode indices within their streams (non-negative).
+
+    Returns:
+        (env_seeds, policy_seeds), each (N,) int64.
+
+    Raises:
+        InvalidValueError: If a value is negative.
+    """
+    streams = np.asarray(streams, dtype=np.int64).reshape(-1)
+    episodes = np.asarray(episodes, dtype=np.int64).reshape(-1)
+    if base_seed < 0 or (streams.size and min(streams.min(), episodes.min()) < 0):
+        raise InvalidValueError(
+            "seeds are derived from non-negative integers, got base_seed="
+            f"{base_seed}, streams down to {streams.min() if streams.size else 0}, episodes "
+            f"down to {episodes.min() if episodes.size else 0}"
+        )
+    if len(streams) < _MIN_VECTORISED or max(streams.max(), episodes.max()) > _MASK:
+        pairs = [
+            stream_seeds(base_seed, s, e)
+            for s, e in zip(streams.tolist(), episodes.tolist(), strict=True)
+        ]
+        seeds = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        return seeds[:, 0], seeds[:, 1]
+    constant = [*_words(base_seed), *_words(_STREAM_TAG)]
+    env, policy = _hash_columns(
+        [np.full(len(streams), word, dtype=np.uint32) for word in constant]
+        + [streams.astype(np.uint32), episodes.astype(np.uint32)],
+        2,
+    )
+    return env.astype(np.int64), policy.astype(np.int64)
+
+
 def _hash(prefix: list[int], last: np.ndarray, n_words: int) -> list[np.ndarray]:
     """SeedSequence(prefix + [last[k]]).generate_state(n_words) for every k, as columns."""
     n = last.shape[0]
-    entropy = [np.full(n, word, dtype=np.uint32) for word in prefix] + [last]
+    return _hash_columns([np.full(n, word, dtype=np.uint32) for word in prefix] + [last], n_words)
+
+
+def _hash_columns(entropy: list[np.ndarray], n_words: int) -> list[np.ndarray]:
+    """SeedSequence(row k of the uint32 columns).generate_state(n_words), as columns."""
+    n = entropy[0].shape[0]
     # The hash constant evolves independently of the data, so one Python int
     # serves every column; uint32 arithmetic wraps exactly as the C code does.
     hash_const = _INIT_A

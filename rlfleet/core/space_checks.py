@@ -36,14 +36,49 @@ class _Bounds:
     dtype: np.dtype | None  # the dtype the array must have (None: any real dtype)
 
     @functools.cached_property
-    def check_low(self) -> bool:
-        """Whether some lower bound is finite (else nothing is below it)."""
-        return bool(np.isfinite(self.low).any())
+    def _scalar_low(self) -> np.ndarray | np.generic:
+        # A bound equal everywhere is compared as one number: no broadcast
+        # of a frame-sized bounds array against every row.
+        return _uniform(self.low)
 
     @functools.cached_property
-    def check_high(self) -> bool:
-        """Whether some upper bound is finite."""
-        return bool(np.isfinite(self.high).any())
+    def _scalar_high(self) -> np.ndarray | np.generic:
+        return _uniform(self.high)
+
+    def checks(
+        self, dtype: np.dtype
+    ) -> tuple[np.ndarray | np.generic | None, np.ndarray | np.generic | None]:
+        """The (low, high) bounds an array of ``dtype`` can break; None: it cannot.
+
+        An infinite bound holds every value, and so does one at or past
+        the limits of an integer dtype: nothing in a uint8 array lies
+        outside a Box of 0..255, so frames of such a Box cost no pass over
+        their bytes. The answer is cached per dtype.
+        """
+        cache: dict[np.dtype, tuple[object, object]] = self.__dict__.setdefault("_checks", {})
+        found = cache.get(dtype)
+        if found is None:
+            if dtype.kind in "iub":
+                info = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+                low_needed = bool(np.any(self.low > info[0]))
+                high_needed = bool(np.any(self.high < info[1]))
+            else:
+                low_needed = bool(np.isfinite(self.low).any())
+                high_needed = bool(np.isfinite(self.high).any())
+            found = (
+                self._scalar_low if low_needed else None,
+                self._scalar_high if high_needed else None,
+            )
+            cache[dtype] = found
+        return found  # type: ignore[return-value]
+
+
+def _uniform(bound: np.ndarray) -> np.ndarray | np.generic:
+    """``bound`` as one number (of its own dtype) if every element is that number."""
+    flat = np.asarray(bound).reshape(-1)
+    if flat.size and bool(np.all(flat == flat[0])):
+        return flat[0]
+    return np.asarray(bound)
 
 
 #: (id(space), flat, actions) -> (space, its bounds): spaces are unhashable,
@@ -173,13 +208,17 @@ def find_space_problem(
     if bounds.dtype is None and not flat and array.dtype.kind == "f":
         return SpaceProblem(f"{name} are {array.dtype}; the discrete space {space} holds integers")
     integral = array.dtype.kind == "f" and bool(bounds.integral.any())
+    low, high = bounds.checks(array.dtype)
     # Two comparisons and two any(): ~40 us for 4608 CartPole steps, where
-    # per-column min/max reductions took ~500 us. Infinite bounds are skipped.
-    # NaN passes (both comparisons are false): whether NaN observations are
-    # an error, a flag or let through is the worker's --nonfinite setting
-    # (docs/reliability.md). In a discrete space it fails the integral check.
-    below = bounds.check_low and bool(np.any(array < bounds.low))
-    above = bounds.check_high and bool(np.any(array > bounds.high))
+    # per-column min/max reductions took ~500 us. Bounds the dtype cannot
+    # break are skipped (infinite ones; 0..255 for uint8). A bound equal
+    # everywhere is one number; integers against it take one min() or max()
+    # pass, no boolean temporary. NaN passes (both comparisons are false):
+    # whether NaN observations are an error, a flag or let through is the
+    # worker's --nonfinite setting (docs/reliability.md). In a discrete space
+    # it fails the integral check.
+    below = low is not None and _any_below(array, low)
+    above = high is not None and _any_above(array, high)
     fractional = integral and not bool(np.all(~bounds.integral | (array == np.floor(array))))
     if not (below or above or fractional):
         return None
@@ -192,6 +231,18 @@ def find_space_problem(
     step = int(bad[0])
     value = array[tuple(bad)].item()
     return SpaceProblem(f"{name}[{step}] holds {value!r}, outside the space {space}", step, value)
+
+
+def _any_below(array: np.ndarray, low: np.ndarray | np.generic) -> bool:
+    if isinstance(low, np.generic) and array.dtype.kind in "iu":
+        return bool(array.min() < low)
+    return bool(np.any(array < low))
+
+
+def _any_above(array: np.ndarray, high: np.ndarray | np.generic) -> bool:
+    if isinstance(high, np.generic) and array.dtype.kind in "iu":
+        return bool(array.max() > high)
+    return bool(np.any(array > high))
 
 
 __all__ = ["SpaceProblem", "find_space_problem", "space_problem"]

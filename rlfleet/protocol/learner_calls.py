@@ -35,6 +35,10 @@ class SampleAsk:
         itr: The learner's iteration, for logs.
         coordinator_id: The coordinator the learner pushed its state to
             ("": none yet).
+        first_episode: EPISODES only: the call runs episodes
+            ``first_episode .. first_episode + amount - 1`` of the request,
+            with their seeds there (one range of a request cut over several
+            coordinators); 0: episodes ``0 .. amount - 1``.
     """
 
     mode: int
@@ -47,6 +51,7 @@ class SampleAsk:
     wait_for_workers_seconds: float = 0.0
     itr: int = 0
     coordinator_id: str = ""
+    first_episode: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

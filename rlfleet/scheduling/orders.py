@@ -102,6 +102,9 @@ class RequestSpec:
         fragment_length: Window length (FRAGMENTS).
         max_buffered_steps: Subscriptions only: steps accepted but not yet
             sent to the subscriber beyond which no new work is handed out.
+        first_episode: EPISODES only: the request runs episode indices
+            ``first_episode .. first_episode + amount - 1`` (one range of a
+            request cut over several coordinators).
     """
 
     mode: Mode
@@ -112,6 +115,7 @@ class RequestSpec:
     env_generation: int
     fragment_length: int = 0
     max_buffered_steps: int = 0
+    first_episode: int = 0
 
 
 @dataclass(frozen=True)

@@ -439,3 +439,5 @@ def _check_spec(spec: RequestSpec, *, subscription: bool) -> None:
             )
     elif spec.amount < 1:
         raise InvalidValueError(f"amount must be >= 1, got {spec.amount}")
+    if spec.first_episode and spec.mode is not Mode.EPISODES:
+        raise InvalidValueError(f"first_episode is for EPISODES requests, got {spec.mode.name}")

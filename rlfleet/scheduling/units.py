@@ -69,7 +69,7 @@ class EpisodeRequest(RequestState):
     def __init__(self, request_id: int, spec: RequestSpec, *, subscription: bool) -> None:
         super().__init__(request_id, spec, subscription=subscription)
         self.requeued: list[int] = []  # min-heap: lost units, run before new ones
-        self.next_index = 0
+        self.next_index = spec.first_episode
         self.outstanding = 0  # units handed out and not back (requeued ones excluded)
         self.completed_count = 0
         # STEPS: lengths of completed episodes past the contiguous prefix
@@ -82,6 +82,11 @@ class EpisodeRequest(RequestState):
     @property
     def done(self) -> bool:
         return self.num_episodes is not None
+
+    @property
+    def _end(self) -> int:
+        """EPISODES: one past the last episode index the request runs."""
+        return self.spec.first_episode + self.spec.amount
 
     def units(self, indices: list[int]) -> tuple[Unit, ...]:
         """The units of these episode indices, with their seeds."""
@@ -133,7 +138,7 @@ class EpisodeRequest(RequestState):
         # ones count as outstanding: they are handed out below).
         average = self.average_length(prior_length)
         if self.spec.mode is Mode.EPISODES:
-            new = self.spec.amount - self.next_index
+            new = self._end - self.next_index
         elif self.spec.amount - self.accepted_steps <= 0:
             new = 0
         else:
@@ -165,7 +170,7 @@ class EpisodeRequest(RequestState):
         if self.subscription:
             return True
         if self.spec.mode is Mode.EPISODES:
-            return self.next_index < self.spec.amount
+            return self.next_index < self._end
         # STEPS: nothing new once the completed episodes reach the amount
         # (the missing prefix is outstanding or requeued and will come).
         remaining = self.spec.amount - self.accepted_steps

@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SampleRequest(_message.Message):
-    __slots__ = ("mode", "amount", "fragment_length", "seed", "request_index", "agent_update", "env_update", "wait_for_workers_seconds", "itr", "coordinator_id")
+    __slots__ = ("mode", "amount", "fragment_length", "seed", "request_index", "agent_update", "env_update", "wait_for_workers_seconds", "itr", "coordinator_id", "first_episode")
     MODE_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_FIELD_NUMBER: _ClassVar[int]
     FRAGMENT_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class SampleRequest(_message.Message):
     WAIT_FOR_WORKERS_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ITR_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_EPISODE_FIELD_NUMBER: _ClassVar[int]
     mode: _worker_pb2.SampleMode
     amount: int
     fragment_length: int
@@ -32,7 +33,8 @@ class SampleRequest(_message.Message):
     wait_for_workers_seconds: float
     itr: int
     coordinator_id: str
-    def __init__(self, mode: _Optional[_Union[_worker_pb2.SampleMode, str]] = ..., amount: _Optional[int] = ..., fragment_length: _Optional[int] = ..., seed: _Optional[int] = ..., request_index: _Optional[int] = ..., agent_update: _Optional[_Union[_updates_pb2.AgentUpdate, _Mapping]] = ..., env_update: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., wait_for_workers_seconds: _Optional[float] = ..., itr: _Optional[int] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
+    first_episode: int
+    def __init__(self, mode: _Optional[_Union[_worker_pb2.SampleMode, str]] = ..., amount: _Optional[int] = ..., fragment_length: _Optional[int] = ..., seed: _Optional[int] = ..., request_index: _Optional[int] = ..., agent_update: _Optional[_Union[_updates_pb2.AgentUpdate, _Mapping]] = ..., env_update: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., wait_for_workers_seconds: _Optional[float] = ..., itr: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., first_episode: _Optional[int] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("mode", "fragment_length", "seed", "max_buffered_steps")

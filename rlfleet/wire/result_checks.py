@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 from collections.abc import Mapping
 
 import numpy as np
@@ -22,7 +21,7 @@ import numpy as np
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.episode_order import cut_pieces, ends_episode
-from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED, stream_seeds
+from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED, stream_seeds, stream_seeds_many
 from rlfleet.core.space_checks import space_problem
 from rlfleet.core.step_type import StepType
 from rlfleet.wire.results import (
@@ -279,10 +278,19 @@ def _episode_problems(result: DecodedResult, expect: ResultExpectation) -> list[
 
 
 def _fragment_problems(result: DecodedResult, window: FragmentWindow) -> list[str]:
+    # Vectorised over pieces: a window of 64 streams is 128 pieces or more,
+    # and a Python loop per piece (seeds, continuity) cost ~4 us each on
+    # the coordinator's path. Python runs only for the problems found, in
+    # the order a loop over streams would list them.
     problems: list[str] = []
     batch = result.batch
     expected = set(window.streams)
-    streams, order = pieces_by_stream(result)
+    stream = result.infos("stream")
+    episodes, fragments = result.infos("episode_index"), result.infos("fragment_index")
+    order = np.lexsort((fragments, episodes, stream))
+    in_order = stream[order]
+    unique, starts = np.unique(in_order, return_index=True)
+    streams = unique.tolist()
     if set(streams) != expected:
         problems.append(
             f"the window covers streams {shortened(streams)}, expected one piece or more of each "
@@ -290,51 +298,124 @@ def _fragment_problems(result: DecodedResult, window: FragmentWindow) -> list[st
             f"{shortened(sorted(expected))}"
         )
     lengths = batch.lengths
-    episodes, fragments = result.infos("episode_index"), result.infos("fragment_index")
     if episodes.size and (episodes.min() < 0 or fragments.min() < 0):
         problems.append("episode_infos hold a negative episode_index or fragment_index")
         return problems
+    if not order.size:
+        return problems
     cut = cut_pieces(batch)
-    for stream, pieces in zip(streams, order, strict=True):
-        steps = int(lengths[pieces].sum())
-        if steps != window.fragment_length:
-            problems.append(
-                f"stream {stream} has {steps} steps in the window, expected fragment_length "
-                f"{window.fragment_length}"
+    steps = np.add.reduceat(lengths[order], starts)
+    # Each pair of consecutive pieces of one stream, in episode and fragment order.
+    first, then = order[:-1], order[1:]
+    same = in_order[1:] == in_order[:-1]
+    cut_inside = same & cut[first]
+    broken = same & ~cut[first] & ((episodes[then] != episodes[first] + 1) | (fragments[then] != 0))
+    owned = np.isin(stream, np.fromiter(expected, dtype=np.int64, count=len(expected)))
+    wrong_seed = np.zeros(len(order), dtype=bool)
+    if owned.any():
+        env, policy = _seeds(window.base_seed, stream[owned], episodes[owned])
+        mismatch = (result.infos("env_seed")[owned] != env) | (
+            result.infos("policy_seed")[owned] != policy
+        )
+        wrong_seed[np.flatnonzero(owned)[mismatch]] = True
+    wrong_seed = wrong_seed[order]
+    bad_steps = steps != window.fragment_length
+    if bad_steps.any() or cut_inside.any() or broken.any() or wrong_seed.any():
+        ends = [*starts[1:].tolist(), len(order)]
+        for k, (value, begin, end) in enumerate(zip(streams, starts.tolist(), ends, strict=True)):
+            problems += _stream_problems(
+                result,
+                window,
+                value,
+                order[begin:end],
+                steps=int(steps[k]),
+                cut_inside=cut_inside[begin : end - 1],
+                broken=broken[begin : end - 1],
             )
-        for a, b in itertools.pairwise(pieces):
-            if cut[a]:
-                problems.append(
-                    f"stream {stream}: episode {int(episodes[a])} is cut (last step MID) but "
-                    "the window goes on with another piece; only a stream's last piece in a "
-                    "window may be cut"
+            seeds_wrong = np.flatnonzero(wrong_seed[begin:end])
+            if seeds_wrong.size:
+                piece = int(order[begin + int(seeds_wrong[0])])
+                episode = int(episodes[piece])
+                want = stream_seeds(window.base_seed, value, episode)
+                got = (
+                    int(result.infos("env_seed")[piece]),
+                    int(result.infos("policy_seed")[piece]),
                 )
-            elif (int(episodes[b]), int(fragments[b])) != (int(episodes[a]) + 1, 0):
                 problems.append(
-                    f"stream {stream}: after episode {int(episodes[a])} ends, the next piece is "
-                    f"episode {int(episodes[b])} fragment {int(fragments[b])}, expected episode "
-                    f"{int(episodes[a]) + 1} fragment 0"
-                )
-        if stream not in expected:
-            continue  # reported above; its seeds say nothing more
-        for piece in pieces:
-            want = _stream_seeds(window.base_seed, stream, int(episodes[piece]))
-            got = (int(result.infos("env_seed")[piece]), int(result.infos("policy_seed")[piece]))
-            if got != want:
-                problems.append(
-                    f"stream {stream} episode {int(episodes[piece])}: seeds (env, policy) are "
+                    f"stream {value} episode {episode}: seeds (env, policy) are "
                     f"{got}, expected {want} = stream_seeds(base_seed={window.base_seed}, "
-                    f"stream={stream}, episode={int(episodes[piece])})"
+                    f"stream={value}, episode={episode})"
                 )
-                break
     problems += step_type_problems(batch.step_types, lengths, fragments == 0, must_end=False)
     return problems
+
+
+#: Fewer pieces than this take the cached per-piece seeds (an episode spans
+#: several windows, so most are cache hits); more, the vectorised hash.
+_VECTORISED_SEEDS = 32
+
+
+def _seeds(base_seed: int, streams: np.ndarray, episodes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """:func:`stream_seeds` of each (stream, episode), as (env, policy) int64 columns."""
+    if len(streams) >= _VECTORISED_SEEDS:
+        return stream_seeds_many(base_seed, streams, episodes)
+    pairs = [
+        _stream_seeds(base_seed, s, e)
+        for s, e in zip(streams.tolist(), episodes.tolist(), strict=True)
+    ]
+    seeds = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    return seeds[:, 0], seeds[:, 1]
 
 
 @functools.lru_cache(maxsize=4096)
 def _stream_seeds(base_seed: int, stream: int, episode: int) -> tuple[int, int]:
     # A stream's episode spans several windows: derive its seeds once.
     return stream_seeds(base_seed, stream, episode)
+
+
+def _stream_problems(
+    result: DecodedResult,
+    window: FragmentWindow,
+    stream: int,
+    pieces: np.ndarray,
+    *,
+    steps: int,
+    cut_inside: np.ndarray,
+    broken: np.ndarray,
+) -> list[str]:
+    """One stream's step count and continuity problems.
+
+    Args:
+        result: The result.
+        window: The window's layout.
+        stream: The stream.
+        pieces: Its pieces, in episode and fragment order.
+        steps: Their steps.
+        cut_inside: Per consecutive pair of ``pieces``: the first is cut.
+        broken: Per pair: the second does not continue the first's episode.
+    """
+    problems = []
+    episodes, fragments = result.infos("episode_index"), result.infos("fragment_index")
+    if steps != window.fragment_length:
+        problems.append(
+            f"stream {stream} has {steps} steps in the window, expected fragment_length "
+            f"{window.fragment_length}"
+        )
+    for position in np.flatnonzero(cut_inside | broken).tolist():
+        a, b = int(pieces[position]), int(pieces[position + 1])
+        if cut_inside[position]:
+            problems.append(
+                f"stream {stream}: episode {int(episodes[a])} is cut (last step MID) but "
+                "the window goes on with another piece; only a stream's last piece in a "
+                "window may be cut"
+            )
+        else:
+            problems.append(
+                f"stream {stream}: after episode {int(episodes[a])} ends, the next piece is "
+                f"episode {int(episodes[b])} fragment {int(fragments[b])}, expected episode "
+                f"{int(episodes[a]) + 1} fragment 0"
+            )
+    return problems
 
 
 def pieces_by_stream(result: DecodedResult) -> tuple[list[int], list[np.ndarray]]:

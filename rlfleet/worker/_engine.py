@@ -31,10 +31,11 @@ from rlfleet.core.step_type import StepType
 from rlfleet.envs._base import BaseVectorEnv
 from rlfleet.envs.dummy import DummyVectorEnv
 from rlfleet.policies.base import Policy
-from rlfleet.worker._checks import ActionChecker
+from rlfleet.worker._checks import ActionChecker, SuspectRows, nonfinite_rows
 from rlfleet.worker._draw_blocks import DrawBlocks
 from rlfleet.worker._episode_buffer import StepRing
-from rlfleet.worker._native_slots import RUNNING, NativeSlots
+from rlfleet.worker._native_columns import Span
+from rlfleet.worker._native_slots import NativeSlots
 from rlfleet.worker._restarts import RestartLedger
 from rlfleet.worker._segments import NEVER, Live, SegmentRecorder, Sink
 from rlfleet.worker._slot_failures import SlotFailures
@@ -104,6 +105,7 @@ class SlotEngine:
         self.max_len: int | None = None
         self.ring: StepRing | None = None
         self.checker: ActionChecker | None = None
+        self._suspect_rows: SuspectRows | None = None  # a native backend's observation check
         self._recorder: SegmentRecorder | None = None
         self._acting = _Acting()
         # The segments in flight, one per busy slot.
@@ -191,7 +193,17 @@ class SlotEngine:
         self.max_len = spec.max_episode_length
         obs_space = spec.observation_space
         assert obs_space.shape is not None  # checked by the caller
-        self.ring = StepRing(self.n_envs, tuple(obs_space.shape), np.dtype(obs_space.dtype))
+        native = self.native is not None
+        nan_mode = self.failures.nan_mode
+        self.ring = StepRing(
+            self.n_envs,
+            tuple(obs_space.shape),
+            np.dtype(obs_space.dtype),
+            obs_flags=native and nan_mode == "flag",
+        )
+        self._suspect_rows = (
+            SuspectRows(obs_space, nonfinite=nan_mode == "error") if native else None
+        )
         self.checker = ActionChecker(spec.action_space, enabled=self.check_actions)
         self._recorder = SegmentRecorder(
             self.ring,
@@ -239,11 +251,17 @@ class SlotEngine:
         """
         ring, venv = self.ring, self.venv
         assert ring is not None and venv is not None  # the caller checked for an env
-        if self.native is not None:
-            assert live.unit is not None  # native workers refuse fragment streams
-            first = self.native.begin(slot, env_seed, live.unit.policy_seed)
-            ring.obs[self.step_count % ring.capacity, slot] = first
-            self._place(slot, live, window_end)
+        native = self.native
+        if native is not None:
+            if native.needs_reset():
+                assert live.unit is not None  # native workers refuse fragment streams
+                self._reset_native(env_seed, live.unit.policy_seed)
+            # The slot's first observation is in the ring already: the env's
+            # autoreset (or the reset) wrote it.
+            native.begin(slot)
+            live.seg_start = self.step_count
+            self.live[slot] = live
+            self.n_live += 1
             return True
         while True:
             try:
@@ -257,6 +275,38 @@ class SlotEngine:
                     return False
         self._place(slot, live, window_end)
         return True
+
+    def _reset_native(self, env_seed: int, policy_seed: int) -> None:
+        """Resets a native env as a whole, one vector step on.
+
+        The current step's row holds the last observations of the episodes
+        that ended at the step before: the reset writes the next row.
+        """
+        native, ring = self.native, self.ring
+        assert native is not None and ring is not None
+        self.step_count += 1
+        row = self._claim_row()
+        first = native.reset(env_seed, policy_seed)
+        ring.obs[row] = first
+        self._check_native_rows(ring, first, row, self.step_count)
+
+    def _check_native_rows(
+        self, ring: StepRing, observations: np.ndarray, row: int, step: int
+    ) -> None:
+        """Checks the observations a native env returned, all slots at once.
+
+        Slots whose row may fail the exact checks become suspects: their
+        episode is checked exactly when it ends. In ``"flag"`` mode the rows'
+        finiteness goes to the ring's ``obs_flags``.
+        """
+        if ring.obs_flags is not None:
+            ring.obs_flags[row] = nonfinite_rows(observations)
+        assert self._suspect_rows is not None and self.native is not None
+        suspect = self._suspect_rows(observations)
+        if suspect is not None:
+            suspects = self.native.suspects
+            for slot in np.flatnonzero(suspect).tolist():
+                suspects.setdefault(slot, step)
 
     def rebuild_env(self, slot: int) -> None:
         """Replaces a crashed slot's env by a new one from the env's factory.
@@ -317,11 +367,12 @@ class SlotEngine:
         assert live is not None
         self.live[slot] = None
         self.n_live -= 1
+        if self.native is not None:
+            self.native.release(slot)
+            return live
         self._rows.went_idle.append(slot)
         if self._acting.blocks is not None:
             self._acting.blocks.stop(slot)
-        if self.native is not None:
-            self.native.release(slot)
         return live
 
     def drop_all(self) -> list[Live]:
@@ -432,7 +483,7 @@ class SlotEngine:
         assert ring is not None
         if s + 2 - self._oldest > ring.capacity:  # the ring may be full: look closer
             starts = [live.seg_start for live in self.live if live is not None]
-            self._oldest = ring.make_room(min(starts), s + 1)
+            self._oldest = ring.make_room(min(starts, default=s), s + 1)
         return s % ring.capacity
 
     def _advance_native(self, sink: Sink) -> int:
@@ -440,10 +491,14 @@ class SlotEngine:
 
         The policy acts on every slot's observation (row i is slot i), all
         rows drawing from the backend's one generator
-        (``Policy.get_actions_batched``, docs/policies.md); only the running
-        slots' steps are recorded. Whole-array writes, no per-slot indexing:
-        the running slots change nearly every step (a finished slot spends
-        one step in its env's autoreset), so a cache of them would not pay.
+        (``Policy.get_actions_batched``, docs/policies.md); every slot's
+        outputs are written to the ring with one whole-row write per field,
+        the running slots' steps being the ones recorded. The observations
+        are checked with a few whole-batch calls (:class:`SuspectRows`); an
+        episode that ends is a :class:`Span` of the ring, gathered with the
+        others when they are taken. The env truncates episodes at the time
+        limit itself (it is made with the engine's limit), so no limit step is
+        tracked here.
         """
         native = self.native
         assert native is not None
@@ -462,25 +517,47 @@ class SlotEngine:
             self.failures.raise_native_policy_failure(
                 exc,
                 observations,
-                native.state == RUNNING,
+                native.running_mask(),
                 self.drop,
                 step_count=self.step_count,
                 source_name=self.source_name,
             )
             raise
         try:
-            next_obs, rewards, done = native.step(actions)
+            next_obs, rewards, ended, terminated = native.step(actions)
             ring.put_env_outputs(row, None, next_obs, rewards)  # type: ignore[arg-type]
         except Exception as exc:
             self._native_failed(exc, s, sink)
             return 0
         self.step_count = s + 1
-        stops = self._stops.pop(s, None)
-        if stops:
-            done.extend(self._stopped(stops, s, done, []))
-        for slot, terminated, truncated in done:
-            self._finish(slot, s, terminated, truncated, sink)
+        self._check_native_rows(ring, next_obs, (row + 1) % ring.capacity, s + 1)
+        if ended:
+            self._finish_native(ended, terminated, s, sink)
+        if native.suspects:
+            native.clear_suspects()
         return running
+
+    def _finish_native(self, ended: list[int], terminated: np.ndarray, s: int, sink: Sink) -> None:
+        """Records the episodes that ended at step ``s`` as spans of the ring."""
+        ring, spec, recorder, native = self.ring, self.spec, self._recorder, self.native
+        assert ring is not None and spec is not None and recorder is not None
+        assert native is not None
+        columns, lives, suspects = ring.columns, self.live, native.suspects
+        self.n_live -= len(ended)
+        for slot in ended:
+            live = lives[slot]
+            assert live is not None
+            lives[slot] = None
+            start = live.seg_start
+            length = s - start + 1
+            if slot in suspects:  # a quick check found a row to look at
+                observations = ring.segment_steps(start, length, slot)[0]
+                if recorder.rejects(slot, live, observations):
+                    continue
+            last = _TERMINAL if terminated[slot] else _TIMEOUT
+            span = Span(live.key, live.meta, slot, start, length, last, columns, spec)
+            ring.pin(span, start)
+            sink.on_record(slot, live, span, False)
 
     def _native_failed(self, exc: Exception, s: int, sink: Sink) -> None:
         """A native env's step raised: every live segment is lost, none restarted.

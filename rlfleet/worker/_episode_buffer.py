@@ -71,31 +71,62 @@ class StepRing:
     ``cols`` arguments select the slots stepped together: None for all
     slots (a plain slice, the fast path), else an index array.
 
+    A native backend's episodes are gathered from the ring with one
+    ``np.take`` per field (:mod:`rlfleet.worker._native_columns`), or handed
+    to the serializer as views when they are large; its ring may keep, per
+    row and slot, whether the observation there is not finite
+    (``obs_flags``, for ``nan_observations="flag"``).
+
     Args:
         n_envs: Number of env slots (columns).
         obs_shape: Shape of one observation.
         obs_dtype: Its dtype (observations are cast to it when stored).
         capacity: Initial number of rows.
+        obs_flags: Keep the ``obs_flags`` column.
     """
 
     def __init__(
-        self, n_envs: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype, capacity: int = 64
+        self,
+        n_envs: int,
+        obs_shape: tuple[int, ...],
+        obs_dtype: np.dtype,
+        capacity: int = 64,
+        *,
+        obs_flags: bool = False,
     ) -> None:
         self.n_envs = n_envs
         self.capacity = capacity
         self.obs = _slot_major((capacity, n_envs, *obs_shape), obs_dtype)
         self.rewards = _slot_major((capacity, n_envs), np.dtype(np.float64))
+        self.obs_flags = _slot_major((capacity, n_envs), np.dtype(bool)) if obs_flags else None
         self.actions: np.ndarray | None = None
         self.agent_infos: dict[str, np.ndarray] = {}
+        self._columns: Columns | None = None
         # (first step, weak reference) of each pinned segment; entries of
         # segments that are garbage are dropped when room is made (a plain
         # reference per episode costs less than a callback per episode).
         self._pins: list[tuple[int, weakref.ref[Any]]] = []
 
+    @property
+    def columns(self) -> Columns:
+        """The ring's current arrays (a new object whenever one of them is replaced)."""
+        columns = self._columns
+        if columns is None:
+            columns = self._columns = Columns(
+                self.obs,
+                self.actions,
+                self.rewards,
+                self.agent_infos,
+                self.capacity,
+                self.obs_flags,
+            )
+        return columns
+
     def reset_policy_outputs(self) -> None:
         """Forgets the action and agent_info arrays (the policy changed)."""
         self.actions = None
         self.agent_infos = {}
+        self._columns = None
 
     def put_policy_outputs(
         self, row: int, cols: np.ndarray | None, actions: np.ndarray, agent_infos: Mapping
@@ -148,6 +179,7 @@ class StepRing:
                 f"policy agent_infos keys changed between steps from {sorted(self.agent_infos)} "
                 f"to {sorted(agent_infos)}; a policy must return the same keys every step"
             )
+        self._columns = None
         self.actions = self._empty_like_rows(actions, "actions")
         self.agent_infos = {
             key: self._empty_like_rows(value, f"agent_infos[{key!r}]")
@@ -204,7 +236,10 @@ class StepRing:
             grown[new_rows] = array[old_rows]
             return grown
 
+        self._columns = None
         self.obs, self.rewards = regrow(self.obs), regrow(self.rewards)
+        if self.obs_flags is not None:
+            self.obs_flags = regrow(self.obs_flags)
         if self.actions is not None:
             self.actions = regrow(self.actions)
         self.agent_infos = {key: regrow(value) for key, value in self.agent_infos.items()}
@@ -253,6 +288,28 @@ def _slot_major(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.zeros((slots, rows, *rest), dtype=dtype).swapaxes(0, 1)
 
 
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """A :class:`StepRing`'s arrays at one time, and their number of rows.
+
+    Attributes:
+        obs: ``[row, slot, *O]``.
+        actions: ``[row, slot, *A]`` (None before the first step).
+        rewards: ``[row, slot]``.
+        agent_infos: ``{key: [row, slot, ...]}``.
+        capacity: Rows of each array.
+        obs_flags: ``[row, slot]``: the observation there is not finite
+            (None unless the ring keeps it).
+    """
+
+    obs: np.ndarray
+    actions: np.ndarray | None
+    rewards: np.ndarray
+    agent_infos: dict[str, np.ndarray]
+    capacity: int
+    obs_flags: np.ndarray | None
+
+
 @dataclass(slots=True, weakref_slot=True)
 class Segment:
     """A finished episode or fragment piece.
@@ -295,7 +352,7 @@ class Segment:
         return len(self.rewards)
 
 
-def record_key(record: Segment) -> tuple[int, ...]:
+def record_key(record: Any) -> tuple[int, ...]:
     """Sort key of segments: (request, index), or (stream, episode, fragment)."""
     return record.key
 
@@ -397,8 +454,8 @@ def build_batch(
         observations=np.concatenate([s.observations for s in segments]),
         actions=np.concatenate([s.actions for s in segments]),
         rewards=np.concatenate([s.rewards for s in segments]),
-        env_infos=_concat_infos([s.env_infos for s in segments], "env info", "env_infos"),
-        agent_infos=_concat_infos([s.agent_infos for s in segments], "agent info", "agent_infos"),
+        env_infos=concat_infos([s.env_infos for s in segments], "env info", "env_infos"),
+        agent_infos=concat_infos([s.agent_infos for s in segments], "agent info", "agent_infos"),
     )
 
 
@@ -501,13 +558,13 @@ def _info_pieces(
     what: str,
     field: str,
 ) -> NestedArrays:
-    """:func:`_concat_infos`, each column of flat dicts of one key set by ``pieces``."""
+    """:func:`concat_infos`, each column of flat dicts of one key set by ``pieces``."""
     first = dicts[0]
     if first and _flat_with_one_key_set(dicts):
         columns = {key: [d[key] for d in dicts] for key in first}
         if all(_joins_as_is(column) for column in columns.values()):
             return {key: pieces(column) for key, column in columns.items()}
-    return _concat_infos(dicts, what, field)
+    return concat_infos(dicts, what, field)
 
 
 def _flat_with_one_key_set(dicts: Sequence[NestedArrays]) -> bool:
@@ -518,7 +575,7 @@ def _flat_with_one_key_set(dicts: Sequence[NestedArrays]) -> bool:
     return flat and all(d.keys() == keys for d in dicts)
 
 
-def _concat_infos(dicts: Sequence[NestedArrays], what: str, field: str) -> NestedArrays:
+def concat_infos(dicts: Sequence[NestedArrays], what: str, field: str) -> NestedArrays:
     """Concatenates the segments' info dicts (only the keys all of them have)."""
     if not any(dicts):  # most envs' infos: nothing to concatenate
         return {}

@@ -20,6 +20,12 @@ reset and holds all of its steps. When no slot is ``RUNNING`` the whole
 env is reset at the next begin, seeded with that unit's env seed: idle
 periods (between requests, after an update) cost no draining.
 
+The states are Python lists, not arrays: a few slots change state per
+vector step, and a list entry costs less to read or set than a numpy call.
+Each vector step's own work is whole-array (the env's step, one
+``flatnonzero`` of its done flags); per slot, only the slots whose episode
+ended are touched.
+
 The policy samples every row from one :attr:`NativeSlots.generator`,
 reseeded with that same unit's policy seed at that same whole reset: the
 env and the actions restart together, so the same units and calls on the
@@ -46,9 +52,13 @@ class NativeSlots:
     def __init__(self, native: NativeVectorEnv) -> None:
         self.native = native
         self.n = native.num_envs
-        self.state = np.full(self.n, DRAINING, dtype=np.int8)
+        self.state = [DRAINING] * self.n
         self._running = 0
-        self._observations: np.ndarray | None = None
+        self._fresh: list[int] = []  # FRESH slots, ascending
+        self._awaiting: list[int] = []  # AWAITING slots (ended at the last step)
+        #: Slot -> vector step of the first observation of its current env
+        #: episode that a quick check found suspect (cleared when it ends).
+        self.suspects: dict[int, int] = {}
         #: The one generator all rows' actions draw from (``get_actions_batched``).
         self.generator = np.random.default_rng(0)
         space = native.single_action_space
@@ -64,27 +74,49 @@ class NativeSlots:
         """The env's name, for messages."""
         return self.native.name
 
+    @property
+    def running(self) -> int:
+        """Number of ``RUNNING`` slots."""
+        return self._running
+
+    def running_mask(self) -> np.ndarray:
+        """Bool per slot: ``RUNNING``."""
+        return np.array(self.state) == RUNNING
+
     def ready(self) -> list[int]:
-        """The slots an episode may begin on now, ascending (vectorised: called every step)."""
+        """The slots an episode may begin on now, ascending."""
         if self._running == 0:
             return list(range(self.n))
-        return np.flatnonzero(self.state == FRESH).tolist()
+        return list(self._fresh)
 
-    def begin(self, slot: int, env_seed: int, policy_seed: int) -> np.ndarray:
-        """Begins an episode on a slot :meth:`ready` listed; returns its first observation.
+    def needs_reset(self) -> bool:
+        """Whether the next :meth:`begin` must follow a :meth:`reset` (no slot runs)."""
+        return self._running == 0 and len(self._fresh) < self.n
 
-        If no slot is running (and the env is not fresh from a reset), the
-        whole env is reset first with ``env_seed``, and :attr:`generator`
-        reseeded with ``policy_seed``.
+    def reset(self, env_seed: int, policy_seed: int) -> np.ndarray:
+        """Resets the whole env with ``env_seed``, :attr:`generator` with ``policy_seed``.
+
+        Returns:
+            Every slot's first observation (all are ``FRESH``).
         """
-        if self._running == 0 and not (self.state == FRESH).all():
-            self._observations = self.native.reset_all(env_seed)
-            self.state[:] = FRESH
-            self.generator = np.random.default_rng(policy_seed)
-        assert self._observations is not None and self.state[slot] == FRESH
+        observations = self.native.reset_all(env_seed)
+        self.state = [FRESH] * self.n
+        self._fresh = list(range(self.n))
+        self._awaiting = []
+        self.suspects = {}
+        self.generator = np.random.default_rng(policy_seed)
+        return observations
+
+    def begin(self, slot: int) -> None:
+        """Begins an episode on a slot :meth:`ready` listed (after :meth:`reset` if needed)."""
+        assert self.state[slot] == FRESH
         self.state[slot] = RUNNING
         self._running += 1
-        return self._observations[slot]
+        fresh = self._fresh
+        if fresh[0] == slot:  # slots are taken in ascending order
+            del fresh[0]
+        else:
+            fresh.remove(slot)
 
     def release(self, slot: int) -> None:
         """The engine dropped the slot's episode (ended, cut or aborted)."""
@@ -93,42 +125,59 @@ class NativeSlots:
             self.state[slot] = DRAINING
             self._running -= 1
 
-    def step(
-        self, actions: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, bool, bool]]]:
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray]:
         """Steps every env; the slots that are not ``RUNNING`` get the placeholder action.
 
         A draining env thus runs on with the env's own first action (for
         CartPole, always pushing one way: its episode ends within a few
         dozen steps), not with the policy's, which may keep it going.
+        ``AWAITING`` slots need none: their env ignores the action.
 
         Args:
             actions: One action per slot (rows of idle slots are ignored).
 
         Returns:
-            ``(observations, rewards, done)`` of every slot; ``done`` lists
-            ``(slot, terminated, truncated)`` of the running slots whose
-            episode ended (they are ``AWAITING`` from now on).
+            ``(observations, rewards, ended, terminated)`` of every slot;
+            ``ended`` lists the running slots whose episode ended, ascending
+            (they are ``AWAITING`` from now on), ``terminated`` is the env's
+            flags (an ended slot that is not terminated was truncated).
         """
         state = self.state
-        some_idle = self._running < self.n
-        if some_idle:
-            idle = state != RUNNING
+        awaiting = self._awaiting
+        unseen = self._running + len(awaiting) < self.n  # some FRESH or DRAINING slot
+        if unseen:
+            idle = np.array(state) != RUNNING
             where = idle.reshape((self.n,) + (1,) * (np.ndim(actions) - 1))
             actions = np.where(where, self._placeholder, actions)
+            for slot in self._fresh:  # stepped without being recorded
+                state[slot] = DRAINING
+            self._fresh = []
         observations, rewards, terminated, truncated = self.native.step_all(actions)
-        if some_idle:
-            state[idle & (state == FRESH)] = DRAINING
-            state[idle & (state == AWAITING)] = FRESH
-            observations = self._hide_unseen_nonfinite(observations, state == DRAINING)
-        done: list[tuple[int, bool, bool]] = []
-        for slot in np.flatnonzero(terminated | truncated).tolist():
+        for slot in awaiting:  # their env restarted on this step
+            state[slot] = FRESH
+        self._fresh = awaiting
+        if unseen:
+            draining = np.array(state) == DRAINING
+            observations = self._hide_unseen_nonfinite(observations, draining)
+        finished = (terminated | truncated).nonzero()[0].tolist()
+        ended = []
+        for slot in finished:
             if state[slot] == RUNNING:
-                done.append((slot, bool(terminated[slot]), bool(truncated[slot])))
-                self._running -= 1
+                ended.append(slot)
             state[slot] = AWAITING
-        self._observations = observations
-        return observations, rewards, done
+        self._running -= len(ended)
+        self._awaiting = finished
+        return observations, rewards, ended, terminated
+
+    def clear_suspects(self) -> None:
+        """Forgets the suspects of the slots whose env episode ended at the last step.
+
+        Call once the ended episodes were checked: the next observation
+        of those slots starts their env's next episode.
+        """
+        suspects = self.suspects
+        for slot in self._awaiting:
+            suspects.pop(slot, None)
 
     @staticmethod
     def _hide_unseen_nonfinite(observations: np.ndarray, draining: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from rlfleet.worker._numeric import all_finite
 from rlfleet.worker.units import EpisodeUnit
 
 if TYPE_CHECKING:
+    from rlfleet.worker._native_columns import Span
     from rlfleet.worker._slot_failures import SlotFailures
 
 #: ``stop_step`` of a segment that only ends when its episode does.
@@ -112,8 +113,11 @@ class Sink(Protocol):
     #: Whether a segment interrupted by an env crash is kept (cut) or dropped.
     keeps_partial: bool
 
-    def on_record(self, slot: int, live: Live, record: Segment, continues: bool) -> None:
-        """A segment ended; ``continues`` if its episode goes on (window cut)."""
+    def on_record(self, slot: int, live: Live, record: Segment | Span, continues: bool) -> None:
+        """A segment ended; ``continues`` if its episode goes on (window cut).
+
+        A native backend's episodes come as :class:`Span` s of its ring.
+        """
 
     def on_env_failure(self, slot: int, live: Live, restarted: bool) -> None:
         """The slot's env raised in ``step``; ``restarted`` if it may be rebuilt."""
@@ -159,16 +163,7 @@ class SegmentRecorder:
         if self._nan_mode == "flag":
             bad = nonfinite_rows(observations)
             env_infos["nonfinite_obs"] = bad[:-1] | bad[1:]
-        elif self._nan_mode == "error" and not all_finite(observations):
-            index = int(np.argmax(nonfinite_rows(observations)))
-            self._failures.reject_nonfinite(slot, live, live.offset + index, "", self._source_name)
-            return None
-        outside = outside_space_error(
-            observations, spec.observation_space, self._source_name, live.describe(), live.offset
-        )
-        if outside is not None:
-            message, step = outside
-            self._failures.drop_segment(slot, live, message, step)
+        if self.rejects(slot, live, observations):
             return None
         record = Segment(
             key=live.key,
@@ -186,6 +181,34 @@ class SegmentRecorder:
         )
         ring.pin(record, live.seg_start)
         return record
+
+    def rejects(self, slot: int, live: Live, observations: np.ndarray) -> bool:
+        """Whether the segment's observations fail the checks (its EnvError is queued then).
+
+        ``"error"`` mode rejects a non-finite observation; every mode an
+        observation outside the env's space.
+
+        Args:
+            slot: The segment's slot.
+            live: The segment.
+            observations: Its observations, its last one included.
+        """
+        if self._nan_mode == "error" and not all_finite(observations):
+            index = int(np.argmax(nonfinite_rows(observations)))
+            self._failures.reject_nonfinite(slot, live, live.offset + index, "", self._source_name)
+            return True
+        outside = outside_space_error(
+            observations,
+            self._spec.observation_space,
+            self._source_name,
+            live.describe(),
+            live.offset,
+        )
+        if outside is not None:
+            message, step = outside
+            self._failures.drop_segment(slot, live, message, step)
+            return True
+        return False
 
     def _env_infos(self, live: Live, length: int) -> NestedArrays:
         """Stacks the segment's infos (only its non-empty ones were kept)."""

@@ -13,6 +13,7 @@ from rlfleet.policies.base import Policy
 from rlfleet.protocol.stream_replay import StreamReplay
 from rlfleet.worker._engine import SlotEngine
 from rlfleet.worker._episode_buffer import Segment, record_key
+from rlfleet.worker._native_columns import Span
 from rlfleet.worker._segments import Live
 
 
@@ -281,7 +282,9 @@ class FragmentStreams:
         live.key = (*live.key[:2], fragment)
         live.first = False
 
-    def on_record(self, slot: int, live: Live, record: Segment, continues: bool) -> None:
+    def on_record(self, slot: int, live: Live, record: Segment | Span, continues: bool) -> None:
+        # Fragment streams never run on a native engine, whose records are spans.
+        assert isinstance(record, Segment)
         self._pieces.append(record)
         self._quota[slot] -= record.length
         if continues:

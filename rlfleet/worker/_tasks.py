@@ -86,7 +86,7 @@ def book_entry(assignment: TaskAssignment) -> tuple[Task, list[EpisodeUnit]]:
         )
         return fragments, []
     episodes = EpisodeTask(a.task_id, a.request_id, a.agent_version, a.env_generation)
-    units = [EpisodeUnit(index, env, policy, a.task_id) for index, env, policy in a.units]
+    units = EpisodeUnit.many(a.units, a.task_id)
     return episodes, units
 
 

@@ -25,6 +25,7 @@ from rlfleet.core.seeding import (
 )
 from rlfleet.worker._engine import SlotEngine
 from rlfleet.worker._episode_buffer import Segment, record_key
+from rlfleet.worker._native_columns import Span
 from rlfleet.worker._segments import Live
 from rlfleet.worker.units import EpisodeUnit
 
@@ -58,12 +59,13 @@ class UnitQueue:
         # bookkeeping. Its states are computed many units at once (prepare).
         self._slot_rngs = [np.random.Generator(np.random.PCG64(0)) for _ in range(engine.n_envs)]
         self._rng_states: dict[int, tuple[int, int]] = {}
-        self.finished: list[Segment] = []
+        # A native backend's episodes are Spans of its ring, the others' Segments.
+        self.finished: list[Segment | Span] = []
         self.finished_steps = 0
 
     # ------------------------------------------------------- the engine's Sink
 
-    def on_record(self, slot: int, live: Live, record: Segment, continues: bool) -> None:
+    def on_record(self, slot: int, live: Live, record: Segment | Span, continues: bool) -> None:
         """A unit's episode finished."""
         self.finished.append(record)
         self.finished_steps += record.length
@@ -78,6 +80,8 @@ class UnitQueue:
 
     def prepare(self, units: Iterable[EpisodeUnit]) -> None:
         """Computes the generator states of units (see ``VecWorker.prepare``)."""
+        if self._engine.native is not None:
+            return  # a native engine samples every row from one generator
         known = self._rng_states
         seeds = [unit.policy_seed for unit in units if unit.policy_seed not in known]
         if len(known) + len(seeds) > _MAX_PREPARED:
@@ -87,10 +91,10 @@ class UnitQueue:
     def start(self) -> int:
         """Starts queued units on the engine's idle slots; returns how many started."""
         engine = self._engine
+        if engine.native is not None:
+            return self._start_native()
         started = []
-        # A native env's episodes have no seeds of their own (their env and
-        # actions follow the whole env's): say so, never a wrong one.
-        native = engine.native is not None
+        native = False
         for slot in engine.idle_slots:
             if not self.queue:
                 break
@@ -122,9 +126,33 @@ class UnitQueue:
         engine.reset_policy_rows(started)
         return len(started)
 
+    def _start_native(self) -> int:
+        """:meth:`start` on a native engine: a few of these start every vector step."""
+        engine, queue, rngs = self._engine, self.queue, self._slot_rngs
+        version, worker = self._agent_version(), self._worker_number
+        started = []
+        for slot in engine.idle_slots:
+            if not queue:
+                break
+            unit = queue.popleft()
+            index = unit.episode_index
+            live = Live(
+                unit=unit,
+                rng=rngs[slot],  # unused: every row samples from the env's one generator
+                # EPISODE_INFO_KEYS order. A native env's episodes have no seeds
+                # of their own (their env and actions follow the whole env's):
+                # say so, never a wrong one.
+                meta=(version, NO_ENV_SEED, NO_POLICY_SEED, index, worker),
+                key=(unit.request, index),
+            )
+            engine.begin(slot, live, unit.env_seed)  # a native begin cannot fail
+            started.append(slot)
+        engine.reset_policy_rows(started)
+        return len(started)
+
     def take(
         self, max_episodes: int | None, request: int | None
-    ) -> tuple[EnvSpec, list[Segment]] | None:
+    ) -> tuple[EnvSpec, list[Segment | Span]] | None:
         """Removes the finished segments ``VecWorker.take_finished`` returns, in order."""
         if max_episodes is not None:
             check_int("max_episodes", max_episodes, minimum=1)

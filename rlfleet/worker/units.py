@@ -8,7 +8,7 @@ whichever worker, env slot or retry runs it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from rlfleet._util.values import check_int
@@ -51,6 +51,44 @@ class EpisodeUnit:
                     f"EpisodeUnit.{name} must fit in {SEED_BITS} bits, got {getattr(self, name)}; "
                     "derive seeds with rlfleet.core.seeding.episode_seeds"
                 )
+
+    @classmethod
+    def many(cls, rows: Sequence[tuple[int, int, int]], request: int) -> list[EpisodeUnit]:
+        """Units of ``(episode_index, env_seed, policy_seed)`` rows of one request.
+
+        The checks of construction, made once over all rows (a remote
+        worker's tasks carry thousands of units: building each one checked
+        cost it more than its episode's share of the vector steps).
+
+        Raises:
+            ConfigError: As the constructor.
+        """
+        if not rows:
+            return []
+        columns = list(zip(*rows, strict=True))
+        check_int("EpisodeUnit.request", request, minimum=0)
+        for name, values in zip(("episode_index", "env_seed", "policy_seed"), columns, strict=True):
+            if not all(type(v) is int for v in values):  # numpy ints pass, bools do not
+                for value in values:
+                    check_int(f"EpisodeUnit.{name}", value, minimum=0)
+            low, high = min(values), max(values)
+            if low < 0:
+                raise ConfigError(f"EpisodeUnit.{name} must be an int >= 0, got {low!r}")
+            if name != "episode_index" and high >= _SEED_LIMIT:
+                raise ConfigError(
+                    f"EpisodeUnit.{name} must fit in {SEED_BITS} bits, got {high}; "
+                    "derive seeds with rlfleet.core.seeding.episode_seeds"
+                )
+        new, assign = object.__new__, object.__setattr__
+        units = []
+        for index, env_seed, policy_seed in rows:
+            unit = new(cls)
+            assign(unit, "episode_index", index)
+            assign(unit, "env_seed", env_seed)
+            assign(unit, "policy_seed", policy_seed)
+            assign(unit, "request", request)
+            units.append(unit)
+        return units
 
     @classmethod
     def seeded(cls, base_seed: int, request: int, episode_index: int) -> EpisodeUnit:

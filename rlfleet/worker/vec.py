@@ -30,6 +30,7 @@ from rlfleet.worker._episode_buffer import (
     build_pieces,
 )
 from rlfleet.worker._installs import WorkerInstalls
+from rlfleet.worker._native_columns import Span, build_span_batch, build_span_pieces
 from rlfleet.worker._restarts import EnvRestartBudget, RestartLedger
 from rlfleet.worker._streams import FragmentStreams
 from rlfleet.worker._unit_queue import UnitQueue
@@ -88,8 +89,10 @@ class VecWorker:
 
     **Non-finite observations** (``nan_observations``): ``"error"`` drops the
     episode and raises EnvError naming the env index and the step that
-    returned it (checked in one vectorised call when the episode ends, or at
-    once if the policy fails on it); ``"flag"`` adds a bool env_info
+    returned it (checked in one vectorised call when the episode ends; on a
+    native env, each vector step's observations in a few whole-batch calls
+    and the episode exactly when they found something; at once if the
+    policy fails on it); ``"flag"`` adds a bool env_info
     ``nonfinite_obs``, True for steps whose observation or next observation
     holds NaN or inf (present in every batch in this mode); ``"ignore"``.
 
@@ -404,11 +407,14 @@ class VecWorker:
         if taken is None:
             return None
         spec, chosen = taken
-        return build_pieces(spec, chosen, EPISODE_INFO_KEYS, actions_checked=self._checked(spec))
+        checked = self._checked(spec)
+        if isinstance(chosen[0], Span):  # a native backend's: gathered in one go
+            return build_span_pieces(spec, chosen, EPISODE_INFO_KEYS, actions_checked=checked)  # type: ignore[arg-type]
+        return build_pieces(spec, chosen, EPISODE_INFO_KEYS, actions_checked=checked)  # type: ignore[arg-type]
 
     def _take(
         self, max_episodes: int | None, request: int | None
-    ) -> tuple[EnvSpec, list[Segment]] | None:
+    ) -> tuple[EnvSpec, list[Segment | Span]] | None:
         """Removes the finished segments :meth:`take_finished` returns, in order."""
         return self._units.take(max_episodes, request)
 
@@ -585,7 +591,7 @@ class VecWorker:
             raise UsageError(f"worker {self.name!r} was shut down")
 
     def _build_batch(
-        self, spec: EnvSpec, segments: Sequence[Segment], info_keys: Sequence[str]
+        self, spec: EnvSpec, segments: Sequence[Segment | Span], info_keys: Sequence[str]
     ) -> EpisodeBatch:
         """The segments' batch, re-checking only what stepping did not guarantee.
 
@@ -593,9 +599,10 @@ class VecWorker:
         the action space has an array shape (the checker's rule); else the
         batch checks the actions.
         """
-        return build_batch(
-            spec, segments, info_keys, from_ring=True, actions_checked=self._checked(spec)
-        )
+        checked = self._checked(spec)
+        if isinstance(segments[0], Span):  # a native backend's: gathered in one go
+            return build_span_batch(spec, segments, info_keys, actions_checked=checked)  # type: ignore[arg-type]
+        return build_batch(spec, segments, info_keys, from_ring=True, actions_checked=checked)  # type: ignore[arg-type]
 
     def _checked(self, spec: EnvSpec) -> bool:
         """Whether stepping checked every action's shape (the ActionChecker's rule)."""

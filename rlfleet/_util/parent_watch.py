@@ -1,9 +1,10 @@
-"""A worker started by a learner process (``Fleet.local``) ends when that process ends.
+"""A process started by a learner (``Fleet.local``) ends when that learner ends.
 
-The embedded coordinator lives in the learner's process: once that process
-is gone (SIGKILL, a crash, ``os._exit``), its workers have nothing to join
-and must not linger as orphans retrying forever. Two mechanisms, either
-enough:
+``Fleet.local`` starts its workers, and with several coordinators the
+coordinators too, as children of the learner's process. Once that process
+is gone (SIGKILL, a crash, ``os._exit``), they serve nobody: workers have
+nothing to join, coordinators no learner, and none may linger as an
+orphan. Two mechanisms, either enough:
 
 - a pipe: the parent keeps the write end open (``--parent-pipe FD`` names
   the read end the child inherited); the kernel closes it when the parent
@@ -15,8 +16,9 @@ enough:
   the handler acts only once ``getppid()`` changed, and the pipe still
   covers the real death.
 
-Either way the worker leaves through its ordinary path (its env
-subprocesses close with it); a backstop ends the process if leaving hangs.
+Either way the process leaves through its ordinary path (a worker's env
+subprocesses close with it, a coordinator stops serving); a backstop ends
+the process if leaving hangs.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-logger = logging.getLogger("rlfleet.worker")
+logger = logging.getLogger("rlfleet")
 
-#: Seconds the worker gets to leave once its parent is gone, before it exits
-#: at once (its coordinator died with the parent: there is nothing to drain to).
+#: Seconds the process gets to leave once its parent is gone, before it exits
+#: at once (the learner died: there is nothing to drain to).
 EXIT_BACKSTOP_SECONDS = 10.0
 #: The signal the kernel sends when the parent dies (Linux).
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
@@ -51,12 +53,12 @@ def watch_parent(
     """Calls ``on_parent_gone(reason)`` once when the parent process ends.
 
     Call it from the main thread (it installs a signal handler), early in
-    the worker's life. If the parent is already gone, ``on_parent_gone``
+    the process's life. If the parent is already gone, ``on_parent_gone``
     runs at once.
 
     Args:
         pipe_fd: The read end of a pipe whose write end only the parent holds.
-        on_parent_gone: Makes the worker leave; must be safe to call from a
+        on_parent_gone: Makes the process leave; must be safe to call from a
             signal handler and from another thread.
         backstop_seconds: After ``on_parent_gone``, the process exits with
             code 1 if it still runs this many seconds later.
@@ -107,6 +109,6 @@ def _set_parent_death_signal() -> bool:
 
 
 def _exit_now(reason: str, seconds: float) -> None:
-    logger.error("%s and the worker did not leave within %g seconds; exiting", reason, seconds)
+    logger.error("%s and the process did not leave within %g seconds; exiting", reason, seconds)
     logging.shutdown()
     os._exit(1)
