@@ -20,7 +20,6 @@ from tianshou.data import AsyncCollector, Batch, Collector, VectorReplayBuffer
 
 from rlfleet.client import Fleet, RemoteVectorEnv
 from rlfleet.envs import BaseVectorEnv, DummyVectorEnv, EnvConfig, SubprocVectorEnv
-from rlfleet.errors import ConfigError
 
 CARTPOLE = EnvConfig("CartPole-v1")
 TESTING = ("rlfleet.envs.testing",)
@@ -174,27 +173,3 @@ def test_remote_vector_env_takes_tianshous_env_fns(fleet: Fleet) -> None:
     assert consistent_transitions(local) == consistent_transitions(leased) > 300
     np.testing.assert_array_equal(local.obs, leased.obs)
     np.testing.assert_array_equal(local.truncated, leased.truncated)
-
-
-def test_what_leased_envs_cannot_carry_is_a_clear_error(fleet: Fleet) -> None:
-    """Where RemoteVectorEnv differs from RayVectorEnv: values cross the
-    network as numbers, arrays or JSON, never pickled. tianshou's own test
-    env (MoveToRightEnv) returns itself in its reset info; Dict observations
-    are refused when the lease opens."""
-
-    class SelfInInfo(gym.Env):  # defined here: cloudpickle ships it by value
-        observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
-        action_space = gym.spaces.Discrete(2)
-
-        def reset(self, *, seed: Any = None, options: Any = None) -> Any:
-            return np.zeros(1, np.float32), {"env": self}
-
-    class DictObservations(SelfInInfo):
-        observation_space = gym.spaces.Dict({"x": SelfInInfo.observation_space})  # type: ignore[assignment]
-
-    venv = RemoteVectorEnv([SelfInInfo], on=fleet)
-    with pytest.raises(ConfigError, match=r"neither numeric nor JSON \(a SelfInInfo is not"):
-        venv.reset()
-    venv.close()
-    with pytest.raises(ConfigError, match="leases carry Box, Discrete, MultiDiscrete"):
-        RemoteVectorEnv([DictObservations], on=fleet)

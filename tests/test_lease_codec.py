@@ -32,6 +32,7 @@ from rlfleet.errors import ProtocolError
 from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import leases_pb2, worker_pb2
 from rlfleet.wire import decode_tensor, encode_tensor
+from rlfleet.wire.lease_values import ReplyCheck
 from rlfleet.wire.leases import (
     LeaseAnswer,
     LeaseAnswers,
@@ -102,7 +103,7 @@ def _same_info(got: dict[str, Any], want: dict[str, Any]) -> None:
 @given(_answers())
 def test_every_env_gets_back_exactly_its_own_answer(answers: list[LeaseAnswer]) -> None:
     message = lease_report_message(LeaseAnswers(1, 9, "step", answers), "w")
-    event = decode_lease_response(_relay(message), BOX)
+    event = decode_lease_response(_relay(message), ReplyCheck([BOX]))
     assert isinstance(event, LeaseRepliedEvent)
     assert event.call_id == 9
     assert event.env_ids == [a.env_id for a in answers]
@@ -135,7 +136,7 @@ def test_a_scalar_column_of_the_wrong_length_is_refused(column: str) -> None:
     getattr(message.lease_reply, column).CopyFrom(encode_tensor(wrong))
     data = lease_response([message.lease_reply.SerializeToString()])
     with pytest.raises(ProtocolError, match=rf"{column} of shape \(2,\); it must be \(3,\)"):
-        decode_lease_response(data, BOX)
+        decode_lease_response(data, ReplyCheck([BOX]))
 
 
 @pytest.mark.parametrize("wrong", [np.zeros(2, np.float64), np.zeros((3, 1), np.float64)])
@@ -146,7 +147,7 @@ def test_a_reward_column_of_the_wrong_shape_is_refused(wrong: np.ndarray) -> Non
     data = lease_response([message.lease_reply.SerializeToString()])
     shape = re.escape(str(wrong.shape))
     with pytest.raises(ProtocolError, match=rf"rewards of shape {shape}; it must be \(3,\)"):
-        decode_lease_response(data, BOX)
+        decode_lease_response(data, ReplyCheck([BOX]))
 
 
 def test_step_columns_of_other_numeric_dtypes_decode_as_floats_and_bools() -> None:
@@ -157,7 +158,7 @@ def test_step_columns_of_other_numeric_dtypes_decode_as_floats_and_bools() -> No
     reply.rewards.CopyFrom(encode_tensor(np.array([0.5, 1, 2], np.float32)))
     reply.terminated.CopyFrom(encode_tensor(np.array([0, 2, 0], np.uint8)))
     data = lease_response([reply.SerializeToString()])
-    event = decode_lease_response(data, BOX)
+    event = decode_lease_response(data, ReplyCheck([BOX]))
     assert isinstance(event, LeaseRepliedEvent)
     rewards = [answer[1] for answer in event.answers]
     terminated = [answer[2] for answer in event.answers]

@@ -30,9 +30,8 @@ from rlfleet.wire.leases import (
 from rlfleet.worker.leases.host import LeaseHost
 
 ENVS = 6
-#: Steps that sleep before the barrier steps: the host's estimate of a step's
-#: seconds rises at most x2 + 10 us per step (LeasedEnv.step_seconds), so
-#: envs that sleep 10 ms go to the pool after 5 such steps.
+#: Steps that sleep before the barrier steps, so that the host's estimate of
+#: a step's seconds (LeasedEnv.step_seconds) keeps the envs on the pool.
 SLOW_STEPS = 6
 ENV_ID = "rlfleet-tests/Barrier-v0"
 _barrier = threading.Barrier(ENVS, timeout=20)
@@ -91,6 +90,116 @@ def test_blocking_envs_are_stepped_concurrently_and_each_answers() -> None:
             assert {r.call_id for r in replies} == {call_id}
             assert sorted(i for r in replies for i in r.env_ids) == list(range(ENVS))
         assert not _barrier.broken
+    finally:
+        host.shutdown()
+
+
+MEETING_ID = "rlfleet-tests/Meeting-v0"
+_meeting = threading.Barrier(3, timeout=10)
+
+
+class MeetingEnv(CounterEnv):
+    """A Counter whose first reset and first step wait for two other envs at
+    a barrier: a simulator whose cost the host has not seen yet."""
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        if not self.total_steps:
+            _meeting.wait()
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if not self.total_steps:
+            _meeting.wait()
+        return super().step(action)
+
+
+gym.register(MEETING_ID, entry_point=f"{__name__}:MeetingEnv", kwargs={"length": 1000})
+
+
+def test_first_resets_and_steps_run_concurrently() -> None:
+    """Until the host has timed an env's reset and step, they run on its pool:
+    slow envs on one worker never wait for each other (tianshou's process
+    per env would not), even on the first call."""
+    out: queue.SimpleQueue[worker_pb2.WorkerMessage] = queue.SimpleQueue()
+    host = LeaseHost((), lambda report: out.put(lease_report_message(report, "w")))
+    try:
+        env = updates_pb2.EnvUpdate(env_id=MEETING_ID, kwargs_json="{}")
+        host.submit(_command(1, create=leases_pb2.LeaseCreate(env=env, env_ids=range(3))))
+        _answers(out, 3)
+        host.submit(
+            _command(
+                1,
+                call=leases_pb2.LeaseCall(
+                    call_id=1, op=leases_pb2.LEASE_OP_RESET, env_ids=range(3)
+                ),
+            )
+        )
+        _answers(out, 3)  # raises on an error reply: a broken barrier
+        step = leases_pb2.LeaseCall(
+            call_id=2,
+            op=leases_pb2.LEASE_OP_STEP,
+            env_ids=range(3),
+            actions=encode_tensor(np.zeros(3, np.int64)),
+        )
+        host.submit(_command(1, call=step))
+        _answers(out, 3)
+        assert not _meeting.broken
+    finally:
+        host.shutdown()
+
+
+PAIR_ID = "rlfleet-tests/Pair-v0"
+_pair = threading.Barrier(2, timeout=10)
+
+
+class PairEnv(CounterEnv):
+    """A Counter that sleeps 1 ms per step; from its fourth step on, it also
+    waits for another env's step at a barrier."""
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        time.sleep(0.001)
+        if self.total_steps >= 3:
+            _pair.wait()
+        return super().step(action)
+
+
+gym.register(PAIR_ID, entry_point=f"{__name__}:PairEnv", kwargs={"length": 1000})
+
+
+def test_a_slow_envs_call_never_holds_up_the_next_call() -> None:
+    """Async stepping sends a call per ready env: a slow env's call runs on
+    the pool even alone, so the next call (another env's) runs meanwhile."""
+    out: queue.SimpleQueue[worker_pb2.WorkerMessage] = queue.SimpleQueue()
+    host = LeaseHost((), lambda report: out.put(lease_report_message(report, "w")))
+
+    def step(call_id: int, env_ids: list[int]) -> None:
+        actions = encode_tensor(np.zeros(len(env_ids), np.int64))
+        call = leases_pb2.LeaseCall(
+            call_id=call_id, op=leases_pb2.LEASE_OP_STEP, env_ids=env_ids, actions=actions
+        )
+        host.submit(_command(1, call=call))
+
+    try:
+        env = updates_pb2.EnvUpdate(env_id=PAIR_ID, kwargs_json="{}")
+        host.submit(_command(1, create=leases_pb2.LeaseCreate(env=env, env_ids=range(2))))
+        _answers(out, 2)
+        host.submit(
+            _command(
+                1,
+                call=leases_pb2.LeaseCall(
+                    call_id=1, op=leases_pb2.LEASE_OP_RESET, env_ids=range(2)
+                ),
+            )
+        )
+        _answers(out, 2)
+        for call_id in (2, 3, 4):  # the host learns that the envs are slow
+            step(call_id, [0, 1])
+            _answers(out, 2)
+        step(5, [0])  # waits at the barrier for env 1's step, sent next
+        step(6, [1])
+        replies = _answers(out, 2)  # raises on an error reply: a broken barrier
+        assert sorted(r.call_id for r in replies) == [5, 6]
+        assert not _pair.broken
     finally:
         host.shutdown()
 
@@ -186,12 +295,13 @@ def test_a_call_behind_a_queued_order_waits_for_it() -> None:
             reset = leases_pb2.LeaseCall(call_id=1, op=leases_pb2.LEASE_OP_RESET, env_ids=range(3))
             host.submit(_command(lease_id, call=reset))
         replies = _answers(out, 12)  # raises on an error reply ("not hosted here")
-        assert [(r.lease_id, r.op) for r in replies] == [
-            (1, leases_pb2.LEASE_OP_CREATE),
-            (1, leases_pb2.LEASE_OP_RESET),
-            (2, leases_pb2.LEASE_OP_CREATE),
-            (2, leases_pb2.LEASE_OP_RESET),
-        ]
+        # A first reset runs on the pool (its cost is unknown), so the two
+        # leases' replies may interleave; each lease's CREATE comes first.
+        for lease_id in (1, 2):
+            own = [r for r in replies if r.lease_id == lease_id]
+            assert own[0].op == leases_pb2.LEASE_OP_CREATE
+            assert {r.op for r in own[1:]} == {leases_pb2.LEASE_OP_RESET}
+            assert sorted(env for r in own[1:] for env in r.env_ids) == [0, 1, 2]
     finally:
         host.shutdown()
 

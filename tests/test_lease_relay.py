@@ -23,6 +23,7 @@ from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import leases_pb2, worker_pb2
 from rlfleet.wire import encode_tensor
+from rlfleet.wire.lease_values import ReplyCheck
 from rlfleet.wire.leases import (
     LeaseAnswer,
     LeaseAnswers,
@@ -73,7 +74,7 @@ def test_a_relayed_reply_is_the_workers_bytes_named_by_the_coordinator() -> None
     expected.worker = "w1"  # the coordinator's name for it wins over the worker's
     assert response.reply == expected
 
-    event = decode_lease_response(lease_response([reply.named("w1")]), BOX)
+    event = decode_lease_response(lease_response([reply.named("w1")]), ReplyCheck([BOX]))
     assert isinstance(event, LeaseRepliedEvent)
     obs, reward, terminated, _, info = event.answers[1]
     np.testing.assert_array_equal(obs, np.full(4, 1, np.float32))
@@ -142,7 +143,7 @@ def test_replies_of_several_workers_to_one_call_decode_as_one_answer() -> None:
     parts = [relay(step_reply([0, 2])).named("w0"), relay(step_reply([1])).named("w1")]
     response = leases_pb2.LeaseResponse.FromString(lease_response(parts))
     assert [r.worker for r in response.replies.replies] == ["w0", "w1"]
-    event = decode_lease_response(lease_response(parts), BOX)
+    event = decode_lease_response(lease_response(parts), ReplyCheck([BOX]))
     assert isinstance(event, LeaseRepliedEvent)
     assert event.env_ids == [0, 2, 1]
     assert [answer[1] for answer in event.answers] == [0.0, 1.0, 0.5]
@@ -185,7 +186,7 @@ def test_a_whole_reply_call_is_answered_in_one_message_and_others_as_workers_ans
     # One reply at least per worker, each sent as it came (a worker may split
     # its part when its envs finish apart).
     assert len(apart) >= 2 and {r.WhichOneof("body") for r in apart} == {"reply"}
-    event = decode_lease_response(whole[0].SerializeToString(), BOX)
+    event = decode_lease_response(whole[0].SerializeToString(), ReplyCheck([BOX]))
     assert isinstance(event, LeaseRepliedEvent)
     for env_id, (obs, _) in zip(event.env_ids, event.answers, strict=True):
         expected, _ = gym.make("CartPole-v1").reset(seed=10 + env_id)
@@ -196,6 +197,6 @@ def test_the_learner_refuses_observations_that_do_not_fit_the_leases_space() -> 
     """The relay leaves dtypes and shapes to the learner, which knows the space."""
     response = lease_response([relay(step_reply([0, 1])).named("w0")])
     with pytest.raises(ProtocolError, match="dtype float32 per env"):
-        decode_lease_response(response, gym.spaces.Box(-9, 9, (4,), np.float64))
+        decode_lease_response(response, ReplyCheck([gym.spaces.Box(-9, 9, (4,), np.float64)]))
     with pytest.raises(ProtocolError, match=r"shape \(4,\)"):
-        decode_lease_response(response, gym.spaces.Box(-9, 9, (5,)))
+        decode_lease_response(response, ReplyCheck([gym.spaces.Box(-9, 9, (5,))]))

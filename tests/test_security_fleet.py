@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import gymnasium as gym
 import numpy as np
 import pytest
 
 from rlfleet.client import Fleet, RemoteSampler, RemoteVectorEnv
-from rlfleet.envs.testing import CounterEnv
+from rlfleet.envs.testing import CounterEnv, DictObservationEnv, ObjectInfoEnv
 from rlfleet.errors import (
     AuthenticationError,
     ConfigError,
@@ -395,6 +396,15 @@ def test_env_factories_lease_only_where_both_sides_take_code(
                 venv.reset()
                 _, _, terminated, _, _ = venv.step([0, 0])
                 assert venv.step([0, 0])[2].tolist() == [True, False] and not terminated.any()
+            # Such a lease carries, pickled, what arrays and JSON cannot: an
+            # env in its info, Dict observations, envs of different spaces.
+            mixed = [ObjectInfoEnv, DictObservationEnv]
+            with RemoteVectorEnv(mixed, on=sampler, open_timeout=30) as venv:
+                obs, infos = venv.reset()
+                assert isinstance(infos[0]["env"], ObjectInfoEnv)
+                # Rows of different kinds are kept as objects, as DummyVectorEnv keeps them.
+                np.testing.assert_equal(obs[1].item(), {"count": np.zeros(1, np.float32)})
+                assert isinstance(venv.observation_space[1], gym.spaces.Dict)
     finally:
         processes.stop_all()
 

@@ -17,6 +17,10 @@ Importing this module registers:
   observations are 0.0 in a ``Box(-1, 1, (3,))`` except every
   ``every``-th step of an episode (default 5), where they are ``value``
   (default 50.0).
+* ``rlfleet/ObjectInfo-v0``: a Counter that puts itself into its infos
+  (``info["env"]``, as tianshou's test env does): a value no JSON carries.
+* ``rlfleet/DictObservation-v0``: a Counter observing ``{"count": obs}`` in
+  a Dict space.
 
 When the faulty envs fire (``at_step`` stands for ``crash_at_step`` /
 ``hang_at_step``):
@@ -277,6 +281,31 @@ class OffSpaceEnv(CounterEnv):
         return np.full((3,), self._value if off else 0.0, dtype=np.float32)
 
 
+class ObjectInfoEnv(CounterEnv):
+    """A Counter whose infos hold the env itself (module docstring)."""
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        obs, info = super().reset(seed=seed, options=options)
+        return obs, {**info, "env": self}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated, truncated, {**info, "env": self}
+
+
+class DictObservationEnv(CounterEnv):
+    """A Counter observing a Dict (module docstring)."""
+
+    def __init__(self, length: int = 5, render_mode: str | None = None) -> None:
+        super().__init__(length, render_mode)
+        self.observation_space = spaces.Dict({"count": self.observation_space})  # type: ignore[assignment]
+
+    def _observation(self) -> Any:
+        return {"count": super()._observation()}
+
+
 #: The ids this module registers, mapped to their env classes.
 TEST_ENVS: dict[str, type[CounterEnv]] = {
     "rlfleet/Counter-v0": CounterEnv,
@@ -285,6 +314,8 @@ TEST_ENVS: dict[str, type[CounterEnv]] = {
     "rlfleet/NaN-v0": NaNEnv,
     "rlfleet/Slow-v0": SlowEnv,
     "rlfleet/OffSpace-v0": OffSpaceEnv,
+    "rlfleet/ObjectInfo-v0": ObjectInfoEnv,
+    "rlfleet/DictObservation-v0": DictObservationEnv,
 }
 
 for _env_id, _env_class in TEST_ENVS.items():
@@ -296,7 +327,9 @@ __all__ = [
     "TEST_ENVS",
     "CounterEnv",
     "CrashingEnv",
+    "DictObservationEnv",
     "HangingEnv",
     "NaNEnv",
+    "ObjectInfoEnv",
     "OffSpaceEnv",
 ]

@@ -27,7 +27,7 @@ from rlfleet.v1 import tensor_pb2 as rlfleet_dot_v1_dot_tensor__pb2
 from rlfleet.v1 import updates_pb2 as rlfleet_dot_v1_dot_updates__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/leases.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/spaces.proto\x1a\x17rlfleet/v1/tensor.proto\x1a\x18rlfleet/v1/updates.proto\"\x8d\x01\n\x0cLeaseRequest\x12%\n\x04open\x18\x01 \x01(\x0b\x32\x15.rlfleet.v1.LeaseOpenH\x00\x12%\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x15.rlfleet.v1.LeaseCallH\x00\x12\'\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x16.rlfleet.v1.LeaseCloseH\x00\x42\x06\n\x04\x62ody\"\x98\x01\n\rLeaseResponse\x12)\n\x06opened\x18\x01 \x01(\x0b\x32\x17.rlfleet.v1.LeaseOpenedH\x00\x12\'\n\x05reply\x18\x02 \x01(\x0b\x32\x16.rlfleet.v1.LeaseReplyH\x00\x12+\n\x07replies\x18\x32 \x01(\x0b\x32\x18.rlfleet.v1.LeaseRepliesH\x00\x42\x06\n\x04\x62ody\"7\n\x0cLeaseReplies\x12\'\n\x07replies\x18\x01 \x03(\x0b\x32\x16.rlfleet.v1.LeaseReply\"k\n\tLeaseOpen\x12\"\n\x03\x65nv\x18\x01 \x01(\x0b\x32\x15.rlfleet.v1.EnvUpdate\x12\x10\n\x08num_envs\x18\x02 \x01(\r\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x01\x12\x0f\n\x07learner\x18\x32 \x01(\t\"\x87\x01\n\x0bLeaseOpened\x12\x10\n\x08lease_id\x18\x01 \x01(\x04\x12%\n\x08\x65nv_spec\x18\x02 \x01(\x0b\x32\x13.rlfleet.v1.EnvSpec\x12\x13\n\x0b\x65nv_workers\x18\x03 \x03(\t\x12*\n\x04\x64\x61ta\x18\x32 \x01(\x0b\x32\x1c.rlfleet.v1.LeaseDataAddress\"\xe7\x01\n\tLeaseCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x1f\n\x02op\x18\x02 \x01(\x0e\x32\x13.rlfleet.v1.LeaseOp\x12\x0f\n\x07\x65nv_ids\x18\x03 \x03(\r\x12\r\n\x05seeds\x18\x04 \x03(\x03\x12\x14\n\x0coptions_json\x18\x05 \x01(\t\x12#\n\x07\x61\x63tions\x18\x06 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12\x0c\n\x04name\x18\x07 \x01(\t\x12\x12\n\nvalue_json\x18\x08 \x01(\t\x12\x16\n\x0eprefetch_reset\x18\t \x01(\x08\x12\x13\n\x0bwhole_reply\x18\x33 \x01(\x08\"\x0c\n\nLeaseClose\"\xde\x04\n\nLeaseReply\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x1f\n\x02op\x18\x02 \x01(\x0e\x32\x13.rlfleet.v1.LeaseOp\x12\x0f\n\x07\x65nv_ids\x18\x03 \x03(\r\x12(\n\x0cobservations\x18\x04 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12#\n\x07rewards\x18\x05 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12&\n\nterminated\x18\x06 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12%\n\ttruncated\x18\x07 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12$\n\x05infos\x18\x08 \x03(\x0b\x32\x15.rlfleet.v1.TensorMap\x12&\n\x05\x65rror\x18\t \x01(\x0b\x32\x17.rlfleet.v1.ErrorDetail\x12\x10\n\x08lease_id\x18\n \x01(\x04\x12\x0e\n\x06worker\x18\x0b \x01(\t\x12%\n\x08\x65nv_spec\x18\x0c \x01(\x0b\x32\x13.rlfleet.v1.EnvSpec\x12\x13\n\x0bvalues_json\x18\r \x03(\t\x12\"\n\x06\x66rames\x18\x0e \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12\x12\n\ninfos_json\x18\x0f \x03(\t\x12\x15\n\rreset_env_ids\x18\x10 \x03(\r\x12.\n\x12reset_observations\x18\x11 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12*\n\x0breset_infos\x18\x12 \x03(\x0b\x32\x15.rlfleet.v1.TensorMap\x12\x18\n\x10reset_infos_json\x18\x13 \x03(\t\"\xdb\x01\n\x0cLeaseCommand\x12\x10\n\x08lease_id\x18\x01 \x01(\x04\x12)\n\x06\x63reate\x18\x02 \x01(\x0b\x32\x17.rlfleet.v1.LeaseCreateH\x00\x12%\n\x04\x63\x61ll\x18\x03 \x01(\x0b\x32\x15.rlfleet.v1.LeaseCallH\x00\x12+\n\x07release\x18\x04 \x01(\x0b\x32\x18.rlfleet.v1.LeaseReleaseH\x00\x12\x32\n\x0b\x64\x61ta_switch\x18\x32 \x01(\x0b\x32\x1b.rlfleet.v1.LeaseDataSwitchH\x00\x42\x06\n\x04\x62ody\"Y\n\x0bLeaseCreate\x12\"\n\x03\x65nv\x18\x01 \x01(\x0b\x32\x15.rlfleet.v1.EnvUpdate\x12\x0f\n\x07\x65nv_ids\x18\x02 \x03(\r\x12\x15\n\rreplaces_lost\x18\x03 \x01(\x08\"\x1f\n\x0cLeaseRelease\x12\x0f\n\x07\x65nv_ids\x18\x01 \x03(\r\"0\n\x10LeaseDataAddress\x12\x0c\n\x04port\x18\x01 \x01(\r\x12\x0e\n\x06ticket\x18\x02 \x01(\x0c\" \n\x0eLeaseDataHello\x12\x0e\n\x06ticket\x18\x01 \x01(\x0c\"\x13\n\x11LeaseDataAccepted\"\x11\n\x0fLeaseDataSwitch*\xcf\x01\n\x07LeaseOp\x12\x18\n\x14LEASE_OP_UNSPECIFIED\x10\x00\x12\x13\n\x0fLEASE_OP_CREATE\x10\x01\x12\x12\n\x0eLEASE_OP_RESET\x10\x02\x12\x11\n\rLEASE_OP_STEP\x10\x03\x12\x13\n\x0fLEASE_OP_RENDER\x10\x04\x12\x15\n\x11LEASE_OP_GET_ATTR\x10\x05\x12\x15\n\x11LEASE_OP_SET_ATTR\x10\x06\x12\x11\n\rLEASE_OP_CALL\x10\x07\x12\x18\n\x14LEASE_OP_CLASS_NAMES\x10\x08\x42:P\x01Z6github.com/rlfleet/rlfleet/gen/go/rlfleet/v1;rlfleetv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/leases.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/spaces.proto\x1a\x17rlfleet/v1/tensor.proto\x1a\x18rlfleet/v1/updates.proto\"\x8d\x01\n\x0cLeaseRequest\x12%\n\x04open\x18\x01 \x01(\x0b\x32\x15.rlfleet.v1.LeaseOpenH\x00\x12%\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x15.rlfleet.v1.LeaseCallH\x00\x12\'\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x16.rlfleet.v1.LeaseCloseH\x00\x42\x06\n\x04\x62ody\"\x98\x01\n\rLeaseResponse\x12)\n\x06opened\x18\x01 \x01(\x0b\x32\x17.rlfleet.v1.LeaseOpenedH\x00\x12\'\n\x05reply\x18\x02 \x01(\x0b\x32\x16.rlfleet.v1.LeaseReplyH\x00\x12+\n\x07replies\x18\x32 \x01(\x0b\x32\x18.rlfleet.v1.LeaseRepliesH\x00\x42\x06\n\x04\x62ody\"7\n\x0cLeaseReplies\x12\'\n\x07replies\x18\x01 \x03(\x0b\x32\x16.rlfleet.v1.LeaseReply\"k\n\tLeaseOpen\x12\"\n\x03\x65nv\x18\x01 \x01(\x0b\x32\x15.rlfleet.v1.EnvUpdate\x12\x10\n\x08num_envs\x18\x02 \x01(\r\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x01\x12\x0f\n\x07learner\x18\x32 \x01(\t\"\xaf\x01\n\x0bLeaseOpened\x12\x10\n\x08lease_id\x18\x01 \x01(\x04\x12%\n\x08\x65nv_spec\x18\x02 \x01(\x0b\x32\x13.rlfleet.v1.EnvSpec\x12\x13\n\x0b\x65nv_workers\x18\x03 \x03(\t\x12*\n\x04\x64\x61ta\x18\x32 \x01(\x0b\x32\x1c.rlfleet.v1.LeaseDataAddress\x12&\n\tenv_specs\x18\x33 \x03(\x0b\x32\x13.rlfleet.v1.EnvSpec\"\xe7\x01\n\tLeaseCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x1f\n\x02op\x18\x02 \x01(\x0e\x32\x13.rlfleet.v1.LeaseOp\x12\x0f\n\x07\x65nv_ids\x18\x03 \x03(\r\x12\r\n\x05seeds\x18\x04 \x03(\x03\x12\x14\n\x0coptions_json\x18\x05 \x01(\t\x12#\n\x07\x61\x63tions\x18\x06 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12\x0c\n\x04name\x18\x07 \x01(\t\x12\x12\n\nvalue_json\x18\x08 \x01(\t\x12\x16\n\x0eprefetch_reset\x18\t \x01(\x08\x12\x13\n\x0bwhole_reply\x18\x33 \x01(\x08\"\x0c\n\nLeaseClose\"\x8f\x06\n\nLeaseReply\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x1f\n\x02op\x18\x02 \x01(\x0e\x32\x13.rlfleet.v1.LeaseOp\x12\x0f\n\x07\x65nv_ids\x18\x03 \x03(\r\x12(\n\x0cobservations\x18\x04 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12#\n\x07rewards\x18\x05 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12&\n\nterminated\x18\x06 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12%\n\ttruncated\x18\x07 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12$\n\x05infos\x18\x08 \x03(\x0b\x32\x15.rlfleet.v1.TensorMap\x12&\n\x05\x65rror\x18\t \x01(\x0b\x32\x17.rlfleet.v1.ErrorDetail\x12\x10\n\x08lease_id\x18\n \x01(\x04\x12\x0e\n\x06worker\x18\x0b \x01(\t\x12%\n\x08\x65nv_spec\x18\x0c \x01(\x0b\x32\x13.rlfleet.v1.EnvSpec\x12\x13\n\x0bvalues_json\x18\r \x03(\t\x12\"\n\x06\x66rames\x18\x0e \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12\x12\n\ninfos_json\x18\x0f \x03(\t\x12\x15\n\rreset_env_ids\x18\x10 \x03(\r\x12.\n\x12reset_observations\x18\x11 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12*\n\x0breset_infos\x18\x12 \x03(\x0b\x32\x15.rlfleet.v1.TensorMap\x12\x18\n\x10reset_infos_json\x18\x13 \x03(\t\x12&\n\tenv_specs\x18\x14 \x03(\x0b\x32\x13.rlfleet.v1.EnvSpec\x12\x1b\n\x13observations_pickle\x18\x15 \x03(\x0c\x12\x14\n\x0cinfos_pickle\x18\x16 \x03(\x0c\x12\x15\n\rvalues_pickle\x18\x17 \x03(\x0c\x12!\n\x19reset_observations_pickle\x18\x18 \x03(\x0c\x12\x1a\n\x12reset_infos_pickle\x18\x19 \x03(\x0c\"\xdb\x01\n\x0cLeaseCommand\x12\x10\n\x08lease_id\x18\x01 \x01(\x04\x12)\n\x06\x63reate\x18\x02 \x01(\x0b\x32\x17.rlfleet.v1.LeaseCreateH\x00\x12%\n\x04\x63\x61ll\x18\x03 \x01(\x0b\x32\x15.rlfleet.v1.LeaseCallH\x00\x12+\n\x07release\x18\x04 \x01(\x0b\x32\x18.rlfleet.v1.LeaseReleaseH\x00\x12\x32\n\x0b\x64\x61ta_switch\x18\x32 \x01(\x0b\x32\x1b.rlfleet.v1.LeaseDataSwitchH\x00\x42\x06\n\x04\x62ody\"Y\n\x0bLeaseCreate\x12\"\n\x03\x65nv\x18\x01 \x01(\x0b\x32\x15.rlfleet.v1.EnvUpdate\x12\x0f\n\x07\x65nv_ids\x18\x02 \x03(\r\x12\x15\n\rreplaces_lost\x18\x03 \x01(\x08\"\x1f\n\x0cLeaseRelease\x12\x0f\n\x07\x65nv_ids\x18\x01 \x03(\r\"0\n\x10LeaseDataAddress\x12\x0c\n\x04port\x18\x01 \x01(\r\x12\x0e\n\x06ticket\x18\x02 \x01(\x0c\" \n\x0eLeaseDataHello\x12\x0e\n\x06ticket\x18\x01 \x01(\x0c\"\x13\n\x11LeaseDataAccepted\"\x11\n\x0fLeaseDataSwitch*\xcf\x01\n\x07LeaseOp\x12\x18\n\x14LEASE_OP_UNSPECIFIED\x10\x00\x12\x13\n\x0fLEASE_OP_CREATE\x10\x01\x12\x12\n\x0eLEASE_OP_RESET\x10\x02\x12\x11\n\rLEASE_OP_STEP\x10\x03\x12\x13\n\x0fLEASE_OP_RENDER\x10\x04\x12\x15\n\x11LEASE_OP_GET_ATTR\x10\x05\x12\x15\n\x11LEASE_OP_SET_ATTR\x10\x06\x12\x11\n\rLEASE_OP_CALL\x10\x07\x12\x18\n\x14LEASE_OP_CLASS_NAMES\x10\x08\x42:P\x01Z6github.com/rlfleet/rlfleet/gen/go/rlfleet/v1;rlfleetv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlfleet.v1.leases_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'P\001Z6github.com/rlfleet/rlfleet/gen/go/rlfleet/v1;rlfleetv1'
-  _globals['_LEASEOP']._serialized_start=2046
-  _globals['_LEASEOP']._serialized_end=2253
+  _globals['_LEASEOP']._serialized_start=2263
+  _globals['_LEASEOP']._serialized_end=2470
   _globals['_LEASEREQUEST']._serialized_start=116
   _globals['_LEASEREQUEST']._serialized_end=257
   _globals['_LEASERESPONSE']._serialized_start=260
@@ -46,25 +46,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEASEOPEN']._serialized_start=471
   _globals['_LEASEOPEN']._serialized_end=578
   _globals['_LEASEOPENED']._serialized_start=581
-  _globals['_LEASEOPENED']._serialized_end=716
-  _globals['_LEASECALL']._serialized_start=719
-  _globals['_LEASECALL']._serialized_end=950
-  _globals['_LEASECLOSE']._serialized_start=952
-  _globals['_LEASECLOSE']._serialized_end=964
-  _globals['_LEASEREPLY']._serialized_start=967
-  _globals['_LEASEREPLY']._serialized_end=1573
-  _globals['_LEASECOMMAND']._serialized_start=1576
-  _globals['_LEASECOMMAND']._serialized_end=1795
-  _globals['_LEASECREATE']._serialized_start=1797
-  _globals['_LEASECREATE']._serialized_end=1886
-  _globals['_LEASERELEASE']._serialized_start=1888
-  _globals['_LEASERELEASE']._serialized_end=1919
-  _globals['_LEASEDATAADDRESS']._serialized_start=1921
-  _globals['_LEASEDATAADDRESS']._serialized_end=1969
-  _globals['_LEASEDATAHELLO']._serialized_start=1971
-  _globals['_LEASEDATAHELLO']._serialized_end=2003
-  _globals['_LEASEDATAACCEPTED']._serialized_start=2005
-  _globals['_LEASEDATAACCEPTED']._serialized_end=2024
-  _globals['_LEASEDATASWITCH']._serialized_start=2026
-  _globals['_LEASEDATASWITCH']._serialized_end=2043
+  _globals['_LEASEOPENED']._serialized_end=756
+  _globals['_LEASECALL']._serialized_start=759
+  _globals['_LEASECALL']._serialized_end=990
+  _globals['_LEASECLOSE']._serialized_start=992
+  _globals['_LEASECLOSE']._serialized_end=1004
+  _globals['_LEASEREPLY']._serialized_start=1007
+  _globals['_LEASEREPLY']._serialized_end=1790
+  _globals['_LEASECOMMAND']._serialized_start=1793
+  _globals['_LEASECOMMAND']._serialized_end=2012
+  _globals['_LEASECREATE']._serialized_start=2014
+  _globals['_LEASECREATE']._serialized_end=2103
+  _globals['_LEASERELEASE']._serialized_start=2105
+  _globals['_LEASERELEASE']._serialized_end=2136
+  _globals['_LEASEDATAADDRESS']._serialized_start=2138
+  _globals['_LEASEDATAADDRESS']._serialized_end=2186
+  _globals['_LEASEDATAHELLO']._serialized_start=2188
+  _globals['_LEASEDATAHELLO']._serialized_end=2220
+  _globals['_LEASEDATAACCEPTED']._serialized_start=2222
+  _globals['_LEASEDATAACCEPTED']._serialized_end=2241
+  _globals['_LEASEDATASWITCH']._serialized_start=2243
+  _globals['_LEASEDATASWITCH']._serialized_end=2260
 # @@protoc_insertion_point(module_scope)

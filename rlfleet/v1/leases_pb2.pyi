@@ -70,16 +70,18 @@ class LeaseOpen(_message.Message):
     def __init__(self, env: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., num_envs: _Optional[int] = ..., timeout_seconds: _Optional[float] = ..., learner: _Optional[str] = ...) -> None: ...
 
 class LeaseOpened(_message.Message):
-    __slots__ = ("lease_id", "env_spec", "env_workers", "data")
+    __slots__ = ("lease_id", "env_spec", "env_workers", "data", "env_specs")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
     ENV_WORKERS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    ENV_SPECS_FIELD_NUMBER: _ClassVar[int]
     lease_id: int
     env_spec: _spaces_pb2.EnvSpec
     env_workers: _containers.RepeatedScalarFieldContainer[str]
     data: LeaseDataAddress
-    def __init__(self, lease_id: _Optional[int] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., env_workers: _Optional[_Iterable[str]] = ..., data: _Optional[_Union[LeaseDataAddress, _Mapping]] = ...) -> None: ...
+    env_specs: _containers.RepeatedCompositeFieldContainer[_spaces_pb2.EnvSpec]
+    def __init__(self, lease_id: _Optional[int] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., env_workers: _Optional[_Iterable[str]] = ..., data: _Optional[_Union[LeaseDataAddress, _Mapping]] = ..., env_specs: _Optional[_Iterable[_Union[_spaces_pb2.EnvSpec, _Mapping]]] = ...) -> None: ...
 
 class LeaseCall(_message.Message):
     __slots__ = ("call_id", "op", "env_ids", "seeds", "options_json", "actions", "name", "value_json", "prefetch_reset", "whole_reply")
@@ -110,7 +112,7 @@ class LeaseClose(_message.Message):
     def __init__(self) -> None: ...
 
 class LeaseReply(_message.Message):
-    __slots__ = ("call_id", "op", "env_ids", "observations", "rewards", "terminated", "truncated", "infos", "error", "lease_id", "worker", "env_spec", "values_json", "frames", "infos_json", "reset_env_ids", "reset_observations", "reset_infos", "reset_infos_json")
+    __slots__ = ("call_id", "op", "env_ids", "observations", "rewards", "terminated", "truncated", "infos", "error", "lease_id", "worker", "env_spec", "values_json", "frames", "infos_json", "reset_env_ids", "reset_observations", "reset_infos", "reset_infos_json", "env_specs", "observations_pickle", "infos_pickle", "values_pickle", "reset_observations_pickle", "reset_infos_pickle")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     ENV_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +132,12 @@ class LeaseReply(_message.Message):
     RESET_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     RESET_INFOS_FIELD_NUMBER: _ClassVar[int]
     RESET_INFOS_JSON_FIELD_NUMBER: _ClassVar[int]
+    ENV_SPECS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_PICKLE_FIELD_NUMBER: _ClassVar[int]
+    INFOS_PICKLE_FIELD_NUMBER: _ClassVar[int]
+    VALUES_PICKLE_FIELD_NUMBER: _ClassVar[int]
+    RESET_OBSERVATIONS_PICKLE_FIELD_NUMBER: _ClassVar[int]
+    RESET_INFOS_PICKLE_FIELD_NUMBER: _ClassVar[int]
     call_id: int
     op: LeaseOp
     env_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -149,7 +157,13 @@ class LeaseReply(_message.Message):
     reset_observations: _tensor_pb2.Tensor
     reset_infos: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorMap]
     reset_infos_json: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, call_id: _Optional[int] = ..., op: _Optional[_Union[LeaseOp, str]] = ..., env_ids: _Optional[_Iterable[int]] = ..., observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., terminated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., infos: _Optional[_Iterable[_Union[_tensor_pb2.TensorMap, _Mapping]]] = ..., error: _Optional[_Union[_updates_pb2.ErrorDetail, _Mapping]] = ..., lease_id: _Optional[int] = ..., worker: _Optional[str] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., values_json: _Optional[_Iterable[str]] = ..., frames: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., infos_json: _Optional[_Iterable[str]] = ..., reset_env_ids: _Optional[_Iterable[int]] = ..., reset_observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., reset_infos: _Optional[_Iterable[_Union[_tensor_pb2.TensorMap, _Mapping]]] = ..., reset_infos_json: _Optional[_Iterable[str]] = ...) -> None: ...
+    env_specs: _containers.RepeatedCompositeFieldContainer[_spaces_pb2.EnvSpec]
+    observations_pickle: _containers.RepeatedScalarFieldContainer[bytes]
+    infos_pickle: _containers.RepeatedScalarFieldContainer[bytes]
+    values_pickle: _containers.RepeatedScalarFieldContainer[bytes]
+    reset_observations_pickle: _containers.RepeatedScalarFieldContainer[bytes]
+    reset_infos_pickle: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, call_id: _Optional[int] = ..., op: _Optional[_Union[LeaseOp, str]] = ..., env_ids: _Optional[_Iterable[int]] = ..., observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., terminated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., infos: _Optional[_Iterable[_Union[_tensor_pb2.TensorMap, _Mapping]]] = ..., error: _Optional[_Union[_updates_pb2.ErrorDetail, _Mapping]] = ..., lease_id: _Optional[int] = ..., worker: _Optional[str] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., values_json: _Optional[_Iterable[str]] = ..., frames: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., infos_json: _Optional[_Iterable[str]] = ..., reset_env_ids: _Optional[_Iterable[int]] = ..., reset_observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., reset_infos: _Optional[_Iterable[_Union[_tensor_pb2.TensorMap, _Mapping]]] = ..., reset_infos_json: _Optional[_Iterable[str]] = ..., env_specs: _Optional[_Iterable[_Union[_spaces_pb2.EnvSpec, _Mapping]]] = ..., observations_pickle: _Optional[_Iterable[bytes]] = ..., infos_pickle: _Optional[_Iterable[bytes]] = ..., values_pickle: _Optional[_Iterable[bytes]] = ..., reset_observations_pickle: _Optional[_Iterable[bytes]] = ..., reset_infos_pickle: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class LeaseCommand(_message.Message):
     __slots__ = ("lease_id", "create", "call", "release", "data_switch")

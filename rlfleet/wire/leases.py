@@ -15,10 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
-from rlfleet._util.values import json_object, json_value
+from rlfleet._util.values import json_value
 from rlfleet.core import EnvSpec
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, ProtocolError, RlfleetError, UsageError, WrongTypeError
@@ -29,11 +28,20 @@ from rlfleet.wire import (
     decode_env_spec,
     decode_tensor,
     decode_tensor_list,
-    decode_tensor_map,
     encode_env_spec,
     encode_tensor,
     encode_tensor_into,
-    encode_tensor_map,
+)
+from rlfleet.wire.lease_values import (
+    PICKLES_HINT,
+    Pickler,
+    ReplyCheck,
+    add_infos,
+    add_observations,
+    decode_observations,
+    infos_of,
+    load_values,
+    plain_json,
 )
 
 #: Op names by LeaseOp (the vector-env command names of rlfleet.envs, and CREATE).
@@ -197,6 +205,8 @@ class LeaseCreated:
     env_ids: list[int]
     spec: EnvSpec | None = None
     error: BaseException | None = None
+    #: One spec per env of ``env_ids`` when they differ (envs from different factories).
+    specs: list[EnvSpec] | None = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +217,9 @@ class LeaseAnswers:
     call_id: int
     op: str
     answers: Sequence[LeaseAnswer]
+    #: The lease's envs came from pickled factories: what the plain fields
+    #: cannot carry travels pickled with it (rlfleet.wire.lease_values).
+    pickler: Pickler | None = None
 
 
 @dataclass(frozen=True)
@@ -237,6 +250,8 @@ def lease_report_message(report: LeaseReport, worker: str) -> worker_pb2.WorkerM
             reply.error.CopyFrom(_rpc.detail_from_exception(report.error, worker=worker))
         elif report.spec is not None:
             reply.env_spec.CopyFrom(encode_env_spec(report.spec))
+            if report.specs is not None:
+                reply.env_specs.extend(encode_env_spec(spec) for spec in report.specs)
     elif isinstance(report, LeaseCallFailed):
         op = OP_CODES.get(report.op, leases_pb2.LEASE_OP_UNSPECIFIED)
         reply = leases_pb2.LeaseReply(lease_id=report.lease_id, call_id=report.call_id, op=op)
@@ -262,94 +277,44 @@ def _fill_answers(reply: leases_pb2.LeaseReply, report: LeaseAnswers) -> None:
         if op == "render" and all(f is not None for f in frames):
             reply.frames.CopyFrom(encode_tensor(np.stack([np.asarray(f) for f in frames])))
         return
+    pickler = report.pickler
     if op in _JSON_OPS:
-        reply.values_json.extend(
-            json.dumps(o.value, default=_plain, allow_nan=True) for o in outcomes
-        )
+        try:
+            texts = [json.dumps(o.value, default=plain_json, allow_nan=True) for o in outcomes]
+        except (TypeError, ValueError, ConfigError) as exc:
+            if pickler is None:
+                raise ConfigError(
+                    f"{op}: {exc}; leases of env ids carry JSON-compatible attributes and "
+                    f"return values, {PICKLES_HINT}"
+                ) from exc
+            where = f"lease {report.lease_id} {op} value"
+            reply.values_pickle.extend(pickler(o.value, where) for o in outcomes)
+            return
+        reply.values_json.extend(texts)
         return
-    # run_env typed every observation to the space's dtype and shape already, so
-    # np.array joins them (one C call; np.stack makes a view of each first).
-    encode_tensor_into(reply.observations, np.array([o.observation for o in outcomes]))
+    add_observations(
+        reply.observations, reply.observations_pickle, [o.observation for o in outcomes], pickler
+    )
     if op == "step":
         encode_tensor_into(reply.rewards, np.array([o.reward for o in outcomes], np.float64))
         encode_tensor_into(reply.terminated, np.array([o.terminated for o in outcomes], bool))
         encode_tensor_into(reply.truncated, np.array([o.truncated for o in outcomes], bool))
-    _add_infos(reply.infos, reply.infos_json, [(o.env_id, o.info) for o in outcomes], "")
+    infos = [(o.env_id, o.info) for o in outcomes]
+    add_infos(reply.infos, reply.infos_json, reply.infos_pickle, infos, what="", pickler=pickler)
     resets = [(o.env_id, o.reset) for o in outcomes if o.reset is not None]
     if resets:
         reply.reset_env_ids.extend(env_id for env_id, _ in resets)
-        rows = np.array([obs for _, (obs, _) in resets])
-        encode_tensor_into(reply.reset_observations, rows)
+        rows = [obs for _, (obs, _) in resets]
+        add_observations(reply.reset_observations, reply.reset_observations_pickle, rows, pickler)
         infos = [(env_id, info) for env_id, (_, info) in resets]
-        _add_infos(reply.reset_infos, reply.reset_infos_json, infos, " reset")
-
-
-def _add_infos(
-    maps: Any, texts: Any, infos: Sequence[tuple[int, Mapping[str, Any]]], what: str
-) -> None:
-    """Appends one TensorMap per env's info (``maps``) and, unless all are
-    empty, one JSON text per env (``texts``): LeaseReply.infos/infos_json.
-
-    An empty info (most steps of most envs) is an empty TensorMap, without
-    the work of splitting it.
-    """
-    rests = []
-    for env_id, info in infos:
-        if not info:
-            maps.add()
-            rests.append("")
-            continue
-        arrays, rest = _split_info(info, f"env {env_id}{what}")
-        maps.append(encode_tensor_map(arrays))
-        rests.append(rest)
-    if any(rests):
-        texts.extend(rests)
-
-
-def _plain(value: Any) -> Any:
-    """JSON for numpy scalars and arrays; anything else is refused."""
-    if isinstance(value, np.generic | np.ndarray):
-        return value.tolist()
-    raise ConfigError(
-        f"a {type(value).__name__} is not a plain value; leases carry JSON-compatible "
-        "attributes and return values (numbers, strings, lists, dicts, numpy arrays)"
-    )
-
-
-def _split_info(info: Mapping[str, Any], where: str) -> tuple[dict[str, Any], str]:
-    """An info dict as (numeric arrays for a TensorMap, the rest as JSON object text).
-
-    Numbers, bools and their arrays (in nested dicts too) travel as tensors;
-    other plain values (None, strings, lists of them, dicts holding any) as
-    JSON. The JSON text is empty when there is no such value.
-
-    Raises:
-        ConfigError: For a value that is neither (it would be lost otherwise).
-    """
-    tree: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    for key, value in info.items():
-        if isinstance(value, Mapping):
-            nested, rest = _split_info(value, f"{where} info[{key!r}]")
-            if rest:
-                extra[key] = value  # a dict mixing kinds travels whole, as JSON
-            else:
-                tree[key] = nested
-            continue
-        array = np.asarray(value) if not isinstance(value, str | type(None)) else None
-        if array is not None and array.dtype.kind in "biuf":
-            tree[key] = array
-        else:
-            extra[key] = value
-    if not extra:
-        return tree, ""
-    try:
-        return tree, json.dumps(extra, default=_plain)
-    except (TypeError, ValueError, ConfigError) as exc:
-        raise ConfigError(
-            f"{where}: info holds a value that is neither numeric nor JSON ({exc}); leased "
-            "envs' infos carry numbers, bools, arrays and plain JSON values"
-        ) from exc
+        add_infos(
+            reply.reset_infos,
+            reply.reset_infos_json,
+            reply.reset_infos_pickle,
+            infos,
+            what=" reset",
+            pickler=pickler,
+        )
 
 
 # --- the learner's stream: requests out, responses in -------------------------------
@@ -364,13 +329,15 @@ class LeaseEnvFailure:
 
 @dataclass(frozen=True)
 class LeaseOpenedEvent:
-    """The lease exists (LeaseOpened): its id, the envs' spec, the hosting workers,
-    and the lease data channel's (port, ticket) when the coordinator serves it."""
+    """The lease exists (LeaseOpened): its id, env 0's spec, the hosting workers,
+    the lease data channel's (port, ticket) when the coordinator serves it, and
+    each env's spec (``env_specs[i]``, env 0's for all unless they differ)."""
 
     lease_id: int
     env_spec: EnvSpec
     env_workers: list[str]
     data: tuple[int, bytes] | None = None
+    env_specs: list[EnvSpec] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -487,14 +454,14 @@ def call_request(
 
 
 def decode_lease_response(
-    data: bytes, space: gym.Space | None
+    data: bytes, check: ReplyCheck | None
 ) -> LeaseOpenedEvent | LeaseRepliedEvent | None:
     """A LeaseResponse, decoded; None for an empty one.
 
     Args:
         data: The serialized response.
-        space: The lease's observation space (None before LeaseOpened):
-            observations are checked against it.
+        check: The lease's spaces and whether it carries pickles (None
+            before LeaseOpened): observations are checked against them.
 
     Raises:
         ProtocolError: If the response does not parse, or a reply is
@@ -507,15 +474,23 @@ def decode_lease_response(
     body = response.WhichOneof("body")
     if body == "opened":
         opened = response.opened
+        spec = decode_env_spec(opened.env_spec)
+        workers = list(opened.env_workers)
+        specs = [decode_env_spec(s) for s in opened.env_specs] or [spec] * len(workers)
+        if len(specs) != len(workers):
+            raise ProtocolError(
+                f"a LeaseOpened names {len(workers)} env workers and {len(specs)} env specs"
+            )
         return LeaseOpenedEvent(
             int(opened.lease_id),
-            decode_env_spec(opened.env_spec),
-            list(opened.env_workers),
+            spec,
+            workers,
             (opened.data.port, opened.data.ticket) if opened.HasField("data") else None,
+            specs,
         )
     if body not in ("reply", "replies"):
         return None
-    if space is None:
+    if check is None:
         raise ProtocolError("a LeaseReply arrived before LeaseOpened")
     replies = [response.reply] if body == "reply" else list(response.replies.replies)
     if len({reply.call_id for reply in replies}) != 1:
@@ -526,8 +501,8 @@ def decode_lease_response(
     event = LeaseRepliedEvent(int(replies[0].call_id), [], [], {})
     for reply in replies:  # several workers' parts of one call
         event.env_ids.extend(reply.env_ids)
-        event.answers.extend(_answers(reply, space))
-        event.resets.update(_prefetched_resets(reply, space))
+        event.answers.extend(_answers(reply, check))
+        event.resets.update(_prefetched_resets(reply, check))
         if reply.worker:
             event.workers.update(dict.fromkeys(reply.env_ids, reply.worker))
     return event
@@ -548,7 +523,7 @@ def _plain_arg(value: Any) -> Any:
     raise WrongTypeError(f"{type(value).__name__} is not JSON")
 
 
-def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
+def _answers(reply: leases_pb2.LeaseReply, check: ReplyCheck) -> list[Any]:
     """Each env's answer in a reply, decoded and its observations checked."""
     count = len(reply.env_ids)
     if reply.HasField("error"):
@@ -556,11 +531,13 @@ def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
         return [LeaseEnvFailure(error)] * count
     op = reply.op
     if op in (leases_pb2.LEASE_OP_RESET, leases_pb2.LEASE_OP_STEP):
-        obs = _observations(reply.observations, space, reply.worker)
-        infos = _infos(reply.infos, reply.infos_json, "LeaseReply.infos")
-        if obs.shape[:1] != (count,) or len(infos) != count:
+        obs = decode_observations(
+            reply.observations, reply.observations_pickle, reply.env_ids, check, reply.worker
+        )
+        infos = infos_of(reply.infos, reply.infos_json, reply.infos_pickle, "infos", check)
+        if len(obs) != count or len(infos) != count:
             raise ProtocolError(
-                f"a lease reply for {count} envs holds {obs.shape[:1]} observations and "
+                f"a lease reply for {count} envs holds {len(obs)} observations and "
                 f"{len(infos)} infos"
             )
         if op == leases_pb2.LEASE_OP_RESET:
@@ -588,52 +565,31 @@ def _answers(reply: leases_pb2.LeaseReply, space: gym.Space) -> list[Any]:
         return [frames[k] for k in range(count)]
     if op == leases_pb2.LEASE_OP_SET_ATTR:
         return [None] * count
+    if reply.values_pickle:
+        return load_values(reply.values_pickle, "values_pickle", check)
     return [json_value(text, "LeaseReply.values_json") for text in reply.values_json]
 
 
 def _prefetched_resets(
-    reply: leases_pb2.LeaseReply, space: gym.Space
+    reply: leases_pb2.LeaseReply, check: ReplyCheck
 ) -> dict[int, tuple[Any, dict[str, Any]]]:
     """The resets a STEP reply carries (LeaseCall.prefetch_reset), by env id."""
     if not reply.reset_env_ids:
         return {}
-    obs = _observations(reply.reset_observations, space, reply.worker)
+    obs = decode_observations(
+        reply.reset_observations,
+        reply.reset_observations_pickle,
+        reply.reset_env_ids,
+        check,
+        reply.worker,
+    )
     count = len(reply.reset_env_ids)
-    if obs.shape[:1] != (count,) or len(reply.reset_infos) != count:
+    if len(obs) != count or len(reply.reset_infos) != count:
         raise ProtocolError(
-            f"a lease reply carries {count} prefetched resets with {obs.shape[:1]} "
+            f"a lease reply carries {count} prefetched resets with {len(obs)} "
             f"observations and {len(reply.reset_infos)} infos"
         )
-    infos = _infos(reply.reset_infos, reply.reset_infos_json, "LeaseReply.reset_infos")
+    infos = infos_of(
+        reply.reset_infos, reply.reset_infos_json, reply.reset_infos_pickle, "reset_infos", check
+    )
     return {int(env_id): (obs[k], infos[k]) for k, env_id in enumerate(reply.reset_env_ids)}
-
-
-def _observations(tensor: Any, space: gym.Space, worker: str) -> np.ndarray:
-    """Decodes a reply's observations and checks them against the lease's space."""
-    obs = decode_tensor(tensor, name="LeaseReply.observations")
-    if obs.shape[1:] != (space.shape or ()) or obs.dtype != space.dtype:
-        raise ProtocolError(
-            f"worker {worker!r} sent observations of shape {obs.shape[1:]} and dtype "
-            f"{obs.dtype} per env; the lease's observation space is {space}"
-        )
-    return obs
-
-
-def _infos(maps: Sequence[Any], texts: Sequence[str], name: str) -> list[dict[str, Any]]:
-    """Info dicts from their TensorMaps and JSON texts (LeaseReply.infos/_json)."""
-    # An empty map (most infos) is an empty dict, without a decoder call.
-    infos = [_info(decode_tensor_map(m, name=name)) if m.entries else {} for m in maps]
-    for info, text in zip(infos, texts, strict=False):
-        if text:
-            info.update(json_object(text, f"{name}_json"))
-    return infos
-
-
-def _info(tree: Mapping[str, Any]) -> dict[str, Any]:
-    """An info dict from the wire: 0-d arrays become numpy scalars, as envs give them."""
-    return {
-        key: _info(value)
-        if isinstance(value, Mapping)
-        else (value[()] if isinstance(value, np.ndarray) and value.ndim == 0 else value)
-        for key, value in tree.items()
-    }

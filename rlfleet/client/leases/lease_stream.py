@@ -35,7 +35,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import grpc
-import gymnasium as gym
 
 from rlfleet.client._errors import call_error
 from rlfleet.core import EnvSpec
@@ -48,6 +47,7 @@ from rlfleet.errors import (
     UsageError,
 )
 from rlfleet.security import ClientTLS
+from rlfleet.security.pickle import cloudpickle_module
 from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.lease_channel import (
     DATA_DIAL_SECONDS,
@@ -56,6 +56,7 @@ from rlfleet.transport.lease_channel import (
     dial,
     warn_unreachable,
 )
+from rlfleet.wire.lease_values import ReplyCheck
 from rlfleet.wire.leases import (
     CLOSE_REQUEST,
     LeaseEnvFailure,
@@ -109,6 +110,10 @@ class LeaseStream:
             LeaseDataHello and returns the data channel's in-memory link.
         pickled_factories: One cloudpickled env factory per env, sent in
             LeaseOpen.env for a fleet that takes pickles (b"": none).
+        pickles: The envs come from pickled factories (sent here, or
+            registered in an embedded coordinator's memory), so their
+            replies may carry pickled values, which this stream then
+            unpickles (rlfleet.wire.lease_values); else it unpickles nothing.
 
     Raises:
         NoWorkersError, UnavailableError, ResourceExhaustedError, ConfigError,
@@ -131,6 +136,7 @@ class LeaseStream:
         max_message_bytes: int = _rpc.DEFAULT_MAX_MESSAGE_BYTES,
         data_in_process: Callable[[bytes], DataLink] | None = None,
         pickled_factories: bytes = b"",
+        pickles: bool = False,
     ) -> None:
         self.num_envs = num_envs
         self.prefetch_resets = prefetch_resets
@@ -147,7 +153,9 @@ class LeaseStream:
         self._call_ids = itertools.count(1)
         self._opened = threading.Event()
         self._opened_event: LeaseOpenedEvent | None = None
-        self._space: gym.Space | None = None  # the observations', once opened
+        # Only a lease of pickled factories may carry pickles back.
+        self._unpickle = cloudpickle_module().loads if pickles or pickled_factories else None
+        self._check: ReplyCheck | None = None  # the replies' rules, once opened
         self._link: DataLink | None = None  # the data channel, once accepted
         # Held by the one thread reading the data channel, taken and released
         # under self._lock so that a waiter never misses the reader's end.
@@ -172,6 +180,8 @@ class LeaseStream:
         opened = self._opened_event
         self.lease_id = opened.lease_id
         self.env_spec: EnvSpec = opened.env_spec
+        #: Each env's spec (env_specs[i]); all ``env_spec`` unless the factories differ.
+        self.env_specs: list[EnvSpec] = opened.env_specs
         self.env_workers: list[str] = opened.env_workers
         if opened.data is not None and data_in_process is not None:
             self._attach_in_process(data_in_process, opened.data[1])
@@ -349,7 +359,7 @@ class LeaseStream:
             if data is None:
                 why = "the coordinator closed it"
             else:
-                event = decode_lease_response(data, self._space)
+                event = decode_lease_response(data, self._check)
         except TimeoutError:
             pass  # the caller's loop expires what is due
         except OSError as exc:
@@ -415,9 +425,11 @@ class LeaseStream:
         failure: RlfleetError
         try:
             for data in self._call:
-                event = decode_lease_response(data, self._space)
+                event = decode_lease_response(data, self._check)
                 if isinstance(event, LeaseOpenedEvent):
-                    self._space = event.env_spec.observation_space
+                    self._check = ReplyCheck(
+                        [spec.observation_space for spec in event.env_specs], self._unpickle
+                    )
                     self._opened_event = event
                     self._opened.set()
                 elif isinstance(event, LeaseRepliedEvent):

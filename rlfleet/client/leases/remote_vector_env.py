@@ -74,7 +74,13 @@ class RemoteVectorEnv(BaseVectorEnv):
     network only to a coordinator and workers both started with
     ``--allow-pickle`` (which needs TLS and tokens). Elsewhere the lease is
     refused with :class:`~rlfleet.errors.PermissionDeniedError` saying how
-    to register the env on the workers (``--import``).
+    to register the env on the workers (``--import``). A lease of pickled
+    factories carries what ``RayVectorEnv`` carries: objects in infos,
+    attributes and return values, Dict observations and envs of different
+    spaces (:attr:`env_specs`) travel pickled (rlfleet.wire.lease_values),
+    and this learner unpickles them on such a lease only. A lease of an env
+    id carries numbers, arrays and JSON, and refuses the rest saying how to
+    opt in.
 
     Args:
         fleet: Where to lease: a coordinator's ``HOST:PORT``, a
@@ -160,6 +166,8 @@ class RemoteVectorEnv(BaseVectorEnv):
             raise ConfigError(f"env must be a gymnasium id or an EnvConfig, got {env!r}")
         if where is None:
             where = own_fleet = _own_fleet(num_envs, open_timeout)
+        # Only a lease of pickled factories carries (and is unpickled) pickled values.
+        pickles = bool(pickled)
         local_factories = None
         if pickled and isinstance(where, Fleet):
             # Its coordinator runs in this process: the factories reach it in
@@ -173,6 +181,7 @@ class RemoteVectorEnv(BaseVectorEnv):
                 config=config,
                 num_envs=num_envs,
                 pickled=pickled,
+                pickles=pickles,
                 call_timeout=call_timeout,
                 open_timeout=open_timeout,
                 prefetch_resets=prefetch_resets,
@@ -216,6 +225,7 @@ class RemoteVectorEnv(BaseVectorEnv):
         config: EnvConfig,
         num_envs: int,
         pickled: bytes,
+        pickles: bool,
         call_timeout: float,
         open_timeout: float,
         prefetch_resets: bool,
@@ -256,6 +266,7 @@ class RemoteVectorEnv(BaseVectorEnv):
                 max_message_bytes=max_message_bytes,
                 data_in_process=in_process,
                 pickled_factories=pickled,
+                pickles=pickles,
             )
         except BaseException:
             channel.close()
@@ -268,8 +279,14 @@ class RemoteVectorEnv(BaseVectorEnv):
 
     @property
     def env_spec(self) -> EnvSpec:
-        """Spaces and episode limit of every env (they are all alike)."""
+        """Spaces and episode limit of env 0: of every env, unless factories
+        built envs with different ones (see :attr:`env_specs`)."""
         return self._stream.env_spec
+
+    @property
+    def env_specs(self) -> list[EnvSpec]:
+        """Spaces and episode limit of each env, env i's at index i."""
+        return list(self._stream.env_specs)
 
     @property
     def env_workers(self) -> list[str]:
@@ -286,7 +303,8 @@ class RemoteVectorEnv(BaseVectorEnv):
 
     def _send(self, ids: list[int], command: str, args: Sequence[Any]) -> None:
         if command == GET_ATTR and args and args[0] in _LOCAL_ATTRIBUTES:
-            self._local.update((i, getattr(self.env_spec, args[0])) for i in ids)
+            specs = self._stream.env_specs
+            self._local.update((i, getattr(specs[i], args[0])) for i in ids)
             return
         if command == RESET:
             # Episode ends were reset by the workers already (prefetch_resets).

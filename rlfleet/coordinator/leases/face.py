@@ -106,9 +106,8 @@ class LeaseFace:
         server, data = self._lease_data, None
         if server is not None:
             data = (server.port, server.issue(lambda c: self._attach(lease, c)))
-        yield opened_response(
-            lease.lease_id, lease.spec or b"", self.leases.worker_names(lease), data
-        )
+        spec, specs = lease.opened_specs()
+        yield opened_response(lease.lease_id, spec, self.leases.worker_names(lease), data, specs)
         try:
             while True:
                 event = lease.outbox.get()

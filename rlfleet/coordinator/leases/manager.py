@@ -90,6 +90,8 @@ class Lease:
         held: Replies (serialized, named) of whole-reply calls not fully
             answered yet, by call id.
         spec: The envs' serialized EnvSpec, from the first CREATE reply.
+        env_specs: Each env's serialized EnvSpec, by env id (a CREATE reply
+            of envs that differ gives one per env, any other one for all).
         failure: Why the lease ended, if it did.
         closed: Released: replies are ignored.
         data: The lease's data connection, once the learner attached it
@@ -106,6 +108,7 @@ class Lease:
     clocks: dict[int, _CallClock] = field(default_factory=dict)
     held: dict[int, list[bytes]] = field(default_factory=dict)
     spec: bytes | None = None
+    env_specs: dict[int, bytes] = field(default_factory=dict)
     failure: CallError | None = None
     closed: bool = False
     data: LeaseConnection | None = None
@@ -114,6 +117,14 @@ class Lease:
     def num_envs(self) -> int:
         """K: the lease's env ids are 0..K-1."""
         return len(self.hosts)
+
+    def opened_specs(self) -> tuple[bytes, list[bytes]]:
+        """Env 0's serialized spec, and every env's if they differ (LeaseOpened.env_specs)."""
+        common = self.spec or b""
+        specs = [self.env_specs.get(i, common) for i in range(self.num_envs)]
+        if all(spec == specs[0] for spec in specs):
+            return specs[0] if specs else common, []
+        return specs[0], specs
 
     def post(self, response: bytes) -> None:
         """Sends a serialized LeaseResponse to the learner, on whichever carrier it uses."""
@@ -529,8 +540,12 @@ class LeaseManager:
                 f"{lease.lease_id}: {reply.error_message}"
             )
             self._fail(lease, CallError(grpc.StatusCode.FAILED_PRECONDITION, message, reply.error))
-        elif lease.spec is None:
-            lease.spec = reply.spec
+        else:
+            if lease.spec is None:
+                lease.spec = reply.spec
+            # Per env: workers that built differing envs send one spec each.
+            specs = reply.specs or [reply.spec] * len(reply.env_ids)
+            lease.env_specs.update(zip(reply.env_ids, specs, strict=True))
         self._state.changed.notify_all()
 
     # --- losses and release ---------------------------------------------------------

@@ -22,7 +22,7 @@ again; the learner checks them against the lease's observation space
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import grpc
@@ -199,6 +199,8 @@ class RelayReply:
         error_message: Its message ("" without an error).
         spec: CREATE replies: the serialized EnvSpec of the envs built.
         body: The serialized LeaseReply, as the worker sent it.
+        specs: CREATE replies of envs whose specs differ: one serialized
+            EnvSpec per env id (empty: all are ``spec``).
     """
 
     lease_id: int
@@ -209,6 +211,7 @@ class RelayReply:
     error_message: str
     spec: bytes
     body: bytes
+    specs: list[bytes] = field(default_factory=list)
 
     def named(self, worker: str) -> bytes:
         """The serialized LeaseReply with its ``worker`` field set to ``worker``."""
@@ -279,16 +282,21 @@ def relay_reply(body: bytes) -> RelayReply:
         error.message if error is not None else "",
         reply.env_spec.SerializeToString() if reply.HasField("env_spec") else b"",
         body,
+        [spec.SerializeToString() for spec in reply.env_specs],
     )
 
 
 def _check_rows(reply: leases_pb2.LeaseReply, op: str, count: int, where: str) -> None:
     wrong: dict[str, int] = {}
+    if op == "create" and reply.env_specs and len(reply.env_specs) != count:
+        wrong["env_specs"] = len(reply.env_specs)
     if op in ("reset", "step"):
         for name, rows in (
-            ("observations", _rows(reply.observations)),
+            # Pickled observations (a lease of pickled factories) replace the tensor.
+            ("observations", len(reply.observations_pickle) or _rows(reply.observations)),
             ("infos", len(reply.infos)),
             ("infos_json", len(reply.infos_json) or count),  # empty: none of them has any
+            ("infos_pickle", len(reply.infos_pickle) or count),
         ):
             if rows != count:
                 wrong[name] = rows
@@ -303,8 +311,11 @@ def _check_rows(reply: leases_pb2.LeaseReply, op: str, count: int, where: str) -
     elif op == "render":
         if reply.HasField("frames") and (rows := _rows(reply.frames)) != count:
             wrong["frames"] = rows
-    elif op in ("get_attr", "call", "class_names") and len(reply.values_json) != count:
-        wrong["values_json"] = len(reply.values_json)
+    elif (
+        op in ("get_attr", "call", "class_names")
+        and (rows := len(reply.values_json) or len(reply.values_pickle)) != count
+    ):
+        wrong["values_json or values_pickle"] = rows
     if wrong:
         raise WireFormatError(
             f"{where}: answers {count} envs {list(reply.env_ids)} but has rows {wrong}; "
@@ -317,8 +328,12 @@ def _check_rows(reply: leases_pb2.LeaseReply, op: str, count: int, where: str) -
                 f"{where}: reset_env_ids {resets} must be distinct ids of env_ids "
                 f"{list(reply.env_ids)}"
             )
-        reset_rows = (_rows(reply.reset_observations), len(reply.reset_infos))
-        if reset_rows != (len(resets), len(resets)):
+        reset_rows = (
+            len(reply.reset_observations_pickle) or _rows(reply.reset_observations),
+            len(reply.reset_infos),
+        )
+        pickled_infos = len(reply.reset_infos_pickle) or len(resets)
+        if reset_rows != (len(resets), len(resets)) or pickled_infos != len(resets):
             raise WireFormatError(
                 f"{where}: {len(resets)} prefetched resets with {reset_rows[0]} observations "
                 f"and {reset_rows[1]} infos"
@@ -334,12 +349,19 @@ def _rows(tensor: tensor_pb2.Tensor) -> int:
 
 
 def opened_response(
-    lease_id: int, spec: bytes, workers: Sequence[str], data: tuple[int, bytes] | None = None
+    lease_id: int,
+    spec: bytes,
+    workers: Sequence[str],
+    data: tuple[int, bytes] | None = None,
+    specs: Sequence[bytes] = (),
 ) -> bytes:
     """The serialized LeaseResponse.opened of a lease whose envs were built;
-    ``data``: the lease data channel's (port, ticket), if it is served."""
+    ``data``: the lease data channel's (port, ticket), if it is served;
+    ``specs``: each env's serialized spec when they differ (LeaseOpened.env_specs)."""
     opened = leases_pb2.LeaseOpened(lease_id=lease_id, env_workers=workers)
     opened.env_spec.ParseFromString(spec)
+    for env_spec in specs:
+        opened.env_specs.add().ParseFromString(env_spec)
     if data is not None:
         opened.data.port, opened.data.ticket = data
     return leases_pb2.LeaseResponse(opened=opened).SerializeToString()

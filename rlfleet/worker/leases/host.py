@@ -15,7 +15,13 @@ call the learner waits for whole in one reply, sent by the thread that
 finishes its last env; otherwise (async stepping, ``wait_num``) each env
 as soon as it finishes, with those that finish meanwhile (see
 :class:`_PooledCall`). Fast envs (CartPole takes ~10 us) are stepped
-inline, where a pool's hand-offs would cost more than the steps.
+inline, where a pool's hand-offs would cost more than the steps. Resets
+are timed apart from steps (a simulator's reset may take seconds), and an
+env's first reset and first step run on the pool, their cost unknown: slow
+envs on one worker never wait for each other, as tianshou's one process per
+env would not. A slow env's call goes to the pool even when it is alone
+(async stepping sends one call per ready env), so the host is free for the
+next call at once.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 from rlfleet.envs.config import env_spec_of, make_env
 from rlfleet.errors import ConfigError
 from rlfleet.security.pickle import PickleGate
+from rlfleet.security.pickle import dumps as pickle_dumps
 from rlfleet.wire.leases import (
     LeaseAnswer,
     LeaseAnswers,
@@ -55,7 +62,8 @@ from rlfleet.worker.leases.leased_env import (
 
 logger = logging.getLogger("rlfleet.worker")
 
-#: Step seconds (see LeasedEnv.step_seconds) above which an env is stepped on the pool.
+#: Step (reset) seconds (see LeasedEnv.step_seconds) above which an env's
+#: steps (resets) run on the pool.
 POOL_STEP_SECONDS = 2e-4
 #: Pool threads: enough for every leased env of a big worker to wait at once.
 POOL_THREADS = 64
@@ -126,6 +134,9 @@ class LeaseHost:
         # Whether this worker takes pickled env factories (see LeasedEnvSource.pickled).
         self._pickle = PickleGate() if pickle is None else pickle
         self._envs: dict[tuple[int, int], LeasedEnv] = {}
+        # Leases whose envs came from pickled factories: their answers may
+        # carry pickles (rlfleet.wire.lease_values).
+        self._pickle_leases: set[int] = set()
         self._inbox: queue.SimpleQueue[LeaseOrder] = queue.SimpleQueue()
         # The pool: threads that take env ops from one queue and answer them
         # (_PooledCall). Leaner than a ThreadPoolExecutor (no futures, no
@@ -212,14 +223,19 @@ class LeaseHost:
     def _create(self, create: LeaseCreateOrder) -> None:
         lease_id = create.lease_id
         built: list[LeasedEnv] = []
+        per_env = None
         try:
             if create.env.pickled:
                 factories = lease_factories(create.env, self._pickle)
                 for env_id in create.env_ids:
                     env = build_from_factory(factories, env_id)
+                    check_spaces(env, f"factory {env_id}", pickles=True)
                     built.append(LeasedEnv(env, env_id, lost=create.replaces_lost))
-                    check_spaces(env, f"factory {env_id}")
-                spec = env_spec_of(built[0].env, None)
+                # Each factory may build another env (tianshou's env_fns): one spec each.
+                specs = [env_spec_of(leased.env, None) for leased in built]
+                spec = specs[0]
+                if any(s != spec for s in specs):
+                    per_env = specs
             else:
                 config = lease_config(create.env, self._imports)
                 for env_id in create.env_ids:
@@ -239,8 +255,10 @@ class LeaseHost:
             if old is not None:
                 close_quietly(old.env)
             self._envs[(lease_id, leased.env_id)] = leased
+        if create.env.pickled:
+            self._pickle_leases.add(lease_id)
         try:
-            self._send(LeaseCreated(lease_id, create.env_ids, spec=spec))
+            self._send(LeaseCreated(lease_id, create.env_ids, spec=spec, specs=per_env))
         except Exception as exc:  # a spec that cannot travel: the lease fails, not hangs
             self._send(LeaseCreated(lease_id, create.env_ids, error=exc))
 
@@ -249,6 +267,8 @@ class LeaseHost:
         lease_id = release.lease_id
         for key in [k for k in self._envs if k[0] == lease_id and (not ids or k[1] in ids)]:
             close_quietly(self._envs.pop(key).env)
+        if not ids:
+            self._pickle_leases.discard(lease_id)
 
     def _call(self, call: LeaseCallOrder) -> None:
         lease_id = call.lease_id
@@ -261,7 +281,9 @@ class LeaseHost:
         args = call_args(call)
         if call.op == "step" and envs and call.actions is not None:
             check_actions(call.actions, envs[0].env.action_space, lease_id)
-        pooled = len(envs) > 1 and any(e.step_seconds > POOL_STEP_SECONDS for e in envs)
+        # A slow env runs on the pool even alone: the next call (async
+        # stepping sends one per ready env) then never waits behind it.
+        pooled = any(e.slow(call.op, POOL_STEP_SECONDS) for e in envs)
         if not pooled:
             prefetch = call.prefetch_reset
             outcomes = [run_env(e, call.op, a, prefetch) for e, a in zip(envs, args, strict=True)]
@@ -322,7 +344,8 @@ class LeaseHost:
         if not ok:
             return
         try:
-            self._send(LeaseAnswers(call.lease_id, call.call_id, call.op, ok))
+            pickler = pickle_dumps if call.lease_id in self._pickle_leases else None
+            self._send(LeaseAnswers(call.lease_id, call.call_id, call.op, ok, pickler))
         except Exception as exc:  # e.g. an info value that cannot travel
             self._reply_error(call, [o.env_id for o in ok], exc)
 

@@ -29,8 +29,10 @@ from rlfleet.envs.commands import (
     make_checked,
     run_command,
 )
-from rlfleet.errors import ConfigError, EnvError, InvalidValueError, PolicyError
+from rlfleet.errors import ConfigError, EnvError, InvalidValueError, PolicyError, WireFormatError
 from rlfleet.security.pickle import PickleGate
+from rlfleet.wire import encode_space
+from rlfleet.wire.lease_values import PICKLES_HINT
 from rlfleet.wire.leases import LeaseAnswer, LeaseCallOrder, LeasedEnvSource
 
 logger = logging.getLogger("rlfleet.worker")
@@ -65,39 +67,76 @@ class LeasedEnv:
 
     Attributes:
         step_seconds: How long its steps take, robust to the odd outlier:
-            each step moves it towards the step's seconds, but at most
-            x2 + 10 us up and /2 down. An env that waits 1 ms per step
-            reaches 0.2 ms (the pool's threshold) after 5 steps and stays
-            there through a quick step or two, while a 10 us env whose
-            thread the OS held back for a few ms once stays under it (a
-            moving average took such envs to the pool on a loaded machine,
-            where the pool's hand-offs cost more than their steps).
+            the first step sets it; each later one moves it towards the
+            step's seconds, but at most x2 + 10 us up and /2 down. An env
+            that waits 1 ms per step reaches 0.2 ms (the pool's threshold)
+            at once and stays there through a quick step or two, while a
+            10 us env whose thread the OS held back for a few ms once drops
+            under it within a few steps (a moving average took such envs to
+            the pool on a loaded machine, where the pool's hand-offs cost
+            more than their steps).
+        reset_seconds: The same for its resets, which may take far longer
+            than its steps (a simulator loading a scene).
+        steps_timed: A step was timed (until then its calls run on the
+            pool, so that slow envs never wait for each other on their
+            first step).
+        resets_timed: A reset was timed (likewise).
         space: Its observation space, read once (through every wrapper
             layer that is a property chain).
         needs_reset: Not reset yet: a step is refused. The env is built
             without gymnasium's OrderEnforcing (``make_env(...,
             worker_checked=True)``), so this flag is the check, one
             attribute read per step instead of a wrapper layer.
+        typed: Its observations are arrays, typed to the space's dtype and
+            shape (Box, Discrete, MultiDiscrete, MultiBinary); the others
+            (an env of a lease of pickled factories) are sent as the env
+            returns them.
     """
 
     env: gym.Env
     env_id: int
     lost: bool = False
     step_seconds: float = 0.0
+    reset_seconds: float = 0.0
+    steps_timed: bool = False
+    resets_timed: bool = False
     needs_reset: bool = True
     space: gym.Space = field(init=False)
     obs_dtype: Any = field(init=False)
     obs_shape: tuple[int, ...] = field(init=False)
+    typed: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.space = self.env.observation_space
         self.obs_dtype = self.space.dtype
         self.obs_shape = tuple(self.space.shape or ())
+        self.typed = isinstance(self.space, _ARRAY_SPACES)
 
     def timed(self, elapsed: float) -> None:
         """Records a step that took ``elapsed`` seconds."""
-        last = self.step_seconds
-        self.step_seconds = min(max(elapsed, last / 2), 2 * last + _STEP_RISE_SECONDS)
+        self.step_seconds = _estimate(self.step_seconds, elapsed, self.steps_timed)
+        self.steps_timed = True
+
+    def reset_timed(self, elapsed: float) -> None:
+        """Records a reset that took ``elapsed`` seconds."""
+        self.reset_seconds = _estimate(self.reset_seconds, elapsed, self.resets_timed)
+        self.resets_timed = True
+
+    def slow(self, op: str, threshold: float) -> bool:
+        """Whether ``op`` on this env should run on the pool: its estimate is
+        above ``threshold`` seconds, or a step or reset was never timed."""
+        if op == "reset":
+            return not self.resets_timed or self.reset_seconds > threshold
+        if op == "step":
+            return not self.steps_timed or self.step_seconds > threshold
+        return self.step_seconds > threshold
+
+
+def _estimate(last: float, elapsed: float, timed_before: bool) -> float:
+    """The new estimate of an op's seconds (see LeasedEnv.step_seconds)."""
+    if not timed_before:
+        return elapsed
+    return min(max(elapsed, last / 2), 2 * last + _STEP_RISE_SECONDS)
 
 
 def lease_factories(update: LeasedEnvSource, pickle: PickleGate) -> list[Callable[[], Any]]:
@@ -142,15 +181,39 @@ def lease_config(update: LeasedEnvSource, imports: tuple[str, ...]) -> EnvConfig
     return EnvConfig(update.env_id, kwargs, update.max_episode_length, imports)
 
 
-def check_spaces(env: gym.Env, env_id: str) -> None:
-    for name in ("observation_space", "action_space"):
-        space = getattr(env, name)
-        if not isinstance(space, _ARRAY_SPACES):
+def check_spaces(env: gym.Env, env_id: str, *, pickles: bool = False) -> None:
+    """Refuses spaces a lease cannot carry.
+
+    Actions travel as one tensor per call, so action spaces are Box,
+    Discrete, MultiDiscrete or MultiBinary. So are observation spaces,
+    except on a lease of pickled factories (``pickles``), where any
+    observation travels pickled (rlfleet.wire.lease_values).
+
+    Raises:
+        ConfigError: Naming the space and what to do.
+    """
+    if not isinstance(env.action_space, _ARRAY_SPACES):
+        raise ConfigError(
+            f"env {env_id!r}: leased envs take actions of a Box, Discrete, MultiDiscrete or "
+            f"MultiBinary space; its action_space is a {type(env.action_space).__name__}. "
+            "Give the env a flat one (gymnasium.spaces.flatten_space) and unflatten its actions"
+        )
+    space = env.observation_space
+    if pickles:
+        try:
+            encode_space(space)  # the lease's EnvSpec carries it
+        except WireFormatError as exc:
             raise ConfigError(
-                f"env {env_id!r}: leases carry Box, Discrete, MultiDiscrete and MultiBinary "
-                f"spaces; its {name} is a {type(space).__name__}. Flatten it with a "
-                "gymnasium wrapper (FlattenObservation) in a registered env"
-            )
+                f"env {env_id!r}: its observation_space cannot travel in the lease's EnvSpec "
+                f"({exc}); give the env a space of those kinds"
+            ) from exc
+    elif not isinstance(space, _ARRAY_SPACES):
+        raise ConfigError(
+            f"env {env_id!r}: leases of env ids carry Box, Discrete, MultiDiscrete and "
+            f"MultiBinary observation spaces; its observation_space is a "
+            f"{type(space).__name__}. Flatten it with a gymnasium wrapper "
+            f"(FlattenObservation) in a registered env, {PICKLES_HINT}"
+        )
 
 
 def call_args(call: LeaseCallOrder) -> list[Any]:
@@ -242,6 +305,7 @@ def run_env(leased: LeasedEnv, op: str, arg: Any, prefetch: bool = False) -> Lea
         elif op == "reset":
             seed, options = arg
             obs, info = env.reset(seed=seed, options=options)
+            leased.reset_timed(time.perf_counter() - started)
             leased.needs_reset = False
             outcome = LeaseAnswer(leased.env_id, _typed(leased, obs), info=_lost_info(leased, info))
         else:
@@ -264,9 +328,12 @@ def run_env(leased: LeasedEnv, op: str, arg: Any, prefetch: bool = False) -> Lea
     return outcome
 
 
-def _typed(leased: LeasedEnv, obs: Any) -> np.ndarray:
+def _typed(leased: LeasedEnv, obs: Any) -> Any:
     """The observation in its space's dtype, as gymnasium's vector envs batch it
-    (many envs return float64 arrays for a float32 Box)."""
+    (many envs return float64 arrays for a float32 Box); as the env returned it
+    where its space is not an array space (a lease of pickled factories)."""
+    if not leased.typed:
+        return obs
     array = np.asarray(obs, dtype=leased.obs_dtype)
     if array.shape != leased.obs_shape:
         raise InvalidValueError(
