@@ -304,9 +304,8 @@ class UnitPlanner:
             if not indices:
                 continue
             # A refill joins the worker's live task of the request: the
-            # worker sends one result per task at each flush, so a new task
-            # per refill split its flushes at task boundaries (results of
-            # a few hundred steps beside full ones).
+            # worker sends one result per task at each flush, and a task per
+            # refill would split every flush that spans a refill in two.
             task = self._books.live_task(worker, request) or self._books.new_task(worker, request)
             task.assigned.update(indices)
             task.outstanding.update(indices)
