@@ -100,6 +100,7 @@ def test_metrics_move_with_sampling(fleet: ProcessFleet) -> None:
     assert value(after, "rlfleet_episodes_total") == 6
     assert value(after, "rlfleet_env_steps_total") == steps
     assert value(after, "rlfleet_result_bytes_total") > 0
+    assert value(after, "rlfleet_results_total") == len(answer.results)
     assert value(after, "rlfleet_units_dispatched_total") >= 6
     assert value(after, "rlfleet_fleet_worker_env_steps_total", worker="w0") >= steps
     # Every episode ran with the newest (only) agent version: lag 0.

@@ -451,6 +451,27 @@ def test_a_refill_tops_up_every_worker_with_room_for_a_slice() -> None:
     assert by_worker(scheduler.dispatch()) == {1: [21, 22, 23]}
 
 
+def test_a_refill_joins_the_workers_live_task_so_a_flush_is_one_result() -> None:
+    scheduler = fleet(2, prefetch=3)  # capacity 8: refill at <= 2 + 6 // 2 = 5 held
+    scheduler.start_sample(spec(Mode.EPISODES, 100))
+    (first,) = scheduler.dispatch()
+    lengths = dict.fromkeys(range(100), 1)
+    finish_units(scheduler, first, lengths, only=[0, 1, 2])  # 5 held: asks for a refill
+    (refill,) = scheduler.dispatch()
+    # The worker sends one result per task it holds: a new task per refill
+    # would split each flush that spans a refill into two results.
+    assert refill.task_id == first.task_id and indices(refill) == [8, 9, 10]
+    assert set(scheduler.unit_seeds(first.task_id)) == set(range(11))  # both messages
+    # One result may now hold units of both Task messages, each still once.
+    both = [3, 4, 8]
+    ruling = scheduler.complete(1, first.task_id, both, [1, 1, 1])
+    assert ruling.verdict is Verdict.ACCEPT
+    assert scheduler.classify(1, first.task_id, [4]).verdict is Verdict.REJECT  # came twice
+    assert scheduler.classify(1, first.task_id, [11]).verdict is Verdict.REJECT  # not given
+    # A lost worker's units of every Task message go back to the request.
+    assert scheduler.remove_worker(1) == 5  # 5, 6, 7, 9, 10
+
+
 def test_a_new_steps_request_sizes_its_first_units_with_the_fleets_mean_length() -> None:
     scheduler = fleet(2, capacity_steps=1000)
     earlier = scheduler.start_sample(spec(Mode.EPISODES, 2))

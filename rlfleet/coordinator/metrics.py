@@ -70,6 +70,11 @@ class CoordinatorMetrics(MetricSet):
         self._result_bytes = self.counter(
             "rlfleet_result_bytes", "Serialized result bytes forwarded to learners."
         )
+        self._results = self.counter(
+            "rlfleet_results",
+            "Results (EpisodeResult messages, whatever their chunks) forwarded to learners; "
+            "each costs the coordinator about the same CPU whatever its size.",
+        )
         self._dispatched = self.counter(
             "rlfleet_units_dispatched", "Units (episodes or fragment windows) sent to workers."
         )
@@ -138,6 +143,7 @@ class CoordinatorMetrics(MetricSet):
 
     def forwarded(self, episodes: int, payload_bytes: int, lag: int) -> None:
         """A result was accepted and forwarded to its learner (its bytes, its lag)."""
+        self._results.inc()
         self._result_bytes.inc(payload_bytes)
         self._lag.observe(lag, episodes)
 

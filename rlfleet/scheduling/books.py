@@ -56,8 +56,8 @@ class TaskRecord:
     task_id: int
     worker_id: int
     request_id: int
-    # Episode tasks: every index given, and those not back yet.
-    assigned: frozenset[int] = frozenset()
+    # Episode tasks: every index given (refills add to it), and those not back yet.
+    assigned: set[int] = field(default_factory=set)
     outstanding: set[int] = field(default_factory=set)
     # ... and each index's (env_seed, policy_seed), against which results are checked.
     seeds: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -148,6 +148,14 @@ class Books:
         worker.tasks.add(task_id)
         request.tasks.add(task_id)
         return task
+
+    def live_task(self, worker: WorkerLoad, request: RequestState) -> TaskRecord | None:
+        """The worker's live task of ``request``, if it has one (episode requests hold one)."""
+        for task_id in worker.tasks:
+            task = self.tasks[task_id]
+            if task.request_id == request.request_id and not task.is_windows:
+                return task
+        return None
 
     def retire(self, task: TaskRecord) -> None:
         """Closes a task whose work all came back."""

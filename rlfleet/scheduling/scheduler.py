@@ -27,6 +27,11 @@ The rules, and why:
   ``num_envs``, so that every worker works near the front of the request
   (the prefix rule below waits for the lowest indices) and no slot idles
   while another worker hoards.
+* A refill joins the worker's live task of the request (the Task message
+  names a task id the worker holds): a worker sends one result per task
+  at each flush, and a new task per refill split most of its flushes in
+  two. A worker thus holds one task per request; which units it runs is
+  unchanged, so neither the answer nor the balance depends on it.
 * A lost worker's units go back to a min-heap of the request, ahead of new
   indices; the answer stays the same, only later.
 * STEPS requests end on a *prefix* rule: the answer is episodes ``0..m``

@@ -303,12 +303,17 @@ class UnitPlanner:
             indices = picked[worker.worker_id]
             if not indices:
                 continue
-            task = self._books.new_task(worker, request)
-            task.assigned = frozenset(indices)
-            task.outstanding = set(indices)
+            # A refill joins the worker's live task of the request: the
+            # worker sends one result per task at each flush, and a task per
+            # refill would split every flush that spans a refill in two.
+            task = self._books.live_task(worker, request) or self._books.new_task(worker, request)
+            task.assigned.update(indices)
+            task.outstanding.update(indices)
             worker.units += len(indices)
             units = request.units(sorted(indices))
-            task.seeds = {index: (env, policy) for index, env, policy in units}
+            # In place: a result being checked outside the lock only looks
+            # its own (older) indices up.
+            task.seeds.update((index, (env, policy)) for index, env, policy in units)
             orders.append(self._books.order(task, request, units=units))
         return orders
 
