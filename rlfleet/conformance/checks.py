@@ -43,12 +43,15 @@ from rlfleet.conformance.lease_checks import check_leases
 from rlfleet.conformance.link import (
     KNOWN_CAPABILITIES,
     WelcomeSettings,
+    WorkerLink,
     event_kind,
 )
 from rlfleet.conformance.runner import WorkerHarness
 from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.core.seeding import episode_seeds
 from rlfleet.policies.mlp import weight_name
 from rlfleet.protocol.error_reports import ErrorKind
+from rlfleet.protocol.join import TaskAssignment
 from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.stream_replay import StreamBook
 from rlfleet.transport import rpc as _rpc
@@ -199,13 +202,15 @@ def heartbeats(harness: WorkerHarness) -> str:
 def sampling(harness: WorkerHarness) -> str:
     link = harness.shared()
     n = link.num_envs
-    episodes = link.send_episodes(3 * n + 1, mode=Mode.EPISODES, seed=11)
+    episodes = _refilled(
+        link, link.send_episodes(3 * n + 1, mode=Mode.EPISODES, seed=11), n, seed=11
+    )
     episode_results = link.collect(episodes)
     steps = link.send_episodes(n + 1, mode=Mode.STEPS, seed=12)
     link.collect(steps)
     link.pump(0.2)  # a unit sent twice would show up now, and fail this check
     done = (
-        f"EPISODES task: {len(episodes.units)} units back exactly once in "
+        f"EPISODES task refilled once: {len(episodes.units)} units back exactly once in "
         f"{len(episode_results)} results; STEPS task: {len(steps.units)} units"
     )
     if not link.grants("rlfleet.fragments"):
@@ -224,6 +229,27 @@ def sampling(harness: WorkerHarness) -> str:
             f"{len(link.results[fragments.task_id])}"
         )
     return f"{done}; FRAGMENTS task: {rounds} windows of {length} steps per stream, continuous"
+
+
+def _refilled(link: WorkerLink, task: TaskAssignment, count: int, *, seed: int) -> TaskAssignment:
+    """Sends ``count`` more units in a Task naming ``task``'s id, as a coordinator refills.
+
+    A coordinator tops up a worker's live task for a request this way, so
+    that results hold many units; a worker that replaced the task instead of
+    adding to it would drop the units it had not run yet.
+
+    Returns:
+        The task with every unit it now holds.
+    """
+    first = max(index for index, _, _ in task.units) + 1
+    more = tuple(
+        (index, *episode_seeds(seed, task.request_id, index))
+        for index in range(first, first + count)
+    )
+    whole = task._replace(units=task.units + more)
+    link.tasks[task.task_id] = whole
+    link._send(task._replace(units=more))
+    return whole
 
 
 @_check(
