@@ -482,25 +482,32 @@ def status(address: str) -> learner_pb2.FleetStatus:
     return unary(address, _rpc.GET_STATUS, learner_pb2.StatusRequest(), learner_pb2.FleetStatus)
 
 
+#: The array fields of an :class:`EpisodeBatch`, beside its three info groups.
+BATCH_FIELDS = ("observations", "last_observations", "actions", "rewards", "step_types", "lengths")
+
+#: The info groups of an :class:`EpisodeBatch`, each a dict of arrays.
+INFO_GROUPS = ("episode_infos", "env_infos", "agent_infos")
+
+
+def batch_arrays(batch: EpisodeBatch) -> dict[str, np.ndarray]:
+    """Every array of a batch by name: its fields, then each info as ``group[key]``."""
+    arrays = {name: np.asarray(getattr(batch, name)) for name in BATCH_FIELDS}
+    for group in INFO_GROUPS:
+        for key, value in getattr(batch, group).items():
+            arrays[f"{group}[{key}]"] = np.asarray(value)
+    return arrays
+
+
 def assert_same_batch(
     actual: EpisodeBatch, expected: EpisodeBatch, *, skip_infos: tuple[str, ...] = ("worker",)
 ) -> None:
-    """Bit-for-bit equality of two batches (episode_infos minus ``skip_infos``)."""
-    for name in (
-        "observations",
-        "last_observations",
-        "actions",
-        "rewards",
-        "step_types",
-        "lengths",
-    ):
-        np.testing.assert_array_equal(getattr(actual, name), getattr(expected, name), err_msg=name)
-    for group in ("env_infos", "agent_infos", "episode_infos"):
-        a, e = getattr(actual, group), getattr(expected, group)
-        keys = sorted(k for k in e if k not in skip_infos)
-        assert sorted(k for k in a if k not in skip_infos) == keys, group
-        for key in keys:
-            np.testing.assert_array_equal(a[key], e[key], err_msg=f"{group}[{key}]")
+    """Bit-for-bit equality of two batches (infos named in ``skip_infos`` left out)."""
+    skipped = {f"{group}[{key}]" for group in INFO_GROUPS for key in skip_infos}
+    a = {k: v for k, v in batch_arrays(actual).items() if k not in skipped}
+    e = {k: v for k, v in batch_arrays(expected).items() if k not in skipped}
+    assert a.keys() == e.keys(), f"only one batch holds {sorted(a.keys() ^ e.keys())}"
+    for name, array in e.items():
+        np.testing.assert_array_equal(a[name], array, err_msg=name)
 
 
 def reference_episodes(

@@ -22,7 +22,7 @@ from rlfleet.client import sampler as sampler_module
 from rlfleet.coordinator import CoordinatorConfig, serve
 from rlfleet.core import EpisodeBatch
 from rlfleet.wire.results import DecodedResult
-from tests._coordinator_fakes import AutoWorker, wait_for_workers
+from tests._coordinator_fakes import AutoWorker, batch_arrays, wait_for_workers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,24 +46,6 @@ def fleet() -> Iterator[str]:
                 worker.close()
 
 
-def _arrays(batch: EpisodeBatch) -> dict[str, np.ndarray]:
-    arrays = {
-        name: np.asarray(getattr(batch, name))
-        for name in (
-            "observations",
-            "last_observations",
-            "actions",
-            "rewards",
-            "step_types",
-            "lengths",
-        )
-    }
-    for group in ("episode_infos", "env_infos", "agent_infos"):
-        for key, value in getattr(batch, group).items():
-            arrays[f"{group}[{key}]"] = np.asarray(value)
-    return arrays
-
-
 def _results_seen(monkeypatch: pytest.MonkeyPatch) -> list[DecodedResult]:
     """Records the decoded results each answer is assembled from."""
     seen: list[DecodedResult] = []
@@ -82,7 +64,7 @@ def _results_seen(monkeypatch: pytest.MonkeyPatch) -> list[DecodedResult]:
 
 
 def _assert_one_owned_writable_buffer_per_field(batch: EpisodeBatch) -> None:
-    arrays = _arrays(batch)
+    arrays = batch_arrays(batch)
     for name, array in arrays.items():
         # Its own buffer, exactly its size: not a view of received bytes, nor
         # of a larger joined payload, nor of another field.
@@ -112,7 +94,7 @@ def test_an_answer_is_one_writable_buffer_per_field_copied_once_from_the_message
         # A one-chunk result was decoded in place: its arrays are views of the
         # message gRPC handed over, so the answer's buffers are the one copy.
         received = np.frombuffer(result.chunks[0].data, np.uint8)
-        for name, array in _arrays(result.batch).items():
+        for name, array in batch_arrays(result.batch).items():
             assert np.shares_memory(array, received), name
             assert not array.flags.writeable, name
     for result in chunked:
@@ -126,7 +108,7 @@ def test_a_streamed_batch_is_read_only_views_of_the_received_message(fleet: str)
     with RemoteSampler(fleet, seed=3, timeout=60) as sampler, sampler.stream() as stream:
         views = 0
         for streamed, _ in zip(stream, range(6), strict=False):
-            arrays = _arrays(streamed.batch)
+            arrays = batch_arrays(streamed.batch)
             roots = set()
             for name, array in arrays.items():
                 assert not array.flags.writeable, name

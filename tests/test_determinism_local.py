@@ -7,7 +7,6 @@ episode_infos['worker'], which records where each episode ran.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pytest
@@ -16,35 +15,18 @@ from rlfleet.core import EpisodeBatch
 from rlfleet.envs.config import EnvConfig
 from rlfleet.policies import MLPCategoricalPolicy, MLPGaussianPolicy, Policy
 from rlfleet.sampling.local import LocalSampler
+from tests._coordinator_fakes import batch_arrays
 
 CARTPOLE = EnvConfig("CartPole-v1")
 PENDULUM = EnvConfig("Pendulum-v1", max_episode_length=40)
 LAYOUTS = [(1, 1), (4, 3)]
 
 
-def fields(batch: EpisodeBatch) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        name: getattr(batch, name)
-        for name in (
-            "observations",
-            "last_observations",
-            "actions",
-            "rewards",
-            "step_types",
-            "lengths",
-        )
-    }
-    for name in ("episode_infos", "env_infos", "agent_infos"):
-        for key, value in getattr(batch, name).items():
-            out[f"{name}.{key}"] = value
-    return out
-
-
 def assert_identical(a: EpisodeBatch, b: EpisodeBatch) -> None:
-    fa, fb = fields(a), fields(b)
+    fa, fb = batch_arrays(a), batch_arrays(b)
     assert fa.keys() == fb.keys()
     for key in fa:
-        if key != "episode_infos.worker":
+        if key != "episode_infos[worker]":
             assert fa[key].dtype == fb[key].dtype, key
             assert np.array_equal(fa[key], fb[key]), key
 

@@ -40,6 +40,7 @@ from rlfleet.v1 import batch_pb2, learner_pb2, spaces_pb2, tensor_pb2, updates_p
 from rlfleet.wire._protowire import encode_varint
 from rlfleet.worker.remote import RemoteWorker, WorkerConfig
 from tests._coordinator_fakes import env_ready, join, status
+from tests.waiting import PATIENCE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,6 +54,10 @@ FUZZ = settings(
 
 #: Seconds a call may take before the test calls it a hang.
 CALL_DEADLINE = 10.0
+#: The fuzzed worker's handshake timeout and the driver's waits on it. These
+#: tests fuzz message handling, not handshake timing: on a loaded machine a
+#: worker that gave up a slow handshake would re-join under the driver's feet.
+WORKER_DEADLINE = PATIENCE
 HANDSHAKE_TIMEOUT = 1.0
 MAX_RESULT_BYTES = 1 << 20
 UINT32_MAX = (1 << 32) - 1
@@ -633,17 +638,20 @@ class WorkerDriver:
     def current(self) -> ScriptedSession:
         """The joined session, after a fresh handshake if the worker re-joined."""
         if self._pending is None and (self.session is None or self.session.ended):
-            self._pending = self.coordinator.accept(CALL_DEADLINE)
+            self._pending = self.coordinator.accept(WORKER_DEADLINE)
             assert self._pending is not None, "the worker did not reconnect"
         if self._pending is not None:
             if self.session is not None:
                 self.session.abort_quietly()
-            self.session, self._pending = self._handshake(self._pending), None
+            # Taken before the handshake: one that fails leaves no stale
+            # session for the next test to wait on.
+            pending, self._pending, self.session = self._pending, None, None
+            self.session = self._handshake(pending)
         assert self.session is not None
         return self.session
 
     def _handshake(self, session: ScriptedSession) -> ScriptedSession:
-        hello_in = session.receive(CALL_DEADLINE)
+        hello_in = session.receive(WORKER_DEADLINE)
         assert hello_in is not None and hello_in.kind == "hello", hello_in
         session.send(
             worker_pb2.CoordinatorMessage(
@@ -698,7 +706,7 @@ class WorkerDriver:
         Returns None if the worker left this stream (ended it, or opened a
         new Join call: garbage makes it drop the stream and re-join).
         """
-        deadline = time.monotonic() + CALL_DEADLINE
+        deadline = time.monotonic() + WORKER_DEADLINE
         while time.monotonic() < deadline:
             item = session.receive(0.05)
             if item is None:
@@ -712,7 +720,7 @@ class WorkerDriver:
             if item.kind in (CLOSED, BROKEN):
                 return None
             assert item.kind in ("error", "env_ready", "agent_ready", "result", "leaving"), item
-        raise AssertionError(f"the worker hung: no {kind} within {CALL_DEADLINE} s")
+        raise AssertionError(f"the worker hung: no {kind} within {WORKER_DEADLINE:g} s")
 
 
 @pytest.fixture(scope="module")
@@ -725,7 +733,7 @@ def fuzzed_worker() -> Iterator[WorkerDriver]:
                 name="fuzzed",
                 reconnect_base_seconds=0.01,
                 reconnect_max_seconds=0.05,
-                handshake_timeout=CALL_DEADLINE,
+                handshake_timeout=WORKER_DEADLINE,
                 drain_grace_seconds=1.0,
                 close_timeout=1.0,
             )
@@ -736,7 +744,7 @@ def fuzzed_worker() -> Iterator[WorkerDriver]:
         worker.request_leave("the fuzz tests are over")
         if driver.session is not None:
             driver.session.abort_quietly()
-        driver.thread.join(CALL_DEADLINE)
+        driver.thread.join(WORKER_DEADLINE)
         assert not driver.thread.is_alive()
 
 

@@ -175,13 +175,17 @@ def test_steps_exactly_like_sb3_dummy_vec_env(env_fns: list[Callable[[], gym.Env
 
 
 def test_the_docs_snippet_runs_as_a_script(tmp_path: Path) -> None:
-    """docs/vector_env.md's SB3 snippet, pasted into a script (fewer steps)."""
+    """docs/vector_env.md's SB3 snippet, pasted into a script (fewer steps, 2 envs).
+
+    Each env's process re-imports the script (spawn), torch and SB3 with it:
+    2 envs prove the snippet's guard as 8 would, at a quarter of the imports.
+    """
     text = (Path(__file__).parent.parent / "docs" / "vector_env.md").read_text()
     section = text[text.index("## Stable-Baselines3: `FleetVecEnv`") :]
     snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert 'if __name__ == "__main__":' in snippet and "torch.set_num_threads(1)" in snippet
     short = snippet.replace('PPO("MlpPolicy", venv)', 'PPO("MlpPolicy", venv, n_steps=32)')
-    short = short.replace(
+    short = short.replace("] * 8", "] * 2").replace(
         ".learn(100_000)", ".learn(64)\n    print('LEARNED', model.num_timesteps)"
     )
     assert short != snippet
@@ -198,4 +202,4 @@ def test_the_docs_snippet_runs_as_a_script(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "LEARNED 256" in result.stdout  # one rollout: 32 steps x 8 envs
+    assert "LEARNED 64" in result.stdout  # one rollout: 32 steps x 2 envs

@@ -36,6 +36,7 @@ fresh interpreter.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -137,7 +138,9 @@ def imports_of(path: Path) -> set[str]:
     return names
 
 
+@functools.cache
 def modules() -> dict[str, set[str]]:
+    """Module -> every module it imports (rlfleet.v1 aside), parsed once per test process."""
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         name = module_name(path)
@@ -220,8 +223,13 @@ def rlfleet_imports(path: Path) -> set[str]:
     return found
 
 
+@functools.cache
 def import_map() -> dict[str, set[str]]:
-    """Module -> the rlfleet modules it imports, for the whole tree but rlfleet.v1."""
+    """Module -> the rlfleet modules it imports, for the whole tree but rlfleet.v1.
+
+    Parsed once per test process (the tree does not change during a run);
+    callers only read it.
+    """
     return {
         module_name(path): rlfleet_imports(path)
         for path in sorted(PACKAGE.rglob("*.py"))
