@@ -11,6 +11,7 @@ channel's retry policy (docs/operations.md, "gRPC tools and retries").
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -137,3 +138,59 @@ def test_a_client_channel_never_retries_an_update(flaky: tuple[_FlakyLearner, in
         LearnerStubs(channel).update_agent(UpdatePush(AgentChange()), timeout=CALL_SECONDS)
     assert failure.value.code() is grpc.StatusCode.UNAVAILABLE
     assert handler.calls[_rpc.UPDATE_AGENT] == 1
+
+
+def _slow_to_greet(target_port: int, delay: float, stop: threading.Event) -> int:
+    """A TCP relay to ``target_port`` that holds the server's first bytes ``delay`` s.
+
+    A busy server answers a new connection's HTTP/2 handshake late; this is
+    that server, on demand.
+    """
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+
+    def pipe(src: socket.socket, dst: socket.socket, hold: float) -> None:
+        held = False
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                if not held:
+                    stop.wait(hold)
+                    held = True
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            server = socket.create_connection(("127.0.0.1", target_port))
+            threading.Thread(target=pipe, args=(client, server, 0.0), daemon=True).start()
+            threading.Thread(target=pipe, args=(server, client, delay), daemon=True).start()
+        listener.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return int(listener.getsockname()[1])
+
+
+def test_a_connection_whose_handshake_is_answered_late_still_connects(
+    flaky: tuple[_FlakyLearner, int],
+) -> None:
+    # gRPC's connect timeout is its option grpc.min_reconnect_backoff_ms: at
+    # 100 ms every attempt to a server this slow to greet timed out, again
+    # and again, and the call failed although the server was up.
+    handler, port = flaky
+    handler.failures = 0
+    stop = threading.Event()
+    try:
+        relay = _slow_to_greet(port, delay=0.5, stop=stop)
+        with _rpc.open_channel(f"127.0.0.1:{relay}") as channel:
+            status = LearnerStubs(channel).status(timeout=CALL_SECONDS)
+    finally:
+        stop.set()
+    assert status.coordinator_id == "flaky"

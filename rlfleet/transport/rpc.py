@@ -214,6 +214,7 @@ def open_channel(
     *,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     reconnect_max_seconds: float = 5.0,
+    connect_timeout_seconds: float = 20.0,
     receive_window_bytes: int | None = None,
     keepalive_seconds: float = 10.0,
     ping_timeout_seconds: float = 5.0,
@@ -230,6 +231,11 @@ def open_channel(
         reconnect_max_seconds: Cap of the channel's own reconnect backoff.
             gRPC's default cap is 120 s: after a coordinator restart, calls
             would fail fast for up to two minutes although it is back.
+        connect_timeout_seconds: How long one connection attempt (TCP, TLS
+            and the server's first HTTP/2 SETTINGS) may take. gRPC takes it
+            from the option named ``grpc.min_reconnect_backoff_ms``; at
+            100 ms, loopback connections to a busy coordinator failed with
+            "connection attempt timed out" although it was up.
         receive_window_bytes: If set, a fixed per-stream receive window
             (BDP probing off). By default gRPC grows the window to several
             MiB, which a reader that stops reading lets fill: measured, a
@@ -249,7 +255,7 @@ def open_channel(
         ("grpc.enable_retries", 1),
         ("grpc.service_config", retry_service_config()),
         ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", int(connect_timeout_seconds * 1000)),
         ("grpc.max_reconnect_backoff_ms", int(reconnect_max_seconds * 1000)),
     ]
     if receive_window_bytes is not None:
