@@ -29,7 +29,7 @@ core:
   least squares): ``b`` per step, ``c`` per result, ``a`` per request;
 * the learner's own CPU per delivered step (``time.process_time``).
 
-docs/performance.md ("Coordinator capacity") turns these into workers per
+docs/performance.md ("Coordinator capacity: the model") turns these into workers per
 coordinator core.
 """
 

@@ -1,7 +1,7 @@
 """A large request's results are full: a real coordinator and a real worker process.
 
 Each result costs the coordinator and the learner a fixed amount of CPU
-whatever its size (docs/performance.md, "From the worker to the learner"),
+whatever its size (docs/data_plane.md, "From the worker to the learner"),
 so a worker sends its finished episodes once they hold ``flush_steps``
 steps. Only a request's tail may send less: slots idle as the request stops
 handing out units, and the coordinator must hear of its last episodes soon.

@@ -116,7 +116,7 @@ def test_env_configs_are_built_without_the_redundant_wrappers_and_give_the_same_
     policy_class: type[MLPCategoricalPolicy | MLPGaussianPolicy],
     worker_limit: int | None,
 ):
-    # docs/performance.md: a worker builds an EnvConfig's envs without
+    # docs/data_plane.md: a worker builds an EnvConfig's envs without
     # OrderEnforcing, PassiveEnvChecker and TimeLimit (the engine truncates
     # at TimeLimit's step, even under a larger worker limit), and every
     # batch is bit for bit the batch of plain gym.make envs.

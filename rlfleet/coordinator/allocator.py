@@ -5,9 +5,9 @@ or a whole result per message. glibc's malloc serves such sizes with
 ``mmap`` and gives them back with ``munmap`` (or trims the heap's top once
 2x its adaptive mmap threshold lies free), so every new buffer faults in
 fresh zeroed pages: with Atari-sized results the kernel's page clearing was
-a fifth of the coordinator's CPU (perf, docs/performance.md "Coordinator
-capacity"). Raising both thresholds keeps freed buffers in the heap for the
-next message.
+a fifth of the coordinator's CPU (perf, docs/data_plane.md "The
+coordinator: where a result's CPU goes"). Raising both thresholds keeps
+freed buffers in the heap for the next message.
 
 Only the ``rlfleet coordinator`` process calls :func:`keep_freed_memory`:
 an embedded coordinator shares the learner's process, whose allocator is

@@ -16,7 +16,7 @@ most, and at once when the last episode ended. Sending every episode as it
 ended made most of a fleet's results: the bench's CartPole workers sent a
 quarter of their results with fewer than 27 steps, and a worker of 64
 native envs, whose slots end their last episodes one by one, sent 260 of
-its 377 results with 170 steps on average (docs/performance.md).
+its 377 results with 170 steps on average (docs/data_plane.md).
 """
 
 from __future__ import annotations
