@@ -150,6 +150,20 @@ def test_env_info_keys_that_come_and_go_are_dropped_with_a_warning_naming_them(
         assert any(key in r.getMessage() for r in caplog.records), caplog.text
 
 
+class SpecWithoutId(rlfleet.envs.testing.CounterEnv):
+    """garage's environments carry a ``spec`` of spaces with no ``id``."""
+
+    def __init__(self) -> None:
+        super().__init__(length=2)
+        self.spec: EnvSpec = EnvSpec.from_env(gym.make("rlfleet/Counter-v0", length=2))  # type: ignore[assignment]
+
+
+def test_rollout_of_an_env_whose_spec_has_no_id() -> None:
+    env = SpecWithoutId()
+    episode = rollout(env, RandomPolicy(env.spec, seed=0))
+    np.testing.assert_array_equal(episode["dones"], [False, True])
+
+
 def test_rollout_stops_at_max_episode_length_without_done():
     env = gym.make("rlfleet/Counter-v0", length=10)
     episode = rollout(env, RandomPolicy(EnvSpec.from_env(env)), max_episode_length=4)

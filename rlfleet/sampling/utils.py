@@ -137,9 +137,13 @@ def rollout(
 
 
 def _env_name(env: gym.Env) -> str:
-    """The env as warnings name it: its registered id, else its class."""
-    spec = getattr(env, "spec", None)
-    return repr(spec.id) if spec is not None else type(env.unwrapped).__name__
+    """The env as warnings name it: its registered id, else its class.
+
+    garage's environments have a ``spec`` too, an ``EnvSpec`` of spaces
+    with no ``id``.
+    """
+    env_id = getattr(getattr(env, "spec", None), "id", None)
+    return repr(env_id) if env_id is not None else type(getattr(env, "unwrapped", env)).__name__
 
 
 @contextmanager
