@@ -41,16 +41,16 @@ OLDEST_KUBERNETES = "1.27.0"
 Obj = dict[str, Any]
 
 
-@pytest.fixture(scope="module")
-def objects() -> list[Obj]:
+def render(directory: Path) -> list[Obj]:
+    """The objects ``kubectl kustomize`` renders from ``directory`` (skips without kubectl)."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip(
-            "kubectl is not installed, so deploy/kubernetes cannot be rendered offline; "
+            f"kubectl is not installed, so {directory} cannot be rendered offline; "
             "install a kubectl with kustomize v5 (Debian's kubernetes-client 1.20 is too old)"
         )
     result = subprocess.run(
-        [kubectl, "kustomize", str(MANIFESTS)],
+        [kubectl, "kustomize", str(directory)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -58,6 +58,11 @@ def objects() -> list[Obj]:
     )
     assert result.returncode == 0, f"kubectl kustomize failed:\n{result.stderr}"
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def objects() -> list[Obj]:
+    return render(MANIFESTS)
 
 
 def find(objects: list[Obj], kind: str, name: str) -> Obj:

@@ -12,9 +12,6 @@ the shards gets one coordinator's batch is tests/test_shards.py's.
 from __future__ import annotations
 
 import copy
-import shutil
-import subprocess
-from typing import Any
 
 import pytest
 
@@ -26,28 +23,13 @@ from tests.test_kubernetes_manifests import (
     flag,
     kubernetes_validate,
     only_container,
+    render,
     selects,
     template_labels,
-    yaml,
 )
 
 OVERLAY = MANIFESTS.parent / "kubernetes-shards"
 SHARD_LABEL = "rlfleet.io/shard"
-
-
-def render(directory: Any) -> list[Obj]:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed, so the manifests cannot be rendered offline")
-    result = subprocess.run(
-        [kubectl, "kustomize", str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, f"kubectl kustomize failed:\n{result.stderr}"
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
 @pytest.fixture(scope="module")
