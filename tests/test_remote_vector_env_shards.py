@@ -30,7 +30,7 @@ TESTING = "rlfleet.envs.testing"
 SEEDS = [10, 11, 12, 13, 14, 15]
 #: Seconds each step of the slow coordinator's envs takes in the async test:
 #: far beyond a CartPole-sized round trip, even on a busy machine.
-SLOW_STEP_SECONDS = 5.0
+SLOW_STEP_SECONDS = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +172,7 @@ def test_errors_name_the_coordinator_and_the_vector_envs_index(sharded: Fleet) -
 
 
 def test_a_dead_coordinators_envs_fail_with_the_error_of_a_lost_lease() -> None:
-    fleet = Fleet.local(workers=2, envs_per_worker=2, coordinators=2)
+    fleet = Fleet.local(workers=2, envs_per_worker=2, coordinators=2, grace=2.0)
     try:
         venv = RemoteVectorEnv(fleet, "CartPole-v1", 4)
         venv.reset(seed=0)

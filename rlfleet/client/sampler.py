@@ -96,8 +96,7 @@ class RemoteSampler(ClosesOnExit):
             episode ranges over them, with the batch one coordinator would
             give, and a lost coordinator's ranges re-run on the others
             (docs/sharding.md). Over several, ``obtain_fragments``,
-            :meth:`stream` and :meth:`open_channel` without an address are
-            ConfigErrors.
+            :meth:`stream` and :meth:`open_channel` are ConfigErrors.
         seed: Base seed of every request. With a seed, the n-th successful
             ``obtain_*`` call (n = 0, 1, ...) sends ``request_index=n``, as
             LocalSampler numbers its requests, so the batches equal
@@ -427,30 +426,15 @@ class RemoteSampler(ClosesOnExit):
         """The largest message this sampler's channels accept."""
         return self._max_message_bytes
 
-    def open_channel(self, address: str | None = None) -> grpc.Channel:
+    def open_channel(self) -> grpc.Channel:
         """A new channel to the coordinator with this sampler's address and credentials.
 
         For other calls that need a stream of their own (e.g.
         :class:`~rlfleet.client.RemoteVectorEnv`'s lease); the caller closes it.
-
-        Args:
-            address: Which of the sampler's coordinators (one of
-                :attr:`addresses`); None: its only one.
-
-        Raises:
-            ConfigError: If ``address`` is None over several coordinators,
-                or not one of them.
         """
-        if address is None:
-            self._one_coordinator("open_channel() without an address")
-            address = self.address
-        elif address not in self.addresses:
-            raise ConfigError(
-                f"open_channel({address!r}): not a coordinator of this sampler "
-                f"({self.address}); give one of its addresses"
-            )
+        self._one_coordinator("open_channel()")
         return _rpc.open_channel(
-            address, max_message_bytes=self._max_message_bytes, security=self._security
+            self.address, max_message_bytes=self._max_message_bytes, security=self._security
         )
 
     def status(self) -> FleetStatus:

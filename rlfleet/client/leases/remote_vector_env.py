@@ -266,12 +266,10 @@ class RemoteVectorEnv(BaseVectorEnv):
         if isinstance(fleet, RemoteSampler):
             addresses, security = fleet.addresses, fleet.security
             max_message_bytes = fleet.max_message_bytes
-            dial: Callable[[str], grpc.Channel] = fleet.open_channel
         elif isinstance(fleet, str):
             addresses = parse_addresses(fleet)
             security = ClientSecurity.from_options(tls_ca=tls_ca, token=token)
             max_message_bytes = _rpc.DEFAULT_MAX_MESSAGE_BYTES
-            dial = functools.partial(_rpc.open_channel, security=security)
         else:
             raise ConfigError(
                 f"fleet must be an address, a RemoteSampler or a Fleet, got {type(fleet).__name__}"
@@ -288,7 +286,9 @@ class RemoteVectorEnv(BaseVectorEnv):
         def lease(
             address: str, first: int, count: int, changed: threading.Condition | None
         ) -> tuple[LeaseStream, grpc.Channel]:
-            channel = dial(address)
+            channel = _rpc.open_channel(
+                address, max_message_bytes=max_message_bytes, security=security
+            )
             try:
                 stream = LeaseStream(
                     channel,

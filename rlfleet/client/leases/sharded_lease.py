@@ -35,18 +35,23 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
-
-import grpc
+from typing import Any, Protocol
 
 from rlfleet.client.leases.lease_stream import LeaseEnvFailure, LeaseStream
 from rlfleet.client.shards import split_ranges
 from rlfleet.core import EnvSpec
 from rlfleet.errors import RlfleetError, UsageError, WorkerError
 
+
+class Channel(Protocol):
+    """A lease's channel to its coordinator (a grpc.Channel), closed with the lease."""
+
+    def close(self) -> None: ...
+
+
 #: Opens the lease of ``count`` envs on ``address``, its env 0 being the
 #: vector env's ``first``, with the shared condition: ``(stream, its channel)``.
-OpenLease = Callable[[str, int, int, threading.Condition], tuple[LeaseStream, grpc.Channel]]
+OpenLease = Callable[[str, int, int, threading.Condition], tuple[LeaseStream, Channel]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,7 +61,7 @@ class _Shard:
     address: str
     first: int
     stream: LeaseStream
-    channel: grpc.Channel
+    channel: Channel
 
 
 class ShardedLease:
