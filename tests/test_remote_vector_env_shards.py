@@ -146,6 +146,11 @@ def test_close_releases_the_lease_on_every_coordinator(sharded: Fleet) -> None:
     assert leases_on(sharded) == [(1, 2), (1, 2)]
     venv.close()
     wait_until(lambda: leases_on(sharded) == [(0, 0), (0, 0)], "no lease on either coordinator")
+    # Fewer envs than coordinators: one env on each of the first.
+    with RemoteVectorEnv(sharded, "CartPole-v1", 1) as venv:
+        assert leases_on(sharded) == [(1, 1), (0, 0)]
+        assert venv.reset(seed=3)[0].shape == (1, 4)
+    wait_until(lambda: leases_on(sharded) == [(0, 0), (0, 0)], "no lease on either coordinator")
     # A lease one coordinator cannot hold (5 envs on 4 slots) fails naming it,
     # and the other coordinator's lease is released.
     with pytest.raises(NoWorkersError, match=re.escape(sharded.addresses[1])):
