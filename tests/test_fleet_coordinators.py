@@ -15,6 +15,7 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+import gymnasium as gym
 import psutil
 import pytest
 
@@ -97,8 +98,9 @@ def test_workers_are_dealt_round_robin_and_every_coordinator_takes_the_fleets_to
 def test_what_needs_one_coordinator_says_so(sharded: Fleet) -> None:
     with pytest.raises(ConfigError, match=r"2 coordinator processes.*coordinators=1"):
         _ = sharded.server
-    with pytest.raises(ConfigError, match="coordinator"):
-        RemoteVectorEnv(sharded, "CartPole-v1", num_envs=2)
+    # An env id leases over both (tests/test_remote_vector_env_shards.py); code does not.
+    with pytest.raises(ConfigError, match="one coordinator"):
+        RemoteVectorEnv([lambda: gym.make("CartPole-v1")] * 2, on=sharded)
 
 
 def test_close_leaves_no_process(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -155,7 +155,7 @@ class Fleet:
                 over them (docs/sharding.md): the same batch for the same
                 seed as one coordinator gives. Needs ``workers >= N``.
                 ``obtain_fragments``, ``stream()`` and ``RemoteVectorEnv``
-                need one coordinator.
+                of code factories need one coordinator.
 
         Returns:
             The running fleet; ``with Fleet.local(...) as sampler:`` yields
@@ -291,7 +291,7 @@ class Fleet:
             raise ConfigError(
                 f"this fleet runs {len(self.coordinators)} coordinator processes "
                 "(Fleet.local(coordinators=N)), none in this process: what needs the embedded "
-                "coordinator (RemoteVectorEnv on the fleet, fragment streams) needs "
+                "coordinator (RemoteVectorEnv of code factories, fragment streams) needs "
                 "Fleet.local(coordinators=1)"
             )
         return self._server

@@ -432,7 +432,7 @@ class RemoteSampler(ClosesOnExit):
         For other calls that need a stream of their own (e.g.
         :class:`~rlfleet.client.RemoteVectorEnv`'s lease); the caller closes it.
         """
-        self._one_coordinator("open_channel() (and so RemoteVectorEnv)")
+        self._one_coordinator("open_channel()")
         return _rpc.open_channel(
             self.address, max_message_bytes=self._max_message_bytes, security=self._security
         )

@@ -205,7 +205,7 @@ class ShardSet:
         ask = dataclasses.replace(ask, seed=self.seed, agent_update=None, env_update=None)
         if ask.mode == Mode.EPISODES:
             tracker = _Progress(progress, ask.amount)
-            answers = self._run(ask, _split(0, ask.amount, self._live_count()), tracker)
+            answers = self._run(ask, split_ranges(0, ask.amount, self._live_count()), tracker)
             return _joined(answers, ask.amount)
         return self._sample_steps(ask, _Progress(progress, ask.amount))
 
@@ -226,7 +226,7 @@ class ShardSet:
             else:
                 # One spare episode per shard: this wave usually ends the request.
                 count = math.ceil((ask.amount - prefix_steps) / self._mean_length) + shards
-            wave = self._run(ask, _split(next_index, count, shards), None)
+            wave = self._run(ask, split_ranges(next_index, count, shards), None)
             next_index += count
             answers.extend(wave)
             for answer in wave:
@@ -422,7 +422,7 @@ class ShardSet:
         )
 
 
-def _split(first: int, count: int, parts: int) -> list[tuple[int, int]]:
+def split_ranges(first: int, count: int, parts: int) -> list[tuple[int, int]]:
     """``count`` episode indices from ``first`` as up to ``parts`` contiguous ``(first, count)``."""
     parts = max(min(parts, count), 1)
     bounds = [first + count * i // parts for i in range(parts + 1)]

@@ -21,6 +21,12 @@ open). A learner in the coordinator's own process (``Fleet.local``) presents
 its ticket in memory instead of dialling (``data_in_process``): the same
 frames, with no socket and no relay thread between its calls and the
 workers' connections.
+
+Several streams may share one condition (``changed``), so that one thread
+waits on all of them at once (a vector env whose envs are leased on several
+coordinators, rlfleet.client.leases.sharded_lease): each such stream then
+reads its data channel on a thread of its own, which wakes that condition,
+since no caller's thread can read every socket itself.
 """
 
 from __future__ import annotations
@@ -78,6 +84,9 @@ _WHY_SECONDS = 2.0
 #: How long a read of replies already arriving waits for the rest of a frame
 #: (the coordinator sends each frame whole; what is read is kept on timeout).
 _REST_OF_FRAME_SECONDS = 0.01
+#: How long a data-channel reader thread's read waits before it checks
+#: whether the stream ended (closing the link wakes it at once anyway).
+_DATA_READER_WAIT_SECONDS = 60.0
 
 
 class _Waiting(NamedTuple):
@@ -114,6 +123,13 @@ class LeaseStream:
             registered in an embedded coordinator's memory), so their
             replies may carry pickled values, which this stream then
             unpickles (rlfleet.wire.lease_values); else it unpickles nothing.
+        changed: A condition shared with other streams, notified whenever
+            an answer lands or the stream fails, so that one thread waits
+            on all of them (:meth:`answered`); its lock guards this stream's
+            state. None: a condition of its own. With one, the data channel
+            is read by a thread of this stream.
+        first_env: What the caller calls env 0 of this lease (a lease of a
+            block of a larger vector env), for the env ids in messages.
 
     Raises:
         NoWorkersError, UnavailableError, ResourceExhaustedError, ConfigError,
@@ -137,16 +153,21 @@ class LeaseStream:
         data_in_process: Callable[[bytes], DataLink] | None = None,
         pickled_factories: bytes = b"",
         pickles: bool = False,
+        changed: threading.Condition | None = None,
+        first_env: int = 0,
     ) -> None:
         self.num_envs = num_envs
+        self.first_env = first_env
         self.prefetch_resets = prefetch_resets
         # Resets workers made when an episode ended, not yet taken: (obs, info).
         self._prefetched: dict[int, tuple[Any, dict[str, Any]]] = {}
         self.call_timeout = call_timeout
         self.lease_id = 0  # the coordinator's number, once opened
         self._requests: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
+        # Its lock guards the state below (with a shared condition, every
+        # stream's): ``with self._changed`` holds it.
+        self._changed = threading.Condition(threading.Lock()) if changed is None else changed
+        self._read_on_thread = changed is not None
         self._waiting: dict[int, _Waiting] = {}
         self._answers: dict[int, Any] = {}
         self._failure: RlfleetError | None = None
@@ -158,7 +179,7 @@ class LeaseStream:
         self._check: ReplyCheck | None = None  # the replies' rules, once opened
         self._link: DataLink | None = None  # the data channel, once accepted
         # Held by the one thread reading the data channel, taken and released
-        # under self._lock so that a waiter never misses the reader's end.
+        # under self._changed so that a waiter never misses the reader's end.
         self._read_lock = threading.Lock()
         self._closing = False
         self._requests.put(open_request(env, num_envs, open_timeout, learner, pickled_factories))
@@ -188,6 +209,12 @@ class LeaseStream:
         if opened.data is not None and self._link is None and data_host is not None:
             timeout = min(open_timeout, DATA_DIAL_SECONDS)
             self._dial(data_host, opened.data, tls, timeout, max_message_bytes)
+        self._data_reader: threading.Thread | None = None
+        if self._link is not None and self._read_on_thread:
+            self._data_reader = threading.Thread(
+                target=self._read_data, args=(self._link,), name="rlfleet-lease-data", daemon=True
+            )
+            self._data_reader.start()
 
     @property
     def carrier(self) -> str:
@@ -250,13 +277,13 @@ class LeaseStream:
                 call_id, op, ids, args, self.prefetch_resets, whole_reply=whole_reply
             )
         except RlfleetError as exc:
-            with self._lock:
+            with self._changed:
                 for env_id in ids:
                     self._answers[env_id] = LeaseEnvFailure(exc)
                 self._changed.notify_all()
             return
         waiting = _Waiting(call_id, deadline)
-        with self._lock:
+        with self._changed:
             for env_id in ids:
                 self._waiting[env_id] = waiting
                 self._answers.pop(env_id, None)
@@ -287,25 +314,14 @@ class LeaseStream:
             ops, or an :class:`LeaseEnvFailure`.
         """
         end = None if timeout is None else time.monotonic() + timeout
-        answers, waiting = self._answers, self._waiting
+        answers = self._answers
         first: list[int] | None = None  # the envs ready when count was reached
         drained = False  # a read without waiting found nothing more
         while True:
-            with self._lock:
-                # One pass over ids: the answered, the expired, the next deadline.
+            with self._changed:
                 now = time.monotonic()
-                earliest = end
-                ready = []
-                for i in ids:
-                    if i in answers:
-                        ready.append(i)
-                    elif (call := waiting.get(i)) is not None:
-                        if now >= call.deadline:
-                            del waiting[i]
-                            answers[i] = self._timed_out(i)
-                            ready.append(i)
-                        elif earliest is None or call.deadline < earliest:
-                            earliest = call.deadline
+                ready, due = self.answered(ids, now)
+                earliest = end if due is None or (end is not None and end < due) else due
                 link = self._link
                 if len(ready) >= count or (end is not None and now >= end):
                     # If the rest's replies (another worker's envs) already
@@ -346,6 +362,51 @@ class LeaseStream:
             if draining:
                 drained = not got
 
+    def answered(self, ids: Sequence[int], now: float) -> tuple[list[int], float | None]:
+        """The envs of ``ids`` with an answer, and the earliest deadline of the others.
+
+        The caller holds the condition (``changed``). An env past its
+        ``call_timeout`` at ``now`` is answered here with an
+        :class:`LeaseEnvFailure` holding an RlfleetTimeoutError. The answers
+        stay until :meth:`take` takes them.
+
+        Returns:
+            The answered envs (in ``ids`` order), and the earliest
+            ``call_timeout`` deadline of the others with a call in flight
+            (None if none has one).
+        """
+        answers, waiting = self._answers, self._waiting
+        earliest = None
+        ready = []
+        for i in ids:
+            if i in answers:
+                ready.append(i)
+            elif (call := waiting.get(i)) is not None:
+                if now >= call.deadline:
+                    del waiting[i]
+                    answers[i] = self._timed_out(i)
+                    ready.append(i)
+                elif earliest is None or call.deadline < earliest:
+                    earliest = call.deadline
+        return ready, earliest
+
+    def take(self, ids: Sequence[int]) -> dict[int, Any]:
+        """Removes and returns the answers of ``ids``, each answered (the caller
+        holds the condition; see :meth:`answered`)."""
+        answers = self._answers
+        return {i: answers.pop(i) for i in ids}
+
+    def _read_data(self, link: DataLink) -> None:
+        """Reads the data channel until the lease ends (a stream sharing its
+        condition: the thread waiting on several streams reads no socket)."""
+        while True:
+            self._read_lock.acquire()
+            with self._changed:
+                if self._failure is not None or self._closing:
+                    self._read_lock.release()
+                    return
+            self._read_reply(link, _DATA_READER_WAIT_SECONDS)
+
     def _read_reply(self, link: DataLink, wait: float) -> bool:
         """Reads and applies one data-channel frame within ``wait`` seconds (the
         caller holds the read lock, released here).
@@ -366,7 +427,7 @@ class LeaseStream:
             why = f"broken: {exc}"
         except RlfleetError as exc:  # a reply that does not decode
             why = str(exc)
-        with self._lock:
+        with self._changed:
             self._read_lock.release()
             if isinstance(event, LeaseRepliedEvent):
                 self._apply(event)
@@ -387,7 +448,7 @@ class LeaseStream:
         is answered this way; the prefetched resets of every env of ``ids``
         are used up either way (a seeded reset makes them stale).
         """
-        with self._lock:
+        with self._changed:
             found = {i: self._prefetched.pop(i) for i in ids if i in self._prefetched}
         return {
             i: found[i]
@@ -411,6 +472,8 @@ class LeaseStream:
         self._call.cancel()
         if link is not None:
             link.close()
+        if self._data_reader is not None:
+            self._data_reader.join(timeout)  # the closed link woke it
 
     # --- the stream ----------------------------------------------------------------
 
@@ -440,7 +503,7 @@ class LeaseStream:
         except RlfleetError as exc:  # a reply that does not decode
             failure = exc
             self._call.cancel()
-        with self._lock:
+        with self._changed:
             if self._failure is None:
                 self._failure = failure
             self._fail_waiting(self._failure)
@@ -451,7 +514,7 @@ class LeaseStream:
 
     def _broken(self, why: str) -> None:
         """The data connection failed: every call waiting fails, and the lease with it."""
-        with self._lock:
+        with self._changed:
             if self._failure is None:
                 self._failure = UnavailableError(
                     f"lease {self.lease_id}: its data connection to the coordinator ended "
@@ -461,7 +524,7 @@ class LeaseStream:
         self._call.cancel()
 
     def _on_reply(self, reply: LeaseRepliedEvent) -> None:
-        with self._lock:
+        with self._changed:
             self._apply(reply)
             self._changed.notify_all()
 
@@ -484,7 +547,7 @@ class LeaseStream:
         """The answer of an env past its call_timeout."""
         return LeaseEnvFailure(
             RlfleetTimeoutError(
-                f"env {env_id} of lease {self.lease_id} did not answer within "
+                f"env {self.first_env + env_id} of lease {self.lease_id} did not answer within "
                 f"{self.call_timeout:g} seconds (call_timeout)"
             )
         )

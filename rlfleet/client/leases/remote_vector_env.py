@@ -11,7 +11,9 @@ policy on the learner's device.
 It is one more :class:`~rlfleet.envs.BaseVectorEnv` backend: every public
 method, the async mode (``wait_num``/``timeout``) and the error rules come
 from the base class; this module only sends commands over a
-:class:`~rlfleet.client.leases.lease_stream.LeaseStream` and collects answers.
+:class:`~rlfleet.client.leases.lease_stream.LeaseStream` (over several
+coordinators, a :class:`~rlfleet.client.leases.sharded_lease.ShardedLease`
+of one such lease per coordinator) and collects answers.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import logging
 import math
 import os
 import socket
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias, cast
 
@@ -29,7 +32,9 @@ import grpc
 from rlfleet._util.values import check_int
 from rlfleet.client.fleet import Fleet
 from rlfleet.client.leases.lease_stream import LeaseEnvFailure, LeaseStream
+from rlfleet.client.leases.sharded_lease import ShardedLease
 from rlfleet.client.sampler import RemoteSampler
+from rlfleet.client.shards import parse_addresses
 from rlfleet.core import EnvSpec
 from rlfleet.envs import BaseVectorEnv, EnvConfig
 from rlfleet.envs.batching import Seeds
@@ -64,6 +69,16 @@ class RemoteVectorEnv(BaseVectorEnv):
     reset like after any end of episode. With no worker left to host them,
     calls fail with :class:`~rlfleet.errors.NoWorkersError`.
 
+    **Over several coordinators** (a RemoteSampler or address list naming
+    several, or ``Fleet.local(coordinators=N)``), the envs are cut into
+    contiguous blocks, one lease per coordinator on its own workers (env
+    ``i`` of K on coordinator ``s`` when ``K*s//N <= i < K*(s+1)//N``), and
+    the vector env behaves as on one: same ids, seeds, answers and async
+    mode, every failure naming its coordinator. A lease does not outlive its
+    coordinator: if one dies, calls on its envs raise the
+    :class:`~rlfleet.errors.UnavailableError` its lease ended with, and
+    they are not leased again elsewhere (docs/sharding.md).
+
     **tianshou's form**, ``RemoteVectorEnv(env_fns, wait_num=..., on=...)``
     as ``RayVectorEnv(env_fns, ...)``: one env per factory. Factories that
     are all the same :class:`~rlfleet.envs.EnvConfig` lease that env id, on
@@ -83,9 +98,10 @@ class RemoteVectorEnv(BaseVectorEnv):
     opt in.
 
     Args:
-        fleet: Where to lease: a coordinator's ``HOST:PORT``, a
-            :class:`~rlfleet.client.RemoteSampler` (its address and
-            credentials), or a :class:`~rlfleet.client.Fleet` (``Fleet.local``);
+        fleet: Where to lease: a coordinator's ``HOST:PORT`` (several
+            joined by commas), a :class:`~rlfleet.client.RemoteSampler` (its
+            addresses and credentials), or a :class:`~rlfleet.client.Fleet`
+            (``Fleet.local``);
             None starts an embedded fleet of its own (``Fleet.local``, up to 8
             workers, closed with this vector env); or tianshou's ``env_fns``
             (then ``env`` and ``num_envs`` are not given, and ``on`` says where).
@@ -119,7 +135,8 @@ class RemoteVectorEnv(BaseVectorEnv):
         tls_ca: PEM CA bundle for a TLS coordinator, when ``fleet`` is an address.
 
     Raises:
-        ConfigError: For bad arguments.
+        ConfigError: For bad arguments, or factories that are code over
+            several coordinators (lease an env id there).
         NoWorkersError: If no worker took the envs within ``open_timeout``
             (workers host up to their ``--envs`` leased envs each).
         ResourceExhaustedError: Past the coordinator's lease caps.
@@ -169,7 +186,7 @@ class RemoteVectorEnv(BaseVectorEnv):
         # Only a lease of pickled factories carries (and is unpickled) pickled values.
         pickles = bool(pickled)
         local_factories = None
-        if pickled and isinstance(where, Fleet):
+        if pickled and isinstance(where, Fleet) and len(where.addresses) == 1:
             # Its coordinator runs in this process: the factories reach it in
             # memory, and it builds the envs on its own children only.
             local_factories = where.server.coordinator.leases
@@ -202,7 +219,7 @@ class RemoteVectorEnv(BaseVectorEnv):
         forget = None
         if local_factories is not None:
             forget = functools.partial(local_factories.forget_local_factories, config.id)
-        release = _Release(self._stream, self._channel, own_fleet, forget)
+        release = _Release(self._stream, own_fleet, forget, self._channel)
         try:
             super().__init__(num_envs, release, wait_num=wait_num, timeout=timeout)
         except BaseException:
@@ -210,12 +227,17 @@ class RemoteVectorEnv(BaseVectorEnv):
             raise
         if seed is not None:
             self._seed_next_reset(seed)
+        stream = self._stream
         logger.info(
-            "leased %d envs of %s (lease %d) on %s",
+            "leased %d envs of %s (%s) on %s",
             num_envs,
             config.id,
-            self._stream.lease_id,
-            sorted(set(self._stream.env_workers)),
+            f"lease {stream.lease_id}"
+            if isinstance(stream, LeaseStream)
+            else ", ".join(
+                f"lease {n} on {a}" for n, a in zip(stream.lease_ids, stream.addresses, strict=True)
+            ),
+            sorted(set(stream.env_workers)),
         )
 
     def _open(
@@ -233,46 +255,70 @@ class RemoteVectorEnv(BaseVectorEnv):
         token: str | Token | None,
         tls_ca: str | None,
     ) -> None:
-        """Opens the lease (sets ``_stream``, ``_channel``, ``env_config``)."""
+        """Opens the lease, or one per coordinator (sets ``_stream``, ``env_config``)."""
         in_process = None
         if isinstance(fleet, Fleet):
-            # Its coordinator runs in this process: the lease's frames need no socket.
-            data_server = fleet.server.coordinator.lease_data
-            in_process = None if data_server is None else data_server.attach_in_process
+            if len(fleet.addresses) == 1:
+                # Its coordinator runs in this process: the lease's frames need no socket.
+                data_server = fleet.server.coordinator.lease_data
+                in_process = None if data_server is None else data_server.attach_in_process
             fleet = fleet.sampler
         if isinstance(fleet, RemoteSampler):
-            channel = fleet.open_channel()
-            address, security = fleet.address, fleet.security
+            addresses, security = fleet.addresses, fleet.security
             max_message_bytes = fleet.max_message_bytes
         elif isinstance(fleet, str):
+            addresses = parse_addresses(fleet)
             security = ClientSecurity.from_options(tls_ca=tls_ca, token=token)
-            channel = _rpc.open_channel(fleet, security=security)
-            address, max_message_bytes = fleet, _rpc.DEFAULT_MAX_MESSAGE_BYTES
+            max_message_bytes = _rpc.DEFAULT_MAX_MESSAGE_BYTES
         else:
             raise ConfigError(
                 f"fleet must be an address, a RemoteSampler or a Fleet, got {type(fleet).__name__}"
             )
-        try:
-            stream = LeaseStream(
-                channel,
-                config,
-                num_envs,
-                open_timeout=open_timeout,
-                call_timeout=call_timeout,
-                prefetch_resets=prefetch_resets,
-                learner=f"{socket.gethostname()}:{os.getpid()}" if learner is None else learner,
-                data_host=coordinator_host(address),
-                tls=security.tls,
-                max_message_bytes=max_message_bytes,
-                data_in_process=in_process,
-                pickled_factories=pickled,
-                pickles=pickles,
+        if pickled and len(addresses) > 1:
+            raise ConfigError(
+                f"RemoteVectorEnv(env_fns) of code (not one EnvConfig) leases on one "
+                f"coordinator, and this fleet has {len(addresses)} ({','.join(addresses)}): "
+                "register the env on the workers (rlfleet worker --import mypkg.envs) and "
+                "lease its id, or use one coordinator"
             )
-        except BaseException:
-            channel.close()
-            raise
-        self._stream = stream
-        self._channel = channel
+        name = f"{socket.gethostname()}:{os.getpid()}" if learner is None else learner
+
+        def lease(
+            address: str, first: int, count: int, changed: threading.Condition | None
+        ) -> tuple[LeaseStream, grpc.Channel]:
+            channel = _rpc.open_channel(
+                address, max_message_bytes=max_message_bytes, security=security
+            )
+            try:
+                stream = LeaseStream(
+                    channel,
+                    config,
+                    count,
+                    open_timeout=open_timeout,
+                    call_timeout=call_timeout,
+                    prefetch_resets=prefetch_resets,
+                    learner=name,
+                    data_host=coordinator_host(address),
+                    tls=security.tls,
+                    max_message_bytes=max_message_bytes,
+                    data_in_process=in_process,
+                    pickled_factories=pickled,
+                    pickles=pickles,
+                    changed=changed,
+                    first_env=first,
+                )
+            except BaseException:
+                channel.close()
+                raise
+            return stream, channel
+
+        if len(addresses) == 1:
+            stream, channel = lease(addresses[0], 0, num_envs, None)
+            self._stream: LeaseStream | ShardedLease = stream
+            self._channel: grpc.Channel | None = channel
+        else:
+            self._stream = ShardedLease.open(addresses, num_envs, lease)
+            self._channel = None  # each shard's lease holds its own
         self.env_config = config
         # Answers of attribute reads served from the EnvSpec, until received.
         self._local: dict[int, Any] = {}
@@ -368,14 +414,14 @@ def _own_fleet(num_envs: int, join_timeout: float) -> Fleet:
 
 
 class _Release:
-    """Closes the lease, its channel and an own fleet (holds no reference to the vector env)."""
+    """Closes the lease(s), their channels and an own fleet (not the vector env itself)."""
 
     def __init__(
         self,
-        stream: LeaseStream,
-        channel: grpc.Channel,
+        stream: LeaseStream | ShardedLease,
         fleet: Fleet | None,
         forget: Callable[[], None] | None,
+        channel: grpc.Channel | None = None,
     ) -> None:
         self._stream = stream
         self._channel = channel
@@ -388,7 +434,8 @@ class _Release:
             self._stream.close()
         except Exception as exc:  # the channel must close even so
             errors.append(exc)
-        self._channel.close()
+        if self._channel is not None:
+            self._channel.close()
         if self._forget is not None:
             self._forget()
         if self._fleet is not None:
