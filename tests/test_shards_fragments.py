@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from rlfleet.client import Fleet
+from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.client.shard_fragments import fragment_shares, global_stream
 from rlfleet.core import EpisodeBatch, StepType
 from rlfleet.core.episode_order import sort_fragments
@@ -26,6 +26,7 @@ from rlfleet.errors import UnavailableError
 from rlfleet.policies import MLPCategoricalPolicy
 from rlfleet.sampling.local import LocalSampler
 from tests._coordinator_fakes import assert_same_batch
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -131,14 +132,50 @@ def test_the_same_seed_and_layout_give_the_same_fragments_again(sharded: Fleet) 
         assert_same_batch(batch, wanted, skip_infos=PER_COORDINATOR)
 
 
-def test_a_coordinator_lost_to_a_fragments_call_fails_it_with_a_typed_error() -> None:
+def subscribers(address: str) -> int:
+    with RemoteSampler(address, timeout=30) as one:
+        return one.status().subscribers
+
+
+def test_a_subscription_over_two_coordinators_merges_both(sharded: Fleet) -> None:
+    length, seen = 10, set()
+    with sharded.sampler.stream("fragments", fragment_length=length) as stream:
+        # One subscription on each coordinator, read as one.
+        for address in sharded.addresses:
+            wait_until(lambda a=address: subscribers(a) == 1, f"a subscription on {address}")
+        for batch, _ in stream:
+            assert batch.total_steps == ENVS * length  # one window of one worker
+            streams = batch.episode_infos["stream"].tolist()
+            (shard,) = {stream % 2 for stream in streams}  # one coordinator's streams
+            for row, stream_number in enumerate(streams):
+                episode = int(batch.episode_infos["episode_index"][row])
+                assert stream_seeds(shard_seed(SEED, shard), stream_number // 2, episode) == (
+                    int(batch.episode_infos["env_seed"][row]),
+                    int(batch.episode_infos["policy_seed"][row]),
+                )
+            seen.add(shard)
+            if seen == {0, 1}:
+                break
+    # Closing it ended both.
+    for address in sharded.addresses:
+        wait_until(lambda a=address: subscribers(a) == 0, f"the subscription on {address} ending")
+
+
+def test_a_lost_coordinator_fails_fragments_and_subscriptions_with_a_typed_error() -> None:
     fleet = Fleet.local(2, ENVS, CARTPOLE, seed=SEED, coordinators=2, grace=2.0)
     try:
         sampler = fleet.sampler
         sampler.obtain_fragments(4 * 5, 5)
         dead = fleet.coordinators[1]
-        dead.process.kill()
-        dead.process.wait(60)
+        with sampler.stream("episodes") as stream:
+            next(stream)
+            dead.process.kill()
+            dead.process.wait(60)
+            # The dead one's failure ends the merged stream, and the other's subscription.
+            with pytest.raises(UnavailableError, match=re.escape(dead.address)):
+                for count, _ in enumerate(stream):
+                    assert count < 100_000, "the dead coordinator's failure never came"
+        wait_until(lambda: subscribers(fleet.addresses[0]) == 0, "the live subscription ending")
         # Its streams cannot go on elsewhere: the call fails, retryable, naming it.
         with pytest.raises(UnavailableError, match=re.escape(dead.address)) as failure:
             sampler.obtain_fragments(4 * 5, 5)

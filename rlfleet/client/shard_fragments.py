@@ -12,6 +12,7 @@ them into one set (docs/sharding.md, "Fragments and subscriptions").
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -63,33 +64,32 @@ def global_stream(local: np.ndarray, shard: int, shards: int) -> np.ndarray:
 
 
 def renumbered(result: DecodedResult, shard: int, shards: int) -> DecodedResult:
-    """``result`` with its ``stream`` infos in the learner's numbering (:func:`global_stream`).
+    """``result`` with its ``stream`` infos in the learner's numbering (:func:`global_stream`)."""
+    return dataclasses.replace(result, batch=renumbered_batch(result.batch, shard, shards))
+
+
+def renumbered_batch(batch: EpisodeBatch, shard: int, shards: int) -> EpisodeBatch:
+    """``batch`` with its ``stream`` infos in the learner's numbering (:func:`global_stream`).
 
     Only the one info column is new; the step data stays the received views.
+    A batch without the column is returned as it is (the assembler names
+    what it lacks).
     """
-    batch = result.batch
     local = batch.episode_infos.get("stream")
     if not isinstance(local, np.ndarray):
-        return result  # assemble_fragments names what it lacks
+        return batch
     infos = dict(batch.episode_infos)
     infos["stream"] = global_stream(local, shard, shards)
-    return DecodedResult(
-        result.header,
-        EpisodeBatch.prechecked(
-            env_spec=batch.env_spec,
-            episode_infos=infos,
-            observations=batch.observations,
-            last_observations=batch.last_observations,
-            actions=batch.actions,
-            rewards=batch.rewards,
-            env_infos=batch.env_infos,
-            agent_infos=batch.agent_infos,
-            step_types=batch.step_types,
-            lengths=batch.lengths,
-            check_actions=False,
-        ),
-        result.chunks,
-        result.message_sizes,
-        result.seq,
-        result.at,
+    return EpisodeBatch.prechecked(
+        env_spec=batch.env_spec,
+        episode_infos=infos,
+        observations=batch.observations,
+        last_observations=batch.last_observations,
+        actions=batch.actions,
+        rewards=batch.rewards,
+        env_infos=batch.env_infos,
+        agent_infos=batch.agent_infos,
+        step_types=batch.step_types,
+        lengths=batch.lengths,
+        check_actions=False,
     )

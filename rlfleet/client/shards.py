@@ -42,11 +42,17 @@ from typing import TYPE_CHECKING, TypeVar
 
 from rlfleet.client._responses import SampleAnswer
 from rlfleet.client._restore import PushedState
-from rlfleet.client.shard_fragments import env_slots, fragment_shares, renumbered
+from rlfleet.client.shard_fragments import (
+    env_slots,
+    fragment_shares,
+    renumbered,
+    renumbered_batch,
+)
 from rlfleet.client.status import FleetStatus
+from rlfleet.client.stream import MergedStream, SampleStream, StreamedBatch
 from rlfleet.core.seeding import shard_seed
 from rlfleet.errors import ConfigError, NoWorkersError, UnavailableError
-from rlfleet.protocol.learner_calls import SampleAsk
+from rlfleet.protocol.learner_calls import SampleAsk, SubscribeAsk
 from rlfleet.protocol.modes import Footer, Mode
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.wire.results import DecodedResult
@@ -373,6 +379,40 @@ class ShardSet:
         first, count = piece
         ranged = dataclasses.replace(ask, mode=Mode.EPISODES, amount=count, first_episode=first)
         return shard.sampler._sample_range(ranged, report)
+
+    def subscribe(self, ask: SubscribeAsk, timeout: float | None) -> MergedStream:
+        """A subscription on every live shard, merged into one iterator.
+
+        Each shard runs its subscription under its own base seed, as its
+        fragment requests; fragment streams are numbered as in
+        :meth:`_sample_fragments`.
+
+        Raises:
+            UnavailableError: If every shard is lost.
+        """
+        live = self._live()
+        if not live:
+            raise self._all_lost("Subscribe")
+        streams: list[SampleStream] = []
+        try:
+            for shard in live:
+                if shard.behind:
+                    self._catch_up(shard)
+                own = dataclasses.replace(ask, seed=shard_seed(self.seed, self.shards.index(shard)))
+                streams.append(shard.sampler._subscribe(own, timeout))
+        except BaseException:
+            for stream in streams:
+                stream.close()
+            raise
+        indices = [self.shards.index(shard) for shard in live]
+
+        def relabel(i: int, item: StreamedBatch) -> StreamedBatch:
+            if ask.mode != Mode.FRAGMENTS:
+                return item
+            batch = renumbered_batch(item.batch, indices[i], len(self.shards))
+            return StreamedBatch(batch, item.agent_version)
+
+        return MergedStream(streams, relabel)
 
     # --- updates and status --------------------------------------------------------
 
