@@ -26,6 +26,7 @@ from rlfleet.errors import UnavailableError
 from rlfleet.policies import MLPCategoricalPolicy
 from rlfleet.sampling.local import LocalSampler
 from tests._coordinator_fakes import assert_same_batch
+from tests.fleet_processes import run_in_thread
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -184,5 +185,38 @@ def test_a_lost_coordinator_fails_fragments_and_subscriptions_with_a_typed_error
         batch = sampler.obtain_fragments(4 * 5, 5)
         assert set(batch.episode_infos["stream"].tolist()) == {0, 2}
         assert batch.total_steps == 4 * 5  # two windows of its 2 streams
+    finally:
+        fleet.close()
+
+
+#: 20 ms a step, 50-step episodes: a 100-step window is two whole episodes
+#: of about 2 seconds, long enough for a coordinator to die during it.
+SLOW = EnvConfig("rlfleet/Slow-v0", {"step_seconds": 0.02, "length": 50})
+
+
+def busy(address: str) -> bool:
+    with RemoteSampler(address, timeout=30) as one:
+        return any(worker.state == "busy" for worker in one.status().workers)
+
+
+def test_a_coordinator_lost_mid_call_fails_it_and_the_others_fragments_are_dropped() -> None:
+    fleet = Fleet.local(
+        2, 1, SLOW, seed=SEED, coordinators=2, imports=("rlfleet.envs.testing",), grace=2.0
+    )
+    try:
+        sampler = fleet.sampler
+        dead = fleet.coordinators[1]
+        pending = run_in_thread(lambda: sampler.obtain_fragments(2 * 100, 100))
+        wait_until(lambda: busy(dead.address), "the second coordinator's window on its worker")
+        dead.process.kill()
+        dead.process.wait(60)
+        with pytest.raises(UnavailableError, match=re.escape(dead.address)) as failure:
+            pending(120)
+        assert "dropped" in str(failure.value)
+        # The survivor's stream went on through the failed call (its window
+        # of episodes 0 and 1 was dropped); the retry runs on it alone.
+        batch = sampler.obtain_fragments(100, 100)
+        assert batch.episode_infos["stream"].tolist() == [0, 0]
+        assert batch.episode_infos["episode_index"].tolist() == [2, 3]
     finally:
         fleet.close()

@@ -7,7 +7,8 @@ workers the fleet has and even if some die mid-request: episode k of the
 n-th call gets its seeds from ``(s, n, k)`` and batches are ordered by
 episode index. Given several coordinator addresses, it cuts each request
 into episode ranges over them (:mod:`rlfleet.client.shards`), with the same
-batches.
+batches; fragments and subscriptions then run on each coordinator's own
+streams (:mod:`rlfleet.client.shard_fragments`).
 """
 
 from __future__ import annotations

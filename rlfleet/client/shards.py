@@ -24,6 +24,11 @@ call fail, with an :class:`~rlfleet.errors.UnavailableError` naming each
 shard and what it answered. A lost shard is tried again after
 :data:`RETRY_LOST_SECONDS`, first brought up to the learner's env and agent
 if it missed an update.
+
+Fragment requests and subscriptions are not cut into ranges: a fragment
+stream lives on one coordinator's env slot, so each coordinator runs its
+own streams, for a share of the amount, and a fragments call during which
+one is lost fails (:mod:`rlfleet.client.shard_fragments`).
 """
 
 from __future__ import annotations
