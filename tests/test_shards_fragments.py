@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import re
 from collections.abc import Iterator
+from functools import partial
 
 import numpy as np
 import pytest
@@ -133,17 +134,18 @@ def test_the_same_seed_and_layout_give_the_same_fragments_again(sharded: Fleet) 
         assert_same_batch(batch, wanted, skip_infos=PER_COORDINATOR)
 
 
-def subscribers(address: str) -> int:
+def subscribed(address: str, count: int) -> bool:
+    """Whether the coordinator at ``address`` has ``count`` open subscriptions."""
     with RemoteSampler(address, timeout=30) as one:
-        return one.status().subscribers
+        return one.status().subscribers == count
 
 
 def test_a_subscription_over_two_coordinators_merges_both(sharded: Fleet) -> None:
-    length, seen = 10, set()
+    length, seen = 10, set[int]()
     with sharded.sampler.stream("fragments", fragment_length=length) as stream:
         # One subscription on each coordinator, read as one.
         for address in sharded.addresses:
-            wait_until(lambda a=address: subscribers(a) == 1, f"a subscription on {address}")
+            wait_until(partial(subscribed, address, 1), f"a subscription on {address}")
         for batch, _ in stream:
             assert batch.total_steps == ENVS * length  # one window of one worker
             streams = batch.episode_infos["stream"].tolist()
@@ -159,7 +161,7 @@ def test_a_subscription_over_two_coordinators_merges_both(sharded: Fleet) -> Non
                 break
     # Closing it ended both.
     for address in sharded.addresses:
-        wait_until(lambda a=address: subscribers(a) == 0, f"the subscription on {address} ending")
+        wait_until(partial(subscribed, address, 0), f"the subscription on {address} ending")
 
 
 def test_a_lost_coordinator_fails_fragments_and_subscriptions_with_a_typed_error() -> None:
@@ -176,7 +178,7 @@ def test_a_lost_coordinator_fails_fragments_and_subscriptions_with_a_typed_error
             with pytest.raises(UnavailableError, match=re.escape(dead.address)):
                 for count, _ in enumerate(stream):
                     assert count < 100_000, "the dead coordinator's failure never came"
-        wait_until(lambda: subscribers(fleet.addresses[0]) == 0, "the live subscription ending")
+        wait_until(partial(subscribed, fleet.addresses[0], 0), "the live subscription ending")
         # Its streams cannot go on elsewhere: the call fails, retryable, naming it.
         with pytest.raises(UnavailableError, match=re.escape(dead.address)) as failure:
             sampler.obtain_fragments(4 * 5, 5)
