@@ -154,8 +154,9 @@ class Fleet:
                 coordinator ``i % N``, and a sampler that splits each request
                 over them (docs/sharding.md): the same batch for the same
                 seed as one coordinator gives. Needs ``workers >= N``.
-                ``obtain_fragments``, ``stream()`` and ``RemoteVectorEnv``
-                of code factories need one coordinator.
+                ``obtain_fragments`` and ``stream()`` run on every
+                coordinator's own streams; ``RemoteVectorEnv`` of code
+                factories needs one coordinator.
 
         Returns:
             The running fleet; ``with Fleet.local(...) as sampler:`` yields

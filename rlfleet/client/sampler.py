@@ -7,7 +7,8 @@ workers the fleet has and even if some die mid-request: episode k of the
 n-th call gets its seeds from ``(s, n, k)`` and batches are ordered by
 episode index. Given several coordinator addresses, it cuts each request
 into episode ranges over them (:mod:`rlfleet.client.shards`), with the same
-batches.
+batches; fragments and subscriptions then run on each coordinator's own
+streams (:mod:`rlfleet.client.shard_fragments`).
 """
 
 from __future__ import annotations
@@ -95,8 +96,9 @@ class RemoteSampler(ClosesOnExit):
             string joining them with commas: each request is then cut into
             episode ranges over them, with the batch one coordinator would
             give, and a lost coordinator's ranges re-run on the others
-            (docs/sharding.md). Over several, ``obtain_fragments``,
-            :meth:`stream` and :meth:`open_channel` are ConfigErrors.
+            (docs/sharding.md). Over several, ``obtain_fragments`` and
+            :meth:`stream` run on every coordinator's own streams, and
+            :meth:`open_channel` is a ConfigError.
         seed: Base seed of every request. With a seed, the n-th successful
             ``obtain_*`` call (n = 0, 1, ...) sends ``request_index=n``, as
             LocalSampler numbers its requests, so the batches equal
@@ -288,7 +290,10 @@ class RemoteSampler(ClosesOnExit):
         Every env slot of the fleet is a stream whose episodes continue
         across calls; each returned "episode" is a piece of at most
         ``fragment_length`` steps, ordered by (stream, episode, fragment),
-        as LocalSampler orders them.
+        as LocalSampler orders them. Over several coordinators each runs its
+        own streams for a share of ``num_samples`` in proportion to its env
+        slots, and a call during which one is lost fails with an
+        UnavailableError naming it (docs/sharding.md).
 
         Args:
             num_samples: Steps wanted (>= 1).
@@ -372,11 +377,12 @@ class RemoteSampler(ClosesOnExit):
         Returns:
             A context-manager iterator of ``StreamedBatch(batch,
             agent_version)``; leaving the ``with`` block ends the
-            subscription.
+            subscription. Over several coordinators, one iterator over a
+            subscription on each (docs/sharding.md): ``max_buffered_steps``
+            is then per coordinator, and a failure of any ends them all.
         """
         if mode not in _STREAM_MODES:
             raise ConfigError(f"stream mode must be 'episodes' or 'fragments', got {mode!r}")
-        self._one_coordinator("stream()")
         length = 0
         if mode == "fragments":
             if fragment_length is None:
@@ -391,6 +397,12 @@ class RemoteSampler(ClosesOnExit):
             seed=self.seed,
             max_buffered_steps=max_buffered_steps or 0,
         )
+        if self._shards is not None:
+            return self._shards.subscribe(ask, timeout)
+        return self._subscribe(ask, timeout)
+
+    def _subscribe(self, ask: SubscribeAsk, timeout: float | None) -> SampleStream:
+        """Opens a subscription on this (one) coordinator."""
         # A channel of its own whose receive window does not grow (no BDP
         # probing): the transport then holds at most STREAM_WINDOW_BYTES for
         # a reader that stops, so the coordinator's buffer fills and

@@ -24,6 +24,11 @@ call fail, with an :class:`~rlfleet.errors.UnavailableError` naming each
 shard and what it answered. A lost shard is tried again after
 :data:`RETRY_LOST_SECONDS`, first brought up to the learner's env and agent
 if it missed an update.
+
+Fragment requests and subscriptions are not cut into ranges: a fragment
+stream lives on one coordinator's env slot, so each coordinator runs its
+own streams, for a share of the amount, and a fragments call during which
+one is lost fails (:mod:`rlfleet.client.shard_fragments`).
 """
 
 from __future__ import annotations
@@ -42,9 +47,17 @@ from typing import TYPE_CHECKING, TypeVar
 
 from rlfleet.client._responses import SampleAnswer
 from rlfleet.client._restore import PushedState
+from rlfleet.client.shard_fragments import (
+    env_slots,
+    fragment_shares,
+    renumbered,
+    renumbered_batch,
+)
 from rlfleet.client.status import FleetStatus
+from rlfleet.client.stream import MergedStream, SampleStream, StreamedBatch
+from rlfleet.core.seeding import shard_seed
 from rlfleet.errors import ConfigError, NoWorkersError, UnavailableError
-from rlfleet.protocol.learner_calls import SampleAsk
+from rlfleet.protocol.learner_calls import SampleAsk, SubscribeAsk
 from rlfleet.protocol.modes import Footer, Mode
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.wire.results import DecodedResult
@@ -186,16 +199,10 @@ class ShardSet:
         """Runs a Sample request (with ``ask.request_index``) over the shards.
 
         Raises:
-            ConfigError: For FRAGMENTS (fragment streams live on one
-                coordinator's env slots).
-            UnavailableError: If every shard was lost.
+            UnavailableError: If every shard was lost; for FRAGMENTS, also
+                if one shard was lost during the call (its streams cannot
+                continue elsewhere).
         """
-        if ask.mode == Mode.FRAGMENTS:
-            raise ConfigError(
-                "obtain_fragments needs one coordinator: fragment streams continue on one "
-                "coordinator's env slots across calls; give RemoteSampler a single address, or "
-                "use obtain_samples/obtain_episodes over several"
-            )
         # Updates go to every shard before any samples; a shard that misses
         # one is brought up to date before it samples again.
         if ask.env_update is not None:
@@ -203,6 +210,8 @@ class ShardSet:
         if ask.agent_update is not None:
             self.update_agent(ask.agent_update)
         ask = dataclasses.replace(ask, seed=self.seed, agent_update=None, env_update=None)
+        if ask.mode == Mode.FRAGMENTS:
+            return self._sample_fragments(ask, _Progress(progress, ask.amount))
         if ask.mode == Mode.EPISODES:
             tracker = _Progress(progress, ask.amount)
             answers = self._run(ask, split_ranges(0, ask.amount, self._live_count()), tracker)
@@ -244,6 +253,87 @@ class ShardSet:
                 answer = _joined(answers, prefix_end)
                 answer.footer = dataclasses.replace(answer.footer, total_steps=prefix_steps)
                 return answer
+
+    def _sample_fragments(self, ask: SampleAsk, tracker: _Progress) -> SampleAnswer:
+        """FRAGMENTS: every shard runs its own streams, for its share of the amount.
+
+        Raises:
+            UnavailableError: If a shard was lost during the call: its
+                streams' episodes live on its workers and cannot continue on
+                another coordinator.
+        """
+        # A shard lost before this call (and not due for another try yet, or
+        # failing that try) has no streams in it; one lost in it fails it.
+        known_lost = {shard for shard in self.shards if shard.lost_at is not None}
+        statuses = self._on_live("GetStatus", lambda shard: shard.sampler.status())
+        lost = [s for s in self.shards if s.lost_at is not None and s not in known_lost]
+        if lost:
+            raise _streams_lost(lost)
+        shares = fragment_shares(ask.amount, [env_slots(status) for _, status in statuses])
+        running = {}
+        for (shard, _), share in zip(statuses, shares, strict=True):
+            if share:
+                index = self.shards.index(shard)
+                piece = dataclasses.replace(ask, amount=share, seed=shard_seed(self.seed, index))
+                running[self._pool.submit(self._fragments_piece, shard, piece, tracker.piece())] = (
+                    shard
+                )
+        answers: list[SampleAnswer] = []
+        failure: BaseException | None = None
+        for future, shard in running.items():
+            try:
+                answer = future.result()
+            except LOST as exc:
+                self._lose(shard, exc, "Sample")
+                lost.append(shard)
+                continue
+            except BaseException as exc:  # re-raised once the other pieces ended
+                failure = failure or exc
+                continue
+            index = self.shards.index(shard)
+            answer.results = [renumbered(r, index, len(self.shards)) for r in answer.results]
+            answers.append(answer)
+        if failure is not None:
+            raise failure
+        if lost:
+            raise _streams_lost(lost)
+        return _joined(answers, sum(a.footer.num_episodes for a in answers))
+
+    def _fragments_piece(
+        self, shard: Shard, ask: SampleAsk, report: Progress | None
+    ) -> SampleAnswer:
+        if shard.behind:
+            self._catch_up(shard)
+        return shard.sampler._sample_range(ask, report)
+
+    def _on_live(
+        self, name: str, call: Callable[[Shard], T], *, updates: bool = False
+    ) -> list[tuple[Shard, T]]:
+        """``call`` on every live shard at once, with the shards that answered.
+
+        A lost shard is left out (and, for an update, marked behind). Other
+        errors are raised once every call ended.
+
+        Raises:
+            UnavailableError: If no shard answered.
+        """
+        shards = self._live()
+        futures = {self._pool.submit(self._caught_up(call), shard): shard for shard in shards}
+        answers: list[tuple[Shard, T]] = []
+        failure: BaseException | None = None
+        for future, shard in futures.items():
+            try:
+                answers.append((shard, future.result()))
+            except LOST as exc:
+                self._lose(shard, exc, name)
+                shard.behind = shard.behind or updates
+            except BaseException as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        if not answers:
+            raise self._all_lost(name)
+        return answers
 
     def _run(
         self, ask: SampleAsk, ranges: list[tuple[int, int]], tracker: _Progress | None
@@ -295,6 +385,40 @@ class ShardSet:
         ranged = dataclasses.replace(ask, mode=Mode.EPISODES, amount=count, first_episode=first)
         return shard.sampler._sample_range(ranged, report)
 
+    def subscribe(self, ask: SubscribeAsk, timeout: float | None) -> MergedStream:
+        """A subscription on every live shard, merged into one iterator.
+
+        Each shard runs its subscription under its own base seed, as its
+        fragment requests; fragment streams are numbered as in
+        :meth:`_sample_fragments`.
+
+        Raises:
+            UnavailableError: If every shard is lost.
+        """
+        live = self._live()
+        if not live:
+            raise self._all_lost("Subscribe")
+        streams: list[SampleStream] = []
+        try:
+            for shard in live:
+                if shard.behind:
+                    self._catch_up(shard)
+                own = dataclasses.replace(ask, seed=shard_seed(self.seed, self.shards.index(shard)))
+                streams.append(shard.sampler._subscribe(own, timeout))
+        except BaseException:
+            for stream in streams:
+                stream.close()
+            raise
+        indices = [self.shards.index(shard) for shard in live]
+
+        def relabel(i: int, item: StreamedBatch) -> StreamedBatch:
+            if ask.mode != Mode.FRAGMENTS:
+                return item
+            batch = renumbered_batch(item.batch, indices[i], len(self.shards))
+            return StreamedBatch(batch, item.agent_version)
+
+        return MergedStream(streams, relabel)
+
     # --- updates and status --------------------------------------------------------
 
     def update_agent(self, update: AgentChange) -> int:
@@ -344,29 +468,8 @@ class ShardSet:
     def _everywhere(
         self, name: str, call: Callable[[Shard], T], *, updates: bool = True
     ) -> list[T]:
-        """``call`` on every live shard at once; a lost shard is left out (and, for an
-        update, marked behind). Other errors are raised once every call ended.
-
-        Raises:
-            UnavailableError: If no shard answered.
-        """
-        shards = self._live()
-        futures = {self._pool.submit(self._caught_up(call), shard): shard for shard in shards}
-        answers: list[T] = []
-        failure: BaseException | None = None
-        for future, shard in futures.items():
-            try:
-                answers.append(future.result())
-            except LOST as exc:
-                self._lose(shard, exc, name)
-                shard.behind = shard.behind or updates
-            except BaseException as exc:
-                failure = failure or exc
-        if failure is not None:
-            raise failure
-        if not answers:
-            raise self._all_lost(name)
-        return answers
+        """What :meth:`_on_live` answers, without the shards."""
+        return [answer for _, answer in self._on_live(name, call, updates=updates)]
 
     def _caught_up(self, call: Callable[[Shard], T]) -> Callable[[Shard], T]:
         def run(shard: Shard) -> T:
@@ -427,6 +530,18 @@ def split_ranges(first: int, count: int, parts: int) -> list[tuple[int, int]]:
     parts = max(min(parts, count), 1)
     bounds = [first + count * i // parts for i in range(parts + 1)]
     return [(a, b - a) for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def _streams_lost(lost: Sequence[Shard]) -> UnavailableError:
+    """The error of a fragments call during which ``lost`` were lost."""
+    return UnavailableError(
+        "obtain_fragments: "
+        + "; ".join(f"coordinator {shard.address} was lost ({shard.error})" for shard in lost)
+        + ". Its fragment streams' episodes live on its workers and cannot continue on another "
+        "coordinator, so this call fails, and whatever fragments the other coordinators "
+        "delivered in it are dropped. Retry: the next call samples on the others, and tries the "
+        f"lost coordinator again after {RETRY_LOST_SECONDS:g} s"
+    )
 
 
 def _joined(answers: Sequence[SampleAnswer], num_episodes: int) -> SampleAnswer:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import grpc
@@ -107,3 +109,98 @@ class SampleStream(ClosesOnExit):
         # An abandoned stream must not keep the coordinator sampling for it.
         if not getattr(self, "_closed", True):
             self.close()
+
+
+#: Results each shard's reader may hold for the caller of a merged stream:
+#: few, so a caller that stops reading stops the readers, and the
+#: coordinators' backpressure stops their workers as for one subscription.
+MERGED_QUEUE_PER_SHARD = 2
+#: Seconds a reader waits to hand over a result before it looks whether the
+#: stream was closed (a closed stream's readers end within this).
+_HANDOVER_POLL_SECONDS = 0.1
+
+
+class MergedStream(SampleStream):
+    """One iterator over a subscription on each of several coordinators.
+
+    A reader thread per coordinator reads its subscription and hands each
+    result over through one small queue, so :meth:`__next__` returns
+    whichever coordinator's result landed first. Closing it (or leaving the
+    ``with`` block) ends every subscription. A failure of one (e.g. its
+    coordinator went away) is raised by :meth:`__next__`, after every
+    subscription was ended.
+
+    Args:
+        streams: One subscription per coordinator (closed with this one).
+        relabel: Applied to each result of ``streams[i]`` as ``relabel(i,
+            result)`` (fragment streams renumbered for the learner).
+    """
+
+    def __init__(
+        self,
+        streams: Sequence[SampleStream],
+        relabel: Callable[[int, StreamedBatch], StreamedBatch],
+    ) -> None:
+        self._streams = list(streams)
+        self._relabel = relabel
+        self._closed = False
+        self._queue: queue.Queue[tuple[int, StreamedBatch | BaseException | None]] = queue.Queue(
+            MERGED_QUEUE_PER_SHARD * len(self._streams)
+        )
+        self._running = len(self._streams)
+        self._readers = [
+            threading.Thread(target=self._read, args=(i,), name=f"rlfleet-stream-{i}", daemon=True)
+            for i in range(len(self._streams))
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def __next__(self) -> StreamedBatch:
+        """The next result of any coordinator.
+
+        Raises:
+            StopIteration: Once the stream was closed, or every coordinator
+                ended its subscription cleanly.
+            RlfleetError: The typed error of the first subscription that
+                failed (naming its coordinator); the others are ended first.
+        """
+        while not self._closed and self._running:
+            try:
+                index, item = self._queue.get(timeout=_HANDOVER_POLL_SECONDS)
+            except queue.Empty:
+                continue
+            if item is None:
+                self._running -= 1
+            elif isinstance(item, BaseException):
+                self.close()
+                raise item
+            else:
+                return self._relabel(index, item)
+        raise StopIteration
+
+    def close(self) -> None:
+        """Ends every coordinator's subscription (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            for stream in self._streams:
+                stream.close()
+
+    def _read(self, index: int) -> None:
+        """Hands ``streams[index]``'s results over until it ends, fails or is closed."""
+        stream = self._streams[index]
+        item: StreamedBatch | BaseException | None
+        while True:
+            try:
+                item = next(stream)
+            except StopIteration:
+                item = None
+            except BaseException as exc:  # handed to the caller, who raises it
+                item = exc
+            while not self._closed:
+                try:
+                    self._queue.put((index, item), timeout=_HANDOVER_POLL_SECONDS)
+                    break
+                except queue.Full:
+                    continue
+            if item is None or isinstance(item, BaseException) or self._closed:
+                return

@@ -82,6 +82,43 @@ def stream_seeds(base_seed: int, stream: int, episode_in_stream: int) -> tuple[i
     return int(env_seed), int(policy_seed)
 
 
+#: The word that sets a shard's base seed apart from other derived seeds ("SHRD").
+_SHARD_TAG = 0x53485244
+
+
+def shard_seed(base_seed: int, shard: int) -> int:
+    """Returns the base seed coordinator ``shard`` of a sharded sampler runs its streams with.
+
+    Fragment streams and subscriptions are numbered per coordinator, from
+    0 on each, and their episodes' seeds come from ``(base seed, stream,
+    episode)`` (:func:`stream_seeds`); so that two coordinators of one
+    learner never run the same stream seeds, each runs them under a base
+    seed of its own (docs/sharding.md). Shard 0 keeps the sampler's seed,
+    so its streams are the ones a single coordinator with its workers runs.
+
+    Args:
+        base_seed: The sampler's seed (non-negative).
+        shard: The coordinator's position in the sampler's address list.
+
+    Returns:
+        ``base_seed`` for shard 0; else a 63-bit seed derived from both.
+
+    Raises:
+        InvalidValueError: If an argument is negative.
+    """
+    if base_seed < 0 or shard < 0:
+        raise InvalidValueError(
+            f"seeds are derived from non-negative integers, got base_seed={base_seed}, "
+            f"shard={shard}"
+        )
+    if shard == 0:
+        return base_seed
+    (word,) = np.random.SeedSequence([base_seed, _SHARD_TAG, shard]).generate_state(
+        1, dtype=np.uint64
+    )
+    return int(word) >> 1
+
+
 # --- many episodes at once ------------------------------------------------
 # episode_seeds builds one SeedSequence per episode, about 8 microseconds
 # each: at the fleet's rate (thousands of episodes a second, derived under
