@@ -37,7 +37,7 @@ from rlfleet.client._responses import ResponseReader, SampleAnswer, collect_answ
 from rlfleet.client._restore import PushedState
 from rlfleet.client.shards import ShardSet, parse_addresses, random_seed
 from rlfleet.client.status import FleetStatus, count_workers
-from rlfleet.client.stream import SampleStream
+from rlfleet.client.stream import STREAM_WINDOW_BYTES, SampleStream, subscribe_ask
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.errors import (
     AuthenticationError,
@@ -67,10 +67,6 @@ _UINT64_MAX = 2**64 - 1
 Progress = Callable[[int, int], None]
 T = TypeVar("T")
 
-_STREAM_MODES = {"episodes": Mode.EPISODES, "fragments": Mode.FRAGMENTS}
-#: Receive window of a subscription's channel: what the transport may hold
-#: for a reader that stopped reading (see :meth:`RemoteSampler.stream`).
-STREAM_WINDOW_BYTES = 256 * 1024
 #: The coordinator's default wait for workers, used when none was given.
 _DEFAULT_WAIT_FOR_WORKERS = 60.0
 
@@ -381,22 +377,7 @@ class RemoteSampler(ClosesOnExit):
             subscription on each (docs/sharding.md): ``max_buffered_steps``
             is then per coordinator, and a failure of any ends them all.
         """
-        if mode not in _STREAM_MODES:
-            raise ConfigError(f"stream mode must be 'episodes' or 'fragments', got {mode!r}")
-        length = 0
-        if mode == "fragments":
-            if fragment_length is None:
-                raise ConfigError("stream(mode='fragments') needs a fragment_length")
-            check_int("fragment_length", fragment_length, minimum=1, maximum=_UINT32_MAX)
-            length = fragment_length
-        if max_buffered_steps is not None:
-            check_int("max_buffered_steps", max_buffered_steps, minimum=1, maximum=_INT64_MAX)
-        ask = SubscribeAsk(
-            _STREAM_MODES[mode],
-            fragment_length=length,
-            seed=self.seed,
-            max_buffered_steps=max_buffered_steps or 0,
-        )
+        ask = subscribe_ask(mode, fragment_length, max_buffered_steps, self.seed)
         if self._shards is not None:
             return self._shards.subscribe(ask, timeout)
         return self._subscribe(ask, timeout)

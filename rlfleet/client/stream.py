@@ -5,17 +5,56 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import grpc
 
 from rlfleet._util.closing import ClosesOnExit
+from rlfleet._util.values import check_int
 from rlfleet.client._errors import call_error
 from rlfleet.client._learner_messages import ResponsePart
 from rlfleet.client._responses import ResponseReader
 from rlfleet.core import EpisodeBatch
-from rlfleet.errors import RlfleetError
+from rlfleet.errors import ConfigError, RlfleetError
+from rlfleet.protocol.learner_calls import SubscribeAsk
+from rlfleet.protocol.modes import Mode
 from rlfleet.wire.results import DecodedResult
+
+#: Receive window of a subscription's channel: what the transport may hold
+#: for a reader that stopped reading (see ``RemoteSampler.stream``).
+STREAM_WINDOW_BYTES = 256 * 1024
+
+_STREAM_MODES = {"episodes": Mode.EPISODES, "fragments": Mode.FRAGMENTS}
+
+
+def subscribe_ask(
+    mode: Literal["episodes", "fragments"],
+    fragment_length: int | None,
+    max_buffered_steps: int | None,
+    seed: int | None,
+) -> SubscribeAsk:
+    """What ``RemoteSampler.stream``'s arguments ask a coordinator for.
+
+    Raises:
+        ConfigError: If an argument is out of the protocol's range, or
+            fragments mode lacks its ``fragment_length``.
+    """
+    if mode not in _STREAM_MODES:
+        raise ConfigError(f"stream mode must be 'episodes' or 'fragments', got {mode!r}")
+    length = 0
+    if mode == "fragments":
+        if fragment_length is None:
+            raise ConfigError("stream(mode='fragments') needs a fragment_length")
+        check_int("fragment_length", fragment_length, minimum=1, maximum=2**32 - 1)
+        length = fragment_length
+    if max_buffered_steps is not None:
+        check_int("max_buffered_steps", max_buffered_steps, minimum=1, maximum=2**63 - 1)
+    return SubscribeAsk(
+        _STREAM_MODES[mode],
+        fragment_length=length,
+        seed=seed,
+        max_buffered_steps=max_buffered_steps or 0,
+    )
 
 
 class StreamedBatch(NamedTuple):
