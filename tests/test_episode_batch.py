@@ -83,6 +83,23 @@ def test_keeps_the_given_arrays_without_copying() -> None:
         assert getattr(batch, name) is given_fields[name]
 
 
+def test_with_episode_infos_adds_a_column_and_shares_the_rest() -> None:
+    batch = make()
+    labelled = batch.with_episode_infos(stream=np.array([3, 5]), seed=np.array([1, 2]))
+    assert labelled.episode_infos["stream"].tolist() == [3, 5]
+    assert labelled.episode_infos["seed"].tolist() == [1, 2]
+    assert labelled.episode_infos["goal"] is batch.episode_infos["goal"]
+    assert batch.episode_infos["seed"].tolist() == [7, 8]  # the original is unchanged
+    for name in FIELDS:
+        if name != "episode_infos":
+            assert getattr(labelled, name) is getattr(batch, name)
+
+
+def test_with_episode_infos_checks_the_new_columns() -> None:
+    with pytest.raises(InvalidBatchError, match="episode_infos"):
+        make().with_episode_infos(stream=np.array([1, 2, 3]))
+
+
 def test_sizes() -> None:
     batch = make()
     assert (batch.n_episodes, batch.total_steps) == (2, 5)

@@ -78,18 +78,4 @@ def renumbered_batch(batch: EpisodeBatch, shard: int, shards: int) -> EpisodeBat
     local = batch.episode_infos.get("stream")
     if not isinstance(local, np.ndarray):
         return batch
-    infos = dict(batch.episode_infos)
-    infos["stream"] = global_stream(local, shard, shards)
-    return EpisodeBatch.prechecked(
-        env_spec=batch.env_spec,
-        episode_infos=infos,
-        observations=batch.observations,
-        last_observations=batch.last_observations,
-        actions=batch.actions,
-        rewards=batch.rewards,
-        env_infos=batch.env_infos,
-        agent_infos=batch.agent_infos,
-        step_types=batch.step_types,
-        lengths=batch.lengths,
-        check_actions=False,
-    )
+    return batch.with_episode_infos(stream=global_stream(local, shard, shards))

@@ -17,6 +17,7 @@ their arrays.
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -175,6 +176,21 @@ class EpisodeBatch(ValueEquality):
         }
         for name, value in fields.items():
             object.__setattr__(batch, name, value)
+        return batch
+
+    def with_episode_infos(self, **columns: Any) -> EpisodeBatch:
+        """This batch with ``episode_infos`` columns added or replaced.
+
+        The other fields are shared, not copied, and not checked again (they
+        were when this batch was built); the episode_infos are.
+
+        Raises:
+            InvalidBatchError: If a column does not hold one row per episode.
+        """
+        infos = {**self.episode_infos, **columns}
+        v.check_infos("EpisodeBatch.episode_infos", infos, len(self.lengths), _EPISODES)
+        batch = copy.copy(self)
+        object.__setattr__(batch, "episode_infos", infos)
         return batch
 
     def __repr__(self) -> str:

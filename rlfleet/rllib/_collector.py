@@ -431,18 +431,7 @@ class RolloutCollector:
             ]
             batch = build_batch(env_spec, segments, ROLLOUT_INFO_KEYS)
             agent_ids = np.array([t.agent_id for t in group])
-            batches[policy_id] = EpisodeBatch(
-                env_spec=batch.env_spec,
-                episode_infos={**batch.episode_infos, "agent_id": agent_ids},
-                observations=batch.observations,
-                last_observations=batch.last_observations,
-                actions=batch.actions,
-                rewards=batch.rewards,
-                env_infos=batch.env_infos,
-                agent_infos=batch.agent_infos,
-                step_types=batch.step_types,
-                lengths=batch.lengths,
-            )
+            batches[policy_id] = batch.with_episode_infos(agent_id=agent_ids)
         return batches
 
 

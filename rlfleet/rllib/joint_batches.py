@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -71,12 +70,8 @@ def split_joint_batch(
     batches = {}
     for policy_id, members in segments.items():
         batch = build_batch(env_specs[policy_id], [s for _, s in members], keys)
-        batches[policy_id] = dataclasses.replace(
-            batch,
-            episode_infos={
-                **batch.episode_infos,
-                "agent_id": np.array([agent for agent, _ in members]),
-            },
+        batches[policy_id] = batch.with_episode_infos(
+            agent_id=np.array([agent for agent, _ in members])
         )
     return MultiAgentEpisodeBatch(batches, int(joint.lengths.sum()))
 

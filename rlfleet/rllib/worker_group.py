@@ -503,13 +503,7 @@ class RolloutWorkerGroup:
             self._versions_at.get(int(v), {}).get(policy_id, -1)
             for v in batch.episode_infos["agent_version"]
         ]
-        return dataclasses.replace(
-            batch,
-            episode_infos={
-                **batch.episode_infos,
-                "policy_version": np.array(versions, dtype=np.int64),
-            },
-        )
+        return batch.with_episode_infos(policy_version=np.array(versions, dtype=np.int64))
 
     def _agent_rewards(
         self, total: float, per_agent: np.ndarray | None
