@@ -185,9 +185,7 @@ def forwarded(forward: Forward) -> Iterator[bytes]:
         chunk_size = len(chunk_header) + len(chunk.data)
         fields += len_prefix(_CHUNK_FIELD, chunk_size)
         result_size = len(fields) + chunk_size
-        yield b"".join(
-            (len_prefix(_RESULT_FIELD, result_size), fields, chunk_header, chunk.data)
-        )
+        yield b"".join((len_prefix(_RESULT_FIELD, result_size), fields, chunk_header, chunk.data))
 
 
 def _header(header: CallHeader) -> learner_pb2.SampleHeader:
