@@ -14,6 +14,7 @@ from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import learner_pb2, worker_pb2
 from rlfleet.wire import (
     DEFAULT_CHUNK_BYTES,
+    Chunk,
     encode_batch_chunks,
     parse_with_chunk,
     serialize_with_chunk,
@@ -89,7 +90,8 @@ def test_forwarded_results_are_what_protobuf_writes(
     chunks = encode_batch_chunks(
         _batch(300), chunk_bytes or DEFAULT_CHUNK_BYTES, include_env_spec=False
     )
-    pieces = []
+    pieces: list[ResultPiece] = []
+    received: list[Chunk] = []
     for chunk in chunks:
         envelope = worker_pb2.WorkerMessage(
             result=sent_meta if chunk.index == 0 else worker_pb2.EpisodeResult(task_id=4)
@@ -97,9 +99,10 @@ def test_forwarded_results_are_what_protobuf_writes(
         piece = parse_worker_message(serialize_with_chunk(envelope, _rpc.WORKER_CHUNK_PATH, chunk))
         assert isinstance(piece, ResultPiece) and piece.chunk is not None
         pieces.append(piece)
+        received.append(piece.chunk)
     assert (len(pieces) > 1) == (chunk_bytes is not None)
 
-    sent = list(responses(Forward(pieces[0].header, 9, tuple(p.chunk for p in pieces), 300)))
+    sent = list(responses(Forward(pieces[0].header, 9, tuple(received), 300)))
 
     assert len(sent) == len(pieces)
     for data, piece in zip(sent, pieces, strict=True):
