@@ -361,13 +361,18 @@ def rows_within(space: gym.Space, rows: np.ndarray) -> list[bool]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(name=st.sampled_from(sorted(SPACES)), seed=st.integers(0, 2**31 - 1))
-def test_observation_checks_agree_with_space_contains(name: str, seed: int) -> None:
+@given(
+    name=st.sampled_from(sorted(SPACES)),
+    seed=st.integers(0, 2**31 - 1),
+    count=st.sampled_from([6, 3001]),
+)
+def test_observation_checks_agree_with_space_contains(name: str, seed: int, count: int) -> None:
     # Vectorised bounds, dtypes and integrality give gymnasium's verdict on
     # every row: values drawn around the bounds, some inside, some outside.
+    # 3001 rows: short rows are compared many to a wide row, the rest alone.
     space = SPACES[name]
     rng = np.random.default_rng(seed)
-    rows = np.stack([np.asarray(space.sample()) for _ in range(6)])
+    rows = np.stack([np.asarray(space.sample()) for _ in range(count)])
     if rng.random() < 0.6:  # nudge one value of one row, maybe out of the space
         where = (int(rng.integers(len(rows))), *(int(rng.integers(d)) for d in rows.shape[1:]))
         nudge = rng.normal(0, 1.5) if rows.dtype.kind == "f" else int(rng.integers(-2, 3))
@@ -491,3 +496,21 @@ def test_a_narrower_uint8_box_still_refuses_the_values_it_leaves_out() -> None:
     assert value_problems(make_spec_batch(spec, frames), spec) == [
         f"observations[2] holds 201, outside the space {space}"
     ]
+
+
+@pytest.mark.parametrize("row", [0, 2974, 2975, 2999])
+def test_a_value_out_of_per_element_bounds_is_found_in_any_row_of_a_long_batch(row: int) -> None:
+    # Bounds finite in some elements only (as CartPole's): 3,000 rows of 3
+    # are compared 85 rows at a time, the last 25 alone; the bad value is
+    # found and named wherever it lies.
+    space = SPACES["box"]
+    rows = np.zeros((3000, 3), np.float32)
+    rows[row, 2] = 6.0
+    assert space_problem("observations", rows, space) == (
+        f"observations[{row}] holds 6.0, outside the space {space}"
+    )
+    rows[row, 2] = 5.0
+    rows[row, 0] = -1.5
+    assert space_problem("observations", rows, space) == (
+        f"observations[{row}] holds -1.5, outside the space {space}"
+    )

@@ -7,11 +7,14 @@ types by the calls' deserializers (``parse_*``); answers are written by
 their serializers (``serialize_*``) and a call's events by :func:`responses`.
 A worker's result goes to the learner as the chunks it came in: the first
 message carries its metadata, every message the worker's id (the client
-joins chunks per worker).
+joins chunks per worker). Those messages are written as bytes around the
+worker's own: its metadata as received, the id, the chunk (no protobuf
+object per message).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import TypeAlias
 
@@ -37,9 +40,15 @@ from rlfleet.wire import (
     encode_env_change,
     encode_error_report,
 )
+from rlfleet.wire._protowire import VARINT, encode_varint, len_prefix, tag
 
-#: What a Sample or Subscribe call sends, serialized by ``_rpc.serialize``.
-WireResponse: TypeAlias = learner_pb2.SampleResponse | _rpc.WithChunk
+#: What a Sample or Subscribe call sends, serialized by ``_rpc.serialize``
+#: (``bytes``: a message serialized already).
+WireResponse: TypeAlias = learner_pb2.SampleResponse | _rpc.WithChunk | bytes
+
+_RESULT_FIELD = learner_pb2.SampleResponse.RESULT_FIELD_NUMBER
+_WORKER_ID_TAG = tag(worker_pb2.EpisodeResult.WORKER_ID_FIELD_NUMBER, VARINT)
+_CHUNK_FIELD = worker_pb2.EpisodeResult.CHUNK_FIELD_NUMBER
 
 
 # --- requests (the calls' deserializers) ---------------------------------------------
@@ -139,16 +148,7 @@ def responses(event: Event) -> Iterator[WireResponse]:
     if isinstance(event, CallHeader):
         yield learner_pb2.SampleResponse(header=_header(event))
     elif isinstance(event, Forward):
-        first, *rest = event.chunks
-        # The worker's metadata whole (fields this version does not know too), with its id.
-        meta = worker_pb2.EpisodeResult.FromString(event.header.wire)
-        meta.worker_id = worker_id = event.worker_id
-        yield _rpc.WithChunk(learner_pb2.SampleResponse(result=meta), first)
-        for chunk in rest:
-            envelope = learner_pb2.SampleResponse(
-                result=worker_pb2.EpisodeResult(worker_id=worker_id)
-            )
-            yield _rpc.WithChunk(envelope, chunk)
+        yield from forwarded(event)
     elif isinstance(event, Finished):
         footer = event.footer
         yield learner_pb2.SampleResponse(
@@ -161,6 +161,31 @@ def responses(event: Event) -> Iterator[WireResponse]:
         )
     else:
         raise event
+
+
+def forwarded(forward: Forward) -> Iterator[bytes]:
+    """The serialized SampleResponses that pass a worker's result on, one per chunk.
+
+    The first carries the worker's metadata whole (fields this version does
+    not know too), every one the worker's id. Each is the bytes protobuf
+    writes for ``SampleResponse(result=EpisodeResult(<metadata>,
+    worker_id=..., chunk=...))``, built by joining the metadata as the
+    worker sent it (``header.wire``, serialized without its chunk), the id's
+    field and the chunk: no protobuf object is parsed or built per message.
+    """
+    header = forward.header
+    if header.worker_id:  # a worker that set the coordinator's field: protobuf replaces it
+        meta = worker_pb2.EpisodeResult.FromString(header.wire)
+        meta.worker_id = 0
+        header = dataclasses.replace(header, worker_id=0, wire=meta.SerializeToString())
+    worker = _WORKER_ID_TAG + encode_varint(forward.worker_id) if forward.worker_id else b""
+    for position, chunk in enumerate(forward.chunks):
+        fields = (header.wire if position == 0 else b"") + worker
+        chunk_header = chunk.header()
+        chunk_size = len(chunk_header) + len(chunk.data)
+        fields += len_prefix(_CHUNK_FIELD, chunk_size)
+        result_size = len(fields) + chunk_size
+        yield b"".join((len_prefix(_RESULT_FIELD, result_size), fields, chunk_header, chunk.data))
 
 
 def _header(header: CallHeader) -> learner_pb2.SampleHeader:

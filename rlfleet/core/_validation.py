@@ -206,6 +206,10 @@ def accepted_shapes(space: gym.Space) -> tuple[tuple[int, ...], ...] | None:
         The accepted shapes, or None for spaces that cannot be flattened to
         a fixed size (Graph, Sequence): those are checked with ``contains``.
     """
+    # Every batch built or decoded asks, twice: answered once per space.
+    cached = _SHAPES_CACHE.get(id(space))
+    if cached is not None and cached[0] is space:
+        return cached[1]
     shapes: list[tuple[int, ...]] = []
     if space.shape is not None:
         shapes.append(tuple(space.shape))
@@ -213,7 +217,16 @@ def accepted_shapes(space: gym.Space) -> tuple[tuple[int, ...], ...] | None:
         flat = (int(gym.spaces.flatdim(space)),)
         if flat not in shapes:
             shapes.append(flat)
-    return tuple(shapes) or None
+    answer = tuple(shapes) or None
+    if len(_SHAPES_CACHE) > 64:
+        _SHAPES_CACHE.clear()
+    _SHAPES_CACHE[id(space)] = (space, answer)
+    return answer
+
+
+#: id(space) -> (space, its accepted shapes): spaces are unhashable, and an
+#: env spec's spaces live as long as the batches that use them.
+_SHAPES_CACHE: dict[int, tuple[gym.Space, tuple[tuple[int, ...], ...] | None]] = {}
 
 
 def check_per_step_space(name: str, array: np.ndarray, space: gym.Space, space_name: str) -> None:
@@ -358,6 +371,8 @@ def check_infos(name: str, value: object, expected: int, reason: str) -> None:
     if not isinstance(value, Mapping):
         raise InvalidBatchError(f"{name}: expected a dict, got {type(value).__name__}")
     for key, item in value.items():
+        if isinstance(item, np.ndarray) and item.ndim and item.shape[0] == expected:
+            continue  # the common case, without building the path for a message
         path = f"{name}[{key!r}]"
         if isinstance(item, Mapping):
             check_infos(path, item, expected, reason)

@@ -107,7 +107,11 @@ def result_problems(result: DecodedResult, expect: ResultExpectation) -> list[st
 
 
 def step_type_problems(
-    step_types: np.ndarray, lengths: np.ndarray, starts_episode: np.ndarray, *, must_end: bool
+    step_types: np.ndarray,
+    lengths: np.ndarray,
+    starts_episode: np.ndarray | None,
+    *,
+    must_end: bool,
 ) -> list[str]:
     """Checks step types against StepType's rules, one piece at a time.
 
@@ -119,28 +123,38 @@ def step_type_problems(
     Args:
         step_types: (S,) StepType numbers.
         lengths: (N,) piece lengths, summing to S.
-        starts_episode: (N,) bool: whether each piece starts its episode.
+        starts_episode: (N,) bool: whether each piece starts its episode;
+            None: every piece does (whole episodes).
         must_end: Whether every piece must end its episode (whole episodes).
 
     Returns:
         The problems, at most a few listed.
     """
     types = np.asarray(step_types)
-    ends = np.cumsum(lengths) - 1
+    lengths = np.asarray(lengths)
+    ends = lengths.cumsum() - 1
     starts = ends - lengths + 1
     last = types[ends]
     ended = ends_episode(last)
+    every_end = bool(ended.all())
     expected = np.full(len(types), int(StepType.MID), dtype=types.dtype)
-    expected[starts[starts_episode]] = int(StepType.FIRST)
-    expected[ends[ended]] = last[ended]
+    # Whole episodes (every piece starts and ends one): no masks to apply.
+    expected[starts if starts_episode is None else starts[starts_episode]] = int(StepType.FIRST)
+    if every_end:
+        expected[ends] = last
+    else:
+        expected[ends[ended]] = last[ended]
+    mismatched = types != expected
+    if not mismatched.any() and (every_end or not must_end):
+        return []  # the common case: no Python per piece or step
     problems = []
-    if must_end and not ended.all():
+    if must_end and not every_end:
         piece = int(np.argmin(ended))
         problems.append(
             f"episode {piece} of the batch ends with step type {_name(last[piece])}; the last "
             "step of a whole episode is TERMINAL or TIMEOUT"
         )
-    wrong = np.flatnonzero(types != expected)
+    wrong = np.flatnonzero(mismatched)
     for step in wrong[:_MAX_LISTED]:
         piece = int(np.searchsorted(ends, step))
         problems.append(
@@ -242,7 +256,7 @@ def _episode_problems(result: DecodedResult, expect: ResultExpectation) -> list[
     indices = list(result.header.episode_indices)
     problems = []
     index_array = result.infos("episode_index")
-    if index_array.size and (np.any(np.diff(index_array) <= 0) or index_array[0] < 0):
+    if index_array.size and (index_array[0] < 0 or (index_array[1:] <= index_array[:-1]).any()):
         problems.append(f"episode_indices {shortened(indices)} are not strictly ascending from 0")
     units = expect.units
     if units is not None:
@@ -257,7 +271,10 @@ def _episode_problems(result: DecodedResult, expect: ResultExpectation) -> list[
             seeds[:, :] = (NO_ENV_SEED, NO_POLICY_SEED)
         for column, key in enumerate(("env_seed", "policy_seed")):
             want = seeds[:, column]
-            wrong = np.flatnonzero(result.infos(key) != want)
+            mismatched = result.infos(key) != want
+            if not mismatched.any():
+                continue
+            wrong = np.flatnonzero(mismatched)
             if len(wrong):
                 i = int(wrong[0])
                 problems.append(
@@ -266,14 +283,13 @@ def _episode_problems(result: DecodedResult, expect: ResultExpectation) -> list[
                 )
     limit = expect.env_spec.max_episode_length
     lengths = result.batch.lengths
-    if limit is not None and np.any(lengths > limit):
+    if limit is not None and len(lengths) and lengths.max() > limit:
         i = int(np.argmax(lengths))
         problems.append(
             f"episode {indices[i]} has {int(lengths[i])} steps, more than the env's "
             f"max_episode_length {limit}"
         )
-    starts = np.ones(len(lengths), dtype=bool)
-    problems += step_type_problems(result.batch.step_types, lengths, starts, must_end=True)
+    problems += step_type_problems(result.batch.step_types, lengths, None, must_end=True)
     return problems
 
 
