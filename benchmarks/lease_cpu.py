@@ -229,6 +229,7 @@ class _Sampler(RemoteSampler):
     def __init__(self, fleet: _InMemoryFleet) -> None:  # no dialling
         self._fleet = fleet
         self.address = "in-memory"  # no LeaseOpened.data here: nothing dials it
+        self.addresses = (self.address,)
         self._security = ClientSecurity()
         self._max_message_bytes = _rpc.DEFAULT_MAX_MESSAGE_BYTES
 

@@ -45,8 +45,9 @@ _BUILTIN_EXCEPTIONS = {
     name
     for name, value in vars(builtins).items()
     # Exception, not BaseException: KeyboardInterrupt and SystemExit are
-    # control flow (a signal handler's way to stop), not errors.
-    if isinstance(value, type) and issubclass(value, Exception)
+    # control flow (a signal handler's way to stop), not errors; so is
+    # StopIteration, an iterator's way to end a for loop.
+    if isinstance(value, type) and issubclass(value, Exception) and value is not StopIteration
 }
 
 

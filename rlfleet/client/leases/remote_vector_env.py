@@ -263,9 +263,12 @@ class RemoteVectorEnv(BaseVectorEnv):
                 data_server = fleet.server.coordinator.lease_data
                 in_process = None if data_server is None else data_server.attach_in_process
             fleet = fleet.sampler
+        sampler_channel = None
         if isinstance(fleet, RemoteSampler):
             addresses, security = fleet.addresses, fleet.security
             max_message_bytes = fleet.max_message_bytes
+            if len(addresses) == 1:
+                sampler_channel = fleet.open_channel  # the sampler's own way to dial
         elif isinstance(fleet, str):
             addresses = parse_addresses(fleet)
             security = ClientSecurity.from_options(tls_ca=tls_ca, token=token)
@@ -286,8 +289,12 @@ class RemoteVectorEnv(BaseVectorEnv):
         def lease(
             address: str, first: int, count: int, changed: threading.Condition | None
         ) -> tuple[LeaseStream, grpc.Channel]:
-            channel = _rpc.open_channel(
-                address, max_message_bytes=max_message_bytes, security=security
+            channel = (
+                sampler_channel()
+                if sampler_channel is not None
+                else _rpc.open_channel(
+                    address, max_message_bytes=max_message_bytes, security=security
+                )
             )
             try:
                 stream = LeaseStream(
