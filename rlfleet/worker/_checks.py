@@ -44,6 +44,10 @@ class ActionChecker:
         self.enabled = enabled
         self._row_shape = tuple(space.shape) if space.shape is not None else None
         self._kinds, self._problem, self._range_check = _rules(space)
+        # (dtype, shape) of the last batch that passed the shape and dtype
+        # checks: a policy returns the same ones step after step, and a batch
+        # that matches them needs only its range check.
+        self._passed: tuple[np.dtype, tuple[int, ...]] | None = None
 
     def __call__(
         self, actions: Any, slots: Sequence[int], owner: str, method: str = "get_actions"
@@ -63,6 +67,17 @@ class ActionChecker:
         Raises:
             PolicyError: Naming the env index and the offending action.
         """
+        passed = self._passed
+        if (
+            passed is not None
+            and type(actions) is np.ndarray
+            and actions.dtype is passed[0]
+            and actions.shape == passed[1]
+            and len(slots) == passed[1][0]
+        ):
+            check = self._range_check
+            if check is None or check(actions) is None:
+                return actions
         if not isinstance(actions, np.ndarray):
             if self.enabled:
                 raise PolicyError(
@@ -98,8 +113,18 @@ class ActionChecker:
                     f"{action!r} is {self._problem} action space {self.space}; check the "
                     "policy's parameters and that env's observations"
                 )
+        if type(actions) is np.ndarray and actions.ndim:
+            self._passed = (actions.dtype, actions.shape)
         # Iterating the array gives the same per-env values as a list would.
         return actions
+
+
+#: The unsigned dtype of each integer dtype, of the same size.
+_UNSIGNED = {
+    np.dtype(f"{kind}{size}"): np.dtype(f"u{size}") for kind in "iu" for size in (1, 2, 4, 8)
+}
+#: ``ndarray.max`` without its Python wrapper (once per vector step).
+_MAX = np.maximum.reduce
 
 
 def _first(mask: np.ndarray) -> int | None:
@@ -114,10 +139,10 @@ def _rules(space: gym.Space) -> tuple[str, str, RangeCheck | None]:
         low, high = int(space.start), int(space.start + space.n)
 
         def discrete(actions: np.ndarray) -> int | None:
-            if low == 0 and actions.dtype.kind in "iu" and actions.size:
+            unsigned = _UNSIGNED.get(actions.dtype) if low == 0 else None
+            if unsigned is not None and actions.size:
                 # One reduction: seen unsigned, a negative action is huge.
-                unsigned = actions.view(f"u{actions.dtype.itemsize}")
-                if int(unsigned.max()) < high:
+                if int(_MAX(actions.view(unsigned), axis=None)) < high:
                     return None
             else:
                 # min/max of a short Python list beat two numpy reductions.

@@ -203,6 +203,11 @@ class StepRing:
         """
         self._pins.append((first_step, weakref.ref(owner)))
 
+    def pin_spans(self, spans: Sequence[Any]) -> None:
+        """:meth:`pin` for a native backend's spans, each from its ``start``."""
+        ref = weakref.ref
+        self._pins += [(span.start, ref(span)) for span in spans]
+
     def make_room(self, oldest_live: int, newest_step: int) -> int:
         """Makes room to write step ``newest_step``, keeping live and pinned rows.
 
