@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import operator
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -357,9 +358,9 @@ class Segment:
         return len(self.rewards)
 
 
-def record_key(record: Any) -> tuple[int, ...]:
-    """Sort key of segments: (request, index), or (stream, episode, fragment)."""
-    return record.key
+#: Sort key of segments: (request, index), or (stream, episode, fragment). In C:
+#: a worker sorts every finished episode by it.
+record_key: Callable[[Any], tuple[int, ...]] = operator.attrgetter("key")
 
 
 def stack_step_infos(infos: Sequence[Mapping[str, Any]], where: str) -> NestedArrays:

@@ -160,7 +160,10 @@ class UnitQueue:
         """Removes the finished segments ``VecWorker.take_finished`` returns, in order."""
         if max_episodes is not None:
             check_int("max_episodes", max_episodes, minimum=1)
-        chosen = [r for r in self.finished if request is None or r.key[0] == request]
+        if request is None:
+            chosen = list(self.finished)
+        else:
+            chosen = [r for r in self.finished if r.key[0] == request]
         if not chosen:
             return None
         chosen.sort(key=record_key)
