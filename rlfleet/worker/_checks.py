@@ -125,6 +125,8 @@ _UNSIGNED = {
 }
 #: ``ndarray.max`` without its Python wrapper (once per vector step).
 _MAX = np.maximum.reduce
+#: Observation layouts whose scratch arrays a :class:`SuspectRows` keeps.
+_MAX_LAYOUTS = 8
 
 
 def _first(mask: np.ndarray) -> int | None:
@@ -142,7 +144,7 @@ def _rules(space: gym.Space) -> tuple[str, str, RangeCheck | None]:
             unsigned = _UNSIGNED.get(actions.dtype) if low == 0 else None
             if unsigned is not None and actions.size:
                 # One reduction: seen unsigned, a negative action is huge.
-                if int(_MAX(actions.view(unsigned), axis=None)) < high:
+                if _MAX(actions.view(unsigned), axis=None) < high:  # int(): 0.8 us more
                     return None
             else:
                 # min/max of a short Python list beat two numpy reductions.
@@ -263,7 +265,7 @@ class SuspectRows:
                 low[np.isneginf(low)], high[np.isposinf(high)] = -largest, largest
             self._low, self._high = low, high
             self._mode = "abs" if floats and np.array_equal(low, -high) else "range"
-        self._buffers: dict[int, tuple[np.ndarray, ...]] = {}
+        self._buffers: dict[tuple[Any, ...], tuple[np.ndarray, ...]] = {}
 
     def __call__(self, rows: np.ndarray) -> np.ndarray | None:
         """None if every row passes, else a bool per row: True where it may not.
@@ -282,16 +284,24 @@ class SuspectRows:
             ):
                 return None
             return np.ones(len(rows), dtype=bool)
-        buffers = self._buffers.get(len(rows))
+        # Keyed by layout too: gymnasium's vector envs return their
+        # observations transposed (Fortran order), and a comparison whose
+        # operands share the layout costs a third of one that mixes them.
+        key = (rows.shape, rows.strides)
+        buffers = self._buffers.get(key)
         if buffers is None:
+            if len(self._buffers) >= _MAX_LAYOUTS:
+                self._buffers.clear()
             # Bounds broadcast to the batch's shape: comparing with a broadcast
             # operand costs numpy twice as much as with a same-shaped one.
-            buffers = self._buffers[len(rows)] = (
-                np.ascontiguousarray(np.broadcast_to(self._low, rows.shape)),
-                np.ascontiguousarray(np.broadcast_to(self._high, rows.shape)),
-                np.empty(rows.shape, dtype=rows.dtype),
-                np.empty(rows.shape, dtype=bool),
-                np.empty(rows.shape, dtype=bool),
+            low, high = np.empty_like(rows), np.empty_like(rows)
+            low[...], high[...] = self._low, self._high
+            buffers = self._buffers[key] = (
+                low,
+                high,
+                np.empty_like(rows),
+                np.empty_like(rows, dtype=bool),
+                np.empty_like(rows, dtype=bool),
             )
         low, high, scratch, inside, also = buffers
         if mode == "abs":
