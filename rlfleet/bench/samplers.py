@@ -207,13 +207,18 @@ def vec_worker_sampler(
     """One VecWorker of K envs stepped in this process: a worker's load, no network.
 
     The episode units (their seeds) are made before the clock starts: on a
-    fleet the coordinator derives them, not the worker.
+    fleet the coordinator derives them, not the worker. Finished episodes
+    are taken in the groups a remote worker sends (``flush_steps`` steps).
     """
+    from rlfleet.worker.remote import WorkerConfig
     from rlfleet.worker.units import make_units
     from rlfleet.worker.vec import VecWorker
 
     n_envs = config.envs_per_worker
     worker = VecWorker(n_envs=n_envs, seed=config.seed, env=env, policy=policy)
+    # A remote worker takes its finished episodes when they hold this many
+    # steps (its flush), or when its 0.1 s timer runs out, whichever is first.
+    flush_steps = WorkerConfig.flush_steps
     next_episode = 0
 
     def submit(count: int) -> None:
@@ -233,7 +238,7 @@ def vec_worker_sampler(
                 submit(n_envs)
             worker.step()
             # Take finished episodes in groups, as the remote worker does.
-            if worker.finished_count >= n_envs:
+            if worker.finished_steps >= flush_steps:
                 batch = worker.take_finished()
                 steps += 0 if batch is None else batch.total_steps
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall

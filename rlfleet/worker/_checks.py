@@ -44,6 +44,10 @@ class ActionChecker:
         self.enabled = enabled
         self._row_shape = tuple(space.shape) if space.shape is not None else None
         self._kinds, self._problem, self._range_check = _rules(space)
+        # (dtype, shape) of the last batch that passed the shape and dtype
+        # checks: a policy returns the same ones step after step, and a batch
+        # that matches them needs only its range check.
+        self._passed: tuple[np.dtype, tuple[int, ...]] | None = None
 
     def __call__(
         self, actions: Any, slots: Sequence[int], owner: str, method: str = "get_actions"
@@ -63,6 +67,17 @@ class ActionChecker:
         Raises:
             PolicyError: Naming the env index and the offending action.
         """
+        passed = self._passed
+        if (
+            passed is not None
+            and type(actions) is np.ndarray
+            and actions.dtype is passed[0]
+            and actions.shape == passed[1]
+            and len(slots) == passed[1][0]
+        ):
+            check = self._range_check
+            if check is None or check(actions) is None:
+                return actions
         if not isinstance(actions, np.ndarray):
             if self.enabled:
                 raise PolicyError(
@@ -98,8 +113,20 @@ class ActionChecker:
                     f"{action!r} is {self._problem} action space {self.space}; check the "
                     "policy's parameters and that env's observations"
                 )
+        if type(actions) is np.ndarray and actions.ndim:
+            self._passed = (actions.dtype, actions.shape)
         # Iterating the array gives the same per-env values as a list would.
         return actions
+
+
+#: The unsigned dtype of each integer dtype, of the same size.
+_UNSIGNED = {
+    np.dtype(f"{kind}{size}"): np.dtype(f"u{size}") for kind in "iu" for size in (1, 2, 4, 8)
+}
+#: ``ndarray.max`` without its Python wrapper (once per vector step).
+_MAX = np.maximum.reduce
+#: Observation layouts whose scratch arrays a :class:`SuspectRows` keeps.
+_MAX_LAYOUTS = 8
 
 
 def _first(mask: np.ndarray) -> int | None:
@@ -114,10 +141,10 @@ def _rules(space: gym.Space) -> tuple[str, str, RangeCheck | None]:
         low, high = int(space.start), int(space.start + space.n)
 
         def discrete(actions: np.ndarray) -> int | None:
-            if low == 0 and actions.dtype.kind in "iu" and actions.size:
+            unsigned = _UNSIGNED.get(actions.dtype) if low == 0 else None
+            if unsigned is not None and actions.size:
                 # One reduction: seen unsigned, a negative action is huge.
-                unsigned = actions.view(f"u{actions.dtype.itemsize}")
-                if int(unsigned.max()) < high:
+                if _MAX(actions.view(unsigned), axis=None) < high:  # int(): 0.8 us more
                     return None
             else:
                 # min/max of a short Python list beat two numpy reductions.
@@ -238,7 +265,7 @@ class SuspectRows:
                 low[np.isneginf(low)], high[np.isposinf(high)] = -largest, largest
             self._low, self._high = low, high
             self._mode = "abs" if floats and np.array_equal(low, -high) else "range"
-        self._buffers: dict[int, tuple[np.ndarray, ...]] = {}
+        self._buffers: dict[tuple[Any, ...], tuple[np.ndarray, ...]] = {}
 
     def __call__(self, rows: np.ndarray) -> np.ndarray | None:
         """None if every row passes, else a bool per row: True where it may not.
@@ -257,16 +284,24 @@ class SuspectRows:
             ):
                 return None
             return np.ones(len(rows), dtype=bool)
-        buffers = self._buffers.get(len(rows))
+        # Keyed by layout too: gymnasium's vector envs return their
+        # observations transposed (Fortran order), and a comparison whose
+        # operands share the layout costs a third of one that mixes them.
+        key = (rows.shape, rows.strides)
+        buffers = self._buffers.get(key)
         if buffers is None:
+            if len(self._buffers) >= _MAX_LAYOUTS:
+                self._buffers.clear()
             # Bounds broadcast to the batch's shape: comparing with a broadcast
             # operand costs numpy twice as much as with a same-shaped one.
-            buffers = self._buffers[len(rows)] = (
-                np.ascontiguousarray(np.broadcast_to(self._low, rows.shape)),
-                np.ascontiguousarray(np.broadcast_to(self._high, rows.shape)),
-                np.empty(rows.shape, dtype=rows.dtype),
-                np.empty(rows.shape, dtype=bool),
-                np.empty(rows.shape, dtype=bool),
+            low, high = np.empty_like(rows), np.empty_like(rows)
+            low[...], high[...] = self._low, self._high
+            buffers = self._buffers[key] = (
+                low,
+                high,
+                np.empty_like(rows),
+                np.empty_like(rows, dtype=bool),
+                np.empty_like(rows, dtype=bool),
             )
         low, high, scratch, inside, also = buffers
         if mode == "abs":

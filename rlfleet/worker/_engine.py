@@ -276,6 +276,28 @@ class SlotEngine:
         self._place(slot, live, window_end)
         return True
 
+    def begin_native(self, slots: list[int], lives: list[Live]) -> None:
+        """:meth:`begin` on a native backend, for episodes of units on many slots at once.
+
+        Args:
+            slots: A prefix of :attr:`idle_slots`, in its order.
+            lives: The episode to run on each slot.
+        """
+        native = self.native
+        assert native is not None
+        if native.needs_reset():
+            unit = lives[0].unit
+            assert unit is not None  # native workers refuse fragment streams
+            self._reset_native(unit.env_seed, unit.policy_seed)
+        # The slots' first observations are in the ring already: the env's
+        # autoreset (or the reset) wrote them.
+        native.begin_many(slots)
+        s, live_of = self.step_count, self.live
+        for slot, live in zip(slots, lives, strict=True):
+            live.seg_start = s
+            live_of[slot] = live
+        self.n_live += len(slots)
+
     def _reset_native(self, env_seed: int, policy_seed: int) -> None:
         """Resets a native env as a whole, one vector step on.
 
@@ -301,12 +323,17 @@ class SlotEngine:
         """
         if ring.obs_flags is not None:
             ring.obs_flags[row] = nonfinite_rows(observations)
-        assert self._suspect_rows is not None and self.native is not None
+        assert self._suspect_rows is not None
         suspect = self._suspect_rows(observations)
         if suspect is not None:
-            suspects = self.native.suspects
-            for slot in np.flatnonzero(suspect).tolist():
-                suspects.setdefault(slot, step)
+            self._note_suspects(suspect, step)
+
+    def _note_suspects(self, suspect: np.ndarray, step: int) -> None:
+        """Makes the slots of ``suspect``'s True rows suspects from ``step`` on."""
+        assert self.native is not None
+        suspects = self.native.suspects
+        for slot in np.flatnonzero(suspect).tolist():
+            suspects.setdefault(slot, step)
 
     def rebuild_env(self, slot: int) -> None:
         """Replaces a crashed slot's env by a new one from the env's factory.
@@ -502,12 +529,21 @@ class SlotEngine:
         """
         native = self.native
         assert native is not None
-        self._rows.went_idle.clear()  # the gym path's cache bookkeeping
         running = self.n_live
         if not running:
             return 0
-        ring, policy, checker = self._stepping_parts()
-        s, row = self.step_count, self._claim_row()
+        went_idle = self._rows.went_idle
+        if went_idle:  # the gym path's cache bookkeeping
+            went_idle.clear()
+        # The parts are plain attribute reads once the policy was checked: this
+        # runs once per vector step, so it avoids calls that only re-check.
+        ring, policy, checker = self.ring, self._acting.policy, self.checker
+        if not self._acting.checked:
+            ring, policy, checker = self._stepping_parts()
+        assert ring is not None and policy is not None and checker is not None
+        s = self.step_count
+        capacity = ring.capacity
+        row = self._claim_row() if s + 2 - self._oldest > capacity else s % capacity
         observations = ring.obs[row]
         try:
             batch, agent_infos = policy.get_actions_batched(observations, native.generator)
@@ -530,7 +566,12 @@ class SlotEngine:
             self._native_failed(exc, s, sink)
             return 0
         self.step_count = s + 1
-        self._check_native_rows(ring, next_obs, (row + 1) % ring.capacity, s + 1)
+        if ring.obs_flags is not None:
+            ring.obs_flags[(row + 1) % ring.capacity] = nonfinite_rows(next_obs)
+        assert self._suspect_rows is not None
+        suspect = self._suspect_rows(next_obs)
+        if suspect is not None:
+            self._note_suspects(suspect, s + 1)
         if ended:
             self._finish_native(ended, terminated, s, sink)
         if native.suspects:
@@ -544,6 +585,8 @@ class SlotEngine:
         assert native is not None
         columns, lives, suspects = ring.columns, self.live, native.suspects
         self.n_live -= len(ended)
+        spans = []
+        steps = 0
         for slot in ended:
             live = lives[slot]
             assert live is not None
@@ -555,9 +598,11 @@ class SlotEngine:
                 if recorder.rejects(slot, live, observations):
                     continue
             last = _TERMINAL if terminated[slot] else _TIMEOUT
-            span = Span(live.key, live.meta, slot, start, length, last, columns, spec)
-            ring.pin(span, start)
-            sink.on_record(slot, live, span, False)
+            spans.append(Span(live.key, live.meta, slot, start, length, last, columns, spec))
+            steps += length
+        if spans:
+            ring.pin_spans(spans)
+            sink.on_spans(spans, steps)
 
     def _native_failed(self, exc: Exception, s: int, sink: Sink) -> None:
         """A native env's step raised: every live segment is lost, none restarted.

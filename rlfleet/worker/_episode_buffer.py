@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import operator
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -203,6 +204,11 @@ class StepRing:
         """
         self._pins.append((first_step, weakref.ref(owner)))
 
+    def pin_spans(self, spans: Sequence[Any]) -> None:
+        """:meth:`pin` for a native backend's spans, each from its ``start``."""
+        ref = weakref.ref
+        self._pins += [(span.start, ref(span)) for span in spans]
+
     def make_room(self, oldest_live: int, newest_step: int) -> int:
         """Makes room to write step ``newest_step``, keeping live and pinned rows.
 
@@ -352,9 +358,9 @@ class Segment:
         return len(self.rewards)
 
 
-def record_key(record: Any) -> tuple[int, ...]:
-    """Sort key of segments: (request, index), or (stream, episode, fragment)."""
-    return record.key
+#: Sort key of segments: (request, index), or (stream, episode, fragment). In C:
+#: a worker sorts every finished episode by it.
+record_key: Callable[[Any], tuple[int, ...]] = operator.attrgetter("key")
 
 
 def stack_step_infos(infos: Sequence[Mapping[str, Any]], where: str) -> NestedArrays:

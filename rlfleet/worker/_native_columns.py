@@ -23,7 +23,6 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,7 +39,6 @@ _MID = int(StepType.MID)
 _FIRST = int(StepType.FIRST)
 
 
-@dataclass(slots=True, weakref_slot=True)
 class Span:
     """A finished episode of a native worker: where its steps are in the ring.
 
@@ -59,16 +57,49 @@ class Span:
         last: StepType of its last step (TERMINAL or TIMEOUT).
         columns: The ring's arrays its rows are in.
         env_spec: Spec of the env that produced it.
+        row: ``(start, length, slot, last, *infos)``: what taking it turns
+            into arrays, every span's row in one ``np.fromiter``.
     """
 
-    key: tuple[int, ...]
-    infos: tuple[int, ...]
-    slot: int
-    start: int
-    length: int
-    last: int
-    columns: Columns
-    env_spec: EnvSpec
+    __slots__ = (
+        "__weakref__",
+        "columns",
+        "env_spec",
+        "infos",
+        "key",
+        "last",
+        "length",
+        "row",
+        "slot",
+        "start",
+    )
+
+    def __init__(  # noqa: PLR0917 -- built once per episode, positionally (fastest)
+        self,
+        key: tuple[int, ...],
+        infos: tuple[int, ...],
+        slot: int,
+        start: int,
+        length: int,
+        last: int,
+        columns: Columns,
+        env_spec: EnvSpec,
+    ) -> None:
+        self.key = key
+        self.infos = infos
+        self.slot = slot
+        self.start = start
+        self.length = length
+        self.last = last
+        self.columns = columns
+        self.env_spec = env_spec
+        self.row = (start, length, slot, last, *infos)
+
+    def __repr__(self) -> str:
+        return (
+            f"Span(key={self.key}, slot={self.slot}, start={self.start}, length={self.length}, "
+            f"last={self.last})"
+        )
 
 
 def split_rows(
@@ -121,33 +152,41 @@ def step_types_of(lengths: np.ndarray, lasts: np.ndarray) -> np.ndarray:
     return step_types
 
 
-_META = operator.attrgetter("start", "length", "slot", "last")
+_ROW = operator.attrgetter("row")
+
+
+def _table(spans: Sequence[Span]) -> np.ndarray:
+    """Every span's :attr:`Span.row`, one row each: ``(n, 4 + number of infos)`` int64."""
+    n, width = len(spans), len(spans[0].row)
+    rows = itertools.chain.from_iterable(map(_ROW, spans))
+    return np.fromiter(rows, dtype=np.int64, count=n * width).reshape(n, width)
+
 
 #: Per-step fields of the batch, in the order of :class:`Columns`.
 _STEP_FIELDS = ("observations", "actions", "rewards")
 
 
-def _gather(spans: Sequence[Span], min_piece_bytes: int | None) -> dict[str, Any]:
+def _gather(
+    spans: Sequence[Span], table: np.ndarray, min_piece_bytes: int | None
+) -> dict[str, Any]:
     """The fields of the spans' batch (spans of one :class:`Columns`), in order.
 
-    With ``min_piece_bytes``, a per-step field holding at least that many
-    bytes per episode on average is :class:`RowPieces` of each episode's
-    rows in the ring instead (views, unless the rows wrap around its end).
+    ``table`` holds the spans' rows (:func:`_table`). With ``min_piece_bytes``,
+    a per-step field holding at least that many bytes per episode on average
+    is :class:`RowPieces` of each episode's rows in the ring instead (views,
+    unless the rows wrap around its end).
     """
     columns = spans[0].columns
     capacity = columns.capacity
     n = len(spans)
-    meta = np.fromiter(
-        itertools.chain.from_iterable(map(_META, spans)), dtype=np.int64, count=4 * n
-    ).reshape(n, 4)
-    starts, lengths, slots = meta[:, 0], meta[:, 1], meta[:, 2]
+    starts, lengths, slots = table[:, 0], table[:, 1], table[:, 2]
     index = split_rows(starts, lengths, slots, capacity)
     assert columns.actions is not None  # a span ended after a step
     least = None if min_piece_bytes is None else min_piece_bytes * n
     total = len(index)
 
     def take(column: np.ndarray, at: np.ndarray = index) -> np.ndarray:
-        return np.take(flat_column(column), at, axis=0)
+        return flat_column(column).take(at, axis=0)  # np.take's wrapper: two calls more
 
     def field(column: np.ndarray) -> np.ndarray | RowPieces:
         # strides[0]: the bytes of one slot's row (the ring is stored slot by slot).
@@ -177,7 +216,7 @@ def _gather(spans: Sequence[Span], min_piece_bytes: int | None) -> dict[str, Any
         "agent_infos": {key: field(value) for key, value in columns.agent_infos.items()},
         "env_infos": env_infos,
         "lengths": lengths.copy(),
-        "lasts": meta[:, 3],
+        "lasts": table[:, 3],
     }
 
 
@@ -185,14 +224,17 @@ def _fields(
     spans: Sequence[Span], info_keys: Sequence[str], min_piece_bytes: int | None = None
 ) -> dict[str, Any]:
     """All fields of the spans' batch, in the spans' order (see :func:`_gather`)."""
+    table = _table(spans)
     # Nearly always one run of spans in the same arrays: the ring's arrays
     # change only when it grows or the policy changes.
     first = spans[0].columns
     if all(s.columns is first for s in spans):
-        fields = _gather(spans, min_piece_bytes)
+        fields = _gather(spans, table, min_piece_bytes)
     else:
-        runs = [list(run) for _, run in itertools.groupby(spans, key=lambda s: id(s.columns))]
-        parts = [_gather(run, None) for run in runs]
+        bounds = [0]
+        bounds += [i for i in range(1, len(spans)) if spans[i].columns is not spans[i - 1].columns]
+        bounds.append(len(spans))
+        parts = [_gather(spans[a:b], table[a:b], None) for a, b in itertools.pairwise(bounds)]
         fields = {
             key: np.concatenate([p[key] for p in parts])
             for key in (*_STEP_FIELDS, "last_observations", "lengths", "lasts")
@@ -201,8 +243,9 @@ def _fields(
             [p["agent_infos"] for p in parts], "agent info", "agent_infos"
         )
         fields["env_infos"] = concat_infos([p["env_infos"] for p in parts], "env info", "env_infos")
-    table = np.array([s.infos for s in spans], dtype=np.int64).T
-    fields["episode_infos"] = dict(zip(info_keys, table, strict=True))
+    # One contiguous array per key: the rows of the table's transposed info columns.
+    infos = np.ascontiguousarray(table[:, 4:].T)
+    fields["episode_infos"] = dict(zip(info_keys, infos, strict=True))
     fields["step_types"] = step_types_of(fields["lengths"], fields.pop("lasts"))
     return fields
 

@@ -118,6 +118,20 @@ class NativeSlots:
         else:
             fresh.remove(slot)
 
+    def begin_many(self, slots: list[int]) -> None:
+        """:meth:`begin` on slots that are a prefix of :meth:`ready`'s list, in its order."""
+        state = self.state
+        for slot in slots:
+            assert state[slot] == FRESH
+            state[slot] = RUNNING
+        self._running += len(slots)
+        fresh = self._fresh
+        if fresh[: len(slots)] == slots:  # slots are taken in ascending order
+            del fresh[: len(slots)]
+        else:
+            for slot in slots:
+                fresh.remove(slot)
+
     def release(self, slot: int) -> None:
         """The engine dropped the slot's episode (ended, cut or aborted)."""
         if self.state[slot] == RUNNING:

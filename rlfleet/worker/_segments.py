@@ -69,7 +69,6 @@ class Live:
 
     def __init__(
         self,
-        *,
         unit: EpisodeUnit | None,
         rng: np.random.Generator,
         meta: tuple[int, ...],
@@ -118,6 +117,9 @@ class Sink(Protocol):
 
         A native backend's episodes come as :class:`Span` s of its ring.
         """
+
+    def on_spans(self, spans: list[Span], steps: int) -> None:
+        """A native backend's episodes ended at one vector step (``steps`` in all)."""
 
     def on_env_failure(self, slot: int, live: Live, restarted: bool) -> None:
         """The slot's env raised in ``step``; ``restarted`` if it may be rebuilt."""

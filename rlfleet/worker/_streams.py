@@ -297,6 +297,10 @@ class FragmentStreams:
             self._parked[live.stream[1]] = _Parked(live, [*self._logs[slot], actions])
         self._logs[slot] = []
 
+    def on_spans(self, spans: list[Span], steps: int) -> None:
+        """Never called: fragment streams never run on a native engine."""
+        raise AssertionError("fragment streams never run on a native engine")
+
     def on_env_failure(self, slot: int, live: Live, restarted: bool) -> None:
         # The stream moves on to its next episode; past the budget the
         # engine's EnvError ends the call.

@@ -70,6 +70,11 @@ class UnitQueue:
         self.finished.append(record)
         self.finished_steps += record.length
 
+    def on_spans(self, spans: list[Span], steps: int) -> None:
+        """A native backend's episodes finished at one vector step."""
+        self.finished += spans
+        self.finished_steps += steps
+
     def on_env_failure(self, slot: int, live: Live, restarted: bool) -> None:
         """A unit's env crashed in ``step``."""
         if restarted and live.unit is not None:
@@ -129,26 +134,25 @@ class UnitQueue:
     def _start_native(self) -> int:
         """:meth:`start` on a native engine: a few of these start every vector step."""
         engine, queue, rngs = self._engine, self.queue, self._slot_rngs
-        version, worker = self._agent_version(), self._worker_number
-        started = []
-        for slot in engine.idle_slots:
-            if not queue:
-                break
-            unit = queue.popleft()
+        slots = engine.idle_slots
+        if len(slots) > len(queue):
+            del slots[len(queue) :]
+        if not slots:
+            return 0
+        version, worker, popleft = self._agent_version(), self._worker_number, queue.popleft
+        lives = []
+        for slot in slots:
+            unit = popleft()
             index = unit.episode_index
-            live = Live(
-                unit=unit,
-                rng=rngs[slot],  # unused: every row samples from the env's one generator
-                # EPISODE_INFO_KEYS order. A native env's episodes have no seeds
-                # of their own (their env and actions follow the whole env's):
-                # say so, never a wrong one.
-                meta=(version, NO_ENV_SEED, NO_POLICY_SEED, index, worker),
-                key=(unit.request, index),
-            )
-            engine.begin(slot, live, unit.env_seed)  # a native begin cannot fail
-            started.append(slot)
-        engine.reset_policy_rows(started)
-        return len(started)
+            # rng: unused, every row samples from the env's one generator. meta:
+            # EPISODE_INFO_KEYS order; a native env's episodes have no seeds of
+            # their own (their env and actions follow the whole env's): say
+            # so, never a wrong one.
+            meta = (version, NO_ENV_SEED, NO_POLICY_SEED, index, worker)
+            lives.append(Live(unit, rngs[slot], meta, (unit.request, index)))
+        engine.begin_native(slots, lives)  # a native begin cannot fail
+        engine.reset_policy_rows(slots)
+        return len(slots)
 
     def take(
         self, max_episodes: int | None, request: int | None
@@ -156,7 +160,10 @@ class UnitQueue:
         """Removes the finished segments ``VecWorker.take_finished`` returns, in order."""
         if max_episodes is not None:
             check_int("max_episodes", max_episodes, minimum=1)
-        chosen = [r for r in self.finished if request is None or r.key[0] == request]
+        if request is None:
+            chosen = list(self.finished)
+        else:
+            chosen = [r for r in self.finished if r.key[0] == request]
         if not chosen:
             return None
         chosen.sort(key=record_key)
