@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -22,6 +23,7 @@ from rlfleet.core import EpisodeBatch
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import EnvError, EnvNotFoundError, PolicyError
 from rlfleet.policies import MLPCategoricalPolicy, Policy, PolicySpec
+from rlfleet.sampling import LocalSampler
 from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import batch_pb2, worker_pb2
 from rlfleet.wire import chunk_payload, encode_batch
@@ -387,3 +389,30 @@ def test_a_batch_of_several_mebibytes_is_chunked_never_refused(fleet: ProcessFle
     assert batch.observations.nbytes >= 6 * limit
     twin = EnvConfig(BIG_OBS_ENV, dict(big.kwargs), imports=("tests.fixtures.fault_envs",))
     assert_same_batch(batch, expected_episodes(twin, 2))
+
+
+class _ShapeChangingEnv(gym.Env[np.ndarray, np.int64]):
+    """Observations of 3 values, but 4 at step 3 of every episode."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, object] | None = None
+    ) -> tuple[np.ndarray, dict[str, object]]:
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, object]]:
+        self.t += 1
+        return np.zeros(4 if self.t == 3 else 3, np.float32), 1.0, self.t >= 10, False, {}
+
+
+def test_an_observation_of_another_shape_names_its_env_step_and_shapes() -> None:
+    # The ring stores a vector step's outputs at once; when they do not fit,
+    # it stores them one by one to find which env's do.
+    sampler = LocalSampler(_ShapeChangingEnv, envs_per_worker=2, seed=1)
+    shapes = r"observation of shape \(4,\) \(the space has \(3,\)\)"
+    with pytest.raises(EnvError, match=shapes) as e:
+        sampler.obtain_episodes(4)
+    assert "step 3" in str(e.value)

@@ -480,7 +480,8 @@ class SlotEngine:
         try:
             ring.put_env_outputs(row, cols, next_obs, rewards)
         except (ValueError, TypeError):
-            bad = self._find_bad_outputs(row, active, next_obs, rewards, failed)
+            skip = {slot for slot, _ in failed}
+            bad = ring.put_env_outputs_one_by_one(row, active, next_obs, rewards, skip)
             failed.extend(bad)
             bad_slots = {slot for slot, _ in bad}
             done = [entry for entry in done if entry[0] not in bad_slots]
@@ -632,37 +633,6 @@ class SlotEngine:
                 stopped.append((slot, False, False))
                 skip.add(slot)
         return stopped
-
-    def _find_bad_outputs(
-        self,
-        row: int,
-        active: list[int],
-        next_obs: list[Any],
-        rewards: list[Any],
-        failed: list[tuple[int, Exception]],
-    ) -> list[tuple[int, Exception]]:
-        """Stores outputs one by one; returns the slots whose outputs do not fit."""
-        ring = self.ring
-        assert ring is not None
-        already = {slot for slot, _ in failed}
-        bad: list[tuple[int, Exception]] = []
-        for slot, observation, reward in zip(active, next_obs, rewards, strict=True):
-            if slot in already:
-                continue
-            try:
-                ring.put_env_output(row, slot, observation, reward)
-            except (ValueError, TypeError) as exc:
-                shape = np.shape(observation)
-                bad.append(
-                    (
-                        slot,
-                        type(exc)(
-                            f"step returned an observation of shape {shape} (the space has "
-                            f"{ring.obs.shape[2:]}) or a non-numeric reward {reward!r}: {exc}"
-                        ),
-                    )
-                )
-        return bad
 
     def _finish(self, slot: int, s: int, terminated: bool, truncated: bool, sink: Sink) -> None:
         live = self.drop(slot)

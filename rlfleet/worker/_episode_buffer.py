@@ -169,10 +169,36 @@ class StepRing:
             self.obs[next_row, cols] = observations
             self.rewards[row, cols] = rewards
 
-    def put_env_output(self, row: int, slot: int, observation: Any, reward: Any) -> None:
-        """Stores one slot's step results (the slow path that finds bad values)."""
-        self.obs[(row + 1) % self.capacity, slot] = observation
-        self.rewards[row, slot] = reward
+    def put_env_outputs_one_by_one(
+        self,
+        row: int,
+        slots: list[int],
+        observations: list[Any],
+        rewards: list[Any],
+        skip: set[int],
+    ) -> list[tuple[int, Exception]]:
+        """Stores each slot's step results (but ``skip``'s), after
+        :meth:`put_env_outputs` failed: the slow path that finds bad values.
+
+        Returns:
+            The slots whose observation does not fit the space's shape or
+            whose reward is not a number, each with an error saying which.
+        """
+        next_row = (row + 1) % self.capacity
+        bad: list[tuple[int, Exception]] = []
+        for slot, observation, reward in zip(slots, observations, rewards, strict=True):
+            if slot in skip:
+                continue
+            try:
+                self.obs[next_row, slot] = observation
+                self.rewards[row, slot] = reward
+            except (ValueError, TypeError) as exc:
+                message = (
+                    f"step returned an observation of shape {np.shape(observation)} (the "
+                    f"space has {self.obs.shape[2:]}) or a non-numeric reward {reward!r}: {exc}"
+                )
+                bad.append((slot, type(exc)(message)))
+        return bad
 
     def _allocate(self, actions: np.ndarray, agent_infos: Mapping) -> None:
         if self.actions is not None:
