@@ -299,6 +299,7 @@ class FragmentStreams:
 
     def on_spans(self, spans: list[Span], steps: int) -> None:
         """Never called: fragment streams never run on a native engine."""
+        # builtin on purpose: a broken invariant of the worker's own code, not an error of input.
         raise AssertionError("fragment streams never run on a native engine")
 
     def on_env_failure(self, slot: int, live: Live, restarted: bool) -> None:
