@@ -40,6 +40,8 @@ _UINT32_MAX = (1 << 32) - 1
 
 #: A finished payload: bytes, or a read-only byte memoryview.
 Payload: TypeAlias = bytes | memoryview
+#: A finished payload left in the pieces it came in (``keep_pieces``).
+Pieces: TypeAlias = tuple[memoryview, ...]
 
 
 def _header_allowance(
@@ -228,14 +230,22 @@ class ChunkAssembler:
 
     One assembler serves one stream and is not thread-safe.
 
+    With ``keep_pieces``, a multi-chunk batch is not joined: the same
+    checks run, and the payload is the chunks' data as they came (a tuple
+    of views, for :func:`rlfleet.wire.scattered.decode_scattered`), so
+    nothing is copied and the chunks are kept instead.
+
     Args:
         max_total_bytes: Largest batch accepted, or None for no limit.
+        keep_pieces: Return a multi-chunk batch as its chunks' data.
     """
 
-    def __init__(self, *, max_total_bytes: int | None = None) -> None:
+    def __init__(self, *, max_total_bytes: int | None = None, keep_pieces: bool = False) -> None:
         self.max_total_bytes = max_total_bytes
+        self._keep_pieces = keep_pieces
         self._first: Chunk | None = None
         self._buffer = np.empty(0, np.uint8)
+        self._pieces: list[memoryview] = []
         self._filled = 0
         self._next_index = 0
 
@@ -247,16 +257,19 @@ class ChunkAssembler:
     @property
     def buffered_bytes(self) -> int:
         """Bytes reserved for the batch being reassembled (0 between batches)."""
-        return len(self._buffer) if self._first is not None else 0
+        if self._first is None:
+            return 0
+        return self._filled if self._keep_pieces else len(self._buffer)
 
     def reset(self) -> None:
         """Drops a partial batch (e.g. when its stream broke)."""
         self._first = None
         self._buffer = np.empty(0, np.uint8)
+        self._pieces = []
         self._filled = 0
         self._next_index = 0
 
-    def add(self, chunk: Chunk) -> Payload | None:
+    def add(self, chunk: Chunk) -> Payload | Pieces | None:
         """Takes the next chunk of the stream.
 
         Args:
@@ -265,7 +278,8 @@ class ChunkAssembler:
         Returns:
             The whole serialized batch when ``chunk`` completes it (decode it
             with :func:`rlfleet.wire.decode_batch`, the type given by
-            ``chunk.kind``), else None.
+            ``chunk.kind``), else None. With ``keep_pieces``, a batch of
+            several chunks comes as the tuple of their data.
 
         Raises:
             WireFormatError: If the chunk is out of order or disagrees with
@@ -282,7 +296,7 @@ class ChunkAssembler:
             self.reset()
             raise
 
-    def _start(self, chunk: Chunk) -> Payload | None:
+    def _start(self, chunk: Chunk) -> Payload | Pieces | None:
         if chunk.index != 0:
             raise WireFormatError(
                 f"chunk {chunk.index} of batch {chunk.batch_id} arrived first: chunk 0 is missing"
@@ -296,14 +310,15 @@ class ChunkAssembler:
         if chunk.count == 1:
             _check_complete(chunk, len(chunk.data))
             return chunk.data
-        # np.empty does not zero the memory (bytearray would): every byte is
-        # written by a chunk before the payload is handed out.
-        self._buffer = np.empty(chunk.total_bytes, np.uint8)
+        if not self._keep_pieces:
+            # np.empty does not zero the memory (bytearray would): every byte
+            # is written by a chunk before the payload is handed out.
+            self._buffer = np.empty(chunk.total_bytes, np.uint8)
         self._first = chunk
         self._store(chunk)
         return None
 
-    def _continue(self, first: Chunk, chunk: Chunk) -> Payload | None:
+    def _continue(self, first: Chunk, chunk: Chunk) -> Payload | Pieces | None:
         expected = self._next_index
         if chunk.batch_id != first.batch_id:
             raise WireFormatError(
@@ -324,18 +339,22 @@ class ChunkAssembler:
         if chunk.index < first.count - 1:
             return None
         _check_complete(first, self._filled)
-        payload = self._buffer.data.toreadonly()
+        payload = tuple(self._pieces) if self._keep_pieces else self._buffer.data.toreadonly()
         self.reset()
         return payload
 
     def _store(self, chunk: Chunk) -> None:
         end = self._filled + len(chunk.data)
-        if end > len(self._buffer):
+        total = self._first.total_bytes if self._first is not None else chunk.total_bytes
+        if end > total:
             raise WireFormatError(
                 f"chunks 0..{chunk.index} of batch {chunk.batch_id} hold {end} bytes, "
-                f"more than its total_bytes {len(self._buffer)}"
+                f"more than its total_bytes {total}"
             )
-        self._buffer[self._filled : end] = np.frombuffer(chunk.data, np.uint8)
+        if self._keep_pieces:
+            self._pieces.append(memoryview(chunk.data))
+        else:
+            self._buffer[self._filled : end] = np.frombuffer(chunk.data, np.uint8)
         self._filled = end
         self._next_index = chunk.index + 1
 
@@ -383,7 +402,7 @@ def decode_batch_chunks(
             unknown, or the payload does not decode.
     """
     assembler = ChunkAssembler()
-    payload: Payload | None = None
+    payload: Payload | Pieces | None = None
     last: Chunk | None = None
     for item in chunks:
         chunk = as_chunk(item)
@@ -401,6 +420,8 @@ def decode_batch_chunks(
             f"batch {last.batch_id} ended after chunk {last.index} of {last.count}: "
             f"chunk {last.index + 1} is missing"
         )
+    if isinstance(payload, tuple):  # not from this assembler, which joins
+        payload = b"".join(payload)
     return decode_batch(payload, env_spec=env_spec, kind=batch_type_of(last.kind))
 
 
