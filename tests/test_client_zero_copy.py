@@ -106,14 +106,14 @@ def test_an_answer_is_one_writable_buffer_per_field_copied_once_from_the_message
         # assembled, each of its tensors is a view of one received chunk or
         # the pieces of the chunks it runs across; the answer is the one copy.
         assert isinstance(result, ScatteredResult)
-        received = [np.frombuffer(chunk.data, np.uint8) for chunk in result.chunks]
+        pieces = [np.frombuffer(chunk.data, np.uint8) for chunk in result.chunks]
         scattered = 0
         for name, tensor in _tensors(result.arrays).items():
             views = tensor.pieces if isinstance(tensor, Scattered) else (tensor,)
             scattered += isinstance(tensor, Scattered)
             for view in views:
                 memory = np.frombuffer(view, np.uint8) if isinstance(view, memoryview) else view
-                assert any(np.shares_memory(memory, chunk) for chunk in received), name
+                assert any(np.shares_memory(memory, chunk) for chunk in pieces), name
         assert scattered, "some tensor must run across chunks: a real test"
 
 
@@ -147,11 +147,12 @@ def test_results_of_many_chunks_reach_the_answer_in_one_copy(keep_pieces: bool) 
     assert all(len(chunks) > 10 for _, chunks in results)
     tracemalloc.start()
     try:
-        assembler = ResultAssembler(SPEC, keep_pieces=keep_pieces)
+        assembler = ResultAssembler(SPEC)
+        add = assembler.add_kept if keep_pieces else assembler.add
         decoded = []
         for meta, chunks in results:
             for i, chunk in enumerate(chunks):
-                out = assembler.add(meta if i == 0 else worker_pb2.EpisodeResult(), chunk)
+                out = add(meta if i == 0 else worker_pb2.EpisodeResult(), chunk)
             assert out is not None
             decoded.append(out)
         answer = assemble_episodes(decoded, 40)

@@ -7,6 +7,8 @@ the joined one refuses.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -19,6 +21,7 @@ from rlfleet.wire import Chunk, decode_batch, encode_batch
 from rlfleet.wire.chunks import chunk_payload
 from rlfleet.wire.results import (
     DecodedResult,
+    Result,
     ResultAssembler,
     ScatteredResult,
     assemble_episodes,
@@ -64,13 +67,12 @@ def _results(b: EpisodeBatch, count: int) -> tuple[DecodedResult, ScatteredResul
     payload = encode_batch(b, include_env_spec=False)
     chunks = _chunks(payload, max(64, len(payload) // count))
     assert len(chunks) > 1, "a result of several chunks: a real test"
-    out = []
-    for keep in (False, True):
-        assembler = ResultAssembler(SPEC, keep_pieces=keep)
-        for i, chunk in enumerate(chunks):
-            result = assembler.add(meta if i == 0 else worker_pb2.EpisodeResult(), chunk)
-        out.append(result)
-    joined, scattered = out
+    joined = scattered = None
+    joining, keeping = ResultAssembler(SPEC), ResultAssembler(SPEC)
+    for i, chunk in enumerate(chunks):
+        envelope = meta if i == 0 else worker_pb2.EpisodeResult()
+        joined = joining.add(envelope, chunk)
+        scattered = keeping.add_kept(envelope, chunk)
     assert isinstance(joined, DecodedResult) and isinstance(scattered, ScatteredResult)
     return joined, scattered
 
@@ -123,7 +125,7 @@ def test_results_in_pieces_are_placed_as_joined_ones_interleaved_or_not() -> Non
     joined = [j for j, _ in pairs]
     scattered = [s for _, s in pairs]
     assert_same_batch(assemble_episodes(scattered, 8), assemble_episodes(joined, 8))
-    mixed = [scattered[0], joined[1], scattered[2]]
+    mixed: list[Result] = [scattered[0], joined[1], scattered[2]]
     assert_same_batch(assemble_episodes(mixed, 8), assemble_episodes(joined, 8))
 
 
@@ -168,8 +170,7 @@ def test_spliced_reads_bytes_across_pieces() -> None:
 def _corrupted(b: EpisodeBatch, field: str, value: int) -> bytes:
     """``b``'s bytes with the first byte of ``field``'s data set to ``value``."""
     payload = encode_batch(b, include_env_spec=False)
-    decoded = decode_batch(payload, env_spec=SPEC)
-    leaf = decoded
+    leaf: Any = decode_batch(payload, env_spec=SPEC)
     for name in field.split("."):
         leaf = leaf[name] if isinstance(leaf, dict) else getattr(leaf, name)
     offset = leaf.ctypes.data - np.frombuffer(payload, np.uint8).ctypes.data
@@ -192,11 +193,11 @@ def test_a_result_in_pieces_refuses_what_the_joined_one_refuses(
     b = _with_infos(batch([40, 30], [0, 1]))
     chunks = _chunks(_corrupted(b, field, value), 200)
     meta = worker_pb2.EpisodeResult(task_id=1, episode_indices=[0, 1], lengths=[40, 30])
-    for keep in (False, True):
-        assembler = ResultAssembler(SPEC, keep_pieces=keep)
+    joining, keeping = ResultAssembler(SPEC), ResultAssembler(SPEC)
+    for add in (joining.add, keeping.add_kept):
         with pytest.raises(ProtocolError, match=message):
             for i, chunk in enumerate(chunks):
-                assembler.add(meta if i == 0 else worker_pb2.EpisodeResult(), chunk)
+                add(meta if i == 0 else worker_pb2.EpisodeResult(), chunk)
 
 
 def test_a_scattered_batch_refuses_shapes_its_spaces_do_not_accept() -> None:

@@ -68,7 +68,8 @@ class ResponseReader:
     ) -> None:
         self.what = what
         self._decode_spec = decode_spec
-        self._assembler = ResultAssembler(per_worker=True, keep_pieces=keep_pieces)
+        self._assembler = ResultAssembler(per_worker=True)
+        self._keep_pieces = keep_pieces
 
     def read(self, part: ResponsePart) -> Response:
         """What the next response stands for.
@@ -80,6 +81,8 @@ class ResponseReader:
                 malformed env spec.
         """
         if isinstance(part, ResultPart):
+            if self._keep_pieces:
+                return self._assembler.add_kept(part.header, part.chunk)
             return self._assembler.add(part.header, part.chunk)
         if isinstance(part, CallHeader):
             wire = part.env_spec_wire

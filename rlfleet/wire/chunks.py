@@ -230,19 +230,19 @@ class ChunkAssembler:
 
     One assembler serves one stream and is not thread-safe.
 
-    With ``keep_pieces``, a multi-chunk batch is not joined: the same
-    checks run, and the payload is the chunks' data as they came (a tuple
-    of views, for :func:`rlfleet.wire.scattered.decode_scattered`), so
-    nothing is copied and the chunks are kept instead.
+    :meth:`keep` takes chunks as :meth:`add` does, with the same checks,
+    but leaves a multi-chunk batch unjoined: its payload is the chunks'
+    data as they came (a tuple of views, for
+    :func:`rlfleet.wire.scattered.decode_scattered`), so nothing is copied
+    and the chunks are kept instead. A stream takes all its chunks one way.
 
     Args:
         max_total_bytes: Largest batch accepted, or None for no limit.
-        keep_pieces: Return a multi-chunk batch as its chunks' data.
     """
 
-    def __init__(self, *, max_total_bytes: int | None = None, keep_pieces: bool = False) -> None:
+    def __init__(self, *, max_total_bytes: int | None = None) -> None:
         self.max_total_bytes = max_total_bytes
-        self._keep_pieces = keep_pieces
+        self._keep_pieces = False
         self._first: Chunk | None = None
         self._buffer = np.empty(0, np.uint8)
         self._pieces: list[memoryview] = []
@@ -269,7 +269,7 @@ class ChunkAssembler:
         self._filled = 0
         self._next_index = 0
 
-    def add(self, chunk: Chunk) -> Payload | Pieces | None:
+    def add(self, chunk: Chunk) -> Payload | None:
         """Takes the next chunk of the stream.
 
         Args:
@@ -278,8 +278,29 @@ class ChunkAssembler:
         Returns:
             The whole serialized batch when ``chunk`` completes it (decode it
             with :func:`rlfleet.wire.decode_batch`, the type given by
-            ``chunk.kind``), else None. With ``keep_pieces``, a batch of
-            several chunks comes as the tuple of their data.
+            ``chunk.kind``), else None.
+
+        Raises:
+            WireFormatError: If the chunk is out of order or disagrees with
+                the earlier chunks of its batch, or the chunks' sizes do not
+                add up to total_bytes. The partial batch is dropped.
+            ResourceExhaustedError: If the batch is larger than
+                ``max_total_bytes``.
+        """
+        payload = self._add(chunk, keep=False)
+        return b"".join(payload) if isinstance(payload, tuple) else payload
+
+    def keep(self, chunk: Chunk) -> Payload | Pieces | None:
+        """:meth:`add`, a batch of several chunks returned as their data, not joined.
+
+        Raises:
+            WireFormatError: As :meth:`add`.
+            ResourceExhaustedError: As :meth:`add`.
+        """
+        return self._add(chunk, keep=True)
+
+    def _add(self, chunk: Chunk, *, keep: bool) -> Payload | Pieces | None:
+        """Takes the next chunk; a batch begun by :meth:`keep` is kept in pieces.
 
         Raises:
             WireFormatError: If the chunk is out of order or disagrees with
@@ -290,6 +311,7 @@ class ChunkAssembler:
         """
         try:
             if self._first is None:
+                self._keep_pieces = keep
                 return self._start(chunk)
             return self._continue(self._first, chunk)
         except (WireFormatError, ResourceExhaustedError):
@@ -402,7 +424,7 @@ def decode_batch_chunks(
             unknown, or the payload does not decode.
     """
     assembler = ChunkAssembler()
-    payload: Payload | Pieces | None = None
+    payload: Payload | None = None
     last: Chunk | None = None
     for item in chunks:
         chunk = as_chunk(item)
@@ -420,8 +442,6 @@ def decode_batch_chunks(
             f"batch {last.batch_id} ended after chunk {last.index} of {last.count}: "
             f"chunk {last.index + 1} is missing"
         )
-    if isinstance(payload, tuple):  # not from this assembler, which joins
-        payload = b"".join(payload)
     return decode_batch(payload, env_spec=env_spec, kind=batch_type_of(last.kind))
 
 

@@ -16,7 +16,7 @@ the batch and checks it, so the three agree on what a valid result is:
 
 The batch is decoded without a copy (views of the received bytes), so a
 checked result is forwarded as the chunks it came in. On the learner's
-Sample calls (``keep_pieces``), a result of several chunks is not joined
+Sample calls (:meth:`ResultAssembler.add_kept`), a result of several chunks is not joined
 either: it is decoded where its chunks arrived (:class:`ScatteredResult`,
 rlfleet.wire.scattered), and its rows are copied once, straight from the
 chunks to their place in the answer.
@@ -253,8 +253,6 @@ class ResultAssembler:
             the learner's header brings it).
         per_worker: Join per worker id (a learner's stream).
         max_total_bytes: Largest batch accepted, or None for no limit.
-        keep_pieces: Leave a result of several chunks in its chunks:
-            :meth:`add` returns it as a :class:`ScatteredResult`.
     """
 
     def __init__(
@@ -263,12 +261,10 @@ class ResultAssembler:
         *,
         per_worker: bool = False,
         max_total_bytes: int | None = None,
-        keep_pieces: bool = False,
     ) -> None:
         self.env_spec = env_spec
         self._per_worker = per_worker
         self._max_total_bytes = max_total_bytes
-        self._keep_pieces = keep_pieces
         self._assemblers: dict[int, ChunkAssembler] = {}
         self._partial: dict[int, tuple[ResultMetadata, list[Chunk], list[int]]] = {}
         self._last_key = 0
@@ -283,13 +279,22 @@ class ResultAssembler:
         """Bytes reserved for results being reassembled (the in-flight bytes metric)."""
         return sum(assembler.buffered_bytes for assembler in self._assemblers.values())
 
-    def join(self, meta: ResultMetadata, chunk: Chunk | None, size: int = 0) -> JoinedResult | None:
+    def join(
+        self,
+        meta: ResultMetadata,
+        chunk: Chunk | None,
+        size: int = 0,
+        *,
+        keep_pieces: bool = False,
+    ) -> JoinedResult | None:
         """Takes one result message; returns the joined result once complete.
 
         Args:
             meta: The message's EpisodeResult (metadata on chunk 0 only).
             chunk: Its chunk.
             size: The message's serialized size (0: the chunk's data size).
+            keep_pieces: Leave a result of several chunks unjoined (its
+                payload is then its chunks' data).
 
         Raises:
             ResultError: If the chunk is missing, of another kind than an
@@ -318,12 +323,10 @@ class ResultAssembler:
             )
         assembler = self._assemblers.get(key)
         if assembler is None:
-            assembler = ChunkAssembler(
-                max_total_bytes=self._max_total_bytes, keep_pieces=self._keep_pieces
-            )
+            assembler = ChunkAssembler(max_total_bytes=self._max_total_bytes)
             self._assemblers[key] = assembler
-        try:
-            payload = assembler.add(chunk)  # raises on any disorder
+        try:  # either raises on any disorder
+            payload = assembler.keep(chunk) if keep_pieces else assembler.add(chunk)
         except (WireFormatError, ResourceExhaustedError):
             self._partial.pop(key, None)
             raise
@@ -335,7 +338,7 @@ class ResultAssembler:
         del self._partial[key]
         return JoinedResult(ResultHeader.of(first), tuple(chunks), payload, tuple(sizes))
 
-    def add(self, meta: ResultMetadata, chunk: Chunk | None, size: int = 0) -> Result | None:
+    def add(self, meta: ResultMetadata, chunk: Chunk | None, size: int = 0) -> DecodedResult | None:
         """:meth:`join`, then :func:`decode_result` once the result is complete.
 
         Raises:
@@ -344,43 +347,68 @@ class ResultAssembler:
             WireFormatError: If the chunks are out of order or inconsistent.
         """
         joined = self.join(meta, chunk, size)
-        if joined is None:
-            return None
+        return None if joined is None else decode_result(joined, self._spec(joined))
+
+    def add_kept(self, meta: ResultMetadata, chunk: Chunk | None, size: int = 0) -> Result | None:
+        """:meth:`add`, a result of several chunks left in them (a :class:`ScatteredResult`).
+
+        Raises:
+            ResultError: As :meth:`add`.
+            WireFormatError: As :meth:`add`.
+        """
+        joined = self.join(meta, chunk, size, keep_pieces=True)
+        return None if joined is None else decode_kept(joined, self._spec(joined))
+
+    def _spec(self, joined: JoinedResult) -> EnvSpec:
         if self.env_spec is None:
             raise ResultError(f"{joined.header.where} arrived before the env spec it decodes with")
-        return decode_result(joined, self.env_spec)
+        return self.env_spec
 
 
-def decode_result(joined: JoinedResult, env_spec: EnvSpec) -> Result:
+def decode_result(joined: JoinedResult, env_spec: EnvSpec) -> DecodedResult:
     """Decodes a joined result (views, no copy) and checks its header against it.
-
-    A result kept in pieces is decoded where they are (a
-    :class:`ScatteredResult`), with the same checks.
 
     Raises:
         ResultError: If the bytes are not a valid EpisodeBatch of
             ``env_spec`` or disagree with the header's lengths.
     """
     header = joined.header
-    batch: EpisodeBatch | ScatteredBatch
+    payload = joined.payload
+    if isinstance(payload, tuple):  # kept in pieces: decode_kept leaves them so
+        payload = b"".join(payload)
     try:
-        if isinstance(joined.payload, tuple):
-            batch = decode_scattered(joined.payload, env_spec)
-        else:
-            decoded = decode_batch(joined.payload, env_spec=env_spec, kind=EpisodeBatch)
-            if not isinstance(decoded, EpisodeBatch):  # the kind asked for; narrows the type
-                raise ResultError(f"{header.where}: decoded to a {type(decoded).__name__}")
-            batch = decoded
+        batch = decode_batch(payload, env_spec=env_spec, kind=EpisodeBatch)
     except WireFormatError as exc:
         raise ResultError(f"{header.where}: the batch does not decode: {exc}") from None
-    if batch.lengths.tolist() != list(header.lengths):
+    if not isinstance(batch, EpisodeBatch):  # the kind asked for; narrows the type
+        raise ResultError(f"{header.where}: decoded to a {type(batch).__name__}")
+    _check_lengths(header, batch.lengths)
+    return DecodedResult(header, batch, joined.chunks, joined.message_sizes)
+
+
+def decode_kept(joined: JoinedResult, env_spec: EnvSpec) -> Result:
+    """:func:`decode_result`; a result kept in pieces is decoded where they are.
+
+    Raises:
+        ResultError: As :func:`decode_result`, with the same checks.
+    """
+    header = joined.header
+    if not isinstance(joined.payload, tuple):
+        return decode_result(joined, env_spec)
+    try:
+        batch = decode_scattered(joined.payload, env_spec)
+    except WireFormatError as exc:
+        raise ResultError(f"{header.where}: the batch does not decode: {exc}") from None
+    _check_lengths(header, batch.lengths)
+    return ScatteredResult(header, batch, joined.chunks, joined.message_sizes)
+
+
+def _check_lengths(header: ResultHeader, lengths: np.ndarray) -> None:
+    if lengths.tolist() != list(header.lengths):
         raise ResultError(
             f"{header.where}: metadata lengths {shortened(header.lengths)} disagree with the "
-            f"batch's {shortened(batch.lengths.tolist())}"
+            f"batch's {shortened(lengths.tolist())}"
         )
-    if isinstance(batch, ScatteredBatch):
-        return ScatteredResult(header, batch, joined.chunks, joined.message_sizes)
-    return DecodedResult(header, batch, joined.chunks, joined.message_sizes)
 
 
 # --- a learner's answer ------------------------------------------------------------
@@ -630,5 +658,6 @@ __all__ = [
     "assemble_episodes",
     "assemble_fragments",
     "cut_pieces",
+    "decode_kept",
     "decode_result",
 ]
