@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeAlias, cast
 
 import numpy as np
 
+from rlfleet.core._arrays import map_nested
 from rlfleet.core._validation import accepted_shapes, check_infos
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
@@ -179,13 +180,6 @@ def _scattered_tensor(buf: ByteSource, pos: int, end: int, where: str) -> Tensor
     return Scattered(dtype, tuple(shape), tuple(pieces))
 
 
-def _map_leaves(fn: Callable[[Any], Any], tree: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        key: _map_leaves(fn, value) if isinstance(value, Mapping) else fn(value)
-        for key, value in tree.items()
-    }
-
-
 def _joined(value: Any) -> Any:
     return value.joined() if isinstance(value, Scattered) else value
 
@@ -259,8 +253,8 @@ class ScatteredBatch:
             last_observations=_joined(self.last_observations),
             actions=_joined(self.actions),
             rewards=_joined(self.rewards),
-            env_infos=_map_leaves(_joined, self.env_infos),
-            agent_infos=_map_leaves(_joined, self.agent_infos),
+            env_infos=map_nested(_joined, self.env_infos),
+            agent_infos=map_nested(_joined, self.agent_infos),
             step_types=_joined(self.step_types),
             lengths=self.lengths,
             check_actions=False,
@@ -290,8 +284,8 @@ def _skeleton(batch: ScatteredBatch) -> EpisodeBatch:
         last_observations=_stand_in(batch.last_observations),
         actions=_stand_in(batch.actions),
         rewards=_stand_in(batch.rewards),
-        env_infos=_map_leaves(_stand_in, batch.env_infos),
-        agent_infos=_map_leaves(_stand_in, batch.agent_infos),
+        env_infos=map_nested(_stand_in, batch.env_infos),
+        agent_infos=map_nested(_stand_in, batch.agent_infos),
         step_types=_stand_in(step_types),
         lengths=batch.lengths,
     )
@@ -335,7 +329,7 @@ def decode_scattered(pieces: Sequence[memoryview], env_spec: EnvSpec) -> Scatter
                 f"{message}.{name}: expected a {dtype.name} tensor, got {values[name].dtype.name}"
             )
     values["lengths"] = _joined(values["lengths"])
-    values["episode_infos"] = _map_leaves(_joined, values["episode_infos"])
+    values["episode_infos"] = map_nested(_joined, values["episode_infos"])
     for name, space in (
         ("observations", env_spec.observation_space),
         ("last_observations", env_spec.observation_space),
