@@ -19,7 +19,7 @@ from rlfleet.core import EnvSpec
 from rlfleet.errors import ProtocolError, UnavailableError
 from rlfleet.protocol.learner_calls import CallHeader, ResultPart
 from rlfleet.protocol.modes import Footer, Mode
-from rlfleet.wire.results import DecodedResult, ResultAssembler
+from rlfleet.wire.results import DecodedResult, Result, ResultAssembler, ScatteredResult
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,11 @@ class SampleAnswer:
 
     header: AnswerHeader
     footer: Footer
-    results: list[DecodedResult]
+    results: list[Result]
 
 
 #: What one response stands for (None: a chunk of a result still arriving).
-Response: TypeAlias = AnswerHeader | DecodedResult | Footer | None
+Response: TypeAlias = AnswerHeader | Result | Footer | None
 
 
 class ResponseReader:
@@ -56,12 +56,20 @@ class ResponseReader:
     Args:
         what: Names the call in error messages.
         decode_spec: Decodes a header's serialized EnvSpec (the sampler caches it).
+        keep_pieces: Leave results of several chunks in their chunks
+            (:class:`~rlfleet.wire.results.ScatteredResult`), for an answer
+            assembled from them: their rows are then copied once, from the
+            received messages to the answer. A stream, whose batches are
+            the results themselves, joins them.
     """
 
-    def __init__(self, what: str, decode_spec: Callable[[bytes], EnvSpec]) -> None:
+    def __init__(
+        self, what: str, decode_spec: Callable[[bytes], EnvSpec], *, keep_pieces: bool = False
+    ) -> None:
         self.what = what
         self._decode_spec = decode_spec
         self._assembler = ResultAssembler(per_worker=True)
+        self._keep_pieces = keep_pieces
 
     def read(self, part: ResponsePart) -> Response:
         """What the next response stands for.
@@ -73,6 +81,8 @@ class ResponseReader:
                 malformed env spec.
         """
         if isinstance(part, ResultPart):
+            if self._keep_pieces:
+                return self._assembler.add_kept(part.header, part.chunk)
             return self._assembler.add(part.header, part.chunk)
         if isinstance(part, CallHeader):
             wire = part.env_spec_wire
@@ -106,15 +116,15 @@ def collect_answer(
         UnavailableError: If the answer ends before its footer.
     """
     header: AnswerHeader | None = None
-    results: list[DecodedResult] = []
+    results: list[Result] = []
     done = 0
     for item in call:
         response = reader.read(item)
-        if isinstance(response, DecodedResult):
+        if isinstance(response, DecodedResult | ScatteredResult):
             results.append(response)
             if progress is not None:
-                batch = response.batch
-                done += batch.n_episodes if mode == Mode.EPISODES else batch.total_steps
+                arrays = response.arrays
+                done += arrays.n_episodes if mode == Mode.EPISODES else arrays.total_steps
                 progress(min(done, amount), amount)
         elif isinstance(response, AnswerHeader):
             header = response

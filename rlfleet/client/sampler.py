@@ -595,7 +595,7 @@ class RemoteSampler(ClosesOnExit):
         )
         call = self._stubs.sample(ask, timeout=self.timeout)
         try:
-            reader = ResponseReader(self._what("Sample"), self._env_spec_of)
+            reader = ResponseReader(self._what("Sample"), self._env_spec_of, keep_pieces=True)
             answer = collect_answer(call, reader, ask.mode, ask.amount, progress)
         except grpc.RpcError as exc:
             raise self._failed(exc, "Sample", timeout=self.timeout) from None

@@ -12,7 +12,6 @@ them into one set (docs/sharding.md, "Fragments and subscriptions").
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -20,7 +19,7 @@ import numpy as np
 
 from rlfleet.client.status import FleetStatus
 from rlfleet.core import EpisodeBatch
-from rlfleet.wire.results import DecodedResult
+from rlfleet.wire.results import Result
 
 
 def env_slots(status: FleetStatus) -> int:
@@ -63,9 +62,16 @@ def global_stream(local: np.ndarray, shard: int, shards: int) -> np.ndarray:
     return np.asarray(local, dtype=np.int64) * shards + shard
 
 
-def renumbered(result: DecodedResult, shard: int, shards: int) -> DecodedResult:
-    """``result`` with its ``stream`` infos in the learner's numbering (:func:`global_stream`)."""
-    return dataclasses.replace(result, batch=renumbered_batch(result.batch, shard, shards))
+def renumbered(result: Result, shard: int, shards: int) -> Result:
+    """``result`` with its ``stream`` infos in the learner's numbering (:func:`global_stream`).
+
+    A result without the column is returned as it is (the assembler names
+    what it lacks).
+    """
+    local = result.arrays.episode_infos.get("stream")
+    if not isinstance(local, np.ndarray):
+        return result
+    return result.with_episode_infos(stream=global_stream(local, shard, shards))
 
 
 def renumbered_batch(batch: EpisodeBatch, shard: int, shards: int) -> EpisodeBatch:

@@ -60,7 +60,7 @@ from rlfleet.errors import ConfigError, NoWorkersError, UnavailableError
 from rlfleet.protocol.learner_calls import SampleAsk, SubscribeAsk
 from rlfleet.protocol.modes import Footer, Mode
 from rlfleet.protocol.updates import AgentChange, EnvChange
-from rlfleet.wire.results import DecodedResult
+from rlfleet.wire.results import Result
 
 if TYPE_CHECKING:
     from rlfleet.client.sampler import RemoteSampler
@@ -240,7 +240,7 @@ class ShardSet:
             answers.extend(wave)
             for answer in wave:
                 for result in answer.results:
-                    batch = result.batch
+                    batch = result.arrays
                     indices = batch.episode_infos["episode_index"].tolist()
                     lengths.update(zip(indices, batch.lengths.tolist(), strict=True))
                     tracker.add(batch.total_steps)
@@ -546,7 +546,7 @@ def _streams_lost(lost: Sequence[Shard]) -> UnavailableError:
 
 def _joined(answers: Sequence[SampleAnswer], num_episodes: int) -> SampleAnswer:
     """One answer of pieces: their results (assembled by index later), their footers summed."""
-    results: list[DecodedResult] = [result for answer in answers for result in answer.results]
+    results: list[Result] = [result for answer in answers for result in answer.results]
     footer = Footer(
         num_episodes,
         sum(a.footer.total_steps for a in answers),

@@ -18,7 +18,7 @@ from rlfleet.core import EpisodeBatch
 from rlfleet.errors import ConfigError, RlfleetError
 from rlfleet.protocol.learner_calls import SubscribeAsk
 from rlfleet.protocol.modes import Mode
-from rlfleet.wire.results import DecodedResult
+from rlfleet.wire.results import DecodedResult, ScatteredResult
 
 #: Receive window of a subscription's channel: what the transport may hold
 #: for a reader that stopped reading (see ``RemoteSampler.stream``).
@@ -131,7 +131,7 @@ class SampleStream(ClosesOnExit):
                     raise self._failed(exc) from None
                 raise call_error(exc, what=self._what, timeout=self._timeout) from None
             response = self._reader.read(item)
-            if isinstance(response, DecodedResult):
+            if isinstance(response, DecodedResult | ScatteredResult):
                 return StreamedBatch(response.batch, response.header.agent_version)
             # Headers are the reader's; a subscription has no footer (tolerated).
         # builtin on purpose: the iterator protocol ends a for loop on StopIteration.

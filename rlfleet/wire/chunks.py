@@ -40,6 +40,8 @@ _UINT32_MAX = (1 << 32) - 1
 
 #: A finished payload: bytes, or a read-only byte memoryview.
 Payload: TypeAlias = bytes | memoryview
+#: A finished payload left in the pieces it came in (``keep_pieces``).
+Pieces: TypeAlias = tuple[memoryview, ...]
 
 
 def _header_allowance(
@@ -228,14 +230,22 @@ class ChunkAssembler:
 
     One assembler serves one stream and is not thread-safe.
 
+    :meth:`keep` takes chunks as :meth:`add` does, with the same checks,
+    but leaves a multi-chunk batch unjoined: its payload is the chunks'
+    data as they came (a tuple of views, for
+    :func:`rlfleet.wire.scattered.decode_scattered`), so nothing is copied
+    and the chunks are kept instead. A stream takes all its chunks one way.
+
     Args:
         max_total_bytes: Largest batch accepted, or None for no limit.
     """
 
     def __init__(self, *, max_total_bytes: int | None = None) -> None:
         self.max_total_bytes = max_total_bytes
+        self._keep_pieces = False
         self._first: Chunk | None = None
         self._buffer = np.empty(0, np.uint8)
+        self._pieces: list[memoryview] = []
         self._filled = 0
         self._next_index = 0
 
@@ -247,12 +257,15 @@ class ChunkAssembler:
     @property
     def buffered_bytes(self) -> int:
         """Bytes reserved for the batch being reassembled (0 between batches)."""
-        return len(self._buffer) if self._first is not None else 0
+        if self._first is None:
+            return 0
+        return self._filled if self._keep_pieces else len(self._buffer)
 
     def reset(self) -> None:
         """Drops a partial batch (e.g. when its stream broke)."""
         self._first = None
         self._buffer = np.empty(0, np.uint8)
+        self._pieces = []
         self._filled = 0
         self._next_index = 0
 
@@ -274,15 +287,38 @@ class ChunkAssembler:
             ResourceExhaustedError: If the batch is larger than
                 ``max_total_bytes``.
         """
+        payload = self._add(chunk, keep=False)
+        return b"".join(payload) if isinstance(payload, tuple) else payload
+
+    def keep(self, chunk: Chunk) -> Payload | Pieces | None:
+        """:meth:`add`, a batch of several chunks returned as their data, not joined.
+
+        Raises:
+            WireFormatError: As :meth:`add`.
+            ResourceExhaustedError: As :meth:`add`.
+        """
+        return self._add(chunk, keep=True)
+
+    def _add(self, chunk: Chunk, *, keep: bool) -> Payload | Pieces | None:
+        """Takes the next chunk; a batch begun by :meth:`keep` is kept in pieces.
+
+        Raises:
+            WireFormatError: If the chunk is out of order or disagrees with
+                the earlier chunks of its batch, or the chunks' sizes do not
+                add up to total_bytes. The partial batch is dropped.
+            ResourceExhaustedError: If the batch is larger than
+                ``max_total_bytes``.
+        """
         try:
             if self._first is None:
+                self._keep_pieces = keep
                 return self._start(chunk)
             return self._continue(self._first, chunk)
         except (WireFormatError, ResourceExhaustedError):
             self.reset()
             raise
 
-    def _start(self, chunk: Chunk) -> Payload | None:
+    def _start(self, chunk: Chunk) -> Payload | Pieces | None:
         if chunk.index != 0:
             raise WireFormatError(
                 f"chunk {chunk.index} of batch {chunk.batch_id} arrived first: chunk 0 is missing"
@@ -296,14 +332,15 @@ class ChunkAssembler:
         if chunk.count == 1:
             _check_complete(chunk, len(chunk.data))
             return chunk.data
-        # np.empty does not zero the memory (bytearray would): every byte is
-        # written by a chunk before the payload is handed out.
-        self._buffer = np.empty(chunk.total_bytes, np.uint8)
+        if not self._keep_pieces:
+            # np.empty does not zero the memory (bytearray would): every byte
+            # is written by a chunk before the payload is handed out.
+            self._buffer = np.empty(chunk.total_bytes, np.uint8)
         self._first = chunk
         self._store(chunk)
         return None
 
-    def _continue(self, first: Chunk, chunk: Chunk) -> Payload | None:
+    def _continue(self, first: Chunk, chunk: Chunk) -> Payload | Pieces | None:
         expected = self._next_index
         if chunk.batch_id != first.batch_id:
             raise WireFormatError(
@@ -324,18 +361,22 @@ class ChunkAssembler:
         if chunk.index < first.count - 1:
             return None
         _check_complete(first, self._filled)
-        payload = self._buffer.data.toreadonly()
+        payload = tuple(self._pieces) if self._keep_pieces else self._buffer.data.toreadonly()
         self.reset()
         return payload
 
     def _store(self, chunk: Chunk) -> None:
         end = self._filled + len(chunk.data)
-        if end > len(self._buffer):
+        total = self._first.total_bytes if self._first is not None else chunk.total_bytes
+        if end > total:
             raise WireFormatError(
                 f"chunks 0..{chunk.index} of batch {chunk.batch_id} hold {end} bytes, "
-                f"more than its total_bytes {len(self._buffer)}"
+                f"more than its total_bytes {total}"
             )
-        self._buffer[self._filled : end] = np.frombuffer(chunk.data, np.uint8)
+        if self._keep_pieces:
+            self._pieces.append(memoryview(chunk.data))
+        else:
+            self._buffer[self._filled : end] = np.frombuffer(chunk.data, np.uint8)
         self._filled = end
         self._next_index = chunk.index + 1
 

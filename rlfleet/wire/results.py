@@ -15,12 +15,17 @@ the batch and checks it, so the three agree on what a valid result is:
   its sender was asked for.
 
 The batch is decoded without a copy (views of the received bytes), so a
-checked result is forwarded as the chunks it came in.
+checked result is forwarded as the chunks it came in. On the learner's
+Sample calls (:meth:`ResultAssembler.add_kept`), a result of several chunks is not joined
+either: it is decoded where its chunks arrived (:class:`ScatteredResult`,
+rlfleet.wire.scattered), and its rows are copied once, straight from the
+chunks to their place in the answer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Protocol, TypeAlias
 
@@ -32,7 +37,8 @@ from rlfleet.core.episode_order import cut_pieces, first_episodes, sort_fragment
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
 from rlfleet.wire import Chunk, ChunkAssembler, decode_batch
 from rlfleet.wire.batches import payload_kind
-from rlfleet.wire.chunks import Payload
+from rlfleet.wire.chunks import Payload, Pieces
+from rlfleet.wire.scattered import Scattered, ScatteredBatch, decode_scattered
 
 #: int64 (N,) episode_infos every result carries (batch.proto).
 EPISODE_INFO_KEYS = ("agent_version", "env_seed", "policy_seed", "episode_index", "worker")
@@ -123,14 +129,14 @@ class JoinedResult:
     Attributes:
         header: Its metadata (chunk 0's).
         chunks: The chunks it came in (forwarded as they are).
-        payload: The joined bytes.
+        payload: The joined bytes (or, kept in pieces, the chunks' data).
         message_sizes: Size of each message that carried a chunk (as given
             to :meth:`ResultAssembler.join`; the chunks' sizes otherwise).
     """
 
     header: ResultHeader
     chunks: tuple[Chunk, ...]
-    payload: Payload
+    payload: Payload | Pieces
     message_sizes: tuple[int, ...]
 
     @property
@@ -167,6 +173,67 @@ class DecodedResult:
     def infos(self, key: str) -> np.ndarray:
         """An episode_infos column (:func:`check_result` checks that it exists)."""
         return np.asarray(self.batch.episode_infos[key])
+
+    @property
+    def arrays(self) -> EpisodeBatch:
+        """What the answer is assembled from: the batch."""
+        return self.batch
+
+    def with_episode_infos(self, **columns: np.ndarray) -> DecodedResult:
+        """This result with episode_infos columns added or replaced."""
+        return dataclasses.replace(self, batch=self.batch.with_episode_infos(**columns))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScatteredResult:
+    """A result of several chunks, decoded and checked where its chunks arrived.
+
+    What a learner's Sample call keeps until it assembles the answer: its
+    rows are copied once, from the chunks to their place in the answer
+    (:func:`assemble_episodes`). Attributes as :class:`DecodedResult`'s;
+    ``scattered`` stands for its batch.
+    """
+
+    header: ResultHeader
+    scattered: ScatteredBatch
+    chunks: tuple[Chunk, ...] = ()
+    message_sizes: tuple[int, ...] = ()
+    seq: int = 0
+    at: float = 0.0
+
+    @functools.cached_property
+    def batch(self) -> EpisodeBatch:
+        """Its EpisodeBatch, each tensor that runs across chunks joined (one copy)."""
+        return self.scattered.materialized()
+
+    @property
+    def arrays(self) -> ScatteredBatch:
+        """What the answer is assembled from: the chunks, not joined."""
+        return self.scattered
+
+    @property
+    def total_bytes(self) -> int:
+        """Size of the serialized batch."""
+        return self.chunks[0].total_bytes if self.chunks else 0
+
+    def infos(self, key: str) -> np.ndarray:
+        """An episode_infos column."""
+        return np.asarray(self.scattered.episode_infos[key])
+
+    def with_episode_infos(self, **columns: np.ndarray) -> ScatteredResult:
+        """This result with episode_infos columns added or replaced."""
+        return ScatteredResult(
+            self.header,
+            self.scattered.with_episode_infos(**columns),
+            self.chunks,
+            self.message_sizes,
+            self.seq,
+            self.at,
+        )
+
+
+#: A decoded result, joined or left in its chunks.
+Result: TypeAlias = DecodedResult | ScatteredResult
 
 
 class ResultAssembler:
@@ -212,13 +279,22 @@ class ResultAssembler:
         """Bytes reserved for results being reassembled (the in-flight bytes metric)."""
         return sum(assembler.buffered_bytes for assembler in self._assemblers.values())
 
-    def join(self, meta: ResultMetadata, chunk: Chunk | None, size: int = 0) -> JoinedResult | None:
+    def join(
+        self,
+        meta: ResultMetadata,
+        chunk: Chunk | None,
+        size: int = 0,
+        *,
+        keep_pieces: bool = False,
+    ) -> JoinedResult | None:
         """Takes one result message; returns the joined result once complete.
 
         Args:
             meta: The message's EpisodeResult (metadata on chunk 0 only).
             chunk: Its chunk.
             size: The message's serialized size (0: the chunk's data size).
+            keep_pieces: Leave a result of several chunks unjoined (its
+                payload is then its chunks' data).
 
         Raises:
             ResultError: If the chunk is missing, of another kind than an
@@ -249,8 +325,8 @@ class ResultAssembler:
         if assembler is None:
             assembler = ChunkAssembler(max_total_bytes=self._max_total_bytes)
             self._assemblers[key] = assembler
-        try:
-            payload = assembler.add(chunk)  # raises on any disorder
+        try:  # either raises on any disorder
+            payload = assembler.keep(chunk) if keep_pieces else assembler.add(chunk)
         except (WireFormatError, ResourceExhaustedError):
             self._partial.pop(key, None)
             raise
@@ -271,11 +347,22 @@ class ResultAssembler:
             WireFormatError: If the chunks are out of order or inconsistent.
         """
         joined = self.join(meta, chunk, size)
-        if joined is None:
-            return None
+        return None if joined is None else decode_result(joined, self._spec(joined))
+
+    def add_kept(self, meta: ResultMetadata, chunk: Chunk | None, size: int = 0) -> Result | None:
+        """:meth:`add`, a result of several chunks left in them (a :class:`ScatteredResult`).
+
+        Raises:
+            ResultError: As :meth:`add`.
+            WireFormatError: As :meth:`add`.
+        """
+        joined = self.join(meta, chunk, size, keep_pieces=True)
+        return None if joined is None else decode_kept(joined, self._spec(joined))
+
+    def _spec(self, joined: JoinedResult) -> EnvSpec:
         if self.env_spec is None:
             raise ResultError(f"{joined.header.where} arrived before the env spec it decodes with")
-        return decode_result(joined, self.env_spec)
+        return self.env_spec
 
 
 def decode_result(joined: JoinedResult, env_spec: EnvSpec) -> DecodedResult:
@@ -286,24 +373,48 @@ def decode_result(joined: JoinedResult, env_spec: EnvSpec) -> DecodedResult:
             ``env_spec`` or disagree with the header's lengths.
     """
     header = joined.header
+    payload = joined.payload
+    if isinstance(payload, tuple):  # kept in pieces: decode_kept leaves them so
+        payload = b"".join(payload)
     try:
-        batch = decode_batch(joined.payload, env_spec=env_spec, kind=EpisodeBatch)
+        batch = decode_batch(payload, env_spec=env_spec, kind=EpisodeBatch)
     except WireFormatError as exc:
         raise ResultError(f"{header.where}: the batch does not decode: {exc}") from None
     if not isinstance(batch, EpisodeBatch):  # the kind asked for; narrows the type
         raise ResultError(f"{header.where}: decoded to a {type(batch).__name__}")
-    if batch.lengths.tolist() != list(header.lengths):
+    _check_lengths(header, batch.lengths)
+    return DecodedResult(header, batch, joined.chunks, joined.message_sizes)
+
+
+def decode_kept(joined: JoinedResult, env_spec: EnvSpec) -> Result:
+    """:func:`decode_result`; a result kept in pieces is decoded where they are.
+
+    Raises:
+        ResultError: As :func:`decode_result`, with the same checks.
+    """
+    header = joined.header
+    if not isinstance(joined.payload, tuple):
+        return decode_result(joined, env_spec)
+    try:
+        batch = decode_scattered(joined.payload, env_spec)
+    except WireFormatError as exc:
+        raise ResultError(f"{header.where}: the batch does not decode: {exc}") from None
+    _check_lengths(header, batch.lengths)
+    return ScatteredResult(header, batch, joined.chunks, joined.message_sizes)
+
+
+def _check_lengths(header: ResultHeader, lengths: np.ndarray) -> None:
+    if lengths.tolist() != list(header.lengths):
         raise ResultError(
             f"{header.where}: metadata lengths {shortened(header.lengths)} disagree with the "
-            f"batch's {shortened(batch.lengths.tolist())}"
+            f"batch's {shortened(lengths.tolist())}"
         )
-    return DecodedResult(header, batch, joined.chunks, joined.message_sizes)
 
 
 # --- a learner's answer ------------------------------------------------------------
 
 
-def assemble_episodes(results: Sequence[DecodedResult], num_episodes: int) -> EpisodeBatch:
+def assemble_episodes(results: Sequence[Result], num_episodes: int) -> EpisodeBatch:
     """The episodes 0..num_episodes-1 of the results, in index order.
 
     Step data is copied once: each result's rows are written straight to
@@ -319,12 +430,12 @@ def assemble_episodes(results: Sequence[DecodedResult], num_episodes: int) -> Ep
     if not results:
         raise ResultError("the answer holds no results")
     try:
-        return _placed_episodes([result.batch for result in results], num_episodes)
+        return _placed_episodes([result.arrays for result in results], num_episodes)
     except _MisfitError:
         return first_episodes(_concatenate(results), num_episodes)
 
 
-def assemble_fragments(results: Sequence[DecodedResult]) -> EpisodeBatch:
+def assemble_fragments(results: Sequence[Result]) -> EpisodeBatch:
     """Every fragment of the results, in LocalSampler's order (stream, episode, fragment).
 
     Step data is copied once, as in :func:`assemble_episodes`: each piece's
@@ -335,12 +446,12 @@ def assemble_fragments(results: Sequence[DecodedResult]) -> EpisodeBatch:
     if not results:
         raise ResultError("the answer holds no results")
     try:
-        return _placed_fragments([result.batch for result in results])
+        return _placed_fragments([result.arrays for result in results])
     except _MisfitError:
         return sort_fragments(_concatenate(results))
 
 
-def _concatenate(results: Sequence[DecodedResult]) -> EpisodeBatch:
+def _concatenate(results: Sequence[Result]) -> EpisodeBatch:
     if not results:
         raise ResultError("the answer holds no results")
     for result in results:
@@ -356,7 +467,11 @@ class _MisfitError(Exception):
     """The results cannot be placed in one copy: take the general path."""
 
 
-def _placed_episodes(batches: Sequence[EpisodeBatch], num_episodes: int) -> EpisodeBatch:
+#: What a result is placed from: its batch, or its chunks not joined.
+_Arrays: TypeAlias = "EpisodeBatch | ScatteredBatch"
+
+
+def _placed_episodes(batches: Sequence[_Arrays], num_episodes: int) -> EpisodeBatch:
     """:func:`assemble_episodes`' answer in one copy of the step data.
 
     Raises:
@@ -382,7 +497,7 @@ def _placed_episodes(batches: Sequence[EpisodeBatch], num_episodes: int) -> Epis
     return _placed(batches, [index[:k] for index, k in zip(indices, kept, strict=True)])
 
 
-def _placed_fragments(batches: Sequence[EpisodeBatch]) -> EpisodeBatch:
+def _placed_fragments(batches: Sequence[_Arrays]) -> EpisodeBatch:
     """:func:`assemble_fragments`' answer in one copy of the step data.
 
     Raises:
@@ -403,7 +518,7 @@ def _placed_fragments(batches: Sequence[EpisodeBatch]) -> EpisodeBatch:
     return _placed(batches, np.split(position, counts))
 
 
-def _placed(batches: Sequence[EpisodeBatch], destinations: Sequence[np.ndarray]) -> EpisodeBatch:
+def _placed(batches: Sequence[_Arrays], destinations: Sequence[np.ndarray]) -> EpisodeBatch:
     """The answer whose pieces ``destinations[i]`` are the first pieces of ``batches[i]``.
 
     The destinations together are a permutation of the answer's pieces.
@@ -445,13 +560,17 @@ def _placed(batches: Sequence[EpisodeBatch], destinations: Sequence[np.ndarray])
                 key: place([p[key] for p in parts], rows)  # type: ignore[index]
                 for key in first
             }
-        arrays = [np.asarray(p) for p in parts]
+        arrays = [p if isinstance(p, Scattered) else np.asarray(p) for p in parts]
         trailing = arrays[0].shape[1:]
         if any(a.ndim == 0 or a.shape[1:] != trailing for a in arrays):
             raise _MisfitError
         sizes = [_row_count(r) for r in rows]
-        out = np.empty((sum(sizes), *trailing), dtype=np.result_type(*arrays))
-        _put_rows(out, rows, [a[:size] for a, size in zip(arrays, sizes, strict=True)])
+        out = np.empty((sum(sizes), *trailing), dtype=np.result_type(*[a.dtype for a in arrays]))
+        heads = [
+            a.head(size) if isinstance(a, Scattered) else a[:size]
+            for a, size in zip(arrays, sizes, strict=True)
+        ]
+        _put_rows(out, rows, heads)
         return out
 
     def field(name: str, rows: list[_Rows]) -> object:
@@ -488,24 +607,32 @@ def _row_count(rows: _Rows) -> int:
     return len(rows)
 
 
-def _put_rows(out: np.ndarray, rows: list[_Rows], sources: list[np.ndarray]) -> None:
-    """``out[rows[i]] = sources[i]`` for each i, whole rows at a time where possible.
+def _put_rows(out: np.ndarray, rows: list[_Rows], parts: list[np.ndarray | Scattered]) -> None:
+    """``out[rows[i]] = parts[i]`` for each i, whole rows at a time where possible.
 
-    A block of rows (a slice) is one copy. For an index per row, numpy
+    A block of rows (a slice) is one copy; from a :class:`Scattered` part,
+    one copy per chunk it runs across. For an index per row, numpy
     indexes a 2-D array's rows element by element: ten times slower than
     moving each row as one opaque item (measured: 520 -> 58 us for 50k rows
-    of 4 float32).
+    of 4 float32). A scattered part bound for rows that are not a block is
+    joined first (a second copy, for results whose episodes interleave
+    with other results' in the answer).
     """
-    if out.ndim < 2 or not out.size:
-        for row, source in zip(rows, sources, strict=True):
-            out[row] = source
-        return
-    item = np.dtype((np.void, out.itemsize * out[0].size))
-    whole = out.reshape(len(out), -1).view(item)[:, 0]
-    for row, source in zip(rows, sources, strict=True):
-        if isinstance(row, slice):
+    item = None
+    if out.ndim >= 2 and out.size:
+        item = np.dtype((np.void, out.itemsize * out[0].size))
+    for row, part in zip(rows, parts, strict=True):
+        if isinstance(part, Scattered):
+            if isinstance(row, slice) and part.dtype == out.dtype:
+                part.copy_into(out, int(row.start))
+                continue
+            source = part.joined()
+        else:
+            source = part
+        if isinstance(row, slice) or item is None:
             out[row] = source
         elif len(source) and source.dtype == out.dtype and source.flags.c_contiguous:
+            whole = out.reshape(len(out), -1).view(item)[:, 0]
             whole[row] = source.reshape(len(source), -1).view(item)[:, 0]
         else:
             out[row] = source
@@ -523,11 +650,14 @@ __all__ = [
     "FRAGMENT_INFO_KEYS",
     "DecodedResult",
     "JoinedResult",
+    "Result",
     "ResultAssembler",
     "ResultError",
     "ResultHeader",
+    "ScatteredResult",
     "assemble_episodes",
     "assemble_fragments",
     "cut_pieces",
+    "decode_kept",
     "decode_result",
 ]

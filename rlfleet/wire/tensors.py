@@ -21,7 +21,7 @@ were decoded from.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any, TypeAlias
 
@@ -47,6 +47,8 @@ from rlfleet.wire._protowire import (
 Part: TypeAlias = bytes | memoryview
 #: A decoded tensor map: names to arrays or nested maps, in wire order.
 TensorDict: TypeAlias = dict[str, "np.ndarray | TensorDict"]
+#: Reads the Tensor message in ``buf[pos:end]`` (:func:`read_tensor`'s signature).
+TensorReader: TypeAlias = "Callable[[ByteSource, int, int, str], Any]"
 
 #: Most elements a decoded tensor may have. Checked before anything is
 #: allocated, so a hostile shape cannot make numpy reserve memory or overflow.
@@ -231,10 +233,28 @@ def read_tensor(buf: ByteSource, pos: int, end: int, where: str) -> np.ndarray:
     Raises:
         WireFormatError: If the tensor is malformed (see :func:`view_tensor`).
     """
+    data_start, nbytes, dtype_code, shape, codec = tensor_fields(buf, pos, end, where)
+    return view_tensor(buf, data_start, nbytes, dtype_code, shape, codec=codec, where=where)
+
+
+def tensor_fields(
+    buf: ByteSource, pos: int, end: int, where: str
+) -> tuple[int, int, int, list[int], int]:
+    """Where the Tensor message in ``buf[pos:end]`` keeps its data, and what it says.
+
+    Reads only the fields around the data, never the data itself.
+
+    Returns:
+        ``(data offset, data length, dtype code, shape, codec)``, unchecked
+        (:func:`tensor_layout` checks them).
+
+    Raises:
+        WireFormatError: If the message is malformed.
+    """
     canonical = _read_canonical_tensor(buf, pos, end, where)
     if canonical is not None:
         dtype_code, shape, data_start = canonical
-        return view_tensor(buf, data_start, end - data_start, dtype_code, shape, where=where)
+        return data_start, end - data_start, dtype_code, shape, _CODEC_NONE
     dtype_code = 0
     codec = 0
     shape = []
@@ -259,9 +279,7 @@ def read_tensor(buf: ByteSource, pos: int, end: int, where: str) -> np.ndarray:
             if wire_type != VARINT:
                 raise wire_type_error(where, "codec", wire_type, "varint")
             codec = value
-    return view_tensor(
-        buf, data_start, data_end - data_start, dtype_code, shape, codec=codec, where=where
-    )
+    return data_start, data_end - data_start, dtype_code, shape, codec
 
 
 def _read_canonical_tensor(
@@ -330,6 +348,23 @@ def view_tensor(
             shape, a data length other than prod(shape) * itemsize, or a
             bool tensor holding bytes other than 0 and 1.
     """
+    dtype, count = tensor_layout(nbytes, dtype_code, shape, codec, where)
+    array = np.ndarray(shape, dtype, buffer=buf, offset=offset)
+    if dtype_code == _DTYPE_BOOL and count and not _small_bools_ok(buf, offset, count):
+        error = bad_bool(np.ndarray(count, np.uint8, buffer=buf, offset=offset), where)
+        if error is not None:
+            raise error
+    return array
+
+
+def tensor_layout(
+    nbytes: int, dtype_code: int, shape: list[int], codec: int, where: str
+) -> tuple[np.dtype, int]:
+    """Checks a tensor's fields against its data length: its dtype and element count.
+
+    Raises:
+        WireFormatError: As :func:`view_tensor` (the bool values aside).
+    """
     dtype = DTYPES.get(dtype_code) or dtype_of_code(dtype_code, where)
     if codec != _CODEC_NONE:
         raise WireFormatError(
@@ -345,16 +380,18 @@ def view_tensor(
             f"{where}: {nbytes} bytes of data, expected {expected} for "
             f"{dtype.name} shape {tuple(shape)}"
         )
-    array = np.ndarray(shape, dtype, buffer=buf, offset=offset)
-    if dtype_code == _DTYPE_BOOL and count and not _small_bools_ok(buf, offset, count):
-        raw = np.ndarray(count, np.uint8, buffer=buf, offset=offset)
-        if (raw > 1).any():
-            index = int(np.argmax(raw > 1))
-            raise WireFormatError(
-                f"{where}: bool tensor holds byte {raw[index]} at element {index}; "
-                "bools must be 0 or 1"
-            )
-    return array
+    return dtype, count
+
+
+def bad_bool(raw: np.ndarray, where: str, first: int = 0) -> WireFormatError | None:
+    """The error for a bool tensor's bytes ``raw`` (element ``first`` on) if one is not 0 or 1."""
+    if not (raw > 1).any():
+        return None
+    index = int(np.argmax(raw > 1))
+    return WireFormatError(
+        f"{where}: bool tensor holds byte {raw[index]} at element {first + index}; "
+        "bools must be 0 or 1"
+    )
 
 
 def _small_bools_ok(buf: ByteSource, offset: int, count: int) -> bool:
@@ -472,8 +509,13 @@ def _encoded_key_field(key: str) -> bytes:
     return len_prefix(_ENTRY_KEY, len(encoded)) + encoded
 
 
-def read_tensor_map(buf: ByteSource, pos: int, end: int, where: str) -> TensorDict:
+def read_tensor_map(
+    buf: ByteSource, pos: int, end: int, where: str, read: TensorReader | None = None
+) -> TensorDict:
     """Decodes the TensorMap in ``buf[pos:end]``; arrays are read-only views.
+
+    ``read`` reads each tensor (default :func:`read_tensor`); the map's
+    structure is checked the same whatever it returns.
 
     Raises:
         WireFormatError: For a malformed entry, an empty or duplicate key, an
@@ -486,7 +528,7 @@ def read_tensor_map(buf: ByteSource, pos: int, end: int, where: str) -> TensorDi
             continue
         if wire_type != LEN:
             raise wire_type_error(where, "entries", wire_type, "message")
-        key, item = _read_entry(buf, value, next_pos, where)
+        key, item = _read_entry(buf, value, next_pos, where, read or read_tensor)
         if key in result:
             raise WireFormatError(f"{where}: duplicate key {key!r}; keys must be unique")
         result[key] = item
@@ -494,16 +536,16 @@ def read_tensor_map(buf: ByteSource, pos: int, end: int, where: str) -> TensorDi
 
 
 def _read_entry(
-    buf: ByteSource, pos: int, end: int, where: str
+    buf: ByteSource, pos: int, end: int, where: str, read: TensorReader
 ) -> tuple[str, np.ndarray | TensorDict]:
     fields = _read_canonical_entry(buf, pos, end, where) or _read_any_entry(buf, pos, end, where)
     key_span, value_field, value_start, value_end = fields
     key = _decode_key(buf, key_span, where)
     path = f"{where}[{key!r}]"
     if value_field == _ENTRY_TENSOR:
-        return key, read_tensor(buf, value_start, value_end, path)
+        return key, read(buf, value_start, value_end, path)
     if value_field == _ENTRY_MAP:
-        return key, read_tensor_map(buf, value_start, value_end, path)
+        return key, read_tensor_map(buf, value_start, value_end, path, read)
     raise WireFormatError(f"{path}: the entry has neither a tensor nor a map")
 
 
@@ -569,6 +611,8 @@ __all__ = [
     "TensorDict",
     "read_tensor",
     "read_tensor_map",
+    "tensor_fields",
+    "tensor_layout",
     "view_tensor",
     "write_tensor",
     "write_tensor_map",
