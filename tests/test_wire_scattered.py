@@ -163,7 +163,8 @@ def test_spliced_reads_bytes_across_pieces() -> None:
     assert [spliced[i] for i in range(50)] == list(data)
     assert spliced[5:33] == data[5:33]
     assert b"".join(spliced.pieces(6, 30)) == data[6:36]
-    with pytest.raises(IndexError):
+    assert spliced[1:20:3] == data[1:20:3]
+    with pytest.raises(WireFormatError, match="byte 50 read past the end of a 50-byte message"):
         spliced[50]
 
 

@@ -75,11 +75,12 @@ class Spliced:
     def __getitem__(self, key: int | slice) -> Any:
         if isinstance(key, slice):
             start, stop, step = key.indices(self._size)
-            if step != 1:
-                raise ValueError("Spliced slices have step 1")
+            if step != 1:  # the readers never step; joined whole, as bytes would
+                return b"".join(self._pieces)[key]
             return b"".join(self.pieces(start, max(stop - start, 0)))
         if not 0 <= key < self._size:
-            raise IndexError(f"byte {key} of a {self._size}-byte sequence")
+            # The readers check offsets against their message's end first.
+            raise WireFormatError(f"byte {key} read past the end of a {self._size}-byte message")
         i = bisect.bisect_right(self._starts, key) - 1
         return self._pieces[i][key - self._starts[i]]
 
