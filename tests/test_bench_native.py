@@ -71,3 +71,16 @@ def test_native_report_verdict_follows_the_fleet_rate() -> None:
     assert ratios["fleet / (2 native loops at once)"] == pytest.approx(0.25)
     assert ratios["fleet / (1 native loop)"] == pytest.approx(0.5)
     assert "goal >= 1: MISSED" in slow.format()
+    assert "goal >= 0.8: MISSED" in slow.format()
+    # The moonshot missed alone fails too; the machine's share alone as well.
+    assert not report(900_000.0).goals_met
+    assert not NativeBenchReport(
+        BenchConfig(),
+        "envpool",
+        {
+            "one_loop": Measurement("one", (1_000_000.0,)),
+            "loops": Measurement("two", (2_000_000.0,)),
+            "vec_worker": Measurement("vec", (1.0,)),
+            "fleet": Measurement("fleet", (1_500_000.0,)),
+        },
+    ).goals_met

@@ -12,9 +12,9 @@ categorical sample):
 * **fleet** — ``Fleet.local(W, K)`` ``obtain_samples`` with native workers.
 
 The moonshot (docs/performance.md) is >= 1M env steps/s end to end to the
-learner on a 2-core machine; the report sets the fleet against it and
-gives each process's CPU microseconds per step, which say where the time
-goes.
+learner on a 2-core machine, and the goal against the machine is >= 0.8 of
+W plain loops at once; the report sets the fleet against both and gives
+each process's CPU microseconds per step, which say where the time goes.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ from rlfleet.policies.mlp import MLPCategoricalPolicy
 
 #: The moonshot: env steps per second delivered to the learner.
 MOONSHOT_STEPS_PER_SECOND = 1_000_000
+#: The goal against the machine's ceiling: the fleet delivers at least this
+#: share of what W plain native loops run at once do.
+LOOPS_GOAL = 0.8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,18 +55,18 @@ class NativeBenchReport:
 
     @property
     def ratios(self) -> list[Ratio]:
-        """The moonshot (the goal), then the fleet against the plain alternatives."""
+        """The moonshot, then the fleet against the plain alternatives (W loops: a goal too)."""
         m, w = self.measurements, self.config.workers
         fleet = m["fleet"].median
         return [
             Ratio("fleet / 1M steps/s (the moonshot)", fleet / MOONSHOT_STEPS_PER_SECOND, 1.0),
-            Ratio(f"fleet / ({w} native loops at once)", fleet / m["loops"].median, None),
+            Ratio(f"fleet / ({w} native loops at once)", fleet / m["loops"].median, LOOPS_GOAL),
             Ratio("fleet / (1 native loop)", fleet / m["one_loop"].median, None),
         ]
 
     @property
     def goals_met(self) -> bool:
-        """Whether the moonshot was reached."""
+        """Whether the moonshot and the share of W plain loops were reached."""
         return all(ratio.met for ratio in self.ratios)
 
     def format(self) -> str:
