@@ -20,6 +20,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rlfleet.core._identity_cache import IdentityCache
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import InvalidBatchError
@@ -207,9 +208,10 @@ def accepted_shapes(space: gym.Space) -> tuple[tuple[int, ...], ...] | None:
         a fixed size (Graph, Sequence): those are checked with ``contains``.
     """
     # Every batch built or decoded asks, twice: answered once per space.
-    cached = _SHAPES_CACHE.get(id(space))
-    if cached is not None and cached[0] is space:
-        return cached[1]
+    return _SHAPES.get(space, None, lambda: _accepted_shapes(space))
+
+
+def _accepted_shapes(space: gym.Space) -> tuple[tuple[int, ...], ...] | None:
     shapes: list[tuple[int, ...]] = []
     if space.shape is not None:
         shapes.append(tuple(space.shape))
@@ -217,16 +219,11 @@ def accepted_shapes(space: gym.Space) -> tuple[tuple[int, ...], ...] | None:
         flat = (int(gym.spaces.flatdim(space)),)
         if flat not in shapes:
             shapes.append(flat)
-    answer = tuple(shapes) or None
-    if len(_SHAPES_CACHE) > 64:
-        _SHAPES_CACHE.clear()
-    _SHAPES_CACHE[id(space)] = (space, answer)
-    return answer
+    return tuple(shapes) or None
 
 
-#: id(space) -> (space, its accepted shapes): spaces are unhashable, and an
-#: env spec's spaces live as long as the batches that use them.
-_SHAPES_CACHE: dict[int, tuple[gym.Space, tuple[tuple[int, ...], ...] | None]] = {}
+#: Each space's accepted shapes.
+_SHAPES: IdentityCache[tuple[tuple[int, ...], ...] | None] = IdentityCache()
 
 
 def check_per_step_space(name: str, array: np.ndarray, space: gym.Space, space_name: str) -> None:

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 import gymnasium as gym
 import numpy as np
 
+from rlfleet.core._identity_cache import IdentityCache
+
 
 @dataclasses.dataclass(frozen=True)
 class _Bounds:
@@ -81,9 +83,8 @@ def _uniform(bound: np.ndarray) -> np.ndarray | np.generic:
     return np.asarray(bound)
 
 
-#: (id(space), flat, actions) -> (space, its bounds): spaces are unhashable,
-#: and an env spec's spaces live as long as the fleet runs that env.
-_BOUNDS_CACHE: dict[tuple[int, bool, bool], tuple[gym.Space, _Bounds | None]] = {}
+#: Each (space, flat, actions)'s bounds.
+_BOUNDS: IdentityCache[_Bounds | None] = IdentityCache()
 
 
 def _bounds(space: gym.Space, flat: bool, actions: bool) -> _Bounds | None:
@@ -93,15 +94,7 @@ def _bounds(space: gym.Space, flat: bool, actions: bool) -> _Bounds | None:
     sample outside the box and the env clips (garage and SB3 store the
     sample, which is what the log-probability is of).
     """
-    key = (id(space), flat, actions)
-    cached = _BOUNDS_CACHE.get(key)
-    if cached is not None and cached[0] is space:
-        return cached[1]
-    if len(_BOUNDS_CACHE) > 64:
-        _BOUNDS_CACHE.clear()
-    bounds = _compute_bounds(space, flat, actions)
-    _BOUNDS_CACHE[key] = (space, bounds)
-    return bounds
+    return _BOUNDS.get(space, (flat, actions), lambda: _compute_bounds(space, flat, actions))
 
 
 def _compute_bounds(space: gym.Space, flat: bool, actions: bool) -> _Bounds | None:
@@ -254,8 +247,8 @@ _WIDE_ROW = 256
 #: Arrays smaller than this are compared as they are: the reshaping costs
 #: more than it saves (measured: even at about 1,000 CartPole rows).
 _WIDE_MIN_ELEMENTS = 8192
-#: (id(bound), repeats) -> (bound, the bound repeated): bounds live as long as their space.
-_TILED_CACHE: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+#: Each (bound, repeats)'s bound repeated: bounds live as long as their space.
+_TILED: IdentityCache[np.ndarray] = IdentityCache()
 
 
 def _any_outside(array: np.ndarray, bound: np.ndarray, compare: np.ufunc) -> bool:
@@ -278,16 +271,10 @@ def _any_outside(array: np.ndarray, bound: np.ndarray, compare: np.ufunc) -> boo
         or not array.flags.c_contiguous
     ):
         return bool(np.any(compare(array, bound)))
-    key = (id(bound), repeats)
-    cached = _TILED_CACHE.get(key)
-    if cached is None or cached[0] is not bound:
-        if len(_TILED_CACHE) > 64:
-            _TILED_CACHE.clear()
-        cached = (bound, np.tile(bound.reshape(-1), repeats))
-        _TILED_CACHE[key] = cached
+    tiled = _TILED.get(bound, repeats, lambda: np.tile(bound.reshape(-1), repeats))
     wide = rows // repeats * repeats
     head = array[:wide].reshape(wide // repeats, repeats * row)
-    if np.any(compare(head, cached[1])):
+    if np.any(compare(head, tiled)):
         return True
     return bool(np.any(compare(array[wide:], bound)))
 
