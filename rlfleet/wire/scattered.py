@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias, cast
 
 import numpy as np
@@ -250,16 +250,22 @@ class ScatteredBatch:
         return EpisodeBatch.prechecked(
             env_spec=self.env_spec,
             episode_infos=self.episode_infos,
-            observations=_joined(self.observations),
-            last_observations=_joined(self.last_observations),
-            actions=_joined(self.actions),
-            rewards=_joined(self.rewards),
-            env_infos=map_nested(_joined, self.env_infos),
-            agent_infos=map_nested(_joined, self.agent_infos),
-            step_types=_joined(self.step_types),
             lengths=self.lengths,
             check_actions=False,
+            **self.map_tensors(_joined),
         )
+
+    def map_tensors(self, function: Callable[[Tensor], np.ndarray]) -> dict[str, Any]:
+        """``function`` of every per-step tensor (and of every info leaf), by field name."""
+        return {
+            "observations": function(self.observations),
+            "last_observations": function(self.last_observations),
+            "actions": function(self.actions),
+            "rewards": function(self.rewards),
+            "env_infos": map_nested(function, self.env_infos),
+            "agent_infos": map_nested(function, self.agent_infos),
+            "step_types": function(self.step_types),
+        }
 
 
 def _skeleton(batch: ScatteredBatch) -> EpisodeBatch:
@@ -281,14 +287,8 @@ def _skeleton(batch: ScatteredBatch) -> EpisodeBatch:
     return EpisodeBatch(
         env_spec=batch.env_spec,
         episode_infos=batch.episode_infos,
-        observations=_stand_in(batch.observations),
-        last_observations=_stand_in(batch.last_observations),
-        actions=_stand_in(batch.actions),
-        rewards=_stand_in(batch.rewards),
-        env_infos=map_nested(_stand_in, batch.env_infos),
-        agent_infos=map_nested(_stand_in, batch.agent_infos),
-        step_types=_stand_in(step_types),
         lengths=batch.lengths,
+        **dataclasses.replace(batch, step_types=step_types).map_tensors(_stand_in),
     )
 
 
