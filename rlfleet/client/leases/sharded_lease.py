@@ -154,12 +154,10 @@ class ShardedLease:
         """
         parts = self._parts(ids)
         if len(parts) == 1:  # the caller's rows as they are (an action array)
-            ((shard, positions),) = parts.items()
-            local = [ids[k] - shard.first for k in positions]
+            ((shard, (_, local)),) = parts.items()
             shard.stream.send(op, local, args, whole_reply=whole_reply)
             return
-        for shard, positions in parts.items():
-            local = [ids[k] - shard.first for k in positions]
+        for shard, (positions, local) in parts.items():
             rows = [args[k] for k in positions]
             shard.stream.send(op, local, rows, whole_reply=whole_reply)
 
@@ -176,10 +174,7 @@ class ShardedLease:
             ``{env id: answer}`` of the envs that answered by then.
         """
         end = None if timeout is None else time.monotonic() + timeout
-        parts = [
-            (shard, [ids[k] - shard.first for k in positions])
-            for shard, positions in self._parts(ids).items()
-        ]
+        parts = [(shard, local) for shard, (_, local) in self._parts(ids).items()]
         with self._changed:  # every shard's lock: their answers hold still
             while True:
                 now = time.monotonic()
@@ -209,8 +204,7 @@ class ShardedLease:
     ) -> dict[int, tuple[Any, dict[str, Any]]]:
         """:meth:`LeaseStream.take_prefetched` of each shard's envs among ``ids``."""
         found: dict[int, tuple[Any, dict[str, Any]]] = {}
-        for shard, positions in self._parts(ids).items():
-            local = [ids[k] - shard.first for k in positions]
+        for shard, (positions, local) in self._parts(ids).items():
             hits = shard.stream.take_prefetched(local, [args[k] for k in positions])
             found.update((shard.first + i, hit) for i, hit in hits.items())
         return found
@@ -232,12 +226,16 @@ class ShardedLease:
         if errors:
             raise errors[0]
 
-    def _parts(self, ids: Sequence[int]) -> dict[_Shard, list[int]]:
-        """The positions in ``ids`` of each shard's envs, shards in env order."""
+    def _parts(self, ids: Sequence[int]) -> dict[_Shard, tuple[list[int], list[int]]]:
+        """Each shard's envs among ``ids``: their positions in ``ids`` and their
+        ids in the shard's own lease; shards in env order."""
         shard_of = self._shard_of
-        parts: dict[_Shard, list[int]] = {}
+        parts: dict[_Shard, tuple[list[int], list[int]]] = {}
         for k, i in enumerate(ids):
-            parts.setdefault(shard_of[i], []).append(k)
+            shard = shard_of[i]
+            positions, local = parts.setdefault(shard, ([], []))
+            positions.append(k)
+            local.append(i - shard.first)
         return parts
 
 
