@@ -17,7 +17,7 @@ import rlfleet.envs.testing  # noqa: F401  (registers the test envs)
 from rlfleet.core import EnvSpec, EpisodeBatch, StepType
 from rlfleet.core.seeding import episode_seeds, stream_seeds
 from rlfleet.envs.config import EnvConfig
-from rlfleet.envs.testing import CounterEnv
+from rlfleet.envs.testing import CounterEnv, OffSpaceEnv
 from rlfleet.errors import ConfigError, EnvError, InvalidBatchError, PolicyError, UsageError
 from rlfleet.policies import MLPCategoricalPolicy, MLPGaussianPolicy, PolicySpec, RandomPolicy
 from rlfleet.policies.base import Policy
@@ -982,9 +982,7 @@ def test_one_env_leaving_its_space_in_a_vector_step_is_named_with_step_value_and
     # Slots 0 and 2 stay inside Box(-1, 1, (3,)) for their 20 steps; slot 1's
     # observation is 50.0 at every 7th step.
     made = iter([{"every": 1000}, {"every": 7}, {"every": 1000}])
-    worker = VecWorker(
-        n_envs=3, env=lambda: rlfleet.envs.testing.OffSpaceEnv(**next(made)), max_env_restarts=0
-    )
+    worker = VecWorker(n_envs=3, env=lambda: OffSpaceEnv(**next(made)), max_env_restarts=0)
     worker.submit(make_units(0, 0, range(3)))
     with pytest.raises(EnvError) as info:
         while not worker.idle:
