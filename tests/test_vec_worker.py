@@ -981,8 +981,8 @@ def test_agent_info_keys_must_not_change():
 def test_one_env_leaving_its_space_in_a_vector_step_is_named_with_step_value_and_space():
     # Slots 0 and 2 stay inside Box(-1, 1, (3,)) for their 20 steps; slot 1's
     # observation is 50.0 at every 7th step.
-    made = iter([{"every": 1000}, {"every": 7}, {"every": 1000}])
-    worker = VecWorker(n_envs=3, env=lambda: OffSpaceEnv(**next(made)), max_env_restarts=0)
+    every = iter([1000, 7, 1000])
+    worker = VecWorker(n_envs=3, env=lambda: OffSpaceEnv(every=next(every)), max_env_restarts=0)
     worker.submit(make_units(0, 0, range(3)))
     with pytest.raises(EnvError) as info:
         while not worker.idle:
