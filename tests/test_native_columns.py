@@ -190,6 +190,8 @@ def test_suspect_rows_find_every_row_the_exact_checks_may_refuse(nonfinite: bool
         check = SuspectRows(space, nonfinite=nonfinite)
         rows = np.stack([space.sample() for _ in range(32)])
         assert check(rows) is None
+        # A whole segment, of any length, in one call.
+        assert all(check.all_pass(rows[:length]) for length in (1, 7, 32))
         if rows.dtype.kind != "f":
             continue
         bad = rows.copy()
@@ -202,6 +204,8 @@ def test_suspect_rows_find_every_row_the_exact_checks_may_refuse(nonfinite: bool
         # Outside rows always; NaN and inf rows in any mode (the exact check
         # lets them through unless they are errors).
         assert set(np.flatnonzero(suspect).tolist()) == {3, 9, 20}
+        for row in (3, 9, 20):
+            assert not check.all_pass(bad[row : row + 5]) and check.all_pass(bad[row + 1 : row + 5])
 
 
 # --- a VecWorker on native envs whose observations go wrong ---------------------------

@@ -17,7 +17,7 @@ import rlfleet.envs.testing  # noqa: F401  (registers the test envs)
 from rlfleet.core import EnvSpec, EpisodeBatch, StepType
 from rlfleet.core.seeding import episode_seeds, stream_seeds
 from rlfleet.envs.config import EnvConfig
-from rlfleet.envs.testing import CounterEnv
+from rlfleet.envs.testing import CounterEnv, OffSpaceEnv
 from rlfleet.errors import ConfigError, EnvError, InvalidBatchError, PolicyError, UsageError
 from rlfleet.policies import MLPCategoricalPolicy, MLPGaussianPolicy, PolicySpec, RandomPolicy
 from rlfleet.policies.base import Policy
@@ -973,3 +973,46 @@ def test_agent_info_keys_must_not_change():
     worker.step()
     with pytest.raises(PolicyError, match="keys changed"):
         worker.step()
+
+
+# ------------------------------------------------- observations outside the space
+
+
+def test_one_env_leaving_its_space_in_a_vector_step_is_named_with_step_value_and_space():
+    # Slots 0 and 2 stay inside Box(-1, 1, (3,)) for their 20 steps; slot 1's
+    # observation is 50.0 at every 7th step.
+    every = iter([1000, 7, 1000])
+    worker = VecWorker(n_envs=3, env=lambda: OffSpaceEnv(every=next(every)), max_env_restarts=0)
+    worker.submit(make_units(0, 0, range(3)))
+    with pytest.raises(EnvError) as info:
+        while not worker.idle:
+            worker.step()
+    error = info.value
+    assert (error.env_index, error.step, error.episode_index) == (1, 7, 1)
+    for phrase in ("the observation of step 7", "50.0", "Box(-1.0, 1.0, (3,), float32)"):
+        assert phrase in error.bare_message, error.bare_message
+    while not worker.idle:
+        worker.step()
+    batch = worker.take_finished()
+    assert batch is not None and batch.episode_infos["episode_index"].tolist() == [0, 2]
+
+
+def test_honest_episodes_never_reach_the_exact_observation_check(monkeypatch):
+    # The exact check costs ~4x the quick one; it runs only where the quick one fails.
+    import rlfleet.worker._segments as segments
+
+    exact_checks: list[int] = []
+
+    def counted(observations: np.ndarray, *args: Any) -> Any:
+        exact_checks.append(len(observations))
+        return real(observations, *args)
+
+    real = segments.outside_space_error
+    monkeypatch.setattr(segments, "outside_space_error", counted)
+    worker = VecWorker(n_envs=4, env=CARTPOLE, policy=mlp())
+    batch = worker.run(make_units(0, 0, range(12)))
+    assert batch.n_episodes == 12 and exact_checks == []
+    off = VecWorker(n_envs=1, env=EnvConfig("rlfleet/OffSpace-v0", {"every": 3}))
+    with pytest.raises(EnvError, match="the observation of step 3"):
+        off.run(make_units(0, 0, [0]))
+    assert exact_checks == [21]  # the whole episode, its last observation included

@@ -17,7 +17,7 @@ import numpy as np
 
 from rlfleet.core._arrays import NestedArrays
 from rlfleet.core.env_spec import EnvSpec
-from rlfleet.worker._checks import nonfinite_rows, outside_space_error
+from rlfleet.worker._checks import SuspectRows, nonfinite_rows, outside_space_error
 from rlfleet.worker._episode_buffer import Segment, StepRing, stack_step_infos
 from rlfleet.worker._numeric import all_finite
 from rlfleet.worker.units import EpisodeUnit
@@ -150,6 +150,9 @@ class SegmentRecorder:
         self._nan_mode = nan_mode
         self._failures = failures
         self._source_name = source_name
+        # Honest segments pass this in a couple of numpy calls; the exact
+        # checks (which name the step and value) run only on the others.
+        self._quick = SuspectRows(spec.observation_space, nonfinite=nan_mode == "error")
 
     def record(self, slot: int, live: Live, length: int, last: int | None) -> Segment | None:
         """Makes a segment of ``length`` steps, viewing them in the ring.
@@ -195,6 +198,8 @@ class SegmentRecorder:
             live: The segment.
             observations: Its observations, its last one included.
         """
+        if self._quick.all_pass(observations):
+            return False
         if self._nan_mode == "error" and not all_finite(observations):
             index = int(np.argmax(nonfinite_rows(observations)))
             self._failures.reject_nonfinite(slot, live, live.offset + index, "", self._source_name)

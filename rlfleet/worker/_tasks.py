@@ -139,8 +139,10 @@ class TaskBook:
         if not self._pending:
             return
         vec = self._vec
-        slots = max(vec.n_envs - self._leased(), 1)
-        room = slots - vec.active_count - vec.queued_count
+        held = vec.active_count + vec.queued_count
+        if held >= vec.n_envs:
+            return  # every slot is held (the common case: it runs every vector step)
+        room = max(vec.n_envs - self._leased(), 1) - held
         if room > 0:
             vec.submit([self._pending.popleft() for _ in range(min(room, len(self._pending)))])
 
