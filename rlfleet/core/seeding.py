@@ -123,8 +123,8 @@ def shard_seed(base_seed: int, shard: int) -> int:
 # episode_seeds builds one SeedSequence per episode, about 8 microseconds
 # each: at the fleet's rate (thousands of episodes a second, derived under
 # the coordinator's lock) that was the largest single cost of a refill.
-# episode_seeds_many runs SeedSequence's hash on a whole column of episode
-# indices with numpy, bit for bit the same algorithm
+# episode_seed_columns runs SeedSequence's hash on a whole column of episode
+# indices with numpy (episode_seeds_many is it as a list of pairs), bit for bit the same algorithm
 # (numpy/random/bit_generator.pyx: mix_entropy over a 4-word pool, then
 # generate_state(2, uint32)); tests/test_scheduler.py checks it against
 # episode_seeds.
@@ -161,23 +161,47 @@ def episode_seeds_many(
     Raises:
         InvalidValueError: If an argument is negative.
     """
-    if (
-        len(episode_indices) < _MIN_VECTORISED
-        or min(episode_indices) < 0
-        or max(episode_indices) > _MASK
-    ):
+    env, policy = episode_seed_columns(
+        base_seed, request, np.asarray(episode_indices, dtype=np.int64).reshape(-1)
+    )
+    return list(zip(env.tolist(), policy.tolist(), strict=True))
+
+
+def episode_seed_columns(
+    base_seed: int, request: int, episode_indices: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`episode_seeds` of many episodes of one request, as two int64 columns.
+
+    Args:
+        base_seed: The sampler's seed (non-negative).
+        request: Index of the sampling request (non-negative).
+        episode_indices: (N,) int64 episode indices (non-negative).
+
+    Returns:
+        (env_seeds, policy_seeds), each (N,) int64.
+
+    Raises:
+        InvalidValueError: If an argument is negative.
+    """
+    count = len(episode_indices)
+    if not count:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    low, high = int(episode_indices.min()), int(episode_indices.max())
+    if count < _MIN_VECTORISED or low < 0 or high > _MASK:
         # Few, or out of the one-word range the vector path handles: the
         # reference (which also raises on negative values).
-        return [episode_seeds(base_seed, request, i) for i in episode_indices]
+        pairs = [episode_seeds(base_seed, request, i) for i in episode_indices.tolist()]
+        seeds = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        return seeds[:, 0], seeds[:, 1]
     if base_seed < 0 or request < 0:
         raise InvalidValueError(
             "seeds are derived from non-negative integers, got "
             f"base_seed={base_seed}, request={request}"
         )
     env, policy = _hash(
-        [*_words(base_seed), *_words(request)], np.asarray(episode_indices, dtype=np.uint32), 2
+        [*_words(base_seed), *_words(request)], episode_indices.astype(np.uint32), 2
     )
-    return list(zip(env.tolist(), policy.tolist(), strict=True))
+    return env.astype(np.int64), policy.astype(np.int64)
 
 
 # PCG64's 128-bit LCG multiplier (numpy/random/src/pcg64/pcg64.h).
