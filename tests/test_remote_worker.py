@@ -279,6 +279,7 @@ def test_hello_env_ready_results_and_heartbeats(
         "rlfleet.fragments",
         "rlfleet.multi-agent",
         "rlfleet.stream-takeover",
+        "rlfleet.unit-columns",
         "rlfleet.leases",
     ]
     assert hello.implementation.startswith("rlfleet-python/")

@@ -28,9 +28,7 @@ from rlfleet.worker._tasks import EpisodeTask, TaskBook
 from rlfleet.worker.vec import VecWorker
 
 unit_rows = st.lists(
-    st.tuples(
-        st.integers(0, 2**63 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)
-    ),
+    st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)),
     max_size=60,
 )
 
@@ -227,7 +225,8 @@ def test_waiting_units_run_once_each_with_their_seeds_and_cancels_drop_them() ->
             assert batch is not None
             infos = batch.episode_infos
             assert infos["episode_index"].tolist() == indices
-            seeds = list(zip(infos["env_seed"].tolist(), infos["policy_seed"].tolist()))
+            env, policy = infos["env_seed"].tolist(), infos["policy_seed"].tolist()
+            seeds = list(zip(env, policy, strict=True))
             assert seeds == [episode_seeds(3, request, i) for i in indices]
         assert vec.take_finished() is None
     finally:
