@@ -133,7 +133,7 @@ def test_task_units_book_as_a_set_of_indices_would(data: st.DataObject) -> None:
         if not result:
             continue
         indices = np.array(result, dtype=np.int64)
-        problem = book.problem(indices, 3)
+        problem, positions = book.check(indices, 3)
         foreign = [i for i in result if i not in given_]
         again = [i for i in result if i not in outstanding]
         if foreign:
@@ -142,7 +142,7 @@ def test_task_units_book_as_a_set_of_indices_would(data: st.DataObject) -> None:
             assert problem == f"episodes {(again or result)[:5]} of task 3 came twice"
         else:
             assert problem == ""
-            book.complete(indices)
+            book.complete(positions)
             outstanding.difference_update(result)
         assert book.outstanding == len(outstanding)
         assert book.outstanding_indices().tolist() == sorted(outstanding)

@@ -9,6 +9,7 @@ batch identical whatever the number of workers and after a worker dies.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -319,7 +320,7 @@ def stream_seeds_many(
         return seeds[:, 0], seeds[:, 1]
     constant = [*_words(base_seed), *_words(_STREAM_TAG)]
     env, policy = _hash_columns(
-        [np.full(len(streams), word, dtype=np.uint32) for word in constant]
+        [np.uint32(word) for word in constant]
         + [streams.astype(np.uint32), episodes.astype(np.uint32)],
         2,
     )
@@ -328,29 +329,40 @@ def stream_seeds_many(
 
 def _hash(prefix: list[int], last: np.ndarray, n_words: int) -> list[np.ndarray]:
     """SeedSequence(prefix + [last[k]]).generate_state(n_words) for every k, as columns."""
-    n = last.shape[0]
-    return _hash_columns([np.full(n, word, dtype=np.uint32) for word in prefix] + [last], n_words)
+    return _hash_columns([np.uint32(word) for word in prefix] + [last], n_words)
 
 
-def _hash_columns(entropy: list[np.ndarray], n_words: int) -> list[np.ndarray]:
-    """SeedSequence(row k of the uint32 columns).generate_state(n_words), as columns."""
-    n = entropy[0].shape[0]
+def _hash_columns(entropy: list[Any], n_words: int) -> list[np.ndarray]:
+    """SeedSequence(row k of the entropy words).generate_state(n_words), as columns.
+
+    Args:
+        entropy: Per word, a uint32 column, or one np.uint32 for a word every
+            row shares (the base seed's, the request's): it is mixed as a
+            scalar until it meets a column, a third fewer array operations.
+        n_words: Words of state per row.
+    """
     # The hash constant evolves independently of the data, so one Python int
-    # serves every column; uint32 arithmetic wraps exactly as the C code does.
+    # serves every column; uint32 arithmetic wraps exactly as the C code does
+    # (numpy warns of the wrap on scalars only: silenced).
+    with np.errstate(over="ignore"):
+        return _mixed(entropy, n_words)
+
+
+def _mixed(entropy: list[Any], n_words: int) -> list[np.ndarray]:
     hash_const = _INIT_A
 
-    def hashmix(value: np.ndarray) -> np.ndarray:
+    def hashmix(value: Any) -> Any:
         nonlocal hash_const
         value = value ^ np.uint32(hash_const)
         hash_const = (hash_const * _MULT_A) & _MASK
         value = value * np.uint32(hash_const)
         return value ^ (value >> _XSHIFT)
 
-    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        result: np.ndarray = _MIX_MULT_L * x - _MIX_MULT_R * y
+    def mix(x: Any, y: Any) -> Any:
+        result = _MIX_MULT_L * x - _MIX_MULT_R * y
         return result ^ (result >> _XSHIFT)
 
-    zero = np.zeros(n, dtype=np.uint32)
+    zero = np.uint32(0)
     mixer = [hashmix(entropy[i] if i < len(entropy) else zero) for i in range(_POOL_SIZE)]
     for src in range(_POOL_SIZE):
         for dst in range(_POOL_SIZE):

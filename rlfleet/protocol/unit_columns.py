@@ -156,16 +156,18 @@ class UnitColumns:
 
         Returns:
             ``(positions, found)``: each index's position in these columns,
-            and whether it is held at all (where not, its position is 0).
+            and whether it is held at all (where not, its position is
+            meaningless).
         """
-        held = self.episode_indices
-        if not len(held):
-            return np.zeros(len(indices), dtype=np.intp), np.zeros(len(indices), dtype=bool)
-        positions = np.searchsorted(held, indices)
-        positions[positions == len(held)] = 0
-        found = held[positions] == indices
-        positions[~found] = 0
-        return positions, found
+        return positions_in(self.episode_indices, indices)
+
+
+def positions_in(held: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`UnitColumns.positions` in the sorted column ``held``."""
+    if not len(held):
+        return np.zeros(len(indices), dtype=np.intp), np.zeros(len(indices), dtype=bool)
+    positions = np.minimum(np.searchsorted(held, indices), len(held) - 1)
+    return positions, held[positions] == indices
 
 
 def _frozen_empty() -> np.ndarray:
@@ -177,4 +179,4 @@ def _frozen_empty() -> np.ndarray:
 #: No units.
 EMPTY_UNITS = UnitColumns(_frozen_empty(), _frozen_empty(), _frozen_empty())
 
-__all__ = ["EMPTY_UNITS", "Unit", "UnitColumns"]
+__all__ = ["EMPTY_UNITS", "Unit", "UnitColumns", "positions_in"]

@@ -369,28 +369,38 @@ class Scheduler:
         The coordinator calls this before decoding a result (no need to
         check a batch it will drop) and :meth:`complete` after.
         """
+        return self._judge(worker_id, task_id, _int64(episode_indices))[0]
+
+    def _judge(
+        self, worker_id: int, task_id: int, indices: np.ndarray
+    ) -> tuple[ResultRuling, np.ndarray | None]:
+        """:meth:`classify`, and where an episode task holds the result's units."""
         task = self._books.tasks.get(task_id)
         if task is None:
             if 0 < task_id <= self._books.last_task_id:
                 # Retired: its request ended or its units were cancelled.
-                return ResultRuling(Verdict.IGNORE, reason=f"task {task_id} is over")
-            return ResultRuling(Verdict.REJECT, reason=f"task {task_id} was never sent")
+                return ResultRuling(Verdict.IGNORE, reason=f"task {task_id} is over"), None
+            return ResultRuling(Verdict.REJECT, reason=f"task {task_id} was never sent"), None
         request = self._books.requests[task.request_id]
 
-        def outcome(verdict: Verdict, reason: str = "") -> ResultRuling:
-            return ResultRuling(
+        def outcome(
+            verdict: Verdict, reason: str = "", positions: np.ndarray | None = None
+        ) -> tuple[ResultRuling, np.ndarray | None]:
+            ruling = ResultRuling(
                 verdict, request.request_id, reason, subscription=request.subscription
             )
+            return ruling, positions
 
         if task.worker_id != worker_id:
             return outcome(Verdict.REJECT, f"task {task_id} belongs to another worker")
-        indices = _int64(episode_indices)
         if not indices.size:
             return outcome(Verdict.REJECT, "a result must hold at least one episode")
         if task.is_windows:
             return outcome(Verdict.ACCEPT)  # every window is a new piece of its streams
-        problem = task.units.problem(indices, task_id)
-        return outcome(Verdict.REJECT, problem) if problem else outcome(Verdict.ACCEPT)
+        problem, positions = task.units.check(indices, task_id)
+        return (
+            outcome(Verdict.REJECT, problem) if problem else outcome(Verdict.ACCEPT, "", positions)
+        )
 
     def complete(
         self,
@@ -408,15 +418,15 @@ class Scheduler:
             lengths: Their lengths, one per index.
         """
         indices = _int64(episode_indices)
-        outcome = self.classify(worker_id, task_id, indices)
+        outcome, positions = self._judge(worker_id, task_id, indices)
         if outcome.verdict is not Verdict.ACCEPT:
             return outcome
         task = self._books.tasks[task_id]
         request = self._books.requests[task.request_id]
         request.workers_used.add(worker_id)
         worker = self._books.workers[worker_id]
-        if isinstance(request, EpisodeRequest):
-            self._units.record(worker, task, request, indices, _int64(lengths))
+        if isinstance(request, EpisodeRequest) and positions is not None:
+            self._units.record(worker, task, request, indices, _int64(lengths), positions=positions)
         elif isinstance(request, FragmentRequest):
             self._windows.record(worker, task, request, indices.tolist(), list(lengths))
         return ResultRuling(

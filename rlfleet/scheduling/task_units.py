@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns
+from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns, positions_in
 
 
 class TaskUnits:
@@ -83,28 +83,34 @@ class TaskUnits:
         n = self._count
         return UnitColumns(self._index[:n], self._env[:n], self._policy[:n])
 
-    def problem(self, indices: np.ndarray, task_id: int) -> str:
-        """Why a result of these episodes cannot be booked ("" if it can).
+    def check(self, indices: np.ndarray, task_id: int) -> tuple[str, np.ndarray]:
+        """Whether a result of these episodes can be booked.
 
         Args:
             indices: The result's episode indices (int64).
             task_id: The task, for the message.
+
+        Returns:
+            Why not ("" if it can), and where the units are held (for
+            :meth:`complete`).
         """
-        positions, found = self.given.positions(indices)
+        positions, found = positions_in(self._index[: self._count], indices)
         if not found.all():
             foreign = indices[~found][:5].tolist()
-            return f"episodes {foreign} are not units of task {task_id}"
+            return f"episodes {foreign} are not units of task {task_id}", positions
         again = indices[~self._out[positions]]
-        if again.size or np.unique(indices).size != indices.size:
+        # A worker sends its episodes ascending: sorting is for the others.
+        ascending = (indices[1:] > indices[:-1]).all()
+        ordered = indices if ascending else np.sort(indices)
+        if again.size or (ordered[1:] == ordered[:-1]).any():
             shown = (again if again.size else indices)[:5].tolist()
-            return f"episodes {shown} of task {task_id} came twice"
-        return ""
+            return f"episodes {shown} of task {task_id} came twice", positions
+        return "", positions
 
-    def complete(self, indices: np.ndarray) -> None:
-        """Marks units back (each outstanding: :meth:`problem` vouched for it)."""
-        positions, _ = self.given.positions(indices)
+    def complete(self, positions: np.ndarray) -> None:
+        """Marks the units at these positions back (:meth:`check` found them outstanding)."""
         self._out[positions] = False
-        self.outstanding -= len(indices)
+        self.outstanding -= len(positions)
 
     def outstanding_indices(self) -> np.ndarray:
         """The indices of the units not back yet, ascending."""

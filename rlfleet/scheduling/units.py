@@ -147,12 +147,12 @@ class EpisodeRequest(RequestState):
             needed = max(fleet_slots if average is None else math.ceil(remaining / average), 1)
             new = needed - (self.outstanding + len(taken) + len(self.requeued))
         new = max(min(new, count - len(taken)), 0)
-        indices = np.concatenate(
-            [np.array(taken, dtype=np.int64), np.arange(self.next_index, self.next_index + new)]
-        )
+        first = self.next_index
         self.next_index += new
-        self.handed_out(len(indices))
-        return indices
+        self.handed_out(len(taken) + new)
+        if not taken:  # the usual case: one numpy call
+            return np.arange(first, first + new, dtype=np.int64)
+        return np.array([*taken, *range(first, first + new)], dtype=np.int64)
 
     def average_length(self, prior_length: float | None) -> float | None:
         """Mean length of this request's episodes, else the prior."""
@@ -343,9 +343,20 @@ class UnitPlanner:
         request: EpisodeRequest,
         indices: np.ndarray,
         lengths: np.ndarray,
+        *,
+        positions: np.ndarray,
     ) -> None:
-        """Books the accepted episodes of a result of ``task`` (int64 arrays)."""
-        task.units.complete(indices)
+        """Books the accepted episodes of a result of ``task``.
+
+        Args:
+            worker: Its worker.
+            task: The task.
+            request: Its request.
+            indices: The episodes (int64).
+            lengths: Their lengths (int64).
+            positions: Where the task holds them (``TaskUnits.check``).
+        """
+        task.units.complete(positions)
         worker.units -= len(indices)
         request.complete(indices, lengths)
         self.mean_length.add(int(lengths.sum()), len(lengths))
