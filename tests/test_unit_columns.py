@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.unit_path import SLOTS, one_round
 from rlfleet.core.seeding import episode_seed_columns, episode_seeds
 from rlfleet.envs import EnvConfig
 from rlfleet.protocol.join import TaskAssignment
@@ -229,5 +230,16 @@ def test_waiting_units_run_once_each_with_their_seeds_and_cancels_drop_them() ->
             seeds = list(zip(env, policy, strict=True))
             assert seeds == [episode_seeds(3, request, i) for i in indices]
         assert vec.take_finished() is None
+    finally:
+        vec.shutdown()
+
+
+def test_the_unit_path_benchmark_times_each_stage() -> None:
+    vec = VecWorker(n_envs=SLOTS, env=EnvConfig("CartPole-v1", vectorization="vector_entry_point"))
+    try:
+        for unit_columns in (True, False):
+            count, stages, booking = one_round(vec, 200, 100, unit_columns=unit_columns)
+            assert count == 200 and len(stages) == 3
+            assert min(stages) >= 0 and booking >= 0
     finally:
         vec.shutdown()

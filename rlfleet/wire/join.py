@@ -159,9 +159,11 @@ def decode_task(task: worker_pb2.Task) -> TaskAssignment:
         except WireFormatError as exc:
             unreadable = f"units it cannot decode ({exc})"
     elif task.units:
-        units = UnitColumns.of_rows(
-            [(u.episode_index, u.env_seed, u.policy_seed) for u in task.units]
-        )
+        flat: list[int] = []  # one flat list: numpy reads it faster than rows
+        for unit in task.units:
+            flat += (unit.episode_index, unit.env_seed, unit.policy_seed)
+        rows = np.array(flat, dtype=np.int64).reshape(-1, 3)
+        units = UnitColumns(rows[:, 0], rows[:, 1], rows[:, 2])
     return TaskAssignment(
         task.task_id,
         task.request_id,
