@@ -89,9 +89,9 @@ def one_round(
     assert isinstance(data, bytes)
     read_seconds, task = _timed(lambda: parse_coordinator_message(data))
     assert isinstance(task, TaskAssignment)
-    book = TaskBook(vec)
-    intake_seconds, _ = _timed(lambda: book.add(*book_entry(task)))
-    book.drop([task.task_id])
+    task_book = TaskBook(vec)
+    intake_seconds, _ = _timed(lambda: task_book.add(*book_entry(task)))
+    task_book.drop([task.task_id])
     return len(task.units), [refill_seconds, read_seconds, intake_seconds], booking / booked
 
 

@@ -8,6 +8,7 @@ against the per-unit rules it replaced.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -82,7 +83,9 @@ def test_columns_are_little_endian_arrays_of_one_length() -> None:
         (lambda t: t.units.add(episode_index=1), "both units and unit_columns"),
     ],
 )
-def test_malformed_columns_make_the_task_unreadable_not_the_stream(mangle, why: str) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_columns_make_the_task_unreadable_not_the_stream(
+    mangle: Callable[[worker_pb2.Task], object], why: str
+) -> None:
     message = encode_task(task_of(UnitColumns([0, 1], [2, 3], [4, 5])), unit_columns=True)
     mangle(message)
     task = decode_task(worker_pb2.Task.FromString(message.SerializeToString()))
@@ -113,12 +116,12 @@ def test_task_units_book_as_a_set_of_indices_would(data: st.DataObject) -> None:
             low = data.draw(st.booleans())
             start = data.draw(st.integers(0, 999)) if low else next_index
             count = data.draw(st.integers(1, 150))
-            indices = [i for i in range(start, start + count) if i not in given_]
+            fresh = [i for i in range(start, start + count) if i not in given_]
             if not low:
                 next_index = start + count
-            book.add(UnitColumns.seeded(5, 1, indices))
-            given_.update(indices)
-            outstanding.update(indices)
+            book.add(UnitColumns.seeded(5, 1, fresh))
+            given_.update(fresh)
+            outstanding.update(fresh)
             snapshots.append((book.given, sorted(given_)))
             continue
         # A result: some outstanding units, maybe one foreign or repeated.
@@ -149,8 +152,8 @@ def test_task_units_book_as_a_set_of_indices_would(data: st.DataObject) -> None:
         assert book.outstanding_indices().tolist() == sorted(outstanding)
     # Every unit keeps its seeds, and a snapshot stays what it was.
     assert book.given == UnitColumns.seeded(5, 1, sorted(given_))
-    for snapshot, indices in snapshots:
-        assert snapshot == UnitColumns.seeded(5, 1, indices)
+    for snapshot, held in snapshots:
+        assert snapshot == UnitColumns.seeded(5, 1, held)
 
 
 # --- the STEPS prefix --------------------------------------------------------------------
