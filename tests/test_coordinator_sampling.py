@@ -18,13 +18,15 @@ import pytest
 import rlfleet.envs.testing  # noqa: F401  (registers rlfleet/Crashing-v0)
 from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
 from rlfleet.core import EnvSpec
+from rlfleet.core.seeding import episode_seeds
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import EnvError, EnvNotFoundError, PolicyError
 from rlfleet.policies import MLPCategoricalPolicy, PolicySpec
 from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import learner_pb2, updates_pb2, worker_pb2
-from rlfleet.wire import decode_env_spec, encode_tensor_map
+from rlfleet.wire import decode_env_spec, decode_task, encode_tensor_map
 from tests._coordinator_fakes import (
+    CAPABILITIES,
     Answer,
     AutoWorker,
     assert_same_batch,
@@ -159,6 +161,46 @@ def test_units_of_a_lost_worker_are_rerun_elsewhere_without_duplicates(
     assert_same_batch(answer.batch, reference_episodes(range(6), seed=2, request_index=1))
     assert answer.footer.reassigned_units == 4
     assert {r.worker_id for r in answer.results} == {workers[0].welcome.worker_id}
+
+
+def test_units_come_as_columns_only_to_workers_that_declared_them(
+    server: CoordinatorServer, workers: list[AutoWorker]
+) -> None:
+    plain, _ = join(server.address, num_envs=2, name="plain")
+    columns, welcome = join(
+        server.address,
+        num_envs=2,
+        name="columns",
+        capabilities=(*CAPABILITIES, _rpc.UNIT_COLUMNS_CAPABILITY),
+    )
+    assert _rpc.UNIT_COLUMNS_CAPABILITY in welcome.capabilities  # agreed
+    for scripted in (plain, columns):
+        env_ready(scripted, scripted.expect("env_update"))
+    wait_for_workers(server.address, 2)
+    answers: list[Answer] = []
+    thread = threading.Thread(
+        target=lambda: answers.append(
+            sample(server.address, mode=2, amount=8, seed=4, request_index=2)
+        )
+    )
+    thread.start()
+    old, new = plain.expect("task"), columns.expect("task")
+    # A worker without the capability (the Node worker, a third-party one)
+    # gets one EpisodeUnit message per unit, as before; the other the columns.
+    assert len(old.units) == 4 and not old.HasField("unit_columns")
+    assert not new.units and new.HasField("unit_columns")
+    held = {u.episode_index: (u.env_seed, u.policy_seed) for u in old.units}
+    for unit in decode_task(new).units:
+        held[unit.episode_index] = (unit.env_seed, unit.policy_seed)
+    assert held == {i: episode_seeds(4, 2, i) for i in range(8)}
+    # Both die with their units: a plain worker runs them all once.
+    workers.append(AutoWorker(server.address, num_envs=1))
+    plain.close()
+    columns.close()
+    thread.join(timeout=60)
+    (answer,) = answers
+    assert_same_batch(answer.batch, reference_episodes(range(8), seed=4, request_index=2))
+    assert answer.footer.reassigned_units == 8
 
 
 def test_refused_agent_update_fails_and_the_fleet_returns_to_the_last_good_agent(

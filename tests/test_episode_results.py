@@ -23,6 +23,7 @@ from rlfleet.core.seeding import stream_seeds
 from rlfleet.core.space_checks import space_problem
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import WireFormatError
+from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import Chunk, encode_batch_chunks
 from rlfleet.wire.result_checks import (
@@ -82,7 +83,7 @@ def episode_task() -> ResultExpectation:
         worker_id=WORKER_ID,
         agent_version=-1,
         env_generation=1,
-        units={0: (11, 21), 1: (12, 22)},
+        units=UnitColumns([0, 1], [11, 12], [21, 22]),
     )
 
 

@@ -279,6 +279,7 @@ def test_hello_env_ready_results_and_heartbeats(
         "rlfleet.fragments",
         "rlfleet.multi-agent",
         "rlfleet.stream-takeover",
+        "rlfleet.unit-columns",
         "rlfleet.leases",
     ]
     assert hello.implementation.startswith("rlfleet-python/")
@@ -484,6 +485,24 @@ def test_refusals_name_what_is_wrong(
     assert (detail.kind, detail.task_id) == (updates_pb2.ERROR_KIND_PROTOCOL, 9)
     assert "task 9 asks for a replay it cannot decode" in detail.message
     assert "ReliabilityStreamReplay.actions" in detail.message
+    # And one whose unit columns differ in length (rlfleet.unit-columns).
+    columns = worker_pb2.EpisodeUnitColumns(
+        episode_indices=bytes(16), env_seeds=bytes(8), policy_seeds=bytes(4)
+    )
+    connection.send(
+        task=worker_pb2.Task(
+            task_id=10,
+            request_id=10,
+            mode=worker_pb2.SAMPLE_MODE_EPISODES,
+            agent_version=-1,
+            env_generation=1,
+            unit_columns=columns,
+        )
+    )
+    detail = error()
+    assert (detail.kind, detail.task_id) == (updates_pb2.ERROR_KIND_PROTOCOL, 10)
+    assert "task 10 asks for units it cannot decode" in detail.message
+    assert "columns differ in length" in detail.message
 
     good = updates_pb2.AgentUpdate(
         version=2,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -71,10 +72,8 @@ def test_units_carry_the_request_seeds_and_state() -> None:
     for unit in order.units:
         assert (unit.env_seed, unit.policy_seed) == episode_seeds(7, 3, unit.episode_index)
     # Kept for checking results: the same seeds, without deriving them again.
-    assert scheduler.unit_seeds(order.task_id) == {
-        u.episode_index: (u.env_seed, u.policy_seed) for u in order.units
-    }
-    assert scheduler.unit_seeds(order.task_id + 99) == {}
+    assert scheduler.unit_seeds(order.task_id) == order.units
+    assert len(scheduler.unit_seeds(order.task_id + 99)) == 0
 
 
 def test_steps_limits_units_to_what_the_average_length_says_is_needed() -> None:
@@ -461,7 +460,8 @@ def test_a_refill_joins_the_workers_live_task_so_a_flush_is_one_result() -> None
     # The worker sends one result per task it holds: a new task per refill
     # would split each flush that spans a refill into two results.
     assert refill.task_id == first.task_id and indices(refill) == [8, 9, 10]
-    assert set(scheduler.unit_seeds(first.task_id)) == set(range(11))  # both messages
+    given = scheduler.unit_seeds(first.task_id).episode_indices.tolist()
+    assert given == list(range(11))  # both messages
     # One result may now hold units of both Task messages, each still once.
     both = [3, 4, 8]
     ruling = scheduler.complete(1, first.task_id, both, [1, 1, 1])
@@ -588,10 +588,17 @@ def test_take_many_hands_out_what_as_many_takes_would(  # noqa: PLR0917 (hypothe
         request = EpisodeRequest(1, spec(mode, amount), subscription=False)
         request.next_index = handed
         request.handed_out(handed)
-        for length, index in zip(completed, range(handed), strict=False):
-            request.complete(index, length)
-        request.requeue([i for i in requeued if i < handed], lost=True)
+        lengths = completed[:handed]
+        if lengths:
+            request.complete(np.arange(len(lengths)), np.array(lengths))
+        request.requeue(np.array([i for i in requeued if i < handed], dtype=np.int64), lost=True)
         return request
+
+    def fields(request: EpisodeRequest) -> dict[str, object]:
+        return {
+            name: value.tolist() if isinstance(value, np.ndarray) else value
+            for name, value in vars(request).items()
+        }
 
     one_by_one, batched = state(), state()
     expected = []
@@ -601,5 +608,5 @@ def test_take_many_hands_out_what_as_many_takes_would(  # noqa: PLR0917 (hypothe
             break
         expected.append(index)
         one_by_one.handed_out(1)
-    assert batched.take_many(count, 16, prior) == expected
-    assert vars(batched) == vars(one_by_one)
+    assert batched.take_many(count, 16, prior).tolist() == expected
+    assert fields(batched) == fields(one_by_one)

@@ -48,12 +48,12 @@ from rlfleet.conformance.link import (
 )
 from rlfleet.conformance.runner import WorkerHarness
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.core.seeding import episode_seeds
 from rlfleet.policies.mlp import weight_name
 from rlfleet.protocol.error_reports import ErrorKind
 from rlfleet.protocol.join import TaskAssignment
 from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.stream_replay import StreamBook
+from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire.result_checks import pieces_by_stream
 from rlfleet.wire.results import DecodedResult, cut_pieces
@@ -241,12 +241,9 @@ def _refilled(link: WorkerLink, task: TaskAssignment, count: int, *, seed: int) 
     Returns:
         The task with every unit it now holds.
     """
-    first = max(index for index, _, _ in task.units) + 1
-    more = tuple(
-        (index, *episode_seeds(seed, task.request_id, index))
-        for index in range(first, first + count)
-    )
-    whole = task._replace(units=task.units + more)
+    first = int(task.units.episode_indices.max()) + 1
+    more = UnitColumns.seeded(seed, task.request_id, range(first, first + count))
+    whole = task._replace(units=UnitColumns.concat([task.units, more]))
     link.tasks[task.task_id] = whole
     link._send(task._replace(units=more))
     return whole

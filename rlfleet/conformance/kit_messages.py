@@ -214,16 +214,24 @@ KitCommand = (
 )
 
 
-def command_bytes(command: KitCommand) -> tuple[str, bytes]:
-    """A command's CoordinatorMessage: the body's name and the serialized message."""
-    message = _coordinator_message(command)
+def command_bytes(command: KitCommand, *, unit_columns: bool = False) -> tuple[str, bytes]:
+    """A command's CoordinatorMessage: the body's name and the serialized message.
+
+    Args:
+        command: What to send.
+        unit_columns: A task's units go as columns (the worker was granted
+            ``rlfleet.unit-columns``).
+    """
+    message = _coordinator_message(command, unit_columns=unit_columns)
     return message.WhichOneof("body") or EMPTY, message.SerializeToString()
 
 
-def _coordinator_message(command: KitCommand) -> worker_pb2.CoordinatorMessage:
+def _coordinator_message(
+    command: KitCommand, *, unit_columns: bool
+) -> worker_pb2.CoordinatorMessage:
     message = worker_pb2.CoordinatorMessage
     if isinstance(command, TaskAssignment):
-        return message(task=encode_task(command))
+        return message(task=encode_task(command, unit_columns=unit_columns))
     if isinstance(command, EnvChange):
         return message(env_update=encode_env_change(command))
     if isinstance(command, AgentChange):

@@ -47,7 +47,6 @@ from rlfleet.conformance.scripted_coordinator import (
     ScriptedSession,
 )
 from rlfleet.core.env_spec import EnvSpec
-from rlfleet.core.seeding import episode_seeds
 from rlfleet.errors import ResourceExhaustedError, WireFormatError
 from rlfleet.policies.spec import PolicySpec
 from rlfleet.protocol.error_reports import is_known_kind
@@ -55,6 +54,7 @@ from rlfleet.protocol.error_reports import kind_name as protocol_kind_name
 from rlfleet.protocol.join import DrainOrder, TaskAssignment, TaskCancel, WorkerHello, WorkerWelcome
 from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.stream_replay import StreamReplay
+from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.protocol.updates import AgentChange, EnvChange, PolicyChoice
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import parse_env_spec
@@ -73,11 +73,18 @@ KNOWN_CAPABILITIES = frozenset(
         "rlfleet.leases",
         "rlfleet.multi-agent",
         "rlfleet.stream-takeover",
+        "rlfleet.unit-columns",
     }
 )
 #: Those the test coordinator grants: never pickle (it needs an opt-in and TLS).
 GRANTED_CAPABILITIES = frozenset(
-    {"rlfleet.episodes", "rlfleet.fragments", "rlfleet.leases", "rlfleet.stream-takeover"}
+    {
+        "rlfleet.episodes",
+        "rlfleet.fragments",
+        "rlfleet.leases",
+        "rlfleet.stream-takeover",
+        "rlfleet.unit-columns",
+    }
 )
 
 #: An event of the stream a check waits for: a message or a whole result.
@@ -344,7 +351,7 @@ class WorkerLink:
     ) -> TaskAssignment:
         """Sends a task of ``count`` episode units (seeded as the coordinator does)."""
         request = next(_request_ids)
-        units = tuple((index, *episode_seeds(seed, request, index)) for index in range(count))
+        units = UnitColumns.seeded(seed, request, range(count))
         return self._send_task(TaskAssignment(0, request, mode, 0, 0, units=units))
 
     def send_fragments(
@@ -402,7 +409,7 @@ class WorkerLink:
         Raises:
             CheckFailed: If a unit comes back twice, or not all come back in time.
         """
-        wanted = {index for index, _, _ in task.units}
+        wanted = set(task.units.episode_indices.tolist())
         self.wait_until(
             f"results for all {len(wanted)} units of task {task.task_id}",
             lambda: wanted <= self.returned(task),
@@ -587,7 +594,7 @@ class WorkerLink:
                 fragment_length=task.fragment_length,
             )
         else:
-            units = {index: (env, policy) for index, env, policy in task.units}
+            units = task.units.sorted()
         return ResultExpectation(
             env_spec=self.spec,
             worker_id=self.worker_id,
@@ -598,7 +605,7 @@ class WorkerLink:
         )
 
     def _send(self, command: KitCommand) -> None:
-        body, data = command_bytes(command)
+        body, data = command_bytes(command, unit_columns=self.grants(_rpc.UNIT_COLUMNS_CAPABILITY))
         if len(data) > self.welcome.max_message_bytes and body != "welcome":
             raise CheckFailed(
                 f"kit error: a {body} of {len(data)} bytes is above the "

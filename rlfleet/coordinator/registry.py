@@ -35,10 +35,13 @@ class TaskDispatch:
     Attributes:
         order: The scheduler's order.
         replays: How to rebuild the episodes of streams another worker ran.
+        unit_columns: Its units travel as columns (the worker declared
+            ``rlfleet.unit-columns``), else as one EpisodeUnit message each.
     """
 
     order: TaskOrder
     replays: tuple[StreamReplay, ...] = ()
+    unit_columns: bool = False
 
 
 #: What the coordinator sends a worker on its Join stream. A lease command

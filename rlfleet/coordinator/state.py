@@ -34,6 +34,7 @@ from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY, can_run_env, ca
 from rlfleet.protocol.stream_replay import StreamBook
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.scheduling.scheduler import CancelOrder, Scheduler
+from rlfleet.transport import rpc as _rpc
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -230,7 +231,8 @@ class FleetState:
                     for stream in order.streams
                     if (replay := self.streams.replay(order.base_seed, stream, order.worker_id))
                 )
-                handle.send(TaskDispatch(order, replays))
+                columns = _rpc.UNIT_COLUMNS_CAPABILITY in handle.hello.capabilities
+                handle.send(TaskDispatch(order, replays, unit_columns=columns))
                 if logger.isEnabledFor(logging.DEBUG):
                     logger.debug(
                         "task %d of request %d to worker %r",

@@ -39,6 +39,7 @@ from rlfleet.protocol.join import (
 )
 from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY
+from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.scheduling.scheduler import RequestSpec, Verdict
 from rlfleet.security import PICKLE_CAPABILITY
 from rlfleet.transport import rpc as _rpc
@@ -58,6 +59,7 @@ CAPABILITIES = (
     _rpc.LEASE_CAPABILITY,
     MULTI_AGENT_CAPABILITY,
     _rpc.TAKEOVER_CAPABILITY,
+    _rpc.UNIT_COLUMNS_CAPABILITY,
 )
 
 
@@ -419,7 +421,7 @@ class WorkerEvents:
 def _expectation(
     handle: WorkerHandle,
     spec: RequestSpec,
-    seeds: dict[int, tuple[int, int]],
+    seeds: UnitColumns,
     env_spec: EnvSpec,
     latest_agent_version: int,
     *,

@@ -205,4 +205,4 @@ def task_message(dispatch: TaskDispatch) -> worker_pb2.CoordinatorMessage:
         streams=order.streams,
         replays=dispatch.replays,
     )
-    return worker_pb2.CoordinatorMessage(task=encode_task(task))
+    return worker_pb2.CoordinatorMessage(task=encode_task(task, unit_columns=dispatch.unit_columns))

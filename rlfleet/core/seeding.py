@@ -9,6 +9,7 @@ batch identical whatever the number of workers and after a worker dies.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -123,8 +124,8 @@ def shard_seed(base_seed: int, shard: int) -> int:
 # episode_seeds builds one SeedSequence per episode, about 8 microseconds
 # each: at the fleet's rate (thousands of episodes a second, derived under
 # the coordinator's lock) that was the largest single cost of a refill.
-# episode_seeds_many runs SeedSequence's hash on a whole column of episode
-# indices with numpy, bit for bit the same algorithm
+# episode_seed_columns runs SeedSequence's hash on a whole column of episode
+# indices with numpy (episode_seeds_many is it as a list of pairs), bit for bit the same algorithm
 # (numpy/random/bit_generator.pyx: mix_entropy over a 4-word pool, then
 # generate_state(2, uint32)); tests/test_scheduler.py checks it against
 # episode_seeds.
@@ -161,23 +162,47 @@ def episode_seeds_many(
     Raises:
         InvalidValueError: If an argument is negative.
     """
-    if (
-        len(episode_indices) < _MIN_VECTORISED
-        or min(episode_indices) < 0
-        or max(episode_indices) > _MASK
-    ):
+    env, policy = episode_seed_columns(
+        base_seed, request, np.asarray(episode_indices, dtype=np.int64).reshape(-1)
+    )
+    return list(zip(env.tolist(), policy.tolist(), strict=True))
+
+
+def episode_seed_columns(
+    base_seed: int, request: int, episode_indices: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`episode_seeds` of many episodes of one request, as two int64 columns.
+
+    Args:
+        base_seed: The sampler's seed (non-negative).
+        request: Index of the sampling request (non-negative).
+        episode_indices: (N,) int64 episode indices (non-negative).
+
+    Returns:
+        (env_seeds, policy_seeds), each (N,) int64.
+
+    Raises:
+        InvalidValueError: If an argument is negative.
+    """
+    count = len(episode_indices)
+    if not count:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    low, high = int(episode_indices.min()), int(episode_indices.max())
+    if count < _MIN_VECTORISED or low < 0 or high > _MASK:
         # Few, or out of the one-word range the vector path handles: the
         # reference (which also raises on negative values).
-        return [episode_seeds(base_seed, request, i) for i in episode_indices]
+        pairs = [episode_seeds(base_seed, request, i) for i in episode_indices.tolist()]
+        seeds = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        return seeds[:, 0], seeds[:, 1]
     if base_seed < 0 or request < 0:
         raise InvalidValueError(
             "seeds are derived from non-negative integers, got "
             f"base_seed={base_seed}, request={request}"
         )
     env, policy = _hash(
-        [*_words(base_seed), *_words(request)], np.asarray(episode_indices, dtype=np.uint32), 2
+        [*_words(base_seed), *_words(request)], episode_indices.astype(np.uint32), 2
     )
-    return list(zip(env.tolist(), policy.tolist(), strict=True))
+    return env.astype(np.int64), policy.astype(np.int64)
 
 
 # PCG64's 128-bit LCG multiplier (numpy/random/src/pcg64/pcg64.h).
@@ -295,7 +320,7 @@ def stream_seeds_many(
         return seeds[:, 0], seeds[:, 1]
     constant = [*_words(base_seed), *_words(_STREAM_TAG)]
     env, policy = _hash_columns(
-        [np.full(len(streams), word, dtype=np.uint32) for word in constant]
+        [np.uint32(word) for word in constant]
         + [streams.astype(np.uint32), episodes.astype(np.uint32)],
         2,
     )
@@ -304,29 +329,40 @@ def stream_seeds_many(
 
 def _hash(prefix: list[int], last: np.ndarray, n_words: int) -> list[np.ndarray]:
     """SeedSequence(prefix + [last[k]]).generate_state(n_words) for every k, as columns."""
-    n = last.shape[0]
-    return _hash_columns([np.full(n, word, dtype=np.uint32) for word in prefix] + [last], n_words)
+    return _hash_columns([np.uint32(word) for word in prefix] + [last], n_words)
 
 
-def _hash_columns(entropy: list[np.ndarray], n_words: int) -> list[np.ndarray]:
-    """SeedSequence(row k of the uint32 columns).generate_state(n_words), as columns."""
-    n = entropy[0].shape[0]
+def _hash_columns(entropy: list[Any], n_words: int) -> list[np.ndarray]:
+    """SeedSequence(row k of the entropy words).generate_state(n_words), as columns.
+
+    Args:
+        entropy: Per word, a uint32 column, or one np.uint32 for a word every
+            row shares (the base seed's, the request's): it is mixed as a
+            scalar until it meets a column, a third fewer array operations.
+        n_words: Words of state per row.
+    """
     # The hash constant evolves independently of the data, so one Python int
-    # serves every column; uint32 arithmetic wraps exactly as the C code does.
+    # serves every column; uint32 arithmetic wraps exactly as the C code does
+    # (numpy warns of the wrap on scalars only: silenced).
+    with np.errstate(over="ignore"):
+        return _mixed(entropy, n_words)
+
+
+def _mixed(entropy: list[Any], n_words: int) -> list[np.ndarray]:
     hash_const = _INIT_A
 
-    def hashmix(value: np.ndarray) -> np.ndarray:
+    def hashmix(value: Any) -> Any:
         nonlocal hash_const
         value = value ^ np.uint32(hash_const)
         hash_const = (hash_const * _MULT_A) & _MASK
         value = value * np.uint32(hash_const)
         return value ^ (value >> _XSHIFT)
 
-    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        result: np.ndarray = _MIX_MULT_L * x - _MIX_MULT_R * y
+    def mix(x: Any, y: Any) -> Any:
+        result = _MIX_MULT_L * x - _MIX_MULT_R * y
         return result ^ (result >> _XSHIFT)
 
-    zero = np.zeros(n, dtype=np.uint32)
+    zero = np.uint32(0)
     mixer = [hashmix(entropy[i] if i < len(entropy) else zero) for i in range(_POOL_SIZE)]
     for src in range(_POOL_SIZE):
         for dst in range(_POOL_SIZE):

@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, NamedTuple
 
+from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns
+
 if TYPE_CHECKING:
     from rlfleet.protocol.stream_replay import StreamReplay
 
@@ -130,13 +132,14 @@ class TaskAssignment(NamedTuple):
         mode: A ``SampleMode`` number (``rlfleet.protocol.modes.Mode``).
         agent_version: The version its episodes must be produced by (-1: latest).
         env_generation: The env generation they must come from.
-        units: ``(episode_index, env_seed, policy_seed)`` of each unit (episodes).
+        units: The units to run, as columns (episodes).
         fragment_length: Steps per slot and window (fragments).
         rounds: Windows to run (fragments).
         base_seed: Seed of the episodes its streams start (fragments).
         streams: The streams its slots run (empty: Welcome.first_stream + slot).
         replays: How to rebuild the streams it takes over.
-        unreadable: Why a replay could not be decoded ("" if every one was).
+        unreadable: What of the Task could not be decoded, and why (""
+            if all of it was), for the worker to refuse the task.
     """
 
     task_id: int
@@ -144,7 +147,7 @@ class TaskAssignment(NamedTuple):
     mode: int
     agent_version: int
     env_generation: int
-    units: tuple[tuple[int, int, int], ...] = ()
+    units: UnitColumns = EMPTY_UNITS
     fragment_length: int = 0
     rounds: int = 0
     base_seed: int = 0

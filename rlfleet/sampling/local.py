@@ -321,12 +321,9 @@ class LocalSampler(ClosesOnExit):
         try:
             while num_episodes is None:
                 for order in scheduler.dispatch():
-                    units = [
-                        EpisodeUnit(u.episode_index, u.env_seed, u.policy_seed, request)
-                        for u in order.units
-                    ]
-                    task_of.update((u.episode_index, order.task_id) for u in units)
-                    self._workers[order.worker_id].submit(units)
+                    indices = order.units.episode_indices.tolist()
+                    task_of.update(dict.fromkeys(indices, order.task_id))
+                    self._workers[order.worker_id].submit(EpisodeUnit.many(order.units, request))
                 if all(w.idle and not w.finished_count for w in self._workers):
                     raise InternalError("LocalSampler: the scheduler left every worker idle")
                 for number, worker in enumerate(self._workers):

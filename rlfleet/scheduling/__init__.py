@@ -5,7 +5,8 @@ which episode and when a request is complete: pure Python, no gRPC, no
 threads, no clocks. It imports neither the coordinator nor the client.
 
 It composes one part per responsibility: ``books`` (workers, tasks and
-requests), ``units`` (episode units and worker capacities), ``windows``
+requests; ``task_units``, each task's units as columns), ``units``
+(episode units and worker capacities), ``windows``
 (fragment windows), ``failures`` (lost workers and orphaned streams);
 ``orders`` holds the values it takes and gives.
 """

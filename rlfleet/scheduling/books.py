@@ -14,7 +14,9 @@ import itertools
 from dataclasses import dataclass, field
 
 from rlfleet.protocol.modes import Footer, Mode
-from rlfleet.scheduling.orders import CancelOrder, RequestSpec, TaskOrder, Unit
+from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns
+from rlfleet.scheduling.orders import CancelOrder, RequestSpec, TaskOrder
+from rlfleet.scheduling.task_units import TaskUnits
 
 
 @dataclass
@@ -56,11 +58,9 @@ class TaskRecord:
     task_id: int
     worker_id: int
     request_id: int
-    # Episode tasks: every index given (refills add to it), and those not back yet.
-    assigned: set[int] = field(default_factory=set)
-    outstanding: set[int] = field(default_factory=set)
-    # ... and each index's (env_seed, policy_seed), against which results are checked.
-    seeds: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # Episode tasks: every unit given (refills add to it), with the seeds
+    # results are checked against, and those not back yet.
+    units: TaskUnits = field(default_factory=TaskUnits)
     # Fragment tasks (rounds >= 1): windows asked for and received.
     rounds: int = 0
     received: int = 0
@@ -170,19 +170,20 @@ class Books:
         worker = self.workers.get(task.worker_id)
         if worker is not None:
             worker.tasks.discard(task.task_id)
-            worker.units -= len(task.outstanding)
+            worker.units -= task.units.outstanding
             if request.subscription and task.is_windows:
                 worker.windows -= task.windows_left
         if task.is_windows:
             return CancelOrder(task.worker_id, task.task_id)
-        return CancelOrder(task.worker_id, task.task_id, tuple(sorted(task.outstanding)))
+        indices = task.units.outstanding_indices().tolist()
+        return CancelOrder(task.worker_id, task.task_id, tuple(indices))
 
     def order(
         self,
         task: TaskRecord,
         request: RequestState,
         *,
-        units: tuple[Unit, ...] = (),
+        units: UnitColumns = EMPTY_UNITS,
         fragment_length: int = 0,
         rounds: int = 0,
     ) -> TaskOrder:

@@ -71,8 +71,11 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import replace
 
+import numpy as np
+
 from rlfleet.errors import InternalError, InvalidValueError
 from rlfleet.protocol.modes import Footer, Mode
+from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns
 from rlfleet.scheduling.books import Books, RequestState, WorkerLoad
 from rlfleet.scheduling.failures import Streams, lose_worker
 from rlfleet.scheduling.orders import (
@@ -265,14 +268,16 @@ class Scheduler:
         task = self._books.tasks.get(task_id)
         return None if task is None else task.request_id
 
-    def unit_seeds(self, task_id: int) -> dict[int, tuple[int, int]]:
-        """Episode index -> (env_seed, policy_seed) of a live episode task's units.
+    def unit_seeds(self, task_id: int) -> UnitColumns:
+        """Every unit given to a live episode task, with its seeds, ascending by index.
 
-        Kept from dispatch, so checking a result's seeds derives none again.
-        Empty for fragment tasks and retired tasks.
+        Kept from dispatch, so checking a result's seeds derives none again;
+        a snapshot, which later refills leave as it is (results are checked
+        outside the coordinator's lock). Empty for fragment tasks and
+        retired tasks.
         """
         task = self._books.tasks.get(task_id)
-        return {} if task is None else task.seeds
+        return EMPTY_UNITS if task is None else task.units.given
 
     def footer(self, request_id: int) -> Footer:
         """The footer of a done request."""
@@ -316,7 +321,7 @@ class Scheduler:
             for task_id in sorted(request.tasks):
                 task = self._books.tasks[task_id]
                 if isinstance(request, EpisodeRequest):
-                    request.requeue(task.outstanding, lost=False)
+                    request.requeue(task.units.outstanding_indices(), lost=False)
                 cancels.append(self._books.cancel(task, request))
             request.tasks.clear()
         return cancels
@@ -364,37 +369,38 @@ class Scheduler:
         The coordinator calls this before decoding a result (no need to
         check a batch it will drop) and :meth:`complete` after.
         """
+        return self._judge(worker_id, task_id, _int64(episode_indices))[0]
+
+    def _judge(
+        self, worker_id: int, task_id: int, indices: np.ndarray
+    ) -> tuple[ResultRuling, np.ndarray | None]:
+        """:meth:`classify`, and where an episode task holds the result's units."""
         task = self._books.tasks.get(task_id)
         if task is None:
             if 0 < task_id <= self._books.last_task_id:
                 # Retired: its request ended or its units were cancelled.
-                return ResultRuling(Verdict.IGNORE, reason=f"task {task_id} is over")
-            return ResultRuling(Verdict.REJECT, reason=f"task {task_id} was never sent")
+                return ResultRuling(Verdict.IGNORE, reason=f"task {task_id} is over"), None
+            return ResultRuling(Verdict.REJECT, reason=f"task {task_id} was never sent"), None
         request = self._books.requests[task.request_id]
 
-        def outcome(verdict: Verdict, reason: str = "") -> ResultRuling:
-            return ResultRuling(
+        def outcome(
+            verdict: Verdict, reason: str = "", positions: np.ndarray | None = None
+        ) -> tuple[ResultRuling, np.ndarray | None]:
+            ruling = ResultRuling(
                 verdict, request.request_id, reason, subscription=request.subscription
             )
+            return ruling, positions
 
         if task.worker_id != worker_id:
             return outcome(Verdict.REJECT, f"task {task_id} belongs to another worker")
-        indices = list(episode_indices)
-        if not indices:
+        if not indices.size:
             return outcome(Verdict.REJECT, "a result must hold at least one episode")
         if task.is_windows:
             return outcome(Verdict.ACCEPT)  # every window is a new piece of its streams
-        foreign = [i for i in indices if i not in task.assigned]
-        if foreign:
-            return outcome(
-                Verdict.REJECT, f"episodes {foreign[:5]} are not units of task {task_id}"
-            )
-        again = [i for i in indices if i not in task.outstanding]
-        if again or len(set(indices)) != len(indices):
-            return outcome(
-                Verdict.REJECT, f"episodes {(again or indices)[:5]} of task {task_id} came twice"
-            )
-        return outcome(Verdict.ACCEPT)
+        problem, positions = task.units.check(indices, task_id)
+        return (
+            outcome(Verdict.REJECT, problem) if problem else outcome(Verdict.ACCEPT, "", positions)
+        )
 
     def complete(
         self,
@@ -411,25 +417,31 @@ class Scheduler:
             episode_indices: Its episodes (fragments: as sent).
             lengths: Their lengths, one per index.
         """
-        indices = list(episode_indices)
-        lengths = list(lengths)
-        outcome = self.classify(worker_id, task_id, indices)
+        indices = _int64(episode_indices)
+        outcome, positions = self._judge(worker_id, task_id, indices)
         if outcome.verdict is not Verdict.ACCEPT:
             return outcome
         task = self._books.tasks[task_id]
         request = self._books.requests[task.request_id]
         request.workers_used.add(worker_id)
         worker = self._books.workers[worker_id]
-        if isinstance(request, EpisodeRequest):
-            self._units.record(worker, task, request, indices, lengths)
+        if isinstance(request, EpisodeRequest) and positions is not None:
+            self._units.record(worker, task, request, indices, _int64(lengths), positions=positions)
         elif isinstance(request, FragmentRequest):
-            self._windows.record(worker, task, request, indices, lengths)
+            self._windows.record(worker, task, request, indices.tolist(), list(lengths))
         return ResultRuling(
             Verdict.ACCEPT,
             request_id=request.request_id,
             done=request.done,
             subscription=request.subscription,
         )
+
+
+def _int64(values: Iterable[int]) -> np.ndarray:
+    """Episode indices or lengths as an int64 column (a result's are a tuple)."""
+    if isinstance(values, np.ndarray):
+        return values.astype(np.int64, copy=False).reshape(-1)
+    return np.array(values if isinstance(values, tuple | list) else list(values), dtype=np.int64)
 
 
 def _check_spec(spec: RequestSpec, *, subscription: bool) -> None:

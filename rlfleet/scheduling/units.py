@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
 
-from rlfleet.core.seeding import episode_seeds_many
+import numpy as np
+
 from rlfleet.errors import ConfigError
 from rlfleet.protocol.modes import Footer, Mode
+from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.scheduling.books import Books, RequestState, TaskRecord, WorkerLoad
-from rlfleet.scheduling.orders import RequestSpec, TaskOrder, Unit
+from rlfleet.scheduling.orders import RequestSpec, TaskOrder
 
 #: Default extra units a worker may hold per env slot beyond the one it
 #: runs, whatever the episode length: a slot whose episode ends finds its
@@ -72,9 +73,10 @@ class EpisodeRequest(RequestState):
         self.next_index = spec.first_episode
         self.outstanding = 0  # units handed out and not back (requeued ones excluded)
         self.completed_count = 0
-        # STEPS: lengths of completed episodes past the contiguous prefix
-        # 0..prefix_end-1, whose total is prefix_steps.
-        self.completed: dict[int, int] = {}
+        # STEPS: the length of each episode past the contiguous prefix
+        # 0..prefix_end-1 (whose total is prefix_steps), at index - prefix_end;
+        # -1 while it is not back. Grown as needed, cut as the prefix grows.
+        self.lengths_past_prefix = np.full(0, -1, dtype=np.int64)
         self.prefix_end = 0
         self.prefix_steps = 0
         self.num_episodes: int | None = None  # the answer, once known
@@ -88,10 +90,9 @@ class EpisodeRequest(RequestState):
         """EPISODES: one past the last episode index the request runs."""
         return self.spec.first_episode + self.spec.amount
 
-    def units(self, indices: list[int]) -> tuple[Unit, ...]:
-        """The units of these episode indices, with their seeds."""
-        seeds = episode_seeds_many(self.spec.seed, self.spec.request_index, indices)
-        return tuple(Unit(i, env, policy) for i, (env, policy) in zip(indices, seeds, strict=True))
+    def units(self, indices: np.ndarray) -> UnitColumns:
+        """The units of these episode indices (int64), with their seeds."""
+        return UnitColumns.seeded(self.spec.seed, self.spec.request_index, indices)
 
     def take(self, fleet_slots: int, prior_length: float | None) -> int | None:
         """The next episode index to hand out, or None if none is needed now.
@@ -113,8 +114,8 @@ class EpisodeRequest(RequestState):
         self.next_index += 1
         return index
 
-    def take_many(self, count: int, fleet_slots: int, prior_length: float | None) -> list[int]:
-        """Up to ``count`` indices to hand out, each marked handed out.
+    def take_many(self, count: int, fleet_slots: int, prior_length: float | None) -> np.ndarray:
+        """Up to ``count`` indices to hand out (int64), each marked handed out.
 
         The same indices as ``count`` calls of :meth:`take` and
         :meth:`handed_out`, in one step: requeued units first, then new ones
@@ -129,9 +130,9 @@ class EpisodeRequest(RequestState):
                     break
                 taken.append(index)
                 self.handed_out(1)
-            return taken
+            return np.array(taken, dtype=np.int64)
         if self.done or count <= 0:
-            return []
+            return np.empty(0, dtype=np.int64)
         taken = [heapq.heappop(self.requeued) for _ in range(min(count, len(self.requeued)))]
         # A requeued unit popped and handed out leaves outstanding + requeued
         # unchanged, so what _may_generate allows is known now (the popped
@@ -146,10 +147,12 @@ class EpisodeRequest(RequestState):
             needed = max(fleet_slots if average is None else math.ceil(remaining / average), 1)
             new = needed - (self.outstanding + len(taken) + len(self.requeued))
         new = max(min(new, count - len(taken)), 0)
-        taken.extend(range(self.next_index, self.next_index + new))
+        first = self.next_index
         self.next_index += new
-        self.handed_out(len(taken))
-        return taken
+        self.handed_out(len(taken) + new)
+        if not taken:  # the usual case: one numpy call
+            return np.arange(first, first + new, dtype=np.int64)
+        return np.array([*taken, *range(first, first + new)], dtype=np.int64)
 
     def average_length(self, prior_length: float | None) -> float | None:
         """Mean length of this request's episodes, else the prior."""
@@ -184,41 +187,60 @@ class EpisodeRequest(RequestState):
         """``count`` more units are on workers."""
         self.outstanding += count
 
-    def requeue(self, indices: Iterable[int], *, lost: bool) -> None:
+    def requeue(self, indices: np.ndarray, *, lost: bool) -> None:
         """Puts units back; ``lost``: their worker died (counted in the footer)."""
-        for index in indices:
-            heapq.heappush(self.requeued, index)
-            self.outstanding -= 1
-            self.reassigned_units += int(lost)
+        self.requeued.extend(indices.tolist())
+        heapq.heapify(self.requeued)
+        self.outstanding -= len(indices)
+        self.reassigned_units += len(indices) if lost else 0
 
     def drop(self, task: TaskRecord) -> None:
         """Nothing to forget: a task's units are counted on its worker, which the books update."""
 
     def lose(self, task: TaskRecord, *, keep_streams: bool) -> int:
         """Re-queues a lost worker's units ahead of new ones (counted in the footer)."""
-        self.requeue(task.outstanding, lost=True)
-        return len(task.outstanding)
+        outstanding = task.units.outstanding_indices()
+        self.requeue(outstanding, lost=True)
+        return len(outstanding)
 
-    def complete(self, index: int, length: int) -> None:
-        """Episode ``index`` came back with ``length`` steps."""
-        self.outstanding -= 1
-        self.completed_count += 1
-        self.accepted_steps += length
+    def complete(self, indices: np.ndarray, lengths: np.ndarray) -> None:
+        """Episodes ``indices`` came back with ``lengths`` steps (int64 arrays)."""
+        count, steps = len(indices), int(lengths.sum())
+        self.outstanding -= count
+        self.completed_count += count
+        self.accepted_steps += steps
         if self.subscription:
-            self.buffered_steps += length
+            self.buffered_steps += steps
             return
         if self.spec.mode is Mode.EPISODES:
-            if self.completed_count == self.spec.amount:
+            if self.completed_count >= self.spec.amount:
                 self.num_episodes = self.spec.amount
             return
-        self.completed[index] = length
-        # Walk the contiguous prefix forward; the first index at which it
-        # reaches the amount fixes the answer (smallest m).
-        while self.prefix_end in self.completed and self.num_episodes is None:
-            self.prefix_steps += self.completed.pop(self.prefix_end)
-            self.prefix_end += 1
-            if self.prefix_steps >= self.spec.amount:
-                self.num_episodes = self.prefix_end
+        if self.num_episodes is None:
+            self._extend_prefix(indices, lengths)
+
+    def _extend_prefix(self, indices: np.ndarray, lengths: np.ndarray) -> None:
+        """STEPS: books lengths, then walks the contiguous prefix forward; the
+        first index at which it reaches the amount fixes the answer (smallest m)."""
+        offsets = indices - self.prefix_end  # >= 0: the prefix's episodes are back
+        known = self.lengths_past_prefix
+        if len(offsets) and int(offsets.max()) >= len(known):
+            grown = np.full(max(int(offsets.max()) + 1, 2 * len(known)), -1, dtype=np.int64)
+            grown[: len(known)] = known
+            known = self.lengths_past_prefix = grown
+        known[offsets] = lengths
+        missing = np.flatnonzero(known < 0)
+        run = known[: missing[0] if missing.size else len(known)]
+        if not run.size:
+            return
+        totals = self.prefix_steps + np.cumsum(run)
+        reached = np.flatnonzero(totals >= self.spec.amount)
+        walked = int(reached[0]) + 1 if reached.size else len(run)
+        self.prefix_end += walked
+        self.prefix_steps = int(totals[walked - 1])
+        self.lengths_past_prefix = known[walked:]
+        if reached.size:
+            self.num_episodes = self.prefix_end
 
     def footer(self) -> Footer:
         num = self.num_episodes or 0
@@ -277,15 +299,17 @@ class UnitPlanner:
         ]
         fleet_slots = sum(w.slots for w in workers)
         prior = self.mean_length.value
-        picked: dict[int, list[int]] = {w.worker_id: [] for w in refilled}
+        picked: dict[int, list[np.ndarray]] = {w.worker_id: [] for w in refilled}
+        counts = dict.fromkeys(picked, 0)
 
         def room(worker: WorkerLoad, limit: int) -> int:
-            return limit - worker.units - len(picked[worker.worker_id])
+            return limit - worker.units - counts[worker.worker_id]
 
         def give(worker: WorkerLoad, count: int) -> bool:
             """Hands the worker up to ``count`` units; False once the request has none."""
             taken = request.take_many(count, fleet_slots, prior)
-            picked[worker.worker_id].extend(taken)
+            picked[worker.worker_id].append(taken)
+            counts[worker.worker_id] += len(taken)
             return len(taken) >= count  # count may be <= 0: a worker already full
 
         # First a unit for every idle env slot of every worker, then spare
@@ -300,20 +324,15 @@ class UnitPlanner:
             hungry = [w for w in hungry if room(w, capacity[w.worker_id]) > 0]
         orders = []
         for worker in refilled:
-            indices = picked[worker.worker_id]
-            if not indices:
+            if not counts[worker.worker_id]:
                 continue
             # A refill joins the worker's live task of the request: the
             # worker sends one result per task at each flush, and a task per
             # refill would split every flush that spans a refill in two.
             task = self._books.live_task(worker, request) or self._books.new_task(worker, request)
-            task.assigned.update(indices)
-            task.outstanding.update(indices)
-            worker.units += len(indices)
-            units = request.units(sorted(indices))
-            # In place: a result being checked outside the lock only looks
-            # its own (older) indices up.
-            task.seeds.update((index, (env, policy)) for index, env, policy in units)
+            units = request.units(np.sort(np.concatenate(picked[worker.worker_id])))
+            task.units.add(units)
+            worker.units += len(units)
             orders.append(self._books.order(task, request, units=units))
         return orders
 
@@ -322,14 +341,24 @@ class UnitPlanner:
         worker: WorkerLoad,
         task: TaskRecord,
         request: EpisodeRequest,
-        indices: list[int],
-        lengths: list[int],
+        indices: np.ndarray,
+        lengths: np.ndarray,
+        *,
+        positions: np.ndarray,
     ) -> None:
-        """Books the accepted episodes of a result of ``task``."""
-        for index, length in zip(indices, lengths, strict=True):
-            task.outstanding.discard(index)
-            worker.units -= 1
-            request.complete(index, length)
-        self.mean_length.add(sum(lengths), len(lengths))
-        if not task.outstanding:
+        """Books the accepted episodes of a result of ``task``.
+
+        Args:
+            worker: Its worker.
+            task: The task.
+            request: Its request.
+            indices: The episodes (int64).
+            lengths: Their lengths (int64).
+            positions: Where the task holds them (``TaskUnits.check``).
+        """
+        task.units.complete(positions)
+        worker.units -= len(indices)
+        request.complete(indices, lengths)
+        self.mean_length.add(int(lengths.sum()), len(lengths))
+        if not task.units.outstanding:
             self._books.retire(task)

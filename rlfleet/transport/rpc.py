@@ -61,6 +61,9 @@ LEASE_CAPABILITY = "rlfleet.leases"
 #: Capability of workers that run the fragment streams a Task names and
 #: rebuild them from Task.replays (docs/reliability.md, "Fragments under faults").
 TAKEOVER_CAPABILITY = "rlfleet.stream-takeover"
+#: Capability of workers that read a Task's episode units as columns
+#: (worker.proto EpisodeUnitColumns); the others get EpisodeUnit messages.
+UNIT_COLUMNS_CAPABILITY = "rlfleet.unit-columns"
 
 #: Default largest message either side sends or accepts. Batches are chunked
 #: well below it (rlfleet.wire.DEFAULT_CHUNK_BYTES); only agent updates with

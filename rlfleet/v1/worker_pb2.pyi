@@ -137,7 +137,7 @@ class EpisodeUnit(_message.Message):
     def __init__(self, episode_index: _Optional[int] = ..., env_seed: _Optional[int] = ..., policy_seed: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "request_id", "mode", "agent_version", "env_generation", "units", "fragment_length", "rounds", "base_seed", "streams", "replays")
+    __slots__ = ("task_id", "request_id", "mode", "agent_version", "env_generation", "units", "fragment_length", "rounds", "base_seed", "streams", "replays", "unit_columns")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,7 @@ class Task(_message.Message):
     BASE_SEED_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     REPLAYS_FIELD_NUMBER: _ClassVar[int]
+    UNIT_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     request_id: int
     mode: SampleMode
@@ -160,7 +161,18 @@ class Task(_message.Message):
     base_seed: int
     streams: _containers.RepeatedScalarFieldContainer[int]
     replays: _containers.RepeatedCompositeFieldContainer[ReliabilityStreamReplay]
-    def __init__(self, task_id: _Optional[int] = ..., request_id: _Optional[int] = ..., mode: _Optional[_Union[SampleMode, str]] = ..., agent_version: _Optional[int] = ..., env_generation: _Optional[int] = ..., units: _Optional[_Iterable[_Union[EpisodeUnit, _Mapping]]] = ..., fragment_length: _Optional[int] = ..., rounds: _Optional[int] = ..., base_seed: _Optional[int] = ..., streams: _Optional[_Iterable[int]] = ..., replays: _Optional[_Iterable[_Union[ReliabilityStreamReplay, _Mapping]]] = ...) -> None: ...
+    unit_columns: EpisodeUnitColumns
+    def __init__(self, task_id: _Optional[int] = ..., request_id: _Optional[int] = ..., mode: _Optional[_Union[SampleMode, str]] = ..., agent_version: _Optional[int] = ..., env_generation: _Optional[int] = ..., units: _Optional[_Iterable[_Union[EpisodeUnit, _Mapping]]] = ..., fragment_length: _Optional[int] = ..., rounds: _Optional[int] = ..., base_seed: _Optional[int] = ..., streams: _Optional[_Iterable[int]] = ..., replays: _Optional[_Iterable[_Union[ReliabilityStreamReplay, _Mapping]]] = ..., unit_columns: _Optional[_Union[EpisodeUnitColumns, _Mapping]] = ...) -> None: ...
+
+class EpisodeUnitColumns(_message.Message):
+    __slots__ = ("episode_indices", "env_seeds", "policy_seeds")
+    EPISODE_INDICES_FIELD_NUMBER: _ClassVar[int]
+    ENV_SEEDS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_SEEDS_FIELD_NUMBER: _ClassVar[int]
+    episode_indices: bytes
+    env_seeds: bytes
+    policy_seeds: bytes
+    def __init__(self, episode_indices: _Optional[bytes] = ..., env_seeds: _Optional[bytes] = ..., policy_seeds: _Optional[bytes] = ...) -> None: ...
 
 class ReliabilityStreamReplay(_message.Message):
     __slots__ = ("stream", "episode_index", "fragment_index", "actions", "last_observation")

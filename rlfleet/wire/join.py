@@ -10,9 +10,12 @@ compose the messages from these conversions to and from
 
 from __future__ import annotations
 
+import numpy as np
+
 from rlfleet.errors import WireFormatError
 from rlfleet.protocol.join import TaskAssignment, WorkerBeat, WorkerHello, WorkerWelcome
 from rlfleet.protocol.stream_replay import StreamReplay
+from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns
 from rlfleet.v1 import leases_pb2, worker_pb2
 from rlfleet.wire.tensor_messages import decode_tensor, encode_tensor
 
@@ -99,31 +102,48 @@ def decode_heartbeat(beat: worker_pb2.Heartbeat) -> WorkerBeat:
     return WorkerBeat(beat.steps_total, beat.steps_per_second, beat.active_envs, beat.queued_units)
 
 
-def encode_task(task: TaskAssignment) -> worker_pb2.Task:
-    """The Task message of a task, its replays' tensors encoded."""
-    return worker_pb2.Task(
+def encode_task(task: TaskAssignment, *, unit_columns: bool = False) -> worker_pb2.Task:
+    """The Task message of a task, its replays' tensors encoded.
+
+    Args:
+        task: The task.
+        unit_columns: Its units go in ``unit_columns`` (the worker declared
+            ``rlfleet.unit-columns``), else as one EpisodeUnit message each.
+    """
+    message = worker_pb2.Task(
         task_id=task.task_id,
         request_id=task.request_id,
         mode=task.mode,  # type: ignore[arg-type]
         agent_version=task.agent_version,
         env_generation=task.env_generation,
-        units=[
-            worker_pb2.EpisodeUnit(episode_index=index, env_seed=env, policy_seed=policy)
-            for index, env, policy in task.units
-        ],
         fragment_length=task.fragment_length,
         rounds=task.rounds,
         base_seed=task.base_seed,
         streams=task.streams,
         replays=[_encode_replay(replay) for replay in task.replays],
     )
+    units = task.units
+    if not len(units):
+        return message
+    if unit_columns:
+        columns = message.unit_columns
+        columns.episode_indices = units.episode_indices.astype("<i8", copy=False).tobytes()
+        columns.env_seeds = units.env_seeds.astype("<u4").tobytes()
+        columns.policy_seeds = units.policy_seeds.astype("<u4").tobytes()
+    else:
+        message.units.extend(
+            worker_pb2.EpisodeUnit(episode_index=index, env_seed=env, policy_seed=policy)
+            for index, env, policy in units
+        )
+    return message
 
 
 def decode_task(task: worker_pb2.Task) -> TaskAssignment:
-    """The task a Task message holds.
+    """The task a Task message holds, its units as columns whichever form they came in.
 
-    A replay whose tensors do not decode is not an error here: the task
-    keeps why (``unreadable``), for the worker to refuse it by its id.
+    A replay whose tensors do not decode, or unit columns that do not, are
+    not an error here: the task keeps why (``unreadable``), for the worker
+    to refuse it by its id.
     """
     unreadable = ""
     replays: tuple[StreamReplay, ...] = ()
@@ -131,14 +151,26 @@ def decode_task(task: worker_pb2.Task) -> TaskAssignment:
         try:
             replays = tuple(_decode_replay(replay) for replay in task.replays)
         except WireFormatError as exc:
-            unreadable = str(exc)
+            unreadable = f"a replay it cannot decode ({exc})"
+    units = EMPTY_UNITS
+    if task.HasField("unit_columns"):
+        try:
+            units = _decode_unit_columns(task)
+        except WireFormatError as exc:
+            unreadable = f"units it cannot decode ({exc})"
+    elif task.units:
+        flat: list[int] = []  # one flat list: numpy reads it faster than rows
+        for unit in task.units:
+            flat += (unit.episode_index, unit.env_seed, unit.policy_seed)
+        rows = np.array(flat, dtype=np.int64).reshape(-1, 3)
+        units = UnitColumns(rows[:, 0], rows[:, 1], rows[:, 2])
     return TaskAssignment(
         task.task_id,
         task.request_id,
         task.mode,
         task.agent_version,
         task.env_generation,
-        tuple([(u.episode_index, u.env_seed, u.policy_seed) for u in task.units]),
+        units,
         task.fragment_length,
         task.rounds,
         task.base_seed,
@@ -146,6 +178,29 @@ def decode_task(task: worker_pb2.Task) -> TaskAssignment:
         replays,
         unreadable,
     )
+
+
+def _decode_unit_columns(task: worker_pb2.Task) -> UnitColumns:
+    """Raises WireFormatError if the columns are malformed (worker.proto EpisodeUnitColumns)."""
+    if task.units:
+        raise WireFormatError(
+            f"Task {task.task_id} carries both units and unit_columns; a coordinator sends one"
+        )
+    message = task.unit_columns
+    columns = {}
+    for name, dtype in (("episode_indices", "<i8"), ("env_seeds", "<u4"), ("policy_seeds", "<u4")):
+        data = getattr(message, name)
+        size = np.dtype(dtype).itemsize
+        if len(data) % size:
+            raise WireFormatError(
+                f"Task.unit_columns.{name} holds {len(data)} bytes, not a whole number of "
+                f"{size}-byte values"
+            )
+        columns[name] = np.frombuffer(data, dtype=dtype)
+    counts = {name: len(column) for name, column in columns.items()}
+    if len(set(counts.values())) != 1:
+        raise WireFormatError(f"Task.unit_columns' columns differ in length: {counts}")
+    return UnitColumns(**columns)
 
 
 def _encode_replay(replay: StreamReplay) -> worker_pb2.ReliabilityStreamReplay:

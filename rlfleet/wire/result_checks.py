@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
 
 import numpy as np
 
@@ -24,6 +23,7 @@ from rlfleet.core.episode_order import cut_pieces, ends_episode
 from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED, stream_seeds, stream_seeds_many
 from rlfleet.core.space_checks import space_problem
 from rlfleet.core.step_type import StepType
+from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.wire.results import (
     EPISODE_INFO_KEYS,
     FRAGMENT_INFO_KEYS,
@@ -62,8 +62,8 @@ class ResultExpectation:
         agent_version: The version the task asked for (-1: any sent so far).
         env_generation: The generation the task asked for.
         latest_agent_version: The latest version sent (None: unknown).
-        units: Episodes mode: episode index -> (env_seed, policy_seed) of
-            the task's units.
+        units: Episodes mode: the task's units with their seeds, ascending
+            by episode index.
         window: Fragments mode: the window's layout.
         native: The fleet's env is a native vector env: episodes carry
             ``env_seed`` :data:`NO_ENV_SEED` and ``policy_seed`` :data:`NO_POLICY_SEED`.
@@ -74,7 +74,7 @@ class ResultExpectation:
     agent_version: int
     env_generation: int
     latest_agent_version: int | None = None
-    units: Mapping[int, tuple[int, int]] | None = None
+    units: UnitColumns | None = None
     window: FragmentWindow | None = None
     native: bool = False
 
@@ -260,13 +260,14 @@ def _episode_problems(result: DecodedResult, expect: ResultExpectation) -> list[
         problems.append(f"episode_indices {shortened(indices)} are not strictly ascending from 0")
     units = expect.units
     if units is not None:
-        foreign = [i for i in indices if i not in units]
-        if foreign:
+        positions, found = units.positions(np.asarray(indices, dtype=np.int64))
+        if not found.all():
+            foreign = [i for i, held in zip(indices, found.tolist(), strict=True) if not held]
             problems.append(
                 f"episodes {shortened(foreign)} are not units of task {result.header.task_id}"
             )
             return problems
-        seeds = np.array([units[i] for i in indices], dtype=np.int64).reshape(-1, 2)
+        seeds = np.stack([units.env_seeds[positions], units.policy_seeds[positions]], axis=1)
         if expect.native:
             seeds[:, :] = (NO_ENV_SEED, NO_POLICY_SEED)
         for column, key in enumerate(("env_seed", "policy_seed")):

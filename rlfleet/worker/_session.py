@@ -370,7 +370,7 @@ class Session:
             problem = f"{len(task.streams)} streams, this worker has {vec.n_envs} env slots"
         parsed = book_entry(task)
         if task.unreadable:
-            problem = f"a replay it cannot decode ({task.unreadable})"
+            problem = task.unreadable
         if problem is not None:
             self._send_error(
                 ProtocolError(f"task {task.task_id} asks for {problem}"), task_id=task.task_id

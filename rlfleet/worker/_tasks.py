@@ -6,7 +6,9 @@ VecWorker start at its next step, while units still here can be dropped at
 once when the worker leaves or a task is cancelled. The VecWorker is topped
 up to one unit per slot after every step, so a slot that finished an
 episode takes the next one on the following step, exactly as with the
-VecWorker's own queue.
+VecWorker's own queue. Units wait as the columns their Task brought
+(:class:`~rlfleet.protocol.unit_columns.UnitColumns`): each becomes an
+``EpisodeUnit`` only when it is handed to the VecWorker.
 
 Inside the VecWorker a unit's ``request`` is its task id, so the worker can
 take, cancel and report each task's episodes separately.
@@ -18,9 +20,12 @@ import collections
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from rlfleet.protocol.join import TaskAssignment
 from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.stream_replay import StreamReplay
+from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns
 from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker
 
@@ -64,9 +69,21 @@ class FragmentTask:
 Task = EpisodeTask | FragmentTask
 
 
-def book_entry(assignment: TaskAssignment) -> tuple[Task, list[EpisodeUnit]]:
-    """The TaskBook's task of an assignment and, for episodes, its units
-    (their ``request``: the task id).
+@dataclass
+class _Waiting:
+    """Units of one task that arrived together, those before ``start`` handed on."""
+
+    task_id: int
+    units: UnitColumns
+    start: int = 0
+
+    @property
+    def left(self) -> int:
+        return len(self.units) - self.start
+
+
+def book_entry(assignment: TaskAssignment) -> tuple[Task, UnitColumns]:
+    """The TaskBook's task of an assignment and, for episodes, its units, checked.
 
     Raises:
         ConfigError: If a unit's index or seeds are out of range.
@@ -84,10 +101,10 @@ def book_entry(assignment: TaskAssignment) -> tuple[Task, list[EpisodeUnit]]:
             a.streams,
             list(a.replays),
         )
-        return fragments, []
+        return fragments, EMPTY_UNITS
     episodes = EpisodeTask(a.task_id, a.request_id, a.agent_version, a.env_generation)
-    units = EpisodeUnit.many(a.units, a.task_id)
-    return episodes, units
+    a.units.check()
+    return episodes, a.units
 
 
 class TaskBook:
@@ -106,45 +123,57 @@ class TaskBook:
         self._leased = leased
         self.episode_tasks: dict[int, EpisodeTask] = {}
         self.fragment_tasks: collections.deque[FragmentTask] = collections.deque()
-        self._pending: collections.deque[EpisodeUnit] = collections.deque()
+        self._waiting: collections.deque[_Waiting] = collections.deque()
+        self._waiting_count = 0
 
     @property
     def queued_units(self) -> int:
         """Units waiting here plus those queued in the VecWorker."""
-        return len(self._pending) + self._vec.queued_count
+        return self._waiting_count + self._vec.queued_count
 
-    def add(self, task: Task, units: Iterable[EpisodeUnit] = ()) -> None:
+    def add(self, task: Task, units: UnitColumns = EMPTY_UNITS) -> None:
         """Takes a task (its mode already checked) and, for episodes, its units.
 
         Args:
             task: The task; an EpisodeTask already held gains the units.
-            units: An EpisodeTask's units, their ``request`` being its task id.
+            units: An EpisodeTask's units, checked (:func:`book_entry`).
         """
         if isinstance(task, FragmentTask):
             if task.rounds_left:
                 self.fragment_tasks.append(task)
             return
         entry = self.episode_tasks.setdefault(task.task_id, task)
-        units = list(units)
-        for unit in units:
-            entry.remaining.add(unit.episode_index)
-            self._pending.append(unit)
-        # Units are fed a few at a time: their generators' states are
-        # computed now, for the whole task in one vectorised call.
-        self._vec.prepare(units)
+        if len(units):
+            entry.remaining.update(units.episode_indices.tolist())
+            self._waiting.append(_Waiting(task.task_id, units))
+            self._waiting_count += len(units)
+            # Units are fed a few at a time: their generators' states are
+            # computed now, for the whole task in one vectorised call.
+            self._vec.prepare(units)
         self.feed()
 
     def feed(self) -> None:
         """Gives the VecWorker units until it holds one per env slot not leased."""
-        if not self._pending:
+        if not self._waiting_count:
             return
         vec = self._vec
         held = vec.active_count + vec.queued_count
         if held >= vec.n_envs:
             return  # every slot is held (the common case: it runs every vector step)
         room = max(vec.n_envs - self._leased(), 1) - held
-        if room > 0:
-            vec.submit([self._pending.popleft() for _ in range(min(room, len(self._pending)))])
+        fed: list[EpisodeUnit] = []
+        while room > 0 and self._waiting:
+            first = self._waiting[0]
+            count = min(room, first.left)
+            rows = slice(first.start, first.start + count)
+            fed += EpisodeUnit.of_checked(first.units, first.task_id, rows)
+            first.start += count
+            room -= count
+            if not first.left:
+                self._waiting.popleft()
+        if fed:
+            self._waiting_count -= len(fed)
+            vec.submit(fed)
 
     def reported(self, task_id: int, episode_indices: Iterable[int]) -> None:
         """Marks episodes as sent; forgets the task once all of them are."""
@@ -167,9 +196,13 @@ class TaskBook:
         if not indices:
             self.drop([task_id])
             return
-        self._pending = collections.deque(
-            u for u in self._pending if u.request != task_id or u.episode_index not in indices
-        )
+        dropped = np.fromiter(indices, dtype=np.int64, count=len(indices))
+        for waiting in self._waiting:
+            if waiting.task_id == task_id:
+                rest = waiting.units.select(slice(waiting.start, None))
+                waiting.units = rest.select(~np.isin(rest.episode_indices, dropped))
+                waiting.start = 0
+        self._keep_waiting(lambda waiting: bool(waiting.left))
         self._vec.cancel(indices, request=task_id)
         self.reported(task_id, indices)
 
@@ -178,7 +211,7 @@ class TaskBook:
         ids = set(task_ids)
         if not ids:
             return
-        self._pending = collections.deque(u for u in self._pending if u.request not in ids)
+        self._keep_waiting(lambda waiting: waiting.task_id not in ids)
         self.fragment_tasks = collections.deque(
             t for t in self.fragment_tasks if t.task_id not in ids
         )
@@ -210,8 +243,13 @@ class TaskBook:
         Units already handed to the VecWorker run to the end: there are at
         most one per slot.
         """
-        self._pending.clear()
+        self._keep_waiting(lambda waiting: False)
         self.fragment_tasks.clear()
+
+    def _keep_waiting(self, keep: Callable[[_Waiting], bool]) -> None:
+        """Keeps the waiting units ``keep`` holds to, in order; drops the others."""
+        self._waiting = collections.deque(w for w in self._waiting if keep(w))
+        self._waiting_count = sum(w.left for w in self._waiting)
 
     def tasks(self) -> list[Task]:
         """Every task held, episode tasks first."""

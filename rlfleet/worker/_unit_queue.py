@@ -23,6 +23,7 @@ from rlfleet.core.seeding import (
     generator_states,
     set_generator_state,
 )
+from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.worker._engine import SlotEngine
 from rlfleet.worker._episode_buffer import Segment, record_key
 from rlfleet.worker._native_columns import Span
@@ -83,12 +84,16 @@ class UnitQueue:
 
     # ------------------------------------------------------------------ units
 
-    def prepare(self, units: Iterable[EpisodeUnit]) -> None:
+    def prepare(self, units: Iterable[EpisodeUnit] | UnitColumns) -> None:
         """Computes the generator states of units (see ``VecWorker.prepare``)."""
         if self._engine.native is not None:
             return  # a native engine samples every row from one generator
         known = self._rng_states
-        seeds = [unit.policy_seed for unit in units if unit.policy_seed not in known]
+        if isinstance(units, UnitColumns):
+            policy_seeds = units.policy_seeds.tolist()
+        else:
+            policy_seeds = [unit.policy_seed for unit in units]
+        seeds = [seed for seed in policy_seeds if seed not in known]
         if len(known) + len(seeds) > _MAX_PREPARED:
             known.clear()  # states of cancelled units, never started
         known.update(zip(seeds, generator_states(seeds), strict=True))

@@ -401,6 +401,7 @@ class RemoteWorker:
                 capabilities=(
                     *CAPABILITIES,
                     _rpc.TAKEOVER_CAPABILITY,
+                    _rpc.UNIT_COLUMNS_CAPABILITY,
                     *([_rpc.LEASE_CAPABILITY] if config.lease_slots != 0 else []),
                     *PickleGate(
                         config.allow_pickle or embedded_child(config.coordinator)

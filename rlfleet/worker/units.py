@@ -8,12 +8,13 @@ whichever worker, env slot or retry runs it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from rlfleet._util.values import check_int
 from rlfleet.core.seeding import SEED_BITS, episode_seeds, episode_seeds_many
 from rlfleet.errors import ConfigError
+from rlfleet.protocol.unit_columns import UnitColumns
 
 _SEED_LIMIT = 1 << SEED_BITS
 
@@ -53,8 +54,8 @@ class EpisodeUnit:
                 )
 
     @classmethod
-    def many(cls, rows: Sequence[tuple[int, int, int]], request: int) -> list[EpisodeUnit]:
-        """Units of ``(episode_index, env_seed, policy_seed)`` rows of one request.
+    def many(cls, units: UnitColumns, request: int) -> list[EpisodeUnit]:
+        """The units of columns, all of one request.
 
         The checks of construction, made once over all rows (a remote
         worker's tasks carry thousands of units: building each one checked
@@ -63,32 +64,34 @@ class EpisodeUnit:
         Raises:
             ConfigError: As the constructor.
         """
-        if not rows:
-            return []
-        columns = list(zip(*rows, strict=True))
         check_int("EpisodeUnit.request", request, minimum=0)
-        for name, values in zip(("episode_index", "env_seed", "policy_seed"), columns, strict=True):
-            if not all(type(v) is int for v in values):  # numpy ints pass, bools do not
-                for value in values:
-                    check_int(f"EpisodeUnit.{name}", value, minimum=0)
-            low, high = min(values), max(values)
-            if low < 0:
-                raise ConfigError(f"EpisodeUnit.{name} must be an int >= 0, got {low!r}")
-            if name != "episode_index" and high >= _SEED_LIMIT:
-                raise ConfigError(
-                    f"EpisodeUnit.{name} must fit in {SEED_BITS} bits, got {high}; "
-                    "derive seeds with rlfleet.core.seeding.episode_seeds"
-                )
+        units.check()
+        return cls.of_checked(units, request)
+
+    @classmethod
+    def of_checked(
+        cls, units: UnitColumns, request: int, rows: slice = slice(None)
+    ) -> list[EpisodeUnit]:
+        """The units of some rows of columns checked already (:meth:`UnitColumns.check`).
+
+        A worker checks a task's units once when the task arrives, and builds
+        each unit's object only when the unit is about to start.
+        """
         new, assign = object.__new__, object.__setattr__
-        units = []
-        for index, env_seed, policy_seed in rows:
+        built = []
+        for index, env_seed, policy_seed in zip(
+            units.episode_indices[rows].tolist(),
+            units.env_seeds[rows].tolist(),
+            units.policy_seeds[rows].tolist(),
+            strict=True,
+        ):
             unit = new(cls)
             assign(unit, "episode_index", index)
             assign(unit, "env_seed", env_seed)
             assign(unit, "policy_seed", policy_seed)
             assign(unit, "request", request)
-            units.append(unit)
-        return units
+            built.append(unit)
+        return built
 
     @classmethod
     def seeded(cls, base_seed: int, request: int, episode_index: int) -> EpisodeUnit:

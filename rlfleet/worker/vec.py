@@ -21,6 +21,7 @@ from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.errors import ConfigError, InvalidValueError, UsageError, WrongTypeError
 from rlfleet.policies.base import Policy
 from rlfleet.protocol.stream_replay import StreamReplay
+from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.worker._engine import SlotEngine
 from rlfleet.worker._episode_buffer import (
     EPISODE_INFO_KEYS,
@@ -317,7 +318,7 @@ class VecWorker:
             self._streams.release_envs()
         self._units.queue.extend(units)
 
-    def prepare(self, units: Iterable[EpisodeUnit]) -> None:
+    def prepare(self, units: Iterable[EpisodeUnit] | UnitColumns) -> None:
         """Computes the action generators' states of units to submit later.
 
         A unit's episode samples with a generator in the state of
@@ -327,6 +328,9 @@ class VecWorker:
         units a few at a time (the remote worker) prepares each task's units
         when the task arrives; units submitted unprepared are prepared with
         the next queued ones when the first of them starts.
+
+        Args:
+            units: The units, or their columns (a task's, as they arrived).
         """
         self._units.prepare(units)
 

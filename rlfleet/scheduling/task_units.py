@@ -1,0 +1,129 @@
+"""The episode units of one task: every unit given, its seeds, and which are still out.
+
+A worker holds one task per request, topped up by refills, so a task of a
+long request gathers tens of thousands of units, and each result books
+hundreds. The units are kept as columns sorted by episode index, with a
+mask of those not back yet: a refill, a result's checks and its booking
+are a few numpy operations each, whatever their number of units.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns, positions_in
+
+
+class TaskUnits:
+    """A task's units as sorted columns, and which of them are outstanding."""
+
+    def __init__(self) -> None:
+        # Columns with room to grow: the first _count entries hold units.
+        self._index = np.empty(0, dtype=np.int64)
+        self._env = np.empty(0, dtype=np.int64)
+        self._policy = np.empty(0, dtype=np.int64)
+        self._out = np.empty(0, dtype=bool)
+        self._count = 0
+        #: Units given and not back yet.
+        self.outstanding = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, units: UnitColumns) -> None:
+        """Takes units given to the task (ascending by index, none held already)."""
+        new = len(units)
+        if not new:
+            return
+        held = self._count
+        total = held + new
+        follows = not held or units.episode_indices[0] > self._index[held - 1]
+        if follows and total <= len(self._index):
+            # Past the held units: a snapshot of them (given) is unchanged.
+            for column, values in (
+                (self._index, units.episode_indices),
+                (self._env, units.env_seeds),
+                (self._policy, units.policy_seeds),
+            ):
+                column[held:total] = values
+            self._out[held:total] = True
+        else:
+            # New arrays, never the held ones rewritten: a result being
+            # checked outside the scheduler's lock may read a snapshot.
+            size = max(2 * total, 64)
+            order = (
+                None
+                if follows
+                else np.argsort(
+                    np.concatenate([self._index[:held], units.episode_indices]), kind="stable"
+                )
+            )
+            self._index, self._env, self._policy = (
+                _grown(old[:held], values, size, order)
+                for old, values in (
+                    (self._index, units.episode_indices),
+                    (self._env, units.env_seeds),
+                    (self._policy, units.policy_seeds),
+                )
+            )
+            out = np.zeros(size, dtype=bool)
+            out[:total] = np.concatenate([self._out[:held], np.ones(new, dtype=bool)])[
+                slice(None) if order is None else order
+            ]
+            self._out = out
+        self._count = total
+        self.outstanding += new
+
+    @property
+    def given(self) -> UnitColumns:
+        """Every unit given to the task, ascending by index (a snapshot: views
+        that later refills leave as they are)."""
+        if not self._count:
+            return EMPTY_UNITS
+        n = self._count
+        return UnitColumns(self._index[:n], self._env[:n], self._policy[:n])
+
+    def check(self, indices: np.ndarray, task_id: int) -> tuple[str, np.ndarray]:
+        """Whether a result of these episodes can be booked.
+
+        Args:
+            indices: The result's episode indices (int64).
+            task_id: The task, for the message.
+
+        Returns:
+            Why not ("" if it can), and where the units are held (for
+            :meth:`complete`).
+        """
+        positions, found = positions_in(self._index[: self._count], indices)
+        if not found.all():
+            foreign = indices[~found][:5].tolist()
+            return f"episodes {foreign} are not units of task {task_id}", positions
+        again = indices[~self._out[positions]]
+        # A worker sends its episodes ascending: sorting is for the others.
+        ascending = (indices[1:] > indices[:-1]).all()
+        ordered = indices if ascending else np.sort(indices)
+        if again.size or (ordered[1:] == ordered[:-1]).any():
+            shown = (again if again.size else indices)[:5].tolist()
+            return f"episodes {shown} of task {task_id} came twice", positions
+        return "", positions
+
+    def complete(self, positions: np.ndarray) -> None:
+        """Marks the units at these positions back (:meth:`check` found them outstanding)."""
+        self._out[positions] = False
+        self.outstanding -= len(positions)
+
+    def outstanding_indices(self) -> np.ndarray:
+        """The indices of the units not back yet, ascending."""
+        n = self._count
+        return self._index[:n][self._out[:n]]
+
+
+def _grown(held: np.ndarray, added: np.ndarray, size: int, order: np.ndarray | None) -> np.ndarray:
+    """A column of ``size`` entries that starts with ``held`` then ``added`` (in ``order``)."""
+    column = np.empty(size, dtype=np.int64)
+    joined = np.concatenate([held, added])
+    column[: len(joined)] = joined if order is None else joined[order]
+    return column
+
+
+__all__ = ["TaskUnits"]
