@@ -61,6 +61,10 @@ LEASE_CAPABILITY = "rlfleet.leases"
 #: Capability of workers that run the fragment streams a Task names and
 #: rebuild them from Task.replays (docs/reliability.md, "Fragments under faults").
 TAKEOVER_CAPABILITY = "rlfleet.stream-takeover"
+#: Capability of workers that send their results on the lease data channel
+#: once their session's connection is open (leases.proto, "Results on the
+#: lease data channel"); agreed in Hello and Welcome like every capability.
+DATA_RESULTS_CAPABILITY = "rlfleet.data-results"
 
 #: Default largest message either side sends or accepts. Batches are chunked
 #: well below it (rlfleet.wire.DEFAULT_CHUNK_BYTES); only agent updates with

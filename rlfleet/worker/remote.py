@@ -401,7 +401,11 @@ class RemoteWorker:
                 capabilities=(
                     *CAPABILITIES,
                     _rpc.TAKEOVER_CAPABILITY,
-                    *([_rpc.LEASE_CAPABILITY] if config.lease_slots != 0 else []),
+                    *(
+                        (_rpc.LEASE_CAPABILITY, _rpc.DATA_RESULTS_CAPABILITY)
+                        if config.lease_slots != 0
+                        else ()
+                    ),
                     *PickleGate(
                         config.allow_pickle or embedded_child(config.coordinator)
                     ).capabilities,

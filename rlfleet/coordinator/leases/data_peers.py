@@ -4,7 +4,12 @@ A worker that hosts leases gets a ticket in its Welcome (worker_events.py),
 one per Join session. Presenting it attaches the connection: the worker
 first gets the switch marker on its Join stream, then every lease command on
 the connection (``WorkerHandle.send_lease``); its replies go to the same
-``LeaseManager.on_reply`` as the Join stream's. When the connection ends
+``LeaseManager.on_reply`` as the Join stream's. A worker that agreed on
+``rlfleet.data-results`` sends its results there too: each message is
+joined and booked by ``WorkerEvents.on_chunk``, as on the Join stream, right
+on the data loop's thread (docs/data_plane.md, "Results on the data
+channel", says why), and its end-of-results marker (a Leaving) tells a
+graceful end of its Join stream that nothing more comes. When the connection ends
 while the worker is in the fleet, the worker is dropped as lost: its leased
 envs are re-created elsewhere, and it rejoins with a new session; a worker
 that said Leaving (or is drained) closes it on purpose, and its Join
@@ -14,6 +19,7 @@ stream's end decides. (A learner's lease data connection is face.py's.)
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 import grpc
@@ -28,13 +34,23 @@ from rlfleet.coordinator.leases.translation import (
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.worker_events import WorkerEvents
-from rlfleet.errors import ProtocolError, UnavailableError, WireFormatError
+from rlfleet.coordinator.worker_messages import ResultPiece, WorkerEvent, parse_worker_message
+from rlfleet.errors import (
+    ProtocolError,
+    ResourceExhaustedError,
+    UnavailableError,
+    WireFormatError,
+)
+from rlfleet.protocol.join import WorkerLeaving
+from rlfleet.security import InflightBudget
+from rlfleet.transport import rpc as _rpc
 
 logger = logging.getLogger("rlfleet.coordinator")
 
 
 class WorkerDataPeer:
-    """A worker session's data connection: its lease replies in."""
+    """A worker session's data connection: its lease replies in, and its results
+    when it agreed on ``rlfleet.data-results`` (``handle.data_results_done`` set)."""
 
     def __init__(
         self,
@@ -49,20 +65,44 @@ class WorkerDataPeer:
         self._events = events
         self._leases = leases
         self._handle = handle
+        self._results_done = handle.data_results_done
+        # Its own budget: the limit holds for each connection's unfinished result.
+        limit = state.config.limits.max_inflight_bytes_per_worker
+        self._budget = InflightBudget(limit, handle.name)
 
     def on_frame(self, payload: bytes) -> None:
-        self._count("worker")
-        self._handle.touch()
+        handle = self._handle
+        handle.touch()
         try:
-            self._leases.on_reply(self._handle, _parse_reply(payload))
-        except ProtocolError as exc:
+            item = _parse_frame(payload)
+            if isinstance(item, RelayReply):
+                self._count("worker")
+                self._leases.on_reply(handle, item)
+            elif self._results_done is None:
+                raise _not_a_reply()
+            elif isinstance(item, ResultPiece):
+                self._count("results")
+                self._events.on_chunk(
+                    handle, handle.data_assembler, self._budget, item.header, item.chunk
+                )
+            elif isinstance(item, WorkerLeaving):
+                # The end-of-results marker: every result before it was booked.
+                self._results_done.set()
+            else:
+                raise _not_a_reply()
+        except ResourceExhaustedError as exc:
+            self._events.drop(handle, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            raise
+        except (ProtocolError, WireFormatError) as exc:
             # Refused as on its Join stream (INVALID_ARGUMENT), not as a
             # broken connection; raising then closes the connection.
-            self._events.drop(self._handle, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            self._events.drop(handle, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise
 
     def on_closed(self, reason: str) -> None:
         handle = self._handle
+        if self._results_done is not None:
+            self._results_done.set()  # nothing more can come on it
         if handle.leaving or self._state.draining:
             # A worker that leaves (or is drained) closes both its connections;
             # its Join stream's end removes it (OK), or its break (a warning).
@@ -94,16 +134,19 @@ def worker_attach(
                 raise UnavailableError(f"worker {handle.name!r} left before its data connection")
             handle.send(data_switch_command())
             handle.lease_data = connection
+            if _rpc.DATA_RESULTS_CAPABILITY in handle.hello.capabilities:
+                handle.data_results_done = threading.Event()
         return WorkerDataPeer(state, events, leases, handle, state.metrics.lease_data_frame)
 
     return attach
 
 
-def _not_a_reply(data: bytes) -> RelayReply:
-    raise WireFormatError(
-        "a worker's lease data frame must be a WorkerMessage holding only lease_reply "
+def _not_a_reply() -> WireFormatError:
+    return WireFormatError(
+        "a worker's lease data frame must be a WorkerMessage holding only lease_reply, or, "
+        "with the rlfleet.data-results capability, a result or the end-of-results Leaving "
         "(leases.proto, 'The lease data channel')"
     )
 
 
-_parse_reply = relay_deserializer(_not_a_reply)
+_parse_frame: Callable[[bytes], WorkerEvent | RelayReply] = relay_deserializer(parse_worker_message)
