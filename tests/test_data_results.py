@@ -14,6 +14,7 @@ closed, and TLS, are tests/test_lease_data_channel.py's.)
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 
 from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.envs import EnvConfig
+from rlfleet.errors import RlfleetTimeoutError
 from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.lease_channel import LeaseDataLink, dial
 from rlfleet.v1 import worker_pb2
@@ -219,3 +221,18 @@ def test_a_sampler_sees_data_channel_results_like_join_stream_results(
     first, second = processes.workers
     assert ON_DATA in first.log_text()
     assert "results go on" not in second.log_text()
+
+
+def test_a_send_the_coordinator_does_not_take_fails_at_the_send_timeout() -> None:
+    # The worker writes results from its stepping thread: a coordinator that
+    # stops reading must not block it for ever.
+    ours, theirs = socket.socketpair()
+    try:
+        link = LeaseDataLink(ours, 1 << 20)
+        link.set_send_timeout(0.2)
+        with pytest.raises(RlfleetTimeoutError, match=r"0\.2 seconds"):
+            for _ in range(1000):  # far more than the socket buffers hold
+                link.send_frames([bytes(1 << 20)])
+    finally:
+        ours.close()
+        theirs.close()

@@ -174,7 +174,7 @@ class LeaseDataLink:
         try:
             yield
         except (BlockingIOError, ssl.SSLWantWriteError):
-            raise TimeoutError(
+            raise RlfleetTimeoutError(
                 f"the coordinator took no data for {self._send_seconds:g} seconds (the send "
                 "timeout)"
             ) from None
