@@ -73,9 +73,12 @@ KNOWN_CAPABILITIES = frozenset(
         "rlfleet.leases",
         "rlfleet.multi-agent",
         "rlfleet.stream-takeover",
+        "rlfleet.data-results",
     }
 )
-#: Those the test coordinator grants: never pickle (it needs an opt-in and TLS).
+#: Those the test coordinator grants: never pickle (it needs an opt-in and TLS),
+#: never data-results (it reads results on the Join stream, which a worker
+#: without the grant keeps them on).
 GRANTED_CAPABILITIES = frozenset(
     {"rlfleet.episodes", "rlfleet.fragments", "rlfleet.leases", "rlfleet.stream-takeover"}
 )
