@@ -236,3 +236,16 @@ def test_a_send_the_coordinator_does_not_take_fails_at_the_send_timeout() -> Non
     finally:
         ours.close()
         theirs.close()
+
+
+def test_a_result_that_breaks_the_protocol_on_the_data_channel_drops_its_worker(
+    processes: ProcessFleet,
+) -> None:
+    # Refused as on the Join stream: the worker is dropped with INVALID_ARGUMENT.
+    coordinator = processes.start_coordinator("--env", "CartPole-v1")
+    with scripted_data_worker(processes.address, HeldResults()) as (worker, link):
+        processes.wait_for_workers(1)
+        chunkless = worker_pb2.WorkerMessage(result=worker_pb2.EpisodeResult(task_id=12345))
+        link.send_frames([chunkless.SerializeToString()])
+        log = processes.wait_for_log(coordinator, f"worker '{worker.welcome.name}' removed")
+    assert "INVALID_ARGUMENT" in log and "without its chunk" in log

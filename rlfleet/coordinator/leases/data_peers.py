@@ -5,10 +5,10 @@ one per Join session. Presenting it attaches the connection: the worker
 first gets the switch marker on its Join stream, then every lease command on
 the connection (``WorkerHandle.send_lease``); its replies go to the same
 ``LeaseManager.on_reply`` as the Join stream's. A worker that agreed on
-``rlfleet.data-results`` sends its results there too: each message is
-joined and booked by ``WorkerEvents.on_chunk``, as on the Join stream, right
-on the data loop's thread (docs/data_plane.md, "Results on the data
-channel", says why), and its end-of-results marker (a Leaving) tells a
+``rlfleet.data-results`` sends its results there too: the loop parses each
+message and hands it to the session's :class:`ResultLane`, whose thread
+joins and books them as the Join stream's reader would (result_lane.py says
+why not on the loop); its end-of-results marker (a Leaving) tells a
 graceful end of its Join stream that nothing more comes. When the connection ends
 while the worker is in the fleet, the worker is dropped as lost: its leased
 envs are re-created elsewhere, and it rejoins with a new session; a worker
@@ -26,6 +26,7 @@ import grpc
 
 from rlfleet.coordinator.leases.data_server import LeaseConnection, LeaseDataPeer
 from rlfleet.coordinator.leases.manager import LeaseManager
+from rlfleet.coordinator.leases.result_lane import ResultLane
 from rlfleet.coordinator.leases.translation import (
     RelayReply,
     data_switch_command,
@@ -42,7 +43,6 @@ from rlfleet.errors import (
     WireFormatError,
 )
 from rlfleet.protocol.join import WorkerLeaving
-from rlfleet.security import InflightBudget
 from rlfleet.transport import rpc as _rpc
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -50,7 +50,7 @@ logger = logging.getLogger("rlfleet.coordinator")
 
 class WorkerDataPeer:
     """A worker session's data connection: its lease replies in, and its results
-    when it agreed on ``rlfleet.data-results`` (``handle.data_results_done`` set)."""
+    when it agreed on ``rlfleet.data-results`` (``results``, else None)."""
 
     def __init__(
         self,
@@ -59,16 +59,15 @@ class WorkerDataPeer:
         leases: LeaseManager,
         handle: WorkerHandle,
         count: Callable[[str], None],
+        *,
+        results: ResultLane | None,
     ) -> None:
         self._state = state
         self._count = count
         self._events = events
         self._leases = leases
         self._handle = handle
-        self._results_done = handle.data_results_done
-        # Its own budget: the limit holds for each connection's unfinished result.
-        limit = state.config.limits.max_inflight_bytes_per_worker
-        self._budget = InflightBudget(limit, handle.name)
+        self._results = results
 
     def on_frame(self, payload: bytes) -> None:
         handle = self._handle
@@ -78,16 +77,13 @@ class WorkerDataPeer:
             if isinstance(item, RelayReply):
                 self._count("worker")
                 self._leases.on_reply(handle, item)
-            elif self._results_done is None:
+            elif self._results is None:
                 raise _not_a_reply()
             elif isinstance(item, ResultPiece):
                 self._count("results")
-                self._events.on_chunk(
-                    handle, handle.data_assembler, self._budget, item.header, item.chunk
-                )
+                self._results.put(item)
             elif isinstance(item, WorkerLeaving):
-                # The end-of-results marker: every result before it was booked.
-                self._results_done.set()
+                self._results.end(closed=False)  # the end-of-results marker
             else:
                 raise _not_a_reply()
         except ResourceExhaustedError as exc:
@@ -101,8 +97,8 @@ class WorkerDataPeer:
 
     def on_closed(self, reason: str) -> None:
         handle = self._handle
-        if self._results_done is not None:
-            self._results_done.set()  # nothing more can come on it
+        if self._results is not None:
+            self._results.end(closed=True)  # nothing more can come on it
         if handle.leaving or self._state.draining:
             # A worker that leaves (or is drained) closes both its connections;
             # its Join stream's end removes it (OK), or its break (a warning).
@@ -134,9 +130,13 @@ def worker_attach(
                 raise UnavailableError(f"worker {handle.name!r} left before its data connection")
             handle.send(data_switch_command())
             handle.lease_data = connection
+            results = None
             if _rpc.DATA_RESULTS_CAPABILITY in handle.hello.capabilities:
                 handle.data_results_done = threading.Event()
-        return WorkerDataPeer(state, events, leases, handle, state.metrics.lease_data_frame)
+                limit = state.config.limits.max_inflight_bytes_per_worker
+                results = ResultLane(events, handle, limit, connection.close)
+        count = state.metrics.lease_data_frame
+        return WorkerDataPeer(state, events, leases, handle, count, results=results)
 
     return attach
 
