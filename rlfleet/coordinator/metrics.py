@@ -117,7 +117,7 @@ class CoordinatorMetrics(MetricSet):
         data_frames = self.counter(
             "rlfleet_lease_data_frames",
             "Messages received on the lease data channel, by party (learner: lease calls; "
-            "worker: lease replies; results: workers' result messages).",
+            "worker: lease replies; results: workers' result messages and end-of-results markers).",
             ["party"],
         )
         # Bound once: a frame's count is one lock-and-add on the hot path.

@@ -35,14 +35,12 @@ from rlfleet.coordinator.leases.translation import (
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.worker_events import WorkerEvents
-from rlfleet.coordinator.worker_messages import ResultPiece, WorkerEvent, parse_worker_message
 from rlfleet.errors import (
     ProtocolError,
     ResourceExhaustedError,
     UnavailableError,
     WireFormatError,
 )
-from rlfleet.protocol.join import WorkerLeaving
 from rlfleet.transport import rpc as _rpc
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -78,14 +76,15 @@ class WorkerDataPeer:
                 self._count("worker")
                 self._leases.on_reply(handle, item)
             elif self._results is None:
-                raise _not_a_reply()
-            elif isinstance(item, ResultPiece):
-                self._count("results")
-                self._results.put(item)
-            elif isinstance(item, WorkerLeaving):
-                self._results.end(closed=False)  # the end-of-results marker
+                raise WireFormatError(
+                    "a worker's lease data frame must be a WorkerMessage holding only "
+                    "lease_reply, unless it agreed on rlfleet.data-results (leases.proto, 'The "
+                    "lease data channel')"
+                )
             else:
-                raise _not_a_reply()
+                # Parsed and booked on the session's own thread, in order.
+                self._count("results")
+                self._results.put(payload)
         except ResourceExhaustedError as exc:
             self._events.drop(handle, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             raise
@@ -98,7 +97,7 @@ class WorkerDataPeer:
     def on_closed(self, reason: str) -> None:
         handle = self._handle
         if self._results is not None:
-            self._results.end(closed=True)  # nothing more can come on it
+            self._results.close()  # nothing more can come on it
         if handle.leaving or self._state.draining:
             # A worker that leaves (or is drained) closes both its connections;
             # its Join stream's end removes it (OK), or its break (a warning).
@@ -141,12 +140,5 @@ def worker_attach(
     return attach
 
 
-def _not_a_reply() -> WireFormatError:
-    return WireFormatError(
-        "a worker's lease data frame must be a WorkerMessage holding only lease_reply, or, "
-        "with the rlfleet.data-results capability, a result or the end-of-results Leaving "
-        "(leases.proto, 'The lease data channel')"
-    )
-
-
-_parse_frame: Callable[[bytes], WorkerEvent | RelayReply] = relay_deserializer(parse_worker_message)
+#: A lease reply, or the frame's bytes as they came (the result lane parses them).
+_parse_frame: Callable[[bytes], bytes | RelayReply] = relay_deserializer(bytes)

@@ -3,15 +3,13 @@
 The data channel's one selector thread relays every lease call and reply of
 every session. A result's work (join, decode, vectorised checks, booking:
 0.3-3 ms for a CartPole or Atari-sized result) run there would hold all of
-them: with results checked on the loop, a learner's lease step waited 29-30
-ms at the 99th percentile against 9-11 ms with the same results on Join
-streams (``python -m benchmarks.result_stalls``; docs/data_plane.md,
-"Results on the data channel"). So the loop only parses a result's frame
-and queues it here; the lane's thread joins, checks and books the session's
-results in the order they came, exactly as a Join stream's reader thread
-does (``WorkerEvents.on_chunk``), and sets the session's end-of-results
-event once every result before the marker (or the connection's end) was
-booked.
+them (docs/data_plane.md, "Results on the data channel", has the
+measurement). So the loop only queues a frame that is not a lease reply
+here; the lane's thread parses it, then joins, checks and books the
+session's results in the order they came, exactly as a Join stream's reader
+thread does (``WorkerEvents.on_chunk``), and sets the session's
+end-of-results event once every result before the marker (or the
+connection's end) was booked.
 """
 
 from __future__ import annotations
@@ -25,8 +23,9 @@ import grpc
 
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.worker_events import WorkerEvents
-from rlfleet.coordinator.worker_messages import ResultPiece
+from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
+from rlfleet.protocol.join import WorkerLeaving
 from rlfleet.security import InflightBudget
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -35,11 +34,8 @@ logger = logging.getLogger("rlfleet.coordinator")
 _IDLE_SECONDS = 1.0
 
 
-class _Marker:
-    """Queued at the end-of-results marker (``closed``: at the connection's end)."""
-
-    def __init__(self, closed: bool) -> None:
-        self.closed = closed
+class _Closed:
+    """Queued at the connection's end: nothing more comes."""
 
 
 class ResultLane:
@@ -71,24 +67,24 @@ class ResultLane:
         self._limit = limit
         self._close = close
         self._budget = InflightBudget(limit, handle.name)
-        self._queue: queue.SimpleQueue[ResultPiece | _Marker] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[bytes | _Closed] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._queued = 0  # chunk bytes queued, not yet taken by the thread
+        self._queued = 0  # frame bytes queued, not yet taken by the thread
         self._failed = False
         threading.Thread(
             target=self._run, name=f"rlfleet-data-results-{handle.name}", daemon=True
         ).start()
 
-    def put(self, piece: ResultPiece) -> None:
-        """Queues one result message (the loop thread).
+    def put(self, payload: bytes) -> None:
+        """Queues one frame that is not a lease reply (the loop thread): a
+        result message or the end-of-results marker, as the lane will find.
 
         Raises:
             ResourceExhaustedError: If the worker has more bytes received and
                 not yet checked than the limit (the caller drops it).
         """
-        size = 0 if piece.chunk is None else len(piece.chunk.data)
         with self._lock:
-            self._queued += size
+            self._queued += len(payload)
             queued = self._queued
         if queued > self._limit:
             raise ResourceExhaustedError(
@@ -96,11 +92,11 @@ class ResultLane:
                 f"lease data connection and not yet checked, over the limit of {self._limit} "
                 "(max_inflight_bytes_per_worker); it was dropped. Sample fewer steps per task"
             )
-        self._queue.put(piece)
+        self._queue.put(payload)
 
-    def end(self, *, closed: bool) -> None:
-        """The end-of-results marker came (``closed``: the connection ended)."""
-        self._queue.put(_Marker(closed))
+    def close(self) -> None:
+        """The connection ended: once what is queued was booked, nothing more comes."""
+        self._queue.put(_Closed())
 
     def _run(self) -> None:
         handle = self._handle
@@ -113,21 +109,29 @@ class ResultLane:
                 # Written off (its data connection's end follows, or the port stopped).
                 self._done.set()
                 return
-            if isinstance(item, _Marker):
+            if isinstance(item, _Closed):
                 self._done.set()
-                if item.closed:
-                    return
-                continue
-            if item.chunk is not None:
-                with self._lock:
-                    self._queued -= len(item.chunk.data)
+                return
+            with self._lock:
+                self._queued -= len(item)
             if not self._failed:
                 self._book(item)
 
-    def _book(self, piece: ResultPiece) -> None:
+    def _book(self, payload: bytes) -> None:
         handle, events = self._handle, self._events
         try:
-            events.on_chunk(handle, handle.data_assembler, self._budget, piece.header, piece.chunk)
+            item = parse_worker_message(payload)
+            if isinstance(item, ResultPiece):
+                assembler, budget = handle.data_assembler, self._budget
+                events.on_chunk(handle, assembler, budget, item.header, item.chunk)
+            elif isinstance(item, WorkerLeaving):
+                self._done.set()  # the end-of-results marker: every result before it was booked
+            else:
+                raise WireFormatError(
+                    "a worker's lease data frame must be a WorkerMessage holding only "
+                    "lease_reply, result or (the end-of-results marker) leaving (leases.proto, "
+                    "'The lease data channel')"
+                )
             return
         except ResourceExhaustedError as exc:
             code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
