@@ -280,6 +280,7 @@ def test_hello_env_ready_results_and_heartbeats(
         "rlfleet.multi-agent",
         "rlfleet.stream-takeover",
         "rlfleet.leases",
+        "rlfleet.data-results",
     ]
     assert hello.implementation.startswith("rlfleet-python/")
     welcome(connection)

@@ -131,9 +131,9 @@ def worker_attach(
             handle.lease_data = connection
             results = None
             if _rpc.DATA_RESULTS_CAPABILITY in handle.hello.capabilities:
-                handle.data_results_done = threading.Event()
+                done = handle.data_results_done = threading.Event()
                 limit = state.config.limits.max_inflight_bytes_per_worker
-                results = ResultLane(events, handle, limit, connection.close)
+                results = ResultLane(events, handle, done, limit, connection.close)
         count = state.metrics.lease_data_frame
         return WorkerDataPeer(state, events, leases, handle, count, results=results)
 

@@ -44,8 +44,9 @@ class ResultLane:
     Args:
         events: Books each result (``WorkerEvents.on_chunk``) and drops a
             worker whose result breaks the protocol.
-        handle: The worker; ``handle.data_results_done`` is set once every
-            result before the marker, or the connection's end, was booked.
+        handle: The worker.
+        done: Set once every result before the marker, or the connection's
+            end, was booked (``handle.data_results_done``).
         limit: Bytes of one unfinished result, and of results received but
             not yet checked (max_inflight_bytes_per_worker).
         close: Closes the data connection, with the reason (after a refusal).
@@ -55,12 +56,10 @@ class ResultLane:
         self,
         events: WorkerEvents,
         handle: WorkerHandle,
+        done: threading.Event,
         limit: int,
         close: Callable[[str], None],
     ) -> None:
-        done = handle.data_results_done
-        if done is None:
-            raise ValueError(f"worker {handle.name!r} did not agree on results on its data channel")
         self._done = done
         self._events = events
         self._handle = handle
