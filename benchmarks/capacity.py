@@ -29,6 +29,11 @@ core:
   least squares): ``b`` per step, ``c`` per result, ``a`` per request;
 * the learner's own CPU per delivered step (``time.process_time``).
 
+The workers' results travel on their Join streams (``--carrier join``, gRPC)
+or on their lease data connections (``--carrier data``: framed TCP, what a
+remote worker that hosts leases uses; leases.proto, "Results on the lease
+data channel"); ``--carrier both`` measures each.
+
 docs/performance.md ("Coordinator capacity: the model") turns these into workers per
 coordinator core.
 """
@@ -72,10 +77,12 @@ from rlfleet.protocol.join import (
 from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.transport import rpc as _rpc
+from rlfleet.transport.lease_channel import DATA_DIAL_SECONDS, LeaseDataLink, dial
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import DEFAULT_CHUNK_BYTES, decode_batch, encode_batch, serialize_with_chunk
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import chunk_payload
+from rlfleet.wire.leases import data_hello
 from rlfleet.wire.results import EPISODE_INFO_KEYS
 from rlfleet.worker._connection import JoinStream, StreamEnded
 from rlfleet.worker._join_messages import env_built
@@ -86,6 +93,8 @@ FRAMES_ID = "rlfleet-bench/Frames-v0"
 _ENVELOPE_ALLOWANCE = 64
 #: Longest wait for a process to start, or for the workers' counts to settle.
 _START_SECONDS = 120.0
+#: Where the synthetic workers' results travel.
+CARRIERS = ("join", "data")
 
 
 class FramesEnv(gym.Env[np.ndarray, np.int64]):
@@ -239,12 +248,23 @@ class SyntheticWorker:
         episode_steps: Steps of every episode it returns.
         control: File holding the episodes per result, read at each task.
         counts: File it writes ``results messages`` to after each result.
+        carrier: ``join``: results on the Join stream; ``data``: on the lease
+            data connection (framed TCP), written from this thread.
     """
 
     def __init__(
-        self, address: str, *, num_envs: int, episode_steps: int, control: Path, counts: Path
+        self,
+        address: str,
+        *,
+        num_envs: int,
+        episode_steps: int,
+        control: Path,
+        counts: Path,
+        carrier: str = "join",
     ) -> None:
         self.address = address
+        self.carrier = carrier
+        self._link: LeaseDataLink | None = None
         self.num_envs = num_envs
         self.episode_steps = episode_steps
         self.control = control
@@ -262,10 +282,11 @@ class SyntheticWorker:
         channel = _rpc.open_channel(self.address, security=None)
         inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         stream = JoinStream(channel, inbox)
+        on_data = (_rpc.LEASE_CAPABILITY, _rpc.DATA_RESULTS_CAPABILITY)
         stream.send(
             WorkerHello(
                 protocol_version=_rpc.PROTOCOL_VERSION,
-                capabilities=("rlfleet.episodes",),
+                capabilities=("rlfleet.episodes", *(on_data if self.carrier == "data" else ())),
                 num_envs=self.num_envs,
                 host=socket.gethostname(),
                 pid=os.getpid(),
@@ -275,6 +296,8 @@ class SyntheticWorker:
         try:
             return self._serve(stream, inbox)
         finally:
+            if self._link is not None:
+                self._link.close()
             stream.cancel()
             channel.close()
 
@@ -287,6 +310,22 @@ class SyntheticWorker:
         if not isinstance(welcome, WorkerWelcome):
             print(f"expected Welcome, got {welcome!r}", file=sys.stderr)
             return 1
+        if self.carrier == "data":
+            if (
+                welcome.lease_data is None
+                or _rpc.DATA_RESULTS_CAPABILITY not in welcome.capabilities
+            ):
+                print("the coordinator offers no data channel for results", file=sys.stderr)
+                return 1
+            port, ticket = welcome.lease_data
+            self._link = dial(
+                self.address.rpartition(":")[0],
+                port,
+                data_hello(ticket),
+                tls=None,
+                timeout=DATA_DIAL_SECONDS,
+                max_frame_bytes=welcome.max_message_bytes,
+            )
         beat_every = welcome.heartbeat_interval_seconds
         next_beat = time.monotonic() + beat_every
         while True:
@@ -300,8 +339,15 @@ class SyntheticWorker:
                 return 0
             if isinstance(item, DrainOrder):
                 stream.send(WorkerLeaving("drained"))
+                if self._link is not None:  # the end-of-results marker
+                    marker = worker_pb2.WorkerMessage(leaving=worker_pb2.Leaving(reason="drained"))
+                    self._link.send(marker.SerializeToString())
                 stream.close_send()
                 return 0
+            if isinstance(item, TaskAssignment) and self._link is not None:
+                for messages in self._results_of(item, welcome):
+                    self._link.send_frames(messages)
+                continue
             for message in self._answer(item, welcome):
                 stream.send(message)
 
@@ -316,11 +362,15 @@ class SyntheticWorker:
         elif isinstance(item, AgentChange):
             self._version = item.version
             yield AgentApplied(item.version)
-        elif isinstance(item, TaskAssignment) and item.mode != int(Mode.FRAGMENTS):
-            yield from self._results_of(item, welcome)
+        elif isinstance(item, TaskAssignment):
+            for messages in self._results_of(item, welcome):
+                yield from messages
         # Cancels need nothing: every task was answered whole when it came.
 
-    def _results_of(self, task: TaskAssignment, welcome: WorkerWelcome) -> Iterator[bytes]:
+    def _results_of(self, task: TaskAssignment, welcome: WorkerWelcome) -> Iterator[list[bytes]]:
+        """Each result's messages (no results for a FRAGMENTS task)."""
+        if task.mode == int(Mode.FRAGMENTS):
+            return
         if self._spec is None:
             raise RuntimeError(f"task {task.task_id} came before any EnvUpdate")
         per_result = max(int(self.control.read_text()), 1)
@@ -341,7 +391,7 @@ class SyntheticWorker:
                 batch_id=next(self._batch_ids),
                 max_message_bytes=welcome.max_message_bytes,
             )
-            yield from messages
+            yield messages
             self._results += 1
             self._messages += len(messages)
             self.counts.write_text(f"{self._results} {self._messages}")
@@ -450,14 +500,19 @@ def _stopping(processes: list[subprocess.Popen[bytes]]) -> Iterator[None]:
                 process.wait(timeout=20)
 
 
-def measure(shape: Shape, *, workers: int, num_envs: int, repeats: int) -> list[Request]:
-    """Runs ``shape``'s requests against a fresh coordinator and synthetic workers."""
+def measure(
+    shape: Shape, *, workers: int, num_envs: int, repeats: int, carrier: str = "join"
+) -> list[Request]:
+    """Runs ``shape``'s requests against a fresh coordinator and synthetic workers
+    whose results take ``carrier`` (``join`` or ``data``)."""
     with tempfile.TemporaryDirectory(prefix="rlfleet-capacity-") as name:
-        return _measure(Path(name), shape, workers=workers, num_envs=num_envs, repeats=repeats)
+        return _measure(
+            Path(name), shape, workers=workers, num_envs=num_envs, repeats=repeats, carrier=carrier
+        )
 
 
 def _measure(
-    directory: Path, shape: Shape, *, workers: int, num_envs: int, repeats: int
+    directory: Path, shape: Shape, *, workers: int, num_envs: int, repeats: int, carrier: str
 ) -> list[Request]:
     port_file, control = directory / "port", directory / "result-episodes"
     control.write_text(str(shape.result_episodes[0]))
@@ -465,7 +520,7 @@ def _measure(
     coordinator = subprocess.Popen(
         [sys.executable, "-m", "rlfleet", "--log-level", "ERROR", "coordinator",
          "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--env", shape.env_id,
-         "--lease-data-listen", "off", "--capacity-steps", str(shape.capacity_steps)],
+         "--capacity-steps", str(shape.capacity_steps)],
         env=env,
     )  # fmt: skip
     processes = [coordinator]
@@ -479,6 +534,7 @@ def _measure(
                         *(sys.executable, "-m", "benchmarks.capacity", "--serve-worker", address),
                         *("--envs", str(num_envs), "--episode-steps", str(shape.episode_steps)),
                         *("--control", str(control), "--counts", str(count_file)),
+                        *("--carrier", carrier),
                     ],
                     env=env,
                 )
@@ -545,7 +601,7 @@ def nonnegative_fit(design: np.ndarray, target: np.ndarray) -> np.ndarray:
     return best
 
 
-def summarize(shape: Shape, rows: Sequence[Request]) -> dict[str, Any]:
+def summarize(shape: Shape, rows: Sequence[Request], carrier: str = "join") -> dict[str, Any]:
     """The report of one shape: per result size, and the fit over all its requests."""
     settings = []
     for per_result in shape.result_episodes:
@@ -576,6 +632,7 @@ def summarize(shape: Shape, rows: Sequence[Request]) -> dict[str, Any]:
     steps = sum(r.steps for r in rows)
     return {
         "shape": shape.name,
+        "carrier": carrier,
         "bytes_per_step": sum(r.data_bytes for r in rows) / steps,
         "settings": settings,
         "fit": {
@@ -587,7 +644,10 @@ def summarize(shape: Shape, rows: Sequence[Request]) -> dict[str, Any]:
 
 
 def _print(report: dict[str, Any]) -> None:
-    print(f"{report['shape']}: {report['bytes_per_step']:,.0f} bytes of step data per step")
+    print(
+        f"{report['shape']}, results on {report['carrier']}: "
+        f"{report['bytes_per_step']:,.0f} bytes of step data per step"
+    )
     print(
         f"  {'result steps':>12} {'requests':>8} {'steps':>9} {'results':>7} {'msgs':>6} "
         f"{'coord us/step':>13} {'coord us/result':>15} {'steps/s/core':>13} "
@@ -608,16 +668,23 @@ def _print(report: dict[str, Any]) -> None:
 
 
 def run(
-    shapes: Sequence[Shape], *, workers: int = 2, num_envs: int = 64, repeats: int = 1
+    shapes: Sequence[Shape],
+    *,
+    workers: int = 2,
+    num_envs: int = 64,
+    repeats: int = 1,
+    carriers: Sequence[str] = ("join",),
 ) -> list[dict[str, Any]]:
-    """Measures every shape; returns one report each (see :func:`summarize`)."""
+    """Measures every shape over every carrier; returns one report each (see :func:`summarize`)."""
     reports = []
     for shape in shapes:
-        report = summarize(
-            shape, measure(shape, workers=workers, num_envs=num_envs, repeats=repeats)
-        )
-        _print(report)
-        reports.append(report)
+        for carrier in carriers:
+            rows = measure(
+                shape, workers=workers, num_envs=num_envs, repeats=repeats, carrier=carrier
+            )
+            report = summarize(shape, rows, carrier)
+            _print(report)
+            reports.append(report)
     return reports
 
 
@@ -629,6 +696,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--shapes", nargs="+", default=[s.name for s in SHAPES])
     parser.add_argument(
         "--scale", type=float, default=1.0, help="multiplies every request's steps (tiny runs)"
+    )
+    parser.add_argument(
+        "--carrier",
+        choices=(*CARRIERS, "both"),
+        default="both",
+        help="where the workers' results travel: their Join streams (gRPC), their lease data "
+        "connections (framed TCP), or both, measured one after the other",
     )
     # A synthetic worker's own process (started by the benchmark).
     parser.add_argument("--serve-worker", metavar="ADDRESS", help=argparse.SUPPRESS)
@@ -648,6 +722,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             episode_steps=args.episode_steps,
             control=args.control,
             counts=args.counts,
+            carrier=args.carrier,
         ).run()
     by_name = {shape.name: shape for shape in SHAPES}
     shapes = [
@@ -661,7 +736,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     load = os.getloadavg()[0]
     print(f"load average at start: {load:.1f} on {os.cpu_count()} cores")
-    run(shapes, workers=args.workers, num_envs=args.envs, repeats=args.repeats)
+    carriers = CARRIERS if args.carrier == "both" else (args.carrier,)
+    run(shapes, workers=args.workers, num_envs=args.envs, repeats=args.repeats, carriers=carriers)
     return 0
 
 

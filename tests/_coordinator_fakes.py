@@ -230,6 +230,9 @@ class AutoWorker:
         name: Its name in the fleet.
         chunk_bytes: Largest chunk it sends (small values force chunking).
         pause: If set, the worker waits for this event before each task.
+        capabilities: Its Hello's capabilities.
+        send_result: Takes each result's messages instead of the Join stream
+            (default: sends them on the stream).
     """
 
     def __init__(
@@ -240,8 +243,13 @@ class AutoWorker:
         name: str = "",
         chunk_bytes: int = 1 << 20,
         pause: threading.Event | None = None,
+        capabilities: Iterable[str] = CAPABILITIES,
+        send_result: Callable[[list[_rpc.WithChunk]], None] | None = None,
     ) -> None:
-        self.worker, self.welcome = join(address, num_envs=num_envs, name=name)
+        self.worker, self.welcome = join(
+            address, num_envs=num_envs, name=name, capabilities=capabilities
+        )
+        self.send_result = send_result
         self.num_envs = num_envs
         self.chunk_bytes = chunk_bytes
         self.pause = pause
@@ -358,13 +366,17 @@ class AutoWorker:
             self._error(exc, task.task_id)
             return
         for batch in batches:
-            for item in result_messages(
+            messages = result_messages(
                 batch,
                 task_id=task.task_id,
                 env_generation=self.generation,
                 batch_id=next(self._batch_ids),
                 max_bytes=self.chunk_bytes,
-            ):
+            )
+            if self.send_result is not None:
+                self.send_result(messages)
+                continue
+            for item in messages:
                 self.worker.send(item)
 
     def close(self) -> None:

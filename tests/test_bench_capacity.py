@@ -35,9 +35,14 @@ def test_the_capacity_benchmark_reports_every_figure_for_both_step_sizes(
         dataclasses.replace(shape, request_steps=tuple(s // 20 for s in shape.request_steps))
         for shape in capacity.SHAPES
     ]
-    reports = capacity.run(shapes, workers=2, num_envs=16, repeats=1)
-    assert [r["shape"] for r in reports] == ["cartpole", "atari"]
-    for report, shape in zip(reports, shapes, strict=True):
+    reports = capacity.run(shapes, workers=2, num_envs=16, repeats=1, carriers=capacity.CARRIERS)
+    assert [(r["shape"], r["carrier"]) for r in reports] == [
+        ("cartpole", "join"),
+        ("cartpole", "data"),
+        ("atari", "join"),
+        ("atari", "data"),
+    ]
+    for report, shape in zip(reports, [s for s in shapes for _ in capacity.CARRIERS], strict=True):
         assert report["bytes_per_step"] > 0
         settings = report["settings"]
         assert [s["result_steps"] for s in settings] == [
@@ -57,7 +62,7 @@ def test_the_capacity_benchmark_reports_every_figure_for_both_step_sizes(
         assert all(math.isfinite(v) and v >= 0 for v in fit.values()), fit
         assert any(v > 0 for v in fit.values()), fit
     out = capsys.readouterr().out
-    assert "cartpole: 29 bytes of step data per step" in out
+    assert "cartpole, results on data: 29 bytes of step data per step" in out
     assert "fit:" in out and "us per result" in out
 
 

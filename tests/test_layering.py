@@ -67,6 +67,7 @@ GRPC_MODULES = {
     "rlfleet.coordinator.leases.face",
     "rlfleet.coordinator.leases.translation",
     "rlfleet.coordinator.leases.manager",
+    "rlfleet.coordinator.leases.result_lane",  # drops a worker whose result it refused
     "rlfleet.coordinator.liveness",
     "rlfleet.coordinator.registry",
     "rlfleet.coordinator.requests",

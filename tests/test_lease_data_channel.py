@@ -252,6 +252,10 @@ def test_leases_fall_back_to_grpc_when_the_data_port_is_closed(
             if done:
                 venv.reset(done)
     assert (frames(fleet, "learner"), frames(fleet, "worker")) == received
+    # Results stay on the Join stream too, and arrive whole.
+    results = frames(fleet, "results")
+    assert fleet.sampler.obtain_episodes(4).n_episodes == 4
+    assert frames(fleet, "results") == results
     warnings = [r.getMessage() for r in caplog.records if "lease data channel" in r.getMessage()]
     assert len(warnings) == 1  # once per process and address, naming the port to open
     assert f"Open TCP port {port}" in warnings[0]
@@ -343,7 +347,9 @@ def test_an_mtls_fleet_carries_leases_on_the_data_channel(tmp_path: Path) -> Non
                     venv.reset(seed=0)
                     obs, _, _, _, _ = venv.step(np.zeros(2, np.int64))
                     assert obs.shape == (2, 4)
-            for party in ("learner", "worker"):
+                # The worker's results take its data connection, over TLS too.
+                assert sampler.obtain_episodes(2).n_episodes == 2
+            for party in ("learner", "worker", "results"):
                 assert registry.get_sample_value(
                     "rlfleet_lease_data_frames_total", {"party": party}
                 ), party

@@ -281,6 +281,7 @@ def test_hello_env_ready_results_and_heartbeats(
         "rlfleet.stream-takeover",
         "rlfleet.unit-columns",
         "rlfleet.leases",
+        "rlfleet.data-results",
     ]
     assert hello.implementation.startswith("rlfleet-python/")
     welcome(connection)

@@ -74,9 +74,12 @@ KNOWN_CAPABILITIES = frozenset(
         "rlfleet.multi-agent",
         "rlfleet.stream-takeover",
         "rlfleet.unit-columns",
+        "rlfleet.data-results",
     }
 )
-#: Those the test coordinator grants: never pickle (it needs an opt-in and TLS).
+#: Those the test coordinator grants: never pickle (it needs an opt-in and TLS),
+#: never data-results (it reads results on the Join stream, which a worker
+#: without the grant keeps them on).
 GRANTED_CAPABILITIES = frozenset(
     {
         "rlfleet.episodes",

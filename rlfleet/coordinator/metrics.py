@@ -116,12 +116,14 @@ class CoordinatorMetrics(MetricSet):
         )
         data_frames = self.counter(
             "rlfleet_lease_data_frames",
-            "Lease messages received on the lease data channel, by party (learner: calls; "
-            "worker: replies).",
+            "Messages received on the lease data channel, by party (learner: lease calls; "
+            "worker: lease replies; results: workers' result messages and end-of-results markers).",
             ["party"],
         )
         # Bound once: a frame's count is one lock-and-add on the hot path.
-        self._data_frames = {party: data_frames.labels(party) for party in ("learner", "worker")}
+        self._data_frames = {
+            party: data_frames.labels(party) for party in ("learner", "worker", "results")
+        }
 
     def watch(self, state: FleetState, status: Callable[[], Any]) -> None:
         """Exports the scrape-time gauges of ``state``.
@@ -176,7 +178,8 @@ class CoordinatorMetrics(MetricSet):
         self._data_connections.labels(outcome).inc()
 
     def lease_data_frame(self, party: str) -> None:
-        """A lease message from a ``learner`` or ``worker`` came on the data channel."""
+        """A message from a ``learner`` or ``worker`` (or a worker's ``results``) came
+        on the data channel."""
         self._data_frames[party].inc()
 
     def timed(self, method: str, behavior: Callable[..., R]) -> Callable[..., R]:
@@ -259,7 +262,9 @@ class _FleetCollector(Collector):
         status = self._status()
         queued = status.requests_in_flight  # the gate's waiting count
         with state.lock:
-            in_flight_bytes = sum(h.assembler.buffered_bytes for h in state.registry)
+            in_flight_bytes = sum(
+                h.assembler.buffered_bytes + h.data_assembler.buffered_bytes for h in state.registry
+            )
         by_state = dict.fromkeys(WORKER_STATES, 0)
         for worker in status.workers:
             by_state[worker.state] = by_state.get(worker.state, 0) + 1

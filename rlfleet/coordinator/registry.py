@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import queue
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -79,7 +80,13 @@ class WorkerHandle:
         agent_version: Version of its last AgentReady (0: the default policy).
         heartbeat: Its last Heartbeat.
         last_error: Its last WorkerError.
-        assembler: Joins its result chunks (reader thread only).
+        assembler: Joins its result chunks of the Join stream (reader thread only).
+        data_assembler: Joins its result chunks of the lease data
+            connection (the data loop thread only).
+        data_results_done: Set once no more results can come on its lease
+            data connection (its end-of-results marker, or the connection's
+            end); None while results cannot come there (no data connection,
+            or no ``rlfleet.data-results`` capability).
         lease_data: Its lease data connection, once accepted: lease
             commands go there (:meth:`send_lease`).
         lease_ticket: The ticket its Welcome carried ("" without one).
@@ -101,6 +108,8 @@ class WorkerHandle:
     heartbeat: WorkerBeat = field(default_factory=WorkerBeat)
     last_error: ErrorReport | None = None
     assembler: ResultAssembler = field(default_factory=ResultAssembler)
+    data_assembler: ResultAssembler = field(default_factory=ResultAssembler)
+    data_results_done: threading.Event | None = None
     lease_data: LeaseConnection | None = None
     lease_ticket: bytes = b""
     forged_replies: int = 0
@@ -175,6 +184,7 @@ class Registry:
             outbox=queue.SimpleQueue(),
             last_seen=time.monotonic(),
             assembler=ResultAssembler(max_total_bytes=self.max_result_bytes),
+            data_assembler=ResultAssembler(max_total_bytes=self.max_result_bytes),
         )
         self._workers[worker_id] = handle
         return handle

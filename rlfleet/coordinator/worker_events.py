@@ -41,10 +41,17 @@ from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.scheduling.scheduler import RequestSpec, Verdict
-from rlfleet.security import PICKLE_CAPABILITY
+from rlfleet.security import PICKLE_CAPABILITY, InflightBudget
 from rlfleet.transport import rpc as _rpc
+from rlfleet.wire import Chunk
 from rlfleet.wire.result_checks import FragmentWindow, ResultExpectation, check_result
-from rlfleet.wire.results import JoinedResult, ResultError, decode_result
+from rlfleet.wire.results import (
+    JoinedResult,
+    ResultAssembler,
+    ResultError,
+    ResultHeader,
+    decode_result,
+)
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -60,6 +67,7 @@ CAPABILITIES = (
     MULTI_AGENT_CAPABILITY,
     _rpc.TAKEOVER_CAPABILITY,
     _rpc.UNIT_COLUMNS_CAPABILITY,
+    _rpc.DATA_RESULTS_CAPABILITY,
 )
 
 
@@ -269,6 +277,60 @@ class WorkerEvents:
             describe_report(detail),
             extra={"worker": handle.name},
         )
+
+    def on_chunk(
+        self,
+        handle: WorkerHandle,
+        assembler: ResultAssembler,
+        budget: InflightBudget,
+        meta: ResultHeader,
+        chunk: Chunk | None,
+    ) -> None:
+        """One message of a worker's result, from its Join stream or its lease data
+        connection (each with its own assembler and budget): joined, then booked
+        once whole (:meth:`on_result`).
+
+        Raises:
+            ProtocolError: For a message without its chunk, chunks out of order
+                or a result that breaks the protocol.
+            ResourceExhaustedError: Past the in-flight limit.
+        """
+        if chunk is None:
+            raise ProtocolError(f"worker {handle.name!r} sent an EpisodeResult without its chunk")
+        budget.charge(len(chunk.data))  # raises past the in-flight limit
+        joined = assembler.join(meta, chunk)  # raises on any disorder
+        if joined is None:
+            return
+        budget.release()
+        self.on_result(handle, joined)
+
+    def await_data_results(self, handle: WorkerHandle) -> None:
+        """Waits, before a worker's graceful end is booked, until its lease data
+        connection delivered its last result (its end-of-results marker, or the
+        connection's end): episodes whose results are still on that socket are
+        not written off and re-run. Bounded by the heartbeat timeout, the
+        silence after which a worker counts as lost anyway.
+        """
+        done = handle.data_results_done
+        if done is None or done.is_set():
+            return
+        timeout = self._state.config.heartbeat_timeout_seconds
+        logger.info(
+            "worker %r ended its Join stream; waiting up to %g seconds for its last results on "
+            "its lease data connection",
+            handle.name,
+            timeout,
+            extra={"worker": handle.name},
+        )
+        if not done.wait(timeout):
+            logger.warning(
+                "worker %r ended its Join stream, but its lease data connection did not "
+                "deliver its last results within %g seconds (the heartbeat timeout); its "
+                "episodes still in flight are re-run elsewhere",
+                handle.name,
+                timeout,
+                extra={"worker": handle.name},
+            )
 
     def on_result(self, handle: WorkerHandle, joined: JoinedResult) -> None:
         """A worker's result is complete: check it, account it, forward it.

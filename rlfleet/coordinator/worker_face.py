@@ -37,8 +37,6 @@ from rlfleet.protocol.error_reports import ErrorReport
 from rlfleet.protocol.join import AgentApplied, EnvBuilt, WorkerBeat, WorkerHello, WorkerLeaving
 from rlfleet.security import InflightBudget
 from rlfleet.transport import rpc as _rpc
-from rlfleet.wire import Chunk
-from rlfleet.wire.results import ResultHeader
 
 logger = logging.getLogger("rlfleet.coordinator")
 T = TypeVar("T")
@@ -219,6 +217,8 @@ class WorkerFace:
             # when the peer's connection drops (a killed process): only a
             # worker that said Leaving or was drained closes on purpose.
             if handle.leaving or self._coordinator.draining:
+                # Its last results may still be on its lease data connection.
+                events.await_data_results(handle)
                 events.drop(handle, grpc.StatusCode.OK, "the worker closed its stream")
             else:
                 events.drop(
@@ -236,7 +236,7 @@ class WorkerFace:
             return
         events = self._coordinator.workers
         if isinstance(item, ResultPiece):
-            self._on_chunk(handle, item.header, item.chunk, budget)
+            events.on_chunk(handle, handle.assembler, budget, item.header, item.chunk)
         elif isinstance(item, WorkerBeat):
             events.on_heartbeat(handle, item)
         elif isinstance(item, EnvBuilt):
@@ -253,19 +253,3 @@ class WorkerFace:
             raise ProtocolError(f"worker {handle.name!r} sent a second Hello")
         else:
             raise ProtocolError(f"worker {handle.name!r} sent an empty WorkerMessage")
-
-    def _on_chunk(
-        self,
-        handle: WorkerHandle,
-        meta: ResultHeader,
-        chunk: Chunk | None,
-        budget: InflightBudget,
-    ) -> None:
-        if chunk is None:
-            raise ProtocolError(f"worker {handle.name!r} sent an EpisodeResult without its chunk")
-        budget.charge(len(chunk.data))  # raises past the in-flight limit
-        joined = handle.assembler.join(meta, chunk)  # raises on any disorder
-        if joined is None:
-            return
-        budget.release()
-        self._coordinator.workers.on_result(handle, joined)

@@ -23,9 +23,10 @@ import logging
 import queue
 import select
 import socket
+import ssl
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from rlfleet._util.log_limit import OncePerKey
@@ -45,6 +46,8 @@ FRAME_HEADER = struct.Struct(">I")
 DATA_DIAL_SECONDS = 10.0
 #: Largest first frame (LeaseDataHello / LeaseDataAccepted) either side reads.
 HANDSHAKE_FRAME_BYTES = 1024
+#: Buffers handed to one ``sendmsg`` (below every system's IOV_MAX).
+_SENDMSG_BUFFERS = 512
 
 _unreachable = OncePerKey()
 
@@ -120,16 +123,61 @@ class LeaseDataLink:
         # keeps what it read for the next one.
         self._buffer = bytearray()
         self._closed = False
+        self._send_seconds: float | None = None
+
+    def set_send_timeout(self, seconds: float) -> None:
+        """Bounds every send: one the peer does not take within ``seconds`` fails
+        (the socket's receives keep waiting as long as they did)."""
+        whole = int(seconds)
+        timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+        self._send_seconds = seconds
 
     def send(self, payload: bytes) -> None:
         """Sends one frame.
 
         Raises:
-            OSError: If the connection is broken.
+            OSError: If the connection is broken (TimeoutError past the send timeout).
         """
         data = frame(payload)
-        with self._lock:
+        with self._lock, self._timed():
             self._sock.sendall(data)
+
+    def send_frames(self, payloads: Sequence[bytes]) -> None:
+        """Sends frames in order, from the caller's thread, without copying a
+        payload where the socket allows it (plain TCP: ``sendmsg``; TLS copies
+        each frame once, behind its header).
+
+        Raises:
+            OSError: If the connection is broken (TimeoutError past the send
+                timeout); what was sent of the frames is then unknown.
+        """
+        with self._lock, self._timed():
+            sock = self._sock
+            if isinstance(sock, ssl.SSLSocket):  # no sendmsg over TLS
+                for payload in payloads:
+                    sock.sendall(frame(payload))
+                return
+            parts: list[bytes | memoryview] = []
+            for payload in payloads:
+                parts += (FRAME_HEADER.pack(len(payload)), payload)
+            while parts:
+                sent = sock.sendmsg(parts[:_SENDMSG_BUFFERS])
+                while parts and sent >= len(parts[0]):
+                    sent -= len(parts.pop(0))
+                if sent:
+                    parts[0] = memoryview(parts[0])[sent:]
+
+    @contextlib.contextmanager
+    def _timed(self) -> Iterator[None]:
+        """Turns a send that ran past the send timeout into a TimeoutError naming it."""
+        try:
+            yield
+        except (BlockingIOError, ssl.SSLWantWriteError):
+            raise RlfleetTimeoutError(
+                f"the coordinator took no data for {self._send_seconds:g} seconds (the send "
+                "timeout)"
+            ) from None
 
     def receive(self) -> bytes | None:
         """The next frame's payload; None once the coordinator closed the connection.

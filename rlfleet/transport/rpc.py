@@ -64,6 +64,10 @@ TAKEOVER_CAPABILITY = "rlfleet.stream-takeover"
 #: Capability of workers that read a Task's episode units as columns
 #: (worker.proto EpisodeUnitColumns); the others get EpisodeUnit messages.
 UNIT_COLUMNS_CAPABILITY = "rlfleet.unit-columns"
+#: Capability of workers that send their results on the lease data channel
+#: once their session's connection is open (leases.proto, "Results on the
+#: lease data channel"); agreed in Hello and Welcome like every capability.
+DATA_RESULTS_CAPABILITY = "rlfleet.data-results"
 
 #: Default largest message either side sends or accepts. Batches are chunked
 #: well below it (rlfleet.wire.DEFAULT_CHUNK_BYTES); only agent updates with

@@ -4,8 +4,10 @@ Everything here runs on the worker's main thread, which owns the
 VecWorker. Each turn of the loop handles the messages already queued (in
 order: an update applies to every task sent after it), takes one vector
 step if there is work, sends finished episodes in groups, and sends a
-heartbeat when one is due. Network work never blocks a step: the inbox is
-polled without waiting, and sends only queue messages for gRPC's thread.
+heartbeat when one is due. Network work never blocks a step on the
+coordinator's answer: the inbox is polled without waiting, and sends queue
+messages for gRPC's thread, except results on the lease data connection,
+written from this thread straight to its socket (``SessionLeases.send_results``).
 """
 
 from __future__ import annotations
@@ -435,8 +437,9 @@ class Session:
         )
         self._next_batch_id += 1
         self._flush_policy.expect_step_bytes(total_bytes / batch.total_steps)
-        for message in messages:
-            self._stream.send(message)
+        if not self._leases.send_results(messages):
+            for message in messages:
+                self._stream.send(message)
         self._book.reported(task_id, indices)
         self._metrics.sent(batch.n_episodes, total_bytes)
 
@@ -521,6 +524,7 @@ class Session:
 
     def _close(self) -> Outcome:
         """Ends the stream after the last result was queued."""
+        self._leases.end_results()
         self._stream.close_send()
         if not self._stream.wait_closed(self._config.close_timeout):
             self._stream.cancel()

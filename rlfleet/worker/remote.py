@@ -402,7 +402,11 @@ class RemoteWorker:
                     *CAPABILITIES,
                     _rpc.TAKEOVER_CAPABILITY,
                     _rpc.UNIT_COLUMNS_CAPABILITY,
-                    *([_rpc.LEASE_CAPABILITY] if config.lease_slots != 0 else []),
+                    *(
+                        (_rpc.LEASE_CAPABILITY, _rpc.DATA_RESULTS_CAPABILITY)
+                        if config.lease_slots != 0
+                        else ()
+                    ),
                     *PickleGate(
                         config.allow_pickle or embedded_child(config.coordinator)
                     ).capabilities,

@@ -4,7 +4,12 @@ A worker that hosts leases gets a ticket in its Welcome (worker_events.py),
 one per Join session. Presenting it attaches the connection: the worker
 first gets the switch marker on its Join stream, then every lease command on
 the connection (``WorkerHandle.send_lease``); its replies go to the same
-``LeaseManager.on_reply`` as the Join stream's. When the connection ends
+``LeaseManager.on_reply`` as the Join stream's. A worker that agreed on
+``rlfleet.data-results`` sends its results there too: the loop parses each
+message and hands it to the session's :class:`ResultLane`, whose thread
+joins and books them as the Join stream's reader would (result_lane.py says
+why not on the loop); its end-of-results marker (a Leaving) tells a
+graceful end of its Join stream that nothing more comes. When the connection ends
 while the worker is in the fleet, the worker is dropped as lost: its leased
 envs are re-created elsewhere, and it rejoins with a new session; a worker
 that said Leaving (or is drained) closes it on purpose, and its Join
@@ -14,12 +19,14 @@ stream's end decides. (A learner's lease data connection is face.py's.)
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 import grpc
 
 from rlfleet.coordinator.leases.data_server import LeaseConnection, LeaseDataPeer
 from rlfleet.coordinator.leases.manager import LeaseManager
+from rlfleet.coordinator.leases.result_lane import ResultLane
 from rlfleet.coordinator.leases.translation import (
     RelayReply,
     data_switch_command,
@@ -28,13 +35,20 @@ from rlfleet.coordinator.leases.translation import (
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.worker_events import WorkerEvents
-from rlfleet.errors import ProtocolError, UnavailableError, WireFormatError
+from rlfleet.errors import (
+    ProtocolError,
+    ResourceExhaustedError,
+    UnavailableError,
+    WireFormatError,
+)
+from rlfleet.transport import rpc as _rpc
 
 logger = logging.getLogger("rlfleet.coordinator")
 
 
 class WorkerDataPeer:
-    """A worker session's data connection: its lease replies in."""
+    """A worker session's data connection: its lease replies in, and its results
+    when it agreed on ``rlfleet.data-results`` (``results``, else None)."""
 
     def __init__(
         self,
@@ -43,26 +57,47 @@ class WorkerDataPeer:
         leases: LeaseManager,
         handle: WorkerHandle,
         count: Callable[[str], None],
+        *,
+        results: ResultLane | None,
     ) -> None:
         self._state = state
         self._count = count
         self._events = events
         self._leases = leases
         self._handle = handle
+        self._results = results
 
     def on_frame(self, payload: bytes) -> None:
-        self._count("worker")
-        self._handle.touch()
+        handle = self._handle
+        handle.touch()
         try:
-            self._leases.on_reply(self._handle, _parse_reply(payload))
-        except ProtocolError as exc:
+            item = _parse_frame(payload)
+            if isinstance(item, RelayReply):
+                self._count("worker")
+                self._leases.on_reply(handle, item)
+            elif self._results is None:
+                raise WireFormatError(
+                    "a worker's lease data frame must be a WorkerMessage holding only "
+                    "lease_reply, unless it agreed on rlfleet.data-results (leases.proto, 'The "
+                    "lease data channel')"
+                )
+            else:
+                # Parsed and booked on the session's own thread, in order.
+                self._count("results")
+                self._results.put(payload)
+        except ResourceExhaustedError as exc:
+            self._events.drop(handle, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            raise
+        except (ProtocolError, WireFormatError) as exc:
             # Refused as on its Join stream (INVALID_ARGUMENT), not as a
             # broken connection; raising then closes the connection.
-            self._events.drop(self._handle, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            self._events.drop(handle, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise
 
     def on_closed(self, reason: str) -> None:
         handle = self._handle
+        if self._results is not None:
+            self._results.close()  # nothing more can come on it
         if handle.leaving or self._state.draining:
             # A worker that leaves (or is drained) closes both its connections;
             # its Join stream's end removes it (OK), or its break (a warning).
@@ -94,16 +129,16 @@ def worker_attach(
                 raise UnavailableError(f"worker {handle.name!r} left before its data connection")
             handle.send(data_switch_command())
             handle.lease_data = connection
-        return WorkerDataPeer(state, events, leases, handle, state.metrics.lease_data_frame)
+            results = None
+            if _rpc.DATA_RESULTS_CAPABILITY in handle.hello.capabilities:
+                done = handle.data_results_done = threading.Event()
+                limit = state.config.limits.max_inflight_bytes_per_worker
+                results = ResultLane(events, handle, done, limit, connection.close)
+        count = state.metrics.lease_data_frame
+        return WorkerDataPeer(state, events, leases, handle, count, results=results)
 
     return attach
 
 
-def _not_a_reply(data: bytes) -> RelayReply:
-    raise WireFormatError(
-        "a worker's lease data frame must be a WorkerMessage holding only lease_reply "
-        "(leases.proto, 'The lease data channel')"
-    )
-
-
-_parse_reply = relay_deserializer(_not_a_reply)
+#: A lease reply, or the frame's bytes as they came (the result lane parses them).
+_parse_frame: Callable[[bytes], bytes | RelayReply] = relay_deserializer(bytes)

@@ -9,6 +9,13 @@ the marker are held back, so a command on the connection never overtakes
 one still on its way on the stream. If the port cannot be reached,
 everything stays on the Join stream (one WARNING says what to open).
 
+A session that agreed on ``rlfleet.data-results`` also sends its results
+here (:meth:`WorkerLeaseChannel.send_frames`, from the stepping thread, no
+queue between), and, before it half-closes its Join stream on leaving, the
+end-of-results marker (:meth:`WorkerLeaseChannel.end_results`). Sends wait
+at most the send timeout (the coordinator's heartbeat timeout): past it the
+connection counts as broken.
+
 A connection that ends while the Join stream lives is a fault: WARNING, and
 the session ends. One that ends with the Join stream (the coordinator stops,
 or this worker leaves) is part of that end, which the Join stream's own line
@@ -31,6 +38,8 @@ logger = logging.getLogger("rlfleet.worker")
 #: too: a stopping coordinator closes its data port a moment before it ends
 #: the Join streams, and the two connections' ends race to the worker.
 JOIN_END_GRACE_SECONDS = 1.0
+#: Send timeout when the Welcome names no heartbeat timeout.
+DEFAULT_SEND_SECONDS = 10.0
 
 
 class WorkerLeaseChannel:
@@ -50,6 +59,8 @@ class WorkerLeaseChannel:
         join_ended: Waits up to the given seconds for the Join stream to
             end (0: only looks); whether it ended, or the session is
             leaving on purpose.
+        send_timeout: Seconds a send may wait for the coordinator to take
+            the bytes.
     """
 
     def __init__(
@@ -63,8 +74,10 @@ class WorkerLeaseChannel:
         on_command: Callable[[bytes], None],
         on_broken: Callable[[str], None],
         join_ended: Callable[[float], bool],
+        send_timeout: float = DEFAULT_SEND_SECONDS,
     ) -> None:
         self._address = (host, port)
+        self._send_timeout = send_timeout
         self._hello = hello
         self._tls = tls
         self._max = max_frame_bytes
@@ -102,6 +115,36 @@ class WorkerLeaseChannel:
         except OSError as exc:
             self._broken(f"sending a lease reply failed: {exc}")
 
+    def send_frames(self, payloads: list[bytes]) -> None:
+        """Sends a result's serialized WorkerMessages, in order, from the caller's thread.
+
+        A broken connection ends the session (``on_broken``): the result is
+        lost with it, as the coordinator writes the worker off and re-runs
+        its episodes.
+        """
+        link = self._link
+        if link is None:
+            raise UnavailableError("the lease data connection is not open")
+        try:
+            link.send_frames(payloads)
+        except OSError as exc:
+            self._broken(f"sending a result failed: {exc}")
+
+    def end_results(self, marker: bytes) -> None:
+        """Tells the coordinator that no result follows: sends ``marker`` (a
+        serialized WorkerMessage holding ``leaving``) if the connection is open;
+        else makes sure it never opens (a dial under way closes what it gets),
+        as a closed connection says the same."""
+        with self._lock:
+            link = self._link
+            if link is None:
+                self._closed = True
+                return
+        try:
+            link.send(marker)
+        except OSError as exc:
+            self._broken(f"sending the end of results failed: {exc}")
+
     def switch(self) -> None:
         """The coordinator's switch marker arrived on the Join stream: commands held
         back so far are handed on, and the next ones as they come."""
@@ -134,6 +177,7 @@ class WorkerLeaseChannel:
             if not self._closed:
                 warn_unreachable(host, port, "this worker", f"{type(exc).__name__}: {exc}")
             return
+        link.set_send_timeout(self._send_timeout)
         with self._lock:
             if self._closed:
                 link.close()

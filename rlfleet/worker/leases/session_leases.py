@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from rlfleet.protocol.join import WorkerWelcome
+from rlfleet.protocol.join import WorkerLeaving, WorkerWelcome
 from rlfleet.security import ClientTLS, PickleGate
+from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.lease_channel import coordinator_host
 from rlfleet.wire.leases import data_hello
 from rlfleet.worker._connection import JoinStream
@@ -22,8 +23,9 @@ from rlfleet.worker._join_messages import (
     LeaseDataSwitch,
     lease_reply,
     parse_lease_frame,
+    serialize_outgoing,
 )
-from rlfleet.worker.leases.data_link import WorkerLeaseChannel
+from rlfleet.worker.leases.data_link import DEFAULT_SEND_SECONDS, WorkerLeaseChannel
 from rlfleet.worker.leases.host import LeaseHost
 
 logger = logging.getLogger("rlfleet.worker")
@@ -65,6 +67,8 @@ class SessionLeases:
         self._leaving = leaving
         self.host = LeaseHost(imports, lambda report: self.send(lease_reply(report, name)), pickle)
         self._channel: WorkerLeaseChannel | None = None
+        self._results_agreed = _rpc.DATA_RESULTS_CAPABILITY in welcome.capabilities
+        self._results_on_data: bool | None = None  # decided at the session's first result
         stream.lease_handler = self.submit
         if welcome.lease_data is not None and lease_slots != 0:
             port, ticket = welcome.lease_data
@@ -77,6 +81,7 @@ class SessionLeases:
                 on_command=self._data_command,
                 on_broken=on_broken,
                 join_ended=self._join_ended,
+                send_timeout=welcome.heartbeat_timeout_seconds or DEFAULT_SEND_SECONDS,
             )
 
     def start(self) -> None:
@@ -103,6 +108,31 @@ class SessionLeases:
             channel.send(reply)
         else:
             self._stream.send(reply)
+
+    def send_results(self, messages: list[bytes]) -> bool:
+        """Sends a result's serialized WorkerMessages on the data connection, if this
+        session's results travel there; False: the caller sends them on the stream."""
+        on_data = self._results_on_data
+        channel = self._channel
+        if on_data is None:
+            on_data = self._results_agreed and channel is not None and channel.connected
+            self._results_on_data = on_data
+            if self._results_agreed:
+                logger.info(
+                    "this session's results go on the %s",
+                    "lease data channel" if on_data else "Join stream (no data connection yet)",
+                )
+        if on_data and channel is not None:
+            channel.send_frames(messages)
+            return True
+        return False
+
+    def end_results(self) -> None:
+        """Before the stream's half-close: tells the coordinator, on the data
+        connection, that no result follows there (it waits for that before it
+        books the session's end, so no result still on the socket is lost)."""
+        if self._results_agreed and self._channel is not None:
+            self._channel.end_results(serialize_outgoing(WorkerLeaving("no more results")))
 
     def close(self) -> None:
         """Closes the data connection and every leased env."""

@@ -1,0 +1,145 @@
+"""A worker session's results from its lease data connection, checked on their own thread.
+
+The data channel's one selector thread relays every lease call and reply of
+every session. A result's work (join, decode, vectorised checks, booking:
+0.3-3 ms for a CartPole or Atari-sized result) run there would hold all of
+them (docs/data_plane.md, "Results on the data channel", has the
+measurement). So the loop only queues a frame that is not a lease reply
+here; the lane's thread parses it, then joins, checks and books the
+session's results in the order they came, exactly as a Join stream's reader
+thread does (``WorkerEvents.on_chunk``), and sets the session's
+end-of-results event once every result before the marker (or the
+connection's end) was booked.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+import grpc
+
+from rlfleet.coordinator.registry import WorkerHandle
+from rlfleet.coordinator.worker_events import WorkerEvents
+from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
+from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
+from rlfleet.protocol.join import WorkerLeaving
+from rlfleet.security import InflightBudget
+
+logger = logging.getLogger("rlfleet.coordinator")
+
+#: Seconds the lane's thread waits for work before it looks whether its worker is gone.
+_IDLE_SECONDS = 1.0
+
+
+class _Closed:
+    """Queued at the connection's end: nothing more comes."""
+
+
+class ResultLane:
+    """The results of one worker session's data connection, in order, on one thread.
+
+    Args:
+        events: Books each result (``WorkerEvents.on_chunk``) and drops a
+            worker whose result breaks the protocol.
+        handle: The worker.
+        done: Set once every result before the marker, or the connection's
+            end, was booked (``handle.data_results_done``).
+        limit: Bytes of one unfinished result, and of results received but
+            not yet checked (max_inflight_bytes_per_worker).
+        close: Closes the data connection, with the reason (after a refusal).
+    """
+
+    def __init__(
+        self,
+        events: WorkerEvents,
+        handle: WorkerHandle,
+        done: threading.Event,
+        limit: int,
+        close: Callable[[str], None],
+    ) -> None:
+        self._done = done
+        self._events = events
+        self._handle = handle
+        self._limit = limit
+        self._close = close
+        self._budget = InflightBudget(limit, handle.name)
+        self._queue: queue.SimpleQueue[bytes | _Closed] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._queued = 0  # frame bytes queued, not yet taken by the thread
+        self._failed = False
+        threading.Thread(
+            target=self._run, name=f"rlfleet-data-results-{handle.name}", daemon=True
+        ).start()
+
+    def put(self, payload: bytes) -> None:
+        """Queues one frame that is not a lease reply (the loop thread): a
+        result message or the end-of-results marker, as the lane will find.
+
+        Raises:
+            ResourceExhaustedError: If the worker has more bytes received and
+                not yet checked than the limit (the caller drops it).
+        """
+        with self._lock:
+            self._queued += len(payload)
+            queued = self._queued
+        if queued > self._limit:
+            raise ResourceExhaustedError(
+                f"worker {self._handle.name!r} has {queued} bytes of results received on its "
+                f"lease data connection and not yet checked, over the limit of {self._limit} "
+                "(max_inflight_bytes_per_worker); it was dropped. Sample fewer steps per task"
+            )
+        self._queue.put(payload)
+
+    def close(self) -> None:
+        """The connection ended: once what is queued was booked, nothing more comes."""
+        self._queue.put(_Closed())
+
+    def _run(self) -> None:
+        handle = self._handle
+        while True:
+            try:
+                item = self._queue.get(timeout=_IDLE_SECONDS)
+            except queue.Empty:
+                if handle.alive:
+                    continue
+                # Written off (its data connection's end follows, or the port stopped).
+                self._done.set()
+                return
+            if isinstance(item, _Closed):
+                self._done.set()
+                return
+            with self._lock:
+                self._queued -= len(item)
+            if not self._failed:
+                self._book(item)
+
+    def _book(self, payload: bytes) -> None:
+        handle, events = self._handle, self._events
+        try:
+            item = parse_worker_message(payload)
+            if isinstance(item, ResultPiece):
+                assembler, budget = handle.data_assembler, self._budget
+                events.on_chunk(handle, assembler, budget, item.header, item.chunk)
+            elif isinstance(item, WorkerLeaving):
+                self._done.set()  # the end-of-results marker: every result before it was booked
+            else:
+                raise WireFormatError(
+                    "a worker's lease data frame must be a WorkerMessage holding only "
+                    "lease_reply, result or (the end-of-results marker) leaving (leases.proto, "
+                    "'The lease data channel')"
+                )
+            return
+        except ResourceExhaustedError as exc:
+            code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
+        except (ProtocolError, WireFormatError) as exc:
+            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        except Exception as exc:  # a bug here must not leave a zombie worker
+            logger.exception("internal error on a result of worker %r", handle.name)
+            code, message = grpc.StatusCode.INTERNAL, f"coordinator bug: {exc!r}"
+        # Refused as on its Join stream; what it sends after is not booked.
+        self._failed = True
+        events.drop(handle, code, message)
+        self._close(message)

@@ -1,0 +1,251 @@
+"""Workers' results on the lease data channel (leases.proto, "Results on the lease data channel").
+
+A worker that hosts leases and agreed on ``rlfleet.data-results`` sends its
+results as frames on its session's data connection; the coordinator books
+them exactly as Join-stream results. Real coordinator and worker processes
+on loopback: results arrive there (the coordinator's
+``rlfleet_lease_data_frames{party="results"}``) and are booked once; a
+worker killed mid-request loses and duplicates nothing; a leaving worker
+whose last results are still on its data connection when its Join stream
+ends keeps them. (The fallback to the Join stream when the data port is
+closed, and TLS, are tests/test_lease_data_channel.py's.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rlfleet.client import Fleet, RemoteSampler
+from rlfleet.envs import EnvConfig
+from rlfleet.errors import RlfleetTimeoutError
+from rlfleet.transport import rpc as _rpc
+from rlfleet.transport.lease_channel import LeaseDataLink, dial
+from rlfleet.v1 import worker_pb2
+from rlfleet.wire.leases import data_hello
+from tests._coordinator_fakes import (
+    CAPABILITIES,
+    Answer,
+    AutoWorker,
+    assert_same_batch,
+    reference_episodes,
+    sample,
+)
+from tests.fleet_processes import (
+    SLOW_ENV,
+    SLOW_ENV_TWIN,
+    TEST_ENVS_MODULE,
+    ProcessFleet,
+    env_flags,
+    local_episodes,
+    run_in_thread,
+)
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+SEED = 21
+EPISODES = 2  # SAMPLE_MODE_EPISODES
+#: What a worker logs when its session's results take the data channel.
+ON_DATA = "this session's results go on the lease data channel"
+#: Hello capabilities of a scripted worker whose results may take the data channel.
+DATA_CAPABILITIES = (*CAPABILITIES, _rpc.LEASE_CAPABILITY, _rpc.DATA_RESULTS_CAPABILITY)
+
+
+def data_frames(fleet: Fleet, party: str) -> float:
+    registry = fleet.server.coordinator.metrics.registry
+    return registry.get_sample_value("rlfleet_lease_data_frames_total", {"party": party}) or 0.0
+
+
+def accepted(fleet: Fleet) -> float:
+    registry = fleet.server.coordinator.metrics.registry
+    value = registry.get_sample_value(
+        "rlfleet_lease_data_connections_total", {"outcome": "accepted"}
+    )
+    return value or 0.0
+
+
+def test_results_travel_on_the_data_channel_and_are_booked_once() -> None:
+    fleet = Fleet.local(workers=2, envs_per_worker=2, seed=SEED)
+    try:
+        wait_until(lambda: accepted(fleet) == 2, "the workers' data connections")
+        expected = local_episodes(EnvConfig("CartPole-v1"), 12, 6, seed=SEED)
+        batch = fleet.sampler.obtain_episodes(12)
+        assert_same_batch(batch, expected[0])  # each episode once, none lost
+        assert data_frames(fleet, "results") >= 2  # both workers' results came there
+        # The fleet goes on: a second request is booked the same way.
+        before = data_frames(fleet, "results")
+        assert_same_batch(fleet.sampler.obtain_episodes(6), expected[1])
+        assert data_frames(fleet, "results") > before
+    finally:
+        fleet.close()
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[ProcessFleet]:
+    with ProcessFleet(tmp_path) as fleet:
+        yield fleet
+
+
+def test_a_worker_killed_mid_request_loses_and_duplicates_nothing(
+    processes: ProcessFleet,
+) -> None:
+    processes.start_coordinator(*env_flags(SLOW_ENV))
+    for _ in range(3):
+        processes.start_worker(imports=[TEST_ENVS_MODULE])
+    processes.wait_for_workers(3)
+    victim = processes.workers[0]
+    answer = run_in_thread(
+        lambda: sample(processes.address, mode=EPISODES, amount=24, seed=SEED, request_index=0)
+    )
+    # Killed once some of its results went on the data channel, with units still to run.
+    processes.wait_for_log(victim, ON_DATA)
+    processes.wait_until(lambda: processes.units_on(victim.name), what="units on the victim")
+    processes.kill(victim)
+    result: Answer = answer(120)
+
+    assert_same_batch(result.batch, local_episodes(SLOW_ENV_TWIN, 24, seed=SEED)[0])
+    assert result.footer.num_episodes == 24
+    assert result.footer.reassigned_units >= 1
+    for survivor in processes.workers[1:]:
+        assert ON_DATA in survivor.log_text()
+
+
+class HeldResults:
+    """A scripted worker's results, held back to be sent when the test says."""
+
+    def __init__(self) -> None:
+        self.messages: list[bytes] = []
+        self.results = 0
+        self.changed = threading.Event()
+
+    def take(self, messages: list[_rpc.WithChunk]) -> None:
+        self.messages += [_rpc.serialize(m) for m in messages]
+        self.results += 1
+        self.changed.set()
+
+
+@contextlib.contextmanager
+def scripted_data_worker(
+    address: str, held: HeldResults
+) -> Iterator[tuple[AutoWorker, LeaseDataLink]]:
+    """A scripted worker that agreed on data results, with its data connection open."""
+    worker = AutoWorker(address, num_envs=2, capabilities=DATA_CAPABILITIES, send_result=held.take)
+    try:
+        assert worker.welcome.HasField("lease_data")
+        assert _rpc.DATA_RESULTS_CAPABILITY in worker.welcome.capabilities
+        link = dial(
+            "127.0.0.1",
+            worker.welcome.lease_data.port,
+            data_hello(worker.welcome.lease_data.ticket),
+            tls=None,
+            timeout=10,
+            max_frame_bytes=1 << 24,
+        )
+        try:
+            yield worker, link
+        finally:
+            link.close()
+    finally:
+        worker.close()
+
+
+def test_a_leaving_workers_last_results_on_the_data_channel_are_kept(
+    processes: ProcessFleet,
+) -> None:
+    # The worker's Join stream ends (Leaving, then its half-close) before its
+    # last results arrive on its data connection: the coordinator waits for
+    # them (and the end-of-results marker) before it books the worker's end,
+    # so they are booked, not written off and re-run.
+    coordinator = processes.start_coordinator("--env", "CartPole-v1")
+    held = HeldResults()
+    with scripted_data_worker(processes.address, held) as (worker, link):
+        processes.wait_for_workers(1)
+        answer = run_in_thread(
+            lambda: sample(processes.address, mode=EPISODES, amount=2, seed=SEED, request_index=0)
+        )
+        wait_until(lambda: held.results >= 1, "the worker to run its task")
+        leaving = worker_pb2.WorkerMessage(leaving=worker_pb2.Leaving(reason="scaled down"))
+        worker.worker.send(leaving)
+        worker.worker.finish()  # the Join stream's half-close
+        processes.wait_for_log(coordinator, "waiting up to")
+        link.send_frames(held.messages)
+        link.send(leaving.SerializeToString())  # the end-of-results marker
+        result: Answer = answer(60)
+        log = processes.wait_for_log(coordinator, "removed (OK")  # it left
+    expected = reference_episodes(range(2), seed=SEED, request_index=0)
+    assert_same_batch(result.batch, expected)
+    assert result.footer.reassigned_units == 0  # booked, not re-run
+    assert "did not deliver its last results" not in log
+
+
+def test_a_result_for_a_written_off_session_is_never_booked(processes: ProcessFleet) -> None:
+    # A worker whose Join stream broke is written off and its units re-run
+    # elsewhere; what it still sends on its data connection is not booked.
+    coordinator = processes.start_coordinator("--env", "CartPole-v1")
+    held = HeldResults()
+    with scripted_data_worker(processes.address, held) as (worker, link):
+        processes.wait_for_workers(1)
+        answer = run_in_thread(
+            lambda: sample(processes.address, mode=EPISODES, amount=4, seed=SEED, request_index=0)
+        )
+        wait_until(lambda: held.results >= 1, "the worker to run its task")
+        worker.worker.close()  # its Join stream breaks, as a killed process's would
+        processes.wait_for_log(coordinator, "stream broke")
+        with contextlib.suppress(OSError):  # the coordinator may have closed it already
+            link.send_frames(held.messages)
+        processes.start_worker()  # runs the written-off units
+        result: Answer = answer(120)
+    assert_same_batch(result.batch, reference_episodes(range(4), seed=SEED, request_index=0))
+    assert result.footer.num_episodes == 4
+    assert result.footer.reassigned_units >= 1
+
+
+def test_a_sampler_sees_data_channel_results_like_join_stream_results(
+    processes: ProcessFleet,
+) -> None:
+    # One worker sends its results on the data channel, one (--lease-slots 0:
+    # no data connection) on its Join stream: the same batch as LocalSampler's.
+    processes.start_coordinator()
+    processes.start_worker(envs=2)
+    processes.start_worker("--lease-slots", "0", envs=2)
+    processes.wait_for_workers(2)
+    with RemoteSampler(processes.address, seed=SEED, timeout=120) as sampler:
+        expected = local_episodes(EnvConfig("CartPole-v1"), 16, seed=SEED)[0]
+        assert_same_batch(sampler.obtain_episodes(16), expected)
+    first, second = processes.workers
+    assert ON_DATA in first.log_text()
+    assert "results go on" not in second.log_text()
+
+
+def test_a_send_the_coordinator_does_not_take_fails_at_the_send_timeout() -> None:
+    # The worker writes results from its stepping thread: a coordinator that
+    # stops reading must not block it for ever.
+    ours, theirs = socket.socketpair()
+    try:
+        link = LeaseDataLink(ours, 1 << 20)
+        link.set_send_timeout(0.2)
+        with pytest.raises(RlfleetTimeoutError, match=r"0\.2 seconds"):
+            for _ in range(1000):  # far more than the socket buffers hold
+                link.send_frames([bytes(1 << 20)])
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_result_that_breaks_the_protocol_on_the_data_channel_drops_its_worker(
+    processes: ProcessFleet,
+) -> None:
+    # Refused as on the Join stream: the worker is dropped with INVALID_ARGUMENT.
+    coordinator = processes.start_coordinator("--env", "CartPole-v1")
+    with scripted_data_worker(processes.address, HeldResults()) as (worker, link):
+        processes.wait_for_workers(1)
+        chunkless = worker_pb2.WorkerMessage(result=worker_pb2.EpisodeResult(task_id=12345))
+        link.send_frames([chunkless.SerializeToString()])
+        log = processes.wait_for_log(coordinator, f"worker '{worker.welcome.name}' removed")
+    assert "INVALID_ARGUMENT" in log and "without its chunk" in log
