@@ -1,0 +1,281 @@
+"""A learner's answer from its results' arrays, each field in one copy and one call.
+
+:func:`placed_episodes` and :func:`placed_fragments` build the answer of
+:func:`~rlfleet.wire.results.assemble_episodes` and
+:func:`~rlfleet.wire.results.assemble_fragments`. A native worker's result
+holds hundreds of episodes, a per-env fleet's answer tens of results: the
+work here is a fixed number of numpy calls per field of the answer, whatever
+the number of episodes, and about one per result and field to name its rows
+(no Python per episode or step):
+
+* where each result's kept pieces (episodes, or fragments) are neighbours in
+  the answer, as when episodes are dealt in slices, the results' rows are
+  the answer's in some order of the results: each field is one
+  ``np.concatenate`` of the results' bytes, in that order, into the answer's
+  buffer (from a result left in its chunks, :class:`~rlfleet.wire.scattered.Scattered`,
+  of the chunks' byte pieces): one copy, straight from the received messages;
+* otherwise (a result's pieces interleave with another's) the results' rows
+  are joined into one aligned buffer per field and gathered to their place
+  with one ``np.take`` of whole rows: a second copy, for those answers only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TypeAlias
+
+import numpy as np
+
+from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.wire.scattered import Scattered, ScatteredBatch
+
+#: What a result is placed from: its batch, or its chunks not joined.
+Arrays: TypeAlias = "EpisodeBatch | ScatteredBatch"
+#: One array of one result: an array, or its pieces in the chunks.
+_Part: TypeAlias = "np.ndarray | Scattered"
+
+
+class MisfitError(Exception):
+    """The results cannot be placed in one copy: the caller takes the general path."""
+
+
+def placed_episodes(batches: Sequence[Arrays], num_episodes: int) -> EpisodeBatch:
+    """The episodes 0..num_episodes-1 of ``batches``, in index order.
+
+    Raises:
+        MisfitError: If a result's indices are missing or not ascending, the
+            kept episodes are not 0..num_episodes-1 once each, or the
+            results' arrays differ in structure or trailing shape.
+    """
+    indices = [batch.episode_infos.get("episode_index") for batch in batches]
+    if not all(isinstance(index, np.ndarray) and index.ndim == 1 for index in indices):
+        raise MisfitError
+    every = np.concatenate(indices).astype(np.int64, copy=False)  # type: ignore[arg-type]
+    ends = np.cumsum([len(index) for index in indices])  # type: ignore[arg-type]
+    if every.size > 1:
+        rising = np.diff(every) > 0
+        rising[_crossings(ends, every.size)] = True  # from one result to the next: any order
+        if not rising.all():
+            raise MisfitError
+    # Ascending, so the episodes a result keeps are its first ones.
+    kept = every < num_episodes
+    placed = every[kept]
+    if placed.size != num_episodes or (placed.size and placed.min() < 0):
+        raise MisfitError
+    if not np.array_equal(
+        np.bincount(placed, minlength=num_episodes), np.ones(num_episodes, dtype=np.int64)
+    ):
+        raise MisfitError
+    return placed_answer(batches, np.flatnonzero(kept), placed)
+
+
+def placed_fragments(batches: Sequence[Arrays]) -> EpisodeBatch:
+    """Every piece of ``batches`` in LocalSampler's order (stream, episode, fragment).
+
+    Raises:
+        MisfitError: If a result lacks one of the fragment infos, or the
+            results' arrays differ in structure or trailing shape.
+    """
+    keys: list[np.ndarray] = []
+    for name in ("fragment_index", "episode_index", "stream"):
+        columns = [batch.episode_infos.get(name) for batch in batches]
+        if not all(isinstance(column, np.ndarray) for column in columns):
+            raise MisfitError
+        keys.append(np.concatenate(columns))  # type: ignore[arg-type]
+    # sort_fragments' order of the concatenated pieces; piece j goes to position[j].
+    order = np.lexsort(keys)
+    position = np.empty_like(order)
+    position[order] = np.arange(len(order))
+    return placed_answer(batches, np.arange(len(order)), position)
+
+
+def placed_answer(batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray) -> EpisodeBatch:
+    """The answer made of some pieces of ``batches``, each at its place.
+
+    Args:
+        batches: The results.
+        kept: Ascending numbers of the pieces the answer holds, among the
+            results' pieces laid end to end; a result's kept pieces are its
+            first ones.
+        dest: Where each of them goes in the answer: together, a permutation
+            of the answer's pieces.
+
+    Raises:
+        MisfitError: If the results' arrays differ in structure or trailing shape.
+    """
+    pieces, steps, lengths = _layouts(batches, kept, dest)
+    scattered = any(isinstance(batch, ScatteredBatch) for batch in batches)
+
+    def field(name: str, layout: _Layout) -> object:
+        return _place([getattr(batch, name) for batch in batches], layout, scattered)
+
+    return EpisodeBatch(
+        env_spec=batches[0].env_spec,
+        episode_infos=field("episode_infos", pieces),  # type: ignore[arg-type]
+        observations=field("observations", steps),  # type: ignore[arg-type]
+        last_observations=field("last_observations", pieces),  # type: ignore[arg-type]
+        actions=field("actions", steps),  # type: ignore[arg-type]
+        rewards=field("rewards", steps),  # type: ignore[arg-type]
+        env_infos=field("env_infos", steps),  # type: ignore[arg-type]
+        agent_infos=field("agent_infos", steps),  # type: ignore[arg-type]
+        step_types=field("step_types", steps),  # type: ignore[arg-type]
+        lengths=lengths,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Where the rows of the results go in the answer, for fields of one kind of row.
+
+    Attributes:
+        rows: The answer's rows.
+        order: Blocks: the results whose rows the answer holds, in the order
+            their blocks follow each other there; None when they interleave.
+        cut: Blocks: position in ``order`` -> rows kept, for the results
+            the answer holds only the first rows of.
+        gather: Interleaved: for each row of the answer, its row among the
+            results' rows laid end to end.
+        every: Interleaved: the rows of the results laid end to end.
+    """
+
+    rows: int
+    order: tuple[int, ...] | None = None
+    cut: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    gather: np.ndarray | None = None
+    every: int = 0
+
+
+def _layouts(
+    batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray
+) -> tuple[_Layout, _Layout, np.ndarray]:
+    """The layouts of the pieces' rows and of the steps' rows, and the answer's lengths.
+
+    Array operations over the pieces; Python per result only for the order
+    of the blocks (and for a result the answer holds part of).
+    """
+    own = np.concatenate([batch.lengths for batch in batches]).astype(np.int64, copy=False)
+    piece_ends = np.cumsum([len(batch.lengths) for batch in batches])
+    piece_starts = piece_ends - np.diff(piece_ends, prepend=0)
+    held = np.searchsorted(kept, piece_ends) - np.searchsorted(kept, piece_starts)
+    step_ends = np.concatenate(([0], np.cumsum(own)))
+    lengths = np.empty(len(dest), dtype=np.int64)
+    lengths[dest] = own[kept]
+    total = int(lengths.sum())
+    following = np.diff(dest) == 1
+    following[_crossings(np.cumsum(held), len(dest))] = True
+    if following.all():
+        # The usual case: each result is one block of the answer, and the
+        # blocks, in the order of their first piece, are the answer.
+        holding = np.flatnonzero(held)
+        firsts = dest[np.cumsum(held)[holding] - held[holding]]
+        order = holding[np.argsort(firsts)]
+        blocks = tuple(order.tolist())
+        held_steps = step_ends[piece_starts + held] - step_ends[piece_starts]
+        # A result the answer holds only the first pieces of (past a STEPS
+        # answer's end, or speculative episodes): at most a few.
+        partial = np.flatnonzero(held[order] < np.diff(piece_ends, prepend=0)[order]).tolist()
+        return (
+            _Layout(len(dest), blocks, {p: int(held[blocks[p]]) for p in partial}),
+            _Layout(total, blocks, {p: int(held_steps[blocks[p]]) for p in partial}),
+            lengths,
+        )
+    # ``source[p]``: the piece (results laid end to end) the answer's piece p is.
+    source = np.empty(len(dest), dtype=np.int64)
+    source[dest] = kept
+    starts = np.cumsum(lengths) - lengths
+    gather = np.arange(total, dtype=np.int64) + np.repeat(step_ends[source] - starts, lengths)
+    return (
+        _Layout(len(dest), gather=source, every=len(own)),
+        _Layout(total, gather=gather, every=int(step_ends[-1])),
+        lengths,
+    )
+
+
+def _crossings(ends: np.ndarray, size: int) -> np.ndarray:
+    """Positions in ``np.diff`` of ``size`` values, results laid end to end, that cross results."""
+    last = np.asarray(ends[:-1]) - 1
+    return last[(last >= 0) & (last < size - 1)]
+
+
+def _place(parts: Sequence[object], layout: _Layout, scattered: bool) -> object:
+    """One field of the answer (a nested dict of them, for infos) from each result's."""
+    first = parts[0]
+    if isinstance(first, Mapping):
+        keys = first.keys()
+        try:
+            if any(part.keys() != keys for part in parts):  # type: ignore[attr-defined]
+                raise MisfitError
+        except AttributeError:
+            raise MisfitError from None
+        return {key: _place([part[key] for part in parts], layout, scattered) for key in keys}  # type: ignore[index]
+    if layout.order is None:
+        every = _end_to_end(parts, layout.every, parts, scattered)
+        out = np.empty((layout.rows, *every.shape[1:]), every.dtype)
+        # From aligned memory, whole rows at a time: the wire leaves most
+        # tensors unaligned, where numpy moves rows element by element.
+        np.take(every, layout.gather, axis=0, out=out, mode="clip")
+        return out
+    heads = [parts[i] for i in layout.order]
+    for position, rows in layout.cut.items():
+        head = heads[position]
+        heads[position] = head.head(rows) if isinstance(head, Scattered) else head[:rows]  # type: ignore[index]
+    if len(heads) < len(parts) and len({_trailing(part) for part in parts}) != 1:
+        raise MisfitError  # a result the answer holds nothing of does not fit either
+    return _end_to_end(heads, layout.rows, parts, scattered)
+
+
+def _trailing(part: object) -> tuple[int, ...] | None:
+    shape = np.shape(part) if not isinstance(part, Scattered) else part.shape
+    return tuple(shape[1:]) if len(shape) else None
+
+
+def _end_to_end(
+    heads: Sequence[object], rows: int, parts: Sequence[object], scattered: bool
+) -> np.ndarray:
+    """A new array of ``heads`` one after the other, of the dtype all ``parts`` fit.
+
+    One ``np.concatenate``: of the arrays (views of the wire, aligned or
+    not, copy as fast as any), or, when some are in pieces
+    (:class:`Scattered`), of every head's bytes, straight from the chunks.
+
+    Raises:
+        MisfitError: If the heads' trailing shapes differ.
+    """
+    if scattered and any(isinstance(part, Scattered) for part in parts):
+        return _bytes_end_to_end(heads, rows, parts)
+    try:
+        dtype = np.result_type(*parts)  # type: ignore[arg-type]
+        out = np.empty((rows, *np.shape(parts[0])[1:]), dtype)
+        if heads:
+            np.concatenate(heads, out=out)  # type: ignore[arg-type]
+    except ValueError:
+        raise MisfitError from None
+    return out
+
+
+def _bytes_end_to_end(heads: Sequence[object], rows: int, parts: Sequence[object]) -> np.ndarray:
+    """:func:`_end_to_end` where some part is :class:`Scattered`."""
+    shapes = {_trailing(part) for part in parts}
+    shape = shapes.pop()
+    if shapes or shape is None:
+        raise MisfitError
+    dtypes = {part.dtype for part in parts}  # type: ignore[attr-defined]
+    out = np.empty((rows, *shape), np.result_type(*dtypes))
+    if not out.size:
+        return out
+    if len(dtypes) == 1:
+        pieces = []
+        for head in heads:
+            if isinstance(head, Scattered):
+                pieces += [np.frombuffer(piece, np.uint8) for piece in head.pieces]
+            else:
+                pieces.append(np.ascontiguousarray(head).reshape(-1).view(np.uint8))
+        np.concatenate(pieces, out=out.reshape(-1).view(np.uint8))
+        return out
+    joined = [head.joined() if isinstance(head, Scattered) else head for head in heads]
+    np.concatenate(joined, out=out)  # type: ignore[arg-type]
+    return out
+
+
+__all__ = ["Arrays", "MisfitError", "placed_answer", "placed_episodes", "placed_fragments"]
