@@ -15,6 +15,7 @@ wall-clock time).
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
@@ -28,6 +29,7 @@ from rlfleet.core import EpisodeBatch
 from rlfleet.core.episode_order import first_episodes, sort_fragments
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import encode_batch_chunks
+from rlfleet.wire.placement import placed_episodes, placed_fragments
 from rlfleet.wire.result_checks import ResultExpectation, check_result
 from rlfleet.wire.results import (
     Result,
@@ -68,7 +70,8 @@ def assert_identical(got: EpisodeBatch, want: EpisodeBatch) -> None:
 def episodes(lengths: list[int], indices: list[int], worker: int) -> EpisodeBatch:
     """Counter episodes (observation = index * 100 + step) with infos of several shapes.
 
-    Episode infos include a (N, 2) column; agent infos are nested, env infos empty.
+    Episode infos include a (N, 2) column; agent infos are nested and of rows
+    small and large; env infos are empty.
     """
     base = batch(lengths, indices)
     index = np.asarray(indices, dtype=np.int64)
@@ -88,6 +91,8 @@ def episodes(lengths: list[int], indices: list[int], worker: int) -> EpisodeBatc
         agent_infos={
             "log_prob": base.agent_infos["log_prob"],
             "policy": {"value": np.arange(steps, dtype=np.float64).reshape(-1, 1) * 0.5},
+            # 64-byte rows: moved one by one where results interleave, not gathered.
+            "features": base.observations + np.arange(16, dtype=np.float32),
         },
         step_types=base.step_types,
         lengths=base.lengths,
@@ -165,6 +170,8 @@ def test_received_episodes_are_placed_as_concatenating_then_ordering_places_them
     want = first_episodes(EpisodeBatch.concatenate(*(r.batch for r in results)), n)
     got = assemble_episodes(results, n)
     assert_identical(got, want)
+    # Placed, not left to the general path (which would hide a misplacement that raises).
+    assert_identical(placed_episodes([r.arrays for r in results], n), want)
     assert got.episode_infos["episode_index"].tolist() == list(range(n))
     assert got.observations[:, 0].tolist() == [
         i * 100 + t for i in range(n) for t in range(lengths[i])
@@ -203,6 +210,7 @@ def test_received_fragments_are_placed_as_concatenating_then_sorting_places_them
         results.append(received(b, 1 + k % 2, chunk_bytes, k))
     want = sort_fragments(EpisodeBatch.concatenate(*(r.batch for r in results)))
     assert_identical(assemble_fragments(results), want)
+    assert_identical(placed_fragments([r.arrays for r in results]), want)
 
 
 def test_an_answer_owns_each_array_whether_results_are_blocks_or_interleave() -> None:
@@ -237,12 +245,16 @@ def _line_events(call: Callable[[], object]) -> int:
     def trace(frame: FrameType, event: str, arg: object) -> Callable[..., object]:
         return local
 
+    call()  # once untraced: caches filled, as on every call but the first
+    gc.collect()
+    gc.disable()  # no collection (and no finalizer's steps) while counting
     previous = sys.gettrace()
     sys.settrace(trace)
     try:
         call()
     finally:
         sys.settrace(previous)
+        gc.enable()
     return count
 
 
@@ -309,3 +321,18 @@ def test_placing_an_answer_takes_a_few_python_steps_per_result_and_none_per_epis
             answer(4, 20, blocks=blocks)
         )
         assert extra <= 20 * 60, blocks
+
+
+def test_a_result_whose_episodes_are_not_ascending_is_still_ordered_right() -> None:
+    # Only ascending indices let a result's kept episodes be its first ones:
+    # others take the general path, and the answer is the same.
+    for parts, n in (([[2, 0], [1]], 3), ([[4, 0], [1, 2, 3]], 4), ([[1, 3], [2, 0]], 4)):
+        results = [
+            received(episodes([2] * len(part), part, 1), 1, 1 << 20, k)
+            for k, part in enumerate(parts)
+        ]
+        want = first_episodes(EpisodeBatch.concatenate(*(r.batch for r in results)), n)
+        assert_identical(assemble_episodes(results, n), want)
+        assert assemble_episodes(results, n).observations[:, 0].tolist() == [
+            i * 100 + t for i in range(n) for t in range(2)
+        ]
