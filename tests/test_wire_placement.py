@@ -171,7 +171,9 @@ def test_received_episodes_are_placed_as_concatenating_then_ordering_places_them
     got = assemble_episodes(results, n)
     assert_identical(got, want)
     # Placed, not left to the general path (which would hide a misplacement that raises).
-    assert_identical(placed_episodes([r.arrays for r in results], n), want)
+    placed = placed_episodes([r.arrays for r in results], n)
+    assert placed is not None
+    assert_identical(placed, want)
     assert got.episode_infos["episode_index"].tolist() == list(range(n))
     assert got.observations[:, 0].tolist() == [
         i * 100 + t for i in range(n) for t in range(lengths[i])
@@ -210,7 +212,9 @@ def test_received_fragments_are_placed_as_concatenating_then_sorting_places_them
         results.append(received(b, 1 + k % 2, chunk_bytes, k))
     want = sort_fragments(EpisodeBatch.concatenate(*(r.batch for r in results)))
     assert_identical(assemble_fragments(results), want)
-    assert_identical(placed_fragments([r.arrays for r in results]), want)
+    placed = placed_fragments([r.arrays for r in results])
+    assert placed is not None
+    assert_identical(placed, want)
 
 
 def test_an_answer_owns_each_array_whether_results_are_blocks_or_interleave() -> None:
@@ -237,12 +241,12 @@ def _line_events(call: Callable[[], object]) -> int:
     """Line events of ``call``: Python steps, a loop's counted once per iteration."""
     count = 0
 
-    def local(frame: FrameType, event: str, arg: object) -> Callable[..., object]:
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
         nonlocal count
         count += event == "line"
         return local
 
-    def trace(frame: FrameType, event: str, arg: object) -> Callable[..., object]:
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
         return local
 
     call()  # once untraced: caches filled, as on every call but the first

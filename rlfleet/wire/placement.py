@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -37,61 +37,77 @@ Arrays: TypeAlias = "EpisodeBatch | ScatteredBatch"
 _Part: TypeAlias = "np.ndarray | Scattered"
 
 
-class MisfitError(Exception):
-    """The results cannot be placed in one copy: the caller takes the general path."""
+class _MisfitError(Exception):
+    """The results cannot be placed here (internal: the public functions return None)."""
 
 
-def placed_episodes(batches: Sequence[Arrays], num_episodes: int) -> EpisodeBatch:
+def placed_episodes(batches: Sequence[Arrays], num_episodes: int) -> EpisodeBatch | None:
     """The episodes 0..num_episodes-1 of ``batches``, in index order.
 
-    Raises:
-        MisfitError: If a result's indices are missing or not ascending, the
-            kept episodes are not 0..num_episodes-1 once each, or the
-            results' arrays differ in structure or trailing shape.
+    Returns:
+        The answer, or None (for the caller's general path, which names
+        what is wrong) if a result's indices are missing or not ascending,
+        the kept episodes are not 0..num_episodes-1 once each, or the
+        results' arrays differ in structure or trailing shape.
     """
+    try:
+        return _placed_episodes(batches, num_episodes)
+    except _MisfitError:
+        return None
+
+
+def _placed_episodes(batches: Sequence[Arrays], num_episodes: int) -> EpisodeBatch:
     indices = [batch.episode_infos.get("episode_index") for batch in batches]
     if not all(isinstance(index, np.ndarray) and index.ndim == 1 for index in indices):
-        raise MisfitError
+        raise _MisfitError
     every = np.concatenate(indices).astype(np.int64, copy=False)  # type: ignore[arg-type]
     ends = np.cumsum([len(index) for index in indices])  # type: ignore[arg-type]
     if every.size > 1:
         rising = np.diff(every) > 0
         rising[_crossings(ends, every.size)] = True  # from one result to the next: any order
         if not rising.all():
-            raise MisfitError
+            raise _MisfitError
     # Ascending, so the episodes a result keeps are its first ones.
     kept = every < num_episodes
     placed = every[kept]
     if placed.size != num_episodes or (placed.size and placed.min() < 0):
-        raise MisfitError
+        raise _MisfitError
     if not np.array_equal(
         np.bincount(placed, minlength=num_episodes), np.ones(num_episodes, dtype=np.int64)
     ):
-        raise MisfitError
-    return placed_answer(batches, np.flatnonzero(kept), placed)
+        raise _MisfitError
+    return _placed_answer(batches, np.flatnonzero(kept), placed)
 
 
-def placed_fragments(batches: Sequence[Arrays]) -> EpisodeBatch:
+def placed_fragments(batches: Sequence[Arrays]) -> EpisodeBatch | None:
     """Every piece of ``batches`` in LocalSampler's order (stream, episode, fragment).
 
-    Raises:
-        MisfitError: If a result lacks one of the fragment infos, or the
-            results' arrays differ in structure or trailing shape.
+    Returns:
+        The answer, or None (for the caller's general path) if a result
+        lacks one of the fragment infos, or the results' arrays differ in
+        structure or trailing shape.
     """
+    try:
+        return _placed_fragments(batches)
+    except _MisfitError:
+        return None
+
+
+def _placed_fragments(batches: Sequence[Arrays]) -> EpisodeBatch:
     keys: list[np.ndarray] = []
     for name in ("fragment_index", "episode_index", "stream"):
         columns = [batch.episode_infos.get(name) for batch in batches]
         if not all(isinstance(column, np.ndarray) for column in columns):
-            raise MisfitError
+            raise _MisfitError
         keys.append(np.concatenate(columns))  # type: ignore[arg-type]
     # sort_fragments' order of the concatenated pieces; piece j goes to position[j].
     order = np.lexsort(keys)
     position = np.empty_like(order)
     position[order] = np.arange(len(order))
-    return placed_answer(batches, np.arange(len(order)), position)
+    return _placed_answer(batches, np.arange(len(order)), position)
 
 
-def placed_answer(batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray) -> EpisodeBatch:
+def _placed_answer(batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray) -> EpisodeBatch:
     """The answer made of some pieces of ``batches``, each at its place.
 
     Args:
@@ -103,24 +119,24 @@ def placed_answer(batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray)
             of the answer's pieces.
 
     Raises:
-        MisfitError: If the results' arrays differ in structure or trailing shape.
+        _MisfitError: If the results' arrays differ in structure or trailing shape.
     """
     pieces, steps, lengths = _layouts(batches, kept, dest)
     scattered = any(isinstance(batch, ScatteredBatch) for batch in batches)
 
-    def field(name: str, layout: _Layout) -> object:
+    def field(name: str, layout: _Layout) -> Any:
         return _place([getattr(batch, name) for batch in batches], layout, scattered)
 
     return EpisodeBatch(
         env_spec=batches[0].env_spec,
-        episode_infos=field("episode_infos", pieces),  # type: ignore[arg-type]
-        observations=field("observations", steps),  # type: ignore[arg-type]
-        last_observations=field("last_observations", pieces),  # type: ignore[arg-type]
-        actions=field("actions", steps),  # type: ignore[arg-type]
-        rewards=field("rewards", steps),  # type: ignore[arg-type]
-        env_infos=field("env_infos", steps),  # type: ignore[arg-type]
-        agent_infos=field("agent_infos", steps),  # type: ignore[arg-type]
-        step_types=field("step_types", steps),  # type: ignore[arg-type]
+        episode_infos=field("episode_infos", pieces),
+        observations=field("observations", steps),
+        last_observations=field("last_observations", pieces),
+        actions=field("actions", steps),
+        rewards=field("rewards", steps),
+        env_infos=field("env_infos", steps),
+        agent_infos=field("agent_infos", steps),
+        step_types=field("step_types", steps),
         lengths=lengths,
     )
 
@@ -138,19 +154,20 @@ class _Layout:
             their blocks follow each other there; None when they interleave.
         gather: Interleaved: for each row of the answer, its row among the
             results' rows laid end to end.
-        starts: Interleaved: each result's first row among those.
+        starts: Each result's first row among the results' rows laid end to
+            end, then their number.
     """
 
     rows: int
     held: np.ndarray
+    starts: np.ndarray
     order: tuple[int, ...] | None = None
-    gather: np.ndarray | None = None
-    starts: np.ndarray | None = None
+    gather: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, np.int64))
 
     @functools.cached_property
     def cut(self) -> dict[int, int]:
         """Blocks: position in ``order`` -> rows held, for results held in part (a few)."""
-        if self.order is None or self.starts is None or not self.order:
+        if not self.order:
             return {}
         order = np.asarray(self.order, dtype=np.int64)
         sizes = np.diff(self.starts)[order]
@@ -159,8 +176,6 @@ class _Layout:
     @functools.cached_property
     def targets(self) -> list[np.ndarray]:
         """Interleaved: the answer's rows of each result's held rows."""
-        if self.gather is None or self.starts is None:
-            return []
         row = np.empty(int(self.starts[-1]), dtype=np.int64)
         row[self.gather] = np.arange(self.rows)
         return [
@@ -195,8 +210,8 @@ def _layouts(
         firsts = dest[np.cumsum(held)[holding] - held[holding]]
         order = tuple(holding[np.argsort(firsts)].tolist())
         return (
-            _Layout(len(dest), held, order, starts=piece_starts),
-            _Layout(total, held_steps, order, starts=step_starts),
+            _Layout(len(dest), held, piece_starts, order),
+            _Layout(total, held_steps, step_starts, order),
             lengths,
         )
     # ``source[p]``: the piece (results laid end to end) the answer's piece p is.
@@ -206,8 +221,8 @@ def _layouts(
         first_steps[source] - (np.cumsum(lengths) - lengths), lengths
     )
     return (
-        _Layout(len(dest), held, gather=source, starts=piece_starts),
-        _Layout(total, held_steps, gather=gather, starts=step_starts),
+        _Layout(len(dest), held, piece_starts, gather=source),
+        _Layout(total, held_steps, step_starts, gather=gather),
         lengths,
     )
 
@@ -218,25 +233,25 @@ def _crossings(ends: np.ndarray, size: int) -> np.ndarray:
     return last[(last >= 0) & (last < size - 1)]
 
 
-def _place(parts: Sequence[object], layout: _Layout, scattered: bool) -> object:
+def _place(parts: Sequence[Any], layout: _Layout, scattered: bool) -> Any:
     """One field of the answer (a nested dict of them, for infos) from each result's."""
     first = parts[0]
     if isinstance(first, Mapping):
         keys = first.keys()
         try:
-            if any(part.keys() != keys for part in parts):  # type: ignore[attr-defined]
-                raise MisfitError
+            if any(part.keys() != keys for part in parts):
+                raise _MisfitError
         except AttributeError:
-            raise MisfitError from None
-        return {key: _place([part[key] for part in parts], layout, scattered) for key in keys}  # type: ignore[index]
+            raise _MisfitError from None
+        return {key: _place([part[key] for part in parts], layout, scattered) for key in keys}
     if layout.order is None:
         return _gathered(parts, layout, scattered)
     heads = [parts[i] for i in layout.order]
     for position, rows in layout.cut.items():
         head = heads[position]
-        heads[position] = head.head(rows) if isinstance(head, Scattered) else head[:rows]  # type: ignore[index]
+        heads[position] = head.head(rows) if isinstance(head, Scattered) else head[:rows]
     if len(heads) < len(parts) and len({_trailing(part) for part in parts}) != 1:
-        raise MisfitError  # a result the answer holds nothing of does not fit either
+        raise _MisfitError  # a result the answer holds nothing of does not fit either
     return _end_to_end(heads, layout.rows, parts, scattered)
 
 
@@ -251,20 +266,20 @@ def _place(parts: Sequence[object], layout: _Layout, scattered: bool) -> object:
 _SCATTER_ROW_BYTES = 64
 
 
-def _gathered(parts: Sequence[object], layout: _Layout, scattered: bool) -> np.ndarray:
+def _gathered(parts: Sequence[Any], layout: _Layout, scattered: bool) -> np.ndarray:
     """One array of the answer from results whose rows interleave there."""
     first = parts[0]
-    row_bytes = first.dtype.itemsize * int(np.prod(first.shape[1:]))  # type: ignore[attr-defined]
-    if row_bytes < _SCATTER_ROW_BYTES or first.dtype.hasobject:  # type: ignore[attr-defined]
-        every = _end_to_end(parts, int(layout.starts[-1]), parts, scattered)  # type: ignore[index]
+    row_bytes = first.dtype.itemsize * int(np.prod(first.shape[1:]))
+    if row_bytes < _SCATTER_ROW_BYTES or first.dtype.hasobject:
+        every = _end_to_end(parts, int(layout.starts[-1]), parts, scattered)
         out = np.empty((layout.rows, *every.shape[1:]), every.dtype)
-        np.take(every, layout.gather, axis=0, out=out, mode="clip")  # type: ignore[arg-type]
+        np.take(every, layout.gather, axis=0, out=out, mode="clip")
         return out
     shapes = {_trailing(part) for part in parts}
     shape = shapes.pop()
     if shapes or shape is None:
-        raise MisfitError
-    dtype = np.result_type(*[part.dtype for part in parts])  # type: ignore[attr-defined]
+        raise _MisfitError
+    dtype = np.result_type(*[part.dtype for part in parts])
     out = np.empty((layout.rows, *shape), dtype)
     if not out.size:
         return out
@@ -273,20 +288,20 @@ def _gathered(parts: Sequence[object], layout: _Layout, scattered: bool) -> np.n
     for part, rows in zip(parts, layout.targets, strict=True):
         if len(rows):
             head = (
-                part.head(len(rows)).joined() if isinstance(part, Scattered) else part[: len(rows)]  # type: ignore[index]
+                part.head(len(rows)).joined() if isinstance(part, Scattered) else part[: len(rows)]
             )
             source = np.ascontiguousarray(head, dtype=dtype)
             whole[rows] = source.reshape(len(rows), -1).view(item)[:, 0]
     return out
 
 
-def _trailing(part: object) -> tuple[int, ...] | None:
-    shape = np.shape(part) if not isinstance(part, Scattered) else part.shape
-    return tuple(shape[1:]) if len(shape) else None
+def _trailing(part: Any) -> tuple[int, ...] | None:
+    """The shape of a part's rows (None for a scalar, which has none)."""
+    return tuple(part.shape[1:]) if part.ndim else None
 
 
 def _end_to_end(
-    heads: Sequence[object], rows: int, parts: Sequence[object], scattered: bool
+    heads: Sequence[Any], rows: int, parts: Sequence[Any], scattered: bool
 ) -> np.ndarray:
     """A new array of ``heads`` one after the other, of the dtype all ``parts`` fit.
 
@@ -295,27 +310,27 @@ def _end_to_end(
     (:class:`Scattered`), of every head's bytes, straight from the chunks.
 
     Raises:
-        MisfitError: If the heads' trailing shapes differ.
+        _MisfitError: If the heads' trailing shapes differ.
     """
     if scattered and any(isinstance(part, Scattered) for part in parts):
         return _bytes_end_to_end(heads, rows, parts)
     try:
-        dtype = np.result_type(*parts)  # type: ignore[arg-type]
+        dtype = np.result_type(*parts)
         out = np.empty((rows, *np.shape(parts[0])[1:]), dtype)
         if heads:
-            np.concatenate(heads, out=out)  # type: ignore[arg-type]
+            np.concatenate(heads, out=out)
     except ValueError:
-        raise MisfitError from None
+        raise _MisfitError from None
     return out
 
 
-def _bytes_end_to_end(heads: Sequence[object], rows: int, parts: Sequence[object]) -> np.ndarray:
+def _bytes_end_to_end(heads: Sequence[Any], rows: int, parts: Sequence[Any]) -> np.ndarray:
     """:func:`_end_to_end` where some part is :class:`Scattered`."""
     shapes = {_trailing(part) for part in parts}
     shape = shapes.pop()
     if shapes or shape is None:
-        raise MisfitError
-    dtypes = {part.dtype for part in parts}  # type: ignore[attr-defined]
+        raise _MisfitError
+    dtypes = {part.dtype for part in parts}
     out = np.empty((rows, *shape), np.result_type(*dtypes))
     if not out.size:
         return out
@@ -329,8 +344,8 @@ def _bytes_end_to_end(heads: Sequence[object], rows: int, parts: Sequence[object
         np.concatenate(pieces, out=out.reshape(-1).view(np.uint8))
         return out
     joined = [head.joined() if isinstance(head, Scattered) else head for head in heads]
-    np.concatenate(joined, out=out)  # type: ignore[arg-type]
+    np.concatenate(joined, out=out)
     return out
 
 
-__all__ = ["Arrays", "MisfitError", "placed_answer", "placed_episodes", "placed_fragments"]
+__all__ = ["Arrays", "placed_episodes", "placed_fragments"]

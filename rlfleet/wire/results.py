@@ -38,7 +38,7 @@ from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatErro
 from rlfleet.wire import Chunk, ChunkAssembler, decode_batch
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import Payload, Pieces
-from rlfleet.wire.placement import MisfitError, placed_episodes, placed_fragments
+from rlfleet.wire.placement import placed_episodes, placed_fragments
 from rlfleet.wire.scattered import ScatteredBatch, decode_scattered
 
 #: int64 (N,) episode_infos every result carries (batch.proto).
@@ -430,10 +430,8 @@ def assemble_episodes(results: Sequence[Result], num_episodes: int) -> EpisodeBa
     """
     if not results:
         raise ResultError("the answer holds no results")
-    try:
-        return placed_episodes([result.arrays for result in results], num_episodes)
-    except MisfitError:
-        return first_episodes(_concatenate(results), num_episodes)
+    placed = placed_episodes([result.arrays for result in results], num_episodes)
+    return first_episodes(_concatenate(results), num_episodes) if placed is None else placed
 
 
 def assemble_fragments(results: Sequence[Result]) -> EpisodeBatch:
@@ -446,10 +444,8 @@ def assemble_fragments(results: Sequence[Result]) -> EpisodeBatch:
     """
     if not results:
         raise ResultError("the answer holds no results")
-    try:
-        return placed_fragments([result.arrays for result in results])
-    except MisfitError:
-        return sort_fragments(_concatenate(results))
+    placed = placed_fragments([result.arrays for result in results])
+    return sort_fragments(_concatenate(results)) if placed is None else placed
 
 
 def _concatenate(results: Sequence[Result]) -> EpisodeBatch:
