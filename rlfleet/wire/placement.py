@@ -1,22 +1,24 @@
-"""A learner's answer from its results' arrays, each field in one copy and one call.
+"""A learner's answer from its results' arrays: a few numpy calls per field, no Python per episode.
 
 :func:`placed_episodes` and :func:`placed_fragments` build the answer of
 :func:`~rlfleet.wire.results.assemble_episodes` and
 :func:`~rlfleet.wire.results.assemble_fragments`. A native worker's result
-holds hundreds of episodes, a per-env fleet's answer tens of results: the
-work here is a fixed number of numpy calls per field of the answer, whatever
-the number of episodes, and about one per result and field to name its rows
-(no Python per episode or step):
+holds hundreds of episodes, a per-env fleet's answer tens of results: where
+each result's pieces go is worked out with array operations over the
+pieces, then each field of the answer is a fixed number of numpy calls,
+plus a few Python steps per result to name its rows:
 
 * where each result's kept pieces (episodes, or fragments) are neighbours in
-  the answer, as when episodes are dealt in slices, the results' rows are
-  the answer's in some order of the results: each field is one
-  ``np.concatenate`` of the results' bytes, in that order, into the answer's
-  buffer (from a result left in its chunks, :class:`~rlfleet.wire.scattered.Scattered`,
-  of the chunks' byte pieces): one copy, straight from the received messages;
-* otherwise (a result's pieces interleave with another's) the results' rows
-  are joined into one aligned buffer per field and gathered to their place
-  with one ``np.take`` of whole rows: a second copy, for those answers only.
+  the answer, as when episodes are dealt in slices, the answer is the
+  results' rows in the order of their blocks: each field is one
+  ``np.concatenate`` of them into the answer's buffer (of the chunks' byte
+  pieces, for a result left in its chunks: :class:`~rlfleet.wire.scattered.Scattered`):
+  one copy, straight from the received messages;
+* where results interleave, rows of :data:`_SCATTER_ROW_BYTES` or more
+  are moved to their place one by one (one copy), and smaller rows are
+  joined into one aligned scratch buffer per field and gathered with one
+  ``np.take``: a second copy, faster than numpy's element-wise moves out
+  of the wire's unaligned views.
 """
 
 from __future__ import annotations
