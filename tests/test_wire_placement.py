@@ -22,11 +22,14 @@ from types import FrameType
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlfleet.core import EpisodeBatch
 from rlfleet.core.episode_order import first_episodes, sort_fragments
+from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
+from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import encode_batch_chunks
 from rlfleet.wire.placement import placed_episodes, placed_fragments
@@ -262,13 +265,17 @@ def _line_events(call: Callable[[], object]) -> int:
     return count
 
 
-def test_checking_a_result_takes_no_python_step_per_episode() -> None:
+@pytest.mark.parametrize("native", [False, True], ids=["seeded", "native"])
+def test_checking_a_result_takes_no_python_step_per_episode(native: bool) -> None:
     # A native worker's result of 400 episodes costs the checks the Python
     # steps one of 40 does: seeds, units, lengths and step types are array
     # operations over the episodes.
     def check(count: int) -> Callable[[], None]:
         indices = list(range(1, 2 * count, 2))
-        units = {i: (1000 + i, 2000 + i) for i in indices}
+        index = np.asarray(indices, dtype=np.int64)
+        units = UnitColumns(index, 1000 + index, 2000 + index)
+        env_seeds = np.full(count, NO_ENV_SEED, np.int64) if native else units.env_seeds
+        policy_seeds = np.full(count, NO_POLICY_SEED, np.int64) if native else units.policy_seeds
         base = episodes([1 + i % 5 for i in range(count)], indices, 1)
         step = np.concatenate([np.arange(n, dtype=np.float32) for n in base.lengths])[:, None]
         b = EpisodeBatch(
@@ -276,8 +283,8 @@ def test_checking_a_result_takes_no_python_step_per_episode() -> None:
             episode_infos={
                 **base.episode_infos,
                 "agent_version": np.zeros(count, np.int64),
-                "env_seed": np.array([units[i][0] for i in indices], np.int64),
-                "policy_seed": np.array([units[i][1] for i in indices], np.int64),
+                "env_seed": env_seeds,
+                "policy_seed": policy_seeds,
             },
             observations=step,  # the Counter's: the step, inside its space
             last_observations=base.lengths[:, None].astype(np.float32),
@@ -296,7 +303,7 @@ def test_checking_a_result_takes_no_python_step_per_episode() -> None:
         assert joined is not None
         decoded = decode_result(joined, SPEC)
         expect = ResultExpectation(
-            SPEC, worker_id=1, agent_version=0, env_generation=0, units=units
+            SPEC, worker_id=1, agent_version=0, env_generation=0, units=units, native=native
         )
         check_result(decoded, expect)  # valid: the steps counted are those of a pass
         return lambda: check_result(decoded, expect)
