@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -63,10 +64,11 @@ def _placed_episodes(batches: Sequence[Arrays], num_episodes: int) -> EpisodeBat
     if not all(isinstance(index, np.ndarray) and index.ndim == 1 for index in indices):
         raise _MisfitError
     every = np.concatenate(indices).astype(np.int64, copy=False)  # type: ignore[arg-type]
-    ends = np.cumsum([len(index) for index in indices])  # type: ignore[arg-type]
+    ends = itertools.accumulate(len(index) for index in indices)  # type: ignore[arg-type]
     if every.size > 1:
         rising = np.diff(every) > 0
-        rising[_crossings(ends, every.size)] = True  # from one result to the next: any order
+        # From one result to the next, any order.
+        rising[[end - 1 for end in ends if 0 < end < every.size]] = True
         if not rising.all():
             raise _MisfitError
     # Ascending, so the episodes a result keeps are its first ones.
@@ -152,37 +154,31 @@ class _Layout:
     Attributes:
         rows: The answer's rows.
         held: Rows of each result the answer holds.
-        order: Blocks: the results whose rows the answer holds, in the order
-            their blocks follow each other there; None when they interleave.
-        gather: Interleaved: for each row of the answer, its row among the
-            results' rows laid end to end.
         starts: Each result's first row among the results' rows laid end to
             end, then their number.
+        order: Blocks: the results whose rows the answer holds, in the order
+            their blocks follow each other there; None when they interleave.
+        cut: Blocks: position in ``order`` -> rows held, for the results the
+            answer holds only part of (a few: past a STEPS answer's end, or
+            with speculative episodes).
+        gather: Interleaved: for each row of the answer, its row among the
+            results' rows laid end to end.
     """
 
     rows: int
-    held: np.ndarray
-    starts: np.ndarray
+    held: list[int]
+    starts: list[int]
     order: tuple[int, ...] | None = None
+    cut: dict[int, int] = dataclasses.field(default_factory=dict)
     gather: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, np.int64))
-
-    @functools.cached_property
-    def cut(self) -> dict[int, int]:
-        """Blocks: position in ``order`` -> rows held, for results held in part (a few)."""
-        if not self.order:
-            return {}
-        order = np.asarray(self.order, dtype=np.int64)
-        sizes = np.diff(self.starts)[order]
-        return {int(p): int(self.held[order[p]]) for p in np.flatnonzero(self.held[order] < sizes)}
 
     @functools.cached_property
     def targets(self) -> list[np.ndarray]:
         """Interleaved: the answer's rows of each result's held rows."""
-        row = np.empty(int(self.starts[-1]), dtype=np.int64)
+        row = np.empty(self.starts[-1], dtype=np.int64)
         row[self.gather] = np.arange(self.rows)
         return [
-            row[start : start + held]
-            for start, held in zip(self.starts[:-1].tolist(), self.held.tolist(), strict=True)
+            row[start : start + held] for start, held in zip(self.starts, self.held, strict=False)
         ]
 
 
@@ -191,29 +187,34 @@ def _layouts(
 ) -> tuple[_Layout, _Layout, np.ndarray]:
     """The layouts of the pieces' rows and of the steps' rows, and the answer's lengths.
 
-    Array operations over the pieces; Python per result only for the order
-    of the blocks (and for a result the answer holds part of).
+    Array operations over the pieces; Python per result (its counts, the
+    order of the blocks).
     """
     own = np.concatenate([batch.lengths for batch in batches]).astype(np.int64, copy=False)
-    piece_starts = np.concatenate(([0], np.cumsum([len(batch.lengths) for batch in batches])))
-    held = np.searchsorted(kept, piece_starts[1:]) - np.searchsorted(kept, piece_starts[:-1])
+    piece_starts = list(itertools.accumulate((len(batch.lengths) for batch in batches), initial=0))
+    bounds = np.searchsorted(kept, piece_starts).tolist()
+    held = [end - start for start, end in itertools.pairwise(bounds)]
     first_steps = np.concatenate(([0], np.cumsum(own)))  # of each piece, then the total
-    step_starts = first_steps[piece_starts]
-    held_steps = first_steps[piece_starts[:-1] + held] - step_starts[:-1]
+    step_starts = first_steps[piece_starts].tolist()
+    held_ends = first_steps[[start + n for start, n in zip(piece_starts, held, strict=False)]]
+    held_steps = [end - start for start, end in zip(step_starts, held_ends.tolist(), strict=False)]
     lengths = np.empty(len(dest), dtype=np.int64)
     lengths[dest] = own[kept]
     total = int(lengths.sum())
+    offsets = list(itertools.accumulate(held, initial=0))  # of each result's pieces in ``dest``
     following = np.diff(dest) == 1
-    following[_crossings(np.cumsum(held), len(dest))] = True
+    following[[end - 1 for end in offsets[1:-1] if 0 < end < len(dest)]] = True  # across results
     if following.all():
         # The usual case: each result is one block of the answer, and the
         # blocks, in the order of their first piece, are the answer.
-        holding = np.flatnonzero(held)
-        firsts = dest[np.cumsum(held)[holding] - held[holding]]
-        order = tuple(holding[np.argsort(firsts)].tolist())
+        holding = [i for i, n in enumerate(held) if n]
+        firsts = dest[[offsets[i] for i in holding]].tolist()
+        order = tuple(i for _, i in sorted(zip(firsts, holding, strict=True)))
+        sizes = [end - start for start, end in itertools.pairwise(piece_starts)]
+        partial = [(p, i) for p, i in enumerate(order) if held[i] < sizes[i]]
         return (
-            _Layout(len(dest), held, piece_starts, order),
-            _Layout(total, held_steps, step_starts, order),
+            _Layout(len(dest), held, piece_starts, order, {p: held[i] for p, i in partial}),
+            _Layout(total, held_steps, step_starts, order, {p: held_steps[i] for p, i in partial}),
             lengths,
         )
     # ``source[p]``: the piece (results laid end to end) the answer's piece p is.
@@ -227,12 +228,6 @@ def _layouts(
         _Layout(total, held_steps, step_starts, gather=gather),
         lengths,
     )
-
-
-def _crossings(ends: np.ndarray, size: int) -> np.ndarray:
-    """Positions in ``np.diff`` of ``size`` values, results laid end to end, that cross results."""
-    last = np.asarray(ends[:-1]) - 1
-    return last[(last >= 0) & (last < size - 1)]
 
 
 def _place(parts: Sequence[Any], layout: _Layout, scattered: bool) -> Any:
@@ -273,7 +268,7 @@ def _gathered(parts: Sequence[Any], layout: _Layout, scattered: bool) -> np.ndar
     first = parts[0]
     row_bytes = first.dtype.itemsize * int(np.prod(first.shape[1:]))
     if row_bytes < _SCATTER_ROW_BYTES or first.dtype.hasobject:
-        every = _end_to_end(parts, int(layout.starts[-1]), parts, scattered)
+        every = _end_to_end(parts, layout.starts[-1], parts, scattered)
         out = np.empty((layout.rows, *every.shape[1:]), every.dtype)
         np.take(every, layout.gather, axis=0, out=out, mode="clip")
         return out
