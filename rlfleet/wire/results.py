@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Protocol, TypeAlias
 
 import numpy as np
@@ -38,7 +38,8 @@ from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatErro
 from rlfleet.wire import Chunk, ChunkAssembler, decode_batch
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import Payload, Pieces
-from rlfleet.wire.scattered import Scattered, ScatteredBatch, decode_scattered
+from rlfleet.wire.placement import placed_episodes, placed_fragments
+from rlfleet.wire.scattered import ScatteredBatch, decode_scattered
 
 #: int64 (N,) episode_infos every result carries (batch.proto).
 EPISODE_INFO_KEYS = ("agent_version", "env_seed", "policy_seed", "episode_index", "worker")
@@ -417,8 +418,10 @@ def _check_lengths(header: ResultHeader, lengths: np.ndarray) -> None:
 def assemble_episodes(results: Sequence[Result], num_episodes: int) -> EpisodeBatch:
     """The episodes 0..num_episodes-1 of the results, in index order.
 
-    Step data is copied once: each result's rows are written straight to
-    their place in the answer. (Concatenating, then ordering, copied twice.)
+    Placed by :mod:`rlfleet.wire.placement`, with no Python per episode:
+    step data is copied once, each result's rows straight to their place
+    in the answer (rows under 64 bytes of results that interleave there
+    go through one aligned scratch buffer per field, which is faster).
     Results whose arrays do not line up (other info keys, trailing shapes)
     take the general path, which names what differs.
 
@@ -429,26 +432,22 @@ def assemble_episodes(results: Sequence[Result], num_episodes: int) -> EpisodeBa
     """
     if not results:
         raise ResultError("the answer holds no results")
-    try:
-        return _placed_episodes([result.arrays for result in results], num_episodes)
-    except _MisfitError:
-        return first_episodes(_concatenate(results), num_episodes)
+    placed = placed_episodes([result.arrays for result in results], num_episodes)
+    return first_episodes(_concatenate(results), num_episodes) if placed is None else placed
 
 
 def assemble_fragments(results: Sequence[Result]) -> EpisodeBatch:
     """Every fragment of the results, in LocalSampler's order (stream, episode, fragment).
 
-    Step data is copied once, as in :func:`assemble_episodes`: each piece's
-    rows are written straight to their place in the order
+    Step data is placed as in :func:`assemble_episodes`: each piece's rows
+    go to their place in the order
     :func:`~rlfleet.core.episode_order.sort_fragments` gives. Results whose
     arrays do not line up take the general path, which names what differs.
     """
     if not results:
         raise ResultError("the answer holds no results")
-    try:
-        return _placed_fragments([result.arrays for result in results])
-    except _MisfitError:
-        return sort_fragments(_concatenate(results))
+    placed = placed_fragments([result.arrays for result in results])
+    return sort_fragments(_concatenate(results)) if placed is None else placed
 
 
 def _concatenate(results: Sequence[Result]) -> EpisodeBatch:
@@ -461,181 +460,6 @@ def _concatenate(results: Sequence[Result]) -> EpisodeBatch:
                 "contract requires (batch.proto)"
             )
     return EpisodeBatch.concatenate(*(result.batch for result in results))
-
-
-class _MisfitError(Exception):
-    """The results cannot be placed in one copy: take the general path."""
-
-
-#: What a result is placed from: its batch, or its chunks not joined.
-_Arrays: TypeAlias = "EpisodeBatch | ScatteredBatch"
-
-
-def _placed_episodes(batches: Sequence[_Arrays], num_episodes: int) -> EpisodeBatch:
-    """:func:`assemble_episodes`' answer in one copy of the step data.
-
-    Raises:
-        _MisfitError: If a result's indices are missing or not ascending, the
-            kept episodes are not 0..num_episodes-1 once each, or the
-            results' arrays differ in structure or trailing shape.
-    """
-    indices = []
-    for batch in batches:
-        index = batch.episode_infos.get("episode_index")
-        if not isinstance(index, np.ndarray) or np.any(np.diff(index) <= 0):
-            raise _MisfitError
-        indices.append(index)
-    # Ascending, so the episodes a result keeps are its first ones.
-    kept = [int(np.searchsorted(index, num_episodes)) for index in indices]
-    placed = np.concatenate([index[:k] for index, k in zip(indices, kept, strict=True)])
-    if placed.size != num_episodes or (placed.size and placed.min() < 0):
-        raise _MisfitError
-    if not np.array_equal(
-        np.bincount(placed, minlength=num_episodes), np.ones(num_episodes, dtype=np.int64)
-    ):
-        raise _MisfitError
-    return _placed(batches, [index[:k] for index, k in zip(indices, kept, strict=True)])
-
-
-def _placed_fragments(batches: Sequence[_Arrays]) -> EpisodeBatch:
-    """:func:`assemble_fragments`' answer in one copy of the step data.
-
-    Raises:
-        _MisfitError: If a result lacks one of the fragment infos, or the
-            results' arrays differ in structure or trailing shape.
-    """
-    keys: list[np.ndarray] = []
-    for name in ("fragment_index", "episode_index", "stream"):
-        columns = [batch.episode_infos.get(name) for batch in batches]
-        if not all(isinstance(column, np.ndarray) for column in columns):
-            raise _MisfitError
-        keys.append(np.concatenate(columns))  # type: ignore[arg-type]
-    # sort_fragments' order of the concatenated pieces; piece j goes to position[j].
-    order = np.lexsort(keys)
-    position = np.empty_like(order)
-    position[order] = np.arange(len(order))
-    counts = np.cumsum([len(batch.lengths) for batch in batches])[:-1]
-    return _placed(batches, np.split(position, counts))
-
-
-def _placed(batches: Sequence[_Arrays], destinations: Sequence[np.ndarray]) -> EpisodeBatch:
-    """The answer whose pieces ``destinations[i]`` are the first pieces of ``batches[i]``.
-
-    The destinations together are a permutation of the answer's pieces.
-    Each array of the answer is one new buffer, written once.
-
-    Raises:
-        _MisfitError: If the results' arrays differ in structure or trailing shape.
-    """
-    num_pieces = sum(len(dest) for dest in destinations)
-    lengths = np.empty(num_pieces, dtype=np.int64)
-    for batch, dest in zip(batches, destinations, strict=True):
-        lengths[dest] = batch.lengths[: len(dest)]
-    starts = np.cumsum(lengths) - lengths
-    episode_rows: list[_Rows] = []
-    step_rows: list[_Rows] = []
-    for batch, dest in zip(batches, destinations, strict=True):
-        own = batch.lengths[: len(dest)]
-        if _consecutive(dest):
-            # The usual case: a result's pieces are neighbours in the answer,
-            # so its rows are one block, copied as a slice: no index arrays
-            # (8 bytes a step) and no gather (measured, 8,000-step CartPole
-            # results: 47 -> 5 ns per step).
-            first = int(dest[0]) if len(dest) else 0
-            begin = int(starts[first]) if len(dest) else 0
-            episode_rows.append(slice(first, first + len(dest)))
-            step_rows.append(slice(begin, begin + int(own.sum())))
-            continue
-        episode_rows.append(dest)
-        # Row j of the result's kept steps goes to its piece's start there.
-        shift = starts[dest] - (np.cumsum(own) - own)
-        step_rows.append(np.arange(int(own.sum())) + np.repeat(shift, own))
-
-    def place(parts: Sequence[object], rows: list[_Rows]) -> object:
-        first = parts[0]
-        if isinstance(first, Mapping):
-            if any(not isinstance(p, Mapping) or p.keys() != first.keys() for p in parts):
-                raise _MisfitError
-            return {
-                key: place([p[key] for p in parts], rows)  # type: ignore[index]
-                for key in first
-            }
-        arrays = [p if isinstance(p, Scattered) else np.asarray(p) for p in parts]
-        trailing = arrays[0].shape[1:]
-        if any(a.ndim == 0 or a.shape[1:] != trailing for a in arrays):
-            raise _MisfitError
-        sizes = [_row_count(r) for r in rows]
-        out = np.empty((sum(sizes), *trailing), dtype=np.result_type(*[a.dtype for a in arrays]))
-        heads = [
-            a.head(size) if isinstance(a, Scattered) else a[:size]
-            for a, size in zip(arrays, sizes, strict=True)
-        ]
-        _put_rows(out, rows, heads)
-        return out
-
-    def field(name: str, rows: list[_Rows]) -> object:
-        return place([getattr(batch, name) for batch in batches], rows)
-
-    return EpisodeBatch(
-        env_spec=batches[0].env_spec,
-        episode_infos=field("episode_infos", episode_rows),  # type: ignore[arg-type]
-        observations=field("observations", step_rows),  # type: ignore[arg-type]
-        last_observations=field("last_observations", episode_rows),  # type: ignore[arg-type]
-        actions=field("actions", step_rows),  # type: ignore[arg-type]
-        rewards=field("rewards", step_rows),  # type: ignore[arg-type]
-        env_infos=field("env_infos", step_rows),  # type: ignore[arg-type]
-        agent_infos=field("agent_infos", step_rows),  # type: ignore[arg-type]
-        step_types=field("step_types", step_rows),  # type: ignore[arg-type]
-        lengths=lengths,
-    )
-
-
-#: Where a result's rows go in the answer: a block, or one index per row.
-_Rows: TypeAlias = "slice | np.ndarray"
-
-
-def _consecutive(dest: np.ndarray) -> bool:
-    """Whether ``dest`` is ``first, first + 1, ...`` (or empty)."""
-    return len(dest) <= 1 or (
-        int(dest[-1]) - int(dest[0]) == len(dest) - 1 and bool(np.all(np.diff(dest) == 1))
-    )
-
-
-def _row_count(rows: _Rows) -> int:
-    if isinstance(rows, slice):
-        return int(rows.stop) - int(rows.start)
-    return len(rows)
-
-
-def _put_rows(out: np.ndarray, rows: list[_Rows], parts: list[np.ndarray | Scattered]) -> None:
-    """``out[rows[i]] = parts[i]`` for each i, whole rows at a time where possible.
-
-    A block of rows (a slice) is one copy; from a :class:`Scattered` part,
-    one copy per chunk it runs across. For an index per row, numpy
-    indexes a 2-D array's rows element by element: ten times slower than
-    moving each row as one opaque item (measured: 520 -> 58 us for 50k rows
-    of 4 float32). A scattered part bound for rows that are not a block is
-    joined first (a second copy, for results whose episodes interleave
-    with other results' in the answer).
-    """
-    item = None
-    if out.ndim >= 2 and out.size:
-        item = np.dtype((np.void, out.itemsize * out[0].size))
-    for row, part in zip(rows, parts, strict=True):
-        if isinstance(part, Scattered):
-            if isinstance(row, slice) and part.dtype == out.dtype:
-                part.copy_into(out, int(row.start))
-                continue
-            source = part.joined()
-        else:
-            source = part
-        if isinstance(row, slice) or item is None:
-            out[row] = source
-        elif len(source) and source.dtype == out.dtype and source.flags.c_contiguous:
-            whole = out.reshape(len(out), -1).view(item)[:, 0]
-            whole[row] = source.reshape(len(source), -1).view(item)[:, 0]
-        else:
-            out[row] = source
 
 
 def shortened(values: Sequence[object]) -> str:

@@ -1,0 +1,349 @@
+"""A learner's answer placed from received results (rlfleet.wire.placement), through the wire.
+
+Results are encoded, cut into chunks of random sizes and read back as a
+learner's Sample call reads them (``ResultAssembler.add_kept``: one chunk
+decoded as views, several left in their chunks), so the rows placed are
+views of the received bytes, mostly unaligned, as on a real learner. Every
+answer must equal concatenating the materialized results, then ordering
+(the general path), bit for bit and dtype for dtype.
+
+The checks on both sides also do a bounded amount of Python per result:
+counted as the line events of ``sys.settrace``, which grow with every
+Python step a loop over episodes or results takes (a behaviour, not a
+wall-clock time).
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlfleet.core import EpisodeBatch
+from rlfleet.core.episode_order import first_episodes, sort_fragments
+from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
+from rlfleet.protocol.unit_columns import UnitColumns
+from rlfleet.v1 import worker_pb2
+from rlfleet.wire import encode_batch_chunks
+from rlfleet.wire.placement import placed_episodes, placed_fragments
+from rlfleet.wire.result_checks import ResultExpectation, check_result
+from rlfleet.wire.results import (
+    Result,
+    ResultAssembler,
+    assemble_episodes,
+    assemble_fragments,
+    decode_result,
+)
+from tests.test_client_assembly import SPEC, batch
+
+#: The fields of a batch whose arrays are placed, besides the info dicts.
+_ARRAYS = ("observations", "last_observations", "actions", "rewards", "step_types", "lengths")
+
+
+def _leaves(tree: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, np.ndarray]]:
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            yield from _leaves(value, f"{prefix}[{key}]")
+        else:
+            yield f"{prefix}[{key}]", value
+
+
+def assert_identical(got: EpisodeBatch, want: EpisodeBatch) -> None:
+    """Same arrays, dtypes and (nested) info keys."""
+    assert got == want
+    pairs = [(getattr(got, name), getattr(want, name), name) for name in _ARRAYS]
+    for group in ("episode_infos", "env_infos", "agent_infos"):
+        got_leaves, want_leaves = (
+            dict(_leaves(getattr(got, group), group)),
+            dict(_leaves(getattr(want, group), group)),
+        )
+        assert got_leaves.keys() == want_leaves.keys(), group
+        pairs += [(got_leaves[key], want_leaves[key], key) for key in want_leaves]
+    for a, b, name in pairs:
+        assert a.dtype == b.dtype, name
+
+
+def episodes(lengths: list[int], indices: list[int], worker: int) -> EpisodeBatch:
+    """Counter episodes (observation = index * 100 + step) with infos of several shapes.
+
+    Episode infos include a (N, 2) column; agent infos are nested and of rows
+    small and large; env infos are empty.
+    """
+    base = batch(lengths, indices)
+    index = np.asarray(indices, dtype=np.int64)
+    steps = len(base.rewards)
+    return EpisodeBatch(
+        env_spec=SPEC,
+        episode_infos={
+            **base.episode_infos,
+            "worker": np.full(len(indices), worker, dtype=np.int64),
+            "pair": np.stack([index, -index], axis=1).astype(np.int32),
+        },
+        observations=base.observations,
+        last_observations=base.last_observations,
+        actions=(base.observations[:, 0].astype(np.int64) % 2),
+        rewards=base.rewards,
+        env_infos={},
+        agent_infos={
+            "log_prob": base.agent_infos["log_prob"],
+            "policy": {"value": np.arange(steps, dtype=np.float64).reshape(-1, 1) * 0.5},
+            # 64-byte rows: moved one by one where results interleave, not gathered.
+            "features": base.observations + np.arange(16, dtype=np.float32),
+        },
+        step_types=base.step_types,
+        lengths=base.lengths,
+    )
+
+
+def received(b: EpisodeBatch, worker: int, chunk_bytes: int, batch_id: int) -> Result:
+    """``b`` as a learner's Sample call keeps it: sent in chunks, decoded where they arrived."""
+    chunks = encode_batch_chunks(b, chunk_bytes, batch_id=batch_id, include_env_spec=False)
+    meta = worker_pb2.EpisodeResult(
+        task_id=batch_id + 1,
+        episode_indices=b.episode_infos["episode_index"].tolist(),
+        lengths=b.lengths.tolist(),
+        worker_id=worker,
+    )
+    assembler = ResultAssembler(SPEC, per_worker=True)
+    for k, chunk in enumerate(chunks):
+        envelope = meta if k == 0 else worker_pb2.EpisodeResult(worker_id=worker)
+        out = assembler.add_kept(envelope, chunk)
+    assert out is not None
+    return out
+
+
+def dealt(
+    lengths: list[int], workers: int, slices: list[int], rng: np.random.Generator
+) -> list[tuple[list[int], int]]:
+    """Episodes 0..len-1 dealt round-robin to workers in slices, each worker's cut into results.
+
+    Returns (indices, worker) per result, ascending within each, in a random arrival order.
+    """
+    owner = np.empty(len(lengths), dtype=np.int64)
+    start, turn = 0, 0
+    while start < len(lengths):
+        size = slices[turn % len(slices)]
+        owner[start : start + size] = turn % workers
+        start, turn = start + size, turn + 1
+    parts = []
+    for worker in range(workers):
+        mine = np.flatnonzero(owner == worker)
+        if mine.size:
+            cuts = np.sort(rng.choice(np.arange(1, mine.size + 1), size=min(3, mine.size)))
+            for part in np.split(mine, np.unique(cuts[:-1])):
+                if part.size:
+                    parts.append((part.tolist(), worker + 1))
+    return [parts[i] for i in rng.permutation(len(parts))]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=60),
+    workers=st.integers(1, 3),
+    slices=st.lists(st.integers(1, 12), min_size=1, max_size=3),
+    extra=st.integers(0, 6),
+    chunk_bytes=st.sampled_from([256, 600, 2000, 1 << 20]),
+    seed=st.integers(0, 2**16),
+)
+def test_received_episodes_are_placed_as_concatenating_then_ordering_places_them(
+    *,
+    lengths: list[int],
+    workers: int,
+    slices: list[int],
+    extra: int,
+    chunk_bytes: int,
+    seed: int,
+) -> None:
+    # Episodes of different lengths, dealt in slices (so results are blocks
+    # of the answer, or interleave), arriving in any order, some cut into
+    # chunks mid-row; the last ``extra`` are speculative, past the answer.
+    rng = np.random.default_rng(seed)
+    n = max(len(lengths) - extra, 1)
+    results = [
+        received(episodes([lengths[i] for i in part], part, worker), worker, chunk_bytes, k)
+        for k, (part, worker) in enumerate(dealt(lengths, workers, slices, rng))
+    ]
+    want = first_episodes(EpisodeBatch.concatenate(*(r.batch for r in results)), n)
+    got = assemble_episodes(results, n)
+    assert_identical(got, want)
+    # Placed, not left to the general path (which would hide a misplacement that raises).
+    placed = placed_episodes([r.arrays for r in results], n)
+    assert placed is not None
+    assert_identical(placed, want)
+    assert got.episode_infos["episode_index"].tolist() == list(range(n))
+    assert got.observations[:, 0].tolist() == [
+        i * 100 + t for i in range(n) for t in range(lengths[i])
+    ]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    pieces=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 9)), min_size=1, max_size=30),
+    chunk_bytes=st.sampled_from([300, 1 << 20]),
+    seed=st.integers(0, 2**16),
+)
+def test_received_fragments_are_placed_as_concatenating_then_sorting_places_them(
+    pieces: list[tuple[int, int]], chunk_bytes: int, seed: int
+) -> None:
+    # Pieces of streams 0..3 (each stream's episodes numbered in order, one
+    # piece each), in results of random size and arrival order.
+    rng = np.random.default_rng(seed)
+    seen: dict[int, int] = {}
+    rows = []
+    for stream, length in pieces:
+        rows.append((stream, seen.get(stream, 0), length))
+        seen[stream] = seen.get(stream, 0) + 1
+    order = rng.permutation(len(rows))
+    results = []
+    for k, part in enumerate(np.array_split(order, rng.integers(1, len(rows) + 1))):
+        if not part.size:
+            continue
+        mine = [rows[i] for i in part]
+        b = batch(
+            [length for *_, length in mine],
+            [episode for _, episode, _ in mine],
+            stream=[stream for stream, *_ in mine],
+            fragment_index=[0] * len(mine),
+        )
+        results.append(received(b, 1 + k % 2, chunk_bytes, k))
+    want = sort_fragments(EpisodeBatch.concatenate(*(r.batch for r in results)))
+    assert_identical(assemble_fragments(results), want)
+    placed = placed_fragments([r.arrays for r in results])
+    assert placed is not None
+    assert_identical(placed, want)
+
+
+def test_an_answer_owns_each_array_whether_results_are_blocks_or_interleave() -> None:
+    # Results whose rows are blocks of the answer, and results that interleave.
+    for parts in ([[0, 1, 2], [3, 4]], [[0, 2, 4], [1, 3]]):
+        results = [
+            received(episodes([3] * len(part), part, 1), 1, 1 << 20, k)
+            for k, part in enumerate(parts)
+        ]
+        answer = assemble_episodes(results, 5)
+        arrays = [getattr(answer, name) for name in _ARRAYS]
+        arrays += [
+            a
+            for group in ("episode_infos", "agent_infos")
+            for _, a in _leaves(getattr(answer, group), group)
+        ]
+        for array in arrays:
+            # Its own buffer: writable, aligned and C-contiguous (torch.from_numpy shares it).
+            assert array.flags.owndata and array.flags.writeable, parts
+            assert array.flags.aligned and array.flags.c_contiguous, parts
+
+
+def _line_events(call: Callable[[], object]) -> int:
+    """Line events of ``call``: Python steps, a loop's counted once per iteration."""
+    count = 0
+
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
+        nonlocal count
+        count += event == "line"
+        return local
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        return local
+
+    call()  # once untraced: caches filled, as on every call but the first
+    gc.collect()
+    gc.disable()  # no collection (and no finalizer's steps) while counting
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        call()
+    finally:
+        sys.settrace(previous)
+        gc.enable()
+    return count
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["seeded", "native"])
+def test_checking_a_result_takes_no_python_step_per_episode(native: bool) -> None:
+    # A native worker's result of 400 episodes costs the checks the Python
+    # steps one of 40 does: seeds, units, lengths and step types are array
+    # operations over the episodes.
+    def check(count: int) -> Callable[[], None]:
+        indices = list(range(1, 2 * count, 2))
+        index = np.asarray(indices, dtype=np.int64)
+        units = UnitColumns(index, 1000 + index, 2000 + index)
+        env_seeds = np.full(count, NO_ENV_SEED, np.int64) if native else units.env_seeds
+        policy_seeds = np.full(count, NO_POLICY_SEED, np.int64) if native else units.policy_seeds
+        base = episodes([1 + i % 5 for i in range(count)], indices, 1)
+        step = np.concatenate([np.arange(n, dtype=np.float32) for n in base.lengths])[:, None]
+        b = EpisodeBatch(
+            env_spec=SPEC,
+            episode_infos={
+                **base.episode_infos,
+                "agent_version": np.zeros(count, np.int64),
+                "env_seed": env_seeds,
+                "policy_seed": policy_seeds,
+            },
+            observations=step,  # the Counter's: the step, inside its space
+            last_observations=base.lengths[:, None].astype(np.float32),
+            actions=base.actions,
+            rewards=base.rewards,
+            env_infos={},
+            agent_infos=base.agent_infos,
+            step_types=base.step_types,
+            lengths=base.lengths,
+        )
+        (chunk,) = encode_batch_chunks(b, include_env_spec=False)
+        meta = worker_pb2.EpisodeResult(
+            task_id=1, episode_indices=indices, lengths=b.lengths.tolist()
+        )
+        joined = ResultAssembler().join(meta, chunk)
+        assert joined is not None
+        decoded = decode_result(joined, SPEC)
+        expect = ResultExpectation(
+            SPEC, worker_id=1, agent_version=0, env_generation=0, units=units, native=native
+        )
+        check_result(decoded, expect)  # valid: the steps counted are those of a pass
+        return lambda: check_result(decoded, expect)
+
+    assert _line_events(check(400)) == _line_events(check(40))
+
+
+def test_placing_an_answer_takes_a_few_python_steps_per_result_and_none_per_episode() -> None:
+    def answer(results: int, per_result: int, *, blocks: bool) -> Callable[[], EpisodeBatch]:
+        total = results * per_result
+        owner = np.arange(total) // per_result if blocks else np.arange(total) % results
+        made = [
+            received(
+                episodes([4] * per_result, np.flatnonzero(owner == k).tolist(), 1), 1, 1 << 20, k
+            )
+            for k in range(results)
+        ]
+        return lambda: assemble_episodes(made, total)
+
+    for blocks in (True, False):
+        # None per episode: 10 or 200 episodes a result, the same steps.
+        many = _line_events(answer(4, 200, blocks=blocks))
+        assert many == _line_events(answer(4, 10, blocks=blocks)), blocks
+        # A few per result: about three for each of its ten arrays.
+        extra = _line_events(answer(24, 20, blocks=blocks)) - _line_events(
+            answer(4, 20, blocks=blocks)
+        )
+        assert extra <= 20 * 60, blocks
+
+
+def test_a_result_whose_episodes_are_not_ascending_is_still_ordered_right() -> None:
+    # Only ascending indices let a result's kept episodes be its first ones:
+    # others take the general path, and the answer is the same.
+    for parts, n in (([[2, 0], [1]], 3), ([[4, 0], [1, 2, 3]], 4), ([[1, 3], [2, 0]], 4)):
+        results = [
+            received(episodes([2] * len(part), part, 1), 1, 1 << 20, k)
+            for k, part in enumerate(parts)
+        ]
+        want = first_episodes(EpisodeBatch.concatenate(*(r.batch for r in results)), n)
+        assert_identical(assemble_episodes(results, n), want)
+        assert assemble_episodes(results, n).observations[:, 0].tolist() == [
+            i * 100 + t for i in range(n) for t in range(2)
+        ]
