@@ -23,8 +23,10 @@ from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.protocol.unit_columns import UnitColumns
-from rlfleet.wire import encode_batch_chunks
+from rlfleet.wire import encode_batch
 from rlfleet.wire import result_layout as result_layout_module
+from rlfleet.wire.batches import payload_kind
+from rlfleet.wire.chunks import chunk_payload
 from rlfleet.wire.result_checks import ResultExpectation, check_result
 from rlfleet.wire.result_layout import ResultLayoutCheck
 from rlfleet.wire.results import JoinedResult, ResultAssembler, ResultHeader, decode_result
@@ -66,12 +68,18 @@ def batch_of(lengths: Sequence[int], first: int = 0, **infos: dict[str, Any]) ->
     )
 
 
-def joined(batch: EpisodeBatch, *, payload: Callable[[bytes], bytes] | None = None) -> JoinedResult:
-    """``batch`` as the coordinator joins it from a worker's one-chunk result."""
-    (chunk,) = encode_batch_chunks(batch, 1 << 24, batch_id=1, include_env_spec=False)
+def joined(
+    batch: EpisodeBatch,
+    *,
+    payload: Callable[[bytes], bytes] | None = None,
+    chunk_bytes: int = 1 << 24,
+) -> JoinedResult:
+    """``batch`` as the coordinator takes it from a worker's result: one chunk, or
+    chunks of ``chunk_bytes`` left unjoined (their boundaries cut headers and arrays)."""
+    data = encode_batch(batch, include_env_spec=False)
     if payload is not None:
-        data = payload(bytes(chunk.data))
-        chunk = dataclasses.replace(chunk, data=data, total_bytes=len(data))
+        data = payload(data)
+    chunks = chunk_payload(data, kind=payload_kind(EpisodeBatch), max_bytes=chunk_bytes, batch_id=1)
     header = ResultHeader(
         task_id=1,
         worker_id=0,
@@ -80,8 +88,13 @@ def joined(batch: EpisodeBatch, *, payload: Callable[[bytes], bytes] | None = No
         agent_version=0,
         env_generation=1,
     )
-    result = ResultAssembler().join(header, chunk)
-    assert result is not None
+    assembler = ResultAssembler()
+    rest = ResultHeader(1, 0, (), (), 0, 1)  # the metadata rides on chunk 0 only
+    results = [
+        assembler.join(rest if chunk.index else header, chunk, keep_pieces=True) for chunk in chunks
+    ]
+    result = results[-1]
+    assert result is not None and len(result.chunks) == len(chunks)
     return result
 
 
@@ -274,3 +287,22 @@ def test_a_new_env_spec_is_checked_by_the_general_path_first(
     result = joined(batch)
     with pytest.raises(ProtocolError, match="outside the space"):
         check.check(result, narrower, expect)
+
+
+@pytest.mark.parametrize("case", ["honest", *SPOILED_VALUES])
+def test_a_result_left_in_its_chunks_is_checked_where_they_are(
+    monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    # Chunks of 23 bytes: their boundaries cut the bytes around the arrays and the arrays.
+    check = ResultLayoutCheck()
+    check.check(joined(batch_of([3, 2]), chunk_bytes=23), SPEC, EXPECT)
+    if case == "honest":
+        monkeypatch.setattr(result_layout_module, "decode_result", None)
+        check.check(joined(batch_of([4, 1, 5], 1), chunk_bytes=23), SPEC, EXPECT)
+        return
+    result = joined(SPOILED_VALUES[case](batch_of([3, 2])), chunk_bytes=23)
+    assert isinstance(result.payload, tuple)
+    expected = general_refusal(result)
+    with pytest.raises(ProtocolError) as info:
+        check.check(result, SPEC, EXPECT)
+    assert str(info.value) == expected

@@ -298,7 +298,8 @@ class WorkerEvents:
         if chunk is None:
             raise ProtocolError(f"worker {handle.name!r} sent an EpisodeResult without its chunk")
         budget.charge(len(chunk.data))  # raises past the in-flight limit
-        joined = assembler.join(meta, chunk)  # raises on any disorder
+        # Left in its chunks: the one-pass check reads them where they are.
+        joined = assembler.join(meta, chunk, keep_pieces=True)  # raises on any disorder
         if joined is None:
             return
         budget.release()

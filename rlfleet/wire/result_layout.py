@@ -19,17 +19,23 @@ first result that passed that path, and checks each later one in one pass:
   rewards, bool infos), each with the comparisons the layout leaves: a
   uint8 frame of a 0..255 Box needs none, bounds are worked out once.
 
+A result of several chunks is checked where its chunks are: only the
+bytes around the arrays and the arrays checked are read, so a result's
+uint8 frames are never copied to be checked (the general path joins them).
+
 Any difference from the layout, and any check that does not pass, sends the
 result down the general path, which raises with its own text (or finds
 nothing wrong: the quick checks may ask it to look closer, never let
 through what it refuses) and then relearns the layout. So every check still
 runs once, at this trust boundary, and a refusal reads as it always did.
-Fragments and results kept in pieces take the general path.
+Fragments take the general path.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Mapping
 
@@ -42,7 +48,7 @@ from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
 from rlfleet.core.space_checks import space_screen
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.wire._protowire import len_prefix
-from rlfleet.wire.chunks import Payload
+from rlfleet.wire.chunks import Payload, Pieces
 from rlfleet.wire.result_checks import ResultExpectation, check_result, step_type_problems
 from rlfleet.wire.results import EPISODE_INFO_KEYS, JoinedResult, ResultHeader, decode_result
 from rlfleet.wire.tensors import dtype_code, encode_key_field, tensor_header
@@ -276,18 +282,53 @@ class ResultLayoutCheck:
             layout is not None
             and layout.spec is env_spec
             and expect.window is None
-            and not isinstance(joined.payload, tuple)
-            and _passes(layout, joined.header, joined.payload, expect)
+            and _passes(layout, joined.header, _reader(joined.payload), expect)
         ):
             return
         decoded = decode_result(joined, env_spec)
         check_result(decoded, expect)
-        if expect.window is None and not isinstance(joined.payload, tuple):
+        if expect.window is None:
             self._layout = _learn(decoded.batch)
 
 
+#: Reads ``size`` bytes at an offset of a result's bytes.
+_Read = Callable[[int, int], "bytes | memoryview"]
+#: A result's bytes: their size, their reader, and the bytes if joined.
+_Source = tuple[int, _Read, "memoryview | None"]
+
+
+def _reader(payload: Payload | Pieces) -> _Source:
+    """A result's bytes, joined or left in its chunks, to read by offset.
+
+    A read inside one chunk is a view of it; one across chunks joins the
+    slices (only the bytes around the arrays and the arrays checked are
+    read: a result's uint8 frames are never copied to be checked).
+    """
+    if not isinstance(payload, tuple):
+        whole = memoryview(payload)  # slices are views, not copies
+        return len(whole), lambda offset, size: whole[offset : offset + size], whole
+    pieces = payload
+    starts = list(itertools.accumulate((len(piece) for piece in pieces), initial=0))
+
+    def read(offset: int, size: int) -> bytes | memoryview:
+        index = bisect.bisect_right(starts, offset) - 1
+        local = offset - starts[index]
+        if local + size <= len(pieces[index]):
+            return pieces[index][local : local + size]
+        parts, end = [], offset + size
+        while offset < end and index < len(pieces):
+            local = offset - starts[index]
+            part = pieces[index][local : local + end - offset]
+            parts.append(part)
+            offset += len(part)
+            index += 1
+        return b"".join(parts)
+
+    return starts[-1], read, None
+
+
 def _passes(
-    layout: _Layout, header: ResultHeader, payload: Payload, expect: ResultExpectation
+    layout: _Layout, header: ResultHeader, payload: _Source, expect: ResultExpectation
 ) -> bool:
     """Whether a result has the layout and passes every check (False: look closer)."""
     lengths = header.lengths
@@ -296,17 +337,21 @@ def _passes(
         return False
     steps = sum(lengths)
     skeleton = layout.skeleton(episodes, steps)
-    if len(payload) != skeleton.size:
+    size, read, whole = payload
+    if size != skeleton.size:
         return False
     for offset, expected in skeleton.headers:
-        if payload[offset : offset + len(expected)] != expected:
+        if read(offset, len(expected)) != expected:
             return False
     tensors, offsets = layout.tensors, skeleton.offsets
 
     def view(name: str) -> np.ndarray:
         t = tensors[name]
         rows = episodes if t.per_episode else steps
-        return np.ndarray((rows, *t.row_shape), t.dtype, buffer=payload, offset=offsets[name])
+        if whole is not None:
+            return np.ndarray((rows, *t.row_shape), t.dtype, buffer=whole, offset=offsets[name])
+        data = read(offsets[name], rows * t.row_bytes)
+        return np.frombuffer(data, t.dtype).reshape(rows, *t.row_shape)
 
     # The metadata and the episode infos (_metadata_problems, _episode_problems).
     version = header.agent_version
