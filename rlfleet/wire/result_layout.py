@@ -56,15 +56,19 @@ from rlfleet.wire.tensors import dtype_code, encode_key_field, tensor_header
 #: Skeletons kept per layout (one per pair of episode and step counts).
 _MAX_SKELETONS = 256
 
-# EpisodeBatch's field numbers (batch.proto), in the order writers write them.
-_ARRAY_FIELDS = (
+# EpisodeBatch's fields (batch.proto) in the order writers write them, and
+# whether they hold a row per episode (else a row per step).
+_FIELDS = (
+    (2, "episode_infos", True),
     (3, "observations", False),
     (4, "last_observations", True),
     (5, "actions", False),
     (6, "rewards", False),
+    (7, "env_infos", False),
+    (8, "agent_infos", False),
+    (9, "step_types", False),
+    (10, "lengths", True),
 )
-_STEP_TYPES, _LENGTHS = 9, 10
-_INFO_MAPS = ((2, "episode_infos", True), (7, "env_infos", False), (8, "agent_infos", False))
 # TensorMap's fields (tensor.proto).
 _MAP_ENTRIES, _ENTRY_TENSOR, _ENTRY_MAP = 1, 2, 3
 _BOOL = np.dtype("?")
@@ -168,30 +172,21 @@ def _learn(batch: EpisodeBatch) -> _Layout | None:
         entries: list[tuple[bytes, _Tensor | _Tree]] = []
         for key, value in infos.items():
             path = f"{name}[{key!r}]"
+            key_field = encode_key_field(key, path)
             if isinstance(value, Mapping):
-                entries.append((encode_key_field(key, path), tree(path, value, per_episode)))
-            elif isinstance(value, np.ndarray):
-                entries.append((encode_key_field(key, path), tensor(path, value, per_episode)))
-            else:
-                raise TypeError(path)
+                entries.append((key_field, tree(path, value, per_episode)))
+            else:  # decoded: an array
+                entries.append((key_field, tensor(path, np.asarray(value), per_episode)))
         return tuple(entries)
 
-    try:
-        blocks: list[tuple[int, _Tensor | _Tree]] = []
-        maps = {number: (name, per_episode) for number, name, per_episode in _INFO_MAPS}
-        arrays = {number: (name, per_episode) for number, name, per_episode in _ARRAY_FIELDS}
-        arrays[_STEP_TYPES], arrays[_LENGTHS] = ("step_types", False), ("lengths", True)
-        for number in sorted((*maps, *arrays)):
-            if number in maps:
-                name, per_episode = maps[number]
-                infos = getattr(batch, name)
-                if infos:  # an empty map is not written
-                    blocks.append((number, tree(name, infos, per_episode)))
-            else:
-                name, per_episode = arrays[number]
-                blocks.append((number, tensor(name, getattr(batch, name), per_episode)))
-    except TypeError:
-        return None
+    blocks: list[tuple[int, _Tensor | _Tree]] = []
+    for number, name, per_episode in _FIELDS:
+        value = getattr(batch, name)
+        if isinstance(value, Mapping):
+            if value:  # an empty map is not written
+                blocks.append((number, tree(name, value, per_episode)))
+        else:
+            blocks.append((number, tensor(name, value, per_episode)))
     layout = _Layout(batch.env_spec, tuple(blocks))
     names = {f"episode_infos[{key!r}]" for key in EPISODE_INFO_KEYS}
     if not names <= layout.tensors.keys():
