@@ -139,7 +139,8 @@ def spoiled(field: str, change: Callable[[np.ndarray], None]) -> Callable[[Episo
             return dataclasses.replace(batch, episode_infos=infos)
         array = np.array(getattr(batch, field))
         change(array)
-        return dataclasses.replace(batch, **{field: array})
+        fields: dict[str, Any] = {field: array}
+        return dataclasses.replace(batch, **fields)
 
     return spoil
 
