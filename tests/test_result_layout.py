@@ -217,6 +217,12 @@ SPOILED_BYTES: dict[str, tuple[Callable[[JoinedResult], JoinedResult], str]] = {
         ),
         "got 9 at index 1",
     ),
+    "metadata lengths past the int64 range": (
+        lambda r: dataclasses.replace(
+            r, header=dataclasses.replace(r.header, lengths=(2**63 - 1, 2**63 - 1))
+        ),
+        "lengths",
+    ),
     "a zero length in the metadata": (
         lambda r: dataclasses.replace(r, header=dataclasses.replace(r.header, lengths=(5, 0))),
         "lengths",

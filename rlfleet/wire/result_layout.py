@@ -331,8 +331,10 @@ def _passes(
     if not episodes or len(header.episode_indices) != episodes or min(lengths) < 1:
         return False
     steps = sum(lengths)
-    skeleton = layout.skeleton(episodes, steps)
     size, read, whole = payload
+    if steps > size:  # every step takes a byte or more: no skeleton for forged counts
+        return False
+    skeleton = layout.skeleton(episodes, steps)
     if size != skeleton.size:
         return False
     for offset, expected in skeleton.headers:
