@@ -264,3 +264,36 @@ def test_a_worker_forging_lease_replies_is_logged_sparingly_then_dropped(tmp_pat
             if "WARNING" in line and "it does not host; ignored" in line
         ]
         assert 1 <= len(lines) <= 2, lines
+
+
+def test_a_spoiled_result_after_an_honest_one_is_refused_as_the_first_would_be(
+    fleet: str,
+) -> None:
+    # The coordinator learns the layout of the worker's first result and
+    # checks the next in one pass: a spoiled one of the same layout (and one
+    # of another layout) is refused with the general path's text all the same.
+    with LocalSampler(EnvConfig("CartPole-v1"), seed=SEED) as local:
+        expected = [local.obtain_episodes(EPISODES) for _ in range(3)]
+    hostile = Hostile(fleet)
+    try:
+        wait_for_workers(fleet, 2)
+        answers: list[EpisodeBatch] = []
+
+        def learn() -> None:
+            with RemoteSampler(fleet, seed=SEED, timeout=120) as remote:
+                answers.extend(remote.obtain_episodes(EPISODES) for _ in range(3))
+
+        learner = threading.Thread(target=learn)
+        learner.start()
+        hostile.answer_one_task(lambda batch: batch)  # honest: its layout is learned
+        hostile.answer_one_task(observation_outside_the_box)
+        ending = hostile.worker.ended(timeout=60)
+        learner.join(timeout=120)
+        assert ending is not None and ending.code is grpc.StatusCode.INVALID_ARGUMENT
+        assert "observations[1]" in ending.details and "100.0" in ending.details, ending.details
+        assert len(answers) == 3, "the learner got no answer"
+        for answer, want in zip(answers, expected, strict=True):
+            assert_same_batch(answer, want)
+    finally:
+        hostile.close()
+    wait_for_workers(fleet, 1)

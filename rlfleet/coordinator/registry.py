@@ -26,6 +26,7 @@ from rlfleet.protocol.join import DrainOrder, WorkerBeat, WorkerHello, WorkerWel
 from rlfleet.protocol.stream_replay import StreamReplay
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.scheduling.scheduler import CancelOrder, TaskOrder
+from rlfleet.wire.result_layout import ResultLayoutCheck
 from rlfleet.wire.results import ResultAssembler
 
 
@@ -83,6 +84,8 @@ class WorkerHandle:
         assembler: Joins its result chunks of the Join stream (reader thread only).
         data_assembler: Joins its result chunks of the lease data
             connection (the data loop thread only).
+        result_layout: Checks its episode results in one pass once it knows
+            their layout (learned from the first, on either carrier).
         data_results_done: Set once no more results can come on its lease
             data connection (its end-of-results marker, or the connection's
             end); None while results cannot come there (no data connection,
@@ -109,6 +112,7 @@ class WorkerHandle:
     last_error: ErrorReport | None = None
     assembler: ResultAssembler = field(default_factory=ResultAssembler)
     data_assembler: ResultAssembler = field(default_factory=ResultAssembler)
+    result_layout: ResultLayoutCheck = field(default_factory=ResultLayoutCheck)
     data_results_done: threading.Event | None = None
     lease_data: LeaseConnection | None = None
     lease_ticket: bytes = b""

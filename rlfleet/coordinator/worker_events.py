@@ -19,7 +19,7 @@ from rlfleet.coordinator.calls import Finished, Forward
 from rlfleet.coordinator.failures import CallDetail, CallError, detail_of, invalid
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
-from rlfleet.core import EnvSpec
+from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.envs.native import NATIVE_VECTORIZATIONS
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.protocol.error_reports import (
@@ -298,7 +298,8 @@ class WorkerEvents:
         if chunk is None:
             raise ProtocolError(f"worker {handle.name!r} sent an EpisodeResult without its chunk")
         budget.charge(len(chunk.data))  # raises past the in-flight limit
-        joined = assembler.join(meta, chunk)  # raises on any disorder
+        # Left in its chunks: the one-pass check reads them where they are.
+        joined = assembler.join(meta, chunk, keep_pieces=True)  # raises on any disorder
         if joined is None:
             return
         budget.release()
@@ -335,9 +336,11 @@ class WorkerEvents:
     def on_result(self, handle: WorkerHandle, joined: JoinedResult) -> None:
         """A worker's result is complete: check it, account it, forward it.
 
-        The batch is decoded as views of the received bytes only to check
-        it (:mod:`rlfleet.wire.result_checks`, vectorised); the learner gets
-        the worker's chunks as they came.
+        The batch is viewed in the received bytes only to check it
+        (:mod:`rlfleet.wire.result_checks`, vectorised; an episodes result
+        in one pass with the layout of the worker's earlier ones,
+        :mod:`rlfleet.wire.result_layout`); the learner gets the worker's
+        chunks as they came.
 
         Raises:
             ResultError: If the result breaks the protocol (the worker is
@@ -367,9 +370,14 @@ class WorkerEvents:
         if env_spec is None:  # cannot happen: results follow an EnvReady
             raise ResultError(f"{header.where} arrived before any EnvReady")
         expect = _expectation(handle, spec, seeds, env_spec, latest, streams=streams, native=native)
+        window: EpisodeBatch | None = None  # a fragment window's batch, for its streams' books
         try:
-            decoded = decode_result(joined, env_spec)
-            check_result(decoded, expect)
+            if spec.mode is Mode.FRAGMENTS:
+                decoded = decode_result(joined, env_spec)
+                check_result(decoded, expect)
+                window = decoded.batch
+            else:  # the layout of the worker's results: one pass, no batch built
+                handle.result_layout.check(joined, env_spec, expect)
         except (ProtocolError, WireFormatError) as exc:
             self._refused(handle, outcome.request_id, exc)
             raise
@@ -382,8 +390,8 @@ class WorkerEvents:
             if outcome.verdict is not Verdict.ACCEPT:
                 state.metrics.discarded(len(header.episode_indices))
                 return  # the request ended while the batch was being checked
-            if spec.mode is Mode.FRAGMENTS:
-                state.streams.record(spec.seed, handle.worker_id, decoded.batch)
+            if window is not None:
+                state.streams.record(spec.seed, handle.worker_id, window)
             state.metrics.forwarded(
                 episodes=len(header.lengths),
                 payload_bytes=joined.total_bytes,

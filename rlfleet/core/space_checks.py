@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -190,18 +190,12 @@ def find_space_problem(
     """:func:`space_problem`, with the row and value at fault apart from the text."""
     if array.shape[0] == 0:
         return None
-    flat = space.shape is None or array.shape[1:] != tuple(space.shape)
-    bounds = _bounds(space, flat, actions)
-    if bounds is None:
+    plan = _plan(space, array.dtype, array.shape[1:], actions)
+    if plan is None:
         return None  # a space with no fixed layout: its shape was checked at decode
-    if bounds.dtype is not None and array.dtype != bounds.dtype:
-        return SpaceProblem(f"{name} are {array.dtype}, the space {space} holds {bounds.dtype}")
-    if array.dtype.kind not in "iubf":
-        return SpaceProblem(f"{name} are {array.dtype}, not numbers")
-    if bounds.dtype is None and not flat and array.dtype.kind == "f":
-        return SpaceProblem(f"{name} are {array.dtype}; the discrete space {space} holds integers")
-    integral = array.dtype.kind == "f" and bool(bounds.integral.any())
-    low, high = bounds.checks(array.dtype)
+    if isinstance(plan, str):
+        return SpaceProblem(f"{name} are {array.dtype}{plan}")
+    bounds, low, high, integral = plan
     # Two comparisons and two any(): ~40 us for 4608 CartPole steps, where
     # per-column min/max reductions took ~500 us. Bounds the dtype cannot
     # break are skipped (infinite ones; 0..255 for uint8). A bound equal
@@ -224,6 +218,84 @@ def find_space_problem(
     step = int(bad[0])
     value = array[tuple(bad)].item()
     return SpaceProblem(f"{name}[{step}] holds {value!r}, outside the space {space}", step, value)
+
+
+#: A bound to compare with, or None where the dtype cannot break it.
+_Bound = np.ndarray | np.generic | None
+
+
+def _plan(
+    space: gym.Space, dtype: np.dtype, row_shape: tuple[int, ...], actions: bool
+) -> tuple[_Bounds, _Bound, _Bound, bool] | str | None:
+    """How rows of ``dtype`` and ``row_shape`` are checked against ``space``.
+
+    Returns:
+        None if they are not checked here (no fixed layout); the end of a
+        problem's text if the dtype alone breaks the space (``"<name> are
+        <dtype>"`` goes before it); else the bounds, the (low, high) bounds
+        the dtype can break and whether whole numbers must be checked.
+    """
+    flat = space.shape is None or row_shape != tuple(space.shape)
+    bounds = _bounds(space, flat, actions)
+    if bounds is None:
+        return None
+    if bounds.dtype is not None and dtype != bounds.dtype:
+        return f", the space {space} holds {bounds.dtype}"
+    if dtype.kind not in "iubf":
+        return ", not numbers"
+    if bounds.dtype is None and not flat and dtype.kind == "f":
+        return f"; the discrete space {space} holds integers"
+    integral = dtype.kind == "f" and bool(bounds.integral.any())
+    low, high = bounds.checks(dtype)
+    return bounds, low, high, integral
+
+
+def space_screen(
+    space: gym.Space, dtype: np.dtype, row_shape: tuple[int, ...], *, actions: bool = False
+) -> Callable[[np.ndarray], bool] | None:
+    """A quick pass over rows of one layout: True when every row fits ``space``.
+
+    Worked out once per layout (a worker's results repeat theirs), so a
+    result's check is the comparisons alone. False means "look closer":
+    :func:`space_problem` then names the problem, or finds none.
+
+    Args:
+        space: The declared space.
+        dtype: The rows' dtype.
+        row_shape: One row's shape (the space's own or its flattened one).
+        actions: The rows are actions (as :func:`space_problem`'s).
+
+    Returns:
+        The pass, or None where nothing in such rows can break the space
+        (uint8 frames of a 0..255 Box; no fixed layout).
+    """
+    plan = _plan(space, dtype, row_shape, actions)
+    if plan is None:
+        return None
+    if isinstance(plan, str):
+        return _never
+    _, low, high, integral = plan
+    if integral:  # whole numbers in a float layout: the full check, every time
+        return functools.partial(_fits, space=space, actions=actions)
+    if low is None and high is None:
+        return None
+    return functools.partial(_within, low=low, high=high)
+
+
+def _never(array: np.ndarray) -> bool:
+    return False
+
+
+def _fits(array: np.ndarray, *, space: gym.Space, actions: bool) -> bool:
+    return find_space_problem("rows", array, space, actions=actions) is None
+
+
+def _within(array: np.ndarray, *, low: _Bound, high: _Bound) -> bool:
+    if not array.shape[0]:
+        return True
+    if low is not None and _any_below(array, low):
+        return False
+    return not (high is not None and _any_above(array, high))
 
 
 def _any_below(array: np.ndarray, low: np.ndarray | np.generic) -> bool:
@@ -279,4 +351,4 @@ def _any_outside(array: np.ndarray, bound: np.ndarray, compare: np.ufunc) -> boo
     return bool(np.any(compare(array[wide:], bound)))
 
 
-__all__ = ["SpaceProblem", "find_space_problem", "space_problem"]
+__all__ = ["SpaceProblem", "find_space_problem", "space_problem", "space_screen"]

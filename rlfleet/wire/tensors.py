@@ -192,7 +192,7 @@ def write_tensor(
     else:
         first = wire_array(array, where)
         pieces, shape, nbytes = (first,), first.shape, first.nbytes
-    header = _tensor_header(_CODES[first.dtype], shape, nbytes)
+    header = tensor_header(_CODES[first.dtype], shape, nbytes)
     body_size = len(header) + nbytes
     prefix = len_prefix(field_number, body_size)
     out.append(prefix + header)
@@ -203,8 +203,8 @@ def write_tensor(
 
 # Batches of a stream repeat the same few shapes, so headers are cached.
 @lru_cache(maxsize=4096)
-def _tensor_header(code: int, shape: tuple[int, ...], nbytes: int) -> bytes:
-    # The bytes of a Tensor before its data.
+def tensor_header(code: int, shape: tuple[int, ...], nbytes: int) -> bytes:
+    """The bytes of a Tensor before its data: dtype ``code``, ``shape``, data length."""
     header = _DTYPE_HEADERS[code]
     if shape:
         packed = b"".join([encode_varint(dim) for dim in shape])
@@ -612,6 +612,7 @@ __all__ = [
     "read_tensor",
     "read_tensor_map",
     "tensor_fields",
+    "tensor_header",
     "tensor_layout",
     "view_tensor",
     "write_tensor",

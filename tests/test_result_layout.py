@@ -1,0 +1,315 @@
+"""A worker's results checked in one pass with the layout of its first (rlfleet.wire.result_layout).
+
+No processes: results are built and encoded here as a worker writes them.
+What holds: a later result of the learned layout passes without the general
+decode; every result the general path refuses is refused with the same
+text once the layout is known (spoiled values and spoiled bytes alike); a
+result of another layout falls back to the general path, is checked there,
+and becomes the layout. The real-process test of the coordinator's use is
+tests/test_hostile_worker.py (``..._after_an_honest_one_...``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rlfleet.core import EnvSpec, EpisodeBatch
+from rlfleet.core.step_type import StepType
+from rlfleet.errors import ProtocolError, WireFormatError
+from rlfleet.protocol.unit_columns import UnitColumns
+from rlfleet.wire import encode_batch
+from rlfleet.wire import result_layout as result_layout_module
+from rlfleet.wire.batches import payload_kind
+from rlfleet.wire.chunks import chunk_payload
+from rlfleet.wire.result_checks import ResultExpectation, check_result
+from rlfleet.wire.result_layout import ResultLayoutCheck
+from rlfleet.wire.results import JoinedResult, ResultAssembler, ResultHeader, decode_result
+
+F, M, TERM, TIME = (
+    int(t) for t in (StepType.FIRST, StepType.MID, StepType.TERMINAL, StepType.TIMEOUT)
+)
+SPEC = EnvSpec(gym.spaces.Box(-1.0, 1.0, (2,), np.float32), gym.spaces.Discrete(3), 10)
+WORKER_ID = 7
+UNITS = UnitColumns(np.arange(6), np.arange(6) + 100, np.arange(6) + 200)
+
+
+def batch_of(lengths: Sequence[int], first: int = 0, **infos: dict[str, Any]) -> EpisodeBatch:
+    """Whole episodes ``first, first + 1, ...`` of the task's units, valid values."""
+    total, count = sum(lengths), len(lengths)
+    step_types = np.full(total, M, np.uint8)
+    ends = np.cumsum(lengths) - 1
+    step_types[ends - np.asarray(lengths) + 1] = F
+    step_types[ends] = TERM
+    indices = np.arange(first, first + count, dtype=np.int64)
+    rng = np.random.default_rng(total)
+    return EpisodeBatch(
+        env_spec=SPEC,
+        episode_infos={
+            "agent_version": np.zeros(count, np.int64),
+            "env_seed": indices + 100,
+            "policy_seed": indices + 200,
+            "episode_index": indices,
+            "worker": np.full(count, WORKER_ID, np.int64),
+        },
+        observations=rng.uniform(-1, 1, (total, 2)).astype(np.float32),
+        last_observations=np.zeros((count, 2), np.float32),
+        actions=rng.integers(0, 3, total),
+        rewards=np.ones(total, np.float32),
+        env_infos=infos.get("env_infos", {}),
+        agent_infos=infos.get("agent_infos", {}),
+        step_types=step_types,
+        lengths=np.asarray(lengths, np.int64),
+    )
+
+
+def joined(
+    batch: EpisodeBatch,
+    *,
+    payload: Callable[[bytes], bytes] | None = None,
+    chunk_bytes: int = 1 << 24,
+) -> JoinedResult:
+    """``batch`` as the coordinator takes it from a worker's result: one chunk, or
+    chunks of ``chunk_bytes`` left unjoined (their boundaries cut headers and arrays)."""
+    data = encode_batch(batch, include_env_spec=False)
+    if payload is not None:
+        data = payload(data)
+    chunks = chunk_payload(data, kind=payload_kind(EpisodeBatch), max_bytes=chunk_bytes, batch_id=1)
+    header = ResultHeader(
+        task_id=1,
+        worker_id=0,
+        episode_indices=tuple(batch.episode_infos["episode_index"].tolist()),
+        lengths=tuple(batch.lengths.tolist()),
+        agent_version=0,
+        env_generation=1,
+    )
+    assembler = ResultAssembler()
+    rest = ResultHeader(1, 0, (), (), 0, 1)  # the metadata rides on chunk 0 only
+    results = [
+        assembler.join(rest if chunk.index else header, chunk, keep_pieces=True) for chunk in chunks
+    ]
+    result = results[-1]
+    assert result is not None and len(result.chunks) == len(chunks)
+    return result
+
+
+EXPECT = ResultExpectation(
+    env_spec=SPEC, worker_id=WORKER_ID, agent_version=0, env_generation=1, units=UNITS
+)
+
+
+def general_refusal(result: JoinedResult) -> str:
+    with pytest.raises((ProtocolError, WireFormatError)) as info:
+        check_result(decode_result(result, SPEC), EXPECT)
+    return str(info.value)
+
+
+def learned() -> ResultLayoutCheck:
+    check = ResultLayoutCheck()
+    check.check(joined(batch_of([3, 2])), SPEC, EXPECT)
+    assert check.learned
+    return check
+
+
+def test_a_later_result_of_the_learned_layout_passes_without_the_general_decode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    check = learned()
+
+    def general(*args: object) -> None:
+        raise AssertionError("the general path ran")
+
+    monkeypatch.setattr(result_layout_module, "decode_result", general)
+    # Other numbers of episodes and steps: the same layout.
+    for lengths, first in (([4, 1, 5], 1), ([10], 5), ([1, 1, 1, 1, 1, 1], 0)):
+        check.check(joined(batch_of(lengths, first)), SPEC, EXPECT)
+
+
+def spoiled(field: str, change: Callable[[np.ndarray], None]) -> Callable[[EpisodeBatch], Any]:
+    def spoil(batch: EpisodeBatch) -> EpisodeBatch:
+        if field.startswith("episode_infos."):
+            key = field.split(".", 1)[1]
+            infos = {k: np.array(v) for k, v in batch.episode_infos.items()}
+            change(infos[key])
+            return dataclasses.replace(batch, episode_infos=infos)
+        array = np.array(getattr(batch, field))
+        change(array)
+        fields: dict[str, Any] = {field: array}
+        return dataclasses.replace(batch, **fields)
+
+    return spoil
+
+
+def _set(index: Any, value: Any) -> Callable[[np.ndarray], None]:
+    def change(array: np.ndarray) -> None:
+        array[index] = value
+
+    return change
+
+
+#: Results the general path refuses: spoiled values of the learned layout.
+SPOILED_VALUES = {
+    "observation outside the box": spoiled("observations", _set((4, 1), 1.5)),
+    "last observation outside the box": spoiled("last_observations", _set((1, 0), -2.0)),
+    "action outside Discrete(3)": spoiled("actions", _set(2, 3)),
+    "negative action": spoiled("actions", _set(0, -1)),
+    "NaN reward": spoiled("rewards", _set(3, np.nan)),
+    "infinite reward": spoiled("rewards", _set(0, -np.inf)),
+    "a second FIRST step": spoiled("step_types", _set(1, F)),
+    "an episode that does not end": spoiled("step_types", _set(2, M)),
+    "another worker": spoiled("episode_infos.worker", _set(1, WORKER_ID + 1)),
+    "another agent version": spoiled("episode_infos.agent_version", _set(0, 3)),
+    "an env seed not the unit's": spoiled("episode_infos.env_seed", _set(1, 5)),
+    "a policy seed not the unit's": spoiled("episode_infos.policy_seed", _set(0, 5)),
+    "an episode index off the metadata": spoiled("episode_infos.episode_index", _set(1, 4)),
+}
+
+
+@pytest.mark.parametrize("case", list(SPOILED_VALUES))
+def test_a_spoiled_value_is_refused_with_the_general_paths_text(case: str) -> None:
+    result = joined(SPOILED_VALUES[case](batch_of([3, 2])))
+    expected = general_refusal(result)
+    with pytest.raises((ProtocolError, WireFormatError)) as info:
+        learned().check(result, SPEC, EXPECT)
+    assert str(info.value) == expected
+
+
+def _byte(offset: int, value: int) -> Callable[[bytes], bytes]:
+    def change(data: bytes) -> bytes:
+        spoilt = bytearray(data)
+        spoilt[offset] = value
+        return bytes(spoilt)
+
+    return change
+
+
+#: Results the general path refuses: bytes and metadata that break the protocol.
+SPOILED_BYTES: dict[str, tuple[Callable[[JoinedResult], JoinedResult], str]] = {
+    "a byte appended": (
+        lambda r: joined(batch_of([3, 2]), payload=lambda d: d + b"\x00"),
+        "does not decode",
+    ),
+    "the first tag broken": (
+        lambda r: joined(batch_of([3, 2]), payload=_byte(0, 0xFF)),
+        "does not decode",
+    ),
+    "metadata lengths off the batch's": (
+        lambda r: dataclasses.replace(r, header=dataclasses.replace(r.header, lengths=(2, 3))),
+        "lengths",
+    ),
+    "an episode longer than the limit": (
+        lambda r: joined(batch_of([11, 2])),
+        "max_episode_length 10",
+    ),
+    "another env generation": (
+        lambda r: dataclasses.replace(r, header=dataclasses.replace(r.header, env_generation=2)),
+        "env_generation is 2",
+    ),
+    "a step type out of range": (
+        lambda r: joined(
+            batch_of([3, 2]),
+            payload=lambda d: d.replace(bytes([F, M, TERM, F, TERM]), bytes([F, 9, TERM, F, TERM])),
+        ),
+        "got 9 at index 1",
+    ),
+    "metadata lengths past the int64 range": (
+        lambda r: dataclasses.replace(
+            r, header=dataclasses.replace(r.header, lengths=(2**63 - 1, 2**63 - 1))
+        ),
+        "lengths",
+    ),
+    "a zero length in the metadata": (
+        lambda r: dataclasses.replace(r, header=dataclasses.replace(r.header, lengths=(5, 0))),
+        "lengths",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SPOILED_BYTES))
+def test_spoiled_bytes_or_metadata_are_refused_with_the_general_paths_text(case: str) -> None:
+    spoil, phrase = SPOILED_BYTES[case]
+    result = spoil(joined(batch_of([3, 2])))
+    expected = general_refusal(result)
+    assert phrase in expected
+    with pytest.raises((ProtocolError, WireFormatError)) as info:
+        learned().check(result, SPEC, EXPECT)
+    assert str(info.value) == expected
+
+
+def test_a_bool_info_other_than_0_or_1_is_refused_once_its_layout_is_learned() -> None:
+    flags = np.array([True, False, True, True, False])
+    check = ResultLayoutCheck()
+    check.check(joined(batch_of([3, 2], env_infos={"flag": flags})), SPEC, EXPECT)
+    result = joined(
+        batch_of([3, 2], env_infos={"flag": flags}),
+        payload=lambda data: data.replace(b"\x01\x00\x01\x01\x00", b"\x01\x00\x02\x01\x00", 1),
+    )
+    expected = general_refusal(result)
+    assert "bools must be 0 or 1" in expected
+    with pytest.raises(ProtocolError) as info:
+        check.check(result, SPEC, EXPECT)
+    assert str(info.value) == expected
+
+
+def test_a_layout_change_mid_session_falls_back_and_is_still_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    check = learned()
+    log_probs = {"log_prob": np.zeros(4, np.float32)}
+    # Another layout (agent infos appear): refused by the general path when spoiled ...
+    spoilt = spoiled("observations", _set((0, 0), 7.0))(batch_of([2, 2], agent_infos=log_probs))
+    result = joined(spoilt)
+    with pytest.raises(ProtocolError) as info:
+        check.check(result, SPEC, EXPECT)
+    assert str(info.value) == general_refusal(result)
+    assert "observations[0] holds 7.0" in str(info.value)
+    # ... passed there when valid, and then it is the layout the one pass takes.
+    calls: list[object] = []
+    monkeypatch.setattr(
+        result_layout_module,
+        "decode_result",
+        lambda *args: calls.append(args) or decode_result(*args),  # type: ignore[func-returns-value]
+    )
+    check.check(joined(batch_of([2, 2], agent_infos=log_probs)), SPEC, EXPECT)
+    assert len(calls) == 1
+    check.check(joined(batch_of([1, 3], agent_infos=log_probs)), SPEC, EXPECT)
+    assert len(calls) == 1
+    # The old layout is another change: checked again, and learned again.
+    check.check(joined(batch_of([3, 2])), SPEC, EXPECT)
+    assert len(calls) == 2
+
+
+def test_a_new_env_spec_is_checked_by_the_general_path_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    check = learned()
+    narrower = EnvSpec(gym.spaces.Box(-0.5, 0.5, (2,), np.float32), gym.spaces.Discrete(3), 10)
+    batch = dataclasses.replace(batch_of([3, 2]), env_spec=narrower)
+    expect = dataclasses.replace(EXPECT, env_spec=narrower)
+    result = joined(batch)
+    with pytest.raises(ProtocolError, match="outside the space"):
+        check.check(result, narrower, expect)
+
+
+@pytest.mark.parametrize("case", ["honest", *SPOILED_VALUES])
+def test_a_result_left_in_its_chunks_is_checked_where_they_are(
+    monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    # Chunks of 23 bytes: their boundaries cut the bytes around the arrays and the arrays.
+    check = ResultLayoutCheck()
+    check.check(joined(batch_of([3, 2]), chunk_bytes=23), SPEC, EXPECT)
+    if case == "honest":
+        monkeypatch.setattr(result_layout_module, "decode_result", None)
+        check.check(joined(batch_of([4, 1, 5], 1), chunk_bytes=23), SPEC, EXPECT)
+        return
+    result = joined(SPOILED_VALUES[case](batch_of([3, 2])), chunk_bytes=23)
+    assert isinstance(result.payload, tuple)
+    expected = general_refusal(result)
+    with pytest.raises(ProtocolError) as info:
+        check.check(result, SPEC, EXPECT)
+    assert str(info.value) == expected
