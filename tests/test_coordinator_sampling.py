@@ -185,8 +185,8 @@ def test_units_come_as_columns_only_to_workers_that_declared_them(
     )
     thread.start()
     old, new = plain.expect("task"), columns.expect("task")
-    # A worker without the capability (the Node worker, a third-party one)
-    # gets one EpisodeUnit message per unit, as before; the other the columns.
+    # A worker without the capability (a third-party one) gets one
+    # EpisodeUnit message per unit; the other the columns.
     assert len(old.units) == 4 and not old.HasField("unit_columns")
     assert not new.units and new.HasField("unit_columns")
     held = {u.episode_index: (u.env_seed, u.policy_seed) for u in old.units}

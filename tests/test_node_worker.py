@@ -7,6 +7,9 @@
 * The JS CartPole port steps like gymnasium's CartPole-v1 from the same
   states (bit for bit wherever Math.sin and Math.cos round as numpy does),
   and resets to the same states from the same seeds.
+* The Node worker reads a Task's units as columns (rlfleet.unit-columns) or
+  as EpisodeUnit messages with the same episodes, and refuses a Task whose
+  columns are malformed by its id without ending the stream.
 * A Node worker joins a real coordinator and serves every sampling mode;
   a mixed fleet (one Python worker, one Node worker) trains through pushed
   parameters, and the Node worker's episodes carry the pushed version.
@@ -40,13 +43,22 @@ from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, EnvNotFoundError, PolicyError, RlfleetError
 from rlfleet.learners.vpg import VPG
 from rlfleet.policies import MLPCategoricalPolicy
+from rlfleet.protocol.join import TaskAssignment
+from rlfleet.protocol.modes import Mode
+from rlfleet.protocol.unit_columns import UnitColumns
+from rlfleet.transport.rpc import UNIT_COLUMNS_CAPABILITY
+from rlfleet.v1 import updates_pb2, worker_pb2
+from rlfleet.wire import encode_task
 from tests import mlp_reference as ref
+from tests._coordinator_fakes import status as fleet_status
 from tests.node_support import (
     NODE,
     NODE_DIR,
     NODE_WORKER,
     node_present,  # noqa: F401 (autouse: skips without Node, fails under CI=true)
 )
+from tests.test_fleet_equivalence import assert_same_batch
+from tests.test_remote_worker import Connection, ScriptedCoordinator, env_update, welcome
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -287,6 +299,8 @@ def test_node_worker_serves_every_mode(
     with RemoteSampler(coordinator.address, seed=3, timeout=60) as sampler:
         ids = wait_for_workers(sampler, 1)
         assert sampler.status().workers[0].implementation.startswith("rlfleet-node/")
+        # Its tasks' units come as columns.
+        assert UNIT_COLUMNS_CAPABILITY in fleet_status(coordinator.address).workers[0].capabilities
         assert sampler.env_spec == JS_SPEC  # the Node worker's EnvReady, decoded by Python
 
         episodes = sampler.obtain_episodes(7)
@@ -338,6 +352,10 @@ def test_same_seeds_give_the_same_episodes_in_both_languages(
             processes.append(worker)
             with RemoteSampler(server.address, seed=21, timeout=60) as sampler:
                 wait_for_workers(sampler, 1)
+                # Both read their units as columns.
+                assert (
+                    UNIT_COLUMNS_CAPABILITY in fleet_status(server.address).workers[0].capabilities
+                )
                 batches.append(sampler.obtain_episodes(6))
             stop(worker)
     node, python = batches
@@ -442,6 +460,93 @@ def test_mixed_fleet_trains_with_pushed_parameters(
             assert any(not np.array_equal(after[k], params[k]) for k in params)
     code, stderr = stop(processes.pop())
     assert code == 0, stderr  # SIGTERM: leave gracefully, exit 0
+
+
+def node_episodes(connection: Connection, count: int) -> EpisodeBatch:
+    """The next ``count`` episodes the worker sends, in episode index order."""
+    episodes: list[EpisodeBatch] = []
+    while len(episodes) < count:
+        ((_, batch, _),) = connection.results(1)
+        episodes += batch.split()
+    return EpisodeBatch.concatenate(
+        *sorted(episodes, key=lambda e: int(e.episode_infos["episode_index"][0]))
+    )
+
+
+def test_node_worker_reads_units_as_columns_and_refuses_malformed_ones(
+    processes: list[subprocess.Popen[bytes]],
+) -> None:
+    """The same units as columns or as EpisodeUnit messages give the same episodes,
+    bit for bit; a Task the worker cannot read is refused by its id, and the stream goes on."""
+    scripted = ScriptedCoordinator()
+    try:
+        processes.append(start_node_worker(scripted.address, envs=3, name="node"))
+        connection = scripted.accept()
+        assert UNIT_COLUMNS_CAPABILITY in connection.next("hello").message.hello.capabilities
+        welcome(connection)
+        env_update(connection, 1, JS_ENV)
+        assert connection.next("env_ready").message.env_ready.generation == 1
+
+        # Indices past 2**32 and up to 2**53 - 1 stay exact.
+        indices = [*range(20), 2**40 + 3, 2**53 - 1]
+        units = UnitColumns.seeded(8, 2, indices)
+        batches = []
+        for task_id, as_columns in ((1, True), (2, False)):
+            task = TaskAssignment(task_id, 2, Mode.EPISODES.value, -1, 1, units=units)
+            message = encode_task(task, unit_columns=as_columns)
+            assert message.HasField("unit_columns") == as_columns
+            connection.send(task=message)
+            batches.append(node_episodes(connection, len(indices)))
+        from_columns, from_messages = batches
+        assert from_columns.episode_infos["episode_index"].tolist() == indices
+        for key, column in (("env_seed", units.env_seeds), ("policy_seed", units.policy_seeds)):
+            np.testing.assert_array_equal(from_columns.episode_infos[key], column)
+        assert_same_batch(from_messages, from_columns, {5})
+
+        def refused(task_id: int, **fields: object) -> str:
+            message = worker_pb2.Task(
+                task_id=task_id,
+                request_id=3,
+                mode=worker_pb2.SAMPLE_MODE_EPISODES,
+                agent_version=-1,
+                env_generation=1,
+                **fields,  # type: ignore[arg-type]
+            )
+            connection.send(task=message)
+            detail = connection.next("error").message.error.detail
+            assert (detail.kind, detail.task_id) == (updates_pb2.ERROR_KIND_PROTOCOL, task_id)
+            assert detail.message.startswith(f"task {task_id} asks for units it cannot decode")
+            return detail.message
+
+        two = worker_pb2.EpisodeUnitColumns(
+            episode_indices=bytes(16), env_seeds=bytes(8), policy_seeds=bytes(8)
+        )
+        short = worker_pb2.EpisodeUnitColumns(
+            episode_indices=bytes(16), env_seeds=bytes(8), policy_seeds=bytes(4)
+        )
+        assert "columns differ in length" in refused(10, unit_columns=short)
+        torn = worker_pb2.EpisodeUnitColumns(
+            episode_indices=bytes(16), env_seeds=bytes(7), policy_seeds=bytes(8)
+        )
+        assert "env_seeds holds 7 bytes" in refused(11, unit_columns=torn)
+        both = refused(12, unit_columns=two, units=[worker_pb2.EpisodeUnit(episode_index=1)])
+        assert "carries both units and unit_columns" in both
+        negative = worker_pb2.EpisodeUnitColumns(
+            episode_indices=np.array([0, -1], "<i8").tobytes(),
+            env_seeds=bytes(8),
+            policy_seeds=bytes(8),
+        )
+        assert "episode_indices[1]: -1 is negative" in refused(13, unit_columns=negative)
+        # The stream goes on: the next task is served.
+        connection.send(
+            task=encode_task(
+                TaskAssignment(14, 4, Mode.EPISODES.value, -1, 1, units=units), unit_columns=True
+            )
+        )
+        again = node_episodes(connection, len(indices))
+        assert_same_batch(from_columns, again, {5})
+    finally:
+        scripted.stop()
 
 
 def test_node_worker_passes_the_conformance_kit() -> None:

@@ -36,10 +36,11 @@ import { decodeTensorMap } from '../tensor.js';
 import { JoinStream } from './connection.js';
 import { VecRunner } from './runner.js';
 import { TaskBook } from './tasks.js';
+import { UNIT_COLUMNS_CAPABILITY, readTaskUnits } from './units.js';
 
 // No "rlfleet.leases": this worker hosts no step-level env leases, so
 // coordinators place none on it (protos/rlfleet/v1/leases.proto).
-export const CAPABILITIES = Object.freeze(['rlfleet.episodes', 'rlfleet.fragments']);
+export const CAPABILITIES = Object.freeze(['rlfleet.episodes', 'rlfleet.fragments', UNIT_COLUMNS_CAPABILITY]);
 export const IMPLEMENTATION = 'rlfleet-node/0.1.0';
 
 /** Room left in a message for the envelope around a chunk. */
@@ -535,11 +536,13 @@ class Session {
     } else if (task.mode === SampleMode.SAMPLE_MODE_FRAGMENTS && task.fragment_length < 1) {
       problem = 'a FRAGMENTS task needs fragment_length >= 1';
     }
+    const { units, unreadable } = readTaskUnits(task);
+    problem = unreadable || problem;
     if (problem !== null) {
       this.sendError(new ProtocolError(`task ${taskId} asks for ${problem}`), taskId);
       return;
     }
-    this.book.add(task);
+    this.book.add(task, units);
   }
 
   /**

@@ -12,6 +12,7 @@ import { toBigInt, toSafeInt } from '../int64.js';
 
 /** @typedef {import('./runner.js').Unit} Unit */
 /** @typedef {import('./runner.js').VecRunner} VecRunner */
+/** @typedef {import('./units.js').UnitRow} UnitRow */
 
 /**
  * @typedef {object} EpisodeTask
@@ -51,11 +52,13 @@ export class TaskBook {
   }
 
   /**
-   * Takes a Task message (its versions and mode already checked).
+   * Takes a Task message (its versions and mode already checked) and, for
+   * episodes, its units (./units.js taskUnits: either form, decoded).
    *
    * @param {any} task
+   * @param {UnitRow[]} [units]
    */
-  add(task) {
+  add(task, units = []) {
     const taskId = toSafeInt(task.task_id, 'Task.task_id');
     const common = {
       taskId,
@@ -79,10 +82,9 @@ export class TaskBook {
       entry = { ...common, remaining: new Set() };
       this.episodeTasks.set(taskId, entry);
     }
-    for (const unit of task.units) {
-      const episodeIndex = toSafeInt(unit.episode_index, 'EpisodeUnit.episode_index');
+    for (const { episodeIndex, envSeed, policySeed } of units) {
       entry.remaining.add(episodeIndex);
-      this.pending.push({ episodeIndex, envSeed: unit.env_seed, policySeed: unit.policy_seed, task: taskId });
+      this.pending.push({ episodeIndex, envSeed, policySeed, task: taskId });
     }
     this.feed();
   }
