@@ -254,7 +254,7 @@ class InProcessLink:
     the coordinator's handling of the frame on the caller's thread (no
     socket, no wake-up of the relay's loop), and the coordinator's frames
     wait in a queue for :meth:`receive`. Its coordinator side is
-    ``rlfleet.coordinator.leases.data_server.InProcessConnection``, which
+    ``rlfleet.coordinator.leases.data_connections.InProcessConnection``, which
     makes it.
 
     Args:
