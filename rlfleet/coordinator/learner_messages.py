@@ -234,13 +234,13 @@ def serialize_result_channel(opened: tuple[int, int, bytes] | None) -> bytes:
     return message.SerializeToString()
 
 
-def parse_result_channel_request(data: bytes) -> None:
-    """Reads a ResultChannelRequest (it has no fields).
+def parse_result_channel_request(data: bytes) -> learner_pb2.ResultChannelRequest:
+    """Reads a ResultChannelRequest (it has no fields; gRPC takes None for a failure).
 
     Raises:
         DecodeError: If the bytes do not parse.
     """
-    learner_pb2.ResultChannelRequest.FromString(data)
+    return learner_pb2.ResultChannelRequest.FromString(data)
 
 
 def _header(header: CallHeader) -> learner_pb2.SampleHeader:
