@@ -118,7 +118,7 @@ def test_a_connection_cut_mid_answer_fails_the_call_and_the_retry_is_right(
                     assert isinstance(link, LeaseDataLink)
                     link.close()  # as a network that drops the connection
 
-            with pytest.raises(UnavailableError, match="mid-answer.*retry"):
+            with pytest.raises(UnavailableError, match=r"mid-answer.*retry"):
                 sampler.obtain_episodes(6, progress=cut_at_first_result)
             assert cut.is_set()
             assert sampler.result_route.carrier == "grpc"  # the cut connection was dropped
