@@ -15,6 +15,7 @@ from typing import TypeAlias
 
 import grpc
 
+from rlfleet.client._errors import call_error
 from rlfleet.client._updates import (
     AgentUpdateForm,
     EnvUpdateForm,
@@ -139,9 +140,18 @@ class LearnerStubs:
         return self._update_env(push, timeout=timeout)
 
     def open_result_channel(self, *, timeout: float | None) -> tuple[int, int, bytes] | None:
-        """OpenResultChannel: ``(channel id, port, ticket)``; None without a data channel
-        (an old coordinator's UNIMPLEMENTED is a ``grpc.RpcError``)."""
-        return self._open_result_channel(None, timeout=timeout)
+        """OpenResultChannel: ``(channel id, port, ticket)``; None without a data
+        channel, and from a coordinator that does not know the method (UNIMPLEMENTED).
+
+        Raises:
+            RlfleetError: The typed error of another failure.
+        """
+        try:
+            return self._open_result_channel(None, timeout=timeout)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # an older coordinator
+                return None
+            raise call_error(exc, what="OpenResultChannel", timeout=timeout) from None
 
     def status(self, *, timeout: float | None) -> FleetStatus:
         """GetStatus.

@@ -29,8 +29,6 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-import grpc
-
 from rlfleet.client._learner_messages import (
     LearnerStubs,
     ResponsePart,
@@ -40,6 +38,7 @@ from rlfleet.client._learner_messages import (
 from rlfleet.errors import (
     ConnectionClosedError,
     ProtocolError,
+    RlfleetError,
     RlfleetTimeoutError,
     UnavailableError,
 )
@@ -126,13 +125,11 @@ class ResultRoute:
         wait = DATA_DIAL_SECONDS if timeout is None else min(timeout, DATA_DIAL_SECONDS)
         try:
             opened = self._stubs.open_result_channel(timeout=wait)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # an older coordinator
-                self._grpc_only = True
-            else:  # tried again on the next call; this one reports its own failure
-                logger.debug("OpenResultChannel on %s failed: %s", self._address, exc)
+        except RlfleetError as exc:  # tried again on the next call
+            # The Sample call that follows reports the coordinator's trouble itself.
+            logger.debug("OpenResultChannel on %s failed: %s", self._address, exc)
             return None
-        if opened is None:  # the coordinator serves no data channel
+        if opened is None:  # no data channel, or an older coordinator
             self._grpc_only = True
             return None
         channel, port, ticket = opened

@@ -22,9 +22,7 @@ import logging
 import threading
 from collections.abc import Iterable
 
-import grpc
-
-from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.failures import unavailable
 from rlfleet.coordinator.learner_messages import result_call_field, results_end
 from rlfleet.coordinator.leases.data_connections import LeaseConnection, LeaseDataPeer
 from rlfleet.coordinator.leases.data_server import LeaseDataServer
@@ -152,8 +150,7 @@ class ResultSender:
                 self._connection.send_parts(parts, RESULT_SEND_SECONDS)
                 self.sent += 1
         except (ConnectionClosedError, RlfleetTimeoutError) as exc:
-            raise CallError(
-                grpc.StatusCode.UNAVAILABLE,
+            raise unavailable(
                 f"the learner's results connection failed mid-answer ({exc}); the answer is "
                 "dropped whole: retry the request",
             ) from None
