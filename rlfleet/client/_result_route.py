@@ -137,10 +137,9 @@ class ResultRoute:
         if self.attach is not None:
             try:
                 self._link = self.attach(hello)
-            except UnavailableError as exc:
+            except UnavailableError as exc:  # the learner dials as any learner would
                 logger.info("results connection: %s; dialling its data port instead", exc)
-                return None  # the ticket was used up; the next call asks for another
-        else:
+        if self._link is None:
             host = coordinator_host(self._address)
             try:
                 tls = self._security.tls
