@@ -74,7 +74,7 @@ def warn_unreachable(host: str, port: int, who: str, reason: str) -> None:
     if not _unreachable.first(key):
         return
     logger.warning(
-        "%s cannot use the lease data channel at %s (%s); lease traffic stays on gRPC, which "
+        "%s cannot use the lease data channel at %s (%s); its traffic stays on gRPC, which "
         "is several times slower. Open TCP port %d of the coordinator to this host (Service, "
         "NetworkPolicy, firewall, proxy) or start the coordinator with --lease-data-listen",
         who,
