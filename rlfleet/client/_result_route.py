@@ -24,8 +24,10 @@ says what to open).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -84,19 +86,44 @@ class ResultRoute:
         self._channel = 0
         self._calls = 0
         self._grpc_only = False  # no data channel to use: every answer on gRPC
+        # One call at a time reads the connection (shards may run two calls on
+        # one coordinator at once): another call meanwhile takes gRPC.
+        self._lock = threading.Lock()
+        self._busy = False
 
     @property
     def carrier(self) -> str:
         """``"data"`` while a results connection is open, else ``"grpc"``."""
         return "data" if self._link is not None else "grpc"
 
+    @contextlib.contextmanager
+    def routed(
+        self, ask: SampleAsk, timeout: float | None
+    ) -> Iterator[tuple[SampleAsk, DataResults | None]]:
+        """:meth:`prepare` for one call, and :meth:`finished` when it is over."""
+        ask, data = self.prepare(ask, timeout)
+        try:
+            yield ask, data
+        finally:
+            self.finished(data)
+
     def prepare(
         self, ask: SampleAsk, timeout: float | None
     ) -> tuple[SampleAsk, DataResults | None]:
         """``ask`` naming the results connection (opened if needed), and the reader of
-        its frames; ``(ask, None)`` when results stay on gRPC."""
-        link = self._open(timeout)
+        its frames; ``(ask, None)`` when results stay on gRPC (then, or once
+        the call is over, :meth:`finished` must follow)."""
+        with self._lock:
+            if self._busy:
+                return ask, None
+            self._busy = True
+        try:
+            link = self._open(timeout)
+        except BaseException:
+            self._busy = False
+            raise
         if link is None:
+            self._busy = False
             return ask, None
         self._calls += 1
         ask = dataclasses.replace(ask, result_channel=self._channel, result_call=self._calls)
@@ -105,8 +132,11 @@ class ResultRoute:
     def finished(self, data: DataResults | None) -> None:
         """A call that named the connection is over: a connection the coordinator did
         not take, or whose frames of the call were not all read, is dropped."""
-        if data is not None and not data.clean:
+        if data is None:
+            return
+        if not data.clean:
             self.drop()
+        self._busy = False
 
     def drop(self) -> None:
         """Closes the results connection; the next call opens a new one."""

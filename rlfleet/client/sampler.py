@@ -599,16 +599,15 @@ class RemoteSampler(ClosesOnExit):
             env_update=env,
             coordinator_id=self._pushed.expected_id,
         )
-        ask, data = self.result_route.prepare(ask, self.timeout)
-        call = self._stubs.sample(ask, timeout=self.timeout)
-        try:
-            reader = ResponseReader(self._what("Sample"), self._env_spec_of, keep_pieces=True)
-            answer = collect_answer(call, reader, ask.mode, ask.amount, progress, data=data)
-        except grpc.RpcError as exc:
-            raise self._failed(exc, "Sample", timeout=self.timeout) from None
-        finally:
-            call.cancel()  # a no-op after a complete answer; frees the call on errors
-            self.result_route.finished(data)
+        with self.result_route.routed(ask, self.timeout) as (ask, data):
+            call = self._stubs.sample(ask, timeout=self.timeout)
+            try:
+                reader = ResponseReader(self._what("Sample"), self._env_spec_of, keep_pieces=True)
+                answer = collect_answer(call, reader, ask.mode, ask.amount, progress, data=data)
+            except grpc.RpcError as exc:
+                raise self._failed(exc, "Sample", timeout=self.timeout) from None
+            finally:
+                call.cancel()  # a no-op after a complete answer; frees the call on errors
         self._requests += counted
         self._agent_version = answer.header.agent_version
         if env is not None:
