@@ -17,7 +17,7 @@ UNAVAILABLE, so the learner never assembles a partial answer.
 
 from __future__ import annotations
 
-import itertools
+import secrets
 import logging
 import threading
 from collections.abc import Iterable
@@ -48,7 +48,6 @@ class ResultChannels:
 
     def __init__(self, server: LeaseDataServer | None) -> None:
         self._server = server
-        self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._open: dict[int, LeaseConnection] = {}
         self._busy: set[int] = set()
@@ -59,7 +58,8 @@ class ResultChannels:
         server = self._server
         if server is None:
             return None
-        channel = next(self._ids)
+        # Random, not counted: a learner cannot name another's connection.
+        channel = secrets.randbits(63) | 1
         ticket = server.issue(lambda connection: self._attach(channel, connection))
         with self._lock:
             self._unclaimed[channel] = ticket
