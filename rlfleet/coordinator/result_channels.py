@@ -17,8 +17,8 @@ UNAVAILABLE, so the learner never assembles a partial answer.
 
 from __future__ import annotations
 
-import secrets
 import logging
+import secrets
 import threading
 from collections.abc import Iterable
 
