@@ -226,10 +226,11 @@ class DataResults:
             try:
                 payload = link.receive_message(left)
             except RlfleetTimeoutError:
+                # Worded as the call's own deadline is (rlfleet.transport.rpc).
                 raise RlfleetTimeoutError(
-                    f"Sample on coordinator {self._address}: its results did not all arrive on "
-                    f"the results connection within the call's timeout of {self._timeout:g} "
-                    "seconds"
+                    f"Sample on coordinator {self._address}: no answer within "
+                    f"{self._timeout:g} seconds (its results had not all arrived on the results "
+                    "connection)"
                 ) from None
             except (ConnectionClosedError, OSError) as exc:
                 payload, why = None, f"{type(exc).__name__}: {exc}"
