@@ -6,8 +6,9 @@ process, whose learner attaches in memory): the results of every answer
 arrive as frames on the sampler's own data connection, up to the end
 marker, and the batch equals LocalSampler's bit for bit; a connection cut
 mid-answer fails that call with a retryable UnavailableError and the retry
-returns the right batch; a data port that cannot be reached, or a
-coordinator without one, keeps the results on the Sample stream; a sampler
+returns the right batch; a data port that cannot be reached, a
+coordinator without one, or one that does not know the method keeps the
+results on the Sample stream; a sampler
 over two coordinators uses one connection to each.
 """
 
@@ -16,16 +17,22 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from rlfleet.client import Fleet, RemoteSampler
+from rlfleet.client._learner_messages import LearnerStubs
 from rlfleet.client._result_route import DataResults, ResultRoute
 from rlfleet.coordinator.config import LEASE_DATA_OFF
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import UnavailableError
+from rlfleet.protocol.learner_calls import SampleAsk
+from rlfleet.security import ClientSecurity
+from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.lease_channel import InProcessLink, LeaseDataLink
 from tests._coordinator_fakes import assert_same_batch
 from tests.fleet_processes import (
@@ -177,3 +184,22 @@ def test_a_sampler_over_two_coordinators_reads_each_on_its_own_connection(
         assert_same_batch(sampler.obtain_episodes(12), expected[0])
         for recorder in recorders:
             assert recorder.all_on_data()
+
+
+def test_a_coordinator_that_does_not_know_the_method_keeps_results_on_grpc() -> None:
+    # An older coordinator answers OpenResultChannel with UNIMPLEMENTED (a
+    # server without the method is one).
+    server = grpc.server(ThreadPoolExecutor(2))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = _rpc.open_channel(f"127.0.0.1:{port}", security=ClientSecurity.from_options())
+    try:
+        stubs = LearnerStubs(channel)
+        route = ResultRoute(f"127.0.0.1:{port}", stubs, ClientSecurity.from_options(), 1 << 20)
+        ask = SampleAsk(2, 4)
+        for _ in range(2):  # asked once: the answer holds for the sampler's life
+            assert route.prepare(ask, 10.0) == (ask, None)
+        assert route.carrier == "grpc"
+    finally:
+        channel.close()
+        server.stop(None)
