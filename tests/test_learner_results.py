@@ -29,7 +29,7 @@ from rlfleet.client._learner_messages import LearnerStubs
 from rlfleet.client._result_route import DataResults, ResultRoute
 from rlfleet.coordinator.config import LEASE_DATA_OFF
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import UnavailableError
+from rlfleet.errors import EnvError, UnavailableError
 from rlfleet.protocol.learner_calls import SampleAsk
 from rlfleet.security import ClientSecurity
 from rlfleet.transport import rpc as _rpc
@@ -203,3 +203,26 @@ def test_a_coordinator_that_does_not_know_the_method_keeps_results_on_grpc() -> 
     finally:
         channel.close()
         server.stop(None)
+
+
+def test_an_error_mid_answer_arrives_after_the_end_marker_and_keeps_the_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    crashing = EnvConfig(
+        "rlfleet/Crashing-v0", {"crash_at_step": 3, "length": 5}, imports=(TEST_ENVS_MODULE,)
+    )
+    with (
+        Fleet.local(workers=1, envs_per_worker=2, env=crashing, seed=SEED) as fleet_sampler,
+        RemoteSampler(fleet_sampler.address, seed=SEED, timeout=60) as sampler,
+    ):
+        calls = Calls(sampler.result_route, monkeypatch)
+        with pytest.raises(EnvError, match="step 3"):
+            sampler.obtain_episodes(10)
+        # The coordinator ended the call's frames with the marker before its
+        # error status: the connection holds nothing of the call and is kept.
+        (data,) = calls.reads
+        assert data is not None and data.ended
+        link = sampler.result_route._link
+        with pytest.raises(EnvError):
+            sampler.obtain_episodes(10)
+        assert sampler.result_route._link is link
