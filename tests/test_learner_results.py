@@ -28,6 +28,7 @@ from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.client._learner_messages import LearnerStubs
 from rlfleet.client._result_route import DataResults, ResultRoute
 from rlfleet.coordinator.config import LEASE_DATA_OFF
+from rlfleet.coordinator.result_channels import ResultChannels
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import EnvError, UnavailableError
 from rlfleet.protocol.learner_calls import SampleAsk
@@ -226,3 +227,30 @@ def test_an_error_mid_answer_arrives_after_the_end_marker_and_keeps_the_connecti
         with pytest.raises(EnvError):
             sampler.obtain_episodes(10)
         assert sampler.result_route._link is link
+
+
+def test_a_call_that_overtakes_its_connections_booking_still_gets_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The learner has LeaseDataAccepted a moment before the coordinator books
+    # the connection: here the booking waits until the call has asked for it.
+    asked = threading.Event()
+    take, attach = ResultChannels.take, ResultChannels._attach
+
+    def asking(self: ResultChannels, channel: int, call: int) -> Any:
+        asked.set()
+        return take(self, channel, call)
+
+    def late(self: ResultChannels, channel: int, connection: Any) -> Any:
+        assert asked.wait(60), "no call asked for the connection"
+        return attach(self, channel, connection)
+
+    monkeypatch.setattr(ResultChannels, "take", asking)
+    monkeypatch.setattr(ResultChannels, "_attach", late)
+    with (
+        Fleet.local(workers=1, envs_per_worker=2, seed=SEED) as fleet_sampler,
+        RemoteSampler(fleet_sampler.address, seed=SEED) as sampler,
+    ):
+        calls = Calls(sampler.result_route, monkeypatch)
+        assert_same_batch(sampler.obtain_episodes(4), local_episodes(CARTPOLE, 4, seed=SEED)[0])
+        assert calls.all_on_data()

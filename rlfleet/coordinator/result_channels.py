@@ -36,6 +36,10 @@ RESULT_SEND_SECONDS = 60.0
 #: Results connections whose ticket was not presented yet, at most (the
 #: oldest ticket is revoked past it).
 _UNCLAIMED_TICKETS = 256
+#: How long a call naming a connection whose ticket was not attached yet
+#: waits for it: the learner gets LeaseDataAccepted a moment before the
+#: connection is booked here (data_server.py sends it first).
+_ATTACH_WAIT_SECONDS = 10.0
 
 
 class ResultChannels:
@@ -52,6 +56,7 @@ class ResultChannels:
         self._open: dict[int, LeaseConnection] = {}
         self._busy: set[int] = set()
         self._unclaimed: dict[int, bytes] = {}
+        self._attached = threading.Condition(self._lock)
 
     def open(self) -> tuple[int, int, bytes] | None:
         """A new results connection's ``(id, port, ticket)``; None without a data channel."""
@@ -66,15 +71,19 @@ class ResultChannels:
             if len(self._unclaimed) > _UNCLAIMED_TICKETS:
                 oldest = next(iter(self._unclaimed))
                 server.revoke(self._unclaimed.pop(oldest))
+                self._attached.notify_all()
         return channel, server.port, ticket
 
     def take(self, channel: int, call: int) -> ResultSender | None:
         """The sender of a call's results on connection ``channel``; None (results
         on the stream) for a connection this coordinator does not know, one
-        that is closed or busy with another call, or a call number of 0."""
+        that is closed or busy with another call, or a call number of 0. A
+        connection whose ticket was issued but not attached yet is waited
+        for, at most ``_ATTACH_WAIT_SECONDS``."""
         if call <= 0:
             return None
         with self._lock:
+            self._attached.wait_for(lambda: channel not in self._unclaimed, _ATTACH_WAIT_SECONDS)
             connection = self._open.get(channel)
             if connection is None or connection.closed or channel in self._busy:
                 return None
@@ -90,6 +99,7 @@ class ResultChannels:
         with self._lock:
             self._unclaimed.pop(channel, None)
             self._open[channel] = connection
+            self._attached.notify_all()
         return _ResultsPeer(self, channel)
 
     def _closed(self, channel: int, reason: str) -> None:
