@@ -16,6 +16,7 @@ import select
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Iterator
@@ -347,8 +348,12 @@ def test_an_mtls_fleet_carries_leases_on_the_data_channel(tmp_path: Path) -> Non
                     venv.reset(seed=0)
                     obs, _, _, _, _ = venv.step(np.zeros(2, np.int64))
                     assert obs.shape == (2, 4)
-                # The worker's results take its data connection, over TLS too.
+                # The worker's results take its data connection, over TLS too,
+                # and the answer's results the sampler's own, with its certificate.
                 assert sampler.obtain_episodes(2).n_episodes == 2
+                link = sampler.result_route._link
+                assert isinstance(link, LeaseDataLink)
+                assert isinstance(link._sock, ssl.SSLSocket)
             for party in ("learner", "worker", "results"):
                 assert registry.get_sample_value(
                     "rlfleet_lease_data_frames_total", {"party": party}

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from rlfleet.client import Fleet, RemoteVectorEnv
-from rlfleet.coordinator.leases.data_server import (
+from rlfleet.coordinator.leases.data_connections import (
     InProcessConnection,
     LeaseConnection,
     LeaseDataPeer,
-    LeaseDataServer,
 )
+from rlfleet.coordinator.leases.data_server import LeaseDataServer
 from rlfleet.coordinator.leases.translation import hello_ticket
 from rlfleet.errors import ProtocolError, UnavailableError
 from rlfleet.transport.lease_channel import InProcessLink

@@ -121,9 +121,9 @@ class CoordinatorSettings(ServerSecurityOptions, ConfigOptions):
     lease_data_listen: str = option(
         "auto",
         "HOST:PORT of the lease data channel, a framed TCP port that learners and workers "
-        "dial for lease calls and replies (much cheaper than gRPC; docs/protocol.md); auto: "
-        "the --listen host and port + 2 (50053 beside 50051; + 1 is the usual "
-        "--health-listen); off: lease traffic stays on gRPC",
+        "dial for lease calls and replies, workers' results and samplers' answers (much "
+        "cheaper than gRPC; docs/protocol.md); auto: the --listen host and port + 2 (50053 "
+        "beside 50051; + 1 is the usual --health-listen); off: that traffic stays on gRPC",
         metavar="HOST:PORT|auto|off",
     )
     health_listen: str | None = option(

@@ -15,6 +15,7 @@ from typing import TypeAlias
 
 import grpc
 
+from rlfleet.client._errors import call_error
 from rlfleet.client._updates import (
     AgentUpdateForm,
     EnvUpdateForm,
@@ -115,6 +116,11 @@ class LearnerStubs:
             request_serializer=_update_request,
             response_deserializer=_update_receipt,
         )
+        self._open_result_channel = channel.unary_unary(
+            _rpc.OPEN_RESULT_CHANNEL,
+            request_serializer=_result_channel_request,
+            response_deserializer=_result_channel_opened,
+        )
         self._get_status = channel.unary_unary(
             _rpc.GET_STATUS,
             request_serializer=_status_request,
@@ -132,6 +138,20 @@ class LearnerStubs:
     def update_env(self, push: UpdatePush, *, timeout: float | None) -> UpdateReceipt:
         """UpdateEnv."""
         return self._update_env(push, timeout=timeout)
+
+    def open_result_channel(self, *, timeout: float | None) -> tuple[int, int, bytes] | None:
+        """OpenResultChannel: ``(channel id, port, ticket)``; None without a data
+        channel, and from a coordinator that does not know the method (UNIMPLEMENTED).
+
+        Raises:
+            RlfleetError: The typed error of another failure.
+        """
+        try:
+            return self._open_result_channel(None, timeout=timeout)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # an older coordinator
+                return None
+            raise call_error(exc, what="OpenResultChannel", timeout=timeout) from None
 
     def status(self, *, timeout: float | None) -> FleetStatus:
         """GetStatus.
@@ -165,6 +185,8 @@ def _sample_request(ask: SampleAsk) -> bytes:
         itr=ask.itr,
         coordinator_id=ask.coordinator_id,
         first_episode=ask.first_episode,
+        result_channel=ask.result_channel,
+        result_call=ask.result_call,
     )
     if ask.seed is not None:
         request.seed = ask.seed
@@ -184,6 +206,17 @@ def _subscribe_request(ask: SubscribeAsk) -> bytes:
     if ask.seed is not None:
         request.seed = ask.seed
     return request.SerializeToString()
+
+
+def _result_channel_request(_: None) -> bytes:
+    return learner_pb2.ResultChannelRequest().SerializeToString()
+
+
+def _result_channel_opened(data: bytes) -> tuple[int, int, bytes] | None:
+    opened = learner_pb2.ResultChannelOpened.FromString(data)
+    if not opened.HasField("data"):
+        return None
+    return opened.channel_id, opened.data.port, opened.data.ticket
 
 
 def _status_request(ask: StatusAsk) -> bytes:
@@ -224,13 +257,43 @@ def parse_response(data: bytes) -> ResponsePart:
             header.env_generation,
             header.coordinator_id,
             spec,
+            header.results_on_data,
         )
     if body == "footer":
         footer = message.footer
         return Footer(
-            footer.num_episodes, footer.total_steps, footer.workers_used, footer.reassigned_units
+            footer.num_episodes,
+            footer.total_steps,
+            footer.workers_used,
+            footer.reassigned_units,
+            footer.data_results,
         )
     return EmptyResponse()
+
+
+@dataclass(frozen=True)
+class ResultsEnd:
+    """A results connection's end marker of a call: ``results`` result frames came."""
+
+    results: int
+
+
+def parse_result_frame(
+    data: bytes | bytearray,
+) -> tuple[int, ResultPart | ResultsEnd | EmptyResponse]:
+    """Reads one frame of a results connection: its call's number and what it holds
+    (a result message's chunk stays a view of ``data``).
+
+    Raises:
+        WireFormatError: If the bytes are malformed.
+    """
+    message, chunk = parse_with_chunk(learner_pb2.SampleResponse, data, _rpc.RESPONSE_CHUNK_PATH)
+    body = message.WhichOneof("body")
+    if body == "result":
+        return message.result_call, ResultPart(ResultHeader.of(message.result), chunk)
+    if body == "results_end":
+        return message.result_call, ResultsEnd(message.results_end.results)
+    return message.result_call, EmptyResponse()
 
 
 def _update_receipt(data: bytes) -> UpdateReceipt:
@@ -301,5 +364,6 @@ __all__ = [
     "env_change_of",
     "fleet_status_of",
     "parse_response",
+    "parse_result_frame",
     "subscribe",
 ]

@@ -10,11 +10,13 @@ stream read those through :class:`ResponseReader`.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeAlias
 
 from rlfleet.client._learner_messages import ResponsePart
+from rlfleet.client._result_route import DataResults
 from rlfleet.core import EnvSpec
 from rlfleet.errors import ProtocolError, UnavailableError
 from rlfleet.protocol.learner_calls import CallHeader, ResultPart
@@ -101,6 +103,8 @@ def collect_answer(
     mode: int,
     amount: int,
     progress: Callable[[int, int], None] | None,
+    *,
+    data: DataResults | None = None,
 ) -> SampleAnswer:
     """Reads a Sample call's responses into its answer.
 
@@ -110,28 +114,51 @@ def collect_answer(
         mode: The request's ``SampleMode`` (progress counts episodes in EPISODES).
         amount: What the request asked for.
         progress: Called with (done, amount) as results land.
+        data: The result frames of the call's results connection, when the
+            request named one: read, up to their end marker, where the
+            header says the results travel there (before the footer).
 
     Raises:
-        ProtocolError: If a footer comes before any header.
-        UnavailableError: If the answer ends before its footer.
+        ProtocolError: If a footer comes before any header, or the results
+            came on a connection the request did not name, or their count
+            is not the footer's.
+        UnavailableError: If the answer ends before its footer, or its
+            results connection before its end marker.
     """
     header: AnswerHeader | None = None
     results: list[Result] = []
     done = 0
+    on_data = None
     for item in call:
-        response = reader.read(item)
-        if isinstance(response, DecodedResult | ScatteredResult):
-            results.append(response)
-            if progress is not None:
-                arrays = response.arrays
-                done += arrays.n_episodes if mode == Mode.EPISODES else arrays.total_steps
-                progress(min(done, amount), amount)
-        elif isinstance(response, AnswerHeader):
-            header = response
-        elif isinstance(response, Footer):
-            if header is None:
-                raise ProtocolError(f"{reader.what}: a footer came before any header")
-            return SampleAnswer(header, response, results)
+        if isinstance(item, CallHeader) and item.results_on_data:
+            if data is None:
+                raise ProtocolError(
+                    f"{reader.what}: the header puts the results on a results connection the "
+                    "request did not name"
+                )
+            on_data = data
+        first = reader.read(item)
+        # After the header of an answer on the results connection: its results.
+        parts = () if on_data is None or on_data.used else on_data.parts()
+        for response in itertools.chain((first,), map(reader.read, parts)):
+            if isinstance(response, DecodedResult | ScatteredResult):
+                results.append(response)
+                if progress is not None:
+                    arrays = response.arrays
+                    done += arrays.n_episodes if mode == Mode.EPISODES else arrays.total_steps
+                    progress(min(done, amount), amount)
+            elif isinstance(response, AnswerHeader):
+                header = response
+            elif isinstance(response, Footer):
+                if header is None:
+                    raise ProtocolError(f"{reader.what}: a footer came before any header")
+                sent = 0 if on_data is None else on_data.count
+                if response.data_results != sent:
+                    raise ProtocolError(
+                        f"{reader.what}: the footer counts {response.data_results} results on "
+                        f"the results connection, {sent} arrived there"
+                    )
+                return SampleAnswer(header, response, results)
     raise UnavailableError(
         f"{reader.what}: the answer ended before its footer (the coordinator went away?); retry"
     )

@@ -233,6 +233,9 @@ class Fleet:
                 timeout=timeout,
                 token=learner_token,
             )
+            if server is not None and server.coordinator.lease_data is not None:
+                # Its coordinator runs in this process: results need no socket.
+                sampler.result_route.attach = server.coordinator.lease_data.attach_in_process
             for i in range(workers):
                 name = f"local-{i}"
                 processes.append(

@@ -35,6 +35,7 @@ from rlfleet.client._learner_messages import (
 )
 from rlfleet.client._responses import ResponseReader, SampleAnswer, collect_answer
 from rlfleet.client._restore import PushedState
+from rlfleet.client._result_route import ResultRoute
 from rlfleet.client.shards import ShardSet, parse_addresses, random_seed
 from rlfleet.client.status import FleetStatus, count_workers
 from rlfleet.client.stream import STREAM_WINDOW_BYTES, SampleStream, subscribe_ask
@@ -177,6 +178,10 @@ class RemoteSampler(ClosesOnExit):
             addresses[0], max_message_bytes=max_message_bytes, security=self._security
         )
         self._stubs = LearnerStubs(self._channel)
+        #: Where Sample answers' results travel (rlfleet.client._result_route).
+        self.result_route = ResultRoute(
+            addresses[0], self._stubs, self._security, max_message_bytes
+        )
         self._requests = 0
         self._pushed = PushedState()
         self._agent_version: int | None = None
@@ -492,6 +497,7 @@ class RemoteSampler(ClosesOnExit):
         """Closes the channel (idempotent)."""
         if not self._closed:
             self._closed = True
+            self.result_route.close()
             self._channel.close()
             if self._shards is not None:
                 self._shards.close()
@@ -593,14 +599,15 @@ class RemoteSampler(ClosesOnExit):
             env_update=env,
             coordinator_id=self._pushed.expected_id,
         )
-        call = self._stubs.sample(ask, timeout=self.timeout)
-        try:
-            reader = ResponseReader(self._what("Sample"), self._env_spec_of, keep_pieces=True)
-            answer = collect_answer(call, reader, ask.mode, ask.amount, progress)
-        except grpc.RpcError as exc:
-            raise self._failed(exc, "Sample", timeout=self.timeout) from None
-        finally:
-            call.cancel()  # a no-op after a complete answer; frees the call on errors
+        with self.result_route.routed(ask, self.timeout) as (ask, data):
+            call = self._stubs.sample(ask, timeout=self.timeout)
+            try:
+                reader = ResponseReader(self._what("Sample"), self._env_spec_of, keep_pieces=True)
+                answer = collect_answer(call, reader, ask.mode, ask.amount, progress, data=data)
+            except grpc.RpcError as exc:
+                raise self._failed(exc, "Sample", timeout=self.timeout) from None
+            finally:
+                call.cancel()  # a no-op after a complete answer; frees the call on errors
         self._requests += counted
         self._agent_version = answer.header.agent_version
         if env is not None:

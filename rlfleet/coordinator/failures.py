@@ -43,6 +43,11 @@ def invalid(message: str) -> CallError:
     return CallError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
+def unavailable(message: str) -> CallError:
+    """An UNAVAILABLE failure (retrying may succeed)."""
+    return CallError(grpc.StatusCode.UNAVAILABLE, message)
+
+
 def detail_of(kind: int, message: str, *, worker: str = "") -> ErrorReport:
     """A coordinator-made report of ``kind`` (an ``ErrorKind`` value)."""
     return ErrorReport(kind, message, worker=worker)

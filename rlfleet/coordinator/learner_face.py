@@ -2,7 +2,9 @@
 
 Only plumbing lives here: the calls' (de)serializers turn messages into
 rlfleet types and back (``learner_messages``), the Coordinator serves them,
-and a CallError becomes the call's gRPC status.
+and a CallError becomes the call's gRPC status. A Sample call that names
+the learner's results connection sends its result messages there
+(``result_channels``); its stream keeps the header, footer and errors.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from typing import TypeVar
 import grpc
 
 from rlfleet.coordinator import learner_messages
-from rlfleet.coordinator.calls import CallScope, Event
+from rlfleet.coordinator.calls import CallScope, Event, Finished, Forward
 from rlfleet.coordinator.coordinator import Coordinator
 from rlfleet.coordinator.failures import CallError
-from rlfleet.coordinator.learner_messages import WireResponse
+from rlfleet.coordinator.learner_messages import WireResponse, forwarded_parts
 from rlfleet.coordinator.leases import translation as lease_translation
 from rlfleet.coordinator.leases.face import LeaseFace
+from rlfleet.coordinator.result_channels import ResultChannels, ResultSender
 from rlfleet.coordinator.status import FleetSnapshot
 from rlfleet.coordinator.worker_face import Malformed, tolerant
 from rlfleet.protocol.learner_calls import SampleAsk, StatusAsk, SubscribeAsk, UpdateReceipt
@@ -40,6 +43,7 @@ class LearnerFace:
     def __init__(self, coordinator: Coordinator) -> None:
         self._coordinator = coordinator
         self._learners = coordinator.learners
+        self._results = ResultChannels(coordinator.lease_data)
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a server."""
@@ -77,6 +81,11 @@ class LearnerFace:
                 request_deserializer=tolerant(lease_translation.parse_request),
                 response_serializer=None,  # the lease face yields serialized responses
             ),
+            "OpenResultChannel": grpc.unary_unary_rpc_method_handler(
+                timed("OpenResultChannel", _parsed(self.open_result_channel)),
+                request_deserializer=tolerant(messages.parse_result_channel_request),
+                response_serializer=messages.serialize_result_channel,
+            ),
             "GetStatus": grpc.unary_unary_rpc_method_handler(
                 timed("GetStatus", _parsed(self.get_status)),
                 request_deserializer=tolerant(messages.parse_status_request),
@@ -86,9 +95,19 @@ class LearnerFace:
         return grpc.method_handlers_generic_handler(_rpc.LEARNER_SERVICE, methods)
 
     def sample(self, request: SampleAsk, context: grpc.ServicerContext) -> Iterator[WireResponse]:
-        """Sample: header, results, footer."""
+        """Sample: header, results (on the learner's results connection, when it
+        names one this coordinator can use), footer."""
         scope = self._scope(context)
-        yield from self._stream(lambda: self._learners.sample(request, scope), context)
+        sender = None
+        if request.result_channel:
+            sender = self._results.take(request.result_channel, request.result_call)
+        yield from self._stream(lambda: self._learners.sample(request, scope), context, sender)
+
+    def open_result_channel(
+        self, request: object, context: grpc.ServicerContext
+    ) -> tuple[int, int, bytes] | None:
+        """OpenResultChannel: a results connection's id, port and ticket (None: no data channel)."""
+        return self._results.open()
 
     def subscribe(
         self, request: SubscribeAsk, context: grpc.ServicerContext
@@ -124,15 +143,29 @@ class LearnerFace:
         return scope
 
     def _stream(
-        self, start: Callable[[], Generator[Event, None, None]], context: grpc.ServicerContext
+        self,
+        start: Callable[[], Generator[Event, None, None]],
+        context: grpc.ServicerContext,
+        sender: ResultSender | None = None,
     ) -> Iterator[WireResponse]:
         events = start()
         try:
             for event in events:
-                yield from learner_messages.responses(event)
+                if sender is None:
+                    yield from learner_messages.responses(event)
+                elif isinstance(event, Forward):
+                    sender.send(forwarded_parts(event, sender.tail))
+                else:
+                    if isinstance(event, Finished):  # the end marker before the footer
+                        sender.end()
+                    yield from learner_messages.responses(event, data_results=sender.sent)
         except CallError as exc:
+            if sender is not None:
+                sender.end()  # before the status: the learner reads up to the marker first
             _rpc.abort(context, exc.code, exc.message, exc.detail)
         finally:
+            if sender is not None:
+                sender.end()
             # Close now, not at garbage collection: it holds the request's turn.
             events.close()
 

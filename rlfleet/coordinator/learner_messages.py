@@ -49,6 +49,7 @@ WireResponse: TypeAlias = learner_pb2.SampleResponse | _rpc.WithChunk | bytes
 _RESULT_FIELD = learner_pb2.SampleResponse.RESULT_FIELD_NUMBER
 _WORKER_ID_TAG = tag(worker_pb2.EpisodeResult.WORKER_ID_FIELD_NUMBER, VARINT)
 _CHUNK_FIELD = worker_pb2.EpisodeResult.CHUNK_FIELD_NUMBER
+_RESULT_CALL_TAG = tag(learner_pb2.SampleResponse.RESULT_CALL_FIELD_NUMBER, VARINT)
 
 
 # --- requests (the calls' deserializers) ---------------------------------------------
@@ -80,6 +81,8 @@ def parse_sample_request(data: bytes) -> SampleAsk | CallError:
         itr=request.itr,
         coordinator_id=request.coordinator_id,
         first_episode=request.first_episode,
+        result_channel=request.result_channel,
+        result_call=request.result_call,
     )
 
 
@@ -139,14 +142,22 @@ def _agent_change(update: AgentUpdateMessage) -> AgentChange | CallError:
 # --- answers (the calls' serializers) ------------------------------------------------
 
 
-def responses(event: Event) -> Iterator[WireResponse]:
+def responses(event: Event, *, data_results: int | None = None) -> Iterator[WireResponse]:
     """The messages of one event of a Sample or Subscribe call.
+
+    Args:
+        event: The event.
+        data_results: When the call's results travel on the learner's
+            results connection: how many were sent there so far (the header
+            then says so, the footer names the count); None: on the stream.
 
     Raises:
         CallError: The event itself, when it is one (the call ends with it).
     """
     if isinstance(event, CallHeader):
-        yield learner_pb2.SampleResponse(header=_header(event))
+        header = _header(event)
+        header.results_on_data = data_results is not None
+        yield learner_pb2.SampleResponse(header=header)
     elif isinstance(event, Forward):
         yield from forwarded(event)
     elif isinstance(event, Finished):
@@ -157,6 +168,7 @@ def responses(event: Event) -> Iterator[WireResponse]:
                 total_steps=footer.total_steps,
                 workers_used=footer.workers_used,
                 reassigned_units=footer.reassigned_units,
+                data_results=data_results or 0,
             )
         )
     else:
@@ -166,12 +178,25 @@ def responses(event: Event) -> Iterator[WireResponse]:
 def forwarded(forward: Forward) -> Iterator[bytes]:
     """The serialized SampleResponses that pass a worker's result on, one per chunk.
 
+    Each is the bytes protobuf writes for ``SampleResponse(result=EpisodeResult(...))``
+    (:func:`forwarded_parts`), joined.
+    """
+    for parts in forwarded_parts(forward):
+        yield b"".join(parts)
+
+
+def forwarded_parts(forward: Forward, tail: bytes = b"") -> Iterator[list[bytes | memoryview]]:
+    """The pieces of the SampleResponses that pass a worker's result on, one list per chunk.
+
     The first carries the worker's metadata whole (fields this version does
-    not know too), every one the worker's id. Each is the bytes protobuf
-    writes for ``SampleResponse(result=EpisodeResult(<metadata>,
-    worker_id=..., chunk=...))``, built by joining the metadata as the
-    worker sent it (``header.wire``, serialized without its chunk), the id's
-    field and the chunk: no protobuf object is parsed or built per message.
+    not know too), every one the worker's id. Each list's pieces, joined,
+    are the bytes protobuf writes for ``SampleResponse(result=EpisodeResult(
+    <metadata>, worker_id=..., chunk=...))`` followed by ``tail`` (further
+    fields of the SampleResponse, e.g. a results connection's
+    ``result_call``): the metadata as the worker sent it (``header.wire``,
+    serialized without its chunk), the id's field and the chunk. No protobuf
+    object is parsed or built per message, and the chunk's data is a piece
+    of its own, so that a socket can send it without a copy.
     """
     header = forward.header
     if header.worker_id:  # a worker that set the coordinator's field: protobuf replaces it
@@ -185,7 +210,37 @@ def forwarded(forward: Forward) -> Iterator[bytes]:
         chunk_size = len(chunk_header) + len(chunk.data)
         fields += len_prefix(_CHUNK_FIELD, chunk_size)
         result_size = len(fields) + chunk_size
-        yield b"".join((len_prefix(_RESULT_FIELD, result_size), fields, chunk_header, chunk.data))
+        yield [len_prefix(_RESULT_FIELD, result_size) + fields + chunk_header, chunk.data, tail]
+
+
+def result_call_field(call: int) -> bytes:
+    """The serialized ``SampleResponse.result_call`` field (a results connection's frames)."""
+    return _RESULT_CALL_TAG + encode_varint(call)
+
+
+def results_end(call: int, results: int) -> bytes:
+    """The serialized results-end marker of a call's results on a results connection."""
+    return learner_pb2.SampleResponse(
+        results_end=learner_pb2.ResultsEnd(results=results), result_call=call
+    ).SerializeToString()
+
+
+def serialize_result_channel(opened: tuple[int, int, bytes] | None) -> bytes:
+    """The serialized ResultChannelOpened of ``(channel id, port, ticket)``, or of
+    None (no data channel: results stay on the stream)."""
+    message = learner_pb2.ResultChannelOpened()
+    if opened is not None:
+        message.channel_id, message.data.port, message.data.ticket = opened
+    return message.SerializeToString()
+
+
+def parse_result_channel_request(data: bytes) -> learner_pb2.ResultChannelRequest:
+    """Reads a ResultChannelRequest (it has no fields; gRPC takes None for a failure).
+
+    Raises:
+        DecodeError: If the bytes do not parse.
+    """
+    return learner_pb2.ResultChannelRequest.FromString(data)
 
 
 def _header(header: CallHeader) -> learner_pb2.SampleHeader:

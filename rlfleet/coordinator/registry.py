@@ -20,7 +20,7 @@ import grpc
 from google.protobuf.message import Message
 
 from rlfleet.coordinator.failures import CallDetail, CallError
-from rlfleet.coordinator.leases.data_server import LeaseConnection
+from rlfleet.coordinator.leases.data_connections import LeaseConnection
 from rlfleet.protocol.error_reports import ErrorReport
 from rlfleet.protocol.join import DrainOrder, WorkerBeat, WorkerHello, WorkerWelcome
 from rlfleet.protocol.stream_replay import StreamReplay

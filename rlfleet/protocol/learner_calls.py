@@ -39,6 +39,10 @@ class SampleAsk:
             ``first_episode .. first_episode + amount - 1`` of the request,
             with their seeds there (one range of a request cut over several
             coordinators); 0: episodes ``0 .. amount - 1``.
+        result_channel: The learner's results connection the answer's
+            results may travel on (0: none; learner.proto, "Results on a
+            learner's data connection").
+        result_call: This call's number on that connection (>= 1).
     """
 
     mode: int
@@ -52,6 +56,8 @@ class SampleAsk:
     itr: int = 0
     coordinator_id: str = ""
     first_episode: int = 0
+    result_channel: int = 0
+    result_call: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +125,8 @@ class CallHeader:
         coordinator_id: The answering coordinator's id.
         env_spec_wire: The env's spec as a serialized ``EnvSpec``, as the
             first ready worker reported it; None until one did.
+        results_on_data: The answer's results travel on the learner's
+            results connection, not the call's stream.
     """
 
     request_id: int
@@ -126,6 +134,7 @@ class CallHeader:
     env_generation: int
     coordinator_id: str = ""
     env_spec_wire: bytes | None = None
+    results_on_data: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,9 +21,14 @@ class Mode(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Footer:
-    """How a finished Sample request ended (becomes a ``SampleFooter``)."""
+    """How a finished Sample request ended (becomes a ``SampleFooter``).
+
+    ``data_results``: the answer's result messages sent on the learner's
+    results connection (0: none, all on the call's stream).
+    """
 
     num_episodes: int
     total_steps: int
     workers_used: int
     reassigned_units: int
+    data_results: int = 0

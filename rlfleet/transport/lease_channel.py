@@ -26,6 +26,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
@@ -73,7 +74,7 @@ def warn_unreachable(host: str, port: int, who: str, reason: str) -> None:
     if not _unreachable.first(key):
         return
     logger.warning(
-        "%s cannot use the lease data channel at %s (%s); lease traffic stays on gRPC, which "
+        "%s cannot use the lease data channel at %s (%s); its traffic stays on gRPC, which "
         "is several times slower. Open TCP port %d of the coordinator to this host (Service, "
         "NetworkPolicy, firewall, proxy) or start the coordinator with --lease-data-listen",
         who,
@@ -98,6 +99,11 @@ class DataLink(Protocol):
 
     def readable(self) -> bool:
         """Whether a receive would start without waiting."""
+
+    def receive_message(self, seconds: float | None) -> bytes | bytearray | None:
+        """The next frame in a buffer of its own (no copy past the one off the
+        socket), waiting at most ``seconds`` (None: no limit); None once the
+        coordinator closed the connection (RlfleetTimeoutError past the wait)."""
 
     def close(self) -> None:
         """Closes the connection (idempotent); a blocked receive returns."""
@@ -216,6 +222,69 @@ class LeaseDataLink:
                     return chunk[FRAME_HEADER.size :]  # the usual read: one whole frame
             buffer += chunk
 
+    def receive_message(self, seconds: float | None) -> bytearray | None:
+        """The next frame's payload, read straight into a buffer of its own: the
+        one copy is the kernel's, off the socket (a results connection's
+        frames are large; :meth:`receive` copies each twice).
+
+        Args:
+            seconds: The longest wait for the whole frame (None: no limit).
+
+        Returns:
+            The payload; None once the coordinator closed the connection
+            between frames.
+
+        Raises:
+            RlfleetTimeoutError: If the frame was not whole within ``seconds``;
+                what arrived of it is lost, so the caller drops the connection.
+            ConnectionClosedError: If the connection ended inside a frame.
+            OSError: If the connection broke.
+            ProtocolError: For a frame longer than allowed.
+        """
+        deadline = None if seconds is None else time.monotonic() + seconds
+        header = bytearray(FRAME_HEADER.size)
+        if not self._fill(memoryview(header), deadline, seconds, first=True):
+            return None
+        (length,) = FRAME_HEADER.unpack(header)
+        if length > self._max:
+            raise ProtocolError(
+                f"the coordinator sent a data frame of {length} bytes, above the limit of "
+                f"{self._max}"
+            )
+        payload = bytearray(length)
+        self._fill(memoryview(payload), deadline, seconds, first=False)
+        return payload
+
+    def _fill(
+        self, view: memoryview, deadline: float | None, seconds: float | None, *, first: bool
+    ) -> bool:
+        """Fills ``view`` from the bytes kept, then the socket; False for the
+        connection's end before the first byte (``first``)."""
+        got = min(len(self._buffer), len(view))
+        if got:
+            view[:got] = self._buffer[:got]
+            del self._buffer[:got]
+        while got < len(view):
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RlfleetTimeoutError(f"no whole data frame within {seconds:g} seconds")
+                self._sock.settimeout(left)
+            else:
+                self._sock.settimeout(None)
+            try:
+                count = self._sock.recv_into(view[got:])
+            except TimeoutError:
+                raise RlfleetTimeoutError(
+                    f"no whole data frame within {seconds:g} seconds"
+                ) from None
+            if not count:
+                if first and not got:
+                    return False
+                raise ConnectionClosedError("the coordinator closed the data connection mid-frame")
+            got += count
+        return True
+
     def readable(self) -> bool:
         """Whether bytes of a frame are here already: a receive would start without waiting."""
         if self._buffer:
@@ -254,7 +323,7 @@ class InProcessLink:
     the coordinator's handling of the frame on the caller's thread (no
     socket, no wake-up of the relay's loop), and the coordinator's frames
     wait in a queue for :meth:`receive`. Its coordinator side is
-    ``rlfleet.coordinator.leases.data_server.InProcessConnection``, which
+    ``rlfleet.coordinator.leases.data_connections.InProcessConnection``, which
     makes it.
 
     Args:
@@ -297,6 +366,11 @@ class InProcessLink:
             RlfleetTimeoutError: If no frame came within ``seconds``.
         """
         return self._next(max(seconds, 0.0))
+
+    def receive_message(self, seconds: float | None) -> bytes | None:
+        """:meth:`receive` or :meth:`receive_within` (the frames are the coordinator's
+        own bytes: no copy at all)."""
+        return self._next(None if seconds is None else max(seconds, 0.0))
 
     def readable(self) -> bool:
         """Whether a frame (or the end) is here already."""

@@ -45,6 +45,7 @@ UPDATE_AGENT = f"/{LEARNER_SERVICE}/UpdateAgent"
 UPDATE_ENV = f"/{LEARNER_SERVICE}/UpdateEnv"
 GET_STATUS = f"/{LEARNER_SERVICE}/GetStatus"
 LEASE = f"/{LEARNER_SERVICE}/Lease"
+OPEN_RESULT_CHANNEL = f"/{LEARNER_SERVICE}/OpenResultChannel"
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 #: Calls a client channel retries when the answer is UNAVAILABLE (a
 #: coordinator restarting or not reachable yet): those that only read, so

@@ -28,7 +28,7 @@ from rlfleet.v1 import updates_pb2 as rlfleet_dot_v1_dot_updates__pb2
 from rlfleet.v1 import worker_pb2 as rlfleet_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/learner.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/leases.proto\x1a\x17rlfleet/v1/spaces.proto\x1a\x18rlfleet/v1/updates.proto\x1a\x17rlfleet/v1/worker.proto\"\xc9\x02\n\rSampleRequest\x12$\n\x04mode\x18\x01 \x01(\x0e\x32\x16.rlfleet.v1.SampleMode\x12\x0e\n\x06\x61mount\x18\x02 \x01(\x03\x12\x17\n\x0f\x66ragment_length\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x15\n\rrequest_index\x18\x05 \x01(\x04\x12-\n\x0c\x61gent_update\x18\x06 \x01(\x0b\x32\x17.rlfleet.v1.AgentUpdate\x12)\n\nenv_update\x18\x07 \x01(\x0b\x32\x15.rlfleet.v1.EnvUpdate\x12 \n\x18wait_for_workers_seconds\x18\x08 \x01(\x01\x12\x0b\n\x03itr\x18\t \x01(\x03\x12\x16\n\x0e\x63oordinator_id\x18( \x01(\t\x12\x15\n\rfirst_episode\x18\n \x01(\x04\x42\x07\n\x05_seed\"\x89\x01\n\x10SubscribeRequest\x12$\n\x04mode\x18\x01 \x01(\x0e\x32\x16.rlfleet.v1.SampleMode\x12\x17\n\x0f\x66ragment_length\x18\x02 \x01(\r\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\x12max_buffered_steps\x18\x04 \x01(\x03\x42\x07\n\x05_seed\"\x9d\x01\n\x0eSampleResponse\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.rlfleet.v1.SampleHeaderH\x00\x12+\n\x06result\x18\x02 \x01(\x0b\x32\x19.rlfleet.v1.EpisodeResultH\x00\x12*\n\x06\x66ooter\x18\x03 \x01(\x0b\x32\x18.rlfleet.v1.SampleFooterH\x00\x42\x06\n\x04\x62ody\"\x90\x01\n\x0cSampleHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12%\n\x08\x65nv_spec\x18\x02 \x01(\x0b\x32\x13.rlfleet.v1.EnvSpec\x12\x15\n\ragent_version\x18\x03 \x01(\x03\x12\x16\n\x0e\x65nv_generation\x18\x04 \x01(\x04\x12\x16\n\x0e\x63oordinator_id\x18( \x01(\t\"i\n\x0cSampleFooter\x12\x14\n\x0cnum_episodes\x18\x01 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x02 \x01(\x03\x12\x14\n\x0cworkers_used\x18\x03 \x01(\r\x12\x18\n\x10reassigned_units\x18\x04 \x01(\r\"k\n\tUpdateAck\x12\x15\n\ragent_version\x18\x01 \x01(\x03\x12\x16\n\x0e\x65nv_generation\x18\x02 \x01(\x04\x12\x17\n\x0fworkers_updated\x18\x03 \x01(\r\x12\x16\n\x0e\x63oordinator_id\x18( \x01(\t\"\x0f\n\rStatusRequest\"\x81\x03\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x03\x12\x0c\n\x04peer\x18\x05 \x01(\t\x12\x10\n\x08num_envs\x18\x06 \x01(\r\x12\x16\n\x0eimplementation\x18\x07 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x08 \x03(\t\x12\r\n\x05state\x18\t \x01(\t\x12\x15\n\ragent_version\x18\n \x01(\x03\x12\x16\n\x0e\x65nv_generation\x18\x0b \x01(\x04\x12\x13\n\x0bsteps_total\x18\x0c \x01(\x04\x12\x18\n\x10steps_per_second\x18\r \x01(\x01\x12\x1f\n\x17seconds_since_heartbeat\x18\x0e \x01(\x01\x12\x17\n\x0funits_in_flight\x18\x0f \x01(\r\x12+\n\nlast_error\x18\x10 \x01(\x0b\x32\x17.rlfleet.v1.ErrorDetail\x12\x13\n\x0bleased_envs\x18\x32 \x01(\r\"\xfb\x02\n\x0b\x46leetStatus\x12\x16\n\x0e\x63oordinator_id\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x16\n\x0eimplementation\x18\x03 \x01(\t\x12)\n\x07workers\x18\x04 \x03(\x0b\x32\x18.rlfleet.v1.WorkerStatus\x12\x15\n\ragent_version\x18\x05 \x01(\x03\x12\"\n\x03\x65nv\x18\x06 \x01(\x0b\x32\x15.rlfleet.v1.EnvUpdate\x12%\n\x08\x65nv_spec\x18\x07 \x01(\x0b\x32\x13.rlfleet.v1.EnvSpec\x12\x18\n\x10steps_per_second\x18\x08 \x01(\x01\x12\x13\n\x0bsteps_total\x18\t \x01(\x04\x12\x1a\n\x12requests_in_flight\x18\n \x01(\r\x12\x13\n\x0bsubscribers\x18\x0b \x01(\r\x12\x10\n\x08\x64raining\x18\x0c \x01(\x08\x12\x0e\n\x06leases\x18\x32 \x01(\r\x12\x13\n\x0bleased_envs\x18\x33 \x01(\r2\x99\x03\n\x0eLearnerService\x12\x41\n\x06Sample\x12\x19.rlfleet.v1.SampleRequest\x1a\x1a.rlfleet.v1.SampleResponse0\x01\x12G\n\tSubscribe\x12\x1c.rlfleet.v1.SubscribeRequest\x1a\x1a.rlfleet.v1.SampleResponse0\x01\x12=\n\x0bUpdateAgent\x12\x17.rlfleet.v1.AgentUpdate\x1a\x15.rlfleet.v1.UpdateAck\x12\x39\n\tUpdateEnv\x12\x15.rlfleet.v1.EnvUpdate\x1a\x15.rlfleet.v1.UpdateAck\x12?\n\tGetStatus\x12\x19.rlfleet.v1.StatusRequest\x1a\x17.rlfleet.v1.FleetStatus\x12@\n\x05Lease\x12\x18.rlfleet.v1.LeaseRequest\x1a\x19.rlfleet.v1.LeaseResponse(\x01\x30\x01\x42:P\x01Z6github.com/rlfleet/rlfleet/gen/go/rlfleet/v1;rlfleetv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/learner.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/leases.proto\x1a\x17rlfleet/v1/spaces.proto\x1a\x18rlfleet/v1/updates.proto\x1a\x17rlfleet/v1/worker.proto\"\x16\n\x14ResultChannelRequest\"U\n\x13ResultChannelOpened\x12\x12\n\nchannel_id\x18\x01 \x01(\x04\x12*\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x1c.rlfleet.v1.LeaseDataAddress\"\x1d\n\nResultsEnd\x12\x0f\n\x07results\x18\x01 \x01(\x04\"\xf6\x02\n\rSampleRequest\x12$\n\x04mode\x18\x01 \x01(\x0e\x32\x16.rlfleet.v1.SampleMode\x12\x0e\n\x06\x61mount\x18\x02 \x01(\x03\x12\x17\n\x0f\x66ragment_length\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x15\n\rrequest_index\x18\x05 \x01(\x04\x12-\n\x0c\x61gent_update\x18\x06 \x01(\x0b\x32\x17.rlfleet.v1.AgentUpdate\x12)\n\nenv_update\x18\x07 \x01(\x0b\x32\x15.rlfleet.v1.EnvUpdate\x12 \n\x18wait_for_workers_seconds\x18\x08 \x01(\x01\x12\x0b\n\x03itr\x18\t \x01(\x03\x12\x16\n\x0e\x63oordinator_id\x18( \x01(\t\x12\x15\n\rfirst_episode\x18\n \x01(\x04\x12\x16\n\x0eresult_channel\x18) \x01(\x04\x12\x13\n\x0bresult_call\x18* \x01(\x04\x42\x07\n\x05_seed\"\x89\x01\n\x10SubscribeRequest\x12$\n\x04mode\x18\x01 \x01(\x0e\x32\x16.rlfleet.v1.SampleMode\x12\x17\n\x0f\x66ragment_length\x18\x02 \x01(\r\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\x12max_buffered_steps\x18\x04 \x01(\x03\x42\x07\n\x05_seed\"\xe1\x01\n\x0eSampleResponse\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.rlfleet.v1.SampleHeaderH\x00\x12+\n\x06result\x18\x02 \x01(\x0b\x32\x19.rlfleet.v1.EpisodeResultH\x00\x12*\n\x06\x66ooter\x18\x03 \x01(\x0b\x32\x18.rlfleet.v1.SampleFooterH\x00\x12-\n\x0bresults_end\x18( \x01(\x0b\x32\x16.rlfleet.v1.ResultsEndH\x00\x12\x13\n\x0bresult_call\x18) \x01(\x04\x42\x06\n\x04\x62ody\"\xa9\x01\n\x0cSampleHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12%\n\x08\x65nv_spec\x18\x02 \x01(\x0b\x32\x13.rlfleet.v1.EnvSpec\x12\x15\n\ragent_version\x18\x03 \x01(\x03\x12\x16\n\x0e\x65nv_generation\x18\x04 \x01(\x04\x12\x16\n\x0e\x63oordinator_id\x18( \x01(\t\x12\x17\n\x0fresults_on_data\x18) \x01(\x08\"\x7f\n\x0cSampleFooter\x12\x14\n\x0cnum_episodes\x18\x01 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x02 \x01(\x03\x12\x14\n\x0cworkers_used\x18\x03 \x01(\r\x12\x18\n\x10reassigned_units\x18\x04 \x01(\r\x12\x14\n\x0c\x64\x61ta_results\x18( \x01(\x04\"k\n\tUpdateAck\x12\x15\n\ragent_version\x18\x01 \x01(\x03\x12\x16\n\x0e\x65nv_generation\x18\x02 \x01(\x04\x12\x17\n\x0fworkers_updated\x18\x03 \x01(\r\x12\x16\n\x0e\x63oordinator_id\x18( \x01(\t\"\x0f\n\rStatusRequest\"\x81\x03\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x03\x12\x0c\n\x04peer\x18\x05 \x01(\t\x12\x10\n\x08num_envs\x18\x06 \x01(\r\x12\x16\n\x0eimplementation\x18\x07 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x08 \x03(\t\x12\r\n\x05state\x18\t \x01(\t\x12\x15\n\ragent_version\x18\n \x01(\x03\x12\x16\n\x0e\x65nv_generation\x18\x0b \x01(\x04\x12\x13\n\x0bsteps_total\x18\x0c \x01(\x04\x12\x18\n\x10steps_per_second\x18\r \x01(\x01\x12\x1f\n\x17seconds_since_heartbeat\x18\x0e \x01(\x01\x12\x17\n\x0funits_in_flight\x18\x0f \x01(\r\x12+\n\nlast_error\x18\x10 \x01(\x0b\x32\x17.rlfleet.v1.ErrorDetail\x12\x13\n\x0bleased_envs\x18\x32 \x01(\r\"\xfb\x02\n\x0b\x46leetStatus\x12\x16\n\x0e\x63oordinator_id\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x16\n\x0eimplementation\x18\x03 \x01(\t\x12)\n\x07workers\x18\x04 \x03(\x0b\x32\x18.rlfleet.v1.WorkerStatus\x12\x15\n\ragent_version\x18\x05 \x01(\x03\x12\"\n\x03\x65nv\x18\x06 \x01(\x0b\x32\x15.rlfleet.v1.EnvUpdate\x12%\n\x08\x65nv_spec\x18\x07 \x01(\x0b\x32\x13.rlfleet.v1.EnvSpec\x12\x18\n\x10steps_per_second\x18\x08 \x01(\x01\x12\x13\n\x0bsteps_total\x18\t \x01(\x04\x12\x1a\n\x12requests_in_flight\x18\n \x01(\r\x12\x13\n\x0bsubscribers\x18\x0b \x01(\r\x12\x10\n\x08\x64raining\x18\x0c \x01(\x08\x12\x0e\n\x06leases\x18\x32 \x01(\r\x12\x13\n\x0bleased_envs\x18\x33 \x01(\r2\xf1\x03\n\x0eLearnerService\x12\x41\n\x06Sample\x12\x19.rlfleet.v1.SampleRequest\x1a\x1a.rlfleet.v1.SampleResponse0\x01\x12G\n\tSubscribe\x12\x1c.rlfleet.v1.SubscribeRequest\x1a\x1a.rlfleet.v1.SampleResponse0\x01\x12=\n\x0bUpdateAgent\x12\x17.rlfleet.v1.AgentUpdate\x1a\x15.rlfleet.v1.UpdateAck\x12\x39\n\tUpdateEnv\x12\x15.rlfleet.v1.EnvUpdate\x1a\x15.rlfleet.v1.UpdateAck\x12?\n\tGetStatus\x12\x19.rlfleet.v1.StatusRequest\x1a\x17.rlfleet.v1.FleetStatus\x12@\n\x05Lease\x12\x18.rlfleet.v1.LeaseRequest\x1a\x19.rlfleet.v1.LeaseResponse(\x01\x30\x01\x12V\n\x11OpenResultChannel\x12 .rlfleet.v1.ResultChannelRequest\x1a\x1f.rlfleet.v1.ResultChannelOpenedB:P\x01Z6github.com/rlfleet/rlfleet/gen/go/rlfleet/v1;rlfleetv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,24 +36,30 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlfleet.v1.learner_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'P\001Z6github.com/rlfleet/rlfleet/gen/go/rlfleet/v1;rlfleetv1'
-  _globals['_SAMPLEREQUEST']._serialized_start=142
-  _globals['_SAMPLEREQUEST']._serialized_end=471
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=474
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=611
-  _globals['_SAMPLERESPONSE']._serialized_start=614
-  _globals['_SAMPLERESPONSE']._serialized_end=771
-  _globals['_SAMPLEHEADER']._serialized_start=774
-  _globals['_SAMPLEHEADER']._serialized_end=918
-  _globals['_SAMPLEFOOTER']._serialized_start=920
-  _globals['_SAMPLEFOOTER']._serialized_end=1025
-  _globals['_UPDATEACK']._serialized_start=1027
-  _globals['_UPDATEACK']._serialized_end=1134
-  _globals['_STATUSREQUEST']._serialized_start=1136
-  _globals['_STATUSREQUEST']._serialized_end=1151
-  _globals['_WORKERSTATUS']._serialized_start=1154
-  _globals['_WORKERSTATUS']._serialized_end=1539
-  _globals['_FLEETSTATUS']._serialized_start=1542
-  _globals['_FLEETSTATUS']._serialized_end=1921
-  _globals['_LEARNERSERVICE']._serialized_start=1924
-  _globals['_LEARNERSERVICE']._serialized_end=2333
+  _globals['_RESULTCHANNELREQUEST']._serialized_start=141
+  _globals['_RESULTCHANNELREQUEST']._serialized_end=163
+  _globals['_RESULTCHANNELOPENED']._serialized_start=165
+  _globals['_RESULTCHANNELOPENED']._serialized_end=250
+  _globals['_RESULTSEND']._serialized_start=252
+  _globals['_RESULTSEND']._serialized_end=281
+  _globals['_SAMPLEREQUEST']._serialized_start=284
+  _globals['_SAMPLEREQUEST']._serialized_end=658
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=661
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=798
+  _globals['_SAMPLERESPONSE']._serialized_start=801
+  _globals['_SAMPLERESPONSE']._serialized_end=1026
+  _globals['_SAMPLEHEADER']._serialized_start=1029
+  _globals['_SAMPLEHEADER']._serialized_end=1198
+  _globals['_SAMPLEFOOTER']._serialized_start=1200
+  _globals['_SAMPLEFOOTER']._serialized_end=1327
+  _globals['_UPDATEACK']._serialized_start=1329
+  _globals['_UPDATEACK']._serialized_end=1436
+  _globals['_STATUSREQUEST']._serialized_start=1438
+  _globals['_STATUSREQUEST']._serialized_end=1453
+  _globals['_WORKERSTATUS']._serialized_start=1456
+  _globals['_WORKERSTATUS']._serialized_end=1841
+  _globals['_FLEETSTATUS']._serialized_start=1844
+  _globals['_FLEETSTATUS']._serialized_end=2223
+  _globals['_LEARNERSERVICE']._serialized_start=2226
+  _globals['_LEARNERSERVICE']._serialized_end=2723
 # @@protoc_insertion_point(module_scope)

@@ -10,8 +10,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ResultChannelRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResultChannelOpened(_message.Message):
+    __slots__ = ("channel_id", "data")
+    CHANNEL_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    channel_id: int
+    data: _leases_pb2.LeaseDataAddress
+    def __init__(self, channel_id: _Optional[int] = ..., data: _Optional[_Union[_leases_pb2.LeaseDataAddress, _Mapping]] = ...) -> None: ...
+
+class ResultsEnd(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: int
+    def __init__(self, results: _Optional[int] = ...) -> None: ...
+
 class SampleRequest(_message.Message):
-    __slots__ = ("mode", "amount", "fragment_length", "seed", "request_index", "agent_update", "env_update", "wait_for_workers_seconds", "itr", "coordinator_id", "first_episode")
+    __slots__ = ("mode", "amount", "fragment_length", "seed", "request_index", "agent_update", "env_update", "wait_for_workers_seconds", "itr", "coordinator_id", "first_episode", "result_channel", "result_call")
     MODE_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_FIELD_NUMBER: _ClassVar[int]
     FRAGMENT_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +41,8 @@ class SampleRequest(_message.Message):
     ITR_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_EPISODE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    RESULT_CALL_FIELD_NUMBER: _ClassVar[int]
     mode: _worker_pb2.SampleMode
     amount: int
     fragment_length: int
@@ -34,7 +54,9 @@ class SampleRequest(_message.Message):
     itr: int
     coordinator_id: str
     first_episode: int
-    def __init__(self, mode: _Optional[_Union[_worker_pb2.SampleMode, str]] = ..., amount: _Optional[int] = ..., fragment_length: _Optional[int] = ..., seed: _Optional[int] = ..., request_index: _Optional[int] = ..., agent_update: _Optional[_Union[_updates_pb2.AgentUpdate, _Mapping]] = ..., env_update: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., wait_for_workers_seconds: _Optional[float] = ..., itr: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., first_episode: _Optional[int] = ...) -> None: ...
+    result_channel: int
+    result_call: int
+    def __init__(self, mode: _Optional[_Union[_worker_pb2.SampleMode, str]] = ..., amount: _Optional[int] = ..., fragment_length: _Optional[int] = ..., seed: _Optional[int] = ..., request_index: _Optional[int] = ..., agent_update: _Optional[_Union[_updates_pb2.AgentUpdate, _Mapping]] = ..., env_update: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., wait_for_workers_seconds: _Optional[float] = ..., itr: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., first_episode: _Optional[int] = ..., result_channel: _Optional[int] = ..., result_call: _Optional[int] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("mode", "fragment_length", "seed", "max_buffered_steps")
@@ -49,40 +71,48 @@ class SubscribeRequest(_message.Message):
     def __init__(self, mode: _Optional[_Union[_worker_pb2.SampleMode, str]] = ..., fragment_length: _Optional[int] = ..., seed: _Optional[int] = ..., max_buffered_steps: _Optional[int] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
-    __slots__ = ("header", "result", "footer")
+    __slots__ = ("header", "result", "footer", "results_end", "result_call")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     FOOTER_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_END_FIELD_NUMBER: _ClassVar[int]
+    RESULT_CALL_FIELD_NUMBER: _ClassVar[int]
     header: SampleHeader
     result: _worker_pb2.EpisodeResult
     footer: SampleFooter
-    def __init__(self, header: _Optional[_Union[SampleHeader, _Mapping]] = ..., result: _Optional[_Union[_worker_pb2.EpisodeResult, _Mapping]] = ..., footer: _Optional[_Union[SampleFooter, _Mapping]] = ...) -> None: ...
+    results_end: ResultsEnd
+    result_call: int
+    def __init__(self, header: _Optional[_Union[SampleHeader, _Mapping]] = ..., result: _Optional[_Union[_worker_pb2.EpisodeResult, _Mapping]] = ..., footer: _Optional[_Union[SampleFooter, _Mapping]] = ..., results_end: _Optional[_Union[ResultsEnd, _Mapping]] = ..., result_call: _Optional[int] = ...) -> None: ...
 
 class SampleHeader(_message.Message):
-    __slots__ = ("request_id", "env_spec", "agent_version", "env_generation", "coordinator_id")
+    __slots__ = ("request_id", "env_spec", "agent_version", "env_generation", "coordinator_id", "results_on_data")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENV_GENERATION_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_ON_DATA_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     env_spec: _spaces_pb2.EnvSpec
     agent_version: int
     env_generation: int
     coordinator_id: str
-    def __init__(self, request_id: _Optional[int] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., agent_version: _Optional[int] = ..., env_generation: _Optional[int] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
+    results_on_data: bool
+    def __init__(self, request_id: _Optional[int] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., agent_version: _Optional[int] = ..., env_generation: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., results_on_data: _Optional[bool] = ...) -> None: ...
 
 class SampleFooter(_message.Message):
-    __slots__ = ("num_episodes", "total_steps", "workers_used", "reassigned_units")
+    __slots__ = ("num_episodes", "total_steps", "workers_used", "reassigned_units", "data_results")
     NUM_EPISODES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_USED_FIELD_NUMBER: _ClassVar[int]
     REASSIGNED_UNITS_FIELD_NUMBER: _ClassVar[int]
+    DATA_RESULTS_FIELD_NUMBER: _ClassVar[int]
     num_episodes: int
     total_steps: int
     workers_used: int
     reassigned_units: int
-    def __init__(self, num_episodes: _Optional[int] = ..., total_steps: _Optional[int] = ..., workers_used: _Optional[int] = ..., reassigned_units: _Optional[int] = ...) -> None: ...
+    data_results: int
+    def __init__(self, num_episodes: _Optional[int] = ..., total_steps: _Optional[int] = ..., workers_used: _Optional[int] = ..., reassigned_units: _Optional[int] = ..., data_results: _Optional[int] = ...) -> None: ...
 
 class UpdateAck(_message.Message):
     __slots__ = ("agent_version", "env_generation", "workers_updated", "coordinator_id")

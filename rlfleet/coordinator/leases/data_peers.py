@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import grpc
 
-from rlfleet.coordinator.leases.data_server import LeaseConnection, LeaseDataPeer
+from rlfleet.coordinator.leases.data_connections import LeaseConnection, LeaseDataPeer
 from rlfleet.coordinator.leases.manager import LeaseManager
 from rlfleet.coordinator.leases.result_lane import ResultLane
 from rlfleet.coordinator.leases.translation import (

@@ -1,6 +1,7 @@
 """The coordinator's side of the lease data channel: one selector loop.
 
-Learners (per lease) and workers (per Join session) dial this TCP port
+Learners (per lease, and one results connection per sampler) and workers
+(per Join session) dial this TCP port
 with a ticket the coordinator gave them over their authenticated gRPC
 stream (leases.proto, "The lease data channel"). A short-lived thread per
 new connection does the TLS handshake and reads the ticket; from then on one
@@ -15,30 +16,38 @@ A learner in this very process (``Fleet.local``) presents its ticket to
 :class:`InProcessConnection` hands its frames over in memory, the learner's
 on the learner's own thread (rlfleet.transport.lease_channel.InProcessLink).
 
-This module knows bytes only; face.py and rlfleet.coordinator.worker_events say what a
-ticket's connection means.
+The connections themselves are data_connections.py's. This module knows
+bytes only; face.py, data_peers.py and rlfleet.coordinator.result_channels
+say what a ticket's connection means.
 """
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import logging
 import queue
 import secrets
 import selectors
 import socket
-import ssl
 import threading
 from collections.abc import Callable
-from typing import Protocol
 
 from rlfleet._util.log_limit import LogLimiter, held_back_note
+from rlfleet.coordinator.leases.data_connections import (
+    NOT_NOW,
+    Attach,
+    DataConnection,
+    InProcessConnection,
+    LeaseConnection,
+    too_long,
+)
 from rlfleet.coordinator.leases.data_hello import HandshakeDeadline, read_hello, tls_handshake
-from rlfleet.errors import ConnectionClosedError, RlfleetError, UnavailableError
+from rlfleet.errors import (
+    RlfleetError,
+    UnavailableError,
+)
 from rlfleet.security import ServerTLS
 from rlfleet.transport.lease_channel import (
-    FRAME_HEADER,
     InProcessLink,
     frame,
 )
@@ -52,267 +61,6 @@ _READ_BYTES = 1 << 18
 _MAX_HANDSHAKES = 64
 #: Frames of the largest size a connection may have waiting to be sent.
 _PENDING_FRAMES = 4
-#: Errors of a non-blocking socket (or TLS) that only mean "not now".
-_NOT_NOW = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
-
-
-class LeaseDataPeer(Protocol):
-    """What a ticket's owner does with its connection's traffic."""
-
-    def on_frame(self, payload: bytes) -> None:
-        """One frame's payload (the loop thread). Raising closes the connection."""
-
-    def on_closed(self, reason: str) -> None:
-        """The connection ended, for ``reason`` (once, the loop thread)."""
-
-
-#: Called with the new connection when its ticket is presented; returns its peer.
-Attach = Callable[["LeaseConnection"], LeaseDataPeer]
-
-
-class LeaseConnection(abc.ABC):
-    """A ticket's accepted connection, over TCP (:class:`DataConnection`) or in
-    memory from this process (:class:`InProcessConnection`): its peer, and a
-    close flag set once.
-
-    Args:
-        server: The data port that accepted it.
-        what: Who it is, for logs.
-    """
-
-    def __init__(self, server: LeaseDataServer, what: str) -> None:
-        self.what = what  # who it is, for logs
-        self._server = server
-        # TLS objects must not be used by two threads at once; plain sockets
-        # take the same lock (uncontended: microseconds).
-        self._lock = threading.Lock()
-        self._closed = False
-        self.peer: LeaseDataPeer | None = None
-
-    def close(self, reason: str = "closed by the coordinator") -> None:
-        """Closes the connection (idempotent, any thread)."""
-        self._server.close(self, reason)
-
-    @property
-    def closed(self) -> bool:
-        """Whether it was closed."""
-        return self._closed
-
-    def mark_closed(self) -> bool:
-        """Marks it closed; False if it already was."""
-        with self._lock:
-            if self._closed:
-                return False
-            self._closed = True
-            self._drop_pending()
-            return True
-
-    @abc.abstractmethod
-    def send(self, payload: bytes) -> None:
-        """Sends one frame to the peer without blocking (any thread)."""
-
-    @abc.abstractmethod
-    def shutdown(self) -> None:
-        """Ends the connection for the peer (any thread; after :meth:`mark_closed`)."""
-
-    @abc.abstractmethod
-    def release(self) -> None:
-        """Frees what it holds (the loop thread, once it forgot the connection)."""
-
-    def _drop_pending(self) -> None:  # noqa: B027  (a hook: only queued frames need dropping)
-        """Forgets what waits to be sent (under the lock, once closed)."""
-
-
-class DataConnection(LeaseConnection):
-    """One accepted connection: frames out from any thread, frames in to its peer.
-
-    Args:
-        sock: The connected non-blocking socket (TLS-wrapped or plain).
-        server: The loop that serves it.
-        what: Who it is, for logs.
-    """
-
-    def __init__(
-        self, sock: socket.socket, server: LeaseDataServer, what: str, max_pending_bytes: int
-    ) -> None:
-        super().__init__(server, what)
-        self._sock = sock
-        self._max_pending = max_pending_bytes
-        self._pending_bytes = 0
-        self._pending: list[memoryview] = []
-        self._inbuf = bytearray()  # the start of a frame not whole yet
-
-    def send(self, payload: bytes) -> None:
-        """Sends one frame without blocking (what the socket does not take at once
-        is sent by the loop, in order)."""
-        data = frame(payload)
-        failure = None
-        with self._lock:
-            if self._closed:
-                return  # the peer's on_closed already ended what this belonged to
-            if self._pending:
-                sent = 0
-            else:
-                try:
-                    sent = self._sock.send(data)
-                except _NOT_NOW:
-                    sent = 0
-                except OSError as exc:
-                    failure = f"send failed: {exc}"
-                if failure is None and sent == len(data):
-                    return
-            if failure is None:
-                waiting = self._pending_bytes + len(data) - sent
-                if waiting > self._max_pending:
-                    # A peer that does not read what it asked for must not
-                    # make the coordinator hold replies without bound.
-                    failure = (
-                        f"{waiting} bytes wait to be sent, above {self._max_pending}: the "
-                        "peer does not read its connection"
-                    )
-                else:
-                    self._pending.append(memoryview(data)[sent:])
-                    self._pending_bytes = waiting
-        if failure is not None:
-            self._server.close(self, failure)
-            return
-        self._server.want_write(self)
-
-    # --- the loop's side -----------------------------------------------------------
-
-    def read(self, max_frame: int, view: memoryview) -> str | None:
-        """Reads what arrived into ``view`` (the loop's buffer, free again on
-        return) and hands whole frames to the peer; a reason to close, or None."""
-        peer = self.peer
-        if peer is None:
-            return "no peer"
-        while True:
-            try:
-                with self._lock:
-                    count = self._sock.recv_into(view)
-            except _NOT_NOW:
-                break
-            except OSError as exc:
-                return f"connection broken: {exc}"
-            if not count:
-                return "closed by the peer"
-            more = isinstance(self._sock, ssl.SSLSocket) and self._sock.pending()
-            if not self._inbuf and not more:
-                # The usual case: whole frames, cut straight from the read.
-                return self._cut(view, count, max_frame, peer)
-            self._inbuf += view[:count]
-            if not more:
-                break
-        buf = self._inbuf
-        start = 0
-        try:
-            while len(buf) - start >= FRAME_HEADER.size:
-                (length,) = FRAME_HEADER.unpack_from(buf, start)
-                if length > max_frame:
-                    return _too_long(length, max_frame)
-                end = start + FRAME_HEADER.size + length
-                if end > len(buf):
-                    break
-                payload = bytes(buf[start + FRAME_HEADER.size : end])
-                start = end
-                peer.on_frame(payload)
-        finally:
-            del buf[:start]
-        return None
-
-    def _cut(self, data: memoryview, count: int, max_frame: int, peer: LeaseDataPeer) -> str | None:
-        """Hands the whole frames of ``data[:count]`` to the peer and keeps the
-        rest (a frame's start) for the next read; a reason to close, or None."""
-        start = 0
-        while count - start >= FRAME_HEADER.size:
-            (length,) = FRAME_HEADER.unpack_from(data, start)
-            if length > max_frame:
-                return _too_long(length, max_frame)
-            end = start + FRAME_HEADER.size + length
-            if end > count:
-                break
-            payload = bytes(data[start + FRAME_HEADER.size : end])
-            start = end
-            peer.on_frame(payload)
-        if start < count:
-            self._inbuf += data[start:count]
-        return None
-
-    def flush(self) -> tuple[bool, str | None]:
-        """Sends what waits; returns (everything sent, a reason to close or None)."""
-        with self._lock:
-            while self._pending:
-                data = self._pending[0]
-                try:
-                    sent = self._sock.send(data)
-                except _NOT_NOW:
-                    return False, None
-                except OSError as exc:
-                    return False, f"send failed: {exc}"
-                self._pending_bytes -= sent
-                if sent < len(data):
-                    self._pending[0] = data[sent:]
-                    return False, None
-                self._pending.pop(0)
-            return True, None
-
-    def _drop_pending(self) -> None:
-        self._pending.clear()
-        self._pending_bytes = 0
-
-    @property
-    def sock(self) -> socket.socket:
-        """The socket (the loop registers it)."""
-        return self._sock
-
-    def shutdown(self) -> None:
-        """Ends the connection for the peer (any thread; after :meth:`mark_closed`)."""
-        with contextlib.suppress(OSError):  # already disconnected
-            self._sock.shutdown(socket.SHUT_RDWR)
-
-    def release(self) -> None:
-        """Frees the socket (the loop thread, once it forgot the connection)."""
-        self._sock.close()
-
-
-class InProcessConnection(LeaseConnection):
-    """A connection from this process (a ``Fleet.local`` learner), in memory.
-
-    Its owner sees what a :class:`DataConnection` offers (``send``,
-    ``close``); the learner holds its other end, :attr:`link`. The
-    learner's frames reach the peer on the learner's thread, with the
-    loop's error rules (:meth:`LeaseDataServer.in_process_frame`).
-
-    Args:
-        server: The data port that attached it.
-    """
-
-    def __init__(self, server: LeaseDataServer) -> None:
-        super().__init__(server, "this process")
-        self._frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self.link = InProcessLink(self._frames, self._deliver, self._hung_up)
-
-    def send(self, payload: bytes) -> None:
-        """Queues one frame for the learner (any thread, never blocks)."""
-        if not self._closed:
-            self._frames.put(payload)
-
-    def shutdown(self) -> None:
-        """Ends the connection for the learner: its receive returns None."""
-        self._frames.put(None)
-
-    def release(self) -> None:
-        """Nothing to free: no socket."""
-
-    def _deliver(self, payload: bytes) -> None:
-        if self._closed:
-            raise ConnectionClosedError(
-                "the coordinator closed the in-process lease data connection"
-            )
-        self._server.in_process_frame(self, payload)
-
-    def _hung_up(self) -> None:
-        self._server.close(self, "closed by the peer")
 
 
 class LeaseDataServer:
@@ -533,7 +281,7 @@ class LeaseDataServer:
             return
         reason: str | None
         if len(payload) > self._max_frame:
-            reason = _too_long(len(payload), self._max_frame)
+            reason = too_long(len(payload), self._max_frame)
         else:
             reason = _handled(connection, peer.on_frame, payload)
         if reason is not None:
@@ -592,7 +340,7 @@ class LeaseDataServer:
         try:
             while self._wake_r.recv(4096):
                 pass
-        except _NOT_NOW:
+        except NOT_NOW:
             pass
         while True:
             try:
@@ -650,8 +398,3 @@ def _handled(
     except Exception as exc:
         logger.exception("lease data connection %s failed", connection.what)
         return f"coordinator error: {exc!r}"
-
-
-def _too_long(length: int, max_frame: int) -> str:
-    """Why a frame of ``length`` bytes closes its connection."""
-    return f"a frame of {length} bytes, above the limit of {max_frame}"

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from rlfleet.coordinator.failures import CallError
-from rlfleet.coordinator.leases.data_server import LeaseConnection, LeaseDataPeer, LeaseDataServer
+from rlfleet.coordinator.leases.data_connections import LeaseConnection, LeaseDataPeer
+from rlfleet.coordinator.leases.data_server import LeaseDataServer
 from rlfleet.coordinator.leases.manager import Lease, LeaseManager, learner_identity
 from rlfleet.coordinator.leases.translation import (
     RelayClose,

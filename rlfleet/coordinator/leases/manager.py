@@ -29,7 +29,7 @@ import grpc
 from rlfleet._util.log_limit import LogLimiter, held_back_note
 from rlfleet._util.values import json_object
 from rlfleet.coordinator.failures import CallError, invalid
-from rlfleet.coordinator.leases.data_server import LeaseConnection
+from rlfleet.coordinator.leases.data_connections import LeaseConnection
 from rlfleet.coordinator.leases.translation import (
     LEARNER_OPS,
     LeasedEnvSpec,

@@ -1,0 +1,266 @@
+"""Where a sampler's Sample answers' results travel: its results connection, or gRPC.
+
+A :class:`~rlfleet.client.RemoteSampler` asks its coordinator for a results
+connection (``OpenResultChannel``) before its first Sample call, dials the
+lease data channel's port with the ticket (rlfleet.transport.lease_channel;
+in ``Fleet.local`` it attaches in memory instead), and names the connection
+in every Sample request. The coordinator then sends the answer's result
+messages there as frames, and the call's stream keeps the header, the
+footer and errors (learner.proto, "Results on a learner's data
+connection"). A frame is read straight into a buffer of its own, which the
+assembly reads in place: gRPC's receiving was three quarters of the
+learner's CPU per result (docs/performance.md).
+
+What keeps answers whole: the learner reads the frames of its call up to
+the coordinator's end marker before it reads the footer, and the marker's
+count must equal the frames read and the footer's ``data_results``. A
+connection that ends or stalls mid-answer fails the call with a retryable
+error and is dropped, so no partial answer is ever assembled and no frame
+of a failed call is read by the next one (that one opens a new connection).
+Results stay on gRPC when the coordinator has no data channel or does not
+know the method (an older one), or its port cannot be reached (one WARNING
+says what to open).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from rlfleet.client._learner_messages import (
+    LearnerStubs,
+    ResponsePart,
+    ResultsEnd,
+    parse_result_frame,
+)
+from rlfleet.errors import (
+    ConnectionClosedError,
+    ProtocolError,
+    RlfleetError,
+    RlfleetTimeoutError,
+    UnavailableError,
+)
+from rlfleet.protocol.learner_calls import ResultPart, SampleAsk
+from rlfleet.security import ClientSecurity
+from rlfleet.transport.lease_channel import (
+    DATA_DIAL_SECONDS,
+    DataLink,
+    coordinator_host,
+    dial,
+    warn_unreachable,
+)
+from rlfleet.wire.leases import data_hello
+
+logger = logging.getLogger("rlfleet.client")
+
+
+class ResultRoute:
+    """One sampler's results connection to one coordinator, opened on first use.
+
+    Args:
+        address: The coordinator's gRPC address (its host is dialled).
+        stubs: The sampler's calls (OpenResultChannel).
+        security: TLS settings (the data channel uses the fleet's TLS).
+        max_message_bytes: Longest frame accepted.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        stubs: LearnerStubs,
+        security: ClientSecurity,
+        max_message_bytes: int,
+    ) -> None:
+        self._address = address
+        self._stubs = stubs
+        self._security = security
+        self._max = max_message_bytes
+        #: The coordinator's in-memory attach when it runs in this process
+        #: (``Fleet.local``): takes a serialized LeaseDataHello, returns the link.
+        self.attach: Callable[[bytes], DataLink] | None = None
+        self._link: DataLink | None = None
+        self._channel = 0
+        self._calls = 0
+        self._grpc_only = False  # no data channel to use: every answer on gRPC
+        # One call at a time reads the connection (shards may run two calls on
+        # one coordinator at once): another call meanwhile takes gRPC.
+        self._lock = threading.Lock()
+        self._busy = False
+
+    @property
+    def carrier(self) -> str:
+        """``"data"`` while a results connection is open, else ``"grpc"``."""
+        return "data" if self._link is not None else "grpc"
+
+    @contextlib.contextmanager
+    def routed(
+        self, ask: SampleAsk, timeout: float | None
+    ) -> Iterator[tuple[SampleAsk, DataResults | None]]:
+        """:meth:`prepare` for one call, and :meth:`finished` when it is over."""
+        ask, data = self.prepare(ask, timeout)
+        try:
+            yield ask, data
+        finally:
+            self.finished(data)
+
+    def prepare(
+        self, ask: SampleAsk, timeout: float | None
+    ) -> tuple[SampleAsk, DataResults | None]:
+        """``ask`` naming the results connection (opened if needed), and the reader of
+        its frames; ``(ask, None)`` when results stay on gRPC (then, or once
+        the call is over, :meth:`finished` must follow)."""
+        with self._lock:
+            if self._busy:
+                return ask, None
+            self._busy = True
+        try:
+            link = self._open(timeout)
+        except BaseException:
+            self._busy = False
+            raise
+        if link is None:
+            self._busy = False
+            return ask, None
+        self._calls += 1
+        ask = dataclasses.replace(ask, result_channel=self._channel, result_call=self._calls)
+        return ask, DataResults(link, self._calls, timeout, self._address)
+
+    def finished(self, data: DataResults | None) -> None:
+        """A call that named the connection is over: a connection the coordinator did
+        not take, or whose frames of the call were not all read, is dropped."""
+        if data is None:
+            return
+        if not data.clean:
+            self.drop()
+        self._busy = False
+
+    def drop(self) -> None:
+        """Closes the results connection; the next call opens a new one."""
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
+
+    def close(self) -> None:
+        """Closes the results connection for good."""
+        self._grpc_only = True
+        self.drop()
+
+    def _open(self, timeout: float | None) -> DataLink | None:
+        if self._link is not None or self._grpc_only:
+            return self._link
+        wait = DATA_DIAL_SECONDS if timeout is None else min(timeout, DATA_DIAL_SECONDS)
+        try:
+            opened = self._stubs.open_result_channel(timeout=wait)
+        except RlfleetError as exc:  # tried again on the next call
+            # The Sample call that follows reports the coordinator's trouble itself.
+            logger.debug("OpenResultChannel on %s failed: %s", self._address, exc)
+            return None
+        if opened is None:  # no data channel, or an older coordinator
+            self._grpc_only = True
+            return None
+        channel, port, ticket = opened
+        hello = data_hello(ticket)
+        if self.attach is not None:
+            try:
+                self._link = self.attach(hello)
+            except UnavailableError as exc:  # the learner dials as any learner would
+                logger.info("results connection: %s; dialling its data port instead", exc)
+        if self._link is None:
+            host = coordinator_host(self._address)
+            try:
+                tls = self._security.tls
+                self._link = dial(
+                    host, port, hello, tls=tls, timeout=wait, max_frame_bytes=self._max
+                )
+            except (OSError, UnavailableError) as exc:
+                why = f"{type(exc).__name__}: {exc}"
+                warn_unreachable(host, port, "the sampler's results", why)
+                self._grpc_only = True
+                return None
+        self._channel = channel
+        return self._link
+
+
+class DataResults:
+    """Reads one call's result frames off its results connection.
+
+    Args:
+        link: The connection.
+        call: The call's number on it.
+        timeout: The call's deadline in seconds (None: none), counted from now.
+        address: The coordinator's address, for errors.
+    """
+
+    def __init__(self, link: DataLink, call: int, timeout: float | None, address: str) -> None:
+        self._link = link
+        self._call = call
+        self._timeout = timeout
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+        self._address = address
+        self.count = 0  # result frames read
+        self.used = False  # the coordinator took the connection for the call
+        self.ended = False  # its end marker was read
+
+    @property
+    def clean(self) -> bool:
+        """Whether the connection holds no frame of this call any more (it may serve the next)."""
+        return self.used and self.ended
+
+    def parts(self) -> Iterator[ResponsePart]:
+        """The call's result messages, up to the coordinator's end marker.
+
+        Raises:
+            UnavailableError: If the connection ended before the marker (retryable).
+            RlfleetTimeoutError: If the call's deadline passed first.
+            ProtocolError: For a frame that is no result or marker of a
+                call, or a marker whose count is not the frames read.
+        """
+        self.used = True
+        link = self._link
+        while True:
+            left = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
+            try:
+                payload = link.receive_message(left)
+            except RlfleetTimeoutError:
+                # Worded as the call's own deadline is (rlfleet.transport.rpc).
+                raise RlfleetTimeoutError(
+                    f"Sample on coordinator {self._address}: no answer within "
+                    f"{self._timeout:g} seconds (its results had not all arrived on the results "
+                    "connection)"
+                ) from None
+            except (ConnectionClosedError, OSError) as exc:
+                payload, why = None, f"{type(exc).__name__}: {exc}"
+            else:
+                why = "closed by the coordinator"
+            if payload is None:
+                raise UnavailableError(
+                    f"Sample on coordinator {self._address}: the results connection ended "
+                    f"mid-answer ({why}); the partial answer was dropped, retry (a retried "
+                    "obtain_* call gets the same seeds)"
+                )
+            call, part = parse_result_frame(payload)
+            if call != self._call:
+                raise ProtocolError(
+                    f"Sample on coordinator {self._address}: a results frame of call {call} "
+                    f"arrived during call {self._call}"
+                )
+            if isinstance(part, ResultPart):
+                self.count += 1
+                yield part
+            elif isinstance(part, ResultsEnd):
+                if part.results != self.count:
+                    raise ProtocolError(
+                        f"Sample on coordinator {self._address}: the results connection's end "
+                        f"marker counts {part.results} results, {self.count} arrived"
+                    )
+                self.ended = True
+                return
+            else:
+                raise ProtocolError(
+                    f"Sample on coordinator {self._address}: a results frame holding neither "
+                    "a result nor an end marker"
+                )

@@ -1,0 +1,368 @@
+"""The lease data channel's connections, as the coordinator holds them.
+
+A :class:`DataConnection` is one accepted TCP (or TLS) connection of the
+selector loop (data_server.py); an :class:`InProcessConnection` is a
+learner of this very process (``Fleet.local``), its frames handed over in
+memory. Their owners (face.py, data_peers.py, the learner face's results
+connections) see what :class:`LeaseConnection` offers.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import queue
+import socket
+import ssl
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from rlfleet.errors import ConnectionClosedError, RlfleetTimeoutError
+from rlfleet.transport.lease_channel import FRAME_HEADER, InProcessLink, frame
+
+if TYPE_CHECKING:
+    from rlfleet.coordinator.leases.data_server import LeaseDataServer
+
+#: Bytes waiting to be sent past which :meth:`DataConnection.send_parts` waits.
+_PACED_BYTES = 4 << 20
+#: Errors of a non-blocking socket (or TLS) that only mean "not now".
+NOT_NOW = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+
+class LeaseDataPeer(Protocol):
+    """What a ticket's owner does with its connection's traffic."""
+
+    def on_frame(self, payload: bytes) -> None:
+        """One frame's payload (the loop thread). Raising closes the connection."""
+
+    def on_closed(self, reason: str) -> None:
+        """The connection ended, for ``reason`` (once, the loop thread)."""
+
+
+#: Called with the new connection when its ticket is presented; returns its peer.
+Attach = Callable[["LeaseConnection"], LeaseDataPeer]
+
+
+class LeaseConnection(abc.ABC):
+    """A ticket's accepted connection, over TCP (:class:`DataConnection`) or in
+    memory from this process (:class:`InProcessConnection`): its peer, and a
+    close flag set once.
+
+    Args:
+        server: The data port that accepted it.
+        what: Who it is, for logs.
+    """
+
+    def __init__(self, server: LeaseDataServer, what: str) -> None:
+        self.what = what  # who it is, for logs
+        self._server = server
+        # TLS objects must not be used by two threads at once; plain sockets
+        # take the same lock (uncontended: microseconds).
+        self._lock = threading.Lock()
+        self._closed = False
+        self.peer: LeaseDataPeer | None = None
+
+    def close(self, reason: str = "closed by the coordinator") -> None:
+        """Closes the connection (idempotent, any thread)."""
+        self._server.close(self, reason)
+
+    @property
+    def closed(self) -> bool:
+        """Whether it was closed."""
+        return self._closed
+
+    def mark_closed(self) -> bool:
+        """Marks it closed; False if it already was."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            self._drop_pending()
+            return True
+
+    @abc.abstractmethod
+    def send(self, payload: bytes) -> None:
+        """Sends one frame to the peer without blocking (any thread)."""
+
+    @abc.abstractmethod
+    def send_parts(self, parts: Sequence[bytes | memoryview], wait_seconds: float) -> None:
+        """Sends one frame whose payload is ``parts`` joined, waiting while the peer
+        has not taken what was sent before (a learner's results connection).
+
+        Raises:
+            ConnectionClosedError: If the connection is closed.
+            RlfleetTimeoutError: If the peer took nothing for ``wait_seconds``.
+        """
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Ends the connection for the peer (any thread; after :meth:`mark_closed`)."""
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Frees what it holds (the loop thread, once it forgot the connection)."""
+
+    def _drop_pending(self) -> None:  # noqa: B027  (a hook: only queued frames need dropping)
+        """Forgets what waits to be sent (under the lock, once closed)."""
+
+
+class DataConnection(LeaseConnection):
+    """One accepted connection: frames out from any thread, frames in to its peer.
+
+    Args:
+        sock: The connected non-blocking socket (TLS-wrapped or plain).
+        server: The loop that serves it.
+        what: Who it is, for logs.
+    """
+
+    def __init__(
+        self, sock: socket.socket, server: LeaseDataServer, what: str, max_pending_bytes: int
+    ) -> None:
+        super().__init__(server, what)
+        self._sock = sock
+        self._max_pending = max_pending_bytes
+        self._pending_bytes = 0
+        self._pending: list[memoryview] = []
+        # Notified (under the lock) when pending bytes were sent or dropped.
+        self._drained = threading.Condition(self._lock)
+        self._inbuf = bytearray()  # the start of a frame not whole yet
+
+    def send(self, payload: bytes) -> None:
+        """Sends one frame without blocking (what the socket does not take at once
+        is sent by the loop, in order)."""
+        data = frame(payload)
+        failure = None
+        with self._lock:
+            if self._closed:
+                return  # the peer's on_closed already ended what this belonged to
+            if self._pending:
+                sent = 0
+            else:
+                try:
+                    sent = self._sock.send(data)
+                except NOT_NOW:
+                    sent = 0
+                except OSError as exc:
+                    failure = f"send failed: {exc}"
+                if failure is None and sent == len(data):
+                    return
+            if failure is None:
+                waiting = self._pending_bytes + len(data) - sent
+                if waiting > self._max_pending:
+                    # A peer that does not read what it asked for must not
+                    # make the coordinator hold replies without bound.
+                    failure = (
+                        f"{waiting} bytes wait to be sent, above {self._max_pending}: the "
+                        "peer does not read its connection"
+                    )
+                else:
+                    self._pending.append(memoryview(data)[sent:])
+                    self._pending_bytes = waiting
+        if failure is not None:
+            self._server.close(self, failure)
+            return
+        self._server.want_write(self)
+
+    def send_parts(self, parts: Sequence[bytes | memoryview], wait_seconds: float) -> None:
+        """Sends one frame of ``parts`` (no copy of them on plain TCP: ``sendmsg``),
+        first waiting while more than ``_PACED_BYTES`` wait to be sent: the
+        sender then goes at the peer's pace, as gRPC's flow control would
+        make it, and what waits stays bounded.
+
+        Raises:
+            ConnectionClosedError: If the connection is (or gets) closed.
+            RlfleetTimeoutError: If the peer took nothing for ``wait_seconds``.
+        """
+        pieces = [FRAME_HEADER.pack(sum(map(len, parts))), *parts]
+        failure = None
+        with self._lock:
+            while self._pending_bytes > _PACED_BYTES and not self._closed:
+                if not self._drained.wait(wait_seconds):
+                    raise RlfleetTimeoutError(
+                        f"{self.what} took no data for {wait_seconds:g} seconds"
+                    )
+            if self._closed:
+                raise ConnectionClosedError(f"the data connection of {self.what} is closed")
+            sent = 0
+            if not self._pending:
+                try:
+                    if isinstance(self._sock, ssl.SSLSocket):  # no sendmsg over TLS
+                        pieces = [b"".join(pieces)]
+                        sent = self._sock.send(pieces[0])
+                    else:
+                        sent = self._sock.sendmsg(pieces)
+                except NOT_NOW:
+                    sent = 0
+                except OSError as exc:
+                    failure = f"send failed: {exc}"
+            rest: list[memoryview] = []
+            for piece in pieces:
+                if sent >= len(piece):
+                    sent -= len(piece)
+                elif piece:
+                    rest.append(memoryview(piece)[sent:])
+                    sent = 0
+            if failure is None and rest:
+                self._pending += rest
+                self._pending_bytes += sum(map(len, rest))
+        if failure is not None:
+            self._server.close(self, failure)
+            raise ConnectionClosedError(f"the data connection of {self.what} broke: {failure}")
+        if rest:
+            self._server.want_write(self)
+
+    # --- the loop's side -----------------------------------------------------------
+
+    def read(self, max_frame: int, view: memoryview) -> str | None:
+        """Reads what arrived into ``view`` (the loop's buffer, free again on
+        return) and hands whole frames to the peer; a reason to close, or None."""
+        peer = self.peer
+        if peer is None:
+            return "no peer"
+        while True:
+            try:
+                with self._lock:
+                    count = self._sock.recv_into(view)
+            except NOT_NOW:
+                break
+            except OSError as exc:
+                return f"connection broken: {exc}"
+            if not count:
+                return "closed by the peer"
+            more = isinstance(self._sock, ssl.SSLSocket) and self._sock.pending()
+            if not self._inbuf and not more:
+                # The usual case: whole frames, cut straight from the read.
+                return self._cut(view, count, max_frame, peer)
+            self._inbuf += view[:count]
+            if not more:
+                break
+        buf = self._inbuf
+        start = 0
+        try:
+            while len(buf) - start >= FRAME_HEADER.size:
+                (length,) = FRAME_HEADER.unpack_from(buf, start)
+                if length > max_frame:
+                    return too_long(length, max_frame)
+                end = start + FRAME_HEADER.size + length
+                if end > len(buf):
+                    break
+                payload = bytes(buf[start + FRAME_HEADER.size : end])
+                start = end
+                peer.on_frame(payload)
+        finally:
+            del buf[:start]
+        return None
+
+    def _cut(self, data: memoryview, count: int, max_frame: int, peer: LeaseDataPeer) -> str | None:
+        """Hands the whole frames of ``data[:count]`` to the peer and keeps the
+        rest (a frame's start) for the next read; a reason to close, or None."""
+        start = 0
+        while count - start >= FRAME_HEADER.size:
+            (length,) = FRAME_HEADER.unpack_from(data, start)
+            if length > max_frame:
+                return too_long(length, max_frame)
+            end = start + FRAME_HEADER.size + length
+            if end > count:
+                break
+            payload = bytes(data[start + FRAME_HEADER.size : end])
+            start = end
+            peer.on_frame(payload)
+        if start < count:
+            self._inbuf += data[start:count]
+        return None
+
+    def flush(self) -> tuple[bool, str | None]:
+        """Sends what waits; returns (everything sent, a reason to close or None)."""
+        with self._lock:
+            while self._pending:
+                data = self._pending[0]
+                try:
+                    sent = self._sock.send(data)
+                except NOT_NOW:
+                    return False, None
+                except OSError as exc:
+                    return False, f"send failed: {exc}"
+                self._pending_bytes -= sent
+                self._drained.notify_all()
+                if sent < len(data):
+                    self._pending[0] = data[sent:]
+                    return False, None
+                self._pending.pop(0)
+            return True, None
+
+    def _drop_pending(self) -> None:
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._drained.notify_all()
+
+    @property
+    def sock(self) -> socket.socket:
+        """The socket (the loop registers it)."""
+        return self._sock
+
+    def shutdown(self) -> None:
+        """Ends the connection for the peer (any thread; after :meth:`mark_closed`)."""
+        with contextlib.suppress(OSError):  # already disconnected
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def release(self) -> None:
+        """Frees the socket (the loop thread, once it forgot the connection)."""
+        self._sock.close()
+
+
+class InProcessConnection(LeaseConnection):
+    """A connection from this process (a ``Fleet.local`` learner), in memory.
+
+    Its owner sees what a :class:`DataConnection` offers (``send``,
+    ``close``); the learner holds its other end, :attr:`link`. The
+    learner's frames reach the peer on the learner's thread, with the
+    loop's error rules (:meth:`LeaseDataServer.in_process_frame`).
+
+    Args:
+        server: The data port that attached it.
+    """
+
+    def __init__(self, server: LeaseDataServer) -> None:
+        super().__init__(server, "this process")
+        self._frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.link = InProcessLink(self._frames, self._deliver, self._hung_up)
+
+    def send(self, payload: bytes) -> None:
+        """Queues one frame for the learner (any thread, never blocks)."""
+        if not self._closed:
+            self._frames.put(payload)
+
+    def send_parts(self, parts: Sequence[bytes | memoryview], wait_seconds: float) -> None:
+        """Queues one frame of ``parts`` for the learner (joined: one copy; a frame
+        of one piece is queued as it is).
+
+        Raises:
+            ConnectionClosedError: If the connection is closed.
+        """
+        if self._closed:
+            raise ConnectionClosedError("the in-process data connection is closed")
+        pieces = [piece for piece in parts if piece]
+        self._frames.put(pieces[0] if len(pieces) == 1 else b"".join(pieces))  # type: ignore[arg-type]
+
+    def shutdown(self) -> None:
+        """Ends the connection for the learner: its receive returns None."""
+        self._frames.put(None)
+
+    def release(self) -> None:
+        """Nothing to free: no socket."""
+
+    def _deliver(self, payload: bytes) -> None:
+        if self._closed:
+            raise ConnectionClosedError(
+                "the coordinator closed the in-process lease data connection"
+            )
+        self._server.in_process_frame(self, payload)
+
+    def _hung_up(self) -> None:
+        self._server.close(self, "closed by the peer")
+
+
+def too_long(length: int, max_frame: int) -> str:
+    """Why a frame of ``length`` bytes closes its connection."""
+    return f"a frame of {length} bytes, above the limit of {max_frame}"

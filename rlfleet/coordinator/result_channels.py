@@ -1,0 +1,180 @@
+"""Learners' results connections: Sample answers' results off the gRPC stream.
+
+A learner asks for a results connection (``OpenResultChannel``), dials the
+lease data channel's port with the ticket (or, in this process, attaches in
+memory), and names the connection in its Sample requests. For a call that
+names a connection this coordinator knows and no other call is using, the
+learner face sends each result message as a frame on it (a
+:class:`ResultSender`): the bytes the stream would carry, plus the call's
+number, then an end marker before the stream's footer or error
+(learner.proto, "Results on a learner's data connection"). gRPC costs the
+coordinator 110-150 us of CPU per result message; a frame is a ``sendmsg``.
+
+The learner sends nothing on the connection: any frame from it closes the
+connection. A connection that ends mid-answer fails the call with
+UNAVAILABLE, so the learner never assembles a partial answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections.abc import Iterable
+
+from rlfleet.coordinator.failures import unavailable
+from rlfleet.coordinator.learner_messages import result_call_field, results_end
+from rlfleet.coordinator.leases.data_connections import LeaseConnection, LeaseDataPeer
+from rlfleet.coordinator.leases.data_server import LeaseDataServer
+from rlfleet.errors import ConnectionClosedError, RlfleetTimeoutError, WireFormatError
+
+logger = logging.getLogger("rlfleet.coordinator")
+
+#: How long a result frame waits for a learner that does not read its
+#: connection (what waits to be sent is bounded) before the call fails.
+RESULT_SEND_SECONDS = 60.0
+#: Results connections whose ticket was not presented yet, at most (the
+#: oldest ticket is revoked past it).
+_UNCLAIMED_TICKETS = 256
+#: How long a call naming a connection whose ticket was not attached yet
+#: waits for it: the learner gets LeaseDataAccepted a moment before the
+#: connection is booked here (data_server.py sends it first).
+_ATTACH_WAIT_SECONDS = 10.0
+
+
+class ResultChannels:
+    """The coordinator's learners' results connections, by id.
+
+    Args:
+        server: The lease data channel, or None when it is off (results
+            then stay on the stream).
+    """
+
+    def __init__(self, server: LeaseDataServer | None) -> None:
+        self._server = server
+        self._lock = threading.Lock()
+        self._open: dict[int, LeaseConnection] = {}
+        self._busy: set[int] = set()
+        self._unclaimed: dict[int, bytes] = {}
+        self._attached = threading.Condition(self._lock)
+
+    def open(self) -> tuple[int, int, bytes] | None:
+        """A new results connection's ``(id, port, ticket)``; None without a data channel."""
+        server = self._server
+        if server is None:
+            return None
+        # Random, not counted: a learner cannot name another's connection.
+        channel = secrets.randbits(63) | 1
+        ticket = server.issue(lambda connection: self._attach(channel, connection))
+        with self._lock:
+            self._unclaimed[channel] = ticket
+            if len(self._unclaimed) > _UNCLAIMED_TICKETS:
+                oldest = next(iter(self._unclaimed))
+                server.revoke(self._unclaimed.pop(oldest))
+                self._attached.notify_all()
+        return channel, server.port, ticket
+
+    def take(self, channel: int, call: int) -> ResultSender | None:
+        """The sender of a call's results on connection ``channel``; None (results
+        on the stream) for a connection this coordinator does not know, one
+        that is closed or busy with another call, or a call number of 0. A
+        connection whose ticket was issued but not attached yet is waited
+        for, at most ``_ATTACH_WAIT_SECONDS``."""
+        if call <= 0:
+            return None
+        with self._lock:
+            self._attached.wait_for(lambda: channel not in self._unclaimed, _ATTACH_WAIT_SECONDS)
+            connection = self._open.get(channel)
+            if connection is None or connection.closed or channel in self._busy:
+                return None
+            self._busy.add(channel)
+        return ResultSender(self, channel, connection, call)
+
+    def give_back(self, sender: ResultSender) -> None:
+        """The call is over: its connection may serve the learner's next call."""
+        with self._lock:
+            self._busy.discard(sender.channel)
+
+    def _attach(self, channel: int, connection: LeaseConnection) -> LeaseDataPeer:
+        with self._lock:
+            self._unclaimed.pop(channel, None)
+            self._open[channel] = connection
+            self._attached.notify_all()
+        return _ResultsPeer(self, channel)
+
+    def _closed(self, channel: int, reason: str) -> None:
+        with self._lock:
+            self._open.pop(channel, None)
+        logger.debug("results connection %d closed: %s", channel, reason)
+
+
+class _ResultsPeer:
+    """A results connection's inbound side: the learner sends nothing on it."""
+
+    def __init__(self, channels: ResultChannels, channel: int) -> None:
+        self._channels = channels
+        self._channel = channel
+
+    def on_frame(self, payload: bytes) -> None:
+        raise WireFormatError(
+            "a learner sends nothing on its results connection after its LeaseDataHello "
+            "(learner.proto, 'Results on a learner's data connection')"
+        )
+
+    def on_closed(self, reason: str) -> None:
+        self._channels._closed(self._channel, reason)
+
+
+class ResultSender:
+    """Sends one Sample call's result messages on the learner's results connection.
+
+    Args:
+        channels: Where the connection is booked (given back when the call ends).
+        channel: The connection's id.
+        connection: The connection.
+        call: The call's number on it (SampleRequest.result_call).
+    """
+
+    def __init__(
+        self, channels: ResultChannels, channel: int, connection: LeaseConnection, call: int
+    ) -> None:
+        self.channel = channel
+        self.sent = 0  # result frames sent
+        self._channels = channels
+        self._connection = connection
+        self._call = call
+        #: Every result message's last piece: the call's number (SampleResponse.result_call).
+        self.tail = result_call_field(call)
+        self._ended = False
+
+    def send(self, messages: Iterable[list[bytes | memoryview]]) -> None:
+        """Sends result messages (each the pieces of one SampleResponse ending
+        with :attr:`tail`), in order.
+
+        Raises:
+            CallError: UNAVAILABLE if the connection is closed or the learner
+                does not read it (the call fails; the learner retries).
+        """
+        try:
+            for parts in messages:
+                self._connection.send_parts(parts, RESULT_SEND_SECONDS)
+                self.sent += 1
+        except (ConnectionClosedError, RlfleetTimeoutError) as exc:
+            raise unavailable(
+                f"the learner's results connection failed mid-answer ({exc}); the answer is "
+                "dropped whole: retry the request",
+            ) from None
+
+    def end(self) -> None:
+        """Sends the call's end marker (once; a closed connection needs none) and
+        gives the connection back."""
+        if self._ended:
+            return
+        self._ended = True
+        try:
+            self._connection.send_parts([results_end(self._call, self.sent)], RESULT_SEND_SECONDS)
+        except (ConnectionClosedError, RlfleetTimeoutError) as exc:
+            # The learner sees the connection's end, or the stream's status.
+            logger.debug("results connection %d: no end marker (%s)", self.channel, exc)
+            self._connection.close(f"no end marker: {exc}")
+        self._channels.give_back(self)

@@ -1,0 +1,256 @@
+"""Sample answers' results on the learner's results connection (learner.proto,
+"Results on a learner's data connection").
+
+Real coordinator and worker processes on loopback (or a coordinator in this
+process, whose learner attaches in memory): the results of every answer
+arrive as frames on the sampler's own data connection, up to the end
+marker, and the batch equals LocalSampler's bit for bit; a connection cut
+mid-answer fails that call with a retryable UnavailableError and the retry
+returns the right batch; a data port that cannot be reached, a
+coordinator without one, or one that does not know the method keeps the
+results on the Sample stream; a sampler
+over two coordinators uses one connection to each.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from rlfleet.client import Fleet, RemoteSampler
+from rlfleet.client._learner_messages import LearnerStubs
+from rlfleet.client._result_route import DataResults, ResultRoute
+from rlfleet.coordinator.config import LEASE_DATA_OFF
+from rlfleet.coordinator.result_channels import ResultChannels
+from rlfleet.envs import EnvConfig
+from rlfleet.errors import EnvError, UnavailableError
+from rlfleet.protocol.learner_calls import SampleAsk
+from rlfleet.security import ClientSecurity
+from rlfleet.transport import rpc as _rpc
+from rlfleet.transport.lease_channel import InProcessLink, LeaseDataLink
+from tests._coordinator_fakes import assert_same_batch
+from tests.fleet_processes import (
+    SLOW_ENV,
+    SLOW_ENV_TWIN,
+    TEST_ENVS_MODULE,
+    ProcessFleet,
+    free_port,
+    local_episodes,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+SEED = 33
+CARTPOLE = EnvConfig("CartPole-v1")
+
+
+class Calls:
+    """Records the results-connection reads of a sampler's calls (None: a call on gRPC)."""
+
+    def __init__(self, route: ResultRoute, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.reads: list[DataResults | None] = []
+        prepare = route.prepare
+
+        def recorded(*args: Any) -> Any:
+            ask, data = prepare(*args)
+            self.reads.append(data)
+            return ask, data
+
+        monkeypatch.setattr(route, "prepare", recorded)
+
+    def all_on_data(self) -> bool:
+        """Every call's results came on the connection, whole (up to the end marker)."""
+        return bool(self.reads) and all(
+            data is not None and data.ended and data.count > 0 for data in self.reads
+        )
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[ProcessFleet]:
+    with ProcessFleet(tmp_path) as fleet:
+        yield fleet
+
+
+def test_answers_arrive_on_the_results_connection_and_equal_local_sampler(
+    processes: ProcessFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    processes.start_coordinator()
+    for _ in range(2):
+        processes.start_worker(envs=2)
+    processes.wait_for_workers(2)
+    sampler = processes.sampler(seed=SEED)
+    calls = Calls(sampler.result_route, monkeypatch)
+    expected = local_episodes(CARTPOLE, 10, 7, seed=SEED)
+
+    assert_same_batch(sampler.obtain_episodes(10), expected[0])
+    assert_same_batch(sampler.obtain_episodes(7), expected[1])
+    steps = sampler.obtain_samples(0, 300)
+    assert steps.lengths.sum() >= 300
+
+    assert calls.all_on_data()
+    assert len(calls.reads) == 3
+    # One connection served every call (a TCP one: the coordinator is another process).
+    assert sampler.result_route.carrier == "data"
+    assert isinstance(sampler.result_route._link, LeaseDataLink)
+
+
+def test_a_local_fleet_hands_results_over_in_memory() -> None:
+    with Fleet.local(workers=2, envs_per_worker=2, seed=SEED) as sampler:
+        expected = local_episodes(CARTPOLE, 9, seed=SEED)
+        assert_same_batch(sampler.obtain_episodes(9), expected[0])
+        assert isinstance(sampler.result_route._link, InProcessLink)
+
+
+def test_a_connection_cut_mid_answer_fails_the_call_and_the_retry_is_right(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env = EnvConfig(SLOW_ENV.id, SLOW_ENV.kwargs, imports=(TEST_ENVS_MODULE,))
+    fleet = Fleet.local(workers=2, envs_per_worker=1, env=env, seed=SEED)
+    try:
+        # A sampler that dials the data port (the fleet's own attaches in memory).
+        with RemoteSampler(fleet.address, seed=SEED, timeout=120) as sampler:
+            calls = Calls(sampler.result_route, monkeypatch)
+            cut = threading.Event()
+
+            def cut_at_first_result(done: int, target: int) -> None:
+                if not cut.is_set():
+                    cut.set()
+                    link = sampler.result_route._link
+                    assert isinstance(link, LeaseDataLink)
+                    link.close()  # as a network that drops the connection
+
+            with pytest.raises(UnavailableError, match=r"mid-answer.*retry"):
+                sampler.obtain_episodes(6, progress=cut_at_first_result)
+            assert cut.is_set()
+            assert sampler.result_route.carrier == "grpc"  # the cut connection was dropped
+            assert sampler.requests_made == 0  # the failed call does not count
+
+            # The retry opens a new connection and gets the whole, right batch.
+            expected = local_episodes(SLOW_ENV_TWIN, 6, seed=SEED)
+            assert_same_batch(sampler.obtain_episodes(6), expected[0])
+            assert calls.reads[-1] is not None and calls.reads[-1].ended
+            assert sampler.result_route.carrier == "data"
+    finally:
+        fleet.close()
+
+
+def test_an_unreachable_data_port_keeps_results_on_grpc(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.WARNING, logger="rlfleet.transport.lease_channel")
+    # The data port listens on another loopback address than the one dialled
+    # for gRPC: the learner cannot reach it (as behind a proxy passing gRPC only).
+    port = free_port()
+    options = {"lease_data_listen": f"127.0.0.2:{port}"}
+    with (
+        Fleet.local(workers=1, envs_per_worker=2, seed=SEED, coordinator_options=options) as fleet,
+        RemoteSampler(fleet.address, seed=SEED) as sampler,
+    ):
+        calls = Calls(sampler.result_route, monkeypatch)
+        expected = local_episodes(CARTPOLE, 5, 5, seed=SEED)
+        assert_same_batch(sampler.obtain_episodes(5), expected[0])
+        assert_same_batch(sampler.obtain_episodes(5), expected[1])
+        assert calls.reads == [None, None]  # on gRPC, without a second try
+    warnings = [r.getMessage() for r in caplog.records if f"127.0.0.1:{port}" in r.getMessage()]
+    assert len(warnings) == 1
+    assert f"Open TCP port {port}" in warnings[0]
+
+
+def test_a_coordinator_without_a_data_channel_answers_on_grpc(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    options = {"lease_data_listen": LEASE_DATA_OFF}
+    with Fleet.local(workers=1, envs_per_worker=2, seed=SEED, coordinator_options=options) as s:
+        calls = Calls(s.result_route, monkeypatch)
+        assert_same_batch(s.obtain_episodes(4), local_episodes(CARTPOLE, 4, seed=SEED)[0])
+        assert calls.reads == [None]
+        assert s.result_route.carrier == "grpc"
+
+
+def test_a_sampler_over_two_coordinators_reads_each_on_its_own_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with Fleet.local(workers=2, envs_per_worker=2, seed=SEED, coordinators=2) as sampler:
+        shards = sampler._shards
+        assert shards is not None
+        recorders = [Calls(shard.sampler.result_route, monkeypatch) for shard in shards.shards]
+        expected = local_episodes(CARTPOLE, 12, seed=SEED)
+        assert_same_batch(sampler.obtain_episodes(12), expected[0])
+        for recorder in recorders:
+            assert recorder.all_on_data()
+
+
+def test_a_coordinator_that_does_not_know_the_method_keeps_results_on_grpc() -> None:
+    # An older coordinator answers OpenResultChannel with UNIMPLEMENTED (a
+    # server without the method is one).
+    server = grpc.server(ThreadPoolExecutor(2))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = _rpc.open_channel(f"127.0.0.1:{port}", security=ClientSecurity.from_options())
+    try:
+        stubs = LearnerStubs(channel)
+        route = ResultRoute(f"127.0.0.1:{port}", stubs, ClientSecurity.from_options(), 1 << 20)
+        ask = SampleAsk(2, 4)
+        for _ in range(2):  # asked once: the answer holds for the sampler's life
+            assert route.prepare(ask, 10.0) == (ask, None)
+        assert route.carrier == "grpc"
+    finally:
+        channel.close()
+        server.stop(None)
+
+
+def test_an_error_mid_answer_arrives_after_the_end_marker_and_keeps_the_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    crashing = EnvConfig(
+        "rlfleet/Crashing-v0", {"crash_at_step": 3, "length": 5}, imports=(TEST_ENVS_MODULE,)
+    )
+    with (
+        Fleet.local(workers=1, envs_per_worker=2, env=crashing, seed=SEED) as fleet_sampler,
+        RemoteSampler(fleet_sampler.address, seed=SEED, timeout=60) as sampler,
+    ):
+        calls = Calls(sampler.result_route, monkeypatch)
+        with pytest.raises(EnvError, match="step 3"):
+            sampler.obtain_episodes(10)
+        # The coordinator ended the call's frames with the marker before its
+        # error status: the connection holds nothing of the call and is kept.
+        (data,) = calls.reads
+        assert data is not None and data.ended
+        link = sampler.result_route._link
+        with pytest.raises(EnvError):
+            sampler.obtain_episodes(10)
+        assert sampler.result_route._link is link
+
+
+def test_a_call_that_overtakes_its_connections_booking_still_gets_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The learner has LeaseDataAccepted a moment before the coordinator books
+    # the connection: here the booking waits until the call has asked for it.
+    asked = threading.Event()
+    take, attach = ResultChannels.take, ResultChannels._attach
+
+    def asking(self: ResultChannels, channel: int, call: int) -> Any:
+        asked.set()
+        return take(self, channel, call)
+
+    def late(self: ResultChannels, channel: int, connection: Any) -> Any:
+        assert asked.wait(60), "no call asked for the connection"
+        return attach(self, channel, connection)
+
+    monkeypatch.setattr(ResultChannels, "take", asking)
+    monkeypatch.setattr(ResultChannels, "_attach", late)
+    with (
+        Fleet.local(workers=1, envs_per_worker=2, seed=SEED) as fleet_sampler,
+        RemoteSampler(fleet_sampler.address, seed=SEED) as sampler,
+    ):
+        calls = Calls(sampler.result_route, monkeypatch)
+        assert_same_batch(sampler.obtain_episodes(4), local_episodes(CARTPOLE, 4, seed=SEED)[0])
+        assert calls.all_on_data()
