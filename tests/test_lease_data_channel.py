@@ -535,6 +535,59 @@ def test_a_worker_holds_data_commands_until_the_switch_marker() -> None:
             channel.close()
 
 
+@pytest.mark.parametrize("join_ended", [True, False])
+def test_a_data_connection_that_ends_with_the_join_stream_leaves_the_session_to_it(
+    join_ended: bool,
+) -> None:
+    # A stopping coordinator closes the data port a moment before it ends the
+    # Join streams. The session's end must be the Join stream's: a data
+    # connection that closed cleanly as the Join stream ended tells the
+    # session nothing (it would race the Join stream's end and name itself in
+    # the worker's reconnect WARNING); one that closed while the Join stream
+    # lives is a fault the session hears about.
+    with serve(CoordinatorConfig(listen="127.0.0.1:0")) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        attached: list[Any] = []
+
+        def attach(connection: Any) -> _Quiet:
+            attached.append(connection)
+            return _Quiet()
+
+        ticket = data.issue(attach)
+        broken: list[str] = []
+        asked: list[float] = []
+
+        def ended(seconds: float) -> bool:
+            asked.append(seconds)
+            return join_ended
+
+        channel = WorkerLeaseChannel(
+            "127.0.0.1",
+            data.port,
+            data_hello(ticket),
+            tls=None,
+            max_frame_bytes=1 << 16,
+            on_command=lambda payload: None,
+            on_broken=broken.append,
+            join_ended=ended,
+        )
+        channel.start()
+        try:
+            wait_until(lambda: attached and channel.connected, "the worker's data connection")
+            (connection,) = attached
+            connection.close("the coordinator stops")
+            wait_until(lambda: asked, "the worker to see the connection end")
+            if join_ended:
+                time.sleep(0.2)  # an absence: a late call would come within this
+                assert broken == []
+            else:
+                wait_until(lambda: broken, "the session told of the fault")
+                assert broken == ["the coordinator closed it"]
+        finally:
+            channel.close()
+
+
 def test_a_frame_cut_by_a_timed_out_wait_is_kept_whole_for_the_next() -> None:
     """The learner reads replies on its own thread with a deadline
     (LeaseDataLink.receive_within): a wait that ends mid-frame loses no byte."""

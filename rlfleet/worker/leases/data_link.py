@@ -208,7 +208,9 @@ class WorkerLeaseChannel:
         # Only a clean close waits: a broken connection (reset, cut, bad frame)
         # is a fault even if the coordinator then ends the Join stream for it.
         if self._join_ended(JOIN_END_GRACE_SECONDS if clean else 0.0):
+            # The Join stream's end ends the session and names why; telling the
+            # session here too would race it and could name this connection.
             logger.info("the lease data connection ended with the Join stream (%s)", why)
-        else:
-            logger.warning("the lease data connection ended (%s); rejoining", why)
+            return
+        logger.warning("the lease data connection ended (%s); rejoining", why)
         self._on_broken(why)
