@@ -286,7 +286,13 @@ class SyntheticWorker:
         stream.send(
             WorkerHello(
                 protocol_version=_rpc.PROTOCOL_VERSION,
-                capabilities=("rlfleet.episodes", *(on_data if self.carrier == "data" else ())),
+                # As the Python worker: units as columns (their encoding is the
+                # coordinator's per-request cost), results on the carrier asked for.
+                capabilities=(
+                    "rlfleet.episodes",
+                    _rpc.UNIT_COLUMNS_CAPABILITY,
+                    *(on_data if self.carrier == "data" else ()),
+                ),
                 num_envs=self.num_envs,
                 host=socket.gethostname(),
                 pid=os.getpid(),
