@@ -107,13 +107,7 @@ class WorkerLeaseChannel:
         A broken connection ends the session (``on_broken``); the reply is
         lost with it, as the coordinator writes the worker off.
         """
-        link = self._link
-        if link is None:
-            raise UnavailableError("the lease data connection is not open")
-        try:
-            link.send(payload)
-        except OSError as exc:
-            self._broken(f"sending a lease reply failed: {exc}")
+        self._send([payload], "a lease reply")
 
     def send_frames(self, payloads: list[bytes]) -> None:
         """Sends a result's serialized WorkerMessages, in order, from the caller's thread.
@@ -122,13 +116,16 @@ class WorkerLeaseChannel:
         lost with it, as the coordinator writes the worker off and re-runs
         its episodes.
         """
+        self._send(payloads, "a result")
+
+    def _send(self, payloads: list[bytes], what: str) -> None:
         link = self._link
         if link is None:
             raise UnavailableError("the lease data connection is not open")
         try:
             link.send_frames(payloads)
         except OSError as exc:
-            self._broken(f"sending a result failed: {exc}")
+            self._broken(f"sending {what} failed: {exc}")
 
     def end_results(self, marker: bytes) -> None:
         """Tells the coordinator that no result follows: sends ``marker`` (a
