@@ -19,7 +19,7 @@ import socket
 import ssl
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -492,9 +492,14 @@ def _accepts(port: int, ticket: bytes) -> bool:
     return True
 
 
-def test_a_worker_holds_data_commands_until_the_switch_marker() -> None:
-    # The ordering guarantee: commands that come on the data connection wait
-    # until the worker has read the marker that closes the Join stream's part.
+@contextlib.contextmanager
+def worker_data_channel(
+    on_command: Callable[[bytes], None],
+    on_broken: Callable[[str], None],
+    join_ended: Callable[[float], bool],
+) -> Iterator[tuple[WorkerLeaseChannel, Any]]:
+    """A worker session's data channel connected to a real coordinator's data
+    port, and the coordinator's side of its connection."""
     with serve(CoordinatorConfig(listen="127.0.0.1:0")) as server:
         data = server.coordinator.lease_data
         assert data is not None
@@ -505,34 +510,44 @@ def test_a_worker_holds_data_commands_until_the_switch_marker() -> None:
             return _Quiet()
 
         ticket = data.issue(attach)
-        got: list[bytes] = []
-        broken: list[str] = []
         channel = WorkerLeaseChannel(
             "127.0.0.1",
             data.port,
             data_hello(ticket),
             tls=None,
             max_frame_bytes=1 << 16,
-            on_command=got.append,
-            on_broken=broken.append,
-            join_ended=lambda seconds: False,
+            on_command=on_command,
+            on_broken=on_broken,
+            join_ended=join_ended,
         )
         channel.start()
         try:
             wait_until(lambda: attached and channel.connected, "the worker's data connection")
             (connection,) = attached
-            connection.send(b"first")
-            connection.send(b"second")
-            wait_until(lambda: len(channel._held) == 2, "both commands held back")  # they arrive
-            assert got == []  # and wait
-            channel.switch()
-            assert got == [b"first", b"second"]
-            connection.send(b"third")
-            wait_until(lambda: len(got) == 3, "a command after the marker")
-            assert got[2] == b"third"
-            assert broken == []
+            yield channel, connection
         finally:
             channel.close()
+
+
+def test_a_worker_holds_data_commands_until_the_switch_marker() -> None:
+    # The ordering guarantee: commands that come on the data connection wait
+    # until the worker has read the marker that closes the Join stream's part.
+    got: list[bytes] = []
+    broken: list[str] = []
+    with worker_data_channel(got.append, broken.append, lambda seconds: False) as (
+        channel,
+        connection,
+    ):
+        connection.send(b"first")
+        connection.send(b"second")
+        wait_until(lambda: len(channel._held) == 2, "both commands held back")  # they arrive
+        assert got == []  # and wait
+        channel.switch()
+        assert got == [b"first", b"second"]
+        connection.send(b"third")
+        wait_until(lambda: len(got) == 3, "a command after the marker")
+        assert got[2] == b"third"
+        assert broken == []
 
 
 @pytest.mark.parametrize("join_ended", [True, False])
@@ -545,47 +560,22 @@ def test_a_data_connection_that_ends_with_the_join_stream_leaves_the_session_to_
     # session nothing (it would race the Join stream's end and name itself in
     # the worker's reconnect WARNING); one that closed while the Join stream
     # lives is a fault the session hears about.
-    with serve(CoordinatorConfig(listen="127.0.0.1:0")) as server:
-        data = server.coordinator.lease_data
-        assert data is not None
-        attached: list[Any] = []
+    broken: list[str] = []
+    asked: list[float] = []
 
-        def attach(connection: Any) -> _Quiet:
-            attached.append(connection)
-            return _Quiet()
+    def ended(seconds: float) -> bool:
+        asked.append(seconds)
+        return join_ended
 
-        ticket = data.issue(attach)
-        broken: list[str] = []
-        asked: list[float] = []
-
-        def ended(seconds: float) -> bool:
-            asked.append(seconds)
-            return join_ended
-
-        channel = WorkerLeaseChannel(
-            "127.0.0.1",
-            data.port,
-            data_hello(ticket),
-            tls=None,
-            max_frame_bytes=1 << 16,
-            on_command=lambda payload: None,
-            on_broken=broken.append,
-            join_ended=ended,
-        )
-        channel.start()
-        try:
-            wait_until(lambda: attached and channel.connected, "the worker's data connection")
-            (connection,) = attached
-            connection.close("the coordinator stops")
-            wait_until(lambda: asked, "the worker to see the connection end")
-            if join_ended:
-                time.sleep(0.2)  # an absence: a late call would come within this
-                assert broken == []
-            else:
-                wait_until(lambda: broken, "the session told of the fault")
-                assert broken == ["the coordinator closed it"]
-        finally:
-            channel.close()
+    with worker_data_channel(lambda payload: None, broken.append, ended) as (_, connection):
+        connection.close("the coordinator stops")
+        wait_until(lambda: asked, "the worker to see the connection end")
+        if join_ended:
+            time.sleep(0.2)  # an absence: a late call would come within this
+            assert broken == []
+        else:
+            wait_until(lambda: broken, "the session told of the fault")
+            assert broken == ["the coordinator closed it"]
 
 
 def test_a_frame_cut_by_a_timed_out_wait_is_kept_whole_for_the_next() -> None:
