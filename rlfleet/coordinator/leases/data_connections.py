@@ -131,24 +131,12 @@ class DataConnection(LeaseConnection):
     def send(self, payload: bytes) -> None:
         """Sends one frame without blocking (what the socket does not take at once
         is sent by the loop, in order)."""
-        data = frame(payload)
-        failure = None
         with self._lock:
             if self._closed:
                 return  # the peer's on_closed already ended what this belonged to
-            if self._pending:
-                sent = 0
-            else:
-                try:
-                    sent = self._sock.send(data)
-                except NOT_NOW:
-                    sent = 0
-                except OSError as exc:
-                    failure = f"send failed: {exc}"
-                if failure is None and sent == len(data):
-                    return
-            if failure is None:
-                waiting = self._pending_bytes + len(data) - sent
+            rest, failure = self._write([frame(payload)])
+            if failure is None and rest:
+                waiting = self._pending_bytes + sum(map(len, rest))
                 if waiting > self._max_pending:
                     # A peer that does not read what it asked for must not
                     # make the coordinator hold replies without bound.
@@ -157,12 +145,12 @@ class DataConnection(LeaseConnection):
                         "peer does not read its connection"
                     )
                 else:
-                    self._pending.append(memoryview(data)[sent:])
+                    self._pending += rest
                     self._pending_bytes = waiting
         if failure is not None:
             self._server.close(self, failure)
-            return
-        self._server.want_write(self)
+        elif rest:
+            self._server.want_write(self)
 
     def send_parts(self, parts: Sequence[bytes | memoryview], wait_seconds: float) -> None:
         """Sends one frame of ``parts`` (no copy of them on plain TCP: ``sendmsg``),
@@ -175,7 +163,6 @@ class DataConnection(LeaseConnection):
             RlfleetTimeoutError: If the peer took nothing for ``wait_seconds``.
         """
         pieces = [FRAME_HEADER.pack(sum(map(len, parts))), *parts]
-        failure = None
         with self._lock:
             while self._pending_bytes > _PACED_BYTES and not self._closed:
                 if not self._drained.wait(wait_seconds):
@@ -184,25 +171,7 @@ class DataConnection(LeaseConnection):
                     )
             if self._closed:
                 raise ConnectionClosedError(f"the data connection of {self.what} is closed")
-            sent = 0
-            if not self._pending:
-                try:
-                    if isinstance(self._sock, ssl.SSLSocket):  # no sendmsg over TLS
-                        pieces = [b"".join(pieces)]
-                        sent = self._sock.send(pieces[0])
-                    else:
-                        sent = self._sock.sendmsg(pieces)
-                except NOT_NOW:
-                    sent = 0
-                except OSError as exc:
-                    failure = f"send failed: {exc}"
-            rest: list[memoryview] = []
-            for piece in pieces:
-                if sent >= len(piece):
-                    sent -= len(piece)
-                elif piece:
-                    rest.append(memoryview(piece)[sent:])
-                    sent = 0
+            rest, failure = self._write(pieces)
             if failure is None and rest:
                 self._pending += rest
                 self._pending_bytes += sum(map(len, rest))
@@ -211,6 +180,33 @@ class DataConnection(LeaseConnection):
             raise ConnectionClosedError(f"the data connection of {self.what} broke: {failure}")
         if rest:
             self._server.want_write(self)
+
+    def _write(self, pieces: Sequence[bytes | memoryview]) -> tuple[list[memoryview], str | None]:
+        """Writes what the socket takes at once of ``pieces`` (nothing while
+        earlier frames wait: they go first, from the loop); returns what is left
+        of them, or why the connection failed. The caller holds the lock."""
+        sent = 0
+        if not self._pending:
+            try:
+                if len(pieces) == 1:
+                    sent = self._sock.send(pieces[0])
+                elif isinstance(self._sock, ssl.SSLSocket):  # no sendmsg over TLS
+                    pieces = [b"".join(pieces)]
+                    sent = self._sock.send(pieces[0])
+                else:
+                    sent = self._sock.sendmsg(pieces)
+            except NOT_NOW:
+                sent = 0
+            except OSError as exc:
+                return [], f"send failed: {exc}"
+        rest: list[memoryview] = []
+        for piece in pieces:
+            if sent >= len(piece):
+                sent -= len(piece)
+            elif piece:
+                rest.append(memoryview(piece)[sent:])
+                sent = 0
+        return rest, None
 
     # --- the loop's side -----------------------------------------------------------
 
