@@ -6,7 +6,8 @@ calls while another thread reads their replies. Over TLS both go through
 one OpenSSL object, which must never be entered by two threads at once: a
 real mTLS link on loopback, whose SSL socket records every thread inside
 an SSL call, carries frames both ways at once, whole and in order, and no
-SSL call starts while another thread's runs.
+SSL call starts while another thread's runs. A TLS send the peer does not
+take fails at the send timeout, as over TCP.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from rlfleet.errors import RlfleetTimeoutError
 from rlfleet.security import ClientTLS, ServerTLS
 from rlfleet.transport.lease_channel import FRAME_HEADER, LeaseDataLink, frame
 from tests.tls_fixtures import make_ca, make_cert
@@ -103,9 +105,7 @@ def _peer(server: ssl.SSLContext) -> Iterator[tuple[int, dict[str, Any]]]:
 
     def run() -> None:
         loop = asyncio.new_event_loop()
-        listener = loop.run_until_complete(
-            asyncio.start_server(handle, "127.0.0.1", 0, ssl=server)
-        )
+        listener = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", 0, ssl=server))
         ready["loop"], ready["port"] = loop, listener.sockets[0].getsockname()[1]
         started.set()
         loop.run_forever()
@@ -132,12 +132,16 @@ def _frames(data: bytes) -> list[bytes]:
     return found
 
 
-@pytest.mark.parametrize("reader", ["receive", "receive_within", "receive_message"])
-def test_a_tls_link_never_enters_openssl_from_two_threads(reader: str) -> None:
+def _mtls() -> tuple[ServerTLS, ClientTLS]:
     ca = make_ca()
     server_pair, client_pair = make_cert(ca, "coordinator"), make_cert(ca, "w", client=True)
     server = ServerTLS(server_pair.cert_pem, server_pair.key_pem, client_ca=ca.cert_pem)
-    client = ClientTLS(ca.cert_pem, client_pair.cert_pem, client_pair.key_pem)
+    return server, ClientTLS(ca.cert_pem, client_pair.cert_pem, client_pair.key_pem)
+
+
+@pytest.mark.parametrize("reader", ["receive", "receive_within", "receive_message"])
+def test_a_tls_link_never_enters_openssl_from_two_threads(reader: str) -> None:
+    server, client = _mtls()
     entries = _Entries()
     context = client.ssl_context()
     context.sslsocket_class = _recording_class(entries)
@@ -172,3 +176,31 @@ def test_a_tls_link_never_enters_openssl_from_two_threads(reader: str) -> None:
     assert entries.overlaps == []
     assert received == [_payload(i) for i in range(FRAMES)]
     assert _frames(bytes(seen["bytes"])) == [*(_payload(i) for i in range(FRAMES)), b"last"]
+
+
+@pytest.mark.timeout(60)
+def test_a_tls_send_the_peer_does_not_take_fails_at_the_send_timeout() -> None:
+    # The worker writes results from its stepping thread: a coordinator that
+    # stops reading must not block it for ever, over TLS as over TCP.
+    server, client = _mtls()
+    held: list[ssl.SSLSocket] = []
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+
+        def accept() -> None:  # completes the handshake, then never reads
+            accepted, _ = listener.accept()
+            held.append(server.ssl_context().wrap_socket(accepted, server_side=True))
+
+        threading.Thread(target=accept, daemon=True).start()
+        raw = socket.create_connection(listener.getsockname(), timeout=30)
+        sock = client.ssl_context().wrap_socket(raw, server_hostname="localhost")
+        sock.settimeout(None)
+        link = LeaseDataLink(sock, 1)
+        try:
+            link.set_send_timeout(0.2)
+            with pytest.raises(RlfleetTimeoutError, match=r"0\.2 seconds \(the send timeout\)"):
+                for _ in range(1000):  # far more than the socket buffers hold
+                    link.send_frames([bytes(1 << 20)])
+        finally:
+            link.close()
+            for peer in held:
+                peer.close()

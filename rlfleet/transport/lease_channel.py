@@ -126,8 +126,9 @@ class LeaseDataLink:
     for the socket's bytes outside it (``poll``) and reads without blocking
     inside it, so a send never waits behind a receive's wait. No receive
     changes the socket's timeout while a send may run under it (a send's
-    limit is its ``SO_SNDTIMEO``, :meth:`set_send_timeout`), and over plain
-    TCP a send costs what it did (the kernel's socket takes both at once).
+    limit, :meth:`set_send_timeout`, is ``SO_SNDTIMEO`` over TCP and the
+    socket's timeout over TLS), and over plain TCP a send costs what it did
+    (the kernel's socket takes both at once).
 
     Args:
         sock: The connected socket, past the handshake.
@@ -151,10 +152,17 @@ class LeaseDataLink:
     def set_send_timeout(self, seconds: float) -> None:
         """Bounds every send: one the peer does not take within ``seconds`` fails
         (the socket's receives keep waiting as long as they did)."""
+        self._send_seconds = seconds
+        if self._tls:
+            # OpenSSL retries a write that SO_SNDTIMEO cut short, for ever: over
+            # TLS the socket's own timeout bounds each write instead (no
+            # receive blocks under it: they wait outside the lock, with poll).
+            with self._lock:
+                self._sock.settimeout(seconds)
+            return
         whole = int(seconds)
         timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
-        self._send_seconds = seconds
 
     def send(self, payload: bytes) -> None:
         """Sends one frame.
@@ -196,7 +204,7 @@ class LeaseDataLink:
         """Turns a send that ran past the send timeout into a TimeoutError naming it."""
         try:
             yield
-        except (BlockingIOError, ssl.SSLWantWriteError):
+        except (BlockingIOError, ssl.SSLWantWriteError, TimeoutError):
             raise RlfleetTimeoutError(
                 f"the coordinator took no data for {self._send_seconds:g} seconds (the send "
                 "timeout)"
