@@ -19,7 +19,6 @@ lease face's translation (rlfleet.wire.leases and the worker session).
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import math
 import queue
@@ -377,11 +376,11 @@ class LeaseDataLink:
 
         Raises:
             TimeoutError: Past ``deadline``.
-            OSError: If the link was closed meanwhile.
+            ConnectionClosedError: If the link was closed meanwhile (an OSError).
         """
         fd = self._sock.fileno()
         if fd < 0:
-            raise OSError(errno.EBADF, "the lease data connection is closed")
+            raise ConnectionClosedError("the lease data connection was closed on this side")
         poller = select.poll()
         poller.register(fd, events)
         while True:
