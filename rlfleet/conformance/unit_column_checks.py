@@ -12,10 +12,9 @@ naming the task, runs none of its units, and goes on serving
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 
 from rlfleet.conformance._expectations import fail_if
-from rlfleet.conformance.kit_messages import error_of
+from rlfleet.conformance.kit_messages import UNIT_COLUMN_FAULTS, error_of, malformed_task
 from rlfleet.conformance.link import WorkerLink, describe, event_kind, kind_name
 from rlfleet.conformance.runner import WorkerHarness
 from rlfleet.conformance.scripted_coordinator import Inbound
@@ -24,8 +23,6 @@ from rlfleet.protocol.join import TaskAssignment
 from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.transport import rpc as _rpc
-from rlfleet.v1 import worker_pb2
-from rlfleet.wire.join import encode_task
 
 #: Units of each malformed task (before its columns are spoilt).
 MALFORMED_UNITS = 3
@@ -34,39 +31,6 @@ MALFORMED_SEED = 41
 #: The malformed tasks' ids: apart from the well-formed ones (which count from 1).
 _task_ids = itertools.count(1_000_001)
 _request_ids = itertools.count(1_000_001)
-
-
-def _cut_column(task: worker_pb2.Task) -> str:
-    task.unit_columns.episode_indices = task.unit_columns.episode_indices[:-3]
-    return "whose episode_indices lack their last 3 bytes (not a whole number of int64)"
-
-
-def _longer_column(task: worker_pb2.Task) -> str:
-    task.unit_columns.env_seeds += (7).to_bytes(4, "little")
-    return f"whose env_seeds hold {MALFORMED_UNITS + 1} values and the others {MALFORMED_UNITS}"
-
-
-def _wide_column(task: worker_pb2.Task) -> str:
-    seeds = task.unit_columns.policy_seeds
-    task.unit_columns.policy_seeds = b"".join(
-        int.from_bytes(seeds[k : k + 4], "little").to_bytes(8, "little")
-        for k in range(0, len(seeds), 4)
-    )
-    return "whose policy_seeds are int64 (8 bytes each) instead of uint32"
-
-
-def _both_forms(task: worker_pb2.Task) -> str:
-    task.units.add(episode_index=0, env_seed=1, policy_seed=2)
-    return "that also carries Task.units (a Task carries its units in one form)"
-
-
-#: How each malformed task is spoilt; each returns what it did, for messages.
-SPOILERS: tuple[Callable[[worker_pb2.Task], str], ...] = (
-    _cut_column,
-    _longer_column,
-    _wide_column,
-    _both_forms,
-)
 
 
 def check_unit_columns(harness: WorkerHarness) -> str:
@@ -78,8 +42,8 @@ def check_unit_columns(harness: WorkerHarness) -> str:
             "messages, so nothing was tried"
         )
     refused = []
-    for spoil in SPOILERS:
-        task, what = _send_malformed(link, spoil)
+    for fault in range(UNIT_COLUMN_FAULTS):
+        task, what = _send_malformed(link, fault)
         _expect_refusal(link, task, f"Task {task.task_id} {what}")
         refused.append(task)
     good = link.send_episodes(link.num_envs, seed=MALFORMED_SEED)
@@ -100,10 +64,8 @@ def check_unit_columns(harness: WorkerHarness) -> str:
     )
 
 
-def _send_malformed(
-    link: WorkerLink, spoil: Callable[[worker_pb2.Task], str]
-) -> tuple[TaskAssignment, str]:
-    """Sends a well-formed episodes task with its columns spoilt by ``spoil``."""
+def _send_malformed(link: WorkerLink, fault: int) -> tuple[TaskAssignment, str]:
+    """Sends a well-formed episodes task with its columns broken (``fault``)."""
     request = next(_request_ids)
     units = UnitColumns.seeded(MALFORMED_SEED, request, range(MALFORMED_UNITS))
     task = TaskAssignment(
@@ -114,13 +76,12 @@ def _send_malformed(
         link.generation,
         units=units,
     )
-    message = encode_task(task, unit_columns=True)
-    what = spoil(message)
+    what, data = malformed_task(task, fault)
     # Registered with the units it meant: a result for it is checked, then reported.
     link.tasks[task.task_id] = task
     link.results[task.task_id] = []
     try:
-        link.session.send(worker_pb2.CoordinatorMessage(task=message))
+        link.session.send(data)
     except RuntimeError as exc:
         raise link.failure(f"cannot send a task: {exc}") from exc
     return task, what
