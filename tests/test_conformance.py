@@ -7,8 +7,9 @@
   or failed under ``CI=true``: tests/node_support.py), the Node worker:
   every check passes.
 * The kit against tests/fixtures/broken_worker.py, which skips heartbeats,
-  never runs tasks, reconnects in a hot loop or says protocol version 2:
-  exactly the checks those faults break fail, with reasons naming them.
+  never runs tasks, reconnects in a hot loop, says protocol version 2 or
+  ignores malformed unit columns: exactly the checks those faults break
+  fail, with reasons naming them.
 
 The kit runs real worker processes over loopback gRPC (no mocks), so the
 end-to-end tests take tens of seconds; the rule tests take milliseconds.
@@ -182,6 +183,20 @@ def test_a_broken_worker_fails_exactly_the_checks_its_faults_break(
     assert not mismatch.passed
     assert "per second): retry with exponential backoff" in mismatch.message
     assert "its stderr does not mention 'version'" in mismatch.message
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_does_not_refuse_malformed_unit_columns_fails_their_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", python_env()["PYTHONPATH"])
+    handshake, result = run_conformance(
+        broken("--unit-columns"), checks=["handshake", "unit-columns"], timeout=3.0
+    )
+    assert handshake.passed, handshake.message
+    assert not result.passed
+    assert result.message.startswith("expected WorkerError ERROR_KIND_PROTOCOL naming task ")
+    assert "whose episode_indices lack their last 3 bytes" in result.message
 
 
 @pytest.mark.timeout(60)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,18 +23,15 @@ import pytest
 from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import RlfleetTimeoutError
-from rlfleet.transport import rpc as _rpc
-from rlfleet.transport.lease_channel import LeaseDataLink, dial
+from rlfleet.transport.lease_channel import LeaseDataLink
 from rlfleet.v1 import worker_pb2
-from rlfleet.wire.leases import data_hello
 from tests._coordinator_fakes import (
-    CAPABILITIES,
     Answer,
-    AutoWorker,
     assert_same_batch,
     reference_episodes,
     sample,
 )
+from tests._data_worker import HeldResults, scripted_data_worker
 from tests.fleet_processes import (
     SLOW_ENV,
     SLOW_ENV_TWIN,
@@ -53,8 +49,6 @@ SEED = 21
 EPISODES = 2  # SAMPLE_MODE_EPISODES
 #: What a worker logs when its session's results take the data channel.
 ON_DATA = "this session's results go on the lease data channel"
-#: Hello capabilities of a scripted worker whose results may take the data channel.
-DATA_CAPABILITIES = (*CAPABILITIES, _rpc.LEASE_CAPABILITY, _rpc.DATA_RESULTS_CAPABILITY)
 
 
 def data_frames(fleet: Fleet, party: str) -> float:
@@ -114,45 +108,6 @@ def test_a_worker_killed_mid_request_loses_and_duplicates_nothing(
     assert result.footer.reassigned_units >= 1
     for survivor in processes.workers[1:]:
         assert ON_DATA in survivor.log_text()
-
-
-class HeldResults:
-    """A scripted worker's results, held back to be sent when the test says."""
-
-    def __init__(self) -> None:
-        self.messages: list[bytes] = []
-        self.results = 0
-        self.changed = threading.Event()
-
-    def take(self, messages: list[_rpc.WithChunk]) -> None:
-        self.messages += [_rpc.serialize(m) for m in messages]
-        self.results += 1
-        self.changed.set()
-
-
-@contextlib.contextmanager
-def scripted_data_worker(
-    address: str, held: HeldResults
-) -> Iterator[tuple[AutoWorker, LeaseDataLink]]:
-    """A scripted worker that agreed on data results, with its data connection open."""
-    worker = AutoWorker(address, num_envs=2, capabilities=DATA_CAPABILITIES, send_result=held.take)
-    try:
-        assert worker.welcome.HasField("lease_data")
-        assert _rpc.DATA_RESULTS_CAPABILITY in worker.welcome.capabilities
-        link = dial(
-            "127.0.0.1",
-            worker.welcome.lease_data.port,
-            data_hello(worker.welcome.lease_data.ticket),
-            tls=None,
-            timeout=10,
-            max_frame_bytes=1 << 24,
-        )
-        try:
-            yield worker, link
-        finally:
-            link.close()
-    finally:
-        worker.close()
 
 
 def test_a_leaving_workers_last_results_on_the_data_channel_are_kept(

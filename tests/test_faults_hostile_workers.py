@@ -1,4 +1,5 @@
-"""Workers that beat but never finish their units, ask for too much, or never say Hello.
+"""Workers that beat but never finish their units, ask for too much, hold too
+much in flight, or never say Hello.
 
 Issue 12.4: a worker that sends heartbeats but never delivers its units (a
 stuck C extension on a thread of its own, or a hostile worker) used to
@@ -25,8 +26,9 @@ from rlfleet.coordinator.progress import (
     ProgressWatch,
 )
 from rlfleet.envs import EnvConfig
-from rlfleet.v1 import worker_pb2
+from rlfleet.v1 import batch_pb2, worker_pb2
 from tests._coordinator_fakes import ScriptedWorker, assert_same_batch, env_ready, join
+from tests._data_worker import HeldResults, scripted_data_worker
 from tests.fleet_processes import ProcessFleet, local_episodes
 
 pytestmark = pytest.mark.timeout(240)
@@ -127,3 +129,33 @@ def test_handshake_timeout_refusals_are_rate_limited_in_the_log(fleet: ProcessFl
             stream.close()
     lines = [line for line in coordinator.log_text().splitlines() if "no Hello within" in line]
     assert len(lines) == 1, lines  # one line per 10 s, whatever the peer does
+
+
+def test_a_worker_splitting_unfinished_results_over_both_carriers_is_held_to_one_limit(
+    fleet: ProcessFleet,
+) -> None:
+    # max_inflight_bytes_per_worker bounds a worker session, not each carrier:
+    # the first halves of two results, one on its Join stream and one on its
+    # lease data connection, each within the limit alone, drop it together.
+    limit = 1 << 20
+    coordinator = fleet.start_coordinator("--env", "CartPole-v1", "--max-result-bytes", str(limit))
+
+    def first_half(batch_id: int) -> worker_pb2.WorkerMessage:
+        chunk = batch_pb2.BatchChunk(
+            batch_id=batch_id,
+            index=0,
+            count=2,
+            total_bytes=limit,
+            kind=batch_pb2.PAYLOAD_KIND_EPISODE_BATCH,
+            data=bytes(limit * 6 // 10),
+        )
+        return worker_pb2.WorkerMessage(result=worker_pb2.EpisodeResult(chunk=chunk))
+
+    with scripted_data_worker(fleet.address, HeldResults()) as (worker, link):
+        fleet.wait_for_workers(1)
+        worker.worker.send(first_half(1))
+        link.send_frames([first_half(2).SerializeToString()])
+        log = fleet.wait_for_log(coordinator, f"worker '{worker.welcome.name}' removed")
+    assert "RESOURCE_EXHAUSTED" in log
+    assert "in flight" in log
+    assert f"over the limit of {limit} (max_inflight_bytes_per_worker)" in log

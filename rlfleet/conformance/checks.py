@@ -47,6 +47,7 @@ from rlfleet.conformance.link import (
     event_kind,
 )
 from rlfleet.conformance.runner import WorkerHarness
+from rlfleet.conformance.unit_column_checks import check_unit_columns
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.policies.mlp import weight_name
 from rlfleet.protocol.error_reports import ErrorKind
@@ -384,6 +385,15 @@ def errors(harness: WorkerHarness) -> str:
         f"unknown env: ERROR_KIND_ENV_NOT_FOUND {detail.message!r}; wrong shape: "
         f"ERROR_KIND_POLICY naming {name!r}; then a task ran with agent version {good}"
     )
+
+
+@_check(
+    "unit-columns",
+    "if 'rlfleet.unit-columns' is advertised: malformed unit columns are refused, none run",
+)
+def unit_columns(harness: WorkerHarness) -> str:
+    """Malformed columns are refused by task (rlfleet/conformance/unit_column_checks.py)."""
+    return check_unit_columns(harness)
 
 
 @_check("cancel", "cancelled units never come back (but those in flight); work goes on")

@@ -16,7 +16,7 @@ functions here, into rlfleet types.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from google.protobuf.message import Message
@@ -224,6 +224,55 @@ def command_bytes(command: KitCommand, *, unit_columns: bool = False) -> tuple[s
     """
     message = _coordinator_message(command, unit_columns=unit_columns)
     return message.WhichOneof("body") or EMPTY, message.SerializeToString()
+
+
+# --- unit columns a worker must refuse ------------------------------------------------
+
+
+def _cut_column(task: worker_pb2.Task) -> str:
+    task.unit_columns.episode_indices = task.unit_columns.episode_indices[:-3]
+    return "whose episode_indices lack their last 3 bytes (not a whole number of int64)"
+
+
+def _longer_column(task: worker_pb2.Task) -> str:
+    columns = task.unit_columns
+    columns.env_seeds += (7).to_bytes(4, "little")
+    count = len(columns.env_seeds) // 4
+    return f"whose env_seeds hold {count} values and the others {count - 1}"
+
+
+def _wide_column(task: worker_pb2.Task) -> str:
+    seeds = task.unit_columns.policy_seeds
+    task.unit_columns.policy_seeds = b"".join(
+        int.from_bytes(seeds[k : k + 4], "little").to_bytes(8, "little")
+        for k in range(0, len(seeds), 4)
+    )
+    return "whose policy_seeds are int64 (8 bytes each) instead of uint32"
+
+
+def _both_forms(task: worker_pb2.Task) -> str:
+    task.units.add(episode_index=0, env_seed=1, policy_seed=2)
+    return "that also carries Task.units (a Task carries its units in one form)"
+
+
+#: How the kit breaks a task's unit columns; each says what it did, for messages.
+_COLUMN_FAULTS: tuple[Callable[[worker_pb2.Task], str], ...] = (
+    _cut_column,
+    _longer_column,
+    _wide_column,
+    _both_forms,
+)
+#: Ways :func:`malformed_task` breaks a task's unit columns.
+UNIT_COLUMN_FAULTS = len(_COLUMN_FAULTS)
+
+
+def malformed_task(task: TaskAssignment, fault: int) -> tuple[str, bytes]:
+    """``task``'s CoordinatorMessage with its unit columns broken in way ``fault``
+    (of :data:`UNIT_COLUMN_FAULTS`; worker.proto ``EpisodeUnitColumns``): what was
+    broken, for messages, and the serialized message."""
+    message = encode_task(task, unit_columns=True)
+    what = _COLUMN_FAULTS[fault](message)
+    return what, worker_pb2.CoordinatorMessage(task=message).SerializeToString()
 
 
 def _coordinator_message(

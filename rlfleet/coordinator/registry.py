@@ -26,6 +26,7 @@ from rlfleet.protocol.join import DrainOrder, WorkerBeat, WorkerHello, WorkerWel
 from rlfleet.protocol.stream_replay import StreamReplay
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.scheduling.scheduler import CancelOrder, TaskOrder
+from rlfleet.security import InflightBudget, Limits
 from rlfleet.wire.result_layout import ResultLayoutCheck
 from rlfleet.wire.results import ResultAssembler
 
@@ -84,6 +85,9 @@ class WorkerHandle:
         assembler: Joins its result chunks of the Join stream (reader thread only).
         data_assembler: Joins its result chunks of the lease data
             connection (the data loop thread only).
+        inflight: The bytes of its unfinished results, held against
+            max_inflight_bytes_per_worker over both carriers (each takes
+            ``inflight.carrier()``).
         result_layout: Checks its episode results in one pass once it knows
             their layout (learned from the first, on either carrier).
         data_results_done: Set once no more results can come on its lease
@@ -112,6 +116,9 @@ class WorkerHandle:
     last_error: ErrorReport | None = None
     assembler: ResultAssembler = field(default_factory=ResultAssembler)
     data_assembler: ResultAssembler = field(default_factory=ResultAssembler)
+    inflight: InflightBudget = field(
+        default_factory=lambda: InflightBudget(Limits().max_inflight_bytes_per_worker, "")
+    )
     result_layout: ResultLayoutCheck = field(default_factory=ResultLayoutCheck)
     data_results_done: threading.Event | None = None
     lease_data: LeaseConnection | None = None
@@ -158,11 +165,23 @@ class Registry:
     Args:
         max_workers: Workers admitted at once.
         max_result_bytes: Largest serialized result a worker may send.
+        max_inflight_bytes: Most bytes of unfinished results one worker
+            session holds (its ``inflight`` budget; the limits' default if None).
     """
 
-    def __init__(self, max_workers: int, max_result_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        max_workers: int,
+        max_result_bytes: int | None = None,
+        max_inflight_bytes: int | None = None,
+    ) -> None:
         self.max_workers = max_workers
         self.max_result_bytes = max_result_bytes
+        self.max_inflight_bytes = (
+            Limits().max_inflight_bytes_per_worker
+            if max_inflight_bytes is None
+            else max_inflight_bytes
+        )
         self._workers: dict[int, WorkerHandle] = {}
         self._ids = itertools.count(1)
 
@@ -179,9 +198,10 @@ class Registry:
                 "with a larger --max-workers or stop some workers",
             )
         worker_id = next(self._ids)
+        name = self._unique_name(hello, worker_id)
         handle = WorkerHandle(
             worker_id=worker_id,
-            name=self._unique_name(hello, worker_id),
+            name=name,
             hello=hello,
             peer=peer,
             first_stream=0,  # set from the scheduler's streams
@@ -189,6 +209,7 @@ class Registry:
             last_seen=time.monotonic(),
             assembler=ResultAssembler(max_total_bytes=self.max_result_bytes),
             data_assembler=ResultAssembler(max_total_bytes=self.max_result_bytes),
+            inflight=InflightBudget(self.max_inflight_bytes, name),
         )
         self._workers[worker_id] = handle
         return handle

@@ -112,7 +112,11 @@ class FleetState:
         self.coordinator_id = uuid.uuid4().hex[:16]
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
-        self.registry = Registry(config.max_workers, config.max_result_bytes)
+        self.registry = Registry(
+            config.max_workers,
+            config.max_result_bytes,
+            config.limits.max_inflight_bytes_per_worker,
+        )
         self.scheduler = Scheduler(
             prefetch_factor=config.prefetch_factor, capacity_steps=config.capacity_steps
         )

@@ -195,8 +195,7 @@ class WorkerFace:
         if handle is None:
             return
         events = self._coordinator.workers
-        limit = self._coordinator.config.limits.max_inflight_bytes_per_worker
-        budget = InflightBudget(limit, handle.name)
+        budget = handle.inflight.carrier()  # shared with its data connection's results
         try:
             for item in requests:
                 handle.touch()

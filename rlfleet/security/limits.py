@@ -21,6 +21,7 @@ learner call holds a thread), so they also bound its threads.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, SupportsInt
@@ -121,37 +122,83 @@ class Limits:
 CHUNK_OVERHEAD_BYTES = 1024
 
 
-class InflightBudget:
-    """The bytes of one worker's unfinished result, held against a limit.
+class _SessionBytes:
+    """What one worker session holds in flight, over all its carriers."""
 
-    One per Join stream, used by that stream's reader thread only.
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.used = 0
+
+
+class InflightBudget:
+    """The bytes of one worker session's unfinished results, held against one limit.
+
+    A session's results may come on two carriers at once, its Join stream
+    and its lease data connection, each read by a thread of its own and
+    with an unfinished result of its own. Each carrier charges a budget of
+    its own from :meth:`carrier`; all of one session's budgets share one
+    total, which the limit bounds (a worker that splits its results over
+    both carriers holds no more: tests/test_faults_hostile_workers.py::
+    test_a_worker_splitting_unfinished_results_over_both_carriers_is_held_to_one_limit).
 
     Args:
         limit: Most bytes (chunk data plus :data:`CHUNK_OVERHEAD_BYTES`
-            per chunk) a result may hold before it completes.
+            per chunk) the session's unfinished results may hold.
         worker: The worker's name, for the message.
     """
 
-    def __init__(self, limit: int, worker: str) -> None:
+    def __init__(self, limit: int, worker: str, *, session: _SessionBytes | None = None) -> None:
         self.limit = limit
         self.worker = worker
-        self.used = 0
+        self.used = 0  # this carrier's unfinished result
+        self._session = _SessionBytes() if session is None else session
+
+    def carrier(self) -> InflightBudget:
+        """A budget for one carrier of the session, sharing its total."""
+        return InflightBudget(self.limit, self.worker, session=self._session)
+
+    @property
+    def session_used(self) -> int:
+        """Bytes the session holds over all its carriers."""
+        return self._session.used
 
     def charge(self, nbytes: int) -> None:
         """Accounts for one more chunk of ``nbytes`` data.
 
         Raises:
-            ResourceExhaustedError: If the result now holds more than the limit.
+            ResourceExhaustedError: If the session now holds more than the limit.
         """
-        self.used += nbytes + CHUNK_OVERHEAD_BYTES
-        if self.used > self.limit:
+        cost = nbytes + CHUNK_OVERHEAD_BYTES
+        session = self._session
+        with session.lock:
+            self.used += cost
+            session.used += cost
+            total = session.used
+        if total > self.limit:
             raise ResourceExhaustedError(
-                f"worker {self.worker!r} has {self.used} bytes of an unfinished result in "
+                f"worker {self.worker!r} has {total} bytes of an unfinished result in "
                 f"flight (chunk data plus {CHUNK_OVERHEAD_BYTES} bytes per chunk), over the "
                 f"limit of {self.limit} (max_inflight_bytes_per_worker); it was dropped. "
                 "Send fewer, larger chunks, or sample fewer steps per task"
             )
 
     def release(self) -> None:
-        """The result completed (or was dropped): nothing is in flight."""
-        self.used = 0
+        """This carrier's result completed (or was dropped): nothing of it is in flight."""
+        session = self._session
+        with session.lock:
+            session.used -= self.used
+            self.used = 0
+
+    def hold(self, nbytes: int) -> int:
+        """Counts ``nbytes`` received but not yet charged (a frame queued for its
+        check) in the session's total, and returns that total."""
+        session = self._session
+        with session.lock:
+            session.used += nbytes
+            return session.used
+
+    def let_go(self, nbytes: int) -> None:
+        """Takes back what :meth:`hold` counted (the frame is about to be charged)."""
+        session = self._session
+        with session.lock:
+            session.used -= nbytes

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import queue
 import select
 import socket
@@ -28,7 +29,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from rlfleet._util.log_limit import OncePerKey
 from rlfleet.errors import (
@@ -51,6 +52,8 @@ HANDSHAKE_FRAME_BYTES = 1024
 _SENDMSG_BUFFERS = 512
 
 _unreachable = OncePerKey()
+
+_T = TypeVar("_T")
 
 
 def frame(payload: bytes) -> bytes:
@@ -113,8 +116,18 @@ class LeaseDataLink:
     """One accepted data connection (a blocking socket).
 
     Sends may come from any thread (a lock keeps frames whole); frames are
-    received by one thread at a time, with :meth:`receive` or
-    :meth:`receive_within`.
+    received by one thread at a time, with :meth:`receive`,
+    :meth:`receive_within` or :meth:`receive_message`.
+
+    Over TLS a send and a receive share one OpenSSL object, which must not
+    be used by two threads at once (a TLS 1.3 read may write: a key update's
+    answer): every SSL call runs under the lock. A receive therefore waits
+    for the socket's bytes outside it (``poll``) and reads without blocking
+    inside it, so a send never waits behind a receive's wait. No receive
+    changes the socket's timeout while a send may run under it (a send's
+    limit, :meth:`set_send_timeout`, is ``SO_SNDTIMEO`` over TCP and the
+    socket's timeout over TLS), and over plain TCP a send costs what it did
+    (the kernel's socket takes both at once).
 
     Args:
         sock: The connected socket, past the handshake.
@@ -124,7 +137,11 @@ class LeaseDataLink:
     def __init__(self, sock: socket.socket, max_frame_bytes: int) -> None:
         self._sock = sock
         self._max = max_frame_bytes
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # a frame's sends; over TLS, every SSL call
+        self._tls = isinstance(sock, ssl.SSLSocket)
+        # Over TLS: decrypted bytes are held in OpenSSL past the last read,
+        # where ``poll`` does not see them (written under the lock).
+        self._tls_pending = False
         # Received bytes not yet returned: a wait that times out mid-frame
         # keeps what it read for the next one.
         self._buffer = bytearray()
@@ -134,10 +151,17 @@ class LeaseDataLink:
     def set_send_timeout(self, seconds: float) -> None:
         """Bounds every send: one the peer does not take within ``seconds`` fails
         (the socket's receives keep waiting as long as they did)."""
+        self._send_seconds = seconds
+        if self._tls:
+            # OpenSSL retries a write that SO_SNDTIMEO cut short, for ever: over
+            # TLS the socket's own timeout bounds each write instead (no
+            # receive blocks under it: they wait outside the lock, with poll).
+            with self._lock:
+                self._sock.settimeout(seconds)
+            return
         whole = int(seconds)
         timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
-        self._send_seconds = seconds
 
     def send(self, payload: bytes) -> None:
         """Sends one frame.
@@ -179,7 +203,7 @@ class LeaseDataLink:
         """Turns a send that ran past the send timeout into a TimeoutError naming it."""
         try:
             yield
-        except (BlockingIOError, ssl.SSLWantWriteError):
+        except (BlockingIOError, ssl.SSLWantWriteError, TimeoutError):
             raise RlfleetTimeoutError(
                 f"the coordinator took no data for {self._send_seconds:g} seconds (the send "
                 "timeout)"
@@ -188,13 +212,17 @@ class LeaseDataLink:
     def receive(self) -> bytes | None:
         """The next frame's payload; None once the coordinator closed the connection.
 
-        Waits as long as the socket's timeout allows (none: for ever).
+        Waits for ever (see :meth:`receive_within`).
 
         Raises:
-            OSError: If the connection broke (TimeoutError past the socket's
-                timeout; the frame's bytes read so far are kept).
+            OSError: If the connection broke.
             ProtocolError: For a frame longer than allowed.
         """
+        return self._receive(None)
+
+    def _receive(self, deadline: float | None) -> bytes | None:
+        """:meth:`receive` until ``deadline`` (``time.monotonic()``; None: for ever;
+        TimeoutError past it, keeping the frame's bytes read so far)."""
         buffer = self._buffer
         while True:
             if len(buffer) >= FRAME_HEADER.size:
@@ -213,7 +241,8 @@ class LeaseDataLink:
                 missing = end - len(buffer)
             else:
                 missing = FRAME_HEADER.size - len(buffer)
-            chunk = self._sock.recv(max(missing, 1 << 16))
+            size = max(missing, 1 << 16)
+            chunk = self._read(self._sock.recv, (size,), deadline)
             if not chunk:
                 return None
             if not buffer and len(chunk) >= FRAME_HEADER.size:
@@ -265,15 +294,9 @@ class LeaseDataLink:
             view[:got] = self._buffer[:got]
             del self._buffer[:got]
         while got < len(view):
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RlfleetTimeoutError(f"no whole data frame within {seconds:g} seconds")
-                self._sock.settimeout(left)
-            else:
-                self._sock.settimeout(None)
+            rest = view[got:]
             try:
-                count = self._sock.recv_into(view[got:])
+                count = self._read(self._sock.recv_into, (rest, len(rest)), deadline)
             except TimeoutError:
                 raise RlfleetTimeoutError(
                     f"no whole data frame within {seconds:g} seconds"
@@ -287,10 +310,7 @@ class LeaseDataLink:
 
     def readable(self) -> bool:
         """Whether bytes of a frame are here already: a receive would start without waiting."""
-        if self._buffer:
-            return True
-        pending = getattr(self._sock, "pending", None)  # TLS: decrypted bytes held
-        if pending is not None and pending():
+        if self._buffer or self._tls_pending:
             return True
         return bool(select.select([self._sock], [], [], 0)[0])
 
@@ -302,8 +322,77 @@ class LeaseDataLink:
                 arrived of it is kept for the next call).
             OSError, ProtocolError: As :meth:`receive`.
         """
-        self._sock.settimeout(max(seconds, 1e-6))
-        return self.receive()
+        try:
+            return self._receive(time.monotonic() + seconds)
+        except TimeoutError:
+            raise RlfleetTimeoutError(
+                f"no whole lease data frame within {seconds:g} seconds"
+            ) from None
+
+    def _read(
+        self, call: Callable[..., _T], args: tuple[object, ...], deadline: float | None
+    ) -> _T:
+        """One read off the socket, ``call(*args, flags)``, once bytes are there.
+
+        Plain TCP reads as it is (blocking, or ``MSG_DONTWAIT`` past a wait
+        for readability when there is a deadline). TLS waits outside the
+        lock and reads under it without blocking: a read that finds no
+        whole record (``SSLWantReadError``) waits again.
+
+        Raises:
+            TimeoutError: Past ``deadline`` (``time.monotonic()``; None: none).
+            OSError: If the connection broke or was closed.
+        """
+        sock = self._sock
+        if not self._tls:
+            if deadline is None:
+                return call(*args, 0)
+            while True:
+                self._wait(select.POLLIN, deadline)
+                with contextlib.suppress(BlockingIOError):  # another reader's bytes
+                    return call(*args, socket.MSG_DONTWAIT)
+        want = 0 if self._tls_pending else select.POLLIN
+        while True:
+            if want:
+                self._wait(want, deadline)
+            with self._lock:
+                timeout = sock.gettimeout()  # a blocking socket's, or the dial's
+                sock.settimeout(0.0)
+                try:
+                    got = call(*args, 0)
+                except ssl.SSLWantReadError:
+                    want = select.POLLIN
+                except ssl.SSLWantWriteError:  # the read's own write (a key update's answer)
+                    want = select.POLLOUT
+                else:
+                    self._tls_pending = sock.pending() > 0  # type: ignore[attr-defined]
+                    return got
+                finally:
+                    sock.settimeout(timeout)
+                self._tls_pending = False
+
+    def _wait(self, events: int, deadline: float | None) -> None:
+        """Waits (no lock held) until the socket is ready for ``events``.
+
+        Raises:
+            TimeoutError: Past ``deadline``.
+            ConnectionClosedError: If the link was closed meanwhile (an OSError).
+        """
+        fd = self._sock.fileno()
+        if fd < 0:
+            raise ConnectionClosedError("the lease data connection was closed on this side")
+        poller = select.poll()
+        poller.register(fd, events)
+        while True:
+            if deadline is None:
+                wait = None
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RlfleetTimeoutError("no lease data frame before the read's deadline")
+                wait = math.ceil(left * 1000)
+            if poller.poll(wait):
+                return
 
     def close(self) -> None:
         """Closes the connection (idempotent); a blocked :meth:`receive` returns."""
@@ -435,7 +524,7 @@ def dial(
         sock.sendall(frame(hello))
         link = LeaseDataLink(sock, max_frame_bytes)
         try:
-            accepted = link.receive()
+            accepted = link.receive_within(timeout)
         except TimeoutError:
             accepted = None
         if accepted is None:

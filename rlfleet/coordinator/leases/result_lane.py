@@ -26,7 +26,6 @@ from rlfleet.coordinator.worker_events import WorkerEvents
 from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
 from rlfleet.protocol.join import WorkerLeaving
-from rlfleet.security import InflightBudget
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -47,8 +46,9 @@ class ResultLane:
         handle: The worker.
         done: Set once every result before the marker, or the connection's
             end, was booked (``handle.data_results_done``).
-        limit: Bytes of one unfinished result, and of results received but
-            not yet checked (max_inflight_bytes_per_worker).
+        limit: Bytes of results received but not yet checked, with the
+            session's unfinished results on both carriers
+            (max_inflight_bytes_per_worker, the session's ``handle.inflight``).
         close: Closes the data connection, with the reason (after a refusal).
     """
 
@@ -65,7 +65,10 @@ class ResultLane:
         self._handle = handle
         self._limit = limit
         self._close = close
-        self._budget = InflightBudget(limit, handle.name)
+        # The session's one budget, shared with its Join stream's results:
+        # what this connection holds counts against the same limit.
+        self._budget = handle.inflight.carrier()
+        self._received = handle.inflight.carrier()  # frames queued, not yet checked
         self._queue: queue.SimpleQueue[bytes | _Closed] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._queued = 0  # frame bytes queued, not yet taken by the thread
@@ -85,10 +88,12 @@ class ResultLane:
         with self._lock:
             self._queued += len(payload)
             queued = self._queued
-        if queued > self._limit:
+        total = self._received.hold(len(payload))
+        if total > self._limit:
             raise ResourceExhaustedError(
                 f"worker {self._handle.name!r} has {queued} bytes of results received on its "
-                f"lease data connection and not yet checked, over the limit of {self._limit} "
+                f"lease data connection and not yet checked ({total} in flight with its "
+                f"unfinished results), over the limit of {self._limit} "
                 "(max_inflight_bytes_per_worker); it was dropped. Sample fewer steps per task"
             )
         self._queue.put(payload)
@@ -113,6 +118,7 @@ class ResultLane:
                 return
             with self._lock:
                 self._queued -= len(item)
+            self._received.let_go(len(item))
             if not self._failed:
                 self._book(item)
 
