@@ -81,6 +81,12 @@ def test_columns_are_little_endian_arrays_of_one_length() -> None:
         (lambda t: setattr(t.unit_columns, "env_seeds", b"\0" * 7), "env_seeds holds 7 bytes"),
         (lambda t: setattr(t.unit_columns, "policy_seeds", b"\0" * 4), "differ in length"),
         (lambda t: t.units.add(episode_index=1), "both units and unit_columns"),
+        (
+            lambda t: setattr(
+                t.unit_columns, "episode_indices", np.array([0, -3], "<i8").tobytes()
+            ),
+            "episode_indices[1]: -3 is negative",
+        ),
     ],
 )
 def test_malformed_columns_make_the_task_unreadable_not_the_stream(

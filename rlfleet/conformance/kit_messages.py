@@ -250,6 +250,12 @@ def _wide_column(task: worker_pb2.Task) -> str:
     return "whose policy_seeds are int64 (8 bytes each) instead of uint32"
 
 
+def _negative_index(task: worker_pb2.Task) -> str:
+    columns = task.unit_columns
+    columns.episode_indices = (-1).to_bytes(8, "little", signed=True) + columns.episode_indices[8:]
+    return "whose first episode index is -1 (each index is >= 0)"
+
+
 def _both_forms(task: worker_pb2.Task) -> str:
     task.units.add(episode_index=0, env_seed=1, policy_seed=2)
     return "that also carries Task.units (a Task carries its units in one form)"
@@ -260,6 +266,7 @@ _COLUMN_FAULTS: tuple[Callable[[worker_pb2.Task], str], ...] = (
     _cut_column,
     _longer_column,
     _wide_column,
+    _negative_index,
     _both_forms,
 )
 #: Ways :func:`malformed_task` breaks a task's unit columns.

@@ -3,10 +3,10 @@
 A worker that advertises ``rlfleet.unit-columns`` gets a task's units as
 three little-endian arrays (worker.proto ``EpisodeUnitColumns``). Columns
 that are not a whole number of values, that disagree in length (one written
-with the wrong dtype does both), or that come beside ``Task.units`` make the
-task unreadable: the worker answers ``WorkerError`` ``ERROR_KIND_PROTOCOL``
-naming the task, runs none of its units, and goes on serving
-(docs/conformance.md).
+with the wrong dtype does both), that hold a negative episode index, or that
+come beside ``Task.units`` make the task unreadable: the worker answers
+``WorkerError`` ``ERROR_KIND_PROTOCOL`` naming the task, runs none of its
+units, and goes on serving (docs/conformance.md).
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def check_unit_columns(harness: WorkerHarness) -> str:
     fail_if(link, "a refused task's units were run", problems)
     return (
         f"{len(refused)} tasks with malformed unit columns (a cut column, columns of "
-        "different lengths, a uint32 column sent as int64, columns beside Task.units) were "
+        "different lengths, a uint32 column sent as int64, a negative episode index, columns "
+        "beside Task.units) were "
         "each refused with ERROR_KIND_PROTOCOL naming the task, none of their units ran; "
         f"then task {good.task_id} completed"
     )

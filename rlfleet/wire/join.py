@@ -200,6 +200,13 @@ def _decode_unit_columns(task: worker_pb2.Task) -> UnitColumns:
     counts = {name: len(column) for name, column in columns.items()}
     if len(set(counts.values())) != 1:
         raise WireFormatError(f"Task.unit_columns' columns differ in length: {counts}")
+    indices = columns["episode_indices"]
+    if len(indices) and int(indices.min()) < 0:
+        k = int(np.argmax(indices < 0))
+        raise WireFormatError(
+            f"Task.unit_columns.episode_indices[{k}]: {int(indices[k])} is negative (each "
+            "index is >= 0)"
+        )
     return UnitColumns(**columns)
 
 
