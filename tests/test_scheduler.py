@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 from rlfleet.core.seeding import episode_seeds, episode_seeds_many
 from rlfleet.errors import InvalidValueError
 from rlfleet.protocol.modes import Mode
+from rlfleet.scheduling import units as units_module
 from rlfleet.scheduling.scheduler import (
     CancelOrder,
     RequestSpec,
@@ -561,6 +564,42 @@ def test_units_get_exactly_the_seeds_of_episode_seeds(base_seed: int, request_in
     assert few == [episode_seeds(base_seed, request_index, i) for i in (3, 0)]
     with pytest.raises(ValueError, match="non-negative"):
         episode_seeds_many(-1, request_index, list(range(40)))
+
+
+@pytest.mark.parametrize(
+    ("mode", "amount", "first_episode"),
+    [(Mode.EPISODES, 3000, 0), (Mode.EPISODES, 2500, 1700), (Mode.STEPS, 3000 * 5, 0)],
+)
+def test_a_request_derives_its_seeds_a_block_at_a_time_not_per_refill(
+    monkeypatch: pytest.MonkeyPatch, mode: Mode, amount: int, first_episode: int
+) -> None:
+    derived: list[int] = []
+    derive = units_module.episode_seed_columns
+
+    def counted(base_seed: int, request: int, episode_indices: np.ndarray) -> object:
+        derived.append(len(episode_indices))
+        return derive(base_seed, request, episode_indices)
+
+    monkeypatch.setattr(units_module, "episode_seed_columns", counted)
+    scheduler = fleet(8, 8, prefetch=3)  # capacity 32 each: many refills of a slot's worth
+    request_id = scheduler.start_sample(spec(mode, amount, first_episode=first_episode))
+    refills = 0
+    while orders := scheduler.dispatch():
+        refills += 1
+        for order in orders:
+            for unit in order.units:
+                assert (unit.env_seed, unit.policy_seed) == episode_seeds(7, 3, unit.episode_index)
+            # The worker reports its units in two results, as a flush would.
+            done = indices(order)
+            for part in (done[: len(done) // 2], done[len(done) // 2 :]):
+                if part:
+                    finish_units(scheduler, order, dict.fromkeys(part, 5), only=part)
+    episodes = scheduler.footer(request_id).num_episodes
+    assert episodes == amount // (5 if mode is Mode.STEPS else 1)
+    assert refills >= 30
+    # One derivation per block of SEED_BLOCK indices the request reached.
+    assert len(derived) == math.ceil(sum(derived) / units_module.SEED_BLOCK)
+    assert sum(derived) < episodes + units_module.SEED_BLOCK
 
 
 @settings(max_examples=200, deadline=None)
