@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from rlfleet.core.seeding import episode_seeds, episode_seeds_many
 from rlfleet.errors import InvalidValueError
 from rlfleet.protocol.modes import Mode
+from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.scheduling import units as units_module
 from rlfleet.scheduling.scheduler import (
     CancelOrder,
@@ -574,13 +575,13 @@ def test_a_request_derives_its_seeds_a_block_at_a_time_not_per_refill(
     monkeypatch: pytest.MonkeyPatch, mode: Mode, amount: int, first_episode: int
 ) -> None:
     derived: list[int] = []
-    derive = units_module.episode_seed_columns
+    derive = UnitColumns.seeded
 
-    def counted(base_seed: int, request: int, episode_indices: np.ndarray) -> object:
+    def counted(base_seed: int, request: int, episode_indices: np.ndarray) -> UnitColumns:
         derived.append(len(episode_indices))
         return derive(base_seed, request, episode_indices)
 
-    monkeypatch.setattr(units_module, "episode_seed_columns", counted)
+    monkeypatch.setattr(UnitColumns, "seeded", counted)
     scheduler = fleet(8, 8, prefetch=3)  # capacity 32 each: many refills of a slot's worth
     request_id = scheduler.start_sample(spec(mode, amount, first_episode=first_episode))
     refills = 0
@@ -637,6 +638,7 @@ def test_take_many_hands_out_what_as_many_takes_would(  # noqa: PLR0917 (hypothe
         return {
             name: value.tolist() if isinstance(value, np.ndarray) else value
             for name, value in vars(request).items()
+            if name != "_seeds"  # a cache of seeds, not what was handed out
         }
 
     one_by_one, batched = state(), state()

@@ -14,7 +14,6 @@ import math
 
 import numpy as np
 
-from rlfleet.core.seeding import episode_seed_columns
 from rlfleet.errors import ConfigError
 from rlfleet.protocol.modes import Footer, Mode
 from rlfleet.protocol.unit_columns import UnitColumns
@@ -73,7 +72,7 @@ class SeedBlocks:
     """A request's episode seeds, derived for a block of consecutive indices at a time.
 
     Deriving seeds costs about 60 numpy operations per call whatever the
-    number of indices (rlfleet.core.seeding), and a request hands its units
+    number of indices (``rlfleet.core.seeding.episode_seed_columns``), and a request hands its units
     out in many refills of a few dozen: derived per refill, the seeds were
     the largest part of a refill's CPU. A block holds :data:`SEED_BLOCK`
     indices (an EPISODES request's last one stops at its end, so a small
@@ -104,7 +103,7 @@ class SeedBlocks:
         smallest, largest = int(offsets.min()), int(offsets.max())
         if smallest < 0 or (self._end is not None and largest >= self._end - self._first):
             # Outside the request's range: the seeds of these indices alone.
-            return episode_seed_columns(self._seed, self._request_index, indices)
+            return self._derive(indices)
         low, high = smallest // SEED_BLOCK, largest // SEED_BLOCK
         if low == high:  # a refill's indices are usually in one block
             env, policy = self._block(low)
@@ -126,11 +125,13 @@ class SeedBlocks:
         if columns is None:
             start = self._first + block * SEED_BLOCK
             stop = start + SEED_BLOCK if self._end is None else min(start + SEED_BLOCK, self._end)
-            columns = episode_seed_columns(
-                self._seed, self._request_index, np.arange(start, stop, dtype=np.int64)
-            )
+            columns = self._derive(np.arange(start, stop, dtype=np.int64))
             self._blocks[block] = columns
         return columns
+
+    def _derive(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        units = UnitColumns.seeded(self._seed, self._request_index, indices)
+        return units.env_seeds, units.policy_seeds
 
 
 class EpisodeRequest(RequestState):
