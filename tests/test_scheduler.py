@@ -603,6 +603,24 @@ def test_a_request_derives_its_seeds_a_block_at_a_time_not_per_refill(
     assert sum(derived) < episodes + units_module.SEED_BLOCK
 
 
+def test_a_long_request_keeps_only_its_newest_seed_blocks() -> None:
+    # An EPISODES subscription's indices never end: its seeds must not pile up.
+    seeds = units_module.SeedBlocks(7, 3, 0, None)
+    block = units_module.SEED_BLOCK
+    for start in range(0, 40 * block, block // 2):
+        batch = np.arange(start, start + 82, dtype=np.int64)
+        env, policy = seeds.columns(batch)
+        assert [episode_seeds(7, 3, i) for i in (start, start + 81)] == [
+            (int(env[0]), int(policy[0])),
+            (int(env[-1]), int(policy[-1])),
+        ]
+        assert len(seeds._blocks) <= units_module.SEED_BLOCKS_KEPT
+    # A lost unit from a block let go long ago gets its seeds again.
+    env, policy = seeds.columns(np.array([5, 39 * block], dtype=np.int64))
+    assert (int(env[0]), int(policy[0])) == episode_seeds(7, 3, 5)
+    assert (int(env[1]), int(policy[1])) == episode_seeds(7, 3, 39 * block)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     mode=st.sampled_from([Mode.STEPS, Mode.EPISODES]),

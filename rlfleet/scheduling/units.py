@@ -66,19 +66,25 @@ class MeanLength:
 
 #: Episode indices whose seeds a request derives at once (:class:`SeedBlocks`).
 SEED_BLOCK = 1024
+#: Blocks a request keeps (16 KB each); an older one is derived again if needed.
+SEED_BLOCKS_KEPT = 4
 
 
 class SeedBlocks:
     """A request's episode seeds, derived for a block of consecutive indices at a time.
 
     Deriving seeds costs about 60 numpy operations per call whatever the
-    number of indices (``rlfleet.core.seeding.episode_seed_columns``), and a request hands its units
-    out in many refills of a few dozen: derived per refill, the seeds were
-    the largest part of a refill's CPU. A block holds :data:`SEED_BLOCK`
+    number of indices (``rlfleet.core.seeding.episode_seed_columns``), and
+    a request hands its units out in many refills of a few dozen: derived
+    per refill, the seeds were the largest part of a refill's CPU. A block holds :data:`SEED_BLOCK`
     indices (an EPISODES request's last one stops at its end, so a small
     request derives only its own), and a refill reads its seeds from the
     blocks its indices fall in: the same seeds, bit for bit
     (``tests/test_scheduler.py`` checks them against ``episode_seeds``).
+    Only the :data:`SEED_BLOCKS_KEPT` newest blocks are kept, so a
+    subscription that runs for days holds no more: indices are handed out
+    in ascending order, and a lost worker's units, the only ones that come
+    back, are re-run soon after.
 
     Args:
         seed: The request's base seed.
@@ -126,6 +132,8 @@ class SeedBlocks:
             start = self._first + block * SEED_BLOCK
             stop = start + SEED_BLOCK if self._end is None else min(start + SEED_BLOCK, self._end)
             columns = self._derive(np.arange(start, stop, dtype=np.int64))
+            if len(self._blocks) >= SEED_BLOCKS_KEPT:
+                del self._blocks[next(iter(self._blocks))]  # the oldest derived
             self._blocks[block] = columns
         return columns
 
