@@ -57,6 +57,7 @@ from typing import Any
 
 from benchmarks.capacity import _cpu_clock, _settled, _stopping, _wait_for_port
 from rlfleet.client import RemoteSampler
+from rlfleet.errors import ConfigError
 
 #: Longest wait for processes to start and workers to join.
 _START_SECONDS = 120.0
@@ -116,7 +117,7 @@ def run(setup: Setup) -> dict[str, Any]:
         ratio reaches :data:`GOAL_RATIO`.
     """
     if setup.carrier not in CARRIERS:
-        raise ValueError(f"carrier must be one of {CARRIERS}, got {setup.carrier!r}")
+        raise ConfigError(f"carrier must be one of {CARRIERS}, got {setup.carrier!r}")
     with (
         tempfile.TemporaryDirectory(prefix="rlfleet-shards-") as name,
         contextlib.ExitStack() as stack,
