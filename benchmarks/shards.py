@@ -7,13 +7,21 @@ What it answers: does a second coordinator add a coordinator's worth of
 capacity? Each coordinator is a real ``rlfleet coordinator`` process served
 by :class:`benchmarks.capacity.SyntheticWorker` processes that answer tasks
 with pre-encoded results, so the coordinators, not worker CPU, are the
-bound. The learner (this process) asks one
-:class:`~rlfleet.client.RemoteSampler` over all of them for episodes, and
-each coordinator's CPU seconds are read from its nanosecond process clock.
+bound. Results travel as a default fleet's do (``--carrier data``: on the
+workers' and the learner's data connections) or all on gRPC (``--carrier
+join``). Each coordinator's CPU seconds are read from its nanosecond
+process clock.
+
+Both layouts run on the same processes, started once: coordinators A and
+B with their workers, one :class:`~rlfleet.client.RemoteSampler` over A
+alone and one over A and B. The layouts take turns (1, 2, 1, 2, ...), one
+round of ``--requests`` requests each per ``--rounds``, so a slow spell
+of a shared machine falls on both; every round's ratio is reported, and
+the goal is judged on each, not on their median.
 
 On a machine with fewer cores than coordinators + learner, wall-clock
 throughput cannot grow with the coordinators: they share the cores. So the
-report gives, per layout:
+report gives, per layout and round:
 
 * ``steps_per_second``: delivered steps per wall second (shared cores);
 * ``coordinator_us_per_step``: the coordinators' CPU per delivered step,
@@ -23,9 +31,10 @@ report gives, per layout:
   own steps per CPU second (the split is even, so the slowest gates);
 * ``learner_us_per_step``: this process's CPU per delivered step.
 
-``capacity_ratio`` (2 coordinators over 1) is the figure the capacity model
-(docs/performance.md) predicts to be about 2 while the learner is not the
-bound; ``wall_ratio`` is what this machine's shared cores gave.
+``capacity_ratio`` (2 coordinators over 1, per round) is the figure the
+capacity model (docs/performance.md) predicts to be about 2 while the
+learner is not the bound; ``wall_ratio`` is what this machine's shared
+cores gave.
 
 With ``--netns`` each coordinator runs in a namespace of its own and its
 workers in another (``tests/netns_support.py``, from the repository), the
@@ -42,15 +51,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.capacity import _cpu_clock, _settled, _stopping, _wait_for_port
 from rlfleet.client import RemoteSampler
+from rlfleet.errors import ConfigError
 
 #: Longest wait for processes to start and workers to join.
 _START_SECONDS = 120.0
+#: Where the synthetic workers' results travel (as benchmarks.capacity's).
+CARRIERS = ("data", "join")
+#: The goal: 2 coordinators give at least this times one's capacity.
+GOAL_RATIO = 1.8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +77,14 @@ class Setup:
         episode_steps: Steps of every episode.
         result_episodes: Episodes per result message.
         request_episodes: Episodes per request.
-        requests: Timed requests per layout (after one warm-up).
+        requests: Timed requests per layout in each round.
+        rounds: Rounds; each measures layout 1, then layout 2.
+        carrier: ``data``: results on the workers' and the learner's data
+            connections (a default fleet); ``join``: all on gRPC.
+        neighbour: While layout 1 runs on coordinator A, a second learner
+            process keeps coordinator B and its workers as busy as layout
+            2 does, so both layouts share the machine with the same
+            processes at work (see the module's docstring).
         netns: Each coordinator and its workers on hosts of their own.
     """
 
@@ -71,8 +92,11 @@ class Setup:
     num_envs: int = 64
     episode_steps: int = 100
     result_episodes: int = 80
-    request_episodes: int = 1600
-    requests: int = 4
+    request_episodes: int = 6400
+    requests: int = 6
+    rounds: int = 5
+    carrier: str = "data"
+    neighbour: bool = True
     netns: bool = False
 
 
@@ -83,8 +107,17 @@ class _Shard:
     counts: list[Path]
 
 
-def measure(coordinators: int, setup: Setup) -> dict[str, Any]:
-    """Runs ``setup``'s requests over ``coordinators`` fresh coordinators; returns the report."""
+def run(setup: Setup) -> dict[str, Any]:
+    """Measures the layouts in turn, ``setup.rounds`` times, on one set of processes.
+
+    Returns:
+        ``rounds``: per round, both layouts' reports (see :func:`measure`) and
+        the round's ``capacity_ratio`` and ``wall_ratio``; ``capacity_ratios``
+        and ``wall_ratios``: every round's; ``met``: rounds whose capacity
+        ratio reaches :data:`GOAL_RATIO`.
+    """
+    if setup.carrier not in CARRIERS:
+        raise ConfigError(f"carrier must be one of {CARRIERS}, got {setup.carrier!r}")
     with (
         tempfile.TemporaryDirectory(prefix="rlfleet-shards-") as name,
         contextlib.ExitStack() as stack,
@@ -95,26 +128,66 @@ def measure(coordinators: int, setup: Setup) -> dict[str, Any]:
         networks = stack.enter_context(contextlib.ExitStack())
         stack.enter_context(_stopping(processes))
         shards = [
-            _start_shard(directory / f"shard-{i}", setup, processes, networks)
-            for i in range(coordinators)
+            _start_shard(directory / f"shard-{i}", setup, processes, networks) for i in range(2)
         ]
-        sampler = stack.enter_context(
-            RemoteSampler([s.address for s in shards], seed=0, timeout=600)
+        layouts = {
+            n: stack.enter_context(
+                RemoteSampler([s.address for s in shards[:n]], seed=0, timeout=600)
+            )
+            for n in (1, 2)
+        }
+        _wait_for_workers(layouts[2], 2 * setup.workers)
+        for sampler in layouts.values():
+            sampler.obtain_episodes(setup.request_episodes)  # warm-up
+        neighbour = (
+            _Neighbour(directory / "neighbour", shards[1].address, setup, processes)
+            if setup.neighbour
+            else None
         )
-        _wait_for_workers(sampler, coordinators * setup.workers)
-        sampler.obtain_episodes(setup.request_episodes)  # warm-up
-        clocks = [_cpu_clock(s.coordinator.pid) for s in shards]
-        counts = [f for s in shards for f in s.counts]
-        _settled(counts)
-        cpu_before = [clock() for clock in clocks]
-        learner_before, wall_before = time.process_time(), time.perf_counter()
-        steps = 0
-        for _ in range(setup.requests):
-            steps += sampler.obtain_episodes(setup.request_episodes).total_steps
-        wall = time.perf_counter() - wall_before
-        learner = time.process_time() - learner_before
-        _settled(counts)
-        cpu = [clock() - before for clock, before in zip(clocks, cpu_before, strict=True)]
+        rounds = []
+        for number in range(1, setup.rounds + 1):
+            reports = []
+            for n in (1, 2):
+                with neighbour.busy() if neighbour and n == 1 else contextlib.nullcontext():
+                    reports.append(measure(layouts[n], shards[:n], setup))
+            one, two = reports
+            result = {
+                "reports": reports,
+                "capacity_ratio": two["capacity_steps_per_second"]
+                / one["capacity_steps_per_second"],
+                "wall_ratio": two["steps_per_second"] / one["steps_per_second"],
+            }
+            _print_round(number, result)
+            rounds.append(result)
+    capacity = [r["capacity_ratio"] for r in rounds]
+    met = sum(ratio >= GOAL_RATIO for ratio in capacity)
+    print(
+        f"capacity ratio, every round: {', '.join(f'{r:.2f}' for r in capacity)}; "
+        f">= {GOAL_RATIO}x in {met} of {len(rounds)}"
+    )
+    return {
+        "rounds": rounds,
+        "capacity_ratios": capacity,
+        "wall_ratios": [r["wall_ratio"] for r in rounds],
+        "met": met,
+    }
+
+
+def measure(sampler: RemoteSampler, shards: Sequence[_Shard], setup: Setup) -> dict[str, Any]:
+    """Runs ``setup.requests`` requests through ``sampler`` over ``shards``; returns the report."""
+    clocks = [_cpu_clock(s.coordinator.pid) for s in shards]
+    counts = [f for s in shards for f in s.counts]
+    _settled(counts)
+    cpu_before = [clock() for clock in clocks]
+    learner_before, wall_before = time.process_time(), time.perf_counter()
+    steps = 0
+    for _ in range(setup.requests):
+        steps += sampler.obtain_episodes(setup.request_episodes).total_steps
+    wall = time.perf_counter() - wall_before
+    learner = time.process_time() - learner_before
+    _settled(counts)
+    cpu = [clock() - before for clock, before in zip(clocks, cpu_before, strict=True)]
+    coordinators = len(shards)
     per_shard_rate = [steps / coordinators / c for c in cpu]
     return {
         "coordinators": coordinators,
@@ -148,10 +221,12 @@ def _start_shard(
         host = network.add_host("workers")
         coordinator_prefix, worker_prefix = network.hub_prefix, host.prefix
         listen, dial_host, worker_host = "0.0.0.0", network.hub_root_address, host.hub_address
+    # Without a data channel every result travels on gRPC, both ways.
+    data = [] if setup.carrier == "data" else ["--lease-data-listen", "off"]
     coordinator = subprocess.Popen(
         [*coordinator_prefix, sys.executable, "-m", "rlfleet", "--log-level", "ERROR",
          "coordinator", "--listen", f"{listen}:0", "--port-file", str(port_file),
-         "--env", "CartPole-v1", "--lease-data-listen", "off"],
+         "--env", "CartPole-v1", *data],
         env=env,
     )  # fmt: skip
     processes.insert(0, coordinator)  # stopped first: its workers then exit
@@ -163,7 +238,7 @@ def _start_shard(
                 [
                     *worker_prefix,
                     *(sys.executable, "-m", "benchmarks.capacity"),
-                    *("--serve-worker", f"{worker_host}:{port}"),
+                    *("--serve-worker", f"{worker_host}:{port}", "--carrier", setup.carrier),
                     *("--envs", str(setup.num_envs), "--episode-steps", str(setup.episode_steps)),
                     *("--control", str(control), "--counts", str(count_file)),
                 ],
@@ -171,6 +246,76 @@ def _start_shard(
             )
         )
     return _Shard(f"{dial_host}:{port}", coordinator, counts)
+
+
+class _Neighbour:
+    """A second learner process that keeps coordinator B busy while layout 1 runs on A.
+
+    On a shared machine a coordinator's CPU per step grows with what runs
+    beside it (caches, the core's other hyperthread): layout 2 runs both
+    coordinators and all workers at once, so measured alone, layout 1 would
+    have the machine to itself and the ratio would count the machine's
+    contention as a cost of sharding. The process is told ``busy`` or
+    ``idle`` through a file and acknowledges in another once its requests
+    have started or its last one has ended.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        address: str,
+        setup: Setup,
+        processes: list[subprocess.Popen[bytes]],
+    ) -> None:
+        directory.mkdir()
+        self._control, self._ack = directory / "control", directory / "ack"
+        self._control.write_text("idle")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.shards", "--serve-neighbour", address,
+             "--request-episodes", str(setup.request_episodes),
+             "--control", str(self._control), "--ack", str(self._ack)],
+            env=env,
+        )  # fmt: skip
+        processes.append(self._process)
+        self._await("idle")
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Keeps coordinator B sampling while the block runs."""
+        self._control.write_text("busy")
+        self._await("busy")
+        try:
+            yield
+        finally:
+            self._control.write_text("idle")
+            self._await("idle")
+
+    def _await(self, state: str) -> None:
+        deadline = time.monotonic() + _START_SECONDS
+        while not (self._ack.exists() and self._ack.read_text() == state):
+            if self._process.poll() is not None:
+                raise RuntimeError(f"the neighbour learner exited with {self._process.returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the neighbour learner was not {state} within {_START_SECONDS} s"
+                )
+            time.sleep(0.02)
+
+
+def serve_neighbour(address: str, request_episodes: int, control: Path, ack: Path) -> int:
+    """The neighbour learner's process: samples from ``address`` while ``control`` says
+    busy, until the benchmark stops it."""
+    with RemoteSampler(address, seed=1, timeout=600) as sampler:
+        while True:
+            state = control.read_text()
+            if state == "busy":
+                sampler.obtain_episodes(request_episodes)
+            else:
+                time.sleep(0.01)
+            # Written after a whole request: "idle" means none is in flight.
+            if not ack.exists() or ack.read_text() != state:
+                ack.write_text(state)
 
 
 def _wait_for_workers(sampler: RemoteSampler, count: int) -> None:
@@ -181,31 +326,19 @@ def _wait_for_workers(sampler: RemoteSampler, count: int) -> None:
         time.sleep(0.1)
 
 
-def run(setup: Setup, layouts: Sequence[int] = (1, 2)) -> dict[str, Any]:
-    """Measures each layout in turn; returns the reports and the 2-over-1 ratios."""
-    reports = [measure(n, setup) for n in layouts]
-    for report in reports:
-        _print(report)
-    first, last = reports[0], reports[-1]
-    ratios = {
-        "capacity_ratio": last["capacity_steps_per_second"] / first["capacity_steps_per_second"],
-        "wall_ratio": last["steps_per_second"] / first["steps_per_second"],
-    }
+def _print_round(number: int, result: dict[str, Any]) -> None:
+    for report in result["reports"]:
+        cpu = ", ".join(f"{c:.2f}" for c in report["coordinator_cpu_seconds"])
+        print(
+            f"round {number}, {report['coordinators']} coordinator(s): {report['steps']:,} steps "
+            f"in {report['wall_seconds']:.2f} s = {report['steps_per_second']:,.0f} steps/s; "
+            f"coordinator CPU {cpu} s = {report['coordinator_us_per_step']:.3f} us/step; "
+            f"capacity {report['capacity_steps_per_second']:,.0f} steps/s with a core each; "
+            f"learner {report['learner_us_per_step']:.3f} us/step"
+        )
     print(
-        f"{last['coordinators']} over {first['coordinators']} coordinator(s): capacity "
-        f"{ratios['capacity_ratio']:.2f}x, wall-clock on this machine {ratios['wall_ratio']:.2f}x"
-    )
-    return {"reports": reports, **ratios}
-
-
-def _print(report: dict[str, Any]) -> None:
-    cpu = ", ".join(f"{c:.2f}" for c in report["coordinator_cpu_seconds"])
-    print(
-        f"{report['coordinators']} coordinator(s): {report['steps']:,} steps in "
-        f"{report['wall_seconds']:.2f} s = {report['steps_per_second']:,.0f} steps/s; "
-        f"coordinator CPU {cpu} s = {report['coordinator_us_per_step']:.3f} us/step; "
-        f"capacity {report['capacity_steps_per_second']:,.0f} steps/s with a core each; "
-        f"learner {report['learner_us_per_step']:.3f} us/step"
+        f"round {number}, 2 over 1 coordinator(s): capacity {result['capacity_ratio']:.2f}x, "
+        f"wall-clock on this machine {result['wall_ratio']:.2f}x"
     )
 
 
@@ -213,16 +346,36 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.shards", description=__doc__)
     defaults = Setup()
     for field in dataclasses.fields(Setup):
-        if field.name != "netns":
+        if field.name not in ("netns", "carrier", "neighbour"):
             flag = "--" + field.name.replace("_", "-")
             parser.add_argument(flag, type=int, default=getattr(defaults, field.name))
+    parser.add_argument(
+        "--carrier",
+        choices=CARRIERS,
+        default=defaults.carrier,
+        help="where results travel: data connections (a default fleet) or gRPC only",
+    )
+    parser.add_argument(
+        "--no-neighbour",
+        dest="neighbour",
+        action="store_false",
+        help="measure layout 1 with coordinator B idle (the machine's contention then counts "
+        "against layout 2)",
+    )
     parser.add_argument("--netns", action="store_true", help="hosts in network namespaces (root)")
+    # The neighbour learner's own process (started by the benchmark).
+    parser.add_argument("--serve-neighbour", metavar="ADDRESS", help=argparse.SUPPRESS)
+    parser.add_argument("--control", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--ack", type=Path, help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the benchmark."""
     args = _parser().parse_args(argv)
+    if args.serve_neighbour:
+        return serve_neighbour(args.serve_neighbour, args.request_episodes, args.control, args.ack)
+    del args.serve_neighbour, args.control, args.ack
     setup = Setup(**vars(args))
     load = os.getloadavg()[0]
     print(f"load average at start: {load:.1f} on {os.cpu_count()} cores")
