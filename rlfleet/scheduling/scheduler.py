@@ -68,7 +68,7 @@ The rules, and why:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -370,6 +370,39 @@ class Scheduler:
         check a batch it will drop) and :meth:`complete` after.
         """
         return self._judge(worker_id, task_id, _int64(episode_indices))[0]
+
+    def classify_many(
+        self, worker_id: int, results: Sequence[tuple[int, Iterable[int]]]
+    ) -> list[ResultRuling]:
+        """Judges results of one worker, given as ``(task id, episode indices)``,
+        each as :meth:`classify` would now, without changing any state.
+
+        The results of one episode task are judged together with one sorted
+        search over the task's units; only if one of them is not wholly
+        outstanding or repeats an episode of another is each judged alone.
+        The caller books them in order with :meth:`complete`, which judges
+        each again after those before it.
+        """
+        rulings: list[ResultRuling | None] = [None] * len(results)
+        groups: dict[int, list[int]] = {}
+        for position, (task_id, _) in enumerate(results):
+            groups.setdefault(task_id, []).append(position)
+        for task_id, members in groups.items():
+            task = self._books.tasks.get(task_id)
+            mine = task is not None and task.worker_id == worker_id and not task.is_windows
+            if len(members) > 1 and task is not None and mine:
+                columns = [_int64(results[m][1]) for m in members]
+                if all(c.size for c in columns) and task.units.all_outstanding(columns):
+                    request = self._books.requests[task.request_id]
+                    ruling = ResultRuling(
+                        Verdict.ACCEPT, request.request_id, subscription=request.subscription
+                    )
+                    for m in members:
+                        rulings[m] = ruling
+                    continue
+            for m in members:
+                rulings[m] = self._judge(worker_id, task_id, _int64(results[m][1]))[0]
+        return [r for r in rulings if r is not None]
 
     def _judge(
         self, worker_id: int, task_id: int, indices: np.ndarray
