@@ -152,7 +152,8 @@ def pool() -> dict[str, JoinedResult]:
 
 
 def outcome(fleet: Fleet, error: Exception | None) -> dict[str, Any]:
-    """What the booking left: the learner's events, the units out, refusals, the error."""
+    """What the booking left: the learner's events, the units out, refusals,
+    the error, the counts of results forwarded and episodes thrown away."""
     events: list[Any] = []
     while not fleet.outbox._queue.empty():
         event = fleet.outbox.get()
@@ -163,7 +164,12 @@ def outcome(fleet: Fleet, error: Exception | None) -> dict[str, Any]:
         else:
             events.append((type(event).__name__, str(event)))
     call = fleet.state.calls.get(fleet.request_id)
+    registry = fleet.state.metrics.registry
     return {
+        "metrics": [
+            registry.get_sample_value(f"rlfleet_{name}_total")
+            for name in ("results", "result_bytes", "units_lost")
+        ],
         "events": events,
         "units out": fleet.state.scheduler.units_in_flight(fleet.handle.worker_id),
         "refused": None if call is None else call.refused_results,
@@ -217,7 +223,7 @@ def test_random_batches_are_booked_as_their_results_one_at_a_time(
 ) -> None:
     rng = random.Random(11)
     names = sorted(set(pool) - {"first"})
-    for _ in range(40):
+    for _ in range(150):
         drawn = [rng.choice(names) for _ in range(rng.randint(1, 6))]
         assert batched(pool, drawn) == one_at_a_time(pool, drawn), drawn
 

@@ -441,26 +441,30 @@ class WorkerEvents:
         with state.lock:
             if not handle.alive:
                 return ()
-            booked = False
-            for joined, ruling, window in zip(results, rulings, windows, strict=False):
-                if ruling.verdict is Verdict.IGNORE:
-                    self._ignored(joined.header, ruling)
-                    continue
-                outcome = scheduler.complete(
+            # Booked in order; a request completed by one of them ends at once,
+            # so that the results after it are judged as they would be alone.
+            booked: list[JoinedResult] = []
+            # (Those ignored above stay ignored: their tasks are over.)
+            pending = list(zip(results[: len(windows)], windows, strict=True))
+            while pending:
+                outcomes = scheduler.complete_many(
                     handle.worker_id,
-                    joined.header.task_id,
-                    joined.header.episode_indices,
-                    joined.header.lengths,
+                    [
+                        (j.header.task_id, j.header.episode_indices, j.header.lengths)
+                        for j, _ in pending
+                    ],
                 )
-                if outcome.verdict is Verdict.REJECT:  # alone, classify would have said so
-                    self._dispatch_if(booked)
-                    raise ResultError(f"{joined.header.where}: {outcome.reason}")
-                if outcome.verdict is not Verdict.ACCEPT:
-                    # The request ended while the batch was being checked.
-                    state.metrics.discarded(len(joined.header.episode_indices))
-                    continue
-                self._book(handle, joined, outcome, window)
-                booked = True
+                for (joined, window), outcome in zip(pending, outcomes, strict=False):
+                    if outcome.verdict is Verdict.REJECT:  # alone, classify would have said so
+                        self._booked(handle, booked)
+                        raise ResultError(f"{joined.header.where}: {outcome.reason}")
+                    if outcome.verdict is not Verdict.ACCEPT:
+                        # Its task is over (maybe since the batch was judged).
+                        self._ignored(joined.header, outcome)
+                        continue
+                    self._book(handle, joined, outcome, window)
+                    booked.append(joined)
+                pending = pending[len(outcomes) :]
             if len(windows) < len(results):
                 # The first result not checked or whose check failed: what
                 # would it have been, judged after those before it?
@@ -471,13 +475,13 @@ class WorkerEvents:
                     self._ignored(header, again)
                     rest = results[len(windows) + 1 :]
                 elif again.verdict is Verdict.REJECT:
-                    self._dispatch_if(booked)
+                    self._booked(handle, booked)
                     raise ResultError(f"{header.where}: {again.reason}")
                 elif failure is None:
                     rest = results[len(windows) :]  # acceptable now: checked next round
                 else:
                     refused = (again.request_id, failure)
-            self._dispatch_if(booked)
+            self._booked(handle, booked)
         if refused is not None:
             self._refused(handle, *refused)
             raise refused[1]
@@ -488,10 +492,19 @@ class WorkerEvents:
         self._state.metrics.discarded(len(header.episode_indices))
         logger.debug("ignored a result of task %d: %s", header.task_id, ruling.reason)
 
-    def _dispatch_if(self, booked: bool) -> None:
-        """Refills the fleet after results were booked (lock held): once per batch."""
-        if booked:
-            self._state.dispatch()
+    def _booked(self, handle: WorkerHandle, booked: list[JoinedResult]) -> None:
+        """Counts the results of a batch that were booked and refills the fleet
+        (lock held): once per batch, not per result."""
+        if not booked:
+            return
+        state = self._state
+        lags: dict[int, int] = {}
+        for joined in booked:
+            lag = max(state.agent.version - joined.header.agent_version, 0)
+            lags[lag] = lags.get(lag, 0) + len(joined.header.lengths)
+        state.metrics.forwarded_many(len(booked), sum(j.total_bytes for j in booked), lags)
+        state.progress.delivered(handle.worker_id, time.monotonic())
+        state.dispatch()
 
     def _book(
         self,
@@ -507,12 +520,6 @@ class WorkerEvents:
             seed = state.scheduler.request_spec(outcome.request_id).seed
             state.streams.record(seed, handle.worker_id, window)
         steps = sum(header.lengths)
-        state.metrics.forwarded(
-            episodes=len(header.lengths),
-            payload_bytes=joined.total_bytes,
-            lag=max(state.agent.version - header.agent_version, 0),
-        )
-        state.progress.delivered(handle.worker_id, time.monotonic())
         call = state.calls.get(outcome.request_id)
         if call is not None:
             call.outbox.put(Forward(header, handle.worker_id, joined.chunks, steps))

@@ -107,16 +107,17 @@ class TaskUnits:
             return f"episodes {shown} of task {task_id} came twice", positions
         return "", positions
 
-    def all_outstanding(self, results: list[np.ndarray]) -> bool:
-        """Whether every episode of these results (int64 indices each) is a unit
-        of the task not back yet, none of them twice: one sorted search for all.
-        False leaves :meth:`check` to say, result by result, what is wrong."""
-        indices = np.concatenate(results)
+    def outstanding_positions(self, results: list[np.ndarray]) -> np.ndarray | None:
+        """Where the task holds the episodes of these results (int64 indices
+        each, concatenated), if every one is a unit of the task not back yet
+        and none comes twice: one sorted search for all. None leaves
+        :meth:`check` to say, result by result, what is wrong."""
+        indices = results[0] if len(results) == 1 else np.concatenate(results)
         positions, found = positions_in(self._index[: self._count], indices)
         if not found.all() or not self._out[positions].all():
-            return False
+            return None
         ordered = np.sort(positions)
-        return not (ordered[1:] == ordered[:-1]).any()
+        return None if (ordered[1:] == ordered[:-1]).any() else positions
 
     def complete(self, positions: np.ndarray) -> None:
         """Marks the units at these positions back (:meth:`check` found them outstanding)."""
