@@ -383,6 +383,9 @@ class Scheduler:
         The caller books them in order with :meth:`complete_many` (or
         :meth:`complete`), which judges each again after those before it.
         """
+        if len(results) == 1:
+            task_id, indices = results[0]
+            return [self._judge(worker_id, task_id, _int64(indices))[0]]
         rulings: list[ResultRuling | None] = [None] * len(results)
         groups: dict[int, list[int]] = {}
         for position, (task_id, _) in enumerate(results):
