@@ -374,9 +374,9 @@ class _Recording:
 
     def __init__(self) -> None:
         self.closed: list[str] = []
-        self.frames: list[bytes] = []
+        self.frames: list[bytes | bytearray] = []
 
-    def on_frame(self, payload: bytes) -> None:
+    def on_frame(self, payload: bytes | bytearray) -> None:
         self.frames.append(payload)
 
     def on_closed(self, reason: str) -> None:
@@ -405,6 +405,30 @@ def test_frames_cut_anywhere_by_the_network_reach_the_coordinator_whole_and_in_o
             wait_until(lambda: len(peer.frames) == len(payloads), "every frame")
             assert peer.frames == payloads
             assert not peer.closed
+            # The frame larger than a read was received into a buffer of its
+            # own, sized from its header: what the peer holds and may keep.
+            large = peer.frames[5]
+            assert type(large) is bytearray and len(large) == 600_000
+        finally:
+            link.close()
+
+
+def test_a_frame_longer_than_the_limit_closes_the_connection_naming_the_limit() -> None:
+    # A hostile length must not make the coordinator allocate what it says.
+    config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
+    with serve(config) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        peer = _Recording()
+        ticket = data.issue(lambda connection: peer)
+        link = dial("127.0.0.1", data.port, data_hello(ticket), tls=None, timeout=10,
+                    max_frame_bytes=1 << 20)  # fmt: skip
+        try:
+            link._sock.sendall(frame(b"ok") + FRAME_HEADER.pack(0xFFFF_FFFF) + b"x" * 100)
+            wait_until(lambda: peer.closed, "the connection's end")
+            assert peer.frames == [b"ok"]
+            assert "4294967295 bytes" in peer.closed[0]
+            assert "limit" in peer.closed[0]
         finally:
             link.close()
 

@@ -229,7 +229,9 @@ def lease_response(replies: Sequence[bytes]) -> bytes:
     return b"".join([len_prefix(_RESPONSE_REPLIES, size), *parts])
 
 
-def relay_deserializer(other: Callable[[bytes], T]) -> Callable[[bytes], T | RelayReply]:
+def relay_deserializer(
+    other: Callable[[bytes | bytearray], T],
+) -> Callable[[bytes | bytearray], T | RelayReply]:
     """Wraps the Join stream's deserializer: a WorkerMessage holding only a
     ``lease_reply`` becomes a :class:`RelayReply` of its bytes; any other
     message goes to ``other``.
@@ -239,8 +241,9 @@ def relay_deserializer(other: Callable[[bytes], T]) -> Callable[[bytes], T | Rel
             do not match its env ids.
     """
 
-    def deserialize(data: bytes) -> T | RelayReply:
+    def deserialize(data: bytes | bytearray) -> T | RelayReply:
         if data.startswith(_REPLY_TAG):
+            data = bytes(data)  # a lease reply is read as bytes (no copy of bytes)
             where = "WorkerMessage.lease_reply"
             length, start = read_varint(data, len(_REPLY_TAG), len(data), where)
             if start + length == len(data):
