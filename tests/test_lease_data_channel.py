@@ -374,9 +374,9 @@ class _Recording:
 
     def __init__(self) -> None:
         self.closed: list[str] = []
-        self.frames: list[bytes | bytearray] = []
+        self.frames: list[bytes | memoryview] = []
 
-    def on_frame(self, payload: bytes | bytearray) -> None:
+    def on_frame(self, payload: bytes | memoryview) -> None:
         self.frames.append(payload)
 
     def on_closed(self, reason: str) -> None:
@@ -405,10 +405,39 @@ def test_frames_cut_anywhere_by_the_network_reach_the_coordinator_whole_and_in_o
             wait_until(lambda: len(peer.frames) == len(payloads), "every frame")
             assert peer.frames == payloads
             assert not peer.closed
-            # The frame larger than a read was received into a buffer of its
-            # own, sized from its header: what the peer holds and may keep.
-            large = peer.frames[5]
-            assert type(large) is bytearray and len(large) == 600_000
+        finally:
+            link.close()
+
+
+def test_large_frames_are_read_into_reused_buffers_never_into_one_still_viewed() -> None:
+    config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
+    with serve(config) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        peer = _Recording()
+        ticket = data.issue(lambda connection: peer)
+        link = dial("127.0.0.1", data.port, data_hello(ticket), tls=None, timeout=10,
+                    max_frame_bytes=1 << 20)  # fmt: skip
+
+        def received(fill: int) -> memoryview:
+            link.send(bytes([fill]) * 600_000)
+            wait_until(lambda: len(peer.frames) == 1, "the frame")
+            got = peer.frames.pop()
+            assert isinstance(got, memoryview) and got == bytes([fill]) * 600_000
+            return got
+
+        try:
+            first = received(1)
+            made = data.buffers.made
+            second = received(2)  # ``first`` is still viewed: a buffer of its own
+            assert second.obj is not first.obj
+            assert first == b"\x01" * 600_000
+            buffer = first.obj
+            del first
+            third = received(3)  # nothing views the first buffer now: taken again
+            assert third.obj is buffer
+            assert data.buffers.made == made + 1
+            assert second == b"\x02" * 600_000
         finally:
             link.close()
 

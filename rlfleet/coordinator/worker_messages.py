@@ -110,7 +110,7 @@ def body_name(event: WorkerEvent | RelayReply) -> str:
 # --- from the worker ----------------------------------------------------------------
 
 
-def parse_worker_message(data: bytes | bytearray) -> WorkerEvent:
+def parse_worker_message(data: bytes | memoryview) -> WorkerEvent:
     """Reads one WorkerMessage (a result's chunk stays a view of ``data``).
 
     Raises:

@@ -36,9 +36,10 @@ NOT_NOW = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantW
 class LeaseDataPeer(Protocol):
     """What a ticket's owner does with its connection's traffic."""
 
-    def on_frame(self, payload: bytes | bytearray) -> None:
-        """One frame's payload (the loop thread), in a buffer of its own that the
-        peer may keep. Raising closes the connection."""
+    def on_frame(self, payload: bytes | memoryview) -> None:
+        """One frame's payload (the loop thread): bytes, or for a large frame a
+        view of a reused buffer, which is not written again while anything
+        views it (the peer may keep it). Raising closes the connection."""
 
     def on_closed(self, reason: str) -> None:
         """The connection ended, for ``reason`` (once, the loop thread)."""
@@ -131,7 +132,7 @@ class DataConnection(LeaseConnection):
         # Notified (under the lock) when pending bytes were sent or dropped.
         self._drained = threading.Condition(self._lock)
         self._head = bytearray()  # the first bytes of a frame header not whole yet
-        self._body: bytearray | None = None  # the payload of a frame not whole yet
+        self._body: memoryview | None = None  # the payload of a frame not whole yet
         self._got = 0  # bytes of it received
 
     def send(self, payload: bytes) -> None:
@@ -229,8 +230,9 @@ class DataConnection(LeaseConnection):
         Bytes land in ``view`` (the loop's buffer, free again on return),
         from which small frames are cut; once a frame's header says that at
         least :data:`_DIRECT_BYTES` of it are still to come, the rest is read
-        straight into that frame's own buffer, sized from the header: the
-        kernel's copy is the only one, and no buffer grows by concatenation.
+        straight into that frame's own buffer, sized from the header (a
+        reused one: rlfleet.transport.receive_buffers): the kernel's copy is
+        the only one, and no buffer grows by concatenation.
         """
         peer = self.peer
         if peer is None:
@@ -242,7 +244,7 @@ class DataConnection(LeaseConnection):
                 body = None  # the rest of a frame is short: read with what follows it
             try:
                 with self._lock:
-                    target = view if body is None else memoryview(body)[self._got :]
+                    target = view if body is None else body[self._got :]
                     count = sock.recv_into(target)
             except NOT_NOW:
                 return None
@@ -309,8 +311,8 @@ class DataConnection(LeaseConnection):
         if end <= count:
             peer.on_frame(bytes(data[start:end]))
             return end
-        # bytearray(length) is bounded by max_frame, checked by the caller.
-        body = bytearray(length)
+        # A reused buffer; ``length`` is bounded by max_frame, checked by the caller.
+        body = self._server.buffers.take(length)
         self._got = count - start
         body[: self._got] = data[start:count]
         self._body = body

@@ -67,7 +67,7 @@ class WorkerDataPeer:
         self._handle = handle
         self._results = results
 
-    def on_frame(self, payload: bytes | bytearray) -> None:
+    def on_frame(self, payload: bytes | memoryview) -> None:
         handle = self._handle
         handle.touch()
         try:
@@ -140,12 +140,12 @@ def worker_attach(
     return attach
 
 
-def _as_is(data: bytes | bytearray) -> bytes | bytearray:
-    """The frame itself (``bytes(data)`` would copy a bytearray's)."""
+def _as_is(data: bytes | memoryview) -> bytes | memoryview:
+    """The frame itself (``bytes(data)`` would copy a view's bytes)."""
     return data
 
 
 #: A lease reply, or the frame's bytes as they came (the result lane parses them).
-_parse_frame: Callable[[bytes | bytearray], bytes | bytearray | RelayReply] = relay_deserializer(
+_parse_frame: Callable[[bytes | memoryview], bytes | memoryview | RelayReply] = relay_deserializer(
     _as_is
 )

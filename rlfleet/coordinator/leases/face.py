@@ -183,7 +183,7 @@ class _LearnerDataPeer:
         self._lease = lease
         self._connection = connection
 
-    def on_frame(self, payload: bytes | bytearray) -> None:
+    def on_frame(self, payload: bytes | memoryview) -> None:
         self._face.count_frame("learner")
         # A large request arrives as a bytearray: read as bytes (one copy, as ever).
         if not self._face.handle(self._lease, _parse_request(bytes(payload))):

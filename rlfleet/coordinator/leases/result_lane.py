@@ -66,7 +66,7 @@ class ResultLane:
         self._limit = limit
         self._close = close
         self._budget = InflightBudget(limit, handle.name)
-        self._queue: queue.SimpleQueue[bytes | bytearray | _Closed] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[bytes | memoryview | _Closed] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._queued = 0  # frame bytes queued, not yet taken by the thread
         self._failed = False
@@ -74,7 +74,7 @@ class ResultLane:
             target=self._run, name=f"rlfleet-data-results-{handle.name}", daemon=True
         ).start()
 
-    def put(self, payload: bytes | bytearray) -> None:
+    def put(self, payload: bytes | memoryview) -> None:
         """Queues one frame that is not a lease reply (the loop thread): a
         result message or the end-of-results marker, as the lane will find.
 
@@ -116,7 +116,7 @@ class ResultLane:
             if not self._failed:
                 self._book(item)
 
-    def _book(self, payload: bytes | bytearray) -> None:
+    def _book(self, payload: bytes | memoryview) -> None:
         handle, events = self._handle, self._events
         try:
             item = parse_worker_message(payload)

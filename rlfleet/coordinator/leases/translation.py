@@ -230,8 +230,8 @@ def lease_response(replies: Sequence[bytes]) -> bytes:
 
 
 def relay_deserializer(
-    other: Callable[[bytes | bytearray], T],
-) -> Callable[[bytes | bytearray], T | RelayReply]:
+    other: Callable[[bytes | memoryview], T],
+) -> Callable[[bytes | memoryview], T | RelayReply]:
     """Wraps the Join stream's deserializer: a WorkerMessage holding only a
     ``lease_reply`` becomes a :class:`RelayReply` of its bytes; any other
     message goes to ``other``.
@@ -241,8 +241,8 @@ def relay_deserializer(
             do not match its env ids.
     """
 
-    def deserialize(data: bytes | bytearray) -> T | RelayReply:
-        if data.startswith(_REPLY_TAG):
+    def deserialize(data: bytes | memoryview) -> T | RelayReply:
+        if data[: len(_REPLY_TAG)] == _REPLY_TAG:
             data = bytes(data)  # a lease reply is read as bytes (no copy of bytes)
             where = "WorkerMessage.lease_reply"
             length, start = read_varint(data, len(_REPLY_TAG), len(data), where)
