@@ -101,6 +101,43 @@ def test_answers_arrive_on_the_results_connection_and_equal_local_sampler(
     assert isinstance(sampler.result_route._link, LeaseDataLink)
 
 
+def test_the_next_answers_frames_reuse_the_buffers_of_the_last_and_leave_it_whole(
+    processes: ProcessFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Fresh memory's first touch costs more than the copy off the socket, so
+    # a results connection reads each answer's frames into the buffers the
+    # last answer's frames took, once its rows were placed in its own arrays.
+    processes.start_coordinator()
+    processes.start_worker(envs=2)
+    processes.wait_for_workers(1)
+    sampler = processes.sampler(seed=SEED)
+    expected = local_episodes(CARTPOLE, 8, 8, 8, seed=SEED)
+    first = sampler.obtain_episodes(8)  # opens the connection
+    link = sampler.result_route._link
+    assert isinstance(link, LeaseDataLink)
+    buffers: list[list[Any]] = []
+    receive = link.receive_message
+
+    def recorded(seconds: float | None) -> Any:
+        payload = receive(seconds)
+        if isinstance(payload, memoryview):
+            buffers[-1].append(payload.obj)  # the buffer, not a view of it
+        return payload
+
+    monkeypatch.setattr(link, "receive_message", recorded)
+    answers = []
+    for _ in range(2):
+        buffers.append([])
+        answers.append(sampler.obtain_episodes(8))
+    assert buffers[0] and buffers[1]
+    assert any(any(b is a for a in buffers[0]) for b in buffers[1]), "no buffer was reused"
+    # The answers own their arrays: reading the next one into the same
+    # buffers left each whole.
+    assert_same_batch(first, expected[0])
+    assert_same_batch(answers[0], expected[1])
+    assert_same_batch(answers[1], expected[2])
+
+
 def test_a_local_fleet_hands_results_over_in_memory() -> None:
     with Fleet.local(workers=2, envs_per_worker=2, seed=SEED) as sampler:
         expected = local_episodes(CARTPOLE, 9, seed=SEED)

@@ -442,6 +442,49 @@ def test_large_frames_are_read_into_reused_buffers_never_into_one_still_viewed()
             link.close()
 
 
+def test_large_frames_cross_a_tls_data_connection_whole_both_ways(tmp_path: Path) -> None:
+    # Over TLS a large frame is read straight into its buffer too (the
+    # socket's decrypted bytes drained), and a frame sent in pieces goes out
+    # without its large pieces joined: both must stay whole and in order.
+    ca = make_ca()
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+    server_cert, server_key = make_cert(ca, "rlfleet-coordinator").write(tmp_path, "server")
+    tls = ServerTLS.from_files(server_cert, server_key)
+    config = CoordinatorConfig(
+        listen="127.0.0.1:0", max_message_bytes=1 << 21, security=ServerSecurity(tls=tls)
+    )
+    with serve(config) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        peer = _Recording()
+        attached: list[Any] = []
+
+        def attach(connection: Any) -> _Recording:
+            attached.append(connection)
+            return peer
+
+        ticket = data.issue(attach)
+        client = ClientTLS.from_files(tmp_path / "ca.crt")
+        link = dial("127.0.0.1", data.port, data_hello(ticket), tls=client, timeout=10,
+                    max_frame_bytes=1 << 21)  # fmt: skip
+        try:
+            assert isinstance(link._sock, ssl.SSLSocket)
+            payloads = [bytes([k % 251]) * size for k, size in
+                        enumerate([3, 900_000, 70_000, 5, 1_500_000, 65_536, 12])]  # fmt: skip
+            link.send_frames(payloads)
+            wait_until(lambda: len(peer.frames) == len(payloads), "every frame")
+            assert [bytes(f) for f in peer.frames] == payloads
+            assert not peer.closed
+            (connection,) = attached
+            parts = [b"head", b"\x07" * 800_000, b"mid", b"\x09" * 100_000, b"tail"]
+            for _ in range(3):
+                connection.send_parts(parts, 10.0)
+            for _ in range(3):
+                assert link.receive_message(10.0) == b"".join(parts)
+        finally:
+            link.close()
+
+
 def test_a_frame_longer_than_the_limit_closes_the_connection_naming_the_limit() -> None:
     # A hostile length must not make the coordinator allocate what it says.
     config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
