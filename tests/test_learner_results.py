@@ -15,6 +15,7 @@ over two coordinators uses one connection to each.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 
 from rlfleet.client import Fleet, RemoteSampler
@@ -34,7 +36,7 @@ from rlfleet.errors import EnvError, UnavailableError
 from rlfleet.protocol.learner_calls import SampleAsk
 from rlfleet.security import ClientSecurity
 from rlfleet.transport import rpc as _rpc
-from rlfleet.transport.lease_channel import InProcessLink, LeaseDataLink
+from rlfleet.transport.lease_channel import InProcessLink, LeaseDataLink, frame
 from tests._coordinator_fakes import assert_same_batch
 from tests.fleet_processes import (
     SLOW_ENV,
@@ -101,43 +103,37 @@ def test_answers_arrive_on_the_results_connection_and_equal_local_sampler(
     assert isinstance(sampler.result_route._link, LeaseDataLink)
 
 
-def test_the_next_answers_frames_reuse_the_buffers_of_the_last_and_leave_it_whole(
-    processes: ProcessFleet, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_large_result_frames_are_read_into_reused_buffers_never_one_still_viewed() -> None:
     # Fresh memory's first touch costs more than the copy off the socket, so
-    # a results connection reads each answer's frames into the buffers the
-    # last answer's frames took, once its rows were placed in its own arrays.
-    processes.start_coordinator()
-    processes.start_worker(envs=2)
-    processes.wait_for_workers(1)
-    sampler = processes.sampler(seed=SEED)
-    expected = local_episodes(CARTPOLE, 8, 8, 8, seed=SEED)
-    first = sampler.obtain_episodes(8)  # opens the connection
-    link = sampler.result_route._link
-    assert isinstance(link, LeaseDataLink) and link._buffers is not None
-    kept = list(link._buffers._buffers)  # what the first answer's frames were read into
-    buffers: list[list[Any]] = []
-    receive = link.receive_message
+    # a results connection reads large frames into buffers it keeps, taken
+    # again once nothing views them: the next answer's frames take the last
+    # answer's buffers once its rows were placed, never while it is read.
+    ours, theirs = socket.socketpair()
+    link = LeaseDataLink(ours, max_frame_bytes=1 << 21)
+    try:
 
-    def recorded(seconds: float | None) -> Any:
-        payload = receive(seconds)
-        if isinstance(payload, memoryview):
-            buffers[-1].append(payload.obj)  # the buffer, not a view of it
-        return payload
+        def received(fill: int, size: int = 300_000) -> memoryview:
+            with ThreadPoolExecutor(1) as sender:  # more than the socket's buffer holds
+                sent = sender.submit(theirs.sendall, frame(bytes([fill]) * size))
+                payload = link.receive_message(10.0)
+                sent.result(10.0)
+            assert isinstance(payload, memoryview) and payload == bytes([fill]) * size
+            return payload
 
-    monkeypatch.setattr(link, "receive_message", recorded)
-    answers = []
-    for _ in range(2):
-        buffers.append([])
-        answers.append(sampler.obtain_episodes(8))
-    assert buffers[0] and buffers[1]
-    taken = buffers[0] + buffers[1]
-    assert any(any(b is a for a in kept) for b in taken), "no buffer was reused"
-    # The answers own their arrays: reading the next one into the same
-    # buffers left each whole.
-    assert_same_batch(first, expected[0])
-    assert_same_batch(answers[0], expected[1])
-    assert_same_batch(answers[1], expected[2])
+        first = np.frombuffer(received(1), np.uint8)  # an array viewing the frame
+        second = received(2)
+        assert second.obj is not first.base.obj  # ``first`` is still viewed
+        assert (first == 1).all()
+        buffer = first.base.obj
+        del first
+        third = received(3)
+        assert third.obj is buffer  # nothing viewed it any more: taken again
+        assert second == b"\x02" * 300_000
+        small = received(4, 100)  # small frames take no kept buffer
+        assert small.obj is not buffer and small.obj is not second.obj
+    finally:
+        link.close()
+        theirs.close()
 
 
 def test_a_local_fleet_hands_results_over_in_memory() -> None:

@@ -38,7 +38,7 @@ from rlfleet.errors import (
     UnavailableError,
 )
 from rlfleet.security import ClientTLS
-from rlfleet.transport.receive_buffers import ReceiveBuffers
+from rlfleet.transport.receive_buffers import LARGE_FRAME_BYTES, ReceiveBuffers
 
 logger = logging.getLogger("rlfleet.transport.lease_channel")
 
@@ -233,8 +233,8 @@ class LeaseDataLink:
     def receive_message(self, seconds: float | None) -> memoryview | None:
         """The next frame's payload, read straight into a buffer of its own: the
         one copy is the kernel's, off the socket (a results connection's
-        frames are large; :meth:`receive` copies each twice). The buffer is a
-        reused one (rlfleet.transport.receive_buffers): an answer's frames,
+        frames are large; :meth:`receive` copies each twice). A large frame's
+        buffer is a reused one (rlfleet.transport.receive_buffers): an answer's frames,
         let go once its rows are placed, take the same memory as the last
         answer's, whose first touch was the cost of the read.
 
@@ -262,9 +262,12 @@ class LeaseDataLink:
                 f"the coordinator sent a data frame of {length} bytes, above the limit of "
                 f"{self._max}"
             )
-        if self._buffers is None:
-            self._buffers = ReceiveBuffers(_KEPT_BYTES)
-        payload = self._buffers.take(length)
+        if length < LARGE_FRAME_BYTES:
+            payload = memoryview(bytearray(length))
+        else:
+            if self._buffers is None:
+                self._buffers = ReceiveBuffers(_KEPT_BYTES)
+            payload = self._buffers.take(length)
         self._fill(payload, deadline, seconds, first=False)
         return payload
 

@@ -1,12 +1,13 @@
 """Buffers that large frames are received into, reused once nothing views them.
 
 On these VMs the first touch of fresh memory costs far more than the copy
-that fills it: 900 kB frames read into new ``bytearray``\\ s took 580 us each,
-into buffers used before 27 us (thread CPU, 100 frames; docs/data_plane.md,
-"Receive buffers"). Both ends of a data connection read large frames into a
-:class:`ReceiveBuffers`' buffers: the coordinator's loop (a worker's results,
-until they are checked and forwarded) and a learner's results connection
-(an answer's results, until they are placed in the answer).
+that fills it: 900 kB frames written into new ``bytearray``\\ s took 580-600 us
+each, into this class's buffers 63-76 us (thread CPU, 50 frames held at
+once; docs/data_plane.md, "Receive buffers"). Both ends of a data
+connection read large frames into a :class:`ReceiveBuffers`' buffers: the
+coordinator's loop (a worker's results, until they are checked and
+forwarded) and a learner's results connection (an answer's results, until
+they are placed in the answer).
 
 A frame is handed out as a writable view of a kept buffer. Whatever keeps the
 frame's bytes (a parsed result's arrays, a queued frame, the rest of a send)
@@ -19,11 +20,13 @@ from __future__ import annotations
 
 import threading
 
-#: Buffers are at least this large (a frame takes a buffer of its own).
-_MIN_BYTES = 64 << 10
-#: Kept buffers looked at, from the last one taken, before a new one is made:
-#: frames are let go about in the order they came.
-_LOOK = 4
+#: Frames of at least this many bytes are worth a kept buffer (smaller ones
+#: come from malloc's own reused small blocks as cheaply).
+LARGE_FRAME_BYTES = 64 << 10
+#: Kept buffers looked at, from the one taken longest ago, before a new one
+#: is made: frames are let go about in the order they came, and a buffer
+#: still viewed costs an exception to find out.
+_LOOK = 2
 
 
 class ReceiveBuffers:
@@ -58,7 +61,8 @@ class ReceiveBuffers:
                     self._next = index + 1
                     return memoryview(buffer)[:size]
             # Rounded up, so that later frames a little longer fit too.
-            buffer = bytearray(-(-max(size, _MIN_BYTES) // _MIN_BYTES) * _MIN_BYTES)
+            grain = LARGE_FRAME_BYTES
+            buffer = bytearray(-(-size // grain) * grain)
             self.made += 1
             if self._kept + len(buffer) <= self._keep:
                 self._kept += len(buffer)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from rlfleet.errors import ConnectionClosedError, RlfleetTimeoutError
 from rlfleet.transport.lease_channel import FRAME_HEADER, InProcessLink, frame
+from rlfleet.transport.receive_buffers import LARGE_FRAME_BYTES
 
 if TYPE_CHECKING:
     from rlfleet.coordinator.leases.data_server import LeaseDataServer
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 _PACED_BYTES = 4 << 20
 #: A frame with at least this many bytes still to come is read straight into
 #: its own buffer rather than through the loop's (one copy, the kernel's).
-_DIRECT_BYTES = 64 << 10
+_DIRECT_BYTES = LARGE_FRAME_BYTES
 #: Errors of a non-blocking socket (or TLS) that only mean "not now".
 NOT_NOW = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
