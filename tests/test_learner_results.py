@@ -120,11 +120,13 @@ def test_large_result_frames_are_read_into_reused_buffers_never_one_still_viewed
             assert isinstance(payload, memoryview) and payload == bytes([fill]) * size
             return payload
 
-        first = np.frombuffer(received(1), np.uint8)  # an array viewing the frame
+        view = received(1)
+        buffer = view.obj
+        first = np.frombuffer(view, np.uint8)  # an array viewing the frame
+        del view
         second = received(2)
-        assert second.obj is not first.base.obj  # ``first`` is still viewed
+        assert second.obj is not buffer  # ``first`` still views its buffer
         assert (first == 1).all()
-        buffer = first.base.obj
         del first
         third = received(3)
         assert third.obj is buffer  # nothing viewed it any more: taken again

@@ -166,7 +166,7 @@ def test_a_bad_ticket_or_first_frame_is_refused_and_logged(
 class _Quiet:
     """A data connection's peer that ignores its traffic."""
 
-    def on_frame(self, payload: bytes) -> None:
+    def on_frame(self, payload: bytes | memoryview) -> None:
         pass
 
     def on_closed(self, reason: str) -> None:
@@ -480,7 +480,8 @@ def test_large_frames_cross_a_tls_data_connection_whole_both_ways(tmp_path: Path
             for _ in range(3):
                 connection.send_parts(parts, 10.0)
             for _ in range(3):
-                assert link.receive_message(10.0) == b"".join(parts)
+                received = link.receive_message(10.0)
+                assert received is not None and bytes(received) == b"".join(parts)
         finally:
             link.close()
 
