@@ -75,7 +75,7 @@ class ResultLane:
         # what this connection holds counts against the same limit.
         self._budget = handle.inflight.carrier()
         self._received = handle.inflight.carrier()  # frames queued, not yet checked
-        self._queue: queue.SimpleQueue[bytes | _Closed] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[bytes | memoryview | _Closed] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._queued = 0  # frame bytes queued, not yet taken by the thread
         self._failed = False
@@ -83,7 +83,7 @@ class ResultLane:
             target=self._run, name=f"rlfleet-data-results-{handle.name}", daemon=True
         ).start()
 
-    def put(self, payload: bytes) -> None:
+    def put(self, payload: bytes | memoryview) -> None:
         """Queues one frame that is not a lease reply (the loop thread): a
         result message or the end-of-results marker, as the lane will find.
 
@@ -138,7 +138,7 @@ class ResultLane:
                 self._done.set()
                 return
 
-    def _book(self, frames: list[bytes]) -> None:
+    def _book(self, frames: list[bytes | memoryview]) -> None:
         handle, events = self._handle, self._events
         results: list[JoinedResult] = []
         try:
