@@ -14,10 +14,15 @@ frame's bytes (a parsed result's arrays, a queued frame, the rest of a send)
 holds a view of that buffer, and a ``bytearray`` with views cannot be
 resized: that is the test of a buffer free to take again
 (:func:`_unviewed`), so a buffer is never written while anything reads it.
+
+A frame that finds no free kept buffer once the kept ones reach their bound
+gets anonymous pages of its own, which the kernel commits only as the
+frame's bytes arrive: a peer's header alone commits nothing past the bound.
 """
 
 from __future__ import annotations
 
+import mmap
 import threading
 
 #: Frames of at least this many bytes are worth a kept buffer (smaller ones
@@ -60,16 +65,21 @@ class ReceiveBuffers:
                 if len(buffer) >= size and _unviewed(buffer):
                     self._next = index + 1
                     return memoryview(buffer)[:size]
+            self.made += 1
             # Rounded up, so that later frames a little longer fit too.
             grain = LARGE_FRAME_BYTES
-            buffer = bytearray(-(-size // grain) * grain)
-            self.made += 1
-            if self._kept + len(buffer) <= self._keep:
-                self._kept += len(buffer)
-                # Next to the last one taken: taken again in the order made.
-                place = min(self._next, count)
-                buffers.insert(place, buffer)
-                self._next = place + 1
+            rounded = -(-size // grain) * grain
+            if self._kept + rounded > self._keep:
+                # Not kept: anonymous pages, committed only as the frame's
+                # bytes arrive (a bytearray zero-fills all of them at once, so
+                # a header alone would commit the frame's whole length).
+                return memoryview(mmap.mmap(-1, size))
+            buffer = bytearray(rounded)
+            self._kept += rounded
+            # Next to the last one taken: taken again in the order made.
+            place = min(self._next, count)
+            buffers.insert(place, buffer)
+            self._next = place + 1
         return memoryview(buffer)[:size]
 
 
