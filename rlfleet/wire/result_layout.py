@@ -37,6 +37,8 @@ import bisect
 import dataclasses
 import itertools
 import math
+import operator
+import struct
 from collections.abc import Callable, Mapping
 
 import gymnasium as gym
@@ -47,10 +49,11 @@ from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
 from rlfleet.core.space_checks import space_screen
+from rlfleet.core.step_type import StepType
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.wire._protowire import len_prefix
 from rlfleet.wire.chunks import Payload, Pieces
-from rlfleet.wire.result_checks import ResultExpectation, check_result, step_type_problems
+from rlfleet.wire.result_checks import ResultExpectation, check_result
 from rlfleet.wire.results import EPISODE_INFO_KEYS, JoinedResult, ResultHeader, decode_result
 from rlfleet.wire.tensors import dtype_code, encode_key_field, tensor_header
 
@@ -73,6 +76,14 @@ _FIELDS = (
 # TensorMap's fields (tensor.proto).
 _MAP_ENTRIES, _ENTRY_TENSOR, _ENTRY_MAP = 1, 2, 3
 _BOOL = np.dtype("?")
+# The columns the one pass reads as bytes: int64 episode infos and lengths, uint8 step types.
+_INFO = {key: f"episode_infos[{key!r}]" for key in EPISODE_INFO_KEYS}
+_BYTE_COLUMNS = {
+    **{name: np.dtype("<i8") for name in (*_INFO.values(), "lengths")},
+    "step_types": np.dtype("u1"),
+}
+_FIRST, _MID = bytes([StepType.FIRST]), bytes([StepType.MID])
+_ENDS = bytes([StepType.TERMINAL, StepType.TIMEOUT])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,9 +200,10 @@ def _learn(batch: EpisodeBatch) -> _Layout | None:
         else:
             blocks.append((number, tensor(name, value, per_episode)))
     layout = _Layout(batch.env_spec, tuple(blocks))
-    names = {f"episode_infos[{key!r}]" for key in EPISODE_INFO_KEYS}
-    if not names <= layout.tensors.keys():
-        return None
+    for name, dtype in _BYTE_COLUMNS.items():  # else every result takes the general path
+        column = layout.tensors.get(name)
+        if column is None or column.dtype != dtype or column.row_shape:
+            return None
     return layout
 
 
@@ -351,7 +363,8 @@ def _passes(
         data = read(offsets[name], rows * t.row_bytes)
         return np.frombuffer(data, t.dtype).reshape(rows, *t.row_shape)
 
-    # The metadata and the episode infos (_metadata_problems, _episode_problems).
+    # The metadata and the episode infos (_metadata_problems, _episode_problems):
+    # the int64 columns' bytes against the header's numbers, no array built.
     version = header.agent_version
     if header.env_generation != expect.env_generation:
         return False
@@ -363,30 +376,33 @@ def _passes(
     limit = expect.env_spec.max_episode_length
     if limit is not None and max(lengths) > limit:
         return False
-    batch_lengths = view("lengths")
-    if batch_lengths.tolist() != list(lengths):
-        return False
-    indices = view("episode_infos['episode_index']")
-    if indices.tolist() != list(header.episode_indices):
-        return False
-    if indices[0] < 0 or any_set(indices[1:] <= indices[:-1]):
-        return False
-    for name, want in (("worker", expect.worker_id), ("agent_version", version)):
-        if any_set(view(f"episode_infos[{name!r}]") != want):
+    indices = header.episode_indices
+    if indices[0] < 0 or not all(map(operator.lt, indices, indices[1:])):
+        return False  # not ascending
+    try:
+        index_bytes = _int64s(indices)
+        if (
+            read(offsets["lengths"], 8 * episodes) != _int64s(lengths)
+            or read(offsets[_INFO["episode_index"]], 8 * episodes) != index_bytes
+            or read(offsets[_INFO["worker"]], 8 * episodes) != _repeated(expect.worker_id, episodes)
+            or read(offsets[_INFO["agent_version"]], 8 * episodes) != _repeated(version, episodes)
+        ):
             return False
-    env_seeds, policy_seeds = (
-        view("episode_infos['env_seed']"),
-        view("episode_infos['policy_seed']"),
-    )
+    except (struct.error, OverflowError):  # a number past int64: the general path names it
+        return False
+    env_seeds = read(offsets[_INFO["env_seed"]], 8 * episodes)
+    policy_seeds = read(offsets[_INFO["policy_seed"]], 8 * episodes)
     if expect.native:
-        if any_set(env_seeds != NO_ENV_SEED) or any_set(policy_seeds != NO_POLICY_SEED):
+        if env_seeds != _repeated(NO_ENV_SEED, episodes) or policy_seeds != _repeated(
+            NO_POLICY_SEED, episodes
+        ):
             return False
     elif expect.units is not None and not _seeds_match(
-        expect.units, indices, env_seeds, policy_seeds
+        expect.units, indices, index_bytes, env_seeds, policy_seeds
     ):
         return False
     # Step types (which also keeps every value in StepType's range).
-    if step_type_problems(view("step_types"), batch_lengths, None, must_end=True):
+    if not _step_types_pass(bytes(read(offsets["step_types"], steps)), lengths):
         return False
     # Values against the declared spaces, rewards, bool infos (value_problems, the decode).
     for name, screen in layout.screens:
@@ -399,15 +415,58 @@ def _passes(
     return not any(any_set(view(name).view(np.uint8) > 1) for name in layout.bools)
 
 
+def _int64s(values: tuple[int, ...]) -> bytes:
+    """Little-endian int64 bytes of ``values`` (raises struct.error past int64)."""
+    return struct.pack(f"<{len(values)}q", *values)
+
+
+def _repeated(value: int, count: int) -> bytes:
+    """Little-endian int64 bytes of ``value``, ``count`` times."""
+    return value.to_bytes(8, "little", signed=True) * count
+
+
 def _seeds_match(
-    units: UnitColumns, indices: np.ndarray, env_seeds: np.ndarray, policy_seeds: np.ndarray
+    units: UnitColumns,
+    indices: tuple[int, ...],
+    index_bytes: bytes,
+    env_seeds: bytes | memoryview,
+    policy_seeds: bytes | memoryview,
 ) -> bool:
-    positions, found = units.positions(indices)
+    """Whether each episode's seeds are its unit's (indices ascending, their bytes given)."""
+    held = units.episode_indices
+    count = len(indices)
+    start = int(held.searchsorted(indices[0]))
+    run = slice(start, start + count)
+    if held[run].tobytes() == index_bytes:  # a run of the task's units, as a task's results are
+        return (
+            units.env_seeds[run].tobytes() == env_seeds
+            and units.policy_seeds[run].tobytes() == policy_seeds
+        )
+    positions, found = units.positions(np.frombuffer(index_bytes, np.int64))
     if not all_set(found):
         return False
-    if any_set(units.env_seeds[positions] != env_seeds):
+    return (
+        units.env_seeds[positions].tobytes() == env_seeds
+        and units.policy_seeds[positions].tobytes() == policy_seeds
+    )
+
+
+def _step_types_pass(types: bytes, lengths: tuple[int, ...]) -> bool:
+    """:func:`~rlfleet.wire.result_checks.step_type_problems` of whole episodes
+    finding none, on a result's uint8 step types, without numpy.
+
+    Each episode's last step is TERMINAL or TIMEOUT, its first (if it has
+    two or more) FIRST; then a count of MID steps as large as the steps
+    left over means every other step is MID.
+    """
+    lasts = list(itertools.accumulate(lengths, initial=-1))
+    firsts = [last + 1 for last, length in zip(lasts, lengths, strict=False) if length > 1]
+    del lasts[0]
+    if bytes(map(types.__getitem__, lasts)).translate(None, _ENDS):
+        return False  # a last step neither TERMINAL nor TIMEOUT
+    if bytes(map(types.__getitem__, firsts)) != _FIRST * len(firsts):
         return False
-    return not any_set(units.policy_seeds[positions] != policy_seeds)
+    return types.count(_MID) == len(types) - len(lasts) - len(firsts)
 
 
 __all__ = ["ResultLayoutCheck"]
