@@ -82,6 +82,9 @@ _BYTE_COLUMNS = {
     **{name: np.dtype("<i8") for name in (*_INFO.values(), "lengths")},
     "step_types": np.dtype("u1"),
 }
+_KNOWN_INFOS = ("episode_index", "worker", "agent_version", "env_seed", "policy_seed")
+# The int64 columns compared with the header's numbers and the task's units, in order.
+_KNOWN = ("lengths", *(_INFO[key] for key in _KNOWN_INFOS))
 _FIRST, _MID = bytes([StepType.FIRST]), bytes([StepType.MID])
 _ENDS = bytes([StepType.TERMINAL, StepType.TIMEOUT])
 
@@ -110,13 +113,25 @@ class _Skeleton:
 
     Attributes:
         size: Size of the whole message.
-        headers: (offset, bytes) of every run of bytes between arrays.
+        between: Every run of bytes between arrays, joined.
         offsets: Offset of each array's data, by name.
+        spans: (offset, size) of each run of bytes between arrays, then of
+            the int64 columns the header's numbers tell (:data:`_KNOWN`).
+        known: The position of each byte of ``spans``, in their order.
     """
 
     size: int
-    headers: tuple[tuple[int, bytes], ...]
+    between: bytes
     offsets: dict[str, int]
+    spans: tuple[tuple[int, int], ...]
+    known: np.ndarray
+
+    def gather(self, source: _Source) -> bytes:
+        """The bytes of :attr:`spans` in a result: one gather of a joined one."""
+        _, read, whole = source
+        if whole is not None:
+            return np.frombuffer(whole, np.uint8)[self.known].tobytes()
+        return b"".join([read(offset, size) for offset, size in self.spans])
 
 
 class _Layout:
@@ -255,7 +270,11 @@ def _build_skeleton(
             position += (episodes if part.per_episode else steps) * part.row_bytes
     if run:
         headers.append((run_start, run))
-    return _Skeleton(position, tuple(headers), offsets)
+    spans = [(offset, len(run)) for offset, run in headers]
+    spans += [(offsets[name], 8 * episodes) for name in _KNOWN]
+    known = np.concatenate([np.arange(offset, offset + size) for offset, size in spans])
+    between = b"".join(run for _, run in headers)
+    return _Skeleton(position, between, offsets, tuple(spans), known.astype(np.intp))
 
 
 class ResultLayoutCheck:
@@ -350,9 +369,6 @@ def _passes(
     skeleton = layout.skeleton(episodes, steps)
     if size != skeleton.size:
         return False
-    for offset, expected in skeleton.headers:
-        if read(offset, len(expected)) != expected:
-            return False
     tensors, offsets = layout.tensors, skeleton.offsets
 
     def view(name: str) -> np.ndarray:
@@ -363,8 +379,7 @@ def _passes(
         data = read(offsets[name], rows * t.row_bytes)
         return np.frombuffer(data, t.dtype).reshape(rows, *t.row_shape)
 
-    # The metadata and the episode infos (_metadata_problems, _episode_problems):
-    # the int64 columns' bytes against the header's numbers, no array built.
+    # The metadata and the episode infos (_metadata_problems, _episode_problems).
     version = header.agent_version
     if header.env_generation != expect.env_generation:
         return False
@@ -379,27 +394,30 @@ def _passes(
     indices = header.episode_indices
     if indices[0] < 0 or not all(map(operator.lt, indices, indices[1:])):
         return False  # not ascending
+    # One comparison: the bytes around the arrays, and the int64 columns
+    # the header's numbers and the task's units tell (lengths, episode
+    # infos), against those bytes in the result.
     try:
         index_bytes = _int64s(indices)
-        if (
-            read(offsets["lengths"], 8 * episodes) != _int64s(lengths)
-            or read(offsets[_INFO["episode_index"]], 8 * episodes) != index_bytes
-            or read(offsets[_INFO["worker"]], 8 * episodes) != _repeated(expect.worker_id, episodes)
-            or read(offsets[_INFO["agent_version"]], 8 * episodes) != _repeated(version, episodes)
-        ):
-            return False
+        expected = b"".join(
+            (
+                skeleton.between,
+                _int64s(lengths),
+                index_bytes,
+                _repeated(expect.worker_id, episodes),
+                _repeated(version, episodes),
+            )
+        )
     except (struct.error, OverflowError):  # a number past int64: the general path names it
         return False
-    env_seeds = read(offsets[_INFO["env_seed"]], 8 * episodes)
-    policy_seeds = read(offsets[_INFO["policy_seed"]], 8 * episodes)
+    found = skeleton.gather(payload)
     if expect.native:
-        if env_seeds != _repeated(NO_ENV_SEED, episodes) or policy_seeds != _repeated(
-            NO_POLICY_SEED, episodes
-        ):
-            return False
-    elif expect.units is not None and not _seeds_match(
-        expect.units, indices, index_bytes, env_seeds, policy_seeds
-    ):
+        seeds: bytes | None = _repeated(NO_ENV_SEED, episodes) + _repeated(NO_POLICY_SEED, episodes)
+    elif expect.units is not None:
+        seeds = _unit_seeds(expect.units, indices, index_bytes)
+    else:  # nothing to hold them to
+        seeds = found[len(expected) :]
+    if seeds is None or found != expected + seeds:
         return False
     # Step types (which also keeps every value in StepType's range).
     if not _step_types_pass(bytes(read(offsets["step_types"], steps)), lengths):
@@ -425,30 +443,18 @@ def _repeated(value: int, count: int) -> bytes:
     return value.to_bytes(8, "little", signed=True) * count
 
 
-def _seeds_match(
-    units: UnitColumns,
-    indices: tuple[int, ...],
-    index_bytes: bytes,
-    env_seeds: bytes | memoryview,
-    policy_seeds: bytes | memoryview,
-) -> bool:
-    """Whether each episode's seeds are its unit's (indices ascending, their bytes given)."""
+def _unit_seeds(units: UnitColumns, indices: tuple[int, ...], index_bytes: bytes) -> bytes | None:
+    """The env seeds, then the policy seeds, of the units ``indices`` (ascending)
+    as int64 bytes; None if the task does not hold one of them."""
     held = units.episode_indices
-    count = len(indices)
     start = int(held.searchsorted(indices[0]))
-    run = slice(start, start + count)
+    run = slice(start, start + len(indices))
     if held[run].tobytes() == index_bytes:  # a run of the task's units, as a task's results are
-        return (
-            units.env_seeds[run].tobytes() == env_seeds
-            and units.policy_seeds[run].tobytes() == policy_seeds
-        )
+        return units.env_seeds[run].tobytes() + units.policy_seeds[run].tobytes()
     positions, found = units.positions(np.frombuffer(index_bytes, np.int64))
     if not all_set(found):
-        return False
-    return (
-        units.env_seeds[positions].tobytes() == env_seeds
-        and units.policy_seeds[positions].tobytes() == policy_seeds
-    )
+        return None
+    return units.env_seeds[positions].tobytes() + units.policy_seeds[positions].tobytes()
 
 
 def _step_types_pass(types: bytes, lengths: tuple[int, ...]) -> bool:
