@@ -11,13 +11,17 @@ first result that passed that path, and checks each later one in one pass:
 
 * the bytes around the arrays (tags, dtypes, shapes, lengths) must be
   exactly those rlfleet's writer (and protobuf's) gives that layout for the
-  header's numbers of episodes and steps: a few slice comparisons, worked
-  out once per pair of numbers; then every array is a view at a known
-  offset;
+  header's numbers of episodes and steps, worked out once per pair of
+  numbers; then every array is a view at a known offset;
 * the values are checked as the general path checks them (metadata,
   episode infos, units' seeds, step types, values against the spaces,
   rewards, bool infos), each with the comparisons the layout leaves: a
-  uint8 frame of a 0..255 Box needs none, bounds are worked out once.
+  uint8 frame of a 0..255 Box needs none, bounds are worked out once;
+* what the header's numbers and the task's units tell (the lengths column
+  and the int64 episode infos: indices, worker, agent version, seeds) is
+  compared as bytes, with the bytes around the arrays, in one gather and
+  one comparison; the uint8 step types are counted as bytes. numpy is left
+  the value screens: about 20 numpy calls per result.
 
 A result of several chunks is checked where its chunks are: only the
 bytes around the arrays and the arrays checked are read, so a result's
@@ -28,7 +32,9 @@ result down the general path, which raises with its own text (or finds
 nothing wrong: the quick checks may ask it to look closer, never let
 through what it refuses) and then relearns the layout. So every check still
 runs once, at this trust boundary, and a refusal reads as it always did.
-Fragments take the general path.
+Fragments take the general path, and so does every result of a worker whose
+lengths or episode infos are not int64 or whose step types are not uint8
+(rlfleet's workers and the Node worker write those).
 """
 
 from __future__ import annotations
