@@ -19,7 +19,7 @@ from rlfleet.coordinator.calls import Finished, Forward
 from rlfleet.coordinator.failures import CallDetail, CallError, detail_of, invalid
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
-from rlfleet.core import EnvSpec, EpisodeBatch
+from rlfleet.core import EnvSpec
 from rlfleet.envs.native import NATIVE_VECTORIZATIONS
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.protocol.error_reports import (
@@ -44,13 +44,12 @@ from rlfleet.scheduling.scheduler import RequestSpec, Verdict
 from rlfleet.security import PICKLE_CAPABILITY, InflightBudget
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import Chunk
-from rlfleet.wire.result_checks import FragmentWindow, ResultExpectation, check_result
+from rlfleet.wire.result_checks import FragmentWindow, ResultExpectation
 from rlfleet.wire.results import (
     JoinedResult,
     ResultAssembler,
     ResultError,
     ResultHeader,
-    decode_result,
 )
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -337,8 +336,8 @@ class WorkerEvents:
         """A worker's result is complete: check it, account it, forward it.
 
         The batch is viewed in the received bytes only to check it
-        (:mod:`rlfleet.wire.result_checks`, vectorised; an episodes result
-        in one pass with the layout of the worker's earlier ones,
+        (:mod:`rlfleet.wire.result_checks`, vectorised; in one pass with
+        the layout of the worker's earlier results of its mode,
         :mod:`rlfleet.wire.result_layout`); the learner gets the worker's
         chunks as they came.
 
@@ -370,14 +369,8 @@ class WorkerEvents:
         if env_spec is None:  # cannot happen: results follow an EnvReady
             raise ResultError(f"{header.where} arrived before any EnvReady")
         expect = _expectation(handle, spec, seeds, env_spec, latest, streams=streams, native=native)
-        window: EpisodeBatch | None = None  # a fragment window's batch, for its streams' books
-        try:
-            if spec.mode is Mode.FRAGMENTS:
-                decoded = decode_result(joined, env_spec)
-                check_result(decoded, expect)
-                window = decoded.batch
-            else:  # the layout of the worker's results: one pass, no batch built
-                handle.result_layout.check(joined, env_spec, expect)
+        try:  # in one pass with the layout of the worker's earlier results of this mode
+            window = handle.result_layout.check(joined, env_spec, expect)  # fragments: the batch
         except (ProtocolError, WireFormatError) as exc:
             self._refused(handle, outcome.request_id, exc)
             raise

@@ -19,7 +19,7 @@ import numpy as np
 
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.core.episode_order import cut_pieces, ends_episode
+from rlfleet.core.episode_order import ends_episode
 from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED, stream_seeds, stream_seeds_many
 from rlfleet.core.space_checks import space_problem
 from rlfleet.core.step_type import StepType
@@ -297,15 +297,60 @@ def _episode_problems(result: DecodedResult, expect: ResultExpectation) -> list[
 
 
 def _fragment_problems(result: DecodedResult, window: FragmentWindow) -> list[str]:
+    infos = result.infos
+    pieces = WindowPieces(
+        stream=infos("stream"),
+        episodes=infos("episode_index"),
+        fragments=infos("fragment_index"),
+        env_seeds=infos("env_seed"),
+        policy_seeds=infos("policy_seed"),
+        lengths=result.batch.lengths,
+        step_types=result.batch.step_types,
+    )
+    return window_problems(pieces, window)
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowPieces:
+    """A fragment window's pieces as columns, wherever they were read from.
+
+    The general path takes them from a decoded batch, the one-pass check
+    (:mod:`rlfleet.wire.result_layout`) from views of the received bytes:
+    both run :func:`window_problems` on them, so they agree.
+
+    Attributes:
+        stream: (N,) each piece's stream.
+        episodes: (N,) its episode index.
+        fragments: (N,) its fragment index.
+        env_seeds: (N,) its episode's env seed.
+        policy_seeds: (N,) its episode's policy seed.
+        lengths: (N,) its steps, each >= 1.
+        step_types: (S,) every step's StepType number.
+    """
+
+    stream: np.ndarray
+    episodes: np.ndarray
+    fragments: np.ndarray
+    env_seeds: np.ndarray
+    policy_seeds: np.ndarray
+    lengths: np.ndarray
+    step_types: np.ndarray
+
+
+def window_problems(pieces: WindowPieces, window: FragmentWindow) -> list[str]:
+    """What is wrong with a window's pieces: its streams, each stream's steps,
+    continuity and seeds, and the step types (empty: nothing).
+
+    The episode infos must have been checked to be int columns of one row per
+    piece (:func:`check_result` does that first).
+    """
     # Vectorised over pieces: a window of 64 streams is 128 pieces or more,
     # and a Python loop per piece (seeds, continuity) cost ~4 us each on
     # the coordinator's path. Python runs only for the problems found, in
     # the order a loop over streams would list them.
     problems: list[str] = []
-    batch = result.batch
     expected = set(window.streams)
-    stream = result.infos("stream")
-    episodes, fragments = result.infos("episode_index"), result.infos("fragment_index")
+    stream, episodes, fragments = pieces.stream, pieces.episodes, pieces.fragments
     order = np.lexsort((fragments, episodes, stream))
     in_order = stream[order]
     unique, starts = np.unique(in_order, return_index=True)
@@ -316,13 +361,13 @@ def _fragment_problems(result: DecodedResult, window: FragmentWindow) -> list[st
             f"stream of the task (Task.streams, or Welcome.first_stream + slot): "
             f"{shortened(sorted(expected))}"
         )
-    lengths = batch.lengths
+    lengths = pieces.lengths
     if episodes.size and (episodes.min() < 0 or fragments.min() < 0):
         problems.append("episode_infos hold a negative episode_index or fragment_index")
         return problems
     if not order.size:
         return problems
-    cut = cut_pieces(batch)
+    cut = ~ends_episode(pieces.step_types[np.cumsum(lengths) - 1])
     steps = np.add.reduceat(lengths[order], starts)
     # Each pair of consecutive pieces of one stream, in episode and fragment order.
     first, then = order[:-1], order[1:]
@@ -333,9 +378,7 @@ def _fragment_problems(result: DecodedResult, window: FragmentWindow) -> list[st
     wrong_seed = np.zeros(len(order), dtype=bool)
     if owned.any():
         env, policy = _seeds(window.base_seed, stream[owned], episodes[owned])
-        mismatch = (result.infos("env_seed")[owned] != env) | (
-            result.infos("policy_seed")[owned] != policy
-        )
+        mismatch = (pieces.env_seeds[owned] != env) | (pieces.policy_seeds[owned] != policy)
         wrong_seed[np.flatnonzero(owned)[mismatch]] = True
     wrong_seed = wrong_seed[order]
     bad_steps = steps != window.fragment_length
@@ -343,7 +386,7 @@ def _fragment_problems(result: DecodedResult, window: FragmentWindow) -> list[st
         ends = [*starts[1:].tolist(), len(order)]
         for k, (value, begin, end) in enumerate(zip(streams, starts.tolist(), ends, strict=True)):
             problems += _stream_problems(
-                result,
+                pieces,
                 window,
                 value,
                 order[begin:end],
@@ -356,16 +399,13 @@ def _fragment_problems(result: DecodedResult, window: FragmentWindow) -> list[st
                 piece = int(order[begin + int(seeds_wrong[0])])
                 episode = int(episodes[piece])
                 want = stream_seeds(window.base_seed, value, episode)
-                got = (
-                    int(result.infos("env_seed")[piece]),
-                    int(result.infos("policy_seed")[piece]),
-                )
+                got = (int(pieces.env_seeds[piece]), int(pieces.policy_seeds[piece]))
                 problems.append(
                     f"stream {value} episode {episode}: seeds (env, policy) are "
                     f"{got}, expected {want} = stream_seeds(base_seed={window.base_seed}, "
                     f"stream={value}, episode={episode})"
                 )
-    problems += step_type_problems(batch.step_types, lengths, fragments == 0, must_end=False)
+    problems += step_type_problems(pieces.step_types, lengths, fragments == 0, must_end=False)
     return problems
 
 
@@ -393,7 +433,7 @@ def _stream_seeds(base_seed: int, stream: int, episode: int) -> tuple[int, int]:
 
 
 def _stream_problems(
-    result: DecodedResult,
+    columns: WindowPieces,
     window: FragmentWindow,
     stream: int,
     pieces: np.ndarray,
@@ -405,7 +445,7 @@ def _stream_problems(
     """One stream's step count and continuity problems.
 
     Args:
-        result: The result.
+        columns: The window's pieces.
         window: The window's layout.
         stream: The stream.
         pieces: Its pieces, in episode and fragment order.
@@ -414,7 +454,7 @@ def _stream_problems(
         broken: Per pair: the second does not continue the first's episode.
     """
     problems = []
-    episodes, fragments = result.infos("episode_index"), result.infos("fragment_index")
+    episodes, fragments = columns.episodes, columns.fragments
     if steps != window.fragment_length:
         problems.append(
             f"stream {stream} has {steps} steps in the window, expected fragment_length "
@@ -455,9 +495,11 @@ def _name(value: object) -> str:
 __all__ = [
     "FragmentWindow",
     "ResultExpectation",
+    "WindowPieces",
     "check_result",
     "pieces_by_stream",
     "result_problems",
     "step_type_problems",
     "value_problems",
+    "window_problems",
 ]
