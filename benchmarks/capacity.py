@@ -590,7 +590,7 @@ def _measure(
     directory: Path, shape: Shape, *, workers: int, num_envs: int, repeats: int, carrier: str
 ) -> list[Request]:
     port_file, control = directory / "port", directory / "result-episodes"
-    control.write_text(str(shape.result_episodes[0]))
+    control.write_text(str((shape.fragment_lengths or shape.result_episodes)[0]))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     coordinator = subprocess.Popen(
         [sys.executable, "-m", "rlfleet", "--log-level", "ERROR", "coordinator",
