@@ -531,3 +531,33 @@ def test_a_randomly_changed_window_gets_the_general_paths_verdict(seed: int) -> 
         assert str(info.value) == str(refusal)
     else:
         assert learned_window().check(result, SPEC, WINDOW_EXPECT) == batch
+
+
+def test_seeds_stay_checked_as_streams_run_past_the_seeds_derived_ahead() -> None:
+    # 16 streams of 2-step episodes in 3-step windows: 32 pieces or more, which
+    # take the seeds derived ahead; 40 windows run 60 episodes per stream.
+    streams = tuple(range(10, 26))
+    expect = dataclasses.replace(
+        WINDOW_EXPECT, window=FragmentWindow(base_seed=4, streams=streams, fragment_length=3)
+    )
+
+    def lockstep(window: int) -> list[tuple[int, int, int, int, bool]]:
+        episode = window * 3 // 2
+        if window % 2 == 0:  # starts an episode: 2 steps, then 1 of the next
+            one = [(episode, 0, 2, True), (episode + 1, 0, 1, False)]
+        else:  # ends the episode begun before, then a whole one
+            one = [(episode, 1, 1, True), (episode + 1, 0, 2, True)]
+        return [(s, *piece) for s in streams for piece in one]
+
+    check = ResultLayoutCheck()
+    for window in range(40):
+        batch = window_of(lockstep(window))
+        assert check.check(joined(batch), SPEC, expect) == batch
+    spoilt = spoiled("episode_infos.policy_seed", _set(17, 5))(window_of(lockstep(40)))
+    result = joined(spoilt)
+    with pytest.raises(ProtocolError) as info:
+        check_result(decode_result(result, SPEC), expect)
+    assert "seeds (env, policy) are" in str(info.value)
+    with pytest.raises(ProtocolError) as again:
+        check.check(result, SPEC, expect)
+    assert str(again.value) == str(info.value)

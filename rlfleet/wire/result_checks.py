@@ -353,9 +353,12 @@ def window_problems(pieces: WindowPieces, window: FragmentWindow) -> list[str]:
     stream, episodes, fragments = pieces.stream, pieces.episodes, pieces.fragments
     order = np.lexsort((fragments, episodes, stream))
     in_order = stream[order]
-    unique, starts = np.unique(in_order, return_index=True)
-    streams = unique.tolist()
-    if set(streams) != expected:
+    # Sorted by stream: each stream's first piece is where the column changes.
+    head = np.ones(min(len(in_order), 1), dtype=bool)  # none for an empty window
+    starts = np.flatnonzero(np.concatenate((head, in_order[1:] != in_order[:-1])))
+    streams = in_order[starts].tolist()
+    covered = set(streams) == expected
+    if not covered:
         problems.append(
             f"the window covers streams {shortened(streams)}, expected one piece or more of each "
             f"stream of the task (Task.streams, or Welcome.first_stream + slot): "
@@ -374,10 +377,14 @@ def window_problems(pieces: WindowPieces, window: FragmentWindow) -> list[str]:
     same = in_order[1:] == in_order[:-1]
     cut_inside = same & cut[first]
     broken = same & ~cut[first] & ((episodes[then] != episodes[first] + 1) | (fragments[then] != 0))
-    owned = np.isin(stream, np.fromiter(expected, dtype=np.int64, count=len(expected)))
+    owned = (
+        np.ones(len(stream), dtype=bool)
+        if covered
+        else np.isin(stream, np.fromiter(expected, dtype=np.int64, count=len(expected)))
+    )
     wrong_seed = np.zeros(len(order), dtype=bool)
     if owned.any():
-        env, policy = _seeds(window.base_seed, stream[owned], episodes[owned])
+        env, policy = _seeds(window, stream[owned], episodes[owned])
         mismatch = (pieces.env_seeds[owned] != env) | (pieces.policy_seeds[owned] != policy)
         wrong_seed[np.flatnonzero(owned)[mismatch]] = True
     wrong_seed = wrong_seed[order]
@@ -414,16 +421,91 @@ def window_problems(pieces: WindowPieces, window: FragmentWindow) -> list[str]:
 _VECTORISED_SEEDS = 32
 
 
-def _seeds(base_seed: int, streams: np.ndarray, episodes: np.ndarray) -> tuple[np.ndarray, ...]:
+def _seeds(
+    window: FragmentWindow, streams: np.ndarray, episodes: np.ndarray
+) -> tuple[np.ndarray, ...]:
     """:func:`stream_seeds` of each (stream, episode), as (env, policy) int64 columns."""
+    base_seed = window.base_seed
     if len(streams) >= _VECTORISED_SEEDS:
-        return stream_seeds_many(base_seed, streams, episodes)
+        key = (base_seed, window.streams)
+        table = _seed_tables.get(key)
+        found = None if table is None else table.lookup(streams, episodes)
+        if found is not None:
+            return found
+        table = _SeedTable.derive(base_seed, streams, episodes)
+        if table is None:  # episodes too far apart to derive ahead
+            return stream_seeds_many(base_seed, streams, episodes)
+        if len(_seed_tables) >= _MAX_SEED_TABLES:
+            _seed_tables.clear()  # windows of more tasks than this at once: start over
+        _seed_tables[key] = table
+        found = table.lookup(streams, episodes)
+        if found is None:  # cannot happen: derived for these very pieces
+            return stream_seeds_many(base_seed, streams, episodes)
+        return found
     pairs = [
         _stream_seeds(base_seed, s, e)
         for s, e in zip(streams.tolist(), episodes.tolist(), strict=True)
     ]
     seeds = np.array(pairs, dtype=np.int64).reshape(-1, 2)
     return seeds[:, 0], seeds[:, 1]
+
+
+#: Episodes ahead a :class:`_SeedTable` derives per stream, at least.
+_SEEDS_AHEAD = 16
+#: A window whose pieces of one stream span more episodes than this is not tabled.
+_MAX_SEED_SPAN = 64
+#: Seed tables kept, one per (base seed, a task's streams).
+_MAX_SEED_TABLES = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class _SeedTable:
+    """The seeds of each stream's next episodes, derived a block at a time.
+
+    The hash over a window's pieces costs about as much for 100 pairs as
+    for 1,000 (numpy's per-operation cost): a task's streams' seeds for
+    their next :data:`_SEEDS_AHEAD` episodes are derived in one hash, and
+    the windows after look theirs up, until a stream runs past its block.
+    Immutable: replaced whole, so threads may share it.
+    """
+
+    streams: np.ndarray  # (S,) ascending
+    first: np.ndarray  # (S,) each stream's first episode in the table
+    env: np.ndarray  # (S, K)
+    policy: np.ndarray  # (S, K)
+
+    @classmethod
+    def derive(cls, base_seed: int, streams: np.ndarray, episodes: np.ndarray) -> _SeedTable | None:
+        """A table holding every (stream, episode) given (None: they span too many episodes)."""
+        order = np.lexsort((episodes, streams))
+        ordered = streams[order]
+        unique, starts = np.unique(ordered, return_index=True)
+        first = episodes[order][starts]
+        last = np.maximum.reduceat(episodes[order], starts)
+        span = int((last - first).max()) + 1
+        if span > _MAX_SEED_SPAN:
+            return None
+        ahead = max(span, _SEEDS_AHEAD)
+        rows = np.repeat(unique, ahead)
+        columns = (first[:, None] + np.arange(ahead)).reshape(-1)
+        env, policy = stream_seeds_many(base_seed, rows, columns)
+        shape = (len(unique), ahead)
+        return cls(unique, first, env.reshape(shape), policy.reshape(shape))
+
+    def lookup(self, streams: np.ndarray, episodes: np.ndarray) -> tuple[np.ndarray, ...] | None:
+        """The seeds of every (stream, episode), or None if one is not in the table."""
+        rows = np.minimum(np.searchsorted(self.streams, streams), len(self.streams) - 1)
+        columns = episodes - self.first[rows]
+        if not (
+            (self.streams[rows] == streams).all()
+            and (columns >= 0).all()
+            and (columns < self.env.shape[1]).all()
+        ):
+            return None
+        return self.env[rows, columns], self.policy[rows, columns]
+
+
+_seed_tables: dict[tuple[int, tuple[int, ...]], _SeedTable] = {}
 
 
 @functools.lru_cache(maxsize=4096)
