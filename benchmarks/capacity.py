@@ -34,6 +34,11 @@ or on their lease data connections (``--carrier data``: framed TCP, what a
 remote worker that hosts leases uses; leases.proto, "Results on the lease
 data channel"); ``--carrier both`` measures each.
 
+``--shapes cartpole-fragments`` measures fragment windows instead (the
+learner's ``obtain_fragments``): the workers answer each FRAGMENTS task's
+rounds with windows of their streams, serialized once per phase
+(:mod:`benchmarks.capacity_windows`); the two settings are fragment lengths.
+
 docs/performance.md ("Coordinator capacity: the model") turns these into workers per
 coordinator core.
 """

@@ -5,7 +5,8 @@ What holds: a later result of the learned layout passes without the general
 decode; every result the general path refuses is refused with the same
 text once the layout is known (spoiled values and spoiled bytes alike); a
 result of another layout falls back to the general path, is checked there,
-and becomes the layout. The real-process test of the coordinator's use is
+and becomes the layout. Fragment windows alike, with their own layout and
+rules. The real-process test of the coordinator's use is
 tests/test_hostile_worker.py (``..._after_an_honest_one_...``).
 """
 
