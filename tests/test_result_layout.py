@@ -414,14 +414,14 @@ def test_episodes_and_windows_of_one_session_keep_their_layouts(
     assert len(calls) == 2
 
 
-def _pieces(*changes: tuple[int, int, object]) -> Callable[[], EpisodeBatch]:
+def _pieces(*changes: tuple[int, int, int]) -> Callable[[], EpisodeBatch]:
     """The valid window with piece fields changed: (piece, field, value)."""
 
     def build() -> EpisodeBatch:
-        pieces = [list(p) for p in PIECES]
+        pieces: list[list[Any]] = [list(p) for p in PIECES]
         for piece, field, value in changes:
             pieces[piece][field] = value
-        return window_of([tuple(p) for p in pieces])  # type: ignore[misc]
+        return window_of([(p[0], p[1], p[2], p[3], bool(p[4])) for p in pieces])
 
     return build
 
