@@ -45,9 +45,14 @@ def test_units_reach_the_vec_worker_in_blocks_not_at_every_vector_step(
 ) -> None:
     vec, book = _native_book(16, [0])
     assert vec.queued_count == 16 + 16 // BLOCK_SHARE  # every slot, and a quarter more
-    hand_offs = []
+    hand_offs: list[int] = []
     submit = vec.submit
-    monkeypatch.setattr(vec, "submit", lambda units: hand_offs.append(len(units)) or submit(units))
+
+    def counted(units: list[EpisodeUnit]) -> None:
+        hand_offs.append(len(units))
+        submit(units)
+
+    monkeypatch.setattr(vec, "submit", counted)
     vector_steps = 0
     while sum(hand_offs) < 40:  # as the session steps: feed, then one vector step
         book.feed()
