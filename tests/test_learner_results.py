@@ -15,6 +15,7 @@ over two coordinators uses one connection to each.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 
 from rlfleet.client import Fleet, RemoteSampler
@@ -34,7 +36,7 @@ from rlfleet.errors import EnvError, UnavailableError
 from rlfleet.protocol.learner_calls import SampleAsk
 from rlfleet.security import ClientSecurity
 from rlfleet.transport import rpc as _rpc
-from rlfleet.transport.lease_channel import InProcessLink, LeaseDataLink
+from rlfleet.transport.lease_channel import InProcessLink, LeaseDataLink, frame
 from tests._coordinator_fakes import assert_same_batch
 from tests.fleet_processes import (
     SLOW_ENV,
@@ -99,6 +101,41 @@ def test_answers_arrive_on_the_results_connection_and_equal_local_sampler(
     # One connection served every call (a TCP one: the coordinator is another process).
     assert sampler.result_route.carrier == "data"
     assert isinstance(sampler.result_route._link, LeaseDataLink)
+
+
+def test_large_result_frames_are_read_into_reused_buffers_never_one_still_viewed() -> None:
+    # Fresh memory's first touch costs more than the copy off the socket, so
+    # a results connection reads large frames into buffers it keeps, taken
+    # again once nothing views them: the next answer's frames take the last
+    # answer's buffers once its rows were placed, never while it is read.
+    ours, theirs = socket.socketpair()
+    link = LeaseDataLink(ours, max_frame_bytes=1 << 21)
+    try:
+
+        def received(fill: int, size: int = 300_000) -> memoryview:
+            with ThreadPoolExecutor(1) as sender:  # more than the socket's buffer holds
+                sent = sender.submit(theirs.sendall, frame(bytes([fill]) * size))
+                payload = link.receive_message(10.0)
+                sent.result(10.0)
+            assert isinstance(payload, memoryview) and payload == bytes([fill]) * size
+            return payload
+
+        view = received(1)
+        buffer = view.obj
+        first = np.frombuffer(view, np.uint8)  # an array viewing the frame
+        del view
+        second = received(2)
+        assert second.obj is not buffer  # ``first`` still views its buffer
+        assert (first == 1).all()
+        del first
+        third = received(3)
+        assert third.obj is buffer  # nothing viewed it any more: taken again
+        assert second == b"\x02" * 300_000
+        small = received(4, 100)  # small frames take no kept buffer
+        assert small.obj is not buffer and small.obj is not second.obj
+    finally:
+        link.close()
+        theirs.close()
 
 
 def test_a_local_fleet_hands_results_over_in_memory() -> None:

@@ -166,7 +166,7 @@ def test_a_bad_ticket_or_first_frame_is_refused_and_logged(
 class _Quiet:
     """A data connection's peer that ignores its traffic."""
 
-    def on_frame(self, payload: bytes) -> None:
+    def on_frame(self, payload: bytes | memoryview) -> None:
         pass
 
     def on_closed(self, reason: str) -> None:
@@ -374,9 +374,9 @@ class _Recording:
 
     def __init__(self) -> None:
         self.closed: list[str] = []
-        self.frames: list[bytes] = []
+        self.frames: list[bytes | memoryview] = []
 
-    def on_frame(self, payload: bytes) -> None:
+    def on_frame(self, payload: bytes | memoryview) -> None:
         self.frames.append(payload)
 
     def on_closed(self, reason: str) -> None:
@@ -405,6 +405,103 @@ def test_frames_cut_anywhere_by_the_network_reach_the_coordinator_whole_and_in_o
             wait_until(lambda: len(peer.frames) == len(payloads), "every frame")
             assert peer.frames == payloads
             assert not peer.closed
+        finally:
+            link.close()
+
+
+def test_large_frames_are_read_into_reused_buffers_never_into_one_still_viewed() -> None:
+    config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
+    with serve(config) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        peer = _Recording()
+        ticket = data.issue(lambda connection: peer)
+        link = dial("127.0.0.1", data.port, data_hello(ticket), tls=None, timeout=10,
+                    max_frame_bytes=1 << 20)  # fmt: skip
+
+        def received(fill: int) -> memoryview:
+            link.send(bytes([fill]) * 600_000)
+            wait_until(lambda: len(peer.frames) == 1, "the frame")
+            got = peer.frames.pop()
+            assert isinstance(got, memoryview) and got == bytes([fill]) * 600_000
+            return got
+
+        try:
+            first = received(1)
+            made = data.buffers.made
+            second = received(2)  # ``first`` is still viewed: a buffer of its own
+            assert second.obj is not first.obj
+            assert first == b"\x01" * 600_000
+            buffer = first.obj
+            del first
+            third = received(3)  # nothing views the first buffer now: taken again
+            assert third.obj is buffer
+            assert data.buffers.made == made + 1
+            assert second == b"\x02" * 600_000
+        finally:
+            link.close()
+
+
+def test_large_frames_cross_a_tls_data_connection_whole_both_ways(tmp_path: Path) -> None:
+    # Over TLS a large frame is read straight into its buffer too (the
+    # socket's decrypted bytes drained), and a frame sent in pieces goes out
+    # without its large pieces joined: both must stay whole and in order.
+    ca = make_ca()
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+    server_cert, server_key = make_cert(ca, "rlfleet-coordinator").write(tmp_path, "server")
+    tls = ServerTLS.from_files(server_cert, server_key)
+    config = CoordinatorConfig(
+        listen="127.0.0.1:0", max_message_bytes=1 << 21, security=ServerSecurity(tls=tls)
+    )
+    with serve(config) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        peer = _Recording()
+        attached: list[Any] = []
+
+        def attach(connection: Any) -> _Recording:
+            attached.append(connection)
+            return peer
+
+        ticket = data.issue(attach)
+        client = ClientTLS.from_files(tmp_path / "ca.crt")
+        link = dial("127.0.0.1", data.port, data_hello(ticket), tls=client, timeout=10,
+                    max_frame_bytes=1 << 21)  # fmt: skip
+        try:
+            assert isinstance(link._sock, ssl.SSLSocket)
+            payloads = [bytes([k % 251]) * size for k, size in
+                        enumerate([3, 900_000, 70_000, 5, 1_500_000, 65_536, 12])]  # fmt: skip
+            link.send_frames(payloads)
+            wait_until(lambda: len(peer.frames) == len(payloads), "every frame")
+            assert [bytes(f) for f in peer.frames] == payloads
+            assert not peer.closed
+            (connection,) = attached
+            parts = [b"head", b"\x07" * 800_000, b"mid", b"\x09" * 100_000, b"tail"]
+            for _ in range(3):
+                connection.send_parts(parts, 10.0)
+            for _ in range(3):
+                received = link.receive_message(10.0)
+                assert received is not None and bytes(received) == b"".join(parts)
+        finally:
+            link.close()
+
+
+def test_a_frame_longer_than_the_limit_closes_the_connection_naming_the_limit() -> None:
+    # A hostile length must not make the coordinator allocate what it says.
+    config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
+    with serve(config) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        peer = _Recording()
+        ticket = data.issue(lambda connection: peer)
+        link = dial("127.0.0.1", data.port, data_hello(ticket), tls=None, timeout=10,
+                    max_frame_bytes=1 << 20)  # fmt: skip
+        try:
+            link._sock.sendall(frame(b"ok") + FRAME_HEADER.pack(0xFFFF_FFFF) + b"x" * 100)
+            wait_until(lambda: peer.closed, "the connection's end")
+            assert peer.frames == [b"ok"]
+            assert "4294967295 bytes" in peer.closed[0]
+            assert "limit" in peer.closed[0]
         finally:
             link.close()
 

@@ -35,12 +35,12 @@ class RecordingPeer:
     """A ticket's owner that records what its connection brings."""
 
     def __init__(self, fail_on: bytes = b"") -> None:
-        self.frames: list[bytes] = []
+        self.frames: list[bytes | memoryview] = []
         self.closed: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.threads: list[str] = []
         self._fail_on = fail_on
 
-    def on_frame(self, payload: bytes) -> None:
+    def on_frame(self, payload: bytes | memoryview) -> None:
         self.threads.append(threading.current_thread().name)
         if payload == self._fail_on:
             raise ProtocolError("a frame this peer refuses")

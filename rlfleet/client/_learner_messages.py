@@ -279,7 +279,7 @@ class ResultsEnd:
 
 
 def parse_result_frame(
-    data: bytes | bytearray,
+    data: bytes | bytearray | memoryview,
 ) -> tuple[int, ResultPart | ResultsEnd | EmptyResponse]:
     """Reads one frame of a results connection: its call's number and what it holds
     (a result message's chunk stays a view of ``data``).

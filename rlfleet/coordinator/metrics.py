@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import Histogram
@@ -145,9 +145,15 @@ class CoordinatorMetrics(MetricSet):
 
     def forwarded(self, episodes: int, payload_bytes: int, lag: int) -> None:
         """A result was accepted and forwarded to its learner (its bytes, its lag)."""
-        self._results.inc()
+        self.forwarded_many(1, payload_bytes, {lag: episodes})
+
+    def forwarded_many(self, results: int, payload_bytes: int, lags: Mapping[int, int]) -> None:
+        """Results were accepted and forwarded (a worker's batch): their number,
+        bytes, and episodes by lag (counted once per batch, not per result)."""
+        self._results.inc(results)
         self._result_bytes.inc(payload_bytes)
-        self._lag.observe(lag, episodes)
+        for lag, episodes in lags.items():
+            self._lag.observe(lag, episodes)
 
     def delivered(self, episodes: int, steps: int) -> None:
         """Episodes and steps reached a learner's answer: a Sample request's

@@ -115,7 +115,7 @@ class _ResultsPeer:
         self._channels = channels
         self._channel = channel
 
-    def on_frame(self, payload: bytes) -> None:
+    def on_frame(self, payload: bytes | memoryview) -> None:
         raise WireFormatError(
             "a learner sends nothing on its results connection after its LeaseDataHello "
             "(learner.proto, 'Results on a learner's data connection')"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -19,7 +19,7 @@ from rlfleet.coordinator.calls import Finished, Forward
 from rlfleet.coordinator.failures import CallDetail, CallError, detail_of, invalid
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
-from rlfleet.core import EnvSpec
+from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.envs.native import NATIVE_VECTORIZATIONS
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.protocol.error_reports import (
@@ -40,7 +40,7 @@ from rlfleet.protocol.join import (
 from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY
 from rlfleet.protocol.unit_columns import UnitColumns
-from rlfleet.scheduling.scheduler import RequestSpec, Verdict
+from rlfleet.scheduling.scheduler import RequestSpec, ResultRuling, Verdict
 from rlfleet.security import PICKLE_CAPABILITY, InflightBudget
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import Chunk
@@ -285,13 +285,36 @@ class WorkerEvents:
         meta: ResultHeader,
         chunk: Chunk | None,
     ) -> None:
-        """One message of a worker's result, from its Join stream or its lease data
-        connection (each with its own assembler and budget): joined, then booked
-        once whole (:meth:`on_result`).
+        """One message of a worker's result, from its Join stream: joined
+        (:meth:`join_chunk`), then booked once whole (:meth:`on_results`).
 
         Raises:
             ProtocolError: For a message without its chunk, chunks out of order
                 or a result that breaks the protocol.
+            ResourceExhaustedError: Past the in-flight limit.
+        """
+        joined = self.join_chunk(handle, assembler, budget, meta, chunk)
+        if joined is not None:
+            self.on_results(handle, (joined,))
+
+    def join_chunk(
+        self,
+        handle: WorkerHandle,
+        assembler: ResultAssembler,
+        budget: InflightBudget,
+        meta: ResultHeader,
+        chunk: Chunk | None,
+    ) -> JoinedResult | None:
+        """One message of a worker's result, from its Join stream or its lease data
+        connection (each with its own assembler and budget), joined to the
+        result's earlier ones.
+
+        Returns:
+            The result once its last chunk is in (to book with
+            :meth:`on_results`), else None.
+
+        Raises:
+            ProtocolError: For a message without its chunk or chunks out of order.
             ResourceExhaustedError: Past the in-flight limit.
         """
         if chunk is None:
@@ -299,10 +322,9 @@ class WorkerEvents:
         budget.charge(len(chunk.data))  # raises past the in-flight limit
         # Left in its chunks: the one-pass check reads them where they are.
         joined = assembler.join(meta, chunk, keep_pieces=True)  # raises on any disorder
-        if joined is None:
-            return
-        budget.release()
-        self.on_result(handle, joined)
+        if joined is not None:
+            budget.release()
+        return joined
 
     def await_data_results(self, handle: WorkerHandle) -> None:
         """Waits, before a worker's graceful end is booked, until its lease data
@@ -332,80 +354,179 @@ class WorkerEvents:
                 extra={"worker": handle.name},
             )
 
-    def on_result(self, handle: WorkerHandle, joined: JoinedResult) -> None:
-        """A worker's result is complete: check it, account it, forward it.
+    def on_results(self, handle: WorkerHandle, results: Sequence[JoinedResult]) -> None:
+        """A worker's complete results, in the order it sent them: check them,
+        account them, forward them.
 
-        The batch is viewed in the received bytes only to check it
-        (:mod:`rlfleet.wire.result_checks`, vectorised; in one pass with
-        the layout of the worker's earlier results of its mode,
-        :mod:`rlfleet.wire.result_layout`); the learner gets the worker's
-        chunks as they came.
+        Booked as if each came alone, one after the other (the same verdicts,
+        refusals and error texts; ``tests/test_result_booking.py``), but with
+        the lock taken twice per batch, not per result: the scheduler judges
+        them all (:meth:`~rlfleet.scheduling.scheduler.Scheduler.classify_many`),
+        the lock is released while each is checked, then they are booked and
+        the fleet is refilled once. Each batch is viewed in its received
+        bytes only to check it (:mod:`rlfleet.wire.result_checks`, vectorised;
+        in one pass with the layout of the worker's earlier results of its
+        mode, :mod:`rlfleet.wire.result_layout`); the learner gets the
+        worker's chunks as they came.
 
         Raises:
-            ResultError: If the result breaks the protocol (the worker is
-                then dropped by the caller and its units re-run elsewhere).
+            ResultError: If a result breaks the protocol (the worker is then
+                dropped by the caller and its units re-run elsewhere); the
+                results before it are booked, those after it are not.
         """
-        header = joined.header
+        rest: Sequence[JoinedResult] = results
+        while rest:
+            rest = self._book_batch(handle, rest)
+
+    def on_result(self, handle: WorkerHandle, joined: JoinedResult) -> None:
+        """One complete result: :meth:`on_results` of a batch of one."""
+        self.on_results(handle, (joined,))
+
+    def _book_batch(
+        self, handle: WorkerHandle, results: Sequence[JoinedResult]
+    ) -> Sequence[JoinedResult]:
+        """Books ``results`` up to the first whose check fails; returns those
+        still to book after it (only when that one, judged again after the
+        earlier ones were booked, turns out to be ignored, as it would have
+        been alone)."""
         state = self._state
+        scheduler = state.scheduler
         with state.lock:
             if not handle.alive:
-                return  # declared dead: its units are someone else's now
-            outcome = state.scheduler.classify(
-                handle.worker_id, header.task_id, header.episode_indices
+                return ()  # declared dead: its units are someone else's now
+            rulings = scheduler.classify_many(
+                handle.worker_id, [(j.header.task_id, j.header.episode_indices) for j in results]
             )
-            if outcome.verdict is Verdict.IGNORE:
-                state.metrics.discarded(len(header.episode_indices))
-                logger.debug("ignored a result of task %d: %s", header.task_id, outcome.reason)
-                return
-            if outcome.verdict is Verdict.REJECT:
-                raise ResultError(f"{header.where}: {outcome.reason}")
-            spec = state.scheduler.request_spec(outcome.request_id)
-            seeds = state.scheduler.unit_seeds(header.task_id)
-            streams = state.scheduler.task_streams(header.task_id)
+            tasks = {}
+            for joined, ruling in zip(results, rulings, strict=True):
+                task_id = joined.header.task_id
+                if ruling.verdict is Verdict.ACCEPT and task_id not in tasks:
+                    tasks[task_id] = (
+                        scheduler.request_spec(ruling.request_id),
+                        scheduler.unit_seeds(task_id),
+                        scheduler.task_streams(task_id),
+                    )
             latest = state.agent.version
             env_spec = state.env.spec
             # A subprocess worker's episodes keep their seeds; a native one's have none.
             native = state.env.update.vectorization in NATIVE_VECTORIZATIONS
-        if env_spec is None:  # cannot happen: results follow an EnvReady
-            raise ResultError(f"{header.where} arrived before any EnvReady")
-        expect = _expectation(handle, spec, seeds, env_spec, latest, streams=streams, native=native)
-        try:  # in one pass with the layout of the worker's earlier results of this mode
-            window = handle.result_layout.check(joined, env_spec, expect)  # fragments: the batch
-        except (ProtocolError, WireFormatError) as exc:
-            self._refused(handle, outcome.request_id, exc)
-            raise
+        if env_spec is None and tasks:  # cannot happen: results follow an EnvReady
+            raise ResultError(f"{results[0].header.where} arrived before any EnvReady")
+        # Checked outside the lock, in order, up to the first that fails.
+        windows: list[EpisodeBatch | None] = []  # fragment windows' batches, for their streams
+        failure: Exception | None = None
+        for joined, ruling in zip(results, rulings, strict=True):
+            if ruling.verdict is Verdict.REJECT:
+                break  # judged again below, once the results before it are booked
+            window = None
+            if ruling.verdict is Verdict.ACCEPT and env_spec is not None:
+                spec, seeds, streams = tasks[joined.header.task_id]
+                expect = _expectation(
+                    handle, spec, seeds, env_spec, latest, streams=streams, native=native
+                )
+                try:  # in one pass with the layout of the worker's results of this mode
+                    window = handle.result_layout.check(joined, env_spec, expect)  # fragments
+                except (ProtocolError, WireFormatError) as exc:
+                    failure = exc
+                    break
+            windows.append(window)
+        refused: tuple[int, Exception] | None = None
+        rest: Sequence[JoinedResult] = ()
         with state.lock:
             if not handle.alive:
-                return
-            outcome = state.scheduler.complete(
-                handle.worker_id, header.task_id, header.episode_indices, header.lengths
-            )
-            if outcome.verdict is not Verdict.ACCEPT:
-                state.metrics.discarded(len(header.episode_indices))
-                return  # the request ended while the batch was being checked
-            if window is not None:
-                state.streams.record(spec.seed, handle.worker_id, window)
-            state.metrics.forwarded(
-                episodes=len(header.lengths),
-                payload_bytes=joined.total_bytes,
-                lag=max(state.agent.version - header.agent_version, 0),
-            )
-            state.progress.delivered(handle.worker_id, time.monotonic())
-            call = state.calls.get(outcome.request_id)
+                return ()
+            # Booked in order; a request completed by one of them ends at once,
+            # so that the results after it are judged as they would be alone.
+            booked: list[JoinedResult] = []
+            # (Those ignored above stay ignored: their tasks are over.)
+            pending = list(zip(results[: len(windows)], windows, strict=True))
+            while pending:
+                outcomes = scheduler.complete_many(
+                    handle.worker_id,
+                    [
+                        (j.header.task_id, j.header.episode_indices, j.header.lengths)
+                        for j, _ in pending
+                    ],
+                )
+                for (joined, window), outcome in zip(pending, outcomes, strict=False):
+                    if outcome.verdict is Verdict.REJECT:  # alone, classify would have said so
+                        self._booked(handle, booked)
+                        raise ResultError(f"{joined.header.where}: {outcome.reason}")
+                    if outcome.verdict is not Verdict.ACCEPT:
+                        # Its task is over (maybe since the batch was judged).
+                        self._ignored(joined.header, outcome)
+                        continue
+                    self._book(handle, joined, outcome, window)
+                    booked.append(joined)
+                pending = pending[len(outcomes) :]
+            if len(windows) < len(results):
+                # The first result not checked or whose check failed: what
+                # would it have been, judged after those before it?
+                stopped = results[len(windows)]
+                header = stopped.header
+                again = scheduler.classify(handle.worker_id, header.task_id, header.episode_indices)
+                if again.verdict is Verdict.IGNORE:
+                    self._ignored(header, again)
+                    rest = results[len(windows) + 1 :]
+                elif again.verdict is Verdict.REJECT:
+                    self._booked(handle, booked)
+                    raise ResultError(f"{header.where}: {again.reason}")
+                elif failure is None:
+                    rest = results[len(windows) :]  # acceptable now: checked next round
+                else:
+                    refused = (again.request_id, failure)
+            self._booked(handle, booked)
+        if refused is not None:
+            self._refused(handle, *refused)
+            raise refused[1]
+        return rest
+
+    def _ignored(self, header: ResultHeader, ruling: ResultRuling) -> None:
+        """A result for units no longer its worker's (lock held)."""
+        self._state.metrics.discarded(len(header.episode_indices))
+        logger.debug("ignored a result of task %d: %s", header.task_id, ruling.reason)
+
+    def _booked(self, handle: WorkerHandle, booked: list[JoinedResult]) -> None:
+        """Counts the results of a batch that were booked and refills the fleet
+        (lock held): once per batch, not per result."""
+        if not booked:
+            return
+        state = self._state
+        lags: dict[int, int] = {}
+        for joined in booked:
+            lag = max(state.agent.version - joined.header.agent_version, 0)
+            lags[lag] = lags.get(lag, 0) + len(joined.header.lengths)
+        state.metrics.forwarded_many(len(booked), sum(j.total_bytes for j in booked), lags)
+        state.progress.delivered(handle.worker_id, time.monotonic())
+        state.dispatch()
+
+    def _book(
+        self,
+        handle: WorkerHandle,
+        joined: JoinedResult,
+        outcome: ResultRuling,
+        window: EpisodeBatch | None,
+    ) -> None:
+        """Accounts an accepted result and passes it on (lock held)."""
+        state = self._state
+        header = joined.header
+        if window is not None:
+            seed = state.scheduler.request_spec(outcome.request_id).seed
+            state.streams.record(seed, handle.worker_id, window)
+        steps = sum(header.lengths)
+        call = state.calls.get(outcome.request_id)
+        if call is not None:
+            call.outbox.put(Forward(header, handle.worker_id, joined.chunks, steps))
+            if outcome.subscription:
+                state.metrics.delivered(len(header.lengths), steps)
+        if outcome.done:
+            footer = state.scheduler.footer(outcome.request_id)
+            state.finish_request(outcome.request_id)
             if call is not None:
-                forward = Forward(header, handle.worker_id, joined.chunks, sum(header.lengths))
-                call.outbox.put(forward)
-                if outcome.subscription:
-                    state.metrics.delivered(len(header.lengths), sum(header.lengths))
-            if outcome.done:
-                footer = state.scheduler.footer(outcome.request_id)
-                state.finish_request(outcome.request_id)
-                if call is not None:
-                    # What the learner's answer holds, not every accepted
-                    # result: a STEPS answer ends at its prefix.
-                    state.metrics.delivered(footer.num_episodes, footer.total_steps)
-                    call.outbox.put(Finished(footer))
-            state.dispatch()
+                # What the learner's answer holds, not every accepted
+                # result: a STEPS answer ends at its prefix.
+                state.metrics.delivered(footer.num_episodes, footer.total_steps)
+                call.outbox.put(Finished(footer))
 
     def _refused(self, handle: WorkerHandle, request_id: int, exc: Exception) -> None:
         """Counts a refused result against its request; past the bound, ends the request.

@@ -6,8 +6,9 @@ types of :mod:`rlfleet.protocol.join` as they arrive (:func:`parse_worker_messag
 the Join call's deserializer), and what the coordinator sends a worker
 (:data:`~rlfleet.coordinator.registry.WorkerCommand`) is written out by the
 call's serializer (:func:`serialize_command`). A result's chunk stays out of
-protobuf objects, and chunk 0's metadata is kept as it came: the learner
-gets it whole, with fields this version does not know.
+protobuf objects (a result written as protobuf writes it is read without
+any, :mod:`rlfleet.wire.result_message`), and chunk 0's metadata is kept as
+it came: the learner gets it whole, with fields this version does not know.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from rlfleet.wire import (
     encode_welcome,
     parse_with_chunk,
 )
+from rlfleet.wire.result_message import read_result_message
 from rlfleet.wire.results import ResultHeader
 
 
@@ -110,12 +112,14 @@ def body_name(event: WorkerEvent | RelayReply) -> str:
 # --- from the worker ----------------------------------------------------------------
 
 
-def parse_worker_message(data: bytes) -> WorkerEvent:
+def parse_worker_message(data: bytes | bytearray | memoryview) -> WorkerEvent:
     """Reads one WorkerMessage (a result's chunk stays a view of ``data``).
 
     Raises:
         WireFormatError: If the bytes are malformed.
     """
+    if type(data) is bytes and (read := read_result_message(data)) is not None:
+        return ResultPiece(*read)  # a result as protobuf writes it, read in one walk
     message, chunk = parse_with_chunk(worker_pb2.WorkerMessage, data, _rpc.WORKER_CHUNK_PATH)
     body = message.WhichOneof("body")
     if body == "result":

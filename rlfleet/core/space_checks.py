@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._util.flags import any_set
 from rlfleet.core._identity_cache import IdentityCache
 
 
@@ -302,7 +303,7 @@ def _any_below(array: np.ndarray, low: np.ndarray | np.generic) -> bool:
     if isinstance(low, np.generic):
         if array.dtype.kind in "iu":
             return bool(array.min() < low)
-        return bool(np.any(array < low))
+        return any_set(array < low)
     return _any_outside(array, low, np.less)
 
 
@@ -310,7 +311,7 @@ def _any_above(array: np.ndarray, high: np.ndarray | np.generic) -> bool:
     if isinstance(high, np.generic):
         if array.dtype.kind in "iu":
             return bool(array.max() > high)
-        return bool(np.any(array > high))
+        return any_set(array > high)
     return _any_outside(array, high, np.greater)
 
 
@@ -342,13 +343,13 @@ def _any_outside(array: np.ndarray, bound: np.ndarray, compare: np.ufunc) -> boo
         or bound.shape != array.shape[1:]
         or not array.flags.c_contiguous
     ):
-        return bool(np.any(compare(array, bound)))
+        return any_set(compare(array, bound))
     tiled = _TILED.get(bound, repeats, lambda: np.tile(bound.reshape(-1), repeats))
     wide = rows // repeats * repeats
     head = array[:wide].reshape(wide // repeats, repeats * row)
-    if np.any(compare(head, tiled)):
+    if any_set(compare(head, tiled)):
         return True
-    return bool(np.any(compare(array[wide:], bound)))
+    return any_set(compare(array[wide:], bound))
 
 
 __all__ = ["SpaceProblem", "find_space_problem", "space_problem", "space_screen"]

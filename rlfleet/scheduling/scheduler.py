@@ -68,7 +68,7 @@ The rules, and why:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -371,6 +371,45 @@ class Scheduler:
         """
         return self._judge(worker_id, task_id, _int64(episode_indices))[0]
 
+    def classify_many(
+        self, worker_id: int, results: Sequence[tuple[int, Iterable[int]]]
+    ) -> list[ResultRuling]:
+        """Judges results of one worker, given as ``(task id, episode indices)``,
+        each as :meth:`classify` would now, without changing any state.
+
+        The results of one episode task are judged together with one sorted
+        search over the task's units; only if one of them is not wholly
+        outstanding or repeats an episode of another is each judged alone.
+        The caller books them in order with :meth:`complete_many` (or
+        :meth:`complete`), which judges each again after those before it.
+        """
+        if len(results) == 1:
+            task_id, indices = results[0]
+            return [self._judge(worker_id, task_id, _int64(indices))[0]]
+        rulings: list[ResultRuling | None] = [None] * len(results)
+        groups: dict[int, list[int]] = {}
+        for position, (task_id, _) in enumerate(results):
+            groups.setdefault(task_id, []).append(position)
+        for task_id, members in groups.items():
+            task = self._books.tasks.get(task_id)
+            mine = task is not None and task.worker_id == worker_id and not task.is_windows
+            if len(members) > 1 and task is not None and mine:
+                columns = [_int64(results[m][1]) for m in members]
+                if (
+                    all(c.size for c in columns)
+                    and task.units.outstanding_positions(columns) is not None
+                ):
+                    request = self._books.requests[task.request_id]
+                    ruling = ResultRuling(
+                        Verdict.ACCEPT, request.request_id, subscription=request.subscription
+                    )
+                    for m in members:
+                        rulings[m] = ruling
+                    continue
+            for m in members:
+                rulings[m] = self._judge(worker_id, task_id, _int64(results[m][1]))[0]
+        return [r for r in rulings if r is not None]
+
     def _judge(
         self, worker_id: int, task_id: int, indices: np.ndarray
     ) -> tuple[ResultRuling, np.ndarray | None]:
@@ -401,6 +440,65 @@ class Scheduler:
         return (
             outcome(Verdict.REJECT, problem) if problem else outcome(Verdict.ACCEPT, "", positions)
         )
+
+    def complete_many(
+        self, worker_id: int, results: Sequence[tuple[int, Iterable[int], Iterable[int]]]
+    ) -> list[ResultRuling]:
+        """Records results given as ``(task id, episode indices, lengths)``, in
+        order, as :meth:`complete` one after the other would.
+
+        A run of results of one episode task whose episodes are all
+        outstanding, none twice, is judged with one sorted search over the
+        task's units; anything else result by result.
+
+        Returns:
+            The rulings of the first results, up to the first that is
+            rejected or completes its request (the caller finishes it, then
+            passes the rest again: they are judged after that).
+        """
+        rulings: list[ResultRuling] = []
+        start = 0
+        for end in _runs(results):
+            run = results[start:end]
+            task = self._books.tasks.get(run[0][0])
+            booked = False
+            if len(run) > 1 and task is not None and task.worker_id == worker_id:
+                request = self._books.requests[task.request_id]
+                columns = [_int64(indices) for _, indices, _ in run]
+                if (
+                    isinstance(request, EpisodeRequest)
+                    and not task.is_windows
+                    and all(column.size for column in columns)
+                    and (positions := task.units.outstanding_positions(columns)) is not None
+                ):
+                    booked = True
+                    worker = self._books.workers[worker_id]
+                    request.workers_used.add(worker_id)
+                    offset = 0
+                    for (_, _, lengths), column in zip(run, columns, strict=True):
+                        held = positions[offset : offset + column.size]
+                        offset += column.size
+                        self._units.record(
+                            worker, task, request, column, _int64(lengths), positions=held
+                        )
+                        rulings.append(
+                            ResultRuling(
+                                Verdict.ACCEPT,
+                                request_id=request.request_id,
+                                done=request.done,
+                                subscription=request.subscription,
+                            )
+                        )
+                        if request.done:
+                            return rulings
+            if not booked:
+                for task_id, indices, lengths in run:
+                    ruling = self.complete(worker_id, task_id, indices, lengths)
+                    rulings.append(ruling)
+                    if ruling.done or ruling.verdict is Verdict.REJECT:
+                        return rulings
+            start = end
+        return rulings
 
     def complete(
         self,
@@ -435,6 +533,13 @@ class Scheduler:
             done=request.done,
             subscription=request.subscription,
         )
+
+
+def _runs(results: Sequence[tuple[int, Iterable[int], Iterable[int]]]) -> Iterable[int]:
+    """The ends of the runs of results of one task, in order."""
+    for end in range(1, len(results) + 1):
+        if end == len(results) or results[end][0] != results[end - 1][0]:
+            yield end
 
 
 def _int64(values: Iterable[int]) -> np.ndarray:

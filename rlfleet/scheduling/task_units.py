@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlfleet._util.flags import all_set, any_set
 from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns, positions_in
 
 
@@ -95,17 +96,33 @@ class TaskUnits:
             :meth:`complete`).
         """
         positions, found = positions_in(self._index[: self._count], indices)
-        if not found.all():
+        if not all_set(found):
             foreign = indices[~found][:5].tolist()
             return f"episodes {foreign} are not units of task {task_id}", positions
-        again = indices[~self._out[positions]]
-        # A worker sends its episodes ascending: sorting is for the others.
-        ascending = (indices[1:] > indices[:-1]).all()
-        ordered = indices if ascending else np.sort(indices)
-        if again.size or (ordered[1:] == ordered[:-1]).any():
+        out = self._out[positions]
+        # A worker sends its episodes ascending (so none twice): sorting is for the others.
+        if all_set(out) and all_set(indices[1:] > indices[:-1]):
+            return "", positions
+        again = indices[~out]
+        ordered = np.sort(indices)
+        if again.size or any_set(ordered[1:] == ordered[:-1]):
             shown = (again if again.size else indices)[:5].tolist()
             return f"episodes {shown} of task {task_id} came twice", positions
         return "", positions
+
+    def outstanding_positions(self, results: list[np.ndarray]) -> np.ndarray | None:
+        """Where the task holds the episodes of these results (int64 indices
+        each, concatenated), if every one is a unit of the task not back yet
+        and none comes twice: one sorted search for all. None leaves
+        :meth:`check` to say, result by result, what is wrong."""
+        indices = results[0] if len(results) == 1 else np.concatenate(results)
+        positions, found = positions_in(self._index[: self._count], indices)
+        if not all_set(found) or not all_set(self._out[positions]):
+            return None
+        if all_set(positions[1:] > positions[:-1]):
+            return positions  # ascending, as a worker sends them: none twice
+        ordered = np.sort(positions)
+        return None if any_set(ordered[1:] == ordered[:-1]) else positions
 
     def complete(self, positions: np.ndarray) -> None:
         """Marks the units at these positions back (:meth:`check` found them outstanding)."""

@@ -39,6 +39,7 @@ from rlfleet.errors import (
     UnavailableError,
 )
 from rlfleet.security import ClientTLS
+from rlfleet.transport.receive_buffers import LARGE_FRAME_BYTES, ReceiveBuffers
 
 logger = logging.getLogger("rlfleet.transport.lease_channel")
 
@@ -48,6 +49,9 @@ FRAME_HEADER = struct.Struct(">I")
 DATA_DIAL_SECONDS = 10.0
 #: Largest first frame (LeaseDataHello / LeaseDataAccepted) either side reads.
 HANDSHAKE_FRAME_BYTES = 1024
+#: Bytes of receive buffers a results connection keeps for reuse: about one
+#: large answer's frames (4,000 Atari-sized frames are 118 MB).
+_KEPT_BYTES = 128 << 20
 #: Buffers handed to one ``sendmsg`` (below every system's IOV_MAX).
 _SENDMSG_BUFFERS = 512
 
@@ -103,9 +107,10 @@ class DataLink(Protocol):
     def readable(self) -> bool:
         """Whether a receive would start without waiting."""
 
-    def receive_message(self, seconds: float | None) -> bytes | bytearray | None:
+    def receive_message(self, seconds: float | None) -> bytes | memoryview | None:
         """The next frame in a buffer of its own (no copy past the one off the
-        socket), waiting at most ``seconds`` (None: no limit); None once the
+        socket; a reused buffer, not written again while anything views it),
+        waiting at most ``seconds`` (None: no limit); None once the
         coordinator closed the connection (RlfleetTimeoutError past the wait)."""
 
     def close(self) -> None:
@@ -147,6 +152,9 @@ class LeaseDataLink:
         self._buffer = bytearray()
         self._closed = False
         self._send_seconds: float | None = None
+        # What receive_message reads frames into (made on first use: only a
+        # learner's results connection reads that way).
+        self._buffers: ReceiveBuffers | None = None
 
     def set_send_timeout(self, seconds: float) -> None:
         """Bounds every send: one the peer does not take within ``seconds`` fails
@@ -251,10 +259,13 @@ class LeaseDataLink:
                     return chunk[FRAME_HEADER.size :]  # the usual read: one whole frame
             buffer += chunk
 
-    def receive_message(self, seconds: float | None) -> bytearray | None:
+    def receive_message(self, seconds: float | None) -> memoryview | None:
         """The next frame's payload, read straight into a buffer of its own: the
         one copy is the kernel's, off the socket (a results connection's
-        frames are large; :meth:`receive` copies each twice).
+        frames are large; :meth:`receive` copies each twice). A large frame's
+        buffer is a reused one (rlfleet.transport.receive_buffers): an answer's frames,
+        let go once its rows are placed, take the same memory as the last
+        answer's, whose first touch was the cost of the read.
 
         Args:
             seconds: The longest wait for the whole frame (None: no limit).
@@ -280,8 +291,13 @@ class LeaseDataLink:
                 f"the coordinator sent a data frame of {length} bytes, above the limit of "
                 f"{self._max}"
             )
-        payload = bytearray(length)
-        self._fill(memoryview(payload), deadline, seconds, first=False)
+        if length < LARGE_FRAME_BYTES:
+            payload = memoryview(bytearray(length))
+        else:
+            if self._buffers is None:
+                self._buffers = ReceiveBuffers(_KEPT_BYTES)
+            payload = self._buffers.take(length)
+        self._fill(payload, deadline, seconds, first=False)
         return payload
 
     def _fill(

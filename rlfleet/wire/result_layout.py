@@ -51,6 +51,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._util.flags import all_set, any_set
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
@@ -413,17 +414,17 @@ def _passes(
         return _window_passes(
             layout, view, window, worker_id=expect.worker_id, version=version, lengths=batch_lengths
         )
-    if indices[0] < 0 or (indices[1:] <= indices[:-1]).any():
+    if indices[0] < 0 or any_set(indices[1:] <= indices[:-1]):
         return False
     for name, want in (("worker", expect.worker_id), ("agent_version", version)):
-        if (view(f"episode_infos[{name!r}]") != want).any():
+        if any_set(view(f"episode_infos[{name!r}]") != want):
             return False
     env_seeds, policy_seeds = (
         view("episode_infos['env_seed']"),
         view("episode_infos['policy_seed']"),
     )
     if expect.native:
-        if (env_seeds != NO_ENV_SEED).any() or (policy_seeds != NO_POLICY_SEED).any():
+        if any_set(env_seeds != NO_ENV_SEED) or any_set(policy_seeds != NO_POLICY_SEED):
             return False
     elif expect.units is not None and not _seeds_match(
         expect.units, indices, env_seeds, policy_seeds
@@ -466,7 +467,7 @@ def _values_pass(layout: _Layout, view: _View) -> bool:
         np.add.reduce(view("rewards"), dtype=np.float64)
     ):
         return False
-    return not any((view(name).view(np.uint8) > 1).any() for name in layout.bools)
+    return not any(any_set(view(name).view(np.uint8) > 1) for name in layout.bools)
 
 
 def _window_passes(
@@ -481,7 +482,7 @@ def _window_passes(
     """The rest of a fragment window's checks, after the metadata both modes share
     (``version``: the result's agent version; ``lengths``: its pieces')."""
     for name, want in (("worker", worker_id), ("agent_version", version)):
-        if (view(f"episode_infos[{name!r}]") != want).any():
+        if any_set(view(f"episode_infos[{name!r}]") != want):
             return False
     pieces = WindowPieces(
         stream=view("episode_infos['stream']"),
@@ -521,11 +522,11 @@ def _seeds_match(
     units: UnitColumns, indices: np.ndarray, env_seeds: np.ndarray, policy_seeds: np.ndarray
 ) -> bool:
     positions, found = units.positions(indices)
-    if not found.all():
+    if not all_set(found):
         return False
-    if (units.env_seeds[positions] != env_seeds).any():
+    if any_set(units.env_seeds[positions] != env_seeds):
         return False
-    return not (units.policy_seeds[positions] != policy_seeds).any()
+    return not any_set(units.policy_seeds[positions] != policy_seeds)
 
 
 __all__ = ["ResultLayoutCheck"]

@@ -20,12 +20,16 @@ from typing import TYPE_CHECKING, Protocol
 
 from rlfleet.errors import ConnectionClosedError, RlfleetTimeoutError
 from rlfleet.transport.lease_channel import FRAME_HEADER, InProcessLink, frame
+from rlfleet.transport.receive_buffers import LARGE_FRAME_BYTES
 
 if TYPE_CHECKING:
     from rlfleet.coordinator.leases.data_server import LeaseDataServer
 
 #: Bytes waiting to be sent past which :meth:`DataConnection.send_parts` waits.
 _PACED_BYTES = 4 << 20
+#: A frame with at least this many bytes still to come is read straight into
+#: its own buffer rather than through the loop's (one copy, the kernel's).
+_DIRECT_BYTES = LARGE_FRAME_BYTES
 #: Errors of a non-blocking socket (or TLS) that only mean "not now".
 NOT_NOW = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
@@ -33,8 +37,10 @@ NOT_NOW = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantW
 class LeaseDataPeer(Protocol):
     """What a ticket's owner does with its connection's traffic."""
 
-    def on_frame(self, payload: bytes) -> None:
-        """One frame's payload (the loop thread). Raising closes the connection."""
+    def on_frame(self, payload: bytes | memoryview) -> None:
+        """One frame's payload (the loop thread): bytes, or for a large frame a
+        view of a reused buffer, which is not written again while anything
+        views it (the peer may keep it). Raising closes the connection."""
 
     def on_closed(self, reason: str) -> None:
         """The connection ended, for ``reason`` (once, the loop thread)."""
@@ -126,7 +132,9 @@ class DataConnection(LeaseConnection):
         self._pending: list[memoryview] = []
         # Notified (under the lock) when pending bytes were sent or dropped.
         self._drained = threading.Condition(self._lock)
-        self._inbuf = bytearray()  # the start of a frame not whole yet
+        self._head = bytearray()  # the first bytes of a frame header not whole yet
+        self._body: memoryview | None = None  # the payload of a frame not whole yet
+        self._got = 0  # bytes of it received
 
     def send(self, payload: bytes) -> None:
         """Sends one frame without blocking (what the socket does not take at once
@@ -190,13 +198,19 @@ class DataConnection(LeaseConnection):
             try:
                 if len(pieces) == 1:
                     sent = self._sock.send(pieces[0])
-                elif isinstance(self._sock, ssl.SSLSocket):  # no sendmsg over TLS
-                    pieces = [b"".join(pieces)]
-                    sent = self._sock.send(pieces[0])
+                elif isinstance(self._sock, ssl.SSLSocket):
+                    # No sendmsg over TLS: large pieces go as they are, the
+                    # small ones around them joined (fewer TLS records).
+                    pieces = _coalesced(pieces)
+                    for piece in pieces:
+                        took = self._sock.send(piece)
+                        sent += took
+                        if took < len(piece):
+                            break
                 else:
                     sent = self._sock.sendmsg(pieces)
             except NOT_NOW:
-                sent = 0
+                pass  # what was sent before counts
             except OSError as exc:
                 return [], f"send failed: {exc}"
         rest: list[memoryview] = []
@@ -211,62 +225,99 @@ class DataConnection(LeaseConnection):
     # --- the loop's side -----------------------------------------------------------
 
     def read(self, max_frame: int, view: memoryview) -> str | None:
-        """Reads what arrived into ``view`` (the loop's buffer, free again on
-        return) and hands whole frames to the peer; a reason to close, or None."""
+        """Reads what arrived and hands whole frames to the peer; a reason to
+        close, or None.
+
+        Bytes land in ``view`` (the loop's buffer, free again on return),
+        from which small frames are cut; once a frame's header says that at
+        least :data:`_DIRECT_BYTES` of it are still to come, the rest is read
+        straight into that frame's own buffer, sized from the header (a
+        reused one: rlfleet.transport.receive_buffers): the kernel's copy is
+        the only one, and no buffer grows by concatenation.
+        """
         peer = self.peer
         if peer is None:
             return "no peer"
+        sock = self._sock
         while True:
+            body = self._body
+            if body is not None and len(body) - self._got < _DIRECT_BYTES:
+                body = None  # the rest of a frame is short: read with what follows it
             try:
                 with self._lock:
-                    count = self._sock.recv_into(view)
+                    target = view if body is None else body[self._got :]
+                    count = sock.recv_into(target)
             except NOT_NOW:
-                break
+                return None
             except OSError as exc:
                 return f"connection broken: {exc}"
             if not count:
                 return "closed by the peer"
-            more = isinstance(self._sock, ssl.SSLSocket) and self._sock.pending()
-            if not self._inbuf and not more:
-                # The usual case: whole frames, cut straight from the read.
-                return self._cut(view, count, max_frame, peer)
-            self._inbuf += view[:count]
-            if not more:
-                break
-        buf = self._inbuf
-        start = 0
-        try:
-            while len(buf) - start >= FRAME_HEADER.size:
-                (length,) = FRAME_HEADER.unpack_from(buf, start)
-                if length > max_frame:
-                    return too_long(length, max_frame)
-                end = start + FRAME_HEADER.size + length
-                if end > len(buf):
-                    break
-                payload = bytes(buf[start + FRAME_HEADER.size : end])
-                start = end
-                peer.on_frame(payload)
-        finally:
-            del buf[:start]
-        return None
+            if body is not None:
+                self._got += count
+                if self._got == len(body):
+                    self._body = None
+                    peer.on_frame(body)
+            else:
+                reason = self._cut(view, count, max_frame, peer)
+                if reason is not None:
+                    return reason
+            # A TLS socket may hold decrypted bytes the selector does not see.
+            if not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+                return None
 
     def _cut(self, data: memoryview, count: int, max_frame: int, peer: LeaseDataPeer) -> str | None:
-        """Hands the whole frames of ``data[:count]`` to the peer and keeps the
-        rest (a frame's start) for the next read; a reason to close, or None."""
+        """Hands the whole frames of ``data[:count]`` to the peer (finishing one
+        begun in an earlier read) and keeps the start of the next one: its
+        header's first bytes, or its payload in a buffer of its own; a reason
+        to close, or None."""
         start = 0
+        body = self._body
+        if body is not None:  # the rest of a frame begun in an earlier read
+            take = min(len(body) - self._got, count)
+            body[self._got : self._got + take] = data[:take]
+            self._got += take
+            if self._got < len(body):
+                return None
+            start = take
+            self._body = None
+            peer.on_frame(body)
+        if self._head:  # a header cut by the previous read
+            take = min(FRAME_HEADER.size - len(self._head), count - start)
+            self._head += data[start : start + take]
+            start += take
+            if len(self._head) < FRAME_HEADER.size:
+                return None
+            (length,) = FRAME_HEADER.unpack(self._head)
+            self._head.clear()
+            if length > max_frame:
+                return too_long(length, max_frame)
+            start = self._begin(length, data, start, count, peer)
         while count - start >= FRAME_HEADER.size:
             (length,) = FRAME_HEADER.unpack_from(data, start)
             if length > max_frame:
                 return too_long(length, max_frame)
-            end = start + FRAME_HEADER.size + length
-            if end > count:
-                break
-            payload = bytes(data[start + FRAME_HEADER.size : end])
-            start = end
-            peer.on_frame(payload)
+            start = self._begin(length, data, start + FRAME_HEADER.size, count, peer)
         if start < count:
-            self._inbuf += data[start:count]
+            self._head += data[start:count]
         return None
+
+    def _begin(
+        self, length: int, data: memoryview, start: int, count: int, peer: LeaseDataPeer
+    ) -> int:
+        """A frame of ``length`` bytes whose payload starts at ``data[start]``:
+        handed to the peer if whole in ``data[:count]``, else kept in a buffer
+        of its own; returns where the next frame starts."""
+        end = start + length
+        if end <= count:
+            peer.on_frame(bytes(data[start:end]))
+            return end
+        # A reused buffer; ``length`` is bounded by max_frame, checked by the caller.
+        body = self._server.buffers.take(length)
+        self._got = count - start
+        body[: self._got] = data[start:count]
+        self._body = body
+        return count
 
     def flush(self) -> tuple[bool, str | None]:
         """Sends what waits; returns (everything sent, a reason to close or None)."""
@@ -357,6 +408,24 @@ class InProcessConnection(LeaseConnection):
 
     def _hung_up(self) -> None:
         self._server.close(self, "closed by the peer")
+
+
+def _coalesced(pieces: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+    """``pieces`` with each run of pieces under :data:`_DIRECT_BYTES` joined
+    (larger pieces are not copied)."""
+    out: list[bytes | memoryview] = []
+    small: list[bytes | memoryview] = []
+    for piece in pieces:
+        if len(piece) < _DIRECT_BYTES:
+            small.append(piece)
+            continue
+        if small:
+            out.append(b"".join(small))
+            small = []
+        out.append(piece)
+    if small:
+        out.append(b"".join(small))
+    return out
 
 
 def too_long(length: int, max_frame: int) -> str:

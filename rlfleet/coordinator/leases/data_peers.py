@@ -67,7 +67,7 @@ class WorkerDataPeer:
         self._handle = handle
         self._results = results
 
-    def on_frame(self, payload: bytes) -> None:
+    def on_frame(self, payload: bytes | memoryview) -> None:
         handle = self._handle
         handle.touch()
         try:
@@ -140,5 +140,12 @@ def worker_attach(
     return attach
 
 
+def _as_is(data: bytes | memoryview) -> bytes | memoryview:
+    """The frame itself (``bytes(data)`` would copy a view's bytes)."""
+    return data
+
+
 #: A lease reply, or the frame's bytes as they came (the result lane parses them).
-_parse_frame: Callable[[bytes], bytes | RelayReply] = relay_deserializer(bytes)
+_parse_frame: Callable[[bytes | memoryview], bytes | memoryview | RelayReply] = relay_deserializer(
+    _as_is
+)

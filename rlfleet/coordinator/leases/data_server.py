@@ -51,6 +51,7 @@ from rlfleet.transport.lease_channel import (
     InProcessLink,
     frame,
 )
+from rlfleet.transport.receive_buffers import ReceiveBuffers
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -59,6 +60,9 @@ _READ_BYTES = 1 << 18
 #: Connections in their handshake at once (each holds a thread for at most
 #: the handshake timeout); more are refused at once.
 _MAX_HANDSHAKES = 64
+#: Bytes of receive buffers the loop keeps for reuse (frames in flight from
+#: workers to learners; more are made, and freed, when they are all in use).
+_KEPT_BYTES = 64 << 20
 #: Frames of the largest size a connection may have waiting to be sent.
 _PENDING_FRAMES = 4
 
@@ -124,6 +128,9 @@ class LeaseDataServer:
         # recv(256 KiB) allocated 256 KiB per read, which a thread's malloc
         # arena mapped and unmapped (~12 us a read).
         self._read_view = memoryview(bytearray(_READ_BYTES))
+        #: What large frames are read into (only the loop reads): a frame's
+        #: buffer is reused once nothing views it.
+        self.buffers = ReceiveBuffers(_KEPT_BYTES)
         self._stopped = threading.Event()
         self._loop = threading.Thread(target=self._run, name="rlfleet-data-loop", daemon=True)
         self._loop.start()

@@ -5,11 +5,12 @@ every session. A result's work (join, decode, vectorised checks, booking:
 0.3-3 ms for a CartPole or Atari-sized result) run there would hold all of
 them (docs/data_plane.md, "Results on the data channel", has the
 measurement). So the loop only queues a frame that is not a lease reply
-here; the lane's thread parses it, then joins, checks and books the
-session's results in the order they came, exactly as a Join stream's reader
-thread does (``WorkerEvents.on_chunk``), and sets the session's
-end-of-results event once every result before the marker (or the
-connection's end) was booked.
+here; the lane's thread takes every frame queued at once, parses them,
+joins their results' chunks and books the results as one batch
+(``WorkerEvents.on_results``: one lock and one refill for the batch, each
+result booked as it would have been alone, in the order they came), and
+sets the session's end-of-results event once every result before the
+marker (or the connection's end) was booked.
 """
 
 from __future__ import annotations
@@ -26,11 +27,16 @@ from rlfleet.coordinator.worker_events import WorkerEvents
 from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
 from rlfleet.protocol.join import WorkerLeaving
+from rlfleet.wire.results import JoinedResult
 
 logger = logging.getLogger("rlfleet.coordinator")
 
 #: Seconds the lane's thread waits for work before it looks whether its worker is gone.
 _IDLE_SECONDS = 1.0
+
+#: Frames the lane's thread takes from its queue at most at once (their
+#: results are booked as one batch; their bytes are bounded by ``limit``).
+_BATCH_FRAMES = 64
 
 
 class _Closed:
@@ -69,7 +75,7 @@ class ResultLane:
         # what this connection holds counts against the same limit.
         self._budget = handle.inflight.carrier()
         self._received = handle.inflight.carrier()  # frames queued, not yet checked
-        self._queue: queue.SimpleQueue[bytes | _Closed] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[bytes | memoryview | _Closed] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._queued = 0  # frame bytes queued, not yet taken by the thread
         self._failed = False
@@ -77,7 +83,7 @@ class ResultLane:
             target=self._run, name=f"rlfleet-data-results-{handle.name}", daemon=True
         ).start()
 
-    def put(self, payload: bytes) -> None:
+    def put(self, payload: bytes | memoryview) -> None:
         """Queues one frame that is not a lease reply (the loop thread): a
         result message or the end-of-results marker, as the lane will find.
 
@@ -106,37 +112,61 @@ class ResultLane:
         handle = self._handle
         while True:
             try:
-                item = self._queue.get(timeout=_IDLE_SECONDS)
+                first = self._queue.get(timeout=_IDLE_SECONDS)
             except queue.Empty:
                 if handle.alive:
                     continue
                 # Written off (its data connection's end follows, or the port stopped).
                 self._done.set()
                 return
-            if isinstance(item, _Closed):
+            # Every frame queued by now is taken at once: their results are
+            # booked as one batch (one lock, one refill), in the order they came.
+            items = [first]
+            while len(items) < _BATCH_FRAMES and not isinstance(items[-1], _Closed):
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            frames = [item for item in items if not isinstance(item, _Closed)]
+            taken = sum(len(frame) for frame in frames)
+            with self._lock:
+                self._queued -= taken
+            self._received.let_go(taken)
+            if frames and not self._failed:
+                self._book(frames)
+            if isinstance(items[-1], _Closed):
                 self._done.set()
                 return
-            with self._lock:
-                self._queued -= len(item)
-            self._received.let_go(len(item))
-            if not self._failed:
-                self._book(item)
 
-    def _book(self, payload: bytes) -> None:
+    def _book(self, frames: list[bytes | memoryview]) -> None:
         handle, events = self._handle, self._events
+        results: list[JoinedResult] = []
         try:
-            item = parse_worker_message(payload)
-            if isinstance(item, ResultPiece):
-                assembler, budget = handle.data_assembler, self._budget
-                events.on_chunk(handle, assembler, budget, item.header, item.chunk)
-            elif isinstance(item, WorkerLeaving):
-                self._done.set()  # the end-of-results marker: every result before it was booked
-            else:
-                raise WireFormatError(
-                    "a worker's lease data frame must be a WorkerMessage holding only "
-                    "lease_reply, result or (the end-of-results marker) leaving (leases.proto, "
-                    "'The lease data channel')"
-                )
+            try:
+                for payload in frames:
+                    item = parse_worker_message(payload)
+                    if isinstance(item, ResultPiece):
+                        assembler, budget = handle.data_assembler, self._budget
+                        joined = events.join_chunk(
+                            handle, assembler, budget, item.header, item.chunk
+                        )
+                        if joined is not None:
+                            results.append(joined)
+                    elif isinstance(item, WorkerLeaving):
+                        # The end-of-results marker: every result before it is booked first.
+                        booked, results = results, []
+                        events.on_results(handle, booked)
+                        self._done.set()
+                    else:
+                        raise WireFormatError(
+                            "a worker's lease data frame must be a WorkerMessage holding only "
+                            "lease_reply, result or (the end-of-results marker) leaving "
+                            "(leases.proto, 'The lease data channel')"
+                        )
+            finally:
+                # What came whole before a broken frame is booked as it would have been.
+                if results:
+                    events.on_results(handle, results)
             return
         except ResourceExhaustedError as exc:
             code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)

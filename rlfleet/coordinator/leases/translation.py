@@ -39,6 +39,8 @@ from rlfleet.wire._protowire import LEN, len_prefix, read_varint, tag
 from rlfleet.wire.leases import OP_CODES, OP_NAMES, LeaseCallOrder, decode_lease_call
 
 T = TypeVar("T")
+#: A frame's bytes: ``bytes``, or a view of the buffer a large frame was read into.
+D = TypeVar("D", bound="bytes | memoryview")
 
 #: The ops a learner may call (CREATE is the coordinator's).
 LEARNER_OPS = frozenset(OP_NAMES.values()) - {"create"}
@@ -229,7 +231,7 @@ def lease_response(replies: Sequence[bytes]) -> bytes:
     return b"".join([len_prefix(_RESPONSE_REPLIES, size), *parts])
 
 
-def relay_deserializer(other: Callable[[bytes], T]) -> Callable[[bytes], T | RelayReply]:
+def relay_deserializer(other: Callable[[D], T]) -> Callable[[D], T | RelayReply]:
     """Wraps the Join stream's deserializer: a WorkerMessage holding only a
     ``lease_reply`` becomes a :class:`RelayReply` of its bytes; any other
     message goes to ``other``.
@@ -239,12 +241,13 @@ def relay_deserializer(other: Callable[[bytes], T]) -> Callable[[bytes], T | Rel
             do not match its env ids.
     """
 
-    def deserialize(data: bytes) -> T | RelayReply:
-        if data.startswith(_REPLY_TAG):
+    def deserialize(data: D) -> T | RelayReply:
+        if data[: len(_REPLY_TAG)] == _REPLY_TAG:
+            reply = bytes(data)  # a lease reply is read as bytes (no copy of bytes)
             where = "WorkerMessage.lease_reply"
-            length, start = read_varint(data, len(_REPLY_TAG), len(data), where)
-            if start + length == len(data):
-                return relay_reply(data[start:])
+            length, start = read_varint(reply, len(_REPLY_TAG), len(reply), where)
+            if start + length == len(reply):
+                return relay_reply(reply[start:])
         return other(data)
 
     return deserialize

@@ -1,0 +1,93 @@
+"""Buffers that large frames are received into, reused once nothing views them.
+
+On these VMs the first touch of fresh memory costs far more than the copy
+that fills it: 900 kB frames written into new ``bytearray``\\ s took 580-600 us
+each, into this class's buffers 63-76 us (thread CPU, 50 frames held at
+once; docs/data_plane.md, "Receive buffers"). Both ends of a data
+connection read large frames into a :class:`ReceiveBuffers`' buffers: the
+coordinator's loop (a worker's results, until they are checked and
+forwarded) and a learner's results connection (an answer's results, until
+they are placed in the answer).
+
+A frame is handed out as a writable view of a kept buffer. Whatever keeps the
+frame's bytes (a parsed result's arrays, a queued frame, the rest of a send)
+holds a view of that buffer, and a ``bytearray`` with views cannot be
+resized: that is the test of a buffer free to take again
+(:func:`_unviewed`), so a buffer is never written while anything reads it.
+
+A frame that finds no free kept buffer once the kept ones reach their bound
+gets anonymous pages of its own, which the kernel commits only as the
+frame's bytes arrive: a peer's header alone commits nothing past the bound.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+
+#: Frames of at least this many bytes are worth a kept buffer (smaller ones
+#: come from malloc's own reused small blocks as cheaply).
+LARGE_FRAME_BYTES = 64 << 10
+#: Kept buffers looked at, from the one taken longest ago, before a new one
+#: is made: frames are let go about in the order they came, and a buffer
+#: still viewed costs an exception to find out.
+_LOOK = 2
+
+
+class ReceiveBuffers:
+    """Reused buffers for received frames, at most ``keep_bytes`` of them kept.
+
+    Args:
+        keep_bytes: The kept buffers' bytes at most; a frame that finds no
+            free buffer past it gets one of its own, freed with it.
+    """
+
+    def __init__(self, keep_bytes: int) -> None:
+        self._keep = keep_bytes
+        self._kept = 0
+        self._buffers: list[bytearray] = []
+        self._next = 0
+        self._lock = threading.Lock()
+        self.made = 0  # buffers made (kept or not): what reuse saves shows here
+
+    def take(self, size: int) -> memoryview:
+        """A writable view of ``size`` bytes that nothing else views.
+
+        The caller bounds ``size`` (a frame's length, checked against the
+        connection's limit first).
+        """
+        with self._lock:
+            buffers = self._buffers
+            count = len(buffers)
+            for step in range(min(_LOOK, count)):
+                index = (self._next + step) % count
+                buffer = buffers[index]
+                if len(buffer) >= size and _unviewed(buffer):
+                    self._next = index + 1
+                    return memoryview(buffer)[:size]
+            self.made += 1
+            # Rounded up, so that later frames a little longer fit too.
+            grain = LARGE_FRAME_BYTES
+            rounded = -(-size // grain) * grain
+            if self._kept + rounded > self._keep:
+                # Not kept: anonymous pages, committed only as the frame's
+                # bytes arrive (a bytearray zero-fills all of them at once, so
+                # a header alone would commit the frame's whole length).
+                return memoryview(mmap.mmap(-1, size))
+            buffer = bytearray(rounded)
+            self._kept += rounded
+            # Next to the last one taken: taken again in the order made.
+            place = min(self._next, count)
+            buffers.insert(place, buffer)
+            self._next = place + 1
+        return memoryview(buffer)[:size]
+
+
+def _unviewed(buffer: bytearray) -> bool:
+    """Whether nothing views ``buffer`` (a bytearray with views cannot be resized)."""
+    try:
+        buffer.append(0)
+    except BufferError:
+        return False
+    buffer.pop()
+    return True

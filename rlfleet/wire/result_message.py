@@ -1,0 +1,185 @@
+"""A worker's result message read by hand: its header and chunk, no protobuf objects.
+
+Every result a worker sends crosses the coordinator as a ``WorkerMessage``
+holding an ``EpisodeResult`` (worker.proto) whose chunk is most of its
+bytes. :func:`~rlfleet.wire.envelope.parse_with_chunk` walks the message
+down to the chunk, rebuilds the rest without it and lets protobuf parse
+that: about 20 Python calls and two protobuf objects per result.
+:func:`read_result_message` reads the same message in one walk when it is
+written the way protobuf (and every rlfleet worker) writes it: fields in
+ascending order, each once, none at its default, the episode columns packed,
+every varint in its shortest form. Those bytes mean exactly what the general
+path reads from them, and the header's ``wire`` (the ``EpisodeResult``
+without its chunk, passed on to the learner) is then a slice of them, as
+protobuf would write it again. Anything else (other fields, another order,
+unknown fields, anything malformed) returns None, and the caller takes the
+general path, which reads it or raises with its own text
+(``tests/test_result_message.py`` holds both to the same answers).
+"""
+
+from __future__ import annotations
+
+import re
+
+from google.protobuf.message import DecodeError
+
+from rlfleet.v1 import worker_pb2
+from rlfleet.wire._chunk import Chunk
+from rlfleet.wire._protowire import to_int64
+from rlfleet.wire.results import ResultHeader
+
+_RESULT_TAG = 4 << 3 | 2  # WorkerMessage.result, length-delimited
+_CHUNK_NUMBER = 7  # EpisodeResult.chunk
+_DATA_NUMBER = 6  # BatchChunk.data
+# EpisodeResult's fields by number: varints (1, 4, 5, 6) and packed int64 columns (2, 3).
+_VARINT_FIELDS = frozenset((1, 4, 5, 6))
+_PACKED_FIELDS = frozenset((2, 3))
+_UINT32_LIMIT = 1 << 32
+_INT32_LIMIT = 1 << 31
+# Packed columns this long are read by protobuf's parser (from the header
+# without the chunk, a few hundred bytes); shorter ones in a Python loop.
+_PROTOBUF_COLUMN_BYTES = 48
+# A varint's last byte after a continuation byte is never 0 in its shortest form.
+_LONGER_THAN_NEEDED = re.compile(rb"[\x80-\xff]\x00")
+
+
+def read_result_message(data: bytes) -> tuple[ResultHeader, Chunk] | None:
+    """A serialized ``WorkerMessage`` holding only a result, read in one walk.
+
+    Args:
+        data: The message's bytes (the chunk's data stays a view of them).
+
+    Returns:
+        The result's header (with ``wire`` on chunk 0, as
+        :func:`rlfleet.coordinator.worker_messages.parse_worker_message`
+        keeps it) and its chunk; None for any message not written in
+        protobuf's own form, to be read by the general path.
+    """
+    size = len(data)
+    if size < 2 or data[0] != _RESULT_TAG:
+        return None
+    length, pos = _varint(data, 1, size)
+    if length < 0 or pos + length != size:
+        return None
+    body_start = pos
+    scalars = [0, 0, 0, 0, 0, 0, 0]  # by field number: task_id, -, -, agent_version, ...
+    columns: list[tuple[int, ...]] = [(), (), (), ()]  # episode_indices (2), lengths (3)
+    last = 0
+    chunk: Chunk | None = None
+    chunk_at = size
+    long_columns = False
+    while pos < size:
+        key = data[pos]
+        number = key >> 3
+        if key >= 0x80 or number <= last or number > _CHUNK_NUMBER:
+            return None
+        wire_type = key & 7
+        if number in _VARINT_FIELDS:
+            value, pos = _varint(data, pos + 1, size)
+            if wire_type != 0 or value <= 0:
+                return None  # malformed, not its shortest form, or 0 (protobuf omits zeros)
+            scalars[number] = value
+        else:
+            length, body = _varint(data, pos + 1, size)
+            if wire_type != 2 or length <= 0 or body + length > size:
+                return None
+            if number == _CHUNK_NUMBER:
+                chunk_at = pos
+                chunk = _chunk(data, body, body + length)
+                if chunk is None:
+                    return None
+            elif length >= _PROTOBUF_COLUMN_BYTES:
+                if data[body + length - 1] >= 0x80 or _LONGER_THAN_NEEDED.search(
+                    data, body, body + length
+                ):
+                    return None  # truncated, or a varint longer than it needs
+                long_columns = True  # protobuf's parser reads them below
+            else:
+                column = _column(data, body, body + length)
+                if column is None:
+                    return None
+                columns[number] = column
+            pos = body + length
+        last = number
+    if chunk is None:
+        return None  # a result without its chunk: the general path says so
+    wire = data[body_start:chunk_at]  # the chunk is the last field: the rest is before it
+    if long_columns:
+        try:
+            meta = worker_pb2.EpisodeResult.FromString(wire)
+        except DecodeError:
+            return None  # a varint past 10 bytes: the general path says so
+        columns[2], columns[3] = tuple(meta.episode_indices), tuple(meta.lengths)
+    header = ResultHeader(
+        task_id=scalars[1],
+        worker_id=scalars[6],
+        episode_indices=columns[2],
+        lengths=columns[3],
+        agent_version=to_int64(scalars[4]),
+        env_generation=scalars[5],
+        wire=wire if chunk.index == 0 else b"",
+    )
+    return header, chunk
+
+
+def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """The varint at ``pos`` and the offset after it; -1 if it is truncated,
+    longer than 10 bytes or not in its shortest form."""
+    if pos < end and data[pos] < 0x80:
+        return data[pos], pos + 1
+    value = shift = 0
+    start = pos
+    while pos < end and pos - start < 10:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            if byte == 0 or value >= 1 << 64:
+                return -1, pos  # a trailing zero byte: not the shortest form
+            return value, pos
+        shift += 7
+    return -1, pos
+
+
+def _column(data: bytes, pos: int, end: int) -> tuple[int, ...] | None:
+    """A packed column of int64 values (every varint shortest, none negative)."""
+    values = []
+    while pos < end:
+        value, pos = _varint(data, pos, end)
+        if value < 0 or value >= 1 << 63:
+            return None  # malformed, or negative: the general path reads those
+        values.append(value)
+    return tuple(values)
+
+
+def _chunk(data: bytes, pos: int, end: int) -> Chunk | None:
+    """The BatchChunk in ``data[pos:end]`` (its data a view), or None."""
+    values = [0, 0, 0, 0, 0]  # batch_id, index, count, total_bytes, kind
+    last = 0
+    payload: memoryview | bytes = b""
+    while pos < end:
+        key = data[pos]
+        number = key >> 3
+        if key >= 0x80 or number <= last or number > _DATA_NUMBER:
+            return None
+        if number == _DATA_NUMBER:
+            length, body = _varint(data, pos + 1, end)
+            if key & 7 != 2 or length <= 0 or body + length != end:
+                return None
+            payload = memoryview(data)[body:end]
+            pos = end
+        else:
+            value, pos = _varint(data, pos + 1, end)
+            if key & 7 != 0 or value <= 0:
+                return None
+            values[number - 1] = value
+        last = number
+    batch_id, index, count, total_bytes, kind = values
+    if index >= _UINT32_LIMIT or count >= _UINT32_LIMIT or kind >= _INT32_LIMIT:
+        return None  # protobuf would cut these to 32 bits: the general path reads them
+    if not 0 <= index < count or len(payload) > total_bytes:
+        return None  # the general path raises with its text
+    return Chunk(batch_id, index, count, total_bytes, kind, payload)
+
+
+__all__ = ["read_result_message"]

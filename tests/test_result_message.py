@@ -1,0 +1,167 @@
+"""A result message read by hand means what protobuf reads from it, or is left to protobuf.
+
+``read_result_message`` reads a worker's result (header and chunk) in one
+walk when it is written as protobuf writes it; for anything else it returns
+None and the coordinator's general path (``parse_with_chunk``, protobuf)
+reads the message or refuses it with its own text. Here every message, as
+rlfleet's workers write it and spoiled in many ways, reads the same both
+ways, or is left to the general path.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
+from rlfleet.envs import EnvConfig
+from rlfleet.errors import WireFormatError
+from rlfleet.transport import rpc as _rpc
+from rlfleet.v1 import worker_pb2
+from rlfleet.wire.result_message import read_result_message
+from rlfleet.worker.units import make_units
+from rlfleet.worker.vec import VecWorker
+from tests._coordinator_fakes import result_messages
+
+
+@pytest.fixture(scope="module")
+def messages() -> list[bytes]:
+    """Result messages as a worker writes them: 1, 4 and 80 episodes, in one or
+    several chunks, from a worker that sets its id and with a negative version."""
+    vec = VecWorker(n_envs=4, env=EnvConfig("CartPole-v1"), worker_number=3)
+    try:
+        out: list[bytes] = []
+        for batch_id, (episodes, max_bytes) in enumerate(
+            [(1, 1 << 20), (4, 1 << 20), (4, 600), (80, 1 << 20), (80, 20_000)], start=1
+        ):
+            batch = vec.run(make_units(7, 0, range(1000, 1000 + episodes)))
+            out += [
+                _rpc.serialize(m)
+                for m in result_messages(
+                    batch, task_id=9, env_generation=2, batch_id=batch_id, max_bytes=max_bytes
+                )
+            ]
+        message = worker_pb2.WorkerMessage.FromString(out[0])
+        message.result.worker_id = 12
+        message.result.agent_version = -1
+        out.append(message.SerializeToString())
+        return out
+    finally:
+        vec.shutdown()
+
+
+def general(data: bytes) -> object:
+    """What the general path reads (it takes what is not ``bytes``)."""
+    try:
+        return parse_worker_message(bytearray(data))
+    except WireFormatError as exc:
+        return exc
+
+
+def general_piece(data: bytes) -> ResultPiece:
+    read = general(data)
+    assert isinstance(read, ResultPiece)
+    return read
+
+
+def assert_same_or_left(data: bytes) -> bool:
+    read = read_result_message(data)
+    expected = general(data)
+    if read is None:
+        return False
+    assert isinstance(expected, ResultPiece), f"the general path reads: {expected!r}"
+    header, chunk = read
+    assert header == expected.header
+    assert chunk == expected.chunk
+    assert expected.chunk is not None
+    assert bytes(chunk.data) == bytes(expected.chunk.data)
+    return True
+
+
+def test_a_workers_result_messages_are_read_by_hand_as_protobuf_reads_them(
+    messages: list[bytes],
+) -> None:
+    for data in messages:
+        assert assert_same_or_left(data), "an honest result takes the hand-read path"
+        piece = parse_worker_message(data)
+        assert isinstance(piece, ResultPiece)
+        assert piece.header.wire == general_piece(data).header.wire
+
+
+def test_the_hand_read_headers_columns_are_the_workers(messages: list[bytes]) -> None:
+    long = next(
+        m for m in messages if len(worker_pb2.WorkerMessage.FromString(m).result.lengths) == 80
+    )
+    read = read_result_message(long)
+    assert read is not None
+    meta = worker_pb2.WorkerMessage.FromString(long).result
+    assert read[0].episode_indices == tuple(meta.episode_indices) == tuple(range(1000, 1080))
+    assert read[0].lengths == tuple(meta.lengths)
+    assert all(type(v) is int for v in read[0].lengths)
+
+
+def encodings(message: worker_pb2.WorkerMessage) -> list[bytes]:
+    """The same result written in forms protobuf reads but does not write."""
+    result = message.result
+    out = []
+    # Unpacked columns, fields out of order, an unknown field, a zero written out.
+    unpacked = b"".join(b"\x10" + _rpc_varint(v) for v in result.episode_indices)
+    body = result.SerializeToString()
+    out.append(_result_field(unpacked + body))
+    out.append(_result_field(body + b"\x08\x05"))  # task_id again, after the chunk
+    out.append(_result_field(body + b"\xa0\x06\x01"))  # unknown field 100
+    out.append(_result_field(b"\x08\x00" + body))  # task_id 0 written out
+    out.append(_result_field(b"\x28\x82\x00" + body))  # a varint longer than it needs
+    out.append(message.SerializeToString() + b"\x2a\x00")  # another member of the oneof
+    return out
+
+
+def _rpc_varint(value: int) -> bytes:
+    from rlfleet.wire._protowire import encode_varint
+
+    return encode_varint(value)
+
+
+def _result_field(body: bytes) -> bytes:
+    from rlfleet.wire._protowire import len_prefix
+
+    return len_prefix(4, len(body)) + body
+
+
+def test_other_encodings_are_left_to_the_general_path(messages: list[bytes]) -> None:
+    for data in messages[:3]:
+        for other in encodings(worker_pb2.WorkerMessage.FromString(data)):
+            assert read_result_message(other) is None
+            assert_same_or_left(other)
+
+
+def test_spoiled_messages_read_the_same_or_are_left_to_the_general_path(
+    messages: list[bytes],
+) -> None:
+    rng = random.Random(3)
+    taken = 0
+    for _ in range(3000):
+        data = bytearray(rng.choice(messages))
+        kind = rng.randrange(3)
+        if kind == 0:  # flip bytes near the front (the header and the chunk's fields)
+            for _ in range(rng.randint(1, 3)):
+                data[rng.randrange(min(len(data), 64))] = rng.randrange(256)
+        elif kind == 1:  # truncated
+            data = data[: rng.randrange(len(data))]
+        else:  # a byte inserted
+            at = rng.randrange(min(len(data), 64))
+            data[at:at] = bytes([rng.randrange(256)])
+        taken += assert_same_or_left(bytes(data))
+    assert taken  # some spoiled ones still read (a changed number), the same both ways
+
+
+def test_a_long_column_with_a_varint_longer_than_it_needs_is_left() -> None:
+    meta = worker_pb2.EpisodeResult(task_id=1, episode_indices=list(range(200, 260)))
+    body = meta.SerializeToString()
+    assert body[3] == 120 and body[4:6] == b"\xc8\x01"  # read with numpy: 48 bytes or more
+    column = b"\xc8\x81\x00" + body[6:]  # 200 in three bytes
+    spoiled = b"\x08\x01\x12" + bytes([len(column)]) + column + b"\x3a\x02\x18\x01"
+    data = _result_field(spoiled)
+    assert read_result_message(data) is None
+    assert general_piece(data).header.episode_indices == tuple(range(200, 260))
