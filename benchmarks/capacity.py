@@ -34,6 +34,11 @@ or on their lease data connections (``--carrier data``: framed TCP, what a
 remote worker that hosts leases uses; leases.proto, "Results on the lease
 data channel"); ``--carrier both`` measures each.
 
+``--shapes cartpole-fragments`` measures fragment windows instead (the
+learner's ``obtain_fragments``): the workers answer each FRAGMENTS task's
+rounds with windows of their streams, serialized once per phase
+(:mod:`benchmarks.capacity_windows`); the two settings are fragment lengths.
+
 docs/performance.md ("Coordinator capacity: the model") turns these into workers per
 coordinator core.
 """
@@ -62,6 +67,7 @@ import numpy as np
 import psutil
 from gymnasium import spaces
 
+from benchmarks.capacity_windows import WindowTemplate
 from rlfleet.client import RemoteSampler
 from rlfleet.core import EnvSpec, EpisodeBatch, StepType
 from rlfleet.envs import EnvConfig
@@ -133,6 +139,10 @@ class Shape:
         request_steps: Steps per request, one setting per value.
         capacity_steps: The coordinator's ``--capacity-steps`` (what a
             synthetic worker, which answers a whole task at once, holds).
+        fragment_lengths: Fragments mode (``obtain_fragments``), one setting
+            per value: each result is a window of ``Hello.num_envs`` streams
+            of this many steps, cut from ``episode_steps``-step episodes
+            (``result_episodes`` unused). Empty: episodes mode.
     """
 
     name: str
@@ -141,12 +151,17 @@ class Shape:
     result_episodes: tuple[int, ...]
     request_steps: tuple[int, ...]
     capacity_steps: int
+    fragment_lengths: tuple[int, ...] = ()
 
 
 #: The default run: about a minute on a quiet 2-core machine.
 SHAPES = (
     Shape("cartpole", "CartPole-v1", 100, (4, 80), (40_000, 160_000), 16_384),
     Shape("atari", FRAMES_ID, 25, (1, 5), (1_000, 4_000), 2_048),
+)
+#: Fragment windows (RLlib/SB3/CleanRL-style rollouts): not in the default run.
+FRAGMENT_SHAPES = (
+    Shape("cartpole-fragments", "CartPole-v1", 100, (), (40_000, 160_000), 16_384, (32, 128)),
 )
 
 
@@ -224,16 +239,25 @@ class ResultTemplate:
             agent_version=agent_version,
             env_generation=env_generation,
         )
-        first = worker_pb2.WorkerMessage(result=meta)
-        rest = worker_pb2.WorkerMessage(result=worker_pb2.EpisodeResult(task_id=task.task_id))
-        room = min(DEFAULT_CHUNK_BYTES, max_message_bytes - meta.ByteSize() - _ENVELOPE_ALLOWANCE)
-        chunks = chunk_payload(
-            memoryview(self.payload), kind=_EPISODE_KIND, max_bytes=room, batch_id=batch_id
+        return _result_messages(
+            self.payload, meta, batch_id=batch_id, max_message_bytes=max_message_bytes
         )
-        return [
-            serialize_with_chunk(first if chunk.index == 0 else rest, _rpc.WORKER_CHUNK_PATH, chunk)
-            for chunk in chunks
-        ]
+
+
+def _result_messages(
+    payload: bytearray, meta: Any, *, batch_id: int, max_message_bytes: int
+) -> list[bytes]:
+    """A result's serialized WorkerMessages: ``payload`` cut into chunks, ``meta`` on the first."""
+    first = worker_pb2.WorkerMessage(result=meta)
+    rest = worker_pb2.WorkerMessage(result=worker_pb2.EpisodeResult(task_id=meta.task_id))
+    room = min(DEFAULT_CHUNK_BYTES, max_message_bytes - meta.ByteSize() - _ENVELOPE_ALLOWANCE)
+    chunks = chunk_payload(
+        memoryview(payload), kind=_EPISODE_KIND, max_bytes=room, batch_id=batch_id
+    )
+    return [
+        serialize_with_chunk(first if chunk.index == 0 else rest, _rpc.WORKER_CHUNK_PATH, chunk)
+        for chunk in chunks
+    ]
 
 
 _EPISODE_KIND = payload_kind(EpisodeBatch)
@@ -270,6 +294,8 @@ class SyntheticWorker:
         self.control = control
         self.counts = counts
         self._templates: dict[int, ResultTemplate] = {}
+        self._windows: dict[int, WindowTemplate] = {}
+        self._steps_run = self._fragment = 0  # every stream in lockstep
         self._spec: EnvSpec | None = None
         self._generation = 0
         self._version = 0
@@ -363,6 +389,7 @@ class SyntheticWorker:
             config = EnvConfig(item.env_id, kwargs, item.max_episode_length)
             self._spec = config.env_spec()
             self._templates.clear()
+            self._windows.clear()
             self._generation = item.generation
             yield env_built(item.generation, self._spec)
         elif isinstance(item, AgentChange):
@@ -374,11 +401,12 @@ class SyntheticWorker:
         # Cancels need nothing: every task was answered whole when it came.
 
     def _results_of(self, task: TaskAssignment, welcome: WorkerWelcome) -> Iterator[list[bytes]]:
-        """Each result's messages (no results for a FRAGMENTS task)."""
-        if task.mode == int(Mode.FRAGMENTS):
-            return
+        """Each result's messages: a task's episodes, or its windows."""
         if self._spec is None:
             raise RuntimeError(f"task {task.task_id} came before any EnvUpdate")
+        if task.mode == int(Mode.FRAGMENTS):
+            yield from self._windows_of(task, welcome)
+            return
         per_result = max(int(self.control.read_text()), 1)
         version = task.agent_version if task.agent_version >= 0 else self._version
         units = sorted(task.units)
@@ -402,6 +430,51 @@ class SyntheticWorker:
             self._messages += len(messages)
             self.counts.write_text(f"{self._results} {self._messages}")
 
+    def _windows_of(self, task: TaskAssignment, welcome: WorkerWelcome) -> Iterator[list[bytes]]:
+        """A FRAGMENTS task's windows. Its streams stay on this worker (no faults
+        here): each starts at episode 0 and runs in lockstep with the others."""
+        assert self._spec is not None
+        template = self._windows.get(task.fragment_length)
+        if template is None:
+            template = WindowTemplate(
+                self._spec,
+                streams=self.num_envs,
+                episode_steps=self.episode_steps,
+                length=task.fragment_length,
+            )
+            self._windows[task.fragment_length] = template
+        streams = task.streams or tuple(
+            range(welcome.first_stream, welcome.first_stream + self.num_envs)
+        )
+        version = task.agent_version if task.agent_version >= 0 else self._version
+        for _ in range(task.rounds):
+            payload, indices, lengths, self._fragment = template.window(
+                streams,
+                np.zeros(len(streams), np.int64),
+                start=self._steps_run,
+                fragment=self._fragment,
+                base_seed=task.base_seed,
+                agent_version=version,
+                worker_id=welcome.worker_id,
+            )
+            self._steps_run += task.fragment_length
+            messages = _result_messages(
+                payload,
+                worker_pb2.EpisodeResult(
+                    task_id=task.task_id,
+                    episode_indices=indices,
+                    lengths=lengths,
+                    agent_version=version,
+                    env_generation=self._generation,
+                ),
+                batch_id=next(self._batch_ids),
+                max_message_bytes=welcome.max_message_bytes,
+            )
+            yield messages
+            self._results += 1
+            self._messages += len(messages)
+            self.counts.write_text(f"{self._results} {self._messages}")
+
 
 # --- the measurement -----------------------------------------------------------------
 
@@ -411,7 +484,8 @@ class Request:
     """One timed request.
 
     Attributes:
-        result_episodes: Episodes per result the workers sent.
+        result_episodes: Episodes per result the workers sent (fragments: the
+            fragment length).
         steps: Steps delivered.
         data_bytes: Bytes of the delivered batch's step arrays.
         results: Results the workers sent meanwhile.
@@ -521,7 +595,7 @@ def _measure(
     directory: Path, shape: Shape, *, workers: int, num_envs: int, repeats: int, carrier: str
 ) -> list[Request]:
     port_file, control = directory / "port", directory / "result-episodes"
-    control.write_text(str(shape.result_episodes[0]))
+    control.write_text(str((shape.fragment_lengths or shape.result_episodes)[0]))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     coordinator = subprocess.Popen(
         [sys.executable, "-m", "rlfleet", "--log-level", "ERROR", "coordinator",
@@ -548,18 +622,26 @@ def _measure(
         sampler = RemoteSampler(address, seed=0, timeout=600, wait_for_workers=_START_SECONDS)
         with sampler:
             _wait_for_workers(sampler, workers)
-            sampler.obtain_samples(0, shape.request_steps[0])  # warm-up
+            fragments = shape.fragment_lengths
+
+            def obtain(itr: int, setting: int, steps: int) -> EpisodeBatch:
+                if fragments:
+                    return sampler.obtain_fragments(steps, setting)
+                return sampler.obtain_samples(itr, steps)
+
+            settings = fragments or shape.result_episodes
+            obtain(0, settings[0], shape.request_steps[0])  # warm-up
             cpu = _cpu_clock(coordinator.pid)
             rows = []
             itr = 1
-            for per_result in shape.result_episodes:
+            for per_result in settings:
                 control.write_text(str(per_result))
                 for steps in shape.request_steps:
                     for _ in range(repeats):
                         before = _settled(count_files)
                         coordinator_before = cpu()
                         learner_before = time.process_time()
-                        batch = sampler.obtain_samples(itr, steps)
+                        batch = obtain(itr, per_result, steps)
                         learner_cpu = time.process_time() - learner_before
                         after = _settled(count_files)
                         coordinator_cpu = cpu() - coordinator_before
@@ -610,14 +692,17 @@ def nonnegative_fit(design: np.ndarray, target: np.ndarray) -> np.ndarray:
 def summarize(shape: Shape, rows: Sequence[Request], carrier: str = "join") -> dict[str, Any]:
     """The report of one shape: per result size, and the fit over all its requests."""
     settings = []
-    for per_result in shape.result_episodes:
+    for per_result in shape.fragment_lengths or shape.result_episodes:
         mine = [r for r in rows if r.result_episodes == per_result]
         steps = sum(r.steps for r in mine)
         cpu = sum(r.coordinator_cpu for r in mine)
         results = sum(r.results for r in mine)
         settings.append(
             {
-                "result_steps": per_result * shape.episode_steps,
+                # A window: every stream's fragment (the learner's answer may end sooner).
+                "result_steps": steps // max(results, 1)
+                if shape.fragment_lengths
+                else per_result * shape.episode_steps,
                 "requests": len(mine),
                 "steps": steps,
                 "results": results,
@@ -699,7 +784,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=2, help="synthetic workers")
     parser.add_argument("--envs", type=int, default=64, help="Hello.num_envs of each")
     parser.add_argument("--repeats", type=int, default=2, help="requests per setting")
-    parser.add_argument("--shapes", nargs="+", default=[s.name for s in SHAPES])
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        default=[s.name for s in SHAPES],
+        choices=[s.name for s in (*SHAPES, *FRAGMENT_SHAPES)],
+        help="step sizes to measure; cartpole-fragments: fragment windows (obtain_fragments)",
+    )
     parser.add_argument(
         "--scale", type=float, default=1.0, help="multiplies every request's steps (tiny runs)"
     )
@@ -730,7 +821,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             counts=args.counts,
             carrier=args.carrier,
         ).run()
-    by_name = {shape.name: shape for shape in SHAPES}
+    by_name = {shape.name: shape for shape in (*SHAPES, *FRAGMENT_SHAPES)}
     shapes = [
         dataclasses.replace(
             by_name[name],
