@@ -7,7 +7,7 @@ the window's start modulo the episodes' length. :class:`WindowTemplate`
 serializes one window per phase once, locates its episode_infos columns in
 the bytes, and each answer writes only the task's values there (the
 streams, their episode indices and seeds, the agent version, the worker),
-as :class:`benchmarks.capacity.ResultTemplate` does for episodes. What the
+as :class:`benchmarks.capacity_workers.ResultTemplate` does for episodes. What the
 coordinator checks still holds for every window: the streams of the task,
 ``fragment_length`` steps per stream, each stream's pieces continuing one
 another, seeds from :func:`~rlfleet.core.seeding.stream_seeds`, step types.
