@@ -16,7 +16,7 @@ seeds of the task's units, the agent version, the step types and every
 value against the declared spaces; a result it refuses ends the run.
 
 Two step sizes: CartPole-v1's (4 float32 observations) and Atari-sized
-(84x84x4 uint8 frames, :data:`FRAMES_ID`). For each, the learner (this
+(84x84x4 uint8 frames, :data:`benchmarks.capacity_workers.FRAMES_ID`). For each, the learner (this
 process, a :class:`~rlfleet.client.RemoteSampler`) makes requests of two
 sizes while the workers send results of two sizes, and the coordinator's
 CPU time (its process CPU clock, read from here to the nanosecond; a loaded
@@ -34,6 +34,11 @@ or on their lease data connections (``--carrier data``: framed TCP, what a
 remote worker that hosts leases uses; leases.proto, "Results on the lease
 data channel"); ``--carrier both`` measures each.
 
+``--shapes cartpole-fragments`` measures fragment windows instead (the
+learner's ``obtain_fragments``): the workers answer each FRAGMENTS task's
+rounds with windows of their streams, serialized once per phase
+(:mod:`benchmarks.capacity_windows`); the two settings are fragment lengths.
+
 docs/performance.md ("Coordinator capacity: the model") turns these into workers per
 coordinator core.
 """
@@ -44,11 +49,8 @@ import argparse
 import contextlib
 import dataclasses
 import itertools
-import json
 import math
 import os
-import queue
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,351 +59,19 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import psutil
-from gymnasium import spaces
 
+from benchmarks.capacity_workers import (
+    CARRIERS,
+    FRAGMENT_SHAPES,
+    SHAPES,
+    START_SECONDS,
+    Shape,
+    SyntheticWorker,
+)
 from rlfleet.client import RemoteSampler
-from rlfleet.core import EnvSpec, EpisodeBatch, StepType
-from rlfleet.envs import EnvConfig
-from rlfleet.protocol.join import (
-    AgentApplied,
-    DrainOrder,
-    TaskAssignment,
-    WorkerBeat,
-    WorkerHello,
-    WorkerLeaving,
-    WorkerWelcome,
-)
-from rlfleet.protocol.modes import Mode
-from rlfleet.protocol.updates import AgentChange, EnvChange
-from rlfleet.transport import rpc as _rpc
-from rlfleet.transport.lease_channel import DATA_DIAL_SECONDS, LeaseDataLink, dial
-from rlfleet.v1 import worker_pb2
-from rlfleet.wire import DEFAULT_CHUNK_BYTES, decode_batch, encode_batch, serialize_with_chunk
-from rlfleet.wire.batches import payload_kind
-from rlfleet.wire.chunks import chunk_payload
-from rlfleet.wire.leases import data_hello
-from rlfleet.wire.results import EPISODE_INFO_KEYS
-from rlfleet.worker._connection import JoinStream, StreamEnded
-from rlfleet.worker._join_messages import env_built
-
-#: The Atari-sized env: 84x84x4 uint8 frames, 6 actions; registered on import.
-FRAMES_ID = "rlfleet-bench/Frames-v0"
-#: Room left in a message for the EpisodeResult around a chunk (as the worker leaves).
-_ENVELOPE_ALLOWANCE = 64
-#: Longest wait for a process to start, or for the workers' counts to settle.
-_START_SECONDS = 120.0
-#: Where the synthetic workers' results travel.
-CARRIERS = ("join", "data")
-
-
-class FramesEnv(gym.Env[np.ndarray, np.int64]):
-    """Atari's shape without an emulator: black 84x84x4 frames, 100-step episodes."""
-
-    def __init__(self) -> None:
-        self.observation_space = spaces.Box(0, 255, shape=(84, 84, 4), dtype=np.uint8)
-        self.action_space = spaces.Discrete(6)
-        self._t = 0
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        super().reset(seed=seed)
-        self._t = 0
-        return np.zeros((84, 84, 4), np.uint8), {}
-
-    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        self._t += 1
-        return np.zeros((84, 84, 4), np.uint8), 1.0, self._t >= 100, False, {}
-
-
-if FRAMES_ID not in gym.registry:
-    gym.register(FRAMES_ID, entry_point=f"{__name__}:FramesEnv")
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """One step size and the requests and results it is measured with.
-
-    Attributes:
-        name: How the report names it.
-        env_id: The coordinator's env.
-        episode_steps: Steps of every synthetic episode.
-        result_episodes: Episodes per result, one setting per value.
-        request_steps: Steps per request, one setting per value.
-        capacity_steps: The coordinator's ``--capacity-steps`` (what a
-            synthetic worker, which answers a whole task at once, holds).
-    """
-
-    name: str
-    env_id: str
-    episode_steps: int
-    result_episodes: tuple[int, ...]
-    request_steps: tuple[int, ...]
-    capacity_steps: int
-
-
-#: The default run: about a minute on a quiet 2-core machine.
-SHAPES = (
-    Shape("cartpole", "CartPole-v1", 100, (4, 80), (40_000, 160_000), 16_384),
-    Shape("atari", FRAMES_ID, 25, (1, 5), (1_000, 4_000), 2_048),
-)
-
-
-# --- the synthetic worker ------------------------------------------------------------
-
-
-class ResultTemplate:
-    """A result of ``count`` episodes of ``steps`` steps, serialized once.
-
-    The batch holds valid values of ``spec``'s spaces (zeros, which every
-    space used here contains). Its five episode_infos columns are located in
-    the serialized bytes once; :meth:`messages` writes a task's values there
-    and cuts the same bytes into chunk messages.
-    """
-
-    def __init__(self, spec: EnvSpec, steps: int, count: int) -> None:
-        obs_space, act_space = spec.observation_space, spec.action_space
-        assert obs_space.shape is not None and act_space.shape is not None  # Box, Discrete
-        total = steps * count
-        step_types = np.full(total, int(StepType.MID), np.uint8)
-        step_types[::steps] = int(StepType.FIRST)
-        step_types[steps - 1 :: steps] = int(StepType.TERMINAL)
-        batch = EpisodeBatch(
-            env_spec=spec,
-            episode_infos={key: np.arange(count, dtype=np.int64) for key in EPISODE_INFO_KEYS},
-            observations=np.zeros((total, *obs_space.shape), obs_space.dtype),
-            last_observations=np.zeros((count, *obs_space.shape), obs_space.dtype),
-            actions=np.zeros((total, *act_space.shape), act_space.dtype),
-            rewards=np.ones(total, np.float32),
-            env_infos={},
-            agent_infos={},
-            step_types=step_types,
-            lengths=np.full(count, steps, np.int64),
-        )
-        self.lengths = [steps] * count
-        self.payload = bytearray(encode_batch(batch, include_env_spec=False))
-        base = np.frombuffer(self.payload, np.uint8).ctypes.data
-        decoded = decode_batch(self.payload, env_spec=spec, kind=EpisodeBatch)
-        self.infos = {}
-        for key in EPISODE_INFO_KEYS:
-            view = np.asarray(decoded.episode_infos[key])
-            offset = view.ctypes.data - base
-            self.infos[key] = np.frombuffer(self.payload, "<i8", count=count, offset=offset)
-        self.step_bytes = (
-            sum(
-                np.asarray(getattr(batch, name)).nbytes
-                for name in ("observations", "actions", "rewards", "step_types")
-            )
-            / total
-        )
-
-    def messages(
-        self,
-        units: Sequence[tuple[int, int, int]],
-        *,
-        task: TaskAssignment,
-        worker_id: int,
-        agent_version: int,
-        env_generation: int,
-        batch_id: int,
-        max_message_bytes: int,
-    ) -> list[bytes]:
-        """The serialized WorkerMessages of one result: ``units`` run by this template."""
-        indices = [unit[0] for unit in units]
-        columns = self.infos
-        columns["episode_index"][:] = indices
-        columns["env_seed"][:] = [unit[1] for unit in units]
-        columns["policy_seed"][:] = [unit[2] for unit in units]
-        columns["agent_version"][:] = agent_version
-        columns["worker"][:] = worker_id
-        meta = worker_pb2.EpisodeResult(
-            task_id=task.task_id,
-            episode_indices=indices,
-            lengths=self.lengths,
-            agent_version=agent_version,
-            env_generation=env_generation,
-        )
-        first = worker_pb2.WorkerMessage(result=meta)
-        rest = worker_pb2.WorkerMessage(result=worker_pb2.EpisodeResult(task_id=task.task_id))
-        room = min(DEFAULT_CHUNK_BYTES, max_message_bytes - meta.ByteSize() - _ENVELOPE_ALLOWANCE)
-        chunks = chunk_payload(
-            memoryview(self.payload), kind=_EPISODE_KIND, max_bytes=room, batch_id=batch_id
-        )
-        return [
-            serialize_with_chunk(first if chunk.index == 0 else rest, _rpc.WORKER_CHUNK_PATH, chunk)
-            for chunk in chunks
-        ]
-
-
-_EPISODE_KIND = payload_kind(EpisodeBatch)
-
-
-class SyntheticWorker:
-    """A worker that answers tasks with pre-encoded results over a real Join stream.
-
-    Args:
-        address: The coordinator.
-        num_envs: ``Hello.num_envs`` (how much work the coordinator hands it).
-        episode_steps: Steps of every episode it returns.
-        control: File holding the episodes per result, read at each task.
-        counts: File it writes ``results messages`` to after each result.
-        carrier: ``join``: results on the Join stream; ``data``: on the lease
-            data connection (framed TCP), written from this thread.
-    """
-
-    def __init__(
-        self,
-        address: str,
-        *,
-        num_envs: int,
-        episode_steps: int,
-        control: Path,
-        counts: Path,
-        carrier: str = "join",
-    ) -> None:
-        self.address = address
-        self.carrier = carrier
-        self._link: LeaseDataLink | None = None
-        self.num_envs = num_envs
-        self.episode_steps = episode_steps
-        self.control = control
-        self.counts = counts
-        self._templates: dict[int, ResultTemplate] = {}
-        self._spec: EnvSpec | None = None
-        self._generation = 0
-        self._version = 0
-        self._batch_ids = itertools.count(1)
-        self._results = 0
-        self._messages = 0
-
-    def run(self) -> int:
-        """Serves until the coordinator ends the stream or drains it; returns the exit code."""
-        channel = _rpc.open_channel(self.address, security=None)
-        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        stream = JoinStream(channel, inbox)
-        on_data = (_rpc.LEASE_CAPABILITY, _rpc.DATA_RESULTS_CAPABILITY)
-        stream.send(
-            WorkerHello(
-                protocol_version=_rpc.PROTOCOL_VERSION,
-                # As the Python worker: units as columns (their encoding is the
-                # coordinator's per-request cost), results on the carrier asked for.
-                capabilities=(
-                    "rlfleet.episodes",
-                    _rpc.UNIT_COLUMNS_CAPABILITY,
-                    *(on_data if self.carrier == "data" else ()),
-                ),
-                num_envs=self.num_envs,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                implementation="rlfleet-capacity-bench",
-            )
-        )
-        try:
-            return self._serve(stream, inbox)
-        finally:
-            if self._link is not None:
-                self._link.close()
-            stream.cancel()
-            channel.close()
-
-    def _serve(self, stream: JoinStream, inbox: queue.SimpleQueue[Any]) -> int:
-        try:
-            welcome = inbox.get(timeout=_START_SECONDS)
-        except queue.Empty:
-            print(f"no Welcome from {self.address} within {_START_SECONDS:g} s", file=sys.stderr)
-            return 1
-        if not isinstance(welcome, WorkerWelcome):
-            print(f"expected Welcome, got {welcome!r}", file=sys.stderr)
-            return 1
-        if self.carrier == "data":
-            if (
-                welcome.lease_data is None
-                or _rpc.DATA_RESULTS_CAPABILITY not in welcome.capabilities
-            ):
-                print("the coordinator offers no data channel for results", file=sys.stderr)
-                return 1
-            port, ticket = welcome.lease_data
-            self._link = dial(
-                self.address.rpartition(":")[0],
-                port,
-                data_hello(ticket),
-                tls=None,
-                timeout=DATA_DIAL_SECONDS,
-                max_frame_bytes=welcome.max_message_bytes,
-            )
-        beat_every = welcome.heartbeat_interval_seconds
-        next_beat = time.monotonic() + beat_every
-        while True:
-            try:
-                item = inbox.get(timeout=max(next_beat - time.monotonic(), 0.0))
-            except queue.Empty:
-                stream.send(WorkerBeat())
-                next_beat = time.monotonic() + beat_every
-                continue
-            if isinstance(item, StreamEnded):
-                return 0
-            if isinstance(item, DrainOrder):
-                stream.send(WorkerLeaving("drained"))
-                if self._link is not None:  # the end-of-results marker
-                    marker = worker_pb2.WorkerMessage(leaving=worker_pb2.Leaving(reason="drained"))
-                    self._link.send(marker.SerializeToString())
-                stream.close_send()
-                return 0
-            if isinstance(item, TaskAssignment) and self._link is not None:
-                for messages in self._results_of(item, welcome):
-                    self._link.send_frames(messages)
-                continue
-            for message in self._answer(item, welcome):
-                stream.send(message)
-
-    def _answer(self, item: object, welcome: WorkerWelcome) -> Iterator[Any]:
-        if isinstance(item, EnvChange):
-            kwargs = json.loads(item.kwargs_json or "{}")
-            config = EnvConfig(item.env_id, kwargs, item.max_episode_length)
-            self._spec = config.env_spec()
-            self._templates.clear()
-            self._generation = item.generation
-            yield env_built(item.generation, self._spec)
-        elif isinstance(item, AgentChange):
-            self._version = item.version
-            yield AgentApplied(item.version)
-        elif isinstance(item, TaskAssignment):
-            for messages in self._results_of(item, welcome):
-                yield from messages
-        # Cancels need nothing: every task was answered whole when it came.
-
-    def _results_of(self, task: TaskAssignment, welcome: WorkerWelcome) -> Iterator[list[bytes]]:
-        """Each result's messages (no results for a FRAGMENTS task)."""
-        if task.mode == int(Mode.FRAGMENTS):
-            return
-        if self._spec is None:
-            raise RuntimeError(f"task {task.task_id} came before any EnvUpdate")
-        per_result = max(int(self.control.read_text()), 1)
-        version = task.agent_version if task.agent_version >= 0 else self._version
-        units = sorted(task.units)
-        for start in range(0, len(units), per_result):
-            group = units[start : start + per_result]
-            template = self._templates.get(len(group))
-            if template is None:
-                template = ResultTemplate(self._spec, self.episode_steps, len(group))
-                self._templates[len(group)] = template
-            messages = template.messages(
-                group,
-                task=task,
-                worker_id=welcome.worker_id,
-                agent_version=version,
-                env_generation=self._generation,
-                batch_id=next(self._batch_ids),
-                max_message_bytes=welcome.max_message_bytes,
-            )
-            yield messages
-            self._results += 1
-            self._messages += len(messages)
-            self.counts.write_text(f"{self._results} {self._messages}")
-
+from rlfleet.core import EpisodeBatch
 
 # --- the measurement -----------------------------------------------------------------
 
@@ -411,7 +81,8 @@ class Request:
     """One timed request.
 
     Attributes:
-        result_episodes: Episodes per result the workers sent.
+        result_episodes: Episodes per result the workers sent (fragments: the
+            fragment length).
         steps: Steps delivered.
         data_bytes: Bytes of the delivered batch's step arrays.
         results: Results the workers sent meanwhile.
@@ -441,7 +112,7 @@ def _counts(files: Sequence[Path]) -> tuple[int, int]:
 
 def _settled(files: Sequence[Path], quiet: float = 0.3) -> tuple[int, int]:
     """The workers' counts once they have not moved for ``quiet`` seconds."""
-    deadline = time.monotonic() + _START_SECONDS
+    deadline = time.monotonic() + START_SECONDS
     last, since = _counts(files), time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(0.05)
@@ -450,11 +121,11 @@ def _settled(files: Sequence[Path], quiet: float = 0.3) -> tuple[int, int]:
             last, since = now, time.monotonic()
         elif time.monotonic() - since >= quiet:
             return now
-    raise TimeoutError(f"the workers' counts kept moving for {_START_SECONDS:g} s")
+    raise TimeoutError(f"the workers' counts kept moving for {START_SECONDS:g} s")
 
 
 def _wait_for_port(port_file: Path, process: subprocess.Popen[bytes]) -> int:
-    deadline = time.monotonic() + _START_SECONDS
+    deadline = time.monotonic() + START_SECONDS
     while time.monotonic() < deadline:
         text = port_file.read_text().strip() if port_file.exists() else ""
         if text:
@@ -462,7 +133,7 @@ def _wait_for_port(port_file: Path, process: subprocess.Popen[bytes]) -> int:
         if process.poll() is not None:
             raise RuntimeError(f"the coordinator exited with {process.returncode}")
         time.sleep(0.05)
-    raise TimeoutError(f"the coordinator wrote no port file within {_START_SECONDS:g} s")
+    raise TimeoutError(f"the coordinator wrote no port file within {START_SECONDS:g} s")
 
 
 def _batch_bytes(batch: EpisodeBatch) -> int:
@@ -521,7 +192,7 @@ def _measure(
     directory: Path, shape: Shape, *, workers: int, num_envs: int, repeats: int, carrier: str
 ) -> list[Request]:
     port_file, control = directory / "port", directory / "result-episodes"
-    control.write_text(str(shape.result_episodes[0]))
+    control.write_text(str((shape.fragment_lengths or shape.result_episodes)[0]))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     coordinator = subprocess.Popen(
         [sys.executable, "-m", "rlfleet", "--log-level", "ERROR", "coordinator",
@@ -545,21 +216,29 @@ def _measure(
                     env=env,
                 )
             )
-        sampler = RemoteSampler(address, seed=0, timeout=600, wait_for_workers=_START_SECONDS)
+        sampler = RemoteSampler(address, seed=0, timeout=600, wait_for_workers=START_SECONDS)
         with sampler:
             _wait_for_workers(sampler, workers)
-            sampler.obtain_samples(0, shape.request_steps[0])  # warm-up
+            fragments = shape.fragment_lengths
+
+            def obtain(itr: int, setting: int, steps: int) -> EpisodeBatch:
+                if fragments:
+                    return sampler.obtain_fragments(steps, setting)
+                return sampler.obtain_samples(itr, steps)
+
+            settings = fragments or shape.result_episodes
+            obtain(0, settings[0], shape.request_steps[0])  # warm-up
             cpu = _cpu_clock(coordinator.pid)
             rows = []
             itr = 1
-            for per_result in shape.result_episodes:
+            for per_result in settings:
                 control.write_text(str(per_result))
                 for steps in shape.request_steps:
                     for _ in range(repeats):
                         before = _settled(count_files)
                         coordinator_before = cpu()
                         learner_before = time.process_time()
-                        batch = sampler.obtain_samples(itr, steps)
+                        batch = obtain(itr, per_result, steps)
                         learner_cpu = time.process_time() - learner_before
                         after = _settled(count_files)
                         coordinator_cpu = cpu() - coordinator_before
@@ -580,10 +259,10 @@ def _measure(
 
 
 def _wait_for_workers(sampler: RemoteSampler, count: int) -> None:
-    deadline = time.monotonic() + _START_SECONDS
+    deadline = time.monotonic() + START_SECONDS
     while len(sampler.status().workers) < count:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{count} synthetic workers did not join within {_START_SECONDS} s")
+            raise TimeoutError(f"{count} synthetic workers did not join within {START_SECONDS} s")
         time.sleep(0.1)
 
 
@@ -610,14 +289,17 @@ def nonnegative_fit(design: np.ndarray, target: np.ndarray) -> np.ndarray:
 def summarize(shape: Shape, rows: Sequence[Request], carrier: str = "join") -> dict[str, Any]:
     """The report of one shape: per result size, and the fit over all its requests."""
     settings = []
-    for per_result in shape.result_episodes:
+    for per_result in shape.fragment_lengths or shape.result_episodes:
         mine = [r for r in rows if r.result_episodes == per_result]
         steps = sum(r.steps for r in mine)
         cpu = sum(r.coordinator_cpu for r in mine)
         results = sum(r.results for r in mine)
         settings.append(
             {
-                "result_steps": per_result * shape.episode_steps,
+                # A window: every stream's fragment (the learner's answer may end sooner).
+                "result_steps": steps // max(results, 1)
+                if shape.fragment_lengths
+                else per_result * shape.episode_steps,
                 "requests": len(mine),
                 "steps": steps,
                 "results": results,
@@ -699,7 +381,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=2, help="synthetic workers")
     parser.add_argument("--envs", type=int, default=64, help="Hello.num_envs of each")
     parser.add_argument("--repeats", type=int, default=2, help="requests per setting")
-    parser.add_argument("--shapes", nargs="+", default=[s.name for s in SHAPES])
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        default=[s.name for s in SHAPES],
+        choices=[s.name for s in (*SHAPES, *FRAGMENT_SHAPES)],
+        help="step sizes to measure; cartpole-fragments: fragment windows (obtain_fragments)",
+    )
     parser.add_argument(
         "--scale", type=float, default=1.0, help="multiplies every request's steps (tiny runs)"
     )
@@ -730,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             counts=args.counts,
             carrier=args.carrier,
         ).run()
-    by_name = {shape.name: shape for shape in SHAPES}
+    by_name = {shape.name: shape for shape in (*SHAPES, *FRAGMENT_SHAPES)}
     shapes = [
         dataclasses.replace(
             by_name[name],

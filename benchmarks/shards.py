@@ -5,7 +5,7 @@ coordinator and its workers on hosts of their own, as root; ``--help``).
 
 What it answers: does a second coordinator add a coordinator's worth of
 capacity? Each coordinator is a real ``rlfleet coordinator`` process served
-by :class:`benchmarks.capacity.SyntheticWorker` processes that answer tasks
+by :class:`benchmarks.capacity_workers.SyntheticWorker` processes that answer tasks
 with pre-encoded results, so the coordinators, not worker CPU, are the
 bound. Results travel as a default fleet's do (``--carrier data``: on the
 workers' and the learner's data connections) or all on gRPC (``--carrier

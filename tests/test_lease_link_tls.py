@@ -152,7 +152,7 @@ def test_a_tls_link_never_enters_openssl_from_two_threads(reader: str) -> None:
         link = LeaseDataLink(sock, 1 << 20)
         link.set_send_timeout(30)
         received: list[bytes] = []
-        receive: Callable[[], bytes | bytearray | None] = {
+        receive: Callable[[], bytes | bytearray | memoryview | None] = {
             "receive": link.receive,
             "receive_within": lambda: link.receive_within(30),
             "receive_message": lambda: link.receive_message(30),

@@ -5,7 +5,8 @@ What holds: a later result of the learned layout passes without the general
 decode; every result the general path refuses is refused with the same
 text once the layout is known (spoiled values and spoiled bytes alike); a
 result of another layout falls back to the general path, is checked there,
-and becomes the layout. The real-process test of the coordinator's use is
+and becomes the layout. Fragment windows alike, with their own layout and
+rules. The real-process test of the coordinator's use is
 tests/test_hostile_worker.py (``..._after_an_honest_one_...``).
 """
 
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 
 from rlfleet.core import EnvSpec, EpisodeBatch
+from rlfleet.core.seeding import stream_seeds
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.protocol.unit_columns import UnitColumns
@@ -29,7 +31,7 @@ from rlfleet.wire import encode_batch
 from rlfleet.wire import result_layout as result_layout_module
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import chunk_payload
-from rlfleet.wire.result_checks import ResultExpectation, check_result
+from rlfleet.wire.result_checks import FragmentWindow, ResultExpectation, check_result
 from rlfleet.wire.result_layout import ResultLayoutCheck
 from rlfleet.wire.results import JoinedResult, ResultAssembler, ResultHeader, decode_result
 
@@ -378,3 +380,250 @@ def test_a_result_left_in_its_chunks_is_checked_where_they_are(
     with pytest.raises(ProtocolError) as info:
         check.check(result, SPEC, EXPECT)
     assert str(info.value) == expected
+
+
+# --- fragment windows ------------------------------------------------------------------
+
+WINDOW = FragmentWindow(base_seed=4, streams=(10, 11), fragment_length=3)
+WINDOW_EXPECT = dataclasses.replace(EXPECT, units=None, window=WINDOW)
+#: A valid window: (stream, episode, fragment, steps, ends its episode) per piece.
+PIECES = ((10, 0, 1, 1, True), (10, 1, 0, 2, False), (11, 0, 0, 3, False))
+#: The next window of the same streams.
+NEXT_PIECES = ((10, 1, 1, 3, False), (11, 0, 1, 2, True), (11, 1, 0, 1, False))
+
+
+def window_of(pieces: Sequence[tuple[int, int, int, int, bool]] = PIECES) -> EpisodeBatch:
+    """A window's pieces with the seeds stream_seeds gives and valid values."""
+    step_types: list[int] = []
+    for _, _, fragment, steps, ends in pieces:
+        piece = [M] * steps
+        piece[0] = F if fragment == 0 else M
+        if ends:
+            piece[-1] = TERM
+        step_types += piece
+    seeds = np.array([stream_seeds(4, s, e) for s, e, *_ in pieces], np.int64).reshape(-1, 2)
+    count, total = len(pieces), len(step_types)
+    rng = np.random.default_rng(total)
+    return EpisodeBatch(
+        env_spec=SPEC,
+        episode_infos={
+            "agent_version": np.zeros(count, np.int64),
+            "env_seed": seeds[:, 0],
+            "policy_seed": seeds[:, 1],
+            "episode_index": np.array([p[1] for p in pieces], np.int64),
+            "worker": np.full(count, WORKER_ID, np.int64),
+            "stream": np.array([p[0] for p in pieces], np.int64),
+            "fragment_index": np.array([p[2] for p in pieces], np.int64),
+        },
+        observations=rng.uniform(-1, 1, (total, 2)).astype(np.float32),
+        last_observations=rng.uniform(-1, 1, (count, 2)).astype(np.float32),
+        actions=rng.integers(0, 3, total),
+        rewards=np.ones(total, np.float32),
+        env_infos={},
+        agent_infos={"log_prob": np.zeros(total, np.float32)},
+        step_types=np.array(step_types, np.uint8),
+        lengths=np.array([p[3] for p in pieces], np.int64),
+    )
+
+
+def window_refusal(result: JoinedResult) -> str:
+    with pytest.raises((ProtocolError, WireFormatError)) as info:
+        check_result(decode_result(result, SPEC), WINDOW_EXPECT)
+    return str(info.value)
+
+
+def learned_window(chunk_bytes: int = 1 << 24) -> ResultLayoutCheck:
+    check = ResultLayoutCheck()
+    check.check(joined(window_of(), chunk_bytes=chunk_bytes), SPEC, WINDOW_EXPECT)
+    assert check.window_learned
+    return check
+
+
+def counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    calls: list[object] = []
+    monkeypatch.setattr(
+        result_layout_module,
+        "decode_result",
+        lambda *args: calls.append(args) or decode_result(*args),  # type: ignore[func-returns-value]
+    )
+    return calls
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 24, 23])
+def test_a_later_window_of_the_learned_layout_takes_the_one_pass(
+    monkeypatch: pytest.MonkeyPatch, chunk_bytes: int
+) -> None:
+    calls = counting_decodes(monkeypatch)
+    check = ResultLayoutCheck()
+    first = check.check(joined(window_of(), chunk_bytes=chunk_bytes), SPEC, WINDOW_EXPECT)
+    assert len(calls) == 1
+    assert first == window_of()
+    for pieces in (NEXT_PIECES, PIECES):
+        batch = check.check(joined(window_of(pieces), chunk_bytes=chunk_bytes), SPEC, WINDOW_EXPECT)
+        # No decode, and the stream books get what the general path would give them.
+        assert len(calls) == 1
+        assert batch == window_of(pieces)
+
+
+def test_episodes_and_windows_of_one_session_keep_their_layouts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = counting_decodes(monkeypatch)
+    check = ResultLayoutCheck()
+    check.check(joined(batch_of([3, 2])), SPEC, EXPECT)
+    check.check(joined(window_of()), SPEC, WINDOW_EXPECT)
+    assert len(calls) == 2
+    for _ in range(2):
+        assert check.check(joined(batch_of([4, 1], 1)), SPEC, EXPECT) is None
+        check.check(joined(window_of(NEXT_PIECES)), SPEC, WINDOW_EXPECT)
+    assert len(calls) == 2
+
+
+def _pieces(*changes: tuple[int, int, int]) -> Callable[[], EpisodeBatch]:
+    """The valid window with piece fields changed: (piece, field, value)."""
+
+    def build() -> EpisodeBatch:
+        pieces: list[list[Any]] = [list(p) for p in PIECES]
+        for piece, field, value in changes:
+            pieces[piece][field] = value
+        return window_of([(p[0], p[1], p[2], p[3], bool(p[4])) for p in pieces])
+
+    return build
+
+
+#: Windows the general path refuses, each for a rule of its own.
+SPOILED_WINDOWS: dict[str, Callable[[], EpisodeBatch]] = {
+    "a stream not of the task": _pieces((2, 0, 12)),
+    "a stream with a step too many": _pieces((2, 3, 4)),
+    "a stream with a step too few": _pieces((2, 3, 2)),
+    "a cut piece before another of its stream": _pieces((0, 4, False)),
+    "an episode that does not follow the one ended": _pieces((1, 1, 2)),
+    "a new episode's piece not fragment 0": lambda: window_of(
+        ((10, 0, 1, 1, True), (10, 1, 2, 2, False), (11, 0, 0, 3, False))
+    ),
+    "a negative fragment index": _pieces((0, 2, -1)),
+    "a negative episode index": lambda: spoiled("episode_infos.episode_index", _set(2, -1))(
+        window_of()
+    ),
+    "seeds not the stream's": lambda: spoiled("episode_infos.env_seed", _set(1, 5))(window_of()),
+    "a policy seed not the stream's": lambda: spoiled("episode_infos.policy_seed", _set(2, 5))(
+        window_of()
+    ),
+    "a continuing piece that starts FIRST": lambda: spoiled("step_types", _set(0, F))(window_of()),
+    "a piece starting its episode with MID": lambda: spoiled("step_types", _set(1, M))(window_of()),
+    "a TIMEOUT inside a piece": lambda: spoiled("step_types", _set(4, TIME))(window_of()),
+    "another worker": lambda: spoiled("episode_infos.worker", _set(1, WORKER_ID + 1))(window_of()),
+    "another agent version": lambda: spoiled("episode_infos.agent_version", _set(0, 3))(
+        window_of()
+    ),
+    "an observation outside the box": lambda: spoiled("observations", _set((4, 1), 1.5))(
+        window_of()
+    ),
+    "a last observation outside the box": lambda: spoiled("last_observations", _set((2, 0), 2.0))(
+        window_of()
+    ),
+    "an action outside Discrete(3)": lambda: spoiled("actions", _set(2, 3))(window_of()),
+    "a NaN reward": lambda: spoiled("rewards", _set(5, np.nan))(window_of()),
+}
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 24, 23])
+@pytest.mark.parametrize("case", list(SPOILED_WINDOWS))
+def test_a_spoiled_window_is_refused_with_the_general_paths_text(
+    case: str, chunk_bytes: int
+) -> None:
+    result = joined(SPOILED_WINDOWS[case](), chunk_bytes=chunk_bytes)
+    expected = window_refusal(result)
+    with pytest.raises((ProtocolError, WireFormatError)) as info:
+        learned_window(chunk_bytes).check(result, SPEC, WINDOW_EXPECT)
+    assert str(info.value) == expected
+
+
+@pytest.mark.parametrize(
+    "case",
+    # The others spoil an episodes batch's own bytes.
+    [
+        c
+        for c in SPOILED_BYTES
+        if c not in {"an episode longer than the limit", "a step type out of range"}
+    ],
+)
+def test_a_window_of_spoiled_bytes_or_metadata_is_refused_with_the_general_paths_text(
+    case: str,
+) -> None:
+    spoil, _ = SPOILED_BYTES[case]
+    result = spoil(joined(window_of()))
+    expected = window_refusal(result)
+    with pytest.raises((ProtocolError, WireFormatError)) as info:
+        learned_window().check(result, SPEC, WINDOW_EXPECT)
+    assert str(info.value) == expected
+
+
+#: Window columns a random change may hit, and values near the valid ones.
+_COLUMNS = (
+    "episode_infos.stream",
+    "episode_infos.episode_index",
+    "episode_infos.fragment_index",
+    "episode_infos.env_seed",
+    "episode_infos.worker",
+    "episode_infos.agent_version",
+    "step_types",
+    "actions",
+)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_a_randomly_changed_window_gets_the_general_paths_verdict(seed: int) -> None:
+    # Whatever the change, the one pass passes only what the general path passes,
+    # and refuses with its text.
+    rng = np.random.default_rng(seed)
+    batch = window_of(NEXT_PIECES if seed % 2 else PIECES)
+    for _ in range(int(rng.integers(1, 3))):
+        field = str(rng.choice(_COLUMNS))
+        array = np.asarray(
+            getattr(batch, field) if "." not in field else batch.episode_infos[field[14:]]
+        )
+        index = int(rng.integers(0, len(array)))
+        value = int(array[index]) + int(rng.choice([-2, -1, 1, 2, 10]))
+        if field == "step_types":
+            value %= 4  # a batch holds StepType values (out of range: the bytes cases)
+        batch = spoiled(field, _set(index, value))(batch)
+    result = joined(batch, chunk_bytes=int(rng.choice([23, 1 << 24])))
+    try:
+        check_result(decode_result(result, SPEC), WINDOW_EXPECT)
+    except (ProtocolError, WireFormatError) as refusal:
+        with pytest.raises((ProtocolError, WireFormatError)) as info:
+            learned_window().check(result, SPEC, WINDOW_EXPECT)
+        assert str(info.value) == str(refusal)
+    else:
+        assert learned_window().check(result, SPEC, WINDOW_EXPECT) == batch
+
+
+def test_seeds_stay_checked_as_streams_run_past_the_seeds_derived_ahead() -> None:
+    # 16 streams of 2-step episodes in 3-step windows: 32 pieces or more, which
+    # take the seeds derived ahead; 40 windows run 60 episodes per stream.
+    streams = tuple(range(10, 26))
+    expect = dataclasses.replace(
+        WINDOW_EXPECT, window=FragmentWindow(base_seed=4, streams=streams, fragment_length=3)
+    )
+
+    def lockstep(window: int) -> list[tuple[int, int, int, int, bool]]:
+        episode = window * 3 // 2
+        if window % 2 == 0:  # starts an episode: 2 steps, then 1 of the next
+            one = [(episode, 0, 2, True), (episode + 1, 0, 1, False)]
+        else:  # ends the episode begun before, then a whole one
+            one = [(episode, 1, 1, True), (episode + 1, 0, 2, True)]
+        return [(s, *piece) for s in streams for piece in one]
+
+    check = ResultLayoutCheck()
+    for window in range(40):
+        batch = window_of(lockstep(window))
+        assert check.check(joined(batch), SPEC, expect) == batch
+    spoilt = spoiled("episode_infos.policy_seed", _set(17, 5))(window_of(lockstep(40)))
+    result = joined(spoilt)
+    with pytest.raises(ProtocolError) as info:
+        check_result(decode_result(result, SPEC), expect)
+    assert "seeds (env, policy) are" in str(info.value)
+    with pytest.raises(ProtocolError) as again:
+        check.check(result, SPEC, expect)
+    assert str(again.value) == str(info.value)

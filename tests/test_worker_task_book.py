@@ -1,4 +1,5 @@
-"""The worker's TaskBook: units start only on env slots leased envs leave free."""
+"""The worker's TaskBook: units start only on env slots leased envs leave free,
+and reach the VecWorker in blocks."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError
 from rlfleet.protocol.unit_columns import UnitColumns
-from rlfleet.worker._tasks import EpisodeTask, TaskBook
+from rlfleet.worker._tasks import BLOCK_SHARE, EpisodeTask, TaskBook
 from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker
 
@@ -27,6 +28,71 @@ def test_units_start_only_on_slots_leases_leave_free_and_on_one_at_least() -> No
     leased[0] = 1  # a lease released: three slots sample
     book.feed()
     assert vec.active_count + vec.queued_count == 3
+    vec.shutdown()
+
+
+def _native_book(n_envs: int, leased: list[int]) -> tuple[VecWorker, TaskBook]:
+    env = EnvConfig("CartPole-v1", vectorization="vector_entry_point")
+    vec = VecWorker(n_envs=n_envs, env=env, policy="mlp-categorical")
+    book = TaskBook(vec, lambda: leased[0])
+    units = UnitColumns.seeded(0, 0, np.arange(400))
+    book.add(EpisodeTask(task_id=5, request_id=1, agent_version=-1, env_generation=0), units)
+    return vec, book
+
+
+def test_units_reach_the_vec_worker_in_blocks_not_at_every_vector_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    vec, book = _native_book(16, [0])
+    assert vec.queued_count == 16 + 16 // BLOCK_SHARE  # every slot, and a quarter more
+    hand_offs: list[int] = []
+    submit = vec.submit
+
+    def counted(units: list[EpisodeUnit]) -> None:
+        hand_offs.append(len(units))
+        submit(units)
+
+    monkeypatch.setattr(vec, "submit", counted)
+    vector_steps = 0
+    while sum(hand_offs) < 40:  # as the session steps: feed, then one vector step
+        book.feed()
+        assert vec.active_count + vec.queued_count >= 16  # no slot waits for a unit
+        vec.step()
+        vector_steps += 1
+    # Episodes end a few per vector step; a hand-off serves several vector steps.
+    assert all(count >= 16 // BLOCK_SHARE for count in hand_offs)
+    assert len(hand_offs) * 2 <= vector_steps
+    vec.shutdown()
+
+
+def test_a_lease_takes_back_the_units_queued_beyond_the_slots_it_leaves_free() -> None:
+    leased = [0]
+    vec, book = _native_book(16, leased)
+    vec.step()  # 16 episodes start
+    queued_before = [unit.episode_index for unit in vec._units.queue]
+    assert queued_before == list(range(16, 20))  # the block beyond the 16 running
+    leased[0] = 10
+    book.feed()
+    # The queued units come back; the episodes running go on to their end.
+    assert vec.queued_count == 0 and vec.active_count == 16
+    assert book.queued_units == 400 - 16
+    leased[0] = 0
+    while not vec.queued_count:  # the lease released: a block again once a slot frees
+        vec.step()
+        book.feed()
+    queued = [unit.episode_index for unit in vec._units.queue]
+    started = 400 - book.queued_units  # queued_units counts the VecWorker's too
+    assert queued == list(range(started, started + len(queued)))  # the same order as before
+    vec.shutdown()
+
+
+def test_leaving_drops_the_units_the_vec_worker_has_not_started() -> None:
+    vec, book = _native_book(16, [0])
+    vec.step()
+    assert vec.queued_count
+    book.drop_unstarted()
+    assert vec.queued_count == 0 and book.queued_units == 0
+    assert vec.active_count == 16  # the running episodes go on
     vec.shutdown()
 
 

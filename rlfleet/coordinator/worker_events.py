@@ -44,13 +44,12 @@ from rlfleet.scheduling.scheduler import RequestSpec, ResultRuling, Verdict
 from rlfleet.security import PICKLE_CAPABILITY, InflightBudget
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import Chunk
-from rlfleet.wire.result_checks import FragmentWindow, ResultExpectation, check_result
+from rlfleet.wire.result_checks import FragmentWindow, ResultExpectation
 from rlfleet.wire.results import (
     JoinedResult,
     ResultAssembler,
     ResultError,
     ResultHeader,
-    decode_result,
 )
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -366,8 +365,8 @@ class WorkerEvents:
         the lock is released while each is checked, then they are booked and
         the fleet is refilled once. Each batch is viewed in its received
         bytes only to check it (:mod:`rlfleet.wire.result_checks`, vectorised;
-        an episodes result in one pass with the layout of the worker's
-        earlier ones, :mod:`rlfleet.wire.result_layout`); the learner gets the
+        in one pass with the layout of the worker's earlier results of its
+        mode, :mod:`rlfleet.wire.result_layout`); the learner gets the
         worker's chunks as they came.
 
         Raises:
@@ -425,13 +424,8 @@ class WorkerEvents:
                 expect = _expectation(
                     handle, spec, seeds, env_spec, latest, streams=streams, native=native
                 )
-                try:
-                    if spec.mode is Mode.FRAGMENTS:
-                        decoded = decode_result(joined, env_spec)
-                        check_result(decoded, expect)
-                        window = decoded.batch
-                    else:  # the layout of the worker's results: one pass, no batch built
-                        handle.result_layout.check(joined, env_spec, expect)
+                try:  # in one pass with the layout of the worker's results of this mode
+                    window = handle.result_layout.check(joined, env_spec, expect)  # fragments
                 except (ProtocolError, WireFormatError) as exc:
                     failure = exc
                     break

@@ -19,7 +19,7 @@ import numpy as np
 
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.core.episode_order import cut_pieces, ends_episode
+from rlfleet.core.episode_order import ends_episode
 from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED, stream_seeds, stream_seeds_many
 from rlfleet.core.space_checks import space_problem
 from rlfleet.core.step_type import StepType
@@ -297,45 +297,95 @@ def _episode_problems(result: DecodedResult, expect: ResultExpectation) -> list[
 
 
 def _fragment_problems(result: DecodedResult, window: FragmentWindow) -> list[str]:
+    infos = result.infos
+    pieces = WindowPieces(
+        stream=infos("stream"),
+        episodes=infos("episode_index"),
+        fragments=infos("fragment_index"),
+        env_seeds=infos("env_seed"),
+        policy_seeds=infos("policy_seed"),
+        lengths=result.batch.lengths,
+        step_types=result.batch.step_types,
+    )
+    return window_problems(pieces, window)
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowPieces:
+    """A fragment window's pieces as columns, wherever they were read from.
+
+    The general path takes them from a decoded batch, the one-pass check
+    (:mod:`rlfleet.wire.result_layout`) from views of the received bytes:
+    both run :func:`window_problems` on them, so they agree.
+
+    Attributes:
+        stream: (N,) each piece's stream.
+        episodes: (N,) its episode index.
+        fragments: (N,) its fragment index.
+        env_seeds: (N,) its episode's env seed.
+        policy_seeds: (N,) its episode's policy seed.
+        lengths: (N,) its steps, each >= 1.
+        step_types: (S,) every step's StepType number.
+    """
+
+    stream: np.ndarray
+    episodes: np.ndarray
+    fragments: np.ndarray
+    env_seeds: np.ndarray
+    policy_seeds: np.ndarray
+    lengths: np.ndarray
+    step_types: np.ndarray
+
+
+def window_problems(pieces: WindowPieces, window: FragmentWindow) -> list[str]:
+    """What is wrong with a window's pieces: its streams, each stream's steps,
+    continuity and seeds, and the step types (empty: nothing).
+
+    The episode infos must have been checked to be int columns of one row per
+    piece (:func:`check_result` does that first).
+    """
     # Vectorised over pieces: a window of 64 streams is 128 pieces or more,
     # and a Python loop per piece (seeds, continuity) cost ~4 us each on
     # the coordinator's path. Python runs only for the problems found, in
     # the order a loop over streams would list them.
     problems: list[str] = []
-    batch = result.batch
     expected = set(window.streams)
-    stream = result.infos("stream")
-    episodes, fragments = result.infos("episode_index"), result.infos("fragment_index")
+    stream, episodes, fragments = pieces.stream, pieces.episodes, pieces.fragments
     order = np.lexsort((fragments, episodes, stream))
     in_order = stream[order]
-    unique, starts = np.unique(in_order, return_index=True)
-    streams = unique.tolist()
-    if set(streams) != expected:
+    # Sorted by stream: each stream's first piece is where the column changes.
+    head = np.ones(min(len(in_order), 1), dtype=bool)  # none for an empty window
+    starts = np.flatnonzero(np.concatenate((head, in_order[1:] != in_order[:-1])))
+    streams = in_order[starts].tolist()
+    covered = set(streams) == expected
+    if not covered:
         problems.append(
             f"the window covers streams {shortened(streams)}, expected one piece or more of each "
             f"stream of the task (Task.streams, or Welcome.first_stream + slot): "
             f"{shortened(sorted(expected))}"
         )
-    lengths = batch.lengths
+    lengths = pieces.lengths
     if episodes.size and (episodes.min() < 0 or fragments.min() < 0):
         problems.append("episode_infos hold a negative episode_index or fragment_index")
         return problems
     if not order.size:
         return problems
-    cut = cut_pieces(batch)
+    cut = ~ends_episode(pieces.step_types[np.cumsum(lengths) - 1])
     steps = np.add.reduceat(lengths[order], starts)
     # Each pair of consecutive pieces of one stream, in episode and fragment order.
     first, then = order[:-1], order[1:]
     same = in_order[1:] == in_order[:-1]
     cut_inside = same & cut[first]
     broken = same & ~cut[first] & ((episodes[then] != episodes[first] + 1) | (fragments[then] != 0))
-    owned = np.isin(stream, np.fromiter(expected, dtype=np.int64, count=len(expected)))
+    owned = (
+        np.ones(len(stream), dtype=bool)
+        if covered
+        else np.isin(stream, np.fromiter(expected, dtype=np.int64, count=len(expected)))
+    )
     wrong_seed = np.zeros(len(order), dtype=bool)
     if owned.any():
-        env, policy = _seeds(window.base_seed, stream[owned], episodes[owned])
-        mismatch = (result.infos("env_seed")[owned] != env) | (
-            result.infos("policy_seed")[owned] != policy
-        )
+        env, policy = _seeds(window, stream[owned], episodes[owned])
+        mismatch = (pieces.env_seeds[owned] != env) | (pieces.policy_seeds[owned] != policy)
         wrong_seed[np.flatnonzero(owned)[mismatch]] = True
     wrong_seed = wrong_seed[order]
     bad_steps = steps != window.fragment_length
@@ -343,7 +393,7 @@ def _fragment_problems(result: DecodedResult, window: FragmentWindow) -> list[st
         ends = [*starts[1:].tolist(), len(order)]
         for k, (value, begin, end) in enumerate(zip(streams, starts.tolist(), ends, strict=True)):
             problems += _stream_problems(
-                result,
+                pieces,
                 window,
                 value,
                 order[begin:end],
@@ -356,16 +406,13 @@ def _fragment_problems(result: DecodedResult, window: FragmentWindow) -> list[st
                 piece = int(order[begin + int(seeds_wrong[0])])
                 episode = int(episodes[piece])
                 want = stream_seeds(window.base_seed, value, episode)
-                got = (
-                    int(result.infos("env_seed")[piece]),
-                    int(result.infos("policy_seed")[piece]),
-                )
+                got = (int(pieces.env_seeds[piece]), int(pieces.policy_seeds[piece]))
                 problems.append(
                     f"stream {value} episode {episode}: seeds (env, policy) are "
                     f"{got}, expected {want} = stream_seeds(base_seed={window.base_seed}, "
                     f"stream={value}, episode={episode})"
                 )
-    problems += step_type_problems(batch.step_types, lengths, fragments == 0, must_end=False)
+    problems += step_type_problems(pieces.step_types, lengths, fragments == 0, must_end=False)
     return problems
 
 
@@ -374,16 +421,91 @@ def _fragment_problems(result: DecodedResult, window: FragmentWindow) -> list[st
 _VECTORISED_SEEDS = 32
 
 
-def _seeds(base_seed: int, streams: np.ndarray, episodes: np.ndarray) -> tuple[np.ndarray, ...]:
+def _seeds(
+    window: FragmentWindow, streams: np.ndarray, episodes: np.ndarray
+) -> tuple[np.ndarray, ...]:
     """:func:`stream_seeds` of each (stream, episode), as (env, policy) int64 columns."""
+    base_seed = window.base_seed
     if len(streams) >= _VECTORISED_SEEDS:
-        return stream_seeds_many(base_seed, streams, episodes)
+        key = (base_seed, window.streams)
+        table = _seed_tables.get(key)
+        found = None if table is None else table.lookup(streams, episodes)
+        if found is not None:
+            return found
+        table = _SeedTable.derive(base_seed, streams, episodes)
+        if table is None:  # episodes too far apart to derive ahead
+            return stream_seeds_many(base_seed, streams, episodes)
+        if len(_seed_tables) >= _MAX_SEED_TABLES:
+            _seed_tables.clear()  # windows of more tasks than this at once: start over
+        _seed_tables[key] = table
+        found = table.lookup(streams, episodes)
+        if found is None:  # cannot happen: derived for these very pieces
+            return stream_seeds_many(base_seed, streams, episodes)
+        return found
     pairs = [
         _stream_seeds(base_seed, s, e)
         for s, e in zip(streams.tolist(), episodes.tolist(), strict=True)
     ]
     seeds = np.array(pairs, dtype=np.int64).reshape(-1, 2)
     return seeds[:, 0], seeds[:, 1]
+
+
+#: Episodes ahead a :class:`_SeedTable` derives per stream, at least.
+_SEEDS_AHEAD = 16
+#: A window whose pieces of one stream span more episodes than this is not tabled.
+_MAX_SEED_SPAN = 64
+#: Seed tables kept, one per (base seed, a task's streams).
+_MAX_SEED_TABLES = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class _SeedTable:
+    """The seeds of each stream's next episodes, derived a block at a time.
+
+    The hash over a window's pieces costs about as much for 100 pairs as
+    for 1,000 (numpy's per-operation cost): a task's streams' seeds for
+    their next :data:`_SEEDS_AHEAD` episodes are derived in one hash, and
+    the windows after look theirs up, until a stream runs past its block.
+    Immutable: replaced whole, so threads may share it.
+    """
+
+    streams: np.ndarray  # (S,) ascending
+    first: np.ndarray  # (S,) each stream's first episode in the table
+    env: np.ndarray  # (S, K)
+    policy: np.ndarray  # (S, K)
+
+    @classmethod
+    def derive(cls, base_seed: int, streams: np.ndarray, episodes: np.ndarray) -> _SeedTable | None:
+        """A table holding every (stream, episode) given (None: they span too many episodes)."""
+        order = np.lexsort((episodes, streams))
+        ordered = streams[order]
+        unique, starts = np.unique(ordered, return_index=True)
+        first = episodes[order][starts]
+        last = np.maximum.reduceat(episodes[order], starts)
+        span = int((last - first).max()) + 1
+        if span > _MAX_SEED_SPAN:
+            return None
+        ahead = max(span, _SEEDS_AHEAD)
+        rows = np.repeat(unique, ahead)
+        columns = (first[:, None] + np.arange(ahead)).reshape(-1)
+        env, policy = stream_seeds_many(base_seed, rows, columns)
+        shape = (len(unique), ahead)
+        return cls(unique, first, env.reshape(shape), policy.reshape(shape))
+
+    def lookup(self, streams: np.ndarray, episodes: np.ndarray) -> tuple[np.ndarray, ...] | None:
+        """The seeds of every (stream, episode), or None if one is not in the table."""
+        rows = np.minimum(np.searchsorted(self.streams, streams), len(self.streams) - 1)
+        columns = episodes - self.first[rows]
+        if not (
+            (self.streams[rows] == streams).all()
+            and (columns >= 0).all()
+            and (columns < self.env.shape[1]).all()
+        ):
+            return None
+        return self.env[rows, columns], self.policy[rows, columns]
+
+
+_seed_tables: dict[tuple[int, tuple[int, ...]], _SeedTable] = {}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -393,7 +515,7 @@ def _stream_seeds(base_seed: int, stream: int, episode: int) -> tuple[int, int]:
 
 
 def _stream_problems(
-    result: DecodedResult,
+    columns: WindowPieces,
     window: FragmentWindow,
     stream: int,
     pieces: np.ndarray,
@@ -405,7 +527,7 @@ def _stream_problems(
     """One stream's step count and continuity problems.
 
     Args:
-        result: The result.
+        columns: The window's pieces.
         window: The window's layout.
         stream: The stream.
         pieces: Its pieces, in episode and fragment order.
@@ -414,7 +536,7 @@ def _stream_problems(
         broken: Per pair: the second does not continue the first's episode.
     """
     problems = []
-    episodes, fragments = result.infos("episode_index"), result.infos("fragment_index")
+    episodes, fragments = columns.episodes, columns.fragments
     if steps != window.fragment_length:
         problems.append(
             f"stream {stream} has {steps} steps in the window, expected fragment_length "
@@ -455,9 +577,11 @@ def _name(value: object) -> str:
 __all__ = [
     "FragmentWindow",
     "ResultExpectation",
+    "WindowPieces",
     "check_result",
     "pieces_by_stream",
     "result_problems",
     "step_type_problems",
     "value_problems",
+    "window_problems",
 ]

@@ -17,11 +17,11 @@ first result that passed that path, and checks each later one in one pass:
   episode infos, units' seeds, step types, values against the spaces,
   rewards, bool infos), each with the comparisons the layout leaves: a
   uint8 frame of a 0..255 Box needs none, bounds are worked out once;
-* what the header's numbers and the task's units tell (the lengths column
-  and the int64 episode infos: indices, worker, agent version, seeds) is
-  compared as bytes, with the bytes around the arrays, in one gather and
-  one comparison; the uint8 step types are counted as bytes. numpy is left
-  the value screens: about 20 numpy calls per result.
+* for episodes, what the header's numbers and the task's units tell (the
+  lengths column and the int64 episode infos: indices, worker, agent
+  version, seeds) is compared as bytes, with the bytes around the arrays,
+  in one gather and one comparison; the uint8 step types are counted as
+  bytes. numpy is left the value screens: about 20 numpy calls per result.
 
 A result of several chunks is checked where its chunks are: only the
 bytes around the arrays and the arrays checked are read, so a result's
@@ -32,9 +32,18 @@ result down the general path, which raises with its own text (or finds
 nothing wrong: the quick checks may ask it to look closer, never let
 through what it refuses) and then relearns the layout. So every check still
 runs once, at this trust boundary, and a refusal reads as it always did.
-Fragments take the general path, and so does every result of a worker whose
-lengths or episode infos are not int64 or whose step types are not uint8
+Every episodes result of a worker whose lengths or episode infos are not
+int64, or whose step types are not uint8, takes the general path
 (rlfleet's workers and the Node worker write those).
+
+A fragment window takes the same pass with its own layout (two more
+episode_infos columns, ``stream`` and ``fragment_index``): the metadata and
+values as above, then the window's rules on views of its columns
+(:func:`~rlfleet.wire.result_checks.window_problems`, the general path's
+own: the streams of the task, each stream's ``fragment_length`` steps, its
+pieces' continuity and seeds, the step types of pieces that may be cut).
+It is answered with the window's batch, of views in the received bytes,
+for the coordinator's books of the streams.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ import math
 import operator
 import struct
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -59,8 +69,20 @@ from rlfleet.core.step_type import StepType
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.wire._protowire import len_prefix
 from rlfleet.wire.chunks import Payload, Pieces
-from rlfleet.wire.result_checks import ResultExpectation, check_result
-from rlfleet.wire.results import EPISODE_INFO_KEYS, JoinedResult, ResultHeader, decode_result
+from rlfleet.wire.result_checks import (
+    FragmentWindow,
+    ResultExpectation,
+    WindowPieces,
+    check_result,
+    window_problems,
+)
+from rlfleet.wire.results import (
+    EPISODE_INFO_KEYS,
+    FRAGMENT_INFO_KEYS,
+    JoinedResult,
+    ResultHeader,
+    decode_result,
+)
 from rlfleet.wire.tensors import dtype_code, encode_key_field, tensor_header
 
 #: Skeletons kept per layout (one per pair of episode and step counts).
@@ -119,16 +141,18 @@ class _Skeleton:
 
     Attributes:
         size: Size of the whole message.
-        between: Every run of bytes between arrays, joined.
+        headers: (offset, bytes) of every run of bytes between arrays.
         offsets: Offset of each array's data, by name.
+        between: The runs of ``headers``, joined.
         spans: (offset, size) of each run of bytes between arrays, then of
             the int64 columns the header's numbers tell (:data:`_KNOWN`).
         known: The position of each byte of ``spans``, in their order.
     """
 
     size: int
-    between: bytes
+    headers: tuple[tuple[int, bytes], ...]
     offsets: dict[str, int]
+    between: bytes
     spans: tuple[tuple[int, int], ...]
     known: np.ndarray
 
@@ -143,9 +167,15 @@ class _Skeleton:
 class _Layout:
     """The fields, keys, dtypes and row shapes of one checked result."""
 
-    def __init__(self, spec: EnvSpec, blocks: tuple[tuple[int, _Tensor | _Tree], ...]) -> None:
+    def __init__(
+        self,
+        spec: EnvSpec,
+        blocks: tuple[tuple[int, _Tensor | _Tree], ...],
+        keys: Mapping[bytes, str],
+    ) -> None:
         self.spec = spec
-        self._blocks = blocks
+        self.blocks = blocks
+        self.keys = keys  # each TensorMap key, by its encoded key field
         self.tensors = {t.name: t for t in _walk(blocks)}
         self.bools = tuple(t.name for t in self.tensors.values() if t.dtype == _BOOL)
         self._skeletons: dict[tuple[int, int], _Skeleton] = {}
@@ -175,7 +205,7 @@ class _Layout:
         if found is None:
             if len(self._skeletons) >= _MAX_SKELETONS:
                 self._skeletons.clear()  # a worker's step counts wander: keep the cache small
-            found = _build_skeleton(self._blocks, episodes, steps)
+            found = _build_skeleton(self.blocks, episodes, steps)
             self._skeletons[(episodes, steps)] = found
         return found
 
@@ -195,17 +225,21 @@ def _walk(blocks: tuple[tuple[int, _Tensor | _Tree], ...]) -> list[_Tensor]:
     return found
 
 
-def _learn(batch: EpisodeBatch) -> _Layout | None:
-    """The layout of a decoded batch (None: one the one-pass check does not take)."""
+def _learn(batch: EpisodeBatch, window: bool) -> _Layout | None:
+    """The layout of a decoded batch (None: one the one-pass check does not take);
+    ``window``: of a fragment window, whose pieces carry more episode infos."""
 
     def tensor(name: str, array: np.ndarray, per_episode: bool) -> _Tensor:
         return _Tensor(name, array.dtype, tuple(array.shape[1:]), per_episode)
+
+    keys: dict[bytes, str] = {}
 
     def tree(name: str, infos: Mapping[str, object], per_episode: bool) -> _Tree:
         entries: list[tuple[bytes, _Tensor | _Tree]] = []
         for key, value in infos.items():
             path = f"{name}[{key!r}]"
             key_field = encode_key_field(key, path)
+            keys[key_field] = key
             if isinstance(value, Mapping):
                 entries.append((key_field, tree(path, value, per_episode)))
             else:  # decoded: an array
@@ -220,11 +254,16 @@ def _learn(batch: EpisodeBatch) -> _Layout | None:
                 blocks.append((number, tree(name, value, per_episode)))
         else:
             blocks.append((number, tensor(name, value, per_episode)))
-    layout = _Layout(batch.env_spec, tuple(blocks))
-    for name, dtype in _BYTE_COLUMNS.items():  # else every result takes the general path
-        column = layout.tensors.get(name)
-        if column is None or column.dtype != dtype or column.row_shape:
-            return None
+    layout = _Layout(batch.env_spec, tuple(blocks), keys)
+    required = EPISODE_INFO_KEYS + FRAGMENT_INFO_KEYS if window else EPISODE_INFO_KEYS
+    names = {f"episode_infos[{key!r}]" for key in required}
+    if not names <= layout.tensors.keys():
+        return None
+    if not window:
+        for name, dtype in _BYTE_COLUMNS.items():  # else every result takes the general path
+            column = layout.tensors.get(name)
+            if column is None or column.dtype != dtype or column.row_shape:
+                return None
     return layout
 
 
@@ -280,48 +319,65 @@ def _build_skeleton(
     spans += [(offsets[name], 8 * episodes) for name in _KNOWN]
     known = np.concatenate([np.arange(offset, offset + size) for offset, size in spans])
     between = b"".join(run for _, run in headers)
-    return _Skeleton(position, between, offsets, tuple(spans), known.astype(np.intp))
+    return _Skeleton(
+        position, tuple(headers), offsets, between, tuple(spans), known.astype(np.intp)
+    )
 
 
 class ResultLayoutCheck:
     """One worker session's episode results, checked in one pass once its layout is known.
 
-    Keeps the layout of the session's last result that passed the general
-    path, for the env spec it was checked against (an env update brings
-    another spec, and the next result relearns). Safe to share between a
-    worker's Join stream and its lease data connection: the layout is
-    replaced whole.
+    Keeps the layout of the session's last episodes result that passed the
+    general path, and that of its last fragment window, for the env spec
+    each was checked against (an env update brings another spec, and the
+    next result relearns). Safe to share between a worker's Join stream and
+    its lease data connection: a layout is replaced whole.
     """
 
     def __init__(self) -> None:
         self._layout: _Layout | None = None
+        self._window_layout: _Layout | None = None
 
     @property
     def learned(self) -> bool:
-        """Whether a layout is known (the next result of it takes the one pass)."""
+        """Whether an episodes layout is known (the next result of it takes the one pass)."""
         return self._layout is not None
 
-    def check(self, joined: JoinedResult, env_spec: EnvSpec, expect: ResultExpectation) -> None:
-        """Checks a whole result of an episodes task: in one pass if it has the
-        layout learned, else by the general path (which then learns it).
+    @property
+    def window_learned(self) -> bool:
+        """Whether a fragment window's layout is known (its next window takes the one pass)."""
+        return self._window_layout is not None
+
+    def check(
+        self, joined: JoinedResult, env_spec: EnvSpec, expect: ResultExpectation
+    ) -> EpisodeBatch | None:
+        """Checks a whole result: in one pass if it has the layout learned for
+        its mode (episodes, or a fragment window), else by the general path
+        (which then learns it).
+
+        Returns:
+            A fragment window's batch (``expect.window`` set), for the books
+            of its streams: views in the received bytes after the one pass,
+            the decoded batch after the general path. None for episodes.
 
         Raises:
             ResultError: As :func:`~rlfleet.wire.result_checks.check_result`
                 and :func:`~rlfleet.wire.results.decode_result` raise, with
                 their text.
         """
-        layout = self._layout
-        if (
-            layout is not None
-            and layout.spec is env_spec
-            and expect.window is None
-            and _passes(layout, joined.header, _reader(joined.payload), expect)
-        ):
-            return
+        window = expect.window is not None
+        layout = self._window_layout if window else self._layout
+        if layout is not None and layout.spec is env_spec:
+            source = _reader(joined.payload)
+            if _passes(layout, joined.header, source, expect):
+                return _window_batch(layout, joined.header, source) if window else None
         decoded = decode_result(joined, env_spec)
         check_result(decoded, expect)
-        if expect.window is None:
-            self._layout = _learn(decoded.batch)
+        if window:
+            self._window_layout = _learn(decoded.batch, window=True)
+            return decoded.batch
+        self._layout = _learn(decoded.batch, window=False)
+        return None
 
 
 #: Reads ``size`` bytes at an offset of a result's bytes.
@@ -369,21 +425,13 @@ def _passes(
     if not episodes or len(header.episode_indices) != episodes or min(lengths) < 1:
         return False
     steps = sum(lengths)
-    size, read, whole = payload
+    size, read, _ = payload
     if steps > size:  # every step takes a byte or more: no skeleton for forged counts
         return False
     skeleton = layout.skeleton(episodes, steps)
     if size != skeleton.size:
         return False
-    tensors, offsets = layout.tensors, skeleton.offsets
-
-    def view(name: str) -> np.ndarray:
-        t = tensors[name]
-        rows = episodes if t.per_episode else steps
-        if whole is not None:
-            return np.ndarray((rows, *t.row_shape), t.dtype, buffer=whole, offset=offsets[name])
-        data = read(offsets[name], rows * t.row_bytes)
-        return np.frombuffer(data, t.dtype).reshape(rows, *t.row_shape)
+    view = _viewer(layout, skeleton, episodes, steps, payload)
 
     # The metadata and the episode infos (_metadata_problems, _episode_problems).
     version = header.agent_version
@@ -397,6 +445,19 @@ def _passes(
     limit = expect.env_spec.max_episode_length
     if limit is not None and max(lengths) > limit:
         return False
+    window = expect.window
+    if window is not None:  # a fragment window: its own rules from here
+        for offset, expected in skeleton.headers:
+            if read(offset, len(expected)) != expected:
+                return False
+        batch_lengths = view("lengths")
+        if batch_lengths.tolist() != list(lengths):
+            return False
+        if view("episode_infos['episode_index']").tolist() != list(header.episode_indices):
+            return False
+        return _window_passes(
+            layout, view, window, worker_id=expect.worker_id, version=version, lengths=batch_lengths
+        )
     indices = header.episode_indices
     if indices[0] < 0 or not all(map(operator.lt, indices, indices[1:])):
         return False  # not ascending
@@ -405,7 +466,7 @@ def _passes(
     # infos), against those bytes in the result.
     try:
         index_bytes = _int64s(indices)
-        expected = b"".join(
+        expected_bytes = b"".join(
             (
                 skeleton.between,
                 _int64s(lengths),
@@ -422,13 +483,39 @@ def _passes(
     elif expect.units is not None:
         seeds = _unit_seeds(expect.units, indices, index_bytes)
     else:  # nothing to hold them to
-        seeds = found[len(expected) :]
-    if seeds is None or found != expected + seeds:
+        seeds = found[len(expected_bytes) :]
+    if seeds is None or found != expected_bytes + seeds:
         return False
     # Step types (which also keeps every value in StepType's range).
-    if not _step_types_pass(bytes(read(offsets["step_types"], steps)), lengths):
+    if not _step_types_pass(bytes(read(skeleton.offsets["step_types"], steps)), lengths):
         return False
-    # Values against the declared spaces, rewards, bool infos (value_problems, the decode).
+    return _values_pass(layout, view)
+
+
+#: An array of a result checked in one pass, by name (views, not copies, where they can be).
+_View = Callable[[str], np.ndarray]
+
+
+def _viewer(
+    layout: _Layout, skeleton: _Skeleton, episodes: int, steps: int, payload: _Source
+) -> _View:
+    """The arrays of a result of ``layout`` whose bytes match ``skeleton``."""
+    _, read, whole = payload
+    tensors, offsets = layout.tensors, skeleton.offsets
+
+    def view(name: str) -> np.ndarray:
+        t = tensors[name]
+        rows = episodes if t.per_episode else steps
+        if whole is not None:
+            return np.ndarray((rows, *t.row_shape), t.dtype, buffer=whole, offset=offsets[name])
+        data = read(offsets[name], rows * t.row_bytes)
+        return np.frombuffer(data, t.dtype).reshape(rows, *t.row_shape)
+
+    return view
+
+
+def _values_pass(layout: _Layout, view: _View) -> bool:
+    """Values against the declared spaces, rewards, bool infos (value_problems, the decode)."""
     for name, screen in layout.screens:
         if not screen(view(name)):
             return False
@@ -437,6 +524,54 @@ def _passes(
     ):
         return False
     return not any(any_set(view(name).view(np.uint8) > 1) for name in layout.bools)
+
+
+def _window_passes(
+    layout: _Layout,
+    view: _View,
+    window: FragmentWindow,
+    *,
+    worker_id: int,
+    version: int,
+    lengths: np.ndarray,
+) -> bool:
+    """The rest of a fragment window's checks, after the metadata both modes share
+    (``version``: the result's agent version; ``lengths``: its pieces')."""
+    for name, want in (("worker", worker_id), ("agent_version", version)):
+        if any_set(view(f"episode_infos[{name!r}]") != want):
+            return False
+    pieces = WindowPieces(
+        stream=view("episode_infos['stream']"),
+        episodes=view("episode_infos['episode_index']"),
+        fragments=view("episode_infos['fragment_index']"),
+        env_seeds=view("episode_infos['env_seed']"),
+        policy_seeds=view("episode_infos['policy_seed']"),
+        lengths=lengths,
+        step_types=view("step_types"),
+    )
+    if window_problems(pieces, window):
+        return False
+    return _values_pass(layout, view)
+
+
+def _window_batch(layout: _Layout, header: ResultHeader, payload: _Source) -> EpisodeBatch:
+    """A window that passed in one pass, as a batch of views of its bytes (its
+    fields fit: their bytes are the layout's, and every value was checked)."""
+    lengths = header.lengths
+    episodes, steps = len(lengths), sum(lengths)
+    view = _viewer(layout, layout.skeleton(episodes, steps), episodes, steps, payload)
+    names = {number: name for number, name, _ in _FIELDS}
+
+    def arrays(item: _Tensor | _Tree) -> Any:
+        if isinstance(item, _Tensor):
+            return view(item.name)
+        return {layout.keys[key_field]: arrays(child) for key_field, child in item}
+
+    # An empty map is not written: its field is absent from the blocks.
+    fields: dict[str, Any] = {"episode_infos": {}, "env_infos": {}, "agent_infos": {}}
+    for number, item in layout.blocks:
+        fields[names[number]] = arrays(item)
+    return EpisodeBatch.prechecked(env_spec=layout.spec, check_actions=False, **fields)
 
 
 def _int64s(values: tuple[int, ...]) -> bytes:

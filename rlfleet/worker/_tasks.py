@@ -3,10 +3,15 @@
 The coordinator may hand a worker more units than it has env slots (the
 prefetch). They wait here, not in the VecWorker: units given to the
 VecWorker start at its next step, while units still here can be dropped at
-once when the worker leaves or a task is cancelled. The VecWorker is topped
-up to one unit per slot after every step, so a slot that finished an
-episode takes the next one on the following step, exactly as with the
-VecWorker's own queue. Units wait as the columns their Task brought
+once when the worker leaves or a task is cancelled. When the VecWorker holds
+fewer units than it has slots, it is handed a block: enough for every slot
+plus a quarter of its slots more (:data:`BLOCK_SHARE`), so that a slot that
+finished an episode takes the next one on the following step, exactly as
+with the VecWorker's own queue, while a hand-off (whose fixed cost is
+several units' worth) happens once every few vector steps, not at every
+one: a native worker's slots end a few episodes at each vector step. While
+leased envs hold slots no block is handed, and units queued beyond the
+slots the leases leave free come back here. Units wait as the columns their Task brought
 (:class:`~rlfleet.protocol.unit_columns.UnitColumns`): each becomes an
 ``EpisodeUnit`` only when it is handed to the VecWorker.
 
@@ -28,6 +33,10 @@ from rlfleet.protocol.stream_replay import StreamReplay
 from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns
 from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker
+
+#: A block handed to the VecWorker holds this share of its slots beyond the
+#: free ones (none for fewer than this many slots).
+BLOCK_SHARE = 4
 
 
 @dataclass
@@ -153,14 +162,28 @@ class TaskBook:
         self.feed()
 
     def feed(self) -> None:
-        """Gives the VecWorker units until it holds one per env slot not leased."""
-        if not self._waiting_count:
-            return
+        """Gives the VecWorker a block of units once it holds fewer than its slots.
+
+        With leased envs, it holds one per slot they leave free (one at
+        least), and gives back what it queued beyond.
+        """
         vec = self._vec
-        held = vec.active_count + vec.queued_count
-        if held >= vec.n_envs:
-            return  # every slot is held (the common case: it runs every vector step)
-        room = max(vec.n_envs - self._leased(), 1) - held
+        n, queued = vec.n_envs, vec.queued_count
+        held = vec.active_count + queued
+        if held >= n and not queued:
+            return  # every slot runs, nothing queued
+        leased = self._leased()
+        cap = max(n - leased, 1)
+        if leased:
+            if held > cap and queued:
+                self._take_back(held - cap)
+            room = cap - held
+        elif held >= n:
+            return  # the block's units wait in the VecWorker (the common case)
+        else:
+            room = n - held + n // BLOCK_SHARE
+        if room <= 0 or not self._waiting_count:
+            return
         fed: list[EpisodeUnit] = []
         while room > 0 and self._waiting:
             first = self._waiting[0]
@@ -174,6 +197,28 @@ class TaskBook:
         if fed:
             self._waiting_count -= len(fed)
             vec.submit(fed)
+
+    def _take_back(self, surplus: int) -> None:
+        """Moves up to ``surplus`` of the VecWorker's last queued units back here, in order."""
+        units = self._vec.drop_queued()
+        back = units[max(len(units) - surplus, 0) :]
+        if len(back) < len(units):
+            self._vec.submit(units[: len(units) - len(back)])
+        # Consecutive units of one task become one entry, at the front.
+        groups: list[list[EpisodeUnit]] = []
+        for unit in back:
+            if groups and groups[-1][0].request == unit.request:
+                groups[-1].append(unit)
+            else:
+                groups.append([unit])
+        for group in reversed(groups):
+            columns = UnitColumns(
+                [u.episode_index for u in group],
+                [u.env_seed for u in group],
+                [u.policy_seed for u in group],
+            )
+            self._waiting.appendleft(_Waiting(group[0].request, columns))
+        self._waiting_count += len(back)
 
     def reported(self, task_id: int, episode_indices: Iterable[int]) -> None:
         """Marks episodes as sent; forgets the task once all of them are."""
@@ -240,9 +285,10 @@ class TaskBook:
     def drop_unstarted(self) -> None:
         """Drops every unit not started yet and every fragment task (leaving).
 
-        Units already handed to the VecWorker run to the end: there are at
-        most one per slot.
+        Units the VecWorker runs go on to their end (at most one per slot);
+        those it holds unstarted are dropped too.
         """
+        self._vec.drop_queued()
         self._keep_waiting(lambda waiting: False)
         self.fragment_tasks.clear()
 

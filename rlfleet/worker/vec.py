@@ -318,6 +318,12 @@ class VecWorker:
             self._streams.release_envs()
         self._units.queue.extend(units)
 
+    def drop_queued(self) -> list[EpisodeUnit]:
+        """Removes the units not started yet; returns them in queue order."""
+        units = list(self._units.queue)
+        self._units.queue.clear()
+        return units
+
     def prepare(self, units: Iterable[EpisodeUnit] | UnitColumns) -> None:
         """Computes the action generators' states of units to submit later.
 
