@@ -627,3 +627,21 @@ def test_seeds_stay_checked_as_streams_run_past_the_seeds_derived_ahead() -> Non
     with pytest.raises(ProtocolError) as again:
         check.check(result, SPEC, expect)
     assert str(again.value) == str(info.value)
+
+
+def test_episode_infos_other_than_int64_take_the_general_path_every_time() -> None:
+    # The one pass compares the episode infos as int64 bytes: a worker that
+    # writes them narrower keeps the general path, and its checks.
+    def narrow(batch: EpisodeBatch) -> EpisodeBatch:
+        infos = {key: value.astype(np.int32) for key, value in batch.episode_infos.items()}
+        return dataclasses.replace(batch, episode_infos=infos)
+
+    check = ResultLayoutCheck()
+    check.check(joined(narrow(batch_of([3, 2]))), SPEC, EXPECT)
+    assert not check.learned
+    spoilt = joined(
+        narrow(spoiled("episode_infos.worker", _set(1, WORKER_ID + 1))(batch_of([3, 2])))
+    )
+    with pytest.raises(ProtocolError) as info:
+        check.check(spoilt, SPEC, EXPECT)
+    assert str(info.value) == general_refusal(spoilt)
