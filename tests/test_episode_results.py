@@ -499,13 +499,22 @@ def test_a_narrower_uint8_box_still_refuses_the_values_it_leaves_out() -> None:
     ]
 
 
-@pytest.mark.parametrize("row", [0, 2974, 2975, 2999])
-def test_a_value_out_of_per_element_bounds_is_found_in_any_row_of_a_long_batch(row: int) -> None:
+@pytest.mark.parametrize(
+    ("count", "row"),
+    [
+        *((3000, row) for row in (0, 2974, 2975, 2999)),
+        *((1, 0), (400, 399), (2730, 0), (2730, 2729), (2731, 2730)),
+    ],
+)
+def test_a_value_out_of_per_element_bounds_is_found_in_any_row_of_a_long_batch(
+    count: int, row: int
+) -> None:
     # Bounds finite in some elements only (as CartPole's): 3,000 rows of 3
-    # are compared 85 rows at a time, the last 25 alone; the bad value is
-    # found and named wherever it lies.
+    # are compared 85 rows at a time, the last 25 alone; up to 2,730 rows
+    # (8,190 elements) as one row against the bound repeated; the bad value
+    # is found and named wherever it lies.
     space = SPACES["box"]
-    rows = np.zeros((3000, 3), np.float32)
+    rows = np.zeros((count, 3), np.float32)
     rows[row, 2] = 6.0
     assert space_problem("observations", rows, space) == (
         f"observations[{row}] holds 6.0, outside the space {space}"

@@ -11,13 +11,17 @@ first result that passed that path, and checks each later one in one pass:
 
 * the bytes around the arrays (tags, dtypes, shapes, lengths) must be
   exactly those rlfleet's writer (and protobuf's) gives that layout for the
-  header's numbers of episodes and steps: a few slice comparisons, worked
-  out once per pair of numbers; then every array is a view at a known
-  offset;
+  header's numbers of episodes and steps, worked out once per pair of
+  numbers; then every array is a view at a known offset;
 * the values are checked as the general path checks them (metadata,
   episode infos, units' seeds, step types, values against the spaces,
   rewards, bool infos), each with the comparisons the layout leaves: a
-  uint8 frame of a 0..255 Box needs none, bounds are worked out once.
+  uint8 frame of a 0..255 Box needs none, bounds are worked out once;
+* for episodes, what the header's numbers and the task's units tell (the
+  lengths column and the int64 episode infos: indices, worker, agent
+  version, seeds) is compared as bytes, with the bytes around the arrays,
+  in one gather and one comparison; the uint8 step types are counted as
+  bytes. numpy is left the value screens: about 20 numpy calls per result.
 
 A result of several chunks is checked where its chunks are: only the
 bytes around the arrays and the arrays checked are read, so a result's
@@ -28,6 +32,9 @@ result down the general path, which raises with its own text (or finds
 nothing wrong: the quick checks may ask it to look closer, never let
 through what it refuses) and then relearns the layout. So every check still
 runs once, at this trust boundary, and a refusal reads as it always did.
+Every episodes result of a worker whose lengths or episode infos are not
+int64, or whose step types are not uint8, takes the general path
+(rlfleet's workers and the Node worker write those).
 
 A fragment window takes the same pass with its own layout (two more
 episode_infos columns, ``stream`` and ``fragment_index``): the metadata and
@@ -45,6 +52,8 @@ import bisect
 import dataclasses
 import itertools
 import math
+import operator
+import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -56,6 +65,7 @@ from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
 from rlfleet.core.space_checks import space_screen
+from rlfleet.core.step_type import StepType
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.wire._protowire import len_prefix
 from rlfleet.wire.chunks import Payload, Pieces
@@ -64,7 +74,6 @@ from rlfleet.wire.result_checks import (
     ResultExpectation,
     WindowPieces,
     check_result,
-    step_type_problems,
     window_problems,
 )
 from rlfleet.wire.results import (
@@ -95,6 +104,17 @@ _FIELDS = (
 # TensorMap's fields (tensor.proto).
 _MAP_ENTRIES, _ENTRY_TENSOR, _ENTRY_MAP = 1, 2, 3
 _BOOL = np.dtype("?")
+# The columns the one pass reads as bytes: int64 episode infos and lengths, uint8 step types.
+_INFO = {key: f"episode_infos[{key!r}]" for key in EPISODE_INFO_KEYS}
+_BYTE_COLUMNS = {
+    **{name: np.dtype("<i8") for name in (*_INFO.values(), "lengths")},
+    "step_types": np.dtype("u1"),
+}
+_KNOWN_INFOS = ("episode_index", "worker", "agent_version", "env_seed", "policy_seed")
+# The int64 columns compared with the header's numbers and the task's units, in order.
+_KNOWN = ("lengths", *(_INFO[key] for key in _KNOWN_INFOS))
+_FIRST, _MID = bytes([StepType.FIRST]), bytes([StepType.MID])
+_ENDS = bytes([StepType.TERMINAL, StepType.TIMEOUT])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,11 +143,25 @@ class _Skeleton:
         size: Size of the whole message.
         headers: (offset, bytes) of every run of bytes between arrays.
         offsets: Offset of each array's data, by name.
+        between: The runs of ``headers``, joined.
+        spans: (offset, size) of each run of bytes between arrays, then of
+            the int64 columns the header's numbers tell (:data:`_KNOWN`).
+        known: The position of each byte of ``spans``, in their order.
     """
 
     size: int
     headers: tuple[tuple[int, bytes], ...]
     offsets: dict[str, int]
+    between: bytes
+    spans: tuple[tuple[int, int], ...]
+    known: np.ndarray
+
+    def gather(self, source: _Source) -> bytes:
+        """The bytes of :attr:`spans` in a result: one gather of a joined one."""
+        _, read, whole = source
+        if whole is not None:
+            return np.frombuffer(whole, np.uint8)[self.known].tobytes()
+        return b"".join([read(offset, size) for offset, size in self.spans])
 
 
 class _Layout:
@@ -225,6 +259,11 @@ def _learn(batch: EpisodeBatch, window: bool) -> _Layout | None:
     names = {f"episode_infos[{key!r}]" for key in required}
     if not names <= layout.tensors.keys():
         return None
+    if not window:
+        for name, dtype in _BYTE_COLUMNS.items():  # else every result takes the general path
+            column = layout.tensors.get(name)
+            if column is None or column.dtype != dtype or column.row_shape:
+                return None
     return layout
 
 
@@ -276,7 +315,13 @@ def _build_skeleton(
             position += (episodes if part.per_episode else steps) * part.row_bytes
     if run:
         headers.append((run_start, run))
-    return _Skeleton(position, tuple(headers), offsets)
+    spans = [(offset, len(run)) for offset, run in headers]
+    spans += [(offsets[name], 8 * episodes) for name in _KNOWN]
+    known = np.concatenate([np.arange(offset, offset + size) for offset, size in spans])
+    between = b"".join(run for _, run in headers)
+    return _Skeleton(
+        position, tuple(headers), offsets, between, tuple(spans), known.astype(np.intp)
+    )
 
 
 class ResultLayoutCheck:
@@ -386,9 +431,6 @@ def _passes(
     skeleton = layout.skeleton(episodes, steps)
     if size != skeleton.size:
         return False
-    for offset, expected in skeleton.headers:
-        if read(offset, len(expected)) != expected:
-            return False
     view = _viewer(layout, skeleton, episodes, steps, payload)
 
     # The metadata and the episode infos (_metadata_problems, _episode_problems).
@@ -403,35 +445,49 @@ def _passes(
     limit = expect.env_spec.max_episode_length
     if limit is not None and max(lengths) > limit:
         return False
-    batch_lengths = view("lengths")
-    if batch_lengths.tolist() != list(lengths):
-        return False
-    indices = view("episode_infos['episode_index']")
-    if indices.tolist() != list(header.episode_indices):
-        return False
     window = expect.window
     if window is not None:  # a fragment window: its own rules from here
+        for offset, expected in skeleton.headers:
+            if read(offset, len(expected)) != expected:
+                return False
+        batch_lengths = view("lengths")
+        if batch_lengths.tolist() != list(lengths):
+            return False
+        if view("episode_infos['episode_index']").tolist() != list(header.episode_indices):
+            return False
         return _window_passes(
             layout, view, window, worker_id=expect.worker_id, version=version, lengths=batch_lengths
         )
-    if indices[0] < 0 or any_set(indices[1:] <= indices[:-1]):
+    indices = header.episode_indices
+    if indices[0] < 0 or not all(map(operator.lt, indices, indices[1:])):
+        return False  # not ascending
+    # One comparison: the bytes around the arrays, and the int64 columns
+    # the header's numbers and the task's units tell (lengths, episode
+    # infos), against those bytes in the result.
+    try:
+        index_bytes = _int64s(indices)
+        expected_bytes = b"".join(
+            (
+                skeleton.between,
+                _int64s(lengths),
+                index_bytes,
+                _repeated(expect.worker_id, episodes),
+                _repeated(version, episodes),
+            )
+        )
+    except (struct.error, OverflowError):  # a number past int64: the general path names it
         return False
-    for name, want in (("worker", expect.worker_id), ("agent_version", version)):
-        if any_set(view(f"episode_infos[{name!r}]") != want):
-            return False
-    env_seeds, policy_seeds = (
-        view("episode_infos['env_seed']"),
-        view("episode_infos['policy_seed']"),
-    )
+    found = skeleton.gather(payload)
     if expect.native:
-        if any_set(env_seeds != NO_ENV_SEED) or any_set(policy_seeds != NO_POLICY_SEED):
-            return False
-    elif expect.units is not None and not _seeds_match(
-        expect.units, indices, env_seeds, policy_seeds
-    ):
+        seeds: bytes | None = _repeated(NO_ENV_SEED, episodes) + _repeated(NO_POLICY_SEED, episodes)
+    elif expect.units is not None:
+        seeds = _unit_seeds(expect.units, indices, index_bytes)
+    else:  # nothing to hold them to
+        seeds = found[len(expected_bytes) :]
+    if seeds is None or found != expected_bytes + seeds:
         return False
     # Step types (which also keeps every value in StepType's range).
-    if step_type_problems(view("step_types"), batch_lengths, None, must_end=True):
+    if not _step_types_pass(bytes(read(skeleton.offsets["step_types"], steps)), lengths):
         return False
     return _values_pass(layout, view)
 
@@ -518,15 +574,46 @@ def _window_batch(layout: _Layout, header: ResultHeader, payload: _Source) -> Ep
     return EpisodeBatch.prechecked(env_spec=layout.spec, check_actions=False, **fields)
 
 
-def _seeds_match(
-    units: UnitColumns, indices: np.ndarray, env_seeds: np.ndarray, policy_seeds: np.ndarray
-) -> bool:
-    positions, found = units.positions(indices)
+def _int64s(values: tuple[int, ...]) -> bytes:
+    """Little-endian int64 bytes of ``values`` (raises struct.error past int64)."""
+    return struct.pack(f"<{len(values)}q", *values)
+
+
+def _repeated(value: int, count: int) -> bytes:
+    """Little-endian int64 bytes of ``value``, ``count`` times."""
+    return value.to_bytes(8, "little", signed=True) * count
+
+
+def _unit_seeds(units: UnitColumns, indices: tuple[int, ...], index_bytes: bytes) -> bytes | None:
+    """The env seeds, then the policy seeds, of the units ``indices`` (ascending)
+    as int64 bytes; None if the task does not hold one of them."""
+    held = units.episode_indices
+    start = int(held.searchsorted(indices[0]))
+    run = slice(start, start + len(indices))
+    if held[run].tobytes() == index_bytes:  # a run of the task's units, as a task's results are
+        return units.env_seeds[run].tobytes() + units.policy_seeds[run].tobytes()
+    positions, found = units.positions(np.frombuffer(index_bytes, np.int64))
     if not all_set(found):
+        return None
+    return units.env_seeds[positions].tobytes() + units.policy_seeds[positions].tobytes()
+
+
+def _step_types_pass(types: bytes, lengths: tuple[int, ...]) -> bool:
+    """:func:`~rlfleet.wire.result_checks.step_type_problems` of whole episodes
+    finding none, on a result's uint8 step types, without numpy.
+
+    Each episode's last step is TERMINAL or TIMEOUT, its first (if it has
+    two or more) FIRST; then a count of MID steps as large as the steps
+    left over means every other step is MID.
+    """
+    lasts = list(itertools.accumulate(lengths, initial=-1))
+    firsts = [last + 1 for last, length in zip(lasts, lengths, strict=False) if length > 1]
+    del lasts[0]
+    if bytes(map(types.__getitem__, lasts)).translate(None, _ENDS):
+        return False  # a last step neither TERMINAL nor TIMEOUT
+    if bytes(map(types.__getitem__, firsts)) != _FIRST * len(firsts):
         return False
-    if any_set(units.env_seeds[positions] != env_seeds):
-        return False
-    return not any_set(units.policy_seeds[positions] != policy_seeds)
+    return types.count(_MID) == len(types) - len(lasts) - len(firsts)
 
 
 __all__ = ["ResultLayoutCheck"]
