@@ -55,6 +55,7 @@ from rlfleet.security import ClientSecurity, Token
 from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import parse_env_spec
+from rlfleet.wire.result_layout import ResultLayoutViews
 from rlfleet.wire.results import assemble_episodes, assemble_fragments
 
 logger = logging.getLogger("rlfleet.client")
@@ -186,6 +187,7 @@ class RemoteSampler(ClosesOnExit):
         self._pushed = PushedState()
         self._agent_version: int | None = None
         self._spec_cache: tuple[bytes, EnvSpec] | None = None
+        self._layouts = ResultLayoutViews()  # its workers' result layouts, across calls
         self._closed = False
 
     # --- garage's Sampler API ------------------------------------------------------
@@ -602,7 +604,8 @@ class RemoteSampler(ClosesOnExit):
         with self.result_route.routed(ask, self.timeout) as (ask, data):
             call = self._stubs.sample(ask, timeout=self.timeout)
             try:
-                reader = ResponseReader(self._what("Sample"), self._env_spec_of, keep_pieces=True)
+                what, layouts = self._what("Sample"), self._layouts
+                reader = ResponseReader(what, self._env_spec_of, keep_pieces=True, layouts=layouts)
                 answer = collect_answer(call, reader, ask.mode, ask.amount, progress, data=data)
             except grpc.RpcError as exc:
                 raise self._failed(exc, "Sample", timeout=self.timeout) from None

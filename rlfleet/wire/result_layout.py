@@ -38,20 +38,31 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from rlfleet._util.flags import all_set, any_set
+from rlfleet.core._validation import accepted_shapes, check_step_types
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
 from rlfleet.core.space_checks import space_screen
+from rlfleet.errors import InvalidBatchError
 from rlfleet.protocol.unit_columns import UnitColumns
-from rlfleet.wire._protowire import len_prefix
+from rlfleet.wire._protowire import len_prefix, read_varint
 from rlfleet.wire.chunks import Payload, Pieces
 from rlfleet.wire.result_checks import ResultExpectation, check_result, step_type_problems
-from rlfleet.wire.results import EPISODE_INFO_KEYS, JoinedResult, ResultHeader, decode_result
+from rlfleet.wire.results import (
+    EPISODE_INFO_KEYS,
+    DecodedResult,
+    JoinedResult,
+    Result,
+    ResultHeader,
+    decode_kept,
+    decode_result,
+)
 from rlfleet.wire.tensors import dtype_code, encode_key_field, tensor_header
 
 #: Skeletons kept per layout (one per pair of episode and step counts).
@@ -115,6 +126,9 @@ class _Layout:
         self.spec = spec
         self._blocks = blocks
         self.tensors = {t.name: t for t in _walk(blocks)}
+        names = {number: name for number, name, _ in _FIELDS}
+        #: The batch's fields by name: a tensor, or a map's entries by key (a learner's views).
+        self.fields = tuple((names[number], _keyed(item)) for number, item in blocks)
         self.bools = tuple(t.name for t in self.tensors.values() if t.dtype == _BOOL)
         self._skeletons: dict[tuple[int, int], _Skeleton] = {}
         obs, act = spec.observation_space, spec.action_space
@@ -146,6 +160,21 @@ class _Layout:
             found = _build_skeleton(self._blocks, episodes, steps)
             self._skeletons[(episodes, steps)] = found
         return found
+
+
+#: A map of the layout by key: its tensors, or nested maps.
+_Keyed = tuple[tuple[str, "_Tensor | _Keyed"], ...]
+
+
+def _keyed(item: _Tensor | _Tree) -> _Tensor | _Keyed:
+    """``item`` with each map entry's key field read back into its key."""
+    if isinstance(item, _Tensor):
+        return item
+    entries = []
+    for key_field, child in item:
+        _, start = read_varint(key_field, 1, len(key_field), "a TensorMap key")
+        entries.append((str(key_field[start:], "utf-8"), _keyed(child)))
+    return tuple(entries)
 
 
 def _walk(blocks: tuple[tuple[int, _Tensor | _Tree], ...]) -> list[_Tensor]:
@@ -410,4 +439,121 @@ def _seeds_match(
     return not any_set(units.policy_seeds[positions] != policy_seeds)
 
 
-__all__ = ["ResultLayoutCheck"]
+class ResultLayoutViews:
+    """A learner's results decoded with the layout of their worker's last one.
+
+    The coordinator checked every value of a result before passing it on
+    (:class:`ResultLayoutCheck`); the learner decodes what it receives to
+    views of it. A result of one chunk with the layout its worker's last
+    result had (the same bytes around the arrays for its numbers of
+    episodes and steps) is viewed at the skeleton's offsets: a few slice
+    comparisons and a view per array, instead of walking every field
+    (about 230 Python and numpy calls) and building the EpisodeBatch with
+    its checks. What decoding checks on values still holds: the lengths
+    are the header's, the step types in StepType's range, bools 0 or 1.
+    Anything else (another layout, a value those checks refuse, a result of
+    several chunks, a space whose rows are checked by ``contains``) takes
+    :func:`~rlfleet.wire.results.decode_kept`, which raises with its own
+    text or decodes and relearns the worker's layout.
+    """
+
+    #: Workers whose layouts are kept (a fleet past it starts again).
+    MAX_WORKERS = 4096
+
+    def __init__(self) -> None:
+        self._layouts: dict[int, _Layout] = {}
+        #: Results decoded in one pass and by the general path (tests count them).
+        self.viewed = 0
+        self.decoded = 0
+
+    def decode(self, joined: JoinedResult, env_spec: EnvSpec) -> Result:
+        """The result's batch as views of its bytes.
+
+        Raises:
+            ResultError: As :func:`~rlfleet.wire.results.decode_kept`, with its text.
+        """
+        header = joined.header
+        layout = self._layouts.get(header.worker_id)
+        payload = joined.payload
+        if layout is not None and layout.spec is env_spec and not isinstance(payload, tuple):
+            batch = _viewed(layout, header, payload)
+            if batch is not None:
+                self.viewed += 1
+                return DecodedResult(header, batch, joined.chunks, joined.message_sizes)
+        result = decode_kept(joined, env_spec)
+        self.decoded += 1
+        if isinstance(result, DecodedResult):
+            learned = _learn(result.batch)
+            if learned is not None and _viewable(learned):
+                if len(self._layouts) >= self.MAX_WORKERS:
+                    self._layouts.clear()
+                self._layouts[header.worker_id] = learned
+            else:
+                self._layouts.pop(header.worker_id, None)
+        return result
+
+
+def _viewable(layout: _Layout) -> bool:
+    """Whether decoding checks nothing of the layout's rows but their shape
+    (a space without accepted shapes has its first row checked by ``contains``)."""
+    spec = layout.spec
+    return (
+        accepted_shapes(spec.observation_space) is not None
+        and accepted_shapes(spec.action_space) is not None
+        and layout.tensors["step_types"].dtype.kind in "iu"
+    )
+
+
+def _viewed(layout: _Layout, header: ResultHeader, payload: Payload) -> EpisodeBatch | None:
+    """The batch of a one-chunk result with the layout, views of ``payload``
+    (read-only, as :func:`~rlfleet.wire.batches.decode_batch` leaves them);
+    None for anything the general path must read."""
+    lengths = header.lengths
+    episodes = len(lengths)
+    if not episodes or min(lengths) < 1:
+        return None
+    steps = sum(lengths)
+    whole = memoryview(payload)
+    size = whole.nbytes
+    if steps > size:  # every step takes a byte or more: no skeleton for forged counts
+        return None
+    skeleton = layout.skeleton(episodes, steps)
+    if size != skeleton.size:
+        return None
+    if whole.format != "B" or whole.ndim != 1:
+        whole = whole.cast("B")
+    whole = whole.toreadonly()
+    for offset, expected in skeleton.headers:
+        if whole[offset : offset + len(expected)] != expected:
+            return None
+    offsets = skeleton.offsets
+
+    def view(t: _Tensor) -> np.ndarray:
+        rows = episodes if t.per_episode else steps
+        return np.ndarray((rows, *t.row_shape), t.dtype, buffer=whole, offset=offsets[t.name])
+
+    def tree(entries: _Keyed) -> dict[str, object]:
+        return {
+            key: view(child) if isinstance(child, _Tensor) else tree(child)
+            for key, child in entries
+        }
+
+    fields: dict[str, Any] = {
+        name: view(item) if isinstance(item, _Tensor) else tree(item)
+        for name, item in layout.fields
+    }
+    batch_lengths = fields["lengths"]
+    if batch_lengths.tolist() != list(lengths):
+        return None
+    try:
+        check_step_types("step_types", fields["step_types"], steps, "steps")
+    except InvalidBatchError:
+        return None
+    if any(any_set(view(layout.tensors[name]).view(np.uint8) > 1) for name in layout.bools):
+        return None
+    for _, name, _ in _FIELDS:
+        fields.setdefault(name, {})  # an empty map is not written
+    return EpisodeBatch.prechecked(env_spec=layout.spec, check_actions=False, **fields)
+
+
+__all__ = ["ResultLayoutCheck", "ResultLayoutViews"]
