@@ -85,8 +85,7 @@ class RemoteSampler(ClosesOnExit):
     naming the seconds. The channel reconnects by itself: after a
     coordinator restart the next call works again, and the sampler first
     pushes the env and agent it had established (the new coordinator starts
-    from its defaults), so a retried call returns the batch the failed one
-    would have.
+    from its defaults), so a retried call returns the failed one's batch.
 
     Args:
         address: ``HOST:PORT`` of the coordinator; or several coordinators,
@@ -106,8 +105,7 @@ class RemoteSampler(ClosesOnExit):
             seed the sampler draws, with its own counter).
         timeout: Deadline of each call in seconds; None for no deadline.
         wait_for_workers: Seconds a request waits for a first ready worker
-            before failing with NoWorkersError; None: the coordinator's
-            default.
+            before failing with NoWorkersError; None: the coordinator's default.
         max_message_bytes: Largest message sent or accepted.
         tls_ca: PEM CA bundle to verify a TLS coordinator with
             (docs/security.md); any ``tls_*`` argument turns TLS on.
