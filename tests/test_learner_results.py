@@ -91,11 +91,14 @@ def test_answers_arrive_on_the_results_connection_and_equal_local_sampler(
     calls = Calls(sampler.result_route, monkeypatch)
     expected = local_episodes(CARTPOLE, 10, 7, seed=SEED)
     # Messages parsed through protobuf objects: only what is not a result.
-    general = []
+    general: list[tuple[Any, ...]] = []
     parse = _learner_messages.parse_with_chunk
-    monkeypatch.setattr(
-        _learner_messages, "parse_with_chunk", lambda *a: general.append(a) or parse(*a)
-    )
+
+    def counted(*args: Any) -> Any:
+        general.append(args)
+        return parse(*args)
+
+    monkeypatch.setattr(_learner_messages, "parse_with_chunk", counted)
 
     assert_same_batch(sampler.obtain_episodes(10), expected[0])
     assert_same_batch(sampler.obtain_episodes(7), expected[1])

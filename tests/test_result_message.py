@@ -214,7 +214,7 @@ def assert_frame_same_or_left(data: bytes | bytearray) -> bool:
     assert (call, header) == expected[:2]
     assert chunk == expected[2]
     assert bytes(chunk.data) == bytes(expected[2].data)
-    assert chunk.data.readonly
+    assert isinstance(chunk.data, memoryview) and chunk.data.readonly
     return True
 
 

@@ -20,6 +20,7 @@ general path, which reads it or raises with its own text
 from __future__ import annotations
 
 import re
+from typing import TypeAlias
 
 from google.protobuf.message import DecodeError
 
@@ -28,6 +29,8 @@ from rlfleet.wire._chunk import Chunk
 from rlfleet.wire._protowire import to_int64
 from rlfleet.wire.results import ResultHeader
 
+#: What a result is read from: a worker's message (bytes), a learner's frame (a view).
+_Bytes: TypeAlias = "bytes | bytearray | memoryview"
 _RESULT_TAG = 4 << 3 | 2  # WorkerMessage.result, length-delimited
 _SAMPLE_RESULT_TAG = 2 << 3 | 2  # SampleResponse.result, length-delimited
 _RESULT_CALL_KEY = b"\xc8\x02"  # SampleResponse.result_call (41), a varint
@@ -95,7 +98,7 @@ def read_result_frame(
 
 
 def _read_result(
-    data: bytes | bytearray | memoryview, tag: int, *, keep_wire: bool
+    data: _Bytes, tag: int, *, keep_wire: bool
 ) -> tuple[ResultHeader, Chunk, int] | None:
     """The ``EpisodeResult`` field at the start of ``data`` (key ``tag``): its
     header, its chunk and the offset past it; None for anything not written in
@@ -168,7 +171,7 @@ def _read_result(
     return header, chunk, size
 
 
-def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+def _varint(data: _Bytes, pos: int, end: int) -> tuple[int, int]:
     """The varint at ``pos`` and the offset after it; -1 if it is truncated,
     longer than 10 bytes or not in its shortest form."""
     if pos < end and data[pos] < 0x80:
@@ -187,7 +190,7 @@ def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
     return -1, pos
 
 
-def _column(data: bytes, pos: int, end: int) -> tuple[int, ...] | None:
+def _column(data: _Bytes, pos: int, end: int) -> tuple[int, ...] | None:
     """A packed column of int64 values (every varint shortest, none negative)."""
     values = []
     while pos < end:
@@ -198,7 +201,7 @@ def _column(data: bytes, pos: int, end: int) -> tuple[int, ...] | None:
     return tuple(values)
 
 
-def _chunk(data: bytes, pos: int, end: int) -> Chunk | None:
+def _chunk(data: _Bytes, pos: int, end: int) -> Chunk | None:
     """The BatchChunk in ``data[pos:end]`` (its data a view), or None."""
     values = [0, 0, 0, 0, 0]  # batch_id, index, count, total_bytes, kind
     last = 0
