@@ -26,7 +26,7 @@ import grpc
 import numpy as np
 import pytest
 
-from rlfleet.client import Fleet, RemoteSampler
+from rlfleet.client import Fleet, RemoteSampler, _learner_messages
 from rlfleet.client._learner_messages import LearnerStubs
 from rlfleet.client._result_route import DataResults, ResultRoute
 from rlfleet.coordinator.config import LEASE_DATA_OFF
@@ -90,6 +90,15 @@ def test_answers_arrive_on_the_results_connection_and_equal_local_sampler(
     sampler = processes.sampler(seed=SEED)
     calls = Calls(sampler.result_route, monkeypatch)
     expected = local_episodes(CARTPOLE, 10, 7, seed=SEED)
+    # Messages parsed through protobuf objects: only what is not a result.
+    general: list[tuple[Any, ...]] = []
+    parse = _learner_messages.parse_with_chunk
+
+    def counted(*args: Any) -> Any:
+        general.append(args)
+        return parse(*args)
+
+    monkeypatch.setattr(_learner_messages, "parse_with_chunk", counted)
 
     assert_same_batch(sampler.obtain_episodes(10), expected[0])
     assert_same_batch(sampler.obtain_episodes(7), expected[1])
@@ -98,6 +107,10 @@ def test_answers_arrive_on_the_results_connection_and_equal_local_sampler(
 
     assert calls.all_on_data()
     assert len(calls.reads) == 3
+    # Per call its header and footer (on the stream) and its end marker; every result by hand.
+    assert len(general) == 3 * 3
+    # Each worker's first result decoded by the general path, the rest viewed at its layout.
+    assert sampler._layouts.decoded == 2 and sampler._layouts.viewed > 0
     # One connection served every call (a TCP one: the coordinator is another process).
     assert sampler.result_route.carrier == "data"
     assert isinstance(sampler.result_route._link, LeaseDataLink)

@@ -27,13 +27,23 @@ from rlfleet.core.seeding import stream_seeds
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.protocol.unit_columns import UnitColumns
-from rlfleet.wire import encode_batch
+from rlfleet.wire import decode_batch, encode_batch
 from rlfleet.wire import result_layout as result_layout_module
+from rlfleet.wire import result_views as result_views_module
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import chunk_payload
 from rlfleet.wire.result_checks import FragmentWindow, ResultExpectation, check_result
 from rlfleet.wire.result_layout import ResultLayoutCheck
-from rlfleet.wire.results import JoinedResult, ResultAssembler, ResultHeader, decode_result
+from rlfleet.wire.result_views import ResultLayoutViews
+from rlfleet.wire.results import (
+    DecodedResult,
+    JoinedResult,
+    Result,
+    ResultAssembler,
+    ResultHeader,
+    decode_kept,
+    decode_result,
+)
 
 F, M, TERM, TIME = (
     int(t) for t in (StepType.FIRST, StepType.MID, StepType.TERMINAL, StepType.TIMEOUT)
@@ -645,3 +655,126 @@ def test_episode_infos_other_than_int64_take_the_general_path_every_time() -> No
     with pytest.raises(ProtocolError) as info:
         check.check(spoilt, SPEC, EXPECT)
     assert str(info.value) == general_refusal(spoilt)
+
+
+# --- a learner's results, viewed with their worker's layout --------------------------
+
+
+def learner_result(
+    batch: EpisodeBatch, spoil: Callable[[bytearray], None] | None = None
+) -> JoinedResult:
+    """``batch`` as a learner receives it: one chunk in a reused (writable) buffer."""
+
+    def payload(data: bytes) -> bytes:
+        spoilt = bytearray(data)
+        if spoil is not None:
+            spoil(spoilt)
+        return spoilt  # type: ignore[return-value]
+
+    return joined(batch, payload=payload)
+
+
+def _offset_of(batch: EpisodeBatch, field: str) -> int:
+    """Where a field's data sits in ``batch``'s encoding."""
+    data = encode_batch(batch, include_env_spec=False)
+    array = getattr(decode_batch(data, env_spec=SPEC), field)
+    return int(array.ctypes.data - np.frombuffer(data, np.uint8).ctypes.data)
+
+
+def assert_same_views(viewed: Result, decoded: Result) -> None:
+    """Bit for bit the general decode's batch, read-only views of the received bytes."""
+    assert isinstance(viewed, DecodedResult) and isinstance(decoded, DecodedResult)
+    assert viewed.header == decoded.header
+    for name in (
+        "observations",
+        "last_observations",
+        "actions",
+        "rewards",
+        "step_types",
+        "lengths",
+    ):
+        mine, theirs = getattr(viewed.batch, name), getattr(decoded.batch, name)
+        assert mine.dtype == theirs.dtype and mine.shape == theirs.shape, name
+        assert mine.tobytes() == theirs.tobytes(), name
+        assert not mine.flags.writeable, name
+    for name in ("episode_infos", "env_infos", "agent_infos"):
+        _assert_same_infos(getattr(viewed.batch, name), getattr(decoded.batch, name))
+
+
+def _assert_same_infos(mine: Any, theirs: Any) -> None:
+    if isinstance(theirs, dict):
+        assert isinstance(mine, dict) and mine.keys() == theirs.keys()
+        for key in theirs:
+            _assert_same_infos(mine[key], theirs[key])
+        return
+    assert mine.dtype == theirs.dtype and mine.shape == theirs.shape
+    assert mine.tobytes() == theirs.tobytes() and not mine.flags.writeable
+
+
+def batch_with_infos(lengths: Sequence[int], first: int = 0) -> EpisodeBatch:
+    total = sum(lengths)
+    infos: dict[str, Any] = {
+        "env_infos": {
+            "hit": np.arange(total) % 2 == 0,
+            "deep": {"x": np.ones((total, 3), np.int16)},
+        },
+        "agent_infos": {"logp": np.linspace(0, 1, total)},
+    }
+    return batch_of(lengths, first, **infos)
+
+
+def test_a_learners_later_results_of_a_workers_layout_are_viewed_as_decoded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    views = ResultLayoutViews()
+    first = learner_result(batch_with_infos([3, 2]))
+    assert_same_views(views.decode(first, SPEC), decode_kept(first, SPEC))
+    assert (views.decoded, views.viewed) == (1, 0)
+    cases = [
+        learner_result(batch_with_infos(lengths, first))
+        for lengths, first in (([4, 1, 5], 1), ([10], 5), ([1, 1, 1, 1, 1, 1], 0))
+    ]
+    expected = [decode_kept(result, SPEC) for result in cases]
+
+    def general(*args: object) -> None:
+        raise AssertionError("the general path ran")
+
+    monkeypatch.setattr(result_views_module, "decode_kept", general)
+    for result, decoded in zip(cases, expected, strict=True):
+        assert_same_views(views.decode(result, SPEC), decoded)
+    assert (views.decoded, views.viewed) == (1, 3)
+
+
+def _step_type(value: int) -> Callable[[bytearray], None]:
+    def spoil(data: bytearray) -> None:
+        data[_offset_of(batch_with_infos([4, 1, 5]), "step_types") + 2] = value
+
+    return spoil
+
+
+@pytest.mark.parametrize("value", [9, 255])
+def test_a_learners_result_whose_values_decoding_refuses_is_refused_with_its_text(
+    value: int,
+) -> None:
+    views = ResultLayoutViews()
+    views.decode(learner_result(batch_with_infos([3, 2])), SPEC)
+    spoilt = learner_result(batch_with_infos([4, 1, 5]), _step_type(value))
+    with pytest.raises(ProtocolError) as expected:
+        decode_kept(spoilt, SPEC)
+    with pytest.raises(ProtocolError) as info:
+        views.decode(spoilt, SPEC)
+    assert str(info.value) == str(expected.value)
+    assert views.viewed == 0
+
+
+def test_a_learners_result_of_another_layout_or_in_chunks_takes_the_general_decode() -> None:
+    views = ResultLayoutViews()
+    views.decode(learner_result(batch_with_infos([3, 2])), SPEC)
+    other = learner_result(batch_of([4, 1, 5], 1))  # no infos: another layout
+    assert_same_views(views.decode(other, SPEC), decode_kept(other, SPEC))
+    pieces = joined(batch_with_infos([4, 1, 5], 1), chunk_bytes=64)
+    assert views.decode(pieces, SPEC).arrays.total_steps == 10
+    # The layout learned last is the one in use.
+    assert (views.decoded, views.viewed) == (3, 0)
+    views.decode(learner_result(batch_of([2, 2])), SPEC)
+    assert views.viewed == 1

@@ -3,23 +3,31 @@
 ``read_result_message`` reads a worker's result (header and chunk) in one
 walk when it is written as protobuf writes it; for anything else it returns
 None and the coordinator's general path (``parse_with_chunk``, protobuf)
-reads the message or refuses it with its own text. Here every message, as
-rlfleet's workers write it and spoiled in many ways, reads the same both
-ways, or is left to the general path.
+reads the message or refuses it with its own text. ``read_result_frame``
+reads the same result passed on to a learner's results connection. Here
+every message and frame, as rlfleet writes them and spoiled in many ways,
+reads the same both ways, or is left to the general path.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
 
+from rlfleet.client._learner_messages import ResultsEnd, parse_result_frame
+from rlfleet.coordinator.calls import Forward
+from rlfleet.coordinator.learner_messages import forwarded_parts, result_call_field
 from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import WireFormatError
+from rlfleet.protocol.learner_calls import ResultPart
 from rlfleet.transport import rpc as _rpc
-from rlfleet.v1 import worker_pb2
-from rlfleet.wire.result_message import read_result_message
+from rlfleet.v1 import learner_pb2, worker_pb2
+from rlfleet.wire import parse_with_chunk
+from rlfleet.wire.result_message import read_result_frame, read_result_message
+from rlfleet.wire.results import ResultHeader
 from rlfleet.worker.units import make_units
 from rlfleet.worker.vec import VecWorker
 from tests._coordinator_fakes import result_messages
@@ -165,3 +173,94 @@ def test_a_long_column_with_a_varint_longer_than_it_needs_is_left() -> None:
     data = _result_field(spoiled)
     assert read_result_message(data) is None
     assert general_piece(data).header.episode_indices == tuple(range(200, 260))
+
+
+# --- a learner's results-connection frames ----------------------------------------
+
+
+def frames_of(messages: list[bytes]) -> list[bytes]:
+    """Each worker result passed on as the coordinator writes a results connection's
+    frames: the result's chunks, the worker's id, the call's number."""
+    out = []
+    pieces = [parse_worker_message(data) for data in messages]
+    for piece, call in zip(pieces, itertools.cycle((1, 300, 1 << 40)), strict=False):
+        assert isinstance(piece, ResultPiece) and piece.chunk is not None
+        forward = Forward(piece.header, 5, (piece.chunk,), 0)
+        for parts in forwarded_parts(forward, result_call_field(call)):
+            out.append(b"".join(bytes(part) for part in parts))
+    return out
+
+
+def general_frame(data: bytes | bytearray) -> object:
+    """What protobuf reads from a frame (the general path of ``parse_result_frame``)."""
+    try:
+        message, chunk = parse_with_chunk(
+            learner_pb2.SampleResponse, bytearray(data), _rpc.RESPONSE_CHUNK_PATH
+        )
+    except WireFormatError as exc:
+        return exc
+    if message.WhichOneof("body") != "result":
+        return None
+    return message.result_call, ResultHeader.of(message.result), chunk
+
+
+def assert_frame_same_or_left(data: bytes | bytearray) -> bool:
+    read = read_result_frame(memoryview(data))
+    if read is None:
+        return False
+    expected = general_frame(data)
+    assert isinstance(expected, tuple), f"the general path reads: {expected!r}"
+    call, header, chunk = read
+    assert (call, header) == expected[:2]
+    assert chunk == expected[2]
+    assert bytes(chunk.data) == bytes(expected[2].data)
+    assert isinstance(chunk.data, memoryview) and chunk.data.readonly
+    return True
+
+
+def test_a_learners_result_frames_are_read_by_hand_as_protobuf_reads_them(
+    messages: list[bytes],
+) -> None:
+    frames = frames_of(messages)
+    for data in frames:
+        assert assert_frame_same_or_left(bytearray(data)), "an honest frame takes the hand read"
+    call, part = parse_result_frame(memoryview(bytearray(frames[0])))
+    assert isinstance(part, ResultPart) and part.header.worker_id == 5 and call == 1
+
+
+def test_other_frames_are_left_to_the_general_path(messages: list[bytes]) -> None:
+    data = frames_of(messages[:1])[0]
+    end = learner_pb2.SampleResponse(
+        results_end=learner_pb2.ResultsEnd(results=3), result_call=1
+    ).SerializeToString()
+    others = [
+        end,
+        data[:-3],  # no result_call
+        data + b"\x08\x01",  # a field after it
+        data[:-1] + b"\x81\x00",  # the call's varint longer than it needs
+        bytes(data[:1]) + b"\x82\x00" + bytes(data[2:]) if data[1] < 0x80 else data + b"\x00",
+    ]
+    for other in others:
+        assert read_result_frame(other) is None
+    assert parse_result_frame(end) == (1, ResultsEnd(3))
+
+
+def test_spoiled_frames_read_the_same_or_are_left_to_the_general_path(
+    messages: list[bytes],
+) -> None:
+    frames = frames_of(messages)
+    rng = random.Random(5)
+    taken = 0
+    for _ in range(2000):
+        data = bytearray(rng.choice(frames))
+        kind = rng.randrange(3)
+        if kind == 0:
+            for _ in range(rng.randint(1, 3)):
+                data[rng.randrange(min(len(data), 64))] = rng.randrange(256)
+        elif kind == 1:
+            data = data[: rng.randrange(len(data))]
+        else:
+            at = rng.randrange(min(len(data), 64))
+            data[at:at] = bytes([rng.randrange(256)])
+        taken += assert_frame_same_or_left(data)
+    assert taken

@@ -48,6 +48,7 @@ from rlfleet.wire import (
     encode_env_change,
     parse_with_chunk,
 )
+from rlfleet.wire.result_message import read_result_frame
 from rlfleet.wire.results import ResultHeader
 
 #: What ``agent_update`` arguments may be: the forms of
@@ -287,6 +288,9 @@ def parse_result_frame(
     Raises:
         WireFormatError: If the bytes are malformed.
     """
+    read = read_result_frame(data)  # a result as the coordinator writes it: no protobuf object
+    if read is not None:
+        return read[0], ResultPart(read[1], read[2])
     message, chunk = parse_with_chunk(learner_pb2.SampleResponse, data, _rpc.RESPONSE_CHUNK_PATH)
     body = message.WhichOneof("body")
     if body == "result":

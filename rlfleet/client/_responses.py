@@ -21,6 +21,7 @@ from rlfleet.core import EnvSpec
 from rlfleet.errors import ProtocolError, UnavailableError
 from rlfleet.protocol.learner_calls import CallHeader, ResultPart
 from rlfleet.protocol.modes import Footer, Mode
+from rlfleet.wire.result_views import ResultLayoutViews
 from rlfleet.wire.results import DecodedResult, Result, ResultAssembler, ScatteredResult
 
 
@@ -63,15 +64,24 @@ class ResponseReader:
             assembled from them: their rows are then copied once, from the
             received messages to the answer. A stream, whose batches are
             the results themselves, joins them.
+        layouts: Decodes kept results, in one pass once their worker's layout is
+            known (a sampler keeps one across its calls); a new one if None.
     """
 
     def __init__(
-        self, what: str, decode_spec: Callable[[bytes], EnvSpec], *, keep_pieces: bool = False
+        self,
+        what: str,
+        decode_spec: Callable[[bytes], EnvSpec],
+        *,
+        keep_pieces: bool = False,
+        layouts: ResultLayoutViews | None = None,
     ) -> None:
         self.what = what
         self._decode_spec = decode_spec
         self._assembler = ResultAssembler(per_worker=True)
         self._keep_pieces = keep_pieces
+        #: Decodes the kept results, in one pass once a worker's layout is known.
+        self.layouts = ResultLayoutViews() if layouts is None else layouts
 
     def read(self, part: ResponsePart) -> Response:
         """What the next response stands for.
@@ -84,7 +94,11 @@ class ResponseReader:
         """
         if isinstance(part, ResultPart):
             if self._keep_pieces:
-                return self._assembler.add_kept(part.header, part.chunk)
+                assembler = self._assembler
+                joined = assembler.join(part.header, part.chunk, keep_pieces=True)
+                if joined is None:
+                    return None
+                return self.layouts.decode(joined, assembler.spec_for(joined))
             return self._assembler.add(part.header, part.chunk)
         if isinstance(part, CallHeader):
             wire = part.env_spec_wire

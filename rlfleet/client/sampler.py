@@ -55,6 +55,7 @@ from rlfleet.security import ClientSecurity, Token
 from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import parse_env_spec
+from rlfleet.wire.result_views import ResultLayoutViews
 from rlfleet.wire.results import assemble_episodes, assemble_fragments
 
 logger = logging.getLogger("rlfleet.client")
@@ -84,8 +85,7 @@ class RemoteSampler(ClosesOnExit):
     naming the seconds. The channel reconnects by itself: after a
     coordinator restart the next call works again, and the sampler first
     pushes the env and agent it had established (the new coordinator starts
-    from its defaults), so a retried call returns the batch the failed one
-    would have.
+    from its defaults), so a retried call returns the failed one's batch.
 
     Args:
         address: ``HOST:PORT`` of the coordinator; or several coordinators,
@@ -105,8 +105,7 @@ class RemoteSampler(ClosesOnExit):
             seed the sampler draws, with its own counter).
         timeout: Deadline of each call in seconds; None for no deadline.
         wait_for_workers: Seconds a request waits for a first ready worker
-            before failing with NoWorkersError; None: the coordinator's
-            default.
+            before failing with NoWorkersError; None: the coordinator's default.
         max_message_bytes: Largest message sent or accepted.
         tls_ca: PEM CA bundle to verify a TLS coordinator with
             (docs/security.md); any ``tls_*`` argument turns TLS on.
@@ -186,6 +185,7 @@ class RemoteSampler(ClosesOnExit):
         self._pushed = PushedState()
         self._agent_version: int | None = None
         self._spec_cache: tuple[bytes, EnvSpec] | None = None
+        self._layouts = ResultLayoutViews()  # its workers' result layouts, across calls
         self._closed = False
 
     # --- garage's Sampler API ------------------------------------------------------
@@ -602,7 +602,8 @@ class RemoteSampler(ClosesOnExit):
         with self.result_route.routed(ask, self.timeout) as (ask, data):
             call = self._stubs.sample(ask, timeout=self.timeout)
             try:
-                reader = ResponseReader(self._what("Sample"), self._env_spec_of, keep_pieces=True)
+                what, layouts = self._what("Sample"), self._layouts
+                reader = ResponseReader(what, self._env_spec_of, keep_pieces=True, layouts=layouts)
                 answer = collect_answer(call, reader, ask.mode, ask.amount, progress, data=data)
             except grpc.RpcError as exc:
                 raise self._failed(exc, "Sample", timeout=self.timeout) from None

@@ -350,8 +350,8 @@ class LeaseDataLink:
     ) -> _T:
         """One read off the socket, ``call(*args, flags)``, once bytes are there.
 
-        Plain TCP reads as it is (blocking, or ``MSG_DONTWAIT`` past a wait
-        for readability when there is a deadline). TLS waits outside the
+        Plain TCP reads as it is (blocking, or, when there is a deadline,
+        ``MSG_DONTWAIT``, waiting for readability only when nothing is there). TLS waits outside the
         lock and reads under it without blocking: a read that finds no
         whole record (``SSLWantReadError``) waits again.
 
@@ -364,9 +364,12 @@ class LeaseDataLink:
             if deadline is None:
                 return call(*args, 0)
             while True:
-                self._wait(select.POLLIN, deadline)
-                with contextlib.suppress(BlockingIOError):  # another reader's bytes
+                # Bytes already here (a reader behind its sender: a learner
+                # reading an answer's frames) are read without waiting for
+                # them first: one system call, not a poll and a read.
+                with contextlib.suppress(BlockingIOError):  # none yet, or another reader's
                     return call(*args, socket.MSG_DONTWAIT)
+                self._wait(select.POLLIN, deadline)
         want = 0 if self._tls_pending else select.POLLIN
         while True:
             if want:

@@ -370,7 +370,7 @@ class ResultLayoutCheck:
         if layout is not None and layout.spec is env_spec:
             source = _reader(joined.payload)
             if _passes(layout, joined.header, source, expect):
-                return _window_batch(layout, joined.header, source) if window else None
+                return _batch_of_views(layout, joined.header, source) if window else None
         decoded = decode_result(joined, env_spec)
         check_result(decoded, expect)
         if window:
@@ -554,9 +554,9 @@ def _window_passes(
     return _values_pass(layout, view)
 
 
-def _window_batch(layout: _Layout, header: ResultHeader, payload: _Source) -> EpisodeBatch:
-    """A window that passed in one pass, as a batch of views of its bytes (its
-    fields fit: their bytes are the layout's, and every value was checked)."""
+def _batch_of_views(layout: _Layout, header: ResultHeader, payload: _Source) -> EpisodeBatch:
+    """A result whose bytes fit the layout, as a batch of views of them (a
+    window that passed in one pass; a learner's result, rlfleet.wire.result_views)."""
     lengths = header.lengths
     episodes, steps = len(lengths), sum(lengths)
     view = _viewer(layout, layout.skeleton(episodes, steps), episodes, steps, payload)

@@ -20,6 +20,7 @@ general path, which reads it or raises with its own text
 from __future__ import annotations
 
 import re
+from typing import TypeAlias
 
 from google.protobuf.message import DecodeError
 
@@ -28,7 +29,11 @@ from rlfleet.wire._chunk import Chunk
 from rlfleet.wire._protowire import to_int64
 from rlfleet.wire.results import ResultHeader
 
+#: What a result is read from: a worker's message (bytes), a learner's frame (a view).
+_Bytes: TypeAlias = "bytes | bytearray | memoryview"
 _RESULT_TAG = 4 << 3 | 2  # WorkerMessage.result, length-delimited
+_SAMPLE_RESULT_TAG = 2 << 3 | 2  # SampleResponse.result, length-delimited
+_RESULT_CALL_KEY = b"\xc8\x02"  # SampleResponse.result_call (41), a varint
 _CHUNK_NUMBER = 7  # EpisodeResult.chunk
 _DATA_NUMBER = 6  # BatchChunk.data
 # EpisodeResult's fields by number: varints (1, 4, 5, 6) and packed int64 columns (2, 3).
@@ -55,13 +60,57 @@ def read_result_message(data: bytes) -> tuple[ResultHeader, Chunk] | None:
         keeps it) and its chunk; None for any message not written in
         protobuf's own form, to be read by the general path.
     """
+    read = _read_result(data, _RESULT_TAG, keep_wire=True)
+    if read is None or read[2] != len(data):
+        return None
+    return read[0], read[1]
+
+
+def read_result_frame(
+    data: bytes | bytearray | memoryview,
+) -> tuple[int, ResultHeader, Chunk] | None:
+    """A learner's results-connection frame holding a result, read in one walk.
+
+    The frame is a ``SampleResponse`` (learner.proto) as the coordinator
+    writes it: its ``result`` (an ``EpisodeResult``, read as
+    :func:`read_result_message` reads a worker's), then its ``result_call``.
+
+    Args:
+        data: The frame (the chunk's data stays a view of it).
+
+    Returns:
+        The call's number, the result's header (``wire`` empty, as
+        ``ResultHeader.of`` leaves it) and its chunk; None for any other
+        frame, or one not written in protobuf's own form, to be read by the
+        general path.
+    """
+    read = _read_result(data, _SAMPLE_RESULT_TAG, keep_wire=False)
+    if read is None:
+        return None
+    header, chunk, pos = read
     size = len(data)
-    if size < 2 or data[0] != _RESULT_TAG:
+    if data[pos : pos + 2] != _RESULT_CALL_KEY:
+        return None
+    call, end = _varint(data, pos + 2, size)
+    if call <= 0 or end != size:
+        return None  # not the shortest form, 0 (protobuf omits it), or more fields
+    return call, header, chunk
+
+
+def _read_result(
+    data: _Bytes, tag: int, *, keep_wire: bool
+) -> tuple[ResultHeader, Chunk, int] | None:
+    """The ``EpisodeResult`` field at the start of ``data`` (key ``tag``): its
+    header, its chunk and the offset past it; None for anything not written in
+    protobuf's own form."""
+    size = len(data)
+    if size < 2 or data[0] != tag:
         return None
     length, pos = _varint(data, 1, size)
-    if length < 0 or pos + length != size:
+    if length < 0 or pos + length > size:
         return None
     body_start = pos
+    size = pos + length  # the result's end: the loop reads up to it
     scalars = [0, 0, 0, 0, 0, 0, 0]  # by field number: task_id, -, -, agent_version, ...
     columns: list[tuple[int, ...]] = [(), (), (), ()]  # episode_indices (2), lengths (3)
     last = 0
@@ -103,7 +152,7 @@ def read_result_message(data: bytes) -> tuple[ResultHeader, Chunk] | None:
         last = number
     if chunk is None:
         return None  # a result without its chunk: the general path says so
-    wire = data[body_start:chunk_at]  # the chunk is the last field: the rest is before it
+    wire = bytes(data[body_start:chunk_at])  # the chunk is the last field: the rest is before it
     if long_columns:
         try:
             meta = worker_pb2.EpisodeResult.FromString(wire)
@@ -117,12 +166,12 @@ def read_result_message(data: bytes) -> tuple[ResultHeader, Chunk] | None:
         lengths=columns[3],
         agent_version=to_int64(scalars[4]),
         env_generation=scalars[5],
-        wire=wire if chunk.index == 0 else b"",
+        wire=wire if keep_wire and chunk.index == 0 else b"",
     )
-    return header, chunk
+    return header, chunk, size
 
 
-def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+def _varint(data: _Bytes, pos: int, end: int) -> tuple[int, int]:
     """The varint at ``pos`` and the offset after it; -1 if it is truncated,
     longer than 10 bytes or not in its shortest form."""
     if pos < end and data[pos] < 0x80:
@@ -141,7 +190,7 @@ def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
     return -1, pos
 
 
-def _column(data: bytes, pos: int, end: int) -> tuple[int, ...] | None:
+def _column(data: _Bytes, pos: int, end: int) -> tuple[int, ...] | None:
     """A packed column of int64 values (every varint shortest, none negative)."""
     values = []
     while pos < end:
@@ -152,7 +201,7 @@ def _column(data: bytes, pos: int, end: int) -> tuple[int, ...] | None:
     return tuple(values)
 
 
-def _chunk(data: bytes, pos: int, end: int) -> Chunk | None:
+def _chunk(data: _Bytes, pos: int, end: int) -> Chunk | None:
     """The BatchChunk in ``data[pos:end]`` (its data a view), or None."""
     values = [0, 0, 0, 0, 0]  # batch_id, index, count, total_bytes, kind
     last = 0
@@ -166,7 +215,7 @@ def _chunk(data: bytes, pos: int, end: int) -> Chunk | None:
             length, body = _varint(data, pos + 1, end)
             if key & 7 != 2 or length <= 0 or body + length != end:
                 return None
-            payload = memoryview(data)[body:end]
+            payload = memoryview(data)[body:end].toreadonly()  # as the general path's
             pos = end
         else:
             value, pos = _varint(data, pos + 1, end)
@@ -182,4 +231,4 @@ def _chunk(data: bytes, pos: int, end: int) -> Chunk | None:
     return Chunk(batch_id, index, count, total_bytes, kind, payload)
 
 
-__all__ = ["read_result_message"]
+__all__ = ["read_result_frame", "read_result_message"]

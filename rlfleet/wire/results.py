@@ -348,7 +348,7 @@ class ResultAssembler:
             WireFormatError: If the chunks are out of order or inconsistent.
         """
         joined = self.join(meta, chunk, size)
-        return None if joined is None else decode_result(joined, self._spec(joined))
+        return None if joined is None else decode_result(joined, self.spec_for(joined))
 
     def add_kept(self, meta: ResultMetadata, chunk: Chunk | None, size: int = 0) -> Result | None:
         """:meth:`add`, a result of several chunks left in them (a :class:`ScatteredResult`).
@@ -358,9 +358,14 @@ class ResultAssembler:
             WireFormatError: As :meth:`add`.
         """
         joined = self.join(meta, chunk, size, keep_pieces=True)
-        return None if joined is None else decode_kept(joined, self._spec(joined))
+        return None if joined is None else decode_kept(joined, self.spec_for(joined))
 
-    def _spec(self, joined: JoinedResult) -> EnvSpec:
+    def spec_for(self, joined: JoinedResult) -> EnvSpec:
+        """The env spec ``joined`` decodes with.
+
+        Raises:
+            ResultError: If none is known yet.
+        """
         if self.env_spec is None:
             raise ResultError(f"{joined.header.where} arrived before the env spec it decodes with")
         return self.env_spec
