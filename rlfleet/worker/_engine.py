@@ -34,7 +34,7 @@ from rlfleet.policies.base import Policy
 from rlfleet.worker._checks import ActionChecker, SuspectRows, nonfinite_rows
 from rlfleet.worker._draw_blocks import DrawBlocks
 from rlfleet.worker._episode_buffer import StepRing
-from rlfleet.worker._native_columns import Span
+from rlfleet.worker._native_columns import WIDTH as _ROW_WIDTH
 from rlfleet.worker._native_slots import NativeSlots
 from rlfleet.worker._restarts import RestartLedger
 from rlfleet.worker._segments import NEVER, Live, SegmentRecorder, Sink
@@ -523,10 +523,10 @@ class SlotEngine:
         outputs are written to the ring with one whole-row write per field,
         the running slots' steps being the ones recorded. The observations
         are checked with a few whole-batch calls (:class:`SuspectRows`); an
-        episode that ends is a :class:`Span` of the ring, gathered with the
-        others when they are taken. The env truncates episodes at the time
-        limit itself (it is made with the engine's limit), so no limit step is
-        tracked here.
+        episode that ends is a row of ints saying where its steps are in the
+        ring (``FinishedTable``), gathered with the others when they are
+        taken. The env truncates episodes at the time limit itself (it is
+        made with the engine's limit), so no limit step is tracked here.
         """
         native = self.native
         assert native is not None
@@ -580,13 +580,13 @@ class SlotEngine:
         return running
 
     def _finish_native(self, ended: list[int], terminated: np.ndarray, s: int, sink: Sink) -> None:
-        """Records the episodes that ended at step ``s`` as spans of the ring."""
+        """Records the episodes that ended at step ``s`` as rows of ints (``FinishedTable``)."""
         ring, spec, recorder, native = self.ring, self.spec, self._recorder, self.native
         assert ring is not None and spec is not None and recorder is not None
         assert native is not None
-        columns, lives, suspects = ring.columns, self.live, native.suspects
+        lives, suspects = self.live, native.suspects
         self.n_live -= len(ended)
-        spans = []
+        rows: list[int] = []
         steps = 0
         for slot in ended:
             live = lives[slot]
@@ -598,12 +598,12 @@ class SlotEngine:
                 observations = ring.segment_steps(start, length, slot)[0]
                 if recorder.rejects(slot, live, observations):
                     continue
+            # FinishedTable's row: start, length, slot, last, infos, request.
             last = _TERMINAL if terminated[slot] else _TIMEOUT
-            spans.append(Span(live.key, live.meta, slot, start, length, last, columns, spec))
+            rows += (start, length, slot, last, *live.meta, live.key[0])
             steps += length
-        if spans:
-            ring.pin_spans(spans)
-            sink.on_spans(spans, steps)
+        if rows:
+            sink.on_rows(ring, spec, rows, steps, min(rows[::_ROW_WIDTH]))
 
     def _native_failed(self, exc: Exception, s: int, sink: Sink) -> None:
         """A native env's step raised: every live segment is lost, none restarted.
