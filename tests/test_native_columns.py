@@ -44,6 +44,7 @@ from rlfleet.worker._native_columns import (
     split_rows,
     step_types_of,
 )
+from rlfleet.worker._segments import Live
 
 LIMIT = 40
 SPEC = EnvSpec(gym.spaces.Box(-10.0, 10.0, (3,), np.float32), gym.spaces.Discrete(4), LIMIT)
@@ -454,3 +455,25 @@ def test_rows_taken_by_request_and_count_and_cancelled_leave_the_rest_in_order()
         assert worker.finished_count == 0 and worker.finished_steps == 0
     finally:
         worker.shutdown()
+
+
+def test_a_native_worker_starts_and_ends_episodes_without_a_live_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A running native episode is its slot's entries in the engine's lists, no ``Live``."""
+    made = []
+    original = Live.__init__
+
+    def counted(self: Live, *args: Any, **kwargs: Any) -> None:
+        made.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Live, "__init__", counted)
+    worker = native_worker("CartPole-v1")
+    try:
+        batch = worker.run(units(100))
+    finally:
+        worker.shutdown()
+    assert batch.episode_infos["episode_index"].tolist() == list(range(100))
+    assert set(batch.episode_infos["agent_version"].tolist()) == {0}
+    assert not made, f"{len(made)} Live records for 100 episodes"

@@ -149,25 +149,20 @@ class UnitQueue:
         return len(started)
 
     def _start_native(self) -> int:
-        """:meth:`start` on a native engine: a few of these start every vector step."""
-        engine, queue, rngs = self._engine, self.queue, self._slot_rngs
+        """:meth:`start` on a native engine: a few of these start every vector step.
+
+        The units go to the engine's per-slot lists as they are: no object
+        per episode.
+        """
+        engine, queue = self._engine, self.queue
         slots = engine.idle_slots
         if len(slots) > len(queue):
             del slots[len(queue) :]
         if not slots:
             return 0
-        version, worker, popleft = self._agent_version(), self._worker_number, queue.popleft
-        lives = []
-        for slot in slots:
-            unit = popleft()
-            index = unit.episode_index
-            # rng: unused, every row samples from the env's one generator. meta:
-            # EPISODE_INFO_KEYS order; a native env's episodes have no seeds of
-            # their own (their env and actions follow the whole env's): say
-            # so, never a wrong one.
-            meta = (version, NO_ENV_SEED, NO_POLICY_SEED, index, worker)
-            lives.append(Live(unit, rngs[slot], meta, (unit.request, index)))
-        engine.begin_native(slots, lives)  # a native begin cannot fail
+        popleft = queue.popleft
+        units = [popleft() for _ in slots]
+        engine.begin_native(slots, units, self._agent_version(), self._worker_number)
         engine.reset_policy_rows(slots)
         return len(slots)
 
@@ -235,9 +230,8 @@ class UnitQueue:
         self.queue = collections.deque(
             u for u in self.queue if not matches(u.request, u.episode_index)
         )
-        for slot, live in enumerate(self._engine.live):
-            unit = live.unit if live is not None else None
-            if unit is not None and matches(unit.request, unit.episode_index):
+        for slot, unit in self._engine.running_units():
+            if matches(unit.request, unit.episode_index):
                 cancelled.append(unit.episode_index)
                 self._engine.drop(slot)
         kept = []

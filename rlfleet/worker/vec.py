@@ -242,7 +242,7 @@ class VecWorker:
     def active_steps(self) -> int:
         """Steps taken so far by the episodes in flight."""
         now = self._engine.step_count
-        return sum(now - live.seg_start for live in self._engine.live if live is not None)
+        return sum(now - start for start in self._engine.running_starts())
 
     @property
     def queued_count(self) -> int:
