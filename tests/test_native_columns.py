@@ -1,7 +1,7 @@
 """A native worker's step columns and its episode splitter (rlfleet/worker/_native_columns.py).
 
 The splitter is checked against the per-episode path it replaces: the same
-random done masks over a ring of random steps give, gathered as spans in
+random done masks over a ring of random steps give, gathered as rows in
 one go, exactly the batch that slicing each episode out of the ring and
 joining the slices gives (``build_batch`` of ``StepRing.segment_steps``).
 The worker-level tests run real native CartPole envs (gymnasium's vector
@@ -10,7 +10,8 @@ entry point) whose observations turn NaN or leave their space.
 
 from __future__ import annotations
 
-from typing import Any
+import gc
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -31,20 +32,46 @@ from rlfleet.worker._checks import SuspectRows
 from rlfleet.worker._episode_buffer import (
     EPISODE_INFO_KEYS,
     MIN_PIECE_BYTES,
+    Columns,
     Segment,
     StepRing,
     build_batch,
 )
 from rlfleet.worker._native_columns import (
-    Span,
-    build_span_batch,
-    build_span_pieces,
+    RowsPart,
+    build_rows_batch,
+    build_rows_pieces,
     split_rows,
     step_types_of,
 )
+from rlfleet.worker._segments import Live
 
 LIMIT = 40
 SPEC = EnvSpec(gym.spaces.Box(-10.0, 10.0, (3,), np.float32), gym.spaces.Discrete(4), LIMIT)
+
+
+class Span(NamedTuple):
+    """A finished episode, as the test describes it: where its steps are in a ring."""
+
+    key: tuple[int, int]
+    infos: tuple[int, ...]
+    slot: int
+    start: int
+    length: int
+    last: int
+    columns: Columns
+
+
+def parts_of(spans: list[Span]) -> list[RowsPart]:
+    """The spans as the worker's finished-episode rows, in runs of one ring's arrays."""
+    parts: list[RowsPart] = []
+    for span in spans:
+        row = [span.start, span.length, span.slot, span.last, *span.infos, span.key[0]]
+        if parts and parts[-1][0] is span.columns:
+            parts[-1] = (span.columns, np.vstack([parts[-1][1], [row]]))
+        else:
+            parts.append((span.columns, np.array([row], dtype=np.int64)))
+    return parts
 
 
 def random_ring(
@@ -78,7 +105,7 @@ def random_spans(
                 index = len(spans)
                 infos = (0, -1, -1, index, 7)
                 spans.append(
-                    Span((0, index), infos, slot, start, s - start + 1, last, ring.columns, SPEC)
+                    Span((0, index), infos, slot, start, s - start + 1, last, ring.columns)
                 )
                 start = s + 2  # the autoreset step lies between two episodes
     order = rng.permutation(len(spans))
@@ -119,7 +146,7 @@ def test_gathered_spans_equal_the_joined_per_episode_slices(seed: int) -> None:
     if not spans:
         return
     expected = per_episode_batch(ring, spans)
-    gathered = build_span_batch(SPEC, spans, EPISODE_INFO_KEYS, actions_checked=True)
+    gathered = build_rows_batch(SPEC, parts_of(spans), EPISODE_INFO_KEYS, actions_checked=True)
     assert gathered == expected
     for name in ("observations", "actions", "rewards", "step_types", "last_observations"):
         array = getattr(gathered, name)
@@ -127,8 +154,8 @@ def test_gathered_spans_equal_the_joined_per_episode_slices(seed: int) -> None:
     # The pieces a remote worker serializes make the same messages' bytes,
     # columns gathered or handed over as each episode's rows in the ring.
     for least in (0, MIN_PIECE_BYTES, 1 << 30):
-        pieces = build_span_pieces(
-            SPEC, spans, EPISODE_INFO_KEYS, actions_checked=False, min_piece_bytes=least
+        pieces = build_rows_pieces(
+            SPEC, parts_of(spans), EPISODE_INFO_KEYS, actions_checked=False, min_piece_bytes=least
         )
         assert isinstance(pieces.observations, RowPieces) == (least == 0)
         assert isinstance(pieces.rewards, RowPieces) == (least == 0)
@@ -172,7 +199,7 @@ def test_spans_of_two_ring_generations_join_in_order() -> None:
     old = random_ring(rng, 4, 64, 0, 30)
     new = random_ring(rng, 4, 64, 0, 30)
     spans = random_spans(rng, old, 0, 30)[:5] + random_spans(rng, new, 0, 30)[:5]
-    gathered = build_span_batch(SPEC, spans, EPISODE_INFO_KEYS, actions_checked=True)
+    gathered = build_rows_batch(SPEC, parts_of(spans), EPISODE_INFO_KEYS, actions_checked=True)
     expected = EpisodeBatch.concatenate(
         per_episode_batch(old, spans[:5]), per_episode_batch(new, spans[5:])
     )
@@ -371,3 +398,82 @@ def test_episodes_taken_late_equal_episodes_taken_as_they_end() -> None:
     late, early = sample(False), sample(True)
     assert late.n_episodes == 120
     assert late == early
+
+
+def tracked_objects() -> int:
+    """Objects the garbage collector tracks, but the queued units (started ones are freed)."""
+    gc.collect()
+    return sum(not isinstance(thing, EpisodeUnit) for thing in gc.get_objects())
+
+
+def test_a_native_worker_keeps_no_object_per_finished_episode() -> None:
+    """Finished episodes wait as rows of ints: the objects the collector tracks stay level.
+
+    Each finished episode used to wait as an object (with a tuple of its row
+    and a weak reference pinning the ring): hundreds of episodes made
+    hundreds of objects more.
+    """
+    worker = native_worker(
+        "CartPole-v1", policy=RandomPolicy(EnvConfig("CartPole-v1").env_spec(), seed=0)
+    )
+    try:
+        worker.submit(units(8))
+        while not worker.idle:
+            worker.step()
+        worker.take_finished()
+        worker.submit(units(400, start=8))
+        before = tracked_objects()
+        while not worker.idle:
+            worker.step()
+        grown = tracked_objects() - before
+        assert worker.finished_count == 400
+        assert grown < 100, f"{grown} more objects for 400 finished episodes"
+        batch = worker.take_finished()
+        assert batch is not None
+        assert batch.episode_infos["episode_index"].tolist() == list(range(8, 408))
+    finally:
+        worker.shutdown()
+
+
+def test_rows_taken_by_request_and_count_and_cancelled_leave_the_rest_in_order() -> None:
+    worker = native_worker(
+        "CartPole-v1", policy=RandomPolicy(EnvConfig("CartPole-v1").env_spec(), seed=0)
+    )
+    try:
+        worker.submit([*units(6), *[EpisodeUnit(u.episode_index, u.env_seed, u.policy_seed, 1)
+                                    for u in units(6, start=6)]])  # fmt: skip
+        while not worker.idle:
+            worker.step()
+        assert worker.cancel([2, 7]) == [2, 7]
+        first = worker.take_finished(3, request=1)
+        assert first is not None
+        assert first.episode_infos["episode_index"].tolist() == [6, 8, 9]
+        steps = worker.finished_steps
+        rest = worker.take_finished()
+        assert rest is not None and rest.total_steps == steps
+        assert rest.episode_infos["episode_index"].tolist() == [0, 1, 3, 4, 5, 10, 11]
+        assert worker.finished_count == 0 and worker.finished_steps == 0
+    finally:
+        worker.shutdown()
+
+
+def test_a_native_worker_starts_and_ends_episodes_without_a_live_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A running native episode is its slot's entries in the engine's lists, no ``Live``."""
+    made = []
+    original = Live.__init__
+
+    def counted(self: Live, *args: Any, **kwargs: Any) -> None:
+        made.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Live, "__init__", counted)
+    worker = native_worker("CartPole-v1")
+    try:
+        batch = worker.run(units(100))
+    finally:
+        worker.shutdown()
+    assert batch.episode_infos["episode_index"].tolist() == list(range(100))
+    assert set(batch.episode_infos["agent_version"].tolist()) == {0}
+    assert not made, f"{len(made)} Live records for 100 episodes"

@@ -34,12 +34,13 @@ from rlfleet.policies.base import Policy
 from rlfleet.worker._checks import ActionChecker, SuspectRows, nonfinite_rows
 from rlfleet.worker._draw_blocks import DrawBlocks
 from rlfleet.worker._episode_buffer import StepRing
-from rlfleet.worker._native_columns import Span
+from rlfleet.worker._native_columns import WIDTH as _ROW_WIDTH
 from rlfleet.worker._native_slots import NativeSlots
 from rlfleet.worker._restarts import RestartLedger
 from rlfleet.worker._segments import NEVER, Live, SegmentRecorder, Sink
 from rlfleet.worker._slot_failures import SlotFailures
 from rlfleet.worker._updates import EnvSource, check_policy_fits
+from rlfleet.worker.units import EpisodeUnit
 
 logger = logging.getLogger("rlfleet.worker")
 
@@ -108,7 +109,8 @@ class SlotEngine:
         self._suspect_rows: SuspectRows | None = None  # a native backend's observation check
         self._recorder: SegmentRecorder | None = None
         self._acting = _Acting()
-        # The segments in flight, one per busy slot.
+        # The segments in flight, one per busy slot (a native backend's are
+        # its NativeSlots' per-slot lists instead: no object per episode).
         self.live: list[Live | None] = [None] * n_envs
         self.n_live = 0
         self.step_count = 0
@@ -251,17 +253,10 @@ class SlotEngine:
         """
         ring, venv = self.ring, self.venv
         assert ring is not None and venv is not None  # the caller checked for an env
-        native = self.native
-        if native is not None:
-            if native.needs_reset():
-                assert live.unit is not None  # native workers refuse fragment streams
-                self._reset_native(env_seed, live.unit.policy_seed)
-            # The slot's first observation is in the ring already: the env's
-            # autoreset (or the reset) wrote it.
-            native.begin(slot)
-            live.seg_start = self.step_count
-            self.live[slot] = live
-            self.n_live += 1
+        if self.native is not None:
+            assert live.unit is not None  # native workers refuse fragment streams
+            version, _, _, _, worker = live.meta
+            self.begin_native([slot], [live.unit], version, worker)
             return True
         while True:
             try:
@@ -276,27 +271,44 @@ class SlotEngine:
         self._place(slot, live, window_end)
         return True
 
-    def begin_native(self, slots: list[int], lives: list[Live]) -> None:
+    def begin_native(
+        self, slots: list[int], units: list[EpisodeUnit], agent_version: int, worker: int
+    ) -> None:
         """:meth:`begin` on a native backend, for episodes of units on many slots at once.
+
+        Each slot's episode is its entries in :class:`NativeSlots`' per-slot
+        lists, no object of its own.
 
         Args:
             slots: A prefix of :attr:`idle_slots`, in its order.
-            lives: The episode to run on each slot.
+            units: The unit to run on each slot.
+            agent_version: The agent version the episodes run with.
+            worker: The worker's number (in the episodes' infos).
         """
         native = self.native
         assert native is not None
         if native.needs_reset():
-            unit = lives[0].unit
-            assert unit is not None  # native workers refuse fragment streams
-            self._reset_native(unit.env_seed, unit.policy_seed)
+            self._reset_native(units[0].env_seed, units[0].policy_seed)
         # The slots' first observations are in the ring already: the env's
         # autoreset (or the reset) wrote them.
-        native.begin_many(slots)
-        s, live_of = self.step_count, self.live
-        for slot, live in zip(slots, lives, strict=True):
-            live.seg_start = s
-            live_of[slot] = live
+        native.begin_many(slots, units, self.step_count, agent_version, worker)
         self.n_live += len(slots)
+
+    def running_units(self) -> list[tuple[int, EpisodeUnit]]:
+        """``(slot, unit)`` of every running episode of a unit, in slot order."""
+        if self.native is not None:
+            return self.native.running_units()
+        return [
+            (slot, live.unit)
+            for slot, live in enumerate(self.live)
+            if live is not None and live.unit is not None
+        ]
+
+    def running_starts(self) -> list[int]:
+        """The vector step of the first step of every running segment."""
+        if self.native is not None:
+            return self.native.running_starts()
+        return [live.seg_start for live in self.live if live is not None]
 
     def _reset_native(self, env_seed: int, policy_seed: int) -> None:
         """Resets a native env as a whole, one vector step on.
@@ -390,20 +402,24 @@ class SlotEngine:
 
     def drop(self, slot: int) -> Live:
         """Takes the live segment off a slot (its data is forgotten)."""
-        live = self.live[slot]
-        assert live is not None
+        native = self.native
+        if native is not None:
+            live = native.release(slot)
+            self.n_live -= 1
+            return live
+        segment = self.live[slot]
+        assert segment is not None
         self.live[slot] = None
         self.n_live -= 1
-        if self.native is not None:
-            self.native.release(slot)
-            return live
         self._rows.went_idle.append(slot)
         if self._acting.blocks is not None:
             self._acting.blocks.stop(slot)
-        return live
+        return segment
 
     def drop_all(self) -> list[Live]:
         """Drops every live segment; returns them in slot order."""
+        if self.native is not None:
+            return [self.drop(slot) for slot, _ in self.running_units()]
         return [self.drop(slot) for slot, live in enumerate(self.live) if live is not None]
 
     def _refresh_active(self) -> None:
@@ -510,7 +526,7 @@ class SlotEngine:
         ring, s = self.ring, self.step_count
         assert ring is not None
         if s + 2 - self._oldest > ring.capacity:  # the ring may be full: look closer
-            starts = [live.seg_start for live in self.live if live is not None]
+            starts = self.running_starts()
             self._oldest = ring.make_room(min(starts, default=s), s + 1)
         return s % ring.capacity
 
@@ -523,10 +539,10 @@ class SlotEngine:
         outputs are written to the ring with one whole-row write per field,
         the running slots' steps being the ones recorded. The observations
         are checked with a few whole-batch calls (:class:`SuspectRows`); an
-        episode that ends is a :class:`Span` of the ring, gathered with the
-        others when they are taken. The env truncates episodes at the time
-        limit itself (it is made with the engine's limit), so no limit step is
-        tracked here.
+        episode that ends is a row of ints saying where its steps are in the
+        ring (``FinishedTable``), gathered with the others when they are
+        taken. The env truncates episodes at the time limit itself (it is
+        made with the engine's limit), so no limit step is tracked here.
         """
         native = self.native
         assert native is not None
@@ -580,30 +596,20 @@ class SlotEngine:
         return running
 
     def _finish_native(self, ended: list[int], terminated: np.ndarray, s: int, sink: Sink) -> None:
-        """Records the episodes that ended at step ``s`` as spans of the ring."""
+        """Records the episodes that ended at step ``s`` as rows of ints (``FinishedTable``)."""
         ring, spec, recorder, native = self.ring, self.spec, self._recorder, self.native
         assert ring is not None and spec is not None and recorder is not None
         assert native is not None
-        columns, lives, suspects = ring.columns, self.live, native.suspects
         self.n_live -= len(ended)
-        spans = []
-        steps = 0
-        for slot in ended:
-            live = lives[slot]
-            assert live is not None
-            lives[slot] = None
-            start = live.seg_start
-            length = s - start + 1
-            if slot in suspects:  # a quick check found a row to look at
-                observations = ring.segment_steps(start, length, slot)[0]
-                if recorder.rejects(slot, live, observations):
-                    continue
-            last = _TERMINAL if terminated[slot] else _TIMEOUT
-            spans.append(Span(live.key, live.meta, slot, start, length, last, columns, spec))
-            steps += length
-        if spans:
-            ring.pin_spans(spans)
-            sink.on_spans(spans, steps)
+
+        def rejects(slot: int, start: int, length: int) -> bool:
+            assert ring is not None and recorder is not None and native is not None
+            observations = ring.segment_steps(start, length, slot)[0]
+            return recorder.rejects(slot, native.live(slot), observations)
+
+        rows, steps = native.end(ended, terminated, s, rejects)
+        if rows:
+            sink.on_rows(ring, spec, rows, steps, min(rows[::_ROW_WIDTH]))
 
     def _native_failed(self, exc: Exception, s: int, sink: Sink) -> None:
         """A native env's step raised: every live segment is lost, none restarted.
@@ -611,7 +617,7 @@ class SlotEngine:
         The env's state is unknown, so it is reset as a whole before any
         new episode begins (no slot is running after this).
         """
-        lives = [(slot, self.drop(slot)) for slot, live in enumerate(self.live) if live is not None]
+        lives = [(slot, self.drop(slot)) for slot, _ in self.running_units()]
         self.failures.native_failed(exc, lives, s, self.source_name)
         for slot, live in lives:
             sink.on_env_failure(slot, live, restarted=False)

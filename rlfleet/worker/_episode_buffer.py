@@ -224,16 +224,12 @@ class StepRing:
     def pin(self, owner: object, first_step: int) -> None:
         """Keeps the rows from ``first_step`` on until ``owner`` is garbage.
 
-        ``owner`` holds views of those rows (a :class:`Segment`). Pins hold
+        ``owner`` holds views of those rows (a :class:`Segment`, or a native
+        backend's chunk of finished-episode rows). Pins hold
         back the reuse of rows only: when the ring grows, pinned segments
         keep viewing the old arrays, which live on with them.
         """
         self._pins.append((first_step, weakref.ref(owner)))
-
-    def pin_spans(self, spans: Sequence[Any]) -> None:
-        """:meth:`pin` for a native backend's spans, each from its ``start``."""
-        ref = weakref.ref
-        self._pins += [(span.start, ref(span)) for span in spans]
 
     def make_room(self, oldest_live: int, newest_step: int) -> int:
         """Makes room to write step ``newest_step``, keeping live and pinned rows.

@@ -2,16 +2,18 @@
 
 A native backend (:mod:`rlfleet.worker._native_slots`) steps every slot at
 once, and its episodes end a few at a time, nearly every vector step. So a
-finished episode costs only a few Python operations: it becomes a
-:class:`Span` (its slot, first vector step and length in the step ring's
-columns), never a set of arrays. The arrays are made when episodes are
-taken, for all of them at once: :func:`split_rows` turns the spans into one
-flat ring index per step, and each column is gathered with one
-``np.take``, straight into a contiguous array in the batch's order.
+finished episode costs only a few Python operations and no object: it
+becomes a row of ints of a :class:`FinishedTable` (its slot, first vector
+step and length in the step ring's columns, its last step type, infos and
+request), never a set of arrays. The arrays are made when episodes are
+taken, for all of them at once: the table's rows are sorted and filtered as
+one array, :func:`split_rows` turns them into one flat ring index per step,
+and each column is gathered with one ``np.take``, straight into a
+contiguous array in the batch's order.
 
 So a step's data is copied once after stepping: into the batch
-(:func:`build_span_batch`), or into the outgoing messages
-(:func:`build_span_pieces`). For the messages, the gathered columns are
+(:func:`build_rows_batch`), or into the outgoing messages
+(:func:`build_rows_pieces`). For the messages, the gathered columns are
 what the wire encoding joins (:func:`rlfleet.wire.serialize_batch_messages`),
 except a column whose episodes are large (Atari frames): there each
 episode's rows, contiguous in the ring (it is stored slot by slot), go to
@@ -21,8 +23,7 @@ the serializer as they are, which copies them once, into the messages.
 from __future__ import annotations
 
 import itertools
-import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,73 +34,179 @@ from rlfleet.core._validation import check_per_step_space
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
-from rlfleet.worker._episode_buffer import MIN_PIECE_BYTES, Columns, concat_infos
+from rlfleet.worker._episode_buffer import MIN_PIECE_BYTES, Columns, StepRing, concat_infos
 
 _MID = int(StepType.MID)
 _FIRST = int(StepType.FIRST)
 
 
-class Span:
-    """A finished episode of a native worker: where its steps are in the ring.
+#: A finished episode's row of a :class:`FinishedTable`: where its steps are
+#: in the ring, its step type, its episode_infos (``EPISODE_INFO_KEYS``) and
+#: its request.
+START, LENGTH, SLOT, LAST = 0, 1, 2, 3
+INFOS = slice(4, 9)
+INDEX = 7  # episode_index, among the infos
+REQUEST = 9
+WIDTH = 10
 
-    The ring keeps its rows while the span lives (``StepRing.pin``); its
-    ``columns`` are the ring's arrays when it ended (a ring that grows, or
-    whose policy changes, moves to new arrays; the old ones live on with
-    the spans in them).
+#: Finished episodes of one :class:`Columns`: their rows, in the order taken.
+RowsPart = tuple[Columns, np.ndarray]
 
-    Attributes:
-        key: Sort key (request, episode index).
-        infos: Its episode_infos values (``EPISODE_INFO_KEYS`` order).
-        slot: The slot (column) it ran on.
-        start: Vector step of its first step; its observations are the rows
-            ``start .. start + length`` (the last one is its last observation).
-        length: Number of steps.
-        last: StepType of its last step (TERMINAL or TIMEOUT).
-        columns: The ring's arrays its rows are in.
-        env_spec: Spec of the env that produced it.
-        row: ``(start, length, slot, last, *infos)``: what taking it turns
-            into arrays, every span's row in one ``np.fromiter``.
+
+class _Chunk:
+    """Rows of finished episodes whose steps are in one :class:`Columns`, of one env.
+
+    The ring keeps the rows of its steps while the chunk lives (``StepRing.pin``
+    from its oldest start).
     """
 
-    __slots__ = (
-        "__weakref__",
-        "columns",
-        "env_spec",
-        "infos",
-        "key",
-        "last",
-        "length",
-        "row",
-        "slot",
-        "start",
-    )
+    __slots__ = ("__weakref__", "columns", "env_spec", "pinned", "ring", "rows")
 
-    def __init__(  # noqa: PLR0917 -- built once per episode, positionally (fastest)
-        self,
-        key: tuple[int, ...],
-        infos: tuple[int, ...],
-        slot: int,
-        start: int,
-        length: int,
-        last: int,
-        columns: Columns,
-        env_spec: EnvSpec,
-    ) -> None:
-        self.key = key
-        self.infos = infos
-        self.slot = slot
-        self.start = start
-        self.length = length
-        self.last = last
-        self.columns = columns
+    def __init__(self, ring: StepRing, env_spec: EnvSpec) -> None:
+        self.ring = ring
+        self.columns = ring.columns
         self.env_spec = env_spec
-        self.row = (start, length, slot, last, *infos)
+        self.rows: list[int] = []  # WIDTH ints per episode
+        self.pinned: int | None = None  # the step it pins the ring's rows from
 
-    def __repr__(self) -> str:
-        return (
-            f"Span(key={self.key}, slot={self.slot}, start={self.start}, length={self.length}, "
-            f"last={self.last})"
-        )
+    def pin(self, first_start: int) -> None:
+        """Keeps the ring's rows from ``first_start`` on while the chunk lives."""
+        if self.pinned is None or first_start < self.pinned:
+            self.pinned = first_start
+            self.ring.pin(self, first_start)
+
+    def table(self) -> np.ndarray:
+        """The rows as ``(episodes, WIDTH)`` int64."""
+        rows = self.rows
+        return np.fromiter(rows, dtype=np.int64, count=len(rows)).reshape(-1, WIDTH)
+
+
+class FinishedTable:
+    """A native worker's finished episodes not taken yet, one row of ints each.
+
+    An episode that ends is a row (:data:`WIDTH` ints: start, length, slot,
+    last step type, episode_infos, request) appended to a flat list: no
+    object per episode. Rows of one ring's arrays share a chunk, which pins
+    the ring's rows they are in; taking them sorts and filters the rows as
+    arrays, and the encoder gathers each column once (:func:`build_rows_pieces`).
+    """
+
+    def __init__(self) -> None:
+        self._chunks: list[_Chunk] = []
+        self.count = 0
+        self.steps = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(
+        self, ring: StepRing, env_spec: EnvSpec, rows: list[int], steps: int, first_start: int
+    ) -> None:
+        """Appends the rows of the episodes that ended at one vector step.
+
+        Args:
+            ring: The ring their steps are in.
+            env_spec: Spec of the env that produced them.
+            rows: :data:`WIDTH` ints per episode.
+            steps: Their steps in all.
+            first_start: The earliest start among them.
+        """
+        chunks = self._chunks
+        chunk = chunks[-1] if chunks else None
+        if chunk is None or chunk.columns is not ring.columns or chunk.env_spec is not env_spec:
+            chunk = _Chunk(ring, env_spec)
+            chunks.append(chunk)
+        chunk.rows += rows
+        chunk.pin(first_start)
+        self.count += len(rows) // WIDTH
+        self.steps += steps
+
+    def first_key(self) -> tuple[int, int] | None:
+        """The lowest (request, episode index) held, if any."""
+        if not self.count:
+            return None
+        table = np.concatenate([chunk.table() for chunk in self._chunks])
+        first = np.lexsort((table[:, INDEX], table[:, REQUEST]))[0]
+        return int(table[first, REQUEST]), int(table[first, INDEX])
+
+    def take(
+        self, max_episodes: int | None, request: int | None
+    ) -> tuple[EnvSpec, list[RowsPart]] | None:
+        """Removes episodes in (request, episode index) order, all of one env.
+
+        Args:
+            max_episodes: Take at most this many (the lowest-ordered ones).
+            request: Take only this request's episodes.
+
+        Returns:
+            The env's spec and the rows taken, in order, in runs of one
+            :class:`Columns`; None if none matched.
+        """
+        chunks = self._chunks
+        if not self.count:
+            return None
+        tables = [chunk.table() for chunk in chunks]
+        if len(chunks) == 1 and max_episodes is None and request is None:  # the usual case
+            table = tables[0]
+            order = np.lexsort((table[:, INDEX], table[:, REQUEST]))
+            self.clear()
+            return chunks[0].env_spec, [(chunks[0].columns, table[order])]
+        table = np.concatenate(tables)
+        owner = np.repeat(np.arange(len(chunks)), [len(t) for t in tables])
+        order = np.lexsort((table[:, INDEX], table[:, REQUEST]))
+        if request is not None:
+            order = order[table[order, REQUEST] == request]
+        if not len(order):
+            return None
+        spec = chunks[owner[order[0]]].env_spec
+        same = np.array([chunk.env_spec is spec for chunk in chunks])
+        order = order[same[owner[order]]][:max_episodes]
+        parts: list[RowsPart] = []
+        owners = owner[order]
+        bounds = [0, *(np.flatnonzero(owners[1:] != owners[:-1]) + 1).tolist(), len(order)]
+        for a, b in itertools.pairwise(bounds):
+            parts.append((chunks[owners[a]].columns, table[order[a:b]]))
+        kept = np.ones(len(table), dtype=bool)
+        kept[order] = False
+        self._keep(tables, owner, kept)
+        return spec, parts
+
+    def drop(self, matches: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> list[int]:
+        """Drops the episodes ``matches(requests, indices)`` marks; returns their indices."""
+        if not self.count:
+            return []
+        tables = [chunk.table() for chunk in self._chunks]
+        table = np.concatenate(tables)
+        owner = np.repeat(np.arange(len(tables)), [len(t) for t in tables])
+        dropped = matches(table[:, REQUEST], table[:, INDEX])
+        if not dropped.any():
+            return []
+        self._keep(tables, owner, ~dropped)
+        return table[dropped, INDEX].tolist()
+
+    def _keep(self, tables: list[np.ndarray], owner: np.ndarray, kept: np.ndarray) -> None:
+        """Keeps the rows ``kept`` marks (of the chunks' ``tables``, concatenated)."""
+        chunks = []
+        for number, (chunk, table) in enumerate(zip(self._chunks, tables, strict=True)):
+            rest = table[kept[owner == number]]
+            if len(rest):
+                # A new chunk, pinning from its own oldest start: the old one's
+                # pin goes with it.
+                fresh = _Chunk(chunk.ring, chunk.env_spec)
+                fresh.columns = chunk.columns
+                fresh.rows = rest.ravel().tolist()
+                fresh.pin(int(rest[:, START].min()))
+                chunks.append(fresh)
+        self._chunks = chunks
+        rows = [chunk.table() for chunk in chunks]
+        self.count = sum(len(t) for t in rows)
+        self.steps = sum(int(t[:, LENGTH].sum()) for t in rows)
+
+    def clear(self) -> None:
+        """Forgets every episode."""
+        self._chunks = []
+        self.count = 0
+        self.steps = 0
 
 
 def split_rows(
@@ -152,36 +259,22 @@ def step_types_of(lengths: np.ndarray, lasts: np.ndarray) -> np.ndarray:
     return step_types
 
 
-_ROW = operator.attrgetter("row")
-
-
-def _table(spans: Sequence[Span]) -> np.ndarray:
-    """Every span's :attr:`Span.row`, one row each: ``(n, 4 + number of infos)`` int64."""
-    n, width = len(spans), len(spans[0].row)
-    rows = itertools.chain.from_iterable(map(_ROW, spans))
-    return np.fromiter(rows, dtype=np.int64, count=n * width).reshape(n, width)
-
-
 #: Per-step fields of the batch, in the order of :class:`Columns`.
 _STEP_FIELDS = ("observations", "actions", "rewards")
 
 
-def _gather(
-    spans: Sequence[Span], table: np.ndarray, min_piece_bytes: int | None
-) -> dict[str, Any]:
-    """The fields of the spans' batch (spans of one :class:`Columns`), in order.
+def _gather(columns: Columns, table: np.ndarray, min_piece_bytes: int | None) -> dict[str, Any]:
+    """The fields of the batch of ``table``'s episodes (rows of :class:`FinishedTable`), in order.
 
-    ``table`` holds the spans' rows (:func:`_table`). With ``min_piece_bytes``,
-    a per-step field holding at least that many bytes per episode on average
-    is :class:`RowPieces` of each episode's rows in the ring instead (views,
-    unless the rows wrap around its end).
+    With ``min_piece_bytes``, a per-step field holding at least that many
+    bytes per episode on average is :class:`RowPieces` of each episode's rows
+    in the ring instead (views, unless the rows wrap around its end).
     """
-    columns = spans[0].columns
     capacity = columns.capacity
-    n = len(spans)
-    starts, lengths, slots = table[:, 0], table[:, 1], table[:, 2]
+    n = len(table)
+    starts, lengths, slots = table[:, START], table[:, LENGTH], table[:, SLOT]
     index = split_rows(starts, lengths, slots, capacity)
-    assert columns.actions is not None  # a span ended after a step
+    assert columns.actions is not None  # an episode ended after a step
     least = None if min_piece_bytes is None else min_piece_bytes * n
     total = len(index)
 
@@ -193,13 +286,15 @@ def _gather(
         if least is None or column.strides[0] * total < least:
             return take(column)
         pieces = []
-        for span in spans:
-            first = span.start % capacity
-            if first + span.length <= capacity:
-                pieces.append(column[first : first + span.length, span.slot])
+        for start, length, slot in zip(
+            starts.tolist(), lengths.tolist(), slots.tolist(), strict=True
+        ):
+            first = start % capacity
+            if first + length <= capacity:
+                pieces.append(column[first : first + length, slot])
             else:  # wraps around the ring's end
-                rows = np.arange(span.start, span.start + span.length) % capacity
-                pieces.append(column[rows, span.slot])
+                rows = np.arange(start, start + length) % capacity
+                pieces.append(column[rows, slot])
         return RowPieces(tuple(pieces))
 
     env_infos: NestedArrays = {}
@@ -216,75 +311,74 @@ def _gather(
         "agent_infos": {key: field(value) for key, value in columns.agent_infos.items()},
         "env_infos": env_infos,
         "lengths": lengths.copy(),
-        "lasts": table[:, 3],
+        "lasts": table[:, LAST],
     }
 
 
 def _fields(
-    spans: Sequence[Span], info_keys: Sequence[str], min_piece_bytes: int | None = None
+    parts: Sequence[RowsPart], info_keys: Sequence[str], min_piece_bytes: int | None = None
 ) -> dict[str, Any]:
-    """All fields of the spans' batch, in the spans' order (see :func:`_gather`)."""
-    table = _table(spans)
-    # Nearly always one run of spans in the same arrays: the ring's arrays
-    # change only when it grows or the policy changes.
-    first = spans[0].columns
-    if all(s.columns is first for s in spans):
-        fields = _gather(spans, table, min_piece_bytes)
+    """All fields of the batch of the parts' episodes, in order (see :func:`_gather`)."""
+    # Nearly always one part: the ring's arrays change only when it grows or
+    # the policy changes.
+    if len(parts) == 1:
+        columns, table = parts[0]
+        fields = _gather(columns, table, min_piece_bytes)
     else:
-        bounds = [0]
-        bounds += [i for i in range(1, len(spans)) if spans[i].columns is not spans[i - 1].columns]
-        bounds.append(len(spans))
-        parts = [_gather(spans[a:b], table[a:b], None) for a, b in itertools.pairwise(bounds)]
+        gathered = [_gather(columns, table, None) for columns, table in parts]
         fields = {
-            key: np.concatenate([p[key] for p in parts])
+            key: np.concatenate([p[key] for p in gathered])
             for key in (*_STEP_FIELDS, "last_observations", "lengths", "lasts")
         }
         fields["agent_infos"] = concat_infos(
-            [p["agent_infos"] for p in parts], "agent info", "agent_infos"
+            [p["agent_infos"] for p in gathered], "agent info", "agent_infos"
         )
-        fields["env_infos"] = concat_infos([p["env_infos"] for p in parts], "env info", "env_infos")
+        fields["env_infos"] = concat_infos(
+            [p["env_infos"] for p in gathered], "env info", "env_infos"
+        )
+        table = np.concatenate([table for _, table in parts])
     # One contiguous array per key: the rows of the table's transposed info columns.
-    infos = np.ascontiguousarray(table[:, 4:].T)
+    infos = np.ascontiguousarray(table[:, INFOS].T)
     fields["episode_infos"] = dict(zip(info_keys, infos, strict=True))
     fields["step_types"] = step_types_of(fields["lengths"], fields.pop("lasts"))
     return fields
 
 
-def build_span_batch(
-    env_spec: EnvSpec, spans: Sequence[Span], info_keys: Sequence[str], *, actions_checked: bool
+def build_rows_batch(
+    env_spec: EnvSpec, parts: Sequence[RowsPart], info_keys: Sequence[str], *, actions_checked: bool
 ) -> EpisodeBatch:
-    """The spans' EpisodeBatch, in the given order (each column gathered once).
+    """The EpisodeBatch of finished episodes' rows, in the given order (each column gathered once).
 
     Its fields fit the spaces by construction (the ring has their shapes
     and dtypes, the observations were checked while stepping), so it is
     not re-checked, except its actions unless ``actions_checked``.
     """
     return EpisodeBatch.prechecked(
-        env_spec=env_spec, **_fields(spans, info_keys), check_actions=not actions_checked
+        env_spec=env_spec, **_fields(parts, info_keys), check_actions=not actions_checked
     )
 
 
-def build_span_pieces(
+def build_rows_pieces(
     env_spec: EnvSpec,
-    spans: Sequence[Span],
+    parts: Sequence[RowsPart],
     info_keys: Sequence[str],
     *,
     actions_checked: bool,
     min_piece_bytes: int = MIN_PIECE_BYTES,
 ) -> EpisodePieces:
-    """:func:`build_span_batch` for a remote worker's serializer, copied once into messages.
+    """:func:`build_rows_batch` for a remote worker's serializer, copied once into messages.
 
     Columns holding fewer than ``min_piece_bytes`` per episode on average
     are gathered (one ``np.take`` each: handing the serializer each
     episode's small piece would cost more than copying it); larger ones are
     each episode's rows in the ring, which the serializer joins straight
-    into the messages. The bytes are those of :func:`build_span_batch`'s batch.
+    into the messages. The bytes are those of :func:`build_rows_batch`'s batch.
 
     Raises:
         InvalidBatchError: If ``actions_checked`` is False and an action does
             not fit the action space.
     """
-    fields = _fields(spans, info_keys, min_piece_bytes)
+    fields = _fields(parts, info_keys, min_piece_bytes)
     if not actions_checked:
         actions = fields["actions"]
         for part in actions.arrays if isinstance(actions, RowPieces) else (actions,):
@@ -295,9 +389,11 @@ def build_span_pieces(
 
 
 __all__ = [
-    "Span",
-    "build_span_batch",
-    "build_span_pieces",
+    "WIDTH",
+    "FinishedTable",
+    "RowsPart",
+    "build_rows_batch",
+    "build_rows_pieces",
     "flat_column",
     "split_rows",
     "step_types_of",

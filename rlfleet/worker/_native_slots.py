@@ -20,6 +20,12 @@ reset and holds all of its steps. When no slot is ``RUNNING`` the whole
 env is reset at the next begin, seeded with that unit's env seed: idle
 periods (between requests, after an update) cost no draining.
 
+A ``RUNNING`` slot's episode is its entries in per-slot lists (its unit,
+the vector step of its first step, its agent version), no object of its
+own: episodes start and end a few per vector step, nearly every step. A
+:class:`~rlfleet.worker._segments.Live` is made only for the rare paths
+that take one (a drop, a failure, the exact checks of a suspect episode).
+
 The states are Python lists, not arrays: a few slots change state per
 vector step, and a list entry costs less to read or set than a numpy call.
 Each vector step's own work is whole-array (the env's step, one
@@ -34,12 +40,21 @@ same layout give the same batch (docs/reliability.md section 10).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
+from rlfleet.core.step_type import StepType
 from rlfleet.envs.native import NativeVectorEnv
 from rlfleet.worker._checks import nonfinite_rows
+from rlfleet.worker._segments import Live
+from rlfleet.worker.units import EpisodeUnit
 
 FRESH, RUNNING, AWAITING, DRAINING = 0, 1, 2, 3
+
+_TERMINAL = int(StepType.TERMINAL)
+_TIMEOUT = int(StepType.TIMEOUT)
 
 
 class NativeSlots:
@@ -56,6 +71,13 @@ class NativeSlots:
         self._running = 0
         self._fresh: list[int] = []  # FRESH slots, ascending
         self._awaiting: list[int] = []  # AWAITING slots (ended at the last step)
+        # The RUNNING slots' episodes: per slot its unit (None: none
+        # recorded), the vector step of its first step and the agent version
+        # it runs with; the worker's number, the same for all.
+        self.units: list[EpisodeUnit | None] = [None] * self.n
+        self._starts = [0] * self.n
+        self._versions = [0] * self.n
+        self._worker = 0
         #: Slot -> vector step of the first observation of its current env
         #: episode that a quick check found suspect (cleared when it ends).
         self.suspects: dict[int, int] = {}
@@ -107,23 +129,31 @@ class NativeSlots:
         self.generator = np.random.default_rng(policy_seed)
         return observations
 
-    def begin(self, slot: int) -> None:
-        """Begins an episode on a slot :meth:`ready` listed (after :meth:`reset` if needed)."""
-        assert self.state[slot] == FRESH
-        self.state[slot] = RUNNING
-        self._running += 1
-        fresh = self._fresh
-        if fresh[0] == slot:  # slots are taken in ascending order
-            del fresh[0]
-        else:
-            fresh.remove(slot)
+    def begin_many(
+        self,
+        slots: list[int],
+        units: list[EpisodeUnit],
+        start: int,
+        agent_version: int,
+        worker: int,
+    ) -> None:
+        """Begins the units' episodes on slots that are a prefix of :meth:`ready`'s list.
 
-    def begin_many(self, slots: list[int]) -> None:
-        """:meth:`begin` on slots that are a prefix of :meth:`ready`'s list, in its order."""
-        state = self.state
-        for slot in slots:
+        Args:
+            slots: The slots, in :meth:`ready`'s order.
+            units: The unit of each slot's episode.
+            start: The vector step of their first step.
+            agent_version: The agent version they run with.
+            worker: The worker's number (in the episodes' infos).
+        """
+        state, units_of, starts, versions = self.state, self.units, self._starts, self._versions
+        for slot, unit in zip(slots, units, strict=True):
             assert state[slot] == FRESH
             state[slot] = RUNNING
+            units_of[slot] = unit
+            starts[slot] = start
+            versions[slot] = agent_version
+        self._worker = worker
         self._running += len(slots)
         fresh = self._fresh
         if fresh[: len(slots)] == slots:  # slots are taken in ascending order
@@ -132,12 +162,77 @@ class NativeSlots:
             for slot in slots:
                 fresh.remove(slot)
 
-    def release(self, slot: int) -> None:
-        """The engine dropped the slot's episode (ended, cut or aborted)."""
+    def live(self, slot: int) -> Live:
+        """A :class:`Live` of the slot's running episode, for the paths that take one."""
+        unit = self.units[slot]
+        assert unit is not None
+        # EPISODE_INFO_KEYS order; a native env's episodes have no seeds of
+        # their own (their env and actions follow the whole env's): say so,
+        # never a wrong one.
+        meta = (self._versions[slot], NO_ENV_SEED, NO_POLICY_SEED, unit.episode_index, self._worker)
+        live = Live(unit, self.generator, meta, (unit.request, unit.episode_index))
+        live.seg_start = self._starts[slot]
+        return live
+
+    def running_units(self) -> list[tuple[int, EpisodeUnit]]:
+        """``(slot, unit)`` of every recorded episode, in slot order."""
+        return [(slot, unit) for slot, unit in enumerate(self.units) if unit is not None]
+
+    def running_starts(self) -> list[int]:
+        """The vector step of the first step of every recorded episode."""
+        starts = self._starts
+        return [starts[slot] for slot, unit in enumerate(self.units) if unit is not None]
+
+    def release(self, slot: int) -> Live:
+        """The engine dropped the slot's episode (cut or aborted); returns it."""
+        live = self.live(slot)
+        self.units[slot] = None
         if self.state[slot] == RUNNING:
             # Cut or aborted mid-episode: its env goes on unseen until it ends.
             self.state[slot] = DRAINING
             self._running -= 1
+        return live
+
+    def end(
+        self,
+        ended: list[int],
+        terminated: np.ndarray,
+        s: int,
+        rejects: Callable[[int, int, int], bool],
+    ) -> tuple[list[int], int]:
+        """The rows of the episodes that ended at vector step ``s``, and their steps.
+
+        Args:
+            ended: The slots whose episode ended (:meth:`step`'s list).
+            terminated: The env's flags (an ended slot not terminated was truncated).
+            s: The vector step.
+            rejects: ``(slot, start, length)`` -> whether the exact checks
+                drop a suspect slot's episode (it gets no row).
+
+        Returns:
+            A ``FinishedTable`` row per kept episode (start, length, slot,
+            last step type, the infos in EPISODE_INFO_KEYS order, request),
+            flat; their steps in all.
+        """
+        units, starts, versions = self.units, self._starts, self._versions
+        suspects, worker = self.suspects, self._worker
+        rows: list[int] = []
+        steps = 0
+        for slot in ended:
+            unit = units[slot]
+            assert unit is not None
+            start = starts[slot]
+            length = s - start + 1
+            if slot in suspects and rejects(slot, start, length):
+                units[slot] = None
+                continue
+            units[slot] = None
+            last = _TERMINAL if terminated[slot] else _TIMEOUT
+            index = unit.episode_index
+            rows += (start, length, slot, last, versions[slot], NO_ENV_SEED, NO_POLICY_SEED, index)
+            rows += (worker, unit.request)
+            steps += length
+        return rows, steps
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray]:
         """Steps every env; the slots that are not ``RUNNING`` get the placeholder action.

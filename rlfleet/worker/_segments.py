@@ -23,7 +23,6 @@ from rlfleet.worker._numeric import all_finite
 from rlfleet.worker.units import EpisodeUnit
 
 if TYPE_CHECKING:
-    from rlfleet.worker._native_columns import Span
     from rlfleet.worker._slot_failures import SlotFailures
 
 #: ``stop_step`` of a segment that only ends when its episode does.
@@ -112,14 +111,21 @@ class Sink(Protocol):
     #: Whether a segment interrupted by an env crash is kept (cut) or dropped.
     keeps_partial: bool
 
-    def on_record(self, slot: int, live: Live, record: Segment | Span, continues: bool) -> None:
-        """A segment ended; ``continues`` if its episode goes on (window cut).
+    def on_record(self, slot: int, live: Live, record: Segment, continues: bool) -> None:
+        """A segment ended; ``continues`` if its episode goes on (window cut)."""
 
-        A native backend's episodes come as :class:`Span` s of its ring.
+    def on_rows(
+        self, ring: StepRing, spec: EnvSpec, rows: list[int], steps: int, first_start: int
+    ) -> None:
+        """A native backend's episodes ended at one vector step.
+
+        Args:
+            ring: The ring their steps are in.
+            spec: Spec of the env that produced them.
+            rows: A ``FinishedTable`` row (``WIDTH`` ints) per episode.
+            steps: Their steps in all.
+            first_start: The earliest first step among them.
         """
-
-    def on_spans(self, spans: list[Span], steps: int) -> None:
-        """A native backend's episodes ended at one vector step (``steps`` in all)."""
 
     def on_env_failure(self, slot: int, live: Live, restarted: bool) -> None:
         """The slot's env raised in ``step``; ``restarted`` if it may be rebuilt."""

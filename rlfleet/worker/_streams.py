@@ -7,13 +7,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.seeding import stream_seeds
 from rlfleet.errors import EnvError, PolicyError, WireFormatError
 from rlfleet.policies.base import Policy
 from rlfleet.protocol.stream_replay import StreamReplay
 from rlfleet.worker._engine import SlotEngine
-from rlfleet.worker._episode_buffer import Segment, record_key
-from rlfleet.worker._native_columns import Span
+from rlfleet.worker._episode_buffer import Segment, StepRing, record_key
 from rlfleet.worker._segments import Live
 
 
@@ -282,9 +282,7 @@ class FragmentStreams:
         live.key = (*live.key[:2], fragment)
         live.first = False
 
-    def on_record(self, slot: int, live: Live, record: Segment | Span, continues: bool) -> None:
-        # Fragment streams never run on a native engine, whose records are spans.
-        assert isinstance(record, Segment)
+    def on_record(self, slot: int, live: Live, record: Segment, continues: bool) -> None:
         self._pieces.append(record)
         self._quota[slot] -= record.length
         if continues:
@@ -297,7 +295,9 @@ class FragmentStreams:
             self._parked[live.stream[1]] = _Parked(live, [*self._logs[slot], actions])
         self._logs[slot] = []
 
-    def on_spans(self, spans: list[Span], steps: int) -> None:
+    def on_rows(
+        self, ring: StepRing, spec: EnvSpec, rows: list[int], steps: int, first_start: int
+    ) -> None:
         """Never called: fragment streams never run on a native engine."""
         # builtin on purpose: a broken invariant of the worker's own code, not an error of input.
         raise AssertionError("fragment streams never run on a native engine")

@@ -25,8 +25,8 @@ from rlfleet.core.seeding import (
 )
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.worker._engine import SlotEngine
-from rlfleet.worker._episode_buffer import Segment, record_key
-from rlfleet.worker._native_columns import Span
+from rlfleet.worker._episode_buffer import Segment, StepRing, record_key
+from rlfleet.worker._native_columns import FinishedTable, RowsPart
 from rlfleet.worker._segments import Live
 from rlfleet.worker.units import EpisodeUnit
 
@@ -60,21 +60,33 @@ class UnitQueue:
         # bookkeeping. Its states are computed many units at once (prepare).
         self._slot_rngs = [np.random.Generator(np.random.PCG64(0)) for _ in range(engine.n_envs)]
         self._rng_states: dict[int, tuple[int, int]] = {}
-        # A native backend's episodes are Spans of its ring, the others' Segments.
-        self.finished: list[Segment | Span] = []
-        self.finished_steps = 0
+        # The finished episodes: Segments, and a native backend's rows.
+        self.finished: list[Segment] = []
+        self._segment_steps = 0
+        self.table = FinishedTable()
+
+    @property
+    def finished_count(self) -> int:
+        """Finished episodes not taken yet."""
+        return len(self.finished) + self.table.count
+
+    @property
+    def finished_steps(self) -> int:
+        """Steps of the finished episodes not taken yet."""
+        return self._segment_steps + self.table.steps
 
     # ------------------------------------------------------- the engine's Sink
 
-    def on_record(self, slot: int, live: Live, record: Segment | Span, continues: bool) -> None:
+    def on_record(self, slot: int, live: Live, record: Segment, continues: bool) -> None:
         """A unit's episode finished."""
         self.finished.append(record)
-        self.finished_steps += record.length
+        self._segment_steps += record.length
 
-    def on_spans(self, spans: list[Span], steps: int) -> None:
+    def on_rows(
+        self, ring: StepRing, spec: EnvSpec, rows: list[int], steps: int, first_start: int
+    ) -> None:
         """A native backend's episodes finished at one vector step."""
-        self.finished += spans
-        self.finished_steps += steps
+        self.table.add(ring, spec, rows, steps, first_start)
 
     def on_env_failure(self, slot: int, live: Live, restarted: bool) -> None:
         """A unit's env crashed in ``step``."""
@@ -137,34 +149,55 @@ class UnitQueue:
         return len(started)
 
     def _start_native(self) -> int:
-        """:meth:`start` on a native engine: a few of these start every vector step."""
-        engine, queue, rngs = self._engine, self.queue, self._slot_rngs
+        """:meth:`start` on a native engine: a few of these start every vector step.
+
+        The units go to the engine's per-slot lists as they are: no object
+        per episode.
+        """
+        engine, queue = self._engine, self.queue
         slots = engine.idle_slots
         if len(slots) > len(queue):
             del slots[len(queue) :]
         if not slots:
             return 0
-        version, worker, popleft = self._agent_version(), self._worker_number, queue.popleft
-        lives = []
-        for slot in slots:
-            unit = popleft()
-            index = unit.episode_index
-            # rng: unused, every row samples from the env's one generator. meta:
-            # EPISODE_INFO_KEYS order; a native env's episodes have no seeds of
-            # their own (their env and actions follow the whole env's): say
-            # so, never a wrong one.
-            meta = (version, NO_ENV_SEED, NO_POLICY_SEED, index, worker)
-            lives.append(Live(unit, rngs[slot], meta, (unit.request, index)))
-        engine.begin_native(slots, lives)  # a native begin cannot fail
+        popleft = queue.popleft
+        units = [popleft() for _ in slots]
+        engine.begin_native(slots, units, self._agent_version(), self._worker_number)
         engine.reset_policy_rows(slots)
         return len(slots)
 
     def take(
         self, max_episodes: int | None, request: int | None
-    ) -> tuple[EnvSpec, list[Segment | Span]] | None:
-        """Removes the finished segments ``VecWorker.take_finished`` returns, in order."""
+    ) -> tuple[EnvSpec, list[Segment] | list[RowsPart]] | None:
+        """Removes the finished episodes ``VecWorker.take_finished`` returns, in order.
+
+        Returns:
+            Their env's spec and the episodes: segments, or a native
+            backend's rows (in runs of one ring's arrays). Segments and rows
+            (an env update between the two kinds) are taken apart, the
+            lowest (request, episode index) first, as one kind's envs are.
+        """
         if max_episodes is not None:
             check_int("max_episodes", max_episodes, minimum=1)
+        table = self.table
+        if not table.count:
+            return self._take_segments(max_episodes, request)
+        if not self.finished:
+            return table.take(max_episodes, request)
+        first = table.first_key()
+        kinds = [table.take, self._take_segments]
+        if first is not None and first > min(record_key(r) for r in self.finished)[:2]:
+            kinds.reverse()
+        for take in kinds:
+            taken = take(max_episodes, request)
+            if taken is not None:
+                return taken
+        return None
+
+    def _take_segments(
+        self, max_episodes: int | None, request: int | None
+    ) -> tuple[EnvSpec, list[Segment]] | None:
+        """:meth:`take` of the finished segments."""
         if request is None:
             chosen = list(self.finished)
         else:
@@ -176,12 +209,12 @@ class UnitQueue:
         everything = max_episodes is None and len(chosen) == len(self.finished)
         if everything and all(r.env_spec is spec for r in chosen):  # the usual case
             self.finished = []
-            self.finished_steps = 0
+            self._segment_steps = 0
             return spec, chosen
         chosen = [r for r in chosen if r.env_spec is spec][:max_episodes]
         taken = {id(r) for r in chosen}
         self.finished = [r for r in self.finished if id(r) not in taken]
-        self.finished_steps -= sum(r.length for r in chosen)
+        self._segment_steps -= sum(r.length for r in chosen)
         return spec, chosen
 
     def cancel(self, episode_indices: Iterable[int] | None, request: int | None) -> list[int]:
@@ -197,9 +230,8 @@ class UnitQueue:
         self.queue = collections.deque(
             u for u in self.queue if not matches(u.request, u.episode_index)
         )
-        for slot, live in enumerate(self._engine.live):
-            unit = live.unit if live is not None else None
-            if unit is not None and matches(unit.request, unit.episode_index):
+        for slot, unit in self._engine.running_units():
+            if matches(unit.request, unit.episode_index):
                 cancelled.append(unit.episode_index)
                 self._engine.drop(slot)
         kept = []
@@ -207,10 +239,18 @@ class UnitQueue:
             record_request, index = record.key
             if matches(record_request, index):
                 cancelled.append(index)
-                self.finished_steps -= record.length
+                self._segment_steps -= record.length
             else:
                 kept.append(record)
         self.finished = kept
+
+        def rows_match(requests: np.ndarray, row_indices: np.ndarray) -> np.ndarray:
+            chosen = np.ones(len(requests), dtype=bool) if request is None else requests == request
+            if indices is not None:
+                chosen &= np.isin(row_indices, np.fromiter(indices, np.int64, len(indices)))
+            return chosen
+
+        cancelled += self.table.drop(rows_match)
         return sorted(cancelled)
 
     def abort_in_flight(self) -> None:
@@ -223,4 +263,5 @@ class UnitQueue:
         """Forgets every queued and finished unit (the engine drops the running ones)."""
         self.queue.clear()
         self.finished = []
-        self.finished_steps = 0
+        self._segment_steps = 0
+        self.table.clear()

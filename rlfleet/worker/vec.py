@@ -31,7 +31,7 @@ from rlfleet.worker._episode_buffer import (
     build_pieces,
 )
 from rlfleet.worker._installs import WorkerInstalls
-from rlfleet.worker._native_columns import Span, build_span_batch, build_span_pieces
+from rlfleet.worker._native_columns import RowsPart, build_rows_batch, build_rows_pieces
 from rlfleet.worker._restarts import EnvRestartBudget, RestartLedger
 from rlfleet.worker._streams import FragmentStreams
 from rlfleet.worker._unit_queue import UnitQueue
@@ -183,7 +183,7 @@ class VecWorker:
         return (
             f"VecWorker(name={self.name!r}, n_envs={self.n_envs}, env={env}, "
             f"agent_version={self._installs.agent_version}, queued={len(self._units.queue)}, "
-            f"active={self._engine.n_live}, finished={len(self._units.finished)})"
+            f"active={self._engine.n_live}, finished={self._units.finished_count})"
         )
 
     # ------------------------------------------------------------ properties
@@ -226,7 +226,7 @@ class VecWorker:
     @property
     def finished_count(self) -> int:
         """Finished episodes not yet taken."""
-        return len(self._units.finished)
+        return self._units.finished_count
 
     @property
     def finished_steps(self) -> int:
@@ -242,7 +242,7 @@ class VecWorker:
     def active_steps(self) -> int:
         """Steps taken so far by the episodes in flight."""
         now = self._engine.step_count
-        return sum(now - live.seg_start for live in self._engine.live if live is not None)
+        return sum(now - start for start in self._engine.running_starts())
 
     @property
     def queued_count(self) -> int:
@@ -418,13 +418,13 @@ class VecWorker:
             return None
         spec, chosen = taken
         checked = self._checked(spec)
-        if isinstance(chosen[0], Span):  # a native backend's: gathered in one go
-            return build_span_pieces(spec, chosen, EPISODE_INFO_KEYS, actions_checked=checked)  # type: ignore[arg-type]
-        return build_pieces(spec, chosen, EPISODE_INFO_KEYS, actions_checked=checked)  # type: ignore[arg-type]
+        if isinstance(chosen[0], tuple):  # a native backend's rows: gathered in one go
+            return build_rows_pieces(spec, chosen, EPISODE_INFO_KEYS, actions_checked=checked)
+        return build_pieces(spec, chosen, EPISODE_INFO_KEYS, actions_checked=checked)
 
     def _take(
         self, max_episodes: int | None, request: int | None
-    ) -> tuple[EnvSpec, list[Segment | Span]] | None:
+    ) -> tuple[EnvSpec, list[Segment] | list[RowsPart]] | None:
         """Removes the finished segments :meth:`take_finished` returns, in order."""
         return self._units.take(max_episodes, request)
 
@@ -601,7 +601,10 @@ class VecWorker:
             raise UsageError(f"worker {self.name!r} was shut down")
 
     def _build_batch(
-        self, spec: EnvSpec, segments: Sequence[Segment | Span], info_keys: Sequence[str]
+        self,
+        spec: EnvSpec,
+        segments: Sequence[Segment] | Sequence[RowsPart],
+        info_keys: Sequence[str],
     ) -> EpisodeBatch:
         """The segments' batch, re-checking only what stepping did not guarantee.
 
@@ -610,8 +613,8 @@ class VecWorker:
         batch checks the actions.
         """
         checked = self._checked(spec)
-        if isinstance(segments[0], Span):  # a native backend's: gathered in one go
-            return build_span_batch(spec, segments, info_keys, actions_checked=checked)  # type: ignore[arg-type]
+        if isinstance(segments[0], tuple):  # a native backend's rows: gathered in one go
+            return build_rows_batch(spec, segments, info_keys, actions_checked=checked)  # type: ignore[arg-type]
         return build_batch(spec, segments, info_keys, from_ring=True, actions_checked=checked)  # type: ignore[arg-type]
 
     def _checked(self, spec: EnvSpec) -> bool:
