@@ -191,7 +191,9 @@ class StreamBook:
         ends = np.cumsum(steps)
         begins = ends - steps
         # The pieces' actions and last observations copied once (the
-        # window's arrays may be views of the received bytes).
+        # window's arrays may be views of the received bytes). An episode
+        # holds views of it: a window's copy (its cut pieces' steps, at most
+        # a window) lives while one stream's episode holds a piece of it.
         piece_starts = np.cumsum(lengths) - lengths
         rows = np.repeat(piece_starts[pieces] - begins, steps) + np.arange(int(ends[-1]))
         actions = batch.actions[rows]
