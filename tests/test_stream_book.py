@@ -10,16 +10,22 @@ LocalSampler's, bit for bit.
 
 from __future__ import annotations
 
+import gymnasium as gym
+import numpy as np
 import pytest
 
 from rlfleet.client import Fleet, RemoteSampler
-from rlfleet.core import EpisodeBatch
+from rlfleet.core import EnvSpec, EpisodeBatch, StepType
+from rlfleet.core._arrays import episode_starts
+from rlfleet.core.episode_order import cut_pieces
 from rlfleet.envs import EnvConfig
 from rlfleet.protocol.stream_replay import (
+    MAX_REPLAY_STEPS,
     MAX_STREAM_SEEDS,
     RECENT_SEED_SECONDS,
     StreamBook,
     StreamReplay,
+    _Episode,
 )
 from rlfleet.sampling.local import LocalSampler
 from rlfleet.worker import VecWorker
@@ -115,3 +121,152 @@ def test_forgetting_a_seed_used_recently_warns_and_an_idle_one_does_not(
     message = record.getMessage()
     assert "base seed 3, last used 5 s ago" in message
     assert "repeat episodes already delivered" in message
+
+
+# --- the book's record against the rules one piece at a time ---------------------------
+
+
+def record_per_piece(book: StreamBook, base_seed: int, worker_id: int, batch: EpisodeBatch) -> None:
+    """The book's rules applied one piece at a time, in the window's order: what
+    :meth:`StreamBook.record` must leave, whatever the window holds."""
+    infos = batch.episode_infos
+    streams, episodes, fragments = (
+        np.asarray(infos[key]).tolist() for key in ("stream", "episode_index", "fragment_index")
+    )
+    starts = episode_starts(batch.lengths)
+    ends = starts + batch.lengths
+    ended = ~cut_pieces(batch) if len(batch.lengths) else np.zeros(0, dtype=bool)
+    known = book._touch(base_seed)
+    for i, (stream, episode, fragment) in enumerate(zip(streams, episodes, fragments, strict=True)):
+        known.runner[stream] = worker_id
+        known.next_episode[stream] = max(known.next_episode.get(stream, 0), episode + 1)
+        current = book._episodes.get(stream)
+        if ended[i]:
+            if current is not None and current.episode_index <= episode:
+                del book._episodes[stream]
+            continue
+        actions = batch.actions[starts[i] : ends[i]]
+        if fragment == 0:
+            current = _Episode(base_seed, episode, 0, [], 0, batch.last_observations[i])
+        elif current is None or (current.base_seed, current.episode_index, current.fragments) != (
+            base_seed,
+            episode,
+            fragment,
+        ):
+            book._episodes.pop(stream, None)
+            continue
+        current.fragments += 1
+        current.steps += len(actions)
+        current.actions.append(np.array(actions))
+        current.last_observation = np.array(batch.last_observations[i])
+        if current.steps > book._max_steps:
+            book._episodes.pop(stream, None)
+            continue
+        book._episodes[stream] = current
+
+
+SPEC = EnvSpec(
+    gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+)
+
+
+def random_window(rng: np.random.Generator, state: dict[int, tuple[int, int]]) -> EpisodeBatch:
+    """A window of pieces that mostly continue ``state`` (stream: its episode and
+    fragments out, updated) and sometimes do not: gaps, repeats, pieces out of
+    order, several cut pieces in one stream, streams running many short episodes."""
+    rows: list[tuple[int, int, int, int, bool]] = []  # stream, episode, fragment, steps, cut
+    for stream in rng.choice(8, size=int(rng.integers(0, 6)), replace=False).tolist():
+        episode, fragment = state.get(stream, (0, 0))
+        if rng.random() < 0.15:  # a gap, a repeat, or a stale episode
+            episode = max(episode + int(rng.integers(-2, 3)), 0)
+            fragment = int(rng.integers(0, 3))
+        for _ in range(int(rng.integers(1, 20 if rng.random() < 0.1 else 4))):
+            cut = bool(rng.random() < 0.4)
+            rows.append((stream, episode, fragment, int(rng.integers(1, 5)), cut))
+            episode, fragment = (episode, fragment + 1) if cut else (episode + 1, 0)
+            if cut and rng.random() < 0.85:
+                break
+        state[stream] = (episode, fragment)
+    if rows and rng.random() < 0.3:
+        rows = [rows[i] for i in rng.permutation(len(rows))]
+    lengths = np.array([r[3] for r in rows], dtype=np.int64)
+    total = int(lengths.sum())
+    step_types = np.full(total, int(StepType.MID), dtype=np.uint8)
+    ends = np.cumsum(lengths) - 1
+    for end, row in zip(ends.tolist(), rows, strict=True):
+        if not row[4]:
+            step_types[end] = int(rng.choice([int(StepType.TERMINAL), int(StepType.TIMEOUT)]))
+    column = lambda k: np.array([r[k] for r in rows], dtype=np.int64)  # noqa: E731
+    return EpisodeBatch(
+        env_spec=SPEC,
+        episode_infos={
+            "stream": column(0),
+            "episode_index": column(1),
+            "fragment_index": column(2),
+        },
+        observations=rng.uniform(-1, 1, (total, 3)).astype(np.float32),
+        last_observations=rng.uniform(-1, 1, (len(rows), 3)).astype(np.float32),
+        actions=rng.uniform(-1, 1, (total, 2)).astype(np.float32),
+        rewards=np.ones(total, np.float32),
+        env_infos={},
+        agent_infos={},
+        step_types=step_types,
+        lengths=lengths,
+    )
+
+
+def assert_same_books(got: StreamBook, want: StreamBook) -> None:
+    assert list(got._seeds) == list(want._seeds)
+    for seed, known in want._seeds.items():
+        assert got._seeds[seed].next_episode == known.next_episode
+        assert got._seeds[seed].runner == known.runner
+    assert got._episodes.keys() == want._episodes.keys()
+    for stream, episode in want._episodes.items():
+        mine = got._episodes[stream]
+        assert (mine.base_seed, mine.episode_index, mine.fragments, mine.steps) == (
+            episode.base_seed,
+            episode.episode_index,
+            episode.fragments,
+            episode.steps,
+        )
+        assert [len(a) for a in mine.actions] == [len(a) for a in episode.actions]
+        for a, b in (
+            (mine.actions, episode.actions),
+            ([mine.last_observation], [episode.last_observation]),
+        ):
+            joined, expected = np.concatenate(a), np.concatenate(b)
+            assert joined.dtype == expected.dtype and np.array_equal(joined, expected)
+    for stream, episode in want._episodes.items():
+        # What a replacement gets (worker 3 never runs a stream: it is always told).
+        assert _same_replay(got, want, episode.base_seed, stream, 3)
+
+
+def _same_replay(got: StreamBook, want: StreamBook, seed: int, stream: int, worker: int) -> bool:
+    a, b = got.replay(seed, stream, worker), want.replay(seed, stream, worker)
+    if a is None or b is None:
+        return a is b
+    return (a.stream, a.episode_index, a.fragment_index) == (
+        b.stream,
+        b.episode_index,
+        b.fragment_index,
+    ) and all(
+        (x is None and y is None) or (x is not None and y is not None and np.array_equal(x, y))
+        for x, y in ((a.actions, b.actions), (a.last_observation, b.last_observation))
+    )
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_recording_a_window_at_once_leaves_the_book_the_per_piece_rules_leave(case: int) -> None:
+    rng = np.random.default_rng(case)
+    max_steps = int(rng.choice([3, 6, 12, MAX_REPLAY_STEPS]))
+    got, want = StreamBook(max_steps=max_steps, max_seeds=2), StreamBook(max_steps, max_seeds=2)
+    state: dict[int, tuple[int, int]] = {}
+    for _ in range(40):
+        seed, worker = int(rng.integers(0, 3)), int(rng.integers(1, 3))
+        window = random_window(rng, state)
+        got.record(seed, worker, window)
+        record_per_piece(want, seed, worker, window)
+        assert_same_books(got, want)
+        if rng.random() < 0.05:
+            got.end_episodes()
+            want.end_episodes()
