@@ -199,6 +199,14 @@ class _Layout:
         tensor = self.tensors[name]
         return space_screen(space, tensor.dtype, tensor.row_shape, actions=actions)
 
+    def fitting(self, episodes: int, steps: int, size: int) -> _Skeleton | None:
+        """The layout's skeleton for ``episodes`` and ``steps`` if a result of
+        ``size`` bytes can have it, else None."""
+        if steps > size:  # every step takes a byte or more: no skeleton for forged counts
+            return None
+        skeleton = self.skeleton(episodes, steps)
+        return skeleton if skeleton.size == size else None
+
     def skeleton(self, episodes: int, steps: int) -> _Skeleton:
         """The layout's bytes for ``episodes`` and ``steps``, worked out once per pair."""
         found = self._skeletons.get((episodes, steps))
@@ -426,10 +434,8 @@ def _passes(
         return False
     steps = sum(lengths)
     size, read, _ = payload
-    if steps > size:  # every step takes a byte or more: no skeleton for forged counts
-        return False
-    skeleton = layout.skeleton(episodes, steps)
-    if size != skeleton.size:
+    skeleton = layout.fitting(episodes, steps, size)
+    if skeleton is None:
         return False
     view = _viewer(layout, skeleton, episodes, steps, payload)
 
