@@ -447,9 +447,9 @@ class Scheduler:
         """Records results given as ``(task id, episode indices, lengths)``, in
         order, as :meth:`complete` one after the other would.
 
-        A run of results of one episode task whose episodes are all
-        outstanding, none twice, is judged with one sorted search over the
-        task's units; anything else result by result.
+        A run of results of one episode task (one result or more) whose
+        episodes are all outstanding, none twice, is judged with one sorted
+        search over the task's units; anything else result by result.
 
         Returns:
             The rulings of the first results, up to the first that is
@@ -462,7 +462,9 @@ class Scheduler:
             run = results[start:end]
             task = self._books.tasks.get(run[0][0])
             booked = False
-            if len(run) > 1 and task is not None and task.worker_id == worker_id:
+            # One result alone too: its units were judged before it was
+            # checked, and one search finds them again without the judging.
+            if task is not None and task.worker_id == worker_id:
                 request = self._books.requests[task.request_id]
                 columns = [_int64(indices) for _, indices, _ in run]
                 if (

@@ -283,9 +283,11 @@ class EpisodeRequest(RequestState):
         self.requeue(outstanding, lost=True)
         return len(outstanding)
 
-    def complete(self, indices: np.ndarray, lengths: np.ndarray) -> None:
-        """Episodes ``indices`` came back with ``lengths`` steps (int64 arrays)."""
-        count, steps = len(indices), int(lengths.sum())
+    def complete(self, indices: np.ndarray, lengths: np.ndarray, steps: int | None = None) -> None:
+        """Episodes ``indices`` came back with ``lengths`` steps (int64 arrays;
+        ``steps``: their total, if the caller has it)."""
+        count = len(indices)
+        steps = int(lengths.sum()) if steps is None else steps
         self.outstanding -= count
         self.completed_count += count
         self.accepted_steps += steps
@@ -302,13 +304,21 @@ class EpisodeRequest(RequestState):
     def _extend_prefix(self, indices: np.ndarray, lengths: np.ndarray) -> None:
         """STEPS: books lengths, then walks the contiguous prefix forward; the
         first index at which it reaches the amount fixes the answer (smallest m)."""
+        if not len(indices):
+            return
         offsets = indices - self.prefix_end  # >= 0: the prefix's episodes are back
         known = self.lengths_past_prefix
-        if len(offsets) and int(offsets.max()) >= len(known):
-            grown = np.full(max(int(offsets.max()) + 1, 2 * len(known)), -1, dtype=np.int64)
+        largest = int(offsets.max())
+        if largest >= len(known):
+            grown = np.full(max(largest + 1, 2 * len(known)), -1, dtype=np.int64)
             grown[: len(known)] = known
             known = self.lengths_past_prefix = grown
         known[offsets] = lengths
+        # The episode at prefix_end is the first one missing (a walk stops
+        # there): unless this result brings it, the prefix stays where it is.
+        # Most results do not (each worker runs its own block of indices).
+        if known[0] < 0:
+            return
         missing = np.flatnonzero(known < 0)
         run = known[: missing[0] if missing.size else len(known)]
         if not run.size:
@@ -438,7 +448,8 @@ class UnitPlanner:
         """
         task.units.complete(positions)
         worker.units -= len(indices)
-        request.complete(indices, lengths)
-        self.mean_length.add(int(lengths.sum()), len(lengths))
+        steps = int(lengths.sum())
+        request.complete(indices, lengths, steps)
+        self.mean_length.add(steps, len(lengths))
         if not task.units.outstanding:
             self._books.retire(task)
