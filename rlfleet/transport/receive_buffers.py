@@ -16,14 +16,16 @@ resized: that is the test of a buffer free to take again
 (:func:`_unviewed`), so a buffer is never written while anything reads it.
 
 A frame that finds no free kept buffer once the kept ones reach their bound
-gets anonymous pages of its own, which the kernel commits only as the
-frame's bytes arrive: a peer's header alone commits nothing past the bound.
+gets memory of its own from malloc, not zeroed, whose fresh pages the kernel
+commits only as the frame's bytes arrive: a peer's header alone commits
+nothing past the bound.
 """
 
 from __future__ import annotations
 
-import mmap
 import threading
+
+import numpy as np
 
 #: Frames of at least this many bytes are worth a kept buffer (smaller ones
 #: come from malloc's own reused small blocks as cheaply).
@@ -70,10 +72,12 @@ class ReceiveBuffers:
             grain = LARGE_FRAME_BYTES
             rounded = -(-size // grain) * grain
             if self._kept + rounded > self._keep:
-                # Not kept: anonymous pages, committed only as the frame's
-                # bytes arrive (a bytearray zero-fills all of them at once, so
-                # a header alone would commit the frame's whole length).
-                return memoryview(mmap.mmap(-1, size))
+                # Not kept: malloc's memory, not zeroed, so fresh pages are
+                # committed only as the frame's bytes arrive (a bytearray
+                # zero-fills all of them at once: a header alone would commit
+                # the frame's whole length), and memory freed by earlier frames
+                # is reused warm.
+                return memoryview(np.empty(size, np.uint8))
             buffer = bytearray(rounded)
             self._kept += rounded
             # Next to the last one taken: taken again in the order made.
