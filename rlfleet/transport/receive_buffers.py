@@ -77,7 +77,7 @@ class ReceiveBuffers:
                 # zero-fills all of them at once: a header alone would commit
                 # the frame's whole length), and memory freed by earlier frames
                 # is reused warm.
-                return memoryview(np.empty(size, np.uint8))
+                return memoryview(np.empty(size, np.uint8).data)
             buffer = bytearray(rounded)
             self._kept += rounded
             # Next to the last one taken: taken again in the order made.
