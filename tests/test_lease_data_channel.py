@@ -11,6 +11,7 @@ its envs re-created elsewhere.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import select
 import shutil
@@ -383,41 +384,62 @@ class _Recording:
         self.closed.append(reason)
 
 
+@dataclasses.dataclass
+class _Dialled:
+    """A coordinator's data port and one connection dialled to it."""
+
+    data: Any  # the coordinator's LeaseDataServer
+    peer: _Recording  # what the coordinator received on it
+    attached: list[Any]  # the coordinator's side of it, once accepted
+    link: LeaseDataLink  # the dialling side
+
+
+@contextlib.contextmanager
+def dialled(config: CoordinatorConfig, tls: ClientTLS | None = None) -> Iterator[_Dialled]:
+    """A coordinator served with ``config``, with one data connection dialled to
+    it whose frames a :class:`_Recording` peer takes (frames up to the config's
+    message limit each way)."""
+    with serve(config) as server:
+        data = server.coordinator.lease_data
+        assert data is not None
+        peer = _Recording()
+        attached: list[Any] = []
+
+        def attach(connection: Any) -> _Recording:
+            attached.append(connection)
+            return peer
+
+        ticket = data.issue(attach)
+        link = dial("127.0.0.1", data.port, data_hello(ticket), tls=tls, timeout=10,
+                    max_frame_bytes=config.max_message_bytes)  # fmt: skip
+        try:
+            yield _Dialled(data, peer, attached, link)
+        finally:
+            link.close()
+
+
 def test_frames_cut_anywhere_by_the_network_reach_the_coordinator_whole_and_in_order() -> None:
     # The loop cuts frames straight from each read into its one buffer and
     # keeps a frame's start for the next read: split headers, split payloads,
     # several frames per read, and a frame larger than a read (256 KiB).
     config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
-    with serve(config) as server:
-        data = server.coordinator.lease_data
-        assert data is not None
-        peer = _Recording()
-        ticket = data.issue(lambda connection: peer)
-        link = dial("127.0.0.1", data.port, data_hello(ticket), tls=None, timeout=10,
-                    max_frame_bytes=1 << 20)  # fmt: skip
+    with dialled(config) as channel:
+        peer = channel.peer
         payloads = [bytes([k]) * size for k, size in enumerate([0, 1, 5, 300, 4096, 600_000, 7])]
         stream = b"".join(FRAME_HEADER.pack(len(p)) + p for p in payloads)
-        raw = link._sock  # the test writes the bytes in pieces of its choosing
-        try:
-            for piece in (stream[:2], stream[2:9], stream[9:400], stream[400:]):
-                raw.sendall(piece)
-                time.sleep(0.05)  # the behaviour under test: each piece its own read
-            wait_until(lambda: len(peer.frames) == len(payloads), "every frame")
-            assert peer.frames == payloads
-            assert not peer.closed
-        finally:
-            link.close()
+        raw = channel.link._sock  # the test writes the bytes in pieces of its choosing
+        for piece in (stream[:2], stream[2:9], stream[9:400], stream[400:]):
+            raw.sendall(piece)
+            time.sleep(0.05)  # the behaviour under test: each piece its own read
+        wait_until(lambda: len(peer.frames) == len(payloads), "every frame")
+        assert peer.frames == payloads
+        assert not peer.closed
 
 
 def test_large_frames_are_read_into_reused_buffers_never_into_one_still_viewed() -> None:
     config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
-    with serve(config) as server:
-        data = server.coordinator.lease_data
-        assert data is not None
-        peer = _Recording()
-        ticket = data.issue(lambda connection: peer)
-        link = dial("127.0.0.1", data.port, data_hello(ticket), tls=None, timeout=10,
-                    max_frame_bytes=1 << 20)  # fmt: skip
+    with dialled(config) as channel:
+        data, peer, link = channel.data, channel.peer, channel.link
 
         def received(fill: int) -> memoryview:
             link.send(bytes([fill]) * 600_000)
@@ -426,20 +448,17 @@ def test_large_frames_are_read_into_reused_buffers_never_into_one_still_viewed()
             assert isinstance(got, memoryview) and got == bytes([fill]) * 600_000
             return got
 
-        try:
-            first = received(1)
-            made = data.buffers.made
-            second = received(2)  # ``first`` is still viewed: a buffer of its own
-            assert second.obj is not first.obj
-            assert first == b"\x01" * 600_000
-            buffer = first.obj
-            del first
-            third = received(3)  # nothing views the first buffer now: taken again
-            assert third.obj is buffer
-            assert data.buffers.made == made + 1
-            assert second == b"\x02" * 600_000
-        finally:
-            link.close()
+        first = received(1)
+        made = data.buffers.made
+        second = received(2)  # ``first`` is still viewed: a buffer of its own
+        assert second.obj is not first.obj
+        assert first == b"\x01" * 600_000
+        buffer = first.obj
+        del first
+        third = received(3)  # nothing views the first buffer now: taken again
+        assert third.obj is buffer
+        assert data.buffers.made == made + 1
+        assert second == b"\x02" * 600_000
 
 
 def test_large_frames_cross_a_tls_data_connection_whole_both_ways(tmp_path: Path) -> None:
@@ -453,87 +472,51 @@ def test_large_frames_cross_a_tls_data_connection_whole_both_ways(tmp_path: Path
     config = CoordinatorConfig(
         listen="127.0.0.1:0", max_message_bytes=1 << 21, security=ServerSecurity(tls=tls)
     )
-    with serve(config) as server:
-        data = server.coordinator.lease_data
-        assert data is not None
-        peer = _Recording()
-        attached: list[Any] = []
-
-        def attach(connection: Any) -> _Recording:
-            attached.append(connection)
-            return peer
-
-        ticket = data.issue(attach)
-        client = ClientTLS.from_files(tmp_path / "ca.crt")
-        link = dial("127.0.0.1", data.port, data_hello(ticket), tls=client, timeout=10,
-                    max_frame_bytes=1 << 21)  # fmt: skip
-        try:
-            assert isinstance(link._sock, ssl.SSLSocket)
-            payloads = [bytes([k % 251]) * size for k, size in
-                        enumerate([3, 900_000, 70_000, 5, 1_500_000, 65_536, 12])]  # fmt: skip
-            link.send_frames(payloads)
-            wait_until(lambda: len(peer.frames) == len(payloads), "every frame")
-            assert [bytes(f) for f in peer.frames] == payloads
-            assert not peer.closed
-            (connection,) = attached
-            parts = [b"head", b"\x07" * 800_000, b"mid", b"\x09" * 100_000, b"tail"]
-            for _ in range(3):
-                connection.send_parts(parts, 10.0)
-            for _ in range(3):
-                received = link.receive_message(10.0)
-                assert received is not None and bytes(received) == b"".join(parts)
-        finally:
-            link.close()
+    client = ClientTLS.from_files(tmp_path / "ca.crt")
+    with dialled(config, client) as channel:
+        peer, link = channel.peer, channel.link
+        assert isinstance(link._sock, ssl.SSLSocket)
+        payloads = [bytes([k % 251]) * size for k, size in
+                    enumerate([3, 900_000, 70_000, 5, 1_500_000, 65_536, 12])]  # fmt: skip
+        link.send_frames(payloads)
+        wait_until(lambda: len(peer.frames) == len(payloads), "every frame")
+        assert [bytes(f) for f in peer.frames] == payloads
+        assert not peer.closed
+        (connection,) = channel.attached
+        parts = [b"head", b"\x07" * 800_000, b"mid", b"\x09" * 100_000, b"tail"]
+        for _ in range(3):
+            connection.send_parts(parts, 10.0)
+        for _ in range(3):
+            received = link.receive_message(10.0)
+            assert received is not None and bytes(received) == b"".join(parts)
 
 
 def test_a_frame_longer_than_the_limit_closes_the_connection_naming_the_limit() -> None:
     # A hostile length must not make the coordinator allocate what it says.
     config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
-    with serve(config) as server:
-        data = server.coordinator.lease_data
-        assert data is not None
-        peer = _Recording()
-        ticket = data.issue(lambda connection: peer)
-        link = dial("127.0.0.1", data.port, data_hello(ticket), tls=None, timeout=10,
-                    max_frame_bytes=1 << 20)  # fmt: skip
-        try:
-            link._sock.sendall(frame(b"ok") + FRAME_HEADER.pack(0xFFFF_FFFF) + b"x" * 100)
-            wait_until(lambda: peer.closed, "the connection's end")
-            assert peer.frames == [b"ok"]
-            assert "4294967295 bytes" in peer.closed[0]
-            assert "limit" in peer.closed[0]
-        finally:
-            link.close()
+    with dialled(config) as channel:
+        peer = channel.peer
+        channel.link._sock.sendall(frame(b"ok") + FRAME_HEADER.pack(0xFFFF_FFFF) + b"x" * 100)
+        wait_until(lambda: peer.closed, "the connection's end")
+        assert peer.frames == [b"ok"]
+        assert "4294967295 bytes" in peer.closed[0]
+        assert "limit" in peer.closed[0]
 
 
 def test_a_peer_that_does_not_read_is_cut_off_not_buffered_without_bound() -> None:
     config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 16)
-    with serve(config) as server:
-        data = server.coordinator.lease_data
-        assert data is not None
-        peer = _Recording()
-        attached: list[Any] = []
-
-        def attach(connection: Any) -> _Recording:
-            attached.append(connection)
-            return peer
-
-        ticket = data.issue(attach)
-        link = dial("127.0.0.1", data.port, data_hello(ticket), tls=None, timeout=10,
-                    max_frame_bytes=1 << 16)  # fmt: skip
-        try:
-            wait_until(lambda: attached, "the connection attached")  # just after the accept
-            (connection,) = attached
-            chunk = b"x" * (1 << 15)
-            for _ in range(4096):  # 128 MiB at most; the kernel's buffers hold a few MiB
-                connection.send(chunk)
-                if connection.closed:
-                    break
-            assert connection.closed
-            wait_until(lambda: peer.closed, "the connection's end")
-            assert "does not read" in peer.closed[0]
-        finally:
-            link.close()
+    with dialled(config) as channel:
+        attached = channel.attached
+        wait_until(lambda: attached, "the connection attached")  # just after the accept
+        (connection,) = attached
+        chunk = b"x" * (1 << 15)
+        for _ in range(4096):  # 128 MiB at most; the kernel's buffers hold a few MiB
+            connection.send(chunk)
+            if connection.closed:
+                break
+        assert connection.closed
+        wait_until(lambda: channel.peer.closed, "the connection's end")
+        assert "does not read" in channel.peer.closed[0]
 
 
 @pytest.mark.parametrize(
@@ -549,7 +532,7 @@ def test_a_peer_that_does_not_read_is_cut_off_not_buffered_without_bound() -> No
         ("ipv4:10.0.0.5:50051", "10.0.0.5"),
     ],
 )
-def test_the_data_channel_is_dialled_on_the_grpc_host(address: str, host: str) -> None:
+def test_the_data_channel_is_channelon_the_grpc_host(address: str, host: str) -> None:
     assert coordinator_host(address) == host
 
 
