@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import numpy as np
 
@@ -297,17 +298,8 @@ def _episode_problems(result: DecodedResult, expect: ResultExpectation) -> list[
 
 
 def _fragment_problems(result: DecodedResult, window: FragmentWindow) -> list[str]:
-    infos = result.infos
-    pieces = WindowPieces(
-        stream=infos("stream"),
-        episodes=infos("episode_index"),
-        fragments=infos("fragment_index"),
-        env_seeds=infos("env_seed"),
-        policy_seeds=infos("policy_seed"),
-        lengths=result.batch.lengths,
-        step_types=result.batch.step_types,
-    )
-    return window_problems(pieces, window)
+    batch = result.batch
+    return window_problems(WindowPieces.of(result.infos, batch.lengths, batch.step_types), window)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,6 +327,21 @@ class WindowPieces:
     policy_seeds: np.ndarray
     lengths: np.ndarray
     step_types: np.ndarray
+
+    @classmethod
+    def of(
+        cls, info: Callable[[str], np.ndarray], lengths: np.ndarray, step_types: np.ndarray
+    ) -> WindowPieces:
+        """The pieces whose episode infos ``info`` reads by key."""
+        return cls(
+            stream=info("stream"),
+            episodes=info("episode_index"),
+            fragments=info("fragment_index"),
+            env_seeds=info("env_seed"),
+            policy_seeds=info("policy_seed"),
+            lengths=lengths,
+            step_types=step_types,
+        )
 
 
 def window_problems(pieces: WindowPieces, window: FragmentWindow) -> list[str]:

@@ -546,14 +546,8 @@ def _window_passes(
     for name, want in (("worker", worker_id), ("agent_version", version)):
         if any_set(view(f"episode_infos[{name!r}]") != want):
             return False
-    pieces = WindowPieces(
-        stream=view("episode_infos['stream']"),
-        episodes=view("episode_infos['episode_index']"),
-        fragments=view("episode_infos['fragment_index']"),
-        env_seeds=view("episode_infos['env_seed']"),
-        policy_seeds=view("episode_infos['policy_seed']"),
-        lengths=lengths,
-        step_types=view("step_types"),
+    pieces = WindowPieces.of(
+        lambda key: view(f"episode_infos[{key!r}]"), lengths, view("step_types")
     )
     if window_problems(pieces, window):
         return False
