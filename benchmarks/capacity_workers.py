@@ -362,9 +362,20 @@ class SyntheticWorker:
         """Each result's messages: a task's episodes, or its windows."""
         if self._spec is None:
             raise RuntimeError(f"task {task.task_id} came before any EnvUpdate")
-        if task.mode == int(Mode.FRAGMENTS):
-            yield from self._windows_of(task, welcome)
-            return
+        results = (
+            self._windows_of(task, welcome)
+            if task.mode == int(Mode.FRAGMENTS)
+            else self._episodes_of(task, welcome)
+        )
+        for messages in results:
+            yield messages  # counted once sent
+            self._results += 1
+            self._messages += len(messages)
+            self.counts.write_text(f"{self._results} {self._messages}")
+
+    def _episodes_of(self, task: TaskAssignment, welcome: WorkerWelcome) -> Iterator[list[bytes]]:
+        """An EPISODES task's results, of the episodes per result the control file says."""
+        assert self._spec is not None
         per_result = max(int(self.control.read_text()), 1)
         version = task.agent_version if task.agent_version >= 0 else self._version
         units = sorted(task.units)
@@ -384,9 +395,6 @@ class SyntheticWorker:
                 max_message_bytes=welcome.max_message_bytes,
             )
             yield messages
-            self._results += 1
-            self._messages += len(messages)
-            self.counts.write_text(f"{self._results} {self._messages}")
 
     def _windows_of(self, task: TaskAssignment, welcome: WorkerWelcome) -> Iterator[list[bytes]]:
         """A FRAGMENTS task's windows. Its streams stay on this worker (no faults
@@ -429,6 +437,3 @@ class SyntheticWorker:
                 max_message_bytes=welcome.max_message_bytes,
             )
             yield messages
-            self._results += 1
-            self._messages += len(messages)
-            self.counts.write_text(f"{self._results} {self._messages}")
