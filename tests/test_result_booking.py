@@ -98,7 +98,7 @@ def new_fleet(first_result: JoinedResult | None) -> Fleet:
     request_id, outbox = start(state, 0, FIRST_AMOUNT)
     if first_result is None:  # the first request's task, to run its result
         return Fleet(state, events, handle, outbox, request_id, tasks_sent(handle))
-    events.on_result(handle, first_result)  # request 0 ends: its task is over
+    events.on_results(handle, (first_result,))  # request 0 ends: its task is over
     tasks_sent(handle)
     request_id, outbox = start(state, 1, AMOUNT)
     return Fleet(state, events, handle, outbox, request_id, tasks_sent(handle))
@@ -183,7 +183,7 @@ def one_at_a_time(pool: dict[str, JoinedResult], names: list[str]) -> dict[str, 
     error = None
     for name in names:
         try:
-            fleet.events.on_result(fleet.handle, pool[name])
+            fleet.events.on_results(fleet.handle, (pool[name],))
         except (ProtocolError, WireFormatError) as exc:
             error = exc
             break  # the worker is dropped: nothing after it is booked

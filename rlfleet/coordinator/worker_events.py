@@ -378,10 +378,6 @@ class WorkerEvents:
         while rest:
             rest = self._book_batch(handle, rest)
 
-    def on_result(self, handle: WorkerHandle, joined: JoinedResult) -> None:
-        """One complete result: :meth:`on_results` of a batch of one."""
-        self.on_results(handle, (joined,))
-
     def _book_batch(
         self, handle: WorkerHandle, results: Sequence[JoinedResult]
     ) -> Sequence[JoinedResult]:
