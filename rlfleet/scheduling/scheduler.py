@@ -315,6 +315,8 @@ class Scheduler:
             Cancels for the work on workers.
         """
         self._units.mean_length = MeanLength()  # the old env's lengths say nothing of the new
+        for worker in self._books.workers.values():
+            worker.result_steps = 0  # nor its results' sizes (steps of another size)
         cancels: list[CancelOrder] = []
         for request in self._subscriptions:
             request.spec = replace(request.spec, env_generation=generation)

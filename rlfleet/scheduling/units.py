@@ -36,6 +36,17 @@ DEFAULT_PREFETCH_FACTOR = 1
 #: request never hands out more than it still needs.
 DEFAULT_CAPACITY_STEPS = 16384
 
+#: A worker holds at least this many of its results' worth of units beyond
+#: one per slot, and is topped up once two of them are left: a refill comes
+#: only after a result, so when a result of a worker is booked, it still
+#: holds two results' worth not started, one to cover the time until its
+#: next result and one for the refill's round trip. With one result's worth
+#: left (``capacity_steps`` 16384 and results of 8192 steps, 64 slots), a
+#: native CartPole worker ran dry before the refill came in 0.7-1.6% of its
+#: env rows on a loaded machine; with two, 0.1% (docs/data_plane.md,
+#: "Refills before the queue runs dry").
+RESULTS_HELD = 3
+
 #: Episodes over which the fleet's running mean episode length forgets.
 MEAN_LENGTH_MEMORY = 256
 
@@ -363,20 +374,36 @@ class UnitPlanner:
         return num_envs * (1 + self._prefetch_factor)
 
     def capacity(self, worker: WorkerLoad) -> int:
-        """Episode units the worker may hold now."""
+        """Episode units the worker may hold now.
+
+        ``capacity_steps`` of units, and at least one per slot plus
+        :data:`RESULTS_HELD` of the worker's largest results.
+        """
         mean = self.mean_length.value
         if mean is None or not self._capacity_steps:
             capacity = worker.min_capacity
         else:
-            capacity = max(worker.min_capacity, math.ceil(self._capacity_steps / max(mean, 1.0)))
+            steps = max(self._capacity_steps, RESULTS_HELD * worker.result_steps)
+            units = math.ceil(steps / max(mean, 1.0))
+            if steps > self._capacity_steps:
+                units += worker.num_envs  # the results' worth come on top of the running episodes
+            capacity = max(worker.min_capacity, units)
         if worker.leased:
             capacity = math.ceil(capacity * worker.slots / worker.num_envs)
         return capacity
 
+    def low_water(self, worker: WorkerLoad) -> int:
+        """Spare units at which the worker is topped up at the latest: two of its results."""
+        mean = self.mean_length.value
+        if mean is None or not self._capacity_steps:
+            return 0
+        return math.ceil((RESULTS_HELD - 1) * worker.result_steps / max(mean, 1.0))
+
     def dispatch(self, request: EpisodeRequest, workers: list[WorkerLoad]) -> list[TaskOrder]:
         """Tops up the workers that want a refill with units of ``request``."""
         capacity = {w.worker_id: self.capacity(w) for w in workers}
-        if not any(w.wants_refill(capacity[w.worker_id]) for w in workers):
+        low = {w.worker_id: self.low_water(w) for w in workers}
+        if not any(w.wants_refill(capacity[w.worker_id], low[w.worker_id]) for w in workers):
             return []  # the common case after a result: nothing to send
         # Top up every worker with room for a slice, not only the one that
         # asked: queues stay balanced, so when the request stops generating,
@@ -385,7 +412,8 @@ class UnitPlanner:
         refilled = [
             w
             for w in workers
-            if w.wants_refill(capacity[w.worker_id]) or capacity[w.worker_id] - w.units >= w.slots
+            if w.wants_refill(capacity[w.worker_id], low[w.worker_id])
+            or capacity[w.worker_id] - w.units >= w.slots
         ]
         fleet_slots = sum(w.slots for w in workers)
         prior = self.mean_length.value
@@ -449,6 +477,7 @@ class UnitPlanner:
         task.units.complete(positions)
         worker.units -= len(indices)
         steps = int(lengths.sum())
+        worker.result_steps = max(worker.result_steps, steps)
         request.complete(indices, lengths, steps)
         self.mean_length.add(steps, len(lengths))
         if not task.units.outstanding:
