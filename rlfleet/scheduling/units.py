@@ -1,8 +1,9 @@
 """Unit planning: which episodes each worker runs, and how many it holds.
 
 A worker holds about ``capacity_steps`` steps of episode units, sized with
-the fleet's running mean episode length (:class:`MeanLength`); refills come
-in batches and are dealt round-robin (see the rules in
+the fleet's running mean episode length (:class:`MeanLength`), and at least
+:data:`RESULTS_HELD` of its results' worth; refills come in batches and are
+dealt round-robin (see the rules in
 :mod:`rlfleet.scheduling.scheduler`). An :class:`EpisodeRequest` decides
 which indices are still needed; :class:`UnitPlanner` decides who runs them.
 """
@@ -27,10 +28,10 @@ DEFAULT_PREFETCH_FACTOR = 1
 
 #: Default steps of work a worker holds (see the module docstring). Workers
 #: report after 0.1 s of work or 8192 steps (their default flush_seconds and
-#: flush_steps), so a refill at half capacity still leaves them 8192 steps
-#: (~140 ms of CartPole on one core, ~30 ms of a native vector env) to cover
-#: its round trip. Measured with the fleet benchmark: 8192 and 24576 were
-#: within noise of this. Larger is not free: when a request stops
+#: flush_steps): a per-env CartPole worker's results are mostly smaller and
+#: this holds several of them; a native vector worker's are 8192 steps, and
+#: :data:`RESULTS_HELD` of them set its capacity. Measured with the fleet
+#: benchmark: 8192 and 24576 were within noise of this. Larger is not free: when a request stops
 #: generating, each worker still runs the queue it holds, so a slower
 #: worker's queue sets the request's tail. Surplus is no concern: a STEPS
 #: request never hands out more than it still needs.
@@ -42,9 +43,9 @@ DEFAULT_CAPACITY_STEPS = 16384
 #: holds two results' worth not started, one to cover the time until its
 #: next result and one for the refill's round trip. With one result's worth
 #: left (``capacity_steps`` 16384 and results of 8192 steps, 64 slots), a
-#: native CartPole worker ran dry before the refill came in 0.7-1.6% of its
-#: env rows on a loaded machine; with two, 0.1% (docs/data_plane.md,
-#: "Refills before the queue runs dry").
+#: native CartPole worker stepped 0.5-1.0% of its env rows unrecorded in the
+#: middle of requests, waiting for a refill; with two, none in three runs
+#: (docs/data_plane.md, "Refills before the queue runs dry").
 RESULTS_HELD = 3
 
 #: Episodes over which the fleet's running mean episode length forgets.
