@@ -378,17 +378,20 @@ class UnitPlanner:
         """Episode units the worker may hold now.
 
         ``capacity_steps`` of units, and at least one per slot plus
-        :data:`RESULTS_HELD` of the worker's largest results.
+        :data:`RESULTS_HELD` of the worker's largest results (with
+        ``capacity_steps`` 0, or no length known yet, the floor alone).
         """
         mean = self.mean_length.value
         if mean is None or not self._capacity_steps:
             capacity = worker.min_capacity
         else:
-            steps = max(self._capacity_steps, RESULTS_HELD * worker.result_steps)
-            units = math.ceil(steps / max(mean, 1.0))
-            if steps > self._capacity_steps:
-                units += worker.num_envs  # the results' worth come on top of the running episodes
-            capacity = max(worker.min_capacity, units)
+            mean = max(mean, 1.0)
+            capacity = max(
+                worker.min_capacity,
+                math.ceil(self._capacity_steps / mean),
+                # The results' worth come on top of the running episodes.
+                worker.num_envs + math.ceil(RESULTS_HELD * worker.result_steps / mean),
+            )
         if worker.leased:
             capacity = math.ceil(capacity * worker.slots / worker.num_envs)
         return capacity
