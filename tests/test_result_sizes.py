@@ -82,3 +82,49 @@ def test_a_large_requests_results_hold_flush_steps_each_except_its_tail(
         f"{len(small)} of {len(before_tail)} results before the tail are small "
         f"(position of {len(answer.results)}, steps, episodes): {small}"
     )
+
+
+#: A worker reporting twice what the coordinator's capacity_steps holds.
+LARGE_FLUSH_STEPS = 4096
+
+
+def test_a_worker_reporting_more_than_capacity_steps_at_a_time_still_sends_full_results(
+    workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    # A refill only follows a result. Sized by capacity_steps alone, this
+    # worker would hold less than one result's worth: every result would be
+    # sent when its queue ran dry, never full. The coordinator sizes the
+    # queue to the worker's results instead (three of them), and tops it up
+    # while two are left unstarted, so the refill comes before it runs dry.
+    config = CoordinatorConfig(
+        listen="127.0.0.1:0",
+        wait_for_workers_seconds=60.0,
+        capacity_steps=LARGE_FLUSH_STEPS // 2,
+    )
+    with serve(config) as server:
+        workers.append(
+            spawn_worker(
+                server.address,
+                name="large",
+                envs=8,
+                log_path=tmp_path / "large.log",
+                extra_args=("--flush-steps", str(LARGE_FLUSH_STEPS), "--flush-seconds", "60"),
+            )
+        )
+        wait_for_workers(server.address, 1)
+        sample(server.address, mode=1, amount=2_000, seed=5, request_index=0)
+        answer = sample(server.address, mode=1, amount=REQUEST_STEPS, seed=5, request_index=1)
+    lengths = answer.batch.lengths
+    starts = np.cumsum(lengths) - lengths
+    # The tail: the worker holds up to 3 results' worth and more as it
+    # learns their size; twice that from the answer's end is surely past it.
+    tail_start = int(np.searchsorted(starts, REQUEST_STEPS - 6 * LARGE_FLUSH_STEPS))
+    before_tail = [r for r in answer.results if max(r.episode_indices) < tail_start]
+    full = [r for r in before_tail if sum(r.lengths) >= LARGE_FLUSH_STEPS]
+    assert len(before_tail) >= 20  # ~125k steps in 4096-step results
+    # The first results, before the worker's result size is known, may be
+    # sent dry; a busy machine may delay a refill past two results now and then.
+    assert len(full) >= 0.8 * len(before_tail), (
+        f"{len(full)} of {len(before_tail)} results before the tail are full: "
+        f"{[sum(r.lengths) for r in before_tail]}"
+    )

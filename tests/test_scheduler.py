@@ -417,8 +417,10 @@ def test_capacity_is_counted_in_expected_steps_and_refills_come_in_batches() -> 
     assert scheduler.capacity(1) == 20  # 40 steps / 2 per episode
     (refill,) = scheduler.dispatch()
     assert indices(refill) == list(range(4, 24))  # one task up to capacity
-    # Spare units: 20 - 2 slots = 18. No refill until half of them are done...
-    finish_units(scheduler, refill, dict.fromkeys(range(4, 24), 2), only=list(range(4, 12)))
+    # Spare units: 20 - 2 slots = 18. No refill until half of them are done
+    # (results of 8 steps: three of them, 24 steps, are within the 40)...
+    finish_units(scheduler, refill, dict.fromkeys(range(4, 24), 2), only=list(range(4, 8)))
+    finish_units(scheduler, refill, dict.fromkeys(range(4, 24), 2), only=list(range(8, 12)))
     assert scheduler.dispatch() == []  # 12 held: 10 spare left
     finish_units(scheduler, refill, dict.fromkeys(range(4, 24), 2), only=[12])
     (topped,) = scheduler.dispatch()  # 11 held: 9 spare left, half of 18
@@ -426,11 +428,40 @@ def test_capacity_is_counted_in_expected_steps_and_refills_come_in_batches() -> 
 
 
 def test_capacity_never_falls_below_the_prefetch_floor() -> None:
-    scheduler = fleet(2, capacity_steps=40)
+    scheduler = fleet(2, prefetch=5, capacity_steps=40)  # floor: 2 envs x (1 + 5) = 12 units
     scheduler.start_sample(spec(Mode.EPISODES, 100))
     (first,) = scheduler.dispatch()
-    finish_units(scheduler, first, dict.fromkeys(range(4), 500))
-    assert scheduler.capacity(1) == 4  # 40 steps hold not even one 500-step episode
+    finish_units(scheduler, first, {0: 500}, only=[0])
+    # 40 steps hold not even one 500-step episode; three results of one, 3 units.
+    assert scheduler.capacity(1) == 12
+
+
+def test_a_worker_is_topped_up_while_it_still_holds_two_of_its_results_unstarted() -> None:
+    # A refill only ever follows a result, so what a worker holds beyond its
+    # running episodes when a result of it is booked must last until the
+    # refill arrives: two results' worth, one for the time until its next
+    # result and one for the refill's round trip. With capacity_steps alone
+    # (16384, two results of 8192) it held less than one.
+    slots, length, result = 64, 20, 8192 // 20
+    scheduler = fleet(slots, capacity_steps=16384)
+    scheduler.start_sample(spec(Mode.STEPS, 10**8))
+    (first,) = scheduler.dispatch()  # a unit per slot: no length known yet
+    given, task_id, done = indices(first), first.task_id, 0
+    for count in range(12):
+        # The worker runs its units in order and reports them a result at a time.
+        batch = given[done : done + result]
+        ruling = scheduler.complete(1, task_id, batch, [length] * len(batch))
+        assert ruling.verdict is Verdict.ACCEPT
+        done += len(batch)
+        unstarted = len(given) - done - slots
+        orders = scheduler.dispatch()
+        for order in orders:
+            given += indices(order)
+            task_id = order.task_id
+        if count >= 2:  # once its results' size is known and it was topped up to it
+            assert orders, f"result {count}: no refill, {unstarted} units unstarted"
+            assert unstarted >= 2 * result, f"result {count}: refilled at {unstarted} unstarted"
+    assert scheduler.capacity(1) == slots + math.ceil(3 * result * length / length)
 
 
 def test_spare_units_are_dealt_round_robin_in_slices_of_num_envs() -> None:

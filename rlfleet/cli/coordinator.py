@@ -106,7 +106,7 @@ class CoordinatorSettings(ServerSecurityOptions, ConfigOptions):
     capacity_steps: NonNegativeInt = option(
         16384,
         "steps of work a worker holds (running, queued, unreported), converted to units with "
-        "the mean episode length; 0: --prefetch-factor alone",
+        "the mean episode length, and at least 3 of its results; 0: --prefetch-factor alone",
     )
     max_envs_per_lease: PositiveInt = option(
         256, "envs one lease (one learner's RemoteVectorEnv) may hold"

@@ -105,8 +105,8 @@ class WorkerSettings(WorkerSecurityOptions, ConfigOptions):
     )
     flush_steps: PositiveInt = option(
         8192,
-        "send finished episodes once they hold this many steps (keep well under the "
-        "coordinator's --capacity-steps)",
+        "send finished episodes once they hold this many steps (the coordinator queues "
+        "3 such results' worth of units)",
     )
     flush_bytes: ByteSize = option(
         4 << 20, "or once they hold about this many bytes (a unit is allowed: 4MiB)"

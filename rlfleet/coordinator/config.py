@@ -107,8 +107,11 @@ class CoordinatorConfig:
         capacity_steps: Steps of work a worker holds (running, queued, or
             finished and not yet reported), converted to units with the
             fleet's mean episode length; 0 holds to ``prefetch_factor``.
-            Large enough that workers report many episodes per message and
-            get their next units before they run dry.
+            Large enough that workers report many episodes per message. A
+            worker holds at least three of its largest results' worth of
+            units beyond one per slot whatever this is, so that it gets
+            its next units before it runs dry
+            (:data:`rlfleet.scheduling.units.RESULTS_HELD`).
         max_envs_per_lease: Envs one lease (one learner's remote vector
             env) may hold; more are refused with RESOURCE_EXHAUSTED.
         max_leased_envs: Envs all leases together may hold.

@@ -33,22 +33,31 @@ class WorkerLoad:
     windows: int = 0  # outstanding fragment windows of subscriptions
     tasks: set[int] = field(default_factory=set)
     leased: int = 0  # of its env slots, held by leased envs
+    #: Steps of the largest result it sent since the env last changed: what
+    #: it reports at a time, so what one refill must cover (UnitPlanner).
+    result_steps: int = 0
 
     @property
     def slots(self) -> int:
         """Env slots left for sampling."""
         return max(self.num_envs - self.leased, 0)
 
-    def wants_refill(self, capacity: int) -> bool:
+    def wants_refill(self, capacity: int, low: int = 0) -> bool:
         """Whether to top the worker up now (to ``capacity`` units).
 
         At once when an env slot may be idle; otherwise only once half of
-        its spare units are used, so that refills are few and large.
+        its spare units are used, so that refills are few and large, or
+        once no more than ``low`` of them are left, whichever comes first.
+
+        Args:
+            capacity: The units it may hold.
+            low: Spare units below which it is topped up even before half
+                of them are used (UnitPlanner: two of its results).
         """
         if self.units < self.slots:
             return True
         spare = capacity - self.slots
-        return self.units < capacity and self.units - self.slots <= spare // 2
+        return self.units < capacity and self.units - self.slots <= max(spare // 2, low)
 
 
 @dataclass

@@ -16,17 +16,19 @@ The rules, and why:
 * A worker holds about ``capacity_steps`` steps of work (units running,
   queued, or finished and not reported yet), sized with the fleet's running
   mean episode length and never below ``num_envs * (1 + prefetch_factor)``
-  units. Enough that a refill's round trip ends before its queue runs dry,
-  and that it reports many episodes per message (each result costs the
+  units, nor below a unit per slot and three of its largest results. Enough
+  that it reports many episodes per message (each result costs the
   coordinator and the learner about a millisecond of CPU: one per episode
-  cost the fleet 3x its throughput).
+  cost the fleet 3x its throughput), and that a refill's round trip ends
+  before its queue runs dry: a refill only follows a result, so when one is
+  booked the worker must still hold two results' worth not started.
 * Refills come in batches: a worker is topped up to capacity once its
-  spare units fall to half, so one Task carries many units instead of one
-  per finished episode. Every idle env slot is filled before any worker
-  gets spare units, and spare units are dealt round-robin in slices of
-  ``num_envs``, so that every worker works near the front of the request
-  (the prefix rule below waits for the lowest indices) and no slot idles
-  while another worker hoards.
+  spare units fall to half, or to two of its results if that is more, so
+  one Task carries many units instead of one per finished episode. Every
+  idle env slot is filled before any worker gets spare units, and spare
+  units are dealt round-robin in slices of ``num_envs``, so that every
+  worker works near the front of the request (the prefix rule below waits
+  for the lowest indices) and no slot idles while another worker hoards.
 * A refill joins the worker's live task of the request (the Task message
   names a task id the worker holds): a worker sends one result per task
   at each flush, and a new task per refill split most of its flushes in
@@ -315,6 +317,8 @@ class Scheduler:
             Cancels for the work on workers.
         """
         self._units.mean_length = MeanLength()  # the old env's lengths say nothing of the new
+        for worker in self._books.workers.values():
+            worker.result_steps = 0  # nor its results' sizes (steps of another size)
         cancels: list[CancelOrder] = []
         for request in self._subscriptions:
             request.spec = replace(request.spec, env_generation=generation)

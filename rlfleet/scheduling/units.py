@@ -1,8 +1,9 @@
 """Unit planning: which episodes each worker runs, and how many it holds.
 
 A worker holds about ``capacity_steps`` steps of episode units, sized with
-the fleet's running mean episode length (:class:`MeanLength`); refills come
-in batches and are dealt round-robin (see the rules in
+the fleet's running mean episode length (:class:`MeanLength`), and at least
+:data:`RESULTS_HELD` of its results' worth; refills come in batches and are
+dealt round-robin (see the rules in
 :mod:`rlfleet.scheduling.scheduler`). An :class:`EpisodeRequest` decides
 which indices are still needed; :class:`UnitPlanner` decides who runs them.
 """
@@ -27,14 +28,25 @@ DEFAULT_PREFETCH_FACTOR = 1
 
 #: Default steps of work a worker holds (see the module docstring). Workers
 #: report after 0.1 s of work or 8192 steps (their default flush_seconds and
-#: flush_steps), so a refill at half capacity still leaves them 8192 steps
-#: (~140 ms of CartPole on one core, ~30 ms of a native vector env) to cover
-#: its round trip. Measured with the fleet benchmark: 8192 and 24576 were
-#: within noise of this. Larger is not free: when a request stops
+#: flush_steps): a per-env CartPole worker's results are mostly smaller and
+#: this holds several of them; a native vector worker's are 8192 steps, and
+#: :data:`RESULTS_HELD` of them set its capacity. Measured with the fleet
+#: benchmark: 8192 and 24576 were within noise of this. Larger is not free: when a request stops
 #: generating, each worker still runs the queue it holds, so a slower
 #: worker's queue sets the request's tail. Surplus is no concern: a STEPS
 #: request never hands out more than it still needs.
 DEFAULT_CAPACITY_STEPS = 16384
+
+#: A worker holds at least this many of its results' worth of units beyond
+#: one per slot, and is topped up once two of them are left: a refill comes
+#: only after a result, so when a result of a worker is booked, it still
+#: holds two results' worth not started, one to cover the time until its
+#: next result and one for the refill's round trip. With one result's worth
+#: left (``capacity_steps`` 16384 and results of 8192 steps, 64 slots), a
+#: native CartPole worker stepped 0.5-1.0% of its env rows unrecorded in the
+#: middle of requests, waiting for a refill; with two, none in three runs
+#: (docs/data_plane.md, "Refills before the queue runs dry").
+RESULTS_HELD = 3
 
 #: Episodes over which the fleet's running mean episode length forgets.
 MEAN_LENGTH_MEMORY = 256
@@ -363,20 +375,39 @@ class UnitPlanner:
         return num_envs * (1 + self._prefetch_factor)
 
     def capacity(self, worker: WorkerLoad) -> int:
-        """Episode units the worker may hold now."""
+        """Episode units the worker may hold now.
+
+        ``capacity_steps`` of units, and at least one per slot plus
+        :data:`RESULTS_HELD` of the worker's largest results (with
+        ``capacity_steps`` 0, or no length known yet, the floor alone).
+        """
         mean = self.mean_length.value
         if mean is None or not self._capacity_steps:
             capacity = worker.min_capacity
         else:
-            capacity = max(worker.min_capacity, math.ceil(self._capacity_steps / max(mean, 1.0)))
+            mean = max(mean, 1.0)
+            capacity = max(
+                worker.min_capacity,
+                math.ceil(self._capacity_steps / mean),
+                # The results' worth come on top of the running episodes.
+                worker.num_envs + math.ceil(RESULTS_HELD * worker.result_steps / mean),
+            )
         if worker.leased:
             capacity = math.ceil(capacity * worker.slots / worker.num_envs)
         return capacity
 
+    def low_water(self, worker: WorkerLoad) -> int:
+        """Spare units at which the worker is topped up at the latest: two of its results."""
+        mean = self.mean_length.value
+        if mean is None or not self._capacity_steps:
+            return 0
+        return math.ceil((RESULTS_HELD - 1) * worker.result_steps / max(mean, 1.0))
+
     def dispatch(self, request: EpisodeRequest, workers: list[WorkerLoad]) -> list[TaskOrder]:
         """Tops up the workers that want a refill with units of ``request``."""
         capacity = {w.worker_id: self.capacity(w) for w in workers}
-        if not any(w.wants_refill(capacity[w.worker_id]) for w in workers):
+        low = {w.worker_id: self.low_water(w) for w in workers}
+        if not any(w.wants_refill(capacity[w.worker_id], low[w.worker_id]) for w in workers):
             return []  # the common case after a result: nothing to send
         # Top up every worker with room for a slice, not only the one that
         # asked: queues stay balanced, so when the request stops generating,
@@ -385,7 +416,8 @@ class UnitPlanner:
         refilled = [
             w
             for w in workers
-            if w.wants_refill(capacity[w.worker_id]) or capacity[w.worker_id] - w.units >= w.slots
+            if w.wants_refill(capacity[w.worker_id], low[w.worker_id])
+            or capacity[w.worker_id] - w.units >= w.slots
         ]
         fleet_slots = sum(w.slots for w in workers)
         prior = self.mean_length.value
@@ -449,6 +481,7 @@ class UnitPlanner:
         task.units.complete(positions)
         worker.units -= len(indices)
         steps = int(lengths.sum())
+        worker.result_steps = max(worker.result_steps, steps)
         request.complete(indices, lengths, steps)
         self.mean_length.add(steps, len(lengths))
         if not task.units.outstanding:

@@ -111,9 +111,10 @@ class WorkerConfig:
             left to start. Grouping episodes saves per-message costs (about
             a millisecond of CPU per result between the coordinator and the
             learner); reporting as the queue runs out gets the next units,
-            or the request's answer, without waiting. Keep ``flush_steps``
-            well under the coordinator's ``capacity_steps``, or the worker
-            runs dry before its refill.
+            or the request's answer, without waiting. The coordinator
+            queues three of the worker's largest results' worth of units
+            (more with its ``capacity_steps``), so a larger ``flush_steps``
+            means a longer queue.
         max_message_bytes: Largest message this side accepts or sends
             (the coordinator's Welcome may lower the sending limit).
         drain_grace_seconds: When leaving, how long in-flight episodes may
