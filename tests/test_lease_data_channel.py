@@ -47,6 +47,7 @@ from rlfleet.transport.lease_channel import (
     dial,
     frame,
 )
+from rlfleet.transport.receive_buffers import LARGE_FRAME_BYTES
 from rlfleet.transport.rpc import LEASE_CAPABILITY
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire.leases import data_hello
@@ -421,7 +422,7 @@ def dialled(config: CoordinatorConfig, tls: ClientTLS | None = None) -> Iterator
 def test_frames_cut_anywhere_by_the_network_reach_the_coordinator_whole_and_in_order() -> None:
     # The loop cuts frames straight from each read into its one buffer and
     # keeps a frame's start for the next read: split headers, split payloads,
-    # several frames per read, and a frame larger than a read (256 KiB).
+    # several frames per read, and a frame larger than a read (64 KiB).
     config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
     with dialled(config) as channel:
         peer = channel.peer
@@ -459,6 +460,27 @@ def test_large_frames_are_read_into_reused_buffers_never_into_one_still_viewed()
         assert third.obj is buffer
         assert data.buffers.made == made + 1
         assert second == b"\x02" * 600_000
+
+
+def test_a_large_frame_passes_through_the_loops_own_buffer_at_most_one_first_read() -> None:
+    # A large frame's bytes are copied by the kernel into the frame's own
+    # buffer; only what the read that found its header took passes through
+    # the loop's buffer (and is copied again): at most LARGE_FRAME_BYTES.
+    config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
+    with dialled(config) as channel:
+        data, peer, link = channel.data, channel.peer, channel.link
+        wait_until(lambda: channel.attached, "the connection attached")
+        connection = channel.attached[0]
+        # The whole frame waits on the socket before the loop reads any of it
+        # (the loop reads under the connection's lock).
+        connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        loop_buffer = data._read_view
+        with connection._lock:
+            loop_buffer[:] = b"\0" * len(loop_buffer)
+            link.send(b"\7" * 600_000)
+        wait_until(lambda: len(peer.frames) == 1, "the frame")
+        assert peer.frames[0] == b"\7" * 600_000
+        assert bytes(loop_buffer).count(b"\7") <= LARGE_FRAME_BYTES
 
 
 def test_large_frames_cross_a_tls_data_connection_whole_both_ways(tmp_path: Path) -> None:

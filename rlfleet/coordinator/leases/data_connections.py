@@ -30,6 +30,14 @@ _PACED_BYTES = 4 << 20
 #: A frame with at least this many bytes still to come is read straight into
 #: its own buffer rather than through the loop's (one copy, the kernel's).
 _DIRECT_BYTES = LARGE_FRAME_BYTES
+#: Bytes a read takes into the loop's buffer when it does not know what
+#: follows (a new frame's header may say the frame is large): a large frame's
+#: first read is copied from there into its own buffer, so it is kept short;
+#: small frames ready together still come in one read each this long.
+_FIRST_READ_BYTES = LARGE_FRAME_BYTES
+#: Bytes one readiness of a connection reads at most before the loop serves
+#: the others (reads go on while each fills the loop's buffer).
+_READ_TURN_BYTES = 4 << 20
 #: Errors of a non-blocking socket (or TLS) that only mean "not now".
 NOT_NOW = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
@@ -229,23 +237,29 @@ class DataConnection(LeaseConnection):
         close, or None.
 
         Bytes land in ``view`` (the loop's buffer, free again on return),
-        from which small frames are cut; once a frame's header says that at
-        least :data:`_DIRECT_BYTES` of it are still to come, the rest is read
+        at most :data:`_FIRST_READ_BYTES` at a time, from which small frames
+        are cut; once a frame's header says that at least
+        :data:`_DIRECT_BYTES` of it are still to come, the rest is read
         straight into that frame's own buffer, sized from the header (a
         reused one: rlfleet.transport.receive_buffers): the kernel's copy is
-        the only one, and no buffer grows by concatenation.
+        the only one past the first read's few bytes, and no buffer grows by
+        concatenation. A read that fills the loop's buffer is followed by
+        another at once (more is ready: the same wake-up takes it), up to
+        :data:`_READ_TURN_BYTES`.
         """
         peer = self.peer
         if peer is None:
             return "no peer"
         sock = self._sock
+        first = view[:_FIRST_READ_BYTES]
+        turn = 0
         while True:
             body = self._body
             if body is not None and len(body) - self._got < _DIRECT_BYTES:
                 body = None  # the rest of a frame is short: read with what follows it
             try:
                 with self._lock:
-                    target = view if body is None else body[self._got :]
+                    target = first if body is None else body[self._got :]
                     count = sock.recv_into(target)
             except NOT_NOW:
                 return None
@@ -259,9 +273,16 @@ class DataConnection(LeaseConnection):
                     self._body = None
                     peer.on_frame(body)
             else:
-                reason = self._cut(view, count, max_frame, peer)
+                reason = self._cut(first, count, max_frame, peer)
                 if reason is not None:
                     return reason
+            turn += count
+            if body is None and count == len(target) and turn < _READ_TURN_BYTES:
+                # The loop's buffer was filled: more is waiting (a large frame's
+                # rest, or further frames). A frame's own buffer is not read
+                # again on this wake-up: every read lets go of the GIL, and one
+                # that finds nothing costs a thread switch for no bytes.
+                continue
             # A TLS socket may hold decrypted bytes the selector does not see.
             if not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
                 return None

@@ -55,8 +55,9 @@ from rlfleet.transport.receive_buffers import ReceiveBuffers
 
 logger = logging.getLogger("rlfleet.coordinator")
 
-#: Bytes read from a socket at once.
-_READ_BYTES = 1 << 18
+#: The loop's read buffer (a connection reads at most
+#: ``data_connections._FIRST_READ_BYTES`` into it at once).
+_READ_BYTES = 1 << 16
 #: Connections in their handshake at once (each holds a thread for at most
 #: the handshake timeout); more are refused at once.
 _MAX_HANDSHAKES = 64
