@@ -294,7 +294,8 @@ def _bounds_screen(
     to :data:`_WIDE_MIN_ELEMENTS` elements, so a contiguous array that size
     or smaller is compared as one long row (as :func:`_any_outside` does);
     an integer array against a bound equal everywhere takes one ``min`` or
-    ``max`` pass. Anything else takes :func:`_within`.
+    ``max`` pass, any other one comparison. Anything else takes
+    :func:`_within`.
     """
     general = functools.partial(_within, low=low, high=high)
     bounds = [bound for bound in (low, high) if bound is not None]
@@ -304,11 +305,15 @@ def _bounds_screen(
         has_high = isinstance(high, np.generic)
 
         def scalars(array: np.ndarray) -> bool:
-            if not array.size or array.dtype.kind not in "iu":
-                return general(array)
-            if has_low and np.minimum.reduce(array, axis=None) < low:
+            if not array.size:
+                return True
+            if array.dtype.kind in "iu":  # one min() or max() pass, no boolean temporary
+                if has_low and np.minimum.reduce(array, axis=None) < low:
+                    return False
+                return not (has_high and np.maximum.reduce(array, axis=None) > high)
+            if has_low and np.count_nonzero(array < low):
                 return False
-            return not (has_high and np.maximum.reduce(array, axis=None) > high)
+            return not (has_high and np.count_nonzero(array > high))
 
         return scalars
     if not all(isinstance(bound, np.ndarray) and bound.shape == row_shape for bound in bounds):
