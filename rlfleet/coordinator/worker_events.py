@@ -403,7 +403,7 @@ class WorkerEvents:
                 task_id = joined.header.task_id
                 if ruling.verdict is Verdict.ACCEPT and task_id not in expectations:
                     if env_spec is None:  # cannot happen: results follow an EnvReady
-                        raise ResultError(f"{joined.header.where} arrived before any EnvReady")
+                        raise ResultError(f"{results[0].header.where} arrived before any EnvReady")
                     expectations[task_id] = _expectation(
                         handle,
                         scheduler.request_spec(ruling.request_id),
