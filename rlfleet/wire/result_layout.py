@@ -304,8 +304,9 @@ def _learn(batch: EpisodeBatch, window: bool) -> _Layout | None:
 
 
 #: A block's bytes for some numbers of rows: each array, with the bytes
-#: (tags, lengths, dtype, shape) written right before its data.
-_BlockParts = tuple[tuple[bytes, _Tensor], ...]
+#: (tags, lengths, dtype, shape) written right before its data; None after
+#: the bytes that end a block with no array after them (an empty nested map).
+_BlockParts = tuple[tuple[bytes, "_Tensor | None"], ...]
 
 
 def _block_parts(
@@ -340,14 +341,16 @@ def _block_parts(
     parts, size = (
         tensor_parts(number, item) if isinstance(item, _Tensor) else map_parts(number, item)
     )
-    pairs: list[tuple[bytes, _Tensor]] = []
+    pairs: list[tuple[bytes, _Tensor | None]] = []
     run = b""
-    for part in parts:  # every map ends with an array: each run of bytes has one after it
+    for part in parts:
         if isinstance(part, bytes):
             run += part
         else:
             pairs.append((run, part))
             run = b""
+    if run:
+        pairs.append((run, None))
     return tuple(pairs), size
 
 
@@ -372,6 +375,8 @@ def _build_skeleton(
             if run:
                 headers.append((position, run))
                 position += len(run)
+            if tensor is None:
+                continue
             offsets[tensor.name] = position
             position += (episodes if tensor.per_episode else steps) * tensor.row_bytes
     spans = [(offset, len(run)) for offset, run in headers]
