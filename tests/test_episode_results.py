@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from rlfleet.conformance.checks import continuity_problems
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.core.seeding import stream_seeds
-from rlfleet.core.space_checks import space_problem
+from rlfleet.core.space_checks import space_problem, space_screen
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import WireFormatError
 from rlfleet.protocol.unit_columns import UnitColumns
@@ -384,6 +384,9 @@ def test_observation_checks_agree_with_space_contains(name: str, seed: int, coun
     expected_ok = all(rows_within(space, rows)) and all(rows_within(space, batch.last_observations))
     problems = value_problems(batch, spec)
     assert (problems == []) == expected_ok, (rows, problems)
+    # The one-pass check's screen, worked out once per layout, says the same.
+    screen = space_screen(space, rows.dtype, rows.shape[1:])
+    assert (screen is None or screen(rows)) == all(rows_within(space, rows)), rows
 
 
 def make_spec_batch(spec: EnvSpec, observations: np.ndarray) -> EpisodeBatch:

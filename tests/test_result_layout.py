@@ -15,7 +15,9 @@ from __future__ import annotations
 import cProfile
 import dataclasses
 import pstats
+import sys
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Any
 
 import gymnasium as gym
@@ -254,6 +256,40 @@ def test_the_one_pass_makes_few_numpy_calls_per_result() -> None:
         calls for (path, _, name), (_, calls, *_) in stats.items() if "numpy" in path + name
     )
     assert numpy_calls <= 30
+
+
+def rlfleet_lines(run: Callable[[], object]) -> int:
+    """Lines of rlfleet's own code that ``run`` executes."""
+    count = 0
+
+    def trace(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal count
+        if "rlfleet" not in frame.f_code.co_filename:
+            return None
+        count += event == "line"
+        return trace
+
+    sys.settrace(trace)
+    try:
+        run()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_the_one_pass_runs_no_python_line_per_episode() -> None:
+    """A result of 40 episodes runs the same lines of the one pass as one of 2:
+    every per-episode check is a bytes or numpy operation over the result."""
+    units = UnitColumns(np.arange(64), np.arange(64) + 100, np.arange(64) + 200)
+    expect = dataclasses.replace(EXPECT, units=units)
+    check = ResultLayoutCheck()
+    check.check(joined(batch_of([3, 2])), SPEC, expect)
+    lines = []
+    for count in (1, 20):
+        result = joined(batch_of([1, 3] * count))  # one-step episodes and longer ones
+        check.check(result, SPEC, expect)  # its skeleton worked out
+        lines.append(rlfleet_lines(lambda: check.check(result, SPEC, expect)))  # noqa: B023
+    assert lines[0] == lines[1]
 
 
 def _byte(offset: int, value: int) -> Callable[[bytes], bytes]:

@@ -393,21 +393,26 @@ class WorkerEvents:
             rulings = scheduler.classify_many(
                 handle.worker_id, [(j.header.task_id, j.header.episode_indices) for j in results]
             )
-            tasks = {}
-            for joined, ruling in zip(results, rulings, strict=True):
-                task_id = joined.header.task_id
-                if ruling.verdict is Verdict.ACCEPT and task_id not in tasks:
-                    tasks[task_id] = (
-                        scheduler.request_spec(ruling.request_id),
-                        scheduler.unit_seeds(task_id),
-                        scheduler.task_streams(task_id),
-                    )
             latest = state.agent.version
             env_spec = state.env.spec
             # A subprocess worker's episodes keep their seeds; a native one's have none.
             native = state.env.update.vectorization in NATIVE_VECTORIZATIONS
-        if env_spec is None and tasks:  # cannot happen: results follow an EnvReady
-            raise ResultError(f"{results[0].header.where} arrived before any EnvReady")
+            # What a result must be depends on its task alone: worked out once per task.
+            expectations: dict[int, ResultExpectation] = {}
+            for joined, ruling in zip(results, rulings, strict=True):
+                task_id = joined.header.task_id
+                if ruling.verdict is Verdict.ACCEPT and task_id not in expectations:
+                    if env_spec is None:  # cannot happen: results follow an EnvReady
+                        raise ResultError(f"{results[0].header.where} arrived before any EnvReady")
+                    expectations[task_id] = _expectation(
+                        handle,
+                        scheduler.request_spec(ruling.request_id),
+                        scheduler.unit_seeds(task_id),
+                        env_spec,
+                        latest,
+                        streams=scheduler.task_streams(task_id),
+                        native=native,
+                    )
         # Checked outside the lock, in order, up to the first that fails.
         windows: list[EpisodeBatch | None] = []  # fragment windows' batches, for their streams
         failure: Exception | None = None
@@ -416,10 +421,7 @@ class WorkerEvents:
                 break  # judged again below, once the results before it are booked
             window = None
             if ruling.verdict is Verdict.ACCEPT and env_spec is not None:
-                spec, seeds, streams = tasks[joined.header.task_id]
-                expect = _expectation(
-                    handle, spec, seeds, env_spec, latest, streams=streams, native=native
-                )
+                expect = expectations[joined.header.task_id]
                 try:  # in one pass with the layout of the worker's results of this mode
                     window = handle.result_layout.check(joined, env_spec, expect)  # fragments
                 except (ProtocolError, WireFormatError) as exc:

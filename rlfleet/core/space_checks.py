@@ -280,7 +280,63 @@ def space_screen(
         return functools.partial(_fits, space=space, actions=actions)
     if low is None and high is None:
         return None
-    return functools.partial(_within, low=low, high=high)
+    return _bounds_screen(low, high, row_shape)
+
+
+def _bounds_screen(
+    low: _Bound, high: _Bound, row_shape: tuple[int, ...]
+) -> Callable[[np.ndarray], bool]:
+    """The screen of :func:`_within` for these bounds, with what depends on
+    the bounds alone worked out now: a result's rows are then one or two
+    numpy comparisons and counts, without a Python call per bound.
+
+    Per-element bounds of short rows (CartPole's 4) are repeated once here
+    to :data:`_WIDE_MIN_ELEMENTS` elements, so a contiguous array that size
+    or smaller is compared as one long row (as :func:`_any_outside` does);
+    an integer array against a bound equal everywhere takes one ``min`` or
+    ``max`` pass, any other one comparison. Anything else takes
+    :func:`_within`.
+    """
+    general = functools.partial(_within, low=low, high=high)
+    bounds = [bound for bound in (low, high) if bound is not None]
+    if all(isinstance(bound, np.generic) for bound in bounds):
+        # One number each (a Discrete's actions, a Box equal everywhere).
+        has_low = isinstance(low, np.generic)
+        has_high = isinstance(high, np.generic)
+
+        def scalars(array: np.ndarray) -> bool:
+            if not array.size:
+                return True
+            if array.dtype.kind in "iu":  # one min() or max() pass, no boolean temporary
+                if has_low and np.minimum.reduce(array, axis=None) < low:
+                    return False
+                return not (has_high and np.maximum.reduce(array, axis=None) > high)
+            if has_low and np.count_nonzero(array < low):
+                return False
+            return not (has_high and np.count_nonzero(array > high))
+
+        return scalars
+    if not all(isinstance(bound, np.ndarray) and bound.shape == row_shape for bound in bounds):
+        return general
+    row = max(int(np.prod(row_shape)), 1)
+    repeats = -(-_WIDE_MIN_ELEMENTS // row)
+    low_wide = None if low is None else np.tile(np.asarray(low).reshape(-1), repeats)
+    high_wide = None if high is None else np.tile(np.asarray(high).reshape(-1), repeats)
+
+    def elements(array: np.ndarray) -> bool:
+        size = array.size
+        if (
+            size > _WIDE_MIN_ELEMENTS
+            or not array.flags.c_contiguous
+            or array.shape[1:] != row_shape
+        ):
+            return general(array)
+        flat = array.reshape(-1)
+        if low_wide is not None and np.count_nonzero(flat < low_wide[:size]):
+            return False
+        return not (high_wide is not None and np.count_nonzero(flat > high_wide[:size]))
+
+    return elements
 
 
 def _never(array: np.ndarray) -> bool:

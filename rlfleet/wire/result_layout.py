@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 import math
 import operator
@@ -115,6 +116,7 @@ _KNOWN_INFOS = ("episode_index", "worker", "agent_version", "env_seed", "policy_
 _KNOWN = ("lengths", *(_INFO[key] for key in _KNOWN_INFOS))
 _FIRST, _MID = bytes([StepType.FIRST]), bytes([StepType.MID])
 _ENDS = bytes([StepType.TERMINAL, StepType.TIMEOUT])
+_ONE, _NEXT = 1, (1).__add__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +128,7 @@ class _Tensor:
     row_shape: tuple[int, ...]
     per_episode: bool  # rows: one per episode, else one per step
 
-    @property
+    @functools.cached_property
     def row_bytes(self) -> int:
         return math.prod(self.row_shape) * self.dtype.itemsize
 
@@ -179,6 +181,9 @@ class _Layout:
         self.tensors = {t.name: t for t in _walk(blocks)}
         self.bools = tuple(t.name for t in self.tensors.values() if t.dtype == _BOOL)
         self._skeletons: dict[tuple[int, int], _Skeleton] = {}
+        self._block_parts: dict[tuple[int, ...], tuple[_BlockParts, int]] = {}
+        # The numbers of rows each block's bytes depend on.
+        self._rows = tuple(_rows_key(item) for _, item in blocks)
         obs, act = spec.observation_space, spec.action_space
         screen = self._screen
         self.screens = tuple(
@@ -213,9 +218,32 @@ class _Layout:
         if found is None:
             if len(self._skeletons) >= _MAX_SKELETONS:
                 self._skeletons.clear()  # a worker's step counts wander: keep the cache small
-            found = _build_skeleton(self.blocks, episodes, steps)
+            found = _build_skeleton(self.blocks, episodes, steps, self._parts)
             self._skeletons[(episodes, steps)] = found
         return found
+
+    def _parts(self, block: int, episodes: int, steps: int) -> tuple[_BlockParts, int]:
+        """A block's parts, kept per number of rows its arrays have: a new pair
+        of numbers works out only the blocks whose rows changed (a worker's
+        results of as many episodes share their episode infos' bytes)."""
+        key = (block, *self._rows[block](episodes, steps))
+        found = self._block_parts.get(key)
+        if found is None:
+            if len(self._block_parts) >= 4 * _MAX_SKELETONS:
+                self._block_parts.clear()
+            number, item = self.blocks[block]
+            found = self._block_parts[key] = _block_parts(number, item, episodes, steps)
+        return found
+
+
+def _rows_key(item: _Tensor | _Tree) -> Callable[[int, int], tuple[int, ...]]:
+    """What a block's bytes depend on: the episodes, the steps, or both."""
+    kinds = {t.per_episode for t in _walk(((0, item),))}
+    if kinds == {True}:
+        return lambda episodes, steps: (episodes,)
+    if kinds == {False}:
+        return lambda episodes, steps: (-1, steps)
+    return lambda episodes, steps: (episodes, steps)
 
 
 def _walk(blocks: tuple[tuple[int, _Tensor | _Tree], ...]) -> list[_Tensor]:
@@ -275,11 +303,19 @@ def _learn(batch: EpisodeBatch, window: bool) -> _Layout | None:
     return layout
 
 
-def _build_skeleton(
-    blocks: tuple[tuple[int, _Tensor | _Tree], ...], episodes: int, steps: int
-) -> _Skeleton:
-    # The bytes batch_parts writes for arrays of these numbers of rows
-    # (write_tensor, write_tensor_map), each array's data left as its size.
+#: A block's bytes for some numbers of rows: each array, with the bytes
+#: (tags, lengths, dtype, shape) written right before its data; None after
+#: the bytes that end a block with no array after them (an empty nested map).
+_BlockParts = tuple[tuple[bytes, "_Tensor | None"], ...]
+
+
+def _block_parts(
+    number: int, item: _Tensor | _Tree, episodes: int, steps: int
+) -> tuple[_BlockParts, int]:
+    """The bytes batch_parts writes for one field (write_tensor, write_tensor_map)
+    with arrays of these numbers of rows, each array's data left out; and the
+    field's size."""
+
     def tensor_parts(number: int, t: _Tensor) -> tuple[list[bytes | _Tensor], int]:
         rows = episodes if t.per_episode else steps
         nbytes = rows * t.row_bytes
@@ -302,34 +338,55 @@ def _build_skeleton(
         prefix = len_prefix(number, size)
         return [prefix, *body], len(prefix) + size
 
+    parts, size = (
+        tensor_parts(number, item) if isinstance(item, _Tensor) else map_parts(number, item)
+    )
+    pairs: list[tuple[bytes, _Tensor | None]] = []
+    run = b""
+    for part in parts:
+        if isinstance(part, bytes):
+            run += part
+        else:
+            pairs.append((run, part))
+            run = b""
+    if run:
+        pairs.append((run, None))
+    return tuple(pairs), size
+
+
+def _build_skeleton(
+    blocks: tuple[tuple[int, _Tensor | _Tree], ...],
+    episodes: int,
+    steps: int,
+    parts_of: Callable[[int, int, int], tuple[_BlockParts, int]] | None = None,
+) -> _Skeleton:
+    """The skeleton of ``blocks`` for these numbers of episodes and steps
+    (``parts_of(block, episodes, steps)``: each block's parts, maybe kept)."""
     headers: list[tuple[int, bytes]] = []
     offsets: dict[str, int] = {}
-    position, run, run_start = 0, b"", 0
-    for number, item in blocks:
-        parts, _ = (
-            tensor_parts(number, item) if isinstance(item, _Tensor) else map_parts(number, item)
+    position = 0
+    for block, (number, item) in enumerate(blocks):
+        pairs, _ = (
+            _block_parts(number, item, episodes, steps)
+            if parts_of is None
+            else parts_of(block, episodes, steps)
         )
-        for part in parts:
-            if isinstance(part, bytes):
-                if not run:
-                    run_start = position
-                run += part
-                position += len(part)
-                continue
+        for run, tensor in pairs:
             if run:
-                headers.append((run_start, run))
-                run = b""
-            offsets[part.name] = position
-            position += (episodes if part.per_episode else steps) * part.row_bytes
-    if run:
-        headers.append((run_start, run))
+                headers.append((position, run))
+                position += len(run)
+            if tensor is None:
+                continue
+            offsets[tensor.name] = position
+            position += (episodes if tensor.per_episode else steps) * tensor.row_bytes
     spans = [(offset, len(run)) for offset, run in headers]
     spans += [(offsets[name], 8 * episodes) for name in _KNOWN]
-    known = np.concatenate([np.arange(offset, offset + size) for offset, size in spans])
+    # Each byte's position: a run of positions per span, in one repeat.
+    starts, sizes = np.array(spans, dtype=np.intp).T
+    ends = np.cumsum(sizes)
+    known = np.arange(ends[-1], dtype=np.intp) + np.repeat(starts - (ends - sizes), sizes)
     between = b"".join(run for _, run in headers)
-    return _Skeleton(
-        position, tuple(headers), offsets, between, tuple(spans), known.astype(np.intp)
-    )
+    return _Skeleton(position, tuple(headers), offsets, between, tuple(spans), known)
 
 
 class ResultLayoutCheck:
@@ -604,14 +661,21 @@ def _step_types_pass(types: bytes, lengths: tuple[int, ...]) -> bool:
 
     Each episode's last step is TERMINAL or TIMEOUT, its first (if it has
     two or more) FIRST; then a count of MID steps as large as the steps
-    left over means every other step is MID.
+    left over means every other step is MID. The positions are walked by
+    itertools and bytes in C: no Python line runs per episode.
     """
-    lasts = list(itertools.accumulate(lengths, initial=-1))
-    firsts = [last + 1 for last, length in zip(lasts, lengths, strict=False) if length > 1]
+    lasts = list(itertools.accumulate(lengths, initial=-1))  # the step before each episode
+    # Each episode of two steps or more: the step after the one before it.
+    firsts = bytes(
+        map(
+            types.__getitem__,
+            map(_NEXT, itertools.compress(lasts, map(_ONE.__lt__, lengths))),
+        )
+    )
     del lasts[0]
     if bytes(map(types.__getitem__, lasts)).translate(None, _ENDS):
         return False  # a last step neither TERMINAL nor TIMEOUT
-    if bytes(map(types.__getitem__, firsts)) != _FIRST * len(firsts):
+    if firsts.translate(None, _FIRST):
         return False
     return types.count(_MID) == len(types) - len(lasts) - len(firsts)
 
