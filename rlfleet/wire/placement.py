@@ -146,6 +146,34 @@ def _placed_answer(batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
+class _Runs:
+    """Interleaved: the answer's rows as runs of consecutive rows of one result,
+    in the answer's order (arrays, one entry per run).
+
+    Attributes:
+        results: Each run's result.
+        begins: Its first row in that result.
+        ends: The row past it.
+    """
+
+    results: np.ndarray
+    begins: np.ndarray
+    ends: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def listed(self) -> list[tuple[int, int, int]]:
+        """(result, begin, end) of each run, as Python ints."""
+        return list(
+            zip(self.results.tolist(), self.begins.tolist(), self.ends.tolist(), strict=True)
+        )
+
+
+_NO_RUNS = _Runs(*(np.empty(0, np.int64) for _ in range(3)))
+
+
+@dataclasses.dataclass(frozen=True)
 class _Layout:
     """Where the rows of the results go in the answer, for fields of one kind of row.
 
@@ -161,8 +189,7 @@ class _Layout:
         cut: Blocks: position in ``order`` -> rows held, for the results the
             answer holds only part of (a few: past a STEPS answer's end, or
             with speculative episodes).
-        gather: Interleaved: for each row of the answer, its row among the
-            results' rows laid end to end.
+        runs: Interleaved: the answer's rows as runs of each result's rows.
     """
 
     rows: int
@@ -170,26 +197,18 @@ class _Layout:
     starts: list[int]
     order: tuple[int, ...] | None = None
     cut: dict[int, int] = dataclasses.field(default_factory=dict)
-    gather: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, np.int64))
+    runs: _Runs = _NO_RUNS
 
     @functools.cached_property
-    def runs(self) -> list[tuple[int, int, int]]:
-        """Interleaved: the answer's rows as runs of consecutive rows of one result,
-        in the answer's order: (result, its first row, the row past the run)."""
-        gather = self.gather
-        if not len(gather):
-            return []
-        starts = np.asarray(self.starts, dtype=np.int64)
-        first_of_result = np.zeros(int(starts[-1]) + 1, dtype=bool)
-        first_of_result[starts] = True
-        # A run ends where the next row is not the next one of the same result.
-        breaks = np.flatnonzero((np.diff(gather) != 1) | first_of_result[gather[1:]]) + 1
-        firsts = np.concatenate(([0], breaks))
-        sizes = np.diff(np.concatenate((firsts, [len(gather)])))
-        sources = gather[firsts]
-        results = np.searchsorted(starts, sources, side="right") - 1
-        begins = sources - starts[results]
-        return list(zip(results.tolist(), begins.tolist(), (begins + sizes).tolist(), strict=True))
+    def gather(self) -> np.ndarray:
+        """Interleaved: for each row of the answer, its row among the results'
+        rows laid end to end (made only for a field that gathers its rows)."""
+        runs = self.runs
+        sizes = runs.ends - runs.begins
+        firsts = np.asarray(self.starts, dtype=np.int64)[runs.results] + runs.begins
+        # Row i of run k is firsts[k] + (i - the run's first row in the answer).
+        shifts = firsts - (np.cumsum(sizes) - sizes)
+        return np.repeat(shifts, sizes) + np.arange(self.rows, dtype=np.int64)
 
     @functools.cached_property
     def targets(self) -> list[np.ndarray]:
@@ -236,16 +255,43 @@ def _layouts(
             _Layout(total, held_steps, step_starts, order, {p: held_steps[i] for p, i in partial}),
             lengths,
         )
+    pieces, steps = _interleaved_runs(kept, dest, np.asarray(piece_starts), first_steps)
+    return (
+        _Layout(len(dest), held, piece_starts, runs=pieces),
+        _Layout(total, held_steps, step_starts, runs=steps),
+        lengths,
+    )
+
+
+def _interleaved_runs(
+    kept: np.ndarray, dest: np.ndarray, piece_starts: np.ndarray, first_steps: np.ndarray
+) -> tuple[_Runs, _Runs]:
+    """The runs of the answer's pieces, and of its steps (the same runs, in steps).
+
+    Args:
+        kept: As for :func:`_placed_answer`.
+        dest: As for :func:`_placed_answer`.
+        piece_starts: Each result's first piece among the results' pieces
+            laid end to end, then their number.
+        first_steps: Each of those pieces' first step, then the steps' number.
+    """
+    if not len(dest):
+        return _NO_RUNS, _NO_RUNS
     # ``source[p]``: the piece (results laid end to end) the answer's piece p is.
     source = np.empty(len(dest), dtype=np.int64)
     source[dest] = kept
-    gather = np.arange(total, dtype=np.int64) + np.repeat(
-        first_steps[source] - (np.cumsum(lengths) - lengths), lengths
-    )
+    first_of_result = np.zeros(int(piece_starts[-1]) + 1, dtype=bool)
+    first_of_result[piece_starts] = True
+    # A run ends where the next piece is not the next one of the same result.
+    breaks = np.flatnonzero((np.diff(source) != 1) | first_of_result[source[1:]]) + 1
+    firsts = source[np.concatenate(([0], breaks))]
+    lasts = source[np.concatenate((breaks - 1, [len(source) - 1]))] + 1
+    results = np.searchsorted(piece_starts, firsts, side="right") - 1
+    begins = firsts - piece_starts[results]
+    step_bases = first_steps[piece_starts[results]]
     return (
-        _Layout(len(dest), held, piece_starts, gather=source),
-        _Layout(total, held_steps, step_starts, gather=gather),
-        lengths,
+        _Runs(results, begins, lasts - piece_starts[results]),
+        _Runs(results, first_steps[firsts] - step_bases, first_steps[lasts] - step_bases),
     )
 
 
@@ -346,11 +392,12 @@ def _in_runs(parts: Sequence[Any], layout: _Layout) -> np.ndarray:
     if not out.size:
         return out
     if not any(isinstance(part, Scattered) for part in parts):
-        np.concatenate([parts[r][start:stop] for r, start, stop in layout.runs], out=out)
+        runs = layout.runs.listed()
+        np.concatenate([parts[r][start:stop] for r, start, stop in runs], out=out)
         return out
     row_bytes = out.itemsize * (out.size // len(out))
     pieces: list[np.ndarray] = []
-    for r, start, stop in layout.runs:
+    for r, start, stop in layout.runs.listed():
         part = parts[r]
         if isinstance(part, Scattered):
             pieces += _byte_pieces(part, start * row_bytes, stop * row_bytes)
