@@ -14,11 +14,15 @@ plus a few Python steps per result to name its rows:
   ``np.concatenate`` of them into the answer's buffer (of the chunks' byte
   pieces, for a result left in its chunks: :class:`~rlfleet.wire.scattered.Scattered`):
   one copy, straight from the received messages;
-* where results interleave, rows of :data:`_SCATTER_ROW_BYTES` or more
-  are moved to their place one by one (one copy), and smaller rows are
-  joined into one aligned scratch buffer per field and gathered with one
-  ``np.take``: a second copy, faster than numpy's element-wise moves out
-  of the wire's unaligned views.
+* where results interleave in long runs (:data:`_RUN_ROWS` rows or
+  :data:`_RUN_BYTES` bytes a run on average, as a native worker's results
+  do), each field is one ``np.concatenate`` of the runs' slices into the
+  answer's buffer: one copy, and a slice of Python per run;
+* where they interleave in short runs, rows of :data:`_SCATTER_ROW_BYTES`
+  or more are moved to their place one by one (one copy), and smaller rows
+  are joined into one aligned scratch buffer per field and gathered with
+  one ``np.take``: a second copy, faster than numpy's element-wise moves
+  out of the wire's unaligned views.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -38,14 +42,21 @@ from rlfleet.wire.scattered import Scattered, ScatteredBatch
 Arrays: TypeAlias = "EpisodeBatch | ScatteredBatch"
 #: One array of one result: an array, or its pieces in the chunks.
 _Part: TypeAlias = "np.ndarray | Scattered"
+#: Makes an array of the answer (``np.empty``'s arguments): ``np.empty``, or
+#: a sampler's reused memory (rlfleet.transport.receive_buffers).
+Empty: TypeAlias = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 
 
 class _MisfitError(Exception):
     """The results cannot be placed here (internal: the public functions return None)."""
 
 
-def placed_episodes(batches: Sequence[Arrays], num_episodes: int) -> EpisodeBatch | None:
+def placed_episodes(
+    batches: Sequence[Arrays], num_episodes: int, empty: Empty = np.empty
+) -> EpisodeBatch | None:
     """The episodes 0..num_episodes-1 of ``batches``, in index order.
+
+    ``empty`` makes the answer's arrays.
 
     Returns:
         The answer, or None (for the caller's general path, which names
@@ -54,12 +65,12 @@ def placed_episodes(batches: Sequence[Arrays], num_episodes: int) -> EpisodeBatc
         results' arrays differ in structure or trailing shape.
     """
     try:
-        return _placed_episodes(batches, num_episodes)
+        return _placed_episodes(batches, num_episodes, empty)
     except _MisfitError:
         return None
 
 
-def _placed_episodes(batches: Sequence[Arrays], num_episodes: int) -> EpisodeBatch:
+def _placed_episodes(batches: Sequence[Arrays], num_episodes: int, empty: Empty) -> EpisodeBatch:
     indices = [batch.episode_infos.get("episode_index") for batch in batches]
     if not all(isinstance(index, np.ndarray) and index.ndim == 1 for index in indices):
         raise _MisfitError
@@ -80,11 +91,13 @@ def _placed_episodes(batches: Sequence[Arrays], num_episodes: int) -> EpisodeBat
         np.bincount(placed, minlength=num_episodes), np.ones(num_episodes, dtype=np.int64)
     ):
         raise _MisfitError
-    return _placed_answer(batches, np.flatnonzero(kept), placed)
+    return _placed_answer(batches, np.flatnonzero(kept), placed, empty)
 
 
-def placed_fragments(batches: Sequence[Arrays]) -> EpisodeBatch | None:
+def placed_fragments(batches: Sequence[Arrays], empty: Empty = np.empty) -> EpisodeBatch | None:
     """Every piece of ``batches`` in LocalSampler's order (stream, episode, fragment).
+
+    ``empty`` makes the answer's arrays.
 
     Returns:
         The answer, or None (for the caller's general path) if a result
@@ -92,12 +105,12 @@ def placed_fragments(batches: Sequence[Arrays]) -> EpisodeBatch | None:
         structure or trailing shape.
     """
     try:
-        return _placed_fragments(batches)
+        return _placed_fragments(batches, empty)
     except _MisfitError:
         return None
 
 
-def _placed_fragments(batches: Sequence[Arrays]) -> EpisodeBatch:
+def _placed_fragments(batches: Sequence[Arrays], empty: Empty) -> EpisodeBatch:
     keys: list[np.ndarray] = []
     for name in ("fragment_index", "episode_index", "stream"):
         columns = [batch.episode_infos.get(name) for batch in batches]
@@ -108,10 +121,12 @@ def _placed_fragments(batches: Sequence[Arrays]) -> EpisodeBatch:
     order = np.lexsort(keys)
     position = np.empty_like(order)
     position[order] = np.arange(len(order))
-    return _placed_answer(batches, np.arange(len(order)), position)
+    return _placed_answer(batches, np.arange(len(order)), position, empty)
 
 
-def _placed_answer(batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray) -> EpisodeBatch:
+def _placed_answer(
+    batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray, empty: Empty = np.empty
+) -> EpisodeBatch:
     """The answer made of some pieces of ``batches``, each at its place.
 
     Args:
@@ -121,6 +136,7 @@ def _placed_answer(batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray
             first ones.
         dest: Where each of them goes in the answer: together, a permutation
             of the answer's pieces.
+        empty: Makes the answer's arrays.
 
     Raises:
         _MisfitError: If the results' arrays differ in structure or trailing shape.
@@ -129,7 +145,7 @@ def _placed_answer(batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray
     scattered = any(isinstance(batch, ScatteredBatch) for batch in batches)
 
     def field(name: str, layout: _Layout) -> Any:
-        return _place([getattr(batch, name) for batch in batches], layout, scattered)
+        return _place([getattr(batch, name) for batch in batches], layout, scattered, empty)
 
     return EpisodeBatch(
         env_spec=batches[0].env_spec,
@@ -295,7 +311,7 @@ def _interleaved_runs(
     )
 
 
-def _place(parts: Sequence[Any], layout: _Layout, scattered: bool) -> Any:
+def _place(parts: Sequence[Any], layout: _Layout, scattered: bool, empty: Empty) -> Any:
     """One field of the answer (a nested dict of them, for infos) from each result's."""
     first = parts[0]
     if isinstance(first, Mapping):
@@ -305,16 +321,18 @@ def _place(parts: Sequence[Any], layout: _Layout, scattered: bool) -> Any:
                 raise _MisfitError
         except AttributeError:
             raise _MisfitError from None
-        return {key: _place([part[key] for part in parts], layout, scattered) for key in keys}
+        return {
+            key: _place([part[key] for part in parts], layout, scattered, empty) for key in keys
+        }
     if layout.order is None:
-        return _gathered(parts, layout, scattered)
+        return _gathered(parts, layout, scattered, empty)
     heads = [parts[i] for i in layout.order]
     for position, rows in layout.cut.items():
         head = heads[position]
         heads[position] = head.head(rows) if isinstance(head, Scattered) else head[:rows]
     if len(heads) < len(parts) and len({_trailing(part) for part in parts}) != 1:
         raise _MisfitError  # a result the answer holds nothing of does not fit either
-    return _end_to_end(heads, layout.rows, parts, scattered)
+    return _end_to_end(heads, layout.rows, parts, scattered, empty)
 
 
 #: Rows of at least this many bytes interleaved with other results' are
@@ -338,16 +356,16 @@ _RUN_ROWS = 64
 _RUN_BYTES = 4096
 
 
-def _gathered(parts: Sequence[Any], layout: _Layout, scattered: bool) -> np.ndarray:
+def _gathered(parts: Sequence[Any], layout: _Layout, scattered: bool, empty: Empty) -> np.ndarray:
     """One array of the answer from results whose rows interleave there."""
     first = parts[0]
     row_bytes = first.dtype.itemsize * int(np.prod(first.shape[1:]))
     one_dtype = len({part.dtype for part in parts}) == 1
     if one_dtype and not first.dtype.hasobject and _long_runs(layout, row_bytes):
-        return _in_runs(parts, layout)
+        return _in_runs(parts, layout, empty)
     if row_bytes < _SCATTER_ROW_BYTES or first.dtype.hasobject:
-        every = _end_to_end(parts, layout.starts[-1], parts, scattered)
-        out = np.empty((layout.rows, *every.shape[1:]), every.dtype)
+        every = _end_to_end(parts, layout.starts[-1], parts, scattered, np.empty)  # scratch
+        out = empty((layout.rows, *every.shape[1:]), every.dtype)
         np.take(every, layout.gather, axis=0, out=out, mode="clip")
         return out
     shapes = {_trailing(part) for part in parts}
@@ -355,7 +373,7 @@ def _gathered(parts: Sequence[Any], layout: _Layout, scattered: bool) -> np.ndar
     if shapes or shape is None:
         raise _MisfitError
     dtype = np.result_type(*[part.dtype for part in parts])
-    out = np.empty((layout.rows, *shape), dtype)
+    out = empty((layout.rows, *shape), dtype)
     if not out.size:
         return out
     item = np.dtype((np.void, row_bytes))
@@ -378,7 +396,7 @@ def _long_runs(layout: _Layout, row_bytes: int) -> bool:
     return layout.rows >= _RUN_ROWS * runs or layout.rows * row_bytes >= _RUN_BYTES * runs
 
 
-def _in_runs(parts: Sequence[Any], layout: _Layout) -> np.ndarray:
+def _in_runs(parts: Sequence[Any], layout: _Layout, empty: Empty) -> np.ndarray:
     """One array of the answer, its runs of rows copied once from the results.
 
     Raises:
@@ -388,7 +406,7 @@ def _in_runs(parts: Sequence[Any], layout: _Layout) -> np.ndarray:
     shape = shapes.pop()
     if shapes or shape is None:
         raise _MisfitError
-    out = np.empty((layout.rows, *shape), parts[0].dtype)
+    out = empty((layout.rows, *shape), parts[0].dtype)
     if not out.size:
         return out
     if not any(isinstance(part, Scattered) for part in parts):
@@ -427,7 +445,7 @@ def _trailing(part: Any) -> tuple[int, ...] | None:
 
 
 def _end_to_end(
-    heads: Sequence[Any], rows: int, parts: Sequence[Any], scattered: bool
+    heads: Sequence[Any], rows: int, parts: Sequence[Any], scattered: bool, empty: Empty
 ) -> np.ndarray:
     """A new array of ``heads`` one after the other, of the dtype all ``parts`` fit.
 
@@ -439,10 +457,10 @@ def _end_to_end(
         _MisfitError: If the heads' trailing shapes differ.
     """
     if scattered and any(isinstance(part, Scattered) for part in parts):
-        return _bytes_end_to_end(heads, rows, parts)
+        return _bytes_end_to_end(heads, rows, parts, empty)
     try:
         dtype = np.result_type(*parts)
-        out = np.empty((rows, *np.shape(parts[0])[1:]), dtype)
+        out = empty((rows, *np.shape(parts[0])[1:]), dtype)
         if heads:
             np.concatenate(heads, out=out)
     except ValueError:
@@ -450,14 +468,16 @@ def _end_to_end(
     return out
 
 
-def _bytes_end_to_end(heads: Sequence[Any], rows: int, parts: Sequence[Any]) -> np.ndarray:
+def _bytes_end_to_end(
+    heads: Sequence[Any], rows: int, parts: Sequence[Any], empty: Empty
+) -> np.ndarray:
     """:func:`_end_to_end` where some part is :class:`Scattered`."""
     shapes = {_trailing(part) for part in parts}
     shape = shapes.pop()
     if shapes or shape is None:
         raise _MisfitError
     dtypes = {part.dtype for part in parts}
-    out = np.empty((rows, *shape), np.result_type(*dtypes))
+    out = empty((rows, *shape), np.result_type(*dtypes))
     if not out.size:
         return out
     if len(dtypes) == 1:
@@ -474,4 +494,4 @@ def _bytes_end_to_end(heads: Sequence[Any], rows: int, parts: Sequence[Any]) -> 
     return out
 
 
-__all__ = ["Arrays", "placed_episodes", "placed_fragments"]
+__all__ = ["Arrays", "Empty", "placed_episodes", "placed_fragments"]
