@@ -291,6 +291,29 @@ def test_results_interleaved_in_long_runs_are_copied_once_into_the_answer(
     assert sorted(written) == sorted(answer.items())
 
 
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, 700], ids=["views", "small"])
+def test_fragments_interleaved_in_long_runs_are_placed_as_sorting_places_them(
+    chunk_bytes: int,
+) -> None:
+    # Two results of whole streams, alternating in the answer's order
+    # (stream, episode, fragment): runs of two 300-step pieces.
+    results = []
+    for k, streams in enumerate(([0, 2], [1, 3])):
+        rows = [(stream, episode) for stream in streams for episode in range(2)]
+        b = batch(
+            [300] * len(rows),
+            [episode for _, episode in rows],
+            stream=[stream for stream, _ in rows],
+            fragment_index=[0] * len(rows),
+        )
+        results.append(received(b, 1 + k, chunk_bytes, k))
+    want = sort_fragments(EpisodeBatch.concatenate(*(r.batch for r in results)))
+    placed = placed_fragments([r.arrays for r in results])
+    assert placed is not None
+    assert_identical(placed, want)
+    assert placed.episode_infos["stream"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
 def _line_events(call: Callable[[], object]) -> int:
     """Line events of ``call``: Python steps, a loop's counted once per iteration."""
     count = 0
