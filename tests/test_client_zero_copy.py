@@ -23,12 +23,14 @@ from rlfleet.client import RemoteSampler
 from rlfleet.client import sampler as sampler_module
 from rlfleet.coordinator import CoordinatorConfig, serve
 from rlfleet.core import EpisodeBatch
+from rlfleet.transport.receive_buffers import ReceiveBuffers
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import encode_batch_chunks
 from rlfleet.wire.results import Result, ResultAssembler, ScatteredResult, assemble_episodes
 from rlfleet.wire.scattered import Scattered, ScatteredBatch
 from tests._coordinator_fakes import AutoWorker, batch_arrays, wait_for_workers
 from tests.test_client_assembly import SPEC, batch
+from tests.test_wire_placement import received
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,22 +60,28 @@ def _results_seen(monkeypatch: pytest.MonkeyPatch) -> list[Result]:
     for name in ("assemble_episodes", "assemble_fragments"):
         real = getattr(sampler_module, name)
 
-        def recording(results: Sequence[Result], *args: int, _real: Any = real) -> EpisodeBatch:
+        def recording(
+            results: Sequence[Result], *args: int, _real: Any = real, **kwargs: Any
+        ) -> EpisodeBatch:
             seen.extend(results)
-            batch: EpisodeBatch = _real(results, *args)
+            batch: EpisodeBatch = _real(results, *args, **kwargs)
             return batch
 
         monkeypatch.setattr(sampler_module, name, recording)
     return seen
 
 
-def _assert_one_owned_writable_buffer_per_field(batch: EpisodeBatch) -> None:
+def _assert_one_owned_writable_buffer_per_field(
+    batch: EpisodeBatch, received: Sequence[Result] = ()
+) -> None:
     arrays = batch_arrays(batch)
+    messages = [np.frombuffer(c.data, np.uint8) for result in received for c in result.chunks]
     for name, array in arrays.items():
-        # Its own buffer, exactly its size: not a view of received bytes, nor
-        # of a larger joined payload, nor of another field.
-        assert array.base is None and array.flags.owndata, name
+        # Its own memory: not a view of received bytes, nor of another field
+        # (below); a large one may be memory an answer let go before.
         assert array.flags.writeable and array.flags.c_contiguous, name
+        assert array.flags.aligned, name
+        assert not any(np.shares_memory(array, message) for message in messages), name
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # torch warns on read-only arrays
             tensor = torch.from_numpy(array)
@@ -90,7 +98,7 @@ def test_an_answer_is_one_writable_buffer_per_field_copied_once_from_the_message
     seen = _results_seen(monkeypatch)
     with RemoteSampler(fleet, seed=3, timeout=60) as sampler:
         for batch in (sampler.obtain_samples(0, 600), sampler.obtain_fragments(200, 25)):
-            _assert_one_owned_writable_buffer_per_field(batch)
+            _assert_one_owned_writable_buffer_per_field(batch, seen)
     whole = [r for r in seen if len(r.chunks) == 1]
     chunked = [r for r in seen if len(r.chunks) > 1]
     assert whole and chunked, "both kinds of result must have been delivered"
@@ -166,6 +174,48 @@ def test_results_of_many_chunks_reach_the_answer_in_one_copy(keep_pieces: bool) 
         _assert_one_owned_writable_buffer_per_field(answer)
     else:
         assert copies > 1.8, copies  # each result joined, then placed
+
+
+def test_an_answer_let_go_lends_its_memory_to_a_later_one_never_one_still_held() -> None:
+    # A sampler makes its answers' large arrays in kept buffers
+    # (ReceiveBuffers.array): memory an answer the learner let go had,
+    # already touched, and never memory an answer still held views.
+    memory = ReceiveBuffers(64 << 20)
+
+    def answer() -> EpisodeBatch:
+        parts = [[0, 2, 4], [1, 3, 5]]  # interleaved results, runs of 5,000 steps
+        results = [received(batch([5000] * 3, part), 1, 1 << 20, k) for k, part in enumerate(parts)]
+        return assemble_episodes(results, 6, empty=memory.array)
+
+    def kept_buffers(b: EpisodeBatch) -> set[int]:
+        """The kept buffers the answer's arrays are in (ids: a buffer's bytes
+        may move when it is found free, not its pages' contents)."""
+        found = set()
+        for array in batch_arrays(b).values():
+            root: Any = array
+            while isinstance(root, np.ndarray):
+                root = root.base
+            if isinstance(root, memoryview):
+                found.add(id(root.obj))
+        return found
+
+    first = answer()
+    kept = {name: array.copy() for name, array in batch_arrays(first).items()}
+    buffers = kept_buffers(first)
+    assert len(buffers) == 4  # observations, actions, rewards, log_prob: 120-240 kB each
+    second = answer()
+    _assert_one_owned_writable_buffer_per_field(second)
+    for name, array in batch_arrays(first).items():
+        assert not np.shares_memory(array, batch_arrays(second)[name]), name
+        np.testing.assert_array_equal(array, kept[name], err_msg=name)  # held: not written
+    made = memory.made
+    del first, array  # nothing views the first answer now
+    third = answer()
+    _assert_one_owned_writable_buffer_per_field(third)
+    assert memory.made == made  # no new buffer: the first answer's, taken again
+    assert kept_buffers(third) == buffers
+    for name, array in batch_arrays(third).items():
+        np.testing.assert_array_equal(array, kept[name], err_msg=name)
 
 
 def test_a_streamed_batch_is_read_only_views_of_the_received_message(fleet: str) -> None:

@@ -218,6 +218,14 @@ def test_empty_batch_is_valid() -> None:
             r"EpisodeBatch\.step_types: expected StepType values 0\.\.3, got 4 at index 3",
         ),
         (
+            {"step_types": np.array([F, TERM, F, 255, TOUT], dtype=np.uint8)},
+            r"EpisodeBatch\.step_types: expected StepType values 0\.\.3, got 255 at index 3",
+        ),
+        (
+            {"step_types": np.array([F, TERM, -1, M, TOUT], dtype=np.int8)},
+            r"EpisodeBatch\.step_types: expected StepType values 0\.\.3, got -1 at index 2",
+        ),
+        (
             {"step_types": np.array([F, TERM, F, "x", TOUT], dtype=object)},
             r"EpisodeBatch\.step_types: expected StepType values, got an object array",
         ),

@@ -513,6 +513,61 @@ def test_large_frames_cross_a_tls_data_connection_whole_both_ways(tmp_path: Path
             assert received is not None and bytes(received) == b"".join(parts)
 
 
+class _CountingSocket(socket.socket):
+    """A socket that counts the reads made of it."""
+
+    reads = 0
+
+    def recv_into(self, *args: Any) -> int:
+        self.reads += 1
+        return super().recv_into(*args)
+
+    def recvmsg_into(self, *args: Any) -> tuple[int, list[Any], int, Any]:
+        self.reads += 1
+        return super().recvmsg_into(*args)
+
+
+def _socket_pair() -> tuple[_CountingSocket, socket.socket]:
+    ours, theirs = socket.socketpair()
+    return _CountingSocket(fileno=ours.detach()), theirs
+
+
+@pytest.mark.parametrize("deadline", [None, 10.0], ids=["no-deadline", "deadline"])
+def test_frames_already_sent_are_read_with_one_read_each(deadline: float | None) -> None:
+    # A reader behind its sender (a learner reading an answer's results)
+    # takes the next frame's header with the payload before it.
+    sock, theirs = _socket_pair()
+    link = LeaseDataLink(sock, 1 << 20)
+    try:
+        small = [b"a" * 10, b"b" * 20, b"c" * 3000]
+        theirs.sendall(b"".join(frame(p) for p in small))
+        got = [link.receive_message(deadline) for _ in small]
+        assert [None if g is None else bytes(g) for g in got] == small
+        # One read for the first header, then one per payload (with the next header).
+        assert sock.reads == 1 + len(small)
+        theirs.close()
+        assert link.receive_message(deadline) is None  # the end, between frames
+    finally:
+        link.close()
+
+
+def test_frames_larger_than_the_socket_buffer_arrive_whole_and_in_order() -> None:
+    sock, theirs = _socket_pair()
+    link = LeaseDataLink(sock, 1 << 21)
+    sender = LeaseDataLink(theirs, 1 << 21)
+    try:
+        payloads = [bytes([k]) * size for k, size in enumerate([5, 70_000, 0, 300, 1_200_000, 9])]
+        with ThreadPoolExecutor(1) as pool:  # the socket's buffer holds less than them all
+            sent = pool.submit(sender.send_frames, payloads)
+            got = [link.receive_message(10.0) for _ in payloads]
+            sent.result(timeout=PATIENCE)
+        assert [None if g is None else bytes(g) for g in got] == payloads
+        sender.close()
+        assert link.receive_message(10.0) is None
+    finally:
+        link.close()
+
+
 def test_a_frame_longer_than_the_limit_closes_the_connection_naming_the_limit() -> None:
     # A hostile length must not make the coordinator allocate what it says.
     config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)

@@ -31,7 +31,7 @@ from rlfleet.core.episode_order import first_episodes, sort_fragments
 from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.v1 import worker_pb2
-from rlfleet.wire import encode_batch_chunks
+from rlfleet.wire import encode_batch_chunks, placement
 from rlfleet.wire.placement import placed_episodes, placed_fragments
 from rlfleet.wire.result_checks import ResultExpectation, check_result
 from rlfleet.wire.results import (
@@ -238,6 +238,80 @@ def test_an_answer_owns_each_array_whether_results_are_blocks_or_interleave() ->
             # Its own buffer: writable, aligned and C-contiguous (torch.from_numpy shares it).
             assert array.flags.owndata and array.flags.writeable, parts
             assert array.flags.aligned and array.flags.c_contiguous, parts
+
+
+class _Copies:
+    """Stands for numpy in rlfleet.wire.placement, recording where its copies write."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[int, int]] = []  # (address, bytes) of each copy's output
+
+    def __getattr__(self, name: str) -> Any:
+        function = getattr(np, name)
+        if name not in ("concatenate", "take"):
+            return function
+
+        def copy(*args: Any, **kwargs: Any) -> Any:
+            got = function(*args, **kwargs)
+            self.writes.append((got.__array_interface__["data"][0], got.nbytes))
+            return got
+
+        return copy
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, 5000, 700], ids=["views", "chunks", "small"])
+def test_results_interleaved_in_long_runs_are_copied_once_into_the_answer(
+    chunk_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A native worker's answer: results interleave in runs of a few episodes,
+    # hundreds of steps. Each step array is one copy from the received
+    # results into the answer (no scratch joined first), and the answer is
+    # the general path's, bit for bit.
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(60, 140, size=40).tolist()
+    extra = 3  # speculative episodes past the answer
+    n = len(lengths) - extra
+    results = [
+        received(episodes([lengths[i] for i in part], part, worker), worker, chunk_bytes, k)
+        for k, (part, worker) in enumerate(dealt(lengths, 2, [3, 4], rng))
+    ]
+    want = first_episodes(EpisodeBatch.concatenate(*(r.batch for r in results)), n)
+    copies = _Copies()
+    monkeypatch.setattr(placement, "np", copies)
+    got = placed_episodes([r.arrays for r in results], n)
+    monkeypatch.undo()
+    assert got is not None
+    assert_identical(got, want)
+    steps = [got.observations, got.actions, got.rewards, got.step_types]
+    steps += [leaf for _, leaf in _leaves(got.agent_infos, "agent_infos")]
+    answer = {a.__array_interface__["data"][0]: a.nbytes for a in steps}
+    # Every write of a step array's size lands in the answer, once per array.
+    smallest = min(answer.values())
+    written = [write for write in copies.writes if write[1] >= smallest]
+    assert sorted(written) == sorted(answer.items())
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, 700], ids=["views", "small"])
+def test_fragments_interleaved_in_long_runs_are_placed_as_sorting_places_them(
+    chunk_bytes: int,
+) -> None:
+    # Two results of whole streams, alternating in the answer's order
+    # (stream, episode, fragment): runs of two 300-step pieces.
+    results = []
+    for k, streams in enumerate(([0, 2], [1, 3])):
+        rows = [(stream, episode) for stream in streams for episode in range(2)]
+        b = batch(
+            [300] * len(rows),
+            [episode for _, episode in rows],
+            stream=[stream for stream, _ in rows],
+            fragment_index=[0] * len(rows),
+        )
+        results.append(received(b, 1 + k, chunk_bytes, k))
+    want = sort_fragments(EpisodeBatch.concatenate(*(r.batch for r in results)))
+    placed = placed_fragments([r.arrays for r in results])
+    assert placed is not None
+    assert_identical(placed, want)
+    assert placed.episode_infos["stream"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
 def _line_events(call: Callable[[], object]) -> int:

@@ -54,6 +54,7 @@ from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.security import ClientSecurity, Token
 from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
 from rlfleet.transport import rpc as _rpc
+from rlfleet.transport.receive_buffers import ANSWER_KEPT_BYTES, ReceiveBuffers
 from rlfleet.wire import parse_env_spec
 from rlfleet.wire.result_views import ResultLayoutViews
 from rlfleet.wire.results import assemble_episodes, assemble_fragments
@@ -186,6 +187,7 @@ class RemoteSampler(ClosesOnExit):
         self._agent_version: int | None = None
         self._spec_cache: tuple[bytes, EnvSpec] | None = None
         self._layouts = ResultLayoutViews()  # its workers' result layouts, across calls
+        self._empty = ReceiveBuffers(ANSWER_KEPT_BYTES).array  # makes the answers' arrays
         self._closed = False
 
     # --- garage's Sampler API ------------------------------------------------------
@@ -223,7 +225,7 @@ class RemoteSampler(ClosesOnExit):
             itr=itr,
             progress=progress,
         )
-        return assemble_episodes(answer.results, answer.footer.num_episodes)
+        return assemble_episodes(answer.results, answer.footer.num_episodes, empty=self._empty)
 
     def obtain_episodes(
         self,
@@ -248,7 +250,7 @@ class RemoteSampler(ClosesOnExit):
             env_update=env_update,
             progress=progress,
         )
-        return assemble_episodes(answer.results, n_episodes)
+        return assemble_episodes(answer.results, n_episodes, empty=self._empty)
 
     def obtain_exact_episodes(
         self,
@@ -311,7 +313,7 @@ class RemoteSampler(ClosesOnExit):
             env_update=env_update,
             progress=progress,
         )
-        return assemble_fragments(answer.results)
+        return assemble_fragments(answer.results, empty=self._empty)
 
     # --- updates, streaming, status --------------------------------------------------
 

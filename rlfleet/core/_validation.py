@@ -324,7 +324,11 @@ def check_step_types(name: str, value: object, expected: int, reason: str) -> np
     # numpy down an object path (~20x slower on 100k steps, on every decode).
     # The ufuncs' reduce directly: ndarray.min/max add ~3 us of Python each.
     low, high = int(_MIN_STEP_TYPE), int(_MAX_STEP_TYPE)
-    if int(np.minimum.reduce(step_types)) < low or int(np.maximum.reduce(step_types)) > high:
+    # Unsigned values (the wire's uint8) are never below the lowest, 0: one
+    # pass, not two, for every result a learner decodes.
+    signed = step_types.dtype.kind != "u" or low > 0
+    below = signed and int(np.minimum.reduce(step_types)) < low
+    if below or int(np.maximum.reduce(step_types)) > high:
         bad = (step_types < low) | (step_types > high)
         index = int(np.argmax(bad))
         raise InvalidBatchError(

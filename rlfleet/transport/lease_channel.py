@@ -155,6 +155,8 @@ class LeaseDataLink:
         # What receive_message reads frames into (made on first use: only a
         # learner's results connection reads that way).
         self._buffers: ReceiveBuffers | None = None
+        # Where a payload's read puts the next frame's header (receive_message).
+        self._spare = bytearray(FRAME_HEADER.size)
 
     def set_send_timeout(self, seconds: float) -> None:
         """Bounds every send: one the peer does not take within ``seconds`` fails
@@ -267,6 +269,11 @@ class LeaseDataLink:
         let go once its rows are placed, take the same memory as the last
         answer's, whose first touch was the cost of the read.
 
+        Over plain TCP the read that ends a payload also takes the next
+        frame's header, when it is there already (``recvmsg_into`` into both):
+        a reader behind its sender, as a learner reading an answer's frames
+        is, reads each frame with one system call, not two.
+
         Args:
             seconds: The longest wait for the whole frame (None: no limit).
 
@@ -283,7 +290,7 @@ class LeaseDataLink:
         """
         deadline = None if seconds is None else time.monotonic() + seconds
         header = bytearray(FRAME_HEADER.size)
-        if not self._fill(memoryview(header), deadline, seconds, first=True):
+        if not self._fill(memoryview(header), deadline, seconds, first=True, ahead=False):
             return None
         (length,) = FRAME_HEADER.unpack(header)
         if length > self._max:
@@ -297,14 +304,22 @@ class LeaseDataLink:
             if self._buffers is None:
                 self._buffers = ReceiveBuffers(_KEPT_BYTES)
             payload = self._buffers.take(length)
-        self._fill(payload, deadline, seconds, first=False)
+        self._fill(payload, deadline, seconds, first=False, ahead=not self._tls)
         return payload
 
     def _fill(
-        self, view: memoryview, deadline: float | None, seconds: float | None, *, first: bool
+        self,
+        view: memoryview,
+        deadline: float | None,
+        seconds: float | None,
+        *,
+        first: bool,
+        ahead: bool,
     ) -> bool:
         """Fills ``view`` from the bytes kept, then the socket; False for the
-        connection's end before the first byte (``first``)."""
+        connection's end before the first byte (``first``). ``ahead``: each
+        read also takes up to a frame header's bytes past ``view`` (kept for
+        the next frame)."""
         got = min(len(self._buffer), len(view))
         if got:
             view[:got] = self._buffer[:got]
@@ -312,7 +327,10 @@ class LeaseDataLink:
         while got < len(view):
             rest = view[got:]
             try:
-                count = self._read(self._sock.recv_into, (rest, len(rest)), deadline)
+                if ahead:
+                    count = self._read(self._read_ahead, (rest,), deadline)
+                else:
+                    count = self._read(self._sock.recv_into, (rest, len(rest)), deadline)
             except TimeoutError:
                 raise RlfleetTimeoutError(
                     f"no whole data frame within {seconds:g} seconds"
@@ -323,6 +341,16 @@ class LeaseDataLink:
                 raise ConnectionClosedError("the coordinator closed the data connection mid-frame")
             got += count
         return True
+
+    def _read_ahead(self, rest: memoryview, flags: int) -> int:
+        """Reads into ``rest`` and then a next frame's header; bytes past ``rest``
+        are kept in the buffer. Returns the bytes read into ``rest``."""
+        spare = self._spare
+        count, _, _, _ = self._sock.recvmsg_into((rest, spare), 0, flags)
+        if count > len(rest):
+            self._buffer += spare[: count - len(rest)]
+            return len(rest)
+        return count
 
     def readable(self) -> bool:
         """Whether bytes of a frame are here already: a receive would start without waiting."""

@@ -7,7 +7,10 @@ once; docs/data_plane.md, "Receive buffers"). Both ends of a data
 connection read large frames into a :class:`ReceiveBuffers`' buffers: the
 coordinator's loop (a worker's results, until they are checked and
 forwarded) and a learner's results connection (an answer's results, until
-they are placed in the answer).
+they are placed in the answer). A learner's sampler also makes its
+answers' large arrays in a :class:`ReceiveBuffers`' buffers
+(:meth:`ReceiveBuffers.array`): an answer the learner let go lends its
+memory, already touched, to a later one.
 
 A frame is handed out as a writable view of a kept buffer. Whatever keeps the
 frame's bytes (a parsed result's arrays, a queued frame, the rest of a send)
@@ -30,6 +33,10 @@ import numpy as np
 #: Frames of at least this many bytes are worth a kept buffer (smaller ones
 #: come from malloc's own reused small blocks as cheaply).
 LARGE_FRAME_BYTES = 64 << 10
+#: Bytes of answers' arrays a learner's sampler keeps to take again once
+#: they are let go (past it, an answer's arrays are new memory): about two
+#: native answers of 200,000 CartPole steps, or one of 4,000 Atari-sized frames.
+ANSWER_KEPT_BYTES = 128 << 20
 #: Kept buffers looked at, from the one taken longest ago, before a new one
 #: is made: frames are let go about in the order they came, and a buffer
 #: still viewed costs an exception to find out.
@@ -85,6 +92,17 @@ class ReceiveBuffers:
             buffers.insert(place, buffer)
             self._next = place + 1
         return memoryview(buffer)[:size]
+
+    def array(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A new writable, C-contiguous array that nothing else views
+        (``np.empty``'s arguments): a view of a kept buffer when it is large,
+        so that a learner's answers, let go in turn, take memory already
+        touched (rlfleet.wire.placement)."""
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if size < LARGE_FRAME_BYTES or dtype.hasobject:
+            return np.empty(shape, dtype)
+        return np.frombuffer(self.take(size), dtype).reshape(shape)
 
 
 def _unviewed(buffer: bytearray) -> bool:

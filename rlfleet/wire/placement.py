@@ -14,11 +14,15 @@ plus a few Python steps per result to name its rows:
   ``np.concatenate`` of them into the answer's buffer (of the chunks' byte
   pieces, for a result left in its chunks: :class:`~rlfleet.wire.scattered.Scattered`):
   one copy, straight from the received messages;
-* where results interleave, rows of :data:`_SCATTER_ROW_BYTES` or more
-  are moved to their place one by one (one copy), and smaller rows are
-  joined into one aligned scratch buffer per field and gathered with one
-  ``np.take``: a second copy, faster than numpy's element-wise moves out
-  of the wire's unaligned views.
+* where results interleave in long runs (:data:`_RUN_ROWS` rows or
+  :data:`_RUN_BYTES` bytes a run on average, as a native worker's results
+  do), each field is one ``np.concatenate`` of the runs' slices into the
+  answer's buffer: one copy, and a slice of Python per run;
+* where they interleave in short runs, rows of :data:`_SCATTER_ROW_BYTES`
+  or more are moved to their place one by one (one copy), and smaller rows
+  are joined into one aligned scratch buffer per field and gathered with
+  one ``np.take``: a second copy, faster than numpy's element-wise moves
+  out of the wire's unaligned views.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -38,14 +42,21 @@ from rlfleet.wire.scattered import Scattered, ScatteredBatch
 Arrays: TypeAlias = "EpisodeBatch | ScatteredBatch"
 #: One array of one result: an array, or its pieces in the chunks.
 _Part: TypeAlias = "np.ndarray | Scattered"
+#: Makes an array of the answer (``np.empty``'s arguments): ``np.empty``, or
+#: a sampler's reused memory (rlfleet.transport.receive_buffers).
+Empty: TypeAlias = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 
 
 class _MisfitError(Exception):
     """The results cannot be placed here (internal: the public functions return None)."""
 
 
-def placed_episodes(batches: Sequence[Arrays], num_episodes: int) -> EpisodeBatch | None:
+def placed_episodes(
+    batches: Sequence[Arrays], num_episodes: int, empty: Empty = np.empty
+) -> EpisodeBatch | None:
     """The episodes 0..num_episodes-1 of ``batches``, in index order.
+
+    ``empty`` makes the answer's arrays.
 
     Returns:
         The answer, or None (for the caller's general path, which names
@@ -54,12 +65,12 @@ def placed_episodes(batches: Sequence[Arrays], num_episodes: int) -> EpisodeBatc
         results' arrays differ in structure or trailing shape.
     """
     try:
-        return _placed_episodes(batches, num_episodes)
+        return _placed_episodes(batches, num_episodes, empty)
     except _MisfitError:
         return None
 
 
-def _placed_episodes(batches: Sequence[Arrays], num_episodes: int) -> EpisodeBatch:
+def _placed_episodes(batches: Sequence[Arrays], num_episodes: int, empty: Empty) -> EpisodeBatch:
     indices = [batch.episode_infos.get("episode_index") for batch in batches]
     if not all(isinstance(index, np.ndarray) and index.ndim == 1 for index in indices):
         raise _MisfitError
@@ -80,11 +91,13 @@ def _placed_episodes(batches: Sequence[Arrays], num_episodes: int) -> EpisodeBat
         np.bincount(placed, minlength=num_episodes), np.ones(num_episodes, dtype=np.int64)
     ):
         raise _MisfitError
-    return _placed_answer(batches, np.flatnonzero(kept), placed)
+    return _placed_answer(batches, np.flatnonzero(kept), placed, empty)
 
 
-def placed_fragments(batches: Sequence[Arrays]) -> EpisodeBatch | None:
+def placed_fragments(batches: Sequence[Arrays], empty: Empty = np.empty) -> EpisodeBatch | None:
     """Every piece of ``batches`` in LocalSampler's order (stream, episode, fragment).
+
+    ``empty`` makes the answer's arrays.
 
     Returns:
         The answer, or None (for the caller's general path) if a result
@@ -92,12 +105,12 @@ def placed_fragments(batches: Sequence[Arrays]) -> EpisodeBatch | None:
         structure or trailing shape.
     """
     try:
-        return _placed_fragments(batches)
+        return _placed_fragments(batches, empty)
     except _MisfitError:
         return None
 
 
-def _placed_fragments(batches: Sequence[Arrays]) -> EpisodeBatch:
+def _placed_fragments(batches: Sequence[Arrays], empty: Empty) -> EpisodeBatch:
     keys: list[np.ndarray] = []
     for name in ("fragment_index", "episode_index", "stream"):
         columns = [batch.episode_infos.get(name) for batch in batches]
@@ -108,10 +121,12 @@ def _placed_fragments(batches: Sequence[Arrays]) -> EpisodeBatch:
     order = np.lexsort(keys)
     position = np.empty_like(order)
     position[order] = np.arange(len(order))
-    return _placed_answer(batches, np.arange(len(order)), position)
+    return _placed_answer(batches, np.arange(len(order)), position, empty)
 
 
-def _placed_answer(batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray) -> EpisodeBatch:
+def _placed_answer(
+    batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray, empty: Empty = np.empty
+) -> EpisodeBatch:
     """The answer made of some pieces of ``batches``, each at its place.
 
     Args:
@@ -121,6 +136,7 @@ def _placed_answer(batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray
             first ones.
         dest: Where each of them goes in the answer: together, a permutation
             of the answer's pieces.
+        empty: Makes the answer's arrays.
 
     Raises:
         _MisfitError: If the results' arrays differ in structure or trailing shape.
@@ -129,7 +145,7 @@ def _placed_answer(batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray
     scattered = any(isinstance(batch, ScatteredBatch) for batch in batches)
 
     def field(name: str, layout: _Layout) -> Any:
-        return _place([getattr(batch, name) for batch in batches], layout, scattered)
+        return _place([getattr(batch, name) for batch in batches], layout, scattered, empty)
 
     return EpisodeBatch(
         env_spec=batches[0].env_spec,
@@ -143,6 +159,34 @@ def _placed_answer(batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray
         step_types=field("step_types", steps),
         lengths=lengths,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Runs:
+    """Interleaved: the answer's rows as runs of consecutive rows of one result,
+    in the answer's order (arrays, one entry per run).
+
+    Attributes:
+        results: Each run's result.
+        begins: Its first row in that result.
+        ends: The row past it.
+    """
+
+    results: np.ndarray
+    begins: np.ndarray
+    ends: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def listed(self) -> list[tuple[int, int, int]]:
+        """(result, begin, end) of each run, as Python ints."""
+        return list(
+            zip(self.results.tolist(), self.begins.tolist(), self.ends.tolist(), strict=True)
+        )
+
+
+_NO_RUNS = _Runs(*(np.empty(0, np.int64) for _ in range(3)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,8 +205,7 @@ class _Layout:
         cut: Blocks: position in ``order`` -> rows held, for the results the
             answer holds only part of (a few: past a STEPS answer's end, or
             with speculative episodes).
-        gather: Interleaved: for each row of the answer, its row among the
-            results' rows laid end to end.
+        runs: Interleaved: the answer's rows as runs of each result's rows.
     """
 
     rows: int
@@ -170,7 +213,18 @@ class _Layout:
     starts: list[int]
     order: tuple[int, ...] | None = None
     cut: dict[int, int] = dataclasses.field(default_factory=dict)
-    gather: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, np.int64))
+    runs: _Runs = _NO_RUNS
+
+    @functools.cached_property
+    def gather(self) -> np.ndarray:
+        """Interleaved: for each row of the answer, its row among the results'
+        rows laid end to end (made only for a field that gathers its rows)."""
+        runs = self.runs
+        sizes = runs.ends - runs.begins
+        firsts = np.asarray(self.starts, dtype=np.int64)[runs.results] + runs.begins
+        # Row i of run k is firsts[k] + (i - the run's first row in the answer).
+        shifts = firsts - (np.cumsum(sizes) - sizes)
+        return np.repeat(shifts, sizes) + np.arange(self.rows, dtype=np.int64)
 
     @functools.cached_property
     def targets(self) -> list[np.ndarray]:
@@ -217,20 +271,47 @@ def _layouts(
             _Layout(total, held_steps, step_starts, order, {p: held_steps[i] for p, i in partial}),
             lengths,
         )
-    # ``source[p]``: the piece (results laid end to end) the answer's piece p is.
-    source = np.empty(len(dest), dtype=np.int64)
-    source[dest] = kept
-    gather = np.arange(total, dtype=np.int64) + np.repeat(
-        first_steps[source] - (np.cumsum(lengths) - lengths), lengths
-    )
+    pieces, steps = _interleaved_runs(kept, dest, np.asarray(piece_starts), first_steps)
     return (
-        _Layout(len(dest), held, piece_starts, gather=source),
-        _Layout(total, held_steps, step_starts, gather=gather),
+        _Layout(len(dest), held, piece_starts, runs=pieces),
+        _Layout(total, held_steps, step_starts, runs=steps),
         lengths,
     )
 
 
-def _place(parts: Sequence[Any], layout: _Layout, scattered: bool) -> Any:
+def _interleaved_runs(
+    kept: np.ndarray, dest: np.ndarray, piece_starts: np.ndarray, first_steps: np.ndarray
+) -> tuple[_Runs, _Runs]:
+    """The runs of the answer's pieces, and of its steps (the same runs, in steps).
+
+    Args:
+        kept: As for :func:`_placed_answer`.
+        dest: As for :func:`_placed_answer`.
+        piece_starts: Each result's first piece among the results' pieces
+            laid end to end, then their number.
+        first_steps: Each of those pieces' first step, then the steps' number.
+    """
+    if not len(dest):
+        return _NO_RUNS, _NO_RUNS
+    # ``source[p]``: the piece (results laid end to end) the answer's piece p is.
+    source = np.empty(len(dest), dtype=np.int64)
+    source[dest] = kept
+    first_of_result = np.zeros(int(piece_starts[-1]) + 1, dtype=bool)
+    first_of_result[piece_starts] = True
+    # A run ends where the next piece is not the next one of the same result.
+    breaks = np.flatnonzero((np.diff(source) != 1) | first_of_result[source[1:]]) + 1
+    firsts = source[np.concatenate(([0], breaks))]
+    lasts = source[np.concatenate((breaks - 1, [len(source) - 1]))] + 1
+    results = np.searchsorted(piece_starts, firsts, side="right") - 1
+    begins = firsts - piece_starts[results]
+    step_bases = first_steps[piece_starts[results]]
+    return (
+        _Runs(results, begins, lasts - piece_starts[results]),
+        _Runs(results, first_steps[firsts] - step_bases, first_steps[lasts] - step_bases),
+    )
+
+
+def _place(parts: Sequence[Any], layout: _Layout, scattered: bool, empty: Empty) -> Any:
     """One field of the answer (a nested dict of them, for infos) from each result's."""
     first = parts[0]
     if isinstance(first, Mapping):
@@ -240,16 +321,18 @@ def _place(parts: Sequence[Any], layout: _Layout, scattered: bool) -> Any:
                 raise _MisfitError
         except AttributeError:
             raise _MisfitError from None
-        return {key: _place([part[key] for part in parts], layout, scattered) for key in keys}
+        return {
+            key: _place([part[key] for part in parts], layout, scattered, empty) for key in keys
+        }
     if layout.order is None:
-        return _gathered(parts, layout, scattered)
+        return _gathered(parts, layout, scattered, empty)
     heads = [parts[i] for i in layout.order]
     for position, rows in layout.cut.items():
         head = heads[position]
         heads[position] = head.head(rows) if isinstance(head, Scattered) else head[:rows]
     if len(heads) < len(parts) and len({_trailing(part) for part in parts}) != 1:
         raise _MisfitError  # a result the answer holds nothing of does not fit either
-    return _end_to_end(heads, layout.rows, parts, scattered)
+    return _end_to_end(heads, layout.rows, parts, scattered, empty)
 
 
 #: Rows of at least this many bytes interleaved with other results' are
@@ -263,13 +346,26 @@ def _place(parts: Sequence[Any], layout: _Layout, scattered: bool) -> Any:
 _SCATTER_ROW_BYTES = 64
 
 
-def _gathered(parts: Sequence[Any], layout: _Layout, scattered: bool) -> np.ndarray:
+#: Where results interleave in runs of at least this many rows on average
+#: (a native worker's results: runs of a few episodes, hundreds of steps),
+#: or of this many bytes, the answer's array is the runs one after the
+#: other: one ``np.concatenate`` of their slices into it, the one copy, and
+#: a slice of Python per run (about 0.2 us, against 2-4 ns per row of the
+#: gather below, and per row of a memcpy for large rows).
+_RUN_ROWS = 64
+_RUN_BYTES = 4096
+
+
+def _gathered(parts: Sequence[Any], layout: _Layout, scattered: bool, empty: Empty) -> np.ndarray:
     """One array of the answer from results whose rows interleave there."""
     first = parts[0]
     row_bytes = first.dtype.itemsize * int(np.prod(first.shape[1:]))
+    one_dtype = len({part.dtype for part in parts}) == 1
+    if one_dtype and not first.dtype.hasobject and _long_runs(layout, row_bytes):
+        return _in_runs(parts, layout, empty)
     if row_bytes < _SCATTER_ROW_BYTES or first.dtype.hasobject:
-        every = _end_to_end(parts, layout.starts[-1], parts, scattered)
-        out = np.empty((layout.rows, *every.shape[1:]), every.dtype)
+        every = _end_to_end(parts, layout.starts[-1], parts, scattered, np.empty)  # scratch
+        out = empty((layout.rows, *every.shape[1:]), every.dtype)
         np.take(every, layout.gather, axis=0, out=out, mode="clip")
         return out
     shapes = {_trailing(part) for part in parts}
@@ -277,7 +373,7 @@ def _gathered(parts: Sequence[Any], layout: _Layout, scattered: bool) -> np.ndar
     if shapes or shape is None:
         raise _MisfitError
     dtype = np.result_type(*[part.dtype for part in parts])
-    out = np.empty((layout.rows, *shape), dtype)
+    out = empty((layout.rows, *shape), dtype)
     if not out.size:
         return out
     item = np.dtype((np.void, row_bytes))
@@ -292,13 +388,64 @@ def _gathered(parts: Sequence[Any], layout: _Layout, scattered: bool) -> np.ndar
     return out
 
 
+def _long_runs(layout: _Layout, row_bytes: int) -> bool:
+    """Whether the layout's runs are long enough to copy one by one."""
+    if not layout.rows:
+        return False
+    runs = len(layout.runs)
+    return layout.rows >= _RUN_ROWS * runs or layout.rows * row_bytes >= _RUN_BYTES * runs
+
+
+def _in_runs(parts: Sequence[Any], layout: _Layout, empty: Empty) -> np.ndarray:
+    """One array of the answer, its runs of rows copied once from the results.
+
+    Raises:
+        _MisfitError: If the results' trailing shapes differ.
+    """
+    shapes = {_trailing(part) for part in parts}
+    shape = shapes.pop()
+    if shapes or shape is None:
+        raise _MisfitError
+    out = empty((layout.rows, *shape), parts[0].dtype)
+    if not out.size:
+        return out
+    if not any(isinstance(part, Scattered) for part in parts):
+        runs = layout.runs.listed()
+        np.concatenate([parts[r][start:stop] for r, start, stop in runs], out=out)
+        return out
+    row_bytes = out.itemsize * (out.size // len(out))
+    pieces: list[np.ndarray] = []
+    for r, start, stop in layout.runs.listed():
+        part = parts[r]
+        if isinstance(part, Scattered):
+            pieces += _byte_pieces(part, start * row_bytes, stop * row_bytes)
+        else:
+            pieces.append(np.ascontiguousarray(part[start:stop]).reshape(-1).view(np.uint8))
+    np.concatenate(pieces, out=out.reshape(-1).view(np.uint8))
+    return out
+
+
+def _byte_pieces(part: Scattered, begin: int, end: int) -> list[np.ndarray]:
+    """The bytes ``begin:end`` of a scattered array, as views of its chunks."""
+    pieces = []
+    at = 0
+    for piece in part.pieces:
+        size = len(piece)
+        if at + size > begin and at < end:
+            pieces.append(np.frombuffer(piece[max(begin - at, 0) : end - at], np.uint8))
+        at += size
+        if at >= end:
+            break
+    return pieces
+
+
 def _trailing(part: Any) -> tuple[int, ...] | None:
     """The shape of a part's rows (None for a scalar, which has none)."""
     return tuple(part.shape[1:]) if part.ndim else None
 
 
 def _end_to_end(
-    heads: Sequence[Any], rows: int, parts: Sequence[Any], scattered: bool
+    heads: Sequence[Any], rows: int, parts: Sequence[Any], scattered: bool, empty: Empty
 ) -> np.ndarray:
     """A new array of ``heads`` one after the other, of the dtype all ``parts`` fit.
 
@@ -310,10 +457,10 @@ def _end_to_end(
         _MisfitError: If the heads' trailing shapes differ.
     """
     if scattered and any(isinstance(part, Scattered) for part in parts):
-        return _bytes_end_to_end(heads, rows, parts)
+        return _bytes_end_to_end(heads, rows, parts, empty)
     try:
         dtype = np.result_type(*parts)
-        out = np.empty((rows, *np.shape(parts[0])[1:]), dtype)
+        out = empty((rows, *np.shape(parts[0])[1:]), dtype)
         if heads:
             np.concatenate(heads, out=out)
     except ValueError:
@@ -321,14 +468,16 @@ def _end_to_end(
     return out
 
 
-def _bytes_end_to_end(heads: Sequence[Any], rows: int, parts: Sequence[Any]) -> np.ndarray:
+def _bytes_end_to_end(
+    heads: Sequence[Any], rows: int, parts: Sequence[Any], empty: Empty
+) -> np.ndarray:
     """:func:`_end_to_end` where some part is :class:`Scattered`."""
     shapes = {_trailing(part) for part in parts}
     shape = shapes.pop()
     if shapes or shape is None:
         raise _MisfitError
     dtypes = {part.dtype for part in parts}
-    out = np.empty((rows, *shape), np.result_type(*dtypes))
+    out = empty((rows, *shape), np.result_type(*dtypes))
     if not out.size:
         return out
     if len(dtypes) == 1:
@@ -345,4 +494,4 @@ def _bytes_end_to_end(heads: Sequence[Any], rows: int, parts: Sequence[Any]) -> 
     return out
 
 
-__all__ = ["Arrays", "placed_episodes", "placed_fragments"]
+__all__ = ["Arrays", "Empty", "placed_episodes", "placed_fragments"]

@@ -38,7 +38,7 @@ from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatErro
 from rlfleet.wire import Chunk, ChunkAssembler, decode_batch
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import Payload, Pieces
-from rlfleet.wire.placement import placed_episodes, placed_fragments
+from rlfleet.wire.placement import Empty, placed_episodes, placed_fragments
 from rlfleet.wire.scattered import ScatteredBatch, decode_scattered
 
 #: int64 (N,) episode_infos every result carries (batch.proto).
@@ -420,7 +420,9 @@ def _check_lengths(header: ResultHeader, lengths: np.ndarray) -> None:
 # --- a learner's answer ------------------------------------------------------------
 
 
-def assemble_episodes(results: Sequence[Result], num_episodes: int) -> EpisodeBatch:
+def assemble_episodes(
+    results: Sequence[Result], num_episodes: int, *, empty: Empty = np.empty
+) -> EpisodeBatch:
     """The episodes 0..num_episodes-1 of the results, in index order.
 
     Placed by :mod:`rlfleet.wire.placement`, with no Python per episode:
@@ -428,7 +430,8 @@ def assemble_episodes(results: Sequence[Result], num_episodes: int) -> EpisodeBa
     in the answer (rows under 64 bytes of results that interleave there
     go through one aligned scratch buffer per field, which is faster).
     Results whose arrays do not line up (other info keys, trailing shapes)
-    take the general path, which names what differs.
+    take the general path, which names what differs. ``empty`` makes the
+    placed answer's arrays (a sampler's reused memory, or ``np.empty``).
 
     Raises:
         ProtocolError: If an episode below ``num_episodes`` is missing or came
@@ -437,21 +440,22 @@ def assemble_episodes(results: Sequence[Result], num_episodes: int) -> EpisodeBa
     """
     if not results:
         raise ResultError("the answer holds no results")
-    placed = placed_episodes([result.arrays for result in results], num_episodes)
+    placed = placed_episodes([result.arrays for result in results], num_episodes, empty)
     return first_episodes(_concatenate(results), num_episodes) if placed is None else placed
 
 
-def assemble_fragments(results: Sequence[Result]) -> EpisodeBatch:
+def assemble_fragments(results: Sequence[Result], *, empty: Empty = np.empty) -> EpisodeBatch:
     """Every fragment of the results, in LocalSampler's order (stream, episode, fragment).
 
     Step data is placed as in :func:`assemble_episodes`: each piece's rows
     go to their place in the order
     :func:`~rlfleet.core.episode_order.sort_fragments` gives. Results whose
     arrays do not line up take the general path, which names what differs.
+    ``empty`` as for :func:`assemble_episodes`.
     """
     if not results:
         raise ResultError("the answer holds no results")
-    placed = placed_fragments([result.arrays for result in results])
+    placed = placed_fragments([result.arrays for result in results], empty)
     return sort_fragments(_concatenate(results)) if placed is None else placed
 
 
