@@ -10,7 +10,7 @@ on the data connection once it is open, else on the stream.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rlfleet.protocol.join import WorkerLeaving, WorkerWelcome
 from rlfleet.security import ClientTLS, PickleGate
@@ -109,9 +109,10 @@ class SessionLeases:
         else:
             self._stream.send(reply)
 
-    def send_results(self, messages: list[bytes]) -> bool:
-        """Sends a result's serialized WorkerMessages on the data connection, if this
-        session's results travel there; False: the caller sends them on the stream."""
+    def send_results(self, messages: Sequence[bytes | memoryview]) -> bool:
+        """Sends results' serialized WorkerMessages on the data connection, in one
+        send, if this session's results travel there; False: the caller sends
+        them on the stream."""
         on_data = self._results_on_data
         channel = self._channel
         if on_data is None:
