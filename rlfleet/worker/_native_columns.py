@@ -233,12 +233,12 @@ def split_rows(
     """
     offsets = np.cumsum(lengths) - lengths
     index = np.arange(int(lengths.sum()), dtype=np.int64)
-    firsts = starts % capacity
-    if (firsts + lengths <= capacity).all():  # no episode wraps around the ring's end
-        index += np.repeat(firsts - offsets + slots * capacity, lengths)
-        return index
-    index += np.repeat(starts - offsets, lengths)
-    index %= capacity
+    # Each step's ring row, below twice the capacity (an episode fits in the
+    # ring); the rows past its end wrap. A subtraction where a comparison
+    # holds, not a modulo: an integer division per step cost more than the
+    # rest of the index.
+    index += np.repeat(starts % capacity - offsets, lengths)
+    np.subtract(index, capacity, out=index, where=index >= capacity)
     index += np.repeat(slots * capacity, lengths)
     return index
 
