@@ -29,6 +29,7 @@ from rlfleet.v1 import worker_pb2
 from rlfleet.wire import DEFAULT_CHUNK_BYTES, serialize_batch_messages
 from rlfleet.wire._protowire import packed_varints
 from rlfleet.worker import VecWorker, make_units
+from rlfleet.worker._flush import KEPT_BYTES, FlushMemory
 from rlfleet.worker._join_messages import result_messages
 
 NATIVE = EnvConfig("CartPole-v1", vectorization="vector_entry_point")
@@ -173,3 +174,40 @@ def _varint(value: int) -> bytes:
     from rlfleet.wire._protowire import encode_varint
 
     return encode_varint(value)
+
+
+def test_a_sessions_flushes_write_their_messages_into_reused_memory(worker: VecWorker) -> None:
+    memory = FlushMemory()
+
+    def flush() -> list[memoryview]:
+        messages = []
+        for task_id in (1, 2):  # two results of one flush: side by side, not overlapping
+            pieces = finished(worker, 2048)
+            written, _ = result_messages(
+                pieces,
+                task_id=task_id,
+                episode_indices=pieces.episode_infos["episode_index"],
+                env_generation=1,
+                batch_id=task_id,
+                max_message_bytes=4 << 20,
+                allocate=memory.allocate,
+            )
+            assert [bytes(m) for m in written] == protobufs(pieces, task_id, 1, task_id, 4 << 20)
+            messages += written
+        return messages
+
+    flush()  # the memory grows to hold a flush
+    memory.reset()
+    first = flush()
+    starts = [address(m) for m in first]
+    assert starts[1] == starts[0] + len(first[0])
+    memory.reset()  # sent: the next flush writes where these were
+    assert address(flush()[0]) == starts[0]
+    memory.reset()
+    large = memory.allocate(KEPT_BYTES + 1)  # memory of its own, not kept
+    assert len(large) == KEPT_BYTES + 1
+    assert address(memory.allocate(10)) == starts[0]
+
+
+def address(view: memoryview) -> int:
+    return int(np.frombuffer(view, np.uint8).ctypes.data)

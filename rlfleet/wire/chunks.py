@@ -171,6 +171,7 @@ def serialize_batch_behind(
     max_bytes: int = DEFAULT_CHUNK_BYTES,
     batch_id: int = 0,
     include_env_spec: bool = True,
+    allocate: Callable[[int], memoryview] | None = None,
 ) -> tuple[list[memoryview], int]:
     """:func:`serialize_batch_messages` with each message's envelope written by the caller.
 
@@ -181,6 +182,10 @@ def serialize_batch_behind(
     one message, its :class:`~rlfleet.core._pieces.TakenRows` gathered
     there (:func:`rlfleet.wire.tensors.join_parts`): its step data is
     copied once, from the worker's ring into the message.
+
+    ``allocate(size)``, if given, returns the writable byte view each
+    message is written into (a sender's reused memory); else each message
+    is a new buffer.
 
     Returns:
         The messages, in chunk order, and the size of the whole serialized batch.
@@ -201,7 +206,8 @@ def serialize_batch_behind(
         header = chunk_header(batch_id, index, count, total, kind, data_size=size)
         before = head(index, len(header) + size)
         message: list[Part] = [before, header, *data]
-        messages.append(join_parts(message, len(before) + len(header) + size))
+        length = len(before) + len(header) + size
+        messages.append(join_parts(message, length, None if allocate is None else allocate(length)))
     return messages, total
 
 

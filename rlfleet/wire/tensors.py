@@ -217,22 +217,26 @@ def write_tensor(
     return len(prefix) + body_size
 
 
-def join_parts(parts: Sequence[Part], size: int | None = None) -> memoryview:
-    """The parts written into one new buffer: bytes copied, :class:`TakenRows` gathered into it.
+def join_parts(
+    parts: Sequence[Part], size: int | None = None, buffer: memoryview | None = None
+) -> memoryview:
+    """The parts written into one buffer: bytes copied, :class:`TakenRows` gathered into it.
 
     ``b"".join`` of parts holding no TakenRows gives the same bytes.
 
     Args:
         parts: The parts, in order.
         size: Their total length, if known.
+        buffer: A writable byte view of their length to write into; None:
+            a new one (not zeroed first: every byte is a part's).
 
     Returns:
-        The buffer, a writable byte view (not zeroed first: every byte is
-        a part's).
+        The buffer.
     """
     if size is None:
         size = sum([len(part) for part in parts])
-    buffer = memoryview(np.empty(size, np.uint8))  # type: ignore[arg-type]  # a buffer
+    if buffer is None:
+        buffer = memoryview(np.empty(size, np.uint8))  # type: ignore[arg-type]  # a buffer
     pos = 0
     for part in parts:
         end = pos + len(part)

@@ -13,6 +13,7 @@ lease commands and replies are the lease face's (``rlfleet.wire.leases``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TypeAlias
 
 import numpy as np
@@ -251,12 +252,14 @@ def result_messages(
     env_generation: int,
     batch_id: int,
     max_message_bytes: int,
+    allocate: Callable[[int], memoryview] | None = None,
 ) -> tuple[list[memoryview], int]:
     """A batch as one EpisodeResult, cut into messages below the message limit.
 
     Written by hand, as protobuf writes it (``rlfleet.wire.result_message``):
     no protobuf object. The step data is copied once, from the ring into
-    the messages (:func:`rlfleet.wire.chunks.serialize_batch_behind`).
+    the messages (:func:`rlfleet.wire.chunks.serialize_batch_behind`),
+    written into ``allocate(size)`` if given (a session's reused memory).
 
     Returns:
         The serialized WorkerMessages, and the serialized batch's size.
@@ -277,6 +280,7 @@ def result_messages(
         max_bytes=max_bytes,
         batch_id=batch_id,
         include_env_spec=False,
+        allocate=allocate,
     )
 
 

@@ -37,7 +37,7 @@ from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.security import PICKLE_CAPABILITY, PickleGate
 from rlfleet.security.pickle import embedded_child
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
-from rlfleet.worker._flush import FlushPolicy
+from rlfleet.worker._flush import FlushMemory, FlushPolicy
 from rlfleet.worker._join_messages import (
     LeaseCommandIn,
     LeaseDataSwitch,
@@ -148,6 +148,7 @@ class Session:
         self._flush_policy = FlushPolicy(
             config.flush_steps, config.flush_bytes, config.flush_seconds
         )
+        self._memory = FlushMemory()
         self._metrics = worker.metrics
         self._metrics.joined(config.envs)
         logger.info(
@@ -454,6 +455,8 @@ class Session:
             env_generation=self._generation,
             batch_id=self._next_batch_id,
             max_message_bytes=self._max_message_bytes,
+            # Sent from this thread before the next flush: the memory is reused.
+            allocate=self._memory.allocate if self._leases.results_on_data else None,
         )
         self._next_batch_id += 1
         self._flush_policy.expect_step_bytes(total_bytes / batch.total_steps)
@@ -462,7 +465,9 @@ class Session:
     def _send_results(self, results: list[_Encoded]) -> None:
         """Sends results' messages in order: on the data connection in one send."""
         messages = [m for result in results for m in result.messages]
-        if not self._leases.send_results(messages):
+        if self._leases.send_results(messages):
+            self._memory.reset()  # the kernel's now
+        else:
             for message in messages:
                 self._stream.send(message)
         for result in results:
