@@ -27,7 +27,14 @@ from rlfleet.wire import (
     encode_tensor_map,
 )
 from rlfleet.wire._protowire import read_varint
-from rlfleet.wire.tensors import Part, read_tensor, read_tensor_map, write_tensor, write_tensor_map
+from rlfleet.wire.tensors import (
+    Part,
+    gathered,
+    read_tensor,
+    read_tensor_map,
+    write_tensor,
+    write_tensor_map,
+)
 
 WIRE_DTYPES = ("?", "i1", "<i2", "<i4", "<i8", "u1", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8")
 
@@ -48,7 +55,7 @@ def without_prefix(write: Callable[..., int], value: Any) -> bytes:
     """Writes ``value`` as field 1 and strips the field's tag and length."""
     out: list[Part] = []
     size = write(value, 1, out, "m")
-    data = b"".join(out)
+    data = b"".join(gathered(out))
     assert size == len(data)
     length, start = read_varint(data, 1, len(data), "test")
     assert start + length == len(data)
@@ -359,7 +366,7 @@ def test_tensor_map_bytes_match_the_hand_computed_encoding() -> None:
     assert encode_tensor_map({"a": np.array(True)}).SerializeToString() == expected
     out: list[Part] = []
     write_tensor_map({"a": np.array(True)}, 7, out, "m")
-    assert b"".join(out) == b"\x3a" + bytes([len(expected)]) + expected
+    assert b"".join(gathered(out)) == b"\x3a" + bytes([len(expected)]) + expected
 
 
 def test_nested_maps_round_trip_in_order_on_both_paths() -> None:

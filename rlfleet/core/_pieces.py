@@ -44,6 +44,53 @@ class RowPieces:
                 )
 
 
+class TakenRows:
+    """One array given as rows of another, not gathered yet: ``source.take(index, axis=0)``.
+
+    A native worker's step columns are gathered straight into the message
+    being written (:func:`rlfleet.wire.tensors.join_parts`): one copy, from
+    the ring into the message, with no array in between.
+
+    Args:
+        source: A C-contiguous array whose rows are taken.
+        index: The rows, in order (int64, each in ``[0, len(source))``).
+    """
+
+    __slots__ = ("dtype", "index", "nbytes", "shape", "source")
+
+    def __init__(self, source: np.ndarray, index: np.ndarray) -> None:
+        self.source = source
+        self.index = index
+        self.dtype = source.dtype
+        self.shape = (len(index), *source.shape[1:])
+        self.nbytes = len(index) * (source.nbytes // len(source) if len(source) else 0)
+
+    def __len__(self) -> int:
+        """Its bytes (as a part of a message being written, like a byte view)."""
+        return self.nbytes
+
+    def array(self) -> np.ndarray:
+        """The rows gathered into an array of their own."""
+        return self.source.take(self.index, axis=0)
+
+    def take_into(self, buffer: memoryview, offset: int) -> None:
+        """Writes the rows' bytes into ``buffer`` from ``offset``, with one ``np.take``.
+
+        The rows are taken as opaque items of their size, which any offset
+        holds (an array of the source's dtype there would be unaligned, and
+        numpy would take into a temporary and copy it over).
+        """
+        rows = self.source
+        if not self.nbytes:
+            return
+        item = np.dtype((np.void, self.nbytes // len(self.index)))
+        opaque = rows.reshape(len(rows), -1).view(np.uint8).view(item).reshape(len(rows))
+        out = np.frombuffer(buffer, item, len(self.index), offset)
+        # mode="clip": numpy takes straight into ``out`` (mode="raise" buffers);
+        # the index is the worker's own, in range by construction.
+        opaque.take(self.index, out=out, mode="clip")
+
+
 @dataclass(frozen=True)
 class EpisodePieces:
     """The fields of an EpisodeBatch, the per-step ones possibly as RowPieces.
@@ -58,10 +105,10 @@ class EpisodePieces:
 
     env_spec: EnvSpec
     episode_infos: Mapping[str, np.ndarray]
-    observations: np.ndarray | RowPieces
-    last_observations: np.ndarray
-    actions: np.ndarray | RowPieces
-    rewards: np.ndarray | RowPieces
+    observations: np.ndarray | RowPieces | TakenRows
+    last_observations: np.ndarray | TakenRows
+    actions: np.ndarray | RowPieces | TakenRows
+    rewards: np.ndarray | RowPieces | TakenRows
     env_infos: Mapping[str, Any]
     agent_infos: Mapping[str, Any]
     step_types: np.ndarray

@@ -60,7 +60,7 @@ _unreachable = OncePerKey()
 _T = TypeVar("_T")
 
 
-def frame(payload: bytes) -> bytes:
+def frame(payload: bytes | memoryview) -> bytes:
     """``payload`` behind its length prefix."""
     return FRAME_HEADER.pack(len(payload)) + payload
 
@@ -183,7 +183,7 @@ class LeaseDataLink:
         with self._lock, self._timed():
             self._sock.sendall(data)
 
-    def send_frames(self, payloads: Sequence[bytes]) -> None:
+    def send_frames(self, payloads: Sequence[bytes | memoryview]) -> None:
         """Sends frames in order, from the caller's thread, without copying a
         payload where the socket allows it (plain TCP: ``sendmsg``; TLS copies
         each frame once, behind its header).

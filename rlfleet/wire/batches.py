@@ -40,7 +40,14 @@ from rlfleet.wire._protowire import (
     wire_type_error,
 )
 from rlfleet.wire.spaces import decode_env_spec, encode_env_spec
-from rlfleet.wire.tensors import Part, read_tensor, read_tensor_map, write_tensor, write_tensor_map
+from rlfleet.wire.tensors import (
+    Part,
+    gathered,
+    read_tensor,
+    read_tensor_map,
+    write_tensor,
+    write_tensor_map,
+)
 
 #: Either batch type.
 Batch: TypeAlias = EpisodeBatch | TimeStepBatch
@@ -141,7 +148,7 @@ def encode_batch(batch: Batch, *, include_env_spec: bool = True) -> bytes:
         WireFormatError: If an array's dtype or an info key cannot travel,
             or a space of the EnvSpec cannot travel.
     """
-    return b"".join(batch_parts(batch, include_env_spec=include_env_spec))
+    return b"".join(gathered(batch_parts(batch, include_env_spec=include_env_spec)))
 
 
 def batch_parts(batch: WritableBatch, *, include_env_spec: bool = True) -> list[Part]:

@@ -31,6 +31,7 @@ from rlfleet.wire.batches import (
     payload_kind,
 )
 from rlfleet.wire.envelope import parse_chunk, wrap_chunk
+from rlfleet.wire.tensors import Part, gathered, join_parts
 
 #: Default most bytes of one serialized BatchChunk. gRPC refuses messages
 #: over 4 MiB by default, and 1-4 MiB messages stream faster than larger ones.
@@ -151,7 +152,7 @@ def serialize_batch_messages(
         ConfigError: If ``max_bytes`` is too small to carry any data.
         WireFormatError: If the batch or an envelope cannot be serialized.
     """
-    parts = batch_parts(batch, include_env_spec=include_env_spec)
+    parts = gathered(batch_parts(batch, include_env_spec=include_env_spec))
     total = sum(len(part) for part in parts)
     kind = payload_kind(type(batch))
     count, room = _layout(total, max_bytes, batch_id, kind)
@@ -160,6 +161,53 @@ def serialize_batch_messages(
         size = sum(len(piece) for piece in data)
         header = chunk_header(batch_id, index, count, total, kind, data_size=size)
         messages.append(b"".join(wrap_chunk(envelope(index), path, [header, *data])))
+    return messages, total
+
+
+def serialize_batch_behind(
+    batch: WritableBatch,
+    head: Callable[[int, int], bytes],
+    *,
+    max_bytes: int = DEFAULT_CHUNK_BYTES,
+    batch_id: int = 0,
+    include_env_spec: bool = True,
+    allocate: Callable[[int], memoryview] | None = None,
+) -> tuple[list[memoryview], int]:
+    """:func:`serialize_batch_messages` with each message's envelope written by the caller.
+
+    Each message is ``head(i, size)`` followed by chunk i (a serialized
+    BatchChunk of ``size`` bytes): the envelope's own fields and the chunk
+    field's key and length, the chunk being the envelope's last field, as
+    protobuf writes it. A batch of one chunk is written straight into its
+    one message, its :class:`~rlfleet.core._pieces.TakenRows` gathered
+    there (:func:`rlfleet.wire.tensors.join_parts`): its step data is
+    copied once, from the worker's ring into the message.
+
+    ``allocate(size)``, if given, returns the writable byte view each
+    message is written into (a sender's reused memory); else each message
+    is a new buffer.
+
+    Returns:
+        The messages, in chunk order, and the size of the whole serialized batch.
+
+    Raises:
+        ConfigError: If ``max_bytes`` is too small to carry any data.
+        WireFormatError: If the batch cannot be serialized.
+    """
+    parts = batch_parts(batch, include_env_spec=include_env_spec)
+    total = sum([len(part) for part in parts])
+    kind = payload_kind(type(batch))
+    count, room = _layout(total, max_bytes, batch_id, kind)
+    # One chunk: its rows are gathered straight into the message.
+    runs: Iterable[Sequence[Part]] = [parts] if count == 1 else _cut(gathered(parts), room)
+    messages = []
+    for index, data in enumerate(runs):
+        size = sum([len(piece) for piece in data])
+        header = chunk_header(batch_id, index, count, total, kind, data_size=size)
+        before = head(index, len(header) + size)
+        message: list[Part] = [before, header, *data]
+        length = len(before) + len(header) + size
+        messages.append(join_parts(message, length, None if allocate is None else allocate(length)))
     return messages, total
 
 
@@ -452,5 +500,6 @@ __all__ = [
     "chunk_payload",
     "decode_batch_chunks",
     "encode_batch_chunks",
+    "serialize_batch_behind",
     "serialize_batch_messages",
 ]

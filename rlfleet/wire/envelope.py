@@ -37,7 +37,7 @@ from rlfleet.wire._protowire import (
     len_prefix,
     wire_type_error,
 )
-from rlfleet.wire.tensors import Part
+from rlfleet.wire.tensors import BytePart
 
 M = TypeVar("M", bound=Message)
 
@@ -73,7 +73,9 @@ def serialize_with_chunk(envelope: Message, path: Sequence[str], chunk: Chunk) -
     return b"".join(wrap_chunk(envelope, path, [chunk.header(), chunk.data]))
 
 
-def wrap_chunk(envelope: Message, path: Sequence[str], chunk_parts: list[Part]) -> list[Part]:
+def wrap_chunk(
+    envelope: Message, path: Sequence[str], chunk_parts: list[BytePart]
+) -> list[BytePart]:
     """The parts of ``envelope`` serialized around a chunk given as parts.
 
     ``b"".join`` of the result is :func:`serialize_with_chunk`'s bytes; the

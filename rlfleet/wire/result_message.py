@@ -22,16 +22,21 @@ from __future__ import annotations
 import re
 from typing import TypeAlias
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire._chunk import Chunk
-from rlfleet.wire._protowire import to_int64
+from rlfleet.wire._protowire import encode_varint, len_prefix, packed_varints, to_int64
 from rlfleet.wire.results import ResultHeader
 
 #: What a result is read from: a worker's message (bytes), a learner's frame (a view).
 _Bytes: TypeAlias = "bytes | bytearray | memoryview"
-_RESULT_TAG = 4 << 3 | 2  # WorkerMessage.result, length-delimited
+_RESULT_NUMBER = 4  # WorkerMessage.result
+_RESULT_TAG = _RESULT_NUMBER << 3 | 2  # length-delimited
+_TASK_ID_KEY = b"\x08"  # EpisodeResult.task_id (1), a varint
+_AGENT_VERSION_KEY = b"\x20"  # EpisodeResult.agent_version (4), a varint
+_ENV_GENERATION_KEY = b"\x28"  # EpisodeResult.env_generation (5), a varint
 _SAMPLE_RESULT_TAG = 2 << 3 | 2  # SampleResponse.result, length-delimited
 _RESULT_CALL_KEY = b"\xc8\x02"  # SampleResponse.result_call (41), a varint
 _CHUNK_NUMBER = 7  # EpisodeResult.chunk
@@ -46,6 +51,44 @@ _INT32_LIMIT = 1 << 31
 _PROTOBUF_COLUMN_BYTES = 48
 # A varint's last byte after a continuation byte is never 0 in its shortest form.
 _LONGER_THAN_NEEDED = re.compile(rb"[\x80-\xff]\x00")
+
+
+def result_fields(
+    task_id: int,
+    episode_indices: np.ndarray,
+    lengths: np.ndarray,
+    agent_version: int,
+    env_generation: int,
+) -> bytes:
+    """An ``EpisodeResult``'s fields before its chunk, written as protobuf writes them.
+
+    The form :func:`read_result_message` reads: fields in ascending order,
+    none at its default, the columns packed, every varint shortest
+    (tests/test_result_message.py holds it to protobuf's own bytes).
+    """
+    out: list[bytes] = []
+    if task_id:
+        out += (_TASK_ID_KEY, encode_varint(task_id))
+    for number, column in ((2, episode_indices), (3, lengths)):
+        packed = packed_varints(column)
+        if packed:
+            out += (len_prefix(number, len(packed)), packed)
+    if agent_version:
+        out += (_AGENT_VERSION_KEY, encode_varint(agent_version))
+    if env_generation:
+        out += (_ENV_GENERATION_KEY, encode_varint(env_generation))
+    return b"".join(out)
+
+
+def result_head(fields: bytes, chunk_size: int) -> bytes:
+    """A ``WorkerMessage``'s bytes before its result's chunk of ``chunk_size`` bytes.
+
+    ``fields`` are the result's other fields (:func:`result_fields`); the
+    chunk, the last field, follows.
+    """
+    chunk_key = len_prefix(_CHUNK_NUMBER, chunk_size)
+    size = len(fields) + len(chunk_key) + chunk_size
+    return len_prefix(_RESULT_NUMBER, size) + fields + chunk_key
 
 
 def read_result_message(data: bytes) -> tuple[ResultHeader, Chunk] | None:
@@ -231,4 +274,4 @@ def _chunk(data: _Bytes, pos: int, end: int) -> Chunk | None:
     return Chunk(batch_id, index, count, total_bytes, kind, payload)
 
 
-__all__ = ["read_result_frame", "read_result_message"]
+__all__ = ["read_result_frame", "read_result_message", "result_fields", "result_head"]

@@ -21,13 +21,13 @@ were decoded from.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, TypeAlias
 
 import numpy as np
 
-from rlfleet.core._pieces import RowPieces
+from rlfleet.core._pieces import RowPieces, TakenRows
 from rlfleet.errors import WireFormatError
 from rlfleet.v1 import tensor_pb2
 from rlfleet.wire._protowire import (
@@ -43,8 +43,11 @@ from rlfleet.wire._protowire import (
     wire_type_error,
 )
 
-#: One piece of a message being written: small headers and array memory.
-Part: TypeAlias = bytes | memoryview
+#: Bytes of a message being written: small headers and array memory.
+BytePart: TypeAlias = bytes | memoryview
+#: One piece of a message being written: bytes, or rows still to gather
+#: (:func:`join_parts` gathers them; :func:`gathered` makes them bytes).
+Part: TypeAlias = BytePart | TakenRows
 #: A decoded tensor map: names to arrays or nested maps, in wire order.
 TensorDict: TypeAlias = dict[str, "np.ndarray | TensorDict"]
 #: Reads the Tensor message in ``buf[pos:end]`` (:func:`read_tensor`'s signature).
@@ -161,7 +164,10 @@ def wire_array(value: Any, where: str = "tensor") -> np.ndarray:
 
 
 def write_tensor(
-    array: np.ndarray | RowPieces, field_number: int, out: list[Part], where: str = "tensor"
+    array: np.ndarray | RowPieces | TakenRows,
+    field_number: int,
+    out: list[Part],
+    where: str = "tensor",
 ) -> int:
     """Appends a Tensor, as field ``field_number`` of its parent, to ``out``.
 
@@ -171,8 +177,9 @@ def write_tensor(
 
     Args:
         array: The array, or its pieces (written as their join along axis 0,
-            each piece's memory a part of its own); converted by
-            :func:`wire_array` if needed.
+            each piece's memory a part of its own), or rows still to take
+            (a part of their own, which :func:`join_parts` gathers into the
+            message); converted by :func:`wire_array` if needed.
         field_number: Field number of the Tensor in the enclosing message.
         out: The list of parts being built.
         where: Name of the tensor, for error messages.
@@ -180,6 +187,15 @@ def write_tensor(
     Returns:
         The number of bytes appended.
     """
+    if isinstance(array, TakenRows):
+        if array.dtype in _CODES and array.source.flags.c_contiguous:
+            header = tensor_header(_CODES[array.dtype], array.shape, array.nbytes)
+            prefix = len_prefix(field_number, len(header) + array.nbytes)
+            out.append(prefix + header)
+            if array.nbytes:
+                out.append(array)
+            return len(prefix) + len(header) + array.nbytes
+        array = array.array()  # converted below, as any array
     if isinstance(array, RowPieces):
         pieces = array.arrays
         first = pieces[0]
@@ -199,6 +215,47 @@ def write_tensor(
     # Byte views: len() is their size.
     out.extend(piece.data.cast("B") for piece in pieces if piece.nbytes)
     return len(prefix) + body_size
+
+
+def join_parts(
+    parts: Sequence[Part], size: int | None = None, buffer: memoryview | None = None
+) -> memoryview:
+    """The parts written into one buffer: bytes copied, :class:`TakenRows` gathered into it.
+
+    ``b"".join`` of parts holding no TakenRows gives the same bytes.
+
+    Args:
+        parts: The parts, in order.
+        size: Their total length, if known.
+        buffer: A writable byte view of their length to write into; None:
+            a new one (not zeroed first: every byte is a part's).
+
+    Returns:
+        The buffer.
+    """
+    if size is None:
+        size = sum([len(part) for part in parts])
+    if buffer is None:
+        buffer = memoryview(np.empty(size, np.uint8))  # type: ignore[arg-type]  # a buffer
+    pos = 0
+    for part in parts:
+        end = pos + len(part)
+        if isinstance(part, TakenRows):
+            part.take_into(buffer, pos)
+        else:
+            buffer[pos:end] = part
+        pos = end
+    return buffer
+
+
+def gathered(parts: list[Part]) -> list[BytePart]:
+    """The parts with rows still to take taken, as byte views (for ``b"".join``)."""
+    return [
+        memoryview(part.array()).cast("B")  # type: ignore[arg-type]  # ndarray: a buffer
+        if isinstance(part, TakenRows)
+        else part
+        for part in parts
+    ]
 
 
 # Batches of a stream repeat the same few shapes, so headers are cached.
@@ -607,8 +664,11 @@ def _decode_key(buf: ByteSource, span: tuple[int, int] | None, where: str) -> st
 __all__ = [
     "MAX_ELEMENTS",
     "MAX_NDIM",
+    "BytePart",
     "Part",
     "TensorDict",
+    "gathered",
+    "join_parts",
     "read_tensor",
     "read_tensor_map",
     "tensor_fields",

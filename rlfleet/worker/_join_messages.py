@@ -13,8 +13,10 @@ lease commands and replies are the lease face's (``rlfleet.wire.leases``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TypeAlias
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from rlfleet.core import EnvSpec, EpisodeBatch
@@ -33,7 +35,6 @@ from rlfleet.protocol.join import (
     WorkerWelcome,
 )
 from rlfleet.protocol.updates import AgentChange, EnvChange
-from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import leases_pb2, worker_pb2
 from rlfleet.wire import (
     DEFAULT_CHUNK_BYTES,
@@ -45,17 +46,19 @@ from rlfleet.wire import (
     encode_error_report,
     encode_heartbeat,
     encode_hello,
-    serialize_batch_messages,
 )
+from rlfleet.wire.chunks import serialize_batch_behind
 from rlfleet.wire.leases import (
     LeaseOrder,
     LeaseReport,
     decode_lease_command,
     lease_report_message,
 )
+from rlfleet.wire.result_message import result_fields, result_head
 
 #: Room left in a message for the EpisodeResult envelope around a chunk.
 _ENVELOPE_ALLOWANCE = 64
+_NONE = np.zeros(0, np.int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +113,14 @@ CoordinatorEvent: TypeAlias = (
 #: What the worker sends: a message to build, or one serialized already
 #: (a result's chunk messages, a lease reply).
 Outgoing: TypeAlias = (
-    WorkerHello | EnvBuilt | AgentApplied | WorkerBeat | ErrorReport | WorkerLeaving | bytes
+    WorkerHello
+    | EnvBuilt
+    | AgentApplied
+    | WorkerBeat
+    | ErrorReport
+    | WorkerLeaving
+    | bytes
+    | memoryview
 )
 
 _BODY_NAMES: dict[type, str] = {
@@ -201,6 +211,8 @@ def serialize_outgoing(item: Outgoing) -> bytes:
     """The serialized WorkerMessage of an item (the Join call's serializer)."""
     if isinstance(item, bytes):
         return item
+    if isinstance(item, memoryview):  # a result's message: gRPC sends bytes
+        return item.tobytes()
     return _worker_message(item).SerializeToString()
 
 
@@ -236,37 +248,39 @@ def result_messages(
     batch: EpisodeBatch | EpisodePieces,
     *,
     task_id: int,
-    episode_indices: list[int],
+    episode_indices: np.ndarray,
     env_generation: int,
     batch_id: int,
     max_message_bytes: int,
-) -> tuple[list[bytes], int]:
+    allocate: Callable[[int], memoryview] | None = None,
+) -> tuple[list[memoryview], int]:
     """A batch as one EpisodeResult, cut into messages below the message limit.
 
-    The step data is copied once, from the ring's segments into the
-    messages (:func:`rlfleet.wire.serialize_batch_messages`).
+    Written by hand, as protobuf writes it (``rlfleet.wire.result_message``):
+    no protobuf object. The step data is copied once, from the ring into
+    the messages (:func:`rlfleet.wire.chunks.serialize_batch_behind`),
+    written into ``allocate(size)`` if given (a session's reused memory).
 
     Returns:
         The serialized WorkerMessages, and the serialized batch's size.
     """
-    meta = worker_pb2.EpisodeResult(
-        task_id=task_id,
-        episode_indices=episode_indices,
-        lengths=batch.lengths.tolist(),
+    fields = result_fields(
+        task_id,
+        episode_indices,
+        batch.lengths,
         # Updates are applied only after a flush, so one version made them all.
-        agent_version=int(batch.episode_infos["agent_version"][0]),
-        env_generation=env_generation,
+        int(batch.episode_infos["agent_version"][0]),
+        env_generation,
     )
-    max_bytes = min(DEFAULT_CHUNK_BYTES, max_message_bytes - meta.ByteSize() - _ENVELOPE_ALLOWANCE)
-    first = worker_pb2.WorkerMessage(result=meta)
-    rest = worker_pb2.WorkerMessage(result=worker_pb2.EpisodeResult(task_id=task_id))
-    return serialize_batch_messages(
+    rest = result_fields(task_id, _NONE, _NONE, 0, 0)
+    max_bytes = min(DEFAULT_CHUNK_BYTES, max_message_bytes - len(fields) - _ENVELOPE_ALLOWANCE)
+    return serialize_batch_behind(
         batch,
-        lambda index: first if index == 0 else rest,
-        _rpc.WORKER_CHUNK_PATH,
+        lambda index, size: result_head(fields if index == 0 else rest, size),
         max_bytes=max_bytes,
         batch_id=batch_id,
         include_env_spec=False,
+        allocate=allocate,
     )
 
 

@@ -8,16 +8,17 @@ step and length in the step ring's columns, its last step type, infos and
 request), never a set of arrays. The arrays are made when episodes are
 taken, for all of them at once: the table's rows are sorted and filtered as
 one array, :func:`split_rows` turns them into one flat ring index per step,
-and each column is gathered with one ``np.take``, straight into a
-contiguous array in the batch's order.
+and each column is gathered with one ``np.take``, in the batch's order.
 
-So a step's data is copied once after stepping: into the batch
-(:func:`build_rows_batch`), or into the outgoing messages
-(:func:`build_rows_pieces`). For the messages, the gathered columns are
-what the wire encoding joins (:func:`rlfleet.wire.serialize_batch_messages`),
-except a column whose episodes are large (Atari frames): there each
-episode's rows, contiguous in the ring (it is stored slot by slot), go to
-the serializer as they are, which copies them once, into the messages.
+So a step's data is copied once after stepping: into the batch's arrays
+(:func:`build_rows_batch`), or into the outgoing message
+(:func:`build_rows_pieces`). For the message, each column is a
+:class:`~rlfleet.core._pieces.TakenRows` (the ring's rows and the index),
+which the encoder takes straight into the message's buffer
+(:func:`rlfleet.wire.chunks.serialize_batch_behind`), except a column whose
+episodes are large (Atari frames): there each episode's rows, contiguous in
+the ring (it is stored slot by slot), go to the serializer as they are,
+which copies them once, into the messages.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from rlfleet.core._arrays import NestedArrays
-from rlfleet.core._pieces import EpisodePieces, RowPieces
+from rlfleet.core._pieces import EpisodePieces, RowPieces, TakenRows
 from rlfleet.core._validation import check_per_step_space
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
@@ -232,8 +233,12 @@ def split_rows(
     """
     offsets = np.cumsum(lengths) - lengths
     index = np.arange(int(lengths.sum()), dtype=np.int64)
-    index += np.repeat(starts - offsets, lengths)
-    index %= capacity
+    # Each step's ring row, below twice the capacity (an episode fits in the
+    # ring); the rows past its end wrap. A subtraction where a comparison
+    # holds, not a modulo: an integer division per step cost more than the
+    # rest of the index.
+    index += np.repeat(starts % capacity - offsets, lengths)
+    np.subtract(index, capacity, out=index, where=index >= capacity)
     index += np.repeat(slots * capacity, lengths)
     return index
 
@@ -263,12 +268,16 @@ def step_types_of(lengths: np.ndarray, lasts: np.ndarray) -> np.ndarray:
 _STEP_FIELDS = ("observations", "actions", "rewards")
 
 
-def _gather(columns: Columns, table: np.ndarray, min_piece_bytes: int | None) -> dict[str, Any]:
+def _gather(
+    columns: Columns, table: np.ndarray, min_piece_bytes: int | None, *, deferred: bool = False
+) -> dict[str, Any]:
     """The fields of the batch of ``table``'s episodes (rows of :class:`FinishedTable`), in order.
 
     With ``min_piece_bytes``, a per-step field holding at least that many
     bytes per episode on average is :class:`RowPieces` of each episode's rows
-    in the ring instead (views, unless the rows wrap around its end).
+    in the ring instead (views, unless the rows wrap around its end). With
+    ``deferred``, the other step fields are :class:`TakenRows`, gathered by
+    the encoder straight into the message.
     """
     capacity = columns.capacity
     n = len(table)
@@ -281,10 +290,13 @@ def _gather(columns: Columns, table: np.ndarray, min_piece_bytes: int | None) ->
     def take(column: np.ndarray, at: np.ndarray = index) -> np.ndarray:
         return flat_column(column).take(at, axis=0)  # np.take's wrapper: two calls more
 
-    def field(column: np.ndarray) -> np.ndarray | RowPieces:
+    def rows(column: np.ndarray, at: np.ndarray = index) -> np.ndarray | TakenRows:
+        return TakenRows(flat_column(column), at) if deferred else take(column, at)
+
+    def field(column: np.ndarray) -> np.ndarray | RowPieces | TakenRows:
         # strides[0]: the bytes of one slot's row (the ring is stored slot by slot).
         if least is None or column.strides[0] * total < least:
-            return take(column)
+            return rows(column)
         pieces = []
         for start, length, slot in zip(
             starts.tolist(), lengths.tolist(), slots.tolist(), strict=True
@@ -293,8 +305,8 @@ def _gather(columns: Columns, table: np.ndarray, min_piece_bytes: int | None) ->
             if first + length <= capacity:
                 pieces.append(column[first : first + length, slot])
             else:  # wraps around the ring's end
-                rows = np.arange(start, start + length) % capacity
-                pieces.append(column[rows, slot])
+                ring_rows = np.arange(start, start + length) % capacity
+                pieces.append(column[ring_rows, slot])
         return RowPieces(tuple(pieces))
 
     env_infos: NestedArrays = {}
@@ -305,7 +317,7 @@ def _gather(columns: Columns, table: np.ndarray, min_piece_bytes: int | None) ->
         env_infos["nonfinite_obs"] = take(columns.obs_flags) | take(columns.obs_flags, after)
     return {
         "observations": field(columns.obs),
-        "last_observations": take(columns.obs, slots * capacity + (starts + lengths) % capacity),
+        "last_observations": rows(columns.obs, slots * capacity + (starts + lengths) % capacity),
         "actions": field(columns.actions),
         "rewards": field(columns.rewards),
         "agent_infos": {key: field(value) for key, value in columns.agent_infos.items()},
@@ -316,14 +328,18 @@ def _gather(columns: Columns, table: np.ndarray, min_piece_bytes: int | None) ->
 
 
 def _fields(
-    parts: Sequence[RowsPart], info_keys: Sequence[str], min_piece_bytes: int | None = None
+    parts: Sequence[RowsPart],
+    info_keys: Sequence[str],
+    min_piece_bytes: int | None = None,
+    *,
+    deferred: bool = False,
 ) -> dict[str, Any]:
     """All fields of the batch of the parts' episodes, in order (see :func:`_gather`)."""
     # Nearly always one part: the ring's arrays change only when it grows or
     # the policy changes.
     if len(parts) == 1:
         columns, table = parts[0]
-        fields = _gather(columns, table, min_piece_bytes)
+        fields = _gather(columns, table, min_piece_bytes, deferred=deferred)
     else:
         gathered = [_gather(columns, table, None) for columns, table in parts]
         fields = {
@@ -369,18 +385,21 @@ def build_rows_pieces(
     """:func:`build_rows_batch` for a remote worker's serializer, copied once into messages.
 
     Columns holding fewer than ``min_piece_bytes`` per episode on average
-    are gathered (one ``np.take`` each: handing the serializer each
-    episode's small piece would cost more than copying it); larger ones are
-    each episode's rows in the ring, which the serializer joins straight
-    into the messages. The bytes are those of :func:`build_rows_batch`'s batch.
+    are :class:`TakenRows` (one ``np.take`` each, which the encoder runs
+    straight into the message: handing it each episode's small piece would
+    cost more than gathering them); larger ones are each episode's rows in
+    the ring, which the serializer joins straight into the messages. The
+    bytes are those of :func:`build_rows_batch`'s batch.
 
     Raises:
         InvalidBatchError: If ``actions_checked`` is False and an action does
             not fit the action space.
     """
-    fields = _fields(parts, info_keys, min_piece_bytes)
+    fields = _fields(parts, info_keys, min_piece_bytes, deferred=True)
     if not actions_checked:
         actions = fields["actions"]
+        if isinstance(actions, TakenRows):
+            actions = fields["actions"] = actions.array()
         for part in actions.arrays if isinstance(actions, RowPieces) else (actions,):
             check_per_step_space(
                 "EpisodeBatch.actions", part, env_spec.action_space, "action_space"

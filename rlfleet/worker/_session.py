@@ -12,6 +12,7 @@ written from this thread straight to its socket (``SessionLeases.send_results``)
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import queue
@@ -36,7 +37,7 @@ from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.security import PICKLE_CAPABILITY, PickleGate
 from rlfleet.security.pickle import embedded_child
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
-from rlfleet.worker._flush import FlushPolicy
+from rlfleet.worker._flush import FlushMemory, FlushPolicy
 from rlfleet.worker._join_messages import (
     LeaseCommandIn,
     LeaseDataSwitch,
@@ -58,6 +59,17 @@ logger = logging.getLogger("rlfleet.worker")
 
 #: The sample modes a task may name.
 _MODES = frozenset(Mode)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Encoded:
+    """A result's messages, ready to send, and what the book keeps of it."""
+
+    task_id: int
+    indices: list[int]
+    episodes: int
+    total_bytes: int
+    messages: list[memoryview]
 
 
 class Outcome(enum.Enum):
@@ -136,6 +148,7 @@ class Session:
         self._flush_policy = FlushPolicy(
             config.flush_steps, config.flush_bytes, config.flush_seconds
         )
+        self._memory = FlushMemory()
         self._metrics = worker.metrics
         self._metrics.joined(config.envs)
         logger.info(
@@ -411,22 +424,30 @@ class Session:
     # --- messages to the coordinator --------------------------------------------------
 
     def _flush(self) -> None:
-        """Sends every finished episode, one result per task."""
+        """Sends every finished episode, one result per task, all in one send."""
         vec = self._vec
         self._flush_policy.sent()
         if not vec.finished_count:
             return
+        results: list[_Encoded] = []
         for task_id in list(self._book.episode_tasks):
+            # Each batch is encoded before the next is taken: its columns
+            # are gathered from the ring, which holds them until the next step.
             while (batch := vec.take_finished_pieces(request=task_id)) is not None:
-                self._send_result(task_id, batch)
+                results.append(self._encode_result(task_id, batch))
+        if results:
+            self._send_results(results)
         leftover = vec.take_finished()
         if leftover is not None:  # of tasks cancelled meanwhile
             logger.debug("dropped %d finished episodes of cancelled tasks", leftover.n_episodes)
 
     def _send_result(self, task_id: int, batch: EpisodeBatch | EpisodePieces) -> None:
         """Sends a batch as one EpisodeResult, chunked below the message limit."""
-        indices = batch.episode_infos["episode_index"].tolist()
-        # The step data is copied once, from the ring's segments into the messages.
+        self._send_results([self._encode_result(task_id, batch)])
+
+    def _encode_result(self, task_id: int, batch: EpisodeBatch | EpisodePieces) -> _Encoded:
+        """A batch's EpisodeResult messages (its step data copied once, into them)."""
+        indices = batch.episode_infos["episode_index"]
         messages, total_bytes = result_messages(
             batch,
             task_id=task_id,
@@ -434,14 +455,24 @@ class Session:
             env_generation=self._generation,
             batch_id=self._next_batch_id,
             max_message_bytes=self._max_message_bytes,
+            # Sent from this thread before the next flush: the memory is reused.
+            allocate=self._memory.allocate if self._leases.results_on_data else None,
         )
         self._next_batch_id += 1
         self._flush_policy.expect_step_bytes(total_bytes / batch.total_steps)
-        if not self._leases.send_results(messages):
+        return _Encoded(task_id, indices.tolist(), batch.n_episodes, total_bytes, messages)
+
+    def _send_results(self, results: list[_Encoded]) -> None:
+        """Sends results' messages in order: on the data connection in one send."""
+        messages = [m for result in results for m in result.messages]
+        if self._leases.send_results(messages):
+            self._memory.reset()  # the kernel's now
+        else:
             for message in messages:
                 self._stream.send(message)
-        self._book.reported(task_id, indices)
-        self._metrics.sent(batch.n_episodes, total_bytes)
+        for result in results:
+            self._book.reported(result.task_id, result.indices)
+            self._metrics.sent(result.episodes, result.total_bytes)
 
     def _report_progress(self) -> None:
         self._metrics.progress(

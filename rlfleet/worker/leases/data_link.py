@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rlfleet.errors import RlfleetError, UnavailableError
 from rlfleet.security import ClientTLS
@@ -109,8 +109,9 @@ class WorkerLeaseChannel:
         """
         self._send([payload], "a lease reply")
 
-    def send_frames(self, payloads: list[bytes]) -> None:
-        """Sends a result's serialized WorkerMessages, in order, from the caller's thread.
+    def send_frames(self, payloads: Sequence[bytes | memoryview]) -> None:
+        """Sends results' serialized WorkerMessages, in order, from the caller's thread,
+        in one send (:meth:`LeaseDataLink.send_frames`).
 
         A broken connection ends the session (``on_broken``): the result is
         lost with it, as the coordinator writes the worker off and re-runs
@@ -118,7 +119,7 @@ class WorkerLeaseChannel:
         """
         self._send(payloads, "a result")
 
-    def _send(self, payloads: list[bytes], what: str) -> None:
+    def _send(self, payloads: Sequence[bytes | memoryview], what: str) -> None:
         link = self._link
         if link is None:
             raise UnavailableError("the lease data connection is not open")

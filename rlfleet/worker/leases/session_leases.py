@@ -10,7 +10,7 @@ on the data connection once it is open, else on the stream.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rlfleet.protocol.join import WorkerLeaving, WorkerWelcome
 from rlfleet.security import ClientTLS, PickleGate
@@ -109,12 +109,13 @@ class SessionLeases:
         else:
             self._stream.send(reply)
 
-    def send_results(self, messages: list[bytes]) -> bool:
-        """Sends a result's serialized WorkerMessages on the data connection, if this
-        session's results travel there; False: the caller sends them on the stream."""
+    @property
+    def results_on_data(self) -> bool:
+        """Whether this session's results go on the data connection (decided at
+        its first result: once the connection is open, or never)."""
         on_data = self._results_on_data
-        channel = self._channel
         if on_data is None:
+            channel = self._channel
             on_data = self._results_agreed and channel is not None and channel.connected
             self._results_on_data = on_data
             if self._results_agreed:
@@ -122,8 +123,15 @@ class SessionLeases:
                     "this session's results go on the %s",
                     "lease data channel" if on_data else "Join stream (no data connection yet)",
                 )
-        if on_data and channel is not None:
-            channel.send_frames(messages)
+        return on_data
+
+    def send_results(self, messages: Sequence[bytes | memoryview]) -> bool:
+        """Sends results' serialized WorkerMessages on the data connection, in one
+        send, if this session's results travel there (:attr:`results_on_data`);
+        False: the caller sends them on the stream. The messages are the
+        kernel's once this returns."""
+        if self.results_on_data and self._channel is not None:
+            self._channel.send_frames(messages)
             return True
         return False
 
