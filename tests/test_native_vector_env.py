@@ -115,3 +115,71 @@ def test_what_a_native_env_cannot_do_is_refused_with_what_to_use_instead() -> No
     venv.close()
     with pytest.raises(UsageError, match="closed"):
         venv.reset()
+
+
+def test_a_native_worker_checks_its_env_actions_without_gymnasiums_contains(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CartPole's vector step asserts its actions are in its MultiDiscrete space: the
+    whole-batch check answers for the batches a worker hands it, every vector step."""
+    from rlfleet.worker import VecWorker
+    from tests.test_native_backends import mlp, native, units
+
+    calls = []
+    contains = gym.spaces.MultiDiscrete.contains
+
+    def counted(space: gym.spaces.MultiDiscrete, x: Any) -> bool:
+        calls.append(1)
+        return contains(space, x)
+
+    monkeypatch.setattr(gym.spaces.MultiDiscrete, "contains", counted)
+    worker = VecWorker(n_envs=8, env=native("vector_entry_point"), policy=mlp())
+    try:
+        worker.submit(units(3))  # idle slots too: their placeholder actions are checked
+        for _ in range(5):
+            worker.step()
+        worker.submit(units(20, start=3))
+        while not worker.idle:
+            worker.step()
+        batch = worker.take_finished()
+    finally:
+        worker.shutdown()
+    assert batch is not None and len(batch.lengths) == 23
+    assert calls == []
+
+
+@pytest.mark.parametrize(
+    "actions",
+    [
+        np.array([0, 1, 2, 0]),  # past the range
+        np.array([0, -1, 1, 0]),  # negative
+        np.array([0, 1, 1]),  # one row short
+        np.array([0.0, 1.0, 1.0, 0.0]),  # floats
+        np.array([0, 1, 1, 0], dtype=np.uint64),  # not castable to int64
+        [0, 1, 7, 0],  # a list, past the range
+    ],
+)
+def test_cartpoles_own_action_check_still_refuses_a_bad_batch(actions: Any) -> None:
+    env = make("vector_entry_point")
+    try:
+        env.reset_all(0)
+        space = env._env.unwrapped.action_space
+        assert not gym.spaces.MultiDiscrete([2] * N).contains(actions)
+        assert not space.contains(actions)
+        with pytest.raises(AssertionError, match="invalid"):
+            env.step_all(actions)
+    finally:
+        env.close()
+
+
+def test_the_quick_action_space_is_gymnasiums_for_everything_else() -> None:
+    env = make("vector_entry_point")
+    try:
+        space = env._env.unwrapped.action_space
+        plain = gym.spaces.MultiDiscrete([2] * N)
+        assert isinstance(space, gym.spaces.MultiDiscrete)
+        assert space == plain and repr(space) == repr(plain)
+        for good in (np.zeros(N, dtype=np.int64), np.ones(N, dtype=np.int32), [1, 0, 1, 0]):
+            assert space.contains(good) and plain.contains(good)
+    finally:
+        env.close()

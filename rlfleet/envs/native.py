@@ -311,7 +311,7 @@ class NativeVectorEnv(BaseVectorEnv):
         limit: dict[str, Any] = {"max_episode_steps": self.max_episode_length}
         if self.vectorization == VECTOR_ENTRY_POINT:
             try:
-                return gym.make_vec(
+                env = gym.make_vec(
                     self.env_id,
                     num_envs=self.num_envs,
                     vectorization_mode=VECTOR_ENTRY_POINT,
@@ -322,6 +322,8 @@ class NativeVectorEnv(BaseVectorEnv):
                 raise ConfigError(
                     f"env {self.name} rejected kwargs {self._kwargs!r}: {exc}"
                 ) from exc
+            _quicken_action_check(env)
+            return env
         try:
             return _envpool().make_gymnasium(
                 self.env_id, num_envs=self.num_envs, seed=seed, **limit, **self._kwargs
@@ -332,6 +334,60 @@ class NativeVectorEnv(BaseVectorEnv):
                 f"envpool rejected env {self.env_id!r} with kwargs {self._kwargs!r}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+
+
+#: ``ndarray.max`` without its Python wrapper (once per vector step).
+_MAX = np.maximum.reduce
+
+
+class QuickMultiDiscrete(gym.spaces.MultiDiscrete):
+    """gymnasium's ``MultiDiscrete``, whose ``contains`` takes one reduction on a whole batch.
+
+    gymnasium's native vector envs (CartPole's) check every step's actions
+    with ``assert self.action_space.contains(actions)``: five numpy calls per
+    vector step, a few percent of a worker's CPU. For what they are handed
+    step after step (an array of the space's shape and dtype, every entry
+    with the same range ``0 .. n - 1``) this answers with one reduction over
+    the entries seen as unsigned (a negative one is then huge), the same
+    answer; anything else takes gymnasium's own check. The space is
+    otherwise gymnasium's (same state, generator, equality and repr): only
+    the class of the env's own space object is changed
+    (:func:`_quicken_action_check`).
+    """
+
+    def contains(self, x: Any) -> bool:
+        """Whether ``x`` is a valid member of this space (gymnasium's answer)."""
+        if type(x) is np.ndarray and x.shape == self.shape and x.dtype == self.dtype and x.size:
+            high = self.__dict__.get("_quick_high")
+            if high is None:
+                high = self.__dict__["_quick_high"] = _uniform_high(self)
+            if high >= 0:
+                return bool(_MAX(x.view(_UNSIGNED[x.dtype]), axis=None) <= high)
+        return super().contains(x)
+
+
+#: The unsigned dtype of each signed integer dtype, of the same size.
+_UNSIGNED = {np.dtype(f"i{size}"): np.dtype(f"u{size}") for size in (1, 2, 4, 8)}
+
+
+def _uniform_high(space: gym.spaces.MultiDiscrete) -> int:
+    """The largest valid entry if every entry's range is ``0 .. n - 1``, the same n; else -1."""
+    high = space.start + (space.nvec - 1)
+    if (
+        space.dtype not in _UNSIGNED
+        or space.nvec.size == 0
+        or np.any(space.start != 0)
+        or np.any(high != high.flat[0])
+    ):
+        return -1
+    return int(high.flat[0])
+
+
+def _quicken_action_check(env: Any) -> None:
+    """Gives a gymnasium native env's MultiDiscrete action space the quick ``contains``."""
+    space = getattr(getattr(env, "unwrapped", env), "action_space", None)
+    if type(space) is gym.spaces.MultiDiscrete:
+        space.__class__ = QuickMultiDiscrete
 
 
 def _close(env: Any) -> list[BaseException]:

@@ -155,10 +155,21 @@ def _rules(space: gym.Space) -> tuple[str, str, RangeCheck | None]:
 
         return "iu", "outside", discrete
     if isinstance(space, gym.spaces.MultiDiscrete):
-        start, stop = space.start, space.start + space.nvec
-        return "iu", "outside", lambda actions: _first((actions < start) | (actions >= stop))
+        return "iu", "outside", _multi_discrete_check(space)
     if isinstance(space, gym.spaces.MultiBinary):
-        return "biu", "outside", lambda actions: _first((actions != 0) & (actions != 1))
+
+        def multi_binary(actions: np.ndarray) -> int | None:
+            unsigned = _UNSIGNED.get(actions.dtype)
+            # One reduction: seen unsigned, a negative action is huge.
+            if (
+                unsigned is not None
+                and actions.size
+                and _MAX(actions.view(unsigned), axis=None) <= 1
+            ):
+                return None
+            return _first((actions != 0) & (actions != 1))
+
+        return "biu", "outside", multi_binary
     if isinstance(space, gym.spaces.Box):
         if space.dtype.kind != "f":
             return "iu", "", None
@@ -171,6 +182,32 @@ def _rules(space: gym.Space) -> tuple[str, str, RangeCheck | None]:
 
         return "fiu", "NaN for", box_nan
     return "", "", None
+
+
+def _multi_discrete_check(space: gym.spaces.MultiDiscrete) -> RangeCheck:
+    """The range check of a MultiDiscrete space: two or three numpy calls on a valid batch.
+
+    ``action - start``, seen unsigned, is below ``nvec`` exactly when the
+    action is in range (a wrapped subtraction stays exact for an interval
+    shorter than the dtype's range); batches of another dtype than the
+    space's take the two comparisons.
+    """
+    # start + nvec can overflow the space's dtype (gymnasium's contains says so too).
+    start, high = space.start, space.start + (space.nvec - 1)
+    dtype = np.dtype(space.dtype)
+    unsigned = _UNSIGNED.get(dtype)
+    nvec = space.nvec.astype(unsigned if unsigned is not None else dtype)
+    from_zero = not np.any(start)
+
+    def multi_discrete(actions: np.ndarray) -> int | None:
+        if unsigned is not None and actions.dtype == dtype:
+            offsets = actions if from_zero else np.subtract(actions, start)
+            inside = np.less(offsets.view(unsigned), nvec)
+            if np.count_nonzero(inside) == inside.size:
+                return None
+        return _first((actions < start) | (actions > high))
+
+    return multi_discrete
 
 
 def nonfinite_rows(rows: np.ndarray) -> np.ndarray:

@@ -36,6 +36,7 @@ from rlfleet.worker._draw_blocks import DrawBlocks
 from rlfleet.worker._episode_buffer import StepRing
 from rlfleet.worker._native_columns import WIDTH as _ROW_WIDTH
 from rlfleet.worker._native_slots import NativeSlots
+from rlfleet.worker._numeric import all_finite
 from rlfleet.worker._restarts import RestartLedger
 from rlfleet.worker._segments import NEVER, Live, SegmentRecorder, Sink
 from rlfleet.worker._slot_failures import SlotFailures
@@ -584,7 +585,9 @@ class SlotEngine:
             return 0
         self.step_count = s + 1
         if ring.obs_flags is not None:
-            ring.obs_flags[(row + 1) % ring.capacity] = nonfinite_rows(next_obs)
+            # One whole-batch call in the common case: every value finite.
+            finite = all_finite(next_obs)
+            ring.obs_flags[(row + 1) % capacity] = False if finite else nonfinite_rows(next_obs)
         assert self._suspect_rows is not None
         suspect = self._suspect_rows(next_obs)
         if suspect is not None:

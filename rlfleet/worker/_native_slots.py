@@ -48,6 +48,7 @@ from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
 from rlfleet.core.step_type import StepType
 from rlfleet.envs.native import NativeVectorEnv
 from rlfleet.worker._checks import nonfinite_rows
+from rlfleet.worker._numeric import all_finite
 from rlfleet.worker._segments import Live
 from rlfleet.worker.units import EpisodeUnit
 
@@ -265,7 +266,7 @@ class NativeSlots:
         for slot in awaiting:  # their env restarted on this step
             state[slot] = FRESH
         self._fresh = awaiting
-        if unseen:
+        if unseen and not all_finite(observations):
             draining = np.array(state) == DRAINING
             observations = self._hide_unseen_nonfinite(observations, draining)
         finished = (terminated | truncated).nonzero()[0].tolist()
@@ -294,7 +295,9 @@ class NativeSlots:
 
         The policy acts on every row (the engine passes the whole batch), and
         a draining slot's observations are never recorded: a NaN there must
-        not fail the running episodes' policy call.
+        not fail the running episodes' policy call. The caller looks first
+        with one whole-batch call (:func:`all_finite`): this runs only on a
+        batch that holds a NaN or inf.
         """
         if observations.dtype.kind != "f":
             return observations
