@@ -781,6 +781,33 @@ def test_a_learners_later_results_of_a_workers_layout_are_viewed_as_decoded(
     assert (views.decoded, views.viewed) == (1, 3)
 
 
+def test_a_learners_views_of_new_counts_build_no_index_of_the_compared_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The byte index of a skeleton is the coordinator's one pass's alone: a
+    # learner's results of episode and step counts it has not seen build
+    # only the offsets they are viewed at.
+    built: list[tuple[int, int]] = []
+    build = result_layout_module._build_skeleton
+
+    def counted(blocks: Any, episodes: int, steps: int, *rest: Any) -> Any:
+        built.append((episodes, steps))
+        return build(blocks, episodes, steps, *rest)
+
+    monkeypatch.setattr(result_layout_module, "_build_skeleton", counted)
+    views = ResultLayoutViews()
+    views.decode(learner_result(batch_with_infos([3, 2])), SPEC)
+    for lengths, first in (([4, 1, 5], 1), ([10], 5), ([2, 3], 0), ([1, 1, 1, 1, 1, 1], 0)):
+        result = learner_result(batch_with_infos(lengths, first))
+        assert_same_views(views.decode(result, SPEC), decode_kept(result, SPEC))
+    assert (views.viewed, built) == (4, [])
+    # The coordinator's check still builds one per new pair of counts.
+    check = ResultLayoutCheck()
+    for lengths, first in (([3, 2], 0), ([4, 1], 0), ([1, 2, 3], 2)):
+        check.check(joined(batch_of(lengths, first)), SPEC, EXPECT)
+    assert check.learned and built == [(2, 5), (3, 6)]
+
+
 def _step_type(value: int) -> Callable[[bytearray], None]:
     def spoil(data: bytearray) -> None:
         data[_offset_of(batch_with_infos([4, 1, 5]), "step_types") + 2] = value

@@ -56,19 +56,18 @@ import math
 import operator
 import struct
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import gymnasium as gym
 import numpy as np
 
-from rlfleet._util.flags import all_set, any_set
+from rlfleet._util.flags import any_set
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
 from rlfleet.core.space_checks import space_screen
-from rlfleet.core.step_type import StepType
-from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.wire._protowire import len_prefix
+from rlfleet.wire._result_bytes import int64s, repeated, step_types_pass, unit_seeds
 from rlfleet.wire.chunks import Payload, Pieces
 from rlfleet.wire.result_checks import (
     FragmentWindow,
@@ -102,6 +101,7 @@ _FIELDS = (
     (9, "step_types", False),
     (10, "lengths", True),
 )
+_FIELD_NAMES = {number: name for number, name, _ in _FIELDS}
 # TensorMap's fields (tensor.proto).
 _MAP_ENTRIES, _ENTRY_TENSOR, _ENTRY_MAP = 1, 2, 3
 _BOOL = np.dtype("?")
@@ -114,9 +114,6 @@ _BYTE_COLUMNS = {
 _KNOWN_INFOS = ("episode_index", "worker", "agent_version", "env_seed", "policy_seed")
 # The int64 columns compared with the header's numbers and the task's units, in order.
 _KNOWN = ("lengths", *(_INFO[key] for key in _KNOWN_INFOS))
-_FIRST, _MID = bytes([StepType.FIRST]), bytes([StepType.MID])
-_ENDS = bytes([StepType.TERMINAL, StepType.TIMEOUT])
-_ONE, _NEXT = 1, (1).__add__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,22 +135,33 @@ _Tree = tuple[tuple[bytes, "_Tensor | _Tree"], ...]
 
 
 @dataclasses.dataclass(frozen=True)
-class _Skeleton:
-    """A layout's bytes for some numbers of episodes and steps, the arrays left out.
+class _Frame:
+    """Where a layout's arrays are for some numbers of episodes and steps:
+    what reading a result's arrays takes (a learner's views).
 
     Attributes:
         size: Size of the whole message.
         headers: (offset, bytes) of every run of bytes between arrays.
         offsets: Offset of each array's data, by name.
+    """
+
+    size: int
+    headers: tuple[tuple[int, bytes], ...]
+    offsets: dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Skeleton(_Frame):
+    """A layout's bytes for some numbers of episodes and steps, the arrays
+    left out: its :class:`_Frame` and what the one-pass check compares.
+
+    Attributes:
         between: The runs of ``headers``, joined.
         spans: (offset, size) of each run of bytes between arrays, then of
             the int64 columns the header's numbers tell (:data:`_KNOWN`).
         known: The position of each byte of ``spans``, in their order.
     """
 
-    size: int
-    headers: tuple[tuple[int, bytes], ...]
-    offsets: dict[str, int]
     between: bytes
     spans: tuple[tuple[int, int], ...]
     known: np.ndarray
@@ -164,6 +172,11 @@ class _Skeleton:
         if whole is not None:
             return np.frombuffer(whole, np.uint8)[self.known].tobytes()
         return b"".join([read(offset, size) for offset, size in self.spans])
+
+
+_F = TypeVar("_F", bound=_Frame)
+#: Builds a frame or a skeleton: (blocks, episodes, steps, each block's parts).
+_Build = Callable[..., _F]
 
 
 class _Layout:
@@ -181,6 +194,7 @@ class _Layout:
         self.tensors = {t.name: t for t in _walk(blocks)}
         self.bools = tuple(t.name for t in self.tensors.values() if t.dtype == _BOOL)
         self._skeletons: dict[tuple[int, int], _Skeleton] = {}
+        self._frames: dict[tuple[int, int], _Frame] = {}
         self._block_parts: dict[tuple[int, ...], tuple[_BlockParts, int]] = {}
         # The numbers of rows each block's bytes depend on.
         self._rows = tuple(_rows_key(item) for _, item in blocks)
@@ -207,19 +221,29 @@ class _Layout:
     def fitting(self, episodes: int, steps: int, size: int) -> _Skeleton | None:
         """The layout's skeleton for ``episodes`` and ``steps`` if a result of
         ``size`` bytes can have it, else None."""
-        if steps > size:  # every step takes a byte or more: no skeleton for forged counts
-            return None
-        skeleton = self.skeleton(episodes, steps)
-        return skeleton if skeleton.size == size else None
+        return _fitting(self.skeleton, episodes, steps, size)
+
+    def fitting_frame(self, episodes: int, steps: int, size: int) -> _Frame | None:
+        """:meth:`fitting`'s frame alone, without the bytes only the one pass
+        compares (for a learner's views of a result)."""
+        return _fitting(self.frame, episodes, steps, size)
 
     def skeleton(self, episodes: int, steps: int) -> _Skeleton:
         """The layout's bytes for ``episodes`` and ``steps``, worked out once per pair."""
-        found = self._skeletons.get((episodes, steps))
+        return self._kept(self._skeletons, _build_skeleton, episodes, steps)
+
+    def frame(self, episodes: int, steps: int) -> _Frame:
+        """The layout's frame for ``episodes`` and ``steps``, worked out once per pair."""
+        return self._kept(self._frames, _build_frame, episodes, steps)
+
+    def _kept(
+        self, kept: dict[tuple[int, int], _F], build: _Build[_F], episodes: int, steps: int
+    ) -> _F:
+        found = kept.get((episodes, steps))
         if found is None:
-            if len(self._skeletons) >= _MAX_SKELETONS:
-                self._skeletons.clear()  # a worker's step counts wander: keep the cache small
-            found = _build_skeleton(self.blocks, episodes, steps, self._parts)
-            self._skeletons[(episodes, steps)] = found
+            if len(kept) >= _MAX_SKELETONS:
+                kept.clear()  # a worker's step counts wander: keep the cache small
+            found = kept[(episodes, steps)] = build(self.blocks, episodes, steps, self._parts)
         return found
 
     def _parts(self, block: int, episodes: int, steps: int) -> tuple[_BlockParts, int]:
@@ -234,6 +258,13 @@ class _Layout:
             number, item = self.blocks[block]
             found = self._block_parts[key] = _block_parts(number, item, episodes, steps)
         return found
+
+
+def _fitting(of: Callable[[int, int], _F], episodes: int, steps: int, size: int) -> _F | None:
+    if steps > size:  # every step takes a byte or more: no skeleton for forged counts
+        return None
+    found = of(episodes, steps)
+    return found if found.size == size else None
 
 
 def _rows_key(item: _Tensor | _Tree) -> Callable[[int, int], tuple[int, ...]]:
@@ -354,13 +385,13 @@ def _block_parts(
     return tuple(pairs), size
 
 
-def _build_skeleton(
+def _build_frame(
     blocks: tuple[tuple[int, _Tensor | _Tree], ...],
     episodes: int,
     steps: int,
     parts_of: Callable[[int, int, int], tuple[_BlockParts, int]] | None = None,
-) -> _Skeleton:
-    """The skeleton of ``blocks`` for these numbers of episodes and steps
+) -> _Frame:
+    """The frame of ``blocks`` for these numbers of episodes and steps
     (``parts_of(block, episodes, steps)``: each block's parts, maybe kept)."""
     headers: list[tuple[int, bytes]] = []
     offsets: dict[str, int] = {}
@@ -379,6 +410,19 @@ def _build_skeleton(
                 continue
             offsets[tensor.name] = position
             position += (episodes if tensor.per_episode else steps) * tensor.row_bytes
+    return _Frame(position, tuple(headers), offsets)
+
+
+def _build_skeleton(
+    blocks: tuple[tuple[int, _Tensor | _Tree], ...],
+    episodes: int,
+    steps: int,
+    parts_of: Callable[[int, int, int], tuple[_BlockParts, int]] | None = None,
+) -> _Skeleton:
+    """The skeleton of ``blocks`` for these numbers of episodes and steps:
+    their frame (:func:`_build_frame`) and the bytes the one pass compares."""
+    frame = _build_frame(blocks, episodes, steps, parts_of)
+    headers, offsets = frame.headers, frame.offsets
     spans = [(offset, len(run)) for offset, run in headers]
     spans += [(offsets[name], 8 * episodes) for name in _KNOWN]
     # Each byte's position: a run of positions per span, in one repeat.
@@ -386,7 +430,7 @@ def _build_skeleton(
     ends = np.cumsum(sizes)
     known = np.arange(ends[-1], dtype=np.intp) + np.repeat(starts - (ends - sizes), sizes)
     between = b"".join(run for _, run in headers)
-    return _Skeleton(position, tuple(headers), offsets, between, tuple(spans), known)
+    return _Skeleton(frame.size, headers, offsets, between, tuple(spans), known)
 
 
 class ResultLayoutCheck:
@@ -528,29 +572,29 @@ def _passes(
     # the header's numbers and the task's units tell (lengths, episode
     # infos), against those bytes in the result.
     try:
-        index_bytes = _int64s(indices)
+        index_bytes = int64s(indices)
         expected_bytes = b"".join(
             (
                 skeleton.between,
-                _int64s(lengths),
+                int64s(lengths),
                 index_bytes,
-                _repeated(expect.worker_id, episodes),
-                _repeated(version, episodes),
+                repeated(expect.worker_id, episodes),
+                repeated(version, episodes),
             )
         )
     except (struct.error, OverflowError):  # a number past int64: the general path names it
         return False
     found = skeleton.gather(payload)
     if expect.native:
-        seeds: bytes | None = _repeated(NO_ENV_SEED, episodes) + _repeated(NO_POLICY_SEED, episodes)
+        seeds: bytes | None = repeated(NO_ENV_SEED, episodes) + repeated(NO_POLICY_SEED, episodes)
     elif expect.units is not None:
-        seeds = _unit_seeds(expect.units, indices, index_bytes)
+        seeds = unit_seeds(expect.units, indices, index_bytes)
     else:  # nothing to hold them to
         seeds = found[len(expected_bytes) :]
     if seeds is None or found != expected_bytes + seeds:
         return False
     # Step types (which also keeps every value in StepType's range).
-    if not _step_types_pass(bytes(read(skeleton.offsets["step_types"], steps)), lengths):
+    if not step_types_pass(bytes(read(skeleton.offsets["step_types"], steps)), lengths):
         return False
     return _values_pass(layout, view)
 
@@ -559,12 +603,10 @@ def _passes(
 _View = Callable[[str], np.ndarray]
 
 
-def _viewer(
-    layout: _Layout, skeleton: _Skeleton, episodes: int, steps: int, payload: _Source
-) -> _View:
-    """The arrays of a result of ``layout`` whose bytes match ``skeleton``."""
+def _viewer(layout: _Layout, frame: _Frame, episodes: int, steps: int, payload: _Source) -> _View:
+    """The arrays of a result of ``layout`` whose bytes match ``frame``."""
     _, read, whole = payload
-    tensors, offsets = layout.tensors, skeleton.offsets
+    tensors, offsets = layout.tensors, frame.offsets
 
     def view(name: str) -> np.ndarray:
         t = tensors[name]
@@ -611,73 +653,29 @@ def _window_passes(
     return _values_pass(layout, view)
 
 
-def _batch_of_views(layout: _Layout, header: ResultHeader, payload: _Source) -> EpisodeBatch:
+def _batch_of_views(
+    layout: _Layout, header: ResultHeader, payload: _Source, frame: _Frame | None = None
+) -> EpisodeBatch:
     """A result whose bytes fit the layout, as a batch of views of them (a
-    window that passed in one pass; a learner's result, rlfleet.wire.result_views)."""
+    window that passed in one pass; a learner's result, rlfleet.wire.result_views,
+    which gives the ``frame`` it matched: else the layout's skeleton is looked up)."""
     lengths = header.lengths
     episodes, steps = len(lengths), sum(lengths)
-    view = _viewer(layout, layout.skeleton(episodes, steps), episodes, steps, payload)
-    names = {number: name for number, name, _ in _FIELDS}
+    if frame is None:
+        frame = layout.skeleton(episodes, steps)
+    view = _viewer(layout, frame, episodes, steps, payload)
+    keys = layout.keys
 
     def arrays(item: _Tensor | _Tree) -> Any:
         if isinstance(item, _Tensor):
             return view(item.name)
-        return {layout.keys[key_field]: arrays(child) for key_field, child in item}
+        return {keys[key_field]: arrays(child) for key_field, child in item}
 
     # An empty map is not written: its field is absent from the blocks.
     fields: dict[str, Any] = {"episode_infos": {}, "env_infos": {}, "agent_infos": {}}
     for number, item in layout.blocks:
-        fields[names[number]] = arrays(item)
+        fields[_FIELD_NAMES[number]] = arrays(item)
     return EpisodeBatch.prechecked(env_spec=layout.spec, check_actions=False, **fields)
-
-
-def _int64s(values: tuple[int, ...]) -> bytes:
-    """Little-endian int64 bytes of ``values`` (raises struct.error past int64)."""
-    return struct.pack(f"<{len(values)}q", *values)
-
-
-def _repeated(value: int, count: int) -> bytes:
-    """Little-endian int64 bytes of ``value``, ``count`` times."""
-    return value.to_bytes(8, "little", signed=True) * count
-
-
-def _unit_seeds(units: UnitColumns, indices: tuple[int, ...], index_bytes: bytes) -> bytes | None:
-    """The env seeds, then the policy seeds, of the units ``indices`` (ascending)
-    as int64 bytes; None if the task does not hold one of them."""
-    held = units.episode_indices
-    start = int(held.searchsorted(indices[0]))
-    run = slice(start, start + len(indices))
-    if held[run].tobytes() == index_bytes:  # a run of the task's units, as a task's results are
-        return units.env_seeds[run].tobytes() + units.policy_seeds[run].tobytes()
-    positions, found = units.positions(np.frombuffer(index_bytes, np.int64))
-    if not all_set(found):
-        return None
-    return units.env_seeds[positions].tobytes() + units.policy_seeds[positions].tobytes()
-
-
-def _step_types_pass(types: bytes, lengths: tuple[int, ...]) -> bool:
-    """:func:`~rlfleet.wire.result_checks.step_type_problems` of whole episodes
-    finding none, on a result's uint8 step types, without numpy.
-
-    Each episode's last step is TERMINAL or TIMEOUT, its first (if it has
-    two or more) FIRST; then a count of MID steps as large as the steps
-    left over means every other step is MID. The positions are walked by
-    itertools and bytes in C: no Python line runs per episode.
-    """
-    lasts = list(itertools.accumulate(lengths, initial=-1))  # the step before each episode
-    # Each episode of two steps or more: the step after the one before it.
-    firsts = bytes(
-        map(
-            types.__getitem__,
-            map(_NEXT, itertools.compress(lasts, map(_ONE.__lt__, lengths))),
-        )
-    )
-    del lasts[0]
-    if bytes(map(types.__getitem__, lasts)).translate(None, _ENDS):
-        return False  # a last step neither TERMINAL nor TIMEOUT
-    if firsts.translate(None, _FIRST):
-        return False
-    return types.count(_MID) == len(types) - len(lasts) - len(firsts)
 
 
 __all__ = ["ResultLayoutCheck"]

@@ -92,13 +92,13 @@ def _viewed(layout: _Layout, header: ResultHeader, payload: Payload) -> EpisodeB
         whole = whole.cast("B")
     source = _reader(whole.toreadonly())
     size, read, _ = source
-    skeleton = layout.fitting(episodes, steps, size)
-    if skeleton is None:
+    frame = layout.fitting_frame(episodes, steps, size)  # not the one pass's skeleton
+    if frame is None:
         return None
-    for offset, expected in skeleton.headers:
+    for offset, expected in frame.headers:
         if read(offset, len(expected)) != expected:
             return None
-    view = _viewer(layout, skeleton, episodes, steps, source)
+    view = _viewer(layout, frame, episodes, steps, source)
     if view("lengths").tolist() != list(lengths):
         return None
     try:
@@ -107,7 +107,7 @@ def _viewed(layout: _Layout, header: ResultHeader, payload: Payload) -> EpisodeB
         return None
     if any(any_set(view(name).view(np.uint8) > 1) for name in layout.bools):
         return None
-    return _batch_of_views(layout, header, source)
+    return _batch_of_views(layout, header, source, frame)
 
 
 __all__ = ["ResultLayoutViews"]
