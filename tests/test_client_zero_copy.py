@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from rlfleet.client import RemoteSampler
-from rlfleet.client import sampler as sampler_module
+from rlfleet.client import _responses as responses_module
 from rlfleet.coordinator import CoordinatorConfig, serve
 from rlfleet.core import EpisodeBatch
 from rlfleet.transport.receive_buffers import ReceiveBuffers
@@ -58,7 +58,7 @@ def _results_seen(monkeypatch: pytest.MonkeyPatch) -> list[Result]:
     """Records the decoded results each answer is assembled from."""
     seen: list[Result] = []
     for name in ("assemble_episodes", "assemble_fragments"):
-        real = getattr(sampler_module, name)
+        real = getattr(responses_module, name)
 
         def recording(
             results: Sequence[Result], *args: int, _real: Any = real, **kwargs: Any
@@ -67,7 +67,7 @@ def _results_seen(monkeypatch: pytest.MonkeyPatch) -> list[Result]:
             batch: EpisodeBatch = _real(results, *args, **kwargs)
             return batch
 
-        monkeypatch.setattr(sampler_module, name, recording)
+        monkeypatch.setattr(responses_module, name, recording)
     return seen
 
 

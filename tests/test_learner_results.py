@@ -110,7 +110,7 @@ def test_answers_arrive_on_the_results_connection_and_equal_local_sampler(
     # Per call its header and footer (on the stream) and its end marker; every result by hand.
     assert len(general) == 3 * 3
     # Each worker's first result decoded by the general path, the rest viewed at its layout.
-    assert sampler._layouts.decoded == 2 and sampler._layouts.viewed > 0
+    assert sampler._answers.layouts.decoded == 2 and sampler._answers.layouts.viewed > 0
     # One connection served every call (a TCP one: the coordinator is another process).
     assert sampler.result_route.carrier == "data"
     assert isinstance(sampler.result_route._link, LeaseDataLink)

@@ -17,12 +17,21 @@ from typing import TypeAlias
 
 from rlfleet.client._learner_messages import ResponsePart
 from rlfleet.client._result_route import DataResults
-from rlfleet.core import EnvSpec
+from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.errors import ProtocolError, UnavailableError
 from rlfleet.protocol.learner_calls import CallHeader, ResultPart
 from rlfleet.protocol.modes import Footer, Mode
+from rlfleet.transport.receive_buffers import ANSWER_KEPT_BYTES, ReceiveBuffers
+from rlfleet.wire import parse_env_spec
 from rlfleet.wire.result_views import ResultLayoutViews
-from rlfleet.wire.results import DecodedResult, Result, ResultAssembler, ScatteredResult
+from rlfleet.wire.results import (
+    DecodedResult,
+    Result,
+    ResultAssembler,
+    ScatteredResult,
+    assemble_episodes,
+    assemble_fragments,
+)
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,42 @@ class ResponseReader:
         if isinstance(part, Footer):
             return part
         raise ProtocolError(f"{self.what}: an empty SampleResponse arrived")
+
+
+class AnswerMemory:
+    """What a sampler keeps across its calls to read their answers.
+
+    The last env spec it decoded (headers repeat the same bytes), its
+    workers' result layouts (a worker's later results are decoded as views,
+    rlfleet.wire.result_views), and the memory its answers' large arrays are
+    made in (an answer the learner let go lends its memory, already touched,
+    to a later one: rlfleet.transport.receive_buffers).
+    """
+
+    def __init__(self) -> None:
+        self._spec: tuple[bytes, EnvSpec] | None = None
+        #: Its workers' result layouts, kept across calls.
+        self.layouts = ResultLayoutViews()
+        self._empty = ReceiveBuffers(ANSWER_KEPT_BYTES).array
+
+    def env_spec_of(self, data: bytes) -> EnvSpec:
+        """Decodes a serialized EnvSpec, reusing the last one if the bytes are the same."""
+        if self._spec is None or self._spec[0] != data:
+            self._spec = (data, parse_env_spec(data))
+        return self._spec[1]
+
+    def reader(self, what: str, *, keep_pieces: bool = False) -> ResponseReader:
+        """A reader of one call's responses (``keep_pieces``: see :class:`ResponseReader`)."""
+        layouts = self.layouts if keep_pieces else None
+        return ResponseReader(what, self.env_spec_of, keep_pieces=keep_pieces, layouts=layouts)
+
+    def episodes(self, answer: SampleAnswer, n_episodes: int) -> EpisodeBatch:
+        """The first ``n_episodes`` episodes of ``answer`` in request order."""
+        return assemble_episodes(answer.results, n_episodes, empty=self._empty)
+
+    def fragments(self, answer: SampleAnswer) -> EpisodeBatch:
+        """``answer``'s fragments in request order."""
+        return assemble_fragments(answer.results, empty=self._empty)
 
 
 def collect_answer(

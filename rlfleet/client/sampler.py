@@ -33,7 +33,7 @@ from rlfleet.client._learner_messages import (
     env_change_of,
     subscribe,
 )
-from rlfleet.client._responses import ResponseReader, SampleAnswer, collect_answer
+from rlfleet.client._responses import AnswerMemory, SampleAnswer, collect_answer
 from rlfleet.client._restore import PushedState
 from rlfleet.client._result_route import ResultRoute
 from rlfleet.client.shards import ShardSet, parse_addresses, random_seed
@@ -54,10 +54,6 @@ from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.security import ClientSecurity, Token
 from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
 from rlfleet.transport import rpc as _rpc
-from rlfleet.transport.receive_buffers import ANSWER_KEPT_BYTES, ReceiveBuffers
-from rlfleet.wire import parse_env_spec
-from rlfleet.wire.result_views import ResultLayoutViews
-from rlfleet.wire.results import assemble_episodes, assemble_fragments
 
 logger = logging.getLogger("rlfleet.client")
 
@@ -185,9 +181,7 @@ class RemoteSampler(ClosesOnExit):
         self._requests = 0
         self._pushed = PushedState()
         self._agent_version: int | None = None
-        self._spec_cache: tuple[bytes, EnvSpec] | None = None
-        self._layouts = ResultLayoutViews()  # its workers' result layouts, across calls
-        self._empty = ReceiveBuffers(ANSWER_KEPT_BYTES).array  # makes the answers' arrays
+        self._answers = AnswerMemory()
         self._closed = False
 
     # --- garage's Sampler API ------------------------------------------------------
@@ -225,7 +219,7 @@ class RemoteSampler(ClosesOnExit):
             itr=itr,
             progress=progress,
         )
-        return assemble_episodes(answer.results, answer.footer.num_episodes, empty=self._empty)
+        return self._answers.episodes(answer, answer.footer.num_episodes)
 
     def obtain_episodes(
         self,
@@ -250,7 +244,7 @@ class RemoteSampler(ClosesOnExit):
             env_update=env_update,
             progress=progress,
         )
-        return assemble_episodes(answer.results, n_episodes, empty=self._empty)
+        return self._answers.episodes(answer, n_episodes)
 
     def obtain_exact_episodes(
         self,
@@ -313,7 +307,7 @@ class RemoteSampler(ClosesOnExit):
             env_update=env_update,
             progress=progress,
         )
-        return assemble_fragments(answer.results, empty=self._empty)
+        return self._answers.fragments(answer)
 
     # --- updates, streaming, status --------------------------------------------------
 
@@ -410,7 +404,7 @@ class RemoteSampler(ClosesOnExit):
         return SampleStream(
             call,
             what,
-            ResponseReader(what, self._env_spec_of),
+            self._answers.reader(what),
             timeout,
             channel,
             failed=lambda exc: self._failed(exc, "Subscribe", timeout=timeout),
@@ -604,8 +598,7 @@ class RemoteSampler(ClosesOnExit):
         with self.result_route.routed(ask, self.timeout) as (ask, data):
             call = self._stubs.sample(ask, timeout=self.timeout)
             try:
-                what, layouts = self._what("Sample"), self._layouts
-                reader = ResponseReader(what, self._env_spec_of, keep_pieces=True, layouts=layouts)
+                reader = self._answers.reader(self._what("Sample"), keep_pieces=True)
                 answer = collect_answer(call, reader, ask.mode, ask.amount, progress, data=data)
             except grpc.RpcError as exc:
                 raise self._failed(exc, "Sample", timeout=self.timeout) from None
@@ -619,12 +612,6 @@ class RemoteSampler(ClosesOnExit):
             self._pushed.agent_applied(agent, answer.header.agent_version)
         self._pushed.answered_by(answer.header.coordinator_id)
         return answer
-
-    def _env_spec_of(self, data: bytes) -> EnvSpec:
-        """Decodes a serialized EnvSpec, reusing the last one if the bytes are the same."""
-        if self._spec_cache is None or self._spec_cache[0] != data:
-            self._spec_cache = (data, parse_env_spec(data))
-        return self._spec_cache[1]
 
     def _unary(self, name: str, call: Callable[[], T]) -> T:
         try:
