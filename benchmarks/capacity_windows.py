@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlfleet.core import EnvSpec, EpisodeBatch, StepType
+from benchmarks.capacity_payloads import ZerosPayload
+from rlfleet.core import EnvSpec, StepType
 from rlfleet.core.seeding import stream_seeds_many
-from rlfleet.wire import decode_batch, encode_batch
 from rlfleet.wire.results import EPISODE_INFO_KEYS, FRAGMENT_INFO_KEYS
 
 #: Columns a window's answer writes (fragment_index is the phase's).
@@ -63,31 +63,18 @@ class _Phase:
         self.first_episode_offset = np.array([p[0] for p in pieces] * streams, np.int64)
         self.slots = np.repeat(np.arange(streams), len(pieces))
         count = len(pieces) * streams
-        obs_space, act_space = spec.observation_space, spec.action_space
-        assert obs_space.shape is not None and act_space.shape is not None  # Box, Discrete
         infos = {key: np.zeros(count, np.int64) for key in EPISODE_INFO_KEYS + FRAGMENT_INFO_KEYS}
         infos["fragment_index"][:] = [p[1] for p in pieces] * streams
-        total = length * streams
-        batch = EpisodeBatch(
-            env_spec=spec,
-            episode_infos=infos,
-            observations=np.zeros((total, *obs_space.shape), obs_space.dtype),
-            last_observations=np.zeros((count, *obs_space.shape), obs_space.dtype),
-            actions=np.zeros((total, *act_space.shape), act_space.dtype),
-            rewards=np.ones(total, np.float32),
-            env_infos={},
-            agent_infos={},
-            step_types=np.array(types * streams, np.uint8),
-            lengths=np.array([p[2] for p in pieces] * streams, np.int64),
+        zeros = ZerosPayload(
+            spec,
+            infos,
+            np.array(types * streams, np.uint8),
+            np.array([p[2] for p in pieces] * streams, np.int64),
+            _WRITTEN,
         )
-        self.lengths = batch.lengths.tolist()
-        self.payload = bytearray(encode_batch(batch, include_env_spec=False))
-        base = np.frombuffer(self.payload, np.uint8).ctypes.data
-        decoded = decode_batch(self.payload, env_spec=spec, kind=EpisodeBatch)
-        self.columns = {}
-        for key in _WRITTEN:
-            offset_bytes = np.asarray(decoded.episode_infos[key]).ctypes.data - base
-            self.columns[key] = np.frombuffer(self.payload, "<i8", count=count, offset=offset_bytes)
+        self.lengths = zeros.batch.lengths.tolist()
+        self.payload = zeros.payload
+        self.columns = zeros.columns
 
 
 class WindowTemplate:

@@ -26,6 +26,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from benchmarks.capacity_payloads import ZerosPayload
 from benchmarks.capacity_windows import WindowTemplate
 from rlfleet.core import EnvSpec, EpisodeBatch, StepType
 from rlfleet.envs import EnvConfig
@@ -43,7 +44,7 @@ from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.lease_channel import DATA_DIAL_SECONDS, LeaseDataLink, dial
 from rlfleet.v1 import worker_pb2
-from rlfleet.wire import DEFAULT_CHUNK_BYTES, decode_batch, encode_batch, serialize_with_chunk
+from rlfleet.wire import DEFAULT_CHUNK_BYTES, serialize_with_chunk
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import chunk_payload
 from rlfleet.wire.leases import data_hello
@@ -136,33 +137,18 @@ class ResultTemplate:
     """
 
     def __init__(self, spec: EnvSpec, steps: int, count: int) -> None:
-        obs_space, act_space = spec.observation_space, spec.action_space
-        assert obs_space.shape is not None and act_space.shape is not None  # Box, Discrete
         total = steps * count
         step_types = np.full(total, int(StepType.MID), np.uint8)
         step_types[::steps] = int(StepType.FIRST)
         step_types[steps - 1 :: steps] = int(StepType.TERMINAL)
-        batch = EpisodeBatch(
-            env_spec=spec,
-            episode_infos={key: np.arange(count, dtype=np.int64) for key in EPISODE_INFO_KEYS},
-            observations=np.zeros((total, *obs_space.shape), obs_space.dtype),
-            last_observations=np.zeros((count, *obs_space.shape), obs_space.dtype),
-            actions=np.zeros((total, *act_space.shape), act_space.dtype),
-            rewards=np.ones(total, np.float32),
-            env_infos={},
-            agent_infos={},
-            step_types=step_types,
-            lengths=np.full(count, steps, np.int64),
+        infos = {key: np.arange(count, dtype=np.int64) for key in EPISODE_INFO_KEYS}
+        zeros = ZerosPayload(
+            spec, infos, step_types, np.full(count, steps, np.int64), EPISODE_INFO_KEYS
         )
+        batch = zeros.batch
         self.lengths = [steps] * count
-        self.payload = bytearray(encode_batch(batch, include_env_spec=False))
-        base = np.frombuffer(self.payload, np.uint8).ctypes.data
-        decoded = decode_batch(self.payload, env_spec=spec, kind=EpisodeBatch)
-        self.infos = {}
-        for key in EPISODE_INFO_KEYS:
-            view = np.asarray(decoded.episode_infos[key])
-            offset = view.ctypes.data - base
-            self.infos[key] = np.frombuffer(self.payload, "<i8", count=count, offset=offset)
+        self.payload = zeros.payload
+        self.infos = zeros.columns
         self.step_bytes = (
             sum(
                 np.asarray(getattr(batch, name)).nbytes
