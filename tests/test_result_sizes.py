@@ -18,6 +18,7 @@ import pytest
 from rlfleet.client.fleet import WorkerProcess, spawn_worker, stop_processes
 from rlfleet.coordinator import CoordinatorConfig, serve
 from rlfleet.scheduling.scheduler import DEFAULT_CAPACITY_STEPS
+from rlfleet.v1 import worker_pb2
 from tests._coordinator_fakes import sample, wait_for_workers
 
 pytestmark = pytest.mark.timeout(180)
@@ -43,22 +44,30 @@ def workers() -> Iterator[list[WorkerProcess]]:
         stop_processes([w.process for w in started], grace=5.0)
 
 
-def test_a_large_requests_results_hold_flush_steps_each_except_its_tail(
-    workers: list[WorkerProcess], tmp_path: Path
-) -> None:
+def _results_before_tail(
+    workers: list[WorkerProcess],
+    log_path: Path,
+    *,
+    capacity_steps: int,
+    flush_steps: int,
+    tail_steps: int,
+) -> tuple[list[worker_pb2.EpisodeResult], list[worker_pb2.EpisodeResult]]:
+    """A real coordinator and one real worker (8 envs, flushing at ``flush_steps``
+    steps; the timer never binds, so a result's size says how the work was
+    dealt) answer a request of REQUEST_STEPS steps, after one that teaches the
+    fleet the mean episode length. Returns the answer's results, and those whose
+    episodes all start more than ``tail_steps`` before the answer's end."""
     config = CoordinatorConfig(
-        listen="127.0.0.1:0", wait_for_workers_seconds=60.0, capacity_steps=CAPACITY_STEPS
+        listen="127.0.0.1:0", wait_for_workers_seconds=60.0, capacity_steps=capacity_steps
     )
     with serve(config) as server:
         workers.append(
             spawn_worker(
                 server.address,
-                name="full",
+                name=log_path.stem,
                 envs=8,
-                log_path=tmp_path / "full.log",
-                # The timer never binds here: a result is sent at FLUSH_STEPS
-                # (or in the tail), so its size says how the work was dealt.
-                extra_args=("--flush-steps", str(FLUSH_STEPS), "--flush-seconds", "60"),
+                log_path=log_path,
+                extra_args=("--flush-steps", str(flush_steps), "--flush-seconds", "60"),
             )
         )
         wait_for_workers(server.address, 1)
@@ -66,21 +75,34 @@ def test_a_large_requests_results_hold_flush_steps_each_except_its_tail(
         sample(server.address, mode=1, amount=2_000, seed=5, request_index=0)
         answer = sample(server.address, mode=1, amount=REQUEST_STEPS, seed=5, request_index=1)
     lengths = answer.batch.lengths
+    starts = np.cumsum(lengths) - lengths
+    tail_start = int(np.searchsorted(starts, REQUEST_STEPS - tail_steps))
+    results = list(answer.results)
+    return results, [r for r in results if max(r.episode_indices) < tail_start]
+
+
+def test_a_large_requests_results_hold_flush_steps_each_except_its_tail(
+    workers: list[WorkerProcess], tmp_path: Path
+) -> None:
     # The tail: the request hands out no more than its remaining steps need,
     # so the worker's queue may run dry once less than its capacity is left.
     # Twice that, counted back from the answer's end, is surely past it.
-    starts = np.cumsum(lengths) - lengths
-    tail_start = int(np.searchsorted(starts, REQUEST_STEPS - 2 * CAPACITY_STEPS))
-    before_tail = [r for r in answer.results if max(r.episode_indices) < tail_start]
+    results, before_tail = _results_before_tail(
+        workers,
+        tmp_path / "full.log",
+        capacity_steps=CAPACITY_STEPS,
+        flush_steps=FLUSH_STEPS,
+        tail_steps=2 * CAPACITY_STEPS,
+    )
     assert len(before_tail) >= 70  # ~85k steps in 1024-step results
     small = [
         (position, sum(r.lengths), len(r.lengths))
-        for position, r in enumerate(answer.results)
+        for position, r in enumerate(results)
         if r in before_tail and sum(r.lengths) < FLUSH_STEPS
     ]
     assert small == [], (
         f"{len(small)} of {len(before_tail)} results before the tail are small "
-        f"(position of {len(answer.results)}, steps, episodes): {small}"
+        f"(position of {len(results)}, steps, episodes): {small}"
     )
 
 
@@ -96,30 +118,15 @@ def test_a_worker_reporting_more_than_capacity_steps_at_a_time_still_sends_full_
     # sent when its queue ran dry, never full. The coordinator sizes the
     # queue to the worker's results instead (three of them), and tops it up
     # while two are left unstarted, so the refill comes before it runs dry.
-    config = CoordinatorConfig(
-        listen="127.0.0.1:0",
-        wait_for_workers_seconds=60.0,
-        capacity_steps=LARGE_FLUSH_STEPS // 2,
-    )
-    with serve(config) as server:
-        workers.append(
-            spawn_worker(
-                server.address,
-                name="large",
-                envs=8,
-                log_path=tmp_path / "large.log",
-                extra_args=("--flush-steps", str(LARGE_FLUSH_STEPS), "--flush-seconds", "60"),
-            )
-        )
-        wait_for_workers(server.address, 1)
-        sample(server.address, mode=1, amount=2_000, seed=5, request_index=0)
-        answer = sample(server.address, mode=1, amount=REQUEST_STEPS, seed=5, request_index=1)
-    lengths = answer.batch.lengths
-    starts = np.cumsum(lengths) - lengths
     # The tail: the worker holds up to 3 results' worth and more as it
     # learns their size; twice that from the answer's end is surely past it.
-    tail_start = int(np.searchsorted(starts, REQUEST_STEPS - 6 * LARGE_FLUSH_STEPS))
-    before_tail = [r for r in answer.results if max(r.episode_indices) < tail_start]
+    _, before_tail = _results_before_tail(
+        workers,
+        tmp_path / "large.log",
+        capacity_steps=LARGE_FLUSH_STEPS // 2,
+        flush_steps=LARGE_FLUSH_STEPS,
+        tail_steps=6 * LARGE_FLUSH_STEPS,
+    )
     full = [r for r in before_tail if sum(r.lengths) >= LARGE_FLUSH_STEPS]
     assert len(before_tail) >= 20  # ~125k steps in 4096-step results
     # The first results, before the worker's result size is known, may be
