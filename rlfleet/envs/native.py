@@ -28,6 +28,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._util.int_ranges import UNSIGNED, all_within
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.envs._base import BaseVectorEnv
 from rlfleet.envs.batching import EnvIds, EnvRows
@@ -336,10 +337,6 @@ class NativeVectorEnv(BaseVectorEnv):
             ) from exc
 
 
-#: ``ndarray.max`` without its Python wrapper (once per vector step).
-_MAX = np.maximum.reduce
-
-
 class QuickMultiDiscrete(gym.spaces.MultiDiscrete):
     """gymnasium's ``MultiDiscrete``, whose ``contains`` takes one reduction on a whole batch.
 
@@ -362,19 +359,15 @@ class QuickMultiDiscrete(gym.spaces.MultiDiscrete):
             if high is None:
                 high = self.__dict__["_quick_high"] = _uniform_high(self)
             if high >= 0:
-                return bool(_MAX(x.view(_UNSIGNED[x.dtype]), axis=None) <= high)
+                return bool(all_within(x, high))
         return super().contains(x)
-
-
-#: The unsigned dtype of each signed integer dtype, of the same size.
-_UNSIGNED = {np.dtype(f"i{size}"): np.dtype(f"u{size}") for size in (1, 2, 4, 8)}
 
 
 def _uniform_high(space: gym.spaces.MultiDiscrete) -> int:
     """The largest valid entry if every entry's range is ``0 .. n - 1``, the same n; else -1."""
     high = space.start + (space.nvec - 1)
     if (
-        space.dtype not in _UNSIGNED
+        space.dtype not in UNSIGNED
         or space.nvec.size == 0
         or np.any(space.start != 0)
         or np.any(high != high.flat[0])

@@ -20,6 +20,7 @@ from typing import Any, cast
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._util.int_ranges import UNSIGNED, all_within
 from rlfleet.core.space_checks import _bounds, find_space_problem
 from rlfleet.errors import PolicyError
 from rlfleet.worker._numeric import all_finite
@@ -119,12 +120,6 @@ class ActionChecker:
         return actions
 
 
-#: The unsigned dtype of each integer dtype, of the same size.
-_UNSIGNED = {
-    np.dtype(f"{kind}{size}"): np.dtype(f"u{size}") for kind in "iu" for size in (1, 2, 4, 8)
-}
-#: ``ndarray.max`` without its Python wrapper (once per vector step).
-_MAX = np.maximum.reduce
 #: Observation layouts whose scratch arrays a :class:`SuspectRows` keeps.
 _MAX_LAYOUTS = 8
 
@@ -141,10 +136,9 @@ def _rules(space: gym.Space) -> tuple[str, str, RangeCheck | None]:
         low, high = int(space.start), int(space.start + space.n)
 
         def discrete(actions: np.ndarray) -> int | None:
-            unsigned = _UNSIGNED.get(actions.dtype) if low == 0 else None
-            if unsigned is not None and actions.size:
-                # One reduction: seen unsigned, a negative action is huge.
-                if _MAX(actions.view(unsigned), axis=None) < high:  # int(): 0.8 us more
+            inside = all_within(actions, high - 1) if low == 0 else None
+            if inside is not None:
+                if inside:
                     return None
             else:
                 # min/max of a short Python list beat two numpy reductions.
@@ -159,13 +153,7 @@ def _rules(space: gym.Space) -> tuple[str, str, RangeCheck | None]:
     if isinstance(space, gym.spaces.MultiBinary):
 
         def multi_binary(actions: np.ndarray) -> int | None:
-            unsigned = _UNSIGNED.get(actions.dtype)
-            # One reduction: seen unsigned, a negative action is huge.
-            if (
-                unsigned is not None
-                and actions.size
-                and _MAX(actions.view(unsigned), axis=None) <= 1
-            ):
+            if all_within(actions, 1):
                 return None
             return _first((actions != 0) & (actions != 1))
 
@@ -195,7 +183,7 @@ def _multi_discrete_check(space: gym.spaces.MultiDiscrete) -> RangeCheck:
     # start + nvec can overflow the space's dtype (gymnasium's contains says so too).
     start, high = space.start, space.start + (space.nvec - 1)
     dtype = np.dtype(space.dtype)
-    unsigned = _UNSIGNED.get(dtype)
+    unsigned = UNSIGNED.get(dtype)
     nvec = space.nvec.astype(unsigned if unsigned is not None else dtype)
     from_zero = not np.any(start)
 
