@@ -11,7 +11,7 @@ at all for a single-chunk batch.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
 import numpy as np
 from google.protobuf.message import Message
@@ -31,7 +31,7 @@ from rlfleet.wire.batches import (
     payload_kind,
 )
 from rlfleet.wire.envelope import parse_chunk, wrap_chunk
-from rlfleet.wire.tensors import Part, gathered, join_parts
+from rlfleet.wire.tensors import BytePart, Part, gathered, join_parts
 
 #: Default most bytes of one serialized BatchChunk. gRPC refuses messages
 #: over 4 MiB by default, and 1-4 MiB messages stream faster than larger ones.
@@ -153,14 +153,11 @@ def serialize_batch_messages(
         WireFormatError: If the batch or an envelope cannot be serialized.
     """
     parts = gathered(batch_parts(batch, include_env_spec=include_env_spec))
-    total = sum(len(part) for part in parts)
-    kind = payload_kind(type(batch))
-    count, room = _layout(total, max_bytes, batch_id, kind)
-    messages = []
-    for index, data in enumerate(_cut(parts, room)):
-        size = sum(len(piece) for piece in data)
-        header = chunk_header(batch_id, index, count, total, kind, data_size=size)
-        messages.append(b"".join(wrap_chunk(envelope(index), path, [header, *data])))
+    chunks, total = _chunked(parts, type(batch), max_bytes, batch_id)
+    messages = [
+        b"".join(wrap_chunk(envelope(index), path, [header, *cast(Sequence[BytePart], data)]))
+        for index, (header, data, _) in enumerate(chunks)
+    ]
     return messages, total
 
 
@@ -194,21 +191,37 @@ def serialize_batch_behind(
         ConfigError: If ``max_bytes`` is too small to carry any data.
         WireFormatError: If the batch cannot be serialized.
     """
-    parts = batch_parts(batch, include_env_spec=include_env_spec)
-    total = sum([len(part) for part in parts])
-    kind = payload_kind(type(batch))
-    count, room = _layout(total, max_bytes, batch_id, kind)
-    # One chunk: its rows are gathered straight into the message.
-    runs: Iterable[Sequence[Part]] = [parts] if count == 1 else _cut(gathered(parts), room)
+    chunks, total = _chunked(
+        batch_parts(batch, include_env_spec=include_env_spec), type(batch), max_bytes, batch_id
+    )
     messages = []
-    for index, data in enumerate(runs):
-        size = sum([len(piece) for piece in data])
-        header = chunk_header(batch_id, index, count, total, kind, data_size=size)
+    for index, (header, data, size) in enumerate(chunks):
         before = head(index, len(header) + size)
         message: list[Part] = [before, header, *data]
         length = len(before) + len(header) + size
         messages.append(join_parts(message, length, None if allocate is None else allocate(length)))
     return messages, total
+
+
+def _chunked(
+    parts: Sequence[Part], batch_type: type, max_bytes: int, batch_id: int
+) -> tuple[list[tuple[bytes, Sequence[Part], int]], int]:
+    """A serialized batch's chunks: (header, data parts, data size) each, and the batch's size.
+
+    One chunk keeps the parts as they are, so rows still to take are
+    gathered straight into its message; more are cut from the parts made
+    bytes (:func:`_cut`).
+    """
+    total = sum([len(part) for part in parts])
+    kind = payload_kind(batch_type)
+    count, room = _layout(total, max_bytes, batch_id, kind)
+    runs: Iterable[Sequence[Part]] = [parts] if count == 1 else _cut(gathered(parts), room)
+    chunks = []
+    for index, data in enumerate(runs):
+        size = sum([len(piece) for piece in data])
+        header = chunk_header(batch_id, index, count, total, kind, data_size=size)
+        chunks.append((header, data, size))
+    return chunks, total
 
 
 def _cut(parts: list[Payload], room: int) -> Iterator[list[Payload]]:

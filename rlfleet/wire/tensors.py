@@ -248,7 +248,7 @@ def join_parts(
     return buffer
 
 
-def gathered(parts: list[Part]) -> list[BytePart]:
+def gathered(parts: Sequence[Part]) -> list[BytePart]:
     """The parts with rows still to take taken, as byte views (for ``b"".join``)."""
     return [
         memoryview(part.array()).cast("B")  # type: ignore[arg-type]  # ndarray: a buffer
