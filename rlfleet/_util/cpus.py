@@ -39,6 +39,16 @@ def allowed_cpus() -> frozenset[int]:
     return frozenset(range(os.cpu_count() or 1))
 
 
+def one_cpu_each(count: int) -> list[frozenset[int]]:
+    """``count`` processes' CPUs: process ``i`` on the ``i``-th CPU this process may use.
+
+    Round-robin when there are more processes than CPUs: the same deal for
+    a fleet's workers and for the plain loops a benchmark sets them against.
+    """
+    cpus = sorted(allowed_cpus())
+    return [frozenset({cpus[i % len(cpus)]}) for i in range(count)]
+
+
 def parse_cpu_list(text: str) -> frozenset[int]:
     """The CPUs of a taskset-style list: ``"3"``, ``"0,2"``, ``"0-3,8"``.
 
@@ -150,6 +160,7 @@ __all__ = [
     "can_pin",
     "check_allowed",
     "cpu_list_text",
+    "one_cpu_each",
     "parse_cpu_list",
     "pin_process",
 ]

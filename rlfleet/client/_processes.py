@@ -27,10 +27,10 @@ import psutil
 
 import rlfleet
 from rlfleet._util.cpus import (
-    allowed_cpus,
     can_pin,
     check_allowed,
     cpu_list_text,
+    one_cpu_each,
     parse_cpu_list,
 )
 from rlfleet.errors import ConfigError, RlfleetTimeoutError, UnavailableError
@@ -48,7 +48,7 @@ LOG_TAIL_LINES = 15
 POLL_SECONDS = 0.1
 #: ``Fleet.local(cpu_affinity=...)``: ``"auto"``, None/False (no pinning), or
 #: each worker's CPUs (a CPU number, a taskset-style list, or CPU numbers).
-CpuAffinity: TypeAlias = Literal["auto"] | bool | None | Sequence[int | str | Iterable[int]]
+CpuAffinity: TypeAlias = Literal["auto"] | bool | Sequence[int | str | Iterable[int]] | None
 #: Variables naming rlfleet options: a coordinator started for a Fleet takes
 #: its whole configuration from its flags, none from the learner's environment.
 _OPTION_PREFIX = "RLFLEET_"
@@ -258,8 +258,7 @@ def worker_cpu_sets(
     if cpu_affinity == "auto" or cpu_affinity is True:
         if not can_pin() or subprocess_envs:
             return [None] * workers
-        cpus = sorted(allowed_cpus())
-        return [frozenset({cpus[i % len(cpus)]}) for i in range(workers)]
+        return list(one_cpu_each(workers))
     if isinstance(cpu_affinity, str) or not isinstance(cpu_affinity, Sequence) or not cpu_affinity:
         raise ConfigError(
             f"Fleet.local cpu_affinity={cpu_affinity!r} is not a placement; give 'auto' (each "
@@ -282,8 +281,10 @@ def _cpu_set(item: object, where: str) -> frozenset[int]:
             items = list(parse_cpu_list(item))
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+    elif isinstance(item, Iterable):
+        items = list(item)
     else:
-        items = [item] if isinstance(item, int) else list(item) if isinstance(item, Iterable) else []
+        items = [item]
     if not items or not all(isinstance(c, int) and not isinstance(c, bool) for c in items):
         raise ConfigError(
             f"{where}={item!r} is not a CPU set; give a CPU number (0), a list like '0-3' or "
