@@ -184,9 +184,9 @@ def test_a_malformed_cpus_variable_is_refused_naming_it() -> None:
 
 
 @needs_pinning
-def test_fleet_local_pins_each_worker_to_a_cpu_of_its_own_by_default() -> None:
+def test_fleet_local_pins_each_worker_to_a_cpu_of_its_own_with_auto() -> None:
     cpus = own_cpus()
-    fleet = Fleet.local(workers=2, envs_per_worker=1, seed=0)
+    fleet = Fleet.local(workers=2, envs_per_worker=1, seed=0, cpu_affinity="auto")
     with fleet as sampler:
         assert sampler.obtain_samples(0, 200).total_steps >= 200
         for i, worker in enumerate(fleet.workers):
@@ -195,10 +195,22 @@ def test_fleet_local_pins_each_worker_to_a_cpu_of_its_own_by_default() -> None:
 
 
 @needs_pinning
+def test_fleet_local_leaves_its_workers_unpinned_by_default() -> None:
+    everywhere = cpu_list_text(own_cpus())
+    fleet = Fleet.local(workers=2, envs_per_worker=1)
+    with fleet:
+        for worker in fleet.workers:
+            assert set(thread_cpus(worker.process.pid).values()) == {everywhere}
+            assert "--cpus" not in worker.process.args
+
+
+@needs_pinning
 def test_fleet_local_deals_workers_round_robin_and_leaves_coordinators_unpinned() -> None:
     cpus = own_cpus()
     workers = len(cpus) + 1
-    fleet = Fleet.local(workers=workers, envs_per_worker=1, coordinators=2, seed=0)
+    fleet = Fleet.local(
+        workers=workers, envs_per_worker=1, coordinators=2, seed=0, cpu_affinity="auto"
+    )
     with fleet as sampler:
         assert sampler.obtain_samples(0, 200).total_steps >= 200
         for i, worker in enumerate(fleet.workers):
@@ -208,7 +220,7 @@ def test_fleet_local_deals_workers_round_robin_and_leaves_coordinators_unpinned(
 
 
 @needs_pinning
-def test_fleet_local_takes_each_workers_cpus_or_no_pinning() -> None:
+def test_fleet_local_takes_each_workers_cpus_or_none() -> None:
     cpus = own_cpus()
     placement = [cpu_list_text(cpus), cpus[-1]]
     fleet = Fleet.local(workers=2, envs_per_worker=1, cpu_affinity=placement)

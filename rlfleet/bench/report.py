@@ -37,10 +37,11 @@ class BenchConfig:
         coordinators: The fleet's coordinators (``Fleet.local(coordinators=N)``):
             1 runs it in the learner's process, N > 1 as N processes with
             the workers dealt among them.
-        pinned: Each fleet worker and each plain loop on a CPU of its own
-            (``Fleet.local``'s default placement, dealt the same way to
-            both, so the ratio between them is fair); False: nothing
-            pinned, the OS places every process.
+        pinned: Fleet worker ``i`` and plain loop ``i`` pinned to the
+            same CPU (``Fleet.local(cpu_affinity="auto")``'s placement,
+            dealt alike to both sides so the ratio stays fair); False (as
+            ``Fleet.local`` by default): nothing pinned, the OS places
+            every process.
 
     Raises:
         ConfigError: If a count is < 1, or there are fewer workers than
@@ -57,7 +58,7 @@ class BenchConfig:
     hidden_sizes: tuple[int, ...] = (32, 32)
     prefetch_factor: int | None = None
     coordinators: int = 1
-    pinned: bool = True
+    pinned: bool = False
 
     def __post_init__(self) -> None:
         names = ("workers", "envs_per_worker", "steps", "request_steps", "repeats", "coordinators")

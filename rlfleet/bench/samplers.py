@@ -136,7 +136,7 @@ def plain_processes(config: BenchConfig, vectorization: str | None = None) -> It
 
     ``vectorization`` makes each loop's K envs one native vector env. With
     ``config.pinned``, loop ``i`` is pinned to the CPU the fleet's worker
-    ``i`` gets (:func:`~rlfleet._util.cpus.one_cpu_each`).
+    ``i`` gets (:func:`~rlfleet._util.cpus.one_cpu_each`), else to none.
     """
     context = multiprocessing.get_context("spawn")  # never fork a process holding gRPC
     pipes: list[Connection] = []

@@ -276,23 +276,23 @@ def worker_cpu_sets(
 
 def _cpu_set(item: object, where: str) -> frozenset[int]:
     """One worker's CPUs from a CPU number, a taskset-style list or CPU numbers."""
+    items: list[object]
     if isinstance(item, str):
         try:
             items = list(parse_cpu_list(item))
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
-    elif isinstance(item, Iterable):
-        items = list(item)
     else:
-        items = [item]
-    if not items or not all(isinstance(c, int) and not isinstance(c, bool) for c in items):
+        items = list(item) if isinstance(item, Iterable) else [item]
+    cpus = [c for c in items if isinstance(c, int) and not isinstance(c, bool)]
+    if not cpus or len(cpus) < len(items):
         raise ConfigError(
             f"{where}={item!r} is not a CPU set; give a CPU number (0), a list like '0-3' or "
             "'0,2', or CPU numbers ([0, 2])"
         )
-    if min(items) < 0:
+    if min(cpus) < 0:
         raise ConfigError(f"{where}={item!r} has a negative CPU number; CPUs count from 0")
-    return check_allowed(items, f"{where}={item!r}")
+    return check_allowed(cpus, f"{where}={item!r}")
 
 
 def wait_for_port(child: ChildProcess, port_file: Path, deadline: float, timeout: float) -> int:

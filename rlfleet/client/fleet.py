@@ -124,7 +124,7 @@ class Fleet:
         coordinator_options: Mapping[str, Any] | None = None,
         authenticate: bool = False,
         coordinators: int = 1,
-        cpu_affinity: CpuAffinity = "auto",
+        cpu_affinity: CpuAffinity = None,
     ) -> Fleet:
         """Starts a coordinator in this process (or ``coordinators`` coordinator
         processes) and ``workers`` worker processes.
@@ -162,16 +162,16 @@ class Fleet:
                 coordinator's own streams; ``RemoteVectorEnv`` of code
                 factories needs one coordinator.
             cpu_affinity: Where the workers run (Linux; docs/performance.md
-                measures it). ``"auto"`` (the default): worker ``i`` pinned
-                to the ``i``-th CPU this process may use (``i`` modulo
-                their number), all its threads with it; not pinned on
-                other platforms or when the env's ``vectorization`` is
+                measures it). None or False (the default): not pinned, the
+                OS places them. ``"auto"``: worker ``i`` pinned to the
+                ``i``-th CPU this process may use (``i`` modulo their
+                number), all its threads with it; nothing pinned on other
+                platforms or when the env's ``vectorization`` is
                 ``"subprocess"`` (its envs' processes would share that one
-                CPU). None or False: no pinning. A list: worker ``i``
-                pinned to item ``i % len``, a CPU number (``0``), a
-                taskset-style list (``"0-3"``) or CPU numbers
-                (``[0, 2]``). This process and coordinator processes are
-                never pinned. Two fleets on one machine both pin to the
+                CPU). A list: worker ``i`` pinned to item ``i % len``, a CPU
+                number (``0``), a taskset-style list (``"0-3"``) or CPU
+                numbers (``[0, 2]``). This process and coordinator processes
+                are never pinned. Two fleets on one machine both pin to the
                 first CPUs with ``"auto"``: give each its own list.
 
         Returns:
