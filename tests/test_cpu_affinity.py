@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -201,7 +202,7 @@ def test_fleet_local_leaves_its_workers_unpinned_by_default() -> None:
     with fleet:
         for worker in fleet.workers:
             assert set(thread_cpus(worker.process.pid).values()) == {everywhere}
-            assert "--cpus" not in worker.process.args
+            assert "--cpus" not in cast("list[str]", worker.process.args)
 
 
 @needs_pinning
@@ -222,7 +223,7 @@ def test_fleet_local_deals_workers_round_robin_and_leaves_coordinators_unpinned(
 @needs_pinning
 def test_fleet_local_takes_each_workers_cpus_or_none() -> None:
     cpus = own_cpus()
-    placement = [cpu_list_text(cpus), cpus[-1]]
+    placement: list[int | str] = [cpu_list_text(cpus), cpus[-1]]
     fleet = Fleet.local(workers=2, envs_per_worker=1, cpu_affinity=placement)
     with fleet:
         expected = [cpu_list_text(cpus), str(cpus[-1])]
