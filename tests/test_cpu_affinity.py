@@ -196,16 +196,6 @@ def test_fleet_local_pins_each_worker_to_a_cpu_of_its_own_with_auto() -> None:
 
 
 @needs_pinning
-def test_fleet_local_leaves_its_workers_unpinned_by_default() -> None:
-    everywhere = cpu_list_text(own_cpus())
-    fleet = Fleet.local(workers=2, envs_per_worker=1)
-    with fleet:
-        for worker in fleet.workers:
-            assert set(thread_cpus(worker.process.pid).values()) == {everywhere}
-            assert "--cpus" not in cast("list[str]", worker.process.args)
-
-
-@needs_pinning
 def test_fleet_local_deals_workers_round_robin_and_leaves_coordinators_unpinned() -> None:
     cpus = own_cpus()
     workers = len(cpus) + 1
@@ -221,18 +211,23 @@ def test_fleet_local_deals_workers_round_robin_and_leaves_coordinators_unpinned(
 
 
 @needs_pinning
-def test_fleet_local_takes_each_workers_cpus_or_none() -> None:
+def test_fleet_local_takes_each_workers_cpus_and_pins_none_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     cpus = own_cpus()
     placement: list[int | str] = [cpu_list_text(cpus), cpus[-1]]
     fleet = Fleet.local(workers=2, envs_per_worker=1, cpu_affinity=placement)
     with fleet:
-        expected = [cpu_list_text(cpus), str(cpus[-1])]
         got = [set(thread_cpus(w.process.pid).values()) for w in fleet.workers]
-        assert got == [{e} for e in expected]
-    fleet = Fleet.local(workers=2, envs_per_worker=1, cpu_affinity=None)
+        assert got == [{cpu_list_text(cpus)}, {str(cpus[-1])}]
+    # The learner's own RLFLEET_CPUS (a ConfigMap meant for remote workers)
+    # does not reach its local workers: the default pins nothing.
+    monkeypatch.setenv("RLFLEET_CPUS", str(cpus[0]))
+    fleet = Fleet.local(workers=2, envs_per_worker=1)
     with fleet:
         for worker in fleet.workers:
             assert set(thread_cpus(worker.process.pid).values()) == {cpu_list_text(cpus)}
+            assert "--cpus" not in cast("list[str]", worker.process.args)
 
 
 def test_auto_leaves_workers_with_env_processes_unpinned() -> None:
