@@ -103,6 +103,11 @@ def test_a_backwards_range_is_refused() -> None:
         parse_cpu_list("3-1")
 
 
+def test_a_cpu_number_past_any_machine_is_refused_without_building_the_range() -> None:
+    with pytest.raises(ConfigError, match=r"names CPU 99999999999; CPU numbers go up to 65535"):
+        parse_cpu_list("0-99999999999")
+
+
 def test_cpu_sets_print_as_the_shortest_list() -> None:
     assert cpu_list_text({5, 0, 1, 2, 7, 8}) == "0-2,5,7-8"
     assert parse_cpu_list(cpu_list_text({0, 2, 3})) == {0, 2, 3}

@@ -20,6 +20,9 @@ from rlfleet.errors import ConfigError
 _ITEM = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
 #: Where the kernel lists a process's threads.
 _TASKS = "/proc/self/task"
+#: Above Linux's largest CPU count (CONFIG_NR_CPUS <= 8192): a bigger number
+#: is a typo, and a range up to it would be a set of billions.
+MAX_CPU = (1 << 16) - 1
 #: What a CPU list looks like, for messages.
 CPU_LIST_EXAMPLES = "3, 0,2 or 0-3 (taskset -c's lists)"
 
@@ -67,6 +70,11 @@ def parse_cpu_list(text: str) -> frozenset[int]:
             )
         first = int(match.group(1))
         last = int(match.group(2)) if match.group(2) is not None else first
+        if max(first, last) > MAX_CPU:
+            raise ConfigError(
+                f"{text!r} names CPU {max(first, last)}; CPU numbers go up to {MAX_CPU} at most "
+                f"(this process may use {cpu_list_text(allowed_cpus())})"
+            )
         if last < first:
             raise ConfigError(
                 f"{text!r} has the range {first}-{last}, which ends before it starts; "
@@ -156,6 +164,7 @@ def pin_process(cpus: Iterable[int], where: str) -> frozenset[int]:
 
 __all__ = [
     "CPU_LIST_EXAMPLES",
+    "MAX_CPU",
     "allowed_cpus",
     "can_pin",
     "check_allowed",
