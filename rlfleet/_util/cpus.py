@@ -1,10 +1,11 @@
 """CPU sets: taskset-style lists (``3``, ``0,2``, ``0-3``), and pinning a process to one.
 
 A worker pinned to one core runs its main thread and its gRPC threads
-(channel poller, result sender) on the same core: they wake where the
-stepping loop's data already is, instead of migrating between cores
-(docs/performance.md measures what that saves). Pinning uses Linux's
-``sched_setaffinity``; elsewhere asking for it is an error, never a no-op.
+(channel poller, result sender) on that core: they wake where the
+stepping loop runs instead of on another core (docs/performance.md
+measures what that saves, and what it costs on a shared machine). Pinning
+uses Linux's ``sched_setaffinity``; elsewhere asking for it is an error,
+never a no-op.
 """
 
 from __future__ import annotations
