@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
+import psutil
 import pytest
 
+from rlfleet._util.cpus import allowed_cpus, can_pin, cpu_list_text, one_cpu_each
 from rlfleet.bench import plain_loop as plain_loop_module
 from rlfleet.bench.plain_loop import plain_loop
 from rlfleet.bench.report import BenchConfig
@@ -53,3 +57,27 @@ def test_a_failing_plain_process_is_a_worker_error_with_its_traceback() -> None:
     ):
         sample(10)
     assert "needs a Discrete action space" in (caught.value.remote_traceback or "")
+
+
+def _cpus_allowed(pid: int) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(
+        line.split(":", 1)[1].strip() for line in status.splitlines() if "Cpus_allowed_list" in line
+    )
+
+
+@pytest.mark.skipif(not can_pin(), reason="CPU pinning needs os.sched_setaffinity (Linux)")
+@pytest.mark.parametrize("pinned", [True, False])
+def test_plain_loops_sit_where_the_fleets_workers_do(pinned: bool) -> None:
+    config = BenchConfig(workers=2, envs_per_worker=1, pinned=pinned)
+    before = {child.pid for child in psutil.Process().children()}
+    with plain_processes(config) as sample:
+        sample(10)  # each loop ran: it pinned itself first
+        loops = [c.pid for c in psutil.Process().children() if c.pid not in before]
+        placed = sorted(_cpus_allowed(pid) for pid in loops)
+    everywhere = cpu_list_text(allowed_cpus())
+    expected = [cpu_list_text(cpus) for cpus in one_cpu_each(2)] if pinned else [everywhere] * 2
+    assert placed == sorted(expected)
+    assert ("pinned to the same CPU" in config.describe("CartPole-v1")) == pinned
+    if not pinned:
+        assert config.placement == "placement: nothing pinned (the OS places every process)"

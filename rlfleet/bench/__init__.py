@@ -113,6 +113,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         seed=args.seed,
         prefetch_factor=args.prefetch_factor,
         coordinators=args.coordinators,
+        pinned=args.pin,
     )
     say = lambda line: print(line, flush=True)  # noqa: E731
     report: BenchReport | NativeBenchReport = (

@@ -6,6 +6,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rlfleet._util.cpus import can_pin, cpu_list_text, one_cpu_each
 from rlfleet._util.values import check_int
 from rlfleet.errors import ConfigError
 from rlfleet.policies.spec import PolicySpec
@@ -36,6 +37,11 @@ class BenchConfig:
         coordinators: The fleet's coordinators (``Fleet.local(coordinators=N)``):
             1 runs it in the learner's process, N > 1 as N processes with
             the workers dealt among them.
+        pinned: Fleet worker ``i`` and plain loop ``i`` pinned to the
+            same CPU (``Fleet.local(cpu_affinity="auto")``'s placement,
+            dealt alike to both sides so the ratio stays fair); False (as
+            ``Fleet.local`` by default): nothing pinned, the OS places
+            every process.
 
     Raises:
         ConfigError: If a count is < 1, or there are fewer workers than
@@ -52,6 +58,7 @@ class BenchConfig:
     hidden_sizes: tuple[int, ...] = (32, 32)
     prefetch_factor: int | None = None
     coordinators: int = 1
+    pinned: bool = False
 
     def __post_init__(self) -> None:
         names = ("workers", "envs_per_worker", "steps", "request_steps", "repeats", "coordinators")
@@ -86,6 +93,19 @@ class BenchConfig:
             f"median of {self.repeats} run(s) after warm-up"
             + ("" if self.prefetch_factor is None else f", prefetch_factor {self.prefetch_factor}")
             + ("" if self.coordinators == 1 else f", {self.coordinators} coordinator processes")
+            + "\n"
+            + self.placement
+        )
+
+    @property
+    def placement(self) -> str:
+        """How the report's processes were placed on CPUs, for its header."""
+        if not self.pinned or not can_pin():
+            return "placement: nothing pinned (the OS places every process)"
+        cpus = ", ".join(cpu_list_text(cpus) for cpus in one_cpu_each(self.workers))
+        return (
+            f"placement: fleet worker i and plain loop i pinned to the same CPU ({cpus}); "
+            "this process, coordinators and vector envs' processes not pinned"
         )
 
     @property

@@ -23,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 import psutil
 
+from rlfleet._util.cpus import can_pin, one_cpu_each, pin_process
 from rlfleet.bench.plain_loop import LoopRun, plain_loop
 from rlfleet.bench.report import BenchConfig, Measurement
 from rlfleet.envs.config import EnvConfig
@@ -102,9 +103,15 @@ def _per_step_us(seconds: float, steps: int) -> float:
 
 
 def _plain_child(
-    conn: Connection, config: BenchConfig, index: int, vectorization: str | None
+    conn: Connection,
+    config: BenchConfig,
+    index: int,
+    vectorization: str | None,
+    cpus: frozenset[int] | None,
 ) -> None:
     """A plain-loop process: runs the loop for each step count it receives."""
+    if cpus is not None:  # before the env and policy start threads of their own
+        pin_process(cpus, f"plain-loop process {index}'s CPUs")
     while True:
         steps = conn.recv()
         if steps is None:
@@ -127,17 +134,20 @@ def _plain_child(
 def plain_processes(config: BenchConfig, vectorization: str | None = None) -> Iterator[SampleFn]:
     """W plain-loop processes of K envs, run at the same time (the hardware's ceiling).
 
-    ``vectorization`` makes each loop's K envs one native vector env.
+    ``vectorization`` makes each loop's K envs one native vector env. With
+    ``config.pinned``, loop ``i`` is pinned to the CPU the fleet's worker
+    ``i`` gets (:func:`~rlfleet._util.cpus.one_cpu_each`), else to none.
     """
     context = multiprocessing.get_context("spawn")  # never fork a process holding gRPC
     pipes: list[Connection] = []
     children = []
+    placement = _placement(config)
     try:
         for index in range(config.workers):
             parent, child = context.Pipe()
             process = context.Process(
                 target=_plain_child,
-                args=(child, config, index, vectorization),
+                args=(child, config, index, vectorization, placement[index]),
                 daemon=True,
             )
             process.start()
@@ -184,6 +194,13 @@ def plain_processes(config: BenchConfig, vectorization: str | None = None) -> It
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
+
+
+def _placement(config: BenchConfig) -> list[frozenset[int] | None]:
+    """Each plain loop's CPUs: those ``Fleet.local`` gives its worker of the same index."""
+    if not config.pinned or not can_pin():
+        return [None] * config.workers
+    return [*one_cpu_each(config.workers)]
 
 
 def _in_process(step: Callable[[], int]) -> SampleFn:
@@ -338,6 +355,7 @@ def fleet_sampler(
         seed=config.seed,
         coordinator_options=options,
         coordinators=config.coordinators,
+        cpu_affinity="auto" if config.pinned else None,
     )
     with fleet as sampler:
         workers = [psutil.Process(worker.process.pid) for worker in fleet.workers]

@@ -35,6 +35,7 @@ from pydantic import AliasGenerator, BeforeValidator, Field, TypeAdapter, Valida
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from rlfleet._util.cpus import cpu_list_text, parse_cpu_list
 from rlfleet._util.values import json_object
 from rlfleet.errors import ConfigError
 
@@ -117,6 +118,14 @@ def _comma_list(value: Any) -> Any:
     return value
 
 
+def _cpu_list(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)  # a config file's `cpus = 3`
+    if isinstance(value, str):
+        return cpu_list_text(parse_cpu_list(value))  # ConfigError is a ValueError
+    return value
+
+
 _SIZE_VALIDATOR = BeforeValidator(_size)
 
 #: An int >= 1.
@@ -133,6 +142,8 @@ MessageSize = Annotated[
 ]
 #: A JSON object: a TOML table, or JSON text from a flag or variable.
 JsonObject = Annotated[dict[str, Any], NoDecode, BeforeValidator(_json_kwargs)]
+#: A taskset-style CPU list (``3``, ``0,2``, ``0-3``), kept as its shortest text.
+CpuList = Annotated[str, BeforeValidator(_cpu_list)]
 #: Strings: repeated flags, a TOML array, or comma-separated text in a variable.
 StringList = Annotated[list[str], NoDecode, BeforeValidator(_comma_list)]
 
@@ -414,6 +425,7 @@ class ConfigOptions(CommandSettings):
 __all__ = [
     "GRPC_MAX_MESSAGE_BYTES",
     "ConfigOptions",
+    "CpuList",
     "PREFIX",
     "ByteSize",
     "CommandSettings",

@@ -41,6 +41,12 @@ class BenchSettings(CommandSettings):
         "measure the fleet on this native vector-env backend against the same env in plain "
         "loops, and the 1M steps/s moonshot (use --envs-per-worker 64)",
     )
+    pin: bool = option(
+        False,
+        "pin fleet worker i and plain loop i to the same CPU, the i-th this process may use "
+        '(Fleet.local(cpu_affinity="auto")); by default neither is pinned, as Fleet.local '
+        "leaves its workers",
+    )
     check: bool = option(False, "exit 1 if a ratio misses its goal (on a quiet machine)")
 
 

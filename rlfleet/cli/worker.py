@@ -10,17 +10,20 @@ config-file key.
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 from types import FrameType
 from typing import TYPE_CHECKING, Literal
 
+from rlfleet._util.cpus import CPU_LIST_EXAMPLES, parse_cpu_list, pin_process
 from rlfleet.cli._logging import tag_process
-from rlfleet.cli._parser import add_command
+from rlfleet.cli._parser import SOURCES, add_command
 from rlfleet.cli._security_flags import WorkerSecurityOptions, worker_security_from_args
 from rlfleet.cli._settings import (
     ByteSize,
     ConfigOptions,
+    CpuList,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -63,6 +66,14 @@ class WorkerSettings(WorkerSecurityOptions, ConfigOptions):
     )
     seed: NonNegativeInt = option(
         0, "seed of policies built from specs (episode seeds come with the work)"
+    )
+    cpus: CpuList | None = option(
+        None,
+        "pin the worker, every thread it runs and its env processes to these CPUs (Linux): "
+        f"a list like {CPU_LIST_EXAMPLES} of CPUs the worker may use (in a pod: of the "
+        "cpuset the kubelet gave it)",
+        metavar="LIST",
+        shown="not pinned",
     )
     heartbeat_interval: PositiveFloat | None = option(
         None, "seconds between heartbeats", shown="the coordinator's setting"
@@ -140,6 +151,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the worker until it leaves; returns the exit code."""
+    # First: threads started from here on (gRPC's, the receiver, the parent
+    # watch) inherit the pinned set.
+    _pin(args)
     # Imported here: gRPC and gymnasium load only for the commands that need them.
     from rlfleet.worker.remote import RemoteWorker, WorkerConfig, default_worker_name
 
@@ -194,6 +208,16 @@ def run(args: argparse.Namespace) -> int:
             health.stop()
         if metrics is not None:
             metrics.stop()
+
+
+def _pin(args: argparse.Namespace) -> None:
+    """Pins the process to ``--cpus`` (if given), naming where the value came from in errors."""
+    if args.cpus is None:
+        return
+    source = getattr(args, SOURCES, {}).get("cpus", "flag")
+    where = f"--cpus {args.cpus!r}" if source == "flag" else f"{source}={args.cpus!r} (--cpus)"
+    pin_process(parse_cpu_list(args.cpus), where)
+    logging.getLogger("rlfleet.worker").info("pinned to CPUs %s (%s)", args.cpus, source)
 
 
 def _start_health(listen: str, worker: RemoteWorker) -> HealthPort:

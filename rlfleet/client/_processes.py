@@ -6,7 +6,8 @@ alone), with its output in a log file. By default each ends with this
 process however it ends (SIGKILL, a crash, ``os._exit``): it watches a pipe
 only this process holds open and, on Linux, asks for a parent-death signal
 (rlfleet/_util/parent_watch.py). Tokens travel in the child's environment,
-never on its command line.
+never on its command line. A worker may be pinned to CPUs (``--cpus``;
+:func:`worker_cpu_sets` deals them out); coordinators never are.
 """
 
 from __future__ import annotations
@@ -17,14 +18,22 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, TypeAlias
 
 import psutil
 
 import rlfleet
-from rlfleet.errors import RlfleetTimeoutError, UnavailableError
+from rlfleet._util.cpus import (
+    can_pin,
+    check_allowed,
+    cpu_list_text,
+    one_cpu_each,
+    parse_cpu_list,
+)
+from rlfleet.errors import ConfigError, RlfleetTimeoutError, UnavailableError
 from rlfleet.security import RoleTokens, Token
 from rlfleet.security.pickle import EMBEDDED_PARENT_ENV
 from rlfleet.security.tokens import (
@@ -37,6 +46,9 @@ from rlfleet.security.tokens import (
 LOG_TAIL_LINES = 15
 #: How often a start waits for a port file or a join.
 POLL_SECONDS = 0.1
+#: ``Fleet.local(cpu_affinity=...)``: ``"auto"``, None/False (no pinning), or
+#: each worker's CPUs (a CPU number, a taskset-style list, or CPU numbers).
+CpuAffinity: TypeAlias = Literal["auto"] | bool | Sequence[int | str | Iterable[int]] | None
 #: Variables naming rlfleet options: a coordinator started for a Fleet takes
 #: its whole configuration from its flags, none from the learner's environment.
 _OPTION_PREFIX = "RLFLEET_"
@@ -105,6 +117,7 @@ def spawn_worker(
     token: Token | None = None,
     embedded: bool = False,
     die_with_parent: bool = True,
+    cpus: Collection[int] | None = None,
 ) -> ChildProcess:
     """Starts ``python -m rlfleet worker`` in its own process group.
 
@@ -127,6 +140,8 @@ def spawn_worker(
         embedded: The coordinator runs in this process (``Fleet.local``):
             the worker then takes pickled env factories for leases from it
             (``RLFLEET_EMBEDDED_PARENT``; docs/security.md).
+        cpus: The CPUs to pin it to (``--cpus``); None leaves it on this
+            process's.
 
     Returns:
         The started process.
@@ -142,9 +157,12 @@ def spawn_worker(
         "--seed",
         str(seed),
         *(arg for module in imports for arg in ("--import", module)),
+        *(() if cpus is None else ("--cpus", cpu_list_text(cpus))),
         *extra_args,
     ]
     environment = _child_environment()
+    # A pinning of this process's own is not the worker's (--cpus decides).
+    environment.pop("RLFLEET_CPUS", None)
     if token is not None:
         environment[WORKER_TOKEN.env_vars[0]] = token.reveal()
     environment.pop(EMBEDDED_PARENT_ENV, None)
@@ -212,6 +230,69 @@ def spawn_coordinator(
         log_level=log_level,
         die_with_parent=die_with_parent,
     )
+
+
+def worker_cpu_sets(
+    cpu_affinity: CpuAffinity, workers: int, *, subprocess_envs: bool = False
+) -> list[frozenset[int] | None]:
+    """The CPUs each of ``workers`` local workers is pinned to (None: not pinned).
+
+    Args:
+        cpu_affinity: ``"auto"``: worker ``i`` on the ``i``-th CPU this
+            process may use, round-robin when there are more workers than
+            CPUs; nothing where the platform cannot pin, or when
+            ``subprocess_envs`` (a worker's envs then run in processes of
+            their own, which would all share its one CPU). None or False:
+            no pinning. A sequence: worker ``i`` on item ``i % len``, each a
+            CPU number, a taskset-style list (``"0-3"``) or CPU numbers.
+        workers: How many workers.
+        subprocess_envs: The workers run each env slot in a child process.
+
+    Raises:
+        ConfigError: If ``cpu_affinity`` is none of those, names a CPU this
+            process may not use (naming those it may), or asks for pinning
+            where the platform cannot pin.
+    """
+    if cpu_affinity is None or cpu_affinity is False:
+        return [None] * workers
+    if cpu_affinity == "auto" or cpu_affinity is True:
+        if not can_pin() or subprocess_envs:
+            return [None] * workers
+        return list(one_cpu_each(workers))
+    if isinstance(cpu_affinity, str) or not isinstance(cpu_affinity, Sequence) or not cpu_affinity:
+        raise ConfigError(
+            f"Fleet.local cpu_affinity={cpu_affinity!r} is not a placement; give 'auto' (each "
+            "worker on a CPU of its own), None (no pinning), or a non-empty list of each "
+            "worker's CPUs, e.g. [0, 1] or ['0-1', '2-3']"
+        )
+    sets = [_cpu_set(item, f"Fleet.local cpu_affinity[{i}]") for i, item in enumerate(cpu_affinity)]
+    if not can_pin():
+        raise ConfigError(
+            f"Fleet.local cpu_affinity={cpu_affinity!r}: pinning to CPUs needs Linux "
+            f"(os.sched_setaffinity), and this is {sys.platform}; give None or 'auto'"
+        )
+    return [sets[i % len(sets)] for i in range(workers)]
+
+
+def _cpu_set(item: object, where: str) -> frozenset[int]:
+    """One worker's CPUs from a CPU number, a taskset-style list or CPU numbers."""
+    items: list[object]
+    if isinstance(item, str):
+        try:
+            items = list(parse_cpu_list(item))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    else:
+        items = list(item) if isinstance(item, Iterable) else [item]
+    cpus = [c for c in items if isinstance(c, int) and not isinstance(c, bool)]
+    if not cpus or len(cpus) < len(items):
+        raise ConfigError(
+            f"{where}={item!r} is not a CPU set; give a CPU number (0), a list like '0-3' or "
+            "'0,2', or CPU numbers ([0, 2])"
+        )
+    if min(cpus) < 0:
+        raise ConfigError(f"{where}={item!r} has a negative CPU number; CPUs count from 0")
+    return check_allowed(cpus, f"{where}={item!r}")
 
 
 def wait_for_port(child: ChildProcess, port_file: Path, deadline: float, timeout: float) -> int:

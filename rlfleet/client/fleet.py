@@ -44,14 +44,17 @@ from rlfleet.client._learner_messages import AgentUpdateLike
 from rlfleet.client._processes import (
     POLL_SECONDS,
     ChildProcess,
+    CpuAffinity,
     spawn_coordinator,
     spawn_worker,
     stop_processes,
     wait_for_port,
+    worker_cpu_sets,
 )
 from rlfleet.client.sampler import RemoteSampler
 from rlfleet.coordinator import CoordinatorConfig, CoordinatorServer, serve
 from rlfleet.envs import EnvConfig
+from rlfleet.envs.config import SUBPROCESS
 from rlfleet.errors import ConfigError, RlfleetTimeoutError, UnavailableError, WorkerError
 from rlfleet.security import RoleTokens, ServerSecurity, Token
 
@@ -121,6 +124,7 @@ class Fleet:
         coordinator_options: Mapping[str, Any] | None = None,
         authenticate: bool = False,
         coordinators: int = 1,
+        cpu_affinity: CpuAffinity = None,
     ) -> Fleet:
         """Starts a coordinator in this process (or ``coordinators`` coordinator
         processes) and ``workers`` worker processes.
@@ -157,6 +161,18 @@ class Fleet:
                 ``obtain_fragments`` and ``stream()`` run on every
                 coordinator's own streams; ``RemoteVectorEnv`` of code
                 factories needs one coordinator.
+            cpu_affinity: Where the workers run (Linux; docs/performance.md
+                measures it). None or False (the default): not pinned, the
+                OS places them. ``"auto"``: worker ``i`` pinned to the
+                ``i``-th CPU this process may use (``i`` modulo their
+                number), all its threads with it; nothing pinned on other
+                platforms or when the env's ``vectorization`` is
+                ``"subprocess"`` (its envs' processes would share that one
+                CPU). A list: worker ``i`` pinned to item ``i % len``, a CPU
+                number (``0``), a taskset-style list (``"0-3"``) or CPU
+                numbers (``[0, 2]``). This process and coordinator processes
+                are never pinned. Two fleets on one machine both pin to the
+                first CPUs with ``"auto"``: give each its own list.
 
         Returns:
             The running fleet; ``with Fleet.local(...) as sampler:`` yields
@@ -164,7 +180,8 @@ class Fleet:
 
         Raises:
             ConfigError: If an argument is invalid (``coordinators`` not an
-                int >= 1, or more coordinators than workers).
+                int >= 1, more coordinators than workers, ``cpu_affinity``
+                naming a CPU this process may not use).
             RlfleetTimeoutError: If the workers did not all join in time
                 (the message says how many did, with their log tails), or a
                 coordinator process was not listening in time.
@@ -196,6 +213,9 @@ class Fleet:
             raise ConfigError(f"env must be an EnvConfig or a gymnasium id, got {env!r}")
         length = max_episode_length if max_episode_length is not None else config.max_episode_length
         modules = tuple(dict.fromkeys([*config.imports, *imports]))
+        cpu_sets = worker_cpu_sets(
+            cpu_affinity, workers, subprocess_envs=config.vectorization == SUBPROCESS
+        )
         process_seed = seed if seed is not None else 0
         tokens = (
             RoleTokens(_fresh_token("worker"), _fresh_token("learner")) if authenticate else None
@@ -250,6 +270,7 @@ class Fleet:
                         token=tokens.worker if tokens else None,
                         # The coordinator runs in this process: its factories too.
                         embedded=server is not None,
+                        cpus=cpu_sets[i],
                     )
                 )
             fleet = cls(
