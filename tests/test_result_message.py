@@ -17,9 +17,9 @@ import random
 import pytest
 
 from rlfleet.client._learner_messages import ResultsEnd, parse_result_frame
+from rlfleet.coordinator import worker_messages
 from rlfleet.coordinator.calls import Forward
 from rlfleet.coordinator.learner_messages import forwarded_parts, result_call_field
-from rlfleet.coordinator import worker_messages
 from rlfleet.coordinator.worker_messages import (
     ResultPiece,
     parse_worker_message,
