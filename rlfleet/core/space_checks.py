@@ -327,11 +327,7 @@ def _bounds_screen(
 
     def elements(array: np.ndarray) -> bool:
         size = array.size
-        if (
-            size > _SCREEN_ELEMENTS
-            or not array.flags.c_contiguous
-            or array.shape[1:] != row_shape
-        ):
+        if size > _SCREEN_ELEMENTS or not array.flags.c_contiguous or array.shape[1:] != row_shape:
             return general(array)
         flat = array.reshape(-1)
         if low_wide is not None and np.count_nonzero(flat < low_wide[:size]):
