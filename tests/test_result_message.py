@@ -116,7 +116,7 @@ def test_a_result_in_a_receive_buffers_view_is_read_by_hand(
         assert piece.header == general_read.header
         assert piece.chunk == general_read.chunk
         assert isinstance(piece.chunk.data, memoryview) and piece.chunk.data.readonly
-        assert bytes(piece.chunk.data) == bytes(general_read.chunk.data)  # type: ignore[union-attr]
+        assert bytes(piece.chunk.data) == bytes(general_read.chunk.data)
         buffer[-1] ^= 0xFF  # the chunk's data is a view of the frame, not a copy
         assert piece.chunk.data[-1] == buffer[-1]
 

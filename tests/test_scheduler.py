@@ -787,7 +787,15 @@ def test_a_refill_deals_what_taking_each_slice_on_its_own_dealt(  # noqa: PLR091
         scheduler = fleet(*num_envs, prefetch=prefetch, capacity_steps=capacity_steps)
         if rule == "slice by slice":
             planner = scheduler._units
-            planner.dispatch = lambda r, w, p=planner: _dispatch_slice_by_slice(p, r, w)  # type: ignore[method-assign]
+
+            def one_slice_at_a_time(
+                request: units_module.EpisodeRequest,
+                workers: list[units_module.WorkerLoad],
+                planner: units_module.UnitPlanner = planner,
+            ) -> list[TaskOrder]:
+                return _dispatch_slice_by_slice(planner, request, workers)
+
+            planner.dispatch = one_slice_at_a_time  # type: ignore[method-assign]
         scheduler.start_sample(spec(mode, amount))
         held: dict[int, tuple[int, list[int]]] = {}
         log = []
