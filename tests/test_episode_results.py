@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlfleet.conformance.checks import continuity_problems
-from rlfleet.core import EnvSpec, EpisodeBatch
+from rlfleet.core import EnvSpec, EpisodeBatch, space_checks
 from rlfleet.core.seeding import stream_seeds
 from rlfleet.core.space_checks import space_problem, space_screen
 from rlfleet.core.step_type import StepType
@@ -387,6 +387,33 @@ def test_observation_checks_agree_with_space_contains(name: str, seed: int, coun
     # The one-pass check's screen, worked out once per layout, says the same.
     screen = space_screen(space, rows.dtype, rows.shape[1:])
     assert (screen is None or screen(rows)) == all(rows_within(space, rows)), rows
+
+
+@pytest.mark.parametrize("count", [2731, 8192, 21845])
+def test_a_screen_compares_a_long_batch_of_short_rows_whole(
+    monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    # Rows of a few elements past 8,192 elements (a native worker's 8,192
+    # CartPole steps are 32,768) are compared as one long row against the
+    # bounds repeated once for the screen, not 85 rows at a time: the same
+    # verdicts as the general check, wherever the value out of bounds lies.
+    space = SPACES["box"]
+    monkeypatch.setattr(space_checks, "_within", _not_row_by_row)
+    screen = space_screen(space, np.dtype(np.float32), (3,))
+    assert screen is not None
+    rows = np.zeros((count, 3), np.float32)
+    assert screen(rows)
+    for row in (0, count // 2, count - 1):
+        for column, value in ((0, -1.5), (2, 6.0), (1, 1e30)):
+            rows[row, column] = value
+            assert screen(rows) == (space_problem("observations", rows, space) is None)
+            rows[row, column] = 0.0
+    rows[count - 1, 0] = np.nan  # NaN passes the bounds, as in the general check
+    assert screen(rows) and space_problem("observations", rows, space) is None
+
+
+def _not_row_by_row(array: np.ndarray, **bounds: object) -> bool:
+    raise AssertionError("the screen compared the batch rows at a time")
 
 
 def make_spec_batch(spec: EnvSpec, observations: np.ndarray) -> EpisodeBatch:

@@ -32,9 +32,15 @@ from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.wire import decode_batch, encode_batch
 from rlfleet.wire import result_layout as result_layout_module
 from rlfleet.wire import result_views as result_views_module
+from rlfleet.wire._result_bytes import step_types_pass
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import chunk_payload
-from rlfleet.wire.result_checks import FragmentWindow, ResultExpectation, check_result
+from rlfleet.wire.result_checks import (
+    FragmentWindow,
+    ResultExpectation,
+    check_result,
+    step_type_problems,
+)
 from rlfleet.wire.result_layout import ResultLayoutCheck
 from rlfleet.wire.result_views import ResultLayoutViews
 from rlfleet.wire.results import (
@@ -290,6 +296,30 @@ def test_the_one_pass_runs_no_python_line_per_episode() -> None:
         check.check(result, SPEC, expect)  # its skeleton worked out
         lines.append(rlfleet_lines(lambda: check.check(result, SPEC, expect)))  # noqa: B023
     assert lines[0] == lines[1]
+
+
+def test_the_one_pass_step_types_agree_with_the_general_paths_rules() -> None:
+    # Whole episodes (1-step ones among them), honest or with one step
+    # changed, or step types at random: the bytes check passes exactly
+    # those the general path finds nothing wrong with.
+    rng = np.random.default_rng(11)
+    kinds = [int(t) for t in StepType]
+    passed = 0
+    for _ in range(3000):
+        lengths = rng.integers(1, 6, int(rng.integers(1, 90)))
+        if rng.random() < 0.7:
+            types = np.full(int(lengths.sum()), int(StepType.MID), np.uint8)
+            ends = np.cumsum(lengths) - 1
+            types[ends - lengths + 1] = int(StepType.FIRST)
+            types[ends] = rng.choice([int(StepType.TERMINAL), int(StepType.TIMEOUT)], len(ends))
+            if rng.random() < 0.5:
+                types[rng.integers(len(types))] = rng.choice([*kinds, 7])
+        else:
+            types = rng.choice(kinds, int(lengths.sum())).astype(np.uint8)
+        general = not step_type_problems(types, lengths, None, must_end=True)
+        assert step_types_pass(types.tobytes(), tuple(lengths.tolist())) == general
+        passed += general
+    assert 500 < passed < 2500
 
 
 def _byte(offset: int, value: int) -> Callable[[bytes], bytes]:

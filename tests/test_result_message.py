@@ -17,9 +17,14 @@ import random
 import pytest
 
 from rlfleet.client._learner_messages import ResultsEnd, parse_result_frame
+from rlfleet.coordinator import worker_messages
 from rlfleet.coordinator.calls import Forward
 from rlfleet.coordinator.learner_messages import forwarded_parts, result_call_field
-from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
+from rlfleet.coordinator.worker_messages import (
+    ResultPiece,
+    parse_worker_message,
+    parse_worker_message_by_protobuf,
+)
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import WireFormatError
 from rlfleet.protocol.learner_calls import ResultPart
@@ -60,9 +65,9 @@ def messages() -> list[bytes]:
 
 
 def general(data: bytes) -> object:
-    """What the general path reads (it takes what is not ``bytes``)."""
+    """What the general path (protobuf's parser) reads."""
     try:
-        return parse_worker_message(bytearray(data))
+        return parse_worker_message_by_protobuf(data)
     except WireFormatError as exc:
         return exc
 
@@ -95,6 +100,29 @@ def test_a_workers_result_messages_are_read_by_hand_as_protobuf_reads_them(
         piece = parse_worker_message(data)
         assert isinstance(piece, ResultPiece)
         assert piece.header.wire == general_piece(data).header.wire
+
+
+def test_a_result_in_a_receive_buffers_view_is_read_by_hand(
+    messages: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lease data connection hands a large frame over as a view of the
+    # buffer it was received into, not as bytes: it is read in the same walk.
+    expected = [general_piece(data) for data in messages]
+    monkeypatch.setattr(worker_messages, "parse_with_chunk", _no_protobuf)
+    for data, general_read in zip(messages, expected, strict=True):
+        buffer = bytearray(data)
+        piece = parse_worker_message(memoryview(buffer))
+        assert isinstance(piece, ResultPiece) and piece.chunk is not None
+        assert piece.header == general_read.header
+        assert piece.chunk == general_read.chunk
+        assert isinstance(piece.chunk.data, memoryview) and piece.chunk.data.readonly
+        assert bytes(piece.chunk.data) == bytes(general_read.chunk.data)
+        buffer[-1] ^= 0xFF  # the chunk's data is a view of the frame, not a copy
+        assert piece.chunk.data[-1] == buffer[-1]
+
+
+def _no_protobuf(*args: object) -> None:
+    raise AssertionError("an honest result message took protobuf's parser")
 
 
 def test_the_hand_read_headers_columns_are_the_workers(messages: list[bytes]) -> None:

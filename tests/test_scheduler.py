@@ -700,3 +700,121 @@ def test_take_many_hands_out_what_as_many_takes_would(  # noqa: PLR0917 (hypothe
         one_by_one.handed_out(1)
     assert batched.take_many(count, 16, prior).tolist() == expected
     assert fields(batched) == fields(one_by_one)
+
+
+def _dispatch_slice_by_slice(
+    planner: units_module.UnitPlanner,
+    request: units_module.EpisodeRequest,
+    workers: list[units_module.WorkerLoad],
+) -> list[TaskOrder]:
+    """The refill rule with each slice taken from the request on its own."""
+    capacity = {w.worker_id: planner.capacity(w) for w in workers}
+    low = {w.worker_id: planner.low_water(w) for w in workers}
+    if not any(w.wants_refill(capacity[w.worker_id], low[w.worker_id]) for w in workers):
+        return []
+    refilled = [
+        w
+        for w in workers
+        if w.wants_refill(capacity[w.worker_id], low[w.worker_id])
+        or capacity[w.worker_id] - w.units >= w.slots
+    ]
+    fleet_slots = sum(w.slots for w in workers)
+    prior = planner.mean_length.value
+    picked: dict[int, list[np.ndarray]] = {w.worker_id: [] for w in refilled}
+    counts = dict.fromkeys(picked, 0)
+
+    def room(worker: units_module.WorkerLoad, limit: int) -> int:
+        return limit - worker.units - counts[worker.worker_id]
+
+    def give(worker: units_module.WorkerLoad, count: int) -> bool:
+        taken = request.take_many(count, fleet_slots, prior)
+        picked[worker.worker_id].append(taken)
+        counts[worker.worker_id] += len(taken)
+        return len(taken) >= count
+
+    more = all(give(w, room(w, w.slots)) for w in refilled)
+    hungry = [w for w in refilled if room(w, capacity[w.worker_id]) > 0]
+    while more and hungry:
+        for worker in hungry:
+            more = give(worker, min(room(worker, capacity[worker.worker_id]), worker.slots))
+            if not more:
+                break
+        hungry = [w for w in hungry if room(w, capacity[w.worker_id]) > 0]
+    orders = []
+    books = planner._books
+    for worker in refilled:
+        if not counts[worker.worker_id]:
+            continue
+        task = books.live_task(worker, request) or books.new_task(worker, request)
+        units = request.units(np.sort(np.concatenate(picked[worker.worker_id])))
+        task.units.add(units)
+        worker.units += len(units)
+        orders.append(books.order(task, request, units=units))
+    return orders
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    num_envs=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    prefetch=st.integers(0, 4),
+    capacity_steps=st.sampled_from([0, 40, 400]),
+    mode=st.sampled_from([Mode.STEPS, Mode.EPISODES]),
+    amount=st.integers(1, 600),
+    seed=st.integers(0, 2**16),
+)
+def test_a_refill_deals_what_taking_each_slice_on_its_own_dealt(  # noqa: PLR0917 (hypothesis)
+    num_envs: list[int],
+    prefetch: int,
+    capacity_steps: int,
+    mode: Mode,
+    amount: int,
+    seed: int,
+) -> None:
+    # Many refills of workers with few env slots (slices of a few units),
+    # results of random parts of what each holds, lengths at random: the
+    # same units to the same workers, and the request's units taken once
+    # per refill however many slices it deals.
+    takes: list[int] = []
+    take_many = units_module.EpisodeRequest.take_many
+
+    def counted(self: units_module.EpisodeRequest, *args: object) -> np.ndarray:
+        takes.append(1)
+        return take_many(self, *args)  # type: ignore[arg-type]
+
+    scheduled = {}
+    for rule in ("at once", "slice by slice"):
+        rng = np.random.default_rng(seed)
+        scheduler = fleet(*num_envs, prefetch=prefetch, capacity_steps=capacity_steps)
+        if rule == "slice by slice":
+            planner = scheduler._units
+
+            def one_slice_at_a_time(
+                request: units_module.EpisodeRequest,
+                workers: list[units_module.WorkerLoad],
+                planner: units_module.UnitPlanner = planner,
+            ) -> list[TaskOrder]:
+                return _dispatch_slice_by_slice(planner, request, workers)
+
+            planner.dispatch = one_slice_at_a_time  # type: ignore[method-assign]
+        scheduler.start_sample(spec(mode, amount))
+        held: dict[int, tuple[int, list[int]]] = {}
+        log = []
+        for _ in range(25):
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(units_module.EpisodeRequest, "take_many", counted)
+                takes.clear()
+                orders = scheduler.dispatch()
+                if rule == "at once" and orders:
+                    assert len(takes) == 1, "one take of the request's units per refill"
+            log.append(by_worker(orders))
+            for order in orders:
+                previous = held.get(order.worker_id, (order.task_id, []))[1]
+                held[order.worker_id] = (order.task_id, previous + indices(order))
+            for worker_id, (task_id, units) in sorted(held.items()):
+                done = units[: int(rng.integers(0, len(units) + 1))]
+                if done:
+                    lengths = rng.integers(1, 30, len(done)).tolist()
+                    scheduler.complete(worker_id, task_id, done, lengths)
+                held[worker_id] = (task_id, units[len(done) :])
+        scheduled[rule] = log
+    assert scheduled["at once"] == scheduled["slice by slice"]

@@ -115,11 +115,27 @@ def body_name(event: WorkerEvent | RelayReply) -> str:
 def parse_worker_message(data: bytes | bytearray | memoryview) -> WorkerEvent:
     """Reads one WorkerMessage (a result's chunk stays a view of ``data``).
 
+    A result written as protobuf writes it is read in one walk, whatever
+    holds its bytes: a Join stream's message (``bytes``) or a lease data
+    frame (a view of a receive buffer); anything else by
+    :func:`parse_worker_message_by_protobuf`.
+
     Raises:
         WireFormatError: If the bytes are malformed.
     """
-    if type(data) is bytes and (read := read_result_message(data)) is not None:
-        return ResultPiece(*read)  # a result as protobuf writes it, read in one walk
+    if (read := read_result_message(data)) is not None:
+        return ResultPiece(*read)
+    return parse_worker_message_by_protobuf(data)
+
+
+def parse_worker_message_by_protobuf(data: bytes | bytearray | memoryview) -> WorkerEvent:
+    """Reads one WorkerMessage with protobuf's parser (the chunk stays a view of
+    ``data``): what :func:`parse_worker_message` does with any message a worker
+    did not write in protobuf's own form.
+
+    Raises:
+        WireFormatError: If the bytes are malformed.
+    """
     message, chunk = parse_with_chunk(worker_pb2.WorkerMessage, data, _rpc.WORKER_CHUNK_PATH)
     body = message.WhichOneof("body")
     if body == "result":

@@ -290,9 +290,11 @@ def _bounds_screen(
     the bounds alone worked out now: a result's rows are then one or two
     numpy comparisons and counts, without a Python call per bound.
 
-    Per-element bounds of short rows (CartPole's 4) are repeated once here
-    to :data:`_WIDE_MIN_ELEMENTS` elements, so a contiguous array that size
-    or smaller is compared as one long row (as :func:`_any_outside` does);
+    Per-element bounds of short rows (CartPole's 4) are repeated once (for
+    every screen of these bounds) to :data:`_SCREEN_ELEMENTS` elements, so a
+    contiguous array that size or smaller, a native worker's 8,192 CartPole
+    steps among them, is compared as one long row (as :func:`_any_outside`
+    does up to :data:`_WIDE_MIN_ELEMENTS`);
     an integer array against a bound equal everywhere takes one ``min`` or
     ``max`` pass, any other one comparison. Anything else takes
     :func:`_within`.
@@ -319,17 +321,13 @@ def _bounds_screen(
     if not all(isinstance(bound, np.ndarray) and bound.shape == row_shape for bound in bounds):
         return general
     row = max(int(np.prod(row_shape)), 1)
-    repeats = -(-_WIDE_MIN_ELEMENTS // row)
-    low_wide = None if low is None else np.tile(np.asarray(low).reshape(-1), repeats)
-    high_wide = None if high is None else np.tile(np.asarray(high).reshape(-1), repeats)
+    repeats = -(-_SCREEN_ELEMENTS // row)
+    low_wide = None if low is None else _tiled(low, repeats)
+    high_wide = None if high is None else _tiled(high, repeats)
 
     def elements(array: np.ndarray) -> bool:
         size = array.size
-        if (
-            size > _WIDE_MIN_ELEMENTS
-            or not array.flags.c_contiguous
-            or array.shape[1:] != row_shape
-        ):
+        if size > _SCREEN_ELEMENTS or not array.flags.c_contiguous or array.shape[1:] != row_shape:
             return general(array)
         flat = array.reshape(-1)
         if low_wide is not None and np.count_nonzero(flat < low_wide[:size]):
@@ -376,8 +374,19 @@ _WIDE_ROW = 256
 #: Arrays of at most this many elements are compared whole against the
 #: bound repeated to this length; larger ones ``k`` rows at a time.
 _WIDE_MIN_ELEMENTS = 8192
+#: Arrays of at most this many elements are compared whole by a screen
+#: (:func:`space_screen`), against its bounds repeated to this length, once
+#: per bound: with 4-element rows, a worker's results of up to 16,384 steps.
+#: Rows of 8,192 CartPole steps in 256-element rows (:func:`_any_outside`)
+#: cost 1.5-2x as much (numpy's loop restarted per row).
+_SCREEN_ELEMENTS = 1 << 16
 #: Each (bound, repeats)'s bound repeated: bounds live as long as their space.
 _TILED: IdentityCache[np.ndarray] = IdentityCache()
+
+
+def _tiled(bound: np.ndarray | np.generic, repeats: int) -> np.ndarray:
+    """``bound`` flattened and repeated ``repeats`` times, made once per bound."""
+    return _TILED.get(bound, repeats, lambda: np.tile(np.asarray(bound).reshape(-1), repeats))
 
 
 def _any_outside(array: np.ndarray, bound: np.ndarray, compare: np.ufunc) -> bool:
@@ -397,14 +406,12 @@ def _any_outside(array: np.ndarray, bound: np.ndarray, compare: np.ufunc) -> boo
     if not row or bound.shape != array.shape[1:] or not array.flags.c_contiguous:
         return any_set(compare(array, bound))
     if array.size <= _WIDE_MIN_ELEMENTS:
-        whole = _TILED.get(
-            bound, None, lambda: np.tile(bound.reshape(-1), -(-_WIDE_MIN_ELEMENTS // row))
-        )
+        whole = _tiled(bound, -(-_WIDE_MIN_ELEMENTS // row))
         return any_set(compare(array.reshape(-1), whole[: array.size]))
     repeats = _WIDE_ROW // row
     if repeats < 2:
         return any_set(compare(array, bound))
-    tiled = _TILED.get(bound, repeats, lambda: np.tile(bound.reshape(-1), repeats))
+    tiled = _tiled(bound, repeats)
     wide = rows // repeats * repeats
     head = array[:wide].reshape(wide // repeats, repeats * row)
     if any_set(compare(head, tiled)):

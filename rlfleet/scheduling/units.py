@@ -420,30 +420,22 @@ class UnitPlanner:
             or capacity[w.worker_id] - w.units >= w.slots
         ]
         fleet_slots = sum(w.slots for w in workers)
-        prior = self.mean_length.value
+        slices = _slices(refilled, capacity)
+        # The request's units for every slice at once (as many takes one
+        # after the other: test_take_many_hands_out_what_as_many_takes_would),
+        # dealt in the slices' order; a slice the request cannot fill is the
+        # last one, as when each slice was taken on its own.
+        taken = request.take_many(sum(s for _, s in slices), fleet_slots, self.mean_length.value)
         picked: dict[int, list[np.ndarray]] = {w.worker_id: [] for w in refilled}
         counts = dict.fromkeys(picked, 0)
-
-        def room(worker: WorkerLoad, limit: int) -> int:
-            return limit - worker.units - counts[worker.worker_id]
-
-        def give(worker: WorkerLoad, count: int) -> bool:
-            """Hands the worker up to ``count`` units; False once the request has none."""
-            taken = request.take_many(count, fleet_slots, prior)
-            picked[worker.worker_id].append(taken)
-            counts[worker.worker_id] += len(taken)
-            return len(taken) >= count  # count may be <= 0: a worker already full
-
-        # First a unit for every idle env slot of every worker, then spare
-        # units, a slice of its slots at a time to each worker in turn.
-        more = all(give(w, room(w, w.slots)) for w in refilled)
-        hungry = [w for w in refilled if room(w, capacity[w.worker_id]) > 0]
-        while more and hungry:
-            for worker in hungry:
-                more = give(worker, min(room(worker, capacity[worker.worker_id]), worker.slots))
-                if not more:
-                    break
-            hungry = [w for w in hungry if room(w, capacity[w.worker_id]) > 0]
+        start = 0
+        for worker, size in slices:
+            part = taken[start : start + size]
+            picked[worker.worker_id].append(part)
+            counts[worker.worker_id] += len(part)
+            start += size
+            if len(part) < size:
+                break
         orders = []
         for worker in refilled:
             if not counts[worker.worker_id]:
@@ -486,3 +478,29 @@ class UnitPlanner:
         self.mean_length.add(steps, len(lengths))
         if not task.units.outstanding:
             self._books.retire(task)
+
+
+def _slices(refilled: list[WorkerLoad], capacity: dict[int, int]) -> list[tuple[WorkerLoad, int]]:
+    """The slices of units a refill deals, in order, while the request has units.
+
+    First a unit for every idle env slot of every worker, then spare units,
+    a slice of its slots at a time to each worker in turn, until each holds
+    its capacity: worked out in numbers, so that the units are taken from
+    the request once per refill, not once per slice (a worker of 8 env
+    slots is topped up by ten slices or more).
+    """
+    slices: list[tuple[WorkerLoad, int]] = []
+    room: dict[int, int] = {}
+    for worker in refilled:
+        idle = worker.slots - worker.units
+        if idle > 0:
+            slices.append((worker, idle))
+        room[worker.worker_id] = capacity[worker.worker_id] - worker.units - max(idle, 0)
+    hungry = [w for w in refilled if room[w.worker_id] > 0]
+    while hungry:
+        for worker in hungry:
+            size = min(room[worker.worker_id], worker.slots)
+            slices.append((worker, size))
+            room[worker.worker_id] -= size
+        hungry = [w for w in hungry if room[w.worker_id] > 0]
+    return slices

@@ -27,10 +27,17 @@ from google.protobuf.message import DecodeError
 
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire._chunk import Chunk
-from rlfleet.wire._protowire import encode_varint, len_prefix, packed_varints, to_int64
+from rlfleet.wire._protowire import (
+    as_byte_source,
+    encode_varint,
+    len_prefix,
+    packed_varints,
+    to_int64,
+)
 from rlfleet.wire.results import ResultHeader
 
-#: What a result is read from: a worker's message (bytes), a learner's frame (a view).
+#: What a result is read from: a worker's message (bytes, or a view of a data
+#: frame's receive buffer), a learner's frame (a view).
 _Bytes: TypeAlias = "bytes | bytearray | memoryview"
 _RESULT_NUMBER = 4  # WorkerMessage.result
 _RESULT_TAG = _RESULT_NUMBER << 3 | 2  # length-delimited
@@ -91,20 +98,25 @@ def result_head(fields: bytes, chunk_size: int) -> bytes:
     return len_prefix(_RESULT_NUMBER, size) + fields + chunk_key
 
 
-def read_result_message(data: bytes) -> tuple[ResultHeader, Chunk] | None:
+def read_result_message(data: _Bytes) -> tuple[ResultHeader, Chunk] | None:
     """A serialized ``WorkerMessage`` holding only a result, read in one walk.
 
     Args:
-        data: The message's bytes (the chunk's data stays a view of them).
+        data: The message's bytes, or a view of them (the chunk's data stays
+            a read-only view of them).
 
     Returns:
         The result's header (with ``wire`` on chunk 0, as
         :func:`rlfleet.coordinator.worker_messages.parse_worker_message`
         keeps it) and its chunk; None for any message not written in
         protobuf's own form, to be read by the general path.
+
+    Raises:
+        WireFormatError: If ``data`` is not a contiguous buffer.
     """
-    read = _read_result(data, _RESULT_TAG, keep_wire=True)
-    if read is None or read[2] != len(data):
+    buf = as_byte_source(data)
+    read = _read_result(buf, _RESULT_TAG, keep_wire=True)
+    if read is None or read[2] != len(buf):
         return None
     return read[0], read[1]
 
