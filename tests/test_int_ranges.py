@@ -3,6 +3,8 @@ two comparisons it stands for."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -37,7 +39,7 @@ def test_a_small_batch_is_answered_without_a_numpy_reduction(
     calls = []
     reduce = int_ranges._MAX
 
-    def counted(*args: object, **kwargs: object) -> object:
+    def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return reduce(*args, **kwargs)
 
