@@ -404,6 +404,40 @@ def test_the_flush_policy_sends_once_half_the_slots_are_idle_when_out_of_work() 
     assert _due(policy, 14.0 + ms, 1, queued_units=0, running=4)
 
 
+def test_with_units_queued_the_flush_policy_holds_exactly_when_it_is_not_due() -> None:
+    """``holds``, a busy session's check after each vector step, answers as ``due`` does.
+
+    Over random steps, queues running dry and refilled (the dry-spell rule's
+    state), sends and slow steps: one policy asked ``due`` every time, the
+    other ``holds`` whenever units are queued, as the session asks.
+    """
+    rng = np.random.default_rng(0)
+    asked_due = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
+    asked_holds = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
+    now, sends = 0.0, 0
+    for _ in range(3000):
+        now += float(rng.exponential(0.03))
+        steps = int(rng.integers(1, 130))
+        queued = int(rng.choice([0, 0, 1, 5]))
+        running = int(rng.integers(0, 9))
+        step_seconds = float(rng.choice([0.001, 0.001, 0.001, 0.6]))
+        expected = _due(
+            asked_due, now, steps, queued_units=queued, running=running, step_seconds=step_seconds
+        )
+        if queued:
+            answer = not asked_holds.holds(now, steps, step_seconds)
+        else:
+            answer = _due(
+                asked_holds, now, steps, queued_units=0, running=running, step_seconds=step_seconds
+            )
+        assert answer == expected, (now, steps, queued, running, step_seconds)
+        if expected:
+            sends += 1
+            asked_due.sent()
+            asked_holds.sent()
+    assert 300 < sends < 2700  # every rule took its turn, not one answer throughout
+
+
 def test_the_flush_policy_sends_large_steps_sooner() -> None:
     policy = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
     policy.expect_step_bytes(50.0)  # 200 steps would fit: the step bound rules

@@ -228,15 +228,20 @@ class Session:
             self._on_task_error(exc)
         if vec.finished_count:
             now = time.monotonic()
-            if self._flush_policy.due(
+            policy, queued = self._flush_policy, self._book.queued_units
+            if queued:  # the common case, decided with the bounds alone
+                if policy.holds(now, vec.finished_steps, now - started):
+                    return
+            elif not policy.due(
                 now,
                 finished_steps=vec.finished_steps,
-                queued_units=self._book.queued_units,
+                queued_units=queued,
                 running=vec.active_count,
                 slots=vec.n_envs,
                 step_seconds=now - started,
             ):
-                self._flush()
+                return
+            self._flush()
 
     def _run_window(self) -> None:
         """One window of the oldest fragment task, sent as one result."""
