@@ -25,10 +25,15 @@ from rlfleet._util.flags import any_set
 from rlfleet.core._validation import accepted_shapes, check_step_types
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.core.step_type import StepType
 from rlfleet.errors import InvalidBatchError
 from rlfleet.wire.chunks import Payload
 from rlfleet.wire.result_layout import _FIELD_NAMES, _Layout, _learn, _Tensor, _Tree
 from rlfleet.wire.results import DecodedResult, JoinedResult, Result, ResultHeader, decode_kept
+
+_BYTE = np.dtype(np.uint8)
+#: Every StepType value, as bytes: uint8 step types outside them are refused.
+_STEP_TYPES = bytes(range(int(min(StepType)), int(max(StepType)) + 1))
 
 
 class ResultLayoutViews:
@@ -178,10 +183,15 @@ def _viewed(
     views = [np.ndarray(shape, dtype, whole, offset) for shape, dtype, offset in plan.arrays]
     if views[plan.lengths].tolist() != list(lengths):
         return None
-    try:
-        check_step_types("step_types", views[plan.step_types], steps, "steps")
-    except InvalidBatchError:
-        return None
+    types = views[plan.step_types]
+    if types.dtype == _BYTE:  # as a decode's range check, without numpy's calls
+        if types.tobytes().translate(None, _STEP_TYPES):
+            return None
+    else:
+        try:
+            check_step_types("step_types", types, steps, "steps")
+        except InvalidBatchError:
+            return None
     if any(any_set(views[index].view(np.uint8) > 1) for index in plan.bools):
         return None
     # An empty map is not written: its field is absent from the plan.
