@@ -16,7 +16,6 @@ which raises with its own text, or decodes and relearns the worker's layout.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -44,8 +43,7 @@ class ResultLayoutViews:
     MAX_PLANS = 256
 
     def __init__(self) -> None:
-        # Each worker's layout, and its plans by (episodes, steps).
-        self._layouts: dict[int, tuple[_Layout, dict[tuple[int, int], _Plan]]] = {}
+        self._layouts: dict[int, _Views] = {}
         #: Results decoded in one pass and by the general path (tests count them).
         self.viewed = 0
         self.decoded = 0
@@ -59,8 +57,8 @@ class ResultLayoutViews:
         header = joined.header
         kept = self._layouts.get(header.worker_id)
         payload = joined.payload
-        if kept is not None and kept[0].spec is env_spec and not isinstance(payload, tuple):
-            batch = _viewed(kept[0], kept[1], header, payload)
+        if kept is not None and kept.layout.spec is env_spec and not isinstance(payload, tuple):
+            batch = _viewed(kept, header, payload)
             if batch is not None:
                 self.viewed += 1
                 return DecodedResult(header, batch, joined.chunks, joined.message_sizes)
@@ -71,66 +69,76 @@ class ResultLayoutViews:
             if learned is not None and _viewable(learned):
                 if len(self._layouts) >= self.MAX_WORKERS:
                     self._layouts.clear()
-                self._layouts[header.worker_id] = (learned, {})
+                self._layouts[header.worker_id] = _Views(learned)
             else:
                 self._layouts.pop(header.worker_id, None)
         return result
 
 
-#: A map of the batch: an array's place among a plan's views, or a map's
+#: A map of the batch: an array's place among a result's views, or a map's
 #: entries (key, map of the entry).
 _Map: TypeAlias = "int | tuple[tuple[str, _Map], ...]"
 
 
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """What viewing a result of one layout and one pair of counts takes, worked out
-    once: a later result of those counts is a few slice comparisons, one
-    ``np.ndarray`` per array and the batch's dicts, no walk over the layout.
+class _Views:
+    """What viewing a worker's results of one layout takes, worked out once: the
+    arrays in the layout's order and the batch's dicts of them; then per pair
+    of counts, its plan (the result's size, the runs of bytes between the
+    arrays, each array's shape, dtype and offset), so that a later result of
+    those counts is a few slice comparisons, one ``np.ndarray`` per array and
+    the dicts, no walk over the layout.
 
     Attributes:
-        size: The result's bytes.
-        headers: (start, end, bytes) of every run of bytes between arrays.
-        arrays: (shape, dtype, offset) of every array, in the layout's order.
+        layout: The layout.
+        tensors: Its arrays, in the order they are written.
         fields: The batch's fields that hold arrays: (name, map of their views).
         lengths: Where the lengths are among the views.
         step_types: Where the step types are.
         bools: Where the bool arrays are.
+        plans: By (episodes, steps): (size, (start, end, bytes) of each run
+            between the arrays, (shape, dtype, offset) of each array).
     """
 
-    size: int
-    headers: tuple[tuple[int, int, bytes], ...]
-    arrays: tuple[tuple[tuple[int, ...], np.dtype, int], ...]
-    fields: tuple[tuple[str, _Map], ...]
-    lengths: int
-    step_types: int
-    bools: tuple[int, ...]
+    def __init__(self, layout: _Layout) -> None:
+        self.layout = layout
+        tensors: list[_Tensor] = []
+
+        def tree(item: _Tensor | _Tree) -> _Map:
+            if isinstance(item, _Tensor):
+                tensors.append(item)
+                return len(tensors) - 1
+            return tuple((layout.keys[key_field], tree(child)) for key_field, child in item)
+
+        self.fields = tuple((_FIELD_NAMES[number], tree(item)) for number, item in layout.blocks)
+        self.tensors = tuple(tensors)
+        where = {t.name: index for index, t in enumerate(tensors)}
+        self.lengths = where["lengths"]
+        self.step_types = where["step_types"]
+        self.bools = tuple(where[name] for name in layout.bools)
+        self.plans: dict[tuple[int, int], _Plan] = {}
+
+    def plan(self, episodes: int, steps: int) -> _Plan:
+        """The plan of results of ``episodes`` and ``steps`` (worked out once per pair)."""
+        plans = self.plans
+        if len(plans) >= ResultLayoutViews.MAX_PLANS:
+            plans.clear()  # a worker's step counts wander: keep the plans few
+        frame = self.layout.frame(episodes, steps)  # not the one pass's skeleton
+        offsets = frame.offsets
+        plan = plans[(episodes, steps)] = (
+            frame.size,
+            tuple((offset, offset + len(run), run) for offset, run in frame.headers),
+            tuple(
+                ((episodes if t.per_episode else steps, *t.row_shape), t.dtype, offsets[t.name])
+                for t in self.tensors
+            ),
+        )
+        return plan
 
 
-def _plan(layout: _Layout, episodes: int, steps: int) -> _Plan:
-    """The plan of ``layout``'s results of ``episodes`` and ``steps``."""
-    frame = layout.frame(episodes, steps)  # not the one pass's skeleton
-    arrays: list[tuple[tuple[int, ...], np.dtype, int]] = []
-    where: dict[str, int] = {}
-
-    def tree(item: _Tensor | _Tree) -> _Map:
-        if isinstance(item, _Tensor):
-            where[item.name] = len(arrays)
-            rows = episodes if item.per_episode else steps
-            arrays.append(((rows, *item.row_shape), item.dtype, frame.offsets[item.name]))
-            return where[item.name]
-        return tuple((layout.keys[key_field], tree(child)) for key_field, child in item)
-
-    fields = tuple((_FIELD_NAMES[number], tree(item)) for number, item in layout.blocks)
-    return _Plan(
-        frame.size,
-        tuple((offset, offset + len(run), run) for offset, run in frame.headers),
-        tuple(arrays),
-        fields,
-        where["lengths"],
-        where["step_types"],
-        tuple(where[name] for name in layout.bools),
-    )
+#: A result's size, the runs of bytes between its arrays, and its arrays.
+_Plan: TypeAlias = tuple[
+    int, tuple[tuple[int, int, bytes], ...], tuple[tuple[tuple[int, ...], np.dtype, int], ...]
+]
 
 
 def _built(tree: _Map, views: list[np.ndarray]) -> Any:
@@ -150,13 +158,10 @@ def _viewable(layout: _Layout) -> bool:
     )
 
 
-def _viewed(
-    layout: _Layout, plans: dict[tuple[int, int], _Plan], header: ResultHeader, payload: Payload
-) -> EpisodeBatch | None:
+def _viewed(kept: _Views, header: ResultHeader, payload: Payload) -> EpisodeBatch | None:
     """The batch of a one-chunk result with the layout, read-only views of
     ``payload`` (as :func:`~rlfleet.wire.batches.decode_batch` leaves them);
-    None for anything the general path must read. ``plans``: the layout's,
-    by counts (a new pair of counts adds one)."""
+    None for anything the general path must read."""
     lengths = header.lengths
     episodes = len(lengths)
     if not episodes or min(lengths) < 1:
@@ -165,24 +170,22 @@ def _viewed(
     whole = memoryview(payload)
     if whole.format != "B" or whole.ndim != 1:
         whole = whole.cast("B")
-    size = len(whole)
-    plan = plans.get((episodes, steps))
+    plan = kept.plans.get((episodes, steps))
     if plan is None:
-        if steps > size:  # every step takes a byte or more: no plan for forged counts
+        if steps > len(whole):  # every step takes a byte or more: no plan for forged counts
             return None
-        if len(plans) >= ResultLayoutViews.MAX_PLANS:
-            plans.clear()  # a worker's step counts wander: keep the plans few
-        plan = plans[(episodes, steps)] = _plan(layout, episodes, steps)
-    if plan.size != size:
+        plan = kept.plan(episodes, steps)
+    size, headers, arrays = plan
+    if size != len(whole):
         return None
-    for start, end, expected in plan.headers:
+    for start, end, expected in headers:
         if whole[start:end] != expected:
             return None
     whole = whole.toreadonly()
-    views = [np.ndarray(shape, dtype, whole, offset) for shape, dtype, offset in plan.arrays]
-    if views[plan.lengths].tolist() != list(lengths):
+    views = [np.ndarray(shape, dtype, whole, offset) for shape, dtype, offset in arrays]
+    if views[kept.lengths].tolist() != list(lengths):
         return None
-    types = views[plan.step_types]
+    types = views[kept.step_types]
     if types.dtype == _BYTE:  # decoding's range check: uint8 is never below the lowest, 0
         if int(np.maximum.reduce(types)) > _MAX_STEP_TYPE:
             return None
@@ -191,13 +194,13 @@ def _viewed(
             check_step_types("step_types", types, steps, "steps")
         except InvalidBatchError:
             return None
-    if any(any_set(views[index].view(np.uint8) > 1) for index in plan.bools):
+    if any(any_set(views[index].view(np.uint8) > 1) for index in kept.bools):
         return None
     # An empty map is not written: its field is absent from the plan.
     fields: dict[str, Any] = {"episode_infos": {}, "env_infos": {}, "agent_infos": {}}
-    for name, tree in plan.fields:
+    for name, tree in kept.fields:
         fields[name] = _built(tree, views)
-    return EpisodeBatch.prechecked(env_spec=layout.spec, check_actions=False, **fields)
+    return EpisodeBatch.prechecked(env_spec=kept.layout.spec, check_actions=False, **fields)
 
 
 __all__ = ["ResultLayoutViews"]
