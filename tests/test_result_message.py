@@ -297,7 +297,13 @@ def test_a_frames_one_byte_values_are_read_without_a_call_each() -> None:
             agent_version=1,
             env_generation=1,
             worker_id=5,
-            chunk=batch_pb2.BatchChunk(batch_id=1, count=1, total_bytes=10, kind=1, data=b"x" * 10),
+            chunk=batch_pb2.BatchChunk(
+                batch_id=1,
+                count=1,
+                total_bytes=10,
+                kind=batch_pb2.PAYLOAD_KIND_EPISODE_BATCH,
+                data=b"x" * 10,
+            ),
         )
         message = learner_pb2.SampleResponse(result=result, result_call=1)
         return bytearray(message.SerializeToString())
