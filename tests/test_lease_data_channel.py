@@ -19,6 +19,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -547,6 +548,35 @@ def test_frames_already_sent_are_read_with_one_read_each(deadline: float | None)
         assert sock.reads == 1 + len(small)
         theirs.close()
         assert link.receive_message(deadline) is None  # the end, between frames
+    finally:
+        link.close()
+
+
+@pytest.mark.parametrize("deadline", [None, 10.0], ids=["no-deadline", "deadline"])
+def test_a_frame_whose_header_came_with_the_last_read_is_taken_in_one_fill(
+    deadline: float | None,
+) -> None:
+    # A learner behind its coordinator pays this per result frame: the
+    # header is taken where the last read left it, and the payload's one
+    # read runs no context manager around it.
+    sock, theirs = _socket_pair()
+    link = LeaseDataLink(sock, 1 << 20)
+    try:
+        theirs.sendall(frame(b"a" * 10) + frame(b"b" * 3000))
+        link.receive_message(deadline)
+        called: list[str] = []
+
+        def profile(frame: Any, event: str, arg: object) -> None:
+            if event == "call":
+                called.append(frame.f_code.co_name)
+
+        sys.setprofile(profile)
+        try:
+            got = link.receive_message(deadline)
+        finally:
+            sys.setprofile(None)
+        assert got is not None and bytes(got) == b"b" * 3000
+        assert called == ["receive_message", "_fill", "_read", "_read_ahead", "recvmsg_into"]
     finally:
         link.close()
 

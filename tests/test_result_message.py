@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
+from collections.abc import Callable
+from types import FrameType
 
 import pytest
 
@@ -29,7 +32,7 @@ from rlfleet.envs import EnvConfig
 from rlfleet.errors import WireFormatError
 from rlfleet.protocol.learner_calls import ResultPart
 from rlfleet.transport import rpc as _rpc
-from rlfleet.v1 import learner_pb2, worker_pb2
+from rlfleet.v1 import batch_pb2, learner_pb2, worker_pb2
 from rlfleet.wire import parse_with_chunk
 from rlfleet.wire.result_message import read_result_frame, read_result_message
 from rlfleet.wire.results import ResultHeader
@@ -292,3 +295,50 @@ def test_spoiled_frames_read_the_same_or_are_left_to_the_general_path(
             data[at:at] = bytes([rng.randrange(256)])
         taken += assert_frame_same_or_left(data)
     assert taken
+
+
+def python_calls(run: Callable[[], object]) -> int:
+    """Python functions ``run`` calls (C functions not counted)."""
+    count = 0
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        nonlocal count
+        count += event == "call"
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def test_a_frames_one_byte_values_are_read_without_a_call_each() -> None:
+    """A frame of 40 episodes whose indices and lengths fit one byte each is read
+    with the calls of one of 4: no Python call per value of its columns."""
+
+    def frame(episodes: int) -> bytearray:
+        result = worker_pb2.EpisodeResult(
+            task_id=3,
+            episode_indices=range(episodes),
+            lengths=[100] * episodes,
+            agent_version=1,
+            env_generation=1,
+            worker_id=5,
+            chunk=batch_pb2.BatchChunk(
+                batch_id=1,
+                count=1,
+                total_bytes=10,
+                kind=batch_pb2.PAYLOAD_KIND_EPISODE_BATCH,
+                data=b"x" * 10,
+            ),
+        )
+        message = learner_pb2.SampleResponse(result=result, result_call=1)
+        return bytearray(message.SerializeToString())
+
+    calls = []
+    for episodes in (4, 40):
+        data = frame(episodes)
+        assert assert_frame_same_or_left(data)
+        calls.append(python_calls(lambda: read_result_frame(memoryview(data))))  # noqa: B023
+    assert calls[0] == calls[1]

@@ -408,6 +408,24 @@ def test_placing_an_answer_takes_a_few_python_steps_per_result_and_none_per_epis
         assert extra <= 20 * 60, blocks
 
 
+def test_a_result_past_the_answers_end_adds_no_python_step_per_field_for_each_held_one() -> None:
+    # A STEPS answer ends before some results it received (the coordinator's
+    # last ones): their rows' shapes are still checked, without a step per
+    # result the answer holds for each of its fields.
+    def answer(results: int, past: int) -> Callable[[], EpisodeBatch]:
+        made = [
+            received(episodes([4] * 20, list(range(20 * k, 20 * k + 20)), 1), 1, 1 << 20, k)
+            for k in range(results + past)
+        ]
+        return lambda: assemble_episodes(made, 20 * results)
+
+    def extra(past: int) -> int:
+        return _line_events(answer(24, past)) - _line_events(answer(4, past))
+
+    # Two steps per result (the held and the unheld worked out once).
+    assert extra(1) - extra(0) <= 2 * 20
+
+
 def test_a_result_whose_episodes_are_not_ascending_is_still_ordered_right() -> None:
     # Only ascending indices let a result's kept episodes be its first ones:
     # others take the general path, and the answer is the same.

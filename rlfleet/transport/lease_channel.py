@@ -289,10 +289,15 @@ class LeaseDataLink:
             ProtocolError: For a frame longer than allowed.
         """
         deadline = None if seconds is None else time.monotonic() + seconds
-        header = bytearray(FRAME_HEADER.size)
-        if not self._fill(memoryview(header), deadline, seconds, first=True, ahead=False):
-            return None
-        (length,) = FRAME_HEADER.unpack(header)
+        kept = self._buffer
+        if len(kept) >= FRAME_HEADER.size:  # read with the last payload, as a reader behind reads
+            (length,) = FRAME_HEADER.unpack_from(kept)
+            del kept[: FRAME_HEADER.size]
+        else:
+            header = bytearray(FRAME_HEADER.size)
+            if not self._fill(memoryview(header), deadline, seconds, first=True, ahead=False):
+                return None
+            (length,) = FRAME_HEADER.unpack(header)
         if length > self._max:
             raise ProtocolError(
                 f"the coordinator sent a data frame of {length} bytes, above the limit of "
@@ -395,8 +400,10 @@ class LeaseDataLink:
                 # Bytes already here (a reader behind its sender: a learner
                 # reading an answer's frames) are read without waiting for
                 # them first: one system call, not a poll and a read.
-                with contextlib.suppress(BlockingIOError):  # none yet, or another reader's
+                try:
                     return call(*args, socket.MSG_DONTWAIT)
+                except BlockingIOError:  # none yet, or another reader's
+                    pass
                 self._wait(select.POLLIN, deadline)
         want = 0 if self._tls_pending else select.POLLIN
         while True:

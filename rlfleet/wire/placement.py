@@ -216,6 +216,13 @@ class _Layout:
     runs: _Runs = _NO_RUNS
 
     @functools.cached_property
+    def unheld(self) -> list[int]:
+        """Blocks: the results the answer holds nothing of (worked out once for
+        every field of their kind)."""
+        held = set(self.order or ())
+        return [i for i in range(len(self.held)) if i not in held]
+
+    @functools.cached_property
     def gather(self) -> np.ndarray:
         """Interleaved: for each row of the answer, its row among the results'
         rows laid end to end (made only for a field that gathers its rows)."""
@@ -330,8 +337,15 @@ def _place(parts: Sequence[Any], layout: _Layout, scattered: bool, empty: Empty)
     for position, rows in layout.cut.items():
         head = heads[position]
         heads[position] = head.head(rows) if isinstance(head, Scattered) else head[:rows]
-    if len(heads) < len(parts) and len({_trailing(part) for part in parts}) != 1:
-        raise _MisfitError  # a result the answer holds nothing of does not fit either
+    if len(heads) < len(parts):
+        # A result the answer holds nothing of must fit all the same (the heads'
+        # shapes are the concatenation's to check): a step per such result,
+        # not one per result for every field.
+        shapes = {_trailing(parts[i]) for i in layout.unheld}
+        if heads:
+            shapes.add(_trailing(heads[0]))
+        if len(shapes) != 1:
+            raise _MisfitError
     return _end_to_end(heads, layout.rows, parts, scattered, empty)
 
 

@@ -194,7 +194,6 @@ class _Layout:
         self.tensors = {t.name: t for t in _walk(blocks)}
         self.bools = tuple(t.name for t in self.tensors.values() if t.dtype == _BOOL)
         self._skeletons: dict[tuple[int, int], _Skeleton] = {}
-        self._frames: dict[tuple[int, int], _Frame] = {}
         self._block_parts: dict[tuple[int, ...], tuple[_BlockParts, int]] = {}
         # The numbers of rows each block's bytes depend on.
         self._rows = tuple(_rows_key(item) for _, item in blocks)
@@ -223,18 +222,15 @@ class _Layout:
         ``size`` bytes can have it, else None."""
         return _fitting(self.skeleton, episodes, steps, size)
 
-    def fitting_frame(self, episodes: int, steps: int, size: int) -> _Frame | None:
-        """:meth:`fitting`'s frame alone, without the bytes only the one pass
-        compares (for a learner's views of a result)."""
-        return _fitting(self.frame, episodes, steps, size)
-
     def skeleton(self, episodes: int, steps: int) -> _Skeleton:
         """The layout's bytes for ``episodes`` and ``steps``, worked out once per pair."""
         return self._kept(self._skeletons, _build_skeleton, episodes, steps)
 
     def frame(self, episodes: int, steps: int) -> _Frame:
-        """The layout's frame for ``episodes`` and ``steps``, worked out once per pair."""
-        return self._kept(self._frames, _build_frame, episodes, steps)
+        """The layout's frame for ``episodes`` and ``steps``, without the bytes only
+        the one pass compares (a learner's views of a result keep what they
+        need of it: rlfleet.wire.result_views)."""
+        return _build_frame(self.blocks, episodes, steps, self._parts)
 
     def _kept(
         self, kept: dict[tuple[int, int], _F], build: _Build[_F], episodes: int, steps: int
@@ -653,17 +649,11 @@ def _window_passes(
     return _values_pass(layout, view)
 
 
-def _batch_of_views(
-    layout: _Layout, header: ResultHeader, payload: _Source, frame: _Frame | None = None
-) -> EpisodeBatch:
-    """A result whose bytes fit the layout, as a batch of views of them (a
-    window that passed in one pass; a learner's result, rlfleet.wire.result_views,
-    which gives the ``frame`` it matched: else the layout's skeleton is looked up)."""
+def _batch_of_views(layout: _Layout, header: ResultHeader, payload: _Source) -> EpisodeBatch:
+    """A fragment window that passed in one pass, as a batch of views of its bytes."""
     lengths = header.lengths
     episodes, steps = len(lengths), sum(lengths)
-    if frame is None:
-        frame = layout.skeleton(episodes, steps)
-    view = _viewer(layout, frame, episodes, steps, payload)
+    view = _viewer(layout, layout.skeleton(episodes, steps), episodes, steps, payload)
     keys = layout.keys
 
     def arrays(item: _Tensor | _Tree) -> Any:

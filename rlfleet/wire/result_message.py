@@ -178,17 +178,23 @@ def _read_result(
         if key >= 0x80 or number <= last or number > _CHUNK_NUMBER:
             return None
         wire_type = key & 7
-        if number in _VARINT_FIELDS:
+        at = pos
+        # A one-byte varint (most of a result's) is read here, without a call.
+        value = data[pos + 1] if pos + 1 < size else 0x80
+        if value < 0x80:
+            pos += 2
+        else:
             value, pos = _varint(data, pos + 1, size)
+        if number in _VARINT_FIELDS:
             if wire_type != 0 or value <= 0:
                 return None  # malformed, not its shortest form, or 0 (protobuf omits zeros)
             scalars[number] = value
         else:
-            length, body = _varint(data, pos + 1, size)
+            length, body = value, pos
             if wire_type != 2 or length <= 0 or body + length > size:
                 return None
             if number == _CHUNK_NUMBER:
-                chunk_at = pos
+                chunk_at = at
                 chunk = _chunk(data, body, body + length)
                 if chunk is None:
                     return None
@@ -207,7 +213,8 @@ def _read_result(
         last = number
     if chunk is None:
         return None  # a result without its chunk: the general path says so
-    wire = bytes(data[body_start:chunk_at])  # the chunk is the last field: the rest is before it
+    # The chunk is the last field: the rest is before it.
+    wire = bytes(data[body_start:chunk_at]) if keep_wire or long_columns else b""
     if long_columns:
         try:
             meta = worker_pb2.EpisodeResult.FromString(wire)
@@ -247,6 +254,9 @@ def _varint(data: _Bytes, pos: int, end: int) -> tuple[int, int]:
 
 def _column(data: _Bytes, pos: int, end: int) -> tuple[int, ...] | None:
     """A packed column of int64 values (every varint shortest, none negative)."""
+    packed = bytes(data[pos:end])
+    if packed.isascii():  # every value one byte (a result's lengths of up to 127 steps)
+        return tuple(packed)
     values = []
     while pos < end:
         value, pos = _varint(data, pos, end)
@@ -273,7 +283,11 @@ def _chunk(data: _Bytes, pos: int, end: int) -> Chunk | None:
             payload = memoryview(data)[body:end].toreadonly()  # as the general path's
             pos = end
         else:
-            value, pos = _varint(data, pos + 1, end)
+            value = data[pos + 1] if pos + 1 < end else 0x80
+            if value < 0x80:  # one byte, read without a call
+                pos += 2
+            else:
+                value, pos = _varint(data, pos + 1, end)
             if key & 7 != 0 or value <= 0:
                 return None
             values[number - 1] = value

@@ -16,16 +16,22 @@ which raises with its own text, or decodes and relearns the worker's layout.
 
 from __future__ import annotations
 
+from typing import Any, TypeAlias
+
 import numpy as np
 
 from rlfleet._util.flags import any_set
 from rlfleet.core._validation import accepted_shapes, check_step_types
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.core.step_type import StepType
 from rlfleet.errors import InvalidBatchError
 from rlfleet.wire.chunks import Payload
-from rlfleet.wire.result_layout import _batch_of_views, _Layout, _learn, _reader, _viewer
+from rlfleet.wire.result_layout import _FIELD_NAMES, _Layout, _learn, _Tensor, _Tree
 from rlfleet.wire.results import DecodedResult, JoinedResult, Result, ResultHeader, decode_kept
+
+_BYTE = np.dtype(np.uint8)
+_MAX_STEP_TYPE = int(max(StepType))
 
 
 class ResultLayoutViews:
@@ -33,9 +39,11 @@ class ResultLayoutViews:
 
     #: Workers whose layouts are kept (a fleet past it starts again).
     MAX_WORKERS = 4096
+    #: Plans kept per layout (one per pair of episode and step counts).
+    MAX_PLANS = 256
 
     def __init__(self) -> None:
-        self._layouts: dict[int, _Layout] = {}
+        self._layouts: dict[int, _Views] = {}
         #: Results decoded in one pass and by the general path (tests count them).
         self.viewed = 0
         self.decoded = 0
@@ -47,10 +55,10 @@ class ResultLayoutViews:
             ResultError: As :func:`~rlfleet.wire.results.decode_kept`, with its text.
         """
         header = joined.header
-        layout = self._layouts.get(header.worker_id)
+        kept = self._layouts.get(header.worker_id)
         payload = joined.payload
-        if layout is not None and layout.spec is env_spec and not isinstance(payload, tuple):
-            batch = _viewed(layout, header, payload)
+        if kept is not None and kept.layout.spec is env_spec and not isinstance(payload, tuple):
+            batch = _viewed(kept, header, payload)
             if batch is not None:
                 self.viewed += 1
                 return DecodedResult(header, batch, joined.chunks, joined.message_sizes)
@@ -61,10 +69,82 @@ class ResultLayoutViews:
             if learned is not None and _viewable(learned):
                 if len(self._layouts) >= self.MAX_WORKERS:
                     self._layouts.clear()
-                self._layouts[header.worker_id] = learned
+                self._layouts[header.worker_id] = _Views(learned)
             else:
                 self._layouts.pop(header.worker_id, None)
         return result
+
+
+#: A map of the batch: an array's place among a result's views, or a map's
+#: entries (key, map of the entry).
+_Map: TypeAlias = "int | tuple[tuple[str, _Map], ...]"
+
+
+class _Views:
+    """What viewing a worker's results of one layout takes, worked out once: the
+    arrays in the layout's order and the batch's dicts of them; then per pair
+    of counts, its plan (the result's size, the runs of bytes between the
+    arrays, each array's shape, dtype and offset), so that a later result of
+    those counts is a few slice comparisons, one ``np.ndarray`` per array and
+    the dicts, no walk over the layout.
+
+    Attributes:
+        layout: The layout.
+        tensors: Its arrays, in the order they are written.
+        fields: The batch's fields that hold arrays: (name, map of their views).
+        lengths: Where the lengths are among the views.
+        step_types: Where the step types are.
+        bools: Where the bool arrays are.
+        plans: By (episodes, steps): (size, (start, end, bytes) of each run
+            between the arrays, (shape, dtype, offset) of each array).
+    """
+
+    def __init__(self, layout: _Layout) -> None:
+        self.layout = layout
+        tensors: list[_Tensor] = []
+
+        def tree(item: _Tensor | _Tree) -> _Map:
+            if isinstance(item, _Tensor):
+                tensors.append(item)
+                return len(tensors) - 1
+            return tuple((layout.keys[key_field], tree(child)) for key_field, child in item)
+
+        self.fields = tuple((_FIELD_NAMES[number], tree(item)) for number, item in layout.blocks)
+        self.tensors = tuple(tensors)
+        where = {t.name: index for index, t in enumerate(tensors)}
+        self.lengths = where["lengths"]
+        self.step_types = where["step_types"]
+        self.bools = tuple(where[name] for name in layout.bools)
+        self.plans: dict[tuple[int, int], _Plan] = {}
+
+    def plan(self, episodes: int, steps: int) -> _Plan:
+        """The plan of results of ``episodes`` and ``steps`` (worked out once per pair)."""
+        plans = self.plans
+        if len(plans) >= ResultLayoutViews.MAX_PLANS:
+            plans.clear()  # a worker's step counts wander: keep the plans few
+        frame = self.layout.frame(episodes, steps)  # not the one pass's skeleton
+        offsets = frame.offsets
+        plan = plans[(episodes, steps)] = (
+            frame.size,
+            tuple((offset, offset + len(run), run) for offset, run in frame.headers),
+            tuple(
+                ((episodes if t.per_episode else steps, *t.row_shape), t.dtype, offsets[t.name])
+                for t in self.tensors
+            ),
+        )
+        return plan
+
+
+#: A result's size, the runs of bytes between its arrays, and its arrays.
+_Plan: TypeAlias = tuple[
+    int, tuple[tuple[int, int, bytes], ...], tuple[tuple[tuple[int, ...], np.dtype, int], ...]
+]
+
+
+def _built(tree: _Map, views: list[np.ndarray]) -> Any:
+    if isinstance(tree, int):
+        return views[tree]
+    return {key: _built(child, views) for key, child in tree}
 
 
 def _viewable(layout: _Layout) -> bool:
@@ -78,7 +158,7 @@ def _viewable(layout: _Layout) -> bool:
     )
 
 
-def _viewed(layout: _Layout, header: ResultHeader, payload: Payload) -> EpisodeBatch | None:
+def _viewed(kept: _Views, header: ResultHeader, payload: Payload) -> EpisodeBatch | None:
     """The batch of a one-chunk result with the layout, read-only views of
     ``payload`` (as :func:`~rlfleet.wire.batches.decode_batch` leaves them);
     None for anything the general path must read."""
@@ -90,24 +170,37 @@ def _viewed(layout: _Layout, header: ResultHeader, payload: Payload) -> EpisodeB
     whole = memoryview(payload)
     if whole.format != "B" or whole.ndim != 1:
         whole = whole.cast("B")
-    source = _reader(whole.toreadonly())
-    size, read, _ = source
-    frame = layout.fitting_frame(episodes, steps, size)  # not the one pass's skeleton
-    if frame is None:
-        return None
-    for offset, expected in frame.headers:
-        if read(offset, len(expected)) != expected:
+    plan = kept.plans.get((episodes, steps))
+    if plan is None:
+        if steps > len(whole):  # every step takes a byte or more: no plan for forged counts
             return None
-    view = _viewer(layout, frame, episodes, steps, source)
-    if view("lengths").tolist() != list(lengths):
+        plan = kept.plan(episodes, steps)
+    size, headers, arrays = plan
+    if size != len(whole):
         return None
-    try:
-        check_step_types("step_types", view("step_types"), steps, "steps")
-    except InvalidBatchError:
+    for start, end, expected in headers:
+        if whole[start:end] != expected:
+            return None
+    whole = whole.toreadonly()
+    views = [np.ndarray(shape, dtype, whole, offset) for shape, dtype, offset in arrays]
+    if views[kept.lengths].tolist() != list(lengths):
         return None
-    if any(any_set(view(name).view(np.uint8) > 1) for name in layout.bools):
+    types = views[kept.step_types]
+    if types.dtype == _BYTE:  # decoding's range check: uint8 is never below the lowest, 0
+        if int(np.maximum.reduce(types)) > _MAX_STEP_TYPE:
+            return None
+    else:
+        try:
+            check_step_types("step_types", types, steps, "steps")
+        except InvalidBatchError:
+            return None
+    if any(any_set(views[index].view(np.uint8) > 1) for index in kept.bools):
         return None
-    return _batch_of_views(layout, header, source, frame)
+    # An empty map is not written: its field is absent from the plan.
+    fields: dict[str, Any] = {"episode_infos": {}, "env_infos": {}, "agent_infos": {}}
+    for name, tree in kept.fields:
+        fields[name] = _built(tree, views)
+    return EpisodeBatch.prechecked(env_spec=kept.layout.spec, check_actions=False, **fields)
 
 
 __all__ = ["ResultLayoutViews"]
