@@ -89,6 +89,20 @@ def test_a_result_of_megabytes_travels_as_one_frame_of_the_data_channel() -> Non
         fleet.close()
 
 
+def test_results_of_megabytes_reach_a_remote_learner_intact(processes: ProcessFleet) -> None:
+    # The same one-frame results over TCP on both hops (worker -> coordinator
+    # -> the learner's own data connection), as separate processes.
+    env = EnvConfig("rlfleet/Frames-v0", {"length": 20}, imports=(TEST_ENVS_MODULE,))
+    processes.start_coordinator(*env_flags(env))
+    processes.start_worker(envs=4, imports=[TEST_ENVS_MODULE])
+    processes.wait_for_workers(1)
+    with RemoteSampler(processes.address, seed=SEED, timeout=120) as sampler:
+        batch = sampler.obtain_episodes(8)
+    assert batch.observations.nbytes > 4 * (1 << 20)
+    assert_same_batch(batch, local_episodes(env, 8, seed=SEED)[0])
+    assert ON_DATA in processes.workers[0].log_text()
+
+
 def test_results_travel_on_the_data_channel_and_are_booked_once() -> None:
     fleet = Fleet.local(workers=2, envs_per_worker=2, seed=SEED)
     try:
