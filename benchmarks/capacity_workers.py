@@ -46,7 +46,7 @@ from rlfleet.transport.lease_channel import DATA_DIAL_SECONDS, LeaseDataLink, di
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire import DEFAULT_CHUNK_BYTES, serialize_with_chunk
 from rlfleet.wire.batches import payload_kind
-from rlfleet.wire.chunks import chunk_payload
+from rlfleet.wire.chunks import DATA_CHANNEL_CHUNK_BYTES, chunk_payload
 from rlfleet.wire.leases import data_hello
 from rlfleet.wire.results import EPISODE_INFO_KEYS
 from rlfleet.worker._connection import JoinStream, StreamEnded
@@ -167,6 +167,7 @@ class ResultTemplate:
         env_generation: int,
         batch_id: int,
         max_message_bytes: int,
+        chunk_bytes: int,
     ) -> list[bytes]:
         """The serialized WorkerMessages of one result: ``units`` run by this template."""
         indices = [unit[0] for unit in units]
@@ -184,17 +185,22 @@ class ResultTemplate:
             env_generation=env_generation,
         )
         return _result_messages(
-            self.payload, meta, batch_id=batch_id, max_message_bytes=max_message_bytes
+            self.payload,
+            meta,
+            batch_id=batch_id,
+            max_message_bytes=max_message_bytes,
+            chunk_bytes=chunk_bytes,
         )
 
 
 def _result_messages(
-    payload: bytearray, meta: Any, *, batch_id: int, max_message_bytes: int
+    payload: bytearray, meta: Any, *, batch_id: int, max_message_bytes: int, chunk_bytes: int
 ) -> list[bytes]:
-    """A result's serialized WorkerMessages: ``payload`` cut into chunks, ``meta`` on the first."""
+    """A result's serialized WorkerMessages: ``payload`` cut into chunks of at
+    most ``chunk_bytes``, ``meta`` on the first."""
     first = worker_pb2.WorkerMessage(result=meta)
     rest = worker_pb2.WorkerMessage(result=worker_pb2.EpisodeResult(task_id=meta.task_id))
-    room = min(DEFAULT_CHUNK_BYTES, max_message_bytes - meta.ByteSize() - _ENVELOPE_ALLOWANCE)
+    room = min(chunk_bytes, max_message_bytes - meta.ByteSize() - _ENVELOPE_ALLOWANCE)
     chunks = chunk_payload(
         memoryview(payload), kind=_EPISODE_KIND, max_bytes=room, batch_id=batch_id
     )
@@ -233,6 +239,9 @@ class SyntheticWorker:
         self.address = address
         self.carrier = carrier
         self._link: LeaseDataLink | None = None
+        # As the Python worker: a result on the data channel is cut into its
+        # larger chunks (rlfleet.wire.chunks.DATA_CHANNEL_CHUNK_BYTES).
+        self._chunk_bytes = DATA_CHANNEL_CHUNK_BYTES if carrier == "data" else DEFAULT_CHUNK_BYTES
         self.num_envs = num_envs
         self.episode_steps = episode_steps
         self.control = control
@@ -379,6 +388,7 @@ class SyntheticWorker:
                 env_generation=self._generation,
                 batch_id=next(self._batch_ids),
                 max_message_bytes=welcome.max_message_bytes,
+                chunk_bytes=self._chunk_bytes,
             )
             yield messages
 
@@ -421,5 +431,6 @@ class SyntheticWorker:
                 ),
                 batch_id=next(self._batch_ids),
                 max_message_bytes=welcome.max_message_bytes,
+                chunk_bytes=self._chunk_bytes,
             )
             yield messages

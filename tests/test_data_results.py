@@ -64,6 +64,45 @@ def accepted(fleet: Fleet) -> float:
     return value or 0.0
 
 
+def forwarded_results(fleet: Fleet) -> float:
+    registry = fleet.server.coordinator.metrics.registry
+    return registry.get_sample_value("rlfleet_results_total") or 0.0
+
+
+def test_a_result_of_megabytes_travels_as_one_frame_of_the_data_channel() -> None:
+    # Episodes of 20 Atari-sized frames, 4 finishing together: results of
+    # megabytes, above the Join stream's 1 MiB chunks. On the data channel it is one
+    # chunk, so one frame (one read, parse and hand-off on the coordinator)
+    # per result, and the learner gets the same batch as LocalSampler's.
+    env = EnvConfig("rlfleet/Frames-v0", {"length": 20}, imports=(TEST_ENVS_MODULE,))
+    fleet = Fleet.local(workers=1, envs_per_worker=4, env=env, seed=SEED)
+    try:
+        wait_until(lambda: accepted(fleet) == 1, "the worker's data connection")
+        expected = local_episodes(env, 8, seed=SEED)[0]
+        batch = fleet.sampler.obtain_episodes(8)
+        assert_same_batch(batch, expected)
+        assert batch.observations.nbytes > 4 * (1 << 20)
+        results = forwarded_results(fleet)
+        assert results >= 1
+        assert data_frames(fleet, "results") == results  # not one frame per 1 MiB
+    finally:
+        fleet.close()
+
+
+def test_results_of_megabytes_reach_a_remote_learner_intact(processes: ProcessFleet) -> None:
+    # The same one-frame results over TCP on both hops (worker -> coordinator
+    # -> the learner's own data connection), as separate processes.
+    env = EnvConfig("rlfleet/Frames-v0", {"length": 20}, imports=(TEST_ENVS_MODULE,))
+    processes.start_coordinator(*env_flags(env))
+    processes.start_worker(envs=4, imports=[TEST_ENVS_MODULE])
+    processes.wait_for_workers(1)
+    with RemoteSampler(processes.address, seed=SEED, timeout=120) as sampler:
+        batch = sampler.obtain_episodes(8)
+    assert batch.observations.nbytes > 4 * (1 << 20)
+    assert_same_batch(batch, local_episodes(env, 8, seed=SEED)[0])
+    assert ON_DATA in processes.workers[0].log_text()
+
+
 def test_results_travel_on_the_data_channel_and_are_booked_once() -> None:
     fleet = Fleet.local(workers=2, envs_per_worker=2, seed=SEED)
     try:

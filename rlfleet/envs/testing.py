@@ -21,6 +21,9 @@ Importing this module registers:
   (``info["env"]``, as tianshou's test env does): a value no JSON carries.
 * ``rlfleet/DictObservation-v0``: a Counter observing ``{"count": obs}`` in
   a Dict space.
+* ``rlfleet/Frames-v0``: a Counter observing Atari-sized frames (84x84x4
+  uint8, :data:`ATARI_FRAME_SHAPE`) filled with the step count: results of
+  a few episodes are megabytes.
 
 When the faulty envs fire (``at_step`` stands for ``crash_at_step`` /
 ``hang_at_step``):
@@ -306,6 +309,21 @@ class DictObservationEnv(CounterEnv):
         return {"count": super()._observation()}
 
 
+#: An Atari frame stack's shape (84x84 grey frames, 4 of them).
+ATARI_FRAME_SHAPE = (84, 84, 4)
+
+
+class FramesEnv(CounterEnv):
+    """A Counter observing ``ATARI_FRAME_SHAPE`` uint8 frames filled with the step count."""
+
+    def __init__(self, length: int = 5, render_mode: str | None = None) -> None:
+        super().__init__(length, render_mode)
+        self.observation_space = spaces.Box(0, 255, shape=ATARI_FRAME_SHAPE, dtype=np.uint8)
+
+    def _observation(self) -> Any:
+        return np.full(ATARI_FRAME_SHAPE, min(self.episode_step, 255), dtype=np.uint8)
+
+
 #: The ids this module registers, mapped to their env classes.
 TEST_ENVS: dict[str, type[CounterEnv]] = {
     "rlfleet/Counter-v0": CounterEnv,
@@ -316,6 +334,7 @@ TEST_ENVS: dict[str, type[CounterEnv]] = {
     "rlfleet/OffSpace-v0": OffSpaceEnv,
     "rlfleet/ObjectInfo-v0": ObjectInfoEnv,
     "rlfleet/DictObservation-v0": DictObservationEnv,
+    "rlfleet/Frames-v0": FramesEnv,
 }
 
 for _env_id, _env_class in TEST_ENVS.items():
@@ -323,11 +342,13 @@ for _env_id, _env_class in TEST_ENVS.items():
         gym.register(id=_env_id, entry_point=f"{__name__}:{_env_class.__name__}")
 
 __all__ = [
+    "ATARI_FRAME_SHAPE",
     "FRAME_SHAPE",
     "TEST_ENVS",
     "CounterEnv",
     "CrashingEnv",
     "DictObservationEnv",
+    "FramesEnv",
     "HangingEnv",
     "NaNEnv",
     "ObjectInfoEnv",

@@ -36,6 +36,13 @@ from rlfleet.wire.tensors import BytePart, Part, gathered, join_parts
 #: Default most bytes of one serialized BatchChunk. gRPC refuses messages
 #: over 4 MiB by default, and 1-4 MiB messages stream faster than larger ones.
 DEFAULT_CHUNK_BYTES = 1 << 20
+#: Most bytes of one serialized BatchChunk of a result sent on the lease data
+#: channel (framed TCP, no gRPC message cost): every frame costs the
+#: coordinator a wake-up, a parse and a hand-off to its result lane, and
+#: a result of one chunk is written, checked and placed without joining or
+#: gathering, so a result of up to 8 MiB (about 280 Atari-sized frames)
+#: travels as one frame (docs/protocol.md, "Chunking").
+DATA_CHANNEL_CHUNK_BYTES = 8 << 20
 
 _UINT32_MAX = (1 << 32) - 1
 
@@ -507,6 +514,7 @@ def decode_batch_chunks(
 
 
 __all__ = [
+    "DATA_CHANNEL_CHUNK_BYTES",
     "DEFAULT_CHUNK_BYTES",
     "Chunk",
     "ChunkAssembler",

@@ -47,7 +47,7 @@ from rlfleet.wire import (
     encode_heartbeat,
     encode_hello,
 )
-from rlfleet.wire.chunks import serialize_batch_behind
+from rlfleet.wire.chunks import DATA_CHANNEL_CHUNK_BYTES, serialize_batch_behind
 from rlfleet.wire.leases import (
     LeaseOrder,
     LeaseReport,
@@ -253,6 +253,7 @@ def result_messages(
     batch_id: int,
     max_message_bytes: int,
     allocate: Callable[[int], memoryview] | None = None,
+    on_data_channel: bool = False,
 ) -> tuple[list[memoryview], int]:
     """A batch as one EpisodeResult, cut into messages below the message limit.
 
@@ -260,6 +261,9 @@ def result_messages(
     no protobuf object. The step data is copied once, from the ring into
     the messages (:func:`rlfleet.wire.chunks.serialize_batch_behind`),
     written into ``allocate(size)`` if given (a session's reused memory).
+    Chunks hold up to ``DEFAULT_CHUNK_BYTES`` on the Join stream and up to
+    ``DATA_CHANNEL_CHUNK_BYTES`` when ``on_data_channel`` (framed TCP: one
+    frame per chunk, each with its cost on the coordinator).
 
     Returns:
         The serialized WorkerMessages, and the serialized batch's size.
@@ -273,7 +277,8 @@ def result_messages(
         env_generation,
     )
     rest = result_fields(task_id, _NONE, _NONE, 0, 0)
-    max_bytes = min(DEFAULT_CHUNK_BYTES, max_message_bytes - len(fields) - _ENVELOPE_ALLOWANCE)
+    chunk_bytes = DATA_CHANNEL_CHUNK_BYTES if on_data_channel else DEFAULT_CHUNK_BYTES
+    max_bytes = min(chunk_bytes, max_message_bytes - len(fields) - _ENVELOPE_ALLOWANCE)
     return serialize_batch_behind(
         batch,
         lambda index, size: result_head(fields if index == 0 else rest, size),

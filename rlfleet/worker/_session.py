@@ -453,6 +453,7 @@ class Session:
     def _encode_result(self, task_id: int, batch: EpisodeBatch | EpisodePieces) -> _Encoded:
         """A batch's EpisodeResult messages (its step data copied once, into them)."""
         indices = batch.episode_infos["episode_index"]
+        on_data = self._leases.results_on_data
         messages, total_bytes = result_messages(
             batch,
             task_id=task_id,
@@ -461,7 +462,8 @@ class Session:
             batch_id=self._next_batch_id,
             max_message_bytes=self._max_message_bytes,
             # Sent from this thread before the next flush: the memory is reused.
-            allocate=self._memory.allocate if self._leases.results_on_data else None,
+            allocate=self._memory.allocate if on_data else None,
+            on_data_channel=on_data,
         )
         self._next_batch_id += 1
         self._flush_policy.expect_step_bytes(total_bytes / batch.total_steps)
