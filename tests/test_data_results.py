@@ -24,7 +24,8 @@ from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import RlfleetTimeoutError
 from rlfleet.transport.lease_channel import LeaseDataLink
-from rlfleet.v1 import worker_pb2
+from rlfleet.v1 import batch_pb2, worker_pb2
+from rlfleet.wire.chunks import DATA_CHANNEL_CHUNK_BYTES
 from tests._coordinator_fakes import (
     Answer,
     assert_same_batch,
@@ -100,6 +101,32 @@ def test_results_of_megabytes_reach_a_remote_learner_intact(processes: ProcessFl
         batch = sampler.obtain_episodes(8)
     assert batch.observations.nbytes > 4 * (1 << 20)
     assert_same_batch(batch, local_episodes(env, 8, seed=SEED)[0])
+    assert ON_DATA in processes.workers[0].log_text()
+
+
+def test_a_learner_with_a_small_message_limit_gets_results_of_megabytes_intact(
+    processes: ProcessFleet,
+) -> None:
+    # Results of about 5 MiB (4 episodes of 50 Atari-sized frames finishing
+    # together) travel as one frame each and are forwarded as they came: a
+    # learner whose own limit is 2 MiB still takes them, on its data
+    # connection and on gRPC alike (FORWARDED_RESULT_BYTES).
+    env = EnvConfig("rlfleet/Frames-v0", {"length": 50}, imports=(TEST_ENVS_MODULE,))
+    processes.start_coordinator(*env_flags(env))
+    processes.start_worker(envs=4, imports=[TEST_ENVS_MODULE])
+    processes.wait_for_workers(1)
+    expected = local_episodes(env, 4, 4, seed=SEED)
+    with RemoteSampler(
+        processes.address, seed=SEED, timeout=120, max_message_bytes=2 << 20
+    ) as sampler:
+        batch = sampler.obtain_episodes(4)
+        assert sampler.result_route.carrier == "data"
+        sampler.result_route.close()  # the next answer's results come on gRPC
+        on_grpc = sampler.obtain_episodes(4)
+        assert sampler.result_route.carrier == "grpc"
+    assert batch.observations.nbytes > 5 * (1 << 20)
+    assert_same_batch(batch, expected[0])
+    assert_same_batch(on_grpc, expected[1])
     assert ON_DATA in processes.workers[0].log_text()
 
 
@@ -243,3 +270,28 @@ def test_a_result_that_breaks_the_protocol_on_the_data_channel_drops_its_worker(
         link.send_frames([chunkless.SerializeToString()])
         log = processes.wait_for_log(coordinator, f"worker '{worker.welcome.name}' removed")
     assert "INVALID_ARGUMENT" in log and "without its chunk" in log
+
+
+def test_a_result_chunk_above_the_data_channels_bound_drops_its_worker(
+    processes: ProcessFleet,
+) -> None:
+    # A chunk above 8 MiB would reach learners above what they accept: refused
+    # (the worker dropped with INVALID_ARGUMENT) before it is joined or forwarded.
+    coordinator = processes.start_coordinator("--env", "CartPole-v1")
+    with scripted_data_worker(processes.address, HeldResults()) as (worker, link):
+        processes.wait_for_workers(1)
+        size = DATA_CHANNEL_CHUNK_BYTES + 1
+        chunk = batch_pb2.BatchChunk(
+            batch_id=0,
+            index=0,
+            count=1,
+            total_bytes=size,
+            kind=batch_pb2.PAYLOAD_KIND_EPISODE_BATCH,
+            data=bytes(size),
+        )
+        result = worker_pb2.EpisodeResult(task_id=12345, chunk=chunk)
+        link.send_frames([worker_pb2.WorkerMessage(result=result).SerializeToString()])
+        log = processes.wait_for_log(coordinator, f"worker '{worker.welcome.name}' removed")
+    assert "INVALID_ARGUMENT" in log
+    assert f"result chunk of {size} bytes" in log
+    assert f"over the data channel's {DATA_CHANNEL_CHUNK_BYTES} bytes" in log

@@ -27,6 +27,7 @@ from rlfleet.coordinator.worker_events import WorkerEvents
 from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
 from rlfleet.protocol.join import WorkerLeaving
+from rlfleet.wire.chunks import DATA_CHANNEL_CHUNK_BYTES, DATA_CHANNEL_METADATA_BYTES
 from rlfleet.wire.results import JoinedResult
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -146,6 +147,7 @@ class ResultLane:
                 for payload in frames:
                     item = parse_worker_message(payload)
                     if isinstance(item, ResultPiece):
+                        _check_size(handle.name, len(payload), item)
                         assembler, budget = handle.data_assembler, self._budget
                         joined = events.join_chunk(
                             handle, assembler, budget, item.header, item.chunk
@@ -179,3 +181,28 @@ class ResultLane:
         self._failed = True
         events.drop(handle, code, message)
         self._close(message)
+
+
+def _check_size(worker: str, frame_bytes: int, piece: ResultPiece) -> None:
+    """Refuses a result message past the data channel's bounds: what a coordinator
+    forwards must stay within what every learner accepts
+    (``rlfleet.wire.chunks.FORWARDED_RESULT_BYTES``).
+
+    Raises:
+        ProtocolError: For a chunk's data above ``DATA_CHANNEL_CHUNK_BYTES``, or
+            the rest of the message above ``DATA_CHANNEL_METADATA_BYTES``.
+    """
+    data = len(piece.chunk.data) if piece.chunk is not None else 0
+    if data > DATA_CHANNEL_CHUNK_BYTES:
+        raise ProtocolError(
+            f"worker {worker!r} sent a result chunk of {data} bytes on its lease data "
+            f"connection, over the data channel's {DATA_CHANNEL_CHUNK_BYTES} bytes "
+            "(docs/protocol.md, 'Chunking'): cut results into chunks of at most that"
+        )
+    if frame_bytes - data > DATA_CHANNEL_METADATA_BYTES:
+        raise ProtocolError(
+            f"worker {worker!r} sent a result message with {frame_bytes - data} bytes "
+            "besides its chunk's data on its lease data connection, over the data "
+            f"channel's {DATA_CHANNEL_METADATA_BYTES} bytes of metadata (docs/protocol.md, "
+            "'Chunking'): send fewer episodes per result"
+        )
