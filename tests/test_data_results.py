@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from rlfleet.client import Fleet, RemoteSampler
+from rlfleet.coordinator.leases.data_connections import InProcessConnection
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import RlfleetTimeoutError
 from rlfleet.transport.lease_channel import LeaseDataLink
-from rlfleet.v1 import batch_pb2, worker_pb2
+from rlfleet.v1 import batch_pb2, learner_pb2, worker_pb2
 from rlfleet.wire.chunks import DATA_CHANNEL_CHUNK_BYTES
 from tests._coordinator_fakes import (
     Answer,
@@ -144,6 +146,42 @@ def test_results_travel_on_the_data_channel_and_are_booked_once() -> None:
         assert data_frames(fleet, "results") > before
     finally:
         fleet.close()
+
+
+def test_a_result_lane_sends_its_results_to_the_learner_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The lane that booked a result writes it on the learner's results
+    # connection (no hand-off to the call's thread), and the call's end
+    # marker still follows every result of the call, with their count.
+    frames: list[tuple[str, learner_pb2.SampleResponse]] = []
+    send_parts = InProcessConnection.send_parts
+
+    def recorded(
+        self: InProcessConnection, parts: Sequence[bytes | memoryview], wait: float
+    ) -> None:
+        message = learner_pb2.SampleResponse.FromString(b"".join(parts))
+        frames.append((threading.current_thread().name, message))
+        send_parts(self, parts, wait)
+
+    monkeypatch.setattr(InProcessConnection, "send_parts", recorded)
+    fleet = Fleet.local(workers=2, envs_per_worker=2, seed=SEED)
+    try:
+        wait_until(lambda: accepted(fleet) == 2, "the workers' data connections")
+        expected = local_episodes(EnvConfig("CartPole-v1"), 12, 6, seed=SEED)
+        assert_same_batch(fleet.sampler.obtain_episodes(12), expected[0])
+        assert_same_batch(fleet.sampler.obtain_episodes(6), expected[1])
+    finally:
+        fleet.close()
+    calls: dict[int, list[tuple[str, learner_pb2.SampleResponse]]] = {}
+    for name, message in frames:
+        calls.setdefault(message.result_call, []).append((name, message))
+    assert len(calls) == 2
+    for sent in calls.values():
+        *results, (_, end) = sent
+        assert results and all(m.HasField("result") for _, m in results)
+        assert all(name.startswith("rlfleet-data-results-") for name, _ in results)
+        assert end.HasField("results_end") and end.results_end.results == len(results)
 
 
 @pytest.fixture

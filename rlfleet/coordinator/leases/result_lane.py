@@ -10,7 +10,11 @@ joins their results' chunks and books the results as one batch
 (``WorkerEvents.on_results``: one lock and one refill for the batch, each
 result booked as it would have been alone, in the order they came), and
 sets the session's end-of-results event once every result before the
-marker (or the connection's end) was booked.
+marker (or the connection's end) was booked. A booked result whose Sample
+call takes its results on the learner's results connection is written
+there by this thread, once the coordinator's lock is let go
+(``WorkerEvents.on_results(send_here=True)``): no hand-off to the call's
+thread, and a learner that reads slowly slows this lane, in order.
 """
 
 from __future__ import annotations
@@ -157,7 +161,7 @@ class ResultLane:
                     elif isinstance(item, WorkerLeaving):
                         # The end-of-results marker: every result before it is booked first.
                         booked, results = results, []
-                        events.on_results(handle, booked)
+                        events.on_results(handle, booked, send_here=True)
                         self._done.set()
                     else:
                         raise WireFormatError(
@@ -168,7 +172,7 @@ class ResultLane:
             finally:
                 # What came whole before a broken frame is booked as it would have been.
                 if results:
-                    events.on_results(handle, results)
+                    events.on_results(handle, results, send_here=True)
             return
         except ResourceExhaustedError as exc:
             code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
