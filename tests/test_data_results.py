@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from rlfleet.client import Fleet, RemoteSampler
+from rlfleet.coordinator.leases.data_connections import InProcessConnection
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import RlfleetTimeoutError
 from rlfleet.transport.lease_channel import LeaseDataLink
-from rlfleet.v1 import worker_pb2
+from rlfleet.v1 import batch_pb2, learner_pb2, worker_pb2
+from rlfleet.wire.chunks import DATA_CHANNEL_CHUNK_BYTES
 from tests._coordinator_fakes import (
     Answer,
     assert_same_batch,
@@ -103,6 +106,32 @@ def test_results_of_megabytes_reach_a_remote_learner_intact(processes: ProcessFl
     assert ON_DATA in processes.workers[0].log_text()
 
 
+def test_a_learner_with_a_small_message_limit_gets_results_of_megabytes_intact(
+    processes: ProcessFleet,
+) -> None:
+    # Results of about 5 MiB (4 episodes of 50 Atari-sized frames finishing
+    # together) travel as one frame each and are forwarded as they came: a
+    # learner whose own limit is 2 MiB still takes them, on its data
+    # connection and on gRPC alike (FORWARDED_RESULT_BYTES).
+    env = EnvConfig("rlfleet/Frames-v0", {"length": 50}, imports=(TEST_ENVS_MODULE,))
+    processes.start_coordinator(*env_flags(env))
+    processes.start_worker(envs=4, imports=[TEST_ENVS_MODULE])
+    processes.wait_for_workers(1)
+    expected = local_episodes(env, 4, 4, seed=SEED)
+    with RemoteSampler(
+        processes.address, seed=SEED, timeout=120, max_message_bytes=2 << 20
+    ) as sampler:
+        batch = sampler.obtain_episodes(4)
+        assert sampler.result_route.carrier == "data"
+        sampler.result_route.close()  # the next answer's results come on gRPC
+        on_grpc = sampler.obtain_episodes(4)
+        assert sampler.result_route.carrier == "grpc"
+    assert batch.observations.nbytes > 5 * (1 << 20)
+    assert_same_batch(batch, expected[0])
+    assert_same_batch(on_grpc, expected[1])
+    assert ON_DATA in processes.workers[0].log_text()
+
+
 def test_results_travel_on_the_data_channel_and_are_booked_once() -> None:
     fleet = Fleet.local(workers=2, envs_per_worker=2, seed=SEED)
     try:
@@ -117,6 +146,42 @@ def test_results_travel_on_the_data_channel_and_are_booked_once() -> None:
         assert data_frames(fleet, "results") > before
     finally:
         fleet.close()
+
+
+def test_a_result_lane_sends_its_results_to_the_learner_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The lane that booked a result writes it on the learner's results
+    # connection (no hand-off to the call's thread), and the call's end
+    # marker still follows every result of the call, with their count.
+    frames: list[tuple[str, learner_pb2.SampleResponse]] = []
+    send_parts = InProcessConnection.send_parts
+
+    def recorded(
+        self: InProcessConnection, parts: Sequence[bytes | memoryview], wait: float
+    ) -> None:
+        message = learner_pb2.SampleResponse.FromString(b"".join(parts))
+        frames.append((threading.current_thread().name, message))
+        send_parts(self, parts, wait)
+
+    monkeypatch.setattr(InProcessConnection, "send_parts", recorded)
+    fleet = Fleet.local(workers=2, envs_per_worker=2, seed=SEED)
+    try:
+        wait_until(lambda: accepted(fleet) == 2, "the workers' data connections")
+        expected = local_episodes(EnvConfig("CartPole-v1"), 12, 6, seed=SEED)
+        assert_same_batch(fleet.sampler.obtain_episodes(12), expected[0])
+        assert_same_batch(fleet.sampler.obtain_episodes(6), expected[1])
+    finally:
+        fleet.close()
+    calls: dict[int, list[tuple[str, learner_pb2.SampleResponse]]] = {}
+    for name, message in frames:
+        calls.setdefault(message.result_call, []).append((name, message))
+    assert len(calls) == 2
+    for sent in calls.values():
+        *results, (_, end) = sent
+        assert results and all(m.HasField("result") for _, m in results)
+        assert all(name.startswith("rlfleet-data-results-") for name, _ in results)
+        assert end.HasField("results_end") and end.results_end.results == len(results)
 
 
 @pytest.fixture
@@ -243,3 +308,28 @@ def test_a_result_that_breaks_the_protocol_on_the_data_channel_drops_its_worker(
         link.send_frames([chunkless.SerializeToString()])
         log = processes.wait_for_log(coordinator, f"worker '{worker.welcome.name}' removed")
     assert "INVALID_ARGUMENT" in log and "without its chunk" in log
+
+
+def test_a_result_chunk_above_the_data_channels_bound_drops_its_worker(
+    processes: ProcessFleet,
+) -> None:
+    # A chunk above 8 MiB would reach learners above what they accept: refused
+    # (the worker dropped with INVALID_ARGUMENT) before it is joined or forwarded.
+    coordinator = processes.start_coordinator("--env", "CartPole-v1")
+    with scripted_data_worker(processes.address, HeldResults()) as (worker, link):
+        processes.wait_for_workers(1)
+        size = DATA_CHANNEL_CHUNK_BYTES + 1
+        chunk = batch_pb2.BatchChunk(
+            batch_id=0,
+            index=0,
+            count=1,
+            total_bytes=size,
+            kind=batch_pb2.PAYLOAD_KIND_EPISODE_BATCH,
+            data=bytes(size),
+        )
+        result = worker_pb2.EpisodeResult(task_id=12345, chunk=chunk)
+        link.send_frames([worker_pb2.WorkerMessage(result=result).SerializeToString()])
+        log = processes.wait_for_log(coordinator, f"worker '{worker.welcome.name}' removed")
+    assert "INVALID_ARGUMENT" in log
+    assert f"result chunk of {size} bytes" in log
+    assert f"over the data channel's {DATA_CHANNEL_CHUNK_BYTES} bytes" in log

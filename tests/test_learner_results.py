@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import threading
+import types
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,6 +48,7 @@ from tests.fleet_processes import (
     free_port,
     local_episodes,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -304,3 +307,40 @@ def test_a_call_that_overtakes_its_connections_booking_still_gets_it(
         calls = Calls(sampler.result_route, monkeypatch)
         assert_same_batch(sampler.obtain_episodes(4), local_episodes(CARTPOLE, 4, seed=SEED)[0])
         assert calls.all_on_data()
+
+
+def _lane_waits_for_the_learner() -> bool:
+    """True while a worker's result lane waits in a send to the learner's connection."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    for ident, top in sys._current_frames().items():
+        if not names.get(ident, "").startswith("rlfleet-data-results-"):
+            continue
+        frame: types.FrameType | None = top
+        while frame is not None:
+            if frame.f_code.co_name == "send_parts":
+                return True
+            frame = frame.f_back
+    return False
+
+
+def test_a_learner_that_stops_reading_holds_the_result_lane_and_loses_nothing() -> None:
+    # Results of megabytes to a sampler that stops reading at its first
+    # result: the lane that booked the next ones waits in its send (the
+    # coordinator holds at most the connection's paced bytes, not the
+    # answer), and once the learner reads again the batch is whole, in order.
+    env = EnvConfig("rlfleet/Frames-v0", {"length": 20}, imports=(TEST_ENVS_MODULE,))
+    fleet = Fleet.local(workers=1, envs_per_worker=4, env=env, seed=SEED)
+    try:
+        with RemoteSampler(fleet.address, seed=SEED, timeout=120) as sampler:
+            held = threading.Event()
+
+            def hold_at_first_result(done: int, target: int) -> None:
+                if not held.is_set():
+                    held.set()
+                    wait_until(_lane_waits_for_the_learner, "the lane waiting for the learner")
+
+            batch = sampler.obtain_episodes(64, progress=hold_at_first_result)
+            assert held.is_set() and sampler.result_route.carrier == "data"
+        assert_same_batch(batch, local_episodes(env, 64, seed=SEED)[0])
+    finally:
+        fleet.close()

@@ -53,6 +53,7 @@ from rlfleet.transport.lease_channel import (
     dial,
     warn_unreachable,
 )
+from rlfleet.wire.chunks import FORWARDED_RESULT_BYTES
 from rlfleet.wire.leases import data_hello
 
 logger = logging.getLogger("rlfleet.client")
@@ -65,7 +66,9 @@ class ResultRoute:
         address: The coordinator's gRPC address (its host is dialled).
         stubs: The sampler's calls (OpenResultChannel).
         security: TLS settings (the data channel uses the fleet's TLS).
-        max_message_bytes: Longest frame accepted.
+        max_message_bytes: The sampler's message limit: frames up to it, and
+            always up to ``FORWARDED_RESULT_BYTES`` (a result message as the
+            coordinator may forward it), are accepted.
     """
 
     def __init__(
@@ -78,7 +81,9 @@ class ResultRoute:
         self._address = address
         self._stubs = stubs
         self._security = security
-        self._max = max_message_bytes
+        # The coordinator forwards each result message as the worker cut it:
+        # a smaller limit here would refuse honest results.
+        self._max = max(max_message_bytes, FORWARDED_RESULT_BYTES)
         #: The coordinator's in-memory attach when it runs in this process
         #: (``Fleet.local``): takes a serialized LeaseDataHello, returns the link.
         self.attach: Callable[[bytes], DataLink] | None = None

@@ -54,6 +54,7 @@ from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.security import ClientSecurity, Token
 from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
 from rlfleet.transport import rpc as _rpc
+from rlfleet.wire.chunks import FORWARDED_RESULT_BYTES
 
 logger = logging.getLogger("rlfleet.client")
 
@@ -103,7 +104,10 @@ class RemoteSampler(ClosesOnExit):
         timeout: Deadline of each call in seconds; None for no deadline.
         wait_for_workers: Seconds a request waits for a first ready worker
             before failing with NoWorkersError; None: the coordinator's default.
-        max_message_bytes: Largest message sent or accepted.
+        max_message_bytes: Largest message sent or accepted; result
+            messages as a coordinator forwards them are accepted up to
+            ``rlfleet.wire.chunks.FORWARDED_RESULT_BYTES`` (about 9 MiB)
+            whatever this says (docs/protocol.md, "Chunking").
         tls_ca: PEM CA bundle to verify a TLS coordinator with
             (docs/security.md); any ``tls_*`` argument turns TLS on.
         tls_cert: PEM client certificate, for a coordinator requiring mTLS.
@@ -146,6 +150,9 @@ class RemoteSampler(ClosesOnExit):
         self.timeout = timeout
         self.wait_for_workers = wait_for_workers
         self._max_message_bytes = max_message_bytes
+        # The coordinator forwards each result message as its worker cut it
+        # (up to FORWARDED_RESULT_BYTES): a smaller limit would refuse honest results.
+        self._receive_bytes = max(max_message_bytes, FORWARDED_RESULT_BYTES)
         self._security = ClientSecurity.from_options(
             tls_ca=tls_ca,
             tls_cert=tls_cert,
@@ -171,7 +178,10 @@ class RemoteSampler(ClosesOnExit):
         # Over several coordinators every call goes through the shards' own
         # channels; this one (gRPC connects lazily) then never connects.
         self._channel = _rpc.open_channel(
-            addresses[0], max_message_bytes=max_message_bytes, security=self._security
+            addresses[0],
+            max_message_bytes=max_message_bytes,
+            security=self._security,
+            receive_message_bytes=self._receive_bytes,
         )
         self._stubs = LearnerStubs(self._channel)
         #: Where Sample answers' results travel (rlfleet.client._result_route).
@@ -394,6 +404,7 @@ class RemoteSampler(ClosesOnExit):
             max_message_bytes=self._max_message_bytes,
             receive_window_bytes=STREAM_WINDOW_BYTES,
             security=self._security,
+            receive_message_bytes=self._receive_bytes,
         )
         try:
             call = subscribe(channel, ask, timeout=timeout)

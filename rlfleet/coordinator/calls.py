@@ -12,7 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import grpc
 
@@ -22,6 +22,9 @@ from rlfleet.protocol.learner_calls import CallHeader
 from rlfleet.protocol.modes import Footer
 from rlfleet.wire import Chunk
 from rlfleet.wire.results import ResultHeader
+
+if TYPE_CHECKING:  # result_channels imports this module
+    from rlfleet.coordinator.result_channels import ResultSender
 
 
 @dataclass(frozen=True)
@@ -60,9 +63,14 @@ class CallOutbox:
     over and nothing may follow its end.
     """
 
-    def __init__(self, request_id: int, *, subscription: bool) -> None:
+    def __init__(
+        self, request_id: int, *, subscription: bool, sender: ResultSender | None = None
+    ) -> None:
         self.request_id = request_id
         self.subscription = subscription
+        #: The learner's results connection for this call, if it named one:
+        #: a worker's result lane sends there itself (:meth:`reserve`).
+        self.sender = sender
         self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._closed = False
         self._lock = threading.Lock()
@@ -75,6 +83,24 @@ class CallOutbox:
             if isinstance(event, Finished | CallError):
                 self._closed = True
             self._queue.put(event)
+
+    def reserve(self) -> ResultSender | None:
+        """The sender by which the booking thread may send a result itself, once it
+        lets go of the coordinator's lock (one thread hop fewer than the
+        call's thread sending it); None: :meth:`put` it. The call's end marker
+        waits for what was reserved (``ResultSender.end``)."""
+        sender = self.sender
+        if sender is None or self._closed or not sender.reserve():
+            return None
+        return sender
+
+    def send_reserved(self, sender: ResultSender, forward: Forward) -> None:
+        """Sends a result :meth:`reserve` gave ``sender`` for; a failure to send
+        ends the call with it."""
+        try:
+            sender.send_reserved(forward)
+        except CallError as exc:
+            self.put(exc)
 
     def get(self) -> Event:
         """The next event; blocks (cancellation arrives as a CallError event)."""

@@ -101,7 +101,9 @@ class LearnerFace:
         sender = None
         if request.result_channel:
             sender = self._results.take(request.result_channel, request.result_call)
-        yield from self._stream(lambda: self._learners.sample(request, scope), context, sender)
+        yield from self._stream(
+            lambda: self._learners.sample(request, scope, sender), context, sender
+        )
 
     def open_result_channel(
         self, request: object, context: grpc.ServicerContext

@@ -17,6 +17,7 @@ import grpc
 from rlfleet.coordinator.calls import CallOutbox, CallScope, Event, Finished, Forward
 from rlfleet.coordinator.failures import CallError, detail_of
 from rlfleet.coordinator.request_checks import sample_mode, subscription_mode
+from rlfleet.coordinator.result_channels import ResultSender
 from rlfleet.coordinator.rollouts import Rollouts
 from rlfleet.coordinator.state import FleetState, OpenCall
 from rlfleet.protocol.error_reports import ErrorKind
@@ -45,8 +46,13 @@ class LearnerRequests:
             scope.cancel()
             self._state.changed.notify_all()
 
-    def sample(self, request: SampleAsk, scope: CallScope) -> Generator[Event, None, None]:
+    def sample(
+        self, request: SampleAsk, scope: CallScope, sender: ResultSender | None = None
+    ) -> Generator[Event, None, None]:
         """Serves a Sample request: its header, results, then a footer.
+
+        With ``sender`` (the learner's results connection), a result booked by
+        a worker's result lane is sent by that lane, not yielded.
 
         Yields:
             A CallHeader, Forward events, then Finished or a CallError.
@@ -78,7 +84,9 @@ class LearnerRequests:
                     first_episode=request.first_episode,
                 )
                 request_id = state.scheduler.start_sample(spec)
-                outbox, header = self._open(request_id, wait, scope, subscription=False)
+                outbox, header = self._open(
+                    request_id, wait, scope, subscription=False, sender=sender
+                )
             logger.info(
                 "request %d (itr %d): %s %d, seed %d/%d, agent %d, env %d",
                 request_id,
@@ -217,11 +225,17 @@ class LearnerRequests:
             raise state.no_workers(seconds)
 
     def _open(
-        self, request_id: int, wait: float, scope: CallScope, *, subscription: bool
+        self,
+        request_id: int,
+        wait: float,
+        scope: CallScope,
+        *,
+        subscription: bool,
+        sender: ResultSender | None = None,
     ) -> tuple[CallOutbox, CallHeader]:
         """Registers a started request's call and hands out its first work (lock held)."""
         state = self._state
-        outbox = CallOutbox(request_id, subscription=subscription)
+        outbox = CallOutbox(request_id, subscription=subscription, sender=sender)
         state.calls[request_id] = OpenCall(outbox, wait)
         scope.outbox = outbox
         if scope.cancelled:

@@ -9,6 +9,10 @@ learner face sends each result message as a frame on it (a
 number, then an end marker before the stream's footer or error
 (learner.proto, "Results on a learner's data connection"). gRPC costs the
 coordinator 110-150 us of CPU per result message; a frame is a ``sendmsg``.
+A result booked by a worker's result lane is sent by that lane
+(:meth:`ResultSender.reserve`, then :meth:`ResultSender.send_reserved`),
+the others by the call's thread; the end marker waits until every
+reserved result was sent, so it follows them all.
 
 The learner sends nothing on the connection: any frame from it closes the
 connection. A connection that ends mid-answer fails the call with
@@ -22,8 +26,13 @@ import secrets
 import threading
 from collections.abc import Iterable
 
+from rlfleet.coordinator.calls import Forward
 from rlfleet.coordinator.failures import unavailable
-from rlfleet.coordinator.learner_messages import result_call_field, results_end
+from rlfleet.coordinator.learner_messages import (
+    forwarded_parts,
+    result_call_field,
+    results_end,
+)
 from rlfleet.coordinator.leases.data_connections import LeaseConnection, LeaseDataPeer
 from rlfleet.coordinator.leases.data_server import LeaseDataServer
 from rlfleet.errors import ConnectionClosedError, RlfleetTimeoutError, WireFormatError
@@ -146,6 +155,13 @@ class ResultSender:
         #: Every result message's last piece: the call's number (SampleResponse.result_call).
         self.tail = result_call_field(call)
         self._ended = False
+        self._failed = False
+        # One result's frames go out together, whichever thread sends them.
+        self._sending = threading.Lock()
+        # Results booked to be sent by the thread that booked them (a worker's
+        # result lane), not sent yet: the end marker waits for them.
+        self._state = threading.Condition()
+        self._in_flight = 0
 
     def send(self, messages: Iterable[list[bytes | memoryview]]) -> None:
         """Sends result messages (each the pieces of one SampleResponse ending
@@ -155,22 +171,62 @@ class ResultSender:
             CallError: UNAVAILABLE if the connection is closed or the learner
                 does not read it (the call fails; the learner retries).
         """
+        with self._sending:
+            if self._failed:
+                return  # the call fails already: nothing more goes out
+            try:
+                for parts in messages:
+                    self._connection.send_parts(parts, RESULT_SEND_SECONDS)
+                    self.sent += 1
+            except (ConnectionClosedError, RlfleetTimeoutError) as exc:
+                self._failed = True
+                raise unavailable(
+                    f"the learner's results connection failed mid-answer ({exc}); the answer "
+                    "is dropped whole: retry the request",
+                ) from None
+
+    def reserve(self) -> bool:
+        """Books one result to be sent by the caller's thread (:meth:`send_reserved`,
+        after it lets go of the coordinator's lock): the end marker then waits
+        for it. False once the call ended (the result is not sent)."""
+        with self._state:
+            if self._ended or self._failed:
+                return False
+            self._in_flight += 1
+            return True
+
+    def send_reserved(self, forward: Forward) -> None:
+        """Sends a result booked with :meth:`reserve` (a slow learner slows the
+        caller, as it slows the call's thread when that sends).
+
+        Raises:
+            CallError: UNAVAILABLE as :meth:`send` (for the call to end with).
+        """
         try:
-            for parts in messages:
-                self._connection.send_parts(parts, RESULT_SEND_SECONDS)
-                self.sent += 1
-        except (ConnectionClosedError, RlfleetTimeoutError) as exc:
-            raise unavailable(
-                f"the learner's results connection failed mid-answer ({exc}); the answer is "
-                "dropped whole: retry the request",
-            ) from None
+            self.send(forwarded_parts(forward, self.tail))
+        finally:
+            with self._state:
+                self._in_flight -= 1
+                self._state.notify_all()
 
     def end(self) -> None:
-        """Sends the call's end marker (once; a closed connection needs none) and
-        gives the connection back."""
-        if self._ended:
+        """Sends the call's end marker (once; a closed connection needs none), after
+        every result booked before it was sent, and gives the connection back."""
+        with self._state:
+            if self._ended:
+                return
+            self._ended = True
+            # Each waits at most RESULT_SEND_SECONDS per frame to be taken.
+            settled = self._state.wait_for(lambda: self._in_flight == 0, RESULT_SEND_SECONDS)
+        if not settled:
+            reason = (
+                f"results booked for the learner were not sent within {RESULT_SEND_SECONDS:g} "
+                "seconds; no end marker"
+            )
+            logger.debug("results connection %d: %s", self.channel, reason)
+            self._connection.close(reason)
+            self._channels.give_back(self)
             return
-        self._ended = True
         try:
             self._connection.send_parts([results_end(self._call, self.sent)], RESULT_SEND_SECONDS)
         except (ConnectionClosedError, RlfleetTimeoutError) as exc:

@@ -12,10 +12,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 
-from rlfleet.coordinator.calls import Finished, Forward
+from rlfleet.coordinator.calls import CallOutbox, Finished, Forward
 from rlfleet.coordinator.failures import CallDetail, CallError, detail_of, invalid
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
@@ -51,6 +52,9 @@ from rlfleet.wire.results import (
     ResultError,
     ResultHeader,
 )
+
+if TYPE_CHECKING:  # only named here: the lane's sends go through CallOutbox
+    from rlfleet.coordinator.result_channels import ResultSender
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -354,7 +358,9 @@ class WorkerEvents:
                 extra={"worker": handle.name},
             )
 
-    def on_results(self, handle: WorkerHandle, results: Sequence[JoinedResult]) -> None:
+    def on_results(
+        self, handle: WorkerHandle, results: Sequence[JoinedResult], *, send_here: bool = False
+    ) -> None:
         """A worker's complete results, in the order it sent them: check them,
         account them, forward them.
 
@@ -369,6 +375,11 @@ class WorkerEvents:
         mode, :mod:`rlfleet.wire.result_layout`); the learner gets the
         worker's chunks as they came.
 
+        With ``send_here`` (a worker's result lane: a thread that may wait for
+        a slow learner), a result for a call with a results connection is
+        sent by this thread once the lock is let go, not by the call's
+        thread: one thread hand-off fewer per result.
+
         Raises:
             ResultError: If a result breaks the protocol (the worker is then
                 dropped by the caller and its units re-run elsewhere); the
@@ -376,10 +387,19 @@ class WorkerEvents:
         """
         rest: Sequence[JoinedResult] = results
         while rest:
-            rest = self._book_batch(handle, rest)
+            sends: list[tuple[CallOutbox, ResultSender, Forward]] | None = [] if send_here else None
+            try:
+                rest = self._book_batch(handle, rest, sends)
+            finally:
+                # In booking order, after the lock (a send may wait for the learner).
+                for outbox, sender, forward in sends or ():
+                    outbox.send_reserved(sender, forward)
 
     def _book_batch(
-        self, handle: WorkerHandle, results: Sequence[JoinedResult]
+        self,
+        handle: WorkerHandle,
+        results: Sequence[JoinedResult],
+        sends: list[tuple[CallOutbox, ResultSender, Forward]] | None,
     ) -> Sequence[JoinedResult]:
         """Books ``results`` up to the first whose check fails; returns those
         still to book after it (only when that one, judged again after the
@@ -454,7 +474,7 @@ class WorkerEvents:
                         # Its task is over (maybe since the batch was judged).
                         self._ignored(joined.header, outcome)
                         continue
-                    self._book(handle, joined, outcome, window)
+                    self._book(handle, joined, outcome, window, sends)
                     booked.append(joined)
                 pending = pending[len(outcomes) :]
             if len(windows) < len(results):
@@ -504,8 +524,10 @@ class WorkerEvents:
         joined: JoinedResult,
         outcome: ResultRuling,
         window: EpisodeBatch | None,
+        sends: list[tuple[CallOutbox, ResultSender, Forward]] | None = None,
     ) -> None:
-        """Accounts an accepted result and passes it on (lock held)."""
+        """Accounts an accepted result and passes it on (lock held): to the call's
+        thread, or into ``sends`` for this thread to send after the lock."""
         state = self._state
         header = joined.header
         if window is not None:
@@ -514,7 +536,12 @@ class WorkerEvents:
         steps = sum(header.lengths)
         call = state.calls.get(outcome.request_id)
         if call is not None:
-            call.outbox.put(Forward(header, handle.worker_id, joined.chunks, steps))
+            forward = Forward(header, handle.worker_id, joined.chunks, steps)
+            sender = call.outbox.reserve() if sends is not None else None
+            if sender is not None and sends is not None:
+                sends.append((call.outbox, sender, forward))
+            else:
+                call.outbox.put(forward)
             if outcome.subscription:
                 state.metrics.delivered(len(header.lengths), steps)
         if outcome.done:

@@ -169,15 +169,19 @@ def channel_options(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     keepalive_seconds: float = 10.0,
     ping_timeout_seconds: float = 5.0,
+    receive_message_bytes: int | None = None,
 ) -> list[tuple[str, int]]:
     """Options for client channels (workers and learners).
 
     Client keepalive must not ping faster than the server permits
     (:func:`server_options`), or the server answers GOAWAY too_many_pings.
+    ``receive_message_bytes`` (default ``max_message_bytes``) is the
+    largest message accepted, when it differs from the largest sent.
     """
+    received = max_message_bytes if receive_message_bytes is None else receive_message_bytes
     return [
         ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", received),
         *keepalive_options(
             keepalive_seconds=keepalive_seconds, ping_timeout_seconds=ping_timeout_seconds
         ),
@@ -227,6 +231,7 @@ def open_channel(
     keepalive_seconds: float = 10.0,
     ping_timeout_seconds: float = 5.0,
     security: ClientSecurity | None = None,
+    receive_message_bytes: int | None = None,
 ) -> grpc.Channel:
     """Opens a client channel (workers and learners): the one place channels are made.
 
@@ -253,12 +258,15 @@ def open_channel(
         ping_timeout_seconds: How long a ping may go unanswered.
         security: TLS and the bearer token (rlfleet.security); None: plaintext,
             no token.
+        receive_message_bytes: Largest message accepted, if not
+            ``max_message_bytes``.
     """
     options: list[tuple[str, int | str]] = [
         *channel_options(
             max_message_bytes=max_message_bytes,
             keepalive_seconds=keepalive_seconds,
             ping_timeout_seconds=ping_timeout_seconds,
+            receive_message_bytes=receive_message_bytes,
         ),
         ("grpc.enable_retries", 1),
         ("grpc.service_config", retry_service_config()),

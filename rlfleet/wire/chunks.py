@@ -43,6 +43,17 @@ DEFAULT_CHUNK_BYTES = 1 << 20
 #: gathering, so a result of up to 8 MiB (about 280 Atari-sized frames)
 #: travels as one frame (docs/protocol.md, "Chunking").
 DATA_CHANNEL_CHUNK_BYTES = 8 << 20
+#: Most bytes of a result message's metadata around its chunk on the lease
+#: data channel (task, episode indices and lengths, versions: a few bytes
+#: per episode, so about 100,000 episodes in one result message).
+DATA_CHANNEL_METADATA_BYTES = 1 << 20
+#: Most bytes of one result message a coordinator forwards to a learner on
+#: either carrier: a data-channel chunk, its metadata, and the few fields the
+#: coordinator adds (the worker's id, the call's number, the envelope). A
+#: learner accepts result messages up to this size whatever its own message
+#: limit (docs/protocol.md, "Chunking"); the coordinator refuses a worker's
+#: data-channel result above the two bounds it is made of.
+FORWARDED_RESULT_BYTES = DATA_CHANNEL_CHUNK_BYTES + DATA_CHANNEL_METADATA_BYTES + 256
 
 _UINT32_MAX = (1 << 32) - 1
 
@@ -515,7 +526,9 @@ def decode_batch_chunks(
 
 __all__ = [
     "DATA_CHANNEL_CHUNK_BYTES",
+    "DATA_CHANNEL_METADATA_BYTES",
     "DEFAULT_CHUNK_BYTES",
+    "FORWARDED_RESULT_BYTES",
     "Chunk",
     "ChunkAssembler",
     "chunk_payload",

@@ -10,7 +10,11 @@ joins their results' chunks and books the results as one batch
 (``WorkerEvents.on_results``: one lock and one refill for the batch, each
 result booked as it would have been alone, in the order they came), and
 sets the session's end-of-results event once every result before the
-marker (or the connection's end) was booked.
+marker (or the connection's end) was booked. A booked result whose Sample
+call takes its results on the learner's results connection is written
+there by this thread, once the coordinator's lock is let go
+(``WorkerEvents.on_results(send_here=True)``): no hand-off to the call's
+thread, and a learner that reads slowly slows this lane, in order.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from rlfleet.coordinator.worker_events import WorkerEvents
 from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
 from rlfleet.protocol.join import WorkerLeaving
+from rlfleet.wire.chunks import DATA_CHANNEL_CHUNK_BYTES, DATA_CHANNEL_METADATA_BYTES
 from rlfleet.wire.results import JoinedResult
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -146,6 +151,7 @@ class ResultLane:
                 for payload in frames:
                     item = parse_worker_message(payload)
                     if isinstance(item, ResultPiece):
+                        _check_size(handle.name, len(payload), item)
                         assembler, budget = handle.data_assembler, self._budget
                         joined = events.join_chunk(
                             handle, assembler, budget, item.header, item.chunk
@@ -155,7 +161,7 @@ class ResultLane:
                     elif isinstance(item, WorkerLeaving):
                         # The end-of-results marker: every result before it is booked first.
                         booked, results = results, []
-                        events.on_results(handle, booked)
+                        events.on_results(handle, booked, send_here=True)
                         self._done.set()
                     else:
                         raise WireFormatError(
@@ -166,7 +172,7 @@ class ResultLane:
             finally:
                 # What came whole before a broken frame is booked as it would have been.
                 if results:
-                    events.on_results(handle, results)
+                    events.on_results(handle, results, send_here=True)
             return
         except ResourceExhaustedError as exc:
             code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
@@ -179,3 +185,28 @@ class ResultLane:
         self._failed = True
         events.drop(handle, code, message)
         self._close(message)
+
+
+def _check_size(worker: str, frame_bytes: int, piece: ResultPiece) -> None:
+    """Refuses a result message past the data channel's bounds: what a coordinator
+    forwards must stay within what every learner accepts
+    (``rlfleet.wire.chunks.FORWARDED_RESULT_BYTES``).
+
+    Raises:
+        ProtocolError: For a chunk's data above ``DATA_CHANNEL_CHUNK_BYTES``, or
+            the rest of the message above ``DATA_CHANNEL_METADATA_BYTES``.
+    """
+    data = len(piece.chunk.data) if piece.chunk is not None else 0
+    if data > DATA_CHANNEL_CHUNK_BYTES:
+        raise ProtocolError(
+            f"worker {worker!r} sent a result chunk of {data} bytes on its lease data "
+            f"connection, over the data channel's {DATA_CHANNEL_CHUNK_BYTES} bytes "
+            "(docs/protocol.md, 'Chunking'): cut results into chunks of at most that"
+        )
+    if frame_bytes - data > DATA_CHANNEL_METADATA_BYTES:
+        raise ProtocolError(
+            f"worker {worker!r} sent a result message with {frame_bytes - data} bytes "
+            "besides its chunk's data on its lease data connection, over the data "
+            f"channel's {DATA_CHANNEL_METADATA_BYTES} bytes of metadata (docs/protocol.md, "
+            "'Chunking'): send fewer episodes per result"
+        )
