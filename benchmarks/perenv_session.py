@@ -13,6 +13,15 @@ under ``valgrind --tool=callgrind`` with two ``--steps`` (say 5,000 and
 25,000) and divide the difference of the totals by the difference of the
 ``steps`` it prints, so that start-up cancels. ``--plain`` runs the plain
 per-env loop of :mod:`rlfleet.bench.plain_loop` instead, for comparison.
+
+``--native`` runs a native worker's session instead: CartPole's vector
+entry point, 64 envs (``--envs``), one task per request whose refills join
+it, each refill following a flush with as many units as that flush
+reported (the coordinator tops a worker up to its capacity when a result
+is booked). ``--native --sampler`` runs the ``VecWorker`` alone as
+``rlfleet bench --native`` and :mod:`benchmarks.native_worker` time it (no
+``TaskBook``, no flush decision, finished episodes taken as a batch every
+``flush_steps``), for comparison.
 """
 
 from __future__ import annotations
@@ -23,7 +32,10 @@ import time
 import numpy as np
 
 from rlfleet.bench.plain_loop import plain_loop
+from rlfleet.bench.report import BenchConfig
+from rlfleet.bench.samplers import vec_worker_sampler
 from rlfleet.envs.config import EnvConfig
+from rlfleet.policies.mlp import MLPCategoricalPolicy
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.worker._flush import FlushMemory, FlushPolicy
 from rlfleet.worker._join_messages import result_messages
@@ -34,6 +46,10 @@ from rlfleet.worker.vec import VecWorker
 #: Units per task: a refill's size for a per-env CartPole worker.
 TASK_UNITS = 400
 
+#: Units a native worker of 64 CartPoles holds (about 64 slots and three of
+#: its 8,192-step results, the scheduler's floor for it).
+NATIVE_CAPACITY = 1_250
+
 
 class SessionLoop:
     """The stepping thread's work of a per-env worker session, without its connection.
@@ -42,11 +58,18 @@ class SessionLoop:
         env_id: A gymnasium id.
         n_envs: Env slots (K).
         step_seconds: Simulated seconds per env step (the flush timer's clock).
+        native: Step the env's vector entry point, and refill one task after
+            each flush (a native worker's refills), instead of a new task of
+            :data:`TASK_UNITS` whenever fewer than two units per slot wait.
     """
 
-    def __init__(self, env_id: str, n_envs: int, step_seconds: float) -> None:
+    def __init__(
+        self, env_id: str, n_envs: int, step_seconds: float, *, native: bool = False
+    ) -> None:
         config = WorkerConfig("local:0")
-        self.vec = VecWorker(n_envs=n_envs, env=EnvConfig(env_id), policy="mlp-categorical")
+        env = EnvConfig(env_id, vectorization="vector_entry_point" if native else None)
+        self.native = native
+        self.vec = VecWorker(n_envs=n_envs, env=env, policy="mlp-categorical")
         self.book = TaskBook(self.vec)
         self.policy = FlushPolicy(config.flush_steps, config.flush_bytes, config.flush_seconds)
         self.memory = FlushMemory()
@@ -62,9 +85,11 @@ class SessionLoop:
         """Steps until at least ``steps`` more steps were sent; returns how many were."""
         vec, book, policy = self.vec, self.book, self.policy
         start = self.sent_steps
+        if self.native and not self._tasks:
+            self._add_task(NATIVE_CAPACITY)
         while self.sent_steps - start < steps:
-            if book.queued_units < 2 * vec.n_envs:
-                self._add_task()
+            if not self.native and book.queued_units < 2 * vec.n_envs:
+                self._add_task(TASK_UNITS)
             book.feed()
             started = self.clock
             taken = vec.step()
@@ -88,15 +113,18 @@ class SessionLoop:
             self._flush()
         return self.sent_steps - start
 
-    def _add_task(self) -> None:
-        self._tasks += 1
+    def _add_task(self, count: int) -> None:
+        """A new task of ``count`` units, or for a native worker its refill."""
+        if not (self.native and self._tasks):
+            self._tasks += 1
         first = self._episodes
-        self._episodes += TASK_UNITS
+        self._episodes += count
         units = UnitColumns.seeded(0, self._tasks, np.arange(first, self._episodes))
         self.book.add(EpisodeTask(self._tasks, self._tasks, -1, 0), units)
 
     def _flush(self) -> None:
         self.policy.sent()
+        reported = 0
         for task_id in list(self.book.episode_tasks):
             while (batch := self.vec.take_finished_pieces(request=task_id)) is not None:
                 indices = batch.episode_infos["episode_index"]
@@ -113,7 +141,27 @@ class SessionLoop:
                 self.policy.expect_step_bytes(total / batch.total_steps)
                 self.book.reported(task_id, indices.tolist())
                 self.sent_steps += batch.total_steps
+                reported += len(indices)
         self.memory.reset()
+        if self.native and reported:
+            self._add_task(reported)
+
+
+def run_sampler(env_id: str, n_envs: int, warmup: int, steps: int) -> None:
+    """The bench's native ``VecWorker`` sampler alone: a warm-up, then ``steps``.
+
+    The warm-up is long enough to leave the units of the run queued (the
+    sampler tops its queue up to an eighth of a run's steps, and an episode
+    lasts about 21): the sampler's clock leaves out making units, and so do
+    the instruction counts.
+    """
+    config = BenchConfig(workers=1, envs_per_worker=n_envs, steps=steps)
+    env = EnvConfig(env_id, vectorization="vector_entry_point")
+    policy = MLPCategoricalPolicy(env.env_spec(), hidden_sizes=config.hidden_sizes, seed=0)
+    with vec_worker_sampler(config, env, policy) as sample:
+        sample(max(warmup, 3 * steps))
+        run = sample(steps)
+    print(f"VecWorker sampler: steps {run.steps} CPU {run.cpu_us['this process']:.3f} us/step")
 
 
 def main() -> None:
@@ -124,13 +172,22 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3_000)
     parser.add_argument("--step-us", type=float, default=11.0)
     parser.add_argument("--plain", action="store_true", help="the plain per-env loop instead")
+    parser.add_argument("--native", action="store_true", help="a native worker (64 envs)")
+    parser.add_argument(
+        "--sampler", action="store_true", help="with --native: the VecWorker alone instead"
+    )
     args = parser.parse_args()
+    if args.native and args.envs == parser.get_default("envs"):
+        args.envs = 64
+    if args.native and args.sampler:
+        run_sampler(args.env, args.envs, args.warmup, args.steps)
+        return
     if args.plain:
         plain_loop(args.env, args.envs, args.warmup)
         run = plain_loop(args.env, args.envs, args.steps)
         print(f"plain loop: steps {run.steps} CPU {run.cpu / run.steps * 1e6:.3f} us/step")
         return
-    loop = SessionLoop(args.env, args.envs, args.step_us * 1e-6)
+    loop = SessionLoop(args.env, args.envs, args.step_us * 1e-6, native=args.native)
     loop.run(args.warmup)
     cpu = time.process_time()
     steps, results = loop.run(args.steps), loop.results

@@ -21,3 +21,17 @@ def test_the_session_loop_sends_what_it_steps_and_repeats_itself() -> None:
         assert loop.sent_steps + vec.finished_steps + vec.active_steps == loop.stepped
         runs.append((sent, loop.results, loop.stepped))
     assert runs[0] == runs[1]
+
+
+def test_the_native_session_loop_refills_one_task_and_repeats_itself() -> None:
+    runs = []
+    for _ in range(2):
+        loop = SessionLoop("CartPole-v1", 64, 1.4e-6, native=True)
+        sent = loop.run(20_000)
+        # 8,192-step flushes, every one a result of the request's one task.
+        assert sent >= 20_000 and loop.results == sent // loop.policy.step_limit
+        assert list(loop.book.episode_tasks) == [1]
+        vec = loop.vec
+        assert loop.sent_steps + vec.finished_steps + vec.active_steps == loop.stepped
+        runs.append((sent, loop.results, loop.stepped))
+    assert runs[0] == runs[1]

@@ -40,8 +40,12 @@ from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import tensor_pb2, updates_pb2, worker_pb2
 from rlfleet.wire import ChunkAssembler, decode_batch, decode_env_spec, encode_tensor_map
 from rlfleet.worker._flush import TAIL_SECONDS, FlushPolicy
+from rlfleet.worker.remote import RemoteWorker, WorkerConfig
+from rlfleet.worker.units import make_units
+from rlfleet.worker.vec import VecWorker
 from tests.fleet_processes import ProcessFleet
 from tests.test_fleet_equivalence import assert_same_batch
+from tests.test_result_message import python_calls
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -436,6 +440,34 @@ def test_with_units_queued_the_flush_policy_holds_exactly_when_it_is_not_due() -
             asked_due.sent()
             asked_holds.sent()
     assert 300 < sends < 2700  # every rule took its turn, not one answer throughout
+
+
+def test_the_reads_after_each_vector_step_make_one_python_call_each() -> None:
+    """What a session reads after every vector step (the finished episodes' count
+    and steps, whether the worker was asked to leave) is one Python call each,
+    and right: a native worker takes a vector step of 64 envs in about 80 us, and
+    every call nested behind a read costs it about 0.1 us."""
+    vec = VecWorker(n_envs=4, env=EnvConfig("CartPole-v1", vectorization="vector_entry_point"))
+    worker = RemoteWorker(WorkerConfig("local:0"))
+    try:
+        vec.submit(make_units(0, 0, range(12)))
+        while vec.finished_count < 2:
+            vec.step()
+        count, steps = vec.finished_count, vec.finished_steps
+        for read in (
+            lambda: vec.finished_count,
+            lambda: vec.finished_steps,
+            lambda: worker.leave_requested,
+        ):
+            assert python_calls(read) == 2  # the lambda and the property, nothing behind
+        batch = vec.take_finished()
+        assert batch is not None and (batch.n_episodes, batch.total_steps) == (count, steps)
+        assert (vec.finished_count, vec.finished_steps) == (0, 0)
+        assert not worker.leave_requested
+        worker.request_leave("a test")
+        assert worker.leave_requested
+    finally:
+        vec.shutdown()
 
 
 def test_the_flush_policy_sends_large_steps_sooner() -> None:

@@ -62,7 +62,8 @@ class UnitQueue:
         self._rng_states: dict[int, tuple[int, int]] = {}
         # The finished episodes: Segments, and a native backend's rows.
         self.finished: list[Segment] = []
-        self._segment_steps = 0
+        #: Steps of the finished segments (a native backend's are the table's).
+        self.segment_steps = 0
         self.table = FinishedTable()
 
     @property
@@ -73,14 +74,14 @@ class UnitQueue:
     @property
     def finished_steps(self) -> int:
         """Steps of the finished episodes not taken yet."""
-        return self._segment_steps + self.table.steps
+        return self.segment_steps + self.table.steps
 
     # ------------------------------------------------------- the engine's Sink
 
     def on_record(self, slot: int, live: Live, record: Segment, continues: bool) -> None:
         """A unit's episode finished."""
         self.finished.append(record)
-        self._segment_steps += record.length
+        self.segment_steps += record.length
 
     def on_rows(
         self, ring: StepRing, spec: EnvSpec, rows: list[int], steps: int, first_start: int
@@ -209,12 +210,12 @@ class UnitQueue:
         everything = max_episodes is None and len(chosen) == len(self.finished)
         if everything and all(r.env_spec is spec for r in chosen):  # the usual case
             self.finished = []
-            self._segment_steps = 0
+            self.segment_steps = 0
             return spec, chosen
         chosen = [r for r in chosen if r.env_spec is spec][:max_episodes]
         taken = {id(r) for r in chosen}
         self.finished = [r for r in self.finished if id(r) not in taken]
-        self._segment_steps -= sum(r.length for r in chosen)
+        self.segment_steps -= sum(r.length for r in chosen)
         return spec, chosen
 
     def cancel(self, episode_indices: Iterable[int] | None, request: int | None) -> list[int]:
@@ -239,7 +240,7 @@ class UnitQueue:
             record_request, index = record.key
             if matches(record_request, index):
                 cancelled.append(index)
-                self._segment_steps -= record.length
+                self.segment_steps -= record.length
             else:
                 kept.append(record)
         self.finished = kept
@@ -263,5 +264,5 @@ class UnitQueue:
         """Forgets every queued and finished unit (the engine drops the running ones)."""
         self.queue.clear()
         self.finished = []
-        self._segment_steps = 0
+        self.segment_steps = 0
         self.table.clear()

@@ -222,6 +222,7 @@ class RemoteWorker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self._leave = threading.Event()
+        self._leave_asked = False
         self._leave_reason = ""
         self._inbox: queue.SimpleQueue[Incoming] = queue.SimpleQueue()
         # Written by the main loop, read by health probes (floats: atomic).
@@ -243,13 +244,15 @@ class RemoteWorker:
     def request_leave(self, reason: str = "asked to leave") -> None:
         """Makes the worker leave gracefully. Safe to call from a signal handler."""
         self._leave_reason = reason
+        self._leave_asked = True
         self._leave.set()
         self._inbox.put(Wakeup())
 
     @property
     def leave_requested(self) -> bool:
         """True once :meth:`request_leave` was called."""
-        return self._leave.is_set()
+        # A plain flag, not the event's is_set(): a session reads it at every vector step.
+        return self._leave_asked
 
     @property
     def leave_reason(self) -> str:

@@ -223,15 +223,19 @@ class VecWorker:
         """Envs rebuilt after a crash, over the worker's lifetime."""
         return self._engine.failures.ledger.total
 
+    # The two reads a remote worker makes after every vector step: one call
+    # each, not a property of the UnitQueue's behind it.
     @property
     def finished_count(self) -> int:
         """Finished episodes not yet taken."""
-        return self._units.finished_count
+        units = self._units
+        return len(units.finished) + units.table.count
 
     @property
     def finished_steps(self) -> int:
         """Total steps of the finished episodes not yet taken."""
-        return self._units.finished_steps
+        units = self._units
+        return units.segment_steps + units.table.steps
 
     @property
     def active_count(self) -> int:
