@@ -97,18 +97,8 @@ class SessionLoop:
             self.clock += taken * self.step_seconds
             if not vec.finished_count:
                 continue
-            now, queued = self.clock, book.queued_units
-            if queued:
-                if policy.holds(now, vec.finished_steps, now - started):
-                    continue
-            elif not policy.due(
-                now,
-                finished_steps=vec.finished_steps,
-                queued_units=queued,
-                running=vec.active_count,
-                slots=vec.n_envs,
-                step_seconds=now - started,
-            ):
+            now = self.clock
+            if not policy.after_step(now, book.queued_units, vec, now - started):
                 continue
             self._flush()
         return self.sent_steps - start

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TypeVar
 
 import grpc
@@ -413,7 +414,8 @@ def test_with_units_queued_the_flush_policy_holds_exactly_when_it_is_not_due() -
 
     Over random steps, queues running dry and refilled (the dry-spell rule's
     state), sends and slow steps: one policy asked ``due`` every time, the
-    other ``holds`` whenever units are queued, as the session asks.
+    other ``after_step``, as the session asks (``holds`` whenever units are
+    queued).
     """
     rng = np.random.default_rng(0)
     asked_due = FlushPolicy(max_steps=100, max_bytes=10_000, max_seconds=0.5)
@@ -428,12 +430,8 @@ def test_with_units_queued_the_flush_policy_holds_exactly_when_it_is_not_due() -
         expected = _due(
             asked_due, now, steps, queued_units=queued, running=running, step_seconds=step_seconds
         )
-        if queued:
-            answer = not asked_holds.holds(now, steps, step_seconds)
-        else:
-            answer = _due(
-                asked_holds, now, steps, queued_units=0, running=running, step_seconds=step_seconds
-            )
+        stepped = SimpleNamespace(finished_steps=steps, active_count=running, n_envs=8)
+        answer = asked_holds.after_step(now, queued, stepped, step_seconds)
         assert answer == expected, (now, steps, queued, running, step_seconds)
         if expected:
             sends += 1

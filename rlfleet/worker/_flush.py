@@ -21,11 +21,24 @@ its 377 results with 170 steps on average (docs/data_plane.md).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 #: How long finished episodes wait, once a worker has no unit left to start,
 #: for more of its running episodes to end and share their result.
 TAIL_SECONDS = 0.01
+
+
+class _SteppedSlots(Protocol):
+    """What the flush decision reads of a vector worker after a step."""
+
+    @property
+    def finished_steps(self) -> int: ...
+    @property
+    def active_count(self) -> int: ...
+    @property
+    def n_envs(self) -> int: ...
 
 
 class FlushPolicy:
@@ -122,6 +135,31 @@ class FlushPolicy:
         self._dry_sent = False  # units are queued: the next dry spell may send early again
         limit = self.max_seconds
         return finished_steps < self._step_limit and now - oldest < limit and step_seconds < limit
+
+    def after_step(
+        self, now: float, queued_units: int, slots: _SteppedSlots, step_seconds: float
+    ) -> bool:
+        """Whether to send after a vector step that left finished episodes.
+
+        With units queued (the common case) it decides with :meth:`holds`,
+        from the bounds alone; otherwise with :meth:`due`'s dry-spell rules.
+
+        Args:
+            now: ``time.monotonic()`` (or a simulated clock).
+            queued_units: Units not started yet.
+            slots: The vector worker just stepped.
+            step_seconds: How long the step took.
+        """
+        if queued_units:
+            return not self.holds(now, slots.finished_steps, step_seconds)
+        return self.due(
+            now,
+            finished_steps=slots.finished_steps,
+            queued_units=queued_units,
+            running=slots.active_count,
+            slots=slots.n_envs,
+            step_seconds=step_seconds,
+        )
 
     def sent(self) -> None:
         """Records that every finished episode was sent (restarts the timer)."""

@@ -228,20 +228,8 @@ class Session:
             self._on_task_error(exc)
         if vec.finished_count:
             now = time.monotonic()
-            policy, queued = self._flush_policy, self._book.queued_units
-            if queued:  # the common case, decided with the bounds alone
-                if policy.holds(now, vec.finished_steps, now - started):
-                    return
-            elif not policy.due(
-                now,
-                finished_steps=vec.finished_steps,
-                queued_units=queued,
-                running=vec.active_count,
-                slots=vec.n_envs,
-                step_seconds=now - started,
-            ):
-                return
-            self._flush()
+            if self._flush_policy.after_step(now, self._book.queued_units, vec, now - started):
+                self._flush()
 
     def _run_window(self) -> None:
         """One window of the oldest fragment task, sent as one result."""
