@@ -98,11 +98,19 @@ class BenchConfig:
         )
 
     @property
+    def worker_cpus(self) -> list[frozenset[int]] | None:
+        """The CPUs of fleet worker ``i`` and of plain loop ``i``, or None: nothing pinned."""
+        if not self.pinned or not can_pin():
+            return None
+        return one_cpu_each(self.workers)
+
+    @property
     def placement(self) -> str:
         """How the report's processes were placed on CPUs, for its header."""
-        if not self.pinned or not can_pin():
+        placed = self.worker_cpus
+        if placed is None:
             return "placement: nothing pinned (the OS places every process)"
-        cpus = ", ".join(cpu_list_text(cpus) for cpus in one_cpu_each(self.workers))
+        cpus = ", ".join(cpu_list_text(cpus) for cpus in placed)
         return (
             f"placement: fleet worker i and plain loop i pinned to the same CPU ({cpus}); "
             "this process, coordinators and vector envs' processes not pinned"

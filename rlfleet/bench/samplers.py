@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 import psutil
 
-from rlfleet._util.cpus import can_pin, one_cpu_each, pin_process
+from rlfleet._util.cpus import pin_process
 from rlfleet.bench.plain_loop import LoopRun, plain_loop
 from rlfleet.bench.report import BenchConfig, Measurement
 from rlfleet.envs.config import EnvConfig
@@ -141,7 +141,8 @@ def plain_processes(config: BenchConfig, vectorization: str | None = None) -> It
     context = multiprocessing.get_context("spawn")  # never fork a process holding gRPC
     pipes: list[Connection] = []
     children = []
-    placement = _placement(config)
+    placed = config.worker_cpus
+    placement = [None] * config.workers if placed is None else [*placed]
     try:
         for index in range(config.workers):
             parent, child = context.Pipe()
@@ -194,13 +195,6 @@ def plain_processes(config: BenchConfig, vectorization: str | None = None) -> It
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
-
-
-def _placement(config: BenchConfig) -> list[frozenset[int] | None]:
-    """Each plain loop's CPUs: those ``Fleet.local`` gives its worker of the same index."""
-    if not config.pinned or not can_pin():
-        return [None] * config.workers
-    return [*one_cpu_each(config.workers)]
 
 
 def _in_process(step: Callable[[], int]) -> SampleFn:
