@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from rlfleet.bench import BenchConfig, BenchReport, Measurement
+from rlfleet.bench.samplers import SampleFn, Timed, measure_interleaved
 from rlfleet.cli import main
 from rlfleet.errors import ConfigError
 
@@ -212,13 +215,15 @@ def test_bench_prints_every_sampler_its_cpu_per_step_and_the_goals(
 
 def _report(fleet: float, worker_cpu: float) -> BenchReport:
     config = BenchConfig(workers=2, envs_per_worker=8, repeats=3)
+    plain_cpu = ({"each plain process": 10.0},) * 3
+    worker = ({"this process": worker_cpu},) * 3
     return BenchReport(
         config,
-        plain=Measurement("plain", (100.0, 90.0, 120.0), {"each plain process": 10.0}),
-        vec_worker=Measurement("VecWorker", (1.0,), {"this process": worker_cpu}),
-        sync_vector_env=Measurement("sync", (50.0,)),
+        plain=Measurement("plain", (100.0, 90.0, 120.0), plain_cpu[0], plain_cpu),
+        vec_worker=Measurement("VecWorker", (1.0, 1.0, 1.0), worker[0], worker),
+        sync_vector_env=Measurement("sync", (50.0, 50.0, 50.0)),
         async_vector_env=Measurement("async", (20.0, 20.0, 21.0)),
-        fleet=Measurement("fleet", (fleet,)),
+        fleet=Measurement("fleet", (fleet, fleet * 0.9, fleet * 1.2)),
     )
 
 
@@ -233,11 +238,53 @@ def test_bench_report_ratios_and_verdicts() -> None:
     text = report.format()
     assert "goal >= 0.9: ok" in text and "MISSED" not in text
     assert "100 / 90 / 120" in text
+    assert "pairs: 0.90 / 0.90 / 0.90" in text
     assert not _report(fleet=89.0, worker_cpu=10.0).goals_met
     slow_worker = _report(fleet=95.0, worker_cpu=12.0)
     assert not slow_worker.goals_met
     verdict = r"VecWorker / plain loop \(steps per CPU-second\)\s+0\.83\s+goal >= 0\.9: MISSED"
     assert re.search(verdict, slow_worker.format())
+
+
+def test_a_goals_ratio_is_the_median_of_its_repeats_pairs_not_of_their_medians() -> None:
+    # The machine ran at half speed in the second repeat: both sides of that
+    # pair slowed alike. Medians of each side (100 against 50) would say 0.5.
+    plain = Measurement("plain", (200.0, 100.0, 210.0), {}, ({"each plain process": 5.0},) * 3)
+    cpu = ({"this process": 5.0},) * 3
+    report = BenchReport(
+        BenchConfig(workers=2, envs_per_worker=8, repeats=3),
+        plain=plain,
+        vec_worker=Measurement("VecWorker", (1.0, 1.0, 1.0), cpu[0], cpu),
+        sync_vector_env=Measurement("sync", (1.0, 1.0, 1.0)),
+        async_vector_env=Measurement("async", (1.0, 1.0, 1.0)),
+        fleet=Measurement("fleet", (190.0, 95.0, 50.0)),
+    )
+    ratio = report.ratios[0]
+    assert ratio.runs == pytest.approx((0.95, 0.95, 50.0 / 210.0))
+    assert ratio.value == pytest.approx(0.95) and ratio.met
+
+
+def test_each_repeat_times_the_samplers_back_to_back_every_other_one_reversed() -> None:
+    timed: list[str] = []
+
+    @contextlib.contextmanager
+    def sampler(key: str) -> Iterator[SampleFn]:
+        def sample(min_steps: int) -> Timed:
+            timed.append(key)
+            return Timed(min_steps, 1.0, {"this process": 1.0})
+
+        yield sample
+
+    keys = ("sync", "vec_worker", "plain", "fleet")
+    config = BenchConfig(steps=10, request_steps=5, repeats=3)
+    measured = measure_interleaved(
+        config, {key: key for key in keys}, {key: sampler(key) for key in keys}, lambda _: None
+    )
+    assert timed[:4] == list(keys)  # the warm-up
+    forward, backward = list(keys), list(reversed(keys))
+    assert timed[4:] == forward + backward + forward
+    assert list(measured) == list(keys)
+    assert measured["fleet"].cpu_us_runs == ({"this process": 1.0},) * 3
 
 
 def test_bench_config_rejects_bad_counts() -> None:

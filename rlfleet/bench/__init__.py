@@ -15,9 +15,11 @@ In one run, five samplers step the same env with the same kind of policy
   the policy's parameters with every request.
 
 All are started and warmed up, then each repeat times them one after the
-other (never two at once, so they do not compete for cores); the report
-gives the median per sampler, each process's CPU microseconds per step,
-and the ratios with their goals (:mod:`rlfleet.bench.report`). ``--check``
+other (never two at once, so they do not compete for cores), the two sides
+of each goal's ratio back to back, and every other repeat in the reverse
+order; the report gives the median per sampler, each process's CPU
+microseconds per step, and the ratios with their goals, each the median of
+its repeats' pairs (:mod:`rlfleet.bench.report`). ``--check``
 makes a missed goal exit 1. ``rlfleet bench`` and ``benchmarks/fleet.py``
 both run :func:`run_benchmark`.
 """
@@ -76,11 +78,12 @@ def run_benchmark(
     measured = measure_interleaved(
         config,
         names,
+        # The plain loops sit between the two samplers set against them.
         {
-            "plain": plain_processes(config),
-            "vec_worker": vec_worker_sampler(config, env, policy),
             "sync": sync_vector_env_sampler(config, env, policy),
             "async": async_vector_env_sampler(config, env, policy),
+            "vec_worker": vec_worker_sampler(config, env, policy),
+            "plain": plain_processes(config),
             "fleet": fleet_sampler(config, env, policy.get_param_values()),
         },
         say,

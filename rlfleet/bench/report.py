@@ -28,7 +28,9 @@ class BenchConfig:
         steps: Env steps per timed run of each sampler (at least).
         request_steps: ``num_samples`` of each fleet request; large requests
             amortise the per-request round trip as a real learner's do.
-        repeats: Timed runs per sampler; the median is reported.
+        repeats: Timed runs per sampler. Each goal's ratio is the median over
+            the repeats of the two sides' runs of that repeat, which are timed
+            back to back.
         seed: Seeds the policy weights and the episodes.
         env_id: The gymnasium env (Discrete actions, flat Box observations).
         hidden_sizes: Hidden widths of the policy.
@@ -90,7 +92,8 @@ class BenchConfig:
             f"{env_label}, mlp-categorical {'x'.join(map(str, self.hidden_sizes))}, "
             f"{self.workers} workers x {self.envs_per_worker} envs, >= {self.steps:,} steps "
             f"per run, fleet requests of {min(self.request_steps, self.steps):,} steps, "
-            f"median of {self.repeats} run(s) after warm-up"
+            f"{self.repeats} run(s) after warm-up, each ratio the median of its "
+            "pairs timed back to back"
             + ("" if self.prefetch_factor is None else f", prefetch_factor {self.prefetch_factor}")
             + ("" if self.coordinators == 1 else f", {self.coordinators} coordinator processes")
             + "\n"
@@ -133,14 +136,17 @@ class Measurement:
 
     Attributes:
         name: What was measured, for the table.
-        rates: Env steps per wall-clock second of each timed run.
+        rates: Env steps per wall-clock second of each timed run, in the
+            order of the repeats.
         cpu_us: CPU microseconds per env step of each process taking part,
             by process role (median over the runs), e.g. ``{"worker 0": 12.1}``.
+        cpu_us_runs: The same, of each timed run, in the order of the repeats.
     """
 
     name: str
     rates: tuple[float, ...]
     cpu_us: dict[str, float] = field(default_factory=dict)
+    cpu_us_runs: tuple[dict[str, float], ...] = ()
 
     @property
     def median(self) -> float:
@@ -150,11 +156,44 @@ class Measurement:
 
 @dataclass(frozen=True)
 class Ratio:
-    """One ratio of the report, with its goal (None: shown for information)."""
+    """One ratio of the report, with its goal (None: shown for information).
+
+    Attributes:
+        label: What is set against what, for the table.
+        value: The ratio (for a paired one, the median of ``runs``).
+        goal: The least value that meets the goal, or None.
+        runs: A paired ratio's value in each repeat; empty for others.
+    """
 
     label: str
     value: float
     goal: float | None
+    runs: tuple[float, ...] = ()
+
+    @classmethod
+    def paired(
+        cls,
+        label: str,
+        numerator: Sequence[float],
+        denominator: Sequence[float],
+        goal: float | None,
+    ) -> Ratio:
+        """The median over the repeats of one repeat's numerator over its denominator.
+
+        The two sides of a repeat are timed back to back
+        (:func:`rlfleet.bench.samplers.measure_interleaved`), so a drift of the
+        machine's speed between repeats (on a shared VM a process's CPU per
+        step can move by half within minutes) moves both sides of a pair, not
+        one side of the ratio.
+
+        Args:
+            label: What is set against what.
+            numerator: One figure per repeat, in the order of the repeats.
+            denominator: As ``numerator``, of the other side.
+            goal: The least value that meets the goal, or None.
+        """
+        runs = tuple(a / b for a, b in zip(numerator, denominator, strict=True))
+        return cls(label, statistics.median(runs), goal, runs)
 
     @property
     def met(self) -> bool:
@@ -186,17 +225,19 @@ class BenchReport:
     def ratios(self) -> list[Ratio]:
         """The ratios with goals (docs/performance.md), then informative ones."""
         c = self.config
-        plain_cpu = self.plain.cpu_us.get("each plain process", float("nan"))
-        worker_cpu = self.vec_worker.cpu_us.get("this process", float("nan"))
+        plain_cpu = [run["each plain process"] for run in self.plain.cpu_us_runs]
+        worker_cpu = [run["this process"] for run in self.vec_worker.cpu_us_runs]
         return [
-            Ratio(
+            Ratio.paired(
                 f"fleet / ({c.workers} plain processes at once)",
-                self.fleet.median / self.plain.median,
+                self.fleet.rates,
+                self.plain.rates,
                 FLEET_VS_PLAIN_GOAL,
             ),
-            Ratio(
+            Ratio.paired(
                 "VecWorker / plain loop (steps per CPU-second)",
-                plain_cpu / worker_cpu,
+                plain_cpu,
+                worker_cpu,
                 WORKER_VS_PLAIN_GOAL,
             ),
             Ratio("fleet / SyncVectorEnv", self.fleet.median / self.sync_vector_env.median, None),
@@ -247,5 +288,7 @@ def format_table(
             if ratio.goal is None
             else f"goal >= {ratio.goal:g}: {'ok' if ratio.met else 'MISSED'}"
         )
-        lines.append(f"{ratio.label:<{width}}{ratio.value:>10.2f}   {verdict}")
+        pairs = " / ".join(f"{run:.2f}" for run in ratio.runs)
+        each = f"   pairs: {pairs}" if len(ratio.runs) > 1 else ""
+        lines.append(f"{ratio.label:<{width}}{ratio.value:>10.2f}   {verdict}{each}")
     return "\n".join(lines)

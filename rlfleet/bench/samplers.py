@@ -56,7 +56,8 @@ def measurement_of(name: str, runs: list[Timed]) -> Measurement:
     """The runs of one sampler as a Measurement (median CPU per role)."""
     roles = runs[0].cpu_us
     cpu = {role: sorted(run.cpu_us[role] for run in runs)[len(runs) // 2] for role in roles}
-    return Measurement(name, tuple(run.steps / run.wall for run in runs), cpu)
+    rates = tuple(run.steps / run.wall for run in runs)
+    return Measurement(name, rates, cpu, tuple(run.cpu_us for run in runs))
 
 
 def measure_interleaved(
@@ -68,12 +69,18 @@ def measure_interleaved(
     """Starts the samplers, warms each up, then times them in turn, repeat by repeat.
 
     Never two at once, so they do not compete for cores; every sampler is
-    stopped before this returns, whatever happened.
+    stopped before this returns, whatever happened. A repeat times the
+    samplers in the order given, the next one in the reverse order, and so
+    on: samplers next to each other in ``samplers`` (the two sides of a
+    goal's ratio) are timed back to back in every repeat, each first in
+    every other repeat, so a drift of the machine's speed moves both sides
+    of a repeat's pair alike (:meth:`rlfleet.bench.report.Ratio.paired`).
 
     Args:
         config: Steps per run, request size (the warm-up) and repeats.
         names: What each sampler key is called in the report.
-        samplers: Not yet entered sampler context managers, by key.
+        samplers: Not yet entered sampler context managers, by key, in the
+            order of the first repeat.
         say: Called with a short line as each phase starts.
 
     Returns:
@@ -86,10 +93,11 @@ def measure_interleaved(
         for sample in started.values():
             sample(min(config.request_steps, config.steps))
         runs: dict[str, list[Timed]] = {key: [] for key in started}
+        order = list(started)
         for repeat in range(config.repeats):
             say(f"run {repeat + 1} of {config.repeats}")
-            for key, sample in started.items():
-                runs[key].append(sample(config.steps))
+            for key in order if repeat % 2 == 0 else reversed(order):
+                runs[key].append(started[key](config.steps))
     return {key: measurement_of(names[key], runs[key]) for key in started}
 
 
