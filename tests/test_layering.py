@@ -50,6 +50,7 @@ GRPC_MODULES = {
     "rlfleet.transport.rpc",
     "rlfleet.cli._health_port",
     "rlfleet.cli.health",
+    "rlfleet.client._coordinator_calls",
     "rlfleet.client._errors",
     "rlfleet.client._learner_messages",
     "rlfleet.client.leases.lease_stream",  # the lease face (docs/vector_env.md)

@@ -233,7 +233,7 @@ def test_a_sampler_over_two_coordinators_reads_each_on_its_own_connection(
     with Fleet.local(workers=2, envs_per_worker=2, seed=SEED, coordinators=2) as sampler:
         shards = sampler._shards
         assert shards is not None
-        recorders = [Calls(shard.sampler.result_route, monkeypatch) for shard in shards.shards]
+        recorders = [Calls(shard.coordinator.result_route, monkeypatch) for shard in shards.shards]
         expected = local_episodes(CARTPOLE, 12, seed=SEED)
         assert_same_batch(sampler.obtain_episodes(12), expected[0])
         for recorder in recorders:

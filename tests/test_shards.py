@@ -117,7 +117,7 @@ def test_one_coordinator_answers_a_range_with_its_global_indices(
         LocalSampler(EnvConfig("CartPole-v1"), seed=SEED) as local,
     ):
         ask = SampleAsk(Mode.EPISODES, 3, seed=SEED, first_episode=4)
-        answer = sampler._sample_range(ask, None)
+        answer = sampler._coordinator.sample(ask, None)
         indices = sorted(i for r in answer.results for i in r.batch.episode_infos["episode_index"])
         assert indices == [4, 5, 6]
         expected = local.obtain_episodes(7).take_episodes([4, 5, 6])
@@ -128,7 +128,7 @@ def test_one_coordinator_answers_a_range_with_its_global_indices(
         with pytest.raises(
             InvalidArgumentError, match="first_episode is for SAMPLE_MODE_EPISODES only"
         ):
-            sampler._sample_range(wrong, None)
+            sampler._coordinator.sample(wrong, None)
 
 
 def test_a_killed_coordinators_ranges_are_rerun_on_the_other(
@@ -186,7 +186,7 @@ def test_a_coordinator_that_missed_an_update_gets_it_before_it_samples_again(
         # The learner's channel to it may still sit in gRPC's reconnect
         # backoff (up to 5 s); until it reconnects, a try finds it lost again.
         assert sharded._shards is not None
-        channel = sharded._shards.shards[1].sampler._channel
+        channel = sharded._shards.shards[1].coordinator._channel
         grpc.channel_ready_future(channel).result(timeout=60)
         # Its range is sampled with the learner's agent, pushed to it first.
         assert_same_batch(sharded.obtain_episodes(8), local.obtain_episodes(8), skip_infos=VERSION)

@@ -53,7 +53,6 @@ from rlfleet.transport.lease_channel import (
     dial,
     warn_unreachable,
 )
-from rlfleet.wire.chunks import FORWARDED_RESULT_BYTES
 from rlfleet.wire.leases import data_hello
 
 logger = logging.getLogger("rlfleet.client")
@@ -66,9 +65,10 @@ class ResultRoute:
         address: The coordinator's gRPC address (its host is dialled).
         stubs: The sampler's calls (OpenResultChannel).
         security: TLS settings (the data channel uses the fleet's TLS).
-        max_message_bytes: The sampler's message limit: frames up to it, and
-            always up to ``FORWARDED_RESULT_BYTES`` (a result message as the
-            coordinator may forward it), are accepted.
+        receive_bytes: The largest frame accepted: the sampler's receive
+            limit, which holds every result message its coordinator may
+            forward whatever the sampler's own message limit
+            (:class:`~rlfleet.client._coordinator_calls.CoordinatorCalls`).
     """
 
     def __init__(
@@ -76,14 +76,12 @@ class ResultRoute:
         address: str,
         stubs: LearnerStubs,
         security: ClientSecurity,
-        max_message_bytes: int,
+        receive_bytes: int,
     ) -> None:
         self._address = address
         self._stubs = stubs
         self._security = security
-        # The coordinator forwards each result message as the worker cut it:
-        # a smaller limit here would refuse honest results.
-        self._max = max(max_message_bytes, FORWARDED_RESULT_BYTES)
+        self._receive_bytes = receive_bytes
         #: The coordinator's in-memory attach when it runs in this process
         #: (``Fleet.local``): takes a serialized LeaseDataHello, returns the link.
         self.attach: Callable[[bytes], DataLink] | None = None
@@ -179,7 +177,7 @@ class ResultRoute:
             try:
                 tls = self._security.tls
                 self._link = dial(
-                    host, port, hello, tls=tls, timeout=wait, max_frame_bytes=self._max
+                    host, port, hello, tls=tls, timeout=wait, max_frame_bytes=self._receive_bytes
                 )
             except (OSError, UnavailableError) as exc:
                 why = f"{type(exc).__name__}: {exc}"

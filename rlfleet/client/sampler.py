@@ -13,59 +13,37 @@ streams (:mod:`rlfleet.client.shard_fragments`).
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import logging
 import os
-from collections.abc import Callable, Sequence
-from typing import Literal, TypeVar
+from collections.abc import Sequence
+from typing import Literal
 
 import grpc
 
 from rlfleet._util.closing import ClosesOnExit
 from rlfleet._util.values import check_int
-from rlfleet.client._errors import call_error
+from rlfleet.client._coordinator_calls import CoordinatorCalls, Progress
 from rlfleet.client._learner_messages import (
     AgentUpdateLike,
     EnvUpdateLike,
-    LearnerStubs,
     agent_change_of,
     env_change_of,
-    subscribe,
 )
-from rlfleet.client._responses import AnswerMemory, SampleAnswer, collect_answer
-from rlfleet.client._restore import PushedState
+from rlfleet.client._responses import AnswerMemory, SampleAnswer
 from rlfleet.client._result_route import ResultRoute
 from rlfleet.client.shards import ShardSet, parse_addresses, random_seed
 from rlfleet.client.status import FleetStatus, count_workers
-from rlfleet.client.stream import STREAM_WINDOW_BYTES, SampleStream, subscribe_ask
+from rlfleet.client.stream import SampleStream, subscribe_ask
 from rlfleet.core import EnvSpec, EpisodeBatch
-from rlfleet.errors import (
-    AuthenticationError,
-    ConfigError,
-    CoordinatorRestartedError,
-    NoWorkersError,
-    RlfleetError,
-    UnavailableError,
-)
-from rlfleet.protocol.learner_calls import SampleAsk, SubscribeAsk, UpdatePush
+from rlfleet.errors import ConfigError, NoWorkersError
+from rlfleet.protocol.learner_calls import SampleAsk
 from rlfleet.protocol.modes import Mode
-from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.security import ClientSecurity, Token
-from rlfleet.security.tls_probe import describe_tls_failure, tls_failure
 from rlfleet.transport import rpc as _rpc
-from rlfleet.wire.chunks import FORWARDED_RESULT_BYTES
-
-logger = logging.getLogger("rlfleet.client")
 
 #: What the protocol's integer fields hold (learner.proto).
 _UINT32_MAX = 2**32 - 1
 _INT64_MAX = 2**63 - 1
 _UINT64_MAX = 2**64 - 1
-
-#: ``progress(done, target)``: steps (STEPS, FRAGMENTS) or episodes (EPISODES).
-Progress = Callable[[int, int], None]
-T = TypeVar("T")
 
 #: The coordinator's default wait for workers, used when none was given.
 _DEFAULT_WAIT_FOR_WORKERS = 60.0
@@ -147,12 +125,8 @@ class RemoteSampler(ClosesOnExit):
         self.addresses = addresses
         self.address = ",".join(addresses)
         self.seed = seed
-        self.timeout = timeout
         self.wait_for_workers = wait_for_workers
         self._max_message_bytes = max_message_bytes
-        # The coordinator forwards each result message as its worker cut it
-        # (up to FORWARDED_RESULT_BYTES): a smaller limit would refuse honest results.
-        self._receive_bytes = max(max_message_bytes, FORWARDED_RESULT_BYTES)
         self._security = ClientSecurity.from_options(
             tls_ca=tls_ca,
             tls_cert=tls_cert,
@@ -160,38 +134,32 @@ class RemoteSampler(ClosesOnExit):
             tls_server_name=tls_server_name,
             token=token,
         )
-        self._shards: ShardSet | None = None
-        if len(addresses) > 1:
-            one = functools.partial(
-                RemoteSampler,
-                timeout=timeout,
-                wait_for_workers=wait_for_workers,
-                max_message_bytes=max_message_bytes,
-                tls_ca=tls_ca,
-                tls_cert=tls_cert,
-                tls_key=tls_key,
-                tls_server_name=tls_server_name,
-                token=token,
-            )
-            shards = [one(address) for address in addresses]
-            self._shards = ShardSet(shards, seed=random_seed() if seed is None else seed)
+        self._answers = AnswerMemory()
         # Over several coordinators every call goes through the shards' own
-        # channels; this one (gRPC connects lazily) then never connects.
-        self._channel = _rpc.open_channel(
+        # calls; this one's channel (gRPC connects lazily) then never connects.
+        self._coordinator = CoordinatorCalls(
             addresses[0],
+            timeout=timeout,
             max_message_bytes=max_message_bytes,
             security=self._security,
-            receive_message_bytes=self._receive_bytes,
+            answers=self._answers,
         )
-        self._stubs = LearnerStubs(self._channel)
-        #: Where Sample answers' results travel (rlfleet.client._result_route).
-        self.result_route = ResultRoute(
-            addresses[0], self._stubs, self._security, max_message_bytes
-        )
+        self._shards: ShardSet | None = None
+        #: Where requests, updates and subscriptions go.
+        self._calls: ShardSet | CoordinatorCalls = self._coordinator
+        if len(addresses) > 1:
+            shards = [
+                CoordinatorCalls(
+                    address,
+                    timeout=timeout,
+                    max_message_bytes=max_message_bytes,
+                    security=self._security,
+                )
+                for address in addresses
+            ]
+            self._shards = ShardSet(shards, seed=random_seed() if seed is None else seed)
+            self._calls = self._shards
         self._requests = 0
-        self._pushed = PushedState()
-        self._agent_version: int | None = None
-        self._answers = AnswerMemory()
         self._closed = False
 
     # --- garage's Sampler API ------------------------------------------------------
@@ -334,11 +302,7 @@ class RemoteSampler(ClosesOnExit):
             PolicyError: If a worker refused it (bad names or shapes); the
                 fleet is then back on the previous agent, as a new version.
         """
-        update = agent_change_of(agent_update)
-        if self._shards is not None:
-            self._agent_version = self._shards.update_agent(update)
-            return self._agent_version
-        return self._apply_agent(update)
+        return self._calls.update_agent(agent_change_of(agent_update))
 
     def update_env(self, env_update: EnvUpdateLike) -> int:
         """Switches every worker to another env; returns its generation.
@@ -352,10 +316,7 @@ class RemoteSampler(ClosesOnExit):
             EnvNotFoundError, ConfigError: If a worker could not build it;
                 the fleet is then back on the previous env.
         """
-        update = env_change_of(env_update)
-        if self._shards is not None:
-            return self._shards.update_env(update)
-        return self._apply_env(update)
+        return self._calls.update_env(env_change_of(env_update))
 
     def stream(
         self,
@@ -389,37 +350,21 @@ class RemoteSampler(ClosesOnExit):
             is then per coordinator, and a failure of any ends them all.
         """
         ask = subscribe_ask(mode, fragment_length, max_buffered_steps, self.seed)
-        if self._shards is not None:
-            return self._shards.subscribe(ask, timeout)
-        return self._subscribe(ask, timeout)
+        return self._calls.subscribe(ask, timeout)
 
-    def _subscribe(self, ask: SubscribeAsk, timeout: float | None) -> SampleStream:
-        """Opens a subscription on this (one) coordinator."""
-        # A channel of its own whose receive window does not grow (no BDP
-        # probing): the transport then holds at most STREAM_WINDOW_BYTES for
-        # a reader that stops, so the coordinator's buffer fills and
-        # backpressure stops the workers within a few hundred KiB.
-        channel = _rpc.open_channel(
-            self.address,
-            max_message_bytes=self._max_message_bytes,
-            receive_window_bytes=STREAM_WINDOW_BYTES,
-            security=self._security,
-            receive_message_bytes=self._receive_bytes,
-        )
-        try:
-            call = subscribe(channel, ask, timeout=timeout)
-        except BaseException:
-            channel.close()
-            raise
-        what = self._what("Subscribe")
-        return SampleStream(
-            call,
-            what,
-            self._answers.reader(what),
-            timeout,
-            channel,
-            failed=lambda exc: self._failed(exc, "Subscribe", timeout=timeout),
-        )
+    @property
+    def timeout(self) -> float | None:
+        """Deadline of each call in seconds (None: none)."""
+        return self._coordinator.timeout
+
+    @timeout.setter
+    def timeout(self, value: float | None) -> None:
+        self._coordinator.timeout = value
+
+    @property
+    def result_route(self) -> ResultRoute:
+        """Where Sample answers' results travel (rlfleet.client._result_route)."""
+        return self._coordinator.result_route
 
     @property
     def security(self) -> ClientSecurity:
@@ -444,14 +389,12 @@ class RemoteSampler(ClosesOnExit):
 
     def status(self) -> FleetStatus:
         """The fleet's workers, rates, agent version and env (summed over coordinators)."""
-        if self._shards is not None:
-            return self._shards.status()
-        return self._unary("GetStatus", lambda: self._stubs.status(timeout=self.timeout))
+        return self._calls.status()
 
     @property
     def agent_version(self) -> int | None:
         """The agent version of the last answer or update (None before any)."""
-        return self._agent_version
+        return self._calls.agent_version
 
     @property
     def coordinator_id(self) -> str | None:
@@ -459,7 +402,7 @@ class RemoteSampler(ClosesOnExit):
 
         It changes when the coordinator restarted (``FleetStatus.coordinator_id``).
         """
-        return self._pushed.coordinator_id
+        return self._coordinator.pushed.coordinator_id
 
     @property
     def env_spec(self) -> EnvSpec:
@@ -504,8 +447,7 @@ class RemoteSampler(ClosesOnExit):
         """Closes the channel (idempotent)."""
         if not self._closed:
             self._closed = True
-            self.result_route.close()
-            self._channel.close()
+            self._coordinator.close()
             if self._shards is not None:
                 self._shards.close()
 
@@ -532,51 +474,16 @@ class RemoteSampler(ClosesOnExit):
             amount,
             fragment_length=fragment_length,
             seed=self.seed,
+            request_index=self._requests,
+            agent_update=None if agent_update is None else agent_change_of(agent_update),
+            env_update=None if env_update is None else env_change_of(env_update),
             wait_for_workers_seconds=self.wait_for_workers or 0.0,
             itr=itr,
         )
-        agent = None if agent_update is None else agent_change_of(agent_update)
-        env = None if env_update is None else env_change_of(env_update)
-        if self._shards is not None:
-            ask = dataclasses.replace(
-                ask, request_index=self._requests, agent_update=agent, env_update=env
-            )
-            answer = self._shards.sample(ask, progress)
-            self._requests += 1
-            self._agent_version = answer.header.agent_version
-            return answer
-        return self._restoring_on_restart(lambda: self._sample_once(ask, agent, env, progress))
-
-    def _sample_range(self, ask: SampleAsk, progress: Progress | None) -> SampleAnswer:
-        """``ask`` as it is (its request index, no updates): one shard's piece of a request."""
-        return self._restoring_on_restart(
-            lambda: self._sample_once(ask, None, None, progress, counted=False)
-        )
-
-    def _apply_agent(self, update: AgentChange) -> int:
-        """Pushes an agent change to this coordinator (restoring its state if it restarted)."""
-
-        def push() -> int:
-            agent, env = self._restore(update, None)
-            if env is not None:
-                self._push_env(env)
-            assert agent is not None  # restoring keeps the caller's update
-            return self._push_agent(agent)
-
-        return self._restoring_on_restart(push)
-
-    def _apply_env(self, update: EnvChange) -> int:
-        """Pushes an env change to this coordinator (restoring its state if it restarted)."""
-
-        def push() -> int:
-            agent, env = self._restore(None, update)
-            assert env is not None  # restoring keeps the caller's update
-            generation = self._push_env(env)
-            if agent is not None:
-                self._push_agent(agent)
-            return generation
-
-        return self._restoring_on_restart(push)
+        # A failed call does not count: retried, it gets the same seeds.
+        answer = self._calls.sample(ask, progress)
+        self._requests += 1
+        return answer
 
     def _one_coordinator(self, what: str) -> None:
         if self._shards is not None:
@@ -584,117 +491,3 @@ class RemoteSampler(ClosesOnExit):
                 f"{what} works on one coordinator, and this sampler has {len(self.addresses)} "
                 f"({self.address}); use a RemoteSampler with a single address for it"
             )
-
-    def _sample_once(
-        self,
-        ask: SampleAsk,
-        agent_update: AgentChange | None,
-        env_update: EnvChange | None,
-        progress: Progress | None,
-        *,
-        counted: bool = True,
-    ) -> SampleAnswer:
-        """One attempt at ``ask``, with this sampler's request index and state.
-
-        ``counted=False``: with ``ask``'s own request index (a shard's piece).
-        """
-        agent, env = self._restore(agent_update, env_update)
-        ask = dataclasses.replace(
-            ask,
-            request_index=self._requests if counted else ask.request_index,
-            agent_update=agent,
-            env_update=env,
-            coordinator_id=self._pushed.expected_id,
-        )
-        with self.result_route.routed(ask, self.timeout) as (ask, data):
-            call = self._stubs.sample(ask, timeout=self.timeout)
-            try:
-                reader = self._answers.reader(self._what("Sample"), keep_pieces=True)
-                answer = collect_answer(call, reader, ask.mode, ask.amount, progress, data=data)
-            except grpc.RpcError as exc:
-                raise self._failed(exc, "Sample", timeout=self.timeout) from None
-            finally:
-                call.cancel()  # a no-op after a complete answer; frees the call on errors
-        self._requests += counted
-        self._agent_version = answer.header.agent_version
-        if env is not None:
-            self._pushed.env_applied(env)
-        if agent is not None:
-            self._pushed.agent_applied(agent, answer.header.agent_version)
-        self._pushed.answered_by(answer.header.coordinator_id)
-        return answer
-
-    def _unary(self, name: str, call: Callable[[], T]) -> T:
-        try:
-            return call()
-        except grpc.RpcError as exc:
-            raise self._failed(exc, name, timeout=self.timeout) from None
-
-    def _failed(self, exc: grpc.RpcError, name: str, *, timeout: float | None) -> RlfleetError:
-        """The typed error of a failed call; an UNAVAILABLE one may mean a restart.
-
-        Or a refused TLS certificate, which gRPC reports as UNAVAILABLE too:
-        that one is an AuthenticationError naming TLS (retrying cannot help).
-        """
-        error = call_error(exc, what=self._what(name), timeout=timeout)
-        if isinstance(error, UnavailableError):
-            tls = self._security.tls
-            reason = None if tls is None else tls_failure(self.address, tls)
-            if tls is not None and reason is not None:
-                return AuthenticationError(
-                    f"{self._what(name)}: {describe_tls_failure(self.address, reason, tls)}"
-                )
-            self._pushed.suspect_restart = True
-        return error
-
-    def _push_agent(self, agent: AgentChange) -> int:
-        push = UpdatePush(agent, self._pushed.expected_id)
-        ack = self._unary(
-            "UpdateAgent", lambda: self._stubs.update_agent(push, timeout=self.timeout)
-        )
-        self._agent_version = ack.agent_version
-        self._pushed.agent_applied(agent, ack.agent_version)
-        self._pushed.answered_by(ack.coordinator_id)
-        return int(ack.agent_version)
-
-    def _push_env(self, env: EnvChange) -> int:
-        push = UpdatePush(env, self._pushed.expected_id)
-        ack = self._unary("UpdateEnv", lambda: self._stubs.update_env(push, timeout=self.timeout))
-        self._pushed.env_applied(env)
-        self._pushed.answered_by(ack.coordinator_id)
-        return int(ack.env_generation)
-
-    def _restoring_on_restart(self, attempt: Callable[[], T]) -> T:
-        """Runs ``attempt``; once more if the coordinator restarted since the last push.
-
-        The refused attempt changed nothing (the coordinator refuses before
-        applying or sampling anything), and the second one restores this
-        sampler's env and agent first (see :meth:`_restore`).
-        """
-        try:
-            return attempt()
-        except CoordinatorRestartedError:
-            self._pushed.suspect_restart = True
-            return attempt()
-
-    def _restore(
-        self, agent: AgentChange | None, env: EnvChange | None
-    ) -> tuple[AgentChange | None, EnvChange | None]:
-        """The updates to send: the caller's, plus this sampler's state on a new coordinator."""
-        pushed = self._pushed
-        if not (pushed.suspect_restart and pushed.pushed_anything):
-            return agent, env
-        status = self._unary("GetStatus", lambda: self._stubs.status(timeout=self.timeout))
-        pushed.suspect_restart = False
-        if not pushed.restarted(status):
-            return agent, env
-        logger.info(
-            "coordinator %s restarted (id %s); restoring the env and agent this sampler pushed",
-            self.address,
-            status.coordinator_id,
-        )
-        pushed.coordinator_id = status.coordinator_id
-        return pushed.restoring(agent, env)
-
-    def _what(self, name: str) -> str:
-        return f"{name} on coordinator {self.address}"

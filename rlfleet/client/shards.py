@@ -43,8 +43,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
+from rlfleet.client._coordinator_calls import CoordinatorCalls, Progress
 from rlfleet.client._responses import SampleAnswer
 from rlfleet.client._restore import PushedState
 from rlfleet.client.shard_fragments import (
@@ -62,14 +63,9 @@ from rlfleet.protocol.modes import Footer, Mode
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.wire.results import Result
 
-if TYPE_CHECKING:
-    from rlfleet.client.sampler import RemoteSampler
-
 logger = logging.getLogger("rlfleet.client")
 
 T = TypeVar("T")
-#: ``progress(done, target)``, as RemoteSampler's.
-Progress = Callable[[int, int], None]
 
 #: Seconds after which a lost shard is tried again (sooner, every call would
 #: first wait for an unreachable host to fail).
@@ -131,20 +127,20 @@ class Shard:
     """One coordinator of a sharded sampler.
 
     Attributes:
-        sampler: The single-coordinator sampler that talks to it.
+        coordinator: The sampler's calls to it.
         lost_at: ``time.monotonic()`` when it was last found lost, else None.
         behind: It missed an update: push the learner's env and agent first.
         error: What it answered when it was lost.
     """
 
-    sampler: RemoteSampler
+    coordinator: CoordinatorCalls
     lost_at: float | None = None
     behind: bool = False
     error: str = ""
 
     @property
     def address(self) -> str:
-        return self.sampler.address
+        return self.coordinator.address
 
 
 class _Progress:
@@ -181,13 +177,15 @@ class ShardSet:
     """Serves a sampler's requests and updates over several coordinators.
 
     Args:
-        samplers: One single-coordinator sampler per shard (closed with the set).
+        coordinators: The calls to each shard's coordinator (closed with the set).
         seed: Base seed of every request.
     """
 
-    def __init__(self, samplers: Sequence[RemoteSampler], *, seed: int) -> None:
-        self.shards = [Shard(sampler) for sampler in samplers]
+    def __init__(self, coordinators: Sequence[CoordinatorCalls], *, seed: int) -> None:
+        self.shards = [Shard(coordinator) for coordinator in coordinators]
         self.seed = seed
+        #: The agent version of the last answer or update (None before any).
+        self.agent_version: int | None = None
         self._pool = ThreadPoolExecutor(len(self.shards), thread_name_prefix="rlfleet-shard")
         self._pushed = PushedState()
         #: Mean episode length of the last STEPS call's episodes (sizes waves).
@@ -210,13 +208,16 @@ class ShardSet:
         if ask.agent_update is not None:
             self.update_agent(ask.agent_update)
         ask = dataclasses.replace(ask, seed=self.seed, agent_update=None, env_update=None)
+        tracker = _Progress(progress, ask.amount)
         if ask.mode == Mode.FRAGMENTS:
-            return self._sample_fragments(ask, _Progress(progress, ask.amount))
-        if ask.mode == Mode.EPISODES:
-            tracker = _Progress(progress, ask.amount)
+            answer = self._sample_fragments(ask, tracker)
+        elif ask.mode == Mode.EPISODES:
             answers = self._run(ask, split_ranges(0, ask.amount, self._live_count()), tracker)
-            return _joined(answers, ask.amount)
-        return self._sample_steps(ask, _Progress(progress, ask.amount))
+            answer = _joined(answers, ask.amount)
+        else:
+            answer = self._sample_steps(ask, tracker)
+        self.agent_version = answer.header.agent_version
+        return answer
 
     def _sample_steps(self, ask: SampleAsk, tracker: _Progress) -> SampleAnswer:
         """STEPS: waves of episode ranges until episodes 0..m reach the amount."""
@@ -265,7 +266,7 @@ class ShardSet:
         # A shard lost before this call (and not due for another try yet, or
         # failing that try) has no streams in it; one lost in it fails it.
         known_lost = {shard for shard in self.shards if shard.lost_at is not None}
-        statuses = self._on_live("GetStatus", lambda shard: shard.sampler.status())
+        statuses = self._on_live("GetStatus", lambda shard: shard.coordinator.status())
         lost = [s for s in self.shards if s.lost_at is not None and s not in known_lost]
         if lost:
             raise _streams_lost(lost)
@@ -304,7 +305,7 @@ class ShardSet:
     ) -> SampleAnswer:
         if shard.behind:
             self._catch_up(shard)
-        return shard.sampler._sample_range(ask, report)
+        return shard.coordinator.sample(ask, report)
 
     def _on_live(
         self, name: str, call: Callable[[Shard], T], *, updates: bool = False
@@ -383,7 +384,7 @@ class ShardSet:
             self._catch_up(shard)
         first, count = piece
         ranged = dataclasses.replace(ask, mode=Mode.EPISODES, amount=count, first_episode=first)
-        return shard.sampler._sample_range(ranged, report)
+        return shard.coordinator.sample(ranged, report)
 
     def subscribe(self, ask: SubscribeAsk, timeout: float | None) -> MergedStream:
         """A subscription on every live shard, merged into one iterator.
@@ -404,7 +405,7 @@ class ShardSet:
                 if shard.behind:
                     self._catch_up(shard)
                 own = dataclasses.replace(ask, seed=shard_seed(self.seed, self.shards.index(shard)))
-                streams.append(shard.sampler._subscribe(own, timeout))
+                streams.append(shard.coordinator.subscribe(own, timeout))
         except BaseException:
             for stream in streams:
                 stream.close()
@@ -423,14 +424,15 @@ class ShardSet:
 
     def update_agent(self, update: AgentChange) -> int:
         """Pushes an agent to every reachable shard; returns its version."""
-        versions = self._everywhere("UpdateAgent", lambda s: s.sampler._apply_agent(update))
+        versions = self._everywhere("UpdateAgent", lambda s: s.coordinator.update_agent(update))
         version = max(versions)
         self._pushed.agent_applied(update, version)
+        self.agent_version = version
         return version
 
     def update_env(self, update: EnvChange) -> int:
         """Switches every reachable shard to another env; returns its generation."""
-        generations = self._everywhere("UpdateEnv", lambda s: s.sampler._apply_env(update))
+        generations = self._everywhere("UpdateEnv", lambda s: s.coordinator.update_env(update))
         self._pushed.env_applied(update)
         return max(generations)
 
@@ -440,7 +442,7 @@ class ShardSet:
         Worker ids are per coordinator, so two shards' workers may share one;
         ``coordinator_id`` joins the shards' ids with commas, in address order.
         """
-        parts = self._everywhere("GetStatus", lambda s: s.sampler.status(), updates=False)
+        parts = self._everywhere("GetStatus", lambda s: s.coordinator.status(), updates=False)
         first = parts[0]
         return dataclasses.replace(
             first,
@@ -458,10 +460,10 @@ class ShardSet:
         )
 
     def close(self) -> None:
-        """Closes every shard's sampler and the set's threads."""
+        """Closes every shard's calls and the set's threads."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         for shard in self.shards:
-            shard.sampler.close()
+            shard.coordinator.close()
 
     # --- internals -----------------------------------------------------------------
 
@@ -484,9 +486,9 @@ class ShardSet:
         agent, env = self._pushed.restoring(None, None)
         logger.info("coordinator %s missed an update; pushing env and agent again", shard.address)
         if env is not None:
-            shard.sampler._apply_env(env)
+            shard.coordinator.update_env(env)
         if agent is not None:
-            shard.sampler._apply_agent(agent)
+            shard.coordinator.update_agent(agent)
         shard.behind = False
 
     def _live(self) -> list[Shard]:
