@@ -373,7 +373,11 @@ class RemoteSampler(ClosesOnExit):
 
     @property
     def max_message_bytes(self) -> int:
-        """The largest message this sampler's channels accept."""
+        """The largest message this sampler sends and accepts, result messages aside.
+
+        Result messages as the coordinator forwards them are accepted up to
+        ``rlfleet.wire.chunks.FORWARDED_RESULT_BYTES`` whatever this says.
+        """
         return self._max_message_bytes
 
     def open_channel(self) -> grpc.Channel:
