@@ -1,10 +1,10 @@
 """One learner over several coordinators: each request cut into episode ranges.
 
 One coordinator's Python runs under one GIL, so past about a core's worth
-of results, more workers on it add nothing (docs/performance.md, "Capacity
-model"). A :class:`~rlfleet.client.RemoteSampler` given several addresses
-spreads each request over that many coordinators ("shards"), each with its
-own workers, through this module.
+of results, more workers on it add nothing (docs/performance.md,
+"Coordinator capacity: the model"). A :class:`~rlfleet.client.RemoteSampler`
+given several addresses spreads each request over that many coordinators
+("shards"), each with its own workers, through this module.
 
 Why the batch does not depend on the number of shards: episode ``k`` of
 request ``n`` gets its seeds from ``(seed, n, k)`` whoever runs it
