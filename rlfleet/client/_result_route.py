@@ -8,8 +8,9 @@ in every Sample request. The coordinator then sends the answer's result
 messages there as frames, and the call's stream keeps the header, the
 footer and errors (learner.proto, "Results on a learner's data
 connection"). A frame is read straight into a buffer of its own, which the
-assembly reads in place: gRPC's receiving was three quarters of the
-learner's CPU per result (docs/performance.md).
+assembly reads in place, with no gRPC message and no protobuf object per
+result (docs/performance.md, "Results on the learner's own data
+connection").
 
 What keeps answers whole: the learner reads the frames of its call up to
 the coordinator's end marker before it reads the footer, and the marker's
