@@ -133,7 +133,12 @@ def worker_attach(
             if _rpc.DATA_RESULTS_CAPABILITY in handle.hello.capabilities:
                 done = handle.data_results_done = threading.Event()
                 limit = state.config.limits.max_inflight_bytes_per_worker
-                results = ResultLane(events, handle, done, limit, connection.close)
+                after = (
+                    handle.join_results_over
+                    if _rpc.RESULTS_SWITCH_CAPABILITY in handle.hello.capabilities
+                    else None
+                )
+                results = ResultLane(events, handle, done, limit, connection.close, after)
         count = state.metrics.lease_data_frame
         return WorkerDataPeer(state, events, leases, handle, count, results=results)
 
