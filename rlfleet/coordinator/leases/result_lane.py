@@ -80,6 +80,7 @@ class ResultLane:
         done: threading.Event,
         limit: int,
         close: Callable[[str], None],
+        *,
         after: threading.Event | None = None,
     ) -> None:
         self._done = done
