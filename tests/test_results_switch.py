@@ -20,11 +20,13 @@ import contextlib
 import re
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from rlfleet.core import EpisodeBatch
+from rlfleet.sampling import LocalSampler
 from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import leases_pb2, worker_pb2
 from tests._coordinator_fakes import assert_same_batch
@@ -174,20 +176,51 @@ def test_results_move_to_a_data_connection_that_opens_after_the_first_result(
     assert "WARNING" not in log
 
 
-def test_a_worker_killed_after_its_results_moved_loses_and_duplicates_nothing(
-    processes: ProcessFleet,
-) -> None:
+def test_fragments_continue_across_the_move_as_local_samplers(processes: ProcessFleet) -> None:
+    # Windows of one task straddle the move (the first ones on the Join
+    # stream, the next ones on the data connection), and the streams go on
+    # across requests: the same fragments as LocalSampler's.
     processes.start_coordinator(*env_flags(SLOW_ENV))
     with late_data_port(processes) as data_port:
         sampler = processes.sampler(seed=SEED, timeout=120)
-        answer = run_in_thread(lambda: sampler.obtain_episodes(40))
-        victim = start_late_worker(processes)
-        processes.wait_for_log(victim, ON_JOIN)
+        answer = run_in_thread(lambda: sampler.obtain_fragments(2 * 3 * 20, 3))
+        worker = start_late_worker(processes)
+        processes.wait_for_log(worker, ON_JOIN)
+        data_port.open()
+        first = answer(120)
+        processes.wait_for_log(worker, DATA_OPEN)
+        second = sampler.obtain_fragments(2 * 3 * 10, 3)
+        processes.wait_for_log(worker, MOVED)
+    with LocalSampler(SLOW_ENV_TWIN, n_workers=1, envs_per_worker=2, seed=SEED) as local:
+        assert_same_batch(first, local.obtain_fragments(2 * 3 * 20, 3))
+        assert_same_batch(second, local.obtain_fragments(2 * 3 * 10, 3))
+
+
+@contextlib.contextmanager
+def moved_mid_request(
+    processes: ProcessFleet, episodes: int
+) -> Iterator[tuple[Proc, Callable[[float], EpisodeBatch]]]:
+    """A worker whose data connection opened after its first result and whose
+    results moved there, beside a worker of the usual kind, while it still
+    holds units of a request for ``episodes`` episodes: yields it and the
+    request's answer."""
+    processes.start_coordinator(*env_flags(SLOW_ENV))
+    with late_data_port(processes) as data_port:
+        sampler = processes.sampler(seed=SEED, timeout=120)
+        answer = run_in_thread(lambda: sampler.obtain_episodes(episodes))
+        worker = start_late_worker(processes)
+        processes.wait_for_log(worker, ON_JOIN)
         processes.start_worker(envs=2, imports=[TEST_ENVS_MODULE])
         data_port.open()
-        # Killed once its results moved (some on each carrier), with units still to run.
-        processes.wait_for_log(victim, MOVED)
-        processes.wait_until(lambda: processes.units_on(victim.name), what="units on the victim")
+        processes.wait_for_log(worker, MOVED)  # some results on each carrier by now
+        processes.wait_until(lambda: processes.units_on(worker.name), what="units on it")
+        yield worker, answer
+
+
+def test_a_worker_killed_after_its_results_moved_loses_and_duplicates_nothing(
+    processes: ProcessFleet,
+) -> None:
+    with moved_mid_request(processes, 40) as (victim, answer):
         processes.kill(victim)
         batch = answer(120)
     assert_same_batch(batch, local_episodes(SLOW_ENV_TWIN, 40, seed=SEED)[0])
@@ -196,22 +229,14 @@ def test_a_worker_killed_after_its_results_moved_loses_and_duplicates_nothing(
 def test_a_worker_leaving_after_its_results_moved_keeps_its_last_results(
     processes: ProcessFleet,
 ) -> None:
-    # SIGTERM once the results moved: the worker finishes its episodes, sends
-    # the last results on the data connection and the end-of-results marker,
-    # and leaves; the coordinator books them all (none re-run) before its end.
-    coordinator = processes.start_coordinator(*env_flags(SLOW_ENV))
-    with late_data_port(processes) as data_port:
-        sampler = processes.sampler(seed=SEED, timeout=120)
-        answer = run_in_thread(lambda: sampler.obtain_episodes(40))
-        leaver = start_late_worker(processes)
-        processes.wait_for_log(leaver, ON_JOIN)
-        processes.start_worker(envs=2, imports=[TEST_ENVS_MODULE])
-        data_port.open()
-        processes.wait_for_log(leaver, MOVED)
-        processes.wait_until(lambda: processes.units_on(leaver.name), what="units on the leaver")
+    # SIGTERM once the results moved: the worker sends its last results on
+    # the data connection, then the end-of-results marker, and leaves; the
+    # coordinator books its end only after them, and nothing is lost or
+    # repeated.
+    with moved_mid_request(processes, 40) as (leaver, answer):
         assert processes.terminate(leaver) == 0
         batch = answer(120)
-        log = processes.wait_for_log(coordinator, f"worker '{leaver.name}' removed (OK")
+        log = processes.wait_for_log(processes.coordinator, f"'{leaver.name}' removed (OK")
     assert_same_batch(batch, local_episodes(SLOW_ENV_TWIN, 40, seed=SEED)[0])
     assert "did not deliver its last results" not in log
 

@@ -141,8 +141,8 @@ class SessionLeases:
                 logger.info("this session's results go on the lease data channel")
             else:
                 logger.info(
-                    "this session's results move to the lease data channel, now open (its "
-                    "first %d went on the Join stream)",
+                    "this session's results move to the lease data channel, now open, after %d "
+                    "on the Join stream",
                     self._join_results,
                 )
             return True
