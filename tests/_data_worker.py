@@ -35,10 +35,10 @@ class HeldResults:
 
 @contextlib.contextmanager
 def scripted_data_worker(
-    address: str, held: HeldResults
+    address: str, held: HeldResults, capabilities: tuple[str, ...] = DATA_CAPABILITIES
 ) -> Iterator[tuple[AutoWorker, LeaseDataLink]]:
     """A scripted worker that agreed on data results, with its data connection open."""
-    worker = AutoWorker(address, num_envs=2, capabilities=DATA_CAPABILITIES, send_result=held.take)
+    worker = AutoWorker(address, num_envs=2, capabilities=capabilities, send_result=held.take)
     try:
         assert worker.welcome.HasField("lease_data")
         assert _rpc.DATA_RESULTS_CAPABILITY in worker.welcome.capabilities

@@ -287,6 +287,7 @@ def test_hello_env_ready_results_and_heartbeats(
         "rlfleet.unit-columns",
         "rlfleet.leases",
         "rlfleet.data-results",
+        "rlfleet.results-switch",
     ]
     assert hello.implementation.startswith("rlfleet-python/")
     welcome(connection)

@@ -75,6 +75,7 @@ KNOWN_CAPABILITIES = frozenset(
         "rlfleet.stream-takeover",
         "rlfleet.unit-columns",
         "rlfleet.data-results",
+        "rlfleet.results-switch",
     }
 )
 #: Those the test coordinator grants: never pickle (it needs an opt-in and TLS),

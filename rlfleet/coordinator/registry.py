@@ -94,6 +94,11 @@ class WorkerHandle:
             data connection (its end-of-results marker, or the connection's
             end); None while results cannot come there (no data connection,
             or no ``rlfleet.data-results`` capability).
+        join_results_over: Set once no more results can come on its Join
+            stream (its results switch marker, or the stream's end, was
+            read): with ``rlfleet.results-switch``, its data connection's
+            results are booked only after that, so none overtakes one sent
+            before it on the stream.
         lease_data: Its lease data connection, once accepted: lease
             commands go there (:meth:`send_lease`).
         lease_ticket: The ticket its Welcome carried ("" without one).
@@ -121,6 +126,7 @@ class WorkerHandle:
     )
     result_layout: ResultLayoutCheck = field(default_factory=ResultLayoutCheck)
     data_results_done: threading.Event | None = None
+    join_results_over: threading.Event = field(default_factory=threading.Event)
     lease_data: LeaseConnection | None = None
     lease_ticket: bytes = b""
     forged_replies: int = 0

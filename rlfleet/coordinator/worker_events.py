@@ -71,6 +71,7 @@ CAPABILITIES = (
     _rpc.TAKEOVER_CAPABILITY,
     _rpc.UNIT_COLUMNS_CAPABILITY,
     _rpc.DATA_RESULTS_CAPABILITY,
+    _rpc.RESULTS_SWITCH_CAPABILITY,
 )
 
 
@@ -329,6 +330,25 @@ class WorkerEvents:
         if joined is not None:
             budget.release()
         return joined
+
+    def on_results_switch(self, handle: WorkerHandle) -> None:
+        """The worker's results switch marker, read on its Join stream: every
+        result before it on the stream was booked, so its data connection's
+        results, held until now, are booked next (result_lane.py).
+
+        Raises:
+            ProtocolError: Without ``rlfleet.results-switch`` and
+                ``rlfleet.data-results`` agreed, or for a second marker.
+        """
+        agreed = handle.hello.capabilities
+        if not {_rpc.RESULTS_SWITCH_CAPABILITY, _rpc.DATA_RESULTS_CAPABILITY} <= set(agreed):
+            raise ProtocolError(
+                f"worker {handle.name!r} sent a results switch marker without agreeing on "
+                f"{_rpc.RESULTS_SWITCH_CAPABILITY} and {_rpc.DATA_RESULTS_CAPABILITY} in its Hello"
+            )
+        if handle.join_results_over.is_set():
+            raise ProtocolError(f"worker {handle.name!r} sent a second results switch marker")
+        handle.join_results_over.set()
 
     def await_data_results(self, handle: WorkerHandle) -> None:
         """Waits, before a worker's graceful end is booked, until its lease data

@@ -34,7 +34,14 @@ from rlfleet.coordinator.worker_messages import (
 )
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
 from rlfleet.protocol.error_reports import ErrorReport
-from rlfleet.protocol.join import AgentApplied, EnvBuilt, WorkerBeat, WorkerHello, WorkerLeaving
+from rlfleet.protocol.join import (
+    AgentApplied,
+    EnvBuilt,
+    ResultsSwitch,
+    WorkerBeat,
+    WorkerHello,
+    WorkerLeaving,
+)
 from rlfleet.security import InflightBudget
 from rlfleet.transport import rpc as _rpc
 
@@ -212,6 +219,9 @@ class WorkerFace:
             logger.exception("internal error on the stream of worker %r", handle.name)
             events.drop(handle, grpc.StatusCode.INTERNAL, f"coordinator bug: {exc!r}")
         else:
+            # Nothing more comes on the stream: results held on the data
+            # connection after it are booked now.
+            handle.join_results_over.set()
             # gRPC often ends the request iterator cleanly, not with an error,
             # when the peer's connection drops (a killed process): only a
             # worker that said Leaving or was drained closes on purpose.
@@ -235,7 +245,15 @@ class WorkerFace:
             return
         events = self._coordinator.workers
         if isinstance(item, ResultPiece):
+            if handle.join_results_over.is_set():
+                raise ProtocolError(
+                    f"worker {handle.name!r} sent a result on its Join stream after its results "
+                    "switch marker: every later result must come on its lease data connection "
+                    "(leases.proto, 'Results on the lease data channel')"
+                )
             events.on_chunk(handle, handle.assembler, budget, item.header, item.chunk)
+        elif isinstance(item, ResultsSwitch):
+            events.on_results_switch(handle)
         elif isinstance(item, WorkerBeat):
             events.on_heartbeat(handle, item)
         elif isinstance(item, EnvBuilt):

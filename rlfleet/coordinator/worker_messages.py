@@ -26,6 +26,7 @@ from rlfleet.protocol.join import (
     AgentApplied,
     DrainOrder,
     EnvBuilt,
+    ResultsSwitch,
     TaskAssignment,
     WorkerBeat,
     WorkerHello,
@@ -84,6 +85,7 @@ WorkerEvent: TypeAlias = (
     | WorkerBeat
     | ErrorReport
     | WorkerLeaving
+    | ResultsSwitch
     | ResultPiece
     | LeaseReplyBody
     | EmptyWorkerMessage
@@ -97,6 +99,7 @@ _BODY_NAMES: dict[type, str] = {
     WorkerBeat: "heartbeat",
     ErrorReport: "error",
     WorkerLeaving: "leaving",
+    ResultsSwitch: "results_switch",
     ResultPiece: "result",
     LeaseReplyBody: "lease_reply",
     RelayReply: "lease_reply",
@@ -153,6 +156,8 @@ def parse_worker_message_by_protobuf(data: bytes | bytearray | memoryview) -> Wo
         return LeaseReplyBody(message.lease_reply.SerializeToString())
     if body == "leaving":
         return WorkerLeaving(message.leaving.reason)
+    if body == "results_switch":
+        return ResultsSwitch()
     if body == "hello":
         return decode_hello(message.hello)
     return EmptyWorkerMessage()

@@ -120,6 +120,12 @@ class WorkerLeaving:
     reason: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class ResultsSwitch:
+    """The worker's results switch marker (worker.proto ``results_switch``): every
+    result after it comes on the session's lease data connection."""
+
+
 class TaskAssignment(NamedTuple):
     """A task as the coordinator sends it (worker.proto ``Task``), before any check.
 

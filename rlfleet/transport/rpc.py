@@ -69,6 +69,11 @@ UNIT_COLUMNS_CAPABILITY = "rlfleet.unit-columns"
 #: once their session's connection is open (leases.proto, "Results on the
 #: lease data channel"); agreed in Hello and Welcome like every capability.
 DATA_RESULTS_CAPABILITY = "rlfleet.data-results"
+#: Capability of workers whose results move to the lease data channel at a
+#: result boundary once its connection opens, after the results switch
+#: marker on the Join stream (WorkerMessage.results_switch); without it on
+#: both sides, a session keeps the carrier of its first result.
+RESULTS_SWITCH_CAPABILITY = "rlfleet.results-switch"
 
 #: Default largest message either side sends or accepts. Batches are chunked
 #: well below it (rlfleet.wire.DEFAULT_CHUNK_BYTES); only agent updates with

@@ -29,7 +29,7 @@ from rlfleet.v1 import tensor_pb2 as rlfleet_dot_v1_dot_tensor__pb2
 from rlfleet.v1 import updates_pb2 as rlfleet_dot_v1_dot_updates__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/worker.proto\x12\nrlfleet.v1\x1a\x16rlfleet/v1/batch.proto\x1a\x17rlfleet/v1/leases.proto\x1a\x17rlfleet/v1/spaces.proto\x1a\x17rlfleet/v1/tensor.proto\x1a\x18rlfleet/v1/updates.proto\"\xef\x02\n\rWorkerMessage\x12\"\n\x05hello\x18\x01 \x01(\x0b\x32\x11.rlfleet.v1.HelloH\x00\x12)\n\tenv_ready\x18\x02 \x01(\x0b\x32\x14.rlfleet.v1.EnvReadyH\x00\x12-\n\x0b\x61gent_ready\x18\x03 \x01(\x0b\x32\x16.rlfleet.v1.AgentReadyH\x00\x12+\n\x06result\x18\x04 \x01(\x0b\x32\x19.rlfleet.v1.EpisodeResultH\x00\x12*\n\theartbeat\x18\x05 \x01(\x0b\x32\x15.rlfleet.v1.HeartbeatH\x00\x12(\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x17.rlfleet.v1.WorkerErrorH\x00\x12&\n\x07leaving\x18\x07 \x01(\x0b\x32\x13.rlfleet.v1.LeavingH\x00\x12-\n\x0blease_reply\x18\x32 \x01(\x0b\x32\x16.rlfleet.v1.LeaseReplyH\x00\x42\x06\n\x04\x62ody\"\xb9\x02\n\x12\x43oordinatorMessage\x12&\n\x07welcome\x18\x01 \x01(\x0b\x32\x13.rlfleet.v1.WelcomeH\x00\x12+\n\nenv_update\x18\x02 \x01(\x0b\x32\x15.rlfleet.v1.EnvUpdateH\x00\x12/\n\x0c\x61gent_update\x18\x03 \x01(\x0b\x32\x17.rlfleet.v1.AgentUpdateH\x00\x12 \n\x04task\x18\x04 \x01(\x0b\x32\x10.rlfleet.v1.TaskH\x00\x12$\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x12.rlfleet.v1.CancelH\x00\x12\"\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x11.rlfleet.v1.DrainH\x00\x12)\n\x05lease\x18\x32 \x01(\x0b\x32\x18.rlfleet.v1.LeaseCommandH\x00\x42\x06\n\x04\x62ody\"\x9f\x01\n\x05Hello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x14\n\x0c\x63\x61pabilities\x18\x02 \x03(\t\x12\x10\n\x08num_envs\x18\x03 \x01(\r\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x03\x12\x16\n\x0eimplementation\x18\x07 \x01(\t\x12\x13\n\x0blease_slots\x18\x32 \x01(\r\"\x9c\x02\n\x07Welcome\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tworker_id\x18\x02 \x01(\x04\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x04 \x01(\x01\x12!\n\x19heartbeat_timeout_seconds\x18\x05 \x01(\x01\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x04\x12\x14\n\x0c\x63\x61pabilities\x18\x07 \x03(\t\x12\x14\n\x0c\x66irst_stream\x18\x08 \x01(\x04\x12\x16\n\x0e\x63oordinator_id\x18\t \x01(\t\x12\x30\n\nlease_data\x18\x32 \x01(\x0b\x32\x1c.rlfleet.v1.LeaseDataAddress\"E\n\x08\x45nvReady\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12%\n\x08\x65nv_spec\x18\x02 \x01(\x0b\x32\x13.rlfleet.v1.EnvSpec\"\x1d\n\nAgentReady\x12\x0f\n\x07version\x18\x01 \x01(\x03\"K\n\x0b\x45pisodeUnit\x12\x15\n\repisode_index\x18\x01 \x01(\x03\x12\x10\n\x08\x65nv_seed\x18\x02 \x01(\r\x12\x13\n\x0bpolicy_seed\x18\x03 \x01(\r\"\xe1\x02\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\x04\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12$\n\x04mode\x18\x03 \x01(\x0e\x32\x16.rlfleet.v1.SampleMode\x12\x15\n\ragent_version\x18\x04 \x01(\x03\x12\x16\n\x0e\x65nv_generation\x18\x05 \x01(\x04\x12&\n\x05units\x18\x06 \x03(\x0b\x32\x17.rlfleet.v1.EpisodeUnit\x12\x17\n\x0f\x66ragment_length\x18\x07 \x01(\r\x12\x0e\n\x06rounds\x18\x08 \x01(\r\x12\x11\n\tbase_seed\x18\t \x01(\x04\x12\x0f\n\x07streams\x18( \x03(\x04\x12\x34\n\x07replays\x18) \x03(\x0b\x32#.rlfleet.v1.ReliabilityStreamReplay\x12\x34\n\x0cunit_columns\x18* \x01(\x0b\x32\x1e.rlfleet.v1.EpisodeUnitColumns\"V\n\x12\x45pisodeUnitColumns\x12\x17\n\x0f\x65pisode_indices\x18\x01 \x01(\x0c\x12\x11\n\tenv_seeds\x18\x02 \x01(\x0c\x12\x14\n\x0cpolicy_seeds\x18\x03 \x01(\x0c\"\xab\x01\n\x17ReliabilityStreamReplay\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x15\n\repisode_index\x18\x02 \x01(\x04\x12\x16\n\x0e\x66ragment_index\x18\x03 \x01(\x04\x12#\n\x07\x61\x63tions\x18\x04 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12,\n\x10last_observation\x18\x05 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\"2\n\x06\x43\x61ncel\x12\x0f\n\x07task_id\x18\x01 \x01(\x04\x12\x17\n\x0f\x65pisode_indices\x18\x02 \x03(\x03\".\n\x05\x44rain\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\"\xb3\x01\n\rEpisodeResult\x12\x0f\n\x07task_id\x18\x01 \x01(\x04\x12\x17\n\x0f\x65pisode_indices\x18\x02 \x03(\x03\x12\x0f\n\x07lengths\x18\x03 \x03(\x03\x12\x15\n\ragent_version\x18\x04 \x01(\x03\x12\x16\n\x0e\x65nv_generation\x18\x05 \x01(\x04\x12\x11\n\tworker_id\x18\x06 \x01(\x04\x12%\n\x05\x63hunk\x18\x07 \x01(\x0b\x32\x16.rlfleet.v1.BatchChunk\"e\n\tHeartbeat\x12\x13\n\x0bsteps_total\x18\x01 \x01(\x04\x12\x18\n\x10steps_per_second\x18\x02 \x01(\x01\x12\x13\n\x0b\x61\x63tive_envs\x18\x03 \x01(\r\x12\x14\n\x0cqueued_units\x18\x04 \x01(\r\"6\n\x0bWorkerError\x12\'\n\x06\x64\x65tail\x18\x01 \x01(\x0b\x32\x17.rlfleet.v1.ErrorDetail\"\x19\n\x07Leaving\x12\x0e\n\x06reason\x18\x01 \x01(\t*K\n\x0fProtocolVersion\x12 \n\x1cPROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\x16\n\x12PROTOCOL_VERSION_1\x10\x01*u\n\nSampleMode\x12\x1b\n\x17SAMPLE_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11SAMPLE_MODE_STEPS\x10\x01\x12\x18\n\x14SAMPLE_MODE_EPISODES\x10\x02\x12\x19\n\x15SAMPLE_MODE_FRAGMENTS\x10\x03\x32V\n\rWorkerService\x12\x45\n\x04Join\x12\x19.rlfleet.v1.WorkerMessage\x1a\x1e.rlfleet.v1.CoordinatorMessage(\x01\x30\x01\x42:P\x01Z6github.com/rlfleet/rlfleet/gen/go/rlfleet/v1;rlfleetv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/worker.proto\x12\nrlfleet.v1\x1a\x16rlfleet/v1/batch.proto\x1a\x17rlfleet/v1/leases.proto\x1a\x17rlfleet/v1/spaces.proto\x1a\x17rlfleet/v1/tensor.proto\x1a\x18rlfleet/v1/updates.proto\"\xa6\x03\n\rWorkerMessage\x12\"\n\x05hello\x18\x01 \x01(\x0b\x32\x11.rlfleet.v1.HelloH\x00\x12)\n\tenv_ready\x18\x02 \x01(\x0b\x32\x14.rlfleet.v1.EnvReadyH\x00\x12-\n\x0b\x61gent_ready\x18\x03 \x01(\x0b\x32\x16.rlfleet.v1.AgentReadyH\x00\x12+\n\x06result\x18\x04 \x01(\x0b\x32\x19.rlfleet.v1.EpisodeResultH\x00\x12*\n\theartbeat\x18\x05 \x01(\x0b\x32\x15.rlfleet.v1.HeartbeatH\x00\x12(\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x17.rlfleet.v1.WorkerErrorH\x00\x12&\n\x07leaving\x18\x07 \x01(\x0b\x32\x13.rlfleet.v1.LeavingH\x00\x12-\n\x0blease_reply\x18\x32 \x01(\x0b\x32\x16.rlfleet.v1.LeaseReplyH\x00\x12\x35\n\x0eresults_switch\x18\x33 \x01(\x0b\x32\x1b.rlfleet.v1.LeaseDataSwitchH\x00\x42\x06\n\x04\x62ody\"\xb9\x02\n\x12\x43oordinatorMessage\x12&\n\x07welcome\x18\x01 \x01(\x0b\x32\x13.rlfleet.v1.WelcomeH\x00\x12+\n\nenv_update\x18\x02 \x01(\x0b\x32\x15.rlfleet.v1.EnvUpdateH\x00\x12/\n\x0c\x61gent_update\x18\x03 \x01(\x0b\x32\x17.rlfleet.v1.AgentUpdateH\x00\x12 \n\x04task\x18\x04 \x01(\x0b\x32\x10.rlfleet.v1.TaskH\x00\x12$\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x12.rlfleet.v1.CancelH\x00\x12\"\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x11.rlfleet.v1.DrainH\x00\x12)\n\x05lease\x18\x32 \x01(\x0b\x32\x18.rlfleet.v1.LeaseCommandH\x00\x42\x06\n\x04\x62ody\"\x9f\x01\n\x05Hello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x14\n\x0c\x63\x61pabilities\x18\x02 \x03(\t\x12\x10\n\x08num_envs\x18\x03 \x01(\r\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x03\x12\x16\n\x0eimplementation\x18\x07 \x01(\t\x12\x13\n\x0blease_slots\x18\x32 \x01(\r\"\x9c\x02\n\x07Welcome\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tworker_id\x18\x02 \x01(\x04\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x04 \x01(\x01\x12!\n\x19heartbeat_timeout_seconds\x18\x05 \x01(\x01\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x04\x12\x14\n\x0c\x63\x61pabilities\x18\x07 \x03(\t\x12\x14\n\x0c\x66irst_stream\x18\x08 \x01(\x04\x12\x16\n\x0e\x63oordinator_id\x18\t \x01(\t\x12\x30\n\nlease_data\x18\x32 \x01(\x0b\x32\x1c.rlfleet.v1.LeaseDataAddress\"E\n\x08\x45nvReady\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12%\n\x08\x65nv_spec\x18\x02 \x01(\x0b\x32\x13.rlfleet.v1.EnvSpec\"\x1d\n\nAgentReady\x12\x0f\n\x07version\x18\x01 \x01(\x03\"K\n\x0b\x45pisodeUnit\x12\x15\n\repisode_index\x18\x01 \x01(\x03\x12\x10\n\x08\x65nv_seed\x18\x02 \x01(\r\x12\x13\n\x0bpolicy_seed\x18\x03 \x01(\r\"\xe1\x02\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\x04\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12$\n\x04mode\x18\x03 \x01(\x0e\x32\x16.rlfleet.v1.SampleMode\x12\x15\n\ragent_version\x18\x04 \x01(\x03\x12\x16\n\x0e\x65nv_generation\x18\x05 \x01(\x04\x12&\n\x05units\x18\x06 \x03(\x0b\x32\x17.rlfleet.v1.EpisodeUnit\x12\x17\n\x0f\x66ragment_length\x18\x07 \x01(\r\x12\x0e\n\x06rounds\x18\x08 \x01(\r\x12\x11\n\tbase_seed\x18\t \x01(\x04\x12\x0f\n\x07streams\x18( \x03(\x04\x12\x34\n\x07replays\x18) \x03(\x0b\x32#.rlfleet.v1.ReliabilityStreamReplay\x12\x34\n\x0cunit_columns\x18* \x01(\x0b\x32\x1e.rlfleet.v1.EpisodeUnitColumns\"V\n\x12\x45pisodeUnitColumns\x12\x17\n\x0f\x65pisode_indices\x18\x01 \x01(\x0c\x12\x11\n\tenv_seeds\x18\x02 \x01(\x0c\x12\x14\n\x0cpolicy_seeds\x18\x03 \x01(\x0c\"\xab\x01\n\x17ReliabilityStreamReplay\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x15\n\repisode_index\x18\x02 \x01(\x04\x12\x16\n\x0e\x66ragment_index\x18\x03 \x01(\x04\x12#\n\x07\x61\x63tions\x18\x04 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\x12,\n\x10last_observation\x18\x05 \x01(\x0b\x32\x12.rlfleet.v1.Tensor\"2\n\x06\x43\x61ncel\x12\x0f\n\x07task_id\x18\x01 \x01(\x04\x12\x17\n\x0f\x65pisode_indices\x18\x02 \x03(\x03\".\n\x05\x44rain\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x01\"\xb3\x01\n\rEpisodeResult\x12\x0f\n\x07task_id\x18\x01 \x01(\x04\x12\x17\n\x0f\x65pisode_indices\x18\x02 \x03(\x03\x12\x0f\n\x07lengths\x18\x03 \x03(\x03\x12\x15\n\ragent_version\x18\x04 \x01(\x03\x12\x16\n\x0e\x65nv_generation\x18\x05 \x01(\x04\x12\x11\n\tworker_id\x18\x06 \x01(\x04\x12%\n\x05\x63hunk\x18\x07 \x01(\x0b\x32\x16.rlfleet.v1.BatchChunk\"e\n\tHeartbeat\x12\x13\n\x0bsteps_total\x18\x01 \x01(\x04\x12\x18\n\x10steps_per_second\x18\x02 \x01(\x01\x12\x13\n\x0b\x61\x63tive_envs\x18\x03 \x01(\r\x12\x14\n\x0cqueued_units\x18\x04 \x01(\r\"6\n\x0bWorkerError\x12\'\n\x06\x64\x65tail\x18\x01 \x01(\x0b\x32\x17.rlfleet.v1.ErrorDetail\"\x19\n\x07Leaving\x12\x0e\n\x06reason\x18\x01 \x01(\t*K\n\x0fProtocolVersion\x12 \n\x1cPROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\x16\n\x12PROTOCOL_VERSION_1\x10\x01*u\n\nSampleMode\x12\x1b\n\x17SAMPLE_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11SAMPLE_MODE_STEPS\x10\x01\x12\x18\n\x14SAMPLE_MODE_EPISODES\x10\x02\x12\x19\n\x15SAMPLE_MODE_FRAGMENTS\x10\x03\x32V\n\rWorkerService\x12\x45\n\x04Join\x12\x19.rlfleet.v1.WorkerMessage\x1a\x1e.rlfleet.v1.CoordinatorMessage(\x01\x30\x01\x42:P\x01Z6github.com/rlfleet/rlfleet/gen/go/rlfleet/v1;rlfleetv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,42 +37,42 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlfleet.v1.worker_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'P\001Z6github.com/rlfleet/rlfleet/gen/go/rlfleet/v1;rlfleetv1'
-  _globals['_PROTOCOLVERSION']._serialized_start=2564
-  _globals['_PROTOCOLVERSION']._serialized_end=2639
-  _globals['_SAMPLEMODE']._serialized_start=2641
-  _globals['_SAMPLEMODE']._serialized_end=2758
+  _globals['_PROTOCOLVERSION']._serialized_start=2619
+  _globals['_PROTOCOLVERSION']._serialized_end=2694
+  _globals['_SAMPLEMODE']._serialized_start=2696
+  _globals['_SAMPLEMODE']._serialized_end=2813
   _globals['_WORKERMESSAGE']._serialized_start=165
-  _globals['_WORKERMESSAGE']._serialized_end=532
-  _globals['_COORDINATORMESSAGE']._serialized_start=535
-  _globals['_COORDINATORMESSAGE']._serialized_end=848
-  _globals['_HELLO']._serialized_start=851
-  _globals['_HELLO']._serialized_end=1010
-  _globals['_WELCOME']._serialized_start=1013
-  _globals['_WELCOME']._serialized_end=1297
-  _globals['_ENVREADY']._serialized_start=1299
-  _globals['_ENVREADY']._serialized_end=1368
-  _globals['_AGENTREADY']._serialized_start=1370
-  _globals['_AGENTREADY']._serialized_end=1399
-  _globals['_EPISODEUNIT']._serialized_start=1401
-  _globals['_EPISODEUNIT']._serialized_end=1476
-  _globals['_TASK']._serialized_start=1479
-  _globals['_TASK']._serialized_end=1832
-  _globals['_EPISODEUNITCOLUMNS']._serialized_start=1834
-  _globals['_EPISODEUNITCOLUMNS']._serialized_end=1920
-  _globals['_RELIABILITYSTREAMREPLAY']._serialized_start=1923
-  _globals['_RELIABILITYSTREAMREPLAY']._serialized_end=2094
-  _globals['_CANCEL']._serialized_start=2096
-  _globals['_CANCEL']._serialized_end=2146
-  _globals['_DRAIN']._serialized_start=2148
-  _globals['_DRAIN']._serialized_end=2194
-  _globals['_EPISODERESULT']._serialized_start=2197
-  _globals['_EPISODERESULT']._serialized_end=2376
-  _globals['_HEARTBEAT']._serialized_start=2378
-  _globals['_HEARTBEAT']._serialized_end=2479
-  _globals['_WORKERERROR']._serialized_start=2481
-  _globals['_WORKERERROR']._serialized_end=2535
-  _globals['_LEAVING']._serialized_start=2537
-  _globals['_LEAVING']._serialized_end=2562
-  _globals['_WORKERSERVICE']._serialized_start=2760
-  _globals['_WORKERSERVICE']._serialized_end=2846
+  _globals['_WORKERMESSAGE']._serialized_end=587
+  _globals['_COORDINATORMESSAGE']._serialized_start=590
+  _globals['_COORDINATORMESSAGE']._serialized_end=903
+  _globals['_HELLO']._serialized_start=906
+  _globals['_HELLO']._serialized_end=1065
+  _globals['_WELCOME']._serialized_start=1068
+  _globals['_WELCOME']._serialized_end=1352
+  _globals['_ENVREADY']._serialized_start=1354
+  _globals['_ENVREADY']._serialized_end=1423
+  _globals['_AGENTREADY']._serialized_start=1425
+  _globals['_AGENTREADY']._serialized_end=1454
+  _globals['_EPISODEUNIT']._serialized_start=1456
+  _globals['_EPISODEUNIT']._serialized_end=1531
+  _globals['_TASK']._serialized_start=1534
+  _globals['_TASK']._serialized_end=1887
+  _globals['_EPISODEUNITCOLUMNS']._serialized_start=1889
+  _globals['_EPISODEUNITCOLUMNS']._serialized_end=1975
+  _globals['_RELIABILITYSTREAMREPLAY']._serialized_start=1978
+  _globals['_RELIABILITYSTREAMREPLAY']._serialized_end=2149
+  _globals['_CANCEL']._serialized_start=2151
+  _globals['_CANCEL']._serialized_end=2201
+  _globals['_DRAIN']._serialized_start=2203
+  _globals['_DRAIN']._serialized_end=2249
+  _globals['_EPISODERESULT']._serialized_start=2252
+  _globals['_EPISODERESULT']._serialized_end=2431
+  _globals['_HEARTBEAT']._serialized_start=2433
+  _globals['_HEARTBEAT']._serialized_end=2534
+  _globals['_WORKERERROR']._serialized_start=2536
+  _globals['_WORKERERROR']._serialized_end=2590
+  _globals['_LEAVING']._serialized_start=2592
+  _globals['_LEAVING']._serialized_end=2617
+  _globals['_WORKERSERVICE']._serialized_start=2815
+  _globals['_WORKERSERVICE']._serialized_end=2901
 # @@protoc_insertion_point(module_scope)

@@ -31,7 +31,7 @@ SAMPLE_MODE_EPISODES: SampleMode
 SAMPLE_MODE_FRAGMENTS: SampleMode
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("hello", "env_ready", "agent_ready", "result", "heartbeat", "error", "leaving", "lease_reply")
+    __slots__ = ("hello", "env_ready", "agent_ready", "result", "heartbeat", "error", "leaving", "lease_reply", "results_switch")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     ENV_READY_FIELD_NUMBER: _ClassVar[int]
     AGENT_READY_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class WorkerMessage(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
     LEASE_REPLY_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_SWITCH_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     env_ready: EnvReady
     agent_ready: AgentReady
@@ -48,7 +49,8 @@ class WorkerMessage(_message.Message):
     error: WorkerError
     leaving: Leaving
     lease_reply: _leases_pb2.LeaseReply
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., env_ready: _Optional[_Union[EnvReady, _Mapping]] = ..., agent_ready: _Optional[_Union[AgentReady, _Mapping]] = ..., result: _Optional[_Union[EpisodeResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., error: _Optional[_Union[WorkerError, _Mapping]] = ..., leaving: _Optional[_Union[Leaving, _Mapping]] = ..., lease_reply: _Optional[_Union[_leases_pb2.LeaseReply, _Mapping]] = ...) -> None: ...
+    results_switch: _leases_pb2.LeaseDataSwitch
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., env_ready: _Optional[_Union[EnvReady, _Mapping]] = ..., agent_ready: _Optional[_Union[AgentReady, _Mapping]] = ..., result: _Optional[_Union[EpisodeResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., error: _Optional[_Union[WorkerError, _Mapping]] = ..., leaving: _Optional[_Union[Leaving, _Mapping]] = ..., lease_reply: _Optional[_Union[_leases_pb2.LeaseReply, _Mapping]] = ..., results_switch: _Optional[_Union[_leases_pb2.LeaseDataSwitch, _Mapping]] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
     __slots__ = ("welcome", "env_update", "agent_update", "task", "cancel", "drain", "lease")

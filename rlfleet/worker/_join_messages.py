@@ -27,6 +27,7 @@ from rlfleet.protocol.join import (
     AgentApplied,
     DrainOrder,
     EnvBuilt,
+    ResultsSwitch,
     TaskAssignment,
     TaskCancel,
     WorkerBeat,
@@ -119,6 +120,7 @@ Outgoing: TypeAlias = (
     | WorkerBeat
     | ErrorReport
     | WorkerLeaving
+    | ResultsSwitch
     | bytes
     | memoryview
 )
@@ -230,6 +232,8 @@ def _worker_message(item: Outgoing) -> worker_pb2.WorkerMessage:
         return worker_pb2.WorkerMessage(env_ready=ready)
     if isinstance(item, WorkerLeaving):
         return worker_pb2.WorkerMessage(leaving=worker_pb2.Leaving(reason=item.reason))
+    if isinstance(item, ResultsSwitch):
+        return worker_pb2.WorkerMessage(results_switch=leases_pb2.LeaseDataSwitch())
     if isinstance(item, WorkerHello):
         return worker_pb2.WorkerMessage(hello=encode_hello(item))
     raise WrongTypeError(f"a worker does not send a {type(item).__name__}")

@@ -460,7 +460,7 @@ class Session:
     def _send_results(self, results: list[_Encoded]) -> None:
         """Sends results' messages in order: on the data connection in one send."""
         messages = [m for result in results for m in result.messages]
-        if self._leases.send_results(messages):
+        if self._leases.send_results(messages, len(results)):
             self._memory.reset()  # the kernel's now
         else:
             for message in messages:

@@ -407,7 +407,11 @@ class RemoteWorker:
                     _rpc.TAKEOVER_CAPABILITY,
                     _rpc.UNIT_COLUMNS_CAPABILITY,
                     *(
-                        (_rpc.LEASE_CAPABILITY, _rpc.DATA_RESULTS_CAPABILITY)
+                        (
+                            _rpc.LEASE_CAPABILITY,
+                            _rpc.DATA_RESULTS_CAPABILITY,
+                            _rpc.RESULTS_SWITCH_CAPABILITY,
+                        )
                         if config.lease_slots != 0
                         else ()
                     ),

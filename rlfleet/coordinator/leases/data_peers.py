@@ -8,7 +8,9 @@ the connection (``WorkerHandle.send_lease``); its replies go to the same
 ``rlfleet.data-results`` sends its results there too: the loop parses each
 message and hands it to the session's :class:`ResultLane`, whose thread
 joins and books them as the Join stream's reader would (result_lane.py says
-why not on the loop); its end-of-results marker (a Leaving) tells a
+why not on the loop), once its results switch marker was read on its Join
+stream when it also agreed on ``rlfleet.results-switch`` (its results may
+move here mid-session); its end-of-results marker (a Leaving) tells a
 graceful end of its Join stream that nothing more comes. When the connection ends
 while the worker is in the fleet, the worker is dropped as lost: its leased
 envs are re-created elsewhere, and it rejoins with a new session; a worker
@@ -133,7 +135,12 @@ def worker_attach(
             if _rpc.DATA_RESULTS_CAPABILITY in handle.hello.capabilities:
                 done = handle.data_results_done = threading.Event()
                 limit = state.config.limits.max_inflight_bytes_per_worker
-                results = ResultLane(events, handle, done, limit, connection.close)
+                after = (
+                    handle.join_results_over
+                    if _rpc.RESULTS_SWITCH_CAPABILITY in handle.hello.capabilities
+                    else None
+                )
+                results = ResultLane(events, handle, done, limit, connection.close, after=after)
         count = state.metrics.lease_data_frame
         return WorkerDataPeer(state, events, leases, handle, count, results=results)
 

@@ -15,6 +15,13 @@ call takes its results on the learner's results connection is written
 there by this thread, once the coordinator's lock is let go
 (``WorkerEvents.on_results(send_here=True)``): no hand-off to the call's
 thread, and a learner that reads slowly slows this lane, in order.
+
+A worker that agreed on ``rlfleet.results-switch`` may have sent results on
+its Join stream before it moved them here, and those may still be on their
+way through gRPC: the lane books nothing until the Join stream's reader has
+read the results switch marker (or the stream's end), the mirror of the
+worker holding data-channel lease commands until the coordinator's switch
+marker. The frames wait in the queue meanwhile, counted against the limit.
 """
 
 from __future__ import annotations
@@ -61,6 +68,9 @@ class ResultLane:
             session's unfinished results on both carriers
             (max_inflight_bytes_per_worker, the session's ``handle.inflight``).
         close: Closes the data connection, with the reason (after a refusal).
+        after: Set once the Join stream carries no more results
+            (``handle.join_results_over``): nothing is booked before; None:
+            the worker sends every result of its session on one carrier.
     """
 
     def __init__(
@@ -70,8 +80,11 @@ class ResultLane:
         done: threading.Event,
         limit: int,
         close: Callable[[str], None],
+        *,
+        after: threading.Event | None = None,
     ) -> None:
         self._done = done
+        self._after = after
         self._events = events
         self._handle = handle
         self._limit = limit
@@ -115,6 +128,12 @@ class ResultLane:
 
     def _run(self) -> None:
         handle = self._handle
+        if self._after is not None:
+            # The results the worker sent on its Join stream come first.
+            while not self._after.wait(_IDLE_SECONDS):
+                if not handle.alive:
+                    self._done.set()  # written off: what is queued is never booked
+                    return
         while True:
             try:
                 first = self._queue.get(timeout=_IDLE_SECONDS)

@@ -5,6 +5,14 @@ The remote worker's :class:`~rlfleet.worker._session.Session` owns one
 stream (its receiver thread hands them here) or, once the coordinator
 switched this worker over, on the lease data connection; replies go out
 on the data connection once it is open, else on the stream.
+
+Results (``rlfleet.data-results``) go on the stream until the data
+connection is open, then on the connection for the rest of the session.
+With ``rlfleet.results-switch`` agreed, they move at the first result
+boundary after the connection opened, the results switch marker on the
+stream saying where (the coordinator books the connection's results only
+once it has read the marker, so none overtakes one sent before it);
+without it, a session keeps the carrier of its first result.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from rlfleet.protocol.join import WorkerLeaving, WorkerWelcome
+from rlfleet.protocol.join import ResultsSwitch, WorkerLeaving, WorkerWelcome
 from rlfleet.security import ClientTLS, PickleGate
 from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.lease_channel import coordinator_host
@@ -68,7 +76,10 @@ class SessionLeases:
         self.host = LeaseHost(imports, lambda report: self.send(lease_reply(report, name)), pickle)
         self._channel: WorkerLeaseChannel | None = None
         self._results_agreed = _rpc.DATA_RESULTS_CAPABILITY in welcome.capabilities
-        self._results_on_data: bool | None = None  # decided at the session's first result
+        # Without the switch agreed, the carrier is fixed at the session's first result.
+        self._switch_agreed = _rpc.RESULTS_SWITCH_CAPABILITY in welcome.capabilities
+        self._results_on_data: bool | None = None  # None: no result sent yet
+        self._join_results = 0  # results sent on the stream
         stream.lease_handler = self.submit
         if welcome.lease_data is not None and lease_slots != 0:
             port, ticket = welcome.lease_data
@@ -111,28 +122,47 @@ class SessionLeases:
 
     @property
     def results_on_data(self) -> bool:
-        """Whether this session's results go on the data connection (decided at
-        its first result: once the connection is open, or never)."""
+        """Whether the next result goes on the data connection: once it is open
+        (at a result boundary, with the results switch agreed: the marker goes
+        on the stream first), then for the rest of the session; without the
+        switch, whatever the session's first result took. Asked from the
+        stepping thread only, before each result is encoded and sent."""
         on_data = self._results_on_data
-        if on_data is None:
-            channel = self._channel
-            on_data = self._results_agreed and channel is not None and channel.connected
-            self._results_on_data = on_data
-            if self._results_agreed:
+        if on_data or (on_data is not None and not self._switch_agreed):
+            return on_data
+        channel = self._channel
+        if self._results_agreed and channel is not None and channel.connected:
+            if self._switch_agreed:
+                # Every result before it is on the stream already: the
+                # coordinator books those before the connection's.
+                self._stream.send(ResultsSwitch())
+            self._results_on_data = True
+            if on_data is None:
+                logger.info("this session's results go on the lease data channel")
+            else:
                 logger.info(
-                    "this session's results go on the %s",
-                    "lease data channel" if on_data else "Join stream (no data connection yet)",
+                    "this session's results move to the lease data channel, now open, after %d "
+                    "on the Join stream",
+                    self._join_results,
                 )
-        return on_data
+            return True
+        if on_data is None and self._results_agreed:
+            logger.info(
+                "this session's results go on the Join stream (no data connection yet)%s",
+                "; they move to the data channel once it opens" if self._switch_agreed else "",
+            )
+        self._results_on_data = False
+        return False
 
-    def send_results(self, messages: Sequence[bytes | memoryview]) -> bool:
-        """Sends results' serialized WorkerMessages on the data connection, in one
-        send, if this session's results travel there (:attr:`results_on_data`);
+    def send_results(self, messages: Sequence[bytes | memoryview], results: int = 1) -> bool:
+        """Sends ``results`` results' serialized WorkerMessages on the data
+        connection, in one send, if they travel there (:attr:`results_on_data`);
         False: the caller sends them on the stream. The messages are the
         kernel's once this returns."""
         if self.results_on_data and self._channel is not None:
             self._channel.send_frames(messages)
             return True
+        self._join_results += results
         return False
 
     def end_results(self) -> None:
