@@ -420,31 +420,22 @@ class UnitPlanner:
             or capacity[w.worker_id] - w.units >= w.slots
         ]
         fleet_slots = sum(w.slots for w in workers)
-        slices = _slices(refilled, capacity)
+        owners = _owners(refilled, capacity)
         # The request's units for every slice at once (as many takes one
         # after the other: test_take_many_hands_out_what_as_many_takes_would),
         # dealt in the slices' order; a slice the request cannot fill is the
         # last one, as when each slice was taken on its own.
-        taken = request.take_many(sum(s for _, s in slices), fleet_slots, self.mean_length.value)
-        picked: dict[int, list[np.ndarray]] = {w.worker_id: [] for w in refilled}
-        counts = dict.fromkeys(picked, 0)
-        start = 0
-        for worker, size in slices:
-            part = taken[start : start + size]
-            picked[worker.worker_id].append(part)
-            counts[worker.worker_id] += len(part)
-            start += size
-            if len(part) < size:
-                break
+        taken = request.take_many(len(owners), fleet_slots, self.mean_length.value)
+        picked = _dealt(taken, owners[: len(taken)], len(refilled))
         orders = []
-        for worker in refilled:
-            if not counts[worker.worker_id]:
+        for worker, mine in zip(refilled, picked, strict=True):
+            if not mine.size:
                 continue
             # A refill joins the worker's live task of the request: the
             # worker sends one result per task at each flush, and a task per
             # refill would split every flush that spans a refill in two.
             task = self._books.live_task(worker, request) or self._books.new_task(worker, request)
-            units = request.units(np.sort(np.concatenate(picked[worker.worker_id])))
+            units = request.units(np.sort(mine))
             task.units.add(units)
             worker.units += len(units)
             orders.append(self._books.order(task, request, units=units))
@@ -480,27 +471,35 @@ class UnitPlanner:
             self._books.retire(task)
 
 
-def _slices(refilled: list[WorkerLoad], capacity: dict[int, int]) -> list[tuple[WorkerLoad, int]]:
-    """The slices of units a refill deals, in order, while the request has units.
+def _owners(refilled: list[WorkerLoad], capacity: dict[int, int]) -> np.ndarray:
+    """Who gets each unit a refill deals, in order (positions in ``refilled``),
+    while the request has units.
 
     First a unit for every idle env slot of every worker, then spare units,
     a slice of its slots at a time to each worker in turn, until each holds
-    its capacity: worked out in numbers, so that the units are taken from
-    the request once per refill, not once per slice (a worker of 8 env
-    slots is topped up by ten slices or more).
+    its capacity. Worked out as a grid of rounds by workers, not slice by
+    slice: a worker of 8 env slots and hundreds of units of room is topped
+    up by dozens of slices, and a Python step per slice, here and in the
+    dealing, was most of a refill's CPU
+    (``tests/test_scheduler.py::test_a_refill_deals_in_calls_per_worker_not_per_slice``).
     """
-    slices: list[tuple[WorkerLoad, int]] = []
-    room: dict[int, int] = {}
-    for worker in refilled:
-        idle = worker.slots - worker.units
-        if idle > 0:
-            slices.append((worker, idle))
-        room[worker.worker_id] = capacity[worker.worker_id] - worker.units - max(idle, 0)
-    hungry = [w for w in refilled if room[w.worker_id] > 0]
-    while hungry:
-        for worker in hungry:
-            size = min(room[worker.worker_id], worker.slots)
-            slices.append((worker, size))
-            room[worker.worker_id] -= size
-        hungry = [w for w in hungry if room[w.worker_id] > 0]
-    return slices
+    slots = np.array([w.slots for w in refilled], dtype=np.int64)
+    units = np.array([w.units for w in refilled], dtype=np.int64)
+    limit = np.array([capacity[w.worker_id] for w in refilled], dtype=np.int64)
+    idle = np.maximum(slots - units, 0)
+    room = np.maximum(limit - units - idle, 0)
+    positions = np.arange(len(refilled))
+    # Round r gives worker i min(what is left of its room, its slots).
+    rounds = int((-(-room // slots)).max(initial=0))
+    left = room - slots * np.arange(rounds)[:, None]
+    sizes = np.clip(left, 0, slots)
+    return np.concatenate(
+        (np.repeat(positions, idle), np.repeat(np.tile(positions, rounds), sizes.ravel()))
+    )
+
+
+def _dealt(taken: np.ndarray, owners: np.ndarray, workers: int) -> list[np.ndarray]:
+    """``taken`` split by ``owners`` (a position in the refilled workers per unit)."""
+    order = np.argsort(owners, kind="stable")
+    ends = np.cumsum(np.bincount(owners, minlength=workers))
+    return np.split(taken[order], ends[:-1])
