@@ -420,13 +420,22 @@ class UnitPlanner:
             or capacity[w.worker_id] - w.units >= w.slots
         ]
         fleet_slots = sum(w.slots for w in workers)
-        owners = _owners(refilled, capacity)
+        # First a unit for every idle env slot, then each worker's room up
+        # to its capacity, in slices of its slots (_owners).
+        idle = [max(w.slots - w.units, 0) for w in refilled]
+        room = [
+            max(capacity[w.worker_id] - w.units - gap, 0)
+            for w, gap in zip(refilled, idle, strict=True)
+        ]
         # The request's units for every slice at once (as many takes one
         # after the other: test_take_many_hands_out_what_as_many_takes_would),
         # dealt in the slices' order; a slice the request cannot fill is the
         # last one, as when each slice was taken on its own.
-        taken = request.take_many(len(owners), fleet_slots, self.mean_length.value)
-        picked = _dealt(taken, owners[: len(taken)], len(refilled))
+        taken = request.take_many(sum(idle) + sum(room), fleet_slots, self.mean_length.value)
+        if not taken.size:
+            return []  # the request needs no more for now (its last units are out)
+        slots = [w.slots for w in refilled]
+        picked = _dealt(taken, _owners(slots, idle, room)[: len(taken)], len(refilled))
         orders = []
         for worker, mine in zip(refilled, picked, strict=True):
             if not mine.size:
@@ -471,9 +480,9 @@ class UnitPlanner:
             self._books.retire(task)
 
 
-def _owners(refilled: list[WorkerLoad], capacity: dict[int, int]) -> np.ndarray:
-    """Who gets each unit a refill deals, in order (positions in ``refilled``),
-    while the request has units.
+def _owners(slots: list[int], idle: list[int], room: list[int]) -> np.ndarray:
+    """Who gets each unit a refill deals, in order (positions among the
+    refilled workers, whose env slots, idle slots and room these are).
 
     First a unit for every idle env slot of every worker, then spare units,
     a slice of its slots at a time to each worker in turn, until each holds
@@ -483,23 +492,19 @@ def _owners(refilled: list[WorkerLoad], capacity: dict[int, int]) -> np.ndarray:
     dealing, was most of a refill's CPU
     (``tests/test_scheduler.py::test_a_refill_deals_in_calls_per_worker_not_per_slice``).
     """
-    slots = np.array([w.slots for w in refilled], dtype=np.int64)
-    units = np.array([w.units for w in refilled], dtype=np.int64)
-    limit = np.array([capacity[w.worker_id] for w in refilled], dtype=np.int64)
-    idle = np.maximum(slots - units, 0)
-    room = np.maximum(limit - units - idle, 0)
-    positions = np.arange(len(refilled))
+    workers = len(slots)
+    positions = np.arange(workers)
+    rounds = max(-(-spare // size) for spare, size in zip(room, slots, strict=True))
+    per_slot = np.array(slots)
     # Round r gives worker i min(what is left of its room, its slots).
-    rounds = int((-(-room // slots)).max(initial=0))
-    left = room - slots * np.arange(rounds)[:, None]
-    sizes = np.clip(left, 0, slots)
-    return np.concatenate(
-        (np.repeat(positions, idle), np.repeat(np.tile(positions, rounds), sizes.ravel()))
-    )
+    left = np.array(room) - per_slot * np.arange(rounds)[:, None]
+    sizes = np.minimum(np.maximum(left, 0), per_slot)
+    turns = np.arange(rounds * workers) % workers
+    return np.concatenate((positions.repeat(idle), turns.repeat(sizes.ravel())))
 
 
 def _dealt(taken: np.ndarray, owners: np.ndarray, workers: int) -> list[np.ndarray]:
     """``taken`` split by ``owners`` (a position in the refilled workers per unit)."""
-    order = np.argsort(owners, kind="stable")
-    ends = np.cumsum(np.bincount(owners, minlength=workers))
-    return np.split(taken[order], ends[:-1])
+    grouped = taken[owners.argsort(kind="stable")]
+    ends = np.bincount(owners, minlength=workers).cumsum().tolist()
+    return [grouped[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
