@@ -838,6 +838,34 @@ def test_a_learners_views_of_new_counts_build_no_index_of_the_compared_bytes(
     assert check.learned and built == [(2, 5), (3, 6)]
 
 
+def test_a_results_frame_is_built_once_in_the_learners_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Fleet.local: the coordinator's one pass and the learner's views of the
+    # same result, in one process. A frame depends on the layout alone, so
+    # the learner's views take the one the check built for the result's
+    # counts (a per-env worker's results hardly ever repeat them): one
+    # frame per new pair of counts, where each side worked out its own.
+    built: list[tuple[int, int]] = []
+    build = result_layout_module._build_frame
+
+    def counted(blocks: Any, episodes: int, steps: int, *rest: Any) -> Any:
+        built.append((episodes, steps))
+        return build(blocks, episodes, steps, *rest)
+
+    monkeypatch.setattr(result_layout_module, "_FRAMES", {}, raising=False)  # none kept yet
+    check, views = ResultLayoutCheck(), ResultLayoutViews()
+    check.check(joined(batch_of([3, 2])), SPEC, EXPECT)  # both learn the layout
+    views.decode(learner_result(batch_of([3, 2])), SPEC)
+    monkeypatch.setattr(result_layout_module, "_build_frame", counted)
+    for lengths, first in (([4, 1], 0), ([1, 2, 3], 2), ([1, 1, 1, 1, 1, 1], 0)):
+        check.check(joined(batch_of(lengths, first)), SPEC, EXPECT)
+        result = learner_result(batch_of(lengths, first))
+        assert_same_views(views.decode(result, SPEC), decode_kept(result, SPEC))
+    assert check.learned and views.viewed == 3
+    assert built == [(2, 5), (3, 6), (6, 6)]
+
+
 def test_a_learners_result_of_counts_seen_before_takes_its_kept_plan() -> None:
     """A result of a pair of counts the worker sent before is viewed from the
     plan kept for them: one comparison per run of bytes between its arrays,
