@@ -180,25 +180,18 @@ class _Skeleton(_Frame):
 
 _F = TypeVar("_F", bound=_Frame)
 
-#: The frames of the process's layouts, by (layout number, episodes, steps).
-#: A per-env worker's results hardly ever repeat a pair of counts, so each
-#: result's frame is new, and a learner with an embedded coordinator
-#: (``Fleet.local``) worked out every result's frame twice: in the
-#: coordinator's one pass, then in its own views of the forwarded result. A
-#: frame depends on the layout's fields, keys, dtypes and row shapes alone,
-#: so every layout of those shares its frames, and the learner's views find
-#: the one the coordinator's check built moments before
+#: The frames of the process's layouts, by (layout number, episodes, steps):
+#: a frame depends on the layout alone, and a per-env worker's results hardly
+#: repeat their counts, so a learner's views take the frame its embedded
+#: coordinator's check built for the same result (``Fleet.local``)
 #: (``tests/test_result_layout.py::test_a_results_frame_is_built_once_in_the_learners_process``).
-#: Thread-safe as dict operations are; a race costs a frame worked out twice.
 _FRAMES: dict[tuple[int, int, int], _Frame] = {}
-#: The number of each distinct layout, by its blocks.
-_SHAPES: dict[tuple[tuple[int, _Tensor | _Tree], ...], int] = {}
+_SHAPES: dict[tuple[tuple[int, _Tensor | _Tree], ...], int] = {}  # each layout's number
 _shape_numbers = itertools.count()
 
 
 def _shape_number(blocks: tuple[tuple[int, _Tensor | _Tree], ...]) -> int:
-    """The number of a layout's blocks: one per distinct layout, never reused
-    (the numbering starts afresh past :data:`_MAX_SHAPES`, with new numbers)."""
+    """A distinct layout's number, never reused (:data:`_SHAPES` starts afresh when full)."""
     found = _SHAPES.get(blocks)
     if found is None:
         if len(_SHAPES) >= _MAX_SHAPES:
@@ -265,9 +258,8 @@ class _Layout:
 
     def frame(self, episodes: int, steps: int) -> _Frame:
         """The layout's frame for ``episodes`` and ``steps``, without the bytes only
-        the one pass compares (a learner's views of a result keep what they
-        need of it: rlfleet.wire.result_views); shared in the process
-        (:data:`_FRAMES`)."""
+        the one pass compares (a learner's views keep what they need of it:
+        rlfleet.wire.result_views); shared in the process (:data:`_FRAMES`)."""
         key = (self._shape, episodes, steps)
         found = _FRAMES.get(key)
         if found is None:
