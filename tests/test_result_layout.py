@@ -32,6 +32,7 @@ from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.wire import decode_batch, encode_batch
 from rlfleet.wire import result_layout as result_layout_module
 from rlfleet.wire import result_views as result_views_module
+from rlfleet.wire import tensors as tensors_module
 from rlfleet.wire._result_bytes import step_types_pass
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import chunk_payload
@@ -864,6 +865,25 @@ def test_a_results_frame_is_built_once_in_the_learners_process(
         assert_same_views(views.decode(result, SPEC), decode_kept(result, SPEC))
     assert check.learned and views.viewed == 3
     assert built == [(2, 5), (3, 6), (6, 6)]
+
+
+def test_new_counts_leave_the_tensor_header_cache_alone() -> None:
+    # A per-env worker's results bring new step counts one after the other:
+    # their headers are built from bytes worked out once per array, and the
+    # cache of tensor_header, which keeps the writer's few headers, is not
+    # filled with headers no later result asks for (about six per result).
+    check = ResultLayoutCheck()
+    check.check(joined(batch_with_infos([3, 2])), SPEC, EXPECT)
+    results = [  # written first: the writer asks tensor_header
+        joined(batch_with_infos([10] * (episodes - 1) + [last]))
+        for episodes in range(1, 7)
+        for last in range(1, 10)
+    ]
+    cached = tensors_module.tensor_header.cache_info()
+    for result in results:
+        assert check.check(result, SPEC, EXPECT) is None
+    after = tensors_module.tensor_header.cache_info()
+    assert (after.hits, after.misses) == (cached.hits, cached.misses)
 
 
 def test_a_learners_result_of_counts_seen_before_takes_its_kept_plan() -> None:

@@ -83,7 +83,7 @@ from rlfleet.wire.results import (
     ResultHeader,
     decode_result,
 )
-from rlfleet.wire.tensors import dtype_code, encode_key_field, tensor_header
+from rlfleet.wire.tensors import dtype_code, encode_key_field, rows_header
 
 #: Skeletons kept per layout (one per pair of episode and step counts).
 _MAX_SKELETONS = 256
@@ -372,7 +372,7 @@ def _block_parts(
     def tensor_parts(number: int, t: _Tensor) -> tuple[list[bytes | _Tensor], int]:
         rows = episodes if t.per_episode else steps
         nbytes = rows * t.row_bytes
-        header = tensor_header(dtype_code(t.dtype), (rows, *t.row_shape), nbytes)
+        header = rows_header(dtype_code(t.dtype), t.row_shape)(rows, nbytes)
         prefix = len_prefix(number, len(header) + nbytes)
         return [prefix + header, t], len(prefix) + len(header) + nbytes
 
