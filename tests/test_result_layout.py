@@ -32,6 +32,7 @@ from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.wire import decode_batch, encode_batch
 from rlfleet.wire import result_layout as result_layout_module
 from rlfleet.wire import result_views as result_views_module
+from rlfleet.wire import tensors as tensors_module
 from rlfleet.wire._result_bytes import step_types_pass
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import chunk_payload
@@ -836,6 +837,53 @@ def test_a_learners_views_of_new_counts_build_no_index_of_the_compared_bytes(
     for lengths, first in (([3, 2], 0), ([4, 1], 0), ([1, 2, 3], 2)):
         check.check(joined(batch_of(lengths, first)), SPEC, EXPECT)
     assert check.learned and built == [(2, 5), (3, 6)]
+
+
+def test_a_results_frame_is_built_once_in_the_learners_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Fleet.local: the coordinator's one pass and the learner's views of the
+    # same result, in one process. A frame depends on the layout alone, so
+    # the learner's views take the one the check built for the result's
+    # counts (a per-env worker's results hardly ever repeat them): one
+    # frame per new pair of counts, where each side worked out its own.
+    built: list[tuple[int, int]] = []
+    build = result_layout_module._build_frame
+
+    def counted(blocks: Any, episodes: int, steps: int, *rest: Any) -> Any:
+        built.append((episodes, steps))
+        return build(blocks, episodes, steps, *rest)
+
+    monkeypatch.setattr(result_layout_module, "_FRAMES", {}, raising=False)  # none kept yet
+    check, views = ResultLayoutCheck(), ResultLayoutViews()
+    check.check(joined(batch_of([3, 2])), SPEC, EXPECT)  # both learn the layout
+    views.decode(learner_result(batch_of([3, 2])), SPEC)
+    monkeypatch.setattr(result_layout_module, "_build_frame", counted)
+    for lengths, first in (([4, 1], 0), ([1, 2, 3], 2), ([1, 1, 1, 1, 1, 1], 0)):
+        check.check(joined(batch_of(lengths, first)), SPEC, EXPECT)
+        result = learner_result(batch_of(lengths, first))
+        assert_same_views(views.decode(result, SPEC), decode_kept(result, SPEC))
+    assert check.learned and views.viewed == 3
+    assert built == [(2, 5), (3, 6), (6, 6)]
+
+
+def test_new_counts_leave_the_tensor_header_cache_alone() -> None:
+    # A per-env worker's results bring new step counts one after the other:
+    # their headers are built from bytes worked out once per array, and the
+    # cache of tensor_header, which keeps the writer's few headers, is not
+    # filled with headers no later result asks for (about six per result).
+    check = ResultLayoutCheck()
+    check.check(joined(batch_with_infos([3, 2])), SPEC, EXPECT)
+    results = [  # written first: the writer asks tensor_header
+        joined(batch_with_infos([10] * (episodes - 1) + [last]))
+        for episodes in range(1, 7)
+        for last in range(1, 10)
+    ]
+    cached = tensors_module.tensor_header.cache_info()
+    for result in results:
+        assert check.check(result, SPEC, EXPECT) is None
+    after = tensors_module.tensor_header.cache_info()
+    assert (after.hits, after.misses) == (cached.hits, cached.misses)
 
 
 def test_a_learners_result_of_counts_seen_before_takes_its_kept_plan() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import cProfile
 import math
+import pstats
 
 import numpy as np
 import pytest
@@ -470,6 +472,29 @@ def test_spare_units_are_dealt_round_robin_in_slices_of_num_envs() -> None:
     # Every worker works near the front of the request, which the prefix
     # rule waits for, instead of one worker holding a block of late indices.
     assert by_worker(scheduler.dispatch()) == {1: [0, 1, 4, 5, 8, 9], 2: [2, 3, 6, 7, 10, 11]}
+
+
+def test_a_refill_deals_in_calls_per_worker_not_per_slice() -> None:
+    # A per-env worker of 8 slots holds hundreds of units (capacity_steps
+    # over a short mean length): dozens of slices per refill. The dealing
+    # is worked out as a grid, so a refill of 61 slices per worker makes
+    # as many calls as one of 3; slice by slice it made about 30 more per slice.
+    calls = {}
+    for prefetch in (2, 60):
+        scheduler = fleet(8, 8, prefetch=prefetch)
+        scheduler.start_sample(spec(Mode.EPISODES, 10_000))
+        profile = cProfile.Profile()
+        profile.enable()
+        orders = scheduler.dispatch()
+        profile.disable()
+        dealt = by_worker(orders)
+        held = 8 * (1 + prefetch)
+        assert dealt == {
+            1: [i for i in range(2 * held) if i // 8 % 2 == 0],
+            2: [i for i in range(2 * held) if i // 8 % 2 == 1],
+        }
+        calls[prefetch] = sum(n for _, n, *_ in pstats.Stats(profile).stats.values())  # type: ignore[attr-defined]
+    assert calls[60] == calls[2], calls
 
 
 def test_a_refill_tops_up_every_worker_with_room_for_a_slice() -> None:

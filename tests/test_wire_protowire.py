@@ -51,7 +51,7 @@ def test_encode_varint_matches_the_spec(value: int, expected: bytes) -> None:
 
 
 def test_encode_varint_matches_protobuf_for_uint64_fields() -> None:
-    for value in (0, 1, 2**7, 2**14 - 1, 2**35, 2**63, 2**64 - 1):
+    for value in (0, 1, 2**7, 2**14 - 1, 2**14, 2**21 - 1, 2**21, 2**35, 2**63, 2**64 - 1):
         msg = batch_pb2.BatchChunk(batch_id=value)
         expected = msg.SerializeToString()
         assert (tag(1, VARINT) + encode_varint(value) if value else b"") == expected

@@ -32,6 +32,8 @@ from rlfleet.wire.tensors import (
     gathered,
     read_tensor,
     read_tensor_map,
+    rows_header,
+    tensor_header,
     write_tensor,
     write_tensor_map,
 )
@@ -123,6 +125,23 @@ def test_scalar_and_empty_tensors_omit_empty_fields() -> None:
     empty = np.zeros((0, 3), np.uint8)
     assert hand_encode(empty) == b"\x08\x06\x12\x02\x00\x03"
     assert encode_tensor(empty).SerializeToString() == b"\x08\x06\x12\x02\x00\x03"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(sorted(tensor_pb2.DType.values())[1:]),
+    st.lists(st.integers(0, 2**20), max_size=3).map(tuple),
+    st.integers(0, 2**40),
+    st.integers(0, 2**40),
+)
+def test_a_header_for_a_number_of_rows_is_the_tensor_header_of_that_shape(
+    code: int, row_shape: tuple[int, ...], rows: int, nbytes: int
+) -> None:
+    # A result layout's headers for new numbers of rows, built from bytes
+    # worked out once per dtype and row shape: what the writer writes.
+    assert rows_header(code, row_shape)(rows, nbytes) == tensor_header(
+        code, (rows, *row_shape), nbytes
+    )
 
 
 def test_big_endian_and_strided_input_travel_little_endian_in_c_order() -> None:

@@ -420,31 +420,31 @@ class UnitPlanner:
             or capacity[w.worker_id] - w.units >= w.slots
         ]
         fleet_slots = sum(w.slots for w in workers)
-        slices = _slices(refilled, capacity)
+        # First a unit for every idle env slot, then each worker's room up
+        # to its capacity, in slices of its slots (_owners).
+        idle = [max(w.slots - w.units, 0) for w in refilled]
+        room = [
+            max(capacity[w.worker_id] - w.units - gap, 0)
+            for w, gap in zip(refilled, idle, strict=True)
+        ]
         # The request's units for every slice at once (as many takes one
         # after the other: test_take_many_hands_out_what_as_many_takes_would),
         # dealt in the slices' order; a slice the request cannot fill is the
         # last one, as when each slice was taken on its own.
-        taken = request.take_many(sum(s for _, s in slices), fleet_slots, self.mean_length.value)
-        picked: dict[int, list[np.ndarray]] = {w.worker_id: [] for w in refilled}
-        counts = dict.fromkeys(picked, 0)
-        start = 0
-        for worker, size in slices:
-            part = taken[start : start + size]
-            picked[worker.worker_id].append(part)
-            counts[worker.worker_id] += len(part)
-            start += size
-            if len(part) < size:
-                break
+        taken = request.take_many(sum(idle) + sum(room), fleet_slots, self.mean_length.value)
+        if not taken.size:
+            return []  # the request needs no more for now (its last units are out)
+        slots = [w.slots for w in refilled]
+        picked = _dealt(taken, _owners(slots, idle, room)[: len(taken)], len(refilled))
         orders = []
-        for worker in refilled:
-            if not counts[worker.worker_id]:
+        for worker, mine in zip(refilled, picked, strict=True):
+            if not mine.size:
                 continue
             # A refill joins the worker's live task of the request: the
             # worker sends one result per task at each flush, and a task per
             # refill would split every flush that spans a refill in two.
             task = self._books.live_task(worker, request) or self._books.new_task(worker, request)
-            units = request.units(np.sort(np.concatenate(picked[worker.worker_id])))
+            units = request.units(np.sort(mine))
             task.units.add(units)
             worker.units += len(units)
             orders.append(self._books.order(task, request, units=units))
@@ -480,27 +480,31 @@ class UnitPlanner:
             self._books.retire(task)
 
 
-def _slices(refilled: list[WorkerLoad], capacity: dict[int, int]) -> list[tuple[WorkerLoad, int]]:
-    """The slices of units a refill deals, in order, while the request has units.
+def _owners(slots: list[int], idle: list[int], room: list[int]) -> np.ndarray:
+    """Who gets each unit a refill deals, in order (positions among the
+    refilled workers, whose env slots, idle slots and room these are).
 
     First a unit for every idle env slot of every worker, then spare units,
     a slice of its slots at a time to each worker in turn, until each holds
-    its capacity: worked out in numbers, so that the units are taken from
-    the request once per refill, not once per slice (a worker of 8 env
-    slots is topped up by ten slices or more).
+    its capacity. Worked out as a grid of rounds by workers, not slice by
+    slice: a worker of 8 env slots and hundreds of units of room is topped
+    up by dozens of slices, and a Python step per slice, here and in the
+    dealing, was most of a refill's CPU
+    (``tests/test_scheduler.py::test_a_refill_deals_in_calls_per_worker_not_per_slice``).
     """
-    slices: list[tuple[WorkerLoad, int]] = []
-    room: dict[int, int] = {}
-    for worker in refilled:
-        idle = worker.slots - worker.units
-        if idle > 0:
-            slices.append((worker, idle))
-        room[worker.worker_id] = capacity[worker.worker_id] - worker.units - max(idle, 0)
-    hungry = [w for w in refilled if room[w.worker_id] > 0]
-    while hungry:
-        for worker in hungry:
-            size = min(room[worker.worker_id], worker.slots)
-            slices.append((worker, size))
-            room[worker.worker_id] -= size
-        hungry = [w for w in hungry if room[w.worker_id] > 0]
-    return slices
+    workers = len(slots)
+    positions = np.arange(workers)
+    rounds = max(-(-spare // size) for spare, size in zip(room, slots, strict=True))
+    per_slot = np.array(slots)
+    # Round r gives worker i min(what is left of its room, its slots).
+    left = np.array(room) - per_slot * np.arange(rounds)[:, None]
+    sizes = np.minimum(np.maximum(left, 0), per_slot)
+    turns = np.arange(rounds * workers) % workers
+    return np.concatenate((positions.repeat(idle), turns.repeat(sizes.ravel())))
+
+
+def _dealt(taken: np.ndarray, owners: np.ndarray, workers: int) -> list[np.ndarray]:
+    """``taken`` split by ``owners`` (a position in the refilled workers per unit)."""
+    grouped = taken[owners.argsort(kind="stable")]
+    ends = np.bincount(owners, minlength=workers).cumsum().tolist()
+    return [grouped[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]

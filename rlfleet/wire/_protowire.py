@@ -68,6 +68,11 @@ def encode_varint(value: int) -> bytes:
     """
     if 0 <= value < 128:
         return _SMALL_VARINTS[value]
+    if 0 <= value < 1 << 21:  # two or three bytes (most lengths and counts): no loop
+        low = value & 0x7F | 0x80
+        if value < 1 << 14:
+            return bytes((low, value >> 7))
+        return bytes((low, value >> 7 & 0x7F | 0x80, value >> 14))
     value &= _UINT64_MASK
     out = bytearray()
     while value >= 0x80:

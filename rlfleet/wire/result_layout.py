@@ -83,10 +83,14 @@ from rlfleet.wire.results import (
     ResultHeader,
     decode_result,
 )
-from rlfleet.wire.tensors import dtype_code, encode_key_field, tensor_header
+from rlfleet.wire.tensors import dtype_code, encode_key_field, rows_header
 
 #: Skeletons kept per layout (one per pair of episode and step counts).
 _MAX_SKELETONS = 256
+#: Frames kept in the process, of every layout (see :data:`_FRAMES`).
+_MAX_FRAMES = 1024
+#: Distinct layouts numbered for the frames' keys before the numbering starts afresh.
+_MAX_SHAPES = 1024
 
 # EpisodeBatch's fields (batch.proto) in the order writers write them, and
 # whether they hold a row per episode (else a row per step).
@@ -175,8 +179,25 @@ class _Skeleton(_Frame):
 
 
 _F = TypeVar("_F", bound=_Frame)
-#: Builds a frame or a skeleton: (blocks, episodes, steps, each block's parts).
-_Build = Callable[..., _F]
+
+#: The frames of the process's layouts, by (layout number, episodes, steps):
+#: a frame depends on the layout alone, and a per-env worker's results hardly
+#: repeat their counts, so a learner's views take the frame its embedded
+#: coordinator's check built for the same result (``Fleet.local``)
+#: (``tests/test_result_layout.py::test_a_results_frame_is_built_once_in_the_learners_process``).
+_FRAMES: dict[tuple[int, int, int], _Frame] = {}
+_SHAPES: dict[tuple[tuple[int, _Tensor | _Tree], ...], int] = {}  # each layout's number
+_shape_numbers = itertools.count()
+
+
+def _shape_number(blocks: tuple[tuple[int, _Tensor | _Tree], ...]) -> int:
+    """A distinct layout's number, never reused (:data:`_SHAPES` starts afresh when full)."""
+    found = _SHAPES.get(blocks)
+    if found is None:
+        if len(_SHAPES) >= _MAX_SHAPES:
+            _SHAPES.clear()
+        found = _SHAPES[blocks] = next(_shape_numbers)
+    return found
 
 
 class _Layout:
@@ -194,6 +215,7 @@ class _Layout:
         self.tensors = {t.name: t for t in _walk(blocks)}
         self.bools = tuple(t.name for t in self.tensors.values() if t.dtype == _BOOL)
         self._skeletons: dict[tuple[int, int], _Skeleton] = {}
+        self._shape = _shape_number(blocks)
         self._block_parts: dict[tuple[int, ...], tuple[_BlockParts, int]] = {}
         # The numbers of rows each block's bytes depend on.
         self._rows = tuple(_rows_key(item) for _, item in blocks)
@@ -224,22 +246,26 @@ class _Layout:
 
     def skeleton(self, episodes: int, steps: int) -> _Skeleton:
         """The layout's bytes for ``episodes`` and ``steps``, worked out once per pair."""
-        return self._kept(self._skeletons, _build_skeleton, episodes, steps)
-
-    def frame(self, episodes: int, steps: int) -> _Frame:
-        """The layout's frame for ``episodes`` and ``steps``, without the bytes only
-        the one pass compares (a learner's views of a result keep what they
-        need of it: rlfleet.wire.result_views)."""
-        return _build_frame(self.blocks, episodes, steps, self._parts)
-
-    def _kept(
-        self, kept: dict[tuple[int, int], _F], build: _Build[_F], episodes: int, steps: int
-    ) -> _F:
+        kept = self._skeletons
         found = kept.get((episodes, steps))
         if found is None:
             if len(kept) >= _MAX_SKELETONS:
                 kept.clear()  # a worker's step counts wander: keep the cache small
-            found = kept[(episodes, steps)] = build(self.blocks, episodes, steps, self._parts)
+            found = kept[(episodes, steps)] = _build_skeleton(
+                self.blocks, episodes, steps, self.frame
+            )
+        return found
+
+    def frame(self, episodes: int, steps: int) -> _Frame:
+        """The layout's frame for ``episodes`` and ``steps``, without the bytes only
+        the one pass compares (a learner's views keep what they need of it:
+        rlfleet.wire.result_views); shared in the process (:data:`_FRAMES`)."""
+        key = (self._shape, episodes, steps)
+        found = _FRAMES.get(key)
+        if found is None:
+            if len(_FRAMES) >= _MAX_FRAMES:
+                _FRAMES.clear()
+            found = _FRAMES[key] = _build_frame(self.blocks, episodes, steps, self._parts)
         return found
 
     def _parts(self, block: int, episodes: int, steps: int) -> tuple[_BlockParts, int]:
@@ -346,7 +372,7 @@ def _block_parts(
     def tensor_parts(number: int, t: _Tensor) -> tuple[list[bytes | _Tensor], int]:
         rows = episodes if t.per_episode else steps
         nbytes = rows * t.row_bytes
-        header = tensor_header(dtype_code(t.dtype), (rows, *t.row_shape), nbytes)
+        header = rows_header(dtype_code(t.dtype), t.row_shape)(rows, nbytes)
         prefix = len_prefix(number, len(header) + nbytes)
         return [prefix + header, t], len(prefix) + len(header) + nbytes
 
@@ -413,11 +439,12 @@ def _build_skeleton(
     blocks: tuple[tuple[int, _Tensor | _Tree], ...],
     episodes: int,
     steps: int,
-    parts_of: Callable[[int, int, int], tuple[_BlockParts, int]] | None = None,
+    frame_of: Callable[[int, int], _Frame] | None = None,
 ) -> _Skeleton:
     """The skeleton of ``blocks`` for these numbers of episodes and steps:
-    their frame (:func:`_build_frame`) and the bytes the one pass compares."""
-    frame = _build_frame(blocks, episodes, steps, parts_of)
+    their frame (:func:`_build_frame`, or ``frame_of(episodes, steps)``) and
+    the bytes the one pass compares."""
+    frame = _build_frame(blocks, episodes, steps) if frame_of is None else frame_of(episodes, steps)
     headers, offsets = frame.headers, frame.offsets
     spans = [(offset, len(run)) for offset, run in headers]
     spans += [(offsets[name], 8 * episodes) for name in _KNOWN]

@@ -91,6 +91,7 @@ _SHAPE_KEY = _TENSOR_SHAPE << 3 | LEN
 _DATA_KEY = _TENSOR_DATA << 3 | LEN
 _KEY_KEY = _ENTRY_KEY << 3 | LEN
 _DATA_TAG = tag(_TENSOR_DATA, LEN)
+_SHAPE_TAG = tag(_TENSOR_SHAPE, LEN)
 _DTYPE_HEADERS = {code: _DTYPE_TAG + encode_varint(code) for code in DTYPES}
 
 
@@ -268,6 +269,22 @@ def tensor_header(code: int, shape: tuple[int, ...], nbytes: int) -> bytes:
         header += len_prefix(_TENSOR_SHAPE, len(packed)) + packed
     if nbytes:
         header += _DATA_TAG + encode_varint(nbytes)
+    return header
+
+
+@lru_cache(maxsize=256)
+def rows_header(code: int, row_shape: tuple[int, ...]) -> Callable[[int, int], bytes]:
+    """:func:`tensor_header` of ``(rows, *row_shape)`` as a function of ``rows``
+    and ``nbytes``, the bytes that depend on neither worked out once: a
+    result layout asks for every new number of rows, which the cache of
+    :func:`tensor_header` never holds (a per-env worker's step counts)."""
+    dtype, rest, shape = _DTYPE_HEADERS[code], b"".join(map(encode_varint, row_shape)), _SHAPE_TAG
+
+    def header(rows: int, nbytes: int) -> bytes:
+        packed = encode_varint(rows) + rest
+        head = dtype + shape + encode_varint(len(packed)) + packed
+        return head + _DATA_TAG + encode_varint(nbytes) if nbytes else head
+
     return header
 
 
@@ -671,6 +688,7 @@ __all__ = [
     "join_parts",
     "read_tensor",
     "read_tensor_map",
+    "rows_header",
     "tensor_fields",
     "tensor_header",
     "tensor_layout",
