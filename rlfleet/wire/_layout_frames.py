@@ -29,8 +29,8 @@ from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.space_checks import space_screen
 from rlfleet.wire._protowire import len_prefix
+from rlfleet.wire._tensor_header import dtype_code, encode_key_field, rows_header
 from rlfleet.wire.results import EPISODE_INFO_KEYS, FRAGMENT_INFO_KEYS
-from rlfleet.wire.tensors import dtype_code, encode_key_field, rows_header
 
 #: Skeletons kept per layout (one per pair of episode and step counts).
 _MAX_SKELETONS = 256
