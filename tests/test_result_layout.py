@@ -29,6 +29,7 @@ from rlfleet.core.seeding import stream_seeds
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.protocol.unit_columns import UnitColumns
+from rlfleet.wire import _layout_frames as layout_frames_module
 from rlfleet.wire import decode_batch, encode_batch
 from rlfleet.wire import result_layout as result_layout_module
 from rlfleet.wire import result_views as result_views_module
@@ -819,13 +820,13 @@ def test_a_learners_views_of_new_counts_build_no_index_of_the_compared_bytes(
     # learner's results of episode and step counts it has not seen build
     # only the offsets they are viewed at.
     built: list[tuple[int, int]] = []
-    build = result_layout_module._build_skeleton
+    build = layout_frames_module._build_skeleton
 
     def counted(blocks: Any, episodes: int, steps: int, *rest: Any) -> Any:
         built.append((episodes, steps))
         return build(blocks, episodes, steps, *rest)
 
-    monkeypatch.setattr(result_layout_module, "_build_skeleton", counted)
+    monkeypatch.setattr(layout_frames_module, "_build_skeleton", counted)
     views = ResultLayoutViews()
     views.decode(learner_result(batch_with_infos([3, 2])), SPEC)
     for lengths, first in (([4, 1, 5], 1), ([10], 5), ([2, 3], 0), ([1, 1, 1, 1, 1, 1], 0)):
@@ -848,17 +849,17 @@ def test_a_results_frame_is_built_once_in_the_learners_process(
     # counts (a per-env worker's results hardly ever repeat them): one
     # frame per new pair of counts, where each side worked out its own.
     built: list[tuple[int, int]] = []
-    build = result_layout_module._build_frame
+    build = layout_frames_module._build_frame
 
     def counted(blocks: Any, episodes: int, steps: int, *rest: Any) -> Any:
         built.append((episodes, steps))
         return build(blocks, episodes, steps, *rest)
 
-    monkeypatch.setattr(result_layout_module, "_FRAMES", {}, raising=False)  # none kept yet
+    monkeypatch.setattr(layout_frames_module, "_FRAMES", {}, raising=False)  # none kept yet
     check, views = ResultLayoutCheck(), ResultLayoutViews()
     check.check(joined(batch_of([3, 2])), SPEC, EXPECT)  # both learn the layout
     views.decode(learner_result(batch_of([3, 2])), SPEC)
-    monkeypatch.setattr(result_layout_module, "_build_frame", counted)
+    monkeypatch.setattr(layout_frames_module, "_build_frame", counted)
     for lengths, first in (([4, 1], 0), ([1, 2, 3], 2), ([1, 1, 1, 1, 1, 1], 0)):
         check.check(joined(batch_of(lengths, first)), SPEC, EXPECT)
         result = learner_result(batch_of(lengths, first))

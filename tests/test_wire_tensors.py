@@ -27,13 +27,12 @@ from rlfleet.wire import (
     encode_tensor_map,
 )
 from rlfleet.wire._protowire import read_varint
+from rlfleet.wire._tensor_header import rows_header, tensor_header
 from rlfleet.wire.tensors import (
     Part,
     gathered,
     read_tensor,
     read_tensor_map,
-    rows_header,
-    tensor_header,
     write_tensor,
     write_tensor_map,
 )

@@ -26,8 +26,8 @@ from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import InvalidBatchError
+from rlfleet.wire._layout_frames import _FIELD_NAMES, _Layout, _learn, _Tensor, _Tree
 from rlfleet.wire.chunks import Payload
-from rlfleet.wire.result_layout import _FIELD_NAMES, _Layout, _learn, _Tensor, _Tree
 from rlfleet.wire.results import DecodedResult, JoinedResult, Result, ResultHeader, decode_kept
 
 _BYTE = np.dtype(np.uint8)

@@ -26,8 +26,9 @@ from google.protobuf.message import DecodeError
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.errors import ConfigError, WireFormatError
 from rlfleet.v1 import spaces_pb2
+from rlfleet.wire._tensor_header import dtype_code, dtype_of_code
 from rlfleet.wire.tensor_messages import decode_tensor, encode_tensor
-from rlfleet.wire.tensors import dtype_code, dtype_of_code, element_count
+from rlfleet.wire.tensors import element_count
 
 _SUPPORTED = "Box, Discrete, MultiDiscrete, MultiBinary, Dict and Tuple"
 

@@ -2,9 +2,9 @@
 
 For small tensors in control messages (policy parameters, space bounds,
 lease calls); batches use the hand-written codec of
-:mod:`rlfleet.wire.tensors`, whose checks these share (dtypes, shapes,
-sizes, bool bytes, keys). Decoded arrays are read-only numpy views of the
-message's bytes.
+:mod:`rlfleet.wire.tensors`, whose checks these share (dtypes and keys
+of :mod:`rlfleet.wire._tensor_header`, shapes, sizes, bool bytes).
+Decoded arrays are read-only numpy views of the message's bytes.
 """
 
 from __future__ import annotations
@@ -17,14 +17,8 @@ import numpy as np
 
 from rlfleet.errors import WireFormatError
 from rlfleet.v1 import tensor_pb2
-from rlfleet.wire.tensors import (
-    DTYPES,
-    TensorDict,
-    dtype_code,
-    encode_key_field,
-    view_tensor,
-    wire_array,
-)
+from rlfleet.wire._tensor_header import DTYPES, dtype_code, encode_key_field, wire_array
+from rlfleet.wire.tensors import TensorDict, view_tensor
 
 
 def encode_tensor(array: np.ndarray) -> tensor_pb2.Tensor:

@@ -1,7 +1,7 @@
 """Tensors and tensor maps on the wire (``rlfleet.v1.Tensor`` / ``TensorMap``).
 
-Two paths share one set of checks (this module's dtypes, shapes, sizes and
-keys):
+Two paths share one set of checks (the dtypes and keys of
+:mod:`rlfleet.wire._tensor_header`, this module's shapes and sizes):
 
 * :func:`write_tensor` / :func:`read_tensor` and :func:`write_tensor_map` /
   :func:`read_tensor_map` write and read the wire format by hand, for the
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from functools import lru_cache
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -34,13 +33,27 @@ from rlfleet.wire._protowire import (
     LEN,
     VARINT,
     ByteSource,
-    encode_varint,
     iter_fields,
     len_prefix,
     read_varint,
-    tag,
     to_int64,
     wire_type_error,
+)
+from rlfleet.wire._tensor_header import (
+    _CODES,
+    _ENTRY_KEY,
+    _ENTRY_MAP,
+    _ENTRY_TENSOR,
+    _MAP_ENTRIES,
+    _TENSOR_CODEC,
+    _TENSOR_DATA,
+    _TENSOR_DTYPE,
+    _TENSOR_SHAPE,
+    DTYPES,
+    dtype_of_code,
+    encode_key_field,
+    tensor_header,
+    wire_array,
 )
 
 #: Bytes of a message being written: small headers and array memory.
@@ -59,109 +72,12 @@ MAX_ELEMENTS = 1 << 40
 #: Most dimensions a tensor may have (numpy < 2 supports 32).
 MAX_NDIM = 32
 
-#: tensor.proto's DType values and the little-endian dtypes they stand for.
-DTYPES: dict[int, np.dtype] = {
-    tensor_pb2.DTYPE_BOOL: np.dtype("?"),
-    tensor_pb2.DTYPE_INT8: np.dtype("i1"),
-    tensor_pb2.DTYPE_INT16: np.dtype("<i2"),
-    tensor_pb2.DTYPE_INT32: np.dtype("<i4"),
-    tensor_pb2.DTYPE_INT64: np.dtype("<i8"),
-    tensor_pb2.DTYPE_UINT8: np.dtype("u1"),
-    tensor_pb2.DTYPE_UINT16: np.dtype("<u2"),
-    tensor_pb2.DTYPE_UINT32: np.dtype("<u4"),
-    tensor_pb2.DTYPE_UINT64: np.dtype("<u8"),
-    tensor_pb2.DTYPE_FLOAT16: np.dtype("<f2"),
-    tensor_pb2.DTYPE_FLOAT32: np.dtype("<f4"),
-    tensor_pb2.DTYPE_FLOAT64: np.dtype("<f8"),
-}
-# Keyed by little-endian dtypes, which on a little-endian host are the
-# native ones, so the usual lookup is one dict hit.
-_CODES: dict[np.dtype, int] = {dtype: code for code, dtype in DTYPES.items()}
-
-# Field numbers of tensor.proto.
-_TENSOR_DTYPE, _TENSOR_SHAPE, _TENSOR_DATA, _TENSOR_CODEC = 1, 2, 3, 4
-_MAP_ENTRIES = 1
-_ENTRY_KEY, _ENTRY_TENSOR, _ENTRY_MAP = 1, 2, 3
-
 _CODEC_NONE = tensor_pb2.CODEC_NONE
 _DTYPE_BOOL = tensor_pb2.DTYPE_BOOL
-_DTYPE_TAG = tag(_TENSOR_DTYPE, VARINT)
 _DTYPE_KEY = _TENSOR_DTYPE << 3 | VARINT
 _SHAPE_KEY = _TENSOR_SHAPE << 3 | LEN
 _DATA_KEY = _TENSOR_DATA << 3 | LEN
 _KEY_KEY = _ENTRY_KEY << 3 | LEN
-_DATA_TAG = tag(_TENSOR_DATA, LEN)
-_SHAPE_TAG = tag(_TENSOR_SHAPE, LEN)
-_DTYPE_HEADERS = {code: _DTYPE_TAG + encode_varint(code) for code in DTYPES}
-
-
-def wire_dtype(dtype: np.dtype) -> np.dtype:
-    """The little-endian dtype a tensor of ``dtype`` travels as.
-
-    Raises:
-        WireFormatError: If the DType enum has no such type.
-    """
-    little = dtype.newbyteorder("<")
-    if little not in _CODES:
-        supported = ", ".join(str(d.name) for d in DTYPES.values())
-        raise WireFormatError(
-            f"dtype {dtype} cannot travel as a tensor; supported: {supported}. "
-            "Convert the array with astype first"
-        )
-    return little
-
-
-def dtype_code(dtype: np.dtype, where: str = "") -> int:
-    """The DType enum value of ``dtype`` (any byte order).
-
-    Raises:
-        WireFormatError: If the DType enum has no such type.
-    """
-    code = _CODES.get(dtype)
-    if code is not None:
-        return code
-    try:
-        return _CODES[wire_dtype(dtype)]
-    except WireFormatError as error:
-        raise WireFormatError(f"{where}: {error}" if where else str(error)) from None
-
-
-def dtype_of_code(code: int, where: str) -> np.dtype:
-    """The little-endian numpy dtype of a DType enum value.
-
-    Raises:
-        WireFormatError: For DTYPE_UNSPECIFIED or a value the enum lacks.
-    """
-    dtype = DTYPES.get(code)
-    if dtype is None:
-        what = "no dtype (DTYPE_UNSPECIFIED)" if code == 0 else f"unknown dtype {code}"
-        raise WireFormatError(f"{where}: {what}; protocol v1 knows DType values 1..{len(DTYPES)}")
-    return dtype
-
-
-def wire_array(value: Any, where: str = "tensor") -> np.ndarray:
-    """``value`` as a C-contiguous little-endian array of a wire dtype.
-
-    Returns the array itself when it already is one (the usual case), else a
-    converted copy.
-
-    Args:
-        value: An array, or anything ``np.asarray`` takes.
-        where: Name of the value, for error messages.
-
-    Raises:
-        WireFormatError: If the dtype is not one of tensor.proto's DType enum.
-    """
-    array = value if isinstance(value, np.ndarray) else np.asarray(value)
-    if array.dtype not in _CODES:
-        try:
-            little = wire_dtype(array.dtype)
-        except WireFormatError as error:
-            raise WireFormatError(f"{where}: {error}") from None
-        array = array.astype(little)
-    if not array.flags.c_contiguous:
-        array = np.ascontiguousarray(array)
-    return array
 
 
 def write_tensor(
@@ -257,35 +173,6 @@ def gathered(parts: Sequence[Part]) -> list[BytePart]:
         else part
         for part in parts
     ]
-
-
-# Batches of a stream repeat the same few shapes, so headers are cached.
-@lru_cache(maxsize=4096)
-def tensor_header(code: int, shape: tuple[int, ...], nbytes: int) -> bytes:
-    """The bytes of a Tensor before its data: dtype ``code``, ``shape``, data length."""
-    header = _DTYPE_HEADERS[code]
-    if shape:
-        packed = b"".join([encode_varint(dim) for dim in shape])
-        header += len_prefix(_TENSOR_SHAPE, len(packed)) + packed
-    if nbytes:
-        header += _DATA_TAG + encode_varint(nbytes)
-    return header
-
-
-@lru_cache(maxsize=256)
-def rows_header(code: int, row_shape: tuple[int, ...]) -> Callable[[int, int], bytes]:
-    """:func:`tensor_header` of ``(rows, *row_shape)`` as a function of ``rows``
-    and ``nbytes``, the bytes that depend on neither worked out once: a
-    result layout asks for every new number of rows, which the cache of
-    :func:`tensor_header` never holds (a per-env worker's step counts)."""
-    dtype, rest, shape = _DTYPE_HEADERS[code], b"".join(map(encode_varint, row_shape)), _SHAPE_TAG
-
-    def header(rows: int, nbytes: int) -> bytes:
-        packed = encode_varint(rows) + rest
-        head = dtype + shape + encode_varint(len(packed)) + packed
-        return head + _DATA_TAG + encode_varint(nbytes) if nbytes else head
-
-    return header
 
 
 def read_tensor(buf: ByteSource, pos: int, end: int, where: str) -> np.ndarray:
@@ -561,28 +448,6 @@ def _write_message(field_number: int, body: list[Part], size: int, out: list[Par
     return len(prefix) + size
 
 
-def encode_key_field(key: object, where: str) -> bytes:
-    """The encoded key field of a TensorMap entry.
-
-    Raises:
-        WireFormatError: If the key is not a non-empty string of valid UTF-8.
-    """
-    if not isinstance(key, str) or not key:
-        raise WireFormatError(
-            f"{where}: keys must be non-empty strings, got {key!r}; rename the entry"
-        )
-    try:
-        return _encoded_key_field(key)
-    except UnicodeEncodeError as error:
-        raise WireFormatError(f"{where}: key {key!r} is not valid UTF-8 text ({error})") from None
-
-
-@lru_cache(maxsize=4096)
-def _encoded_key_field(key: str) -> bytes:
-    encoded = key.encode("utf-8")
-    return len_prefix(_ENTRY_KEY, len(encoded)) + encoded
-
-
 def read_tensor_map(
     buf: ByteSource, pos: int, end: int, where: str, read: TensorReader | None = None
 ) -> TensorDict:
@@ -688,9 +553,7 @@ __all__ = [
     "join_parts",
     "read_tensor",
     "read_tensor_map",
-    "rows_header",
     "tensor_fields",
-    "tensor_header",
     "tensor_layout",
     "view_tensor",
     "write_tensor",

@@ -1,0 +1,408 @@
+"""A worker's result layout, and the bytes it fixes for some numbers of episodes and steps.
+
+A layout (:class:`_Layout`, learned from a decoded batch by :func:`_learn`)
+is the fields, TensorMap keys, dtypes and row shapes of a worker's results;
+only the numbers of episodes and steps change from one result to the next.
+For each pair of numbers it fixes every byte around the arrays (tags,
+lengths, dtypes, shapes) and where each array's data lies: a
+:class:`_Frame`, kept once in the process (:data:`_FRAMES`) for the
+coordinator's one-pass check (:mod:`rlfleet.wire.result_layout`) and a
+learner's views (:mod:`rlfleet.wire.result_views`) alike, and a
+:class:`_Skeleton`, the frame with the bytes the one pass compares in one
+gather, kept per layout. Nothing here reads a result: it works out what a
+result of the layout must hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+import gymnasium as gym
+import numpy as np
+
+from rlfleet.core.env_spec import EnvSpec
+from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.core.space_checks import space_screen
+from rlfleet.wire._protowire import len_prefix
+from rlfleet.wire._tensor_header import dtype_code, encode_key_field, rows_header
+from rlfleet.wire.results import EPISODE_INFO_KEYS, FRAGMENT_INFO_KEYS
+
+#: Skeletons kept per layout (one per pair of episode and step counts).
+_MAX_SKELETONS = 256
+#: Frames kept in the process, of every layout (see :data:`_FRAMES`).
+_MAX_FRAMES = 1024
+#: Distinct layouts numbered for the frames' keys before the numbering starts afresh.
+_MAX_SHAPES = 1024
+
+# EpisodeBatch's fields (batch.proto) in the order writers write them, and
+# whether they hold a row per episode (else a row per step).
+_FIELDS = (
+    (2, "episode_infos", True),
+    (3, "observations", False),
+    (4, "last_observations", True),
+    (5, "actions", False),
+    (6, "rewards", False),
+    (7, "env_infos", False),
+    (8, "agent_infos", False),
+    (9, "step_types", False),
+    (10, "lengths", True),
+)
+_FIELD_NAMES = {number: name for number, name, _ in _FIELDS}
+# TensorMap's fields (tensor.proto).
+_MAP_ENTRIES, _ENTRY_TENSOR, _ENTRY_MAP = 1, 2, 3
+_BOOL = np.dtype("?")
+# The columns the one pass reads as bytes: int64 episode infos and lengths, uint8 step types.
+_INFO = {key: f"episode_infos[{key!r}]" for key in EPISODE_INFO_KEYS}
+_BYTE_COLUMNS = {
+    **{name: np.dtype("<i8") for name in (*_INFO.values(), "lengths")},
+    "step_types": np.dtype("u1"),
+}
+_KNOWN_INFOS = ("episode_index", "worker", "agent_version", "env_seed", "policy_seed")
+# The int64 columns compared with the header's numbers and the task's units, in order.
+_KNOWN = ("lengths", *(_INFO[key] for key in _KNOWN_INFOS))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+    """One array of the layout: where it is named, what it holds, how many rows."""
+
+    name: str
+    dtype: np.dtype
+    row_shape: tuple[int, ...]
+    per_episode: bool  # rows: one per episode, else one per step
+
+    @functools.cached_property
+    def row_bytes(self) -> int:
+        return math.prod(self.row_shape) * self.dtype.itemsize
+
+
+# A TensorMap's entries: key field bytes and a tensor or a nested map.
+_Tree = tuple[tuple[bytes, "_Tensor | _Tree"], ...]
+
+#: Reads ``size`` bytes at an offset of a result's bytes.
+_Read = Callable[[int, int], "bytes | memoryview"]
+#: A result's bytes: their size, their reader, and the bytes if joined.
+_Source = tuple[int, _Read, "memoryview | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Frame:
+    """Where a layout's arrays are for some numbers of episodes and steps:
+    what reading a result's arrays takes (a learner's views).
+
+    Attributes:
+        size: Size of the whole message.
+        headers: (offset, bytes) of every run of bytes between arrays.
+        offsets: Offset of each array's data, by name.
+    """
+
+    size: int
+    headers: tuple[tuple[int, bytes], ...]
+    offsets: dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Skeleton(_Frame):
+    """A layout's bytes for some numbers of episodes and steps, the arrays
+    left out: its :class:`_Frame` and what the one-pass check compares.
+
+    Attributes:
+        between: The runs of ``headers``, joined.
+        spans: (offset, size) of each run of bytes between arrays, then of
+            the int64 columns the header's numbers tell (:data:`_KNOWN`).
+        known: The position of each byte of ``spans``, in their order.
+    """
+
+    between: bytes
+    spans: tuple[tuple[int, int], ...]
+    known: np.ndarray
+
+    def gather(self, source: _Source) -> bytes:
+        """The bytes of :attr:`spans` in a result: one gather of a joined one."""
+        _, read, whole = source
+        if whole is not None:
+            return np.frombuffer(whole, np.uint8)[self.known].tobytes()
+        return b"".join([read(offset, size) for offset, size in self.spans])
+
+
+_F = TypeVar("_F", bound=_Frame)
+
+#: The frames of the process's layouts, by (layout number, episodes, steps):
+#: a frame depends on the layout alone, and a per-env worker's results hardly
+#: repeat their counts, so a learner's views take the frame its embedded
+#: coordinator's check built for the same result (``Fleet.local``)
+#: (``tests/test_result_layout.py::test_a_results_frame_is_built_once_in_the_learners_process``).
+_FRAMES: dict[tuple[int, int, int], _Frame] = {}
+_SHAPES: dict[tuple[tuple[int, _Tensor | _Tree], ...], int] = {}  # each layout's number
+_shape_numbers = itertools.count()
+
+
+def _shape_number(blocks: tuple[tuple[int, _Tensor | _Tree], ...]) -> int:
+    """A distinct layout's number, never reused (:data:`_SHAPES` starts afresh when full)."""
+    found = _SHAPES.get(blocks)
+    if found is None:
+        if len(_SHAPES) >= _MAX_SHAPES:
+            _SHAPES.clear()
+        found = _SHAPES[blocks] = next(_shape_numbers)
+    return found
+
+
+class _Layout:
+    """The fields, keys, dtypes and row shapes of one checked result."""
+
+    def __init__(
+        self,
+        spec: EnvSpec,
+        blocks: tuple[tuple[int, _Tensor | _Tree], ...],
+        keys: Mapping[bytes, str],
+    ) -> None:
+        self.spec = spec
+        self.blocks = blocks
+        self.keys = keys  # each TensorMap key, by its encoded key field
+        self.tensors = {t.name: t for t in _walk(blocks)}
+        self.bools = tuple(t.name for t in self.tensors.values() if t.dtype == _BOOL)
+        self._skeletons: dict[tuple[int, int], _Skeleton] = {}
+        self._shape = _shape_number(blocks)
+        self._block_parts: dict[tuple[int, ...], tuple[_BlockParts, int]] = {}
+        # The numbers of rows each block's bytes depend on.
+        self._rows = tuple(_rows_key(item) for _, item in blocks)
+        obs, act = spec.observation_space, spec.action_space
+        screen = self._screen
+        self.screens = tuple(
+            (name, check)
+            for name, check in (
+                ("observations", screen("observations", obs, False)),
+                ("last_observations", screen("last_observations", obs, False)),
+                ("actions", screen("actions", act, True)),
+            )
+            if check is not None
+        )
+        rewards = self.tensors["rewards"].dtype
+        self.finite_rewards = rewards.kind == "f"
+
+    def _screen(
+        self, name: str, space: gym.Space, actions: bool
+    ) -> Callable[[np.ndarray], bool] | None:
+        tensor = self.tensors[name]
+        return space_screen(space, tensor.dtype, tensor.row_shape, actions=actions)
+
+    def fitting(self, episodes: int, steps: int, size: int) -> _Skeleton | None:
+        """The layout's skeleton for ``episodes`` and ``steps`` if a result of
+        ``size`` bytes can have it, else None."""
+        return _fitting(self.skeleton, episodes, steps, size)
+
+    def skeleton(self, episodes: int, steps: int) -> _Skeleton:
+        """The layout's bytes for ``episodes`` and ``steps``, worked out once per pair."""
+        kept = self._skeletons
+        found = kept.get((episodes, steps))
+        if found is None:
+            if len(kept) >= _MAX_SKELETONS:
+                kept.clear()  # a worker's step counts wander: keep the cache small
+            found = kept[(episodes, steps)] = _build_skeleton(
+                self.blocks, episodes, steps, self.frame
+            )
+        return found
+
+    def frame(self, episodes: int, steps: int) -> _Frame:
+        """The layout's frame for ``episodes`` and ``steps``, without the bytes only
+        the one pass compares (a learner's views keep what they need of it:
+        rlfleet.wire.result_views); shared in the process (:data:`_FRAMES`)."""
+        key = (self._shape, episodes, steps)
+        found = _FRAMES.get(key)
+        if found is None:
+            if len(_FRAMES) >= _MAX_FRAMES:
+                _FRAMES.clear()
+            found = _FRAMES[key] = _build_frame(self.blocks, episodes, steps, self._parts)
+        return found
+
+    def _parts(self, block: int, episodes: int, steps: int) -> tuple[_BlockParts, int]:
+        """A block's parts, kept per number of rows its arrays have: a new pair
+        of numbers works out only the blocks whose rows changed (a worker's
+        results of as many episodes share their episode infos' bytes)."""
+        key = (block, *self._rows[block](episodes, steps))
+        found = self._block_parts.get(key)
+        if found is None:
+            if len(self._block_parts) >= 4 * _MAX_SKELETONS:
+                self._block_parts.clear()
+            number, item = self.blocks[block]
+            found = self._block_parts[key] = _block_parts(number, item, episodes, steps)
+        return found
+
+
+def _fitting(of: Callable[[int, int], _F], episodes: int, steps: int, size: int) -> _F | None:
+    if steps > size:  # every step takes a byte or more: no skeleton for forged counts
+        return None
+    found = of(episodes, steps)
+    return found if found.size == size else None
+
+
+def _rows_key(item: _Tensor | _Tree) -> Callable[[int, int], tuple[int, ...]]:
+    """What a block's bytes depend on: the episodes, the steps, or both."""
+    kinds = {t.per_episode for t in _walk(((0, item),))}
+    if kinds == {True}:
+        return lambda episodes, steps: (episodes,)
+    if kinds == {False}:
+        return lambda episodes, steps: (-1, steps)
+    return lambda episodes, steps: (episodes, steps)
+
+
+def _walk(blocks: tuple[tuple[int, _Tensor | _Tree], ...]) -> list[_Tensor]:
+    found: list[_Tensor] = []
+
+    def visit(item: _Tensor | _Tree) -> None:
+        if isinstance(item, _Tensor):
+            found.append(item)
+        else:
+            for _, child in item:
+                visit(child)
+
+    for _, item in blocks:
+        visit(item)
+    return found
+
+
+def _learn(batch: EpisodeBatch, window: bool) -> _Layout | None:
+    """The layout of a decoded batch (None: one the one-pass check does not take);
+    ``window``: of a fragment window, whose pieces carry more episode infos."""
+
+    def tensor(name: str, array: np.ndarray, per_episode: bool) -> _Tensor:
+        return _Tensor(name, array.dtype, tuple(array.shape[1:]), per_episode)
+
+    keys: dict[bytes, str] = {}
+
+    def tree(name: str, infos: Mapping[str, object], per_episode: bool) -> _Tree:
+        entries: list[tuple[bytes, _Tensor | _Tree]] = []
+        for key, value in infos.items():
+            path = f"{name}[{key!r}]"
+            key_field = encode_key_field(key, path)
+            keys[key_field] = key
+            if isinstance(value, Mapping):
+                entries.append((key_field, tree(path, value, per_episode)))
+            else:  # decoded: an array
+                entries.append((key_field, tensor(path, np.asarray(value), per_episode)))
+        return tuple(entries)
+
+    blocks: list[tuple[int, _Tensor | _Tree]] = []
+    for number, name, per_episode in _FIELDS:
+        value = getattr(batch, name)
+        if isinstance(value, Mapping):
+            if value:  # an empty map is not written
+                blocks.append((number, tree(name, value, per_episode)))
+        else:
+            blocks.append((number, tensor(name, value, per_episode)))
+    layout = _Layout(batch.env_spec, tuple(blocks), keys)
+    required = EPISODE_INFO_KEYS + FRAGMENT_INFO_KEYS if window else EPISODE_INFO_KEYS
+    names = {f"episode_infos[{key!r}]" for key in required}
+    if not names <= layout.tensors.keys():
+        return None
+    if not window:
+        for name, dtype in _BYTE_COLUMNS.items():  # else every result takes the general path
+            column = layout.tensors.get(name)
+            if column is None or column.dtype != dtype or column.row_shape:
+                return None
+    return layout
+
+
+#: A block's bytes for some numbers of rows: each array, with the bytes
+#: (tags, lengths, dtype, shape) written right before its data; None after
+#: the bytes that end a block with no array after them (an empty nested map).
+_BlockParts = tuple[tuple[bytes, "_Tensor | None"], ...]
+
+
+def _block_parts(
+    number: int, item: _Tensor | _Tree, episodes: int, steps: int
+) -> tuple[_BlockParts, int]:
+    """The bytes batch_parts writes for one field (write_tensor, write_tensor_map)
+    with arrays of these numbers of rows, each array's data left out; and the
+    field's size."""
+
+    def tensor_parts(number: int, t: _Tensor) -> tuple[list[bytes | _Tensor], int]:
+        rows = episodes if t.per_episode else steps
+        nbytes = rows * t.row_bytes
+        header = rows_header(dtype_code(t.dtype), t.row_shape)(rows, nbytes)
+        prefix = len_prefix(number, len(header) + nbytes)
+        return [prefix + header, t], len(prefix) + len(header) + nbytes
+
+    def map_parts(number: int, entries: _Tree) -> tuple[list[bytes | _Tensor], int]:
+        body: list[bytes | _Tensor] = []
+        size = 0
+        for key_field, child in entries:
+            parts, child_size = (
+                tensor_parts(_ENTRY_TENSOR, child)
+                if isinstance(child, _Tensor)
+                else map_parts(_ENTRY_MAP, child)
+            )
+            entry = len_prefix(_MAP_ENTRIES, len(key_field) + child_size) + key_field
+            body += [entry, *parts]
+            size += len(entry) + child_size
+        prefix = len_prefix(number, size)
+        return [prefix, *body], len(prefix) + size
+
+    parts, size = (
+        tensor_parts(number, item) if isinstance(item, _Tensor) else map_parts(number, item)
+    )
+    pairs: list[tuple[bytes, _Tensor | None]] = []
+    run = b""
+    for part in parts:
+        if isinstance(part, bytes):
+            run += part
+        else:
+            pairs.append((run, part))
+            run = b""
+    if run:
+        pairs.append((run, None))
+    return tuple(pairs), size
+
+
+def _build_frame(
+    blocks: tuple[tuple[int, _Tensor | _Tree], ...],
+    episodes: int,
+    steps: int,
+    parts_of: Callable[[int, int, int], tuple[_BlockParts, int]] | None = None,
+) -> _Frame:
+    """The frame of ``blocks`` for these numbers of episodes and steps
+    (``parts_of(block, episodes, steps)``: each block's parts, maybe kept)."""
+    headers: list[tuple[int, bytes]] = []
+    offsets: dict[str, int] = {}
+    position = 0
+    for block, (number, item) in enumerate(blocks):
+        pairs, _ = (
+            _block_parts(number, item, episodes, steps)
+            if parts_of is None
+            else parts_of(block, episodes, steps)
+        )
+        for run, tensor in pairs:
+            if run:
+                headers.append((position, run))
+                position += len(run)
+            if tensor is None:
+                continue
+            offsets[tensor.name] = position
+            position += (episodes if tensor.per_episode else steps) * tensor.row_bytes
+    return _Frame(position, tuple(headers), offsets)
+
+
+def _build_skeleton(
+    blocks: tuple[tuple[int, _Tensor | _Tree], ...],
+    episodes: int,
+    steps: int,
+    frame_of: Callable[[int, int], _Frame] | None = None,
+) -> _Skeleton:
+    """The skeleton of ``blocks`` for these numbers of episodes and steps:
+    their frame (:func:`_build_frame`, or ``frame_of(episodes, steps)``) and
+    the bytes the one pass compares."""
+    frame = _build_frame(blocks, episodes, steps) if frame_of is None else frame_of(episodes, steps)
+    headers, offsets = frame.headers, frame.offsets
+    spans = [(offset, len(run)) for offset, run in headers]
+    spans += [(offsets[name], 8 * episodes) for name in _KNOWN]
+    # Each byte's position: a run of positions per span, in one repeat.
+    starts, sizes = np.array(spans, dtype=np.intp).T
+    ends = np.cumsum(sizes)
+    known = np.arange(ends[-1], dtype=np.intp) + np.repeat(starts - (ends - sizes), sizes)
+    between = b"".join(run for _, run in headers)
+    return _Skeleton(frame.size, headers, offsets, between, tuple(spans), known)
