@@ -25,6 +25,7 @@ from typing import TypeAlias
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from rlfleet._util.prebuilt import prebuilt
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire._chunk import Chunk
 from rlfleet.wire._protowire import (
@@ -221,7 +222,8 @@ def _read_result(
         except DecodeError:
             return None  # a varint past 10 bytes: the general path says so
         columns[2], columns[3] = tuple(meta.episode_indices), tuple(meta.lengths)
-    header = ResultHeader(
+    header = prebuilt(  # every field checked above
+        ResultHeader,
         task_id=scalars[1],
         worker_id=scalars[6],
         episode_indices=columns[2],
@@ -281,6 +283,8 @@ def _chunk(data: _Bytes, pos: int, end: int) -> Chunk | None:
             if key & 7 != 2 or length <= 0 or body + length != end:
                 return None
             payload = memoryview(data)[body:end].toreadonly()  # as the general path's
+            if payload.format != "B":
+                payload = payload.cast("B")  # as Chunk's constructor leaves it
             pos = end
         else:
             value = data[pos + 1] if pos + 1 < end else 0x80
@@ -297,7 +301,16 @@ def _chunk(data: _Bytes, pos: int, end: int) -> Chunk | None:
         return None  # protobuf would cut these to 32 bits: the general path reads them
     if not 0 <= index < count or len(payload) > total_bytes:
         return None  # the general path raises with its text
-    return Chunk(batch_id, index, count, total_bytes, kind, payload)
+    # Chunk's own checks are the ones above: its constructor would make them again.
+    return prebuilt(
+        Chunk,
+        batch_id=batch_id,
+        index=index,
+        count=count,
+        total_bytes=total_bytes,
+        kind=kind,
+        data=payload,
+    )
 
 
 __all__ = ["read_result_frame", "read_result_message", "result_fields", "result_head"]
