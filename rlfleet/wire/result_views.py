@@ -21,6 +21,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from rlfleet._util.flags import any_set
+from rlfleet._util.prebuilt import prebuilt
 from rlfleet.core._validation import accepted_shapes, check_step_types
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
@@ -61,7 +62,15 @@ class ResultLayoutViews:
             batch = _viewed(kept, header, payload)
             if batch is not None:
                 self.viewed += 1
-                return DecodedResult(header, batch, joined.chunks, joined.message_sizes)
+                return prebuilt(
+                    DecodedResult,
+                    header=header,
+                    batch=batch,
+                    chunks=joined.chunks,
+                    message_sizes=joined.message_sizes,
+                    seq=0,
+                    at=0.0,
+                )
         result = decode_kept(joined, env_spec)
         self.decoded += 1
         if isinstance(result, DecodedResult):
