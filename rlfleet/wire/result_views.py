@@ -4,8 +4,9 @@ The coordinator checked every value of a result before passing it on
 (:class:`~rlfleet.wire.result_layout.ResultLayoutCheck`); the learner only
 decodes what it receives. A result of one chunk with the layout its worker's
 last result had (the same bytes around the arrays for its numbers of
-episodes and steps) is viewed at that layout's offsets: a few slice
-comparisons and a view per array, instead of walking every field (about 230
+episodes and steps) is viewed at that layout's offsets: one comparison of
+the bytes between the arrays and the views (the fields of one structured
+array, for counts seen before), instead of walking every field (about 230
 Python and numpy calls) and building the EpisodeBatch with its checks. What
 decoding checks on values still holds: the lengths are the header's, the
 step types in StepType's range, bools 0 or 1. Anything else (another layout,
@@ -16,6 +17,8 @@ which raises with its own text, or decodes and relearns the worker's layout.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -92,10 +95,9 @@ _Map: TypeAlias = "int | tuple[tuple[str, _Map], ...]"
 class _Views:
     """What viewing a worker's results of one layout takes, worked out once: the
     arrays in the layout's order and the batch's dicts of them; then per pair
-    of counts, its plan (the result's size, the runs of bytes between the
-    arrays, each array's shape, dtype and offset), so that a later result of
-    those counts is a few slice comparisons, one ``np.ndarray`` per array and
-    the dicts, no walk over the layout.
+    of counts, its :class:`_Plan`, so that a later result of those counts is
+    one comparison of the bytes between the arrays, the views and the dicts,
+    no walk over the layout.
 
     Attributes:
         layout: The layout.
@@ -104,8 +106,9 @@ class _Views:
         lengths: Where the lengths are among the views.
         step_types: Where the step types are.
         bools: Where the bool arrays are.
-        plans: By (episodes, steps): (size, (start, end, bytes) of each run
-            between the arrays, (shape, dtype, offset) of each array).
+        names: The arrays' names in a plan's record.
+        views: Takes a record's fields, in the layout's order (one C call).
+        plans: By (episodes, steps).
     """
 
     def __init__(self, layout: _Layout) -> None:
@@ -124,6 +127,8 @@ class _Views:
         self.lengths = where["lengths"]
         self.step_types = where["step_types"]
         self.bools = tuple(where[name] for name in layout.bools)
+        self.names = [f"a{index}" for index in range(len(tensors))]
+        self.views = _getter(self.names)
         self.plans: dict[tuple[int, int], _Plan] = {}
 
     def plan(self, episodes: int, steps: int) -> _Plan:
@@ -133,9 +138,9 @@ class _Views:
             plans.clear()  # a worker's step counts wander: keep the plans few
         frame = self.layout.frame(episodes, steps)  # not the one pass's skeleton
         offsets = frame.offsets
-        plan = plans[(episodes, steps)] = (
+        plan = plans[(episodes, steps)] = _Plan(
             frame.size,
-            tuple((offset, offset + len(run), run) for offset, run in frame.headers),
+            frame.headers,
             tuple(
                 ((episodes if t.per_episode else steps, *t.row_shape), t.dtype, offsets[t.name])
                 for t in self.tensors
@@ -144,16 +149,64 @@ class _Views:
         return plan
 
 
-#: A result's size, the runs of bytes between its arrays, and its arrays.
-_Plan: TypeAlias = tuple[
-    int, tuple[tuple[int, int, bytes], ...], tuple[tuple[tuple[int, ...], np.dtype, int], ...]
-]
+class _Plan:
+    """Where the bytes between the arrays and the arrays of a result of one
+    pair of counts are.
+
+    Attributes:
+        size: A result's size.
+        runs: Takes a result's runs of bytes between the arrays, as a tuple
+            (one C call).
+        expected: What :attr:`runs` gives for a result of the layout.
+        arrays: Each array's (shape, dtype, offset).
+        record: Once the plan serves a second result: one structured dtype
+            of the arrays at their offsets, whose fields are the views (one
+            ``np.ndarray`` for them all, where each array took one); None
+            before (counts that never repeat, as a native worker's, do not
+            pay for it).
+    """
+
+    __slots__ = ("arrays", "expected", "record", "runs", "size")
+
+    def __init__(
+        self,
+        size: int,
+        headers: Sequence[tuple[int, bytes]],
+        arrays: tuple[tuple[tuple[int, ...], np.dtype, int], ...],
+    ) -> None:
+        self.size = size
+        self.runs = _getter([slice(offset, offset + len(run)) for offset, run in headers])
+        self.expected = tuple(run for _, run in headers)
+        self.arrays = arrays
+        self.record: np.dtype | None = None
+
+    def make_record(self, names: list[str]) -> None:
+        """Works out :attr:`record`, its arrays named ``names``."""
+        arrays = self.arrays
+        self.record = np.dtype(
+            {
+                "names": names,
+                "formats": [(dtype, shape) for shape, dtype, _ in arrays],
+                "offsets": [offset for _, _, offset in arrays],
+                "itemsize": self.size,
+            }
+        )
 
 
-def _built(tree: _Map, views: list[np.ndarray]) -> Any:
+def _getter(items: list[Any]) -> Callable[[Any], tuple[Any, ...]]:
+    """Takes ``items`` of its argument at once, as a tuple (of one, too)."""
+    if len(items) == 1:
+        (item,) = items
+        return lambda whole: (whole[item],)
+    return operator.itemgetter(*items)
+
+
+def _built(tree: _Map, views: Sequence[np.ndarray]) -> Any:
     if isinstance(tree, int):
         return views[tree]
-    return {key: _built(child, views) for key, child in tree}
+    return {
+        key: views[child] if isinstance(child, int) else _built(child, views) for key, child in tree
+    }
 
 
 def _viewable(layout: _Layout) -> bool:
@@ -184,14 +237,17 @@ def _viewed(kept: _Views, header: ResultHeader, payload: Payload) -> EpisodeBatc
         if steps > len(whole):  # every step takes a byte or more: no plan for forged counts
             return None
         plan = kept.plan(episodes, steps)
-    size, headers, arrays = plan
-    if size != len(whole):
+    elif plan.record is None:
+        plan.make_record(kept.names)  # the counts came again: they may well keep coming
+    if plan.size != len(whole) or plan.runs(whole) != plan.expected:
         return None
-    for start, end, expected in headers:
-        if whole[start:end] != expected:
-            return None
     whole = whole.toreadonly()
-    views = [np.ndarray(shape, dtype, whole, offset) for shape, dtype, offset in arrays]
+    record = plan.record
+    views: Sequence[np.ndarray]
+    if record is None:
+        views = [np.ndarray(shape, dtype, whole, offset) for shape, dtype, offset in plan.arrays]
+    else:
+        views = kept.views(np.ndarray((), record, whole))
     if views[kept.lengths].tolist() != list(lengths):
         return None
     types = views[kept.step_types]
@@ -209,7 +265,8 @@ def _viewed(kept: _Views, header: ResultHeader, payload: Payload) -> EpisodeBatc
     fields: dict[str, Any] = {"episode_infos": {}, "env_infos": {}, "agent_infos": {}}
     for name, tree in kept.fields:
         fields[name] = _built(tree, views)
-    return EpisodeBatch.prechecked(env_spec=kept.layout.spec, check_actions=False, **fields)
+    # What EpisodeBatch.prechecked builds, without its call.
+    return prebuilt(EpisodeBatch, env_spec=kept.layout.spec, **fields)
 
 
 __all__ = ["ResultLayoutViews"]
