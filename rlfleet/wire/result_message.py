@@ -180,12 +180,17 @@ def _read_result(
             return None
         wire_type = key & 7
         at = pos
-        # A one-byte varint (most of a result's) is read here, without a call.
+        # A varint of one or two bytes (most of a result's) is read here, without a call.
         value = data[pos + 1] if pos + 1 < size else 0x80
         if value < 0x80:
             pos += 2
         else:
-            value, pos = _varint(data, pos + 1, size)
+            high = data[pos + 2] if pos + 2 < size else 0
+            if 0 < high < 0x80:
+                value = (value & 0x7F) | high << 7
+                pos += 3
+            else:
+                value, pos = _varint(data, pos + 1, size)
         if number in _VARINT_FIELDS:
             if wire_type != 0 or value <= 0:
                 return None  # malformed, not its shortest form, or 0 (protobuf omits zeros)
@@ -238,8 +243,14 @@ def _read_result(
 def _varint(data: _Bytes, pos: int, end: int) -> tuple[int, int]:
     """The varint at ``pos`` and the offset after it; -1 if it is truncated,
     longer than 10 bytes or not in its shortest form."""
-    if pos < end and data[pos] < 0x80:
-        return data[pos], pos + 1
+    if pos < end:
+        first = data[pos]
+        if first < 0x80:
+            return first, pos + 1
+        # Two bytes (a result's sizes and indices of up to 16,383), without the loop.
+        second = data[pos + 1] if pos + 1 < end else 0
+        if 0 < second < 0x80:
+            return (first & 0x7F) | second << 7, pos + 2
     value = shift = 0
     start = pos
     while pos < end and pos - start < 10:
@@ -259,12 +270,25 @@ def _column(data: _Bytes, pos: int, end: int) -> tuple[int, ...] | None:
     packed = bytes(data[pos:end])
     if packed.isascii():  # every value one byte (a result's lengths of up to 127 steps)
         return tuple(packed)
+    # One loop over the bytes, no call per value (a result's episode indices).
     values = []
-    while pos < end:
-        value, pos = _varint(data, pos, end)
-        if value < 0 or value >= 1 << 63:
-            return None  # malformed, or negative: the general path reads those
-        values.append(value)
+    value = shift = 0
+    for byte in packed:
+        if byte < 0x80:
+            if shift and not byte:
+                return None  # a trailing zero byte: not the shortest form
+            value |= byte << shift
+            if value >= 1 << 63:
+                return None  # negative: the general path reads those
+            values.append(value)
+            value = shift = 0
+        else:
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if shift == 70:
+                return None  # longer than 10 bytes
+    if shift:
+        return None  # truncated
     return tuple(values)
 
 
@@ -288,10 +312,15 @@ def _chunk(data: _Bytes, pos: int, end: int) -> Chunk | None:
             pos = end
         else:
             value = data[pos + 1] if pos + 1 < end else 0x80
-            if value < 0x80:  # one byte, read without a call
+            if value < 0x80:  # one byte or two, read without a call
                 pos += 2
             else:
-                value, pos = _varint(data, pos + 1, end)
+                high = data[pos + 2] if pos + 2 < end else 0
+                if 0 < high < 0x80:
+                    value = (value & 0x7F) | high << 7
+                    pos += 3
+                else:
+                    value, pos = _varint(data, pos + 1, end)
             if key & 7 != 0 or value <= 0:
                 return None
             values[number - 1] = value
