@@ -895,6 +895,52 @@ def test_a_learners_result_whose_values_decoding_refuses_is_refused_with_its_tex
     assert views.viewed == 0
 
 
+def _recorded() -> tuple[ResultLayoutViews, Any]:
+    """Views that have seen counts 3 and 10 twice: their plan keeps a record."""
+    views = ResultLayoutViews()
+    views.decode(learner_result(batch_with_infos([3, 2])), SPEC)
+    for first in (0, 1):  # the plan of counts 3 and 10, then its record
+        views.decode(learner_result(batch_with_infos([4, 1, 5], first)), SPEC)
+    (plan,) = next(iter(views._layouts.values())).plans.values()
+    assert plan.record is not None and views.viewed == 2
+    return views, plan
+
+
+def test_a_learners_result_viewed_through_a_kept_record_is_checked_as_the_first() -> None:
+    """Counts seen twice are viewed as the fields of one structured array; a
+    result read that way still refuses what decoding refuses, with its text,
+    and leaves any change of the bytes between the arrays to the general
+    decode."""
+    views, plan = _recorded()
+    spoilt = learner_result(batch_with_infos([4, 1, 5]), _step_type(9))
+    with pytest.raises(ProtocolError) as expected:
+        decode_kept(spoilt, SPEC)
+    with pytest.raises(ProtocolError) as info:
+        views.decode(spoilt, SPEC)
+    assert str(info.value) == str(expected.value)
+    result = learner_result(batch_with_infos([2, 5, 3], 7))
+    assert_same_views(views.decode(result, SPEC), decode_kept(result, SPEC))
+    assert views.viewed == 3
+    rng = np.random.default_rng(0)
+    for offset, run in plan.headers:
+        at = offset + int(rng.integers(len(run)))
+
+        def spoil(data: bytearray, at: int = at) -> None:
+            data[at] ^= 0x01
+
+        views, _ = _recorded()
+        result = learner_result(batch_with_infos([2, 5, 3], 7), spoil)
+        try:
+            decoded = decode_kept(result, SPEC)
+        except ProtocolError as exc:
+            with pytest.raises(ProtocolError) as info:
+                views.decode(result, SPEC)
+            assert str(info.value) == str(exc)
+        else:
+            assert_same_views(views.decode(result, SPEC), decoded)
+        assert views.viewed == 2  # not viewed: the general decode read it
+
+
 def test_a_learners_result_of_another_layout_or_in_chunks_takes_the_general_decode() -> None:
     views = ResultLayoutViews()
     views.decode(learner_result(batch_with_infos([3, 2])), SPEC)

@@ -23,6 +23,11 @@ def prebuilt(cls: type[T], **fields: Any) -> T:
     The caller gives every field, with values the constructor would keep as
     they are (no conversion, no check left to ``__post_init__``).
     """
+    return prebuilt_of(cls, fields)
+
+
+def prebuilt_of(cls: type[T], fields: dict[str, Any]) -> T:
+    """:func:`prebuilt` of a dict of the fields (not kept: copied into the instance)."""
     made = _new(cls)
     # Frozen: the instance's dict is written directly, as dataclasses' own
     # __init__ does through object.__setattr__, one call for all fields.
@@ -30,4 +35,4 @@ def prebuilt(cls: type[T], **fields: Any) -> T:
     return made
 
 
-__all__ = ["prebuilt"]
+__all__ = ["prebuilt", "prebuilt_of"]

@@ -24,7 +24,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from rlfleet._util.flags import any_set
-from rlfleet._util.prebuilt import prebuilt
+from rlfleet._util.prebuilt import prebuilt, prebuilt_of
 from rlfleet.core._validation import accepted_shapes, check_step_types
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
@@ -36,6 +36,7 @@ from rlfleet.wire.results import DecodedResult, JoinedResult, Result, ResultHead
 
 _BYTE = np.dtype(np.uint8)
 _MAX_STEP_TYPE = int(max(StepType))
+_NO_INDEX = np.empty(0, np.intp)
 
 
 class ResultLayoutViews:
@@ -103,10 +104,13 @@ class _Views:
         layout: The layout.
         tensors: Its arrays, in the order they are written.
         fields: The batch's fields that hold arrays: (name, map of their views).
+        array_names: Those that are arrays (not dicts), by name.
+        array_views: Takes their views from a result's (one C call).
+        maps: Those that are dicts: (name, map of their views).
         lengths: Where the lengths are among the views.
         step_types: Where the step types are.
         bools: Where the bool arrays are.
-        names: The arrays' names in a plan's record.
+        names: The fields of a plan's record: the arrays', then all the bytes'.
         views: Takes a record's fields, in the layout's order (one C call).
         plans: By (episodes, steps).
     """
@@ -122,12 +126,17 @@ class _Views:
             return tuple((layout.keys[key_field], tree(child)) for key_field, child in item)
 
         self.fields = tuple((_FIELD_NAMES[number], tree(item)) for number, item in layout.blocks)
+        arrays = [(name, item) for name, item in self.fields if isinstance(item, int)]
+        self.array_names = tuple(name for name, _ in arrays)
+        self.array_views = _getter([item for _, item in arrays])
+        self.maps = tuple((name, item) for name, item in self.fields if not isinstance(item, int))
         self.tensors = tuple(tensors)
         where = {t.name: index for index, t in enumerate(tensors)}
         self.lengths = where["lengths"]
         self.step_types = where["step_types"]
         self.bools = tuple(where[name] for name in layout.bools)
-        self.names = [f"a{index}" for index in range(len(tensors))]
+        # The record's fields: the arrays, then all the bytes (for the runs between them).
+        self.names = [*(f"a{index}" for index in range(len(tensors))), "bytes"]
         self.views = _getter(self.names)
         self.plans: dict[tuple[int, int], _Plan] = {}
 
@@ -155,18 +164,21 @@ class _Plan:
 
     Attributes:
         size: A result's size.
-        runs: Takes a result's runs of bytes between the arrays, as a tuple
-            (one C call).
+        headers: (offset, bytes) of each run of bytes between the arrays.
+        runs: Takes a result's runs, as a tuple (one C call).
         expected: What :attr:`runs` gives for a result of the layout.
         arrays: Each array's (shape, dtype, offset).
         record: Once the plan serves a second result: one structured dtype
             of the arrays at their offsets, whose fields are the views (one
-            ``np.ndarray`` for them all, where each array took one); None
-            before (counts that never repeat, as a native worker's, do not
-            pay for it).
+            ``np.ndarray`` for them all, where each array took one), and a
+            last field of all the bytes; None before (counts that never
+            repeat, as a native worker's, do not pay for it).
+        between: With :attr:`record`: where the runs' bytes are, for one
+            ``take`` of them all from the last field.
+        joined: What that ``take`` gives for a result of the layout.
     """
 
-    __slots__ = ("arrays", "expected", "record", "runs", "size")
+    __slots__ = ("arrays", "between", "expected", "headers", "joined", "record", "runs", "size")
 
     def __init__(
         self,
@@ -175,26 +187,36 @@ class _Plan:
         arrays: tuple[tuple[tuple[int, ...], np.dtype, int], ...],
     ) -> None:
         self.size = size
+        self.headers = tuple(headers)
         self.runs = _getter([slice(offset, offset + len(run)) for offset, run in headers])
         self.expected = tuple(run for _, run in headers)
         self.arrays = arrays
         self.record: np.dtype | None = None
+        self.between = _NO_INDEX
+        self.joined = b""
 
     def make_record(self, names: list[str]) -> None:
-        """Works out :attr:`record`, its arrays named ``names``."""
+        """Works out :attr:`record` (its fields named ``names``, the bytes' the last),
+        :attr:`between` and :attr:`joined`."""
         arrays = self.arrays
         self.record = np.dtype(
             {
                 "names": names,
-                "formats": [(dtype, shape) for shape, dtype, _ in arrays],
-                "offsets": [offset for _, _, offset in arrays],
+                "formats": [(dtype, shape) for shape, dtype, _ in arrays] + [(_BYTE, self.size)],
+                "offsets": [offset for _, _, offset in arrays] + [0],
                 "itemsize": self.size,
             }
         )
+        self.between = np.concatenate(
+            [_NO_INDEX, *(np.arange(at, at + len(run)) for at, run in self.headers)]
+        )
+        self.joined = b"".join(self.expected)
 
 
 def _getter(items: list[Any]) -> Callable[[Any], tuple[Any, ...]]:
-    """Takes ``items`` of its argument at once, as a tuple (of one, too)."""
+    """Takes ``items`` of its argument at once, as a tuple (of one or none, too)."""
+    if not items:
+        return lambda whole: ()
     if len(items) == 1:
         (item,) = items
         return lambda whole: (whole[item],)
@@ -239,15 +261,19 @@ def _viewed(kept: _Views, header: ResultHeader, payload: Payload) -> EpisodeBatc
         plan = kept.plan(episodes, steps)
     elif plan.record is None:
         plan.make_record(kept.names)  # the counts came again: they may well keep coming
-    if plan.size != len(whole) or plan.runs(whole) != plan.expected:
+    if plan.size != len(whole):
         return None
-    whole = whole.toreadonly()
     record = plan.record
     views: Sequence[np.ndarray]
     if record is None:
+        if plan.runs(whole) != plan.expected:
+            return None
+        whole = whole.toreadonly()
         views = [np.ndarray(shape, dtype, whole, offset) for shape, dtype, offset in plan.arrays]
     else:
-        views = kept.views(np.ndarray((), record, whole))
+        views = kept.views(np.ndarray((), record, whole.toreadonly()))
+        if views[-1].take(plan.between).tobytes() != plan.joined:
+            return None
     if views[kept.lengths].tolist() != list(lengths):
         return None
     types = views[kept.step_types]
@@ -262,11 +288,17 @@ def _viewed(kept: _Views, header: ResultHeader, payload: Payload) -> EpisodeBatc
     if any(any_set(views[index].view(np.uint8) > 1) for index in kept.bools):
         return None
     # An empty map is not written: its field is absent from the plan.
-    fields: dict[str, Any] = {"episode_infos": {}, "env_infos": {}, "agent_infos": {}}
-    for name, tree in kept.fields:
+    fields: dict[str, Any] = {
+        "env_spec": kept.layout.spec,
+        "episode_infos": {},
+        "env_infos": {},
+        "agent_infos": {},
+    }
+    fields.update(zip(kept.array_names, kept.array_views(views), strict=True))
+    for name, tree in kept.maps:
         fields[name] = _built(tree, views)
     # What EpisodeBatch.prechecked builds, without its call.
-    return prebuilt(EpisodeBatch, env_spec=kept.layout.spec, **fields)
+    return prebuilt_of(EpisodeBatch, fields)
 
 
 __all__ = ["ResultLayoutViews"]
