@@ -192,7 +192,7 @@ def test_a_one_chunk_result_joins_at_once_unless_its_worker_is_mid_result(
         patched.setattr(ChunkAssembler, "_add", None)
         joined = assembler.join(ResultHeader(6, 2, (2,), (3,), 0, 0), whole, 77)
     assert joined is not None and joined.chunks == (whole,) and joined.message_sizes == (77,)
-    assert bytes(joined.payload) == bytes(whole.data) and assembler.in_progress
+    assert joined.payload is whole.data and assembler.in_progress
     # Worker 1's own is refused: it cuts its result of several chunks short.
     with pytest.raises(WireFormatError, match="batch 1 is incomplete"):
         assembler.join(single, whole)
