@@ -23,7 +23,9 @@ def prebuilt(cls: type[T], **fields: Any) -> T:
     The caller gives every field, with values the constructor would keep as
     they are (no conversion, no check left to ``__post_init__``).
     """
-    return prebuilt_of(cls, fields)
+    made = _new(cls)
+    made.__dict__.update(fields)  # as prebuilt_of does, without a call more
+    return made
 
 
 def prebuilt_of(cls: type[T], fields: dict[str, Any]) -> T:
