@@ -18,10 +18,10 @@ from rlfleet.client._learner_messages import EmptyResponse, parse_response
 from rlfleet.client._responses import AnswerHeader, ResponseReader
 from rlfleet.core import EnvSpec, EpisodeBatch, StepType
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import ProtocolError, WireFormatError
+from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
 from rlfleet.protocol.learner_calls import CallHeader
 from rlfleet.v1 import learner_pb2, worker_pb2
-from rlfleet.wire import encode_batch_chunks
+from rlfleet.wire import ChunkAssembler, encode_batch_chunks
 from rlfleet.wire.results import (
     DecodedResult,
     ResultAssembler,
@@ -175,6 +175,33 @@ def test_result_assembler_refuses_chunks_out_of_order() -> None:
     assert assembler.add(meta, chunks[0]) is None
     with pytest.raises(WireFormatError, match="chunk 1 of batch 0 missing"):
         assembler.add(worker_pb2.EpisodeResult(worker_id=1), chunks[2])
+
+
+def test_a_one_chunk_result_joins_at_once_unless_its_worker_is_mid_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    chunks = encode_batch_chunks(batch([30, 40], [0, 1]), 400, batch_id=1, include_env_spec=False)
+    (whole,) = encode_batch_chunks(batch([3], [2]), batch_id=2, include_env_spec=False)
+    meta = worker_pb2.EpisodeResult(episode_indices=[0, 1], lengths=[30, 40], worker_id=1)
+    single = ResultHeader(5, 1, (2,), (3,), 0, 0)
+    assembler = ResultAssembler(SPEC, per_worker=True)
+    assert assembler.add(meta, chunks[0]) is None
+    # Another worker's result of one chunk passes while worker 1's is in its
+    # chunks, with no chunk assembler: its one chunk is the payload.
+    with monkeypatch.context() as patched:
+        patched.setattr(ChunkAssembler, "_add", None)
+        joined = assembler.join(ResultHeader(6, 2, (2,), (3,), 0, 0), whole, 77)
+    assert joined is not None and joined.chunks == (whole,) and joined.message_sizes == (77,)
+    assert joined.payload is whole.data and assembler.in_progress
+    # Worker 1's own is refused: it cuts its result of several chunks short.
+    with pytest.raises(WireFormatError, match="batch 1 is incomplete"):
+        assembler.join(single, whole)
+    assert not assembler.in_progress
+    # Past the refusal, the worker's next result of one chunk joins again.
+    assert assembler.join(single, whole) is not None
+    limited = ResultAssembler(SPEC, per_worker=True, max_total_bytes=len(whole.data) - 1)
+    with pytest.raises(ResourceExhaustedError, match="over the limit"):
+        limited.join(single, whole)
 
 
 def _general_path(results: list[DecodedResult], num_episodes: int) -> EpisodeBatch:

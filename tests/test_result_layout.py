@@ -889,16 +889,19 @@ def test_new_counts_leave_the_tensor_header_cache_alone() -> None:
 
 def test_a_learners_result_of_counts_seen_before_takes_its_kept_plan() -> None:
     """A result of a pair of counts the worker sent before is viewed from the
-    plan kept for them: one comparison per run of bytes between its arrays,
-    one view per array and the batch's dicts, no walk over the layout's
-    fields (177 lines of rlfleet's code for this result; 282 when each view
-    was looked up by name through the layout)."""
+    plan kept for them: one comparison of the runs of bytes between its
+    arrays, one structured array whose fields are the views (made the second
+    time the counts come) and the batch's dicts, no walk over the layout's
+    fields (133 lines of rlfleet's code for this result; 177 with a
+    comparison per run and a view made per array, 282 when each view was
+    looked up by name through the layout)."""
     views = ResultLayoutViews()
     views.decode(learner_result(batch_with_infos([3, 2])), SPEC)
     views.decode(learner_result(batch_with_infos([4, 1, 5], 1)), SPEC)  # its plan worked out
+    views.decode(learner_result(batch_with_infos([1, 1, 8], 4)), SPEC)  # its record too
     result = learner_result(batch_with_infos([2, 5, 3], 7))  # the same counts: 3 and 10
     lines = rlfleet_lines(lambda: views.decode(result, SPEC))
-    assert views.viewed == 2 and lines <= 180
+    assert views.viewed == 3 and lines <= 140
     assert_same_views(views.decode(result, SPEC), decode_kept(result, SPEC))
 
 
@@ -939,6 +942,52 @@ def test_a_learners_result_whose_values_decoding_refuses_is_refused_with_its_tex
         views.decode(spoilt, SPEC)
     assert str(info.value) == str(expected.value)
     assert views.viewed == 0
+
+
+def _recorded() -> tuple[ResultLayoutViews, Any]:
+    """Views that have seen counts 3 and 10 twice: their plan keeps a record."""
+    views = ResultLayoutViews()
+    views.decode(learner_result(batch_with_infos([3, 2])), SPEC)
+    for first in (0, 1):  # the plan of counts 3 and 10, then its record
+        views.decode(learner_result(batch_with_infos([4, 1, 5], first)), SPEC)
+    (plan,) = next(iter(views._layouts.values())).plans.values()
+    assert plan.record is not None and views.viewed == 2
+    return views, plan
+
+
+def test_a_learners_result_viewed_through_a_kept_record_is_checked_as_the_first() -> None:
+    """Counts seen twice are viewed as the fields of one structured array; a
+    result read that way still refuses what decoding refuses, with its text,
+    and leaves any change of the bytes between the arrays to the general
+    decode."""
+    views, plan = _recorded()
+    spoilt = learner_result(batch_with_infos([4, 1, 5]), _step_type(9))
+    with pytest.raises(ProtocolError) as expected:
+        decode_kept(spoilt, SPEC)
+    with pytest.raises(ProtocolError) as info:
+        views.decode(spoilt, SPEC)
+    assert str(info.value) == str(expected.value)
+    result = learner_result(batch_with_infos([2, 5, 3], 7))
+    assert_same_views(views.decode(result, SPEC), decode_kept(result, SPEC))
+    assert views.viewed == 3
+    rng = np.random.default_rng(0)
+    for offset, run in plan.headers:
+        at = offset + int(rng.integers(len(run)))
+
+        def spoil(data: bytearray, at: int = at) -> None:
+            data[at] ^= 0x01
+
+        views, _ = _recorded()
+        result = learner_result(batch_with_infos([2, 5, 3], 7), spoil)
+        try:
+            decoded = decode_kept(result, SPEC)
+        except ProtocolError as exc:
+            with pytest.raises(ProtocolError) as info:
+                views.decode(result, SPEC)
+            assert str(info.value) == str(exc)
+        else:
+            assert_same_views(views.decode(result, SPEC), decoded)
+        assert views.viewed == 2  # not viewed: the general decode read it
 
 
 def test_a_learners_result_of_another_layout_or_in_chunks_takes_the_general_decode() -> None:

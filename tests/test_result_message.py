@@ -313,32 +313,42 @@ def python_calls(run: Callable[[], object]) -> int:
     return count
 
 
+def _frame(episodes: int, first: int = 0, size: int = 10, number: int = 3) -> bytearray:
+    """A frame of a result of ``episodes`` from ``first``, ``size`` bytes of data,
+    task and batch ``number``."""
+    result = worker_pb2.EpisodeResult(
+        task_id=number,
+        episode_indices=range(first, first + episodes),
+        lengths=[100] * episodes,
+        agent_version=1,
+        env_generation=1,
+        worker_id=5,
+        chunk=batch_pb2.BatchChunk(
+            batch_id=number,
+            count=1,
+            total_bytes=size,
+            kind=batch_pb2.PAYLOAD_KIND_EPISODE_BATCH,
+            data=b"x" * size,
+        ),
+    )
+    message = learner_pb2.SampleResponse(result=result, result_call=1)
+    return bytearray(message.SerializeToString())
+
+
+def _frame_calls(data: bytearray) -> int:
+    assert assert_frame_same_or_left(data)
+    return python_calls(lambda: read_result_frame(memoryview(data)))
+
+
 def test_a_frames_one_byte_values_are_read_without_a_call_each() -> None:
     """A frame of 40 episodes whose indices and lengths fit one byte each is read
     with the calls of one of 4: no Python call per value of its columns."""
+    assert _frame_calls(_frame(4)) == _frame_calls(_frame(40))
 
-    def frame(episodes: int) -> bytearray:
-        result = worker_pb2.EpisodeResult(
-            task_id=3,
-            episode_indices=range(episodes),
-            lengths=[100] * episodes,
-            agent_version=1,
-            env_generation=1,
-            worker_id=5,
-            chunk=batch_pb2.BatchChunk(
-                batch_id=1,
-                count=1,
-                total_bytes=10,
-                kind=batch_pb2.PAYLOAD_KIND_EPISODE_BATCH,
-                data=b"x" * 10,
-            ),
-        )
-        message = learner_pb2.SampleResponse(result=result, result_call=1)
-        return bytearray(message.SerializeToString())
 
-    calls = []
-    for episodes in (4, 40):
-        data = frame(episodes)
-        assert assert_frame_same_or_left(data)
-        calls.append(python_calls(lambda: read_result_frame(memoryview(data))))  # noqa: B023
-    assert calls[0] == calls[1]
+def test_a_frames_two_byte_values_are_read_without_a_call_each() -> None:
+    """Nor are two-byte values read with a call each: episode indices past 127,
+    a result's sizes past 127 bytes, its task and batch numbers."""
+    calls = _frame_calls(_frame(4))
+    assert _frame_calls(_frame(4, 1000, 12_000, 300)) == calls
+    assert _frame_calls(_frame(20, 200, 300, 200)) == calls

@@ -5,5 +5,6 @@
 * :mod:`~rlfleet._util.imports`: importing a user's ``module:attr`` reference, and
   a package's names imported on first use.
 * :mod:`~rlfleet._util.log_limit`: log a repeated warning once per key or period.
+* :mod:`~rlfleet._util.prebuilt`: frozen dataclass instances of values checked already.
 * :mod:`~rlfleet._util.values`: checks of ints, floats and JSON objects from users and peers.
 """

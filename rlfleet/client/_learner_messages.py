@@ -15,6 +15,7 @@ from typing import TypeAlias
 
 import grpc
 
+from rlfleet._util.prebuilt import prebuilt
 from rlfleet.client._errors import call_error
 from rlfleet.client._updates import (
     AgentUpdateForm,
@@ -289,8 +290,8 @@ def parse_result_frame(
         WireFormatError: If the bytes are malformed.
     """
     read = read_result_frame(data)  # a result as the coordinator writes it: no protobuf object
-    if read is not None:
-        return read[0], ResultPart(read[1], read[2])
+    if read is not None:  # its header and chunk checked already
+        return read[0], prebuilt(ResultPart, header=read[1], chunk=read[2])
     message, chunk = parse_with_chunk(learner_pb2.SampleResponse, data, _rpc.RESPONSE_CHUNK_PATH)
     body = message.WhichOneof("body")
     if body == "result":

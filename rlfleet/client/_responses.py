@@ -58,6 +58,9 @@ class SampleAnswer:
     results: list[Result]
 
 
+#: The responses that are results (a tuple: ``A | B`` would be made anew per response).
+_RESULTS = (DecodedResult, ScatteredResult)
+
 #: What one response stands for (None: a chunk of a result still arriving).
 Response: TypeAlias = AnswerHeader | Result | Footer | None
 
@@ -200,7 +203,7 @@ def collect_answer(
         # After the header of an answer on the results connection: its results.
         parts = () if on_data is None or on_data.used else on_data.parts()
         for response in itertools.chain((first,), map(reader.read, parts)):
-            if isinstance(response, DecodedResult | ScatteredResult):
+            if isinstance(response, _RESULTS):
                 results.append(response)
                 if progress is not None:
                     arrays = response.arrays

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from rlfleet._util.prebuilt import prebuilt
 from rlfleet.core import _validation as v
 from rlfleet.core._arrays import (
     NestedArrays,
@@ -161,22 +162,19 @@ class EpisodeBatch(ValueEquality):
             v.check_per_step_space(
                 "EpisodeBatch.actions", actions, env_spec.action_space, "action_space"
             )
-        batch = object.__new__(cls)
-        fields = {
-            "env_spec": env_spec,
-            "episode_infos": episode_infos,
-            "observations": observations,
-            "last_observations": last_observations,
-            "actions": actions,
-            "rewards": rewards,
-            "env_infos": env_infos,
-            "agent_infos": agent_infos,
-            "step_types": step_types,
-            "lengths": lengths,
-        }
-        for name, value in fields.items():
-            object.__setattr__(batch, name, value)
-        return batch
+        return prebuilt(
+            cls,
+            env_spec=env_spec,
+            episode_infos=episode_infos,
+            observations=observations,
+            last_observations=last_observations,
+            actions=actions,
+            rewards=rewards,
+            env_infos=env_infos,
+            agent_infos=agent_infos,
+            step_types=step_types,
+            lengths=lengths,
+        )
 
     def with_episode_infos(self, **columns: Any) -> EpisodeBatch:
         """This batch with ``episode_infos`` columns added or replaced.

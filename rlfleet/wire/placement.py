@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -45,6 +46,10 @@ _Part: TypeAlias = "np.ndarray | Scattered"
 #: Makes an array of the answer (``np.empty``'s arguments): ``np.empty``, or
 #: a sampler's reused memory (rlfleet.transport.receive_buffers).
 Empty: TypeAlias = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+
+
+_KEYS = operator.methodcaller("keys")
+_LENGTHS = operator.attrgetter("lengths")
 
 
 class _MisfitError(Exception):
@@ -145,7 +150,7 @@ def _placed_answer(
     scattered = any(isinstance(batch, ScatteredBatch) for batch in batches)
 
     def field(name: str, layout: _Layout) -> Any:
-        return _place([getattr(batch, name) for batch in batches], layout, scattered, empty)
+        return _place(list(map(operator.attrgetter(name), batches)), layout, scattered, empty)
 
     return EpisodeBatch(
         env_spec=batches[0].env_spec,
@@ -248,40 +253,59 @@ def _layouts(
 ) -> tuple[_Layout, _Layout, np.ndarray]:
     """The layouts of the pieces' rows and of the steps' rows, and the answer's lengths.
 
-    Array operations over the pieces; Python per result (its counts, the
-    order of the blocks).
+    Array operations over the pieces and over the results (a hundred of
+    them in a per-env answer): no Python step per result but the order of
+    the blocks' lookup.
     """
-    own = np.concatenate([batch.lengths for batch in batches]).astype(np.int64, copy=False)
-    piece_starts = list(itertools.accumulate((len(batch.lengths) for batch in batches), initial=0))
-    bounds = np.searchsorted(kept, piece_starts).tolist()
-    held = [end - start for start, end in itertools.pairwise(bounds)]
-    first_steps = np.concatenate(([0], np.cumsum(own)))  # of each piece, then the total
-    step_starts = first_steps[piece_starts].tolist()
-    held_ends = first_steps[[start + n for start, n in zip(piece_starts, held, strict=False)]]
-    held_steps = [end - start for start, end in zip(step_starts, held_ends.tolist(), strict=False)]
+    own_lengths = list(map(_LENGTHS, batches))
+    own = np.concatenate(own_lengths).astype(np.int64, copy=False)
+    counts = np.fromiter(map(len, own_lengths), np.int64, len(own_lengths))
+    starts = np.zeros(len(counts) + 1, np.int64)  # of each result's pieces, then their number
+    np.cumsum(counts, out=starts[1:])
+    held = np.diff(np.searchsorted(kept, starts))
+    first_steps = np.zeros(len(own) + 1, np.int64)  # of each piece, then the total
+    np.cumsum(own, out=first_steps[1:])
+    step_starts = first_steps[starts]
+    held_steps = first_steps[starts[:-1] + held] - step_starts[:-1]
     lengths = np.empty(len(dest), dtype=np.int64)
     lengths[dest] = own[kept]
     total = int(lengths.sum())
-    offsets = list(itertools.accumulate(held, initial=0))  # of each result's pieces in ``dest``
+    offsets = np.zeros(len(held) + 1, np.int64)  # of each result's pieces in ``dest``
+    np.cumsum(held, out=offsets[1:])
     following = np.diff(dest) == 1
-    following[[end - 1 for end in offsets[1:-1] if 0 < end < len(dest)]] = True  # across results
+    ends = offsets[1:-1]
+    following[ends[(ends > 0) & (ends < len(dest))] - 1] = True  # across results
+    piece_starts, step_list = starts.tolist(), step_starts.tolist()
+    held_list, held_step_list = held.tolist(), held_steps.tolist()
     if following.all():
         # The usual case: each result is one block of the answer, and the
         # blocks, in the order of their first piece, are the answer.
-        holding = [i for i, n in enumerate(held) if n]
-        firsts = dest[[offsets[i] for i in holding]].tolist()
-        order = tuple(i for _, i in sorted(zip(firsts, holding, strict=True)))
-        sizes = [end - start for start, end in itertools.pairwise(piece_starts)]
-        partial = [(p, i) for p, i in enumerate(order) if held[i] < sizes[i]]
+        holding = np.flatnonzero(held)
+        order = holding[np.argsort(dest[offsets[holding]], kind="stable")]
+        partial = order[held[order] < counts[order]].tolist()
+        positions = np.flatnonzero(held[order] < counts[order]).tolist()
+        order_tuple = tuple(order.tolist())
         return (
-            _Layout(len(dest), held, piece_starts, order, {p: held[i] for p, i in partial}),
-            _Layout(total, held_steps, step_starts, order, {p: held_steps[i] for p, i in partial}),
+            _Layout(
+                len(dest),
+                held_list,
+                piece_starts,
+                order_tuple,
+                {p: held_list[i] for p, i in zip(positions, partial, strict=True)},
+            ),
+            _Layout(
+                total,
+                held_step_list,
+                step_list,
+                order_tuple,
+                {p: held_step_list[i] for p, i in zip(positions, partial, strict=True)},
+            ),
             lengths,
         )
-    pieces, steps = _interleaved_runs(kept, dest, np.asarray(piece_starts), first_steps)
+    pieces, steps = _interleaved_runs(kept, dest, starts, first_steps)
     return (
-        _Layout(len(dest), held, piece_starts, runs=pieces),
-        _Layout(total, held_steps, step_starts, runs=steps),
+        _Layout(len(dest), held_list, piece_starts, runs=pieces),
+        _Layout(total, held_step_list, step_list, runs=steps),
         lengths,
     )
 
@@ -323,13 +347,14 @@ def _place(parts: Sequence[Any], layout: _Layout, scattered: bool, empty: Empty)
     first = parts[0]
     if isinstance(first, Mapping):
         keys = first.keys()
-        try:
-            if any(part.keys() != keys for part in parts):
+        try:  # the results' keys compared in C: a hundred results, a few maps each
+            if any(map(operator.ne, map(_KEYS, parts), itertools.repeat(keys))):
                 raise _MisfitError
         except AttributeError:
             raise _MisfitError from None
         return {
-            key: _place([part[key] for part in parts], layout, scattered, empty) for key in keys
+            key: _place(list(map(operator.itemgetter(key), parts)), layout, scattered, empty)
+            for key in keys
         }
     if layout.order is None:
         return _gathered(parts, layout, scattered, empty)

@@ -25,6 +25,7 @@ from typing import TypeAlias
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from rlfleet._util.prebuilt import prebuilt
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire._chunk import Chunk
 from rlfleet.wire._protowire import (
@@ -179,12 +180,17 @@ def _read_result(
             return None
         wire_type = key & 7
         at = pos
-        # A one-byte varint (most of a result's) is read here, without a call.
+        # A varint of one or two bytes (most of a result's) is read here, without a call.
         value = data[pos + 1] if pos + 1 < size else 0x80
         if value < 0x80:
             pos += 2
         else:
-            value, pos = _varint(data, pos + 1, size)
+            high = data[pos + 2] if pos + 2 < size else 0
+            if 0 < high < 0x80:
+                value = (value & 0x7F) | high << 7
+                pos += 3
+            else:
+                value, pos = _varint(data, pos + 1, size)
         if number in _VARINT_FIELDS:
             if wire_type != 0 or value <= 0:
                 return None  # malformed, not its shortest form, or 0 (protobuf omits zeros)
@@ -221,7 +227,8 @@ def _read_result(
         except DecodeError:
             return None  # a varint past 10 bytes: the general path says so
         columns[2], columns[3] = tuple(meta.episode_indices), tuple(meta.lengths)
-    header = ResultHeader(
+    header = prebuilt(  # every field checked above
+        ResultHeader,
         task_id=scalars[1],
         worker_id=scalars[6],
         episode_indices=columns[2],
@@ -236,8 +243,14 @@ def _read_result(
 def _varint(data: _Bytes, pos: int, end: int) -> tuple[int, int]:
     """The varint at ``pos`` and the offset after it; -1 if it is truncated,
     longer than 10 bytes or not in its shortest form."""
-    if pos < end and data[pos] < 0x80:
-        return data[pos], pos + 1
+    if pos < end:
+        first = data[pos]
+        if first < 0x80:
+            return first, pos + 1
+        # Two bytes (a result's sizes and indices of up to 16,383), without the loop.
+        second = data[pos + 1] if pos + 1 < end else 0
+        if 0 < second < 0x80:
+            return (first & 0x7F) | second << 7, pos + 2
     value = shift = 0
     start = pos
     while pos < end and pos - start < 10:
@@ -257,12 +270,25 @@ def _column(data: _Bytes, pos: int, end: int) -> tuple[int, ...] | None:
     packed = bytes(data[pos:end])
     if packed.isascii():  # every value one byte (a result's lengths of up to 127 steps)
         return tuple(packed)
+    # One loop over the bytes, no call per value (a result's episode indices).
     values = []
-    while pos < end:
-        value, pos = _varint(data, pos, end)
-        if value < 0 or value >= 1 << 63:
-            return None  # malformed, or negative: the general path reads those
-        values.append(value)
+    value = shift = 0
+    for byte in packed:
+        if byte < 0x80:
+            if shift and not byte:
+                return None  # a trailing zero byte: not the shortest form
+            value |= byte << shift
+            if value >= 1 << 63:
+                return None  # negative: the general path reads those
+            values.append(value)
+            value = shift = 0
+        else:
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if shift == 70:
+                return None  # longer than 10 bytes
+    if shift:
+        return None  # truncated
     return tuple(values)
 
 
@@ -281,13 +307,20 @@ def _chunk(data: _Bytes, pos: int, end: int) -> Chunk | None:
             if key & 7 != 2 or length <= 0 or body + length != end:
                 return None
             payload = memoryview(data)[body:end].toreadonly()  # as the general path's
+            if payload.format != "B":
+                payload = payload.cast("B")  # as Chunk's constructor leaves it
             pos = end
         else:
             value = data[pos + 1] if pos + 1 < end else 0x80
-            if value < 0x80:  # one byte, read without a call
+            if value < 0x80:  # one byte or two, read without a call
                 pos += 2
             else:
-                value, pos = _varint(data, pos + 1, end)
+                high = data[pos + 2] if pos + 2 < end else 0
+                if 0 < high < 0x80:
+                    value = (value & 0x7F) | high << 7
+                    pos += 3
+                else:
+                    value, pos = _varint(data, pos + 1, end)
             if key & 7 != 0 or value <= 0:
                 return None
             values[number - 1] = value
@@ -297,7 +330,16 @@ def _chunk(data: _Bytes, pos: int, end: int) -> Chunk | None:
         return None  # protobuf would cut these to 32 bits: the general path reads them
     if not 0 <= index < count or len(payload) > total_bytes:
         return None  # the general path raises with its text
-    return Chunk(batch_id, index, count, total_bytes, kind, payload)
+    # Chunk's own checks are the ones above: its constructor would make them again.
+    return prebuilt(
+        Chunk,
+        batch_id=batch_id,
+        index=index,
+        count=count,
+        total_bytes=total_bytes,
+        kind=kind,
+        data=payload,
+    )
 
 
 __all__ = ["read_result_frame", "read_result_message", "result_fields", "result_head"]

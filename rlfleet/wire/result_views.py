@@ -4,8 +4,9 @@ The coordinator checked every value of a result before passing it on
 (:class:`~rlfleet.wire.result_layout.ResultLayoutCheck`); the learner only
 decodes what it receives. A result of one chunk with the layout its worker's
 last result had (the same bytes around the arrays for its numbers of
-episodes and steps) is viewed at that layout's offsets: a few slice
-comparisons and a view per array, instead of walking every field (about 230
+episodes and steps) is viewed at that layout's offsets: one comparison of
+the bytes between the arrays and the views (the fields of one structured
+array, for counts seen before), instead of walking every field (about 230
 Python and numpy calls) and building the EpisodeBatch with its checks. What
 decoding checks on values still holds: the lengths are the header's, the
 step types in StepType's range, bools 0 or 1. Anything else (another layout,
@@ -16,11 +17,14 @@ which raises with its own text, or decodes and relearns the worker's layout.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
 
 from rlfleet._util.flags import any_set
+from rlfleet._util.prebuilt import prebuilt, prebuilt_of
 from rlfleet.core._validation import accepted_shapes, check_step_types
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
@@ -32,6 +36,7 @@ from rlfleet.wire.results import DecodedResult, JoinedResult, Result, ResultHead
 
 _BYTE = np.dtype(np.uint8)
 _MAX_STEP_TYPE = int(max(StepType))
+_NO_INDEX = np.empty(0, np.intp)
 
 
 class ResultLayoutViews:
@@ -61,7 +66,15 @@ class ResultLayoutViews:
             batch = _viewed(kept, header, payload)
             if batch is not None:
                 self.viewed += 1
-                return DecodedResult(header, batch, joined.chunks, joined.message_sizes)
+                return prebuilt(
+                    DecodedResult,
+                    header=header,
+                    batch=batch,
+                    chunks=joined.chunks,
+                    message_sizes=joined.message_sizes,
+                    seq=0,
+                    at=0.0,
+                )
         result = decode_kept(joined, env_spec)
         self.decoded += 1
         if isinstance(result, DecodedResult):
@@ -83,20 +96,23 @@ _Map: TypeAlias = "int | tuple[tuple[str, _Map], ...]"
 class _Views:
     """What viewing a worker's results of one layout takes, worked out once: the
     arrays in the layout's order and the batch's dicts of them; then per pair
-    of counts, its plan (the result's size, the runs of bytes between the
-    arrays, each array's shape, dtype and offset), so that a later result of
-    those counts is a few slice comparisons, one ``np.ndarray`` per array and
-    the dicts, no walk over the layout.
+    of counts, its :class:`_Plan`, so that a later result of those counts is
+    one comparison of the bytes between the arrays, the views and the dicts,
+    no walk over the layout.
 
     Attributes:
         layout: The layout.
         tensors: Its arrays, in the order they are written.
         fields: The batch's fields that hold arrays: (name, map of their views).
+        array_names: Those that are arrays (not dicts), by name.
+        array_views: Takes their views from a result's (one C call).
+        maps: Those that are dicts: (name, map of their views).
         lengths: Where the lengths are among the views.
         step_types: Where the step types are.
         bools: Where the bool arrays are.
-        plans: By (episodes, steps): (size, (start, end, bytes) of each run
-            between the arrays, (shape, dtype, offset) of each array).
+        names: The fields of a plan's record: the arrays', then all the bytes'.
+        views: Takes a record's fields, in the layout's order (one C call).
+        plans: By (episodes, steps).
     """
 
     def __init__(self, layout: _Layout) -> None:
@@ -110,11 +126,18 @@ class _Views:
             return tuple((layout.keys[key_field], tree(child)) for key_field, child in item)
 
         self.fields = tuple((_FIELD_NAMES[number], tree(item)) for number, item in layout.blocks)
+        arrays = [(name, item) for name, item in self.fields if isinstance(item, int)]
+        self.array_names = tuple(name for name, _ in arrays)
+        self.array_views = _getter([item for _, item in arrays])
+        self.maps = tuple((name, item) for name, item in self.fields if not isinstance(item, int))
         self.tensors = tuple(tensors)
         where = {t.name: index for index, t in enumerate(tensors)}
         self.lengths = where["lengths"]
         self.step_types = where["step_types"]
         self.bools = tuple(where[name] for name in layout.bools)
+        # The record's fields: the arrays, then all the bytes (for the runs between them).
+        self.names = [*(f"a{index}" for index in range(len(tensors))), "bytes"]
+        self.views = _getter(self.names)
         self.plans: dict[tuple[int, int], _Plan] = {}
 
     def plan(self, episodes: int, steps: int) -> _Plan:
@@ -124,9 +147,9 @@ class _Views:
             plans.clear()  # a worker's step counts wander: keep the plans few
         frame = self.layout.frame(episodes, steps)  # not the one pass's skeleton
         offsets = frame.offsets
-        plan = plans[(episodes, steps)] = (
+        plan = plans[(episodes, steps)] = _Plan(
             frame.size,
-            tuple((offset, offset + len(run), run) for offset, run in frame.headers),
+            frame.headers,
             tuple(
                 ((episodes if t.per_episode else steps, *t.row_shape), t.dtype, offsets[t.name])
                 for t in self.tensors
@@ -135,16 +158,77 @@ class _Views:
         return plan
 
 
-#: A result's size, the runs of bytes between its arrays, and its arrays.
-_Plan: TypeAlias = tuple[
-    int, tuple[tuple[int, int, bytes], ...], tuple[tuple[tuple[int, ...], np.dtype, int], ...]
-]
+class _Plan:
+    """Where the bytes between the arrays and the arrays of a result of one
+    pair of counts are.
+
+    Attributes:
+        size: A result's size.
+        headers: (offset, bytes) of each run of bytes between the arrays.
+        runs: Takes a result's runs, as a tuple (one C call).
+        expected: What :attr:`runs` gives for a result of the layout.
+        arrays: Each array's (shape, dtype, offset).
+        record: Once the plan serves a second result: one structured dtype
+            of the arrays at their offsets, whose fields are the views (one
+            ``np.ndarray`` for them all, where each array took one), and a
+            last field of all the bytes; None before (counts that never
+            repeat, as a native worker's, do not pay for it).
+        between: With :attr:`record`: where the runs' bytes are, for one
+            ``take`` of them all from the last field.
+        joined: What that ``take`` gives for a result of the layout.
+    """
+
+    __slots__ = ("arrays", "between", "expected", "headers", "joined", "record", "runs", "size")
+
+    def __init__(
+        self,
+        size: int,
+        headers: Sequence[tuple[int, bytes]],
+        arrays: tuple[tuple[tuple[int, ...], np.dtype, int], ...],
+    ) -> None:
+        self.size = size
+        self.headers = tuple(headers)
+        self.runs = _getter([slice(offset, offset + len(run)) for offset, run in headers])
+        self.expected = tuple(run for _, run in headers)
+        self.arrays = arrays
+        self.record: np.dtype | None = None
+        self.between = _NO_INDEX
+        self.joined = b""
+
+    def make_record(self, names: list[str]) -> None:
+        """Works out :attr:`record` (its fields named ``names``, the bytes' the last),
+        :attr:`between` and :attr:`joined`."""
+        arrays = self.arrays
+        self.record = np.dtype(
+            {
+                "names": names,
+                "formats": [(dtype, shape) for shape, dtype, _ in arrays] + [(_BYTE, self.size)],
+                "offsets": [offset for _, _, offset in arrays] + [0],
+                "itemsize": self.size,
+            }
+        )
+        self.between = np.concatenate(
+            [_NO_INDEX, *(np.arange(at, at + len(run)) for at, run in self.headers)]
+        )
+        self.joined = b"".join(self.expected)
 
 
-def _built(tree: _Map, views: list[np.ndarray]) -> Any:
+def _getter(items: list[Any]) -> Callable[[Any], tuple[Any, ...]]:
+    """Takes ``items`` of its argument at once, as a tuple (of one or none, too)."""
+    if not items:
+        return lambda whole: ()
+    if len(items) == 1:
+        (item,) = items
+        return lambda whole: (whole[item],)
+    return operator.itemgetter(*items)
+
+
+def _built(tree: _Map, views: Sequence[np.ndarray]) -> Any:
     if isinstance(tree, int):
         return views[tree]
-    return {key: _built(child, views) for key, child in tree}
+    return {
+        key: views[child] if isinstance(child, int) else _built(child, views) for key, child in tree
+    }
 
 
 def _viewable(layout: _Layout) -> bool:
@@ -175,14 +259,21 @@ def _viewed(kept: _Views, header: ResultHeader, payload: Payload) -> EpisodeBatc
         if steps > len(whole):  # every step takes a byte or more: no plan for forged counts
             return None
         plan = kept.plan(episodes, steps)
-    size, headers, arrays = plan
-    if size != len(whole):
+    elif plan.record is None:
+        plan.make_record(kept.names)  # the counts came again: they may well keep coming
+    if plan.size != len(whole):
         return None
-    for start, end, expected in headers:
-        if whole[start:end] != expected:
+    record = plan.record
+    views: Sequence[np.ndarray]
+    if record is None:
+        if plan.runs(whole) != plan.expected:
             return None
-    whole = whole.toreadonly()
-    views = [np.ndarray(shape, dtype, whole, offset) for shape, dtype, offset in arrays]
+        whole = whole.toreadonly()
+        views = [np.ndarray(shape, dtype, whole, offset) for shape, dtype, offset in plan.arrays]
+    else:
+        views = kept.views(np.ndarray((), record, whole.toreadonly()))
+        if views[-1].take(plan.between).tobytes() != plan.joined:
+            return None
     if views[kept.lengths].tolist() != list(lengths):
         return None
     types = views[kept.step_types]
@@ -197,10 +288,17 @@ def _viewed(kept: _Views, header: ResultHeader, payload: Payload) -> EpisodeBatc
     if any(any_set(views[index].view(np.uint8) > 1) for index in kept.bools):
         return None
     # An empty map is not written: its field is absent from the plan.
-    fields: dict[str, Any] = {"episode_infos": {}, "env_infos": {}, "agent_infos": {}}
-    for name, tree in kept.fields:
+    fields: dict[str, Any] = {
+        "env_spec": kept.layout.spec,
+        "episode_infos": {},
+        "env_infos": {},
+        "agent_infos": {},
+    }
+    fields.update(zip(kept.array_names, kept.array_views(views), strict=True))
+    for name, tree in kept.maps:
         fields[name] = _built(tree, views)
-    return EpisodeBatch.prechecked(env_spec=kept.layout.spec, check_actions=False, **fields)
+    # What EpisodeBatch.prechecked builds, without its call.
+    return prebuilt_of(EpisodeBatch, fields)
 
 
 __all__ = ["ResultLayoutViews"]

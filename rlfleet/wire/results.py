@@ -31,6 +31,7 @@ from typing import Protocol, TypeAlias
 
 import numpy as np
 
+from rlfleet._util.prebuilt import prebuilt
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.episode_order import cut_pieces, first_episodes, sort_fragments
@@ -303,6 +304,25 @@ class ResultAssembler:
             WireFormatError: If the chunks are out of order or inconsistent.
             ResourceExhaustedError: If the batch is over the size limit.
         """
+        if (
+            chunk is not None
+            and chunk.count == 1
+            and chunk.kind == _EPISODE_BATCH_KIND
+            and len(chunk.data) == chunk.total_bytes
+            and (self._max_total_bytes is None or chunk.total_bytes <= self._max_total_bytes)
+        ):
+            # A result of one chunk, whole and within the limit (most of them):
+            # what the general path below returns, without its assembler.
+            key = meta.worker_id if self._per_worker else 0
+            if key not in self._partial:  # else a result of several chunks is cut short
+                self._last_key = key
+                return prebuilt(
+                    JoinedResult,
+                    header=ResultHeader.of(meta),
+                    chunks=(chunk,),
+                    payload=chunk.data,
+                    message_sizes=(size or len(chunk.data),),
+                )
         where = f"EpisodeResult for task {meta.task_id}"
         if chunk is None:
             raise ResultError(f"{where} has no chunk: every EpisodeResult carries a BatchChunk")
