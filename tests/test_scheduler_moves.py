@@ -88,7 +88,7 @@ def test_a_worker_out_of_units_takes_the_busiest_workers_unstarted_tail() -> Non
 def test_no_move_is_worth_less_than_the_floor_nor_made_without_the_flag() -> None:
     for scheduler in (fleet(2, 2), fleet(2, 2, move_units=False)):
         warmed(scheduler)
-        tail(scheduler)  # 10 units of 10 steps: below MOVE_MIN_STEPS (512)
+        tail(scheduler)  # 10 units of 10 steps: below MOVE_MIN_STEPS (128)
         assert scheduler.dispatch() == [] and scheduler.take_cancels() == []
 
 

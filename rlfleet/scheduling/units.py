@@ -48,13 +48,16 @@ DEFAULT_CAPACITY_STEPS = 16384
 #: (docs/data_plane.md, "Refills before the queue runs dry").
 RESULTS_HELD = 3
 
-#: Steps below which units are not moved from a busy worker to an idle one
-#: at a request's tail (:meth:`UnitPlanner.dispatch`). A move costs a Cancel
-#: to one worker, a Task to the other and mostly one more result, each about
-#: a millisecond of the coordinator's (and for the result the learner's) CPU;
-#: 512 CartPole steps are 10-20 ms of a per-env worker's work, so a move
-#: of fewer would save less time than it costs.
-MOVE_MIN_STEPS = 512
+#: Steps below which units are not moved from a busy worker to one that ran
+#: out at a request's tail (:meth:`UnitPlanner._move_tail`; nor fewer units
+#: than the taker's slots, the slice refills deal). A move costs a Cancel to
+#: one worker and a Task to the other, about a millisecond of the
+#: coordinator's CPU together (the moved units join the taker's live task:
+#: no result more); 128 CartPole steps are about 4 ms of a per-env worker's
+#: work (30,000 steps/s), so a move of fewer would save little more than it
+#: costs. A floor in steps, not seconds: the scheduler keeps no clocks, and
+#: for an env whose steps are slow it is a few units, worth moving.
+MOVE_MIN_STEPS = 128
 
 #: Episodes over which the fleet's running mean episode length forgets.
 MEAN_LENGTH_MEMORY = 256
