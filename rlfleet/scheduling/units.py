@@ -567,7 +567,7 @@ class UnitPlanner:
         taker, and a result of the busy worker that names one is ignored
         whole, with every other unit it names run again. Counted in a
         per-env CartPole fleet, subtracting half a result or none moved
-        more and cut the workers' last-result gap further, but 3-8% of the
+        more and cut the workers' last-result gap further, but 3-10% of the
         episodes were then thrown away (docs/data_plane.md, "A request's
         tail")."""
         finished = math.ceil(worker.result_steps / mean)
