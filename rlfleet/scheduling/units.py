@@ -370,7 +370,7 @@ class UnitPlanner:
             slot, whatever the episode length.
         capacity_steps: Steps of work a worker may hold (0: the floor only).
         move_units: At a Sample request's tail, move unstarted units from the
-            busiest worker to one that runs out (see :meth:`dispatch`).
+            busiest worker to one that runs out (see :meth:`_move_tail`).
     """
 
     def __init__(
