@@ -82,6 +82,11 @@ class CoordinatorMetrics(MetricSet):
             "rlfleet_units_requeued",
             "Units put back in their request's queue because their worker was lost.",
         )
+        self._moved = self.counter(
+            "rlfleet_units_moved",
+            "Unstarted units moved at a request's tail from the worker holding the most "
+            "to one that ran out.",
+        )
         self._lost = self.counter(
             "rlfleet_units_lost",
             "Episodes a worker delivered that were thrown away (their request had ended, "
@@ -161,6 +166,10 @@ class CoordinatorMetrics(MetricSet):
         answer are not in it), or a subscription's result."""
         self._episodes.inc(episodes)
         self._steps.inc(steps)
+
+    def moved(self, units: int) -> None:
+        """Units were moved from a busy worker to one that ran out."""
+        self._moved.inc(units)
 
     def discarded(self, episodes: int) -> None:
         """A result arrived for units no longer its worker's."""

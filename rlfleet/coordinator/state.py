@@ -118,7 +118,9 @@ class FleetState:
             config.limits.max_inflight_bytes_per_worker,
         )
         self.scheduler = Scheduler(
-            prefetch_factor=config.prefetch_factor, capacity_steps=config.capacity_steps
+            prefetch_factor=config.prefetch_factor,
+            capacity_steps=config.capacity_steps,
+            move_units=True,
         )
         # What every fragment stream delivered: replays for workers taking one over.
         self.streams = StreamBook()
@@ -225,8 +227,13 @@ class FleetState:
         self.changed.notify_all()
 
     def dispatch(self) -> None:
-        """Sends the work the scheduler hands out now."""
+        """Sends the work the scheduler hands out now (and the cancels of
+        units it moved from one worker to another)."""
         orders = self.scheduler.dispatch()
+        moves = self.scheduler.take_cancels()
+        if moves:
+            self.send_cancels(moves)
+            self.metrics.moved(sum(len(cancel.episode_indices) for cancel in moves))
         for order in orders:
             handle = self.registry.get(order.worker_id)
             if handle is not None:

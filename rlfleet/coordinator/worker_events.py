@@ -504,6 +504,10 @@ class WorkerEvents:
                 header = stopped.header
                 again = scheduler.classify(handle.worker_id, header.task_id, header.episode_indices)
                 if again.verdict is Verdict.IGNORE:
+                    # Booked as ignored: units of its task it names go back.
+                    again = scheduler.complete(
+                        handle.worker_id, header.task_id, header.episode_indices, header.lengths
+                    )
                     self._ignored(header, again)
                     rest = results[len(windows) + 1 :]
                 elif again.verdict is Verdict.REJECT:
@@ -522,6 +526,8 @@ class WorkerEvents:
     def _ignored(self, header: ResultHeader, ruling: ResultRuling) -> None:
         """A result for units no longer its worker's (lock held)."""
         self._state.metrics.discarded(len(header.episode_indices))
+        if ruling.requeued:  # it named units moved away: the others it named are re-run
+            self._state.dispatch()
         logger.debug("ignored a result of task %d: %s", header.task_id, ruling.reason)
 
     def _booked(self, handle: WorkerHandle, booked: list[JoinedResult]) -> None:

@@ -159,12 +159,16 @@ class Books:
         return task
 
     def live_task(self, worker: WorkerLoad, request: RequestState) -> TaskRecord | None:
-        """The worker's live task of ``request``, if it has one (episode requests hold one)."""
+        """The worker's newest live task of ``request``, if it has one (episode
+        requests hold one, or more once units came back to the worker after
+        they were taken from one of its tasks)."""
+        live = None
         for task_id in worker.tasks:
             task = self.tasks[task_id]
-            if task.request_id == request.request_id and not task.is_windows:
-                return task
-        return None
+            mine = task.request_id == request.request_id and not task.is_windows
+            if mine and (live is None or task_id > live.task_id):
+                live = task
+        return live
 
     def retire(self, task: TaskRecord) -> None:
         """Closes a task whose work all came back."""

@@ -126,6 +126,9 @@ class ResultRuling:
         done: The request is complete now (call
             :meth:`~rlfleet.scheduling.scheduler.Scheduler.finish`).
         subscription: The request is a subscription.
+        requeued: Units of an ignored result's task that went back to their
+            request (the result also named units moved to another worker, so
+            none of it is booked): call ``dispatch`` to hand them out.
     """
 
     verdict: Verdict
@@ -133,3 +136,4 @@ class ResultRuling:
     reason: str = ""
     done: bool = False
     subscription: bool = False
+    requeued: int = 0

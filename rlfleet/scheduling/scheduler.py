@@ -57,6 +57,17 @@ The rules, and why:
   a learner still receives all of it from the previous version.
 * Every unit completes at most once: a result is accepted only for units
   still outstanding on the worker that sends it.
+* At a Sample request's tail (no unit left to hand out), a worker that
+  wants a refill takes unstarted units from the worker with the most
+  queued: the last ones dealt to it, as many as leave both with the same
+  queue per slot, if worth a round trip (``UnitPlanner._move_tail``). The
+  busy worker gets a Cancel of them; a result of it that still names one
+  (sent before the Cancel arrived) is ignored whole, and the units of its
+  task it names besides go back to the request, so each unit is booked
+  once, from the worker that holds it now. A unit never returns to a task
+  it was taken from: it goes to a new task of that worker. Only episode
+  units of Sample requests move; their seeds make the batch the same
+  whoever runs them.
 * Fragment streams belong to workers. A lost worker's streams become
   orphans, not renumbered: its windows still planned in a Sample request,
   and every orphan's windows in later Sample requests, go to workers that
@@ -126,6 +137,10 @@ class Scheduler:
             ``num_envs * (1 + prefetch_factor)`` units.
         capacity_steps: Steps of work a worker may hold, converted to units
             with the running mean episode length (0: the floor only).
+        move_units: At a Sample request's tail, move unstarted units from
+            the busiest worker to one that runs out (see the rules); the
+            caller sends :meth:`take_cancels` with the orders of
+            :meth:`dispatch`.
     """
 
     def __init__(
@@ -133,10 +148,14 @@ class Scheduler:
         *,
         prefetch_factor: int = DEFAULT_PREFETCH_FACTOR,
         capacity_steps: int = DEFAULT_CAPACITY_STEPS,
+        move_units: bool = False,
     ) -> None:
         self._books = Books()
         self._units = UnitPlanner(
-            self._books, prefetch_factor=prefetch_factor, capacity_steps=capacity_steps
+            self._books,
+            prefetch_factor=prefetch_factor,
+            capacity_steps=capacity_steps,
+            move_units=move_units,
         )
         self._streams = Streams()
         self._windows = WindowPlanner(self._books, self._streams)
@@ -353,6 +372,16 @@ class Scheduler:
             self._subscriptions.append(self._subscriptions.pop(0))
         return orders
 
+    def take_cancels(self) -> list[CancelOrder]:
+        """Cancels of units :meth:`dispatch` moved to other workers, not taken yet."""
+        cancels, self._units.cancels = self._units.cancels, []
+        return cancels
+
+    @property
+    def moved_units(self) -> int:
+        """Units moved from one worker to another at requests' tails so far."""
+        return self._units.moved
+
     def _dispatch_request(self, request: RequestState) -> list[TaskOrder]:
         workers = [w for _, w in sorted(self._books.workers.items()) if w.eligible]
         if isinstance(request, EpisodeRequest):
@@ -440,6 +469,19 @@ class Scheduler:
             return outcome(Verdict.REJECT, "a result must hold at least one episode")
         if task.is_windows:
             return outcome(Verdict.ACCEPT)  # every window is a new piece of its streams
+        taken = task.units.taken_in(indices)
+        if taken.size:
+            # Sent before the Cancel of units moved to another worker reached
+            # it: those are the other worker's to complete, so none of the
+            # result is booked (complete() re-queues the rest it names).
+            rest = indices[~np.isin(indices, taken)]
+            problem = task.units.check(rest, task_id)[0] if rest.size else ""
+            if problem:
+                return outcome(Verdict.REJECT, problem)
+            shown = taken[:5].tolist()
+            return outcome(
+                Verdict.IGNORE, f"episodes {shown} of task {task_id} moved to another worker"
+            )
         problem, positions = task.units.check(indices, task_id)
         return (
             outcome(Verdict.REJECT, problem) if problem else outcome(Verdict.ACCEPT, "", positions)
@@ -523,6 +565,10 @@ class Scheduler:
         """
         indices = _int64(episode_indices)
         outcome, positions = self._judge(worker_id, task_id, indices)
+        if outcome.verdict is Verdict.IGNORE and task_id in self._books.tasks:
+            # Its task is live: the result named units moved to another worker.
+            requeued = self._units.forfeit(self._books.tasks[task_id], indices)
+            return replace(outcome, requeued=requeued) if requeued else outcome
         if outcome.verdict is not Verdict.ACCEPT:
             return outcome
         task = self._books.tasks[task_id]

@@ -27,6 +27,10 @@ class TaskUnits:
         self._count = 0
         #: Units given and not back yet.
         self.outstanding = 0
+        # Indices taken away from the task while outstanding (moved to
+        # another worker, or re-queued), ascending: a result of the task
+        # that names one is ignored, never booked here.
+        self._taken = np.empty(0, dtype=np.int64)
 
     def __len__(self) -> int:
         return self._count
@@ -128,6 +132,34 @@ class TaskUnits:
         """Marks the units at these positions back (:meth:`check` found them outstanding)."""
         self._out[positions] = False
         self.outstanding -= len(positions)
+
+    def holds_any(self, indices: np.ndarray) -> bool:
+        """Whether any of these indices (int64, ascending) was ever given to the task."""
+        if not self._count or not indices.size or indices[-1] < self._index[0]:
+            return False
+        return any_set(positions_in(self._index[: self._count], indices)[1])
+
+    def taken_in(self, indices: np.ndarray) -> np.ndarray:
+        """Those of these indices that were taken away from the task (:meth:`take_away`)."""
+        if not self._taken.size:
+            return self._taken
+        return indices[np.isin(indices, self._taken)]
+
+    def outstanding_among(self, indices: np.ndarray) -> np.ndarray:
+        """Those of these indices (int64) that are units of the task not back yet."""
+        positions, found = positions_in(self._index[: self._count], indices)
+        return indices[found & self._out[positions]]
+
+    def take_away(self, indices: np.ndarray) -> None:
+        """Takes outstanding units away from the task (int64 indices, each
+        outstanding here): they are no longer its to complete, and a result
+        of the task that names one is ignored (:meth:`taken_in`)."""
+        if not indices.size:
+            return
+        positions, _ = positions_in(self._index[: self._count], indices)
+        self._out[positions] = False
+        self.outstanding -= len(indices)
+        self._taken = np.union1d(self._taken, indices)
 
     def outstanding_indices(self) -> np.ndarray:
         """The indices of the units not back yet, ascending."""
