@@ -219,8 +219,8 @@ def _report(fleet: float, worker_cpu: float) -> BenchReport:
     worker = ({"this process": worker_cpu},) * 3
     return BenchReport(
         config,
-        plain=Measurement("plain", (100.0, 90.0, 120.0), plain_cpu[0], plain_cpu),
-        vec_worker=Measurement("VecWorker", (1.0, 1.0, 1.0), worker[0], worker),
+        plain=Measurement("plain", (100.0, 90.0, 120.0), plain_cpu),
+        vec_worker=Measurement("VecWorker", (1.0, 1.0, 1.0), worker),
         sync_vector_env=Measurement("sync", (50.0, 50.0, 50.0)),
         async_vector_env=Measurement("async", (20.0, 20.0, 21.0)),
         fleet=Measurement("fleet", (fleet, fleet * 0.9, fleet * 1.2)),
@@ -249,12 +249,12 @@ def test_bench_report_ratios_and_verdicts() -> None:
 def test_a_goals_ratio_is_the_median_of_its_repeats_pairs_not_of_their_medians() -> None:
     # The machine ran at half speed in the second repeat: both sides of that
     # pair slowed alike. Medians of each side (100 against 50) would say 0.5.
-    plain = Measurement("plain", (200.0, 100.0, 210.0), {}, ({"each plain process": 5.0},) * 3)
+    plain = Measurement("plain", (200.0, 100.0, 210.0), ({"each plain process": 5.0},) * 3)
     cpu = ({"this process": 5.0},) * 3
     report = BenchReport(
         BenchConfig(workers=2, envs_per_worker=8, repeats=3),
         plain=plain,
-        vec_worker=Measurement("VecWorker", (1.0, 1.0, 1.0), cpu[0], cpu),
+        vec_worker=Measurement("VecWorker", (1.0, 1.0, 1.0), cpu),
         sync_vector_env=Measurement("sync", (1.0, 1.0, 1.0)),
         async_vector_env=Measurement("async", (1.0, 1.0, 1.0)),
         fleet=Measurement("fleet", (190.0, 95.0, 50.0)),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rlfleet._util.cpus import can_pin, cpu_list_text, one_cpu_each
 from rlfleet._util.values import check_int
@@ -138,20 +138,28 @@ class Measurement:
         name: What was measured, for the table.
         rates: Env steps per wall-clock second of each timed run, in the
             order of the repeats.
-        cpu_us: CPU microseconds per env step of each process taking part,
-            by process role (median over the runs), e.g. ``{"worker 0": 12.1}``.
-        cpu_us_runs: The same, of each timed run, in the order of the repeats.
+        cpu_us_runs: CPU microseconds per env step of each process taking
+            part, by process role (e.g. ``{"worker 0": 12.1}``), of each
+            timed run, in the order of the repeats; empty if not measured.
     """
 
     name: str
     rates: tuple[float, ...]
-    cpu_us: dict[str, float] = field(default_factory=dict)
     cpu_us_runs: tuple[dict[str, float], ...] = ()
 
     @property
     def median(self) -> float:
         """Median steps/s over the runs."""
         return statistics.median(self.rates)
+
+    @property
+    def cpu_us(self) -> dict[str, float]:
+        """CPU microseconds per env step by process role, the median over the
+        runs (the upper one of an even number)."""
+        runs = self.cpu_us_runs
+        if not runs:
+            return {}
+        return {role: sorted(run[role] for run in runs)[len(runs) // 2] for role in runs[0]}
 
 
 @dataclass(frozen=True)

@@ -53,11 +53,9 @@ SampleFn = Callable[[int], Timed]
 
 
 def measurement_of(name: str, runs: list[Timed]) -> Measurement:
-    """The runs of one sampler as a Measurement (median CPU per role)."""
-    roles = runs[0].cpu_us
-    cpu = {role: sorted(run.cpu_us[role] for run in runs)[len(runs) // 2] for role in roles}
+    """The runs of one sampler as a Measurement."""
     rates = tuple(run.steps / run.wall for run in runs)
-    return Measurement(name, rates, cpu, tuple(run.cpu_us for run in runs))
+    return Measurement(name, rates, tuple(run.cpu_us for run in runs))
 
 
 def measure_interleaved(
