@@ -282,8 +282,9 @@ def _layouts(
         # blocks, in the order of their first piece, are the answer.
         holding = np.flatnonzero(held)
         order = holding[np.argsort(dest[offsets[holding]], kind="stable")]
-        partial = order[held[order] < counts[order]].tolist()
-        positions = np.flatnonzero(held[order] < counts[order]).tolist()
+        cut = held[order] < counts[order]  # results the answer holds only part of
+        partial = order[cut].tolist()
+        positions = np.flatnonzero(cut).tolist()
         order_tuple = tuple(order.tolist())
         return (
             _Layout(
