@@ -7,7 +7,7 @@ import pytest
 
 from rlfleet.core.seeding import episode_seeds
 from rlfleet.protocol.modes import Mode
-from rlfleet.scheduling import units as units_module
+from rlfleet.scheduling import tail_moves
 from rlfleet.scheduling.scheduler import RequestSpec, Scheduler, TaskOrder, Verdict
 
 LENGTH = 10  # every episode's length: capacity_steps 200 is 20 units a worker
@@ -44,7 +44,7 @@ def complete(scheduler: Scheduler, worker_id: int, task_id: int, indices: list[i
 @pytest.fixture
 def small_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     # 20 steps: two units of 10 are worth a move in these small fleets.
-    monkeypatch.setattr(units_module, "MOVE_MIN_STEPS", 20)
+    monkeypatch.setattr(tail_moves, "MOVE_MIN_STEPS", 20)
 
 
 def tail(scheduler: Scheduler) -> tuple[TaskOrder, TaskOrder]:
