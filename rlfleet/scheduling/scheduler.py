@@ -67,7 +67,8 @@ The rules, and why:
   once, from the worker that holds it now. A unit never returns to a task
   it was taken from: it goes to a new task of that worker. Only episode
   units of Sample requests move; their seeds make the batch the same
-  whoever runs them.
+  whoever runs them. Only with ``move_units`` (the coordinator's
+  ``--tail-moves``, on by default; LocalSampler's scheduler moves none).
 * Fragment streams belong to workers. A lost worker's streams become
   orphans, not renumbered: its windows still planned in a Sample request,
   and every orphan's windows in later Sample requests, go to workers that
