@@ -69,6 +69,7 @@ def test_every_option_of_every_command_names_its_variable_in_help() -> None:
         ("RLFLEET_IMPORT", "a.b,c", ["worker"], "imports", ["a.b", "c"]),
         ("RLFLEET_MAX_RESULT_BYTES", "2GiB", ["coordinator"], "max_result_bytes", 2 << 30),
         ("RLFLEET_LOG_LEVEL", "DEBUG", ["status"], "log_level", "DEBUG"),
+        ("RLFLEET_TAIL_MOVES", "off", ["coordinator"], "tail_moves", "off"),
     ],
 )
 def test_a_variable_sets_the_default(
@@ -82,6 +83,24 @@ def test_a_bad_choice_or_boolean_variable_names_itself() -> None:
         build_parser({"RLFLEET_LOG_LEVEL": "LOUD"})
     with pytest.raises(ConfigError, match="RLFLEET_LOCAL='perhaps' is not a boolean"):
         build_parser({"RLFLEET_LOCAL": "perhaps"})
+    with pytest.raises(ConfigError, match="RLFLEET_TAIL_MOVES='no' is not one of 'on', 'off'"):
+        build_parser({"RLFLEET_TAIL_MOVES": "no"})
+
+
+def test_tail_moves_are_on_unless_the_flag_or_variable_turns_them_off() -> None:
+    coordinator = build_parser({}).parse_args(["coordinator"])
+    assert coordinator.tail_moves == "on" and CoordinatorConfig().tail_moves is True
+    flagged = build_parser({}).parse_args(["coordinator", "--tail-moves", "off"])
+    assert flagged.tail_moves == "off"
+    # The flag wins over the variable, as for every option.
+    both = build_parser({"RLFLEET_TAIL_MOVES": "off"}).parse_args(
+        ["coordinator", "--tail-moves", "on"]
+    )
+    assert both.tail_moves == "on"
+    with pytest.raises(SystemExit):
+        build_parser({}).parse_args(["coordinator", "--tail-moves", "false"])
+    with pytest.raises(ConfigError, match="tail_moves must be True or False, got 'off'"):
+        CoordinatorConfig(tail_moves="off")  # type: ignore[arg-type]
 
 
 def test_precedence_is_flag_then_variable_then_file_then_default(

@@ -166,7 +166,7 @@ def test_bad_coordinators_values_are_config_errors(options: dict[str, Any], comp
 
 def test_a_config_survives_the_trip_through_coordinator_flags() -> None:
     plain = {f.name for f in dataclasses.fields(CoordinatorConfig)}
-    assert set(SETTING_NAMES) == plain - {"listen", "env", "seed", "security"}
+    assert set(SETTING_NAMES) == plain - {"listen", "env", "seed", "tail_moves", "security"}
     config = CoordinatorConfig(
         listen="127.0.0.1:0",
         env=EnvConfig("CartPole-v1", {"sutton_barto_reward": True}, 50, vectorization="subprocess"),
@@ -177,9 +177,10 @@ def test_a_config_survives_the_trip_through_coordinator_flags() -> None:
         max_message_bytes=1 << 20,
         lease_data_listen="off",
         capacity_steps=0,
+        tail_moves=False,
     )
     args = parse_args(["coordinator", *config.command_flags()])
-    assert (args.listen, args.seed) == (config.listen, config.seed)
+    assert (args.listen, args.seed, args.tail_moves) == (config.listen, config.seed, "off")
     rebuilt = EnvConfig(
         args.env, args.env_kwargs, args.max_episode_length, vectorization=args.env_vectorization
     )

@@ -393,6 +393,7 @@ def test_coordinator_args_parse_with_the_settings(
     assert args.heartbeat_timeout > args.heartbeat_interval
     assert args.health_listen == flag(only_container(coordinator(objects)), "health-listen")
     assert args.drain_grace == float(settings["RLFLEET_DRAIN_GRACE"])
+    assert args.tail_moves == settings["RLFLEET_TAIL_MOVES"]
 
 
 def test_worker_args_parse_with_the_settings(

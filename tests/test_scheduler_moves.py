@@ -7,7 +7,7 @@ import pytest
 
 from rlfleet.core.seeding import episode_seeds
 from rlfleet.protocol.modes import Mode
-from rlfleet.scheduling import units as units_module
+from rlfleet.scheduling import tail_moves
 from rlfleet.scheduling.scheduler import RequestSpec, Scheduler, TaskOrder, Verdict
 
 LENGTH = 10  # every episode's length: capacity_steps 200 is 20 units a worker
@@ -44,7 +44,7 @@ def complete(scheduler: Scheduler, worker_id: int, task_id: int, indices: list[i
 @pytest.fixture
 def small_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     # 20 steps: two units of 10 are worth a move in these small fleets.
-    monkeypatch.setattr(units_module, "MOVE_MIN_STEPS", 20)
+    monkeypatch.setattr(tail_moves, "MOVE_MIN_STEPS", 20)
 
 
 def tail(scheduler: Scheduler) -> tuple[TaskOrder, TaskOrder]:
@@ -85,11 +85,27 @@ def test_a_worker_out_of_units_takes_the_busiest_workers_unstarted_tail() -> Non
     assert scheduler.dispatch() == [] and scheduler.take_cancels() == []  # balanced now
 
 
-def test_no_move_is_worth_less_than_the_floor_nor_made_without_the_flag() -> None:
-    for scheduler in (fleet(2, 2), fleet(2, 2, move_units=False)):
-        warmed(scheduler)
-        tail(scheduler)  # 10 units of 10 steps: below MOVE_MIN_STEPS (128)
-        assert scheduler.dispatch() == [] and scheduler.take_cancels() == []
+def test_no_move_is_worth_less_than_the_floor() -> None:
+    scheduler = fleet(2, 2)
+    warmed(scheduler)
+    tail(scheduler)  # 10 units of 10 steps: below MOVE_MIN_STEPS (128)
+    assert scheduler.dispatch() == [] and scheduler.take_cancels() == []
+
+
+@pytest.mark.usefixtures("small_floor")
+def test_with_moves_off_a_worker_out_of_units_takes_none_and_the_busy_one_runs_its_own() -> None:
+    # The tail from which 10 units move with moves on
+    # (test_a_worker_out_of_units_takes_the_busiest_workers_unstarted_tail).
+    scheduler = fleet(2, 2, move_units=False)
+    warmed(scheduler)
+    first, second = tail(scheduler)
+    assert scheduler.dispatch() == [] and scheduler.take_cancels() == []
+    assert scheduler.moved_units == 0
+    assert (scheduler.units_in_flight(1), scheduler.units_in_flight(2)) == (0, 20)
+    held = second.units.episode_indices.tolist()
+    ruling = scheduler.complete(2, second.task_id, held, [LENGTH] * len(held))
+    assert ruling.verdict is Verdict.ACCEPT and ruling.done
+    assert sorted([*first.units.episode_indices.tolist(), *held]) == list(range(40))
 
 
 @pytest.mark.usefixtures("small_floor")

@@ -4,7 +4,8 @@ Two workers of two slots hold as many units each (a worker's capacity is
 in steps), but one steps its envs with no pause and the other sleeps 4 ms
 a step: the fast one runs out first and takes the slow one's unstarted
 tail. Every answer must equal LocalSampler's bit for bit (all fields but
-``episode_infos["worker"]``): no unit lost or booked twice.
+``episode_infos["worker"]``): no unit lost or booked twice. With tail moves
+turned off, none moves and the answer is the same.
 """
 
 from __future__ import annotations
@@ -43,12 +44,18 @@ def fleet(tmp_path: Path) -> Iterator[ProcessFleet]:
         yield processes
 
 
-def start(fleet: ProcessFleet) -> int:
-    """A coordinator (its metrics port returned) whose workers hold 2,000
-    steps (400 units), a fast worker and a slow one (20 ms an episode)."""
+def start(fleet: ProcessFleet, env: dict[str, str] | None = None) -> int:
+    """A coordinator (its metrics port returned; ``env``: more variables of
+    its process) whose workers hold 2,000 steps (400 units), a fast worker
+    and a slow one (20 ms an episode)."""
     port = free_port()
     fleet.start_coordinator(
-        "--metrics-listen", f"127.0.0.1:{port}", "--capacity-steps", "2000", *env_flags(PACED)
+        "--metrics-listen",
+        f"127.0.0.1:{port}",
+        "--capacity-steps",
+        "2000",
+        *env_flags(PACED),
+        env=env,
     )
     module = ["tests.fixtures.paced_envs"]
     fleet.start_worker(name="fast", envs=2, imports=module)
@@ -67,6 +74,20 @@ def test_the_fast_worker_takes_the_slow_workers_tail_and_the_batch_is_unchanged(
     assert answer.footer.num_episodes == AMOUNT and answer.footer.reassigned_units == 0
     samples = scrape(port)
     assert value(samples, MOVED) > 0
+    assert value(samples, "rlfleet_episodes_total") == AMOUNT
+
+
+def test_with_tail_moves_off_no_unit_moves_and_the_batch_is_unchanged(
+    fleet: ProcessFleet,
+) -> None:
+    # The operator's way: the variable a ConfigMap sets (--tail-moves off).
+    port = start(fleet, env={"RLFLEET_TAIL_MOVES": "off"})
+    answer = sample(fleet.address, timeout=120, mode=EPISODES, amount=AMOUNT, seed=SEED)
+    (expected,) = local_episodes(SLOW_ENV_TWIN, AMOUNT, seed=SEED)
+    assert_same_batch(answer.batch, expected)
+    assert answer.footer.num_episodes == AMOUNT and answer.footer.reassigned_units == 0
+    samples = scrape(port)
+    assert value(samples, MOVED) == 0
     assert value(samples, "rlfleet_episodes_total") == AMOUNT
 
 

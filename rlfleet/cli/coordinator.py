@@ -19,6 +19,7 @@ import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import Literal
 
 from rlfleet.cli._parser import add_command
 from rlfleet.cli._security_flags import ServerSecurityOptions, server_security_from_args
@@ -107,6 +108,12 @@ class CoordinatorSettings(ServerSecurityOptions, ConfigOptions):
         16384,
         "steps of work a worker holds (running, queued, unreported), converted to units with "
         "the mean episode length, and at least 3 of its results; 0: --prefetch-factor alone",
+    )
+    tail_moves: Literal["on", "off"] = option(
+        "on",
+        "at a Sample request's tail, move a busy worker's unstarted units to a worker that ran "
+        'out (docs/data_plane.md, "A request\'s tail"); off: each worker runs the units it was '
+        "dealt (workers of equal speed whose env resets are costly)",
     )
     max_envs_per_lease: PositiveInt = option(
         256, "envs one lease (one learner's RemoteVectorEnv) may hold"
@@ -202,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
             vectorization=args.env_vectorization,
         ),
         seed=args.seed,
+        tail_moves=args.tail_moves == "on",
         security=server_security_from_args(args),
         **{field: getattr(args, setting) for field, setting in SETTING_NAMES.items()},
     )

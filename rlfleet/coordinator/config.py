@@ -28,7 +28,8 @@ LEASE_DATA_PORT_OFFSET = 2
 #: (flag ``--name-with-dashes``, config-file key, ``RLFLEET_*`` variable).
 #: The command builds its config through this table, and ``Fleet.local``
 #: turns a config back into flags for coordinator processes with it.
-#: ``listen``, ``env``, ``seed`` and ``security`` have options of their own shape.
+#: ``listen``, ``env``, ``seed``, ``tail_moves`` (``--tail-moves on|off``) and
+#: ``security`` have options of their own shape.
 SETTING_NAMES: dict[str, str] = {
     "heartbeat_interval_seconds": "heartbeat_interval",
     "heartbeat_timeout_seconds": "heartbeat_timeout",
@@ -112,6 +113,12 @@ class CoordinatorConfig:
             units beyond one per slot whatever this is, so that it gets
             its next units before it runs dry
             (:data:`rlfleet.scheduling.units.RESULTS_HELD`).
+        tail_moves: At a Sample request's tail, move a busy worker's
+            unstarted units to a worker that ran out, so that both finish
+            together (docs/data_plane.md, "A request's tail"). False: each
+            worker runs the units it was dealt, for workers of equal speed
+            whose env resets are costly (a moved unit a busy worker already
+            reset or ran is run again).
         max_envs_per_lease: Envs one lease (one learner's remote vector
             env) may hold; more are refused with RESOURCE_EXHAUSTED.
         max_leased_envs: Envs all leases together may hold.
@@ -151,6 +158,7 @@ class CoordinatorConfig:
     max_envs_per_worker: int = 1024
     prefetch_factor: int = 1
     capacity_steps: int = DEFAULT_CAPACITY_STEPS
+    tail_moves: bool = True
     security: ServerSecurity = field(default_factory=ServerSecurity)
     max_envs_per_lease: int = 256
     max_leased_envs: int = 4096
@@ -243,6 +251,8 @@ class CoordinatorConfig:
             )
         check_int("prefetch_factor", self.prefetch_factor, minimum=0)
         check_int("capacity_steps", self.capacity_steps, minimum=0)
+        if not isinstance(self.tail_moves, bool):
+            raise ConfigError(f"tail_moves must be True or False, got {self.tail_moves!r}")
 
     def command_flags(self) -> list[str]:
         """The ``rlfleet coordinator`` flags that start a process with this config.
@@ -260,6 +270,7 @@ class CoordinatorConfig:
             flags += ["--max-episode-length", str(env.max_episode_length)]
         if env.vectorization is not None:
             flags += ["--env-vectorization", env.vectorization]
+        flags += ["--tail-moves", "on" if self.tail_moves else "off"]
         for name, setting in SETTING_NAMES.items():
             value = getattr(self, name)
             if value is not None:  # None: the command's own (unset) default

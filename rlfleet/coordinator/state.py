@@ -120,7 +120,7 @@ class FleetState:
         self.scheduler = Scheduler(
             prefetch_factor=config.prefetch_factor,
             capacity_steps=config.capacity_steps,
-            move_units=True,
+            move_units=config.tail_moves,
         )
         # What every fragment stream delivered: replays for workers taking one over.
         self.streams = StreamBook()

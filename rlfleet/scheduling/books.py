@@ -1,7 +1,8 @@
 """The scheduler's books: workers, tasks and requests, and how tasks come and go.
 
-Every other part of the scheduler (unit planning in ``units``, fragment
-windows in ``windows``, lost workers and their streams in ``failures``)
+Every other part of the scheduler (unit planning in ``units``, tail moves
+in ``tail_moves``, fragment windows in ``windows``, lost workers and their
+streams in ``failures``)
 reads and changes the state kept here; :class:`Books` is the one place a
 task is created, retired or cancelled, so the counts on its worker and
 request stay in step.
@@ -12,6 +13,8 @@ from __future__ import annotations
 import abc
 import itertools
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from rlfleet.protocol.modes import Footer, Mode
 from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns
@@ -169,6 +172,18 @@ class Books:
             if mine and (live is None or task_id > live.task_id):
                 live = task
         return live
+
+    def task_for(
+        self, worker: WorkerLoad, request: RequestState, indices: np.ndarray
+    ) -> TaskRecord:
+        """The task that takes these units (ascending) on ``worker``: its live
+        task of the request, unless that task held one of them before (they
+        were taken from it: a result of it that names one is ignored), then
+        a new one."""
+        task = self.live_task(worker, request)
+        if task is None or task.units.holds_any(indices):
+            task = self.new_task(worker, request)
+        return task
 
     def retire(self, task: TaskRecord) -> None:
         """Closes a task whose work all came back."""

@@ -60,14 +60,15 @@ The rules, and why:
 * At a Sample request's tail (no unit left to hand out), a worker that
   wants a refill takes unstarted units from the worker with the most
   queued: the last ones dealt to it, as many as leave both with the same
-  queue per slot, if worth a round trip (``UnitPlanner._move_tail``). The
+  queue per slot, if worth a round trip (``TailMoves.move``). The
   busy worker gets a Cancel of them; a result of it that still names one
   (sent before the Cancel arrived) is ignored whole, and the units of its
   task it names besides go back to the request, so each unit is booked
   once, from the worker that holds it now. A unit never returns to a task
   it was taken from: it goes to a new task of that worker. Only episode
   units of Sample requests move; their seeds make the batch the same
-  whoever runs them.
+  whoever runs them. Only with ``move_units`` (the coordinator's
+  ``--tail-moves``, on by default; LocalSampler's scheduler moves none).
 * Fragment streams belong to workers. A lost worker's streams become
   orphans, not renumbered: its windows still planned in a Sample request,
   and every orphan's windows in later Sample requests, go to workers that
@@ -374,13 +375,13 @@ class Scheduler:
 
     def take_cancels(self) -> list[CancelOrder]:
         """Cancels of units :meth:`dispatch` moved to other workers, not taken yet."""
-        cancels, self._units.cancels = self._units.cancels, []
+        cancels, self._units.moves.cancels = self._units.moves.cancels, []
         return cancels
 
     @property
     def moved_units(self) -> int:
         """Units moved from one worker to another at requests' tails so far."""
-        return self._units.moved
+        return self._units.moves.moved
 
     def _dispatch_request(self, request: RequestState) -> list[TaskOrder]:
         workers = [w for _, w in sorted(self._books.workers.items()) if w.eligible]

@@ -5,7 +5,9 @@ the fleet's running mean episode length (:class:`MeanLength`), and at least
 :data:`RESULTS_HELD` of its results' worth; refills come in batches and are
 dealt round-robin (see the rules in
 :mod:`rlfleet.scheduling.scheduler`). An :class:`EpisodeRequest` decides
-which indices are still needed; :class:`UnitPlanner` decides who runs them.
+which indices are still needed; :class:`UnitPlanner` decides who runs them,
+and when a Sample request has none left to hand out, lets
+:class:`~rlfleet.scheduling.tail_moves.TailMoves` even the workers' queues out.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from rlfleet.errors import ConfigError
 from rlfleet.protocol.modes import Footer, Mode
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.scheduling.books import Books, RequestState, TaskRecord, WorkerLoad
-from rlfleet.scheduling.orders import CancelOrder, RequestSpec, TaskOrder
+from rlfleet.scheduling.orders import RequestSpec, TaskOrder
+from rlfleet.scheduling.tail_moves import TailMoves
 
 #: Default extra units a worker may hold per env slot beyond the one it
 #: runs, whatever the episode length: a slot whose episode ends finds its
@@ -47,17 +50,6 @@ DEFAULT_CAPACITY_STEPS = 16384
 #: middle of requests, waiting for a refill; with two, none in three runs
 #: (docs/data_plane.md, "Refills before the queue runs dry").
 RESULTS_HELD = 3
-
-#: Steps below which units are not moved from a busy worker to one that ran
-#: out at a request's tail (:meth:`UnitPlanner._move_tail`; nor fewer units
-#: than the taker's slots, the slice refills deal). A move costs a Cancel to
-#: one worker and a Task to the other, about a millisecond of the
-#: coordinator's CPU together (the moved units join the taker's live task:
-#: no result more); 128 CartPole steps are about 4 ms of a per-env worker's
-#: work (30,000 steps/s), so a move of fewer would save little more than it
-#: costs. A floor in steps, not seconds: the scheduler keeps no clocks, and
-#: for an env whose steps are slow it is a few units, worth moving.
-MOVE_MIN_STEPS = 128
 
 #: Episodes over which the fleet's running mean episode length forgets.
 MEAN_LENGTH_MEMORY = 256
@@ -370,7 +362,7 @@ class UnitPlanner:
             slot, whatever the episode length.
         capacity_steps: Steps of work a worker may hold (0: the floor only).
         move_units: At a Sample request's tail, move unstarted units from the
-            busiest worker to one that runs out (see :meth:`_move_tail`).
+            busiest worker to one that runs out (:class:`TailMoves`).
     """
 
     def __init__(
@@ -388,12 +380,9 @@ class UnitPlanner:
         self._books = books
         self._prefetch_factor = prefetch_factor
         self._capacity_steps = capacity_steps
-        self._move_units = move_units
         self.mean_length = MeanLength()
-        #: Cancels of moved units not handed to the caller yet.
-        self.cancels: list[CancelOrder] = []
-        #: Units moved from one worker to another so far.
-        self.moved = 0
+        #: The units moved at Sample requests' tails, and their Cancels.
+        self.moves = TailMoves(books, enabled=move_units)
 
     def min_capacity(self, num_envs: int) -> int:
         """The floor of a worker's capacity in units, whatever the episode length."""
@@ -432,7 +421,7 @@ class UnitPlanner:
         """Tops up the workers that want a refill with units of ``request``.
 
         When the request has no unit left to hand out, a Sample request's
-        units are moved instead (with ``move_units``): see :meth:`_move_tail`.
+        units are moved instead (with ``move_units``): see :meth:`TailMoves.move`.
         """
         capacity = {w.worker_id: self.capacity(w) for w in workers}
         low = {w.worker_id: self.low_water(w) for w in workers}
@@ -465,7 +454,7 @@ class UnitPlanner:
             wanting = [
                 w for w in workers if w.wants_refill(capacity[w.worker_id], low[w.worker_id])
             ]
-            return self._move_tail(request, workers, wanting)
+            return self.moves.move(request, workers, wanting, self.mean_length.value)
         slots = [w.slots for w in refilled]
         picked = _dealt(taken, _owners(slots, idle, room)[: len(taken)], len(refilled))
         orders = []
@@ -476,102 +465,11 @@ class UnitPlanner:
             # worker sends one result per task at each flush, and a task per
             # refill would split every flush that spans a refill in two.
             units = request.units(np.sort(mine))
-            task = self._task_for(worker, request, units.episode_indices)
+            task = self._books.task_for(worker, request, units.episode_indices)
             task.units.add(units)
             worker.units += len(units)
             orders.append(self._books.order(task, request, units=units))
         return orders
-
-    def _task_for(
-        self, worker: WorkerLoad, request: EpisodeRequest, indices: np.ndarray
-    ) -> TaskRecord:
-        """The task that takes these units (ascending) on ``worker``: its live
-        task of the request, unless that task held one of them before (they
-        were taken from it: a result of it that names one is ignored), then
-        a new one."""
-        task = self._books.live_task(worker, request)
-        if task is None or task.units.holds_any(indices):
-            task = self._books.new_task(worker, request)
-        return task
-
-    def _move_tail(
-        self, request: EpisodeRequest, workers: list[WorkerLoad], wanting: list[WorkerLoad]
-    ) -> list[TaskOrder]:
-        """Moves unstarted units of ``request`` to the workers that want a refill.
-
-        At a request's tail each worker still runs the queue it holds, and
-        the faster ones idle until the slowest is done. A worker that wants
-        a refill when none is left takes, from the worker with the most
-        units of the request not started (:meth:`_unstarted`), the last units
-        dealt to it (the least likely to be started: a worker runs its units
-        in the order it got them), as many as leave both with the same
-        queue per slot, if that is at least a slice of the taker's slots and
-        :data:`MOVE_MIN_STEPS`. The busy worker gets a Cancel of them
-        (:attr:`cancels`), and a result of its task that still names one is
-        ignored (``Scheduler.complete``): only the taker's books them.
-
-        Only Sample requests: a subscription has no tail, and its buffer
-        counts its work in flight. Their batch does not depend on who ran a
-        unit (its seeds are the unit's), as after a lost worker's units are
-        re-run elsewhere.
-        """
-        mean = self.mean_length.value
-        if not self._move_units or request.subscription or request.done or mean is None:
-            return []
-        floor = math.ceil(MOVE_MIN_STEPS / max(mean, 1.0))
-        orders = []
-        for taker in wanting:
-            taker_task = self._books.live_task(taker, request)
-            # It just reported (a refill follows a result): nothing finished unsent.
-            outstanding = taker_task.units.outstanding if taker_task is not None else 0
-            taker_queued = outstanding - taker.slots
-            busiest: tuple[int, WorkerLoad, TaskRecord] | None = None
-            for worker in workers:
-                task = self._books.live_task(worker, request)
-                if worker is taker or task is None:
-                    continue
-                queued = self._unstarted(worker, task, mean)
-                if busiest is None or queued > busiest[0]:
-                    busiest = (queued, worker, task)
-            if busiest is None:
-                continue
-            queued, giver, giver_task = busiest
-            # Both then hold the same queue per slot: they finish together.
-            count = (queued * taker.slots - taker_queued * giver.slots) // (
-                taker.slots + giver.slots
-            )
-            count = min(count, queued)
-            if count < max(taker.slots, floor):
-                continue
-            moved = giver_task.units.outstanding_indices()[-count:]
-            giver_task.units.take_away(moved)
-            giver.units -= count
-            self.cancels.append(
-                CancelOrder(giver.worker_id, giver_task.task_id, tuple(moved.tolist()))
-            )
-            units = request.units(moved)
-            task = self._task_for(taker, request, moved)
-            task.units.add(units)
-            taker.units += count
-            self.moved += count
-            orders.append(self._books.order(task, request, units=units))
-        return orders
-
-    @staticmethod
-    def _unstarted(worker: WorkerLoad, task: TaskRecord, mean: float) -> int:
-        """At most about how many of a task's outstanding units its worker has
-        not started: not those its slots run, nor those it may have finished
-        since its last result (up to one of its largest results' worth).
-
-        Conservative on purpose: a unit it already ran is run again by the
-        taker, and a result of the busy worker that names one is ignored
-        whole, with every other unit it names run again. Counted in a
-        per-env CartPole fleet, subtracting half a result or none moved
-        more and cut the workers' last-result gap further, but 3-10% of the
-        episodes were then thrown away (docs/data_plane.md, "A request's
-        tail")."""
-        finished = math.ceil(worker.result_steps / mean)
-        return task.units.outstanding - worker.slots - finished
 
     def forfeit(self, task: TaskRecord, indices: np.ndarray) -> int:
         """Re-queues the units of an ignored result of ``task`` that it still
