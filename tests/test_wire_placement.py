@@ -15,6 +15,7 @@ wall-clock time).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -439,3 +440,31 @@ def test_a_result_whose_episodes_are_not_ascending_is_still_ordered_right() -> N
         assert assemble_episodes(results, n).observations[:, 0].tolist() == [
             i * 100 + t for i in range(n) for t in range(2)
         ]
+
+
+def test_results_whose_dicts_hold_other_keys_are_left_to_the_general_path() -> None:
+    # The results' dicts are compared by their counts and each key of the
+    # first: one key in place of another, one missing, one more (in an
+    # empty map too) each leave the answer to the general path, which names
+    # what differs; the same keys in another order are placed.
+    made = [
+        received(episodes([3, 2], [0, 1], 1), 1, 1 << 20, 0),
+        received(episodes([4], [2], 2), 2, 1 << 20, 1),
+    ]
+    arrays = [result.arrays for result in made]
+    assert all(isinstance(one, EpisodeBatch) for one in arrays)
+    placed = placed_episodes(arrays, 3)
+    assert placed is not None
+    infos = arrays[1].episode_infos
+    renamed = {("other" if key == "pair" else key): value for key, value in infos.items()}
+    missing = {key: value for key, value in infos.items() if key != "pair"}
+    more = {**infos, "more": infos["worker"]}
+    for changed in (renamed, missing, more):
+        other = dataclasses.replace(arrays[1], episode_infos=changed)
+        assert placed_episodes([arrays[0], other], 3) is None
+    filled = dataclasses.replace(arrays[1], env_infos={"hit": np.zeros(4, np.int64)})
+    assert placed_episodes([arrays[0], filled], 3) is None
+    reordered = dataclasses.replace(arrays[1], episode_infos=dict(reversed(list(infos.items()))))
+    again = placed_episodes([arrays[0], reordered], 3)
+    assert again is not None
+    assert_identical(again, placed)
