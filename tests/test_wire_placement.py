@@ -468,3 +468,33 @@ def test_results_whose_dicts_hold_other_keys_are_left_to_the_general_path() -> N
     again = placed_episodes([arrays[0], reordered], 3)
     assert again is not None
     assert_identical(again, placed)
+
+
+def test_an_answers_episode_indices_are_made_not_placed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The results' episode indices are joined once, to check that they are
+    # the answer's 0..n-1 once each; the answer's own are then made as
+    # such, not placed from each result's view again.
+    made = [
+        received(episodes([3] * 5, list(range(5 * k, 5 * k + 5)), k + 1), k + 1, 1 << 20, k)
+        for k in range(4)
+    ]
+    indices = {id(result.arrays.episode_infos["episode_index"]) for result in made}
+    joined = 0
+    concatenate = np.concatenate
+
+    def counted(arrays: Any, *args: Any, **kwargs: Any) -> np.ndarray:
+        nonlocal joined
+        arrays = list(arrays)
+        joined += sum(id(array) in indices for array in arrays)
+        return concatenate(arrays, *args, **kwargs)
+
+    monkeypatch.setattr(placement.np, "concatenate", counted)
+    got = assemble_episodes(made, 18)
+    monkeypatch.undo()
+    assert joined == len(made)
+    index = got.episode_infos["episode_index"]
+    assert index.dtype == np.int64 and index.tolist() == list(range(18))
+    assert index.flags.c_contiguous and index.flags.writeable
+    assert_identical(got, first_episodes(EpisodeBatch.concatenate(*(r.arrays for r in made)), 18))
