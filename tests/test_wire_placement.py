@@ -497,4 +497,4 @@ def test_an_answers_episode_indices_are_made_not_placed_again(
     index = got.episode_infos["episode_index"]
     assert index.dtype == np.int64 and index.tolist() == list(range(18))
     assert index.flags.c_contiguous and index.flags.writeable
-    assert_identical(got, first_episodes(EpisodeBatch.concatenate(*(r.arrays for r in made)), 18))
+    assert_identical(got, first_episodes(EpisodeBatch.concatenate(*(r.batch for r in made)), 18))
