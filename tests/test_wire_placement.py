@@ -15,6 +15,7 @@ wall-clock time).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -439,3 +440,61 @@ def test_a_result_whose_episodes_are_not_ascending_is_still_ordered_right() -> N
         assert assemble_episodes(results, n).observations[:, 0].tolist() == [
             i * 100 + t for i in range(n) for t in range(2)
         ]
+
+
+def test_results_whose_dicts_hold_other_keys_are_left_to_the_general_path() -> None:
+    # The results' dicts are compared by their counts and each key of the
+    # first: one key in place of another, one missing, one more (in an
+    # empty map too) each leave the answer to the general path, which names
+    # what differs; the same keys in another order are placed.
+    made = [
+        received(episodes([3, 2], [0, 1], 1), 1, 1 << 20, 0),
+        received(episodes([4], [2], 2), 2, 1 << 20, 1),
+    ]
+    arrays = [result.arrays for result in made]
+    assert all(isinstance(one, EpisodeBatch) for one in arrays)
+    placed = placed_episodes(arrays, 3)
+    assert placed is not None
+    infos = arrays[1].episode_infos
+    renamed = {("other" if key == "pair" else key): value for key, value in infos.items()}
+    missing = {key: value for key, value in infos.items() if key != "pair"}
+    more = {**infos, "more": infos["worker"]}
+    for changed in (renamed, missing, more):
+        other = dataclasses.replace(arrays[1], episode_infos=changed)
+        assert placed_episodes([arrays[0], other], 3) is None
+    filled = dataclasses.replace(arrays[1], env_infos={"hit": np.zeros(4, np.int64)})
+    assert placed_episodes([arrays[0], filled], 3) is None
+    reordered = dataclasses.replace(arrays[1], episode_infos=dict(reversed(list(infos.items()))))
+    again = placed_episodes([arrays[0], reordered], 3)
+    assert again is not None
+    assert_identical(again, placed)
+
+
+def test_an_answers_episode_indices_are_made_not_placed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The results' episode indices are joined once, to check that they are
+    # the answer's 0..n-1 once each; the answer's own are then made as
+    # such, not placed from each result's view again.
+    made = [
+        received(episodes([3] * 5, list(range(5 * k, 5 * k + 5)), k + 1), k + 1, 1 << 20, k)
+        for k in range(4)
+    ]
+    indices = {id(result.arrays.episode_infos["episode_index"]) for result in made}
+    joined = 0
+    concatenate = np.concatenate
+
+    def counted(arrays: Any, *args: Any, **kwargs: Any) -> np.ndarray:
+        nonlocal joined
+        arrays = list(arrays)
+        joined += sum(id(array) in indices for array in arrays)
+        return concatenate(arrays, *args, **kwargs)
+
+    monkeypatch.setattr(placement.np, "concatenate", counted)
+    got = assemble_episodes(made, 18)
+    monkeypatch.undo()
+    assert joined == len(made)
+    index = got.episode_infos["episode_index"]
+    assert index.dtype == np.int64 and index.tolist() == list(range(18))
+    assert index.flags.c_contiguous and index.flags.writeable
+    assert_identical(got, first_episodes(EpisodeBatch.concatenate(*(r.batch for r in made)), 18))

@@ -110,7 +110,10 @@ class ResponseReader:
                 joined = assembler.join(part.header, part.chunk, keep_pieces=True)
                 if joined is None:
                     return None
-                return self.layouts.decode(joined, assembler.spec_for(joined))
+                spec = assembler.env_spec  # spec_for is called only to raise
+                if spec is None:
+                    spec = assembler.spec_for(joined)
+                return self.layouts.decode(joined, spec)
             return self._assembler.add(part.header, part.chunk)
         if isinstance(part, CallHeader):
             wire = part.env_spec_wire
