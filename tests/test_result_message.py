@@ -67,7 +67,7 @@ def messages() -> list[bytes]:
         vec.shutdown()
 
 
-def general(data: bytes) -> object:
+def general(data: bytes | bytearray | memoryview) -> object:
     """What the general path (protobuf's parser) reads."""
     try:
         return parse_worker_message_by_protobuf(data)
@@ -81,7 +81,7 @@ def general_piece(data: bytes) -> ResultPiece:
     return read
 
 
-def assert_same_or_left(data: bytes) -> bool:
+def assert_same_or_left(data: bytes | bytearray | memoryview) -> bool:
     read = read_result_message(data)
     expected = general(data)
     if read is None:

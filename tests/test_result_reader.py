@@ -85,7 +85,10 @@ def in_range(result: worker_pb2.EpisodeResult) -> bool:
         task_id=(1 << 64) - 1,
         episode_indices=[(1 << 63) - 1, 0, 127, 128, 16_383, 16_384],
         chunk=batch_pb2.BatchChunk(
-            batch_id=(1 << 64) - 1, index=(1 << 32) - 2, count=(1 << 32) - 1, kind=(1 << 31) - 1
+            batch_id=(1 << 64) - 1,
+            index=(1 << 32) - 2,
+            count=(1 << 32) - 1,
+            kind=(1 << 31) - 1,  # type: ignore[arg-type]
         ),
     )
 )
