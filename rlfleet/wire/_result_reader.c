@@ -191,26 +191,53 @@ static int read_result(const uint8_t *p, Py_ssize_t size, uint8_t tag, Result *r
     return chunk_seen ? 0 : -1; /* a result without its chunk: the general path says so */
 }
 
-/* The values of *r as the tuple the module's functions return, call last if
- * with_call (NULL with an error set). keep_wire: the header's wire is the
- * result's fields before its chunk on chunk 0, else empty. */
+/* The names of ResultHeader's fields and of Chunk's but its data, in the
+ * order read_result's values are given (interned when the module loads). */
+static const char *const HEADER_NAMES[] = {
+    "task_id", "worker_id", "episode_indices", "lengths", "agent_version", "env_generation", "wire",
+};
+static const char *const CHUNK_NAMES[] = {"batch_id", "index", "count", "total_bytes", "kind"};
+#define HEADER_FIELDS ((int)(sizeof HEADER_NAMES / sizeof *HEADER_NAMES))
+#define CHUNK_FIELDS ((int)(sizeof CHUNK_NAMES / sizeof *CHUNK_NAMES))
+static PyObject *header_keys[HEADER_FIELDS], *chunk_keys[CHUNK_FIELDS];
+
+/* A dict of keys[i]: values[i] (NULL with an error set if a value is NULL or
+ * the dict cannot be made). Takes the values' references on every path. */
+static PyObject *fields_dict(PyObject *const *keys, PyObject **values, int n) {
+    PyObject *out = PyDict_New();
+    for (int i = 0; i < n; i++) {
+        if (out != NULL && (values[i] == NULL || PyDict_SetItem(out, keys[i], values[i]) < 0))
+            Py_CLEAR(out);
+    }
+    for (int i = 0; i < n; i++) Py_XDECREF(values[i]);
+    return out;
+}
+
+/* What the module's functions return for *r: (header fields, chunk fields,
+ * data_start, data_end), then the call if with_call (NULL with an error
+ * set). keep_wire: the header's wire is the result's fields before its chunk
+ * on chunk 0, else empty. */
 static PyObject *result_tuple(const uint8_t *p, const Result *r, int keep_wire, int with_call,
                               uint64_t call) {
-    PyObject *items[15];
-    int n = 0;
-    items[n++] = PyLong_FromUnsignedLongLong(r->scalars[TASK_ID]);
-    items[n++] = PyLong_FromUnsignedLongLong(r->scalars[WORKER_ID]);
-    for (int number = EPISODE_INDICES; number <= LENGTHS; number++)
-        items[n++] = column_tuple(p, r->column_start[number], r->column_end[number],
-                                  r->column_count[number]);
-    items[n++] = PyLong_FromLongLong((long long)(int64_t)r->scalars[AGENT_VERSION]);
-    items[n++] = PyLong_FromUnsignedLongLong(r->scalars[ENV_GENERATION]);
+    PyObject *header[HEADER_FIELDS], *chunk[CHUNK_FIELDS];
+    header[0] = PyLong_FromUnsignedLongLong(r->scalars[TASK_ID]);
+    header[1] = PyLong_FromUnsignedLongLong(r->scalars[WORKER_ID]);
+    header[2] = column_tuple(p, r->column_start[EPISODE_INDICES], r->column_end[EPISODE_INDICES],
+                             r->column_count[EPISODE_INDICES]);
+    header[3] = column_tuple(p, r->column_start[LENGTHS], r->column_end[LENGTHS],
+                             r->column_count[LENGTHS]);
+    header[4] = PyLong_FromLongLong((long long)(int64_t)r->scalars[AGENT_VERSION]);
+    header[5] = PyLong_FromUnsignedLongLong(r->scalars[ENV_GENERATION]);
     if (keep_wire && r->chunk[1] == 0)
-        items[n++] = PyBytes_FromStringAndSize((const char *)p + r->body_start,
-                                               r->chunk_at - r->body_start);
+        header[6] = PyBytes_FromStringAndSize((const char *)p + r->body_start,
+                                              r->chunk_at - r->body_start);
     else
-        items[n++] = PyBytes_FromStringAndSize(NULL, 0);
-    for (int i = 0; i < CHUNK_KIND; i++) items[n++] = PyLong_FromUnsignedLongLong(r->chunk[i]);
+        header[6] = PyBytes_FromStringAndSize(NULL, 0);
+    for (int i = 0; i < CHUNK_FIELDS; i++) chunk[i] = PyLong_FromUnsignedLongLong(r->chunk[i]);
+    PyObject *items[5];
+    int n = 0;
+    items[n++] = fields_dict(header_keys, header, HEADER_FIELDS);
+    items[n++] = fields_dict(chunk_keys, chunk, CHUNK_FIELDS);
     items[n++] = PyLong_FromSsize_t(r->data_start);
     items[n++] = PyLong_FromSsize_t(r->data_end);
     if (with_call) items[n++] = PyLong_FromUnsignedLongLong(call);
@@ -228,10 +255,10 @@ static PyObject *result_tuple(const uint8_t *p, const Result *r, int keep_wire, 
 
 PyDoc_STRVAR(read_message_doc,
 "read_message(data, /)\n--\n\n"
-"A serialized WorkerMessage holding only a result, in protobuf's own form: (task_id,\n"
-"worker_id, episode_indices, lengths, agent_version, env_generation, wire, batch_id,\n"
-"index, count, total_bytes, kind, data_start, data_end), wire being the result's fields\n"
-"before its chunk on chunk 0 (else b''); None for any other message.\n"
+"A serialized WorkerMessage holding only a result, in protobuf's own form:\n"
+"(ResultHeader's fields, Chunk's fields but its data, data_start, data_end), the\n"
+"fields as dicts by name, wire being the result's fields before its chunk on chunk 0\n"
+"(else b''); None for any other message.\n"
 "data: any contiguous buffer.");
 
 static PyObject *read_message(PyObject *module, PyObject *data) {
@@ -283,7 +310,20 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyModuleDef_Slot module_slots[] = {{0, NULL}};
+static int intern_names(const char *const *names, PyObject **keys, int n) {
+    for (int i = 0; i < n; i++) {
+        if (keys[i] == NULL && (keys[i] = PyUnicode_InternFromString(names[i])) == NULL) return -1;
+    }
+    return 0;
+}
+
+static int module_exec(PyObject *module) {
+    (void)module;
+    if (intern_names(HEADER_NAMES, header_keys, HEADER_FIELDS) < 0) return -1;
+    return intern_names(CHUNK_NAMES, chunk_keys, CHUNK_FIELDS);
+}
+
+static PyModuleDef_Slot module_slots[] = {{Py_mod_exec, module_exec}, {0, NULL}};
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,

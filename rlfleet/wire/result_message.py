@@ -24,7 +24,7 @@ from typing import TypeAlias
 
 import numpy as np
 
-from rlfleet._util.prebuilt import prebuilt
+from rlfleet._util.prebuilt import prebuilt_of
 from rlfleet.wire import _result_reader
 from rlfleet.wire._chunk import Chunk
 from rlfleet.wire._protowire import as_byte_source, encode_varint, len_prefix, packed_varints
@@ -123,7 +123,7 @@ def read_result_frame(
     read = _result_reader.read_frame(data)
     if read is None:
         return None
-    return (read[14], *_parts(data, read))
+    return (read[4], *_parts(data, read))
 
 
 def _parts(
@@ -131,34 +131,16 @@ def _parts(
 ) -> tuple[ResultHeader, Chunk]:
     """The header and chunk the reader read (and checked), the chunk's data a
     read-only view of ``data``."""
-    header = prebuilt(
-        ResultHeader,
-        task_id=read[0],
-        worker_id=read[1],
-        episode_indices=read[2],
-        lengths=read[3],
-        agent_version=read[4],
-        env_generation=read[5],
-        wire=read[6],
-    )
-    start, end = read[12], read[13]
-    payload: memoryview | bytes = b""
-    if end > start:  # a chunk without data holds b"", as protobuf's
+    chunk = read[1]
+    start, end = read[2], read[3]
+    chunk["data"] = b""  # a chunk without data holds b"", as protobuf's
+    if end > start:
         view = memoryview(data)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")  # as Chunk's constructor leaves it
-        payload = view[start:end].toreadonly()  # as the general path's
-    # Chunk's own checks are the reader's: its constructor would make them again.
-    chunk = prebuilt(
-        Chunk,
-        batch_id=read[7],
-        index=read[8],
-        count=read[9],
-        total_bytes=read[10],
-        kind=read[11],
-        data=payload,
-    )
-    return header, chunk
+        chunk["data"] = view[start:end].toreadonly()  # as the general path's
+    # The constructors' checks are the reader's: they would make them again.
+    return prebuilt_of(ResultHeader, read[0]), prebuilt_of(Chunk, chunk)
 
 
 __all__ = ["read_result_frame", "read_result_message", "result_fields", "result_head"]
