@@ -6,7 +6,7 @@
 # Build (docs/deploy.md):
 #   docker build -t rlfleet:0.1.0 .
 # Offline, from a local wheelhouse holding every wheel, rlfleet's own included
-# (rlfleet's wheel holds a compiled extension: build it with the image's Python
+# (rlfleet's wheel holds compiled extensions: build it with the image's Python
 # on the image's platform, docs/deploy.md):
 #   pip wheel --no-deps -w wheels .
 #   pip download --only-binary=:all: -d wheels wheels/rlfleet-*.whl
@@ -20,9 +20,9 @@ ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE} AS builder
 # Folder of the build context holding wheels for an offline build; when it
 # holds no wheel, pip builds rlfleet from source and fetches from the index.
-# From source, rlfleet compiles its MLP kernel (C): the builder then installs
-# a C compiler and Python's headers with apt-get where they are missing. The
-# final stage never has a compiler.
+# From source, rlfleet compiles its C modules (the MLP kernel, the result
+# reader): the builder then installs a C compiler and Python's headers with
+# apt-get where they are missing. The final stage never has a compiler.
 ARG WHEELHOUSE=wheels
 # .dockerignore lets only the package, its metadata and the wheelhouse in.
 COPY . /src

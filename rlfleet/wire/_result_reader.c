@@ -1,0 +1,337 @@
+/* A result message's header and chunk read in one call (rlfleet.wire._result_reader).
+ *
+ * rlfleet.wire.result_message reads every result a worker sends (on the
+ * coordinator) and every result frame a learner receives with these two
+ * functions. They accept a message only in protobuf's own form: fields in
+ * ascending order, each once, none at its default, the episode columns
+ * packed, every varint in its shortest form; the values they return then mean
+ * exactly what protobuf reads from those bytes. Anything else returns None
+ * and the caller takes protobuf's general path, which reads it or refuses it
+ * with its own text (tests/test_result_message.py holds both to the same
+ * answers).
+ *
+ * Every byte is network input: each read is bounds-checked against the end of
+ * the field it belongs to, lengths are compared without adding to offsets (no
+ * overflow), varints stop at 10 bytes, and a value past 64 bits is refused.
+ * The buffer is held only for the call (released on every path) and nothing
+ * runs Python code while it is held.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+/* EpisodeResult (worker.proto) field numbers. */
+enum {
+    TASK_ID = 1,
+    EPISODE_INDICES = 2,
+    LENGTHS = 3,
+    AGENT_VERSION = 4,
+    ENV_GENERATION = 5,
+    WORKER_ID = 6,
+    CHUNK = 7,
+};
+/* BatchChunk (batch.proto) field numbers: batch_id 1 .. kind 5, then data. */
+enum { CHUNK_KIND = 5, CHUNK_DATA = 6 };
+
+enum { WIRE_VARINT = 0, WIRE_LEN = 2 };
+#define WORKER_RESULT_TAG 0x22 /* WorkerMessage.result (4), length-delimited */
+#define SAMPLE_RESULT_TAG 0x12 /* SampleResponse.result (2), length-delimited */
+/* SampleResponse.result_call (41), a varint: a two-byte key. */
+#define RESULT_CALL_KEY0 0xc8
+#define RESULT_CALL_KEY1 0x02
+
+#define UINT32_LIMIT (UINT64_C(1) << 32)
+#define INT32_LIMIT (UINT64_C(1) << 31)
+#define INT64_LIMIT (UINT64_C(1) << 63)
+
+/* The varint at p[pos] (reading no further than end) into *value, the offset
+ * after it into *next. Returns 0, or -1 if it is truncated, longer than 10
+ * bytes, not in its shortest form (a last byte of 0 after a continuation
+ * byte) or 2**64 or more. */
+static inline int read_varint(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end, uint64_t *value,
+                              Py_ssize_t *next) {
+    uint64_t v = 0;
+    for (int i = 0; i < 10; i++) {
+        if (pos >= end) return -1;
+        uint8_t byte = p[pos++];
+        if (i == 9 && byte > 1) return -1; /* bits past the 64th, or an 11th byte */
+        v |= (uint64_t)(byte & 0x7f) << (7 * i);
+        if (byte < 0x80) {
+            if (byte == 0 && i > 0) return -1;
+            *value = v;
+            *next = pos;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* A packed int64 column in p[pos:end]: its number of values, or -1 if a varint
+ * is truncated, longer than it needs or negative (2**63 or more: protobuf's
+ * general path reads those). */
+static Py_ssize_t column_count(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end) {
+    Py_ssize_t count = 0;
+    while (pos < end) {
+        if (p[pos] < 0x80) { /* one byte (a result's lengths up to 127 steps) */
+            pos++;
+        } else {
+            uint64_t value;
+            if (read_varint(p, pos, end, &value, &pos) < 0 || value >= INT64_LIMIT) return -1;
+        }
+        count++;
+    }
+    return count;
+}
+
+/* The column column_count checked, as a tuple of ints (NULL with an error set). */
+static PyObject *column_tuple(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t count) {
+    PyObject *out = PyTuple_New(count);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint64_t value = p[pos];
+        if (value < 0x80)
+            pos++;
+        else
+            (void)read_varint(p, pos, end, &value, &pos); /* checked by column_count */
+        PyObject *item = PyLong_FromLongLong((long long)value);
+        if (item == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, item);
+    }
+    return out;
+}
+
+/* What read_result finds: the header's fields and where its parts are. */
+typedef struct {
+    uint64_t scalars[WORKER_ID + 1]; /* by field number: task_id, -, -, agent_version, ... */
+    Py_ssize_t column_start[LENGTHS + 1], column_end[LENGTHS + 1], column_count[LENGTHS + 1];
+    Py_ssize_t body_start, chunk_at, end; /* the result's fields, its chunk's key, its end */
+    uint64_t chunk[CHUNK_KIND];           /* batch_id, index, count, total_bytes, kind */
+    Py_ssize_t data_start, data_end;      /* the chunk's data (equal when it has none) */
+} Result;
+
+/* The BatchChunk in p[pos:end] into r->chunk and r->data_*: 0, or -1 for
+ * anything not in protobuf's own form or out of a field's range. */
+static int read_chunk(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end, Result *r) {
+    int last = 0;
+    while (pos < end) {
+        uint8_t key = p[pos];
+        int number = key >> 3;
+        if (key >= 0x80 || number <= last || number > CHUNK_DATA) return -1;
+        uint64_t value;
+        Py_ssize_t next;
+        if (read_varint(p, pos + 1, end, &value, &next) < 0 || value == 0) return -1;
+        if (number == CHUNK_DATA) {
+            /* The data is the chunk's last field and reaches its end. */
+            if ((key & 7) != WIRE_LEN || value != (uint64_t)(end - next)) return -1;
+            r->data_start = next;
+            r->data_end = end;
+            pos = end;
+        } else {
+            if ((key & 7) != WIRE_VARINT) return -1;
+            r->chunk[number - 1] = value;
+            pos = next;
+        }
+        last = number;
+    }
+    uint64_t index = r->chunk[1], count = r->chunk[2], total_bytes = r->chunk[3];
+    /* Protobuf would cut these to 32 bits: its general path reads them. */
+    if (index >= UINT32_LIMIT || count >= UINT32_LIMIT || r->chunk[CHUNK_KIND - 1] >= INT32_LIMIT)
+        return -1;
+    if (index >= count || (uint64_t)(r->data_end - r->data_start) > total_bytes) return -1;
+    return 0;
+}
+
+/* The EpisodeResult field (key tag) at the start of p[0:size] into *r: 0, or
+ * -1 for anything not in protobuf's own form. */
+static int read_result(const uint8_t *p, Py_ssize_t size, uint8_t tag, Result *r) {
+    memset(r, 0, sizeof *r);
+    if (size < 2 || p[0] != tag) return -1;
+    uint64_t length;
+    Py_ssize_t pos;
+    if (read_varint(p, 1, size, &length, &pos) < 0 || length > (uint64_t)(size - pos)) return -1;
+    Py_ssize_t end = pos + (Py_ssize_t)length;
+    r->body_start = pos;
+    r->end = end;
+    int last = 0, chunk_seen = 0;
+    while (pos < end) {
+        uint8_t key = p[pos];
+        int number = key >> 3;
+        if (key >= 0x80 || number <= last || number > CHUNK) return -1;
+        uint64_t value;
+        Py_ssize_t next;
+        /* 0: protobuf omits a zero scalar and an empty column or chunk. */
+        if (read_varint(p, pos + 1, end, &value, &next) < 0 || value == 0) return -1;
+        if (number == EPISODE_INDICES || number == LENGTHS || number == CHUNK) {
+            if ((key & 7) != WIRE_LEN || value > (uint64_t)(end - next)) return -1;
+            Py_ssize_t field_end = next + (Py_ssize_t)value;
+            if (number == CHUNK) {
+                r->chunk_at = pos;
+                if (read_chunk(p, next, field_end, r) < 0) return -1;
+                chunk_seen = 1;
+            } else {
+                Py_ssize_t count = column_count(p, next, field_end);
+                if (count < 0) return -1;
+                r->column_start[number] = next;
+                r->column_end[number] = field_end;
+                r->column_count[number] = count;
+            }
+            pos = field_end;
+        } else {
+            if ((key & 7) != WIRE_VARINT) return -1;
+            r->scalars[number] = value;
+            pos = next;
+        }
+        last = number;
+    }
+    return chunk_seen ? 0 : -1; /* a result without its chunk: the general path says so */
+}
+
+/* The names of ResultHeader's fields and of Chunk's but its data, in the
+ * order read_result's values are given (interned when the module loads). */
+static const char *const HEADER_NAMES[] = {
+    "task_id", "worker_id", "episode_indices", "lengths", "agent_version", "env_generation", "wire",
+};
+static const char *const CHUNK_NAMES[] = {"batch_id", "index", "count", "total_bytes", "kind"};
+#define HEADER_FIELDS ((int)(sizeof HEADER_NAMES / sizeof *HEADER_NAMES))
+#define CHUNK_FIELDS ((int)(sizeof CHUNK_NAMES / sizeof *CHUNK_NAMES))
+static PyObject *header_keys[HEADER_FIELDS], *chunk_keys[CHUNK_FIELDS];
+
+/* A dict of keys[i]: values[i] (NULL with an error set if a value is NULL or
+ * the dict cannot be made). Takes the values' references on every path. */
+static PyObject *fields_dict(PyObject *const *keys, PyObject **values, int n) {
+    PyObject *out = PyDict_New();
+    for (int i = 0; i < n; i++) {
+        if (out != NULL && (values[i] == NULL || PyDict_SetItem(out, keys[i], values[i]) < 0))
+            Py_CLEAR(out);
+    }
+    for (int i = 0; i < n; i++) Py_XDECREF(values[i]);
+    return out;
+}
+
+/* What the module's functions return for *r: (header fields, chunk fields,
+ * data_start, data_end), then the call if with_call (NULL with an error
+ * set). keep_wire: the header's wire is the result's fields before its chunk
+ * on chunk 0, else empty. */
+static PyObject *result_tuple(const uint8_t *p, const Result *r, int keep_wire, int with_call,
+                              uint64_t call) {
+    PyObject *header[HEADER_FIELDS], *chunk[CHUNK_FIELDS];
+    header[0] = PyLong_FromUnsignedLongLong(r->scalars[TASK_ID]);
+    header[1] = PyLong_FromUnsignedLongLong(r->scalars[WORKER_ID]);
+    header[2] = column_tuple(p, r->column_start[EPISODE_INDICES], r->column_end[EPISODE_INDICES],
+                             r->column_count[EPISODE_INDICES]);
+    header[3] = column_tuple(p, r->column_start[LENGTHS], r->column_end[LENGTHS],
+                             r->column_count[LENGTHS]);
+    header[4] = PyLong_FromLongLong((long long)(int64_t)r->scalars[AGENT_VERSION]);
+    header[5] = PyLong_FromUnsignedLongLong(r->scalars[ENV_GENERATION]);
+    if (keep_wire && r->chunk[1] == 0)
+        header[6] = PyBytes_FromStringAndSize((const char *)p + r->body_start,
+                                              r->chunk_at - r->body_start);
+    else
+        header[6] = PyBytes_FromStringAndSize(NULL, 0);
+    for (int i = 0; i < CHUNK_FIELDS; i++) chunk[i] = PyLong_FromUnsignedLongLong(r->chunk[i]);
+    PyObject *items[5];
+    int n = 0;
+    items[n++] = fields_dict(header_keys, header, HEADER_FIELDS);
+    items[n++] = fields_dict(chunk_keys, chunk, CHUNK_FIELDS);
+    items[n++] = PyLong_FromSsize_t(r->data_start);
+    items[n++] = PyLong_FromSsize_t(r->data_end);
+    if (with_call) items[n++] = PyLong_FromUnsignedLongLong(call);
+    PyObject *out = PyTuple_New(n);
+    int made = out != NULL;
+    for (int i = 0; i < n; i++) made = made && items[i] != NULL;
+    if (!made) {
+        Py_XDECREF(out);
+        for (int i = 0; i < n; i++) Py_XDECREF(items[i]);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) PyTuple_SET_ITEM(out, i, items[i]);
+    return out;
+}
+
+PyDoc_STRVAR(read_message_doc,
+"read_message(data, /)\n--\n\n"
+"A serialized WorkerMessage holding only a result, in protobuf's own form:\n"
+"(ResultHeader's fields, Chunk's fields but its data, data_start, data_end), the\n"
+"fields as dicts by name, wire being the result's fields before its chunk on chunk 0\n"
+"(else b''); None for any other message.\n"
+"data: any contiguous buffer.");
+
+static PyObject *read_message(PyObject *module, PyObject *data) {
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const uint8_t *p = view.buf;
+    Result r;
+    PyObject *out;
+    if (read_result(p, view.len, WORKER_RESULT_TAG, &r) < 0 || r.end != view.len)
+        out = Py_NewRef(Py_None);
+    else
+        out = result_tuple(p, &r, 1, 0, 0);
+    PyBuffer_Release(&view);
+    return out;
+}
+
+PyDoc_STRVAR(read_frame_doc,
+"read_frame(data, /)\n--\n\n"
+"A learner's results-connection frame (a SampleResponse: its result, then its\n"
+"result_call) in protobuf's own form: what read_message returns (wire b''), then the\n"
+"result_call; None for any other frame.\n"
+"data: any contiguous buffer.");
+
+static PyObject *read_frame(PyObject *module, PyObject *data) {
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const uint8_t *p = view.buf;
+    Py_ssize_t size = view.len;
+    Result r;
+    uint64_t call;
+    Py_ssize_t end;
+    PyObject *out;
+    /* The call's number follows the result, ends the frame, is not 0 (protobuf omits it). */
+    if (read_result(p, size, SAMPLE_RESULT_TAG, &r) < 0 || size - r.end < 3 ||
+        p[r.end] != RESULT_CALL_KEY0 || p[r.end + 1] != RESULT_CALL_KEY1 ||
+        read_varint(p, r.end + 2, size, &call, &end) < 0 || call == 0 || end != size)
+        out = Py_NewRef(Py_None);
+    else
+        out = result_tuple(p, &r, 0, 1, call);
+    PyBuffer_Release(&view);
+    return out;
+}
+
+static PyMethodDef module_methods[] = {
+    {"read_message", (PyCFunction)read_message, METH_O, read_message_doc},
+    {"read_frame", (PyCFunction)read_frame, METH_O, read_frame_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static int intern_names(const char *const *names, PyObject **keys, int n) {
+    for (int i = 0; i < n; i++) {
+        if (keys[i] == NULL && (keys[i] = PyUnicode_InternFromString(names[i])) == NULL) return -1;
+    }
+    return 0;
+}
+
+static int module_exec(PyObject *module) {
+    (void)module;
+    if (intern_names(HEADER_NAMES, header_keys, HEADER_FIELDS) < 0) return -1;
+    return intern_names(CHUNK_NAMES, chunk_keys, CHUNK_FIELDS);
+}
+
+static PyModuleDef_Slot module_slots[] = {{Py_mod_exec, module_exec}, {0, NULL}};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_result_reader",
+    .m_doc = "A result message's header and chunk read in one call (rlfleet.wire.result_message).",
+    .m_size = 0,
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+};
+
+PyMODINIT_FUNC PyInit__result_reader(void) { return PyModuleDef_Init(&module_def); }
