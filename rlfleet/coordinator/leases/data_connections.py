@@ -221,7 +221,10 @@ class DataConnection(LeaseConnection):
             RlfleetTimeoutError: If the peer took nothing for ``wait_seconds``.
         """
         poller = select.poll()
-        poller.register(self._sock, select.POLLOUT)
+        try:
+            poller.register(self._sock, select.POLLOUT)
+        except (OSError, ValueError):  # released meanwhile: no file descriptor left
+            raise ConnectionClosedError(f"the data connection of {self.what} is closed") from None
         while True:
             # Without the lock: others may close the connection meanwhile.
             if not poller.poll(wait_seconds * 1000):
@@ -238,7 +241,7 @@ class DataConnection(LeaseConnection):
 
     def _write(self, pieces: Sequence[bytes | memoryview]) -> tuple[list[memoryview], str | None]:
         """Writes what the socket takes at once of ``pieces`` (nothing while
-        earlier frames wait: they go first, from the loop); returns what is left
+        earlier frames wait: they go first); returns what is left
         of them, or why the connection failed. The caller holds the lock."""
         sent = 0
         if not self._pending:
