@@ -39,7 +39,7 @@ from rlfleet.client.leases.lease_stream import LeaseStream
 from rlfleet.coordinator import CoordinatorConfig, serve
 from rlfleet.coordinator.config import LEASE_DATA_OFF
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import ConfigError, UnavailableError
+from rlfleet.errors import ConfigError, RlfleetTimeoutError, UnavailableError
 from rlfleet.security import ClientTLS, ServerSecurity, ServerTLS
 from rlfleet.transport.lease_channel import (
     FRAME_HEADER,
@@ -512,6 +512,46 @@ def test_large_frames_cross_a_tls_data_connection_whole_both_ways(tmp_path: Path
         for _ in range(3):
             received = link.receive_message(10.0)
             assert received is not None and bytes(received) == b"".join(parts)
+
+
+def test_a_frame_the_socket_cannot_take_at_once_is_sent_whole_by_its_senders_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A learner's results: frames of megabytes, more than the kernel's buffers
+    # take at once. The sender's thread sends the rest as the learner reads
+    # and returns once the frame is in the kernel: the loop is never asked to
+    # carry any of it (no hand-off, no wake-up of the loop per frame).
+    config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 25)
+    with dialled(config) as channel:
+        wait_until(lambda: channel.attached, "the connection attached")
+        (connection,) = channel.attached
+        handed: list[object] = []
+        monkeypatch.setattr(channel.data, "want_write", handed.append)
+        parts = [b"head", b"\x07" * 12_000_000, b"mid", b"\x09" * 100_000, b"tail"]
+        with ThreadPoolExecutor(1) as pool:
+            got = pool.submit(lambda: [channel.link.receive_message(PATIENCE) for _ in range(3)])
+            for _ in range(3):
+                connection.send_parts(parts, PATIENCE)
+                assert not connection._pending  # all of it is in the kernel
+            received = got.result(timeout=PATIENCE)
+        assert [None if r is None else bytes(r) for r in received] == [b"".join(parts)] * 3
+        assert handed == []
+
+
+def test_a_sender_whose_peer_takes_nothing_times_out_naming_the_seconds() -> None:
+    # A learner that stops reading holds the sender, for at most its wait;
+    # the frame's rest stays queued in order, so the stream stays whole for
+    # the loop to finish once the learner reads again.
+    config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 25)
+    with dialled(config) as channel:
+        wait_until(lambda: channel.attached, "the connection attached")
+        (connection,) = channel.attached
+        big = b"\x05" * 20_000_000
+        with pytest.raises(RlfleetTimeoutError, match=r"took no data for 0\.5 seconds"):
+            connection.send_parts([big], 0.5)
+        assert not connection.closed
+        received = channel.link.receive_message(PATIENCE)
+        assert received is not None and bytes(received) == big
 
 
 class _CountingSocket(socket.socket):

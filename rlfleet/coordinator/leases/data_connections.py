@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import queue
+import select
 import socket
 import ssl
 import threading
@@ -38,6 +39,8 @@ _FIRST_READ_BYTES = LARGE_FRAME_BYTES
 #: Bytes one readiness of a connection reads at most before the loop serves
 #: the others (reads go on while each fills the loop's buffer).
 _READ_TURN_BYTES = 4 << 20
+#: Waiting pieces one ``sendmsg`` takes at most (well under the kernel's IOV_MAX).
+_SEND_PIECES = 64
 #: Errors of a non-blocking socket (or TLS) that only mean "not now".
 NOT_NOW = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
@@ -170,15 +173,24 @@ class DataConnection(LeaseConnection):
 
     def send_parts(self, parts: Sequence[bytes | memoryview], wait_seconds: float) -> None:
         """Sends one frame of ``parts`` (no copy of them on plain TCP: ``sendmsg``),
-        first waiting while more than ``_PACED_BYTES`` wait to be sent: the
-        sender then goes at the peer's pace, as gRPC's flow control would
-        make it, and what waits stays bounded.
+        going at the peer's pace, as gRPC's flow control would make it.
+
+        On plain TCP the caller's thread sends the whole frame itself: what
+        the socket does not take at once it sends as the peer reads, waiting
+        for room in the socket between writes, and returns once the frame is
+        in the kernel. The loop never carries such a frame: no hand-off, no
+        wake-up of the loop per frame, and what waits stays within the
+        kernel's buffer. Over TLS (an SSL object may need to read to write)
+        the rest waits for the loop instead. Either way the caller first
+        waits while more than ``_PACED_BYTES`` wait to be sent (frames left
+        by a sender that timed out), so what waits stays bounded.
 
         Raises:
             ConnectionClosedError: If the connection is (or gets) closed.
             RlfleetTimeoutError: If the peer took nothing for ``wait_seconds``.
         """
         pieces = [FRAME_HEADER.pack(sum(map(len, parts))), *parts]
+        tls = isinstance(self._sock, ssl.SSLSocket)
         with self._lock:
             while self._pending_bytes > _PACED_BYTES and not self._closed:
                 if not self._drained.wait(wait_seconds):
@@ -191,15 +203,45 @@ class DataConnection(LeaseConnection):
             if failure is None and rest:
                 self._pending += rest
                 self._pending_bytes += sum(map(len, rest))
+        if failure is None and rest and not tls:
+            failure = self._drain(wait_seconds)
+            rest = []
         if failure is not None:
             self._server.close(self, failure)
             raise ConnectionClosedError(f"the data connection of {self.what} broke: {failure}")
         if rest:
             self._server.want_write(self)
 
+    def _drain(self, wait_seconds: float) -> str | None:
+        """Sends what waits on this thread (plain TCP), waiting for room in the
+        socket between writes; a reason to close, or None once all was sent.
+
+        Raises:
+            ConnectionClosedError: If the connection gets closed meanwhile.
+            RlfleetTimeoutError: If the peer took nothing for ``wait_seconds``.
+        """
+        poller = select.poll()
+        try:
+            poller.register(self._sock, select.POLLOUT)
+        except (OSError, ValueError):  # released meanwhile: no file descriptor left
+            raise ConnectionClosedError(f"the data connection of {self.what} is closed") from None
+        while True:
+            # Without the lock: others may close the connection meanwhile.
+            if not poller.poll(wait_seconds * 1000):
+                # The frame's rest still goes out, from the loop, should the
+                # peer read again: the stream stays whole for what follows.
+                self._server.want_write(self)
+                raise RlfleetTimeoutError(f"{self.what} took no data for {wait_seconds:g} seconds")
+            with self._lock:
+                if self._closed:
+                    raise ConnectionClosedError(f"the data connection of {self.what} is closed")
+                done, failure = self._send_pending()
+            if failure is not None or done:
+                return failure
+
     def _write(self, pieces: Sequence[bytes | memoryview]) -> tuple[list[memoryview], str | None]:
         """Writes what the socket takes at once of ``pieces`` (nothing while
-        earlier frames wait: they go first, from the loop); returns what is left
+        earlier frames wait: they go first); returns what is left
         of them, or why the connection failed. The caller holds the lock."""
         sent = 0
         if not self._pending:
@@ -343,21 +385,36 @@ class DataConnection(LeaseConnection):
     def flush(self) -> tuple[bool, str | None]:
         """Sends what waits; returns (everything sent, a reason to close or None)."""
         with self._lock:
-            while self._pending:
-                data = self._pending[0]
-                try:
-                    sent = self._sock.send(data)
-                except NOT_NOW:
+            return self._send_pending()
+
+    def _send_pending(self) -> tuple[bool, str | None]:
+        """Sends what waits, as far as the socket takes it (the caller holds the
+        lock); returns (everything sent, a reason to close or None). On plain
+        TCP every waiting piece goes in one ``sendmsg`` (a frame's header and
+        small pieces are not a call each)."""
+        plain = not isinstance(self._sock, ssl.SSLSocket)
+        while self._pending:
+            try:
+                if plain and len(self._pending) > 1:
+                    sent = self._sock.sendmsg(self._pending[:_SEND_PIECES])
+                else:
+                    sent = self._sock.send(self._pending[0])
+            except NOT_NOW:
+                return False, None
+            except OSError as exc:
+                return False, f"send failed: {exc}"
+            if not sent:
+                return False, None
+            self._pending_bytes -= sent
+            self._drained.notify_all()
+            while sent:
+                head = self._pending[0]
+                if sent < len(head):
+                    self._pending[0] = head[sent:]
                     return False, None
-                except OSError as exc:
-                    return False, f"send failed: {exc}"
-                self._pending_bytes -= sent
-                self._drained.notify_all()
-                if sent < len(data):
-                    self._pending[0] = data[sent:]
-                    return False, None
+                sent -= len(head)
                 self._pending.pop(0)
-            return True, None
+        return True, None
 
     def _drop_pending(self) -> None:
         self._pending.clear()

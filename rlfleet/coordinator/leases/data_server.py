@@ -9,7 +9,9 @@ thread serves every connection: a ``selectors`` loop over non-blocking
 sockets that cuts frames with ``struct`` and hands each payload straight to
 its connection's :class:`LeaseDataPeer` (no queue, no thread hand-off).
 Sends come from any thread and go straight to the socket; only what the
-kernel does not take at once waits for the loop.
+kernel does not take at once waits for the loop, except a learner's result
+frames on plain TCP, which their sender finishes itself
+(``DataConnection.send_parts``).
 
 A learner in this very process (``Fleet.local``) presents its ticket to
 :meth:`LeaseDataServer.attach_in_process` instead of dialling: an
