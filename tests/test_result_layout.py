@@ -33,11 +33,10 @@ from rlfleet.core.step_type import StepType
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.wire import _layout_frames as layout_frames_module
-from rlfleet.wire import decode_batch, encode_batch
+from rlfleet.wire import _result_check, decode_batch, encode_batch
 from rlfleet.wire import result_layout as result_layout_module
 from rlfleet.wire import result_views as result_views_module
 from rlfleet.wire import tensors as tensors_module
-from rlfleet.wire import _result_check
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import chunk_payload
 from rlfleet.wire.result_checks import (
