@@ -391,7 +391,12 @@ def rules_verdict(
     if indices[0] < 0 or any(a >= b for a, b in itertools.pairwise(indices)):
         return False
     episodes = len(lengths)
-    if list(columns[:4]) != [list(lengths), list(indices), [WORKER_ID] * episodes, [0] * episodes]:
+    if [list(c) for c in columns[:4]] != [
+        list(lengths),
+        list(indices),
+        [WORKER_ID] * episodes,
+        [0] * episodes,
+    ]:
         return False
     if isinstance(seeds, tuple) and len(seeds) == 2:
         want = [[seeds[0]] * episodes, [seeds[1]] * episodes]
@@ -401,8 +406,8 @@ def rules_verdict(
             return False
         want = [[held[i][0] for i in indices], [held[i][1] for i in indices]]
     else:
-        want = list(columns[4:])
-    if list(columns[4:]) != want:
+        want = [list(c) for c in columns[4:]]
+    if [list(c) for c in columns[4:]] != want:
         return False
     return not step_type_problems(
         np.frombuffer(types, np.uint8), np.asarray(lengths), None, must_end=True

@@ -2,10 +2,12 @@
 
 from typing import TypeAlias
 
+import numpy as np
+from numpy.typing import NDArray
 from typing_extensions import Buffer
 
-#: The task's units' columns: episode indices (ascending), env seeds, policy seeds (int64).
-UnitBuffers: TypeAlias = tuple[Buffer, Buffer, Buffer]
+#: The task's units' columns: episode indices (ascending), env seeds, policy seeds.
+UnitBuffers: TypeAlias = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]
 
 def episodes_pass(
     data: Buffer | tuple[Buffer, ...],
