@@ -219,7 +219,8 @@ static int unit_seeds_pass(PyObject *units, const int64_t *indices, Py_ssize_t e
         }
     }
     Py_ssize_t held_count = columns[0].len / 8;
-    if (columns[0].len % 8 || columns[1].len != columns[0].len || columns[2].len != columns[0].len) {
+    if (columns[0].len % 8 || columns[1].len != columns[0].len ||
+        columns[2].len != columns[0].len) {
         PyErr_SetString(PyExc_ValueError, "units must be three int64 columns of one length");
         goto done;
     }
@@ -309,10 +310,12 @@ static PyObject *episodes_pass(PyObject *module, PyObject *const *args, Py_ssize
     const char *placed = PyBytes_AS_STRING(places);
     int64_t place[2];
     const uint8_t *expected = (const uint8_t *)PyBytes_AS_STRING(between);
-    Py_ssize_t expected_left = PyBytes_GET_SIZE(between), runs = (place_count - PLACES_AFTER_RUNS) / 2;
+    Py_ssize_t expected_left = PyBytes_GET_SIZE(between);
+    Py_ssize_t runs = (place_count - PLACES_AFTER_RUNS) / 2;
     for (Py_ssize_t r = 0; r < runs; r++) {
         memcpy(place, placed + 16 * r, sizeof place);
-        if (place[1] < 0 || place[1] > expected_left ||
+        if (place[0] < 0 || place[0] > PY_SSIZE_T_MAX || place[1] < 0 ||
+            place[1] > expected_left ||
             !source_equal(&source, (Py_ssize_t)place[0], expected, (Py_ssize_t)place[1]))
             goto done;
         expected += place[1];
