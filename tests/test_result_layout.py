@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import cProfile
 import dataclasses
+import itertools
 import pstats
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from types import FrameType
@@ -23,6 +25,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.core.seeding import stream_seeds
@@ -30,11 +34,10 @@ from rlfleet.core.step_type import StepType
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.wire import _layout_frames as layout_frames_module
-from rlfleet.wire import decode_batch, encode_batch
+from rlfleet.wire import _result_check, decode_batch, encode_batch
 from rlfleet.wire import result_layout as result_layout_module
 from rlfleet.wire import result_views as result_views_module
 from rlfleet.wire import tensors as tensors_module
-from rlfleet.wire._result_bytes import step_types_pass
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import chunk_payload
 from rlfleet.wire.result_checks import (
@@ -250,8 +253,10 @@ def test_one_step_episodes_and_units_apart_are_refused_with_the_general_paths_te
 
 
 def test_the_one_pass_makes_few_numpy_calls_per_result() -> None:
-    """The episode infos, lengths and step types are compared as bytes: numpy
-    is left the value screens (about 50 numpy calls per result before)."""
+    """The episode infos, lengths, the bytes around the arrays and the step
+    types are checked in one compiled call: numpy is left the value screens
+    (15 numpy calls for this layout; 21 when the units' seeds were looked up
+    with numpy, about 50 when the columns were compared with it)."""
     check = learned()
     result = joined(batch_of([3, 1, 2, 4], 1))
     check.check(result, SPEC, EXPECT)
@@ -263,7 +268,10 @@ def test_the_one_pass_makes_few_numpy_calls_per_result() -> None:
     numpy_calls = sum(
         calls for (path, _, name), (_, calls, *_) in stats.items() if "numpy" in path + name
     )
-    assert numpy_calls <= 30
+    compiled_calls = sum(
+        calls for (_, _, name), (_, calls, *_) in stats.items() if "episodes_pass" in name
+    )
+    assert (compiled_calls, numpy_calls <= 16) == (1, True), numpy_calls
 
 
 def rlfleet_lines(run: Callable[[], object]) -> int:
@@ -300,10 +308,46 @@ def test_the_one_pass_runs_no_python_line_per_episode() -> None:
     assert lines[0] == lines[1]
 
 
+def kernel_verdict(
+    lengths: Sequence[int],
+    types: bytes,
+    indices: Sequence[int] | None = None,
+    *,
+    columns: dict[int, Sequence[int]] | None = None,
+    seeds: Any = None,
+    chunk_bytes: int = 0,
+) -> bool:
+    """The compiled check's verdict on a result of a run of bytes, the six int64
+    columns (lengths, indices, worker, agent version, env and policy seeds:
+    the header's numbers unless ``columns`` gives one) and the step types;
+    in chunks of ``chunk_bytes`` if given."""
+    episodes = len(lengths)
+    indices = list(range(episodes)) if indices is None else list(indices)
+    held = [lengths, indices, [WORKER_ID] * episodes, [0] * episodes]
+    held += [[index + 100 for index in indices], [index + 200 for index in indices]]
+    held = [list((columns or {}).get(number, column)) for number, column in enumerate(held)]
+    run = b"\x0a\x0b\x0c"
+    data = run + b"".join(np.asarray(c, "<i8").tobytes() for c in held) + types
+    places = [0, len(run), *(len(run) + 8 * episodes * c for c in range(7))]
+    payload: Any = data
+    if chunk_bytes:
+        payload = tuple(data[at : at + chunk_bytes] for at in range(0, len(data), chunk_bytes))
+    return _result_check.episodes_pass(
+        payload,
+        run,
+        np.array(places, np.int64).tobytes(),
+        tuple(lengths),
+        tuple(indices),
+        WORKER_ID,
+        0,
+        seeds,
+    )
+
+
 def test_the_one_pass_step_types_agree_with_the_general_paths_rules() -> None:
     # Whole episodes (1-step ones among them), honest or with one step
-    # changed, or step types at random: the bytes check passes exactly
-    # those the general path finds nothing wrong with.
+    # changed, or step types at random: the compiled check passes exactly
+    # those the general path finds nothing wrong with, joined or in chunks.
     rng = np.random.default_rng(11)
     kinds = [int(t) for t in StepType]
     passed = 0
@@ -319,9 +363,139 @@ def test_the_one_pass_step_types_agree_with_the_general_paths_rules() -> None:
         else:
             types = rng.choice(kinds, int(lengths.sum())).astype(np.uint8)
         general = not step_type_problems(types, lengths, None, must_end=True)
-        assert step_types_pass(types.tobytes(), tuple(lengths.tolist())) == general
+        for chunk_bytes in (0, 23):
+            verdict = kernel_verdict(lengths.tolist(), types.tobytes(), chunk_bytes=chunk_bytes)
+            assert verdict == general
         passed += general
     assert 500 < passed < 2500
+
+
+_INT64 = range(-(2**63), 2**63)
+
+
+def rules_verdict(
+    lengths: Sequence[int],
+    types: bytes,
+    indices: Sequence[int],
+    columns: Sequence[Sequence[int]],
+    seeds: Any,
+) -> bool:
+    """The general path's rules on what the compiled check reads (the reference
+    it is held to): header numbers in int64, the columns the header's and the
+    units' numbers, indices from 0 up ascending, whole episodes' step types."""
+    numbers = [*lengths, *indices]
+    if not numbers or len(indices) != len(lengths) or any(n not in _INT64 for n in numbers):
+        return False
+    if min(lengths) < 1 or sum(lengths) != len(types):
+        return False
+    if indices[0] < 0 or any(a >= b for a, b in itertools.pairwise(indices)):
+        return False
+    episodes = len(lengths)
+    if [list(c) for c in columns[:4]] != [
+        list(lengths),
+        list(indices),
+        [WORKER_ID] * episodes,
+        [0] * episodes,
+    ]:
+        return False
+    if isinstance(seeds, tuple) and len(seeds) == 2:
+        want = [[seeds[0]] * episodes, [seeds[1]] * episodes]
+    elif seeds is not None:
+        held = {int(i): (int(e), int(p)) for i, e, p in zip(*seeds, strict=True)}
+        if any(index not in held for index in indices):
+            return False
+        want = [[held[i][0] for i in indices], [held[i][1] for i in indices]]
+    else:
+        want = [list(c) for c in columns[4:]]
+    if [list(c) for c in columns[4:]] != want:
+        return False
+    return not step_type_problems(
+        np.frombuffer(types, np.uint8), np.asarray(lengths), None, must_end=True
+    )
+
+
+@st.composite
+def kernel_cases(draw: st.DrawFn) -> tuple[Any, ...]:
+    """An honest result's numbers, bytes and units, then a few of them changed."""
+    lengths = draw(st.lists(st.integers(1, 5), min_size=1, max_size=25))
+    episodes = len(lengths)
+    indices = sorted(draw(st.sets(st.integers(0, 40), min_size=episodes, max_size=episodes)))
+    kinds = []
+    for length in lengths:
+        kinds += [] if length == 1 else [F, *[M] * (length - 2)]
+        kinds.append(draw(st.sampled_from([TERM, TIME])))
+    types = bytearray(kinds)
+    for _ in range(draw(st.integers(0, 2))):  # steps changed (7: out of StepType's range)
+        types[draw(st.integers(0, len(types) - 1))] = draw(st.sampled_from([F, M, TERM, TIME, 7]))
+    held = sorted(draw(st.sets(st.integers(0, 40), max_size=41)) | set(indices))
+    held = [i for i in held if draw(st.integers(0, 30)) or i not in indices]  # maybe one missing
+    units = (
+        np.array(held, np.int64),
+        np.array(held, np.int64) + 100,
+        np.array(held, np.int64) + 200,
+    )
+    seeds = draw(st.sampled_from([None, (100, 200), units]))
+    if isinstance(seeds, tuple) and len(seeds) == 2:
+        env, policy = [100] * episodes, [200] * episodes
+    else:
+        env, policy = [i + 100 for i in indices], [i + 200 for i in indices]
+    columns = [list(lengths), list(indices), [WORKER_ID] * episodes, [0] * episodes, env, policy]
+    for _ in range(draw(st.integers(0, 2))):  # a column's value changed
+        column = draw(st.integers(0, 5))
+        columns[column][draw(st.integers(0, episodes - 1))] = draw(st.integers(-2, 42))
+    header_lengths, header_indices = list(lengths), list(indices)
+    if episodes > 1 and draw(st.integers(0, 9)) == 0:  # an index repeated, bytes and header
+        at = draw(st.integers(1, episodes - 1))
+        header_indices[at] = columns[1][at] = header_indices[at - 1]
+        for column, add in ((4, 100), (5, 200)):
+            if seeds is not None and len(seeds) == 3:
+                columns[column][at] = header_indices[at] + add
+    if draw(st.integers(0, 9)) == 0:  # a header's number changed, maybe past int64
+        numbers = draw(st.sampled_from([header_lengths, header_indices]))
+        numbers[draw(st.integers(0, episodes - 1))] = draw(
+            st.sampled_from([0, -1, 3, 2**63, -(2**63) - 1])
+        )
+    chunk_bytes = draw(st.sampled_from([0, 1, 7, 23]))
+    return header_lengths, bytes(types), header_indices, columns, seeds, chunk_bytes
+
+
+@settings(max_examples=400, deadline=None)
+@given(kernel_cases())
+def test_the_compiled_check_agrees_with_the_general_paths_rules(case: tuple[Any, ...]) -> None:
+    """Random lengths, step types, indices, columns and units, joined or in
+    chunks: the compiled check passes exactly what the rules pass."""
+    lengths, types, indices, columns, seeds, chunk_bytes = case
+    expected = rules_verdict(lengths, types, indices, columns, seeds)
+    verdict = kernel_verdict(
+        lengths,
+        types,
+        indices,
+        columns=dict(enumerate(columns)),
+        seeds=seeds,
+        chunk_bytes=chunk_bytes,
+    )
+    assert verdict == expected
+
+
+def test_the_compiled_check_refuses_places_outside_the_result() -> None:
+    """Offsets and sizes that reach past the result's bytes, or before them, are
+    refused, never read (the sanitizer build runs this too)."""
+    # A run of one byte, the six columns of one episode, its one step.
+    data = b"\x0a" + np.array([1, 0, WORKER_ID, 0, 5, 6], "<i8").tobytes() + bytes([TERM])
+    places = [0, 1, *range(1, 50, 8)]
+
+    def verdict(places: list[int], data: bytes = data) -> bool:
+        offsets = np.array(places, np.int64).tobytes()
+        return _result_check.episodes_pass(data, b"\x0a", offsets, (1,), (0,), WORKER_ID, 0, None)
+
+    assert verdict(places)
+    assert not verdict(places, data[:-1])  # the step types cut short
+    for at, value in ((1, 2), (0, -1), (0, 2**63 - 1), (2, -8), (2, 2**62), (8, 50), (8, -1)):
+        spoilt = list(places)
+        spoilt[at] = value
+        assert not verdict(spoilt), (at, value)
+    with pytest.raises(ValueError, match="places"):
+        verdict(places[:-1])
 
 
 def _byte(offset: int, value: int) -> Callable[[bytes], bytes]:
@@ -1043,3 +1217,16 @@ def test_a_learners_result_of_another_layout_or_in_chunks_takes_the_general_deco
     assert (views.decoded, views.viewed) == (3, 0)
     views.decode(learner_result(batch_of([2, 2])), SPEC)
     assert views.viewed == 1
+
+
+def test_a_checkout_without_the_compiled_check_says_how_to_build_it() -> None:
+    code = (
+        "import sys; sys.modules['rlfleet.wire._result_check'] = None; "
+        "import rlfleet.wire.result_layout"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode != 0
+    assert "one-pass result check (rlfleet/wire/_result_check.c) is not built" in result.stderr
+    assert "build_ext --inplace" in result.stderr

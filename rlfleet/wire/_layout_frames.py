@@ -9,7 +9,7 @@ lengths, dtypes, shapes) and where each array's data lies: a
 coordinator's one-pass check (:mod:`rlfleet.wire.result_layout`) and a
 learner's views (:mod:`rlfleet.wire.result_views`) alike, and a
 :class:`_Skeleton`, the frame with the bytes the one pass compares in one
-gather, kept per layout. Nothing here reads a result: it works out what a
+compiled call, kept per layout. Nothing here reads a result: it works out what a
 result of the layout must hold.
 """
 
@@ -63,7 +63,8 @@ _BYTE_COLUMNS = {
     "step_types": np.dtype("u1"),
 }
 _KNOWN_INFOS = ("episode_index", "worker", "agent_version", "env_seed", "policy_seed")
-# The int64 columns compared with the header's numbers and the task's units, in order.
+# The int64 columns compared with the header's numbers and the task's units, in
+# the order the compiled check takes their offsets (rlfleet/wire/_result_check.c).
 _KNOWN = ("lengths", *(_INFO[key] for key in _KNOWN_INFOS))
 
 
@@ -113,21 +114,14 @@ class _Skeleton(_Frame):
 
     Attributes:
         between: The runs of ``headers``, joined.
-        spans: (offset, size) of each run of bytes between arrays, then of
-            the int64 columns the header's numbers tell (:data:`_KNOWN`).
-        known: The position of each byte of ``spans``, in their order.
+        places: What the compiled check reads where (``episodes_pass``'s
+            ``places``, rlfleet/wire/_result_check.c): native int64s, each
+            run's (offset, size), then the offsets of the int64 columns the
+            header's numbers tell (:data:`_KNOWN`) and of the step types.
     """
 
     between: bytes
-    spans: tuple[tuple[int, int], ...]
-    known: np.ndarray
-
-    def gather(self, source: _Source) -> bytes:
-        """The bytes of :attr:`spans` in a result: one gather of a joined one."""
-        _, read, whole = source
-        if whole is not None:
-            return np.frombuffer(whole, np.uint8)[self.known].tobytes()
-        return b"".join([read(offset, size) for offset, size in self.spans])
+    places: bytes
 
 
 _F = TypeVar("_F", bound=_Frame)
@@ -398,11 +392,9 @@ def _build_skeleton(
     the bytes the one pass compares."""
     frame = _build_frame(blocks, episodes, steps) if frame_of is None else frame_of(episodes, steps)
     headers, offsets = frame.headers, frame.offsets
-    spans = [(offset, len(run)) for offset, run in headers]
-    spans += [(offsets[name], 8 * episodes) for name in _KNOWN]
-    # Each byte's position: a run of positions per span, in one repeat.
-    starts, sizes = np.array(spans, dtype=np.intp).T
-    ends = np.cumsum(sizes)
-    known = np.arange(ends[-1], dtype=np.intp) + np.repeat(starts - (ends - sizes), sizes)
+    places = [number for offset, run in headers for number in (offset, len(run))]
+    places += [offsets[name] for name in (*_KNOWN, "step_types")]
     between = b"".join(run for _, run in headers)
-    return _Skeleton(frame.size, headers, offsets, between, tuple(spans), known)
+    return _Skeleton(
+        frame.size, headers, offsets, between, np.array(places, dtype=np.int64).tobytes()
+    )

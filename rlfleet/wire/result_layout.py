@@ -19,9 +19,10 @@ first result that passed that path, and checks each later one in one pass:
   uint8 frame of a 0..255 Box needs none, bounds are worked out once;
 * for episodes, what the header's numbers and the task's units tell (the
   lengths column and the int64 episode infos: indices, worker, agent
-  version, seeds) is compared as bytes, with the bytes around the arrays,
-  in one gather and one comparison; the uint8 step types are counted as
-  bytes. numpy is left the value screens: about 20 numpy calls per result.
+  version, seeds), the bytes around the arrays, the indices' order and the
+  uint8 step types' rules are checked in one call into a C extension
+  (rlfleet/wire/_result_check.c), where the result's bytes are. numpy is
+  left the value screens: about 20 numpy calls per result.
 
 The layout and the bytes it fixes for each pair of numbers are worked out
 in :mod:`rlfleet.wire._layout_frames`; this module reads a result against
@@ -55,8 +56,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-import operator
-import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -66,6 +65,7 @@ from rlfleet._util.flags import any_set
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
+from rlfleet.errors import NotInstalledError
 from rlfleet.wire._layout_frames import (
     _FIELD_NAMES,
     _Frame,
@@ -75,7 +75,6 @@ from rlfleet.wire._layout_frames import (
     _Tensor,
     _Tree,
 )
-from rlfleet.wire._result_bytes import int64s, repeated, step_types_pass, unit_seeds
 from rlfleet.wire.chunks import Payload, Pieces
 from rlfleet.wire.result_checks import (
     FragmentWindow,
@@ -85,6 +84,15 @@ from rlfleet.wire.result_checks import (
     window_problems,
 )
 from rlfleet.wire.results import JoinedResult, ResultHeader, decode_result
+
+try:
+    from rlfleet.wire import _result_check
+except ModuleNotFoundError as exc:  # a source checkout whose check was never compiled
+    raise NotInstalledError(
+        "rlfleet's compiled one-pass result check (rlfleet/wire/_result_check.c) is not built: "
+        "install rlfleet with pip, which compiles it (a C compiler is needed), or in a source "
+        'checkout run: python -c "from setuptools import setup; setup()" build_ext --inplace'
+    ) from exc
 
 
 class ResultLayoutCheck:
@@ -132,7 +140,7 @@ class ResultLayoutCheck:
         layout = self._window_layout if window else self._layout
         if layout is not None and layout.spec is env_spec:
             source = _reader(joined.payload)
-            if _passes(layout, joined.header, source, expect):
+            if _passes(layout, joined.header, joined.payload, source, expect):
                 return _batch_of_views(layout, joined.header, source) if window else None
         decoded = decode_result(joined, env_spec)
         check_result(decoded, expect)
@@ -174,19 +182,24 @@ def _reader(payload: Payload | Pieces) -> _Source:
 
 
 def _passes(
-    layout: _Layout, header: ResultHeader, payload: _Source, expect: ResultExpectation
+    layout: _Layout,
+    header: ResultHeader,
+    payload: Payload | Pieces,
+    source: _Source,
+    expect: ResultExpectation,
 ) -> bool:
-    """Whether a result has the layout and passes every check (False: look closer)."""
+    """Whether a result (``payload``, read through ``source``) has the layout and
+    passes every check (False: look closer)."""
     lengths = header.lengths
     episodes = len(lengths)
     if not episodes or len(header.episode_indices) != episodes or min(lengths) < 1:
         return False
     steps = sum(lengths)
-    size, read, _ = payload
+    size, read, _ = source
     skeleton = layout.fitting(episodes, steps, size)
     if skeleton is None:
         return False
-    view = _viewer(layout, skeleton, episodes, steps, payload)
+    view = _viewer(layout, skeleton, episodes, steps, source)
 
     # The metadata and the episode infos (_metadata_problems, _episode_problems).
     version = header.agent_version
@@ -213,36 +226,29 @@ def _passes(
         return _window_passes(
             layout, view, window, worker_id=expect.worker_id, version=version, lengths=batch_lengths
         )
-    indices = header.episode_indices
-    if indices[0] < 0 or not all(map(operator.lt, indices, indices[1:])):
-        return False  # not ascending
-    # One comparison: the bytes around the arrays, and the int64 columns
-    # the header's numbers and the task's units tell (lengths, episode
-    # infos), against those bytes in the result.
-    try:
-        index_bytes = int64s(indices)
-        expected_bytes = b"".join(
-            (
-                skeleton.between,
-                int64s(lengths),
-                index_bytes,
-                repeated(expect.worker_id, episodes),
-                repeated(version, episodes),
-            )
-        )
-    except (struct.error, OverflowError):  # a number past int64: the general path names it
-        return False
-    found = skeleton.gather(payload)
+    # One compiled call: the bytes around the arrays, the int64 columns the
+    # header's numbers and the task's units tell (lengths, episode infos),
+    # the indices' order and the step types' rules (which also keep every
+    # value in StepType's range). A number past int64 fails it: the general
+    # path names it.
+    units = expect.units
+    seeds: tuple[int, int] | _result_check.UnitBuffers | None
     if expect.native:
-        seeds: bytes | None = repeated(NO_ENV_SEED, episodes) + repeated(NO_POLICY_SEED, episodes)
-    elif expect.units is not None:
-        seeds = unit_seeds(expect.units, indices, index_bytes)
+        seeds = (NO_ENV_SEED, NO_POLICY_SEED)
+    elif units is not None:
+        seeds = (units.episode_indices, units.env_seeds, units.policy_seeds)
     else:  # nothing to hold them to
-        seeds = found[len(expected_bytes) :]
-    if seeds is None or found != expected_bytes + seeds:
-        return False
-    # Step types (which also keeps every value in StepType's range).
-    if not step_types_pass(bytes(read(skeleton.offsets["step_types"], steps)), lengths):
+        seeds = None
+    if not _result_check.episodes_pass(
+        payload,
+        skeleton.between,
+        skeleton.places,
+        lengths,
+        header.episode_indices,
+        expect.worker_id,
+        version,
+        seeds,
+    ):
         return False
     return _values_pass(layout, view)
 
