@@ -32,7 +32,7 @@ from rlfleet.core.episode_order import first_episodes, sort_fragments
 from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.v1 import worker_pb2
-from rlfleet.wire import encode_batch_chunks, placement
+from rlfleet.wire import _gather, encode_batch_chunks, placement
 from rlfleet.wire.placement import placed_episodes, placed_fragments
 from rlfleet.wire.result_checks import ResultExpectation, check_result
 from rlfleet.wire.results import (
@@ -242,10 +242,19 @@ def test_an_answer_owns_each_array_whether_results_are_blocks_or_interleave() ->
 
 
 class _Copies:
-    """Stands for numpy in rlfleet.wire.placement, recording where its copies write."""
+    """Stands for numpy in rlfleet.wire.placement, recording where its copies
+    write; :meth:`gather` stands for its compiled gather."""
 
     def __init__(self) -> None:
         self.writes: list[tuple[int, int]] = []  # (address, bytes) of each copy's output
+        self.calls: list[str] = []  # the copying calls, by name
+
+    def gather(self, dest: np.ndarray, *args: Any) -> bool:
+        copied = _gather.gather(dest, *args)
+        self.calls.append("gather")
+        if copied:
+            self.writes.append((dest.__array_interface__["data"][0], dest.nbytes))
+        return copied
 
     def __getattr__(self, name: str) -> Any:
         function = getattr(np, name)
@@ -254,6 +263,7 @@ class _Copies:
 
         def copy(*args: Any, **kwargs: Any) -> Any:
             got = function(*args, **kwargs)
+            self.calls.append(name)
             self.writes.append((got.__array_interface__["data"][0], got.nbytes))
             return got
 
@@ -279,6 +289,7 @@ def test_results_interleaved_in_long_runs_are_copied_once_into_the_answer(
     want = first_episodes(EpisodeBatch.concatenate(*(r.batch for r in results)), n)
     copies = _Copies()
     monkeypatch.setattr(placement, "np", copies)
+    monkeypatch.setattr(placement, "gather", copies.gather)
     got = placed_episodes([r.arrays for r in results], n)
     monkeypatch.undo()
     assert got is not None

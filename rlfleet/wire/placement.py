@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
@@ -37,6 +38,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.wire._gather import gather
 from rlfleet.wire.scattered import Scattered, ScatteredBatch
 
 #: What a result is placed from: its batch, or its chunks not joined.
@@ -50,6 +52,7 @@ Empty: TypeAlias = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 
 _KEYS = operator.methodcaller("keys")
 _LENGTHS = operator.attrgetter("lengths")
+_DTYPE = operator.attrgetter("dtype")
 
 
 class _MisfitError(Exception):
@@ -235,6 +238,30 @@ class _Layout:
     runs: _Runs = _NO_RUNS
 
     @functools.cached_property
+    def row_pieces(self) -> np.ndarray:
+        """The answer's rows as (result, first row, rows) pieces, in its order:
+        the blocks', or the runs' (int64, one row a piece)."""
+        if self.order is None:
+            runs = self.runs
+            return np.stack([runs.results, runs.begins, runs.ends - runs.begins], axis=1)
+        order = np.asarray(self.order, dtype=np.int64)
+        held = np.asarray(self.held, dtype=np.int64)[order]
+        return np.stack([order, np.zeros_like(order), held], axis=1)
+
+    def byte_pieces(self, row_bytes: int) -> np.ndarray:
+        """:attr:`row_pieces` in bytes, for rows of ``row_bytes`` (kept per
+        row size: the fields of one kind share a few)."""
+        pieces = self._byte_pieces.get(row_bytes)
+        if pieces is None:
+            pieces = self.row_pieces * np.array([1, row_bytes, row_bytes], dtype=np.int64)
+            self._byte_pieces[row_bytes] = pieces
+        return pieces
+
+    @functools.cached_property
+    def _byte_pieces(self) -> dict[int, np.ndarray]:
+        return {}
+
+    @functools.cached_property
     def unheld(self) -> list[int]:
         """Blocks: the results the answer holds nothing of (worked out once for
         every field of their kind)."""
@@ -378,6 +405,9 @@ def _place(
             else _place(list(map(operator.itemgetter(key), parts)), layout, scattered, empty)
             for key in keys
         }
+    copied = _copied(parts, layout, empty)
+    if copied is not None:
+        return copied
     if layout.order is None:
         return _gathered(parts, layout, scattered, empty)
     heads = [parts[i] for i in layout.order]
@@ -394,6 +424,34 @@ def _place(
         if len(shapes) != 1:
             raise _MisfitError
     return _end_to_end(heads, layout.rows, parts, scattered, empty)
+
+
+def _copied(parts: Sequence[Any], layout: _Layout, empty: Empty) -> np.ndarray | None:
+    """One array of the answer copied from the results' arrays in one call
+    (:func:`~rlfleet.wire._gather.gather`): each block, or each run, of rows
+    straight from the frame it arrived in, no view of it and no concatenate.
+
+    Returns:
+        The array; None (for numpy's ways, which convert and name no error
+        of their own) where the arrays differ in dtype, hold objects, are
+        scalars, are not C-contiguous, or their rows differ in shape (the
+        results the answer holds nothing of included), or for runs too short
+        to copy one by one.
+    """
+    first = parts[0]
+    dtype = first.dtype
+    if dtype.hasobject or not first.ndim:
+        return None
+    if any(map(operator.ne, map(_DTYPE, parts), itertools.repeat(dtype))):
+        return None  # Scattered parts have dtypes too: their pieces are not buffers
+    row_shape = first.shape[1:]
+    row_bytes = dtype.itemsize * math.prod(row_shape)
+    if layout.order is None and not _long_runs(layout, row_bytes):
+        return None
+    out = empty((layout.rows, *row_shape), dtype)
+    if not gather(out, parts, layout.byte_pieces(row_bytes), True):
+        return None
+    return out
 
 
 def _same_keys(parts: Sequence[Any], keys: Any) -> bool:
