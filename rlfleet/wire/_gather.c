@@ -53,7 +53,7 @@ PyDoc_STRVAR(gather_doc,
 "dest: a writable C-contiguous buffer, filled exactly.\n"
 "sources: a list or tuple of buffers.\n"
 "pieces: a C-contiguous int64 buffer of (source index, byte offset, byte count)\n"
-"rows, 3 values a piece.\n"
+"rows, 3 values a piece; None for every source whole, in order.\n"
 "rows: whether every source must hold rows of dest's: C-contiguous, as many\n"
 "dimensions, the same shape past the first and the same item size (any\n"
 "contiguous source, as bytes, otherwise).\n\n"
@@ -81,13 +81,16 @@ static PyObject *gather(PyObject *module, PyObject *const *args, Py_ssize_t narg
     Py_buffer *sources = stack;
     Py_ssize_t held = 0; /* sources whose buffers are held */
     int have_dest = 0, have_pieces = 0;
+    int whole = args[2] == Py_None; /* every source whole, in order */
     PyObject *out = NULL;
 
     if (PyObject_GetBuffer(args[0], &dest, PyBUF_WRITABLE | PyBUF_ND) < 0) goto done;
     have_dest = 1;
-    if (PyObject_GetBuffer(args[2], &pieces, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) goto done;
-    have_pieces = 1;
-    if (!is_int64(&pieces) || pieces.len % 24 != 0) {
+    if (!whole) {
+        if (PyObject_GetBuffer(args[2], &pieces, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) goto done;
+        have_pieces = 1;
+    }
+    if (!whole && (!is_int64(&pieces) || pieces.len % 24 != 0)) {
         PyErr_Format(invalid_value_error,
                      "gather's pieces must be int64 (source, byte offset, byte count) rows; got "
                      "%zd bytes of format '%s': make them with np.asarray(..., np.int64)",
@@ -120,9 +123,34 @@ static PyObject *gather(PyObject *module, PyObject *const *args, Py_ssize_t narg
         }
     }
 
+    Py_ssize_t room = dest.len; /* bytes of dest not yet claimed */
+    if (whole) {
+        for (Py_ssize_t k = 0; k < count; k++) {
+            if (sources[k].len > room) {
+                PyErr_Format(invalid_value_error,
+                             "gather's sources up to %zd hold more than dest's %zd bytes: they "
+                             "must fill it exactly",
+                             k, dest.len);
+                goto done;
+            }
+            room -= sources[k].len;
+        }
+        if (room != 0) {
+            PyErr_Format(invalid_value_error,
+                         "gather's sources hold %zd bytes, dest %zd: they must fill it exactly",
+                         dest.len - room, dest.len);
+            goto done;
+        }
+        char *at = dest.buf;
+        for (Py_ssize_t k = 0; k < count; k++) {
+            memmove(at, sources[k].buf, (size_t)sources[k].len);
+            at += sources[k].len;
+        }
+        out = Py_NewRef(Py_True);
+        goto done;
+    }
     const int64_t *piece = pieces.buf;
     Py_ssize_t n = pieces.len / 24;
-    Py_ssize_t room = dest.len; /* bytes of dest not yet claimed */
     for (Py_ssize_t k = 0; k < n; k++) {
         int64_t index = piece[3 * k], offset = piece[3 * k + 1], size = piece[3 * k + 2];
         if (index < 0 || index >= count) {

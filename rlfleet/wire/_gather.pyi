@@ -5,5 +5,5 @@ from collections.abc import Sequence
 from typing_extensions import Buffer
 
 def gather(
-    dest: Buffer, sources: Sequence[Buffer], pieces: Buffer, rows: bool = False, /
+    dest: Buffer, sources: Sequence[Buffer], pieces: Buffer | None, rows: bool = False, /
 ) -> bool: ...

@@ -82,7 +82,7 @@ def _placed_episodes(batches: Sequence[Arrays], num_episodes: int, empty: Empty)
     indices = [batch.episode_infos.get("episode_index") for batch in batches]
     if not all(isinstance(index, np.ndarray) and index.ndim == 1 for index in indices):
         raise _MisfitError
-    joined: np.ndarray = np.concatenate(indices)  # type: ignore[arg-type]
+    joined = _joined(indices)  # type: ignore[arg-type]
     every = joined.astype(np.int64, copy=False)
     ends = itertools.accumulate(len(index) for index in indices)  # type: ignore[arg-type]
     if every.size > 1:
@@ -131,7 +131,7 @@ def _placed_fragments(batches: Sequence[Arrays], empty: Empty) -> EpisodeBatch:
         columns = [batch.episode_infos.get(name) for batch in batches]
         if not all(isinstance(column, np.ndarray) for column in columns):
             raise _MisfitError
-        keys.append(np.concatenate(columns))  # type: ignore[arg-type]
+        keys.append(_joined(columns))  # type: ignore[arg-type]
     # sort_fragments' order of the concatenated pieces; piece j goes to position[j].
     order = np.lexsort(keys)
     position = np.empty_like(order)
@@ -299,7 +299,7 @@ def _layouts(
     the blocks' lookup.
     """
     own_lengths = list(map(_LENGTHS, batches))
-    own = np.concatenate(own_lengths).astype(np.int64, copy=False)
+    own = _joined(own_lengths).astype(np.int64, copy=False)
     counts = np.fromiter(map(len, own_lengths), np.int64, len(own_lengths))
     starts = np.zeros(len(counts) + 1, np.int64)  # of each result's pieces, then their number
     np.cumsum(counts, out=starts[1:])
@@ -452,6 +452,20 @@ def _copied(parts: Sequence[Any], layout: _Layout, empty: Empty) -> np.ndarray |
     if not gather(out, parts, layout.byte_pieces(row_bytes), True):
         return None
     return out
+
+
+def _joined(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """1-D arrays (a column of each result) one after the other, in one
+    :func:`~rlfleet.wire._gather.gather` where they share a dtype, else as
+    ``np.concatenate`` joins them."""
+    first = arrays[0]
+    dtype = first.dtype
+    if first.ndim == 1 and not dtype.hasobject:
+        if not any(map(operator.ne, map(_DTYPE, arrays), itertools.repeat(dtype))):
+            out = np.empty(sum(map(len, arrays)), dtype)
+            if gather(out, arrays, None, True):
+                return out
+    return np.concatenate(arrays)
 
 
 def _same_keys(parts: Sequence[Any], keys: Any) -> bool:
