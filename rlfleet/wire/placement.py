@@ -1,28 +1,33 @@
-"""A learner's answer from its results' arrays: a few numpy calls per field, no Python per episode.
+"""A learner's answer from its results' arrays: one C call per field, no Python per episode.
 
 :func:`placed_episodes` and :func:`placed_fragments` build the answer of
 :func:`~rlfleet.wire.results.assemble_episodes` and
 :func:`~rlfleet.wire.results.assemble_fragments`. A native worker's result
 holds hundreds of episodes, a per-env fleet's answer tens of results: where
 each result's pieces go is worked out with array operations over the
-pieces, then each field of the answer is a fixed number of numpy calls,
-plus a few Python steps per result to name its rows:
+pieces, as (result, first row, rows) pieces of the answer's rows, then each
+field of the answer is one call into the compiled gather
+(:func:`~rlfleet.wire._gather.gather`, rlfleet/wire/_gather.c), which copies
+those rows' bytes straight from the results' arrays, views of the received
+frames, into the answer's buffer: one copy, no numpy view or
+``np.concatenate`` per result, every piece checked against its frame:
 
 * where each result's kept pieces (episodes, or fragments) are neighbours in
-  the answer, as when episodes are dealt in slices, the answer is the
-  results' rows in the order of their blocks: each field is one
-  ``np.concatenate`` of them into the answer's buffer (of the chunks' byte
-  pieces, for a result left in its chunks: :class:`~rlfleet.wire.scattered.Scattered`):
-  one copy, straight from the received messages;
+  the answer, as when episodes are dealt in slices, the pieces are the
+  results' blocks, in the answer's order;
 * where results interleave in long runs (:data:`_RUN_ROWS` rows or
   :data:`_RUN_BYTES` bytes a run on average, as a native worker's results
-  do), each field is one ``np.concatenate`` of the runs' slices into the
-  answer's buffer: one copy, and a slice of Python per run;
+  do), they are the runs;
 * where they interleave in short runs, rows of :data:`_SCATTER_ROW_BYTES`
   or more are moved to their place one by one (one copy), and smaller rows
   are joined into one aligned scratch buffer per field and gathered with
   one ``np.take``: a second copy, faster than numpy's element-wise moves
   out of the wire's unaligned views.
+
+Results left in their chunks (:class:`~rlfleet.wire.scattered.Scattered`)
+are gathered from the chunks' byte pieces; arrays of different dtypes (which
+the answer promotes), of objects, or not C-contiguous take numpy's
+``np.concatenate``.
 """
 
 from __future__ import annotations
@@ -460,11 +465,14 @@ def _joined(arrays: Sequence[np.ndarray]) -> np.ndarray:
     ``np.concatenate`` joins them."""
     first = arrays[0]
     dtype = first.dtype
-    if first.ndim == 1 and not dtype.hasobject:
-        if not any(map(operator.ne, map(_DTYPE, arrays), itertools.repeat(dtype))):
-            out = np.empty(sum(map(len, arrays)), dtype)
-            if gather(out, arrays, None, True):
-                return out
+    if (
+        first.ndim == 1
+        and not dtype.hasobject
+        and not any(map(operator.ne, map(_DTYPE, arrays), itertools.repeat(dtype)))
+    ):
+        out = np.empty(sum(map(len, arrays)), dtype)
+        if gather(out, arrays, None, True):
+            return out
     return np.concatenate(arrays)
 
 
@@ -549,7 +557,10 @@ def _long_runs(layout: _Layout, row_bytes: int) -> bool:
 
 
 def _in_runs(parts: Sequence[Any], layout: _Layout, empty: Empty) -> np.ndarray:
-    """One array of the answer, its runs of rows copied once from the results.
+    """One array of the answer, its runs of rows copied once from the results
+    where some are left in their chunks (:class:`Scattered`): one gather of the
+    runs' byte pieces of the chunks and slices of the other results' arrays
+    (:func:`_copied` takes the rest).
 
     Raises:
         _MisfitError: If the results' trailing shapes differ.
@@ -561,34 +572,41 @@ def _in_runs(parts: Sequence[Any], layout: _Layout, empty: Empty) -> np.ndarray:
     out = empty((layout.rows, *shape), parts[0].dtype)
     if not out.size:
         return out
-    if not any(isinstance(part, Scattered) for part in parts):
-        runs = layout.runs.listed()
-        np.concatenate([parts[r][start:stop] for r, start, stop in runs], out=out)
-        return out
     row_bytes = out.itemsize * (out.size // len(out))
-    pieces: list[np.ndarray] = []
+    sources: list[Any] = []
     for r, start, stop in layout.runs.listed():
         part = parts[r]
         if isinstance(part, Scattered):
-            pieces += _byte_pieces(part, start * row_bytes, stop * row_bytes)
+            sources += _byte_pieces(part, start * row_bytes, stop * row_bytes)
         else:
-            pieces.append(np.ascontiguousarray(part[start:stop]).reshape(-1).view(np.uint8))
-    np.concatenate(pieces, out=out.reshape(-1).view(np.uint8))
+            sources.append(np.ascontiguousarray(part[start:stop]))
+    _gathered_whole(out, sources)
     return out
 
 
-def _byte_pieces(part: Scattered, begin: int, end: int) -> list[np.ndarray]:
+def _byte_pieces(part: Scattered, begin: int, end: int) -> list[memoryview]:
     """The bytes ``begin:end`` of a scattered array, as views of its chunks."""
     pieces = []
     at = 0
     for piece in part.pieces:
         size = len(piece)
         if at + size > begin and at < end:
-            pieces.append(np.frombuffer(piece[max(begin - at, 0) : end - at], np.uint8))
+            pieces.append(piece[max(begin - at, 0) : end - at])
         at += size
         if at >= end:
             break
     return pieces
+
+
+def _gathered_whole(out: np.ndarray, sources: list[Any]) -> None:
+    """``sources`` (contiguous buffers: chunks' pieces, arrays) one after the
+    other into ``out``, in one :func:`~rlfleet.wire._gather.gather`.
+
+    Raises:
+        _MisfitError: If one is not a contiguous buffer after all.
+    """
+    if not gather(out, sources, None):
+        raise _MisfitError
 
 
 def _trailing(part: Any) -> tuple[int, ...] | None:
@@ -633,13 +651,13 @@ def _bytes_end_to_end(
     if not out.size:
         return out
     if len(dtypes) == 1:
-        pieces = []
+        sources: list[Any] = []
         for head in heads:
             if isinstance(head, Scattered):
-                pieces += [np.frombuffer(piece, np.uint8) for piece in head.pieces]
+                sources += head.pieces
             else:
-                pieces.append(np.ascontiguousarray(head).reshape(-1).view(np.uint8))
-        np.concatenate(pieces, out=out.reshape(-1).view(np.uint8))
+                sources.append(np.ascontiguousarray(head))
+        _gathered_whole(out, sources)
         return out
     joined = [head.joined() if isinstance(head, Scattered) else head for head in heads]
     np.concatenate(joined, out=out)
