@@ -248,11 +248,13 @@ class _Copies:
     def __init__(self) -> None:
         self.writes: list[tuple[int, int]] = []  # (address, bytes) of each copy's output
         self.calls: list[str] = []  # the copying calls, by name
+        self.gathered: list[int] = []  # the address each gather wrote to
 
     def gather(self, dest: np.ndarray, *args: Any) -> bool:
         copied = _gather.gather(dest, *args)
         self.calls.append("gather")
         if copied:
+            self.gathered.append(dest.__array_interface__["data"][0])
             self.writes.append((dest.__array_interface__["data"][0], dest.nbytes))
         return copied
 
@@ -301,6 +303,40 @@ def test_results_interleaved_in_long_runs_are_copied_once_into_the_answer(
     smallest = min(answer.values())
     written = [write for write in copies.writes if write[1] >= smallest]
     assert sorted(written) == sorted(answer.items())
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["blocks", "runs"])
+def test_each_field_is_one_gather_from_the_results_with_no_numpy_copy(
+    interleaved: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One-chunk results, in blocks or in long runs: each array of the answer
+    # (in runs: each step array; the episodes' run too short) is one call
+    # into the compiled gather over every result's array, with no numpy
+    # concatenate or take of them, whose cost grows with each result's view.
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(60, 140, size=24).tolist()
+    slices = [2, 3] if interleaved else [len(lengths)]
+    results = [
+        received(episodes([lengths[i] for i in part], part, worker), worker, 1 << 20, k)
+        for k, (part, worker) in enumerate(dealt(lengths, 2 if interleaved else 1, slices, rng))
+    ]
+    n = len(lengths) - 2
+    want = first_episodes(EpisodeBatch.concatenate(*(r.batch for r in results)), n)
+    copies = _Copies()
+    monkeypatch.setattr(placement, "np", copies)
+    monkeypatch.setattr(placement, "gather", copies.gather, raising=False)
+    got = placed_episodes([r.arrays for r in results], n)
+    monkeypatch.undo()
+    assert got is not None
+    assert_identical(got, want)
+    steps = [got.observations, got.actions, got.rewards, got.step_types]
+    steps += [leaf for _, leaf in _leaves(got.agent_infos, "agent_infos")]
+    assert {a.__array_interface__["data"][0] for a in steps} <= set(copies.gathered)
+    if not interleaved:
+        placed = [*steps, got.last_observations]
+        placed += [a for key, a in _leaves(got.episode_infos, "infos") if "index" not in key]
+        # The arrays, then the episode indices and lengths joined to lay them out.
+        assert copies.calls == ["gather"] * (len(placed) + 2)
 
 
 @pytest.mark.parametrize("chunk_bytes", [1 << 20, 700], ids=["views", "small"])
