@@ -131,6 +131,13 @@ def test_sources_of_other_rows_or_not_contiguous_are_left_to_the_caller() -> Non
     assert gather(dest, [rows[::2]], pieces) is False
 
 
+def test_a_source_sharing_memory_with_the_destination_is_refused() -> None:
+    memory = np.arange(8, dtype=np.uint8)
+    with pytest.raises(InvalidValueError, match="source 1 shares memory with dest"):
+        gather(memory[:4], [b"abcd", memory[3:]], np.array([[1, 0, 4]], np.int64))
+    assert memory.tolist() == list(range(8))
+
+
 def test_a_destination_that_is_not_writable_or_contiguous_is_refused() -> None:
     with pytest.raises((BufferError, TypeError)):
         gather(b"ab", [b"ab"], None)

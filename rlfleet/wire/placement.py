@@ -15,19 +15,15 @@ frames, into the answer's buffer: one copy, no numpy view or
 * where each result's kept pieces (episodes, or fragments) are neighbours in
   the answer, as when episodes are dealt in slices, the pieces are the
   results' blocks, in the answer's order;
-* where results interleave in long runs (:data:`_RUN_ROWS` rows or
-  :data:`_RUN_BYTES` bytes a run on average, as a native worker's results
-  do), they are the runs;
-* where they interleave in short runs, rows of :data:`_SCATTER_ROW_BYTES`
-  or more are moved to their place one by one (one copy), and smaller rows
-  are joined into one aligned scratch buffer per field and gathered with
-  one ``np.take``: a second copy, faster than numpy's element-wise moves
-  out of the wire's unaligned views.
+* where results interleave (as a native worker's do, in runs of a few
+  episodes), they are the runs, however short: one copy, where numpy took
+  each result's rows into one scratch buffer first.
 
 Results left in their chunks (:class:`~rlfleet.wire.scattered.Scattered`)
-are gathered from the chunks' byte pieces; arrays of different dtypes (which
-the answer promotes), of objects, or not C-contiguous take numpy's
-``np.concatenate``.
+are gathered from the chunks' byte pieces (interleaved in short runs, joined
+first); arrays of different dtypes (which the answer promotes), of objects,
+or not C-contiguous take numpy's ``np.concatenate``, and ``np.take`` where
+results interleave.
 """
 
 from __future__ import annotations
@@ -293,15 +289,6 @@ class _Layout:
         shifts = firsts - (np.cumsum(sizes) - sizes)
         return np.repeat(shifts, sizes) + np.arange(self.rows, dtype=np.int64)
 
-    @functools.cached_property
-    def targets(self) -> list[np.ndarray]:
-        """Interleaved: the answer's rows of each result's held rows."""
-        row = np.empty(self.starts[-1], dtype=np.int64)
-        row[self.gather] = np.arange(self.rows)
-        return [
-            row[start : start + held] for start, held in zip(self.starts, self.held, strict=False)
-        ]
-
 
 def _layouts(
     batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray
@@ -460,8 +447,6 @@ def _copied(parts: Sequence[Any], layout: _Layout, empty: Empty) -> np.ndarray |
         return None  # Scattered parts have dtypes too: their pieces are not buffers
     row_shape = first.shape[1:]
     row_bytes = dtype.itemsize * math.prod(row_shape)
-    if layout.order is None and not _long_runs(layout, row_bytes):
-        return None
     out = empty((layout.rows, *row_shape), dtype)
     if not gather(out, parts, layout.byte_pieces(row_bytes), True):
         return None
@@ -504,56 +489,28 @@ def _same_keys(parts: Sequence[Any], keys: Any) -> bool:
         return False
 
 
-#: Rows of at least this many bytes interleaved with other results' are
-#: moved straight to their place in the answer (one copy; per row, a memcpy
-#: of the row). Smaller rows are joined into one aligned buffer first, then
-#: gathered with one ``np.take``: numpy moves small rows from unaligned
-#: memory (where the wire leaves most tensors) one element at a time, and
-#: two fast copies beat one slow one (measured, 8,000 rows: 4-byte rows
-#: 4.3 -> 1.1 ns each, 16-byte rows 4.5 -> 2.3; at 64 bytes the two ways
-#: are even, at 256 one copy is 5 times faster).
-_SCATTER_ROW_BYTES = 64
-
-
-#: Where results interleave in runs of at least this many rows on average
-#: (a native worker's results: runs of a few episodes, hundreds of steps),
-#: or of this many bytes, the answer's array is the runs one after the
-#: other: one ``np.concatenate`` of their slices into it, the one copy, and
-#: a slice of Python per run (about 0.2 us, against 2-4 ns per row of the
-#: gather below, and per row of a memcpy for large rows).
+#: Where some results are left in their chunks and results interleave in
+#: runs of at least this many rows on average (a native worker's results:
+#: runs of a few episodes, hundreds of steps), or of this many bytes, the
+#: answer's array is the runs' byte pieces one after the other: one gather,
+#: the one copy, and a slice of Python per run (about 0.2 us). Shorter runs
+#: are joined into one scratch array first and taken from it (``np.take``).
 _RUN_ROWS = 64
 _RUN_BYTES = 4096
 
 
 def _gathered(parts: Sequence[Any], layout: _Layout, scattered: bool, empty: Empty) -> np.ndarray:
-    """One array of the answer from results whose rows interleave there."""
+    """One array of the answer from results whose rows interleave there, where
+    :func:`_copied` cannot copy them (results left in their chunks, arrays of
+    different dtypes, of objects, or not C-contiguous)."""
     first = parts[0]
-    row_bytes = first.dtype.itemsize * int(np.prod(first.shape[1:]))
+    row_bytes = first.dtype.itemsize * math.prod(first.shape[1:])
     one_dtype = len({part.dtype for part in parts}) == 1
     if one_dtype and not first.dtype.hasobject and _long_runs(layout, row_bytes):
         return _in_runs(parts, layout, empty)
-    if row_bytes < _SCATTER_ROW_BYTES or first.dtype.hasobject:
-        every = _end_to_end(parts, layout.starts[-1], parts, scattered, np.empty)  # scratch
-        out = empty((layout.rows, *every.shape[1:]), every.dtype)
-        np.take(every, layout.gather, axis=0, out=out, mode="clip")
-        return out
-    shapes = {_trailing(part) for part in parts}
-    shape = shapes.pop()
-    if shapes or shape is None:
-        raise _MisfitError
-    dtype = np.result_type(*[part.dtype for part in parts])
-    out = empty((layout.rows, *shape), dtype)
-    if not out.size:
-        return out
-    item = np.dtype((np.void, row_bytes))
-    whole = out.reshape(len(out), -1).view(item)[:, 0]
-    for part, rows in zip(parts, layout.targets, strict=True):
-        if len(rows):
-            head = (
-                part.head(len(rows)).joined() if isinstance(part, Scattered) else part[: len(rows)]
-            )
-            source = np.ascontiguousarray(head, dtype=dtype)
-            whole[rows] = source.reshape(len(rows), -1).view(item)[:, 0]
+    every = _end_to_end(parts, layout.starts[-1], parts, scattered, np.empty)  # scratch
+    out = empty((layout.rows, *every.shape[1:]), every.dtype)
+    np.take(every, layout.gather, axis=0, out=out, mode="clip")
     return out
 
 
