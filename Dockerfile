@@ -44,7 +44,7 @@ RUN set -eu; \
             || missing="${missing} python3-dev"; \
         if [ -n "${missing}" ]; then \
             command -v apt-get >/dev/null 2>&1 || { \
-                echo "rlfleet compiles a C extension: install${missing} in this base, or build from a wheelhouse" >&2; exit 1; }; \
+                echo "rlfleet compiles C extensions: install${missing} in this base, or build from a wheelhouse" >&2; exit 1; }; \
             apt-get update -qq; \
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${missing}; \
         fi; \
