@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -123,7 +124,8 @@ def test_sources_of_other_rows_or_not_contiguous_are_left_to_the_caller() -> Non
     pieces = np.array([[0, 0, 24]], np.int64)
     assert gather(dest, [rows], pieces, True) is True
     dest[:] = 0
-    for other in (rows.reshape(2, 6), np.ones((4, 3), np.int64), rows[::2], rows.T, "text"):
+    others: list[Any] = [rows.reshape(2, 6), np.ones((4, 3), np.int64), rows[::2], rows.T, "text"]
+    for other in others:
         assert gather(dest, [rows, other], pieces, True) is False
         assert not dest.any()
     # As bytes, any contiguous buffer will do; one that is not is left too.
