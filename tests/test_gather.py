@@ -103,6 +103,20 @@ def test_pieces_that_do_not_fit_are_refused_and_copy_nothing(data: st.DataObject
     assert not (dest != 0xAA).any()
 
 
+def test_a_copy_past_64_kib_copies_as_joining_the_slices_does() -> None:
+    # Past 64 KiB the copy runs without the GIL (other threads run), its buffers held.
+    rng = np.random.default_rng(5)
+    sources = [rng.integers(0, 256, size, dtype=np.uint8) for size in (300_000, 70_000, 5)]
+    pieces = [(1, 3, 69_990), (0, 0, 300_000), (2, 1, 4), (0, 17, 100_000)]
+    want = _reference([source.tobytes() for source in sources], pieces)
+    dest = np.empty(len(want), np.uint8)
+    assert gather(dest, sources, np.array(pieces, np.int64)) is True
+    assert dest.tobytes() == want
+    dest = np.empty(sum(map(len, sources)), np.uint8)
+    assert gather(dest, sources, None) is True
+    assert dest.tobytes() == b"".join(source.tobytes() for source in sources)
+
+
 def test_whole_sources_that_do_not_fill_the_destination_are_refused() -> None:
     for size in (5, 7):
         with pytest.raises(InvalidValueError, match="must fill it exactly"):

@@ -13,7 +13,8 @@
  * overflow), and a piece that does not fit is refused with InvalidValueError
  * (rlfleet.errors), the destination untouched, as is a source that shares
  * memory with the destination. Every buffer is held only for the call and
- * released on every path; no Python code runs while they are held.
+ * released on every path; no Python code runs while they are held (a large
+ * copy lets other threads run meanwhile).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,6 +27,10 @@ static PyObject *invalid_value_error = NULL;
 
 /* Pieces of up to this many bytes are copied in a loop, not by memcpy. */
 #define SMALL_PIECE 16
+
+/* A copy of this many bytes or more lets other threads run (the learner's
+ * receiving ones), as numpy's copies do: the buffers stay held. */
+#define UNLOCKED_BYTES (64 * 1024)
 
 /* Buffers held on the stack for this many sources (a per-env answer's
  * hundred results take the heap). */
@@ -56,6 +61,31 @@ static int overlap(const Py_buffer *a, const Py_buffer *b) {
     uintptr_t a0 = (uintptr_t)a->buf, b0 = (uintptr_t)b->buf;
     return a->len > 0 && b->len > 0 && a0 < b0 + (uintptr_t)b->len &&
            b0 < a0 + (uintptr_t)a->len;
+}
+
+/* Every source whole, one after the other (checked to fit). */
+static void copy_whole(char *at, const Py_buffer *sources, Py_ssize_t count) {
+    for (Py_ssize_t k = 0; k < count; k++) {
+        memcpy(at, sources[k].buf, (size_t)sources[k].len);
+        at += sources[k].len;
+    }
+}
+
+/* The n pieces, one after the other (checked to fit). */
+static void copy_pieces(char *at, const Py_buffer *sources, const int64_t *piece, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int64_t size = piece[3 * k + 2];
+        const char *from = (const char *)sources[piece[3 * k]].buf + piece[3 * k + 1];
+        if (size <= SMALL_PIECE) {
+            /* A row or two of a small field (an episode's info, where
+             * results interleave episode by episode): bytes in a loop, where
+             * a call costs more than the copy. */
+            for (int64_t i = 0; i < size; i++) at[i] = from[i];
+        } else {
+            memcpy(at, from, (size_t)size);
+        }
+        at += size;
+    }
 }
 
 PyDoc_STRVAR(gather_doc,
@@ -159,10 +189,12 @@ static PyObject *gather(PyObject *module, PyObject *const *args, Py_ssize_t narg
                          dest.len - room, dest.len);
             goto done;
         }
-        char *at = dest.buf;
-        for (Py_ssize_t k = 0; k < count; k++) {
-            memcpy(at, sources[k].buf, (size_t)sources[k].len);
-            at += sources[k].len;
+        if (dest.len >= UNLOCKED_BYTES) {
+            Py_BEGIN_ALLOW_THREADS
+            copy_whole(dest.buf, sources, count);
+            Py_END_ALLOW_THREADS
+        } else {
+            copy_whole(dest.buf, sources, count);
         }
         out = Py_NewRef(Py_True);
         goto done;
@@ -200,19 +232,12 @@ static PyObject *gather(PyObject *module, PyObject *const *args, Py_ssize_t narg
                      dest.len - room, dest.len);
         goto done;
     }
-    char *at = dest.buf;
-    for (Py_ssize_t k = 0; k < n; k++) {
-        int64_t size = piece[3 * k + 2];
-        const char *from = (const char *)sources[piece[3 * k]].buf + piece[3 * k + 1];
-        if (size <= SMALL_PIECE) {
-            /* A row or two of a small field (an episode's info, where
-             * results interleave episode by episode): bytes in a loop, where
-             * a call costs more than the copy. */
-            for (int64_t i = 0; i < size; i++) at[i] = from[i];
-        } else {
-            memcpy(at, from, (size_t)size);
-        }
-        at += size;
+    if (dest.len >= UNLOCKED_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        copy_pieces(dest.buf, sources, piece, n);
+        Py_END_ALLOW_THREADS
+    } else {
+        copy_pieces(dest.buf, sources, piece, n);
     }
     out = Py_NewRef(Py_True);
 
