@@ -430,14 +430,15 @@ def _place(
 def _copied(parts: Sequence[Any], layout: _Layout, empty: Empty) -> np.ndarray | None:
     """One array of the answer copied from the results' arrays in one call
     (:func:`~rlfleet.wire._gather.gather`): each block, or each run, of rows
-    straight from the frame it arrived in, no view of it and no concatenate.
+    straight from the frame it arrived in, with no numpy view or concatenate
+    per result.
 
     Returns:
-        The array; None (for numpy's ways, which convert and name no error
-        of their own) where the arrays differ in dtype, hold objects, are
-        scalars, are not C-contiguous, or their rows differ in shape (the
-        results the answer holds nothing of included), or for runs too short
-        to copy one by one.
+        The array; None (for numpy's ways, which promote dtypes and refuse
+        what does not fit) where the arrays differ in dtype, hold objects,
+        are scalars, are not C-contiguous buffers (a result left in its
+        chunks) or their rows differ in shape (the results the answer holds
+        nothing of included).
     """
     first = parts[0]
     dtype = first.dtype
