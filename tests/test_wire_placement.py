@@ -95,7 +95,7 @@ def episodes(lengths: list[int], indices: list[int], worker: int) -> EpisodeBatc
         agent_infos={
             "log_prob": base.agent_infos["log_prob"],
             "policy": {"value": np.arange(steps, dtype=np.float64).reshape(-1, 1) * 0.5},
-            # 64-byte rows, beside the 4- to 16-byte ones of the other arrays.
+            # Rows of 64 bytes.
             "features": base.observations + np.arange(16, dtype=np.float32),
         },
         step_types=base.step_types,
