@@ -32,7 +32,7 @@ from rlfleet.core.episode_order import first_episodes, sort_fragments
 from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.v1 import worker_pb2
-from rlfleet.wire import encode_batch_chunks, placement
+from rlfleet.wire import _gather, encode_batch_chunks, placement
 from rlfleet.wire.placement import placed_episodes, placed_fragments
 from rlfleet.wire.result_checks import ResultExpectation, check_result
 from rlfleet.wire.results import (
@@ -95,7 +95,7 @@ def episodes(lengths: list[int], indices: list[int], worker: int) -> EpisodeBatc
         agent_infos={
             "log_prob": base.agent_infos["log_prob"],
             "policy": {"value": np.arange(steps, dtype=np.float64).reshape(-1, 1) * 0.5},
-            # 64-byte rows: moved one by one where results interleave, not gathered.
+            # Rows of 64 bytes.
             "features": base.observations + np.arange(16, dtype=np.float32),
         },
         step_types=base.step_types,
@@ -242,10 +242,21 @@ def test_an_answer_owns_each_array_whether_results_are_blocks_or_interleave() ->
 
 
 class _Copies:
-    """Stands for numpy in rlfleet.wire.placement, recording where its copies write."""
+    """Stands for numpy in rlfleet.wire.placement, recording where its copies
+    write; :meth:`gather` stands for its compiled gather."""
 
     def __init__(self) -> None:
         self.writes: list[tuple[int, int]] = []  # (address, bytes) of each copy's output
+        self.calls: list[str] = []  # the copying calls, by name
+        self.gathered: list[int] = []  # the address each gather wrote to
+
+    def gather(self, dest: np.ndarray, *args: Any) -> bool:
+        copied = _gather.gather(dest, *args)
+        self.calls.append("gather")
+        if copied:
+            self.gathered.append(dest.__array_interface__["data"][0])
+            self.writes.append((dest.__array_interface__["data"][0], dest.nbytes))
+        return copied
 
     def __getattr__(self, name: str) -> Any:
         function = getattr(np, name)
@@ -254,6 +265,7 @@ class _Copies:
 
         def copy(*args: Any, **kwargs: Any) -> Any:
             got = function(*args, **kwargs)
+            self.calls.append(name)
             self.writes.append((got.__array_interface__["data"][0], got.nbytes))
             return got
 
@@ -279,6 +291,7 @@ def test_results_interleaved_in_long_runs_are_copied_once_into_the_answer(
     want = first_episodes(EpisodeBatch.concatenate(*(r.batch for r in results)), n)
     copies = _Copies()
     monkeypatch.setattr(placement, "np", copies)
+    monkeypatch.setattr(placement, "gather", copies.gather)
     got = placed_episodes([r.arrays for r in results], n)
     monkeypatch.undo()
     assert got is not None
@@ -290,6 +303,40 @@ def test_results_interleaved_in_long_runs_are_copied_once_into_the_answer(
     smallest = min(answer.values())
     written = [write for write in copies.writes if write[1] >= smallest]
     assert sorted(written) == sorted(answer.items())
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["blocks", "runs"])
+def test_each_field_is_one_gather_from_the_results_with_no_numpy_copy(
+    interleaved: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One-chunk results, in blocks or interleaved in runs of a few episodes:
+    # each array of the answer is one call into the compiled gather over
+    # every result's array, with no numpy concatenate or take of them, whose
+    # cost grows with each result's view (and no scratch copy for short runs).
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(60, 140, size=24).tolist()
+    slices = [2, 3] if interleaved else [len(lengths)]
+    results = [
+        received(episodes([lengths[i] for i in part], part, worker), worker, 1 << 20, k)
+        for k, (part, worker) in enumerate(dealt(lengths, 2 if interleaved else 1, slices, rng))
+    ]
+    n = len(lengths) - 2
+    want = first_episodes(EpisodeBatch.concatenate(*(r.batch for r in results)), n)
+    copies = _Copies()
+    monkeypatch.setattr(placement, "np", copies)
+    monkeypatch.setattr(placement, "gather", copies.gather, raising=False)
+    got = placed_episodes([r.arrays for r in results], n)
+    monkeypatch.undo()
+    assert got is not None
+    assert_identical(got, want)
+    placed = [got.observations, got.actions, got.rewards, got.step_types, got.last_observations]
+    placed += [leaf for _, leaf in _leaves(got.agent_infos, "agent_infos")]
+    placed += [a for key, a in _leaves(got.episode_infos, "infos") if "index" not in key]
+    assert {a.__array_interface__["data"][0] for a in placed} <= set(copies.gathered)
+    # The arrays, then the episode indices and lengths joined to lay them out
+    # (runs are found with a concatenate of the answer's run breaks, no array's).
+    assert copies.calls.count("gather") == len(placed) + 2
+    assert set(copies.calls) <= ({"gather", "concatenate"} if interleaved else {"gather"})
 
 
 @pytest.mark.parametrize("chunk_bytes", [1 << 20, 700], ids=["views", "small"])
@@ -490,7 +537,13 @@ def test_an_answers_episode_indices_are_made_not_placed_again(
         joined += sum(id(array) in indices for array in arrays)
         return concatenate(arrays, *args, **kwargs)
 
+    def gathered(dest: np.ndarray, arrays: Any, *args: Any) -> bool:
+        nonlocal joined
+        joined += sum(id(array) in indices for array in arrays)
+        return _gather.gather(dest, arrays, *args)
+
     monkeypatch.setattr(placement.np, "concatenate", counted)
+    monkeypatch.setattr(placement, "gather", gathered)
     got = assemble_episodes(made, 18)
     monkeypatch.undo()
     assert joined == len(made)

@@ -1,28 +1,29 @@
-"""A learner's answer from its results' arrays: a few numpy calls per field, no Python per episode.
+"""A learner's answer from its results' arrays: one C call per field, no Python per episode.
 
 :func:`placed_episodes` and :func:`placed_fragments` build the answer of
 :func:`~rlfleet.wire.results.assemble_episodes` and
 :func:`~rlfleet.wire.results.assemble_fragments`. A native worker's result
 holds hundreds of episodes, a per-env fleet's answer tens of results: where
 each result's pieces go is worked out with array operations over the
-pieces, then each field of the answer is a fixed number of numpy calls,
-plus a few Python steps per result to name its rows:
+pieces, as (result, first row, rows) pieces of the answer's rows, then each
+field of the answer is one call into the compiled gather
+(:func:`~rlfleet.wire._gather.gather`, rlfleet/wire/_gather.c), which copies
+those rows' bytes straight from the results' arrays, views of the received
+frames, into the answer's buffer: one copy, no numpy view or
+``np.concatenate`` per result, every piece checked against its frame:
 
 * where each result's kept pieces (episodes, or fragments) are neighbours in
-  the answer, as when episodes are dealt in slices, the answer is the
-  results' rows in the order of their blocks: each field is one
-  ``np.concatenate`` of them into the answer's buffer (of the chunks' byte
-  pieces, for a result left in its chunks: :class:`~rlfleet.wire.scattered.Scattered`):
-  one copy, straight from the received messages;
-* where results interleave in long runs (:data:`_RUN_ROWS` rows or
-  :data:`_RUN_BYTES` bytes a run on average, as a native worker's results
-  do), each field is one ``np.concatenate`` of the runs' slices into the
-  answer's buffer: one copy, and a slice of Python per run;
-* where they interleave in short runs, rows of :data:`_SCATTER_ROW_BYTES`
-  or more are moved to their place one by one (one copy), and smaller rows
-  are joined into one aligned scratch buffer per field and gathered with
-  one ``np.take``: a second copy, faster than numpy's element-wise moves
-  out of the wire's unaligned views.
+  the answer, as when episodes are dealt in slices, the pieces are the
+  results' blocks, in the answer's order;
+* where results interleave (as a native worker's do, in runs of a few
+  episodes), they are the runs, however short: one copy, where numpy took
+  each result's rows into one scratch buffer first.
+
+Results left in their chunks (:class:`~rlfleet.wire.scattered.Scattered`)
+are gathered from the chunks' byte pieces (interleaved in short runs, joined
+first); arrays of different dtypes (which the answer promotes), of objects,
+or not C-contiguous take numpy's ``np.concatenate``, and ``np.take`` where
+results interleave.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
@@ -37,7 +39,17 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from rlfleet.core.episode_batch import EpisodeBatch
+from rlfleet.errors import NotInstalledError
 from rlfleet.wire.scattered import Scattered, ScatteredBatch
+
+try:
+    from rlfleet.wire._gather import gather
+except ModuleNotFoundError as exc:  # a source checkout whose gather was never compiled
+    raise NotInstalledError(
+        "rlfleet's compiled gather (rlfleet/wire/_gather.c) is not built: install rlfleet with "
+        "pip, which compiles it (a C compiler is needed), or in a source checkout run: "
+        'python -c "from setuptools import setup; setup()" build_ext --inplace'
+    ) from exc
 
 #: What a result is placed from: its batch, or its chunks not joined.
 Arrays: TypeAlias = "EpisodeBatch | ScatteredBatch"
@@ -50,6 +62,7 @@ Empty: TypeAlias = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 
 _KEYS = operator.methodcaller("keys")
 _LENGTHS = operator.attrgetter("lengths")
+_DTYPE = operator.attrgetter("dtype")
 
 
 class _MisfitError(Exception):
@@ -79,7 +92,7 @@ def _placed_episodes(batches: Sequence[Arrays], num_episodes: int, empty: Empty)
     indices = [batch.episode_infos.get("episode_index") for batch in batches]
     if not all(isinstance(index, np.ndarray) and index.ndim == 1 for index in indices):
         raise _MisfitError
-    joined: np.ndarray = np.concatenate(indices)  # type: ignore[arg-type]
+    joined = _joined(indices)  # type: ignore[arg-type]
     every = joined.astype(np.int64, copy=False)
     ends = itertools.accumulate(len(index) for index in indices)  # type: ignore[arg-type]
     if every.size > 1:
@@ -128,7 +141,7 @@ def _placed_fragments(batches: Sequence[Arrays], empty: Empty) -> EpisodeBatch:
         columns = [batch.episode_infos.get(name) for batch in batches]
         if not all(isinstance(column, np.ndarray) for column in columns):
             raise _MisfitError
-        keys.append(np.concatenate(columns))  # type: ignore[arg-type]
+        keys.append(_joined(columns))  # type: ignore[arg-type]
     # sort_fragments' order of the concatenated pieces; piece j goes to position[j].
     order = np.lexsort(keys)
     position = np.empty_like(order)
@@ -235,6 +248,30 @@ class _Layout:
     runs: _Runs = _NO_RUNS
 
     @functools.cached_property
+    def row_pieces(self) -> np.ndarray:
+        """The answer's rows as (result, first row, rows) pieces, in its order:
+        the blocks', or the runs' (int64, one row a piece)."""
+        if self.order is None:
+            runs = self.runs
+            return np.stack([runs.results, runs.begins, runs.ends - runs.begins], axis=1)
+        order = np.asarray(self.order, dtype=np.int64)
+        held = np.asarray(self.held, dtype=np.int64)[order]
+        return np.stack([order, np.zeros_like(order), held], axis=1)
+
+    def byte_pieces(self, row_bytes: int) -> np.ndarray:
+        """:attr:`row_pieces` in bytes, for rows of ``row_bytes`` (kept per
+        row size: the fields of one kind share a few)."""
+        pieces = self._byte_pieces.get(row_bytes)
+        if pieces is None:
+            pieces = self.row_pieces * np.array([1, row_bytes, row_bytes], dtype=np.int64)
+            self._byte_pieces[row_bytes] = pieces
+        return pieces
+
+    @functools.cached_property
+    def _byte_pieces(self) -> dict[int, np.ndarray]:
+        return {}
+
+    @functools.cached_property
     def unheld(self) -> list[int]:
         """Blocks: the results the answer holds nothing of (worked out once for
         every field of their kind)."""
@@ -252,15 +289,6 @@ class _Layout:
         shifts = firsts - (np.cumsum(sizes) - sizes)
         return np.repeat(shifts, sizes) + np.arange(self.rows, dtype=np.int64)
 
-    @functools.cached_property
-    def targets(self) -> list[np.ndarray]:
-        """Interleaved: the answer's rows of each result's held rows."""
-        row = np.empty(self.starts[-1], dtype=np.int64)
-        row[self.gather] = np.arange(self.rows)
-        return [
-            row[start : start + held] for start, held in zip(self.starts, self.held, strict=False)
-        ]
-
 
 def _layouts(
     batches: Sequence[Arrays], kept: np.ndarray, dest: np.ndarray
@@ -272,7 +300,7 @@ def _layouts(
     the blocks' lookup.
     """
     own_lengths = list(map(_LENGTHS, batches))
-    own = np.concatenate(own_lengths).astype(np.int64, copy=False)
+    own = _joined(own_lengths).astype(np.int64, copy=False)
     counts = np.fromiter(map(len, own_lengths), np.int64, len(own_lengths))
     starts = np.zeros(len(counts) + 1, np.int64)  # of each result's pieces, then their number
     np.cumsum(counts, out=starts[1:])
@@ -378,6 +406,9 @@ def _place(
             else _place(list(map(operator.itemgetter(key), parts)), layout, scattered, empty)
             for key in keys
         }
+    copied = _copied(parts, layout, empty)
+    if copied is not None:
+        return copied
     if layout.order is None:
         return _gathered(parts, layout, scattered, empty)
     heads = [parts[i] for i in layout.order]
@@ -394,6 +425,50 @@ def _place(
         if len(shapes) != 1:
             raise _MisfitError
     return _end_to_end(heads, layout.rows, parts, scattered, empty)
+
+
+def _copied(parts: Sequence[Any], layout: _Layout, empty: Empty) -> np.ndarray | None:
+    """One array of the answer copied from the results' arrays in one call
+    (:func:`~rlfleet.wire._gather.gather`): each block, or each run, of rows
+    straight from the frame it arrived in, with no numpy view or concatenate
+    per result.
+
+    Returns:
+        The array; None (for numpy's ways, which promote dtypes and refuse
+        what does not fit) where the arrays differ in dtype, hold objects,
+        are scalars, are not C-contiguous buffers (a result left in its
+        chunks) or their rows differ in shape (the results the answer holds
+        nothing of included).
+    """
+    first = parts[0]
+    dtype = first.dtype
+    if dtype.hasobject or not first.ndim:
+        return None
+    if any(map(operator.ne, map(_DTYPE, parts), itertools.repeat(dtype))):
+        return None  # Scattered parts have dtypes too: their pieces are not buffers
+    row_shape = first.shape[1:]
+    row_bytes = dtype.itemsize * math.prod(row_shape)
+    out = empty((layout.rows, *row_shape), dtype)
+    if not gather(out, parts, layout.byte_pieces(row_bytes), True):
+        return None
+    return out
+
+
+def _joined(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """1-D arrays (a column of each result) one after the other, in one
+    :func:`~rlfleet.wire._gather.gather` where they share a dtype, else as
+    ``np.concatenate`` joins them."""
+    first = arrays[0]
+    dtype = first.dtype
+    if (
+        first.ndim == 1
+        and not dtype.hasobject
+        and not any(map(operator.ne, map(_DTYPE, arrays), itertools.repeat(dtype)))
+    ):
+        out = np.empty(sum(map(len, arrays)), dtype)
+        if gather(out, arrays, None, True):
+            return out
+    return np.concatenate(arrays)
 
 
 def _same_keys(parts: Sequence[Any], keys: Any) -> bool:
@@ -415,56 +490,28 @@ def _same_keys(parts: Sequence[Any], keys: Any) -> bool:
         return False
 
 
-#: Rows of at least this many bytes interleaved with other results' are
-#: moved straight to their place in the answer (one copy; per row, a memcpy
-#: of the row). Smaller rows are joined into one aligned buffer first, then
-#: gathered with one ``np.take``: numpy moves small rows from unaligned
-#: memory (where the wire leaves most tensors) one element at a time, and
-#: two fast copies beat one slow one (measured, 8,000 rows: 4-byte rows
-#: 4.3 -> 1.1 ns each, 16-byte rows 4.5 -> 2.3; at 64 bytes the two ways
-#: are even, at 256 one copy is 5 times faster).
-_SCATTER_ROW_BYTES = 64
-
-
-#: Where results interleave in runs of at least this many rows on average
-#: (a native worker's results: runs of a few episodes, hundreds of steps),
-#: or of this many bytes, the answer's array is the runs one after the
-#: other: one ``np.concatenate`` of their slices into it, the one copy, and
-#: a slice of Python per run (about 0.2 us, against 2-4 ns per row of the
-#: gather below, and per row of a memcpy for large rows).
+#: Where some results are left in their chunks and results interleave in
+#: runs of at least this many rows on average (a native worker's results:
+#: runs of a few episodes, hundreds of steps), or of this many bytes, the
+#: answer's array is the runs' byte pieces one after the other: one gather,
+#: the one copy, and a slice of Python per run (about 0.2 us). Shorter runs
+#: are joined into one scratch array first and taken from it (``np.take``).
 _RUN_ROWS = 64
 _RUN_BYTES = 4096
 
 
 def _gathered(parts: Sequence[Any], layout: _Layout, scattered: bool, empty: Empty) -> np.ndarray:
-    """One array of the answer from results whose rows interleave there."""
+    """One array of the answer from results whose rows interleave there, where
+    :func:`_copied` cannot copy them (results left in their chunks, arrays of
+    different dtypes, of objects, or not C-contiguous)."""
     first = parts[0]
-    row_bytes = first.dtype.itemsize * int(np.prod(first.shape[1:]))
+    row_bytes = first.dtype.itemsize * math.prod(first.shape[1:])
     one_dtype = len({part.dtype for part in parts}) == 1
     if one_dtype and not first.dtype.hasobject and _long_runs(layout, row_bytes):
         return _in_runs(parts, layout, empty)
-    if row_bytes < _SCATTER_ROW_BYTES or first.dtype.hasobject:
-        every = _end_to_end(parts, layout.starts[-1], parts, scattered, np.empty)  # scratch
-        out = empty((layout.rows, *every.shape[1:]), every.dtype)
-        np.take(every, layout.gather, axis=0, out=out, mode="clip")
-        return out
-    shapes = {_trailing(part) for part in parts}
-    shape = shapes.pop()
-    if shapes or shape is None:
-        raise _MisfitError
-    dtype = np.result_type(*[part.dtype for part in parts])
-    out = empty((layout.rows, *shape), dtype)
-    if not out.size:
-        return out
-    item = np.dtype((np.void, row_bytes))
-    whole = out.reshape(len(out), -1).view(item)[:, 0]
-    for part, rows in zip(parts, layout.targets, strict=True):
-        if len(rows):
-            head = (
-                part.head(len(rows)).joined() if isinstance(part, Scattered) else part[: len(rows)]
-            )
-            source = np.ascontiguousarray(head, dtype=dtype)
-            whole[rows] = source.reshape(len(rows), -1).view(item)[:, 0]
+    every = _end_to_end(parts, layout.starts[-1], parts, scattered, np.empty)  # scratch
+    out = empty((layout.rows, *every.shape[1:]), every.dtype)
+    np.take(every, layout.gather, axis=0, out=out, mode="clip")
     return out
 
 
@@ -477,7 +524,10 @@ def _long_runs(layout: _Layout, row_bytes: int) -> bool:
 
 
 def _in_runs(parts: Sequence[Any], layout: _Layout, empty: Empty) -> np.ndarray:
-    """One array of the answer, its runs of rows copied once from the results.
+    """One array of the answer, its runs of rows copied once from the results
+    where some are left in their chunks (:class:`Scattered`): one gather of the
+    runs' byte pieces of the chunks and slices of the other results' arrays
+    (:func:`_copied` takes the rest).
 
     Raises:
         _MisfitError: If the results' trailing shapes differ.
@@ -489,34 +539,41 @@ def _in_runs(parts: Sequence[Any], layout: _Layout, empty: Empty) -> np.ndarray:
     out = empty((layout.rows, *shape), parts[0].dtype)
     if not out.size:
         return out
-    if not any(isinstance(part, Scattered) for part in parts):
-        runs = layout.runs.listed()
-        np.concatenate([parts[r][start:stop] for r, start, stop in runs], out=out)
-        return out
     row_bytes = out.itemsize * (out.size // len(out))
-    pieces: list[np.ndarray] = []
+    sources: list[Any] = []
     for r, start, stop in layout.runs.listed():
         part = parts[r]
         if isinstance(part, Scattered):
-            pieces += _byte_pieces(part, start * row_bytes, stop * row_bytes)
+            sources += _byte_pieces(part, start * row_bytes, stop * row_bytes)
         else:
-            pieces.append(np.ascontiguousarray(part[start:stop]).reshape(-1).view(np.uint8))
-    np.concatenate(pieces, out=out.reshape(-1).view(np.uint8))
+            sources.append(np.ascontiguousarray(part[start:stop]))
+    _gathered_whole(out, sources)
     return out
 
 
-def _byte_pieces(part: Scattered, begin: int, end: int) -> list[np.ndarray]:
+def _byte_pieces(part: Scattered, begin: int, end: int) -> list[memoryview]:
     """The bytes ``begin:end`` of a scattered array, as views of its chunks."""
     pieces = []
     at = 0
     for piece in part.pieces:
         size = len(piece)
         if at + size > begin and at < end:
-            pieces.append(np.frombuffer(piece[max(begin - at, 0) : end - at], np.uint8))
+            pieces.append(piece[max(begin - at, 0) : end - at])
         at += size
         if at >= end:
             break
     return pieces
+
+
+def _gathered_whole(out: np.ndarray, sources: list[Any]) -> None:
+    """``sources`` (contiguous buffers: chunks' pieces, arrays) one after the
+    other into ``out``, in one :func:`~rlfleet.wire._gather.gather`.
+
+    Raises:
+        _MisfitError: If one is not a contiguous buffer after all.
+    """
+    if not gather(out, sources, None):
+        raise _MisfitError
 
 
 def _trailing(part: Any) -> tuple[int, ...] | None:
@@ -561,13 +618,13 @@ def _bytes_end_to_end(
     if not out.size:
         return out
     if len(dtypes) == 1:
-        pieces = []
+        sources: list[Any] = []
         for head in heads:
             if isinstance(head, Scattered):
-                pieces += [np.frombuffer(piece, np.uint8) for piece in head.pieces]
+                sources += head.pieces
             else:
-                pieces.append(np.ascontiguousarray(head).reshape(-1).view(np.uint8))
-        np.concatenate(pieces, out=out.reshape(-1).view(np.uint8))
+                sources.append(np.ascontiguousarray(head))
+        _gathered_whole(out, sources)
         return out
     joined = [head.joined() if isinstance(head, Scattered) else head for head in heads]
     np.concatenate(joined, out=out)
