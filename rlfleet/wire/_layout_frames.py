@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import struct
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.core.space_checks import space_screen
+from rlfleet.core.space_checks import screen_bounds, space_screen
 from rlfleet.wire._protowire import len_prefix
 from rlfleet.wire._tensor_header import dtype_code, encode_key_field, rows_header
 from rlfleet.wire.results import EPISODE_INFO_KEYS, FRAGMENT_INFO_KEYS
@@ -146,6 +147,65 @@ def _shape_number(blocks: tuple[tuple[int, _Tensor | _Tree], ...]) -> int:
     return found
 
 
+#: The compiled screens' codes of the dtypes they read (struct's, native order).
+_CODES = {np.dtype(t): np.dtype(t).char for t in "bhiBHIfd"} | {
+    np.dtype(np.int64): "q",
+    np.dtype(np.uint64): "Q",
+}
+
+
+#: A compiled screen's head: op, dtype and bounds' codes, flags, elements per row, bounds each.
+_SCREEN_HEAD = struct.Struct("=3sB4xqq")
+
+
+def _spec(op: bytes, code: str, compare: str, tensor: _Tensor, *bounds: np.ndarray | None) -> bytes:
+    """A compiled screen of ``tensor`` (rlfleet/wire/_result_check.c's ScreenHead, then bounds)."""
+    low, high = bounds or (None, None)
+    flags = (low is not None) | (high is not None) << 1 | tensor.per_episode << 2
+    count = 1 if low is None and high is None else (low if low is not None else high).size
+    head = _SCREEN_HEAD.pack(
+        op + code.encode() + compare.encode(), flags, math.prod(tensor.row_shape), count
+    )
+    return head + b"".join(b.tobytes() for b in (low, high) if b is not None)
+
+
+def _bounds_spec(tensor: _Tensor, space: gym.Space, actions: bool) -> bytes | None:
+    """The compiled screen of ``space_screen``'s comparisons for ``tensor``, in
+    the dtype numpy compares them in (None: numpy's screen, or none)."""
+    dtype, row_shape = tensor.dtype, tensor.row_shape
+    code = _CODES.get(dtype) if dtype.isnative else None
+    found = screen_bounds(space, dtype, row_shape, actions=actions)
+    if code is None or found is None or not math.prod(row_shape):
+        return None
+    present = [bound for bound in found if bound is not None]
+    if not all(
+        bound.dtype.kind in "iuf" and (isinstance(bound, np.generic) or bound.shape == row_shape)
+        for bound in present
+    ):
+        return None
+    # numpy compares an array with a bound in their promoted dtype: the
+    # array's own, or float64 (integer or float32 values against float64 bounds).
+    promoted = {np.result_type(dtype, bound.dtype) for bound in present}
+    if len(promoted) != 1:
+        return None
+    compare = promoted.pop()
+    if compare not in (dtype, np.dtype(np.float64)):
+        return None
+    as_compared = [
+        None if bound is None else np.asarray(bound).astype(compare.newbyteorder("=")).reshape(-1)
+        for bound in found
+    ]
+    return _spec(b"w", code, _CODES[compare], tensor, *as_compared)
+
+
+def _sum_spec(rewards: _Tensor) -> bytes | None:
+    """The compiled check that float rewards' float64 sum is finite (None: numpy's)."""
+    dtype = rewards.dtype
+    if dtype.kind != "f" or not dtype.isnative or dtype not in _CODES:
+        return None
+    return _spec(b"f", _CODES[dtype], _CODES[dtype], rewards) if math.prod(rewards.row_shape) else None
+
+
 class _Layout:
     """The fields, keys, dtypes and row shapes of one checked result."""
 
@@ -165,25 +225,39 @@ class _Layout:
         self._block_parts: dict[tuple[int, ...], tuple[_BlockParts, int]] = {}
         # The numbers of rows each block's bytes depend on.
         self._rows = tuple(_rows_key(item) for _, item in blocks)
+        # The value screens: compiled where they are comparisons of ints or
+        # floats against bounds, finite rewards and bools (one call reads
+        # them where they lie); numpy's for the rest (whole numbers in a
+        # float layout, a dtype that breaks the space, float16 rewards).
         obs, act = spec.observation_space, spec.action_space
-        screen = self._screen
-        self.screens = tuple(
-            (name, check)
-            for name, check in (
-                ("observations", screen("observations", obs, False)),
-                ("last_observations", screen("last_observations", obs, False)),
-                ("actions", screen("actions", act, True)),
-            )
-            if check is not None
-        )
-        rewards = self.tensors["rewards"].dtype
-        self.finite_rewards = rewards.kind == "f"
-
-    def _screen(
-        self, name: str, space: gym.Space, actions: bool
-    ) -> Callable[[np.ndarray], bool] | None:
-        tensor = self.tensors[name]
-        return space_screen(space, tensor.dtype, tensor.row_shape, actions=actions)
+        compiled: list[tuple[str, bytes]] = []
+        screens: list[tuple[str, Callable[[np.ndarray], bool]]] = []
+        for name, space, actions in (
+            ("observations", obs, False),
+            ("last_observations", obs, False),
+            ("actions", act, True),
+        ):
+            tensor = self.tensors[name]
+            found = _bounds_spec(tensor, space, actions)
+            if found is not None:
+                compiled.append((name, found))
+                continue
+            check = space_screen(space, tensor.dtype, tensor.row_shape, actions=actions)
+            if check is not None:
+                screens.append((name, check))
+        rewards = self.tensors["rewards"]
+        summed = _sum_spec(rewards)
+        if summed is not None:
+            compiled.append(("rewards", summed))
+        # Rewards of a float dtype the compiled screen does not read: numpy sums them.
+        self.finite_rewards = rewards.dtype.kind == "f" and summed is None
+        compiled += [
+            (name, _spec(b"o", "?", "?", self.tensors[name]))
+            for name in self.bools
+            if math.prod(self.tensors[name].row_shape)
+        ]
+        self.compiled_screens = tuple(compiled)
+        self.screens = tuple(screens)
 
     def fitting(self, episodes: int, steps: int, size: int) -> _Skeleton | None:
         """The layout's skeleton for ``episodes`` and ``steps`` if a result of

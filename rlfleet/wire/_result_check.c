@@ -357,11 +357,252 @@ done:
     return PyBool_FromLong(verdict);
 }
 
+/* ---- The value screens (values_pass) ---------------------------------------
+ *
+ * A screen's spec (bytes, made once per layout by rlfleet.wire._layout_frames):
+ * a ScreenHead, then the low bounds (``bounds`` values of type ``compare``) if
+ * HAS_LOW, then the high ones if HAS_HIGH. An array's elements are read where
+ * they lie (memcpy: any alignment), in native order (the layout's dtypes are
+ * native), and compared as numpy compares them: in the array's type, or each
+ * converted to double (numpy's promotion of an integer or float32 array
+ * against float64 bounds). NaN is outside no bound (both comparisons false),
+ * as numpy's. */
+enum { HAS_LOW = 1, HAS_HIGH = 2, PER_EPISODE = 4 };
+
+typedef struct {
+    char op;      /* 'w': within bounds, 'f': a finite sum, 'o': bools (bytes 0 or 1) */
+    char type;    /* the array's struct code: bhiqBHIQfd ('?' for bools) */
+    char compare; /* the bounds' struct code: ``type``, or 'd' */
+    uint8_t flags;
+    uint8_t pad[4];
+    int64_t row;    /* elements per row */
+    int64_t bounds; /* bound values each: 1 (one for every element) or ``row`` */
+} ScreenHead;
+
+/* Whether every element of rows x row (at p) lies within [low, high] (each a
+ * bounds-long list, or NULL: not checked); T the array's type, C the bounds'. */
+#define WITHIN(NAME, T, C)                                                                 \
+    static int NAME(const uint8_t *p, Py_ssize_t rows, Py_ssize_t row, Py_ssize_t bounds,  \
+                    const uint8_t *low_at, const uint8_t *high_at) {                       \
+        C low[1] = {0}, high[1] = {0};                                                     \
+        if (bounds == 1) {                                                                 \
+            if (low_at) memcpy(low, low_at, sizeof(C));                                    \
+            if (high_at) memcpy(high, high_at, sizeof(C));                                 \
+            Py_ssize_t n = rows * row;                                                     \
+            int out = 0;                                                                   \
+            for (Py_ssize_t i = 0; i < n; i++) {                                           \
+                T v;                                                                       \
+                memcpy(&v, p + i * (Py_ssize_t)sizeof(T), sizeof(T));                      \
+                C c = (C)v;                                                                \
+                out |= (low_at != NULL && c < low[0]) | (high_at != NULL && c > high[0]);  \
+                if ((i & 4095) == 4095 && out) return 0;                                   \
+            }                                                                              \
+            return !out;                                                                   \
+        }                                                                                  \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                            \
+            int out = 0;                                                                   \
+            for (Py_ssize_t j = 0; j < row; j++) {                                         \
+                T v;                                                                       \
+                C b;                                                                       \
+                memcpy(&v, p + j * (Py_ssize_t)sizeof(T), sizeof(T));                      \
+                C c = (C)v;                                                                \
+                if (low_at) {                                                              \
+                    memcpy(&b, low_at + j * (Py_ssize_t)sizeof(C), sizeof(C));             \
+                    out |= c < b;                                                          \
+                }                                                                          \
+                if (high_at) {                                                             \
+                    memcpy(&b, high_at + j * (Py_ssize_t)sizeof(C), sizeof(C));            \
+                    out |= c > b;                                                          \
+                }                                                                          \
+            }                                                                              \
+            if (out) return 0;                                                             \
+            p += row * (Py_ssize_t)sizeof(T);                                              \
+        }                                                                                  \
+        return 1;                                                                          \
+    }
+
+WITHIN(within_b, int8_t, int8_t)
+WITHIN(within_h, int16_t, int16_t)
+WITHIN(within_i, int32_t, int32_t)
+WITHIN(within_q, int64_t, int64_t)
+WITHIN(within_B, uint8_t, uint8_t)
+WITHIN(within_H, uint16_t, uint16_t)
+WITHIN(within_I, uint32_t, uint32_t)
+WITHIN(within_Q, uint64_t, uint64_t)
+WITHIN(within_f, float, float)
+WITHIN(within_d, double, double)
+WITHIN(within_bd, int8_t, double)
+WITHIN(within_hd, int16_t, double)
+WITHIN(within_id, int32_t, double)
+WITHIN(within_qd, int64_t, double)
+WITHIN(within_Bd, uint8_t, double)
+WITHIN(within_Hd, uint16_t, double)
+WITHIN(within_Id, uint32_t, double)
+WITHIN(within_Qd, uint64_t, double)
+WITHIN(within_fd, float, double)
+
+typedef int (*Within)(const uint8_t *, Py_ssize_t, Py_ssize_t, Py_ssize_t, const uint8_t *,
+                      const uint8_t *);
+
+static const struct {
+    char type, compare;
+    Py_ssize_t size, bound_size;
+    Within within;
+} WITHINS[] = {
+    {'b', 'b', 1, 1, within_b},  {'h', 'h', 2, 2, within_h},  {'i', 'i', 4, 4, within_i},
+    {'q', 'q', 8, 8, within_q},  {'B', 'B', 1, 1, within_B},  {'H', 'H', 2, 2, within_H},
+    {'I', 'I', 4, 4, within_I},  {'Q', 'Q', 8, 8, within_Q},  {'f', 'f', 4, 4, within_f},
+    {'d', 'd', 8, 8, within_d},  {'b', 'd', 1, 8, within_bd}, {'h', 'd', 2, 8, within_hd},
+    {'i', 'd', 4, 8, within_id}, {'q', 'd', 8, 8, within_qd}, {'B', 'd', 1, 8, within_Bd},
+    {'H', 'd', 2, 8, within_Hd}, {'I', 'd', 4, 8, within_Id}, {'Q', 'd', 8, 8, within_Qd},
+    {'f', 'd', 4, 8, within_fd},
+};
+
+/* A sum of |x| at or past this may round to inf in numpy's (pairwise) order
+ * and not in another: such rewards take the general path. */
+#define SUM_LIMIT 0x1p1000
+
+/* Whether the float64 sum of n rewards (float32 or float64) is surely finite:
+ * every one finite and their magnitudes' sum far from overflowing. */
+static int finite_sum(const uint8_t *p, Py_ssize_t n, int wide) {
+    double magnitude = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double v;
+        if (wide) {
+            memcpy(&v, p + 8 * i, 8);
+        } else {
+            float f;
+            memcpy(&f, p + 4 * i, 4);
+            v = f;
+        }
+        magnitude += v < 0 ? -v : v; /* NaN or inf: stays NaN or inf */
+    }
+    return magnitude < SUM_LIMIT;
+}
+
+/* Whether every one of n bytes is 0 or 1 (numpy's bools). */
+static int bools_pass(const uint8_t *p, Py_ssize_t n) {
+    uint8_t high = 0;
+    for (Py_ssize_t i = 0; i < n; i++) high |= p[i] & 0xFE;
+    return high == 0;
+}
+
+/* One screen of ``spec`` over the array at ``offset``: 1 or 0, -1 with an error set. */
+static int screen_pass(const Source *s, PyObject *spec, Py_ssize_t offset, Py_ssize_t episodes,
+                       Py_ssize_t steps) {
+    if (!PyBytes_Check(spec) || PyBytes_GET_SIZE(spec) < (Py_ssize_t)sizeof(ScreenHead)) {
+        PyErr_SetString(PyExc_TypeError, "a screen's spec must be bytes starting with its head");
+        return -1;
+    }
+    ScreenHead head;
+    const uint8_t *bound_bytes = (const uint8_t *)PyBytes_AS_STRING(spec) + sizeof head;
+    Py_ssize_t bound_room = PyBytes_GET_SIZE(spec) - (Py_ssize_t)sizeof head;
+    memcpy(&head, PyBytes_AS_STRING(spec), sizeof head);
+    Py_ssize_t size = 1, bound_size = 0;
+    Within within = NULL;
+    if (head.op == 'w') {
+        for (size_t i = 0; i < sizeof WITHINS / sizeof WITHINS[0]; i++)
+            if (WITHINS[i].type == head.type && WITHINS[i].compare == head.compare) {
+                size = WITHINS[i].size;
+                bound_size = WITHINS[i].bound_size;
+                within = WITHINS[i].within;
+            }
+    } else if (head.op == 'f' && (head.type == 'f' || head.type == 'd')) {
+        size = head.type == 'd' ? 8 : 4;
+    } else if (head.op != 'o' || head.type != '?') {
+        within = NULL;
+        size = 0;
+    }
+    Py_ssize_t rows = head.flags & PER_EPISODE ? episodes : steps;
+    int bound_lists = !!(head.flags & HAS_LOW) + !!(head.flags & HAS_HIGH);
+    if (size == 0 || (head.op == 'w' && within == NULL) || head.row < 1 ||
+        head.row > PY_SSIZE_T_MAX / size || (head.bounds != 1 && head.bounds != head.row) ||
+        bound_room != bound_lists * head.bounds * bound_size) {
+        PyErr_SetString(PyExc_ValueError, "a screen's spec does not hold a screen");
+        return -1;
+    }
+    Py_ssize_t row = (Py_ssize_t)head.row;
+    if (rows > PY_SSIZE_T_MAX / (row * size)) return 0; /* not in any result */
+    uint8_t *scratch = NULL;
+    const uint8_t *p = source_span(s, offset, rows * row * size, &scratch);
+    if (p == NULL) return PyErr_Occurred() ? -1 : 0;
+    int verdict;
+    if (head.op == 'w') {
+        const uint8_t *low = head.flags & HAS_LOW ? bound_bytes : NULL;
+        const uint8_t *high = NULL;
+        if (head.flags & HAS_HIGH)
+            high = bound_bytes + (low ? head.bounds * bound_size : 0);
+        verdict = within(p, rows, row, (Py_ssize_t)head.bounds, low, high);
+    } else if (head.op == 'f') {
+        verdict = finite_sum(p, rows * row, head.type == 'd');
+    } else {
+        verdict = bools_pass(p, rows * row);
+    }
+    PyMem_Free(scratch);
+    return verdict;
+}
+
+PyDoc_STRVAR(values_pass_doc,
+"values_pass(data, screens, offsets, episodes, steps, /)\n"
+"--\n\n"
+"Whether a result's values pass its layout's screens, read where they lie.\n\n"
+"data: the result's bytes, a buffer or a tuple of its chunks' buffers.\n"
+"screens: (name, spec) pairs (specs made by rlfleet.wire._layout_frames):\n"
+"values within bounds, rewards' finite sum, bools 0 or 1.\n"
+"offsets: each array's offset in data, by name.\n"
+"episodes, steps: the result's numbers (an array's rows are one or the other).\n"
+"False for a value a screen refuses, and for an array not in the result.");
+
+static PyObject *values_pass(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "values_pass takes 5 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *screens = args[1], *offsets = args[2];
+    if (!PyTuple_Check(screens) || !PyDict_Check(offsets)) {
+        PyErr_SetString(PyExc_TypeError, "screens must be a tuple, offsets a dict");
+        return NULL;
+    }
+    Py_ssize_t episodes = PyLong_AsSsize_t(args[3]), steps = PyLong_AsSsize_t(args[4]);
+    if ((episodes == -1 || steps == -1) && PyErr_Occurred()) return NULL;
+    if (episodes < 0 || steps < 0) Py_RETURN_FALSE;
+    Source source = {NULL, 0, 0};
+    if (source_open(args[0], &source) < 0) return NULL;
+    int verdict = 1;
+    for (Py_ssize_t i = 0; verdict == 1 && i < PyTuple_GET_SIZE(screens); i++) {
+        PyObject *screen = PyTuple_GET_ITEM(screens, i);
+        if (!PyTuple_Check(screen) || PyTuple_GET_SIZE(screen) != 2) {
+            PyErr_SetString(PyExc_TypeError, "each screen must be a (name, spec) pair");
+            verdict = -1;
+            break;
+        }
+        PyObject *at = PyDict_GetItemWithError(offsets, PyTuple_GET_ITEM(screen, 0));
+        if (at == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_KeyError, "a screen's array has no offset");
+            verdict = -1;
+            break;
+        }
+        Py_ssize_t offset = PyLong_AsSsize_t(at);
+        if (offset == -1 && PyErr_Occurred()) {
+            verdict = -1;
+            break;
+        }
+        verdict = screen_pass(&source, PyTuple_GET_ITEM(screen, 1), offset, episodes, steps);
+    }
+    source_release(&source);
+    if (verdict < 0) return NULL;
+    return PyBool_FromLong(verdict);
+}
+
 static PyMethodDef module_methods[] = {
     {"episodes_pass", (PyCFunction)(void (*)(void))episodes_pass, METH_FASTCALL,
      episodes_pass_doc},
+    {"values_pass", (PyCFunction)(void (*)(void))values_pass, METH_FASTCALL, values_pass_doc},
     {NULL, NULL, 0, NULL},
 };
+
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,

@@ -223,9 +223,11 @@ def _passes(
             return False
         if view("episode_infos['episode_index']").tolist() != list(header.episode_indices):
             return False
-        return _window_passes(
+        if not _window_passes(
             layout, view, window, worker_id=expect.worker_id, version=version, lengths=batch_lengths
-        )
+        ):
+            return False
+        return _values_pass(layout, view, payload, skeleton.offsets, episodes, steps)
     # One compiled call: the bytes around the arrays, the int64 columns the
     # header's numbers and the task's units tell (lengths, episode infos),
     # the indices' order and the step types' rules (which also keep every
@@ -250,7 +252,7 @@ def _passes(
         seeds,
     ):
         return False
-    return _values_pass(layout, view)
+    return _values_pass(layout, view, payload, skeleton.offsets, episodes, steps)
 
 
 #: An array of a result checked in one pass, by name (views, not copies, where they can be).
@@ -273,16 +275,24 @@ def _viewer(layout: _Layout, frame: _Frame, episodes: int, steps: int, payload: 
     return view
 
 
-def _values_pass(layout: _Layout, view: _View) -> bool:
-    """Values against the declared spaces, rewards, bool infos (value_problems, the decode)."""
+def _values_pass(
+    layout: _Layout,
+    view: _View,
+    payload: Payload | Pieces,
+    offsets: dict[str, int],
+    episodes: int,
+    steps: int,
+) -> bool:
+    """Values against the declared spaces, rewards, bool infos (value_problems, the decode):
+    one compiled call reads them where they lie (``offsets``); numpy screens the rest."""
+    if not _result_check.values_pass(payload, layout.compiled_screens, offsets, episodes, steps):
+        return False
     for name, screen in layout.screens:
         if not screen(view(name)):
             return False
-    if layout.finite_rewards and not math.isfinite(
+    return not layout.finite_rewards or math.isfinite(
         np.add.reduce(view("rewards"), dtype=np.float64)
-    ):
-        return False
-    return not any(any_set(view(name).view(np.uint8) > 1) for name in layout.bools)
+    )
 
 
 def _window_passes(
@@ -294,17 +304,15 @@ def _window_passes(
     version: int,
     lengths: np.ndarray,
 ) -> bool:
-    """The rest of a fragment window's checks, after the metadata both modes share
-    (``version``: the result's agent version; ``lengths``: its pieces')."""
+    """A fragment window's own rules, after the metadata both modes share and
+    before the values (``version``: the result's agent version; ``lengths``: its pieces')."""
     for name, want in (("worker", worker_id), ("agent_version", version)):
         if any_set(view(f"episode_infos[{name!r}]") != want):
             return False
     pieces = WindowPieces.of(
         lambda key: view(f"episode_infos[{key!r}]"), lengths, view("step_types")
     )
-    if window_problems(pieces, window):
-        return False
-    return _values_pass(layout, view)
+    return not window_problems(pieces, window)
 
 
 def _batch_of_views(layout: _Layout, header: ResultHeader, payload: _Source) -> EpisodeBatch:
