@@ -156,46 +156,117 @@ _CODES = {np.dtype(t): np.dtype(t).char for t in "bhiBHIfd"} | {
 
 #: A compiled screen's head: op, dtype and bounds' codes, flags, elements per row, bounds each.
 _SCREEN_HEAD = struct.Struct("=3sB4xqq")
+_PER_EPISODE = 4
+_FLOAT64 = np.dtype(np.float64)
 
 
-def _spec(op: bytes, code: str, compare: str, tensor: _Tensor, *bounds: np.ndarray | None) -> bytes:
+def _spec(op: bytes, code: str, compare: str, tensor: _Tensor, *bounds: np.ndarray) -> bytes:
     """A compiled screen of ``tensor`` (rlfleet/wire/_result_check.c's ScreenHead, then bounds)."""
-    low, high = bounds or (None, None)
-    flags = (low is not None) | (high is not None) << 1 | tensor.per_episode << 2
-    count = 1 if low is None and high is None else (low if low is not None else high).size
+    count = bounds[0].size if bounds else 1
+    flags = _PER_EPISODE if tensor.per_episode else 0
     head = _SCREEN_HEAD.pack(
         op + code.encode() + compare.encode(), flags, math.prod(tensor.row_shape), count
     )
-    return head + b"".join(b.tobytes() for b in (low, high) if b is not None)
+    return head + b"".join(bound.tobytes() for bound in bounds)
 
 
 def _bounds_spec(tensor: _Tensor, space: gym.Space, actions: bool) -> bytes | None:
-    """The compiled screen of ``space_screen``'s comparisons for ``tensor``, in
-    the dtype numpy compares them in (None: numpy's screen, or none)."""
+    """The compiled screen of ``space_screen``'s comparisons for ``tensor``
+    (None: numpy's screen, or none)."""
     dtype, row_shape = tensor.dtype, tensor.row_shape
     code = _CODES.get(dtype) if dtype.isnative else None
     found = screen_bounds(space, dtype, row_shape, actions=actions)
     if code is None or found is None or not math.prod(row_shape):
         return None
-    present = [bound for bound in found if bound is not None]
-    if not all(
-        bound.dtype.kind in "iuf" and (isinstance(bound, np.generic) or bound.shape == row_shape)
-        for bound in present
-    ):
+    size = 1 if all(bound is None or isinstance(bound, np.generic) for bound in found) else None
+    if size is None and not all(bound is None or bound.shape == row_shape for bound in found):
         return None
-    # numpy compares an array with a bound in their promoted dtype: the
-    # array's own, or float64 (integer or float32 values against float64 bounds).
-    promoted = {np.result_type(dtype, bound.dtype) for bound in present}
-    if len(promoted) != 1:
-        return None
-    compare = promoted.pop()
-    if compare not in (dtype, np.dtype(np.float64)):
+    count = size or math.prod(row_shape)
+    compare = dtype
+    if dtype.kind == "f":
+        compare = np.result_type(dtype, *(bound.dtype for bound in found if bound is not None))
+    if compare not in (dtype, _FLOAT64):
         return None
     as_compared = [
-        None if bound is None else np.asarray(bound).astype(compare.newbyteorder("=")).reshape(-1)
-        for bound in found
+        _as_compared(bound, dtype, compare, low, count) for bound, low in zip(found, (True, False))
     ]
-    return _spec(b"w", code, _CODES[compare], tensor, *as_compared)
+    if any(bound is None for bound in as_compared):
+        return None
+    return _spec(b"w", code, _CODES[compare], tensor, *as_compared)  # type: ignore[arg-type]
+
+
+def _as_compared(
+    bound: np.ndarray | np.generic | None,
+    dtype: np.dtype,
+    compare: np.dtype,
+    low: bool,
+    count: int,
+) -> np.ndarray | None:
+    """``count`` values of a bound, in the dtype the compiled screen compares
+    ``dtype`` values in, breaking it where numpy's comparison breaks it (None:
+    it has no such bound).
+
+    numpy compares values with a bound in their promoted dtype: the values'
+    own, or float64 (integers and float32 against float64 bounds). A
+    float32 array is compared in float64 as numpy does; an integer one in
+    its own dtype against the integer each float64 bound draws the line at
+    (its values convert to float64 monotonically), so no value is converted.
+    A missing bound is one no value breaks.
+    """
+    if dtype.kind == "f":
+        if bound is None:
+            return np.full(count, -np.inf if low else np.inf, compare)
+        if bound.dtype.kind not in "iuf" or np.result_type(dtype, bound.dtype) != compare:
+            return None
+        values = np.asarray(bound, compare).reshape(-1)
+    else:
+        info = np.iinfo(dtype)
+        if bound is None:
+            return np.full(count, info.min if low else info.max, dtype)
+        if bound.dtype.kind not in "iuf":
+            return None
+        promoted = np.result_type(dtype, bound.dtype)
+        if promoted == _FLOAT64:
+            lines = [_integer_line(float(b), int(info.min), int(info.max), low) for b in np.ravel(bound)]
+            if any(line is None for line in lines):
+                return None
+            values = np.array(lines, dtype)
+        elif promoted == dtype:
+            values = np.asarray(bound, dtype).reshape(-1)
+        else:
+            return None
+    return np.ascontiguousarray(np.broadcast_to(values, (count,)))
+
+
+def _integer_line(bound: float, lowest: int, highest: int, low: bool) -> int | None:
+    """The integer bound in [lowest, highest] equivalent to a float64 one for
+    integers converted to float64 (numpy's comparison): for ``low``, the
+    least v with float(v) >= bound (v < it: below); else the greatest v with
+    float(v) <= bound (v > it: above). None: every value breaks it."""
+    if math.isnan(bound):
+        return lowest if low else highest  # NaN compares false: nothing breaks it
+    # float(v) is monotone in v: search for the line over the dtype's range.
+    if low:
+        if float(highest) < bound:
+            return None
+        left, right = lowest, highest  # least v in [left, right] with float(v) >= bound
+        while left < right:
+            middle = (left + right) // 2
+            if float(middle) >= bound:
+                right = middle
+            else:
+                left = middle + 1
+        return left
+    if float(lowest) > bound:
+        return None
+    left, right = lowest, highest  # greatest v with float(v) <= bound
+    while left < right:
+        middle = (left + right + 1) // 2
+        if float(middle) <= bound:
+            left = middle
+        else:
+            right = middle - 1
+    return left
 
 
 def _sum_spec(rewards: _Tensor) -> bytes | None:

@@ -20,6 +20,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -360,124 +362,166 @@ done:
 /* ---- The value screens (values_pass) ---------------------------------------
  *
  * A screen's spec (bytes, made once per layout by rlfleet.wire._layout_frames):
- * a ScreenHead, then the low bounds (``bounds`` values of type ``compare``) if
- * HAS_LOW, then the high ones if HAS_HIGH. An array's elements are read where
- * they lie (memcpy: any alignment), in native order (the layout's dtypes are
- * native), and compared as numpy compares them: in the array's type, or each
- * converted to double (numpy's promotion of an integer or float32 array
- * against float64 bounds). NaN is outside no bound (both comparisons false),
- * as numpy's. */
-enum { HAS_LOW = 1, HAS_HIGH = 2, PER_EPISODE = 4 };
+ * a ScreenHead, then for 'w' the low bounds (``bounds`` values of type
+ * ``compare``), then the high ones. An array's elements are read where they
+ * lie (memcpy: any alignment), in native order (the layout's dtypes are
+ * native), and compared as numpy compares them: in the array's type, or a
+ * float32 array converted to double against float64 bounds (numpy's
+ * promotion). A bound the screen does not check is one no value breaks
+ * (-inf, +inf, an integer type's limits); NaN is outside no bound (both
+ * comparisons false), as in numpy. */
+enum { PER_EPISODE = 4 };
 
 typedef struct {
     char op;      /* 'w': within bounds, 'f': a finite sum, 'o': bools (bytes 0 or 1) */
     char type;    /* the array's struct code: bhiqBHIQfd ('?' for bools) */
-    char compare; /* the bounds' struct code: ``type``, or 'd' */
+    char compare; /* the bounds' struct code: ``type``, or 'd' for 'f' */
     uint8_t flags;
     uint8_t pad[4];
     int64_t row;    /* elements per row */
     int64_t bounds; /* bound values each: 1 (one for every element) or ``row`` */
 } ScreenHead;
 
-/* Whether every element of rows x row (at p) lies within [low, high] (each a
- * bounds-long list, or NULL: not checked); T the array's type, C the bounds'. */
-#define WITHIN(NAME, T, C)                                                                 \
-    static int NAME(const uint8_t *p, Py_ssize_t rows, Py_ssize_t row, Py_ssize_t bounds,  \
-                    const uint8_t *low_at, const uint8_t *high_at) {                       \
-        C low[1] = {0}, high[1] = {0};                                                     \
-        if (bounds == 1) {                                                                 \
-            if (low_at) memcpy(low, low_at, sizeof(C));                                    \
-            if (high_at) memcpy(high, high_at, sizeof(C));                                 \
-            Py_ssize_t n = rows * row;                                                     \
-            int out = 0;                                                                   \
-            for (Py_ssize_t i = 0; i < n; i++) {                                           \
+/* Elements compared between two looks at the verdict: bounds are repeated
+ * to a block of about this many, so short rows (CartPole's 4) run one long
+ * loop the compiler vectorises. */
+#define BLOCK 256
+
+/* Bounds repeated to a block: ``low`` (and ``high``, or the width high - low)
+ * k values each, PyMem_Malloc'd for 2 * *block values of ``size`` bytes. */
+static uint8_t *tiled(const uint8_t *low, const uint8_t *high, Py_ssize_t k, size_t size,
+                      Py_ssize_t *block) {
+    *block = k < BLOCK ? BLOCK / k * k : k;
+    uint8_t *out = PyMem_Malloc(2 * (size_t)*block * size);
+    if (out == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t j = 0; j < *block; j += k) {
+        memcpy(out + (size_t)j * size, low, (size_t)k * size);
+        memcpy(out + (size_t)(*block + j) * size, high, (size_t)k * size);
+    }
+    return out;
+}
+
+/* Whether every one of n floats (at p) lies within its bounds: low[i % k]
+ * and high[i % k] (``low`` and ``high`` hold k values each, k dividing n);
+ * T the array's type, C the bounds'. -1 with MemoryError set. */
+#define WITHIN_FLOAT(NAME, T, C)                                                           \
+    static int NAME(const uint8_t *p, Py_ssize_t n, Py_ssize_t k, const uint8_t *low_at,   \
+                    const uint8_t *high_at) {                                              \
+        Py_ssize_t block;                                                                  \
+        C *low = (C *)tiled(low_at, high_at, k, sizeof(C), &block);                        \
+        if (low == NULL) return -1;                                                        \
+        const C *high = low + block;                                                       \
+        int out = 0;                                                                       \
+        for (Py_ssize_t at = 0; at < n && !out; at += block) {                             \
+            Py_ssize_t m = n - at < block ? n - at : block;                                \
+            const uint8_t *q = p + at * (Py_ssize_t)sizeof(T);                             \
+            for (Py_ssize_t j = 0; j < m; j++) {                                           \
                 T v;                                                                       \
-                memcpy(&v, p + i * (Py_ssize_t)sizeof(T), sizeof(T));                      \
-                C c = (C)v;                                                                \
-                out |= (low_at != NULL && c < low[0]) | (high_at != NULL && c > high[0]);  \
-                if ((i & 4095) == 4095 && out) return 0;                                   \
+                memcpy(&v, q + j * (Py_ssize_t)sizeof(T), sizeof(T));                      \
+                out |= ((C)v < low[j]) | ((C)v > high[j]);                                 \
             }                                                                              \
-            return !out;                                                                   \
         }                                                                                  \
-        for (Py_ssize_t r = 0; r < rows; r++) {                                            \
-            int out = 0;                                                                   \
-            for (Py_ssize_t j = 0; j < row; j++) {                                         \
-                T v;                                                                       \
-                C b;                                                                       \
-                memcpy(&v, p + j * (Py_ssize_t)sizeof(T), sizeof(T));                      \
-                C c = (C)v;                                                                \
-                if (low_at) {                                                              \
-                    memcpy(&b, low_at + j * (Py_ssize_t)sizeof(C), sizeof(C));             \
-                    out |= c < b;                                                          \
-                }                                                                          \
-                if (high_at) {                                                             \
-                    memcpy(&b, high_at + j * (Py_ssize_t)sizeof(C), sizeof(C));            \
-                    out |= c > b;                                                          \
-                }                                                                          \
-            }                                                                              \
-            if (out) return 0;                                                             \
-            p += row * (Py_ssize_t)sizeof(T);                                              \
-        }                                                                                  \
-        return 1;                                                                          \
+        PyMem_Free(low);                                                                   \
+        return !out;                                                                       \
     }
 
-WITHIN(within_b, int8_t, int8_t)
-WITHIN(within_h, int16_t, int16_t)
-WITHIN(within_i, int32_t, int32_t)
-WITHIN(within_q, int64_t, int64_t)
-WITHIN(within_B, uint8_t, uint8_t)
-WITHIN(within_H, uint16_t, uint16_t)
-WITHIN(within_I, uint32_t, uint32_t)
-WITHIN(within_Q, uint64_t, uint64_t)
-WITHIN(within_f, float, float)
-WITHIN(within_d, double, double)
-WITHIN(within_bd, int8_t, double)
-WITHIN(within_hd, int16_t, double)
-WITHIN(within_id, int32_t, double)
-WITHIN(within_qd, int64_t, double)
-WITHIN(within_Bd, uint8_t, double)
-WITHIN(within_Hd, uint16_t, double)
-WITHIN(within_Id, uint32_t, double)
-WITHIN(within_Qd, uint64_t, double)
-WITHIN(within_fd, float, double)
+/* Whether n integers of U's width (at p) lie within low[i % block] +
+ * [0, width[i % block]] (``block`` values each): the unsigned v - low is at
+ * most the width (two's complement: unsigned arithmetic wraps), found as
+ * the borrow out of width - (v - low) with no comparison, which the compiler
+ * vectorises for 64-bit values too (x86-64's baseline has no 64-bit vector
+ * compare). */
+#define OUTSIDE(NAME, U)                                                                   \
+    static int NAME(const uint8_t *p, Py_ssize_t n, const U *low, const U *width,          \
+                    Py_ssize_t block) {                                                    \
+        U out = 0;                                                                         \
+        for (Py_ssize_t at = 0; at < n && !(out >> (8 * sizeof(U) - 1)); at += block) {    \
+            Py_ssize_t m = n - at < block ? n - at : block;                                \
+            const uint8_t *q = p + at * (Py_ssize_t)sizeof(U);                             \
+            for (Py_ssize_t j = 0; j < m; j++) {                                           \
+                U v;                                                                       \
+                memcpy(&v, q + j * (Py_ssize_t)sizeof(U), sizeof(U));                      \
+                U d = (U)(v - low[j]), w = width[j];                                       \
+                out |= (U)((~w & d) | (~(w ^ d) & (U)(w - d))); /* top bit: d > w */       \
+            }                                                                              \
+        }                                                                                  \
+        return (int)(out >> (8 * sizeof(U) - 1));                                          \
+    }
 
-typedef int (*Within)(const uint8_t *, Py_ssize_t, Py_ssize_t, Py_ssize_t, const uint8_t *,
-                      const uint8_t *);
+OUTSIDE(outside_8, uint8_t)
+OUTSIDE(outside_16, uint16_t)
+OUTSIDE(outside_32, uint32_t)
+OUTSIDE(outside_64, uint64_t)
+
+/* The integers' screen, as WITHIN_FLOAT's (T signed or unsigned, U its
+ * unsigned type, OUTSIDE_U the loop of U's width). */
+#define WITHIN_INT(NAME, T, U, OUTSIDE_U)                                                   \
+    static int NAME(const uint8_t *p, Py_ssize_t n, Py_ssize_t k, const uint8_t *low_at,    \
+                    const uint8_t *high_at) {                                               \
+        for (Py_ssize_t j = 0; j < k; j++) {                                                \
+            T l, h;                                                                         \
+            memcpy(&l, low_at + j * (Py_ssize_t)sizeof(T), sizeof(T));                      \
+            memcpy(&h, high_at + j * (Py_ssize_t)sizeof(T), sizeof(T));                     \
+            if (h < l) return n == 0; /* no value lies in such bounds */                    \
+        }                                                                                   \
+        Py_ssize_t block;                                                                   \
+        U *low = (U *)tiled(low_at, high_at, k, sizeof(U), &block);                         \
+        if (low == NULL) return -1;                                                         \
+        U *width = low + block;                                                             \
+        for (Py_ssize_t j = 0; j < block; j++) width[j] -= low[j];                          \
+        int outside = OUTSIDE_U(p, n, low, width, block);                                   \
+        PyMem_Free(low);                                                                    \
+        return !outside;                                                                    \
+    }
+
+WITHIN_INT(within_b, int8_t, uint8_t, outside_8)
+WITHIN_INT(within_h, int16_t, uint16_t, outside_16)
+WITHIN_INT(within_i, int32_t, uint32_t, outside_32)
+WITHIN_INT(within_q, int64_t, uint64_t, outside_64)
+WITHIN_INT(within_B, uint8_t, uint8_t, outside_8)
+WITHIN_INT(within_H, uint16_t, uint16_t, outside_16)
+WITHIN_INT(within_I, uint32_t, uint32_t, outside_32)
+WITHIN_INT(within_Q, uint64_t, uint64_t, outside_64)
+WITHIN_FLOAT(within_f, float, float)
+WITHIN_FLOAT(within_d, double, double)
+WITHIN_FLOAT(within_fd, float, double)
+
+typedef int (*Within)(const uint8_t *, Py_ssize_t, Py_ssize_t, const uint8_t *, const uint8_t *);
 
 static const struct {
     char type, compare;
     Py_ssize_t size, bound_size;
     Within within;
 } WITHINS[] = {
-    {'b', 'b', 1, 1, within_b},  {'h', 'h', 2, 2, within_h},  {'i', 'i', 4, 4, within_i},
-    {'q', 'q', 8, 8, within_q},  {'B', 'B', 1, 1, within_B},  {'H', 'H', 2, 2, within_H},
-    {'I', 'I', 4, 4, within_I},  {'Q', 'Q', 8, 8, within_Q},  {'f', 'f', 4, 4, within_f},
-    {'d', 'd', 8, 8, within_d},  {'b', 'd', 1, 8, within_bd}, {'h', 'd', 2, 8, within_hd},
-    {'i', 'd', 4, 8, within_id}, {'q', 'd', 8, 8, within_qd}, {'B', 'd', 1, 8, within_Bd},
-    {'H', 'd', 2, 8, within_Hd}, {'I', 'd', 4, 8, within_Id}, {'Q', 'd', 8, 8, within_Qd},
-    {'f', 'd', 4, 8, within_fd},
+    {'b', 'b', 1, 1, within_b}, {'h', 'h', 2, 2, within_h}, {'i', 'i', 4, 4, within_i},
+    {'q', 'q', 8, 8, within_q}, {'B', 'B', 1, 1, within_B}, {'H', 'H', 2, 2, within_H},
+    {'I', 'I', 4, 4, within_I}, {'Q', 'Q', 8, 8, within_Q}, {'f', 'f', 4, 4, within_f},
+    {'d', 'd', 8, 8, within_d}, {'f', 'd', 4, 8, within_fd},
 };
 
-/* A sum of |x| at or past this may round to inf in numpy's (pairwise) order
- * and not in another: such rewards take the general path. */
-#define SUM_LIMIT 0x1p1000
-
-/* Whether the float64 sum of n rewards (float32 or float64) is surely finite:
- * every one finite and their magnitudes' sum far from overflowing. */
+/* Whether the float64 sum of n rewards (float32 or float64) is surely finite
+ * in any order of adding: every one finite, and for float64 each at most
+ * DBL_MAX / 2n (a larger one takes the general path, whose numpy sum decides). */
 static int finite_sum(const uint8_t *p, Py_ssize_t n, int wide) {
-    double magnitude = 0.0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        double v;
-        if (wide) {
+    int out = 0;
+    if (wide) {
+        double limit = DBL_MAX / 2.0 / (double)(n > 0 ? n : 1);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double v;
             memcpy(&v, p + 8 * i, 8);
-        } else {
-            float f;
-            memcpy(&f, p + 4 * i, 4);
-            v = f;
+            out |= !(fabs(v) <= limit); /* NaN: false */
         }
-        magnitude += v < 0 ? -v : v; /* NaN or inf: stays NaN or inf */
+    } else { /* float32s' sum in float64 overflows for no n a result holds */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float v;
+            memcpy(&v, p + 4 * i, 4);
+            out |= !(fabsf(v) <= FLT_MAX); /* NaN: false */
+        }
     }
-    return magnitude < SUM_LIMIT;
+    return !out;
 }
 
 /* Whether every one of n bytes is 0 or 1 (numpy's bools). */
@@ -510,13 +554,13 @@ static int screen_pass(const Source *s, PyObject *spec, Py_ssize_t offset, Py_ss
     } else if (head.op == 'f' && (head.type == 'f' || head.type == 'd')) {
         size = head.type == 'd' ? 8 : 4;
     } else if (head.op != 'o' || head.type != '?') {
-        within = NULL;
         size = 0;
     }
     Py_ssize_t rows = head.flags & PER_EPISODE ? episodes : steps;
-    int bound_lists = !!(head.flags & HAS_LOW) + !!(head.flags & HAS_HIGH);
+    int bound_lists = head.op == 'w' ? 2 : 0;
     if (size == 0 || (head.op == 'w' && within == NULL) || head.row < 1 ||
         head.row > PY_SSIZE_T_MAX / size || (head.bounds != 1 && head.bounds != head.row) ||
+        (bound_lists && head.bounds > bound_room) ||
         bound_room != bound_lists * head.bounds * bound_size) {
         PyErr_SetString(PyExc_ValueError, "a screen's spec does not hold a screen");
         return -1;
@@ -528,11 +572,8 @@ static int screen_pass(const Source *s, PyObject *spec, Py_ssize_t offset, Py_ss
     if (p == NULL) return PyErr_Occurred() ? -1 : 0;
     int verdict;
     if (head.op == 'w') {
-        const uint8_t *low = head.flags & HAS_LOW ? bound_bytes : NULL;
-        const uint8_t *high = NULL;
-        if (head.flags & HAS_HIGH)
-            high = bound_bytes + (low ? head.bounds * bound_size : 0);
-        verdict = within(p, rows, row, (Py_ssize_t)head.bounds, low, high);
+        Py_ssize_t bounds = (Py_ssize_t)head.bounds;
+        verdict = within(p, rows * row, bounds, bound_bytes, bound_bytes + bounds * bound_size);
     } else if (head.op == 'f') {
         verdict = finite_sum(p, rows * row, head.type == 'd');
     } else {
