@@ -19,7 +19,9 @@ INTEGERS = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint3
 FLOATS = [np.float32, np.float64]
 
 
-def placed(array: np.ndarray, offset: int, cut: int | None) -> tuple[bytes | tuple[bytes, ...], int]:
+def placed(
+    array: np.ndarray, offset: int, cut: int | None
+) -> tuple[bytes | tuple[bytes, ...], int]:
     """``array``'s bytes at ``offset`` of a result's bytes (unaligned as a writer
     leaves them), whole or cut in two chunks at ``cut``."""
     data = bytes(range(offset % 7, offset % 7 + offset)) + array.tobytes() + b"\x05" * 3
@@ -49,18 +51,19 @@ def numpy_within(array: np.ndarray, low: object, high: object) -> bool:
 def values_near(dtype: np.dtype, bounds: list[float | int]) -> list[object]:
     """Values of ``dtype`` at, around and far from ``bounds``: its extremes, 0,
     NaN and infinities for floats."""
-    out: list[object] = [0, 1, -1]
+    out: list[float | int] = [0, 1, -1]
     if dtype.kind == "f":
         info = np.finfo(dtype)
         out += [np.nan, np.inf, -np.inf, float(info.max), float(info.min), float(info.tiny)]
         for b in bounds:
             if math.isfinite(b):
                 value = dtype.type(b)
-                out += [value, np.nextafter(value, dtype.type(np.inf))]
-                out += [np.nextafter(value, dtype.type(-np.inf))]
+                out.append(float(value))
+                for toward in (np.inf, -np.inf):
+                    out.append(float(np.nextafter(value, dtype.type(toward))))
     else:
         limits = np.iinfo(dtype)
-        out += [limits.min, limits.max, limits.min + 1, limits.max - 1]
+        out += [int(limits.min), int(limits.max), int(limits.min) + 1, int(limits.max) - 1]
         for b in bounds:
             if math.isfinite(b):
                 for near in (math.floor(b) - 1, math.floor(b), math.ceil(b), math.ceil(b) + 1):
@@ -152,12 +155,16 @@ def test_a_compiled_screen_gives_the_numpy_screens_verdict(
     elif isinstance(space, gym.spaces.Box):
         low, high = space.low.reshape(row_shape), space.high.reshape(row_shape)
     else:
+        assert isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete)
         start = np.asarray(space.start, np.float64)
         n = space.n if isinstance(space, gym.spaces.Discrete) else space.nvec
         low, high = start, start + n - 1
     if actions and isinstance(space, gym.spaces.Box) and space.dtype.kind == "f":
         largest = float(np.finfo(space.dtype).max)  # float Box actions: finite only
-        low, high = np.full(row_shape, -largest, space.dtype), np.full(row_shape, largest, space.dtype)
+        low, high = (
+            np.full(row_shape, -largest, space.dtype),
+            np.full(row_shape, largest, space.dtype),
+        )
     nears = [float(b) for b in np.ravel([] if low is None else low)]
     nears += [float(b) for b in np.ravel([] if high is None else high)]
     pool = values_near(dtype, nears)
@@ -192,7 +199,7 @@ def test_compiled_rewards_are_finite_where_their_numpy_sum_is(
     """A pass means numpy's float64 sum is finite; a fail, that a reward is not
     finite or (float64) is large enough for the general path's sum to decide."""
     with np.errstate(over="ignore"):
-        rewards = np.array(values, np.float64).astype(dtype)
+        rewards: np.ndarray = np.array(values, np.float64).astype(dtype)
         numpy_finite = math.isfinite(np.add.reduce(rewards, dtype=np.float64))
     spec = _sum_spec(_Tensor("x", np.dtype(dtype), (), False))
     assert spec is not None
@@ -210,7 +217,9 @@ def test_compiled_rewards_are_finite_where_their_numpy_sum_is(
     offset=st.integers(1, 40),
     cut=st.none() | st.integers(0, 10**6),
 )
-def test_compiled_bools_pass_only_bytes_of_0_and_1(raw: bytes, offset: int, cut: int | None) -> None:
+def test_compiled_bools_pass_only_bytes_of_0_and_1(
+    raw: bytes, offset: int, cut: int | None
+) -> None:
     ones = bytes(b & 1 for b in raw)
     spec = _spec(b"o", "?", "?", _Tensor("x", np.dtype("?"), (), False))
     for values in (raw, ones):

@@ -188,7 +188,8 @@ def _bounds_spec(tensor: _Tensor, space: gym.Space, actions: bool) -> bytes | No
     if compare not in (dtype, _FLOAT64):
         return None
     as_compared = [
-        _as_compared(bound, dtype, compare, low, count) for bound, low in zip(found, (True, False))
+        _as_compared(bound, dtype, compare, low, count)
+        for bound, low in zip(found, (True, False), strict=True)
     ]
     if any(bound is None for bound in as_compared):
         return None
@@ -227,7 +228,8 @@ def _as_compared(
             return None
         promoted = np.result_type(dtype, bound.dtype)
         if promoted == _FLOAT64:
-            lines = [_integer_line(float(b), int(info.min), int(info.max), low) for b in np.ravel(bound)]
+            lowest, highest = int(info.min), int(info.max)
+            lines = [_integer_line(float(b), lowest, highest, low) for b in np.ravel(bound)]
             if any(line is None for line in lines):
                 return None
             values = np.array(lines, dtype)
@@ -274,7 +276,9 @@ def _sum_spec(rewards: _Tensor) -> bytes | None:
     dtype = rewards.dtype
     if dtype.kind != "f" or not dtype.isnative or dtype not in _CODES:
         return None
-    return _spec(b"f", _CODES[dtype], _CODES[dtype], rewards) if math.prod(rewards.row_shape) else None
+    if not math.prod(rewards.row_shape):
+        return None
+    return _spec(b"f", _CODES[dtype], _CODES[dtype], rewards)
 
 
 class _Layout:

@@ -10,6 +10,9 @@
  * down the general path, which raises with its own text (or finds nothing
  * wrong): this call never lets through what the general path refuses
  * (tests/test_result_layout.py holds it to the general path's answers).
+ * values_pass screens the result's values (ints and floats against their
+ * bounds, rewards' finite sum, bools) where they lie, with the verdicts of
+ * the numpy screens it replaces (tests/test_value_screens.py).
  *
  * Every byte is network input, and so are the header's numbers: each read is
  * bounds-checked against the result's size with no addition that can

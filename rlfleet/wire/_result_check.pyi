@@ -20,7 +20,6 @@ def episodes_pass(
     seeds: tuple[int, int] | UnitBuffers | None,
     /,
 ) -> bool: ...
-
 def values_pass(
     data: Buffer | tuple[Buffer, ...],
     screens: tuple[tuple[str, bytes], ...],

@@ -21,8 +21,13 @@ first result that passed that path, and checks each later one in one pass:
   lengths column and the int64 episode infos: indices, worker, agent
   version, seeds), the bytes around the arrays, the indices' order and the
   uint8 step types' rules are checked in one call into a C extension
-  (rlfleet/wire/_result_check.c), where the result's bytes are. numpy is
-  left the value screens: about 20 numpy calls per result.
+  (rlfleet/wire/_result_check.c), where the result's bytes are;
+* the values, in a second call into it (``values_pass``), read where they
+  lie (the writer leaves them at unaligned offsets, which numpy's ufuncs
+  copy before comparing): ints and floats against their bounds in the
+  dtype numpy compares them in, rewards' finite sum, bools 0 or 1. numpy
+  screens what it does not take (whole numbers in a float layout, a dtype
+  that breaks the space, float16 rewards).
 
 The layout and the bytes it fixes for each pair of numbers are worked out
 in :mod:`rlfleet.wire._layout_frames`; this module reads a result against
@@ -227,7 +232,9 @@ def _passes(
             layout, view, window, worker_id=expect.worker_id, version=version, lengths=batch_lengths
         ):
             return False
-        return _values_pass(layout, view, payload, skeleton.offsets, episodes, steps)
+        return _values_pass(
+            layout, view, payload, offsets=skeleton.offsets, episodes=episodes, steps=steps
+        )
     # One compiled call: the bytes around the arrays, the int64 columns the
     # header's numbers and the task's units tell (lengths, episode infos),
     # the indices' order and the step types' rules (which also keep every
@@ -252,7 +259,9 @@ def _passes(
         seeds,
     ):
         return False
-    return _values_pass(layout, view, payload, skeleton.offsets, episodes, steps)
+    return _values_pass(
+        layout, view, payload, offsets=skeleton.offsets, episodes=episodes, steps=steps
+    )
 
 
 #: An array of a result checked in one pass, by name (views, not copies, where they can be).
@@ -279,6 +288,7 @@ def _values_pass(
     layout: _Layout,
     view: _View,
     payload: Payload | Pieces,
+    *,
     offsets: dict[str, int],
     episodes: int,
     steps: int,
