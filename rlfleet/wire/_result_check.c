@@ -400,9 +400,13 @@ static uint8_t *tiled(const uint8_t *low, const uint8_t *high, Py_ssize_t k, siz
         PyErr_NoMemory();
         return NULL;
     }
-    for (Py_ssize_t j = 0; j < *block; j += k) {
-        memcpy(out + (size_t)j * size, low, (size_t)k * size);
-        memcpy(out + (size_t)(*block + j) * size, high, (size_t)k * size);
+    uint8_t *highs = out + (size_t)*block * size;
+    memcpy(out, low, (size_t)k * size);
+    memcpy(highs, high, (size_t)k * size);
+    for (Py_ssize_t filled = k; filled < *block; filled *= 2) { /* doubling: few copies */
+        Py_ssize_t more = filled < *block - filled ? filled : *block - filled;
+        memcpy(out + (size_t)filled * size, out, (size_t)more * size);
+        memcpy(highs + (size_t)filled * size, highs, (size_t)more * size);
     }
     return out;
 }
@@ -413,6 +417,18 @@ static uint8_t *tiled(const uint8_t *low, const uint8_t *high, Py_ssize_t k, siz
 #define WITHIN_FLOAT(NAME, T, C)                                                           \
     static int NAME(const uint8_t *p, Py_ssize_t n, Py_ssize_t k, const uint8_t *low_at,   \
                     const uint8_t *high_at) {                                              \
+        if (k == 1) { /* one bound each: held in registers, no block */                     \
+            C l, h;                                                                        \
+            memcpy(&l, low_at, sizeof(C));                                                 \
+            memcpy(&h, high_at, sizeof(C));                                                \
+            int out = 0;                                                                   \
+            for (Py_ssize_t i = 0; i < n; i++) {                                           \
+                T v;                                                                       \
+                memcpy(&v, p + i * (Py_ssize_t)sizeof(T), sizeof(T));                      \
+                out |= ((C)v < l) | ((C)v > h);                                            \
+            }                                                                              \
+            return !out;                                                                   \
+        }                                                                                  \
         Py_ssize_t block;                                                                  \
         C *low = (C *)tiled(low_at, high_at, k, sizeof(C), &block);                        \
         if (low == NULL) return -1;                                                        \
@@ -454,6 +470,23 @@ static uint8_t *tiled(const uint8_t *low, const uint8_t *high, Py_ssize_t k, siz
         return (int)(out >> (8 * sizeof(U) - 1));                                          \
     }
 
+/* OUTSIDE's loop against one low bound and width for every element. */
+#define OUTSIDE_ONE(NAME, U)                                                               \
+    static int NAME(const uint8_t *p, Py_ssize_t n, U low, U width) {                      \
+        U out = 0;                                                                         \
+        for (Py_ssize_t i = 0; i < n; i++) {                                               \
+            U v;                                                                           \
+            memcpy(&v, p + i * (Py_ssize_t)sizeof(U), sizeof(U));                          \
+            U d = (U)(v - low);                                                            \
+            out |= (U)((~width & d) | (~(width ^ d) & (U)(width - d)));                    \
+        }                                                                                  \
+        return (int)(out >> (8 * sizeof(U) - 1));                                          \
+    }
+
+OUTSIDE_ONE(outside_8_one, uint8_t)
+OUTSIDE_ONE(outside_16_one, uint16_t)
+OUTSIDE_ONE(outside_32_one, uint32_t)
+OUTSIDE_ONE(outside_64_one, uint64_t)
 OUTSIDE(outside_8, uint8_t)
 OUTSIDE(outside_16, uint16_t)
 OUTSIDE(outside_32, uint32_t)
@@ -469,6 +502,13 @@ OUTSIDE(outside_64, uint64_t)
             memcpy(&l, low_at + j * (Py_ssize_t)sizeof(T), sizeof(T));                      \
             memcpy(&h, high_at + j * (Py_ssize_t)sizeof(T), sizeof(T));                     \
             if (h < l) return n == 0; /* no value lies in such bounds */                    \
+        }                                                                                   \
+        if (k == 1) { /* one bound each: held in registers, no block */                      \
+            U l, w;                                                                         \
+            memcpy(&l, low_at, sizeof(U));                                                  \
+            memcpy(&w, high_at, sizeof(U));                                                 \
+            w -= l;                                                                         \
+            return !OUTSIDE_U##_one(p, n, l, w);                                            \
         }                                                                                   \
         Py_ssize_t block;                                                                   \
         U *low = (U *)tiled(low_at, high_at, k, sizeof(U), &block);                         \
