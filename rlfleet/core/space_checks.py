@@ -283,6 +283,27 @@ def space_screen(
     return _bounds_screen(low, high, row_shape)
 
 
+def screen_bounds(
+    space: gym.Space, dtype: np.dtype, row_shape: tuple[int, ...], *, actions: bool = False
+) -> tuple[_Bound, _Bound] | None:
+    """The (low, high) bounds :func:`space_screen` compares rows with, when that is all it does.
+
+    For a compiled screen of the same verdicts (rlfleet/wire/_result_check.c):
+    each bound is one number (``np.generic``), an array of ``row_shape``
+    (one bound per element of a row), or None where the dtype cannot break
+    it. None where the screen does more or less than compare (the dtype alone
+    breaks the space, whole numbers are checked, no fixed layout) or has no
+    bound to compare with.
+    """
+    plan = _plan(space, dtype, row_shape, actions)
+    if plan is None or isinstance(plan, str):
+        return None
+    _, low, high, integral = plan
+    if integral or (low is None and high is None):
+        return None
+    return low, high
+
+
 def _bounds_screen(
     low: _Bound, high: _Bound, row_shape: tuple[int, ...]
 ) -> Callable[[np.ndarray], bool]:
@@ -419,4 +440,10 @@ def _any_outside(array: np.ndarray, bound: np.ndarray, compare: np.ufunc) -> boo
     return any_set(compare(array[wide:], bound))
 
 
-__all__ = ["SpaceProblem", "find_space_problem", "space_problem", "space_screen"]
+__all__ = [
+    "SpaceProblem",
+    "find_space_problem",
+    "screen_bounds",
+    "space_problem",
+    "space_screen",
+]

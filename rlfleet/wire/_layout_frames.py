@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import struct
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.core.space_checks import space_screen
+from rlfleet.core.space_checks import screen_bounds, space_screen
 from rlfleet.wire._protowire import len_prefix
 from rlfleet.wire._tensor_header import dtype_code, encode_key_field, rows_header
 from rlfleet.wire.results import EPISODE_INFO_KEYS, FRAGMENT_INFO_KEYS
@@ -146,6 +147,140 @@ def _shape_number(blocks: tuple[tuple[int, _Tensor | _Tree], ...]) -> int:
     return found
 
 
+#: The compiled screens' codes of the dtypes they read (struct's, native order).
+_CODES = {np.dtype(t): np.dtype(t).char for t in "bhiBHIfd"} | {
+    np.dtype(np.int64): "q",
+    np.dtype(np.uint64): "Q",
+}
+
+
+#: A compiled screen's head: op, dtype and bounds' codes, flags, elements per row, bounds each.
+_SCREEN_HEAD = struct.Struct("=3sB4xqq")
+_PER_EPISODE = 4
+_FLOAT64 = np.dtype(np.float64)
+
+
+def _spec(op: bytes, code: str, compare: str, tensor: _Tensor, *bounds: np.ndarray) -> bytes:
+    """A compiled screen of ``tensor`` (rlfleet/wire/_result_check.c's ScreenHead, then bounds)."""
+    count = bounds[0].size if bounds else 1
+    flags = _PER_EPISODE if tensor.per_episode else 0
+    head = _SCREEN_HEAD.pack(
+        op + code.encode() + compare.encode(), flags, math.prod(tensor.row_shape), count
+    )
+    return head + b"".join(bound.tobytes() for bound in bounds)
+
+
+def _bounds_spec(tensor: _Tensor, space: gym.Space, actions: bool) -> bytes | None:
+    """The compiled screen of ``space_screen``'s comparisons for ``tensor``
+    (None: numpy's screen, or none)."""
+    dtype, row_shape = tensor.dtype, tensor.row_shape
+    code = _CODES.get(dtype) if dtype.isnative else None
+    found = screen_bounds(space, dtype, row_shape, actions=actions)
+    if code is None or found is None or not math.prod(row_shape):
+        return None
+    size = 1 if all(bound is None or isinstance(bound, np.generic) for bound in found) else None
+    if size is None and not all(bound is None or bound.shape == row_shape for bound in found):
+        return None
+    count = size or math.prod(row_shape)
+    compare = dtype
+    if dtype.kind == "f":
+        compare = np.result_type(dtype, *(bound.dtype for bound in found if bound is not None))
+    if compare not in (dtype, _FLOAT64):
+        return None
+    as_compared = [
+        _as_compared(bound, dtype, compare, low, count)
+        for bound, low in zip(found, (True, False), strict=True)
+    ]
+    if any(bound is None for bound in as_compared):
+        return None
+    return _spec(b"w", code, _CODES[compare], tensor, *as_compared)  # type: ignore[arg-type]
+
+
+def _as_compared(
+    bound: np.ndarray | np.generic | None,
+    dtype: np.dtype,
+    compare: np.dtype,
+    low: bool,
+    count: int,
+) -> np.ndarray | None:
+    """``count`` values of a bound, in the dtype the compiled screen compares
+    ``dtype`` values in, breaking it where numpy's comparison breaks it (None:
+    it has no such bound).
+
+    numpy compares values with a bound in their promoted dtype: the values'
+    own, or float64 (integers and float32 against float64 bounds). A
+    float32 array is compared in float64 as numpy does; an integer one in
+    its own dtype against the integer each float64 bound draws the line at
+    (its values convert to float64 monotonically), so no value is converted.
+    A missing bound is one no value breaks.
+    """
+    if dtype.kind == "f":
+        if bound is None:
+            return np.full(count, -np.inf if low else np.inf, compare)
+        if bound.dtype.kind not in "iuf" or np.result_type(dtype, bound.dtype) != compare:
+            return None
+        values = np.asarray(bound, compare).reshape(-1)
+    else:
+        info = np.iinfo(dtype)
+        if bound is None:
+            return np.full(count, info.min if low else info.max, dtype)
+        if bound.dtype.kind not in "iuf":
+            return None
+        promoted = np.result_type(dtype, bound.dtype)
+        if promoted == _FLOAT64:
+            lowest, highest = int(info.min), int(info.max)
+            lines = [_integer_line(float(b), lowest, highest, low) for b in np.ravel(bound)]
+            if any(line is None for line in lines):
+                return None
+            values = np.array(lines, dtype)
+        elif promoted == dtype:
+            values = np.asarray(bound, dtype).reshape(-1)
+        else:
+            return None
+    return np.ascontiguousarray(np.broadcast_to(values, (count,)))
+
+
+def _integer_line(bound: float, lowest: int, highest: int, low: bool) -> int | None:
+    """The integer bound in [lowest, highest] equivalent to a float64 one for
+    integers converted to float64 (numpy's comparison): for ``low``, the
+    least v with float(v) >= bound (v < it: below); else the greatest v with
+    float(v) <= bound (v > it: above). None: every value breaks it."""
+    if math.isnan(bound):
+        return lowest if low else highest  # NaN compares false: nothing breaks it
+    # float(v) is monotone in v: search for the line over the dtype's range.
+    if low:
+        if float(highest) < bound:
+            return None
+        left, right = lowest, highest  # least v in [left, right] with float(v) >= bound
+        while left < right:
+            middle = (left + right) // 2
+            if float(middle) >= bound:
+                right = middle
+            else:
+                left = middle + 1
+        return left
+    if float(lowest) > bound:
+        return None
+    left, right = lowest, highest  # greatest v with float(v) <= bound
+    while left < right:
+        middle = (left + right + 1) // 2
+        if float(middle) <= bound:
+            left = middle
+        else:
+            right = middle - 1
+    return left
+
+
+def _sum_spec(rewards: _Tensor) -> bytes | None:
+    """The compiled check that float rewards' float64 sum is finite (None: numpy's)."""
+    dtype = rewards.dtype
+    if dtype.kind != "f" or not dtype.isnative or dtype not in _CODES:
+        return None
+    if not math.prod(rewards.row_shape):
+        return None
+    return _spec(b"f", _CODES[dtype], _CODES[dtype], rewards)
+
+
 class _Layout:
     """The fields, keys, dtypes and row shapes of one checked result."""
 
@@ -165,25 +300,39 @@ class _Layout:
         self._block_parts: dict[tuple[int, ...], tuple[_BlockParts, int]] = {}
         # The numbers of rows each block's bytes depend on.
         self._rows = tuple(_rows_key(item) for _, item in blocks)
+        # The value screens: compiled where they are comparisons of ints or
+        # floats against bounds, finite rewards and bools (one call reads
+        # them where they lie); numpy's for the rest (whole numbers in a
+        # float layout, a dtype that breaks the space, float16 rewards).
         obs, act = spec.observation_space, spec.action_space
-        screen = self._screen
-        self.screens = tuple(
-            (name, check)
-            for name, check in (
-                ("observations", screen("observations", obs, False)),
-                ("last_observations", screen("last_observations", obs, False)),
-                ("actions", screen("actions", act, True)),
-            )
-            if check is not None
-        )
-        rewards = self.tensors["rewards"].dtype
-        self.finite_rewards = rewards.kind == "f"
-
-    def _screen(
-        self, name: str, space: gym.Space, actions: bool
-    ) -> Callable[[np.ndarray], bool] | None:
-        tensor = self.tensors[name]
-        return space_screen(space, tensor.dtype, tensor.row_shape, actions=actions)
+        compiled: list[tuple[str, bytes]] = []
+        screens: list[tuple[str, Callable[[np.ndarray], bool]]] = []
+        for name, space, actions in (
+            ("observations", obs, False),
+            ("last_observations", obs, False),
+            ("actions", act, True),
+        ):
+            tensor = self.tensors[name]
+            found = _bounds_spec(tensor, space, actions)
+            if found is not None:
+                compiled.append((name, found))
+                continue
+            check = space_screen(space, tensor.dtype, tensor.row_shape, actions=actions)
+            if check is not None:
+                screens.append((name, check))
+        rewards = self.tensors["rewards"]
+        summed = _sum_spec(rewards)
+        if summed is not None:
+            compiled.append(("rewards", summed))
+        # Rewards of a float dtype the compiled screen does not read: numpy sums them.
+        self.finite_rewards = rewards.dtype.kind == "f" and summed is None
+        compiled += [
+            (name, _spec(b"o", "?", "?", self.tensors[name]))
+            for name in self.bools
+            if math.prod(self.tensors[name].row_shape)
+        ]
+        self.compiled_screens = tuple(compiled)
+        self.screens = tuple(screens)
 
     def fitting(self, episodes: int, steps: int, size: int) -> _Skeleton | None:
         """The layout's skeleton for ``episodes`` and ``steps`` if a result of

@@ -10,6 +10,9 @@
  * down the general path, which raises with its own text (or finds nothing
  * wrong): this call never lets through what the general path refuses
  * (tests/test_result_layout.py holds it to the general path's answers).
+ * values_pass screens the result's values (ints and floats against their
+ * bounds, rewards' finite sum, bools) where they lie, with the verdicts of
+ * the numpy screens it replaces (tests/test_value_screens.py).
  *
  * Every byte is network input, and so are the header's numbers: each read is
  * bounds-checked against the result's size with no addition that can
@@ -20,6 +23,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -357,11 +362,331 @@ done:
     return PyBool_FromLong(verdict);
 }
 
+/* ---- The value screens (values_pass) ---------------------------------------
+ *
+ * A screen's spec (bytes, made once per layout by rlfleet.wire._layout_frames):
+ * a ScreenHead, then for 'w' the low bounds (``bounds`` values of type
+ * ``compare``), then the high ones. An array's elements are read where they
+ * lie (memcpy: any alignment), in native order (the layout's dtypes are
+ * native), and compared as numpy compares them: in the array's type, or a
+ * float32 array converted to double against float64 bounds (numpy's
+ * promotion). A bound the screen does not check is one no value breaks
+ * (-inf, +inf, an integer type's limits); NaN is outside no bound (both
+ * comparisons false), as in numpy. */
+enum { PER_EPISODE = 4 };
+
+typedef struct {
+    char op;      /* 'w': within bounds, 'f': a finite sum, 'o': bools (bytes 0 or 1) */
+    char type;    /* the array's struct code: bhiqBHIQfd ('?' for bools) */
+    char compare; /* the bounds' struct code: ``type``, or 'd' for 'f' */
+    uint8_t flags;
+    uint8_t pad[4];
+    int64_t row;    /* elements per row */
+    int64_t bounds; /* bound values each: 1 (one for every element) or ``row`` */
+} ScreenHead;
+
+/* Elements compared between two looks at the verdict: bounds are repeated
+ * to a block of about this many, so short rows (CartPole's 4) run one long
+ * loop the compiler vectorises. */
+#define BLOCK 256
+
+/* Bounds repeated to a block: ``low`` (and ``high``, or the width high - low)
+ * k values each, PyMem_Malloc'd for 2 * *block values of ``size`` bytes. */
+static uint8_t *tiled(const uint8_t *low, const uint8_t *high, Py_ssize_t k, size_t size,
+                      Py_ssize_t *block) {
+    *block = k < BLOCK ? BLOCK / k * k : k;
+    uint8_t *out = PyMem_Malloc(2 * (size_t)*block * size);
+    if (out == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    uint8_t *highs = out + (size_t)*block * size;
+    memcpy(out, low, (size_t)k * size);
+    memcpy(highs, high, (size_t)k * size);
+    for (Py_ssize_t filled = k; filled < *block; filled *= 2) { /* doubling: few copies */
+        Py_ssize_t more = filled < *block - filled ? filled : *block - filled;
+        memcpy(out + (size_t)filled * size, out, (size_t)more * size);
+        memcpy(highs + (size_t)filled * size, highs, (size_t)more * size);
+    }
+    return out;
+}
+
+/* Whether every one of n floats (at p) lies within its bounds: low[i % k]
+ * and high[i % k] (``low`` and ``high`` hold k values each, k dividing n);
+ * T the array's type, C the bounds'. -1 with MemoryError set. */
+#define WITHIN_FLOAT(NAME, T, C)                                                           \
+    static int NAME(const uint8_t *p, Py_ssize_t n, Py_ssize_t k, const uint8_t *low_at,   \
+                    const uint8_t *high_at) {                                              \
+        if (k == 1) { /* one bound each: held in registers, no block */                     \
+            C l, h;                                                                        \
+            memcpy(&l, low_at, sizeof(C));                                                 \
+            memcpy(&h, high_at, sizeof(C));                                                \
+            int out = 0;                                                                   \
+            for (Py_ssize_t i = 0; i < n; i++) {                                           \
+                T v;                                                                       \
+                memcpy(&v, p + i * (Py_ssize_t)sizeof(T), sizeof(T));                      \
+                out |= ((C)v < l) | ((C)v > h);                                            \
+            }                                                                              \
+            return !out;                                                                   \
+        }                                                                                  \
+        Py_ssize_t block;                                                                  \
+        C *low = (C *)tiled(low_at, high_at, k, sizeof(C), &block);                        \
+        if (low == NULL) return -1;                                                        \
+        const C *high = low + block;                                                       \
+        int out = 0;                                                                       \
+        for (Py_ssize_t at = 0; at < n && !out; at += block) {                             \
+            Py_ssize_t m = n - at < block ? n - at : block;                                \
+            const uint8_t *q = p + at * (Py_ssize_t)sizeof(T);                             \
+            for (Py_ssize_t j = 0; j < m; j++) {                                           \
+                T v;                                                                       \
+                memcpy(&v, q + j * (Py_ssize_t)sizeof(T), sizeof(T));                      \
+                out |= ((C)v < low[j]) | ((C)v > high[j]);                                 \
+            }                                                                              \
+        }                                                                                  \
+        PyMem_Free(low);                                                                   \
+        return !out;                                                                       \
+    }
+
+/* Whether n integers of U's width (at p) lie within low[i % block] +
+ * [0, width[i % block]] (``block`` values each): the unsigned v - low is at
+ * most the width (two's complement: unsigned arithmetic wraps), found as
+ * the borrow out of width - (v - low) with no comparison, which the compiler
+ * vectorises for 64-bit values too (x86-64's baseline has no 64-bit vector
+ * compare). */
+#define OUTSIDE(NAME, U)                                                                   \
+    static int NAME(const uint8_t *p, Py_ssize_t n, const U *low, const U *width,          \
+                    Py_ssize_t block) {                                                    \
+        U out = 0;                                                                         \
+        for (Py_ssize_t at = 0; at < n && !(out >> (8 * sizeof(U) - 1)); at += block) {    \
+            Py_ssize_t m = n - at < block ? n - at : block;                                \
+            const uint8_t *q = p + at * (Py_ssize_t)sizeof(U);                             \
+            for (Py_ssize_t j = 0; j < m; j++) {                                           \
+                U v;                                                                       \
+                memcpy(&v, q + j * (Py_ssize_t)sizeof(U), sizeof(U));                      \
+                U d = (U)(v - low[j]), w = width[j];                                       \
+                out |= (U)((~w & d) | (~(w ^ d) & (U)(w - d))); /* top bit: d > w */       \
+            }                                                                              \
+        }                                                                                  \
+        return (int)(out >> (8 * sizeof(U) - 1));                                          \
+    }
+
+/* OUTSIDE's loop against one low bound and width for every element. */
+#define OUTSIDE_ONE(NAME, U)                                                               \
+    static int NAME(const uint8_t *p, Py_ssize_t n, U low, U width) {                      \
+        U out = 0;                                                                         \
+        for (Py_ssize_t i = 0; i < n; i++) {                                               \
+            U v;                                                                           \
+            memcpy(&v, p + i * (Py_ssize_t)sizeof(U), sizeof(U));                          \
+            U d = (U)(v - low);                                                            \
+            out |= (U)((~width & d) | (~(width ^ d) & (U)(width - d)));                    \
+        }                                                                                  \
+        return (int)(out >> (8 * sizeof(U) - 1));                                          \
+    }
+
+OUTSIDE_ONE(outside_8_one, uint8_t)
+OUTSIDE_ONE(outside_16_one, uint16_t)
+OUTSIDE_ONE(outside_32_one, uint32_t)
+OUTSIDE_ONE(outside_64_one, uint64_t)
+OUTSIDE(outside_8, uint8_t)
+OUTSIDE(outside_16, uint16_t)
+OUTSIDE(outside_32, uint32_t)
+OUTSIDE(outside_64, uint64_t)
+
+/* The integers' screen, as WITHIN_FLOAT's (T signed or unsigned, U its
+ * unsigned type, OUTSIDE_U the loop of U's width). */
+#define WITHIN_INT(NAME, T, U, OUTSIDE_U)                                                   \
+    static int NAME(const uint8_t *p, Py_ssize_t n, Py_ssize_t k, const uint8_t *low_at,    \
+                    const uint8_t *high_at) {                                               \
+        for (Py_ssize_t j = 0; j < k; j++) {                                                \
+            T l, h;                                                                         \
+            memcpy(&l, low_at + j * (Py_ssize_t)sizeof(T), sizeof(T));                      \
+            memcpy(&h, high_at + j * (Py_ssize_t)sizeof(T), sizeof(T));                     \
+            if (h < l) return n == 0; /* no value lies in such bounds */                    \
+        }                                                                                   \
+        if (k == 1) { /* one bound each: held in registers, no block */                      \
+            U l, w;                                                                         \
+            memcpy(&l, low_at, sizeof(U));                                                  \
+            memcpy(&w, high_at, sizeof(U));                                                 \
+            w -= l;                                                                         \
+            return !OUTSIDE_U##_one(p, n, l, w);                                            \
+        }                                                                                   \
+        Py_ssize_t block;                                                                   \
+        U *low = (U *)tiled(low_at, high_at, k, sizeof(U), &block);                         \
+        if (low == NULL) return -1;                                                         \
+        U *width = low + block;                                                             \
+        for (Py_ssize_t j = 0; j < block; j++) width[j] -= low[j];                          \
+        int outside = OUTSIDE_U(p, n, low, width, block);                                   \
+        PyMem_Free(low);                                                                    \
+        return !outside;                                                                    \
+    }
+
+WITHIN_INT(within_b, int8_t, uint8_t, outside_8)
+WITHIN_INT(within_h, int16_t, uint16_t, outside_16)
+WITHIN_INT(within_i, int32_t, uint32_t, outside_32)
+WITHIN_INT(within_q, int64_t, uint64_t, outside_64)
+WITHIN_INT(within_B, uint8_t, uint8_t, outside_8)
+WITHIN_INT(within_H, uint16_t, uint16_t, outside_16)
+WITHIN_INT(within_I, uint32_t, uint32_t, outside_32)
+WITHIN_INT(within_Q, uint64_t, uint64_t, outside_64)
+WITHIN_FLOAT(within_f, float, float)
+WITHIN_FLOAT(within_d, double, double)
+WITHIN_FLOAT(within_fd, float, double)
+
+typedef int (*Within)(const uint8_t *, Py_ssize_t, Py_ssize_t, const uint8_t *, const uint8_t *);
+
+static const struct {
+    char type, compare;
+    Py_ssize_t size, bound_size;
+    Within within;
+} WITHINS[] = {
+    {'b', 'b', 1, 1, within_b}, {'h', 'h', 2, 2, within_h}, {'i', 'i', 4, 4, within_i},
+    {'q', 'q', 8, 8, within_q}, {'B', 'B', 1, 1, within_B}, {'H', 'H', 2, 2, within_H},
+    {'I', 'I', 4, 4, within_I}, {'Q', 'Q', 8, 8, within_Q}, {'f', 'f', 4, 4, within_f},
+    {'d', 'd', 8, 8, within_d}, {'f', 'd', 4, 8, within_fd},
+};
+
+/* Whether the float64 sum of n rewards (float32 or float64) is surely finite
+ * in any order of adding: every one finite, and for float64 each at most
+ * DBL_MAX / 2n (a larger one takes the general path, whose numpy sum decides). */
+static int finite_sum(const uint8_t *p, Py_ssize_t n, int wide) {
+    int out = 0;
+    if (wide) {
+        double limit = DBL_MAX / 2.0 / (double)(n > 0 ? n : 1);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double v;
+            memcpy(&v, p + 8 * i, 8);
+            out |= !(fabs(v) <= limit); /* NaN: false */
+        }
+    } else { /* float32s' sum in float64 overflows for no n a result holds */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float v;
+            memcpy(&v, p + 4 * i, 4);
+            out |= !(fabsf(v) <= FLT_MAX); /* NaN: false */
+        }
+    }
+    return !out;
+}
+
+/* Whether every one of n bytes is 0 or 1 (numpy's bools). */
+static int bools_pass(const uint8_t *p, Py_ssize_t n) {
+    uint8_t high = 0;
+    for (Py_ssize_t i = 0; i < n; i++) high |= p[i] & 0xFE;
+    return high == 0;
+}
+
+/* One screen of ``spec`` over the array at ``offset``: 1 or 0, -1 with an error set. */
+static int screen_pass(const Source *s, PyObject *spec, Py_ssize_t offset, Py_ssize_t episodes,
+                       Py_ssize_t steps) {
+    if (!PyBytes_Check(spec) || PyBytes_GET_SIZE(spec) < (Py_ssize_t)sizeof(ScreenHead)) {
+        PyErr_SetString(PyExc_TypeError, "a screen's spec must be bytes starting with its head");
+        return -1;
+    }
+    ScreenHead head;
+    const uint8_t *bound_bytes = (const uint8_t *)PyBytes_AS_STRING(spec) + sizeof head;
+    Py_ssize_t bound_room = PyBytes_GET_SIZE(spec) - (Py_ssize_t)sizeof head;
+    memcpy(&head, PyBytes_AS_STRING(spec), sizeof head);
+    Py_ssize_t size = 1, bound_size = 0;
+    Within within = NULL;
+    if (head.op == 'w') {
+        for (size_t i = 0; i < sizeof WITHINS / sizeof WITHINS[0]; i++)
+            if (WITHINS[i].type == head.type && WITHINS[i].compare == head.compare) {
+                size = WITHINS[i].size;
+                bound_size = WITHINS[i].bound_size;
+                within = WITHINS[i].within;
+            }
+    } else if (head.op == 'f' && (head.type == 'f' || head.type == 'd')) {
+        size = head.type == 'd' ? 8 : 4;
+    } else if (head.op != 'o' || head.type != '?') {
+        size = 0;
+    }
+    Py_ssize_t rows = head.flags & PER_EPISODE ? episodes : steps;
+    int bound_lists = head.op == 'w' ? 2 : 0;
+    if (size == 0 || (head.op == 'w' && within == NULL) || head.row < 1 ||
+        head.row > PY_SSIZE_T_MAX / size || (head.bounds != 1 && head.bounds != head.row) ||
+        (bound_lists && head.bounds > bound_room) ||
+        bound_room != bound_lists * head.bounds * bound_size) {
+        PyErr_SetString(PyExc_ValueError, "a screen's spec does not hold a screen");
+        return -1;
+    }
+    Py_ssize_t row = (Py_ssize_t)head.row;
+    if (rows > PY_SSIZE_T_MAX / (row * size)) return 0; /* not in any result */
+    uint8_t *scratch = NULL;
+    const uint8_t *p = source_span(s, offset, rows * row * size, &scratch);
+    if (p == NULL) return PyErr_Occurred() ? -1 : 0;
+    int verdict;
+    if (head.op == 'w') {
+        Py_ssize_t bounds = (Py_ssize_t)head.bounds;
+        verdict = within(p, rows * row, bounds, bound_bytes, bound_bytes + bounds * bound_size);
+    } else if (head.op == 'f') {
+        verdict = finite_sum(p, rows * row, head.type == 'd');
+    } else {
+        verdict = bools_pass(p, rows * row);
+    }
+    PyMem_Free(scratch);
+    return verdict;
+}
+
+PyDoc_STRVAR(values_pass_doc,
+"values_pass(data, screens, offsets, episodes, steps, /)\n"
+"--\n\n"
+"Whether a result's values pass its layout's screens, read where they lie.\n\n"
+"data: the result's bytes, a buffer or a tuple of its chunks' buffers.\n"
+"screens: (name, spec) pairs (specs made by rlfleet.wire._layout_frames):\n"
+"values within bounds, rewards' finite sum, bools 0 or 1.\n"
+"offsets: each array's offset in data, by name.\n"
+"episodes, steps: the result's numbers (an array's rows are one or the other).\n"
+"False for a value a screen refuses, and for an array not in the result.");
+
+static PyObject *values_pass(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "values_pass takes 5 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *screens = args[1], *offsets = args[2];
+    if (!PyTuple_Check(screens) || !PyDict_Check(offsets)) {
+        PyErr_SetString(PyExc_TypeError, "screens must be a tuple, offsets a dict");
+        return NULL;
+    }
+    Py_ssize_t episodes = PyLong_AsSsize_t(args[3]), steps = PyLong_AsSsize_t(args[4]);
+    if ((episodes == -1 || steps == -1) && PyErr_Occurred()) return NULL;
+    if (episodes < 0 || steps < 0) Py_RETURN_FALSE;
+    Source source = {NULL, 0, 0};
+    if (source_open(args[0], &source) < 0) return NULL;
+    int verdict = 1;
+    for (Py_ssize_t i = 0; verdict == 1 && i < PyTuple_GET_SIZE(screens); i++) {
+        PyObject *screen = PyTuple_GET_ITEM(screens, i);
+        if (!PyTuple_Check(screen) || PyTuple_GET_SIZE(screen) != 2) {
+            PyErr_SetString(PyExc_TypeError, "each screen must be a (name, spec) pair");
+            verdict = -1;
+            break;
+        }
+        PyObject *at = PyDict_GetItemWithError(offsets, PyTuple_GET_ITEM(screen, 0));
+        if (at == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_KeyError, "a screen's array has no offset");
+            verdict = -1;
+            break;
+        }
+        Py_ssize_t offset = PyLong_AsSsize_t(at);
+        if (offset == -1 && PyErr_Occurred()) {
+            verdict = -1;
+            break;
+        }
+        verdict = screen_pass(&source, PyTuple_GET_ITEM(screen, 1), offset, episodes, steps);
+    }
+    source_release(&source);
+    if (verdict < 0) return NULL;
+    return PyBool_FromLong(verdict);
+}
+
 static PyMethodDef module_methods[] = {
     {"episodes_pass", (PyCFunction)(void (*)(void))episodes_pass, METH_FASTCALL,
      episodes_pass_doc},
+    {"values_pass", (PyCFunction)(void (*)(void))values_pass, METH_FASTCALL, values_pass_doc},
     {NULL, NULL, 0, NULL},
 };
+
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,

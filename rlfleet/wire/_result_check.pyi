@@ -20,3 +20,11 @@ def episodes_pass(
     seeds: tuple[int, int] | UnitBuffers | None,
     /,
 ) -> bool: ...
+def values_pass(
+    data: Buffer | tuple[Buffer, ...],
+    screens: tuple[tuple[str, bytes], ...],
+    offsets: dict[str, int],
+    episodes: int,
+    steps: int,
+    /,
+) -> bool: ...

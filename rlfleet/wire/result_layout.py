@@ -21,8 +21,13 @@ first result that passed that path, and checks each later one in one pass:
   lengths column and the int64 episode infos: indices, worker, agent
   version, seeds), the bytes around the arrays, the indices' order and the
   uint8 step types' rules are checked in one call into a C extension
-  (rlfleet/wire/_result_check.c), where the result's bytes are. numpy is
-  left the value screens: about 20 numpy calls per result.
+  (rlfleet/wire/_result_check.c), where the result's bytes are;
+* the values, in a second call into it (``values_pass``), read where they
+  lie (the writer leaves them at unaligned offsets, which numpy's ufuncs
+  copy before comparing): ints and floats against their bounds in the
+  dtype numpy compares them in, rewards' finite sum, bools 0 or 1. numpy
+  screens what it does not take (whole numbers in a float layout, a dtype
+  that breaks the space, float16 rewards).
 
 The layout and the bytes it fixes for each pair of numbers are worked out
 in :mod:`rlfleet.wire._layout_frames`; this module reads a result against
@@ -223,8 +228,12 @@ def _passes(
             return False
         if view("episode_infos['episode_index']").tolist() != list(header.episode_indices):
             return False
-        return _window_passes(
+        if not _window_passes(
             layout, view, window, worker_id=expect.worker_id, version=version, lengths=batch_lengths
+        ):
+            return False
+        return _values_pass(
+            layout, view, payload, offsets=skeleton.offsets, episodes=episodes, steps=steps
         )
     # One compiled call: the bytes around the arrays, the int64 columns the
     # header's numbers and the task's units tell (lengths, episode infos),
@@ -250,7 +259,9 @@ def _passes(
         seeds,
     ):
         return False
-    return _values_pass(layout, view)
+    return _values_pass(
+        layout, view, payload, offsets=skeleton.offsets, episodes=episodes, steps=steps
+    )
 
 
 #: An array of a result checked in one pass, by name (views, not copies, where they can be).
@@ -273,16 +284,25 @@ def _viewer(layout: _Layout, frame: _Frame, episodes: int, steps: int, payload: 
     return view
 
 
-def _values_pass(layout: _Layout, view: _View) -> bool:
-    """Values against the declared spaces, rewards, bool infos (value_problems, the decode)."""
+def _values_pass(
+    layout: _Layout,
+    view: _View,
+    payload: Payload | Pieces,
+    *,
+    offsets: dict[str, int],
+    episodes: int,
+    steps: int,
+) -> bool:
+    """Values against the declared spaces, rewards, bool infos (value_problems, the decode):
+    one compiled call reads them where they lie (``offsets``); numpy screens the rest."""
+    if not _result_check.values_pass(payload, layout.compiled_screens, offsets, episodes, steps):
+        return False
     for name, screen in layout.screens:
         if not screen(view(name)):
             return False
-    if layout.finite_rewards and not math.isfinite(
+    return not layout.finite_rewards or math.isfinite(
         np.add.reduce(view("rewards"), dtype=np.float64)
-    ):
-        return False
-    return not any(any_set(view(name).view(np.uint8) > 1) for name in layout.bools)
+    )
 
 
 def _window_passes(
@@ -294,17 +314,15 @@ def _window_passes(
     version: int,
     lengths: np.ndarray,
 ) -> bool:
-    """The rest of a fragment window's checks, after the metadata both modes share
-    (``version``: the result's agent version; ``lengths``: its pieces')."""
+    """A fragment window's own rules, after the metadata both modes share and
+    before the values (``version``: the result's agent version; ``lengths``: its pieces')."""
     for name, want in (("worker", worker_id), ("agent_version", version)):
         if any_set(view(f"episode_infos[{name!r}]") != want):
             return False
     pieces = WindowPieces.of(
         lambda key: view(f"episode_infos[{key!r}]"), lengths, view("step_types")
     )
-    if window_problems(pieces, window):
-        return False
-    return _values_pass(layout, view)
+    return not window_problems(pieces, window)
 
 
 def _batch_of_views(layout: _Layout, header: ResultHeader, payload: _Source) -> EpisodeBatch:
