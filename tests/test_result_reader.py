@@ -12,9 +12,6 @@ or returns None.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -207,16 +204,3 @@ def test_a_chunk_running_past_the_results_end_is_left() -> None:
     frame = b"\x12\x09" + b"\x3a\x0a\x18\x01\x20\x09\x32\x04x" + b"\xc8\x02\x01"
     assert read_result_frame(memoryview(frame)) is None
     assert not assert_frame_same_or_left(frame)
-
-
-def test_a_checkout_without_the_compiled_reader_says_how_to_build_it() -> None:
-    code = (
-        "import sys; sys.modules['rlfleet.wire._result_reader'] = None; "
-        "import rlfleet.wire.result_message"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert result.returncode != 0
-    assert "compiled result reader (rlfleet/wire/_result_reader.c) is not built" in result.stderr
-    assert "build_ext --inplace" in result.stderr

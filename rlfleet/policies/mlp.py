@@ -26,21 +26,16 @@ import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 
+from rlfleet._util.compiled import compiled
 from rlfleet.core.env_spec import EnvSpec
-from rlfleet.errors import ConfigError, NotInstalledError, PolicyError
+from rlfleet.errors import ConfigError, PolicyError
 from rlfleet.policies._distributions import normal_draws, row_generators
 from rlfleet.policies._observations import ObservationEncoder
 from rlfleet.policies._params import checked_params
 from rlfleet.policies.base import AgentInfos, ParamDict, Policy, RowDraws
 
-try:
+with compiled("MLP kernel", "rlfleet/policies/_mlp_kernel.c"):
     from rlfleet.policies._mlp_kernel import Kernel
-except ModuleNotFoundError as exc:  # a source checkout whose kernel was never compiled
-    raise NotInstalledError(
-        "rlfleet's compiled MLP kernel (rlfleet/policies/_mlp_kernel.c) is not built: install "
-        "rlfleet with pip, which compiles it (a C compiler is needed), or in a source checkout "
-        'run: python -c "from setuptools import setup; setup()" build_ext --inplace'
-    ) from exc
 
 #: Hidden-layer activations (their float32 arithmetic: docs/policies.md).
 ACTIVATIONS = ("identity", "relu", "tanh")

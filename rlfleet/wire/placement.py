@@ -38,18 +38,12 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from rlfleet._util.compiled import compiled
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.errors import NotInstalledError
 from rlfleet.wire.scattered import Scattered, ScatteredBatch
 
-try:
+with compiled("gather", "rlfleet/wire/_gather.c"):
     from rlfleet.wire._gather import gather
-except ModuleNotFoundError as exc:  # a source checkout whose gather was never compiled
-    raise NotInstalledError(
-        "rlfleet's compiled gather (rlfleet/wire/_gather.c) is not built: install rlfleet with "
-        "pip, which compiles it (a C compiler is needed), or in a source checkout run: "
-        'python -c "from setuptools import setup; setup()" build_ext --inplace'
-    ) from exc
 
 #: What a result is placed from: its batch, or its chunks not joined.
 Arrays: TypeAlias = "EpisodeBatch | ScatteredBatch"

@@ -66,11 +66,11 @@ from typing import Any
 
 import numpy as np
 
+from rlfleet._util.compiled import compiled
 from rlfleet._util.flags import any_set
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.seeding import NO_ENV_SEED, NO_POLICY_SEED
-from rlfleet.errors import NotInstalledError
 from rlfleet.wire._layout_frames import (
     _FIELD_NAMES,
     _Frame,
@@ -90,14 +90,8 @@ from rlfleet.wire.result_checks import (
 )
 from rlfleet.wire.results import JoinedResult, ResultHeader, decode_result
 
-try:
+with compiled("one-pass result check", "rlfleet/wire/_result_check.c"):
     from rlfleet.wire import _result_check
-except ModuleNotFoundError as exc:  # a source checkout whose check was never compiled
-    raise NotInstalledError(
-        "rlfleet's compiled one-pass result check (rlfleet/wire/_result_check.c) is not built: "
-        "install rlfleet with pip, which compiles it (a C compiler is needed), or in a source "
-        'checkout run: python -c "from setuptools import setup; setup()" build_ext --inplace'
-    ) from exc
 
 
 class ResultLayoutCheck:

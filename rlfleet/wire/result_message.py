@@ -24,20 +24,14 @@ from typing import TypeAlias
 
 import numpy as np
 
+from rlfleet._util.compiled import compiled
 from rlfleet._util.prebuilt import prebuilt_of
-from rlfleet.errors import NotInstalledError
 from rlfleet.wire._chunk import Chunk
 from rlfleet.wire._protowire import as_byte_source, encode_varint, len_prefix, packed_varints
 from rlfleet.wire.results import ResultHeader
 
-try:
+with compiled("result reader", "rlfleet/wire/_result_reader.c"):
     from rlfleet.wire import _result_reader
-except ModuleNotFoundError as exc:  # a source checkout whose reader was never compiled
-    raise NotInstalledError(
-        "rlfleet's compiled result reader (rlfleet/wire/_result_reader.c) is not built: install "
-        "rlfleet with pip, which compiles it (a C compiler is needed), or in a source checkout "
-        'run: python -c "from setuptools import setup; setup()" build_ext --inplace'
-    ) from exc
 
 #: What a result is read from: a worker's message (bytes, or a view of a data
 #: frame's receive buffer), a learner's frame (a view).
