@@ -27,13 +27,18 @@ from rlfleet.errors import NotInstalledError
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("result lanes", ("rlfleet-data-results",)),
     ("data loop", ("rlfleet-data-loop",)),
+    ("Join readers", ("rlfleet-join-",)),
     ("gRPC completion queue", ("Thread-1 (_serve)",)),
-    ("gRPC event_engine", ("event_engine",)),
-    ("gRPC timers", ("grpc_global_tim", "grpc_global_timer", "timer_manager")),
-    ("main", ("MainThread",)),
+    ("gRPC event_engine", ("event_engine", "lifeguard")),
+    (
+        "liveness, acceptor, timers, main",
+        ("rlfleet-coordinator-liveness", "rlfleet-data-accept", "grpc_global_tim", "MainThread"),
+    ),
 )
 _HANDLER = "rlfleet-coordinator_"
 OTHER = "other"
+#: The sum of every group, last in a report.
+ALL = "all threads"
 
 _SWITCHES = re.compile(r"^(voluntary|nonvoluntary)_ctxt_switches:\s+(\d+)", re.MULTILINE)
 
@@ -98,6 +103,8 @@ def per_result(totals: Mapping[str, list[int]], results: int) -> dict[str, dict[
     """``{group: {us_per_result, voluntary_per_result, involuntary_per_result}}``, report order."""
     order = [g for g, _ in GROUPS] + sorted(g for g in totals if g.startswith(_HANDLER)) + [OTHER]
     n = max(results, 1)
+    totals = {**totals, ALL: [sum(t[i] for t in totals.values()) for i in range(3)]}
+    order.append(ALL)
     return {
         group: {
             "us_per_result": totals[group][0] / n / 1e3,
