@@ -39,6 +39,10 @@ learner's ``obtain_fragments``): the workers answer each FRAGMENTS task's
 rounds with windows of their streams, serialized once per phase
 (:mod:`benchmarks.capacity_windows`); the two settings are fragment lengths.
 
+``--threads`` (Linux) adds, per result size, the coordinator's CPU and
+context switches per result by thread group, read from ``/proc`` around
+the same timed requests (:mod:`benchmarks.capacity_threads`).
+
 docs/performance.md ("Coordinator capacity: the model") turns these into workers per
 coordinator core.
 """
