@@ -407,7 +407,7 @@ def _print(report: dict[str, Any]) -> None:
         )
         for group, t in s.get("threads", {}).items():
             print(
-                f"    {group:>26}: {t['us_per_result']:8.1f} us/result, context switches per "
+                f"    {group:>32}: {t['us_per_result']:8.1f} us/result, context switches per "
                 f"result {t['voluntary_per_result']:6.2f} voluntary "
                 f"{t['involuntary_per_result']:6.2f} involuntary"
             )
