@@ -39,6 +39,10 @@ learner's ``obtain_fragments``): the workers answer each FRAGMENTS task's
 rounds with windows of their streams, serialized once per phase
 (:mod:`benchmarks.capacity_windows`); the two settings are fragment lengths.
 
+``--threads`` (Linux) adds, per result size, the coordinator's CPU and
+context switches per result by thread group, read from ``/proc`` around
+the same timed requests (:mod:`benchmarks.capacity_threads`).
+
 docs/performance.md ("Coordinator capacity: the model") turns these into workers per
 coordinator core.
 """
@@ -62,6 +66,7 @@ from typing import Any
 import numpy as np
 import psutil
 
+from benchmarks import capacity_threads
 from benchmarks.capacity_workers import (
     CARRIERS,
     FRAGMENT_SHAPES,
@@ -70,8 +75,10 @@ from benchmarks.capacity_workers import (
     Shape,
     SyntheticWorker,
 )
+from benchmarks.worker_threads import thread_names
 from rlfleet.client import RemoteSampler
 from rlfleet.core import EpisodeBatch
+from rlfleet.errors import NotInstalledError
 
 # --- the measurement -----------------------------------------------------------------
 
@@ -89,6 +96,9 @@ class Request:
         messages: Messages they came in.
         coordinator_cpu: The coordinator's CPU seconds.
         learner_cpu: This process's CPU seconds.
+        threads: With ``--threads``: ``{group: [CPU ns, voluntary, involuntary
+            context switches]}`` of the coordinator's threads
+            (:mod:`benchmarks.capacity_threads`); else empty.
     """
 
     result_episodes: int
@@ -98,6 +108,7 @@ class Request:
     messages: int
     coordinator_cpu: float
     learner_cpu: float
+    threads: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
 
 def _counts(files: Sequence[Path]) -> tuple[int, int]:
@@ -178,18 +189,38 @@ def _stopping(processes: list[subprocess.Popen[bytes]]) -> Iterator[None]:
 
 
 def measure(
-    shape: Shape, *, workers: int, num_envs: int, repeats: int, carrier: str = "join"
+    shape: Shape,
+    *,
+    workers: int,
+    num_envs: int,
+    repeats: int,
+    carrier: str = "join",
+    threads: bool = False,
 ) -> list[Request]:
     """Runs ``shape``'s requests against a fresh coordinator and synthetic workers
-    whose results take ``carrier`` (``join`` or ``data``)."""
+    whose results take ``carrier`` (``join`` or ``data``); with ``threads``, each
+    request also reads the coordinator's threads (:attr:`Request.threads`)."""
     with tempfile.TemporaryDirectory(prefix="rlfleet-capacity-") as name:
         return _measure(
-            Path(name), shape, workers=workers, num_envs=num_envs, repeats=repeats, carrier=carrier
+            Path(name),
+            shape,
+            workers=workers,
+            num_envs=num_envs,
+            repeats=repeats,
+            carrier=carrier,
+            threads=threads,
         )
 
 
 def _measure(
-    directory: Path, shape: Shape, *, workers: int, num_envs: int, repeats: int, carrier: str
+    directory: Path,
+    shape: Shape,
+    *,
+    workers: int,
+    num_envs: int,
+    repeats: int,
+    carrier: str,
+    threads: bool,
 ) -> list[Request]:
     port_file, control = directory / "port", directory / "result-episodes"
     control.write_text(str((shape.fragment_lengths or shape.result_episodes)[0]))
@@ -229,6 +260,9 @@ def _measure(
             settings = fragments or shape.result_episodes
             obtain(0, settings[0], shape.request_steps[0])  # warm-up
             cpu = _cpu_clock(coordinator.pid)
+            # Named outside the timed windows: naming (py-spy dump) pauses the coordinator.
+            names = thread_names(coordinator.pid) if threads else {}
+            readings: list[tuple[capacity_threads.Counters, capacity_threads.Counters]] = []
             rows = []
             itr = 1
             for per_result in settings:
@@ -236,12 +270,19 @@ def _measure(
                 for steps in shape.request_steps:
                     for _ in range(repeats):
                         before = _settled(count_files)
+                        threads_before = (
+                            capacity_threads.thread_counters(coordinator.pid) if threads else {}
+                        )
                         coordinator_before = cpu()
                         learner_before = time.process_time()
                         batch = obtain(itr, per_result, steps)
                         learner_cpu = time.process_time() - learner_before
                         after = _settled(count_files)
                         coordinator_cpu = cpu() - coordinator_before
+                        if threads:
+                            readings.append(
+                                (threads_before, capacity_threads.thread_counters(coordinator.pid))
+                            )
                         itr += 1
                         rows.append(
                             Request(
@@ -255,6 +296,12 @@ def _measure(
                             )
                         )
                         del batch
+            if threads:  # threads born during the run: named now, still outside the windows
+                names = {**thread_names(coordinator.pid), **names}
+                rows = [
+                    dataclasses.replace(row, threads=capacity_threads.grouped(b, a, names))
+                    for row, (b, a) in zip(rows, readings, strict=True)
+                ]
         return rows
 
 
@@ -294,7 +341,9 @@ def summarize(shape: Shape, rows: Sequence[Request], carrier: str = "join") -> d
         steps = sum(r.steps for r in mine)
         cpu = sum(r.coordinator_cpu for r in mine)
         results = sum(r.results for r in mine)
-        settings.append(
+        setting: dict[str, Any] = {}
+        settings.append(setting)
+        setting.update(
             {
                 # A window: every stream's fragment (the learner's answer may end sooner).
                 "result_steps": steps // max(results, 1)
@@ -313,6 +362,14 @@ def summarize(shape: Shape, rows: Sequence[Request], carrier: str = "join") -> d
                 "learner_us_per_step": sum(r.learner_cpu for r in mine) / steps * 1e6,
             }
         )
+        if any(r.threads for r in mine):
+            totals: dict[str, list[int]] = {}
+            for r in mine:
+                for group, counts in r.threads.items():
+                    total = totals.setdefault(group, [0, 0, 0])
+                    for i, count in enumerate(counts):
+                        total[i] += count
+            setting["threads"] = capacity_threads.per_result(totals, results)
     design = np.array([[1.0, r.steps, r.results] for r in rows])
     per_request, per_step, per_result_cpu = nonnegative_fit(
         design, np.array([r.coordinator_cpu for r in rows])
@@ -348,6 +405,12 @@ def _print(report: dict[str, Any]) -> None:
             f"{s['coordinator_us_per_result']:>15.0f} {s['steps_per_core_second']:>13,.0f} "
             f"{s['mb_per_core_second']:>9,.0f} {s['learner_us_per_step']:>15.3f}"
         )
+        for group, t in s.get("threads", {}).items():
+            print(
+                f"    {group:>32}: {t['us_per_result']:8.1f} us/result, context switches per "
+                f"result {t['voluntary_per_result']:6.2f} voluntary "
+                f"{t['involuntary_per_result']:6.2f} involuntary"
+            )
     fit = report["fit"]
     print(
         f"  fit: {fit['us_per_step']:.3f} us per step + {fit['us_per_result']:.0f} us per "
@@ -362,13 +425,23 @@ def run(
     num_envs: int = 64,
     repeats: int = 1,
     carriers: Sequence[str] = ("join",),
+    threads: bool = False,
 ) -> list[dict[str, Any]]:
-    """Measures every shape over every carrier; returns one report each (see :func:`summarize`)."""
+    """Measures every shape over every carrier; returns one report each (see :func:`summarize`).
+
+    With ``threads``, each setting also has ``threads``: the coordinator's CPU
+    and context switches per result by thread group (:mod:`benchmarks.capacity_threads`).
+    """
     reports = []
     for shape in shapes:
         for carrier in carriers:
             rows = measure(
-                shape, workers=workers, num_envs=num_envs, repeats=repeats, carrier=carrier
+                shape,
+                workers=workers,
+                num_envs=num_envs,
+                repeats=repeats,
+                carrier=carrier,
+                threads=threads,
             )
             report = summarize(shape, rows, carrier)
             _print(report)
@@ -397,6 +470,13 @@ def _parser() -> argparse.ArgumentParser:
         default="both",
         help="where the workers' results travel: their Join streams (gRPC), their lease data "
         "connections (framed TCP), or both, measured one after the other",
+    )
+    parser.add_argument(
+        "--threads",
+        action="store_true",
+        help="also the coordinator's CPU and context switches per result by thread group, from "
+        "/proc/<pid>/task/*/schedstat and status around each timed request (Linux only; "
+        "threads named by py-spy dump when it is on the PATH)",
     )
     # A synthetic worker's own process (started by the benchmark).
     parser.add_argument("--serve-worker", metavar="ADDRESS", help=argparse.SUPPRESS)
@@ -428,10 +508,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for name in args.shapes
     ]
+    if args.threads:
+        try:
+            capacity_threads.require_proc()
+        except NotInstalledError as error:
+            print(f"python -m benchmarks.capacity: {error}", file=sys.stderr)
+            return 2
     load = os.getloadavg()[0]
     print(f"load average at start: {load:.1f} on {os.cpu_count()} cores")
     carriers = CARRIERS if args.carrier == "both" else (args.carrier,)
-    run(shapes, workers=args.workers, num_envs=args.envs, repeats=args.repeats, carriers=carriers)
+    run(
+        shapes,
+        workers=args.workers,
+        num_envs=args.envs,
+        repeats=args.repeats,
+        carriers=carriers,
+        threads=args.threads,
+    )
     return 0
 
 

@@ -29,6 +29,7 @@ import subprocess
 import time
 from collections import defaultdict
 
+from benchmarks import capacity_threads
 from rlfleet.client import Fleet
 from rlfleet.envs import EnvConfig
 
@@ -41,17 +42,9 @@ _THREAD = re.compile(r'^Thread (\d+) \([^)]*\): "([^"]*)"$', re.MULTILINE)
 def thread_counters(pid: int) -> dict[int, tuple[int, int]]:
     """``{tid: (CPU ns, voluntary context switches)}`` of a process's threads
     (threads that end while being read are left out)."""
-    counters = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                ns = int(f.read().split()[0])
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                found = re.search(r"^voluntary_ctxt_switches:\s+(\d+)", f.read(), re.MULTILINE)
-        except OSError:
-            continue
-        counters[int(tid)] = (ns, int(found.group(1)) if found else 0)
-    return counters
+    return {
+        tid: (ns, wakes) for tid, (ns, wakes, _) in capacity_threads.thread_counters(pid).items()
+    }
 
 
 def thread_names(pid: int) -> dict[int, str]:
