@@ -17,7 +17,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from rlfleet.errors import ConnectionClosedError, RlfleetTimeoutError
 from rlfleet.transport.lease_channel import FRAME_HEADER, InProcessLink, frame
@@ -138,6 +138,8 @@ class DataConnection(LeaseConnection):
     ) -> None:
         super().__init__(server, what)
         self._sock = sock
+        # TLS or plain, for good: TLS has no sendmsg and may hold decrypted bytes.
+        self._tls = isinstance(sock, ssl.SSLSocket)
         self._max_pending = max_pending_bytes
         self._pending_bytes = 0
         self._pending: list[memoryview] = []
@@ -190,7 +192,6 @@ class DataConnection(LeaseConnection):
             RlfleetTimeoutError: If the peer took nothing for ``wait_seconds``.
         """
         pieces = [FRAME_HEADER.pack(sum(map(len, parts))), *parts]
-        tls = isinstance(self._sock, ssl.SSLSocket)
         with self._lock:
             while self._pending_bytes > _PACED_BYTES and not self._closed:
                 if not self._drained.wait(wait_seconds):
@@ -203,7 +204,7 @@ class DataConnection(LeaseConnection):
             if failure is None and rest:
                 self._pending += rest
                 self._pending_bytes += sum(map(len, rest))
-        if failure is None and rest and not tls:
+        if failure is None and rest and not self._tls:
             failure = self._drain(wait_seconds)
             rest = []
         if failure is not None:
@@ -248,7 +249,7 @@ class DataConnection(LeaseConnection):
             try:
                 if len(pieces) == 1:
                     sent = self._sock.send(pieces[0])
-                elif isinstance(self._sock, ssl.SSLSocket):
+                elif self._tls:
                     # No sendmsg over TLS: large pieces go as they are, the
                     # small ones around them joined (fewer TLS records).
                     pieces = _coalesced(pieces)
@@ -326,7 +327,7 @@ class DataConnection(LeaseConnection):
                 # that finds nothing costs a thread switch for no bytes.
                 continue
             # A TLS socket may hold decrypted bytes the selector does not see.
-            if not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+            if not (self._tls and cast(ssl.SSLSocket, sock).pending()):
                 return None
 
     def _cut(self, data: memoryview, count: int, max_frame: int, peer: LeaseDataPeer) -> str | None:
@@ -392,10 +393,9 @@ class DataConnection(LeaseConnection):
         lock); returns (everything sent, a reason to close or None). On plain
         TCP every waiting piece goes in one ``sendmsg`` (a frame's header and
         small pieces are not a call each)."""
-        plain = not isinstance(self._sock, ssl.SSLSocket)
         while self._pending:
             try:
-                if plain and len(self._pending) > 1:
+                if not self._tls and len(self._pending) > 1:
                     sent = self._sock.sendmsg(self._pending[:_SEND_PIECES])
                 else:
                     sent = self._sock.send(self._pending[0])
