@@ -209,6 +209,21 @@ def test_a_spoiled_value_is_refused_with_the_general_paths_text(case: str) -> No
     assert str(info.value) == expected
 
 
+def test_a_layout_left_to_numpys_screens_still_refuses_with_the_general_paths_text() -> None:
+    """float16 rewards are not a dtype the compiled screens read: their finite
+    sum is numpy's, on a view made for it, and an inf among them is refused."""
+    honest = batch_of([3, 2])
+    honest = dataclasses.replace(honest, rewards=honest.rewards.astype(np.float16))
+    check = ResultLayoutCheck()
+    check.check(joined(honest), SPEC, EXPECT)
+    assert check.learned
+    result = joined(spoiled("rewards", _set(0, np.inf))(honest))
+    expected = general_refusal(result)
+    with pytest.raises((ProtocolError, WireFormatError)) as info:
+        check.check(result, SPEC, EXPECT)
+    assert str(info.value) == expected
+
+
 def test_episodes_of_one_step_and_units_apart_pass_without_the_general_decode(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

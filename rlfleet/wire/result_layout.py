@@ -198,7 +198,6 @@ def _passes(
     skeleton = layout.fitting(episodes, steps, size)
     if skeleton is None:
         return False
-    view = _viewer(layout, skeleton, episodes, steps, source)
 
     # The metadata and the episode infos (_metadata_problems, _episode_problems).
     version = header.agent_version
@@ -214,6 +213,7 @@ def _passes(
         return False
     window = expect.window
     if window is not None:  # a fragment window: its own rules from here
+        view = _viewer(layout, skeleton, episodes, steps, source)
         for offset, expected in skeleton.headers:
             if read(offset, len(expected)) != expected:
                 return False
@@ -227,7 +227,7 @@ def _passes(
         ):
             return False
         return _values_pass(
-            layout, view, payload, offsets=skeleton.offsets, episodes=episodes, steps=steps
+            layout, payload, source, frame=skeleton, episodes=episodes, steps=steps, view=view
         )
     # One compiled call: the bytes around the arrays, the int64 columns the
     # header's numbers and the task's units tell (lengths, episode infos),
@@ -253,9 +253,7 @@ def _passes(
         seeds,
     ):
         return False
-    return _values_pass(
-        layout, view, payload, offsets=skeleton.offsets, episodes=episodes, steps=steps
-    )
+    return _values_pass(layout, payload, source, frame=skeleton, episodes=episodes, steps=steps)
 
 
 #: An array of a result checked in one pass, by name (views, not copies, where they can be).
@@ -280,17 +278,25 @@ def _viewer(layout: _Layout, frame: _Frame, episodes: int, steps: int, payload: 
 
 def _values_pass(
     layout: _Layout,
-    view: _View,
     payload: Payload | Pieces,
+    source: _Source,
     *,
-    offsets: dict[str, int],
+    frame: _Frame,
     episodes: int,
     steps: int,
+    view: _View | None = None,
 ) -> bool:
     """Values against the declared spaces, rewards, bool infos (value_problems, the decode):
-    one compiled call reads them where they lie (``offsets``); numpy screens the rest."""
-    if not _result_check.values_pass(payload, layout.compiled_screens, offsets, episodes, steps):
+    one compiled call reads them where they lie (``frame``'s offsets); numpy screens the
+    rest, through ``view`` (made here if not given, only when a numpy screen is left)."""
+    if not _result_check.values_pass(
+        payload, layout.compiled_screens, frame.offsets, episodes, steps
+    ):
         return False
+    if not (layout.screens or layout.finite_rewards):
+        return True  # the layouts rlfleet's workers write: nothing left for numpy
+    if view is None:
+        view = _viewer(layout, frame, episodes, steps, source)
     for name, screen in layout.screens:
         if not screen(view(name)):
             return False
