@@ -129,11 +129,6 @@ def len_prefix(field_number: int, length: int) -> bytes:
     return tag(field_number, LEN) + encode_varint(length)
 
 
-def len_prefix_size(field_number: int, length: int) -> int:
-    """``len(len_prefix(field_number, length))`` without building it."""
-    return len(tag(field_number, LEN)) + varint_size(length)
-
-
 def to_int64(value: int) -> int:
     """Reinterprets a decoded (unsigned 64-bit) varint as a signed int64."""
     return value - (1 << 64) if value & _INT64_SIGN else value
