@@ -410,23 +410,24 @@ def test_env_change_cancels_and_requeues_subscription_work() -> None:
 
 
 def test_capacity_is_counted_in_expected_steps_and_refills_come_in_batches() -> None:
-    scheduler = fleet(2, capacity_steps=40)  # floor: 2 envs x (1 + 1) = 4 units
+    scheduler = fleet(2, capacity_steps=60)  # floor: 2 envs x (1 + 1) = 4 units
     scheduler.start_sample(spec(Mode.EPISODES, 100))
     (first,) = scheduler.dispatch()
     assert indices(first) == [0, 1, 2, 3]  # no length known yet: the floor
     finish_units(scheduler, first, dict.fromkeys(range(4), 2))
     assert scheduler.mean_episode_length == 2.0
-    assert scheduler.capacity(1) == 20  # 40 steps / 2 per episode
+    assert scheduler.capacity(1) == 30  # 60 steps / 2 per episode
     (refill,) = scheduler.dispatch()
-    assert indices(refill) == list(range(4, 24))  # one task up to capacity
-    # Spare units: 20 - 2 slots = 18. No refill until half of them are done
-    # (results of 8 steps: three of them, 24 steps, are within the 40)...
-    finish_units(scheduler, refill, dict.fromkeys(range(4, 24), 2), only=list(range(4, 8)))
-    finish_units(scheduler, refill, dict.fromkeys(range(4, 24), 2), only=list(range(8, 12)))
-    assert scheduler.dispatch() == []  # 12 held: 10 spare left
-    finish_units(scheduler, refill, dict.fromkeys(range(4, 24), 2), only=[12])
-    (topped,) = scheduler.dispatch()  # 11 held: 9 spare left, half of 18
-    assert indices(topped) == list(range(24, 33))
+    assert indices(refill) == list(range(4, 34))  # one task up to capacity
+    # Spare units: 30 - 2 slots = 28. No refill until half of them are done
+    # (results of 8 steps: five of them, 40 steps, are within the 60)...
+    lengths = dict.fromkeys(range(4, 34), 2)
+    for done in ([4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15], [16]):
+        finish_units(scheduler, refill, lengths, only=done)
+    assert scheduler.dispatch() == []  # 17 held: 15 spare left
+    finish_units(scheduler, refill, lengths, only=[17])
+    (topped,) = scheduler.dispatch()  # 16 held: 14 spare left, half of 28
+    assert indices(topped) == list(range(34, 48))
 
 
 def test_capacity_never_falls_below_the_prefetch_floor() -> None:
@@ -438,19 +439,24 @@ def test_capacity_never_falls_below_the_prefetch_floor() -> None:
     assert scheduler.capacity(1) == 12
 
 
-def test_a_worker_is_topped_up_while_it_still_holds_two_of_its_results_unstarted() -> None:
-    # A refill only ever follows a result, so what a worker holds beyond its
-    # running episodes when a result of it is booked must last until the
-    # refill arrives: two results' worth, one for the time until its next
-    # result and one for the refill's round trip. With capacity_steps alone
-    # (16384, two results of 8192) it held less than one.
-    slots, length, result = 64, 20, 8192 // 20
+def _native_worker_results(
+    results: int, *, slots: int = 64, length: int = 20
+) -> tuple[Scheduler, list[tuple[int, int, int]]]:
+    """A worker of ``slots`` envs that runs its units in order and reports
+    8,192 steps at a time, each result followed by a refill.
+
+    Returns:
+        The scheduler, and per result booked: the units it then held not
+        started (before its refill), the refill's units (0: none), and
+        the Task messages the refill sent.
+    """
+    result = 8192 // length
     scheduler = fleet(slots, capacity_steps=16384)
     scheduler.start_sample(spec(Mode.STEPS, 10**8))
     (first,) = scheduler.dispatch()  # a unit per slot: no length known yet
     given, task_id, done = indices(first), first.task_id, 0
-    for count in range(12):
-        # The worker runs its units in order and reports them a result at a time.
+    log = []
+    for _ in range(results):
         batch = given[done : done + result]
         ruling = scheduler.complete(1, task_id, batch, [length] * len(batch))
         assert ruling.verdict is Verdict.ACCEPT
@@ -460,10 +466,38 @@ def test_a_worker_is_topped_up_while_it_still_holds_two_of_its_results_unstarted
         for order in orders:
             given += indices(order)
             task_id = order.task_id
-        if count >= 2:  # once its results' size is known and it was topped up to it
-            assert orders, f"result {count}: no refill, {unstarted} units unstarted"
-            assert unstarted >= 2 * result, f"result {count}: refilled at {unstarted} unstarted"
-    assert scheduler.capacity(1) == slots + math.ceil(3 * result * length / length)
+        log.append((unstarted, sum(len(order.units) for order in orders), len(orders)))
+    return scheduler, log
+
+
+def test_a_worker_is_topped_up_while_it_still_holds_two_of_its_results_unstarted() -> None:
+    # A refill only ever follows a result, so what a worker holds beyond its
+    # running episodes when a result of it is booked must last until the
+    # refill arrives: two results' worth, one for the time until its next
+    # result and one for the refill's round trip. With capacity_steps alone
+    # (16384, two results of 8192) it held less than one.
+    slots, length, result = 64, 20, 8192 // 20
+    scheduler, log = _native_worker_results(24, slots=slots, length=length)
+    # Once its results' size is known and it was topped up to it (the
+    # third result on), it never holds fewer than two results' worth
+    # unstarted when a result is booked, and is refilled by then at the latest.
+    for count, (unstarted, refill, _) in enumerate(log[2:], start=2):
+        assert unstarted >= 2 * result, f"result {count}: {unstarted} units unstarted"
+        if unstarted < 3 * result:
+            assert refill, f"result {count}: no refill at {unstarted} unstarted"
+    assert scheduler.capacity(1) == slots + math.ceil(5 * result * length / length)
+
+
+def test_a_worker_of_large_results_gets_a_task_per_several_results() -> None:
+    # Each Task message costs the coordinator 250-300 us of gRPC CPU and the
+    # worker a wake-up: topped up by one result's worth, a worker of
+    # 8,192-step results got one per result. Its refills carry three.
+    result = 8192 // 20
+    _, log = _native_worker_results(30)
+    steady = log[6:]  # past the first request's start
+    tasks = sum(count for _, _, count in steady)
+    assert tasks <= len(steady) / 3 + 1, log
+    assert all(refill >= 2 * result for _, refill, count in steady if count), log
 
 
 def test_spare_units_are_dealt_round_robin_in_slices_of_num_envs() -> None:
@@ -559,12 +593,12 @@ def test_the_mean_length_follows_recent_episodes() -> None:
 
 
 def test_an_env_change_forgets_the_mean_length() -> None:
-    scheduler = fleet(2, capacity_steps=100)
+    scheduler = fleet(2, capacity_steps=200)
     request_id = scheduler.start_sample(spec(Mode.EPISODES, 2))
     (order,) = scheduler.dispatch()
     finish_units(scheduler, order, {0: 10, 1: 10})
     scheduler.finish(request_id)
-    assert scheduler.capacity(1) == 10
+    assert scheduler.capacity(1) == 20
     scheduler.set_env_generation(2)
     assert scheduler.mean_episode_length is None
     assert scheduler.capacity(1) == 4  # back to the floor until new lengths come
