@@ -877,3 +877,66 @@ def test_a_refill_deals_what_taking_each_slice_on_its_own_dealt(  # noqa: PLR091
                 held[worker_id] = (task_id, units[len(done) :])
         scheduled[rule] = log
     assert scheduled["at once"] == scheduled["slice by slice"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    num_envs=st.lists(st.integers(1, 16), min_size=1, max_size=3),
+    capacity_steps=st.sampled_from([0, 200, 800]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_refill_hands_out_what_working_every_mark_out_would(
+    num_envs: list[int], capacity_steps: int, seed: int
+) -> None:
+    # A dispatch skips working the workers' marks out while they hold more
+    # than the marks it kept for a shorter mean length. Episodes that turn
+    # long then short (the mean length rising and falling by far more than
+    # the slack) and results of every size: the same refills, round by
+    # round, as a planner that works every mark out each time.
+    scheduled = {}
+    for rule in ("kept marks", "every time"):
+        rng = np.random.default_rng(seed)
+        scheduler = fleet(*num_envs, capacity_steps=capacity_steps)
+        if rule == "every time":
+            scheduler._units._surely_full = lambda *_: False  # type: ignore[method-assign]
+        scheduler.start_sample(spec(Mode.STEPS, 10**7))
+        held: dict[int, tuple[int, list[int]]] = {}
+        log = []
+        for round_ in range(40):
+            orders = scheduler.dispatch()
+            given = {o.worker_id: o.units.episode_indices.tolist() for o in orders}
+            log.append(given)
+            for order in orders:
+                previous = held.get(order.worker_id, (order.task_id, []))[1]
+                held[order.worker_id] = (order.task_id, previous + given[order.worker_id])
+            long_episodes = round_ // 8 % 2 == 1
+            for worker_id, (task_id, units) in sorted(held.items()):
+                done = units[: int(rng.integers(0, max(len(units) // 4, 1) + 1))]
+                if done:
+                    lengths = rng.integers(40, 120) if long_episodes else rng.integers(2, 8)
+                    scheduler.complete(worker_id, task_id, done, [int(lengths)] * len(done))
+                held[worker_id] = (task_id, units[len(done) :])
+        scheduled[rule] = log
+    assert scheduled["kept marks"] == scheduled["every time"]
+
+
+def test_a_refill_that_hands_out_nothing_works_no_mark_out() -> None:
+    # After most results no worker wants a refill; the dispatch then checks
+    # what each worker holds against the mark it kept, and works out no
+    # capacity: that took most of a dispatch handing out nothing.
+    scheduler = fleet(*[64] * 8, capacity_steps=16384)
+    scheduler.start_sample(spec(Mode.STEPS, 10**8))
+    live = {order.worker_id: order for order in scheduler.dispatch()}
+    for worker_id, order in live.items():
+        scheduler.complete(worker_id, order.task_id, indices(order), [100] * 64)
+    refills = scheduler.dispatch()
+    assert {order.worker_id for order in refills} == set(live)
+    for order in refills:
+        # A result each: every worker still above its mark.
+        scheduler.complete(order.worker_id, order.task_id, indices(order)[:64], [100] * 64)
+    profile = cProfile.Profile()
+    profile.enable()
+    assert scheduler.dispatch() == []
+    profile.disable()
+    called = {name for (_, _, name), *_ in pstats.Stats(profile).stats.items()}  # type: ignore[attr-defined]
+    assert "_limits" not in called, called

@@ -386,12 +386,12 @@ class Scheduler:
         return self._units.moves.moved
 
     def _dispatch_request(self, request: RequestState) -> list[TaskOrder]:
-        workers = [w for _, w in sorted(self._books.workers.items()) if w.eligible]
+        ordered = sorted(self._books.workers.items())
         if isinstance(request, EpisodeRequest):
-            workers = [w for w in workers if w.slots]
+            workers = [w for _, w in ordered if w.eligible and w.num_envs > w.leased]
             return self._units.dispatch(request, workers) if workers else []
         if isinstance(request, FragmentRequest):
-            workers = [w for w in workers if not w.leased]
+            workers = [w for _, w in ordered if w.eligible and not w.leased]
             return self._windows.dispatch(request, workers) if workers else []
         raise InternalError(f"unknown request type {type(request).__name__}")
 

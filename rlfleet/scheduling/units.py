@@ -60,6 +60,13 @@ LOW_WATER_RESULTS = 2
 #: CPU and a refill each (docs/performance.md, "An 8,000-step result").
 RESULTS_HELD = LOW_WATER_RESULTS + 3
 
+#: How much shorter than the fleet's mean length the refill marks a
+#: dispatch keeps are worked out for (:meth:`UnitPlanner.dispatch`): a mark
+#: never falls as the mean length shortens, so a kept mark bounds the
+#: worker's while the mean stays above that, and it drifts by less than this
+#: over most results.
+MARK_SLACK = 1 / 32
+
 #: Episodes over which the fleet's running mean episode length forgets.
 MEAN_LENGTH_MEMORY = 256
 
@@ -392,6 +399,9 @@ class UnitPlanner:
         self.mean_length = MeanLength()
         #: The units moved at Sample requests' tails, and their Cancels.
         self.moves = TailMoves(books, enabled=move_units)
+        # Per worker id: (mean length, result_steps, leased, num_envs) and the
+        # refill mark of those (_surely_full).
+        self._marks: dict[int, tuple[float, int, int, int, int]] = {}
 
     def min_capacity(self, num_envs: int) -> int:
         """The floor of a worker's capacity in units, whatever the episode length."""
@@ -444,10 +454,14 @@ class UnitPlanner:
         units are moved instead (with ``move_units``): see :meth:`TailMoves.move`.
         """
         mean = self.mean_length.value
+        if mean is not None and self._surely_full(workers, mean):
+            return []  # the common case after a result: nothing to send
         limits = [self._limits(w, mean) for w in workers]
         wanting = [w for w, (_, mark) in zip(workers, limits, strict=True) if w.units <= mark]
+        if mean is not None:
+            self._keep_marks(workers, mean)
         if not wanting:
-            return []  # the common case after a result: nothing to send
+            return []
         # Top up every worker with room for a slice, not only the one that
         # asked: queues stay balanced, so when the request stops generating,
         # its last units are spread over the fleet instead of one worker
@@ -488,6 +502,34 @@ class UnitPlanner:
             worker.units += len(units)
             orders.append(self._books.order(task, request, units=units))
         return orders
+
+    def _surely_full(self, workers: list[WorkerLoad], mean: float) -> bool:
+        """Whether no worker wants a refill, known from the marks kept for a
+        shorter mean length than ``mean``: a worker holding more than such a
+        mark, with the same result size and env slots, holds more than its
+        mark now. A few comparisons per worker where working the marks out
+        took most of a refill that hands out nothing."""
+        marks = self._marks
+        for w in workers:
+            kept = marks.get(w.worker_id)
+            if (
+                kept is None
+                or w.units <= kept[4]
+                or mean < kept[0]
+                or kept[1] != w.result_steps
+                or kept[2] != w.leased
+                or kept[3] != w.num_envs
+            ):
+                return False
+        return True
+
+    def _keep_marks(self, workers: list[WorkerLoad], mean: float) -> None:
+        """Keeps each worker's refill mark for a mean length :data:`MARK_SLACK`
+        shorter than ``mean`` (a mark never rises with the mean length)."""
+        shorter = mean * (1.0 - MARK_SLACK)
+        for w in workers:
+            mark = self._limits(w, shorter)[1]
+            self._marks[w.worker_id] = (shorter, w.result_steps, w.leased, w.num_envs, mark)
 
     def forfeit(self, task: TaskRecord, indices: np.ndarray) -> int:
         """Re-queues the units of an ignored result of ``task`` that it still
