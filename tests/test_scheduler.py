@@ -940,3 +940,16 @@ def test_a_refill_that_hands_out_nothing_works_no_mark_out() -> None:
     profile.disable()
     called = {name for (_, _, name), *_ in pstats.Stats(profile).stats.items()}  # type: ignore[attr-defined]
     assert "_limits" not in called, called
+
+
+def test_a_worker_that_leaves_takes_its_kept_mark_with_it() -> None:
+    # A coordinator that runs for weeks sees workers come and go: what a
+    # dispatch keeps per worker goes when the worker does.
+    scheduler = fleet(4, 4, capacity_steps=400)
+    scheduler.start_sample(spec(Mode.STEPS, 10**6))
+    for order in scheduler.dispatch():
+        scheduler.complete(order.worker_id, order.task_id, indices(order)[:4], [10] * 4)
+    scheduler.dispatch()
+    assert set(scheduler._units._marks) == {1, 2}
+    scheduler.remove_worker(2)
+    assert set(scheduler._units._marks) == {1}

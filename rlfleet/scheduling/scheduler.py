@@ -227,6 +227,7 @@ class Scheduler:
         Returns:
             The number of episode units re-queued.
         """
+        self._units.forget(worker_id)
         return lose_worker(self._books, self._streams, worker_id, keep_streams=keep_streams)
 
     def units_in_flight(self, worker_id: int) -> int:

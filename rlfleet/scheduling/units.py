@@ -503,6 +503,10 @@ class UnitPlanner:
             orders.append(self._books.order(task, request, units=units))
         return orders
 
+    def forget(self, worker_id: int) -> None:
+        """Drops what was kept for a worker that left (its refill mark)."""
+        self._marks.pop(worker_id, None)
+
     def _surely_full(self, workers: list[WorkerLoad], mean: float) -> bool:
         """Whether no worker wants a refill, known from the marks kept for a
         shorter mean length than ``mean``: a worker holding more than such a
