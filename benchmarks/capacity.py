@@ -94,6 +94,7 @@ class Request:
         data_bytes: Bytes of the delivered batch's step arrays.
         results: Results the workers sent meanwhile.
         messages: Messages they came in.
+        tasks: Task messages the workers got meanwhile (refills included).
         coordinator_cpu: The coordinator's CPU seconds.
         learner_cpu: This process's CPU seconds.
         threads: With ``--threads``: ``{group: [CPU ns, voluntary, involuntary
@@ -106,22 +107,25 @@ class Request:
     data_bytes: int
     results: int
     messages: int
+    tasks: int
     coordinator_cpu: float
     learner_cpu: float
     threads: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
 
-def _counts(files: Sequence[Path]) -> tuple[int, int]:
-    results = messages = 0
+def _counts(files: Sequence[Path]) -> tuple[int, int, int]:
+    """The workers' results, messages and tasks so far."""
+    results = messages = tasks = 0
     for path in files:
         text = path.read_text().split() if path.exists() else []
-        if len(text) == 2:
+        if len(text) == 3:
             results += int(text[0])
             messages += int(text[1])
-    return results, messages
+            tasks += int(text[2])
+    return results, messages, tasks
 
 
-def _settled(files: Sequence[Path], quiet: float = 0.3) -> tuple[int, int]:
+def _settled(files: Sequence[Path], quiet: float = 0.3) -> tuple[int, int, int]:
     """The workers' counts once they have not moved for ``quiet`` seconds."""
     deadline = time.monotonic() + START_SECONDS
     last, since = _counts(files), time.monotonic()
@@ -291,6 +295,7 @@ def _measure(
                                 _batch_bytes(batch),
                                 after[0] - before[0],
                                 after[1] - before[1],
+                                after[2] - before[2],
                                 coordinator_cpu,
                                 learner_cpu,
                             )
@@ -353,6 +358,7 @@ def summarize(shape: Shape, rows: Sequence[Request], carrier: str = "join") -> d
                 "steps": steps,
                 "results": results,
                 "messages": sum(r.messages for r in mine),
+                "tasks_per_result": sum(r.tasks for r in mine) / max(results, 1),
                 "coordinator_us_per_step": cpu / steps * 1e6,
                 "coordinator_us_per_result": cpu / max(results, 1) * 1e6,
                 "steps_per_core_second": steps / cpu if cpu > 0 else math.inf,
@@ -396,14 +402,15 @@ def _print(report: dict[str, Any]) -> None:
     print(
         f"  {'result steps':>12} {'requests':>8} {'steps':>9} {'results':>7} {'msgs':>6} "
         f"{'coord us/step':>13} {'coord us/result':>15} {'steps/s/core':>13} "
-        f"{'MB/s/core':>9} {'learner us/step':>15}"
+        f"{'MB/s/core':>9} {'learner us/step':>15} {'tasks/result':>12}"
     )
     for s in report["settings"]:
         print(
             f"  {s['result_steps']:>12,} {s['requests']:>8} {s['steps']:>9,} "
             f"{s['results']:>7} {s['messages']:>6} {s['coordinator_us_per_step']:>13.3f} "
             f"{s['coordinator_us_per_result']:>15.0f} {s['steps_per_core_second']:>13,.0f} "
-            f"{s['mb_per_core_second']:>9,.0f} {s['learner_us_per_step']:>15.3f}"
+            f"{s['mb_per_core_second']:>9,.0f} {s['learner_us_per_step']:>15.3f} "
+            f"{s['tasks_per_result']:>12.2f}"
         )
         for group, t in s.get("threads", {}).items():
             print(

@@ -221,7 +221,8 @@ class SyntheticWorker:
         num_envs: ``Hello.num_envs`` (how much work the coordinator hands it).
         episode_steps: Steps of every episode it returns.
         control: File holding the episodes per result, read at each task.
-        counts: File it writes ``results messages`` to after each result.
+        counts: File it writes ``results messages tasks`` to after each
+            result (tasks: the Task messages it got, refills included).
         carrier: ``join``: results on the Join stream; ``data``: on the lease
             data connection (framed TCP), written from this thread.
     """
@@ -255,6 +256,7 @@ class SyntheticWorker:
         self._batch_ids = itertools.count(1)
         self._results = 0
         self._messages = 0
+        self._tasks = 0
 
     def run(self) -> int:
         """Serves until the coordinator ends the stream or drains it; returns the exit code."""
@@ -329,6 +331,8 @@ class SyntheticWorker:
                     self._link.send(marker.SerializeToString())
                 stream.close_send()
                 return 0
+            if isinstance(item, TaskAssignment):
+                self._tasks += 1
             if isinstance(item, TaskAssignment) and self._link is not None:
                 for messages in self._results_of(item, welcome):
                     self._link.send_frames(messages)
@@ -366,7 +370,7 @@ class SyntheticWorker:
             yield messages  # counted once sent
             self._results += 1
             self._messages += len(messages)
-            self.counts.write_text(f"{self._results} {self._messages}")
+            self.counts.write_text(f"{self._results} {self._messages} {self._tasks}")
 
     def _episodes_of(self, task: TaskAssignment, welcome: WorkerWelcome) -> Iterator[list[bytes]]:
         """An EPISODES task's results, of the episodes per result the control file says."""

@@ -25,6 +25,7 @@ _SETTING_KEYS = {
     "steps_per_core_second",
     "mb_per_core_second",
     "learner_us_per_step",
+    "tasks_per_result",
 }
 
 

@@ -116,16 +116,16 @@ def test_a_worker_reporting_more_than_capacity_steps_at_a_time_still_sends_full_
     # A refill only follows a result. Sized by capacity_steps alone, this
     # worker would hold less than one result's worth: every result would be
     # sent when its queue ran dry, never full. The coordinator sizes the
-    # queue to the worker's results instead (three of them), and tops it up
+    # queue to the worker's results instead (five of them), and tops it up
     # while two are left unstarted, so the refill comes before it runs dry.
-    # The tail: the worker holds up to 3 results' worth and more as it
+    # The tail: the worker holds up to 5 results' worth and more as it
     # learns their size; twice that from the answer's end is surely past it.
     _, before_tail = _results_before_tail(
         workers,
         tmp_path / "large.log",
         capacity_steps=LARGE_FLUSH_STEPS // 2,
         flush_steps=LARGE_FLUSH_STEPS,
-        tail_steps=6 * LARGE_FLUSH_STEPS,
+        tail_steps=10 * LARGE_FLUSH_STEPS,
     )
     full = [r for r in before_tail if sum(r.lengths) >= LARGE_FLUSH_STEPS]
     assert len(before_tail) >= 20  # ~125k steps in 4096-step results

@@ -410,23 +410,24 @@ def test_env_change_cancels_and_requeues_subscription_work() -> None:
 
 
 def test_capacity_is_counted_in_expected_steps_and_refills_come_in_batches() -> None:
-    scheduler = fleet(2, capacity_steps=40)  # floor: 2 envs x (1 + 1) = 4 units
+    scheduler = fleet(2, capacity_steps=60)  # floor: 2 envs x (1 + 1) = 4 units
     scheduler.start_sample(spec(Mode.EPISODES, 100))
     (first,) = scheduler.dispatch()
     assert indices(first) == [0, 1, 2, 3]  # no length known yet: the floor
     finish_units(scheduler, first, dict.fromkeys(range(4), 2))
     assert scheduler.mean_episode_length == 2.0
-    assert scheduler.capacity(1) == 20  # 40 steps / 2 per episode
+    assert scheduler.capacity(1) == 30  # 60 steps / 2 per episode
     (refill,) = scheduler.dispatch()
-    assert indices(refill) == list(range(4, 24))  # one task up to capacity
-    # Spare units: 20 - 2 slots = 18. No refill until half of them are done
-    # (results of 8 steps: three of them, 24 steps, are within the 40)...
-    finish_units(scheduler, refill, dict.fromkeys(range(4, 24), 2), only=list(range(4, 8)))
-    finish_units(scheduler, refill, dict.fromkeys(range(4, 24), 2), only=list(range(8, 12)))
-    assert scheduler.dispatch() == []  # 12 held: 10 spare left
-    finish_units(scheduler, refill, dict.fromkeys(range(4, 24), 2), only=[12])
-    (topped,) = scheduler.dispatch()  # 11 held: 9 spare left, half of 18
-    assert indices(topped) == list(range(24, 33))
+    assert indices(refill) == list(range(4, 34))  # one task up to capacity
+    # Spare units: 30 - 2 slots = 28. No refill until half of them are done
+    # (results of 8 steps: five of them, 40 steps, are within the 60)...
+    lengths = dict.fromkeys(range(4, 34), 2)
+    for done in ([4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15], [16]):
+        finish_units(scheduler, refill, lengths, only=done)
+    assert scheduler.dispatch() == []  # 17 held: 15 spare left
+    finish_units(scheduler, refill, lengths, only=[17])
+    (topped,) = scheduler.dispatch()  # 16 held: 14 spare left, half of 28
+    assert indices(topped) == list(range(34, 48))
 
 
 def test_capacity_never_falls_below_the_prefetch_floor() -> None:
@@ -438,19 +439,24 @@ def test_capacity_never_falls_below_the_prefetch_floor() -> None:
     assert scheduler.capacity(1) == 12
 
 
-def test_a_worker_is_topped_up_while_it_still_holds_two_of_its_results_unstarted() -> None:
-    # A refill only ever follows a result, so what a worker holds beyond its
-    # running episodes when a result of it is booked must last until the
-    # refill arrives: two results' worth, one for the time until its next
-    # result and one for the refill's round trip. With capacity_steps alone
-    # (16384, two results of 8192) it held less than one.
-    slots, length, result = 64, 20, 8192 // 20
+def _native_worker_results(
+    results: int, *, slots: int = 64, length: int = 20
+) -> tuple[Scheduler, list[tuple[int, int, int]]]:
+    """A worker of ``slots`` envs that runs its units in order and reports
+    8,192 steps at a time, each result followed by a refill.
+
+    Returns:
+        The scheduler, and per result booked: the units it then held not
+        started (before its refill), the refill's units (0: none), and
+        the Task messages the refill sent.
+    """
+    result = 8192 // length
     scheduler = fleet(slots, capacity_steps=16384)
     scheduler.start_sample(spec(Mode.STEPS, 10**8))
     (first,) = scheduler.dispatch()  # a unit per slot: no length known yet
     given, task_id, done = indices(first), first.task_id, 0
-    for count in range(12):
-        # The worker runs its units in order and reports them a result at a time.
+    log = []
+    for _ in range(results):
         batch = given[done : done + result]
         ruling = scheduler.complete(1, task_id, batch, [length] * len(batch))
         assert ruling.verdict is Verdict.ACCEPT
@@ -460,10 +466,38 @@ def test_a_worker_is_topped_up_while_it_still_holds_two_of_its_results_unstarted
         for order in orders:
             given += indices(order)
             task_id = order.task_id
-        if count >= 2:  # once its results' size is known and it was topped up to it
-            assert orders, f"result {count}: no refill, {unstarted} units unstarted"
-            assert unstarted >= 2 * result, f"result {count}: refilled at {unstarted} unstarted"
-    assert scheduler.capacity(1) == slots + math.ceil(3 * result * length / length)
+        log.append((unstarted, sum(len(order.units) for order in orders), len(orders)))
+    return scheduler, log
+
+
+def test_a_worker_is_topped_up_while_it_still_holds_two_of_its_results_unstarted() -> None:
+    # A refill only ever follows a result, so what a worker holds beyond its
+    # running episodes when a result of it is booked must last until the
+    # refill arrives: two results' worth, one for the time until its next
+    # result and one for the refill's round trip. With capacity_steps alone
+    # (16384, two results of 8192) it held less than one.
+    slots, length, result = 64, 20, 8192 // 20
+    scheduler, log = _native_worker_results(24, slots=slots, length=length)
+    # Once its results' size is known and it was topped up to it (the
+    # third result on), it never holds fewer than two results' worth
+    # unstarted when a result is booked, and is refilled by then at the latest.
+    for count, (unstarted, refill, _) in enumerate(log[2:], start=2):
+        assert unstarted >= 2 * result, f"result {count}: {unstarted} units unstarted"
+        if unstarted < 3 * result:
+            assert refill, f"result {count}: no refill at {unstarted} unstarted"
+    assert scheduler.capacity(1) == slots + math.ceil(5 * result * length / length)
+
+
+def test_a_worker_of_large_results_gets_a_task_per_several_results() -> None:
+    # Each Task message costs the coordinator 250-300 us of gRPC CPU and the
+    # worker a wake-up: topped up by one result's worth, a worker of
+    # 8,192-step results got one per result. Its refills carry three.
+    result = 8192 // 20
+    _, log = _native_worker_results(30)
+    steady = log[6:]  # past the first request's start
+    tasks = sum(count for _, _, count in steady)
+    assert tasks <= len(steady) / 3 + 1, log
+    assert all(refill >= 2 * result for _, refill, count in steady if count), log
 
 
 def test_spare_units_are_dealt_round_robin_in_slices_of_num_envs() -> None:
@@ -559,12 +593,12 @@ def test_the_mean_length_follows_recent_episodes() -> None:
 
 
 def test_an_env_change_forgets_the_mean_length() -> None:
-    scheduler = fleet(2, capacity_steps=100)
+    scheduler = fleet(2, capacity_steps=200)
     request_id = scheduler.start_sample(spec(Mode.EPISODES, 2))
     (order,) = scheduler.dispatch()
     finish_units(scheduler, order, {0: 10, 1: 10})
     scheduler.finish(request_id)
-    assert scheduler.capacity(1) == 10
+    assert scheduler.capacity(1) == 20
     scheduler.set_env_generation(2)
     assert scheduler.mean_episode_length is None
     assert scheduler.capacity(1) == 4  # back to the floor until new lengths come
@@ -843,3 +877,79 @@ def test_a_refill_deals_what_taking_each_slice_on_its_own_dealt(  # noqa: PLR091
                 held[worker_id] = (task_id, units[len(done) :])
         scheduled[rule] = log
     assert scheduled["at once"] == scheduled["slice by slice"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    num_envs=st.lists(st.integers(1, 16), min_size=1, max_size=3),
+    capacity_steps=st.sampled_from([0, 200, 800]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_refill_hands_out_what_working_every_mark_out_would(
+    num_envs: list[int], capacity_steps: int, seed: int
+) -> None:
+    # A dispatch skips working the workers' marks out while they hold more
+    # than the marks it kept for a shorter mean length. Episodes that turn
+    # long then short (the mean length rising and falling by far more than
+    # the slack) and results of every size: the same refills, round by
+    # round, as a planner that works every mark out each time.
+    scheduled = {}
+    for rule in ("kept marks", "every time"):
+        rng = np.random.default_rng(seed)
+        scheduler = fleet(*num_envs, capacity_steps=capacity_steps)
+        if rule == "every time":
+            scheduler._units._surely_full = lambda *_: False  # type: ignore[method-assign]
+        scheduler.start_sample(spec(Mode.STEPS, 10**7))
+        held: dict[int, tuple[int, list[int]]] = {}
+        log = []
+        for round_ in range(40):
+            orders = scheduler.dispatch()
+            given = {o.worker_id: o.units.episode_indices.tolist() for o in orders}
+            log.append(given)
+            for order in orders:
+                previous = held.get(order.worker_id, (order.task_id, []))[1]
+                held[order.worker_id] = (order.task_id, previous + given[order.worker_id])
+            long_episodes = round_ // 8 % 2 == 1
+            for worker_id, (task_id, units) in sorted(held.items()):
+                done = units[: int(rng.integers(0, max(len(units) // 4, 1) + 1))]
+                if done:
+                    lengths = rng.integers(40, 120) if long_episodes else rng.integers(2, 8)
+                    scheduler.complete(worker_id, task_id, done, [int(lengths)] * len(done))
+                held[worker_id] = (task_id, units[len(done) :])
+        scheduled[rule] = log
+    assert scheduled["kept marks"] == scheduled["every time"]
+
+
+def test_a_refill_that_hands_out_nothing_works_no_mark_out() -> None:
+    # After most results no worker wants a refill; the dispatch then checks
+    # what each worker holds against the mark it kept, and works out no
+    # capacity: that took most of a dispatch handing out nothing.
+    scheduler = fleet(*[64] * 8, capacity_steps=16384)
+    scheduler.start_sample(spec(Mode.STEPS, 10**8))
+    live = {order.worker_id: order for order in scheduler.dispatch()}
+    for worker_id, order in live.items():
+        scheduler.complete(worker_id, order.task_id, indices(order), [100] * 64)
+    refills = scheduler.dispatch()
+    assert {order.worker_id for order in refills} == set(live)
+    for order in refills:
+        # A result each: every worker still above its mark.
+        scheduler.complete(order.worker_id, order.task_id, indices(order)[:64], [100] * 64)
+    profile = cProfile.Profile()
+    profile.enable()
+    assert scheduler.dispatch() == []
+    profile.disable()
+    called = {name for (_, _, name), *_ in pstats.Stats(profile).stats.items()}  # type: ignore[attr-defined]
+    assert "_limits" not in called, called
+
+
+def test_a_worker_that_leaves_takes_its_kept_mark_with_it() -> None:
+    # A coordinator that runs for weeks sees workers come and go: what a
+    # dispatch keeps per worker goes when the worker does.
+    scheduler = fleet(4, 4, capacity_steps=400)
+    scheduler.start_sample(spec(Mode.STEPS, 10**6))
+    for order in scheduler.dispatch():
+        scheduler.complete(order.worker_id, order.task_id, indices(order)[:4], [10] * 4)
+    scheduler.dispatch()
+    assert set(scheduler._units._marks) == {1, 2}
+    scheduler.remove_worker(2)
+    assert set(scheduler._units._marks) == {1}

@@ -109,7 +109,7 @@ class CoordinatorConfig:
             finished and not yet reported), converted to units with the
             fleet's mean episode length; 0 holds to ``prefetch_factor``.
             Large enough that workers report many episodes per message. A
-            worker holds at least three of its largest results' worth of
+            worker holds at least five of its largest results' worth of
             units beyond one per slot whatever this is, so that it gets
             its next units before it runs dry
             (:data:`rlfleet.scheduling.units.RESULTS_HELD`).

@@ -234,6 +234,8 @@ class FleetState:
         if moves:
             self.send_cancels(moves)
             self.metrics.moved(sum(len(cancel.episode_indices) for cancel in moves))
+        if not orders:  # the common case after a result: nothing handed out
+            return
         for order in orders:
             handle = self.registry.get(order.worker_id)
             if handle is not None:

@@ -16,12 +16,14 @@ The rules, and why:
 * A worker holds about ``capacity_steps`` steps of work (units running,
   queued, or finished and not reported yet), sized with the fleet's running
   mean episode length and never below ``num_envs * (1 + prefetch_factor)``
-  units, nor below a unit per slot and three of its largest results. Enough
+  units, nor below a unit per slot and five of its largest results. Enough
   that it reports many episodes per message (each result costs the
   coordinator and the learner about a millisecond of CPU: one per episode
   cost the fleet 3x its throughput), and that a refill's round trip ends
   before its queue runs dry: a refill only follows a result, so when one is
-  booked the worker must still hold two results' worth not started.
+  booked the worker must still hold two results' worth not started. The
+  three beyond those make a refill span several results: a Task message
+  per result cost the coordinator 250-300 us of gRPC CPU with large results.
 * Refills come in batches: a worker is topped up to capacity once its
   spare units fall to half, or to two of its results if that is more, so
   one Task carries many units instead of one per finished episode. Every
@@ -225,6 +227,7 @@ class Scheduler:
         Returns:
             The number of episode units re-queued.
         """
+        self._units.forget(worker_id)
         return lose_worker(self._books, self._streams, worker_id, keep_streams=keep_streams)
 
     def units_in_flight(self, worker_id: int) -> int:
@@ -384,12 +387,12 @@ class Scheduler:
         return self._units.moves.moved
 
     def _dispatch_request(self, request: RequestState) -> list[TaskOrder]:
-        workers = [w for _, w in sorted(self._books.workers.items()) if w.eligible]
+        ordered = sorted(self._books.workers.items())
         if isinstance(request, EpisodeRequest):
-            workers = [w for w in workers if w.slots]
+            workers = [w for _, w in ordered if w.eligible and w.num_envs > w.leased]
             return self._units.dispatch(request, workers) if workers else []
         if isinstance(request, FragmentRequest):
-            workers = [w for w in workers if not w.leased]
+            workers = [w for _, w in ordered if w.eligible and not w.leased]
             return self._windows.dispatch(request, workers) if workers else []
         raise InternalError(f"unknown request type {type(request).__name__}")
 

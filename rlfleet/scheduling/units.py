@@ -40,16 +40,32 @@ DEFAULT_PREFETCH_FACTOR = 1
 #: request never hands out more than it still needs.
 DEFAULT_CAPACITY_STEPS = 16384
 
-#: A worker holds at least this many of its results' worth of units beyond
-#: one per slot, and is topped up once two of them are left: a refill comes
-#: only after a result, so when a result of a worker is booked, it still
-#: holds two results' worth not started, one to cover the time until its
-#: next result and one for the refill's round trip. With one result's worth
-#: left (``capacity_steps`` 16384 and results of 8192 steps, 64 slots), a
-#: native CartPole worker stepped 0.5-1.0% of its env rows unrecorded in the
-#: middle of requests, waiting for a refill; with two, none in three runs
+#: A worker is topped up at the latest when it holds this many of its
+#: results' worth of units beyond one per slot: a refill comes only after a
+#: result, so when a result of a worker is booked, it must still hold two
+#: results' worth not started, one to cover the time until its next result
+#: and one for the refill's round trip. With one result's worth left
+#: (``capacity_steps`` 16384 and results of 8192 steps, 64 slots), a native
+#: CartPole worker stepped 0.5-1.0% of its env rows unrecorded in the middle
+#: of requests, waiting for a refill; with two, none in three runs
 #: (docs/data_plane.md, "Refills before the queue runs dry").
-RESULTS_HELD = 3
+LOW_WATER_RESULTS = 2
+
+#: A worker holds at least this many of its results' worth beyond one unit
+#: per slot: its low-water mark and three more. It is topped up once half
+#: of that spare is used, so a refill carries two and a half to three of its
+#: results and one Task message spans that many results. Held to three and
+#: so topped up by one result's worth at a time, a worker got a Task per
+#: result: with results of 8,000 steps, 250-300 us of the coordinator's gRPC
+#: CPU and a refill each (docs/performance.md, "An 8,000-step result").
+RESULTS_HELD = LOW_WATER_RESULTS + 3
+
+#: How much shorter than the fleet's mean length the refill marks a
+#: dispatch keeps are worked out for (:meth:`UnitPlanner.dispatch`): a mark
+#: never falls as the mean length shortens, so a kept mark bounds the
+#: worker's while the mean stays above that, and it drifts by less than this
+#: over most results.
+MARK_SLACK = 1 / 32
 
 #: Episodes over which the fleet's running mean episode length forgets.
 MEAN_LENGTH_MEMORY = 256
@@ -383,6 +399,9 @@ class UnitPlanner:
         self.mean_length = MeanLength()
         #: The units moved at Sample requests' tails, and their Cancels.
         self.moves = TailMoves(books, enabled=move_units)
+        # Per worker id: (mean length, result_steps, leased, num_envs) and the
+        # refill mark of those (_surely_full).
+        self._marks: dict[int, tuple[float, int, int, int, int]] = {}
 
     def min_capacity(self, num_envs: int) -> int:
         """The floor of a worker's capacity in units, whatever the episode length."""
@@ -395,9 +414,23 @@ class UnitPlanner:
         :data:`RESULTS_HELD` of the worker's largest results (with
         ``capacity_steps`` 0, or no length known yet, the floor alone).
         """
+        return self._limits(worker, self.mean_length.value)[0]
+
+    def low_water(self, worker: WorkerLoad) -> int:
+        """Spare units at which the worker is topped up at the latest: two of its results."""
         mean = self.mean_length.value
         if mean is None or not self._capacity_steps:
-            capacity = worker.min_capacity
+            return 0
+        return math.ceil(LOW_WATER_RESULTS * worker.result_steps / max(mean, 1.0))
+
+    def _limits(self, worker: WorkerLoad, mean: float | None) -> tuple[int, int]:
+        """The worker's capacity, and the units it holds at most when it wants a
+        refill (``WorkerLoad.wants_refill`` of that capacity and its low water),
+        worked out once: a refill that hands out nothing, after most results,
+        is this per worker and a comparison."""
+        slots = worker.slots
+        if mean is None or not self._capacity_steps:
+            capacity, low = worker.min_capacity, 0
         else:
             mean = max(mean, 1.0)
             capacity = max(
@@ -406,16 +439,13 @@ class UnitPlanner:
                 # The results' worth come on top of the running episodes.
                 worker.num_envs + math.ceil(RESULTS_HELD * worker.result_steps / mean),
             )
+            low = math.ceil(LOW_WATER_RESULTS * worker.result_steps / mean)
         if worker.leased:
-            capacity = math.ceil(capacity * worker.slots / worker.num_envs)
-        return capacity
-
-    def low_water(self, worker: WorkerLoad) -> int:
-        """Spare units at which the worker is topped up at the latest: two of its results."""
-        mean = self.mean_length.value
-        if mean is None or not self._capacity_steps:
-            return 0
-        return math.ceil((RESULTS_HELD - 1) * worker.result_steps / max(mean, 1.0))
+            capacity = math.ceil(capacity * slots / worker.num_envs)
+        # An idle slot (units < slots), or at most half its spare units (or
+        # its low water) left while it has room.
+        mark = max(slots - 1, min(capacity - 1, slots + max((capacity - slots) // 2, low)))
+        return capacity, mark
 
     def dispatch(self, request: EpisodeRequest, workers: list[WorkerLoad]) -> list[TaskOrder]:
         """Tops up the workers that want a refill with units of ``request``.
@@ -423,38 +453,40 @@ class UnitPlanner:
         When the request has no unit left to hand out, a Sample request's
         units are moved instead (with ``move_units``): see :meth:`TailMoves.move`.
         """
-        capacity = {w.worker_id: self.capacity(w) for w in workers}
-        low = {w.worker_id: self.low_water(w) for w in workers}
-        if not any(w.wants_refill(capacity[w.worker_id], low[w.worker_id]) for w in workers):
+        mean = self.mean_length.value
+        if mean is not None and self._surely_full(workers, mean):
             return []  # the common case after a result: nothing to send
+        limits = [self._limits(w, mean) for w in workers]
+        wanting = [w for w, (_, mark) in zip(workers, limits, strict=True) if w.units <= mark]
+        if mean is not None:
+            self._keep_marks(workers, mean)
+        if not wanting:
+            return []
         # Top up every worker with room for a slice, not only the one that
         # asked: queues stay balanced, so when the request stops generating,
         # its last units are spread over the fleet instead of one worker
         # grinding through a block while the others idle.
-        refilled = [
-            w
-            for w in workers
-            if w.wants_refill(capacity[w.worker_id], low[w.worker_id])
-            or capacity[w.worker_id] - w.units >= w.slots
-        ]
+        refilled = []
+        capacity = []
+        for w, (limit, mark) in zip(workers, limits, strict=True):
+            if w.units <= mark or limit - w.units >= w.slots:
+                refilled.append(w)
+                capacity.append(limit)
         fleet_slots = sum(w.slots for w in workers)
         # First a unit for every idle env slot, then each worker's room up
         # to its capacity, in slices of its slots (_owners).
         idle = [max(w.slots - w.units, 0) for w in refilled]
         room = [
-            max(capacity[w.worker_id] - w.units - gap, 0)
-            for w, gap in zip(refilled, idle, strict=True)
+            max(limit - w.units - gap, 0)
+            for w, limit, gap in zip(refilled, capacity, idle, strict=True)
         ]
         # The request's units for every slice at once (as many takes one
         # after the other: test_take_many_hands_out_what_as_many_takes_would),
         # dealt in the slices' order; a slice the request cannot fill is the
         # last one, as when each slice was taken on its own.
-        taken = request.take_many(sum(idle) + sum(room), fleet_slots, self.mean_length.value)
+        taken = request.take_many(sum(idle) + sum(room), fleet_slots, mean)
         if not taken.size:  # the request needs no more for now (its last units are out)
-            wanting = [
-                w for w in workers if w.wants_refill(capacity[w.worker_id], low[w.worker_id])
-            ]
-            return self.moves.move(request, workers, wanting, self.mean_length.value)
+            return self.moves.move(request, workers, wanting, mean)
         slots = [w.slots for w in refilled]
         picked = _dealt(taken, _owners(slots, idle, room)[: len(taken)], len(refilled))
         orders = []
@@ -470,6 +502,38 @@ class UnitPlanner:
             worker.units += len(units)
             orders.append(self._books.order(task, request, units=units))
         return orders
+
+    def forget(self, worker_id: int) -> None:
+        """Drops what was kept for a worker that left (its refill mark)."""
+        self._marks.pop(worker_id, None)
+
+    def _surely_full(self, workers: list[WorkerLoad], mean: float) -> bool:
+        """Whether no worker wants a refill, known from the marks kept for a
+        shorter mean length than ``mean``: a worker holding more than such a
+        mark, with the same result size and env slots, holds more than its
+        mark now. A few comparisons per worker where working the marks out
+        took most of a refill that hands out nothing."""
+        marks = self._marks
+        for w in workers:
+            kept = marks.get(w.worker_id)
+            if (
+                kept is None
+                or w.units <= kept[4]
+                or mean < kept[0]
+                or kept[1] != w.result_steps
+                or kept[2] != w.leased
+                or kept[3] != w.num_envs
+            ):
+                return False
+        return True
+
+    def _keep_marks(self, workers: list[WorkerLoad], mean: float) -> None:
+        """Keeps each worker's refill mark for a mean length :data:`MARK_SLACK`
+        shorter than ``mean`` (a mark never rises with the mean length)."""
+        shorter = mean * (1.0 - MARK_SLACK)
+        for w in workers:
+            mark = self._limits(w, shorter)[1]
+            self._marks[w.worker_id] = (shorter, w.result_steps, w.leased, w.num_envs, mark)
 
     def forfeit(self, task: TaskRecord, indices: np.ndarray) -> int:
         """Re-queues the units of an ignored result of ``task`` that it still

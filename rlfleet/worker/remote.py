@@ -112,7 +112,7 @@ class WorkerConfig:
             a millisecond of CPU per result between the coordinator and the
             learner); reporting as the queue runs out gets the next units,
             or the request's answer, without waiting. The coordinator
-            queues three of the worker's largest results' worth of units
+            queues five of the worker's largest results' worth of units
             (more with its ``capacity_steps``), so a larger ``flush_steps``
             means a longer queue.
         max_message_bytes: Largest message this side accepts or sends
