@@ -695,14 +695,12 @@ def cpu_has(*flags: str) -> bool:
     return all(flag in words for flag in flags)
 
 
-@pytest.mark.skipif(not cpu_has("avx2", "fma"), reason="needs an x86-64 CPU with AVX2 and FMA")
-def test_a_build_for_avx2_with_fma_units_gives_the_same_bits(tmp_path: Path) -> None:
-    # -ffp-contract=off keeps the FMA units unused; AVX encodings round alike.
-    variant = load_variant(build_variant(tmp_path, ["-mavx2", "-mfma", "-ffp-contract=off"]))
+def assert_same_bits_as_the_shipped_build(variant: ModuleType, widest: int = 40) -> None:
+    """Random networks (layers under ``widest`` wide) give the shipped build's bits."""
     assert variant.Kernel is not Kernel
     rng = np.random.default_rng(13)
     for trial in range(60):
-        sizes = [int(s) for s in rng.integers(1, 40, int(rng.integers(2, 5)))]
+        sizes = [int(s) for s in rng.integers(1, widest, int(rng.integers(2, 5)))]
         scale = [0.1, 1.0, 10.0][trial % 3]
         layers = [
             ((rng.standard_normal((k, h)) * scale).astype(F32), rng.standard_normal(h).astype(F32))
@@ -723,6 +721,21 @@ def test_a_build_for_avx2_with_fma_units_gives_the_same_bits(tmp_path: Path) -> 
             assert got_call[3] == want_call[3] == -1
             for a, b in zip(got_call[:3], want_call[:3], strict=True):
                 assert a.tobytes() == b.tobytes(), trial
+
+
+@pytest.mark.skipif(not cpu_has("avx2", "fma"), reason="needs an x86-64 CPU with AVX2 and FMA")
+def test_a_build_for_avx2_with_fma_units_gives_the_same_bits(tmp_path: Path) -> None:
+    # -ffp-contract=off keeps the FMA units unused; AVX encodings round alike.
+    variant = load_variant(build_variant(tmp_path, ["-mavx2", "-mfma", "-ffp-contract=off"]))
+    assert_same_bits_as_the_shipped_build(variant)
+
+
+@pytest.mark.skipif(not cpu_has("avx2"), reason="needs an x86-64 CPU with AVX2")
+def test_four_lanes_give_the_bits_of_eight(tmp_path: Path) -> None:
+    """The shipped build runs 8 lanes on this CPU; one kept to 4 gives the same bits,
+    for widths of whole 8-lane vectors, a 4-lane remainder, and up to 8 vectors at once."""
+    variant = load_variant(build_variant(tmp_path, ["-DRLFLEET_MLP_NARROW", "-ffp-contract=off"]))
+    assert_same_bits_as_the_shipped_build(variant, widest=150)
 
 
 @pytest.mark.skipif(not cpu_has("fma"), reason="needs an x86-64 CPU with FMA")

@@ -148,6 +148,73 @@ def test_a_native_worker_checks_its_env_actions_without_gymnasiums_contains(
     assert calls == []
 
 
+@pytest.mark.parametrize("check_actions", [True, False])
+def test_a_native_worker_looks_at_each_batchs_values_once_not_again_in_the_env(
+    monkeypatch: pytest.MonkeyPatch, check_actions: bool
+) -> None:
+    """The worker's range check of a batch is the env's own: once every slot runs, the
+    env does not reduce the batch again; with the worker's checks off, it does."""
+    import rlfleet.envs.native as native_module
+    from rlfleet.worker import VecWorker
+    from tests.test_native_backends import mlp, native, units
+
+    env_checks = []
+    within = native_module.all_within
+
+    def counted(array: np.ndarray, high: int) -> bool | None:
+        env_checks.append(1)
+        return within(array, high)
+
+    monkeypatch.setattr(native_module, "all_within", counted)
+    worker = VecWorker(
+        n_envs=8, env=native("vector_entry_point"), policy=mlp(), check_actions=check_actions
+    )
+    try:
+        worker.submit(units(400))  # more than the slots: every slot runs at every step
+        for _ in range(50):
+            worker.step()
+        batch = worker.take_finished()
+    finally:
+        worker.shutdown()
+    assert batch is not None and len(batch.lengths) > 8
+    assert len(env_checks) == (0 if check_actions else 50)
+
+
+def test_a_vouched_batch_skips_only_the_range_pass_and_only_for_its_step() -> None:
+    env = make("vector_entry_point")
+    try:
+        env.reset_all(0)
+        space = env._env.unwrapped.action_space
+        assert env.vouches_for(gym.spaces.Discrete(2))
+        for other in (
+            gym.spaces.Discrete(3),
+            gym.spaces.Discrete(2, start=1),
+            gym.spaces.MultiDiscrete([2]),
+        ):
+            assert not env.vouches_for(other)
+        outside = np.array([0, 1, 2, 0])
+        space.vouched = outside  # what a vouch claims: the caller checked its range
+        try:
+            assert space.contains(outside)
+            assert not space.contains(outside.copy())  # another array is checked
+            assert not space.contains(outside.astype(np.uint64))  # shape and dtype still are
+            assert not space.contains(outside[:3])
+        finally:
+            space.vouched = None
+        assert not space.contains(outside)
+        good = np.array([0, 1, 1, 0])
+        env.step_all(good, vouched=True)
+        assert space.vouched is None
+        with pytest.raises(AssertionError, match="invalid"):  # an unvouched step checks it all
+            env.step_all(outside)
+        failing = np.array([0, 1, 1, 0], dtype=np.uint64)
+        with pytest.raises(AssertionError, match="invalid"):
+            env.step_all(failing, vouched=True)
+        assert space.vouched is None  # cleared when the env's step raises too
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize(
     "actions",
     [

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -120,6 +120,8 @@ class NativeVectorEnv(BaseVectorEnv):
         self.num_envs = num_envs
         self.max_episode_length = _episode_limit(env_id, vectorization, max_episode_length)
         self._kwargs = dict(kwargs)
+        # The env's action space when it has the quick check (vector entry point only).
+        self._quick: QuickMultiDiscrete | None = None
         self._env: Any = self._make(seed=0)
         # The env is made again by an envpool reset: release closes the current one.
         box = self._box = [self._env]
@@ -167,15 +169,47 @@ class NativeVectorEnv(BaseVectorEnv):
             observations, _ = self._env.reset(seed=seed)
         return np.asarray(observations)
 
+    def vouches_for(self, space: gym.Space) -> bool:
+        """Whether the env's own action check may take a batch checked against ``space`` as passed.
+
+        True when ``space`` is a ``Discrete`` from 0 and the env's action
+        space a :class:`QuickMultiDiscrete` whose every entry ranges over the
+        same values: a batch of the env's shape and dtype whose entries all
+        lie in ``space`` then passes the env's check too, so
+        :meth:`step_all` may spare that check its second pass.
+        """
+        quick = self._quick
+        return (
+            quick is not None
+            and type(space) is gym.spaces.Discrete
+            and int(space.start) == 0
+            and quick.quick_high() == int(space.n) - 1
+        )
+
     def step_all(
-        self, actions: np.ndarray
+        self, actions: np.ndarray, vouched: bool = False
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Steps every env (next-step autoreset; the engine's step); infos are not returned.
+
+        Args:
+            actions: One action per env.
+            vouched: Every entry of ``actions`` was found in the range of a
+                space :meth:`vouches_for` accepts: the env's own check of
+                this array skips its range reduction (its shape and dtype
+                are still checked).
 
         Returns:
             ``(observations, rewards, terminated, truncated)``, one row per env.
         """
-        observations, rewards, terminated, truncated, _ = self._env.step(actions)
+        quick = self._quick
+        if vouched and quick is not None:
+            quick.vouched = actions
+            try:
+                observations, rewards, terminated, truncated, _ = self._env.step(actions)
+            finally:
+                quick.vouched = None
+        else:
+            observations, rewards, terminated, truncated, _ = self._env.step(actions)
         return observations, rewards, terminated, truncated
 
     # --- tianshou's API (BaseVectorEnv) ------------------------------------------------
@@ -323,7 +357,7 @@ class NativeVectorEnv(BaseVectorEnv):
                 raise ConfigError(
                     f"env {self.name} rejected kwargs {self._kwargs!r}: {exc}"
                 ) from exc
-            _quicken_action_check(env)
+            self._quick = _quicken_action_check(env)
             return env
         try:
             return _envpool().make_gymnasium(
@@ -352,15 +386,28 @@ class QuickMultiDiscrete(gym.spaces.MultiDiscrete):
     (:func:`_quicken_action_check`).
     """
 
+    #: The one array whose range the caller checked already, for one step
+    #: (:meth:`NativeVectorEnv.step_all`'s ``vouched``); None otherwise.
+    vouched: np.ndarray | None = None
+
     def contains(self, x: Any) -> bool:
         """Whether ``x`` is a valid member of this space (gymnasium's answer)."""
         if type(x) is np.ndarray and x.shape == self.shape and x.dtype == self.dtype and x.size:
             high = self.__dict__.get("_quick_high")
             if high is None:
-                high = self.__dict__["_quick_high"] = _uniform_high(self)
+                high = self.quick_high()
             if high >= 0:
-                return bool(all_within(x, high))
+                # The worker's own check of this very array found every entry in
+                # 0 .. high (NativeVectorEnv.vouches_for): the same answer.
+                return x is self.vouched or bool(all_within(x, high))
         return super().contains(x)
+
+    def quick_high(self) -> int:
+        """The largest valid entry if every entry's range is ``0 .. n - 1``, the same n; else -1."""
+        high = self.__dict__.get("_quick_high")
+        if high is None:
+            high = self.__dict__["_quick_high"] = _uniform_high(self)
+        return high
 
 
 def _uniform_high(space: gym.spaces.MultiDiscrete) -> int:
@@ -376,11 +423,17 @@ def _uniform_high(space: gym.spaces.MultiDiscrete) -> int:
     return int(high.flat[0])
 
 
-def _quicken_action_check(env: Any) -> None:
-    """Gives a gymnasium native env's MultiDiscrete action space the quick ``contains``."""
+def _quicken_action_check(env: Any) -> QuickMultiDiscrete | None:
+    """Gives a gymnasium native env's MultiDiscrete action space the quick ``contains``.
+
+    Returns:
+        That space, or None if the env's action space is not a MultiDiscrete.
+    """
     space = getattr(getattr(env, "unwrapped", env), "action_space", None)
-    if type(space) is gym.spaces.MultiDiscrete:
-        space.__class__ = QuickMultiDiscrete
+    if type(space) is not gym.spaces.MultiDiscrete:
+        return None
+    space.__class__ = QuickMultiDiscrete
+    return cast(QuickMultiDiscrete, space)
 
 
 def _close(env: Any) -> list[BaseException]:

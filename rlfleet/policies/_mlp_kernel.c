@@ -15,6 +15,12 @@
  *   that row and the parameters only, whatever the batch around it.
  * - Conditionals on vectors are bit masks, exactly the reference's selects.
  *
+ * On a CPU with AVX2 the dense layers and activations run 8 lanes at a time
+ * (functions built for that target, chosen once at import): each lane still
+ * runs one output's scalar sequence, so the bits are those of 4 lanes; a
+ * build with -DRLFLEET_MLP_NARROW keeps 4 lanes everywhere (the test that
+ * compares the two builds).
+ *
  * A Kernel holds its own copy of one parameter set (never mutated after it is
  * built) and allocates per-call scratch on the stack or the heap, so calls
  * from several threads at once are safe; large batches run without the GIL.
@@ -57,28 +63,32 @@ enum { ACT_TANH, ACT_RELU, ACT_IDENTITY };
 #define TANH_CLAMP 7.90531110763549805f
 #define TANH_TINY 0.0004f
 
-/* The reference's tanh32 on 4 lanes: clamp, odd/even Horner polynomials, divide. */
-static inline v4sf tanh4(v4sf a) {
-    const v4sf clamp = splat(TANH_CLAMP), neg_clamp = splat(-TANH_CLAMP);
-    v4sf x = select4(a > clamp, clamp, a);
-    x = select4(x < neg_clamp, neg_clamp, x);
-    v4sf x2 = x * x;
-    v4sf p = splat(-2.76076847742355e-16f);
-    p = x2 * p; p = p + splat(2.00018790482477e-13f);
-    p = x2 * p; p = p + splat(-8.60467152213735e-11f);
-    p = x2 * p; p = p + splat(5.12229709037114e-08f);
-    p = x2 * p; p = p + splat(1.48572235717979e-05f);
-    p = x2 * p; p = p + splat(6.37261928875436e-04f);
-    p = x2 * p; p = p + splat(4.89352455891786e-03f);
-    p = x * p;
-    v4sf q = splat(1.19825839466702e-06f);
-    q = x2 * q; q = q + splat(1.18534705686654e-04f);
-    q = x2 * q; q = q + splat(2.26843463243900e-03f);
-    q = x2 * q; q = q + splat(4.89352518554385e-03f);
-    v4sf r = p / q;
-    v4sf magnitude = (v4sf)((v4si)a & (v4si){0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff});
-    return select4(magnitude < splat(TANH_TINY), a, r);
-}
+/* The reference's tanh32 on one vector: clamp, odd/even Horner polynomials,
+ * divide. Defined for 4 lanes here, for 8 (on AVX2) below. */
+#define DEFINE_TANH(name, vf, vi, sp, sel, attr)                                  \
+    static inline attr vf name(vf a) {                                            \
+        const vf clamp = sp(TANH_CLAMP), neg_clamp = sp(-TANH_CLAMP);             \
+        vf x = sel(a > clamp, clamp, a);                                          \
+        x = sel(x < neg_clamp, neg_clamp, x);                                     \
+        vf x2 = x * x;                                                            \
+        vf p = sp(-2.76076847742355e-16f);                                        \
+        p = x2 * p; p = p + sp(2.00018790482477e-13f);                            \
+        p = x2 * p; p = p + sp(-8.60467152213735e-11f);                           \
+        p = x2 * p; p = p + sp(5.12229709037114e-08f);                            \
+        p = x2 * p; p = p + sp(1.48572235717979e-05f);                            \
+        p = x2 * p; p = p + sp(6.37261928875436e-04f);                            \
+        p = x2 * p; p = p + sp(4.89352455891786e-03f);                            \
+        p = x * p;                                                                \
+        vf q = sp(1.19825839466702e-06f);                                         \
+        q = x2 * q; q = q + sp(1.18534705686654e-04f);                            \
+        q = x2 * q; q = q + sp(2.26843463243900e-03f);                            \
+        q = x2 * q; q = q + sp(4.89352518554385e-03f);                            \
+        vf r = p / q;                                                             \
+        vf magnitude = (vf)((vi)a & 0x7fffffff);                                  \
+        return sel(magnitude < sp(TANH_TINY), a, r);                              \
+    }
+
+DEFINE_TANH(tanh4, v4sf, v4si, splat, select4, )
 
 /* 0 if x < 0 else x: NaN and -0.0 pass unchanged. */
 static inline v4sf relu4(v4sf a) { return select4(a < splat(0.0f), splat(0.0f), a); }
@@ -177,22 +187,27 @@ typedef struct {
     const float *bias;   /* padded */
 } Layer;
 
-/* Columns j .. j + 4 * vectors - 1 of a dense layer, one sum per column in a
- * vector lane: out[j] = ((0 + in[0] w[0, j]) + in[1] w[1, j] + ...) + b[j].
- * Inlined with a constant `vectors`, so the sums stay in registers. */
-static inline __attribute__((always_inline)) void dense_columns(
-    const float *restrict in, const Layer *layer, float *restrict out, Py_ssize_t j, int vectors) {
-    const Py_ssize_t k_in = layer->in, width = layer->padded;
-    v4sf sum[8];
-    for (int v = 0; v < vectors; v++) sum[v] = splat(0.0f);
-    const float *w = layer->weight + j;
-    for (Py_ssize_t k = 0; k < k_in; k++, w += width) {
-        v4sf x = splat(in[k]);
-        for (int v = 0; v < vectors; v++) sum[v] = sum[v] + x * load4(w + LANES * v);
+/* Columns j .. j + lanes * vectors - 1 of a dense layer, one sum per column in
+ * a vector lane: out[j] = ((0 + in[0] w[0, j]) + in[1] w[1, j] + ...) + b[j].
+ * Inlined with a constant `vectors`, so the sums stay in registers. Defined
+ * for 4 lanes here, for 8 (on AVX2) below. */
+#define DEFINE_DENSE_COLUMNS(name, vf, lanes, sp, load, store, attr)                        \
+    static inline __attribute__((always_inline)) attr void name(                            \
+        const float *restrict in, const Layer *layer, float *restrict out, Py_ssize_t j,    \
+        int vectors) {                                                                      \
+        const Py_ssize_t k_in = layer->in, width = layer->padded;                           \
+        vf sum[8];                                                                          \
+        for (int v = 0; v < vectors; v++) sum[v] = sp(0.0f);                                \
+        const float *w = layer->weight + j;                                                 \
+        for (Py_ssize_t k = 0; k < k_in; k++, w += width) {                                 \
+            vf x = sp(in[k]);                                                               \
+            for (int v = 0; v < vectors; v++) sum[v] = sum[v] + x * load(w + (lanes) * v);  \
+        }                                                                                   \
+        for (int v = 0; v < vectors; v++)                                                   \
+            store(out + j + (lanes) * v, sum[v] + load(layer->bias + j + (lanes) * v));     \
     }
-    for (int v = 0; v < vectors; v++)
-        store4(out + j + LANES * v, sum[v] + load4(layer->bias + j + LANES * v));
-}
+
+DEFINE_DENSE_COLUMNS(dense_columns, v4sf, LANES, splat, load4, store4, )
 
 /* Every padded column of a dense layer: blocks of 8, 4 or 1 vectors keep
  * independent sums in flight. */
@@ -203,6 +218,55 @@ static void dense(const float *restrict in, const Layer *layer, float *restrict 
     for (; j + 4 * LANES <= width; j += 4 * LANES) dense_columns(in, layer, out, j, 4);
     for (; j < width; j += LANES) dense_columns(in, layer, out, j, 1);
 }
+
+/* ------------------------------------------------- 8 lanes, on AVX2 CPUs */
+
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(RLFLEET_MLP_NARROW)
+#define WIDE_LANES 1
+#define WIDE __attribute__((target("avx2")))
+
+typedef float v8sf __attribute__((vector_size(32)));
+typedef int32_t v8si __attribute__((vector_size(32)));
+
+/* Whether the CPU runs the 8-lane functions (set once, at import). */
+static int wide_lanes;
+
+static inline WIDE v8sf splat8(float f) { return (v8sf){f, f, f, f, f, f, f, f}; }
+static inline WIDE v8sf load8(const float *p) { v8sf v; memcpy(&v, p, sizeof v); return v; }
+static inline WIDE void store8(float *p, v8sf v) { memcpy(p, &v, sizeof v); }
+static inline WIDE v8sf select8(v8si mask, v8sf a, v8sf b) {
+    return (v8sf)((mask & (v8si)a) | (~mask & (v8si)b));
+}
+
+DEFINE_TANH(tanh8, v8sf, v8si, splat8, select8, WIDE)
+
+static inline WIDE v8sf relu8(v8sf a) { return select8(a < splat8(0.0f), splat8(0.0f), a); }
+
+/* activate() 8 lanes at a time; a last 4 values take the 4-lane functions. */
+static WIDE void activate8(int activation, float *v, Py_ssize_t n) {
+    Py_ssize_t j = 0;
+    if (activation == ACT_TANH) {
+        for (; j + 8 <= n; j += 8) store8(v + j, tanh8(load8(v + j)));
+        for (; j < n; j += LANES) store4(v + j, tanh4(load4(v + j)));
+    } else if (activation == ACT_RELU) {
+        for (; j + 8 <= n; j += 8) store8(v + j, relu8(load8(v + j)));
+        for (; j < n; j += LANES) store4(v + j, relu4(load4(v + j)));
+    }
+}
+
+DEFINE_DENSE_COLUMNS(dense_columns8, v8sf, 8, splat8, load8, store8, WIDE)
+
+/* dense() with 8 lanes; a last 4 columns (padded widths are whole 4-lane
+ * vectors) take the 4-lane sums. */
+static WIDE void dense8(const float *restrict in, const Layer *layer, float *restrict out) {
+    const Py_ssize_t width = layer->padded;
+    Py_ssize_t j = 0;
+    for (; j + 64 <= width; j += 64) dense_columns8(in, layer, out, j, 8);
+    for (; j + 32 <= width; j += 32) dense_columns8(in, layer, out, j, 4);
+    for (; j + 8 <= width; j += 8) dense_columns8(in, layer, out, j, 1);
+    for (; j < width; j += LANES) dense_columns(in, layer, out, j, 1);
+}
+#endif
 
 /* ----------------------------------------------------------------- Kernel */
 
@@ -557,8 +621,17 @@ static int forward_row(const Kernel *self, const Batch *batch, Py_ssize_t i, flo
     float *result = scratch + dim + 2 * widest;
     for (Py_ssize_t l = 0; l < self->n_layers; l++) {
         float *dst = l == self->n_layers - 1 ? result : hidden[l & 1];
+        int hidden_layer = l < self->n_layers - 1;
+#ifdef WIDE_LANES
+        if (wide_lanes) {
+            dense8(in, &layers[l], dst);
+            if (hidden_layer) activate8(self->activation, dst, layers[l].padded);
+            in = dst;
+            continue;
+        }
+#endif
         dense(in, &layers[l], dst);
-        if (l < self->n_layers - 1) activate(self->activation, dst, layers[l].padded);
+        if (hidden_layer) activate(self->activation, dst, layers[l].padded);
         in = dst;
     }
     *out = result;
@@ -824,6 +897,10 @@ static int module_exec(PyObject *module) {
                         "with -ffp-contract=off (as rlfleet's pyproject.toml does)");
         return -1;
     }
+#ifdef WIDE_LANES
+    __builtin_cpu_init();
+    wide_lanes = __builtin_cpu_supports("avx2");
+#endif
     PyObject *numpy = PyImport_ImportModule("numpy");
     if (numpy == NULL) return -1;
     numpy_empty = PyObject_GetAttrString(numpy, "empty");

@@ -122,6 +122,9 @@ class SlotEngine:
         # A lower bound of the first step of the live segments: segments only
         # start at the current step, so an old value stays a lower bound.
         self._oldest = 0
+        # Whether a checked batch passes the native env's own action check
+        # (NativeVectorEnv.vouches_for).
+        self._vouch = False
 
     @property
     def policy(self) -> Policy | None:
@@ -191,6 +194,9 @@ class SlotEngine:
         # a row of the gym path's cache of the running slots.
         self._rows.position = {}
         self._rows.active, self._rows.cols = list(range(self.n_envs)), None
+        # The checker's range check of a batch is then the env's own: the env
+        # need not look at the batch's values again.
+        self._vouch = self.check_actions and native.native.vouches_for(spec.action_space)
 
     def _install_spec(self, spec: EnvSpec) -> None:
         self.max_len = spec.max_episode_length
@@ -578,7 +584,7 @@ class SlotEngine:
             )
             raise
         try:
-            next_obs, rewards, ended, terminated = native.step(actions)
+            next_obs, rewards, ended, terminated = native.step(actions, self._vouch)
             ring.put_env_outputs(row, None, next_obs, rewards)  # type: ignore[arg-type]
         except Exception as exc:
             self._native_failed(exc, s, sink)

@@ -235,7 +235,9 @@ class NativeSlots:
             steps += length
         return rows, steps
 
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray]:
+    def step(
+        self, actions: np.ndarray, checked: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray]:
         """Steps every env; the slots that are not ``RUNNING`` get the placeholder action.
 
         A draining env thus runs on with the env's own first action (for
@@ -245,6 +247,9 @@ class NativeSlots:
 
         Args:
             actions: One action per slot (rows of idle slots are ignored).
+            checked: Every entry of ``actions`` was found in the range of a
+                space the env ``vouches_for``: the env's own check of
+                them, if they go to it unchanged, skips its range pass.
 
         Returns:
             ``(observations, rewards, ended, terminated)`` of every slot;
@@ -255,14 +260,16 @@ class NativeSlots:
         state = self.state
         awaiting = self._awaiting
         unseen = self._running + len(awaiting) < self.n  # some FRESH or DRAINING slot
+        vouched = checked
         if unseen:
+            vouched = False  # a new array: the env checks it all
             idle = np.array(state) != RUNNING
             where = idle.reshape((self.n,) + (1,) * (np.ndim(actions) - 1))
             actions = np.where(where, self._placeholder, actions)
             for slot in self._fresh:  # stepped without being recorded
                 state[slot] = DRAINING
             self._fresh = []
-        observations, rewards, terminated, truncated = self.native.step_all(actions)
+        observations, rewards, terminated, truncated = self.native.step_all(actions, vouched)
         for slot in awaiting:  # their env restarted on this step
             state[slot] = FRESH
         self._fresh = awaiting
