@@ -193,6 +193,7 @@ def collect_answer(
     header: AnswerHeader | None = None
     results: list[Result] = []
     done = 0
+    read = 0  # what the results read so far hold, as ``amount`` counts
     on_data = None
     for item in call:
         if isinstance(item, CallHeader) and item.results_on_data:
@@ -212,6 +213,15 @@ def collect_answer(
                     arrays = response.arrays
                     done += arrays.n_episodes if mode == Mode.EPISODES else arrays.total_steps
                     progress(min(done, amount), amount)
+                if on_data is not None and read < amount:
+                    lengths = response.header.lengths
+                    read += len(lengths) if mode == Mode.EPISODES else sum(lengths)
+                    # The next frames' wait asks for what is left of the
+                    # answer, at the bytes per step (episode) read so far:
+                    # nothing once it is read (what follows, the results
+                    # past it and the end marker, is read as it comes).
+                    left = amount - read
+                    on_data.gather = left * on_data.result_bytes // read if left > 0 < read else 0
             elif isinstance(response, AnswerHeader):
                 header = response
             elif isinstance(response, Footer):
