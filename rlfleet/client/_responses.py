@@ -216,12 +216,15 @@ def collect_answer(
                 if on_data is not None and read < amount:
                     lengths = response.header.lengths
                     read += len(lengths) if mode == Mode.EPISODES else sum(lengths)
-                    # The next frames' wait asks for what is left of the
-                    # answer, at the bytes per step (episode) read so far:
-                    # nothing once it is read (what follows, the results
-                    # past it and the end marker, is read as it comes).
+                    # The next frames' wait asks for half of what is left of
+                    # the answer at the bytes per step (episode) read so far
+                    # (results a little smaller than those are not waited
+                    # for), nothing once it is read: what follows, the
+                    # results past it and the end marker, is read as it comes.
                     left = amount - read
-                    on_data.gather = left * on_data.result_bytes // read if left > 0 < read else 0
+                    on_data.gather = (
+                        left * on_data.result_bytes // (2 * read) if left > 0 < read else 0
+                    )
             elif isinstance(response, AnswerHeader):
                 header = response
             elif isinstance(response, Footer):
