@@ -27,12 +27,12 @@ import contextlib
 import pickle
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 from rlfleet.client import _coordinator_calls
-from rlfleet.client._responses import AnswerMemory, ResponseReader, SampleAnswer, collect_answer
+from rlfleet.client._responses import AnswerMemory, SampleAnswer, collect_answer
 from rlfleet.client._result_route import DataResults
 from rlfleet.core import EpisodeBatch
 from rlfleet.protocol.modes import Mode
@@ -73,15 +73,8 @@ def capturing(answers: list[dict[str, Any]]) -> Iterator[None]:
     episodes the learner takes of it and its results' count."""
     original = _coordinator_calls.collect_answer
 
-    def recording(
-        call: Iterable[Any],
-        reader: ResponseReader,
-        mode: int,
-        amount: int,
-        progress: Callable[[int, int], None] | None,
-        *,
-        data: DataResults | None = None,
-    ) -> SampleAnswer:
+    def recording(call: Iterable[Any], *args: Any, data: DataResults | None = None) -> SampleAnswer:
+        _, mode, amount, _ = args  # collect_answer's reader, mode, amount, progress
         parts: list[Any] = []
         frames: list[bytes] = []
 
@@ -93,7 +86,7 @@ def capturing(answers: list[dict[str, Any]]) -> Iterator[None]:
         if data is not None:
             # Reads frames as the connection does: only receive_message is called.
             data._link = cast(DataLink, _RecordingLink(data._link, frames))
-        answer = original(responses(), reader, mode, amount, progress, data=data)
+        answer = original(responses(), *args, data=data)
         answers.append(
             {
                 "parts": parts,
@@ -108,7 +101,7 @@ def capturing(answers: list[dict[str, Any]]) -> Iterator[None]:
         )
         return answer
 
-    _coordinator_calls.collect_answer = recording
+    _coordinator_calls.collect_answer = recording  # type: ignore[assignment]
     try:
         yield
     finally:

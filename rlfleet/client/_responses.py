@@ -194,6 +194,7 @@ def collect_answer(
     results: list[Result] = []
     done = 0
     read = 0  # what the results read so far hold, as ``amount`` counts
+    by_episodes = mode == Mode.EPISODES  # once: an enum member's lookup is no plain one
     on_data = None
     for item in call:
         if isinstance(item, CallHeader) and item.results_on_data:
@@ -211,11 +212,11 @@ def collect_answer(
                 results.append(response)
                 if progress is not None:
                     arrays = response.arrays
-                    done += arrays.n_episodes if mode == Mode.EPISODES else arrays.total_steps
+                    done += arrays.n_episodes if by_episodes else arrays.total_steps
                     progress(min(done, amount), amount)
                 if on_data is not None and read < amount:
                     lengths = response.header.lengths
-                    read += len(lengths) if mode == Mode.EPISODES else sum(lengths)
+                    read += len(lengths) if by_episodes else sum(lengths)
                     # The next frames' wait asks for half of what is left of
                     # the answer at the bytes per step (episode) read so far
                     # (results a little smaller than those are not waited
