@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import select
 import shutil
@@ -622,12 +623,14 @@ def test_a_frame_whose_header_came_with_the_last_read_is_taken_in_one_fill(
         link.close()
 
 
-def _tcp_pair() -> tuple[_CountingSocket, socket.socket]:
+def _tcp_pair(
+    kind: type[_CountingSocket] = _CountingSocket,
+) -> tuple[_CountingSocket, socket.socket]:
     """A loopback TCP connection (poll honours SO_RCVLOWAT over TCP, not Unix sockets)."""
     with socket.create_server(("127.0.0.1", 0)) as server:
         theirs = socket.create_connection(server.getsockname())
         ours, _ = server.accept()
-    return _CountingSocket(fileno=ours.detach()), theirs
+    return kind(fileno=ours.detach()), theirs
 
 
 @pytest.mark.parametrize("deadline", [None, 10.0], ids=["no-deadline", "deadline"])
@@ -691,6 +694,36 @@ def test_a_gathering_reader_takes_a_lone_frame_after_the_bounded_wait() -> None:
         assert link.receive_message(None, gather=lease_channel.GATHER_BYTES) is None
     finally:
         link.close()
+
+
+class _NoLowMarkSocket(_CountingSocket):
+    """A socket of a system that does not take SO_RCVLOWAT."""
+
+    def setsockopt(self, level: int, option: int, value: Any, *rest: Any) -> None:
+        if option == socket.SO_RCVLOWAT:
+            raise OSError(errno.ENOPROTOOPT, "Protocol not available")
+        super().setsockopt(level, option, value, *rest)
+
+
+def test_a_gathering_reader_on_a_system_without_a_low_mark_waits_as_before() -> None:
+    # The gathering wait is an economy: where the socket does not take it,
+    # the frame is waited for as it was, the connection kept.
+    sock, theirs = _tcp_pair(_NoLowMarkSocket)
+    link = LeaseDataLink(sock, 1 << 20)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+
+            def send_later() -> None:
+                time.sleep(0.05)  # the reader waits first
+                theirs.sendall(frame(b"one") + frame(b"two"))
+
+            later = pool.submit(send_later)
+            got = [link.receive_message(10.0, gather=lease_channel.GATHER_BYTES) for _ in "ab"]
+            later.result(timeout=PATIENCE)
+        assert [None if g is None else bytes(g) for g in got] == [b"one", b"two"]
+    finally:
+        link.close()
+        theirs.close()
 
 
 def test_frames_larger_than_the_socket_buffer_arrive_whole_and_in_order() -> None:

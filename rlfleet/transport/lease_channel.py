@@ -504,7 +504,10 @@ class LeaseDataLink:
             wait = min(wait, max(deadline - time.monotonic(), 0.0))
         poller = select.poll()
         poller.register(fd, select.POLLIN)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, min(size, GATHER_BYTES))
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, min(size, GATHER_BYTES))
+        except OSError:  # a system that does not take it: each frame waited for as before
+            return
         try:
             poller.poll(math.ceil(wait * 1000))
         finally:
