@@ -161,6 +161,32 @@ def test_a_local_fleet_hands_results_over_in_memory() -> None:
         assert isinstance(sampler.result_route._link, InProcessLink)
 
 
+def test_frames_past_the_results_an_answer_needs_are_read_as_they_come(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Once a result has told the bytes per episode, the reader's wait for
+    # the next frames asks for what the answer still needs; once the results
+    # read make the answer, what follows (results past it, the end marker)
+    # is read as it comes, not after a gathering wait.
+    with Fleet.local(workers=2, envs_per_worker=2, seed=SEED) as sampler:
+        expected = local_episodes(CARTPOLE, 2, 9, seed=SEED)
+        assert_same_batch(sampler.obtain_episodes(2), expected[0])  # opens the connection
+        link = sampler.result_route._link
+        assert isinstance(link, InProcessLink)
+        asked: list[int] = []
+        receive = link.receive_message
+
+        def recorded(seconds: float | None, *, gather: int = 0) -> Any:
+            asked.append(gather)
+            return receive(seconds, gather=gather)
+
+        monkeypatch.setattr(link, "receive_message", recorded)
+        assert_same_batch(sampler.obtain_episodes(9), expected[1])
+    assert asked[0] == 0 and asked[1] > 0 and asked[-1] == 0
+    # Less and less is asked for as the results arrive, then nothing.
+    assert asked[1:] == sorted(asked[1:], reverse=True)
+
+
 def test_a_connection_cut_mid_answer_fails_the_call_and_the_retry_is_right(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import select
 import shutil
@@ -41,6 +42,7 @@ from rlfleet.coordinator.config import LEASE_DATA_OFF
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, RlfleetTimeoutError, UnavailableError
 from rlfleet.security import ClientTLS, ServerSecurity, ServerTLS
+from rlfleet.transport import lease_channel
 from rlfleet.transport.lease_channel import (
     FRAME_HEADER,
     LeaseDataLink,
@@ -619,6 +621,109 @@ def test_a_frame_whose_header_came_with_the_last_read_is_taken_in_one_fill(
         assert called == ["receive_message", "_fill", "_read", "_read_ahead", "recvmsg_into"]
     finally:
         link.close()
+
+
+def _tcp_pair(
+    kind: type[_CountingSocket] = _CountingSocket,
+) -> tuple[_CountingSocket, socket.socket]:
+    """A loopback TCP connection (poll honours SO_RCVLOWAT over TCP, not Unix sockets)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        theirs = socket.create_connection(server.getsockname())
+        ours, _ = server.accept()
+    return kind(fileno=ours.detach()), theirs
+
+
+@pytest.mark.parametrize("deadline", [None, 10.0], ids=["no-deadline", "deadline"])
+def test_a_gathering_reader_ahead_of_its_sender_reads_several_frames_per_wait(
+    deadline: float | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A learner ahead of its coordinator finds each next frame not yet sent:
+    # gathering, its wait ends once the bytes it asked for are there (the
+    # bound on the wait made long here), so frames sent one by one are read
+    # after one wait, each with one read, and the socket's low mark is 1
+    # again after.
+    monkeypatch.setattr(lease_channel, "GATHER_SECONDS", PATIENCE)
+    sock, theirs = _tcp_pair()
+    link = LeaseDataLink(sock, 1 << 20)
+    payloads = [bytes([k]) * 8192 for k in range(8)]  # GATHER_BYTES with their headers
+    assert len(payloads) * (8192 + FRAME_HEADER.size) >= lease_channel.GATHER_BYTES
+    try:
+        with ThreadPoolExecutor(1) as pool:
+
+            def send_one_by_one() -> None:
+                for payload in payloads:
+                    theirs.sendall(frame(payload))
+                    time.sleep(0.005)
+
+            sent = pool.submit(send_one_by_one)
+            gather = lease_channel.GATHER_BYTES
+            got = [link.receive_message(deadline, gather=gather) for _ in payloads]
+            sent.result(timeout=PATIENCE)
+        assert [None if g is None else bytes(g) for g in got] == payloads
+        # The first header's read that found nothing, its read after the
+        # wait, then one read per payload (with the next header); the kernel
+        # may end a wait early (its receive memory's pressure), a read more.
+        # Waiting for each frame takes three reads a frame.
+        assert sock.reads < 2 * len(payloads)
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+    finally:
+        link.close()
+        theirs.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_gathering_reader_takes_a_lone_frame_after_the_bounded_wait() -> None:
+    # Fewer bytes than GATHER_BYTES: the frame is read once GATHER_SECONDS
+    # pass (no deadline: an unbounded wait would hang the test), and the
+    # connection's end is seen as before.
+    sock, theirs = _tcp_pair()
+    link = LeaseDataLink(sock, 1 << 20)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+
+            def send_later() -> None:
+                time.sleep(0.05)  # the reader waits first
+                theirs.sendall(frame(b"lone"))
+
+            later = pool.submit(send_later)
+            got = link.receive_message(None, gather=lease_channel.GATHER_BYTES)
+            later.result(timeout=PATIENCE)
+        assert got is not None and bytes(got) == b"lone"
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+        theirs.close()
+        assert link.receive_message(None, gather=lease_channel.GATHER_BYTES) is None
+    finally:
+        link.close()
+
+
+class _NoLowMarkSocket(_CountingSocket):
+    """A socket of a system that does not take SO_RCVLOWAT."""
+
+    def setsockopt(self, level: int, option: int, value: Any, *rest: Any) -> None:
+        if option == socket.SO_RCVLOWAT:
+            raise OSError(errno.ENOPROTOOPT, "Protocol not available")
+        super().setsockopt(level, option, value, *rest)
+
+
+def test_a_gathering_reader_on_a_system_without_a_low_mark_waits_as_before() -> None:
+    # The gathering wait is an economy: where the socket does not take it,
+    # the frame is waited for as it was, the connection kept.
+    sock, theirs = _tcp_pair(_NoLowMarkSocket)
+    link = LeaseDataLink(sock, 1 << 20)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+
+            def send_later() -> None:
+                time.sleep(0.05)  # the reader waits first
+                theirs.sendall(frame(b"one") + frame(b"two"))
+
+            later = pool.submit(send_later)
+            got = [link.receive_message(10.0, gather=lease_channel.GATHER_BYTES) for _ in "ab"]
+            later.result(timeout=PATIENCE)
+        assert [None if g is None else bytes(g) for g in got] == [b"one", b"two"]
+    finally:
+        link.close()
+        theirs.close()
 
 
 def test_frames_larger_than_the_socket_buffer_arrive_whole_and_in_order() -> None:

@@ -193,6 +193,8 @@ def collect_answer(
     header: AnswerHeader | None = None
     results: list[Result] = []
     done = 0
+    read = 0  # what the results read so far hold, as ``amount`` counts
+    by_episodes = mode == Mode.EPISODES  # once: an enum member's lookup is no plain one
     on_data = None
     for item in call:
         if isinstance(item, CallHeader) and item.results_on_data:
@@ -210,8 +212,20 @@ def collect_answer(
                 results.append(response)
                 if progress is not None:
                     arrays = response.arrays
-                    done += arrays.n_episodes if mode == Mode.EPISODES else arrays.total_steps
+                    done += arrays.n_episodes if by_episodes else arrays.total_steps
                     progress(min(done, amount), amount)
+                if on_data is not None and read < amount:
+                    lengths = response.header.lengths
+                    read += len(lengths) if by_episodes else sum(lengths)
+                    # The next frames' wait asks for half of what is left of
+                    # the answer at the bytes per step (episode) read so far
+                    # (results a little smaller than those are not waited
+                    # for), nothing once it is read: what follows, the
+                    # results past it and the end marker, is read as it comes.
+                    left = amount - read
+                    on_data.gather = (
+                        left * on_data.result_bytes // (2 * read) if left > 0 < read else 0
+                    )
             elif isinstance(response, AnswerHeader):
                 header = response
             elif isinstance(response, Footer):

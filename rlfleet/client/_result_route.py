@@ -208,6 +208,12 @@ class DataResults:
         self.count = 0  # result frames read
         self.used = False  # the coordinator took the connection for the call
         self.ended = False  # its end marker was read
+        self.result_bytes = 0  # of the result frames read
+        #: Bytes of results expected soon (0: none known): a wait for the
+        #: next frame then takes up to that many at once
+        #: (``DataLink.receive_message``'s ``gather``). The answer's reader
+        #: sets it from what is left of the answer (:func:`collect_answer`).
+        self.gather = 0
 
     @property
     def clean(self) -> bool:
@@ -228,7 +234,7 @@ class DataResults:
         while True:
             left = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
             try:
-                payload = link.receive_message(left)
+                payload = link.receive_message(left, gather=self.gather)
             except RlfleetTimeoutError:
                 # Worded as the call's own deadline is (rlfleet.transport.rpc).
                 raise RlfleetTimeoutError(
@@ -254,6 +260,7 @@ class DataResults:
                 )
             if isinstance(part, ResultPart):
                 self.count += 1
+                self.result_bytes += len(payload)
                 yield part
             elif isinstance(part, ResultsEnd):
                 if part.results != self.count:
