@@ -19,6 +19,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 
 from rlfleet.coordinator.calls import CallOutbox, Finished, Forward
@@ -239,3 +240,33 @@ def test_results_of_one_task_are_judged_with_one_search_unless_one_is_wrong(
         alone = [scheduler.classify(worker, t, indices) for t, indices in batch]
         assert scheduler.classify_many(worker, batch) == alone
     assert task in fleet.tasks
+
+
+def test_a_tasks_expectation_is_kept_until_what_it_is_made_of_changes() -> None:
+    """Batch after batch a task's results are checked against one expectation,
+    made again once its units grow (a refill), the latest agent version or
+    the env changes; an ended request's are dropped."""
+    fleet = new_fleet(None)
+    state, events, handle = fleet.state, fleet.events, fleet.handle
+    (task,) = set(fleet.tasks)
+    env_spec = state.env.spec
+    assert env_spec is not None
+
+    def expect(latest: int = 0, spec: Any = env_spec) -> Any:
+        with state.lock:
+            return events._expectation(handle, task, fleet.request_id, spec, latest, native=False)
+
+    first = expect()
+    assert expect() is first
+    assert first.units.episode_indices.tolist() == [0, 1]
+    assert expect(latest=1) is not first
+    assert expect(latest=1).latest_agent_version == 1
+    assert expect(spec=EnvConfig("CartPole-v1").env_spec()) is not expect()
+    again = expect()
+    units = state.scheduler._books.tasks[task].units
+    units.add(state.scheduler._books.requests[fleet.request_id].units(np.array([7, 9])))
+    refilled = expect()
+    assert refilled is not again
+    assert refilled.units.episode_indices.tolist() == [0, 1, 7, 9]
+    events._forget_expectations(fleet.request_id)
+    assert expect() is not refilled

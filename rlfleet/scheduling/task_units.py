@@ -37,6 +37,9 @@ class TaskUnits:
         # another worker, or re-queued), ascending: a result of the task
         # that names one is ignored, never booked here.
         self._taken = np.empty(0, dtype=np.int64)
+        # The snapshot :attr:`given` made last, until units are added: a
+        # task's results are checked against it batch after batch.
+        self._given: UnitColumns = EMPTY_UNITS
 
     def __len__(self) -> int:
         return self._count
@@ -83,16 +86,18 @@ class TaskUnits:
             ]
             self._out = out
         self._count = total
+        self._given = EMPTY_UNITS  # made again when next asked for
         self.outstanding += new
 
     @property
     def given(self) -> UnitColumns:
         """Every unit given to the task, ascending by index (a snapshot: views
-        that later refills leave as they are)."""
-        if not self._count:
-            return EMPTY_UNITS
+        that later refills leave as they are; the same object until units
+        are added)."""
         n = self._count
-        return UnitColumns(self._index[:n], self._env[:n], self._policy[:n])
+        if n and len(self._given) != n:
+            self._given = UnitColumns(self._index[:n], self._env[:n], self._policy[:n])
+        return self._given
 
     def check(self, indices: np.ndarray, task_id: int) -> tuple[str, np.ndarray]:
         """Whether a result of these episodes can be booked.
