@@ -16,8 +16,8 @@ The worker holds enough units (``prefetch_factor``) that no refill runs
 between the timed batches: the refill is not what this measures. Prints the
 CPU of this thread (``time.thread_time_ns``) per result, best of
 ``--rounds``; under ``valgrind --tool=callgrind``, run it with
-``--results 0`` as well: the difference over ``--results`` is the
-instructions per result.
+``--no-book`` as well (every round set up, no result booked): the
+difference over ``--results`` times ``--rounds`` is the instructions per result.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _start(scheduler: Scheduler) -> int:
     return scheduler.start_sample(_spec(1))
 
 
-def scheduler_round(episodes: int, results: int, batch: int) -> int:
+def scheduler_round(episodes: int, results: int, batch: int, *, book: bool = True) -> int:
     """Nanoseconds of this thread's CPU to judge and book ``results`` results."""
     units = episodes * results + 1
     scheduler = Scheduler(prefetch_factor=units // SLOTS + 2, capacity_steps=0)
@@ -80,7 +80,7 @@ def scheduler_round(episodes: int, results: int, batch: int) -> int:
             ]
         )
     spent = 0
-    for entries in batches:
+    for entries in batches if book else ():
         begin = time.thread_time_ns()
         scheduler.classify_many(1, [(task, indices) for task, indices, _ in entries])
         scheduler.complete_many(1, entries)
@@ -154,11 +154,11 @@ def event_results(episodes: int, results: int) -> list[JoinedResult]:
         vec.shutdown()
 
 
-def events_round(pool: list[JoinedResult], episodes: int, batch: int) -> int:
+def events_round(pool: list[JoinedResult], episodes: int, batch: int, *, book: bool = True) -> int:
     """Nanoseconds of this thread's CPU to book the results of ``pool`` with on_results."""
     fleet = EventsFleet(episodes * len(pool) + 1)
     spent = 0
-    for start in range(0, len(pool), batch):
+    for start in range(0, len(pool) if book else 0, batch):
         begin = time.thread_time_ns()
         fleet.events.on_results(fleet.handle, pool[start : start + batch], send_here=True)
         spent += time.thread_time_ns() - begin
@@ -173,18 +173,21 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2, help="results booked at a time")
     parser.add_argument("--level", choices=("scheduler", "events"), default="scheduler")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; the best is shown")
+    parser.add_argument(
+        "--no-book", action="store_true", help="set every round up, book nothing (callgrind's base)"
+    )
     args = parser.parse_args()
     run: Callable[[], int]
     if args.level == "scheduler":
 
         def run() -> int:
-            return scheduler_round(args.episodes, args.results, args.batch)
+            return scheduler_round(args.episodes, args.results, args.batch, book=not args.no_book)
 
     else:
         pool = event_results(args.episodes, args.results)
 
         def run() -> int:
-            return events_round(pool, args.episodes, args.batch)
+            return events_round(pool, args.episodes, args.batch, book=not args.no_book)
 
     best = min(run() for _ in range(args.rounds))
     per = best / max(args.results, 1) / 1000

@@ -33,6 +33,7 @@ from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.protocol.join import EnvBuilt, WorkerHello
 from rlfleet.protocol.modes import Mode
 from rlfleet.scheduling.scheduler import RequestSpec
+from rlfleet.scheduling.units import EpisodeRequest
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import encode_env_spec
 from rlfleet.wire.results import JoinedResult, ResultAssembler
@@ -263,8 +264,9 @@ def test_a_tasks_expectation_is_kept_until_what_it_is_made_of_changes() -> None:
     assert expect(latest=1).latest_agent_version == 1
     assert expect(spec=EnvConfig("CartPole-v1").env_spec()) is not expect()
     again = expect()
-    units = state.scheduler._books.tasks[task].units
-    units.add(state.scheduler._books.requests[fleet.request_id].units(np.array([7, 9])))
+    request = state.scheduler._books.requests[fleet.request_id]
+    assert isinstance(request, EpisodeRequest)
+    state.scheduler._books.tasks[task].units.add(request.units(np.array([7, 9])))
     refilled = expect()
     assert refilled is not again
     assert refilled.units.episode_indices.tolist() == [0, 1, 7, 9]
