@@ -31,14 +31,13 @@ from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.registry import TaskDispatch, WorkerHandle
 from rlfleet.coordinator.state import FleetState, OpenCall
 from rlfleet.coordinator.worker_events import CAPABILITIES, WorkerEvents
-from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
 from rlfleet.envs import EnvConfig
 from rlfleet.protocol.join import EnvBuilt, WorkerHello
 from rlfleet.protocol.modes import Mode
 from rlfleet.scheduling.scheduler import RequestSpec, Scheduler
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import encode_env_spec
-from rlfleet.wire.results import JoinedResult, ResultAssembler
+from rlfleet.wire.results import JoinedResult
 
 SLOTS = 64
 SEED = 7
@@ -120,36 +119,25 @@ class EventsFleet:
             self.outbox.get()
 
 
-def _joined(payloads: list[bytes]) -> JoinedResult:
-    assembler = ResultAssembler()
-    result = None
-    for payload in payloads:
-        piece = parse_worker_message(payload)
-        assert isinstance(piece, ResultPiece) and piece.chunk is not None
-        result = assembler.join(piece.header, piece.chunk, keep_pieces=True)
-    assert result is not None
-    return result
-
-
 def event_results(episodes: int, results: int) -> list[JoinedResult]:
     """The worker's results for the units of the fleet's first task, run on CartPole."""
     from rlfleet.worker.units import make_units
     from rlfleet.worker.vec import VecWorker
-    from tests._coordinator_fakes import result_messages
+    from tests._coordinator_fakes import joined, result_messages
 
     fleet = EventsFleet(episodes * results + 1)
     (order,) = fleet.orders
     held = order.units.episode_indices.tolist()[1:]  # off the prefix, as most are
     vec = VecWorker(n_envs=SLOTS, env=EnvConfig("CartPole-v1"), worker_number=1)
     try:
-        joined = []
+        pool: list[JoinedResult] = []
         for k in range(results):
             batch = vec.run(make_units(SEED, 1, held[k * episodes : (k + 1) * episodes]))
             messages = result_messages(
                 batch, task_id=order.task_id, env_generation=1, batch_id=k + 1, max_bytes=1 << 22
             )
-            joined.append(_joined([_rpc.serialize(m) for m in messages]))
-        return joined
+            pool.append(joined([_rpc.serialize(m) for m in messages]))
+        return pool
     finally:
         vec.shutdown()
 

@@ -27,7 +27,6 @@ from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.registry import TaskDispatch, WorkerHandle
 from rlfleet.coordinator.state import FleetState, OpenCall
 from rlfleet.coordinator.worker_events import CAPABILITIES, WorkerEvents
-from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.protocol.join import EnvBuilt, WorkerHello
@@ -36,10 +35,10 @@ from rlfleet.scheduling.scheduler import RequestSpec
 from rlfleet.scheduling.units import EpisodeRequest
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import encode_env_spec
-from rlfleet.wire.results import JoinedResult, ResultAssembler
+from rlfleet.wire.results import JoinedResult
 from rlfleet.worker.units import EpisodeUnit, make_units
 from rlfleet.worker.vec import VecWorker
-from tests._coordinator_fakes import result_messages
+from tests._coordinator_fakes import joined, result_messages
 
 SEED = 5
 FIRST_AMOUNT = 2  # episodes of the request that ends before the batches
@@ -77,17 +76,6 @@ def tasks_sent(handle: WorkerHandle) -> list[int]:
         if isinstance(message, TaskDispatch):
             sent.append(message.order.task_id)
     return sent
-
-
-def joined(payloads: list[bytes]) -> JoinedResult:
-    """A result's messages as the coordinator reads and joins them."""
-    assembler = ResultAssembler()
-    for payload in payloads:
-        piece = parse_worker_message(payload)
-        assert isinstance(piece, ResultPiece) and piece.chunk is not None
-        result = assembler.join(piece.header, piece.chunk, keep_pieces=True)
-    assert result is not None
-    return result
 
 
 def new_fleet(first_result: JoinedResult | None) -> Fleet:
