@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
 from rlfleet.core import EnvSpec, EpisodeBatch
 from rlfleet.envs import EnvConfig
 from rlfleet.policies import PolicySpec
@@ -42,6 +43,7 @@ from rlfleet.wire import (
     encode_batch_chunks,
     encode_env_spec,
 )
+from rlfleet.wire.results import JoinedResult, ResultAssembler
 from rlfleet.worker.units import EpisodeUnit, make_units
 from rlfleet.worker.vec import VecWorker
 from tests.waiting import wait_until
@@ -199,6 +201,18 @@ def env_ready(worker: ScriptedWorker, update: Any) -> EnvSpec:
 def env_config(update: Any) -> EnvConfig:
     length = update.max_episode_length if update.HasField("max_episode_length") else None
     return EnvConfig(update.env_id, json.loads(update.kwargs_json or "{}"), length)
+
+
+def joined(payloads: list[bytes]) -> JoinedResult:
+    """A result's messages as the coordinator reads and joins them."""
+    assembler = ResultAssembler()
+    result = None
+    for payload in payloads:
+        piece = parse_worker_message(payload)
+        assert isinstance(piece, ResultPiece) and piece.chunk is not None
+        result = assembler.join(piece.header, piece.chunk, keep_pieces=True)
+    assert result is not None
+    return result
 
 
 def result_messages(

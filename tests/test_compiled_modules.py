@@ -15,6 +15,8 @@ import pytest
         ("rlfleet.wire._result_reader", "rlfleet.wire.result_message", "result reader"),
         ("rlfleet.wire._result_check", "rlfleet.wire.result_layout", "one-pass result check"),
         ("rlfleet.wire._gather", "rlfleet.wire.placement", "gather"),
+        ("rlfleet.scheduling._unit_book", "rlfleet.scheduling.task_units", "unit booking"),
+        ("rlfleet.scheduling._unit_book", "rlfleet.scheduling.units", "unit booking"),
     ],
 )
 def test_a_checkout_without_a_compiled_module_says_how_to_build_it(

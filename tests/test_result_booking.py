@@ -19,6 +19,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 
 from rlfleet.coordinator.calls import CallOutbox, Finished, Forward
@@ -26,18 +27,18 @@ from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.registry import TaskDispatch, WorkerHandle
 from rlfleet.coordinator.state import FleetState, OpenCall
 from rlfleet.coordinator.worker_events import CAPABILITIES, WorkerEvents
-from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.protocol.join import EnvBuilt, WorkerHello
 from rlfleet.protocol.modes import Mode
 from rlfleet.scheduling.scheduler import RequestSpec
+from rlfleet.scheduling.units import EpisodeRequest
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import encode_env_spec
-from rlfleet.wire.results import JoinedResult, ResultAssembler
+from rlfleet.wire.results import JoinedResult
 from rlfleet.worker.units import EpisodeUnit, make_units
 from rlfleet.worker.vec import VecWorker
-from tests._coordinator_fakes import result_messages
+from tests._coordinator_fakes import joined, result_messages
 
 SEED = 5
 FIRST_AMOUNT = 2  # episodes of the request that ends before the batches
@@ -75,17 +76,6 @@ def tasks_sent(handle: WorkerHandle) -> list[int]:
         if isinstance(message, TaskDispatch):
             sent.append(message.order.task_id)
     return sent
-
-
-def joined(payloads: list[bytes]) -> JoinedResult:
-    """A result's messages as the coordinator reads and joins them."""
-    assembler = ResultAssembler()
-    for payload in payloads:
-        piece = parse_worker_message(payload)
-        assert isinstance(piece, ResultPiece) and piece.chunk is not None
-        result = assembler.join(piece.header, piece.chunk, keep_pieces=True)
-    assert result is not None
-    return result
 
 
 def new_fleet(first_result: JoinedResult | None) -> Fleet:
@@ -239,3 +229,34 @@ def test_results_of_one_task_are_judged_with_one_search_unless_one_is_wrong(
         alone = [scheduler.classify(worker, t, indices) for t, indices in batch]
         assert scheduler.classify_many(worker, batch) == alone
     assert task in fleet.tasks
+
+
+def test_a_tasks_expectation_is_kept_until_what_it_is_made_of_changes() -> None:
+    """Batch after batch a task's results are checked against one expectation,
+    made again once its units grow (a refill), the latest agent version or
+    the env changes; an ended request's are dropped."""
+    fleet = new_fleet(None)
+    state, events, handle = fleet.state, fleet.events, fleet.handle
+    (task,) = set(fleet.tasks)
+    env_spec = state.env.spec
+    assert env_spec is not None
+
+    def expect(latest: int = 0, spec: Any = env_spec) -> Any:
+        with state.lock:
+            return events._expectation(handle, task, fleet.request_id, spec, latest, native=False)
+
+    first = expect()
+    assert expect() is first
+    assert first.units.episode_indices.tolist() == [0, 1]
+    assert expect(latest=1) is not first
+    assert expect(latest=1).latest_agent_version == 1
+    assert expect(spec=EnvConfig("CartPole-v1").env_spec()) is not expect()
+    again = expect()
+    request = state.scheduler._books.requests[fleet.request_id]
+    assert isinstance(request, EpisodeRequest)
+    state.scheduler._books.tasks[task].units.add(request.units(np.array([7, 9])))
+    refilled = expect()
+    assert refilled is not again
+    assert refilled.units.episode_indices.tolist() == [0, 1, 7, 9]
+    events._forget_expectations(fleet.request_id)
+    assert expect() is not refilled

@@ -86,6 +86,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 
@@ -414,35 +415,33 @@ class Scheduler:
         """Judges results of one worker, given as ``(task id, episode indices)``,
         each as :meth:`classify` would now, without changing any state.
 
-        The results of one episode task are judged together with one sorted
-        search over the task's units; only if one of them is not wholly
-        outstanding or repeats an episode of another is each judged alone.
-        The caller books them in order with :meth:`complete_many` (or
-        :meth:`complete`), which judges each again after those before it.
+        The results of one episode task are judged together in one call over
+        their indices (``TaskUnits.all_outstanding``: a header's tuples, no
+        array made); only if one of them is not wholly outstanding, repeats
+        an episode of another or holds its indices in another form is each
+        judged alone. The caller books them in order with
+        :meth:`complete_many` (or :meth:`complete`), which judges each again
+        after those before it.
         """
-        if len(results) == 1:
-            task_id, indices = results[0]
-            return [self._judge(worker_id, task_id, _int64(indices))[0]]
-        rulings: list[ResultRuling | None] = [None] * len(results)
         groups: dict[int, list[int]] = {}
         for position, (task_id, _) in enumerate(results):
             groups.setdefault(task_id, []).append(position)
+        rulings: list[ResultRuling | None] = [None] * len(results)
         for task_id, members in groups.items():
             task = self._books.tasks.get(task_id)
-            mine = task is not None and task.worker_id == worker_id and not task.is_windows
-            if len(members) > 1 and task is not None and mine:
-                columns = [_int64(results[m][1]) for m in members]
-                if (
-                    all(c.size for c in columns)
-                    and task.units.outstanding_positions(columns) is not None
-                ):
-                    request = self._books.requests[task.request_id]
-                    ruling = ResultRuling(
-                        Verdict.ACCEPT, request.request_id, subscription=request.subscription
-                    )
-                    for m in members:
-                        rulings[m] = ruling
-                    continue
+            if (
+                task is not None
+                and task.worker_id == worker_id
+                and not task.is_windows
+                and task.units.all_outstanding([results[m][1] for m in members])
+            ):
+                request = self._books.requests[task.request_id]
+                ruling = ResultRuling(
+                    Verdict.ACCEPT, request.request_id, subscription=request.subscription
+                )
+                for m in members:
+                    rulings[m] = ruling
+                continue
             for m in members:
                 rulings[m] = self._judge(worker_id, task_id, _int64(results[m][1]))[0]
         return [r for r in rulings if r is not None]
@@ -497,9 +496,10 @@ class Scheduler:
         """Records results given as ``(task id, episode indices, lengths)``, in
         order, as :meth:`complete` one after the other would.
 
-        A run of results of one episode task (one result or more) whose
-        episodes are all outstanding, none twice, is judged with one sorted
-        search over the task's units; anything else result by result.
+        A result of an episode task whose episodes are all outstanding, none
+        twice, given as a header's tuples of ints, is found and marked back
+        in one call (``TaskUnits.take_back``: it was judged before it was
+        checked, so it is not judged again); anything else by :meth:`complete`.
 
         Returns:
             The rulings of the first results, up to the first that is
@@ -507,49 +507,32 @@ class Scheduler:
             passes the rest again: they are judged after that).
         """
         rulings: list[ResultRuling] = []
-        start = 0
-        for end in _runs(results):
-            run = results[start:end]
-            task = self._books.tasks.get(run[0][0])
-            booked = False
-            # One result alone too: its units were judged before it was
-            # checked, and one search finds them again without the judging.
-            if task is not None and task.worker_id == worker_id:
+        for task_id, indices, lengths in results:
+            task = self._books.tasks.get(task_id)
+            if task is not None and task.worker_id == worker_id and not task.is_windows:
                 request = self._books.requests[task.request_id]
-                columns = [_int64(indices) for _, indices, _ in run]
-                if (
-                    isinstance(request, EpisodeRequest)
-                    and not task.is_windows
-                    and all(column.size for column in columns)
-                    and (positions := task.units.outstanding_positions(columns)) is not None
-                ):
-                    booked = True
-                    worker = self._books.workers[worker_id]
+                if isinstance(request, EpisodeRequest) and task.units.take_back(indices, lengths):
                     request.workers_used.add(worker_id)
-                    offset = 0
-                    for (_, _, lengths), column in zip(run, columns, strict=True):
-                        held = positions[offset : offset + column.size]
-                        offset += column.size
-                        self._units.record(
-                            worker, task, request, column, _int64(lengths), positions=held
+                    worker = self._books.workers[worker_id]
+                    # take_back took them: tuples or lists of ints.
+                    held, steps = cast(Sequence[int], indices), cast(Sequence[int], lengths)
+                    self._units.booked(worker, task, request, held, steps)
+                    done = request.done
+                    rulings.append(
+                        ResultRuling(
+                            Verdict.ACCEPT,
+                            request_id=request.request_id,
+                            done=done,
+                            subscription=request.subscription,
                         )
-                        rulings.append(
-                            ResultRuling(
-                                Verdict.ACCEPT,
-                                request_id=request.request_id,
-                                done=request.done,
-                                subscription=request.subscription,
-                            )
-                        )
-                        if request.done:
-                            return rulings
-            if not booked:
-                for task_id, indices, lengths in run:
-                    ruling = self.complete(worker_id, task_id, indices, lengths)
-                    rulings.append(ruling)
-                    if ruling.done or ruling.verdict is Verdict.REJECT:
+                    )
+                    if done:
                         return rulings
-            start = end
+                    continue
+            ruling = self.complete(worker_id, task_id, indices, lengths)
+            rulings.append(ruling)
+            if ruling.done or ruling.verdict is Verdict.REJECT:
+                return rulings
         return rulings
 
     def complete(
@@ -589,13 +572,6 @@ class Scheduler:
             done=request.done,
             subscription=request.subscription,
         )
-
-
-def _runs(results: Sequence[tuple[int, Iterable[int], Iterable[int]]]) -> Iterable[int]:
-    """The ends of the runs of results of one task, in order."""
-    for end in range(1, len(results) + 1):
-        if end == len(results) or results[end][0] != results[end - 1][0]:
-            yield end
 
 
 def _int64(values: Iterable[int]) -> np.ndarray:

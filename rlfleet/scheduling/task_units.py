@@ -9,10 +9,16 @@ are a few numpy operations each, whatever their number of units.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 import numpy as np
 
+from rlfleet._util.compiled import compiled
 from rlfleet._util.flags import all_set, any_set
 from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns, positions_in
+
+with compiled("unit booking", "rlfleet/scheduling/_unit_book.c"):
+    from rlfleet.scheduling._unit_book import outstanding
 
 
 class TaskUnits:
@@ -31,6 +37,9 @@ class TaskUnits:
         # another worker, or re-queued), ascending: a result of the task
         # that names one is ignored, never booked here.
         self._taken = np.empty(0, dtype=np.int64)
+        # The snapshot :attr:`given` made last, until units are added: a
+        # task's results are checked against it batch after batch.
+        self._given: UnitColumns = EMPTY_UNITS
 
     def __len__(self) -> int:
         return self._count
@@ -77,16 +86,18 @@ class TaskUnits:
             ]
             self._out = out
         self._count = total
+        self._given = EMPTY_UNITS  # made again when next asked for
         self.outstanding += new
 
     @property
     def given(self) -> UnitColumns:
         """Every unit given to the task, ascending by index (a snapshot: views
-        that later refills leave as they are)."""
-        if not self._count:
-            return EMPTY_UNITS
+        that later refills leave as they are; the same object until units
+        are added)."""
         n = self._count
-        return UnitColumns(self._index[:n], self._env[:n], self._policy[:n])
+        if n and len(self._given) != n:
+            self._given = UnitColumns(self._index[:n], self._env[:n], self._policy[:n])
+        return self._given
 
     def check(self, indices: np.ndarray, task_id: int) -> tuple[str, np.ndarray]:
         """Whether a result of these episodes can be booked.
@@ -114,19 +125,33 @@ class TaskUnits:
             return f"episodes {shown} of task {task_id} came twice", positions
         return "", positions
 
-    def outstanding_positions(self, results: list[np.ndarray]) -> np.ndarray | None:
-        """Where the task holds the episodes of these results (int64 indices
-        each, concatenated), if every one is a unit of the task not back yet
-        and none comes twice: one sorted search for all. None leaves
-        :meth:`check` to say, result by result, what is wrong."""
-        indices = results[0] if len(results) == 1 else np.concatenate(results)
-        positions, found = positions_in(self._index[: self._count], indices)
-        if not all_set(found) or not all_set(self._out[positions]):
-            return None
-        if all_set(positions[1:] > positions[:-1]):
-            return positions  # ascending, as a worker sends them: none twice
-        ordered = np.sort(positions)
-        return None if any_set(ordered[1:] == ordered[:-1]) else positions
+    def all_outstanding(self, results: Sequence[object]) -> bool:
+        """Whether every episode of these results is a unit of the task not
+        back yet, none twice, each result holding one at least: one call,
+        no array made (``_unit_book.c``).
+
+        Args:
+            results: The results' episode indices, each a tuple or list of
+                ints (a result header's); any other form answers False.
+
+        Returns:
+            False also where :meth:`check` would accept indices in another
+            form: False leaves the caller's general path to judge.
+        """
+        return outstanding(self._index, self._out, self._count, results, None, False)
+
+    def take_back(self, indices: Iterable[int], lengths: Iterable[int]) -> bool:
+        """Marks a result's units back if :meth:`all_outstanding` holds for it
+        and its lengths are as many ints as its indices (tuples or lists);
+        else changes nothing (any other form of either answers False).
+
+        Returns:
+            Whether it marked them.
+        """
+        if outstanding(self._index, self._out, self._count, (indices,), (lengths,), True):
+            self.outstanding -= len(indices)  # type: ignore[arg-type]  # a tuple or list
+            return True
+        return False
 
     def complete(self, positions: np.ndarray) -> None:
         """Marks the units at these positions back (:meth:`check` found them outstanding)."""

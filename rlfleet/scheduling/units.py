@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
+from rlfleet._util.compiled import compiled
 from rlfleet.errors import ConfigError
 from rlfleet.protocol.modes import Footer, Mode
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.scheduling.books import Books, RequestState, TaskRecord, WorkerLoad
 from rlfleet.scheduling.orders import RequestSpec, TaskOrder
 from rlfleet.scheduling.tail_moves import TailMoves
+
+with compiled("unit booking", "rlfleet/scheduling/_unit_book.c"):
+    from rlfleet.scheduling._unit_book import scatter
 
 #: Default extra units a worker may hold per env slot beyond the one it
 #: runs, whatever the episode length: a slot whose episode ends finds its
@@ -314,11 +319,17 @@ class EpisodeRequest(RequestState):
         self.requeue(outstanding, lost=True)
         return len(outstanding)
 
-    def complete(self, indices: np.ndarray, lengths: np.ndarray, steps: int | None = None) -> None:
-        """Episodes ``indices`` came back with ``lengths`` steps (int64 arrays;
-        ``steps``: their total, if the caller has it)."""
+    def complete(
+        self,
+        indices: np.ndarray | Sequence[int],
+        lengths: np.ndarray | Sequence[int],
+        steps: int | None = None,
+    ) -> None:
+        """Episodes ``indices`` came back with ``lengths`` steps (int64 arrays,
+        or a result header's tuples of ints with ``steps``, their total)."""
         count = len(indices)
-        steps = int(lengths.sum()) if steps is None else steps
+        if steps is None:
+            steps = int(np.asarray(lengths, dtype=np.int64).sum())
         self.outstanding -= count
         self.completed_count += count
         self.accepted_steps += steps
@@ -332,19 +343,27 @@ class EpisodeRequest(RequestState):
         if self.num_episodes is None:
             self._extend_prefix(indices, lengths)
 
-    def _extend_prefix(self, indices: np.ndarray, lengths: np.ndarray) -> None:
+    def _extend_prefix(
+        self, indices: np.ndarray | Sequence[int], lengths: np.ndarray | Sequence[int]
+    ) -> None:
         """STEPS: books lengths, then walks the contiguous prefix forward; the
         first index at which it reaches the amount fixes the answer (smallest m)."""
         if not len(indices):
             return
-        offsets = indices - self.prefix_end  # >= 0: the prefix's episodes are back
+        # Offsets from prefix_end are >= 0: the prefix's episodes are back.
+        if isinstance(indices, np.ndarray):
+            largest = int(indices.max()) - self.prefix_end
+        else:
+            largest = max(indices) - self.prefix_end
         known = self.lengths_past_prefix
-        largest = int(offsets.max())
         if largest >= len(known):
             grown = np.full(max(largest + 1, 2 * len(known)), -1, dtype=np.int64)
             grown[: len(known)] = known
             known = self.lengths_past_prefix = grown
-        known[offsets] = lengths
+        if isinstance(indices, np.ndarray) or isinstance(lengths, np.ndarray):
+            known[np.asarray(indices) - self.prefix_end] = lengths
+        else:  # a header's tuples: no arrays made for its few episodes
+            scatter(known, self.prefix_end, indices, lengths)
         # The episode at prefix_end is the first one missing (a walk stops
         # there): unless this result brings it, the prefix stays where it is.
         # Most results do not (each worker runs its own block of indices).
@@ -579,8 +598,29 @@ class UnitPlanner:
             positions: Where the task holds them (``TaskUnits.check``).
         """
         task.units.complete(positions)
+        self.booked(worker, task, request, indices, lengths)
+
+    def booked(
+        self,
+        worker: WorkerLoad,
+        task: TaskRecord,
+        request: EpisodeRequest,
+        indices: np.ndarray | Sequence[int],
+        lengths: np.ndarray | Sequence[int],
+    ) -> None:
+        """Books the accepted episodes of a result of ``task`` whose units the
+        task already marked back (:meth:`record`, ``TaskUnits.take_back``).
+
+        Args:
+            worker: Its worker.
+            task: The task.
+            request: Its request.
+            indices: The episodes (int64, or a result header's tuple of ints).
+            lengths: Their lengths (alike).
+        """
         worker.units -= len(indices)
-        steps = int(lengths.sum())
+        # A header's few ints add up faster in Python than numpy's call costs.
+        steps = int(lengths.sum()) if isinstance(lengths, np.ndarray) else sum(lengths)
         worker.result_steps = max(worker.result_steps, steps)
         request.complete(indices, lengths, steps)
         self.mean_length.add(steps, len(lengths))
