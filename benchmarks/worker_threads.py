@@ -43,7 +43,7 @@ def thread_counters(pid: int) -> dict[int, tuple[int, int]]:
     """``{tid: (CPU ns, voluntary context switches)}`` of a process's threads
     (threads that end while being read are left out)."""
     return {
-        tid: (ns, wakes) for tid, (ns, wakes, _) in capacity_threads.thread_counters(pid).items()
+        tid: (ns, wakes) for tid, (ns, wakes, *_) in capacity_threads.thread_counters(pid).items()
     }
 
 

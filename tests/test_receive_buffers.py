@@ -1,7 +1,14 @@
 """ReceiveBuffers (rlfleet/transport/receive_buffers.py): what a frame's
-header alone may make a data connection's end commit."""
+header alone may make a data connection's end commit, and which buffers a
+frame may take again."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
 
 from rlfleet.transport.receive_buffers import ReceiveBuffers
 
@@ -32,3 +39,56 @@ def test_kept_buffers_are_taken_again_once_nothing_views_them() -> None:
     del first, second
     buffers.take(1 << 20)
     assert buffers.made == 2
+
+
+def test_a_frame_takes_a_free_buffer_past_older_ones_still_viewed() -> None:
+    # Frames are let go about in order, not quite (a lane lagging another):
+    # the two taken longest ago still viewed, a later one let go is taken
+    # again rather than new memory made.
+    buffers = ReceiveBuffers(keep_bytes=8 << 20)
+    views = [buffers.take(1 << 20) for _ in range(4)]
+    let_go = id(views[2].obj)
+    views[2:] = []
+    again = buffers.take(1 << 20)
+    assert buffers.made == 4
+    assert id(again.obj) == let_go
+
+
+#: Whatever may keep a frame's bytes past its view: a slice, a cast, a
+#: parsed result's arrays (and a view of those), the buffer itself.
+HOLDERS: dict[str, Callable[[memoryview], Any]] = {
+    "a slice": lambda view: view[8:16],
+    "a slice of a slice": lambda view: view[4:][4:],
+    "a cast": lambda view: view.cast("d"),
+    "an array": lambda view: np.frombuffer(view, np.float32, 10, 4),
+    "an array's view": lambda view: np.frombuffer(view, np.uint8)[::2],
+    "a view of an array": lambda view: np.frombuffer(view, np.uint8).data,
+    "the buffer": lambda view: view.obj,
+}
+
+
+@pytest.mark.parametrize("holder", HOLDERS.values(), ids=HOLDERS.keys())
+def test_a_buffer_held_by_anything_made_from_its_frame_is_not_taken_again(
+    holder: Callable[[memoryview], Any],
+) -> None:
+    buffers = ReceiveBuffers(keep_bytes=8 << 20)
+    view = buffers.take(1 << 20)
+    view[:] = b"\1" * len(view)
+    held = holder(view)
+    first = id(view.obj)
+    del view
+    others = []
+    for _ in range(3):  # the held buffer is passed over each time
+        other = buffers.take(1 << 20)
+        assert id(other.obj) != first
+        other[:] = b"\2" * len(other)
+        others.append(other)
+    del other
+    assert np.asarray(held).tobytes()[:8] == b"\1" * 8
+    others.pop()  # one free besides the held one
+    made = buffers.made
+    spare = buffers.take(1 << 20)
+    assert id(spare.obj) != first
+    del held  # now free: taken again, no new buffer
+    assert id(buffers.take(1 << 20).obj) == first
+    assert buffers.made == made

@@ -13,10 +13,17 @@ answers' large arrays in a :class:`ReceiveBuffers`' buffers
 memory, already touched, to a later one.
 
 A frame is handed out as a writable view of a kept buffer. Whatever keeps the
-frame's bytes (a parsed result's arrays, a queued frame, the rest of a send)
-holds a view of that buffer, and a ``bytearray`` with views cannot be
-resized: that is the test of a buffer free to take again
-(:func:`_unviewed`), so a buffer is never written while anything reads it.
+frame's bytes (a parsed result's arrays, a queued frame, the rest of a send,
+an in-process learner's answer) holds a view of that buffer, and a
+``bytearray`` with views cannot be resized: that is the test of a buffer
+free to take again (:func:`_unviewed`), so a buffer is never written while
+anything reads it. Frames are let go about in the order they came, but not
+quite: a worker's lane may lag another's, a send may wait for its learner.
+So a frame takes the first free buffer from the one taken longest ago,
+past any still viewed, and a new buffer is made only when every kept one
+looked at is viewed; a buffer anything refers to besides the kept list (a
+view does) is passed over without trying to resize it, which costs an
+exception.
 
 A frame that finds no free kept buffer once the kept ones reach their bound
 gets memory of its own from malloc, not zeroed, whose fresh pages the kernel
@@ -27,6 +34,7 @@ nothing past the bound.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 
 import numpy as np
@@ -39,9 +47,9 @@ LARGE_FRAME_BYTES = 64 << 10
 #: native answers of 200,000 CartPole steps, or one of 4,000 Atari-sized frames.
 ANSWER_KEPT_BYTES = 128 << 20
 #: Kept buffers looked at, from the one taken longest ago, before a new one
-#: is made: frames are let go about in the order they came, and a buffer
-#: still viewed costs an exception to find out.
-_LOOK = 2
+#: is made (a viewed one costs a fraction of a microsecond): up to this many
+#: frames still held by lanes behind the loop cost a new frame no new memory.
+_LOOK = 64
 
 
 class ReceiveBuffers:
@@ -71,10 +79,9 @@ class ReceiveBuffers:
             count = len(buffers)
             for step in range(min(_LOOK, count)):
                 index = (self._next + step) % count
-                buffer = buffers[index]
-                if len(buffer) >= size and _unviewed(buffer):
+                if len(buffers[index]) >= size and _unviewed(buffers, index):
                     self._next = index + 1
-                    return memoryview(buffer)[:size]
+                    return memoryview(buffers[index])[:size]
             self.made += 1
             # Rounded up, so that later frames a little longer fit too.
             grain = LARGE_FRAME_BYTES
@@ -106,8 +113,23 @@ class ReceiveBuffers:
         return np.frombuffer(self.take(size), dtype).reshape(shape)
 
 
-def _unviewed(buffer: bytearray) -> bool:
-    """Whether nothing views ``buffer`` (a bytearray with views cannot be resized)."""
+def _references(buffers: list[bytearray], index: int) -> int:
+    """``buffers[index]``'s reference count, as this call sees it."""
+    return sys.getrefcount(buffers[index])
+
+
+#: :func:`_references` of a buffer that only its list refers to.
+_ALONE = _references([bytearray(1)], 0)
+
+
+def _unviewed(buffers: list[bytearray], index: int) -> bool:
+    """Whether nothing views ``buffers[index]`` (a bytearray with views cannot
+    be resized). A view refers to its buffer, so a buffer referred to from
+    anywhere but its list is taken for viewed without the resize that
+    would raise."""
+    if _references(buffers, index) > _ALONE:
+        return False
+    buffer = buffers[index]
     try:
         buffer.append(0)
     except BufferError:
