@@ -457,6 +457,32 @@ def test_rows_taken_by_request_and_count_and_cancelled_leave_the_rest_in_order()
         worker.shutdown()
 
 
+def test_a_request_taken_whole_leaves_the_other_requests_episodes() -> None:
+    """Taking one request's episodes, no count given, takes none of another's,
+    whether both requests' episodes are held or only its own."""
+    worker = native_worker(
+        "CartPole-v1", policy=RandomPolicy(EnvConfig("CartPole-v1").env_spec(), seed=0)
+    )
+    try:
+        worker.submit([*units(4), *[EpisodeUnit(u.episode_index, u.env_seed, u.policy_seed, 1)
+                                    for u in units(4, start=4)]])  # fmt: skip
+        while not worker.idle:
+            worker.step()
+        steps = worker.finished_steps
+        first = worker.take_finished(request=1)
+        assert first is not None
+        assert first.episode_infos["episode_index"].tolist() == [4, 5, 6, 7]
+        assert worker.finished_count == 4
+        assert worker.finished_steps == steps - first.total_steps
+        assert worker.take_finished(request=1) is None
+        rest = worker.take_finished(request=0)
+        assert rest is not None and rest.total_steps == steps - first.total_steps
+        assert rest.episode_infos["episode_index"].tolist() == [0, 1, 2, 3]
+        assert worker.finished_count == 0 and worker.finished_steps == 0
+    finally:
+        worker.shutdown()
+
+
 def test_a_native_worker_starts_and_ends_episodes_without_a_live_record(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -357,9 +357,14 @@ def test_cancel_by_request_and_everything():
 
 
 def test_submit_rejects_other_objects():
+    """The first object that is no unit is named, and none of the list is queued."""
     worker = VecWorker(n_envs=1, env=counter())
     with pytest.raises(TypeError, match="EpisodeUnit"):
         worker.submit([(0, 1, 2)])  # type: ignore[list-item]
+    units = [EpisodeUnit.seeded(0, 0, 0), [1], EpisodeUnit.seeded(0, 0, 1), (0, 1, 2)]
+    with pytest.raises(TypeError, match=r"EpisodeUnit objects, got list$"):
+        worker.submit(units)  # type: ignore[arg-type]
+    assert worker.queued_count == 0
 
 
 def test_episode_unit_validation():

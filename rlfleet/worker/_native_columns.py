@@ -147,8 +147,15 @@ class FinishedTable:
         if not self.count:
             return None
         tables = [chunk.table() for chunk in chunks]
-        if len(chunks) == 1 and max_episodes is None and request is None:  # the usual case
-            table = tables[0]
+        # The usual case: everything, or a request's episodes when every one
+        # held is of it (a session takes by request, and a native worker's
+        # refills join one task).
+        table = tables[0]
+        if (
+            len(chunks) == 1
+            and max_episodes is None
+            and (request is None or bool((table[:, REQUEST] == request).all()))
+        ):
             order = np.lexsort((table[:, INDEX], table[:, REQUEST]))
             self.clear()
             return chunks[0].env_spec, [(chunks[0].columns, table[order])]

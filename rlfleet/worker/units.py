@@ -8,8 +8,10 @@ whichever worker, env slot or retry runs it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import collections
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import repeat
 
 from rlfleet._util.values import check_int
 from rlfleet.core.seeding import SEED_BITS, episode_seeds, episode_seeds_many
@@ -77,25 +79,18 @@ class EpisodeUnit:
         A worker checks a task's units once when the task arrives, and builds
         each unit's object only when the unit is about to start.
         """
-        # Each field through its slot's own setter: object.__setattr__ looks
-        # the name up again (a unit cost about 6,700 instructions that way,
-        # 4,100 this way).
-        new = object.__new__
+        # Each field through its slot's own setter, over all rows by map(),
+        # whose loop runs in C: object.__setattr__ looks the name up again (a
+        # unit cost about 6,700 instructions that way), and one Python-level
+        # call per field and unit cost about 1,000 more than map's loop does.
         set_index, set_env_seed, set_policy_seed, set_request = _SLOT_SETTERS
-        built: list[EpisodeUnit] = []
-        append = built.append
-        for index, env_seed, policy_seed in zip(
-            units.episode_indices[rows].tolist(),
-            units.env_seeds[rows].tolist(),
-            units.policy_seeds[rows].tolist(),
-            strict=True,
-        ):
-            unit = new(cls)
-            set_index(unit, index)
-            set_env_seed(unit, env_seed)
-            set_policy_seed(unit, policy_seed)
-            set_request(unit, request)
-            append(unit)
+        indices = units.episode_indices[rows].tolist()
+        count = len(indices)
+        built: list[EpisodeUnit] = list(map(object.__new__, repeat(cls, count)))
+        _consume(map(set_index, built, indices))
+        _consume(map(set_env_seed, built, units.env_seeds[rows].tolist()))
+        _consume(map(set_policy_seed, built, units.policy_seeds[rows].tolist()))
+        _consume(map(set_request, built, repeat(request, count)))
         return built
 
     @classmethod
@@ -139,5 +134,8 @@ _SLOT_SETTERS = tuple(
     getattr(EpisodeUnit, name).__set__
     for name in ("episode_index", "env_seed", "policy_seed", "request")
 )
+
+#: Runs an iterator to its end, keeping nothing (a deque of length 0).
+_consume: Callable[[Iterable[object]], None] = collections.deque[object](maxlen=0).extend
 
 __all__ = ["EpisodeUnit", "make_units"]

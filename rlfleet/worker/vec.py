@@ -10,6 +10,7 @@ machine use :meth:`VecWorker.run` and :meth:`VecWorker.collect_fragments`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 from typing import Literal
 
 import gymnasium as gym
@@ -313,11 +314,11 @@ class VecWorker:
         """
         self._require_open()
         units = list(units)
-        for unit in units:
-            if not isinstance(unit, EpisodeUnit):
-                raise WrongTypeError(
-                    f"submit() takes EpisodeUnit objects, got {type(unit).__name__}"
-                )
+        # The check's loop in C (a session submits a few units every few
+        # vector steps); the first unit that fails it is found only then.
+        if not all(map(isinstance, units, repeat(EpisodeUnit))):
+            wrong = next(unit for unit in units if not isinstance(unit, EpisodeUnit))
+            raise WrongTypeError(f"submit() takes EpisodeUnit objects, got {type(wrong).__name__}")
         if units:
             self._streams.release_envs()
         self._units.queue.extend(units)
