@@ -1,7 +1,8 @@
 """One job, one place (docs/architecture.md, ``_util``).
 
 * ``with obj:`` for objects with a ``close()`` is :class:`ClosesOnExit`;
-  no class writes that ``__enter__``/``__exit__`` pair again.
+  no class writes that ``__enter__``/``__exit__`` pair again. Closing an env
+  without raising is ``close_quietly``, for a worker's envs and leased ones.
 * JSON from users and peers is parsed by ``_util.values`` (``json_value``,
   ``json_object``), whose recursion guard turns ``"[[[[..."`` into a
   ConfigError: the lease modules of both sides parse nothing themselves.
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import ast
 import inspect
+import logging
 from pathlib import Path
 
 import pytest
 
-from rlfleet._util.closing import ClosesOnExit
+from rlfleet._util.closing import ClosesOnExit, close_quietly
 from rlfleet.errors import ConfigError
 from rlfleet.rllib import RolloutWorker
 from rlfleet.rllib._collector import SamplingSettings
@@ -89,6 +91,33 @@ def test_closes_on_exit_closes_when_the_block_raises_and_lets_the_error_go() -> 
         assert entered is thing
         raise KeyError("x")
     assert thing.closed == 1
+
+
+def test_close_quietly_logs_a_failing_close_with_what_it_was_and_does_not_raise(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken:
+        def close(self) -> None:
+            raise RuntimeError("the env's process is gone")
+
+    logger = logging.getLogger("rlfleet.worker")
+    with caplog.at_level(logging.WARNING, logger="rlfleet.worker"):
+        close_quietly(Broken(), "env CartPole-v1", logger)
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "closing env CartPole-v1 raised RuntimeError: the env's process is gone"
+    )
+    assert record.exc_info is not None
+
+
+def test_only_one_close_quietly_is_written() -> None:
+    defined = [
+        module
+        for module, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == "close_quietly"
+    ]
+    assert defined == ["_util/closing.py"], defined
 
 
 def test_the_lease_modules_parse_json_only_through_the_guarded_helpers() -> None:

@@ -1,7 +1,8 @@
-"""``with obj:`` for objects that have a ``close()``: the one place it is written."""
+"""Closing objects that have a ``close()``: ``with obj:``, and closing without raising."""
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol, Self
 
 
@@ -18,3 +19,18 @@ class ClosesOnExit:
 
     def __exit__(self: _Closable, *exc_info: object) -> None:
         self.close()
+
+
+def close_quietly(obj: _Closable, what: str, logger: logging.Logger) -> None:
+    """Closes ``obj``, logging a warning instead of raising: a broken env must
+    not stop its worker, nor the closing of the envs after it.
+
+    Args:
+        obj: What to close.
+        what: What it is, for the warning (e.g. ``"env CartPole-v1"``).
+        logger: Where the warning goes.
+    """
+    try:
+        obj.close()
+    except Exception as exc:
+        logger.warning("closing %s raised %s: %s", what, type(exc).__name__, exc, exc_info=True)

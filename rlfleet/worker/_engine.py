@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from rlfleet._util.closing import close_quietly
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.step_type import StepType
 from rlfleet.envs._base import BaseVectorEnv
@@ -240,7 +241,7 @@ class SlotEngine:
     def close_envs(self) -> None:
         """Closes every env."""
         if self.venv is not None:
-            close_quietly(self.venv, self.source_name)
+            close_quietly(self.venv, f"env {self.source_name}", logger)
         self.venv = None
         self.failures.broken = set()
         if self.native is not None:
@@ -695,11 +696,3 @@ class SlotEngine:
     def raise_deferred(self) -> None:
         """Raises the first queued EnvError (noting the others), if any."""
         self.failures.raise_deferred()
-
-
-def close_quietly(env: BaseVectorEnv, name: str) -> None:
-    """Closes envs, logging instead of raising: a broken env must not stop the worker."""
-    try:
-        env.close()
-    except Exception as exc:
-        logger.warning("closing env %s raised %s: %s", name, type(exc).__name__, exc)

@@ -9,8 +9,10 @@ env's spaces.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 
+from rlfleet._util.closing import close_quietly
 from rlfleet._util.values import check_int
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.envs._base import BaseVectorEnv
@@ -19,7 +21,7 @@ from rlfleet.errors import PolicyError, WrongTypeError
 from rlfleet.policies.base import Policy
 from rlfleet.policies.random import RandomPolicy
 from rlfleet.policies.spec import PolicySpec, make_policy
-from rlfleet.worker._engine import SlotEngine, close_quietly
+from rlfleet.worker._engine import SlotEngine
 from rlfleet.worker._native_slots import NativeSlots
 from rlfleet.worker._updates import (
     AgentUpdate,
@@ -28,6 +30,8 @@ from rlfleet.worker._updates import (
     check_observation_space,
     describe_update,
 )
+
+logger = logging.getLogger("rlfleet.worker")
 
 
 class WorkerInstalls:
@@ -109,7 +113,7 @@ class WorkerInstalls:
             spec = _slot_spec(venv, max_len)
             check_observation_space(spec.observation_space, f"env {source.name}")
         except BaseException:
-            close_quietly(venv, source.name)
+            close_quietly(venv, f"env {source.name}", logger)
             raise
         self._abort()
         self._abandon_streams()

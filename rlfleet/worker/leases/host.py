@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlfleet._util.closing import close_quietly
 from rlfleet.envs.config import env_spec_of, make_env
 from rlfleet.errors import ConfigError
 from rlfleet.security.pickle import PickleGate
@@ -54,7 +55,6 @@ from rlfleet.worker.leases.leased_env import (
     call_args,
     check_actions,
     check_spaces,
-    close_quietly,
     lease_config,
     lease_factories,
     run_env,
@@ -204,7 +204,7 @@ class LeaseHost:
                 for _ in range(self._pool_threads):
                     self._tasks.put(None)
                 for leased in self._envs.values():
-                    close_quietly(leased.env)
+                    close_quietly(leased.env, "a leased env", logger)
                 self._envs.clear()
 
     def _handle(self, order: LeaseCreateOrder | LeaseCallOrder | LeaseReleaseOrder) -> None:
@@ -247,13 +247,13 @@ class LeaseHost:
                 spec = env_spec_of(built[0].env, config.max_episode_length)
         except Exception as exc:
             for leased in built:
-                close_quietly(leased.env)
+                close_quietly(leased.env, "a leased env", logger)
             self._send(LeaseCreated(lease_id, create.env_ids, error=exc))
             return
         for leased in built:
             old = self._envs.pop((lease_id, leased.env_id), None)
             if old is not None:
-                close_quietly(old.env)
+                close_quietly(old.env, "a leased env", logger)
             self._envs[(lease_id, leased.env_id)] = leased
         if create.env.pickled:
             self._pickle_leases.add(lease_id)
@@ -266,7 +266,7 @@ class LeaseHost:
         ids = set(release.env_ids)
         lease_id = release.lease_id
         for key in [k for k in self._envs if k[0] == lease_id and (not ids or k[1] in ids)]:
-            close_quietly(self._envs.pop(key).env)
+            close_quietly(self._envs.pop(key).env, "a leased env", logger)
         if not ids:
             self._pickle_leases.discard(lease_id)
 

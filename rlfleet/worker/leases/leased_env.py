@@ -348,10 +348,3 @@ def _lost_info(leased: LeasedEnv, info: Mapping[str, Any]) -> Mapping[str, Any]:
         return info
     leased.lost = False
     return {**info, ENV_LOST_KEY: True}
-
-
-def close_quietly(env: gym.Env) -> None:
-    try:
-        env.close()
-    except Exception:  # closing a broken env must not stop the others from closing
-        logger.warning("closing a leased env failed", exc_info=True)
