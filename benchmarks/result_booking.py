@@ -1,7 +1,7 @@
 """CPU of a worker's results booked by the coordinator, in batches as a result lane books them.
 
 Run: ``python -m benchmarks.result_booking [--episodes 4] [--results 400] [--batch 2]
-[--level scheduler|events] [--rounds 5]``.
+[--level scheduler|events|lane] [--rounds 5]``.
 
 In one process, with no network or threads. ``scheduler``: a
 :class:`~rlfleet.scheduling.scheduler.Scheduler` with one worker of 64 env
@@ -12,6 +12,8 @@ with the results it finds queued. ``events``: the same through the
 coordinator's own :meth:`WorkerEvents.on_results` (both locks, the task's
 expectation, the one-pass check of the result's bytes, the booking and the
 counters), with CartPole results a ``VecWorker`` ran for the task's units.
+``lane``: what a result lane does with each frame of those results before
+and around ``on_results``: the parse, the size bound and the join.
 The worker holds enough units (``prefetch_factor``) that no refill runs
 between the timed batches: the refill is not what this measures. Prints the
 CPU of this thread (``time.thread_time_ns``) per result, best of
@@ -28,14 +30,17 @@ from collections.abc import Callable
 
 from rlfleet.coordinator.calls import CallOutbox
 from rlfleet.coordinator.config import CoordinatorConfig
+from rlfleet.coordinator.leases.result_lane import _check_size
 from rlfleet.coordinator.registry import TaskDispatch, WorkerHandle
 from rlfleet.coordinator.state import FleetState, OpenCall
 from rlfleet.coordinator.worker_events import CAPABILITIES, WorkerEvents
+from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
 from rlfleet.envs import EnvConfig
 from rlfleet.protocol.join import EnvBuilt, WorkerHello
 from rlfleet.protocol.modes import Mode
 from rlfleet.scheduling.scheduler import RequestSpec, Scheduler
 from rlfleet.transport import rpc as _rpc
+from rlfleet.v1 import worker_pb2
 from rlfleet.wire import encode_env_spec
 from rlfleet.wire.results import JoinedResult
 
@@ -142,6 +147,43 @@ def event_results(episodes: int, results: int) -> list[JoinedResult]:
         vec.shutdown()
 
 
+def event_frames(episodes: int, results: int) -> list[bytes]:
+    """The frames a worker sends for :func:`event_results`' results (one chunk each)."""
+    pool = event_results(episodes, results)
+    frames = []
+    for joined in pool:
+        (chunk,) = joined.chunks
+        meta = worker_pb2.EpisodeResult.FromString(joined.header.wire)  # chunk 0's, as sent
+        message = _rpc.WithChunk(worker_pb2.WorkerMessage(result=meta), chunk)
+        frames.append(bytes(_rpc.serialize(message)))
+    return frames
+
+
+def lane_round(frames: list[bytes], episodes: int, batch: int, *, book: bool = True) -> int:
+    """Nanoseconds of this thread's CPU to parse, bound, join and book ``frames``
+    as a result lane does (``ResultLane._book``, without its thread)."""
+    fleet = EventsFleet(episodes * len(frames) + 1)
+    handle, events = fleet.handle, fleet.events
+    budget = handle.inflight.carrier()
+    spent = 0
+    for start in range(0, len(frames) if book else 0, batch):
+        begin = time.thread_time_ns()
+        results = []
+        for frame in frames[start : start + batch]:
+            piece = parse_worker_message(frame)
+            assert isinstance(piece, ResultPiece)  # the benchmark's own frames
+            _check_size(handle.name, len(frame), piece)
+            joined = events.join_chunk(
+                handle, handle.data_assembler, budget, piece.header, piece.chunk
+            )
+            if joined is not None:
+                results.append(joined)
+        fleet.events.on_results(handle, results, send_here=True)
+        spent += time.thread_time_ns() - begin
+        fleet.drain()
+    return spent
+
+
 def events_round(pool: list[JoinedResult], episodes: int, batch: int, *, book: bool = True) -> int:
     """Nanoseconds of this thread's CPU to book the results of ``pool`` with on_results."""
     fleet = EventsFleet(episodes * len(pool) + 1)
@@ -159,7 +201,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=4, help="episodes per result")
     parser.add_argument("--results", type=int, default=400, help="results per round")
     parser.add_argument("--batch", type=int, default=2, help="results booked at a time")
-    parser.add_argument("--level", choices=("scheduler", "events"), default="scheduler")
+    parser.add_argument("--level", choices=("scheduler", "events", "lane"), default="scheduler")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; the best is shown")
     parser.add_argument(
         "--no-book", action="store_true", help="set every round up, book nothing (callgrind's base)"
@@ -170,6 +212,12 @@ def main() -> None:
 
         def run() -> int:
             return scheduler_round(args.episodes, args.results, args.batch, book=not args.no_book)
+
+    elif args.level == "lane":
+        frames = event_frames(args.episodes, args.results)
+
+        def run() -> int:
+            return lane_round(frames, args.episodes, args.batch, book=not args.no_book)
 
     else:
         pool = event_results(args.episodes, args.results)

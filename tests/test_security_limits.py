@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import threading
+from types import SimpleNamespace
+from typing import cast
+
 import numpy as np
 import pytest
 
+from rlfleet.coordinator.leases.result_lane import ResultLane
+from rlfleet.coordinator.registry import WorkerHandle
+from rlfleet.coordinator.worker_events import WorkerEvents
 from rlfleet.errors import ConfigError, ResourceExhaustedError
-from rlfleet.security import Limits
+from rlfleet.security import InflightBudget, Limits
+from rlfleet.security.limits import CHUNK_OVERHEAD_BYTES
 
 
 def test_defaults_are_valid_and_bounded() -> None:
@@ -61,3 +69,40 @@ def test_check_tensor_map_names_the_nested_entry() -> None:
     bad = {"w": np.zeros((2, 4)), "nested": {"b": np.zeros(9)}}
     with pytest.raises(ResourceExhaustedError, match=r"params\['nested'\]\['b'\]: shape \(9,\)"):
         limits.check_tensor_map(bad, "params")
+
+
+def test_bytes_held_on_a_carrier_count_in_its_session_until_let_go() -> None:
+    """What a lane holds queued counts on its own carrier and in the session's
+    one total (shared with the other carrier's unfinished result), until let go."""
+    session = InflightBudget(10_000, "w")
+    queued, joining = session.carrier(), session.carrier()
+    assert queued.hold(100) == (100, 100)
+    joining.charge(50)  # an unfinished result on the other carrier: 50 + the chunk overhead
+    assert queued.hold(20) == (120, 120 + 50 + CHUNK_OVERHEAD_BYTES)
+    queued.let_go(120)
+    assert queued.used == 0
+    assert session.session_used == 50 + CHUNK_OVERHEAD_BYTES
+    joining.release()
+    assert session.session_used == 0
+
+
+def test_a_result_lane_refuses_frames_past_the_limit_naming_what_it_holds() -> None:
+    """The refusal counts the bytes this lane holds queued, and those of the session."""
+    handle = SimpleNamespace(name="w", alive=True, inflight=InflightBudget(10_000, "w"))
+    handle.inflight.carrier().charge(0)  # the Join stream's unfinished result: the overhead
+    held_back = threading.Event()  # the lane books nothing yet: its frames stay queued
+    lane = ResultLane(
+        cast(WorkerEvents, None),
+        cast(WorkerHandle, handle),
+        threading.Event(),
+        limit=1_600,
+        close=lambda reason: None,
+        after=held_back,
+    )
+    try:
+        lane.put(b"x" * 300)
+        with pytest.raises(ResourceExhaustedError, match="has 600 bytes of results received") as e:
+            lane.put(b"y" * 300)
+        assert f"({600 + CHUNK_OVERHEAD_BYTES} in flight" in str(e.value)
+    finally:
+        handle.alive = False  # the lane's thread ends at its next look

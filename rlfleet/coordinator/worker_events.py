@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from rlfleet._util.prebuilt import prebuilt
 from rlfleet.coordinator.calls import CallOutbox, Finished, Forward
 from rlfleet.coordinator.failures import CallDetail, CallError, detail_of, invalid
 from rlfleet.coordinator.registry import WorkerHandle
@@ -594,11 +595,15 @@ class WorkerEvents:
         if not booked:
             return
         state = self._state
+        latest = state.agent.version
         lags: dict[int, int] = {}
-        for joined in booked:
-            lag = max(state.agent.version - joined.header.agent_version, 0)
-            lags[lag] = lags.get(lag, 0) + len(joined.header.lengths)
-        state.metrics.forwarded_many(len(booked), sum(j.total_bytes for j in booked), lags)
+        payload_bytes = 0
+        for joined in booked:  # one pass: their bytes and their episodes by lag
+            header = joined.header
+            lag = max(latest - header.agent_version, 0)
+            lags[lag] = lags.get(lag, 0) + len(header.lengths)
+            payload_bytes += joined.chunks[0].total_bytes
+        state.metrics.forwarded_many(len(booked), payload_bytes, lags)
         state.progress.delivered(handle.worker_id, time.monotonic())
         state.dispatch()
 
@@ -620,7 +625,14 @@ class WorkerEvents:
         steps = sum(header.lengths)
         call = state.calls.get(outcome.request_id)
         if call is not None:
-            forward = Forward(header, handle.worker_id, joined.chunks, steps)
+            # Its fields are checked already: made without the frozen __init__.
+            forward = prebuilt(
+                Forward,
+                header=header,
+                worker_id=handle.worker_id,
+                chunks=joined.chunks,
+                steps=steps,
+            )
             sender = call.outbox.reserve() if sends is not None else None
             if sender is not None and sends is not None:
                 sends.append((call.outbox, sender, forward))

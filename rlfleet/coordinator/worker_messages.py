@@ -19,6 +19,7 @@ from typing import TypeAlias
 
 from google.protobuf.message import Message
 
+from rlfleet._util.prebuilt import prebuilt
 from rlfleet.coordinator.leases.translation import RelayReply
 from rlfleet.coordinator.registry import TaskDispatch, WorkerCommand
 from rlfleet.protocol.error_reports import ErrorReport
@@ -127,7 +128,9 @@ def parse_worker_message(data: bytes | bytearray | memoryview) -> WorkerEvent:
         WireFormatError: If the bytes are malformed.
     """
     if (read := read_result_message(data)) is not None:
-        return ResultPiece(*read)
+        # Read and checked already: made without the frozen __init__.
+        header, chunk = read
+        return prebuilt(ResultPiece, header=header, chunk=chunk)
     return parse_worker_message_by_protobuf(data)
 
 

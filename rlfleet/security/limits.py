@@ -189,16 +189,23 @@ class InflightBudget:
             session.used -= self.used
             self.used = 0
 
-    def hold(self, nbytes: int) -> int:
+    def hold(self, nbytes: int) -> tuple[int, int]:
         """Counts ``nbytes`` received but not yet charged (a frame queued for its
-        check) in the session's total, and returns that total."""
+        check) on this carrier and in the session's total.
+
+        Returns:
+            What this carrier holds so, and the session's total, read under
+            one lock (the lane that queues frames keeps no count of its own).
+        """
         session = self._session
         with session.lock:
+            self.used += nbytes
             session.used += nbytes
-            return session.used
+            return self.used, session.used
 
     def let_go(self, nbytes: int) -> None:
         """Takes back what :meth:`hold` counted (the frame is about to be charged)."""
         session = self._session
         with session.lock:
+            self.used -= nbytes
             session.used -= nbytes

@@ -92,10 +92,9 @@ class ResultLane:
         # The session's one budget, shared with its Join stream's results:
         # what this connection holds counts against the same limit.
         self._budget = handle.inflight.carrier()
-        self._received = handle.inflight.carrier()  # frames queued, not yet checked
+        # Frames queued, not yet taken by the thread: its count is theirs.
+        self._received = handle.inflight.carrier()
         self._queue: queue.SimpleQueue[bytes | memoryview | _Closed] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._queued = 0  # frame bytes queued, not yet taken by the thread
         self._failed = False
         threading.Thread(
             target=self._run, name=f"rlfleet-data-results-{handle.name}", daemon=True
@@ -109,10 +108,7 @@ class ResultLane:
             ResourceExhaustedError: If the worker has more bytes received and
                 not yet checked than the limit (the caller drops it).
         """
-        with self._lock:
-            self._queued += len(payload)
-            queued = self._queued
-        total = self._received.hold(len(payload))
+        queued, total = self._received.hold(len(payload))
         if total > self._limit:
             raise ResourceExhaustedError(
                 f"worker {self._handle.name!r} has {queued} bytes of results received on its "
@@ -146,16 +142,16 @@ class ResultLane:
             # Every frame queued by now is taken at once: their results are
             # booked as one batch (one lock, one refill), in the order they came.
             items = [first]
-            while len(items) < _BATCH_FRAMES and not isinstance(items[-1], _Closed):
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            # Only this thread takes from the queue: one that is not empty
+            # yields at once (no queue.Empty raised and caught per wake-up).
+            while (
+                len(items) < _BATCH_FRAMES
+                and not isinstance(items[-1], _Closed)
+                and not self._queue.empty()
+            ):
+                items.append(self._queue.get_nowait())
             frames = [item for item in items if not isinstance(item, _Closed)]
-            taken = sum(len(frame) for frame in frames)
-            with self._lock:
-                self._queued -= taken
-            self._received.let_go(taken)
+            self._received.let_go(sum(len(frame) for frame in frames))
             if frames and not self._failed:
                 self._book(frames)
             if isinstance(items[-1], _Closed):
