@@ -243,7 +243,9 @@ def test_a_tasks_expectation_is_kept_until_what_it_is_made_of_changes() -> None:
 
     def expect(latest: int = 0, spec: Any = env_spec) -> Any:
         with state.lock:
-            return events._expectation(handle, task, fleet.request_id, spec, latest, native=False)
+            return events._expectations.get(
+                handle, task, fleet.request_id, spec, latest, native=False
+            )
 
     first = expect()
     assert expect() is first
@@ -258,5 +260,5 @@ def test_a_tasks_expectation_is_kept_until_what_it_is_made_of_changes() -> None:
     refilled = expect()
     assert refilled is not again
     assert refilled.units.episode_indices.tolist() == [0, 1, 7, 9]
-    events._forget_expectations(fleet.request_id)
+    events._expectations.forget(fleet.request_id)
     assert expect() is not refilled

@@ -20,8 +20,9 @@ from rlfleet._util.prebuilt import prebuilt
 from rlfleet.coordinator.calls import CallOutbox, Finished, Forward
 from rlfleet.coordinator.failures import CallDetail, CallError, detail_of, invalid
 from rlfleet.coordinator.registry import WorkerHandle
+from rlfleet.coordinator.result_expectations import ResultExpectations
 from rlfleet.coordinator.state import FleetState
-from rlfleet.core import EnvSpec, EpisodeBatch
+from rlfleet.core import EpisodeBatch
 from rlfleet.envs.native import NATIVE_VECTORIZATIONS
 from rlfleet.errors import ProtocolError, WireFormatError
 from rlfleet.protocol.error_reports import (
@@ -39,14 +40,12 @@ from rlfleet.protocol.join import (
     WorkerLeaving,
     WorkerWelcome,
 )
-from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY
-from rlfleet.protocol.unit_columns import UnitColumns
-from rlfleet.scheduling.scheduler import RequestSpec, ResultRuling, Verdict
+from rlfleet.scheduling.scheduler import ResultRuling, Verdict
 from rlfleet.security import PICKLE_CAPABILITY, InflightBudget
 from rlfleet.transport import rpc as _rpc
 from rlfleet.wire import Chunk
-from rlfleet.wire.result_checks import FragmentWindow, ResultExpectation
+from rlfleet.wire.result_checks import ResultExpectation
 from rlfleet.wire.results import (
     JoinedResult,
     ResultAssembler,
@@ -62,17 +61,6 @@ logger = logging.getLogger("rlfleet.coordinator")
 #: Refused results a request survives: the first is re-run on other workers
 #: (its worker dropped); the second ends the request with the refusal.
 MAX_REFUSED_RESULTS = 2
-
-#: Expectations kept past which those of retired tasks are dropped (besides
-#: a request's, dropped when it ends): each holds its task's units.
-_EXPECTATIONS_KEPT = 64
-
-#: What a task's expectation is made of: its request's spec, its units, the
-#: env spec (each compared by identity), and its request, worker, streams,
-#: the latest agent version and whether the env is native (by value).
-_ExpectationKey = tuple[
-    RequestSpec, UnitColumns, EnvSpec, tuple[int, int, tuple[int, ...], int, bool]
-]
 
 #: Capabilities this coordinator offers (worker.proto Hello).
 CAPABILITIES = (
@@ -101,11 +89,8 @@ class WorkerEvents:
         #: Set while the lease data channel is served: a new ticket (and the
         #: port) for a lease-hosting worker's Welcome.
         self.lease_data_ticket: Callable[[WorkerHandle], tuple[int, bytes]] | None = None
-        # Each live task's expectation and what it was made of (lock held):
-        # made again only when one of them changed (a refill, an agent
-        # version sent, the env), not for every batch.
-        self._expectations: dict[int, tuple[_ExpectationKey, ResultExpectation]] = {}
-        self._prune_expectations_at = _EXPECTATIONS_KEPT
+        # Each live task's expectation, kept across batches (lock held).
+        self._expectations = ResultExpectations(state)
 
     def admit(self, hello: WorkerHello, peer: str) -> WorkerHandle:
         """Admits a worker that said Hello and queues its Welcome and state.
@@ -461,7 +446,7 @@ class WorkerEvents:
                 if ruling.verdict is Verdict.ACCEPT and task_id not in expectations:
                     if env_spec is None:  # cannot happen: results follow an EnvReady
                         raise ResultError(f"{results[0].header.where} arrived before any EnvReady")
-                    expectations[task_id] = self._expectation(
+                    expectations[task_id] = self._expectations.get(
                         handle, task_id, ruling.request_id, env_spec, latest, native=native
                     )
         # Checked outside the lock, in order, up to the first that fails.
@@ -534,54 +519,6 @@ class WorkerEvents:
             raise refused[1]
         return rest
 
-    def _expectation(
-        self,
-        handle: WorkerHandle,
-        task_id: int,
-        request_id: int,
-        env_spec: EnvSpec,
-        latest: int,
-        *,
-        native: bool,
-    ) -> ResultExpectation:
-        """What a result of ``handle``'s live episode or fragment task must be
-        (lock held): the one made for an earlier batch while nothing it was
-        made of changed."""
-        scheduler = self._state.scheduler
-        spec = scheduler.request_spec(request_id)
-        seeds = scheduler.unit_seeds(task_id)  # the same object until the task is refilled
-        streams = scheduler.task_streams(task_id)
-        values = (request_id, handle.worker_id, streams, latest, native)
-        cached = self._expectations.get(task_id)
-        # The objects by identity: a new one is a change (an EnvSpec's == is no cheap test).
-        if cached is not None:
-            made_of, expectation = cached
-            if (
-                made_of[0] is spec
-                and made_of[1] is seeds
-                and made_of[2] is env_spec
-                and made_of[3] == values
-            ):
-                return expectation
-        if len(self._expectations) >= self._prune_expectations_at:
-            self._expectations = {
-                task: entry
-                for task, entry in self._expectations.items()
-                if scheduler.request_of_task(task) is not None
-            }
-            self._prune_expectations_at = max(_EXPECTATIONS_KEPT, 2 * len(self._expectations))
-        expectation = _expectation(
-            handle, spec, seeds, env_spec, latest, streams=streams, native=native
-        )
-        self._expectations[task_id] = ((spec, seeds, env_spec, values), expectation)
-        return expectation
-
-    def _forget_expectations(self, request_id: int) -> None:
-        """Drops the expectations of an ended request's tasks (lock held)."""
-        ended = [t for t, (made_of, _) in self._expectations.items() if made_of[3][0] == request_id]
-        for task_id in ended:
-            del self._expectations[task_id]
-
     def _ignored(self, header: ResultHeader, ruling: ResultRuling) -> None:
         """A result for units no longer its worker's (lock held)."""
         self._state.metrics.discarded(len(header.episode_indices))
@@ -643,7 +580,7 @@ class WorkerEvents:
         if outcome.done:
             footer = state.scheduler.footer(outcome.request_id)
             state.finish_request(outcome.request_id)
-            self._forget_expectations(outcome.request_id)
+            self._expectations.forget(outcome.request_id)
             if call is not None:
                 # What the learner's answer holds, not every accepted
                 # result: a STEPS answer ends at its prefix.
@@ -722,33 +659,3 @@ class WorkerEvents:
             requeued,
             extra={"worker": handle.name},
         )
-
-
-def _expectation(
-    handle: WorkerHandle,
-    spec: RequestSpec,
-    seeds: UnitColumns,
-    env_spec: EnvSpec,
-    latest_agent_version: int,
-    *,
-    streams: tuple[int, ...],
-    native: bool,
-) -> ResultExpectation:
-    """What a result of ``handle`` for a request of ``spec`` must be."""
-    units = window = None
-    if spec.mode is Mode.FRAGMENTS:
-        window = FragmentWindow(
-            base_seed=spec.seed, streams=streams, fragment_length=spec.fragment_length
-        )
-    else:
-        units = seeds  # classify() vouched that the indices are the task's units
-    return ResultExpectation(
-        env_spec=env_spec,
-        worker_id=handle.worker_id,
-        agent_version=spec.agent_version,
-        env_generation=spec.env_generation,
-        latest_agent_version=latest_agent_version,
-        units=units,
-        window=window,
-        native=native,
-    )
