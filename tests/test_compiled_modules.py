@@ -15,6 +15,7 @@ import pytest
         ("rlfleet.wire._result_reader", "rlfleet.wire.result_message", "result reader"),
         ("rlfleet.wire._result_check", "rlfleet.wire.result_layout", "one-pass result check"),
         ("rlfleet.wire._gather", "rlfleet.wire.placement", "gather"),
+        ("rlfleet.wire._view_check", "rlfleet.wire.result_views", "view check"),
     ],
 )
 def test_a_checkout_without_a_compiled_module_says_how_to_build_it(

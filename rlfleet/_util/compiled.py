@@ -1,8 +1,8 @@
 """rlfleet's C modules imported with one error for a checkout that never compiled them.
 
-rlfleet compiles four small C modules (pyproject.toml's ext-modules): the
+rlfleet compiles five small C modules (pyproject.toml's ext-modules): the
 built-in MLP policies' kernel and, on the data path, the result reader,
-the one-pass result check and the answer gather. pip builds them; a source
+the one-pass result check, the answer gather and the learner's view check. pip builds them; a source
 checkout run without building them gets :class:`NotInstalledError` saying
 how, the same text for each (``tests/test_compiled_modules.py``).
 """
