@@ -1152,7 +1152,7 @@ def test_a_learners_result_whose_values_decoding_refuses_is_refused_with_its_tex
 
 @pytest.mark.parametrize("value", [3, 4, 200])
 def test_a_learners_long_result_is_refused_or_viewed_as_decoding_says(value: int) -> None:
-    """Past 640 steps the step types are checked by a numpy reduction: the
+    """A long result's step types are range-checked as a short one's: the
     range's last value passes, the next is refused with decoding's text."""
     lengths = [300, 400]
     at = _offset_of(batch_of(lengths), "step_types") + 500  # mid-episode
