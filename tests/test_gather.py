@@ -136,7 +136,15 @@ def test_sources_of_other_rows_or_not_contiguous_are_left_to_the_caller() -> Non
     pieces = np.array([[0, 0, 24]], np.int64)
     assert gather(dest, [rows], pieces, True) is True
     dest[:] = 0
-    others: list[Any] = [rows.reshape(2, 6), np.ones((4, 3), np.int64), rows[::2], rows.T, "text"]
+    others: list[Any] = [
+        rows.reshape(2, 6),
+        np.ones((4, 3), np.int64),
+        np.ones((4, 3), np.int32),  # rows of the same size, of another dtype
+        rows.view(np.uint32),
+        rows[::2],
+        rows.T,
+        "text",
+    ]
     for other in others:
         assert gather(dest, [rows, other], pieces, True) is False
         assert not dest.any()

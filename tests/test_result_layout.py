@@ -1097,9 +1097,9 @@ def test_a_learners_result_of_counts_seen_before_takes_its_kept_plan() -> None:
 
 def _decoded_counting(
     views: ResultLayoutViews, result: JoinedResult
-) -> tuple[Result, int, list[str]]:
-    """``views``' decode of ``result``, the numpy reductions it makes, and
-    its calls into rlfleet's checks."""
+) -> tuple[Result, int, list[str], int]:
+    """``views``' decode of ``result``, the numpy reductions it makes, its
+    calls into rlfleet's checks and into the C view check."""
     profile = cProfile.Profile()
     profile.enable()
     decoded = views.decode(result, SPEC)
@@ -1107,24 +1107,23 @@ def _decoded_counting(
     stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
     reductions = sum(calls for (_, _, name), (_, calls, *_) in stats.items() if "reduce" in name)
     checks = [name for (path, _, name) in stats if path.endswith("_validation.py")]
-    return decoded, reductions, checks
+    c_checks = sum(calls for (_, _, name), (_, calls, *_) in stats.items() if "view_check" in name)
+    return decoded, reductions, checks, c_checks
 
 
-@pytest.mark.parametrize(("lengths", "reductions"), [([4, 1, 5], 0), ([300, 400], 1)])
-def test_a_learners_uint8_step_types_are_checked_by_bytes_methods_up_to_640_steps(
-    lengths: list[int], reductions: int
-) -> None:
-    """The range check decoding makes on uint8 step types is two bytes methods
-    (``translate``, ``isascii``: about 11 instructions a step) on a viewed
-    result of up to 640 steps, one numpy reduction (about 8,800, hardly
-    more per step) on a longer one; no Python call either way, and the same
-    on a result viewed through its plan's record (refusals: below)."""
+@pytest.mark.parametrize("lengths", [[4, 1, 5], [300, 400]])
+def test_a_learners_viewed_result_is_checked_in_one_c_call(lengths: list[int]) -> None:
+    """The checks decoding makes on a viewed result (the bytes between the
+    arrays, the lengths, uint8 step types in range, bools) are one call into
+    the C view check, short results or long: no numpy reduction and no
+    Python check, on a new plan and on one with its record made
+    (refusals: below)."""
     views = ResultLayoutViews()
     views.decode(learner_result(batch_of([3, 2])), SPEC)
     for first in (1, 2, 3):  # a new plan, the plan with its record made, the record
         result = learner_result(batch_of(lengths, first))
-        viewed, counted, checks = _decoded_counting(views, result)
-        assert (counted, checks) == (reductions, [])
+        viewed, counted, checks, c_checks = _decoded_counting(views, result)
+        assert (counted, checks, c_checks) == (0, [], 1)
         assert_same_views(viewed, decode_kept(result, SPEC))
     assert views.viewed == 3
 
@@ -1153,7 +1152,7 @@ def test_a_learners_result_whose_values_decoding_refuses_is_refused_with_its_tex
 
 @pytest.mark.parametrize("value", [3, 4, 200])
 def test_a_learners_long_result_is_refused_or_viewed_as_decoding_says(value: int) -> None:
-    """Past 640 steps the step types are checked by a numpy reduction: the
+    """A long result's step types are range-checked as a short one's: the
     range's last value passes, the next is refused with decoding's text."""
     lengths = [300, 400]
     at = _offset_of(batch_of(lengths), "step_types") + 500  # mid-episode
@@ -1173,6 +1172,35 @@ def test_a_learners_long_result_is_refused_or_viewed_as_decoding_says(value: int
     else:
         assert_same_views(views.decode(result, SPEC), decoded)
         assert value <= 3 and views.viewed == 1
+
+
+@pytest.mark.parametrize("value", [1, 2, 255])
+def test_a_learners_bool_info_is_refused_or_viewed_as_decoding_says(value: int) -> None:
+    """A bool other than 0 or 1 in a viewed result is refused with decoding's
+    text, on a new plan and through a kept record; a 1 is viewed."""
+    lengths = [4, 1, 5]
+    data = encode_batch(batch_with_infos(lengths), include_env_spec=False)
+    hit = decode_batch(data, env_spec=SPEC).env_infos["hit"]
+    at = int(hit.ctypes.data - np.frombuffer(data, np.uint8).ctypes.data) + 3
+
+    def spoil(data: bytearray) -> None:
+        data[at] = value
+
+    for seen in (0, 1, 2):  # a new plan, then the plan with its record made, the record
+        views = ResultLayoutViews()
+        views.decode(learner_result(batch_with_infos([3, 2])), SPEC)
+        for first in range(seen):
+            views.decode(learner_result(batch_with_infos(lengths, first)), SPEC)
+        result = learner_result(batch_with_infos(lengths, 9), spoil)
+        try:
+            decoded = decode_kept(result, SPEC)
+        except ProtocolError as exc:
+            with pytest.raises(ProtocolError) as info:
+                views.decode(result, SPEC)
+            assert str(info.value) == str(exc) and value > 1 and views.viewed == seen
+        else:
+            assert_same_views(views.decode(result, SPEC), decoded)
+            assert value == 1 and views.viewed == seen + 1
 
 
 def _recorded() -> tuple[ResultLayoutViews, Any]:

@@ -517,6 +517,26 @@ def test_results_whose_dicts_hold_other_keys_are_left_to_the_general_path() -> N
     assert_identical(again, placed)
 
 
+def test_results_whose_arrays_differ_in_dtype_of_one_size_are_placed_as_numpy_promotes() -> None:
+    # float32 and int32 features (rows of one size, so only their dtypes
+    # tell them apart): the answer's array is numpy's concatenation of them
+    # (float64), bit for bit, not the int32 bytes copied as float32.
+    made = [
+        received(episodes([3, 2], [0, 1], 1), 1, 1 << 20, 0),
+        received(episodes([4], [2], 2), 2, 1 << 20, 1),
+    ]
+    first, second = (result.arrays for result in made)
+    assert isinstance(first, EpisodeBatch) and isinstance(second, EpisodeBatch)
+    infos = second.agent_infos
+    features = infos["features"].astype(np.int32)
+    other = dataclasses.replace(second, agent_infos={**infos, "features": features})
+    placed = placed_episodes([first, other], 3)
+    assert placed is not None
+    assert_identical(placed, first_episodes(EpisodeBatch.concatenate(first, other), 3))
+    assert placed.agent_infos["features"].dtype == np.float64
+    assert placed.agent_infos["features"][5:].tolist() == features.tolist()
+
+
 def test_an_answers_episode_indices_are_made_not_placed_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -45,11 +45,42 @@ static int is_int64(const Py_buffer *view) {
     return (f[0] == 'q' || f[0] == 'l') && f[1] == '\0';
 }
 
+/* A format past its byte order where that is this machine's ('@', '=', and
+ * '<' on a little-endian one): numpy writes "=f" for a view of a frame and
+ * "f" for its own array of the same dtype. */
+static const char *past_native_order(const char *format) {
+    const uint16_t one = 1;
+    int little = *(const unsigned char *)&one == 1;
+    if (format[0] == '@' || format[0] == '=' || (little && format[0] == '<')) return format + 1;
+    return format;
+}
+
+/* A one-letter format's kind: signed and unsigned integers each one kind
+ * whatever their letter ('q' and 'l' are both int64 here; the item sizes
+ * are compared apart), any other letter its own. */
+static char kind_of(char letter) {
+    if (strchr("bhilqn", letter) != NULL) return 's';
+    if (strchr("BHILQN", letter) != NULL) return 'u';
+    return letter;
+}
+
+/* Whether two buffers' formats hold the same values (a dtype's: the caller
+ * need not compare each source's dtype in Python, about 600 instructions a
+ * source): the same kind of one letter, or the same text past the byte order. */
+static int same_format(const Py_buffer *a, const Py_buffer *b) {
+    const char *x = past_native_order(a->format ? a->format : "B");
+    const char *y = past_native_order(b->format ? b->format : "B");
+    if (x[0] != '\0' && x[1] == '\0' && y[0] != '\0' && y[1] == '\0')
+        return kind_of(x[0]) == kind_of(y[0]);
+    return strcmp(x, y) == 0;
+}
+
 /* Whether a source's rows are the destination's: as many dimensions, the same
- * shape past the first, the same item size. */
+ * shape past the first, the same item size and format. */
 static int same_rows(const Py_buffer *source, const Py_buffer *dest) {
     if (source->ndim != dest->ndim || source->itemsize != dest->itemsize || dest->ndim < 1)
         return 0;
+    if (!same_format(source, dest)) return 0;
     for (int d = 1; d < dest->ndim; d++) {
         if (source->shape[d] != dest->shape[d]) return 0;
     }
@@ -96,7 +127,7 @@ PyDoc_STRVAR(gather_doc,
 "pieces: a C-contiguous int64 buffer of (source index, byte offset, byte count)\n"
 "rows, 3 values a piece; None for every source whole, in order.\n"
 "rows: whether every source must hold rows of dest's: C-contiguous, as many\n"
-"dimensions, the same shape past the first and the same item size (any\n"
+"dimensions, the same shape past the first, the same item size and format (any\n"
 "contiguous source, as bytes, otherwise).\n\n"
 "Returns True once copied; False, nothing copied, if a source is not a\n"
 "contiguous buffer (or, with rows, not of dest's rows): the caller copies\n"
@@ -126,7 +157,9 @@ static PyObject *gather(PyObject *module, PyObject *const *args, Py_ssize_t narg
     int whole = args[2] == Py_None; /* every source whole, in order */
     PyObject *out = NULL;
 
-    if (PyObject_GetBuffer(args[0], &dest, PyBUF_WRITABLE | PyBUF_ND) < 0) goto done;
+    if (PyObject_GetBuffer(args[0], &dest, PyBUF_WRITABLE | PyBUF_ND | (rows ? PyBUF_FORMAT : 0)) <
+        0)
+        goto done;
     have_dest = 1;
     if (!whole) {
         if (PyObject_GetBuffer(args[2], &pieces, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) goto done;
@@ -147,7 +180,7 @@ static PyObject *gather(PyObject *module, PyObject *const *args, Py_ssize_t narg
         }
     }
     for (; held < count; held++) {
-        int flags = rows ? PyBUF_ND : PyBUF_SIMPLE;
+        int flags = rows ? PyBUF_ND | PyBUF_FORMAT : PyBUF_SIMPLE;
         if (PyObject_GetBuffer(items[held], &sources[held], flags) < 0) {
             /* Not a contiguous buffer (numpy says so with ValueError): another way. */
             if (!PyErr_ExceptionMatches(PyExc_BufferError) &&

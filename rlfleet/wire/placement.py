@@ -429,7 +429,8 @@ def _copied(parts: Sequence[Any], layout: _Layout, empty: Empty) -> np.ndarray |
 
     Returns:
         The array; None (for numpy's ways, which promote dtypes and refuse
-        what does not fit) where the arrays differ in dtype, hold objects,
+        what does not fit) where the arrays differ in dtype (the gather
+        compares their buffers' formats with the answer's), hold objects,
         are scalars, are not C-contiguous buffers (a result left in its
         chunks) or their rows differ in shape (the results the answer holds
         nothing of included).
@@ -438,8 +439,6 @@ def _copied(parts: Sequence[Any], layout: _Layout, empty: Empty) -> np.ndarray |
     dtype = first.dtype
     if dtype.hasobject or not first.ndim:
         return None
-    if any(map(operator.ne, map(_DTYPE, parts), itertools.repeat(dtype))):
-        return None  # Scattered parts have dtypes too: their pieces are not buffers
     row_shape = first.shape[1:]
     row_bytes = dtype.itemsize * math.prod(row_shape)
     out = empty((layout.rows, *row_shape), dtype)

@@ -4,9 +4,11 @@ The coordinator checked every value of a result before passing it on
 (:class:`~rlfleet.wire.result_layout.ResultLayoutCheck`); the learner only
 decodes what it receives. A result of one chunk with the layout its worker's
 last result had (the same bytes around the arrays for its numbers of
-episodes and steps) is viewed at that layout's offsets: one comparison of
-the bytes between the arrays and the views (the fields of one structured
-array, for counts seen before), instead of walking every field (about 230
+episodes and steps) is viewed at that layout's offsets: one call into a C
+check of the bytes between the arrays and the values decoding checks
+(:func:`~rlfleet.wire._view_check.view_check`, rlfleet/wire/_view_check.c)
+and the views (the fields of one structured array, for counts seen
+before), instead of walking every field (about 230
 Python and numpy calls) and building the EpisodeBatch with its checks. What
 decoding checks on values still holds: the lengths are the header's, the
 step types in StepType's range, bools 0 or 1. Anything else (another layout,
@@ -17,13 +19,14 @@ which raises with its own text, or decodes and relearns the worker's layout.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
 
-from rlfleet._util.flags import any_set
+from rlfleet._util.compiled import compiled
 from rlfleet._util.prebuilt import prebuilt, prebuilt_of
 from rlfleet.core._validation import accepted_shapes, check_step_types
 from rlfleet.core.env_spec import EnvSpec
@@ -34,15 +37,11 @@ from rlfleet.wire._layout_frames import _FIELD_NAMES, _Layout, _learn, _Tensor, 
 from rlfleet.wire.chunks import Payload
 from rlfleet.wire.results import DecodedResult, JoinedResult, Result, ResultHeader, decode_kept
 
+with compiled("view check", "rlfleet/wire/_view_check.c"):
+    from rlfleet.wire._view_check import view_check
+
 _BYTE = np.dtype(np.uint8)
 _MAX_STEP_TYPE = int(max(StepType))
-#: uint8 step types through this table are ASCII if and only if they are
-#: in StepType's range: decoding's range check as two bytes methods, about
-#: 700 instructions and 11 a step, where a numpy reduction takes 8,800 and
-#: under one a step: so for results of up to :data:`_TRANSLATED_STEPS` steps.
-_STEP_TYPE_TABLE = bytes(value if value <= _MAX_STEP_TYPE else 0x80 for value in range(256))
-_TRANSLATED_STEPS = 640
-_NO_INDEX = np.empty(0, np.intp)
 
 
 class ResultLayoutViews:
@@ -116,9 +115,13 @@ class _Views:
             from a result's) for a dict of arrays (the infos), made in C;
             (name, map of their views, None) for a nested one.
         lengths: Where the lengths are among the views.
+        lengths_size: Their integers' size in bytes.
+        lengths_signed: Whether they are signed.
         step_types: Where the step types are.
+        checked_types: Whether the step types are uint8, range-checked by
+            the C check (others by ``check_step_types``).
         bools: Where the bool arrays are.
-        names: The fields of a plan's record: the arrays', then all the bytes'.
+        names: The fields of a plan's record: the arrays'.
         views: Takes a record's fields, in the layout's order (one C call).
         plans: By (episodes, steps).
     """
@@ -144,9 +147,12 @@ class _Views:
         where = {t.name: index for index, t in enumerate(tensors)}
         self.lengths = where["lengths"]
         self.step_types = where["step_types"]
+        self.checked_types = tensors[self.step_types].dtype == _BYTE
+        lengths_dtype = tensors[self.lengths].dtype
+        self.lengths_size = lengths_dtype.itemsize
+        self.lengths_signed = lengths_dtype.kind == "i"
         self.bools = tuple(where[name] for name in layout.bools)
-        # The record's fields: the arrays, then all the bytes (for the runs between them).
-        self.names = [*(f"a{index}" for index in range(len(tensors))), "bytes"]
+        self.names = [f"a{index}" for index in range(len(tensors))]
         self.views = _getter(self.names)
         self.plans: dict[tuple[int, int], _Plan] = {}
 
@@ -157,70 +163,75 @@ class _Views:
             plans.clear()  # a worker's step counts wander: keep the plans few
         frame = self.layout.frame(episodes, steps)  # not the one pass's skeleton
         offsets = frame.offsets
+        arrays = tuple(
+            ((episodes if t.per_episode else steps, *t.row_shape), t.dtype, offsets[t.name])
+            for t in self.tensors
+        )
+        # The bytes the C check bounds: uint8 step types by StepType's range, bools by 1.
+        bounded = [(index, 1) for index in self.bools]
+        if self.checked_types:
+            bounded.append((self.step_types, _MAX_STEP_TYPE))
+        limits = [
+            (arrays[index][2], math.prod(arrays[index][0]) * arrays[index][1].itemsize, most)
+            for index, most in bounded
+        ]
         plan = plans[(episodes, steps)] = _Plan(
-            frame.size,
-            frame.headers,
-            tuple(
-                ((episodes if t.per_episode else steps, *t.row_shape), t.dtype, offsets[t.name])
-                for t in self.tensors
-            ),
+            frame.size, frame.headers, arrays, arrays[self.lengths][2], limits
         )
         return plan
 
 
 class _Plan:
     """Where the bytes between the arrays and the arrays of a result of one
-    pair of counts are.
+    pair of counts are, and what the C check of such a result is given.
 
     Attributes:
         size: A result's size.
         headers: (offset, bytes) of each run of bytes between the arrays.
-        runs: Takes a result's runs, as a tuple (one C call).
-        expected: What :attr:`runs` gives for a result of the layout.
         arrays: Each array's (shape, dtype, offset).
+        runs: (offset, bytes) of each run of bytes between the arrays, as
+            int64 pairs.
+        joined: Those runs' bytes in a result of the layout, one after the other.
+        lengths_at: Where the lengths are.
+        limits: (offset, bytes, largest value) of the bytes whose values the
+            check bounds (uint8 step types, bools), as int64 triples.
         record: Once the plan serves a second result: one structured dtype
             of the arrays at their offsets, whose fields are the views (one
-            ``np.ndarray`` for them all, where each array took one), and a
-            last field of all the bytes; None before (counts that never
-            repeat, as a native worker's, do not pay for it).
-        between: With :attr:`record`: where the runs' bytes are, for one
-            ``take`` of them all from the last field.
-        joined: What that ``take`` gives for a result of the layout.
+            ``np.ndarray`` for them all, where each array took one); None
+            before (counts that never repeat, as a native worker's, do not
+            pay for it).
     """
 
-    __slots__ = ("arrays", "between", "expected", "headers", "joined", "record", "runs", "size")
+    __slots__ = ("arrays", "headers", "joined", "lengths_at", "limits", "record", "runs", "size")
 
     def __init__(
         self,
         size: int,
         headers: Sequence[tuple[int, bytes]],
         arrays: tuple[tuple[tuple[int, ...], np.dtype, int], ...],
+        lengths_at: int,
+        limits: Sequence[tuple[int, int, int]],
     ) -> None:
         self.size = size
         self.headers = tuple(headers)
-        self.runs = _getter([slice(offset, offset + len(run)) for offset, run in headers])
-        self.expected = tuple(run for _, run in headers)
         self.arrays = arrays
+        self.runs = np.array([(offset, len(run)) for offset, run in headers], np.int64).tobytes()
+        self.joined = b"".join(run for _, run in headers)
+        self.lengths_at = lengths_at
+        self.limits = np.array(limits, np.int64).tobytes()
         self.record: np.dtype | None = None
-        self.between = _NO_INDEX
-        self.joined = b""
 
     def make_record(self, names: list[str]) -> None:
-        """Works out :attr:`record` (its fields named ``names``, the bytes' the last),
-        :attr:`between` and :attr:`joined`."""
+        """Works out :attr:`record`, its fields named ``names``."""
         arrays = self.arrays
         self.record = np.dtype(
             {
                 "names": names,
-                "formats": [(dtype, shape) for shape, dtype, _ in arrays] + [(_BYTE, self.size)],
-                "offsets": [offset for _, _, offset in arrays] + [0],
+                "formats": [(dtype, shape) for shape, dtype, _ in arrays],
+                "offsets": [offset for _, _, offset in arrays],
                 "itemsize": self.size,
             }
         )
-        self.between = np.concatenate(
-            [_NO_INDEX, *(np.arange(at, at + len(run)) for at, run in self.headers)]
-        )
-        self.joined = b"".join(self.expected)
 
 
 def _getter(items: list[Any]) -> Callable[[Any], tuple[Any, ...]]:
@@ -254,10 +265,14 @@ def _viewable(layout: _Layout) -> bool:
     """Whether decoding checks nothing of the layout's rows but their shape
     (a space without accepted shapes has its first row checked by ``contains``)."""
     spec = layout.spec
+    lengths = layout.tensors["lengths"].dtype
     return (
         accepted_shapes(spec.observation_space) is not None
         and accepted_shapes(spec.action_space) is not None
         and layout.tensors["step_types"].dtype.kind in "iu"
+        # What the C check reads: integers in this machine's byte order.
+        and lengths.kind in "iu"
+        and lengths.isnative
     )
 
 
@@ -282,34 +297,31 @@ def _viewed(kept: _Views, header: ResultHeader, payload: Payload) -> EpisodeBatc
         plan.make_record(kept.names)  # the counts came again: they may well keep coming
     if plan.size != len(whole):
         return None
+    # The bytes between the arrays, the lengths, uint8 step types (never
+    # below the lowest, 0) and bools, in one pass over the bytes concerned.
+    if not view_check(
+        whole,
+        plan.runs,
+        plan.joined,
+        plan.lengths_at,
+        kept.lengths_size,
+        kept.lengths_signed,
+        lengths,
+        plan.limits,
+    ):
+        return None
     record = plan.record
     views: Sequence[np.ndarray]
     if record is None:
-        if plan.runs(whole) != plan.expected:
-            return None
         whole = whole.toreadonly()
         views = [np.ndarray(shape, dtype, whole, offset) for shape, dtype, offset in plan.arrays]
     else:
         views = kept.views(np.ndarray((), record, whole.toreadonly()))
-        if views[-1].take(plan.between).tobytes() != plan.joined:
-            return None
-    if views[kept.lengths].tolist() != list(lengths):
-        return None
-    types = views[kept.step_types]
-    if types.dtype == _BYTE:  # decoding's range check: uint8 is never below the lowest, 0
-        if steps <= _TRANSLATED_STEPS:
-            if not types.tobytes().translate(_STEP_TYPE_TABLE).isascii():
-                return None
-        elif int(np.maximum.reduce(types)) > _MAX_STEP_TYPE:
-            return None
-    else:
+    if not kept.checked_types:
         try:
-            check_step_types("step_types", types, steps, "steps")
+            check_step_types("step_types", views[kept.step_types], steps, "steps")
         except InvalidBatchError:
             return None
-    # Most layouts hold no bool arrays: no generator for them.
-    if kept.bools and any(any_set(views[index].view(np.uint8) > 1) for index in kept.bools):
-        return None
     # An empty map is not written: its field is absent from the plan.
     fields: dict[str, Any] = {
         "env_spec": kept.layout.spec,
