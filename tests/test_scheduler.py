@@ -767,15 +767,13 @@ def _dispatch_slice_by_slice(
     workers: list[units_module.WorkerLoad],
 ) -> list[TaskOrder]:
     """The refill rule with each slice taken from the request on its own."""
-    capacity = {w.worker_id: planner.capacity(w) for w in workers}
-    low = {w.worker_id: planner.low_water(w) for w in workers}
-    if not any(w.wants_refill(capacity[w.worker_id], low[w.worker_id]) for w in workers):
+    limits = {w.worker_id: planner._limits(w, planner.mean_length.value) for w in workers}
+    capacity = {worker_id: limit for worker_id, (limit, _) in limits.items()}
+    wanting = {w.worker_id for w in workers if w.units <= limits[w.worker_id][1]}
+    if not wanting:
         return []
     refilled = [
-        w
-        for w in workers
-        if w.wants_refill(capacity[w.worker_id], low[w.worker_id])
-        or capacity[w.worker_id] - w.units >= w.slots
+        w for w in workers if w.worker_id in wanting or capacity[w.worker_id] - w.units >= w.slots
     ]
     fleet_slots = sum(w.slots for w in workers)
     prior = planner.mean_length.value

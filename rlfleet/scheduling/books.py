@@ -45,22 +45,22 @@ class WorkerLoad:
         """Env slots left for sampling."""
         return max(self.num_envs - self.leased, 0)
 
-    def wants_refill(self, capacity: int, low: int = 0) -> bool:
-        """Whether to top the worker up now (to ``capacity`` units).
+    def refill_mark(self, capacity: int, low: int = 0) -> int:
+        """The most units the worker holds when it is to be topped up (to
+        ``capacity`` units): it wants a refill while ``units`` is at most this.
 
         At once when an env slot may be idle; otherwise only once half of
         its spare units are used, so that refills are few and large, or
-        once no more than ``low`` of them are left, whichever comes first.
+        once no more than ``low`` of them are left, whichever comes first;
+        never when it holds ``capacity``.
 
         Args:
             capacity: The units it may hold.
             low: Spare units below which it is topped up even before half
                 of them are used (UnitPlanner: two of its results).
         """
-        if self.units < self.slots:
-            return True
-        spare = capacity - self.slots
-        return self.units < capacity and self.units - self.slots <= max(spare // 2, low)
+        slots = self.slots
+        return max(slots - 1, min(capacity - 1, slots + max((capacity - slots) // 2, low)))
 
 
 @dataclass

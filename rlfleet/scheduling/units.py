@@ -435,19 +435,11 @@ class UnitPlanner:
         """
         return self._limits(worker, self.mean_length.value)[0]
 
-    def low_water(self, worker: WorkerLoad) -> int:
-        """Spare units at which the worker is topped up at the latest: two of its results."""
-        mean = self.mean_length.value
-        if mean is None or not self._capacity_steps:
-            return 0
-        return math.ceil(LOW_WATER_RESULTS * worker.result_steps / max(mean, 1.0))
-
     def _limits(self, worker: WorkerLoad, mean: float | None) -> tuple[int, int]:
-        """The worker's capacity, and the units it holds at most when it wants a
-        refill (``WorkerLoad.wants_refill`` of that capacity and its low water),
-        worked out once: a refill that hands out nothing, after most results,
-        is this per worker and a comparison."""
-        slots = worker.slots
+        """The worker's capacity, and its refill mark for that capacity and its
+        low water (two of its results: ``WorkerLoad.refill_mark``), worked out
+        once: a refill that hands out nothing, after most results, is this
+        per worker and a comparison."""
         if mean is None or not self._capacity_steps:
             capacity, low = worker.min_capacity, 0
         else:
@@ -460,11 +452,8 @@ class UnitPlanner:
             )
             low = math.ceil(LOW_WATER_RESULTS * worker.result_steps / mean)
         if worker.leased:
-            capacity = math.ceil(capacity * slots / worker.num_envs)
-        # An idle slot (units < slots), or at most half its spare units (or
-        # its low water) left while it has room.
-        mark = max(slots - 1, min(capacity - 1, slots + max((capacity - slots) // 2, low)))
-        return capacity, mark
+            capacity = math.ceil(capacity * worker.slots / worker.num_envs)
+        return capacity, worker.refill_mark(capacity, low)
 
     def dispatch(self, request: EpisodeRequest, workers: list[WorkerLoad]) -> list[TaskOrder]:
         """Tops up the workers that want a refill with units of ``request``.
