@@ -192,8 +192,7 @@ def collect_answer(
     """
     header: AnswerHeader | None = None
     results: list[Result] = []
-    done = 0
-    read = 0  # what the results read so far hold, as ``amount`` counts
+    done = 0  # what the results read so far hold, as ``amount`` counts
     by_episodes = mode == Mode.EPISODES  # once: an enum member's lookup is no plain one
     on_data = None
     for item in call:
@@ -210,21 +209,21 @@ def collect_answer(
         for response in itertools.chain((first,), map(reader.read, parts)):
             if isinstance(response, _RESULTS):
                 results.append(response)
+                if progress is None and on_data is None:
+                    continue
+                lengths = response.header.lengths
+                done += len(lengths) if by_episodes else sum(lengths)
                 if progress is not None:
-                    arrays = response.arrays
-                    done += arrays.n_episodes if by_episodes else arrays.total_steps
                     progress(min(done, amount), amount)
-                if on_data is not None and read < amount:
-                    lengths = response.header.lengths
-                    read += len(lengths) if by_episodes else sum(lengths)
+                if on_data is not None:
                     # The next frames' wait asks for half of what is left of
                     # the answer at the bytes per step (episode) read so far
                     # (results a little smaller than those are not waited
                     # for), nothing once it is read: what follows, the
                     # results past it and the end marker, is read as it comes.
-                    left = amount - read
+                    left = amount - done
                     on_data.gather = (
-                        left * on_data.result_bytes // (2 * read) if left > 0 < read else 0
+                        left * on_data.result_bytes // (2 * done) if left > 0 < done else 0
                     )
             elif isinstance(response, AnswerHeader):
                 header = response
