@@ -135,8 +135,8 @@ def shard_seed(base_seed: int, shard: int) -> int:
 # (rlfleet/core/_seed_hash.c): with numpy over the column, as
 # generator_states and stream_seeds_many still do, it was about 440
 # instructions a unit and the largest part of a refill that hands out units.
-# tests/test_unit_columns.py and tests/test_scheduler.py check it against
-# episode_seeds.
+# tests/test_seed_hash.py, tests/test_unit_columns.py and
+# tests/test_scheduler.py check it against episode_seeds.
 
 # SeedSequence's constants (numpy/random/bit_generator.pyx).
 _MASK = 0xFFFFFFFF
