@@ -18,6 +18,7 @@ import pytest
         ("rlfleet.scheduling._unit_book", "rlfleet.scheduling.task_units", "unit booking"),
         ("rlfleet.scheduling._unit_book", "rlfleet.scheduling.units", "unit booking"),
         ("rlfleet.wire._view_check", "rlfleet.wire.result_views", "view check"),
+        ("rlfleet.core._seed_hash", "rlfleet.core.seeding", "seed hash"),
     ],
 )
 def test_a_checkout_without_a_compiled_module_says_how_to_build_it(

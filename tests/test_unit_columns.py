@@ -293,3 +293,19 @@ def test_units_of_columns_are_built_without_a_generic_setattr_per_field(
     assert all(type(unit) is EpisodeUnit for unit in built)
     with pytest.raises(dataclasses.FrozenInstanceError):
         built[0].request = 4  # type: ignore[misc]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    given_=st.lists(st.integers(0, 60), unique=True, max_size=30),
+    asked=st.lists(st.integers(-5, 70), unique=True, max_size=10),
+)
+def test_holds_any_answers_as_a_set_of_the_units_given_would(
+    given_: list[int], asked: list[int]
+) -> None:
+    # A refill's new units lie past every unit given: answered without a search.
+    book = TaskUnits()
+    ordered = np.array(sorted(given_), dtype=np.int64)
+    book.add(UnitColumns(ordered, ordered, ordered))
+    indices = np.array(sorted(asked), dtype=np.int64)
+    assert book.holds_any(indices) == bool(set(given_) & set(asked))

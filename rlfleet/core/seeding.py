@@ -13,7 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from rlfleet._util.compiled import compiled
 from rlfleet.errors import InvalidValueError
+
+with compiled("seed hash", "rlfleet/core/_seed_hash.c"):
+    from rlfleet.core._seed_hash import seed_pairs
 
 #: Seeds are carried on the wire as uint32 so that every language and
 #: gymnasium's ``reset(seed=...)`` accept them.
@@ -125,10 +129,14 @@ def shard_seed(base_seed: int, shard: int) -> int:
 # each: at the fleet's rate (thousands of episodes a second, derived under
 # the coordinator's lock) that was the largest single cost of a refill.
 # episode_seed_columns runs SeedSequence's hash on a whole column of episode
-# indices with numpy (episode_seeds_many is it as a list of pairs), bit for bit the same algorithm
-# (numpy/random/bit_generator.pyx: mix_entropy over a 4-word pool, then
-# generate_state(2, uint32)); tests/test_scheduler.py checks it against
-# episode_seeds.
+# indices (episode_seeds_many is it as a list of pairs), bit for bit the same
+# algorithm (numpy/random/bit_generator.pyx: mix_entropy over a 4-word pool,
+# then generate_state(2, uint32)), in one call of a C module
+# (rlfleet/core/_seed_hash.c): with numpy over the column, as
+# generator_states and stream_seeds_many still do, it was about 440
+# instructions a unit and the largest part of a refill that hands out units.
+# tests/test_seed_hash.py, tests/test_unit_columns.py and
+# tests/test_scheduler.py check it against episode_seeds.
 
 # SeedSequence's constants (numpy/random/bit_generator.pyx).
 _MASK = 0xFFFFFFFF
@@ -144,6 +152,10 @@ _POOL_SIZE = 4
 #: Below this many episodes the per-call cost of the ~60 numpy operations
 #: exceeds SeedSequence's own (measured: 8 units 14 us each, 200 units 0.6 us each).
 _MIN_VECTORISED = 32
+
+#: The most entropy words before the episode index that the compiled hash
+#: takes (rlfleet/core/_seed_hash.c's MAX_PREFIX).
+_MAX_PREFIX_WORDS = 8
 
 
 def episode_seeds_many(
@@ -187,6 +199,15 @@ def episode_seed_columns(
     count = len(episode_indices)
     if not count:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    if base_seed >= 0 and request >= 0:
+        prefix = (*_words(base_seed), *_words(request))
+        if len(prefix) <= _MAX_PREFIX_WORDS:
+            env_seeds = np.empty(count, dtype=np.int64)
+            policy_seeds = np.empty(count, dtype=np.int64)
+            column = np.ascontiguousarray(episode_indices, dtype=np.int64)
+            if seed_pairs(prefix, column, env_seeds, policy_seeds):
+                return env_seeds, policy_seeds
+    # An index past one entropy word, or seeds past 2**224 or negative.
     low, high = int(episode_indices.min()), int(episode_indices.max())
     if count < _MIN_VECTORISED or low < 0 or high > _MASK:
         # Few, or out of the one-word range the vector path handles: the

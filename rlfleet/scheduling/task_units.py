@@ -160,9 +160,14 @@ class TaskUnits:
 
     def holds_any(self, indices: np.ndarray) -> bool:
         """Whether any of these indices (int64, ascending) was ever given to the task."""
-        if not self._count or not indices.size or indices[-1] < self._index[0]:
+        held = self._count
+        if not held or not indices.size or indices[-1] < self._index[0]:
             return False
-        return any_set(positions_in(self._index[: self._count], indices)[1])
+        if indices[0] > self._index[held - 1]:
+            # Past every unit given: a refill's new units, the common case,
+            # need no search of the task's (often tens of thousands of) units.
+            return False
+        return any_set(positions_in(self._index[:held], indices)[1])
 
     def taken_in(self, indices: np.ndarray) -> np.ndarray:
         """Those of these indices that were taken away from the task (:meth:`take_away`)."""

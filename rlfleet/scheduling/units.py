@@ -100,84 +100,6 @@ class MeanLength:
             self.value += (1.0 - self._keep**episodes) * (mean - self.value)
 
 
-#: Episode indices whose seeds a request derives at once (:class:`SeedBlocks`).
-SEED_BLOCK = 1024
-#: Blocks a request keeps (16 KB each); an older one is derived again if needed.
-SEED_BLOCKS_KEPT = 4
-
-
-class SeedBlocks:
-    """A request's episode seeds, derived for a block of consecutive indices at a time.
-
-    Deriving seeds costs about 60 numpy operations per call whatever the
-    number of indices (``rlfleet.core.seeding.episode_seed_columns``), and
-    a request hands its units out in many refills of a few dozen: derived
-    per refill, the seeds were the largest part of a refill's CPU. A block holds :data:`SEED_BLOCK`
-    indices (an EPISODES request's last one stops at its end, so a small
-    request derives only its own), and a refill reads its seeds from the
-    blocks its indices fall in: the same seeds, bit for bit
-    (``tests/test_scheduler.py`` checks them against ``episode_seeds``).
-    Only the :data:`SEED_BLOCKS_KEPT` newest blocks are kept, so a
-    subscription that runs for days holds no more: indices are handed out
-    in ascending order, and a lost worker's units, the only ones that come
-    back, are re-run soon after.
-
-    Args:
-        seed: The request's base seed.
-        request_index: Its index.
-        first: Its first episode index.
-        end: One past its last episode index (None: no end, as STEPS
-            requests and subscriptions have).
-    """
-
-    def __init__(self, seed: int, request_index: int, first: int, end: int | None) -> None:
-        self._seed = seed
-        self._request_index = request_index
-        self._first = first
-        self._end = end
-        self._blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-
-    def columns(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(env_seeds, policy_seeds)`` of these episode indices (int64)."""
-        if not indices.size:
-            return indices.copy(), indices.copy()
-        offsets = indices - self._first
-        smallest, largest = int(offsets.min()), int(offsets.max())
-        if smallest < 0 or (self._end is not None and largest >= self._end - self._first):
-            # Outside the request's range: the seeds of these indices alone.
-            return self._derive(indices)
-        low, high = smallest // SEED_BLOCK, largest // SEED_BLOCK
-        if low == high:  # a refill's indices are usually in one block
-            env, policy = self._block(low)
-            within = offsets - low * SEED_BLOCK
-            return env[within], policy[within]
-        env_seeds = np.empty(len(indices), np.int64)
-        policy_seeds = np.empty(len(indices), np.int64)
-        blocks = offsets // SEED_BLOCK
-        for block in range(low, high + 1):
-            rows = blocks == block
-            if rows.any():
-                env, policy = self._block(block)
-                within = offsets[rows] - block * SEED_BLOCK
-                env_seeds[rows], policy_seeds[rows] = env[within], policy[within]
-        return env_seeds, policy_seeds
-
-    def _block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
-        columns = self._blocks.get(block)
-        if columns is None:
-            start = self._first + block * SEED_BLOCK
-            stop = start + SEED_BLOCK if self._end is None else min(start + SEED_BLOCK, self._end)
-            columns = self._derive(np.arange(start, stop, dtype=np.int64))
-            if len(self._blocks) >= SEED_BLOCKS_KEPT:
-                del self._blocks[next(iter(self._blocks))]  # the oldest derived
-            self._blocks[block] = columns
-        return columns
-
-    def _derive(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        units = UnitColumns.seeded(self._seed, self._request_index, indices)
-        return units.env_seeds, units.policy_seeds
-
-
 class EpisodeRequest(RequestState):
     """STEPS and EPISODES requests, and EPISODES subscriptions."""
 
@@ -194,8 +116,6 @@ class EpisodeRequest(RequestState):
         self.prefix_end = 0
         self.prefix_steps = 0
         self.num_episodes: int | None = None  # the answer, once known
-        end = spec.first_episode + spec.amount if spec.mode is Mode.EPISODES else None
-        self._seeds = SeedBlocks(spec.seed, spec.request_index, spec.first_episode, end)
 
     @property
     def done(self) -> bool:
@@ -207,8 +127,13 @@ class EpisodeRequest(RequestState):
         return self.spec.first_episode + self.spec.amount
 
     def units(self, indices: np.ndarray) -> UnitColumns:
-        """The units of these episode indices (int64, ascending), with their seeds."""
-        return UnitColumns(indices, *self._seeds.columns(indices))
+        """The units of these episode indices (int64, ascending), with their seeds.
+
+        Derived for each refill, in one compiled call over the indices
+        (``rlfleet.core.seeding.episode_seed_columns``): no block of seeds
+        is derived ahead and kept.
+        """
+        return UnitColumns.seeded(self.spec.seed, self.spec.request_index, indices)
 
     def take(self, fleet_slots: int, prior_length: float | None) -> int | None:
         """The next episode index to hand out, or None if none is needed now.
