@@ -153,8 +153,9 @@ class DataConnection(LeaseConnection):
         self._head = bytearray()  # the first bytes of a frame header not whole yet
         self._body: memoryview | None = None  # the payload of a frame not whole yet
         self._got = 0  # bytes of it received
-        # The last large frame's bytes with its header (0: none yet): the
-        # landing a read takes holds a frame that long and an eighth more.
+        # The bytes of the connection's large frames with their header, the
+        # largest of a run (0: none yet): the landing a read takes holds a
+        # frame that long and an eighth more.
         self._expect = 0
 
     def send(self, payload: bytes) -> None:
@@ -425,7 +426,12 @@ class DataConnection(LeaseConnection):
         buffer of its own; returns where the next frame starts."""
         end = start + length
         if length >= _DIRECT_BYTES:
-            self._expect = FRAME_HEADER.size + length
+            total = FRAME_HEADER.size + length
+            # The largest of a run of like frames: the landing's size holds
+            # still while their sizes vary (each new size would leave the
+            # kept buffers too short for it, and make new ones).
+            if total > self._expect or total < self._expect >> 1:
+                self._expect = total
         if end <= len(data):
             # Where it landed: the landing is the frame's now.
             landing.spend()
