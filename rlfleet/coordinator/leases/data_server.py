@@ -6,8 +6,9 @@ with a ticket the coordinator gave them over their authenticated gRPC
 stream (leases.proto, "The lease data channel"). A short-lived thread per
 new connection does the TLS handshake and reads the ticket; from then on one
 thread serves every connection: a ``selectors`` loop over non-blocking
-sockets that cuts frames with ``struct`` and hands each payload straight to
-its connection's :class:`LeaseDataPeer` (no queue, no thread hand-off).
+sockets that cuts frames with ``struct`` and hands the frames of each
+wake-up straight to its connection's :class:`LeaseDataPeer`, in one call
+(no queue, no thread hand-off).
 Sends come from any thread and go straight to the socket; only what the
 kernel does not take at once waits for the loop, except a learner's result
 frames on plain TCP, which their sender finishes itself
