@@ -34,8 +34,8 @@ from rlfleet.security.limits import InflightBudget
 from rlfleet.transport.lease_channel import frame
 
 
-class _CountedReads:
-    """A socket that counts the loop's reads."""
+class CountedReads:
+    """A connection's socket, counting the loop's reads (``recv_into``)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -75,7 +75,7 @@ def run(frames: int, size: int, burst: int) -> tuple[float, float]:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
     receiver.setblocking(False)
     connection = DataConnection(receiver, server, "bench", 1 << 30)
-    counted = _CountedReads(receiver)
+    counted = CountedReads(receiver)
     connection._sock = cast(socket.socket, counted)
     handle: Any = SimpleNamespace(
         name="bench", inflight=InflightBudget(1 << 40, "bench"), alive=True, touch=lambda: None

@@ -38,6 +38,7 @@ import numpy as np
 import psutil
 import pytest
 
+from benchmarks.data_loop import CountedReads
 from rlfleet.client import Fleet, RemoteSampler, RemoteVectorEnv
 from rlfleet.client.fleet import spawn_worker, stop_processes
 from rlfleet.client.leases.lease_stream import LeaseStream
@@ -494,21 +495,6 @@ def test_a_large_frame_takes_a_buffer_let_go_after_earlier_frames_still_held() -
         assert held[0] == b"\x01" * 600_000 and held[1] == b"\x02" * 600_000
 
 
-class _CountedReads:
-    """A connection's socket, counting the loop's reads."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.reads = 0
-
-    def recv_into(self, *args: Any) -> int:
-        self.reads += 1
-        return self.sock.recv_into(*args)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.sock, name)
-
-
 def _waiting_bytes(sock: socket.socket) -> int:
     """Bytes received on ``sock`` and not read yet."""
     return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
@@ -535,7 +521,7 @@ def test_a_large_frame_found_whole_is_read_once_where_it_landed_and_kept_while_v
         connection = channel.attached[0]
         connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         assert channel.large_frame(9) == b"\x09" * 600_000  # the first sizes the landing
-        counted = connection._sock = _CountedReads(connection._sock)
+        counted = connection._sock = CountedReads(connection._sock)
         held: list[memoryview] = []
         for fill in (1, 2, 3):
             with _held_back(connection, FRAME_HEADER.size + 600_000):

@@ -86,19 +86,24 @@ def test_bytes_held_on_a_carrier_count_in_its_session_until_let_go() -> None:
     assert session.session_used == 0
 
 
-def test_a_result_lane_refuses_frames_past_the_limit_naming_what_it_holds() -> None:
-    """The refusal counts the bytes this lane holds queued, and those of the session."""
-    handle = SimpleNamespace(name="w", alive=True, inflight=InflightBudget(10_000, "w"))
-    handle.inflight.carrier().charge(0)  # the Join stream's unfinished result: the overhead
-    held_back = threading.Event()  # the lane books nothing yet: its frames stay queued
-    lane = ResultLane(
+def _held_lane(handle: SimpleNamespace) -> ResultLane:
+    """A lane of at most 1,600 bytes that books nothing (its frames stay
+    queued), with the Join stream's unfinished result (the overhead) held."""
+    handle.inflight.carrier().charge(0)
+    return ResultLane(
         cast(WorkerEvents, None),
         cast(WorkerHandle, handle),
         threading.Event(),
         limit=1_600,
         close=lambda reason: None,
-        after=held_back,
+        after=threading.Event(),
     )
+
+
+def test_a_result_lane_refuses_frames_past_the_limit_naming_what_it_holds() -> None:
+    """The refusal counts the bytes this lane holds queued, and those of the session."""
+    handle = SimpleNamespace(name="w", alive=True, inflight=InflightBudget(10_000, "w"))
+    lane = _held_lane(handle)
     try:
         lane.put(b"x" * 300)
         with pytest.raises(ResourceExhaustedError, match="has 600 bytes of results received") as e:
@@ -113,16 +118,7 @@ def test_a_result_lane_refuses_a_wake_ups_frames_from_the_first_past_the_limit()
     those within it are queued, the first past it is refused, naming what
     the lane holds."""
     handle = SimpleNamespace(name="w", alive=True, inflight=InflightBudget(10_000, "w"))
-    handle.inflight.carrier().charge(0)  # the Join stream's unfinished result: the overhead
-    held_back = threading.Event()  # the lane books nothing yet: its frames stay queued
-    lane = ResultLane(
-        cast(WorkerEvents, None),
-        cast(WorkerHandle, handle),
-        threading.Event(),
-        limit=1_600,
-        close=lambda reason: None,
-        after=held_back,
-    )
+    lane = _held_lane(handle)
     try:
         lane.put_many([b"x" * 200, b"y" * 100])
         with pytest.raises(ResourceExhaustedError, match="has 700 bytes of results received") as e:
