@@ -13,14 +13,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import fcntl
+import itertools
 import logging
 import select
 import shutil
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +38,7 @@ import numpy as np
 import psutil
 import pytest
 
+from benchmarks.data_loop import CountedReads
 from rlfleet.client import Fleet, RemoteSampler, RemoteVectorEnv
 from rlfleet.client.fleet import spawn_worker, stop_processes
 from rlfleet.client.leases.lease_stream import LeaseStream
@@ -50,7 +55,6 @@ from rlfleet.transport.lease_channel import (
     dial,
     frame,
 )
-from rlfleet.transport.receive_buffers import LARGE_FRAME_BYTES
 from rlfleet.transport.rpc import LEASE_CAPABILITY
 from rlfleet.v1 import worker_pb2
 from rlfleet.wire.leases import data_hello
@@ -172,6 +176,9 @@ class _Quiet:
     """A data connection's peer that ignores its traffic."""
 
     def on_frame(self, payload: bytes | memoryview) -> None:
+        pass
+
+    def on_frames(self, payloads: list[bytes | memoryview]) -> None:
         pass
 
     def on_closed(self, reason: str) -> None:
@@ -380,9 +387,14 @@ class _Recording:
     def __init__(self) -> None:
         self.closed: list[str] = []
         self.frames: list[bytes | memoryview] = []
+        self.batches: list[int] = []  # frames per hand-off
 
     def on_frame(self, payload: bytes | memoryview) -> None:
         self.frames.append(payload)
+
+    def on_frames(self, payloads: list[bytes | memoryview]) -> None:
+        self.frames += payloads
+        self.batches.append(len(payloads))
 
     def on_closed(self, reason: str) -> None:
         self.closed.append(reason)
@@ -453,6 +465,8 @@ def test_large_frames_are_read_into_reused_buffers_never_into_one_still_viewed()
     config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
     with dialled(config) as channel:
         data, received = channel.data, channel.large_frame
+        # The connection's first large frame sizes the buffers later ones land in.
+        assert received(9) == b"\x09" * 600_000
         first = received(1)
         made = data.buffers.made
         second = received(2)  # ``first`` is still viewed: a buffer of its own
@@ -481,25 +495,84 @@ def test_a_large_frame_takes_a_buffer_let_go_after_earlier_frames_still_held() -
         assert held[0] == b"\x01" * 600_000 and held[1] == b"\x02" * 600_000
 
 
-def test_a_large_frame_passes_through_the_loops_own_buffer_at_most_one_first_read() -> None:
-    # A large frame's bytes are copied by the kernel into the frame's own
-    # buffer; only what the read that found its header took passes through
-    # the loop's buffer (and is copied again): at most LARGE_FRAME_BYTES.
+def _waiting_bytes(sock: socket.socket) -> int:
+    """Bytes received on ``sock`` and not read yet."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+
+
+@contextlib.contextmanager
+def _held_back(connection: Any, size: int) -> Iterator[None]:
+    """Keeps the loop from reading ``connection`` (it reads under the
+    connection's lock) until ``size`` bytes wait on its socket."""
+    with connection._lock:
+        yield
+        wait_until(lambda: _waiting_bytes(connection.sock) >= size, "the bytes on the socket")
+
+
+def test_a_large_frame_found_whole_is_read_once_where_it_landed_and_kept_while_viewed() -> None:
+    # Once a connection sent a large frame, its reads land in a kept buffer
+    # that holds one more: a frame found whole is read with one read and
+    # handed out as a view of that buffer (no copy), which no later frame
+    # takes while the first is viewed.
     config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
     with dialled(config) as channel:
         data, peer, link = channel.data, channel.peer, channel.link
         wait_until(lambda: channel.attached, "the connection attached")
         connection = channel.attached[0]
-        # The whole frame waits on the socket before the loop reads any of it
-        # (the loop reads under the connection's lock).
         connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        loop_buffer = data._read_view
-        with connection._lock:
-            loop_buffer[:] = b"\0" * len(loop_buffer)
-            link.send(b"\7" * 600_000)
-        wait_until(lambda: len(peer.frames) == 1, "the frame")
-        assert peer.frames[0] == b"\7" * 600_000
-        assert bytes(loop_buffer).count(b"\7") <= LARGE_FRAME_BYTES
+        assert channel.large_frame(9) == b"\x09" * 600_000  # the first sizes the landing
+        counted = connection._sock = CountedReads(connection._sock)
+        held: list[memoryview] = []
+        for fill in (1, 2, 3):
+            with _held_back(connection, FRAME_HEADER.size + 600_000):
+                link.send(bytes([fill]) * 600_000)
+                reads = counted.reads
+            wait_until(lambda: len(peer.frames) == 1, "the frame")
+            assert counted.reads == reads + 1
+            got = peer.frames.pop()
+            assert isinstance(got, memoryview)
+            assert any(got.obj is kept for kept in data.buffers._buffers)
+            held.append(got)
+        assert len({id(frame.obj) for frame in held}) == 3  # none written while viewed
+        assert [bytes(frame) for frame in held] == [bytes([k]) * 600_000 for k in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("cuts", [(2,), (300_000,), (599_990,), (600_010,), (600_040, 700_000)])
+def test_frames_cut_anywhere_after_a_large_one_reach_the_peer_whole_and_in_order(
+    cuts: tuple[int, ...],
+) -> None:
+    # Past a connection's first large frame its reads land in a buffer that
+    # holds a frame like it: a large frame begun in one read is completed
+    # where it landed, or moved to a buffer of its own when it does not fit
+    # past the frames before it; small frames after it are cut as ever.
+    config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
+    with dialled(config) as channel:
+        peer = channel.peer
+        assert channel.large_frame(9) == b"\x09" * 600_000
+        payloads = [bytes([k + 1]) * size for k, size in enumerate([600_000, 5, 590_000, 7])]
+        stream = b"".join(FRAME_HEADER.pack(len(p)) + p for p in payloads)
+        raw = channel.link._sock  # the test writes the bytes in pieces of its choosing
+        bounds = [0, *cuts, len(stream)]
+        for start, end in itertools.pairwise(bounds):
+            raw.sendall(stream[start:end])
+            time.sleep(0.05)  # the behaviour under test: each piece its own read
+        wait_until(lambda: len(peer.frames) == len(payloads), "every frame")
+        assert [bytes(f) for f in peer.frames] == payloads
+        assert not peer.closed
+
+
+def test_small_frames_of_one_read_reach_the_peer_in_order_in_one_hand_off() -> None:
+    config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
+    with dialled(config) as channel:
+        peer, link = channel.peer, channel.link
+        wait_until(lambda: channel.attached, "the connection attached")
+        connection = channel.attached[0]
+        payloads = [bytes([k]) * (k * 37 % 1_000) for k in range(40)]
+        with _held_back(connection, sum(FRAME_HEADER.size + len(p) for p in payloads)):
+            link.send_frames(payloads)
+        wait_until(lambda: len(peer.frames) == len(payloads), "every frame")
+        assert peer.frames == payloads
+        assert peer.batches == [len(payloads)]
 
 
 def test_large_frames_cross_a_tls_data_connection_whole_both_ways(tmp_path: Path) -> None:

@@ -46,6 +46,10 @@ class RecordingPeer:
             raise ProtocolError("a frame this peer refuses")
         self.frames.append(payload)
 
+    def on_frames(self, payloads: list[bytes | memoryview]) -> None:
+        for payload in payloads:
+            self.on_frame(payload)
+
     def on_closed(self, reason: str) -> None:
         self.closed.put(reason)
 

@@ -86,23 +86,45 @@ def test_bytes_held_on_a_carrier_count_in_its_session_until_let_go() -> None:
     assert session.session_used == 0
 
 
-def test_a_result_lane_refuses_frames_past_the_limit_naming_what_it_holds() -> None:
-    """The refusal counts the bytes this lane holds queued, and those of the session."""
-    handle = SimpleNamespace(name="w", alive=True, inflight=InflightBudget(10_000, "w"))
-    handle.inflight.carrier().charge(0)  # the Join stream's unfinished result: the overhead
-    held_back = threading.Event()  # the lane books nothing yet: its frames stay queued
-    lane = ResultLane(
+def _held_lane(handle: SimpleNamespace) -> ResultLane:
+    """A lane of at most 1,600 bytes that books nothing (its frames stay
+    queued), with the Join stream's unfinished result (the overhead) held."""
+    handle.inflight.carrier().charge(0)
+    return ResultLane(
         cast(WorkerEvents, None),
         cast(WorkerHandle, handle),
         threading.Event(),
         limit=1_600,
         close=lambda reason: None,
-        after=held_back,
+        after=threading.Event(),
     )
+
+
+def test_a_result_lane_refuses_frames_past_the_limit_naming_what_it_holds() -> None:
+    """The refusal counts the bytes this lane holds queued, and those of the session."""
+    handle = SimpleNamespace(name="w", alive=True, inflight=InflightBudget(10_000, "w"))
+    lane = _held_lane(handle)
     try:
         lane.put(b"x" * 300)
         with pytest.raises(ResourceExhaustedError, match="has 600 bytes of results received") as e:
             lane.put(b"y" * 300)
         assert f"({600 + CHUNK_OVERHEAD_BYTES} in flight" in str(e.value)
+    finally:
+        handle.alive = False  # the lane's thread ends at its next look
+
+
+def test_a_result_lane_refuses_a_wake_ups_frames_from_the_first_past_the_limit() -> None:
+    """Frames handed over together are held to the limit as if put one by one:
+    those within it are queued, the first past it is refused, naming what
+    the lane holds."""
+    handle = SimpleNamespace(name="w", alive=True, inflight=InflightBudget(10_000, "w"))
+    lane = _held_lane(handle)
+    try:
+        lane.put_many([b"x" * 200, b"y" * 100])
+        with pytest.raises(ResourceExhaustedError, match="has 700 bytes of results received") as e:
+            lane.put_many([b"a" * 100, b"b" * 300, b"c" * 1])
+        assert f"({700 + CHUNK_OVERHEAD_BYTES} in flight" in str(e.value)
+        queued = [lane._queue.get_nowait() for _ in range(lane._queue.qsize())]
+        assert queued == [[b"x" * 200, b"y" * 100], b"a" * 100]
     finally:
         handle.alive = False  # the lane's thread ends at its next look

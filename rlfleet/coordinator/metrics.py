@@ -192,10 +192,10 @@ class CoordinatorMetrics(MetricSet):
         """A lease data connection was ``accepted`` or ``refused``."""
         self._data_connections.labels(outcome).inc()
 
-    def lease_data_frame(self, party: str) -> None:
-        """A message from a ``learner`` or ``worker`` (or a worker's ``results``) came
-        on the data channel."""
-        self._data_frames[party].inc()
+    def lease_data_frame(self, party: str, count: int = 1) -> None:
+        """A message (``count`` of them) from a ``learner`` or ``worker`` (or a
+        worker's ``results``) came on the data channel."""
+        self._data_frames[party].inc(count)
 
     def timed(self, method: str, behavior: Callable[..., R]) -> Callable[..., R]:
         """Wraps a gRPC method handler so that its duration is observed.

@@ -130,6 +130,9 @@ class _ResultsPeer:
             "(learner.proto, 'Results on a learner's data connection')"
         )
 
+    def on_frames(self, payloads: list[bytes | memoryview]) -> None:
+        self.on_frame(payloads[0])
+
     def on_closed(self, reason: str) -> None:
         self._channels._closed(self._channel, reason)
 

@@ -136,3 +136,37 @@ def _unviewed(buffers: list[bytearray], index: int) -> bool:
         return False
     buffer.pop()
     return True
+
+
+class Landing:
+    """Where a reader's reads land before it knows the frames they hold: a view
+    of one of ``buffers``' kept buffers, read into again and again until a
+    frame in it is handed out (or kept there to be completed) as a view,
+    after which the next read takes another free buffer.
+
+    A large frame that a read finds whole is so handed out where it landed:
+    one read and no copy. Only one thread reads into it (the data loop).
+
+    Args:
+        buffers: Where its buffers come from.
+    """
+
+    def __init__(self, buffers: ReceiveBuffers) -> None:
+        self._buffers = buffers
+        self._view: memoryview | None = None
+
+    def view(self, size: int) -> memoryview:
+        """The buffer to read into next, of at least ``size`` bytes (the
+        current one if it is that long; nothing else views it either way)."""
+        view = self._view
+        if view is None or len(view) < size:
+            # Let go first: the old buffer, unviewed, may be the one taken.
+            self._view = view = None
+            # The whole buffer (``take`` views ``size`` bytes of it): a
+            # buffer rounded up holds a little more of what follows.
+            view = self._view = memoryview(self._buffers.take(size).obj)
+        return view
+
+    def spend(self) -> None:
+        """A frame keeps a view of the current buffer: the next read takes another."""
+        self._view = None

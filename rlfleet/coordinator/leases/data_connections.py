@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 from rlfleet.errors import ConnectionClosedError, RlfleetTimeoutError
 from rlfleet.transport.lease_channel import FRAME_HEADER, InProcessLink, frame
-from rlfleet.transport.receive_buffers import LARGE_FRAME_BYTES
+from rlfleet.transport.receive_buffers import LARGE_FRAME_BYTES, Landing
 
 if TYPE_CHECKING:
     from rlfleet.coordinator.leases.data_server import LeaseDataServer
@@ -31,13 +31,12 @@ _PACED_BYTES = 4 << 20
 #: A frame with at least this many bytes still to come is read straight into
 #: its own buffer rather than through the loop's (one copy, the kernel's).
 _DIRECT_BYTES = LARGE_FRAME_BYTES
-#: Bytes a read takes into the loop's buffer when it does not know what
-#: follows (a new frame's header may say the frame is large): a large frame's
-#: first read is copied from there into its own buffer, so it is kept short;
-#: small frames ready together still come in one read each this long.
+#: Bytes a read takes at least into the loop's landing (a kept buffer) when
+#: it does not know what follows, before a connection sent a large frame:
+#: small frames ready together come in one read each this long.
 _FIRST_READ_BYTES = LARGE_FRAME_BYTES
 #: Bytes one readiness of a connection reads at most before the loop serves
-#: the others (reads go on while each fills the loop's buffer).
+#: the others (reads go on while each fills the landing).
 _READ_TURN_BYTES = 4 << 20
 #: Waiting pieces one ``sendmsg`` takes at most (well under the kernel's IOV_MAX).
 _SEND_PIECES = 64
@@ -49,9 +48,15 @@ class LeaseDataPeer(Protocol):
     """What a ticket's owner does with its connection's traffic."""
 
     def on_frame(self, payload: bytes | memoryview) -> None:
-        """One frame's payload (the loop thread): bytes, or for a large frame a
-        view of a reused buffer, which is not written again while anything
-        views it (the peer may keep it). Raising closes the connection."""
+        """One frame's payload (an in-process learner's, on its thread): as
+        one of :meth:`on_frames`' (raising closes the connection)."""
+
+    def on_frames(self, payloads: list[bytes | memoryview]) -> None:
+        """The frames one wake-up of the loop read, in order (the loop thread):
+        each bytes, or for a large frame (or one read in parts) a view of a
+        reused buffer, which is not written again while anything views it
+        (the peer may keep it). Raising closes the connection; the frames
+        after the one that raised are not handled."""
 
     def on_closed(self, reason: str) -> None:
         """The connection ended, for ``reason`` (once, the loop thread)."""
@@ -148,6 +153,10 @@ class DataConnection(LeaseConnection):
         self._head = bytearray()  # the first bytes of a frame header not whole yet
         self._body: memoryview | None = None  # the payload of a frame not whole yet
         self._got = 0  # bytes of it received
+        # The bytes of the connection's large frames with their header, the
+        # largest of a run (0: none yet): the landing a read takes holds a
+        # frame that long and an eighth more.
+        self._expect = 0
 
     def send(self, payload: bytes) -> None:
         """Sends one frame without blocking (what the socket does not take at once
@@ -275,34 +284,52 @@ class DataConnection(LeaseConnection):
 
     # --- the loop's side -----------------------------------------------------------
 
-    def read(self, max_frame: int, view: memoryview) -> str | None:
-        """Reads what arrived and hands whole frames to the peer; a reason to
-        close, or None.
+    def read(self, max_frame: int, landing: Landing) -> str | None:
+        """Reads what arrived and hands the whole frames to the peer, all of
+        them in one :meth:`LeaseDataPeer.on_frames` call; a reason to close,
+        or None.
 
-        Bytes land in ``view`` (the loop's buffer, free again on return),
-        at most :data:`_FIRST_READ_BYTES` at a time, from which small frames
-        are cut; once a frame's header says that at least
-        :data:`_DIRECT_BYTES` of it are still to come, the rest is read
-        straight into that frame's own buffer, sized from the header (a
-        reused one: rlfleet.transport.receive_buffers): the kernel's copy is
-        the only one past the first read's few bytes, and no buffer grows by
-        concatenation. A read that fills the loop's buffer is followed by
-        another at once (more is ready: the same wake-up takes it), up to
+        Bytes land in ``landing`` (a kept buffer, read into again until a
+        frame stays in it), which holds at least the last large frame's
+        length and an eighth (:data:`_FIRST_READ_BYTES` before any): a large
+        frame a read finds whole is handed out as a view of it, one read and
+        no copy, and so is one that arrives in parts and fits in what is
+        left of it (its rest is read into it where it is). Small frames are
+        cut from it as ``bytes``. A large frame that does not fit (the first
+        of its connection, or the next one of a read that took two) gets a
+        buffer of its own, sized from the header, into which what the read
+        took of it is copied; once its header says that at least
+        :data:`_DIRECT_BYTES` are still to come, the rest is read straight
+        into that frame's buffer. A read that fills the landing is followed
+        by another at once (more is ready: the same wake-up takes it), up to
         :data:`_READ_TURN_BYTES`.
         """
         peer = self.peer
         if peer is None:
             return "no peer"
+        frames: list[bytes | memoryview] = []
+        reason = self._read(max_frame, landing, frames)
+        if frames:
+            peer.on_frames(frames)
+        return reason
+
+    def _read(
+        self, max_frame: int, landing: Landing, frames: list[bytes | memoryview]
+    ) -> str | None:
+        """:meth:`read`'s reads; the whole frames go to ``frames``."""
         sock = self._sock
-        first = view[:_FIRST_READ_BYTES]
         turn = 0
         while True:
             body = self._body
             if body is not None and len(body) - self._got < _DIRECT_BYTES:
                 body = None  # the rest of a frame is short: read with what follows it
+            if body is None:
+                expect = self._expect
+                target = landing.view(max(expect + (expect >> 3), _FIRST_READ_BYTES))
+            else:
+                target = body[self._got :]
             try:
                 with self._lock:
-                    target = first if body is None else body[self._got :]
                     count = sock.recv_into(target)
             except NOT_NOW:
                 return None
@@ -314,14 +341,14 @@ class DataConnection(LeaseConnection):
                 self._got += count
                 if self._got == len(body):
                     self._body = None
-                    peer.on_frame(body)
+                    frames.append(body)
             else:
-                reason = self._cut(first, count, max_frame, peer)
+                reason = self._cut(target, count, max_frame, landing, frames)
                 if reason is not None:
                     return reason
             turn += count
             if body is None and count == len(target) and turn < _READ_TURN_BYTES:
-                # The loop's buffer was filled: more is waiting (a large frame's
+                # The landing was filled: more is waiting (a large frame's
                 # rest, or further frames). A frame's own buffer is not read
                 # again on this wake-up: every read lets go of the GIL, and one
                 # that finds nothing costs a thread switch for no bytes.
@@ -330,14 +357,21 @@ class DataConnection(LeaseConnection):
             if not (self._tls and cast(ssl.SSLSocket, sock).pending()):
                 return None
 
-    def _cut(self, data: memoryview, count: int, max_frame: int, peer: LeaseDataPeer) -> str | None:
-        """Hands the whole frames of ``data[:count]`` to the peer (finishing one
-        begun in an earlier read) and keeps the start of the next one: its
-        header's first bytes, or its payload in a buffer of its own; a reason
-        to close, or None."""
+    def _cut(
+        self,
+        data: memoryview,
+        count: int,
+        max_frame: int,
+        landing: Landing,
+        frames: list[bytes | memoryview],
+    ) -> str | None:
+        """Puts the whole frames of ``data[:count]`` (the landing) in ``frames``
+        (finishing one begun in an earlier read) and keeps the start of the
+        next one: its header's first bytes, or its payload in a buffer; a
+        reason to close, or None."""
         start = 0
         body = self._body
-        if body is not None:  # the rest of a frame begun in an earlier read
+        if body is not None:  # the short rest of a frame begun in an earlier read
             take = min(len(body) - self._got, count)
             body[self._got : self._got + take] = data[:take]
             self._got += take
@@ -345,41 +379,71 @@ class DataConnection(LeaseConnection):
                 return None
             start = take
             self._body = None
-            peer.on_frame(body)
-        if self._head:  # a header cut by the previous read
-            take = min(FRAME_HEADER.size - len(self._head), count - start)
-            self._head += data[start : start + take]
+            frames.append(body)
+        head = self._head
+        if head:  # a header cut by the previous read
+            take = min(FRAME_HEADER.size - len(head), count - start)
+            head += data[start : start + take]
             start += take
-            if len(self._head) < FRAME_HEADER.size:
+            if len(head) < FRAME_HEADER.size:
                 return None
-            (length,) = FRAME_HEADER.unpack(self._head)
-            self._head.clear()
+            (length,) = FRAME_HEADER.unpack(head)
+            head.clear()
             if length > max_frame:
                 return too_long(length, max_frame)
-            start = self._begin(length, data, start, count, peer)
-        while count - start >= FRAME_HEADER.size:
-            (length,) = FRAME_HEADER.unpack_from(data, start)
+            start = self._begin(length, data, start, count, landing=landing, frames=frames)
+        # The whole frames, inline: one call cuts every frame of the read.
+        size = FRAME_HEADER.size
+        unpack = FRAME_HEADER.unpack_from
+        while count - start >= size:
+            (length,) = unpack(data, start)
             if length > max_frame:
                 return too_long(length, max_frame)
-            start = self._begin(length, data, start + FRAME_HEADER.size, count, peer)
+            start += size
+            end = start + length
+            if end > count or length >= _DIRECT_BYTES:
+                start = self._begin(length, data, start, count, landing=landing, frames=frames)
+            else:
+                frames.append(bytes(data[start:end]))
+                start = end
         if start < count:
-            self._head += data[start:count]
+            head += data[start:count]
         return None
 
     def _begin(
-        self, length: int, data: memoryview, start: int, count: int, peer: LeaseDataPeer
+        self,
+        length: int,
+        data: memoryview,
+        start: int,
+        count: int,
+        *,
+        landing: Landing,
+        frames: list[bytes | memoryview],
     ) -> int:
-        """A frame of ``length`` bytes whose payload starts at ``data[start]``:
-        handed to the peer if whole in ``data[:count]``, else kept in a buffer
-        of its own; returns where the next frame starts."""
+        """A frame of ``length`` bytes whose payload starts at ``data[start]``
+        (a large frame, or one not whole in ``data[:count]``): handed out as a
+        view of the landing when whole, kept there when it fits, else in a
+        buffer of its own; returns where the next frame starts."""
         end = start + length
-        if end <= count:
-            peer.on_frame(bytes(data[start:end]))
-            return end
-        # A reused buffer; ``length`` is bounded by max_frame, checked by the caller.
-        body = self._server.buffers.take(length)
+        if length >= _DIRECT_BYTES:
+            total = FRAME_HEADER.size + length
+            # The largest of a run of like frames: the landing's size holds
+            # still while their sizes vary (each new size would leave the
+            # kept buffers too short for it, and make new ones).
+            if total > self._expect or total < self._expect >> 1:
+                self._expect = total
+        if end <= len(data):
+            # Where it landed: the landing is the frame's now.
+            landing.spend()
+            body = data[start:end]
+            if end <= count:
+                frames.append(body)
+                return end
+        else:
+            # A reused buffer; ``length`` is bounded by max_frame, checked by the caller.
+            body = self._server.buffers.take(length)
+            body[: count - start] = data[start:count]
         self._got = count - start
-        body[: self._got] = data[start:count]
         self._body = body
         return count
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import cast
 
 import grpc
 
@@ -58,7 +59,7 @@ class WorkerDataPeer:
         events: WorkerEvents,
         leases: LeaseManager,
         handle: WorkerHandle,
-        count: Callable[[str], None],
+        count: Callable[[str, int], None],
         *,
         results: ResultLane | None,
     ) -> None:
@@ -70,23 +71,37 @@ class WorkerDataPeer:
         self._results = results
 
     def on_frame(self, payload: bytes | memoryview) -> None:
+        self.on_frames([payload])
+
+    def on_frames(self, payloads: list[bytes | memoryview]) -> None:
         handle = self._handle
         handle.touch()
+        # The results of a wake-up's frames go to the lane together (one
+        # put, one wake-up of its thread), in order with the replies between.
+        results: list[bytes | memoryview] = []
         try:
-            item = _parse_frame(payload)
-            if isinstance(item, RelayReply):
-                self._count("worker")
-                self._leases.on_reply(handle, item)
-            elif self._results is None:
-                raise WireFormatError(
-                    "a worker's lease data frame must be a WorkerMessage holding only "
-                    "lease_reply, unless it agreed on rlfleet.data-results (leases.proto, 'The "
-                    "lease data channel')"
-                )
-            else:
-                # Parsed and booked on the session's own thread, in order.
-                self._count("results")
-                self._results.put(payload)
+            try:
+                for payload in payloads:
+                    item = _parse_frame(payload)
+                    if isinstance(item, RelayReply):
+                        if results:
+                            queued, results = results, []
+                            self._queue(queued)
+                        self._count("worker", 1)
+                        self._leases.on_reply(handle, item)
+                    elif self._results is None:
+                        raise WireFormatError(
+                            "a worker's lease data frame must be a WorkerMessage holding only "
+                            "lease_reply, unless it agreed on rlfleet.data-results (leases.proto, "
+                            "'The lease data channel')"
+                        )
+                    else:
+                        results.append(payload)
+            finally:
+                # What came before a broken frame is queued as it would have been.
+                if results:
+                    queued, results = results, []
+                    self._queue(queued)
         except ResourceExhaustedError as exc:
             self._events.drop(handle, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             raise
@@ -95,6 +110,13 @@ class WorkerDataPeer:
             # broken connection; raising then closes the connection.
             self._events.drop(handle, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise
+
+    def _queue(self, results: list[bytes | memoryview]) -> None:
+        """Hands result frames to the lane: parsed and booked on the session's
+        own thread, in order."""
+        lane = cast(ResultLane, self._results)
+        self._count("results", len(results))
+        lane.put_many(results)
 
     def on_closed(self, reason: str) -> None:
         handle = self._handle

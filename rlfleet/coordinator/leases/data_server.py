@@ -6,8 +6,9 @@ with a ticket the coordinator gave them over their authenticated gRPC
 stream (leases.proto, "The lease data channel"). A short-lived thread per
 new connection does the TLS handshake and reads the ticket; from then on one
 thread serves every connection: a ``selectors`` loop over non-blocking
-sockets that cuts frames with ``struct`` and hands each payload straight to
-its connection's :class:`LeaseDataPeer` (no queue, no thread hand-off).
+sockets that cuts frames with ``struct`` and hands the frames of each
+wake-up straight to its connection's :class:`LeaseDataPeer`, in one call
+(no queue, no thread hand-off).
 Sends come from any thread and go straight to the socket; only what the
 kernel does not take at once waits for the loop, except a learner's result
 frames on plain TCP, which their sender finishes itself
@@ -53,13 +54,10 @@ from rlfleet.transport.lease_channel import (
     InProcessLink,
     frame,
 )
-from rlfleet.transport.receive_buffers import ReceiveBuffers
+from rlfleet.transport.receive_buffers import Landing, ReceiveBuffers
 
 logger = logging.getLogger("rlfleet.coordinator")
 
-#: The loop's read buffer (a connection reads at most
-#: ``data_connections._FIRST_READ_BYTES`` into it at once).
-_READ_BYTES = 1 << 16
 #: Connections in their handshake at once (each holds a thread for at most
 #: the handshake timeout); more are refused at once.
 _MAX_HANDSHAKES = 64
@@ -127,13 +125,13 @@ class LeaseDataServer:
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._orders: queue.SimpleQueue[tuple[str, LeaseConnection, str]] = queue.SimpleQueue()
         self._connections: set[LeaseConnection] = set()
-        # Every read lands in this one buffer (only the loop reads):
-        # recv(256 KiB) allocated 256 KiB per read, which a thread's malloc
-        # arena mapped and unmapped (~12 us a read).
-        self._read_view = memoryview(bytearray(_READ_BYTES))
         #: What large frames are read into (only the loop reads): a frame's
         #: buffer is reused once nothing views it.
         self.buffers = ReceiveBuffers(_KEPT_BYTES)
+        # Where reads land (recv(256 KiB) allocated 256 KiB per read, which a
+        # thread's malloc arena mapped and unmapped: ~12 us a read): one of
+        # those buffers, until a large frame read whole in it is handed out.
+        self._landing = Landing(self.buffers)
         self._stopped = threading.Event()
         self._loop = threading.Thread(target=self._run, name="rlfleet-data-loop", daemon=True)
         self._loop.start()
@@ -342,7 +340,7 @@ class LeaseDataServer:
             if done and reason is None:
                 self._watch(connection, selectors.EVENT_READ)
         if reason is None and events & selectors.EVENT_READ:
-            reason = _handled(connection, connection.read, self._max_frame, self._read_view)
+            reason = _handled(connection, connection.read, self._max_frame, self._landing)
         if reason is not None:
             self.close(connection, reason)
 

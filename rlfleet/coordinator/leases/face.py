@@ -189,6 +189,10 @@ class _LearnerDataPeer:
         if not self._face.handle(self._lease, _parse_request(bytes(payload))):
             self._connection.close(f"lease {self._lease.lease_id} is over")
 
+    def on_frames(self, payloads: list[bytes | memoryview]) -> None:
+        for payload in payloads:
+            self.on_frame(payload)
+
     def on_closed(self, reason: str) -> None:
         lease = self._lease
         if not lease.closed:

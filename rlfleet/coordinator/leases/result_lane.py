@@ -94,7 +94,9 @@ class ResultLane:
         self._budget = handle.inflight.carrier()
         # Frames queued, not yet taken by the thread: its count is theirs.
         self._received = handle.inflight.carrier()
-        self._queue: queue.SimpleQueue[bytes | memoryview | _Closed] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[bytes | memoryview | list[bytes | memoryview] | _Closed] = (
+            queue.SimpleQueue()
+        )
         self._failed = False
         threading.Thread(
             target=self._run, name=f"rlfleet-data-results-{handle.name}", daemon=True
@@ -117,6 +119,23 @@ class ResultLane:
                 "(max_inflight_bytes_per_worker); it was dropped. Sample fewer steps per task"
             )
         self._queue.put(payload)
+
+    def put_many(self, payloads: list[bytes | memoryview]) -> None:
+        """:meth:`put` for the frames of one wake-up of the loop, in order: one
+        count and one queue entry (one wake-up of the lane's thread) for all.
+
+        Raises:
+            ResourceExhaustedError: As :meth:`put`, for the first frame past the limit.
+        """
+        size = sum(map(len, payloads))
+        _, total = self._received.hold(size)
+        if total > self._limit:
+            # Frame by frame, as alone: those within the limit are queued.
+            self._received.let_go(size)
+            for payload in payloads:
+                self.put(payload)
+            return
+        self._queue.put(payloads)
 
     def close(self) -> None:
         """The connection ended: once what is queued was booked, nothing more comes."""
@@ -150,7 +169,12 @@ class ResultLane:
                 and not self._queue.empty()
             ):
                 items.append(self._queue.get_nowait())
-            frames = [item for item in items if not isinstance(item, _Closed)]
+            frames: list[bytes | memoryview] = []
+            for item in items:
+                if isinstance(item, list):
+                    frames += item  # put_many's
+                elif not isinstance(item, _Closed):
+                    frames.append(item)
             self._received.let_go(sum(len(frame) for frame in frames))
             if frames and not self._failed:
                 self._book(frames)
