@@ -21,7 +21,7 @@ from typing import TypeVar
 import grpc
 
 from rlfleet.client._errors import call_error
-from rlfleet.client._learner_messages import LearnerStubs, subscribe
+from rlfleet.client._learner_messages import LearnerStubs, ResponsePart, subscribe
 from rlfleet.client._responses import AnswerMemory, SampleAnswer, collect_answer
 from rlfleet.client._restore import PushedState
 from rlfleet.client._result_route import ResultRoute
@@ -269,7 +269,7 @@ class CoordinatorCalls:
         return pushed.restoring(agent, env)
 
 
-def _read_status(call: grpc.CallIterator[object]) -> None:
+def _read_status(call: grpc.CallIterator[ResponsePart]) -> None:
     """Reads a complete answer's call up to its status, which follows the footer.
 
     Cancelling it instead, before the status arrived, would make both ends
@@ -278,4 +278,5 @@ def _read_status(call: grpc.CallIterator[object]) -> None:
     left unread and a failed status ignored, as a cancelled call's would be.
     """
     with contextlib.suppress(grpc.RpcError):
-        next(call, None)
+        for _ in call:
+            break
