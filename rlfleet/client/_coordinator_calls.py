@@ -12,6 +12,7 @@ pushed again once the coordinator restarted (:mod:`rlfleet.client._restore`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from typing import TypeVar
 import grpc
 
 from rlfleet.client._errors import call_error
-from rlfleet.client._learner_messages import LearnerStubs, subscribe
+from rlfleet.client._learner_messages import LearnerStubs, ResponsePart, subscribe
 from rlfleet.client._responses import AnswerMemory, SampleAnswer, collect_answer
 from rlfleet.client._restore import PushedState
 from rlfleet.client._result_route import ResultRoute
@@ -77,11 +78,14 @@ class CoordinatorCalls:
         # alike: a smaller limit would refuse honest results.
         self._receive_bytes = max(max_message_bytes, FORWARDED_RESULT_BYTES)
         self._security = security
+        # A Sample call is read on the thread that makes it: no thread of
+        # gRPC's starts per call to receive its messages and hand them over.
         self._channel = _rpc.open_channel(
             address,
             max_message_bytes=max_message_bytes,
             security=security,
             receive_message_bytes=self._receive_bytes,
+            calling_thread_streams=True,
         )
         self._stubs = LearnerStubs(self._channel)
         #: Where Sample answers' results travel (rlfleet.client._result_route).
@@ -180,8 +184,10 @@ class CoordinatorCalls:
                 answer = collect_answer(call, reader, ask.mode, ask.amount, progress, data=data)
             except grpc.RpcError as exc:
                 raise self._failed(exc, "Sample", timeout=self.timeout) from None
+            else:
+                _read_status(call)
             finally:
-                call.cancel()  # a no-op after a complete answer; frees the call on errors
+                call.cancel()  # a no-op after the status; frees the call on errors
         self.agent_version = answer.header.agent_version
         if env is not None:
             self.pushed.env_applied(env)
@@ -261,3 +267,16 @@ class CoordinatorCalls:
         )
         pushed.coordinator_id = status.coordinator_id
         return pushed.restoring(agent, env)
+
+
+def _read_status(call: grpc.CallIterator[ResponsePart]) -> None:
+    """Reads a complete answer's call up to its status, which follows the footer.
+
+    Cancelling it instead, before the status arrived, would make both ends
+    handle a cancellation (RST_STREAM) for a call that succeeded. What
+    follows the footer changes nothing in the answer: a message there is
+    left unread and a failed status ignored, as a cancelled call's would be.
+    """
+    with contextlib.suppress(grpc.RpcError):
+        for _ in call:
+            break

@@ -122,6 +122,9 @@ class CallScope:
     def __init__(self) -> None:
         self.cancelled = False
         self.outbox: CallOutbox | None = None
+        #: The handler has returned (a stream: ended): nothing of the call
+        #: waits any more, so the call's end has nothing to wake.
+        self.served = False
 
     def cancel(self) -> None:
         """Marks the call as gone and wakes its outbox."""

@@ -102,7 +102,7 @@ class LearnerFace:
         if request.result_channel:
             sender = self._results.take(request.result_channel, request.result_call)
         yield from self._stream(
-            lambda: self._learners.sample(request, scope, sender), context, sender
+            lambda: self._learners.sample(request, scope, sender), scope, context, sender
         )
 
     def open_result_channel(
@@ -116,7 +116,7 @@ class LearnerFace:
     ) -> Iterator[WireResponse]:
         """Subscribe: headers and results until the learner cancels."""
         scope = self._scope(context)
-        yield from self._stream(lambda: self._learners.subscribe(request, scope), context)
+        yield from self._stream(lambda: self._learners.subscribe(request, scope), scope, context)
 
     def update_agent(
         self, request: tuple[AgentChange, str], context: grpc.ServicerContext
@@ -124,7 +124,9 @@ class LearnerFace:
         """UpdateAgent: answers once every worker applied it."""
         scope = self._scope(context)
         update, expected_id = request
-        return _unary(lambda: self._learners.update_agent(update, expected_id, scope), context)
+        return _unary(
+            lambda: self._learners.update_agent(update, expected_id, scope), scope, context
+        )
 
     def update_env(
         self, request: tuple[EnvChange, str], context: grpc.ServicerContext
@@ -132,7 +134,7 @@ class LearnerFace:
         """UpdateEnv: answers once every worker built the env."""
         scope = self._scope(context)
         update, expected_id = request
-        return _unary(lambda: self._learners.update_env(update, expected_id, scope), context)
+        return _unary(lambda: self._learners.update_env(update, expected_id, scope), scope, context)
 
     def get_status(self, request: StatusAsk, context: grpc.ServicerContext) -> FleetSnapshot:
         """GetStatus."""
@@ -147,6 +149,7 @@ class LearnerFace:
     def _stream(
         self,
         start: Callable[[], Generator[Event, None, None]],
+        scope: CallScope,
         context: grpc.ServicerContext,
         sender: ResultSender | None = None,
     ) -> Iterator[WireResponse]:
@@ -170,6 +173,7 @@ class LearnerFace:
                 sender.end()
             # Close now, not at garbage collection: it holds the request's turn.
             events.close()
+            scope.served = True
 
 
 def _parsed(
@@ -194,8 +198,10 @@ def _parsed(
     return handle
 
 
-def _unary(call: Callable[[], T], context: grpc.ServicerContext) -> T:
+def _unary(call: Callable[[], T], scope: CallScope, context: grpc.ServicerContext) -> T:
     try:
         return call()
     except CallError as exc:
         _rpc.abort(context, exc.code, exc.message, exc.detail)
+    finally:
+        scope.served = True

@@ -15,6 +15,7 @@ object per message).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from typing import TypeAlias
 
@@ -29,6 +30,7 @@ from rlfleet.protocol.learner_calls import (
     SubscribeAsk,
     UpdateReceipt,
 )
+from rlfleet.protocol.modes import Footer
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import learner_pb2, worker_pb2
@@ -49,7 +51,23 @@ WireResponse: TypeAlias = learner_pb2.SampleResponse | _rpc.WithChunk | bytes
 _RESULT_FIELD = learner_pb2.SampleResponse.RESULT_FIELD_NUMBER
 _WORKER_ID_TAG = tag(worker_pb2.EpisodeResult.WORKER_ID_FIELD_NUMBER, VARINT)
 _CHUNK_FIELD = worker_pb2.EpisodeResult.CHUNK_FIELD_NUMBER
-_RESULT_CALL_TAG = tag(learner_pb2.SampleResponse.RESULT_CALL_FIELD_NUMBER, VARINT)
+_RESULT_CALL = learner_pb2.SampleResponse.RESULT_CALL_FIELD_NUMBER
+_RESULT_CALL_TAG = tag(_RESULT_CALL, VARINT)
+_RESULTS_END_FIELD = learner_pb2.SampleResponse.RESULTS_END_FIELD_NUMBER
+_RESULTS_END_RESULTS = learner_pb2.ResultsEnd.RESULTS_FIELD_NUMBER
+_HEADER_FIELD = learner_pb2.SampleResponse.HEADER_FIELD_NUMBER
+_HEADER_REQUEST_ID = learner_pb2.SampleHeader.REQUEST_ID_FIELD_NUMBER
+_HEADER_ENV_SPEC = learner_pb2.SampleHeader.ENV_SPEC_FIELD_NUMBER
+_HEADER_AGENT_VERSION = learner_pb2.SampleHeader.AGENT_VERSION_FIELD_NUMBER
+_HEADER_ENV_GENERATION = learner_pb2.SampleHeader.ENV_GENERATION_FIELD_NUMBER
+_HEADER_COORDINATOR_ID = learner_pb2.SampleHeader.COORDINATOR_ID_FIELD_NUMBER
+_RESULTS_ON_DATA = tag(learner_pb2.SampleHeader.RESULTS_ON_DATA_FIELD_NUMBER, VARINT) + b"\x01"
+_FOOTER_FIELD = learner_pb2.SampleResponse.FOOTER_FIELD_NUMBER
+_FOOTER_NUM_EPISODES = learner_pb2.SampleFooter.NUM_EPISODES_FIELD_NUMBER
+_FOOTER_TOTAL_STEPS = learner_pb2.SampleFooter.TOTAL_STEPS_FIELD_NUMBER
+_FOOTER_WORKERS_USED = learner_pb2.SampleFooter.WORKERS_USED_FIELD_NUMBER
+_FOOTER_REASSIGNED_UNITS = learner_pb2.SampleFooter.REASSIGNED_UNITS_FIELD_NUMBER
+_FOOTER_DATA_RESULTS = learner_pb2.SampleFooter.DATA_RESULTS_FIELD_NUMBER
 
 
 # --- requests (the calls' deserializers) ---------------------------------------------
@@ -155,24 +173,64 @@ def responses(event: Event, *, data_results: int | None = None) -> Iterator[Wire
         CallError: The event itself, when it is one (the call ends with it).
     """
     if isinstance(event, CallHeader):
-        header = _header(event)
-        header.results_on_data = data_results is not None
-        yield learner_pb2.SampleResponse(header=header)
+        yield header_bytes(event, results_on_data=data_results is not None)
     elif isinstance(event, Forward):
         yield from forwarded(event)
     elif isinstance(event, Finished):
-        footer = event.footer
-        yield learner_pb2.SampleResponse(
-            footer=learner_pb2.SampleFooter(
-                num_episodes=footer.num_episodes,
-                total_steps=footer.total_steps,
-                workers_used=footer.workers_used,
-                reassigned_units=footer.reassigned_units,
-                data_results=data_results or 0,
-            )
-        )
+        yield footer_bytes(event.footer, data_results or 0)
     else:
         raise event
+
+
+def header_bytes(header: CallHeader, *, results_on_data: bool) -> bytes:
+    """The serialized ``SampleResponse(header=SampleHeader(...))`` of a call's header.
+
+    Written field by field: the env spec goes as the bytes the worker
+    reported (``env_spec_wire``), not parsed and written again per call.
+    """
+    spec = header.env_spec_wire
+    body = b"".join(
+        (
+            _varint_field(_HEADER_REQUEST_ID, header.request_id),
+            b"" if spec is None else len_prefix(_HEADER_ENV_SPEC, len(spec)) + spec,
+            _varint_field(_HEADER_AGENT_VERSION, header.agent_version),
+            _varint_field(_HEADER_ENV_GENERATION, header.env_generation),
+            _coordinator_id_field(header.coordinator_id),
+            _RESULTS_ON_DATA if results_on_data else b"",
+        )
+    )
+    return len_prefix(_HEADER_FIELD, len(body)) + body
+
+
+def footer_bytes(footer: Footer, data_results: int) -> bytes:
+    """The serialized ``SampleResponse(footer=SampleFooter(...))`` of a call's footer.
+
+    Args:
+        footer: The request's totals.
+        data_results: Results sent on the learner's results connection (0: none).
+    """
+    body = b"".join(
+        (
+            _varint_field(_FOOTER_NUM_EPISODES, footer.num_episodes),
+            _varint_field(_FOOTER_TOTAL_STEPS, footer.total_steps),
+            _varint_field(_FOOTER_WORKERS_USED, footer.workers_used),
+            _varint_field(_FOOTER_REASSIGNED_UNITS, footer.reassigned_units),
+            _varint_field(_FOOTER_DATA_RESULTS, data_results),
+        )
+    )
+    return len_prefix(_FOOTER_FIELD, len(body)) + body
+
+
+def _varint_field(number: int, value: int) -> bytes:
+    """A varint field as protobuf writes it: nothing for 0 (proto3's default)."""
+    return tag(number, VARINT) + encode_varint(value) if value else b""
+
+
+@functools.lru_cache(maxsize=8)
+def _coordinator_id_field(coordinator_id: str) -> bytes:
+    """``SampleHeader.coordinator_id`` (a coordinator has one id: encoded once)."""
+    data = coordinator_id.encode()
+    return len_prefix(_HEADER_COORDINATOR_ID, len(data)) + data if data else b""
 
 
 def forwarded(forward: Forward) -> Iterator[bytes]:
@@ -219,10 +277,10 @@ def result_call_field(call: int) -> bytes:
 
 
 def results_end(call: int, results: int) -> bytes:
-    """The serialized results-end marker of a call's results on a results connection."""
-    return learner_pb2.SampleResponse(
-        results_end=learner_pb2.ResultsEnd(results=results), result_call=call
-    ).SerializeToString()
+    """The serialized results-end marker of a call's results on a results connection:
+    ``SampleResponse(results_end=ResultsEnd(results=...), result_call=call)``."""
+    body = _varint_field(_RESULTS_END_RESULTS, results)
+    return len_prefix(_RESULTS_END_FIELD, len(body)) + body + _varint_field(_RESULT_CALL, call)
 
 
 def serialize_result_channel(opened: tuple[int, int, bytes] | None) -> bytes:
@@ -241,18 +299,6 @@ def parse_result_channel_request(data: bytes) -> learner_pb2.ResultChannelReques
         DecodeError: If the bytes do not parse.
     """
     return learner_pb2.ResultChannelRequest.FromString(data)
-
-
-def _header(header: CallHeader) -> learner_pb2.SampleHeader:
-    message = learner_pb2.SampleHeader(
-        request_id=header.request_id,
-        agent_version=header.agent_version,
-        env_generation=header.env_generation,
-        coordinator_id=header.coordinator_id,
-    )
-    if header.env_spec_wire is not None:
-        message.env_spec.MergeFromString(header.env_spec_wire)
-    return message
 
 
 def serialize_update_receipt(receipt: UpdateReceipt) -> bytes:

@@ -113,6 +113,8 @@ class CoordinatorMetrics(MetricSet):
             LEASE_CALL_BUCKETS,
         )
         self._lease_call_ops: dict[str, Histogram] = {}  # children of _lease_calls by op
+        # Children of _latency by (method, outcome).
+        self._latency_children: dict[tuple[str, str], Histogram] = {}
         self._data_connections = self.counter(
             "rlfleet_lease_data_connections",
             "Connections to the lease data channel, by outcome (accepted: a valid ticket; "
@@ -227,7 +229,10 @@ class CoordinatorMetrics(MetricSet):
             self._observe(method, outcome, started)
 
     def _observe(self, method: str, outcome: str, started: float) -> None:
-        self._latency.labels(method, outcome).observe(time.monotonic() - started)
+        child = self._latency_children.get((method, outcome))
+        if child is None:  # labels() takes a lock and builds a key: once per pair
+            child = self._latency_children[method, outcome] = self._latency.labels(method, outcome)
+        child.observe(time.monotonic() - started)
 
 
 class _EpisodeLag(Collector):

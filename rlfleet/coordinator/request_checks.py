@@ -12,6 +12,8 @@ from rlfleet.protocol.modes import Mode
 
 #: The largest int64: episode indices travel in int64 fields.
 _INT64_MAX = 2**63 - 1
+#: SampleRequest.mode's valid values.
+_SAMPLE_MODES = frozenset(int(mode) for mode in Mode)
 
 
 def sample_mode(request: SampleAsk, max_fragment_length: int) -> Mode:
@@ -20,7 +22,7 @@ def sample_mode(request: SampleAsk, max_fragment_length: int) -> Mode:
     Raises:
         CallError: INVALID_ARGUMENT naming the bad field (or the limit).
     """
-    if int(request.mode) not in tuple(Mode):
+    if int(request.mode) not in _SAMPLE_MODES:
         raise invalid(
             f"SampleRequest.mode must be SAMPLE_MODE_STEPS (1), SAMPLE_MODE_EPISODES (2) or "
             f"SAMPLE_MODE_FRAGMENTS (3), got {int(request.mode)}"

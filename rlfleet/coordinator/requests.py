@@ -41,7 +41,13 @@ class LearnerRequests:
         self._unseeded_requests = 0
 
     def cancel(self, scope: CallScope) -> None:
-        """A learner call ended (hung up, deadline): wake whatever it waits for."""
+        """A learner call ended (hung up, deadline): wake whatever it waits for.
+
+        gRPC calls this at the end of every call; one whose handler already
+        returned holds nothing and waits for nothing, so it costs no lock.
+        """
+        if scope.served:
+            return
         with self._state.lock:
             scope.cancel()
             self._state.changed.notify_all()

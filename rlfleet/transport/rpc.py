@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
+import grpc.experimental
 from google.protobuf.message import Message
 
 from rlfleet import errors
@@ -226,6 +227,10 @@ def enable_reflection(server: grpc.Server, *services: str) -> None:
     reflection.enable_server_reflection((*services, reflection.SERVICE_NAME), server)
 
 
+#: gRPC's channel option for unary-stream calls read on the calling thread.
+_CALLING_THREAD_STREAMS = grpc.experimental.ChannelOptions.SingleThreadedUnaryStream
+
+
 def open_channel(
     address: str,
     *,
@@ -237,6 +242,7 @@ def open_channel(
     ping_timeout_seconds: float = 5.0,
     security: ClientSecurity | None = None,
     receive_message_bytes: int | None = None,
+    calling_thread_streams: bool = False,
 ) -> grpc.Channel:
     """Opens a client channel (workers and learners): the one place channels are made.
 
@@ -265,6 +271,12 @@ def open_channel(
             no token.
         receive_message_bytes: Largest message accepted, if not
             ``max_message_bytes``.
+        calling_thread_streams: Its unary-stream calls are read on the thread
+            that iterates them (gRPC's ``SingleThreadedUnaryStream``), not
+            through a thread of gRPC's that starts with each call on an
+            otherwise idle channel and hands each message over: for a caller
+            that reads a call on one thread at a time and needs no
+            ``result()`` or ``exception()`` before the call is complete.
     """
     options: list[tuple[str, int | str]] = [
         *channel_options(
@@ -279,6 +291,8 @@ def open_channel(
         ("grpc.min_reconnect_backoff_ms", int(connect_timeout_seconds * 1000)),
         ("grpc.max_reconnect_backoff_ms", int(reconnect_max_seconds * 1000)),
     ]
+    if calling_thread_streams:
+        options.append((_CALLING_THREAD_STREAMS, 1))
     if receive_window_bytes is not None:
         options += [
             ("grpc.http2.bdp_probe", 0),
