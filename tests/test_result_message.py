@@ -17,7 +17,10 @@ import sys
 from collections.abc import Callable
 from types import FrameType
 
+import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rlfleet.client._learner_messages import ResultsEnd, parse_result_frame
 from rlfleet.coordinator import worker_messages
@@ -34,7 +37,11 @@ from rlfleet.protocol.learner_calls import ResultPart
 from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import batch_pb2, learner_pb2, worker_pb2
 from rlfleet.wire import _result_reader, parse_with_chunk
-from rlfleet.wire.result_message import read_result_frame, read_result_message
+from rlfleet.wire.result_message import (
+    read_result_frame,
+    read_result_frame_pieces,
+    read_result_message,
+)
 from rlfleet.wire.results import ResultHeader
 from rlfleet.worker.units import make_units
 from rlfleet.worker.vec import VecWorker
@@ -298,6 +305,94 @@ def test_spoiled_frames_read_the_same_or_are_left_to_the_general_path(
             data[at:at] = bytes([rng.randrange(256)])
         taken += assert_frame_same_or_left(data)
     assert taken
+
+
+# --- a frame handed over in memory in pieces (Fleet.local) -------------------------
+
+
+def pieces_of(messages: list[bytes]) -> list[tuple[bytes, bytes, bytes]]:
+    """Each frame of :func:`frames_of` as the coordinator hands it over in memory:
+    the pieces before its chunk's data joined, the data, the call's number."""
+    out = []
+    for data in messages:
+        piece = parse_worker_message(data)
+        assert isinstance(piece, ResultPiece) and piece.chunk is not None
+        forward = Forward(piece.header, 5, (piece.chunk,), 0)
+        for head, chunk, tail in forwarded_parts(forward, result_call_field(300)):
+            out.append((bytes(head), bytes(chunk), bytes(tail)))
+    return out
+
+
+def assert_pieces_same_or_left(head: bytes, data: bytes, tail: bytes) -> bool:
+    """The pieces read where they lie as the joined frame is read, or left; the
+    chunk's data a view of ``data``."""
+    whole = bytearray(head + data + tail)
+    held = bytearray(data)
+    # The head in memory of its own size (bytes end in a NUL the reader could
+    # read unnoticed): a read past it is caught by an address-sanitized build.
+    own = np.frombuffer(head, np.uint8).copy()
+    read = read_result_frame_pieces(own.data, memoryview(held), tail)
+    plain = _result_reader.read_frame(whole)
+    if plain is not None and plain[2:4] == (len(head), len(head) + len(data)) and data:
+        assert read is not None, "a frame split at its chunk's data is read in pieces"
+    if read is None:
+        return False
+    assert read == read_result_frame(whole)
+    chunk = read[2]
+    assert isinstance(chunk.data, memoryview) and chunk.data.readonly
+    assert np.shares_memory(np.asarray(chunk.data), np.frombuffer(held, np.uint8))
+    assert bytes(chunk.data) == data
+    return True
+
+
+def test_a_frame_in_pieces_is_read_where_they_lie_as_the_joined_frame(
+    messages: list[bytes],
+) -> None:
+    for head, data, tail in pieces_of(messages):
+        assert assert_pieces_same_or_left(head, data, tail) == bool(data)
+
+
+def test_a_frame_split_at_any_point_of_its_head_is_read_as_joined_or_left(
+    messages: list[bytes],
+) -> None:
+    taken = 0
+    for head, chunk, tail in pieces_of(messages[:6]):
+        frame = head + chunk + tail
+        data_end = len(head) + len(chunk)
+        for start in range(len(head) + 3):
+            for end in (data_end - 1, data_end, data_end + 1):
+                taken += assert_pieces_same_or_left(frame[:start], frame[start:end], frame[end:])
+    assert taken == 6  # each frame only where it was cut
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_spoiled_frames_in_pieces_read_as_joined_or_are_left(
+    messages: list[bytes], data: st.DataObject
+) -> None:
+    head, chunk, tail = data.draw(st.sampled_from(pieces_of(messages[:6])))
+    frame = bytearray(head + chunk + tail)
+    cut = (len(head), len(head) + len(chunk))
+    for _ in range(data.draw(st.integers(0, 3))):
+        at = data.draw(st.integers(0, len(frame) - 1))
+        change = data.draw(st.sampled_from(["byte", "insert", "remove"]))
+        if change == "byte":
+            frame[at] = data.draw(st.integers(0, 255))
+        elif change == "insert":
+            frame[at:at] = bytes([data.draw(st.integers(0, 255))])
+        else:
+            del frame[at]
+        if len(frame) < 2:
+            return
+    # Each split point anywhere, or at or near where the data was; the head
+    # also cut short among the result's fields.
+    start = data.draw(
+        st.integers(0, len(frame)) | st.integers(0, cut[0]) | st.integers(cut[0] - 3, cut[0] + 3)
+    )
+    end = data.draw(st.integers(0, len(frame)) | st.integers(cut[1] - 3, cut[1] + 3))
+    start = min(max(start, 0), len(frame))
+    end = min(max(end, start), len(frame))
+    assert_pieces_same_or_left(bytes(frame[:start]), bytes(frame[start:end]), bytes(frame[end:]))
 
 
 def python_calls(run: Callable[[], object]) -> int:

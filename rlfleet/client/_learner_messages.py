@@ -38,6 +38,7 @@ from rlfleet.protocol.learner_calls import (
 from rlfleet.protocol.modes import Footer
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.transport import rpc as _rpc
+from rlfleet.transport.frame_pieces import FramePieces
 from rlfleet.v1 import learner_pb2
 from rlfleet.v1.updates_pb2 import AgentUpdate as AgentUpdateMessage
 from rlfleet.v1.updates_pb2 import EnvUpdate as EnvUpdateMessage
@@ -49,7 +50,7 @@ from rlfleet.wire import (
     encode_env_change,
     parse_with_chunk,
 )
-from rlfleet.wire.result_message import read_result_frame
+from rlfleet.wire.result_message import read_result_frame, read_result_frame_pieces
 from rlfleet.wire.results import ResultHeader
 
 #: What ``agent_update`` arguments may be: the forms of
@@ -281,14 +282,19 @@ class ResultsEnd:
 
 
 def parse_result_frame(
-    data: bytes | bytearray | memoryview,
+    data: bytes | bytearray | memoryview | FramePieces,
 ) -> tuple[int, ResultPart | ResultsEnd | EmptyResponse]:
     """Reads one frame of a results connection: its call's number and what it holds
-    (a result message's chunk stays a view of ``data``).
+    (a result message's chunk stays a view of ``data``, or of its data piece).
 
     Raises:
         WireFormatError: If the bytes are malformed.
     """
+    if isinstance(data, FramePieces):  # handed over in memory (Fleet.local)
+        pieces = read_result_frame_pieces(data.head, data.data, data.tail)
+        if pieces is not None:
+            return pieces[0], prebuilt(ResultPart, header=pieces[1], chunk=pieces[2])
+        data = data.joined()  # read as a frame off a socket is, with the same errors
     read = read_result_frame(data)  # a result as the coordinator writes it: no protobuf object
     if read is not None:  # its header and chunk checked already
         return read[0], prebuilt(ResultPart, header=read[1], chunk=read[2])

@@ -39,6 +39,7 @@ from rlfleet.errors import (
     UnavailableError,
 )
 from rlfleet.security import ClientTLS
+from rlfleet.transport.frame_pieces import FramePieces, InProcessFrame
 from rlfleet.transport.receive_buffers import LARGE_FRAME_BYTES, ReceiveBuffers
 
 logger = logging.getLogger("rlfleet.transport.lease_channel")
@@ -117,9 +118,10 @@ class DataLink(Protocol):
 
     def receive_message(
         self, seconds: float | None, *, gather: int = 0
-    ) -> bytes | memoryview | None:
+    ) -> bytes | memoryview | FramePieces | None:
         """The next frame in a buffer of its own (no copy past the one off the
-        socket; a reused buffer, not written again while anything views it),
+        socket; a reused buffer, not written again while anything views it;
+        in memory, its large piece not copied at all),
         waiting at most ``seconds`` (None: no limit); None once the
         coordinator closed the connection (RlfleetTimeoutError past the wait).
         ``gather``: bytes a reader expects soon, which it may wait for at
@@ -543,7 +545,7 @@ class InProcessLink:
 
     def __init__(
         self,
-        frames: queue.SimpleQueue[bytes | None],
+        frames: queue.SimpleQueue[InProcessFrame | None],
         deliver: Callable[[bytes], None],
         hang_up: Callable[[], None],
     ) -> None:
@@ -565,7 +567,7 @@ class InProcessLink:
 
     def receive(self) -> bytes | None:
         """The next frame; None once the coordinator closed the connection."""
-        return self._next(None)
+        return _whole(self._next(None))
 
     def receive_within(self, seconds: float) -> bytes | None:
         """:meth:`receive`, waiting at most ``seconds``.
@@ -573,11 +575,15 @@ class InProcessLink:
         Raises:
             RlfleetTimeoutError: If no frame came within ``seconds``.
         """
-        return self._next(max(seconds, 0.0))
+        return _whole(self._next(max(seconds, 0.0)))
 
-    def receive_message(self, seconds: float | None, *, gather: int = 0) -> bytes | None:
-        """:meth:`receive` or :meth:`receive_within` (the frames are the coordinator's
-        own bytes: no copy at all; ``gather`` changes nothing in memory)."""
+    def receive_message(
+        self, seconds: float | None, *, gather: int = 0
+    ) -> bytes | memoryview | FramePieces | None:
+        """:meth:`receive` or :meth:`receive_within`, the frame as the coordinator
+        handed it over: its own bytes, or a result's pieces whose chunk is a
+        view of the buffer the worker's message was received into (no copy
+        at all; ``gather`` changes nothing in memory)."""
         return self._next(None if seconds is None else max(seconds, 0.0))
 
     def readable(self) -> bool:
@@ -595,7 +601,7 @@ class InProcessLink:
         self._deliver = _closed_link
         hang_up()
 
-    def _next(self, seconds: float | None) -> bytes | None:
+    def _next(self, seconds: float | None) -> InProcessFrame | None:
         if self._ended:
             return None
         try:
@@ -605,6 +611,14 @@ class InProcessLink:
         if payload is None:
             self._ended = True
         return payload
+
+
+def _whole(frame: InProcessFrame | None) -> bytes | None:
+    """``frame`` as bytes, for the readers of whole frames (the frames of a
+    lease's calls, which come whole: only results come in pieces)."""
+    if frame is None or isinstance(frame, bytes):
+        return frame
+    return frame.joined() if isinstance(frame, FramePieces) else bytes(frame)
 
 
 def _closed_link(*_: bytes) -> None:

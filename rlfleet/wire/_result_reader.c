@@ -114,17 +114,24 @@ typedef struct {
     Py_ssize_t data_start, data_end;      /* the chunk's data (equal when it has none) */
 } Result;
 
+/* The smaller of a and b. */
+static inline Py_ssize_t least(Py_ssize_t a, Py_ssize_t b) { return a < b ? a : b; }
+
 /* The BatchChunk in p[pos:end] into r->chunk and r->data_*: 0, or -1 for
- * anything not in protobuf's own form or out of a field's range. */
-static int read_chunk(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end, Result *r) {
+ * anything not in protobuf's own form or out of a field's range. Only
+ * p[0:avail] is read (past it lies a frame's data passed apart, which only
+ * the chunk's data field may span). */
+static int read_chunk(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t avail,
+                      Result *r) {
     int last = 0;
     while (pos < end) {
+        if (pos >= avail) return -1;
         uint8_t key = p[pos];
         int number = key >> 3;
         if (key >= 0x80 || number <= last || number > CHUNK_DATA) return -1;
         uint64_t value;
         Py_ssize_t next;
-        if (read_varint(p, pos + 1, end, &value, &next) < 0 || value == 0) return -1;
+        if (read_varint(p, pos + 1, least(end, avail), &value, &next) < 0 || value == 0) return -1;
         if (number == CHUNK_DATA) {
             /* The data is the chunk's last field and reaches its end. */
             if ((key & 7) != WIRE_LEN || value != (uint64_t)(end - next)) return -1;
@@ -147,33 +154,39 @@ static int read_chunk(const uint8_t *p, Py_ssize_t pos, Py_ssize_t end, Result *
 }
 
 /* The EpisodeResult field (key tag) at the start of p[0:size] into *r: 0, or
- * -1 for anything not in protobuf's own form. */
-static int read_result(const uint8_t *p, Py_ssize_t size, uint8_t tag, Result *r) {
+ * -1 for anything not in protobuf's own form. Only p[0:avail] is read
+ * (avail <= size; read_chunk says why). */
+static int read_result(const uint8_t *p, Py_ssize_t size, Py_ssize_t avail, uint8_t tag,
+                       Result *r) {
     memset(r, 0, sizeof *r);
-    if (size < 2 || p[0] != tag) return -1;
+    if (size < 2 || avail < 2 || p[0] != tag) return -1;
     uint64_t length;
     Py_ssize_t pos;
-    if (read_varint(p, 1, size, &length, &pos) < 0 || length > (uint64_t)(size - pos)) return -1;
+    if (read_varint(p, 1, least(size, avail), &length, &pos) < 0 ||
+        length > (uint64_t)(size - pos))
+        return -1;
     Py_ssize_t end = pos + (Py_ssize_t)length;
     r->body_start = pos;
     r->end = end;
     int last = 0, chunk_seen = 0;
     while (pos < end) {
+        if (pos >= avail) return -1;
         uint8_t key = p[pos];
         int number = key >> 3;
         if (key >= 0x80 || number <= last || number > CHUNK) return -1;
         uint64_t value;
         Py_ssize_t next;
         /* 0: protobuf omits a zero scalar and an empty column or chunk. */
-        if (read_varint(p, pos + 1, end, &value, &next) < 0 || value == 0) return -1;
+        if (read_varint(p, pos + 1, least(end, avail), &value, &next) < 0 || value == 0) return -1;
         if (number == EPISODE_INDICES || number == LENGTHS || number == CHUNK) {
             if ((key & 7) != WIRE_LEN || value > (uint64_t)(end - next)) return -1;
             Py_ssize_t field_end = next + (Py_ssize_t)value;
             if (number == CHUNK) {
                 r->chunk_at = pos;
-                if (read_chunk(p, next, field_end, r) < 0) return -1;
+                if (read_chunk(p, next, field_end, avail, r) < 0) return -1;
                 chunk_seen = 1;
             } else {
+                if (field_end > avail) return -1;
                 Py_ssize_t count = column_count(p, next, field_end);
                 if (count < 0) return -1;
                 r->column_start[number] = next;
@@ -268,12 +281,23 @@ static PyObject *read_message(PyObject *module, PyObject *data) {
     const uint8_t *p = view.buf;
     Result r;
     PyObject *out;
-    if (read_result(p, view.len, WORKER_RESULT_TAG, &r) < 0 || r.end != view.len)
+    if (read_result(p, view.len, view.len, WORKER_RESULT_TAG, &r) < 0 || r.end != view.len)
         out = Py_NewRef(Py_None);
     else
         out = result_tuple(p, &r, 1, 0, 0);
     PyBuffer_Release(&view);
     return out;
+}
+
+/* The call's number (SampleResponse.result_call) in p[pos:size], which it
+ * fills, into *call: 0, or -1 if it is not there in protobuf's own form or
+ * is 0 (protobuf omits it). */
+static int read_call(const uint8_t *p, Py_ssize_t pos, Py_ssize_t size, uint64_t *call) {
+    Py_ssize_t end;
+    if (size - pos < 3 || p[pos] != RESULT_CALL_KEY0 || p[pos + 1] != RESULT_CALL_KEY1 ||
+        read_varint(p, pos + 2, size, call, &end) < 0 || *call == 0 || end != size)
+        return -1;
+    return 0;
 }
 
 PyDoc_STRVAR(read_frame_doc,
@@ -291,12 +315,10 @@ static PyObject *read_frame(PyObject *module, PyObject *data) {
     Py_ssize_t size = view.len;
     Result r;
     uint64_t call;
-    Py_ssize_t end;
     PyObject *out;
-    /* The call's number follows the result, ends the frame, is not 0 (protobuf omits it). */
-    if (read_result(p, size, SAMPLE_RESULT_TAG, &r) < 0 || size - r.end < 3 ||
-        p[r.end] != RESULT_CALL_KEY0 || p[r.end + 1] != RESULT_CALL_KEY1 ||
-        read_varint(p, r.end + 2, size, &call, &end) < 0 || call == 0 || end != size)
+    /* The call's number follows the result and ends the frame. */
+    if (read_result(p, size, size, SAMPLE_RESULT_TAG, &r) < 0 ||
+        read_call(p, r.end, size, &call) < 0)
         out = Py_NewRef(Py_None);
     else
         out = result_tuple(p, &r, 0, 1, call);
@@ -304,9 +326,51 @@ static PyObject *read_frame(PyObject *module, PyObject *data) {
     return out;
 }
 
+PyDoc_STRVAR(read_frame_pieces_doc,
+"read_frame_pieces(head, data, tail, /)\n--\n\n"
+"What read_frame returns for the frame head + data + tail, read where its pieces\n"
+"lie, when data is exactly its chunk's data (data_start and data_end then count\n"
+"within data); None otherwise, and for any frame read_frame leaves. data's bytes\n"
+"are not read.\n"
+"head, data, tail: any contiguous buffers.");
+
+static PyObject *read_frame_pieces(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "read_frame_pieces expected 3 arguments, got %zd", nargs);
+        return NULL;
+    }
+    Py_buffer views[3];
+    int held = 0;
+    while (held < 3 && PyObject_GetBuffer(args[held], &views[held], PyBUF_SIMPLE) == 0) held++;
+    PyObject *out = NULL;
+    if (held == 3) {
+        const uint8_t *head = views[0].buf;
+        Py_ssize_t head_size = views[0].len, data_size = views[1].len;
+        Result r;
+        uint64_t call;
+        /* Only the head is read: the result ends where the data does, and the
+         * chunk's data is all of it. */
+        if (data_size == 0 || data_size > PY_SSIZE_T_MAX - head_size ||
+            read_result(head, head_size + data_size, head_size, SAMPLE_RESULT_TAG, &r) < 0 ||
+            r.data_start != head_size || r.end != head_size + data_size ||
+            read_call(views[2].buf, 0, views[2].len, &call) < 0) {
+            out = Py_NewRef(Py_None);
+        } else {
+            r.data_start = 0;
+            r.data_end = data_size;
+            out = result_tuple(head, &r, 0, 1, call);
+        }
+    }
+    for (int i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"read_message", (PyCFunction)read_message, METH_O, read_message_doc},
     {"read_frame", (PyCFunction)read_frame, METH_O, read_frame_doc},
+    {"read_frame_pieces", (PyCFunction)(void (*)(void))read_frame_pieces, METH_FASTCALL,
+     read_frame_pieces_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -129,6 +129,27 @@ def read_result_frame(
     return (read[4], *_parts(data, read))
 
 
+def read_result_frame_pieces(
+    head: _Bytes, data: _Bytes, tail: _Bytes
+) -> tuple[int, ResultHeader, Chunk] | None:
+    """:func:`read_result_frame` of the frame ``head + data + tail``, not joined.
+
+    A frame handed over in memory (``Fleet.local``) comes in these pieces,
+    ``data`` being its chunk's data, a view of the buffer the worker's
+    message was received into: the pieces are read where they lie, and the
+    chunk's data stays a view of ``data``, with no copy of it.
+
+    Returns:
+        What :func:`read_result_frame` returns for the joined frame, or None
+        when it returns None or ``data`` is not exactly the chunk's data
+        (the joined frame is then for the general path).
+    """
+    read = _result_reader.read_frame_pieces(head, data, tail)
+    if read is None:
+        return None
+    return (read[4], *_parts(data, read))
+
+
 def _parts(
     data: _Bytes, read: _result_reader.MessageRead | _result_reader.FrameRead
 ) -> tuple[ResultHeader, Chunk]:
@@ -146,4 +167,10 @@ def _parts(
     return prebuilt_of(ResultHeader, read[0]), prebuilt_of(Chunk, chunk)
 
 
-__all__ = ["read_result_frame", "read_result_message", "result_fields", "result_head"]
+__all__ = [
+    "read_result_frame",
+    "read_result_frame_pieces",
+    "read_result_message",
+    "result_fields",
+    "result_head",
+]

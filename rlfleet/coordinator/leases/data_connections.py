@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, cast
 
 from rlfleet.errors import ConnectionClosedError, RlfleetTimeoutError
+from rlfleet.transport.frame_pieces import InProcessFrame, frame_of
 from rlfleet.transport.lease_channel import FRAME_HEADER, InProcessLink, frame
 from rlfleet.transport.receive_buffers import LARGE_FRAME_BYTES, Landing
 
@@ -514,7 +515,7 @@ class InProcessConnection(LeaseConnection):
 
     def __init__(self, server: LeaseDataServer) -> None:
         super().__init__(server, "this process")
-        self._frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._frames: queue.SimpleQueue[InProcessFrame | None] = queue.SimpleQueue()
         self.link = InProcessLink(self._frames, self._deliver, self._hung_up)
 
     def send(self, payload: bytes) -> None:
@@ -523,16 +524,16 @@ class InProcessConnection(LeaseConnection):
             self._frames.put(payload)
 
     def send_parts(self, parts: Sequence[bytes | memoryview], wait_seconds: float) -> None:
-        """Queues one frame of ``parts`` for the learner (joined: one copy; a frame
-        of one piece is queued as it is).
+        """Queues one frame of ``parts`` for the learner: a large piece (a result's
+        chunk, a view of its receive buffer) as it is, the rest joined
+        (:func:`~rlfleet.transport.frame_pieces.frame_of`).
 
         Raises:
             ConnectionClosedError: If the connection is closed.
         """
         if self._closed:
             raise ConnectionClosedError("the in-process data connection is closed")
-        pieces = [piece for piece in parts if piece]
-        self._frames.put(pieces[0] if len(pieces) == 1 else b"".join(pieces))  # type: ignore[arg-type]
+        self._frames.put(frame_of(parts))
 
     def shutdown(self) -> None:
         """Ends the connection for the learner: its receive returns None."""
