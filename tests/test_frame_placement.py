@@ -11,6 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.learner_path import capturing, replayed
+from rlfleet.client import Fleet
+from rlfleet.client import _result_route as result_route
+from rlfleet.client._responses import AnswerMemory
 from rlfleet.core import EpisodeBatch
 from rlfleet.core.episode_order import first_episodes
 from rlfleet.errors import ProtocolError
@@ -24,6 +28,7 @@ from rlfleet.wire.results import (
     ResultHeader,
     assemble_episodes,
 )
+from tests._coordinator_fakes import assert_same_batch
 from tests.test_result_layout import SPEC, TERM, F, M
 from tests.test_wire_placement import assert_identical, dealt
 
@@ -207,3 +212,32 @@ def test_an_answer_of_viewed_results_takes_no_view_of_a_result(
     batch = results[0].batch
     assert_identical(batch, episodes([3, 2], [0, 2]))
     assert not batch.observations.flags.writeable
+
+
+def test_a_samplers_answers_are_read_with_no_object_per_result_message_and_placed_from_frames(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    answers: list[dict[str, Any]] = []
+    with capturing(answers), Fleet.local(workers=2, envs_per_worker=2, seed=5) as sampler:
+        expected = [sampler.obtain_episodes(6) for _ in range(3)]
+    parsed: list[object] = []
+    placed: list[EpisodeBatch | None] = []
+    parse, place = result_route.parse_result_frame, frame_placement.placed_frame_episodes
+
+    def parsing(data: Any) -> Any:
+        parsed.append(data)
+        return parse(data)
+
+    def placing(*args: Any) -> EpisodeBatch | None:
+        placed.append(place(*args))
+        return placed[-1]
+
+    monkeypatch.setattr(result_route, "parse_result_frame", parsing)
+    monkeypatch.setattr(results_module, "placed_frame_episodes", placing)
+    memory = AnswerMemory()
+    for _ in range(2):  # the second time from the layouts the first learned
+        for (_, batch), want in zip(replayed(answers, memory), expected, strict=True):
+            assert_same_batch(batch, want)
+    # Only the end markers take the general reader's objects; the results are tuples.
+    assert len(parsed) == 2 * len(answers) < sum(answer["results"] for answer in answers) * 2
+    assert all(batch is not None for batch in placed[len(answers) :])
