@@ -28,7 +28,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from rlfleet._util.compiled import compiled
-from rlfleet._util.prebuilt import prebuilt, prebuilt_of
+from rlfleet._util.prebuilt import prebuilt_of
 from rlfleet.core._validation import accepted_shapes, check_step_types
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
@@ -72,27 +72,20 @@ class ResultLayoutViews:
             viewed = _viewed(kept, header, payload)
             if viewed is not None:
                 self.viewed += 1
+                fields = {
+                    "header": header,
+                    "chunks": joined.chunks,
+                    "message_sizes": joined.message_sizes,
+                    "seq": 0,
+                    "at": 0.0,
+                }
                 if isinstance(viewed, tuple):
                     # Its batch's views are made if asked for: an answer placed
                     # from the frames (rlfleet.wire.frame_placement) never does.
-                    return prebuilt(
-                        ViewedResult,
-                        header=header,
-                        frame=viewed,
-                        chunks=joined.chunks,
-                        message_sizes=joined.message_sizes,
-                        seq=0,
-                        at=0.0,
-                    )
-                return prebuilt(
-                    DecodedResult,
-                    header=header,
-                    batch=viewed,
-                    chunks=joined.chunks,
-                    message_sizes=joined.message_sizes,
-                    seq=0,
-                    at=0.0,
-                )
+                    fields["frame"] = viewed
+                    return prebuilt_of(ViewedResult, fields)
+                fields["batch"] = viewed
+                return prebuilt_of(DecodedResult, fields)
         result = decode_kept(joined, env_spec)
         self.decoded += 1
         if isinstance(result, DecodedResult):
