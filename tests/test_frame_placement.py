@@ -147,6 +147,7 @@ def test_results_of_another_shape_or_not_viewed_are_placed_from_their_batches() 
     with pytest.raises(ValueError):  # the general path's own refusal
         EpisodeBatch.concatenate(*(r.batch for r in mixed))
     assert frame_placement.placed_frame_episodes(mixed, 3) is None
+    assert frame_placement.placed_frame_episodes([], 0) is None
     # A result decoded the general way (its worker's first) takes the batches' path.
     fresh = ResultLayoutViews()
     first = frame_of(fresh, episodes([4], [2]), 1)

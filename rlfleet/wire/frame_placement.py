@@ -65,6 +65,8 @@ def placed_frame_episodes(
         frames = list(map(_FRAME, results))
     except AttributeError:  # a result decoded another way, or given another batch
         return None
+    if not frames:
+        return None
     views = frames[0][2]
     shape = views.shape
     for frame in frames:
