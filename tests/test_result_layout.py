@@ -1207,8 +1207,8 @@ def _recorded() -> tuple[ResultLayoutViews, Any]:
     """Views that have seen counts 3 and 10 twice: their plan keeps a record."""
     views = ResultLayoutViews()
     views.decode(learner_result(batch_with_infos([3, 2])), SPEC)
-    for first in (0, 1):  # the plan of counts 3 and 10, then its record
-        views.decode(learner_result(batch_with_infos([4, 1, 5], first)), SPEC)
+    for first in (0, 1):  # the plan of counts 3 and 10, then its record (made with the views)
+        assert views.decode(learner_result(batch_with_infos([4, 1, 5], first)), SPEC).arrays
     (plan,) = next(iter(views._layouts.values())).plans.values()
     assert plan.record is not None and views.viewed == 2
     return views, plan

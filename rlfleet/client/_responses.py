@@ -23,11 +23,13 @@ from rlfleet.protocol.learner_calls import CallHeader, ResultPart
 from rlfleet.protocol.modes import Footer, Mode
 from rlfleet.transport.receive_buffers import ANSWER_KEPT_BYTES, ReceiveBuffers
 from rlfleet.wire import parse_env_spec
+from rlfleet.wire.chunks import Chunk
 from rlfleet.wire.result_views import ResultLayoutViews
 from rlfleet.wire.results import (
     DecodedResult,
     Result,
     ResultAssembler,
+    ResultHeader,
     ScatteredResult,
     assemble_episodes,
     assemble_fragments,
@@ -105,16 +107,7 @@ class ResponseReader:
                 malformed env spec.
         """
         if isinstance(part, ResultPart):
-            if self._keep_pieces:
-                assembler = self._assembler
-                joined = assembler.join(part.header, part.chunk, keep_pieces=True)
-                if joined is None:
-                    return None
-                spec = assembler.env_spec  # spec_for is called only to raise
-                if spec is None:
-                    spec = assembler.spec_for(joined)
-                return self.layouts.decode(joined, spec)
-            return self._assembler.add(part.header, part.chunk)
+            return self.read_result(part.header, part.chunk)
         if isinstance(part, CallHeader):
             wire = part.env_spec_wire
             spec = None if wire is None else self._decode_spec(wire)
@@ -124,6 +117,24 @@ class ResponseReader:
         if isinstance(part, Footer):
             return part
         raise ProtocolError(f"{self.what}: an empty SampleResponse arrived")
+
+    def read_result(self, header: ResultHeader, chunk: Chunk | None) -> Result | None:
+        """What a result message stands for (None: a chunk of a result still arriving).
+
+        Raises:
+            ProtocolError: As :meth:`read`.
+            WireFormatError: As :meth:`read`.
+        """
+        if self._keep_pieces:
+            assembler = self._assembler
+            joined = assembler.join(header, chunk, keep_pieces=True)
+            if joined is None:
+                return None
+            spec = assembler.env_spec  # spec_for is called only to raise
+            if spec is None:
+                spec = assembler.spec_for(joined)
+            return self.layouts.decode(joined, spec)
+        return self._assembler.add(header, chunk)
 
 
 class AnswerMemory:
@@ -206,7 +217,7 @@ def collect_answer(
         first = reader.read(item)
         # After the header of an answer on the results connection: its results.
         parts = () if on_data is None or on_data.used else on_data.parts()
-        for response in itertools.chain((first,), map(reader.read, parts)):
+        for response in itertools.chain((first,), itertools.starmap(reader.read_result, parts)):
             if isinstance(response, _RESULTS):
                 results.append(response)
                 if progress is None and on_data is None:

@@ -32,12 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from rlfleet.client._learner_messages import (
-    LearnerStubs,
-    ResponsePart,
-    ResultsEnd,
-    parse_result_frame,
-)
+from rlfleet.client._learner_messages import LearnerStubs, ResultsEnd, parse_result_frame
 from rlfleet.errors import (
     ConnectionClosedError,
     ProtocolError,
@@ -54,7 +49,10 @@ from rlfleet.transport.lease_channel import (
     dial,
     warn_unreachable,
 )
+from rlfleet.wire.chunks import Chunk
 from rlfleet.wire.leases import data_hello
+from rlfleet.wire.result_message import read_result_frame
+from rlfleet.wire.results import ResultHeader
 
 logger = logging.getLogger("rlfleet.client")
 
@@ -220,8 +218,9 @@ class DataResults:
         """Whether the connection holds no frame of this call any more (it may serve the next)."""
         return self.used and self.ended
 
-    def parts(self) -> Iterator[ResponsePart]:
-        """The call's result messages, up to the coordinator's end marker.
+    def parts(self) -> Iterator[tuple[ResultHeader, Chunk | None]]:
+        """The call's result messages' headers and chunks, up to the coordinator's end
+        marker (tuples: no object per result message).
 
         Raises:
             UnavailableError: If the connection ended before the marker (retryable).
@@ -252,16 +251,23 @@ class DataResults:
                     f"mid-answer ({why}); the partial answer was dropped, retry (a retried "
                     "obtain_* call gets the same seeds)"
                 )
-            call, part = parse_result_frame(payload)
+            # A result as the coordinator writes it is read with no object per frame.
+            read: tuple[int, ResultHeader, Chunk | None] | None = read_result_frame(payload)
+            if read is None:
+                call, part = parse_result_frame(payload)
+                if isinstance(part, ResultPart):
+                    read = (call, part.header, part.chunk)
+            else:
+                call = read[0]
             if call != self._call:
                 raise ProtocolError(
                     f"Sample on coordinator {self._address}: a results frame of call {call} "
                     f"arrived during call {self._call}"
                 )
-            if isinstance(part, ResultPart):
+            if read is not None:
                 self.count += 1
                 self.result_bytes += len(payload)
-                yield part
+                yield read[1], read[2]
             elif isinstance(part, ResultsEnd):
                 if part.results != self.count:
                     raise ProtocolError(

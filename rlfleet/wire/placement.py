@@ -87,8 +87,32 @@ def _placed_episodes(batches: Sequence[Arrays], num_episodes: int, empty: Empty)
     if not all(isinstance(index, np.ndarray) and index.ndim == 1 for index in indices):
         raise _MisfitError
     joined = _joined(indices)  # type: ignore[arg-type]
+    counts = list(map(len, indices))  # type: ignore[arg-type]
+    kept, placed, known = _kept_episodes(joined, counts, num_episodes, empty)
+    return _placed_answer(batches, kept, placed, empty, known)
+
+
+def _kept_episodes(
+    joined: np.ndarray, counts: Sequence[int], num_episodes: int, empty: Empty
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Which of the results' episodes the answer holds, and where.
+
+    Args:
+        joined: The results' episode indices, one result's after the other.
+        counts: Each result's number of episodes.
+        num_episodes: The answer's.
+        empty: Makes the answer's arrays.
+
+    Returns:
+        ``kept`` and ``dest`` of :func:`_placed_answer`, and the answer's
+        episode indices where they are made, not placed (by key).
+
+    Raises:
+        _MisfitError: If a result's indices are not ascending, or the kept
+            ones are not 0..num_episodes-1 once each.
+    """
     every = joined.astype(np.int64, copy=False)
-    ends = itertools.accumulate(len(index) for index in indices)  # type: ignore[arg-type]
+    ends = itertools.accumulate(counts)
     if every.size > 1:
         rising = np.diff(every) > 0
         # From one result to the next, any order.
@@ -110,7 +134,7 @@ def _placed_episodes(batches: Sequence[Arrays], num_episodes: int, empty: Empty)
         # not placed, which would take a view of each result's once more.
         known["episode_index"] = index = empty((num_episodes,), joined.dtype)
         index[:] = np.arange(num_episodes, dtype=joined.dtype)
-    return _placed_answer(batches, np.flatnonzero(kept), placed, empty, known)
+    return np.flatnonzero(kept), placed, known
 
 
 def placed_fragments(batches: Sequence[Arrays], empty: Empty = np.empty) -> EpisodeBatch | None:
@@ -296,6 +320,14 @@ def _layouts(
     own_lengths = list(map(_LENGTHS, batches))
     own = _joined(own_lengths).astype(np.int64, copy=False)
     counts = np.fromiter(map(len, own_lengths), np.int64, len(own_lengths))
+    return _row_layouts(own, counts, kept, dest)
+
+
+def _row_layouts(
+    own: np.ndarray, counts: np.ndarray, kept: np.ndarray, dest: np.ndarray
+) -> tuple[_Layout, _Layout, np.ndarray]:
+    """:func:`_layouts` from the results' lengths one after the other (int64)
+    and each result's number of pieces (int64)."""
     starts = np.zeros(len(counts) + 1, np.int64)  # of each result's pieces, then their number
     np.cumsum(counts, out=starts[1:])
     held = np.diff(np.searchsorted(kept, starts))

@@ -19,6 +19,7 @@ which raises with its own text, or decodes and relearns the worker's layout.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from rlfleet._util.compiled import compiled
-from rlfleet._util.prebuilt import prebuilt, prebuilt_of
+from rlfleet._util.prebuilt import prebuilt_of
 from rlfleet.core._validation import accepted_shapes, check_step_types
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
@@ -68,18 +69,23 @@ class ResultLayoutViews:
         kept = self._layouts.get(header.worker_id)
         payload = joined.payload
         if kept is not None and kept.layout.spec is env_spec and not isinstance(payload, tuple):
-            batch = _viewed(kept, header, payload)
-            if batch is not None:
+            viewed = _viewed(kept, header, payload)
+            if viewed is not None:
                 self.viewed += 1
-                return prebuilt(
-                    DecodedResult,
-                    header=header,
-                    batch=batch,
-                    chunks=joined.chunks,
-                    message_sizes=joined.message_sizes,
-                    seq=0,
-                    at=0.0,
-                )
+                fields = {
+                    "header": header,
+                    "chunks": joined.chunks,
+                    "message_sizes": joined.message_sizes,
+                    "seq": 0,
+                    "at": 0.0,
+                }
+                if isinstance(viewed, tuple):
+                    # Its batch's views are made if asked for: an answer placed
+                    # from the frames (rlfleet.wire.frame_placement) never does.
+                    fields["frame"] = viewed
+                    return prebuilt_of(ViewedResult, fields)
+                fields["batch"] = viewed
+                return prebuilt_of(DecodedResult, fields)
         result = decode_kept(joined, env_spec)
         self.decoded += 1
         if isinstance(result, DecodedResult):
@@ -92,6 +98,9 @@ class ResultLayoutViews:
                 self._layouts.pop(header.worker_id, None)
         return result
 
+
+#: The layouts' shapes (:attr:`_Views.shape`), each kept once.
+_SHAPES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 #: A map of the batch: an array's place among a result's views, or a map's
 #: entries (key, map of the entry).
@@ -121,6 +130,8 @@ class _Views:
         checked_types: Whether the step types are uint8, range-checked by
             the C check (others by ``check_step_types``).
         bools: Where the bool arrays are.
+        shape: What the answer takes of the layout: its fields and their
+            arrays' dtypes and rows, one object per such shape.
         names: The fields of a plan's record: the arrays'.
         views: Takes a record's fields, in the layout's order (one C call).
         plans: By (episodes, steps).
@@ -152,6 +163,15 @@ class _Views:
         self.lengths_size = lengths_dtype.itemsize
         self.lengths_signed = lengths_dtype.kind == "i"
         self.bools = tuple(where[name] for name in layout.bools)
+        #: The answer's fields and arrays this layout gives (dtypes, rows),
+        #: one object for every worker's layout alike: results of one are
+        #: placed together from their frames (rlfleet.wire.frame_placement).
+        self.shape = _SHAPES.setdefault(
+            key := (self.fields, tuple((t.dtype, t.row_shape, t.per_episode) for t in tensors)),
+            key,
+        )
+        if len(_SHAPES) > ResultLayoutViews.MAX_WORKERS:
+            _SHAPES.clear()
         self.names = [f"a{index}" for index in range(len(tensors))]
         self.views = _getter(self.names)
         self.plans: dict[tuple[int, int], _Plan] = {}
@@ -195,6 +215,8 @@ class _Plan:
         lengths_at: Where the lengths are.
         limits: (offset, bytes, largest value) of the bytes whose values the
             check bounds (uint8 step types, bools), as int64 triples.
+        offsets: Each array's offset, in the layout's order, as int64s.
+        seen: Whether a second result of the counts came.
         record: Once the plan serves a second result: one structured dtype
             of the arrays at their offsets, whose fields are the views (one
             ``np.ndarray`` for them all, where each array took one); None
@@ -202,7 +224,18 @@ class _Plan:
             pay for it).
     """
 
-    __slots__ = ("arrays", "headers", "joined", "lengths_at", "limits", "record", "runs", "size")
+    __slots__ = (
+        "arrays",
+        "headers",
+        "joined",
+        "lengths_at",
+        "limits",
+        "offsets",
+        "record",
+        "runs",
+        "seen",
+        "size",
+    )
 
     def __init__(
         self,
@@ -220,11 +253,13 @@ class _Plan:
         self.lengths_at = lengths_at
         self.limits = np.array(limits, np.int64).tobytes()
         self.record: np.dtype | None = None
+        self.seen = False
+        self.offsets = np.array([offset for _, _, offset in arrays], np.int64).tobytes()
 
-    def make_record(self, names: list[str]) -> None:
-        """Works out :attr:`record`, its fields named ``names``."""
+    def make_record(self, names: list[str]) -> np.dtype:
+        """Works out :attr:`record`, its fields named ``names`` (and returns it)."""
         arrays = self.arrays
-        self.record = np.dtype(
+        record = self.record = np.dtype(
             {
                 "names": names,
                 "formats": [(dtype, shape) for shape, dtype, _ in arrays],
@@ -232,6 +267,7 @@ class _Plan:
                 "itemsize": self.size,
             }
         )
+        return record
 
 
 def _getter(items: list[Any]) -> Callable[[Any], tuple[Any, ...]]:
@@ -276,25 +312,62 @@ def _viewable(layout: _Layout) -> bool:
     )
 
 
-def _viewed(kept: _Views, header: ResultHeader, payload: Payload) -> EpisodeBatch | None:
-    """The batch of a one-chunk result with the layout, read-only views of
-    ``payload`` (as :func:`~rlfleet.wire.batches.decode_batch` leaves them);
-    None for anything the general path must read."""
+#: A result checked against its worker's layout, not yet viewed: its frame
+#: (read-only), the plan of its counts, and its worker's :class:`_Views`.
+ViewedFrame: TypeAlias = "tuple[memoryview, _Plan, _Views]"
+
+
+class ViewedResult(DecodedResult):
+    """A :class:`~rlfleet.wire.results.DecodedResult` whose frame passed its
+    worker's layout: its batch's views are made when first asked for (an
+    answer placed from the frames, rlfleet.wire.frame_placement, reads the
+    arrays at the plan's offsets instead).
+
+    Attributes:
+        frame: Its frame, the plan of its counts and its worker's views
+            (absent from a copy made by ``dataclasses.replace``, which is
+            given its batch).
+    """
+
+    frame: ViewedFrame
+
+    @functools.cached_property
+    def batch(self) -> EpisodeBatch:
+        """Its episodes: read-only views of the received bytes, made once."""
+        whole, plan, kept = self.frame
+        return _batch(kept, plan, whole)
+
+
+def _viewed(
+    kept: _Views, header: ResultHeader, payload: Payload
+) -> ViewedFrame | EpisodeBatch | None:
+    """A one-chunk result of the layout checked: its :data:`ViewedFrame` (uint8
+    step types, checked in C), or its batch of read-only views of ``payload``
+    (as :func:`~rlfleet.wire.batches.decode_batch` leaves them) where other
+    step types take ``check_step_types``; None for anything the general path
+    must read."""
     lengths = header.lengths
     episodes = len(lengths)
     if not episodes or min(lengths) < 1:
         return None
     steps = sum(lengths)
-    whole = memoryview(payload)
-    if whole.format != "B" or whole.ndim != 1:
-        whole = whole.cast("B")
+    # A frame's chunk is a read-only view of its bytes already (as the views
+    # leave it): a memoryview more costs about 1,200 instructions, its
+    # read-only copy 1,000.
+    if type(payload) is memoryview and payload.readonly and payload.c_contiguous:
+        whole = payload if payload.format == "B" and payload.ndim == 1 else payload.cast("B")
+    else:
+        whole = memoryview(payload)
+        if whole.format != "B" or whole.ndim != 1:
+            whole = whole.cast("B")
+        whole = whole.toreadonly()
     plan = kept.plans.get((episodes, steps))
     if plan is None:
         if steps > len(whole):  # every step takes a byte or more: no plan for forged counts
             return None
         plan = kept.plan(episodes, steps)
-    elif plan.record is None:
-        plan.make_record(kept.names)  # the counts came again: they may well keep coming
+    else:
+        plan.seen = True  # the counts came again: they may well keep coming
     if plan.size != len(whole):
         return None
     # The bytes between the arrays, the lengths, uint8 step types (never
@@ -310,18 +383,24 @@ def _viewed(kept: _Views, header: ResultHeader, payload: Payload) -> EpisodeBatc
         plan.limits,
     ):
         return None
-    record = plan.record
+    if kept.checked_types:
+        return whole, plan, kept
+    batch = _batch(kept, plan, whole)
+    try:
+        check_step_types("step_types", batch.step_types, steps, "steps")
+    except InvalidBatchError:
+        return None
+    return batch
+
+
+def _batch(kept: _Views, plan: _Plan, whole: memoryview) -> EpisodeBatch:
+    """The batch of a result that passed its plan's checks, as views of ``whole``."""
     views: Sequence[np.ndarray]
-    if record is None:
-        whole = whole.toreadonly()
+    if not plan.seen:
         views = [np.ndarray(shape, dtype, whole, offset) for shape, dtype, offset in plan.arrays]
     else:
-        views = kept.views(np.ndarray((), record, whole.toreadonly()))
-    if not kept.checked_types:
-        try:
-            check_step_types("step_types", views[kept.step_types], steps, "steps")
-        except InvalidBatchError:
-            return None
+        record = plan.record if plan.record is not None else plan.make_record(kept.names)
+        views = kept.views(np.ndarray((), record, whole))
     # An empty map is not written: its field is absent from the plan.
     fields: dict[str, Any] = {
         "env_spec": kept.layout.spec,
@@ -338,4 +417,4 @@ def _viewed(kept: _Views, header: ResultHeader, payload: Payload) -> EpisodeBatc
     return prebuilt_of(EpisodeBatch, fields)
 
 
-__all__ = ["ResultLayoutViews"]
+__all__ = ["ResultLayoutViews", "ViewedFrame", "ViewedResult"]

@@ -39,6 +39,7 @@ from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatErro
 from rlfleet.wire import Chunk, ChunkAssembler, decode_batch
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import Payload, Pieces
+from rlfleet.wire.frame_placement import placed_frame_episodes
 from rlfleet.wire.placement import Empty, placed_episodes, placed_fragments
 from rlfleet.wire.scattered import ScatteredBatch, decode_scattered
 
@@ -460,7 +461,9 @@ def assemble_episodes(
     """
     if not results:
         raise ResultError("the answer holds no results")
-    placed = placed_episodes([result.arrays for result in results], num_episodes, empty)
+    placed = placed_frame_episodes(results, num_episodes, empty)
+    if placed is None:
+        placed = placed_episodes([result.arrays for result in results], num_episodes, empty)
     return first_episodes(_concatenate(results), num_episodes) if placed is None else placed
 
 
