@@ -50,6 +50,7 @@ from rlfleet.wire import (
     encode_env_change,
     parse_with_chunk,
 )
+from rlfleet.wire.chunks import Chunk
 from rlfleet.wire.result_message import read_result_frame, read_result_frame_pieces
 from rlfleet.wire.results import ResultHeader
 
@@ -281,6 +282,19 @@ class ResultsEnd:
     results: int
 
 
+def read_coordinator_result(
+    data: bytes | bytearray | memoryview | FramePieces,
+) -> tuple[int, ResultHeader, Chunk] | None:
+    """A results-connection frame holding a result as the coordinator writes it,
+    read in one call: its call's number, header and chunk (a view of ``data``,
+    or of its data piece when the frame was handed over in memory by
+    ``Fleet.local``); None for anything else, left to :func:`parse_result_frame`.
+    """
+    if isinstance(data, FramePieces):
+        return read_result_frame_pieces(data.head, data.data, data.tail)
+    return read_result_frame(data)
+
+
 def parse_result_frame(
     data: bytes | bytearray | memoryview | FramePieces,
 ) -> tuple[int, ResultPart | ResultsEnd | EmptyResponse]:
@@ -290,15 +304,12 @@ def parse_result_frame(
     Raises:
         WireFormatError: If the bytes are malformed.
     """
-    if isinstance(data, FramePieces):  # handed over in memory (Fleet.local)
-        pieces = read_result_frame_pieces(data.head, data.data, data.tail)
-        if pieces is not None:
-            return pieces[0], prebuilt(ResultPart, header=pieces[1], chunk=pieces[2])
-        data = data.joined()  # read as a frame off a socket is, with the same errors
-    read = read_result_frame(data)  # a result as the coordinator writes it: no protobuf object
+    read = read_coordinator_result(data)  # as the coordinator writes it: no protobuf object
     if read is not None:  # its header and chunk checked already
         return read[0], prebuilt(ResultPart, header=read[1], chunk=read[2])
-    message, chunk = parse_with_chunk(learner_pb2.SampleResponse, data, _rpc.RESPONSE_CHUNK_PATH)
+    # Anything else is read as a frame off a socket is, with the same errors.
+    frame = data.joined() if isinstance(data, FramePieces) else data
+    message, chunk = parse_with_chunk(learner_pb2.SampleResponse, frame, _rpc.RESPONSE_CHUNK_PATH)
     body = message.WhichOneof("body")
     if body == "result":
         return message.result_call, ResultPart(ResultHeader.of(message.result), chunk)

@@ -32,7 +32,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from rlfleet.client._learner_messages import LearnerStubs, ResultsEnd, parse_result_frame
+from rlfleet.client._learner_messages import (
+    LearnerStubs,
+    ResultsEnd,
+    parse_result_frame,
+    read_coordinator_result,
+)
 from rlfleet.errors import (
     ConnectionClosedError,
     ProtocolError,
@@ -51,7 +56,6 @@ from rlfleet.transport.lease_channel import (
 )
 from rlfleet.wire.chunks import Chunk
 from rlfleet.wire.leases import data_hello
-from rlfleet.wire.result_message import read_result_frame
 from rlfleet.wire.results import ResultHeader
 
 logger = logging.getLogger("rlfleet.client")
@@ -252,7 +256,7 @@ class DataResults:
                     "obtain_* call gets the same seeds)"
                 )
             # A result as the coordinator writes it is read with no object per frame.
-            read: tuple[int, ResultHeader, Chunk | None] | None = read_result_frame(payload)
+            read: tuple[int, ResultHeader, Chunk | None] | None = read_coordinator_result(payload)
             if read is None:
                 call, part = parse_result_frame(payload)
                 if isinstance(part, ResultPart):
