@@ -1016,6 +1016,7 @@ def test_a_learners_views_of_new_counts_build_no_index_of_the_compared_bytes(
         return build(blocks, episodes, steps, *rest)
 
     monkeypatch.setattr(layout_frames_module, "_build_skeleton", counted)
+    monkeypatch.setattr(layout_frames_module, "_SKELETONS", {})  # none of earlier tests'
     views = ResultLayoutViews()
     views.decode(learner_result(batch_with_infos([3, 2])), SPEC)
     for lengths, first in (([4, 1, 5], 1), ([10], 5), ([2, 3], 0), ([1, 1, 1, 1, 1, 1], 0)):
@@ -1027,6 +1028,29 @@ def test_a_learners_views_of_new_counts_build_no_index_of_the_compared_bytes(
     for lengths, first in (([3, 2], 0), ([4, 1], 0), ([1, 2, 3], 2)):
         check.check(joined(batch_of(lengths, first)), SPEC, EXPECT)
     assert check.learned and built == [(2, 5), (3, 6)]
+
+
+def test_the_skeletons_of_a_layout_are_built_once_for_every_worker_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The result lanes of a fleet's workers check results of one layout: a
+    # pair of counts one session's check met is not worked out again for another.
+    built: list[tuple[int, int]] = []
+    build = layout_frames_module._build_skeleton
+
+    def counted(blocks: Any, episodes: int, steps: int, *rest: Any) -> Any:
+        built.append((episodes, steps))
+        return build(blocks, episodes, steps, *rest)
+
+    monkeypatch.setattr(layout_frames_module, "_build_skeleton", counted)
+    monkeypatch.setattr(layout_frames_module, "_SKELETONS", {})
+    results = [joined(batch_of(lengths, 0)) for lengths in ([3, 2], [4, 1], [1, 2, 3], [2, 2])]
+    for session in range(2):
+        check = ResultLayoutCheck()
+        for result in results:
+            check.check(result, SPEC, EXPECT)
+        assert check.learned, session
+    assert built == [(2, 5), (3, 6), (2, 4)]
 
 
 def test_a_results_frame_is_built_once_in_the_learners_process(
