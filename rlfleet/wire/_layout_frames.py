@@ -22,7 +22,6 @@ import itertools
 import math
 import struct
 from collections.abc import Callable, Mapping
-from typing import TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -125,8 +124,6 @@ class _Skeleton(_Frame):
     between: bytes
     places: bytes
 
-
-_F = TypeVar("_F", bound=_Frame)
 
 #: The frames of the process's layouts, by (layout number, episodes, steps):
 #: a frame depends on the layout alone, and a per-env worker's results hardly
@@ -341,7 +338,11 @@ class _Layout:
     def fitting(self, episodes: int, steps: int, size: int) -> _Skeleton | None:
         """The layout's skeleton for ``episodes`` and ``steps`` if a result of
         ``size`` bytes can have it, else None."""
-        return _fitting(self.skeleton, episodes, steps, size)
+        if steps > size:  # every step takes a byte or more: no skeleton for forged counts
+            return None
+        # The kept skeleton looked up here: a result of counts met before makes no call more.
+        found = _SKELETONS.get((self._shape, episodes, steps)) or self.skeleton(episodes, steps)
+        return found if found.size == size else None
 
     def skeleton(self, episodes: int, steps: int) -> _Skeleton:
         """The layout's bytes for ``episodes`` and ``steps``, worked out once per
@@ -378,13 +379,6 @@ class _Layout:
             number, item = self.blocks[block]
             found = self._block_parts[key] = _block_parts(number, item, episodes, steps)
         return found
-
-
-def _fitting(of: Callable[[int, int], _F], episodes: int, steps: int, size: int) -> _F | None:
-    if steps > size:  # every step takes a byte or more: no skeleton for forged counts
-        return None
-    found = of(episodes, steps)
-    return found if found.size == size else None
 
 
 def _rows_key(item: _Tensor | _Tree) -> Callable[[int, int], tuple[int, ...]]:
