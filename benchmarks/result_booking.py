@@ -30,11 +30,10 @@ from collections.abc import Callable
 
 from rlfleet.coordinator.calls import CallOutbox
 from rlfleet.coordinator.config import CoordinatorConfig
-from rlfleet.coordinator.leases.result_lane import _check_size
+from rlfleet.coordinator.leases.result_lane import join_frame
 from rlfleet.coordinator.registry import TaskDispatch, WorkerHandle
 from rlfleet.coordinator.state import FleetState, OpenCall
 from rlfleet.coordinator.worker_events import CAPABILITIES, WorkerEvents
-from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
 from rlfleet.envs import EnvConfig
 from rlfleet.protocol.join import EnvBuilt, WorkerHello
 from rlfleet.protocol.modes import Mode
@@ -161,7 +160,7 @@ def event_frames(episodes: int, results: int) -> list[bytes]:
 
 def lane_round(frames: list[bytes], episodes: int, batch: int, *, book: bool = True) -> int:
     """Nanoseconds of this thread's CPU to parse, bound, join and book ``frames``
-    as a result lane does (``ResultLane._book``, without its thread)."""
+    as a result lane does (``join_frame`` and ``on_results``, without its thread)."""
     fleet = EventsFleet(episodes * len(frames) + 1)
     handle, events = fleet.handle, fleet.events
     budget = handle.inflight.carrier()
@@ -170,14 +169,9 @@ def lane_round(frames: list[bytes], episodes: int, batch: int, *, book: bool = T
         begin = time.thread_time_ns()
         results = []
         for frame in frames[start : start + batch]:
-            piece = parse_worker_message(frame)
-            assert isinstance(piece, ResultPiece)  # the benchmark's own frames
-            _check_size(handle.name, len(frame), piece)
-            joined = events.join_chunk(
-                handle, handle.data_assembler, budget, piece.header, piece.chunk
-            )
-            if joined is not None:
-                results.append(joined)
+            joined = join_frame(events, handle, budget, frame)
+            assert isinstance(joined, JoinedResult)  # the benchmark's own frames, one chunk each
+            results.append(joined)
         fleet.events.on_results(handle, results, send_here=True)
         spent += time.thread_time_ns() - begin
         fleet.drain()

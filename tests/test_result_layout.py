@@ -1002,12 +1002,8 @@ def test_a_learners_later_results_of_a_workers_layout_are_viewed_as_decoded(
     assert (views.decoded, views.viewed) == (1, 3)
 
 
-def test_a_learners_views_of_new_counts_build_no_index_of_the_compared_bytes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # The byte index of a skeleton is the coordinator's one pass's alone: a
-    # learner's results of episode and step counts it has not seen build
-    # only the offsets they are viewed at.
+def skeletons_built(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The counts of each skeleton built from now on, none kept by earlier tests."""
     built: list[tuple[int, int]] = []
     build = layout_frames_module._build_skeleton
 
@@ -1016,6 +1012,17 @@ def test_a_learners_views_of_new_counts_build_no_index_of_the_compared_bytes(
         return build(blocks, episodes, steps, *rest)
 
     monkeypatch.setattr(layout_frames_module, "_build_skeleton", counted)
+    monkeypatch.setattr(layout_frames_module, "_SKELETONS", {})
+    return built
+
+
+def test_a_learners_views_of_new_counts_build_no_index_of_the_compared_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The byte index of a skeleton is the coordinator's one pass's alone: a
+    # learner's results of episode and step counts it has not seen build
+    # only the offsets they are viewed at.
+    built = skeletons_built(monkeypatch)
     views = ResultLayoutViews()
     views.decode(learner_result(batch_with_infos([3, 2])), SPEC)
     for lengths, first in (([4, 1, 5], 1), ([10], 5), ([2, 3], 0), ([1, 1, 1, 1, 1, 1], 0)):
@@ -1027,6 +1034,21 @@ def test_a_learners_views_of_new_counts_build_no_index_of_the_compared_bytes(
     for lengths, first in (([3, 2], 0), ([4, 1], 0), ([1, 2, 3], 2)):
         check.check(joined(batch_of(lengths, first)), SPEC, EXPECT)
     assert check.learned and built == [(2, 5), (3, 6)]
+
+
+def test_the_skeletons_of_a_layout_are_built_once_for_every_worker_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The result lanes of a fleet's workers check results of one layout: a
+    # pair of counts one session's check met is not worked out again for another.
+    built = skeletons_built(monkeypatch)
+    results = [joined(batch_of(lengths, 0)) for lengths in ([3, 2], [4, 1], [1, 2, 3], [2, 2])]
+    for session in range(2):
+        check = ResultLayoutCheck()
+        for result in results:
+            check.check(result, SPEC, EXPECT)
+        assert check.learned, session
+    assert built == [(2, 5), (3, 6), (2, 4)]
 
 
 def test_a_results_frame_is_built_once_in_the_learners_process(

@@ -86,10 +86,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import cast
 
 import numpy as np
 
+from rlfleet._util.prebuilt import prebuilt
 from rlfleet.errors import InternalError, InvalidValueError
 from rlfleet.protocol.modes import Footer, Mode
 from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns
@@ -436,9 +436,7 @@ class Scheduler:
                 and task.units.all_outstanding([results[m][1] for m in members])
             ):
                 request = self._books.requests[task.request_id]
-                ruling = ResultRuling(
-                    Verdict.ACCEPT, request.request_id, subscription=request.subscription
-                )
+                ruling = _accepted(request.request_id, request.subscription, False)
                 for m in members:
                     rulings[m] = ruling
                 continue
@@ -515,17 +513,11 @@ class Scheduler:
                     request.workers_used.add(worker_id)
                     worker = self._books.workers[worker_id]
                     # take_back took them: tuples or lists of ints.
-                    held, steps = cast(Sequence[int], indices), cast(Sequence[int], lengths)
+                    held: Sequence[int] = indices  # type: ignore[assignment]
+                    steps: Sequence[int] = lengths  # type: ignore[assignment]
                     self._units.booked(worker, task, request, held, steps)
                     done = request.done
-                    rulings.append(
-                        ResultRuling(
-                            Verdict.ACCEPT,
-                            request_id=request.request_id,
-                            done=done,
-                            subscription=request.subscription,
-                        )
-                    )
+                    rulings.append(_accepted(request.request_id, request.subscription, done))
                     if done:
                         return rulings
                     continue
@@ -572,6 +564,20 @@ class Scheduler:
             done=request.done,
             subscription=request.subscription,
         )
+
+
+def _accepted(request_id: int, subscription: bool, done: bool) -> ResultRuling:
+    """An ACCEPT ruling, made without the frozen ``__init__`` (its fields are the
+    scheduler's own): booking a result makes one or two."""
+    return prebuilt(
+        ResultRuling,
+        verdict=Verdict.ACCEPT,
+        request_id=request_id,
+        reason="",
+        done=done,
+        subscription=subscription,
+        requeued=0,
+    )
 
 
 def _int64(values: Iterable[int]) -> np.ndarray:

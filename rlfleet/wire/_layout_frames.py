@@ -9,19 +9,19 @@ lengths, dtypes, shapes) and where each array's data lies: a
 coordinator's one-pass check (:mod:`rlfleet.wire.result_layout`) and a
 learner's views (:mod:`rlfleet.wire.result_views`) alike, and a
 :class:`_Skeleton`, the frame with the bytes the one pass compares in one
-compiled call, kept per layout. Nothing here reads a result: it works out what a
-result of the layout must hold.
+compiled call, kept once in the process too (:data:`_SKELETONS`). Nothing
+here reads a result: it works out what a result of the layout must hold.
 """
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import functools
 import itertools
 import math
 import struct
 from collections.abc import Callable, Mapping
-from typing import TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -33,8 +33,8 @@ from rlfleet.wire._protowire import len_prefix
 from rlfleet.wire._tensor_header import dtype_code, encode_key_field, rows_header
 from rlfleet.wire.results import EPISODE_INFO_KEYS, FRAGMENT_INFO_KEYS
 
-#: Skeletons kept per layout (one per pair of episode and step counts).
-_MAX_SKELETONS = 256
+#: Skeletons kept in the process, of every layout (see :data:`_SKELETONS`).
+_MAX_SKELETONS = 1024
 #: Frames kept in the process, of every layout (see :data:`_FRAMES`).
 _MAX_FRAMES = 1024
 #: Distinct layouts numbered for the frames' keys before the numbering starts afresh.
@@ -125,14 +125,16 @@ class _Skeleton(_Frame):
     places: bytes
 
 
-_F = TypeVar("_F", bound=_Frame)
-
 #: The frames of the process's layouts, by (layout number, episodes, steps):
 #: a frame depends on the layout alone, and a per-env worker's results hardly
 #: repeat their counts, so a learner's views take the frame its embedded
 #: coordinator's check built for the same result (``Fleet.local``)
 #: (``tests/test_result_layout.py::test_a_results_frame_is_built_once_in_the_learners_process``).
 _FRAMES: dict[tuple[int, int, int], _Frame] = {}
+#: The skeletons of the process's layouts, by the same keys: a skeleton
+#: depends on its frame alone, so the result lanes of a fleet's workers,
+#: whose results share a layout, build each pair of counts once between them.
+_SKELETONS: dict[tuple[int, int, int], _Skeleton] = {}
 _SHAPES: dict[tuple[tuple[int, _Tensor | _Tree], ...], int] = {}  # each layout's number
 _shape_numbers = itertools.count()
 
@@ -295,7 +297,6 @@ class _Layout:
         self.keys = keys  # each TensorMap key, by its encoded key field
         self.tensors = {t.name: t for t in _walk(blocks)}
         self.bools = tuple(t.name for t in self.tensors.values() if t.dtype == _BOOL)
-        self._skeletons: dict[tuple[int, int], _Skeleton] = {}
         self._shape = _shape_number(blocks)
         self._block_parts: dict[tuple[int, ...], tuple[_BlockParts, int]] = {}
         # The numbers of rows each block's bytes depend on.
@@ -337,18 +338,21 @@ class _Layout:
     def fitting(self, episodes: int, steps: int, size: int) -> _Skeleton | None:
         """The layout's skeleton for ``episodes`` and ``steps`` if a result of
         ``size`` bytes can have it, else None."""
-        return _fitting(self.skeleton, episodes, steps, size)
+        if steps > size:  # every step takes a byte or more: no skeleton for forged counts
+            return None
+        # The kept skeleton looked up here: a result of counts met before makes no call more.
+        found = _SKELETONS.get((self._shape, episodes, steps)) or self.skeleton(episodes, steps)
+        return found if found.size == size else None
 
     def skeleton(self, episodes: int, steps: int) -> _Skeleton:
-        """The layout's bytes for ``episodes`` and ``steps``, worked out once per pair."""
-        kept = self._skeletons
-        found = kept.get((episodes, steps))
+        """The layout's bytes for ``episodes`` and ``steps``, worked out once per
+        pair in the process (:data:`_SKELETONS`)."""
+        key = (self._shape, episodes, steps)
+        found = _SKELETONS.get(key)
         if found is None:
-            if len(kept) >= _MAX_SKELETONS:
-                kept.clear()  # a worker's step counts wander: keep the cache small
-            found = kept[(episodes, steps)] = _build_skeleton(
-                self.blocks, episodes, steps, self.frame
-            )
+            if len(_SKELETONS) >= _MAX_SKELETONS:
+                _SKELETONS.clear()  # a worker's step counts wander: keep the cache small
+            found = _SKELETONS[key] = _build_skeleton(self.blocks, episodes, steps, self.frame)
         return found
 
     def frame(self, episodes: int, steps: int) -> _Frame:
@@ -370,18 +374,11 @@ class _Layout:
         key = (block, *self._rows[block](episodes, steps))
         found = self._block_parts.get(key)
         if found is None:
-            if len(self._block_parts) >= 4 * _MAX_SKELETONS:
+            if len(self._block_parts) >= _MAX_FRAMES:
                 self._block_parts.clear()
             number, item = self.blocks[block]
             found = self._block_parts[key] = _block_parts(number, item, episodes, steps)
         return found
-
-
-def _fitting(of: Callable[[int, int], _F], episodes: int, steps: int, size: int) -> _F | None:
-    if steps > size:  # every step takes a byte or more: no skeleton for forged counts
-        return None
-    found = of(episodes, steps)
-    return found if found.size == size else None
 
 
 def _rows_key(item: _Tensor | _Tree) -> Callable[[int, int], tuple[int, ...]]:
@@ -544,6 +541,5 @@ def _build_skeleton(
     places = [number for offset, run in headers for number in (offset, len(run))]
     places += [offsets[name] for name in (*_KNOWN, "step_types")]
     between = b"".join(run for _, run in headers)
-    return _Skeleton(
-        frame.size, headers, offsets, between, np.array(places, dtype=np.int64).tobytes()
-    )
+    # Native int64s, as the compiled check reads them (array's 'q': no numpy call).
+    return _Skeleton(frame.size, headers, offsets, between, array.array("q", places).tobytes())

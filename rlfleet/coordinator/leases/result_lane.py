@@ -35,10 +35,17 @@ import grpc
 
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.worker_events import WorkerEvents
-from rlfleet.coordinator.worker_messages import ResultPiece, parse_worker_message
+from rlfleet.coordinator.worker_messages import (
+    ResultPiece,
+    WorkerEvent,
+    parse_worker_message_by_protobuf,
+)
 from rlfleet.errors import ProtocolError, ResourceExhaustedError, WireFormatError
 from rlfleet.protocol.join import WorkerLeaving
+from rlfleet.security import InflightBudget
+from rlfleet.wire import Chunk
 from rlfleet.wire.chunks import DATA_CHANNEL_CHUNK_BYTES, DATA_CHANNEL_METADATA_BYTES
+from rlfleet.wire.result_message import read_result_message
 from rlfleet.wire.results import JoinedResult
 
 logger = logging.getLogger("rlfleet.coordinator")
@@ -188,15 +195,11 @@ class ResultLane:
         try:
             try:
                 for payload in frames:
-                    item = parse_worker_message(payload)
-                    if isinstance(item, ResultPiece):
-                        _check_size(handle.name, len(payload), item)
-                        assembler, budget = handle.data_assembler, self._budget
-                        joined = events.join_chunk(
-                            handle, assembler, budget, item.header, item.chunk
-                        )
-                        if joined is not None:
-                            results.append(joined)
+                    item = join_frame(events, handle, self._budget, payload)
+                    if item is None:
+                        continue  # a result's chunk, not its last
+                    if isinstance(item, JoinedResult):
+                        results.append(item)
                     elif isinstance(item, WorkerLeaving):
                         # The end-of-results marker: every result before it is booked first.
                         booked, results = results, []
@@ -226,7 +229,39 @@ class ResultLane:
         self._close(message)
 
 
-def _check_size(worker: str, frame_bytes: int, piece: ResultPiece) -> None:
+def join_frame(
+    events: WorkerEvents, handle: WorkerHandle, budget: InflightBudget, payload: bytes | memoryview
+) -> JoinedResult | WorkerEvent | None:
+    """One frame of a lane: a result's message bounded and joined
+    (``WorkerEvents.join_chunk``), or what else the frame holds.
+
+    A result message as protobuf writes it (every frame of rlfleet's workers)
+    is read in one call into its header and chunk, with no ``ResultPiece``
+    made for it; any other frame is read as ``parse_worker_message`` reads it.
+
+    Returns:
+        The result once its last chunk is in; None after a chunk that is not
+        its result's last; the event, for a frame that holds no result.
+
+    Raises:
+        ProtocolError: For a message past the data channel's bounds, without
+            its chunk, or with chunks out of order.
+        WireFormatError: If the frame is malformed.
+        ResourceExhaustedError: Past the in-flight limit.
+    """
+    read = read_result_message(payload)
+    if read is None:
+        item = parse_worker_message_by_protobuf(payload)
+        if not isinstance(item, ResultPiece):
+            return item
+        header, chunk = item.header, item.chunk
+    else:
+        header, chunk = read
+    _check_size(handle.name, len(payload), chunk)
+    return events.join_chunk(handle, handle.data_assembler, budget, header, chunk)
+
+
+def _check_size(worker: str, frame_bytes: int, chunk: Chunk | None) -> None:
     """Refuses a result message past the data channel's bounds: what a coordinator
     forwards must stay within what every learner accepts
     (``rlfleet.wire.chunks.FORWARDED_RESULT_BYTES``).
@@ -235,7 +270,7 @@ def _check_size(worker: str, frame_bytes: int, piece: ResultPiece) -> None:
         ProtocolError: For a chunk's data above ``DATA_CHANNEL_CHUNK_BYTES``, or
             the rest of the message above ``DATA_CHANNEL_METADATA_BYTES``.
     """
-    data = len(piece.chunk.data) if piece.chunk is not None else 0
+    data = len(chunk.data) if chunk is not None else 0
     if data > DATA_CHANNEL_CHUNK_BYTES:
         raise ProtocolError(
             f"worker {worker!r} sent a result chunk of {data} bytes on its lease data "
