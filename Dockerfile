@@ -21,7 +21,7 @@ FROM ${BASE_IMAGE} AS builder
 # Folder of the build context holding wheels for an offline build; when it
 # holds no wheel, pip builds rlfleet from source and fetches from the index.
 # From source, rlfleet compiles its C modules (the MLP kernel, the result
-# reader, the result check, the answer gather, the view check, the unit booking): the builder then installs a C compiler and Python's headers with
+# reader, the result check, the answer gather, the view check, the unit booking, the seed hash): the builder then installs a C compiler and Python's headers with
 # apt-get where they are missing. The final stage never has a compiler.
 ARG WHEELHOUSE=wheels
 # .dockerignore lets only the package, its metadata and the wheelhouse in.
