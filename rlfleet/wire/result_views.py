@@ -35,7 +35,7 @@ from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import InvalidBatchError
 from rlfleet.wire._layout_frames import _FIELD_NAMES, _Layout, _learn, _Tensor, _Tree
-from rlfleet.wire.chunks import Payload
+from rlfleet.wire.chunks import Chunk, Payload
 from rlfleet.wire.results import DecodedResult, JoinedResult, Result, ResultHeader, decode_kept
 
 with compiled("view check", "rlfleet/wire/_view_check.c"):
@@ -65,37 +65,66 @@ class ResultLayoutViews:
         Raises:
             ResultError: As :func:`~rlfleet.wire.results.decode_kept`, with its text.
         """
-        header = joined.header
-        kept = self._layouts.get(header.worker_id)
         payload = joined.payload
-        if kept is not None and kept.layout.spec is env_spec and not isinstance(payload, tuple):
-            viewed = _viewed(kept, header, payload)
+        if not isinstance(payload, tuple):
+            viewed = self.view(
+                joined.header, joined.chunks, payload, joined.message_sizes, env_spec
+            )
             if viewed is not None:
-                self.viewed += 1
-                fields = {
-                    "header": header,
-                    "chunks": joined.chunks,
-                    "message_sizes": joined.message_sizes,
-                    "seq": 0,
-                    "at": 0.0,
-                }
-                if isinstance(viewed, tuple):
-                    # Its batch's views are made if asked for: an answer placed
-                    # from the frames (rlfleet.wire.frame_placement) never does.
-                    fields["frame"] = viewed
-                    return prebuilt_of(ViewedResult, fields)
-                fields["batch"] = viewed
-                return prebuilt_of(DecodedResult, fields)
+                return viewed
+        return self.decode_other(joined, env_spec)
+
+    def view(
+        self,
+        header: ResultHeader,
+        chunks: tuple[Chunk, ...],
+        payload: Payload,
+        message_sizes: tuple[int, ...],
+        env_spec: EnvSpec,
+    ) -> Result | None:
+        """:meth:`decode` of the one-payload result of these fields where its worker's
+        layout views it (made without its :class:`~rlfleet.wire.results.JoinedResult`);
+        None where :meth:`decode_other` must read it."""
+        kept = self._layouts.get(header.worker_id)
+        if kept is None or kept.layout.spec is not env_spec:
+            return None
+        viewed = _viewed(kept, header, payload)
+        if viewed is None:
+            return None
+        self.viewed += 1
+        fields = {
+            "header": header,
+            "chunks": chunks,
+            "message_sizes": message_sizes,
+            "seq": 0,
+            "at": 0.0,
+        }
+        if isinstance(viewed, tuple):
+            # Its batch's views are made if asked for: an answer placed
+            # from the frames (rlfleet.wire.frame_placement) never does.
+            fields["frame"] = viewed
+            return prebuilt_of(ViewedResult, fields)
+        fields["batch"] = viewed
+        return prebuilt_of(DecodedResult, fields)
+
+    def decode_other(self, joined: JoinedResult, env_spec: EnvSpec) -> Result:
+        """:meth:`decode` of a result :meth:`view` leaves: the general path, which
+        learns (or forgets) its worker's layout.
+
+        Raises:
+            ResultError: As :func:`~rlfleet.wire.results.decode_kept`, with its text.
+        """
         result = decode_kept(joined, env_spec)
         self.decoded += 1
         if isinstance(result, DecodedResult):
             learned = _learn(result.batch, False)
+            worker = joined.header.worker_id
             if learned is not None and _viewable(learned):
                 if len(self._layouts) >= self.MAX_WORKERS:
                     self._layouts.clear()
-                self._layouts[header.worker_id] = _Views(learned)
+                self._layouts[worker] = _Views(learned)
             else:
-                self._layouts.pop(header.worker_id, None)
+                self._layouts.pop(worker, None)
         return result
 
 
