@@ -140,10 +140,16 @@ class ResponseReader:
                 viewed = layouts.view(header, chunks, data, sizes, spec)
                 if viewed is not None:
                     return viewed
-                joined = prebuilt(
-                    JoinedResult, header=header, chunks=chunks, payload=data, message_sizes=sizes
+                return layouts.decode_other(
+                    prebuilt(
+                        JoinedResult,
+                        header=header,
+                        chunks=chunks,
+                        payload=data,
+                        message_sizes=sizes,
+                    ),
+                    spec,
                 )
-                return layouts.decode_other(joined, spec)
             joined = assembler.join(header, chunk, keep_pieces=True)
             if joined is None:
                 return None
