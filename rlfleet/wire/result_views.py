@@ -84,14 +84,55 @@ class ResultLayoutViews:
     ) -> Result | None:
         """:meth:`decode` of the one-payload result of these fields where its worker's
         layout views it (made without its :class:`~rlfleet.wire.results.JoinedResult`);
-        None where :meth:`decode_other` must read it."""
+        None where :meth:`decode_other` must read it.
+
+        A one-chunk result of the layout is checked: its frame and plan are kept
+        (:class:`ViewedResult`: uint8 step types, checked in C), or its batch is
+        read-only views of ``payload`` (as :func:`~rlfleet.wire.batches.decode_batch`
+        leaves them) where other step types take ``check_step_types``.
+        """
         kept = self._layouts.get(header.worker_id)
         if kept is None or kept.layout.spec is not env_spec:
             return None
-        viewed = _viewed(kept, header, payload)
-        if viewed is None:
+        # One call from the reader to the result (a call more costs a few
+        # hundred instructions a result): the checks, then the result.
+        lengths = header.lengths
+        episodes = len(lengths)
+        if not episodes or min(lengths) < 1:
             return None
-        self.viewed += 1
+        steps = sum(lengths)
+        # A frame's chunk is a read-only view of its bytes already (as the views
+        # leave it): a memoryview more costs about 1,200 instructions, its
+        # read-only copy 1,000.
+        if type(payload) is memoryview and payload.readonly and payload.c_contiguous:
+            whole = payload if payload.format == "B" and payload.ndim == 1 else payload.cast("B")
+        else:
+            whole = memoryview(payload)
+            if whole.format != "B" or whole.ndim != 1:
+                whole = whole.cast("B")
+            whole = whole.toreadonly()
+        plan = kept.plans.get((episodes, steps))
+        if plan is None:
+            if steps > len(whole):  # every step takes a byte or more: no plan for forged counts
+                return None
+            plan = kept.plan(episodes, steps)
+        else:
+            plan.seen = True  # the counts came again: they may well keep coming
+        if plan.size != len(whole):
+            return None
+        # The bytes between the arrays, the lengths, uint8 step types (never
+        # below the lowest, 0) and bools, in one pass over the bytes concerned.
+        if not view_check(
+            whole,
+            plan.runs,
+            plan.joined,
+            plan.lengths_at,
+            kept.lengths_size,
+            kept.lengths_signed,
+            lengths,
+            plan.limits,
+        ):
+            return None
         fields = {
             "header": header,
             "chunks": chunks,
@@ -99,12 +140,20 @@ class ResultLayoutViews:
             "seq": 0,
             "at": 0.0,
         }
-        if isinstance(viewed, tuple):
+        if kept.checked_types:
             # Its batch's views are made if asked for: an answer placed
             # from the frames (rlfleet.wire.frame_placement) never does.
-            fields["frame"] = viewed
+            fields["frame"] = (whole, plan, kept)
+            self.viewed += 1
             return prebuilt_of(ViewedResult, fields)
-        fields["batch"] = viewed
+        # Other step types' dtypes take check_step_types, on the batch's views.
+        batch = _batch(kept, plan, whole)
+        try:
+            check_step_types("step_types", batch.step_types, steps, "steps")
+        except InvalidBatchError:
+            return None
+        fields["batch"] = batch
+        self.viewed += 1
         return prebuilt_of(DecodedResult, fields)
 
     def decode_other(self, joined: JoinedResult, env_spec: EnvSpec) -> Result:
@@ -365,61 +414,6 @@ class ViewedResult(DecodedResult):
         """Its episodes: read-only views of the received bytes, made once."""
         whole, plan, kept = self.frame
         return _batch(kept, plan, whole)
-
-
-def _viewed(
-    kept: _Views, header: ResultHeader, payload: Payload
-) -> ViewedFrame | EpisodeBatch | None:
-    """A one-chunk result of the layout checked: its :data:`ViewedFrame` (uint8
-    step types, checked in C), or its batch of read-only views of ``payload``
-    (as :func:`~rlfleet.wire.batches.decode_batch` leaves them) where other
-    step types take ``check_step_types``; None for anything the general path
-    must read."""
-    lengths = header.lengths
-    episodes = len(lengths)
-    if not episodes or min(lengths) < 1:
-        return None
-    steps = sum(lengths)
-    # A frame's chunk is a read-only view of its bytes already (as the views
-    # leave it): a memoryview more costs about 1,200 instructions, its
-    # read-only copy 1,000.
-    if type(payload) is memoryview and payload.readonly and payload.c_contiguous:
-        whole = payload if payload.format == "B" and payload.ndim == 1 else payload.cast("B")
-    else:
-        whole = memoryview(payload)
-        if whole.format != "B" or whole.ndim != 1:
-            whole = whole.cast("B")
-        whole = whole.toreadonly()
-    plan = kept.plans.get((episodes, steps))
-    if plan is None:
-        if steps > len(whole):  # every step takes a byte or more: no plan for forged counts
-            return None
-        plan = kept.plan(episodes, steps)
-    else:
-        plan.seen = True  # the counts came again: they may well keep coming
-    if plan.size != len(whole):
-        return None
-    # The bytes between the arrays, the lengths, uint8 step types (never
-    # below the lowest, 0) and bools, in one pass over the bytes concerned.
-    if not view_check(
-        whole,
-        plan.runs,
-        plan.joined,
-        plan.lengths_at,
-        kept.lengths_size,
-        kept.lengths_signed,
-        lengths,
-        plan.limits,
-    ):
-        return None
-    if kept.checked_types:
-        return whole, plan, kept
-    batch = _batch(kept, plan, whole)
-    try:
-        check_step_types("step_types", batch.step_types, steps, "steps")
-    except InvalidBatchError:
-        return None
-    return batch
 
 
 def _batch(kept: _Views, plan: _Plan, whole: memoryview) -> EpisodeBatch:
