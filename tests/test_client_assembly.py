@@ -29,6 +29,8 @@ from rlfleet.wire.results import (
     assemble_episodes,
     assemble_fragments,
 )
+from tests.test_result_layout import SPEC as VIEWED
+from tests.test_result_layout import batch_with_infos
 
 SPEC: EnvSpec = EnvConfig("rlfleet/Counter-v0", imports=("rlfleet.envs.testing",)).env_spec()
 
@@ -388,3 +390,51 @@ def test_responses_are_read_into_rlfleet_types_and_an_empty_one_is_named() -> No
     assert isinstance(empty, EmptyResponse)
     with pytest.raises(ProtocolError, match="Sample on coordinator x: an empty SampleResponse"):
         reader.read(empty)
+
+
+def test_a_samplers_one_chunk_result_goes_to_the_views_with_no_join_or_is_refused_as_joined(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sampler's reader gives a one-chunk result to its worker's views as its
+    fields (no join, no JoinedResult), the same result the join and decode
+    give; one the views leave takes the general path, with its text, and one
+    that cuts its worker's result of several chunks short is refused as the
+    join refuses it."""
+    (first,) = encode_batch_chunks(batch_with_infos([3, 2]), batch_id=1, include_env_spec=False)
+    (second,) = encode_batch_chunks(batch_with_infos([4, 1], 2), batch_id=2, include_env_spec=False)
+    header = ResultHeader(2, 7, (2, 3), (4, 1), 0, 0)
+    expected = ResultAssembler(VIEWED).add(header, second)
+    # Lengths the bytes do not hold: the views leave it, the general path refuses it.
+    wrong = ResultHeader(3, 7, (2, 3), (3, 2), 0, 0)
+    with pytest.raises(ProtocolError) as general:
+        ResultAssembler(VIEWED).add(wrong, second)
+    joins: list[ResultHeader] = []
+    join = ResultAssembler.join
+
+    def counting(self: ResultAssembler, meta: ResultHeader, *args: object, **kw: object) -> object:
+        joins.append(meta)
+        return join(self, meta, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ResultAssembler, "join", counting)
+    reader = ResponseReader("Sample", lambda data: VIEWED, keep_pieces=True)
+    reader.read(CallHeader(3, 2, 0, "c", b"spec"))
+    learned = reader.read_result(ResultHeader(1, 7, (0, 1), (3, 2), 0, 0), first)
+    viewed = reader.read_result(header, second)
+    assert not joins and (reader.layouts.decoded, reader.layouts.viewed) == (1, 1)
+    assert isinstance(learned, DecodedResult) and isinstance(viewed, DecodedResult)
+    assert viewed.chunks == (second,) and viewed.message_sizes == (len(second.data),)
+    assert expected is not None and viewed.header == expected.header
+    for name in ("observations", "actions", "rewards", "step_types", "lengths"):
+        mine, theirs = getattr(viewed.batch, name), getattr(expected.batch, name)
+        assert mine.dtype == theirs.dtype and mine.tobytes() == theirs.tobytes(), name
+    with pytest.raises(ProtocolError) as refused:
+        reader.read_result(wrong, second)
+    assert str(refused.value) == str(general.value) and not joins
+    # Mid-result of several chunks, a one-chunk result of the worker takes the join.
+    chunks = encode_batch_chunks(
+        batch_with_infos([30, 40], 4), 400, batch_id=3, include_env_spec=False
+    )
+    assert reader.read_result(ResultHeader(4, 7, (4, 5), (30, 40), 0, 0), chunks[0]) is None
+    with pytest.raises(WireFormatError, match="batch 3 is incomplete"):
+        reader.read_result(header, second)
+    assert len(joins) == 2

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from rlfleet._util.prebuilt import prebuilt
 from rlfleet.client._learner_messages import ResponsePart
 from rlfleet.client._result_route import DataResults
 from rlfleet.core import EnvSpec, EpisodeBatch
@@ -27,6 +28,7 @@ from rlfleet.wire.chunks import Chunk
 from rlfleet.wire.result_views import ResultLayoutViews
 from rlfleet.wire.results import (
     DecodedResult,
+    JoinedResult,
     Result,
     ResultAssembler,
     ResultHeader,
@@ -127,6 +129,27 @@ class ResponseReader:
         """
         if self._keep_pieces:
             assembler = self._assembler
+            spec = assembler.env_spec
+            if chunk is not None and spec is not None and assembler.whole(header, chunk):
+                # A result of one chunk (most of them) goes to the views as its
+                # fields: no JoinedResult unless the general path reads it.
+                data = chunk.data
+                chunks = (chunk,)
+                sizes = (len(data),)  # join's message_sizes without a size given
+                layouts = self.layouts
+                viewed = layouts.view(header, chunks, data, sizes, spec)
+                if viewed is not None:
+                    return viewed
+                return layouts.decode_other(
+                    prebuilt(
+                        JoinedResult,
+                        header=header,
+                        chunks=chunks,
+                        payload=data,
+                        message_sizes=sizes,
+                    ),
+                    spec,
+                )
             joined = assembler.join(header, chunk, keep_pieces=True)
             if joined is None:
                 return None

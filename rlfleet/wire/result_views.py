@@ -35,7 +35,7 @@ from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
 from rlfleet.errors import InvalidBatchError
 from rlfleet.wire._layout_frames import _FIELD_NAMES, _Layout, _learn, _Tensor, _Tree
-from rlfleet.wire.chunks import Payload
+from rlfleet.wire.chunks import Chunk, Payload
 from rlfleet.wire.results import DecodedResult, JoinedResult, Result, ResultHeader, decode_kept
 
 with compiled("view check", "rlfleet/wire/_view_check.c"):
@@ -65,37 +65,115 @@ class ResultLayoutViews:
         Raises:
             ResultError: As :func:`~rlfleet.wire.results.decode_kept`, with its text.
         """
-        header = joined.header
-        kept = self._layouts.get(header.worker_id)
         payload = joined.payload
-        if kept is not None and kept.layout.spec is env_spec and not isinstance(payload, tuple):
-            viewed = _viewed(kept, header, payload)
+        if not isinstance(payload, tuple):
+            viewed = self.view(
+                joined.header, joined.chunks, payload, joined.message_sizes, env_spec
+            )
             if viewed is not None:
-                self.viewed += 1
-                fields = {
-                    "header": header,
-                    "chunks": joined.chunks,
-                    "message_sizes": joined.message_sizes,
-                    "seq": 0,
-                    "at": 0.0,
-                }
-                if isinstance(viewed, tuple):
-                    # Its batch's views are made if asked for: an answer placed
-                    # from the frames (rlfleet.wire.frame_placement) never does.
-                    fields["frame"] = viewed
-                    return prebuilt_of(ViewedResult, fields)
-                fields["batch"] = viewed
-                return prebuilt_of(DecodedResult, fields)
+                return viewed
+        return self.decode_other(joined, env_spec)
+
+    def view(
+        self,
+        header: ResultHeader,
+        chunks: tuple[Chunk, ...],
+        payload: Payload,
+        message_sizes: tuple[int, ...],
+        env_spec: EnvSpec,
+    ) -> Result | None:
+        """:meth:`decode` of the one-payload result of these fields where its worker's
+        layout views it (made without its :class:`~rlfleet.wire.results.JoinedResult`);
+        None where :meth:`decode_other` must read it.
+
+        A one-chunk result of the layout is checked: its frame and plan are kept
+        (:class:`ViewedResult`: uint8 step types, checked in C), or its batch is
+        read-only views of ``payload`` (as :func:`~rlfleet.wire.batches.decode_batch`
+        leaves them) where other step types take ``check_step_types``.
+        """
+        kept = self._layouts.get(header.worker_id)
+        if kept is None or kept.layout.spec is not env_spec:
+            return None
+        # One call from the reader to the result (a call more costs a few
+        # hundred instructions a result): the checks, then the result.
+        lengths = header.lengths
+        episodes = len(lengths)
+        if not episodes or min(lengths) < 1:
+            return None
+        steps = sum(lengths)
+        # A frame's chunk is a read-only view of its bytes already (as the views
+        # leave it): a memoryview more costs about 1,200 instructions, its
+        # read-only copy 1,000.
+        if type(payload) is memoryview and payload.readonly and payload.c_contiguous:
+            whole = payload if payload.format == "B" and payload.ndim == 1 else payload.cast("B")
+        else:
+            whole = memoryview(payload)
+            if whole.format != "B" or whole.ndim != 1:
+                whole = whole.cast("B")
+            whole = whole.toreadonly()
+        plan = kept.plans.get((episodes, steps))
+        if plan is None:
+            if steps > len(whole):  # every step takes a byte or more: no plan for forged counts
+                return None
+            plan = kept.plan(episodes, steps)
+        else:
+            plan.seen = True  # the counts came again: they may well keep coming
+        if plan.size != len(whole):
+            return None
+        # The bytes between the arrays, the lengths, uint8 step types (never
+        # below the lowest, 0) and bools, in one pass over the bytes concerned.
+        if not view_check(
+            whole,
+            plan.runs,
+            plan.joined,
+            plan.lengths_at,
+            kept.lengths_size,
+            kept.lengths_signed,
+            lengths,
+            plan.limits,
+        ):
+            return None
+        fields = {
+            "header": header,
+            "chunks": chunks,
+            "message_sizes": message_sizes,
+            "seq": 0,
+            "at": 0.0,
+        }
+        if kept.checked_types:
+            # Its batch's views are made if asked for: an answer placed
+            # from the frames (rlfleet.wire.frame_placement) never does.
+            fields["frame"] = (whole, plan, kept)
+            self.viewed += 1
+            return prebuilt_of(ViewedResult, fields)
+        # Other step types' dtypes take check_step_types, on the batch's views.
+        batch = _batch(kept, plan, whole)
+        try:
+            check_step_types("step_types", batch.step_types, steps, "steps")
+        except InvalidBatchError:
+            return None
+        fields["batch"] = batch
+        self.viewed += 1
+        return prebuilt_of(DecodedResult, fields)
+
+    def decode_other(self, joined: JoinedResult, env_spec: EnvSpec) -> Result:
+        """:meth:`decode` of a result :meth:`view` leaves: the general path, which
+        learns (or forgets) its worker's layout.
+
+        Raises:
+            ResultError: As :func:`~rlfleet.wire.results.decode_kept`, with its text.
+        """
         result = decode_kept(joined, env_spec)
         self.decoded += 1
         if isinstance(result, DecodedResult):
             learned = _learn(result.batch, False)
+            worker = joined.header.worker_id
             if learned is not None and _viewable(learned):
                 if len(self._layouts) >= self.MAX_WORKERS:
                     self._layouts.clear()
-                self._layouts[header.worker_id] = _Views(learned)
+                self._layouts[worker] = _Views(learned)
             else:
-                self._layouts.pop(header.worker_id, None)
+                self._layouts.pop(worker, None)
         return result
 
 
@@ -336,61 +414,6 @@ class ViewedResult(DecodedResult):
         """Its episodes: read-only views of the received bytes, made once."""
         whole, plan, kept = self.frame
         return _batch(kept, plan, whole)
-
-
-def _viewed(
-    kept: _Views, header: ResultHeader, payload: Payload
-) -> ViewedFrame | EpisodeBatch | None:
-    """A one-chunk result of the layout checked: its :data:`ViewedFrame` (uint8
-    step types, checked in C), or its batch of read-only views of ``payload``
-    (as :func:`~rlfleet.wire.batches.decode_batch` leaves them) where other
-    step types take ``check_step_types``; None for anything the general path
-    must read."""
-    lengths = header.lengths
-    episodes = len(lengths)
-    if not episodes or min(lengths) < 1:
-        return None
-    steps = sum(lengths)
-    # A frame's chunk is a read-only view of its bytes already (as the views
-    # leave it): a memoryview more costs about 1,200 instructions, its
-    # read-only copy 1,000.
-    if type(payload) is memoryview and payload.readonly and payload.c_contiguous:
-        whole = payload if payload.format == "B" and payload.ndim == 1 else payload.cast("B")
-    else:
-        whole = memoryview(payload)
-        if whole.format != "B" or whole.ndim != 1:
-            whole = whole.cast("B")
-        whole = whole.toreadonly()
-    plan = kept.plans.get((episodes, steps))
-    if plan is None:
-        if steps > len(whole):  # every step takes a byte or more: no plan for forged counts
-            return None
-        plan = kept.plan(episodes, steps)
-    else:
-        plan.seen = True  # the counts came again: they may well keep coming
-    if plan.size != len(whole):
-        return None
-    # The bytes between the arrays, the lengths, uint8 step types (never
-    # below the lowest, 0) and bools, in one pass over the bytes concerned.
-    if not view_check(
-        whole,
-        plan.runs,
-        plan.joined,
-        plan.lengths_at,
-        kept.lengths_size,
-        kept.lengths_signed,
-        lengths,
-        plan.limits,
-    ):
-        return None
-    if kept.checked_types:
-        return whole, plan, kept
-    batch = _batch(kept, plan, whole)
-    try:
-        check_step_types("step_types", batch.step_types, steps, "steps")
-    except InvalidBatchError:
-        return None
-    return batch
 
 
 def _batch(kept: _Views, plan: _Plan, whole: memoryview) -> EpisodeBatch:

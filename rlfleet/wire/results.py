@@ -282,6 +282,25 @@ class ResultAssembler:
         """Bytes reserved for results being reassembled (the in-flight bytes metric)."""
         return sum(assembler.buffered_bytes for assembler in self._assemblers.values())
 
+    def whole(self, meta: ResultMetadata, chunk: Chunk) -> bool:
+        """Whether the message is a result of one chunk, whole and within the limit
+        (most of them), that :meth:`join` returns at once as its
+        :class:`JoinedResult` (of that chunk, its data the payload); if so,
+        the message is taken as :meth:`join` takes it, and :meth:`join` must
+        not be called with it.
+        """
+        if (
+            chunk.count == 1
+            and chunk.kind == _EPISODE_BATCH_KIND
+            and len(chunk.data) == chunk.total_bytes
+            and (self._max_total_bytes is None or chunk.total_bytes <= self._max_total_bytes)
+        ):
+            key = meta.worker_id if self._per_worker else 0
+            if key not in self._partial:  # else a result of several chunks is cut short
+                self._last_key = key
+                return True
+        return False
+
     def join(
         self,
         meta: ResultMetadata,
@@ -305,25 +324,15 @@ class ResultAssembler:
             WireFormatError: If the chunks are out of order or inconsistent.
             ResourceExhaustedError: If the batch is over the size limit.
         """
-        if (
-            chunk is not None
-            and chunk.count == 1
-            and chunk.kind == _EPISODE_BATCH_KIND
-            and len(chunk.data) == chunk.total_bytes
-            and (self._max_total_bytes is None or chunk.total_bytes <= self._max_total_bytes)
-        ):
-            # A result of one chunk, whole and within the limit (most of them):
-            # what the general path below returns, without its assembler.
-            key = meta.worker_id if self._per_worker else 0
-            if key not in self._partial:  # else a result of several chunks is cut short
-                self._last_key = key
-                return prebuilt(
-                    JoinedResult,
-                    header=ResultHeader.of(meta),
-                    chunks=(chunk,),
-                    payload=chunk.data,
-                    message_sizes=(size or len(chunk.data),),
-                )
+        if chunk is not None and self.whole(meta, chunk):
+            # What the general path below returns, without its assembler.
+            return prebuilt(
+                JoinedResult,
+                header=ResultHeader.of(meta),
+                chunks=(chunk,),
+                payload=chunk.data,
+                message_sizes=(size or len(chunk.data),),
+            )
         where = f"EpisodeResult for task {meta.task_id}"
         if chunk is None:
             raise ResultError(f"{where} has no chunk: every EpisodeResult carries a BatchChunk")
