@@ -175,9 +175,6 @@ def test_a_bad_ticket_or_first_frame_is_refused_and_logged(
 class _Quiet:
     """A data connection's peer that ignores its traffic."""
 
-    def on_frame(self, payload: bytes | memoryview) -> None:
-        pass
-
     def on_frames(self, payloads: list[bytes | memoryview]) -> None:
         pass
 
@@ -388,9 +385,6 @@ class _Recording:
         self.closed: list[str] = []
         self.frames: list[bytes | memoryview] = []
         self.batches: list[int] = []  # frames per hand-off
-
-    def on_frame(self, payload: bytes | memoryview) -> None:
-        self.frames.append(payload)
 
     def on_frames(self, payloads: list[bytes | memoryview]) -> None:
         self.frames += payloads

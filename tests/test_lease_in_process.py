@@ -40,15 +40,12 @@ class RecordingPeer:
         self.threads: list[str] = []
         self._fail_on = fail_on
 
-    def on_frame(self, payload: bytes | memoryview) -> None:
-        self.threads.append(threading.current_thread().name)
-        if payload == self._fail_on:
-            raise ProtocolError("a frame this peer refuses")
-        self.frames.append(payload)
-
     def on_frames(self, payloads: list[bytes | memoryview]) -> None:
         for payload in payloads:
-            self.on_frame(payload)
+            self.threads.append(threading.current_thread().name)
+            if payload == self._fail_on:
+                raise ProtocolError("a frame this peer refuses")
+            self.frames.append(payload)
 
     def on_closed(self, reason: str) -> None:
         self.closed.put(reason)

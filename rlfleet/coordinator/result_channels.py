@@ -124,14 +124,11 @@ class _ResultsPeer:
         self._channels = channels
         self._channel = channel
 
-    def on_frame(self, payload: bytes | memoryview) -> None:
+    def on_frames(self, payloads: list[bytes | memoryview]) -> None:
         raise WireFormatError(
             "a learner sends nothing on its results connection after its LeaseDataHello "
             "(learner.proto, 'Results on a learner's data connection')"
         )
-
-    def on_frames(self, payloads: list[bytes | memoryview]) -> None:
-        self.on_frame(payloads[0])
 
     def on_closed(self, reason: str) -> None:
         self._channels._closed(self._channel, reason)

@@ -48,16 +48,13 @@ NOT_NOW = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantW
 class LeaseDataPeer(Protocol):
     """What a ticket's owner does with its connection's traffic."""
 
-    def on_frame(self, payload: bytes | memoryview) -> None:
-        """One frame's payload (an in-process learner's, on its thread): as
-        one of :meth:`on_frames`' (raising closes the connection)."""
-
     def on_frames(self, payloads: list[bytes | memoryview]) -> None:
-        """The frames one wake-up of the loop read, in order (the loop thread):
-        each bytes, or for a large frame (or one read in parts) a view of a
-        reused buffer, which is not written again while anything views it
-        (the peer may keep it). Raising closes the connection; the frames
-        after the one that raised are not handled."""
+        """The frames one wake-up of the loop read, in order (the loop thread;
+        an in-process learner's frame alone, on its thread): each bytes, or
+        for a large frame (or one read in parts) a view of a reused buffer,
+        which is not written again while anything views it (the peer may
+        keep it). Raising closes the connection; the frames after the one
+        that raised are not handled."""
 
     def on_closed(self, reason: str) -> None:
         """The connection ended, for ``reason`` (once, the loop thread)."""

@@ -70,9 +70,6 @@ class WorkerDataPeer:
         self._handle = handle
         self._results = results
 
-    def on_frame(self, payload: bytes | memoryview) -> None:
-        self.on_frames([payload])
-
     def on_frames(self, payloads: list[bytes | memoryview]) -> None:
         handle = self._handle
         handle.touch()

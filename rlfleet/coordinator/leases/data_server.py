@@ -291,7 +291,7 @@ class LeaseDataServer:
         if len(payload) > self._max_frame:
             reason = too_long(len(payload), self._max_frame)
         else:
-            reason = _handled(connection, peer.on_frame, payload)
+            reason = _handled(connection, peer.on_frames, [payload])
         if reason is not None:
             self.close(connection, reason)
 

@@ -183,15 +183,12 @@ class _LearnerDataPeer:
         self._lease = lease
         self._connection = connection
 
-    def on_frame(self, payload: bytes | memoryview) -> None:
-        self._face.count_frame("learner")
-        # A large request arrives as a bytearray: read as bytes (one copy, as ever).
-        if not self._face.handle(self._lease, _parse_request(bytes(payload))):
-            self._connection.close(f"lease {self._lease.lease_id} is over")
-
     def on_frames(self, payloads: list[bytes | memoryview]) -> None:
         for payload in payloads:
-            self.on_frame(payload)
+            self._face.count_frame("learner")
+            # A large request arrives as a bytearray: read as bytes (one copy, as ever).
+            if not self._face.handle(self._lease, _parse_request(bytes(payload))):
+                self._connection.close(f"lease {self._lease.lease_id} is over")
 
     def on_closed(self, reason: str) -> None:
         lease = self._lease
