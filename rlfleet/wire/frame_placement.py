@@ -89,6 +89,7 @@ def placed_frame_episodes(
             results,
             frames,
             views=views,
+            fields=fields,
             episode_index=episode_index,
             num_episodes=num_episodes,
             empty=empty,
@@ -102,6 +103,7 @@ def _placed(
     frames: list[Any],
     *,
     views: Any,
+    fields: dict[str, Any],
     episode_index: int,
     num_episodes: int,
     empty: Empty,
@@ -143,7 +145,6 @@ def _placed(
         known = known or {}
         return {key: known[key] if key in known else placed(child) for key, child in tree}
 
-    fields = dict(views.fields)
     return EpisodeBatch(
         env_spec=views.layout.spec,
         episode_infos=placed(fields["episode_infos"], known),
