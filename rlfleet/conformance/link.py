@@ -76,11 +76,13 @@ KNOWN_CAPABILITIES = frozenset(
         "rlfleet.unit-columns",
         "rlfleet.data-results",
         "rlfleet.results-switch",
+        "rlfleet.data-tasks",
     }
 )
 #: Those the test coordinator grants: never pickle (it needs an opt-in and TLS),
 #: never data-results (it reads results on the Join stream, which a worker
-#: without the grant keeps them on).
+#: without the grant keeps them on), never data-tasks (it sends every Task and
+#: Cancel on the Join stream, where a worker without the grant takes them).
 GRANTED_CAPABILITIES = frozenset(
     {
         "rlfleet.episodes",
