@@ -20,7 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.conformance.kit_messages import command_bytes, result_header_of
+from rlfleet.conformance.kit_messages import (
+    command_bytes,
+    heartbeat_of,
+    hello_of,
+    result_header_of,
+)
 from rlfleet.conformance.scripted_coordinator import ScriptedCoordinator, ScriptedSession
 from rlfleet.protocol.join import TaskAssignment, TaskCancel, WorkerWelcome
 from rlfleet.protocol.modes import Mode
@@ -197,7 +202,7 @@ def _task(task_id: int, agent_version: int, indices: range) -> TaskAssignment:
 
 def _results(session: ScriptedSession, count: int) -> list[tuple[int, int, tuple[int, ...]]]:
     """The next ``count`` results' (task, agent version, episodes), skipping other messages."""
-    got = []
+    got: list[tuple[int, int, tuple[int, ...]]] = []
     while len(got) < count:
         event = session.receive(timeout=60)
         assert event is not None and event.kind not in ("closed", "broken"), event
@@ -233,7 +238,7 @@ def scripted(processes: ProcessFleet) -> Iterator[tuple[ScriptedSession, _DataPo
             assert session is not None
             hello = session.receive(timeout=60)
             assert hello is not None and hello.message is not None
-            assert _rpc.DATA_TASKS_CAPABILITY in hello.message.hello.capabilities
+            assert _rpc.DATA_TASKS_CAPABILITY in hello_of(hello.message).capabilities
             welcome = WorkerWelcome(
                 protocol_version=_rpc.PROTOCOL_VERSION,
                 worker_id=1,
@@ -300,8 +305,8 @@ def test_a_task_cancelled_before_it_arrived_never_runs(
     wait_until(
         lambda: any(
             beat.message is not None
-            and beat.message.heartbeat.queued_units == 0
-            and beat.message.heartbeat.active_envs == 0
+            and heartbeat_of(beat.message).queued_units == 0
+            and heartbeat_of(beat.message).active_envs == 0
             for beat in session.heartbeats[-1:]
         ),
         "the worker idle",
