@@ -39,6 +39,7 @@ from tests.fleet_processes import (
     SLOW_ENV,
     SLOW_ENV_TWIN,
     TEST_ENVS_MODULE,
+    Proc,
     ProcessFleet,
     env_flags,
     local_episodes,
@@ -225,7 +226,7 @@ def _until(session: ScriptedSession, kind: str) -> None:
 
 
 @pytest.fixture
-def scripted(processes: ProcessFleet) -> Iterator[tuple[ScriptedSession, _DataPort]]:
+def scripted(processes: ProcessFleet) -> Iterator[tuple[ScriptedSession, _DataPort, Proc]]:
     """A real worker joined to a scripted coordinator that granted data tasks
     (not data results: they come on the Join stream), its data connection
     accepted, env generation 1 built, the switch marker sent."""
@@ -233,7 +234,7 @@ def scripted(processes: ProcessFleet) -> Iterator[tuple[ScriptedSession, _DataPo
         address = coordinator.start()
         data = _DataPort()
         try:
-            processes.start_worker(envs=2, coordinator=address)
+            worker = processes.start_worker(envs=2, coordinator=address)
             session = coordinator.accept(timeout=60)
             assert session is not None
             hello = session.receive(timeout=60)
@@ -262,18 +263,20 @@ def scripted(processes: ProcessFleet) -> Iterator[tuple[ScriptedSession, _DataPo
             _until(session, "env_ready")
             switch = leases_pb2.LeaseCommand(data_switch=leases_pb2.LeaseDataSwitch())
             session.send(worker_pb2.CoordinatorMessage(lease=switch).SerializeToString())
-            yield session, data
+            yield session, data, worker
         finally:
             data.close()
 
 
 def test_a_task_for_an_agent_version_not_yet_applied_waits_for_its_update(
-    scripted: tuple[ScriptedSession, _DataPort],
+    processes: ProcessFleet,
+    scripted: tuple[ScriptedSession, _DataPort, Proc],
 ) -> None:
-    session, data = scripted
+    session, data, worker = scripted
     # Task 1 is made for agent version 1 and overtakes its update: the
     # worker (on version 0) holds it and runs it once version 1 is applied.
     data.send(_command(_task(1, agent_version=1, indices=range(4))))
+    processes.wait_for_log(worker, TASKS_ON_DATA)  # it reached the worker's task path
     session.send(_command(AgentChange(version=1, policy=PolicyChoice("random", "{}"))))
     _until(session, "agent_ready")  # no result before it (_until fails on one)
     got = _results(session, 1)
@@ -287,9 +290,9 @@ def test_a_task_for_an_agent_version_not_yet_applied_waits_for_its_update(
 
 
 def test_a_task_cancelled_before_it_arrived_never_runs(
-    scripted: tuple[ScriptedSession, _DataPort],
+    scripted: tuple[ScriptedSession, _DataPort, Proc],
 ) -> None:
-    session, data = scripted
+    session, data, _ = scripted
     data.send(_command(TaskCancel(5)))  # the whole task 5, not seen yet
     data.send(_command(TaskCancel(6, (1,))))  # one episode of task 6
     data.send(_command(_task(5, agent_version=-1, indices=range(3))))
