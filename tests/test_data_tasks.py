@@ -315,3 +315,22 @@ def test_a_task_cancelled_before_it_arrived_never_runs(
         ),
         "the worker idle",
     )
+
+
+def test_a_task_behind_the_applied_update_is_dropped_without_an_error(
+    scripted: tuple[ScriptedSession, _DataPort, Proc],
+) -> None:
+    session, data, _ = scripted
+    # Version 1 is applied; a Task made for version 0 (sent before its
+    # Cancel and the update, overtaken by the update) can never be run as
+    # asked: dropped, as a task held when an update arrives, with no error.
+    session.send(_command(AgentChange(version=1, policy=PolicyChoice("random", "{}"))))
+    _until(session, "agent_ready")
+    data.send(_command(_task(8, agent_version=0, indices=range(3))))
+    data.send(_command(_task(9, agent_version=1, indices=range(2))))
+    episodes: set[int] = set()
+    while len(episodes) < 2:
+        for task_id, version, indices in _results(session, 1):
+            assert (task_id, version) == (9, 1)
+            episodes |= set(indices)
+    assert episodes == {0, 1}
