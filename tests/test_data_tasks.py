@@ -14,12 +14,12 @@ before it arrived.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from rlfleet.conformance.data_task_checks import KitDataPort, switch_marker
 from rlfleet.conformance.kit_messages import (
     command_bytes,
     heartbeat_of,
@@ -32,8 +32,6 @@ from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.protocol.updates import AgentChange, EnvChange, PolicyChoice
 from rlfleet.transport import rpc as _rpc
-from rlfleet.transport.lease_channel import FRAME_HEADER, frame
-from rlfleet.v1 import leases_pb2, worker_pb2
 from tests._coordinator_fakes import Answer, assert_same_batch, sample
 from tests.fleet_processes import (
     SLOW_ENV,
@@ -150,43 +148,6 @@ def test_a_data_connection_cut_mid_request_loses_and_repeats_nothing(
 # --- a real worker against a scripted coordinator ------------------------------------------
 
 
-class _DataPort:
-    """A scripted coordinator's lease data port: accepts one worker's connection."""
-
-    def __init__(self) -> None:
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = self._server.getsockname()[1]
-        self._sock: socket.socket | None = None
-
-    def accept(self) -> None:
-        """Takes the worker's connection and its LeaseDataHello; accepts it."""
-        self._server.settimeout(30)
-        sock, _ = self._server.accept()
-        sock.settimeout(30)
-        (length,) = FRAME_HEADER.unpack(_read(sock, FRAME_HEADER.size))
-        leases_pb2.LeaseDataHello.FromString(_read(sock, length))
-        sock.sendall(frame(b""))  # LeaseDataAccepted
-        self._sock = sock
-
-    def send(self, payload: bytes) -> None:
-        assert self._sock is not None
-        self._sock.sendall(frame(payload))
-
-    def close(self) -> None:
-        for sock in (self._sock, self._server):
-            if sock is not None:
-                sock.close()
-
-
-def _read(sock: socket.socket, count: int) -> bytes:
-    data = b""
-    while len(data) < count:
-        more = sock.recv(count - len(data))
-        assert more, "the worker closed its data connection"
-        data += more
-    return data
-
-
 def _command(command: EnvChange | AgentChange | TaskAssignment | TaskCancel) -> bytes:
     return command_bytes(command, unit_columns=True)[1]
 
@@ -227,13 +188,13 @@ def _until(session: ScriptedSession, kind: str) -> None:
 
 
 @pytest.fixture
-def scripted(processes: ProcessFleet) -> Iterator[tuple[ScriptedSession, _DataPort, Proc]]:
+def scripted(processes: ProcessFleet) -> Iterator[tuple[ScriptedSession, KitDataPort, Proc]]:
     """A real worker joined to a scripted coordinator that granted data tasks
     (not data results: they come on the Join stream), its data connection
     accepted, env generation 1 built, the switch marker sent."""
     with ScriptedCoordinator() as coordinator:
         address = coordinator.start()
-        data = _DataPort()
+        data = KitDataPort()
         try:
             worker = processes.start_worker(envs=2, coordinator=address)
             session = coordinator.accept(timeout=60)
@@ -259,11 +220,10 @@ def scripted(processes: ProcessFleet) -> Iterator[tuple[ScriptedSession, _DataPo
                 lease_data=(data.port, b"ticket"),
             )
             session.send(command_bytes(welcome)[1])
-            data.accept()
+            data.accept(timeout=30)
             session.send(_command(EnvChange(generation=1, env_id="CartPole-v1")))
             _until(session, "env_ready")
-            switch = leases_pb2.LeaseCommand(data_switch=leases_pb2.LeaseDataSwitch())
-            session.send(worker_pb2.CoordinatorMessage(lease=switch).SerializeToString())
+            session.send(switch_marker())
             yield session, data, worker
         finally:
             data.close()
@@ -271,7 +231,7 @@ def scripted(processes: ProcessFleet) -> Iterator[tuple[ScriptedSession, _DataPo
 
 def test_a_task_for_an_agent_version_not_yet_applied_waits_for_its_update(
     processes: ProcessFleet,
-    scripted: tuple[ScriptedSession, _DataPort, Proc],
+    scripted: tuple[ScriptedSession, KitDataPort, Proc],
 ) -> None:
     session, data, worker = scripted
     # Task 1 is made for agent version 1 and overtakes its update: the
@@ -291,7 +251,7 @@ def test_a_task_for_an_agent_version_not_yet_applied_waits_for_its_update(
 
 
 def test_a_task_cancelled_before_it_arrived_never_runs(
-    scripted: tuple[ScriptedSession, _DataPort, Proc],
+    scripted: tuple[ScriptedSession, KitDataPort, Proc],
 ) -> None:
     session, data, _ = scripted
     data.send(_command(TaskCancel(5)))  # the whole task 5, not seen yet
@@ -318,7 +278,7 @@ def test_a_task_cancelled_before_it_arrived_never_runs(
 
 
 def test_a_task_behind_the_applied_update_is_dropped_without_an_error(
-    scripted: tuple[ScriptedSession, _DataPort, Proc],
+    scripted: tuple[ScriptedSession, KitDataPort, Proc],
 ) -> None:
     session, data, _ = scripted
     # Version 1 is applied; a Task made for version 0 (sent before its
@@ -334,3 +294,21 @@ def test_a_task_behind_the_applied_update_is_dropped_without_an_error(
             assert (task_id, version) == (9, 1)
             episodes |= set(indices)
     assert episodes == {0, 1}
+
+
+def test_a_refill_brings_back_units_an_earlier_cancel_of_its_task_took(
+    scripted: tuple[ScriptedSession, KitDataPort, Proc],
+) -> None:
+    session, data, _ = scripted
+    # A Cancel of a task the worker has seen is not kept for later Tasks of
+    # that id: a refill may bring back units it took (re-queued after the
+    # worker they moved to was lost), and they must run.
+    data.send(_command(_task(10, agent_version=-1, indices=range(2))))
+    data.send(_command(TaskCancel(10, (5,))))
+    data.send(_command(_task(10, agent_version=-1, indices=range(5, 7))))
+    episodes: set[int] = set()
+    while len(episodes) < 4:
+        for task_id, _, indices in _results(session, 1):
+            assert task_id == 10
+            episodes |= set(indices)
+    assert episodes == {0, 1, 5, 6}

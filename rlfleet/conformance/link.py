@@ -114,12 +114,16 @@ class WelcomeSettings:
         max_message_bytes: Every message either side sends stays below this.
         first_stream: Global stream index of the worker's slot 0 (non-zero
             on purpose: a worker must offset its streams by it).
+        data_port: A lease data port of the kit's: Welcome names it and
+            grants ``rlfleet.leases`` and ``rlfleet.data-tasks`` if the
+            worker lists both (None: no data channel).
     """
 
     heartbeat_interval_seconds: float = 0.2
     heartbeat_timeout_seconds: float = 5.0
     max_message_bytes: int = _rpc.DEFAULT_MAX_MESSAGE_BYTES
     first_stream: int = 10
+    data_port: int | None = None
 
 
 class WorkerLink:
@@ -203,6 +207,8 @@ class WorkerLink:
                 f"{hello.num_envs}; expected protocol_version={_rpc.PROTOCOL_VERSION} "
                 "(PROTOCOL_VERSION_1) and num_envs >= 1" + _context(process)
             )
+        granted = _granted(hello, settings)
+        port = settings.data_port if _rpc.DATA_TASKS_CAPABILITY in granted else None
         welcome = WorkerWelcome(
             protocol_version=_rpc.PROTOCOL_VERSION,
             worker_id=next(_worker_ids),
@@ -210,9 +216,10 @@ class WorkerLink:
             heartbeat_interval_seconds=settings.heartbeat_interval_seconds,
             heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
             max_message_bytes=settings.max_message_bytes,
-            capabilities=tuple(sorted(GRANTED_CAPABILITIES.intersection(hello.capabilities))),
+            capabilities=tuple(sorted(granted)),
             first_stream=settings.first_stream,
             coordinator_id="rlfleet-conformance",
+            lease_data=None if port is None else (port, b"kit"),
         )
         link = cls(session, hello, welcome, timeout=timeout, process=process)
         link._send(welcome)
@@ -624,6 +631,13 @@ class WorkerLink:
 
 
 # --- helpers -------------------------------------------------------------------
+
+
+def _granted(hello: WorkerHello, settings: WelcomeSettings) -> frozenset[str]:
+    """What Welcome grants: the kit's grants, with its data port the data tasks'."""
+    granted = GRANTED_CAPABILITIES.intersection(hello.capabilities)
+    data = {_rpc.LEASE_CAPABILITY, _rpc.DATA_TASKS_CAPABILITY}
+    return granted | data if settings.data_port and data <= set(hello.capabilities) else granted
 
 
 def _accept(

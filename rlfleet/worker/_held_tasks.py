@@ -14,8 +14,11 @@ arrives (versions and generations only grow, and the coordinator cancels a
 version's tasks before it sends the next one).
 
 A Cancel reaches the Tasks held here as well as those let through. A Cancel
-of a task not seen yet is kept (the last :data:`EARLY_CANCELS` of them) and
-applied when the Task arrives.
+of a task not seen yet (an id above every task seen this session: a
+coordinator numbers its tasks in the order it sends them) is kept, the last
+:data:`EARLY_CANCELS` of them, and applied when the Task arrives. A Cancel of
+a task seen already is not kept: a later Task of the same id (a refill) may
+bring back units it took, re-queued after another worker lost them.
 """
 
 from __future__ import annotations
@@ -58,14 +61,20 @@ class HeldTasks:
         self._held: list[TaskAssignment] = []
         self._early: collections.OrderedDict[int, list[TaskCancel]] = collections.OrderedDict()
         self._seen = False  # a Task came on the data connection this session
+        self._last_id = 0  # the highest task id seen this session, on either carrier
 
     @property
     def held(self) -> int:
         """Tasks waiting for an update."""
         return len(self._held)
 
+    def seen(self, task_id: int) -> None:
+        """A Task of the Join stream (its Cancels come on either carrier)."""
+        self._last_id = max(self._last_id, task_id)
+
     def on_task(self, task: TaskAssignment) -> None:
         """A Task of the data connection: run, held, or dropped as stale."""
+        self.seen(task.task_id)
         if not self._seen:
             self._seen = True
             logger.info("this session's tasks come on the lease data channel")
@@ -78,7 +87,7 @@ class HeldTasks:
 
     def on_cancel(self, cancel: TaskCancel) -> None:
         """A Cancel of the data connection: applied to a held Task, or to the task
-        path, and kept in case its Task has not arrived yet."""
+        path, and kept if its Task has not arrived yet."""
         for i, task in enumerate(self._held):
             if task.task_id == cancel.task_id:
                 rest = _without(task, cancel)
@@ -88,8 +97,8 @@ class HeldTasks:
                     self._held[i] = rest
                 return
         self._cancel(cancel)
-        # Unknown to the task path too, its Task may still be on its way: kept
-        # (a task id is used once, so a kept Cancel never hits another task).
+        if cancel.task_id <= self._last_id:
+            return
         self._early.setdefault(cancel.task_id, []).append(cancel)
         while len(self._early) > EARLY_CANCELS:
             self._early.popitem(last=False)

@@ -302,6 +302,7 @@ class Session:
         elif isinstance(message, AgentChange | UnreadableAgentUpdate):
             self._on_agent_update(message)
         elif isinstance(message, TaskAssignment):
+            self._held.seen(message.task_id)
             self._on_task(message)
         elif isinstance(message, TaskCancel):
             self._on_cancel(message)
