@@ -19,12 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.conformance.data_task_checks import KitDataPort, switch_marker
+from rlfleet.conformance.data_task_checks import KitDataPort
 from rlfleet.conformance.kit_messages import (
     command_bytes,
     heartbeat_of,
     hello_of,
     result_header_of,
+    switch_marker,
 )
 from rlfleet.conformance.scripted_coordinator import ScriptedCoordinator, ScriptedSession
 from rlfleet.protocol.join import TaskAssignment, TaskCancel, WorkerWelcome

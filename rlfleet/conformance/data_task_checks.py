@@ -17,7 +17,7 @@ import socket
 from rlfleet.conformance._expectations import check_pinned
 from rlfleet.conformance._failure import CheckFailed
 from rlfleet.conformance.agents import pinned_agent
-from rlfleet.conformance.kit_messages import KitCommand, command_bytes
+from rlfleet.conformance.kit_messages import KitCommand, command_bytes, switch_marker
 from rlfleet.conformance.link import WelcomeSettings, WorkerLink
 from rlfleet.conformance.runner import WorkerHarness
 from rlfleet.protocol.join import TaskAssignment, TaskCancel
@@ -25,7 +25,6 @@ from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.lease_channel import FRAME_HEADER, HANDSHAKE_FRAME_BYTES, frame
-from rlfleet.v1 import leases_pb2, worker_pb2
 
 #: Task ids of this check's tasks (far from the link's own, which count from 1).
 _FIRST_TASK_ID = 1_000_001
@@ -44,11 +43,12 @@ class KitDataPort:
         self._sock: socket.socket | None = None
 
     def accept(self, timeout: float) -> None:
-        """Takes the worker's connection and its LeaseDataHello, and accepts it.
+        """Takes the worker's connection and its first frame (a LeaseDataHello),
+        and accepts it.
 
         Raises:
             OSError: If no worker dials within ``timeout`` seconds, or its
-                first frame is not a LeaseDataHello (TimeoutError, ValueError).
+                first frame is longer than a LeaseDataHello may be.
         """
         self._server.settimeout(timeout)
         sock, _ = self._server.accept()
@@ -57,7 +57,7 @@ class KitDataPort:
         if length > HANDSHAKE_FRAME_BYTES:
             sock.close()
             raise OSError(f"a first frame of {length} bytes: not a LeaseDataHello")
-        leases_pb2.LeaseDataHello.FromString(_read(sock, length))
+        _read(sock, length)  # its ticket: the kit accepts any
         sock.sendall(frame(b""))  # LeaseDataAccepted
         self._sock = sock
 
@@ -81,12 +81,6 @@ def _read(sock: socket.socket, count: int) -> bytes:
             raise OSError("the worker closed its data connection during its hello")
         data += more
     return data
-
-
-def switch_marker() -> bytes:
-    """The lease switch marker (a CoordinatorMessage holding ``lease.data_switch``)."""
-    switch = leases_pb2.LeaseCommand(data_switch=leases_pb2.LeaseDataSwitch())
-    return worker_pb2.CoordinatorMessage(lease=switch).SerializeToString()
 
 
 def check_data_tasks(harness: WorkerHarness) -> str:

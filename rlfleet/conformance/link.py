@@ -25,6 +25,11 @@ import grpc
 import numpy as np
 
 from rlfleet.conformance._failure import CheckFailed
+from rlfleet.conformance.capabilities import (
+    GRANTED_CAPABILITIES,
+    KNOWN_CAPABILITIES,
+    granted_capabilities,
+)
 from rlfleet.conformance.kit_messages import (
     KitCommand,
     LeaseCall,
@@ -63,35 +68,6 @@ from rlfleet.wire.results import DecodedResult, ResultAssembler, ResultError
 
 if TYPE_CHECKING:
     from rlfleet.conformance.runner import WorkerUnderTest
-
-#: Capabilities defined by protocol version 1 (worker.proto Hello).
-KNOWN_CAPABILITIES = frozenset(
-    {
-        "rlfleet.episodes",
-        "rlfleet.fragments",
-        "rlfleet.pickle",
-        "rlfleet.leases",
-        "rlfleet.multi-agent",
-        "rlfleet.stream-takeover",
-        "rlfleet.unit-columns",
-        "rlfleet.data-results",
-        "rlfleet.results-switch",
-        "rlfleet.data-tasks",
-    }
-)
-#: Those the test coordinator grants: never pickle (it needs an opt-in and TLS),
-#: never data-results (it reads results on the Join stream, which a worker
-#: without the grant keeps them on), never data-tasks (it sends every Task and
-#: Cancel on the Join stream, where a worker without the grant takes them).
-GRANTED_CAPABILITIES = frozenset(
-    {
-        "rlfleet.episodes",
-        "rlfleet.fragments",
-        "rlfleet.leases",
-        "rlfleet.stream-takeover",
-        "rlfleet.unit-columns",
-    }
-)
 
 #: An event of the stream a check waits for: a message or a whole result.
 Event: TypeAlias = Inbound | DecodedResult
@@ -207,7 +183,7 @@ class WorkerLink:
                 f"{hello.num_envs}; expected protocol_version={_rpc.PROTOCOL_VERSION} "
                 "(PROTOCOL_VERSION_1) and num_envs >= 1" + _context(process)
             )
-        granted = _granted(hello, settings)
+        granted = granted_capabilities(hello.capabilities, settings.data_port)
         port = settings.data_port if _rpc.DATA_TASKS_CAPABILITY in granted else None
         welcome = WorkerWelcome(
             protocol_version=_rpc.PROTOCOL_VERSION,
@@ -631,13 +607,6 @@ class WorkerLink:
 
 
 # --- helpers -------------------------------------------------------------------
-
-
-def _granted(hello: WorkerHello, settings: WelcomeSettings) -> frozenset[str]:
-    """What Welcome grants: the kit's grants, with its data port the data tasks'."""
-    granted = GRANTED_CAPABILITIES.intersection(hello.capabilities)
-    data = {_rpc.LEASE_CAPABILITY, _rpc.DATA_TASKS_CAPABILITY}
-    return granted | data if settings.data_port and data <= set(hello.capabilities) else granted
 
 
 def _accept(
