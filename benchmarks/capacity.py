@@ -32,7 +32,8 @@ core:
 The workers' results travel on their Join streams (``--carrier join``, gRPC)
 or on their lease data connections (``--carrier data``: framed TCP, what a
 remote worker that hosts leases uses; leases.proto, "Results on the lease
-data channel"); ``--carrier both`` measures each.
+data channel"), where their Tasks and Cancels come too when the coordinator
+grants ``rlfleet.data-tasks``; ``--carrier both`` measures each.
 
 ``--shapes cartpole-fragments`` measures fragment windows instead (the
 learner's ``obtain_fragments``): the workers answer each FRAGMENTS task's

@@ -17,6 +17,7 @@ import os
 import queue
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ from benchmarks.capacity_payloads import ZerosPayload
 from benchmarks.capacity_windows import WindowTemplate
 from rlfleet.core import EnvSpec, EpisodeBatch, StepType
 from rlfleet.envs import EnvConfig
+from rlfleet.errors import RlfleetError
 from rlfleet.protocol.join import (
     AgentApplied,
     DrainOrder,
@@ -50,7 +52,7 @@ from rlfleet.wire.chunks import DATA_CHANNEL_CHUNK_BYTES, chunk_payload
 from rlfleet.wire.leases import data_hello
 from rlfleet.wire.results import EPISODE_INFO_KEYS
 from rlfleet.worker._connection import JoinStream, StreamEnded
-from rlfleet.worker._join_messages import env_built
+from rlfleet.worker._join_messages import DataChannelWork, env_built, parse_lease_frame
 
 #: The Atari-sized env: 84x84x4 uint8 frames, 6 actions; registered on import.
 FRAMES_ID = "rlfleet-bench/Frames-v0"
@@ -213,6 +215,21 @@ def _result_messages(
 _EPISODE_KIND = payload_kind(EpisodeBatch)
 
 
+def _read_tasks(link: LeaseDataLink, inbox: queue.SimpleQueue[Any]) -> None:
+    """Puts the Tasks and Cancels of the data connection in the inbox, as they come.
+
+    Not held for the switch marker nor for updates, as the Python worker
+    holds them: this worker answers a task whatever came before it.
+    """
+    try:
+        while (payload := link.receive()) is not None:
+            command = parse_lease_frame(payload, tasks=True)
+            if isinstance(command, DataChannelWork):
+                inbox.put(command.work)
+    except (OSError, RlfleetError):
+        pass  # the session's end: the Join stream says why
+
+
 class SyntheticWorker:
     """A worker that answers tasks with pre-encoded results over a real Join stream.
 
@@ -263,7 +280,11 @@ class SyntheticWorker:
         channel = _rpc.open_channel(self.address, security=None)
         inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         stream = JoinStream(channel, inbox)
-        on_data = (_rpc.LEASE_CAPABILITY, _rpc.DATA_RESULTS_CAPABILITY)
+        on_data = (
+            _rpc.LEASE_CAPABILITY,
+            _rpc.DATA_RESULTS_CAPABILITY,
+            _rpc.DATA_TASKS_CAPABILITY,
+        )
         stream.send(
             WorkerHello(
                 protocol_version=_rpc.PROTOCOL_VERSION,
@@ -313,6 +334,13 @@ class SyntheticWorker:
                 timeout=DATA_DIAL_SECONDS,
                 max_frame_bytes=welcome.max_message_bytes,
             )
+            if _rpc.DATA_TASKS_CAPABILITY in welcome.capabilities:
+                threading.Thread(
+                    target=_read_tasks,
+                    args=(self._link, inbox),
+                    name="capacity-worker-data-tasks",
+                    daemon=True,
+                ).start()
         beat_every = welcome.heartbeat_interval_seconds
         next_beat = time.monotonic() + beat_every
         while True:

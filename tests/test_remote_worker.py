@@ -288,6 +288,7 @@ def test_hello_env_ready_results_and_heartbeats(
         "rlfleet.leases",
         "rlfleet.data-results",
         "rlfleet.results-switch",
+        "rlfleet.data-tasks",
     ]
     assert hello.implementation.startswith("rlfleet-python/")
     welcome(connection)

@@ -39,6 +39,7 @@ from rlfleet.conformance._expectations import (
 from rlfleet.conformance._failure import Check, CheckFailed, CheckResult, run_check
 from rlfleet.conformance._stall import StallMeter
 from rlfleet.conformance.agents import balancing_agent, pinned_agent
+from rlfleet.conformance.data_task_checks import check_data_tasks
 from rlfleet.conformance.lease_checks import check_leases
 from rlfleet.conformance.link import (
     KNOWN_CAPABILITIES,
@@ -568,6 +569,16 @@ def drain(harness: WorkerHarness) -> str:
 def leases(harness: WorkerHarness) -> str:
     """Leased envs follow gymnasium.make's trajectory (rlfleet/conformance/lease_checks.py)."""
     return check_leases(harness)
+
+
+@_check(
+    "data-tasks",
+    "if 'rlfleet.data-tasks' is advertised: Tasks on the data connection wait for their "
+    "update; a Cancel that came first is kept",
+)
+def data_tasks(harness: WorkerHarness) -> str:
+    """Tasks and Cancels on the lease data channel (rlfleet/conformance/data_task_checks.py)."""
+    return check_data_tasks(harness)
 
 
 # --- fragment streams --------------------------------------------------------------

@@ -229,6 +229,12 @@ def command_bytes(command: KitCommand, *, unit_columns: bool = False) -> tuple[s
 # --- unit columns a worker must refuse ------------------------------------------------
 
 
+def switch_marker() -> bytes:
+    """The lease switch marker: a CoordinatorMessage holding ``lease.data_switch``."""
+    switch = leases_pb2.LeaseCommand(data_switch=leases_pb2.LeaseDataSwitch())
+    return worker_pb2.CoordinatorMessage(lease=switch).SerializeToString()
+
+
 def _cut_column(task: worker_pb2.Task) -> str:
     task.unit_columns.episode_indices = task.unit_columns.episode_indices[:-3]
     return "whose episode_indices lack their last 3 bytes (not a whole number of int64)"

@@ -25,6 +25,11 @@ import grpc
 import numpy as np
 
 from rlfleet.conformance._failure import CheckFailed
+from rlfleet.conformance.capabilities import (
+    GRANTED_CAPABILITIES,
+    KNOWN_CAPABILITIES,
+    granted_capabilities,
+)
 from rlfleet.conformance.kit_messages import (
     KitCommand,
     LeaseCall,
@@ -64,33 +69,6 @@ from rlfleet.wire.results import DecodedResult, ResultAssembler, ResultError
 if TYPE_CHECKING:
     from rlfleet.conformance.runner import WorkerUnderTest
 
-#: Capabilities defined by protocol version 1 (worker.proto Hello).
-KNOWN_CAPABILITIES = frozenset(
-    {
-        "rlfleet.episodes",
-        "rlfleet.fragments",
-        "rlfleet.pickle",
-        "rlfleet.leases",
-        "rlfleet.multi-agent",
-        "rlfleet.stream-takeover",
-        "rlfleet.unit-columns",
-        "rlfleet.data-results",
-        "rlfleet.results-switch",
-    }
-)
-#: Those the test coordinator grants: never pickle (it needs an opt-in and TLS),
-#: never data-results (it reads results on the Join stream, which a worker
-#: without the grant keeps them on).
-GRANTED_CAPABILITIES = frozenset(
-    {
-        "rlfleet.episodes",
-        "rlfleet.fragments",
-        "rlfleet.leases",
-        "rlfleet.stream-takeover",
-        "rlfleet.unit-columns",
-    }
-)
-
 #: An event of the stream a check waits for: a message or a whole result.
 Event: TypeAlias = Inbound | DecodedResult
 
@@ -112,12 +90,16 @@ class WelcomeSettings:
         max_message_bytes: Every message either side sends stays below this.
         first_stream: Global stream index of the worker's slot 0 (non-zero
             on purpose: a worker must offset its streams by it).
+        data_port: A lease data port of the kit's: Welcome names it and
+            grants ``rlfleet.leases`` and ``rlfleet.data-tasks`` if the
+            worker lists both (None: no data channel).
     """
 
     heartbeat_interval_seconds: float = 0.2
     heartbeat_timeout_seconds: float = 5.0
     max_message_bytes: int = _rpc.DEFAULT_MAX_MESSAGE_BYTES
     first_stream: int = 10
+    data_port: int | None = None
 
 
 class WorkerLink:
@@ -201,6 +183,8 @@ class WorkerLink:
                 f"{hello.num_envs}; expected protocol_version={_rpc.PROTOCOL_VERSION} "
                 "(PROTOCOL_VERSION_1) and num_envs >= 1" + _context(process)
             )
+        granted = granted_capabilities(hello.capabilities, settings.data_port)
+        port = settings.data_port if _rpc.DATA_TASKS_CAPABILITY in granted else None
         welcome = WorkerWelcome(
             protocol_version=_rpc.PROTOCOL_VERSION,
             worker_id=next(_worker_ids),
@@ -208,9 +192,10 @@ class WorkerLink:
             heartbeat_interval_seconds=settings.heartbeat_interval_seconds,
             heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
             max_message_bytes=settings.max_message_bytes,
-            capabilities=tuple(sorted(GRANTED_CAPABILITIES.intersection(hello.capabilities))),
+            capabilities=tuple(sorted(granted)),
             first_stream=settings.first_stream,
             coordinator_id="rlfleet-conformance",
+            lease_data=None if port is None else (port, b"kit"),
         )
         link = cls(session, hello, welcome, timeout=timeout, process=process)
         link._send(welcome)

@@ -12,7 +12,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -101,6 +101,9 @@ class WorkerHandle:
             before it on the stream.
         lease_data: Its lease data connection, once accepted: lease
             commands go there (:meth:`send_lease`).
+        task_data: Its lease data connection once Tasks and Cancels go there
+            (it agreed on ``rlfleet.data-tasks``; set with ``lease_data``,
+            after the switch marker on the stream): :meth:`send_work`.
         lease_ticket: The ticket its Welcome carried ("" without one).
         forged_replies: Its lease replies for envs it does not host (an
             honest worker sends none; too many drop it).
@@ -128,6 +131,7 @@ class WorkerHandle:
     data_results_done: threading.Event | None = None
     join_results_over: threading.Event = field(default_factory=threading.Event)
     lease_data: LeaseConnection | None = None
+    task_data: LeaseConnection | None = None
     lease_ticket: bytes = b""
     forged_replies: int = 0
 
@@ -149,6 +153,24 @@ class WorkerHandle:
             self.send(message)
         elif self.alive:
             connection.send(message.SerializeToString())
+
+    def send_work(
+        self,
+        command: TaskDispatch | CancelOrder,
+        encode: Callable[[TaskDispatch | CancelOrder], bytes],
+    ) -> None:
+        """Sends a Task or a Cancel: once tasks go on the data connection, as the
+        frame ``encode`` makes of it (its serialized CoordinatorMessage), in one
+        send from the caller's thread; else queued for the stream.
+
+        A connection that broke takes nothing: its end drops the worker, whose
+        units are re-queued as for a broken stream.
+        """
+        connection = self.task_data
+        if connection is None:
+            self.send(command)
+        elif self.alive:
+            connection.send(encode(command))
 
     def end(self, code: grpc.StatusCode, message: str, detail: CallDetail | None = None) -> None:
         """Makes the stream's handler end the call with this status."""

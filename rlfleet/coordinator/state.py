@@ -28,6 +28,7 @@ from rlfleet.coordinator.metrics import CoordinatorMetrics
 from rlfleet.coordinator.progress import ProgressWatch
 from rlfleet.coordinator.registry import Registry, TaskDispatch, WorkerHandle
 from rlfleet.coordinator.updates import EnvState, env_update_of, whole_agent
+from rlfleet.coordinator.worker_messages import work_frame
 from rlfleet.protocol.error_reports import ErrorKind, ErrorReport, describe_report
 from rlfleet.protocol.learner_calls import CallHeader
 from rlfleet.protocol.multi_agent import MULTI_AGENT_CAPABILITY, can_run_env, can_run_policy
@@ -245,7 +246,7 @@ class FleetState:
                     if (replay := self.streams.replay(order.base_seed, stream, order.worker_id))
                 )
                 columns = _rpc.UNIT_COLUMNS_CAPABILITY in handle.hello.capabilities
-                handle.send(TaskDispatch(order, replays, unit_columns=columns))
+                handle.send_work(TaskDispatch(order, replays, unit_columns=columns), work_frame)
                 if logger.isEnabledFor(logging.DEBUG):
                     logger.debug(
                         "task %d of request %d to worker %r",
@@ -265,7 +266,7 @@ class FleetState:
         for cancel in cancels:
             handle = self.registry.get(cancel.worker_id)
             if handle is not None:
-                handle.send(cancel)
+                handle.send_work(cancel, work_frame)
 
     def broadcast(self, message: AgentChange | EnvChange) -> set[int]:
         """Sends an env or agent update to every worker that may run it; returns their ids.

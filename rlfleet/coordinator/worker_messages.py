@@ -217,6 +217,12 @@ def coordinator_message(command: WorkerCommand) -> worker_pb2.CoordinatorMessage
     return worker_pb2.CoordinatorMessage(welcome=encode_welcome(command))
 
 
+def work_frame(command: TaskDispatch | CancelOrder) -> bytes:
+    """A Task or Cancel as a frame's payload on the worker's lease data connection:
+    the CoordinatorMessage the Join stream would carry (``rlfleet.data-tasks``)."""
+    return coordinator_message(command).SerializeToString()
+
+
 def task_message(dispatch: TaskDispatch) -> worker_pb2.CoordinatorMessage:
     """The Task message of a scheduler order, with the replays of the streams it takes over."""
     order = dispatch.order

@@ -75,6 +75,12 @@ DATA_RESULTS_CAPABILITY = "rlfleet.data-results"
 #: marker on the Join stream (WorkerMessage.results_switch); without it on
 #: both sides, a session keeps the carrier of its first result.
 RESULTS_SWITCH_CAPABILITY = "rlfleet.results-switch"
+#: Capability of workers that take their Tasks and Cancels on the lease data
+#: channel once its connection is accepted: every Task or Cancel sent after
+#: the switch marker on the Join stream (LeaseCommand.data_switch) comes
+#: there; agent and env updates stay on the stream, so the worker holds a
+#: Task until it runs the Task's agent version and env generation.
+DATA_TASKS_CAPABILITY = "rlfleet.data-tasks"
 
 #: Default largest message either side sends or accepts. Batches are chunked
 #: well below it (rlfleet.wire.DEFAULT_CHUNK_BYTES); only agent updates with

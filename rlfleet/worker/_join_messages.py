@@ -94,6 +94,19 @@ class LeaseDataSwitch:
 
 
 @dataclasses.dataclass(frozen=True)
+class DataChannelWork:
+    """A Task or Cancel that came on the lease data connection (``rlfleet.data-tasks``):
+    the worker runs such a Task only once it runs the Task's agent version and
+    env generation, whose updates come on the Join stream.
+
+    Attributes:
+        work: The Task or Cancel.
+    """
+
+    work: TaskAssignment | TaskCancel
+
+
+@dataclasses.dataclass(frozen=True)
 class EmptyCoordinatorMessage:
     """A CoordinatorMessage without a body (gRPC takes a deserializer's None for a failure)."""
 
@@ -109,6 +122,7 @@ CoordinatorEvent: TypeAlias = (
     | DrainOrder
     | LeaseCommandIn
     | LeaseDataSwitch
+    | DataChannelWork
     | EmptyCoordinatorMessage
 )
 #: What the worker sends: a message to build, or one serialized already
@@ -135,6 +149,7 @@ _BODY_NAMES: dict[type, str] = {
     DrainOrder: "drain",
     LeaseCommandIn: "lease",
     LeaseDataSwitch: "lease",
+    DataChannelWork: "task or cancel",
     EmptyCoordinatorMessage: "None",
 }
 
@@ -171,8 +186,7 @@ def parse_coordinator_message(data: bytes) -> CoordinatorEvent:
     if body == "env_update":
         return decode_env_update(message.env_update)
     if body == "cancel":
-        cancel = message.cancel
-        return TaskCancel(cancel.task_id, tuple(cancel.episode_indices))
+        return _cancel(message.cancel)
     if body == "lease":
         return _lease(message.lease)
     if body == "drain":
@@ -182,8 +196,11 @@ def parse_coordinator_message(data: bytes) -> CoordinatorEvent:
     return EmptyCoordinatorMessage()
 
 
-def parse_lease_frame(payload: bytes) -> LeaseCommandIn | LeaseDataSwitch:
-    """Reads a frame of the lease data connection: a CoordinatorMessage holding a lease command.
+def parse_lease_frame(
+    payload: bytes, *, tasks: bool = False
+) -> LeaseCommandIn | LeaseDataSwitch | DataChannelWork:
+    """Reads a frame of the lease data connection: a CoordinatorMessage holding a
+    lease command, or with ``tasks`` (``rlfleet.data-tasks`` agreed) a Task or Cancel.
 
     Raises:
         WireFormatError: If it is anything else (the connection then ends).
@@ -192,12 +209,21 @@ def parse_lease_frame(payload: bytes) -> LeaseCommandIn | LeaseDataSwitch:
         message = worker_pb2.CoordinatorMessage.FromString(payload)
     except DecodeError as exc:
         raise WireFormatError(f"a lease data frame did not parse: {exc}") from None
-    if message.WhichOneof("body") != "lease":
+    body = message.WhichOneof("body")
+    if tasks and body == "task":
+        return DataChannelWork(decode_task(message.task))
+    if tasks and body == "cancel":
+        return DataChannelWork(_cancel(message.cancel))
+    if body != "lease":
         raise WireFormatError(
-            f"a lease data frame held {message.WhichOneof('body') or 'nothing'}, not a "
-            "lease command"
+            f"a lease data frame held {body or 'nothing'}, not a "
+            f"{'lease command, task or cancel' if tasks else 'lease command'}"
         )
     return _lease(message.lease)
+
+
+def _cancel(cancel: worker_pb2.Cancel) -> TaskCancel:
+    return TaskCancel(cancel.task_id, tuple(cancel.episode_indices))
 
 
 def _lease(command: leases_pb2.LeaseCommand) -> LeaseCommandIn | LeaseDataSwitch:

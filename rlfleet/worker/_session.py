@@ -38,7 +38,9 @@ from rlfleet.security import PICKLE_CAPABILITY, PickleGate
 from rlfleet.security.pickle import embedded_child
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
 from rlfleet.worker._flush import FlushMemory, FlushPolicy
+from rlfleet.worker._held_tasks import HeldTasks
 from rlfleet.worker._join_messages import (
+    DataChannelWork,
     LeaseCommandIn,
     LeaseDataSwitch,
     Outgoing,
@@ -136,8 +138,14 @@ class Session:
             max_frame_bytes=self._max_message_bytes,
             leaving=lambda: self._leaving or worker.leave_requested,
             on_broken=self._data_broken,
+            on_work=self._inbox.put,
         )
         self._book = TaskBook(self._vec, lambda: self._leases.host.hosted)
+        self._held = HeldTasks(
+            self._on_task,
+            self._on_cancel,
+            lambda: (self._vec.agent_version, self._generation),
+        )
         self._heartbeat_interval = (
             config.heartbeat_interval or welcome.heartbeat_interval_seconds or 1.0
         )
@@ -294,9 +302,16 @@ class Session:
         elif isinstance(message, AgentChange | UnreadableAgentUpdate):
             self._on_agent_update(message)
         elif isinstance(message, TaskAssignment):
+            self._held.seen(message.task_id)
             self._on_task(message)
         elif isinstance(message, TaskCancel):
-            self._book.cancel(message.task_id, message.episode_indices)
+            self._on_cancel(message)
+        elif isinstance(message, DataChannelWork):
+            work = message.work
+            if isinstance(work, TaskCancel):
+                self._held.on_cancel(work)
+            elif not self._leaving:
+                self._held.on_task(work)
         elif isinstance(message, LeaseCommandIn | LeaseDataSwitch):
             self._leases.submit(message)
         elif isinstance(message, DrainOrder):
@@ -330,6 +345,7 @@ class Session:
         self._book.drop_stale(env_generation=update.generation)
         self._send(env_built(update.generation, self._vec.env_spec))
         logger.info("env generation %d: %s", update.generation, update.env_id)
+        self._held.update_applied()
 
     def _on_agent_update(self, update: AgentChange | UnreadableAgentUpdate) -> None:
         self._flush()  # finished episodes belong to the old version
@@ -360,6 +376,7 @@ class Session:
         self._book.drop_stale(agent_version=update.version)
         self._send(AgentApplied(update.version))
         logger.debug("agent version %d applied", update.version)
+        self._held.update_applied()
 
     def _on_task(self, task: TaskAssignment) -> None:
         if self._leaving:
@@ -393,6 +410,9 @@ class Session:
                 extra={"task_id": task.task_id, "request_id": task.request_id},
             )
         self._book.add(*parsed)
+
+    def _on_cancel(self, cancel: TaskCancel) -> None:
+        self._book.cancel(cancel.task_id, cancel.episode_indices)
 
     def _on_task_error(self, exc: Exception) -> None:
         """Reports an error that stops a request, once per request, and drops its tasks.
@@ -530,6 +550,7 @@ class Session:
         if tell:
             self._send(WorkerLeaving(reason))
         self._book.drop_unstarted()
+        self._held.clear()
         logger.info(
             "leaving (%s): finishing %d episodes in flight",
             reason or "drain",

@@ -3,9 +3,11 @@
 A worker that hosts leases gets a ticket in its Welcome (worker_events.py),
 one per Join session. Presenting it attaches the connection: the worker
 first gets the switch marker on its Join stream, then every lease command on
-the connection (``WorkerHandle.send_lease``); its replies go to the same
-``LeaseManager.on_reply`` as the Join stream's. A worker that agreed on
-``rlfleet.data-results`` sends its results there too: the loop parses each
+the connection (``WorkerHandle.send_lease``), and, when it agreed on
+``rlfleet.data-tasks``, every Task and Cancel (``WorkerHandle.send_work``);
+its replies go to the same ``LeaseManager.on_reply`` as the Join stream's.
+A worker that agreed on ``rlfleet.data-results`` sends its results there
+too: the loop parses each
 message and hands it to the session's :class:`ResultLane`, whose thread
 joins and books them as the Join stream's reader would (result_lane.py says
 why not on the loop), once its results switch marker was read on its Join
@@ -150,6 +152,10 @@ def worker_attach(
                 raise UnavailableError(f"worker {handle.name!r} left before its data connection")
             handle.send(data_switch_command())
             handle.lease_data = connection
+            if _rpc.DATA_TASKS_CAPABILITY in handle.hello.capabilities:
+                # Tasks and Cancels too, from now on: the marker went ahead of
+                # them, and they are sent under the lock as well.
+                handle.task_data = connection
             results = None
             if _rpc.DATA_RESULTS_CAPABILITY in handle.hello.capabilities:
                 done = handle.data_results_done = threading.Event()

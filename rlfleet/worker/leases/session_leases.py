@@ -13,6 +13,11 @@ boundary after the connection opened, the results switch marker on the
 stream saying where (the coordinator books the connection's results only
 once it has read the marker, so none overtakes one sent before it);
 without it, a session keeps the carrier of its first result.
+
+With ``rlfleet.data-tasks`` agreed, the connection also brings the session's
+Tasks and Cancels after the switch marker; they go to the session's main
+loop (``on_work``), which holds a Task until its updates, which stay on the
+stream, were applied (``rlfleet.worker._held_tasks``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from rlfleet.transport.lease_channel import coordinator_host
 from rlfleet.wire.leases import data_hello
 from rlfleet.worker._connection import JoinStream
 from rlfleet.worker._join_messages import (
+    DataChannelWork,
     LeaseCommandIn,
     LeaseDataSwitch,
     lease_reply,
@@ -54,6 +60,8 @@ class SessionLeases:
         max_frame_bytes: Largest frame on the data connection.
         leaving: Whether the session is leaving (the data connection then stops redialling).
         on_broken: Called with the reason when the data connection broke.
+        on_work: Takes a Task or Cancel of the data connection (with
+            ``rlfleet.data-tasks`` agreed), in order, from its reader thread.
     """
 
     def __init__(
@@ -70,8 +78,11 @@ class SessionLeases:
         max_frame_bytes: int,
         leaving: Callable[[], bool],
         on_broken: Callable[[str], None],
+        on_work: Callable[[DataChannelWork], None],
     ) -> None:
         self._stream = stream
+        self._on_work = on_work
+        self._tasks_agreed = _rpc.DATA_TASKS_CAPABILITY in welcome.capabilities
         self._leaving = leaving
         self.host = LeaseHost(imports, lambda report: self.send(lease_reply(report, name)), pickle)
         self._channel: WorkerLeaseChannel | None = None
@@ -179,12 +190,17 @@ class SessionLeases:
         self.host.shutdown()
 
     def _data_command(self, payload: bytes) -> None:
-        """A frame of the data connection: a CoordinatorMessage holding a lease command.
+        """A frame of the data connection: a CoordinatorMessage holding a lease
+        command, or with ``rlfleet.data-tasks`` agreed a Task or Cancel.
 
         Raises:
             WireFormatError: If it is anything else (the connection then ends).
         """
-        self.submit(parse_lease_frame(payload))
+        command = parse_lease_frame(payload, tasks=self._tasks_agreed)
+        if isinstance(command, DataChannelWork):
+            self._on_work(command)
+        else:
+            self.submit(command)
 
     def _join_ended(self, seconds: float) -> bool:
         """Whether this session is leaving, or its Join stream ends within ``seconds``."""
