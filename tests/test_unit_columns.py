@@ -225,7 +225,8 @@ def test_waiting_units_run_once_each_with_their_seeds_and_cancels_drop_them() ->
         second = EpisodeTask(task_id=2, request_id=2, agent_version=-1, env_generation=0)
         book.add(second, UnitColumns.seeded(3, 2, range(4)))
         book.add(EpisodeTask(3, 3, -1, 0), UnitColumns.seeded(3, 3, range(5)))
-        assert book.queued_units == 18 and vec.queued_count == 2  # one per slot
+        # A block in the VecWorker: a unit per slot and as many again.
+        assert book.queued_units == 18 and vec.queued_count == 4
         assert first.remaining == set(range(9))
         book.cancel(1, [2, 3, 7])
         book.drop([3])

@@ -44,7 +44,7 @@ def test_units_reach_the_vec_worker_in_blocks_not_at_every_vector_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     vec, book = _native_book(16, [0])
-    assert vec.queued_count == 16 + 16 // BLOCK_SHARE  # every slot, and a quarter more
+    assert vec.queued_count == 16 + 16 // BLOCK_SHARE  # every slot, and as many again
     hand_offs: list[int] = []
     submit = vec.submit
 
@@ -59,9 +59,10 @@ def test_units_reach_the_vec_worker_in_blocks_not_at_every_vector_step(
         assert vec.active_count + vec.queued_count >= 16  # no slot waits for a unit
         vec.step()
         vector_steps += 1
-    # Episodes end a few per vector step; a hand-off serves several vector steps.
+    # Episodes end about one per vector step here; a hand-off of a slot's worth
+    # of units and more serves ten vector steps and more.
     assert all(count >= 16 // BLOCK_SHARE for count in hand_offs)
-    assert len(hand_offs) * 2 <= vector_steps
+    assert len(hand_offs) * 10 <= vector_steps
     vec.shutdown()
 
 
@@ -70,7 +71,7 @@ def test_a_lease_takes_back_the_units_queued_beyond_the_slots_it_leaves_free() -
     vec, book = _native_book(16, leased)
     vec.step()  # 16 episodes start
     queued_before = [unit.episode_index for unit in vec._units.queue]
-    assert queued_before == list(range(16, 20))  # the block beyond the 16 running
+    assert queued_before == list(range(16, 32))  # the block beyond the 16 running
     leased[0] = 10
     book.feed()
     # The queued units come back; the episodes running go on to their end.
@@ -93,6 +94,23 @@ def test_leaving_drops_the_units_the_vec_worker_has_not_started() -> None:
     book.drop_unstarted()
     assert vec.queued_count == 0 and book.queued_units == 0
     assert vec.active_count == 16  # the running episodes go on
+    vec.shutdown()
+
+
+def test_a_cancel_drops_the_units_of_a_block_the_vec_worker_holds_and_none_of_them_runs() -> None:
+    vec, book = _native_book(16, [0])
+    vec.step()  # 16 episodes start; the block's next 16 wait in the VecWorker
+    queued = [unit.episode_index for unit in vec._units.queue]
+    assert queued == list(range(16, 32))
+    book.cancel(5, queued[::2])  # the coordinator moves every other one elsewhere
+    assert [unit.episode_index for unit in vec._units.queue] == queued[1::2]
+    ran: set[int] = set()
+    while len(ran) < 40:  # the next step takes the cancelled units' places at once
+        vec.step()
+        book.feed()
+        ran.update(unit.episode_index for _, unit in vec._engine.running_units())
+    assert not ran & set(queued[::2])
+    assert set(queued[1::2]) <= ran
     vec.shutdown()
 
 

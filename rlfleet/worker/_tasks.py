@@ -5,11 +5,12 @@ prefetch). They wait here, not in the VecWorker: units given to the
 VecWorker start at its next step, while units still here can be dropped at
 once when the worker leaves or a task is cancelled. When the VecWorker holds
 fewer units than it has slots, it is handed a block: enough for every slot
-plus a quarter of its slots more (:data:`BLOCK_SHARE`), so that a slot that
-finished an episode takes the next one on the following step, exactly as
-with the VecWorker's own queue, while a hand-off (whose fixed cost is
-several units' worth) happens once every few vector steps, not at every
-one: a native worker's slots end a few episodes at each vector step. While
+plus as many again (:data:`BLOCK_SHARE`), so that a slot that finished an
+episode takes the next one on the following step, exactly as with the
+VecWorker's own queue, while a hand-off (whose fixed cost is several units'
+worth, and whose units cost less each the more of them are built at once)
+happens once every twenty-odd vector steps of a native worker, whose slots
+end a few episodes at each. While
 leased envs hold slots no block is handed, and units queued beyond the
 slots the leases leave free come back here. Units wait as the columns their Task brought
 (:class:`~rlfleet.protocol.unit_columns.UnitColumns`): each becomes an
@@ -34,9 +35,11 @@ from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns
 from rlfleet.worker.units import EpisodeUnit
 from rlfleet.worker.vec import VecWorker
 
-#: A block handed to the VecWorker holds this share of its slots beyond the
-#: free ones (none for fewer than this many slots).
-BLOCK_SHARE = 4
+#: A block handed to the VecWorker holds its slots over this many beyond the
+#: free ones: a full set of slots more (a quarter more cost a native worker
+#: about 60 instructions per step more, its blocks of about 18 units handed
+#: over three times as often, each unit built dearer).
+BLOCK_SHARE = 1
 
 
 @dataclass
