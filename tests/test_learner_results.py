@@ -3,8 +3,9 @@
 
 Real coordinator and worker processes on loopback (or a coordinator in this
 process, whose learner attaches in memory): the results of every answer
-arrive as frames on the sampler's own data connection, up to the end
-marker, and the batch equals LocalSampler's bit for bit; a connection cut
+arrive as frames on the sampler's own data connection, up to the footer
+(or, for a side that does not agree to that, the end marker), and the
+batch equals LocalSampler's bit for bit; a connection cut
 mid-answer fails that call with a retryable UnavailableError and the retry
 returns the right batch; a data port that cannot be reached, a
 coordinator without one, or one that does not know the method keeps the
