@@ -152,8 +152,9 @@ def test_a_result_lane_sends_its_results_to_the_learner_itself(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The lane that booked a result writes it on the learner's results
-    # connection (no hand-off to the call's thread), and the call's end
-    # marker still follows every result of the call, with their count.
+    # connection (no hand-off to the call's thread), and the call's footer,
+    # in place of the end marker, still follows every result of the call,
+    # with their count.
     frames: list[tuple[str, learner_pb2.SampleResponse]] = []
     send_parts = InProcessConnection.send_parts
 
@@ -181,7 +182,7 @@ def test_a_result_lane_sends_its_results_to_the_learner_itself(
         *results, (_, end) = sent
         assert results and all(m.HasField("result") for _, m in results)
         assert all(name.startswith("rlfleet-data-results-") for name, _ in results)
-        assert end.HasField("results_end") and end.results_end.results == len(results)
+        assert end.HasField("footer") and end.footer.data_results == len(results)
 
 
 @pytest.fixture

@@ -3,8 +3,9 @@
 
 Real coordinator and worker processes on loopback (or a coordinator in this
 process, whose learner attaches in memory): the results of every answer
-arrive as frames on the sampler's own data connection, up to the end
-marker, and the batch equals LocalSampler's bit for bit; a connection cut
+arrive as frames on the sampler's own data connection, up to the footer
+(or, for a side that does not agree to that, the end marker), and the
+batch equals LocalSampler's bit for bit; a connection cut
 mid-answer fails that call with a retryable UnavailableError and the retry
 returns the right batch; a data port that cannot be reached, a
 coordinator without one, or one that does not know the method keeps the
@@ -14,6 +15,8 @@ over two coordinators uses one connection to each.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import socket
 import sys
@@ -30,15 +33,19 @@ import pytest
 
 from rlfleet.client import Fleet, RemoteSampler, _learner_messages
 from rlfleet.client._learner_messages import LearnerStubs
+from rlfleet.client._responses import AnswerMemory, collect_answer
 from rlfleet.client._result_route import DataResults, ResultRoute
 from rlfleet.coordinator.config import LEASE_DATA_OFF
-from rlfleet.coordinator.result_channels import ResultChannels
+from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.result_channels import ResultChannels, ResultSender
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import EnvError, UnavailableError
+from rlfleet.errors import ConnectionClosedError, EnvError, ProtocolError, UnavailableError
 from rlfleet.protocol.learner_calls import SampleAsk
+from rlfleet.protocol.modes import Footer
 from rlfleet.security import ClientSecurity
 from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.lease_channel import InProcessLink, LeaseDataLink, frame
+from rlfleet.v1 import learner_pb2
 from tests._coordinator_fakes import assert_same_batch
 from tests.fleet_processes import (
     SLOW_ENV,
@@ -110,8 +117,10 @@ def test_answers_arrive_on_the_results_connection_and_equal_local_sampler(
 
     assert calls.all_on_data()
     assert len(calls.reads) == 3
-    # Per call its header and footer (on the stream) and its end marker; every result by hand.
-    assert len(general) == 3 * 3
+    # Per call its header (on the stream) and its footer (on the connection, in place of
+    # the end marker: one stream message fewer); every result by hand.
+    assert all(data is not None and data.footer is not None for data in calls.reads)
+    assert len(general) == 3 * 2
     # Each worker's first result decoded by the general path, the rest viewed at its layout.
     assert sampler._answers.layouts.decoded == 2 and sampler._answers.layouts.viewed > 0
     # One connection served every call (a TCP one: the coordinator is another process).
@@ -316,9 +325,9 @@ def test_a_call_that_overtakes_its_connections_booking_still_gets_it(
     asked = threading.Event()
     take, attach = ResultChannels.take, ResultChannels._attach
 
-    def asking(self: ResultChannels, channel: int, call: int) -> Any:
+    def asking(self: ResultChannels, channel: int, call: int, **kwargs: Any) -> Any:
         asked.set()
-        return take(self, channel, call)
+        return take(self, channel, call, **kwargs)
 
     def late(self: ResultChannels, channel: int, connection: Any) -> Any:
         assert asked.wait(60), "no call asked for the connection"
@@ -370,3 +379,113 @@ def test_a_learner_that_stops_reading_holds_the_result_lane_and_loses_nothing() 
         assert_same_batch(batch, local_episodes(env, 64, seed=SEED)[0])
     finally:
         fleet.close()
+
+
+@contextlib.contextmanager
+def _frames_sent(*payloads: bytes) -> Iterator[DataResults]:
+    """The reader of call 1 on a link whose other end sent ``payloads`` as frames."""
+    ours, theirs = socket.socketpair()
+    link = LeaseDataLink(ours, max_frame_bytes=1 << 20)
+    try:
+        for payload in payloads:
+            theirs.sendall(frame(payload))
+        yield DataResults(link, 1, 10.0, "here")
+    finally:
+        link.close()
+        theirs.close()
+
+
+def _footer_frame(num_episodes: int, data_results: int) -> bytes:
+    footer = learner_pb2.SampleFooter(num_episodes=num_episodes, data_results=data_results)
+    return learner_pb2.SampleResponse(footer=footer, result_call=1).SerializeToString()
+
+
+def test_a_footer_on_the_connection_ends_the_answer_only_where_its_header_said_so() -> None:
+    with _frames_sent(_footer_frame(1, 0)) as announced:
+        announced.footer_expected = True
+        assert list(announced.parts()) == []
+        assert announced.ended and announced.footer == Footer(1, 0, 0, 0, 0)
+    with (
+        _frames_sent(_footer_frame(1, 0)) as unannounced,
+        pytest.raises(ProtocolError, match="neither a result nor an end marker"),
+    ):
+        list(unannounced.parts())
+
+
+def test_a_footer_that_miscounts_the_connections_results_is_a_protocol_error() -> None:
+    header = learner_pb2.SampleResponse(
+        header=learner_pb2.SampleHeader(results_on_data=True, footer_on_data=True)
+    ).SerializeToString()
+    reader = AnswerMemory().reader("Sample", keep_pieces=True)
+    call = [_learner_messages.parse_response(header)]
+    with (
+        _frames_sent(_footer_frame(0, 2)) as data,
+        pytest.raises(ProtocolError, match=r"footer counts 2 results.*0 arrived"),
+    ):
+        collect_answer(call, reader, 2, 1, None, data=data)
+
+
+def test_a_learner_that_does_not_ask_gets_the_footer_on_the_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An older learner: the end marker on the connection, the footer on the stream.
+    with Fleet.local(workers=2, envs_per_worker=2, seed=SEED) as sampler:
+        route = sampler.result_route
+        prepare = route.prepare
+
+        def older(ask: SampleAsk, timeout: float | None) -> Any:
+            asked, data = prepare(ask, timeout)
+            return dataclasses.replace(asked, footer_on_data=False), data
+
+        monkeypatch.setattr(route, "prepare", older)
+        calls = Calls(route, monkeypatch)
+        expected = local_episodes(CARTPOLE, 6, 5, seed=SEED)
+        assert_same_batch(sampler.obtain_episodes(6), expected[0])
+        assert_same_batch(sampler.obtain_episodes(5), expected[1])
+        assert calls.all_on_data()
+        assert all(data is not None and data.footer is None for data in calls.reads)
+
+
+def test_a_coordinator_that_does_not_know_the_field_keeps_the_footer_on_the_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    take = ResultChannels.take
+
+    def older(self: ResultChannels, channel: int, call: int, **kwargs: Any) -> Any:
+        return take(self, channel, call)  # SampleRequest.footer_on_data unknown: unset
+
+    monkeypatch.setattr(ResultChannels, "take", older)
+    with Fleet.local(workers=2, envs_per_worker=2, seed=SEED) as sampler:
+        calls = Calls(sampler.result_route, monkeypatch)
+        expected = local_episodes(CARTPOLE, 6, 5, seed=SEED)
+        assert_same_batch(sampler.obtain_episodes(6), expected[0])
+        assert_same_batch(sampler.obtain_episodes(5), expected[1])
+        assert calls.all_on_data()
+        assert all(data is not None and data.footer is None for data in calls.reads)
+
+
+class _Unsendable:
+    """A results connection whose sends fail (the learner went away)."""
+
+    closed = False
+
+    def send_parts(self, parts: Any, wait: float) -> None:
+        raise ConnectionClosedError("gone")
+
+    def close(self, reason: str) -> None:
+        self.closed = True
+
+
+def test_a_footer_that_cannot_be_sent_fails_the_call() -> None:
+    # The answer is incomplete without it: the call must end with an error,
+    # not its OK status; the connection is closed and given back.
+    channels = ResultChannels(None)
+    connection = _Unsendable()
+    sender = ResultSender(channels, 5, connection, 1, footer_on_data=True)  # type: ignore[arg-type]
+    channels._busy.add(5)
+    with pytest.raises(CallError) as failed:
+        sender.end(Footer(1, 10, 1, 0))
+    assert failed.value.code is grpc.StatusCode.UNAVAILABLE
+    assert "footer" in failed.value.message
+    assert connection.closed and 5 not in channels._busy
+    sender.end()  # once: the call's later end sends nothing more

@@ -20,7 +20,12 @@ from hypothesis import strategies as st
 from rlfleet.client import Fleet
 from rlfleet.client._learner_messages import LearnerStubs
 from rlfleet.coordinator.calls import CallOutbox, CallScope
-from rlfleet.coordinator.learner_messages import footer_bytes, header_bytes, results_end
+from rlfleet.coordinator.learner_messages import (
+    footer_bytes,
+    header_bytes,
+    result_call_field,
+    results_end,
+)
 from rlfleet.coordinator.requests import LearnerRequests
 from rlfleet.envs import EnvConfig
 from rlfleet.protocol.learner_calls import CallHeader
@@ -48,6 +53,7 @@ def _spec_wire() -> bytes:
     coordinator_id=st.text(max_size=40),
     with_spec=st.booleans(),
     results_on_data=st.booleans(),
+    footer_on_data=st.booleans(),
 )
 def test_a_header_is_what_protobuf_writes(
     *,
@@ -57,6 +63,7 @@ def test_a_header_is_what_protobuf_writes(
     coordinator_id: str,
     with_spec: bool,
     results_on_data: bool,
+    footer_on_data: bool,
 ) -> None:
     spec = _spec_wire() if with_spec else None
     header = CallHeader(request_id, agent_version, env_generation, coordinator_id, spec)
@@ -67,11 +74,12 @@ def test_a_header_is_what_protobuf_writes(
             env_generation=env_generation,
             coordinator_id=coordinator_id,
             results_on_data=results_on_data,
+            footer_on_data=footer_on_data,
         )
     )
     if spec is not None:
         expected.header.env_spec.MergeFromString(spec)
-    written = header_bytes(header, results_on_data=results_on_data)
+    written = header_bytes(header, results_on_data=results_on_data, footer_on_data=footer_on_data)
     assert written == expected.SerializeToString()
 
 
@@ -101,13 +109,16 @@ def test_an_empty_spec_is_still_a_spec() -> None:
     workers_used=_UINT32,
     reassigned_units=_UINT32,
     data_results=_UINT64,
+    call=st.integers(1, 2**64 - 1),
 )
 def test_a_footer_is_what_protobuf_writes(
+    *,
     num_episodes: int,
     total_steps: int,
     workers_used: int,
     reassigned_units: int,
     data_results: int,
+    call: int,
 ) -> None:
     footer = Footer(num_episodes, total_steps, workers_used, reassigned_units)
     expected = learner_pb2.SampleResponse(
@@ -120,6 +131,11 @@ def test_a_footer_is_what_protobuf_writes(
         )
     )
     assert footer_bytes(footer, data_results) == expected.SerializeToString()
+    # On a results connection (in place of the end marker): the same plus the call's number.
+    expected.result_call = call
+    assert footer_bytes(footer, data_results) + result_call_field(call) == (
+        expected.SerializeToString()
+    )
 
 
 @given(call=_UINT64, results=_UINT64)

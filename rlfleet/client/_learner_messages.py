@@ -191,6 +191,7 @@ def _sample_request(ask: SampleAsk) -> bytes:
         first_episode=ask.first_episode,
         result_channel=ask.result_channel,
         result_call=ask.result_call,
+        footer_on_data=ask.footer_on_data,
     )
     if ask.seed is not None:
         request.seed = ask.seed
@@ -262,17 +263,21 @@ def parse_response(data: bytes) -> ResponsePart:
             header.coordinator_id,
             spec,
             header.results_on_data,
+            header.footer_on_data,
         )
     if body == "footer":
-        footer = message.footer
-        return Footer(
-            footer.num_episodes,
-            footer.total_steps,
-            footer.workers_used,
-            footer.reassigned_units,
-            footer.data_results,
-        )
+        return _footer(message.footer)
     return EmptyResponse()
+
+
+def _footer(footer: learner_pb2.SampleFooter) -> Footer:
+    return Footer(
+        footer.num_episodes,
+        footer.total_steps,
+        footer.workers_used,
+        footer.reassigned_units,
+        footer.data_results,
+    )
 
 
 @dataclass(frozen=True)
@@ -297,9 +302,10 @@ def read_coordinator_result(
 
 def parse_result_frame(
     data: bytes | bytearray | memoryview | FramePieces,
-) -> tuple[int, ResultPart | ResultsEnd | EmptyResponse]:
+) -> tuple[int, ResultPart | ResultsEnd | Footer | EmptyResponse]:
     """Reads one frame of a results connection: its call's number and what it holds
-    (a result message's chunk stays a view of ``data``, or of its data piece).
+    (a result message's chunk stays a view of ``data``, or of its data piece; a
+    footer when the call's footer travels there: ``SampleRequest.footer_on_data``).
 
     Raises:
         WireFormatError: If the bytes are malformed.
@@ -315,6 +321,8 @@ def parse_result_frame(
         return message.result_call, ResultPart(ResultHeader.of(message.result), chunk)
     if body == "results_end":
         return message.result_call, ResultsEnd(message.results_end.results)
+    if body == "footer":
+        return message.result_call, _footer(message.footer)
     return message.result_call, EmptyResponse()
 
 

@@ -215,7 +215,8 @@ def collect_answer(
         progress: Called with (done, amount) as results land.
         data: The result frames of the call's results connection, when the
             request named one: read, up to their end marker, where the
-            header says the results travel there (before the footer).
+            header says the results travel there (before the footer), or up
+            to the footer where the header says it travels there too.
 
     Raises:
         ProtocolError: If a footer comes before any header, or the results
@@ -237,6 +238,7 @@ def collect_answer(
                     "request did not name"
                 )
             on_data = data
+            data.footer_expected = item.footer_on_data
         first = reader.read(item)
         # After the header of an answer on the results connection: its results.
         parts = () if on_data is None or on_data.used else on_data.parts()
@@ -262,15 +264,34 @@ def collect_answer(
             elif isinstance(response, AnswerHeader):
                 header = response
             elif isinstance(response, Footer):
-                if header is None:
-                    raise ProtocolError(f"{reader.what}: a footer came before any header")
-                sent = 0 if on_data is None else on_data.count
-                if response.data_results != sent:
-                    raise ProtocolError(
-                        f"{reader.what}: the footer counts {response.data_results} results on "
-                        f"the results connection, {sent} arrived there"
-                    )
-                return SampleAnswer(header, response, results)
+                return _answer(reader, header, response, results, on_data)
+        if on_data is not None and on_data.footer is not None:
+            # The footer came on the results connection: the answer is whole.
+            return _answer(reader, header, on_data.footer, results, on_data)
     raise UnavailableError(
         f"{reader.what}: the answer ended before its footer (the coordinator went away?); retry"
     )
+
+
+def _answer(
+    reader: ResponseReader,
+    header: AnswerHeader | None,
+    footer: Footer,
+    results: list[Result],
+    on_data: DataResults | None,
+) -> SampleAnswer:
+    """The answer a footer ends, once its counts agree with what arrived.
+
+    Raises:
+        ProtocolError: If no header came first, or the footer counts other
+            results on the results connection than arrived there.
+    """
+    if header is None:
+        raise ProtocolError(f"{reader.what}: a footer came before any header")
+    sent = 0 if on_data is None else on_data.count
+    if footer.data_results != sent:
+        raise ProtocolError(
+            f"{reader.what}: the footer counts {footer.data_results} results on "
+            f"the results connection, {sent} arrived there"
+        )
+    return SampleAnswer(header, footer, results)

@@ -7,10 +7,12 @@ in ``Fleet.local`` it attaches in memory instead), and names the connection
 in every Sample request. The coordinator then sends the answer's result
 messages there as frames, and the call's stream keeps the header, the
 footer and errors (learner.proto, "Results on a learner's data
-connection"). A frame is read straight into a buffer of its own, which the
-assembly reads in place, with no gRPC message and no protobuf object per
-result (docs/performance.md, "Results on the learner's own data
-connection").
+connection"); the sampler asks for the footer there too
+(``SampleRequest.footer_on_data``), which a coordinator that knows it sends
+in place of the end marker, one stream message fewer per call. A frame is
+read straight into a buffer of its own, which the assembly reads in place,
+with no gRPC message and no protobuf object per result
+(docs/performance.md, "Results on the learner's own data connection").
 
 What keeps answers whole: the learner reads the frames of its call up to
 the coordinator's end marker before it reads the footer, and the marker's
@@ -46,6 +48,7 @@ from rlfleet.errors import (
     UnavailableError,
 )
 from rlfleet.protocol.learner_calls import ResultPart, SampleAsk
+from rlfleet.protocol.modes import Footer
 from rlfleet.security import ClientSecurity
 from rlfleet.transport.lease_channel import (
     DATA_DIAL_SECONDS,
@@ -132,7 +135,9 @@ class ResultRoute:
             self._busy = False
             return ask, None
         self._calls += 1
-        ask = dataclasses.replace(ask, result_channel=self._channel, result_call=self._calls)
+        ask = dataclasses.replace(
+            ask, result_channel=self._channel, result_call=self._calls, footer_on_data=True
+        )
         return ask, DataResults(link, self._calls, timeout, self._address)
 
     def finished(self, data: DataResults | None) -> None:
@@ -209,7 +214,13 @@ class DataResults:
         self._address = address
         self.count = 0  # result frames read
         self.used = False  # the coordinator took the connection for the call
-        self.ended = False  # its end marker was read
+        self.ended = False  # its end marker (or footer) was read
+        #: The call's header said its footer comes here, in place of the end
+        #: marker (``SampleHeader.footer_on_data``; the answer's reader sets it).
+        self.footer_expected = False
+        #: The footer read here, once read (None: the stream carries it, or
+        #: the call failed: an end marker came instead).
+        self.footer: Footer | None = None
         self.result_bytes = 0  # of the result frames read
         #: Bytes of results expected soon (0: none known): a wait for the
         #: next frame then takes up to that many at once
@@ -224,13 +235,15 @@ class DataResults:
 
     def parts(self) -> Iterator[tuple[ResultHeader, Chunk | None]]:
         """The call's result messages' headers and chunks, up to the coordinator's end
-        marker (tuples: no object per result message).
+        marker, or its footer when :attr:`footer_expected` (then :attr:`footer`;
+        tuples: no object per result message).
 
         Raises:
             UnavailableError: If the connection ended before the marker (retryable).
             RlfleetTimeoutError: If the call's deadline passed first.
             ProtocolError: For a frame that is no result or marker of a
-                call, or a marker whose count is not the frames read.
+                call, or a marker whose count is not the frames read, or a
+                footer the header did not announce.
         """
         self.used = True
         link = self._link
@@ -278,6 +291,11 @@ class DataResults:
                         f"Sample on coordinator {self._address}: the results connection's end "
                         f"marker counts {part.results} results, {self.count} arrived"
                     )
+                self.ended = True
+                return
+            elif isinstance(part, Footer) and self.footer_expected:
+                # Its data_results is checked against the count by the answer's reader.
+                self.footer = part
                 self.ended = True
                 return
             else:

@@ -4,7 +4,8 @@ Only plumbing lives here: the calls' (de)serializers turn messages into
 rlfleet types and back (``learner_messages``), the Coordinator serves them,
 and a CallError becomes the call's gRPC status. A Sample call that names
 the learner's results connection sends its result messages there
-(``result_channels``); its stream keeps the header, footer and errors.
+(``result_channels``); its stream keeps the header, footer and errors (the
+footer goes on the connection too when the learner asks for it).
 """
 
 from __future__ import annotations
@@ -100,7 +101,9 @@ class LearnerFace:
         scope = self._scope(context)
         sender = None
         if request.result_channel:
-            sender = self._results.take(request.result_channel, request.result_call)
+            sender = self._results.take(
+                request.result_channel, request.result_call, footer_on_data=request.footer_on_data
+            )
         yield from self._stream(
             lambda: self._learners.sample(request, scope, sender), scope, context, sender
         )
@@ -160,10 +163,14 @@ class LearnerFace:
                     yield from learner_messages.responses(event)
                 elif isinstance(event, Forward):
                     sender.send(forwarded_parts(event, sender.tail))
+                elif isinstance(event, Finished) and sender.footer_on_data:
+                    sender.end(event.footer)  # the footer in place of the end marker
                 else:
                     if isinstance(event, Finished):  # the end marker before the footer
                         sender.end()
-                    yield from learner_messages.responses(event, data_results=sender.sent)
+                    yield from learner_messages.responses(
+                        event, data_results=sender.sent, footer_on_data=sender.footer_on_data
+                    )
         except CallError as exc:
             if sender is not None:
                 sender.end()  # before the status: the learner reads up to the marker first

@@ -62,6 +62,7 @@ _HEADER_AGENT_VERSION = learner_pb2.SampleHeader.AGENT_VERSION_FIELD_NUMBER
 _HEADER_ENV_GENERATION = learner_pb2.SampleHeader.ENV_GENERATION_FIELD_NUMBER
 _HEADER_COORDINATOR_ID = learner_pb2.SampleHeader.COORDINATOR_ID_FIELD_NUMBER
 _RESULTS_ON_DATA = tag(learner_pb2.SampleHeader.RESULTS_ON_DATA_FIELD_NUMBER, VARINT) + b"\x01"
+_FOOTER_ON_DATA = tag(learner_pb2.SampleHeader.FOOTER_ON_DATA_FIELD_NUMBER, VARINT) + b"\x01"
 _FOOTER_FIELD = learner_pb2.SampleResponse.FOOTER_FIELD_NUMBER
 _FOOTER_NUM_EPISODES = learner_pb2.SampleFooter.NUM_EPISODES_FIELD_NUMBER
 _FOOTER_TOTAL_STEPS = learner_pb2.SampleFooter.TOTAL_STEPS_FIELD_NUMBER
@@ -101,6 +102,7 @@ def parse_sample_request(data: bytes) -> SampleAsk | CallError:
         first_episode=request.first_episode,
         result_channel=request.result_channel,
         result_call=request.result_call,
+        footer_on_data=request.footer_on_data,
     )
 
 
@@ -160,7 +162,9 @@ def _agent_change(update: AgentUpdateMessage) -> AgentChange | CallError:
 # --- answers (the calls' serializers) ------------------------------------------------
 
 
-def responses(event: Event, *, data_results: int | None = None) -> Iterator[WireResponse]:
+def responses(
+    event: Event, *, data_results: int | None = None, footer_on_data: bool = False
+) -> Iterator[WireResponse]:
     """The messages of one event of a Sample or Subscribe call.
 
     Args:
@@ -168,12 +172,17 @@ def responses(event: Event, *, data_results: int | None = None) -> Iterator[Wire
         data_results: When the call's results travel on the learner's
             results connection: how many were sent there so far (the header
             then says so, the footer names the count); None: on the stream.
+        footer_on_data: With ``data_results``: the header says the footer
+            goes on the results connection too.
 
     Raises:
         CallError: The event itself, when it is one (the call ends with it).
     """
     if isinstance(event, CallHeader):
-        yield header_bytes(event, results_on_data=data_results is not None)
+        on_data = data_results is not None
+        yield header_bytes(
+            event, results_on_data=on_data, footer_on_data=on_data and footer_on_data
+        )
     elif isinstance(event, Forward):
         yield from forwarded(event)
     elif isinstance(event, Finished):
@@ -182,7 +191,9 @@ def responses(event: Event, *, data_results: int | None = None) -> Iterator[Wire
         raise event
 
 
-def header_bytes(header: CallHeader, *, results_on_data: bool) -> bytes:
+def header_bytes(
+    header: CallHeader, *, results_on_data: bool, footer_on_data: bool = False
+) -> bytes:
     """The serialized ``SampleResponse(header=SampleHeader(...))`` of a call's header.
 
     Written field by field: the env spec goes as the bytes the worker
@@ -197,6 +208,7 @@ def header_bytes(header: CallHeader, *, results_on_data: bool) -> bytes:
             _varint_field(_HEADER_ENV_GENERATION, header.env_generation),
             _coordinator_id_field(header.coordinator_id),
             _RESULTS_ON_DATA if results_on_data else b"",
+            _FOOTER_ON_DATA if footer_on_data else b"",
         )
     )
     return len_prefix(_HEADER_FIELD, len(body)) + body

@@ -43,6 +43,8 @@ class SampleAsk:
             results may travel on (0: none; learner.proto, "Results on a
             learner's data connection").
         result_call: This call's number on that connection (>= 1).
+        footer_on_data: The learner reads the footer on that connection
+            too, in place of the end marker (:attr:`CallHeader.footer_on_data`).
     """
 
     mode: int
@@ -58,6 +60,7 @@ class SampleAsk:
     first_episode: int = 0
     result_channel: int = 0
     result_call: int = 0
+    footer_on_data: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +130,8 @@ class CallHeader:
             first ready worker reported it; None until one did.
         results_on_data: The answer's results travel on the learner's
             results connection, not the call's stream.
+        footer_on_data: With ``results_on_data``: the footer follows the
+            results on that connection, in place of the end marker.
     """
 
     request_id: int
@@ -135,6 +140,7 @@ class CallHeader:
     coordinator_id: str = ""
     env_spec_wire: bytes | None = None
     results_on_data: bool = False
+    footer_on_data: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

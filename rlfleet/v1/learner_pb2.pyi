@@ -29,7 +29,7 @@ class ResultsEnd(_message.Message):
     def __init__(self, results: _Optional[int] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("mode", "amount", "fragment_length", "seed", "request_index", "agent_update", "env_update", "wait_for_workers_seconds", "itr", "coordinator_id", "first_episode", "result_channel", "result_call")
+    __slots__ = ("mode", "amount", "fragment_length", "seed", "request_index", "agent_update", "env_update", "wait_for_workers_seconds", "itr", "coordinator_id", "first_episode", "result_channel", "result_call", "footer_on_data")
     MODE_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_FIELD_NUMBER: _ClassVar[int]
     FRAGMENT_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class SampleRequest(_message.Message):
     FIRST_EPISODE_FIELD_NUMBER: _ClassVar[int]
     RESULT_CHANNEL_FIELD_NUMBER: _ClassVar[int]
     RESULT_CALL_FIELD_NUMBER: _ClassVar[int]
+    FOOTER_ON_DATA_FIELD_NUMBER: _ClassVar[int]
     mode: _worker_pb2.SampleMode
     amount: int
     fragment_length: int
@@ -56,7 +57,8 @@ class SampleRequest(_message.Message):
     first_episode: int
     result_channel: int
     result_call: int
-    def __init__(self, mode: _Optional[_Union[_worker_pb2.SampleMode, str]] = ..., amount: _Optional[int] = ..., fragment_length: _Optional[int] = ..., seed: _Optional[int] = ..., request_index: _Optional[int] = ..., agent_update: _Optional[_Union[_updates_pb2.AgentUpdate, _Mapping]] = ..., env_update: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., wait_for_workers_seconds: _Optional[float] = ..., itr: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., first_episode: _Optional[int] = ..., result_channel: _Optional[int] = ..., result_call: _Optional[int] = ...) -> None: ...
+    footer_on_data: bool
+    def __init__(self, mode: _Optional[_Union[_worker_pb2.SampleMode, str]] = ..., amount: _Optional[int] = ..., fragment_length: _Optional[int] = ..., seed: _Optional[int] = ..., request_index: _Optional[int] = ..., agent_update: _Optional[_Union[_updates_pb2.AgentUpdate, _Mapping]] = ..., env_update: _Optional[_Union[_updates_pb2.EnvUpdate, _Mapping]] = ..., wait_for_workers_seconds: _Optional[float] = ..., itr: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., first_episode: _Optional[int] = ..., result_channel: _Optional[int] = ..., result_call: _Optional[int] = ..., footer_on_data: _Optional[bool] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("mode", "fragment_length", "seed", "max_buffered_steps")
@@ -85,20 +87,22 @@ class SampleResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[SampleHeader, _Mapping]] = ..., result: _Optional[_Union[_worker_pb2.EpisodeResult, _Mapping]] = ..., footer: _Optional[_Union[SampleFooter, _Mapping]] = ..., results_end: _Optional[_Union[ResultsEnd, _Mapping]] = ..., result_call: _Optional[int] = ...) -> None: ...
 
 class SampleHeader(_message.Message):
-    __slots__ = ("request_id", "env_spec", "agent_version", "env_generation", "coordinator_id", "results_on_data")
+    __slots__ = ("request_id", "env_spec", "agent_version", "env_generation", "coordinator_id", "results_on_data", "footer_on_data")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENV_GENERATION_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     RESULTS_ON_DATA_FIELD_NUMBER: _ClassVar[int]
+    FOOTER_ON_DATA_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     env_spec: _spaces_pb2.EnvSpec
     agent_version: int
     env_generation: int
     coordinator_id: str
     results_on_data: bool
-    def __init__(self, request_id: _Optional[int] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., agent_version: _Optional[int] = ..., env_generation: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., results_on_data: _Optional[bool] = ...) -> None: ...
+    footer_on_data: bool
+    def __init__(self, request_id: _Optional[int] = ..., env_spec: _Optional[_Union[_spaces_pb2.EnvSpec, _Mapping]] = ..., agent_version: _Optional[int] = ..., env_generation: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., results_on_data: _Optional[bool] = ..., footer_on_data: _Optional[bool] = ...) -> None: ...
 
 class SampleFooter(_message.Message):
     __slots__ = ("num_episodes", "total_steps", "workers_used", "reassigned_units", "data_results")
