@@ -83,6 +83,7 @@ The rules, and why:
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -115,6 +116,10 @@ from rlfleet.scheduling.windows import (
     FragmentRequest,
     WindowPlanner,
 )
+
+#: ACCEPT rulings kept (two per live request: done or not); past it the
+#: least recently used are made again when asked for.
+_ACCEPTED_KEPT = 256
 
 __all__ = [
     "DEFAULT_CAPACITY_STEPS",
@@ -566,9 +571,11 @@ class Scheduler:
         )
 
 
+@functools.lru_cache(maxsize=_ACCEPTED_KEPT)
 def _accepted(request_id: int, subscription: bool, done: bool) -> ResultRuling:
     """An ACCEPT ruling, made without the frozen ``__init__`` (its fields are the
-    scheduler's own): booking a result makes one or two."""
+    scheduler's own). Kept per request: judging and booking a result ask for
+    one or two, and a frozen ruling is shared as safely as made again."""
     return prebuilt(
         ResultRuling,
         verdict=Verdict.ACCEPT,
