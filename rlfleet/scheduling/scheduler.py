@@ -118,8 +118,10 @@ from rlfleet.scheduling.windows import (
     WindowPlanner,
 )
 
-#: A ``(task id, ...)`` result's task id.
+#: A ``(task id, episode indices, ...)`` result's task id, and its indices
+#: (taken by ``map``: no frame per result, as a comprehension's).
 _task_of = operator.itemgetter(0)
+_held_of = operator.itemgetter(1)
 
 #: ACCEPT rulings kept (two per live request: done or not); past it the
 #: least recently used are made again when asked for.
@@ -452,7 +454,7 @@ class Scheduler:
                 and task.worker_id == worker_id
                 and not task.is_windows
                 and all(map(task.task_id.__eq__, map(_task_of, results)))  # no frame per result
-                and task.units.all_outstanding([held for _, held in results])
+                and task.units.all_outstanding(list(map(_held_of, results)))
             ):
                 request = self._books.requests[task.request_id]
                 return [_accepted(request.request_id, request.subscription, False)] * len(results)
