@@ -250,6 +250,45 @@ def test_policy_lag_counts_each_episode_of_a_result_as_a_histogram_would() -> No
     assert got[("rlfleet_policy_lag_versions_count", "")] == 9
 
 
+def test_forwarded_results_and_bytes_are_exported_as_prometheus_counters_would_be() -> None:
+    """Counted as plain numbers under one lock per batch, the forwarded
+    results and their bytes read as ``Counter``s of the same names would:
+    the same families, help texts, types and samples (``_created`` too)."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    from rlfleet.coordinator.metrics import CoordinatorMetrics
+
+    metrics = CoordinatorMetrics()
+    registry = CollectorRegistry()
+    names = {"rlfleet_results", "rlfleet_result_bytes"}
+    helps = {
+        family.name: family.documentation
+        for family in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+        if family.name in names
+    }
+    assert set(helps) == names
+    reference = {name: Counter(name, helps[name], registry=registry) for name in names}
+    for results, payload_bytes in ((1, 100), (3, 12_000), (2, 0)):
+        metrics.forwarded_many(results, payload_bytes, {0: results})
+        reference["rlfleet_results"].inc(results)
+        reference["rlfleet_result_bytes"].inc(payload_bytes)
+
+    def families(text: bytes) -> dict[str, tuple[str, str, dict[str, float | None]]]:
+        return {
+            family.name: (
+                family.type,
+                family.documentation,
+                {s.name: None if s.name.endswith("_created") else s.value for s in family.samples},
+            )
+            for family in text_string_to_metric_families(text.decode())
+            if family.name in names
+        }
+
+    got = families(generate_latest(metrics.registry))
+    assert got == families(generate_latest(registry))
+    assert got["rlfleet_results"][2]["rlfleet_results_total"] == 6
+
+
 @pytest.mark.parametrize("role", ["coordinator", "worker"])
 def test_half_sent_metrics_requests_hold_no_threads_and_time_out(
     fleet: ProcessFleet, role: str

@@ -262,3 +262,44 @@ def test_a_tasks_expectation_is_kept_until_what_it_is_made_of_changes() -> None:
     assert refilled.units.episode_indices.tolist() == [0, 1, 7, 9]
     events._expectations.forget(fleet.request_id)
     assert expect() is not refilled
+
+
+def test_a_lanes_result_is_parsed_checked_and_booked_in_few_python_calls() -> None:
+    """From its frame to its booking (the parse, the size bound, the join and
+    ``on_results`` with one result per batch, as a result lane books a lone
+    result), a 4-episode CartPole result of a learned layout and a kept
+    expectation runs a bounded number of Python frames: the layers between
+    the compiled calls, counted so that none creeps back."""
+    import sys
+    from types import FrameType
+
+    from benchmarks.result_booking import EventsFleet, event_frames
+    from rlfleet.coordinator.leases.result_lane import join_frame
+
+    frames = event_frames(4, 4)
+    calls = 0
+
+    def count(frame: FrameType, event: str, arg: object) -> None:
+        nonlocal calls
+        calls += event == "call"
+
+    # The first fleet books them all: the layout's skeletons for their
+    # counts are kept in the process, as a lane's are after its first results.
+    for counted in (False, True):
+        fleet = EventsFleet(4 * 400 + 1)  # units enough that no refill runs between them
+        handle, events = fleet.handle, fleet.events
+        budget = handle.inflight.carrier()
+        for number, frame in enumerate(frames):
+            if counted and number >= 2:  # the layout learned, the expectation kept
+                sys.setprofile(count)
+            try:
+                joined = join_frame(events, handle, budget, frame)
+                assert isinstance(joined, JoinedResult)
+                events.on_results(handle, [joined], send_here=True)
+            finally:
+                sys.setprofile(None)
+            fleet.drain()
+    # Two results counted: 147 calls when each ruling was made anew, the
+    # counters were Prometheus's and a batch was grouped by task; 105 now
+    # (docs/performance.md, "Coordinator capacity: where a result's CPU goes").
+    assert calls <= 2 * 53, calls

@@ -1282,3 +1282,33 @@ def test_a_learners_result_of_another_layout_or_in_chunks_takes_the_general_deco
     assert (views.decoded, views.viewed) == (3, 0)
     views.decode(learner_result(batch_of([2, 2])), SPEC)
     assert views.viewed == 1
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 24, 97])
+def test_an_episodes_result_makes_no_reader_unless_a_numpy_screen_is_left(
+    monkeypatch: pytest.MonkeyPatch, chunk_bytes: int
+) -> None:
+    """The one pass of episodes reads their bytes in compiled calls: no reader of
+    the payload is made for it (its size counted over its chunks), except for the
+    views of a screen left to numpy; either way the general path does not run."""
+    made: list[object] = []
+    reader = result_layout_module._reader
+
+    def counted(payload: Any) -> Any:
+        made.append(payload)
+        return reader(payload)
+
+    honest = batch_of([3, 2])
+    screened = dataclasses.replace(honest, rewards=honest.rewards.astype(np.float16))
+    checks = {}
+    for name, batch in (("compiled", honest), ("screened", screened)):
+        checks[name] = ResultLayoutCheck()
+        checks[name].check(joined(batch), SPEC, EXPECT)
+    monkeypatch.setattr(result_layout_module, "_reader", counted)
+    monkeypatch.setattr(result_layout_module, "decode_result", _no_general_path)
+    checks["compiled"].check(joined(batch_of([4, 1, 5], 1), chunk_bytes=chunk_bytes), SPEC, EXPECT)
+    assert made == []
+    later = batch_of([4, 1, 5], 1)
+    later = dataclasses.replace(later, rewards=later.rewards.astype(np.float16))
+    checks["screened"].check(joined(later, chunk_bytes=chunk_bytes), SPEC, EXPECT)
+    assert len(made) == 1

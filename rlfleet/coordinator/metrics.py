@@ -67,14 +67,6 @@ class CoordinatorMetrics(MetricSet):
         self._steps = self.counter(
             "rlfleet_env_steps", "Env steps delivered to learners (fleet-wide)."
         )
-        self._result_bytes = self.counter(
-            "rlfleet_result_bytes", "Serialized result bytes forwarded to learners."
-        )
-        self._results = self.counter(
-            "rlfleet_results",
-            "Results (EpisodeResult messages, whatever their chunks) forwarded to learners; "
-            "each costs the coordinator about the same CPU whatever its size.",
-        )
         self._dispatched = self.counter(
             "rlfleet_units_dispatched", "Units (episodes or fragment windows) sent to workers."
         )
@@ -97,8 +89,8 @@ class CoordinatorMetrics(MetricSet):
             "Workers removed from the fleet, by gRPC status of the removal (OK: left).",
             ["code"],
         )
-        self._lag = _EpisodeLag()
-        self.registry.register(self._lag)
+        self._forwarded = _Forwarded()
+        self.registry.register(self._forwarded)
         self._latency = self.histogram(
             "rlfleet_learner_request_duration_seconds",
             "Duration of learner calls, by method and outcome.",
@@ -157,10 +149,7 @@ class CoordinatorMetrics(MetricSet):
     def forwarded_many(self, results: int, payload_bytes: int, lags: Mapping[int, int]) -> None:
         """Results were accepted and forwarded (a worker's batch): their number,
         bytes, and episodes by lag (counted once per batch, not per result)."""
-        self._results.inc(results)
-        self._result_bytes.inc(payload_bytes)
-        for lag, episodes in lags.items():
-            self._lag.observe(lag, episodes)
+        self._forwarded.add(results, payload_bytes, lags)
 
     def delivered(self, episodes: int, steps: int) -> None:
         """Episodes and steps reached a learner's answer: a Sample request's
@@ -235,28 +224,53 @@ class CoordinatorMetrics(MetricSet):
         child.observe(time.monotonic() - started)
 
 
-class _EpisodeLag(Collector):
-    """``rlfleet_policy_lag_versions``: one observation per delivered episode.
+class _Forwarded(Collector):
+    """The forwarded results' counters, ``rlfleet_results``,
+    ``rlfleet_result_bytes`` and ``rlfleet_policy_lag_versions`` (one
+    observation per delivered episode), counted under one lock per batch.
 
     A result's episodes share one lag, so it is counted once with their
     number: a Histogram's ``observe`` per episode cost the coordinator about
-    1.5 us each, a tenth of its CPU per result.
+    1.5 us each, a tenth of its CPU per result. The two counters are plain
+    numbers here too, exported as Prometheus's counters are (``_total`` and
+    ``_created``): its ``Counter.inc`` is two calls and a lock of its own each.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._created = time.time()
+        self._results = 0
+        self._bytes = 0
         self._counts = [0] * (len(LAG_BUCKETS) + 1)  # the last: above every bound
         self._sum = 0
 
-    def observe(self, lag: int, episodes: int) -> None:
-        """Counts ``episodes`` observations of ``lag``."""
+    def add(self, results: int, payload_bytes: int, lags: Mapping[int, int]) -> None:
+        """Counts ``results`` results of ``payload_bytes`` bytes, and
+        ``episodes`` observations of each ``lag`` of ``lags``."""
         with self._lock:
-            self._counts[bisect.bisect_left(LAG_BUCKETS, lag)] += episodes
-            self._sum += lag * episodes
+            self._results += results
+            self._bytes += payload_bytes
+            for lag, episodes in lags.items():
+                self._counts[bisect.bisect_left(LAG_BUCKETS, lag)] += episodes
+                self._sum += lag * episodes
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
+            results, payload_bytes = self._results, self._bytes
             counts, total = list(self._counts), self._sum
+        yield CounterMetricFamily(
+            "rlfleet_result_bytes",
+            "Serialized result bytes forwarded to learners.",
+            value=payload_bytes,
+            created=self._created,
+        )
+        yield CounterMetricFamily(
+            "rlfleet_results",
+            "Results (EpisodeResult messages, whatever their chunks) forwarded to learners; "
+            "each costs the coordinator about the same CPU whatever its size.",
+            value=results,
+            created=self._created,
+        )
         bounds = [*LAG_BUCKETS, float("inf")]
         cumulative = [sum(counts[: i + 1]) for i in range(len(counts))]
         yield HistogramMetricFamily(

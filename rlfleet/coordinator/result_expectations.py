@@ -58,9 +58,8 @@ class ResultExpectations:
         """What a result of ``handle``'s live episode or fragment task must be:
         the one made for an earlier batch while nothing it was made of changed."""
         scheduler = self._state.scheduler
-        spec = scheduler.request_spec(request_id)
-        seeds = scheduler.unit_seeds(task_id)  # the same object until the task is refilled
-        streams = scheduler.task_streams(task_id)
+        # The units: the same object until the task is refilled.
+        spec, seeds, streams = scheduler.expectation_inputs(request_id, task_id)
         values = (request_id, handle.worker_id, streams, latest, native)
         cached = self._kept.get(task_id)
         # The objects by identity: a new one is a change (an EnvSpec's == is no cheap test).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -57,6 +58,13 @@ if TYPE_CHECKING:  # only named here: the lane's sends go through CallOutbox
     from rlfleet.coordinator.result_channels import ResultSender
 
 logger = logging.getLogger("rlfleet.coordinator")
+
+#: What the scheduler judges and books of a result (``classify_many``,
+#: ``complete_many``), taken by ``map``: no frame per result, as a
+#: comprehension's.
+_judged = operator.attrgetter("header.task_id", "header.episode_indices")
+_booked_fields = operator.attrgetter("header.task_id", "header.episode_indices", "header.lengths")
+_first = operator.itemgetter(0)
 
 #: Refused results a request survives: the first is re-run on other workers
 #: (its worker dropped); the second ends the request with the refusal.
@@ -433,9 +441,7 @@ class WorkerEvents:
         with state.lock:
             if not handle.alive:
                 return ()  # declared dead: its units are someone else's now
-            rulings = scheduler.classify_many(
-                handle.worker_id, [(j.header.task_id, j.header.episode_indices) for j in results]
-            )
+            rulings = scheduler.classify_many(handle.worker_id, list(map(_judged, results)))
             latest = state.agent.version
             env_spec = state.env.spec
             # A subprocess worker's episodes keep their seeds; a native one's have none.
@@ -477,11 +483,7 @@ class WorkerEvents:
             pending = list(zip(results[: len(windows)], windows, strict=True))
             while pending:
                 outcomes = scheduler.complete_many(
-                    handle.worker_id,
-                    [
-                        (j.header.task_id, j.header.episode_indices, j.header.lengths)
-                        for j, _ in pending
-                    ],
+                    handle.worker_id, list(map(_booked_fields, map(_first, pending)))
                 )
                 for (joined, window), outcome in zip(pending, outcomes, strict=False):
                     if outcome.verdict is Verdict.REJECT:  # alone, classify would have said so

@@ -83,7 +83,9 @@ The rules, and why:
 
 from __future__ import annotations
 
+import functools
 import itertools
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
@@ -115,6 +117,15 @@ from rlfleet.scheduling.windows import (
     FragmentRequest,
     WindowPlanner,
 )
+
+#: A ``(task id, episode indices, ...)`` result's task id, and its indices
+#: (taken by ``map``: no frame per result, as a comprehension's).
+_task_of = operator.itemgetter(0)
+_held_of = operator.itemgetter(1)
+
+#: ACCEPT rulings kept (two per live request: done or not); past it the
+#: least recently used are made again when asked for.
+_ACCEPTED_KEPT = 256
 
 __all__ = [
     "DEFAULT_CAPACITY_STEPS",
@@ -294,6 +305,18 @@ class Scheduler:
         task = self._books.tasks.get(task_id)
         return None if task is None else task.request_id
 
+    def expectation_inputs(
+        self, request_id: int, task_id: int
+    ) -> tuple[RequestSpec, UnitColumns, tuple[int, ...]]:
+        """What a result's expectation is made of, in one call: the request's
+        spec (:meth:`request_spec`), the task's units (:meth:`unit_seeds`)
+        and its streams (:meth:`task_streams`)."""
+        spec = self._books.requests[request_id].spec
+        task = self._books.tasks.get(task_id)
+        if task is None:
+            return spec, EMPTY_UNITS, ()
+        return spec, task.units.given, task.streams
+
     def unit_seeds(self, task_id: int) -> UnitColumns:
         """Every unit given to a live episode task, with its seeds, ascending by index.
 
@@ -423,6 +446,18 @@ class Scheduler:
         :meth:`complete_many` (or :meth:`complete`), which judges each again
         after those before it.
         """
+        if results:
+            # The common batch: one task's results, every episode outstanding.
+            task = self._books.tasks.get(results[0][0])
+            if (
+                task is not None
+                and task.worker_id == worker_id
+                and not task.is_windows
+                and all(map(task.task_id.__eq__, map(_task_of, results)))  # no frame per result
+                and task.units.all_outstanding(list(map(_held_of, results)))
+            ):
+                request = self._books.requests[task.request_id]
+                return [_accepted(request.request_id, request.subscription, False)] * len(results)
         groups: dict[int, list[int]] = {}
         for position, (task_id, _) in enumerate(results):
             groups.setdefault(task_id, []).append(position)
@@ -516,7 +551,7 @@ class Scheduler:
                     held: Sequence[int] = indices  # type: ignore[assignment]
                     steps: Sequence[int] = lengths  # type: ignore[assignment]
                     self._units.booked(worker, task, request, held, steps)
-                    done = request.done
+                    done = request.num_episodes is not None  # request.done, without its call
                     rulings.append(_accepted(request.request_id, request.subscription, done))
                     if done:
                         return rulings
@@ -566,9 +601,11 @@ class Scheduler:
         )
 
 
+@functools.lru_cache(maxsize=_ACCEPTED_KEPT)
 def _accepted(request_id: int, subscription: bool, done: bool) -> ResultRuling:
     """An ACCEPT ruling, made without the frozen ``__init__`` (its fields are the
-    scheduler's own): booking a result makes one or two."""
+    scheduler's own). Kept per request: judging and booking a result ask for
+    one or two, and a frozen ruling is shared as safely as made again."""
     return prebuilt(
         ResultRuling,
         verdict=Verdict.ACCEPT,

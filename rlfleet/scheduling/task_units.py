@@ -40,6 +40,7 @@ class TaskUnits:
         # The snapshot :attr:`given` made last, until units are added: a
         # task's results are checked against it batch after batch.
         self._given: UnitColumns = EMPTY_UNITS
+        self._given_count = 0  # its length, compared without UnitColumns.__len__'s call
 
     def __len__(self) -> int:
         return self._count
@@ -87,6 +88,7 @@ class TaskUnits:
             self._out = out
         self._count = total
         self._given = EMPTY_UNITS  # made again when next asked for
+        self._given_count = 0
         self.outstanding += new
 
     @property
@@ -95,8 +97,9 @@ class TaskUnits:
         that later refills leave as they are; the same object until units
         are added)."""
         n = self._count
-        if n and len(self._given) != n:
+        if n and self._given_count != n:
             self._given = UnitColumns(self._index[:n], self._env[:n], self._policy[:n])
+            self._given_count = n
         return self._given
 
     def check(self, indices: np.ndarray, task_id: int) -> tuple[str, np.ndarray]:

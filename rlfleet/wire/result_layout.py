@@ -138,9 +138,15 @@ class ResultLayoutCheck:
         window = expect.window is not None
         layout = self._window_layout if window else self._layout
         if layout is not None and layout.spec is env_spec:
-            source = _reader(joined.payload)
-            if _passes(layout, joined.header, joined.payload, source, expect):
-                return _batch_of_views(layout, joined.header, source) if window else None
+            payload = joined.payload
+            if window:
+                source = _reader(payload)
+                if _passes(layout, joined.header, payload, source, expect):
+                    return _batch_of_views(layout, joined.header, source)
+            # Episodes read their bytes in compiled calls: no reader made for them
+            # unless a numpy screen is left (_values_pass).
+            elif _passes(layout, joined.header, payload, None, expect):
+                return None
         decoded = decode_result(joined, env_spec)
         check_result(decoded, expect)
         if window:
@@ -184,17 +190,20 @@ def _passes(
     layout: _Layout,
     header: ResultHeader,
     payload: Payload | Pieces,
-    source: _Source,
+    source: _Source | None,
     expect: ResultExpectation,
 ) -> bool:
-    """Whether a result (``payload``, read through ``source``) has the layout and
-    passes every check (False: look closer)."""
+    """Whether a result (``payload``, read through ``source``: made here if
+    None and needed) has the layout and passes every check (False: look closer)."""
     lengths = header.lengths
     episodes = len(lengths)
     if not episodes or len(header.episode_indices) != episodes or min(lengths) < 1:
         return False
     steps = sum(lengths)
-    size, read, _ = source
+    if source is not None:
+        size = source[0]
+    else:  # as _reader counts them
+        size = sum(map(len, payload)) if isinstance(payload, tuple) else len(payload)
     skeleton = layout.fitting(episodes, steps, size)
     if skeleton is None:
         return False
@@ -213,6 +222,9 @@ def _passes(
         return False
     window = expect.window
     if window is not None:  # a fragment window: its own rules from here
+        if source is None:
+            source = _reader(payload)
+        read = source[1]
         view = _viewer(layout, skeleton, episodes, steps, source)
         for offset, expected in skeleton.headers:
             if read(offset, len(expected)) != expected:
@@ -279,7 +291,7 @@ def _viewer(layout: _Layout, frame: _Frame, episodes: int, steps: int, payload: 
 def _values_pass(
     layout: _Layout,
     payload: Payload | Pieces,
-    source: _Source,
+    source: _Source | None,
     *,
     frame: _Frame,
     episodes: int,
@@ -288,7 +300,8 @@ def _values_pass(
 ) -> bool:
     """Values against the declared spaces, rewards, bool infos (value_problems, the decode):
     one compiled call reads them where they lie (``frame``'s offsets); numpy screens the
-    rest, through ``view`` (made here if not given, only when a numpy screen is left)."""
+    rest, through ``view`` (made here if not given, only when a numpy screen is left,
+    as is the reader ``source`` when None)."""
     if not _result_check.values_pass(
         payload, layout.compiled_screens, frame.offsets, episodes, steps
     ):
@@ -296,7 +309,9 @@ def _values_pass(
     if not (layout.screens or layout.finite_rewards):
         return True  # the layouts rlfleet's workers write: nothing left for numpy
     if view is None:
-        view = _viewer(layout, frame, episodes, steps, source)
+        view = _viewer(
+            layout, frame, episodes, steps, _reader(payload) if source is None else source
+        )
     for name, screen in layout.screens:
         if not screen(view(name)):
             return False
