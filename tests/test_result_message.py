@@ -552,7 +552,9 @@ def test_a_frame_viewed_as_other_items_is_read_as_bytes() -> None:
         read = read_result_frame(view)
         assert read == plain
         assert read is not None and bytes(read[2].data) == bytes(plain[2].data)
-        assert read[2].data.format == "B" and read[2].data.ndim == 1 and read[2].data.readonly
+        data_view = read[2].data
+        assert isinstance(data_view, memoryview)
+        assert data_view.format == "B" and data_view.ndim == 1 and data_view.readonly
 
 
 def test_the_reader_refuses_what_is_no_buffer_or_no_type() -> None:
