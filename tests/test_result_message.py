@@ -37,7 +37,10 @@ from rlfleet.protocol.learner_calls import ResultPart
 from rlfleet.transport import rpc as _rpc
 from rlfleet.v1 import batch_pb2, learner_pb2, worker_pb2
 from rlfleet.wire import _result_reader, parse_with_chunk
+from rlfleet.wire.chunks import Chunk
 from rlfleet.wire.result_message import (
+    _parts,
+    read_frame_made,
     read_result_frame,
     read_result_frame_pieces,
     read_result_message,
@@ -440,7 +443,7 @@ def _frame_calls(data: bytearray) -> tuple[int, int]:
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
         nonlocal into
-        into += event == "c_call" and arg is _result_reader.read_frame
+        into += event == "c_call" and arg is _result_reader.read_frame_made
 
     view = memoryview(data)
     sys.setprofile(profile)
@@ -469,4 +472,95 @@ def test_a_frame_is_read_in_one_call_into_the_extension() -> None:
     assert len(calls) == 1
     python, into = calls.pop()
     assert into == 1
-    assert python <= 5  # the lambda, the function, and the header and chunk it builds
+    assert python <= 2  # the lambda and the function: the header and chunk are made in C
+
+
+# --- a frame's header and chunk made in the reader's call -----------------------------
+
+
+def assert_made_as_read(data: bytearray) -> bool:
+    """``read_frame_made`` of ``data`` holds what ``read_frame`` reads, made into
+    the header and chunk as Python makes them from it (``_parts``): the same
+    fields, in the same order, the chunk's data a read-only view of ``data``."""
+    view = memoryview(data)
+    made = read_frame_made(view, ResultHeader, Chunk)
+    read = _result_reader.read_frame(view)
+    if read is None:
+        assert made is None
+        return False
+    assert isinstance(made, tuple)
+    call, header, chunk = made
+    expected = _parts(view, read)
+    assert call == read[4] and type(header) is ResultHeader and type(chunk) is Chunk
+    for got, want in ((header, expected[0]), (chunk, expected[1])):
+        assert list(vars(got)) == list(vars(want))
+        assert vars(got) == vars(want)
+        assert got == want and hash(got) == hash(want) if got is header else got == want
+    if read[3] > read[2]:
+        assert isinstance(chunk.data, memoryview) and chunk.data.readonly
+        assert chunk.data.format == "B" and chunk.data.ndim == 1
+        assert np.shares_memory(np.asarray(chunk.data), np.frombuffer(data, np.uint8))
+    else:
+        assert chunk.data == b"" and type(chunk.data) is bytes
+    return True
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_a_frames_header_and_chunk_made_in_c_are_those_python_makes_of_its_fields(
+    messages: list[bytes], data: st.DataObject
+) -> None:
+    """Random frames as the coordinator writes them, spoiled by changed, inserted
+    and removed bytes: made in the reader's call as Python makes them from the
+    fields it reads, or both left (read under ASan and UBSan too)."""
+    frame = bytearray(data.draw(st.sampled_from(frames_of(messages))))
+    for _ in range(data.draw(st.integers(0, 3))):
+        at = data.draw(st.integers(0, len(frame) - 1))
+        change = data.draw(st.sampled_from(["byte", "insert", "remove", "cut"]))
+        if change == "byte":
+            frame[at] = data.draw(st.integers(0, 255))
+        elif change == "insert":
+            frame[at:at] = bytes([data.draw(st.integers(0, 255))])
+        elif change == "remove":
+            del frame[at]
+        else:
+            del frame[at:]
+        if not frame:
+            return
+    # A frame's own buffer of its size: a read past its end is caught by ASan.
+    assert_made_as_read(bytearray(frame))
+
+
+def test_a_frames_header_and_chunk_are_made_in_c(messages: list[bytes]) -> None:
+    """Every honest frame (and one whose chunk has no data) is made in the
+    reader's call, its chunk's data a view of the frame."""
+    empty = _frame(4, size=0)
+    for frame in [*frames_of(messages), empty]:
+        assert assert_made_as_read(bytearray(frame))
+
+
+def test_a_frame_viewed_as_other_items_is_read_as_bytes() -> None:
+    """A frame given as a view of other items than bytes (or of several
+    dimensions) is read by the general wrapper, which casts it as Chunk
+    does: the same call, header and chunk."""
+    # A whole number of 4-byte items.
+    data = next(frame for size in range(64, 68) if len(frame := _frame(4, size=size)) % 4 == 0)
+    plain = read_result_frame(memoryview(data))
+    assert plain is not None
+    for view in (memoryview(data).cast("I"), memoryview(data).cast("B", (len(data) // 4, 4))):
+        assert read_frame_made(view, ResultHeader, Chunk) is NotImplemented
+        read = read_result_frame(view)
+        assert read == plain
+        assert read is not None and bytes(read[2].data) == bytes(plain[2].data)
+        data_view = read[2].data
+        assert isinstance(data_view, memoryview)
+        assert data_view.format == "B" and data_view.ndim == 1 and data_view.readonly
+
+
+def test_the_reader_refuses_what_is_no_buffer_or_no_type() -> None:
+    with pytest.raises(TypeError):
+        read_frame_made("frame", ResultHeader, Chunk)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        read_frame_made(_frame(4), ResultHeader)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        read_frame_made(_frame(4), ResultHeader, "Chunk")  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from types import NotImplementedType
 
 from rlfleet.client._learner_messages import (
     LearnerStubs,
@@ -59,6 +60,7 @@ from rlfleet.transport.lease_channel import (
 )
 from rlfleet.wire.chunks import Chunk
 from rlfleet.wire.leases import data_hello
+from rlfleet.wire.result_message import read_frame_made
 from rlfleet.wire.results import ResultHeader
 
 logger = logging.getLogger("rlfleet.client")
@@ -268,8 +270,16 @@ class DataResults:
                     f"mid-answer ({why}); the partial answer was dropped, retry (a retried "
                     "obtain_* call gets the same seeds)"
                 )
-            # A result as the coordinator writes it is read with no object per frame.
-            read: tuple[int, ResultHeader, Chunk | None] | None = read_coordinator_result(payload)
+            # A result as the coordinator writes it is read with no object per frame
+            # but its header and chunk, made in the reader's one call (a frame off
+            # a socket is a byte view; one handed over in memory comes in pieces).
+            read: tuple[int, ResultHeader, Chunk | None] | NotImplementedType | None = (
+                read_frame_made(payload, ResultHeader, Chunk)
+                if type(payload) is memoryview
+                else NotImplemented
+            )
+            if read is NotImplemented:
+                read = read_coordinator_result(payload)
             if read is None:
                 call, part = parse_result_frame(payload)
                 if isinstance(part, ResultPart):

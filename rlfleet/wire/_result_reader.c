@@ -209,10 +209,14 @@ static int read_result(const uint8_t *p, Py_ssize_t size, Py_ssize_t avail, uint
 static const char *const HEADER_NAMES[] = {
     "task_id", "worker_id", "episode_indices", "lengths", "agent_version", "env_generation", "wire",
 };
-static const char *const CHUNK_NAMES[] = {"batch_id", "index", "count", "total_bytes", "kind"};
+/* Chunk's names end with its data, which the dicts of the chunk's fields leave out. */
+static const char *const CHUNK_NAMES[] = {"batch_id", "index", "count", "total_bytes", "kind",
+                                          "data"};
 #define HEADER_FIELDS ((int)(sizeof HEADER_NAMES / sizeof *HEADER_NAMES))
-#define CHUNK_FIELDS ((int)(sizeof CHUNK_NAMES / sizeof *CHUNK_NAMES))
-static PyObject *header_keys[HEADER_FIELDS], *chunk_keys[CHUNK_FIELDS];
+#define CHUNK_FIELDS ((int)(sizeof CHUNK_NAMES / sizeof *CHUNK_NAMES) - 1)
+static PyObject *header_keys[HEADER_FIELDS], *chunk_keys[CHUNK_FIELDS + 1];
+/* memoryview's toreadonly and () (made when the module loads). */
+static PyObject *toreadonly_name, *empty_args;
 
 /* A dict of keys[i]: values[i] (NULL with an error set if a value is NULL or
  * the dict cannot be made). Takes the values' references on every path. */
@@ -226,31 +230,53 @@ static PyObject *fields_dict(PyObject *const *keys, PyObject **values, int n) {
     return out;
 }
 
+/* The header's and the chunk's fields of *r, in HEADER_NAMES' and CHUNK_NAMES'
+ * order, into head and piece: new references, NULL where one could not be
+ * made (an error set). keep_wire: the header's wire is the result's fields
+ * before its chunk on chunk 0, else empty. */
+static void fields_values(const uint8_t *p, const Result *r, int keep_wire, PyObject **head,
+                          PyObject **piece) {
+    head[0] = PyLong_FromUnsignedLongLong(r->scalars[TASK_ID]);
+    head[1] = PyLong_FromUnsignedLongLong(r->scalars[WORKER_ID]);
+    head[2] = column_tuple(p, r->column_start[EPISODE_INDICES], r->column_end[EPISODE_INDICES],
+                           r->column_count[EPISODE_INDICES]);
+    head[3] = column_tuple(p, r->column_start[LENGTHS], r->column_end[LENGTHS],
+                           r->column_count[LENGTHS]);
+    head[4] = PyLong_FromLongLong((long long)(int64_t)r->scalars[AGENT_VERSION]);
+    head[5] = PyLong_FromUnsignedLongLong(r->scalars[ENV_GENERATION]);
+    if (keep_wire && r->chunk[1] == 0)
+        head[6] = PyBytes_FromStringAndSize((const char *)p + r->body_start,
+                                            r->chunk_at - r->body_start);
+    else
+        head[6] = PyBytes_FromStringAndSize(NULL, 0);
+    for (int i = 0; i < CHUNK_FIELDS; i++) piece[i] = PyLong_FromUnsignedLongLong(r->chunk[i]);
+}
+
+/* The header's and the chunk's fields of *r as dicts by name, into *header and
+ * *chunk: 0, or -1 with an error set (neither made). keep_wire: as
+ * fields_values's. */
+static int fields_dicts(const uint8_t *p, const Result *r, int keep_wire, PyObject **header,
+                        PyObject **chunk) {
+    PyObject *head[HEADER_FIELDS], *piece[CHUNK_FIELDS];
+    fields_values(p, r, keep_wire, head, piece);
+    *header = fields_dict(header_keys, head, HEADER_FIELDS);
+    *chunk = fields_dict(chunk_keys, piece, CHUNK_FIELDS);
+    if (*header == NULL || *chunk == NULL) {
+        Py_CLEAR(*header);
+        Py_CLEAR(*chunk);
+        return -1;
+    }
+    return 0;
+}
+
 /* What the module's functions return for *r: (header fields, chunk fields,
  * data_start, data_end), then the call if with_call (NULL with an error
- * set). keep_wire: the header's wire is the result's fields before its chunk
- * on chunk 0, else empty. */
+ * set). keep_wire: as fields_dicts's. */
 static PyObject *result_tuple(const uint8_t *p, const Result *r, int keep_wire, int with_call,
                               uint64_t call) {
-    PyObject *header[HEADER_FIELDS], *chunk[CHUNK_FIELDS];
-    header[0] = PyLong_FromUnsignedLongLong(r->scalars[TASK_ID]);
-    header[1] = PyLong_FromUnsignedLongLong(r->scalars[WORKER_ID]);
-    header[2] = column_tuple(p, r->column_start[EPISODE_INDICES], r->column_end[EPISODE_INDICES],
-                             r->column_count[EPISODE_INDICES]);
-    header[3] = column_tuple(p, r->column_start[LENGTHS], r->column_end[LENGTHS],
-                             r->column_count[LENGTHS]);
-    header[4] = PyLong_FromLongLong((long long)(int64_t)r->scalars[AGENT_VERSION]);
-    header[5] = PyLong_FromUnsignedLongLong(r->scalars[ENV_GENERATION]);
-    if (keep_wire && r->chunk[1] == 0)
-        header[6] = PyBytes_FromStringAndSize((const char *)p + r->body_start,
-                                              r->chunk_at - r->body_start);
-    else
-        header[6] = PyBytes_FromStringAndSize(NULL, 0);
-    for (int i = 0; i < CHUNK_FIELDS; i++) chunk[i] = PyLong_FromUnsignedLongLong(r->chunk[i]);
     PyObject *items[5];
-    int n = 0;
-    items[n++] = fields_dict(header_keys, header, HEADER_FIELDS);
-    items[n++] = fields_dict(chunk_keys, chunk, CHUNK_FIELDS);
+    int n = 2;
+    if (fields_dicts(p, r, keep_wire, &items[0], &items[1]) < 0) return NULL;
     items[n++] = PyLong_FromSsize_t(r->data_start);
     items[n++] = PyLong_FromSsize_t(r->data_end);
     if (with_call) items[n++] = PyLong_FromUnsignedLongLong(call);
@@ -326,6 +352,95 @@ static PyObject *read_frame(PyObject *module, PyObject *data) {
     return out;
 }
 
+/* An instance of type (a dataclass without slots) holding values[i] as its
+ * attribute keys[i], made as object.__new__(type) with no __init__ (NULL with
+ * an error set if a value is NULL or the instance cannot be made). The
+ * attributes are set past the type's __setattr__ (a frozen dataclass's
+ * refuses), in the instance's own storage as its __init__ would set them: no
+ * dict. Takes the values' references on every path. */
+static PyObject *instance_of(PyTypeObject *type, PyObject *const *keys, PyObject **values, int n) {
+    PyObject *made = PyBaseObject_Type.tp_new(type, empty_args, NULL);
+    for (int i = 0; i < n; i++) {
+        if (made != NULL && (values[i] == NULL || PyObject_GenericSetAttr(made, keys[i], values[i]) < 0))
+            Py_CLEAR(made);
+    }
+    for (int i = 0; i < n; i++) Py_XDECREF(values[i]);
+    return made;
+}
+
+/* A read-only byte view of data[start:end] (data: a contiguous buffer of
+ * bytes, or a memoryview of one), as the general path's chunk holds; b""
+ * when end == start. Py_NotImplemented for a memoryview of other items (its
+ * caller casts it first). NULL with an error set. */
+static PyObject *data_view(PyObject *data, Py_ssize_t start, Py_ssize_t end) {
+    if (end <= start) return PyBytes_FromStringAndSize(NULL, 0);
+    PyObject *whole = PyMemoryView_Check(data) ? Py_NewRef(data) : PyMemoryView_FromObject(data);
+    if (whole == NULL) return NULL;
+    const Py_buffer *held = PyMemoryView_GET_BUFFER(whole);
+    if (held->ndim != 1 || (held->format != NULL && strcmp(held->format, "B") != 0) ||
+        held->len < end) {
+        Py_DECREF(whole);
+        return Py_NewRef(Py_NotImplemented);
+    }
+    PyObject *piece = PySequence_GetSlice(whole, start, end);
+    Py_DECREF(whole);
+    if (piece == NULL) return NULL;
+    PyObject *out = PyObject_CallMethodNoArgs(piece, toreadonly_name);
+    Py_DECREF(piece);
+    return out;
+}
+
+PyDoc_STRVAR(read_frame_made_doc,
+"read_frame_made(data, header_type, chunk_type, /)\n--\n\n"
+"What read_frame reads, made: (result_call, header, chunk), header an instance of\n"
+"header_type and chunk one of chunk_type (dataclasses without slots) made with\n"
+"their fields as their __dict__, no __init__ run, the chunk's data a read-only\n"
+"memoryview of data's bytes (b\"\" when it has none); None for any frame read_frame\n"
+"leaves; NotImplemented where data is a memoryview of other items than bytes.\n"
+"data: any contiguous buffer.");
+
+static PyObject *read_frame_made(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3 || !PyType_Check(args[1]) || !PyType_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "read_frame_made expected a buffer and two types as arguments");
+        return NULL;
+    }
+    PyObject *data = args[0];
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const uint8_t *p = view.buf;
+    Result r;
+    uint64_t call;
+    /* The chunk's fields, then its data. */
+    PyObject *head[HEADER_FIELDS], *piece[CHUNK_FIELDS + 1];
+    int read = read_result(p, view.len, view.len, SAMPLE_RESULT_TAG, &r) == 0 &&
+               read_call(p, r.end, view.len, &call) == 0;
+    if (read) fields_values(p, &r, 0, head, piece);
+    /* No Python code runs while the buffer is held: the views are made after. */
+    PyBuffer_Release(&view);
+    if (!read) return Py_NewRef(Py_None);
+    piece[CHUNK_FIELDS] = data_view(data, r.data_start, r.data_end);
+    if (piece[CHUNK_FIELDS] == Py_NotImplemented) {
+        for (int i = 0; i < HEADER_FIELDS; i++) Py_XDECREF(head[i]);
+        for (int i = 0; i < CHUNK_FIELDS + 1; i++) Py_XDECREF(piece[i]);
+        return Py_NewRef(Py_NotImplemented);
+    }
+    PyObject *items[3] = {
+        PyLong_FromUnsignedLongLong(call),
+        instance_of((PyTypeObject *)args[1], header_keys, head, HEADER_FIELDS),
+        instance_of((PyTypeObject *)args[2], chunk_keys, piece, CHUNK_FIELDS + 1),
+    };
+    PyObject *out = NULL;
+    if (items[0] != NULL && items[1] != NULL && items[2] != NULL) out = PyTuple_New(3);
+    if (out == NULL) {
+        for (int i = 0; i < 3; i++) Py_XDECREF(items[i]);
+        return NULL;
+    }
+    for (int i = 0; i < 3; i++) PyTuple_SET_ITEM(out, i, items[i]);
+    return out;
+}
+
 PyDoc_STRVAR(read_frame_pieces_doc,
 "read_frame_pieces(head, data, tail, /)\n--\n\n"
 "What read_frame returns for the frame head + data + tail, read where its pieces\n"
@@ -369,6 +484,8 @@ static PyObject *read_frame_pieces(PyObject *module, PyObject *const *args, Py_s
 static PyMethodDef module_methods[] = {
     {"read_message", (PyCFunction)read_message, METH_O, read_message_doc},
     {"read_frame", (PyCFunction)read_frame, METH_O, read_frame_doc},
+    {"read_frame_made", (PyCFunction)(void (*)(void))read_frame_made, METH_FASTCALL,
+     read_frame_made_doc},
     {"read_frame_pieces", (PyCFunction)(void (*)(void))read_frame_pieces, METH_FASTCALL,
      read_frame_pieces_doc},
     {NULL, NULL, 0, NULL},
@@ -383,8 +500,14 @@ static int intern_names(const char *const *names, PyObject **keys, int n) {
 
 static int module_exec(PyObject *module) {
     (void)module;
-    if (intern_names(HEADER_NAMES, header_keys, HEADER_FIELDS) < 0) return -1;
-    return intern_names(CHUNK_NAMES, chunk_keys, CHUNK_FIELDS);
+    if (intern_names(HEADER_NAMES, header_keys, HEADER_FIELDS) < 0 ||
+        intern_names(CHUNK_NAMES, chunk_keys, CHUNK_FIELDS + 1) < 0)
+        return -1;
+    if (toreadonly_name == NULL &&
+        (toreadonly_name = PyUnicode_InternFromString("toreadonly")) == NULL)
+        return -1;
+    if (empty_args == NULL && (empty_args = PyTuple_New(0)) == NULL) return -1;
+    return 0;
 }
 
 static PyModuleDef_Slot module_slots[] = {{Py_mod_exec, module_exec}, {0, NULL}};

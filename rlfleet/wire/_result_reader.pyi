@@ -1,5 +1,6 @@
 """Type stub of the compiled result reader (rlfleet/wire/_result_reader.c)."""
 
+from types import NotImplementedType
 from typing import Any, TypeAlias
 
 from typing_extensions import Buffer
@@ -15,4 +16,7 @@ FrameRead: TypeAlias = tuple[dict[str, Any], dict[str, Any], int, int, int]
 
 def read_message(data: Buffer, /) -> MessageRead | None: ...
 def read_frame(data: Buffer, /) -> FrameRead | None: ...
+def read_frame_made(
+    data: Buffer, header_type: type[Any], chunk_type: type[Any], /
+) -> tuple[int, Any, Any] | NotImplementedType | None: ...
 def read_frame_pieces(head: Buffer, data: Buffer, tail: Buffer, /) -> FrameRead | None: ...

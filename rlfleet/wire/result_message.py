@@ -123,10 +123,21 @@ def read_result_frame(
         frame, or one not written in protobuf's own form, to be read by the
         general path.
     """
-    read = _result_reader.read_frame(data)
+    # The header and chunk made in the same call, their fields their dicts.
+    made = _result_reader.read_frame_made(data, ResultHeader, Chunk)
+    if made is not NotImplemented:
+        return made
+    read = _result_reader.read_frame(data)  # a view of other items: cast as Chunk casts it
     if read is None:
         return None
     return (read[4], *_parts(data, read))
+
+
+#: :func:`read_result_frame`'s one call, for a reader of many frames (the learner's
+#: results connection): ``read_frame_made(data, ResultHeader, Chunk)`` returns its
+#: answer, or NotImplemented for a view of other items than bytes (then
+#: :func:`read_result_frame` reads it).
+read_frame_made = _result_reader.read_frame_made
 
 
 def read_result_frame_pieces(
@@ -171,6 +182,7 @@ def _parts(
 
 
 __all__ = [
+    "read_frame_made",
     "read_result_frame",
     "read_result_frame_pieces",
     "read_result_message",
