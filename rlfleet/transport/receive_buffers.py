@@ -21,11 +21,12 @@ anything reads it. A frame takes the free buffer taken most recently,
 looking from the newest past those still viewed (the frames in flight):
 the one let go last, whose memory is still in the CPU's caches. Taking the
 one taken longest ago instead cycles through every kept buffer, and the
-receive copy of a 705 kB frame then writes memory the caches lost (17
-buffers of 790 kB, more than the last-level cache holds with everything
-else). A new buffer is made only when every kept one looked at is viewed;
-a buffer anything refers to besides the kept list (a view does) is passed
-over without trying to resize it, which costs an exception.
+receive copy then writes memory the caches lost: a 705 kB ``recv_into``
+took 59-62 us of thread CPU into one of 2 buffers in turn, 140-143 into
+one of 20 (docs/data_plane.md, "Receive buffers"). A new buffer is made
+only when every kept one looked at is viewed; a buffer anything refers to
+besides the kept list (a view does) is passed over without trying to
+resize it, which costs an exception.
 
 A frame that finds no free kept buffer once the kept ones reach their bound
 first frees the kept buffers too short for it that nothing views (frames
