@@ -424,8 +424,9 @@ class WorkerEvents:
             finally:
                 # After the lock (a send may wait for the learner): each call's
                 # results in booking order, together (one write for the batch).
-                for outbox, sender, forwards in _by_call(sends or ()):
-                    outbox.send_reserved(sender, forwards)
+                if sends:
+                    for outbox, sender, forwards in _by_call(sends):
+                        outbox.send_reserved(sender, forwards)
 
     def _book_batch(
         self,
