@@ -25,7 +25,7 @@ import types
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -35,8 +35,11 @@ from rlfleet.client import Fleet, RemoteSampler, _learner_messages
 from rlfleet.client._learner_messages import LearnerStubs
 from rlfleet.client._responses import AnswerMemory, collect_answer
 from rlfleet.client._result_route import DataResults, ResultRoute
+from rlfleet.coordinator import result_channels, worker_events
+from rlfleet.coordinator.calls import CallOutbox
 from rlfleet.coordinator.config import LEASE_DATA_OFF
 from rlfleet.coordinator.failures import CallError
+from rlfleet.coordinator.learner_messages import results_end
 from rlfleet.coordinator.result_channels import ResultChannels, ResultSender
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConnectionClosedError, EnvError, ProtocolError, UnavailableError
@@ -352,7 +355,7 @@ def _lane_waits_for_the_learner() -> bool:
             continue
         frame: types.FrameType | None = top
         while frame is not None:
-            if frame.f_code.co_name == "send_parts":
+            if frame.f_code.co_name in ("send_parts", "send_frames"):
                 return True
             frame = frame.f_back
     return False
@@ -489,3 +492,49 @@ def test_a_footer_that_cannot_be_sent_fails_the_call() -> None:
     assert "footer" in failed.value.message
     assert connection.closed and 5 not in channels._busy
     sender.end()  # once: the call's later end sends nothing more
+
+
+class _SentFrames:
+    """A results connection that records what is sent on it, frames per call."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.calls: list[list[Any]] = []
+
+    def send_frames(self, frames: Any, wait_seconds: float) -> None:
+        self.calls.append([list(parts) for parts in frames])
+
+    def send_parts(self, parts: Any, wait_seconds: float) -> None:
+        self.calls.append([list(parts)])
+
+
+def test_a_result_lanes_batch_goes_to_the_learner_in_one_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The results a lane books in one batch, gathered by call: each call's go
+    # to its connection in one send_frames (one sendmsg on TCP, see
+    # test_lease_data_channel.py's test_frames_sent_together_go_in_one_sendmsg...),
+    # in booking order, and the end marker counts every one.
+    monkeypatch.setattr(
+        result_channels, "forwarded_parts", lambda forward, tail: iter([[forward, tail]])
+    )
+    channels: Any = types.SimpleNamespace(give_back=lambda sender: None)
+    connection = _SentFrames()
+    senders = [ResultSender(channels, 1, cast(Any, connection), call) for call in (7, 8)]
+    outboxes = [CallOutbox(k, subscription=False, sender=s) for k, s in enumerate(senders)]
+    booked = [(0, "a1"), (1, "b1"), (0, "a2"), (0, "a3")]
+    sends = []
+    for call, forward in booked:
+        sender = outboxes[call].reserve()
+        assert sender is senders[call]
+        sends.append((outboxes[call], sender, cast(Any, forward)))
+    for outbox, sender, forwards in worker_events._by_call(sends):
+        outbox.send_reserved(sender, forwards)
+    seven, eight = senders[0].tail, senders[1].tail
+    assert connection.calls == [
+        [["a1", seven], ["a2", seven], ["a3", seven]],
+        [["b1", eight]],
+    ]
+    senders[0].end()
+    assert connection.calls[-1] == [[results_end(7, 3)]]

@@ -623,6 +623,41 @@ def test_a_frame_the_socket_cannot_take_at_once_is_sent_whole_by_its_senders_thr
         assert handed == []
 
 
+def test_frames_sent_together_go_in_one_sendmsg_each_whole_and_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A result lane's batch: several frames handed over at once go to the
+    # kernel in one sendmsg, up to _SEND_BATCH_PIECES pieces (a frame's never
+    # split between two), and arrive whole and in order.
+    writes: list[int] = []
+    with dialled(CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 25)) as channel:
+        wait_until(lambda: len(channel.attached) == 1, "the connection attached")
+        connection = channel.attached[0]
+        write = connection._write
+
+        def recorded(pieces: Any) -> Any:
+            writes.append(len(pieces))
+            return write(pieces)
+
+        monkeypatch.setattr(connection, "_write", recorded)
+        big = [[b"head%d" % k, bytes([k]) * 700_000, b"tail"] for k in range(3)]
+        small = [[b"h", bytes([k % 251]) * (k + 1), b"t%d" % k] for k in range(100)]
+
+        def receive(count: int) -> list[Any]:
+            return [channel.link.receive_message(PATIENCE) for _ in range(count)]
+
+        for frames in (big, small):
+            with ThreadPoolExecutor(1) as pool:
+                got = pool.submit(receive, len(frames))
+                connection.send_frames(frames, PATIENCE)
+                received = got.result(timeout=PATIENCE)
+            assert [None if r is None else bytes(r) for r in received] == [
+                b"".join(parts) for parts in frames
+            ]
+        # 3 frames of 4 pieces each (with its header), then 100 in 64 + 36.
+        assert writes == [12, 256, 144]
+
+
 def test_a_sender_whose_peer_takes_nothing_times_out_naming_the_seconds() -> None:
     # A learner that stops reading holds the sender, for at most its wait;
     # the frame's rest stays queued in order, so the stream stays whole for

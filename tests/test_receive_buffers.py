@@ -41,17 +41,51 @@ def test_kept_buffers_are_taken_again_once_nothing_views_them() -> None:
     assert buffers.made == 2
 
 
-def test_a_frame_takes_a_free_buffer_past_older_ones_still_viewed() -> None:
+def test_a_frame_takes_a_free_buffer_past_others_still_viewed() -> None:
     # Frames are let go about in order, not quite (a lane lagging another):
-    # the two taken longest ago still viewed, a later one let go is taken
+    # the frames in flight still viewed, one let go between them is taken
     # again rather than new memory made.
     buffers = ReceiveBuffers(keep_bytes=8 << 20)
     views = [buffers.take(1 << 20) for _ in range(4)]
-    let_go = id(views[2].obj)
-    views[2:] = []
+    let_go = id(views[1].obj)
+    del views[1]
     again = buffers.take(1 << 20)
     assert buffers.made == 4
     assert id(again.obj) == let_go
+
+
+def test_a_frame_takes_the_free_buffer_taken_most_recently() -> None:
+    # The buffer let go last is still in the CPU's caches: a frame takes it,
+    # not the one taken longest ago, so a steady run of frames cycles
+    # through as few buffers as it holds at once.
+    buffers = ReceiveBuffers(keep_bytes=8 << 20)
+    views = [buffers.take(1 << 20) for _ in range(4)]
+    ids = [id(view.obj) for view in views]
+    del views
+    taken = []
+    for _ in range(6):
+        view = buffers.take(1 << 20)
+        taken.append(id(view.obj))
+        del view
+    assert taken == [ids[3]] * 6
+    assert buffers.made == 4
+
+
+def test_frames_grown_past_the_bound_free_the_buffers_too_short_for_them() -> None:
+    # Results grew (25 frames each, then 125): the kept buffers too short for
+    # the new frames and not viewed are let go to keep ones of the new size,
+    # rather than each new frame getting fresh memory; a viewed one stays.
+    buffers = ReceiveBuffers(keep_bytes=4 << 20)
+    short = [buffers.take(1 << 20) for _ in range(4)]
+    held = short.pop(0)
+    del short
+    made = buffers.made
+    for _ in range(4):
+        view = buffers.take(2 << 20)
+        view[-1:] = b"x"
+        del view
+    assert buffers.made == made + 1  # one kept buffer of the new size, taken again
+    assert [b is held.obj for b in buffers._buffers] == [True, False]
 
 
 #: Whatever may keep a frame's bytes past its view: a slice, a cast, a

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -94,11 +95,11 @@ class CallOutbox:
             return None
         return sender
 
-    def send_reserved(self, sender: ResultSender, forward: Forward) -> None:
-        """Sends a result :meth:`reserve` gave ``sender`` for; a failure to send
-        ends the call with it."""
+    def send_reserved(self, sender: ResultSender, forwards: Sequence[Forward]) -> None:
+        """Sends results :meth:`reserve` gave ``sender`` for, in order and
+        together; a failure to send ends the call with it."""
         try:
-            sender.send_reserved(forward)
+            sender.send_reserved(forwards)
         except CallError as exc:
             self.put(exc)
 

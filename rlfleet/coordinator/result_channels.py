@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from rlfleet.coordinator.calls import Forward
 from rlfleet.coordinator.failures import unavailable
@@ -185,13 +185,15 @@ class ResultSender:
             CallError: UNAVAILABLE if the connection is closed or the learner
                 does not read it (the call fails; the learner retries).
         """
+        # Together: several messages (a lane's batch, a result's chunks) go
+        # in one write, not a system call and a wake-up of the learner each.
+        frames = list(messages)
         with self._sending:
             if self._failed:
                 return  # the call fails already: nothing more goes out
             try:
-                for parts in messages:
-                    self._connection.send_parts(parts, RESULT_SEND_SECONDS)
-                    self.sent += 1
+                self._connection.send_frames(frames, RESULT_SEND_SECONDS)
+                self.sent += len(frames)
             except (ConnectionClosedError, RlfleetTimeoutError) as exc:
                 self._failed = True
                 raise unavailable(
@@ -209,18 +211,20 @@ class ResultSender:
             self._in_flight += 1
             return True
 
-    def send_reserved(self, forward: Forward) -> None:
-        """Sends a result booked with :meth:`reserve` (a slow learner slows the
-        caller, as it slows the call's thread when that sends).
+    def send_reserved(self, forwards: Sequence[Forward]) -> None:
+        """Sends results booked with :meth:`reserve`, one reservation each, in
+        order and together (a slow learner slows the caller, as it slows the
+        call's thread when that sends).
 
         Raises:
             CallError: UNAVAILABLE as :meth:`send` (for the call to end with).
         """
+        tail = self.tail
         try:
-            self.send(forwarded_parts(forward, self.tail))
+            self.send([parts for forward in forwards for parts in forwarded_parts(forward, tail)])
         finally:
             with self._state:
-                self._in_flight -= 1
+                self._in_flight -= len(forwards)
                 self._state.notify_all()
 
     def end(self, footer: Footer | None = None) -> None:

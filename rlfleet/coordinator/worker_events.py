@@ -422,9 +422,11 @@ class WorkerEvents:
             try:
                 rest = self._book_batch(handle, rest, sends)
             finally:
-                # In booking order, after the lock (a send may wait for the learner).
-                for outbox, sender, forward in sends or ():
-                    outbox.send_reserved(sender, forward)
+                # After the lock (a send may wait for the learner): each call's
+                # results in booking order, together (one write for the batch).
+                if sends:
+                    for outbox, sender, forwards in _by_call(sends):
+                        outbox.send_reserved(sender, forwards)
 
     def _book_batch(
         self,
@@ -662,3 +664,18 @@ class WorkerEvents:
             requeued,
             extra={"worker": handle.name},
         )
+
+
+def _by_call(
+    sends: Sequence[tuple[CallOutbox, ResultSender, Forward]],
+) -> list[tuple[CallOutbox, ResultSender, list[Forward]]]:
+    """``sends`` gathered by sender, each sender's in booking order (calls
+    in the order of their first result)."""
+    gathered: dict[int, tuple[CallOutbox, ResultSender, list[Forward]]] = {}
+    for outbox, sender, forward in sends:
+        entry = gathered.get(id(sender))
+        if entry is None:
+            gathered[id(sender)] = (outbox, sender, [forward])
+        else:
+            entry[2].append(forward)
+    return list(gathered.values())
