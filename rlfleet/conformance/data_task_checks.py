@@ -20,6 +20,7 @@ from rlfleet.conformance.agents import pinned_agent
 from rlfleet.conformance.kit_messages import KitCommand, command_bytes, switch_marker
 from rlfleet.conformance.link import WelcomeSettings, WorkerLink
 from rlfleet.conformance.runner import WorkerHarness
+from rlfleet.errors import ConnectionClosedError, ProtocolError, UsageError
 from rlfleet.protocol.join import TaskAssignment, TaskCancel
 from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.unit_columns import UnitColumns
@@ -47,8 +48,10 @@ class KitDataPort:
         and accepts it.
 
         Raises:
-            OSError: If no worker dials within ``timeout`` seconds, or its
-                first frame is longer than a LeaseDataHello may be.
+            OSError: If no worker dials within ``timeout`` seconds (a
+                ``ConnectionClosedError`` if it hangs up in its hello).
+            ProtocolError: If its first frame is longer than a
+                LeaseDataHello may be.
         """
         self._server.settimeout(timeout)
         sock, _ = self._server.accept()
@@ -56,7 +59,7 @@ class KitDataPort:
         (length,) = FRAME_HEADER.unpack(_read(sock, FRAME_HEADER.size))
         if length > HANDSHAKE_FRAME_BYTES:
             sock.close()
-            raise OSError(f"a first frame of {length} bytes: not a LeaseDataHello")
+            raise ProtocolError(f"a first frame of {length} bytes: not a LeaseDataHello")
         _read(sock, length)  # its ticket: the kit accepts any
         sock.sendall(frame(b""))  # LeaseDataAccepted
         self._sock = sock
@@ -64,7 +67,7 @@ class KitDataPort:
     def send(self, payload: bytes) -> None:
         """Sends one frame to the worker."""
         if self._sock is None:
-            raise OSError("no worker connection was accepted")
+            raise UsageError("no worker connection was accepted: accept() one first")
         self._sock.sendall(frame(payload))
 
     def close(self) -> None:
@@ -78,7 +81,7 @@ def _read(sock: socket.socket, count: int) -> bytes:
     while len(data) < count:
         more = sock.recv(count - len(data))
         if not more:
-            raise OSError("the worker closed its data connection during its hello")
+            raise ConnectionClosedError("the worker closed its data connection during its hello")
         data += more
     return data
 
@@ -96,7 +99,7 @@ def check_data_tasks(harness: WorkerHarness) -> str:
         with harness.fresh(WelcomeSettings(data_port=port.port)) as (_, link):
             try:
                 port.accept(link.timeout)
-            except OSError as exc:
+            except (OSError, ProtocolError) as exc:
                 raise link.failure(
                     f"no lease data connection to the Welcome's port {port.port}: {exc}"
                 ) from exc
