@@ -30,7 +30,7 @@ class _CutStream:
 
     def _take(self, room: int) -> bytes:
         self.reads += 1
-        stop = next(c for c in self._cuts + [len(self._data)] if c > self._at or c == len(self._data))
+        stop = next(c for c in self._cuts if c > self._at or c == len(self._data))
         got = self._data[self._at : min(stop, self._at + room)]
         self._at += len(got)
         return got
@@ -40,7 +40,9 @@ class _CutStream:
         view[: len(got)] = got
         return len(got)
 
-    def recvmsg_into(self, views: Any, ancsize: int = 0, flags: int = 0) -> tuple[int, list, int, None]:
+    def recvmsg_into(
+        self, views: Any, ancsize: int = 0, flags: int = 0
+    ) -> tuple[int, list[Any], int, None]:
         first, then = (memoryview(v) for v in views)
         got = self._take(len(first) + len(then))
         head = min(len(got), len(first))
@@ -112,13 +114,13 @@ def test_a_wait_past_the_deadline_and_a_close_mid_frame_fail_as_before() -> None
     try:
         # A frame handed out of the landing, then half of the next one.
         theirs.sendall(frame(b"a" * 10) + struct.pack(">I", 3000) + b"b" * 1000)
-        assert link.receive_message(0.2) == b"a" * 10
+        assert bytes(link.receive_message(0.2) or b"") == b"a" * 10
         with pytest.raises(RlfleetTimeoutError, match=r"^no whole data frame within 0\.2 seconds$"):
             link.receive_message(0.2)
         assert link.readable()
         theirs.close()
         with pytest.raises(
-            ConnectionClosedError, match="^the coordinator closed the data connection mid-frame$"
+            ConnectionClosedError, match=r"^the coordinator closed the data connection mid-frame$"
         ):
             link.receive_message(0.2)
     finally:
@@ -130,9 +132,9 @@ def test_a_large_frame_cut_mid_way_then_closed_is_a_close_mid_frame() -> None:
     link = LeaseDataLink(ours, 1 << 22)
     try:
         theirs.sendall(frame(b"a" * 10) + struct.pack(">I", 1 << 21) + b"b" * 1000)
-        assert link.receive_message(None) == b"a" * 10
+        assert bytes(link.receive_message(None) or b"") == b"a" * 10
         theirs.close()
-        with pytest.raises(ConnectionClosedError, match="mid-frame$"):
+        with pytest.raises(ConnectionClosedError, match=r"mid-frame$"):
             link.receive_message(None)
     finally:
         link.close()
@@ -143,7 +145,7 @@ def test_a_frame_above_the_limit_behind_frames_in_one_read_is_refused() -> None:
     link = LeaseDataLink(ours, 1 << 16)
     try:
         theirs.sendall(frame(b"a" * 10) + struct.pack(">I", (1 << 16) + 1))
-        assert link.receive_message(1.0) == b"a" * 10
+        assert bytes(link.receive_message(1.0) or b"") == b"a" * 10
         with pytest.raises(
             ProtocolError,
             match=r"^the coordinator sent a data frame of 65537 bytes, above the limit of 65536$",
