@@ -89,20 +89,22 @@ def test_frames_cut_anywhere_across_reads_reach_the_reader_whole_and_in_order(
     assert [None if g is None else bytes(g) for g in got] == payloads
 
 
-def test_a_buffer_holding_a_viewed_frame_is_not_read_into_again() -> None:
+def test_a_buffer_holding_a_viewed_frame_is_not_written_over() -> None:
     ours, theirs = socket.socketpair()
     link = LeaseDataLink(ours, 1 << 20)
+    link._land_bytes = LARGE_FRAME_BYTES  # the least kept buffer: several taken below
     try:
         # Each read ends inside the next frame's header.
         theirs.sendall(frame(b"\x01" * 1000) + b"\x00\x00")
         first = link.receive_message(10.0)
         assert first is not None and bytes(first) == b"\x01" * 1000
-        for k in range(3, 200):  # many landings' worth, read while ``first`` is held
-            theirs.sendall(b"\x03\xe8" + bytes([k]) * 1000 + b"\x00\x00")
+        for k in range(2, 400):  # many landings' worth, read while ``first`` is held
+            theirs.sendall(b"\x03\xe8" + bytes([k % 256]) * 1000 + b"\x00\x00")
             got = link.receive_message(10.0)
-            assert got is not None and len(got) == 1000
+            assert got is not None and got == bytes([k % 256]) * 1000
             assert bytes(first) == b"\x01" * 1000
-            assert link._land is not None and link._land.obj is not first.obj
+        # Its landing was left for others, and is not taken again while viewed.
+        assert link._land is not None and link._land.obj is not first.obj
     finally:
         link.close()
         theirs.close()

@@ -57,6 +57,9 @@ _KEPT_BYTES = 128 << 20
 #: buffer's worth, ``receive_message``): about twenty 400-step CartPole
 #: results, which a reader behind its sender takes in one system call.
 LANDING_BYTES = 256 << 10
+#: A landing with less room than this past its bytes is left for the next one
+#: (a read into a few bytes' room would cost a system call for them).
+_LEAST_READ = 16 << 10
 #: Buffers handed to one ``sendmsg`` (below every system's IOV_MAX).
 _SENDMSG_BUFFERS = 512
 #: The most a reader that gathers frames (``receive_message``'s ``gather``)
@@ -176,8 +179,8 @@ class LeaseDataLink:
         # Where a payload's read puts the next frame's header (receive_message over TLS).
         self._spare = bytearray(FRAME_HEADER.size)
         # receive_message over plain TCP: reads land in a kept buffer
-        # (``_land``), whose bytes ``_lo:_hi`` are not handed out yet; once a
-        # frame of it was (``_handed``), it is not read into again.
+        # (``_land``), whose bytes ``_lo:_hi`` are not handed out yet (frames
+        # before ``_lo`` were: ``_handed``), and past ``_hi`` are free.
         self._landing: Landing | None = None
         self._land: memoryview | None = None
         self._lo = 0
@@ -362,11 +365,14 @@ class LeaseDataLink:
     ) -> memoryview | None:
         """:meth:`receive_message` over plain TCP: each read takes what the socket
         holds, up to a kept buffer's length (the landing), and every whole
-        frame in it is handed out as a view of it. A landing a frame was
-        handed out of is not read into again: what is left of it (the start
-        of the next frame) is copied to the next landing, or, for a large
-        frame, to a buffer of its own, whose rest is read straight into it
-        (and what follows into the next landing, with the same call)."""
+        frame in it is handed out as a view of it. Reads go on into the
+        landing past the frames handed out of it, never over them, until
+        the next frame does not fit in what is left: its start is then
+        copied to the front of the next landing (less than one frame), or,
+        for a large frame, to a reused buffer of its own, whose rest is read
+        straight into it (and what follows into the next landing, with the
+        same call). A landing any handed-out frame still views is not taken
+        again (rlfleet.transport.receive_buffers)."""
         header = FRAME_HEADER.size
         land, landing = self._land, self._landing
         if land is None or landing is None:
@@ -391,15 +397,15 @@ class LeaseDataLink:
                     wanted = need + (need >> 3)
                     if wanted > self._land_bytes or wanted < self._land_bytes >> 1:
                         self._land_bytes = max(wanted, LANDING_BYTES)
-                    if self._handed or len(land) - lo < need:
+                    if len(land) - lo < need:
                         return self._receive_large(
                             landing, land[lo + header : hi], length, deadline, seconds
                         )
             else:
                 need = header
-            if self._handed or len(land) - lo < need:
+            if len(land) - lo < need or len(land) - hi < _LEAST_READ:
                 # The start of the next frame moves to the front of a landing
-                # nothing views (a copy of less than one frame).
+                # no handed-out frame views (a copy of less than one frame).
                 start = bytes(land[lo:hi])
                 if self._handed:
                     self._handed = False
