@@ -694,9 +694,9 @@ def _socket_pair() -> tuple[_CountingSocket, socket.socket]:
 
 
 @pytest.mark.parametrize("deadline", [None, 10.0], ids=["no-deadline", "deadline"])
-def test_frames_already_sent_are_read_with_one_read_each(deadline: float | None) -> None:
+def test_frames_already_sent_are_read_with_one_read_in_all(deadline: float | None) -> None:
     # A reader behind its sender (a learner reading an answer's results)
-    # takes the next frame's header with the payload before it.
+    # takes every frame the socket holds with one read, up to a landing's length.
     sock, theirs = _socket_pair()
     link = LeaseDataLink(sock, 1 << 20)
     try:
@@ -704,8 +704,7 @@ def test_frames_already_sent_are_read_with_one_read_each(deadline: float | None)
         theirs.sendall(b"".join(frame(p) for p in small))
         got = [link.receive_message(deadline) for _ in small]
         assert [None if g is None else bytes(g) for g in got] == small
-        # One read for the first header, then one per payload (with the next header).
-        assert sock.reads == 1 + len(small)
+        assert sock.reads == 1
         theirs.close()
         assert link.receive_message(deadline) is None  # the end, between frames
     finally:
@@ -713,12 +712,12 @@ def test_frames_already_sent_are_read_with_one_read_each(deadline: float | None)
 
 
 @pytest.mark.parametrize("deadline", [None, 10.0], ids=["no-deadline", "deadline"])
-def test_a_frame_whose_header_came_with_the_last_read_is_taken_in_one_fill(
+def test_a_frame_that_came_with_the_last_read_is_handed_out_with_no_call_past_one(
     deadline: float | None,
 ) -> None:
-    # A learner behind its coordinator pays this per result frame: the
-    # header is taken where the last read left it, and the payload's one
-    # read runs no context manager around it.
+    # A learner behind its coordinator pays this per result frame: a frame
+    # the last read took whole is cut from the landing, no read, no
+    # context manager, no other call.
     sock, theirs = _socket_pair()
     link = LeaseDataLink(sock, 1 << 20)
     try:
@@ -736,7 +735,7 @@ def test_a_frame_whose_header_came_with_the_last_read_is_taken_in_one_fill(
         finally:
             sys.setprofile(None)
         assert got is not None and bytes(got) == b"b" * 3000
-        assert called == ["receive_message", "_fill", "_read", "_read_ahead", "recvmsg_into"]
+        assert called == ["receive_message", "_receive_landed"]
     finally:
         link.close()
 

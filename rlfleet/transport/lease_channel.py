@@ -29,7 +29,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 
 from rlfleet._util.log_limit import OncePerKey
 from rlfleet.errors import (
@@ -40,7 +40,7 @@ from rlfleet.errors import (
 )
 from rlfleet.security import ClientTLS
 from rlfleet.transport.frame_pieces import FramePieces, InProcessFrame
-from rlfleet.transport.receive_buffers import LARGE_FRAME_BYTES, ReceiveBuffers
+from rlfleet.transport.receive_buffers import LARGE_FRAME_BYTES, Landing, ReceiveBuffers
 
 logger = logging.getLogger("rlfleet.transport.lease_channel")
 
@@ -53,6 +53,13 @@ HANDSHAKE_FRAME_BYTES = 1024
 #: Bytes of receive buffers a results connection keeps for reuse: about one
 #: large answer's frames (4,000 Atari-sized frames are 118 MB).
 _KEPT_BYTES = 128 << 20
+#: The least a results connection's read asks for over plain TCP (a kept
+#: buffer's worth, ``receive_message``): about twenty 400-step CartPole
+#: results, which a reader behind its sender takes in one system call.
+LANDING_BYTES = 256 << 10
+#: A landing with less room than this past its bytes is left for the next one
+#: (a read into a few bytes' room would cost a system call for them).
+_LEAST_READ = 16 << 10
 #: Buffers handed to one ``sendmsg`` (below every system's IOV_MAX).
 _SENDMSG_BUFFERS = 512
 #: The most a reader that gathers frames (``receive_message``'s ``gather``)
@@ -169,8 +176,19 @@ class LeaseDataLink:
         # What receive_message reads frames into (made on first use: only a
         # learner's results connection reads that way).
         self._buffers: ReceiveBuffers | None = None
-        # Where a payload's read puts the next frame's header (receive_message).
+        # Where a payload's read puts the next frame's header (receive_message over TLS).
         self._spare = bytearray(FRAME_HEADER.size)
+        # receive_message over plain TCP: reads land in a kept buffer
+        # (``_land``), whose bytes ``_lo:_hi`` are not handed out yet (frames
+        # before ``_lo`` were: ``_handed``), and past ``_hi`` are free.
+        self._landing: Landing | None = None
+        self._land: memoryview | None = None
+        self._lo = 0
+        self._hi = 0
+        self._handed = False
+        # A landing holds the last large frame and an eighth: a run of like
+        # frames lands whole, handed out where it landed.
+        self._land_bytes = LANDING_BYTES
 
     def set_send_timeout(self, seconds: float) -> None:
         """Bounds every send: one the peer does not take within ``seconds`` fails
@@ -248,6 +266,9 @@ class LeaseDataLink:
         """:meth:`receive` until ``deadline`` (``time.monotonic()``; None: for ever;
         TimeoutError past it, keeping the frame's bytes read so far)."""
         buffer = self._buffer
+        if self._land is not None and self._hi > self._lo:  # landed by receive_message
+            buffer += self._land[self._lo : self._hi]
+            self._lo = self._hi
         while True:
             if len(buffer) >= FRAME_HEADER.size:
                 (length,) = FRAME_HEADER.unpack_from(buffer)
@@ -312,6 +333,8 @@ class LeaseDataLink:
             ProtocolError: For a frame longer than allowed.
         """
         deadline = None if seconds is None else time.monotonic() + seconds
+        if not self._tls:
+            return self._receive_landed(deadline, seconds, gather)
         kept = self._buffer
         if len(kept) >= FRAME_HEADER.size:  # read with the last payload, as a reader behind reads
             (length,) = FRAME_HEADER.unpack_from(kept)
@@ -336,6 +359,131 @@ class LeaseDataLink:
             payload = self._buffers.take(length)
         self._fill(payload, deadline, seconds, first=False, ahead=not self._tls)
         return payload
+
+    def _receive_landed(
+        self, deadline: float | None, seconds: float | None, gather: int
+    ) -> memoryview | None:
+        """:meth:`receive_message` over plain TCP: each read takes what the socket
+        holds, up to a kept buffer's length (the landing), and every whole
+        frame in it is handed out as a view of it. Reads go on into the
+        landing past the frames handed out of it, never over them, until
+        the next frame does not fit in what is left: its start is then
+        copied to the front of the next landing (less than one frame), or,
+        for a large frame, to a reused buffer of its own, whose rest is read
+        straight into it (and what follows into the next landing, with the
+        same call). A landing any handed-out frame still views is not taken
+        again (rlfleet.transport.receive_buffers)."""
+        header = FRAME_HEADER.size
+        land, landing = self._land, self._landing
+        if land is None or landing is None:
+            land, landing = self._first_landing()
+        lo, hi = self._lo, self._hi
+        while True:
+            avail = hi - lo
+            if avail >= header:
+                (length,) = FRAME_HEADER.unpack_from(land, lo)
+                if length > self._max:
+                    raise ProtocolError(
+                        f"the coordinator sent a data frame of {length} bytes, above the limit "
+                        f"of {self._max}"
+                    )
+                end = lo + header + length
+                if end <= hi:
+                    self._lo = end
+                    self._handed = True
+                    return land[lo + header : end]
+                need = header + length
+                if length >= LARGE_FRAME_BYTES:
+                    wanted = need + (need >> 3)
+                    if wanted > self._land_bytes or wanted < self._land_bytes >> 1:
+                        self._land_bytes = max(wanted, LANDING_BYTES)
+                    if len(land) - lo < need:
+                        return self._receive_large(
+                            landing, land[lo + header : hi], length, deadline, seconds
+                        )
+            else:
+                need = header
+            if len(land) - lo < need or len(land) - hi < _LEAST_READ:
+                # The start of the next frame moves to the front of a landing
+                # no handed-out frame views (a copy of less than one frame).
+                start = bytes(land[lo:hi])
+                if self._handed:
+                    self._handed = False
+                    landing.spend()
+                land = self._land = landing.view(max(need, self._land_bytes))
+                land[:avail] = start
+                lo, hi = self._lo, self._hi = 0, avail
+            try:
+                count = self._read(
+                    self._sock.recv_into,
+                    (land[hi:], len(land) - hi),
+                    deadline,
+                    gather=gather if avail < header else 0,
+                )
+            except TimeoutError:
+                raise RlfleetTimeoutError(
+                    f"no whole data frame within {seconds:g} seconds"
+                ) from None
+            if not count:
+                if not avail:
+                    return None
+                raise ConnectionClosedError("the coordinator closed the data connection mid-frame")
+            gather = 0
+            hi = self._hi = hi + count
+
+    def _first_landing(self) -> tuple[memoryview, Landing]:
+        """Makes the first landing, holding what the handshake's reads took past
+        its frame."""
+        if self._buffers is None:
+            self._buffers = ReceiveBuffers(_KEPT_BYTES)
+        landing = self._landing = Landing(self._buffers)
+        kept = self._buffer
+        land = self._land = landing.view(max(len(kept), self._land_bytes))
+        land[: len(kept)] = kept
+        self._lo, self._hi = 0, len(kept)
+        kept.clear()
+        return land, landing
+
+    def _receive_large(
+        self,
+        landing: Landing,
+        start: memoryview,
+        length: int,
+        deadline: float | None,
+        seconds: float | None,
+    ) -> memoryview:
+        """A large frame of ``length`` bytes whose first bytes, ``start``, are in
+        the landing: in a reused buffer of its own (``length`` is checked
+        against the limit), its rest read straight into it and what follows
+        it into a landing nothing views."""
+        payload = cast(ReceiveBuffers, self._buffers).take(length)
+        got = len(start)
+        payload[:got] = start
+        del start
+        if self._handed:
+            self._handed = False
+            landing.spend()
+        land = self._land = landing.view(self._land_bytes)
+        self._lo = self._hi = 0
+        while got < length:
+            rest = payload[got:]
+            try:
+                count = self._read(self._read_two, (rest, land), deadline)
+            except TimeoutError:
+                raise RlfleetTimeoutError(
+                    f"no whole data frame within {seconds:g} seconds"
+                ) from None
+            if not count:
+                raise ConnectionClosedError("the coordinator closed the data connection mid-frame")
+            if count > len(rest):
+                self._hi = count - len(rest)
+                count = len(rest)
+            got += count
+        return payload
+
+    def _read_two(self, first: memoryview, then: memoryview, flags: int) -> int:
+        """Reads into ``first`` and on into ``then`` with one call; the bytes read."""
+        return self._sock.recvmsg_into((first, then), 0, flags)[0]
 
     def _fill(
         self,
@@ -387,7 +535,7 @@ class LeaseDataLink:
 
     def readable(self) -> bool:
         """Whether bytes of a frame are here already: a receive would start without waiting."""
-        if self._buffer or self._tls_pending:
+        if self._buffer or self._tls_pending or self._hi > self._lo:
             return True
         return bool(select.select([self._sock], [], [], 0)[0])
 
