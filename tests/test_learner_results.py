@@ -47,7 +47,8 @@ from rlfleet.protocol.learner_calls import SampleAsk
 from rlfleet.protocol.modes import Footer
 from rlfleet.security import ClientSecurity
 from rlfleet.transport import rpc as _rpc
-from rlfleet.transport.lease_channel import InProcessLink, LeaseDataLink, frame
+from rlfleet.transport.in_process_link import InProcessLink
+from rlfleet.transport.lease_channel import LeaseDataLink, frame
 from rlfleet.v1 import learner_pb2
 from tests._coordinator_fakes import assert_same_batch
 from tests.fleet_processes import (

@@ -24,7 +24,7 @@ from rlfleet.coordinator.leases.data_connections import (
 from rlfleet.coordinator.leases.data_server import LeaseDataServer
 from rlfleet.coordinator.leases.translation import hello_ticket
 from rlfleet.errors import ProtocolError, UnavailableError
-from rlfleet.transport.lease_channel import InProcessLink
+from rlfleet.transport.in_process_link import InProcessLink
 from rlfleet.wire.leases import data_hello
 from tests.test_lease_data_channel import wait_until
 

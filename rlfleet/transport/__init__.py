@@ -3,5 +3,7 @@
 * :mod:`~rlfleet.transport.rpc`: the gRPC boundary every face shares (channel
   and server options, chunk-aware (de)serializers, errors as status details).
 * :mod:`~rlfleet.transport.lease_channel`: the lease data channel, dialling
-  side (framed TCP or TLS to the coordinator; in memory for ``Fleet.local``).
+  side (framed TCP or TLS to the coordinator).
+* :mod:`~rlfleet.transport.in_process_link`: the same channel in memory, for
+  a learner in the coordinator's process (``Fleet.local``).
 """

@@ -1,7 +1,7 @@
 """A data frame handed over in memory in pieces, its large one not copied.
 
 In ``Fleet.local`` the coordinator hands a learner's results-connection
-frames over in memory (rlfleet.transport.lease_channel.InProcessLink). A
+frames over in memory (rlfleet.transport.in_process_link.InProcessLink). A
 result frame's pieces are the result's small head, its chunk's data (a view
 of the buffer the worker's message was received into) and the call's
 number; joining them would copy the data once more than a socket does. A

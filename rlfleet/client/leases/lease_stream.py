@@ -55,10 +55,10 @@ from rlfleet.errors import (
 from rlfleet.security import ClientTLS
 from rlfleet.security.pickle import cloudpickle_module
 from rlfleet.transport import rpc as _rpc
+from rlfleet.transport.in_process_link import InProcessLink
 from rlfleet.transport.lease_channel import (
     DATA_DIAL_SECONDS,
     DataLink,
-    InProcessLink,
     dial,
     warn_unreachable,
 )

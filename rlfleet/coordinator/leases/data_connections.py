@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 from rlfleet.errors import ConnectionClosedError, RlfleetTimeoutError
 from rlfleet.transport.frame_pieces import InProcessFrame, frame_of
-from rlfleet.transport.lease_channel import FRAME_HEADER, InProcessLink, frame
+from rlfleet.transport.in_process_link import InProcessLink
+from rlfleet.transport.lease_channel import FRAME_HEADER, frame
 from rlfleet.transport.receive_buffers import LARGE_FRAME_BYTES, Landing
 
 if TYPE_CHECKING:

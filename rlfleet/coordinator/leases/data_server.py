@@ -17,7 +17,7 @@ frames on plain TCP, which their sender finishes itself
 A learner in this very process (``Fleet.local``) presents its ticket to
 :meth:`LeaseDataServer.attach_in_process` instead of dialling: an
 :class:`InProcessConnection` hands its frames over in memory, the learner's
-on the learner's own thread (rlfleet.transport.lease_channel.InProcessLink).
+on the learner's own thread (rlfleet.transport.in_process_link.InProcessLink).
 
 The connections themselves are data_connections.py's. This module knows
 bytes only; face.py, data_peers.py and rlfleet.coordinator.result_channels
@@ -50,10 +50,8 @@ from rlfleet.errors import (
     UnavailableError,
 )
 from rlfleet.security import ServerTLS
-from rlfleet.transport.lease_channel import (
-    InProcessLink,
-    frame,
-)
+from rlfleet.transport.in_process_link import InProcessLink
+from rlfleet.transport.lease_channel import frame
 from rlfleet.transport.receive_buffers import Landing, ReceiveBuffers
 
 logger = logging.getLogger("rlfleet.coordinator")
