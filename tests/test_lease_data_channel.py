@@ -48,10 +48,10 @@ from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError, RlfleetTimeoutError, UnavailableError
 from rlfleet.security import ClientTLS, ServerSecurity, ServerTLS
 from rlfleet.transport import lease_channel
+from rlfleet.transport.data_address import coordinator_host
 from rlfleet.transport.lease_channel import (
     FRAME_HEADER,
     LeaseDataLink,
-    coordinator_host,
     dial,
     frame,
 )

@@ -51,12 +51,11 @@ from rlfleet.errors import (
 from rlfleet.protocol.learner_calls import ResultPart, SampleAsk
 from rlfleet.protocol.modes import Footer
 from rlfleet.security import ClientSecurity
+from rlfleet.transport.data_address import coordinator_host, warn_unreachable
 from rlfleet.transport.lease_channel import (
     DATA_DIAL_SECONDS,
     DataLink,
-    coordinator_host,
     dial,
-    warn_unreachable,
 )
 from rlfleet.wire.chunks import Chunk
 from rlfleet.wire.leases import data_hello

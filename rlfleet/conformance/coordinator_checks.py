@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from rlfleet._version import __version__
 from rlfleet.conformance._failure import Check, CheckFailed, CheckResult, run_check, select
 from rlfleet.security import ClientSecurity
-from rlfleet.transport.lease_channel import HANDSHAKE_FRAME_BYTES, coordinator_host, frame
+from rlfleet.transport.data_address import coordinator_host
+from rlfleet.transport.lease_channel import HANDSHAKE_FRAME_BYTES, frame
 from rlfleet.wire.leases import data_hello
 from rlfleet.worker._connection import lease_data_ticket
 

@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol, TypeVar, cast
 
-from rlfleet._util.log_limit import OncePerKey
 from rlfleet.errors import (
     ConnectionClosedError,
     ProtocolError,
@@ -71,40 +70,12 @@ GATHER_BYTES = 64 << 10
 #: much later a frame's read when fewer bytes follow it than were asked for.
 GATHER_SECONDS = 0.002
 
-_unreachable = OncePerKey()
-
 _T = TypeVar("_T")
 
 
 def frame(payload: bytes | memoryview) -> bytes:
     """``payload`` behind its length prefix."""
     return FRAME_HEADER.pack(len(payload)) + payload
-
-
-def coordinator_host(address: str) -> str:
-    """The host of a gRPC target ``HOST:PORT`` (``[::1]:50051`` gives ``::1``;
-    a ``dns:``/``ipv4:`` scheme prefix is dropped)."""
-    target = address.split("///", 1)[-1]
-    if target.startswith(("ipv4:", "ipv6:", "dns:")):
-        target = target.split(":", 1)[1]
-    host = target.rpartition(":")[0] if target.count(":") == 1 or "]" in target else target
-    return host.strip("[]") or "127.0.0.1"
-
-
-def warn_unreachable(host: str, port: int, who: str, reason: str) -> None:
-    """Logs once per process and address that the data channel is out of reach."""
-    key = f"{host}:{port}"
-    if not _unreachable.first(key):
-        return
-    logger.warning(
-        "%s cannot use the lease data channel at %s (%s); its traffic stays on gRPC, which "
-        "is several times slower. Open TCP port %d of the coordinator to this host (Service, "
-        "NetworkPolicy, firewall, proxy) or start the coordinator with --lease-data-listen",
-        who,
-        key,
-        reason,
-        port,
-    )
 
 
 class DataLink(Protocol):

@@ -55,12 +55,12 @@ from rlfleet.errors import (
 from rlfleet.security import ClientTLS
 from rlfleet.security.pickle import cloudpickle_module
 from rlfleet.transport import rpc as _rpc
+from rlfleet.transport.data_address import warn_unreachable
 from rlfleet.transport.in_process_link import InProcessLink
 from rlfleet.transport.lease_channel import (
     DATA_DIAL_SECONDS,
     DataLink,
     dial,
-    warn_unreachable,
 )
 from rlfleet.wire.lease_values import ReplyCheck
 from rlfleet.wire.leases import (

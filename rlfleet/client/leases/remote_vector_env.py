@@ -43,7 +43,7 @@ from rlfleet.errors import ConfigError
 from rlfleet.security import ClientSecurity, Token
 from rlfleet.security.pickle import dumps as pickle_dumps
 from rlfleet.transport import rpc as _rpc
-from rlfleet.transport.lease_channel import coordinator_host
+from rlfleet.transport.data_address import coordinator_host
 
 logger = logging.getLogger("rlfleet.client")
 

@@ -30,7 +30,8 @@ from collections.abc import Callable, Sequence
 
 from rlfleet.errors import RlfleetError, UnavailableError
 from rlfleet.security import ClientTLS
-from rlfleet.transport.lease_channel import DATA_DIAL_SECONDS, LeaseDataLink, dial, warn_unreachable
+from rlfleet.transport.data_address import warn_unreachable
+from rlfleet.transport.lease_channel import DATA_DIAL_SECONDS, LeaseDataLink, dial
 
 logger = logging.getLogger("rlfleet.worker")
 

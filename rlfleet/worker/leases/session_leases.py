@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from rlfleet.protocol.join import ResultsSwitch, WorkerLeaving, WorkerWelcome
 from rlfleet.security import ClientTLS, PickleGate
 from rlfleet.transport import rpc as _rpc
-from rlfleet.transport.lease_channel import coordinator_host
+from rlfleet.transport.data_address import coordinator_host
 from rlfleet.wire.leases import data_hello
 from rlfleet.worker._connection import JoinStream
 from rlfleet.worker._join_messages import (
