@@ -120,6 +120,11 @@ class UnitColumns:
             self.episode_indices[which], self.env_seeds[which], self.policy_seeds[which]
         )
 
+    def without(self, episode_indices: np.ndarray) -> UnitColumns:
+        """The units whose episode index is not among ``episode_indices`` (a
+        Cancel's: what is left of a task's units it took some back from)."""
+        return self.select(~np.isin(self.episode_indices, episode_indices))
+
     def sorted(self) -> UnitColumns:
         """The units in ascending episode index order."""
         order = np.argsort(self.episode_indices, kind="stable")

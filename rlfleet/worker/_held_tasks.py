@@ -140,5 +140,5 @@ def _without(task: TaskAssignment, cancel: TaskCancel) -> TaskAssignment | None:
     if task.mode == Mode.FRAGMENTS:
         return task  # as TaskBook.cancel: only a Cancel of the whole task drops windows
     dropped = np.asarray(cancel.episode_indices, dtype=np.int64)
-    units = task.units.select(~np.isin(task.units.episode_indices, dropped))
+    units = task.units.without(dropped)
     return task._replace(units=units) if len(units) else None

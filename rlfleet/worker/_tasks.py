@@ -248,7 +248,7 @@ class TaskBook:
         for waiting in self._waiting:
             if waiting.task_id == task_id:
                 rest = waiting.units.select(slice(waiting.start, None))
-                waiting.units = rest.select(~np.isin(rest.episode_indices, dropped))
+                waiting.units = rest.without(dropped)
                 waiting.start = 0
         self._keep_waiting(lambda waiting: bool(waiting.left))
         self._vec.cancel(indices, request=task_id)
