@@ -7,9 +7,11 @@
   or failed under ``CI=true``: tests/node_support.py), the Node worker:
   every check passes.
 * The kit against tests/fixtures/broken_worker.py, which skips heartbeats,
-  never runs tasks, reconnects in a hot loop, says protocol version 2 or
-  ignores malformed unit columns: exactly the checks those faults break
-  fail, with reasons naming them.
+  never runs tasks, reconnects in a hot loop, says protocol version 2,
+  ignores malformed unit columns, or (the real worker with a fault) runs a
+  data connection's Task before its agent version or drops a Cancel that
+  came before its Task: exactly the checks those faults break fail, with
+  reasons naming them.
 
 The kit runs real worker processes over loopback gRPC (no mocks), so the
 end-to-end tests take tens of seconds; the rule tests take milliseconds.
@@ -209,3 +211,28 @@ def test_a_worker_speaking_another_protocol_version_fails_the_handshake(
     )
     assert not result.passed
     assert result.message.startswith("Hello has protocol_version=2 and num_envs=1; expected")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        # Its task path refuses the Task it let through (an agent version it
+        # does not run): an error where the Task must wait.
+        ("run-held", "came on the data connection before its AgentUpdate: hold it until"),
+        ("drop-early-cancel", "ran although its Cancel came before it: keep a Cancel"),
+    ],
+    ids=["run-held", "drop-early-cancel"],
+)
+def test_a_worker_that_mishandles_tasks_on_its_data_connection_fails_their_check(
+    monkeypatch: pytest.MonkeyPatch, fault: str, reason: str
+) -> None:
+    # The real Python worker with one fault in its held Tasks: the check
+    # passes it without the fault (test_the_python_worker_passes_every_check).
+    monkeypatch.setenv("PYTHONPATH", python_env()["PYTHONPATH"])
+    handshake, result = run_conformance(
+        broken("--data-tasks", fault), checks=["handshake", "data-tasks"], timeout=5.0
+    )
+    assert handshake.passed, handshake.message
+    assert not result.passed
+    assert reason in result.message, result.message

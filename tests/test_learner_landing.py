@@ -1,11 +1,15 @@
 """A learner's results connection reads many frames per system call
-(``LeaseDataLink.receive_message`` over plain TCP): each read lands in a kept
-buffer, and every whole frame in it is handed out as a view of it."""
+(``LeaseDataLink.receive_message``): each read lands in a kept buffer, and
+every whole frame in it is handed out as a view of it. The tests over a
+connected socket run over plain TCP and over real TLS (a socket pair; TLS's
+own cases: tests/test_learner_landing_tls.py)."""
 
 from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -16,6 +20,7 @@ from rlfleet.errors import ConnectionClosedError, ProtocolError, RlfleetTimeoutE
 from rlfleet.transport import lease_channel
 from rlfleet.transport.lease_channel import LeaseDataLink, frame
 from rlfleet.transport.receive_buffers import LARGE_FRAME_BYTES
+from tests.tls_fixtures import tls_socket_pair
 
 
 class _CutStream:
@@ -63,14 +68,29 @@ class _CutStream:
         pass
 
 
-_sizes = st.one_of(
+@contextmanager
+def _plain_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        yield ours, theirs
+
+
+@pytest.fixture(params=["tcp", "tls"])
+def connected(request: pytest.FixtureRequest) -> Iterator[tuple[socket.socket, socket.socket]]:
+    """(the learner's end, the coordinator's end) of a connection."""
+    with _plain_pair() if request.param == "tcp" else tls_socket_pair() as pair:
+        yield pair
+
+
+#: Frame sizes: small ones, and large ones about a kept buffer's least.
+FRAME_SIZES = st.one_of(
     st.integers(0, 40_000), st.integers(LARGE_FRAME_BYTES - 4, 3 * LARGE_FRAME_BYTES + 7)
 )
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    sizes=st.lists(_sizes, min_size=1, max_size=12),
+    sizes=st.lists(FRAME_SIZES, min_size=1, max_size=12),
     cuts=st.lists(st.integers(1, 1 << 20), max_size=30),
     landing=st.sampled_from([64, 4096, lease_channel.LANDING_BYTES]),
     deadline=st.sampled_from([None, 30.0]),
@@ -89,8 +109,10 @@ def test_frames_cut_anywhere_across_reads_reach_the_reader_whole_and_in_order(
     assert [None if g is None else bytes(g) for g in got] == payloads
 
 
-def test_a_buffer_holding_a_viewed_frame_is_not_written_over() -> None:
-    ours, theirs = socket.socketpair()
+def test_a_buffer_holding_a_viewed_frame_is_not_written_over(
+    connected: tuple[socket.socket, socket.socket],
+) -> None:
+    ours, theirs = connected
     link = LeaseDataLink(ours, 1 << 20)
     link._land_bytes = LARGE_FRAME_BYTES  # the least kept buffer: several taken below
     try:
@@ -110,8 +132,10 @@ def test_a_buffer_holding_a_viewed_frame_is_not_written_over() -> None:
         theirs.close()
 
 
-def test_a_wait_past_the_deadline_and_a_close_mid_frame_fail_as_before() -> None:
-    ours, theirs = socket.socketpair()
+def test_a_wait_past_the_deadline_and_a_close_mid_frame_fail_as_before(
+    connected: tuple[socket.socket, socket.socket],
+) -> None:
+    ours, theirs = connected
     link = LeaseDataLink(ours, 1 << 20)
     try:
         # A frame handed out of the landing, then half of the next one.
@@ -129,8 +153,10 @@ def test_a_wait_past_the_deadline_and_a_close_mid_frame_fail_as_before() -> None
         link.close()
 
 
-def test_a_large_frame_cut_mid_way_then_closed_is_a_close_mid_frame() -> None:
-    ours, theirs = socket.socketpair()
+def test_a_large_frame_cut_mid_way_then_closed_is_a_close_mid_frame(
+    connected: tuple[socket.socket, socket.socket],
+) -> None:
+    ours, theirs = connected
     link = LeaseDataLink(ours, 1 << 22)
     try:
         theirs.sendall(frame(b"a" * 10) + struct.pack(">I", 1 << 21) + b"b" * 1000)
@@ -142,8 +168,10 @@ def test_a_large_frame_cut_mid_way_then_closed_is_a_close_mid_frame() -> None:
         link.close()
 
 
-def test_a_frame_above_the_limit_behind_frames_in_one_read_is_refused() -> None:
-    ours, theirs = socket.socketpair()
+def test_a_frame_above_the_limit_behind_frames_in_one_read_is_refused(
+    connected: tuple[socket.socket, socket.socket],
+) -> None:
+    ours, theirs = connected
     link = LeaseDataLink(ours, 1 << 16)
     try:
         theirs.sendall(frame(b"a" * 10) + struct.pack(">I", (1 << 16) + 1))

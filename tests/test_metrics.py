@@ -356,3 +356,40 @@ def test_episode_and_step_counters_count_what_learners_get(fleet: ProcessFleet) 
     samples = scrape(port)
     assert value(samples, "rlfleet_episodes_total") == episodes
     assert value(samples, "rlfleet_env_steps_total") == steps
+
+
+def test_tasks_and_cancels_are_counted_by_the_carrier_they_went_on(fleet: ProcessFleet) -> None:
+    # One worker takes its Tasks and Cancels on its lease data connection
+    # (rlfleet.data-tasks), one on its Join stream (--lease-slots 0: no data
+    # connection); a request its learner gave up on cancels the units both
+    # still hold.
+    port = free_port()
+    fleet.start_coordinator("--metrics-listen", f"127.0.0.1:{port}", *env_flags(SLOW_ENV))
+    fleet.start_worker(envs=2, imports=[TEST_ENVS_MODULE])
+    fleet.start_worker("--lease-slots", "0", envs=2, imports=[TEST_ENVS_MODULE])
+    fleet.wait_for_workers(2)
+    fleet.wait_until(
+        lambda: value(scrape(port), "rlfleet_data_task_workers") == 1 or None,
+        what="the first worker's data connection",
+    )
+    before = scrape(port)
+    assert value(before, "rlfleet_data_task_sessions_total") == 1
+    for carrier in ("data", "join"):
+        assert value(before, "rlfleet_tasks_sent_total", carrier=carrier) == 0
+        assert value(before, "rlfleet_cancels_sent_total", carrier=carrier) == 0
+
+    sample(fleet.address, mode=EPISODES, amount=16, seed=1, request_index=0)
+    with pytest.raises(grpc.RpcError, match=r"(?i)deadline"):
+        sample(fleet.address, timeout=3, mode=EPISODES, amount=400, seed=1, request_index=1)
+
+    after = scraped(fleet, port, lambda s: _cancels(s, "data") and _cancels(s, "join"))
+    tasks = {c: value(after, "rlfleet_tasks_sent_total", carrier=c) for c in ("data", "join")}
+    cancels = {c: _cancels(after, c) for c in ("data", "join")}
+    assert tasks["data"] >= 2 and tasks["join"] >= 2, tasks
+    assert cancels["data"] >= 1 and cancels["join"] >= 1, cancels
+    assert value(after, "rlfleet_data_task_sessions_total") == 1
+    assert value(after, "rlfleet_data_task_workers") == 1
+
+
+def _cancels(samples: Samples, carrier: str) -> float:
+    return value(samples, "rlfleet_cancels_sent_total", carrier=carrier)

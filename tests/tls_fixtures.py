@@ -11,6 +11,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import ipaddress
+import socket
+import ssl
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
@@ -22,6 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from rlfleet.security import ClientTLS, ServerTLS
 
 DEFAULT_SAN = ("localhost", "127.0.0.1")
 
@@ -185,6 +190,42 @@ def echo_server(
         yield port
     finally:
         server.stop(None).wait()
+
+
+@contextlib.contextmanager
+def tls_socket_pair(
+    sslsocket_class: type[ssl.SSLSocket] | None = None,
+) -> Iterator[tuple[ssl.SSLSocket, ssl.SSLSocket]]:
+    """(client end, server end) of a TLS connection over a socket pair, past
+    the handshake (a throwaway CA; the client checks the server's
+    certificate), the client's end blocking, as a dialled data link is.
+
+    Args:
+        sslsocket_class: The client end's class (an SSLSocket subclass that
+            records its calls), or None for SSLSocket.
+    """
+    ca = make_ca()
+    server = make_cert(ca, "coordinator")
+    client = ClientTLS(ca.cert_pem).ssl_context()
+    if sslsocket_class is not None:
+        client.sslsocket_class = sslsocket_class
+    ours, theirs = socket.socketpair()
+    server_side: dict[str, ssl.SSLSocket] = {}
+
+    def accept() -> None:
+        context = ServerTLS(server.cert_pem, server.key_pem).ssl_context()
+        server_side["sock"] = context.wrap_socket(theirs, server_side=True)
+
+    accepting = threading.Thread(target=accept, name="tls-pair-accept")
+    accepting.start()
+    learner = client.wrap_socket(ours, server_hostname="localhost")
+    accepting.join(30)
+    learner.settimeout(None)
+    try:
+        yield learner, server_side["sock"]
+    finally:
+        learner.close()
+        server_side["sock"].close()
 
 
 def health_check(channel: grpc.Channel, timeout: float = 5.0) -> int:

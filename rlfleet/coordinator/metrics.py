@@ -91,6 +91,9 @@ class CoordinatorMetrics(MetricSet):
         )
         self._forwarded = _Forwarded()
         self.registry.register(self._forwarded)
+        #: Tasks and Cancels sent to workers, by carrier (``state.dispatch``).
+        self.work_frames = WorkFrames()
+        self.registry.register(self.work_frames)
         self._latency = self.histogram(
             "rlfleet_learner_request_duration_seconds",
             "Duration of learner calls, by method and outcome.",
@@ -284,6 +287,70 @@ class _Forwarded(Collector):
         )
 
 
+class WorkFrames(Collector):
+    """Tasks and Cancels sent to workers, by carrier (``data``: frames on
+    their lease data connections, ``rlfleet.data-tasks``; ``join``: their
+    Join streams), ``rlfleet_tasks_sent`` and ``rlfleet_cancels_sent``,
+    and the worker sessions whose Tasks and Cancels moved to their data
+    connection, ``rlfleet_data_task_sessions``.
+
+    Plain numbers under one lock, counted once per dispatch, exported as
+    Prometheus's counters are (``_total`` and ``_created``), as
+    :class:`_Forwarded`'s: a labelled ``Counter.inc`` per Task would be a
+    lock and a lookup on the dispatch path for each.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._created = time.time()
+        self._tasks = [0, 0]  # data, join
+        self._cancels = [0, 0]
+        self._sessions = 0
+
+    def tasks(self, on_data: int, on_join: int) -> None:
+        """Counts Tasks sent on data connections and on Join streams."""
+        if on_data or on_join:
+            with self._lock:
+                self._tasks[0] += on_data
+                self._tasks[1] += on_join
+
+    def cancels(self, on_data: int, on_join: int) -> None:
+        """Counts Cancels sent on data connections and on Join streams."""
+        with self._lock:
+            self._cancels[0] += on_data
+            self._cancels[1] += on_join
+
+    def session_agreed(self) -> None:
+        """A worker session's Tasks and Cancels moved to its data connection."""
+        with self._lock:
+            self._sessions += 1
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            tasks, cancels, sessions = list(self._tasks), list(self._cancels), self._sessions
+        for name, what, counts in (
+            ("rlfleet_tasks_sent", "Tasks", tasks),
+            ("rlfleet_cancels_sent", "Cancels", cancels),
+        ):
+            family = CounterMetricFamily(
+                name,
+                f"{what} sent to workers, by carrier (data: frames on their lease data "
+                "connections, rlfleet.data-tasks; join: their Join streams).",
+                labels=["carrier"],
+                created=self._created,
+            )
+            family.add_metric(["data"], counts[0], created=self._created)
+            family.add_metric(["join"], counts[1], created=self._created)
+            yield family
+        yield CounterMetricFamily(
+            "rlfleet_data_task_sessions",
+            "Worker sessions whose Tasks and Cancels moved to their lease data connection "
+            "(they agreed on rlfleet.data-tasks and attached it).",
+            value=sessions,
+            created=self._created,
+        )
+
+
 class _FleetCollector(Collector):
     """Gauges read from the fleet state when Prometheus scrapes."""
 
@@ -299,6 +366,7 @@ class _FleetCollector(Collector):
             in_flight_bytes = sum(
                 h.assembler.buffered_bytes + h.data_assembler.buffered_bytes for h in state.registry
             )
+            data_tasks = sum(h.task_data is not None for h in state.registry)
         by_state = dict.fromkeys(WORKER_STATES, 0)
         for worker in status.workers:
             by_state[worker.state] = by_state.get(worker.state, 0) + 1
@@ -322,6 +390,11 @@ class _FleetCollector(Collector):
             "rlfleet_in_flight_bytes",
             "Bytes of results partly received from workers (chunks being reassembled).",
             value=in_flight_bytes,
+        )
+        yield GaugeMetricFamily(
+            "rlfleet_data_task_workers",
+            "Connected workers whose Tasks and Cancels come on their lease data connection.",
+            value=data_tasks,
         )
         yield GaugeMetricFamily(
             "rlfleet_leases", "Open env leases (learners' RemoteVectorEnvs).", value=status.leases

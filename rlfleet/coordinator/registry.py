@@ -158,19 +158,26 @@ class WorkerHandle:
         self,
         command: TaskDispatch | CancelOrder,
         encode: Callable[[TaskDispatch | CancelOrder], bytes],
-    ) -> None:
+    ) -> bool | None:
         """Sends a Task or a Cancel: once tasks go on the data connection, as the
         frame ``encode`` makes of it (its serialized CoordinatorMessage), in one
         send from the caller's thread; else queued for the stream.
 
         A connection that broke takes nothing: its end drops the worker, whose
         units are re-queued as for a broken stream.
+
+        Returns:
+            True if it went on the data connection, False if on the Join
+            stream, None if the worker is gone (nothing sent).
         """
+        if not self.alive:
+            return None
         connection = self.task_data
         if connection is None:
-            self.send(command)
-        elif self.alive:
-            connection.send(encode(command))
+            self.outbox.put(command)
+            return False
+        connection.send(encode(command))
+        return True
 
     def end(self, code: grpc.StatusCode, message: str, detail: CallDetail | None = None) -> None:
         """Makes the stream's handler end the call with this status."""

@@ -237,6 +237,7 @@ class FleetState:
             self.metrics.moved(sum(len(cancel.episode_indices) for cancel in moves))
         if not orders:  # the common case after a result: nothing handed out
             return
+        on_data = on_join = 0
         for order in orders:
             handle = self.registry.get(order.worker_id)
             if handle is not None:
@@ -246,7 +247,12 @@ class FleetState:
                     if (replay := self.streams.replay(order.base_seed, stream, order.worker_id))
                 )
                 columns = _rpc.UNIT_COLUMNS_CAPABILITY in handle.hello.capabilities
-                handle.send_work(TaskDispatch(order, replays, unit_columns=columns), work_frame)
+                carrier = handle.send_work(
+                    TaskDispatch(order, replays, unit_columns=columns), work_frame
+                )
+                if carrier is not None:
+                    on_data += carrier
+                    on_join += not carrier
                 if logger.isEnabledFor(logging.DEBUG):
                     logger.debug(
                         "task %d of request %d to worker %r",
@@ -260,13 +266,20 @@ class FleetState:
                         },
                     )
         self.metrics.dispatched(orders)
+        self.metrics.work_frames.tasks(on_data, on_join)
 
     def send_cancels(self, cancels: list[CancelOrder]) -> None:
         """Tells workers to drop units."""
+        on_data = on_join = 0
         for cancel in cancels:
             handle = self.registry.get(cancel.worker_id)
             if handle is not None:
-                handle.send_work(cancel, work_frame)
+                carrier = handle.send_work(cancel, work_frame)
+                if carrier is not None:
+                    on_data += carrier
+                    on_join += not carrier
+        if on_data or on_join:
+            self.metrics.work_frames.cancels(on_data, on_join)
 
     def broadcast(self, message: AgentChange | EnvChange) -> set[int]:
         """Sends an env or agent update to every worker that may run it; returns their ids.

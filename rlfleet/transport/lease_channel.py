@@ -148,9 +148,7 @@ class LeaseDataLink:
         # What receive_message reads frames into (made on first use: only a
         # learner's results connection reads that way).
         self._buffers: ReceiveBuffers | None = None
-        # Where a payload's read puts the next frame's header (receive_message over TLS).
-        self._spare = bytearray(FRAME_HEADER.size)
-        # receive_message over plain TCP: reads land in a kept buffer
+        # receive_message: reads land in a kept buffer
         # (``_land``), whose bytes ``_lo:_hi`` are not handed out yet (frames
         # before ``_lo`` were: ``_handed``), and past ``_hi`` are free.
         self._landing: Landing | None = None
@@ -276,10 +274,12 @@ class LeaseDataLink:
         let go once its rows are placed, take the same memory as the last
         answer's, whose first touch was the cost of the read.
 
-        Over plain TCP the read that ends a payload also takes the next
-        frame's header, when it is there already (``recvmsg_into`` into both):
-        a reader behind its sender, as a learner reading an answer's frames
-        is, reads each frame with one system call, not two.
+        Each read takes what is there, up to a kept buffer's length, and
+        hands out every whole frame in it as a view of it
+        (:meth:`_receive_landed`): a reader behind its sender, as a learner
+        reading an answer's frames is, reads several frames with one system
+        call over plain TCP, and with one SSL read (a TLS record's bytes) over
+        TLS.
 
         A reader ahead of its sender (a learner whose coordinator sends an
         answer's results as they come) waits for each frame: with ``gather``,
@@ -305,46 +305,26 @@ class LeaseDataLink:
             ProtocolError: For a frame longer than allowed.
         """
         deadline = None if seconds is None else time.monotonic() + seconds
-        if not self._tls:
-            return self._receive_landed(deadline, seconds, gather)
-        kept = self._buffer
-        if len(kept) >= FRAME_HEADER.size:  # read with the last payload, as a reader behind reads
-            (length,) = FRAME_HEADER.unpack_from(kept)
-            del kept[: FRAME_HEADER.size]
-        else:
-            header = bytearray(FRAME_HEADER.size)
-            if not self._fill(
-                memoryview(header), deadline, seconds, first=True, ahead=False, gather=gather
-            ):
-                return None
-            (length,) = FRAME_HEADER.unpack(header)
-        if length > self._max:
-            raise ProtocolError(
-                f"the coordinator sent a data frame of {length} bytes, above the limit of "
-                f"{self._max}"
-            )
-        if length < LARGE_FRAME_BYTES:
-            payload = memoryview(bytearray(length))
-        else:
-            if self._buffers is None:
-                self._buffers = ReceiveBuffers(_KEPT_BYTES)
-            payload = self._buffers.take(length)
-        self._fill(payload, deadline, seconds, first=False, ahead=not self._tls)
-        return payload
+        return self._receive_landed(deadline, seconds, gather)
 
     def _receive_landed(
         self, deadline: float | None, seconds: float | None, gather: int
     ) -> memoryview | None:
-        """:meth:`receive_message` over plain TCP: each read takes what the socket
-        holds, up to a kept buffer's length (the landing), and every whole
+        """:meth:`receive_message`: each read takes what the socket (over TLS,
+        OpenSSL) holds, up to a kept buffer's length (the landing), and every whole
         frame in it is handed out as a view of it. Reads go on into the
         landing past the frames handed out of it, never over them, until
         the next frame does not fit in what is left: its start is then
         copied to the front of the next landing (less than one frame), or,
         for a large frame, to a reused buffer of its own, whose rest is read
         straight into it (and what follows into the next landing, with the
-        same call). A landing any handed-out frame still views is not taken
-        again (rlfleet.transport.receive_buffers)."""
+        same call over plain TCP). A landing any handed-out frame still views
+        is not taken again (rlfleet.transport.receive_buffers).
+
+        Over TLS each read takes at most one record's decrypted bytes, and
+        comes before any wait (:meth:`_read`'s ``eager``): what a record
+        holds past the room given stays in OpenSSL, where ``poll`` does not
+        see it, and the next read takes it without waiting."""
         header = FRAME_HEADER.size
         land, landing = self._land, self._landing
         if land is None or landing is None:
@@ -391,6 +371,7 @@ class LeaseDataLink:
                     (land[hi:], len(land) - hi),
                     deadline,
                     gather=gather if avail < header else 0,
+                    eager=True,
                 )
             except TimeoutError:
                 raise RlfleetTimeoutError(
@@ -440,7 +421,12 @@ class LeaseDataLink:
         while got < length:
             rest = payload[got:]
             try:
-                count = self._read(self._read_two, (rest, land), deadline)
+                if self._tls:  # no recvmsg_into: what follows stays in OpenSSL
+                    count = self._read(
+                        self._sock.recv_into, (rest, len(rest)), deadline, eager=True
+                    )
+                else:
+                    count = self._read(self._read_two, (rest, land), deadline)
             except TimeoutError:
                 raise RlfleetTimeoutError(
                     f"no whole data frame within {seconds:g} seconds"
@@ -456,54 +442,6 @@ class LeaseDataLink:
     def _read_two(self, first: memoryview, then: memoryview, flags: int) -> int:
         """Reads into ``first`` and on into ``then`` with one call; the bytes read."""
         return self._sock.recvmsg_into((first, then), 0, flags)[0]
-
-    def _fill(
-        self,
-        view: memoryview,
-        deadline: float | None,
-        seconds: float | None,
-        *,
-        first: bool,
-        ahead: bool,
-        gather: int = 0,
-    ) -> bool:
-        """Fills ``view`` from the bytes kept, then the socket; False for the
-        connection's end before the first byte (``first``). ``ahead``: each
-        read also takes up to a frame header's bytes past ``view`` (kept for
-        the next frame). ``gather``: as :meth:`_read`'s."""
-        got = min(len(self._buffer), len(view))
-        if got:
-            view[:got] = self._buffer[:got]
-            del self._buffer[:got]
-        while got < len(view):
-            rest = view[got:]
-            try:
-                if ahead:
-                    count = self._read(self._read_ahead, (rest,), deadline)
-                else:
-                    count = self._read(
-                        self._sock.recv_into, (rest, len(rest)), deadline, gather=gather
-                    )
-            except TimeoutError:
-                raise RlfleetTimeoutError(
-                    f"no whole data frame within {seconds:g} seconds"
-                ) from None
-            if not count:
-                if first and not got:
-                    return False
-                raise ConnectionClosedError("the coordinator closed the data connection mid-frame")
-            got += count
-        return True
-
-    def _read_ahead(self, rest: memoryview, flags: int) -> int:
-        """Reads into ``rest`` and then a next frame's header; bytes past ``rest``
-        are kept in the buffer. Returns the bytes read into ``rest``."""
-        spare = self._spare
-        count, _, _, _ = self._sock.recvmsg_into((rest, spare), 0, flags)
-        if count > len(rest):
-            self._buffer += spare[: count - len(rest)]
-            return len(rest)
-        return count
 
     def readable(self) -> bool:
         """Whether bytes of a frame are here already: a receive would start without waiting."""
@@ -533,6 +471,7 @@ class LeaseDataLink:
         deadline: float | None,
         *,
         gather: int = 0,
+        eager: bool = False,
     ) -> _T:
         """One read off the socket, ``call(*args, flags)``, once bytes are there.
 
@@ -541,6 +480,11 @@ class LeaseDataLink:
         is there; with ``gather`` the first wait is :meth:`_wait_gathering`'s).
         TLS waits outside the lock and reads under it without blocking: a
         read that finds no whole record (``SSLWantReadError``) waits again.
+        Bytes decrypted in OpenSSL past the last read, which ``poll`` does not
+        see, are read without a wait; with ``eager`` (a reader that is
+        usually behind its sender: a learner's results) the read comes
+        first, and a wait only after one that found nothing: no ``poll`` per
+        read where the bytes are there already.
 
         Raises:
             TimeoutError: Past ``deadline`` (``time.monotonic()``; None: none).
@@ -563,7 +507,7 @@ class LeaseDataLink:
                     gather = 0
                 else:
                     self._wait(select.POLLIN, deadline)
-        want = 0 if self._tls_pending else select.POLLIN
+        want = 0 if eager or self._tls_pending else select.POLLIN
         while True:
             if want:
                 self._wait(want, deadline)

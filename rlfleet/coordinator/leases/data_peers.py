@@ -156,6 +156,7 @@ def worker_attach(
                 # Tasks and Cancels too, from now on: the marker went ahead of
                 # them, and they are sent under the lock as well.
                 handle.task_data = connection
+                state.metrics.work_frames.session_agreed()
             results = None
             if _rpc.DATA_RESULTS_CAPABILITY in handle.hello.capabilities:
                 done = handle.data_results_done = threading.Event()
