@@ -119,12 +119,15 @@ def capture(path: Path, scale: float) -> None:
     print(f"{len(answers)} answers kept in {path}")
 
 
-def replay(path: Path, episodes: int, repeats: int) -> None:
-    """Replays the captured answers whose results hold ``episodes`` episodes, ``repeats`` times."""
+def replay(path: Path, episodes: int, repeats: int, amount: int | None = None) -> None:
+    """Replays the captured answers whose results hold ``episodes`` episodes, ``repeats`` times
+    (``amount``: only those of requests that asked for that many steps or episodes)."""
     answers = [
         answer
         for answer in pickle.loads(path.read_bytes())
-        if answer["call"] is not None and _episodes_per_result(answer) == episodes
+        if answer["call"] is not None
+        and _episodes_per_result(answer) == episodes
+        and amount in (None, answer["amount"])
     ]
     if not answers:
         raise SystemExit(f"no captured answer of {episodes}-episode results on the data carrier")
@@ -177,11 +180,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--episodes", type=int, default=4, choices=(4, 80), help="episodes per result to replay"
     )
     replayed.add_argument("--repeats", type=int, default=10)
+    replayed.add_argument(
+        "--amount",
+        type=int,
+        help="replay only the answers to requests of this size (a cost per request "
+        "and one per result are told apart by two sizes)",
+    )
     args = parser.parse_args(argv)
     if args.command == "capture":
         capture(args.path, args.scale)
     else:
-        replay(args.path, args.episodes, args.repeats)
+        replay(args.path, args.episodes, args.repeats, args.amount)
     return 0
 
 

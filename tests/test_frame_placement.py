@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -242,3 +243,30 @@ def test_a_samplers_answers_are_read_with_no_object_per_result_message_and_place
     # Only the end markers take the general reader's objects; the results are tuples.
     assert len(parsed) == 2 * len(answers) < sum(answer["results"] for answer in answers) * 2
     assert all(batch is not None for batch in placed[len(answers) :])
+
+
+def test_an_answer_placed_from_frames_lets_go_of_them_with_no_garbage_collection() -> None:
+    # A learner's next answer reads into the receive buffers this one's frames
+    # view once nothing views them: placing must leave no reference cycle that
+    # holds the frames until the collector runs (rlfleet.transport.receive_buffers).
+    views = learned(2)
+    results = [
+        frame_of(views, episodes([3, 2], [0, 2]), 1),
+        frame_of(views, episodes([1, 4, 2], [1, 3, 4]), 2),
+    ]
+    assert all(isinstance(r, ViewedResult) for r in results)
+    buffers = [cast(bytearray, cast(ViewedResult, r).frame[0].obj) for r in results]
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        placed = placed_from_frames(results, 5)
+        del results
+        for buffer in buffers:
+            buffer.append(0)  # BufferError while a view of it is alive
+            buffer.pop()
+        assert placed.observations[:, 0].tolist() == [
+            np.float32(i / 1000) for i, n in enumerate([3, 1, 2, 4, 2]) for _ in range(n)
+        ]
+    finally:
+        if collecting:
+            gc.enable()

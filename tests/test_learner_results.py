@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import socket
 import sys
@@ -167,6 +168,33 @@ def test_large_result_frames_are_read_into_reused_buffers_never_one_still_viewed
     finally:
         link.close()
         theirs.close()
+
+
+def test_a_samplers_next_answers_read_into_the_buffers_its_last_one_let_go() -> None:
+    # An answer placed from its frames lets go of them once its results go:
+    # nothing but the collector would free a reference cycle holding them, so
+    # with the collector off the next answers' reads still take the landings
+    # the last one read into, not new memory.
+    fleet = Fleet.local(workers=2, envs_per_worker=2, seed=SEED)
+    collecting = gc.isenabled()
+    try:
+        # A sampler that dials the data port (the fleet's own attaches in memory).
+        with RemoteSampler(fleet.address, seed=SEED, timeout=120) as sampler:
+            # Answers of about 200 kB: each fills most of a landing (LANDING_BYTES).
+            expected = local_episodes(CARTPOLE, *[300] * 4, seed=SEED)
+            assert_same_batch(sampler.obtain_episodes(300), expected[0])
+            assert_same_batch(sampler.obtain_episodes(300), expected[1])  # layouts learned
+            link = sampler.result_route._link
+            assert isinstance(link, LeaseDataLink) and link._buffers is not None
+            gc.disable()
+            made = link._buffers.made
+            for want in expected[2:]:
+                assert_same_batch(sampler.obtain_episodes(300), want)
+            assert link._buffers.made == made
+    finally:
+        if collecting:
+            gc.enable()
+        fleet.close()
 
 
 def test_a_local_fleet_hands_results_over_in_memory() -> None:

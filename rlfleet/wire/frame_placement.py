@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -138,12 +138,12 @@ def _placed(
     own = np.fromiter(itertools.chain.from_iterable(lengths), np.int64, int(counts.sum()))
     pieces, steps, answer_lengths = _row_layouts(own, counts, kept, dest)
 
+    def array(index: int) -> np.ndarray:
+        layout = pieces if tensors[index].per_episode else steps
+        return arrays_of(index, layout, layout.rows, every)
+
     def placed(tree: Any, known: dict[str, np.ndarray] | None = None) -> Any:
-        if isinstance(tree, int):
-            layout = pieces if tensors[tree].per_episode else steps
-            return arrays_of(tree, layout, layout.rows, every)
-        known = known or {}
-        return {key: known[key] if key in known else placed(child) for key, child in tree}
+        return _placed_tree(tree, array, known or {})
 
     return EpisodeBatch(
         env_spec=views.layout.spec,
@@ -157,6 +157,25 @@ def _placed(
         step_types=placed(fields["step_types"]),
         lengths=answer_lengths,
     )
+
+
+def _placed_tree(
+    tree: Any, array: Callable[[int], np.ndarray], known: dict[str, np.ndarray]
+) -> Any:
+    """The answer's array (``array`` of its index) or dict of arrays a map of the
+    views stands for (``known``: a dict's entries worked out already, by key).
+
+    A module function, not a closure that calls itself: such a closure is a
+    reference cycle (the function in its own cell) that would hold the
+    answer's frames, through ``array``'s, until the garbage collector ran,
+    so that their receive buffers could not be taken again by the next
+    answer's reads, which would read into fresh memory.
+    """
+    if isinstance(tree, int):
+        return array(tree)
+    return {
+        key: known[key] if key in known else _placed_tree(child, array, {}) for key, child in tree
+    }
 
 
 __all__ = ["placed_frame_episodes"]
