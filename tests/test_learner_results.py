@@ -174,14 +174,18 @@ def test_a_samplers_next_answers_read_into_the_buffers_its_last_one_let_go() -> 
     # An answer placed from its frames lets go of them once its results go:
     # nothing but the collector would free a reference cycle holding them, so
     # with the collector off the next answers' reads still take the landings
-    # the last one read into, not new memory.
+    # the last one read into, not new memory. One new buffer over the four
+    # answers is allowed: where an answer's frames start in a landing depends
+    # on when they come, and one that starts late may span a landing more
+    # than those before it did; a cycle holding the frames makes one or more
+    # an answer.
     fleet = Fleet.local(workers=2, envs_per_worker=2, seed=SEED)
     collecting = gc.isenabled()
     try:
         # A sampler that dials the data port (the fleet's own attaches in memory).
         with RemoteSampler(fleet.address, seed=SEED, timeout=120) as sampler:
             # Answers of about 200 kB: each fills most of a landing (LANDING_BYTES).
-            expected = local_episodes(CARTPOLE, *[300] * 4, seed=SEED)
+            expected = local_episodes(CARTPOLE, *[300] * 6, seed=SEED)
             assert_same_batch(sampler.obtain_episodes(300), expected[0])
             assert_same_batch(sampler.obtain_episodes(300), expected[1])  # layouts learned
             link = sampler.result_route._link
@@ -190,7 +194,9 @@ def test_a_samplers_next_answers_read_into_the_buffers_its_last_one_let_go() -> 
             made = link._buffers.made
             for want in expected[2:]:
                 assert_same_batch(sampler.obtain_episodes(300), want)
-            assert link._buffers.made == made
+            assert link._buffers.made - made <= 1, (
+                f"{link._buffers.made - made} new receive buffers over four answers"
+            )
     finally:
         if collecting:
             gc.enable()
