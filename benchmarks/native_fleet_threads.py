@@ -3,7 +3,10 @@
 Starts the fleet ``rlfleet bench --native vector_entry_point`` times:
 ``Fleet.local(workers=W, envs_per_worker=K)`` on CartPole's vector entry
 point, ``mlp-categorical`` 32x32, the coordinator in this process, an
-agent update pushed with every request. After ``--warmup`` requests it
+agent update pushed with every request. ``--per-env`` starts the fleet
+plain ``rlfleet bench`` times instead: one ``gymnasium.make`` CartPole per
+slot, 8 slots per worker unless ``--envs`` says otherwise, 50,000-step
+requests unless ``--request-steps`` does. After ``--warmup`` requests it
 reads every thread's CPU (``/proc/<pid>/task/<tid>/schedstat``) and
 context switches, of this process (the coordinator and the learner) and of
 the workers, around ``--requests`` requests of ``--request-steps`` steps,
@@ -35,6 +38,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from benchmarks import capacity_threads, worker_threads
+from rlfleet.bench.report import BenchConfig
 from rlfleet.client import Fleet
 from rlfleet.envs import EnvConfig
 from rlfleet.policies.mlp import MLPCategoricalPolicy
@@ -44,6 +48,8 @@ from rlfleet.policies.spec import PolicySpec
 LEARNER_MAIN = "learner main thread"
 #: The bench's policy.
 HIDDEN_SIZES = (32, 32)
+#: ``rlfleet bench``'s defaults (slots per worker, steps per request) for ``--per-env``.
+PER_ENV = BenchConfig()
 
 
 def own_thread_names() -> dict[int, str]:
@@ -93,11 +99,17 @@ def _per_step(totals: Mapping[str, list[int]], steps: int) -> dict[str, dict[str
 
 
 def measure(
-    workers: int, envs: int, request_steps: int, requests: int, warmup: int = 2
+    workers: int,
+    envs: int,
+    request_steps: int,
+    requests: int,
+    warmup: int = 2,
+    *,
+    per_env: bool = False,
 ) -> dict[str, object]:
     """Runs the fleet and returns the figures (see the module docstring)."""
     capacity_threads.require_proc()
-    env = EnvConfig("CartPole-v1", vectorization="vector_entry_point")
+    env = EnvConfig("CartPole-v1", vectorization=None if per_env else "vector_entry_point")
     params = MLPCategoricalPolicy(env.env_spec(), hidden_sizes=HIDDEN_SIZES, seed=1)
     update = params.get_param_values()
     policy = PolicySpec("mlp-categorical", {"hidden_sizes": list(HIDDEN_SIZES)})
@@ -134,6 +146,8 @@ def measure(
     learner = _per_step(_by_group(before, after, own_names, True), steps)
     workers_threads = _per_step(worker_totals, steps)
     return {
+        "env": env.to_dict(),
+        "envs_per_worker": envs,
         "steps": steps,
         "seconds": seconds,
         "results": results,
@@ -151,13 +165,22 @@ def main(argv: list[str] | None = None) -> int:
     """Prints the figures (``--json``: as one JSON object); returns 0."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--envs", type=int, default=64, help="envs of each worker's vector env")
-    parser.add_argument("--request-steps", type=int, default=200_000)
+    parser.add_argument(
+        "--envs", type=int, help="envs of each worker (default: 64, with --per-env 8)"
+    )
+    parser.add_argument("--request-steps", type=int, help="default: 200,000, --per-env 50,000")
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2, help="requests before the timed ones")
+    parser.add_argument(
+        "--per-env", action="store_true", help="rlfleet bench's per-env fleet (gym.make envs)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    figures = measure(args.workers, args.envs, args.request_steps, args.requests, args.warmup)
+    envs = args.envs or (PER_ENV.envs_per_worker if args.per_env else 64)
+    request_steps = args.request_steps or (PER_ENV.request_steps if args.per_env else 200_000)
+    figures = measure(
+        args.workers, envs, request_steps, args.requests, args.warmup, per_env=args.per_env
+    )
     if args.json:
         print(json.dumps(figures))
         return 0

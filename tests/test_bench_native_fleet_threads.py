@@ -47,3 +47,18 @@ def test_the_text_report_has_both_sides(capsys: pytest.CaptureFixture[str]) -> N
     assert "coordinator and learner (this process)" in out
     assert "result lanes" in out
     assert "workers (each, per step it takes)" in out
+
+
+def test_per_env_runs_the_bench_fleet_of_gym_envs(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--per-env", "--workers", "1", "--request-steps", "2000", "--requests", "1"]
+    assert native_fleet_threads.main([*argv, "--warmup", "1", "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["steps"] >= 2000
+    # rlfleet bench's fleet: gym.make envs (no vectorization), 8 per worker.
+    assert figures["env"]["id"] == "CartPole-v1"
+    assert "vectorization" not in figures["env"]
+    assert figures["envs_per_worker"] == 8
+    workers = figures["workers"]
+    assert workers["main"]["us_per_step"] > 0
+    # Its data connection's reader takes the coordinator's tasks (rlfleet.data-tasks).
+    assert "rlfleet-worker-lease-data" in workers
