@@ -584,7 +584,8 @@ def _dealt_units(
     # Views of the three columns seeded at once: each worker's units follow
     # the one before's, ascending in the order dealt.
     seeded = request.units(grouped)
-    return [seeded.select(slice(start, end)) for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+    starts = [0, *ends[:-1]]
+    return [seeded.select(slice(start, end)) for start, end in zip(starts, ends, strict=True)]
 
 
 def _dealt(taken: np.ndarray, owners: np.ndarray, workers: int) -> list[np.ndarray]:
