@@ -17,6 +17,7 @@ import pytest
         ("rlfleet.wire._gather", "rlfleet.wire.placement", "gather"),
         ("rlfleet.scheduling._unit_book", "rlfleet.scheduling.task_units", "unit booking"),
         ("rlfleet.scheduling._unit_book", "rlfleet.scheduling.units", "unit booking"),
+        ("rlfleet.scheduling._deal", "rlfleet.scheduling.units", "refill dealing"),
         ("rlfleet.wire._view_check", "rlfleet.wire.result_views", "view check"),
         ("rlfleet.core._seed_hash", "rlfleet.core.seeding", "seed hash"),
     ],

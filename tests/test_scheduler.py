@@ -671,7 +671,8 @@ def test_a_refill_derives_the_seeds_of_the_units_it_hands_out_and_no_others(
 ) -> None:
     # The compiled hash derives a refill's seeds in one call whatever their
     # number, so nothing is derived ahead (a block of seeds kept per request
-    # paid for the numpy hash's cost per call) and nothing twice.
+    # paid for the numpy hash's cost per call) and nothing twice; one call
+    # for every worker the refill tops up.
     derived: list[list[int]] = []
     derive = UnitColumns.seeded
 
@@ -684,8 +685,8 @@ def test_a_refill_derives_the_seeds_of_the_units_it_hands_out_and_no_others(
     request_id = scheduler.start_sample(spec(mode, amount, first_episode=first_episode))
     handed_out: list[list[int]] = []
     while orders := scheduler.dispatch():
+        handed_out.append([i for order in orders for i in indices(order)])
         for order in orders:
-            handed_out.append(indices(order))
             for unit in order.units:
                 assert (unit.env_seed, unit.policy_seed) == episode_seeds(7, 3, unit.episode_index)
             # The worker reports its units in two results, as a flush would.

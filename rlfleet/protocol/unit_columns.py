@@ -23,6 +23,8 @@ from rlfleet.errors import ConfigError, InvalidValueError
 #: Seeds are uint32 on the wire (rlfleet.core.seeding.SEED_BITS).
 _SEED_LIMIT = 1 << 32
 
+_new = object.__new__
+
 
 class Unit(NamedTuple):
     """One episode to run, with its seeds: a row of :class:`UnitColumns`."""
@@ -116,6 +118,14 @@ class UnitColumns:
 
     def select(self, which: slice | np.ndarray) -> UnitColumns:
         """The units a slice, a boolean mask or positions pick."""
+        if isinstance(which, slice):
+            # Slices of three 1-D int64 columns of one length are too: made
+            # without the checks (a refill's units are a slice per worker).
+            made = _new(UnitColumns)
+            made.episode_indices = self.episode_indices[which]
+            made.env_seeds = self.env_seeds[which]
+            made.policy_seeds = self.policy_seeds[which]
+            return made
         return UnitColumns(
             self.episode_indices[which], self.env_seeds[which], self.policy_seeds[which]
         )

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rlfleet._util.prebuilt import prebuilt
 from rlfleet.protocol.modes import Footer, Mode
 from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns
 from rlfleet.scheduling.orders import CancelOrder, RequestSpec, TaskOrder
@@ -215,9 +216,11 @@ class Books:
         fragment_length: int = 0,
         rounds: int = 0,
     ) -> TaskOrder:
-        """The order that sends ``task`` to its worker."""
+        """The order that sends ``task`` to its worker (made without the frozen
+        ``__init__``: its fields are the books' own)."""
         spec = request.spec
-        return TaskOrder(
+        return prebuilt(
+            TaskOrder,
             task_id=task.task_id,
             worker_id=task.worker_id,
             request_id=request.request_id,

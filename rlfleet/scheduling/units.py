@@ -28,6 +28,8 @@ from rlfleet.scheduling.tail_moves import TailMoves
 
 with compiled("unit booking", "rlfleet/scheduling/_unit_book.c"):
     from rlfleet.scheduling._unit_book import scatter
+with compiled("refill dealing", "rlfleet/scheduling/_deal.c"):
+    from rlfleet.scheduling._deal import deal
 
 #: Default extra units a worker may hold per env slot beyond the one it
 #: runs, whatever the episode length: a slot whose episode ends finds its
@@ -421,15 +423,15 @@ class UnitPlanner:
         if not taken.size:  # the request needs no more for now (its last units are out)
             return self.moves.move(request, workers, wanting, mean)
         slots = [w.slots for w in refilled]
-        picked = _dealt(taken, _owners(slots, idle, room)[: len(taken)], len(refilled))
         orders = []
-        for worker, mine in zip(refilled, picked, strict=True):
-            if not mine.size:
+        for worker, units in zip(
+            refilled, _dealt_units(request, taken, slots, idle, room), strict=True
+        ):
+            if not len(units):
                 continue
             # A refill joins the worker's live task of the request: the
             # worker sends one result per task at each flush, and a task per
             # refill would split every flush that spans a refill in two.
-            units = request.units(np.sort(mine))
             task = self._books.task_for(worker, request, units.episode_indices)
             task.units.add(units)
             worker.units += len(units)
@@ -563,6 +565,27 @@ def _owners(slots: list[int], idle: list[int], room: list[int]) -> np.ndarray:
     sizes = np.minimum(np.maximum(left, 0), per_slot)
     turns = np.arange(rounds * workers) % workers
     return np.concatenate((positions.repeat(idle), turns.repeat(sizes.ravel())))
+
+
+def _dealt_units(
+    request: EpisodeRequest, taken: np.ndarray, slots: list[int], idle: list[int], room: list[int]
+) -> list[UnitColumns]:
+    """Each refilled worker's units of ``taken`` (whose env slots, idle slots
+    and room these are), ascending, with their seeds: dealt as :func:`_owners`
+    says, in one compiled call (``_deal.c``) and one seed call for them all
+    where ``taken`` ascends, as it does (requeued units, then new ones); else
+    with numpy, sorting each worker's
+    (``tests/test_refill_dealing.py::test_the_compiled_dealing_gives_what_the_numpy_dealing_gives``)."""
+    grouped = np.empty(len(taken), dtype=np.int64)
+    ends = deal(taken, slots, idle, room, grouped)
+    if ends is None:
+        picked = _dealt(taken, _owners(slots, idle, room)[: len(taken)], len(slots))
+        return [request.units(np.sort(mine)) for mine in picked]
+    # Views of the three columns seeded at once: each worker's units follow
+    # the one before's, ascending in the order dealt.
+    seeded = request.units(grouped)
+    starts = [0, *ends[:-1]]
+    return [seeded.select(slice(start, end)) for start, end in zip(starts, ends, strict=True)]
 
 
 def _dealt(taken: np.ndarray, owners: np.ndarray, workers: int) -> list[np.ndarray]:
