@@ -152,44 +152,29 @@ def test_a_worker_reporting_more_than_capacity_steps_at_a_time_still_sends_full_
 NATIVE_REQUEST_STEPS = 600_000
 
 
-def test_a_native_workers_results_hold_twice_the_default_flush_steps(
-    workers: list[WorkerProcess], tmp_path: Path
+@pytest.mark.parametrize(
+    ("given", "limit"), [(None, NATIVE_FLUSH_STEPS), (DEFAULT_FLUSH_STEPS, DEFAULT_FLUSH_STEPS)]
+)
+def test_a_native_workers_results_hold_twice_the_default_flush_steps_unless_given(
+    workers: list[WorkerProcess], tmp_path: Path, given: int | None, limit: int
 ) -> None:
     # Each result costs the coordinator and the learner about the same CPU
     # whatever its size, and a native worker's are full: by default it sends
-    # them at NATIVE_FLUSH_STEPS, not at the per-env worker's 8,192.
+    # them at NATIVE_FLUSH_STEPS, not at the per-env worker's 8,192; a
+    # flush_steps it is given holds.
     results, before_tail = _results_before_tail(
         workers,
-        tmp_path / "native.log",
+        tmp_path / f"native_{given}.log",
         capacity_steps=DEFAULT_CAPACITY_STEPS,
-        flush_steps=None,
-        tail_steps=10 * NATIVE_FLUSH_STEPS,
+        flush_steps=given,
+        tail_steps=10 * limit,
         native=True,
-        request_steps=NATIVE_REQUEST_STEPS,
-    )
-    sizes = [sum(r.lengths) for r in before_tail]
-    assert len(before_tail) >= 15, [sum(r.lengths) for r in results]  # ~440k steps
-    # A result is sent after the vector step that took it past the limit: a
-    # few CartPole episodes more at most, never a second result's worth.
-    full = [size for size in sizes if size >= NATIVE_FLUSH_STEPS]
-    assert len(full) >= 0.8 * len(before_tail), sizes
-    assert max(sizes) < NATIVE_FLUSH_STEPS + 2_000, sizes
-
-
-def test_a_native_worker_keeps_the_flush_steps_it_is_given(
-    workers: list[WorkerProcess], tmp_path: Path
-) -> None:
-    results, before_tail = _results_before_tail(
-        workers,
-        tmp_path / "native_given.log",
-        capacity_steps=DEFAULT_CAPACITY_STEPS,
-        flush_steps=DEFAULT_FLUSH_STEPS,
-        tail_steps=10 * DEFAULT_FLUSH_STEPS,
-        native=True,
-        request_steps=NATIVE_REQUEST_STEPS // 2,
+        request_steps=NATIVE_REQUEST_STEPS * limit // NATIVE_FLUSH_STEPS,
     )
     sizes = [sum(r.lengths) for r in results]
-    assert max(sizes) < DEFAULT_FLUSH_STEPS + 2_000, sizes
+    # A result is sent after the vector step that took it past the limit: a
+    # few CartPole episodes more at most, never a second result's worth.
+    assert max(sizes) < limit + 2_000, sizes
     assert len(before_tail) >= 15, sizes
-    full = [r for r in before_tail if sum(r.lengths) >= DEFAULT_FLUSH_STEPS]
+    full = [r for r in before_tail if sum(r.lengths) >= limit]
     assert len(full) >= 0.8 * len(before_tail), sizes
