@@ -37,7 +37,7 @@ from rlfleet.bench.samplers import vec_worker_sampler
 from rlfleet.envs.config import EnvConfig
 from rlfleet.policies.mlp import MLPCategoricalPolicy
 from rlfleet.protocol.unit_columns import UnitColumns
-from rlfleet.worker._flush import FlushMemory, FlushPolicy
+from rlfleet.worker._flush import FlushMemory, FlushPolicy, flush_steps_for
 from rlfleet.worker._join_messages import result_messages
 from rlfleet.worker._tasks import EpisodeTask, TaskBook
 from rlfleet.worker.remote import WorkerConfig
@@ -71,7 +71,11 @@ class SessionLoop:
         self.native = native
         self.vec = VecWorker(n_envs=n_envs, env=env, policy="mlp-categorical")
         self.book = TaskBook(self.vec)
-        self.policy = FlushPolicy(config.flush_steps, config.flush_bytes, config.flush_seconds)
+        self.policy = FlushPolicy(
+            flush_steps_for(config.flush_steps, native=native),
+            config.flush_bytes,
+            config.flush_seconds,
+        )
         self.memory = FlushMemory()
         self.step_seconds = step_seconds
         self.clock = 0.0

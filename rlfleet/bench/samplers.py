@@ -227,6 +227,7 @@ def vec_worker_sampler(
     fleet the coordinator derives them, not the worker. Finished episodes
     are taken in the groups a remote worker sends (``flush_steps`` steps).
     """
+    from rlfleet.worker._flush import flush_steps_for
     from rlfleet.worker.remote import WorkerConfig
     from rlfleet.worker.units import make_units
     from rlfleet.worker.vec import VecWorker
@@ -235,7 +236,7 @@ def vec_worker_sampler(
     worker = VecWorker(n_envs=n_envs, seed=config.seed, env=env, policy=policy)
     # A remote worker takes its finished episodes when they hold this many
     # steps (its flush), or when its 0.1 s timer runs out, whichever is first.
-    flush_steps = WorkerConfig.flush_steps
+    flush_steps = flush_steps_for(WorkerConfig.flush_steps, native=worker.native)
     next_episode = 0
 
     def submit(count: int) -> None:

@@ -39,7 +39,7 @@ DEFAULT_PREFETCH_FACTOR = 1
 #: Default steps of work a worker holds (see the module docstring). Workers
 #: report after 0.1 s of work or 8192 steps (their default flush_seconds and
 #: flush_steps): a per-env CartPole worker's results are mostly smaller and
-#: this holds several of them; a native vector worker's are 8192 steps, and
+#: this holds several of them; a native vector worker's are 16384 steps, and
 #: :data:`RESULTS_HELD` of them set its capacity. Measured with the fleet
 #: benchmark: 8192 and 24576 were within noise of this. Larger is not free: when a request stops
 #: generating, each worker still runs the queue it holds, so a slower

@@ -37,7 +37,7 @@ from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.security import PICKLE_CAPABILITY, PickleGate
 from rlfleet.security.pickle import embedded_child
 from rlfleet.worker._connection import Incoming, JoinStream, StreamEnded, Wakeup
-from rlfleet.worker._flush import FlushMemory, FlushPolicy
+from rlfleet.worker._flush import FlushMemory, FlushPolicy, flush_steps_for
 from rlfleet.worker._held_tasks import HeldTasks
 from rlfleet.worker._join_messages import (
     DataChannelWork,
@@ -154,7 +154,9 @@ class Session:
         self._beat_time = time.monotonic()
         self._next_beat = self._beat_time
         self._flush_policy = FlushPolicy(
-            config.flush_steps, config.flush_bytes, config.flush_seconds
+            flush_steps_for(config.flush_steps, native=False),
+            config.flush_bytes,
+            config.flush_seconds,
         )
         self._memory = FlushMemory()
         self._metrics = worker.metrics
@@ -341,7 +343,9 @@ class Session:
             )
             return
         self._generation = update.generation
-        self._flush_policy.expect_step_bytes(observation_bytes(self._vec.env_spec))
+        policy = self._flush_policy
+        policy.set_max_steps(flush_steps_for(self._config.flush_steps, native=self._vec.native))
+        policy.expect_step_bytes(observation_bytes(self._vec.env_spec))
         self._book.drop_stale(env_generation=update.generation)
         self._send(env_built(update.generation, self._vec.env_spec))
         logger.info("env generation %d: %s", update.generation, update.env_id)

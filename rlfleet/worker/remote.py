@@ -105,7 +105,9 @@ class WorkerConfig:
         connect_timeout: Seconds the worker keeps trying to join (from its
             start, and again from each lost connection) before it exits 1;
             None: it keeps trying for ever.
-        flush_steps: Send finished episodes once they hold this many steps,
+        flush_steps: Send finished episodes once they hold this many steps
+            (None: 8,192, or 16,384 while the env is a native vector env,
+            whose results are full: ``rlfleet.worker._flush.flush_steps_for``),
         flush_bytes: or about this many bytes,
         flush_seconds: or the oldest has waited this long, or no unit is
             left to start. Grouping episodes saves per-message costs (about
@@ -146,7 +148,7 @@ class WorkerConfig:
     reconnect_max_seconds: float = 10.0
     handshake_timeout: float = 30.0
     connect_timeout: float | None = None
-    flush_steps: int = 8192
+    flush_steps: int | None = None
     flush_bytes: int = 4 << 20
     flush_seconds: float = 0.1
     max_message_bytes: int = _rpc.DEFAULT_MAX_MESSAGE_BYTES
@@ -181,8 +183,9 @@ class WorkerConfig:
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
-        for name in ("flush_steps", "flush_bytes"):
-            check_int(name, getattr(self, name))
+        if self.flush_steps is not None:
+            check_int("flush_steps", self.flush_steps)
+        check_int("flush_bytes", self.flush_bytes)
         if self.nonfinite not in ("error", "flag", "ignore"):
             raise ConfigError(
                 f"--nonfinite must be 'error', 'flag' or 'ignore', got {self.nonfinite!r}"

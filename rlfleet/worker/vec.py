@@ -220,6 +220,11 @@ class VecWorker:
         return self._engine.envs
 
     @property
+    def native(self) -> bool:
+        """Whether the env is a native vector env (one object stepping every slot)."""
+        return self._engine.native is not None
+
+    @property
     def restarts(self) -> int:
         """Envs rebuilt after a crash, over the worker's lifetime."""
         return self._engine.failures.ledger.total
