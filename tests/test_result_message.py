@@ -15,7 +15,8 @@ import itertools
 import random
 import sys
 from collections.abc import Callable
-from types import FrameType
+from types import FrameType, NotImplementedType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -485,9 +486,10 @@ def assert_made_as_read(data: bytearray, *, message: bool = False) -> bool:
     With ``message``: ``read_message_made`` and ``read_message`` (a worker's
     message, its header keeping its wire)."""
     view = memoryview(data)
+    made: tuple[Any, ...] | NotImplementedType | None
     if message:
         made = _result_reader.read_message_made(view, ResultHeader, Chunk)
-        read: tuple[object, ...] | None = _result_reader.read_message(view)
+        read: tuple[Any, ...] | None = _result_reader.read_message(view)
     else:
         made = read_frame_made(view, ResultHeader, Chunk)
         read = _result_reader.read_frame(view)
@@ -500,13 +502,13 @@ def assert_made_as_read(data: bytearray, *, message: bool = False) -> bool:
     else:
         call, header, chunk = made
         assert call == read[4]
-    expected = _parts(view, read)  # type: ignore[arg-type]
+    expected = _parts(view, read)
     assert type(header) is ResultHeader and type(chunk) is Chunk
     for got, want in ((header, expected[0]), (chunk, expected[1])):
         assert list(vars(got)) == list(vars(want))
         assert vars(got) == vars(want)
         assert got == want and hash(got) == hash(want) if got is header else got == want
-    if read[3] > read[2]:  # type: ignore[operator]
+    if read[3] > read[2]:
         assert isinstance(chunk.data, memoryview) and chunk.data.readonly
         assert chunk.data.format == "B" and chunk.data.ndim == 1
         assert np.shares_memory(np.asarray(chunk.data), np.frombuffer(data, np.uint8))
@@ -625,13 +627,15 @@ def test_a_message_viewed_as_other_items_is_read_as_bytes(messages: list[bytes])
     assert _result_reader.read_message_made(view, ResultHeader, Chunk) is NotImplemented
     read = read_result_message(view)
     assert read == plain and read is not None
-    assert bytes(read[1].data) == bytes(plain[1].data) and read[1].data.readonly
+    data_view = read[1].data
+    assert isinstance(data_view, memoryview) and data_view.readonly
+    assert bytes(data_view) == bytes(plain[1].data)
 
 
 def test_the_message_reader_refuses_what_is_no_buffer_or_no_type() -> None:
     made = _result_reader.read_message_made
     with pytest.raises(TypeError):
-        made("message", ResultHeader, Chunk)
+        made("message", ResultHeader, Chunk)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         made(b"", ResultHeader)  # type: ignore[call-arg]
     with pytest.raises(TypeError):
