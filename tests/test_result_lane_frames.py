@@ -94,7 +94,7 @@ def _seen(read: Any) -> Any:
     return ("event", read)
 
 
-def _run(step: Any, frames: list[bytes], limit: int) -> list[Any]:
+def _run(step: Any, frames: list[bytes], limit: int, *, held: bool = False) -> list[Any]:
     events = WorkerEvents(FleetState(CoordinatorConfig(env=EnvConfig("CartPole-v1"))))
     handle = _handle(events, limit)
     budget = handle.inflight.carrier()
@@ -105,6 +105,9 @@ def _run(step: Any, frames: list[bytes], limit: int) -> list[Any]:
         except (ProtocolError, WireFormatError, ResourceExhaustedError) as exc:
             seen.append(("error", type(exc).__name__, str(exc)))
             break  # the lane stops at a refusal
+        finally:
+            if held:  # what the carrier and the session hold in flight after each frame
+                seen.append(("held", budget.used, budget.session_used))
     return seen
 
 
@@ -136,12 +139,17 @@ def _frames(pieces: list[tuple[Any, ...]]) -> list[bytes]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(pieces=st.lists(_piece, min_size=1, max_size=6), limit=st.sampled_from([60, 1 << 20]))
+@given(
+    pieces=st.lists(_piece, min_size=1, max_size=6),
+    # Below one chunk's overhead, around a small chunk's charge, and far above.
+    limit=st.sampled_from([60, 1024 + 8, 1024 + 20, 1024 + 40, 1 << 20]),
+)
 def test_frames_are_read_and_joined_as_parsing_bounding_and_joining_them_did(
     pieces: list[tuple[Any, ...]], limit: int
 ) -> None:
     frames = _frames(pieces)
-    assert _run(join_frame, frames, limit) == _run(_reference, frames, limit)
+    seen = _run(join_frame, frames, limit, held=True)
+    assert seen == _run(_reference, frames, limit, held=True)
 
 
 def test_a_chunk_past_the_data_channels_bound_is_refused_with_its_text(

@@ -15,7 +15,8 @@ import itertools
 import random
 import sys
 from collections.abc import Callable
-from types import FrameType
+from types import FrameType, NotImplementedType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -478,20 +479,31 @@ def test_a_frame_is_read_in_one_call_into_the_extension() -> None:
 # --- a frame's header and chunk made in the reader's call -----------------------------
 
 
-def assert_made_as_read(data: bytearray) -> bool:
+def assert_made_as_read(data: bytearray, *, message: bool = False) -> bool:
     """``read_frame_made`` of ``data`` holds what ``read_frame`` reads, made into
     the header and chunk as Python makes them from it (``_parts``): the same
-    fields, in the same order, the chunk's data a read-only view of ``data``."""
+    fields, in the same order, the chunk's data a read-only view of ``data``.
+    With ``message``: ``read_message_made`` and ``read_message`` (a worker's
+    message, its header keeping its wire)."""
     view = memoryview(data)
-    made = read_frame_made(view, ResultHeader, Chunk)
-    read = _result_reader.read_frame(view)
+    made: tuple[Any, ...] | NotImplementedType | None
+    if message:
+        made = _result_reader.read_message_made(view, ResultHeader, Chunk)
+        read: tuple[Any, ...] | None = _result_reader.read_message(view)
+    else:
+        made = read_frame_made(view, ResultHeader, Chunk)
+        read = _result_reader.read_frame(view)
     if read is None:
         assert made is None
         return False
     assert isinstance(made, tuple)
-    call, header, chunk = made
+    if message:
+        header, chunk = made
+    else:
+        call, header, chunk = made
+        assert call == read[4]
     expected = _parts(view, read)
-    assert call == read[4] and type(header) is ResultHeader and type(chunk) is Chunk
+    assert type(header) is ResultHeader and type(chunk) is Chunk
     for got, want in ((header, expected[0]), (chunk, expected[1])):
         assert list(vars(got)) == list(vars(want))
         assert vars(got) == vars(want)
@@ -564,3 +576,67 @@ def test_the_reader_refuses_what_is_no_buffer_or_no_type() -> None:
         read_frame_made(_frame(4), ResultHeader)  # type: ignore[call-arg]
     with pytest.raises(TypeError):
         read_frame_made(_frame(4), ResultHeader, "Chunk")  # type: ignore[arg-type]
+
+
+# --- a worker's message made in the reader's call ----------------------------------
+
+
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.data())
+def test_a_messages_header_and_chunk_made_in_c_are_those_python_makes_of_its_fields(
+    messages: list[bytes], data: st.DataObject
+) -> None:
+    """Random worker messages, spoiled by changed, inserted and removed bytes:
+    made in the reader's call (``read_message_made``, what a result lane
+    reads) as Python makes them from the fields ``read_message`` reads, wire
+    and all, or both left (read under ASan and UBSan too)."""
+    frame = bytearray(data.draw(st.sampled_from(messages)))
+    for _ in range(data.draw(st.integers(0, 3))):
+        at = data.draw(st.integers(0, len(frame) - 1))
+        change = data.draw(st.sampled_from(["byte", "insert", "remove", "cut"]))
+        if change == "byte":
+            frame[at] = data.draw(st.integers(0, 255))
+        elif change == "insert":
+            frame[at:at] = bytes([data.draw(st.integers(0, 255))])
+        elif change == "remove":
+            del frame[at]
+        else:
+            del frame[at:]
+        if not frame:
+            return
+    assert_made_as_read(bytearray(frame), message=True)
+
+
+def test_every_workers_message_is_made_in_c(messages: list[bytes]) -> None:
+    """Every honest message, of one chunk or several, is made in the reader's
+    call, the header's wire on chunk 0 only."""
+    for message in messages:
+        assert assert_made_as_read(bytearray(message), message=True)
+
+
+def test_a_message_viewed_as_other_items_is_read_as_bytes(messages: list[bytes]) -> None:
+    """A message given as a view of other items than bytes is left by the made
+    call and read by ``read_result_message``'s general wrapper, cast as Chunk
+    casts it: the same header and chunk."""
+    data = next(m for m in messages if len(m) % 4 == 0)
+    plain = read_result_message(memoryview(data))
+    assert plain is not None
+    view = memoryview(data).cast("I")
+    assert _result_reader.read_message_made(view, ResultHeader, Chunk) is NotImplemented
+    read = read_result_message(view)
+    assert read == plain and read is not None
+    data_view = read[1].data
+    assert isinstance(data_view, memoryview) and data_view.readonly
+    assert bytes(data_view) == bytes(plain[1].data)
+
+
+def test_the_message_reader_refuses_what_is_no_buffer_or_no_type() -> None:
+    made = _result_reader.read_message_made
+    with pytest.raises(TypeError):
+        made("message", ResultHeader, Chunk)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        made(b"", ResultHeader)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        made(b"", ResultHeader, "Chunk")  # type: ignore[arg-type]

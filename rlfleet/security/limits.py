@@ -182,6 +182,13 @@ class InflightBudget:
                 "Send fewer, larger chunks, or sample fewer steps per task"
             )
 
+    def fits(self, nbytes: int) -> bool:
+        """Whether a whole result of one chunk of ``nbytes`` data, on a carrier
+        with no unfinished result, keeps the session within the limit: what
+        :meth:`charge` then :meth:`release` would let through, with nothing
+        counted (if not, ``charge`` says so)."""
+        return self.used == 0 and self._session.used + nbytes + CHUNK_OVERHEAD_BYTES <= self.limit
+
     def release(self) -> None:
         """This carrier's result completed (or was dropped): nothing of it is in flight."""
         session = self._session

@@ -390,6 +390,53 @@ static PyObject *data_view(PyObject *data, Py_ssize_t start, Py_ssize_t end) {
     return out;
 }
 
+/* What read_frame_made and read_message_made return for data, read with tag:
+ * (result_call, header, chunk) with with_call, else (header, chunk). keep_wire:
+ * as fields_values's. */
+static PyObject *read_made(PyObject *const *args, Py_ssize_t nargs, const char *name, uint8_t tag,
+                           int with_call) {
+    if (nargs != 3 || !PyType_Check(args[1]) || !PyType_Check(args[2])) {
+        PyErr_Format(PyExc_TypeError, "%s expected a buffer and two types as arguments", name);
+        return NULL;
+    }
+    PyObject *data = args[0];
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const uint8_t *p = view.buf;
+    Result r;
+    uint64_t call = 0;
+    /* The chunk's fields, then its data. */
+    PyObject *head[HEADER_FIELDS], *piece[CHUNK_FIELDS + 1];
+    int read = read_result(p, view.len, view.len, tag, &r) == 0 &&
+               (with_call ? read_call(p, r.end, view.len, &call) == 0 : r.end == view.len);
+    /* A worker's message keeps its fields before the chunk (wire), as read_message. */
+    if (read) fields_values(p, &r, !with_call, head, piece);
+    /* No Python code runs while the buffer is held: the views are made after. */
+    PyBuffer_Release(&view);
+    if (!read) return Py_NewRef(Py_None);
+    piece[CHUNK_FIELDS] = data_view(data, r.data_start, r.data_end);
+    if (piece[CHUNK_FIELDS] == Py_NotImplemented) {
+        for (int i = 0; i < HEADER_FIELDS; i++) Py_XDECREF(head[i]);
+        for (int i = 0; i < CHUNK_FIELDS + 1; i++) Py_XDECREF(piece[i]);
+        return Py_NewRef(Py_NotImplemented);
+    }
+    PyObject *items[3];
+    int n = 0;
+    if (with_call) items[n++] = PyLong_FromUnsignedLongLong(call);
+    items[n++] = instance_of((PyTypeObject *)args[1], header_keys, head, HEADER_FIELDS);
+    items[n++] = instance_of((PyTypeObject *)args[2], chunk_keys, piece, CHUNK_FIELDS + 1);
+    PyObject *out = NULL;
+    int made = 1;
+    for (int i = 0; i < n; i++) made = made && items[i] != NULL;
+    if (made) out = PyTuple_New(n);
+    if (out == NULL) {
+        for (int i = 0; i < n; i++) Py_XDECREF(items[i]);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) PyTuple_SET_ITEM(out, i, items[i]);
+    return out;
+}
+
 PyDoc_STRVAR(read_frame_made_doc,
 "read_frame_made(data, header_type, chunk_type, /)\n--\n\n"
 "What read_frame reads, made: (result_call, header, chunk), header an instance of\n"
@@ -401,44 +448,20 @@ PyDoc_STRVAR(read_frame_made_doc,
 
 static PyObject *read_frame_made(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 3 || !PyType_Check(args[1]) || !PyType_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "read_frame_made expected a buffer and two types as arguments");
-        return NULL;
-    }
-    PyObject *data = args[0];
-    Py_buffer view;
-    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
-    const uint8_t *p = view.buf;
-    Result r;
-    uint64_t call;
-    /* The chunk's fields, then its data. */
-    PyObject *head[HEADER_FIELDS], *piece[CHUNK_FIELDS + 1];
-    int read = read_result(p, view.len, view.len, SAMPLE_RESULT_TAG, &r) == 0 &&
-               read_call(p, r.end, view.len, &call) == 0;
-    if (read) fields_values(p, &r, 0, head, piece);
-    /* No Python code runs while the buffer is held: the views are made after. */
-    PyBuffer_Release(&view);
-    if (!read) return Py_NewRef(Py_None);
-    piece[CHUNK_FIELDS] = data_view(data, r.data_start, r.data_end);
-    if (piece[CHUNK_FIELDS] == Py_NotImplemented) {
-        for (int i = 0; i < HEADER_FIELDS; i++) Py_XDECREF(head[i]);
-        for (int i = 0; i < CHUNK_FIELDS + 1; i++) Py_XDECREF(piece[i]);
-        return Py_NewRef(Py_NotImplemented);
-    }
-    PyObject *items[3] = {
-        PyLong_FromUnsignedLongLong(call),
-        instance_of((PyTypeObject *)args[1], header_keys, head, HEADER_FIELDS),
-        instance_of((PyTypeObject *)args[2], chunk_keys, piece, CHUNK_FIELDS + 1),
-    };
-    PyObject *out = NULL;
-    if (items[0] != NULL && items[1] != NULL && items[2] != NULL) out = PyTuple_New(3);
-    if (out == NULL) {
-        for (int i = 0; i < 3; i++) Py_XDECREF(items[i]);
-        return NULL;
-    }
-    for (int i = 0; i < 3; i++) PyTuple_SET_ITEM(out, i, items[i]);
-    return out;
+    return read_made(args, nargs, "read_frame_made", SAMPLE_RESULT_TAG, 1);
+}
+
+PyDoc_STRVAR(read_message_made_doc,
+"read_message_made(data, header_type, chunk_type, /)\n--\n\n"
+"What read_message reads, made as read_frame_made makes a frame's: (header, chunk),\n"
+"the header's wire the result's fields before its chunk on chunk 0 (else b''); None\n"
+"for any message read_message leaves; NotImplemented where data is a memoryview of\n"
+"other items than bytes.\n"
+"data: any contiguous buffer.");
+
+static PyObject *read_message_made(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    return read_made(args, nargs, "read_message_made", WORKER_RESULT_TAG, 0);
 }
 
 PyDoc_STRVAR(read_frame_pieces_doc,
@@ -486,6 +509,8 @@ static PyMethodDef module_methods[] = {
     {"read_frame", (PyCFunction)read_frame, METH_O, read_frame_doc},
     {"read_frame_made", (PyCFunction)(void (*)(void))read_frame_made, METH_FASTCALL,
      read_frame_made_doc},
+    {"read_message_made", (PyCFunction)(void (*)(void))read_message_made, METH_FASTCALL,
+     read_message_made_doc},
     {"read_frame_pieces", (PyCFunction)(void (*)(void))read_frame_pieces, METH_FASTCALL,
      read_frame_pieces_doc},
     {NULL, NULL, 0, NULL},

@@ -98,7 +98,11 @@ def read_result_message(data: _Bytes) -> tuple[ResultHeader, Chunk] | None:
         WireFormatError: If ``data`` is not a contiguous buffer.
     """
     try:
-        read = _result_reader.read_message(data)
+        # The header and chunk made in the reader's call, their fields their dicts.
+        made = _result_reader.read_message_made(data, ResultHeader, Chunk)
+        if made is not NotImplemented:
+            return made
+        read = _result_reader.read_message(data)  # a view of other items: cast as Chunk casts it
     except (TypeError, BufferError):
         as_byte_source(data)  # raises WireFormatError, saying what the buffer is
         raise

@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import grpc
 
+from rlfleet._util.prebuilt import prebuilt
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.worker_events import WorkerEvents
 from rlfleet.coordinator.worker_messages import (
@@ -257,6 +258,24 @@ def join_frame(
         header, chunk = item.header, item.chunk
     else:
         header, chunk = read
+        data = len(chunk.data)
+        assembler = handle.data_assembler
+        # The common frame, a whole result of one chunk within every bound:
+        # joined as join_chunk joins it, with its budget's charge and release
+        # (nothing held once it is joined) folded into one look.
+        if (
+            data <= DATA_CHANNEL_CHUNK_BYTES
+            and len(payload) - data <= DATA_CHANNEL_METADATA_BYTES
+            and budget.fits(data)
+            and assembler.whole(header, chunk)
+        ):
+            return prebuilt(
+                JoinedResult,
+                header=header,
+                chunks=(chunk,),
+                payload=chunk.data,
+                message_sizes=(data,),
+            )
     _check_size(handle.name, len(payload), chunk)
     return events.join_chunk(handle, handle.data_assembler, budget, header, chunk)
 
