@@ -757,8 +757,8 @@ def test_a_gathering_reader_ahead_of_its_sender_reads_several_frames_per_wait(
     # A learner ahead of its coordinator finds each next frame not yet sent:
     # gathering, its wait ends once the bytes it asked for are there (the
     # bound on the wait made long here), so frames sent one by one are read
-    # after one wait, each with one read, and the socket's low mark is 1
-    # again after.
+    # after one wait, each with one read; a read that does not gather then
+    # takes a lone frame at once (the low mark left set does not hold it).
     monkeypatch.setattr(lease_channel, "GATHER_SECONDS", PATIENCE)
     sock, theirs = _tcp_pair()
     link = LeaseDataLink(sock, 1 << 20)
@@ -782,7 +782,9 @@ def test_a_gathering_reader_ahead_of_its_sender_reads_several_frames_per_wait(
         # may end a wait early (its receive memory's pressure), a read more.
         # Waiting for each frame takes three reads a frame.
         assert sock.reads < 2 * len(payloads)
-        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+        theirs.sendall(frame(b"lone"))
+        lone = link.receive_message(deadline)
+        assert lone is not None and bytes(lone) == b"lone"
     finally:
         link.close()
         theirs.close()
@@ -806,11 +808,94 @@ def test_a_gathering_reader_takes_a_lone_frame_after_the_bounded_wait() -> None:
             got = link.receive_message(None, gather=lease_channel.GATHER_BYTES)
             later.result(timeout=PATIENCE)
         assert got is not None and bytes(got) == b"lone"
+        # The wait for any byte past the bounded one put the low mark back.
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
         theirs.close()
         assert link.receive_message(None, gather=lease_channel.GATHER_BYTES) is None
     finally:
         link.close()
+
+
+def _send_after_a_wait(theirs: socket.socket, data: bytes) -> None:
+    """Sends ``data`` once the reader is waiting (bytes already there are read without a wait)."""
+    time.sleep(0.05)
+    theirs.sendall(data)
+
+
+class _MarkCountingSocket(_CountingSocket):
+    """A socket that counts the SO_RCVLOWAT settings made of it."""
+
+    marks = 0
+
+    def setsockopt(self, level: int, option: int, value: Any, *rest: Any) -> None:
+        if option == socket.SO_RCVLOWAT:
+            self.marks += 1
+        super().setsockopt(level, option, value, *rest)
+
+
+def test_gathering_waits_for_the_same_bytes_set_the_low_mark_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A learner ahead of its coordinator waits for each next result asking
+    # for the same bytes (GATHER_BYTES, the most asked): the first wait sets
+    # the low mark and the next ones find it set. Bursts of GATHER_BYTES
+    # end each wait (its bound made long here) and are read whole.
+    monkeypatch.setattr(lease_channel, "GATHER_SECONDS", PATIENCE)
+    sock, theirs = _tcp_pair(_MarkCountingSocket)
+    link = LeaseDataLink(sock, 1 << 20)
+    size = lease_channel.GATHER_BYTES // 8 - FRAME_HEADER.size
+    payloads = [bytes([k]) * size for k in range(8)]  # GATHER_BYTES with their headers
+    burst = b"".join(frame(payload) for payload in payloads)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            for _ in range(3):
+                sent = pool.submit(_send_after_a_wait, theirs, burst)
+                got = [
+                    link.receive_message(PATIENCE, gather=lease_channel.GATHER_BYTES)
+                    for _ in payloads
+                ]
+                sent.result(timeout=PATIENCE)
+                assert [None if g is None else bytes(g) for g in got] == payloads
+        assert isinstance(sock, _MarkCountingSocket) and sock.marks == 1
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == lease_channel.GATHER_BYTES
+    finally:
+        link.close()
+        theirs.close()
+
+
+@pytest.mark.parametrize("how", ["blocking", "deadline", "receive", "readable"])
+@pytest.mark.timeout(120)
+def test_a_read_that_does_not_gather_is_not_held_by_a_gathering_waits_low_mark(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The low mark a gathering wait leaves set is put back to 1 before any
+    # other wait, blocking read or readability probe: a lone frame is read
+    # (or seen) at once; with the mark, each would hold out for GATHER_BYTES.
+    monkeypatch.setattr(lease_channel, "GATHER_SECONDS", PATIENCE)
+    sock, theirs = _tcp_pair()
+    link = LeaseDataLink(sock, 1 << 20)
+    size = lease_channel.GATHER_BYTES - FRAME_HEADER.size  # one frame of GATHER_BYTES
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            sent = pool.submit(_send_after_a_wait, theirs, frame(b"x" * size))
+            got = link.receive_message(PATIENCE, gather=lease_channel.GATHER_BYTES)
+            sent.result(timeout=PATIENCE)
+        assert got is not None and len(got) == size
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) > 1
+        with ThreadPoolExecutor(1) as pool:
+            sent = pool.submit(_send_after_a_wait, theirs, frame(b"lone"))
+            if how == "readable":
+                wait_until(link.readable, "the lone frame seen", timeout=5.0)
+            if how == "receive":
+                lone: bytes | memoryview | None = link.receive_within(PATIENCE)
+            else:
+                lone = link.receive_message(None if how == "blocking" else PATIENCE)
+            sent.result(timeout=PATIENCE)
+        assert lone is not None and bytes(lone) == b"lone"
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+    finally:
+        link.close()
+        theirs.close()
 
 
 class _NoLowMarkSocket(_CountingSocket):

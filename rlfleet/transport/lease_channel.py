@@ -159,6 +159,12 @@ class LeaseDataLink:
         # A landing holds the last large frame and an eighth: a run of like
         # frames lands whole, handed out where it landed.
         self._land_bytes = LANDING_BYTES
+        # The socket's SO_RCVLOWAT as a gathering wait left it (1: the
+        # kernel's; 0: the system does not take it), set only when a wait
+        # asks for another value: a run of waits for the same bytes costs no
+        # call, and every other wait or read puts 1 back first.
+        self._low_mark = 1
+        self._gather_poll: select.poll | None = None  # a gathering wait's, kept
 
     def set_send_timeout(self, seconds: float) -> None:
         """Bounds every send: one the peer does not take within ``seconds`` fails
@@ -447,6 +453,8 @@ class LeaseDataLink:
         """Whether bytes of a frame are here already: a receive would start without waiting."""
         if self._buffer or self._tls_pending or self._hi > self._lo:
             return True
+        if self._low_mark > 1:
+            self._clear_low_mark()
         return bool(select.select([self._sock], [], [], 0)[0])
 
     def receive_within(self, seconds: float) -> bytes | None:
@@ -493,6 +501,8 @@ class LeaseDataLink:
         sock = self._sock
         if not self._tls:
             if deadline is None and not gather:
+                if self._low_mark > 1:
+                    self._clear_low_mark()
                 return call(*args, 0)
             while True:
                 # Bytes already here (a reader behind its sender: a learner
@@ -537,6 +547,8 @@ class LeaseDataLink:
         fd = self._sock.fileno()
         if fd < 0:
             raise ConnectionClosedError("the lease data connection was closed on this side")
+        if self._low_mark > 1:
+            self._clear_low_mark()
         poller = select.poll()
         poller.register(fd, events)
         while True:
@@ -558,26 +570,40 @@ class LeaseDataLink:
         waits for any byte as before).
 
         ``SO_RCVLOWAT`` makes the socket readable only past that many bytes
-        (poll honours it over TCP); it is 1 again before this returns, so
-        that no other wait or blocking read ever sees it.
+        (poll honours it over TCP). It stays set past this wait, and is set
+        again only for another value: the reads that follow do not wait
+        (``MSG_DONTWAIT`` returns what is there whatever the mark), and every
+        other wait, blocking read or :meth:`readable` puts 1 back first
+        (:meth:`_clear_low_mark`), so that none of them ever sees it.
         """
         sock = self._sock
         fd = sock.fileno()
         if fd < 0:
             raise ConnectionClosedError("the lease data connection was closed on this side")
+        mark = min(size, GATHER_BYTES)
+        if mark != self._low_mark:
+            if not self._low_mark:  # a system that does not take it: each frame waited for
+                return
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, mark)
+            except OSError:  # as before
+                self._low_mark = 0
+                return
+            self._low_mark = mark
         wait = GATHER_SECONDS
         if deadline is not None:
             wait = min(wait, max(deadline - time.monotonic(), 0.0))
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, min(size, GATHER_BYTES))
-        except OSError:  # a system that does not take it: each frame waited for as before
-            return
-        try:
-            poller.poll(math.ceil(wait * 1000))
-        finally:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+        poller = self._gather_poll
+        if poller is None:
+            poller = self._gather_poll = select.poll()
+            poller.register(fd, select.POLLIN)
+        poller.poll(math.ceil(wait * 1000))
+
+    def _clear_low_mark(self) -> None:
+        """Puts the socket's ``SO_RCVLOWAT`` back to 1 (a gathering wait left it higher)."""
+        with contextlib.suppress(OSError):  # closed meanwhile: nothing waits on it
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+        self._low_mark = 1
 
     def close(self) -> None:
         """Closes the connection (idempotent); a blocked :meth:`receive` returns."""
