@@ -773,8 +773,16 @@ def test_a_gathering_reader_ahead_of_its_sender_reads_several_frames_per_wait(
                     time.sleep(0.005)
 
             sent = pool.submit(send_one_by_one)
-            gather = lease_channel.GATHER_BYTES
-            got = [link.receive_message(deadline, gather=gather) for _ in payloads]
+            # Each wait asks for what is still to come, as a sampler asks for
+            # what its answer still misses: asking for more than will come
+            # would hold the last frames' wait to its (here long) bound.
+            step = 8192 + FRAME_HEADER.size
+            got = [
+                link.receive_message(
+                    deadline, gather=min(lease_channel.GATHER_BYTES, (len(payloads) - k) * step)
+                )
+                for k in range(len(payloads))
+            ]
             sent.result(timeout=PATIENCE)
         assert [None if g is None else bytes(g) for g in got] == payloads
         # The first header's read that found nothing, its read after the
