@@ -479,6 +479,26 @@ def test_a_frame_is_read_in_one_call_into_the_extension() -> None:
 # --- a frame's header and chunk made in the reader's call -----------------------------
 
 
+def spoiled(data: st.DataObject, honest: bytes) -> bytearray:
+    """``honest`` with up to three bytes changed, inserted or removed, or cut
+    short (maybe to nothing), as hypothesis draws them."""
+    frame = bytearray(honest)
+    for _ in range(data.draw(st.integers(0, 3))):
+        if not frame:
+            break
+        at = data.draw(st.integers(0, len(frame) - 1))
+        change = data.draw(st.sampled_from(["byte", "insert", "remove", "cut"]))
+        if change == "byte":
+            frame[at] = data.draw(st.integers(0, 255))
+        elif change == "insert":
+            frame[at:at] = bytes([data.draw(st.integers(0, 255))])
+        elif change == "remove":
+            del frame[at]
+        else:
+            del frame[at:]
+    return frame
+
+
 def assert_made_as_read(data: bytearray, *, message: bool = False) -> bool:
     """``read_frame_made`` of ``data`` holds what ``read_frame`` reads, made into
     the header and chunk as Python makes them from it (``_parts``): the same
@@ -525,22 +545,10 @@ def test_a_frames_header_and_chunk_made_in_c_are_those_python_makes_of_its_field
     """Random frames as the coordinator writes them, spoiled by changed, inserted
     and removed bytes: made in the reader's call as Python makes them from the
     fields it reads, or both left (read under ASan and UBSan too)."""
-    frame = bytearray(data.draw(st.sampled_from(frames_of(messages))))
-    for _ in range(data.draw(st.integers(0, 3))):
-        at = data.draw(st.integers(0, len(frame) - 1))
-        change = data.draw(st.sampled_from(["byte", "insert", "remove", "cut"]))
-        if change == "byte":
-            frame[at] = data.draw(st.integers(0, 255))
-        elif change == "insert":
-            frame[at:at] = bytes([data.draw(st.integers(0, 255))])
-        elif change == "remove":
-            del frame[at]
-        else:
-            del frame[at:]
-        if not frame:
-            return
-    # A frame's own buffer of its size: a read past its end is caught by ASan.
-    assert_made_as_read(bytearray(frame))
+    frame = spoiled(data, data.draw(st.sampled_from(frames_of(messages))))
+    if frame:
+        # A frame's own buffer of its size: a read past its end is caught by ASan.
+        assert_made_as_read(frame)
 
 
 def test_a_frames_header_and_chunk_are_made_in_c(messages: list[bytes]) -> None:
@@ -592,21 +600,9 @@ def test_a_messages_header_and_chunk_made_in_c_are_those_python_makes_of_its_fie
     made in the reader's call (``read_message_made``, what a result lane
     reads) as Python makes them from the fields ``read_message`` reads, wire
     and all, or both left (read under ASan and UBSan too)."""
-    frame = bytearray(data.draw(st.sampled_from(messages)))
-    for _ in range(data.draw(st.integers(0, 3))):
-        at = data.draw(st.integers(0, len(frame) - 1))
-        change = data.draw(st.sampled_from(["byte", "insert", "remove", "cut"]))
-        if change == "byte":
-            frame[at] = data.draw(st.integers(0, 255))
-        elif change == "insert":
-            frame[at:at] = bytes([data.draw(st.integers(0, 255))])
-        elif change == "remove":
-            del frame[at]
-        else:
-            del frame[at:]
-        if not frame:
-            return
-    assert_made_as_read(bytearray(frame), message=True)
+    frame = spoiled(data, data.draw(st.sampled_from(messages)))
+    if frame:
+        assert_made_as_read(frame, message=True)
 
 
 def test_every_workers_message_is_made_in_c(messages: list[bytes]) -> None:
