@@ -309,16 +309,17 @@ class WorkFrames(Collector):
 
     def tasks(self, on_data: int, on_join: int) -> None:
         """Counts Tasks sent on data connections and on Join streams."""
-        if on_data or on_join:
-            with self._lock:
-                self._tasks[0] += on_data
-                self._tasks[1] += on_join
+        self._add(self._tasks, on_data, on_join)
 
     def cancels(self, on_data: int, on_join: int) -> None:
         """Counts Cancels sent on data connections and on Join streams."""
-        with self._lock:
-            self._cancels[0] += on_data
-            self._cancels[1] += on_join
+        self._add(self._cancels, on_data, on_join)
+
+    def _add(self, counts: list[int], on_data: int, on_join: int) -> None:
+        if on_data or on_join:  # the common dispatch sends nothing: no lock taken
+            with self._lock:
+                counts[0] += on_data
+                counts[1] += on_join
 
     def session_agreed(self) -> None:
         """A worker session's Tasks and Cancels moved to its data connection."""

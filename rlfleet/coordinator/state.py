@@ -278,8 +278,7 @@ class FleetState:
                 if carrier is not None:
                     on_data += carrier
                     on_join += not carrier
-        if on_data or on_join:
-            self.metrics.work_frames.cancels(on_data, on_join)
+        self.metrics.work_frames.cancels(on_data, on_join)
 
     def broadcast(self, message: AgentChange | EnvChange) -> set[int]:
         """Sends an env or agent update to every worker that may run it; returns their ids.
