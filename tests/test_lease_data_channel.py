@@ -750,6 +750,35 @@ def _tcp_pair(
     return kind(fileno=ours.detach()), theirs
 
 
+def _gathered_one_by_one(
+    link: LeaseDataLink,
+    theirs: socket.socket,
+    payloads: list[bytes],
+    pause: float,
+    deadline: float | None,
+) -> list[bytes | None]:
+    """``payloads`` sent as frames one by one, ``pause`` seconds apart, as ``link``
+    reads them gathering."""
+    with ThreadPoolExecutor(1) as pool:
+
+        def send_one_by_one() -> None:
+            for payload in payloads:
+                theirs.sendall(frame(payload))
+                time.sleep(pause)
+
+        sent = pool.submit(send_one_by_one)
+        # Each wait asks for what is still to come, as a sampler asks for
+        # what its answer still misses: asking for more than will come
+        # would hold the last frames' wait to its (here long) bound.
+        got = []
+        for k in range(len(payloads)):
+            left = sum(len(payload) + FRAME_HEADER.size for payload in payloads[k:])
+            read = link.receive_message(deadline, gather=min(lease_channel.GATHER_BYTES, left))
+            got.append(None if read is None else bytes(read))
+        sent.result(timeout=PATIENCE)
+    return got
+
+
 @pytest.mark.parametrize("deadline", [None, 10.0], ids=["no-deadline", "deadline"])
 def test_a_gathering_reader_ahead_of_its_sender_reads_several_frames_per_wait(
     deadline: float | None, monkeypatch: pytest.MonkeyPatch
@@ -762,29 +791,11 @@ def test_a_gathering_reader_ahead_of_its_sender_reads_several_frames_per_wait(
     monkeypatch.setattr(lease_channel, "GATHER_SECONDS", PATIENCE)
     sock, theirs = _tcp_pair()
     link = LeaseDataLink(sock, 1 << 20)
-    payloads = [bytes([k]) * 8192 for k in range(8)]  # GATHER_BYTES with their headers
-    assert len(payloads) * (8192 + FRAME_HEADER.size) >= lease_channel.GATHER_BYTES
+    size = lease_channel.GATHER_BYTES // 8 - FRAME_HEADER.size
+    payloads = [bytes([k]) * size for k in range(8)]  # GATHER_BYTES with their headers
     try:
-        with ThreadPoolExecutor(1) as pool:
-
-            def send_one_by_one() -> None:
-                for payload in payloads:
-                    theirs.sendall(frame(payload))
-                    time.sleep(0.005)
-
-            sent = pool.submit(send_one_by_one)
-            # Each wait asks for what is still to come, as a sampler asks for
-            # what its answer still misses: asking for more than will come
-            # would hold the last frames' wait to its (here long) bound.
-            step = 8192 + FRAME_HEADER.size
-            got = [
-                link.receive_message(
-                    deadline, gather=min(lease_channel.GATHER_BYTES, (len(payloads) - k) * step)
-                )
-                for k in range(len(payloads))
-            ]
-            sent.result(timeout=PATIENCE)
-        assert [None if g is None else bytes(g) for g in got] == payloads
+        got = _gathered_one_by_one(link, theirs, payloads, 0.005, deadline)
+        assert got == payloads
         # The first header's read that found nothing, its read after the
         # wait, then one read per payload (with the next header); the kernel
         # may end a wait early (its receive memory's pressure), a read more.
@@ -793,6 +804,33 @@ def test_a_gathering_reader_ahead_of_its_sender_reads_several_frames_per_wait(
         theirs.sendall(frame(b"lone"))
         lone = link.receive_message(deadline)
         assert lone is not None and bytes(lone) == b"lone"
+    finally:
+        link.close()
+        theirs.close()
+
+
+def test_a_gathering_wait_asks_for_up_to_a_landings_worth_of_frames(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A learner whose answer still misses a landing's worth of results
+    # waits for them all at once: twenty 12 kB frames (about 400-step
+    # CartPole results), sent one by one, are read after one wait (its bound
+    # made long here) with one read. A wait that asked for less would end
+    # after a few of them, and each later one cost a read that found
+    # nothing, a wait and a read.
+    monkeypatch.setattr(lease_channel, "GATHER_SECONDS", PATIENCE)
+    sock, theirs = _tcp_pair()
+    link = LeaseDataLink(sock, 1 << 20)
+    step = 12_000 + FRAME_HEADER.size
+    payloads = [bytes([k]) * (step - FRAME_HEADER.size) for k in range(20)]
+    assert len(payloads) * step <= min(lease_channel.LANDING_BYTES, lease_channel.GATHER_BYTES)
+    try:
+        assert _gathered_one_by_one(link, theirs, payloads, 0.001, None) == payloads
+        # The first header's read that found nothing and the read after the
+        # wait; the kernel may end the wait up to a segment early (the
+        # window it offers shrinks to the mark), the last frames then a
+        # second wait: two reads more. Waits for 64 KiB each take eight or more.
+        assert sock.reads <= 5
     finally:
         link.close()
         theirs.close()

@@ -4,6 +4,7 @@ frame may take again."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,21 @@ def test_kept_buffers_are_taken_again_once_nothing_views_them() -> None:
     del first, second
     buffers.take(1 << 20)
     assert buffers.made == 2
+
+
+def test_a_kept_buffer_is_tested_for_views_with_no_reallocation() -> None:
+    # Whether a kept buffer is free is tested by a resize a byte up and back:
+    # a buffer made with no room for that byte would reallocate its whole
+    # length the first time (the allocation grows), into fresh memory.
+    buffers = ReceiveBuffers(keep_bytes=8 << 20)
+    view = buffers.take(256 << 10)
+    assert isinstance(view.obj, bytearray) and len(view.obj) == 256 << 10
+    kept, made = id(view.obj), sys.getsizeof(view.obj)
+    del view
+    again = buffers.take(256 << 10)  # tests the first for views
+    assert id(again.obj) == kept and buffers.made == 1
+    assert isinstance(again.obj, bytearray) and len(again.obj) == 256 << 10
+    assert sys.getsizeof(again.obj) == made
 
 
 def test_a_frame_takes_a_free_buffer_past_others_still_viewed() -> None:

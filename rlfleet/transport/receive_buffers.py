@@ -100,7 +100,12 @@ class ReceiveBuffers:
                 # the frame's whole length), and memory freed by earlier frames
                 # is reused warm.
                 return memoryview(np.empty(size, np.uint8).data)
-            buffer = bytearray(rounded)
+            # A byte of room past its length: the resize that tests it for
+            # views (_unviewed: a byte more, then back) then moves nothing,
+            # where a bytearray made full reallocates for it, remapping or
+            # copying its whole length into fresh memory (10-60 us for 256 KiB).
+            buffer = bytearray(rounded + 1)
+            buffer.pop()
             self._kept += rounded
             buffers.append(buffer)
         return memoryview(buffer)[:size]
