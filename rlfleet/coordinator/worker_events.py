@@ -548,7 +548,9 @@ class WorkerEvents:
         payload_bytes = 0
         for joined in booked:  # one pass: their bytes and their episodes by lag
             header = joined.header
-            lag = max(latest - header.agent_version, 0)
+            # A comparison, not max(): CPython 3.11's min and max parse their
+            # keywords on every call.
+            lag = latest - header.agent_version if latest > header.agent_version else 0
             lags[lag] = lags.get(lag, 0) + len(header.lengths)
             payload_bytes += joined.chunks[0].total_bytes
         state.metrics.forwarded_many(len(booked), payload_bytes, lags)
