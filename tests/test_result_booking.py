@@ -302,6 +302,7 @@ def test_a_lanes_result_is_parsed_checked_and_booked_in_few_python_calls() -> No
     # Two results counted: 147 calls when each ruling was made anew, the
     # counters were Prometheus's and a batch was grouped by task; 105 while
     # the header and chunk were made in Python and a whole result went
-    # through join_chunk; 89 now (docs/performance.md, "Coordinator
-    # capacity: where a result's CPU goes").
-    assert calls <= 2 * 45, calls
+    # through join_chunk; 89 while the refill's look listed the eligible
+    # workers before it looked at their marks; 81 now (docs/performance.md,
+    # "Coordinator capacity: where a result's CPU goes").
+    assert calls <= 81, calls

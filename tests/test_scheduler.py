@@ -871,25 +871,30 @@ def test_a_refill_deals_what_taking_each_slice_on_its_own_dealt(  # noqa: PLR091
     num_envs=st.lists(st.integers(1, 16), min_size=1, max_size=3),
     capacity_steps=st.sampled_from([0, 200, 800]),
     seed=st.integers(0, 2**16),
+    toggled=st.booleans(),
 )
 def test_a_refill_hands_out_what_working_every_mark_out_would(
-    num_envs: list[int], capacity_steps: int, seed: int
+    num_envs: list[int], capacity_steps: int, seed: int, toggled: bool
 ) -> None:
     # A dispatch skips working the workers' marks out while they hold more
-    # than the marks it kept for a shorter mean length. Episodes that turn
-    # long then short (the mean length rising and falling by far more than
-    # the slack) and results of every size: the same refills, round by
-    # round, as a planner that works every mark out each time.
+    # than the marks it kept for a shorter mean length (the scheduler looks
+    # at every worker's, eligible or not, before it lists the eligible
+    # ones). Episodes that turn long then short (the mean length rising and
+    # falling by far more than the slack), results of every size and, if
+    # toggled, the first worker in and out of eligibility: the same refills,
+    # round by round, as a planner that works every mark out each time.
     scheduled = {}
     for rule in ("kept marks", "every time"):
         rng = np.random.default_rng(seed)
         scheduler = fleet(*num_envs, capacity_steps=capacity_steps)
         if rule == "every time":
-            scheduler._units._surely_full = lambda *_: False  # type: ignore[method-assign]
+            scheduler._units.surely_full = lambda *_: False  # type: ignore[method-assign]
         scheduler.start_sample(spec(Mode.STEPS, 10**7))
         held: dict[int, tuple[int, list[int]]] = {}
         log = []
         for round_ in range(40):
+            if toggled:
+                scheduler.set_eligible(1, bool(rng.integers(0, 3)))
             orders = scheduler.dispatch()
             given = {o.worker_id: o.units.episode_indices.tolist() for o in orders}
             log.append(given)
@@ -927,6 +932,8 @@ def test_a_refill_that_hands_out_nothing_works_no_mark_out() -> None:
     profile.disable()
     called = {name for (_, _, name), *_ in pstats.Stats(profile).stats.items()}  # type: ignore[attr-defined]
     assert "_limits" not in called, called
+    # Nor lists the eligible workers: the look is one call below dispatch.
+    assert "_dispatch_request" not in called, called
 
 
 def test_a_worker_that_leaves_takes_its_kept_mark_with_it() -> None:

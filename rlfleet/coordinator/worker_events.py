@@ -64,7 +64,6 @@ logger = logging.getLogger("rlfleet.coordinator")
 #: comprehension's.
 _judged = operator.attrgetter("header.task_id", "header.episode_indices")
 _booked_fields = operator.attrgetter("header.task_id", "header.episode_indices", "header.lengths")
-_first = operator.itemgetter(0)
 
 #: Refused results a request survives: the first is re-run on other workers
 #: (its worker dropped); the second ends the request with the refusal.
@@ -450,9 +449,13 @@ class WorkerEvents:
             native = state.env.update.vectorization in NATIVE_VECTORIZATIONS
             # What a result must be depends on its task alone: worked out once per task.
             expectations: dict[int, ResultExpectation] = {}
-            for joined, ruling in zip(results, rulings, strict=True):
-                task_id = joined.header.task_id
-                if ruling.verdict is Verdict.ACCEPT and task_id not in expectations:
+            # One ruling per result: indexed, as zip's strict keyword costs a
+            # parse of its own per loop (and the batch is often one result).
+            for position, ruling in enumerate(rulings):
+                if ruling.verdict is not Verdict.ACCEPT:
+                    continue
+                task_id = results[position].header.task_id
+                if task_id not in expectations:
                     if env_spec is None:  # cannot happen: results follow an EnvReady
                         raise ResultError(f"{results[0].header.where} arrived before any EnvReady")
                     expectations[task_id] = self._expectations.get(
@@ -461,11 +464,12 @@ class WorkerEvents:
         # Checked outside the lock, in order, up to the first that fails.
         windows: list[EpisodeBatch | None] = []  # fragment windows' batches, for their streams
         failure: Exception | None = None
-        for joined, ruling in zip(results, rulings, strict=True):
+        for position, ruling in enumerate(rulings):
             if ruling.verdict is Verdict.REJECT:
                 break  # judged again below, once the results before it are booked
             window = None
             if ruling.verdict is Verdict.ACCEPT and env_spec is not None:
+                joined = results[position]
                 expect = expectations[joined.header.task_id]
                 try:  # in one pass with the layout of the worker's results of this mode
                     window = handle.result_layout.check(joined, env_spec, expect)  # fragments
@@ -482,12 +486,14 @@ class WorkerEvents:
             # so that the results after it are judged as they would be alone.
             booked: list[JoinedResult] = []
             # (Those ignored above stay ignored: their tasks are over.)
-            pending = list(zip(results[: len(windows)], windows, strict=True))
-            while pending:
+            # The checked results from position ``done`` on are still to book.
+            done, checked = 0, len(windows)
+            while done < checked:
                 outcomes = scheduler.complete_many(
-                    handle.worker_id, list(map(_booked_fields, map(_first, pending)))
+                    handle.worker_id, list(map(_booked_fields, results[done:checked]))
                 )
-                for (joined, window), outcome in zip(pending, outcomes, strict=False):
+                for position, outcome in enumerate(outcomes, done):
+                    joined = results[position]
                     if outcome.verdict is Verdict.REJECT:  # alone, classify would have said so
                         self._booked(handle, booked)
                         raise ResultError(f"{joined.header.where}: {outcome.reason}")
@@ -495,9 +501,9 @@ class WorkerEvents:
                         # Its task is over (maybe since the batch was judged).
                         self._ignored(joined.header, outcome)
                         continue
-                    self._book(handle, joined, outcome, window, sends)
+                    self._book(handle, joined, outcome, windows[position], sends)
                     booked.append(joined)
-                pending = pending[len(outcomes) :]
+                done += len(outcomes)
             if len(windows) < len(results):
                 # The first result not checked or whose check failed: what
                 # would it have been, judged after those before it?
@@ -542,7 +548,9 @@ class WorkerEvents:
         payload_bytes = 0
         for joined in booked:  # one pass: their bytes and their episodes by lag
             header = joined.header
-            lag = max(latest - header.agent_version, 0)
+            # A comparison, not max(): CPython 3.11's min and max parse their
+            # keywords on every call.
+            lag = latest - header.agent_version if latest > header.agent_version else 0
             lags[lag] = lags.get(lag, 0) + len(header.lengths)
             payload_bytes += joined.chunks[0].total_bytes
         state.metrics.forwarded_many(len(booked), payload_bytes, lags)

@@ -390,8 +390,15 @@ class Scheduler:
 
         Call after every event that may free capacity or create work.
         """
-        if self._sample is not None:
-            return self._dispatch_request(self._sample)
+        request = self._sample
+        if request is not None:
+            # The common look after a result: no worker of the fleet wants a
+            # refill (one call; no sorted list of the eligible ones made).
+            if isinstance(request, EpisodeRequest) and self._units.surely_full(
+                self._books.workers.values()
+            ):
+                return []
+            return self._dispatch_request(request)
         orders: list[TaskOrder] = []
         # Rotate so that no subscription starves the others of free slots.
         for request in list(self._subscriptions):
@@ -452,7 +459,7 @@ class Scheduler:
             if (
                 task is not None
                 and task.worker_id == worker_id
-                and not task.is_windows
+                and not task.rounds  # not is_windows, without the property's frame
                 and all(map(task.task_id.__eq__, map(_task_of, results)))  # no frame per result
                 and task.units.all_outstanding(list(map(_held_of, results)))
             ):
@@ -542,7 +549,8 @@ class Scheduler:
         rulings: list[ResultRuling] = []
         for task_id, indices, lengths in results:
             task = self._books.tasks.get(task_id)
-            if task is not None and task.worker_id == worker_id and not task.is_windows:
+            # not task.is_windows, without the property's frame
+            if task is not None and task.worker_id == worker_id and not task.rounds:
                 request = self._books.requests[task.request_id]
                 if isinstance(request, EpisodeRequest) and task.units.take_back(indices, lengths):
                     request.workers_used.add(worker_id)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -346,7 +346,7 @@ class UnitPlanner:
         #: The units moved at Sample requests' tails, and their Cancels.
         self.moves = TailMoves(books, enabled=move_units)
         # Per worker id: (mean length, result_steps, leased, num_envs) and the
-        # refill mark of those (_surely_full).
+        # refill mark of those (surely_full).
         self._marks: dict[int, tuple[float, int, int, int, int]] = {}
 
     def min_capacity(self, num_envs: int) -> int:
@@ -388,9 +388,9 @@ class UnitPlanner:
         When the request has no unit left to hand out, a Sample request's
         units are moved instead (with ``move_units``): see :meth:`TailMoves.move`.
         """
-        mean = self.mean_length.value
-        if mean is not None and self._surely_full(workers, mean):
+        if self.surely_full(workers):
             return []  # the common case after a result: nothing to send
+        mean = self.mean_length.value
         limits = [self._limits(w, mean) for w in workers]
         wanting = [w for w, (_, mark) in zip(workers, limits, strict=True) if w.units <= mark]
         if mean is not None:
@@ -442,12 +442,19 @@ class UnitPlanner:
         """Drops what was kept for a worker that left (its refill mark)."""
         self._marks.pop(worker_id, None)
 
-    def _surely_full(self, workers: list[WorkerLoad], mean: float) -> bool:
-        """Whether no worker wants a refill, known from the marks kept for a
-        shorter mean length than ``mean``: a worker holding more than such a
-        mark, with the same result size and env slots, holds more than its
-        mark now. A few comparisons per worker where working the marks out
-        took most of a refill that hands out nothing."""
+    def surely_full(self, workers: Iterable[WorkerLoad]) -> bool:
+        """Whether :meth:`dispatch` would hand these workers nothing, known
+        from their kept marks alone (False: not known, ask :meth:`dispatch`).
+        Of every worker of the fleet, eligible or not: if none of them wants
+        a refill, none of those :meth:`dispatch` would be given does."""
+        # Known from the marks kept for a shorter mean length than today's: a
+        # worker holding more than such a mark, with the same result size and
+        # env slots, holds more than its mark now. A few comparisons per
+        # worker where working the marks out took most of a refill that
+        # hands out nothing.
+        mean = self.mean_length.value
+        if mean is None:
+            return False
         marks = self._marks
         for w in workers:
             kept = marks.get(w.worker_id)

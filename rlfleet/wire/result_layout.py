@@ -144,7 +144,7 @@ class ResultLayoutCheck:
                 if _passes(layout, joined.header, payload, source, expect):
                     return _batch_of_views(layout, joined.header, source)
             # Episodes read their bytes in compiled calls: no reader made for them
-            # unless a numpy screen is left (_values_pass).
+            # unless a numpy screen is left (_numpy_screens).
             elif _passes(layout, joined.header, payload, None, expect):
                 return None
         decoded = decode_result(joined, env_spec)
@@ -221,7 +221,8 @@ def _passes(
     if limit is not None and max(lengths) > limit:
         return False
     window = expect.window
-    if window is not None:  # a fragment window: its own rules from here
+    view: _View | None = None
+    if window is not None:  # a fragment window: its own rules up to the values
         if source is None:
             source = _reader(payload)
         read = source[1]
@@ -238,34 +239,43 @@ def _passes(
             layout, view, window, worker_id=expect.worker_id, version=version, lengths=batch_lengths
         ):
             return False
-        return _values_pass(
-            layout, payload, source, frame=skeleton, episodes=episodes, steps=steps, view=view
-        )
-    # One compiled call: the bytes around the arrays, the int64 columns the
-    # header's numbers and the task's units tell (lengths, episode infos),
-    # the indices' order and the step types' rules (which also keep every
-    # value in StepType's range). A number past int64 fails it: the general
-    # path names it.
-    units = expect.units
-    seeds: tuple[int, int] | _result_check.UnitBuffers | None
-    if expect.native:
-        seeds = (NO_ENV_SEED, NO_POLICY_SEED)
-    elif units is not None:
-        seeds = (units.episode_indices, units.env_seeds, units.policy_seeds)
-    else:  # nothing to hold them to
-        seeds = None
-    if not _result_check.episodes_pass(
-        payload,
-        skeleton.between,
-        skeleton.places,
-        lengths,
-        header.episode_indices,
-        expect.worker_id,
-        version,
-        seeds,
+    else:
+        # One compiled call: the bytes around the arrays, the int64 columns
+        # the header's numbers and the task's units tell (lengths, episode
+        # infos), the indices' order and the step types' rules (which also
+        # keep every value in StepType's range). A number past int64 fails
+        # it: the general path names it.
+        units = expect.units
+        seeds: tuple[int, int] | _result_check.UnitBuffers | None
+        if expect.native:
+            seeds = (NO_ENV_SEED, NO_POLICY_SEED)
+        elif units is not None:
+            seeds = (units.episode_indices, units.env_seeds, units.policy_seeds)
+        else:  # nothing to hold them to
+            seeds = None
+        if not _result_check.episodes_pass(
+            payload,
+            skeleton.between,
+            skeleton.places,
+            lengths,
+            header.episode_indices,
+            expect.worker_id,
+            version,
+            seeds,
+        ):
+            return False
+    # Values against the declared spaces, rewards, bool infos (value_problems,
+    # the decode): one compiled call reads them where they lie (the
+    # skeleton's offsets); numpy screens the rest, through ``view`` (made
+    # only when a numpy screen is left, as is the reader ``source``). The
+    # layouts rlfleet's workers write leave nothing to numpy.
+    if not _result_check.values_pass(
+        payload, layout.compiled_screens, skeleton.offsets, episodes, steps
     ):
         return False
-    return _values_pass(layout, payload, source, frame=skeleton, episodes=episodes, steps=steps)
+    return not (layout.screens or layout.finite_rewards) or _numpy_screens(
+        layout, payload, source, frame=skeleton, episodes=episodes, steps=steps, view=view
+    )
 
 
 #: An array of a result checked in one pass, by name (views, not copies, where they can be).
@@ -288,7 +298,7 @@ def _viewer(layout: _Layout, frame: _Frame, episodes: int, steps: int, payload: 
     return view
 
 
-def _values_pass(
+def _numpy_screens(
     layout: _Layout,
     payload: Payload | Pieces,
     source: _Source | None,
@@ -298,16 +308,7 @@ def _values_pass(
     steps: int,
     view: _View | None = None,
 ) -> bool:
-    """Values against the declared spaces, rewards, bool infos (value_problems, the decode):
-    one compiled call reads them where they lie (``frame``'s offsets); numpy screens the
-    rest, through ``view`` (made here if not given, only when a numpy screen is left,
-    as is the reader ``source`` when None)."""
-    if not _result_check.values_pass(
-        payload, layout.compiled_screens, frame.offsets, episodes, steps
-    ):
-        return False
-    if not (layout.screens or layout.finite_rewards):
-        return True  # the layouts rlfleet's workers write: nothing left for numpy
+    """The value screens left to numpy (``layout.screens``, float rewards' sum)."""
     if view is None:
         view = _viewer(
             layout, frame, episodes, steps, _reader(payload) if source is None else source
