@@ -40,7 +40,7 @@ from rlfleet.worker._updates import (
     AgentUpdate,
     EnvUpdate,
 )
-from rlfleet.worker.units import EpisodeUnit
+from rlfleet.worker.units import EpisodeUnit, UnitRow
 
 NanMode = Literal["error", "flag", "ignore"]
 _NAN_MODES = ("error", "flag", "ignore")
@@ -324,13 +324,22 @@ class VecWorker:
         if not all(map(isinstance, units, repeat(EpisodeUnit))):
             wrong = next(unit for unit in units if not isinstance(unit, EpisodeUnit))
             raise WrongTypeError(f"submit() takes EpisodeUnit objects, got {type(wrong).__name__}")
+        self.submit_rows(units)
+
+    def submit_rows(self, units: list[UnitRow] | list[EpisodeUnit]) -> None:
+        """:meth:`submit` of units checked already: a TaskBook's rows of its tasks' columns.
+
+        Args:
+            units: Rows of columns a task brought, checked when it arrived
+                (:meth:`UnitRow.of_columns`), or checked EpisodeUnits.
+        """
         if units:
             self._streams.release_envs()
         self._units.queue.extend(units)
 
     def drop_queued(self) -> list[EpisodeUnit]:
         """Removes the units not started yet; returns them in queue order."""
-        units = list(self._units.queue)
+        units = [u if isinstance(u, EpisodeUnit) else u.unit() for u in self._units.queue]
         self._units.queue.clear()
         return units
 
