@@ -172,8 +172,8 @@ class TaskBook:
         least), and gives back what it queued beyond.
         """
         vec = self._vec
-        n, queued = vec.n_envs, vec.queued_count
-        held = vec.active_count + queued
+        active, queued = vec.unit_counts()
+        n, held = vec.n_envs, active + queued
         if held >= n and not queued:
             return  # every slot runs, nothing queued
         leased = self._leased()

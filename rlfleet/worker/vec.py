@@ -248,6 +248,10 @@ class VecWorker:
         """Episodes in flight (one per busy slot)."""
         return self._engine.n_live
 
+    def unit_counts(self) -> tuple[int, int]:
+        """``(active_count, queued_count)``: what a TaskBook reads before each vector step."""
+        return self._engine.n_live, len(self._units.queue)
+
     @property
     def active_steps(self) -> int:
         """Steps taken so far by the episodes in flight."""
