@@ -140,7 +140,7 @@ class Session:
             on_broken=self._data_broken,
             on_work=self._inbox.put,
         )
-        self._book = TaskBook(self._vec, lambda: self._leases.host.hosted)
+        self._book = TaskBook(self._vec, self._leases.host.hosted_count)
         self._held = HeldTasks(
             self._on_task,
             self._on_cancel,

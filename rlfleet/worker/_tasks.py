@@ -125,13 +125,15 @@ class TaskBook:
 
     Args:
         vec: The VecWorker the units run on.
-        leased: How many of the worker's env slots leased envs hold now:
-            units start only on the slots they leave free, and on one at
-            least, so that units already held always finish (the
-            coordinator sends none to a worker whose slots are all leased).
+        leased: How many of the worker's env slots leased envs hold now
+            (read before every vector step; a C call, as a session's
+            ``LeaseHost.hosted_count`` is; default ``int``: none): units
+            start only on the slots they leave free, and on one at least,
+            so that units already held always finish (the coordinator
+            sends none to a worker whose slots are all leased).
     """
 
-    def __init__(self, vec: VecWorker, leased: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, vec: VecWorker, leased: Callable[[], int] = int) -> None:
         self._vec = vec
         self._leased = leased
         self.episode_tasks: dict[int, EpisodeTask] = {}
