@@ -99,10 +99,11 @@ class SessionLoop:
             taken = vec.step()
             self.stepped += taken
             self.clock += taken * self.step_seconds
-            if not vec.finished_count:
+            finished_steps = vec.finished_steps
+            if not finished_steps:
                 continue
             now = self.clock
-            if not policy.after_step(now, book.queued_units, vec, now - started):
+            if not policy.after_step(now, book.queued_units, finished_steps, vec, now - started):
                 continue
             self._flush()
         return self.sent_steps - start

@@ -8,6 +8,7 @@ against the per-unit rules it replaced.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import heapq
 import types
 from collections.abc import Callable
@@ -30,8 +31,9 @@ from rlfleet.v1 import worker_pb2
 from rlfleet.wire import decode_task, encode_task
 from rlfleet.worker import units as units_module
 from rlfleet.worker._tasks import EpisodeTask, TaskBook
-from rlfleet.worker.units import EpisodeUnit
+from rlfleet.worker.units import EpisodeUnit, UnitRow
 from rlfleet.worker.vec import VecWorker
+from tests.test_result_message import python_calls
 
 unit_rows = st.lists(
     st.tuples(st.integers(0, 2**63 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)),
@@ -49,6 +51,69 @@ def over_the_wire(task: TaskAssignment, *, unit_columns: bool) -> TaskAssignment
 
 
 # --- the Task's two forms ------------------------------------------------------------
+
+
+def test_a_task_books_units_reach_its_vec_worker_as_rows_built_without_a_call_each() -> None:
+    """A TaskBook hands its VecWorker each unit as a ``UnitRow`` of its task's
+    columns (about one per 21 steps of a native CartPole): tuples, built with no
+    Python call per unit, holding the fields of the checked ``EpisodeUnit``; the
+    VecWorker gives back ``EpisodeUnit`` objects when it drops them unstarted."""
+    columns = UnitColumns.seeded(7, 3, np.arange(5, 45))
+    expected = [
+        EpisodeUnit(int(i), int(e), int(p), 3)
+        for i, e, p in zip(
+            columns.episode_indices, columns.env_seeds, columns.policy_seeds, strict=True
+        )
+    ]
+    gc.disable()  # a collection may run the test runner's Python callbacks
+    try:
+        few = python_calls(lambda: UnitRow.of_columns(columns, 3, slice(0, 2)))
+        many = python_calls(lambda: UnitRow.of_columns(columns, 3, slice(0, 40)))
+    finally:
+        gc.enable()
+    assert few == many == 2  # the lambda and of_columns
+    rows = UnitRow.of_columns(columns, 3, slice(10, 30))
+    assert [row.unit() for row in rows] == expected[10:30]
+    assert all(type(row) is UnitRow for row in rows)
+    env = EnvConfig("CartPole-v1", vectorization="vector_entry_point")
+    vec = VecWorker(n_envs=4, env=env, policy="mlp-categorical")
+    try:
+        book = TaskBook(vec)
+        book.add(EpisodeTask(task_id=3, request_id=1, agent_version=-1, env_generation=0), columns)
+        queued = list(vec._units.queue)
+        assert queued and all(type(unit) is UnitRow for unit in queued)
+        dropped = vec.drop_queued()
+        assert dropped == expected[: len(queued)]
+        assert all(type(unit) is EpisodeUnit for unit in dropped)
+    finally:
+        vec.shutdown()
+
+
+def test_units_run_from_rows_give_the_batch_of_the_same_units_submitted() -> None:
+    """The same units give the same batch, bit for bit, whether a VecWorker got
+    them as ``EpisodeUnit`` objects or as a TaskBook's rows."""
+    columns = UnitColumns.seeded(7, 3, np.arange(40))
+    env = EnvConfig("CartPole-v1", vectorization="vector_entry_point")
+    batches = []
+    for rows in (False, True):
+        vec = VecWorker(n_envs=8, env=env, policy="mlp-categorical", seed=1)
+        try:
+            if rows:
+                vec.submit_rows(UnitRow.of_columns(columns, 3, slice(None)))
+            else:
+                vec.submit(EpisodeUnit.many(columns, 3))
+            while not vec.idle:
+                vec.step()
+            batches.append(vec.take_finished())
+        finally:
+            vec.shutdown()
+    first, second = batches
+    assert first is not None and second is not None and first.n_episodes == 40
+    assert first.episode_infos["episode_index"].tolist() == list(range(40))
+    for name in ("observations", "actions", "rewards", "step_types", "last_observations"):
+        assert np.array_equal(getattr(first, name), getattr(second, name)), name
+    for key, value in first.episode_infos.items():
+        assert np.array_equal(value, second.episode_infos[key]), key
 
 
 @settings(max_examples=150, deadline=None)

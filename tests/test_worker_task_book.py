@@ -10,7 +10,7 @@ from rlfleet.envs import EnvConfig
 from rlfleet.errors import ConfigError
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.worker._tasks import BLOCK_SHARE, EpisodeTask, TaskBook
-from rlfleet.worker.units import EpisodeUnit
+from rlfleet.worker.units import EpisodeUnit, UnitRow
 from rlfleet.worker.vec import VecWorker
 
 
@@ -46,13 +46,13 @@ def test_units_reach_the_vec_worker_in_blocks_not_at_every_vector_step(
     vec, book = _native_book(16, [0])
     assert vec.queued_count == 16 + 16 // BLOCK_SHARE  # every slot, and as many again
     hand_offs: list[int] = []
-    submit = vec.submit
+    submit = vec.submit_rows
 
-    def counted(units: list[EpisodeUnit]) -> None:
+    def counted(units: list[UnitRow]) -> None:
         hand_offs.append(len(units))
         submit(units)
 
-    monkeypatch.setattr(vec, "submit", counted)
+    monkeypatch.setattr(vec, "submit_rows", counted)
     vector_steps = 0
     while sum(hand_offs) < 40:  # as the session steps: feed, then one vector step
         book.feed()

@@ -42,7 +42,7 @@ from rlfleet.worker._restarts import RestartLedger
 from rlfleet.worker._segments import NEVER, Live, SegmentRecorder, Sink
 from rlfleet.worker._slot_failures import SlotFailures
 from rlfleet.worker._updates import EnvSource, check_policy_fits
-from rlfleet.worker.units import EpisodeUnit
+from rlfleet.worker.units import QueuedUnit
 
 logger = logging.getLogger("rlfleet.worker")
 
@@ -280,7 +280,7 @@ class SlotEngine:
         return True
 
     def begin_native(
-        self, slots: list[int], units: list[EpisodeUnit], agent_version: int, worker: int
+        self, slots: list[int], units: list[QueuedUnit], agent_version: int, worker: int
     ) -> None:
         """:meth:`begin` on a native backend, for episodes of units on many slots at once.
 
@@ -302,7 +302,7 @@ class SlotEngine:
         native.begin_many(slots, units, self.step_count, agent_version, worker)
         self.n_live += len(slots)
 
-    def running_units(self) -> list[tuple[int, EpisodeUnit]]:
+    def running_units(self) -> list[tuple[int, QueuedUnit]]:
         """``(slot, unit)`` of every running episode of a unit, in slot order."""
         if self.native is not None:
             return self.native.running_units()

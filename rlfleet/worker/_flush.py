@@ -53,10 +53,8 @@ def flush_steps_for(given: int | None, *, native: bool) -> int:
 
 
 class _SteppedSlots(Protocol):
-    """What the flush decision reads of a vector worker after a step."""
+    """What the flush decision reads of a vector worker after a step, out of work."""
 
-    @property
-    def finished_steps(self) -> int: ...
     @property
     def active_count(self) -> int: ...
     @property
@@ -143,45 +141,41 @@ class FlushPolicy:
             or step_seconds >= self.max_seconds
         )
 
-    def holds(self, now: float, finished_steps: int, step_seconds: float) -> bool:
-        """``not due(...)`` for a worker with units still queued: the check after most steps.
-
-        A busy per-env worker ends episodes at most of its vector steps, with
-        units queued: no dry-spell rule applies then, so this decides with
-        the three bounds alone, without the arguments only those rules read
-        (a third of :meth:`due`'s cost, paid once per vector step).
-
-        Args:
-            now: ``time.monotonic()``.
-            finished_steps: Steps of the finished, unsent episodes (> 0).
-            step_seconds: How long the step took.
-        """
-        oldest = self._oldest
-        if oldest is None:
-            self._oldest = oldest = now
-        self._dry_sent = False  # units are queued: the next dry spell may send early again
-        limit = self.max_seconds
-        return finished_steps < self._step_limit and now - oldest < limit and step_seconds < limit
-
     def after_step(
-        self, now: float, queued_units: int, slots: _SteppedSlots, step_seconds: float
+        self,
+        now: float,
+        queued_units: int,
+        finished_steps: int,
+        slots: _SteppedSlots,
+        step_seconds: float,
     ) -> bool:
-        """Whether to send after a vector step that left finished episodes.
+        """Whether to send after a vector step that left finished episodes: ``due``'s answer.
 
-        With units queued (the common case) it decides with :meth:`holds`,
-        from the bounds alone; otherwise with :meth:`due`'s dry-spell rules.
+        A busy worker ends episodes at most of its vector steps, with units
+        queued: no dry-spell rule applies then, so it decides with the three
+        bounds alone, in this call (each Python call nested in the check
+        after every vector step costs a native worker about 0.1 us);
+        otherwise with :meth:`due`'s dry-spell rules.
 
         Args:
             now: ``time.monotonic()`` (or a simulated clock).
             queued_units: Units not started yet.
+            finished_steps: Steps of the finished, unsent episodes (> 0).
             slots: The vector worker just stepped.
             step_seconds: How long the step took.
         """
         if queued_units:
-            return not self.holds(now, slots.finished_steps, step_seconds)
+            oldest = self._oldest
+            if oldest is None:
+                self._oldest = oldest = now
+            self._dry_sent = False  # units are queued: the next dry spell may send early again
+            limit = self.max_seconds
+            return (
+                finished_steps >= self._step_limit or now - oldest >= limit or step_seconds >= limit
+            )
         return self.due(
             now,
-            finished_steps=slots.finished_steps,
+            finished_steps=finished_steps,
             queued_units=queued_units,
             running=slots.active_count,
             slots=slots.n_envs,

@@ -50,7 +50,7 @@ from rlfleet.envs.native import NativeVectorEnv
 from rlfleet.worker._checks import nonfinite_rows
 from rlfleet.worker._numeric import all_finite
 from rlfleet.worker._segments import Live
-from rlfleet.worker.units import EpisodeUnit
+from rlfleet.worker.units import QueuedUnit
 
 FRESH, RUNNING, AWAITING, DRAINING = 0, 1, 2, 3
 
@@ -75,7 +75,7 @@ class NativeSlots:
         # The RUNNING slots' episodes: per slot its unit (None: none
         # recorded), the vector step of its first step and the agent version
         # it runs with; the worker's number, the same for all.
-        self.units: list[EpisodeUnit | None] = [None] * self.n
+        self.units: list[QueuedUnit | None] = [None] * self.n
         self._starts = [0] * self.n
         self._versions = [0] * self.n
         self._worker = 0
@@ -133,7 +133,7 @@ class NativeSlots:
     def begin_many(
         self,
         slots: list[int],
-        units: list[EpisodeUnit],
+        units: list[QueuedUnit],
         start: int,
         agent_version: int,
         worker: int,
@@ -175,7 +175,7 @@ class NativeSlots:
         live.seg_start = self._starts[slot]
         return live
 
-    def running_units(self) -> list[tuple[int, EpisodeUnit]]:
+    def running_units(self) -> list[tuple[int, QueuedUnit]]:
         """``(slot, unit)`` of every recorded episode, in slot order."""
         return [(slot, unit) for slot, unit in enumerate(self.units) if unit is not None]
 

@@ -20,7 +20,7 @@ from rlfleet.core.env_spec import EnvSpec
 from rlfleet.worker._checks import SuspectRows, nonfinite_rows, outside_space_error
 from rlfleet.worker._episode_buffer import Segment, StepRing, stack_step_infos
 from rlfleet.worker._numeric import all_finite
-from rlfleet.worker.units import EpisodeUnit
+from rlfleet.worker.units import QueuedUnit
 
 if TYPE_CHECKING:
     from rlfleet.worker._slot_failures import SlotFailures
@@ -68,7 +68,7 @@ class Live:
 
     def __init__(
         self,
-        unit: EpisodeUnit | None,
+        unit: QueuedUnit | None,
         rng: np.random.Generator,
         meta: tuple[int, ...],
         key: tuple[int, ...],

@@ -140,7 +140,7 @@ class Session:
             on_broken=self._data_broken,
             on_work=self._inbox.put,
         )
-        self._book = TaskBook(self._vec, lambda: self._leases.host.hosted)
+        self._book = TaskBook(self._vec, self._leases.host.hosted_count)
         self._held = HeldTasks(
             self._on_task,
             self._on_cancel,
@@ -236,9 +236,12 @@ class Session:
             self._steps_total += vec.step()
         except (EnvError, PolicyError, ConfigError) as exc:
             self._on_task_error(exc)
-        if vec.finished_count:
+        # Steps of the finished episodes: none unless an episode ended (each has one at least).
+        finished_steps = vec.finished_steps
+        if finished_steps:
             now = time.monotonic()
-            if self._flush_policy.after_step(now, self._book.queued_units, vec, now - started):
+            queued = self._book.queued_units
+            if self._flush_policy.after_step(now, queued, finished_steps, vec, now - started):
                 self._flush()
 
     def _run_window(self) -> None:

@@ -13,8 +13,9 @@ happens once every twenty-odd vector steps of a native worker, whose slots
 end a few episodes at each. While
 leased envs hold slots no block is handed, and units queued beyond the
 slots the leases leave free come back here. Units wait as the columns their Task brought
-(:class:`~rlfleet.protocol.unit_columns.UnitColumns`): each becomes an
-``EpisodeUnit`` only when it is handed to the VecWorker.
+(:class:`~rlfleet.protocol.unit_columns.UnitColumns`): each becomes a
+:class:`~rlfleet.worker.units.UnitRow` (a tuple, read as an ``EpisodeUnit``
+is) only when it is handed to the VecWorker.
 
 Inside the VecWorker a unit's ``request`` is its task id, so the worker can
 take, cancel and report each task's episodes separately.
@@ -32,7 +33,7 @@ from rlfleet.protocol.join import TaskAssignment
 from rlfleet.protocol.modes import Mode
 from rlfleet.protocol.stream_replay import StreamReplay
 from rlfleet.protocol.unit_columns import EMPTY_UNITS, UnitColumns
-from rlfleet.worker.units import EpisodeUnit
+from rlfleet.worker.units import EpisodeUnit, UnitRow
 from rlfleet.worker.vec import VecWorker
 
 #: A block handed to the VecWorker holds its slots over this many beyond the
@@ -124,13 +125,15 @@ class TaskBook:
 
     Args:
         vec: The VecWorker the units run on.
-        leased: How many of the worker's env slots leased envs hold now:
-            units start only on the slots they leave free, and on one at
-            least, so that units already held always finish (the
-            coordinator sends none to a worker whose slots are all leased).
+        leased: How many of the worker's env slots leased envs hold now
+            (read before every vector step; a C call, as a session's
+            ``LeaseHost.hosted_count`` is; default ``int``: none): units
+            start only on the slots they leave free, and on one at least,
+            so that units already held always finish (the coordinator
+            sends none to a worker whose slots are all leased).
     """
 
-    def __init__(self, vec: VecWorker, leased: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, vec: VecWorker, leased: Callable[[], int] = int) -> None:
         self._vec = vec
         self._leased = leased
         self.episode_tasks: dict[int, EpisodeTask] = {}
@@ -171,8 +174,8 @@ class TaskBook:
         least), and gives back what it queued beyond.
         """
         vec = self._vec
-        n, queued = vec.n_envs, vec.queued_count
-        held = vec.active_count + queued
+        active, queued = vec.unit_counts()
+        n, held = vec.n_envs, active + queued
         if held >= n and not queued:
             return  # every slot runs, nothing queued
         leased = self._leased()
@@ -187,19 +190,19 @@ class TaskBook:
             room = n - held + n // BLOCK_SHARE
         if room <= 0 or not self._waiting_count:
             return
-        fed: list[EpisodeUnit] = []
+        fed: list[UnitRow] = []
         while room > 0 and self._waiting:
             first = self._waiting[0]
             count = min(room, first.left)
             rows = slice(first.start, first.start + count)
-            fed += EpisodeUnit.of_checked(first.units, first.task_id, rows)
+            fed += UnitRow.of_columns(first.units, first.task_id, rows)
             first.start += count
             room -= count
             if not first.left:
                 self._waiting.popleft()
         if fed:
             self._waiting_count -= len(fed)
-            vec.submit(fed)
+            vec.submit_rows(fed)
 
     def _take_back(self, surplus: int) -> None:
         """Moves up to ``surplus`` of the VecWorker's last queued units back here, in order."""

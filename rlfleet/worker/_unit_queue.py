@@ -28,7 +28,7 @@ from rlfleet.worker._engine import SlotEngine
 from rlfleet.worker._episode_buffer import Segment, StepRing, record_key
 from rlfleet.worker._native_columns import FinishedTable, RowsPart
 from rlfleet.worker._segments import Live
-from rlfleet.worker.units import EpisodeUnit
+from rlfleet.worker.units import QueuedUnit
 
 #: Prepared generator states a worker keeps at most (see VecWorker.prepare).
 _MAX_PREPARED = 1 << 16
@@ -54,7 +54,7 @@ class UnitQueue:
         self._engine = engine
         self._worker_number = worker_number
         self._agent_version = agent_version
-        self.queue: collections.deque[EpisodeUnit] = collections.deque()
+        self.queue: collections.deque[QueuedUnit] = collections.deque()
         # One generator per slot, put in each episode's state when it starts:
         # a default_rng per episode cost about 8 us, a third of the episode's
         # bookkeeping. Its states are computed many units at once (prepare).
@@ -97,7 +97,7 @@ class UnitQueue:
 
     # ------------------------------------------------------------------ units
 
-    def prepare(self, units: Iterable[EpisodeUnit] | UnitColumns) -> None:
+    def prepare(self, units: Iterable[QueuedUnit] | UnitColumns) -> None:
         """Computes the generator states of units (see ``VecWorker.prepare``)."""
         if self._engine.native is not None:
             return  # a native engine samples every row from one generator

@@ -12,6 +12,7 @@ import collections
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import repeat
+from typing import NamedTuple
 
 from rlfleet._util.values import check_int
 from rlfleet.core.seeding import SEED_BITS, episode_seeds, episode_seeds_many
@@ -128,6 +129,43 @@ def make_units(base_seed: int, request: int, episode_indices: Iterable[int]) -> 
     ]
 
 
+class UnitRow(NamedTuple):
+    """A checked unit as a worker queues it: an :class:`EpisodeUnit`'s four fields, a tuple.
+
+    A remote worker's units arrive as columns already checked
+    (:meth:`UnitColumns.check`); the TaskBook hands them to its VecWorker as
+    rows (:meth:`of_columns`), read by field name as an ``EpisodeUnit`` is.
+    A row costs about half an ``EpisodeUnit`` to build (a native worker of
+    64 CartPoles builds one every 20-odd delivered steps), and is made an
+    ``EpisodeUnit`` only where one leaves the VecWorker
+    (``VecWorker.drop_queued``).
+    """
+
+    episode_index: int
+    env_seed: int
+    policy_seed: int
+    request: int
+
+    @classmethod
+    def of_columns(cls, units: UnitColumns, request: int, rows: slice) -> list[UnitRow]:
+        """The rows of some rows of columns checked already, all of one request."""
+        new = tuple.__new__  # a NamedTuple's own __new__ is a Python function
+        columns = zip(
+            units.episode_indices[rows].tolist(),
+            units.env_seeds[rows].tolist(),
+            units.policy_seeds[rows].tolist(),
+            repeat(request),
+        )
+        return list(map(new, repeat(cls), columns))
+
+    def unit(self) -> EpisodeUnit:
+        """The row as an :class:`EpisodeUnit` (checked as any)."""
+        return EpisodeUnit(*self)
+
+
+#: A unit in a VecWorker's queue or slots: submitted, or a TaskBook's row.
+QueuedUnit = EpisodeUnit | UnitRow
+
 #: The setters of EpisodeUnit's slots, in field order (frozen: its own
 #: ``__setattr__`` refuses).
 _SLOT_SETTERS = tuple(
@@ -138,4 +176,4 @@ _SLOT_SETTERS = tuple(
 #: Runs an iterator to its end, keeping nothing (a deque of length 0).
 _consume: Callable[[Iterable[object]], None] = collections.deque[object](maxlen=0).extend
 
-__all__ = ["EpisodeUnit", "make_units"]
+__all__ = ["EpisodeUnit", "QueuedUnit", "UnitRow", "make_units"]

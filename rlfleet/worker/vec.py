@@ -40,7 +40,7 @@ from rlfleet.worker._updates import (
     AgentUpdate,
     EnvUpdate,
 )
-from rlfleet.worker.units import EpisodeUnit
+from rlfleet.worker.units import EpisodeUnit, UnitRow
 
 NanMode = Literal["error", "flag", "ignore"]
 _NAN_MODES = ("error", "flag", "ignore")
@@ -248,6 +248,10 @@ class VecWorker:
         """Episodes in flight (one per busy slot)."""
         return self._engine.n_live
 
+    def unit_counts(self) -> tuple[int, int]:
+        """``(active_count, queued_count)``: what a TaskBook reads before each vector step."""
+        return self._engine.n_live, len(self._units.queue)
+
     @property
     def active_steps(self) -> int:
         """Steps taken so far by the episodes in flight."""
@@ -324,13 +328,22 @@ class VecWorker:
         if not all(map(isinstance, units, repeat(EpisodeUnit))):
             wrong = next(unit for unit in units if not isinstance(unit, EpisodeUnit))
             raise WrongTypeError(f"submit() takes EpisodeUnit objects, got {type(wrong).__name__}")
+        self.submit_rows(units)
+
+    def submit_rows(self, units: list[UnitRow] | list[EpisodeUnit]) -> None:
+        """:meth:`submit` of units checked already: a TaskBook's rows of its tasks' columns.
+
+        Args:
+            units: Rows of columns a task brought, checked when it arrived
+                (:meth:`UnitRow.of_columns`), or checked EpisodeUnits.
+        """
         if units:
             self._streams.release_envs()
         self._units.queue.extend(units)
 
     def drop_queued(self) -> list[EpisodeUnit]:
         """Removes the units not started yet; returns them in queue order."""
-        units = list(self._units.queue)
+        units = [u if isinstance(u, EpisodeUnit) else u.unit() for u in self._units.queue]
         self._units.queue.clear()
         return units
 

@@ -134,6 +134,9 @@ class LeaseHost:
         # Whether this worker takes pickled env factories (see LeasedEnvSource.pickled).
         self._pickle = PickleGate() if pickle is None else pickle
         self._envs: dict[tuple[int, int], LeasedEnv] = {}
+        #: :attr:`hosted` as one C call, the dict's own ``__len__`` (no
+        #: Python frame): a session's TaskBook reads it before every vector step.
+        self.hosted_count: Callable[[], int] = self._envs.__len__
         # Leases whose envs came from pickled factories: their answers may
         # carry pickles (rlfleet.wire.lease_values).
         self._pickle_leases: set[int] = set()
