@@ -12,6 +12,7 @@ CartPole vector envs and the MLP policy.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import tracemalloc
 from collections.abc import Iterator
 from typing import Any
@@ -31,6 +32,7 @@ from rlfleet.wire._protowire import packed_varints
 from rlfleet.worker import VecWorker, make_units
 from rlfleet.worker._flush import KEPT_BYTES, FlushMemory
 from rlfleet.worker._join_messages import result_messages
+from tests.test_result_message import python_calls
 
 NATIVE = EnvConfig("CartPole-v1", vectorization="vector_entry_point")
 #: Room result_messages leaves for the envelope (as the worker's own constant).
@@ -207,6 +209,50 @@ def test_a_sessions_flushes_write_their_messages_into_reused_memory(worker: VecW
     large = memory.allocate(KEPT_BYTES + 1)  # memory of its own, not kept
     assert len(large) == KEPT_BYTES + 1
     assert address(memory.allocate(10)) == starts[0]
+
+
+def test_a_flushs_python_calls_do_not_grow_with_its_episodes(worker: VecWorker) -> None:
+    """Taking a flush's finished episodes, writing their result and listing them as
+    reported makes as many Python calls for 300 episodes as for 10: the finished
+    table is read as one array, its ints packed in one C call, and the result's
+    header is written per message, so nothing runs Python once per episode (a
+    native worker ends about three an env step)."""
+    memory = FlushMemory()
+
+    def flush(steps: int) -> tuple[int, int]:
+        finished(worker, 1)
+        while worker.finished_steps < steps:
+            worker.step()
+        episodes = worker.finished_count
+
+        def take_and_write() -> None:
+            pieces = worker.take_finished_pieces()
+            assert pieces is not None
+            indices = pieces.episode_infos["episode_index"]
+            result_messages(
+                pieces,
+                task_id=1,
+                episode_indices=indices,
+                env_generation=1,
+                batch_id=1,
+                max_message_bytes=4 << 20,
+                allocate=memory.allocate,
+            )
+            indices.tolist()  # what the session marks reported
+
+        gc.disable()  # a collection may run the test runner's Python callbacks
+        try:
+            calls = python_calls(take_and_write)
+        finally:
+            gc.enable()
+        memory.reset()
+        return episodes, calls
+
+    flush(300)  # the memory grows to hold a flush
+    few, few_calls = flush(200)
+    many, many_calls = flush(6_000)
+    assert many > 10 * few
+    assert many_calls == few_calls, f"{few_calls} calls for {few} episodes, {many_calls} for {many}"
 
 
 def address(view: memoryview) -> int:

@@ -24,6 +24,7 @@ which copies them once, into the messages.
 from __future__ import annotations
 
 import itertools
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -77,9 +78,16 @@ class _Chunk:
             self.ring.pin(self, first_start)
 
     def table(self) -> np.ndarray:
-        """The rows as ``(episodes, WIDTH)`` int64."""
+        """The rows as ``(episodes, WIDTH)`` int64 (read-only).
+
+        ``struct`` packs the list's ints in one C loop, at under half
+        ``np.fromiter``'s cost per int (no iterator call, no numpy setitem
+        each): with ``np.fromiter`` the conversion was half of a native
+        flush's taking.
+        """
         rows = self.rows
-        return np.fromiter(rows, dtype=np.int64, count=len(rows)).reshape(-1, WIDTH)
+        packed = struct.pack(f"{len(rows)}q", *rows)
+        return np.frombuffer(packed, dtype=np.int64).reshape(-1, WIDTH)
 
 
 class FinishedTable:
