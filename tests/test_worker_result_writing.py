@@ -213,7 +213,7 @@ def test_a_sessions_flushes_write_their_messages_into_reused_memory(worker: VecW
 
 def test_a_flushs_python_calls_do_not_grow_with_its_episodes(worker: VecWorker) -> None:
     """Taking a flush's finished episodes, writing their result and listing them as
-    reported makes as many Python calls for 300 episodes as for 10: the finished
+    reported makes about as many Python calls for 300 episodes as for 10: the finished
     table is read as one array, its ints packed in one C call, and the result's
     header is written per message, so nothing runs Python once per episode (a
     native worker ends about three an env step)."""
@@ -248,11 +248,18 @@ def test_a_flushs_python_calls_do_not_grow_with_its_episodes(worker: VecWorker) 
         memory.reset()
         return episodes, calls
 
-    flush(300)  # the memory grows to hold a flush
+    for steps in (300, 6_000, 6_000, 6_000):  # the worker's memory grows to hold a flush
+        flush(steps)
     few, few_calls = flush(200)
     many, many_calls = flush(6_000)
     assert many > 10 * few
-    assert many_calls == few_calls, f"{few_calls} calls for {few} episodes, {many_calls} for {many}"
+    # Per-batch work differs by up to about 50 calls between two flushes
+    # (where their steps lie in the worker's memory: the module's worker
+    # starts each test where the last left it); work per episode adds a call
+    # or more for each of the 250-odd episodes more.
+    assert abs(many_calls - few_calls) < (many - few) // 3, (
+        f"{few_calls} calls for {few} episodes, {many_calls} for {many}"
+    )
 
 
 def address(view: memoryview) -> int:
