@@ -134,8 +134,9 @@ class LeaseHost:
         # Whether this worker takes pickled env factories (see LeasedEnvSource.pickled).
         self._pickle = PickleGate() if pickle is None else pickle
         self._envs: dict[tuple[int, int], LeasedEnv] = {}
-        #: :attr:`hosted` as one C call, the dict's own ``__len__`` (no
-        #: Python frame): a session's TaskBook reads it before every vector step.
+        #: How many leased envs this worker hosts now (read from any thread):
+        #: the dict's own ``__len__``, one C call with no Python frame, as a
+        #: session's TaskBook reads it before every vector step.
         self.hosted_count: Callable[[], int] = self._envs.__len__
         # Leases whose envs came from pickled factories: their answers may
         # carry pickles (rlfleet.wire.lease_values).
@@ -154,11 +155,6 @@ class LeaseHost:
         self._running = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="rlfleet-leases", daemon=True)
         self._thread.start()
-
-    @property
-    def hosted(self) -> int:
-        """How many leased envs this worker hosts now (read from any thread)."""
-        return len(self._envs)
 
     def submit(self, order: LeaseCreateOrder | LeaseCallOrder | LeaseReleaseOrder) -> None:
         """Takes an order from the coordinator; orders run in the order submitted.
