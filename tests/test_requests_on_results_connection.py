@@ -221,28 +221,45 @@ def test_the_timeout_fires_and_frees_the_requests_turn(monkeypatch: pytest.Monke
 
 
 def test_a_learner_that_closes_the_connection_cancels_its_request() -> None:
+    # B's request waits for its turn behind A's (no result of it flows, so only
+    # the cancellation can end it): B closing its connection frees the turn.
     with (
         Fleet.local(workers=1, envs_per_worker=1, env=SLOW, seed=SEED) as fleet,
-        RemoteSampler(fleet.address, seed=SEED, timeout=120) as sampler,
+        RemoteSampler(fleet.address, seed=SEED, timeout=120) as first,
+        RemoteSampler(fleet.address, seed=SEED, timeout=120) as second,
     ):
-        failed: list[BaseException] = []
+        first.obtain_episodes(1)  # both connections open
+        second.obtain_episodes(1)
+        failed: dict[str, BaseException] = {}
 
-        def long_request() -> None:
-            try:
-                sampler.obtain_episodes(500)
-            except Exception as exc:
-                failed.append(exc)
+        def request(name: str, sampler: RemoteSampler, episodes: int) -> threading.Thread:
+            def run() -> None:
+                try:
+                    sampler.obtain_episodes(episodes)
+                except Exception as exc:
+                    failed[name] = exc
 
-        thread = threading.Thread(target=long_request)
-        thread.start()
-        wait_until(lambda: fleet.status().requests_in_flight == 1, what="the request to run")
-        link = sampler.result_route._link
+            thread = threading.Thread(target=run)
+            thread.start()
+            return thread
+
+        running = request("first", first, 500)
+        wait_until(lambda: fleet.status().requests_in_flight == 1, what="A's request to run")
+        waiting = request("second", second, 2)
+        wait_until(lambda: fleet.status().requests_in_flight == 2, what="B's request to wait")
+        link = second.result_route._link
         assert isinstance(link, LeaseDataLink)
         link.close()
-        # The coordinator hears the close and ends the request.
-        wait_until(lambda: fleet.status().requests_in_flight == 0, what="the request to end")
-        thread.join(30)
-        assert failed and "results connection ended" in str(failed[0])
+        # The coordinator hears the close and drops B's request; A's runs on.
+        wait_until(lambda: fleet.status().requests_in_flight == 1, what="B's request to end")
+        waiting.join(30)
+        assert "results connection ended" in str(failed["second"])
+        assert running.is_alive()
+        first_link = first.result_route._link
+        assert isinstance(first_link, LeaseDataLink)
+        first_link.close()
+        wait_until(lambda: fleet.status().requests_in_flight == 0, what="A's request to end")
+        running.join(30)
 
 
 def _dialled(fleet: RemoteSampler) -> tuple[CoordinatorCalls, LeaseDataLink]:
