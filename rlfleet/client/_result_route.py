@@ -301,8 +301,12 @@ class DataResults:
             failure.code, failure.message, failure.detail, what=what, timeout=timeout
         )
 
-    def _receive(self) -> bytes | memoryview | FramePieces:
-        """The next frame (the first of a request sent here: a header or failure).
+    def _receive(
+        self, gather: int = 0, *, mid_answer: bool = False
+    ) -> bytes | memoryview | FramePieces:
+        """The next frame within the call's deadline (``gather``: as
+        ``DataLink.receive_message``'s); ``mid_answer``: results of the call
+        were due (else its header or failure, of a request sent here).
 
         Raises:
             UnavailableError: As :meth:`parts`.
@@ -310,19 +314,24 @@ class DataResults:
         """
         left = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
         try:
-            payload = self._link.receive_message(left)
+            payload = self._link.receive_message(left, gather=gather)
         except RlfleetTimeoutError:
+            # Worded as the call's own deadline is (rlfleet.transport.rpc).
+            late = (
+                " (its results had not all arrived on the results connection)" if mid_answer else ""
+            )
             raise RlfleetTimeoutError(
-                f"{self._what}: no answer within {self._timeout:g} seconds"
+                f"{self._what}: no answer within {self._timeout:g} seconds{late}"
             ) from None
         except (ConnectionClosedError, OSError) as exc:
             payload, why = None, f"{type(exc).__name__}: {exc}"
         else:
             why = "closed by the coordinator"
         if payload is None:
+            where = "mid-answer" if mid_answer else "before the answer's header"
             raise UnavailableError(
-                f"{self._what}: the results connection ended before the answer's header "
-                f"({why}); retry (a retried obtain_* call gets the same seeds)"
+                f"{self._what}: the results connection ended {where} ({why}); the partial "
+                "answer was dropped, retry (a retried obtain_* call gets the same seeds)"
             )
         return payload
 
@@ -339,28 +348,8 @@ class DataResults:
                 footer the header did not announce.
         """
         self.used = True
-        link = self._link
         while True:
-            left = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
-            try:
-                payload = link.receive_message(left, gather=self.gather)
-            except RlfleetTimeoutError:
-                # Worded as the call's own deadline is (rlfleet.transport.rpc).
-                raise RlfleetTimeoutError(
-                    f"Sample on coordinator {self._address}: no answer within "
-                    f"{self._timeout:g} seconds (its results had not all arrived on the results "
-                    "connection)"
-                ) from None
-            except (ConnectionClosedError, OSError) as exc:
-                payload, why = None, f"{type(exc).__name__}: {exc}"
-            else:
-                why = "closed by the coordinator"
-            if payload is None:
-                raise UnavailableError(
-                    f"Sample on coordinator {self._address}: the results connection ended "
-                    f"mid-answer ({why}); the partial answer was dropped, retry (a retried "
-                    "obtain_* call gets the same seeds)"
-                )
+            payload = self._receive(self.gather, mid_answer=True)
             # A result as the coordinator writes it is read with no object per frame
             # but its header and chunk, made in the reader's one call (a frame off
             # a socket is a byte view; one handed over in memory comes in pieces).
