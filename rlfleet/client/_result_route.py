@@ -172,6 +172,11 @@ class ResultRoute:
         self.drop()
 
     def _open(self, timeout: float | None) -> DataLink | None:
+        if self._link is not None and self._link.readable():
+            # Between answers a connection holds nothing: its end (or anything)
+            # there means the coordinator closed it (it restarted, say), and a
+            # request sent on it would fail unanswered. A new one is opened.
+            self.drop()
         if self._link is not None or self._grpc_only:
             return self._link
         wait = DATA_DIAL_SECONDS if timeout is None else min(timeout, DATA_DIAL_SECONDS)
