@@ -328,6 +328,8 @@ def test_a_sampler_over_two_coordinators_reads_each_on_its_own_connection(
         assert_same_batch(sampler.obtain_episodes(12), expected[0])
         for recorder in recorders:
             assert recorder.all_on_data()
+            # Each range's request went on its coordinator's connection too.
+            assert all(data is not None and data.requests for data in recorder.reads)
 
 
 def test_a_coordinator_that_does_not_know_the_method_keeps_results_on_grpc() -> None:
