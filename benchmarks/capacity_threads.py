@@ -25,10 +25,12 @@ from rlfleet.errors import NotInstalledError
 #: ``(group, name prefixes)`` in report order; the first group whose prefix
 #: starts a thread's name takes it. Each gRPC handler thread of the
 #: coordinator's pool is its own group: one of them runs the learner's
-#: Sample call, the others the Join handlers.
+#: Sample call (a learner that sends its requests on its results connection
+#: makes none: that connection's thread runs them), the others the Join handlers.
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("result lanes", ("rlfleet-data-results",)),
     ("data loop", ("rlfleet-data-loop",)),
+    ("requests on the results connection", ("rlfleet-learner-requests",)),
     ("Join readers", ("rlfleet-join-",)),
     ("gRPC completion queue", ("Thread-1 (_serve)",)),
     ("gRPC event_engine", ("event_engine", "lifeguard")),

@@ -30,6 +30,7 @@ def test_threads_are_grouped_by_name_and_unknown_names_go_to_other() -> None:
     group = capacity_threads.group_of
     assert group("rlfleet-data-results-1") == "result lanes"
     assert group("rlfleet-data-loop") == "data loop"
+    assert group("rlfleet-learner-requests-0042") == "requests on the results connection"
     assert group("rlfleet-join-ipv4:127.0.0.1:55088") == "Join readers"
     assert group("Thread-1 (_serve)") == "gRPC completion queue"
     assert group("event_engine") == "gRPC event_engine"

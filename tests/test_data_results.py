@@ -179,7 +179,9 @@ def test_a_result_lane_sends_its_results_to_the_learner_itself(
         calls.setdefault(message.result_call, []).append((name, message))
     assert len(calls) == 2
     for sent in calls.values():
-        *results, (_, end) = sent
+        # The request went on the connection: its header comes there first.
+        (_, header), *results, (_, end) = sent
+        assert header.HasField("header") and header.header.results_on_data
         assert results and all(m.HasField("result") for _, m in results)
         assert all(name.startswith("rlfleet-data-results-") for name, _ in results)
         assert end.HasField("footer") and end.footer.data_results == len(results)

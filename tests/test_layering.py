@@ -72,6 +72,7 @@ GRPC_MODULES = {
     "rlfleet.coordinator.liveness",
     "rlfleet.coordinator.registry",
     "rlfleet.coordinator.requests",
+    "rlfleet.coordinator.result_requests",  # a request's failure has a status code
     "rlfleet.coordinator.rollouts",
     "rlfleet.coordinator.server",
     "rlfleet.coordinator.state",

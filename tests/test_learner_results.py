@@ -89,6 +89,19 @@ class Calls:
         )
 
 
+def older_learner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Makes this process's samplers those of before requests on the results
+    connection: they ignore ``ResultChannelOpened.requests_on_data`` and make a
+    Sample call naming the connection."""
+    opened = LearnerStubs.open_result_channel
+
+    def older(self: LearnerStubs, *, timeout: float | None) -> Any:
+        channel = opened(self, timeout=timeout)
+        return None if channel is None else channel._replace(requests=False)
+
+    monkeypatch.setattr(LearnerStubs, "open_result_channel", older)
+
+
 @pytest.fixture
 def processes(tmp_path: Path) -> Iterator[ProcessFleet]:
     with ProcessFleet(tmp_path) as fleet:
@@ -231,9 +244,11 @@ def test_frames_past_the_results_an_answer_needs_are_read_as_they_come(
 
         monkeypatch.setattr(link, "receive_message", recorded)
         assert_same_batch(sampler.obtain_episodes(9), expected[1])
-    assert asked[0] == 0 and asked[1] > 0 and asked[-1] == 0
+    # The header (the request went on the connection) and the first result are
+    # read as they come; then what the answer still needs is asked for.
+    assert asked[:2] == [0, 0] and asked[2] > 0 and asked[-1] == 0
     # Less and less is asked for as the results arrive, then nothing.
-    assert asked[1:] == sorted(asked[1:], reverse=True)
+    assert asked[2:] == sorted(asked[2:], reverse=True)
 
 
 def test_a_connection_cut_mid_answer_fails_the_call_and_the_retry_is_right(
@@ -313,6 +328,8 @@ def test_a_sampler_over_two_coordinators_reads_each_on_its_own_connection(
         assert_same_batch(sampler.obtain_episodes(12), expected[0])
         for recorder in recorders:
             assert recorder.all_on_data()
+            # Each range's request went on its coordinator's connection too.
+            assert all(data is not None and data.requests for data in recorder.reads)
 
 
 def test_a_coordinator_that_does_not_know_the_method_keeps_results_on_grpc() -> None:
@@ -360,6 +377,7 @@ def test_an_error_mid_answer_arrives_after_the_end_marker_and_keeps_the_connecti
 def test_a_call_that_overtakes_its_connections_booking_still_gets_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    older_learner(monkeypatch)  # a Sample call that names the connection
     # The learner has LeaseDataAccepted a moment before the coordinator books
     # the connection: here the booking waits until the call has asked for it.
     asked = threading.Event()
@@ -468,6 +486,7 @@ def test_a_footer_that_miscounts_the_connections_results_is_a_protocol_error() -
 def test_a_learner_that_does_not_ask_gets_the_footer_on_the_stream(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    older_learner(monkeypatch)  # a Sample call that names the connection
     # An older learner: the end marker on the connection, the footer on the stream.
     with Fleet.local(workers=2, envs_per_worker=2, seed=SEED) as sampler:
         route = sampler.result_route
@@ -489,6 +508,7 @@ def test_a_learner_that_does_not_ask_gets_the_footer_on_the_stream(
 def test_a_coordinator_that_does_not_know_the_field_keeps_the_footer_on_the_stream(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    older_learner(monkeypatch)  # a Sample call that names the connection
     take = ResultChannels.take
 
     def older(self: ResultChannels, channel: int, call: int, **kwargs: Any) -> Any:

@@ -33,6 +33,7 @@ from rlfleet.protocol.modes import Footer
 from rlfleet.v1 import learner_pb2
 from rlfleet.wire import encode_env_spec
 from rlfleet.wire._protowire import encode_varint
+from tests.test_learner_results import older_learner
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -186,6 +187,7 @@ def test_the_end_of_a_served_call_wakes_nothing_but_a_hang_up_does() -> None:
 def test_a_sample_call_is_read_on_the_calling_thread_and_ends_with_its_status(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    older_learner(monkeypatch)  # Sample calls (not requests on the results connection)
     with Fleet.local(workers=1, envs_per_worker=2, seed=3) as sampler:
         sampler.obtain_episodes(2)  # warm: the results connection is open
         calls: list[Any] = []

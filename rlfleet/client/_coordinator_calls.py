@@ -21,7 +21,12 @@ from typing import TypeVar
 import grpc
 
 from rlfleet.client._errors import call_error
-from rlfleet.client._learner_messages import LearnerStubs, ResponsePart, subscribe
+from rlfleet.client._learner_messages import (
+    LearnerStubs,
+    ResponsePart,
+    sample_request,
+    subscribe,
+)
 from rlfleet.client._responses import AnswerMemory, SampleAnswer, collect_answer
 from rlfleet.client._restore import PushedState
 from rlfleet.client._result_route import ResultRoute
@@ -178,16 +183,31 @@ class CoordinatorCalls:
             ask, agent_update=agent, env_update=env, coordinator_id=self.pushed.expected_id
         )
         with self.result_route.routed(ask, self.timeout) as (ask, data):
-            call = self._stubs.sample(ask, timeout=self.timeout)
-            try:
-                reader = self.answers.reader(self._what("Sample"), keep_pieces=True)
-                answer = collect_answer(call, reader, ask.mode, ask.amount, progress, data=data)
-            except grpc.RpcError as exc:
-                raise self._failed(exc, "Sample", timeout=self.timeout) from None
+            reader = self.answers.reader(self._what("Sample"), keep_pieces=True)
+            if data is not None and data.requests:
+                # The request and its whole answer on the results connection: no call.
+                try:
+                    answer = collect_answer(
+                        data.requested(sample_request(ask)),
+                        reader,
+                        ask.mode,
+                        ask.amount,
+                        progress,
+                        data=data,
+                    )
+                except UnavailableError:
+                    self.pushed.suspect_restart = True  # as a failed call's UNAVAILABLE
+                    raise
             else:
-                _read_status(call)
-            finally:
-                call.cancel()  # a no-op after the status; frees the call on errors
+                call = self._stubs.sample(ask, timeout=self.timeout)
+                try:
+                    answer = collect_answer(call, reader, ask.mode, ask.amount, progress, data=data)
+                except grpc.RpcError as exc:
+                    raise self._failed(exc, "Sample", timeout=self.timeout) from None
+                else:
+                    _read_status(call)
+                finally:
+                    call.cancel()  # a no-op after the status; frees the call on errors
         self.agent_version = answer.header.agent_version
         if env is not None:
             self.pushed.env_applied(env)

@@ -11,7 +11,7 @@ chunks stay out of protobuf objects (``rlfleet.wire.parse_with_chunk``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import NamedTuple, TypeAlias
 
 import grpc
 
@@ -26,6 +26,7 @@ from rlfleet.client._updates import (
 )
 from rlfleet.client.status import FleetStatus, WorkerStatus
 from rlfleet.errors import ConfigError
+from rlfleet.protocol.error_reports import ErrorReport
 from rlfleet.protocol.learner_calls import (
     CallHeader,
     ResultPart,
@@ -46,6 +47,7 @@ from rlfleet.wire import (
     decode_agent_update,
     decode_env_spec,
     decode_env_update,
+    decode_error_detail,
     encode_agent_change,
     encode_env_change,
     parse_with_chunk,
@@ -66,6 +68,23 @@ EnvUpdateLike: TypeAlias = EnvUpdateForm | EnvUpdateMessage
 @dataclass(frozen=True)
 class EmptyResponse:
     """A SampleResponse without a body (gRPC takes a deserializer's None for a failure)."""
+
+
+class ResultChannel(NamedTuple):
+    """An OpenResultChannel answer: a results connection to dial.
+
+    Attributes:
+        channel: Its id (``SampleRequest.result_channel``).
+        port: The coordinator's data port.
+        ticket: The ticket to dial it with.
+        requests: The coordinator takes Sample requests on the connection
+            (``ResultChannelOpened.requests_on_data``; False from an older one).
+    """
+
+    channel: int
+    port: int
+    ticket: bytes
+    requests: bool = False
 
 
 #: What one response of a Sample or Subscribe call holds.
@@ -143,9 +162,9 @@ class LearnerStubs:
         """UpdateEnv."""
         return self._update_env(push, timeout=timeout)
 
-    def open_result_channel(self, *, timeout: float | None) -> tuple[int, int, bytes] | None:
-        """OpenResultChannel: ``(channel id, port, ticket)``; None without a data
-        channel, and from a coordinator that does not know the method (UNIMPLEMENTED).
+    def open_result_channel(self, *, timeout: float | None) -> ResultChannel | None:
+        """OpenResultChannel: the new connection; None without a data channel, and
+        from a coordinator that does not know the method (UNIMPLEMENTED).
 
         Raises:
             RlfleetError: The typed error of another failure.
@@ -177,6 +196,12 @@ def subscribe(
 
 
 # --- requests -----------------------------------------------------------------------
+
+
+def sample_request(ask: SampleAsk) -> bytes:
+    """The serialized SampleRequest of ``ask`` (a Sample call's, or a frame on the
+    results connection: learner.proto, "Requests on a learner's results connection")."""
+    return _sample_request(ask)
 
 
 def _sample_request(ask: SampleAsk) -> bytes:
@@ -217,11 +242,13 @@ def _result_channel_request(_: None) -> bytes:
     return learner_pb2.ResultChannelRequest().SerializeToString()
 
 
-def _result_channel_opened(data: bytes) -> tuple[int, int, bytes] | None:
+def _result_channel_opened(data: bytes) -> ResultChannel | None:
     opened = learner_pb2.ResultChannelOpened.FromString(data)
     if not opened.HasField("data"):
         return None
-    return opened.channel_id, opened.data.port, opened.data.ticket
+    return ResultChannel(
+        opened.channel_id, opened.data.port, opened.data.ticket, opened.requests_on_data
+    )
 
 
 def _status_request(ask: StatusAsk) -> bytes:
@@ -252,22 +279,25 @@ def parse_response(data: bytes) -> ResponsePart:
     if body == "result":
         return ResultPart(ResultHeader.of(message.result), chunk)
     if body == "header":
-        header = message.header
-        spec = None
-        if header.HasField("env_spec"):
-            spec = header.env_spec.SerializeToString(deterministic=True)
-        return CallHeader(
-            header.request_id,
-            header.agent_version,
-            header.env_generation,
-            header.coordinator_id,
-            spec,
-            header.results_on_data,
-            header.footer_on_data,
-        )
+        return _call_header(message.header)
     if body == "footer":
         return _footer(message.footer)
     return EmptyResponse()
+
+
+def _call_header(header: learner_pb2.SampleHeader) -> CallHeader:
+    spec = None
+    if header.HasField("env_spec"):
+        spec = header.env_spec.SerializeToString(deterministic=True)
+    return CallHeader(
+        header.request_id,
+        header.agent_version,
+        header.env_generation,
+        header.coordinator_id,
+        spec,
+        header.results_on_data,
+        header.footer_on_data,
+    )
 
 
 def _footer(footer: learner_pb2.SampleFooter) -> Footer:
@@ -278,6 +308,22 @@ def _footer(footer: learner_pb2.SampleFooter) -> Footer:
         footer.reassigned_units,
         footer.data_results,
     )
+
+
+@dataclass(frozen=True)
+class CallFailed:
+    """A request sent on a results connection failed (``SampleResponse.failure``):
+    what its Sample call's status would have said.
+
+    Attributes:
+        code: The gRPC status code's number.
+        message: The status message.
+        detail: The structured error sent with it, if any.
+    """
+
+    code: int
+    message: str
+    detail: ErrorReport | None
 
 
 @dataclass(frozen=True)
@@ -300,12 +346,17 @@ def read_coordinator_result(
     return read_result_frame(data)
 
 
+#: What a results connection's frame holds.
+ResultFrame: TypeAlias = ResultPart | ResultsEnd | Footer | CallHeader | CallFailed | EmptyResponse
+
+
 def parse_result_frame(
     data: bytes | bytearray | memoryview | FramePieces,
-) -> tuple[int, ResultPart | ResultsEnd | Footer | EmptyResponse]:
+) -> tuple[int, ResultFrame]:
     """Reads one frame of a results connection: its call's number and what it holds
     (a result message's chunk stays a view of ``data``, or of its data piece; a
-    footer when the call's footer travels there: ``SampleRequest.footer_on_data``).
+    footer when the call's footer travels there: ``SampleRequest.footer_on_data``;
+    a header or failure when the request itself travelled there).
 
     Raises:
         WireFormatError: If the bytes are malformed.
@@ -323,6 +374,12 @@ def parse_result_frame(
         return message.result_call, ResultsEnd(message.results_end.results)
     if body == "footer":
         return message.result_call, _footer(message.footer)
+    if body == "header":
+        return message.result_call, _call_header(message.header)
+    if body == "failure":
+        failure = message.failure
+        detail = decode_error_detail(failure.detail) if failure.HasField("detail") else None
+        return message.result_call, CallFailed(failure.code, failure.message, detail)
     return message.result_call, EmptyResponse()
 
 

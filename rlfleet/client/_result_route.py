@@ -9,7 +9,11 @@ messages there as frames, and the call's stream keeps the header, the
 footer and errors (learner.proto, "Results on a learner's data
 connection"); the sampler asks for the footer there too
 (``SampleRequest.footer_on_data``), which a coordinator that knows it sends
-in place of the end marker, one stream message fewer per call. A frame is
+in place of the end marker, one stream message fewer per call. A
+coordinator that takes requests on the connection
+(``ResultChannelOpened.requests_on_data``) gets the SampleRequest itself
+there, and answers wholly there, header and failure too: no Sample call at
+all (:meth:`DataResults.requested`). A frame is
 read straight into a buffer of its own, which the assembly reads in place,
 with no gRPC message and no protobuf object per result
 (docs/performance.md, "Results on the learner's own data connection").
@@ -35,8 +39,11 @@ import time
 from collections.abc import Callable, Iterator
 from types import NotImplementedType
 
+from rlfleet.client._errors import failure_error
 from rlfleet.client._learner_messages import (
+    CallFailed,
     LearnerStubs,
+    ResponsePart,
     ResultsEnd,
     parse_result_frame,
     read_coordinator_result,
@@ -48,10 +55,11 @@ from rlfleet.errors import (
     RlfleetTimeoutError,
     UnavailableError,
 )
-from rlfleet.protocol.learner_calls import ResultPart, SampleAsk
+from rlfleet.protocol.learner_calls import CallHeader, ResultPart, SampleAsk
 from rlfleet.protocol.modes import Footer
 from rlfleet.security import ClientSecurity
 from rlfleet.transport.data_address import coordinator_host, warn_unreachable
+from rlfleet.transport.frame_pieces import FramePieces
 from rlfleet.transport.lease_channel import (
     DATA_DIAL_SECONDS,
     DataLink,
@@ -96,6 +104,7 @@ class ResultRoute:
         self._channel = 0
         self._calls = 0
         self._grpc_only = False  # no data channel to use: every answer on gRPC
+        self._requests = False  # the coordinator takes requests on the connection
         # One call at a time reads the connection (shards may run two calls on
         # one coordinator at once): another call meanwhile takes gRPC.
         self._lock = threading.Lock()
@@ -139,7 +148,8 @@ class ResultRoute:
         ask = dataclasses.replace(
             ask, result_channel=self._channel, result_call=self._calls, footer_on_data=True
         )
-        return ask, DataResults(link, self._calls, timeout, self._address)
+        data = DataResults(link, self._calls, timeout, self._address, requests=self._requests)
+        return ask, data
 
     def finished(self, data: DataResults | None) -> None:
         """A call that named the connection is over: a connection the coordinator did
@@ -162,6 +172,11 @@ class ResultRoute:
         self.drop()
 
     def _open(self, timeout: float | None) -> DataLink | None:
+        if self._link is not None and self._link.readable():
+            # Between answers a connection holds nothing: its end (or anything)
+            # there means the coordinator closed it (it restarted, say), and a
+            # request sent on it would fail unanswered. A new one is opened.
+            self.drop()
         if self._link is not None or self._grpc_only:
             return self._link
         wait = DATA_DIAL_SECONDS if timeout is None else min(timeout, DATA_DIAL_SECONDS)
@@ -174,7 +189,7 @@ class ResultRoute:
         if opened is None:  # no data channel, or an older coordinator
             self._grpc_only = True
             return None
-        channel, port, ticket = opened
+        channel, port, ticket, self._requests = opened
         hello = data_hello(ticket)
         if self.attach is not None:
             try:
@@ -205,9 +220,21 @@ class DataResults:
         call: The call's number on it.
         timeout: The call's deadline in seconds (None: none), counted from now.
         address: The coordinator's address, for errors.
+        requests: The coordinator takes the request itself on the connection
+            (:meth:`requested`).
     """
 
-    def __init__(self, link: DataLink, call: int, timeout: float | None, address: str) -> None:
+    def __init__(
+        self,
+        link: DataLink,
+        call: int,
+        timeout: float | None,
+        address: str,
+        *,
+        requests: bool = False,
+    ) -> None:
+        self.requests = requests
+        self._asked = False  # the request went on the connection
         self._link = link
         self._call = call
         self._timeout = timeout
@@ -234,6 +261,85 @@ class DataResults:
         """Whether the connection holds no frame of this call any more (it may serve the next)."""
         return self.used and self.ended
 
+    def requested(self, request: bytes) -> Iterator[ResponsePart]:
+        """Sends a serialized SampleRequest on the connection (no Sample call) and
+        yields its answer's header, read there; its results and footer follow
+        there too (:meth:`parts`). What a Sample call iterates, for
+        :func:`~rlfleet.client._responses.collect_answer`.
+
+        Raises:
+            UnavailableError: If the connection ended first (retryable).
+            RlfleetTimeoutError: If the call's deadline passed first.
+            ProtocolError: For a first frame of another call, or no header.
+            RlfleetError: The request's failure, typed as its Sample call's
+                status would have been (rlfleet.client._errors).
+        """
+        self._asked = True
+        try:
+            self._link.send(request)
+        except (ConnectionClosedError, OSError) as exc:
+            raise UnavailableError(
+                f"{self._what}: the results connection failed before the request went "
+                f"({type(exc).__name__}: {exc}); retry"
+            ) from None
+        call, part = parse_result_frame(self._receive())
+        if call != self._call:
+            raise ProtocolError(
+                f"{self._what}: a results frame of call {call} arrived during call {self._call}"
+            )
+        if isinstance(part, CallFailed):
+            raise self._failed(part)
+        if not (isinstance(part, CallHeader) and part.results_on_data):
+            raise ProtocolError(f"{self._what}: the answer on the results connection has no header")
+        yield part
+
+    @property
+    def _what(self) -> str:
+        return f"Sample on coordinator {self._address}"
+
+    def _failed(self, failure: CallFailed) -> RlfleetError:
+        """The typed error of the request's failure; the connection holds nothing
+        more of the call (it may serve the next)."""
+        self.used = self.ended = True
+        what, timeout = self._what, self._timeout
+        return failure_error(
+            failure.code, failure.message, failure.detail, what=what, timeout=timeout
+        )
+
+    def _receive(
+        self, gather: int = 0, *, mid_answer: bool = False
+    ) -> bytes | memoryview | FramePieces:
+        """The next frame within the call's deadline (``gather``: as
+        ``DataLink.receive_message``'s); ``mid_answer``: results of the call
+        were due (else its header or failure, of a request sent here).
+
+        Raises:
+            UnavailableError: As :meth:`parts`.
+            RlfleetTimeoutError: As :meth:`parts`.
+        """
+        left = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
+        try:
+            payload = self._link.receive_message(left, gather=gather)
+        except RlfleetTimeoutError:
+            # Worded as the call's own deadline is (rlfleet.transport.rpc).
+            late = (
+                " (its results had not all arrived on the results connection)" if mid_answer else ""
+            )
+            raise RlfleetTimeoutError(
+                f"{self._what}: no answer within {self._timeout:g} seconds{late}"
+            ) from None
+        except (ConnectionClosedError, OSError) as exc:
+            payload, why = None, f"{type(exc).__name__}: {exc}"
+        else:
+            why = "closed by the coordinator"
+        if payload is None:
+            where = "mid-answer" if mid_answer else "before the answer's header"
+            raise UnavailableError(
+                f"{self._what}: the results connection ended {where} ({why}); the partial "
+                "answer was dropped, retry (a retried obtain_* call gets the same seeds)"
+            )
+        return payload
+
     def parts(self) -> Iterator[tuple[ResultHeader, Chunk | None]]:
         """The call's result messages' headers and chunks, up to the coordinator's end
         marker, or its footer when :attr:`footer_expected` (then :attr:`footer`;
@@ -247,28 +353,8 @@ class DataResults:
                 footer the header did not announce.
         """
         self.used = True
-        link = self._link
         while True:
-            left = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
-            try:
-                payload = link.receive_message(left, gather=self.gather)
-            except RlfleetTimeoutError:
-                # Worded as the call's own deadline is (rlfleet.transport.rpc).
-                raise RlfleetTimeoutError(
-                    f"Sample on coordinator {self._address}: no answer within "
-                    f"{self._timeout:g} seconds (its results had not all arrived on the results "
-                    "connection)"
-                ) from None
-            except (ConnectionClosedError, OSError) as exc:
-                payload, why = None, f"{type(exc).__name__}: {exc}"
-            else:
-                why = "closed by the coordinator"
-            if payload is None:
-                raise UnavailableError(
-                    f"Sample on coordinator {self._address}: the results connection ended "
-                    f"mid-answer ({why}); the partial answer was dropped, retry (a retried "
-                    "obtain_* call gets the same seeds)"
-                )
+            payload = self._receive(self.gather, mid_answer=True)
             # A result as the coordinator writes it is read with no object per frame
             # but its header and chunk, made in the reader's one call (a frame off
             # a socket is a byte view; one handed over in memory comes in pieces).
@@ -307,6 +393,8 @@ class DataResults:
                 self.footer = part
                 self.ended = True
                 return
+            elif isinstance(part, CallFailed) and self._asked:
+                raise self._failed(part)
             else:
                 raise ProtocolError(
                     f"Sample on coordinator {self._address}: a results frame holding neither "

@@ -5,7 +5,9 @@ rlfleet types and back (``learner_messages``), the Coordinator serves them,
 and a CallError becomes the call's gRPC status. A Sample call that names
 the learner's results connection sends its result messages there
 (``result_channels``); its stream keeps the header, footer and errors (the
-footer goes on the connection too when the learner asks for it).
+footer goes on the connection too when the learner asks for it). A request
+the learner sends on that connection instead makes no gRPC call at all
+(``result_requests``).
 """
 
 from __future__ import annotations
@@ -23,11 +25,16 @@ from rlfleet.coordinator.learner_messages import WireResponse, forwarded_parts
 from rlfleet.coordinator.leases import translation as lease_translation
 from rlfleet.coordinator.leases.face import LeaseFace
 from rlfleet.coordinator.result_channels import ResultChannels, ResultSender
+from rlfleet.coordinator.result_requests import RequestRunner
 from rlfleet.coordinator.status import FleetSnapshot
 from rlfleet.coordinator.worker_face import Malformed, tolerant
 from rlfleet.protocol.learner_calls import SampleAsk, StatusAsk, SubscribeAsk, UpdateReceipt
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.transport import rpc as _rpc
+
+#: The metrics' method label of Sample requests sent on a results connection
+#: (result_requests.py): no gRPC call, so not "Sample".
+SAMPLE_ON_DATA = "SampleOnData"
 
 T = TypeVar("T")
 Q = TypeVar("Q")
@@ -44,7 +51,17 @@ class LearnerFace:
     def __init__(self, coordinator: Coordinator) -> None:
         self._coordinator = coordinator
         self._learners = coordinator.learners
-        self._results = ResultChannels(coordinator.lease_data)
+        metrics = coordinator.metrics
+        self._results = ResultChannels(
+            coordinator.lease_data,
+            RequestRunner(
+                sample=self._learners.sample,
+                cancel=self._learners.cancel,
+                done=lambda outcome, started: metrics.request_done(
+                    SAMPLE_ON_DATA, outcome, started
+                ),
+            ),
+        )
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a server."""

@@ -23,6 +23,7 @@ from rlfleet.coordinator.calls import Event, Finished, Forward
 from rlfleet.coordinator.failures import CallError, invalid
 from rlfleet.coordinator.status import FleetSnapshot, WorkerSnapshot
 from rlfleet.errors import WireFormatError
+from rlfleet.protocol.error_reports import ErrorReport
 from rlfleet.protocol.learner_calls import (
     CallHeader,
     SampleAsk,
@@ -80,7 +81,21 @@ def parse_sample_request(data: bytes) -> SampleAsk | CallError:
     Raises:
         DecodeError: If the bytes do not parse.
     """
+    return _sample_ask(learner_pb2.SampleRequest.FromString(data))
+
+
+def parse_connection_request(data: bytes) -> tuple[int, SampleAsk | CallError]:
+    """Reads a SampleRequest sent on a results connection: its ``result_call`` and
+    the request (a malformed update in it: an INVALID_ARGUMENT failure, as on gRPC).
+
+    Raises:
+        DecodeError: If the bytes do not parse.
+    """
     request = learner_pb2.SampleRequest.FromString(data)
+    return request.result_call, _sample_ask(request)
+
+
+def _sample_ask(request: learner_pb2.SampleRequest) -> SampleAsk | CallError:
     agent: AgentChange | CallError | None = None
     if request.HasField("agent_update"):
         agent = _agent_change(request.agent_update)
@@ -295,12 +310,30 @@ def results_end(call: int, results: int) -> bytes:
     return len_prefix(_RESULTS_END_FIELD, len(body)) + body + _varint_field(_RESULT_CALL, call)
 
 
+def failure_bytes(error: CallError, call: int) -> bytes:
+    """The serialized ``SampleResponse(failure=CallFailure(...), result_call=call)`` that
+    ends a failed request sent on a results connection: what its Sample call's
+    status and trailing metadata would have said (``rlfleet.transport.rpc.abort``)."""
+    message = learner_pb2.SampleResponse(result_call=call)
+    failure = message.failure
+    failure.code = error.code.value[0]
+    failure.message = error.message
+    detail = error.detail
+    if isinstance(detail, ErrorReport):
+        failure.detail.CopyFrom(encode_error_report(detail))
+    elif detail is not None:  # an ErrorDetail as a worker's lease reply carried it
+        failure.detail.MergeFromString(detail.SerializeToString())
+    return message.SerializeToString()
+
+
 def serialize_result_channel(opened: tuple[int, int, bytes] | None) -> bytes:
     """The serialized ResultChannelOpened of ``(channel id, port, ticket)``, or of
     None (no data channel: results stay on the stream)."""
     message = learner_pb2.ResultChannelOpened()
     if opened is not None:
         message.channel_id, message.data.port, message.data.ticket = opened
+        # This coordinator serves requests sent on the connection (result_requests.py).
+        message.requests_on_data = True
     return message.SerializeToString()
 
 

@@ -212,6 +212,11 @@ class CoordinatorMetrics(MetricSet):
 
         return handle
 
+    def request_done(self, method: str, outcome: str, started: float) -> None:
+        """A request that is no gRPC call (``method``: its label) ended with
+        ``outcome`` (``"ok"`` or ``"error"``), begun at ``started`` (``time.monotonic()``)."""
+        self._observe(method, outcome, started)
+
     def _timed_stream(self, method: str, stream: Iterator[Any], started: float) -> Iterator[Any]:
         outcome = "error"
         try:

@@ -16,9 +16,11 @@ A result booked by a worker's result lane is sent by that lane
 the others by the call's thread; the end marker waits until every
 reserved result was sent, so it follows them all.
 
-The learner sends nothing on the connection: any frame from it closes the
-connection. A connection that ends mid-answer fails the call with
-UNAVAILABLE, so the learner never assembles a partial answer.
+A learner whose coordinator offers it (``ResultChannelOpened.requests_on_data``)
+sends its Sample requests on the connection itself and gets the whole
+answer there (result_requests.py); without that, any frame from the learner
+closes the connection. A connection that ends mid-answer fails the call
+with UNAVAILABLE, so the learner never assembles a partial answer.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from rlfleet.coordinator.calls import Forward
-from rlfleet.coordinator.failures import unavailable
+from rlfleet.coordinator.failures import CallError, unavailable
 from rlfleet.coordinator.learner_messages import (
+    failure_bytes,
     footer_bytes,
     forwarded_parts,
     result_call_field,
@@ -38,6 +41,7 @@ from rlfleet.coordinator.learner_messages import (
 )
 from rlfleet.coordinator.leases.data_connections import LeaseConnection, LeaseDataPeer
 from rlfleet.coordinator.leases.data_server import LeaseDataServer
+from rlfleet.coordinator.result_requests import ConnectionRequests, RequestRunner
 from rlfleet.errors import ConnectionClosedError, RlfleetTimeoutError, WireFormatError
 from rlfleet.protocol.modes import Footer
 
@@ -61,10 +65,16 @@ class ResultChannels:
     Args:
         server: The lease data channel, or None when it is off (results
             then stay on the stream).
+        requests: Serves the Sample requests learners send on their
+            connections (result_requests.py); None: a learner sends nothing
+            there (any frame closes the connection).
     """
 
-    def __init__(self, server: LeaseDataServer | None) -> None:
+    def __init__(
+        self, server: LeaseDataServer | None, requests: RequestRunner | None = None
+    ) -> None:
         self._server = server
+        self._requests = requests
         self._lock = threading.Lock()
         self._open: dict[int, LeaseConnection] = {}
         self._busy: set[int] = set()
@@ -87,13 +97,17 @@ class ResultChannels:
                 self._attached.notify_all()
         return channel, server.port, ticket
 
-    def take(self, channel: int, call: int, *, footer_on_data: bool = False) -> ResultSender | None:
+    def take(
+        self, channel: int, call: int, *, footer_on_data: bool = False, header_first: bool = False
+    ) -> ResultSender | None:
         """The sender of a call's results on connection ``channel``; None (results
         on the stream) for a connection this coordinator does not know, one
         that is closed or busy with another call, or a call number of 0. A
         connection whose ticket was issued but not attached yet is waited
         for, at most ``_ATTACH_WAIT_SECONDS``. ``footer_on_data``: the learner
-        reads the footer there too (:attr:`ResultSender.footer_on_data`)."""
+        reads the footer there too (:attr:`ResultSender.footer_on_data`);
+        ``header_first``: the header goes there too, before any result
+        (:meth:`ResultSender.send_header`)."""
         if call <= 0:
             return None
         with self._lock:
@@ -102,7 +116,14 @@ class ResultChannels:
             if connection is None or connection.closed or channel in self._busy:
                 return None
             self._busy.add(channel)
-        return ResultSender(self, channel, connection, call, footer_on_data=footer_on_data)
+        return ResultSender(
+            self,
+            channel,
+            connection,
+            call,
+            footer_on_data=footer_on_data,
+            header_first=header_first,
+        )
 
     def give_back(self, sender: ResultSender) -> None:
         """The call is over: its connection may serve the learner's next call."""
@@ -114,16 +135,20 @@ class ResultChannels:
             self._unclaimed.pop(channel, None)
             self._open[channel] = connection
             self._attached.notify_all()
+        if self._requests is not None:
+            return ConnectionRequests(self, channel, connection, self._requests)
         return _ResultsPeer(self, channel)
 
-    def _closed(self, channel: int, reason: str) -> None:
+    def closed(self, channel: int, reason: str) -> None:
+        """Connection ``channel`` ended (its peer's ``on_closed``)."""
         with self._lock:
             self._open.pop(channel, None)
         logger.debug("results connection %d closed: %s", channel, reason)
 
 
 class _ResultsPeer:
-    """A results connection's inbound side: the learner sends nothing on it."""
+    """A results connection's inbound side when no requests are served there: the
+    learner sends nothing on it."""
 
     def __init__(self, channels: ResultChannels, channel: int) -> None:
         self._channels = channels
@@ -136,7 +161,7 @@ class _ResultsPeer:
         )
 
     def on_closed(self, reason: str) -> None:
-        self._channels._closed(self._channel, reason)
+        self._channels.closed(self._channel, reason)
 
 
 class ResultSender:
@@ -149,6 +174,8 @@ class ResultSender:
         call: The call's number on it (SampleRequest.result_call).
         footer_on_data: The learner reads the footer on the connection, in
             place of the end marker (SampleRequest.footer_on_data).
+        header_first: The call's header goes on the connection too, as its
+            first frame (:meth:`send_header`): no result lane sends before it.
     """
 
     def __init__(
@@ -159,6 +186,7 @@ class ResultSender:
         call: int,
         *,
         footer_on_data: bool = False,
+        header_first: bool = False,
     ) -> None:
         self.channel = channel
         self.footer_on_data = footer_on_data
@@ -176,6 +204,11 @@ class ResultSender:
         # result lane), not sent yet: the end marker waits for them.
         self._state = threading.Condition()
         self._in_flight = 0
+        # Until the header went, results go through the call's thread (after it).
+        self._header_due = header_first
+        #: Called once the call gave its connection back, before its last
+        #: frame goes (a request sent on the connection: the next may come).
+        self.released: Callable[[], None] | None = None
 
     def send(self, messages: Iterable[list[bytes | memoryview]]) -> None:
         """Sends result messages (each the pieces of one SampleResponse ending
@@ -204,9 +237,10 @@ class ResultSender:
     def reserve(self) -> bool:
         """Books one result to be sent by the caller's thread (:meth:`send_reserved`,
         after it lets go of the coordinator's lock): the end marker then waits
-        for it. False once the call ended (the result is not sent)."""
+        for it. False once the call ended (the result is not sent), and before
+        a header due on the connection went (the call's thread sends it after)."""
         with self._state:
-            if self._ended or self._failed:
+            if self._ended or self._failed or self._header_due:
                 return False
             self._in_flight += 1
             return True
@@ -227,14 +261,31 @@ class ResultSender:
                 self._in_flight -= len(forwards)
                 self._state.notify_all()
 
-    def end(self, footer: Footer | None = None) -> None:
+    def send_header(self, header: bytes) -> None:
+        """Sends a request's header (a serialized ``SampleResponse`` with its header,
+        without :attr:`tail`) as its answer's first frame: a request sent on the
+        connection (result_requests.py). Not counted among the results.
+
+        Raises:
+            CallError: UNAVAILABLE as :meth:`send`.
+        """
+        sent = self.sent
+        self.send([[header, self.tail]])
+        self.sent = sent
+        with self._state:
+            self._header_due = False  # the lanes may send results themselves now
+
+    def end(self, footer: Footer | None = None, *, failure: CallError | None = None) -> None:
         """Sends the call's end marker (once; a closed connection needs none), after
-        every result booked before it was sent, and gives the connection back.
+        every result booked before it was sent, and gives the connection back
+        (before that last frame: the learner's next call may follow it at once).
 
         Args:
             footer: The answer's footer, sent in place of the marker (with
                 :attr:`footer_on_data`; its ``data_results`` is the count
                 sent). None: the marker.
+            failure: The call's failure, sent in place of the marker (a
+                request sent on the connection: ``SampleResponse.failure``).
 
         Raises:
             CallError: UNAVAILABLE if a footer could not be sent (the answer
@@ -246,6 +297,9 @@ class ResultSender:
             self._ended = True
             # Each waits at most RESULT_SEND_SECONDS per frame to be taken.
             settled = self._state.wait_for(lambda: self._in_flight == 0, RESULT_SEND_SECONDS)
+        self._channels.give_back(self)
+        if self.released is not None:
+            self.released()
         if not settled:
             reason = (
                 f"results booked for the learner were not sent within {RESULT_SEND_SECONDS:g} "
@@ -253,15 +307,15 @@ class ResultSender:
             )
             logger.debug("results connection %d: %s", self.channel, reason)
             self._connection.close(reason)
-            self._channels.give_back(self)
             if footer is not None:
                 raise unavailable(f"the learner's results connection failed: {reason}")
             return
-        last = (
-            results_end(self._call, self.sent)
-            if footer is None
-            else footer_bytes(footer, self.sent) + self.tail
-        )
+        if failure is not None:
+            last = failure_bytes(failure, self._call)
+        elif footer is None:
+            last = results_end(self._call, self.sent)
+        else:
+            last = footer_bytes(footer, self.sent) + self.tail
         try:
             self._connection.send_parts([last], RESULT_SEND_SECONDS)
         except (ConnectionClosedError, RlfleetTimeoutError) as exc:
@@ -269,9 +323,7 @@ class ResultSender:
             logger.debug("results connection %d: no end marker (%s)", self.channel, exc)
             self._connection.close(f"no end marker: {exc}")
             if footer is not None:
-                self._channels.give_back(self)
                 raise unavailable(
                     f"the learner's results connection failed at the answer's footer ({exc}); "
                     "the answer is dropped whole: retry the request",
                 ) from None
-        self._channels.give_back(self)

@@ -10,6 +10,7 @@ gRPC status codes and rlfleet's exceptions. No generated stub is used or exposed
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
@@ -348,6 +349,15 @@ _CODE_TO_ERROR: dict[grpc.StatusCode, type[errors.RlfleetError]] = {
 }
 
 
+#: gRPC status codes by number (a CallFailure carries the number).
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def status_code(number: int) -> grpc.StatusCode:
+    """The gRPC status code numbered ``number`` (UNKNOWN for one gRPC does not know)."""
+    return _CODES.get(number, grpc.StatusCode.UNKNOWN)
+
+
 def detail_from_exception(
     exc: BaseException,
     *,
@@ -392,13 +402,37 @@ def error_from_rpc(
     trailing: Sequence[Any] = ()
     if hasattr(exc, "trailing_metadata"):
         trailing = exc.trailing_metadata() or ()
+    detail = None
     for key, value in trailing:
         if key == ERROR_DETAIL_KEY:
-            try:
-                detail = updates_pb2.ErrorDetail.FromString(value)
-            except Exception:  # a garbled detail must not hide the status
-                break
-            return error_from_detail(detail, _CODE_TO_ERROR.get(code, errors.WorkerError))
+            # A garbled detail must not hide the status.
+            with contextlib.suppress(Exception):
+                detail = decode_error_detail(updates_pb2.ErrorDetail.FromString(value))
+            break
+    return error_from_status(code, details, detail, what=what, timeout=timeout)
+
+
+def error_from_status(
+    code: grpc.StatusCode,
+    details: str,
+    detail: ErrorReport | None,
+    *,
+    what: str,
+    timeout: float | None = None,
+) -> errors.RlfleetError:
+    """Maps a failed call's status to rlfleet's typed exception: a gRPC call's
+    (:func:`error_from_rpc`), or what a request on a learner's results
+    connection ended with (learner.proto ``CallFailure``).
+
+    Args:
+        code: The status code.
+        details: The status message.
+        detail: The structured error sent with it (decoded), if any.
+        what: What was being done, for the message.
+        timeout: The call's timeout, named in the message when it fired.
+    """
+    if detail is not None:
+        return error_of_report(detail, _CODE_TO_ERROR.get(code, errors.WorkerError))
     if code is grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
         return errors.RlfleetTimeoutError(f"{what}: no answer within {timeout:g} seconds")
     cls = _CODE_TO_ERROR.get(code, errors.RlfleetError)

@@ -15,12 +15,24 @@ class ResultChannelRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ResultChannelOpened(_message.Message):
-    __slots__ = ("channel_id", "data")
+    __slots__ = ("channel_id", "data", "requests_on_data")
     CHANNEL_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_ON_DATA_FIELD_NUMBER: _ClassVar[int]
     channel_id: int
     data: _leases_pb2.LeaseDataAddress
-    def __init__(self, channel_id: _Optional[int] = ..., data: _Optional[_Union[_leases_pb2.LeaseDataAddress, _Mapping]] = ...) -> None: ...
+    requests_on_data: bool
+    def __init__(self, channel_id: _Optional[int] = ..., data: _Optional[_Union[_leases_pb2.LeaseDataAddress, _Mapping]] = ..., requests_on_data: _Optional[bool] = ...) -> None: ...
+
+class CallFailure(_message.Message):
+    __slots__ = ("code", "message", "detail")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    detail: _updates_pb2.ErrorDetail
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., detail: _Optional[_Union[_updates_pb2.ErrorDetail, _Mapping]] = ...) -> None: ...
 
 class ResultsEnd(_message.Message):
     __slots__ = ("results",)
@@ -73,18 +85,20 @@ class SubscribeRequest(_message.Message):
     def __init__(self, mode: _Optional[_Union[_worker_pb2.SampleMode, str]] = ..., fragment_length: _Optional[int] = ..., seed: _Optional[int] = ..., max_buffered_steps: _Optional[int] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
-    __slots__ = ("header", "result", "footer", "results_end", "result_call")
+    __slots__ = ("header", "result", "footer", "results_end", "failure", "result_call")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     FOOTER_FIELD_NUMBER: _ClassVar[int]
     RESULTS_END_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
     RESULT_CALL_FIELD_NUMBER: _ClassVar[int]
     header: SampleHeader
     result: _worker_pb2.EpisodeResult
     footer: SampleFooter
     results_end: ResultsEnd
+    failure: CallFailure
     result_call: int
-    def __init__(self, header: _Optional[_Union[SampleHeader, _Mapping]] = ..., result: _Optional[_Union[_worker_pb2.EpisodeResult, _Mapping]] = ..., footer: _Optional[_Union[SampleFooter, _Mapping]] = ..., results_end: _Optional[_Union[ResultsEnd, _Mapping]] = ..., result_call: _Optional[int] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[SampleHeader, _Mapping]] = ..., result: _Optional[_Union[_worker_pb2.EpisodeResult, _Mapping]] = ..., footer: _Optional[_Union[SampleFooter, _Mapping]] = ..., results_end: _Optional[_Union[ResultsEnd, _Mapping]] = ..., failure: _Optional[_Union[CallFailure, _Mapping]] = ..., result_call: _Optional[int] = ...) -> None: ...
 
 class SampleHeader(_message.Message):
     __slots__ = ("request_id", "env_spec", "agent_version", "env_generation", "coordinator_id", "results_on_data", "footer_on_data")
