@@ -60,8 +60,9 @@ class EpisodeUnit:
     def many(cls, units: UnitColumns, request: int) -> list[EpisodeUnit]:
         """The units of columns, all of one request.
 
-        The checks of construction, made once over all rows
-        (:meth:`UnitRow.many`, a worker's own path for such columns).
+        The checks of construction, made once over all rows: the rows the
+        in-process sampler hands its workers (:meth:`UnitRow.many`), each
+        made an object here.
 
         Raises:
             ConfigError: As the constructor.
@@ -122,8 +123,9 @@ class UnitRow(NamedTuple):
     (:meth:`UnitColumns.check`), its TaskBook handing them to its VecWorker
     as rows (:meth:`of_columns`); the in-process sampler's checked and made
     rows at once (:meth:`many`). A VecWorker reads a row by field name as it
-    reads an ``EpisodeUnit``. A row costs about half an ``EpisodeUnit`` to build (a native worker of
-    64 CartPoles builds one every 20-odd delivered steps), and is made an
+    reads an ``EpisodeUnit``. A row costs about half an ``EpisodeUnit`` to
+    build (a native worker of 64 CartPoles builds one every 20-odd
+    delivered steps), and is made an
     ``EpisodeUnit`` only where one leaves the VecWorker
     (``VecWorker.drop_queued``).
     """
@@ -139,7 +141,9 @@ class UnitRow(NamedTuple):
 
         The checks of :class:`EpisodeUnit`'s construction, made once over
         all rows (:meth:`UnitColumns.check`): the in-process sampler's units
-        reach its workers this way, a remote worker's as its tasks arrive.
+        reach its workers this way. (A remote worker checks a task's columns
+        as the task arrives, and makes rows of them as its TaskBook feeds
+        them: :meth:`of_columns`.)
 
         Raises:
             ConfigError: As :class:`EpisodeUnit`'s constructor.
