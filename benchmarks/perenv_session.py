@@ -27,6 +27,7 @@ is booked). ``--native --sampler`` runs the ``VecWorker`` alone as
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import numpy as np
@@ -72,14 +73,19 @@ class SessionLoop:
         self.native = native
         self.vec = VecWorker(n_envs=n_envs, env=env, policy="mlp-categorical")
         self.book = TaskBook(self.vec)
+        # The simulated clock counts env steps, so the flush timer is given in
+        # steps: reading the clock is one C call, as a session's
+        # time.monotonic is. (The loop never runs out of units, where the
+        # dry-spell rules' TAIL_SECONDS would apply.)
         self.policy = FlushPolicy(
             flush_steps_for(config.flush_steps, native=native),
             config.flush_bytes,
-            config.flush_seconds,
+            config.flush_seconds / step_seconds,
         )
         self.memory = FlushMemory()
         self.step_seconds = step_seconds
-        self.stepper = SessionStep(self.book, self.vec, self.policy, _raise, self._clock)
+        self.stepper = SessionStep(self.book, self.vec, self.policy, _raise)
+        self.stepper.clock = functools.partial(getattr, self.stepper, "steps_total")
         self.sent_steps = 0
         self.results = 0
         self._tasks = 0
@@ -102,10 +108,6 @@ class SessionLoop:
             if step():
                 self._flush()
         return self.sent_steps - start
-
-    def _clock(self) -> float:
-        """The simulated clock: ``step_seconds`` per env step taken."""
-        return self.stepper.steps_total * self.step_seconds
 
     def _add_task(self, count: int) -> None:
         """A new task of ``count`` units, or for a native worker its refill."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from rlfleet.errors import ConfigError, EnvError, PolicyError
 from rlfleet.worker._flush import FlushPolicy
@@ -17,6 +18,7 @@ from rlfleet.worker._tasks import TaskBook
 from rlfleet.worker.vec import VecWorker
 
 
+@dataclass(slots=True)
 class SessionStep:
     """Feeds a VecWorker from its TaskBook, steps it, and says when to send.
 
@@ -29,23 +31,16 @@ class SessionStep:
             finished episodes are still counted after it.
         clock: Seconds, for the flush timer: ``time.monotonic``, or a
             simulated clock.
+        steps_total: Env steps taken by :meth:`step` (and whatever else the
+            session adds).
     """
 
-    def __init__(
-        self,
-        book: TaskBook,
-        vec: VecWorker,
-        policy: FlushPolicy,
-        on_error: Callable[[Exception], None],
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.book = book
-        self.vec = vec
-        self.policy = policy
-        self.on_error = on_error
-        self.clock = clock
-        #: Env steps taken by :meth:`step` (and whatever the session adds).
-        self.steps_total = 0
+    book: TaskBook
+    vec: VecWorker
+    policy: FlushPolicy
+    on_error: Callable[[Exception], None]
+    clock: Callable[[], float] = time.monotonic
+    steps_total: int = 0
 
     def step(self) -> bool:
         """One vector step after handing units over; returns whether to send now.
