@@ -2,11 +2,11 @@
 
 What a remote worker's session does on its stepping thread, over K gym
 envs: a ``TaskBook`` holding tasks of units as columns and feeding the
-``VecWorker`` in blocks, one vector step, the flush decision after it (as
-``Session._step`` asks it), and at each flush the finished episodes taken
-per task and written as result messages into reused memory. Its clock is
-simulated (``--step-us`` per env step), so flushes fall at the same steps in
-every run and under any load or profiler.
+``VecWorker`` in blocks, one vector step, the flush decision after it (the
+session's own :class:`~rlfleet.worker._stepping.SessionStep`), and at each
+flush the finished episodes taken per task and written as result messages
+into reused memory. Its clock is simulated (``--step-us`` per env step), so
+flushes fall at the same steps in every run and under any load or profiler.
 
 Instruction counts are the figure that holds on a shared machine: run it
 under ``valgrind --tool=callgrind`` with two ``--steps`` (say 5,000 and
@@ -27,6 +27,7 @@ is booked). ``--native --sampler`` runs the ``VecWorker`` alone as
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import numpy as np
@@ -39,6 +40,7 @@ from rlfleet.policies.mlp import MLPCategoricalPolicy
 from rlfleet.protocol.unit_columns import UnitColumns
 from rlfleet.worker._flush import FlushMemory, FlushPolicy, flush_steps_for
 from rlfleet.worker._join_messages import result_messages
+from rlfleet.worker._stepping import SessionStep
 from rlfleet.worker._tasks import EpisodeTask, TaskBook
 from rlfleet.worker.remote import WorkerConfig
 from rlfleet.worker.vec import VecWorker
@@ -71,41 +73,40 @@ class SessionLoop:
         self.native = native
         self.vec = VecWorker(n_envs=n_envs, env=env, policy="mlp-categorical")
         self.book = TaskBook(self.vec)
+        # The simulated clock counts env steps, so the flush timer is given in
+        # steps: reading the clock is one C call, as a session's
+        # time.monotonic is. (The loop never runs out of units, where the
+        # dry-spell rules' TAIL_SECONDS would apply.)
         self.policy = FlushPolicy(
             flush_steps_for(config.flush_steps, native=native),
             config.flush_bytes,
-            config.flush_seconds,
+            config.flush_seconds / step_seconds,
         )
         self.memory = FlushMemory()
         self.step_seconds = step_seconds
-        self.clock = 0.0
-        self.stepped = 0
+        self.stepper = SessionStep(self.book, self.vec, self.policy, _raise)
+        self.stepper.clock = functools.partial(getattr, self.stepper, "steps_total")
         self.sent_steps = 0
         self.results = 0
         self._tasks = 0
         self._episodes = 0
 
+    @property
+    def stepped(self) -> int:
+        """Env steps taken so far."""
+        return self.stepper.steps_total
+
     def run(self, steps: int) -> int:
         """Steps until at least ``steps`` more steps were sent; returns how many were."""
-        vec, book, policy = self.vec, self.book, self.policy
+        vec, book, step = self.vec, self.book, self.stepper.step
         start = self.sent_steps
         if self.native and not self._tasks:
             self._add_task(NATIVE_CAPACITY)
         while self.sent_steps - start < steps:
             if not self.native and book.queued_units < 2 * vec.n_envs:
                 self._add_task(TASK_UNITS)
-            book.feed()
-            started = self.clock
-            taken = vec.step()
-            self.stepped += taken
-            self.clock += taken * self.step_seconds
-            finished_steps = vec.finished_steps
-            if not finished_steps:
-                continue
-            now = self.clock
-            if not policy.after_step(now, book.queued_units, finished_steps, vec, now - started):
-                continue
-            self._flush()
+            if step():
+                self._flush()
         return self.sent_steps - start
 
     def _add_task(self, count: int) -> None:
@@ -140,6 +141,11 @@ class SessionLoop:
         self.memory.reset()
         if self.native and reported:
             self._add_task(reported)
+
+
+def _raise(exc: Exception) -> None:
+    """A session reports a step's error to the coordinator; here it ends the run."""
+    raise exc
 
 
 def run_sampler(env_id: str, n_envs: int, warmup: int, steps: int) -> None:

@@ -13,6 +13,7 @@ from rlfleet.errors import ConfigError, EnvError
 from rlfleet.policies import MLPCategoricalPolicy, PolicySpec
 from rlfleet.sampling.local import LocalSampler
 from rlfleet.worker import VecWorker, make_units
+from rlfleet.worker.units import UnitRow
 
 CARTPOLE = EnvConfig("CartPole-v1")
 
@@ -60,6 +61,28 @@ def test_each_call_is_a_new_request():
         assert batch.episode_infos["policy_seed"].tolist() == [
             episode_seeds(5, request, k)[1] for k in range(2)
         ]
+
+
+def test_the_scheduler_units_reach_the_workers_as_checked_rows(monkeypatch):
+    """The in-process sampler hands its workers the scheduler's units as a
+    remote worker's TaskBook does: rows of the columns (``UnitRow.many``), never
+    EpisodeUnit objects, with the seeds of their episodes."""
+    handed: list[UnitRow] = []
+    submit_rows = VecWorker.submit_rows
+
+    def recorded(worker: VecWorker, units: list[UnitRow]) -> None:
+        handed.extend(units)
+        submit_rows(worker, units)
+
+    monkeypatch.setattr(VecWorker, "submit_rows", recorded)
+    monkeypatch.setattr(VecWorker, "submit", None)  # a call would fail
+    with LocalSampler(counter(2), n_workers=2, envs_per_worker=2, seed=5) as sampler:
+        batch = sampler.obtain_episodes(6)
+    assert handed and all(type(unit) is UnitRow for unit in handed)
+    assert {(u.episode_index, u.env_seed, u.policy_seed, u.request) for u in handed} >= {
+        (k, *episode_seeds(5, 0, k), 0) for k in range(6)
+    }
+    assert batch.episode_infos["episode_index"].tolist() == list(range(6))
 
 
 def test_obtain_episodes_and_exact_episodes_counts():

@@ -329,10 +329,10 @@ def test_the_unit_path_benchmark_times_each_stage() -> None:
 def test_units_of_columns_are_built_without_a_generic_setattr_per_field(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A worker builds each unit's object as the unit starts (about one per 21
-    steps of a native CartPole): its fields are set through their slots' own
-    setters, not ``object.__setattr__``, which looks each name up again. The
-    units are those the checked constructor makes, and stay frozen."""
+    """``EpisodeUnit.many`` builds its units' objects from checked rows: their
+    fields are set through their slots' own setters, not ``object.__setattr__``,
+    which looks each name up again. The units are those the checked
+    constructor makes, and stay frozen."""
     calls = 0
 
     def counted_setattr(target: object, name: str, value: object) -> None:
@@ -344,7 +344,7 @@ def test_units_of_columns_are_built_without_a_generic_setattr_per_field(
     spy = types.SimpleNamespace(__new__=object.__new__, __setattr__=counted_setattr)
     monkeypatch.setattr(units_module, "object", spy, raising=False)
     columns = UnitColumns.seeded(7, 3, np.arange(5, 45))
-    built = EpisodeUnit.of_checked(columns, 3, slice(10, 30))
+    built = EpisodeUnit.of_rows(UnitRow.of_columns(columns, 3, slice(10, 30)))
     assert calls == 0
     monkeypatch.undo()
     assert built == [

@@ -3,6 +3,8 @@ and reach the VecWorker in blocks."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -114,11 +116,20 @@ def test_a_cancel_drops_the_units_of_a_block_the_vec_worker_holds_and_none_of_th
     vec.shutdown()
 
 
-def test_a_tasks_units_are_checked_once_and_equal_units_built_one_by_one() -> None:
+@pytest.mark.parametrize(
+    "build", [EpisodeUnit.many, UnitRow.many], ids=["EpisodeUnit.many", "UnitRow.many"]
+)
+def test_a_tasks_units_are_checked_once_and_equal_units_built_one_by_one(
+    build: Callable[[UnitColumns, int], list[EpisodeUnit] | list[UnitRow]],
+) -> None:
+    """``UnitRow.many`` (the in-process sampler's units) and ``EpisodeUnit.many``
+    check columns once, refuse what the constructor refuses, and hold its units."""
     rows = [(k, 1000 + k, 2**32 - 1 - k) for k in range(50)]
-    units = EpisodeUnit.many(UnitColumns.of_rows(rows), 7)
-    assert units == [EpisodeUnit(k, e, p, 7) for k, e, p in rows]
-    assert EpisodeUnit.many(UnitColumns.of_rows([]), 7) == []
+    units = build(UnitColumns.of_rows(rows), 7)
+    assert [(u.episode_index, u.env_seed, u.policy_seed, u.request) for u in units] == [
+        (k, e, p, 7) for k, e, p in rows
+    ]
+    assert build(UnitColumns.of_rows([]), 7) == []
     # What a hostile or broken coordinator could send is refused as the
     # constructor refuses it, naming the field.
     bad: dict[str, list[tuple[int, int, int]]] = {
@@ -127,6 +138,6 @@ def test_a_tasks_units_are_checked_once_and_equal_units_built_one_by_one() -> No
     }
     for message, bad_rows in bad.items():
         with pytest.raises(ConfigError, match=message):
-            EpisodeUnit.many(UnitColumns.of_rows(bad_rows), 7)
+            build(UnitColumns.of_rows(bad_rows), 7)
     with pytest.raises(ConfigError, match="request must be an int >= 0"):
-        EpisodeUnit.many(UnitColumns.of_rows([(0, 1, 2)]), -3)
+        build(UnitColumns.of_rows([(0, 1, 2)]), -3)

@@ -27,7 +27,7 @@ from rlfleet.policies.spec import PolicySpec, make_policy
 from rlfleet.protocol.modes import Mode
 from rlfleet.scheduling.scheduler import RequestSpec, Scheduler
 from rlfleet.worker._updates import AgentUpdate, EnvUpdate
-from rlfleet.worker.units import EpisodeUnit
+from rlfleet.worker.units import UnitRow
 from rlfleet.worker.vec import VecWorker
 
 #: A worker hands its finished episodes over once they hold this many steps
@@ -323,7 +323,7 @@ class LocalSampler(ClosesOnExit):
                 for order in scheduler.dispatch():
                     indices = order.units.episode_indices.tolist()
                     task_of.update(dict.fromkeys(indices, order.task_id))
-                    self._workers[order.worker_id].submit(EpisodeUnit.many(order.units, request))
+                    self._workers[order.worker_id].submit_rows(UnitRow.many(order.units, request))
                 if all(w.idle and not w.finished_count for w in self._workers):
                     raise InternalError("LocalSampler: the scheduler left every worker idle")
                 for number, worker in enumerate(self._workers):

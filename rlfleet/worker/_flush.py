@@ -99,48 +99,6 @@ class FlushPolicy:
         fitting = int(self.max_bytes / max(step_bytes, 1.0))
         self._step_limit = max(1, min(self.max_steps, fitting))
 
-    def due(
-        self,
-        now: float,
-        *,
-        finished_steps: int,
-        queued_units: int,
-        running: int,
-        slots: int,
-        step_seconds: float,
-    ) -> bool:
-        """Whether to send now; call after every step that left finished episodes.
-
-        Args:
-            now: ``time.monotonic()``.
-            finished_steps: Steps of the finished, unsent episodes (> 0).
-            queued_units: Units not started yet.
-            running: Episodes still running.
-            slots: Env slots of the worker.
-            step_seconds: How long the step took.
-        """
-        if self._oldest is None:
-            self._oldest = now
-        waited = now - self._oldest
-        if queued_units:
-            self._dry_sent = False
-        # Nothing left to start: slots go idle as their episodes end, so the
-        # coordinator must hear soon to refill them (or to see the request's
-        # last episodes): once half of them are idle, after TAIL_SECONDS, and
-        # at once when the last one ended.
-        half_idle = not self._dry_sent and 2 * (slots - running) >= slots
-        dry = not queued_units and (running == 0 or half_idle or waited >= TAIL_SECONDS)
-        if dry:
-            self._dry_sent = True
-        return (
-            dry
-            or finished_steps >= self._step_limit
-            or waited >= self.max_seconds
-            # A slow step gains nothing from waiting: the timer is only seen
-            # between steps.
-            or step_seconds >= self.max_seconds
-        )
-
     def after_step(
         self,
         now: float,
@@ -149,38 +107,41 @@ class FlushPolicy:
         slots: _SteppedSlots,
         step_seconds: float,
     ) -> bool:
-        """Whether to send after a vector step that left finished episodes: ``due``'s answer.
+        """Whether to send now; call after every vector step that left finished episodes.
 
         A busy worker ends episodes at most of its vector steps, with units
         queued: no dry-spell rule applies then, so it decides with the three
-        bounds alone, in this call (each Python call nested in the check
-        after every vector step costs a native worker about 0.1 us);
-        otherwise with :meth:`due`'s dry-spell rules.
+        bounds alone, in this call's own body (each Python call nested in
+        the check after every vector step costs a native worker about
+        0.1 us); ``slots`` is read only once nothing is queued.
 
         Args:
             now: ``time.monotonic()`` (or a simulated clock).
             queued_units: Units not started yet.
             finished_steps: Steps of the finished, unsent episodes (> 0).
-            slots: The vector worker just stepped.
+            slots: The vector worker just stepped: its episodes still
+                running (``active_count``) and env slots (``n_envs``).
             step_seconds: How long the step took.
         """
+        oldest = self._oldest
+        if oldest is None:
+            self._oldest = oldest = now
         if queued_units:
-            oldest = self._oldest
-            if oldest is None:
-                self._oldest = oldest = now
-            self._dry_sent = False  # units are queued: the next dry spell may send early again
-            limit = self.max_seconds
-            return (
-                finished_steps >= self._step_limit or now - oldest >= limit or step_seconds >= limit
-            )
-        return self.due(
-            now,
-            finished_steps=finished_steps,
-            queued_units=queued_units,
-            running=slots.active_count,
-            slots=slots.n_envs,
-            step_seconds=step_seconds,
-        )
+            self._dry_sent = False  # the next dry spell may send early again
+        else:
+            # Nothing left to start: slots go idle as their episodes end, so
+            # the coordinator must hear soon to refill them (or to see the
+            # request's last episodes): once half of them are idle, after
+            # TAIL_SECONDS, and at once when the last one ended.
+            running, n = slots.active_count, slots.n_envs
+            half_idle = not self._dry_sent and 2 * (n - running) >= n
+            if running == 0 or half_idle or now - oldest >= TAIL_SECONDS:
+                self._dry_sent = True
+                return True
+        limit = self.max_seconds
+        # A slow step gains nothing from waiting: the timer is only seen
+        # between steps.
+        return finished_steps >= self._step_limit or now - oldest >= limit or step_seconds >= limit
 
     def sent(self) -> None:
         """Records that every finished episode was sent (restarts the timer)."""

@@ -50,6 +50,7 @@ from rlfleet.worker._join_messages import (
     result_messages,
 )
 from rlfleet.worker._remote_updates import agent_of, env_config, format_traceback, observation_bytes
+from rlfleet.worker._stepping import SessionStep
 from rlfleet.worker._tasks import TaskBook, book_entry
 from rlfleet.worker.leases.session_leases import SessionLeases
 from rlfleet.worker.vec import VecWorker
@@ -149,7 +150,6 @@ class Session:
         self._heartbeat_interval = (
             config.heartbeat_interval or welcome.heartbeat_interval_seconds or 1.0
         )
-        self._steps_total = 0
         self._beat_steps = 0
         self._beat_time = time.monotonic()
         self._next_beat = self._beat_time
@@ -159,6 +159,7 @@ class Session:
             config.flush_seconds,
         )
         self._memory = FlushMemory()
+        self._stepper = SessionStep(self._book, self._vec, self._flush_policy, self._on_task_error)
         self._metrics = worker.metrics
         self._metrics.joined(config.envs)
         logger.info(
@@ -193,14 +194,19 @@ class Session:
             self._vec.shutdown()
 
     def _loop(self) -> Outcome:
-        vec, inbox = self._vec, self._inbox
+        vec, inbox, worker = self._vec, self._inbox, self._worker
+        step = self._stepper.step  # the hot path: one vector step, then (maybe) a flush
         while True:
             if not inbox.empty():
                 outcome = self._handle_queued(None)
                 if outcome is not None:
                     return outcome
             if not vec.idle:
-                self._step()
+                if worker.leave_requested and not self._leaving:
+                    # Checked right before units start (a signal may land mid-step).
+                    self._start_leaving(worker.leave_reason, tell=True)
+                if step():
+                    self._flush()
             elif self._book.fragment_tasks and not self._leaving:
                 self._run_window()
             else:
@@ -224,26 +230,6 @@ class Session:
         self._heartbeat(now)
         return True
 
-    def _step(self) -> None:
-        """One vector step, then top-up and (maybe) a flush. The hot path."""
-        vec = self._vec
-        if self._worker.leave_requested and not self._leaving:
-            # Checked right before units start (a signal may land mid-step).
-            self._start_leaving(self._worker.leave_reason, tell=True)
-        self._book.feed()
-        started = time.monotonic()
-        try:
-            self._steps_total += vec.step()
-        except (EnvError, PolicyError, ConfigError) as exc:
-            self._on_task_error(exc)
-        # Steps of the finished episodes: none unless an episode ended (each has one at least).
-        finished_steps = vec.finished_steps
-        if finished_steps:
-            now = time.monotonic()
-            queued = self._book.queued_units
-            if self._flush_policy.after_step(now, queued, finished_steps, vec, now - started):
-                self._flush()
-
     def _run_window(self) -> None:
         """One window of the oldest fragment task, sent as one result."""
         task = self._book.fragment_tasks[0]
@@ -260,7 +246,7 @@ class Session:
         except (EnvError, PolicyError, ConfigError) as exc:
             self._on_task_error(exc)
             return
-        self._steps_total += batch.total_steps
+        self._stepper.steps_total += batch.total_steps
         self._send_result(task.task_id, batch)
         task.rounds_left -= 1
         if (
@@ -498,19 +484,19 @@ class Session:
 
     def _report_progress(self) -> None:
         self._metrics.progress(
-            self._steps_total - self._beat_steps, self._vec.restarts, self._vec.active_count
+            self._stepper.steps_total - self._beat_steps, self._vec.restarts, self._vec.active_count
         )
 
     def _heartbeat(self, now: float) -> None:
         elapsed = now - self._beat_time
-        rate = (self._steps_total - self._beat_steps) / elapsed if elapsed > 0 else 0.0
+        rate = (self._stepper.steps_total - self._beat_steps) / elapsed if elapsed > 0 else 0.0
         self._report_progress()
-        self._beat_time, self._beat_steps = now, self._steps_total
+        self._beat_time, self._beat_steps = now, self._stepper.steps_total
         self._next_beat = now + self._heartbeat_interval
         self._worker.beat(now, self._heartbeat_interval)
         self._send(
             WorkerBeat(
-                steps_total=self._steps_total,
+                steps_total=self._stepper.steps_total,
                 steps_per_second=rate,
                 active_envs=self._vec.active_count,
                 queued_units=self._book.queued_units,

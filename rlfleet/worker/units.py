@@ -60,38 +60,25 @@ class EpisodeUnit:
     def many(cls, units: UnitColumns, request: int) -> list[EpisodeUnit]:
         """The units of columns, all of one request.
 
-        The checks of construction, made once over all rows (a remote
-        worker's tasks carry thousands of units: building each one checked
-        cost it more than its episode's share of the vector steps).
+        The checks of construction, made once over all rows: the rows the
+        in-process sampler hands its workers (:meth:`UnitRow.many`), each
+        made an object here.
 
         Raises:
             ConfigError: As the constructor.
         """
-        check_int("EpisodeUnit.request", request, minimum=0)
-        units.check()
-        return cls.of_checked(units, request)
+        return cls.of_rows(UnitRow.many(units, request))
 
     @classmethod
-    def of_checked(
-        cls, units: UnitColumns, request: int, rows: slice = slice(None)
-    ) -> list[EpisodeUnit]:
-        """The units of some rows of columns checked already (:meth:`UnitColumns.check`).
-
-        A worker checks a task's units once when the task arrives, and builds
-        each unit's object only when the unit is about to start.
-        """
+    def of_rows(cls, rows: list[UnitRow]) -> list[EpisodeUnit]:
+        """The units of rows checked already (:meth:`UnitRow.many`, :meth:`UnitRow.of_columns`)."""
         # Each field through its slot's own setter, over all rows by map(),
         # whose loop runs in C: object.__setattr__ looks the name up again (a
         # unit cost about 6,700 instructions that way), and one Python-level
         # call per field and unit cost about 1,000 more than map's loop does.
-        set_index, set_env_seed, set_policy_seed, set_request = _SLOT_SETTERS
-        indices = units.episode_indices[rows].tolist()
-        count = len(indices)
-        built: list[EpisodeUnit] = list(map(object.__new__, repeat(cls, count)))
-        _consume(map(set_index, built, indices))
-        _consume(map(set_env_seed, built, units.env_seeds[rows].tolist()))
-        _consume(map(set_policy_seed, built, units.policy_seeds[rows].tolist()))
-        _consume(map(set_request, built, repeat(request, count)))
+        built: list[EpisodeUnit] = list(map(object.__new__, repeat(cls, len(rows))))
+        for set_field, column in zip(_SLOT_SETTERS, zip(*rows, strict=True), strict=False):
+            _consume(map(set_field, built, column))
         return built
 
     @classmethod
@@ -132,11 +119,13 @@ def make_units(base_seed: int, request: int, episode_indices: Iterable[int]) -> 
 class UnitRow(NamedTuple):
     """A checked unit as a worker queues it: an :class:`EpisodeUnit`'s four fields, a tuple.
 
-    A remote worker's units arrive as columns already checked
-    (:meth:`UnitColumns.check`); the TaskBook hands them to its VecWorker as
-    rows (:meth:`of_columns`), read by field name as an ``EpisodeUnit`` is.
-    A row costs about half an ``EpisodeUnit`` to build (a native worker of
-    64 CartPoles builds one every 20-odd delivered steps), and is made an
+    Units arrive as columns: a remote worker's checked as their task arrives
+    (:meth:`UnitColumns.check`), its TaskBook handing them to its VecWorker
+    as rows (:meth:`of_columns`); the in-process sampler's checked and made
+    rows at once (:meth:`many`). A VecWorker reads a row by field name as it
+    reads an ``EpisodeUnit``. A row costs about half an ``EpisodeUnit`` to
+    build (a native worker of 64 CartPoles builds one every 20-odd
+    delivered steps), and is made an
     ``EpisodeUnit`` only where one leaves the VecWorker
     (``VecWorker.drop_queued``).
     """
@@ -145,6 +134,23 @@ class UnitRow(NamedTuple):
     env_seed: int
     policy_seed: int
     request: int
+
+    @classmethod
+    def many(cls, units: UnitColumns, request: int) -> list[UnitRow]:
+        """The rows of columns not checked yet, all of one request.
+
+        The checks of :class:`EpisodeUnit`'s construction, made once over
+        all rows (:meth:`UnitColumns.check`): the in-process sampler's units
+        reach its workers this way. (A remote worker checks a task's columns
+        as the task arrives, and makes rows of them as its TaskBook feeds
+        them: :meth:`of_columns`.)
+
+        Raises:
+            ConfigError: As :class:`EpisodeUnit`'s constructor.
+        """
+        check_int("EpisodeUnit.request", request, minimum=0)
+        units.check()
+        return cls.of_columns(units, request, slice(None))
 
     @classmethod
     def of_columns(cls, units: UnitColumns, request: int, rows: slice) -> list[UnitRow]:

@@ -331,11 +331,12 @@ class VecWorker:
         self.submit_rows(units)
 
     def submit_rows(self, units: list[UnitRow] | list[EpisodeUnit]) -> None:
-        """:meth:`submit` of units checked already: a TaskBook's rows of its tasks' columns.
+        """:meth:`submit` of units checked already: rows of checked columns.
 
         Args:
-            units: Rows of columns a task brought, checked when it arrived
-                (:meth:`UnitRow.of_columns`), or checked EpisodeUnits.
+            units: Rows of columns checked once (a TaskBook's tasks', the
+                in-process sampler's: :meth:`UnitRow.of_columns`,
+                :meth:`UnitRow.many`), or checked EpisodeUnits.
         """
         if units:
             self._streams.release_envs()
