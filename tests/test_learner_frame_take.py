@@ -11,10 +11,8 @@ frames included (run under ASan and UBSan too).
 
 from __future__ import annotations
 
-import socket
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -24,17 +22,16 @@ from hypothesis import strategies as st
 
 from rlfleet.client._learner_messages import ResponsePart
 from rlfleet.client._responses import ResponseReader, collect_answer
-from rlfleet.client._result_route import DataResults
 from rlfleet.coordinator.learner_messages import results_end
 from rlfleet.protocol.learner_calls import CallHeader
 from rlfleet.protocol.modes import Footer, Mode
-from rlfleet.transport.lease_channel import LeaseDataLink, frame
 from rlfleet.v1 import batch_pb2, learner_pb2, worker_pb2
 from rlfleet.wire import encode_batch_chunks
 from rlfleet.wire.chunks import Chunk
 from rlfleet.wire.result_message import read_frame_made
 from rlfleet.wire.result_views import ViewedResult
 from rlfleet.wire.results import ResultHeader
+from tests.test_learner_results import _frames_sent
 from tests.test_result_layout import SPEC as VIEWED
 from tests.test_result_layout import batch_with_infos
 from tests.test_result_message import spoiled
@@ -214,20 +211,6 @@ def test_an_honest_frame_of_a_kept_plan_is_taken_in_the_call_and_others_are_left
     assert reader.read_result(ResultHeader(4, 7, (4, 5), (30, 40), 0, 0), chunks[0]) is None
     context = reader.frame_context(1)
     assert isinstance(read_frame_made(memoryview(data), ResultHeader, Chunk, context), tuple)
-
-
-@contextmanager
-def _frames_sent(*payloads: bytes) -> Iterator[DataResults]:
-    """The reader of call 1 on a link whose other end sent ``payloads`` as frames."""
-    ours, theirs = socket.socketpair()
-    link = LeaseDataLink(ours, max_frame_bytes=1 << 20)
-    try:
-        for payload in payloads:
-            theirs.sendall(frame(payload))
-        yield DataResults(link, 1, 10.0, "here")
-    finally:
-        link.close()
-        theirs.close()
 
 
 def test_a_connections_kept_plan_results_reach_the_answer_with_no_python_call_of_the_reader() -> (
