@@ -385,9 +385,16 @@ static PyObject *data_view(PyObject *data, Py_ssize_t start, Py_ssize_t end) {
     PyObject *piece = PySequence_GetSlice(whole, start, end);
     Py_DECREF(whole);
     if (piece == NULL) return NULL;
-    PyObject *out = PyObject_CallMethodNoArgs(piece, toreadonly_name);
-    Py_DECREF(piece);
-    return out;
+    /* What toreadonly() makes of the slice, without the second view: the slice
+     * is a new view of its own (not shared), so marking it read-only is all
+     * toreadonly() changes; a writable buffer is then refused as toreadonly's. */
+    if (!PyMemoryView_Check(piece) || Py_REFCNT(piece) != 1) {
+        PyObject *out = PyObject_CallMethodNoArgs(piece, toreadonly_name);
+        Py_DECREF(piece);
+        return out;
+    }
+    PyMemoryView_GET_BUFFER(piece)->readonly = 1;
+    return piece;
 }
 
 /* The context read_frame_made takes a frame's result with, one tuple per
