@@ -10,6 +10,13 @@
  * with its own text (tests/test_result_message.py holds both to the same
  * answers).
  *
+ * On a learner's results connection, read_frame_made given its answer's
+ * context also takes a one-chunk result whose worker's kept plan views it
+ * (taken): the checks and the ViewedResult the reader's Python path would
+ * make, in the same call. Anything it does not take, or any error on the
+ * way, returns what it returns without the context, and the Python path
+ * reads it again and says what it says (tests/test_learner_frame_take.py).
+ *
  * Every byte is network input: each read is bounds-checked against the end of
  * the field it belongs to, lengths are compared without adding to offsets (no
  * overflow), varints stop at 10 bytes, and a value past 64 bits is refused.
