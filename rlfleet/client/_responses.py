@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from rlfleet._util.prebuilt import prebuilt
 from rlfleet.client._learner_messages import ResponsePart
@@ -25,7 +25,7 @@ from rlfleet.protocol.modes import Footer, Mode
 from rlfleet.transport.receive_buffers import ANSWER_KEPT_BYTES, ReceiveBuffers
 from rlfleet.wire import parse_env_spec
 from rlfleet.wire.chunks import Chunk
-from rlfleet.wire.result_views import ResultLayoutViews
+from rlfleet.wire.result_views import ResultLayoutViews, ViewedResult
 from rlfleet.wire.results import (
     DecodedResult,
     JoinedResult,
@@ -119,6 +119,19 @@ class ResponseReader:
         if isinstance(part, Footer):
             return part
         raise ProtocolError(f"{self.what}: an empty SampleResponse arrived")
+
+    def frame_context(self, call: int) -> tuple[Any, ...] | None:
+        """What the results connection's reader takes call ``call``'s one-chunk results
+        with in its one call, as :meth:`read_result` would take them
+        (:meth:`~rlfleet.client._result_route.DataResults.results`); None where
+        :meth:`read_result` reads each (no env spec yet, or results not kept in
+        pieces)."""
+        assembler = self._assembler
+        spec = assembler.env_spec
+        terms = assembler.whole_terms()
+        if not self._keep_pieces or spec is None or terms is None:
+            return None
+        return (call, ViewedResult, *terms, *self.layouts.view_terms(spec), assembler)
 
     def read_result(self, header: ResultHeader, chunk: Chunk | None) -> Result | None:
         """What a result message stands for (None: a chunk of a result still arriving).
@@ -241,8 +254,12 @@ def collect_answer(
             data.footer_expected = item.footer_on_data
         first = reader.read(item)
         # After the header of an answer on the results connection: its results.
-        parts = () if on_data is None or on_data.used else on_data.parts()
-        for response in itertools.chain((first,), itertools.starmap(reader.read_result, parts)):
+        taken = (
+            ()
+            if on_data is None or on_data.used
+            else on_data.results(reader.read_result, reader.frame_context(on_data.call))
+        )
+        for response in itertools.chain((first,), taken):
             if isinstance(response, _RESULTS):
                 results.append(response)
                 if progress is None and on_data is None:

@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import NotImplementedType
+from typing import Any, TypeVar, cast
 
 from rlfleet.client._errors import failure_error
 from rlfleet.client._learner_messages import (
@@ -68,9 +69,19 @@ from rlfleet.transport.lease_channel import (
 from rlfleet.wire.chunks import Chunk
 from rlfleet.wire.leases import data_hello
 from rlfleet.wire.result_message import read_frame_made
+from rlfleet.wire.result_views import ViewedResult
 from rlfleet.wire.results import ResultHeader
 
 logger = logging.getLogger("rlfleet.client")
+
+_Made = TypeVar("_Made")
+#: A result frame read: its call, its header and its chunk.
+_FrameRead = tuple[int, ResultHeader, Chunk | None]
+
+
+def _pair(header: ResultHeader, chunk: Chunk | None) -> tuple[ResultHeader, Chunk | None]:
+    """A result message's header and chunk as they are (:meth:`DataResults.parts`)."""
+    return header, chunk
 
 
 class ResultRoute:
@@ -257,6 +268,11 @@ class DataResults:
         self.gather = 0
 
     @property
+    def call(self) -> int:
+        """The call's number on the connection."""
+        return self._call
+
+    @property
     def clean(self) -> bool:
         """Whether the connection holds no frame of this call any more (it may serve the next)."""
         return self.used and self.ended
@@ -346,6 +362,21 @@ class DataResults:
         tuples: no object per result message).
 
         Raises:
+            As :meth:`results`.
+        """
+        return cast(Iterator[tuple[ResultHeader, Chunk | None]], self.results(_pair))
+
+    def results(
+        self, make: Callable[[ResultHeader, Chunk | None], _Made], context: Any = None
+    ) -> Iterator[_Made | ViewedResult]:
+        """What ``make`` makes of each of the call's result messages (its header and
+        chunk), up to the end marker or footer as :meth:`parts`; with ``context``
+        (:meth:`~rlfleet.client._responses.ResponseReader.frame_context`), a
+        one-chunk result its worker's kept plan views is taken in the reader's
+        one call instead, as ``make`` would take it
+        (:func:`~rlfleet.wire.result_message.read_frame_made`).
+
+        Raises:
             UnavailableError: If the connection ended before the marker (retryable).
             RlfleetTimeoutError: If the call's deadline passed first.
             ProtocolError: For a frame that is no result or marker of a
@@ -357,12 +388,19 @@ class DataResults:
             payload = self._receive(self.gather, mid_answer=True)
             # A result as the coordinator writes it is read with no object per frame
             # but its header and chunk, made in the reader's one call (a frame off
-            # a socket is a byte view; one handed over in memory comes in pieces).
-            read: tuple[int, ResultHeader, Chunk | None] | NotImplementedType | None = (
-                read_frame_made(payload, ResultHeader, Chunk)
+            # a socket is a byte view; one handed over in memory comes in pieces),
+            # or taken whole in that call where the context's views know it.
+            made = (
+                read_frame_made(payload, ResultHeader, Chunk, context)
                 if type(payload) is memoryview
                 else NotImplemented
             )
+            if type(made) is ViewedResult:  # taken: its call is this one's
+                self.count += 1
+                self.result_bytes += len(payload)
+                yield made
+                continue
+            read: _FrameRead | NotImplementedType | None = made
             if read is NotImplemented:
                 read = read_coordinator_result(payload)
             if read is None:
@@ -379,7 +417,7 @@ class DataResults:
             if read is not None:
                 self.count += 1
                 self.result_bytes += len(payload)
-                yield read[1], read[2]
+                yield make(read[1], read[2])
             elif isinstance(part, ResultsEnd):
                 if part.results != self.count:
                     raise ProtocolError(

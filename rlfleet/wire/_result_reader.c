@@ -10,6 +10,13 @@
  * with its own text (tests/test_result_message.py holds both to the same
  * answers).
  *
+ * On a learner's results connection, read_frame_made given its answer's
+ * context also takes a one-chunk result whose worker's kept plan views it
+ * (taken): the checks and the ViewedResult the reader's Python path would
+ * make, in the same call. Anything it does not take, or any error on the
+ * way, returns what it returns without the context, and the Python path
+ * reads it again and says what it says (tests/test_learner_frame_take.py).
+ *
  * Every byte is network input: each read is bounds-checked against the end of
  * the field it belongs to, lengths are compared without adding to offsets (no
  * overflow), varints stop at 10 bytes, and a value past 64 bits is refused.
@@ -218,10 +225,10 @@ static PyObject *header_keys[HEADER_FIELDS], *chunk_keys[CHUNK_FIELDS + 1];
 /* memoryview's toreadonly and () (made when the module loads). */
 static PyObject *toreadonly_name, *empty_args;
 
-/* A dict of keys[i]: values[i] (NULL with an error set if a value is NULL or
- * the dict cannot be made). Takes the values' references on every path. */
-static PyObject *fields_dict(PyObject *const *keys, PyObject **values, int n) {
-    PyObject *out = PyDict_New();
+/* out (a new empty dict, or NULL with an error set) holding keys[i]: values[i]
+ * (NULL with an error set if a value is NULL or it cannot be filled). Takes
+ * out's and the values' references on every path. */
+static PyObject *fields_dict(PyObject *out, PyObject *const *keys, PyObject **values, int n) {
     for (int i = 0; i < n; i++) {
         if (out != NULL && (values[i] == NULL || PyDict_SetItem(out, keys[i], values[i]) < 0))
             Py_CLEAR(out);
@@ -259,8 +266,8 @@ static int fields_dicts(const uint8_t *p, const Result *r, int keep_wire, PyObje
                         PyObject **chunk) {
     PyObject *head[HEADER_FIELDS], *piece[CHUNK_FIELDS];
     fields_values(p, r, keep_wire, head, piece);
-    *header = fields_dict(header_keys, head, HEADER_FIELDS);
-    *chunk = fields_dict(chunk_keys, piece, CHUNK_FIELDS);
+    *header = fields_dict(PyDict_New(), header_keys, head, HEADER_FIELDS);
+    *chunk = fields_dict(PyDict_New(), chunk_keys, piece, CHUNK_FIELDS);
     if (*header == NULL || *chunk == NULL) {
         Py_CLEAR(*header);
         Py_CLEAR(*chunk);
@@ -385,18 +392,48 @@ static PyObject *data_view(PyObject *data, Py_ssize_t start, Py_ssize_t end) {
     PyObject *piece = PySequence_GetSlice(whole, start, end);
     Py_DECREF(whole);
     if (piece == NULL) return NULL;
-    PyObject *out = PyObject_CallMethodNoArgs(piece, toreadonly_name);
-    Py_DECREF(piece);
-    return out;
+    /* What toreadonly() makes of the slice, without the second view: the slice
+     * is a new view of its own (not shared), so marking it read-only is all
+     * toreadonly() changes; a writable buffer is then refused as toreadonly's. */
+    if (!PyMemoryView_Check(piece) || Py_REFCNT(piece) != 1) {
+        PyObject *out = PyObject_CallMethodNoArgs(piece, toreadonly_name);
+        Py_DECREF(piece);
+        return out;
+    }
+    PyMemoryView_GET_BUFFER(piece)->readonly = 1;
+    return piece;
 }
+
+/* names[i] interned into keys[i] where not yet: 0, or -1 with an error set. */
+static int intern_names(const char *const *names, PyObject **keys, int n) {
+    for (int i = 0; i < n; i++) {
+        if (keys[i] == NULL && (keys[i] = PyUnicode_InternFromString(names[i])) == NULL) return -1;
+    }
+    return 0;
+}
+
+/* A learner's result taken in read_frame_made's call (taken), with its context. */
+#include "_result_take.h"
 
 /* What read_frame_made and read_message_made return for data, read with tag:
  * (result_call, header, chunk) with with_call, else (header, chunk). keep_wire:
  * as fields_values's. */
 static PyObject *read_made(PyObject *const *args, Py_ssize_t nargs, const char *name, uint8_t tag,
                            int with_call) {
-    if (nargs != 3 || !PyType_Check(args[1]) || !PyType_Check(args[2])) {
+    if (nargs < 3 || nargs > 3 + with_call || !PyType_Check(args[1]) || !PyType_Check(args[2])) {
         PyErr_Format(PyExc_TypeError, "%s expected a buffer and two types as arguments", name);
+        return NULL;
+    }
+    PyObject *ctx = nargs == 4 && args[3] != Py_None ? args[3] : NULL;
+    if (ctx != NULL &&
+        (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) != TAKE_ITEMS ||
+         !PyLong_Check(PyTuple_GET_ITEM(ctx, TAKE_CALL)) ||
+         !PyType_Check(PyTuple_GET_ITEM(ctx, TAKE_VIEWED_TYPE)) ||
+         !PyLong_Check(PyTuple_GET_ITEM(ctx, TAKE_KIND)) ||
+         !PyDict_Check(PyTuple_GET_ITEM(ctx, TAKE_PARTIAL)) ||
+         !PyDict_Check(PyTuple_GET_ITEM(ctx, TAKE_LAYOUTS)) ||
+         !PyCallable_Check(PyTuple_GET_ITEM(ctx, TAKE_CHECK)))) {
+        PyErr_Format(PyExc_TypeError, "%s expected a context of %d items", name, TAKE_ITEMS);
         return NULL;
     }
     PyObject *data = args[0];
@@ -420,6 +457,8 @@ static PyObject *read_made(PyObject *const *args, Py_ssize_t nargs, const char *
         for (int i = 0; i < CHUNK_FIELDS + 1; i++) Py_XDECREF(piece[i]);
         return Py_NewRef(Py_NotImplemented);
     }
+    /* Borrowed: the header and the chunk hold them once made. */
+    PyObject *worker = head[1], *lengths = head[3], *data_piece = piece[CHUNK_FIELDS];
     PyObject *items[3];
     int n = 0;
     if (with_call) items[n++] = PyLong_FromUnsignedLongLong(call);
@@ -428,6 +467,13 @@ static PyObject *read_made(PyObject *const *args, Py_ssize_t nargs, const char *
     PyObject *out = NULL;
     int made = 1;
     for (int i = 0; i < n; i++) made = made && items[i] != NULL;
+    if (made && ctx != NULL) {
+        out = taken(ctx, &r, call, items[1], items[2], worker, lengths, data_piece);
+        if (out != NULL) {
+            for (int i = 0; i < n; i++) Py_DECREF(items[i]);
+            return out;
+        }
+    }
     if (made) out = PyTuple_New(n);
     if (out == NULL) {
         for (int i = 0; i < n; i++) Py_XDECREF(items[i]);
@@ -438,13 +484,17 @@ static PyObject *read_made(PyObject *const *args, Py_ssize_t nargs, const char *
 }
 
 PyDoc_STRVAR(read_frame_made_doc,
-"read_frame_made(data, header_type, chunk_type, /)\n--\n\n"
+"read_frame_made(data, header_type, chunk_type, context=None, /)\n--\n\n"
 "What read_frame reads, made: (result_call, header, chunk), header an instance of\n"
 "header_type and chunk one of chunk_type (dataclasses without slots) made with\n"
 "their fields as their __dict__, no __init__ run, the chunk's data a read-only\n"
 "memoryview of data's bytes (b\"\" when it has none); None for any frame read_frame\n"
 "leaves; NotImplemented where data is a memoryview of other items than bytes.\n"
-"data: any contiguous buffer.");
+"data: any contiguous buffer.\n"
+"context: (call, viewed_type, kind, max_total_bytes, partial, views, layouts, spec,\n"
+"view_check, assembler): the frame's result, taken as ResultAssembler.whole and\n"
+"ResultLayoutViews.view take it, where it is of that call and its worker's kept plan\n"
+"views it with uint8 step types (both updated as they update them); else as above.");
 
 static PyObject *read_frame_made(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -516,13 +566,6 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static int intern_names(const char *const *names, PyObject **keys, int n) {
-    for (int i = 0; i < n; i++) {
-        if (keys[i] == NULL && (keys[i] = PyUnicode_InternFromString(names[i])) == NULL) return -1;
-    }
-    return 0;
-}
-
 static int module_exec(PyObject *module) {
     (void)module;
     if (intern_names(HEADER_NAMES, header_keys, HEADER_FIELDS) < 0 ||
@@ -532,6 +575,7 @@ static int module_exec(PyObject *module) {
         (toreadonly_name = PyUnicode_InternFromString("toreadonly")) == NULL)
         return -1;
     if (empty_args == NULL && (empty_args = PyTuple_New(0)) == NULL) return -1;
+    if (take_names() < 0) return -1;
     return 0;
 }
 

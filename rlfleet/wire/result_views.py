@@ -172,6 +172,12 @@ class ResultLayoutViews:
         self.viewed += 1
         return prebuilt_of(DecodedResult, fields)
 
+    def view_terms(self, env_spec: EnvSpec) -> tuple[Any, ...]:
+        """What :meth:`view` reads a result of ``env_spec`` with, for a reader that
+        takes it in one call (``rlfleet.wire.result_message.read_frame_made``):
+        these views (their count), the kept layouts by worker, the spec and the check."""
+        return self, self._layouts, env_spec, view_check
+
     def decode_other(self, joined: JoinedResult, env_spec: EnvSpec) -> Result:
         """:meth:`decode` of a result :meth:`view` leaves: the general path, which
         learns (or forgets) its worker's layout.
@@ -229,6 +235,9 @@ class _Views:
         names: The fields of a plan's record: the arrays'.
         views: Takes a record's fields, in the layout's order (one C call).
         plans: By (episodes, steps).
+        taken_with: The layout's spec, the plans, lengths_size,
+            lengths_signed and checked_types, in one attribute for a reader
+            that takes a result in one call.
     """
 
     def __init__(self, layout: _Layout) -> None:
@@ -269,6 +278,15 @@ class _Views:
         self.names = [f"a{index}" for index in range(len(tensors))]
         self.views = _getter(self.names)
         self.plans: dict[tuple[int, int], _Plan] = {}
+        #: What a reader that takes a result in one call reads of these views
+        #: (``rlfleet.wire.result_message.read_frame_made``), in one attribute.
+        self.taken_with = (
+            layout.spec,
+            self.plans,
+            self.lengths_size,
+            self.lengths_signed,
+            self.checked_types,
+        )
 
     def plan(self, episodes: int, steps: int) -> _Plan:
         """The plan of results of ``episodes`` and ``steps`` (worked out once per pair)."""
@@ -311,6 +329,8 @@ class _Plan:
             check bounds (uint8 step types, bools), as int64 triples.
         offsets: Each array's offset, in the layout's order, as int64s.
         seen: Whether a second result of the counts came.
+        checked_with: Its size, runs, joined, lengths_at and limits, in one
+            attribute for a reader that takes a result in one call.
         record: Once the plan serves a second result: one structured dtype
             of the arrays at their offsets, whose fields are the views (one
             ``np.ndarray`` for them all, where each array took one); None
@@ -320,6 +340,7 @@ class _Plan:
 
     __slots__ = (
         "arrays",
+        "checked_with",
         "headers",
         "joined",
         "lengths_at",
@@ -349,6 +370,7 @@ class _Plan:
         self.record: np.dtype | None = None
         self.seen = False
         self.offsets = np.array([offset for _, _, offset in arrays], np.int64).tobytes()
+        self.checked_with = (size, self.runs, self.joined, lengths_at, self.limits)
 
     def make_record(self, names: list[str]) -> np.dtype:
         """Works out :attr:`record`, its fields named ``names`` (and returns it)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 
@@ -300,6 +300,15 @@ class ResultAssembler:
                 self._last_key = key
                 return True
         return False
+
+    def whole_terms(self) -> tuple[int, int | None, dict[int, Any]] | None:
+        """What :meth:`whole` holds a message to, for a reader that takes its result
+        in one call (``rlfleet.wire.result_message.read_frame_made``): the kind of a
+        batch's chunk, the limit and the results in progress by worker; None where
+        results are not kept per worker."""
+        if not self._per_worker:
+            return None
+        return _EPISODE_BATCH_KIND, self._max_total_bytes, self._partial
 
     def join(
         self,
