@@ -1085,6 +1085,23 @@ def test_a_results_frame_is_built_once_in_the_learners_process(
     assert built == [(2, 5), (3, 6), (6, 6)]
 
 
+def test_a_new_number_of_steps_builds_its_skeleton_in_few_calls() -> None:
+    # A per-env worker's results hardly repeat their numbers of steps, so most
+    # results of a lane build a skeleton: a field of one array takes no
+    # closure, a block's key no call, the frame and skeleton no frozen
+    # __init__ (155 calls each before; the episodes' blocks are kept).
+    layout = layout_frames_module._learn(batch_of([3, 2]), window=False)
+    assert layout is not None
+    layout.skeleton(2, 5)
+    for steps in (7000, 40):  # varints of two bytes and of one
+        profile = cProfile.Profile()
+        profile.enable()
+        skeleton = layout.skeleton(2, steps)
+        profile.disable()
+        assert skeleton.size > steps
+        assert pstats.Stats(profile).total_calls <= 124, steps  # profile.disable's own
+
+
 def test_new_counts_leave_the_tensor_header_cache_alone() -> None:
     # A per-env worker's results bring new step counts one after the other:
     # their headers are built from bytes worked out once per array, and the
