@@ -1099,7 +1099,9 @@ def test_a_new_number_of_steps_builds_its_skeleton_in_few_calls() -> None:
         skeleton = layout.skeleton(2, steps)
         profile.disable()
         assert skeleton.size > steps
-        assert pstats.Stats(profile).total_calls <= 124, steps  # profile.disable's own
+        stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+        calls = sum(calls for _, calls, *_ in stats.values())
+        assert calls <= 124, steps  # with profile.disable's own
 
 
 def test_new_counts_leave_the_tensor_header_cache_alone() -> None:
