@@ -1085,14 +1085,18 @@ def test_a_results_frame_is_built_once_in_the_learners_process(
     assert built == [(2, 5), (3, 6), (6, 6)]
 
 
-def test_a_new_number_of_steps_builds_its_skeleton_in_few_calls() -> None:
+def test_a_new_number_of_steps_builds_its_skeleton_in_few_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # A per-env worker's results hardly repeat their numbers of steps, so most
     # results of a lane build a skeleton: a field of one array takes no
     # closure, a block's key no call, the frame and skeleton no frozen
     # __init__ (155 calls each before; the episodes' blocks are kept).
+    for kept in ("_SKELETONS", "_FRAMES"):  # none kept by other tests: this layout's own
+        monkeypatch.setattr(layout_frames_module, kept, {})
     layout = layout_frames_module._learn(batch_of([3, 2]), window=False)
     assert layout is not None
-    layout.skeleton(2, 5)
+    layout.skeleton(2, 5)  # the blocks of a row per episode, kept
     for steps in (7000, 40):  # varints of two bytes and of one
         profile = cProfile.Profile()
         profile.enable()
