@@ -37,6 +37,7 @@ from rlfleet.wire import _result_check, decode_batch, encode_batch
 from rlfleet.wire import result_layout as result_layout_module
 from rlfleet.wire import result_views as result_views_module
 from rlfleet.wire import tensors as tensors_module
+from rlfleet.wire._result_reader import column_summary
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import chunk_payload
 from rlfleet.wire.result_checks import (
@@ -496,6 +497,32 @@ def test_the_compiled_check_agrees_with_the_general_paths_rules(case: tuple[Any,
         chunk_bytes=chunk_bytes,
     )
     assert verdict == expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(
+        st.lists(st.integers(1, 500), max_size=90).map(tuple),  # a header's lengths
+        st.lists(st.integers(-(2**64), 2**64), max_size=6).map(tuple),
+        st.lists(st.sampled_from([-(2**63), -1, 0, 1, 2**62, 2**63 - 1]), max_size=6).map(tuple),
+        st.lists(st.booleans() | st.floats() | st.integers(0, 9), min_size=1, max_size=4).map(
+            tuple
+        ),
+        st.lists(st.integers(1, 9), max_size=4),  # a list, not a tuple
+    )
+)
+def test_a_columns_summary_is_pythons_sum_min_and_max_within_int64(values: Any) -> None:
+    """The one pass's look at a header's lengths, against Python's own (the
+    sanitizer build runs this too)."""
+    expected = None
+    if (
+        type(values) is tuple
+        and values
+        and all(type(v) is int and v in _INT64 for v in values)
+        and sum(values) in _INT64
+    ):
+        expected = (sum(values), min(values), max(values))
+    assert column_summary(values) == expected
 
 
 def test_the_compiled_check_refuses_places_outside_the_result() -> None:
