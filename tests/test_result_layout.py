@@ -37,6 +37,7 @@ from rlfleet.wire import _result_check, decode_batch, encode_batch
 from rlfleet.wire import result_layout as result_layout_module
 from rlfleet.wire import result_views as result_views_module
 from rlfleet.wire import tensors as tensors_module
+from rlfleet.wire._result_reader import column_summary
 from rlfleet.wire.batches import payload_kind
 from rlfleet.wire.chunks import chunk_payload
 from rlfleet.wire.result_checks import (
@@ -287,6 +288,8 @@ def test_the_one_pass_makes_few_numpy_calls_per_result() -> None:
         for compiled in ("episodes_pass", "values_pass")
     ]
     assert (compiled_calls, numpy_calls) == ([1, 1], 0)
+    # The header's lengths summed and bounded in one call (sum, min and max before: 14).
+    assert sum(calls for _, calls, *_ in stats.values()) <= 12  # with profile.disable's own
 
 
 def rlfleet_lines(run: Callable[[], object]) -> int:
@@ -444,27 +447,33 @@ def kernel_cases(draw: st.DrawFn) -> tuple[Any, ...]:
         types[draw(st.integers(0, len(types) - 1))] = draw(st.sampled_from([F, M, TERM, TIME, 7]))
     held = sorted(draw(st.sets(st.integers(0, 40), max_size=41)) | set(indices))
     held = [i for i in held if draw(st.integers(0, 30)) or i not in indices]  # maybe one missing
+    # Seeds as SeedSequence's are, with every byte of the int64 in use (the
+    # high ones too: a column read short would pass them).
+    big = draw(st.sampled_from([0, 2**62 + 2**57, -(2**62)]))
     units = (
         np.array(held, np.int64),
-        np.array(held, np.int64) + 100,
-        np.array(held, np.int64) + 200,
+        np.array(held, np.int64) + 100 + big,
+        np.array(held, np.int64) + 200 + big,
     )
-    seeds = draw(st.sampled_from([None, (100, 200), units]))
+    seeds = draw(st.sampled_from([None, (100 + big, 200 + big), units]))
     if isinstance(seeds, tuple) and len(seeds) == 2:
-        env, policy = [100] * episodes, [200] * episodes
+        env, policy = [100 + big] * episodes, [200 + big] * episodes
     else:
-        env, policy = [i + 100 for i in indices], [i + 200 for i in indices]
+        env, policy = [i + 100 + big for i in indices], [i + 200 + big for i in indices]
     columns = [list(lengths), list(indices), [WORKER_ID] * episodes, [0] * episodes, env, policy]
     for _ in range(draw(st.integers(0, 2))):  # a column's value changed
-        column = draw(st.integers(0, 5))
-        columns[column][draw(st.integers(0, episodes - 1))] = draw(st.integers(-2, 42))
+        column, at = draw(st.integers(0, 5)), draw(st.integers(0, episodes - 1))
+        if draw(st.booleans()):
+            columns[column][at] = draw(st.integers(-2, 42))
+        else:  # only its highest byte
+            columns[column][at] = int(np.int64(columns[column][at]) ^ np.int64(-(2**56)))
     header_lengths, header_indices = list(lengths), list(indices)
     if episodes > 1 and draw(st.integers(0, 9)) == 0:  # an index repeated, bytes and header
         at = draw(st.integers(1, episodes - 1))
         header_indices[at] = columns[1][at] = header_indices[at - 1]
         for column, add in ((4, 100), (5, 200)):
             if seeds is not None and len(seeds) == 3:
-                columns[column][at] = header_indices[at] + add
+                columns[column][at] = header_indices[at] + add + big
     if draw(st.integers(0, 9)) == 0:  # a header's number changed, maybe past int64
         numbers = draw(st.sampled_from([header_lengths, header_indices]))
         numbers[draw(st.integers(0, episodes - 1))] = draw(
@@ -490,6 +499,32 @@ def test_the_compiled_check_agrees_with_the_general_paths_rules(case: tuple[Any,
         chunk_bytes=chunk_bytes,
     )
     assert verdict == expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(
+        st.lists(st.integers(1, 500), max_size=90).map(tuple),  # a header's lengths
+        st.lists(st.integers(-(2**64), 2**64), max_size=6).map(tuple),
+        st.lists(st.sampled_from([-(2**63), -1, 0, 1, 2**62, 2**63 - 1]), max_size=6).map(tuple),
+        st.lists(st.booleans() | st.floats() | st.integers(0, 9), min_size=1, max_size=4).map(
+            tuple
+        ),
+        st.lists(st.integers(1, 9), max_size=4),  # a list, not a tuple
+    )
+)
+def test_a_columns_summary_is_pythons_sum_min_and_max_within_int64(values: Any) -> None:
+    """The one pass's look at a header's lengths, against Python's own (the
+    sanitizer build runs this too)."""
+    expected = None
+    if (
+        type(values) is tuple
+        and values
+        and all(type(v) is int and v in _INT64 for v in values)
+        and sum(values) in _INT64
+    ):
+        expected = (sum(values), min(values), max(values))
+    assert column_summary(values) == expected
 
 
 def test_the_compiled_check_refuses_places_outside_the_result() -> None:
@@ -1077,6 +1112,29 @@ def test_a_results_frame_is_built_once_in_the_learners_process(
         assert_same_views(views.decode(result, SPEC), decode_kept(result, SPEC))
     assert check.learned and views.viewed == 3
     assert built == [(2, 5), (3, 6), (6, 6)]
+
+
+def test_a_new_number_of_steps_builds_its_skeleton_in_few_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A per-env worker's results hardly repeat their numbers of steps, so most
+    # results of a lane build a skeleton: a field of one array takes no
+    # closure, a block's key no call, the frame and skeleton no frozen
+    # __init__ (155 calls each before; the episodes' blocks are kept).
+    for kept in ("_SKELETONS", "_FRAMES"):  # none kept by other tests: this layout's own
+        monkeypatch.setattr(layout_frames_module, kept, {})
+    layout = layout_frames_module._learn(batch_of([3, 2]), window=False)
+    assert layout is not None
+    layout.skeleton(2, 5)  # the blocks of a row per episode, kept
+    for steps in (7000, 40):  # varints of two bytes and of one
+        profile = cProfile.Profile()
+        profile.enable()
+        skeleton = layout.skeleton(2, steps)
+        profile.disable()
+        assert skeleton.size > steps
+        stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+        calls = sum(calls for _, calls, *_ in stats.values())
+        assert calls <= 124, steps  # with profile.disable's own
 
 
 def test_new_counts_leave_the_tensor_header_cache_alone() -> None:

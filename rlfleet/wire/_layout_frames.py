@@ -15,7 +15,6 @@ here reads a result: it works out what a result of the layout must hold.
 
 from __future__ import annotations
 
-import array
 import dataclasses
 import functools
 import itertools
@@ -26,6 +25,7 @@ from collections.abc import Callable, Mapping
 import gymnasium as gym
 import numpy as np
 
+from rlfleet._util.prebuilt import prebuilt
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.space_checks import screen_bounds, space_screen
@@ -67,6 +67,8 @@ _KNOWN_INFOS = ("episode_index", "worker", "agent_version", "env_seed", "policy_
 # The int64 columns compared with the header's numbers and the task's units, in
 # the order the compiled check takes their offsets (rlfleet/wire/_result_check.c).
 _KNOWN = ("lengths", *(_INFO[key] for key in _KNOWN_INFOS))
+# The columns whose offsets follow the runs in a skeleton's ``places``.
+_PLACED = (*_KNOWN, "step_types")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +83,11 @@ class _Tensor:
     @functools.cached_property
     def row_bytes(self) -> int:
         return math.prod(self.row_shape) * self.dtype.itemsize
+
+    @functools.cached_property
+    def header_of(self) -> Callable[[int, int], bytes]:
+        """Its Tensor's bytes before the data for ``(rows, nbytes)`` (``rows_header``)."""
+        return rows_header(dtype_code(self.dtype), self.row_shape)
 
 
 # A TensorMap's entries: key field bytes and a tensor or a nested map.
@@ -299,8 +306,8 @@ class _Layout:
         self.bools = tuple(t.name for t in self.tensors.values() if t.dtype == _BOOL)
         self._shape = _shape_number(blocks)
         self._block_parts: dict[tuple[int, ...], tuple[_BlockParts, int]] = {}
-        # The numbers of rows each block's bytes depend on.
-        self._rows = tuple(_rows_key(item) for _, item in blocks)
+        # The numbers of rows each block's bytes depend on (_rows_kind).
+        self._rows = tuple(_rows_kind(item) for _, item in blocks)
         # The value screens: compiled where they are comparisons of ints or
         # floats against bounds, finite rewards and bools (one call reads
         # them where they lie); numpy's for the rest (whole numbers in a
@@ -371,7 +378,15 @@ class _Layout:
         """A block's parts, kept per number of rows its arrays have: a new pair
         of numbers works out only the blocks whose rows changed (a worker's
         results of as many episodes share their episode infos' bytes)."""
-        key = (block, *self._rows[block](episodes, steps))
+        kind = self._rows[block]
+        # No call per block: the key is the numbers its rows depend on.
+        key = (
+            (block, episodes)
+            if kind is _EPISODES
+            else (block, -1, steps)
+            if kind is _STEPS
+            else (block, episodes, steps)
+        )
         found = self._block_parts.get(key)
         if found is None:
             if len(self._block_parts) >= _MAX_FRAMES:
@@ -381,14 +396,18 @@ class _Layout:
         return found
 
 
-def _rows_key(item: _Tensor | _Tree) -> Callable[[int, int], tuple[int, ...]]:
+#: What a block's bytes depend on (:func:`_rows_kind`).
+_EPISODES, _STEPS, _BOTH = "episodes", "steps", "both"
+
+
+def _rows_kind(item: _Tensor | _Tree) -> str:
     """What a block's bytes depend on: the episodes, the steps, or both."""
     kinds = {t.per_episode for t in _walk(((0, item),))}
     if kinds == {True}:
-        return lambda episodes, steps: (episodes,)
+        return _EPISODES
     if kinds == {False}:
-        return lambda episodes, steps: (-1, steps)
-    return lambda episodes, steps: (episodes, steps)
+        return _STEPS
+    return _BOTH
 
 
 def _walk(blocks: tuple[tuple[int, _Tensor | _Tree], ...]) -> list[_Tensor]:
@@ -460,11 +479,30 @@ def _block_parts(
     """The bytes batch_parts writes for one field (write_tensor, write_tensor_map)
     with arrays of these numbers of rows, each array's data left out; and the
     field's size."""
+    if isinstance(item, _Tensor):
+        # One array (every field but the info maps, whose rows are the
+        # episodes' and kept): its bytes for a new number of steps, with no
+        # closure or cell made (a function's cells are made as it starts).
+        return _array_parts(number, item, episodes, steps)
+    return _map_parts(number, item, episodes, steps)
+
+
+def _array_parts(number: int, item: _Tensor, episodes: int, steps: int) -> tuple[_BlockParts, int]:
+    """:func:`_block_parts` of a field holding one array."""
+    rows = episodes if item.per_episode else steps
+    nbytes = rows * item.row_bytes
+    header = item.header_of(rows, nbytes)
+    prefix = len_prefix(number, len(header) + nbytes)
+    return ((prefix + header, item),), len(prefix) + len(header) + nbytes
+
+
+def _map_parts(number: int, item: _Tree, episodes: int, steps: int) -> tuple[_BlockParts, int]:
+    """:func:`_block_parts` of a field holding a TensorMap."""
 
     def tensor_parts(number: int, t: _Tensor) -> tuple[list[bytes | _Tensor], int]:
         rows = episodes if t.per_episode else steps
         nbytes = rows * t.row_bytes
-        header = rows_header(dtype_code(t.dtype), t.row_shape)(rows, nbytes)
+        header = t.header_of(rows, nbytes)
         prefix = len_prefix(number, len(header) + nbytes)
         return [prefix + header, t], len(prefix) + len(header) + nbytes
 
@@ -483,9 +521,7 @@ def _block_parts(
         prefix = len_prefix(number, size)
         return [prefix, *body], len(prefix) + size
 
-    parts, size = (
-        tensor_parts(number, item) if isinstance(item, _Tensor) else map_parts(number, item)
-    )
+    parts, size = map_parts(number, item)
     pairs: list[tuple[bytes, _Tensor | None]] = []
     run = b""
     for part in parts:
@@ -520,11 +556,11 @@ def _build_frame(
             if run:
                 headers.append((position, run))
                 position += len(run)
-            if tensor is None:
-                continue
-            offsets[tensor.name] = position
-            position += (episodes if tensor.per_episode else steps) * tensor.row_bytes
-    return _Frame(position, tuple(headers), offsets)
+            if tensor is not None:
+                offsets[tensor.name] = position
+                position += (episodes if tensor.per_episode else steps) * tensor.row_bytes
+    # Its fields are as worked out here: made without the frozen __init__.
+    return prebuilt(_Frame, size=position, headers=tuple(headers), offsets=offsets)
 
 
 def _build_skeleton(
@@ -539,7 +575,15 @@ def _build_skeleton(
     frame = _build_frame(blocks, episodes, steps) if frame_of is None else frame_of(episodes, steps)
     headers, offsets = frame.headers, frame.offsets
     places = [number for offset, run in headers for number in (offset, len(run))]
-    places += [offsets[name] for name in (*_KNOWN, "step_types")]
-    between = b"".join(run for _, run in headers)
-    # Native int64s, as the compiled check reads them (array's 'q': no numpy call).
-    return _Skeleton(frame.size, headers, offsets, between, array.array("q", places).tobytes())
+    places += [offsets[name] for name in _PLACED]
+    count = len(places)
+    # Native int64s, as the compiled check reads them (struct's '=q': no
+    # numpy call); made without the frozen __init__, its fields worked out here.
+    return prebuilt(
+        _Skeleton,
+        size=frame.size,
+        headers=headers,
+        offsets=offsets,
+        between=b"".join([run for _, run in headers]),
+        places=struct.pack(f"={count}q", *places),
+    )

@@ -145,7 +145,12 @@ static const uint8_t *source_span(const Source *s, Py_ssize_t offset, Py_ssize_t
 
 static inline int64_t int64_at(const uint8_t *p, Py_ssize_t i) {
     uint64_t v = 0;
+#if PY_LITTLE_ENDIAN
+    memcpy(&v, p + 8 * i, sizeof v); /* one load, any alignment (a byte loop per column
+                                        value cost 32 instructions) */
+#else
     for (int b = 7; b >= 0; b--) v = (v << 8) | p[8 * i + b]; /* little-endian, any alignment */
+#endif
     return (int64_t)v;
 }
 
@@ -174,19 +179,20 @@ static int int64s_of(PyObject *items, int64_t *out, Py_ssize_t n) {
  * or more, every other MID. The lengths are >= 1 and sum to steps. */
 static int step_types_pass(const uint8_t *types, const int64_t *lengths, Py_ssize_t episodes) {
     const uint8_t *p = types;
+    Py_ssize_t ends = 0; /* the episodes' first and last steps: none of them MID */
     for (Py_ssize_t e = 0; e < episodes; e++) {
         int64_t length = lengths[e];
         const uint8_t *last = p + length - 1;
         if (*last != TERMINAL && *last != TIMEOUT) return 0;
-        if (length >= 2) {
-            if (*p != FIRST) return 0;
-            uint8_t other = 0; /* any bit set: a step not MID */
-            for (const uint8_t *q = p + 1; q < last; q++) other |= *q ^ MID;
-            if (other) return 0;
-        }
+        if (length >= 2 && *p != FIRST) return 0;
+        ends += length >= 2 ? 2 : 1;
         p = last + 1;
     }
-    return 1;
+    /* Every other step MID: the steps not MID are exactly the ends, counted in
+     * one loop over the whole column (vectorised), not one per episode. */
+    Py_ssize_t steps = p - types, not_mid = 0;
+    for (Py_ssize_t i = 0; i < steps; i++) not_mid += types[i] != MID;
+    return not_mid == ends;
 }
 
 /* The position of ``index`` in held[0:n] (ascending), or -1 if not held. */

@@ -26,6 +26,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -554,7 +555,40 @@ static PyObject *read_frame_pieces(PyObject *module, PyObject *const *args, Py_s
     return out;
 }
 
+PyDoc_STRVAR(column_summary_doc,
+"column_summary(values, /)\n"
+"--\n\n"
+"A header's column (its lengths) in one pass: (sum, least, greatest), or None\n"
+"for anything but a non-empty tuple of ints within int64 whose sum is too\n"
+"(the one pass then leaves the result to the general path).");
+
+/* One pass where sum, min and max of Python ints made a rich comparison or
+ * an addition per episode each (about 19,000 instructions an 80-episode
+ * result's lengths). */
+static PyObject *column_summary(PyObject *module, PyObject *values) {
+    (void)module;
+    if (!PyTuple_CheckExact(values) || PyTuple_GET_SIZE(values) < 1) Py_RETURN_NONE;
+    __int128 total = 0; /* any tuple's partial sums fit: only the whole is held to int64 */
+    long long least = LLONG_MAX, greatest = LLONG_MIN;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(values); i++) {
+        PyObject *item = PyTuple_GET_ITEM(values, i);
+        if (!PyLong_CheckExact(item)) Py_RETURN_NONE; /* no __index__: no Python code runs */
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (overflow || (v == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        total += v;
+        if (v < least) least = v;
+        if (v > greatest) greatest = v;
+    }
+    if (total > LLONG_MAX || total < LLONG_MIN) Py_RETURN_NONE;
+    return Py_BuildValue("(LLL)", (long long)total, least, greatest);
+}
+
 static PyMethodDef module_methods[] = {
+    {"column_summary", (PyCFunction)column_summary, METH_O, column_summary_doc},
     {"read_message", (PyCFunction)read_message, METH_O, read_message_doc},
     {"read_frame", (PyCFunction)read_frame, METH_O, read_frame_doc},
     {"read_frame_made", (PyCFunction)(void (*)(void))read_frame_made, METH_FASTCALL,

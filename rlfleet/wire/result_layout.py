@@ -92,6 +92,8 @@ from rlfleet.wire.results import JoinedResult, ResultHeader, decode_result
 
 with compiled("one-pass result check", "rlfleet/wire/_result_check.c"):
     from rlfleet.wire import _result_check
+with compiled("result reader", "rlfleet/wire/_result_reader.c"):
+    from rlfleet.wire._result_reader import column_summary
 
 
 class ResultLayoutCheck:
@@ -196,10 +198,14 @@ def _passes(
     """Whether a result (``payload``, read through ``source``: made here if
     None and needed) has the layout and passes every check (False: look closer)."""
     lengths = header.lengths
+    # Their sum, min and max in one call: None past int64, where the general path names them.
+    summary = column_summary(lengths)
     episodes = len(lengths)
-    if not episodes or len(header.episode_indices) != episodes or min(lengths) < 1:
+    if summary is None or len(header.episode_indices) != episodes:
         return False
-    steps = sum(lengths)
+    steps, shortest, longest = summary
+    if shortest < 1:
+        return False
     if source is not None:
         size = source[0]
     else:  # as _reader counts them
@@ -218,7 +224,7 @@ def _passes(
     if latest is not None and not 0 <= version <= latest:
         return False
     limit = expect.env_spec.max_episode_length
-    if limit is not None and max(lengths) > limit:
+    if limit is not None and longest > limit:
         return False
     window = expect.window
     view: _View | None = None
