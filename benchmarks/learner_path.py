@@ -52,6 +52,10 @@ class _RecordingLink:
             self._frames.append(bytes(payload))
         return payload
 
+    def __getattr__(self, name: str) -> Any:
+        # The request sent on the connection, its readability: the link's own.
+        return getattr(self._link, name)
+
 
 class _ReplayedLink:
     """A results connection that gives captured frames, each in a fresh buffer."""
@@ -81,10 +85,13 @@ def capturing(answers: list[dict[str, Any]]) -> Iterator[None]:
         def responses() -> Iterator[Any]:
             for part in call:
                 parts.append(part)
+                # A header read on the connection (the request went there) is
+                # replayed from the parts, not as a result frame.
+                frames.clear()
                 yield part
 
         if data is not None:
-            # Reads frames as the connection does: only receive_message is called.
+            # Reads frames as the connection does; sends what the sampler sends.
             data._link = cast(DataLink, _RecordingLink(data._link, frames))
         answer = original(responses(), *args, data=data)
         answers.append(
