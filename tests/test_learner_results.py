@@ -51,6 +51,8 @@ from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.in_process_link import InProcessLink
 from rlfleet.transport.lease_channel import LeaseDataLink, frame
 from rlfleet.v1 import learner_pb2
+from rlfleet.wire.chunks import Chunk
+from rlfleet.wire.results import ResultHeader
 from tests._coordinator_fakes import assert_same_batch
 from tests.fleet_processes import (
     SLOW_ENV,
@@ -453,6 +455,10 @@ def _frames_sent(*payloads: bytes) -> Iterator[DataResults]:
         theirs.close()
 
 
+def _as_read(header: ResultHeader, chunk: Chunk | None) -> tuple[ResultHeader, Chunk | None]:
+    return header, chunk
+
+
 def _footer_frame(num_episodes: int, data_results: int) -> bytes:
     footer = learner_pb2.SampleFooter(num_episodes=num_episodes, data_results=data_results)
     return learner_pb2.SampleResponse(footer=footer, result_call=1).SerializeToString()
@@ -461,13 +467,13 @@ def _footer_frame(num_episodes: int, data_results: int) -> bytes:
 def test_a_footer_on_the_connection_ends_the_answer_only_where_its_header_said_so() -> None:
     with _frames_sent(_footer_frame(1, 0)) as announced:
         announced.footer_expected = True
-        assert list(announced.parts()) == []
+        assert list(announced.results(_as_read)) == []
         assert announced.ended and announced.footer == Footer(1, 0, 0, 0, 0)
     with (
         _frames_sent(_footer_frame(1, 0)) as unannounced,
         pytest.raises(ProtocolError, match="neither a result nor an end marker"),
     ):
-        list(unannounced.parts())
+        list(unannounced.results(_as_read))
 
 
 def test_a_footer_that_miscounts_the_connections_results_is_a_protocol_error() -> None:

@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import NotImplementedType
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from rlfleet.client._errors import failure_error
 from rlfleet.client._learner_messages import (
@@ -77,11 +77,6 @@ logger = logging.getLogger("rlfleet.client")
 _Made = TypeVar("_Made")
 #: A result frame read: its call, its header and its chunk.
 _FrameRead = tuple[int, ResultHeader, Chunk | None]
-
-
-def _pair(header: ResultHeader, chunk: Chunk | None) -> tuple[ResultHeader, Chunk | None]:
-    """A result message's header and chunk as they are (:meth:`DataResults.parts`)."""
-    return header, chunk
 
 
 class ResultRoute:
@@ -280,7 +275,7 @@ class DataResults:
     def requested(self, request: bytes) -> Iterator[ResponsePart]:
         """Sends a serialized SampleRequest on the connection (no Sample call) and
         yields its answer's header, read there; its results and footer follow
-        there too (:meth:`parts`). What a Sample call iterates, for
+        there too (:meth:`results`). What a Sample call iterates, for
         :func:`~rlfleet.client._responses.collect_answer`.
 
         Raises:
@@ -330,8 +325,8 @@ class DataResults:
         were due (else its header or failure, of a request sent here).
 
         Raises:
-            UnavailableError: As :meth:`parts`.
-            RlfleetTimeoutError: As :meth:`parts`.
+            UnavailableError: As :meth:`results`.
+            RlfleetTimeoutError: As :meth:`results`.
         """
         left = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
         try:
@@ -356,21 +351,12 @@ class DataResults:
             )
         return payload
 
-    def parts(self) -> Iterator[tuple[ResultHeader, Chunk | None]]:
-        """The call's result messages' headers and chunks, up to the coordinator's end
-        marker, or its footer when :attr:`footer_expected` (then :attr:`footer`;
-        tuples: no object per result message).
-
-        Raises:
-            As :meth:`results`.
-        """
-        return cast(Iterator[tuple[ResultHeader, Chunk | None]], self.results(_pair))
-
     def results(
         self, make: Callable[[ResultHeader, Chunk | None], _Made], context: Any = None
     ) -> Iterator[_Made | ViewedResult]:
         """What ``make`` makes of each of the call's result messages (its header and
-        chunk), up to the end marker or footer as :meth:`parts`; with ``context``
+        chunk), up to the coordinator's end marker, or its footer when
+        :attr:`footer_expected` (then :attr:`footer`); with ``context``
         (:meth:`~rlfleet.client._responses.ResponseReader.frame_context`), a
         one-chunk result its worker's kept plan views is taken in the reader's
         one call instead, as ``make`` would take it
