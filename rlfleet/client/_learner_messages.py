@@ -127,7 +127,7 @@ class LearnerStubs:
 
     def __init__(self, channel: grpc.Channel) -> None:
         self._sample = channel.unary_stream(
-            _rpc.SAMPLE, request_serializer=_sample_request, response_deserializer=parse_response
+            _rpc.SAMPLE, request_serializer=sample_request, response_deserializer=parse_response
         )
         self._update_agent = channel.unary_unary(
             _rpc.UPDATE_AGENT,
@@ -201,10 +201,6 @@ def subscribe(
 def sample_request(ask: SampleAsk) -> bytes:
     """The serialized SampleRequest of ``ask`` (a Sample call's, or a frame on the
     results connection: learner.proto, "Requests on a learner's results connection")."""
-    return _sample_request(ask)
-
-
-def _sample_request(ask: SampleAsk) -> bytes:
     request = learner_pb2.SampleRequest(
         mode=ask.mode,  # type: ignore[arg-type]
         amount=ask.amount,
