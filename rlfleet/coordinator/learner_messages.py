@@ -23,7 +23,6 @@ from rlfleet.coordinator.calls import Event, Finished, Forward
 from rlfleet.coordinator.failures import CallError, invalid
 from rlfleet.coordinator.status import FleetSnapshot, WorkerSnapshot
 from rlfleet.errors import WireFormatError
-from rlfleet.protocol.error_reports import ErrorReport
 from rlfleet.protocol.learner_calls import (
     CallHeader,
     SampleAsk,
@@ -318,10 +317,8 @@ def failure_bytes(error: CallError, call: int) -> bytes:
     failure = message.failure
     failure.code = error.code.value[0]
     failure.message = error.message
-    detail = error.detail
-    if isinstance(detail, ErrorReport):
-        failure.detail.CopyFrom(encode_error_report(detail))
-    elif detail is not None:  # an ErrorDetail as a worker's lease reply carried it
+    detail = _rpc.detail_message(error.detail)
+    if detail is not None:
         failure.detail.MergeFromString(detail.SerializeToString())
     return message.SerializeToString()
 

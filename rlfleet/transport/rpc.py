@@ -457,8 +457,15 @@ def abort(
             an ErrorDetail message passed on as a worker sent it (the lease
             relay's).
     """
-    if detail is not None:
-        if isinstance(detail, ErrorReport):
-            detail = encode_error_report(detail)
-        context.set_trailing_metadata(((ERROR_DETAIL_KEY, detail.SerializeToString()),))
+    encoded = detail_message(detail)
+    if encoded is not None:
+        context.set_trailing_metadata(((ERROR_DETAIL_KEY, encoded.SerializeToString()),))
     context.abort(code, message)
+
+
+def detail_message(detail: ErrorReport | Message | None) -> Message | None:
+    """The ErrorDetail a failed call carries of ``detail``: a report encoded, or
+    an ErrorDetail message as it is (the lease relay passes a worker's on).
+    What :func:`abort` puts in the trailing metadata, and a failed request on
+    a learner's results connection in its ``CallFailure``."""
+    return encode_error_report(detail) if isinstance(detail, ErrorReport) else detail
