@@ -500,11 +500,8 @@ def _map_parts(number: int, item: _Tree, episodes: int, steps: int) -> tuple[_Bl
     """:func:`_block_parts` of a field holding a TensorMap."""
 
     def tensor_parts(number: int, t: _Tensor) -> tuple[list[bytes | _Tensor], int]:
-        rows = episodes if t.per_episode else steps
-        nbytes = rows * t.row_bytes
-        header = t.header_of(rows, nbytes)
-        prefix = len_prefix(number, len(header) + nbytes)
-        return [prefix + header, t], len(prefix) + len(header) + nbytes
+        ((head, _),), size = _array_parts(number, t, episodes, steps)
+        return [head, t], size
 
     def map_parts(number: int, entries: _Tree) -> tuple[list[bytes | _Tensor], int]:
         body: list[bytes | _Tensor] = []
