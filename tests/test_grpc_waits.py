@@ -105,3 +105,12 @@ def test_installing_twice_keeps_one_wrapper() -> None:
     grpc_waits.install()
     assert _common.wait is grpc_waits._wait
     assert grpc.__version__  # the grpcio whose private wait is replaced is importable
+
+
+def test_a_grpcio_wait_of_other_parameters_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    def other_wait(wait_fn: Callable[..., bool], done: Callable[[], bool], deadline: float) -> bool:
+        return False
+
+    monkeypatch.setattr(_common, "wait", other_wait)
+    grpc_waits.install()
+    assert _common.wait is other_wait

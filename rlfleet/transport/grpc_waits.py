@@ -20,10 +20,12 @@ for a bounded wait, and when grpcio passes a spin callback (its fork
 support, run between polls); elsewhere it waits
 :data:`THREAD_WAIT_SECONDS` at a time. grpcio notifies the condition on
 every event of a call and on its cancel, so that bound is only a backstop.
+A grpcio whose wait takes other parameters keeps its own.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable
 
@@ -31,6 +33,9 @@ from grpc import _common
 
 #: The longest single wait of a thread other than the main one.
 THREAD_WAIT_SECONDS = 5.0
+
+#: The parameters of the grpcio wait :func:`_wait` stands in for.
+WAIT_PARAMETERS = ("wait_fn", "wait_complete_fn", "timeout", "spin_cb")
 
 _grpc_wait = _common.wait
 
@@ -55,5 +60,12 @@ def _wait(
 
 def install() -> None:
     """Makes grpcio's unbounded waits off the main thread wait
-    :data:`THREAD_WAIT_SECONDS` at a time, in this process (idempotent)."""
+    :data:`THREAD_WAIT_SECONDS` at a time, in this process (idempotent).
+
+    Leaves a grpcio wait whose parameters are not :data:`WAIT_PARAMETERS` alone.
+    """
+    if _common.wait is _wait:
+        return
+    if tuple(inspect.signature(_common.wait).parameters) != WAIT_PARAMETERS:
+        return
     _common.wait = _wait
