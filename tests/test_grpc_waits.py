@@ -45,8 +45,8 @@ def test_a_join_streams_receiver_sleeps_while_no_message_comes(
         connection = scripted.accept()
         welcome(connection)
         assert inbox.get(timeout=30) is not None  # the receiver is back in its wait
-        receiver = next(t for t in threading.enumerate() if t.name == "rlfleet-worker-receiver")
-        assert receiver.native_id is not None
+        receiver = stream._receiver  # this stream's, not another test's
+        assert receiver.native_id is not None and receiver.name == "rlfleet-worker-receiver"
         time.sleep(0.2)
         before = voluntary_switches(receiver.native_id)
         time.sleep(1.0)
