@@ -26,6 +26,7 @@ import grpc
 from rlfleet.errors import UnavailableError
 from rlfleet.protocol.join import WorkerHello, WorkerWelcome
 from rlfleet.security import ClientSecurity
+from rlfleet.transport import grpc_waits
 from rlfleet.transport import rpc as _rpc
 from rlfleet.worker._join_messages import (
     CoordinatorEvent,
@@ -97,6 +98,9 @@ class JoinStream:
             request_serializer=serialize_outgoing,
             response_deserializer=parse_coordinator_message,
         )
+        # The receiver waits for the coordinator's few messages without
+        # grpcio's polls, which would take the GIL from the stepping thread.
+        grpc_waits.install()
         self._call = join(self._requests())
         self._receiver = threading.Thread(
             target=self._receive, name="rlfleet-worker-receiver", daemon=True
