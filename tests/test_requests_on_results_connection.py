@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import grpc
+import numpy as np
 import pytest
 
 from rlfleet.client import Fleet, RemoteSampler
@@ -39,9 +40,10 @@ from rlfleet.coordinator.calls import CallOutbox
 from rlfleet.coordinator.failures import CallError
 from rlfleet.coordinator.result_channels import ResultSender
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import InvalidArgumentError, RlfleetTimeoutError
+from rlfleet.errors import InvalidArgumentError, ResourceExhaustedError, RlfleetTimeoutError
 from rlfleet.protocol.error_reports import ErrorKind, ErrorReport
 from rlfleet.protocol.learner_calls import CallHeader, SampleAsk
+from rlfleet.protocol.updates import AgentChange
 from rlfleet.security import ClientSecurity
 from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.lease_channel import LeaseDataLink
@@ -200,6 +202,46 @@ def test_a_failure_frame_raises_what_the_status_raised() -> None:
         )
         assert type(raised) is type(status)
         assert str(raised).startswith(str(status))
+
+
+def test_a_request_above_a_message_bound_fails_as_its_sample_call_does(
+    processes: ProcessFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The coordinator reads 64 KiB at most: a request of some 100 KB is refused
+    # by its bound (a sampler sending up to 1 MiB), or by the sampler's own.
+    processes.start_coordinator("--max-message-bytes", str(64 << 10))
+    processes.start_worker(envs=1)
+    processes.wait_for_workers(1)
+    update = AgentChange(params={"w": np.zeros(25_000, np.float32)})
+    ask = SampleAsk(mode=2, amount=1, seed=SEED, agent_update=update)
+    grpc_calls = SampleCalls(monkeypatch)
+    for bound, words in ((1 << 20, "SERVER: Received"), (70_000, "CLIENT: Sent")):
+        errors = []
+        for older in (False, True):
+            with pytest.MonkeyPatch.context() as patch:
+                if older:
+                    older_learner(patch)
+                calls = CoordinatorCalls(
+                    processes.address,
+                    timeout=60,
+                    max_message_bytes=bound,
+                    security=ClientSecurity.from_options(),
+                )
+                try:
+                    made = grpc_calls.count
+                    with pytest.raises(ResourceExhaustedError) as raised:
+                        calls.sample(ask, None)
+                    errors.append(str(raised.value))
+                    if not older:
+                        # Nothing went: the connection serves the next request.
+                        assert calls.result_route.carrier == "data"
+                        good = SampleAsk(mode=2, amount=1, seed=SEED)
+                        assert len(calls.sample(good, None).results) > 0
+                        assert grpc_calls.count == made
+                finally:
+                    calls.close()
+        on_data, on_grpc = errors
+        assert on_data == on_grpc and f"{words} message larger than max" in on_data
 
 
 def test_the_timeout_fires_and_frees_the_requests_turn(monkeypatch: pytest.MonkeyPatch) -> None:

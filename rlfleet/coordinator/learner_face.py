@@ -127,9 +127,14 @@ class LearnerFace:
 
     def open_result_channel(
         self, request: object, context: grpc.ServicerContext
-    ) -> tuple[int, int, bytes] | None:
-        """OpenResultChannel: a results connection's id, port and ticket (None: no data channel)."""
-        return self._results.open()
+    ) -> tuple[int, int, bytes, int] | None:
+        """OpenResultChannel: a results connection's id, port and ticket, and the
+        longest request frame read there (None: no data channel)."""
+        opened = self._results.open()
+        if opened is None:
+            return None
+        # The data channel's frame bound: the gRPC server's message bound.
+        return (*opened, self._coordinator.config.max_message_bytes)
 
     def subscribe(
         self, request: SubscribeAsk, context: grpc.ServicerContext
