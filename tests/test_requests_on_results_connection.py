@@ -244,6 +244,35 @@ def test_a_request_above_a_message_bound_fails_as_its_sample_call_does(
         assert on_data == on_grpc and f"{words} message larger than max" in on_data
 
 
+def test_results_connections_are_bounded_as_learner_calls_are(
+    processes: ProcessFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each connection may hold a thread for its requests: as many may be
+    # open as learner calls may run at once, and a learner past that makes
+    # Sample calls until one closes.
+    processes.start_coordinator("--max-learner-calls", "2")
+    processes.start_worker(envs=1)
+    processes.wait_for_workers(1)
+    first, second, third = (processes.sampler(seed=SEED) for _ in range(3))
+    for sampler in (first, second):
+        sampler.obtain_episodes(1)
+        assert sampler.result_route.carrier == "data"
+    with pytest.raises(ResourceExhaustedError, match="2 results connections are open") as raised:
+        third.result_route._stubs.open_result_channel(timeout=60)
+    assert "--max-learner-calls" in str(raised.value)
+    grpc_calls = SampleCalls(monkeypatch)
+    expected = local_episodes(CARTPOLE, 2, seed=SEED)[0]
+    assert_same_batch(third.obtain_episodes(2), expected)
+    assert third.result_route.carrier == "grpc" and grpc_calls.count == 1
+    first.close()  # its connection's slot is free once the coordinator saw it close
+
+    def on_data() -> bool:
+        third.obtain_episodes(1)
+        return third.result_route.carrier == "data"
+
+    wait_until(on_data, what="the third learner's results connection")
+
+
 def test_the_timeout_fires_and_frees_the_requests_turn(monkeypatch: pytest.MonkeyPatch) -> None:
     with (
         Fleet.local(workers=1, envs_per_worker=1, env=SLOW, seed=SEED) as fleet,

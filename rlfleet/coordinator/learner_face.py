@@ -61,6 +61,8 @@ class LearnerFace:
                     SAMPLE_ON_DATA, outcome, started
                 ),
             ),
+            # A connection's requests hold a thread as a Sample call does.
+            max_open=coordinator.config.max_learner_calls,
         )
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -129,8 +131,12 @@ class LearnerFace:
         self, request: object, context: grpc.ServicerContext
     ) -> tuple[int, int, bytes, int] | None:
         """OpenResultChannel: a results connection's id, port and ticket, and the
-        longest request frame read there (None: no data channel)."""
-        opened = self._results.open()
+        longest request frame read there (None: no data channel); RESOURCE_EXHAUSTED
+        while as many connections are open as learner calls may run at once."""
+        try:
+            opened = self._results.open()
+        except CallError as exc:
+            _rpc.abort(context, exc.code, exc.message, exc.detail)
         if opened is None:
             return None
         # The data channel's frame bound: the gRPC server's message bound.
