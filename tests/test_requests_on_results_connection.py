@@ -354,20 +354,48 @@ def test_a_second_request_while_one_runs_is_refused() -> None:
             link.send(sample_request(SampleAsk(mode=2, amount=500, seed=SEED, result_call=1)))
             wait_until(lambda: fleet.status().requests_in_flight == 1, what="the request to run")
             link.send(sample_request(SampleAsk(mode=2, amount=1, seed=SEED, result_call=2)))
-            while True:  # the first call's header and results, and the refusal
-                payload = link.receive_within(30)
-                assert payload is not None
-                call, part = parse_result_frame(payload)
-                if call == 2:
-                    break
+            part = _frame_of_call(link, 2)  # after the first call's header and results
             assert isinstance(part, CallFailed)
             assert part.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-            assert "one request at a time" in part.message
+            assert "while another runs on it; a connection runs one request at a" in part.message
             # The first request goes on until the learner ends it.
             assert fleet.status().requests_in_flight == 1
         finally:
             calls.close()
         wait_until(lambda: fleet.status().requests_in_flight == 0, what="the request to end")
+
+
+def test_a_request_on_a_connection_a_sample_call_uses_is_refused() -> None:
+    with Fleet.local(workers=1, envs_per_worker=1, env=SLOW, seed=SEED) as fleet:
+        calls, link = _dialled(fleet)
+        channel = calls.result_route._channel
+        try:
+            # A Sample call naming the connection, as an older learner makes it.
+            ask = SampleAsk(mode=2, amount=500, seed=SEED, result_channel=channel, result_call=1)
+            running = calls.result_route._stubs.sample(ask, timeout=60)
+            wait_until(lambda: fleet.status().requests_in_flight == 1, what="the call to run")
+            link.send(sample_request(SampleAsk(mode=2, amount=1, seed=SEED, result_call=2)))
+            part = _frame_of_call(link, 2)
+            assert isinstance(part, CallFailed)
+            assert part.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+            assert part.message == (
+                "a Sample request (call 2) came on a results connection a Sample call uses; "
+                "a connection runs one request at a time"
+            )
+            running.cancel()
+        finally:
+            calls.close()
+        wait_until(lambda: fleet.status().requests_in_flight == 0, what="the call to end")
+
+
+def _frame_of_call(link: LeaseDataLink, call: int) -> Any:
+    """What the first frame of ``call`` on ``link`` holds (other calls' frames skipped)."""
+    while True:
+        payload = link.receive_within(30)
+        assert payload is not None
+        got, part = parse_result_frame(payload)
+        if got == call:
+            return part
 
 
 @pytest.mark.parametrize(
