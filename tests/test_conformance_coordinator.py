@@ -6,7 +6,7 @@ line; and in-process), and fail against coordinators that accept a bad
 ticket (the ticket table or the first frame's size limit loosened
 in-process) or answer a request on the results connection wrongly (a
 failure frame naming another call, a header that does not say the footer
-comes there).
+comes there, a footer that miscounts the results).
 """
 
 from __future__ import annotations
@@ -149,6 +149,20 @@ def test_a_coordinator_answering_requests_wrongly_fails_the_request_checks(
     passed, message = got["request-on-results-connection"]
     assert not passed and "footer_on_data set; got a header frame of call 1" in message
     assert all(got[name][0] for name in got if name.startswith("ticket-"))
+
+
+def test_a_coordinator_whose_footer_miscounts_the_results_fails_the_request_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    footer_bytes = result_channels.footer_bytes
+    monkeypatch.setattr(
+        result_channels, "footer_bytes", lambda footer, sent: footer_bytes(footer, sent + 1)
+    )
+    with Fleet.local(workers=1, envs_per_worker=1, seed=3) as fleet:
+        got = verdicts(fleet.address)
+    passed, message = got["request-on-results-connection"]
+    assert not passed
+    assert "data_results to count the 1 result frame(s) sent" in message and "says 2" in message
 
 
 def test_unreachable_coordinators_fail_and_unknown_checks_are_refused() -> None:
