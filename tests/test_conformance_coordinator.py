@@ -1,8 +1,12 @@
-"""The conformance kit's coordinator checks: bad lease data tickets are refused.
+"""The conformance kit's coordinator checks: bad lease data tickets are refused,
+and Sample requests on a learner's results connection are answered there.
 
 The checks run against a real coordinator (a process, through the command
 line; and in-process), and fail against coordinators that accept a bad
-ticket: the ticket table or the first frame's size limit loosened in-process.
+ticket (the ticket table or the first frame's size limit loosened
+in-process) or answer a request on the results connection wrongly (a
+failure frame naming another call, a header that does not say the footer
+comes there, a footer that miscounts the results).
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from typing import Any
 
 import pytest
 
+from rlfleet.client import Fleet
 from rlfleet.conformance import COORDINATOR_CHECKS, run_coordinator_conformance
-from rlfleet.conformance.coordinator_checks import OVERSIZED_HELLO_BYTES
-from rlfleet.coordinator import CoordinatorConfig, serve
+from rlfleet.conformance.coordinator_checks import NO_REQUESTS_ON_DATA, OVERSIZED_HELLO_BYTES
+from rlfleet.coordinator import CoordinatorConfig, result_channels, result_requests, serve
 from rlfleet.coordinator.config import LEASE_DATA_OFF
 from rlfleet.coordinator.leases import data_hello
 from rlfleet.coordinator.server import CoordinatorServer
@@ -62,6 +67,8 @@ def test_the_coordinator_process_passes_every_check_from_the_command_line(
         "ticket-wrong-bytes",
         "ticket-used-twice",
         "ticket-oversized",
+        "request-on-results-connection",
+        "bad-request-on-results-connection",
     ]
 
 
@@ -102,9 +109,60 @@ def test_the_real_coordinator_passes_in_process(server: CoordinatorServer) -> No
 def test_a_coordinator_without_the_data_channel_passes_saying_so() -> None:
     with serve(CoordinatorConfig(listen="127.0.0.1:0", lease_data_listen=LEASE_DATA_OFF)) as off:
         got = verdicts(off.address)
-    for passed, message in got.values():
+    for name, (passed, message) in got.items():
         assert passed
-        assert "offers no lease data channel" in message
+        if name.startswith("ticket-"):
+            assert "offers no lease data channel" in message
+        else:
+            assert message == NO_REQUESTS_ON_DATA
+
+
+def test_a_coordinator_with_a_worker_answers_a_request_on_the_results_connection() -> None:
+    with Fleet.local(workers=1, envs_per_worker=1, seed=3) as fleet:
+        got = verdicts(fleet.address)
+    assert all(passed for passed, _ in got.values()), got
+    assert got["request-on-results-connection"][1].startswith(
+        "the header (results_on_data, footer_on_data), 1 result frame(s) and the footer"
+    )
+    assert "INVALID_ARGUMENT: SampleRequest.amount" in got["bad-request-on-results-connection"][1]
+
+
+def test_a_coordinator_answering_requests_wrongly_fails_the_request_checks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A failure frame naming the next call, and a header that does not say
+    # the footer comes on the connection.
+    failure_bytes = result_channels.failure_bytes
+    monkeypatch.setattr(
+        result_channels, "failure_bytes", lambda error, call: failure_bytes(error, call + 1)
+    )
+    header_bytes = result_requests.header_bytes
+
+    def header_without_footer(header: Any, **flags: bool) -> bytes:
+        return header_bytes(header, results_on_data=True, footer_on_data=False)
+
+    monkeypatch.setattr(result_requests, "header_bytes", header_without_footer)
+    with Fleet.local(workers=1, envs_per_worker=1, seed=3) as fleet:
+        got = verdicts(fleet.address)
+    passed, message = got["bad-request-on-results-connection"]
+    assert not passed and "(SampleResponse.result_call 1); got a failure frame of call 2" in message
+    passed, message = got["request-on-results-connection"]
+    assert not passed and "footer_on_data set; got a header frame of call 1" in message
+    assert all(got[name][0] for name in got if name.startswith("ticket-"))
+
+
+def test_a_coordinator_whose_footer_miscounts_the_results_fails_the_request_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    footer_bytes = result_channels.footer_bytes
+    monkeypatch.setattr(
+        result_channels, "footer_bytes", lambda footer, sent: footer_bytes(footer, sent + 1)
+    )
+    with Fleet.local(workers=1, envs_per_worker=1, seed=3) as fleet:
+        got = verdicts(fleet.address)
+    passed, message = got["request-on-results-connection"]
+    assert not passed
+    assert "data_results to count the 1 result frame(s) sent" in message and "says 2" in message
 
 
 def test_unreachable_coordinators_fail_and_unknown_checks_are_refused() -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import grpc
+import numpy as np
 import pytest
 
 from rlfleet.client import Fleet, RemoteSampler
@@ -39,9 +40,10 @@ from rlfleet.coordinator.calls import CallOutbox
 from rlfleet.coordinator.failures import CallError
 from rlfleet.coordinator.result_channels import ResultSender
 from rlfleet.envs import EnvConfig
-from rlfleet.errors import InvalidArgumentError, RlfleetTimeoutError
+from rlfleet.errors import InvalidArgumentError, ResourceExhaustedError, RlfleetTimeoutError
 from rlfleet.protocol.error_reports import ErrorKind, ErrorReport
 from rlfleet.protocol.learner_calls import CallHeader, SampleAsk
+from rlfleet.protocol.updates import AgentChange
 from rlfleet.security import ClientSecurity
 from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.lease_channel import LeaseDataLink
@@ -202,6 +204,75 @@ def test_a_failure_frame_raises_what_the_status_raised() -> None:
         assert str(raised).startswith(str(status))
 
 
+def test_a_request_above_a_message_bound_fails_as_its_sample_call_does(
+    processes: ProcessFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The coordinator reads 64 KiB at most: a request of some 100 KB is refused
+    # by its bound (a sampler sending up to 1 MiB), or by the sampler's own.
+    processes.start_coordinator("--max-message-bytes", str(64 << 10))
+    processes.start_worker(envs=1)
+    processes.wait_for_workers(1)
+    update = AgentChange(params={"w": np.zeros(25_000, np.float32)})
+    ask = SampleAsk(mode=2, amount=1, seed=SEED, agent_update=update)
+    grpc_calls = SampleCalls(monkeypatch)
+    for bound, words in ((1 << 20, "SERVER: Received"), (70_000, "CLIENT: Sent")):
+        errors = []
+        for older in (False, True):
+            with pytest.MonkeyPatch.context() as patch:
+                if older:
+                    older_learner(patch)
+                calls = CoordinatorCalls(
+                    processes.address,
+                    timeout=60,
+                    max_message_bytes=bound,
+                    security=ClientSecurity.from_options(),
+                )
+                try:
+                    made = grpc_calls.count
+                    with pytest.raises(ResourceExhaustedError) as raised:
+                        calls.sample(ask, None)
+                    errors.append(str(raised.value))
+                    if not older:
+                        # Nothing went: the connection serves the next request.
+                        assert calls.result_route.carrier == "data"
+                        good = SampleAsk(mode=2, amount=1, seed=SEED)
+                        assert len(calls.sample(good, None).results) > 0
+                        assert grpc_calls.count == made
+                finally:
+                    calls.close()
+        on_data, on_grpc = errors
+        assert on_data == on_grpc and f"{words} message larger than max" in on_data
+
+
+def test_results_connections_are_bounded_as_learner_calls_are(
+    processes: ProcessFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each connection may hold a thread for its requests: as many may be
+    # open as learner calls may run at once, and a learner past that makes
+    # Sample calls until one closes.
+    processes.start_coordinator("--max-learner-calls", "2")
+    processes.start_worker(envs=1)
+    processes.wait_for_workers(1)
+    first, second, third = (processes.sampler(seed=SEED) for _ in range(3))
+    for sampler in (first, second):
+        sampler.obtain_episodes(1)
+        assert sampler.result_route.carrier == "data"
+    with pytest.raises(ResourceExhaustedError, match="2 results connections are open") as raised:
+        third.result_route._stubs.open_result_channel(timeout=60)
+    assert "--max-learner-calls" in str(raised.value)
+    grpc_calls = SampleCalls(monkeypatch)
+    expected = local_episodes(CARTPOLE, 2, seed=SEED)[0]
+    assert_same_batch(third.obtain_episodes(2), expected)
+    assert third.result_route.carrier == "grpc" and grpc_calls.count == 1
+    first.close()  # its connection's slot is free once the coordinator saw it close
+
+    def on_data() -> bool:
+        third.obtain_episodes(1)
+        return third.result_route.carrier == "data"
+
+    wait_until(on_data, what="the third learner's results connection")
+
+
 def test_the_timeout_fires_and_frees_the_requests_turn(monkeypatch: pytest.MonkeyPatch) -> None:
     with (
         Fleet.local(workers=1, envs_per_worker=1, env=SLOW, seed=SEED) as fleet,
@@ -283,20 +354,48 @@ def test_a_second_request_while_one_runs_is_refused() -> None:
             link.send(sample_request(SampleAsk(mode=2, amount=500, seed=SEED, result_call=1)))
             wait_until(lambda: fleet.status().requests_in_flight == 1, what="the request to run")
             link.send(sample_request(SampleAsk(mode=2, amount=1, seed=SEED, result_call=2)))
-            while True:  # the first call's header and results, and the refusal
-                payload = link.receive_within(30)
-                assert payload is not None
-                call, part = parse_result_frame(payload)
-                if call == 2:
-                    break
+            part = _frame_of_call(link, 2)  # after the first call's header and results
             assert isinstance(part, CallFailed)
             assert part.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-            assert "one request at a time" in part.message
+            assert "while another runs on it; a connection runs one request at a" in part.message
             # The first request goes on until the learner ends it.
             assert fleet.status().requests_in_flight == 1
         finally:
             calls.close()
         wait_until(lambda: fleet.status().requests_in_flight == 0, what="the request to end")
+
+
+def test_a_request_on_a_connection_a_sample_call_uses_is_refused() -> None:
+    with Fleet.local(workers=1, envs_per_worker=1, env=SLOW, seed=SEED) as fleet:
+        calls, link = _dialled(fleet)
+        channel = calls.result_route._channel
+        try:
+            # A Sample call naming the connection, as an older learner makes it.
+            ask = SampleAsk(mode=2, amount=500, seed=SEED, result_channel=channel, result_call=1)
+            running = calls.result_route._stubs.sample(ask, timeout=60)
+            wait_until(lambda: fleet.status().requests_in_flight == 1, what="the call to run")
+            link.send(sample_request(SampleAsk(mode=2, amount=1, seed=SEED, result_call=2)))
+            part = _frame_of_call(link, 2)
+            assert isinstance(part, CallFailed)
+            assert part.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+            assert part.message == (
+                "a Sample request (call 2) came on a results connection a Sample call uses; "
+                "a connection runs one request at a time"
+            )
+            running.cancel()
+        finally:
+            calls.close()
+        wait_until(lambda: fleet.status().requests_in_flight == 0, what="the call to end")
+
+
+def _frame_of_call(link: LeaseDataLink, call: int) -> Any:
+    """What the first frame of ``call`` on ``link`` holds (other calls' frames skipped)."""
+    while True:
+        payload = link.receive_within(30)
+        assert payload is not None
+        got, part = parse_result_frame(payload)
+        if got == call:
+            return part
 
 
 @pytest.mark.parametrize(

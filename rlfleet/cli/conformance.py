@@ -51,7 +51,8 @@ class ConformanceSettings(CommandSettings):
     coordinator: str | None = option(
         None,
         "check a running coordinator instead (plaintext, no token): that it refuses bad lease "
-        "data tickets (the coordinator checks of docs/conformance.md)",
+        "data tickets and answers Sample requests on a results connection (the coordinator "
+        "checks of docs/conformance.md)",
         metavar="HOST:PORT",
         exclusive=_TARGET,
     )

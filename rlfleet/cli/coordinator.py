@@ -96,7 +96,9 @@ class CoordinatorSettings(ServerSecurityOptions, ConfigOptions):
     )
     max_subscribers: PositiveInt = option(8, "concurrent subscriptions")
     max_learner_calls: PositiveInt = option(
-        32, "learner calls (samples, subscriptions, status) served at once"
+        32,
+        "learner calls (samples, subscriptions, status) served at once, and learners' "
+        "results connections open at once",
     )
     max_buffered_steps: PositiveInt = option(
         100_000, "default per-subscriber buffer: steps sent by workers, not yet taken"

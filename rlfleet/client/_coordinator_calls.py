@@ -94,7 +94,9 @@ class CoordinatorCalls:
         )
         self._stubs = LearnerStubs(self._channel)
         #: Where Sample answers' results travel (rlfleet.client._result_route).
-        self.result_route = ResultRoute(address, self._stubs, security, self._receive_bytes)
+        self.result_route = ResultRoute(
+            address, self._stubs, security, self._receive_bytes, send_bytes=max_message_bytes
+        )
         #: What the sampler keeps across calls to read (and assemble) answers.
         self.answers = AnswerMemory() if answers is None else answers
         #: The env and agent pushed to the coordinator, and its id.

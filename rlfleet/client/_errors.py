@@ -8,6 +8,9 @@ from rlfleet.errors import RlfleetError, UnavailableError
 from rlfleet.protocol.error_reports import ErrorReport
 from rlfleet.transport import rpc as _rpc
 
+#: RESOURCE_EXHAUSTED's number, as a ``CallFailure`` carries a status code.
+RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+
 RETRY_HINT = (
     "the coordinator is unreachable or went away; retry (the channel reconnects by itself, "
     "and a retried obtain_* call gets the same seeds)"

@@ -79,12 +79,15 @@ class ResultChannel(NamedTuple):
         ticket: The ticket to dial it with.
         requests: The coordinator takes Sample requests on the connection
             (``ResultChannelOpened.requests_on_data``; False from an older one).
+        max_request_bytes: The longest request frame the coordinator reads
+            there (``ResultChannelOpened.max_request_bytes``; 0: not said).
     """
 
     channel: int
     port: int
     ticket: bytes
     requests: bool = False
+    max_request_bytes: int = 0
 
 
 #: What one response of a Sample or Subscribe call holds.
@@ -243,7 +246,11 @@ def _result_channel_opened(data: bytes) -> ResultChannel | None:
     if not opened.HasField("data"):
         return None
     return ResultChannel(
-        opened.channel_id, opened.data.port, opened.data.ticket, opened.requests_on_data
+        opened.channel_id,
+        opened.data.port,
+        opened.data.ticket,
+        opened.requests_on_data,
+        opened.max_request_bytes,
     )
 
 

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from types import NotImplementedType
 from typing import Any, TypeVar
 
-from rlfleet.client._errors import failure_error
+from rlfleet.client._errors import RESOURCE_EXHAUSTED, failure_error
 from rlfleet.client._learner_messages import (
     CallFailed,
     LearnerStubs,
@@ -59,6 +59,7 @@ from rlfleet.errors import (
 from rlfleet.protocol.learner_calls import CallHeader, ResultPart, SampleAsk
 from rlfleet.protocol.modes import Footer
 from rlfleet.security import ClientSecurity
+from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.data_address import coordinator_host, warn_unreachable
 from rlfleet.transport.frame_pieces import FramePieces
 from rlfleet.transport.lease_channel import (
@@ -90,6 +91,8 @@ class ResultRoute:
             limit, which holds every result message its coordinator may
             forward whatever the sampler's own message limit
             (:class:`~rlfleet.client._coordinator_calls.CoordinatorCalls`).
+        send_bytes: The largest request sent: the sampler's message limit,
+            which its Sample calls' channel holds to as well.
     """
 
     def __init__(
@@ -98,11 +101,16 @@ class ResultRoute:
         stubs: LearnerStubs,
         security: ClientSecurity,
         receive_bytes: int,
+        *,
+        send_bytes: int = _rpc.DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self._address = address
         self._stubs = stubs
         self._security = security
         self._receive_bytes = receive_bytes
+        self._send_bytes = send_bytes
+        # The longest request frame the coordinator reads (0: it does not say).
+        self._coordinator_bytes = 0
         #: The coordinator's in-memory attach when it runs in this process
         #: (``Fleet.local``): takes a serialized LeaseDataHello, returns the link.
         self.attach: Callable[[bytes], DataLink] | None = None
@@ -154,7 +162,14 @@ class ResultRoute:
         ask = dataclasses.replace(
             ask, result_channel=self._channel, result_call=self._calls, footer_on_data=True
         )
-        data = DataResults(link, self._calls, timeout, self._address, requests=self._requests)
+        data = DataResults(
+            link,
+            self._calls,
+            timeout,
+            self._address,
+            requests=self._requests,
+            request_bytes=(self._send_bytes, self._coordinator_bytes),
+        )
         return ask, data
 
     def finished(self, data: DataResults | None) -> None:
@@ -195,7 +210,7 @@ class ResultRoute:
         if opened is None:  # no data channel, or an older coordinator
             self._grpc_only = True
             return None
-        channel, port, ticket, self._requests = opened
+        channel, port, ticket, self._requests, self._coordinator_bytes = opened
         hello = data_hello(ticket)
         if self.attach is not None:
             try:
@@ -228,6 +243,8 @@ class DataResults:
         address: The coordinator's address, for errors.
         requests: The coordinator takes the request itself on the connection
             (:meth:`requested`).
+        request_bytes: The longest request the sampler sends (its message
+            limit) and the longest the coordinator reads there (0: not said).
     """
 
     def __init__(
@@ -238,8 +255,10 @@ class DataResults:
         address: str,
         *,
         requests: bool = False,
+        request_bytes: tuple[int, int] = (_rpc.DEFAULT_MAX_MESSAGE_BYTES, 0),
     ) -> None:
         self.requests = requests
+        self._request_bytes = request_bytes
         self._asked = False  # the request went on the connection
         self._link = link
         self._call = call
@@ -282,9 +301,17 @@ class DataResults:
             UnavailableError: If the connection ended first (retryable).
             RlfleetTimeoutError: If the call's deadline passed first.
             ProtocolError: For a first frame of another call, or no header.
+            ResourceExhaustedError: For a request longer than the sampler
+                sends or the coordinator reads: not sent (the connection
+                serves the next), worded as the Sample call's status is.
             RlfleetError: The request's failure, typed as its Sample call's
                 status would have been (rlfleet.client._errors).
         """
+        oversized = _oversized(len(request), *self._request_bytes)
+        if oversized is not None:
+            # The coordinator would close the connection unanswered: its
+            # failure would have to name the call the unread frame holds.
+            raise self._failed(CallFailed(RESOURCE_EXHAUSTED, oversized, None))
         self._asked = True
         try:
             self._link.send(request)
@@ -424,3 +451,15 @@ class DataResults:
                     f"Sample on coordinator {self._address}: a results frame holding neither "
                     "a result nor an end marker"
                 )
+
+
+def _oversized(size: int, sent: int, read: int) -> str | None:
+    """Why a request of ``size`` bytes is not sent, in gRPC's words for a Sample
+    call's (the sampler's channel refuses it first, then the coordinator's
+    server), or None: it goes. ``sent``: the sampler's message limit;
+    ``read``: the coordinator's (0: not said)."""
+    if size > sent:
+        return f"CLIENT: Sent message larger than max ({size} vs. {sent})"
+    if read and size > read:
+        return f"SERVER: Received message larger than max ({size} vs. {read})"
+    return None

@@ -4,7 +4,8 @@
 scripted test coordinator and checks the handshake, sampling modes, updates,
 chunking, errors, heartbeats, cancels and draining (docs/conformance.md).
 ``rlfleet conformance --coordinator HOST:PORT`` checks that a running
-coordinator refuses bad lease data tickets.
+coordinator refuses bad lease data tickets and answers Sample requests sent
+on a learner's results connection.
 
     from rlfleet.conformance import run_conformance
 

@@ -1,13 +1,18 @@
-"""Coordinator checks: does a coordinator, in any language, refuse bad lease data tickets?
+"""Coordinator checks: does a coordinator, in any language, refuse bad lease data
+tickets, and answer Sample requests on a learner's results connection?
 
 The lease data channel (leases.proto, docs/protocol.md) lets whoever
 presents a ticket drive a lease or a worker's session, so a coordinator
-must accept each ticket it issued once and nothing else. Each check joins
-the coordinator as a one-env worker that hosts leases (its Welcome carries
-a ticket), presents a bad ticket on the data port, and expects the
+must accept each ticket it issued once and nothing else. Each ticket check
+joins the coordinator as a one-env worker that hosts leases (its Welcome
+carries a ticket), presents a bad ticket on the data port, and expects the
 connection to be closed without the ``LeaseDataAccepted`` frame; then it
 presents the good ticket and expects it accepted, which shows that the
-refusal was for the ticket. docs/conformance.md describes the checks.
+refusal was for the ticket. The request checks open a results connection
+as a learner does and, where the coordinator offers it
+(``ResultChannelOpened.requests_on_data``), send Sample requests there and
+read their answers (learner.proto, "Requests on a learner's results
+connection"). docs/conformance.md describes the checks.
 """
 
 from __future__ import annotations
@@ -17,12 +22,31 @@ import dataclasses
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
+
+from google.protobuf.message import DecodeError
 
 from rlfleet._version import __version__
 from rlfleet.conformance._failure import Check, CheckFailed, CheckResult, run_check, select
+from rlfleet.conformance.kit_messages import (
+    ResultsConnection,
+    ResultsFrame,
+    episodes_request,
+    result_channel_request,
+    results_connection_of,
+    results_frame_of,
+)
+from rlfleet.errors import ProtocolError, RlfleetError
 from rlfleet.security import ClientSecurity
+from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.data_address import coordinator_host
-from rlfleet.transport.lease_channel import HANDSHAKE_FRAME_BYTES, frame
+from rlfleet.transport.lease_channel import (
+    HANDSHAKE_FRAME_BYTES,
+    DataLink,
+    dial,
+    frame,
+)
+from rlfleet.wire.chunks import FORWARDED_RESULT_BYTES
 from rlfleet.wire.leases import data_hello
 from rlfleet.worker._connection import lease_data_ticket
 
@@ -33,6 +57,17 @@ KIT_IMPLEMENTATION = f"rlfleet-conformance/{__version__}"
 OVERSIZED_HELLO_BYTES = 64 * HANDSHAKE_FRAME_BYTES
 #: What a ticket check verified when the coordinator has no data channel.
 NO_DATA_CHANNEL = "the coordinator offers no lease data channel (Welcome.lease_data unset)"
+#: What a request check verified when the coordinator takes no requests on a
+#: results connection.
+NO_REQUESTS_ON_DATA = (
+    "the coordinator takes no Sample requests on a results connection "
+    "(ResultChannelOpened.requests_on_data unset, or no data channel)"
+)
+#: ``SampleRequest.wait_for_workers_seconds`` of the request checks.
+WORKER_WAIT_SECONDS = 2.0
+#: gRPC status codes a request check expects, by number.
+_INVALID_ARGUMENT = 3
+_UNAVAILABLE = 14
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +171,74 @@ def ticket_oversized(target: CoordinatorTarget) -> str:
     return (
         f"a first frame of {len(oversized)} bytes holding the good ticket was refused; "
         "the ticket was accepted afterwards"
+    )
+
+
+@_check(
+    "request-on-results-connection",
+    "a Sample request sent on a results connection is answered there: header, results, footer",
+)
+def request_on_results_connection(target: CoordinatorTarget) -> str:
+    with _results_link(target) as link:
+        if link is None:
+            return NO_REQUESTS_ON_DATA
+        link.send(episodes_request(1, 1, wait_for_workers_seconds=WORKER_WAIT_SECONDS))
+        first = _answer_frame(link, target, 1, "the answer's first frame")
+        if first.kind == "failure" and first.code == _UNAVAILABLE:
+            return (
+                f"no worker joined within {WORKER_WAIT_SECONDS:g} s: the request ended with a "
+                f"failure frame (UNAVAILABLE: {first.message}), as its Sample call would; join "
+                "a worker to check the header, results and footer too"
+            )
+        if first.kind != "header" or first.on_data != (True, True):
+            raise CheckFailed(
+                "expected the answer to a request of 1 episode to begin with a header frame "
+                f"with results_on_data and footer_on_data set; got {_described(first)}"
+            )
+        results = 0
+        while True:
+            got = _answer_frame(link, target, 1, f"the frame after {results} result frame(s)")
+            if got.kind == "result":
+                results += 1
+            elif got.kind == "footer":
+                break
+            else:
+                raise CheckFailed(
+                    f"expected a result or the footer after {results} result frame(s); got "
+                    f"{_described(got)}"
+                )
+        if got.data_results != results or not results:
+            raise CheckFailed(
+                f"expected the footer's data_results to count the {results} result frame(s) "
+                f"sent (at least one for an episode); it says {got.data_results}"
+            )
+    return (
+        f"the header (results_on_data, footer_on_data), {results} result frame(s) and the "
+        f"footer (data_results {results}) came on the connection"
+    )
+
+
+@_check(
+    "bad-request-on-results-connection",
+    "a bad Sample request on a results connection ends with a failure frame, and the "
+    "connection serves the next",
+)
+def bad_request_on_results_connection(target: CoordinatorTarget) -> str:
+    with _results_link(target) as link:
+        if link is None:
+            return NO_REQUESTS_ON_DATA
+        for call in (1, 2):
+            link.send(episodes_request(0, call, wait_for_workers_seconds=WORKER_WAIT_SECONDS))
+            got = _answer_frame(link, target, call, f"the answer to bad request {call}")
+            if got.kind != "failure" or got.code != _INVALID_ARGUMENT:
+                raise CheckFailed(
+                    f"expected a failure frame (SampleResponse.failure) with code "
+                    f"INVALID_ARGUMENT ({_INVALID_ARGUMENT}), as the Sample call's status, for "
+                    f"a request of 0 episodes (call {call}); got {_described(got)}"
+                )
+    return (
+        "two requests of 0 episodes each ended with a failure frame (INVALID_ARGUMENT: "
+        f"{got.message}), the second on the same connection"
     )
 
 
@@ -254,6 +357,92 @@ def _answer(sock: socket.socket, first: bytes, timeout: float, where: str) -> bo
             "empty LeaseDataAccepted frame (b'\\x00\\x00\\x00\\x00') nor a close"
         )
     return True
+
+
+@contextlib.contextmanager
+def _results_link(target: CoordinatorTarget) -> Iterator[DataLink | None]:
+    """A results connection taking requests, opened as a learner opens one; None
+    when the coordinator offers none (no data channel, an older coordinator).
+
+    Raises:
+        CheckFailed: If OpenResultChannel fails otherwise, or the port cannot
+            be dialled with its ticket.
+    """
+    channel = _rpc.open_channel(target.address, security=target.security)
+    with contextlib.ExitStack() as stack:
+        stack.callback(channel.close)
+        call = channel.unary_unary(
+            _rpc.OPEN_RESULT_CHANNEL,
+            request_serializer=result_channel_request,
+            response_deserializer=results_connection_of,
+        )
+        what = f"OpenResultChannel on {target.address}"
+        opened: ResultsConnection | None = None
+        try:
+            opened = call(None, timeout=target.timeout)
+        except Exception as exc:  # a failed call: a grpc.RpcError (not imported here)
+            error = _rpc.error_from_rpc(cast(Any, exc), what=what)
+            # UNIMPLEMENTED (a ProtocolError): it knows no such method.
+            if type(error) is not ProtocolError:
+                raise CheckFailed(f"{what} failed: {error}") from None
+        if opened is None or not (opened.port and opened.requests):
+            yield None
+            return
+        host = coordinator_host(target.address)
+        tls = target.security.tls if target.security is not None else None
+        try:
+            link = dial(
+                host,
+                opened.port,
+                data_hello(opened.ticket),
+                tls=tls,
+                timeout=target.timeout,
+                max_frame_bytes=FORWARDED_RESULT_BYTES,
+            )
+        except (OSError, RlfleetError) as exc:
+            raise CheckFailed(
+                f"could not dial the results connection {host}:{opened.port} with its ticket: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        stack.callback(link.close)
+        yield link
+
+
+def _answer_frame(link: DataLink, target: CoordinatorTarget, call: int, what: str) -> ResultsFrame:
+    """The next frame of a results connection, which must be of request ``call``.
+
+    Raises:
+        CheckFailed: If the connection closed, nothing came within the
+            target's timeout, or the frame is no SampleResponse of the call.
+    """
+    try:
+        payload = link.receive_within(target.timeout)
+    except (OSError, RlfleetError) as exc:
+        raise CheckFailed(
+            f"expected {what} of request {call} on the results connection: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    if payload is None:
+        raise CheckFailed(
+            f"expected {what} of request {call}; the coordinator closed the results connection"
+        )
+    try:
+        got = results_frame_of(bytes(payload))
+    except DecodeError as exc:
+        raise CheckFailed(f"{what} of request {call} is no SampleResponse: {exc}") from None
+    if got.call != call:
+        raise CheckFailed(
+            f"expected {what} of request {call} (SampleResponse.result_call {call}); "
+            f"got {_described(got)}"
+        )
+    return got
+
+
+def _described(got: ResultsFrame) -> str:
+    """A results frame, for a check's message."""
+    if got.kind == "failure":
+        return f"a failure frame of call {got.call} (code {got.code}: {got.message})"
+    return f"a {got.kind} frame of call {got.call}"
 
 
 def _expect_accepted(target: CoordinatorTarget, port: int, ticket: bytes, when: str) -> None:

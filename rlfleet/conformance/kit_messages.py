@@ -1,4 +1,5 @@
-"""worker.proto as the conformance kit writes and reads it.
+"""worker.proto (and learner.proto's results connection) as the conformance kit
+writes and reads it.
 
 The kit plays the coordinator's side of a worker's Join stream, so it is a
 protocol peer of its own, and this is the one module of it that holds
@@ -33,7 +34,7 @@ from rlfleet.protocol.join import (
 )
 from rlfleet.protocol.updates import AgentChange, EnvChange
 from rlfleet.transport import rpc as _rpc
-from rlfleet.v1 import leases_pb2, worker_pb2
+from rlfleet.v1 import learner_pb2, leases_pb2, worker_pb2
 from rlfleet.wire import (
     Chunk,
     decode_error_detail,
@@ -355,4 +356,88 @@ def merged_rows(parts: Sequence[LeaseRows], env_ids: Sequence[int]) -> LeaseRows
         truncated=rows("truncated") if first.step else None,
         infos=sum(part.infos for part in parts),
         text="; ".join(part.text for part in parts),
+    )
+
+
+# --- a learner's results connection (the coordinator checks) -------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultsConnection:
+    """An OpenResultChannel answer: the connection to dial, and what it serves.
+
+    Attributes:
+        channel: ``channel_id``.
+        port: ``data.port`` (0: no data channel).
+        ticket: ``data.ticket``.
+        requests: ``requests_on_data``.
+    """
+
+    channel: int
+    port: int
+    ticket: bytes
+    requests: bool
+
+
+def result_channel_request(_: None) -> bytes:
+    """A serialized ResultChannelRequest (no fields)."""
+    return learner_pb2.ResultChannelRequest().SerializeToString()
+
+
+def results_connection_of(data: bytes) -> ResultsConnection:
+    """Reads a ResultChannelOpened."""
+    opened = learner_pb2.ResultChannelOpened.FromString(data)
+    port = opened.data.port if opened.HasField("data") else 0
+    return ResultsConnection(opened.channel_id, port, opened.data.ticket, opened.requests_on_data)
+
+
+def episodes_request(episodes: int, call: int, *, wait_for_workers_seconds: float) -> bytes:
+    """A serialized SampleRequest for ``episodes`` episodes, sent as call ``call``
+    on a results connection."""
+    return learner_pb2.SampleRequest(
+        mode=worker_pb2.SAMPLE_MODE_EPISODES,
+        amount=episodes,
+        result_call=call,
+        wait_for_workers_seconds=wait_for_workers_seconds,
+    ).SerializeToString()
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultsFrame:
+    """One frame of a results connection, as sent (a SampleResponse).
+
+    Attributes:
+        call: ``result_call``.
+        kind: The body set: ``header``, ``result``, ``footer``,
+            ``results_end``, ``failure``, or :data:`EMPTY`.
+        on_data: A header's ``results_on_data`` and ``footer_on_data``.
+        data_results: A footer's ``data_results``.
+        code: A failure's status code.
+        message: A failure's message.
+    """
+
+    call: int
+    kind: str
+    on_data: tuple[bool, bool] = (False, False)
+    data_results: int = 0
+    code: int = 0
+    message: str = ""
+
+
+def results_frame_of(data: bytes) -> ResultsFrame:
+    """Reads a frame of a results connection.
+
+    Raises:
+        DecodeError: If it is no SampleResponse.
+    """
+    response = learner_pb2.SampleResponse.FromString(data)
+    kind = response.WhichOneof("body") or EMPTY
+    header, footer, failure = response.header, response.footer, response.failure
+    return ResultsFrame(
+        response.result_call,
+        kind,
+        on_data=(header.results_on_data, header.footer_on_data),
+        data_results=footer.data_results,
+        code=failure.code,
+        message=failure.message,
     )

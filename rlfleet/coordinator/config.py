@@ -88,7 +88,9 @@ class CoordinatorConfig:
             RESOURCE_EXHAUSTED.
         max_learner_calls: Learner calls (samples, subscriptions, status)
             served at once; the thread pool holds these plus max_workers
-            Join streams.
+            Join streams. Also the learners' results connections open at
+            once (each may hold a thread for the requests sent on it);
+            OpenResultChannel past it is refused with RESOURCE_EXHAUSTED.
         max_queued_requests: Sample and update requests waiting for their
             turn beyond which new ones are refused (RESOURCE_EXHAUSTED).
         max_subscribers: Concurrent subscriptions.

@@ -48,6 +48,11 @@ def unavailable(message: str) -> CallError:
     return CallError(grpc.StatusCode.UNAVAILABLE, message)
 
 
+def exhausted(message: str) -> CallError:
+    """A RESOURCE_EXHAUSTED failure (a limit of the coordinator's was reached)."""
+    return CallError(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+
+
 def detail_of(kind: int, message: str, *, worker: str = "") -> ErrorReport:
     """A coordinator-made report of ``kind`` (an ``ErrorKind`` value)."""
     return ErrorReport(kind, message, worker=worker)

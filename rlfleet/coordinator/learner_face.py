@@ -61,6 +61,8 @@ class LearnerFace:
                     SAMPLE_ON_DATA, outcome, started
                 ),
             ),
+            # A connection's requests hold a thread as a Sample call does.
+            max_open=coordinator.config.max_learner_calls,
         )
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -127,9 +129,18 @@ class LearnerFace:
 
     def open_result_channel(
         self, request: object, context: grpc.ServicerContext
-    ) -> tuple[int, int, bytes] | None:
-        """OpenResultChannel: a results connection's id, port and ticket (None: no data channel)."""
-        return self._results.open()
+    ) -> tuple[int, int, bytes, int] | None:
+        """OpenResultChannel: a results connection's id, port and ticket, and the
+        longest request frame read there (None: no data channel); RESOURCE_EXHAUSTED
+        while as many connections are open as learner calls may run at once."""
+        try:
+            opened = self._results.open()
+        except CallError as exc:
+            _rpc.abort(context, exc.code, exc.message, exc.detail)
+        if opened is None:
+            return None
+        # The data channel's frame bound: the gRPC server's message bound.
+        return (*opened, self._coordinator.config.max_message_bytes)
 
     def subscribe(
         self, request: SubscribeAsk, context: grpc.ServicerContext

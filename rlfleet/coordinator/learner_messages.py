@@ -323,12 +323,17 @@ def failure_bytes(error: CallError, call: int) -> bytes:
     return message.SerializeToString()
 
 
-def serialize_result_channel(opened: tuple[int, int, bytes] | None) -> bytes:
-    """The serialized ResultChannelOpened of ``(channel id, port, ticket)``, or of
-    None (no data channel: results stay on the stream)."""
+def serialize_result_channel(opened: tuple[int, int, bytes, int] | None) -> bytes:
+    """The serialized ResultChannelOpened of ``(channel id, port, ticket, longest
+    request frame)``, or of None (no data channel: results stay on the stream)."""
     message = learner_pb2.ResultChannelOpened()
     if opened is not None:
-        message.channel_id, message.data.port, message.data.ticket = opened
+        (
+            message.channel_id,
+            message.data.port,
+            message.data.ticket,
+            message.max_request_bytes,
+        ) = opened
         # This coordinator serves requests sent on the connection (result_requests.py).
         message.requests_on_data = True
     return message.SerializeToString()

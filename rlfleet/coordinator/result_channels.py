@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from rlfleet.coordinator.calls import Forward
-from rlfleet.coordinator.failures import CallError, unavailable
+from rlfleet.coordinator.failures import CallError, exhausted, unavailable
 from rlfleet.coordinator.learner_messages import (
     failure_bytes,
     footer_bytes,
@@ -68,13 +68,19 @@ class ResultChannels:
         requests: Serves the Sample requests learners send on their
             connections (result_requests.py); None: a learner sends nothing
             there (any frame closes the connection).
+        max_open: Connections attached at once (each may hold a thread for
+            its requests) past which :meth:`open` refuses; None: no limit.
     """
 
     def __init__(
-        self, server: LeaseDataServer | None, requests: RequestRunner | None = None
+        self,
+        server: LeaseDataServer | None,
+        requests: RequestRunner | None = None,
+        max_open: int | None = None,
     ) -> None:
         self._server = server
         self._requests = requests
+        self._max_open = max_open
         self._lock = threading.Lock()
         self._open: dict[int, LeaseConnection] = {}
         self._busy: set[int] = set()
@@ -82,10 +88,21 @@ class ResultChannels:
         self._attached = threading.Condition(self._lock)
 
     def open(self) -> tuple[int, int, bytes] | None:
-        """A new results connection's ``(id, port, ticket)``; None without a data channel."""
+        """A new results connection's ``(id, port, ticket)``; None without a data channel.
+
+        Raises:
+            CallError: RESOURCE_EXHAUSTED while ``max_open`` connections are attached.
+        """
         server = self._server
         if server is None:
             return None
+        with self._lock:
+            if self._max_open is not None and len(self._open) >= self._max_open:
+                raise exhausted(
+                    f"{len(self._open)} results connections are open on this coordinator, its "
+                    "limit (--max-learner-calls: each holds a thread for its requests); make "
+                    "Sample calls, their results on the stream, until one closes",
+                )
         # Random, not counted: a learner cannot name another's connection.
         channel = secrets.randbits(63) | 1
         ticket = server.issue(lambda connection: self._attach(channel, connection))

@@ -126,18 +126,10 @@ class ConnectionRequests:
                     self._requests.put(payload)
             if refused:
                 call, _ = _parsed(payload)
-                # Without blocking (the loop's thread): a learner that does not
-                # read its connection is closed by the connection's own bound.
-                self._connection.send(
-                    failure_bytes(
-                        CallError(
-                            _BUSY,
-                            f"a Sample request (call {call}) came on a results connection "
-                            "while another runs on it; a connection runs one request at a "
-                            "time: send the next once the answer's footer or failure came",
-                        ),
-                        call,
-                    )
+                self._refuse(
+                    call,
+                    "while another runs on it; a connection runs one request at a time: "
+                    "send the next once the answer's footer or failure came",
                 )
 
     def on_closed(self, reason: str) -> None:
@@ -149,6 +141,16 @@ class ConnectionRequests:
         self._requests.put(None)
         if scope is not None:
             self._runner.cancel(scope)
+
+    def _refuse(self, call: int, why: str) -> None:
+        """Answers request ``call`` with a failure (RESOURCE_EXHAUSTED) saying it
+        came on the connection ``why``; nothing is sent once the connection closed.
+
+        Without blocking (the loop's thread calls it): a learner that does not
+        read its connection is closed by the connection's own bound.
+        """
+        message = f"a Sample request (call {call}) came on a results connection {why}"
+        self._connection.send(failure_bytes(CallError(_BUSY, message), call))
 
     def _run(self) -> None:
         while True:
@@ -177,17 +179,7 @@ class ConnectionRequests:
         sender = self._channels.take(self._channel, call, footer_on_data=True, header_first=True)
         if sender is None:  # closed, or taken by a Sample call that names it
             self._released()
-            if not self._connection.closed:
-                self._connection.send(
-                    failure_bytes(
-                        CallError(
-                            _BUSY,
-                            f"a Sample request (call {call}) came on a results connection "
-                            "a Sample call uses; a connection runs one request at a time",
-                        ),
-                        call,
-                    )
-                )
+            self._refuse(call, "a Sample call uses; a connection runs one request at a time")
             self._runner.done("error", started)
             return
         sender.released = self._released

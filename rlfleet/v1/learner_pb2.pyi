@@ -15,14 +15,16 @@ class ResultChannelRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ResultChannelOpened(_message.Message):
-    __slots__ = ("channel_id", "data", "requests_on_data")
+    __slots__ = ("channel_id", "data", "requests_on_data", "max_request_bytes")
     CHANNEL_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_ON_DATA_FIELD_NUMBER: _ClassVar[int]
+    MAX_REQUEST_BYTES_FIELD_NUMBER: _ClassVar[int]
     channel_id: int
     data: _leases_pb2.LeaseDataAddress
     requests_on_data: bool
-    def __init__(self, channel_id: _Optional[int] = ..., data: _Optional[_Union[_leases_pb2.LeaseDataAddress, _Mapping]] = ..., requests_on_data: _Optional[bool] = ...) -> None: ...
+    max_request_bytes: int
+    def __init__(self, channel_id: _Optional[int] = ..., data: _Optional[_Union[_leases_pb2.LeaseDataAddress, _Mapping]] = ..., requests_on_data: _Optional[bool] = ..., max_request_bytes: _Optional[int] = ...) -> None: ...
 
 class CallFailure(_message.Message):
     __slots__ = ("code", "message", "detail")
