@@ -174,10 +174,11 @@ class LeaseDataServer:
         its current wake-up, just before it waits again (called on the loop
         thread), or at once (on any other thread).
 
-        A thread the loop wakes while it still runs Python waits for the
-        interpreter's lock, then again each time the loop takes it back after a
-        read: woken when the loop is about to wait, it runs at once. Hand-overs
-        run in the order they were asked.
+        A thread woken while the loop still runs the rest of its wake-up
+        finds the interpreter's lock taken and waits for it, then passes it
+        back and forth with the loop at each of the loop's reads: woken when
+        the loop is about to wait, it runs at once. Hand-overs run in the
+        order they were asked.
         """
         if threading.get_ident() == self._loop.ident:
             self._hand_overs.append(hand_over)

@@ -25,9 +25,10 @@ marker. The frames wait in the queue meanwhile, counted against the limit.
 
 The loop wakes the lane's thread once it served every connection ready in
 its wake-up, just before it waits again (``defer``, the data loop's
-``after_wake_up``): woken while the loop still runs Python (its next read
-of the same connection, the other connections), the thread would wait for
-the interpreter's lock, and again after each read the loop makes.
+``after_wake_up``): woken while the loop still runs the rest of its
+wake-up (its return from the peer, the other ready connections), the
+thread would find the interpreter's lock taken and wait for it, then pass
+it back and forth with the loop at each read the loop makes.
 """
 
 from __future__ import annotations
