@@ -150,6 +150,20 @@ def test_results_travel_on_the_data_channel_and_are_booked_once() -> None:
         fleet.close()
 
 
+def _two_requests_on_a_local_fleet() -> None:
+    """Two requests (12 and 6 episodes) on a local fleet of 2 workers whose
+    results take their data connections, each batch what a local sampler
+    makes."""
+    fleet = Fleet.local(workers=2, envs_per_worker=2, seed=SEED)
+    try:
+        wait_until(lambda: accepted(fleet) == 2, "the workers' data connections")
+        expected = local_episodes(EnvConfig("CartPole-v1"), 12, 6, seed=SEED)
+        assert_same_batch(fleet.sampler.obtain_episodes(12), expected[0])
+        assert_same_batch(fleet.sampler.obtain_episodes(6), expected[1])
+    finally:
+        fleet.close()
+
+
 def test_a_result_lane_sends_its_results_to_the_learner_itself(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -168,14 +182,7 @@ def test_a_result_lane_sends_its_results_to_the_learner_itself(
         send_parts(self, parts, wait)
 
     monkeypatch.setattr(InProcessConnection, "send_parts", recorded)
-    fleet = Fleet.local(workers=2, envs_per_worker=2, seed=SEED)
-    try:
-        wait_until(lambda: accepted(fleet) == 2, "the workers' data connections")
-        expected = local_episodes(EnvConfig("CartPole-v1"), 12, 6, seed=SEED)
-        assert_same_batch(fleet.sampler.obtain_episodes(12), expected[0])
-        assert_same_batch(fleet.sampler.obtain_episodes(6), expected[1])
-    finally:
-        fleet.close()
+    _two_requests_on_a_local_fleet()
     calls: dict[int, list[tuple[str, learner_pb2.SampleResponse]]] = {}
     for name, message in frames:
         calls.setdefault(message.result_call, []).append((name, message))
@@ -205,14 +212,7 @@ def test_a_workers_result_frames_reach_its_lane_once_the_loops_wake_up_was_serve
         after_wake_up(self, hand_over)
 
     monkeypatch.setattr(LeaseDataServer, "after_wake_up", recorded)
-    fleet = Fleet.local(workers=2, envs_per_worker=2, seed=SEED)
-    try:
-        wait_until(lambda: accepted(fleet) == 2, "the workers' data connections")
-        expected = local_episodes(EnvConfig("CartPole-v1"), 12, 6, seed=SEED)
-        assert_same_batch(fleet.sampler.obtain_episodes(12), expected[0])
-        assert_same_batch(fleet.sampler.obtain_episodes(6), expected[1])
-    finally:
-        fleet.close()
+    _two_requests_on_a_local_fleet()
     assert len(asked) >= 2 and set(asked) == {"rlfleet-data-loop"}
 
 
