@@ -16,13 +16,15 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from rlfleet.client import Fleet, RemoteSampler
 from rlfleet.coordinator.leases.data_connections import InProcessConnection
+from rlfleet.coordinator.leases.data_server import LeaseDataServer
+from rlfleet.coordinator.leases.result_lane import ResultLane
 from rlfleet.envs import EnvConfig
 from rlfleet.errors import RlfleetTimeoutError
 from rlfleet.transport.lease_channel import LeaseDataLink
@@ -148,6 +150,20 @@ def test_results_travel_on_the_data_channel_and_are_booked_once() -> None:
         fleet.close()
 
 
+def _two_requests_on_a_local_fleet() -> None:
+    """Two requests (12 and 6 episodes) on a local fleet of 2 workers whose
+    results take their data connections, each batch what a local sampler
+    makes."""
+    fleet = Fleet.local(workers=2, envs_per_worker=2, seed=SEED)
+    try:
+        wait_until(lambda: accepted(fleet) == 2, "the workers' data connections")
+        expected = local_episodes(EnvConfig("CartPole-v1"), 12, 6, seed=SEED)
+        assert_same_batch(fleet.sampler.obtain_episodes(12), expected[0])
+        assert_same_batch(fleet.sampler.obtain_episodes(6), expected[1])
+    finally:
+        fleet.close()
+
+
 def test_a_result_lane_sends_its_results_to_the_learner_itself(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -166,14 +182,7 @@ def test_a_result_lane_sends_its_results_to_the_learner_itself(
         send_parts(self, parts, wait)
 
     monkeypatch.setattr(InProcessConnection, "send_parts", recorded)
-    fleet = Fleet.local(workers=2, envs_per_worker=2, seed=SEED)
-    try:
-        wait_until(lambda: accepted(fleet) == 2, "the workers' data connections")
-        expected = local_episodes(EnvConfig("CartPole-v1"), 12, 6, seed=SEED)
-        assert_same_batch(fleet.sampler.obtain_episodes(12), expected[0])
-        assert_same_batch(fleet.sampler.obtain_episodes(6), expected[1])
-    finally:
-        fleet.close()
+    _two_requests_on_a_local_fleet()
     calls: dict[int, list[tuple[str, learner_pb2.SampleResponse]]] = {}
     for name, message in frames:
         calls.setdefault(message.result_call, []).append((name, message))
@@ -185,6 +194,26 @@ def test_a_result_lane_sends_its_results_to_the_learner_itself(
         assert results and all(m.HasField("result") for _, m in results)
         assert all(name.startswith("rlfleet-data-results-") for name, _ in results)
         assert end.HasField("footer") and end.footer.data_results == len(results)
+
+
+def test_a_workers_result_frames_reach_its_lane_once_the_loops_wake_up_was_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The data loop queues a worker's result frames for its lane as it reads
+    # them and wakes the lane's thread once it served that wake-up
+    # (LeaseDataServer.after_wake_up, on the loop's thread); every result
+    # is still booked once.
+    asked: list[str] = []
+    after_wake_up = LeaseDataServer.after_wake_up
+
+    def recorded(self: LeaseDataServer, hand_over: Callable[[], None]) -> None:
+        if isinstance(getattr(hand_over, "__self__", None), ResultLane):
+            asked.append(threading.current_thread().name)
+        after_wake_up(self, hand_over)
+
+    monkeypatch.setattr(LeaseDataServer, "after_wake_up", recorded)
+    _two_requests_on_a_local_fleet()
+    assert len(asked) >= 2 and set(asked) == {"rlfleet-data-loop"}
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -567,6 +568,39 @@ def test_small_frames_of_one_read_reach_the_peer_in_order_in_one_hand_off() -> N
         wait_until(lambda: len(peer.frames) == len(payloads), "every frame")
         assert peer.frames == payloads
         assert peer.batches == [len(payloads)]
+
+
+def test_a_hand_over_asked_on_the_loop_runs_there_once_its_wake_up_was_served() -> None:
+    # A result lane's thread is woken by a hand-over the loop runs once it
+    # served every ready connection (before it waits again), not while the
+    # peer still handles the frames; asked on another thread, it runs at once.
+    config = CoordinatorConfig(listen="127.0.0.1:0", max_message_bytes=1 << 20)
+    with dialled(config) as channel:
+        wait_until(lambda: channel.attached, "the connection attached")
+        connection = channel.attached[0]
+        seen: list[tuple[str, bytes | memoryview, int]] = []
+
+        def on_frames(payloads: list[bytes | memoryview]) -> None:
+            payload = payloads[0]
+            seen.append(("frames", payload, threading.get_ident()))
+            connection.after_wake_up(
+                lambda: seen.append(("handed over", payload, threading.get_ident()))
+            )
+            seen.append(("returned", payload, threading.get_ident()))
+
+        channel.peer.on_frames = on_frames  # type: ignore[method-assign]
+        for sent, payload in enumerate((b"one", b"two"), start=1):
+            channel.link.send(payload)
+            wait_until(partial(lambda count: len(seen) >= 3 * count, sent), "its hand-over")
+        loop = channel.data._loop.ident
+        assert seen == [
+            (what, payload, loop)
+            for payload in (b"one", b"two")
+            for what in ("frames", "returned", "handed over")
+        ]
+        here: list[int] = []
+        connection.after_wake_up(lambda: here.append(threading.get_ident()))
+        assert here == [threading.get_ident()]
 
 
 def test_large_frames_cross_a_tls_data_connection_whole_both_ways(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import cast
 
@@ -86,7 +87,9 @@ def test_bytes_held_on_a_carrier_count_in_its_session_until_let_go() -> None:
     assert session.session_used == 0
 
 
-def _held_lane(handle: SimpleNamespace) -> ResultLane:
+def _held_lane(
+    handle: SimpleNamespace, defer: Callable[[Callable[[], None]], None] | None = None
+) -> ResultLane:
     """A lane of at most 1,600 bytes that books nothing (its frames stay
     queued), with the Join stream's unfinished result (the overhead) held."""
     handle.inflight.carrier().charge(0)
@@ -97,6 +100,7 @@ def _held_lane(handle: SimpleNamespace) -> ResultLane:
         limit=1_600,
         close=lambda reason: None,
         after=threading.Event(),
+        defer=defer,
     )
 
 
@@ -109,6 +113,36 @@ def test_a_result_lane_refuses_frames_past_the_limit_naming_what_it_holds() -> N
         with pytest.raises(ResourceExhaustedError, match="has 600 bytes of results received") as e:
             lane.put(b"y" * 300)
         assert f"({600 + CHUNK_OVERHEAD_BYTES} in flight" in str(e.value)
+    finally:
+        handle.alive = False  # the lane's thread ends at its next look
+
+
+def test_a_deferred_lane_hands_a_wake_ups_frames_over_at_once_in_order_counted_meanwhile() -> None:
+    """With ``defer`` (the data loop's ``after_wake_up``), what one wake-up of
+    the loop queues reaches the lane's thread when the hand-over runs: its
+    frames as one entry (one wake-up) and then the end, in order, one
+    hand-over asked per wake-up; meanwhile the frames count against the
+    limit, whose refusal comes at once."""
+    handle = SimpleNamespace(name="w", alive=True, inflight=InflightBudget(10_000, "w"))
+    asked: list[Callable[[], None]] = []
+    lane = _held_lane(handle, defer=asked.append)
+    try:
+        lane.put_many([b"a" * 100, b"b" * 100])
+        lane.put(b"c" * 100)
+        assert len(asked) == 1 and lane._queue.empty()
+        asked.pop()()
+        assert [lane._queue.get_nowait() for _ in range(lane._queue.qsize())] == [
+            [b"a" * 100, b"b" * 100, b"c" * 100]
+        ]
+        lane.put_many([b"d" * 10])
+        with pytest.raises(ResourceExhaustedError, match="has 610 bytes of results received"):
+            lane.put(b"x" * 300)  # the 300 queued and the 10 not yet handed over count
+        lane.close()
+        assert len(asked) == 1 and lane._queue.empty()
+        asked.pop()()
+        queued = [lane._queue.get_nowait() for _ in range(lane._queue.qsize())]
+        assert queued[0] == [b"d" * 10] and type(queued[1]).__name__ == "_Closed"
+        assert len(queued) == 2 and not asked
     finally:
         handle.alive = False  # the lane's thread ends at its next look
 

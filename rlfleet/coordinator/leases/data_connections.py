@@ -91,6 +91,12 @@ class LeaseConnection(abc.ABC):
         """Closes the connection (idempotent, any thread)."""
         self._server.close(self, reason)
 
+    def after_wake_up(self, hand_over: Callable[[], None]) -> None:
+        """Runs ``hand_over`` once the data loop served this wake-up's ready
+        connections (on its thread), or at once (on any other thread):
+        :meth:`LeaseDataServer.after_wake_up`."""
+        self._server.after_wake_up(hand_over)
+
     @property
     def closed(self) -> bool:
         """Whether it was closed."""

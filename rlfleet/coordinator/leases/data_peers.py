@@ -29,7 +29,11 @@ from typing import cast
 
 import grpc
 
-from rlfleet.coordinator.leases.data_connections import LeaseConnection, LeaseDataPeer
+from rlfleet.coordinator.leases.data_connections import (
+    DataConnection,
+    LeaseConnection,
+    LeaseDataPeer,
+)
 from rlfleet.coordinator.leases.manager import LeaseManager
 from rlfleet.coordinator.leases.result_lane import ResultLane
 from rlfleet.coordinator.leases.translation import (
@@ -166,7 +170,12 @@ def worker_attach(
                     if _rpc.RESULTS_SWITCH_CAPABILITY in handle.hello.capabilities
                     else None
                 )
-                results = ResultLane(events, handle, done, limit, connection.close, after=after)
+                # A socket's frames come on the data loop's thread: the lane's
+                # thread is woken once that wake-up of the loop was served.
+                defer = connection.after_wake_up if isinstance(connection, DataConnection) else None
+                results = ResultLane(
+                    events, handle, done, limit, connection.close, after=after, defer=defer
+                )
         count = state.metrics.lease_data_frame
         return WorkerDataPeer(state, events, leases, handle, count, results=results)
 

@@ -122,6 +122,8 @@ class LeaseDataServer:
         self._wake_w.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._orders: queue.SimpleQueue[tuple[str, LeaseConnection, str]] = queue.SimpleQueue()
+        #: What after_wake_up was asked on the loop thread during its current wake-up.
+        self._hand_overs: list[Callable[[], None]] = []
         self._connections: set[LeaseConnection] = set()
         #: What large frames are read into (only the loop reads): a frame's
         #: buffer is reused once nothing views it.
@@ -166,6 +168,22 @@ class LeaseDataServer:
             return
         connection.shutdown()
         self._order("close", connection, reason)
+
+    def after_wake_up(self, hand_over: Callable[[], None]) -> None:
+        """Runs ``hand_over`` once the loop served every connection ready in
+        its current wake-up, just before it waits again (called on the loop
+        thread), or at once (on any other thread).
+
+        A thread woken while the loop still runs the rest of its wake-up
+        finds the interpreter's lock taken and waits for it, then passes it
+        back and forth with the loop at each of the loop's reads: woken when
+        the loop is about to wait, it runs at once. Hand-overs run in the
+        order they were asked.
+        """
+        if threading.get_ident() == self._loop.ident:
+            self._hand_overs.append(hand_over)
+        else:
+            hand_over()
 
     def stop(self) -> None:
         """Closes the port and every connection."""
@@ -323,11 +341,22 @@ class LeaseDataServer:
                         self._serve(key.data, events)
                 except Exception:  # a bug must not stop every lease's traffic
                     logger.exception("the lease data loop failed on one event; going on")
+            if self._hand_overs:
+                self._hand_over()
+        self._hand_over()  # what the last wake-up asked
         for connection in list(self._connections):
             self._forget(connection)
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
+
+    def _hand_over(self) -> None:
+        hand_overs, self._hand_overs = self._hand_overs, []
+        for hand_over in hand_overs:
+            try:
+                hand_over()
+            except Exception:  # one owner's bug must not stop the others' hand-overs
+                logger.exception("the lease data loop failed on one hand-over; going on")
 
     def _serve(self, connection: DataConnection, events: int) -> None:
         """One connection's readiness (a method, so that no frame of the loop keeps

@@ -22,6 +22,13 @@ way through gRPC: the lane books nothing until the Join stream's reader has
 read the results switch marker (or the stream's end), the mirror of the
 worker holding data-channel lease commands until the coordinator's switch
 marker. The frames wait in the queue meanwhile, counted against the limit.
+
+The loop wakes the lane's thread once it served every connection ready in
+its wake-up, just before it waits again (``defer``, the data loop's
+``after_wake_up``): woken while the loop still runs the rest of its
+wake-up (its return from the peer, the other ready connections), the
+thread would find the interpreter's lock taken and wait for it, then pass
+it back and forth with the loop at each read the loop makes.
 """
 
 from __future__ import annotations
@@ -79,6 +86,11 @@ class ResultLane:
         after: Set once the Join stream carries no more results
             (``handle.join_results_over``): nothing is booked before; None:
             the worker sends every result of its session on one carrier.
+        defer: Runs the hand-over of what was queued later, on the caller's
+            thread (the data loop's ``after_wake_up``; every :meth:`put`,
+            :meth:`put_many` and :meth:`close` then comes from that one
+            thread): the frames and the end are handed to the lane's thread
+            then, in order, with one wake-up. None: each at once.
     """
 
     def __init__(
@@ -90,6 +102,7 @@ class ResultLane:
         close: Callable[[str], None],
         *,
         after: threading.Event | None = None,
+        defer: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
         self._done = done
         self._after = after
@@ -106,6 +119,9 @@ class ResultLane:
             queue.SimpleQueue()
         )
         self._failed = False
+        self._defer = defer
+        # What was queued since the last hand-over (with ``defer``), in order.
+        self._pending: list[bytes | memoryview | list[bytes | memoryview] | _Closed] = []
         threading.Thread(
             target=self._run, name=f"rlfleet-data-results-{handle.name}", daemon=True
         ).start()
@@ -126,7 +142,7 @@ class ResultLane:
                 f"unfinished results), over the limit of {self._limit} "
                 "(max_inflight_bytes_per_worker); it was dropped. Sample fewer steps per task"
             )
-        self._queue.put(payload)
+        self._enqueue(payload)
 
     def put_many(self, payloads: list[bytes | memoryview]) -> None:
         """:meth:`put` for the frames of one wake-up of the loop, in order: one
@@ -143,11 +159,39 @@ class ResultLane:
             for payload in payloads:
                 self.put(payload)
             return
-        self._queue.put(payloads)
+        self._enqueue(payloads)
 
     def close(self) -> None:
         """The connection ended: once what is queued was booked, nothing more comes."""
-        self._queue.put(_Closed())
+        self._enqueue(_Closed())
+
+    def _enqueue(self, item: bytes | memoryview | list[bytes | memoryview] | _Closed) -> None:
+        if self._defer is None:
+            self._queue.put(item)
+            return
+        first = not self._pending
+        self._pending.append(item)  # before asking: a defer may hand over at once
+        if first:
+            self._defer(self._hand_over)
+
+    def _hand_over(self) -> None:
+        """What was queued since the last hand-over, to the lane's thread: its
+        frames as one entry (one wake-up), then the end if it came."""
+        items, self._pending = self._pending, []
+        frames: list[bytes | memoryview] = []
+        end = None
+        for item in items:
+            if isinstance(item, _Closed):
+                end = item
+                break  # nothing counts after the end (the lane's thread stops there)
+            if isinstance(item, list):
+                frames += item
+            else:
+                frames.append(item)
+        if frames:
+            self._queue.put(frames)
+        if end is not None:
+            self._queue.put(end)
 
     def _run(self) -> None:
         handle = self._handle
