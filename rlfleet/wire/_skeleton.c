@@ -33,8 +33,9 @@ enum { BREAK = 0, BYTES = 1, COUNT = 2, SPAN = 3, DATA = 4 };
  * and the row bytes its presence depends on (-1: always present; else only
  * when rows times them is not zero: a Tensor's data tag and length). */
 enum { FIELDS = 5 };
-/* Items kept on the stack; a larger program takes the heap. */
-enum { STACK_ITEMS = 128 };
+/* Items kept on the stack (with their sizes, values and sizes after); a larger
+ * program takes the heap. */
+enum { STACK_ITEMS = 192 };
 
 /* Number of bytes of a varint of a value >= 0. */
 static int64_t varint_size(int64_t value) {
@@ -58,30 +59,16 @@ static unsigned char *put_varint(unsigned char *out, int64_t value, int64_t size
     return out;
 }
 
-/* The program's item k, read from its int64s. */
-static void item_at(const Py_buffer *program, Py_ssize_t k, int64_t item[FIELDS]) {
-    memcpy(item, (const char *)program->buf + (Py_ssize_t)sizeof(int64_t) * FIELDS * k,
-           sizeof(int64_t) * FIELDS);
-}
-
-/* Whether every item of the program is well formed (else a ValueError set). */
-static int program_valid(const Py_buffer *program, Py_ssize_t n, Py_ssize_t pieces,
-                         Py_ssize_t names) {
-    for (Py_ssize_t k = 0; k < n; k++) {
-        int64_t item[FIELDS];
-        item_at(program, k, item);
-        int64_t kind = item[0], rows = item[1], mult = item[2], arg = item[3], cond = item[4];
-        int ok = kind >= BREAK && kind <= DATA && rows >= 0 && rows <= 2 && mult >= 0 &&
-                 cond >= -1;
-        if (kind == BYTES) ok = ok && arg >= 0 && arg < pieces;
-        if (kind == SPAN) ok = ok && arg > k && arg <= n;
-        if (kind == DATA) ok = ok && arg >= 0 && arg < names;
-        if (!ok) {
-            PyErr_Format(PyExc_ValueError, "skeleton program's item %zd is not well formed", k);
-            return 0;
-        }
-    }
-    return 1;
+/* Whether item k (of n) is well formed (else a ValueError set). */
+static int item_valid(const int64_t *item, Py_ssize_t k, Py_ssize_t n, Py_ssize_t pieces,
+                      Py_ssize_t names) {
+    int64_t kind = item[0], rows = item[1], mult = item[2], arg = item[3], cond = item[4];
+    int ok = kind >= BREAK && kind <= DATA && rows >= 0 && rows <= 2 && mult >= 0 && cond >= -1;
+    if (kind == BYTES) ok = ok && arg >= 0 && arg < pieces;
+    if (kind == SPAN) ok = ok && arg > k && arg <= n;
+    if (kind == DATA) ok = ok && arg >= 0 && arg < names;
+    if (!ok) PyErr_Format(PyExc_ValueError, "skeleton program's item %zd is not well formed", k);
+    return ok;
 }
 
 /* The rows of an item for the counts. */
@@ -89,28 +76,24 @@ static int64_t rows_of(int64_t rows, int64_t episodes, int64_t steps) {
     return rows == 1 ? episodes : rows == 2 ? steps : 0;
 }
 
-/* Whether the item is written for these counts (0: absent; -1: overflow). */
-static int present(const int64_t item[FIELDS], int64_t episodes, int64_t steps) {
-    if (item[4] < 0) return 1;
-    int64_t product;
-    if (__builtin_mul_overflow(rows_of(item[1], episodes, steps), item[4], &product)) return -1;
-    return product != 0;
-}
-
 /* Each item's size and varint value for the counts, the last item first (a
- * span's value is the size of the items after it up to its end). Returns 0
- * if a size leaves int64. after[k] is the size of items k..n-1. */
-static int sizes_of(const Py_buffer *program, Py_ssize_t n, PyObject *pieces, int64_t episodes,
-                    int64_t steps, int64_t *sizes, int64_t *values, int64_t *after) {
+ * span's value is the size of the items after it up to its end), each item
+ * checked before it is used. Returns 1; 0 if a size leaves int64; -1 for an
+ * item not well formed (ValueError set). after[k] is the size of items
+ * k..n-1; *joined the size of all but the arrays' data. */
+static int sizes_of(const int64_t *items, Py_ssize_t n, PyObject *pieces, Py_ssize_t names,
+                    int64_t episodes, int64_t steps, int64_t *sizes, int64_t *values,
+                    int64_t *after, int64_t *joined) {
+    Py_ssize_t piece_count = PyTuple_GET_SIZE(pieces);
+    int64_t around = 0;
     after[n] = 0;
     for (Py_ssize_t k = n - 1; k >= 0; k--) {
-        int64_t item[FIELDS];
-        item_at(program, k, item);
-        int is = present(item, episodes, steps);
-        if (is < 0) return 0;
-        int64_t size = 0, value = 0;
-        if (is) {
-            int64_t rows = rows_of(item[1], episodes, steps);
+        const int64_t *item = items + FIELDS * k;
+        if (!item_valid(item, k, n, piece_count, names)) return -1;
+        int64_t rows = rows_of(item[1], episodes, steps), size = 0, value = 0, product;
+        /* Present always, or (a Tensor's data tag and length) only with data. */
+        if (__builtin_mul_overflow(rows, item[4] < 0 ? 1 : item[4], &product)) return 0;
+        if (item[4] < 0 || product != 0) {
             switch (item[0]) {
             case BYTES:
                 size = (int64_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(pieces, item[3]));
@@ -133,25 +116,39 @@ static int sizes_of(const Py_buffer *program, Py_ssize_t n, PyObject *pieces, in
         sizes[k] = size;
         values[k] = value;
         if (__builtin_add_overflow(after[k + 1], size, &after[k])) return 0;
+        if (item[0] != DATA) around += size; /* at most after[k]: no overflow */
     }
+    *joined = around;
     return 1;
+}
+
+/* A run's (offset, bytes) pair of the headers. */
+static PyObject *header_pair(int64_t offset, const char *run, Py_ssize_t size) {
+    PyObject *pair = PyTuple_New(2);
+    if (pair == NULL) return NULL;
+    PyObject *at = PyLong_FromLongLong(offset);
+    PyObject *bytes = at == NULL ? NULL : PyBytes_FromStringAndSize(run, size);
+    if (bytes == NULL) {
+        Py_XDECREF(at);
+        Py_DECREF(pair);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(pair, 0, at);
+    PyTuple_SET_ITEM(pair, 1, bytes);
+    return pair;
 }
 
 /* The skeleton's fields from the items' sizes: (size, headers, offsets,
  * between, places), as rlfleet.wire._layout_frames._build_skeleton makes them. */
-static PyObject *skeleton_of(const Py_buffer *program, Py_ssize_t n, PyObject *pieces,
+static PyObject *skeleton_of(const int64_t *items, Py_ssize_t n, PyObject *pieces,
                              PyObject *names, const Py_buffer *placed, const int64_t *sizes,
-                             const int64_t *values, int64_t total) {
+                             const int64_t *values, int64_t total, int64_t joined) {
     PyObject *between = NULL, *headers = NULL, *offsets = NULL, *places = NULL, *out = NULL;
+    PyObject *size = NULL;
     int64_t *data_at = NULL, *runs = NULL;
-    Py_ssize_t joined = 0, run_count = 0, name_count = PyTuple_GET_SIZE(names);
+    Py_ssize_t run_count = 0, name_count = PyTuple_GET_SIZE(names);
     /* The bytes around the arrays, and the runs: a run ends at an array or a block's start. */
-    for (Py_ssize_t k = 0; k < n; k++) {
-        int64_t item[FIELDS];
-        item_at(program, k, item);
-        if (item[0] != DATA) joined += (Py_ssize_t)sizes[k];
-    }
-    between = PyBytes_FromStringAndSize(NULL, joined);
+    between = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)joined);
     runs = PyMem_Malloc(sizeof(int64_t) * 3 * (size_t)(n + 1));
     data_at = PyMem_Malloc(sizeof(int64_t) * (size_t)(name_count + 1));
     if (between == NULL || runs == NULL || data_at == NULL) {
@@ -159,16 +156,15 @@ static PyObject *skeleton_of(const Py_buffer *program, Py_ssize_t n, PyObject *p
         goto done;
     }
     for (Py_ssize_t k = 0; k < name_count; k++) data_at[k] = -1;
-    unsigned char *write = (unsigned char *)PyBytes_AS_STRING(between);
+    unsigned char *start = (unsigned char *)PyBytes_AS_STRING(between), *write = start;
     int64_t position = 0, run_start = 0, run_from = 0; /* in the result; in between */
     offsets = PyDict_New();
     if (offsets == NULL) goto done;
+    static const int64_t end[FIELDS] = {BREAK, 0, 0, 0, -1};
     for (Py_ssize_t k = 0; k <= n; k++) {
-        int64_t item[FIELDS] = {BREAK, 0, 0, 0, -1};
-        if (k < n) item_at(program, k, item);
+        const int64_t *item = k < n ? items + FIELDS * k : end;
         if (item[0] == DATA || item[0] == BREAK) {
-            int64_t length = (int64_t)(write - (unsigned char *)PyBytes_AS_STRING(between)) -
-                             run_from;
+            int64_t length = (int64_t)(write - start) - run_from;
             if (length) {
                 runs[3 * run_count] = run_start;
                 runs[3 * run_count + 1] = length;
@@ -188,12 +184,10 @@ static PyObject *skeleton_of(const Py_buffer *program, Py_ssize_t n, PyObject *p
             run_start = position;
             continue;
         }
-        if (sizes[k] == 0 && item[0] != BYTES) continue; /* absent */
         if (item[0] == BYTES) {
-            PyObject *piece = PyTuple_GET_ITEM(pieces, item[3]);
-            memcpy(write, PyBytes_AS_STRING(piece), (size_t)sizes[k]);
+            memcpy(write, PyBytes_AS_STRING(PyTuple_GET_ITEM(pieces, item[3])), (size_t)sizes[k]);
             write += sizes[k];
-        } else {
+        } else if (sizes[k]) { /* a varint written (absent: no bytes) */
             write = put_varint(write, values[k], sizes[k]);
         }
         position += sizes[k];
@@ -205,10 +199,9 @@ static PyObject *skeleton_of(const Py_buffer *program, Py_ssize_t n, PyObject *p
                                                  (2 * run_count + placed_count));
     if (headers == NULL || places == NULL) goto done;
     int64_t *place = (int64_t *)PyBytes_AS_STRING(places);
-    const char *from = PyBytes_AS_STRING(between);
     for (Py_ssize_t r = 0; r < run_count; r++) {
-        PyObject *pair = Py_BuildValue("(Ly#)", (long long)runs[3 * r], from + runs[3 * r + 2],
-                                       (Py_ssize_t)runs[3 * r + 1]);
+        PyObject *pair = header_pair(runs[3 * r], (const char *)start + runs[3 * r + 2],
+                                     (Py_ssize_t)runs[3 * r + 1]);
         if (pair == NULL) goto done;
         PyTuple_SET_ITEM(headers, r, pair);
         place[2 * r] = runs[3 * r];
@@ -218,14 +211,16 @@ static PyObject *skeleton_of(const Py_buffer *program, Py_ssize_t n, PyObject *p
         int64_t name;
         memcpy(&name, (const char *)placed->buf + (Py_ssize_t)sizeof(int64_t) * p, sizeof name);
         if (name < 0 || name >= name_count || data_at[name] < 0) {
-            Py_CLEAR(headers); /* a placed array the layout lacks: the Python builder's to name */
-            out = Py_NewRef(Py_None);
+            out = Py_NewRef(Py_None); /* a placed array the layout lacks: the Python builder's */
             goto done;
         }
         place[2 * run_count + p] = data_at[name];
     }
-    out = Py_BuildValue("(LOOOO)", (long long)total, headers, offsets, between, places);
+    size = PyLong_FromLongLong(total);
+    if (size == NULL) goto done;
+    out = PyTuple_Pack(5, size, headers, offsets, between, places);
 done:
+    Py_XDECREF(size);
     Py_XDECREF(between);
     Py_XDECREF(headers);
     Py_XDECREF(offsets);
@@ -278,7 +273,7 @@ static PyObject *skeleton(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     PyObject *out = NULL;
-    int64_t stack[3 * STACK_ITEMS + 1];
+    int64_t stack[8 * STACK_ITEMS + 1];
     int64_t *work = stack;
     Py_ssize_t width = (Py_ssize_t)sizeof(int64_t) * FIELDS;
     Py_ssize_t n = program.len / width;
@@ -287,20 +282,25 @@ static PyObject *skeleton(PyObject *self, PyObject *const *args, Py_ssize_t narg
                         "skeleton's program must be int64 items of five and placed int64s");
         goto done;
     }
-    if (!program_valid(&program, n, PyTuple_GET_SIZE(pieces), PyTuple_GET_SIZE(names))) goto done;
     if (n > STACK_ITEMS) {
-        work = PyMem_Malloc(sizeof(int64_t) * (size_t)(3 * n + 1));
+        work = PyMem_Malloc(sizeof(int64_t) * (size_t)(8 * n + 1));
         if (work == NULL) {
             PyErr_NoMemory();
             goto done;
         }
     }
-    int64_t *sizes = work, *values = work + n, *after = work + 2 * n;
-    if (!sizes_of(&program, n, pieces, episodes, steps, sizes, values, after)) {
+    /* The items copied once, aligned; then each one's size, value and the sizes after it. */
+    int64_t *items = work, *sizes = work + FIELDS * n, *values = sizes + n, *after = values + n;
+    int64_t joined = 0;
+    memcpy(items, program.buf, (size_t)program.len);
+    int sized = sizes_of(items, n, pieces, PyTuple_GET_SIZE(names), episodes, steps, sizes,
+                         values, after, &joined);
+    if (sized < 0) goto done;
+    if (sized == 0) {
         out = Py_NewRef(Py_None);
         goto done;
     }
-    out = skeleton_of(&program, n, pieces, names, &placed, sizes, values, after[0]);
+    out = skeleton_of(items, n, pieces, names, &placed, sizes, values, after[0], joined);
 done:
     if (work != stack) PyMem_Free(work);
     PyBuffer_Release(&placed);
