@@ -120,7 +120,7 @@ def test_a_layouts_new_counts_take_the_compiled_skeleton_and_keep_it_as_their_fr
     blocks: Blocks, episodes: int, steps: list[int]
 ) -> None:
     layout = layout_frames_module._Layout.__new__(layout_frames_module._Layout)
-    layout.blocks, layout._program = blocks, _program(blocks)
+    layout.blocks = blocks
     layout._shape = layout_frames_module._shape_number(blocks)  # the process's kept skeletons'
     layout._block_parts, layout._rows = (
         {},

@@ -1128,7 +1128,8 @@ def test_a_new_number_of_steps_builds_its_skeleton_in_few_calls(
     # results of a lane build a skeleton: one compiled call evaluates the
     # layout's program (rlfleet/wire/_skeleton.c), the skeleton made without
     # its frozen __init__ and kept as the process's frame of the counts
-    # (123 calls each when the frame and skeleton were built in Python).
+    # (123 calls each when the frame and skeleton were built in Python; the
+    # layout's program is worked out at its first new counts, 2, 5 here).
     for kept in ("_SKELETONS", "_FRAMES"):  # none kept by other tests: this layout's own
         monkeypatch.setattr(layout_frames_module, kept, {})
     layout = layout_frames_module._learn(batch_of([3, 2]), window=False)
@@ -1142,7 +1143,7 @@ def test_a_new_number_of_steps_builds_its_skeleton_in_few_calls(
         assert skeleton.size > steps
         stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
         calls = sum(calls for _, calls, *_ in stats.values())
-        assert calls <= 11, (steps, calls)  # with profile.disable's own
+        assert calls <= 12, (steps, calls)  # with profile.disable's own
 
 
 def test_new_counts_leave_the_tensor_header_cache_alone() -> None:

@@ -152,6 +152,9 @@ _FRAMES: dict[tuple[int, int, int], _Frame] = {}
 #: whose results share a layout, build each pair of counts once between them.
 _SKELETONS: dict[tuple[int, int, int], _Skeleton] = {}
 _SHAPES: dict[tuple[tuple[int, _Tensor | _Tree], ...], int] = {}  # each layout's number
+#: The skeleton programs (:func:`_program`) of the process's layouts, by
+#: layout number: worked out once for every worker session of a layout.
+_PROGRAMS: dict[int, _Program] = {}
 _shape_numbers = itertools.count()
 
 
@@ -314,7 +317,6 @@ class _Layout:
         self.tensors = {t.name: t for t in _walk(blocks)}
         self.bools = tuple(t.name for t in self.tensors.values() if t.dtype == _BOOL)
         self._shape = _shape_number(blocks)
-        self._program = _program(blocks)
         self._block_parts: dict[tuple[int, ...], tuple[_BlockParts, int]] = {}
         # The numbers of rows each block's bytes depend on (_rows_kind).
         self._rows = tuple(_rows_kind(item) for _, item in blocks)
@@ -369,8 +371,13 @@ class _Layout:
         if found is None:
             if len(_SKELETONS) >= _MAX_SKELETONS:
                 _SKELETONS.clear()  # a worker's step counts wander: keep the cache small
+            program = _PROGRAMS.get(self._shape)
+            if program is None:  # once per distinct layout, at its first new counts
+                if len(_PROGRAMS) >= _MAX_SHAPES:
+                    _PROGRAMS.clear()
+                program = _PROGRAMS[self._shape] = _program(self.blocks)
             found = _SKELETONS[key] = _build_skeleton(
-                self.blocks, episodes, steps, self.frame, self._program
+                self.blocks, episodes, steps, self.frame, program
             )
             # A skeleton is its frame: the learner's views in this process take it.
             if len(_FRAMES) >= _MAX_FRAMES:
