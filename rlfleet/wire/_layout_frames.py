@@ -624,7 +624,7 @@ def _build_skeleton(
 
 
 #: A layout's skeleton program (rlfleet/wire/_skeleton.c's ``skeleton``):
-#: its items (int64s, five a item), the bytes its BYTES items write, the
+#: its items (int64s, five an item), the bytes its BYTES items write, the
 #: arrays' names by DATA items' index, and the indices of :data:`_PLACED`.
 _Program = tuple[bytes, tuple[bytes, ...], tuple[str, ...], bytes]
 # Its items' kinds: a block's start (a run ends there), fixed bytes, a
