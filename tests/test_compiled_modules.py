@@ -19,6 +19,7 @@ import pytest
         ("rlfleet.scheduling._unit_book", "rlfleet.scheduling.units", "unit booking"),
         ("rlfleet.scheduling._deal", "rlfleet.scheduling.units", "refill dealing"),
         ("rlfleet.wire._view_check", "rlfleet.wire.result_views", "view check"),
+        ("rlfleet.wire._skeleton", "rlfleet.wire.result_layout", "skeleton builder"),
         ("rlfleet.core._seed_hash", "rlfleet.core.seeding", "seed hash"),
     ],
 )

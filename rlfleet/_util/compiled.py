@@ -1,9 +1,10 @@
 """rlfleet's C modules imported with one error for a checkout that never compiled them.
 
-rlfleet compiles seven small C modules (pyproject.toml's ext-modules): the
+rlfleet compiles small C modules (pyproject.toml's ext-modules): the
 built-in MLP policies' kernel and, on the data path, the result reader,
-the one-pass result check, the answer gather, the learner's view check,
-the scheduler's unit booking and the episodes' seed hash. pip builds them; a source
+the one-pass result check and its layouts' skeleton builder, the answer
+gather, the learner's view check, the scheduler's unit booking and
+dealing, and the episodes' seed hash. pip builds them; a source
 checkout run without building them gets :class:`NotInstalledError` saying
 how, the same text for each (``tests/test_compiled_modules.py``).
 """

@@ -139,14 +139,22 @@ def rows_header(code: int, row_shape: tuple[int, ...]) -> Callable[[int, int], b
     and ``nbytes``, the bytes that depend on neither worked out once: a
     result layout asks for every new number of rows, which the cache of
     :func:`tensor_header` never holds (a per-env worker's step counts)."""
-    dtype, rest, shape = _DTYPE_HEADERS[code], b"".join(map(encode_varint, row_shape)), _SHAPE_TAG
+    lead, rest, data = rows_header_parts(code, row_shape)
 
     def header(rows: int, nbytes: int) -> bytes:
         packed = encode_varint(rows) + rest
-        head = dtype + shape + encode_varint(len(packed)) + packed
-        return head + _DATA_TAG + encode_varint(nbytes) if nbytes else head
+        head = lead + encode_varint(len(packed)) + packed
+        return head + data + encode_varint(nbytes) if nbytes else head
 
     return header
+
+
+def rows_header_parts(code: int, row_shape: tuple[int, ...]) -> tuple[bytes, bytes, bytes]:
+    """The fixed bytes of :func:`rows_header`'s headers: those before the packed
+    shape's length, the row shape's varints after the rows', and the data's
+    tag (written before the data's length when there is data)."""
+    packed_rest = b"".join(map(encode_varint, row_shape))
+    return _DTYPE_HEADERS[code] + _SHAPE_TAG, packed_rest, _DATA_TAG
 
 
 def encode_key_field(key: object, where: str) -> bytes:
@@ -177,6 +185,7 @@ __all__ = [
     "dtype_of_code",
     "encode_key_field",
     "rows_header",
+    "rows_header_parts",
     "tensor_header",
     "wire_array",
     "wire_dtype",
