@@ -6,6 +6,7 @@ A relay between a gRPC client and a server with the coordinator's options
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -69,10 +70,8 @@ class FrameRelay:
                 self.frames.append((frame_type, flags, pending[9 : 9 + length]))
                 pending = pending[_FRAME_HEADER + length :]
         for s in (source, sink):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def close(self) -> None:
         self._listener.close()

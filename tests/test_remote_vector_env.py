@@ -11,13 +11,16 @@ import gc
 import os
 import re
 import socket
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from grpc import _common
 
 import rlfleet.envs.testing  # noqa: F401  (registers the test envs here too)
 from rlfleet.client import Fleet, RemoteVectorEnv
@@ -35,6 +38,8 @@ from rlfleet.errors import (
     UsageError,
     VectorEnvError,
 )
+from rlfleet.transport import grpc_waits
+from tests.test_grpc_waits import voluntary_switches
 from tests.waiting import wait_until
 
 TESTING = "rlfleet.envs.testing"
@@ -363,3 +368,28 @@ def test_closed_leases_leave_no_bookkeeping_behind(fleet: Fleet) -> None:
         "no lease, Lease object or lease thread left",
         describe=lambda: repr(leftovers()),
     )
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_lease_streams_reader_sleeps_while_no_reply_comes(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # grpcio's own wait wakes a reader ten times a second to look for
+    # signals, which only the main thread runs; each wake-up takes the GIL
+    # from the learner. This process's workers may have replaced it already.
+    monkeypatch.setattr(_common, "wait", grpc_waits._grpc_wait)
+    channel = fleet.sampler.open_channel()
+    try:
+        stream = LeaseStream(channel, EnvConfig("CartPole-v1"), 1, open_timeout=30, call_timeout=30)
+        reader = stream._reader
+        assert reader.native_id is not None and reader.name == "rlfleet-lease"
+        time.sleep(0.2)
+        before = voluntary_switches(reader.native_id)
+        time.sleep(1.0)
+        woke = voluntary_switches(reader.native_id) - before
+        assert woke <= 2, f"the lease's reader woke {woke} times in a second of silence"
+        stream.send("reset", [0], [{"seed": 1}])  # and a reply still comes
+        assert set(stream.receive([0], 1, None)) == {0}
+        stream.close()
+    finally:
+        channel.close()
