@@ -111,7 +111,9 @@ def test_a_stream_of_small_messages_draws_no_pings_from_the_server() -> None:
         f"127.0.0.1:{relay.port}", options=_rpc.channel_options(keepalive_seconds=60.0)
     )
     try:
-        beat = channel.stream_stream("/test.Beats/Beat")
+        beat = channel.stream_stream(
+            "/test.Beats/Beat", request_serializer=None, response_deserializer=None
+        )
 
         def beats() -> Iterator[bytes]:
             for i in range(8):

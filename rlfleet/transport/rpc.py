@@ -82,6 +82,11 @@ RESULTS_SWITCH_CAPABILITY = "rlfleet.results-switch"
 #: there; agent and env updates stay on the stream, so the worker holds a
 #: Task until it runs the Task's agent version and env generation.
 DATA_TASKS_CAPABILITY = "rlfleet.data-tasks"
+#: Capability of workers that send their heartbeats on the lease data
+#: channel while its connection is open, and on the Join stream otherwise:
+#: on the coordinator a heartbeat there is one read of its data loop, not a
+#: round of gRPC's threads (docs/protocol.md, "The lease data channel").
+DATA_HEARTBEATS_CAPABILITY = "rlfleet.data-heartbeats"
 
 #: Default largest message either side sends or accepts. Batches are chunked
 #: well below it (rlfleet.wire.DEFAULT_CHUNK_BYTES); only agent updates with
