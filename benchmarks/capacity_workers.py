@@ -284,6 +284,7 @@ class SyntheticWorker:
             _rpc.LEASE_CAPABILITY,
             _rpc.DATA_RESULTS_CAPABILITY,
             _rpc.DATA_TASKS_CAPABILITY,
+            _rpc.DATA_HEARTBEATS_CAPABILITY,
         )
         stream.send(
             WorkerHello(
@@ -343,11 +344,19 @@ class SyntheticWorker:
                 ).start()
         beat_every = welcome.heartbeat_interval_seconds
         next_beat = time.monotonic() + beat_every
+        # As the Python worker: on the data connection when both agreed.
+        beats_on_data = (
+            self._link is not None and _rpc.DATA_HEARTBEATS_CAPABILITY in welcome.capabilities
+        )
+        beat = worker_pb2.WorkerMessage(heartbeat=worker_pb2.Heartbeat()).SerializeToString()
         while True:
             try:
                 item = inbox.get(timeout=max(next_beat - time.monotonic(), 0.0))
             except queue.Empty:
-                stream.send(WorkerBeat())
+                if beats_on_data and self._link is not None:
+                    self._link.send(beat)
+                else:
+                    stream.send(WorkerBeat())
                 next_beat = time.monotonic() + beat_every
                 continue
             if isinstance(item, StreamEnded):

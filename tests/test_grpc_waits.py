@@ -31,6 +31,15 @@ def voluntary_switches(native_id: int) -> int:
     raise AssertionError("no voluntary_ctxt_switches line")
 
 
+def wake_ups_in_a_second(thread: threading.Thread) -> int:
+    """A waiting thread's voluntary context switches over one second (Linux)."""
+    assert thread.native_id is not None
+    time.sleep(0.2)
+    before = voluntary_switches(thread.native_id)
+    time.sleep(1.0)
+    return voluntary_switches(thread.native_id) - before
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_join_streams_receiver_sleeps_while_no_message_comes(
     scripted: ScriptedCoordinator,
@@ -46,11 +55,8 @@ def test_a_join_streams_receiver_sleeps_while_no_message_comes(
         welcome(connection)
         assert inbox.get(timeout=30) is not None  # the receiver is back in its wait
         receiver = stream._receiver  # this stream's, not another test's
-        assert receiver.native_id is not None and receiver.name == "rlfleet-worker-receiver"
-        time.sleep(0.2)
-        before = voluntary_switches(receiver.native_id)
-        time.sleep(1.0)
-        woke = voluntary_switches(receiver.native_id) - before
+        assert receiver.name == "rlfleet-worker-receiver"
+        woke = wake_ups_in_a_second(receiver)
         assert woke <= 2, f"the receiver woke {woke} times in a second of silence"
         welcome(connection)  # and a message still wakes it at once
         assert inbox.get(timeout=30) is not None

@@ -11,6 +11,7 @@ import gc
 import os
 import re
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+from grpc import _common
 
 import rlfleet.envs.testing  # noqa: F401  (registers the test envs here too)
 from rlfleet.client import Fleet, RemoteVectorEnv
@@ -35,6 +37,8 @@ from rlfleet.errors import (
     UsageError,
     VectorEnvError,
 )
+from rlfleet.transport import grpc_waits
+from tests.test_grpc_waits import wake_ups_in_a_second
 from tests.waiting import wait_until
 
 TESTING = "rlfleet.envs.testing"
@@ -363,3 +367,25 @@ def test_closed_leases_leave_no_bookkeeping_behind(fleet: Fleet) -> None:
         "no lease, Lease object or lease thread left",
         describe=lambda: repr(leftovers()),
     )
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_lease_streams_reader_sleeps_while_no_reply_comes(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # grpcio's own wait wakes a reader ten times a second to look for
+    # signals, which only the main thread runs; each wake-up takes the GIL
+    # from the learner. This process's workers may have replaced it already.
+    monkeypatch.setattr(_common, "wait", grpc_waits._grpc_wait)
+    channel = fleet.sampler.open_channel()
+    try:
+        stream = LeaseStream(channel, EnvConfig("CartPole-v1"), 1, open_timeout=30, call_timeout=30)
+        reader = stream._reader
+        assert reader.name == "rlfleet-lease"
+        woke = wake_ups_in_a_second(reader)
+        assert woke <= 2, f"the lease's reader woke {woke} times in a second of silence"
+        stream.send("reset", [0], [{"seed": 1}])  # and a reply still comes
+        assert set(stream.receive([0], 1, None)) == {0}
+        stream.close()
+    finally:
+        channel.close()

@@ -292,6 +292,7 @@ def test_hello_env_ready_results_and_heartbeats(
         "rlfleet.data-results",
         "rlfleet.results-switch",
         "rlfleet.data-tasks",
+        "rlfleet.data-heartbeats",
     ]
     assert hello.implementation.startswith("rlfleet-python/")
     welcome(connection)

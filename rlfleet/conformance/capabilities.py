@@ -19,6 +19,7 @@ KNOWN_CAPABILITIES = frozenset(
         "rlfleet.data-results",
         "rlfleet.results-switch",
         "rlfleet.data-tasks",
+        "rlfleet.data-heartbeats",
     }
 )
 #: Those the test coordinator grants: never pickle (it needs an opt-in and TLS),

@@ -82,11 +82,22 @@ RESULTS_SWITCH_CAPABILITY = "rlfleet.results-switch"
 #: there; agent and env updates stay on the stream, so the worker holds a
 #: Task until it runs the Task's agent version and env generation.
 DATA_TASKS_CAPABILITY = "rlfleet.data-tasks"
+#: Capability of workers that send their heartbeats on the lease data
+#: channel while its connection is open, and on the Join stream otherwise:
+#: on the coordinator a heartbeat there is one read of its data loop, not a
+#: round of gRPC's threads (docs/protocol.md, "The lease data channel").
+DATA_HEARTBEATS_CAPABILITY = "rlfleet.data-heartbeats"
 
 #: Default largest message either side sends or accepts. Batches are chunked
 #: well below it (rlfleet.wire.DEFAULT_CHUNK_BYTES); only agent updates with
 #: very large parameter sets come near it.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+#: The coordinator's flow-control window per stream for what it receives
+#: (:func:`server_options`): fixed, as Go's and Java's static windows, large
+#: enough that an agent pushed by a learner or a result on a Join stream
+#: is not held to a 64 KiB window a round trip at a time on a remote link.
+SERVER_STREAM_WINDOW_BYTES = 4 * 1024 * 1024
 
 #: Trailing-metadata key carrying a serialized rlfleet.v1.ErrorDetail.
 ERROR_DETAIL_KEY = "rlfleet-error-bin"
@@ -321,10 +332,19 @@ def server_options(
 
     The server pings its clients too, so a frozen worker (SIGSTOP, a
     partitioned host) is noticed even while it owes no heartbeat yet.
+
+    Its receive window is fixed at :data:`SERVER_STREAM_WINDOW_BYTES`
+    instead of sized by BDP probes: a probe is a PING the server sends with
+    its window update after a message arrives, whose acknowledgement wakes
+    gRPC's threads again, so each worker's heartbeat cost the coordinator
+    two rounds of wake-ups instead of one (docs/performance.md, "gRPC's
+    threads per second").
     """
     return [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", SERVER_STREAM_WINDOW_BYTES),
         ("grpc.http2.min_ping_interval_without_data_ms", int(min_client_ping_seconds * 1000)),
         ("grpc.http2.max_ping_strikes", 0),
         ("grpc.so_reuseport", 0),

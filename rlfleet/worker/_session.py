@@ -494,14 +494,14 @@ class Session:
         self._beat_time, self._beat_steps = now, self._stepper.steps_total
         self._next_beat = now + self._heartbeat_interval
         self._worker.beat(now, self._heartbeat_interval)
-        self._send(
-            WorkerBeat(
-                steps_total=self._stepper.steps_total,
-                steps_per_second=rate,
-                active_envs=self._vec.active_count,
-                queued_units=self._book.queued_units,
-            )
+        beat = WorkerBeat(
+            steps_total=self._stepper.steps_total,
+            steps_per_second=rate,
+            active_envs=self._vec.active_count,
+            queued_units=self._book.queued_units,
         )
+        if not self._leases.send_beat(beat):
+            self._send(beat)
 
     def _send_error(
         self,

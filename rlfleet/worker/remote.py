@@ -415,6 +415,7 @@ class RemoteWorker:
                             _rpc.DATA_RESULTS_CAPABILITY,
                             _rpc.RESULTS_SWITCH_CAPABILITY,
                             _rpc.DATA_TASKS_CAPABILITY,
+                            _rpc.DATA_HEARTBEATS_CAPABILITY,
                         )
                         if config.lease_slots != 0
                         else ()

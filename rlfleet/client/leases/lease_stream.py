@@ -54,6 +54,7 @@ from rlfleet.errors import (
 )
 from rlfleet.security import ClientTLS
 from rlfleet.security.pickle import cloudpickle_module
+from rlfleet.transport import grpc_waits
 from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.data_address import warn_unreachable
 from rlfleet.transport.in_process_link import InProcessLink
@@ -187,6 +188,9 @@ class LeaseStream:
         lease = channel.stream_stream(
             _rpc.LEASE, request_serializer=None, response_deserializer=None
         )
+        # The reader waits for replies (none at all while they take the data
+        # channel) without grpcio's polls, which take the GIL from the learner.
+        grpc_waits.install()
         self._call = lease(self._outgoing())
         self._reader = threading.Thread(target=self._read, name="rlfleet-lease", daemon=True)
         self._reader.start()

@@ -44,15 +44,21 @@ from rlfleet.coordinator.leases.translation import (
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.worker_events import WorkerEvents
+from rlfleet.coordinator.worker_messages import parse_worker_message
 from rlfleet.errors import (
     ProtocolError,
     ResourceExhaustedError,
     UnavailableError,
     WireFormatError,
 )
+from rlfleet.protocol.join import WorkerBeat
 from rlfleet.transport import rpc as _rpc
 
 logger = logging.getLogger("rlfleet.coordinator")
+
+#: The first byte of a WorkerMessage holding a heartbeat as protobuf writes it
+#: (field 5, length-delimited); a result's is field 4's.
+_HEARTBEAT_TAG = b"\x2a"
 
 
 class WorkerDataPeer:
@@ -75,6 +81,9 @@ class WorkerDataPeer:
         self._leases = leases
         self._handle = handle
         self._results = results
+        # Its heartbeats may come here (and are read on this thread: they
+        # carry only figures, in no order with its results).
+        self._beats = _rpc.DATA_HEARTBEATS_CAPABILITY in handle.hello.capabilities
 
     def on_frames(self, payloads: list[bytes | memoryview]) -> None:
         handle = self._handle
@@ -92,6 +101,12 @@ class WorkerDataPeer:
                             self._queue(queued)
                         self._count("worker", 1)
                         self._leases.on_reply(handle, item)
+                    elif (
+                        self._beats
+                        and payload[:1] == _HEARTBEAT_TAG
+                        and isinstance(beat := parse_worker_message(payload), WorkerBeat)
+                    ):
+                        self._events.on_heartbeat(handle, beat)
                     elif self._results is None:
                         raise WireFormatError(
                             "a worker's lease data frame must be a WorkerMessage holding only "

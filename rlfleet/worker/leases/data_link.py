@@ -120,6 +120,11 @@ class WorkerLeaseChannel:
         """
         self._send(payloads, "a result")
 
+    def send_beat(self, payload: bytes) -> None:
+        """Sends a heartbeat's serialized WorkerMessage; a broken connection ends
+        the session (``on_broken``), as for a result."""
+        self._send([payload], "a heartbeat")
+
     def _send(self, payloads: Sequence[bytes | memoryview], what: str) -> None:
         link = self._link
         if link is None:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from rlfleet.protocol.join import ResultsSwitch, WorkerLeaving, WorkerWelcome
+from rlfleet.errors import UnavailableError
+from rlfleet.protocol.join import ResultsSwitch, WorkerBeat, WorkerLeaving, WorkerWelcome
 from rlfleet.security import ClientTLS, PickleGate
 from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.data_address import coordinator_host
@@ -89,6 +90,7 @@ class SessionLeases:
         self._results_agreed = _rpc.DATA_RESULTS_CAPABILITY in welcome.capabilities
         # Without the switch agreed, the carrier is fixed at the session's first result.
         self._switch_agreed = _rpc.RESULTS_SWITCH_CAPABILITY in welcome.capabilities
+        self._beats_agreed = _rpc.DATA_HEARTBEATS_CAPABILITY in welcome.capabilities
         self._results_on_data: bool | None = None  # None: no result sent yet
         self._join_results = 0  # results sent on the stream
         stream.lease_handler = self.submit
@@ -174,6 +176,22 @@ class SessionLeases:
             self._channel.send_frames(messages)
             return True
         self._join_results += results
+        return False
+
+    def send_beat(self, beat: WorkerBeat) -> bool:
+        """Sends a heartbeat on the data connection while it is open, if agreed
+        (``rlfleet.data-heartbeats``); False: the caller sends it on the stream.
+
+        On the coordinator a heartbeat there is one read of its data loop,
+        where on the stream it wakes gRPC's threads, each worker's every second.
+        """
+        channel = self._channel
+        if self._beats_agreed and channel is not None and channel.connected:
+            try:
+                channel.send_beat(serialize_outgoing(beat))
+            except UnavailableError:  # closed meanwhile: the stream takes it
+                return False
+            return True
         return False
 
     def end_results(self) -> None:
