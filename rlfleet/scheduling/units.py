@@ -78,6 +78,10 @@ MARK_SLACK = 1 / 32
 MEAN_LENGTH_MEMORY = 256
 
 
+#: A request's lengths past its prefix before any came back.
+_NO_LENGTHS = np.full(0, -1, dtype=np.int64)
+
+
 class MeanLength:
     """Running mean length of the fleet's recent complete episodes.
 
@@ -114,7 +118,7 @@ class EpisodeRequest(RequestState):
         # STEPS: the length of each episode past the contiguous prefix
         # 0..prefix_end-1 (whose total is prefix_steps), at index - prefix_end;
         # -1 while it is not back. Grown as needed, cut as the prefix grows.
-        self.lengths_past_prefix = np.full(0, -1, dtype=np.int64)
+        self.lengths_past_prefix = _NO_LENGTHS  # replaced, never written, while empty
         self.prefix_end = 0
         self.prefix_steps = 0
         self.num_episodes: int | None = None  # the answer, once known
@@ -408,20 +412,25 @@ class UnitPlanner:
         # asked: queues stay balanced, so when the request stops generating,
         # its last units are spread over the fleet instead of one worker
         # grinding through a block while the others idle.
-        refilled = []
-        capacity = []
-        for w, (limit, mark) in zip(workers, limits, strict=True):
-            if w.units <= mark or limit - w.units >= w.slots:
-                refilled.append(w)
-                capacity.append(limit)
-        fleet_slots = sum(w.slots for w in workers)
         # First a unit for every idle env slot, then each worker's room up
-        # to its capacity, in slices of its slots (_owners).
-        idle = [max(w.slots - w.units, 0) for w in refilled]
-        room = [
-            max(limit - w.units - gap, 0)
-            for w, limit, gap in zip(refilled, capacity, idle, strict=True)
-        ]
+        # to its capacity, in slices of its slots (_owners): worked out in
+        # the one pass that picks the refilled workers.
+        refilled = []
+        slots = []
+        idle = []
+        room = []
+        fleet_slots = 0
+        for w, (limit, mark) in zip(workers, limits, strict=True):
+            size = w.slots
+            fleet_slots += size
+            held = w.units
+            if held <= mark or limit - held >= size:
+                gap = size - held if held < size else 0
+                refilled.append(w)
+                slots.append(size)
+                idle.append(gap)
+                spare = limit - held - gap
+                room.append(spare if spare > 0 else 0)
         # The request's units for every slice at once (as many takes one
         # after the other: test_take_many_hands_out_what_as_many_takes_would),
         # dealt in the slices' order; a slice the request cannot fill is the
@@ -429,7 +438,6 @@ class UnitPlanner:
         taken = request.take_many(sum(idle) + sum(room), fleet_slots, mean)
         if not taken.size:  # the request needs no more for now (its last units are out)
             return self.moves.move(request, workers, wanting, mean)
-        slots = [w.slots for w in refilled]
         orders = []
         for worker, units in zip(
             refilled, _dealt_units(request, taken, slots, idle, room), strict=True
