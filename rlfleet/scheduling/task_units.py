@@ -58,19 +58,20 @@ class TaskUnits:
             return
         held = self._count
         total = held + new
-        if not held:
-            # A new task's first units: its columns made at once, with room.
-            size = max(2 * total, 64)
-            self._index, self._env, self._policy = (
-                _room(column, size)
-                for column in (units.episode_indices, units.env_seeds, units.policy_seeds)
-            )
-            out = self._out = np.zeros(size, dtype=bool)
-            out[:total] = True
+        if not held and units.episode_indices.flags.c_contiguous:
+            # A new task's first units: its columns are theirs, with no room,
+            # so that the next units grow new ones (the columns are never
+            # written in place but past their held units); a request's first
+            # hand-out makes no copy of them. (The unit book reads the index
+            # column as a C-contiguous one: any other is copied below.)
+            self._index = units.episode_indices
+            self._env = units.env_seeds
+            self._policy = units.policy_seeds
+            self._out = np.ones(total, dtype=bool)
             self._count = total
             self.outstanding += new
             return
-        follows = units.episode_indices[0] > self._index[held - 1]
+        follows = not held or units.episode_indices[0] > self._index[held - 1]
         if follows and total <= len(self._index):
             # Past the held units: a snapshot of them (given) is unchanged.
             for column, values in (
@@ -216,13 +217,6 @@ class TaskUnits:
         """The indices of the units not back yet, ascending."""
         n = self._count
         return self._index[:n][self._out[:n]]
-
-
-def _room(values: np.ndarray, size: int) -> np.ndarray:
-    """A column of ``size`` entries that starts with ``values``."""
-    column = np.empty(size, dtype=np.int64)
-    column[: len(values)] = values
-    return column
 
 
 def _grown(held: np.ndarray, added: np.ndarray, size: int, order: np.ndarray | None) -> np.ndarray:
