@@ -838,6 +838,8 @@ def test_a_refill_deals_what_taking_each_slice_on_its_own_dealt(  # noqa: PLR091
                 request: units_module.EpisodeRequest,
                 workers: list[units_module.WorkerLoad],
                 planner: units_module.UnitPlanner = planner,
+                *,
+                looked: bool = False,
             ) -> list[TaskOrder]:
                 return _dispatch_slice_by_slice(planner, request, workers)
 
@@ -881,8 +883,10 @@ def test_a_refill_hands_out_what_working_every_mark_out_would(
     # at every worker's, eligible or not, before it lists the eligible
     # ones). Episodes that turn long then short (the mean length rising and
     # falling by far more than the slack), results of every size and, if
-    # toggled, the first worker in and out of eligibility: the same refills,
-    # round by round, as a planner that works every mark out each time.
+    # toggled, the first worker in and out of eligibility and the second's
+    # slots leased, some or all (a worker given no units is skipped by the
+    # look): the same refills, round by round, as a planner that works
+    # every mark out each time.
     scheduled = {}
     for rule in ("kept marks", "every time"):
         rng = np.random.default_rng(seed)
@@ -895,6 +899,8 @@ def test_a_refill_hands_out_what_working_every_mark_out_would(
         for round_ in range(40):
             if toggled:
                 scheduler.set_eligible(1, bool(rng.integers(0, 3)))
+                if len(num_envs) > 1:
+                    scheduler.set_leased(2, int(rng.integers(0, num_envs[1] + 1)))
             orders = scheduler.dispatch()
             given = {o.worker_id: o.units.episode_indices.tolist() for o in orders}
             log.append(given)
@@ -934,6 +940,37 @@ def test_a_refill_that_hands_out_nothing_works_no_mark_out() -> None:
     assert "_limits" not in called, called
     # Nor lists the eligible workers: the look is one call below dispatch.
     assert "_dispatch_request" not in called, called
+
+
+def test_a_refill_that_hands_out_looks_at_the_marks_once() -> None:
+    # The scheduler asks the kept marks over the fleet; when they do not
+    # settle it, the planner works the eligible workers' marks out at once
+    # (not asking the kept marks a second time): each worker's for today's
+    # mean length and the one it keeps, and that one only if what it
+    # depends on changed (a request's first hand-out after another's).
+    def calls_of_a_dispatch(scheduler: Scheduler) -> tuple[list[TaskOrder], dict[str, int]]:
+        profile = cProfile.Profile()
+        profile.enable()
+        orders = scheduler.dispatch()
+        profile.disable()
+        stats = pstats.Stats(profile).stats.items()  # type: ignore[attr-defined]
+        return orders, {name: row[1] for (_, _, name), row in stats}
+
+    scheduler = fleet(*[8] * 3, capacity_steps=400)
+    request_id = scheduler.start_sample(spec(Mode.STEPS, 10**6))
+    held = {order.worker_id: order for order in scheduler.dispatch()}
+    for worker_id, order in held.items():
+        scheduler.complete(worker_id, order.task_id, indices(order), [10] * len(order.units))
+    orders, calls = calls_of_a_dispatch(scheduler)
+    assert orders
+    assert calls.get("surely_full") == 1, calls
+    assert calls.get("_limits") == 6, calls
+    scheduler.finish(request_id)
+    scheduler.start_sample(spec(Mode.STEPS, 10**6))
+    orders, calls = calls_of_a_dispatch(scheduler)
+    assert orders
+    assert calls.get("surely_full") == 1, calls
+    assert calls.get("_limits") == 3, calls  # the same mean length: marks kept as they are
 
 
 def test_a_worker_that_leaves_takes_its_kept_mark_with_it() -> None:

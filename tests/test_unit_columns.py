@@ -184,6 +184,9 @@ def test_episode_seed_columns_are_episode_seeds() -> None:
 def test_task_units_book_as_a_set_of_indices_would(data: st.DataObject) -> None:
     book, given_, outstanding = TaskUnits(), set[int](), set[int]()
     snapshots: list[tuple[UnitColumns, list[int]]] = []
+    # The units added, and a copy: a task takes a new task's first units'
+    # columns as its own, and never writes into them.
+    added: list[tuple[UnitColumns, UnitColumns]] = []
     next_index = 1000
     for _ in range(data.draw(st.integers(1, 8))):
         if data.draw(st.booleans()):
@@ -194,7 +197,11 @@ def test_task_units_book_as_a_set_of_indices_would(data: st.DataObject) -> None:
             fresh = [i for i in range(start, start + count) if i not in given_]
             if not low:
                 next_index = start + count
-            book.add(UnitColumns.seeded(5, 1, fresh))
+            units = UnitColumns.seeded(5, 1, fresh)
+            if data.draw(st.booleans()):  # columns that are strided views
+                units = UnitColumns.of_rows(units)
+            book.add(units)
+            added.append((units, UnitColumns.of_rows(units)))
             given_.update(fresh)
             outstanding.update(fresh)
             snapshots.append((book.given, sorted(given_)))
@@ -213,6 +220,7 @@ def test_task_units_book_as_a_set_of_indices_would(data: st.DataObject) -> None:
             continue
         indices = np.array(result, dtype=np.int64)
         problem, positions = book.check(indices, 3)
+        assert not book.all_outstanding([tuple(result)]) or not problem  # the compiled look
         foreign = [i for i in result if i not in given_]
         again = [i for i in result if i not in outstanding]
         if foreign:
@@ -229,6 +237,8 @@ def test_task_units_book_as_a_set_of_indices_would(data: st.DataObject) -> None:
     assert book.given == UnitColumns.seeded(5, 1, sorted(given_))
     for snapshot, held in snapshots:
         assert snapshot == UnitColumns.seeded(5, 1, held)
+    for units, copy in added:
+        assert units == copy
 
 
 # --- the STEPS prefix --------------------------------------------------------------------

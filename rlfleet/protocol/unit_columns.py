@@ -73,7 +73,13 @@ class UnitColumns:
         """
         indices = np.asarray(episode_indices, dtype=np.int64).reshape(-1)
         env, policy = episode_seed_columns(base_seed, request_index, indices)
-        return cls(indices, env, policy)
+        # Three 1-D int64 columns of one length: made without the checks (a
+        # refill's, once per request at least).
+        made = _new(cls)
+        made.episode_indices = indices
+        made.env_seeds = env
+        made.policy_seeds = policy
+        return made
 
     @classmethod
     def of_rows(cls, rows: Iterable[tuple[int, int, int]]) -> UnitColumns:

@@ -392,12 +392,14 @@ class Scheduler:
         """
         request = self._sample
         if request is not None:
-            # The common look after a result: no worker of the fleet wants a
-            # refill (one call; no sorted list of the eligible ones made).
-            if isinstance(request, EpisodeRequest) and self._units.surely_full(
-                self._books.workers.values()
-            ):
-                return []
+            if isinstance(request, EpisodeRequest):
+                # The common look after a result: no worker that may be given
+                # units wants a refill (one call; no sorted list of the
+                # eligible ones made). Past it the planner looks once more,
+                # exactly, and only over those.
+                if self._units.surely_full(self._books.workers.values()):
+                    return []
+                return self._dispatch_request(request, looked=True)
             return self._dispatch_request(request)
         orders: list[TaskOrder] = []
         # Rotate so that no subscription starves the others of free slots.
@@ -417,11 +419,11 @@ class Scheduler:
         """Units moved from one worker to another at requests' tails so far."""
         return self._units.moves.moved
 
-    def _dispatch_request(self, request: RequestState) -> list[TaskOrder]:
+    def _dispatch_request(self, request: RequestState, *, looked: bool = False) -> list[TaskOrder]:
         ordered = sorted(self._books.workers.items())
         if isinstance(request, EpisodeRequest):
             workers = [w for _, w in ordered if w.eligible and w.num_envs > w.leased]
-            return self._units.dispatch(request, workers) if workers else []
+            return self._units.dispatch(request, workers, looked=looked) if workers else []
         if isinstance(request, FragmentRequest):
             workers = [w for _, w in ordered if w.eligible and not w.leased]
             return self._windows.dispatch(request, workers) if workers else []

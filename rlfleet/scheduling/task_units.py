@@ -21,22 +21,28 @@ with compiled("unit booking", "rlfleet/scheduling/_unit_book.c"):
     from rlfleet.scheduling._unit_book import outstanding
 
 
+#: The columns of a task given no units yet.
+_NO_INDICES = np.empty(0, dtype=np.int64)
+_NO_FLAGS = np.empty(0, dtype=bool)
+
+
 class TaskUnits:
     """A task's units as sorted columns, and which of them are outstanding."""
 
     def __init__(self) -> None:
         # Columns with room to grow: the first _count entries hold units.
-        self._index = np.empty(0, dtype=np.int64)
-        self._env = np.empty(0, dtype=np.int64)
-        self._policy = np.empty(0, dtype=np.int64)
-        self._out = np.empty(0, dtype=bool)
+        # Shared empty ones until the first add (a task per request and
+        # worker: five arrays made per task were a tenth of a request's
+        # first hand-out); none is ever written in place while empty.
+        self._index = self._env = self._policy = _NO_INDICES
+        self._out = _NO_FLAGS
         self._count = 0
         #: Units given and not back yet.
         self.outstanding = 0
         # Indices taken away from the task while outstanding (moved to
         # another worker, or re-queued), ascending: a result of the task
         # that names one is ignored, never booked here.
-        self._taken = np.empty(0, dtype=np.int64)
+        self._taken = _NO_INDICES
         # The snapshot :attr:`given` made last, until units are added: a
         # task's results are checked against it batch after batch.
         self._given: UnitColumns = EMPTY_UNITS
@@ -52,6 +58,19 @@ class TaskUnits:
             return
         held = self._count
         total = held + new
+        if not held and units.episode_indices.flags.c_contiguous:
+            # A new task's first units: its columns are theirs, with no room,
+            # so that the next units grow new ones (the columns are never
+            # written in place but past their held units); a request's first
+            # hand-out makes no copy of them. (The unit book reads the index
+            # column as a C-contiguous one: any other is copied below.)
+            self._index = units.episode_indices
+            self._env = units.env_seeds
+            self._policy = units.policy_seeds
+            self._out = np.ones(total, dtype=bool)
+            self._count = total
+            self.outstanding += new
+            return
         follows = not held or units.episode_indices[0] > self._index[held - 1]
         if follows and total <= len(self._index):
             # Past the held units: a snapshot of them (given) is unchanged.

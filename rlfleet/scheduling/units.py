@@ -78,6 +78,10 @@ MARK_SLACK = 1 / 32
 MEAN_LENGTH_MEMORY = 256
 
 
+#: A request's lengths past its prefix before any came back.
+_NO_LENGTHS = np.full(0, -1, dtype=np.int64)
+
+
 class MeanLength:
     """Running mean length of the fleet's recent complete episodes.
 
@@ -114,7 +118,7 @@ class EpisodeRequest(RequestState):
         # STEPS: the length of each episode past the contiguous prefix
         # 0..prefix_end-1 (whose total is prefix_steps), at index - prefix_end;
         # -1 while it is not back. Grown as needed, cut as the prefix grows.
-        self.lengths_past_prefix = np.full(0, -1, dtype=np.int64)
+        self.lengths_past_prefix = _NO_LENGTHS  # replaced, never written, while empty
         self.prefix_end = 0
         self.prefix_steps = 0
         self.num_episodes: int | None = None  # the answer, once known
@@ -382,39 +386,51 @@ class UnitPlanner:
             capacity = math.ceil(capacity * worker.slots / worker.num_envs)
         return capacity, worker.refill_mark(capacity, low)
 
-    def dispatch(self, request: EpisodeRequest, workers: list[WorkerLoad]) -> list[TaskOrder]:
+    def dispatch(
+        self, request: EpisodeRequest, workers: list[WorkerLoad], *, looked: bool = False
+    ) -> list[TaskOrder]:
         """Tops up the workers that want a refill with units of ``request``.
 
         When the request has no unit left to hand out, a Sample request's
         units are moved instead (with ``move_units``): see :meth:`TailMoves.move`.
+
+        Args:
+            request: The request.
+            workers: The workers it may give units to, by id.
+            looked: The caller found :meth:`surely_full` False over the fleet
+                (which skips the workers that are given none): it is not
+                asked again, the workers' marks are worked out at once.
         """
-        if self.surely_full(workers):
+        if not looked and self.surely_full(workers):
             return []  # the common case after a result: nothing to send
         mean = self.mean_length.value
-        limits = [self._limits(w, mean) for w in workers]
+        limits = self._look(workers, mean)
         wanting = [w for w, (_, mark) in zip(workers, limits, strict=True) if w.units <= mark]
-        if mean is not None:
-            self._keep_marks(workers, mean)
         if not wanting:
             return []
         # Top up every worker with room for a slice, not only the one that
         # asked: queues stay balanced, so when the request stops generating,
         # its last units are spread over the fleet instead of one worker
         # grinding through a block while the others idle.
-        refilled = []
-        capacity = []
-        for w, (limit, mark) in zip(workers, limits, strict=True):
-            if w.units <= mark or limit - w.units >= w.slots:
-                refilled.append(w)
-                capacity.append(limit)
-        fleet_slots = sum(w.slots for w in workers)
         # First a unit for every idle env slot, then each worker's room up
-        # to its capacity, in slices of its slots (_owners).
-        idle = [max(w.slots - w.units, 0) for w in refilled]
-        room = [
-            max(limit - w.units - gap, 0)
-            for w, limit, gap in zip(refilled, capacity, idle, strict=True)
-        ]
+        # to its capacity, in slices of its slots (_owners): worked out in
+        # the one pass that picks the refilled workers.
+        refilled = []
+        slots = []
+        idle = []
+        room = []
+        fleet_slots = 0
+        for w, (limit, mark) in zip(workers, limits, strict=True):
+            size = w.slots
+            fleet_slots += size
+            held = w.units
+            if held <= mark or limit - held >= size:
+                gap = size - held if held < size else 0
+                refilled.append(w)
+                slots.append(size)
+                idle.append(gap)
+                spare = limit - held - gap
+                room.append(spare if spare > 0 else 0)
         # The request's units for every slice at once (as many takes one
         # after the other: test_take_many_hands_out_what_as_many_takes_would),
         # dealt in the slices' order; a slice the request cannot fill is the
@@ -422,7 +438,6 @@ class UnitPlanner:
         taken = request.take_many(sum(idle) + sum(room), fleet_slots, mean)
         if not taken.size:  # the request needs no more for now (its last units are out)
             return self.moves.move(request, workers, wanting, mean)
-        slots = [w.slots for w in refilled]
         orders = []
         for worker, units in zip(
             refilled, _dealt_units(request, taken, slots, idle, room), strict=True
@@ -445,8 +460,9 @@ class UnitPlanner:
     def surely_full(self, workers: Iterable[WorkerLoad]) -> bool:
         """Whether :meth:`dispatch` would hand these workers nothing, known
         from their kept marks alone (False: not known, ask :meth:`dispatch`).
-        Of every worker of the fleet, eligible or not: if none of them wants
-        a refill, none of those :meth:`dispatch` would be given does."""
+        Of every worker of the fleet: those that are not eligible or have
+        every env slot leased are given no units, and are skipped, so that
+        False means one of those :meth:`dispatch` is given may want a refill."""
         # Known from the marks kept for a shorter mean length than today's: a
         # worker holding more than such a mark, with the same result size and
         # env slots, holds more than its mark now. A few comparisons per
@@ -457,6 +473,8 @@ class UnitPlanner:
             return False
         marks = self._marks
         for w in workers:
+            if not w.eligible or w.leased >= w.num_envs:
+                continue  # given no units (Scheduler._dispatch_request)
             kept = marks.get(w.worker_id)
             if (
                 kept is None
@@ -469,13 +487,30 @@ class UnitPlanner:
                 return False
         return True
 
-    def _keep_marks(self, workers: list[WorkerLoad], mean: float) -> None:
-        """Keeps each worker's refill mark for a mean length :data:`MARK_SLACK`
-        shorter than ``mean`` (a mark never rises with the mean length)."""
+    def _look(self, workers: list[WorkerLoad], mean: float | None) -> list[tuple[int, int]]:
+        """Each worker's capacity and refill mark (:meth:`_limits`), in one pass
+        that also keeps its mark for a mean length :data:`MARK_SLACK` shorter
+        than ``mean`` (a mark never rises with the mean length), for
+        :meth:`surely_full`."""
+        limits = self._limits
+        if mean is None:
+            return [limits(w, None) for w in workers]
         shorter = mean * (1.0 - MARK_SLACK)
+        marks = self._marks
+        looked = []
         for w in workers:
-            mark = self._limits(w, shorter)[1]
-            self._marks[w.worker_id] = (shorter, w.result_steps, w.leased, w.num_envs, mark)
+            looked.append(limits(w, mean))
+            kept = marks.get(w.worker_id)
+            if (
+                kept is None
+                or kept[0] != shorter
+                or kept[1] != w.result_steps
+                or kept[2] != w.leased
+                or kept[3] != w.num_envs
+            ):  # worked out again only if what it depends on changed
+                mark = limits(w, shorter)[1]
+                marks[w.worker_id] = (shorter, w.result_steps, w.leased, w.num_envs, mark)
+        return looked
 
     def forfeit(self, task: TaskRecord, indices: np.ndarray) -> int:
         """Re-queues the units of an ignored result of ``task`` that it still
