@@ -1,4 +1,4 @@
-"""grpcio's blocking waits off the main thread, without 0.1 s polls (``grpc_waits``)."""
+"""grpcio's waits off the main thread without 0.1 s polls (``rpc.install_long_waits``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import grpc
 import pytest
 from grpc import _common
 
-from rlfleet.transport import grpc_waits
 from rlfleet.transport import rpc as _rpc
 from rlfleet.worker._connection import Incoming, JoinStream
 from tests.test_remote_worker import ScriptedCoordinator, scripted, welcome
@@ -81,18 +80,18 @@ def _timeouts_of_a_wait(
 
 
 def test_off_the_main_thread_grpcios_waits_wait_long() -> None:
-    grpc_waits.install()
+    _rpc.install_long_waits()
     got: list[list[float]] = []
     thread = threading.Thread(target=lambda: got.append(_timeouts_of_a_wait()))
     thread.start()
     thread.join()
-    assert got == [[grpc_waits.THREAD_WAIT_SECONDS] * 3]
+    assert got == [[_rpc.LONG_WAIT_SECONDS] * 3]
 
 
 def test_the_main_thread_and_bounded_or_spinning_waits_keep_grpcios_polls() -> None:
     # The main thread runs signal handlers between polls; a spin callback is
     # grpcio's fork support, which must run between them too.
-    grpc_waits.install()
+    _rpc.install_long_waits()
     assert _timeouts_of_a_wait() == [_common.MAXIMUM_WAIT_TIMEOUT] * 3
     spins: list[None] = []
     got: list[list[float]] = []
@@ -107,9 +106,9 @@ def test_the_main_thread_and_bounded_or_spinning_waits_keep_grpcios_polls() -> N
 
 
 def test_installing_twice_keeps_one_wrapper() -> None:
-    grpc_waits.install()
-    grpc_waits.install()
-    assert _common.wait is grpc_waits._wait
+    _rpc.install_long_waits()
+    _rpc.install_long_waits()
+    assert _common.wait is _rpc._long_wait
     assert grpc.__version__  # the grpcio whose private wait is replaced is importable
 
 
@@ -118,5 +117,5 @@ def test_a_grpcio_wait_of_other_parameters_is_left_alone(monkeypatch: pytest.Mon
         return False
 
     monkeypatch.setattr(_common, "wait", other_wait)
-    grpc_waits.install()
+    _rpc.install_long_waits()
     assert _common.wait is other_wait

@@ -37,7 +37,7 @@ from rlfleet.errors import (
     UsageError,
     VectorEnvError,
 )
-from rlfleet.transport import grpc_waits
+from rlfleet.transport import rpc
 from tests.test_grpc_waits import wake_ups_in_a_second
 from tests.waiting import wait_until
 
@@ -376,7 +376,7 @@ def test_a_lease_streams_reader_sleeps_while_no_reply_comes(
     # grpcio's own wait wakes a reader ten times a second to look for
     # signals, which only the main thread runs; each wake-up takes the GIL
     # from the learner. This process's workers may have replaced it already.
-    monkeypatch.setattr(_common, "wait", grpc_waits._grpc_wait)
+    monkeypatch.setattr(_common, "wait", rpc._grpc_wait)
     channel = fleet.sampler.open_channel()
     try:
         stream = LeaseStream(channel, EnvConfig("CartPole-v1"), 1, open_timeout=30, call_timeout=30)

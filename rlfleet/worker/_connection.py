@@ -26,7 +26,6 @@ import grpc
 from rlfleet.errors import UnavailableError
 from rlfleet.protocol.join import WorkerHello, WorkerWelcome
 from rlfleet.security import ClientSecurity
-from rlfleet.transport import grpc_waits
 from rlfleet.transport import rpc as _rpc
 from rlfleet.worker._join_messages import (
     CoordinatorEvent,
@@ -100,7 +99,7 @@ class JoinStream:
         )
         # The receiver waits for the coordinator's few messages without
         # grpcio's polls, which would take the GIL from the stepping thread.
-        grpc_waits.install()
+        _rpc.install_long_waits()
         self._call = join(self._requests())
         self._receiver = threading.Thread(
             target=self._receive, name="rlfleet-worker-receiver", daemon=True

@@ -54,7 +54,6 @@ from rlfleet.errors import (
 )
 from rlfleet.security import ClientTLS
 from rlfleet.security.pickle import cloudpickle_module
-from rlfleet.transport import grpc_waits
 from rlfleet.transport import rpc as _rpc
 from rlfleet.transport.data_address import warn_unreachable
 from rlfleet.transport.in_process_link import InProcessLink
@@ -190,7 +189,7 @@ class LeaseStream:
         )
         # The reader waits for replies (none at all while they take the data
         # channel) without grpcio's polls, which take the GIL from the learner.
-        grpc_waits.install()
+        _rpc.install_long_waits()
         self._call = lease(self._outgoing())
         self._reader = threading.Thread(target=self._read, name="rlfleet-lease", daemon=True)
         self._reader.start()
