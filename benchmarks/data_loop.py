@@ -78,7 +78,11 @@ def run(frames: int, size: int, burst: int) -> tuple[float, float]:
     counted = CountedReads(receiver)
     connection._sock = cast(socket.socket, counted)
     handle: Any = SimpleNamespace(
-        name="bench", inflight=InflightBudget(1 << 40, "bench"), alive=True, touch=lambda: None
+        name="bench",
+        inflight=InflightBudget(1 << 40, "bench"),
+        alive=True,
+        touch=lambda: None,
+        hello=SimpleNamespace(capabilities=()),  # heartbeats come on its Join stream
     )
     events: Any = _Refusing()
     lane = ResultLane(events, handle, threading.Event(), 1 << 40, lambda reason: None)
