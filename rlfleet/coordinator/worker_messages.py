@@ -48,8 +48,13 @@ from rlfleet.wire import (
     encode_welcome,
     parse_with_chunk,
 )
+from rlfleet.wire._protowire import LEN, tag
 from rlfleet.wire.result_message import read_result_message
 from rlfleet.wire.results import ResultHeader
+
+#: The first byte of a WorkerMessage holding a heartbeat as protobuf writes
+#: it: a lease data frame that starts with it may be one (WorkerDataPeer).
+HEARTBEAT_TAG = tag(worker_pb2.WorkerMessage.HEARTBEAT_FIELD_NUMBER, LEN)
 
 
 @dataclasses.dataclass(frozen=True)

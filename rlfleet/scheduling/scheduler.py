@@ -221,11 +221,11 @@ class Scheduler:
         """How many of the worker's env slots leased envs hold now (see the rules)."""
         worker = self._books.workers.get(worker_id)
         if worker is not None:
-            worker.leased = leased
+            worker.set_leased(leased)
 
     def set_eligible(self, worker_id: int, eligible: bool) -> None:
         """Whether the worker may get new work (ready in the current state, not leaving)."""
-        self._books.workers[worker_id].eligible = eligible
+        self._books.workers[worker_id].set_eligible(eligible)
 
     def remove_worker(self, worker_id: int, *, keep_streams: bool = False) -> int:
         """Forgets a lost worker; its outstanding units go back to their requests.
@@ -422,7 +422,7 @@ class Scheduler:
     def _dispatch_request(self, request: RequestState, *, looked: bool = False) -> list[TaskOrder]:
         ordered = sorted(self._books.workers.items())
         if isinstance(request, EpisodeRequest):
-            workers = [w for _, w in ordered if w.eligible and w.num_envs > w.leased]
+            workers = [w for _, w in ordered if w.takes_units]
             return self._units.dispatch(request, workers, looked=looked) if workers else []
         if isinstance(request, FragmentRequest):
             workers = [w for _, w in ordered if w.eligible and not w.leased]

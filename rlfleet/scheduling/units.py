@@ -473,7 +473,7 @@ class UnitPlanner:
             return False
         marks = self._marks
         for w in workers:
-            if not w.eligible or w.leased >= w.num_envs:
+            if not w.takes_units:
                 continue  # given no units (Scheduler._dispatch_request)
             kept = marks.get(w.worker_id)
             if (

@@ -25,22 +25,14 @@ from collections.abc import Callable, Mapping
 import gymnasium as gym
 import numpy as np
 
-from rlfleet._util.compiled import compiled
 from rlfleet._util.prebuilt import prebuilt
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.space_checks import screen_bounds, space_screen
-from rlfleet.wire._protowire import LEN, len_prefix, tag
-from rlfleet.wire._tensor_header import (
-    dtype_code,
-    encode_key_field,
-    rows_header,
-    rows_header_parts,
-)
+from rlfleet.wire._protowire import len_prefix
+from rlfleet.wire._skeleton_program import _Program, _program, skeleton
+from rlfleet.wire._tensor_header import dtype_code, encode_key_field, rows_header
 from rlfleet.wire.results import EPISODE_INFO_KEYS, FRAGMENT_INFO_KEYS
-
-with compiled("skeleton builder", "rlfleet/wire/_skeleton.c"):
-    from rlfleet.wire import _skeleton
 
 #: Skeletons kept in the process, of every layout (see :data:`_SKELETONS`).
 _MAX_SKELETONS = 1024
@@ -152,7 +144,7 @@ _FRAMES: dict[tuple[int, int, int], _Frame] = {}
 #: whose results share a layout, build each pair of counts once between them.
 _SKELETONS: dict[tuple[int, int, int], _Skeleton] = {}
 _SHAPES: dict[tuple[tuple[int, _Tensor | _Tree], ...], int] = {}  # each layout's number
-#: The skeleton programs (:func:`_program`) of the process's layouts, by
+#: The skeleton programs (``_skeleton_program._program``) of the process's layouts, by
 #: layout number: worked out once for every worker session of a layout.
 _PROGRAMS: dict[int, _Program] = {}
 _shape_numbers = itertools.count()
@@ -375,7 +367,7 @@ class _Layout:
             if program is None:  # once per distinct layout, at its first new counts
                 if len(_PROGRAMS) >= _MAX_SHAPES:
                     _PROGRAMS.clear()
-                program = _PROGRAMS[self._shape] = _program(self.blocks)
+                program = _PROGRAMS[self._shape] = _program(self.blocks, _PLACED)
             found = _SKELETONS[key] = _build_skeleton(
                 self.blocks, episodes, steps, self.frame, program
             )
@@ -593,9 +585,9 @@ def _build_skeleton(
     """The skeleton of ``blocks`` for these numbers of episodes and steps:
     their frame (:func:`_build_frame`, or ``frame_of(episodes, steps)``) and
     the bytes the one pass compares; in one compiled call if ``program``
-    (``blocks``' :func:`_program`) is given and takes the counts."""
+    (``blocks``' ``_skeleton_program._program``) is given and takes the counts."""
     if program is not None:
-        made = _skeleton.skeleton(*program, episodes, steps)
+        made = skeleton(*program, episodes, steps)
         if made is not None:  # None: sizes past int64, for Python's integers below
             size, headers, offsets, between, places = made
             return prebuilt(
@@ -621,75 +613,3 @@ def _build_skeleton(
         between=b"".join([run for _, run in headers]),
         places=struct.pack(f"={count}q", *numbers),
     )
-
-
-#: A layout's skeleton program (rlfleet/wire/_skeleton.c's ``skeleton``):
-#: its items (int64s, five an item), the bytes its BYTES items write, the
-#: arrays' names by DATA items' index, and the indices of :data:`_PLACED`.
-_Program = tuple[bytes, tuple[bytes, ...], tuple[str, ...], bytes]
-# Its items' kinds: a block's start (a run ends there), fixed bytes, a
-# varint of rows times a number, a varint of the size of the items after it
-# up to an item, an array's data.
-_BREAK, _BYTES, _COUNT, _SPAN, _DATA = range(5)
-# An item's rows: none, one per episode, one per step; and a condition of none.
-_NO_ROWS, _EPISODE_ROWS, _STEP_ROWS, _ALWAYS = 0, 1, 2, -1
-
-
-def _program(blocks: tuple[tuple[int, _Tensor | _Tree], ...]) -> _Program:
-    """The items batch_parts writes for ``blocks`` (write_tensor, write_tensor_map),
-    as :func:`_block_parts` works them out, for the compiled call to evaluate
-    at any numbers of episodes and steps: only varints change with them."""
-    items: list[list[int]] = []
-    pieces: list[bytes] = []
-    names: list[str] = []
-
-    def write(data: bytes, rows: int = _NO_ROWS, row_bytes: int = _ALWAYS) -> None:
-        # With row_bytes: written only when the array has data (rows_header's tag).
-        pieces.append(data)
-        items.append([_BYTES, rows, 0, len(pieces) - 1, row_bytes])
-
-    def span() -> list[int]:  # its end set once the spanned items are written
-        item = [_SPAN, _NO_ROWS, 0, 0, _ALWAYS]
-        items.append(item)
-        return item
-
-    def tensor(number: int, t: _Tensor) -> None:
-        rows = _EPISODE_ROWS if t.per_episode else _STEP_ROWS
-        lead, rest, data = rows_header_parts(dtype_code(t.dtype), t.row_shape)
-        write(tag(number, LEN))
-        whole = span()
-        write(lead)
-        packed = span()
-        items.append([_COUNT, rows, 1, 0, _ALWAYS])
-        write(rest)
-        packed[3] = len(items)
-        write(data, rows, t.row_bytes)
-        items.append([_COUNT, rows, t.row_bytes, 0, t.row_bytes])
-        names.append(t.name)
-        items.append([_DATA, rows, t.row_bytes, len(names) - 1, _ALWAYS])
-        whole[3] = len(items)
-
-    def tree(number: int, entries: _Tree) -> None:
-        write(tag(number, LEN))
-        whole = span()
-        for key_field, child in entries:
-            write(tag(_MAP_ENTRIES, LEN))
-            entry = span()
-            write(key_field)
-            if isinstance(child, _Tensor):
-                tensor(_ENTRY_TENSOR, child)
-            else:
-                tree(_ENTRY_MAP, child)
-            entry[3] = len(items)
-        whole[3] = len(items)
-
-    for number, item in blocks:
-        items.append([_BREAK, _NO_ROWS, 0, 0, _ALWAYS])
-        if isinstance(item, _Tensor):
-            tensor(number, item)
-        else:
-            tree(number, item)
-    index = {name: k for k, name in enumerate(names)}
-    placed = [index.get(name, -1) for name in _PLACED]  # -1: the Python builder's KeyError
-    packed_items = struct.pack(f"={5 * len(items)}q", *itertools.chain.from_iterable(items))
-    return packed_items, tuple(pieces), tuple(names), struct.pack(f"={len(placed)}q", *placed)

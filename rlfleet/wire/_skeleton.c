@@ -8,7 +8,8 @@
  * calls and 160,000 instructions for an 80-episode CartPole result. Only
  * varints change with the counts (an array's rows and data length, and the
  * lengths of the fields around it), so the layout is turned once into a
- * program of items in the order a writer writes them, and this call
+ * program of items in the order a writer writes them
+ * (rlfleet.wire._skeleton_program), and this call
  * evaluates it: sizes from the last item back (a length-delimited field's
  * length is the sum of the items it spans), then the bytes and offsets
  * forward.
@@ -27,7 +28,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* An item's kind (rlfleet.wire._layout_frames's _BREAK ... _DATA). */
+/* An item's kind (rlfleet.wire._skeleton_program's _BREAK ... _DATA). */
 enum { BREAK = 0, BYTES = 1, COUNT = 2, SPAN = 3, DATA = 4 };
 /* An item: kind, rows (0 none, 1 episodes, 2 steps), multiplier, argument,
  * and the row bytes its presence depends on (-1: always present; else only
@@ -237,7 +238,7 @@ PyDoc_STRVAR(skeleton_doc,
              "``episodes`` and ``steps``, as rlfleet.wire._layout_frames._build_skeleton\n"
              "makes them; None where a size leaves int64, a count is negative or a\n"
              "placed array is missing (the Python builder's to work out).\n\n"
-             "program: int64 items of five fields (rlfleet.wire._layout_frames._program).\n"
+             "program: int64 items of five fields (rlfleet.wire._skeleton_program._program).\n"
              "pieces: the bytes BYTES items write. names: the arrays' names, by the\n"
              "index DATA items give. placed: int64 indices of the names whose offsets\n"
              "follow the runs in ``places``.");
@@ -319,7 +320,7 @@ static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_skeleton",
     .m_doc = "A result layout's skeleton for some numbers of episodes and steps, in one call "
-             "(rlfleet.wire._layout_frames).",
+             "(rlfleet.wire._skeleton_program).",
     .m_size = 0,
     .m_methods = module_methods,
     .m_slots = module_slots,

@@ -44,7 +44,7 @@ from rlfleet.coordinator.leases.translation import (
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.state import FleetState
 from rlfleet.coordinator.worker_events import WorkerEvents
-from rlfleet.coordinator.worker_messages import parse_worker_message
+from rlfleet.coordinator.worker_messages import HEARTBEAT_TAG, parse_worker_message
 from rlfleet.errors import (
     ProtocolError,
     ResourceExhaustedError,
@@ -55,10 +55,6 @@ from rlfleet.protocol.join import WorkerBeat
 from rlfleet.transport import rpc as _rpc
 
 logger = logging.getLogger("rlfleet.coordinator")
-
-#: The first byte of a WorkerMessage holding a heartbeat as protobuf writes it
-#: (field 5, length-delimited); a result's is field 4's.
-_HEARTBEAT_TAG = b"\x2a"
 
 
 class WorkerDataPeer:
@@ -103,7 +99,7 @@ class WorkerDataPeer:
                         self._leases.on_reply(handle, item)
                     elif (
                         self._beats
-                        and payload[:1] == _HEARTBEAT_TAG
+                        and payload[:1] == HEARTBEAT_TAG
                         and isinstance(beat := parse_worker_message(payload), WorkerBeat)
                     ):
                         self._events.on_heartbeat(handle, beat)
