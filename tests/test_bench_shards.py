@@ -124,10 +124,11 @@ def test_a_round_alternates_the_layouts_turn_by_turn_and_sums_each_layouts_turns
 
 
 def test_the_documented_command_parses() -> None:
-    args = shards._parser().parse_args(["--request-episodes", "6400", "--requests", "6"])
-    assert (args.request_episodes, args.requests, args.rounds) == (6400, 6, 5)
+    documented = ["--request-episodes", "6400", "--requests", "6", "--turns", "8"]
+    args = shards._parser().parse_args(documented)
+    assert (args.request_episodes, args.requests, args.turns, args.rounds) == (6400, 6, 8, 5)
     assert (args.carrier, args.neighbour, args.netns, args.pin) == ("data", True, False, False)
-    assert args.turns == 1
+    assert shards._parser().parse_args([]).turns == 1
     assert shards._parser().parse_args(["--pin"]).pin
 
 
