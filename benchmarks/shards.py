@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.capacity import _cpu_clock, _settled, _stopping, _wait_for_port
-from rlfleet._util.cpus import cpu_list_text, one_cpu_each
+from rlfleet._util.cpus import can_pin, cpu_list_text, one_cpu_each
 from rlfleet.client import RemoteSampler
 from rlfleet.errors import ConfigError
 
@@ -138,6 +138,10 @@ def run(setup: Setup) -> dict[str, Any]:
     """
     if setup.carrier not in CARRIERS:
         raise ConfigError(f"carrier must be one of {CARRIERS}, got {setup.carrier!r}")
+    if setup.turns < 1:
+        raise ConfigError(f"turns must be at least 1, got {setup.turns}")
+    if setup.pin and not can_pin():
+        raise ConfigError(f"pin needs Linux (sched_setaffinity, taskset); this is {sys.platform}")
     with (
         tempfile.TemporaryDirectory(prefix="rlfleet-shards-") as name,
         contextlib.ExitStack() as stack,
@@ -379,7 +383,12 @@ def serve_neighbour(address: str, request_episodes: int, control: Path, ack: Pat
 
 
 def _cpus_of(processes: Sequence[subprocess.Popen[bytes]]) -> list[str]:
-    """Each process's CPUs, every thread's together, as a CPU list (``0``, ``0-1``)."""
+    """Each process's CPUs, every thread's together, as a CPU list (``0``, ``0-1``).
+
+    ``unknown`` where the platform cannot tell (no ``sched_getaffinity``).
+    """
+    if not can_pin():
+        return ["unknown"] * len(processes)
     lists = []
     for process in processes:
         cpus: set[int] = set()

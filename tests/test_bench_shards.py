@@ -17,6 +17,7 @@ import pytest
 
 from benchmarks import shards
 from rlfleet._util.cpus import allowed_cpus, can_pin, cpu_list_text, one_cpu_each
+from rlfleet.errors import ConfigError
 from tests.netns_support import unavailable_reason
 
 _KEYS = {
@@ -37,7 +38,7 @@ TINY = shards.Setup(
 
 def check(result: dict[str, Any], out: str, setup: shards.Setup = TINY) -> None:
     # Unpinned, every process may run wherever the benchmark may.
-    if not setup.pin:
+    if not setup.pin and can_pin():
         assert result["cpus"] == [[cpu_list_text(allowed_cpus())] * (1 + setup.workers)] * 2
     rounds = result["rounds"]
     assert len(rounds) == setup.rounds
@@ -121,6 +122,11 @@ def test_a_round_alternates_the_layouts_turn_by_turn_and_sums_each_layouts_turns
         assert round_["capacity_ratio"] == (
             two["capacity_steps_per_second"] / one["capacity_steps_per_second"]
         )
+
+
+def test_a_round_of_no_turns_is_refused_before_anything_starts() -> None:
+    with pytest.raises(ConfigError, match="turns must be at least 1, got 0"):
+        shards.run(dataclasses.replace(TINY, turns=0))
 
 
 def test_the_documented_command_parses() -> None:
