@@ -14,10 +14,17 @@ process clock.
 
 Both layouts run on the same processes, started once: coordinators A and
 B with their workers, one :class:`~rlfleet.client.RemoteSampler` over A
-alone and one over A and B. The layouts take turns (1, 2, 1, 2, ...), one
-round of ``--requests`` requests each per ``--rounds``, so a slow spell
-of a shared machine falls on both; every round's ratio is reported, and
-the goal is judged on each, not on their median.
+alone and one over A and B. The layouts take turns (1, 2, 1, 2, ...) of
+``--requests`` requests each, ``--turns`` turns of each layout per round
+and ``--rounds`` rounds, so a slow spell of a shared machine falls on
+both; a round sums each layout's turns, every round's ratio is reported,
+and the goal is judged on each, not on their median. Many short turns
+pair the layouts more closely than one long one: the machine's slow
+spells last seconds, as long as a turn of 48 requests.
+
+``--pin`` puts coordinator ``i`` and its workers on the ``i``-th CPU, in
+both layouts alike (they are the same processes); the learner and the
+neighbour stay unpinned.
 
 On a machine with fewer cores than coordinators + learner, wall-clock
 throughput cannot grow with the coordinators: they share the cores. So the
@@ -56,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.capacity import _cpu_clock, _settled, _stopping, _wait_for_port
+from rlfleet._util.cpus import can_pin, cpu_list_text, one_cpu_each
 from rlfleet.client import RemoteSampler
 from rlfleet.errors import ConfigError
 
@@ -77,8 +85,11 @@ class Setup:
         episode_steps: Steps of every episode.
         result_episodes: Episodes per result message.
         request_episodes: Episodes per request.
-        requests: Timed requests per layout in each round.
-        rounds: Rounds; each measures layout 1, then layout 2.
+        requests: Timed requests per layout in each turn.
+        rounds: Rounds; each measures layout 1, then layout 2, ``turns``
+            times, and sums each layout's turns into the round's report.
+        turns: Turns of each layout per round (1, 2, 1, 2, ...): a slow
+            spell of a shared machine longer than a turn falls on both.
         carrier: ``data``: results on the workers' and the learner's data
             connections (a default fleet); ``join``: all on gRPC.
         neighbour: While layout 1 runs on coordinator A, a second learner
@@ -86,6 +97,10 @@ class Setup:
             2 does, so both layouts share the machine with the same
             processes at work (see the module's docstring).
         netns: Each coordinator and its workers on hosts of their own.
+        pin: Coordinator ``i`` and its workers pinned to the ``i``-th CPU
+            this process may use (round-robin), as the capacity model
+            counts them: a core each. The learner and the neighbour stay
+            unpinned; both layouts run on the same pinned processes.
     """
 
     workers: int = 2
@@ -95,9 +110,11 @@ class Setup:
     request_episodes: int = 6400
     requests: int = 6
     rounds: int = 5
+    turns: int = 1
     carrier: str = "data"
     neighbour: bool = True
     netns: bool = False
+    pin: bool = False
 
 
 @dataclasses.dataclass
@@ -105,19 +122,26 @@ class _Shard:
     address: str
     coordinator: subprocess.Popen[bytes]
     counts: list[Path]
+    workers: list[subprocess.Popen[bytes]]
 
 
 def run(setup: Setup) -> dict[str, Any]:
     """Measures the layouts in turn, ``setup.rounds`` times, on one set of processes.
 
     Returns:
-        ``rounds``: per round, both layouts' reports (see :func:`measure`) and
-        the round's ``capacity_ratio`` and ``wall_ratio``; ``capacity_ratios``
-        and ``wall_ratios``: every round's; ``met``: rounds whose capacity
-        ratio reaches :data:`GOAL_RATIO`.
+        ``cpus``: per coordinator, the CPUs it and each of its workers may
+        run on (every thread's, as CPU lists); ``rounds``: per round, both
+        layouts' reports (see :func:`measure`) and the round's
+        ``capacity_ratio`` and ``wall_ratio``; ``capacity_ratios`` and
+        ``wall_ratios``: every round's; ``met``: rounds whose capacity ratio
+        reaches :data:`GOAL_RATIO`.
     """
     if setup.carrier not in CARRIERS:
         raise ConfigError(f"carrier must be one of {CARRIERS}, got {setup.carrier!r}")
+    if setup.turns < 1:
+        raise ConfigError(f"turns must be at least 1, got {setup.turns}")
+    if setup.pin and not can_pin():
+        raise ConfigError(f"pin needs Linux (sched_setaffinity, taskset); this is {sys.platform}")
     with (
         tempfile.TemporaryDirectory(prefix="rlfleet-shards-") as name,
         contextlib.ExitStack() as stack,
@@ -127,8 +151,10 @@ def run(setup: Setup) -> dict[str, Any]:
         # Namespaces outlive the processes in them: entered first, left last.
         networks = stack.enter_context(contextlib.ExitStack())
         stack.enter_context(_stopping(processes))
+        cpus = one_cpu_each(2) if setup.pin else [None, None]
         shards = [
-            _start_shard(directory / f"shard-{i}", setup, processes, networks) for i in range(2)
+            _start_shard(directory / f"shard-{i}", setup, processes, networks, cpus[i])
+            for i in range(2)
         ]
         layouts = {
             n: stack.enter_context(
@@ -137,6 +163,11 @@ def run(setup: Setup) -> dict[str, Any]:
             for n in (1, 2)
         }
         _wait_for_workers(layouts[2], 2 * setup.workers)
+        cpus_run_on = [_cpus_of([s.coordinator, *s.workers]) for s in shards]
+        print(
+            "CPUs of each coordinator, then its workers: "
+            + "; ".join(", ".join(shard) for shard in cpus_run_on)
+        )
         for sampler in layouts.values():
             sampler.obtain_episodes(setup.request_episodes)  # warm-up
         neighbour = (
@@ -146,12 +177,17 @@ def run(setup: Setup) -> dict[str, Any]:
         )
         rounds = []
         for number in range(1, setup.rounds + 1):
-            reports = []
-            for n in (1, 2):
-                with neighbour.busy() if neighbour and n == 1 else contextlib.nullcontext():
-                    reports.append(measure(layouts[n], shards[:n], setup))
+            turns = []
+            for _ in range(setup.turns):
+                turn = []
+                for n in (1, 2):
+                    with neighbour.busy() if neighbour and n == 1 else contextlib.nullcontext():
+                        turn.append(measure(layouts[n], shards[:n], setup))
+                turns.append(turn)
+            reports = [merged([turn[i] for turn in turns]) for i in (0, 1)]
             one, two = reports
             result = {
+                "turns": turns,
                 "reports": reports,
                 "capacity_ratio": two["capacity_steps_per_second"]
                 / one["capacity_steps_per_second"],
@@ -166,6 +202,7 @@ def run(setup: Setup) -> dict[str, Any]:
         f">= {GOAL_RATIO}x in {met} of {len(rounds)}"
     )
     return {
+        "cpus": cpus_run_on,
         "rounds": rounds,
         "capacity_ratios": capacity,
         "wall_ratios": [r["wall_ratio"] for r in rounds],
@@ -187,7 +224,26 @@ def measure(sampler: RemoteSampler, shards: Sequence[_Shard], setup: Setup) -> d
     learner = time.process_time() - learner_before
     _settled(counts)
     cpu = [clock() - before for clock, before in zip(clocks, cpu_before, strict=True)]
-    coordinators = len(shards)
+    return _report(steps, wall, cpu, learner)
+
+
+def merged(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One layout's report over its turns: their steps, seconds and each coordinator's CPU summed.
+
+    The capacity is then N times the slowest coordinator's rate over the
+    whole round, as in a round of one turn.
+    """
+    cpu = [sum(c) for c in zip(*(r["coordinator_cpu_seconds"] for r in reports), strict=True)]
+    return _report(
+        sum(r["steps"] for r in reports),
+        sum(r["wall_seconds"] for r in reports),
+        cpu,
+        sum(r["learner_cpu_seconds"] for r in reports),
+    )
+
+
+def _report(steps: int, wall: float, cpu: list[float], learner: float) -> dict[str, Any]:
+    coordinators = len(cpu)
     per_shard_rate = [steps / coordinators / c for c in cpu]
     return {
         "coordinators": coordinators,
@@ -197,6 +253,7 @@ def measure(sampler: RemoteSampler, shards: Sequence[_Shard], setup: Setup) -> d
         "coordinator_cpu_seconds": cpu,
         "coordinator_us_per_step": sum(cpu) / steps * 1e6,
         "capacity_steps_per_second": coordinators * min(per_shard_rate),
+        "learner_cpu_seconds": learner,
         "learner_us_per_step": learner / steps * 1e6,
     }
 
@@ -206,6 +263,7 @@ def _start_shard(
     setup: Setup,
     processes: list[subprocess.Popen[bytes]],
     stack: contextlib.ExitStack,
+    cpus: frozenset[int] | None = None,
 ) -> _Shard:
     directory.mkdir()
     port_file, control = directory / "port", directory / "result-episodes"
@@ -221,6 +279,10 @@ def _start_shard(
         host = network.add_host("workers")
         coordinator_prefix, worker_prefix = network.hub_prefix, host.prefix
         listen, dial_host, worker_host = "0.0.0.0", network.hub_root_address, host.hub_address
+    if cpus is not None:
+        # Pinned before exec: every thread the process starts inherits the set.
+        pin = ["taskset", "-c", cpu_list_text(cpus)]
+        coordinator_prefix, worker_prefix = pin + coordinator_prefix, pin + worker_prefix
     # Without a data channel every result travels on gRPC, both ways.
     data = [] if setup.carrier == "data" else ["--lease-data-listen", "off"]
     coordinator = subprocess.Popen(
@@ -232,8 +294,9 @@ def _start_shard(
     processes.insert(0, coordinator)  # stopped first: its workers then exit
     port = _wait_for_port(port_file, coordinator)
     counts = [directory / f"counts-{i}" for i in range(setup.workers)]
+    workers = []
     for count_file in counts:
-        processes.append(
+        workers.append(
             subprocess.Popen(
                 [
                     *worker_prefix,
@@ -245,7 +308,8 @@ def _start_shard(
                 env=env,
             )
         )
-    return _Shard(f"{dial_host}:{port}", coordinator, counts)
+        processes.append(workers[-1])
+    return _Shard(f"{dial_host}:{port}", coordinator, counts, workers)
 
 
 class _Neighbour:
@@ -318,6 +382,23 @@ def serve_neighbour(address: str, request_episodes: int, control: Path, ack: Pat
                 ack.write_text(state)
 
 
+def _cpus_of(processes: Sequence[subprocess.Popen[bytes]]) -> list[str]:
+    """Each process's CPUs, every thread's together, as a CPU list (``0``, ``0-1``).
+
+    ``unknown`` where the platform cannot tell (no ``sched_getaffinity``).
+    """
+    if not can_pin():
+        return ["unknown"] * len(processes)
+    lists = []
+    for process in processes:
+        cpus: set[int] = set()
+        for thread in os.listdir(f"/proc/{process.pid}/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that has ended
+                cpus |= os.sched_getaffinity(int(thread))
+        lists.append(cpu_list_text(cpus))
+    return lists
+
+
 def _wait_for_workers(sampler: RemoteSampler, count: int) -> None:
     deadline = time.monotonic() + _START_SECONDS
     while len(sampler.status().workers) < count:
@@ -327,10 +408,13 @@ def _wait_for_workers(sampler: RemoteSampler, count: int) -> None:
 
 
 def _print_round(number: int, result: dict[str, Any]) -> None:
+    turns = len(result["turns"])
+    over = f" over {turns} turns" if turns > 1 else ""
     for report in result["reports"]:
         cpu = ", ".join(f"{c:.2f}" for c in report["coordinator_cpu_seconds"])
         print(
-            f"round {number}, {report['coordinators']} coordinator(s): {report['steps']:,} steps "
+            f"round {number}, {report['coordinators']} coordinator(s){over}: "
+            f"{report['steps']:,} steps "
             f"in {report['wall_seconds']:.2f} s = {report['steps_per_second']:,.0f} steps/s; "
             f"coordinator CPU {cpu} s = {report['coordinator_us_per_step']:.3f} us/step; "
             f"capacity {report['capacity_steps_per_second']:,.0f} steps/s with a core each; "
@@ -346,7 +430,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.shards", description=__doc__)
     defaults = Setup()
     for field in dataclasses.fields(Setup):
-        if field.name not in ("netns", "carrier", "neighbour"):
+        if field.name not in ("netns", "carrier", "neighbour", "pin"):
             flag = "--" + field.name.replace("_", "-")
             parser.add_argument(flag, type=int, default=getattr(defaults, field.name))
     parser.add_argument(
@@ -363,6 +447,12 @@ def _parser() -> argparse.ArgumentParser:
         "against layout 2)",
     )
     parser.add_argument("--netns", action="store_true", help="hosts in network namespaces (root)")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="coordinator i and its workers on the i-th CPU (a core each, as the capacity "
+        "model counts them); the learner and the neighbour unpinned",
+    )
     # The neighbour learner's own process (started by the benchmark).
     parser.add_argument("--serve-neighbour", metavar="ADDRESS", help=argparse.SUPPRESS)
     parser.add_argument("--control", type=Path, help=argparse.SUPPRESS)

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from benchmarks import shards
+from rlfleet._util.cpus import allowed_cpus, can_pin, cpu_list_text, one_cpu_each
+from rlfleet.errors import ConfigError
 from tests.netns_support import unavailable_reason
 
 _KEYS = {
@@ -26,6 +28,7 @@ _KEYS = {
     "coordinator_cpu_seconds",
     "coordinator_us_per_step",
     "capacity_steps_per_second",
+    "learner_cpu_seconds",
     "learner_us_per_step",
 }
 TINY = shards.Setup(
@@ -34,6 +37,9 @@ TINY = shards.Setup(
 
 
 def check(result: dict[str, Any], out: str, setup: shards.Setup = TINY) -> None:
+    # Unpinned, every process may run wherever the benchmark may.
+    if not setup.pin and can_pin():
+        assert result["cpus"] == [[cpu_list_text(allowed_cpus())] * (1 + setup.workers)] * 2
     rounds = result["rounds"]
     assert len(rounds) == setup.rounds
     for number, round_ in enumerate(rounds, start=1):
@@ -41,7 +47,8 @@ def check(result: dict[str, Any], out: str, setup: shards.Setup = TINY) -> None:
         assert [r["coordinators"] for r in reports] == [1, 2]
         for report in reports:
             assert set(report) == _KEYS
-            assert report["steps"] == setup.requests * setup.request_episodes * setup.episode_steps
+            steps = setup.turns * setup.requests * setup.request_episodes * setup.episode_steps
+            assert report["steps"] == steps
             assert len(report["coordinator_cpu_seconds"]) == report["coordinators"]
             for key in _KEYS - {"coordinator_cpu_seconds"}:
                 assert math.isfinite(report[key]) and report[key] > 0, (key, report)
@@ -68,10 +75,67 @@ def test_the_shards_benchmark_runs_on_grpc_only_without_a_neighbour(
     check(shards.run(setup), capsys.readouterr().out, setup)
 
 
+@pytest.mark.skipif(not can_pin(), reason="pinning needs Linux's sched_setaffinity")
+def test_pinned_each_coordinator_and_its_workers_run_on_a_cpu_of_their_own(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    setup = dataclasses.replace(TINY, rounds=1, workers=2, pin=True)
+    result = shards.run(setup)
+    out = capsys.readouterr().out
+    check(result, out, setup)
+    # Coordinator i and its workers, every thread of each, on the i-th CPU
+    # (the same one twice on a one-CPU machine).
+    assert result["cpus"] == [[cpu_list_text(cpus)] * 3 for cpus in one_cpu_each(2)]
+    assert "CPUs of each coordinator, then its workers: " in out
+
+
+def test_a_round_alternates_the_layouts_turn_by_turn_and_sums_each_layouts_turns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    setup = dataclasses.replace(TINY, rounds=2, turns=3)
+    measured: list[int] = []
+
+    def measure(*args: Any) -> dict[str, Any]:
+        report = original(*args)
+        measured.append(report["coordinators"])
+        return report
+
+    original = shards.measure
+    monkeypatch.setattr(shards, "measure", measure)
+    result = shards.run(setup)
+    check(result, capsys.readouterr().out, setup)
+    assert measured == [1, 2] * setup.turns * setup.rounds
+    for round_ in result["rounds"]:
+        turns = round_["turns"]
+        assert [[r["coordinators"] for r in turn] for turn in turns] == [[1, 2]] * setup.turns
+        for i, report in enumerate(round_["reports"]):
+            mine = [turn[i] for turn in turns]
+            assert report["steps"] == sum(r["steps"] for r in mine)
+            assert report["coordinator_cpu_seconds"] == [
+                sum(c) for c in zip(*(r["coordinator_cpu_seconds"] for r in mine), strict=True)
+            ]
+            assert report["learner_cpu_seconds"] == sum(r["learner_cpu_seconds"] for r in mine)
+            # The round's capacity: the slowest coordinator over all its turns.
+            slowest = max(report["coordinator_cpu_seconds"])
+            assert report["capacity_steps_per_second"] == pytest.approx(report["steps"] / slowest)
+        one, two = round_["reports"]
+        assert round_["capacity_ratio"] == (
+            two["capacity_steps_per_second"] / one["capacity_steps_per_second"]
+        )
+
+
+def test_a_round_of_no_turns_is_refused_before_anything_starts() -> None:
+    with pytest.raises(ConfigError, match="turns must be at least 1, got 0"):
+        shards.run(dataclasses.replace(TINY, turns=0))
+
+
 def test_the_documented_command_parses() -> None:
-    args = shards._parser().parse_args(["--request-episodes", "6400", "--requests", "6"])
-    assert (args.request_episodes, args.requests, args.rounds) == (6400, 6, 5)
-    assert (args.carrier, args.neighbour, args.netns) == ("data", True, False)
+    documented = ["--request-episodes", "6400", "--requests", "6", "--turns", "8"]
+    args = shards._parser().parse_args(documented)
+    assert (args.request_episodes, args.requests, args.turns, args.rounds) == (6400, 6, 8, 5)
+    assert (args.carrier, args.neighbour, args.netns, args.pin) == ("data", True, False, False)
+    assert shards._parser().parse_args([]).turns == 1
+    assert shards._parser().parse_args(["--pin"]).pin
 
 
 @pytest.mark.netns
