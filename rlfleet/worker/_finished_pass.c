@@ -1,22 +1,25 @@
 /* A native worker's finished episodes taken in one pass over their rows and
- * one over their steps (rlfleet.worker._finished_pass; used by
- * rlfleet.worker._native_columns).
+ * one over their steps, and their columns gathered a run per episode
+ * (rlfleet.worker._finished_pass; used by rlfleet.worker._native_columns).
  *
  * A flush takes every finished episode of a FinishedTable: its flat list of
  * ints (WIDTH per episode) became an array with struct.pack, was ordered by
  * (request, episode index) with np.lexsort and a fancy index, and its step
  * index (split_rows) and step types (step_types_of) took about ten numpy
- * passes over the steps. Here sort_rows reads the list and writes the
- * ordered table, and step_index writes each step's flat ring index and step
- * type, and each episode's last observation's index, in one pass. The numpy
- * functions stay the reference (tests/test_finished_pass.py).
+ * passes over the steps; each column was then gathered with np.take, a step
+ * at a time. Here sort_rows reads the list and writes the ordered table;
+ * step_index writes each step's flat ring index and step type, and each
+ * episode's last observation's index, in one pass; gather_runs copies an
+ * episode's rows of a column at once (they lie together in the ring's
+ * storage, slot by slot). The numpy code stays the reference
+ * (tests/test_finished_pass.py).
  *
  * Checked, whatever the caller: the list holds whole rows of ints that fit
  * int64; each row's length is in [1, capacity], its start >= 0, its slot in
- * [0, n_slots), its last step type in [0, 255]; every output is a writable
- * C-contiguous buffer of the right item size and length. Anything else
- * raises, before anything is written except by sort_rows, whose output
- * is then the caller's to drop.
+ * [0, n_slots), its last step type in [0, 255] (step_index); every output
+ * is a writable C-contiguous buffer that holds what is written. Anything
+ * else raises, before anything is written except by sort_rows, whose
+ * output is then the caller's to drop.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -189,6 +192,29 @@ done:
     return answer;
 }
 
+/* Checks every row of `table` (n rows) against a ring of `capacity` rows and
+ * `n_slots` slots, and its last step type if `lasts`; sets *total to their
+ * steps. -1 with ValueError naming the first bad row and `name`. */
+static int check_rows(const int64_t *table, Py_ssize_t n, Py_ssize_t capacity, Py_ssize_t n_slots,
+                      int lasts, const char *name, Py_ssize_t *total) {
+    Py_ssize_t steps = 0;
+    for (Py_ssize_t r = 0; r < n; r++) {
+        const int64_t *row = table + r * WIDTH;
+        if (row[LENGTH] < 1 || row[LENGTH] > capacity || row[START] < 0 || row[SLOT] < 0 ||
+            row[SLOT] >= n_slots || (lasts && (row[LAST] < 0 || row[LAST] > 255))) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: row %zd (start %lld, length %lld, slot %lld, last %lld) "
+                         "is outside a ring of %zd rows and %zd slots",
+                         name, r, (long long)row[START], (long long)row[LENGTH],
+                         (long long)row[SLOT], (long long)row[LAST], capacity, n_slots);
+            return -1;
+        }
+        steps += (Py_ssize_t)row[LENGTH];  /* <= n * capacity: no overflow of a buffer's size */
+    }
+    *total = steps;
+    return 0;
+}
+
 PyDoc_STRVAR(step_index_doc,
 "step_index(table, capacity, n_slots, index_out, types_out, last_out) -> None\n"
 "\n"
@@ -227,20 +253,8 @@ static PyObject *step_index(PyObject *module, PyObject *const *args, Py_ssize_t 
     const int64_t *table = in.buf;
     Py_ssize_t n = in.len / (WIDTH * 8);
     /* Every row checked and the steps counted before anything is written. */
-    Py_ssize_t total = 0;
-    for (Py_ssize_t r = 0; r < n; r++) {
-        const int64_t *row = table + r * WIDTH;
-        if (row[LENGTH] < 1 || row[LENGTH] > capacity || row[START] < 0 || row[SLOT] < 0 ||
-            row[SLOT] >= n_slots || row[LAST] < 0 || row[LAST] > 255) {
-            PyErr_Format(PyExc_ValueError,
-                         "step_index: row %zd (start %lld, length %lld, slot %lld, last %lld) "
-                         "is outside a ring of %zd rows and %zd slots",
-                         r, (long long)row[START], (long long)row[LENGTH], (long long)row[SLOT],
-                         (long long)row[LAST], capacity, n_slots);
-            goto done;
-        }
-        total += (Py_ssize_t)row[LENGTH];  /* <= n * capacity: no overflow of a buffer's size */
-    }
+    Py_ssize_t total;
+    if (check_rows(table, n, capacity, n_slots, 1, "step_index", &total) < 0) goto done;
     if (get_out(args[3], &index_view, 8, total, "step_index' index_out") < 0) goto done;
     if (get_out(args[4], &types_view, 1, total, "step_index' types_out") < 0) goto done;
     if (get_out(args[5], &last_view, 8, n, "step_index' last_out") < 0) goto done;
@@ -319,20 +333,8 @@ static PyObject *gather_runs(PyObject *module, PyObject *const *args, Py_ssize_t
     }
     Py_ssize_t n_slots = source_rows / capacity, row_bytes = source.len / source_rows;
     const int64_t *table = in.buf;
-    Py_ssize_t n = in.len / (WIDTH * 8), total = 0;
-    for (Py_ssize_t r = 0; r < n; r++) {
-        const int64_t *row = table + r * WIDTH;
-        if (row[LENGTH] < 1 || row[LENGTH] > capacity || row[START] < 0 || row[SLOT] < 0 ||
-            row[SLOT] >= n_slots) {
-            PyErr_Format(PyExc_ValueError,
-                         "gather_runs: row %zd (start %lld, length %lld, slot %lld) is outside a "
-                         "ring of %zd rows and %zd slots",
-                         r, (long long)row[START], (long long)row[LENGTH], (long long)row[SLOT],
-                         capacity, n_slots);
-            goto done;
-        }
-        total += (Py_ssize_t)row[LENGTH];
-    }
+    Py_ssize_t n = in.len / (WIDTH * 8), total;
+    if (check_rows(table, n, capacity, n_slots, 0, "gather_runs", &total) < 0) goto done;
     /* total <= n * capacity rows; their bytes checked without overflow. */
     if (offset < 0 || offset > out.len || (row_bytes && total > (out.len - offset) / row_bytes)) {
         PyErr_Format(PyExc_ValueError,
