@@ -158,8 +158,21 @@ def test_outputs_of_the_wrong_size_or_kind_are_refused() -> None:
         sort_rows(list(range(10)), np.empty(9, np.int64))
     with pytest.raises(TypeError, match="must be a list of ints"):
         sort_rows(tuple(range(10)), np.empty(10, np.int64))  # type: ignore[arg-type]
+    untouched = np.full(20, -7, np.int64)
     with pytest.raises(OverflowError):
-        sort_rows([1 << 63, *range(9)], np.empty(10, np.int64))
+        sort_rows([*range(10), 1 << 63, *range(9)], untouched)
+    assert set(untouched.tolist()) == {-7}
+    # An __index__ that empties the list is seen, not read past.
+    rows: list[Any] = list(range(20))
+
+    class Shrinks:
+        def __index__(self) -> int:
+            rows.clear()
+            return 1
+
+    rows[3] = Shrinks()
+    with pytest.raises(RuntimeError, match="rows changed while read"):
+        sort_rows(rows, np.empty(20, np.int64))
     # Ints by their __index__, as struct.pack takes them.
     out = np.empty(10, np.int64)
     sort_rows([np.int64(5), *range(9)], out)  # type: ignore[list-item]

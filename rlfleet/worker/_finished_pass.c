@@ -18,8 +18,7 @@
  * int64; each row's length is in [1, capacity], its start >= 0, its slot in
  * [0, n_slots), its last step type in [0, 255] (step_index); every output
  * is a writable C-contiguous buffer that holds what is written. Anything
- * else raises, before anything is written except by sort_rows, whose
- * output is then the caller's to drop.
+ * else raises, writing nothing.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -53,6 +52,11 @@ static int get_out(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize
     }
     return 0;
 }
+
+/* A row, copied whole (a fixed size: no call). */
+typedef struct {
+    int64_t v[WIDTH];
+} Row;
 
 /* An int64 row's sort key; `pos` (its place in the list) makes the order
  * np.lexsort's, which is stable. */
@@ -111,8 +115,8 @@ PyDoc_STRVAR(sort_rows_doc,
 "Writes the FinishedTable rows of the flat list `rows` (10 ints each) into\n"
 "`out` (a writable int64 buffer of len(rows) items) in (request, episode\n"
 "index) order, ties in list order: struct.pack, np.lexsort and the\n"
-"reordering in one call. Raises TypeError, ValueError or OverflowError\n"
-"otherwise (out's contents then undefined).");
+"reordering in one call. Raises TypeError, ValueError or OverflowError,\n"
+"writing nothing, otherwise.");
 
 static PyObject *sort_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -136,57 +140,46 @@ static PyObject *sort_rows(PyObject *module, PyObject *const *args, Py_ssize_t n
     int64_t *table = out.buf;
     Py_ssize_t n = size / WIDTH;
     PyObject *answer = NULL;
+    /* The keys (2 per row, sorted in place with as many for scratch), then
+     * the list's ints as read, moved to the output in order. */
     Key *keys = PyMem_Malloc(n ? 2 * (size_t)n * sizeof(Key) : 1);
-    if (keys == NULL) {
+    Row *read = PyMem_Malloc(n ? (size_t)n * sizeof(Row) : 1);
+    if (keys == NULL || read == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    /* The list's ints into the output's memory, then the keys. An item that
-     * is not an int converts through its __index__ (as struct.pack's), which
-     * runs Python code: the list is re-measured after it. */
+    int64_t *ints = &read[0].v[0];
     for (Py_ssize_t i = 0; i < size; i++) {
-        if (i >= PyList_GET_SIZE(list)) {
-            PyErr_SetString(PyExc_RuntimeError, "sort_rows' rows changed while read");
-            goto done;
-        }
         PyObject *item = PyList_GET_ITEM(list, i);
         long long v;
         if (PyLong_CheckExact(item)) {
             v = PyLong_AsLongLong(item);
         } else {
+            /* Through its __index__ (as struct.pack's), which runs Python
+             * code: the list is re-measured after it. */
             Py_INCREF(item);
             v = PyLong_AsLongLong(item);
             Py_DECREF(item);
+            if (PyList_GET_SIZE(list) != size) {
+                PyErr_SetString(PyExc_RuntimeError, "sort_rows' rows changed while read");
+                goto done;
+            }
         }
         if (v == -1 && PyErr_Occurred()) goto done;
-        table[i] = (int64_t)v;
+        ints[i] = (int64_t)v;
     }
     for (Py_ssize_t r = 0; r < n; r++) {
-        keys[r].request = table[r * WIDTH + REQUEST];
-        keys[r].index = table[r * WIDTH + INDEX];
+        keys[r].request = read[r].v[REQUEST];
+        keys[r].index = read[r].v[INDEX];
         keys[r].pos = r;
     }
     Key *sorted = merge_sort(keys, keys + n, n);
-    /* Rows already in order stay; the rest move, through a copy of the rows. */
-    Py_ssize_t first = 0;
-    while (first < n && sorted[first].pos == first) first++;
-    if (first < n) {
-        size_t bytes = (size_t)(n - first) * WIDTH * sizeof(int64_t);
-        int64_t *copy = PyMem_Malloc(bytes);
-        if (copy == NULL) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        memcpy(copy, table + first * WIDTH, bytes);
-        for (Py_ssize_t r = first; r < n; r++) {
-            Py_ssize_t from = sorted[r].pos - first;  /* >= 0: rows before `first` stay */
-            memcpy(table + r * WIDTH, copy + from * WIDTH, WIDTH * sizeof(int64_t));
-        }
-        PyMem_Free(copy);
-    }
+    Row *rows = (Row *)table;
+    for (Py_ssize_t r = 0; r < n; r++) rows[r] = read[sorted[r].pos];
     answer = Py_NewRef(Py_None);
 
 done:
+    PyMem_Free(read);
     PyMem_Free(keys);
     PyBuffer_Release(&out);
     return answer;
@@ -269,9 +262,17 @@ static PyObject *step_index(PyObject *module, PyObject *const *args, Py_ssize_t 
         /* The rows past the ring's end wrap: first + length - 1 < 2 * capacity. */
         int64_t unwrapped = capacity - first < length ? capacity - first : length;
         int64_t at = base + first;
+        int64_t *to = index + k;
         Py_ssize_t j = 0;
-        for (; j < unwrapped; j++) index[k + j] = at + j;
-        for (at = base - unwrapped; j < length; j++) index[k + j] = at + j;
+        /* Four at a time: the loop's own instructions were most of it. */
+        for (; j + 4 <= unwrapped; j += 4) {
+            to[j] = at + j;
+            to[j + 1] = at + j + 1;
+            to[j + 2] = at + j + 2;
+            to[j + 3] = at + j + 3;
+        }
+        for (; j < unwrapped; j++) to[j] = at + j;
+        for (at = base - unwrapped; j < length; j++) to[j] = at + j;
         types[k] = FIRST;
         memset(types + k + 1, MID, (size_t)(length - 1));
         types[k + length - 1] = (uint8_t)row[LAST];
