@@ -1,4 +1,4 @@
-"""A native worker's finished episodes, split from its step columns with array operations.
+"""A native worker's finished episodes, split from its step columns in compiled passes.
 
 A native backend (:mod:`rlfleet.worker._native_slots`) steps every slot at
 once, and its episodes end a few at a time, nearly every vector step. So a
@@ -6,15 +6,17 @@ finished episode costs only a few Python operations and no object: it
 becomes a row of ints of a :class:`FinishedTable` (its slot, first vector
 step and length in the step ring's columns, its last step type, infos and
 request), never a set of arrays. The arrays are made when episodes are
-taken, for all of them at once: the table's rows are sorted and filtered as
-one array, :func:`split_rows` turns them into one flat ring index per step,
-and each column is gathered with one ``np.take``, in the batch's order.
+taken, for all of them at once, by compiled passes
+(rlfleet/worker/_finished_pass.c): the table's list is read and its rows
+ordered in one call (filtered as one array when only some are taken), one
+pass over the steps writes each step's flat ring index and step type, and
+each column is gathered a run of rows per episode, in the batch's order.
 
 So a step's data is copied once after stepping: into the batch's arrays
 (:func:`build_rows_batch`), or into the outgoing message
 (:func:`build_rows_pieces`). For the message, each column is a
-:class:`~rlfleet.core._pieces.TakenRows` (the ring's rows and the index),
-which the encoder takes straight into the message's buffer
+:class:`EpisodeRows` (the ring's rows, the index and the episodes' rows),
+which the encoder gathers straight into the message's buffer
 (:func:`rlfleet.wire.chunks.serialize_batch_behind`), except a column whose
 episodes are large (Atari frames): there each episode's rows, contiguous in
 the ring (it is stored slot by slot), go to the serializer as they are,
@@ -273,6 +275,9 @@ def split_rows(
 ) -> np.ndarray:
     """The flat ring index of every step of the episodes, in order.
 
+    The reference of the compiled ``step_index``, which takes its place
+    (tests/test_finished_pass.py).
+
     Episode i's steps are vector steps ``starts[i] .. starts[i] + lengths[i] - 1``
     of slot ``slots[i]``. The ring is stored slot by slot: step t of slot j
     is element ``j * capacity + t % capacity`` of a column's storage seen as
@@ -313,7 +318,8 @@ def flat_column(column: np.ndarray) -> np.ndarray:
 def step_types_of(lengths: np.ndarray, lasts: np.ndarray) -> np.ndarray:
     """Step types of whole episodes: FIRST, MID..., the episode's last type.
 
-    A one-step episode's only step takes its last type (as garage).
+    A one-step episode's only step takes its last type (as garage). The
+    reference of the compiled ``step_index``, which takes its place.
     """
     ends = np.cumsum(lengths)
     step_types = np.full(int(ends[-1]) if len(ends) else 0, _MID, dtype=np.uint8)
