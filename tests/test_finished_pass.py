@@ -6,7 +6,9 @@ of a ``FinishedTable``'s rows; ``step_index`` for ``split_rows``,
 against that numpy code, kept as the reference, on random rows; the
 result messages of a real native worker's flushes (time limits,
 terminations, one-step episodes, an env that raises, several agent
-versions) are the same bytes with the reference patched in.
+versions) are the same bytes with the reference patched in. Also run
+under ASan and UBSan (a ``-fsanitize=address,undefined`` build, libasan
+preloaded).
 """
 
 from __future__ import annotations
