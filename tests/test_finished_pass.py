@@ -2,7 +2,8 @@
 
 ``sort_rows`` stands for ``struct.pack``, ``np.lexsort`` and the reordering
 of a ``FinishedTable``'s rows; ``step_index`` for ``split_rows``,
-``step_types_of`` and the last observations' rows. Both are checked
+``step_types_of`` and the last observations' rows; ``gather_runs`` for
+``np.take`` of a column over the step index. Each is checked
 against that numpy code, kept as the reference, on random rows; the
 result messages of a real native worker's flushes (time limits,
 terminations, one-step episodes, an env that raises, several agent
@@ -64,6 +65,15 @@ def reference_step_index(  # noqa: PLR0917  # the compiled call's positional sig
     index_out[:] = split_rows(starts, lengths, slots, capacity)
     types_out[:] = step_types_of(lengths, table[:, LAST])
     last_out[:] = slots * capacity + (starts + lengths) % capacity
+
+
+def reference_gather_runs(
+    table: np.ndarray, capacity: int, source: np.ndarray, out: Any, offset: int
+) -> None:
+    """The numpy path ``gather_runs`` replaces: ``np.take`` over the step index."""
+    index = split_rows(table[:, START], table[:, LENGTH], table[:, SLOT], capacity)
+    rows = source.take(index, axis=0).tobytes()
+    memoryview(out).cast("B")[offset : offset + len(rows)] = rows
 
 
 @settings(max_examples=300, deadline=None)
@@ -279,7 +289,8 @@ def flushes(requests: int = 3) -> tuple[list[bytes], dict[str, set[int]]]:
                 episode_indices=pieces.episode_infos["episode_index"],
                 env_generation=1,
                 batch_id=flush,
-                max_message_bytes=3_000,
+                # One message gathers its columns into it; several gather first.
+                max_message_bytes=3_000 if flush % 2 else 4 << 20,
             )
             written += [bytes(message) for message in messages]
             ends = np.cumsum(pieces.lengths) - 1
@@ -298,6 +309,7 @@ def test_a_native_workers_result_messages_are_the_reference_paths_bit_for_bit(
     with monkeypatch.context() as patched:
         patched.setattr(_native_columns, "sort_rows", reference_sort_rows)
         patched.setattr(_native_columns, "step_index", reference_step_index)
+        patched.setattr(_native_columns, "gather_runs", reference_gather_runs)
         reference, _ = flushes()
     assert written == reference
     # What the flushes held: both endings, one-step and time-limited
