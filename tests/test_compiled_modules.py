@@ -21,6 +21,7 @@ import pytest
         ("rlfleet.wire._view_check", "rlfleet.wire.result_views", "view check"),
         ("rlfleet.wire._skeleton", "rlfleet.wire.result_layout", "skeleton builder"),
         ("rlfleet.core._seed_hash", "rlfleet.core.seeding", "seed hash"),
+        ("rlfleet.worker._finished_pass", "rlfleet.worker.vec", "finished-episodes pass"),
     ],
 )
 def test_a_checkout_without_a_compiled_module_says_how_to_build_it(

@@ -4,7 +4,8 @@ rlfleet compiles small C modules (pyproject.toml's ext-modules): the
 built-in MLP policies' kernel and, on the data path, the result reader,
 the one-pass result check and its layouts' skeleton builder, the answer
 gather, the learner's view check, the scheduler's unit booking and
-dealing, and the episodes' seed hash. pip builds them; a source
+dealing, the episodes' seed hash, and a native worker's pass over its
+finished episodes. pip builds them; a source
 checkout run without building them gets :class:`NotInstalledError` saying
 how, the same text for each (``tests/test_compiled_modules.py``).
 """

@@ -1,4 +1,4 @@
-"""A native worker's finished episodes, split from its step columns with array operations.
+"""A native worker's finished episodes, split from its step columns in compiled passes.
 
 A native backend (:mod:`rlfleet.worker._native_slots`) steps every slot at
 once, and its episodes end a few at a time, nearly every vector step. So a
@@ -6,15 +6,17 @@ finished episode costs only a few Python operations and no object: it
 becomes a row of ints of a :class:`FinishedTable` (its slot, first vector
 step and length in the step ring's columns, its last step type, infos and
 request), never a set of arrays. The arrays are made when episodes are
-taken, for all of them at once: the table's rows are sorted and filtered as
-one array, :func:`split_rows` turns them into one flat ring index per step,
-and each column is gathered with one ``np.take``, in the batch's order.
+taken, for all of them at once, by compiled passes
+(rlfleet/worker/_finished_pass.c): the table's list is read and its rows
+ordered in one call (filtered as one array when only some are taken), one
+pass over the steps writes each step's flat ring index and step type, and
+each column is gathered a run of rows per episode, in the batch's order.
 
 So a step's data is copied once after stepping: into the batch's arrays
 (:func:`build_rows_batch`), or into the outgoing message
 (:func:`build_rows_pieces`). For the message, each column is a
-:class:`~rlfleet.core._pieces.TakenRows` (the ring's rows and the index),
-which the encoder takes straight into the message's buffer
+:class:`EpisodeRows` (the ring's rows, the index and the episodes' rows),
+which the encoder gathers straight into the message's buffer
 (:func:`rlfleet.wire.chunks.serialize_batch_behind`), except a column whose
 episodes are large (Atari frames): there each episode's rows, contiguous in
 the ring (it is stored slot by slot), go to the serializer as they are,
@@ -30,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from rlfleet._util.compiled import compiled
 from rlfleet.core._arrays import NestedArrays
 from rlfleet.core._pieces import EpisodePieces, RowPieces, TakenRows
 from rlfleet.core._validation import check_per_step_space
@@ -37,6 +40,9 @@ from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.step_type import StepType
 from rlfleet.worker._episode_buffer import MIN_PIECE_BYTES, Columns, StepRing, concat_infos
+
+with compiled("finished-episodes pass", "rlfleet/worker/_finished_pass.c"):
+    from rlfleet.worker._finished_pass import gather_runs, sort_rows, step_index
 
 _MID = int(StepType.MID)
 _FIRST = int(StepType.FIRST)
@@ -88,6 +94,18 @@ class _Chunk:
         rows = self.rows
         packed = struct.pack(f"{len(rows)}q", *rows)
         return np.frombuffer(packed, dtype=np.int64).reshape(-1, WIDTH)
+
+    def sorted_table(self) -> np.ndarray:
+        """:meth:`table`'s rows in (request, episode index) order, ties in list order.
+
+        One compiled call (rlfleet/worker/_finished_pass.c) reads the list
+        and orders its rows: ``np.lexsort`` and a fancy index over
+        :meth:`table` give the same rows.
+        """
+        rows = self.rows
+        table = np.empty(len(rows), dtype=np.int64)
+        sort_rows(rows, table)
+        return table.reshape(-1, WIDTH)
 
 
 class FinishedTable:
@@ -154,19 +172,15 @@ class FinishedTable:
         chunks = self._chunks
         if not self.count:
             return None
-        tables = [chunk.table() for chunk in chunks]
         # The usual case: everything, or a request's episodes when every one
         # held is of it (a session takes by request, and a native worker's
         # refills join one task).
-        table = tables[0]
-        if (
-            len(chunks) == 1
-            and max_episodes is None
-            and (request is None or bool((table[:, REQUEST] == request).all()))
-        ):
-            order = np.lexsort((table[:, INDEX], table[:, REQUEST]))
-            self.clear()
-            return chunks[0].env_spec, [(chunks[0].columns, table[order])]
+        if len(chunks) == 1 and max_episodes is None:
+            table = chunks[0].sorted_table()
+            if request is None or bool((table[:, REQUEST] == request).all()):
+                self.clear()
+                return chunks[0].env_spec, [(chunks[0].columns, table)]
+        tables = [chunk.table() for chunk in chunks]
         table = np.concatenate(tables)
         owner = np.repeat(np.arange(len(chunks)), [len(t) for t in tables])
         order = np.lexsort((table[:, INDEX], table[:, REQUEST]))
@@ -225,10 +239,44 @@ class FinishedTable:
         self.steps = 0
 
 
+class EpisodeRows(TakenRows):
+    """:class:`TakenRows` of whole episodes' steps in a ring column, gathered a run per episode.
+
+    An episode's rows lie together in the ring's storage (slot by slot), so
+    the compiled gather (``gather_runs``, rlfleet/worker/_finished_pass.c)
+    copies each episode's rows at once (twice where they wrap around the
+    ring's end), where ``np.take`` copies them one step at a time. The
+    bytes are ``np.take``'s over ``index``.
+
+    Args:
+        source: The ring column seen slot by slot (:func:`flat_column`).
+        index: Every step's row in it (:func:`split_rows`).
+        table: The episodes' :class:`FinishedTable` rows, in order.
+        capacity: Rows of the ring.
+    """
+
+    __slots__ = ("capacity", "table")
+
+    def __init__(
+        self, source: np.ndarray, index: np.ndarray, table: np.ndarray, capacity: int
+    ) -> None:
+        super().__init__(source, index)
+        self.table = table
+        self.capacity = capacity
+
+    def take_into(self, buffer: memoryview, offset: int) -> None:
+        """Writes the rows' bytes into ``buffer`` from ``offset``, a run per episode."""
+        if self.nbytes:
+            gather_runs(self.table, self.capacity, self.source, buffer, offset)
+
+
 def split_rows(
     starts: np.ndarray, lengths: np.ndarray, slots: np.ndarray, capacity: int
 ) -> np.ndarray:
     """The flat ring index of every step of the episodes, in order.
+
+    The reference of the compiled ``step_index``, which takes its place
+    (tests/test_finished_pass.py).
 
     Episode i's steps are vector steps ``starts[i] .. starts[i] + lengths[i] - 1``
     of slot ``slots[i]``. The ring is stored slot by slot: step t of slot j
@@ -270,7 +318,8 @@ def flat_column(column: np.ndarray) -> np.ndarray:
 def step_types_of(lengths: np.ndarray, lasts: np.ndarray) -> np.ndarray:
     """Step types of whole episodes: FIRST, MID..., the episode's last type.
 
-    A one-step episode's only step takes its last type (as garage).
+    A one-step episode's only step takes its last type (as garage). The
+    reference of the compiled ``step_index``, which takes its place.
     """
     ends = np.cumsum(lengths)
     step_types = np.full(int(ends[-1]) if len(ends) else 0, _MID, dtype=np.uint8)
@@ -297,16 +346,32 @@ def _gather(
     capacity = columns.capacity
     n = len(table)
     starts, lengths, slots = table[:, START], table[:, LENGTH], table[:, SLOT]
-    index = split_rows(starts, lengths, slots, capacity)
+    # One compiled pass for split_rows, step_types_of and the last
+    # observations' rows (rlfleet/worker/_finished_pass.c), which check
+    # every row against the ring.
+    total = int(lengths.sum())
+    index = np.empty(total, dtype=np.int64)
+    step_types = np.empty(total, dtype=np.uint8)
+    last_index = np.empty(n, dtype=np.int64)
+    step_index(table, capacity, columns.rewards.shape[1], index, step_types, last_index)
     assert columns.actions is not None  # an episode ended after a step
     least = None if min_piece_bytes is None else min_piece_bytes * n
-    total = len(index)
 
-    def take(column: np.ndarray, at: np.ndarray = index) -> np.ndarray:
-        return flat_column(column).take(at, axis=0)  # np.take's wrapper: two calls more
+    def take(column: np.ndarray, at: np.ndarray | None = None) -> np.ndarray:
+        source = flat_column(column)
+        if at is not None:
+            return source.take(at, axis=0)  # np.take's wrapper: two calls more
+        steps = np.empty((total, *source.shape[1:]), source.dtype)
+        gather_runs(table, capacity, source, steps, 0)
+        return steps
 
-    def rows(column: np.ndarray, at: np.ndarray = index) -> np.ndarray | TakenRows:
-        return TakenRows(flat_column(column), at) if deferred else take(column, at)
+    def rows(column: np.ndarray, at: np.ndarray | None = None) -> np.ndarray | TakenRows:
+        if not deferred:
+            return take(column, at)
+        source = flat_column(column)
+        return (
+            TakenRows(source, at) if at is not None else EpisodeRows(source, index, table, capacity)
+        )
 
     def field(column: np.ndarray) -> np.ndarray | RowPieces | TakenRows:
         # strides[0]: the bytes of one slot's row (the ring is stored slot by slot).
@@ -332,13 +397,13 @@ def _gather(
         env_infos["nonfinite_obs"] = take(columns.obs_flags) | take(columns.obs_flags, after)
     return {
         "observations": field(columns.obs),
-        "last_observations": rows(columns.obs, slots * capacity + (starts + lengths) % capacity),
+        "last_observations": rows(columns.obs, last_index),
         "actions": field(columns.actions),
         "rewards": field(columns.rewards),
         "agent_infos": {key: field(value) for key, value in columns.agent_infos.items()},
         "env_infos": env_infos,
         "lengths": lengths.copy(),
-        "lasts": table[:, LAST],
+        "step_types": step_types,
     }
 
 
@@ -359,7 +424,7 @@ def _fields(
         gathered = [_gather(columns, table, None) for columns, table in parts]
         fields = {
             key: np.concatenate([p[key] for p in gathered])
-            for key in (*_STEP_FIELDS, "last_observations", "lengths", "lasts")
+            for key in (*_STEP_FIELDS, "last_observations", "lengths", "step_types")
         }
         fields["agent_infos"] = concat_infos(
             [p["agent_infos"] for p in gathered], "agent info", "agent_infos"
@@ -371,7 +436,6 @@ def _fields(
     # One contiguous array per key: the rows of the table's transposed info columns.
     infos = np.ascontiguousarray(table[:, INFOS].T)
     fields["episode_infos"] = dict(zip(info_keys, infos, strict=True))
-    fields["step_types"] = step_types_of(fields["lengths"], fields.pop("lasts"))
     return fields
 
 
