@@ -1,7 +1,7 @@
 """CPU of a worker's results booked by the coordinator, in batches as a result lane books them.
 
 Run: ``python -m benchmarks.result_booking [--episodes 4] [--results 400] [--batch 2]
-[--level scheduler|events|lane] [--rounds 5]``.
+[--level scheduler|events|lane] [--rounds 5] [--episode-steps 100]``.
 
 In one process, with no network or threads. ``scheduler``: a
 :class:`~rlfleet.scheduling.scheduler.Scheduler` with one worker of 64 env
@@ -14,6 +14,13 @@ expectation, the one-pass check of the result's bytes, the booking and the
 counters), with CartPole results a ``VecWorker`` ran for the task's units.
 ``lane``: what a result lane does with each frame of those results before
 and around ``on_results``: the parse, the size bound and the join.
+CartPole's episodes under a random policy last about 22 steps, so a
+4-episode result holds about 100 steps, an 80-episode one about 1,800;
+``--episode-steps L`` (``lane`` only) books instead the results
+``benchmarks.capacity``'s synthetic workers send (episodes of exactly ``L``
+steps, serialized by :class:`~benchmarks.capacity_workers.ResultTemplate`):
+with 100, the 400- and 8,000-step results of that benchmark's cartpole
+shape, the work its result lanes do per result.
 The worker holds enough units (``prefetch_factor``) that no refill runs
 between the timed batches: the refill is not what this measures. Prints the
 CPU of this thread (``time.thread_time_ns``) per result, best of
@@ -28,6 +35,7 @@ import argparse
 import time
 from collections.abc import Callable
 
+from benchmarks.capacity_workers import ResultTemplate
 from rlfleet.coordinator.calls import CallOutbox
 from rlfleet.coordinator.config import CoordinatorConfig
 from rlfleet.coordinator.leases.result_lane import join_frame
@@ -35,7 +43,7 @@ from rlfleet.coordinator.registry import TaskDispatch, WorkerHandle
 from rlfleet.coordinator.state import FleetState, OpenCall
 from rlfleet.coordinator.worker_events import CAPABILITIES, WorkerEvents
 from rlfleet.envs import EnvConfig
-from rlfleet.protocol.join import EnvBuilt, WorkerHello
+from rlfleet.protocol.join import EnvBuilt, TaskAssignment, WorkerHello
 from rlfleet.protocol.modes import Mode
 from rlfleet.scheduling.scheduler import RequestSpec, Scheduler
 from rlfleet.transport import rpc as _rpc
@@ -158,6 +166,40 @@ def event_frames(episodes: int, results: int) -> list[bytes]:
     return frames
 
 
+def template_frames(episodes: int, results: int, episode_steps: int) -> list[bytes]:
+    """The frames a synthetic worker of ``benchmarks.capacity`` sends for the
+    units of the fleet's first task: ``results`` results of ``episodes``
+    episodes of ``episode_steps`` steps each (one chunk each)."""
+    fleet = EventsFleet(episodes * results + 1)
+    (order,) = fleet.orders
+    units = order.units
+    # Past the first unit, as event_results' are.
+    held = list(
+        zip(
+            units.episode_indices.tolist()[1:],
+            units.env_seeds.tolist()[1:],
+            units.policy_seeds.tolist()[1:],
+            strict=True,
+        )
+    )
+    template = ResultTemplate(EnvConfig("CartPole-v1").env_spec(), episode_steps, episodes)
+    task = TaskAssignment(order.task_id, order.request_id, int(order.mode), 0, 1)
+    frames = []
+    for k in range(results):
+        (frame,) = template.messages(
+            held[k * episodes : (k + 1) * episodes],
+            task=task,
+            worker_id=fleet.handle.worker_id,
+            agent_version=0,
+            env_generation=1,
+            batch_id=k + 1,
+            max_message_bytes=1 << 24,
+            chunk_bytes=1 << 22,
+        )
+        frames.append(frame)
+    return frames
+
+
 def lane_round(frames: list[bytes], episodes: int, batch: int, *, book: bool = True) -> int:
     """Nanoseconds of this thread's CPU to parse, bound, join and book ``frames``
     as a result lane does (``join_frame`` and ``on_results``, without its thread)."""
@@ -198,6 +240,13 @@ def main() -> None:
     parser.add_argument("--level", choices=("scheduler", "events", "lane"), default="scheduler")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; the best is shown")
     parser.add_argument(
+        "--episode-steps",
+        type=int,
+        default=0,
+        help="lane level: episodes of exactly this many steps, as benchmarks.capacity's "
+        "synthetic workers send them (0: CartPole episodes a VecWorker ran)",
+    )
+    parser.add_argument(
         "--no-book", action="store_true", help="set every round up, book nothing (callgrind's base)"
     )
     args = parser.parse_args()
@@ -208,7 +257,11 @@ def main() -> None:
             return scheduler_round(args.episodes, args.results, args.batch, book=not args.no_book)
 
     elif args.level == "lane":
-        frames = event_frames(args.episodes, args.results)
+        frames = (
+            template_frames(args.episodes, args.results, args.episode_steps)
+            if args.episode_steps > 0
+            else event_frames(args.episodes, args.results)
+        )
 
         def run() -> int:
             return lane_round(frames, args.episodes, args.batch, book=not args.no_book)
@@ -221,8 +274,9 @@ def main() -> None:
 
     best = min(run() for _ in range(args.rounds))
     per = best / max(args.results, 1) / 1000
+    lengths = f" of {args.episode_steps} steps" if args.episode_steps > 0 else ""
     print(
-        f"{args.level}: {args.results} results of {args.episodes} episodes, "
+        f"{args.level}: {args.results} results of {args.episodes} episodes{lengths}, "
         f"{args.batch} per batch: {per:.1f} us per result (best of {args.rounds})"
     )
 
