@@ -4,7 +4,9 @@
 of a ``FinishedTable``'s rows; ``step_index`` for ``split_rows``,
 ``step_types_of`` and the last observations' rows; ``gather_runs`` for
 ``np.take`` of a column over the step index. Each is checked
-against that numpy code, kept as the reference, on random rows; the
+against that numpy code, kept as the reference
+(``split_rows`` and ``step_types_of`` in tests/native_columns_reference.py),
+on random rows; the
 result messages of a real native worker's flushes (time limits,
 terminations, one-step episodes, an env that raises, several agent
 versions) are the same bytes with the reference patched in. Also run
@@ -39,9 +41,8 @@ from rlfleet.worker._native_columns import (
     SLOT,
     START,
     WIDTH,
-    split_rows,
-    step_types_of,
 )
+from tests.native_columns_reference import split_rows, step_types_of
 
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
 

@@ -41,10 +41,9 @@ from rlfleet.worker._native_columns import (
     RowsPart,
     build_rows_batch,
     build_rows_pieces,
-    split_rows,
-    step_types_of,
 )
 from rlfleet.worker._segments import Live
+from tests.native_columns_reference import split_rows, step_types_of
 
 LIMIT = 40
 SPEC = EnvSpec(gym.spaces.Box(-10.0, 10.0, (3,), np.float32), gym.spaces.Discrete(4), LIMIT)

@@ -38,14 +38,10 @@ from rlfleet.core._pieces import EpisodePieces, RowPieces, TakenRows
 from rlfleet.core._validation import check_per_step_space
 from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
-from rlfleet.core.step_type import StepType
 from rlfleet.worker._episode_buffer import MIN_PIECE_BYTES, Columns, StepRing, concat_infos
 
 with compiled("finished-episodes pass", "rlfleet/worker/_finished_pass.c"):
     from rlfleet.worker._finished_pass import gather_runs, sort_rows, step_index
-
-_MID = int(StepType.MID)
-_FIRST = int(StepType.FIRST)
 
 
 #: A finished episode's row of a :class:`FinishedTable`: where its steps are
@@ -250,7 +246,7 @@ class EpisodeRows(TakenRows):
 
     Args:
         source: The ring column seen slot by slot (:func:`flat_column`).
-        index: Every step's row in it (:func:`split_rows`).
+        index: Every step's row in it (``step_index``'s).
         table: The episodes' :class:`FinishedTable` rows, in order.
         capacity: Rows of the ring.
     """
@@ -270,42 +266,6 @@ class EpisodeRows(TakenRows):
             gather_runs(self.table, self.capacity, self.source, buffer, offset)
 
 
-def split_rows(
-    starts: np.ndarray, lengths: np.ndarray, slots: np.ndarray, capacity: int
-) -> np.ndarray:
-    """The flat ring index of every step of the episodes, in order.
-
-    The reference of the compiled ``step_index``, which takes its place
-    (tests/test_finished_pass.py).
-
-    Episode i's steps are vector steps ``starts[i] .. starts[i] + lengths[i] - 1``
-    of slot ``slots[i]``. The ring is stored slot by slot: step t of slot j
-    is element ``j * capacity + t % capacity`` of a column's storage seen as
-    ``(n_slots * capacity, ...)`` (:func:`flat_column`).
-
-    Args:
-        starts: First vector step of each episode (int64).
-        lengths: Steps of each episode (>= 1).
-        slots: Slot of each episode.
-        capacity: Rows of the ring.
-
-    Returns:
-        ``lengths.sum()`` flat indices: ``np.take(flat_column(c), index, axis=0)``
-        gathers column c's steps of every episode, concatenated in order (one
-        ``np.take`` copies rows several times faster than a 2-D fancy index).
-    """
-    offsets = np.cumsum(lengths) - lengths
-    index = np.arange(int(lengths.sum()), dtype=np.int64)
-    # Each step's ring row, below twice the capacity (an episode fits in the
-    # ring); the rows past its end wrap. A subtraction where a comparison
-    # holds, not a modulo: an integer division per step cost more than the
-    # rest of the index.
-    index += np.repeat(starts % capacity - offsets, lengths)
-    np.subtract(index, capacity, out=index, where=index >= capacity)
-    index += np.repeat(slots * capacity, lengths)
-    return index
-
-
 def flat_column(column: np.ndarray) -> np.ndarray:
     """A ring column ``[row, slot, ...]`` as its storage, ``[slot * capacity + row, ...]``.
 
@@ -313,19 +273,6 @@ def flat_column(column: np.ndarray) -> np.ndarray:
     """
     storage = column.swapaxes(0, 1)
     return storage.reshape(storage.shape[0] * storage.shape[1], *storage.shape[2:])
-
-
-def step_types_of(lengths: np.ndarray, lasts: np.ndarray) -> np.ndarray:
-    """Step types of whole episodes: FIRST, MID..., the episode's last type.
-
-    A one-step episode's only step takes its last type (as garage). The
-    reference of the compiled ``step_index``, which takes its place.
-    """
-    ends = np.cumsum(lengths)
-    step_types = np.full(int(ends[-1]) if len(ends) else 0, _MID, dtype=np.uint8)
-    step_types[ends - lengths] = _FIRST
-    step_types[ends - 1] = lasts
-    return step_types
 
 
 #: Per-step fields of the batch, in the order of :class:`Columns`.
@@ -346,9 +293,10 @@ def _gather(
     capacity = columns.capacity
     n = len(table)
     starts, lengths, slots = table[:, START], table[:, LENGTH], table[:, SLOT]
-    # One compiled pass for split_rows, step_types_of and the last
-    # observations' rows (rlfleet/worker/_finished_pass.c), which check
-    # every row against the ring.
+    # One compiled pass for every step's ring row and step type and the
+    # last observations' rows (rlfleet/worker/_finished_pass.c; its numpy
+    # reference: tests/native_columns_reference.py), which checks every
+    # row against the ring.
     total = int(lengths.sum())
     index = np.empty(total, dtype=np.int64)
     step_types = np.empty(total, dtype=np.uint8)
@@ -493,6 +441,4 @@ __all__ = [
     "build_rows_batch",
     "build_rows_pieces",
     "flat_column",
-    "split_rows",
-    "step_types_of",
 ]
