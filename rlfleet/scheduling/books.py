@@ -49,17 +49,20 @@ class WorkerLoad:
     takes_units: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        self.takes_units = self.eligible and self.num_envs > self.leased
+        self._keep_takes_units()
 
     def set_eligible(self, eligible: bool) -> None:
         """Whether it may get new work (keeps :attr:`takes_units`)."""
         self.eligible = eligible
-        self.takes_units = eligible and self.num_envs > self.leased
+        self._keep_takes_units()
 
     def set_leased(self, leased: int) -> None:
         """How many of its env slots leased envs hold (keeps :attr:`takes_units`)."""
         self.leased = leased
-        self.takes_units = self.eligible and self.num_envs > leased
+        self._keep_takes_units()
+
+    def _keep_takes_units(self) -> None:
+        self.takes_units = self.eligible and self.num_envs > self.leased
 
     @property
     def slots(self) -> int:
