@@ -231,6 +231,8 @@ def test_episode_runs_out_of_the_ring_or_the_buffer_are_refused_and_nothing_writ
         gather_runs(table, 3, source, buffer, 0)
     with pytest.raises(BufferError, match="not writable"):
         gather_runs(table, 4, source, bytes(32), 0)
+    with pytest.raises(ValueError, match="gather_runs' table must be int64 rows of 10"):
+        gather_runs(table[:, :5].copy(), 4, source, buffer, 0)
 
 
 class _Mixed(CartPoleVectorEnv):

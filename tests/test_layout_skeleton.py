@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from rlfleet.wire import _layout_frames as layout_frames_module
 from rlfleet.wire import _skeleton
 from rlfleet.wire._layout_frames import _PLACED, _build_skeleton, _Tensor, _Tree
-from rlfleet.wire._skeleton_program import _program
+from rlfleet.wire._skeleton_program import skeleton_program
 from rlfleet.wire._tensor_header import encode_key_field
 from rlfleet.wire.results import EPISODE_INFO_KEYS, FRAGMENT_INFO_KEYS
 
@@ -100,7 +100,7 @@ def python_skeleton(blocks: Blocks, episodes: int, steps: int) -> Any:
 
 def compiled_skeleton(blocks: Blocks, episodes: int, steps: int) -> Any:
     try:
-        made = _build_skeleton(blocks, episodes, steps, None, _program(blocks, _PLACED))
+        made = _build_skeleton(blocks, episodes, steps, None, skeleton_program(blocks, _PLACED))
     except Exception as error:
         return (type(error), str(error))
     assert type(made) is layout_frames_module._Skeleton
@@ -157,13 +157,13 @@ def cartpole_like() -> Blocks:
 )
 def test_counts_whose_sizes_leave_int64_are_the_python_builders(episodes: int, steps: int) -> None:
     blocks = cartpole_like()
-    program = _program(blocks, _PLACED)
+    program = skeleton_program(blocks, _PLACED)
     assert _skeleton.skeleton(*program, episodes, steps) is None
     assert compiled_skeleton(blocks, episodes, steps) == python_skeleton(blocks, episodes, steps)
 
 
 def test_a_program_that_is_not_well_formed_is_refused() -> None:
-    items, pieces, names, placed = _program(cartpole_like(), _PLACED)
+    items, pieces, names, placed = skeleton_program(cartpole_like(), _PLACED)
     fields = list(struct.unpack(f"={len(items) // 8}q", items))
     assert _skeleton.skeleton(items, pieces, names, placed, 3, 300) is not None
     for field, value in ((0, 9), (1, 3), (2, -1), (4, -2)):  # kind, rows, multiplier, condition

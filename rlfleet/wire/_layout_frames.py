@@ -30,7 +30,7 @@ from rlfleet.core.env_spec import EnvSpec
 from rlfleet.core.episode_batch import EpisodeBatch
 from rlfleet.core.space_checks import screen_bounds, space_screen
 from rlfleet.wire._protowire import len_prefix
-from rlfleet.wire._skeleton_program import _Program, _program, skeleton
+from rlfleet.wire._skeleton_program import SkeletonProgram, skeleton, skeleton_program
 from rlfleet.wire._tensor_header import dtype_code, encode_key_field, rows_header
 from rlfleet.wire.results import EPISODE_INFO_KEYS, FRAGMENT_INFO_KEYS
 
@@ -144,9 +144,10 @@ _FRAMES: dict[tuple[int, int, int], _Frame] = {}
 #: whose results share a layout, build each pair of counts once between them.
 _SKELETONS: dict[tuple[int, int, int], _Skeleton] = {}
 _SHAPES: dict[tuple[tuple[int, _Tensor | _Tree], ...], int] = {}  # each layout's number
-#: The skeleton programs (``_skeleton_program._program``) of the process's layouts, by
-#: layout number: worked out once for every worker session of a layout.
-_PROGRAMS: dict[int, _Program] = {}
+#: The skeleton programs (``_skeleton_program.skeleton_program``) of the
+#: process's layouts, by layout number: worked out once for every worker
+#: session of a layout.
+_PROGRAMS: dict[int, SkeletonProgram] = {}
 _shape_numbers = itertools.count()
 
 
@@ -367,7 +368,7 @@ class _Layout:
             if program is None:  # once per distinct layout, at its first new counts
                 if len(_PROGRAMS) >= _MAX_SHAPES:
                     _PROGRAMS.clear()
-                program = _PROGRAMS[self._shape] = _program(self.blocks, _PLACED)
+                program = _PROGRAMS[self._shape] = skeleton_program(self.blocks, _PLACED)
             found = _SKELETONS[key] = _build_skeleton(
                 self.blocks, episodes, steps, self.frame, program
             )
@@ -580,12 +581,13 @@ def _build_skeleton(
     episodes: int,
     steps: int,
     frame_of: Callable[[int, int], _Frame] | None = None,
-    program: _Program | None = None,
+    program: SkeletonProgram | None = None,
 ) -> _Skeleton:
     """The skeleton of ``blocks`` for these numbers of episodes and steps:
     their frame (:func:`_build_frame`, or ``frame_of(episodes, steps)``) and
     the bytes the one pass compares; in one compiled call if ``program``
-    (``blocks``' ``_skeleton_program._program``) is given and takes the counts."""
+    (``blocks``' ``_skeleton_program.skeleton_program``) is given and takes
+    the counts."""
     if program is not None:
         made = skeleton(*program, episodes, steps)
         if made is not None:  # None: sizes past int64, for Python's integers below

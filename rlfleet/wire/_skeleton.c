@@ -238,7 +238,8 @@ PyDoc_STRVAR(skeleton_doc,
              "``episodes`` and ``steps``, as rlfleet.wire._layout_frames._build_skeleton\n"
              "makes them; None where a size leaves int64, a count is negative or a\n"
              "placed array is missing (the Python builder's to work out).\n\n"
-             "program: int64 items of five fields (rlfleet.wire._skeleton_program._program).\n"
+             "program: int64 items of five fields\n"
+             "(rlfleet.wire._skeleton_program.skeleton_program).\n"
              "pieces: the bytes BYTES items write. names: the arrays' names, by the\n"
              "index DATA items give. placed: int64 indices of the names whose offsets\n"
              "follow the runs in ``places``.");

@@ -2,7 +2,7 @@
 
 A layout's bytes around its arrays change with the numbers of episodes and
 steps only in their varints (an array's rows and data length, the lengths
-of the fields around it). :func:`_program` turns a layout's blocks
+of the fields around it). :func:`skeleton_program` turns a layout's blocks
 (:mod:`rlfleet.wire._layout_frames`) once into the items a writer writes
 (fixed bytes, a varint of a number of rows or data bytes, a varint of the
 size of the items it spans, an array's data), and :func:`skeleton`
@@ -33,12 +33,12 @@ if TYPE_CHECKING:  # for annotations only: the layout module imports this one
 
 #: ``skeleton`` is the compiled builder the programs are for; the layout's
 #: skeletons are built with it from here.
-__all__ = ["skeleton"]
+__all__ = ["SkeletonProgram", "skeleton", "skeleton_program"]
 
 #: A layout's skeleton program (rlfleet/wire/_skeleton.c's ``skeleton``):
 #: its items (int64s, five an item), the bytes its BYTES items write, the
 #: arrays' names by DATA items' index, and the indices of the placed arrays.
-_Program = tuple[bytes, tuple[bytes, ...], tuple[str, ...], bytes]
+SkeletonProgram = tuple[bytes, tuple[bytes, ...], tuple[str, ...], bytes]
 # Its items' kinds: a block's start (a run ends there), fixed bytes, a
 # varint of rows times a number, a varint of the size of the items after it
 # up to an item, an array's data.
@@ -47,9 +47,9 @@ _BREAK, _BYTES, _COUNT, _SPAN, _DATA = range(5)
 _NO_ROWS, _EPISODE_ROWS, _STEP_ROWS, _ALWAYS = 0, 1, 2, -1
 
 
-def _program(
+def skeleton_program(
     blocks: tuple[tuple[int, _Tensor | _Tree], ...], placed_names: tuple[str, ...]
-) -> _Program:
+) -> SkeletonProgram:
     """The items batch_parts writes for ``blocks`` (write_tensor, write_tensor_map),
     as ``_layout_frames._block_parts`` works them out, for the compiled call to
     evaluate at any numbers of episodes and steps: only varints change with them.

@@ -208,6 +208,22 @@ static int check_rows(const int64_t *table, Py_ssize_t n, Py_ssize_t capacity, P
     return 0;
 }
 
+/* Reads `obj` as a FinishedTable (C-contiguous int64, whole rows of WIDTH):
+ * *table its rows, *n how many. -1 with the error set (ValueError naming
+ * `name`) and nothing held; else the caller releases `view`. */
+static int get_table(PyObject *obj, Py_buffer *view, const char *name, const int64_t **table,
+                     Py_ssize_t *n) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (view->itemsize != 8 || view->len % (WIDTH * 8)) {
+        PyErr_Format(PyExc_ValueError, "%s' table must be int64 rows of %d", name, WIDTH);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    *table = view->buf;
+    *n = view->len / (WIDTH * 8);
+    return 0;
+}
+
 PyDoc_STRVAR(step_index_doc,
 "step_index(table, capacity, n_slots, index_out, types_out, last_out) -> None\n"
 "\n"
@@ -235,16 +251,11 @@ static PyObject *step_index(PyObject *module, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     Py_buffer in;
-    if (PyObject_GetBuffer(args[0], &in, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    const int64_t *table;
+    Py_ssize_t n;
+    if (get_table(args[0], &in, "step_index", &table, &n) < 0) return NULL;
     PyObject *answer = NULL;
     Py_buffer index_view = {0}, types_view = {0}, last_view = {0};
-    if (in.itemsize != 8 || in.len % (WIDTH * 8)) {
-        PyErr_SetString(PyExc_ValueError, "step_index' table must be int64 rows of 10");
-        PyBuffer_Release(&in);
-        return NULL;
-    }
-    const int64_t *table = in.buf;
-    Py_ssize_t n = in.len / (WIDTH * 8);
     /* Every row checked and the steps counted before anything is written. */
     Py_ssize_t total;
     if (check_rows(table, n, capacity, n_slots, 1, "step_index", &total) < 0) goto done;
@@ -311,7 +322,9 @@ static PyObject *gather_runs(PyObject *module, PyObject *const *args, Py_ssize_t
     Py_ssize_t offset = PyLong_AsSsize_t(args[4]);
     if (offset == -1 && PyErr_Occurred()) return NULL;
     Py_buffer in, source, out;
-    if (PyObject_GetBuffer(args[0], &in, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    const int64_t *table;
+    Py_ssize_t n, total;
+    if (get_table(args[0], &in, "gather_runs", &table, &n) < 0) return NULL;
     if (PyObject_GetBuffer(args[2], &source, PyBUF_C_CONTIGUOUS) < 0) {
         PyBuffer_Release(&in);
         return NULL;
@@ -322,10 +335,6 @@ static PyObject *gather_runs(PyObject *module, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     PyObject *answer = NULL;
-    if (in.itemsize != 8 || in.len % (WIDTH * 8)) {
-        PyErr_SetString(PyExc_ValueError, "gather_runs' table must be int64 rows of 10");
-        goto done;
-    }
     Py_ssize_t source_rows = source.ndim >= 1 ? source.shape[0] : 0;
     if (capacity < 1 || source_rows < capacity || source_rows % capacity) {
         PyErr_Format(PyExc_ValueError, "gather_runs: a source of %zd rows is no ring of %zd rows",
@@ -333,8 +342,6 @@ static PyObject *gather_runs(PyObject *module, PyObject *const *args, Py_ssize_t
         goto done;
     }
     Py_ssize_t n_slots = source_rows / capacity, row_bytes = source.len / source_rows;
-    const int64_t *table = in.buf;
-    Py_ssize_t n = in.len / (WIDTH * 8), total;
     if (check_rows(table, n, capacity, n_slots, 0, "gather_runs", &total) < 0) goto done;
     /* total <= n * capacity rows; their bytes checked without overflow. */
     if (offset < 0 || offset > out.len || (row_bytes && total > (out.len - offset) / row_bytes)) {
