@@ -52,6 +52,11 @@ class Finished:
     footer: Footer
 
 
+#: A result booked for its booking thread to send on the learner's results
+#: connection, once the coordinator's lock is let go: its call's outbox, the
+#: sender reserved for it (:meth:`CallOutbox.reserve`), the result.
+ReservedSend: TypeAlias = "tuple[CallOutbox, ResultSender, Forward]"
+
 #: What a learner call sends, in order: a header first (and, in
 #: subscriptions, one more on each env change), results, then the end.
 Event: TypeAlias = Forward | CallHeader | Finished | CallError
@@ -102,6 +107,16 @@ class CallOutbox:
             sender.send_reserved(forwards)
         except CallError as exc:
             self.put(exc)
+
+    def try_send_reserved(self, sender: ResultSender, forwards: Sequence[Forward]) -> bool:
+        """:meth:`send_reserved` without waiting for the learner
+        (``ResultSender.try_send_reserved``): False, and the results still
+        reserved, if they cannot go at once."""
+        try:
+            return sender.try_send_reserved(forwards)
+        except CallError as exc:
+            self.put(exc)
+            return True
 
     def get(self) -> Event:
         """The next event; blocks (cancellation arrives as a CallError event)."""
@@ -194,3 +209,18 @@ class FifoGate:
             self._abandoned.discard(self._serving)
             self._serving += 1
         self._changed.notify_all()
+
+
+def by_call(
+    sends: Sequence[ReservedSend],
+) -> list[tuple[CallOutbox, ResultSender, list[Forward]]]:
+    """``sends`` gathered by sender, each sender's in booking order (calls
+    in the order of their first result)."""
+    gathered: dict[int, tuple[CallOutbox, ResultSender, list[Forward]]] = {}
+    for outbox, sender, forward in sends:
+        entry = gathered.get(id(sender))
+        if entry is None:
+            gathered[id(sender)] = (outbox, sender, [forward])
+        else:
+            entry[2].append(forward)
+    return list(gathered.values())

@@ -274,9 +274,50 @@ class ResultSender:
         try:
             self.send([parts for forward in forwards for parts in forwarded_parts(forward, tail)])
         finally:
-            with self._state:
-                self._in_flight -= len(forwards)
-                self._state.notify_all()
+            self._settle(len(forwards))
+
+    def try_send_reserved(self, forwards: Sequence[Forward]) -> bool:
+        """:meth:`send_reserved` on a thread that must not wait (the data loop):
+        the results go whole into the connection now
+        (``LeaseConnection.try_send_frames``: what the socket does not take at
+        once follows from the loop, ahead of any later frame), or nothing
+        goes and False is returned, their reservations kept, while another
+        thread sends on this call or frames wait to be sent on the
+        connection: the caller's thread that may wait sends them later with
+        :meth:`send_reserved`.
+
+        Raises:
+            CallError: UNAVAILABLE as :meth:`send`.
+        """
+        if not self._sending.acquire(blocking=False):
+            return False  # another thread sends on this call: maybe waiting for the learner
+        failure = None
+        try:
+            if not self._failed:  # else the call fails already: nothing more goes out
+                tail = self.tail
+                frames = [parts for forward in forwards for parts in forwarded_parts(forward, tail)]
+                try:
+                    if not self._connection.try_send_frames(frames):
+                        return False
+                    self.sent += len(frames)
+                except ConnectionClosedError as exc:
+                    self._failed = True
+                    failure = unavailable(
+                        f"the learner's results connection failed mid-answer ({exc}); the "
+                        "answer is dropped whole: retry the request",
+                    )
+        finally:
+            self._sending.release()
+        self._settle(len(forwards))
+        if failure is not None:
+            raise failure
+        return True
+
+    def _settle(self, count: int) -> None:
+        """``count`` reserved results were sent or dropped: the end marker may go."""
+        with self._state:
+            self._in_flight -= count
+            self._state.notify_all()
 
     def send_header(self, header: bytes) -> None:
         """Sends a request's header (a serialized ``SampleResponse`` with its header,

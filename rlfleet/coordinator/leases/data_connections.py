@@ -138,6 +138,17 @@ class LeaseConnection(abc.ABC):
         for parts in frames:
             self.send_parts(parts, wait_seconds)
 
+    def try_send_frames(self, frames: Sequence[Sequence[bytes | memoryview]]) -> bool:
+        """:meth:`send_frames` without waiting (the data loop's thread): True once
+        the frames are the connection's to send, in order; False, nothing
+        sent, if they cannot go at once (here: a connection that does not
+        say how, its sender's thread sends them).
+
+        Raises:
+            ConnectionClosedError: If the connection is closed.
+        """
+        return False
+
     @abc.abstractmethod
     def shutdown(self) -> None:
         """Ends the connection for the peer (any thread; after :meth:`mark_closed`)."""
@@ -249,6 +260,40 @@ class DataConnection(LeaseConnection):
             pieces += parts
         if pieces:
             self._send_pieces(pieces, wait_seconds)
+
+    def try_send_frames(self, frames: Sequence[Sequence[bytes | memoryview]]) -> bool:
+        """Sends ``frames`` (each a frame's parts) without waiting, as one write
+        of what the socket takes at once (one ``sendmsg`` on plain TCP); the
+        rest of them waits for the loop, which sends it as the peer reads,
+        ahead of any later frame. False, nothing sent, while earlier frames
+        still wait to be sent (a sender that may wait sends these behind
+        them, :meth:`send_frames`), or for more pieces than one ``sendmsg``
+        takes.
+
+        Raises:
+            ConnectionClosedError: If the connection is (or gets) closed.
+        """
+        pieces: list[bytes | memoryview] = []
+        for parts in frames:
+            pieces.append(FRAME_HEADER.pack(sum(map(len, parts))))
+            pieces += parts
+        if len(pieces) > _SEND_BATCH_PIECES:
+            return False
+        with self._lock:
+            if self._closed:
+                raise ConnectionClosedError(f"the data connection of {self.what} is closed")
+            if self._pending:
+                return False
+            rest, failure = self._write(pieces)
+            if failure is None and rest:
+                self._pending += rest
+                self._pending_bytes += sum(map(len, rest))
+        if failure is not None:
+            self._server.close(self, failure)
+            raise ConnectionClosedError(f"the data connection of {self.what} broke: {failure}")
+        if rest:
+            self._server.want_write(self)
+        return True
 
     def _send_pieces(self, pieces: Sequence[bytes | memoryview], wait_seconds: float) -> None:
         """:meth:`send_parts`' sending of ``pieces`` (whole frames, headers included)."""
@@ -584,6 +629,15 @@ class InProcessConnection(LeaseConnection):
         if self._closed:
             raise ConnectionClosedError("the in-process data connection is closed")
         self._frames.put(frame_of(parts))
+
+    def try_send_frames(self, frames: Sequence[Sequence[bytes | memoryview]]) -> bool:
+        """Queues ``frames`` for the learner (:meth:`send_parts` never waits).
+
+        Raises:
+            ConnectionClosedError: If the connection is closed.
+        """
+        self.send_frames(frames, 0.0)
+        return True
 
     def shutdown(self) -> None:
         """Ends the connection for the learner: its receive returns None."""

@@ -37,10 +37,12 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import grpc
 
 from rlfleet._util.prebuilt import prebuilt
+from rlfleet.coordinator.calls import ReservedSend, by_call
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.worker_events import WorkerEvents
 from rlfleet.coordinator.worker_messages import (
@@ -56,6 +58,10 @@ from rlfleet.wire.chunks import DATA_CHANNEL_CHUNK_BYTES, DATA_CHANNEL_METADATA_
 from rlfleet.wire.result_message import read_result_message
 from rlfleet.wire.results import JoinedResult
 
+if TYPE_CHECKING:  # only named here: the sends are booked by WorkerEvents
+    from rlfleet.coordinator.calls import CallOutbox, Forward
+    from rlfleet.coordinator.result_channels import ResultSender
+
 logger = logging.getLogger("rlfleet.coordinator")
 
 #: Seconds the lane's thread waits for work before it looks whether its worker is gone.
@@ -68,6 +74,30 @@ _BATCH_FRAMES = 64
 
 class _Closed:
     """Queued at the connection's end: nothing more comes."""
+
+
+class _Sends:
+    """Results the data loop booked whose sends could not go at once: the lane's
+    thread sends them (it may wait for the learner), before anything queued
+    after them.
+
+    Args:
+        groups: Each call's results (``worker_events.by_call``), reserved.
+    """
+
+    __slots__ = ("groups",)
+
+    def __init__(self, groups: list[tuple[CallOutbox, ResultSender, list[Forward]]]) -> None:
+        self.groups = groups
+
+    def send(self) -> None:
+        """Sends every group, each call's in order (may wait for its learner)."""
+        for outbox, sender, forwards in self.groups:
+            outbox.send_reserved(sender, forwards)
+
+
+#: What the lane's thread takes from its queue.
+_Item = bytes | memoryview | list[bytes | memoryview] | _Closed | _Sends
 
 
 class ResultLane:
@@ -115,13 +145,16 @@ class ResultLane:
         self._budget = handle.inflight.carrier()
         # Frames queued, not yet taken by the thread: its count is theirs.
         self._received = handle.inflight.carrier()
-        self._queue: queue.SimpleQueue[bytes | memoryview | list[bytes | memoryview] | _Closed] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        # Entries given to the thread, and those it is done with (each counter
+        # written by one thread): equal, the thread holds nothing of the
+        # worker's, and the loop may book the next frames itself.
+        self._given = 0
+        self._taken = 0
         self._failed = False
         self._defer = defer
         # What was queued since the last hand-over (with ``defer``), in order.
-        self._pending: list[bytes | memoryview | list[bytes | memoryview] | _Closed] = []
+        self._pending: list[_Item] = []
         threading.Thread(
             target=self._run, name=f"rlfleet-data-results-{handle.name}", daemon=True
         ).start()
@@ -167,16 +200,24 @@ class ResultLane:
 
     def _enqueue(self, item: bytes | memoryview | list[bytes | memoryview] | _Closed) -> None:
         if self._defer is None:
-            self._queue.put(item)
+            self._give(item)
             return
         first = not self._pending
         self._pending.append(item)  # before asking: a defer may hand over at once
         if first:
             self._defer(self._hand_over)
 
+    def _give(self, item: _Item) -> None:
+        """Queues ``item`` for the lane's thread."""
+        self._given += 1
+        self._queue.put(item)
+
     def _hand_over(self) -> None:
-        """What was queued since the last hand-over, to the lane's thread: its
-        frames as one entry (one wake-up), then the end if it came."""
+        """What was queued since the last hand-over (the data loop's thread, at
+        the end of its wake-up): its frames booked here when the lane's
+        thread holds nothing of the worker's and its Join stream carries no
+        more results, else given to that thread as one entry (one
+        wake-up); then the end if it came."""
         items, self._pending = self._pending, []
         frames: list[bytes | memoryview] = []
         end = None
@@ -186,12 +227,34 @@ class ResultLane:
                 break  # nothing counts after the end (the lane's thread stops there)
             if isinstance(item, list):
                 frames += item
-            else:
+            elif not isinstance(item, _Sends):
                 frames.append(item)
         if frames:
-            self._queue.put(frames)
+            after = self._after
+            if self._given == self._taken and (after is None or after.is_set()):
+                self._book_here(frames)
+            else:
+                self._give(frames)
         if end is not None:
-            self._queue.put(end)
+            self._give(end)
+
+    def _book_here(self, frames: list[bytes | memoryview]) -> None:
+        """Books ``frames`` on this thread (the data loop's), which must not wait
+        for a learner: each call's results go to its results connection if
+        they can at once, the others to the lane's thread, which sends them
+        (and books what follows) in order."""
+        self._received.let_go(sum(map(len, frames)))
+        if self._failed:
+            return
+        sends: list[ReservedSend] = []
+        self._book(frames, sends)
+        if not sends:
+            return
+        later = [
+            group for group in by_call(sends) if not group[0].try_send_reserved(group[1], group[2])
+        ]
+        if later:
+            self._give(_Sends(later))
 
     def _run(self) -> None:
         handle = self._handle
@@ -225,16 +288,24 @@ class ResultLane:
             for item in items:
                 if isinstance(item, list):
                     frames += item  # put_many's
+                elif isinstance(item, _Sends):
+                    # Given only to an idle thread: nothing of the worker's before it.
+                    item.send()
                 elif not isinstance(item, _Closed):
                     frames.append(item)
             self._received.let_go(sum(map(len, frames)))  # no generator frame per wake-up
             if frames and not self._failed:
                 self._book(frames)
+            self._taken += len(items)
             if isinstance(items[-1], _Closed):
                 self._done.set()
                 return
 
-    def _book(self, frames: list[bytes | memoryview]) -> None:
+    def _book(
+        self, frames: list[bytes | memoryview], sends: list[ReservedSend] | None = None
+    ) -> None:
+        """Books ``frames``' results; those for a call with a results connection
+        are sent by this thread, or, with ``sends``, put there for the caller."""
         handle, events = self._handle, self._events
         results: list[JoinedResult] = []
         try:
@@ -248,7 +319,7 @@ class ResultLane:
                     elif isinstance(item, WorkerLeaving):
                         # The end-of-results marker: every result before it is booked first.
                         booked, results = results, []
-                        events.on_results(handle, booked, send_here=True)
+                        events.on_results(handle, booked, send_here=True, sends=sends)
                         self._done.set()
                     else:
                         raise WireFormatError(
@@ -259,7 +330,7 @@ class ResultLane:
             finally:
                 # What came whole before a broken frame is booked as it would have been.
                 if results:
-                    events.on_results(handle, results, send_here=True)
+                    events.on_results(handle, results, send_here=True, sends=sends)
             return
         except ResourceExhaustedError as exc:
             code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
