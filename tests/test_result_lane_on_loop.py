@@ -37,12 +37,18 @@ class _Outbox:
         self.open = threading.Event()
         self.open.set()
         self.sent: list[tuple[str, list[Any]]] = []  # (thread, results) in send order
+        self.partly = False  # the socket takes part of a try: its rest is finished later
+        self.finished: list[tuple[str, int]] = []  # (thread, results) whose rest went
 
-    def try_send_reserved(self, sender: object, forwards: Sequence[Any]) -> bool:
+    def try_send_reserved(self, sender: object, forwards: Sequence[Any]) -> str:
         if not self.open.is_set():
-            return False
+            return "refused"
         self.sent.append((threading.current_thread().name, list(forwards)))
-        return True
+        return "begun" if self.partly else "sent"
+
+    def finish_reserved(self, sender: object, count: int) -> None:
+        assert self.open.wait(PATIENCE), "the learner never read again"
+        self.finished.append((threading.current_thread().name, count))
 
     def send_reserved(self, sender: object, forwards: Sequence[Any]) -> None:
         assert self.open.wait(PATIENCE), "the learner never read again"
@@ -138,11 +144,11 @@ def _frames_of(stream: bytes) -> list[bytes]:
     return frames
 
 
-def test_frames_tried_without_waiting_go_whole_or_not_at_all_and_in_order() -> None:
+def test_frames_tried_without_waiting_leave_their_rest_to_a_waiting_thread_in_order() -> None:
     """``DataConnection.try_send_frames`` (the loop's send to a learner): what the
-    socket does not take at once waits for the loop's write readiness, ahead
-    of anything later; while it waits, a try sends nothing and says so, and a
-    sender that may wait sends behind it."""
+    socket does not take at once waits, ahead of anything later, for a thread
+    that may wait to ``finish`` it; meanwhile a try sends nothing and says
+    so, and a sender that may wait sends behind it. The loop is asked nothing."""
     ours, theirs = socket.socketpair()
     asked: list[object] = []
     server = SimpleNamespace(want_write=asked.append, close=lambda connection, reason: None)
@@ -150,21 +156,36 @@ def test_frames_tried_without_waiting_go_whole_or_not_at_all_and_in_order() -> N
     connection = DataConnection(ours, cast(Any, server), "the learner", 1 << 30)
     try:
         big, small, after = b"\x07" * (8 << 20), b"small", b"after"
-        assert connection.try_send_frames([[b"head", big]])  # more than the kernel takes at once
-        assert asked == [connection] and connection._pending  # the rest waits for the loop
-        assert not connection.try_send_frames([[small]])  # nothing goes past what waits
-        with ThreadPoolExecutor(1) as pool:
+        # More than the kernel takes at once: the rest waits for finish().
+        assert connection.try_send_frames([[b"head", big]]) == "begun"
+        assert connection._pending and asked == []
+        assert connection.try_send_frames([[small]]) == "refused"  # nothing goes past the rest
+        with ThreadPoolExecutor(2) as pool:
+            finished = pool.submit(connection.finish, PATIENCE)
             sent = pool.submit(connection.send_frames, [[after]], PATIENCE)  # waits its turn
             received = bytearray()
             expected = 2 * FRAME_HEADER.size + 4 + len(big) + len(after)
             theirs.settimeout(PATIENCE)
             while len(received) < expected:
                 received += theirs.recv(1 << 20)
-                connection.flush()  # the loop's write readiness
+            finished.result(PATIENCE)
             sent.result(PATIENCE)
         assert _frames_of(bytes(received)) == [b"head" + big, after]
-        assert connection.try_send_frames([[small]]) and not connection._pending
+        assert connection.try_send_frames([[small]]) == "sent" and not connection._pending
         assert _frames_of(theirs.recv(64)) == [small]
+        assert asked == []
     finally:
         ours.close()
         theirs.close()
+
+
+def test_the_rest_of_a_send_the_socket_took_in_part_is_finished_on_the_lanes_thread(
+    lane: tuple[ResultLane, _Recorded, list[Any]],
+) -> None:
+    lane_, recorded, asked = lane
+    here, lanes = threading.current_thread().name, "rlfleet-data-results-w"
+    outbox = recorded.outbox
+    outbox.partly = True
+    _wake_up(asked, lane_, b"a", b"b")  # booked and begun here; the lane's thread finishes it
+    wait_until(lambda: outbox.finished, "the rest sent")
+    assert outbox.sent == [(here, [b"a", b"b"])] and outbox.finished == [(lanes, 2)]

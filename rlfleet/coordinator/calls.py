@@ -25,6 +25,7 @@ from rlfleet.wire import Chunk
 from rlfleet.wire.results import ResultHeader
 
 if TYPE_CHECKING:  # result_channels imports this module
+    from rlfleet.coordinator.leases.data_connections import Tried
     from rlfleet.coordinator.result_channels import ResultSender
 
 
@@ -108,15 +109,24 @@ class CallOutbox:
         except CallError as exc:
             self.put(exc)
 
-    def try_send_reserved(self, sender: ResultSender, forwards: Sequence[Forward]) -> bool:
+    def try_send_reserved(self, sender: ResultSender, forwards: Sequence[Forward]) -> Tried:
         """:meth:`send_reserved` without waiting for the learner
-        (``ResultSender.try_send_reserved``): False, and the results still
-        reserved, if they cannot go at once."""
+        (``ResultSender.try_send_reserved``: ``"refused"`` leaves the results
+        reserved, ``"begun"`` leaves their rest to :meth:`finish_reserved`);
+        a failure to send ends the call with it (``"sent"``)."""
         try:
             return sender.try_send_reserved(forwards)
         except CallError as exc:
             self.put(exc)
-            return True
+            return "sent"
+
+    def finish_reserved(self, sender: ResultSender, count: int) -> None:
+        """Sends the rest of ``count`` results :meth:`try_send_reserved` began
+        (may wait for the learner); a failure to send ends the call with it."""
+        try:
+            sender.finish_reserved(count)
+        except CallError as exc:
+            self.put(exc)
 
     def get(self) -> Event:
         """The next event; blocks (cancellation arrives as a CallError event)."""

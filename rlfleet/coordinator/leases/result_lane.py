@@ -33,11 +33,11 @@ it back and forth with the loop at each read the loop makes.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import grpc
 
@@ -58,10 +58,6 @@ from rlfleet.wire.chunks import DATA_CHANNEL_CHUNK_BYTES, DATA_CHANNEL_METADATA_
 from rlfleet.wire.result_message import read_result_message
 from rlfleet.wire.results import JoinedResult
 
-if TYPE_CHECKING:  # only named here: the sends are booked by WorkerEvents
-    from rlfleet.coordinator.calls import CallOutbox, Forward
-    from rlfleet.coordinator.result_channels import ResultSender
-
 logger = logging.getLogger("rlfleet.coordinator")
 
 #: Seconds the lane's thread waits for work before it looks whether its worker is gone.
@@ -77,23 +73,24 @@ class _Closed:
 
 
 class _Sends:
-    """Results the data loop booked whose sends could not go at once: the lane's
-    thread sends them (it may wait for the learner), before anything queued
-    after them.
+    """Sends of results the data loop booked that could not go (whole) at once:
+    the lane's thread makes them (it may wait for the learner), before
+    anything queued after them.
 
     Args:
-        groups: Each call's results (``worker_events.by_call``), reserved.
+        jobs: Each a call's send (``CallOutbox.send_reserved``) or the rest
+            of one (``CallOutbox.finish_reserved``), in order.
     """
 
-    __slots__ = ("groups",)
+    __slots__ = ("jobs",)
 
-    def __init__(self, groups: list[tuple[CallOutbox, ResultSender, list[Forward]]]) -> None:
-        self.groups = groups
+    def __init__(self, jobs: list[Callable[[], None]]) -> None:
+        self.jobs = jobs
 
     def send(self) -> None:
-        """Sends every group, each call's in order (may wait for its learner)."""
-        for outbox, sender, forwards in self.groups:
-            outbox.send_reserved(sender, forwards)
+        """Makes every send, in order (may wait for a learner)."""
+        for job in self.jobs:
+            job()
 
 
 #: What the lane's thread takes from its queue.
@@ -250,9 +247,13 @@ class ResultLane:
         self._book(frames, sends)
         if not sends:
             return
-        later = [
-            group for group in by_call(sends) if not group[0].try_send_reserved(group[1], group[2])
-        ]
+        later: list[Callable[[], None]] = []
+        for outbox, sender, forwards in by_call(sends):
+            tried = outbox.try_send_reserved(sender, forwards)
+            if tried == "refused":
+                later.append(functools.partial(outbox.send_reserved, sender, forwards))
+            elif tried == "begun":
+                later.append(functools.partial(outbox.finish_reserved, sender, len(forwards)))
         if later:
             self._give(_Sends(later))
 
