@@ -22,7 +22,7 @@ from typing import Any, cast
 import pytest
 
 from rlfleet.coordinator.leases.data_connections import DataConnection
-from rlfleet.coordinator.leases.result_lane import ResultLane
+from rlfleet.coordinator.leases.result_lane import _LOOP_BYTES, ResultLane
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.worker_events import WorkerEvents
 from rlfleet.security import InflightBudget
@@ -76,13 +76,13 @@ def lane(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ResultLane, _Recorde
     """A deferred lane whose hand-overs wait in the list until the test runs them."""
     recorded = _Recorded(_Outbox())
     monkeypatch.setattr(ResultLane, "_book", recorded.book)
-    handle = SimpleNamespace(name="w", alive=True, inflight=InflightBudget(1 << 20, "w"))
+    handle = SimpleNamespace(name="w", alive=True, inflight=InflightBudget(64 << 20, "w"))
     asked: list[Callable[[], None]] = []
     lane = ResultLane(
         cast(WorkerEvents, None),
         cast(WorkerHandle, handle),
         threading.Event(),
-        limit=1 << 20,
+        limit=64 << 20,
         close=lambda reason: None,
         defer=asked.append,
     )
@@ -189,3 +189,15 @@ def test_the_rest_of_a_send_the_socket_took_in_part_is_finished_on_the_lanes_thr
     _wake_up(asked, lane_, b"a", b"b")  # booked and begun here; the lane's thread finishes it
     wait_until(lambda: outbox.finished, "the rest sent")
     assert outbox.sent == [(here, [b"a", b"b"])] and outbox.finished == [(lanes, 2)]
+
+
+def test_a_wake_ups_frames_of_megabytes_are_booked_on_the_lanes_thread(
+    lane: tuple[ResultLane, _Recorded, list[Any]],
+) -> None:
+    lane_, recorded, asked = lane
+    lanes = "rlfleet-data-results-w"
+    large = b"x" * (_LOOP_BYTES + 1)
+    _wake_up(asked, lane_, large)
+    wait_until(lambda: recorded.booked, "the lane's booking")
+    assert recorded.booked == [(lanes, [large])]
+    assert recorded.outbox.sent == [(lanes, [large])]
