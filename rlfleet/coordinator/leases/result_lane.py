@@ -1,34 +1,36 @@
-"""A worker session's results from its lease data connection, checked on their own thread.
+"""A worker session's results from its lease data connection, booked in order.
 
-The data channel's one selector thread relays every lease call and reply of
-every session. A result's work (join, decode, vectorised checks, booking:
-0.3-3 ms for a CartPole or Atari-sized result) run there would hold all of
-them (docs/data_plane.md, "Results on the data channel", has the
-measurement). So the loop only queues a frame that is not a lease reply
-here; the lane's thread takes every frame queued at once, parses them,
-joins their results' chunks and books the results as one batch
+The data channel's one selector thread reads every frame of every session.
+It hands a worker's frames that are not lease replies here, and at the end
+of its wake-up (``defer``, the data loop's ``after_wake_up``: once every
+connection ready in it was served) books them itself, as one batch
 (``WorkerEvents.on_results``: one lock and one refill for the batch, each
 result booked as it would have been alone, in the order they came), and
-sets the session's end-of-results event once every result before the
-marker (or the connection's end) was booked. A booked result whose Sample
-call takes its results on the learner's results connection is written
-there by this thread, once the coordinator's lock is let go
-(``WorkerEvents.on_results(send_here=True)``): no hand-off to the call's
-thread, and a learner that reads slowly slows this lane, in order.
+sends the results whose Sample call takes them on the learner's results
+connection there, without waiting (``CallOutbox.try_send_reserved``). A lane
+woke its own thread for about one frame each time, and ran it with cold
+caches at 2-7 times the same work done warm (docs/performance.md,
+"Coordinator capacity: where a result's CPU goes").
+
+The lane's own thread takes over whatever the loop must not wait for, in
+order: a send the learner's connection cannot take at once (another thread
+sends on the call, or frames wait on the connection), or the rest of one
+the socket took in part, and every later frame of the worker until that
+thread is done with what it was given; frames of more than
+:data:`_LOOP_BYTES` in one wake-up (a result of megabytes costs its copies
+and checks, which would hold the other sessions' lease replies); and
+frames that come before the worker's Join stream carried its last result.
+There, a learner that reads slowly slows this lane, in order, never the
+loop.
 
 A worker that agreed on ``rlfleet.results-switch`` may have sent results on
 its Join stream before it moved them here, and those may still be on their
-way through gRPC: the lane books nothing until the Join stream's reader has
+way through gRPC: nothing is booked until the Join stream's reader has
 read the results switch marker (or the stream's end), the mirror of the
 worker holding data-channel lease commands until the coordinator's switch
-marker. The frames wait in the queue meanwhile, counted against the limit.
-
-The loop wakes the lane's thread once it served every connection ready in
-its wake-up, just before it waits again (``defer``, the data loop's
-``after_wake_up``): woken while the loop still runs the rest of its
-wake-up (its return from the peer, the other ready connections), the
-thread would find the interpreter's lock taken and wait for it, then pass
-it back and forth with the loop at each read the loop makes.
+marker. The frames wait in the lane's queue meanwhile, counted against the
+limit. The lane sets the session's end-of-results event once every result
+before the marker (or the connection's end) was booked.
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ _Item = bytes | memoryview | list[bytes | memoryview] | _Closed | _Sends
 
 
 class ResultLane:
-    """The results of one worker session's data connection, in order, on one thread.
+    """The results of one worker session's data connection, in order: booked on
+    the data loop's thread, or on the lane's own when the loop must not.
 
     Args:
         events: Books each result (``WorkerEvents.on_chunk``) and drops a
@@ -123,8 +126,9 @@ class ResultLane:
         defer: Runs the hand-over of what was queued later, on the caller's
             thread (the data loop's ``after_wake_up``; every :meth:`put`,
             :meth:`put_many` and :meth:`close` then comes from that one
-            thread): the frames and the end are handed to the lane's thread
-            then, in order, with one wake-up. None: each at once.
+            thread): the frames are booked then, on that thread, or handed
+            to the lane's thread with one wake-up, and then the end, in
+            order. None: each is handed to the lane's thread at once.
     """
 
     def __init__(
