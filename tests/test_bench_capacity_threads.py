@@ -100,8 +100,9 @@ def test_the_capacity_benchmark_reports_the_coordinators_threads_per_result() ->
     )
     for setting in report["settings"]:
         threads = setting["threads"]
-        # The data carrier's results go through the lanes and the data loop.
-        assert threads["result lanes"]["us_per_result"] > 0, threads
+        # The data carrier's results are booked on the data loop (the lanes
+        # take over only while one holds a worker's work: a row of their own).
+        assert threads["result lanes"]["us_per_result"] >= 0, threads
         assert threads["data loop"]["us_per_result"] > 0, threads
         assert list(threads)[-1] == capacity_threads.ALL
         for figures in threads.values():

@@ -18,6 +18,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,15 +165,21 @@ def _two_requests_on_a_local_fleet() -> None:
         fleet.close()
 
 
-def test_a_result_lane_sends_its_results_to_the_learner_itself(
+def test_the_data_loop_books_and_sends_a_workers_results_without_waking_its_lane(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The lane that booked a result writes it on the learner's results
-    # connection (no hand-off to the call's thread), and the call's footer,
-    # in place of the end marker, still follows every result of the call,
+    # Once a worker's lane holds nothing (its first results may wait in it
+    # for the results switch marker on the Join stream, a warm-up request
+    # here), the data loop that read its results books them at the end of
+    # its wake-up and writes them on the learner's results connection: no
+    # hand-off to the lane's thread or the call's. The call's footer, in
+    # place of the end marker, still follows every result of the call,
     # with their count.
     frames: list[tuple[str, learner_pb2.SampleResponse]] = []
     send_parts = InProcessConnection.send_parts
+    lanes: list[ResultLane] = []
+    given: list[str] = []
+    make, give = ResultLane.__init__, ResultLane._give
 
     def recorded(
         self: InProcessConnection, parts: Sequence[bytes | memoryview], wait: float
@@ -181,8 +188,31 @@ def test_a_result_lane_sends_its_results_to_the_learner_itself(
         frames.append((threading.current_thread().name, message))
         send_parts(self, parts, wait)
 
-    monkeypatch.setattr(InProcessConnection, "send_parts", recorded)
-    _two_requests_on_a_local_fleet()
+    def made(self: ResultLane, *args: Any, **kwargs: Any) -> None:
+        make(self, *args, **kwargs)
+        lanes.append(self)
+
+    def given_to_the_lane(self: ResultLane, item: Any) -> None:
+        given.append(type(item).__name__)
+        give(self, item)
+
+    monkeypatch.setattr(ResultLane, "__init__", made)
+    monkeypatch.setattr(ResultLane, "_give", given_to_the_lane)
+    fleet = Fleet.local(workers=2, envs_per_worker=2, seed=SEED)
+    try:
+        wait_until(lambda: accepted(fleet) == 2, "the workers' data connections")
+        expected = local_episodes(EnvConfig("CartPole-v1"), 8, 12, 6, seed=SEED)
+        assert_same_batch(fleet.sampler.obtain_episodes(8), expected[0])
+        wait_until(
+            lambda: len(lanes) == 2 and all(lane._given == lane._taken for lane in lanes),
+            "the lanes done with the warm-up",
+        )
+        given.clear()
+        monkeypatch.setattr(InProcessConnection, "send_parts", recorded)
+        assert_same_batch(fleet.sampler.obtain_episodes(12), expected[1])
+        assert_same_batch(fleet.sampler.obtain_episodes(6), expected[2])
+    finally:
+        fleet.close()
     calls: dict[int, list[tuple[str, learner_pb2.SampleResponse]]] = {}
     for name, message in frames:
         calls.setdefault(message.result_call, []).append((name, message))
@@ -192,8 +222,9 @@ def test_a_result_lane_sends_its_results_to_the_learner_itself(
         (_, header), *results, (_, end) = sent
         assert header.HasField("header") and header.header.results_on_data
         assert results and all(m.HasField("result") for _, m in results)
-        assert all(name.startswith("rlfleet-data-results-") for name, _ in results)
+        assert all(name == "rlfleet-data-loop" for name, _ in results)
         assert end.HasField("footer") and end.footer.data_results == len(results)
+    assert set(given) <= {"_Closed"}  # the connections' ends, at the fleet's close
 
 
 def test_a_workers_result_frames_reach_its_lane_once_the_loops_wake_up_was_served(

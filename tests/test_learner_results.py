@@ -36,7 +36,7 @@ from rlfleet.client import Fleet, RemoteSampler, _learner_messages
 from rlfleet.client._learner_messages import LearnerStubs
 from rlfleet.client._responses import AnswerMemory, collect_answer
 from rlfleet.client._result_route import DataResults, ResultRoute
-from rlfleet.coordinator import result_channels, worker_events
+from rlfleet.coordinator import calls, result_channels
 from rlfleet.coordinator.calls import CallOutbox
 from rlfleet.coordinator.config import LEASE_DATA_OFF
 from rlfleet.coordinator.failures import CallError
@@ -592,7 +592,7 @@ def test_a_result_lanes_batch_goes_to_the_learner_in_one_write(
         sender = outboxes[call].reserve()
         assert sender is senders[call]
         sends.append((outboxes[call], sender, cast(Any, forward)))
-    for outbox, sender, forwards in worker_events._by_call(sends):
+    for outbox, sender, forwards in calls.by_call(sends):
         outbox.send_reserved(sender, forwards)
     seven, eight = senders[0].tail, senders[1].tail
     assert connection.calls == [

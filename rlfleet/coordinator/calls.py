@@ -25,6 +25,7 @@ from rlfleet.wire import Chunk
 from rlfleet.wire.results import ResultHeader
 
 if TYPE_CHECKING:  # result_channels imports this module
+    from rlfleet.coordinator.leases.data_connections import Tried
     from rlfleet.coordinator.result_channels import ResultSender
 
 
@@ -51,6 +52,11 @@ class Finished:
 
     footer: Footer
 
+
+#: A result booked for its booking thread to send on the learner's results
+#: connection, once the coordinator's lock is let go: its call's outbox, the
+#: sender reserved for it (:meth:`CallOutbox.reserve`), the result.
+ReservedSend: TypeAlias = "tuple[CallOutbox, ResultSender, Forward]"
 
 #: What a learner call sends, in order: a header first (and, in
 #: subscriptions, one more on each env change), results, then the end.
@@ -100,6 +106,25 @@ class CallOutbox:
         together; a failure to send ends the call with it."""
         try:
             sender.send_reserved(forwards)
+        except CallError as exc:
+            self.put(exc)
+
+    def try_send_reserved(self, sender: ResultSender, forwards: Sequence[Forward]) -> Tried:
+        """:meth:`send_reserved` without waiting for the learner
+        (``ResultSender.try_send_reserved``: ``"refused"`` leaves the results
+        reserved, ``"begun"`` leaves their rest to :meth:`finish_reserved`);
+        a failure to send ends the call with it (``"sent"``)."""
+        try:
+            return sender.try_send_reserved(forwards)
+        except CallError as exc:
+            self.put(exc)
+            return "sent"
+
+    def finish_reserved(self, sender: ResultSender, count: int) -> None:
+        """Sends the rest of ``count`` results :meth:`try_send_reserved` began
+        (may wait for the learner); a failure to send ends the call with it."""
+        try:
+            sender.finish_reserved(count)
         except CallError as exc:
             self.put(exc)
 
@@ -194,3 +219,18 @@ class FifoGate:
             self._abandoned.discard(self._serving)
             self._serving += 1
         self._changed.notify_all()
+
+
+def by_call(
+    sends: Sequence[ReservedSend],
+) -> list[tuple[CallOutbox, ResultSender, list[Forward]]]:
+    """``sends`` gathered by sender, each sender's in booking order (calls
+    in the order of their first result)."""
+    gathered: dict[int, tuple[CallOutbox, ResultSender, list[Forward]]] = {}
+    for outbox, sender, forward in sends:
+        entry = gathered.get(id(sender))
+        if entry is None:
+            gathered[id(sender)] = (outbox, sender, [forward])
+        else:
+            entry[2].append(forward)
+    return list(gathered.values())

@@ -39,7 +39,7 @@ from rlfleet.coordinator.learner_messages import (
     result_call_field,
     results_end,
 )
-from rlfleet.coordinator.leases.data_connections import LeaseConnection, LeaseDataPeer
+from rlfleet.coordinator.leases.data_connections import LeaseConnection, LeaseDataPeer, Tried
 from rlfleet.coordinator.leases.data_server import LeaseDataServer
 from rlfleet.coordinator.result_requests import ConnectionRequests, RequestRunner
 from rlfleet.errors import ConnectionClosedError, RlfleetTimeoutError, WireFormatError
@@ -163,6 +163,14 @@ class ResultChannels:
         logger.debug("results connection %d closed: %s", channel, reason)
 
 
+def _failed_mid_answer(exc: Exception) -> CallError:
+    """The call's failure when its results connection failed under a send."""
+    return unavailable(
+        f"the learner's results connection failed mid-answer ({exc}); the answer is dropped "
+        "whole: retry the request",
+    )
+
+
 class _ResultsPeer:
     """A results connection's inbound side when no requests are served there: the
     learner sends nothing on it."""
@@ -246,10 +254,7 @@ class ResultSender:
                 self.sent += len(frames)
             except (ConnectionClosedError, RlfleetTimeoutError) as exc:
                 self._failed = True
-                raise unavailable(
-                    f"the learner's results connection failed mid-answer ({exc}); the answer "
-                    "is dropped whole: retry the request",
-                ) from None
+                raise _failed_mid_answer(exc) from None
 
     def reserve(self) -> bool:
         """Books one result to be sent by the caller's thread (:meth:`send_reserved`,
@@ -274,9 +279,64 @@ class ResultSender:
         try:
             self.send([parts for forward in forwards for parts in forwarded_parts(forward, tail)])
         finally:
-            with self._state:
-                self._in_flight -= len(forwards)
-                self._state.notify_all()
+            self._settle(len(forwards))
+
+    def try_send_reserved(self, forwards: Sequence[Forward]) -> Tried:
+        """:meth:`send_reserved` on a thread that must not wait (the data loop),
+        as one ``LeaseConnection.try_send_frames``: ``"sent"``; ``"begun"``,
+        the rest of their frames waiting, ahead of any later frame, for
+        :meth:`finish_reserved` on a thread that may wait; ``"refused"``,
+        nothing sent and their reservations kept, while another thread sends
+        on this call or frames wait to be sent on the connection (a thread
+        that may wait sends them later, :meth:`send_reserved`).
+
+        Raises:
+            CallError: UNAVAILABLE as :meth:`send`.
+        """
+        if not self._sending.acquire(blocking=False):
+            return "refused"  # another thread sends on this call: maybe waiting for the learner
+        failure = None
+        tried: Tried = "sent"
+        try:
+            if not self._failed:  # else the call fails already: nothing more goes out
+                tail = self.tail
+                frames = [parts for forward in forwards for parts in forwarded_parts(forward, tail)]
+                try:
+                    tried = self._connection.try_send_frames(frames)
+                    if tried == "refused":
+                        return tried
+                    self.sent += len(frames)
+                except ConnectionClosedError as exc:
+                    self._failed = True
+                    failure = _failed_mid_answer(exc)
+        finally:
+            self._sending.release()
+        if tried != "begun":
+            self._settle(len(forwards))
+        if failure is not None:
+            raise failure
+        return tried
+
+    def finish_reserved(self, count: int) -> None:
+        """Sends the rest of ``count`` results :meth:`try_send_reserved` began,
+        waiting as :meth:`send` does; then the end marker may follow them.
+
+        Raises:
+            CallError: UNAVAILABLE as :meth:`send`.
+        """
+        try:
+            self._connection.finish(RESULT_SEND_SECONDS)
+        except (ConnectionClosedError, RlfleetTimeoutError) as exc:
+            self._failed = True
+            raise _failed_mid_answer(exc) from None
+        finally:
+            self._settle(count)
+
+    def _settle(self, count: int) -> None:
+        """``count`` reserved results were sent or dropped: the end marker may go."""
+        with self._state:
+            self._in_flight -= count
+            self._state.notify_all()
 
     def send_header(self, header: bytes) -> None:
         """Sends a request's header (a serialized ``SampleResponse`` with its header,

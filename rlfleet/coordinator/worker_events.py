@@ -13,12 +13,11 @@ import logging
 import operator
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import grpc
 
 from rlfleet._util.prebuilt import prebuilt
-from rlfleet.coordinator.calls import CallOutbox, Finished, Forward
+from rlfleet.coordinator.calls import Finished, Forward, ReservedSend, by_call
 from rlfleet.coordinator.failures import CallDetail, CallError, detail_of, invalid
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.result_expectations import ResultExpectations
@@ -53,9 +52,6 @@ from rlfleet.wire.results import (
     ResultError,
     ResultHeader,
 )
-
-if TYPE_CHECKING:  # only named here: the lane's sends go through CallOutbox
-    from rlfleet.coordinator.result_channels import ResultSender
 
 logger = logging.getLogger("rlfleet.coordinator")
 
@@ -390,7 +386,12 @@ class WorkerEvents:
             )
 
     def on_results(
-        self, handle: WorkerHandle, results: Sequence[JoinedResult], *, send_here: bool = False
+        self,
+        handle: WorkerHandle,
+        results: Sequence[JoinedResult],
+        *,
+        send_here: bool = False,
+        sends: list[ReservedSend] | None = None,
     ) -> None:
         """A worker's complete results, in the order it sent them: check them,
         account them, forward them.
@@ -409,7 +410,11 @@ class WorkerEvents:
         With ``send_here`` (a worker's result lane: a thread that may wait for
         a slow learner), a result for a call with a results connection is
         sent by this thread once the lock is let go, not by the call's
-        thread: one thread hand-off fewer per result.
+        thread: one thread hand-off fewer per result. With ``sends`` (the
+        data loop booking a lane's results, which must not wait for a
+        learner), such a result is reserved the same way and appended to
+        ``sends`` instead, for the caller to send (:func:`by_call`), also
+        when this raises.
 
         Raises:
             ResultError: If a result breaks the protocol (the worker is then
@@ -417,22 +422,23 @@ class WorkerEvents:
                 results before it are booked, those after it are not.
         """
         rest: Sequence[JoinedResult] = results
+        own = send_here and sends is None
         while rest:
-            sends: list[tuple[CallOutbox, ResultSender, Forward]] | None = [] if send_here else None
+            batch: list[ReservedSend] | None = [] if own else sends
             try:
-                rest = self._book_batch(handle, rest, sends)
+                rest = self._book_batch(handle, rest, batch)
             finally:
                 # After the lock (a send may wait for the learner): each call's
                 # results in booking order, together (one write for the batch).
-                if sends:
-                    for outbox, sender, forwards in _by_call(sends):
+                if own and batch:
+                    for outbox, sender, forwards in by_call(batch):
                         outbox.send_reserved(sender, forwards)
 
     def _book_batch(
         self,
         handle: WorkerHandle,
         results: Sequence[JoinedResult],
-        sends: list[tuple[CallOutbox, ResultSender, Forward]] | None,
+        sends: list[ReservedSend] | None,
     ) -> Sequence[JoinedResult]:
         """Books ``results`` up to the first whose check fails; returns those
         still to book after it (only when that one, judged again after the
@@ -564,7 +570,7 @@ class WorkerEvents:
         joined: JoinedResult,
         outcome: ResultRuling,
         window: EpisodeBatch | None,
-        sends: list[tuple[CallOutbox, ResultSender, Forward]] | None = None,
+        sends: list[ReservedSend] | None = None,
     ) -> None:
         """Accounts an accepted result and passes it on (lock held): to the call's
         thread, or into ``sends`` for this thread to send after the lock."""
@@ -673,18 +679,3 @@ class WorkerEvents:
             requeued,
             extra={"worker": handle.name},
         )
-
-
-def _by_call(
-    sends: Sequence[tuple[CallOutbox, ResultSender, Forward]],
-) -> list[tuple[CallOutbox, ResultSender, list[Forward]]]:
-    """``sends`` gathered by sender, each sender's in booking order (calls
-    in the order of their first result)."""
-    gathered: dict[int, tuple[CallOutbox, ResultSender, list[Forward]]] = {}
-    for outbox, sender, forward in sends:
-        entry = gathered.get(id(sender))
-        if entry is None:
-            gathered[id(sender)] = (outbox, sender, [forward])
-        else:
-            entry[2].append(forward)
-    return list(gathered.values())

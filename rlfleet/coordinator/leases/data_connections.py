@@ -17,7 +17,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias, cast
 
 from rlfleet.errors import ConnectionClosedError, RlfleetTimeoutError
 from rlfleet.transport.frame_pieces import InProcessFrame, frame_of
@@ -45,6 +45,12 @@ _SEND_PIECES = 64
 #: Pieces of several frames :meth:`DataConnection.send_frames` hands one
 #: ``sendmsg`` at most (a frame's are never split; under the kernel's IOV_MAX).
 _SEND_BATCH_PIECES = 256
+#: What :meth:`LeaseConnection.try_send_frames` did: ``"sent"`` every frame
+#: (in the kernel, or in memory for the peer); ``"begun"``, what the socket
+#: took at once, the rest waiting, ahead of any later frame, for the caller
+#: to :meth:`~LeaseConnection.finish` on a thread that may wait;
+#: ``"refused"``, nothing.
+Tried: TypeAlias = Literal["sent", "begun", "refused"]
 #: Errors of a non-blocking socket (or TLS) that only mean "not now".
 NOT_NOW = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
@@ -137,6 +143,16 @@ class LeaseConnection(abc.ABC):
         """
         for parts in frames:
             self.send_parts(parts, wait_seconds)
+
+    def try_send_frames(self, frames: Sequence[Sequence[bytes | memoryview]]) -> Tried:
+        """:meth:`send_frames` without waiting (the data loop's thread); here
+        ``"refused"``: its sender's thread sends them (ConnectionClosedError
+        if the connection is closed, in the subclasses)."""
+        return "refused"
+
+    def finish(self, wait_seconds: float) -> None:  # noqa: B027  (only sockets leave a rest)
+        """Sends the rest a ``"begun"`` :meth:`try_send_frames` left, as
+        :meth:`send_parts` waits (and raises)."""
 
     @abc.abstractmethod
     def shutdown(self) -> None:
@@ -249,6 +265,54 @@ class DataConnection(LeaseConnection):
             pieces += parts
         if pieces:
             self._send_pieces(pieces, wait_seconds)
+
+    def try_send_frames(self, frames: Sequence[Sequence[bytes | memoryview]]) -> Tried:
+        """Sends ``frames`` (each a frame's parts) as one write of what the
+        socket takes at once: ``"begun"`` leaves the rest, ahead of any later
+        frame, to :meth:`finish` (over TLS to the loop, ``"sent"``);
+        ``"refused"``, nothing sent, while earlier frames wait to be sent (a
+        sender that may wait sends behind them) or past one ``sendmsg``.
+
+        Raises:
+            ConnectionClosedError: If the connection is (or gets) closed.
+        """
+        pieces: list[bytes | memoryview] = []
+        for parts in frames:
+            pieces.append(FRAME_HEADER.pack(sum(map(len, parts))))
+            pieces += parts
+        if len(pieces) > _SEND_BATCH_PIECES:
+            return "refused"
+        with self._lock:
+            if self._closed:
+                raise ConnectionClosedError(f"the data connection of {self.what} is closed")
+            if self._pending:
+                return "refused"
+            rest, failure = self._write(pieces)
+            if failure is None and rest:
+                self._pending += rest
+                self._pending_bytes += sum(map(len, rest))
+        if failure is not None:
+            self._server.close(self, failure)
+            raise ConnectionClosedError(f"the data connection of {self.what} broke: {failure}")
+        if not rest:
+            return "sent"
+        if self._tls:
+            self._server.want_write(self)
+            return "sent"
+        return "begun"
+
+    def finish(self, wait_seconds: float) -> None:
+        """Sends what waits on this thread (a rest :meth:`try_send_frames`
+        left), as the peer reads.
+
+        Raises:
+            ConnectionClosedError: If the connection is (or gets) closed.
+            RlfleetTimeoutError: If the peer took nothing for ``wait_seconds``.
+        """
+        failure = self._drain(wait_seconds)
+        if failure is not None:
+            self._server.close(self, failure)
+            raise ConnectionClosedError(f"the data connection of {self.what} broke: {failure}")
 
     def _send_pieces(self, pieces: Sequence[bytes | memoryview], wait_seconds: float) -> None:
         """:meth:`send_parts`' sending of ``pieces`` (whole frames, headers included)."""
@@ -584,6 +648,12 @@ class InProcessConnection(LeaseConnection):
         if self._closed:
             raise ConnectionClosedError("the in-process data connection is closed")
         self._frames.put(frame_of(parts))
+
+    def try_send_frames(self, frames: Sequence[Sequence[bytes | memoryview]]) -> Tried:
+        """Queues ``frames`` for the learner (:meth:`send_parts` never waits;
+        ConnectionClosedError if the connection is closed)."""
+        self.send_frames(frames, 0.0)
+        return "sent"
 
     def shutdown(self) -> None:
         """Ends the connection for the learner: its receive returns None."""

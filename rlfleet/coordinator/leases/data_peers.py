@@ -7,13 +7,14 @@ the connection (``WorkerHandle.send_lease``), and, when it agreed on
 ``rlfleet.data-tasks``, every Task and Cancel (``WorkerHandle.send_work``);
 its replies go to the same ``LeaseManager.on_reply`` as the Join stream's.
 A worker that agreed on ``rlfleet.data-results`` sends its results there
-too: the loop parses each
-message and hands it to the session's :class:`ResultLane`, whose thread
-joins and books them as the Join stream's reader would (result_lane.py says
-why not on the loop), once its results switch marker was read on its Join
-stream when it also agreed on ``rlfleet.results-switch`` (its results may
-move here mid-session); its end-of-results marker (a Leaving) tells a
-graceful end of its Join stream that nothing more comes. When the connection ends
+too: the loop hands each
+message to the session's :class:`ResultLane`, which joins and books them as
+the Join stream's reader would, at the end of the loop's wake-up or on the
+lane's own thread (result_lane.py says when), once its results switch
+marker was read on its Join stream when it also agreed on
+``rlfleet.results-switch`` (its results may move here mid-session); its
+end-of-results marker (a Leaving) tells a graceful end of its Join stream
+that nothing more comes. When the connection ends
 while the worker is in the fleet, the worker is dropped as lost: its leased
 envs are re-created elsewhere, and it rejoins with a new session; a worker
 that said Leaving (or is drained) closes it on purpose, and its Join
@@ -181,8 +182,9 @@ def worker_attach(
                     if _rpc.RESULTS_SWITCH_CAPABILITY in handle.hello.capabilities
                     else None
                 )
-                # A socket's frames come on the data loop's thread: the lane's
-                # thread is woken once that wake-up of the loop was served.
+                # A socket's frames come on the data loop's thread: booked
+                # once that wake-up of the loop was served (there, or by the
+                # lane's thread).
                 defer = connection.after_wake_up if isinstance(connection, DataConnection) else None
                 results = ResultLane(
                     events, handle, done, limit, connection.close, after=after, defer=defer

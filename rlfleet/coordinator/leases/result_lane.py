@@ -1,38 +1,41 @@
-"""A worker session's results from its lease data connection, checked on their own thread.
+"""A worker session's results from its lease data connection, booked in order.
 
-The data channel's one selector thread relays every lease call and reply of
-every session. A result's work (join, decode, vectorised checks, booking:
-0.3-3 ms for a CartPole or Atari-sized result) run there would hold all of
-them (docs/data_plane.md, "Results on the data channel", has the
-measurement). So the loop only queues a frame that is not a lease reply
-here; the lane's thread takes every frame queued at once, parses them,
-joins their results' chunks and books the results as one batch
+The data channel's one selector thread reads every frame of every session.
+It hands a worker's frames that are not lease replies here, and at the end
+of its wake-up (``defer``, the data loop's ``after_wake_up``: once every
+connection ready in it was served) books them itself, as one batch
 (``WorkerEvents.on_results``: one lock and one refill for the batch, each
 result booked as it would have been alone, in the order they came), and
-sets the session's end-of-results event once every result before the
-marker (or the connection's end) was booked. A booked result whose Sample
-call takes its results on the learner's results connection is written
-there by this thread, once the coordinator's lock is let go
-(``WorkerEvents.on_results(send_here=True)``): no hand-off to the call's
-thread, and a learner that reads slowly slows this lane, in order.
+sends the results whose Sample call takes them on the learner's results
+connection there, without waiting (``CallOutbox.try_send_reserved``). A lane
+woke its own thread for about one frame each time, and ran it with cold
+caches at 2-7 times the same work done warm (docs/performance.md,
+"Coordinator capacity: where a result's CPU goes").
+
+The lane's own thread takes over whatever the loop must not wait for, in
+order: a send the learner's connection cannot take at once (another thread
+sends on the call, or frames wait on the connection), or the rest of one
+the socket took in part, and every later frame of the worker until that
+thread is done with what it was given; frames of more than
+:data:`_LOOP_BYTES` in one wake-up (a result of megabytes costs its copies
+and checks, which would hold the other sessions' lease replies); and
+frames that come before the worker's Join stream carried its last result.
+There, a learner that reads slowly slows this lane, in order, never the
+loop.
 
 A worker that agreed on ``rlfleet.results-switch`` may have sent results on
 its Join stream before it moved them here, and those may still be on their
-way through gRPC: the lane books nothing until the Join stream's reader has
+way through gRPC: nothing is booked until the Join stream's reader has
 read the results switch marker (or the stream's end), the mirror of the
 worker holding data-channel lease commands until the coordinator's switch
-marker. The frames wait in the queue meanwhile, counted against the limit.
-
-The loop wakes the lane's thread once it served every connection ready in
-its wake-up, just before it waits again (``defer``, the data loop's
-``after_wake_up``): woken while the loop still runs the rest of its
-wake-up (its return from the peer, the other ready connections), the
-thread would find the interpreter's lock taken and wait for it, then pass
-it back and forth with the loop at each read the loop makes.
+marker. The frames wait in the lane's queue meanwhile, counted against the
+limit. The lane sets the session's end-of-results event once every result
+before the marker (or the connection's end) was booked.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -41,6 +44,7 @@ from collections.abc import Callable
 import grpc
 
 from rlfleet._util.prebuilt import prebuilt
+from rlfleet.coordinator.calls import ReservedSend, by_call
 from rlfleet.coordinator.registry import WorkerHandle
 from rlfleet.coordinator.worker_events import WorkerEvents
 from rlfleet.coordinator.worker_messages import (
@@ -61,6 +65,13 @@ logger = logging.getLogger("rlfleet.coordinator")
 #: Seconds the lane's thread waits for work before it looks whether its worker is gone.
 _IDLE_SECONDS = 1.0
 
+#: Bytes of a worker's frames in one wake-up of the loop past which its lane's
+#: thread books them, not the loop: a result of megabytes costs its copies
+#: and checks, which would hold every other session's lease replies, and the
+#: lane's wake-up is little next to them (125-frame Atari-sized results, 3.7
+#: MB, cost the coordinator 2-10% more booked on the loop, in 5 of 6 pairs).
+_LOOP_BYTES = 2 << 20
+
 #: Frames the lane's thread takes from its queue at most at once (their
 #: results are booked as one batch; their bytes are bounded by ``limit``).
 _BATCH_FRAMES = 64
@@ -70,8 +81,34 @@ class _Closed:
     """Queued at the connection's end: nothing more comes."""
 
 
+class _Sends:
+    """Sends of results the data loop booked that could not go (whole) at once:
+    the lane's thread makes them (it may wait for the learner), before
+    anything queued after them.
+
+    Args:
+        jobs: Each a call's send (``CallOutbox.send_reserved``) or the rest
+            of one (``CallOutbox.finish_reserved``), in order.
+    """
+
+    __slots__ = ("jobs",)
+
+    def __init__(self, jobs: list[Callable[[], None]]) -> None:
+        self.jobs = jobs
+
+    def send(self) -> None:
+        """Makes every send, in order (may wait for a learner)."""
+        for job in self.jobs:
+            job()
+
+
+#: What the lane's thread takes from its queue.
+_Item = bytes | memoryview | list[bytes | memoryview] | _Closed | _Sends
+
+
 class ResultLane:
-    """The results of one worker session's data connection, in order, on one thread.
+    """The results of one worker session's data connection, in order: booked on
+    the data loop's thread, or on the lane's own when the loop must not.
 
     Args:
         events: Books each result (``WorkerEvents.on_chunk``) and drops a
@@ -89,8 +126,9 @@ class ResultLane:
         defer: Runs the hand-over of what was queued later, on the caller's
             thread (the data loop's ``after_wake_up``; every :meth:`put`,
             :meth:`put_many` and :meth:`close` then comes from that one
-            thread): the frames and the end are handed to the lane's thread
-            then, in order, with one wake-up. None: each at once.
+            thread): the frames are booked then, on that thread, or handed
+            to the lane's thread with one wake-up, and then the end, in
+            order. None: each is handed to the lane's thread at once.
     """
 
     def __init__(
@@ -115,13 +153,16 @@ class ResultLane:
         self._budget = handle.inflight.carrier()
         # Frames queued, not yet taken by the thread: its count is theirs.
         self._received = handle.inflight.carrier()
-        self._queue: queue.SimpleQueue[bytes | memoryview | list[bytes | memoryview] | _Closed] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        # Entries given to the thread, and those it is done with (each counter
+        # written by one thread): equal, the thread holds nothing of the
+        # worker's, and the loop may book the next frames itself.
+        self._given = 0
+        self._taken = 0
         self._failed = False
         self._defer = defer
         # What was queued since the last hand-over (with ``defer``), in order.
-        self._pending: list[bytes | memoryview | list[bytes | memoryview] | _Closed] = []
+        self._pending: list[_Item] = []
         threading.Thread(
             target=self._run, name=f"rlfleet-data-results-{handle.name}", daemon=True
         ).start()
@@ -167,16 +208,24 @@ class ResultLane:
 
     def _enqueue(self, item: bytes | memoryview | list[bytes | memoryview] | _Closed) -> None:
         if self._defer is None:
-            self._queue.put(item)
+            self._give(item)
             return
         first = not self._pending
         self._pending.append(item)  # before asking: a defer may hand over at once
         if first:
             self._defer(self._hand_over)
 
+    def _give(self, item: _Item) -> None:
+        """Queues ``item`` for the lane's thread."""
+        self._given += 1
+        self._queue.put(item)
+
     def _hand_over(self) -> None:
-        """What was queued since the last hand-over, to the lane's thread: its
-        frames as one entry (one wake-up), then the end if it came."""
+        """What was queued since the last hand-over (the data loop's thread, at
+        the end of its wake-up): its frames booked here when the lane's
+        thread holds nothing of the worker's and its Join stream carries no
+        more results, else given to that thread as one entry (one
+        wake-up); then the end if it came."""
         items, self._pending = self._pending, []
         frames: list[bytes | memoryview] = []
         end = None
@@ -186,12 +235,43 @@ class ResultLane:
                 break  # nothing counts after the end (the lane's thread stops there)
             if isinstance(item, list):
                 frames += item
-            else:
+            elif not isinstance(item, _Sends):
                 frames.append(item)
         if frames:
-            self._queue.put(frames)
+            after = self._after
+            size = sum(map(len, frames))
+            if (
+                size <= _LOOP_BYTES
+                and self._given == self._taken
+                and (after is None or after.is_set())
+            ):
+                self._book_here(frames, size)
+            else:
+                self._give(frames)
         if end is not None:
-            self._queue.put(end)
+            self._give(end)
+
+    def _book_here(self, frames: list[bytes | memoryview], size: int) -> None:
+        """Books ``frames`` on this thread (the data loop's), which must not wait
+        for a learner: each call's results go to its results connection if
+        they can at once, the others to the lane's thread, which sends them
+        (and books what follows) in order."""
+        self._received.let_go(size)
+        if self._failed:
+            return
+        sends: list[ReservedSend] = []
+        self._book(frames, sends)
+        if not sends:
+            return
+        later: list[Callable[[], None]] = []
+        for outbox, sender, forwards in by_call(sends):
+            tried = outbox.try_send_reserved(sender, forwards)
+            if tried == "refused":
+                later.append(functools.partial(outbox.send_reserved, sender, forwards))
+            elif tried == "begun":
+                later.append(functools.partial(outbox.finish_reserved, sender, len(forwards)))
+        if later:
+            self._give(_Sends(later))
 
     def _run(self) -> None:
         handle = self._handle
@@ -225,16 +305,24 @@ class ResultLane:
             for item in items:
                 if isinstance(item, list):
                     frames += item  # put_many's
+                elif isinstance(item, _Sends):
+                    # Given only to an idle thread: nothing of the worker's before it.
+                    item.send()
                 elif not isinstance(item, _Closed):
                     frames.append(item)
             self._received.let_go(sum(map(len, frames)))  # no generator frame per wake-up
             if frames and not self._failed:
                 self._book(frames)
+            self._taken += len(items)
             if isinstance(items[-1], _Closed):
                 self._done.set()
                 return
 
-    def _book(self, frames: list[bytes | memoryview]) -> None:
+    def _book(
+        self, frames: list[bytes | memoryview], sends: list[ReservedSend] | None = None
+    ) -> None:
+        """Books ``frames``' results; those for a call with a results connection
+        are sent by this thread, or, with ``sends``, put there for the caller."""
         handle, events = self._handle, self._events
         results: list[JoinedResult] = []
         try:
@@ -248,7 +336,7 @@ class ResultLane:
                     elif isinstance(item, WorkerLeaving):
                         # The end-of-results marker: every result before it is booked first.
                         booked, results = results, []
-                        events.on_results(handle, booked, send_here=True)
+                        events.on_results(handle, booked, send_here=True, sends=sends)
                         self._done.set()
                     else:
                         raise WireFormatError(
@@ -259,7 +347,7 @@ class ResultLane:
             finally:
                 # What came whole before a broken frame is booked as it would have been.
                 if results:
-                    events.on_results(handle, results, send_here=True)
+                    events.on_results(handle, results, send_here=True, sends=sends)
             return
         except ResourceExhaustedError as exc:
             code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
