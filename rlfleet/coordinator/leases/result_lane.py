@@ -7,10 +7,10 @@ connection ready in it was served) books them itself, as one batch
 (``WorkerEvents.on_results``: one lock and one refill for the batch, each
 result booked as it would have been alone, in the order they came), and
 sends the results whose Sample call takes them on the learner's results
-connection there, without waiting (``CallOutbox.try_send_reserved``). A lane
-woke its own thread for about one frame each time, and ran it with cold
-caches at 2-7 times the same work done warm (docs/performance.md,
-"Coordinator capacity: where a result's CPU goes").
+connection there, without waiting (``CallOutbox.try_send_reserved``). The
+loop is awake already: a lane's own thread, woken for about one frame
+each time, runs with cold caches at 2-7 times the same work done warm
+(docs/performance.md, "Coordinator capacity: where a result's CPU goes").
 
 The lane's own thread takes over whatever the loop must not wait for, in
 order: a send the learner's connection cannot take at once (another thread
