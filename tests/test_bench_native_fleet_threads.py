@@ -32,7 +32,9 @@ def test_the_native_fleet_benchmark_names_each_sides_threads(
     assert figures["steps_per_result"] == pytest.approx(figures["steps"] / figures["results"])
     learner = figures["learner_process"]
     assert learner[native_fleet_threads.LEARNER_MAIN]["us_per_step"] > 0
-    assert learner["result lanes"]["us_per_step"] > 0
+    # The data loop reads and books the results; the lanes' threads wake only
+    # for what the loop must not wait for, so their row may hold nothing.
+    assert learner["result lanes"]["us_per_step"] >= 0
     assert learner["data loop"]["us_per_step"] > 0
     assert figures["learner_process_us_per_step"] == pytest.approx(
         sum(t["us_per_step"] for t in learner.values())
