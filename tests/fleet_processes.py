@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -163,6 +164,11 @@ class ProcessFleet:
         """
         self._coordinators += 1
         port_file = self.directory / f"coordinator-{self._coordinators}.port"
+        if self.port == 0 and not prefix and listen_host == "127.0.0.1":
+            # A restart binds this port again and the data channel's (port + 2):
+            # below the ephemeral range no outgoing connection can hold them
+            # meanwhile (one did: "cannot listen ... Address already in use").
+            self.port = restartable_port()
         proc = self._spawn(
             "coordinator",
             f"coordinator-{self._coordinators}",
@@ -455,6 +461,30 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def restartable_port(span: int = 3) -> int:
+    """A port of 127.0.0.1 below the kernel's ephemeral range whose ``span``
+    ports from it are free now: a coordinator restarted on it finds its port
+    and its data channel's (``--lease-data-listen auto``: port + 2) free,
+    where a port the kernel handed out could meanwhile be an outgoing
+    connection's."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return free_port()  # no such file: keep to what the kernel hands out
+    rng = random.Random()
+    for _ in range(200):
+        first = rng.randrange(10_000, max(10_001, low - span))
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(first, first + span):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise AssertionError(f"no {span} free ports in a row below {low} on 127.0.0.1")
 
 
 def run_in_thread(call: Callable[[], T]) -> Callable[[float], T]:
