@@ -283,17 +283,11 @@ class DataConnection(LeaseConnection):
         if len(pieces) > _SEND_BATCH_PIECES:
             return "refused"
         with self._lock:
-            if self._closed:
-                raise ConnectionClosedError(f"the data connection of {self.what} is closed")
-            if self._pending:
+            if self._pending and not self._closed:  # closed: raised as before anything
                 return "refused"
-            rest, failure = self._write(pieces)
-            if failure is None and rest:
-                self._pending += rest
-                self._pending_bytes += sum(map(len, rest))
+            rest, failure = self._write_or_queue(pieces)
         if failure is not None:
-            self._server.close(self, failure)
-            raise ConnectionClosedError(f"the data connection of {self.what} broke: {failure}")
+            raise self._broken(failure)
         if not rest:
             return "sent"
         if self._tls:
@@ -311,8 +305,7 @@ class DataConnection(LeaseConnection):
         """
         failure = self._drain(wait_seconds)
         if failure is not None:
-            self._server.close(self, failure)
-            raise ConnectionClosedError(f"the data connection of {self.what} broke: {failure}")
+            raise self._broken(failure)
 
     def _send_pieces(self, pieces: Sequence[bytes | memoryview], wait_seconds: float) -> None:
         """:meth:`send_parts`' sending of ``pieces`` (whole frames, headers included)."""
@@ -322,20 +315,31 @@ class DataConnection(LeaseConnection):
                     raise RlfleetTimeoutError(
                         f"{self.what} took no data for {wait_seconds:g} seconds"
                     )
-            if self._closed:
-                raise ConnectionClosedError(f"the data connection of {self.what} is closed")
-            rest, failure = self._write(pieces)
-            if failure is None and rest:
-                self._pending += rest
-                self._pending_bytes += sum(map(len, rest))
+            rest, failure = self._write_or_queue(pieces)
         if failure is None and rest and not self._tls:
             failure = self._drain(wait_seconds)
             rest = []
         if failure is not None:
-            self._server.close(self, failure)
-            raise ConnectionClosedError(f"the data connection of {self.what} broke: {failure}")
+            raise self._broken(failure)
         if rest:
             self._server.want_write(self)
+
+    def _write_or_queue(
+        self, pieces: Sequence[bytes | memoryview]
+    ) -> tuple[list[memoryview], str | None]:
+        """:meth:`_write` (lock held); the rest waits, ahead of later frames. Closed: raises."""
+        if self._closed:
+            raise ConnectionClosedError(f"the data connection of {self.what} is closed")
+        rest, failure = self._write(pieces)
+        if failure is None and rest:
+            self._pending += rest
+            self._pending_bytes += sum(map(len, rest))
+        return rest, failure
+
+    def _broken(self, failure: str) -> ConnectionClosedError:
+        """Closes the connection for ``failure``; the error a sender raises."""
+        self._server.close(self, failure)
+        return ConnectionClosedError(f"the data connection of {self.what} broke: {failure}")
 
     def _drain(self, wait_seconds: float) -> str | None:
         """Sends what waits on this thread (plain TCP), waiting for room in the
