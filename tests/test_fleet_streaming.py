@@ -80,22 +80,32 @@ def fleet_steps(status: FleetStatus) -> int:
     return sum(w.steps_total for w in status.workers)
 
 
+def still_steps(sampler: RemoteSampler, what: str) -> int:
+    """Waits for idle workers and no step for 2.5 heartbeats; returns the fleet's steps.
+
+    Steps come with heartbeats, so a reading taken while the workers run
+    (or within a heartbeat of their last step) lags behind their work.
+    """
+    readings: list[tuple[float, int]] = []
+
+    def still() -> bool:
+        status, now = sampler.status(), time.monotonic()
+        readings.append((now, fleet_steps(status)))
+        idle = all(w.units_in_flight == 0 for w in status.workers)
+        earlier = [steps for when, steps in readings if when <= now - 2.5]
+        return idle and bool(earlier) and earlier[-1] == readings[-1][1]
+
+    wait_until(still, what)
+    return readings[-1][1]
+
+
 def test_a_reader_that_stops_stops_the_workers(sampler: RemoteSampler) -> None:
-    start = fleet_steps(sampler.status())
+    # From a still fleet: an earlier test's last second of steps is not counted yet.
+    start = still_steps(sampler, "the fleet going still before the test")
     with sampler.stream(mode="episodes", max_buffered_steps=100) as stream:
         next(stream)
-        readings: list[tuple[float, int]] = []
-
-        def stalled() -> bool:
-            # Idle workers, and no step for 2.5 heartbeats (steps come with them).
-            status, now = sampler.status(), time.monotonic()
-            readings.append((now, fleet_steps(status)))
-            idle = all(w.units_in_flight == 0 for w in status.workers)
-            earlier = [steps for when, steps in readings if when <= now - 2.5]
-            return idle and bool(earlier) and earlier[-1] == readings[-1][1]
-
-        wait_until(stalled, "the workers stopping for a reader that does not read")
-        held = readings[-1][1] - start
+        stopped = still_steps(sampler, "the workers stopping for a reader that does not read")
+        held = stopped - start
         # The coordinator buffer (100 steps), the subscription's 256 KiB
         # transport window and the units in flight; unbounded it runs on.
         assert held < 30_000
@@ -103,7 +113,7 @@ def test_a_reader_that_stops_stops_the_workers(sampler: RemoteSampler) -> None:
         def resumed() -> bool:  # reading again frees room: the workers go on
             for _ in range(20):
                 next(stream)
-            return fleet_steps(sampler.status()) > readings[-1][1]
+            return fleet_steps(sampler.status()) > stopped
 
         wait_until(resumed, "the workers resuming")
     wait_until(lambda: sampler.status().subscribers == 0, "the subscription ending")
